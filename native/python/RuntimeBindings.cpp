@@ -1,0 +1,615 @@
+//===- RuntimeBindings.cpp - Python bindings of the CUDA launcher ---------===//
+//
+// The `runtime` submodule: driver queries, Module/Function loading and the
+// kernel launch path, plus a DeviceBuffer for torch-free tests.
+//
+// Launch arguments are validated and packed completely before the driver is
+// touched, so bad arguments raise the same errors with or without a GPU. The
+// success path does no heap allocation (up to kInlineParams parameters) and
+// no string formatting.
+//
+//===----------------------------------------------------------------------===//
+
+#include "../runtime/RuntimeBindings.h"
+#include "../runtime/CudaDriver.h"
+
+#include <nanobind/stl/string.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using fly::runtime::CUstream;
+using fly::runtime::DeviceBuffer;
+using fly::runtime::DriverError;
+using fly::runtime::Function;
+using fly::runtime::Module;
+
+namespace {
+
+/// Kernel parameters packed without touching the heap.
+constexpr size_t kInlineParams = 32;
+
+/// The CudaError type (a RuntimeError subclass); owned for the process.
+PyObject *cudaErrorType = nullptr;
+
+/// Raises the pending Python error (set with PyErr_Format) as a C++ exception.
+[[noreturn]] void raisePending() { throw nb::python_error(); }
+
+template <typename... Args> [[noreturn]] void raise(PyObject *type, const char *fmt, Args... args) {
+  PyErr_Format(type, fmt, args...);
+  raisePending();
+}
+
+const char *kindName(char code) {
+  switch (code) {
+  case 'p':
+    return "pointer";
+  case 'i':
+    return "int32";
+  case 'I':
+    return "uint32";
+  case 'l':
+    return "int64";
+  case 'L':
+    return "uint64";
+  case 'f':
+    return "float32";
+  case 'd':
+    return "float64";
+  default:
+    return "?";
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Scalar conversion.
+//===----------------------------------------------------------------------===//
+
+/// Returns a new reference to `obj` as a Python int (ints and objects with
+/// __index__, e.g. numpy integers), or null without an error set.
+PyObject *asPyLong(PyObject *obj) {
+  if (PyLong_Check(obj)) {
+    Py_INCREF(obj);
+    return obj;
+  }
+  if (!PyIndex_Check(obj))
+    return nullptr;
+  PyObject *v = PyNumber_Index(obj);
+  if (!v)
+    PyErr_Clear();
+  return v;
+}
+
+[[noreturn]] void raiseWrongType(size_t index, char code, PyObject *obj) {
+  if (code == 'p')
+    raise(PyExc_TypeError,
+          "argument %zu: expected pointer (int, DeviceBuffer, or an object with data_ptr() or "
+          "__cuda_array_interface__), got %.200s",
+          index, Py_TYPE(obj)->tp_name);
+  raise(PyExc_TypeError, "argument %zu: expected %s, got %.200s", index, kindName(code),
+        Py_TYPE(obj)->tp_name);
+}
+
+[[noreturn]] void raiseOutOfRange(size_t index, char code, PyObject *obj) {
+  raise(PyExc_OverflowError, "argument %zu: expected %s, got %R (out of range)", index,
+        kindName(code), obj);
+}
+
+/// Converts an integer to the 'i'/'I'/'l'/'L'/'p' kind and stores it.
+void packInteger(size_t index, char code, PyObject *obj, PyObject *value, uint64_t *slot) {
+  int overflow = 0;
+  long long s = PyLong_AsLongLongAndOverflow(value, &overflow);
+  if (s == -1 && PyErr_Occurred())
+    raisePending();
+  switch (code) {
+  case 'i':
+    if (overflow || s < INT32_MIN || s > INT32_MAX)
+      raiseOutOfRange(index, code, obj);
+    {
+      int32_t v = int32_t(s);
+      std::memcpy(slot, &v, sizeof(v));
+    }
+    return;
+  case 'I':
+    if (overflow || s < 0 || s > UINT32_MAX)
+      raiseOutOfRange(index, code, obj);
+    {
+      uint32_t v = uint32_t(s);
+      std::memcpy(slot, &v, sizeof(v));
+    }
+    return;
+  case 'l':
+    if (overflow)
+      raiseOutOfRange(index, code, obj);
+    std::memcpy(slot, &s, sizeof(s));
+    return;
+  default: { // 'L' and 'p': unsigned 64-bit
+    uint64_t u;
+    if (!overflow) {
+      if (s < 0)
+        raiseOutOfRange(index, code, obj);
+      u = uint64_t(s);
+    } else {
+      if (overflow < 0)
+        raiseOutOfRange(index, code, obj);
+      u = PyLong_AsUnsignedLongLong(value);
+      if (u == uint64_t(-1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        raiseOutOfRange(index, code, obj);
+      }
+    }
+    std::memcpy(slot, &u, sizeof(u));
+    return;
+  }
+  }
+}
+
+void packIntegerObject(size_t index, char code, PyObject *obj, uint64_t *slot) {
+  if (PyLong_CheckExact(obj))
+    return packInteger(index, code, obj, obj, slot);
+  nb::object v = nb::steal(asPyLong(obj));
+  if (!v.is_valid())
+    raiseWrongType(index, code, obj);
+  packInteger(index, code, obj, v.ptr(), slot);
+}
+
+/// Device address of a pointer-like argument: int, None, DeviceBuffer,
+/// data_ptr() (torch) or __cuda_array_interface__ (cupy, numba, ...).
+void packPointer(size_t index, PyObject *obj, uint64_t *slot) {
+  if (PyLong_CheckExact(obj))
+    return packInteger(index, 'p', obj, obj, slot);
+  if (obj == Py_None) {
+    *slot = 0;
+    return;
+  }
+  if (PyBool_Check(obj))
+    raiseWrongType(index, 'p', obj);
+  if (nb::isinstance<DeviceBuffer>(obj)) {
+    *slot = nb::inst_ptr<DeviceBuffer>(obj)->ptr();
+    return;
+  }
+
+  static PyObject *dataPtrName = PyUnicode_InternFromString("data_ptr");
+  static PyObject *caiName = PyUnicode_InternFromString("__cuda_array_interface__");
+  if (PyObject_HasAttr(obj, dataPtrName)) {
+    nb::object r = nb::steal(PyObject_CallMethodNoArgs(obj, dataPtrName));
+    if (!r.is_valid())
+      raisePending();
+    nb::object v = nb::steal(asPyLong(r.ptr()));
+    if (!v.is_valid())
+      raise(PyExc_TypeError, "argument %zu: %.200s.data_ptr() returned %.200s, not an int", index,
+            Py_TYPE(obj)->tp_name, Py_TYPE(r.ptr())->tp_name);
+    return packInteger(index, 'p', obj, v.ptr(), slot);
+  }
+  if (PyObject_HasAttr(obj, caiName)) {
+    nb::object cai = nb::steal(PyObject_GetAttr(obj, caiName));
+    if (!cai.is_valid())
+      raisePending();
+    PyObject *data = PyDict_Check(cai.ptr()) ? PyDict_GetItemString(cai.ptr(), "data") : nullptr;
+    PyObject *addr = data && PyTuple_Check(data) && PyTuple_GET_SIZE(data) >= 1
+                         ? PyTuple_GET_ITEM(data, 0)
+                         : nullptr;
+    nb::object v = nb::steal(addr ? asPyLong(addr) : nullptr);
+    if (!v.is_valid())
+      raise(PyExc_TypeError, "argument %zu: %.200s.__cuda_array_interface__ has no integer data[0]",
+            index, Py_TYPE(obj)->tp_name);
+    return packInteger(index, 'p', obj, v.ptr(), slot);
+  }
+  nb::object v = nb::steal(asPyLong(obj));
+  if (!v.is_valid())
+    raiseWrongType(index, 'p', obj);
+  packInteger(index, 'p', obj, v.ptr(), slot);
+}
+
+void packFloat(size_t index, char code, PyObject *obj, uint64_t *slot) {
+  double d;
+  if (PyFloat_CheckExact(obj)) {
+    d = PyFloat_AS_DOUBLE(obj);
+  } else {
+    if (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyIndex_Check(obj) &&
+        !(Py_TYPE(obj)->tp_as_number && Py_TYPE(obj)->tp_as_number->nb_float))
+      raiseWrongType(index, code, obj);
+    d = PyFloat_AsDouble(obj);
+    if (d == -1.0 && PyErr_Occurred()) {
+      if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        raiseOutOfRange(index, code, obj);
+      }
+      raisePending();
+    }
+  }
+  if (code == 'd') {
+    std::memcpy(slot, &d, sizeof(d));
+    return;
+  }
+  float f = float(d);
+  if (std::isinf(f) && std::isfinite(d))
+    raiseOutOfRange(index, code, obj);
+  std::memcpy(slot, &f, sizeof(f));
+}
+
+//===----------------------------------------------------------------------===//
+// Launch configuration.
+//===----------------------------------------------------------------------===//
+
+/// Everything a launch needs, validated; filled before any driver call.
+struct LaunchArgs {
+  unsigned grid[3];
+  unsigned block[3];
+  unsigned cluster[3];
+  bool hasCluster = false;
+  unsigned sharedBytes = 0;
+  CUstream stream = nullptr;
+  size_t numParams = 0;
+  void **params = nullptr;
+  uint64_t *slots = nullptr;
+
+  uint64_t inlineSlots[kInlineParams];
+  void *inlineParams[kInlineParams];
+  std::vector<uint64_t> heapSlots; // only for more than kInlineParams
+  std::vector<void *> heapParams;
+};
+
+/// Parses an int or a tuple/list of 1 to 3 positive ints (missing dims are 1).
+void parseDims(PyObject *obj, const char *what, unsigned out[3]) {
+  out[0] = out[1] = out[2] = 1;
+  PyObject *items[3] = {obj, nullptr, nullptr};
+  Py_ssize_t n = 1;
+  if (PyTuple_Check(obj) || PyList_Check(obj)) {
+    n = PySequence_Fast_GET_SIZE(obj);
+    if (n < 1 || n > 3)
+      raise(PyExc_ValueError, "%s must have 1 to 3 dimensions, got %R", what, obj);
+    for (Py_ssize_t i = 0; i < n; ++i)
+      items[i] = PySequence_Fast_GET_ITEM(obj, i);
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    nb::object v = nb::steal(asPyLong(items[i]));
+    if (!v.is_valid() || PyBool_Check(items[i]))
+      raise(PyExc_TypeError, "%s must be an int or a tuple of 3 ints, got %R", what, obj);
+    int overflow = 0;
+    long long d = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (d == -1 && PyErr_Occurred())
+      raisePending();
+    if (overflow || d <= 0 || d > UINT32_MAX)
+      raise(PyExc_ValueError, "%s dimensions must be positive 32-bit ints, got %R", what, obj);
+    out[i] = unsigned(d);
+  }
+}
+
+unsigned parseSharedMem(PyObject *obj) {
+  nb::object v = nb::steal(asPyLong(obj));
+  if (!v.is_valid() || PyBool_Check(obj))
+    raise(PyExc_TypeError, "shared_mem must be an int, got %.200s", Py_TYPE(obj)->tp_name);
+  int overflow = 0;
+  long long s = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (s == -1 && PyErr_Occurred())
+    raisePending();
+  if (overflow || s < 0 || s > UINT32_MAX)
+    raise(PyExc_ValueError, "shared_mem must be a non-negative 32-bit int, got %R", obj);
+  return unsigned(s);
+}
+
+/// A CUstream from an int handle, None (the legacy default stream), an object
+/// with `cuda_stream` (torch.cuda.Stream) or with `__cuda_stream__()`.
+CUstream parseStream(PyObject *obj) {
+  if (obj == Py_None)
+    return nullptr;
+  nb::object v = nb::steal(asPyLong(obj));
+  if (!v.is_valid()) {
+    if (PyObject_HasAttrString(obj, "cuda_stream")) {
+      nb::object h = nb::steal(PyObject_GetAttrString(obj, "cuda_stream"));
+      v = h.is_valid() ? nb::steal(asPyLong(h.ptr())) : nb::object();
+    } else if (PyObject_HasAttrString(obj, "__cuda_stream__")) {
+      nb::object r = nb::steal(PyObject_CallMethod(obj, "__cuda_stream__", nullptr));
+      if (r.is_valid() && PyTuple_Check(r.ptr()) && PyTuple_GET_SIZE(r.ptr()) == 2)
+        v = nb::steal(asPyLong(PyTuple_GET_ITEM(r.ptr(), 1)));
+    }
+    if (PyErr_Occurred())
+      raisePending();
+    if (!v.is_valid())
+      raise(PyExc_TypeError,
+            "stream must be an int handle, None, or a stream object (cuda_stream / "
+            "__cuda_stream__), got %.200s",
+            Py_TYPE(obj)->tp_name);
+  }
+  uint64_t handle = PyLong_AsUnsignedLongLong(v.ptr());
+  if (handle == uint64_t(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    raise(PyExc_ValueError, "stream handle out of range: %R", v.ptr());
+  }
+  return reinterpret_cast<CUstream>(uintptr_t(handle));
+}
+
+/// Validates and packs one launch. `name` only appears in error messages.
+void prepareLaunch(const char *name, PyObject *grid, PyObject *block, PyObject *signature,
+                   PyObject *args, PyObject *sharedMem, PyObject *stream, PyObject *cluster,
+                   LaunchArgs &out) {
+  parseDims(grid, "grid", out.grid);
+  parseDims(block, "block", out.block);
+  unsigned long long threads =
+      (unsigned long long)out.block[0] * out.block[1] * (unsigned long long)out.block[2];
+  if (threads > 1024)
+    raise(PyExc_ValueError, "block %R has %llu threads; at most 1024 are allowed", block, threads);
+  if (cluster != Py_None) {
+    parseDims(cluster, "cluster", out.cluster);
+    out.hasCluster = true;
+    for (int i = 0; i < 3; ++i)
+      if (out.grid[i] % out.cluster[i])
+        raise(PyExc_ValueError, "grid %R is not a multiple of cluster %R", grid, cluster);
+  }
+  out.sharedBytes = parseSharedMem(sharedMem);
+  out.stream = parseStream(stream);
+
+  if (!PyUnicode_Check(signature))
+    raise(PyExc_TypeError, "signature must be a str, got %.200s", Py_TYPE(signature)->tp_name);
+  Py_ssize_t sigLen = 0;
+  const char *sig = PyUnicode_AsUTF8AndSize(signature, &sigLen);
+  if (!sig)
+    raisePending();
+
+  if (!PyTuple_Check(args) && !PyList_Check(args))
+    raise(PyExc_TypeError, "args must be a tuple, got %.200s", Py_TYPE(args)->tp_name);
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(args);
+  if (n != sigLen)
+    raise(PyExc_ValueError, "kernel '%s' takes %zd arguments (signature '%s'), got %zd", name,
+          sigLen, sig, n);
+
+  out.numParams = size_t(n);
+  if (out.numParams <= kInlineParams) {
+    out.slots = out.inlineSlots;
+    out.params = out.inlineParams;
+  } else {
+    out.heapSlots.resize(out.numParams);
+    out.heapParams.resize(out.numParams);
+    out.slots = out.heapSlots.data();
+    out.params = out.heapParams.data();
+  }
+
+  PyObject **items = PySequence_Fast_ITEMS(args);
+  for (size_t i = 0; i < out.numParams; ++i) {
+    uint64_t *slot = &out.slots[i];
+    *slot = 0; // narrower kinds leave the upper bytes defined
+    out.params[i] = slot;
+    PyObject *obj = items[i];
+    char code = sig[i];
+    switch (code) {
+    case 'p':
+      packPointer(i, obj, slot);
+      break;
+    case 'i':
+    case 'I':
+    case 'l':
+    case 'L':
+      packIntegerObject(i, code, obj, slot);
+      break;
+    case 'f':
+    case 'd':
+      packFloat(i, code, obj, slot);
+      break;
+    default:
+      raise(PyExc_ValueError,
+            "signature '%s' has invalid code '%c' at position %zu (expected one of "
+            "p, i, I, l, L, f, d)",
+            sig, code, i);
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Python wrappers.
+//===----------------------------------------------------------------------===//
+
+/// Python-side Module: owns the shared_ptr the Functions also hold.
+struct PyModule {
+  std::shared_ptr<Module> impl;
+};
+
+/// A contiguous read-only view of any buffer-protocol object.
+class BufferView {
+public:
+  explicit BufferView(PyObject *obj) {
+    if (PyObject_GetBuffer(obj, &view_, PyBUF_C_CONTIGUOUS) != 0)
+      raisePending();
+  }
+  ~BufferView() { PyBuffer_Release(&view_); }
+  BufferView(const BufferView &) = delete;
+  BufferView &operator=(const BufferView &) = delete;
+  const void *data() const { return view_.buf; }
+  size_t size() const { return size_t(view_.len); }
+
+private:
+  Py_buffer view_;
+};
+
+std::shared_ptr<Module> loadModule(nb::handle image) {
+  if (PyUnicode_Check(image.ptr())) {
+    Py_ssize_t size = 0;
+    const char *text = PyUnicode_AsUTF8AndSize(image.ptr(), &size);
+    if (!text)
+      raisePending();
+    nb::gil_scoped_release release; // PTX JIT can take a while
+    return Module::load(text, size_t(size));
+  }
+  BufferView view(image.ptr());
+  nb::gil_scoped_release release;
+  return Module::load(view.data(), view.size());
+}
+
+void launchFunction(const Function &fn, nb::handle grid, nb::handle block, nb::handle signature,
+                    nb::handle args, nb::handle sharedMem, nb::handle stream, nb::handle cluster) {
+  LaunchArgs la;
+  prepareLaunch(fn.name().c_str(), grid.ptr(), block.ptr(), signature.ptr(), args.ptr(),
+                sharedMem.ptr(), stream.ptr(), cluster.ptr(), la);
+  fn.launch(la.grid, la.block, la.params, la.sharedBytes, la.stream,
+            la.hasCluster ? la.cluster : nullptr);
+}
+
+nb::tuple dimsTuple(const unsigned d[3]) { return nb::make_tuple(d[0], d[1], d[2]); }
+
+/// Test hook: runs the whole validation and packing of Function.launch without
+/// a driver and returns what would be passed to it.
+nb::dict validateLaunch(nb::handle grid, nb::handle block, nb::handle signature, nb::handle args,
+                        nb::handle sharedMem, nb::handle stream, nb::handle cluster,
+                        const std::string &name) {
+  LaunchArgs la;
+  prepareLaunch(name.c_str(), grid.ptr(), block.ptr(), signature.ptr(), args.ptr(), sharedMem.ptr(),
+                stream.ptr(), cluster.ptr(), la);
+  nb::dict d;
+  d["grid"] = dimsTuple(la.grid);
+  d["block"] = dimsTuple(la.block);
+  d["cluster"] = la.hasCluster ? nb::object(dimsTuple(la.cluster)) : nb::none();
+  d["shared_mem"] = la.sharedBytes;
+  d["stream"] = uint64_t(reinterpret_cast<uintptr_t>(la.stream));
+  d["params"] = nb::bytes(reinterpret_cast<const char *>(la.slots), la.numParams * 8);
+  return d;
+}
+
+void translateDriverError(const std::exception_ptr &p, void *) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const DriverError &e) {
+    PyObject *exc = PyObject_CallFunction(cudaErrorType, "s", e.what());
+    if (!exc)
+      return; // the constructor's error stays set
+    nb::handle h(exc);
+    h.attr("function") = nb::str(e.function().c_str());
+    h.attr("result") = nb::int_(e.result());
+    h.attr("error_name") = nb::str(e.errorName().c_str());
+    h.attr("error_string") = nb::str(e.errorString().c_str());
+    PyErr_SetObject(cudaErrorType, exc);
+    Py_DECREF(exc);
+  }
+}
+
+} // namespace
+
+void flyBindRuntime(nb::module_ &m) {
+  nb::module_ rt = m.def_submodule("runtime", "CUDA driver launcher (libcuda loaded lazily).");
+
+  std::string errorName = nb::cast<std::string>(rt.attr("__name__")) + ".CudaError";
+  cudaErrorType = PyErr_NewExceptionWithDoc(
+      errorName.c_str(),
+      "A CUDA driver call failed. Attributes: function, result (CUresult number, -1 when "
+      "libcuda.so.1 cannot be loaded), error_name, error_string.",
+      PyExc_RuntimeError, nullptr);
+  if (!cudaErrorType)
+    raisePending();
+  rt.attr("CudaError") = nb::handle(cudaErrorType);
+  nb::register_exception_translator(translateDriverError);
+
+  rt.def("is_available", &fly::runtime::isAvailable,
+         "True when libcuda.so.1 loads, cuInit succeeds and a device exists. Never raises.");
+  rt.def("driver_version", &fly::runtime::driverVersion,
+         "cuDriverGetVersion, e.g. 12040 for CUDA 12.4.");
+  rt.def("device_count", &fly::runtime::deviceCount);
+  rt.def("device_name", &fly::runtime::deviceName, "device"_a = 0);
+  rt.def("device_attribute", &fly::runtime::deviceAttribute, "attr"_a, "device"_a = 0,
+         "cuDeviceGetAttribute with a CUdevice_attribute number.");
+  rt.def(
+      "synchronize",
+      [] {
+        nb::gil_scoped_release release;
+        fly::runtime::synchronize();
+      },
+      "cuCtxSynchronize on the current (or device 0's primary) context.");
+  rt.def("_validate_launch", &validateLaunch, "grid"_a, "block"_a, "signature"_a, "args"_a,
+         "shared_mem"_a = 0, "stream"_a = 0, "cluster"_a.none() = nb::none(), "name"_a = "kernel",
+         "Runs Function.launch's validation and packing only (no driver needed); returns a "
+         "dict with grid, block, cluster, shared_mem, stream and params (8 bytes per "
+         "argument).");
+
+  nb::class_<Function>(rt, "Function", "A kernel of a Module; keeps the Module alive.")
+      .def_prop_ro("name", &Function::name)
+      .def_prop_ro("num_regs", &Function::numRegs)
+      .def_prop_ro("max_threads_per_block", &Function::maxThreadsPerBlock)
+      .def_prop_ro("static_shared_bytes", &Function::sharedSizeBytes)
+      .def_prop_ro("local_bytes", &Function::localSizeBytes)
+      .def_prop_ro("max_dynamic_shared_bytes", &Function::maxDynamicSharedMemory,
+                   "Dynamic shared memory limit currently set for this kernel.")
+      .def("set_max_dynamic_shared_memory", &Function::setMaxDynamicSharedMemory, "bytes"_a)
+      .def("launch", &launchFunction, "grid"_a, "block"_a, "signature"_a, "args"_a,
+           "shared_mem"_a = 0, "stream"_a.none() = 0, "cluster"_a.none() = nb::none(),
+           "Launches the kernel. signature has one code per parameter: p pointer (int, "
+           "DeviceBuffer, data_ptr(), __cuda_array_interface__), i int32, I uint32, l int64, "
+           "L uint64, f float32, d float64.")
+      .def("__repr__", [](const Function &f) { return "<runtime.Function '" + f.name() + "'>"; });
+
+  nb::class_<PyModule>(rt, "Module", "A CUDA module loaded from PTX text or cubin/fatbin bytes.")
+      .def(
+          "__init__",
+          [](PyModule *self, nb::handle image) { new (self) PyModule{loadModule(image)}; },
+          "image"_a)
+      .def(
+          "function",
+          [](PyModule &self, const std::string &name) { return self.impl->getFunction(name); },
+          "name"_a)
+      .def_prop_ro("info_log", [](const PyModule &self) { return self.impl->infoLog(); });
+
+  nb::class_<DeviceBuffer>(rt, "DeviceBuffer", "Device memory from cuMemAlloc (freed on GC).")
+      .def(
+          "__init__",
+          [](DeviceBuffer *self, long long nbytes) {
+            if (nbytes < 0)
+              throw std::invalid_argument("DeviceBuffer size must be >= 0");
+            new (self) DeviceBuffer(size_t(nbytes));
+          },
+          "nbytes"_a)
+      .def_prop_ro("ptr", [](const DeviceBuffer &b) { return uint64_t(b.ptr()); })
+      .def_prop_ro("nbytes", &DeviceBuffer::size)
+      .def("data_ptr", [](const DeviceBuffer &b) { return uint64_t(b.ptr()); })
+      .def(
+          "copy_from_host",
+          [](DeviceBuffer &b, nb::handle obj) {
+            BufferView view(obj.ptr());
+            if (view.size() > b.size())
+              throw std::invalid_argument("copy_from_host: " + std::to_string(view.size()) +
+                                          " bytes do not fit in a " + std::to_string(b.size()) +
+                                          "-byte DeviceBuffer");
+            nb::gil_scoped_release release;
+            b.copyFromHost(view.data(), view.size());
+          },
+          "obj"_a, "Copies a buffer-protocol object's bytes to the start of the buffer.")
+      .def("copy_to_host",
+           [](const DeviceBuffer &b) {
+             nb::object out = nb::steal(PyBytes_FromStringAndSize(nullptr, Py_ssize_t(b.size())));
+             if (!out.is_valid())
+               raisePending();
+             char *dst = PyBytes_AS_STRING(out.ptr());
+             {
+               nb::gil_scoped_release release;
+               b.copyToHost(dst, b.size());
+             }
+             return nb::borrow<nb::bytes>(out);
+           })
+      .def(
+          "memset",
+          [](DeviceBuffer &b, long long value) {
+            if (value < 0 || value > 255)
+              throw std::invalid_argument("memset value must be in [0, 255]");
+            b.memset(static_cast<unsigned char>(value));
+          },
+          "value"_a)
+      .def_prop_ro("__cuda_array_interface__",
+                   [](const DeviceBuffer &b) {
+                     nb::dict d;
+                     d["shape"] = nb::make_tuple(b.size());
+                     d["typestr"] = "|u1";
+                     d["data"] = nb::make_tuple(uint64_t(b.ptr()), false);
+                     d["strides"] = nb::none();
+                     d["version"] = 3;
+                     return d;
+                   })
+      .def("__len__", &DeviceBuffer::size)
+      .def("__repr__", [](const DeviceBuffer &b) {
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), "<runtime.DeviceBuffer nbytes=%zu ptr=0x%llx>", b.size(),
+                      (unsigned long long)b.ptr());
+        return std::string(buf);
+      });
+}

@@ -1,0 +1,447 @@
+//===- CudaDriver.cpp - Lazily loaded CUDA driver API ---------------------===//
+
+#include "CudaDriver.h"
+
+#include <cstring>
+#include <dlfcn.h>
+#include <vector>
+
+namespace fly::runtime {
+
+namespace {
+
+/// Process-wide loader state. Filled once under std::call_once; read-only
+/// afterwards, so the launch path needs no locking.
+struct DriverState {
+  DriverApi api{};
+  bool libraryLoaded = false;
+  bool initialized = false;
+  // Failure of the load (or of cuInit), replayed on every later use.
+  std::string failedFunction;
+  CUresult failedResult = CUDA_SUCCESS;
+  std::string failedDetail;
+};
+
+DriverState &state() {
+  static DriverState s;
+  return s;
+}
+
+[[noreturn]] void rethrowFailure(const DriverState &s) {
+  throwDriverError(s.failedFunction.c_str(), s.failedResult, s.failedDetail);
+}
+
+void loadLibraryOnce(DriverState &s) {
+  // RTLD_LOCAL: keep the driver's symbols out of the global namespace.
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char *err = dlerror();
+    s.failedFunction = "dlopen";
+    s.failedResult = kLibraryNotLoaded;
+    s.failedDetail = err ? err : "libcuda.so.1 not found";
+    return;
+  }
+
+  std::string missing;
+  auto resolve = [&](auto &fn, const char *name, bool required = true) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    if (!fn && required)
+      missing += missing.empty() ? name : std::string(", ") + name;
+  };
+  DriverApi &a = s.api;
+  resolve(a.cuGetErrorName, "cuGetErrorName");
+  resolve(a.cuGetErrorString, "cuGetErrorString");
+  resolve(a.cuInit, "cuInit");
+  resolve(a.cuDriverGetVersion, "cuDriverGetVersion");
+  resolve(a.cuDeviceGetCount, "cuDeviceGetCount");
+  resolve(a.cuDeviceGet, "cuDeviceGet");
+  resolve(a.cuDeviceGetName, "cuDeviceGetName");
+  resolve(a.cuDeviceGetAttribute, "cuDeviceGetAttribute");
+  resolve(a.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  resolve(a.cuCtxGetCurrent, "cuCtxGetCurrent");
+  resolve(a.cuCtxSetCurrent, "cuCtxSetCurrent");
+  resolve(a.cuCtxSynchronize, "cuCtxSynchronize");
+  resolve(a.cuModuleLoadDataEx, "cuModuleLoadDataEx");
+  resolve(a.cuModuleUnload, "cuModuleUnload");
+  resolve(a.cuModuleGetFunction, "cuModuleGetFunction");
+  resolve(a.cuFuncGetAttribute, "cuFuncGetAttribute");
+  resolve(a.cuFuncSetAttribute, "cuFuncSetAttribute");
+  resolve(a.cuLaunchKernel, "cuLaunchKernel");
+  resolve(a.cuLaunchKernelEx, "cuLaunchKernelEx", /*required=*/false);
+  // cuda.h maps these plain names to _v2 (64-bit sizes and pointers).
+  resolve(a.cuMemAlloc, "cuMemAlloc_v2");
+  resolve(a.cuMemFree, "cuMemFree_v2");
+  resolve(a.cuMemcpyHtoD, "cuMemcpyHtoD_v2");
+  resolve(a.cuMemcpyDtoH, "cuMemcpyDtoH_v2");
+  resolve(a.cuMemsetD8, "cuMemsetD8_v2");
+
+  if (!missing.empty()) {
+    // Too old or a broken stub: behave as if there were no driver at all.
+    s.api = DriverApi{};
+    dlclose(lib);
+    s.failedFunction = "dlsym";
+    s.failedResult = kLibraryNotLoaded;
+    s.failedDetail = "libcuda.so.1 lacks " + missing;
+    return;
+  }
+  s.libraryLoaded = true;
+}
+
+/// libcuda loaded and resolved; cuInit not necessarily called.
+const DriverApi &library() {
+  static std::once_flag once;
+  DriverState &s = state();
+  std::call_once(once, [&s] { loadLibraryOnce(s); });
+  if (!s.libraryLoaded)
+    rethrowFailure(s);
+  return s.api;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Errors.
+//===----------------------------------------------------------------------===//
+
+static std::string formatError(const std::string &function, CUresult result,
+                               const std::string &name, const std::string &description,
+                               const std::string &detail) {
+  std::string msg =
+      function + " failed: " + name + " (" + std::to_string(result) + "): " + description;
+  if (!detail.empty())
+    msg += "\n" + detail;
+  return msg;
+}
+
+DriverError::DriverError(std::string function, CUresult result, std::string name,
+                         std::string description, const std::string &detail)
+    : std::runtime_error(formatError(function, result, name, description, detail)),
+      function_(std::move(function)), result_(result), name_(std::move(name)),
+      description_(std::move(description)) {}
+
+void throwDriverError(const char *function, CUresult result, const std::string &detail) {
+  std::string name, description;
+  if (result == kLibraryNotLoaded) {
+    name = "CUDA_DRIVER_NOT_LOADED";
+    description = "the CUDA driver library (libcuda.so.1) could not be loaded";
+  } else {
+    const DriverApi &a = state().api;
+    const char *n = nullptr, *d = nullptr;
+    if (a.cuGetErrorName && a.cuGetErrorName(result, &n) == CUDA_SUCCESS && n)
+      name = n;
+    else
+      name = "CUDA_ERROR_UNKNOWN_CODE";
+    if (a.cuGetErrorString && a.cuGetErrorString(result, &d) == CUDA_SUCCESS && d)
+      description = d;
+    else
+      description = "unrecognized error code";
+  }
+  throw DriverError(function, result, std::move(name), std::move(description), detail);
+}
+
+//===----------------------------------------------------------------------===//
+// Driver, devices and contexts.
+//===----------------------------------------------------------------------===//
+
+const DriverApi &driver() {
+  static std::once_flag once;
+  DriverState &s = state();
+  std::call_once(once, [&s] {
+    try {
+      library();
+    } catch (const DriverError &) {
+      return; // failure already recorded in s
+    }
+    CUresult r = s.api.cuInit(0);
+    if (r != CUDA_SUCCESS) {
+      s.failedFunction = "cuInit";
+      s.failedResult = r;
+      return;
+    }
+    s.initialized = true;
+  });
+  if (!s.initialized)
+    rethrowFailure(s);
+  return s.api;
+}
+
+bool isAvailable() noexcept {
+  try {
+    return deviceCount() > 0;
+  } catch (...) {
+    return false;
+  }
+}
+
+int driverVersion() {
+  int version = 0;
+  check(library().cuDriverGetVersion(&version), "cuDriverGetVersion");
+  return version;
+}
+
+int deviceCount() {
+  int count = 0;
+  check(driver().cuDeviceGetCount(&count), "cuDeviceGetCount");
+  return count;
+}
+
+static CUdevice getDevice(int ordinal) {
+  CUdevice dev = 0;
+  check(driver().cuDeviceGet(&dev, ordinal), "cuDeviceGet");
+  return dev;
+}
+
+std::string deviceName(int device) {
+  CUdevice dev = getDevice(device);
+  char name[256] = {};
+  check(driver().cuDeviceGetName(name, sizeof(name) - 1, dev), "cuDeviceGetName");
+  return name;
+}
+
+int deviceAttribute(int attr, int device) {
+  CUdevice dev = getDevice(device);
+  int value = 0;
+  check(driver().cuDeviceGetAttribute(&value, attr, dev), "cuDeviceGetAttribute");
+  return value;
+}
+
+CUcontext ensureContext() {
+  const DriverApi &a = driver();
+  CUcontext ctx = nullptr;
+  check(a.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (ctx)
+    return ctx; // e.g. torch's; reuse rather than competing with it
+  // Device 0's primary context, retained once for the process lifetime: it is
+  // the context torch/cudart use too, so pointers and modules are shared.
+  static CUcontext primary = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [&a] {
+    CUdevice dev = getDevice(0);
+    check(a.cuDevicePrimaryCtxRetain(&primary, dev), "cuDevicePrimaryCtxRetain");
+  });
+  check(a.cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  return primary;
+}
+
+void synchronize() {
+  ensureContext();
+  check(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+}
+
+/// Runs `call`; when it fails only because this thread has no current context
+/// (e.g. a fresh Python thread), makes one current and retries once. Keeps
+/// cuCtxGetCurrent off the launch path.
+template <typename Call> static CUresult withContextRetry(Call &&call) {
+  CUresult r = call();
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    ensureContext();
+    r = call();
+  }
+  return r;
+}
+
+//===----------------------------------------------------------------------===//
+// Module.
+//===----------------------------------------------------------------------===//
+
+static bool isBinaryImage(const unsigned char *p, size_t size) {
+  static const unsigned char elf[] = {0x7f, 'E', 'L', 'F'};
+  static const unsigned char fatbin[] = {0x50, 0xed, 0x55, 0xba}; // 0xBA55ED50 LE
+  return size >= 4 && (!std::memcmp(p, elf, 4) || !std::memcmp(p, fatbin, 4));
+}
+
+std::shared_ptr<Module> Module::load(const void *image, size_t size) {
+  const DriverApi &a = driver();
+  ensureContext();
+
+  const auto *bytes = static_cast<const unsigned char *>(image);
+  std::string ptx;
+  if (!isBinaryImage(bytes, size) && (size == 0 || bytes[size - 1] != '\0')) {
+    // PTX is read as a NUL-terminated string.
+    ptx.assign(reinterpret_cast<const char *>(bytes), size);
+    image = ptx.c_str();
+  }
+
+  constexpr size_t kLogSize = 16 * 1024;
+  std::vector<char> errorLog(kLogSize, '\0'), infoLog(kLogSize, '\0');
+  int options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                   CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
+  void *values[] = {errorLog.data(), reinterpret_cast<void *>(uintptr_t(kLogSize - 1)),
+                    infoLog.data(), reinterpret_cast<void *>(uintptr_t(kLogSize - 1))};
+
+  CUmodule module = nullptr;
+  CUresult r = a.cuModuleLoadDataEx(&module, image, 4, options, values);
+  if (r != CUDA_SUCCESS) {
+    std::string log(errorLog.data(), strnlen(errorLog.data(), kLogSize));
+    while (!log.empty() && (log.back() == '\n' || log.back() == '\0'))
+      log.pop_back();
+    throwDriverError("cuModuleLoadDataEx", r, log);
+  }
+  std::string info(infoLog.data(), strnlen(infoLog.data(), kLogSize));
+  return std::shared_ptr<Module>(new Module(module, std::move(info)));
+}
+
+Module::~Module() {
+  if (!module_)
+    return;
+  // Best effort: may run on a thread without a context, or after the driver
+  // has started shutting down at exit; never throw from here.
+  try {
+    ensureContext();
+  } catch (...) {
+  }
+  (void)state().api.cuModuleUnload(module_);
+}
+
+Function Module::getFunction(const std::string &name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = kernels_.find(name);
+  if (it == kernels_.end()) {
+    const DriverApi &a = driver();
+    auto kernel = std::make_unique<Kernel>();
+    kernel->name = name;
+    CUresult r = withContextRetry(
+        [&] { return a.cuModuleGetFunction(&kernel->handle, module_, name.c_str()); });
+    if (r != CUDA_SUCCESS)
+      throwDriverError("cuModuleGetFunction", r, "kernel '" + name + "'");
+    // Seed the cache with the limit in force (48 KiB minus static shared by
+    // default) so launches below it never touch the attribute.
+    int maxDynamic = 0;
+    check(a.cuFuncGetAttribute(&maxDynamic, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                               kernel->handle),
+          "cuFuncGetAttribute");
+    kernel->maxDynamicShared.store(maxDynamic);
+    it = kernels_.emplace(name, std::move(kernel)).first;
+  }
+  return Function(shared_from_this(), it->second.get());
+}
+
+//===----------------------------------------------------------------------===//
+// Function.
+//===----------------------------------------------------------------------===//
+
+int Function::attribute(int attr) const {
+  int value = 0;
+  const DriverApi &a = driver();
+  check(withContextRetry([&] { return a.cuFuncGetAttribute(&value, attr, kernel_->handle); }),
+        "cuFuncGetAttribute");
+  return value;
+}
+
+void Function::setMaxDynamicSharedMemory(int bytes) const {
+  const DriverApi &a = driver();
+  CUresult r = withContextRetry([&] {
+    return a.cuFuncSetAttribute(kernel_->handle, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                bytes);
+  });
+  if (r != CUDA_SUCCESS)
+    throwDriverError("cuFuncSetAttribute", r,
+                     "setting max dynamic shared memory of '" + kernel_->name + "' to " +
+                         std::to_string(bytes) + " bytes");
+  kernel_->maxDynamicShared.store(bytes, std::memory_order_relaxed);
+}
+
+void Function::launch(const unsigned grid[3], const unsigned block[3], void **params,
+                      unsigned sharedBytes, CUstream stream, const unsigned *cluster) const {
+  // A Function exists only after a successful load, so the table is filled.
+  const DriverApi &a = state().api;
+  if (sharedBytes > unsigned(kernel_->maxDynamicShared.load(std::memory_order_relaxed)))
+    setMaxDynamicSharedMemory(int(sharedBytes));
+
+  if (!cluster) {
+    CUresult r = withContextRetry([&] {
+      return a.cuLaunchKernel(kernel_->handle, grid[0], grid[1], grid[2], block[0], block[1],
+                              block[2], sharedBytes, stream, params, nullptr);
+    });
+    check(r, "cuLaunchKernel");
+    return;
+  }
+
+  if (!a.cuLaunchKernelEx)
+    throwDriverError("cuLaunchKernelEx", CUDA_ERROR_NOT_FOUND,
+                     "the installed driver has no cuLaunchKernelEx (needs CUDA >= 11.8)");
+  CUlaunchAttribute attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = cluster[0];
+  attr.value.clusterDim.y = cluster[1];
+  attr.value.clusterDim.z = cluster[2];
+  CUlaunchConfig config{grid[0],  grid[1],     grid[2], block[0], block[1],
+                        block[2], sharedBytes, stream,  &attr,    1};
+  check(withContextRetry(
+            [&] { return a.cuLaunchKernelEx(&config, kernel_->handle, params, nullptr); }),
+        "cuLaunchKernelEx");
+}
+
+//===----------------------------------------------------------------------===//
+// DeviceBuffer.
+//===----------------------------------------------------------------------===//
+
+DeviceBuffer::DeviceBuffer(size_t nbytes) : size_(nbytes) {
+  if (nbytes == 0)
+    return; // cuMemAlloc rejects 0; a null buffer is still useful as an argument
+  const DriverApi &a = driver();
+  ensureContext();
+  check(a.cuMemAlloc(&ptr_, nbytes), "cuMemAlloc");
+}
+
+DeviceBuffer::~DeviceBuffer() { release(); }
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer &&other) noexcept : ptr_(other.ptr_), size_(other.size_) {
+  other.ptr_ = 0;
+  other.size_ = 0;
+}
+
+DeviceBuffer &DeviceBuffer::operator=(DeviceBuffer &&other) noexcept {
+  if (this != &other) {
+    release();
+    ptr_ = other.ptr_;
+    size_ = other.size_;
+    other.ptr_ = 0;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::release() noexcept {
+  if (!ptr_)
+    return;
+  try {
+    ensureContext();
+  } catch (...) {
+  }
+  (void)state().api.cuMemFree(ptr_); // errors at shutdown are expected; ignore
+  ptr_ = 0;
+}
+
+void DeviceBuffer::copyFromHost(const void *src, size_t nbytes) {
+  if (nbytes > size_)
+    throw std::invalid_argument("copy of " + std::to_string(nbytes) + " bytes into a " +
+                                std::to_string(size_) + "-byte DeviceBuffer");
+  if (nbytes == 0)
+    return;
+  const DriverApi &a = driver();
+  ensureContext();
+  check(a.cuMemcpyHtoD(ptr_, src, nbytes), "cuMemcpyHtoD");
+}
+
+void DeviceBuffer::copyToHost(void *dst, size_t nbytes) const {
+  if (nbytes > size_)
+    throw std::invalid_argument("copy of " + std::to_string(nbytes) + " bytes from a " +
+                                std::to_string(size_) + "-byte DeviceBuffer");
+  if (nbytes == 0)
+    return;
+  const DriverApi &a = driver();
+  ensureContext();
+  check(a.cuMemcpyDtoH(dst, ptr_, nbytes), "cuMemcpyDtoH");
+}
+
+void DeviceBuffer::memset(unsigned char value) {
+  if (size_ == 0)
+    return;
+  const DriverApi &a = driver();
+  ensureContext();
+  check(a.cuMemsetD8(ptr_, value, size_), "cuMemsetD8");
+}
+
+} // namespace fly::runtime
