@@ -1,0 +1,33 @@
+"""FlyDSL compiler: Fly MLIR dialect, lowering to PTX, and the CUDA launcher.
+
+    import flydsl.compiler as flyc
+    compiled = flyc.compile_mlir(mlir_text)            # PTX in process (+ cubin when ptxas is found)
+    if flyc.runtime.is_available():
+        module = flyc.runtime.load(compiled)
+        module.launch("kernel", grid, block, *args)
+"""
+
+from flydsl.compiler import runtime
+from flydsl.compiler.context import make_context
+from flydsl.compiler.errors import CompilationError, FlyError, ToolchainError
+from flydsl.compiler.pipeline import CompiledModule, compile_mlir
+from flydsl.compiler.target import SM80, SM90A, Stage, Target
+from flydsl.compiler.toolchain import assemble_ptx, find_ptxas
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompilationError",
+    "CompiledModule",
+    "FlyError",
+    "SM80",
+    "SM90A",
+    "Stage",
+    "Target",
+    "ToolchainError",
+    "assemble_ptx",
+    "compile_mlir",
+    "find_ptxas",
+    "make_context",
+    "runtime",
+]

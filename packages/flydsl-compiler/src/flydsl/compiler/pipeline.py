@@ -1,0 +1,153 @@
+"""Compiles MLIR holding one ``gpu.module`` to PTX (in process) and a cubin (through ptxas when present).
+
+Every stage's IR is kept on request, can be written to a directory, and can be compiled again from that stage
+(``compile_mlir(text, start_after="fly")``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlir import ir
+from mlir.dialects import gpu
+from mlir.passmanager import PassManager
+
+from flydsl.compiler import settings, toolchain
+from flydsl.compiler.context import make_context
+from flydsl.compiler.errors import CompilationError
+from flydsl.compiler.target import ISA_STAGE, SM90A, Target
+
+__all__ = ["CompiledModule", "compile_mlir", "kernel_signatures"]
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    """The result of a compile: PTX, the cubin when ptxas ran, and each kernel's launch signature."""
+
+    name: str
+    target: Target
+    ptx: str
+    cubin: bytes | None
+    kernels: dict[str, str]
+    stages: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def image(self) -> bytes:
+        """What the driver loads: the cubin, else the PTX (JIT-compiled by the driver)."""
+        return self.cubin if self.cubin is not None else self.ptx.encode()
+
+
+def compile_mlir(
+    source: str,
+    target: Target = SM90A,
+    *,
+    start_after: str | None = None,
+    keep_stages: bool = False,
+    assemble: bool | None = None,
+) -> CompiledModule:
+    """Compiles MLIR text with one ``gpu.module`` of kernels.
+
+    ``start_after`` names the stage whose output ``source`` is, so a dumped stage compiles again.
+    ``assemble``: True runs ptxas (error if missing), False never does, None runs it when found.
+    """
+    stages = target.stages()
+    names = [stage.name for stage in stages]
+    if start_after is not None and start_after not in names[:-1]:
+        raise ValueError(f"start_after: expected one of {names[:-1]}, got {start_after!r}")
+    todo = stages[names.index(start_after) + 1 :] if start_after else stages
+    dump_dir = settings.current().dump_ir_dir
+    kept: dict[str, str] = {}
+
+    with make_context(), ir.Location.unknown():
+        module = _parse(source)
+        gpu_module = _single_gpu_module(module)
+        name = ir.StringAttr(gpu_module.attributes["sym_name"]).value
+        kernels = kernel_signatures(gpu_module) if start_after is None else {}
+        if start_after is None:
+            gpu_module.attributes["targets"] = ir.ArrayAttr.get([ir.Attribute.parse(target.attribute)])
+        _record(kept, dump_dir, name, "input", module, keep_stages)
+        for stage in todo:
+            try:
+                PassManager.parse(f"builtin.module({stage.passes})").run(module.operation)
+            except ir.MLIRError as error:
+                raise CompilationError(stage.name, _diagnostics(error)) from None
+            if stage.name != ISA_STAGE:
+                _record(kept, dump_dir, name, stage.name, module, keep_stages)
+        ptx = _extract_ptx(module)
+    _record(kept, dump_dir, name, ISA_STAGE, ptx, keep_stages)
+
+    cubin = None
+    if assemble is True or (assemble is None and toolchain.find_ptxas()):
+        cubin = toolchain.assemble_ptx(ptx, target.arch)
+    return CompiledModule(name=name, target=target, ptx=ptx, cubin=cubin, kernels=kernels, stages=kept)
+
+
+def kernel_signatures(gpu_module: ir.Operation) -> dict[str, str]:
+    """Maps each ``gpu.func ... kernel`` to the launcher's signature codes ('p' pointer, 'i' i32, 'l' i64...)."""
+    signatures = {}
+    for op in gpu_module.regions[0].blocks[0].operations:
+        if op.operation.name != "gpu.func" or "gpu.kernel" not in op.attributes:
+            continue
+        kernel = ir.StringAttr(op.attributes["sym_name"]).value
+        inputs = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value).inputs
+        signatures[kernel] = "".join(_signature_code(kernel, i, t) for i, t in enumerate(inputs))
+    return signatures
+
+
+def _signature_code(kernel: str, position: int, type_: ir.Type) -> str:
+    type_ = type_.maybe_downcast()
+    if isinstance(type_, ir.IntegerType) and type_.width in (32, 64):
+        return "i" if type_.width == 32 else "l"
+    if isinstance(type_, ir.IndexType):
+        return "l"
+    if isinstance(type_, ir.F32Type):
+        return "f"
+    if isinstance(type_, ir.F64Type):
+        return "d"
+    if str(type_).startswith("!llvm.ptr"):
+        return "p"
+    raise CompilationError(
+        "input",
+        f"kernel '{kernel}' argument {position} has type {type_}; the launcher takes !llvm.ptr, i32, i64, index,"
+        " f32 and f64 (memref descriptors are not supported: pass a pointer)",
+    )
+
+
+def _parse(source: str) -> ir.Module:
+    try:
+        return ir.Module.parse(source)
+    except ir.MLIRError as error:
+        raise CompilationError("input", _diagnostics(error)) from None
+
+
+def _single_gpu_module(module: ir.Module) -> ir.Operation:
+    found = [op.operation for op in module.body.operations if op.operation.name == "gpu.module"]
+    if len(found) != 1:
+        raise CompilationError("input", f"expected exactly one gpu.module in the input, found {len(found)}")
+    return found[0]
+
+
+def _extract_ptx(module: ir.Module) -> str:
+    for op in module.body.operations:
+        if op.operation.name == "gpu.binary":
+            objects = ir.ArrayAttr(op.attributes["objects"])
+            return gpu.ObjectAttr(objects[0]).object.decode()
+    raise CompilationError(ISA_STAGE, "no gpu.binary was produced")
+
+
+def _diagnostics(error: ir.MLIRError) -> str:
+    lines = [str(d) for d in error.error_diagnostics] or [str(error)]
+    return "\n".join(lines)
+
+
+def _record(kept: dict[str, str], dump_dir: Path | None, name: str, stage: str, ir_or_text, keep: bool) -> None:
+    if not keep and dump_dir is None:
+        return
+    text = ir_or_text if isinstance(ir_or_text, str) else str(ir_or_text)
+    if keep:
+        kept[stage] = text
+    if dump_dir is not None:
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        suffix = "ptx" if stage == ISA_STAGE else "mlir"
+        (dump_dir / f"{name}.{stage}.{suffix}").write_text(text)

@@ -1,0 +1,41 @@
+"""Every environment variable FlyDSL reads, in one place (nothing else reads ``os.environ``).
+
+=============================  ==================================================================
+``FLYDSL_PTXAS``               path of the ``ptxas`` to assemble PTX with (else ``PATH``,
+                               ``$CUDA_HOME/bin``, ``/usr/local/cuda/bin``)
+``CUDA_HOME`` / ``CUDA_PATH``  CUDA toolkit root, searched for ``ptxas``
+``FLYDSL_DUMP_IR``             a directory: every compile writes each stage's IR there
+``FLYDSL_CACHE_DIR``           on-disk kernel cache (default ``~/.cache/flydsl``)
+``FLYDSL_RUNTIME_ENABLE_CACHE`` ``0`` bypasses the JIT cache
+=============================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Settings", "current"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    ptxas: str | None
+    cuda_home: str | None
+    dump_ir_dir: Path | None
+    cache_dir: Path
+    cache_enabled: bool
+
+
+def current() -> Settings:
+    """The settings as the environment gives them now (read on each call: cheap, and tests can patch)."""
+    env = os.environ
+    dump = env.get("FLYDSL_DUMP_IR")
+    return Settings(
+        ptxas=env.get("FLYDSL_PTXAS") or None,
+        cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,
+        dump_ir_dir=Path(dump) if dump else None,
+        cache_dir=Path(env.get("FLYDSL_CACHE_DIR") or Path.home() / ".cache" / "flydsl"),
+        cache_enabled=env.get("FLYDSL_RUNTIME_ENABLE_CACHE", "1") != "0",
+    )

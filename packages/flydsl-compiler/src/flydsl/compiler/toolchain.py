@@ -1,0 +1,44 @@
+"""The external CUDA assembler: finds ``ptxas`` and turns PTX into a cubin."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from flydsl.compiler import settings
+from flydsl.compiler.errors import ToolchainError
+
+__all__ = ["find_ptxas", "assemble_ptx"]
+
+
+def find_ptxas() -> str | None:
+    """``FLYDSL_PTXAS``, then ``PATH``, then ``$CUDA_HOME/bin``, then ``/usr/local/cuda/bin``; None if absent."""
+    config = settings.current()
+    if config.ptxas:
+        if not os.access(config.ptxas, os.X_OK):
+            raise ToolchainError(f"FLYDSL_PTXAS={config.ptxas!r} is not an executable file")
+        return config.ptxas
+    candidates = [shutil.which("ptxas")]
+    if config.cuda_home:
+        candidates.append(str(Path(config.cuda_home) / "bin" / "ptxas"))
+    candidates.append("/usr/local/cuda/bin/ptxas")
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tuple[str, ...] = ()) -> bytes:
+    """Assembles ``ptx`` for ``arch`` (e.g. ``sm_90a``) and returns the cubin; raises ToolchainError with ptxas's log."""
+    ptxas = ptxas or find_ptxas()
+    if ptxas is None:
+        raise ToolchainError("ptxas not found: set FLYDSL_PTXAS or CUDA_HOME, or put the CUDA toolkit's bin on PATH")
+    with tempfile.TemporaryDirectory(prefix="flydsl-ptxas-") as tmp:
+        source, output = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
+        source.write_text(ptx)
+        result = subprocess.run(
+            [ptxas, f"-arch={arch}", *extra_args, "-o", str(output), str(source)], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise ToolchainError(f"ptxas -arch={arch} failed ({result.returncode}):\n{result.stderr}{result.stdout}")
+        return output.read_bytes()
