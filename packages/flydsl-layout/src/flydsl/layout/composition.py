@@ -1,0 +1,206 @@
+"""Coalesce, filter and composition.
+
+``composition(A, B)`` is the layout ``R`` with ``R(i) == A(B(i))`` for every ``i < size(B)`` and
+``size(R) == size(B)``, where ``A`` is evaluated beyond its size by extending its last mode. Each leaf mode
+``s:d`` of ``B`` is walked through the modes of ``coalesce(A)`` like CuTe does, and the result is returned
+only when it is provably right; otherwise a :class:`LayoutError` says which condition failed on which modes:
+
+* a leaf that crosses a mode of ``A`` must have a stride that divides that mode's shape, and the remaining
+  shape must be divisible by what the mode takes (CuTe's stride and shape divisibility conditions); a leaf
+  whose offsets stay inside one mode needs neither (so ``(6,8):(8,1) o 2:4 == 2:32``);
+* two leaves of ``B`` that land in the same mode of ``A`` must not carry into each other: their largest
+  offsets in that mode must sum to less than its shape (CuTe does not check this and returns a wrong
+  layout for ``(4,4):(1,10) o (4,2):(1,2)``).
+
+With dynamic leaves the same conditions must be provable (see :mod:`flydsl.layout.leaf`); a rank-1 ``A``
+is linear and needs none, which covers by-mode tiling of any dynamic layout.
+"""
+
+from __future__ import annotations
+
+from . import int_tuple as it
+from .layout import Layout, as_layout, get, lift_composed, make_layout, rank
+from .leaf import (
+    LayoutError,
+    decide,
+    divides,
+    floordiv,
+    is_static_leaf,
+    known_divisor,
+    mul,
+    provably_equal,
+    sub,
+)
+
+__all__ = ["coalesce", "filter_zeros", "filter_layout", "composition", "flat_modes", "from_modes", "less"]
+
+
+def flat_modes(layout: Layout):
+    """Coalesced leaf modes of ``layout`` as two lists (shapes, strides): size-1 modes dropped, neighbours
+    ``s0:d0, s1:d1`` merged where ``d1 == s0*d0`` provably; an empty result is ``[1], [0]``."""
+    shapes, strides = [], []
+    for s, d in zip(it.leaves(layout.shape), it.leaves(layout.stride)):
+        if provably_equal(s, 1):
+            continue
+        if shapes and provably_equal(mul(shapes[-1], strides[-1]), d):
+            shapes[-1] = mul(shapes[-1], s)
+            continue
+        shapes.append(s)
+        strides.append(d)
+    return (shapes, strides) if shapes else ([1], [0])
+
+
+def from_modes(shapes, strides) -> Layout:
+    """The layout with these flat modes: a leaf shape for one mode, a tuple for several."""
+    if len(shapes) == 1:
+        return Layout(shapes[0], strides[0])
+    return Layout(tuple(shapes), tuple(strides))
+
+
+@lift_composed
+def coalesce(layout, profile=None) -> Layout:
+    """Same function on ``[0, size)`` with the fewest modes; with a tuple ``profile`` each top-level mode is
+    coalesced on its own (by-mode), keeping the rank.
+
+    >>> coalesce(Layout((2, (1, 6)), (1, (6, 2)))), coalesce(Layout((2, 4, 3), (1, 2, 8)), (0, 0, 0))
+    (12:1, (2,4,3):(1,2,8))
+    """
+    layout = as_layout(layout)
+    if it.is_tuple(profile):
+        if len(profile) > rank(layout):
+            raise LayoutError(f"coalesce: profile {it.tuple_str(profile)} has more modes than {layout}")
+        modes = [coalesce(get(layout, i), p) for i, p in enumerate(profile)]
+        return make_layout(*modes, *(get(layout, i) for i in range(len(profile), rank(layout))))
+    return from_modes(*flat_modes(layout))
+
+
+@lift_composed
+def filter_zeros(layout) -> Layout:
+    """Replace the shape of every mode with stride (provably) 0 by 1, keeping the structure.
+
+    >>> filter_zeros(Layout((4, (2, 3)), (1, (0, 4))))
+    (4,(1,3)):(1,(0,4))
+    """
+    shape = it.transform(lambda s, d: 1 if provably_equal(d, 0) else s, layout.shape, layout.stride)
+    return Layout(shape, layout.stride)
+
+
+@lift_composed
+def filter_layout(layout) -> Layout:
+    """CuTe ``filter`` (exported as ``flydsl.layout.filter``): drop stride-0 and size-1 modes, then coalesce.
+
+    >>> filter_layout(Layout((4, 2, 3), (1, 0, 8)))
+    (4,3):(1,8)
+    """
+    return coalesce(filter_zeros(layout))
+
+
+def less(x, y):
+    """Whether ``x < y``: True/False when provable, None otherwise (a dynamic ``y`` is at least its divisor)."""
+    if is_static_leaf(x):
+        if is_static_leaf(y):
+            return x < y
+        if x < known_divisor(y):
+            return True
+    return None
+
+
+def _compose_leaf(a, e, s, d, where):
+    """Compose the coalesced flat layout ``a:e`` with one leaf mode ``s:d``.
+    Returns (shapes, strides, usage) where usage lists (k, largest offset inside mode k) for the finite modes."""
+    if provably_equal(s, 1):
+        return [1], [0], []
+    if provably_equal(d, 0):
+        return [s], [0], []
+    if is_static_leaf(d) and d < 0:
+        raise LayoutError(f"composition: {where}: B's mode {s}:{d} has a negative stride")
+    shapes, strides, usage = [], [], []
+    for k in range(len(a) - 1):
+        ak, ek = a[k], e[k]
+        if divides(ak, d):  # every offset is a multiple of this mode's shape: it never moves here
+            d = floordiv(d, ak)
+            continue
+        span = mul(sub(s, 1), d)
+        if less(span, ak):  # every offset stays inside this mode
+            shapes.append(s)
+            strides.append(mul(d, ek))
+            usage.append((k, span))
+            return shapes, strides, usage
+        mode = f"B's mode {s}:{d} crosses mode {k} ({ak}:{ek}) of coalesced A"
+        if not decide(divides(d, ak), "composition", f"stride divisibility: {mode}", d, ak):
+            raise LayoutError(f"composition: {where}: stride divisibility fails: {mode} and {d} does not divide {ak}")
+        m = floordiv(ak, d)
+        if not decide(divides(m, s), "composition", f"shape divisibility: {mode}", m, s):
+            raise LayoutError(f"composition: {where}: shape divisibility fails: {mode} and {m} does not divide {s}")
+        shapes.append(m)
+        strides.append(mul(d, ek))
+        usage.append((k, mul(sub(m, 1), d)))
+        s, d = floordiv(s, m), 1
+        if provably_equal(s, 1):
+            return shapes, strides, usage
+    shapes.append(s)
+    strides.append(mul(d, e[-1]))
+    return shapes, strides, usage
+
+
+def _check_no_carry(a, usages, where):
+    # Leaves of B that share a finite mode of A must not carry into the next mode when their offsets add up.
+    spans = {}
+    for usage in usages:
+        for k, span in usage:
+            spans.setdefault(k, []).append(span)
+    for k, parts in spans.items():
+        if len(parts) < 2:
+            continue
+        total = 0
+        for p in parts:
+            total = total + p if is_static_leaf(p) and is_static_leaf(total) else None
+            if total is None:
+                break
+        ok = less(total, a[k]) if total is not None else None
+        what = f"that modes of B do not carry within mode {k} (shape {a[k]}) of coalesced A"
+        if not decide(ok, "composition", what, a[k], *parts):
+            raise LayoutError(
+                f"composition: {where}: modes of B overlap inside mode {k} (shape {a[k]}) of coalesced A: "
+                f"their offsets there reach {total} >= {a[k]}, so A(B(i)) is not the sum over B's modes"
+            )
+
+
+def composition(lhs, rhs):
+    """CuTe composition ``lhs o rhs``: ``R(i) == lhs(rhs(i))`` for ``i < size(rhs)``, with ``size(R) == size(rhs)``.
+    ``rhs`` is a layout, an int ``n`` (the layout ``n:1``), or a tiler tuple of layouts / ints / None applied to
+    the modes of ``lhs`` one by one (None keeps the mode).
+
+    >>> composition(Layout((6, 2), (8, 2)), Layout((4, 3), (3, 1)))
+    ((2,2),3):((24,2),8)
+    >>> composition(Layout((12, 8), (8, 1)), (4, None))
+    (4,8):(8,1)
+    """
+    compose = getattr(lhs, "_fly_compose", None)
+    if compose is not None:
+        return compose(rhs)
+    lhs = as_layout(lhs)
+    if rhs is None:
+        return lhs
+    if isinstance(rhs, tuple):
+        if len(rhs) > rank(lhs):
+            raise LayoutError(f"composition: tiler {_tiler_str(rhs)} has more modes than {lhs}")
+        modes = [composition(get(lhs, i), t) for i, t in enumerate(rhs)]
+        return make_layout(*modes, *(get(lhs, i) for i in range(len(rhs), rank(lhs))))
+    if not isinstance(rhs, Layout):
+        if hasattr(rhs, "_fly_lift") or hasattr(rhs, "_fly_compose"):
+            raise LayoutError(f"composition: a layout composed after a swizzle ({lhs} o {rhs}) is not supported")
+        rhs = Layout(rhs)
+    a, e = flat_modes(lhs)
+    where = f"{lhs} o {rhs}"
+    results = [
+        _compose_leaf(a, e, s, d, where) for s, d in zip(it.leaves(rhs.shape), it.leaves(rhs.stride))
+    ]
+    _check_no_carry(a, [r[2] for r in results], where)
+    shape = it.unflatten([r[0][0] if len(r[0]) == 1 else tuple(r[0]) for r in results], rhs.shape)
+    stride = it.unflatten([r[1][0] if len(r[1]) == 1 else tuple(r[1]) for r in results], rhs.shape)
+    return Layout(shape, stride)
+
+
+def _tiler_str(tiler):
+    return "(" + ",".join("_" if t is None else str(t) for t in tiler) + ")"

@@ -1,0 +1,441 @@
+"""The Layout: a pair of congruent IntTuples (shape, stride) mapping coordinates to offsets.
+
+``Layout((4, 8), (1, 4))`` is CuTe's ``(4,8):(1,4)``: coordinate ``(i, j)`` maps to ``i*1 + j*4``, and the
+index ``k`` (the colexicographic position of a coordinate) to ``L(k)``. This module holds construction,
+coordinate maps and mode selection / slicing; the algebra lives in :mod:`composition`, :mod:`algebra`
+and :mod:`tiling`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from . import int_tuple as it
+from .leaf import LayoutError, add, floordiv, is_static_leaf, mod, mul, require_static, sub
+
+__all__ = [
+    "Layout",
+    "as_layout",
+    "lift_composed",
+    "make_layout",
+    "make_ordered_layout",
+    "crd2idx",
+    "idx2crd",
+    "crd2crd",
+    "is_static",
+    "size",
+    "cosize",
+    "rank",
+    "depth",
+    "get",
+    "select",
+    "take",
+    "group",
+    "group_modes",
+    "append",
+    "prepend",
+    "slice_",
+    "slice_and_offset",
+    "dice",
+]
+
+
+def _check_shape_leaf(s):
+    if is_static_leaf(s) and s < 1:
+        raise LayoutError(f"Layout: shape leaves must be positive, got {s}")
+    return s
+
+
+class Layout:
+    """A CuTe layout ``shape:stride``; ``stride`` defaults to the compact column-major strides of ``shape``.
+
+    >>> L = Layout((4, 8), (8, 1))
+    >>> L, L(1, 2), L(9), L.shape, L.stride
+    ((4,8):(8,1), 10, 10, (4, 8), (8, 1))
+    """
+
+    __slots__ = ("_shape", "_stride", "_key")
+
+    def __init__(self, shape, stride=None):
+        if isinstance(shape, list):
+            shape = tuple(shape)
+        it.fold(shape, _check_shape_leaf, lambda parts: parts)
+        if stride is None:
+            stride = it.prefix_product(shape)
+        elif isinstance(stride, list):
+            stride = tuple(stride)
+        if not it.congruent(shape, stride):
+            raise LayoutError(f"Layout: stride {it.tuple_str(stride)} is not congruent with shape {it.tuple_str(shape)}")
+        self._shape = shape
+        self._stride = stride
+        self._key = None
+
+    @property
+    def shape(self):
+        """The shape IntTuple."""
+        return self._shape
+
+    @property
+    def stride(self):
+        """The stride IntTuple (congruent with the shape)."""
+        return self._stride
+
+    def __call__(self, *coord):
+        """Evaluate: ``L(i)``, ``L(i, j)`` or ``L((i, j))``; a coordinate holding None slices (see :func:`slice_`)."""
+        c = coord[0] if len(coord) == 1 else coord
+        if any(v is None for v in it.leaves(c)):
+            return slice_(c, self)
+        return crd2idx(c, self._shape, self._stride)
+
+    def __getitem__(self, i):
+        """Mode ``i`` as a Layout (CuTe ``layout<i>``); a rank-1 layout with a leaf shape is its own mode 0."""
+        return get(self, i)
+
+    def __len__(self):
+        return it.rank(self._shape)
+
+    def __iter__(self):
+        return (get(self, i) for i in range(len(self)))
+
+    def _identity(self):
+        if self._key is None:
+            self._key = (it.tree_key(self._shape), it.tree_key(self._stride))
+        return self._key
+
+    def __eq__(self, other):
+        """Structural equality of shape and stride (dynamic leaves compare by identity, never emitting ops)."""
+        return isinstance(other, Layout) and self._identity() == other._identity()
+
+    def __hash__(self):
+        return hash(self._identity())
+
+    def __repr__(self):
+        return f"{it.tuple_str(self._shape)}:{it.tuple_str(self._stride)}"
+
+    __str__ = __repr__
+
+
+def as_layout(x) -> Layout:
+    """A Layout from a Layout, or from a shape IntTuple (compact column-major); ``as_layout(4) == 4:1``."""
+    return x if isinstance(x, Layout) else Layout(x)
+
+
+def lift_composed(fn):
+    """Decorator: when the first argument is a composed layout (anything with ``_fly_lift``, see
+    :class:`flydsl.layout.ComposedLayout`), apply ``fn`` to its inner layout and keep the outer function."""
+
+    @functools.wraps(fn)
+    def wrapper(layout, *args, **kwargs):
+        lift = getattr(layout, "_fly_lift", None)
+        if lift is not None:
+            return lift(lambda inner: wrapper(inner, *args, **kwargs))
+        return fn(layout, *args, **kwargs)
+
+    return wrapper
+
+
+def make_layout(*args, stride=None) -> Layout:
+    """``make_layout(shape, stride=None)``, or ``make_layout(L0, L1, ...)`` whose modes are the given layouts.
+
+    >>> make_layout((4, 8)), make_layout(Layout(4, 2), Layout(8, 1))
+    ((4,8):(1,4), (4,8):(2,1))
+    """
+    if args and all(isinstance(a, Layout) for a in args):
+        if stride is not None:
+            raise LayoutError("make_layout: a stride cannot be given with layout modes")
+        return Layout(tuple(a.shape for a in args), tuple(a.stride for a in args))
+    if len(args) == 2 and stride is None:
+        args, stride = args[:1], args[1]
+    if len(args) != 1:
+        raise TypeError("make_layout(shape, stride=None) or make_layout(layout, layout, ...)")
+    return Layout(args[0], stride)
+
+
+def make_ordered_layout(shape, order) -> Layout:
+    """Compact layout whose strides grow in the order given by ``order`` (congruent with ``shape``; ties by position).
+
+    >>> make_ordered_layout((4, 8, 2), (1, 0, 2))
+    (4,8,2):(8,1,32)
+    """
+    if is_static_leaf(order) and it.is_tuple(shape):
+        order = tuple(range(it.rank(shape))) if order == 0 else order
+    shapes, orders = it.leaves(shape), it.leaves(order)
+    if len(shapes) != len(orders):
+        raise LayoutError(f"make_ordered_layout: order {it.tuple_str(order)} does not match shape {it.tuple_str(shape)}")
+    ranked = sorted(range(len(shapes)), key=lambda i: (require_static(orders[i], "make_ordered_layout", "order"), i))
+    strides = [0] * len(shapes)
+    running = 1
+    for i in ranked:
+        strides[i] = running
+        running = mul(running, shapes[i])
+    return Layout(shape, it.unflatten(strides, shape))
+
+
+def _crd2idx(c, s, d):
+    if isinstance(c, tuple):
+        if not isinstance(s, tuple) or len(c) != len(s):
+            raise LayoutError(f"crd2idx: coordinate {it.tuple_str(c)} does not fit shape {it.tuple_str(s)}")
+        total = 0
+        for ci, si, di in zip(c, s, d):
+            total = add(total, _crd2idx(ci, si, di))
+        return total
+    if c is None:
+        raise LayoutError("crd2idx: a coordinate holding None is a slice; use slice_ or slice_and_offset")
+    if isinstance(s, tuple):
+        # An integer coordinate into a tuple shape: colexicographic, the last mode takes the rest.
+        total = 0
+        for si, di in zip(s[:-1], d[:-1]):
+            n = it.product(si)
+            total = add(total, _crd2idx(mod(c, n), si, di))
+            c = floordiv(c, n)
+        return add(total, _crd2idx(c, s[-1], d[-1])) if s else total
+    return mul(c, d)
+
+
+def crd2idx(coord, layout_or_shape, stride=None):
+    """Offset of ``coord`` under a layout, or under ``(shape, stride)`` (default stride: compact column-major).
+    An integer coordinate is first unfolded colexicographically; the last mode is unbounded.
+
+    >>> crd2idx((1, 2), Layout((4, 8), (8, 1))), crd2idx(5, (2, 4), (4, 1))
+    (10, 6)
+    """
+    if isinstance(layout_or_shape, Layout):
+        return _crd2idx(coord, layout_or_shape.shape, layout_or_shape.stride)
+    shape = layout_or_shape
+    return _crd2idx(coord, shape, it.prefix_product(shape) if stride is None else stride)
+
+
+def idx2crd(index, layout_or_shape):
+    """The coordinate of ``index``: for a shape, its colexicographic coordinate; for a layout, ``(index // d) % s``
+    at each leaf (CuTe's ``idx2crd(idx, shape, stride)``), which inverts a compact layout.
+
+    >>> idx2crd(13, (4, 8)), idx2crd(70, Layout((4, 64), (64, 1)))
+    ((1, 3), (1, 6))
+    """
+    if isinstance(layout_or_shape, Layout):
+        shape, stride = layout_or_shape.shape, layout_or_shape.stride
+    else:
+        shape, stride = layout_or_shape, it.prefix_product(layout_or_shape)
+    if isinstance(index, tuple):
+        return it.transform(lambda i, s, d: idx2crd(i, Layout(s, d)), index, shape, stride, op="idx2crd")
+    return it.transform(lambda s, d: mod(floordiv(index, d), s), shape, stride, op="idx2crd")
+
+
+def crd2crd(coord, src_shape, dst_shape):
+    """Convert a coordinate of ``src_shape`` to the coordinate of the same index in ``dst_shape``.
+
+    >>> crd2crd((1, 2), (4, 8), (8, 4))
+    (1, 1)
+    """
+    return idx2crd(crd2idx(coord, src_shape), dst_shape)
+
+
+def is_static(x) -> bool:
+    """True when every leaf of an IntTuple or of a layout's shape and stride is a Python int."""
+    if isinstance(x, Layout):
+        return it.is_static(x.shape) and it.is_static(x.stride)
+    inner = getattr(x, "inner", None)
+    return is_static(inner) if inner is not None else it.is_static(x)
+
+
+def _modes(mode):
+    if mode is None:
+        return ()
+    return tuple(mode) if isinstance(mode, (list, tuple)) else (mode,)
+
+
+def _get_one(x, i):
+    if isinstance(x, tuple):
+        if not -len(x) <= i < len(x):
+            raise LayoutError(f"get: mode {i} out of range for {it.tuple_str(x)} of rank {len(x)}")
+        return x[i]
+    if i not in (0, -1):
+        raise LayoutError(f"get: mode {i} out of range for the rank-1 leaf {it.tuple_str(x)}")
+    return x
+
+
+def _apply(op, x, *parts):
+    # Run a tuple operation on an IntTuple, or on a layout's shape and stride in parallel.
+    if isinstance(x, Layout):
+        return Layout(op(x.shape, *(as_layout(p).shape for p in parts)), op(x.stride, *(as_layout(p).stride for p in parts)))
+    return op(x, *parts)
+
+
+def get(x, *modes, mode=None):
+    """The (nested) mode ``x[i][j]...`` of a layout or IntTuple: ``get(L, 0, 1)`` or ``get(L, mode=[0, 1])``.
+
+    >>> get(Layout(((2, 4), 8), ((1, 16), 2)), 0, 1)
+    4:16
+    """
+    path = modes if mode is None else _modes(mode)
+    if len(path) == 1 and isinstance(path[0], (list, tuple)):
+        path = tuple(path[0])
+
+    def walk(t):
+        for i in path:
+            t = _get_one(t, i)
+        return t
+
+    return _apply(walk, x)
+
+
+def select(x, *modes, mode=None):
+    """The layout (or IntTuple) made of the listed top-level modes, in that order.
+
+    >>> select(Layout((2, 3, 4), (1, 2, 6)), 2, 0)
+    (4,2):(6,1)
+    """
+    picks = modes if mode is None else _modes(mode)
+    if len(picks) == 1 and isinstance(picks[0], (list, tuple)):
+        picks = tuple(picks[0])
+    return _apply(lambda t: tuple(_get_one(t, i) for i in picks), x)
+
+
+def _as_tuple(t):
+    return t if isinstance(t, tuple) else (t,)
+
+
+def take(x, begin, end):
+    """Modes ``[begin, end)`` as a layout (or IntTuple): ``take((2,3,4):(1,2,6), 1, 3) == (3,4):(2,6)``."""
+    return _apply(lambda t: _as_tuple(t)[begin:end], x)
+
+
+def group(x, begin, end):
+    """Group modes ``[begin, end)`` into one mode (CuTe ``group_modes``).
+
+    >>> group(Layout((2, 3, 4), (1, 2, 6)), 0, 2)
+    ((2,3),4):((1,2),6)
+    """
+
+    def op(t):
+        t = _as_tuple(t)
+        stop = len(t) if end is None or end > len(t) else end
+        return t[:begin] + (t[begin:stop],) + t[stop:]
+
+    return _apply(op, x)
+
+
+group_modes = group
+
+
+def _extend(x, elem, up_to_rank, at_end):
+    def op(t, e):
+        t = _as_tuple(t)
+        count = 1 if up_to_rank is None else max(up_to_rank - len(t), 0)
+        return t + (e,) * count if at_end else (e,) * count + t
+
+    if isinstance(x, Layout) and not isinstance(elem, Layout):
+        raise LayoutError(f"append/prepend: a layout is extended by a layout, got {elem!r}")
+    return _apply(op, x, elem)
+
+
+def append(x, elem, up_to_rank=None):
+    """Append ``elem`` as a last mode (repeated up to rank ``up_to_rank`` if given).
+
+    >>> append(Layout(4, 1), Layout(1, 0), up_to_rank=3)
+    (4,1,1):(1,0,0)
+    """
+    return _extend(x, elem, up_to_rank, True)
+
+
+def prepend(x, elem, up_to_rank=None):
+    """Prepend ``elem`` as a first mode: ``prepend(4:1, 2:4) == (2,4):(4,1)``."""
+    return _extend(x, elem, up_to_rank, False)
+
+
+def _filter_modes(coord, t, keep_leaf):
+    # CuTe's filter_tuple/lift_slice: the kept parts of t, spliced into one tuple per tuple of coord.
+    if isinstance(coord, tuple):
+        if not isinstance(t, tuple) or len(t) != len(coord):
+            raise LayoutError(f"slice: coordinate {it.tuple_str(coord)} does not fit {it.tuple_str(t)}")
+        kept = []
+        for c, x in zip(coord, t):
+            part = _filter_modes(c, x, keep_leaf)
+            if isinstance(c, tuple):
+                kept.extend([part] if any(keep_leaf(v) for v in it.leaves(c)) else [])
+            elif keep_leaf(c):
+                kept.append(part)
+        return tuple(kept)
+    return t if keep_leaf(coord) else ()
+
+
+def _slice_or_dice(coord, x, keep_leaf):
+    if isinstance(coord, Layout) and not isinstance(x, Layout):
+        coord, x = x, coord  # CuTe DSL's argument order slice_(layout, coord)
+    return _apply(lambda t: _filter_modes(coord, t, keep_leaf), x)
+
+
+def slice_(coord, x):
+    """Keep the modes where ``coord`` is None (CuTe's underscore), drop the others. CuTe DSL's order
+    ``slice_(layout, coord)`` is accepted too.
+
+    >>> slice_((None, 2), Layout((4, 8), (8, 1)))
+    (4):(8)
+    """
+    slicer = getattr(x, "_fly_slice", None) or getattr(coord, "_fly_slice", None)
+    if slicer is not None:
+        return slicer(coord if slicer is getattr(x, "_fly_slice", None) else x)[0]
+    return _slice_or_dice(coord, x, lambda c: c is None)
+
+
+def slice_and_offset(coord, layout):
+    """``(slice_(coord, layout), layout(coord with None as 0))``: the sub-layout and where it starts.
+
+    >>> slice_and_offset((None, 2), Layout((4, 8), (8, 1)))
+    ((4):(8), 2)
+    """
+    slicer = getattr(layout, "_fly_slice", None)
+    if slicer is not None:
+        return slicer(coord)
+    zeroed = it.fold(coord, lambda c: 0 if c is None else c, lambda parts: parts)
+    return slice_(coord, layout), crd2idx(zeroed, layout)
+
+
+def dice(coord, x):
+    """Keep the modes where ``coord`` is an integer, drop those where it is None (the complement of slice_).
+
+    >>> dice((None, 2), Layout((4, 8), (8, 1)))
+    (8):(1)
+    """
+    return _slice_or_dice(coord, x, lambda c: c is not None)
+
+
+def _sub(x, mode):
+    return get(x, mode=mode) if _modes(mode) else x
+
+
+def size(x, mode=()):
+    """Number of coordinates of a layout (product of its shape) or product of an IntTuple; ``mode`` selects a
+    sub-mode first (CuTe DSL's ``size(a, mode=[i, j])``).
+
+    >>> size(Layout(((2, 4), 8))), size(Layout(((2, 4), 8)), mode=[0])
+    (64, 8)
+    """
+    x = _sub(x, mode)
+    if isinstance(x, Layout):
+        return it.product(x.shape)
+    inner = getattr(x, "inner", None)
+    return size(inner) if inner is not None else it.product(x)
+
+
+def cosize(layout, mode=()):
+    """One past the largest offset: ``L(size(L) - 1) + 1`` (for non-negative strides).
+
+    >>> cosize(Layout((4, 8), (1, 8)))
+    60
+    """
+    layout = _sub(layout, mode)
+    last = it.fold(layout.shape, lambda s: sub(s, 1), lambda parts: parts)
+    return add(crd2idx(last, layout), 1)
+
+
+def rank(x, mode=()) -> int:
+    """Number of top-level modes of a layout or IntTuple: ``rank((4,8):(1,4)) == 2``."""
+    x = _sub(x, mode)
+    return it.rank(x.shape if isinstance(x, Layout) else x)
+
+
+def depth(x, mode=()) -> int:
+    """Nesting depth of a layout's shape or of an IntTuple: ``depth(((2,4),8):((1,16),2)) == 2``."""
+    x = _sub(x, mode)
+    return it.depth(x.shape if isinstance(x, Layout) else x)
