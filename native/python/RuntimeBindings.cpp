@@ -474,7 +474,12 @@ void translateDriverError(const std::exception_ptr &p, void *) {
   try {
     std::rethrow_exception(p);
   } catch (const DriverError &e) {
-    PyObject *exc = PyObject_CallFunction(cudaErrorType, "s", e.what());
+    // JIT logs are not guaranteed to be UTF-8.
+    nb::object msg =
+        nb::steal(PyUnicode_DecodeUTF8(e.what(), Py_ssize_t(std::strlen(e.what())), "replace"));
+    if (!msg.is_valid())
+      return; // the decode error stays set
+    PyObject *exc = PyObject_CallOneArg(cudaErrorType, msg.ptr());
     if (!exc)
       return; // the constructor's error stays set
     nb::handle h(exc);
@@ -518,8 +523,9 @@ void flyBindRuntime(nb::module_ &m) {
         fly::runtime::synchronize();
       },
       "cuCtxSynchronize on the current (or device 0's primary) context.");
-  rt.def("_validate_launch", &validateLaunch, "grid"_a, "block"_a, "signature"_a, "args"_a,
-         "shared_mem"_a = 0, "stream"_a = 0, "cluster"_a.none() = nb::none(), "name"_a = "kernel",
+  rt.def("_validate_launch", &validateLaunch, "grid"_a.none(), "block"_a.none(),
+         "signature"_a.none(), "args"_a.none(), "shared_mem"_a.none() = 0, "stream"_a.none() = 0,
+         "cluster"_a.none() = nb::none(), "name"_a = "kernel",
          "Runs Function.launch's validation and packing only (no driver needed); returns a "
          "dict with grid, block, cluster, shared_mem, stream and params (8 bytes per "
          "argument).");
@@ -533,8 +539,9 @@ void flyBindRuntime(nb::module_ &m) {
       .def_prop_ro("max_dynamic_shared_bytes", &Function::maxDynamicSharedMemory,
                    "Dynamic shared memory limit currently set for this kernel.")
       .def("set_max_dynamic_shared_memory", &Function::setMaxDynamicSharedMemory, "bytes"_a)
-      .def("launch", &launchFunction, "grid"_a, "block"_a, "signature"_a, "args"_a,
-           "shared_mem"_a = 0, "stream"_a.none() = 0, "cluster"_a.none() = nb::none(),
+      .def("launch", &launchFunction, "grid"_a.none(), "block"_a.none(), "signature"_a.none(),
+           "args"_a.none(), "shared_mem"_a.none() = 0, "stream"_a.none() = 0,
+           "cluster"_a.none() = nb::none(),
            "Launches the kernel. signature has one code per parameter: p pointer (int, "
            "DeviceBuffer, data_ptr(), __cuda_array_interface__), i int32, I uint32, l int64, "
            "L uint64, f float32, d float64.")

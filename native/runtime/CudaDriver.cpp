@@ -2,6 +2,7 @@
 
 #include "CudaDriver.h"
 
+#include <climits>
 #include <cstring>
 #include <dlfcn.h>
 #include <vector>
@@ -342,16 +343,21 @@ void Function::setMaxDynamicSharedMemory(int bytes) const {
 }
 
 void Function::launch(const unsigned grid[3], const unsigned block[3], void **params,
-                      unsigned sharedBytes, CUstream stream, const unsigned *cluster) const {
+                      size_t sharedBytes, CUstream stream, const unsigned *cluster) const {
   // A Function exists only after a successful load, so the table is filled.
   const DriverApi &a = state().api;
-  if (sharedBytes > unsigned(kernel_->maxDynamicShared.load(std::memory_order_relaxed)))
+  if (sharedBytes > size_t(kernel_->maxDynamicShared.load(std::memory_order_relaxed))) {
+    if (sharedBytes > size_t(INT_MAX))
+      throwDriverError("cuLaunchKernel", CUDA_ERROR_INVALID_VALUE,
+                       "dynamic shared memory of " + std::to_string(sharedBytes) + " bytes");
     setMaxDynamicSharedMemory(int(sharedBytes));
+  }
+  const unsigned smem = unsigned(sharedBytes);
 
   if (!cluster) {
     CUresult r = withContextRetry([&] {
       return a.cuLaunchKernel(kernel_->handle, grid[0], grid[1], grid[2], block[0], block[1],
-                              block[2], sharedBytes, stream, params, nullptr);
+                              block[2], smem, stream, params, nullptr);
     });
     check(r, "cuLaunchKernel");
     return;
@@ -366,8 +372,8 @@ void Function::launch(const unsigned grid[3], const unsigned block[3], void **pa
   attr.value.clusterDim.x = cluster[0];
   attr.value.clusterDim.y = cluster[1];
   attr.value.clusterDim.z = cluster[2];
-  CUlaunchConfig config{grid[0],  grid[1],     grid[2], block[0], block[1],
-                        block[2], sharedBytes, stream,  &attr,    1};
+  CUlaunchConfig config{grid[0],  grid[1], grid[2], block[0], block[1],
+                        block[2], smem,    stream,  &attr,    1};
   check(withContextRetry(
             [&] { return a.cuLaunchKernelEx(&config, kernel_->handle, params, nullptr); }),
         "cuLaunchKernelEx");

@@ -260,7 +260,7 @@ public:
   /// memory limit first when `sharedBytes` exceeds the one already set.
   /// `params` follows cuLaunchKernel's kernelParams convention.
   void launch(const unsigned grid[3], const unsigned block[3], void **params,
-              unsigned sharedBytes = 0, CUstream stream = nullptr,
+              size_t sharedBytes = 0, CUstream stream = nullptr,
               const unsigned *cluster = nullptr) const;
 
 private:
