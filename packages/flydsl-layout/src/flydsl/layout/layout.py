@@ -256,6 +256,9 @@ def _get_one(x, i):
 
 def _apply(op, x, *parts):
     # Run a tuple operation on an IntTuple, or on a layout's shape and stride in parallel.
+    lift = getattr(x, "_fly_lift", None)
+    if lift is not None:
+        return lift(lambda inner: _apply(op, inner, *parts))
     if isinstance(x, Layout):
         return Layout(op(x.shape, *(as_layout(p).shape for p in parts)), op(x.stride, *(as_layout(p).stride for p in parts)))
     return op(x, *parts)
