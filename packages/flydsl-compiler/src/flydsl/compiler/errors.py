@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["FlyError", "CompilationError", "ToolchainError"]
+__all__ = ["FlyError", "CompilationError", "ToolchainError", "format_mlir_error"]
 
 
 class FlyError(Exception):
@@ -20,3 +20,18 @@ class CompilationError(FlyError):
 
 class ToolchainError(FlyError):
     """An external tool (ptxas) is missing or failed."""
+
+
+def format_mlir_error(error, filename: str = "<input>") -> str:
+    """``file:line:col: error: message`` lines (with notes) for an ``mlir.ir.MLIRError``."""
+
+    def where(location) -> str:
+        # MLIR names a buffer parsed from a string "-"; report the caller's name for it.
+        text = str(location).removeprefix("loc(").removesuffix(")")
+        return text.replace('"-"', filename, 1).replace('"', "")
+
+    lines = []
+    for diagnostic in error.error_diagnostics:
+        lines.append(f"{where(diagnostic.location)}: error: {diagnostic.message}")
+        lines.extend(f"{where(note.location)}: note: {note.message}" for note in diagnostic.notes)
+    return "\n".join(lines) or str(error)

@@ -15,7 +15,7 @@ from mlir.passmanager import PassManager
 
 from flydsl.compiler import settings, toolchain
 from flydsl.compiler.context import make_context
-from flydsl.compiler.errors import CompilationError
+from flydsl.compiler.errors import CompilationError, format_mlir_error
 from flydsl.compiler.target import ISA_STAGE, SM90A, Target
 
 __all__ = ["CompiledModule", "compile_mlir", "kernel_signatures"]
@@ -71,7 +71,7 @@ def compile_mlir(
             try:
                 PassManager.parse(f"builtin.module({stage.passes})").run(module.operation)
             except ir.MLIRError as error:
-                raise CompilationError(stage.name, _diagnostics(error)) from None
+                raise CompilationError(stage.name, format_mlir_error(error)) from None
             if stage.name != ISA_STAGE:
                 _record(kept, dump_dir, name, stage.name, module, keep_stages)
         ptx = _extract_ptx(module)
@@ -118,7 +118,7 @@ def _parse(source: str) -> ir.Module:
     try:
         return ir.Module.parse(source)
     except ir.MLIRError as error:
-        raise CompilationError("input", _diagnostics(error)) from None
+        raise CompilationError("input", format_mlir_error(error)) from None
 
 
 def _single_gpu_module(module: ir.Module) -> ir.Operation:
@@ -134,11 +134,6 @@ def _extract_ptx(module: ir.Module) -> str:
             objects = ir.ArrayAttr(op.attributes["objects"])
             return gpu.ObjectAttr(objects[0]).object.decode()
     raise CompilationError(ISA_STAGE, "no gpu.binary was produced")
-
-
-def _diagnostics(error: ir.MLIRError) -> str:
-    lines = [str(d) for d in error.error_diagnostics] or [str(error)]
-    return "\n".join(lines)
 
 
 def _record(kept: dict[str, str], dump_dir: Path | None, name: str, stage: str, ir_or_text, keep: bool) -> None:

@@ -44,8 +44,8 @@ def Fly_Crd2IdxOp : Fly_Op<"crd2idx", [Pure]> {
     or one index per shape leaf in flattened order.
 
     ```mlir
-    %off = fly.crd2idx(%i) , %l : !fly.layout<(4,8):(8,1)>
-    %off2 = fly.crd2idx(%m, %n) , %l : !fly.layout<(4,8):(8,1)>
+    %off = fly.crd2idx(%i), %l : !fly.layout<(4,8):(8,1)>
+    %off2 = fly.crd2idx(%m, %n), %l : !fly.layout<(4,8):(8,1)>
     ```
   }];
   let arguments = (ins Variadic<Index>:$coord, Fly_LayoutType:$layout);

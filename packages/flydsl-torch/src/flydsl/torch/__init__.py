@@ -1,0 +1,1 @@
+"""FlyDSL kernels as torch ops. No ops yet: they arrive with the kernels (docs/ROADMAP.md)."""

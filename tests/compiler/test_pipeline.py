@@ -1,0 +1,97 @@
+"""The compile pipeline on CPU: MLIR -> Fly lowering -> NVVM/LLVM -> PTX in process -> cubin through ptxas."""
+
+from __future__ import annotations
+
+import pytest
+
+import flydsl.compiler as flyc
+from flydsl.compiler import toolchain
+
+
+def test_ptxas_is_found():
+    # CI must assemble PTX for sm_90a: a missing ptxas is a failure, not a skip.
+    assert flyc.find_ptxas() is not None, "ptxas not found: install the CUDA toolkit or set FLYDSL_PTXAS"
+
+
+def test_demo_kernel_compiles_to_ptx_that_assembles_for_sm_90a(layout_offsets_mlir):
+    compiled = flyc.compile_mlir(layout_offsets_mlir, assemble=True)
+    assert compiled.kernels == {"layout_offsets": "pi"}
+    assert ".target sm_90a" in compiled.ptx
+    assert ".visible .entry layout_offsets(" in compiled.ptx
+    assert compiled.cubin is not None and compiled.cubin[:4] == b"\x7fELF"
+    assert compiled.image == compiled.cubin
+
+
+def test_every_stage_is_kept_and_compiles_again_from_there(layout_offsets_mlir):
+    compiled = flyc.compile_mlir(layout_offsets_mlir, keep_stages=True, assemble=False)
+    assert list(compiled.stages) == ["input", "fly", "llvm", "ptx"]
+    assert "fly.crd2idx" in compiled.stages["input"]
+    assert "fly." not in compiled.stages["fly"].replace("layout_offsets", "")
+    assert "llvm.func" in compiled.stages["llvm"]
+    for stage in ("fly", "llvm"):
+        again = flyc.compile_mlir(compiled.stages[stage], start_after=stage, assemble=False)
+        assert again.ptx == compiled.ptx
+
+
+def test_stages_are_written_to_the_dump_directory(layout_offsets_mlir, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYDSL_DUMP_IR", str(tmp_path))
+    flyc.compile_mlir(layout_offsets_mlir, assemble=False)
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == [f"layout_demo.{s}" for s in ("fly.mlir", "input.mlir", "llvm.mlir", "ptx.ptx")]
+
+
+def test_sm80_target(layout_offsets_mlir):
+    compiled = flyc.compile_mlir(layout_offsets_mlir, flyc.SM80, assemble=True)
+    assert ".target sm_80" in compiled.ptx
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"chip": "hopper"}, "Target.chip"),
+        ({"ptx_version": 8}, "Target.ptx_version"),
+        ({"opt_level": 5}, "Target.opt_level"),
+    ],
+)
+def test_bad_targets_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        flyc.Target(**kwargs)
+
+
+def test_bad_start_stage_names_the_choices(layout_offsets_mlir):
+    with pytest.raises(ValueError, match=r"start_after: expected one of \['fly', 'llvm'\]"):
+        flyc.compile_mlir(layout_offsets_mlir, start_after="ptx")
+
+
+def test_parse_errors_name_the_stage_and_line():
+    with pytest.raises(flyc.CompilationError, match=r"stage 'input' failed") as info:
+        flyc.compile_mlir("module {\n  gpu.module @m {\n    %x = fly.size\n  }\n}")
+    assert info.value.stage == "input"
+    assert ":3:" in info.value.diagnostics
+
+
+def test_memref_kernel_arguments_are_refused_with_the_argument_position():
+    source = """
+    module attributes {gpu.container_module} {
+      gpu.module @m {
+        gpu.func @k(%n: i32, %buf: memref<4xf32>) kernel { gpu.return }
+      }
+    }"""
+    with pytest.raises(flyc.CompilationError, match="kernel 'k' argument 1 has type memref<4xf32>"):
+        flyc.compile_mlir(source)
+
+
+def test_exactly_one_gpu_module_is_required():
+    with pytest.raises(flyc.CompilationError, match="exactly one gpu.module"):
+        flyc.compile_mlir("module {}")
+
+
+def test_ptxas_errors_carry_its_log():
+    with pytest.raises(flyc.ToolchainError, match="ptxas -arch=sm_90a failed"):
+        toolchain.assemble_ptx(".version 8.0\n.target sm_90a\n.address_size 64\nthis is not ptx\n", "sm_90a")
+
+
+def test_missing_ptxas_override_is_reported(monkeypatch):
+    monkeypatch.setenv("FLYDSL_PTXAS", "/nonexistent/ptxas")
+    with pytest.raises(flyc.ToolchainError, match="FLYDSL_PTXAS='/nonexistent/ptxas' is not an executable"):
+        flyc.find_ptxas()
