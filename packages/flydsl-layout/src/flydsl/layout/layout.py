@@ -212,13 +212,20 @@ def idx2crd(index, layout_or_shape):
     >>> idx2crd(13, (4, 8)), idx2crd(70, Layout((4, 64), (64, 1)))
     ((1, 3), (1, 6))
     """
+    if isinstance(index, tuple):
+        if isinstance(layout_or_shape, Layout):
+            pairs = it.transform(lambda i, s, d: idx2crd(i, Layout(s, d)), index, *_parts(layout_or_shape), op="idx2crd")
+            return pairs
+        return it.transform(idx2crd, index, layout_or_shape, op="idx2crd")
     if isinstance(layout_or_shape, Layout):
         shape, stride = layout_or_shape.shape, layout_or_shape.stride
     else:
         shape, stride = layout_or_shape, it.prefix_product(layout_or_shape)
-    if isinstance(index, tuple):
-        return it.transform(lambda i, s, d: idx2crd(i, Layout(s, d)), index, shape, stride, op="idx2crd")
     return it.transform(lambda s, d: mod(floordiv(index, d), s), shape, stride, op="idx2crd")
+
+
+def _parts(layout):
+    return layout.shape, layout.stride
 
 
 def crd2crd(coord, src_shape, dst_shape):

@@ -110,19 +110,21 @@ def mul(a, b):
 
 
 def floordiv(a, b):
-    """``a // b``, folding ``// 1`` and ``0 //``."""
+    """``a // b``, folding ``// 1``, ``0 //`` and ``x // x``."""
     if _both_int(a, b):
         return a // b
+    if a is b:
+        return 1
     if _is(b, 1) or _is(a, 0):
         return a
     return a // b
 
 
 def mod(a, b):
-    """``a % b``, folding ``% 1`` and ``0 %``."""
+    """``a % b``, folding ``% 1``, ``0 %`` and ``x % x``."""
     if _both_int(a, b):
         return a % b
-    if _is(b, 1) or _is(a, 0):
+    if _is(b, 1) or _is(a, 0) or a is b:
         return 0
     return a % b
 
