@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from . import int_tuple as it
-from .composition import coalesce, composition, flat_modes, from_modes
+from .composition import coalesce, composition, flat_modes, from_modes, less
 from .layout import Layout, as_layout, cosize, make_layout, size
 from .leaf import (
     LayoutError,
@@ -62,12 +62,12 @@ def complement(layout, cotarget=None) -> Layout:
     shapes, strides = [], []
     cur = 1
     for s, d in _reaching_modes(layout, "complement"):
+        if less(d, cur):
+            raise LayoutError(f"complement: mode {s}:{d} overlaps the smaller modes (extent {cur}) of {layout}")
         what = f"that stride {d} is a multiple of {cur} (the extent of the smaller modes) in {layout}"
         if not decide(divides(cur, d), "complement", what, cur, d):
             raise LayoutError(f"complement: stride {d} of mode {s}:{d} is not a multiple of {cur} in {layout}")
         gap = floordiv(d, cur)
-        if provably_equal(gap, 0):
-            raise LayoutError(f"complement: mode {s}:{d} overlaps the smaller modes (extent {cur}) of {layout}")
         if not provably_equal(gap, 1):
             shapes.append(gap)
             strides.append(cur)

@@ -35,12 +35,15 @@ from .leaf import (
 __all__ = ["coalesce", "filter_zeros", "filter_layout", "composition", "flat_modes", "from_modes", "less"]
 
 
-def flat_modes(layout: Layout):
+def flat_modes(layout: Layout, keep_last: bool = False):
     """Coalesced leaf modes of ``layout`` as two lists (shapes, strides): size-1 modes dropped, neighbours
-    ``s0:d0, s1:d1`` merged where ``d1 == s0*d0`` provably; an empty result is ``[1], [0]``."""
+    ``s0:d0, s1:d1`` merged where ``d1 == s0*d0`` provably; an empty result is ``[1], [0]``. With ``keep_last``
+    the last leaf is kept even when its size is 1, so that the layout extended beyond its size by its last
+    mode is unchanged (``1:1`` extends to the identity, ``1:0`` to zero)."""
     shapes, strides = [], []
-    for s, d in zip(it.leaves(layout.shape), it.leaves(layout.stride)):
-        if provably_equal(s, 1):
+    pairs = list(zip(it.leaves(layout.shape), it.leaves(layout.stride)))
+    for k, (s, d) in enumerate(pairs):
+        if provably_equal(s, 1) and not (keep_last and k == len(pairs) - 1):
             continue
         if shapes and provably_equal(mul(shapes[-1], strides[-1]), d):
             shapes[-1] = mul(shapes[-1], s)
@@ -191,7 +194,7 @@ def composition(lhs, rhs):
         if hasattr(rhs, "_fly_lift") or hasattr(rhs, "_fly_compose"):
             raise LayoutError(f"composition: a layout composed after a swizzle ({lhs} o {rhs}) is not supported")
         rhs = Layout(rhs)
-    a, e = flat_modes(lhs)
+    a, e = flat_modes(lhs, keep_last=True)
     where = f"{lhs} o {rhs}"
     results = [
         _compose_leaf(a, e, s, d, where) for s, d in zip(it.leaves(rhs.shape), it.leaves(rhs.stride))
