@@ -59,7 +59,7 @@ def test_generated_op_builders_build_fly_ops():
         layout_type = ir.Type.parse("!fly.layout<(4,8):(8,1)>")
         with ir.InsertionPoint(module.body):
             layout = fly.MakeLayoutOp(layout_type).result
-            size = fly.SizeOp(layout).result
+            size = fly.SizeOp(ir.IndexType.get(), layout).result
             assert isinstance(size.type, ir.IndexType)
         assert module.operation.verify()
         assert "fly.size" in str(module)

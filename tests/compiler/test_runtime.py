@@ -16,11 +16,36 @@ def test_runtime_imports_and_answers_without_raising():
     assert isinstance(runtime.is_available(), bool)
 
 
-def test_launch_dimensions_are_validated_before_the_driver():
-    with pytest.raises(ValueError, match="grid: expected an int or 1 to 3 ints"):
-        runtime._dim3((1, 2, 3, 4), "grid")
-    assert runtime._dim3(7, "block") == (7, 1, 1)
-    assert runtime._dim3((2, 3), "grid") == (2, 3, 1)
+def _validate(grid, block, signature, args, **kwargs):
+    # The launcher's own checks and argument packing, run without a driver.
+    return runtime._rt._validate_launch(grid, block, signature, args, name="k", **kwargs)
+
+
+def test_launch_arguments_are_packed_in_8_byte_slots():
+    packed = _validate(4, (32, 2), "pilf", (0x1000, -3, 2**40, 1.5))
+    assert packed["params"] == (
+        (0x1000).to_bytes(8, "little")
+        + (-3).to_bytes(4, "little", signed=True) + bytes(4)
+        + (2**40).to_bytes(8, "little")
+        + bytes.fromhex("0000c03f") + bytes(4)
+    )
+
+
+@pytest.mark.parametrize(
+    "grid, block, signature, args, error, message",
+    [
+        (1, 32, "pi", (0,), ValueError, "kernel 'k' takes 2 arguments"),
+        (1, 32, "i", (2**40,), OverflowError, "argument 0: expected int32"),
+        (1, 32, "p", ("not a pointer",), TypeError, "argument 0"),
+        (1, 2048, "", (), ValueError, "block"),
+        (0, 32, "", (), ValueError, "grid"),
+        ((1, 2, 3, 4), 32, "", (), ValueError, "grid"),
+        (1, 32, "x", (1,), ValueError, "signature"),
+    ],
+)
+def test_bad_launches_are_refused_before_the_driver(grid, block, signature, args, error, message):
+    with pytest.raises(error, match=message):
+        _validate(grid, block, signature, args)
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +107,16 @@ def test_device_buffer_round_trip():
     assert buffer.copy_to_host() == bytes(range(16))
     with pytest.raises(ValueError):
         buffer.copy_from_host(bytes(17))
+
+
+@pytest.mark.gpu
+def test_torch_tensors_and_streams_launch_on_torch_context(demo_module):
+    torch = pytest.importorskip("torch")
+    n = 4096
+    out = torch.full((n,), -1, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        demo_module.launch("layout_offsets", n // 128, 128, out, n, stream=stream.cuda_stream)
+    stream.synchronize()
+    layout = Layout(((4, 2), 8), ((16, 1), 2))
+    assert out.cpu().tolist() == [layout(i % 64) for i in range(n)]

@@ -6,8 +6,6 @@ module works without a GPU; ``is_available()`` says whether one can be used.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from flydsl.compiler._native import native
 from flydsl.compiler.pipeline import CompiledModule
 
@@ -20,13 +18,6 @@ is_available = _rt.is_available
 device_count = _rt.device_count
 device_name = _rt.device_name
 synchronize = _rt.synchronize
-
-
-def _dim3(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
-    dims = (value,) if isinstance(value, int) else tuple(value)
-    if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) for d in dims):
-        raise ValueError(f"{what}: expected an int or 1 to 3 ints, got {value!r}")
-    return dims + (1,) * (3 - len(dims))
 
 
 class LoadedModule:
@@ -47,15 +38,8 @@ class LoadedModule:
     def launch(self, kernel: str, grid, block, *args, shared_mem: int = 0, stream: int = 0, cluster=None) -> None:
         """Launches ``kernel`` on ``grid`` x ``block`` with ``args`` (pointers: ints, DeviceBuffers, torch tensors)."""
         function = self.function(kernel)
-        function.launch(
-            _dim3(grid, "grid"),
-            _dim3(block, "block"),
-            self.compiled.kernels[kernel],
-            args,
-            shared_mem,
-            stream,
-            None if cluster is None else _dim3(cluster, "cluster"),
-        )
+        # grid/block/cluster: an int or 1-3 ints; checked natively along with the arguments.
+        function.launch(grid, block, self.compiled.kernels[kernel], args, shared_mem, stream, cluster)
 
 
 def load(compiled: CompiledModule) -> LoadedModule:
