@@ -159,7 +159,8 @@ def flat_product(block, tiler) -> Layout:
 
 
 def _zip_product(block, tiler, block_first):
-    block, tiler = as_layout(block), as_layout(tiler)
+    # Rank-1 operands become 1-tuples so that mode i of the repeats is the image of tiler mode i as a whole.
+    block, tiler = (x if it.is_tuple(x.shape) else make_layout(x) for x in (as_layout(block), as_layout(tiler)))
     r = max(rank(block), rank(tiler))
     pad = Layout(1, 0)
     block = append(block, pad, up_to_rank=r) if rank(block) < r else block
