@@ -382,9 +382,10 @@ def slice_(coord, x):
     >>> slice_((None, 2), Layout((4, 8), (8, 1)))
     (4):(8)
     """
-    slicer = getattr(x, "_fly_slice", None) or getattr(coord, "_fly_slice", None)
-    if slicer is not None:
-        return slicer(coord if slicer is getattr(x, "_fly_slice", None) else x)[0]
+    if hasattr(coord, "_fly_slice"):
+        coord, x = x, coord
+    if hasattr(x, "_fly_slice"):
+        return x._fly_slice(coord)[0]
     return _slice_or_dice(coord, x, lambda c: c is None)
 
 
@@ -442,10 +443,10 @@ def cosize(layout, mode=()):
 def rank(x, mode=()) -> int:
     """Number of top-level modes of a layout or IntTuple: ``rank((4,8):(1,4)) == 2``."""
     x = _sub(x, mode)
-    return it.rank(x.shape if isinstance(x, Layout) else x)
+    return it.rank(getattr(x, "shape", x))
 
 
 def depth(x, mode=()) -> int:
     """Nesting depth of a layout's shape or of an IntTuple: ``depth(((2,4),8):((1,16),2)) == 2``."""
     x = _sub(x, mode)
-    return it.depth(x.shape if isinstance(x, Layout) else x)
+    return it.depth(getattr(x, "shape", x))
