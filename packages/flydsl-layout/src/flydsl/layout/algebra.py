@@ -100,7 +100,7 @@ def right_inverse(layout) -> Layout:
         shapes.append(found[0])
         strides.append(found[2])
         cur = mul(found[0], found[1])
-        modes.remove(found)
+        modes = [m for m in modes if m is not found]
     return coalesce(from_modes(shapes, strides)) if shapes else Layout(1, 0)
 
 
@@ -146,7 +146,13 @@ def max_common_layout(a, b) -> Layout:
     shapes, strides = flat_modes(common)
     if not provably_equal(strides[0], 1):
         return Layout(1, 0)
-    return coalesce(composition(inv_b, Layout(known_divisor(shapes[0]))))
+    n = known_divisor(shapes[0])
+    while n > 1:  # a dynamic extent may not fit inv_b provably: shrink by prime factors until it does
+        try:
+            return coalesce(composition(inv_b, Layout(n)))
+        except LayoutError:
+            n //= next(p for p in range(2, n + 1) if n % p == 0)
+    return Layout(1, 0)
 
 
 def max_common_vector(a, b) -> int:
