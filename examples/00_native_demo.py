@@ -35,7 +35,9 @@ def run_on_gpu(compiled: flyc.CompiledModule, n: int) -> None:
     wrong = [i for i in range(n) if got[i] != expected[i]]
     if wrong:
         i = wrong[0]
-        raise SystemExit(f"FAILED: {len(wrong)} of {n} offsets wrong; first at {i}: got {got[i]}, expected {expected[i]}")
+        raise SystemExit(
+            f"FAILED: {len(wrong)} of {n} offsets wrong; first at {i}: got {got[i]}, expected {expected[i]}"
+        )
     print(f"GPU {runtime.device_name(0)}: {n} offsets of layout {LAYOUT} match flydsl.layout exactly")
     print(f"first 16: {list(got[:16])}")
 

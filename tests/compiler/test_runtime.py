@@ -25,9 +25,11 @@ def test_launch_arguments_are_packed_in_8_byte_slots():
     packed = _validate(4, (32, 2), "pilf", (0x1000, -3, 2**40, 1.5))
     assert packed["params"] == (
         (0x1000).to_bytes(8, "little")
-        + (-3).to_bytes(4, "little", signed=True) + bytes(4)
+        + (-3).to_bytes(4, "little", signed=True)
+        + bytes(4)
         + (2**40).to_bytes(8, "little")
-        + bytes.fromhex("0000c03f") + bytes(4)
+        + bytes.fromhex("0000c03f")
+        + bytes(4)
     )
 
 

@@ -1,10 +1,10 @@
 """FlyDSL compiler: Fly MLIR dialect, lowering to PTX, and the CUDA launcher.
 
-    import flydsl.compiler as flyc
-    compiled = flyc.compile_mlir(mlir_text)            # PTX in process (+ cubin when ptxas is found)
-    if flyc.runtime.is_available():
-        module = flyc.runtime.load(compiled)
-        module.launch("kernel", grid, block, *args)
+import flydsl.compiler as flyc
+compiled = flyc.compile_mlir(mlir_text)            # PTX in process (+ cubin when ptxas is found)
+if flyc.runtime.is_available():
+    module = flyc.runtime.load(compiled)
+    module.launch("kernel", grid, block, *args)
 """
 
 from flydsl.compiler import runtime

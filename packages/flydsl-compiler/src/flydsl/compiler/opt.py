@@ -25,7 +25,9 @@ from flydsl.compiler.target import SM90A
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flydsl.compiler.opt", description=__doc__.splitlines()[0])
     parser.add_argument("input", help="an .mlir file, or - for stdin")
-    parser.add_argument("-p", "--pass-pipeline", help="a textual pass pipeline, e.g. 'builtin.module(fly-lower-layouts)'")
+    parser.add_argument(
+        "-p", "--pass-pipeline", help="a textual pass pipeline, e.g. 'builtin.module(fly-lower-layouts)'"
+    )
     parser.add_argument("--stage", help="run one named stage of the sm_90a pipeline (fly, llvm)")
     parser.add_argument("--generic", action="store_true", help="print ops in generic form")
     parser.add_argument("--split", action="store_true", help="process each '// -----' separated chunk on its own")

@@ -33,7 +33,8 @@ class LoadedModule:
         try:
             return self._functions[kernel]
         except KeyError:
-            raise KeyError(f"kernel {kernel!r} is not in module '{self.compiled.name}'; it has {sorted(self._functions)}")
+            known = sorted(self._functions)
+            raise KeyError(f"kernel {kernel!r} is not in module '{self.compiled.name}'; it has {known}") from None
 
     def launch(self, kernel: str, grid, block, *args, shared_mem: int = 0, stream: int = 0, cluster=None) -> None:
         """Launches ``kernel`` on ``grid`` x ``block`` with ``args`` (pointers: ints, DeviceBuffers, torch tensors)."""

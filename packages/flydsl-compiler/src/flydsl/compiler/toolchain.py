@@ -29,7 +29,7 @@ def find_ptxas() -> str | None:
 
 
 def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tuple[str, ...] = ()) -> bytes:
-    """Assembles ``ptx`` for ``arch`` (e.g. ``sm_90a``) and returns the cubin; raises ToolchainError with ptxas's log."""
+    """Assembles ``ptx`` for ``arch`` (e.g. ``sm_90a``) into a cubin; a failure raises ToolchainError with the log."""
     ptxas = ptxas or find_ptxas()
     if ptxas is None:
         raise ToolchainError("ptxas not found: set FLYDSL_PTXAS or CUDA_HOME, or put the CUDA toolkit's bin on PATH")
