@@ -6,7 +6,6 @@ from hypothesis import strategies as st
 
 import flydsl.layout as fl
 from flydsl.layout import Layout
-
 from flydsl.layout.int_tuple import leaves
 
 from .layout_strategies import compact_layouts, injective_layouts, layouts
@@ -60,7 +59,7 @@ def test_complement_disjoint_ordered_and_covering(L, extra):
     strides = fl.flatten(C.stride) if isinstance(C.stride, tuple) else (C.stride,)
     shapes = fl.flatten(C.shape) if isinstance(C.shape, tuple) else (C.shape,)
     assert list(strides) == sorted(strides)  # ordered
-    assert all(a * b <= c for a, b, c in zip(shapes, strides, strides[1:]))
+    assert all(a * b <= c for a, b, c in zip(shapes, strides, strides[1:], strict=False))
     both = fl.make_layout(fl.filter(L), C)
     values = [both(i) for i in range(fl.size(both))]
     assert len(set(values)) == len(values)  # (L, C) injective after dropping L's broadcast modes

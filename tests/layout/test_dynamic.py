@@ -97,7 +97,10 @@ def test_swizzle_on_a_dynamic_offset():
 
 def test_operations_that_need_static_values_say_so():
     M, N = Sym("M"), Sym("N")
-    with pytest.raises(fl.LayoutError, match=r"composition: cannot decide shape divisibility: .* crosses mode 0 \(M:8\) .* dynamic leaf M"):
+    with pytest.raises(
+        fl.LayoutError,
+        match=r"composition: cannot decide shape divisibility: .* crosses mode 0 \(M:8\) .* dynamic leaf M",
+    ):
         fl.composition(Layout((M, 8), (8, 1)), Layout(16, 1))
     with pytest.raises(fl.LayoutError, match=r"complement: needs a static stride, got dynamic leaf N"):
         fl.complement(Layout((4, 8), (N, 1)))

@@ -3,10 +3,11 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from .layout_strategies import int_tuples, stride_leaf
 
 import flydsl.layout as fl
 from flydsl.layout.int_tuple import fold, leaves, transform, unflatten
+
+from .layout_strategies import int_tuples, stride_leaf
 
 
 def test_worked_examples():
@@ -52,7 +53,7 @@ def test_prefix_product_is_compact_column_major(t):
     strides = leaves(fl.prefix_product(t))
     flat = leaves(t)
     running = 1
-    for s, d in zip(flat, strides):
+    for s, d in zip(flat, strides, strict=True):
         assert d == running
         running *= s
     # The compact layout it defines is a bijection onto [0, size).

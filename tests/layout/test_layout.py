@@ -3,11 +3,12 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from .layout_strategies import compact_layouts, layouts
 
 import flydsl.layout as fl
 from flydsl.layout import Layout
 from flydsl.layout.int_tuple import fold, leaves, unflatten
+
+from .layout_strategies import compact_layouts, layouts
 
 
 def test_construction_and_notation():
@@ -132,7 +133,7 @@ def layout_and_slice(draw):
 def test_slice_plus_offset_is_the_layout(case):
     L, coord, sliced = case
     sub, off = fl.slice_and_offset(sliced, L)
-    kept = [c for c, s in zip(leaves(coord), leaves(sliced)) if s is None]
+    kept = [c for c, s in zip(leaves(coord), leaves(sliced), strict=True) if s is None]
     # The kept leaves, in order, are the coordinate of the slice; the slice plus its offset is the layout.
     assert sub(unflatten(kept, sub.shape)) + off == L(coord)
     assert fl.slice_(sliced, L) == sub
@@ -140,7 +141,9 @@ def test_slice_plus_offset_is_the_layout(case):
         assert L(sliced) == sub
     diced = fl.dice(sliced, L)
     assert fl.size(sub) * fl.size(diced) == fl.size(L)
-    assert leaves(diced.shape) == tuple(s for s, c in zip(leaves(L.shape), leaves(sliced)) if c is not None)
+    assert leaves(diced.shape) == tuple(
+        s for s, c in zip(leaves(L.shape), leaves(sliced), strict=True) if c is not None
+    )
 
 
 def test_big_integers():

@@ -77,9 +77,7 @@ def test_logical_divide_is_composition_with_complement(case):
 
 @given(compact_layouts(max_size=64), st.data())
 def test_by_mode_divide_tiles_every_mode(A, data):
-    tiler = tuple(
-        None if data.draw(st.booleans()) else data.draw(st.sampled_from(divisors(fl.size(m)))) for m in A
-    )
+    tiler = tuple(None if data.draw(st.booleans()) else data.draw(st.sampled_from(divisors(fl.size(m)))) for m in A)
     try:
         L = fl.logical_divide(A, tiler)
     except fl.LayoutError:
@@ -91,7 +89,7 @@ def test_by_mode_divide_tiles_every_mode(A, data):
     assert sorted(Z(k) for k in range(fl.size(Z))) == sorted(A(k) for k in range(fl.size(A)))
     assert all(T(k) == Z(k) == F(k) for k in range(fl.size(Z)))
     tile = Z[0]
-    assert fl.size(tile) == fl.product(tuple(fl.size(m) if t is None else t for m, t in zip(A, tiler)))
+    assert fl.size(tile) == fl.product(tuple(fl.size(m) if t is None else t for m, t in zip(A, tiler, strict=True)))
 
 
 @st.composite
@@ -132,8 +130,8 @@ def test_blocked_and_raked_products_regroup_the_logical_product(case):
         for b in range(fl.size(Bp)):
             ca, cb = fl.idx2crd(a, fl.product_each(Ap.shape)), fl.idx2crd(b, fl.product_each(Bp.shape))
             ca, cb = (c if isinstance(c, tuple) else (c,) for c in (ca, cb))
-            assert blocked(tuple(zip(ca, cb))) == P(a, b)
-            assert raked(tuple(zip(cb, ca))) == P(a, b)
+            assert blocked(tuple(zip(ca, cb, strict=True))) == P(a, b)
+            assert raked(tuple(zip(cb, ca, strict=True))) == P(a, b)
 
 
 @given(compact_layouts(max_leaves=3, max_size=16), st.sampled_from([(1, 1), (2, 3), (4, 1), (1, 2)]))

@@ -41,7 +41,7 @@ __all__ = [
 def _reaching_modes(layout, op):
     # Coalesced modes with a non-zero stride, sorted by stride (static strides needed to sort several).
     shapes, strides = flat_modes(layout)
-    modes = [(s, d) for s, d in zip(shapes, strides) if not provably_equal(d, 0)]
+    modes = [(s, d) for s, d in zip(shapes, strides, strict=True) if not provably_equal(d, 0)]
     if len(modes) > 1:
         for s, d in modes:
             if require_static(d, op, "stride") < 0:
@@ -81,7 +81,7 @@ def _domain_modes(layout):
     # Coalesced modes with the index (domain) position each one starts at.
     shapes, strides = flat_modes(layout)
     starts = it.leaves(it.prefix_product(tuple(shapes)))
-    return list(zip(shapes, strides, starts))
+    return list(zip(shapes, strides, starts, strict=True))
 
 
 def right_inverse(layout) -> Layout:
@@ -113,7 +113,7 @@ def left_inverse(layout) -> Layout:
     """
     layout = as_layout(layout)
     shapes, strides = flat_modes(layout)
-    for s, d in zip(shapes, strides):
+    for s, d in zip(shapes, strides, strict=True):
         if provably_equal(d, 0) and not provably_equal(s, 1):
             raise LayoutError(f"left_inverse: {layout} is not injective: mode {s}:0 maps {s} indices to one offset")
     return right_inverse(make_layout(layout, complement(layout)))
@@ -179,7 +179,7 @@ def _scale_leaf(s, d, n, up):
 
 def _scale(layout, n, up):
     layout = as_layout(layout)
-    pairs = [_scale_leaf(s, d, n, up) for s, d in zip(it.leaves(layout.shape), it.leaves(layout.stride))]
+    pairs = [_scale_leaf(s, d, n, up) for s, d in zip(it.leaves(layout.shape), it.leaves(layout.stride), strict=True)]
     return Layout(it.unflatten([p[0] for p in pairs], layout.shape), it.unflatten([p[1] for p in pairs], layout.shape))
 
 

@@ -41,7 +41,7 @@ def flat_modes(layout: Layout, keep_last: bool = False):
     the last leaf is kept even when its size is 1, so that the layout extended beyond its size by its last
     mode is unchanged (``1:1`` extends to the identity, ``1:0`` to zero)."""
     shapes, strides = [], []
-    pairs = list(zip(it.leaves(layout.shape), it.leaves(layout.stride)))
+    pairs = list(zip(it.leaves(layout.shape), it.leaves(layout.stride), strict=True))
     for k, (s, d) in enumerate(pairs):
         if provably_equal(s, 1) and not (keep_last and k == len(pairs) - 1):
             continue
@@ -197,7 +197,7 @@ def composition(lhs, rhs):
     a, e = flat_modes(lhs, keep_last=True)
     where = f"{lhs} o {rhs}"
     results = [
-        _compose_leaf(a, e, s, d, where) for s, d in zip(it.leaves(rhs.shape), it.leaves(rhs.stride))
+        _compose_leaf(a, e, s, d, where) for s, d in zip(it.leaves(rhs.shape), it.leaves(rhs.stride), strict=True)
     ]
     _check_no_carry(a, [r[2] for r in results], where)
     shape = it.unflatten([r[0][0] if len(r[0]) == 1 else tuple(r[0]) for r in results], rhs.shape)

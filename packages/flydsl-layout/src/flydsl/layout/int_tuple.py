@@ -63,7 +63,7 @@ def transform(fn, x, *ys, op: str = "transform"):
         for y in ys:
             if not isinstance(y, tuple) or len(y) != len(x):
                 raise LayoutError(f"{op}: {tuple_str(y)} does not have the structure of {tuple_str(x)}")
-        return tuple(transform(fn, *parts, op=op) for parts in zip(x, *ys))
+        return tuple(transform(fn, *parts, op=op) for parts in zip(x, *ys, strict=True))
     return fn(x, *ys)
 
 
@@ -154,7 +154,7 @@ def _divide_leaves(a, b, leaf_div, op):
             padded = b + (1,) * (len(a) - len(b)) if len(b) <= len(a) else None
             if padded is None:
                 raise LayoutError(f"{op}: rank of {tuple_str(b)} exceeds rank of {tuple_str(a)}")
-            return tuple(_divide_leaves(x, y, leaf_div, op) for x, y in zip(a, padded))
+            return tuple(_divide_leaves(x, y, leaf_div, op) for x, y in zip(a, padded, strict=True))
         b = product(b)
     rest = [b]
 
@@ -199,7 +199,7 @@ def congruent(a, b) -> bool:
         return False
     if not isinstance(a, tuple):
         return True
-    return len(a) == len(b) and all(congruent(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(congruent(x, y) for x, y in zip(a, b, strict=True))
 
 
 def weakly_congruent(a, b) -> bool:
@@ -212,7 +212,7 @@ def weakly_congruent(a, b) -> bool:
         return True
     if not isinstance(b, tuple) or len(a) != len(b):
         return False
-    return all(weakly_congruent(x, y) for x, y in zip(a, b))
+    return all(weakly_congruent(x, y) for x, y in zip(a, b, strict=True))
 
 
 def elem_less(a, b) -> bool:
@@ -222,7 +222,7 @@ def elem_less(a, b) -> bool:
     (True, False)
     """
     if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) <= len(b) and all(elem_less(x, y) for x, y in zip(a, b))
+        return len(a) <= len(b) and all(elem_less(x, y) for x, y in zip(a, b, strict=False))
     if isinstance(a, tuple) or isinstance(b, tuple):
         raise LayoutError(f"elem_less: {tuple_str(a)} and {tuple_str(b)} are not congruent")
     return require_static(a, "elem_less") < require_static(b, "elem_less")

@@ -65,7 +65,9 @@ class Layout:
         elif isinstance(stride, list):
             stride = tuple(stride)
         if not it.congruent(shape, stride):
-            raise LayoutError(f"Layout: stride {it.tuple_str(stride)} is not congruent with shape {it.tuple_str(shape)}")
+            raise LayoutError(
+                f"Layout: stride {it.tuple_str(stride)} is not congruent with shape {it.tuple_str(shape)}"
+            )
         self._shape = shape
         self._stride = stride
         self._key = None
@@ -161,7 +163,9 @@ def make_ordered_layout(shape, order) -> Layout:
         order = tuple(range(it.rank(shape))) if order == 0 else order
     shapes, orders = it.leaves(shape), it.leaves(order)
     if len(shapes) != len(orders):
-        raise LayoutError(f"make_ordered_layout: order {it.tuple_str(order)} does not match shape {it.tuple_str(shape)}")
+        raise LayoutError(
+            f"make_ordered_layout: order {it.tuple_str(order)} does not match shape {it.tuple_str(shape)}"
+        )
     ranked = sorted(range(len(shapes)), key=lambda i: (require_static(orders[i], "make_ordered_layout", "order"), i))
     strides = [0] * len(shapes)
     running = 1
@@ -176,7 +180,7 @@ def _crd2idx(c, s, d):
         if not isinstance(s, tuple) or len(c) != len(s):
             raise LayoutError(f"crd2idx: coordinate {it.tuple_str(c)} does not fit shape {it.tuple_str(s)}")
         total = 0
-        for ci, si, di in zip(c, s, d):
+        for ci, si, di in zip(c, s, d, strict=True):
             total = add(total, _crd2idx(ci, si, di))
         return total
     if c is None:
@@ -184,7 +188,7 @@ def _crd2idx(c, s, d):
     if isinstance(s, tuple):
         # An integer coordinate into a tuple shape: colexicographic, the last mode takes the rest.
         total = 0
-        for si, di in zip(s[:-1], d[:-1]):
+        for si, di in zip(s[:-1], d[:-1], strict=True):
             n = it.product(si)
             total = add(total, _crd2idx(mod(c, n), si, di))
             c = floordiv(c, n)
@@ -214,7 +218,9 @@ def idx2crd(index, layout_or_shape):
     """
     if isinstance(index, tuple):
         if isinstance(layout_or_shape, Layout):
-            pairs = it.transform(lambda i, s, d: idx2crd(i, Layout(s, d)), index, *_parts(layout_or_shape), op="idx2crd")
+            pairs = it.transform(
+                lambda i, s, d: idx2crd(i, Layout(s, d)), index, *_parts(layout_or_shape), op="idx2crd"
+            )
             return pairs
         return it.transform(idx2crd, index, layout_or_shape, op="idx2crd")
     if isinstance(layout_or_shape, Layout):
@@ -267,7 +273,9 @@ def _apply(op, x, *parts):
     if lift is not None:
         return lift(lambda inner: _apply(op, inner, *parts))
     if isinstance(x, Layout):
-        return Layout(op(x.shape, *(as_layout(p).shape for p in parts)), op(x.stride, *(as_layout(p).stride for p in parts)))
+        return Layout(
+            op(x.shape, *(as_layout(p).shape for p in parts)), op(x.stride, *(as_layout(p).stride for p in parts))
+        )
     return op(x, *parts)
 
 
@@ -359,7 +367,7 @@ def _filter_modes(coord, t, keep_leaf):
         if not isinstance(t, tuple) or len(t) != len(coord):
             raise LayoutError(f"slice: coordinate {it.tuple_str(coord)} does not fit {it.tuple_str(t)}")
         kept = []
-        for c, x in zip(coord, t):
+        for c, x in zip(coord, t, strict=True):
             part = _filter_modes(c, x, keep_leaf)
             if isinstance(c, tuple):
                 kept.extend([part] if any(keep_leaf(v) for v in it.leaves(c)) else [])

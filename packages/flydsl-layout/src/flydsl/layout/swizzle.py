@@ -62,7 +62,11 @@ class Swizzle:
         return ComposedLayout(self, 0, as_layout(rhs))
 
     def __eq__(self, other):
-        return isinstance(other, Swizzle) and (self.bits, self.base, self.shift) == (other.bits, other.base, other.shift)
+        return isinstance(other, Swizzle) and (self.bits, self.base, self.shift) == (
+            other.bits,
+            other.base,
+            other.shift,
+        )
 
     def __hash__(self):
         return hash(("Swizzle", self.bits, self.base, self.shift))

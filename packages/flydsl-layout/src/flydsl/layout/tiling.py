@@ -85,7 +85,7 @@ def _split(op, target, tiler):
         result = op(target, tiler)
         return get(result, 0), get(result, 1)
     modes = _by_mode(op, target, tiler)
-    pairs = [(m, Layout(1, 0)) if t is None else (get(m, 0), get(m, 1)) for m, t in zip(modes, tiler)]
+    pairs = [(m, Layout(1, 0)) if t is None else (get(m, 0), get(m, 1)) for m, t in zip(modes, tiler, strict=True)]
     return make_layout(*(p[0] for p in pairs)), make_layout(*(p[1] for p in pairs), *_rest_modes(target, tiler))
 
 
@@ -206,7 +206,7 @@ def tile_to_shape(block, trg_shape, order=None) -> Layout:
         raise LayoutError(f"tile_to_shape: {block} has more modes than the target shape {it.tuple_str(trg_shape)}")
     block = append(block, Layout(1, 0), up_to_rank=r) if rank(block) < r else block
     block_shape, target = it.product_each(block.shape), it.product_each(trg_shape)
-    for b, t in zip(block_shape, target):
+    for b, t in zip(block_shape, target, strict=True):
         if not decide(divides(b, t), "tile_to_shape", f"that block mode {b} divides target mode {t}", b, t):
             raise LayoutError(f"tile_to_shape: block {block} mode of size {b} does not divide target mode {t}")
     reps = it.ceil_div(target, block_shape)
