@@ -103,7 +103,6 @@ __all__ = [
     "Layout",
     "make_layout",
     "make_ordered_layout",
-    "make_identity_layout",
     "crd2idx",
     "idx2crd",
     "crd2crd",

@@ -56,8 +56,8 @@ def flat_modes(layout: Layout, keep_last: bool = False):
 def from_modes(shapes, strides) -> Layout:
     """The layout with these flat modes: a leaf shape for one mode, a tuple for several."""
     if len(shapes) == 1:
-        return Layout(shapes[0], strides[0])
-    return Layout(tuple(shapes), tuple(strides))
+        return Layout.trusted(shapes[0], strides[0])
+    return Layout.trusted(tuple(shapes), tuple(strides))
 
 
 @lift_composed
@@ -202,7 +202,7 @@ def composition(lhs, rhs):
     _check_no_carry(a, [r[2] for r in results], where)
     shape = it.unflatten([r[0][0] if len(r[0]) == 1 else tuple(r[0]) for r in results], rhs.shape)
     stride = it.unflatten([r[1][0] if len(r[1]) == 1 else tuple(r[1]) for r in results], rhs.shape)
-    return Layout(shape, stride)
+    return Layout.trusted(shape, stride)
 
 
 def _tiler_str(tiler):

@@ -69,6 +69,10 @@ def transform(fn, x, *ys, op: str = "transform"):
 
 def leaves(x) -> tuple:
     """The leaves of ``x`` in order, always as a tuple: ``leaves(((2, 4), 8)) == (2, 4, 8)``, ``leaves(4) == (4,)``."""
+    if not isinstance(x, tuple):
+        return (x,)
+    if not any(isinstance(c, tuple) for c in x):
+        return x  # already flat: the common case, without the recursion
     return fold(x, lambda v: (v,), lambda parts: sum(parts, ()))
 
 

@@ -59,18 +59,26 @@ class Layout:
     def __init__(self, shape, stride=None):
         if isinstance(shape, list):
             shape = tuple(shape)
-        it.fold(shape, _check_shape_leaf, lambda parts: parts)
+        if type(shape) is not int or shape < 1:
+            it.fold(shape, _check_shape_leaf, lambda parts: parts)
         if stride is None:
             stride = it.prefix_product(shape)
         elif isinstance(stride, list):
             stride = tuple(stride)
-        if not it.congruent(shape, stride):
+        if (type(shape) is not int or type(stride) is not int) and not it.congruent(shape, stride):
             raise LayoutError(
                 f"Layout: stride {it.tuple_str(stride)} is not congruent with shape {it.tuple_str(shape)}"
             )
         self._shape = shape
         self._stride = stride
         self._key = None
+
+    @classmethod
+    def trusted(cls, shape, stride) -> Layout:
+        """Build without validation, for the algebra's own results (congruent and positive by construction)."""
+        self = object.__new__(cls)
+        self._shape, self._stride, self._key = shape, stride, None
+        return self
 
     @property
     def shape(self):
@@ -145,7 +153,7 @@ def make_layout(*args, stride=None) -> Layout:
     if args and all(isinstance(a, Layout) for a in args):
         if stride is not None:
             raise LayoutError("make_layout: a stride cannot be given with layout modes")
-        return Layout(tuple(a.shape for a in args), tuple(a.stride for a in args))
+        return Layout.trusted(tuple(a.shape for a in args), tuple(a.stride for a in args))
     if len(args) == 2 and stride is None:
         args, stride = args[:1], args[1]
     if len(args) != 1:
@@ -273,9 +281,9 @@ def _apply(op, x, *parts):
     if lift is not None:
         return lift(lambda inner: _apply(op, inner, *parts))
     if isinstance(x, Layout):
-        return Layout(
-            op(x.shape, *(as_layout(p).shape for p in parts)), op(x.stride, *(as_layout(p).stride for p in parts))
-        )
+        # The same structural op on congruent shape and stride keeps them congruent: no need to validate again.
+        parts = [as_layout(p) for p in parts]
+        return Layout.trusted(op(x.shape, *(p.shape for p in parts)), op(x.stride, *(p.stride for p in parts)))
     return op(x, *parts)
 
 

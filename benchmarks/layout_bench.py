@@ -1,0 +1,95 @@
+"""Time the layout algebra on typical GEMM tile layouts (median of repeats, microseconds).
+
+    python benchmarks/layout_bench.py [--repeats N] [--json PATH]
+
+Writes a JSON record (times, git commit, CPU, Python, command) only when ``--json`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import flydsl.layout as fl
+
+
+def _cases():
+    # A (128,64) bf16 shared-memory tile: 128-byte rows swizzled by Sw<3,3,3> (CuTe's SW128 atom for 16-bit types).
+    sw128 = fl.tile_to_shape(fl.make_composed_layout(fl.Swizzle(3, 3, 3), 0, fl.Layout((8, 64), (64, 1))), (128, 64))
+    big = fl.Layout((8192, 8192), (8192, 1))
+    thr, val = fl.Layout((32, 4), (4, 1)), fl.Layout((4, 1))
+    _, tv = fl.make_layout_tv(thr, val)  # 128 threads, 4 values each, over a (128, 4) tile
+    return {
+        "composition(sw128 (128,64) bf16, (64,32) tiler)": lambda: fl.composition(sw128, (64, 32)),
+        "composition(tv 128 thr, ((4,32),4):((1,4),128))": lambda: fl.composition(
+            tv, fl.Layout(((4, 32), 4), ((1, 4), 128))
+        ),
+        "logical_divide((8192,8192):(8192,1), (128,64))": lambda: fl.logical_divide(big, (128, 64)),
+        "zipped_divide((8192,8192):(8192,1), (128,64))": lambda: fl.zipped_divide(big, (128, 64)),
+        "zipped_divide(sw128, (16,16))": lambda: fl.zipped_divide(sw128, (16, 16)),
+        "make_layout_tv((32,4):(4,1), (4,1))": lambda: fl.make_layout_tv(thr, val),
+    }
+
+
+def _median_us(fn, repeats: int, inner: int = 50) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - start) / inner * 1e6)
+    return statistics.median(times)
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    args = parser.parse_args(argv)
+    results = {}
+    for name, fn in _cases().items():
+        fn()  # warm up
+        results[name] = round(_median_us(fn, args.repeats), 2)
+        print(f"{results[name]:10.2f} us  {name}")
+    if args.json:
+        record = {
+            "date": datetime.date.today().isoformat(),
+            "git_commit": _git_commit(),
+            "cpu": _cpu(),
+            "python": sys.version.split()[0],
+            "command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+            "unit": "microseconds, median of repeats",
+            "results": results,
+        }
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
