@@ -58,7 +58,7 @@ def layout_table(layout, tiler=None) -> str:
 
     >>> print(layout_table(Layout((2, 3), (3, 1))))
     (2,3):(3,1)
-          0   1   2
+         0   1   2
         +---+---+---+
      0  | 0 | 1 | 2 |
         +---+---+---+

@@ -133,7 +133,7 @@ def zipped_product(block, tiler) -> Layout:
     """``((block modes), (repeat modes))`` of the by-mode logical product.
 
     >>> zipped_product(Layout((2, 2), (1, 2)), (3, 4))
-    ((2,2),(3,4)):((1,6),(2,12))
+    ((2,2),(3,(2,2))):((1,2),(2,(1,4)))
     """
     return _regroup(logical_product, block, tiler, "zipped")
 
@@ -143,7 +143,7 @@ def tiled_product(block, tiler) -> Layout:
     """``((block modes), repeat0, repeat1, ...)``.
 
     >>> tiled_product(Layout((2, 2), (1, 2)), (3, 4))
-    ((2,2),3,4):((1,6),2,12)
+    ((2,2),3,(2,2)):((1,2),2,(1,4))
     """
     return _regroup(logical_product, block, tiler, "tiled")
 
@@ -153,7 +153,7 @@ def flat_product(block, tiler) -> Layout:
     """``(block0, block1, ..., repeat0, repeat1, ...)``.
 
     >>> flat_product(Layout((2, 2), (1, 2)), (3, 4))
-    (2,2,3,4):(1,6,2,12)
+    (2,2,3,(2,2)):(1,2,2,(1,4))
     """
     return _regroup(logical_product, block, tiler, "flat")
 

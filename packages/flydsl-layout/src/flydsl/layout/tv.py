@@ -17,8 +17,8 @@ def make_layout_tv(thr_layout, val_layout):
     product of the thread layout by the value layout (each thread owns a ``val_layout`` block, threads
     interleaved).
 
-    >>> make_layout_tv(Layout((4, 2), (2, 1)), Layout((1, 2), (2, 1)))
-    ((4, 4), (((2,4),2):((8,1),4)))
+    >>> make_layout_tv(make_layout((4, 2), (2, 1)), make_layout((1, 2), (2, 1)))
+    ((4, 4), ((2,4),2):((8,1),4))
     """
     thr_layout, val_layout = as_layout(thr_layout), as_layout(val_layout)
     layout_mn = raked_product(thr_layout, val_layout)
