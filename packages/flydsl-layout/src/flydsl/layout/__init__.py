@@ -48,6 +48,8 @@ from .layout import (
     group_modes,
     idx2crd,
     is_static,
+    make_basis_like,
+    make_identity_layout,
     make_layout,
     make_ordered_layout,
     prepend,
@@ -58,7 +60,7 @@ from .layout import (
     slice_and_offset,
     take,
 )
-from .leaf import LayoutError, known_divisor, leaf_max, leaf_min
+from .leaf import LayoutError, ScaledBasis, as_coord, known_divisor, leaf_max, leaf_min
 from .parse import parse_int_tuple, parse_layout
 from .swizzle import ComposedLayout, Swizzle, make_composed_layout, make_swizzle
 from .tiling import (
@@ -77,6 +79,12 @@ from .tiling import (
 from .tv import make_layout_tv
 
 filter = filter_layout  # noqa: A001 - CuTe's public name; modules use filter_layout
+
+
+def E(*mode) -> ScaledBasis:
+    """CuTe's basis element ``E<i, j, ...>``: ``1@i@j...`` (``E(0)`` is ``1@0``, ``E(1, 0)`` is ``1@1@0``)."""
+    return ScaledBasis(1, tuple(mode))
+
 
 __all__ = [
     # IntTuples
@@ -103,6 +111,11 @@ __all__ = [
     "Layout",
     "make_layout",
     "make_ordered_layout",
+    "make_identity_layout",
+    "make_basis_like",
+    "ScaledBasis",
+    "E",
+    "as_coord",
     "crd2idx",
     "idx2crd",
     "crd2crd",

@@ -36,7 +36,9 @@ def _grid(layout, tiler):
     for m in range(rows):
         for n in range(cols):
             value = layout(m, n) if two_d else layout(n)
-            cells[(m, n)] = ([str(value)], value)
+            # A coordinate-valued (identity-like) layout shows the coordinate, coloured by its leaves' sum.
+            colour = value if isinstance(value, int) else sum(it.leaves(value))
+            cells[(m, n)] = ([it.tuple_str(value)], colour)
     return str(layout), rows, cols, cells
 
 

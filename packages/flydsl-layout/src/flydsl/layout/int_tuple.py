@@ -10,7 +10,18 @@ tell a tuple from a leaf; ``None`` (CuTe's underscore in a coordinate) is a leaf
 
 from __future__ import annotations
 
-from .leaf import LayoutError, add, ceil_div_leaf, divides, floordiv, is_static_leaf, leaf_str, mul, require_static
+from .leaf import (
+    LayoutError,
+    ScaledBasis,
+    add,
+    ceil_div_leaf,
+    divides,
+    floordiv,
+    is_static_leaf,
+    leaf_str,
+    mul,
+    require_static,
+)
 
 __all__ = [
     "is_tuple",
@@ -232,9 +243,13 @@ def elem_less(a, b) -> bool:
     return require_static(a, "elem_less") < require_static(b, "elem_less")
 
 
+def _static_value(v) -> bool:
+    return is_static_leaf(v) or (isinstance(v, ScaledBasis) and is_static_leaf(v.value))
+
+
 def is_static(x) -> bool:
-    """True when every leaf is a Python int: ``is_static((2, (3, 4)))`` is True."""
-    return all(is_static_leaf(v) for v in leaves(x))
+    """True when every leaf is a Python int (or a basis element with an int value): ``is_static((2, (3, 4)))``."""
+    return all(_static_value(v) for v in leaves(x))
 
 
 def tuple_str(x) -> str:
@@ -244,4 +259,4 @@ def tuple_str(x) -> str:
 
 def tree_key(x):
     """A hashable key equal for structurally identical IntTuples; a dynamic leaf stands for itself (its identity)."""
-    return fold(x, lambda v: v if is_static_leaf(v) or v is None else ("?", id(v)), lambda parts: parts)
+    return fold(x, lambda v: v if v is None or _static_value(v) else ("?", id(v)), lambda parts: parts)

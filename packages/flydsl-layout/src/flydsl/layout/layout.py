@@ -11,7 +11,19 @@ from __future__ import annotations
 import functools
 
 from . import int_tuple as it
-from .leaf import LayoutError, add, floordiv, is_static_leaf, mod, mul, require_static, sub
+from .leaf import (
+    LayoutError,
+    ScaledBasis,
+    add,
+    as_coord,
+    floordiv,
+    is_basis,
+    is_static_leaf,
+    mod,
+    mul,
+    require_static,
+    sub,
+)
 
 __all__ = [
     "Layout",
@@ -19,6 +31,8 @@ __all__ = [
     "lift_composed",
     "make_layout",
     "make_ordered_layout",
+    "make_identity_layout",
+    "make_basis_like",
     "crd2idx",
     "idx2crd",
     "crd2crd",
@@ -183,6 +197,35 @@ def make_ordered_layout(shape, order) -> Layout:
     return Layout(shape, it.unflatten(strides, shape))
 
 
+def make_basis_like(shape):
+    """CuTe's ``make_basis_like``: the basis element ``1@path`` at each leaf of ``shape`` (a leaf shape gets ``1``).
+
+    >>> make_basis_like((4, (2, 3)))
+    (1@0, (1@1@0, 1@1@1))
+    """
+
+    def walk(x, path):
+        if isinstance(x, tuple):
+            return tuple(walk(c, path + (i,)) for i, c in enumerate(x))
+        return ScaledBasis(1, path) if path else 1
+
+    return walk(shape, ())
+
+
+def make_identity_layout(shape) -> Layout:
+    """CuTe's ``make_identity_layout``: the layout ``shape:make_basis_like(shape)`` that maps each coordinate (or
+    index) to the coordinate itself. Divide it like the data to get each tile element's global coordinate, e.g.
+    to predicate the tail tiles: ``zipped_divide(make_identity_layout((M, N)), tile)(i, t)``. A value lists the
+    modes that the strides name (0 where a coordinate has nothing), so a layout derived from the identity that
+    never moves along a trailing mode, e.g. ``2:1@0``, gives the shorter coordinate ``(i,)``.
+
+    >>> I = make_identity_layout((4, 8))
+    >>> I, I(5), I(2, 7)
+    ((4,8):(1@0,1@1), (1, 1), (2, 7))
+    """
+    return Layout(shape, make_basis_like(shape))
+
+
 def _crd2idx(c, s, d):
     if isinstance(c, tuple):
         if not isinstance(s, tuple) or len(c) != len(s):
@@ -212,9 +255,15 @@ def crd2idx(coord, layout_or_shape, stride=None):
     (10, 6)
     """
     if isinstance(layout_or_shape, Layout):
-        return _crd2idx(coord, layout_or_shape.shape, layout_or_shape.stride)
-    shape = layout_or_shape
-    return _crd2idx(coord, shape, it.prefix_product(shape) if stride is None else stride)
+        shape, stride = layout_or_shape.shape, layout_or_shape.stride
+    else:
+        shape = layout_or_shape
+        stride = it.prefix_product(shape) if stride is None else stride
+    value = _crd2idx(coord, shape, stride)
+    if (type(value) is int and value != 0) or not any(is_basis(d) for d in it.leaves(stride)):
+        return value
+    # A coordinate: every mode that a basis stride names is present, with 0 where this coordinate has nothing.
+    return as_coord(value, [d.mode for d in it.leaves(stride) if is_basis(d)])
 
 
 def idx2crd(index, layout_or_shape):
@@ -452,6 +501,11 @@ def cosize(layout, mode=()):
     60
     """
     layout = _sub(layout, mode)
+    cosize_of = getattr(layout, "_fly_cosize", None)
+    if cosize_of is not None:
+        return cosize_of()
+    if any(is_basis(d) for d in it.leaves(layout.stride)):
+        raise LayoutError(f"cosize: {layout} has basis strides: its values are coordinates, not offsets")
     last = it.fold(layout.shape, lambda s: sub(s, 1), lambda parts: parts)
     return add(crd2idx(last, layout), 1)
 

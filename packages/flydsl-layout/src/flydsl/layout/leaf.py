@@ -55,6 +55,9 @@ __all__ = [
     "decide",
     "require_static",
     "leaf_str",
+    "ScaledBasis",
+    "is_basis",
+    "as_coord",
 ]
 
 
@@ -83,11 +86,13 @@ def _is(x, value) -> bool:
 
 
 def add(a, b):
-    """``a + b``, folding ``+ 0``."""
+    """``a + b``, folding ``+ 0``; basis elements add into a coordinate (see :class:`ScaledBasis`)."""
     if _both_int(a, b):
         return a + b
     if _is(a, 0) or _is(b, 0):
         return b if _is(a, 0) else a
+    if isinstance(a, _Coord) or isinstance(b, _Coord):
+        return _Coord.of(a).plus(_Coord.of(b))
     return a + b
 
 
@@ -99,13 +104,20 @@ def sub(a, b):
 
 
 def mul(a, b):
-    """``a * b``, folding ``* 1`` and ``* 0`` (a zero stride times a dynamic shape stays a static 0)."""
+    """``a * b``, folding ``* 1`` and ``* 0`` (a zero stride times a dynamic shape stays a static 0); a leaf times
+    a basis element scales it: ``mul(4, E(0)) == 4@0``."""
     if _both_int(a, b):
         return a * b
     if _is(a, 0) or _is(b, 0):
         return 0
     if _is(a, 1) or _is(b, 1):
         return b if _is(a, 1) else a
+    if isinstance(b, ScaledBasis):
+        if isinstance(a, _Coord):
+            raise LayoutError(f"mul: cannot multiply the basis element {b} by another")
+        return ScaledBasis(mul(a, b.value), b.mode)
+    if isinstance(a, ScaledBasis):
+        return mul(b, a)
     return a * b
 
 
@@ -172,11 +184,16 @@ def divides(p, q):
 
 
 def provably_equal(a, b):
-    """Whether ``a == b``: True or False when provable (ints, or the very same dynamic object), else None."""
+    """Whether ``a == b``: True or False when provable (ints, basis elements, or the very same dynamic object), else
+    None. A basis element is never equal to an int (its value is never 0)."""
     if a is b:
         return True
     if isinstance(a, int) and isinstance(b, int):
         return a == b
+    if isinstance(a, ScaledBasis) or isinstance(b, ScaledBasis):
+        if not (isinstance(a, ScaledBasis) and isinstance(b, ScaledBasis)):
+            return False if isinstance(a, int) or isinstance(b, int) else None
+        return provably_equal(a.value, b.value) if a.mode == b.mode else False
     return None
 
 
@@ -196,7 +213,117 @@ def require_static(x, op: str, what: str = "value"):
 
 
 def leaf_str(x) -> str:
-    """CuTe notation of one leaf: the int, ``?`` for a dynamic leaf, ``_`` for None (a slicing coordinate)."""
+    """CuTe notation of one leaf: the int, ``?`` for a dynamic leaf, ``_`` for None (a slicing coordinate),
+    ``v@i@j`` for a :class:`ScaledBasis`."""
     if isinstance(x, int):
         return str(x)
+    if isinstance(x, ScaledBasis):
+        return repr(x)
     return "_" if x is None else "?"
+
+
+class ScaledBasis:
+    """CuTe's ``ScaledBasis`` ``value@mode``: ``value`` times the unit vector of coordinate mode ``mode`` (a path of
+    mode indices, outermost first, so ``1@1@0`` is mode 0 of mode 1). As a stride it makes a layout whose values
+    are coordinates (CuTe's ``E<i>``, used by :func:`flydsl.layout.make_identity_layout`): leaves times a basis
+    element scale it, basis elements of different modes add into a coordinate, and
+    :func:`flydsl.layout.crd2idx` returns that coordinate as a plain (nested) tuple.
+
+    >>> e0, e1 = ScaledBasis(1, 0), ScaledBasis(1, 1)
+    >>> e0, mul(4, e1), as_coord(add(mul(3, e0), mul(4, e1))), as_coord(mul(2, ScaledBasis(1, (1, 0))))
+    (1@0, 4@1, (3, 4), (0, (2,)))
+    """
+
+    __slots__ = ("value", "mode")
+
+    def __init__(self, value, mode):
+        self.value = value
+        self.mode = mode if isinstance(mode, tuple) else (mode,)
+        if not all(type(i) is int and i >= 0 for i in self.mode):
+            raise LayoutError(f"ScaledBasis: mode must be a path of non-negative ints, got {mode!r}")
+
+    def __mul__(self, other):
+        return mul(other, self)
+
+    __rmul__ = __mul__
+
+    def __add__(self, other):
+        return add(_Coord.of(self), other)
+
+    __radd__ = __add__
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, ScaledBasis)
+            and self.mode == other.mode
+            and provably_equal(self.value, other.value) is True
+        )
+
+    def __hash__(self):
+        v = self.value if isinstance(self.value, int) else id(self.value)
+        return hash(("ScaledBasis", v, self.mode))
+
+    def __repr__(self):
+        return leaf_str(self.value) + "".join(f"@{i}" for i in self.mode)
+
+
+def is_basis(x) -> bool:
+    """True for a :class:`ScaledBasis` leaf."""
+    return isinstance(x, ScaledBasis)
+
+
+class _Coord:
+    """A sum of basis elements (CuTe's ArithTuple) while :func:`add` accumulates; :func:`as_coord` makes it a tuple."""
+
+    __slots__ = ("terms",)
+
+    def __init__(self, terms):
+        self.terms = terms  # {mode path: value}
+
+    @staticmethod
+    def of(x):
+        if isinstance(x, _Coord):
+            return x
+        if isinstance(x, ScaledBasis):
+            return _Coord({x.mode: x.value})
+        raise LayoutError(f"add: cannot add the integer offset {leaf_str(x)} to a coordinate (a basis-stride value)")
+
+    def plus(self, other):
+        terms = dict(self.terms)
+        for m, v in other.terms.items():
+            terms[m] = add(terms[m], v) if m in terms else v
+        return _Coord(terms)
+
+    def __add__(self, other):
+        return add(self, other)
+
+    __radd__ = __add__
+
+
+def _build(terms, depth):
+    # Nested tuple of the values at paths extending the current one (terms keyed by the remaining path).
+    size = 1 + max(m[0] for m in terms)
+    parts = []
+    for i in range(size):
+        sub = {m[1:]: v for m, v in terms.items() if m[0] == i}
+        if not sub:
+            parts.append(0)
+        elif () in sub:
+            if len(sub) > 1:
+                raise LayoutError("as_coord: a coordinate mode is both a leaf and a tuple")
+            parts.append(sub[()])
+        else:
+            parts.append(_build(sub, depth + 1))
+    return tuple(parts)
+
+
+def as_coord(x, modes=()):
+    """A value of a layout as the caller sees it: an int stays an int, a basis element or a sum of them becomes
+    the coordinate tuple it stands for, with 0 in the missing modes and in each mode path of ``modes``:
+    ``as_coord(ScaledBasis(3, 1)) == (0, 3)``, ``as_coord(0, [(0,), (1,)]) == (0, 0)``."""
+    if not isinstance(x, (ScaledBasis, _Coord)) and not modes:
+        return x
+    terms = {m: 0 for m in modes}
+    for m, v in _Coord.of(x).terms.items() if not _is(x, 0) else ():
+        terms[m] = add(terms[m], v) if m in terms else v
+    return _build(terms, 0)

@@ -1,5 +1,6 @@
 """Parse CuTe notation: ``"((2,4),8):((1,16),2)"``, ``"Sw<3,4,3> o 0 o (8,64):(64,1)"``, IntTuples ``"(4,(2,?))"``.
 
+A basis-element stride is written ``1@0`` (``value@mode@submode...``, CuTe's ``E<0>``), as printed.
 A ``?`` is a dynamic leaf: it needs a ``leaf`` factory, called as ``leaf(k)`` for the ``k``-th ``?`` (from 0),
 that returns the dynamic value to put there.
 """
@@ -9,12 +10,12 @@ from __future__ import annotations
 import re
 
 from .layout import Layout
-from .leaf import LayoutError
+from .leaf import LayoutError, ScaledBasis
 from .swizzle import ComposedLayout, Swizzle
 
 __all__ = ["parse_int_tuple", "parse_layout"]
 
-_TOKEN = re.compile(r"\s*(-?\d+|[?_(),:<>]|Sw|o)")
+_TOKEN = re.compile(r"\s*(-?\d+|[?_(),:<>@]|Sw|o)")
 
 
 def _tokens(text: str):
@@ -57,12 +58,23 @@ class _Parser:
             if self.leaf is None:
                 raise LayoutError(f"parse: {self.text!r} has a dynamic leaf '?' but no leaf factory was given")
             self.dyn += 1
-            return self.leaf(self.dyn - 1)
+            return self.basis(self.leaf(self.dyn - 1))
         if tok == "_":
             return None
         if tok.lstrip("-").isdigit():
-            return int(tok)
+            return self.basis(int(tok))
         raise LayoutError(f"parse: unexpected {tok!r} in {self.text!r}")
+
+    def basis(self, value):
+        # ``value@i@j``: a scaled basis element (CuTe's E<i,j> times value).
+        path = []
+        while self.peek() == "@":
+            self.take("@")
+            tok = self.take()
+            if not tok.isdigit():
+                raise LayoutError(f"parse: expected a mode index after '@' in {self.text!r}, got {tok!r}")
+            path.append(int(tok))
+        return ScaledBasis(value, tuple(path)) if path else value
 
     def layout(self):
         if self.peek() == "Sw":
@@ -97,8 +109,8 @@ def parse_int_tuple(text: str, leaf=None):
 def parse_layout(text: str, leaf=None):
     """Parse a layout (or a swizzled ``Sw<b,m,s> o offset o layout``) from CuTe notation.
 
-    >>> parse_layout("((2,4),8):((1,16),2)")
-    ((2,4),8):((1,16),2)
+    >>> parse_layout("((2,4),8):((1,16),2)"), parse_layout("(4,8):(1@0,1@1)")(5)
+    (((2,4),8):((1,16),2), (1, 1))
     """
     p = _Parser(text, leaf)
     return p.done(p.layout())
