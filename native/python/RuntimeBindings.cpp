@@ -1,12 +1,13 @@
 //===- RuntimeBindings.cpp - Python bindings of the CUDA launcher ---------===//
 //
 // The `runtime` submodule: driver queries, Module/Function loading and the
-// kernel launch path, plus a DeviceBuffer for torch-free tests.
+// kernel launch path, TensorMap (TMA descriptors passed by value), plus a
+// DeviceBuffer for torch-free tests.
 //
 // Launch arguments are validated and packed completely before the driver is
 // touched, so bad arguments raise the same errors with or without a GPU. The
-// success path does no heap allocation (up to kInlineParams parameters) and
-// no string formatting.
+// success path does no heap allocation (up to kInlineParams parameters that
+// fit in kInlineArena bytes) and no string formatting.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,6 +16,7 @@
 
 #include <nanobind/stl/string.h>
 
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +27,7 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 using fly::runtime::CUstream;
+using fly::runtime::CUtensorMap;
 using fly::runtime::DeviceBuffer;
 using fly::runtime::DriverError;
 using fly::runtime::Function;
@@ -32,8 +35,27 @@ using fly::runtime::Module;
 
 namespace {
 
-/// Kernel parameters packed without touching the heap.
+/// Kernel parameters packed without touching the heap: at most this many,
+/// taking at most kInlineArena bytes (32 scalars and 4 tensor maps fit).
 constexpr size_t kInlineParams = 32;
+constexpr size_t kInlineArena = 1024;
+
+/// A tensor map is passed by value: 128 bytes, 64-byte aligned (the PTX
+/// `.param .align 64 .b8 p[128]` of a __grid_constant__ CUtensorMap).
+constexpr size_t kTensorMapBytes = sizeof(CUtensorMap);
+constexpr size_t kTensorMapAlign = alignof(CUtensorMap);
+/// Every other kind takes one 8-byte slot.
+constexpr size_t kSlotBytes = 8;
+
+/// Python-side TensorMap: the encoded descriptor plus what made it (for repr),
+/// and the tensor it describes, kept alive as long as the map.
+struct PyTensorMap {
+  CUtensorMap map;
+  int dataType = -1; // -1: from_bytes
+  unsigned rank = 0;
+  uint64_t globalAddress = 0;
+  nb::object owner;
+};
 
 /// The CudaError type (a RuntimeError subclass); owned for the process.
 PyObject *cudaErrorType = nullptr;
@@ -62,6 +84,8 @@ const char *kindName(char code) {
     return "float32";
   case 'd':
     return "float64";
+  case 'm':
+    return "TensorMap";
   default:
     return "?";
   }
@@ -247,14 +271,28 @@ struct LaunchArgs {
   unsigned sharedBytes = 0;
   CUstream stream = nullptr;
   size_t numParams = 0;
-  void **params = nullptr;
-  uint64_t *slots = nullptr;
+  void **params = nullptr;   // params[i] points into arena
+  unsigned char *arena = nullptr;
+  size_t arenaBytes = 0;     // bytes of arena in use, padding included
 
-  uint64_t inlineSlots[kInlineParams];
+  alignas(kTensorMapAlign) unsigned char inlineArena[kInlineArena];
   void *inlineParams[kInlineParams];
-  std::vector<uint64_t> heapSlots; // only for more than kInlineParams
+  // Only past kInlineParams parameters or kInlineArena bytes.
+  std::unique_ptr<unsigned char[]> heapArena;
   std::vector<void *> heapParams;
 };
+
+/// Size and alignment of one parameter of signature code `code`.
+inline size_t slotBytes(char code) { return code == 'm' ? kTensorMapBytes : kSlotBytes; }
+inline size_t slotAlign(char code) { return code == 'm' ? kTensorMapAlign : kSlotBytes; }
+inline size_t alignUp(size_t offset, size_t align) { return (offset + align - 1) & ~(align - 1); }
+
+void packTensorMap(size_t index, PyObject *obj, unsigned char *slot) {
+  if (!nb::isinstance<PyTensorMap>(obj))
+    raise(PyExc_TypeError, "argument %zu: expected TensorMap, got %.200s", index,
+          Py_TYPE(obj)->tp_name);
+  std::memcpy(slot, &nb::inst_ptr<PyTensorMap>(obj)->map, kTensorMapBytes);
+}
 
 /// Parses an int or a tuple/list of 1 to 3 positive ints (missing dims are 1).
 void parseDims(PyObject *obj, const char *what, unsigned out[3]) {
@@ -361,23 +399,34 @@ void prepareLaunch(const char *name, PyObject *grid, PyObject *block, PyObject *
           sigLen, sig, n);
 
   out.numParams = size_t(n);
-  if (out.numParams <= kInlineParams) {
-    out.slots = out.inlineSlots;
+  // Lay out the slots first (a bad code is reported below; it takes 8 bytes).
+  size_t total = 0;
+  for (size_t i = 0; i < out.numParams; ++i)
+    total = alignUp(total, slotAlign(sig[i])) + slotBytes(sig[i]);
+  out.arenaBytes = total;
+  if (out.numParams <= kInlineParams && total <= kInlineArena) {
+    out.arena = out.inlineArena;
     out.params = out.inlineParams;
   } else {
-    out.heapSlots.resize(out.numParams);
+    // Over-allocate so the arena can start on a kTensorMapAlign boundary.
+    out.heapArena.reset(new unsigned char[total + kTensorMapAlign]);
+    out.arena = reinterpret_cast<unsigned char *>(
+        alignUp(reinterpret_cast<uintptr_t>(out.heapArena.get()), kTensorMapAlign));
     out.heapParams.resize(out.numParams);
-    out.slots = out.heapSlots.data();
     out.params = out.heapParams.data();
   }
 
   PyObject **items = PySequence_Fast_ITEMS(args);
+  size_t offset = 0;
   for (size_t i = 0; i < out.numParams; ++i) {
-    uint64_t *slot = &out.slots[i];
-    *slot = 0; // narrower kinds leave the upper bytes defined
-    out.params[i] = slot;
     PyObject *obj = items[i];
     char code = sig[i];
+    size_t start = alignUp(offset, slotAlign(code));
+    // Zero padding and slot, so narrower kinds leave the upper bytes defined.
+    std::memset(out.arena + offset, 0, start - offset + kSlotBytes);
+    offset = start + slotBytes(code);
+    out.params[i] = out.arena + start;
+    uint64_t *slot = reinterpret_cast<uint64_t *>(out.arena + start);
     switch (code) {
     case 'p':
       packPointer(i, obj, slot);
@@ -392,10 +441,13 @@ void prepareLaunch(const char *name, PyObject *grid, PyObject *block, PyObject *
     case 'd':
       packFloat(i, code, obj, slot);
       break;
+    case 'm':
+      packTensorMap(i, obj, out.arena + start);
+      break;
     default:
       raise(PyExc_ValueError,
             "signature '%s' has invalid code '%c' at position %zu (expected one of "
-            "p, i, I, l, L, f, d)",
+            "p, i, I, l, L, f, d, m)",
             sig, code, i);
     }
   }
@@ -466,8 +518,187 @@ nb::dict validateLaunch(nb::handle grid, nb::handle block, nb::handle signature,
   d["cluster"] = la.hasCluster ? nb::object(dimsTuple(la.cluster)) : nb::none();
   d["shared_mem"] = la.sharedBytes;
   d["stream"] = uint64_t(reinterpret_cast<uintptr_t>(la.stream));
-  d["params"] = nb::bytes(reinterpret_cast<const char *>(la.slots), la.numParams * 8);
+  d["params"] = nb::bytes(reinterpret_cast<const char *>(la.arena), la.arenaBytes);
+  const char *sig = PyUnicode_AsUTF8(signature.ptr()); // checked by prepareLaunch
+  nb::list offsets;
+  bool aligned = reinterpret_cast<uintptr_t>(la.arena) % kTensorMapAlign == 0;
+  for (size_t i = 0; i < la.numParams; ++i) {
+    auto *p = static_cast<unsigned char *>(la.params[i]);
+    offsets.append(size_t(p - la.arena));
+    aligned = aligned && reinterpret_cast<uintptr_t>(p) % slotAlign(sig[i]) == 0;
+  }
+  d["offsets"] = nb::tuple(offsets);
+  d["aligned"] = aligned;
+  d["inline"] = la.arena == la.inlineArena;
   return d;
+}
+
+//===----------------------------------------------------------------------===//
+// TensorMap.
+//===----------------------------------------------------------------------===//
+
+struct DtypeName {
+  const char *name;
+  int type;
+};
+
+// fp8 (and int8) data moves as bytes: TMA only copies, so u8 describes it.
+constexpr DtypeName kDtypes[] = {
+    {"u8", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"u16", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT16},
+    {"u32", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT32},
+    {"i32", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_INT32},
+    {"u64", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT64},
+    {"i64", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_INT64},
+    {"f16", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_FLOAT16},
+    {"f32", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_FLOAT32},
+    {"f64", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_FLOAT64},
+    {"bf16", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16},
+    {"f32_ftz", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ},
+    {"tf32", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_TFLOAT32},
+    {"tf32_ftz", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ},
+    // Aliases (torch/numpy spellings and the byte-moved types).
+    {"uint8", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"uint16", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT16},
+    {"uint32", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT32},
+    {"int32", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_INT32},
+    {"uint64", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT64},
+    {"int64", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_INT64},
+    {"float16", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_FLOAT16},
+    {"float32", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_FLOAT32},
+    {"float64", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_FLOAT64},
+    {"bfloat16", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16},
+    {"i8", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"int8", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"f8e4m3", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"f8e4m3fn", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"f8e4m3fnuz", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"f8e5m2", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"f8e5m2fnuz", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"float8_e4m3fn", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"float8_e4m3fnuz", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"float8_e5m2", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+    {"float8_e5m2fnuz", fly::runtime::CU_TENSOR_MAP_DATA_TYPE_UINT8},
+};
+
+int parseDtype(const std::string &name) {
+  for (const DtypeName &d : kDtypes)
+    if (name == d.name)
+      return d.type;
+  throw std::invalid_argument("dtype: unknown '" + name +
+                              "' (expected u8, u16, u32, i32, u64, i64, f16, f32, f64, bf16, "
+                              "f32_ftz, tf32, or an fp8 name such as f8e4m3)");
+}
+
+const char *dtypeName(int type) {
+  for (const DtypeName &d : kDtypes)
+    if (d.type == type)
+      return d.name; // the first entry of each type is its short name
+  return "?";
+}
+
+/// Parses a sequence of non-negative ints no larger than `max` into `out`;
+/// returns its length. Errors name the argument (`what[i]`).
+template <typename T, size_t N>
+size_t parseUIntList(nb::handle obj, const char *what, std::array<T, N> &out, uint64_t max) {
+  if (!PySequence_Check(obj.ptr()) || PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()))
+    raise(PyExc_TypeError, "%s: expected a sequence of ints, got %.200s", what,
+          Py_TYPE(obj.ptr())->tp_name);
+  nb::object seq = nb::steal(PySequence_Fast(obj.ptr(), what));
+  if (!seq.is_valid())
+    raisePending();
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  if (size_t(n) > N)
+    raise(PyExc_ValueError, "%s: at most %zu entries (rank <= 5), got %zd", what, N, n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *item = PySequence_Fast_GET_ITEM(seq.ptr(), i);
+    nb::object v = nb::steal(asPyLong(item));
+    if (!v.is_valid() || PyBool_Check(item))
+      raise(PyExc_TypeError, "%s[%zd]: expected an int, got %.200s", what, i,
+            Py_TYPE(item)->tp_name);
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (x == -1 && PyErr_Occurred())
+      raisePending();
+    if (overflow || x < 0 || uint64_t(x) > max)
+      raise(PyExc_ValueError, "%s[%zd]: out of range, got %R", what, i, item);
+    out[size_t(i)] = T(x);
+  }
+  return size_t(n);
+}
+
+/// Maps a byte count to its enum value (the position of `bytes` in `choices`).
+int parseChoice(nb::handle obj, const char *what, const long long *choices, int count,
+                const char *expected) {
+  nb::object v = nb::steal(asPyLong(obj.ptr()));
+  if (!v.is_valid() || PyBool_Check(obj.ptr()))
+    raise(PyExc_TypeError, "%s: expected an int (%s), got %.200s", what, expected,
+          Py_TYPE(obj.ptr())->tp_name);
+  long long x = PyLong_AsLongLong(v.ptr());
+  if (x == -1 && PyErr_Occurred())
+    PyErr_Clear();
+  for (int i = 0; i < count; ++i)
+    if (x == choices[i])
+      return i;
+  raise(PyExc_ValueError, "%s: expected %s, got %R", what, expected, obj.ptr());
+}
+
+PyTensorMap encodeTiled(const std::string &dtype, nb::handle globalAddress, nb::handle dims, nb::handle stridesBytes, nb::handle box,
+                        nb::handle elementStrides, nb::handle swizzle, nb::handle interleave,
+                        nb::handle l2Promotion, bool oobFillNan) {
+  fly::runtime::TiledTensorMapSpec spec;
+  spec.dataType = parseDtype(dtype);
+
+  // The address: an int or anything a 'p' launch argument accepts.
+  uint64_t address = 0;
+  try {
+    packPointer(0, globalAddress.ptr(), &address);
+  } catch (nb::python_error &) {
+    if (PyLong_Check(globalAddress.ptr()))
+      raise(PyExc_ValueError, "global_address: must be a non-negative 64-bit int, got %R",
+            globalAddress.ptr());
+    raise(PyExc_TypeError,
+          "global_address: expected a non-negative int or a tensor-like (data_ptr(), "
+          "__cuda_array_interface__, DeviceBuffer), got %.200s",
+          Py_TYPE(globalAddress.ptr())->tp_name);
+  }
+  spec.globalAddress = address;
+
+  spec.rank = unsigned(parseUIntList(dims, "dims", spec.dims, UINT64_MAX));
+  if (spec.rank < 1)
+    throw std::invalid_argument("dims: rank must be 1 to 5, got 0");
+  size_t nStrides = parseUIntList(stridesBytes, "strides_bytes", spec.strides, UINT64_MAX);
+  if (nStrides != spec.rank - 1)
+    throw std::invalid_argument("strides_bytes: expected rank - 1 = " +
+                                std::to_string(spec.rank - 1) + " entries (strides of dims 1..), " +
+                                "got " + std::to_string(nStrides));
+  size_t nBox = parseUIntList(box, "box", spec.box, UINT32_MAX);
+  if (nBox != spec.rank)
+    throw std::invalid_argument("box: expected " + std::to_string(spec.rank) + " entries, got " +
+                                std::to_string(nBox));
+  if (elementStrides.is_none()) {
+    spec.elementStrides.fill(1);
+  } else {
+    size_t nElem = parseUIntList(elementStrides, "element_strides", spec.elementStrides, UINT32_MAX);
+    if (nElem != spec.rank)
+      throw std::invalid_argument("element_strides: expected " + std::to_string(spec.rank) +
+                                  " entries, got " + std::to_string(nElem));
+  }
+
+  static const long long swizzles[] = {0, 32, 64, 128};
+  static const long long interleaves[] = {0, 16, 32};
+  static const long long promotions[] = {0, 64, 128, 256};
+  spec.swizzle = parseChoice(swizzle, "swizzle", swizzles, 4, "0, 32, 64 or 128 (bytes)");
+  spec.interleave = parseChoice(interleave, "interleave", interleaves, 3, "0, 16 or 32 (bytes)");
+  spec.l2Promotion =
+      parseChoice(l2Promotion, "l2_promotion", promotions, 4, "0, 64, 128 or 256 (bytes)");
+  spec.oobFill = oobFillNan ? fly::runtime::CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA
+                            : fly::runtime::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE;
+
+  CUtensorMap map = fly::runtime::encodeTiled(spec); // validates first, then the driver
+  // Keep a tensor-like alive as long as the map that points into it.
+  nb::object owner = PyLong_Check(globalAddress.ptr()) ? nb::object() : nb::borrow(globalAddress);
+  return PyTensorMap{map, spec.dataType, spec.rank, spec.globalAddress, std::move(owner)};
 }
 
 void translateDriverError(const std::exception_ptr &p, void *) {
@@ -527,8 +758,9 @@ void flyBindRuntime(nb::module_ &m) {
          "signature"_a.none(), "args"_a.none(), "shared_mem"_a.none() = 0, "stream"_a.none() = 0,
          "cluster"_a.none() = nb::none(), "name"_a = "kernel",
          "Runs Function.launch's validation and packing only (no driver needed); returns a "
-         "dict with grid, block, cluster, shared_mem, stream and params (8 bytes per "
-         "argument).");
+         "dict with grid, block, cluster, shared_mem, stream, params (the packed bytes: 8 per "
+         "argument, 128 at a 64-byte boundary for 'm'), offsets (of each argument in params), "
+         "aligned (every argument's address suitably aligned) and inline (no heap used).");
 
   nb::class_<Function>(rt, "Function", "A kernel of a Module; keeps the Module alive.")
       .def_prop_ro("name", &Function::name)
@@ -544,7 +776,8 @@ void flyBindRuntime(nb::module_ &m) {
            "cluster"_a.none() = nb::none(),
            "Launches the kernel. signature has one code per parameter: p pointer (int, "
            "DeviceBuffer, data_ptr(), __cuda_array_interface__), i int32, I uint32, l int64, "
-           "L uint64, f float32, d float64.")
+           "L uint64, f float32, d float64, m TensorMap (128 bytes by value, for "
+           "__grid_constant__ CUtensorMap parameters).")
       .def("__repr__", [](const Function &f) { return "<runtime.Function '" + f.name() + "'>"; });
 
   nb::class_<PyModule>(rt, "Module", "A CUDA module loaded from PTX text or cubin/fatbin bytes.")
@@ -557,6 +790,53 @@ void flyBindRuntime(nb::module_ &m) {
           [](PyModule &self, const std::string &name) { return self.impl->getFunction(name); },
           "name"_a)
       .def_prop_ro("info_log", [](const PyModule &self) { return self.impl->infoLog(); });
+
+  nb::class_<PyTensorMap>(rt, "TensorMap",
+                         "A TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), passed to "
+                         "kernels by value with signature code 'm'.")
+      .def_static("encode_tiled", &encodeTiled, "dtype"_a, "global_address"_a, "dims"_a,
+                  "strides_bytes"_a, "box"_a, "element_strides"_a.none() = nb::none(),
+                  "swizzle"_a = 0, "interleave"_a = 0, "l2_promotion"_a = 0,
+                  "oob_fill_nan"_a = false,
+                  "cuTensorMapEncodeTiled. dims and box are in elements, innermost first; "
+                  "strides_bytes has the byte strides of dims 1.. (rank - 1 entries); swizzle, "
+                  "interleave and l2_promotion are in bytes (0 = none). global_address is an int "
+                  "or a tensor-like (kept alive by the map). Arguments are checked before the "
+                  "driver is called (ValueError naming the argument).")
+      .def_static(
+          "from_bytes",
+          [](nb::handle data) {
+            BufferView view(data.ptr());
+            if (view.size() != kTensorMapBytes)
+              throw std::invalid_argument("TensorMap.from_bytes: expected 128 bytes, got " +
+                                          std::to_string(view.size()));
+            PyTensorMap t{};
+            std::memcpy(&t.map, view.data(), kTensorMapBytes);
+            return t;
+          },
+          "data"_a,
+          "A TensorMap holding 128 given bytes, for tests and for descriptors encoded "
+          "elsewhere (e.g. by cuda.bindings); nothing is checked.")
+      .def("bytes",
+           [](const PyTensorMap &t) {
+             return nb::bytes(reinterpret_cast<const char *>(&t.map), kTensorMapBytes);
+           })
+      .def_prop_ro("global_address", [](const PyTensorMap &t) { return t.globalAddress; })
+      .def_prop_ro("rank", [](const PyTensorMap &t) { return t.rank; })
+      .def_prop_ro("dtype",
+                   [](const PyTensorMap &t) -> nb::object {
+                     if (t.dataType < 0)
+                       return nb::none();
+                     return nb::str(dtypeName(t.dataType));
+                   })
+      .def("__repr__", [](const PyTensorMap &t) {
+        if (t.dataType < 0)
+          return std::string("<runtime.TensorMap from bytes>");
+        char buf[128];
+        std::snprintf(buf, sizeof(buf), "<runtime.TensorMap %s rank=%u global_address=0x%llx>",
+                      dtypeName(t.dataType), t.rank, (unsigned long long)t.globalAddress);
+        return std::string(buf);
+      });
 
   nb::class_<DeviceBuffer>(rt, "DeviceBuffer", "Device memory from cuMemAlloc (freed on GC).")
       .def(

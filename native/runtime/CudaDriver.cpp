@@ -75,6 +75,7 @@ void loadLibraryOnce(DriverState &s) {
   resolve(a.cuMemcpyHtoD, "cuMemcpyHtoD_v2");
   resolve(a.cuMemcpyDtoH, "cuMemcpyDtoH_v2");
   resolve(a.cuMemsetD8, "cuMemsetD8_v2");
+  resolve(a.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled", /*required=*/false);
 
   if (!missing.empty()) {
     // Too old or a broken stub: behave as if there were no driver at all.
@@ -448,6 +449,129 @@ void DeviceBuffer::memset(unsigned char value) {
   const DriverApi &a = driver();
   ensureContext();
   check(a.cuMemsetD8(ptr_, value, size_), "cuMemsetD8");
+}
+
+//===----------------------------------------------------------------------===//
+// Tensor maps.
+//===----------------------------------------------------------------------===//
+
+unsigned tensorMapElementBytes(int dataType) {
+  switch (dataType) {
+  case CU_TENSOR_MAP_DATA_TYPE_UINT8:
+    return 1;
+  case CU_TENSOR_MAP_DATA_TYPE_UINT16:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+  case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
+    return 2;
+  case CU_TENSOR_MAP_DATA_TYPE_UINT32:
+  case CU_TENSOR_MAP_DATA_TYPE_INT32:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT32:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ:
+  case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32:
+  case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ:
+    return 4;
+  case CU_TENSOR_MAP_DATA_TYPE_UINT64:
+  case CU_TENSOR_MAP_DATA_TYPE_INT64:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT64:
+    return 8;
+  default:
+    return 0;
+  }
+}
+
+static bool isFloatType(int dataType) {
+  return dataType >= CU_TENSOR_MAP_DATA_TYPE_FLOAT16 &&
+         dataType <= CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ;
+}
+
+[[noreturn]] static void invalid(const std::string &msg) { throw std::invalid_argument(msg); }
+
+static std::string indexed(const char *name, unsigned i) {
+  return std::string(name) + "[" + std::to_string(i) + "]";
+}
+
+void validateTiled(const TiledTensorMapSpec &spec) {
+  const unsigned elem = tensorMapElementBytes(spec.dataType);
+  if (!elem)
+    invalid("dtype: unknown CUtensorMapDataType " + std::to_string(spec.dataType));
+  if (spec.interleave < CU_TENSOR_MAP_INTERLEAVE_NONE ||
+      spec.interleave > CU_TENSOR_MAP_INTERLEAVE_32B)
+    invalid("interleave: unknown CUtensorMapInterleave " + std::to_string(spec.interleave));
+  if (spec.swizzle < CU_TENSOR_MAP_SWIZZLE_NONE || spec.swizzle > CU_TENSOR_MAP_SWIZZLE_128B)
+    invalid("swizzle: unknown CUtensorMapSwizzle " + std::to_string(spec.swizzle));
+  if (spec.l2Promotion < CU_TENSOR_MAP_L2_PROMOTION_NONE ||
+      spec.l2Promotion > CU_TENSOR_MAP_L2_PROMOTION_L2_256B)
+    invalid("l2_promotion: unknown CUtensorMapL2promotion " + std::to_string(spec.l2Promotion));
+  if (spec.oobFill == CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA &&
+      !isFloatType(spec.dataType))
+    invalid("oob_fill_nan: NaN fill needs a floating-point dtype");
+
+  const bool interleaved = spec.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE;
+  if (spec.rank < 1 || spec.rank > kMaxTensorRank)
+    invalid("dims: rank must be 1 to 5, got " + std::to_string(spec.rank));
+  if (interleaved && spec.rank < 3)
+    invalid("dims: an interleaved layout needs rank >= 3, got " + std::to_string(spec.rank));
+  if (spec.interleave == CU_TENSOR_MAP_INTERLEAVE_32B && spec.swizzle != CU_TENSOR_MAP_SWIZZLE_32B)
+    invalid("swizzle: interleave=32 needs swizzle=32");
+
+  const uint64_t addressAlign = spec.interleave == CU_TENSOR_MAP_INTERLEAVE_32B ? 32 : 16;
+  if (spec.globalAddress % addressAlign)
+    invalid("global_address: must be " + std::to_string(addressAlign) + "-byte aligned, got " +
+            std::to_string(spec.globalAddress));
+
+  for (unsigned i = 0; i < spec.rank; ++i)
+    if (spec.dims[i] == 0 || spec.dims[i] > (uint64_t(1) << 32))
+      invalid(indexed("dims", i) + ": must be in 1..2^32, got " + std::to_string(spec.dims[i]));
+
+  const uint64_t strideAlign = spec.interleave == CU_TENSOR_MAP_INTERLEAVE_32B ? 32 : 16;
+  for (unsigned i = 0; i + 1 < spec.rank; ++i) {
+    uint64_t s = spec.strides[i];
+    if (s % strideAlign)
+      invalid(indexed("strides_bytes", i) + ": must be a multiple of " +
+              std::to_string(strideAlign) + " bytes, got " + std::to_string(s));
+    if (s >= (uint64_t(1) << 40))
+      invalid(indexed("strides_bytes", i) + ": must be < 2^40, got " + std::to_string(s));
+  }
+
+  for (unsigned i = 0; i < spec.rank; ++i)
+    if (spec.box[i] < 1 || spec.box[i] > 256)
+      invalid(indexed("box", i) + ": must be in 1..256, got " + std::to_string(spec.box[i]));
+  const uint64_t innerBytes = uint64_t(spec.box[0]) * elem;
+  if (!interleaved) {
+    if (innerBytes % 16)
+      invalid("box[0]: the inner box (" + std::to_string(innerBytes) +
+              " bytes) must be a multiple of 16 bytes");
+    if (spec.swizzle != CU_TENSOR_MAP_SWIZZLE_NONE) {
+      const uint64_t span = uint64_t(16) << spec.swizzle; // 32, 64, 128
+      if (innerBytes > span)
+        invalid("box[0]: the inner box (" + std::to_string(innerBytes) +
+                " bytes) exceeds the swizzle span of " + std::to_string(span) + " bytes");
+    }
+  }
+
+  for (unsigned i = 0; i < spec.rank; ++i)
+    if (spec.elementStrides[i] < 1 || spec.elementStrides[i] > 8)
+      invalid(indexed("element_strides", i) + ": must be in 1..8, got " +
+              std::to_string(spec.elementStrides[i]));
+}
+
+CUtensorMap encodeTiled(const TiledTensorMapSpec &spec) {
+  validateTiled(spec);
+  const DriverApi &a = driver();
+  if (!a.cuTensorMapEncodeTiled)
+    throwDriverError("cuTensorMapEncodeTiled", CUDA_ERROR_NOT_FOUND,
+                     "the installed driver has no cuTensorMapEncodeTiled (needs CUDA >= 12.0)");
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof(map));
+  CUresult r = withContextRetry([&] {
+    return a.cuTensorMapEncodeTiled(
+        &map, spec.dataType, spec.rank, reinterpret_cast<void *>(uintptr_t(spec.globalAddress)),
+        spec.dims.data(), spec.strides.data(), spec.box.data(), spec.elementStrides.data(),
+        spec.interleave, spec.swizzle, spec.l2Promotion, spec.oobFill);
+  });
+  if (r != CUDA_SUCCESS)
+    throwDriverError("cuTensorMapEncodeTiled", r, "rejected the tensor map arguments");
+  return map;
 }
 
 } // namespace fly::runtime

@@ -13,6 +13,7 @@
 #ifndef FLY_RUNTIME_CUDADRIVER_H
 #define FLY_RUNTIME_CUDADRIVER_H
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -92,6 +93,59 @@ struct CUlaunchAttribute {
 };
 static_assert(sizeof(CUlaunchAttribute) == 72, "must match cuda.h");
 
+// CUtensorMapDataType
+enum : int {
+  CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0,
+  CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1,
+  CU_TENSOR_MAP_DATA_TYPE_UINT32 = 2,
+  CU_TENSOR_MAP_DATA_TYPE_INT32 = 3,
+  CU_TENSOR_MAP_DATA_TYPE_UINT64 = 4,
+  CU_TENSOR_MAP_DATA_TYPE_INT64 = 5,
+  CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6,
+  CU_TENSOR_MAP_DATA_TYPE_FLOAT32 = 7,
+  CU_TENSOR_MAP_DATA_TYPE_FLOAT64 = 8,
+  CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9,
+  CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ = 10,
+  CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 = 11,
+  CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ = 12,
+};
+
+// CUtensorMapInterleave
+enum : int {
+  CU_TENSOR_MAP_INTERLEAVE_NONE = 0,
+  CU_TENSOR_MAP_INTERLEAVE_16B = 1,
+  CU_TENSOR_MAP_INTERLEAVE_32B = 2,
+};
+
+// CUtensorMapSwizzle
+enum : int {
+  CU_TENSOR_MAP_SWIZZLE_NONE = 0,
+  CU_TENSOR_MAP_SWIZZLE_32B = 1,
+  CU_TENSOR_MAP_SWIZZLE_64B = 2,
+  CU_TENSOR_MAP_SWIZZLE_128B = 3,
+};
+
+// CUtensorMapL2promotion
+enum : int {
+  CU_TENSOR_MAP_L2_PROMOTION_NONE = 0,
+  CU_TENSOR_MAP_L2_PROMOTION_L2_64B = 1,
+  CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2,
+  CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3,
+};
+
+// CUtensorMapFloatOOBfill
+enum : int {
+  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0,
+  CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA = 1,
+};
+
+/// The opaque TMA descriptor. cuda.h asks for 64-byte alignment (newer headers
+/// say 128; the driver and the PTX .param both need 64).
+struct alignas(64) CUtensorMap {
+  uint64_t opaque[16];
+};
+static_assert(sizeof(CUtensorMap) == 128, "must match cuda.h");
+
 struct CUlaunchConfig {
   unsigned gridDimX, gridDimY, gridDimZ;
   unsigned blockDimX, blockDimY, blockDimZ;
@@ -169,6 +223,10 @@ struct DriverApi {
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
   CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
   CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+  // Optional (CUDA >= 12.0); null when the driver lacks it.
+  CUresult (*cuTensorMapEncodeTiled)(CUtensorMap *, int, unsigned, void *, const uint64_t *,
+                                     const uint64_t *, const unsigned *, const unsigned *, int,
+                                     int, int, int);
 };
 
 /// The loaded entry points. Loads libcuda.so.1 and runs cuInit(0) on first
@@ -298,6 +356,40 @@ private:
   CUdeviceptr ptr_ = 0;
   size_t size_ = 0;
 };
+
+//===----------------------------------------------------------------------===//
+// Tensor maps (TMA descriptors).
+//===----------------------------------------------------------------------===//
+
+constexpr unsigned kMaxTensorRank = 5;
+
+/// Arguments of cuTensorMapEncodeTiled, with the enums as cuda.h numbers.
+struct TiledTensorMapSpec {
+  int dataType = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  unsigned rank = 0;
+  uint64_t globalAddress = 0;
+  std::array<uint64_t, kMaxTensorRank> dims{};
+  std::array<uint64_t, kMaxTensorRank - 1> strides{}; // bytes, of dims 1..rank-1
+  std::array<unsigned, kMaxTensorRank> box{};
+  std::array<unsigned, kMaxTensorRank> elementStrides{};
+  int interleave = CU_TENSOR_MAP_INTERLEAVE_NONE;
+  int swizzle = CU_TENSOR_MAP_SWIZZLE_NONE;
+  int l2Promotion = CU_TENSOR_MAP_L2_PROMOTION_NONE;
+  int oobFill = CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE;
+};
+
+/// Bytes per element of a CUtensorMapDataType (0 when unknown).
+unsigned tensorMapElementBytes(int dataType);
+
+/// Checks `spec` against cuTensorMapEncodeTiled's documented requirements so
+/// mistakes fail the same way with or without a driver. Throws
+/// std::invalid_argument whose message starts with the offending argument's
+/// name (dims, strides_bytes, box, element_strides, global_address, ...).
+void validateTiled(const TiledTensorMapSpec &spec);
+
+/// validateTiled, then cuTensorMapEncodeTiled. Throws DriverError when the
+/// driver lacks the call or rejects the arguments.
+CUtensorMap encodeTiled(const TiledTensorMapSpec &spec);
 
 } // namespace fly::runtime
 
