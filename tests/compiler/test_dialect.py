@@ -58,8 +58,8 @@ def test_generated_op_builders_build_fly_ops():
         module = ir.Module.create()
         layout_type = ir.Type.parse("!fly.layout<(4,8):(8,1)>")
         with ir.InsertionPoint(module.body):
-            layout = fly.MakeLayoutOp(layout_type).result
-            size = fly.SizeOp(ir.IndexType.get(), layout).result
+            layout = fly.MakeLayoutOp(layout_type, []).result
+            size = fly.SizeOp(layout).result
             assert isinstance(size.type, ir.IndexType)
         assert module.operation.verify()
         assert "fly.size" in str(module)
@@ -69,8 +69,14 @@ def _leaves(tuple_):
     return [tuple_] if isinstance(tuple_, int) else [leaf for mode in tuple_ for leaf in _leaves(mode)]
 
 
-def _cute(tuple_) -> str:
-    return str(tuple_) if isinstance(tuple_, int) else "(" + ",".join(_cute(m) for m in tuple_) + ")"
+def _cute(tuple_, dynamic=frozenset(), counter=None) -> str:
+    """CuTe notation; leaves whose flattened position is in ``dynamic`` print as ``?``."""
+    counter = counter if counter is not None else [0]
+    if isinstance(tuple_, int):
+        position = counter[0]
+        counter[0] += 1
+        return "?" if position in dynamic else str(tuple_)
+    return "(" + ",".join(_cute(m, dynamic, counter) for m in tuple_) + ")"
 
 
 # Nested shapes with small extents (size-1 modes included) and strides that may be 0, negative or huge.
@@ -92,15 +98,24 @@ def _layout_and_index(draw):
     size = 1
     for extent in _leaves(shape):
         size *= extent
-    return shape, stride, draw(st.integers(0, size - 1))
+    count = len(_leaves(shape))
+    # Some leaves dynamic: their values reach the lowering as fly.make_layout operands.
+    dynamic_shape = frozenset(draw(st.sets(st.integers(0, count - 1))))
+    dynamic_stride = frozenset(draw(st.sets(st.integers(0, count - 1))))
+    return shape, stride, draw(st.integers(0, size - 1)), dynamic_shape, dynamic_stride
 
 
-def _fold_crd2idx(shape, stride, index: int) -> int:
-    text = _cute(shape) + ":" + _cute(stride)
+def _fold_crd2idx(shape, stride, index: int, dynamic_shape=frozenset(), dynamic_stride=frozenset()) -> int:
+    text = _cute(shape, dynamic_shape) + ":" + _cute(stride, dynamic_stride)
+    operands = [v for k, v in enumerate(_leaves(shape)) if k in dynamic_shape]
+    operands += [v for k, v in enumerate(_leaves(stride)) if k in dynamic_stride]
+    constants = "\n".join(f"%d{k} = arith.constant {v} : index" for k, v in enumerate(operands))
+    names = ", ".join(f"%d{k}" for k in range(len(operands)))
     source = f"""
     func.func @f() -> index {{
       %i = arith.constant {index} : index
-      %l = fly.make_layout : !fly.layout<{text}>
+      {constants}
+      %l = fly.make_layout{f"({names})" if operands else ""} : !fly.layout<{text}>
       %o = fly.crd2idx(%i), %l : !fly.layout<{text}>
       return %o : index
     }}"""
@@ -112,11 +127,11 @@ def _fold_crd2idx(shape, stride, index: int) -> int:
         return ir.IntegerAttr(returned.owner.attributes["value"]).value
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(_layout_and_index())
-def test_lowered_crd2idx_matches_flydsl_layout(case):
-    shape, stride, index = case
+def test_lowered_crd2idx_matches_flydsl_layout_with_static_and_dynamic_leaves(case):
+    shape, stride, index, dynamic_shape, dynamic_stride = case
     expected = Layout(shape, stride)(index)
     # The IR computes in 64-bit two's complement index arithmetic.
     wrapped = (expected + 2**63) % 2**64 - 2**63
-    assert _fold_crd2idx(shape, stride, index) == wrapped
+    assert _fold_crd2idx(shape, stride, index, dynamic_shape, dynamic_stride) == wrapped

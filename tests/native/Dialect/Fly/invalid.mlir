@@ -1,5 +1,5 @@
 // RUN: %not %fly-opt %s --split 2>&1 | FileCheck %s
-// One case per verifier message; each case is parsed on its own (--split).
+// One case per verifier and parser message; each case is parsed on its own (--split).
 
 // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: layout shape (4,8) and stride (1,(4,2)) must be congruent (same nesting)
 func.func @not_congruent(%l: !fly.layout<(4,8):(1,(4,2))>) { return }
@@ -11,9 +11,78 @@ func.func @zero_extent(%l: !fly.layout<(4,0):(1,4)>) { return }
 
 // -----
 
-func.func @dynamic_make_layout() {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.make_layout' op expects a static layout; got '!fly.layout<(?,8):(8,1)>' (dynamic leaves are not supported by this op yet)
-  %l = fly.make_layout : !fly.layout<(?,8):(8,1)>
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: divisibility must be >= 1, got 0
+func.func @zero_divisibility(%l: !fly.layout<?{div=0}:1>) { return }
+
+// -----
+
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: divisibility must be >= 1, got -4
+func.func @dyn_attr() attributes {x = #fly.dyn<-4>} { return }
+
+// -----
+
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: swizzle bits and base must be >= 0, got <-1,4,3>
+func.func @swizzle_negative() attributes {x = #fly.swizzle<-1, 4, 3>} { return }
+
+// -----
+
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: swizzle |shift| must be >= bits so that the masks do not overlap, got <3,4,2>
+func.func @swizzle_overlap(%l: !fly.composed_layout<Sw<3,4,2> o 0 o 8:1>) { return }
+
+// -----
+
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: swizzle reaches past bit 62: <20,20,30>
+func.func @swizzle_wide() attributes {x = #fly.swizzle<20, 20, 30>} { return }
+
+// -----
+
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: unknown address space 'texture'; expected generic, global, shared or register
+func.func @bad_space(%p: !fly.ptr<f16, texture, 16>) { return }
+
+// -----
+
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: pointer alignment must be a power of two >= 1 bytes, got 12
+func.func @bad_alignment(%p: !fly.ptr<f16, global, 12>) { return }
+
+// -----
+
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: pointer element type must be an integer, float or vector type, got '!fly.layout<4:1>'
+func.func @bad_element(%p: !fly.ptr<!fly.layout<4:1>, global, 16>) { return }
+
+// -----
+
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: tensor layout must be !fly.layout or !fly.composed_layout, got 'i32'
+func.func @bad_tensor(%t: !fly.tensor<!fly.ptr<f16, global, 16>, i32>) { return }
+
+// -----
+
+func.func @int_tuple_operands(%i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.make_int_tuple' op expects one index operand per '?' leaf of '!fly.int_tuple<(?,4,?)>': 2, got 1
+  %t = fly.make_int_tuple(%i) : !fly.int_tuple<(?,4,?)>
+  return
+}
+
+// -----
+
+func.func @layout_operands(%i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.make_layout' op expects one index operand per '?' leaf of '!fly.layout<(?,8):(?,1)>' (1 in the shape, then 1 in the stride), got 1
+  %l = fly.make_layout(%i) : !fly.layout<(?,8):(?,1)>
+  return
+}
+
+// -----
+
+func.func @get_out_of_range(%t: !fly.int_tuple<(4,(?,2))>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.get' path entry 1 is 2 but (?,2) has 2 modes
+  %x = fly.get %t[1, 2] : !fly.int_tuple<(4,(?,2))>
+  return
+}
+
+// -----
+
+func.func @get_empty_path(%t: !fly.int_tuple<(4,?)>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.get' op expects a non-empty path
+  %x = fly.get %t[] : !fly.int_tuple<(4,?)>
   return
 }
 
@@ -22,5 +91,45 @@ func.func @dynamic_make_layout() {
 func.func @coordinate_count(%i: index, %l: !fly.layout<((2,2),8):((1,2),4)>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.crd2idx' op expects 1 coordinate (a linear index) or 3 (one per shape leaf) for '!fly.layout<((2,2),8):((1,2),4)>', got 2
   %o = fly.crd2idx(%i, %i), %l : !fly.layout<((2,2),8):((1,2),4)>
+  return
+}
+
+// -----
+
+func.func @idx2crd_result(%i: index, %l: !fly.layout<(4,8):(8,1)>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.idx2crd' op result must be '!fly.int_tuple<(?,?)>' (the shape's profile with dynamic leaves), got '!fly.int_tuple<(?,(?,?))>'
+  %c = fly.idx2crd(%i), %l : !fly.layout<(4,8):(8,1)> -> !fly.int_tuple<(?,(?,?))>
+  return
+}
+
+// -----
+
+func.func @composed_inner(%l: !fly.layout<8:1>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.make_composed_layout' op inner layout '!fly.layout<8:1>' differs from the result's '!fly.layout<8:2>'
+  %c = fly.make_composed_layout %l : !fly.layout<8:1> -> !fly.composed_layout<Sw<1,0,1> o 0 o 8:2>
+  return
+}
+
+// -----
+
+func.func @ptr_space(%raw: !llvm.ptr<3>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.make_ptr' op address space of '!llvm.ptr<3>' (3) differs from that of '!fly.ptr<f16, global, 16>' (1)
+  %p = fly.make_ptr %raw : !llvm.ptr<3> -> !fly.ptr<f16, global, 16>
+  return
+}
+
+// -----
+
+func.func @load_coordinates(%t: !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.load' op expects 1 coordinate (a linear index) or 2 (one per shape leaf) for '!fly.layout<(4,8):(8,1)>', got 3
+  %x = fly.load %t(%i, %i, %i) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
+  return
+}
+
+// -----
+
+func.func @store_coordinates(%t: !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>, %v: f16) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.store' op expects 1 coordinate (a linear index) or 2 (one per shape leaf) for '!fly.layout<(4,8):(8,1)>', got 0
+  fly.store %v, %t() : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
   return
 }

@@ -1,38 +1,95 @@
 // RUN: %fly-opt %s | %fly-opt - | FileCheck %s
-// Every Fly type and op prints in a form that parses back to the same IR.
+// Every Fly attribute, type and op prints in a form that parses back to the same IR.
 
 // CHECK-LABEL: func.func @layout_types
 // CHECK-SAME: !fly.layout<8:1>
 // CHECK-SAME: !fly.layout<(4,8):(1,4)>
 // CHECK-SAME: !fly.layout<((2,4),8):((1,16),2)>
 // CHECK-SAME: !fly.layout<(?,8):(8,1)>
+// CHECK-SAME: !fly.layout<(?{div=16},?):(1,?{div=16})>
 // CHECK-SAME: !fly.layout<(4,2):(0,-1)>
 // CHECK-SAME: !fly.layout<(2,2):(4294967296,9223372036854775807)>
 // CHECK-SAME: !fly.layout<():()>
 func.func @layout_types(%a: !fly.layout<8:1>, %b: !fly.layout<(4,8):(1,4)>,
                         %c: !fly.layout<((2,4),8):((1,16),2)>, %d: !fly.layout<(?,8):(8,1)>,
-                        %e: !fly.layout<(4,2):(0,-1)>,
-                        %f: !fly.layout<(2,2):(4294967296,9223372036854775807)>,
-                        %g: !fly.layout<():()>) {
+                        %e: !fly.layout<(?{div=16},?):(1,?{div=16})>,
+                        %f: !fly.layout<(4,2):(0,-1)>,
+                        %g: !fly.layout<(2,2):(4294967296,9223372036854775807)>,
+                        %h: !fly.layout<():()>) {
   return
 }
 
-// CHECK-LABEL: func.func @ops
-func.func @ops(%i: index, %j: index) -> (index, index, index) {
-  // CHECK: %[[L:.*]] = fly.make_layout : !fly.layout<(4,8):(8,1)>
-  %l = fly.make_layout : !fly.layout<(4,8):(8,1)>
-  // CHECK: fly.size %[[L]] : !fly.layout<(4,8):(8,1)>
-  %n = fly.size %l : !fly.layout<(4,8):(8,1)>
-  // CHECK: fly.crd2idx(%{{.*}}), %[[L]] : !fly.layout<(4,8):(8,1)>
-  %o1 = fly.crd2idx(%i), %l : !fly.layout<(4,8):(8,1)>
-  // CHECK: fly.crd2idx(%{{.*}}, %{{.*}}), %[[L]] : !fly.layout<(4,8):(8,1)>
-  %o2 = fly.crd2idx(%i, %j), %l : !fly.layout<(4,8):(8,1)>
-  return %n, %o1, %o2 : index, index, index
+// CHECK-LABEL: func.func @other_types
+// CHECK-SAME: !fly.int_tuple<(4,(?,2))>
+// CHECK-SAME: !fly.int_tuple<?{div=8}>
+// CHECK-SAME: !fly.composed_layout<Sw<3,4,3> o 0 o (8,64):(64,1)>
+// CHECK-SAME: !fly.composed_layout<Sw<2,3,-3> o 32 o (?,8):(8,1)>
+// CHECK-SAME: !fly.ptr<f16, global, 16>
+// CHECK-SAME: !fly.ptr<bf16, shared, 128>
+// CHECK-SAME: !fly.ptr<f32, register, 4>
+// CHECK-SAME: !fly.ptr<vector<4xf32>, generic, 16>
+// CHECK-SAME: !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(?,8):(8,1)>>
+// CHECK-SAME: !fly.tensor<!fly.ptr<bf16, shared, 128>, !fly.composed_layout<Sw<3,4,3> o 0 o (8,64):(64,1)>>
+func.func @other_types(%a: !fly.int_tuple<(4,(?,2))>, %b: !fly.int_tuple<?{div=8}>,
+                       %c: !fly.composed_layout<Sw<3,4,3> o 0 o (8,64):(64,1)>,
+                       %d: !fly.composed_layout<Sw<2,3,-3> o 32 o (?,8):(8,1)>,
+                       %e: !fly.ptr<f16, global, 16>, %f: !fly.ptr<bf16, shared, 128>,
+                       %g: !fly.ptr<f32, register, 4>, %h: !fly.ptr<vector<4xf32>, generic, 16>,
+                       %i: !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(?,8):(8,1)>>,
+                       %j: !fly.tensor<!fly.ptr<bf16, shared, 128>, !fly.composed_layout<Sw<3,4,3> o 0 o (8,64):(64,1)>>) {
+  return
 }
 
-// CHECK-LABEL: func.func @size_of_dynamic
-// CHECK: fly.size %{{.*}} : !fly.layout<(?,8):(8,1)>
-func.func @size_of_dynamic(%l: !fly.layout<(?,8):(8,1)>) -> index {
-  %n = fly.size %l : !fly.layout<(?,8):(8,1)>
-  return %n : index
+// CHECK-LABEL: func.func @attributes
+// CHECK: fly.dyn = #fly.dyn<16>
+// CHECK-SAME: fly.swizzle = #fly.swizzle<3, 4, 3>
+func.func @attributes() attributes {fly.dyn = #fly.dyn<16>, fly.swizzle = #fly.swizzle<3,4,3>} {
+  return
+}
+
+// CHECK-LABEL: func.func @layout_ops
+func.func @layout_ops(%i: index, %j: index, %m: index) -> (index, index, index, index) {
+  // CHECK: %[[L:.*]] = fly.make_layout : !fly.layout<(4,8):(8,1)>
+  %l = fly.make_layout : !fly.layout<(4,8):(8,1)>
+  // CHECK: %[[D:.*]] = fly.make_layout(%{{.*}}, %{{.*}}) : !fly.layout<(?,8):(?,1)>
+  %d = fly.make_layout(%m, %j) : !fly.layout<(?,8):(?,1)>
+  // CHECK: fly.size %[[L]] : !fly.layout<(4,8):(8,1)>
+  %n = fly.size %l : !fly.layout<(4,8):(8,1)>
+  // CHECK: fly.rank %[[L]] : !fly.layout<(4,8):(8,1)>
+  %r = fly.rank %l : !fly.layout<(4,8):(8,1)>
+  // CHECK: fly.crd2idx(%{{.*}}), %[[L]] : !fly.layout<(4,8):(8,1)>
+  %o1 = fly.crd2idx(%i), %l : !fly.layout<(4,8):(8,1)>
+  // CHECK: fly.crd2idx(%{{.*}}, %{{.*}}), %[[D]] : !fly.layout<(?,8):(?,1)>
+  %o2 = fly.crd2idx(%i, %j), %d : !fly.layout<(?,8):(?,1)>
+  // CHECK: fly.idx2crd(%{{.*}}), %[[D]] : !fly.layout<(?,8):(?,1)> -> !fly.int_tuple<(?,?)>
+  %c = fly.idx2crd(%i), %d : !fly.layout<(?,8):(?,1)> -> !fly.int_tuple<(?,?)>
+  // CHECK: fly.get_shape %[[D]] : !fly.layout<(?,8):(?,1)>
+  %s = fly.get_shape %d : !fly.layout<(?,8):(?,1)>
+  // CHECK: fly.get_stride %[[D]] : !fly.layout<(?,8):(?,1)>
+  %t = fly.get_stride %d : !fly.layout<(?,8):(?,1)>
+  // CHECK: fly.get %{{.*}}[0] : !fly.int_tuple<(?,8)>
+  %m2 = fly.get %s[0] : !fly.int_tuple<(?,8)>
+  // CHECK: fly.make_int_tuple(%{{.*}}) : !fly.int_tuple<(4,(?,2))>
+  %tuple = fly.make_int_tuple(%i) : !fly.int_tuple<(4,(?,2))>
+  // CHECK: fly.get %{{.*}}[1] : !fly.int_tuple<(4,(?,2))>
+  %inner = fly.get %tuple[1] : !fly.int_tuple<(4,(?,2))>
+  // CHECK: fly.apply_swizzle %{{.*}}, <3, 4, 3> : index
+  %y = fly.apply_swizzle %i, <3,4,3> : index
+  // CHECK: fly.make_composed_layout %[[L]] : !fly.layout<(4,8):(8,1)> -> !fly.composed_layout<Sw<1,0,1> o 0 o (4,8):(8,1)>
+  %sw = fly.make_composed_layout %l : !fly.layout<(4,8):(8,1)> -> !fly.composed_layout<Sw<1,0,1> o 0 o (4,8):(8,1)>
+  return %n, %o1, %o2, %m2 : index, index, index, index
+}
+
+// CHECK-LABEL: func.func @tensor_ops
+func.func @tensor_ops(%raw: !llvm.ptr<1>, %i: index, %v: f16) -> f16 {
+  // CHECK: %[[P:.*]] = fly.make_ptr %{{.*}} : !llvm.ptr<1> -> !fly.ptr<f16, global, 16>
+  %p = fly.make_ptr %raw : !llvm.ptr<1> -> !fly.ptr<f16, global, 16>
+  %l = fly.make_layout : !fly.layout<(4,8):(8,1)>
+  // CHECK: %[[T:.*]] = fly.make_tensor %[[P]], %{{.*}} : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
+  %t = fly.make_tensor %p, %l : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
+  // CHECK: fly.load %[[T]](%{{.*}}) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
+  %x = fly.load %t(%i) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
+  // CHECK: fly.store %{{.*}}, %[[T]](%{{.*}}, %{{.*}}) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
+  fly.store %v, %t(%i, %i) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
+  return %x : f16
 }

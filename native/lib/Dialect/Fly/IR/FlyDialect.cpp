@@ -5,6 +5,7 @@
 #include "fly/Dialect/Fly/IR/FlyOps.h"
 #include "fly/Dialect/Fly/IR/FlyTypes.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 
 using namespace mlir;
 using namespace mlir::fly;
@@ -12,6 +13,7 @@ using namespace mlir::fly;
 #include "fly/Dialect/Fly/IR/FlyDialect.cpp.inc"
 
 void FlyDialect::initialize() {
+  registerAttributes();
   registerTypes();
   addOperations<
 #define GET_OP_LIST

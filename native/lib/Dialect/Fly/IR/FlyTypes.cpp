@@ -23,79 +23,219 @@ void FlyDialect::registerTypes() {
 }
 
 //===----------------------------------------------------------------------===//
-// LayoutType
+// IntTupleType
 //===----------------------------------------------------------------------===//
 
-static std::string intTupleToString(Attribute tuple) {
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  printIntTuple(os, tuple);
-  return text;
+LogicalResult IntTupleType::verify(function_ref<InFlightDiagnostic()> emitError, Attribute value) {
+  if (!isIntTuple(value))
+    return emitError() << "int_tuple value must be an IntTuple of i64 and #fly.dyn leaves, got "
+                       << value;
+  return success();
 }
+
+Type IntTupleType::parse(AsmParser &parser) {
+  if (parser.parseLess())
+    return {};
+  FailureOr<Attribute> value = parseIntTuple(parser);
+  if (failed(value) || parser.parseGreater())
+    return {};
+  return parser.getChecked<IntTupleType>(parser.getContext(), *value);
+}
+
+void IntTupleType::print(AsmPrinter &printer) const {
+  printer << '<';
+  printIntTuple(printer.getStream(), getValue());
+  printer << '>';
+}
+
+int64_t IntTupleType::getNumDynamicLeaves() const { return countDynamicLeaves(getValue()); }
+
+//===----------------------------------------------------------------------===//
+// LayoutType
+//===----------------------------------------------------------------------===//
 
 LogicalResult LayoutType::verify(function_ref<InFlightDiagnostic()> emitError, Attribute shape,
                                  Attribute stride) {
   if (!isIntTuple(shape))
-    return emitError() << "layout shape must be an IntTuple of i64 leaves, got " << shape;
+    return emitError() << "layout shape must be an IntTuple, got " << shape;
   if (!isIntTuple(stride))
-    return emitError() << "layout stride must be an IntTuple of i64 leaves, got " << stride;
+    return emitError() << "layout stride must be an IntTuple, got " << stride;
   if (!isCongruent(shape, stride))
     return emitError() << "layout shape " << intTupleToString(shape) << " and stride "
                        << intTupleToString(stride) << " must be congruent (same nesting)";
-  SmallVector<int64_t> extents;
-  appendLeaves(shape, extents);
-  for (auto [position, extent] : llvm::enumerate(extents))
-    if (!ShapedType::isDynamic(extent) && extent < 1)
-      return emitError() << "layout shape " << intTupleToString(shape) << " has extent " << extent
+  for (auto [position, extent] : llvm::enumerate(getLeaves(shape)))
+    if (extent && *extent < 1)
+      return emitError() << "layout shape " << intTupleToString(shape) << " has extent " << *extent
                          << " at leaf " << position << "; extents must be >= 1 or '?'";
   return success();
 }
 
-Type LayoutType::parse(AsmParser &parser) {
-  if (parser.parseLess())
-    return {};
+FailureOr<LayoutType> LayoutType::parseBody(AsmParser &parser) {
   FailureOr<Attribute> shape = parseIntTuple(parser);
   if (failed(shape) || parser.parseColon())
-    return {};
+    return failure();
   FailureOr<Attribute> stride = parseIntTuple(parser);
-  if (failed(stride) || parser.parseGreater())
+  if (failed(stride))
+    return failure();
+  LayoutType type = parser.getChecked<LayoutType>(parser.getContext(), *shape, *stride);
+  if (!type)
+    return failure();
+  return type;
+}
+
+void LayoutType::printBody(llvm::raw_ostream &os) const {
+  printIntTuple(os, getShape());
+  os << ':';
+  printIntTuple(os, getStride());
+}
+
+Type LayoutType::parse(AsmParser &parser) {
+  FailureOr<LayoutType> type;
+  if (parser.parseLess() || failed(type = parseBody(parser)) || parser.parseGreater())
     return {};
-  return parser.getChecked<LayoutType>(parser.getContext(), *shape, *stride);
+  return *type;
 }
 
 void LayoutType::print(AsmPrinter &printer) const {
   printer << '<';
-  printIntTuple(printer.getStream(), getShape());
-  printer << ':';
-  printIntTuple(printer.getStream(), getStride());
+  printBody(printer.getStream());
   printer << '>';
 }
 
 int64_t LayoutType::getRank() const { return intTupleRank(getShape()); }
 
-SmallVector<int64_t> LayoutType::getShapeLeaves() const {
-  SmallVector<int64_t> leaves;
-  appendLeaves(getShape(), leaves);
-  return leaves;
+SmallVector<std::optional<int64_t>> LayoutType::getShapeLeaves() const {
+  return getLeaves(getShape());
 }
 
-SmallVector<int64_t> LayoutType::getStrideLeaves() const {
-  SmallVector<int64_t> leaves;
-  appendLeaves(getStride(), leaves);
-  return leaves;
+SmallVector<std::optional<int64_t>> LayoutType::getStrideLeaves() const {
+  return getLeaves(getStride());
 }
+
+int64_t LayoutType::getNumDynamicShapeLeaves() const { return countDynamicLeaves(getShape()); }
+
+int64_t LayoutType::getNumDynamicStrideLeaves() const { return countDynamicLeaves(getStride()); }
 
 bool LayoutType::isStatic() const {
-  return llvm::none_of(getShapeLeaves(), ShapedType::isDynamic) &&
-         llvm::none_of(getStrideLeaves(), ShapedType::isDynamic);
+  return getNumDynamicShapeLeaves() == 0 && getNumDynamicStrideLeaves() == 0;
 }
 
 std::optional<int64_t> LayoutType::getStaticSize() const {
   int64_t size = 1;
-  for (int64_t extent : getShapeLeaves()) {
-    if (ShapedType::isDynamic(extent))
+  for (std::optional<int64_t> extent : getShapeLeaves()) {
+    if (!extent)
       return std::nullopt;
-    size *= extent;
+    size *= *extent;
   }
   return size;
+}
+
+//===----------------------------------------------------------------------===//
+// ComposedLayoutType: Sw<b,m,s> o offset o shape:stride
+//===----------------------------------------------------------------------===//
+
+Type ComposedLayoutType::parse(AsmParser &parser) {
+  int32_t bits, base, shift;
+  int64_t offset;
+  if (parser.parseLess() || parser.parseKeyword("Sw") || parser.parseLess() ||
+      parser.parseInteger(bits) || parser.parseComma() || parser.parseInteger(base) ||
+      parser.parseComma() || parser.parseInteger(shift) || parser.parseGreater() ||
+      parser.parseKeyword("o") || parser.parseInteger(offset) || parser.parseKeyword("o"))
+    return {};
+  SMLoc swizzleLoc = parser.getCurrentLocation();
+  FailureOr<LayoutType> inner = LayoutType::parseBody(parser);
+  if (failed(inner) || parser.parseGreater())
+    return {};
+  auto emitError = [&] { return parser.emitError(swizzleLoc); };
+  SwizzleAttr swizzle = SwizzleAttr::getChecked(emitError, parser.getContext(), bits, base, shift);
+  if (!swizzle)
+    return {};
+  return ComposedLayoutType::get(parser.getContext(), swizzle, offset, *inner);
+}
+
+void ComposedLayoutType::print(AsmPrinter &printer) const {
+  SwizzleAttr swizzle = getSwizzle();
+  printer << "<Sw<" << swizzle.getBits() << ',' << swizzle.getBase() << ',' << swizzle.getShift()
+          << "> o " << getOffset() << " o ";
+  getInner().printBody(printer.getStream());
+  printer << '>';
+}
+
+//===----------------------------------------------------------------------===//
+// PtrType
+//===----------------------------------------------------------------------===//
+
+static std::optional<AddressSpace> parseAddressSpace(StringRef keyword) {
+  return llvm::StringSwitch<std::optional<AddressSpace>>(keyword)
+      .Case("generic", AddressSpace::Generic)
+      .Case("global", AddressSpace::Global)
+      .Case("shared", AddressSpace::Shared)
+      .Case("register", AddressSpace::Register)
+      .Default(std::nullopt);
+}
+
+static StringRef addressSpaceName(unsigned space) {
+  switch (AddressSpace(space)) {
+  case AddressSpace::Generic:
+    return "generic";
+  case AddressSpace::Global:
+    return "global";
+  case AddressSpace::Shared:
+    return "shared";
+  case AddressSpace::Register:
+    return "register";
+  }
+  return "";
+}
+
+LogicalResult PtrType::verify(function_ref<InFlightDiagnostic()> emitError, Type elementType,
+                              unsigned addressSpace, int64_t alignment) {
+  if (addressSpaceName(addressSpace).empty())
+    return emitError() << "unknown address space " << addressSpace
+                       << "; expected generic (0), global (1), shared (3) or register (5)";
+  if (alignment < 1 || !llvm::isPowerOf2_64(alignment))
+    return emitError() << "pointer alignment must be a power of two >= 1 bytes, got " << alignment;
+  if (!elementType.isIntOrIndexOrFloat() && !isa<VectorType>(elementType))
+    return emitError() << "pointer element type must be an integer, float or vector type, got "
+                       << elementType;
+  return success();
+}
+
+Type PtrType::parse(AsmParser &parser) {
+  Type elementType;
+  StringRef spaceKeyword;
+  int64_t alignment;
+  SMLoc loc = parser.getCurrentLocation();
+  if (parser.parseLess() || parser.parseType(elementType) || parser.parseComma())
+    return {};
+  SMLoc spaceLoc = parser.getCurrentLocation();
+  if (parser.parseKeyword(&spaceKeyword) || parser.parseComma() ||
+      parser.parseInteger(alignment) || parser.parseGreater())
+    return {};
+  std::optional<AddressSpace> space = parseAddressSpace(spaceKeyword);
+  if (!space) {
+    parser.emitError(spaceLoc, "unknown address space '")
+        << spaceKeyword << "'; expected generic, global, shared or register";
+    return {};
+  }
+  auto emitError = [&] { return parser.emitError(loc); };
+  return PtrType::getChecked(emitError, parser.getContext(), elementType, unsigned(*space),
+                             alignment);
+}
+
+void PtrType::print(AsmPrinter &printer) const {
+  printer << '<' << getElementType() << ", " << addressSpaceName(getAddressSpace()) << ", "
+          << getAlignment() << '>';
+}
+
+//===----------------------------------------------------------------------===//
+// TensorType
+//===----------------------------------------------------------------------===//
+
+LogicalResult mlir::fly::TensorType::verify(function_ref<InFlightDiagnostic()> emitError, PtrType ptr,
+                                 Type layout) {
+  if (!isa<LayoutType, ComposedLayoutType>(layout))
+    return emitError() << "tensor layout must be !fly.layout or !fly.composed_layout, got "
+                       << layout;
+  return success();
 }

@@ -2,6 +2,7 @@
 
 #include "fly/Dialect/Fly/IR/IntTuple.h"
 
+#include "fly/Dialect/Fly/IR/FlyAttrs.h"
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "llvm/ADT/STLExtras.h"
@@ -9,8 +10,9 @@
 namespace mlir::fly {
 
 bool isIntTupleLeaf(Attribute attr) {
-  auto leaf = dyn_cast_or_null<IntegerAttr>(attr);
-  return leaf && leaf.getType().isInteger(64);
+  if (auto leaf = dyn_cast_or_null<IntegerAttr>(attr))
+    return leaf.getType().isInteger(64);
+  return isa_and_nonnull<DynamicLeafAttr>(attr);
 }
 
 bool isIntTuple(Attribute attr) {
@@ -20,13 +22,34 @@ bool isIntTuple(Attribute attr) {
   return tuple && llvm::all_of(tuple, isIntTuple);
 }
 
-void appendLeaves(Attribute tuple, SmallVectorImpl<int64_t> &leaves) {
-  if (auto leaf = dyn_cast<IntegerAttr>(tuple)) {
-    leaves.push_back(leaf.getInt());
+void appendLeafAttrs(Attribute tuple, SmallVectorImpl<Attribute> &leaves) {
+  if (auto modes = dyn_cast<ArrayAttr>(tuple)) {
+    for (Attribute mode : modes)
+      appendLeafAttrs(mode, leaves);
     return;
   }
-  for (Attribute element : cast<ArrayAttr>(tuple))
-    appendLeaves(element, leaves);
+  leaves.push_back(tuple);
+}
+
+void appendLeaves(Attribute tuple, SmallVectorImpl<std::optional<int64_t>> &leaves) {
+  SmallVector<Attribute> attrs;
+  appendLeafAttrs(tuple, attrs);
+  for (Attribute leaf : attrs) {
+    if (auto value = dyn_cast<IntegerAttr>(leaf))
+      leaves.push_back(value.getInt());
+    else
+      leaves.push_back(std::nullopt);
+  }
+}
+
+SmallVector<std::optional<int64_t>> getLeaves(Attribute tuple) {
+  SmallVector<std::optional<int64_t>> leaves;
+  appendLeaves(tuple, leaves);
+  return leaves;
+}
+
+int64_t countDynamicLeaves(Attribute tuple) {
+  return llvm::count(getLeaves(tuple), std::nullopt);
 }
 
 int64_t intTupleRank(Attribute tuple) {
@@ -46,8 +69,19 @@ bool isCongruent(Attribute a, Attribute b) {
                       [](auto pair) { return isCongruent(std::get<0>(pair), std::get<1>(pair)); });
 }
 
-Attribute makeIntTupleLeaf(MLIRContext *ctx, int64_t value) {
+Attribute makeDynamicLike(Attribute profile) {
+  MLIRContext *ctx = profile.getContext();
+  if (auto modes = dyn_cast<ArrayAttr>(profile))
+    return ArrayAttr::get(ctx, llvm::map_to_vector(modes, makeDynamicLike));
+  return makeDynamicLeaf(ctx);
+}
+
+Attribute makeStaticLeaf(MLIRContext *ctx, int64_t value) {
   return IntegerAttr::get(IntegerType::get(ctx, 64), value);
+}
+
+Attribute makeDynamicLeaf(MLIRContext *ctx, int64_t divisibility) {
+  return DynamicLeafAttr::get(ctx, divisibility);
 }
 
 FailureOr<Attribute> parseIntTuple(AsmParser &parser) {
@@ -67,26 +101,46 @@ FailureOr<Attribute> parseIntTuple(AsmParser &parser) {
       return failure();
     return Attribute(ArrayAttr::get(ctx, elements));
   }
-  if (succeeded(parser.parseOptionalQuestion()))
-    return makeIntTupleLeaf(ctx, ShapedType::kDynamic);
+  if (succeeded(parser.parseOptionalQuestion())) {
+    int64_t divisibility = 1;
+    if (succeeded(parser.parseOptionalLBrace())) {
+      SMLoc loc = parser.getCurrentLocation();
+      if (parser.parseKeyword("div") || parser.parseEqual() || parser.parseInteger(divisibility) ||
+          parser.parseRBrace())
+        return failure();
+      if (divisibility < 1)
+        return parser.emitError(loc, "divisibility must be >= 1, got ") << divisibility;
+    }
+    return makeDynamicLeaf(ctx, divisibility);
+  }
   int64_t value;
   if (parser.parseInteger(value))
     return failure();
-  return makeIntTupleLeaf(ctx, value);
+  return makeStaticLeaf(ctx, value);
 }
 
 void printIntTuple(llvm::raw_ostream &os, Attribute tuple) {
   if (auto leaf = dyn_cast<IntegerAttr>(tuple)) {
-    if (ShapedType::isDynamic(leaf.getInt()))
-      os << '?';
-    else
-      os << leaf.getInt();
+    os << leaf.getInt();
+    return;
+  }
+  if (auto leaf = dyn_cast<DynamicLeafAttr>(tuple)) {
+    os << '?';
+    if (leaf.getDivisibility() != 1)
+      os << "{div=" << leaf.getDivisibility() << '}';
     return;
   }
   os << '(';
   llvm::interleave(
       cast<ArrayAttr>(tuple), os, [&](Attribute element) { printIntTuple(os, element); }, ",");
   os << ')';
+}
+
+std::string intTupleToString(Attribute tuple) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  printIntTuple(os, tuple);
+  return text;
 }
 
 } // namespace mlir::fly

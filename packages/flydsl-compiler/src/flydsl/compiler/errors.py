@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["FlyError", "CompilationError", "ToolchainError", "format_mlir_error"]
+__all__ = ["FlyError", "CompilationError", "ToolchainError", "format_mlir_error", "location_text"]
 
 
 class FlyError(Exception):
@@ -22,13 +22,17 @@ class ToolchainError(FlyError):
     """An external tool (ptxas) is missing or failed."""
 
 
+def location_text(location, filename: str = "<input>") -> str:
+    """``file:line:col`` of an ``mlir.ir.Location`` (MLIR calls a buffer parsed from a string "-")."""
+    text = str(location).removeprefix("loc(").removesuffix(")")
+    return text.replace('"-"', filename, 1).replace('"', "")
+
+
 def format_mlir_error(error, filename: str = "<input>") -> str:
     """``file:line:col: error: message`` lines (with notes) for an ``mlir.ir.MLIRError``."""
 
     def where(location) -> str:
-        # MLIR names a buffer parsed from a string "-"; report the caller's name for it.
-        text = str(location).removeprefix("loc(").removesuffix(")")
-        return text.replace('"-"', filename, 1).replace('"', "")
+        return location_text(location, filename)
 
     lines = []
     for diagnostic in error.error_diagnostics:

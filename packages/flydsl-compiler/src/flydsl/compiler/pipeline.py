@@ -15,7 +15,7 @@ from mlir.passmanager import PassManager
 
 from flydsl.compiler import settings, toolchain
 from flydsl.compiler.context import make_context
-from flydsl.compiler.errors import CompilationError, format_mlir_error
+from flydsl.compiler.errors import CompilationError, format_mlir_error, location_text
 from flydsl.compiler.target import ISA_STAGE, SM90A, Target
 
 __all__ = ["CompiledModule", "compile_mlir", "kernel_signatures"]
@@ -72,6 +72,8 @@ def compile_mlir(
                 PassManager.parse(f"builtin.module({stage.passes})").run(module.operation)
             except ir.MLIRError as error:
                 raise CompilationError(stage.name, format_mlir_error(error)) from None
+            if stage.name == "fly":
+                _check_fly_lowered(module)
             if stage.name != ISA_STAGE:
                 _record(kept, dump_dir, name, stage.name, module, keep_stages)
         ptx = _extract_ptx(module)
@@ -126,6 +128,25 @@ def _single_gpu_module(module: ir.Module) -> ir.Operation:
     if len(found) != 1:
         raise CompilationError("input", f"expected exactly one gpu.module in the input, found {len(found)}")
     return found[0]
+
+
+def _check_fly_lowered(module: ir.Module) -> None:
+    """Fly ops left after their lowering mean a value the passes could not trace: say which, and where."""
+    left = []
+
+    def visit(op):
+        if op.name.startswith("fly."):
+            left.append(f"{location_text(op.location)}: '{op.name}'")
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    if left:
+        raise CompilationError(
+            "fly",
+            "these Fly ops could not be lowered: the dynamic leaves of their layouts/tensors must be traceable to"
+            " the fly.make_* ops that built them in the same region (not passed in as arguments or through"
+            " control flow):\n" + "\n".join(left[:10]),
+        )
 
 
 def _extract_ptx(module: ir.Module) -> str:

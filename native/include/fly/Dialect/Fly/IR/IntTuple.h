@@ -1,9 +1,9 @@
 //===- IntTuple.h - CuTe IntTuples stored as attributes ---------*- C++ -*-===//
 //
-// An IntTuple is an i64 IntegerAttr (a leaf; ShapedType::kDynamic means `?`)
-// or an ArrayAttr of IntTuples. These helpers parse and print CuTe notation
-// and walk the leaves. The layout algebra itself is not re-implemented here:
-// it lives in flydsl.layout (Python).
+// An IntTuple is an i64 IntegerAttr (a static leaf), a DynamicLeafAttr (`?`,
+// with a known divisor) or an ArrayAttr of IntTuples. These helpers parse and
+// print CuTe notation and walk the leaves in colexicographic order. The layout
+// algebra itself is not re-implemented here: it lives in flydsl.layout.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,26 +14,35 @@
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/SmallVector.h"
 
+#include <optional>
+
 namespace mlir::fly {
 
 /// True if `attr` is a well-formed IntTuple.
 bool isIntTuple(Attribute attr);
-/// True if `attr` is a leaf (an integer, static or dynamic).
+/// True if `attr` is a leaf, static or dynamic.
 bool isIntTupleLeaf(Attribute attr);
-/// Appends the leaves of `tuple` in colexicographic order.
-void appendLeaves(Attribute tuple, SmallVectorImpl<int64_t> &leaves);
+/// Appends the leaves of `tuple` in colexicographic order (nullopt for `?`).
+void appendLeaves(Attribute tuple, SmallVectorImpl<std::optional<int64_t>> &leaves);
+SmallVector<std::optional<int64_t>> getLeaves(Attribute tuple);
+/// Appends the leaf attributes themselves.
+void appendLeafAttrs(Attribute tuple, SmallVectorImpl<Attribute> &leaves);
+int64_t countDynamicLeaves(Attribute tuple);
 /// Number of top-level modes (1 for a leaf).
 int64_t intTupleRank(Attribute tuple);
 /// True if `a` and `b` have the same nesting structure.
 bool isCongruent(Attribute a, Attribute b);
+/// A tuple of `profile`'s structure whose leaves are all dynamic.
+Attribute makeDynamicLike(Attribute profile);
 
-/// Leaf builders.
-Attribute makeIntTupleLeaf(MLIRContext *ctx, int64_t value);
+Attribute makeStaticLeaf(MLIRContext *ctx, int64_t value);
+Attribute makeDynamicLeaf(MLIRContext *ctx, int64_t divisibility = 1);
 
-/// Parses `4`, `?`, `-2`, `(4,(2,?))`.
+/// Parses `4`, `?`, `?{div=8}`, `-2`, `(4,(2,?))`, `()`.
 FailureOr<Attribute> parseIntTuple(AsmParser &parser);
 /// Prints in CuTe notation.
 void printIntTuple(llvm::raw_ostream &os, Attribute tuple);
+std::string intTupleToString(Attribute tuple);
 
 } // namespace mlir::fly
 

@@ -4,6 +4,7 @@
 #define FLY_DIALECT_FLY_TRANSFORMS_PASSES_H
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Pass/Pass.h"
 
@@ -14,6 +15,10 @@ namespace mlir::fly {
 
 /// Patterns that lower Fly layout ops to arith; usable without the pass.
 void populateFlyLowerLayoutsPatterns(RewritePatternSet &patterns);
+/// Patterns that lower Fly tensor loads and stores to llvm; usable without the pass.
+void populateFlyLowerTensorsPatterns(RewritePatternSet &patterns);
+/// Erases side-effect-free Fly ops without uses under `root` (leaves first).
+void eraseDeadFlyValues(Operation *root);
 
 #define GEN_PASS_REGISTRATION
 #include "fly/Dialect/Fly/Transforms/Passes.h.inc"

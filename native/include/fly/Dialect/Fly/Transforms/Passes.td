@@ -6,13 +6,28 @@
 include "mlir/Pass/PassBase.td"
 
 def FlyLowerLayouts : Pass<"fly-lower-layouts"> {
-  let summary = "lower Fly layout ops to arith index arithmetic";
+  let summary = "lower Fly IntTuple and layout ops to arith index arithmetic";
   let description = [{
-    Rewrites `fly.crd2idx` and `fly.size` on static layouts into `arith` ops on
-    `index` (64-bit in NVVM lowering, so offsets past 2^31 stay exact) and
-    removes `fly.make_layout` values that are no longer used.
+    Rewrites `fly.crd2idx`, `fly.idx2crd`, `fly.size`, `fly.rank`, `fly.get`,
+    `fly.get_shape`, `fly.get_stride` and `fly.apply_swizzle` into `arith` ops
+    on `index` (64-bit after NVVM lowering, so offsets past 2^31 stay exact) and
+    removes layout values that are no longer used. Dynamic leaves come from the
+    `fly.make_layout` / `fly.make_int_tuple` that built the value; ops whose
+    values cannot be traced are left alone. IR without Fly ops is not changed.
   }];
   let dependentDialects = ["::mlir::arith::ArithDialect"];
+}
+
+def FlyLowerTensors : Pass<"fly-lower-tensors"> {
+  let summary = "lower Fly pointer and tensor ops to llvm loads and stores";
+  let description = [{
+    Rewrites `fly.load` and `fly.store` into an offset computed from the
+    tensor's layout (as `fly-lower-layouts` computes it), an
+    `llvm.getelementptr` and an `llvm.load` / `llvm.store`, then removes the
+    pointer and tensor values that are no longer used. Run before
+    `fly-lower-layouts`.
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::LLVM::LLVMDialect"];
 }
 
 #endif // FLY_PASSES_TD

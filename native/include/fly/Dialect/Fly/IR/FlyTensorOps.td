@@ -1,0 +1,73 @@
+//===- FlyTensorOps.td - pointer and tensor ops -------------*- tablegen -*-===//
+
+#ifndef FLY_TENSOR_OPS_TD
+#define FLY_TENSOR_OPS_TD
+
+include "fly/Dialect/Fly/IR/FlyTypes.td"
+include "mlir/Dialect/LLVMIR/LLVMOpBase.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+def Fly_MakePtrOp : Fly_Op<"make_ptr", [Pure]> {
+  let summary = "types an LLVM pointer with an element type and an alignment";
+  let description = [{
+    The address spaces must agree. The alignment is a promise made by the
+    caller (the launcher checks kernel arguments against it).
+
+    ```mlir
+    %p = fly.make_ptr %arg0 : !llvm.ptr<1> -> !fly.ptr<f16, global, 16>
+    ```
+  }];
+  let arguments = (ins LLVM_AnyPointer:$pointer);
+  let results = (outs Fly_PtrType:$result);
+  let assemblyFormat = "$pointer attr-dict `:` qualified(type($pointer)) `->` qualified(type($result))";
+  let hasVerifier = 1;
+}
+
+def Fly_MakeTensorOp : Fly_Op<"make_tensor", [Pure,
+    TypesMatchWith<"pointer is the result's", "result", "ptr",
+                   "::llvm::cast<::mlir::fly::TensorType>($_self).getPtr()">,
+    TypesMatchWith<"layout is the result's", "result", "layout",
+                   "::llvm::cast<::mlir::fly::TensorType>($_self).getLayout()">]> {
+  let summary = "a tensor from a pointer and a layout";
+  let description = [{
+    ```mlir
+    %t = fly.make_tensor %p, %l : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(?,8):(8,1)>>
+    ```
+  }];
+  let arguments = (ins Fly_PtrType:$ptr, Fly_AnyLayout:$layout);
+  let results = (outs Fly_TensorType:$result);
+  let assemblyFormat = "$ptr `,` $layout attr-dict `:` qualified(type($result))";
+}
+
+def Fly_LoadOp : Fly_Op<"load", [MemoryEffects<[MemRead]>,
+    TypesMatchWith<"result is the tensor's element type", "tensor", "result",
+                   "::llvm::cast<::mlir::fly::TensorType>($_self).getPtr().getElementType()">]> {
+  let summary = "loads the element of a tensor at a coordinate";
+  let description = [{
+    The coordinate is read as by `fly.crd2idx` on the tensor's layout.
+
+    ```mlir
+    %v = fly.load %t(%i, %j) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
+    ```
+  }];
+  let arguments = (ins Fly_TensorType:$tensor, Variadic<Index>:$coord);
+  let results = (outs AnyType:$result);
+  let assemblyFormat = "$tensor `(` $coord `)` attr-dict `:` qualified(type($tensor))";
+  let hasVerifier = 1;
+}
+
+def Fly_StoreOp : Fly_Op<"store", [MemoryEffects<[MemWrite]>,
+    TypesMatchWith<"value is the tensor's element type", "tensor", "value",
+                   "::llvm::cast<::mlir::fly::TensorType>($_self).getPtr().getElementType()">]> {
+  let summary = "stores an element of a tensor at a coordinate";
+  let description = [{
+    ```mlir
+    fly.store %v, %t(%i) : !fly.tensor<!fly.ptr<f32, global, 4>, !fly.layout<?:1>>
+    ```
+  }];
+  let arguments = (ins AnyType:$value, Fly_TensorType:$tensor, Variadic<Index>:$coord);
+  let assemblyFormat = "$value `,` $tensor `(` $coord `)` attr-dict `:` qualified(type($tensor))";
+  let hasVerifier = 1;
+}
+
+#endif // FLY_TENSOR_OPS_TD
