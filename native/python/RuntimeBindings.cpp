@@ -192,19 +192,32 @@ void packPointer(size_t index, PyObject *obj, uint64_t *slot) {
     *slot = 0;
     return;
   }
-  if (PyBool_Check(obj))
-    raiseWrongType(index, 'p', obj);
-  if (nb::isinstance<DeviceBuffer>(obj)) {
-    *slot = nb::inst_ptr<DeviceBuffer>(obj)->ptr();
-    return;
-  }
-
   static PyObject *dataPtrName = PyUnicode_InternFromString("data_ptr");
   static PyObject *caiName = PyUnicode_InternFromString("__cuda_array_interface__");
-  if (PyObject_HasAttr(obj, dataPtrName)) {
+  // The last type found to have data_ptr() (a strong reference, so its address
+  // is never reused): tensors after the first skip the attribute probe, which
+  // costs a lookup and a bound-method allocation per argument.
+  static PyTypeObject *dataPtrType = nullptr;
+  PyTypeObject *type = Py_TYPE(obj);
+  if (type != dataPtrType) {
+    if (PyBool_Check(obj))
+      raiseWrongType(index, 'p', obj);
+    if (nb::isinstance<DeviceBuffer>(obj)) {
+      *slot = nb::inst_ptr<DeviceBuffer>(obj)->ptr();
+      return;
+    }
+    if (PyObject_HasAttr(obj, dataPtrName)) {
+      Py_INCREF(type);
+      Py_XDECREF(dataPtrType);
+      dataPtrType = type;
+    }
+  }
+  if (type == dataPtrType) {
     nb::object r = nb::steal(PyObject_CallMethodNoArgs(obj, dataPtrName));
     if (!r.is_valid())
       raisePending();
+    if (PyLong_CheckExact(r.ptr()))
+      return packInteger(index, 'p', obj, r.ptr(), slot);
     nb::object v = nb::steal(asPyLong(r.ptr()));
     if (!v.is_valid())
       raise(PyExc_TypeError, "argument %zu: %.200s.data_ptr() returned %.200s, not an int", index,
@@ -271,9 +284,9 @@ struct LaunchArgs {
   unsigned sharedBytes = 0;
   CUstream stream = nullptr;
   size_t numParams = 0;
-  void **params = nullptr;   // params[i] points into arena
+  void **params = nullptr; // params[i] points into arena
   unsigned char *arena = nullptr;
-  size_t arenaBytes = 0;     // bytes of arena in use, padding included
+  size_t arenaBytes = 0; // bytes of arena in use, padding included
 
   alignas(kTensorMapAlign) unsigned char inlineArena[kInlineArena];
   void *inlineParams[kInlineParams];
@@ -643,9 +656,10 @@ int parseChoice(nb::handle obj, const char *what, const long long *choices, int 
   raise(PyExc_ValueError, "%s: expected %s, got %R", what, expected, obj.ptr());
 }
 
-PyTensorMap encodeTiled(const std::string &dtype, nb::handle globalAddress, nb::handle dims, nb::handle stridesBytes, nb::handle box,
-                        nb::handle elementStrides, nb::handle swizzle, nb::handle interleave,
-                        nb::handle l2Promotion, bool oobFillNan) {
+PyTensorMap encodeTiled(const std::string &dtype, nb::handle globalAddress, nb::handle dims,
+                        nb::handle stridesBytes, nb::handle box, nb::handle elementStrides,
+                        nb::handle swizzle, nb::handle interleave, nb::handle l2Promotion,
+                        bool oobFillNan) {
   fly::runtime::TiledTensorMapSpec spec;
   spec.dataType = parseDtype(dtype);
 
@@ -669,9 +683,9 @@ PyTensorMap encodeTiled(const std::string &dtype, nb::handle globalAddress, nb::
     throw std::invalid_argument("dims: rank must be 1 to 5, got 0");
   size_t nStrides = parseUIntList(stridesBytes, "strides_bytes", spec.strides, UINT64_MAX);
   if (nStrides != spec.rank - 1)
-    throw std::invalid_argument("strides_bytes: expected rank - 1 = " +
-                                std::to_string(spec.rank - 1) + " entries (strides of dims 1..), " +
-                                "got " + std::to_string(nStrides));
+    throw std::invalid_argument(
+        "strides_bytes: expected rank - 1 = " + std::to_string(spec.rank - 1) +
+        " entries (strides of dims 1..), got " + std::to_string(nStrides));
   size_t nBox = parseUIntList(box, "box", spec.box, UINT32_MAX);
   if (nBox != spec.rank)
     throw std::invalid_argument("box: expected " + std::to_string(spec.rank) + " entries, got " +
@@ -679,7 +693,8 @@ PyTensorMap encodeTiled(const std::string &dtype, nb::handle globalAddress, nb::
   if (elementStrides.is_none()) {
     spec.elementStrides.fill(1);
   } else {
-    size_t nElem = parseUIntList(elementStrides, "element_strides", spec.elementStrides, UINT32_MAX);
+    size_t nElem =
+        parseUIntList(elementStrides, "element_strides", spec.elementStrides, UINT32_MAX);
     if (nElem != spec.rank)
       throw std::invalid_argument("element_strides: expected " + std::to_string(spec.rank) +
                                   " entries, got " + std::to_string(nElem));
@@ -792,8 +807,8 @@ void flyBindRuntime(nb::module_ &m) {
       .def_prop_ro("info_log", [](const PyModule &self) { return self.impl->infoLog(); });
 
   nb::class_<PyTensorMap>(rt, "TensorMap",
-                         "A TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), passed to "
-                         "kernels by value with signature code 'm'.")
+                          "A TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), passed to "
+                          "kernels by value with signature code 'm'.")
       .def_static("encode_tiled", &encodeTiled, "dtype"_a, "global_address"_a, "dims"_a,
                   "strides_bytes"_a, "box"_a, "element_strides"_a.none() = nb::none(),
                   "swizzle"_a = 0, "interleave"_a = 0, "l2_promotion"_a = 0,

@@ -225,8 +225,8 @@ struct DriverApi {
   CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
   // Optional (CUDA >= 12.0); null when the driver lacks it.
   CUresult (*cuTensorMapEncodeTiled)(CUtensorMap *, int, unsigned, void *, const uint64_t *,
-                                     const uint64_t *, const unsigned *, const unsigned *, int,
-                                     int, int, int);
+                                     const uint64_t *, const unsigned *, const unsigned *, int, int,
+                                     int, int);
 };
 
 /// The loaded entry points. Loads libcuda.so.1 and runs cuInit(0) on first
