@@ -138,3 +138,34 @@ def test_coalesce_filter_examples():
     assert fl.filter(Layout((4, 2, 3), (1, 0, 8))) == Layout((4, 3), (1, 8))
     with pytest.raises(fl.LayoutError, match="profile"):
         fl.coalesce(Layout((2, 4)), (0, 0, 0))
+
+
+@given(layouts(), layouts(max_leaves=3, max_size=64))
+def test_static_fast_paths_agree_with_the_general_path(a, b):
+    """composition and complement take an int-only fast path for static layouts; the general (protocol) path must
+    give the same layout, or the same error."""
+    import importlib
+    from unittest import mock
+
+    algebra = importlib.import_module("flydsl.layout.algebra")
+    comp_module = importlib.import_module("flydsl.layout.composition")
+
+    def both(fn, *args):
+        outcomes = []
+        for patch in (False, True):
+            fl.clear_caches()
+            try:
+                if patch:
+                    with (
+                        mock.patch.object(comp_module, "_compose_static", lambda *a: None),
+                        mock.patch.object(algebra, "_complement_static", lambda *a: None),
+                    ):
+                        outcomes.append(fn(*args))
+                else:
+                    outcomes.append(fn(*args))
+            except fl.LayoutError as err:
+                outcomes.append(type(err))
+        assert outcomes[0] == outcomes[1]
+
+    both(fl.composition, a, b)
+    both(fl.complement, a, 4 * fl.cosize(a))

@@ -38,6 +38,7 @@ from .int_tuple import (
 from .layout import (
     Layout,
     append,
+    clear_caches,
     cosize,
     crd2crd,
     crd2idx,
@@ -163,6 +164,8 @@ __all__ = [
     "make_swizzle",
     "make_composed_layout",
     "make_layout_tv",
+    # memo of static results
+    "clear_caches",
     # text and pictures
     "parse_layout",
     "parse_int_tuple",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 from . import int_tuple as it
-from .composition import coalesce, composition, flat_modes, from_modes, less
-from .layout import Layout, as_layout, cosize, make_layout, size
+from .composition import _all_int, coalesce, composition, flat_modes, from_modes, less
+from .layout import Layout, as_layout, cosize, make_layout, size, static_cache
 from .leaf import (
     LayoutError,
     ceil_div_leaf,
@@ -50,6 +50,7 @@ def _reaching_modes(layout, op):
     return modes
 
 
+@static_cache
 def complement(layout, cotarget=None) -> Layout:
     """The ordered layout of the offsets in ``[0, cotarget)`` not reached by ``layout`` (default cotarget:
     ``cosize(layout)``; a shape stands for its size).
@@ -59,13 +60,20 @@ def complement(layout, cotarget=None) -> Layout:
     """
     layout = as_layout(layout)
     cotarget = cosize(layout) if cotarget is None else it.product(cotarget)
+    if type(cotarget) is int:
+        fast = _complement_static(layout, cotarget)
+        if fast is not None:
+            return fast
     shapes, strides = [], []
     cur = 1
     for s, d in _reaching_modes(layout, "complement"):
         if less(d, cur):
             raise LayoutError(f"complement: mode {s}:{d} overlaps the smaller modes (extent {cur}) of {layout}")
-        what = f"that stride {d} is a multiple of {cur} (the extent of the smaller modes) in {layout}"
-        if not decide(divides(cur, d), "complement", what, cur, d):
+        ok = divides(cur, d)
+        if ok is None:
+            what = f"that stride {d} is a multiple of {cur} (the extent of the smaller modes) in {layout}"
+            decide(ok, "complement", what, cur, d)
+        if not ok:
             raise LayoutError(f"complement: stride {d} of mode {s}:{d} is not a multiple of {cur} in {layout}")
         gap = floordiv(d, cur)
         if not provably_equal(gap, 1):
@@ -77,6 +85,27 @@ def complement(layout, cotarget=None) -> Layout:
     return coalesce(from_modes(shapes, strides))
 
 
+def _complement_static(layout, cotarget):
+    # complement in plain int arithmetic; None (the general path then decides or raises) unless every stride is a
+    # non-negative int and the modes nest (each stride a multiple of the extent of the smaller modes).
+    shapes, strides = flat_modes(layout)
+    if not (_all_int(shapes) and _all_int(strides)):
+        return None
+    modes = sorted((d, s) for s, d in zip(shapes, strides, strict=True) if d != 0)
+    out_shapes, out_strides = [], []
+    cur = 1
+    for d, s in modes:
+        if d < cur or d % cur:
+            return None
+        if d != cur:
+            out_shapes.append(d // cur)
+            out_strides.append(cur)
+        cur = s * d
+    out_shapes.append(-(-cotarget // cur))
+    out_strides.append(cur)
+    return from_modes(*flat_modes(from_modes(out_shapes, out_strides)))
+
+
 def _domain_modes(layout):
     # Coalesced modes with the index (domain) position each one starts at.
     shapes, strides = flat_modes(layout)
@@ -84,6 +113,7 @@ def _domain_modes(layout):
     return list(zip(shapes, strides, starts, strict=True))
 
 
+@static_cache
 def right_inverse(layout) -> Layout:
     """The largest compact ``R`` with ``layout(R(i)) == i`` for ``i < size(R)`` (``1:0`` if offset 1 is never hit).
 
@@ -104,6 +134,7 @@ def right_inverse(layout) -> Layout:
     return coalesce(from_modes(shapes, strides)) if shapes else Layout(1, 0)
 
 
+@static_cache
 def left_inverse(layout) -> Layout:
     """A layout ``R`` with ``R(layout(i)) == i`` for ``i < size(layout)``; ``layout`` must be injective with modes
     that nest by divisibility (CuTe's condition).

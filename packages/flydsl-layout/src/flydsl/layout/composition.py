@@ -19,7 +19,7 @@ is linear and needs none, which covers by-mode tiling of any dynamic layout.
 from __future__ import annotations
 
 from . import int_tuple as it
-from .layout import Layout, as_layout, get, lift_composed, make_layout, rank
+from .layout import Layout, as_layout, get, lift_composed, make_layout, rank, static_cache
 from .leaf import (
     LayoutError,
     decide,
@@ -41,7 +41,21 @@ def flat_modes(layout: Layout, keep_last: bool = False):
     the last leaf is kept even when its size is 1, so that the layout extended beyond its size by its last
     mode is unchanged (``1:1`` extends to the identity, ``1:0`` to zero)."""
     shapes, strides = [], []
-    pairs = list(zip(it.leaves(layout.shape), it.leaves(layout.stride), strict=True))
+    ss, ds = it.leaves(layout.shape), it.leaves(layout.stride)
+    last = len(ss) - 1
+    if _all_int(ss) and _all_int(ds):
+        # All leaves static: plain int arithmetic, no protocol dispatch per leaf.
+        for k in range(last + 1):
+            s, d = ss[k], ds[k]
+            if s == 1 and not (keep_last and k == last):
+                continue
+            if shapes and shapes[-1] * strides[-1] == d:
+                shapes[-1] *= s
+                continue
+            shapes.append(s)
+            strides.append(d)
+        return (shapes, strides) if shapes else ([1], [0])
+    pairs = list(zip(ss, ds, strict=True))
     for k, (s, d) in enumerate(pairs):
         if provably_equal(s, 1) and not (keep_last and k == len(pairs) - 1):
             continue
@@ -60,6 +74,7 @@ def from_modes(shapes, strides) -> Layout:
     return Layout.trusted(tuple(shapes), tuple(strides))
 
 
+@static_cache
 @lift_composed
 def coalesce(layout, profile=None) -> Layout:
     """Same function on ``[0, size)`` with the fewest modes; with a tuple ``profile`` each top-level mode is
@@ -77,6 +92,7 @@ def coalesce(layout, profile=None) -> Layout:
     return from_modes(*flat_modes(layout))
 
 
+@static_cache
 @lift_composed
 def filter_zeros(layout) -> Layout:
     """Replace the shape of every mode with stride (provably) 0 by 1, keeping the structure.
@@ -88,6 +104,7 @@ def filter_zeros(layout) -> Layout:
     return Layout(shape, layout.stride)
 
 
+@static_cache
 @lift_composed
 def filter_layout(layout) -> Layout:
     """CuTe ``filter`` (exported as ``flydsl.layout.filter``): drop stride-0 and size-1 modes, then coalesce.
@@ -129,11 +146,16 @@ def _compose_leaf(a, e, s, d, where):
             strides.append(mul(d, ek))
             usage.append((k, span))
             return shapes, strides, usage
-        mode = f"B's mode {s}:{d} crosses mode {k} ({ak}:{ek}) of coalesced A"
-        if not decide(divides(d, ak), "composition", f"stride divisibility: {mode}", d, ak):
+        ok = divides(d, ak)
+        if ok is not True:
+            mode = f"B's mode {s}:{d} crosses mode {k} ({ak}:{ek}) of coalesced A"
+            decide(ok, "composition", f"stride divisibility: {mode}", d, ak)
             raise LayoutError(f"composition: {where}: stride divisibility fails: {mode} and {d} does not divide {ak}")
         m = floordiv(ak, d)
-        if not decide(divides(m, s), "composition", f"shape divisibility: {mode}", m, s):
+        ok = divides(m, s)
+        if ok is not True:
+            mode = f"B's mode {s}:{d} crosses mode {k} ({ak}:{ek}) of coalesced A"
+            decide(ok, "composition", f"shape divisibility: {mode}", m, s)
             raise LayoutError(f"composition: {where}: shape divisibility fails: {mode} and {m} does not divide {s}")
         shapes.append(m)
         strides.append(mul(d, ek))
@@ -169,6 +191,7 @@ def _check_no_carry(a, usages, where):
             )
 
 
+@static_cache
 def composition(lhs, rhs):
     """CuTe composition ``lhs o rhs``: ``R(i) == lhs(rhs(i))`` for ``i < size(rhs)``, with ``size(R) == size(rhs)``.
     ``rhs`` is a layout, an int ``n`` (the layout ``n:1``), or a tiler tuple of layouts / ints / None applied to
@@ -195,7 +218,12 @@ def composition(lhs, rhs):
             raise LayoutError(f"composition: a layout composed after a swizzle ({lhs} o {rhs}) is not supported")
         rhs = Layout(rhs)
     a, e = flat_modes(lhs, keep_last=True)
-    where = f"{lhs} o {rhs}"
+    rs, rd = it.leaves(rhs.shape), it.leaves(rhs.stride)
+    if _all_int(a) and _all_int(e) and _all_int(rs) and _all_int(rd):
+        flat = _compose_static(a, e, rs, rd)
+        if flat is not None:  # else a condition fails: the general path below says which
+            return Layout.trusted(it.unflatten(flat[0], rhs.shape), it.unflatten(flat[1], rhs.shape))
+    where = _Where(lhs, rhs)  # formatted only in an error message
     results = [
         _compose_leaf(a, e, s, d, where) for s, d in zip(it.leaves(rhs.shape), it.leaves(rhs.stride), strict=True)
     ]
@@ -203,6 +231,80 @@ def composition(lhs, rhs):
     shape = it.unflatten([r[0][0] if len(r[0]) == 1 else tuple(r[0]) for r in results], rhs.shape)
     stride = it.unflatten([r[1][0] if len(r[1]) == 1 else tuple(r[1]) for r in results], rhs.shape)
     return Layout.trusted(shape, stride)
+
+
+def _all_int(values) -> bool:
+    for v in values:
+        if type(v) is not int:
+            return False
+    return True
+
+
+def _compose_static(a, e, rs, rd):
+    """The composition of the coalesced static ``a:e`` with the static leaves ``rs:rd`` in plain int arithmetic
+    (the same walk as :func:`_compose_leaf` and the same checks as :func:`_check_no_carry`): the flat result shapes
+    and strides, one entry per leaf of B, or None when any condition fails (the general path then raises)."""
+    out_shapes, out_strides = [], []
+    spans = {}
+    last = len(a) - 1
+    for s, d in zip(rs, rd, strict=True):
+        if s == 1:
+            out_shapes.append(1)
+            out_strides.append(0)
+            continue
+        if d == 0:
+            out_shapes.append(s)
+            out_strides.append(0)
+            continue
+        if d < 0:
+            return None
+        shapes, strides = [], []
+        for k in range(last):
+            ak = a[k]
+            if d % ak == 0:
+                d //= ak
+                continue
+            span = (s - 1) * d
+            if span < ak:
+                shapes.append(s)
+                strides.append(d * e[k])
+                spans.setdefault(k, []).append(span)
+                s = 1
+                break
+            if ak % d:
+                return None
+            m = ak // d
+            if s % m:
+                return None
+            shapes.append(m)
+            strides.append(d * e[k])
+            spans.setdefault(k, []).append((m - 1) * d)
+            s, d = s // m, 1
+            if s == 1:
+                break
+        else:
+            shapes.append(s)
+            strides.append(d * e[last])
+        if len(shapes) == 1:
+            out_shapes.append(shapes[0])
+            out_strides.append(strides[0])
+        else:
+            out_shapes.append(tuple(shapes))
+            out_strides.append(tuple(strides))
+    for k, parts in spans.items():
+        if len(parts) > 1 and sum(parts) >= a[k]:
+            return None
+    return out_shapes, out_strides
+
+
+class _Where:
+    __slots__ = ("lhs", "rhs")
+
+    def __init__(self, lhs, rhs):
+        self.lhs, self.rhs = lhs, rhs
+
+    def __str__(self):
+        return f"{self.lhs} o {self.rhs}"
 
 
 def _tiler_str(tiler):

@@ -82,9 +82,20 @@ def leaves(x) -> tuple:
     """The leaves of ``x`` in order, always as a tuple: ``leaves(((2, 4), 8)) == (2, 4, 8)``, ``leaves(4) == (4,)``."""
     if not isinstance(x, tuple):
         return (x,)
-    if not any(isinstance(c, tuple) for c in x):
-        return x  # already flat: the common case, without the recursion
-    return fold(x, lambda v: (v,), lambda parts: sum(parts, ()))
+    for c in x:
+        if isinstance(c, tuple):
+            out = []
+            _collect(x, out)
+            return tuple(out)
+    return x  # already flat: the common case, without the recursion
+
+
+def _collect(x, out):
+    for c in x:
+        if isinstance(c, tuple):
+            _collect(c, out)
+        else:
+            out.append(c)
 
 
 def flatten(x):
@@ -102,8 +113,20 @@ def unflatten(flat, profile):
     >>> unflatten([1, 2, 3], ((0, 0), 0))
     ((1, 2), 3)
     """
+    if isinstance(profile, tuple) and isinstance(flat, (list, tuple)) and len(flat) == len(profile):
+        for c in profile:
+            if isinstance(c, tuple):
+                break
+        else:
+            return tuple(flat)  # a flat profile: the common case
     it = iter(flat)
-    return fold(profile, lambda _: next(it), lambda parts: parts)
+    return _rebuild(profile, it)
+
+
+def _rebuild(profile, it):
+    if isinstance(profile, tuple):
+        return tuple([_rebuild(c, it) for c in profile])
+    return next(it)
 
 
 def rank(x) -> int:
@@ -116,16 +139,16 @@ def depth(x) -> int:
     return fold(x, lambda _: 0, lambda parts: 1 + max(parts, default=0))
 
 
-def _product_of(parts):
-    result = 1
-    for p in parts:
-        result = mul(result, p)
-    return result
-
-
 def product(x):
     """Product of all leaves (CuTe ``size`` of a shape): ``product(((2, 4), 8)) == 64``; ``product(()) == 1``."""
-    return fold(x, lambda v: v, _product_of)
+    if type(x) is int:
+        return x
+    if isinstance(x, tuple):
+        result = 1
+        for v in leaves(x):
+            result = result * v if type(result) is int and type(v) is int else mul(result, v)
+        return result
+    return x
 
 
 def product_each(x):

@@ -9,6 +9,7 @@ and :mod:`tiling`.
 from __future__ import annotations
 
 import functools
+import threading
 
 from . import int_tuple as it
 from .leaf import (
@@ -29,6 +30,8 @@ __all__ = [
     "Layout",
     "as_layout",
     "lift_composed",
+    "static_cache",
+    "clear_caches",
     "make_layout",
     "make_ordered_layout",
     "make_identity_layout",
@@ -68,7 +71,7 @@ class Layout:
     ((4,8):(8,1), 10, 10, (4, 8), (8, 1))
     """
 
-    __slots__ = ("_shape", "_stride", "_key")
+    __slots__ = ("_shape", "_stride", "_key", "_static")
 
     def __init__(self, shape, stride=None):
         if isinstance(shape, list):
@@ -85,13 +88,13 @@ class Layout:
             )
         self._shape = shape
         self._stride = stride
-        self._key = None
+        self._key = self._static = None
 
     @classmethod
     def trusted(cls, shape, stride) -> Layout:
         """Build without validation, for the algebra's own results (congruent and positive by construction)."""
         self = object.__new__(cls)
-        self._shape, self._stride, self._key = shape, stride, None
+        self._shape, self._stride, self._key, self._static = shape, stride, None, None
         return self
 
     @property
@@ -121,6 +124,12 @@ class Layout:
     def __iter__(self):
         return (get(self, i) for i in range(len(self)))
 
+    def _fly_static(self) -> bool:
+        """Whether every leaf is static (computed once: a layout is immutable)."""
+        if self._static is None:
+            self._static = it.is_static(self._shape) and it.is_static(self._stride)
+        return self._static
+
     def _identity(self):
         if self._key is None:
             self._key = (it.tree_key(self._shape), it.tree_key(self._stride))
@@ -142,6 +151,51 @@ class Layout:
 def as_layout(x) -> Layout:
     """A Layout from a Layout, or from a shape IntTuple (compact column-major); ``as_layout(4) == 4:1``."""
     return x if isinstance(x, Layout) else Layout(x)
+
+
+_CACHES = []
+_OUTER = threading.local()
+
+
+def _static_arg(x) -> bool:
+    # Hashable by value and free of dynamic leaves: ints, None, static layouts, swizzles, tuples of those.
+    if x is None or type(x) is int:
+        return True
+    if type(x) is tuple:
+        return all(_static_arg(c) for c in x)
+    probe = getattr(x, "_fly_static", None)
+    return probe is not None and probe()
+
+
+def static_cache(fn):
+    """Decorator: memoize ``fn`` (a pure function of immutable arguments) when every argument is static; calls
+    with a dynamic leaf (whose ops must be emitted each time, and which hash by identity) always run ``fn``.
+    :func:`clear_caches` empties every such cache."""
+    cached = functools.lru_cache(maxsize=4096)(fn)
+    _CACHES.append(cached)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        # Only the outermost call is memoized: the intermediate layouts of one operation are fresh objects, and
+        # checking and hashing each of them would cost more than it saves.
+        if getattr(_OUTER, "depth", 0) or not (
+            all(_static_arg(a) for a in args) and all(_static_arg(v) for v in kwargs.values())
+        ):
+            return fn(*args, **kwargs)
+        _OUTER.depth = 1
+        try:
+            return cached(*args, **kwargs)
+        finally:
+            _OUTER.depth = 0
+
+    wrapper.uncached = fn
+    return wrapper
+
+
+def clear_caches() -> None:
+    """Empty the memo of every :func:`static_cache` function (to time the algebra itself, or to free memory)."""
+    for cached in _CACHES:
+        cached.cache_clear()
 
 
 def lift_composed(fn):
@@ -342,6 +396,10 @@ def get(x, *modes, mode=None):
     >>> get(Layout(((2, 4), 8), ((1, 16), 2)), 0, 1)
     4:16
     """
+    if mode is None and len(modes) == 1 and type(x) is Layout and type(modes[0]) is int:
+        shape, i = x._shape, modes[0]
+        if type(shape) is tuple and -len(shape) <= i < len(shape):  # the common case, without _apply
+            return Layout.trusted(shape[i], x._stride[i])
     path = modes if mode is None else _modes(mode)
     if len(path) == 1 and isinstance(path[0], (list, tuple)):
         path = tuple(path[0])

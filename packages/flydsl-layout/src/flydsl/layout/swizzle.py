@@ -54,6 +54,9 @@ class Swizzle:
         moved = moved >> self.shift if self.shift >= 0 else moved << -self.shift
         return offset ^ moved
 
+    def _fly_static(self) -> bool:
+        return True
+
     def _fly_compose(self, rhs):
         if rhs is None:
             return self
@@ -108,6 +111,10 @@ class ComposedLayout:
 
     def __len__(self):
         return len(self.inner)
+
+    def _fly_static(self) -> bool:
+        outer = getattr(self.outer, "_fly_static", None)
+        return is_static_leaf(self.offset) and self.inner._fly_static() and outer is not None and outer()
 
     def _fly_lift(self, fn):
         return ComposedLayout(self.outer, self.offset, fn(self.inner))

@@ -15,7 +15,19 @@ from __future__ import annotations
 from . import int_tuple as it
 from .algebra import complement
 from .composition import coalesce, composition
-from .layout import Layout, append, as_layout, cosize, get, lift_composed, make_layout, make_ordered_layout, rank, size
+from .layout import (
+    Layout,
+    append,
+    as_layout,
+    cosize,
+    get,
+    lift_composed,
+    make_layout,
+    make_ordered_layout,
+    rank,
+    size,
+    static_cache,
+)
 from .leaf import LayoutError, decide, divides
 
 __all__ = [
@@ -44,6 +56,18 @@ def _rest_modes(target, tiler):
     return [get(target, i) for i in range(len(tiler), rank(target))]
 
 
+def _tiled(op, leaf_op, target, tiler):
+    # The logical divide/product dispatch: None keeps the layout, a tiler tuple applies op mode by mode (the modes
+    # it does not cover stay), a layout or shape goes to leaf_op(target, tiler_layout).
+    target = as_layout(target)
+    if tiler is None:
+        return target
+    if isinstance(tiler, tuple):
+        return make_layout(*_by_mode(op, target, tiler), *_rest_modes(target, tiler))
+    return leaf_op(target, as_layout(tiler))
+
+
+@static_cache
 @lift_composed
 def logical_divide(target, tiler) -> Layout:
     """Split ``target`` into (tile, rest): ``R(i, j)`` is element ``i`` of tile ``j``.
@@ -53,15 +77,14 @@ def logical_divide(target, tiler) -> Layout:
     >>> logical_divide(Layout((9, (4, 8)), (59, (13, 1))), (Layout(3, 3), Layout((2, 4), (1, 8))))
     ((3,3),((2,4),(2,2))):((177,59),((13,2),(26,1)))
     """
-    target = as_layout(target)
-    if tiler is None:
-        return target
-    if isinstance(tiler, tuple):
-        return make_layout(*_by_mode(logical_divide, target, tiler), *_rest_modes(target, tiler))
-    tiler = as_layout(tiler)
+    return _tiled(logical_divide, _divide, target, tiler)
+
+
+def _divide(target, tiler):
     return composition(target, make_layout(tiler, complement(tiler, size(target))))
 
 
+@static_cache
 @lift_composed
 def logical_product(block, tiler) -> Layout:
     """``(block, tiler-many copies of block)``: mode 0 is ``block``, mode 1 lays out the copies as ``tiler`` says.
@@ -69,12 +92,10 @@ def logical_product(block, tiler) -> Layout:
     >>> logical_product(Layout((2, 2), (4, 1)), Layout(6, 1))
     ((2,2),(2,3)):((4,1),(2,8))
     """
-    block = as_layout(block)
-    if tiler is None:
-        return block
-    if isinstance(tiler, tuple):
-        return make_layout(*_by_mode(logical_product, block, tiler), *_rest_modes(block, tiler))
-    tiler = as_layout(tiler)
+    return _tiled(logical_product, _product, block, tiler)
+
+
+def _product(block, tiler):
     return make_layout(block, composition(complement(block, size(block) * cosize(tiler)), tiler))
 
 
@@ -98,6 +119,7 @@ def _regroup(op, target, tiler, style):
     return make_layout(*tiles, *rests)
 
 
+@static_cache
 @lift_composed
 def zipped_divide(target, tiler) -> Layout:
     """``((tile modes), (rest modes))``: mode 0 indexes inside a tile, mode 1 picks the tile.
@@ -108,6 +130,7 @@ def zipped_divide(target, tiler) -> Layout:
     return _regroup(logical_divide, target, tiler, "zipped")
 
 
+@static_cache
 @lift_composed
 def tiled_divide(target, tiler) -> Layout:
     """``((tile modes), rest0, rest1, ...)``.
@@ -118,6 +141,7 @@ def tiled_divide(target, tiler) -> Layout:
     return _regroup(logical_divide, target, tiler, "tiled")
 
 
+@static_cache
 @lift_composed
 def flat_divide(target, tiler) -> Layout:
     """``(tile0, tile1, ..., rest0, rest1, ...)``.
@@ -128,6 +152,7 @@ def flat_divide(target, tiler) -> Layout:
     return _regroup(logical_divide, target, tiler, "flat")
 
 
+@static_cache
 @lift_composed
 def zipped_product(block, tiler) -> Layout:
     """``((block modes), (repeat modes))`` of the by-mode logical product.
@@ -138,6 +163,7 @@ def zipped_product(block, tiler) -> Layout:
     return _regroup(logical_product, block, tiler, "zipped")
 
 
+@static_cache
 @lift_composed
 def tiled_product(block, tiler) -> Layout:
     """``((block modes), repeat0, repeat1, ...)``.
@@ -148,6 +174,7 @@ def tiled_product(block, tiler) -> Layout:
     return _regroup(logical_product, block, tiler, "tiled")
 
 
+@static_cache
 @lift_composed
 def flat_product(block, tiler) -> Layout:
     """``(block0, block1, ..., repeat0, repeat1, ...)``.
@@ -170,6 +197,7 @@ def _zip_product(block, tiler, block_first):
     return make_layout(*(make_layout(*(p if block_first else p[::-1])) for p in pairs))
 
 
+@static_cache
 @lift_composed
 def blocked_product(block, tiler) -> Layout:
     """Mode ``i`` is ``(block_i, repeat_i)``: whole blocks laid side by side as ``tiler`` says.
@@ -180,6 +208,7 @@ def blocked_product(block, tiler) -> Layout:
     return _zip_product(block, tiler, True)
 
 
+@static_cache
 @lift_composed
 def raked_product(block, tiler) -> Layout:
     """Mode ``i`` is ``(repeat_i, block_i)``: the blocks' elements interleaved (raked) across the repeats.
@@ -190,6 +219,7 @@ def raked_product(block, tiler) -> Layout:
     return _zip_product(block, tiler, False)
 
 
+@static_cache
 @lift_composed
 def tile_to_shape(block, trg_shape, order=None) -> Layout:
     """Repeat ``block`` (blocked product) until it covers ``trg_shape``; the repeats are ordered by ``order``

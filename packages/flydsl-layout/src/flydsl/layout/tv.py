@@ -5,12 +5,13 @@ from __future__ import annotations
 from . import int_tuple as it
 from .algebra import right_inverse
 from .composition import composition
-from .layout import as_layout, make_layout, size
+from .layout import as_layout, make_layout, size, static_cache
 from .tiling import raked_product
 
 __all__ = ["make_layout_tv"]
 
 
+@static_cache
 def make_layout_tv(thr_layout, val_layout):
     """CuTe DSL's ``make_layout_tv``: returns ``(tiler_mn, layout_tv)`` where ``layout_tv(t, v)`` is the
     column-major offset inside the ``tiler_mn`` tile of value ``v`` of thread ``t``. The tile is the raked
