@@ -209,6 +209,9 @@ def _scale_leaf(s, d, n, up):
 
 
 def _scale(layout, n, up):
+    scale = getattr(layout, "_fly_scale", None)
+    if scale is not None:
+        return scale(n, up)
     layout = as_layout(layout)
     pairs = [_scale_leaf(s, d, n, up) for s, d in zip(it.leaves(layout.shape), it.leaves(layout.stride), strict=True)]
     return Layout(it.unflatten([p[0] for p in pairs], layout.shape), it.unflatten([p[1] for p in pairs], layout.shape))

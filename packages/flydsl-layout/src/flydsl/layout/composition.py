@@ -214,8 +214,14 @@ def composition(lhs, rhs):
         modes = [composition(get(lhs, i), t) for i, t in enumerate(rhs)]
         return make_layout(*modes, *(get(lhs, i) for i in range(len(rhs), rank(lhs))))
     if not isinstance(rhs, Layout):
+        precompose = getattr(rhs, "_fly_precompose", None)
+        if precompose is not None:
+            return precompose(lhs)
         if hasattr(rhs, "_fly_lift") or hasattr(rhs, "_fly_compose"):
-            raise LayoutError(f"composition: a layout composed after a swizzle ({lhs} o {rhs}) is not supported")
+            raise LayoutError(
+                f"composition: a layout composed after a bare swizzle ({lhs} o {rhs}) is not supported; "
+                "compose with the swizzled layout Sw o 0 o L instead"
+            )
         rhs = Layout(rhs)
     a, e = flat_modes(lhs, keep_last=True)
     rs, rd = it.leaves(rhs.shape), it.leaves(rhs.stride)

@@ -218,10 +218,10 @@ def make_layout(*args, stride=None) -> Layout:
     >>> make_layout((4, 8)), make_layout(Layout(4, 2), Layout(8, 1))
     ((4,8):(1,4), (4,8):(2,1))
     """
-    if args and all(isinstance(a, Layout) for a in args):
+    if args and all(type(a) is Layout or isinstance(a, Layout) for a in args):
         if stride is not None:
             raise LayoutError("make_layout: a stride cannot be given with layout modes")
-        return Layout.trusted(tuple(a.shape for a in args), tuple(a.stride for a in args))
+        return Layout.trusted(tuple([a._shape for a in args]), tuple([a._stride for a in args]))
     if len(args) == 2 and stride is None:
         args, stride = args[:1], args[1]
     if len(args) != 1:

@@ -15,9 +15,23 @@ slicing (the slice's offset moves inside, since a swizzle does not commute with 
 
 from __future__ import annotations
 
+from . import int_tuple as it
+from .algebra import downcast, upcast
 from .composition import composition
-from .layout import Layout, as_layout, slice_and_offset
-from .leaf import LayoutError, add, is_static_leaf
+from .layout import Layout, as_layout, cosize, slice_and_offset
+from .leaf import (
+    LayoutError,
+    add,
+    ceil_div_leaf,
+    divides,
+    floordiv,
+    is_static_leaf,
+    mul,
+    provably_equal,
+    require_static,
+)
+
+_MAX_CHECKED_BITS = 16  # Layout o Swizzle checks the swizzle's block of 2**top offsets one by one
 
 __all__ = ["Swizzle", "ComposedLayout", "make_swizzle", "make_composed_layout"]
 
@@ -63,6 +77,22 @@ class Swizzle:
         if not isinstance(rhs, (Layout, int)):
             raise LayoutError(f"composition: {self} o {rhs}: a swizzle composes with a layout or an int")
         return ComposedLayout(self, 0, as_layout(rhs))
+
+    @property
+    def block(self) -> int:
+        """The size of the aligned blocks of offsets that the swizzle permutes among themselves."""
+        return 1 << (self.yyy_mask | self.zzz_mask).bit_length()
+
+    def _scaled(self, n: int, up: bool):
+        # The same swizzle in units of n-times wider (up) or narrower elements; n a power of two.
+        if n < 1 or n & (n - 1):
+            raise LayoutError(f"{'upcast' if up else 'downcast'}: {self} needs a power-of-two factor, got {n}")
+        k = n.bit_length() - 1
+        if not up:
+            return Swizzle(self.bits, self.base + k, self.shift)
+        if self.bits and self.base < k:
+            raise LayoutError(f"upcast: {self} permutes elements inside one {n}-times wider element (base {self.base})")
+        return Swizzle(self.bits, max(self.base - k, 0), self.shift)
 
     def __eq__(self, other):
         return isinstance(other, Swizzle) and (self.bits, self.base, self.shift) == (
@@ -122,6 +152,71 @@ class ComposedLayout:
     def _fly_compose(self, rhs):
         return ComposedLayout(self.outer, self.offset, composition(self.inner, rhs))
 
+    def _fly_scale(self, n, up):
+        # upcast/downcast (and so recast_layout): outer, offset and inner each in the new units (CuTe's rule).
+        if not isinstance(self.outer, Swizzle):
+            raise LayoutError(f"{'upcast' if up else 'downcast'}: {self} has a layout, not a swizzle, as outer")
+        if up:
+            ok = divides(n, self.offset)
+            if ok is not True:
+                raise LayoutError(f"upcast: offset {self.offset} of {self} is not (provably) a multiple of {n}")
+            offset = floordiv(self.offset, n)
+        else:
+            offset = mul(self.offset, n)
+        scale = upcast if up else downcast
+        return ComposedLayout(self.outer._scaled(n, up), offset, scale(self.inner, n))
+
+    def _fly_cosize(self):
+        # An upper bound that is exact when the inner image fills whole swizzle blocks (tiles of a swizzle atom):
+        # the swizzle keeps every offset inside its aligned block, so offsets stay below the rounded-up extent.
+        if not isinstance(self.outer, Swizzle):
+            raise LayoutError(f"cosize: {self} has a layout, not a swizzle, as outer")
+        extent = add(self.offset, cosize(self.inner))
+        block = self.outer.block
+        return mul(ceil_div_leaf(extent, block), block)
+
+    def _fly_precompose(self, lhs):
+        """``lhs o self`` for a plain layout ``lhs`` (CuTe's ``composition(Layout, ComposedLayout)``): the swizzle is
+        carried through ``lhs`` as ``Sw' o 0 o (lhs o inner)``, returned only when ``lhs o Sw == Sw' o lhs`` is proven
+        on the offsets that ``inner`` reaches; otherwise a LayoutError says why."""
+        where = f"composition: {lhs} o {self}"
+        if not provably_equal(self.offset, 0):
+            raise LayoutError(f"{where}: needs offset 0 (as CuTe), got {self.offset}")
+        if not isinstance(self.outer, Swizzle):
+            raise LayoutError(f"{where}: only a swizzle can be carried through a layout")
+        sw = self.outer
+        if sw.bits == 0:
+            return composition(lhs, self.inner)
+        top = (sw.yyy_mask | sw.zzz_mask).bit_length()
+        if top > _MAX_CHECKED_BITS:
+            raise LayoutError(f"{where}: {sw} spans 2**{top} offsets, more than this check enumerates")
+        reach = require_static(cosize(self.inner), "composition", "cosize of the swizzled inner layout")
+        rows = -(-reach // (1 << top))
+        # lhs(x) == lo(x mod 2**top) + hi(x >> top), with lo additive over bits: proven by this composition.
+        bits = Layout((2,) * top + (rows,), tuple(1 << j for j in range(top)) + (1 << top,))
+        try:
+            split = composition(lhs, bits)
+        except LayoutError as err:
+            raise LayoutError(f"{where}: {lhs} does not split into bits below 2**{top}: {err}") from None
+        lo = [split(1 << j) for j in range(top)]
+        if not all(type(v) is int and v > 0 and v & (v - 1) == 0 for v in lo):
+            raise LayoutError(f"{where}: {lhs} does not map the swizzle's bits to single bits: {lo}")
+        y_mask = sum(lo[j] for j in range(top) if sw.yyy_mask >> j & 1)
+        z_mask = sum(lo[j] for j in range(top) if sw.zzz_mask >> j & 1)
+        new = _swizzle_from_masks(y_mask, z_mask)
+        if new is None:
+            raise LayoutError(f"{where}: {lhs} maps the swizzle's bits to {y_mask:#x}/{z_mask:#x}, not a swizzle")
+        for d in it.leaves(_mode_stride(split, top)):
+            if divides(new.block, d) is not True:
+                raise LayoutError(f"{where}: the rows of {lhs} (stride {d}) are not multiples of {new.block}")
+
+        def low(x):
+            return sum(lo[j] for j in range(top) if x >> j & 1)
+
+        if any(low(sw(x)) != new(low(x)) for x in range(1 << top)):
+            raise LayoutError(f"{where}: {lhs} o {sw} is not {new} o {lhs}")
+        return ComposedLayout(new, 0, composition(lhs, self.inner))
+
     def _fly_slice(self, coord):
         sub, off = slice_and_offset(coord, self.inner)
         return ComposedLayout(self.outer, add(self.offset, off), sub), 0
@@ -141,6 +236,24 @@ class ComposedLayout:
         return f"{self.outer!r} o {offset} o {self.inner!r}"
 
     __str__ = __repr__
+
+
+def _mode_stride(layout, mode):
+    """The stride of top-level mode ``mode``."""
+    return layout[mode].stride
+
+
+def _swizzle_from_masks(y_mask: int, z_mask: int):
+    # The Swizzle whose read bits are y_mask and flipped bits z_mask (each a run of ones), or None.
+    bits = bin(z_mask).count("1")
+    if bits != bin(y_mask).count("1") or bits == 0:
+        return None
+    y_low, z_low = (y_mask & -y_mask).bit_length() - 1, (z_mask & -z_mask).bit_length() - 1
+    base, shift = min(y_low, z_low), y_low - z_low
+    if abs(shift) < bits:
+        return None
+    sw = Swizzle(bits, base, shift)
+    return sw if (sw.yyy_mask, sw.zzz_mask) == (y_mask, z_mask) else None
 
 
 def make_swizzle(bits: int, base: int, shift: int) -> Swizzle:
