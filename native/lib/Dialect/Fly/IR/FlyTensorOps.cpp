@@ -37,3 +37,28 @@ LogicalResult LoadOp::verify() {
 LogicalResult StoreOp::verify() {
   return verifyCoordinates(*this, getTensor().getType(), getCoord().size());
 }
+
+LogicalResult AllocSmemOp::verify() {
+  if (getType().getAddressSpace() != unsigned(AddressSpace::Shared))
+    return emitOpError("result must be a shared-memory pointer, got ") << getType();
+  return success();
+}
+
+static std::optional<int64_t> staticSize(Type layout) {
+  if (auto composed = dyn_cast<ComposedLayoutType>(layout))
+    layout = composed.getInner();
+  return cast<LayoutType>(layout).getStaticSize();
+}
+
+LogicalResult CopyOp::verify() {
+  fly::TensorType source = getSource().getType(), target = getTarget().getType();
+  if (source.getPtr().getElementType() != target.getPtr().getElementType())
+    return emitOpError("element types differ: ")
+           << source.getPtr().getElementType() << " and " << target.getPtr().getElementType();
+  std::optional<int64_t> sourceSize = staticSize(source.getLayout());
+  std::optional<int64_t> targetSize = staticSize(target.getLayout());
+  if (sourceSize && targetSize && *sourceSize > *targetSize)
+    return emitOpError("source has ") << *sourceSize << " elements but target only "
+                                      << *targetSize;
+  return success();
+}

@@ -70,4 +70,43 @@ def Fly_StoreOp : Fly_Op<"store", [MemoryEffects<[MemWrite]>,
   let hasVerifier = 1;
 }
 
+def Fly_AllocSmemOp : Fly_Op<"alloc_smem", [MemoryEffects<[MemAlloc]>]> {
+  let summary = "reserves shared memory for `count` elements of the pointer's element type";
+  let description = [{
+    `fly-lower-smem` gives every allocation of a kernel its own offset in the
+    kernel's dynamic shared memory (aligned as the result type says) and
+    records the total in the kernel's `fly.smem_bytes` attribute, which the
+    launcher uses as the launch's shared-memory size.
+
+    ```mlir
+    %a = fly.alloc_smem 4096 : !fly.ptr<bf16, shared, 128>
+    ```
+  }];
+  let arguments = (ins ConfinedAttr<I64Attr, [IntPositive]>:$count);
+  let results = (outs Fly_PtrType:$result);
+  let assemblyFormat = "$count attr-dict `:` qualified(type($result))";
+  let hasVerifier = 1;
+}
+
+def Fly_CopyOp : Fly_Op<"copy", [MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "copies a tensor element by element, vectorized as far as the layouts prove";
+  let description = [{
+    `target(i) = source(i)` for every linear coordinate `i < size(source)`.
+    The lowering picks the widest access (up to 16 bytes) that both layouts,
+    the pointers' alignments and the known divisors of dynamic leaves prove
+    safe; nobody passes a width. With `if %p`, nothing is copied when `%p` is
+    false.
+
+    ```mlir
+    fly.copy %src, %dst : !fly.tensor<...>, !fly.tensor<...>
+    fly.copy %src, %dst if %in_bounds : !fly.tensor<...>, !fly.tensor<...>
+    ```
+  }];
+  let arguments = (ins Fly_TensorType:$source, Fly_TensorType:$target, Optional<I1>:$predicate);
+  let assemblyFormat = [{
+    $source `,` $target (`if` $predicate^)? attr-dict `:` qualified(type($source)) `,` qualified(type($target))
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // FLY_TENSOR_OPS_TD

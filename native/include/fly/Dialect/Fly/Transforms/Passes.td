@@ -23,11 +23,26 @@ def FlyLowerTensors : Pass<"fly-lower-tensors"> {
   let description = [{
     Rewrites `fly.load` and `fly.store` into an offset computed from the
     tensor's layout (as `fly-lower-layouts` computes it), an
-    `llvm.getelementptr` and an `llvm.load` / `llvm.store`, then removes the
-    pointer and tensor values that are no longer used. Run before
-    `fly-lower-layouts`.
+    `llvm.getelementptr` and an `llvm.load` / `llvm.store`; `fly.copy` into
+    vector loads and stores as wide as the layouts prove (unrolled when short,
+    an `scf.for` otherwise). Then removes the pointer and tensor values that
+    are no longer used. Run before `fly-lower-layouts`.
   }];
-  let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::LLVM::LLVMDialect"];
+  let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::LLVM::LLVMDialect",
+                           "::mlir::scf::SCFDialect"];
+}
+
+def FlyLowerSmem : Pass<"fly-lower-smem"> {
+  let summary = "place each kernel's fly.alloc_smem in its dynamic shared memory";
+  let description = [{
+    Gives every `fly.alloc_smem` of a function its own offset (aligned as its
+    pointer type says) in one external `[0 x i8]` address-space-3 global
+    (`__fly_smem`). Declaring dynamic shared memory that way makes ptxas place
+    it after all static shared memory, where `gpu.dynamic_shared_memory` would
+    overlap it. The function gets `fly.smem_bytes`, the launch's dynamic
+    shared-memory size. Run before `fly-lower-tensors`.
+  }];
+  let dependentDialects = ["::mlir::LLVM::LLVMDialect"];
 }
 
 #endif // FLY_PASSES_TD
