@@ -201,12 +201,16 @@ def decide(answer, op: str, what: str, *leaves):
     """Return a provable ``answer`` (True/False); raise a LayoutError naming ``op`` and the dynamic leaves if None."""
     if answer is None:
         dyn = ", ".join(repr(x) for x in leaves if not isinstance(x, int))
+        if any(isinstance(x, ScaledBasis) for x in leaves):
+            raise LayoutError(f"{op}: cannot decide {what} with basis element {dyn}: this needs integer offsets")
         raise LayoutError(f"{op}: cannot decide {what} with dynamic leaf {dyn}; this needs static values")
     return answer
 
 
 def require_static(x, op: str, what: str = "value"):
     """Return ``x`` if it is a static int, else raise a LayoutError naming ``op`` and the dynamic leaf."""
+    if isinstance(x, ScaledBasis):
+        raise LayoutError(f"{op}: needs an integer {what}, got the basis element {x!r} (a coordinate stride)")
     if not isinstance(x, int):
         raise LayoutError(f"{op}: needs a static {what}, got dynamic leaf {x!r}")
     return x
