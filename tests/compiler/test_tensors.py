@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,48 @@ def _transpose_on_gpu(module, m: int, n: int) -> None:
 def test_transpose_with_dynamic_layouts_is_exact(m, n):
     module = runtime.load(flyc.compile_mlir(TRANSPOSE))
     _transpose_on_gpu(module, m, n)
+
+
+SMEM_SWIZZLE = (Path(__file__).resolve().parents[2] / "examples" / "smem_swizzle.mlir").read_text()
+
+
+def test_smem_swizzle_kernel_uses_16_byte_accesses_and_reports_its_shared_memory():
+    compiled = flyc.compile_mlir(SMEM_SWIZZLE, assemble=True)
+    assert compiled.kernels == {"swizzle_roundtrip": "pppii"}
+    assert compiled.shared_bytes == {"swizzle_roundtrip": 8192}
+    accesses = re.findall(r"\b(?:ld|st)\.(?:global|shared)[.\w]*", compiled.ptx)
+    assert accesses and all(".v4.b32" in access for access in accesses), accesses
+    assert ".extern .shared .align 128 .b8 __fly_smem[];" in compiled.ptx
+
+
+@pytest.mark.gpu
+def test_smem_swizzle_round_trip_matches_flydsl_layout_swizzle():
+    from flydsl.layout import Swizzle
+
+    blocks, ld = 3, 72  # 64 of the 72 columns are moved; the rest of `out` must stay poisoned
+    rows = 64 * blocks
+    values = array.array("H", (random.getrandbits(16) & 0x7BFF for _ in range(rows * ld)))  # finite f16 bits
+    source = runtime.DeviceBuffer(2 * rows * ld)
+    source.copy_from_host(values)
+    out = runtime.DeviceBuffer(2 * rows * ld)
+    out.memset(0xFF)
+    dump = runtime.DeviceBuffer(2 * 4096 * blocks)
+    dump.memset(0xFF)
+    module = runtime.load(flyc.compile_mlir(SMEM_SWIZZLE))
+    module.launch("swizzle_roundtrip", blocks, 512, source, out, dump, ld, blocks)  # shared memory: 8192 bytes
+    runtime.synchronize()
+
+    got = array.array("H")
+    got.frombytes(out.copy_to_host())
+    for r in range(rows):
+        assert got[r * ld : r * ld + 64] == values[r * ld : r * ld + 64], f"row {r}"
+        assert set(got[r * ld + 64 : (r + 1) * ld]) == {0xFFFF}, f"row {r}: columns past the tile were written"
+
+    placed = array.array("H")
+    placed.frombytes(dump.copy_to_host())
+    swizzle = Swizzle(3, 3, 3)
+    for block in range(blocks):
+        for r in range(64):
+            for c in range(64):
+                expected = values[(64 * block + r) * ld + c]
+                assert placed[4096 * block + swizzle(r * 64 + c)] == expected

@@ -133,3 +133,128 @@ func.func @store_coordinates(%t: !fly.tensor<!fly.ptr<f16, global, 16>, !fly.lay
   fly.store %v, %t() : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
   return
 }
+
+// -----
+
+func.func @composed_offset_operand(%l: !fly.layout<8:1>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.make_composed_layout' op expects an offset operand for the '?' offset of '!fly.composed_layout<Sw<1,0,1> o ? o 8:1>'
+  %c = fly.make_composed_layout %l : !fly.layout<8:1> -> !fly.composed_layout<Sw<1,0,1> o ? o 8:1>
+  return
+}
+
+// -----
+
+func.func @composed_static_offset(%l: !fly.layout<8:1>, %o: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.make_composed_layout' op takes no offset operand: the offset is static in '!fly.composed_layout<Sw<1,0,1> o 4 o 8:1>'
+  %c = fly.make_composed_layout %l offset %o : !fly.layout<8:1> -> !fly.composed_layout<Sw<1,0,1> o 4 o 8:1>
+  return
+}
+
+// -----
+
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: composed layout offset must be an integer or '?', got (1,2)
+func.func @composed_tuple_offset(%l: !fly.composed_layout<Sw<1,0,1> o (1,2) o 8:1>) { return }
+
+// -----
+
+func.func @smem_space() {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.alloc_smem' op result must be a shared-memory pointer, got '!fly.ptr<f32, global, 16>'
+  %p = fly.alloc_smem 8 : !fly.ptr<f32, global, 16>
+  return
+}
+
+// -----
+
+func.func @copy_types(%a: !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<4:1>>, %b: !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<4:1>>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.copy' op element types differ: 'f32' and 'f16'
+  fly.copy %a, %b : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<4:1>>, !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<4:1>>
+  return
+}
+
+// -----
+
+func.func @copy_sizes(%a: !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>, %b: !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<4:1>>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.copy' op source has 8 elements but target only 4
+  fly.copy %a, %b : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>, !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<4:1>>
+  return
+}
+
+// -----
+
+func.func @slice_fixed_count(%t: !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.slice' op expects one 'fixed' entry per shape leaf of '!fly.layout<(4,8):(8,1)>' (2), got 1
+  %r = fly.slice %t[true](%i) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>> -> !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
+  return
+}
+
+// -----
+
+func.func @slice_coords(%t: !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.slice' op expects one coordinate per fixed leaf (1), got 2
+  %r = fly.slice %t[true, false](%i, %i) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>> -> !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
+  return
+}
+
+// -----
+
+func.func @slice_leaves(%t: !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.slice' op result layout '!fly.layout<8:2>' must have exactly the free leaves of '!fly.layout<(4,8):(8,1)>'
+  %r = fly.slice %t[true, false](%i) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>> -> !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:2>>
+  return
+}
+
+// -----
+
+func.func @slice_pointer(%t: !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.slice' op result pointer '!fly.ptr<f16, global, 16>' must keep the element type and address space of '!fly.ptr<f32, global, 16>'
+  %r = fly.slice %t[true, false](%i) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>> -> !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<8:1>>
+  return
+}
+
+// -----
+
+func.func @slice_plain_to_composed(%t: !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.slice' op slicing a plain layout gives a plain layout, got '!fly.composed_layout<Sw<1,0,1> o ? o 8:1>'
+  %r = fly.slice %t[true, false](%i) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>> -> !fly.tensor<!fly.ptr<f32, global, 16>, !fly.composed_layout<Sw<1,0,1> o ? o 8:1>>
+  return
+}
+
+// -----
+
+func.func @slice_alignment(%t: !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(6,1)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.slice' op result alignment 16 is more than the 8 bytes that the source alignment and the fixed strides prove
+  %r = fly.slice %t[true, false](%i) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(6,1)>> -> !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
+  return
+}
+
+// -----
+
+func.func @slice_swizzle(%t: !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,8)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.slice' op slicing '!fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,8)>' must keep its swizzle, got '!fly.layout<8:1>'
+  %r = fly.slice %t[false, true](%i) : !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,8)>> -> !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.layout<8:1>>
+  return
+}
+
+// -----
+
+func.func @slice_composed_pointer(%t: !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,8)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.slice' op slicing a composed layout keeps the pointer '!fly.ptr<f16, shared, 16>', got '!fly.ptr<f16, shared, 8>'
+  %r = fly.slice %t[false, true](%i) : !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,8)>> -> !fly.tensor<!fly.ptr<f16, shared, 8>, !fly.composed_layout<Sw<3,3,3> o ? o 8:1>>
+  return
+}
+
+// -----
+
+func.func @slice_static_offset(%t: !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,8)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.slice' op result offset must be '?' (it depends on the coordinates), got 0
+  %r = fly.slice %t[false, true](%i) : !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,8)>> -> !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o 0 o 8:1>>
+  return
+}
+
+// -----
+
+func.func @slice_offset_divisor(%t: !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,8)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.slice' op result offset ?{div=16} claims a divisor the fixed strides do not prove (at most 8)
+  %r = fly.slice %t[false, true](%i) : !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,8)>> -> !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o ?{div=16} o 8:1>>
+  return
+}

@@ -64,6 +64,30 @@ func.func @dynamic_predicated(%a_raw: !llvm.ptr<1>, %b_raw: !llvm.ptr<1>, %n: in
   return
 }
 
+// A slice moves the pointer of a plain layout, and the offset inside the swizzle of a composed
+// one: row %r of the swizzled tile starts at Sw<3,3,3>(64 * %r).
+// CHECK-LABEL: func.func @sliced
+// CHECK-SAME: (%[[G:[^:]*]]: !llvm.ptr<1>, %[[S:[^:]*]]: !llvm.ptr<3>, %[[R:[^:]*]]: index)
+// CHECK: %[[C64:.*]] = arith.constant 64 : index
+// CHECK: %[[ROW:.*]] = arith.muli %[[R]], %[[C64]] : index
+// CHECK: %[[SEL:.*]] = arith.andi %[[ROW]], %{{.*}} : index
+// CHECK: %[[MOVED:.*]] = arith.shrui %[[SEL]], %{{.*}} : index
+// CHECK: %[[SW:.*]] = arith.xori %[[ROW]], %[[MOVED]] : index
+// CHECK: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<3> -> vector<8xf16>
+func.func @sliced(%g_raw: !llvm.ptr<1>, %s_raw: !llvm.ptr<3>, %r: index) {
+  %sp = fly.make_ptr %s_raw : !llvm.ptr<3> -> !fly.ptr<f16, shared, 128>
+  %sl = fly.make_layout : !fly.layout<(8,64):(1,64)>
+  %sc = fly.make_composed_layout %sl : !fly.layout<(8,64):(1,64)> -> !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,64)>
+  %s = fly.make_tensor %sp, %sc : !fly.tensor<!fly.ptr<f16, shared, 128>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,64)>>
+  %row = fly.slice %s[false, true](%r) : !fly.tensor<!fly.ptr<f16, shared, 128>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,64)>> -> !fly.tensor<!fly.ptr<f16, shared, 128>, !fly.composed_layout<Sw<3,3,3> o ?{div=64} o 8:1>>
+  %gp = fly.make_ptr %g_raw : !llvm.ptr<1> -> !fly.ptr<f16, global, 16>
+  %gl = fly.make_layout : !fly.layout<(8,64):(1,8)>
+  %g = fly.make_tensor %gp, %gl : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(8,64):(1,8)>>
+  %grow = fly.slice %g[false, true](%r) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(8,64):(1,8)>> -> !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<8:1>>
+  fly.copy %row, %grow : !fly.tensor<!fly.ptr<f16, shared, 128>, !fly.composed_layout<Sw<3,3,3> o ?{div=64} o 8:1>>, !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<8:1>>
+  return
+}
+
 // Must not fire: a tensor passed in as an argument has nothing to lower with.
 // CHECK-LABEL: func.func @no_fire
 // CHECK: fly.copy

@@ -24,6 +24,7 @@ func.func @layout_types(%a: !fly.layout<8:1>, %b: !fly.layout<(4,8):(1,4)>,
 // CHECK-SAME: !fly.int_tuple<?{div=8}>
 // CHECK-SAME: !fly.composed_layout<Sw<3,4,3> o 0 o (8,64):(64,1)>
 // CHECK-SAME: !fly.composed_layout<Sw<2,3,-3> o 32 o (?,8):(8,1)>
+// CHECK-SAME: !fly.composed_layout<Sw<3,4,3> o ?{div=8} o 8:1>
 // CHECK-SAME: !fly.ptr<f16, global, 16>
 // CHECK-SAME: !fly.ptr<bf16, shared, 128>
 // CHECK-SAME: !fly.ptr<f32, register, 4>
@@ -33,6 +34,7 @@ func.func @layout_types(%a: !fly.layout<8:1>, %b: !fly.layout<(4,8):(1,4)>,
 func.func @other_types(%a: !fly.int_tuple<(4,(?,2))>, %b: !fly.int_tuple<?{div=8}>,
                        %c: !fly.composed_layout<Sw<3,4,3> o 0 o (8,64):(64,1)>,
                        %d: !fly.composed_layout<Sw<2,3,-3> o 32 o (?,8):(8,1)>,
+                       %d2: !fly.composed_layout<Sw<3,4,3> o ?{div=8} o 8:1>,
                        %e: !fly.ptr<f16, global, 16>, %f: !fly.ptr<bf16, shared, 128>,
                        %g: !fly.ptr<f32, register, 4>, %h: !fly.ptr<vector<4xf32>, generic, 16>,
                        %i: !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(?,8):(8,1)>>,
@@ -92,4 +94,24 @@ func.func @tensor_ops(%raw: !llvm.ptr<1>, %i: index, %v: f16) -> f16 {
   // CHECK: fly.store %{{.*}}, %[[T]](%{{.*}}, %{{.*}}) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
   fly.store %v, %t(%i, %i) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
   return %x : f16
+}
+
+// CHECK-LABEL: func.func @slices_copies_smem
+func.func @slices_copies_smem(%raw: !llvm.ptr<1>, %i: index, %p: i1) {
+  %gp = fly.make_ptr %raw : !llvm.ptr<1> -> !fly.ptr<f32, global, 16>
+  %gl = fly.make_layout : !fly.layout<(4,8):(8,1)>
+  %g = fly.make_tensor %gp, %gl : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>>
+  // CHECK: fly.slice %{{.*}}[true, false](%{{.*}}) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>> -> !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
+  %row = fly.slice %g[true, false](%i) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>> -> !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
+  // CHECK: fly.alloc_smem 8 : !fly.ptr<f32, shared, 16>
+  %sp = fly.alloc_smem 8 : !fly.ptr<f32, shared, 16>
+  %sl = fly.make_layout : !fly.layout<8:1>
+  // CHECK: fly.make_composed_layout %{{.*}} offset %{{.*}} : !fly.layout<8:1> -> !fly.composed_layout<Sw<1,2,1> o ? o 8:1>
+  %sc = fly.make_composed_layout %sl offset %i : !fly.layout<8:1> -> !fly.composed_layout<Sw<1,2,1> o ? o 8:1>
+  %s = fly.make_tensor %sp, %sl : !fly.tensor<!fly.ptr<f32, shared, 16>, !fly.layout<8:1>>
+  // CHECK: fly.copy %{{.*}}, %{{.*}} : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>, !fly.tensor<!fly.ptr<f32, shared, 16>, !fly.layout<8:1>>
+  fly.copy %row, %s : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>, !fly.tensor<!fly.ptr<f32, shared, 16>, !fly.layout<8:1>>
+  // CHECK: fly.copy %{{.*}}, %{{.*}} if %{{.*}} : !fly.tensor<!fly.ptr<f32, shared, 16>, !fly.layout<8:1>>, !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
+  fly.copy %s, %row if %p : !fly.tensor<!fly.ptr<f32, shared, 16>, !fly.layout<8:1>>, !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
+  return
 }

@@ -123,5 +123,10 @@ LogicalResult MakeComposedLayoutOp::verify() {
   if (getType().getInner() != getInner().getType())
     return emitOpError("inner layout ")
            << getInner().getType() << " differs from the result's " << getType().getInner();
+  bool dynamicOffset = isa<DynamicLeafAttr>(getType().getOffset());
+  if (dynamicOffset != bool(getOffset()))
+    return emitOpError(dynamicOffset ? "expects an offset operand for the '?' offset of "
+                                     : "takes no offset operand: the offset is static in ")
+           << getType();
   return success();
 }

@@ -1,6 +1,7 @@
 //===- FlyTensorOps.cpp - pointer and tensor ops --------------------------===//
 
 #include "fly/Dialect/Fly/IR/FlyOps.h"
+#include "fly/Dialect/Fly/IR/IntTuple.h"
 
 using namespace mlir;
 using namespace mlir::fly;
@@ -60,5 +61,86 @@ LogicalResult CopyOp::verify() {
   if (sourceSize && targetSize && *sourceSize > *targetSize)
     return emitOpError("source has ") << *sourceSize << " elements but target only "
                                       << *targetSize;
+  return success();
+}
+
+/// The plain layout of a tensor (the inner one of a composed layout).
+static LayoutType plainLayout(fly::TensorType tensor) {
+  if (auto composed = dyn_cast<ComposedLayoutType>(tensor.getLayout()))
+    return composed.getInner();
+  return cast<LayoutType>(tensor.getLayout());
+}
+
+LogicalResult SliceOp::verify() {
+  fly::TensorType source = getTensor().getType(), result = getType();
+  SmallVector<Attribute> shape, stride, freeShape, freeStride, resultShape, resultStride;
+  appendLeafAttrs(plainLayout(source).getShape(), shape);
+  appendLeafAttrs(plainLayout(source).getStride(), stride);
+  ArrayRef<bool> fixed = getFixed();
+  if (fixed.size() != shape.size())
+    return emitOpError("expects one 'fixed' entry per shape leaf of ")
+           << source.getLayout() << " (" << shape.size() << "), got " << fixed.size();
+  int64_t numFixed = llvm::count(fixed, true);
+  if (int64_t(getCoord().size()) != numFixed)
+    return emitOpError("expects one coordinate per fixed leaf (") << numFixed << "), got "
+                                                                   << getCoord().size();
+  // What the fixed part of the offset is known to be a multiple of.
+  int64_t multiple = int64_t(1) << 62;
+  for (auto [isFixed, extent, step] : llvm::zip_equal(fixed, shape, stride)) {
+    if (isFixed) {
+      multiple = std::min(multiple, knownPowerOfTwoMultiple(step));
+      continue;
+    }
+    freeShape.push_back(extent);
+    freeStride.push_back(step);
+  }
+  appendLeafAttrs(plainLayout(result).getShape(), resultShape);
+  appendLeafAttrs(plainLayout(result).getStride(), resultStride);
+  if (resultShape != freeShape || resultStride != freeStride)
+    return emitOpError("result layout ")
+           << result.getLayout() << " must have exactly the free leaves of " << source.getLayout();
+
+  PtrType sourcePtr = source.getPtr(), resultPtr = result.getPtr();
+  if (resultPtr.getElementType() != sourcePtr.getElementType() ||
+      resultPtr.getAddressSpace() != sourcePtr.getAddressSpace())
+    return emitOpError("result pointer ")
+           << resultPtr << " must keep the element type and address space of " << sourcePtr;
+  int64_t elementBytes =
+      std::max<int64_t>(1, sourcePtr.getElementType().getIntOrFloatBitWidth() / 8);
+  auto composed = dyn_cast<ComposedLayoutType>(source.getLayout());
+  if (!composed) {
+    if (!isa<LayoutType>(result.getLayout()))
+      return emitOpError("slicing a plain layout gives a plain layout, got ") << result.getLayout();
+    // Plain layouts: the pointer moves by the fixed offset (in elements).
+    int64_t proven = std::min<int64_t>(sourcePtr.getAlignment(),
+                                       multiple >= (int64_t(1) << 40) ? sourcePtr.getAlignment()
+                                                                      : multiple * elementBytes);
+    if (resultPtr.getAlignment() > proven)
+      return emitOpError("result alignment ")
+             << resultPtr.getAlignment() << " is more than the " << proven
+             << " bytes that the source alignment and the fixed strides prove";
+    return success();
+  }
+  // Composed layouts: the pointer stays, the offset moves inside the swizzle.
+  auto resultComposed = dyn_cast<ComposedLayoutType>(result.getLayout());
+  if (!resultComposed || resultComposed.getSwizzle() != composed.getSwizzle())
+    return emitOpError("slicing ") << source.getLayout() << " must keep its swizzle, got "
+                                   << result.getLayout();
+  if (resultPtr != sourcePtr)
+    return emitOpError("slicing a composed layout keeps the pointer ")
+           << sourcePtr << ", got " << resultPtr;
+  int64_t offsetMultiple =
+      std::min(multiple, knownPowerOfTwoMultiple(composed.getOffset()));
+  Attribute offset = resultComposed.getOffset();
+  if (isa<IntegerAttr>(offset)) {
+    if (numFixed > 0 || offset != composed.getOffset())
+      return emitOpError("result offset must be '?' (it depends on the coordinates), got ")
+             << intTupleToString(offset);
+    return success();
+  }
+  if (knownPowerOfTwoMultiple(offset) > offsetMultiple)
+    return emitOpError("result offset ")
+           << intTupleToString(offset) << " claims a divisor the fixed strides do not prove (at most "
+           << offsetMultiple << ")";
   return success();
 }

@@ -136,13 +136,15 @@ std::optional<int64_t> LayoutType::getStaticSize() const {
 
 Type ComposedLayoutType::parse(AsmParser &parser) {
   int32_t bits, base, shift;
-  int64_t offset;
+  SMLoc swizzleLoc = parser.getCurrentLocation();
   if (parser.parseLess() || parser.parseKeyword("Sw") || parser.parseLess() ||
       parser.parseInteger(bits) || parser.parseComma() || parser.parseInteger(base) ||
       parser.parseComma() || parser.parseInteger(shift) || parser.parseGreater() ||
-      parser.parseKeyword("o") || parser.parseInteger(offset) || parser.parseKeyword("o"))
+      parser.parseKeyword("o"))
     return {};
-  SMLoc swizzleLoc = parser.getCurrentLocation();
+  FailureOr<Attribute> offset = parseIntTuple(parser);
+  if (failed(offset) || parser.parseKeyword("o"))
+    return {};
   FailureOr<LayoutType> inner = LayoutType::parseBody(parser);
   if (failed(inner) || parser.parseGreater())
     return {};
@@ -150,15 +152,25 @@ Type ComposedLayoutType::parse(AsmParser &parser) {
   SwizzleAttr swizzle = SwizzleAttr::getChecked(emitError, parser.getContext(), bits, base, shift);
   if (!swizzle)
     return {};
-  return ComposedLayoutType::get(parser.getContext(), swizzle, offset, *inner);
+  return parser.getChecked<ComposedLayoutType>(parser.getContext(), swizzle, *offset, *inner);
 }
 
 void ComposedLayoutType::print(AsmPrinter &printer) const {
   SwizzleAttr swizzle = getSwizzle();
   printer << "<Sw<" << swizzle.getBits() << ',' << swizzle.getBase() << ',' << swizzle.getShift()
-          << "> o " << getOffset() << " o ";
+          << "> o ";
+  printIntTuple(printer.getStream(), getOffset());
+  printer << " o ";
   getInner().printBody(printer.getStream());
   printer << '>';
+}
+
+LogicalResult ComposedLayoutType::verify(function_ref<InFlightDiagnostic()> emitError,
+                                         SwizzleAttr swizzle, Attribute offset, LayoutType inner) {
+  if (!isIntTupleLeaf(offset))
+    return emitError() << "composed layout offset must be an integer or '?', got "
+                       << intTupleToString(offset);
+  return success();
 }
 
 //===----------------------------------------------------------------------===//

@@ -76,6 +76,18 @@ Attribute makeDynamicLike(Attribute profile) {
   return makeDynamicLeaf(ctx);
 }
 
+int64_t powerOfTwoFactor(int64_t value) {
+  if (value == 0)
+    return int64_t(1) << 62;
+  return int64_t(1) << llvm::countr_zero(uint64_t(value < 0 ? -value : value));
+}
+
+int64_t knownPowerOfTwoMultiple(Attribute leaf) {
+  if (auto constant = dyn_cast<IntegerAttr>(leaf))
+    return powerOfTwoFactor(constant.getInt());
+  return powerOfTwoFactor(cast<DynamicLeafAttr>(leaf).getDivisibility());
+}
+
 Attribute makeStaticLeaf(MLIRContext *ctx, int64_t value) {
   return IntegerAttr::get(IntegerType::get(ctx, 64), value);
 }

@@ -16,20 +16,6 @@
 using namespace mlir;
 using namespace mlir::fly;
 
-/// Largest power of two dividing `value` (0 is divisible by anything).
-static int64_t powerOfTwoFactor(int64_t value) {
-  if (value == 0)
-    return int64_t(1) << 62;
-  return int64_t(1) << llvm::countr_zero(uint64_t(value < 0 ? -value : value));
-}
-
-/// What a leaf is known to be a multiple of.
-static int64_t knownMultiple(Attribute leaf) {
-  if (auto value = dyn_cast<IntegerAttr>(leaf))
-    return powerOfTwoFactor(value.getInt());
-  return powerOfTwoFactor(cast<DynamicLeafAttr>(leaf).getDivisibility());
-}
-
 /// The largest power-of-two V such that every aligned chunk of V linear
 /// coordinates maps to V consecutive offsets starting at a multiple of V.
 static int64_t vectorizableElements(Type layoutType) {
@@ -37,7 +23,7 @@ static int64_t vectorizableElements(Type layoutType) {
   if (auto composed = dyn_cast<ComposedLayoutType>(layoutType)) {
     // The swizzle leaves the low `base` bits alone and moves whole 2^base blocks.
     limit = std::min(limit, int64_t(1) << composed.getSwizzle().getBase());
-    limit = std::min(limit, powerOfTwoFactor(composed.getOffset()));
+    limit = std::min(limit, knownPowerOfTwoMultiple(composed.getOffset()));
     layoutType = composed.getInner();
   }
   auto layout = cast<LayoutType>(layoutType);
@@ -57,7 +43,7 @@ static int64_t vectorizableElements(Type layoutType) {
       break;
     if (!extent) {
       // A dynamic extent continues the run only as far as its known divisor.
-      run *= knownMultiple(shape[k]);
+      run *= knownPowerOfTwoMultiple(shape[k]);
       ++k;
       break;
     }
@@ -69,7 +55,7 @@ static int64_t vectorizableElements(Type layoutType) {
     auto extent = dyn_cast<IntegerAttr>(shape[k]);
     if (extent && extent.getInt() == 1)
       continue;
-    vector = std::min(vector, knownMultiple(stride[k]));
+    vector = std::min(vector, knownPowerOfTwoMultiple(stride[k]));
   }
   return vector;
 }

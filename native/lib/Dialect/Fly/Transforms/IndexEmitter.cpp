@@ -34,7 +34,10 @@ FailureOr<LayoutLeaves> mlir::fly::getLayoutLeaves(Value layout) {
     if (!maker)
       return failure();
     leaves.swizzle = composed.getSwizzle();
-    leaves.offset = composed.getOffset();
+    if (auto offset = dyn_cast<IntegerAttr>(composed.getOffset()))
+      leaves.offset = Builder(layout.getContext()).getIndexAttr(offset.getInt());
+    else
+      leaves.offset = maker.getOffset();
     plain = maker.getInner();
   }
   auto type = cast<LayoutType>(plain.getType());
@@ -166,7 +169,7 @@ SmallVector<OpFoldResult> IndexEmitter::leafCoordinates(ValueRange coords,
 
 Value IndexEmitter::offset(ValueRange coords, const LayoutLeaves &layout) {
   SmallVector<OpFoldResult> leafCoords = leafCoordinates(coords, layout.shape);
-  OpFoldResult sum = builder.getIndexAttr(layout.offset);
+  OpFoldResult sum = layout.offset ? layout.offset : builder.getIndexAttr(0);
   for (auto [coord, step] : llvm::zip_equal(leafCoords, layout.stride))
     sum = add(sum, mul(coord, step));
   Value result = materialize(sum);

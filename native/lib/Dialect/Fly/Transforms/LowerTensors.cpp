@@ -27,27 +27,64 @@ struct TracedTensor {
   LayoutLeaves layout;
 };
 
-static FailureOr<TracedTensor> traceTensor(Value tensor) {
+/// True if lowering can find everything `tensor` is built from (checked before
+/// any IR is emitted, so that a pattern never fails half way).
+static bool isTraceable(Value tensor) {
+  if (auto slice = tensor.getDefiningOp<SliceOp>())
+    return isTraceable(slice.getTensor());
   auto maker = tensor.getDefiningOp<MakeTensorOp>();
-  if (!maker)
-    return failure();
-  auto pointer = maker.getPtr().getDefiningOp<MakePtrOp>();
-  FailureOr<LayoutLeaves> layout = getLayoutLeaves(maker.getLayout());
-  if (!pointer || failed(layout))
-    return failure();
-  return TracedTensor{pointer.getPointer(), maker.getPtr().getType().getElementType(),
-                      std::move(*layout)};
+  return maker && maker.getPtr().getDefiningOp<MakePtrOp>() &&
+         succeeded(getLayoutLeaves(maker.getLayout()));
+}
+
+static Value offsetPointer(OpBuilder &builder, Location loc, Value base, Type elementType,
+                           Value offset) {
+  // index is 64-bit in the NVVM lowering: the element offset never wraps at 2^31.
+  Value offset64 = arith::IndexCastOp::create(builder, loc, builder.getI64Type(), offset);
+  return LLVM::GEPOp::create(builder, loc, base.getType(), elementType, base,
+                             ValueRange{offset64});
+}
+
+/// Emits what a traceable tensor's accesses need. A slice adds its fixed
+/// coordinates' offset to the pointer, or, under a swizzle, to the composed
+/// layout's offset (the swizzle acts on the whole offset).
+static TracedTensor traceTensor(OpBuilder &builder, Location loc, Value tensor) {
+  if (auto slice = tensor.getDefiningOp<SliceOp>()) {
+    TracedTensor source = traceTensor(builder, loc, slice.getTensor());
+    IndexEmitter emit(builder, loc);
+    TracedTensor result{source.base, source.elementType, {}};
+    OpFoldResult fixedOffset = builder.getIndexAttr(0);
+    auto coord = slice.getCoord().begin();
+    for (auto [isFixed, extent, step] :
+         llvm::zip_equal(slice.getFixed(), source.layout.shape, source.layout.stride)) {
+      if (isFixed) {
+        fixedOffset = emit.add(fixedOffset, emit.mul(*coord++, step));
+        continue;
+      }
+      result.layout.shape.push_back(extent);
+      result.layout.stride.push_back(step);
+    }
+    if (source.layout.swizzle) {
+      result.layout.swizzle = source.layout.swizzle;
+      result.layout.offset = emit.add(source.layout.offset, fixedOffset);
+    } else {
+      result.base = offsetPointer(builder, loc, source.base, source.elementType,
+                                  emit.materialize(fixedOffset));
+    }
+    return result;
+  }
+  auto maker = tensor.getDefiningOp<MakeTensorOp>();
+  return TracedTensor{maker.getPtr().getDefiningOp<MakePtrOp>().getPointer(),
+                      maker.getPtr().getType().getElementType(),
+                      *getLayoutLeaves(maker.getLayout())};
 }
 
 /// The address of a tensor element: base pointer + layout(coord) elements.
 static Value elementAddress(OpBuilder &builder, Location loc, const TracedTensor &tensor,
                             ValueRange coords) {
   IndexEmitter emit(builder, loc);
-  Value offset = emit.offset(coords, tensor.layout);
-  // index is 64-bit in the NVVM lowering: the element offset never wraps at 2^31.
-  Value offset64 = arith::IndexCastOp::create(builder, loc, builder.getI64Type(), offset);
-  return LLVM::GEPOp::create(builder, loc, tensor.base.getType(), tensor.elementType, tensor.base,
-                             ValueRange{offset64});
+  return offsetPointer(builder, loc, tensor.base, tensor.elementType,
+                       emit.offset(coords, tensor.layout));
 }
 
 constexpr const char *kUntraceable =
@@ -60,10 +97,10 @@ static unsigned elementAlignment(Type elementType) {
 struct LowerLoad : OpRewritePattern<LoadOp> {
   using OpRewritePattern::OpRewritePattern;
   LogicalResult matchAndRewrite(LoadOp op, PatternRewriter &rewriter) const override {
-    FailureOr<TracedTensor> tensor = traceTensor(op.getTensor());
-    if (failed(tensor))
+    if (!isTraceable(op.getTensor()))
       return rewriter.notifyMatchFailure(op, kUntraceable);
-    Value address = elementAddress(rewriter, op.getLoc(), *tensor, op.getCoord());
+    TracedTensor tensor = traceTensor(rewriter, op.getLoc(), op.getTensor());
+    Value address = elementAddress(rewriter, op.getLoc(), tensor, op.getCoord());
     rewriter.replaceOpWithNewOp<LLVM::LoadOp>(op, op.getType(), address,
                                               elementAlignment(op.getType()));
     return success();
@@ -73,10 +110,10 @@ struct LowerLoad : OpRewritePattern<LoadOp> {
 struct LowerStore : OpRewritePattern<StoreOp> {
   using OpRewritePattern::OpRewritePattern;
   LogicalResult matchAndRewrite(StoreOp op, PatternRewriter &rewriter) const override {
-    FailureOr<TracedTensor> tensor = traceTensor(op.getTensor());
-    if (failed(tensor))
+    if (!isTraceable(op.getTensor()))
       return rewriter.notifyMatchFailure(op, kUntraceable);
-    Value address = elementAddress(rewriter, op.getLoc(), *tensor, op.getCoord());
+    TracedTensor tensor = traceTensor(rewriter, op.getLoc(), op.getTensor());
+    Value address = elementAddress(rewriter, op.getLoc(), tensor, op.getCoord());
     rewriter.replaceOpWithNewOp<LLVM::StoreOp>(op, op.getValue(), address,
                                                elementAlignment(op.getValue().getType()));
     return success();
@@ -90,12 +127,10 @@ struct LowerCopy : OpRewritePattern<CopyOp> {
   using OpRewritePattern::OpRewritePattern;
 
   LogicalResult matchAndRewrite(CopyOp op, PatternRewriter &rewriter) const override {
-    FailureOr<TracedTensor> source = traceTensor(op.getSource());
-    FailureOr<TracedTensor> target = traceTensor(op.getTarget());
-    if (failed(source) || failed(target))
+    if (!isTraceable(op.getSource()) || !isTraceable(op.getTarget()))
       return rewriter.notifyMatchFailure(op, kUntraceable);
     Location loc = op.getLoc();
-    Type elementType = source->elementType;
+    Type elementType = op.getSource().getType().getPtr().getElementType();
     int64_t vector = provenCopyVectorElements(op.getSource().getType(), op.getTarget().getType());
     Type accessType = vector == 1 ? elementType : VectorType::get({vector}, elementType);
     unsigned alignment = vector * elementAlignment(elementType);
@@ -104,15 +139,17 @@ struct LowerCopy : OpRewritePattern<CopyOp> {
       auto guarded = scf::IfOp::create(rewriter, loc, predicate, /*withElseRegion=*/false);
       rewriter.setInsertionPoint(guarded.thenBlock()->getTerminator());
     }
+    TracedTensor source = traceTensor(rewriter, loc, op.getSource());
+    TracedTensor target = traceTensor(rewriter, loc, op.getTarget());
     auto copyChunk = [&](Value coord) {
-      Value from = elementAddress(rewriter, loc, *source, coord);
-      Value to = elementAddress(rewriter, loc, *target, coord);
+      Value from = elementAddress(rewriter, loc, source, coord);
+      Value to = elementAddress(rewriter, loc, target, coord);
       Value data = LLVM::LoadOp::create(rewriter, loc, accessType, from, alignment);
       LLVM::StoreOp::create(rewriter, loc, data, to, alignment);
     };
     IndexEmitter emit(rewriter, loc);
     OpFoldResult size = rewriter.getIndexAttr(1);
-    for (OpFoldResult extent : source->layout.shape)
+    for (OpFoldResult extent : source.layout.shape)
       size = emit.mul(size, extent);
     std::optional<int64_t> staticSize = getConstantIntValue(size);
     if (staticSize && *staticSize / vector <= kMaxUnrolledAccesses) {

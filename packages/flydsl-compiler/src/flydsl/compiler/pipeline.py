@@ -23,13 +23,15 @@ __all__ = ["CompiledModule", "compile_mlir", "kernel_signatures"]
 
 @dataclass(frozen=True)
 class CompiledModule:
-    """The result of a compile: PTX, the cubin when ptxas ran, and each kernel's launch signature."""
+    """The result of a compile: PTX, the cubin when ptxas ran, each kernel's launch signature and the dynamic
+    shared memory its ``fly.alloc_smem`` buffers need (a launch's default)."""
 
     name: str
     target: Target
     ptx: str
     cubin: bytes | None
     kernels: dict[str, str]
+    shared_bytes: dict[str, int] = field(default_factory=dict)
     stages: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -63,11 +65,13 @@ def compile_mlir(
         module = _parse(source)
         gpu_module = _single_gpu_module(module)
         name = ir.StringAttr(gpu_module.attributes["sym_name"]).value
-        kernels = kernel_signatures(gpu_module) if start_after is None else {}
         if start_after is None:
+            _refuse_memref_arguments(gpu_module)
             gpu_module.attributes["targets"] = ir.ArrayAttr.get([ir.Attribute.parse(target.attribute)])
         _record(kept, dump_dir, name, "input", module, keep_stages)
         for stage in todo:
+            if stage.name == ISA_STAGE:
+                kernels, shared_bytes = kernel_signatures(module)
             try:
                 PassManager.parse(f"builtin.module({stage.passes})").run(module.operation)
             except ir.MLIRError as error:
@@ -82,38 +86,74 @@ def compile_mlir(
     cubin = None
     if assemble is True or (assemble is None and toolchain.find_ptxas()):
         cubin = toolchain.assemble_ptx(ptx, target.arch)
-    return CompiledModule(name=name, target=target, ptx=ptx, cubin=cubin, kernels=kernels, stages=kept)
+    return CompiledModule(
+        name=name, target=target, ptx=ptx, cubin=cubin, kernels=kernels, shared_bytes=shared_bytes, stages=kept
+    )
 
 
-def kernel_signatures(gpu_module: ir.Operation) -> dict[str, str]:
-    """Maps each ``gpu.func ... kernel`` to the launcher's signature codes ('p' pointer, 'i' i32, 'l' i64...)."""
-    signatures = {}
+def kernel_signatures(module: ir.Module) -> tuple[dict[str, str], dict[str, int]]:
+    """Launch signatures and dynamic shared-memory bytes of the kernels of LLVM-level IR (the ``llvm`` stage).
+
+    Codes: 'p' pointer, 'm' 128-byte by-value tensor map (``llvm.byval = !llvm.array<128 x i8>``), 'i' i32,
+    'l' i64, 'f' f32, 'd' f64.
+    """
+    signatures, shared_bytes = {}, {}
+
+    def visit(op):
+        if op.name == "llvm.func" and "nvvm.kernel" in op.attributes:
+            kernel = ir.StringAttr(op.attributes["sym_name"]).value
+            arg_attrs = op.attributes["arg_attrs"] if "arg_attrs" in op.attributes else None
+            codes = []
+            # The entry block's arguments carry the parameter types (the bindings do not expose !llvm.func).
+            for position, argument in enumerate(op.regions[0].blocks[0].arguments):
+                type_ = argument.type
+                attrs = ir.DictAttr(arg_attrs[position]) if arg_attrs is not None else None
+                codes.append(_signature_code(kernel, position, type_, attrs))
+            signatures[kernel] = "".join(codes)
+            if "fly.smem_bytes" in op.attributes:
+                shared_bytes[kernel] = ir.IntegerAttr(op.attributes["fly.smem_bytes"]).value
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return signatures, shared_bytes
+
+
+_SCALAR_CODES = {"i32": "i", "i64": "l", "f32": "f", "f64": "d"}
+
+
+def _signature_code(kernel: str, position: int, type_: ir.Type, attrs: ir.DictAttr | None) -> str:
+    text = str(type_)
+    if text.startswith("!llvm.ptr"):
+        if attrs is not None and "llvm.byval" in attrs:
+            if str(ir.TypeAttr(attrs["llvm.byval"]).value) != "!llvm.array<128 x i8>":
+                raise CompilationError(
+                    "llvm", f"kernel '{kernel}' argument {position}: only 128-byte byval tensor maps"
+                )
+            return "m"
+        return "p"
+    if text in _SCALAR_CODES:
+        return _SCALAR_CODES[text]
+    raise CompilationError(
+        "llvm",
+        f"kernel '{kernel}' argument {position} has type {text}; the launcher takes pointers, 128-byte tensor maps,"
+        " i32, i64, f32 and f64",
+    )
+
+
+def _refuse_memref_arguments(gpu_module: ir.Operation) -> None:
+    """memref arguments expand into descriptors the caller would have to pass field by field: refuse them early."""
     for op in gpu_module.regions[0].blocks[0].operations:
-        if op.operation.name != "gpu.func" or "gpu.kernel" not in op.attributes:
+        if op.operation.name != "gpu.func":
             continue
         kernel = ir.StringAttr(op.attributes["sym_name"]).value
         inputs = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value).inputs
-        signatures[kernel] = "".join(_signature_code(kernel, i, t) for i, t in enumerate(inputs))
-    return signatures
-
-
-def _signature_code(kernel: str, position: int, type_: ir.Type) -> str:
-    type_ = type_.maybe_downcast()
-    if isinstance(type_, ir.IntegerType) and type_.width in (32, 64):
-        return "i" if type_.width == 32 else "l"
-    if isinstance(type_, ir.IndexType):
-        return "l"
-    if isinstance(type_, ir.F32Type):
-        return "f"
-    if isinstance(type_, ir.F64Type):
-        return "d"
-    if str(type_).startswith("!llvm.ptr"):
-        return "p"
-    raise CompilationError(
-        "input",
-        f"kernel '{kernel}' argument {position} has type {type_}; the launcher takes !llvm.ptr, i32, i64, index,"
-        " f32 and f64 (memref descriptors are not supported: pass a pointer)",
-    )
+        for position, type_ in enumerate(inputs):
+            if str(type_).startswith("memref<"):
+                raise CompilationError(
+                    "input",
+                    f"kernel '{kernel}' argument {position} has type {type_}; pass a pointer (!llvm.ptr) instead:"
+                    " memref descriptors are not supported by the launcher",
+                )
 
 
 def _parse(source: str) -> ir.Module:

@@ -26,21 +26,38 @@ class LoadedModule:
     def __init__(self, compiled: CompiledModule):
         self.compiled = compiled
         self._module = _rt.Module(compiled.image)
-        self._functions = {name: self._module.function(name) for name in compiled.kernels}
+        # Per kernel, what every launch needs: looked up once here, not on each launch.
+        self._kernels = {
+            name: (self._module.function(name), signature, compiled.shared_bytes.get(name, 0))
+            for name, signature in compiled.kernels.items()
+        }
 
     def function(self, kernel: str):
         """The native function handle of ``kernel`` (register count, launch)."""
+        return self._entry(kernel)[0]
+
+    def _entry(self, kernel: str):
         try:
-            return self._functions[kernel]
+            return self._kernels[kernel]
         except KeyError:
-            known = sorted(self._functions)
+            known = sorted(self._kernels)
             raise KeyError(f"kernel {kernel!r} is not in module '{self.compiled.name}'; it has {known}") from None
 
-    def launch(self, kernel: str, grid, block, *args, shared_mem: int = 0, stream: int = 0, cluster=None) -> None:
-        """Launches ``kernel`` on ``grid`` x ``block`` with ``args`` (pointers: ints, DeviceBuffers, torch tensors)."""
-        function = self.function(kernel)
-        # grid/block/cluster: an int or 1-3 ints; checked natively along with the arguments.
-        function.launch(grid, block, self.compiled.kernels[kernel], args, shared_mem, stream, cluster)
+    def launch(self, kernel: str, grid, block, *args, shared_mem: int | None = None, stream=0, cluster=None) -> None:
+        """Launches ``kernel`` on ``grid`` x ``block`` with ``args`` (pointers: ints, DeviceBuffers, torch tensors).
+
+        ``shared_mem`` defaults to what the kernel's ``fly.alloc_smem`` buffers need; ``grid``, ``block`` and
+        ``cluster`` are an int or 1-3 ints, checked natively along with the arguments.
+        """
+        function, signature, needed = self._entry(kernel)
+        if shared_mem is None:
+            shared_mem = needed
+        elif shared_mem < needed:
+            raise ValueError(
+                f"shared_mem: kernel {kernel!r} needs at least {needed} bytes of dynamic shared memory for its"
+                f" fly.alloc_smem buffers, got {shared_mem}"
+            )
+        function.launch(grid, block, signature, args, shared_mem, stream, cluster)
 
 
 def load(compiled: CompiledModule) -> LoadedModule:

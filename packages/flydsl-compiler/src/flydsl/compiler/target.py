@@ -62,7 +62,7 @@ class Target:
             ]
         )
         return (
-            Stage("fly", "gpu.module(fly-lower-tensors,fly-lower-layouts)", "Fly tensor and layout ops to llvm/arith"),
+            Stage("fly", "gpu.module(fly-lower-smem,fly-lower-tensors,fly-lower-layouts)", "Fly ops to llvm/arith"),
             Stage("llvm", f"gpu.module({to_llvm}),convert-cf-to-llvm,reconcile-unrealized-casts", "GPU to NVVM/LLVM"),
             Stage(ISA_STAGE, "gpu-module-to-binary{format=isa}", "LLVM NVPTX backend, in process"),
         )

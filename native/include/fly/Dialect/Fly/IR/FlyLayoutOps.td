@@ -46,13 +46,18 @@ def Fly_MakeLayoutOp : Fly_Op<"make_layout", [Pure]> {
 def Fly_MakeComposedLayoutOp : Fly_Op<"make_composed_layout", [Pure]> {
   let summary = "composes a swizzle and an offset (from the result type) with a layout value";
   let description = [{
+    A dynamic offset (`?` in the result type) is given as an operand.
+
     ```mlir
     %s = fly.make_composed_layout %l : !fly.layout<(8,64):(64,1)> -> !fly.composed_layout<Sw<3,4,3> o 0 o (8,64):(64,1)>
+    %t = fly.make_composed_layout %l offset %o : !fly.layout<8:1> -> !fly.composed_layout<Sw<3,4,3> o ?{div=8} o 8:1>
     ```
   }];
-  let arguments = (ins Fly_LayoutType:$inner);
+  let arguments = (ins Fly_LayoutType:$inner, Optional<Index>:$offset);
   let results = (outs Fly_ComposedLayoutType:$result);
-  let assemblyFormat = "$inner attr-dict `:` qualified(type($inner)) `->` qualified(type($result))";
+  let assemblyFormat = [{
+    $inner (`offset` $offset^)? attr-dict `:` qualified(type($inner)) `->` qualified(type($result))
+  }];
   let hasVerifier = 1;
 }
 

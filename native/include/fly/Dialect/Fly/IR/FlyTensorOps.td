@@ -39,6 +39,33 @@ def Fly_MakeTensorOp : Fly_Op<"make_tensor", [Pure,
   let assemblyFormat = "$ptr `,` $layout attr-dict `:` qualified(type($result))";
 }
 
+def Fly_SliceOp : Fly_Op<"slice", [Pure]> {
+  let summary = "the sub-tensor where some coordinate leaves are fixed (CuTe's slice with `_`)";
+  let description = [{
+    `fixed` has one entry per shape leaf of the source (colexicographic order);
+    the fixed leaves take the operands in order, the free ones form the result.
+    The result type comes from the tracer (the free modes' nesting is its
+    choice); the verifier checks that its leaves are the free leaves, and that
+    the alignment (plain layouts: the pointer moves by the fixed offset) or the
+    offset divisor (composed layouts: the offset moves inside the swizzle)
+    claimed by the result follows from the fixed strides. This is the
+    primitive under `local_tile` and `local_partition`: the tracer first makes
+    a tensor of the same pointer with the divided layout that the algebra
+    computes (`fly.make_tensor`), then slices it.
+
+    ```mlir
+    %row = fly.slice %t[true, false](%i) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(?,8):(8,1)>>
+                                         -> !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
+    ```
+  }];
+  let arguments = (ins Fly_TensorType:$tensor, Variadic<Index>:$coord, DenseBoolArrayAttr:$fixed);
+  let results = (outs Fly_TensorType:$result);
+  let assemblyFormat = [{
+    $tensor `` $fixed `(` $coord `)` attr-dict `:` qualified(type($tensor)) `->` qualified(type($result))
+  }];
+  let hasVerifier = 1;
+}
+
 def Fly_LoadOp : Fly_Op<"load", [MemoryEffects<[MemRead]>,
     TypesMatchWith<"result is the tensor's element type", "tensor", "result",
                    "::llvm::cast<::mlir::fly::TensorType>($_self).getPtr().getElementType()">]> {

@@ -65,14 +65,18 @@ def Fly_ComposedLayoutType : Fly_Type<"ComposedLayout", "composed_layout"> {
   let summary = "a swizzle composed with an offset and a layout: Sw<b,m,s> o off o L";
   let description = [{
     Evaluates as `swizzle(offset + inner(coord))`: CuTe's ComposedLayout with a
-    swizzle outside, the form shared-memory layouts take.
+    swizzle outside, the form shared-memory layouts take. The offset is a
+    leaf: static, or `?` (known only at run time, e.g. after slicing a thread's
+    part out of a swizzled tile) with a known divisor.
 
     ```mlir
     !fly.composed_layout<Sw<3,4,3> o 0 o (8,64):(64,1)>
+    !fly.composed_layout<Sw<3,4,3> o ?{div=8} o 8:1>
     ```
   }];
-  let parameters = (ins "SwizzleAttr":$swizzle, "int64_t":$offset, "LayoutType":$inner);
+  let parameters = (ins "SwizzleAttr":$swizzle, "::mlir::Attribute":$offset, "LayoutType":$inner);
   let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
 }
 
 def Fly_PtrType : Fly_Type<"Ptr", "ptr"> {

@@ -35,6 +35,12 @@ bool isCongruent(Attribute a, Attribute b);
 /// A tuple of `profile`'s structure whose leaves are all dynamic.
 Attribute makeDynamicLike(Attribute profile);
 
+/// The largest power of two dividing `value` (2^62 for 0, a multiple of everything).
+int64_t powerOfTwoFactor(int64_t value);
+/// The largest power of two a leaf is known to be a multiple of (static
+/// value or declared divisor; 0 counts as a multiple of everything: 2^62).
+int64_t knownPowerOfTwoMultiple(Attribute leaf);
+
 Attribute makeStaticLeaf(MLIRContext *ctx, int64_t value);
 Attribute makeDynamicLeaf(MLIRContext *ctx, int64_t divisibility = 1);
 

@@ -22,7 +22,7 @@ struct LayoutLeaves {
   SmallVector<OpFoldResult> stride;
   /// Set for composed layouts: applied to `offset + inner(coord)`.
   SwizzleAttr swizzle;
-  int64_t offset = 0;
+  OpFoldResult offset;
 };
 
 /// Fails (without emitting) when a dynamic leaf's value cannot be found.
