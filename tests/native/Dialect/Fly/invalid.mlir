@@ -258,3 +258,35 @@ func.func @slice_offset_divisor(%t: !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.
   %r = fly.slice %t[false, true](%i) : !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o 0 o (8,64):(1,8)>> -> !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.composed_layout<Sw<3,3,3> o ?{div=16} o 8:1>>
   return
 }
+
+// -----
+
+func.func @recast_space(%p: !fly.ptr<f16, global, 16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.recast_ptr' op recast keeps the address space: '!fly.ptr<f16, global, 16>' and '!fly.ptr<i32, shared, 16>' differ
+  %q = fly.recast_ptr %p : !fly.ptr<f16, global, 16> -> !fly.ptr<i32, shared, 16>
+  return
+}
+
+// -----
+
+func.func @recast_sub_byte(%p: !fly.ptr<f16, global, 16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.recast_ptr' op element types must be whole bytes, got 'i4'
+  %q = fly.recast_ptr %p : !fly.ptr<f16, global, 16> -> !fly.ptr<i4, global, 16>
+  return
+}
+
+// -----
+
+func.func @recast_more_aligned(%p: !fly.ptr<f16, global, 4>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.recast_ptr' op result alignment 16 is more than the source's 4
+  %q = fly.recast_ptr %p : !fly.ptr<f16, global, 4> -> !fly.ptr<i32, global, 16>
+  return
+}
+
+// -----
+
+func.func @recast_misaligned_elements(%p: !fly.ptr<f16, global, 2>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.recast_ptr' op result alignment 2 is less than the 4 bytes of 'i32' (accesses assume aligned elements)
+  %q = fly.recast_ptr %p : !fly.ptr<f16, global, 2> -> !fly.ptr<i32, global, 2>
+  return
+}

@@ -115,3 +115,11 @@ func.func @slices_copies_smem(%raw: !llvm.ptr<1>, %i: index, %p: i1) {
   fly.copy %s, %row if %p : !fly.tensor<!fly.ptr<f32, shared, 16>, !fly.layout<8:1>>, !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
   return
 }
+
+// CHECK-LABEL: func.func @recast_ptr
+func.func @recast_ptr(%raw: !llvm.ptr<1>) -> !fly.ptr<i32, global, 8> {
+  %p = fly.make_ptr %raw : !llvm.ptr<1> -> !fly.ptr<f16, global, 16>
+  // CHECK: fly.recast_ptr %{{.*}} : !fly.ptr<f16, global, 16> -> !fly.ptr<i32, global, 8>
+  %q = fly.recast_ptr %p : !fly.ptr<f16, global, 16> -> !fly.ptr<i32, global, 8>
+  return %q : !fly.ptr<i32, global, 8>
+}

@@ -27,14 +27,21 @@ struct TracedTensor {
   LayoutLeaves layout;
 };
 
+/// The fly.make_ptr under a chain of fly.recast_ptr (LLVM pointers are opaque:
+/// a recast pointer has the same base, only the GEP element type changes).
+static MakePtrOp findMakePtr(Value ptr) {
+  while (auto recast = ptr.getDefiningOp<RecastPtrOp>())
+    ptr = recast.getSource();
+  return ptr.getDefiningOp<MakePtrOp>();
+}
+
 /// True if lowering can find everything `tensor` is built from (checked before
 /// any IR is emitted, so that a pattern never fails half way).
 static bool isTraceable(Value tensor) {
   if (auto slice = tensor.getDefiningOp<SliceOp>())
     return isTraceable(slice.getTensor());
   auto maker = tensor.getDefiningOp<MakeTensorOp>();
-  return maker && maker.getPtr().getDefiningOp<MakePtrOp>() &&
-         succeeded(getLayoutLeaves(maker.getLayout()));
+  return maker && findMakePtr(maker.getPtr()) && succeeded(getLayoutLeaves(maker.getLayout()));
 }
 
 static Value offsetPointer(OpBuilder &builder, Location loc, Value base, Type elementType,
@@ -74,7 +81,7 @@ static TracedTensor traceTensor(OpBuilder &builder, Location loc, Value tensor) 
     return result;
   }
   auto maker = tensor.getDefiningOp<MakeTensorOp>();
-  return TracedTensor{maker.getPtr().getDefiningOp<MakePtrOp>().getPointer(),
+  return TracedTensor{findMakePtr(maker.getPtr()).getPointer(),
                       maker.getPtr().getType().getElementType(),
                       *getLayoutLeaves(maker.getLayout())};
 }
@@ -88,7 +95,7 @@ static Value elementAddress(OpBuilder &builder, Location loc, const TracedTensor
 }
 
 constexpr const char *kUntraceable =
-    "tensor not built by fly.make_tensor/make_ptr/make_layout in this region";
+    "tensor not built by fly.make_tensor/make_ptr/recast_ptr/make_layout in this region";
 
 static unsigned elementAlignment(Type elementType) {
   return std::max<unsigned>(1, elementType.getIntOrFloatBitWidth() / 8);

@@ -23,6 +23,26 @@ def Fly_MakePtrOp : Fly_Op<"make_ptr", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Fly_RecastPtrOp : Fly_Op<"recast_ptr", [Pure]> {
+  let summary = "the same address as a pointer to another element type";
+  let description = [{
+    The address space stays; the result may claim at most the source's
+    alignment and at least its own element's size (accesses assume elements
+    are naturally aligned). Element types must be whole bytes. This is the
+    pointer half of CuTe's `recast`: a recast tensor is
+    `fly.make_tensor(fly.recast_ptr(p), L')`, with `L'` computed by the
+    tracer (`flydsl.layout.recast_layout`), so that 8 f16 become 4 i32.
+
+    ```mlir
+    %q = fly.recast_ptr %p : !fly.ptr<f16, global, 16> -> !fly.ptr<i32, global, 16>
+    ```
+  }];
+  let arguments = (ins Fly_PtrType:$source);
+  let results = (outs Fly_PtrType:$result);
+  let assemblyFormat = "$source attr-dict `:` qualified(type($source)) `->` qualified(type($result))";
+  let hasVerifier = 1;
+}
+
 def Fly_MakeTensorOp : Fly_Op<"make_tensor", [Pure,
     TypesMatchWith<"pointer is the result's", "result", "ptr",
                    "::llvm::cast<::mlir::fly::TensorType>($_self).getPtr()">,
