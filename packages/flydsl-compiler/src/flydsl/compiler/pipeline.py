@@ -1,11 +1,13 @@
 """Compiles MLIR holding one ``gpu.module`` to PTX (in process) and a cubin (through ptxas when present).
 
 Every stage's IR is kept on request, can be written to a directory, and can be compiled again from that stage
-(``compile_mlir(text, start_after="fly")``).
+(``compile_mlir(text, start_after="fly")``). ``isolate=True`` compiles in a worker process (``isolate.py``), where a
+backend abort cannot take the caller down.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from mlir import ir
 from mlir.dialects import gpu
 from mlir.passmanager import PassManager
 
+from flydsl.compiler import isolate as isolation
 from flydsl.compiler import settings, toolchain
 from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, format_mlir_error, location_text
@@ -47,21 +50,49 @@ def compile_mlir(
     start_after: str | None = None,
     keep_stages: bool = False,
     assemble: bool | None = None,
+    isolate: bool | None = None,
 ) -> CompiledModule:
     """Compiles MLIR text with one ``gpu.module`` of kernels.
 
     ``start_after`` names the stage whose output ``source`` is, so a dumped stage compiles again.
     ``assemble``: True runs ptxas (error if missing), False never does, None runs it when found.
+    ``isolate``: True compiles in a worker process (``flydsl.compiler.isolate``), where a backend abort
+    (``LLVM ERROR: ...``) becomes a ``CompilationError`` instead of ending this process; it costs a process start
+    per compile. None follows ``FLYDSL_COMPILE_ISOLATED`` (default: in this process).
     """
+    _stages_to_run(target, start_after)  # bad arguments fail here, not in a worker
+    if isolate is None:
+        isolate = settings.current().compile_isolated
+    request = dict(source=source, target=target, start_after=start_after, keep_stages=keep_stages, assemble=assemble)
+    if isolate:
+        return isolation.compile_in_worker(request)
+    return _compile_in_process(**request)
+
+
+def _stages_to_run(target: Target, start_after: str | None):
     stages = target.stages()
     names = [stage.name for stage in stages]
     if start_after is not None and start_after not in names[:-1]:
         raise ValueError(f"start_after: expected one of {names[:-1]}, got {start_after!r}")
-    todo = stages[names.index(start_after) + 1 :] if start_after else stages
+    return stages[names.index(start_after) + 1 :] if start_after else stages
+
+
+def _compile_in_process(
+    source: str,
+    target: Target,
+    start_after: str | None,
+    keep_stages: bool,
+    assemble: bool | None,
+    on_stage: Callable[[str], None] | None = None,
+) -> CompiledModule:
+    """The compile itself; ``on_stage`` hears each stage's name before the stage runs (the worker reports it)."""
+    todo = _stages_to_run(target, start_after)
     dump_dir = settings.current().dump_ir_dir
     kept: dict[str, str] = {}
+    on_stage = on_stage or (lambda name: None)
 
     with make_context(), ir.Location.unknown():
+        on_stage("input")
         module = _parse(source)
         gpu_module = _single_gpu_module(module)
         name = ir.StringAttr(gpu_module.attributes["sym_name"]).value
@@ -70,6 +101,7 @@ def compile_mlir(
             gpu_module.attributes["targets"] = ir.ArrayAttr.get([ir.Attribute.parse(target.attribute)])
         _record(kept, dump_dir, name, "input", module, keep_stages)
         for stage in todo:
+            on_stage(stage.name)
             if stage.name == ISA_STAGE:
                 kernels, shared_bytes = kernel_signatures(module)
             try:
@@ -85,6 +117,7 @@ def compile_mlir(
 
     cubin = None
     if assemble is True or (assemble is None and toolchain.find_ptxas()):
+        on_stage("ptxas")
         cubin = toolchain.assemble_ptx(ptx, target.arch)
     return CompiledModule(
         name=name, target=target, ptx=ptx, cubin=cubin, kernels=kernels, shared_bytes=shared_bytes, stages=kept

@@ -7,6 +7,9 @@
 ``FLYDSL_DUMP_IR``             a directory: every compile writes each stage's IR there
 ``FLYDSL_CACHE_DIR``           on-disk kernel cache (default ``~/.cache/flydsl``)
 ``FLYDSL_RUNTIME_ENABLE_CACHE`` ``0`` bypasses the JIT cache
+``FLYDSL_COMPILE_ISOLATED``    ``1``: compile in a worker process, so that a backend abort
+                               (``LLVM ERROR``) raises ``CompilationError`` instead of ending the
+                               program (costs a process start per compile); ``0``/unset: in process
 =============================  ==================================================================
 """
 
@@ -26,6 +29,7 @@ class Settings:
     dump_ir_dir: Path | None
     cache_dir: Path
     cache_enabled: bool
+    compile_isolated: bool = False
 
 
 def current() -> Settings:
@@ -38,4 +42,5 @@ def current() -> Settings:
         dump_ir_dir=Path(dump) if dump else None,
         cache_dir=Path(env.get("FLYDSL_CACHE_DIR") or Path.home() / ".cache" / "flydsl"),
         cache_enabled=env.get("FLYDSL_RUNTIME_ENABLE_CACHE", "1") != "0",
+        compile_isolated=env.get("FLYDSL_COMPILE_ISOLATED", "0") not in ("", "0"),
     )

@@ -1,0 +1,115 @@
+"""Compiles in a worker process: same results as in process, and a backend abort becomes a CompilationError."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import flydsl.compiler as flyc
+from flydsl.compiler import isolate, pipeline, settings
+
+# A TMA load in its CTA-only form (shared::cta destination) needs PTX ISA 8.6; for the default target's +ptx80
+# LLVM's NVPTX backend has no pattern and calls report_fatal_error ("Cannot select"), which aborts the process.
+BACKEND_ABORT = """
+module attributes {gpu.container_module} {
+  gpu.module @abort_demo {
+    gpu.func @tma_cta_only(%tmap: !llvm.ptr, %dst: !llvm.ptr<3>, %bar: !llvm.ptr<3>) kernel {
+      %c0 = arith.constant 0 : i32
+      "nvvm.cp.async.bulk.tensor.shared.cluster.global"(%dst, %tmap, %c0, %c0, %bar)
+          <{isCTAOnly = true, operandSegmentSizes = array<i32: 1, 1, 2, 1, 0, 0, 0, 0>}>
+          : (!llvm.ptr<3>, !llvm.ptr, i32, i32, !llvm.ptr<3>) -> ()
+      gpu.return
+    }
+  }
+}
+"""
+
+
+def test_isolated_compile_gives_what_the_in_process_compile_gives(layout_offsets_mlir):
+    here = flyc.compile_mlir(layout_offsets_mlir, keep_stages=True, assemble=True, isolate=False)
+    there = flyc.compile_mlir(layout_offsets_mlir, keep_stages=True, assemble=True, isolate=True)
+    assert there.ptx == here.ptx
+    assert there.kernels == here.kernels == {"layout_offsets": "pi"}
+    assert there.stages == here.stages
+    assert there.cubin is not None and there.cubin[:4] == b"\x7fELF"
+    assert there.target == here.target and there.name == here.name
+
+
+def test_a_backend_abort_in_process_ends_the_interpreter():
+    # Why isolation exists: run in a child of its own, the in-process compile takes its interpreter down.
+    script = (
+        "import sys, flydsl.compiler as flyc\n"
+        "flyc.compile_mlir(sys.stdin.read(), assemble=False, isolate=False)\n"
+        "print('survived')\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script], input=BACKEND_ABORT, capture_output=True, text=True)
+    assert child.returncode == -signal.SIGABRT, child.stderr
+    assert "LLVM ERROR: Cannot select" in child.stderr
+    assert "survived" not in child.stdout
+
+
+def test_a_backend_abort_in_the_worker_raises_a_compilation_error():
+    with pytest.raises(flyc.CompilationError, match="killed by SIGABRT") as info:
+        flyc.compile_mlir(BACKEND_ABORT, assemble=False, isolate=True)
+    assert info.value.stage == "ptx"
+    assert "LLVM ERROR: Cannot select: intrinsic %llvm.nvvm.cp.async.bulk.tensor.g2s.cta" in info.value.diagnostics
+
+
+def test_the_environment_variable_turns_isolation_on(layout_offsets_mlir, monkeypatch):
+    calls = []
+    real = isolate.compile_in_worker
+
+    def spy(request):
+        calls.append(request["start_after"])
+        return real(request)
+
+    monkeypatch.setattr(pipeline.isolation, "compile_in_worker", spy)
+    monkeypatch.setenv("FLYDSL_COMPILE_ISOLATED", "1")
+    assert settings.current().compile_isolated
+    flyc.compile_mlir(layout_offsets_mlir, assemble=False)
+    assert calls == [None]
+    flyc.compile_mlir(layout_offsets_mlir, assemble=False, isolate=False)  # the argument wins
+    assert calls == [None]
+    monkeypatch.setenv("FLYDSL_COMPILE_ISOLATED", "0")
+    assert not settings.current().compile_isolated
+    monkeypatch.delenv("FLYDSL_COMPILE_ISOLATED")
+    assert not settings.current().compile_isolated
+    flyc.compile_mlir(layout_offsets_mlir, assemble=False)
+    assert calls == [None]
+
+
+def test_errors_raised_in_the_worker_are_raised_as_they_are(layout_offsets_mlir, monkeypatch):
+    with pytest.raises(flyc.CompilationError, match=r"stage 'input' failed") as info:
+        flyc.compile_mlir("module {\n  gpu.module @m {\n    %x = fly.size\n  }\n}", isolate=True)
+    assert info.value.stage == "input" and ":3:" in info.value.diagnostics
+    monkeypatch.setenv("FLYDSL_PTXAS", "/nonexistent/ptxas")  # the worker sees the caller's environment
+    with pytest.raises(flyc.ToolchainError, match="FLYDSL_PTXAS='/nonexistent/ptxas' is not an executable"):
+        flyc.compile_mlir(layout_offsets_mlir, assemble=True, isolate=True)
+
+
+def test_bad_arguments_fail_before_a_worker_starts(layout_offsets_mlir, monkeypatch):
+    monkeypatch.setattr(isolate, "compile_in_worker", None)  # never reached
+    with pytest.raises(ValueError, match="start_after"):
+        flyc.compile_mlir(layout_offsets_mlir, start_after="ptx", isolate=True)
+
+
+def test_stages_are_dumped_by_the_worker(layout_offsets_mlir, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYDSL_DUMP_IR", str(tmp_path))
+    flyc.compile_mlir(layout_offsets_mlir, assemble=False, isolate=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"layout_demo.{s}" for s in ("fly.mlir", "input.mlir", "llvm.mlir", "ptx.ptx")
+    ]
+
+
+@pytest.mark.parametrize(
+    "bootstrap, how",
+    [("import os; os.abort()", "killed by SIGABRT"), ("import sys; sys.exit(3)", "exited with status 3")],
+)
+def test_a_worker_that_dies_before_any_stage_is_a_backend_failure(layout_offsets_mlir, monkeypatch, bootstrap, how):
+    monkeypatch.setattr(isolate, "_BOOTSTRAP", bootstrap)
+    with pytest.raises(flyc.CompilationError, match=how) as info:
+        flyc.compile_mlir(layout_offsets_mlir, isolate=True)
+    assert info.value.stage == "backend"
