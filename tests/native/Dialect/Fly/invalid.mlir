@@ -270,8 +270,16 @@ func.func @recast_space(%p: !fly.ptr<f16, global, 16>) {
 // -----
 
 func.func @recast_sub_byte(%p: !fly.ptr<f16, global, 16>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.recast_ptr' op element types must be whole bytes, got 'i4'
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.recast_ptr' op element types must be integers or floats of whole bytes, got 'i4'
   %q = fly.recast_ptr %p : !fly.ptr<f16, global, 16> -> !fly.ptr<i4, global, 16>
+  return
+}
+
+// -----
+
+func.func @recast_vector(%p: !fly.ptr<vector<8xf16>, global, 16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.recast_ptr' op element types must be integers or floats of whole bytes, got 'vector<8xf16>'
+  %q = fly.recast_ptr %p : !fly.ptr<vector<8xf16>, global, 16> -> !fly.ptr<i32, global, 16>
   return
 }
 

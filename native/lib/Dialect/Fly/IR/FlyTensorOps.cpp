@@ -31,25 +31,20 @@ LogicalResult MakePtrOp::verify() {
   return success();
 }
 
-/// Bits of a pointer's element type (a scalar or a vector of scalars).
-static int64_t elementBits(Type elementType) {
-  if (auto vector = dyn_cast<VectorType>(elementType))
-    return vector.getNumElements() * vector.getElementType().getIntOrFloatBitWidth();
-  return elementType.getIntOrFloatBitWidth();
-}
-
 LogicalResult RecastPtrOp::verify() {
   PtrType source = getSource().getType(), result = getType();
   if (source.getAddressSpace() != result.getAddressSpace())
     return emitOpError("recast keeps the address space: ")
            << source << " and " << result << " differ";
+  // Lowering sizes and aligns accesses by scalar elements (vectors are what copies make of them).
   for (PtrType ptr : {source, result})
-    if (elementBits(ptr.getElementType()) % 8 != 0)
-      return emitOpError("element types must be whole bytes, got ") << ptr.getElementType();
+    if (!ptr.getElementType().isIntOrFloat() || ptr.getElementType().getIntOrFloatBitWidth() % 8)
+      return emitOpError("element types must be integers or floats of whole bytes, got ")
+             << ptr.getElementType();
   if (result.getAlignment() > source.getAlignment())
     return emitOpError("result alignment ")
            << result.getAlignment() << " is more than the source's " << source.getAlignment();
-  int64_t elementBytes = elementBits(result.getElementType()) / 8;
+  int64_t elementBytes = result.getElementType().getIntOrFloatBitWidth() / 8;
   if (result.getAlignment() < elementBytes)
     return emitOpError("result alignment ")
            << result.getAlignment() << " is less than the " << elementBytes << " bytes of "

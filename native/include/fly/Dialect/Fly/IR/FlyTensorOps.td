@@ -28,8 +28,8 @@ def Fly_RecastPtrOp : Fly_Op<"recast_ptr", [Pure]> {
   let description = [{
     The address space stays; the result may claim at most the source's
     alignment and at least its own element's size (accesses assume elements
-    are naturally aligned). Element types must be whole bytes. This is the
-    pointer half of CuTe's `recast`: a recast tensor is
+    are naturally aligned). Element types are integers or floats of whole
+    bytes. This is the pointer half of CuTe's `recast`: a recast tensor is
     `fly.make_tensor(fly.recast_ptr(p), L')`, with `L'` computed by the
     tracer (`flydsl.layout.recast_layout`), so that 8 f16 become 4 i32.
 
