@@ -46,7 +46,7 @@ func.func @bad_alignment(%p: !fly.ptr<f16, global, 12>) { return }
 
 // -----
 
-// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: pointer element type must be an integer, float or vector type, got '!fly.layout<4:1>'
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: pointer element type must be an integer or float of whole bytes, got '!fly.layout<4:1>'
 func.func @bad_element(%p: !fly.ptr<!fly.layout<4:1>, global, 16>) { return }
 
 // -----
@@ -269,19 +269,8 @@ func.func @recast_space(%p: !fly.ptr<f16, global, 16>) {
 
 // -----
 
-func.func @recast_sub_byte(%p: !fly.ptr<f16, global, 16>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.recast_ptr' op element types must be integers or floats of whole bytes, got 'i4'
-  %q = fly.recast_ptr %p : !fly.ptr<f16, global, 16> -> !fly.ptr<i4, global, 16>
-  return
-}
-
-// -----
-
-func.func @recast_vector(%p: !fly.ptr<vector<8xf16>, global, 16>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.recast_ptr' op element types must be integers or floats of whole bytes, got 'vector<8xf16>'
-  %q = fly.recast_ptr %p : !fly.ptr<vector<8xf16>, global, 16> -> !fly.ptr<i32, global, 16>
-  return
-}
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: pointer element type must be an integer or float of whole bytes, got 'vector<8xf16>'
+func.func @vector_element(%p: !fly.ptr<vector<8xf16>, global, 16>) { return }
 
 // -----
 
@@ -293,8 +282,30 @@ func.func @recast_more_aligned(%p: !fly.ptr<f16, global, 4>) {
 
 // -----
 
-func.func @recast_misaligned_elements(%p: !fly.ptr<f16, global, 2>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.recast_ptr' op result alignment 2 is less than the 4 bytes of 'i32' (accesses assume aligned elements)
-  %q = fly.recast_ptr %p : !fly.ptr<f16, global, 2> -> !fly.ptr<i32, global, 2>
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: pointer alignment 2 is less than the 4 bytes of 'i32' (accesses assume aligned elements)
+func.func @misaligned_elements(%p: !fly.ptr<i32, global, 2>) { return }
+
+// -----
+
+func.func @add_offset_type(%p: !fly.ptr<f16, global, 16>, %o: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.add_offset' op result '!fly.ptr<f32, global, 4>' must keep the element type and address space of '!fly.ptr<f16, global, 16>'
+  %q = fly.add_offset %p, %o : !fly.ptr<f16, global, 16> -> !fly.ptr<f32, global, 4>
+  return
+}
+
+// -----
+
+func.func @add_offset_more_aligned(%p: !fly.ptr<f16, global, 4>, %o: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.add_offset' op result alignment 16 is more than the source's 4
+  %q = fly.add_offset %p, %o : !fly.ptr<f16, global, 4> -> !fly.ptr<f16, global, 16>
+  return
+}
+
+// -----
+
+func.func @add_offset_constant(%p: !fly.ptr<f16, global, 16>) {
+  %c3 = arith.constant 3 : index
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.add_offset' op result alignment 8 is more than the 2 bytes that offset 3 keeps
+  %q = fly.add_offset %p, %c3 : !fly.ptr<f16, global, 16> -> !fly.ptr<f16, global, 8>
   return
 }

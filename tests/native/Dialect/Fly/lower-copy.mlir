@@ -88,6 +88,23 @@ func.func @sliced(%g_raw: !llvm.ptr<1>, %s_raw: !llvm.ptr<3>, %r: index) {
   return
 }
 
+// add_offset moves the base pointer (a GEP in elements) before the layout's offset.
+// CHECK-LABEL: func.func @moved
+// CHECK-SAME: (%[[RAW:[^:]*]]: !llvm.ptr<1>, %[[OFF:[^:]*]]: index
+// CHECK: %[[OFF64:.*]] = arith.index_cast %[[OFF]] : index to i64
+// CHECK: %[[BASE:.*]] = llvm.getelementptr %[[RAW]][%[[OFF64]]] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32
+// CHECK: llvm.load %[[BASE]] {alignment = 4 : i64} : !llvm.ptr<1> -> f32
+func.func @moved(%raw: !llvm.ptr<1>, %off: index, %dst_raw: !llvm.ptr<1>) {
+  %p = fly.make_ptr %raw : !llvm.ptr<1> -> !fly.ptr<f32, global, 16>
+  %q = fly.add_offset %p, %off : !fly.ptr<f32, global, 16> -> !fly.ptr<f32, global, 4>
+  %l = fly.make_layout : !fly.layout<1:1>
+  %t = fly.make_tensor %q, %l : !fly.tensor<!fly.ptr<f32, global, 4>, !fly.layout<1:1>>
+  %dp = fly.make_ptr %dst_raw : !llvm.ptr<1> -> !fly.ptr<f32, global, 4>
+  %d = fly.make_tensor %dp, %l : !fly.tensor<!fly.ptr<f32, global, 4>, !fly.layout<1:1>>
+  fly.copy %t, %d : !fly.tensor<!fly.ptr<f32, global, 4>, !fly.layout<1:1>>, !fly.tensor<!fly.ptr<f32, global, 4>, !fly.layout<1:1>>
+  return
+}
+
 // Must not fire: a tensor passed in as an argument has nothing to lower with.
 // CHECK-LABEL: func.func @no_fire
 // CHECK: fly.copy

@@ -28,7 +28,7 @@ func.func @layout_types(%a: !fly.layout<8:1>, %b: !fly.layout<(4,8):(1,4)>,
 // CHECK-SAME: !fly.ptr<f16, global, 16>
 // CHECK-SAME: !fly.ptr<bf16, shared, 128>
 // CHECK-SAME: !fly.ptr<f32, register, 4>
-// CHECK-SAME: !fly.ptr<vector<4xf32>, generic, 16>
+// CHECK-SAME: !fly.ptr<i64, generic, 16>
 // CHECK-SAME: !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(?,8):(8,1)>>
 // CHECK-SAME: !fly.tensor<!fly.ptr<bf16, shared, 128>, !fly.composed_layout<Sw<3,4,3> o 0 o (8,64):(64,1)>>
 func.func @other_types(%a: !fly.int_tuple<(4,(?,2))>, %b: !fly.int_tuple<?{div=8}>,
@@ -36,7 +36,7 @@ func.func @other_types(%a: !fly.int_tuple<(4,(?,2))>, %b: !fly.int_tuple<?{div=8
                        %d: !fly.composed_layout<Sw<2,3,-3> o 32 o (?,8):(8,1)>,
                        %d2: !fly.composed_layout<Sw<3,4,3> o ?{div=8} o 8:1>,
                        %e: !fly.ptr<f16, global, 16>, %f: !fly.ptr<bf16, shared, 128>,
-                       %g: !fly.ptr<f32, register, 4>, %h: !fly.ptr<vector<4xf32>, generic, 16>,
+                       %g: !fly.ptr<f32, register, 4>, %h: !fly.ptr<i64, generic, 16>,
                        %i: !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(?,8):(8,1)>>,
                        %j: !fly.tensor<!fly.ptr<bf16, shared, 128>, !fly.composed_layout<Sw<3,4,3> o 0 o (8,64):(64,1)>>) {
   return
@@ -103,6 +103,8 @@ func.func @slices_copies_smem(%raw: !llvm.ptr<1>, %i: index, %p: i1) {
   %g = fly.make_tensor %gp, %gl : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>>
   // CHECK: fly.slice %{{.*}}[true, false](%{{.*}}) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>> -> !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
   %row = fly.slice %g[true, false](%i) : !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<(4,8):(8,1)>> -> !fly.tensor<!fly.ptr<f32, global, 16>, !fly.layout<8:1>>
+  // CHECK: fly.add_offset %{{.*}}, %{{.*}} : !fly.ptr<f32, global, 16> -> !fly.ptr<f32, global, 4>
+  %moved = fly.add_offset %gp, %i : !fly.ptr<f32, global, 16> -> !fly.ptr<f32, global, 4>
   // CHECK: fly.alloc_smem 8 : !fly.ptr<f32, shared, 16>
   %sp = fly.alloc_smem 8 : !fly.ptr<f32, shared, 16>
   %sl = fly.make_layout : !fly.layout<8:1>

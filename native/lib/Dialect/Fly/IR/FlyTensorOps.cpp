@@ -2,6 +2,7 @@
 
 #include "fly/Dialect/Fly/IR/FlyOps.h"
 #include "fly/Dialect/Fly/IR/IntTuple.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
 
 using namespace mlir;
 using namespace mlir::fly;
@@ -36,19 +37,29 @@ LogicalResult RecastPtrOp::verify() {
   if (source.getAddressSpace() != result.getAddressSpace())
     return emitOpError("recast keeps the address space: ")
            << source << " and " << result << " differ";
-  // Lowering sizes and aligns accesses by scalar elements (vectors are what copies make of them).
-  for (PtrType ptr : {source, result})
-    if (!ptr.getElementType().isIntOrFloat() || ptr.getElementType().getIntOrFloatBitWidth() % 8)
-      return emitOpError("element types must be integers or floats of whole bytes, got ")
-             << ptr.getElementType();
   if (result.getAlignment() > source.getAlignment())
     return emitOpError("result alignment ")
            << result.getAlignment() << " is more than the source's " << source.getAlignment();
-  int64_t elementBytes = result.getElementType().getIntOrFloatBitWidth() / 8;
-  if (result.getAlignment() < elementBytes)
+  return success();
+}
+
+LogicalResult AddOffsetOp::verify() {
+  PtrType source = getPtr().getType(), result = getType();
+  if (source.getElementType() != result.getElementType() ||
+      source.getAddressSpace() != result.getAddressSpace())
+    return emitOpError("result ") << result << " must keep the element type and address space of "
+                                  << source;
+  if (result.getAlignment() > source.getAlignment())
     return emitOpError("result alignment ")
-           << result.getAlignment() << " is less than the " << elementBytes << " bytes of "
-           << result.getElementType() << " (accesses assume aligned elements)";
+           << result.getAlignment() << " is more than the source's " << source.getAlignment();
+  if (auto constant = getOffset().getDefiningOp<arith::ConstantIndexOp>()) {
+    int64_t bytes = constant.value() * (source.getElementType().getIntOrFloatBitWidth() / 8);
+    int64_t proven = std::min(source.getAlignment(), powerOfTwoFactor(bytes));
+    if (result.getAlignment() > proven)
+      return emitOpError("result alignment ")
+             << result.getAlignment() << " is more than the " << proven << " bytes that offset "
+             << constant.value() << " keeps";
+  }
   return success();
 }
 

@@ -207,9 +207,14 @@ LogicalResult PtrType::verify(function_ref<InFlightDiagnostic()> emitError, Type
                        << "; expected generic (0), global (1), shared (3) or register (5)";
   if (alignment < 1 || !llvm::isPowerOf2_64(alignment))
     return emitError() << "pointer alignment must be a power of two >= 1 bytes, got " << alignment;
-  if (!elementType.isIntOrIndexOrFloat() && !isa<VectorType>(elementType))
-    return emitError() << "pointer element type must be an integer, float or vector type, got "
+  // Accesses are sized and aligned by whole scalar elements (copies make vectors of them).
+  if (!elementType.isIntOrFloat() || elementType.getIntOrFloatBitWidth() % 8 != 0)
+    return emitError() << "pointer element type must be an integer or float of whole bytes, got "
                        << elementType;
+  if (alignment < int64_t(elementType.getIntOrFloatBitWidth() / 8))
+    return emitError() << "pointer alignment " << alignment << " is less than the "
+                       << elementType.getIntOrFloatBitWidth() / 8 << " bytes of " << elementType
+                       << " (accesses assume aligned elements)";
   return success();
 }
 

@@ -29,10 +29,26 @@ struct TracedTensor {
 
 /// The fly.make_ptr under a chain of fly.recast_ptr (LLVM pointers are opaque:
 /// a recast pointer has the same base, only the GEP element type changes).
-static MakePtrOp findMakePtr(Value ptr) {
-  while (auto recast = ptr.getDefiningOp<RecastPtrOp>())
-    ptr = recast.getSource();
-  return ptr.getDefiningOp<MakePtrOp>();
+/// True if `ptr` comes from a fly.make_ptr through recasts and offsets.
+static bool isTraceablePointer(Value ptr) {
+  if (auto recast = ptr.getDefiningOp<RecastPtrOp>())
+    return isTraceablePointer(recast.getSource());
+  if (auto moved = ptr.getDefiningOp<AddOffsetOp>())
+    return isTraceablePointer(moved.getPtr());
+  return bool(ptr.getDefiningOp<MakePtrOp>());
+}
+
+static Value offsetPointer(OpBuilder &builder, Location loc, Value base, Type elementType,
+                           Value offset);
+
+/// The LLVM pointer a traceable `ptr` stands for (pointers are opaque: a recast is the same value).
+static Value emitPointer(OpBuilder &builder, Location loc, Value ptr) {
+  if (auto recast = ptr.getDefiningOp<RecastPtrOp>())
+    return emitPointer(builder, loc, recast.getSource());
+  if (auto moved = ptr.getDefiningOp<AddOffsetOp>())
+    return offsetPointer(builder, loc, emitPointer(builder, loc, moved.getPtr()),
+                         moved.getType().getElementType(), moved.getOffset());
+  return ptr.getDefiningOp<MakePtrOp>().getPointer();
 }
 
 /// True if lowering can find everything `tensor` is built from (checked before
@@ -41,7 +57,7 @@ static bool isTraceable(Value tensor) {
   if (auto slice = tensor.getDefiningOp<SliceOp>())
     return isTraceable(slice.getTensor());
   auto maker = tensor.getDefiningOp<MakeTensorOp>();
-  return maker && findMakePtr(maker.getPtr()) && succeeded(getLayoutLeaves(maker.getLayout()));
+  return maker && isTraceablePointer(maker.getPtr()) && succeeded(getLayoutLeaves(maker.getLayout()));
 }
 
 static Value offsetPointer(OpBuilder &builder, Location loc, Value base, Type elementType,
@@ -81,7 +97,7 @@ static TracedTensor traceTensor(OpBuilder &builder, Location loc, Value tensor) 
     return result;
   }
   auto maker = tensor.getDefiningOp<MakeTensorOp>();
-  return TracedTensor{findMakePtr(maker.getPtr()).getPointer(),
+  return TracedTensor{emitPointer(builder, loc, maker.getPtr()),
                       maker.getPtr().getType().getElementType(),
                       *getLayoutLeaves(maker.getLayout())};
 }
@@ -95,7 +111,7 @@ static Value elementAddress(OpBuilder &builder, Location loc, const TracedTensor
 }
 
 constexpr const char *kUntraceable =
-    "tensor not built by fly.make_tensor/make_ptr/recast_ptr/make_layout in this region";
+    "tensor not built by fly.make_tensor/make_ptr/recast_ptr/add_offset/make_layout in this region";
 
 static unsigned elementAlignment(Type elementType) {
   return std::max<unsigned>(1, elementType.getIntOrFloatBitWidth() / 8);

@@ -10,6 +10,8 @@ if flyc.runtime.is_available():
 from flydsl.compiler import runtime
 from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, FlyError, ToolchainError
+from flydsl.compiler.jit import CompiledKernel, JitFunction, compile, jit
+from flydsl.compiler.kernel import KernelCall, KernelFunction, kernel
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
 from flydsl.compiler.target import SM80, SM90A, Stage, Target
 from flydsl.compiler.toolchain import assemble_ptx, find_ptxas
@@ -17,6 +19,13 @@ from flydsl.compiler.toolchain import assemble_ptx, find_ptxas
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompiledKernel",
+    "JitFunction",
+    "KernelCall",
+    "KernelFunction",
+    "compile",
+    "jit",
+    "kernel",
     "CompilationError",
     "CompiledModule",
     "FlyError",

@@ -43,6 +43,23 @@ def Fly_RecastPtrOp : Fly_Op<"recast_ptr", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Fly_AddOffsetOp : Fly_Op<"add_offset", [Pure]> {
+  let summary = "moves a pointer by a number of elements";
+  let description = [{
+    The result's alignment is a promise of the tracer, which knows what the
+    offset is a multiple of; it may not exceed the source's. When the offset is
+    a constant, the verifier checks the promise.
+
+    ```mlir
+    %q = fly.add_offset %p, %off : !fly.ptr<f16, global, 16> -> !fly.ptr<f16, global, 2>
+    ```
+  }];
+  let arguments = (ins Fly_PtrType:$ptr, Index:$offset);
+  let results = (outs Fly_PtrType:$result);
+  let assemblyFormat = "$ptr `,` $offset attr-dict `:` qualified(type($ptr)) `->` qualified(type($result))";
+  let hasVerifier = 1;
+}
+
 def Fly_MakeTensorOp : Fly_Op<"make_tensor", [Pure,
     TypesMatchWith<"pointer is the result's", "result", "ptr",
                    "::llvm::cast<::mlir::fly::TensorType>($_self).getPtr()">,

@@ -1,0 +1,117 @@
+"""Host-side kernel arguments: what a tensor from any framework looks like to the launcher, and how it specializes
+the kernel.
+
+A tensor argument is read through the cheapest route its object offers: torch's attributes, else
+``__cuda_array_interface__`` (cupy, numba, jax's GPU arrays...). By default its shape is dynamic and its strides
+are specialized on contiguity (a stride of 1 is static) and on 16-byte divisibility (known to the compiler, so that
+copies can be vectorized), as is the alignment of its data pointer: one binary serves every size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TensorArg", "describe_tensor", "DTYPES"]
+
+# numpy typestr / torch dtype name -> FlyDSL element type name (MLIR)
+DTYPES = {
+    "f2": "f16",
+    "f4": "f32",
+    "f8": "f64",
+    "i1": "i8",
+    "i2": "i16",
+    "i4": "i32",
+    "i8": "i64",
+    "u1": "i8",
+    "u2": "i16",
+    "u4": "i32",
+    "u8": "i64",
+    "b1": "i8",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "float32": "f32",
+    "float64": "f64",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "i8",
+    "uint16": "i16",
+    "uint32": "i32",
+    "uint64": "i64",
+    "bool": "i8",
+    "float8_e4m3fn": "f8E4M3FN",
+    "float8_e5m2": "f8E5M2",
+}
+
+_ELEMENT_BYTES = {
+    "f16": 2,
+    "bf16": 2,
+    "f32": 4,
+    "f64": 8,
+    "i8": 1,
+    "i16": 2,
+    "i32": 4,
+    "i64": 8,
+    "f8E4M3FN": 1,
+    "f8E5M2": 1,
+}
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A GPU tensor as the launcher sees it (strides in elements)."""
+
+    pointer: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    device: int
+    source: object
+
+    @property
+    def element_bytes(self) -> int:
+        return _ELEMENT_BYTES[self.dtype]
+
+    def specialization(self) -> tuple:
+        """What the kernel is compiled for: element type, rank, which strides are 1, which are multiples of 16
+        bytes, and whether the data pointer is 16-byte aligned."""
+        per_16_bytes = max(1, 16 // self.element_bytes)
+        strides = tuple(1 if stride == 1 else (16 if stride % per_16_bytes == 0 else 0) for stride in self.strides)
+        return (self.dtype, len(self.shape), strides, self.pointer % 16 == 0)
+
+
+def describe_tensor(obj, name: str) -> TensorArg:
+    """Reads a tensor argument; a ValueError or TypeError names ``name`` and what was expected."""
+    torch_dtype = getattr(obj, "dtype", None)
+    if hasattr(obj, "data_ptr") and hasattr(obj, "stride") and torch_dtype is not None and hasattr(obj, "is_cuda"):
+        if not obj.is_cuda:
+            raise ValueError(f"argument '{name}': expected a CUDA tensor, got one on {obj.device}")
+        dtype = DTYPES.get(str(torch_dtype).removeprefix("torch."))
+        if dtype is None:
+            raise TypeError(f"argument '{name}': unsupported element type {torch_dtype}")
+        return TensorArg(obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), dtype, obj.device.index or 0, obj)
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if interface is None:
+        raise TypeError(
+            f"argument '{name}': expected a GPU tensor (torch, cupy, or an object with __cuda_array_interface__), got"
+            f" {type(obj).__name__}"
+        )
+    typestr = interface["typestr"]
+    dtype = DTYPES.get(typestr[1:])
+    if dtype is None:
+        raise TypeError(f"argument '{name}': unsupported element type {typestr!r}")
+    shape = tuple(interface["shape"])
+    element_bytes = _ELEMENT_BYTES[dtype]
+    if interface.get("strides") is None:
+        strides, step = [], 1
+        for extent in reversed(shape):
+            strides.append(step)
+            step *= extent
+        strides = tuple(reversed(strides))
+    else:
+        byte_strides = interface["strides"]
+        if any(s % element_bytes for s in byte_strides):
+            raise ValueError(f"argument '{name}': strides {byte_strides} are not multiples of the element size")
+        strides = tuple(s // element_bytes for s in byte_strides)
+    return TensorArg(int(interface["data"][0]), shape, strides, dtype, 0, obj)

@@ -1,0 +1,349 @@
+"""Rewrites a kernel's Python control flow so that conditions and bounds known only at run time become ``scf`` ops.
+
+Every ``for ... in range(...)``, ``if`` and ``while`` becomes a call to a helper in
+:mod:`flydsl.compiler.control_flow` that receives the statement's body as a nested function. The helper decides at
+trace time: Python values run the body as Python would (so static conditions cost nothing and behave exactly like
+Python), FlyDSL values build ``scf.for`` / ``scf.if`` / ``scf.while``. The names a body assigns are passed in and
+returned, which is how loop-carried and branch-result values are found without annotations.
+
+Left as plain Python: ``range_constexpr`` loops, ``if const_expr(...)``, loops over anything but ``range``, and
+statements whose body holds ``return``, ``break``, ``continue`` or ``yield`` (their condition must then be a
+trace-time value; a dynamic one raises a clear error). The seed's explicit form
+``for iv, state in range(a, b, s, init=[...]): ... results = yield [...]`` is rewritten too.
+
+Line numbers and the file name are kept, so tracebacks point at the user's source; and every other statement runs
+inside ``with __fly_cf.at_line(file, line):``, so the ops it builds carry the user's ``file:line`` as their MLIR
+location (diagnostics of later stages point there too).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import itertools
+import textwrap
+import types
+
+__all__ = ["rewrite_function", "RewriteError"]
+
+HELPERS = "__fly_cf"  # the name the rewritten code calls its helpers through
+
+
+class RewriteError(SyntaxError):
+    """A kernel uses a Python construct that cannot be traced; the message says which and where."""
+
+
+def _assigned_names(statements: list[ast.stmt]) -> list[str]:
+    """Names bound by the statements, in first-binding order, not looking into nested functions or classes."""
+    names: dict[str, None] = {}
+
+    def visit(node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = None
+            return
+        if isinstance(node, ast.Lambda):
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names[node.id] = None
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for statement in statements:
+        visit(statement)
+    return [name for name in names if not name.startswith("__fly_")]
+
+
+def _holds_escape(statements: list[ast.stmt], loop_level: bool) -> bool:
+    """True if a ``return``/``yield`` (anywhere) or a ``break``/``continue`` of this level is in the statements."""
+
+    def visit(node, in_inner_loop: bool) -> bool:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            return False
+        if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)):
+            return True
+        if isinstance(node, (ast.Break, ast.Continue)) and not in_inner_loop:
+            return True
+        inner = in_inner_loop or isinstance(node, (ast.For, ast.While))
+        return any(visit(child, inner and node is not None) for child in ast.iter_child_nodes(node))
+
+    # For an `if`, a break/continue belongs to an enclosing loop we cannot see: it escapes too.
+    del loop_level
+    return any(visit(statement, False) for statement in statements)
+
+
+def _arguments(names) -> ast.arguments:
+    return ast.arguments(
+        posonlyargs=[], args=[ast.arg(arg=n) for n in names], kwonlyargs=[], kw_defaults=[], defaults=[]
+    )
+
+
+def _is_call_to(node: ast.expr, name: str) -> bool:
+    func = node.func if isinstance(node, ast.Call) else None
+    return (isinstance(func, ast.Name) and func.id == name) or (isinstance(func, ast.Attribute) and func.attr == name)
+
+
+class _Rewriter(ast.NodeTransformer):
+    def __init__(self):
+        self._ids = itertools.count()
+
+    def visit(self, node):
+        result = super().visit(node)
+        # Generated statements take the position of the statement they replace (errors and locations point there).
+        for statement in result if isinstance(result, list) else [result]:
+            if statement is not node and isinstance(statement, ast.stmt):
+                _locate_tree(statement, node)
+        return result
+
+    def _fresh(self, kind: str, node: ast.AST) -> str:
+        return f"__fly_{kind}_{node.lineno}_{next(self._ids)}"
+
+    @staticmethod
+    def _helper(name: str) -> ast.expr:
+        return ast.Attribute(value=ast.Name(id=HELPERS, ctx=ast.Load()), attr=name, ctx=ast.Load())
+
+    @staticmethod
+    def _names_tuple(names: list[str]) -> ast.expr:
+        return ast.Tuple(elts=[ast.Constant(value=n) for n in names], ctx=ast.Load())
+
+    def _current_values(self, names: list[str]) -> ast.expr:
+        # __fly_cf.lookup(locals(), name) gives the value, or the UNDEFINED marker when the name is unbound.
+        return ast.Tuple(
+            elts=[
+                ast.Call(
+                    func=self._helper("lookup"),
+                    args=[ast.Call(func=ast.Name(id="locals", ctx=ast.Load()), args=[], keywords=[]), ast.Constant(n)],
+                    keywords=[],
+                )
+                for n in names
+            ],
+            ctx=ast.Load(),
+        )
+
+    def _function(self, name: str, params: list[str], body: list[ast.stmt], returns: list[str]) -> ast.FunctionDef:
+        statements = list(body) + [
+            ast.Return(value=ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Load()) for n in returns], ctx=ast.Load()))
+        ]
+        return ast.FunctionDef(
+            name=name,
+            args=_arguments(params),
+            body=statements,
+            decorator_list=[],
+            returns=None,
+            type_params=[],
+        )
+
+    def _assign_back(self, names: list[str], call: ast.expr) -> ast.stmt:
+        if not names:
+            return ast.Expr(value=call)
+        target = ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Store()) for n in names], ctx=ast.Store())
+        return ast.Assign(targets=[target], value=call)
+
+    # --- for ------------------------------------------------------------------------------------------------------
+    def visit_For(self, node: ast.For):
+        self.generic_visit(node)
+        if not (isinstance(node.iter, ast.Call) and _is_call_to(node.iter, "range")) or node.orelse:
+            return node
+        init = next((k for k in node.iter.keywords if k.arg == "init"), None)
+        if init is not None:
+            return self._explicit_for(node, init)
+        if _holds_escape(node.body, loop_level=True) or not isinstance(node.target, ast.Name):
+            return node
+        names = [n for n in _assigned_names(node.body) if n != node.target.id]
+        body = self._function(self._fresh("for", node), [node.target.id, *names], node.body, names)
+        call = ast.Call(
+            func=self._helper("for_range"),
+            args=[
+                ast.Tuple(elts=node.iter.args, ctx=ast.Load()),
+                ast.Name(id=body.name, ctx=ast.Load()),
+                self._names_tuple(names),
+                self._current_values(names),
+            ],
+            keywords=[],
+        )
+        return [body, self._assign_back(names, call)]
+
+    def _explicit_for(self, node: ast.For, init: ast.keyword):
+        """``for iv, state in range(a, b, s, init=[...]): ...; results = yield [...]`` (the seed's form)."""
+        target = node.target
+        if not (
+            isinstance(target, ast.Tuple)
+            and len(target.elts) == 2
+            and all(isinstance(e, ast.Name) for e in target.elts)
+        ):
+            raise RewriteError(f"line {node.lineno}: `range(..., init=...)` loops take `for iv, state in ...`")
+        yields = [
+            (i, s)
+            for i, s in enumerate(node.body)
+            if isinstance(s, ast.Assign) and isinstance(s.value, ast.Yield) and len(s.targets) == 1
+        ]
+        if len(yields) != 1 or yields[0][0] != len(node.body) - 1:
+            raise RewriteError(
+                f"line {node.lineno}: a `range(..., init=...)` loop body must end with `results = yield [...]`"
+            )
+        position, statement = yields[0]
+        body_statements = node.body[:position] + [ast.Return(value=statement.value.value)]
+        body = ast.FunctionDef(
+            name=self._fresh("for", node),
+            args=ast.arguments(
+                posonlyargs=[],
+                args=[ast.arg(arg=e.id) for e in target.elts],
+                kwonlyargs=[],
+                kw_defaults=[],
+                defaults=[],
+            ),
+            body=body_statements,
+            decorator_list=[],
+            returns=None,
+            type_params=[],
+        )
+        call = ast.Call(
+            func=self._helper("for_range_explicit"),
+            args=[ast.Tuple(elts=node.iter.args, ctx=ast.Load()), init.value, ast.Name(id=body.name, ctx=ast.Load())],
+            keywords=[],
+        )
+        return [body, ast.Assign(targets=statement.targets, value=call)]
+
+    # --- if -------------------------------------------------------------------------------------------------------
+    def visit_If(self, node: ast.If):
+        self.generic_visit(node)
+        if _is_call_to(node.test, "const_expr") or _holds_escape(node.body + node.orelse, loop_level=False):
+            return node
+        names = _assigned_names(node.body + node.orelse)
+        then_fn = self._function(self._fresh("then", node), names, node.body, names)
+        else_fn = self._function(self._fresh("else", node), names, node.orelse or [ast.Pass()], names)
+        call = ast.Call(
+            func=self._helper("if_else"),
+            args=[
+                node.test,
+                ast.Name(id=then_fn.name, ctx=ast.Load()),
+                ast.Name(id=else_fn.name, ctx=ast.Load()),
+                self._names_tuple(names),
+                self._current_values(names),
+            ],
+            keywords=[],
+        )
+        return [then_fn, else_fn, self._assign_back(names, call)]
+
+    # --- while ----------------------------------------------------------------------------------------------------
+    def visit_While(self, node: ast.While):
+        self.generic_visit(node)
+        if node.orelse or _holds_escape(node.body, loop_level=True):
+            return node
+        names = _assigned_names(node.body)
+        cond_fn = ast.FunctionDef(
+            name=self._fresh("cond", node),
+            args=ast.arguments(
+                posonlyargs=[], args=[ast.arg(arg=n) for n in names], kwonlyargs=[], kw_defaults=[], defaults=[]
+            ),
+            body=[ast.Return(value=node.test)],
+            decorator_list=[],
+            returns=None,
+            type_params=[],
+        )
+        body_fn = self._function(self._fresh("while", node), names, node.body, names)
+        call = ast.Call(
+            func=self._helper("while_loop"),
+            args=[
+                ast.Name(id=cond_fn.name, ctx=ast.Load()),
+                ast.Name(id=body_fn.name, ctx=ast.Load()),
+                self._names_tuple(names),
+                self._current_values(names),
+            ],
+            keywords=[],
+        )
+        return [cond_fn, body_fn, self._assign_back(names, call)]
+
+
+def _locate_tree(tree: ast.AST, origin: ast.AST) -> None:
+    """Gives ``origin``'s position to every node of ``tree`` that has none yet."""
+    for node in ast.walk(tree):
+        if "lineno" in node._attributes and not hasattr(node, "lineno"):
+            ast.copy_location(node, origin)
+
+
+_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.While, ast.If, ast.With, ast.Try)
+
+
+class _Locator(ast.NodeTransformer):
+    """Wraps each simple statement in ``with __fly_cf.at_line(file, line):``."""
+
+    def __init__(self, filename: str):
+        self.filename = filename
+
+    def _wrap_body(self, body: list[ast.stmt]) -> list[ast.stmt]:
+        wrapped = []
+        for statement in body:
+            self.visit(statement)
+            if isinstance(statement, _COMPOUND) or isinstance(statement, (ast.Global, ast.Nonlocal, ast.Pass)):
+                wrapped.append(statement)
+                continue
+            location = ast.Call(
+                func=ast.Attribute(value=ast.Name(id=HELPERS, ctx=ast.Load()), attr="at_line", ctx=ast.Load()),
+                args=[ast.Constant(self.filename), ast.Constant(statement.lineno)],
+                keywords=[],
+            )
+            wrapped.append(ast.With(items=[ast.withitem(context_expr=location)], body=[statement]))
+        return wrapped
+
+    def generic_visit(self, node):
+        for field in ("body", "orelse", "finalbody"):
+            statements = getattr(node, field, None)
+            if isinstance(statements, list) and statements and isinstance(statements[0], ast.stmt):
+                setattr(node, field, self._wrap_body(statements))
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, ast.stmt):
+                self.visit(child)
+        return node
+
+
+@functools.cache
+def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: int):
+    tree = ast.parse(source)
+    function = tree.body[0]
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise RewriteError(f"{filename}:{first_line}: expected a function definition")
+    function.decorator_list = []
+    function.body = [_Rewriter().visit(s) for s in function.body]
+    function.body = [s for item in function.body for s in (item if isinstance(item, list) else [item])]
+    # Statement positions must be final (the control-flow rewrite adds functions) before they get locations.
+    ast.fix_missing_locations(function)
+    ast.increment_lineno(function, first_line - 1)
+    _Locator(filename).generic_visit(function)
+    ast.increment_lineno(function, -(first_line - 1))
+    # A factory binds the original closure's free variables as the rewritten function's own free variables.
+    freevars = list(code.co_freevars)
+    factory = ast.FunctionDef(
+        name="__fly_factory",
+        args=ast.arguments(
+            posonlyargs=[], args=[ast.arg(arg=v) for v in freevars], kwonlyargs=[], kw_defaults=[], defaults=[]
+        ),
+        body=[function, ast.Return(value=ast.Name(id=function.name, ctx=ast.Load()))],
+        decorator_list=[],
+        returns=None,
+        type_params=[],
+    )
+    module = ast.Module(body=[factory], type_ignores=[])
+    ast.fix_missing_locations(module)
+    ast.increment_lineno(module, first_line - 1)
+    return compile(module, filename, "exec")
+
+
+def rewrite_function(fn: types.FunctionType) -> types.FunctionType:
+    """The same function with its control flow routed through the tracing helpers (cached per code object)."""
+    try:
+        source_lines, first_line = inspect.getsourcelines(fn)
+    except (OSError, TypeError) as error:
+        raise RewriteError(f"cannot read the source of {fn.__qualname__} to trace it: {error}") from None
+    source = textwrap.dedent("".join(source_lines))
+    code = _rewrite_code(fn.__code__, source, fn.__code__.co_filename, first_line)
+    from flydsl.compiler import control_flow
+
+    namespace = dict(fn.__globals__)
+    namespace[HELPERS] = control_flow
+    exec(code, namespace)
+    cells = [c.cell_contents for c in (fn.__closure__ or ())]
+    rewritten = namespace["__fly_factory"](*cells)
+    rewritten.__wrapped__ = fn
+    rewritten.__fly_rewritten__ = True
+    return rewritten

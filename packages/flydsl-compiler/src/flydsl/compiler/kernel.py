@@ -1,0 +1,316 @@
+"""``@kernel``: device functions traced to Fly IR, specialized on their arguments, compiled, cached and launched.
+
+    @flyc.kernel
+    def scale(x: fx.Tensor, y: fx.Tensor, a: fx.Float32, n: fx.Int32): ...
+
+    scale(x, y, 2.0, n).launch(grid=..., block=256)          # from Python or from a @flyc.jit function
+
+Each distinct specialization (tensor element types, ranks, unit strides, 16-byte divisibility of the other strides
+and of the data pointers; the numeric parameter types; ``Constexpr`` values) is traced once, compiled once per
+process (in-memory cache) and once per machine (disk cache), then launched through the native launcher. Bad
+arguments raise before anything is launched, naming the parameter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import typing
+from dataclasses import dataclass
+
+from mlir import ir
+from mlir.dialects import gpu
+
+import flydsl.layout as _fl
+from flydsl.compiler import cache, runtime
+from flydsl.compiler.args import describe_tensor
+from flydsl.compiler.ast_rewrite import rewrite_function
+from flydsl.compiler.context import make_context
+from flydsl.compiler.pipeline import CompiledModule, compile_mlir
+from flydsl.compiler.target import SM90A, Target
+from flydsl.compiler.tracing import user_traceback
+from flydsl.expr.numeric import Float, Index, Integer, Numeric
+from flydsl.expr.params import Stream, is_constexpr
+from flydsl.expr.tensor import Tensor
+
+__all__ = ["kernel", "KernelFunction", "KernelCall"]
+
+
+@dataclass(frozen=True)
+class _Param:
+    name: str
+    kind: str  # "tensor", "numeric", "constexpr", "stream"
+    numeric: type[Numeric] | None = None
+
+
+def _classify(fn, hints: dict) -> list[_Param]:
+    params = []
+    for name, parameter in inspect.signature(fn).parameters.items():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise TypeError(f"kernel '{fn.__name__}': *args/**kwargs parameters are not supported ('{name}')")
+        annotation = hints.get(name, parameter.annotation)
+        if annotation is Tensor:
+            params.append(_Param(name, "tensor"))
+        elif isinstance(annotation, type) and issubclass(annotation, Numeric):
+            params.append(_Param(name, "numeric", annotation))
+        elif is_constexpr(annotation):
+            params.append(_Param(name, "constexpr"))
+        elif annotation is Stream:
+            params.append(_Param(name, "stream"))
+        else:
+            raise TypeError(
+                f"kernel '{fn.__name__}': parameter '{name}' needs an annotation: fx.Tensor, a numeric type such as"
+                f" fx.Int32 / fx.Float32, fx.Constexpr[...] or fx.Stream (got {annotation!r})"
+            )
+    return params
+
+
+_SIGNATURE_CODES = {"i32": "i", "i64": "l", "f32": "f", "f64": "d", "index": "l"}
+
+
+class _Specialization:
+    """One way of calling the kernel: the cache key, the launch arguments and the stream."""
+
+    __slots__ = ("key", "launch_args", "stream", "tensors")
+
+    def __init__(self, key, launch_args, stream, tensors):
+        self.key = key
+        self.launch_args = launch_args
+        self.stream = stream
+        self.tensors = tensors
+
+
+class KernelFunction:
+    """A ``@kernel`` function: call it with arguments to get a launchable :class:`KernelCall`."""
+
+    def __init__(self, fn, target: Target = SM90A):
+        self.fn = fn
+        self.name = fn.__name__
+        self.target = target
+        self.params = _classify(fn, typing.get_type_hints(fn))
+        self._signature = inspect.signature(fn)
+        self._loaded: dict[tuple, _LoadedKernel] = {}
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self):
+        return f"<flyc.kernel {self.name}({', '.join(p.name for p in self.params)})>"
+
+    def __call__(self, *args, **kwargs) -> KernelCall:
+        return KernelCall(self, self._bind(args, kwargs))
+
+    def _bind(self, args, kwargs) -> list:
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as error:
+            names = ", ".join(p.name for p in self.params)
+            raise TypeError(f"kernel '{self.name}({names})': {error}") from None
+        bound.apply_defaults()
+        return [bound.arguments[p.name] for p in self.params]
+
+    # --- specialization ---------------------------------------------------------------------------------------------
+    def specialize(self, values: list) -> _Specialization:
+        key, launch_args, tensors, stream = [], [], [], None
+        for param, value in zip(self.params, values, strict=True):
+            if param.kind == "tensor":
+                tensor = describe_tensor(value, param.name)
+                specialization = tensor.specialization()
+                key.append(specialization)
+                launch_args.append(tensor.pointer)
+                launch_args.extend(tensor.shape)
+                launch_args.extend(s for s, kind in zip(tensor.strides, specialization[2], strict=True) if kind != 1)
+                tensors.append(tensor)
+            elif param.kind == "numeric":
+                launch_args.append(_scalar(param, value))
+                key.append(param.numeric.__name__)
+            elif param.kind == "constexpr":
+                try:
+                    hash(value)
+                except TypeError:
+                    raise TypeError(f"argument '{param.name}': a Constexpr must be hashable, got {value!r}") from None
+                key.append(("constexpr", type(value).__name__, value))
+            else:
+                stream = value
+        return _Specialization(tuple(key), launch_args, stream, tensors)
+
+    def compiled_module(self, spec: _Specialization) -> CompiledModule:
+        """The compiled module of a specialization: from the disk cache, else traced and compiled (and stored)."""
+        key = cache.compiler_fingerprint() + cache.source_fingerprint(self.fn) + repr((self.target, spec.key))
+        disk_key = hashlib.blake2b(key.encode(), digest_size=20).hexdigest()
+        compiled = cache.load(disk_key)
+        if compiled is None:
+            compiled = compile_mlir(self.trace(spec.key), self.target)
+            cache.store(disk_key, compiled)
+        return compiled
+
+    def lower(self, *args, **kwargs) -> CompiledModule:
+        """Compiles for these arguments without loading (no GPU needed): PTX, cubin, launch signature."""
+        return self.compiled_module(self.specialize(self._bind(args, kwargs)))
+
+    def _compile(self, spec: _Specialization) -> _LoadedKernel:
+        loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
+        self._loaded[spec.key] = loaded
+        return loaded
+
+    def loaded(self, spec: _Specialization) -> _LoadedKernel:
+        found = self._loaded.get(spec.key)
+        return found if found is not None else self._compile(spec)
+
+    # --- tracing ----------------------------------------------------------------------------------------------------
+    def trace(self, key: tuple) -> str:
+        """The kernel's MLIR (with source locations) for a specialization key."""
+        fn = rewrite_function(self.fn)
+        with make_context(), ir.Location.unknown():
+            module = ir.Module.create()
+            module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
+            with ir.InsertionPoint(module.body):
+                gpu_module = gpu.GPUModuleOp(f"{self.name}_module")
+                module_body = gpu_module.bodyRegion.blocks.append()
+            types, builders = self._parameter_types(key)
+            with ir.InsertionPoint(module_body):
+                function = gpu.GPUFuncOp(
+                    ir.TypeAttr.get(ir.FunctionType.get(types, [])), sym_name=self.name, kernel=True
+                )
+                entry = function.body.blocks.append(*types)
+            with ir.InsertionPoint(entry):
+                arguments, position = [], 0
+                for build, count in builders:
+                    arguments.append(build(list(entry.arguments)[position : position + count]))
+                    position += count
+                try:
+                    fn(*arguments)
+                except Exception as error:
+                    raise error.with_traceback(user_traceback(error.__traceback__)) from None
+                gpu.ReturnOp([])
+            return module.operation.get_asm(enable_debug_info=True)
+
+    def _parameter_types(self, key: tuple):
+        """The MLIR parameter types of the specialization, and how to build each Python argument from them."""
+        types, builders = [], []
+        for param, spec in zip(self.params, key, strict=True):
+            if param.kind == "tensor":
+                dtype_name, rank, strides, aligned = spec
+                count = 1 + rank + sum(1 for s in strides if s != 1)
+                types.append(ir.Type.parse("!llvm.ptr<1>"))
+                types.extend([ir.IntegerType.get_signless(64)] * (count - 1))
+                builders.append((_tensor_builder(dtype_name, rank, strides, aligned), count))
+            elif param.kind == "numeric":
+                types.append(param.numeric.mlir_type())
+                builders.append((lambda values, cls=param.numeric: cls(values[0]), 1))
+            elif param.kind == "constexpr":
+                builders.append((lambda values, value=spec[2]: value, 0))
+            else:
+                builders.append((lambda values: None, 0))
+        return types, builders
+
+
+def _tensor_builder(dtype_name: str, rank: int, strides: tuple, aligned: bool):
+    from flydsl.compiler.dialects import fly
+    from flydsl.expr.numeric import _BY_MLIR_NAME
+
+    dtype = _BY_MLIR_NAME[dtype_name]
+    element_bytes = max(1, dtype.width // 8)
+    alignment = 16 if aligned else element_bytes
+
+    def build(values: list[ir.Value]):
+        pointer_type = ir.Type.parse(f"!fly.ptr<{dtype.mlir_name}, global, {alignment}>")
+        pointer = fly.MakePtrOp(pointer_type, values[0]).result
+        shape = tuple(Index(_to_index(v)) for v in values[1 : 1 + rank])
+        dynamic_strides = iter(values[1 + rank :])
+        stride = tuple(
+            1 if kind == 1 else Index(_to_index(next(dynamic_strides)), divisibility=16 // element_bytes if kind else 1)
+            for kind in strides
+        )
+        layout = _fl.Layout(shape[0], stride[0]) if rank == 1 else _fl.Layout(shape, stride)
+        return Tensor(pointer, layout, dtype, space="global", alignment=alignment)
+
+    return build
+
+
+def _to_index(value: ir.Value) -> ir.Value:
+    from mlir.dialects import arith
+
+    return arith.index_cast(ir.IndexType.get(), value)
+
+
+def _scalar(param: _Param, value):
+    cls = param.numeric
+    if isinstance(value, Numeric):
+        raise TypeError(
+            f"argument '{param.name}': pass a Python number to a kernel, not a traced {type(value).__name__}"
+        )
+    if issubclass(cls, Float):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TypeError(f"argument '{param.name}': expected a float for {cls.__name__}, got {value!r}")
+        return float(value)
+    if issubclass(cls, Integer):
+        if not isinstance(value, int):
+            raise TypeError(f"argument '{param.name}': expected an int for {cls.__name__}, got {value!r}")
+        low, high = cls.bounds()
+        if not low <= value <= high:
+            raise OverflowError(f"argument '{param.name}': {value} does not fit {cls.__name__} [{low}, {high}]")
+        return value
+    raise TypeError(f"argument '{param.name}': {cls.__name__} parameters are not supported")
+
+
+class _LoadedKernel:
+    __slots__ = ("module", "function", "signature", "shared_bytes")
+
+    def __init__(self, module: runtime.LoadedModule, name: str):
+        self.module = module
+        self.function = module.function(name)
+        self.signature = module.compiled.kernels[name]
+        self.shared_bytes = module.compiled.shared_bytes.get(name, 0)
+
+
+def _default_stream(tensors) -> int:
+    """The current stream of the tensors' framework (torch), else the legacy default stream."""
+    for tensor in tensors:
+        module = type(tensor.source).__module__
+        if module.startswith("torch"):
+            import torch
+
+            return torch._C._cuda_getCurrentRawStream(tensor.device)
+    return 0
+
+
+def _stream_handle(stream) -> int:
+    if stream is None or isinstance(stream, int):
+        return stream or 0
+    handle = getattr(stream, "cuda_stream", None)
+    if handle is None:
+        raise TypeError(f"stream: expected an int handle or an object with .cuda_stream, got {type(stream).__name__}")
+    return handle
+
+
+class KernelCall:
+    """A kernel bound to its arguments; ``launch`` runs it."""
+
+    __slots__ = ("kernel", "values")
+
+    def __init__(self, kernel: KernelFunction, values: list):
+        self.kernel = kernel
+        self.values = values
+
+    def launch(self, grid, block, smem: int | None = None, stream=None, cluster=None) -> None:
+        """Launches on ``grid`` x ``block`` (ints or 1-3 ints); ``smem`` defaults to what the kernel's shared
+        buffers need; ``stream`` to the ``fx.Stream`` argument, else the tensors' current stream."""
+        spec = self.kernel.specialize(self.values)
+        loaded = self.kernel.loaded(spec)
+        if stream is None:
+            stream = spec.stream
+        handle = _stream_handle(stream) if stream is not None else _default_stream(spec.tensors)
+        shared = loaded.shared_bytes if smem is None else smem
+        if shared < loaded.shared_bytes:
+            raise ValueError(
+                f"smem: kernel '{self.kernel.name}' needs at least {loaded.shared_bytes} bytes of shared memory, got"
+                f" {smem}"
+            )
+        loaded.function.launch(grid, block, loaded.signature, spec.launch_args, shared, handle, cluster)
+
+
+def kernel(fn=None, *, target: Target = SM90A):
+    """Decorates a device function; ``@kernel`` or ``@kernel(target=flyc.SM80)``."""
+    if fn is None:
+        return lambda f: KernelFunction(f, target)
+    return KernelFunction(fn, target)

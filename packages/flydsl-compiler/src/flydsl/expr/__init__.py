@@ -1,0 +1,71 @@
+"""FlyDSL's kernel expression API: numeric types, tensors and layouts, and the GPU operations kernels use.
+
+import flydsl.expr as fx
+from flydsl.expr import arith, gpu, math
+from flydsl.expr.typing import T, Int32
+"""
+
+from flydsl.expr import arith, gpu, math
+from flydsl.expr.layout import cosize, crd2idx, get, idx2crd, make_layout, rank, size
+from flydsl.expr.numeric import (
+    BFloat16,
+    Boolean,
+    Float8E4M3FN,
+    Float8E5M2,
+    Float16,
+    Float32,
+    Float64,
+    Index,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    Numeric,
+    Uint8,
+    Uint16,
+    Uint32,
+    Uint64,
+)
+from flydsl.expr.params import Constexpr, Stream, const_expr, range_constexpr
+from flydsl.expr.tensor import SmemAllocator, Tensor, copy, local_partition, local_tile
+from flydsl.expr.typing import T
+
+__all__ = [
+    "arith",
+    "gpu",
+    "math",
+    "T",
+    "Numeric",
+    "Boolean",
+    "Int8",
+    "Int16",
+    "Int32",
+    "Int64",
+    "Uint8",
+    "Uint16",
+    "Uint32",
+    "Uint64",
+    "Index",
+    "Float16",
+    "BFloat16",
+    "Float32",
+    "Float64",
+    "Float8E4M3FN",
+    "Float8E5M2",
+    "Tensor",
+    "Constexpr",
+    "Stream",
+    "const_expr",
+    "range_constexpr",
+    "make_layout",
+    "idx2crd",
+    "crd2idx",
+    "get",
+    "size",
+    "cosize",
+    "rank",
+    "copy",
+    "local_tile",
+    "local_partition",
+    "SmemAllocator",
+]

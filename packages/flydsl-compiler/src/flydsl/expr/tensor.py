@@ -1,0 +1,227 @@
+"""Tensors in kernels: a typed pointer, an element offset and a layout, with element access, views and copies.
+
+A ``Tensor`` is also the annotation of a kernel parameter that takes any GPU tensor (torch, cupy, anything with
+``__cuda_array_interface__``). Views (slicing with ``None``, ``local_tile``, ``local_partition``) are computed with
+``flydsl.layout`` on the Python side and cost no IR; element access and ``copy`` emit Fly ops, whose lowering proves
+how wide each access can be from the layouts.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+
+import flydsl.layout as _fl
+from flydsl.expr.layout import as_index, make_layout, static_leaf
+from flydsl.expr.numeric import Boolean, Numeric, as_numeric
+
+__all__ = ["Tensor", "copy", "local_tile", "local_partition", "SmemAllocator", "fly_layout_type"]
+
+_SPACES = {"generic": 0, "global": 1, "shared": 3, "register": 5}
+
+
+class _FlyOps:
+    """The generated Fly op builders, imported on first use (flydsl.compiler imports this module)."""
+
+    def __getattr__(self, name):
+        from flydsl.compiler.dialects import fly
+
+        return getattr(fly, name)
+
+
+_fly = _FlyOps()
+
+
+def _leaf_text(leaf, dynamic: list) -> str:
+    if isinstance(leaf, int):
+        return str(leaf)
+    dynamic.append(leaf)
+    divisor = _fl.known_divisor(leaf)
+    return "?" if divisor in (0, 1) else f"?{{div={divisor}}}"
+
+
+def _tuple_text(tuple_, dynamic: list) -> str:
+    if isinstance(tuple_, tuple):
+        return "(" + ",".join(_tuple_text(t, dynamic) for t in tuple_) + ")"
+    return _leaf_text(tuple_, dynamic)
+
+
+def fly_layout_type(layout) -> tuple[str, list, list]:
+    """(the ``!fly.layout`` / ``!fly.composed_layout`` type text, the dynamic leaves of the inner layout in operand
+    order (shape, then stride), the dynamic composed offset or [])."""
+    if isinstance(layout, _fl.ComposedLayout):
+        inner_text, leaves, _ = fly_layout_type(layout.inner)
+        swizzle = layout.outer
+        if not isinstance(swizzle, _fl.Swizzle):
+            raise TypeError(f"composed layouts in kernels need a swizzle outside, got {swizzle}")
+        offset: list = []
+        offset_text = _leaf_text(static_leaf(layout.offset), offset)
+        body = inner_text[len("!fly.layout<") : -1]
+        text = f"!fly.composed_layout<Sw<{swizzle.bits},{swizzle.base},{swizzle.shift}> o {offset_text} o {body}>"
+        return text, leaves, offset
+    shape_dynamic: list = []
+    stride_dynamic: list = []
+    text = f"!fly.layout<{_tuple_text(layout.shape, shape_dynamic)}:{_tuple_text(layout.stride, stride_dynamic)}>"
+    return text, shape_dynamic + stride_dynamic, []
+
+
+def _power_of_two_divisor(x) -> int:
+    divisor = _fl.known_divisor(x)
+    if divisor == 0:
+        return 1 << 62
+    return divisor & -divisor
+
+
+class Tensor:
+    """A view of memory: ``pointer`` (a ``!fly.ptr``), an element ``offset`` and a ``layout``."""
+
+    __slots__ = ("pointer", "offset", "layout", "dtype", "space", "base_alignment")
+
+    def __init__(self, pointer: ir.Value, layout, dtype: type[Numeric], *, space="global", alignment=None, offset=0):
+        self.pointer = pointer
+        self.layout = layout
+        self.dtype = dtype
+        self.space = space
+        self.base_alignment = alignment or max(1, dtype.width // 8)
+        self.offset = offset
+
+    def __repr__(self):
+        return f"Tensor<{self.dtype.__name__}, {self.space}>({self.layout}, offset={self.offset})"
+
+    @property
+    def shape(self):
+        return self.layout.shape
+
+    @property
+    def stride(self):
+        return self.layout.stride
+
+    @property
+    def element_bytes(self) -> int:
+        return max(1, self.dtype.width // 8)
+
+    @property
+    def alignment(self) -> int:
+        """What this view's first element is known to be aligned to (bytes)."""
+        return min(self.base_alignment, _power_of_two_divisor(self.offset) * self.element_bytes)
+
+    def view(self, layout) -> Tensor:
+        """The same memory through another layout (e.g. a ``zipped_divide`` of this one)."""
+        return Tensor(
+            self.pointer, layout, self.dtype, space=self.space, alignment=self.base_alignment, offset=self.offset
+        )
+
+    # --- IR ---------------------------------------------------------------------------------------------------------
+    def _pointer_type(self, alignment: int) -> ir.Type:
+        return ir.Type.parse(f"!fly.ptr<{self.dtype.mlir_name}, {self.space}, {alignment}>")
+
+    def materialize(self) -> ir.Value:
+        """The ``!fly.tensor`` value of this view, built at the current insertion point."""
+        pointer = self.pointer
+        if not (isinstance(self.offset, int) and self.offset == 0):
+            pointer = _fly.add_offset(self._pointer_type(self.alignment), pointer, as_index(self.offset).value)
+        text, leaves, composed_offset = fly_layout_type(self.layout)
+        operands = [as_index(leaf).value for leaf in leaves]
+        if isinstance(self.layout, _fl.ComposedLayout):
+            inner_text, _, _ = fly_layout_type(self.layout.inner)
+            inner = _fly.MakeLayoutOp(ir.Type.parse(inner_text), operands).result
+            offset = as_index(composed_offset[0]).value if composed_offset else None
+            layout_value = _fly.MakeComposedLayoutOp(ir.Type.parse(text), inner, offset=offset).result
+        else:
+            layout_value = _fly.MakeLayoutOp(ir.Type.parse(text), operands).result
+        tensor_type = ir.Type.parse(f"!fly.tensor<{self._pointer_type(self.alignment)}, {text}>")
+        return _fly.MakeTensorOp(tensor_type, pointer, layout_value).result
+
+    # --- access -----------------------------------------------------------------------------------------------------
+    def _coordinates(self, coord) -> list[ir.Value]:
+        plain = self.layout.inner if isinstance(self.layout, _fl.ComposedLayout) else self.layout
+        if not isinstance(coord, tuple):
+            return [as_index(coord).value]
+        if not _fl.congruent(coord, plain.shape):
+            raise IndexError(
+                f"coordinate {coord} does not match the shape {plain.shape}: give one linear index, or one index"
+                " per mode of the shape (nested like it)"
+            )
+        return [as_index(c).value for c in _fl.flatten(coord)]
+
+    def __getitem__(self, coord):
+        if _has_free_modes(coord):
+            sliced, delta = _fl.slice_and_offset(_static_coord(coord), self.layout)
+            return Tensor(
+                self.pointer,
+                sliced,
+                self.dtype,
+                space=self.space,
+                alignment=self.base_alignment,
+                offset=_fl.add(self.offset, delta),
+            )
+        value = _fly.LoadOp(self.materialize(), self._coordinates(_static_coord(coord))).result
+        return self.dtype(value)
+
+    def __setitem__(self, coord, value):
+        value = as_numeric(value, self.dtype)
+        if type(value) is not self.dtype:
+            raise TypeError(f"storing a {type(value).__name__} into a tensor of {self.dtype.__name__}: convert it")
+        _fly.StoreOp(value.value, self.materialize(), self._coordinates(_static_coord(coord)))
+
+
+def _has_free_modes(coord) -> bool:
+    if coord is None:
+        return True
+    if isinstance(coord, tuple):
+        return any(_has_free_modes(c) for c in coord)
+    return False
+
+
+def _static_coord(coord):
+    if isinstance(coord, tuple):
+        return tuple(_static_coord(c) for c in coord)
+    return None if coord is None else static_leaf(coord)
+
+
+def copy(source: Tensor, target: Tensor, predicate=None) -> None:
+    """``target(i) = source(i)`` for every ``i < size(source)``; as wide as the layouts prove; skipped where
+    ``predicate`` (a Boolean) is false."""
+    if source.dtype is not target.dtype:
+        raise TypeError(f"copy: element types differ ({source.dtype.__name__} -> {target.dtype.__name__})")
+    pred = None if predicate is None else as_numeric(predicate, Boolean).value
+    _fly.CopyOp(source.materialize(), target.materialize(), predicate=pred)
+
+
+def _tiler(tile) -> tuple:
+    return tuple(_fl.Layout(t) if isinstance(t, int) else t for t in (tile if isinstance(tile, tuple) else (tile,)))
+
+
+def local_tile(tensor: Tensor, tile, coord) -> Tensor:
+    """Tile ``coord`` of ``tensor`` cut in tiles of shape ``tile``: ``zipped_divide(tensor, tile)[(None, coord)]``."""
+    divided = _fl.zipped_divide(tensor.layout, _tiler(tile))
+    return tensor.view(divided)[(None, _static_coord(coord))]
+
+
+def local_partition(tensor: Tensor, thread_layout: _fl.Layout, thread_index) -> Tensor:
+    """What thread ``thread_index`` of ``thread_layout`` owns when the threads tile ``tensor``: the elements at its
+    coordinate in every tile (CuTe's outer partition)."""
+    tile = tuple(
+        _fl.size(m) for m in (thread_layout.shape if isinstance(thread_layout.shape, tuple) else (thread_layout.shape,))
+    )
+    position = _fl.right_inverse(thread_layout)(static_leaf(thread_index))
+    coord = _fl.idx2crd(position, thread_layout.shape)
+    divided = _fl.zipped_divide(tensor.layout, _tiler(tile))
+    return tensor.view(divided)[(coord, None)]
+
+
+class SmemAllocator:
+    """Shared memory for one kernel: each ``allocate`` is its own buffer, placed by the compiler (``fly.alloc_smem``);
+    the launch's shared-memory size follows."""
+
+    def allocate(self, dtype: type[Numeric], layout, alignment: int = 128) -> Tensor:
+        """A shared-memory Tensor of ``dtype`` with ``layout`` (a layout, a shape, or an element count)."""
+        if isinstance(layout, int):
+            layout = _fl.Layout(layout)
+        elif not isinstance(layout, (_fl.Layout, _fl.ComposedLayout)):
+            layout = make_layout(layout)
+        count = _fl.cosize(layout)
+        if not isinstance(count, int):
+            raise ValueError(f"shared memory needs a static layout, got {layout}")
+        pointer_type = ir.Type.parse(f"!fly.ptr<{dtype.mlir_name}, shared, {alignment}>")
+        pointer = _fly.AllocSmemOp(pointer_type, count).result
+        return Tensor(pointer, layout, dtype, space="shared", alignment=alignment)
