@@ -48,6 +48,7 @@ class ScopedValue:
         raise NameError(self._message)
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __bool__ = __call__ = __getitem__ = _fail
+    __fly_fail__ = _fail
     __truediv__ = __floordiv__ = __mod__ = __lt__ = __le__ = __gt__ = __ge__ = __index__ = __int__ = _fail
 
 

@@ -58,6 +58,7 @@ class Numeric:
         if isinstance(value, Numeric):
             value = value.to(type(self)).value
         elif not isinstance(value, ir.Value):
+            _reject_placeholder(value)
             value = self._constant(value)
         self.value = value
         self.divisibility = divisibility
@@ -359,6 +360,13 @@ _BY_MLIR_NAME = {
 }
 
 
+def _reject_placeholder(value) -> None:
+    """Objects that stand for a missing value (a name bound only inside traced control flow) raise their error."""
+    fail = getattr(type(value), "__fly_fail__", None)
+    if fail is not None:
+        fail(value)
+
+
 def as_numeric(value, like: type[Numeric] | None = None) -> Numeric:
     """A Numeric for ``value``: Numerics pass through, ``ir.Value``s get the class of their type (signless integers
     read as signed), Python numbers become constants of ``like`` (Int32 / Float32 by default)."""
@@ -369,6 +377,7 @@ def as_numeric(value, like: type[Numeric] | None = None) -> Numeric:
         if cls is None:
             raise TypeError(f"no FlyDSL numeric type for an MLIR value of type {value.type}")
         return cls(value)
+    _reject_placeholder(value)
     if like is None:
         like = Boolean if isinstance(value, bool) else Int32 if isinstance(value, int) else Float32
     return like(value)

@@ -1,0 +1,124 @@
+"""The kernel cache: disk hits skip tracing, the bypass switch, corrupt entries, concurrent processes, keys."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.compiler import cache
+from flydsl.compiler.kernel import KernelFunction
+
+from .fakes import FakeGpuTensor
+
+
+def copy_kernel(x: fx.Tensor, y: fx.Tensor):
+    y[0] = x[0]
+
+
+def _fresh():
+    """A new KernelFunction of the same function: an empty in-memory cache, as in a new process."""
+    return KernelFunction(copy_kernel)
+
+
+def _args():
+    return FakeGpuTensor((8,)), FakeGpuTensor((8,), pointer=1 << 21)
+
+
+def _entries(tmp_path):
+    return sorted((tmp_path / "flydsl-cache").rglob("*.pkl"))
+
+
+def _no_trace(monkeypatch):
+    def fail(self, key):
+        raise AssertionError("traced although the disk cache holds the kernel")
+
+    monkeypatch.setattr(KernelFunction, "trace", fail)
+
+
+def test_a_disk_hit_skips_tracing_and_compiling(tmp_path, monkeypatch):
+    first = _fresh().lower(*_args())
+    assert len(_entries(tmp_path)) == 1
+    _no_trace(monkeypatch)
+    again = _fresh().lower(*_args())
+    assert again.ptx == first.ptx and again.kernels == first.kernels
+
+
+def test_the_bypass_switch_neither_reads_nor_writes(tmp_path, monkeypatch):
+    _fresh().lower(*_args())
+    monkeypatch.setenv("FLYDSL_RUNTIME_ENABLE_CACHE", "0")
+    traced = []
+    original = KernelFunction.trace
+    monkeypatch.setattr(KernelFunction, "trace", lambda self, key: traced.append(key) or original(self, key))
+    _fresh().lower(*_args())
+    assert traced, "the bypass must compile again"
+    assert len(_entries(tmp_path)) == 1
+
+
+def test_a_corrupt_entry_is_compiled_again_with_a_warning(tmp_path):
+    first = _fresh().lower(*_args())
+    (entry,) = _entries(tmp_path)
+    entry.write_bytes(b"not a pickle")
+    with pytest.warns(UserWarning, match="ignoring the unreadable cache entry"):
+        again = _fresh().lower(*_args())
+    assert again.ptx == first.ptx
+    assert cache.load(entry.stem) is not None  # rewritten
+
+
+def test_the_key_follows_the_source_of_called_helpers():
+    def helper_one(v):
+        return v
+
+    def helper_two(v):
+        return v + v
+
+    def make(helper):
+        def k(x: fx.Tensor):
+            x[0] = helper(x[0])
+
+        return k
+
+    assert cache.source_fingerprint(make(helper_one)) != cache.source_fingerprint(make(helper_two))
+
+
+def test_processes_compiling_the_same_kernel_at_once_agree(tmp_path):
+    script = tmp_path / "compile_one.py"
+    script.write_text(textwrap.dedent("""
+            import flydsl.compiler as flyc, flydsl.expr as fx
+
+            class Fake:
+                def __init__(self, shape):
+                    self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f4", "data": (1 << 20, False),
+                                                     "strides": None, "version": 3}
+
+            @flyc.kernel
+            def shared_kernel(x: fx.Tensor, n: fx.Int32):
+                for i in range(n):
+                    x[i] = x[i] * 2.0
+
+            print(len(shared_kernel.lower(Fake((64,)), 64).ptx))
+            """))
+    processes = [
+        subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=120) for p in processes]
+    assert all(p.returncode == 0 for p in processes), [err for _, err in outputs]
+    assert len({out for out, _ in outputs}) == 1
+    (entry,) = _entries(tmp_path)
+    assert cache.load(entry.stem) is not None
+    assert not list((tmp_path / "flydsl-cache").rglob("*.tmp"))
+
+
+def test_compile_of_a_jit_function_runs_it_once():
+    calls = []
+
+    @flyc.jit
+    def host(n):
+        calls.append(n)
+
+    assert flyc.compile(host, 3) is host and calls == [3]

@@ -1,0 +1,217 @@
+"""Python control flow in kernels: what becomes scf.for / scf.if / scf.while, what stays Python, and the errors."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import gpu
+
+from .fakes import FakeGpuTensor
+
+ONE_VECTOR = (("f32", 1, (1,), True),)
+
+
+def _trace(kernel, *extra_key) -> str:
+    return kernel.trace(ONE_VECTOR + tuple(extra_key))
+
+
+def test_for_over_a_dynamic_range_carries_the_values_it_updates():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        total = fx.Float32(0.0)
+        count = fx.Int32(0)
+        for i in range(n):
+            total = total + x[i]
+            count += 1
+        x[0] = total / count.to(fx.Float32)
+
+    text = _trace(k, "Int32")
+    assert re.search(r"scf.for .* iter_args\(.*, .*\) -> \(f32, i32\)", text)
+    assert text.count("scf.yield") == 1
+
+
+def test_static_range_is_still_a_loop_and_range_constexpr_unrolls():
+    @flyc.kernel
+    def looped(x: fx.Tensor):
+        for i in range(4):
+            x[i] = x[i] * 2.0
+
+    @flyc.kernel
+    def unrolled(x: fx.Tensor):
+        for i in fx.range_constexpr(4):
+            x[i] = x[i] * 2.0
+
+    assert "scf.for" in _trace(looped) and _trace(looped).count("fly.store") == 1
+    assert "scf.for" not in _trace(unrolled) and _trace(unrolled).count("fly.store") == 4
+
+
+def test_if_on_a_dynamic_condition_yields_the_values_both_branches_assign():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        i = gpu.thread_idx.x
+        if i < n:
+            v = x[i]
+        else:
+            v = fx.Float32(-1.0)
+        x[0] = v
+
+    text = _trace(k, "Int32")
+    assert re.search(r"%\S+ = scf.if .* -> \(f32\)", text)
+    assert text.count("scf.yield") == 2
+
+
+def test_if_on_a_python_condition_is_resolved_at_trace_time():
+    @flyc.kernel
+    def k(x: fx.Tensor, flag: fx.Constexpr[bool]):
+        if flag:
+            x[0] = fx.Float32(1.0)
+        else:
+            x[0] = fx.Float32(2.0)
+
+    text = k.trace(ONE_VECTOR + (("constexpr", "bool", True),))
+    assert "scf.if" not in text and "1.000000e+00" in text and "2.000000e+00" not in text
+
+
+def test_elif_chains_nest():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        i = gpu.thread_idx.x
+        y = fx.Float32(0.0)
+        if i < n:
+            y = fx.Float32(1.0)
+        elif i < n * 2:
+            y = fx.Float32(2.0)
+        x[i] = y
+
+    assert _trace(k, "Int32").count("scf.if") == 2
+
+
+def test_while_on_a_dynamic_condition():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        i = fx.Int32(1)
+        while i < n:
+            i = i * 2
+        x[0] = i.to(fx.Float32)
+
+    text = _trace(k, "Int32")
+    assert "scf.while" in text and "scf.condition" in text
+
+
+def test_seed_explicit_loop_with_init_and_yield():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        start, stop, step = fx.Index(0), n.to(fx.Index), fx.Index(1)
+        for iv, state in range(start, stop, step, init=[fx.Float32(0.0), fx.Float32(1.0)]):
+            s, p = state
+            value = x[iv]
+            results = yield [s + value, p * value]
+        x[0] = results[0] + results[1]
+
+    text = _trace(k, "Int32")
+    assert re.search(r"scf.for .* -> \(f32, f32\)", text)
+
+
+def test_helpers_called_from_kernels_are_inlined():
+    def square(v):
+        return v * v
+
+    @flyc.kernel
+    def k(x: fx.Tensor):
+        x[0] = square(x[1])
+
+    text = _trace(k)
+    assert "func.call" not in text and "arith.mulf" in text
+
+
+def test_ops_carry_the_users_file_and_line():
+    @flyc.kernel
+    def k(x: fx.Tensor):
+        x[0] = x[1] + x[2]
+
+    line = k.fn.__code__.co_firstlineno + 2
+    assert re.search(rf'loc\(".*test_dsl_control_flow.py":{line}:0\)', _trace(k))
+
+
+def test_a_loop_carried_value_keeps_its_type():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        acc = fx.Int32(0)
+        for i in range(n):
+            acc = x[i]
+        x[0] = x[0]
+
+    with pytest.raises(TypeError, match="'acc' is a Int32 before the loop but becomes Float32 inside it"):
+        _trace(k, "Int32")
+
+
+def test_a_python_value_rebound_in_a_dynamic_loop_is_refused():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        acc = 0
+        for i in range(n):
+            acc = acc + x[i]
+        x[0] = acc
+
+    with pytest.raises(TypeError, match=r"'acc' holds 0 \(not a FlyDSL value\) before the loop"):
+        _trace(k, "Int32")
+
+
+def test_a_name_bound_only_inside_a_dynamic_loop_says_so_when_used_after():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        for i in range(n):
+            last = x[i]
+        x[0] = last
+
+    with pytest.raises(NameError, match="'last' was bound only inside a loop traced as MLIR control flow"):
+        _trace(k, "Int32")
+
+
+def test_branches_must_agree_on_types():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        if gpu.thread_idx.x < n:
+            v = fx.Float32(1.0)
+        else:
+            v = fx.Int32(1)
+        x[0] = x[0]
+
+    with pytest.raises(TypeError, match="'v' is a Float32 after the `if` branch but a Int32 after the `else`"):
+        _trace(k, "Int32")
+
+
+def test_dynamic_conditions_cannot_use_python_boolean_operators():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        i = gpu.thread_idx.x
+        if i < n and i > 0:
+            x[i] = x[i]
+
+    with pytest.raises(TypeError, match="cannot be used as a Python bool") as info:
+        _trace(k, "Int32")
+    assert info.traceback[-1].name == "k"  # the user's frame, not FlyDSL's
+
+
+def test_break_in_a_dynamic_loop_is_refused_with_guidance():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        for i in range(n):
+            if i > 3:
+                break
+
+    with pytest.raises(TypeError, match="is not a Python int"):
+        _trace(k, "Int32")
+
+
+def test_a_traced_kernel_gets_its_launch_signature():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        x[0] = x[1]
+
+    module = k.lower(FakeGpuTensor((4,)), 1)
+    assert module.kernels == {"k": "pli"}  # x: pointer and extent; n: i32
