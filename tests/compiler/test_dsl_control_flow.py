@@ -143,7 +143,7 @@ def test_a_loop_carried_value_keeps_its_type():
         acc = fx.Int32(0)
         for i in range(n):
             acc = x[i]
-        x[0] = x[0]
+        x[0] = acc.to(fx.Float32)
 
     with pytest.raises(TypeError, match="'acc' is a Int32 before the loop but becomes Float32 inside it"):
         _trace(k, "Int32")
@@ -179,7 +179,7 @@ def test_branches_must_agree_on_types():
             v = fx.Float32(1.0)
         else:
             v = fx.Int32(1)
-        x[0] = x[0]
+        x[0] = v
 
     with pytest.raises(TypeError, match="'v' is a Float32 after the `if` branch but a Int32 after the `else`"):
         _trace(k, "Int32")
