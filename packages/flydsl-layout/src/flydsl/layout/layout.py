@@ -485,7 +485,7 @@ def _filter_modes(coord, t, keep_leaf):
         for c, x in zip(coord, t, strict=True):
             part = _filter_modes(c, x, keep_leaf)
             if isinstance(c, tuple):
-                kept.extend([part] if any(keep_leaf(v) for v in it.leaves(c)) else [])
+                kept.extend(part)  # CuTe's lslice: a sub-tuple's kept modes are spliced in, not nested
             elif keep_leaf(c):
                 kept.append(part)
         return tuple(kept)
