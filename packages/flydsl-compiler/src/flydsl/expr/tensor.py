@@ -11,6 +11,7 @@ from __future__ import annotations
 from mlir import ir
 
 import flydsl.layout as _fl
+from flydsl.layout.leaf import add as _leaf_add
 from flydsl.expr.layout import as_index, make_layout, static_leaf
 from flydsl.expr.numeric import Boolean, Numeric, as_numeric
 
@@ -152,7 +153,7 @@ class Tensor:
                 self.dtype,
                 space=self.space,
                 alignment=self.base_alignment,
-                offset=_fl.add(self.offset, delta),
+                offset=_leaf_add(self.offset, delta),
             )
         value = _fly.LoadOp(self.materialize(), self._coordinates(_static_coord(coord))).result
         return self.dtype(value)
@@ -194,7 +195,9 @@ def _tiler(tile) -> tuple:
 def local_tile(tensor: Tensor, tile, coord) -> Tensor:
     """Tile ``coord`` of ``tensor`` cut in tiles of shape ``tile``: ``zipped_divide(tensor, tile)[(None, coord)]``."""
     divided = _fl.zipped_divide(tensor.layout, _tiler(tile))
-    return tensor.view(divided)[(None, _static_coord(coord))]
+    # ((_, _, ...), coord): the free tile modes come out flattened, (TILE_M, TILE_N) rather than ((TILE_M, TILE_N)).
+    free = (None,) * _fl.rank(_fl.get(divided, 0))
+    return tensor.view(divided)[(free, _static_coord(coord))]
 
 
 def local_partition(tensor: Tensor, thread_layout: _fl.Layout, thread_index) -> Tensor:
@@ -206,7 +209,7 @@ def local_partition(tensor: Tensor, thread_layout: _fl.Layout, thread_index) -> 
     position = _fl.right_inverse(thread_layout)(static_leaf(thread_index))
     coord = _fl.idx2crd(position, thread_layout.shape)
     divided = _fl.zipped_divide(tensor.layout, _tiler(tile))
-    return tensor.view(divided)[(coord, None)]
+    return tensor.view(divided)[(coord, (None,) * _fl.rank(_fl.get(divided, 1)))]
 
 
 class SmemAllocator:
