@@ -11,9 +11,9 @@ from __future__ import annotations
 from mlir import ir
 
 import flydsl.layout as _fl
-from flydsl.layout.leaf import add as _leaf_add
 from flydsl.expr.layout import as_index, make_layout, static_leaf
 from flydsl.expr.numeric import Boolean, Numeric, as_numeric
+from flydsl.layout.leaf import add as _leaf_add
 
 __all__ = ["Tensor", "copy", "local_tile", "local_partition", "SmemAllocator", "fly_layout_type"]
 
