@@ -2,6 +2,7 @@
 
 import flydsl.expr as fx
 from flydsl.expr import arith, gpu, math
+from flydsl.expr import buffer_ops, vector
 from flydsl.expr.typing import T, Int32
 """
 
@@ -34,6 +35,8 @@ __all__ = [
     "arith",
     "gpu",
     "math",
+    "vector",
+    "buffer_ops",
     "T",
     "Numeric",
     "Boolean",
