@@ -2,10 +2,13 @@
 
 import flydsl.expr as fx
 from flydsl.expr import arith, gpu, math
-from flydsl.expr import buffer_ops, vector
+from flydsl.expr import buffer_ops, nvvm, vector
 from flydsl.expr.typing import T, Int32
 """
 
+import flydsl.expr.buffer_ops as buffer_ops
+import flydsl.expr.nvvm as nvvm
+import flydsl.expr.vector as vector
 from flydsl.expr import arith, gpu, math
 from flydsl.expr.layout import cosize, crd2idx, get, idx2crd, make_layout, rank, size
 from flydsl.expr.numeric import (
@@ -28,6 +31,7 @@ from flydsl.expr.numeric import (
     Uint64,
 )
 from flydsl.expr.params import Constexpr, Stream, const_expr, range_constexpr
+from flydsl.expr.printf import printf
 from flydsl.expr.tensor import SmemAllocator, Tensor, copy, local_partition, local_tile
 from flydsl.expr.typing import T
 
@@ -37,6 +41,8 @@ __all__ = [
     "math",
     "vector",
     "buffer_ops",
+    "nvvm",
+    "printf",
     "T",
     "Numeric",
     "Boolean",

@@ -1,0 +1,445 @@
+"""NVIDIA intrinsics for kernels: thin wrappers over ``mlir.dialects.nvvm`` (inline PTX only where MLIR 22 has no op).
+
+Values in and out are FlyDSL numerics and :class:`~flydsl.expr.vector.Vector` values; fragments of warp-wide
+instructions (``ldmatrix``, ``mma_sync``) are ``Int32``/``Float32`` vectors, so they can be carried through loops.
+Instructions that take an address accept a raw ``!llvm.ptr`` value or a ``Tensor`` (the address of its element at
+``coord``, see :func:`address`). Shared memory that such instructions address comes from :func:`smem_tensor`:
+``fx.SmemAllocator`` buffers get their addresses only when the compiler places them, too late for the tracer.
+
+Every function links its section of the PTX ISA (https://docs.nvidia.com/cuda/parallel-thread-execution/).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+from mlir import ir
+from mlir.dialects import arith as _arith
+from mlir.dialects import llvm as _llvm
+from mlir.dialects import nvvm as _nvvm
+
+import flydsl.layout as _fl
+from flydsl.expr.layout import as_index, crd2idx
+from flydsl.expr.numeric import BFloat16, Boolean, Float, Float16, Float32, Int16, Int32, Numeric, Uint16, as_numeric
+from flydsl.expr.tensor import Tensor
+from flydsl.expr.vector import Vector, vector_class
+from flydsl.layout.leaf import add as _leaf_add
+
+__all__ = [
+    "ex2_approx",
+    "rcp_approx",
+    "cvt_f32x2_to_fp8x2",
+    "cvt_fp8x2_to_f32x2",
+    "shfl_sync",
+    "elect_sync",
+    "barrier",
+    "ldmatrix",
+    "cp_async",
+    "cp_async_commit_group",
+    "cp_async_wait_group",
+    "mma_sync",
+    "smem_tensor",
+    "address",
+]
+
+_FULL_MASK = -1  # 0xffffffff as an i32
+_SPACE_NUMBERS = {"generic": 0, "global": 1, "shared": 3, "register": 5}
+
+
+def _i32() -> ir.Type:
+    return ir.IntegerType.get_signless(32)
+
+
+def _float32(x) -> Float32:
+    x = as_numeric(x, Float32)
+    if type(x) is not Float32:
+        raise TypeError(f"expected a Float32, got {type(x).__name__} (convert with .to(fx.Float32))")
+    return x
+
+
+def _int32(x, what: str) -> Int32:
+    x = as_numeric(x, Int32)
+    if not isinstance(x, Numeric) or x.width != 32 or isinstance(x, Float):
+        raise TypeError(f"{what}: expected a 32-bit integer, got {type(x).__name__}")
+    return Int32(x.value, divisibility=x.divisibility)
+
+
+def _asm(result_type, operands, text: str, constraints: str, side_effects: bool = False):
+    return _llvm.inline_asm(
+        result_type, [v for v in operands], text, constraints, has_side_effects=side_effects or None
+    )
+
+
+# --- special functions ------------------------------------------------------------------------------------------
+
+
+def ex2_approx(x) -> Float32:
+    """``2 ** x`` by ``ex2.approx.f32`` (max 2 ulp error; subnormal inputs kept, no ``.ftz``). An LLVM intrinsic:
+    MLIR 22's nvvm dialect has no op for it.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#floating-point-instructions-ex2"""
+    x = _float32(x)
+    return Float32(_llvm.call_intrinsic(Float32.mlir_type(), "llvm.nvvm.ex2.approx.f32", [x.value], [], []))
+
+
+def rcp_approx(x, ftz: bool = True) -> Float32:
+    """``1 / x`` by ``rcp.approx.ftz.f32`` (``nvvm.rcp.approx.ftz.f``; max 1 ulp). ``ftz=False`` keeps subnormals
+    with ``rcp.approx.f32`` (inline PTX: the dialect has only the ``.ftz`` op).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#floating-point-instructions-rcp"""
+    x = _float32(x)
+    if ftz:
+        return Float32(_nvvm.rcp_approx_ftz_f(Float32.mlir_type(), x.value))
+    return Float32(_asm(Float32.mlir_type(), [x.value], "rcp.approx.f32 $0, $1;", "=f,f"))
+
+
+_FP8 = {"e4m3": "f8E4M3FN", "e5m2": "f8E5M2"}
+
+
+def _fp8_type(fmt: str) -> ir.Type:
+    if fmt not in _FP8:
+        raise ValueError(f"fp8 format: expected one of {sorted(_FP8)}, got {fmt!r}")
+    return ir.Type.parse(_FP8[fmt])
+
+
+def cvt_f32x2_to_fp8x2(hi, lo, fmt: str = "e4m3", relu: bool = False) -> Uint16:
+    """Two floats to two fp8 (``e4m3`` or ``e5m2``), round to nearest even, saturated to the finite range, packed
+    in a ``Uint16``: ``hi`` in bits 15..8, ``lo`` in bits 7..0 (PTX's operand order; in memory, little endian,
+    ``lo`` comes first). ``relu`` clamps negatives to 0. Needs sm_89+.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-cvt
+    """
+    hi, lo = _float32(hi), _float32(lo)
+    packed = _nvvm.convert_f32x2_to_f8x2(
+        ir.IntegerType.get_signless(16),
+        hi.value,
+        lo.value,
+        _fp8_type(fmt),
+        rnd=_nvvm.FPRoundingMode.RN,
+        sat=_nvvm.SaturationMode.SATFINITE,
+        relu=relu or None,
+    )
+    return Uint16(packed)
+
+
+def cvt_fp8x2_to_f32x2(packed, fmt: str = "e4m3") -> tuple[Float32, Float32]:
+    """The two fp8 numbers of a 16-bit value as floats: ``(hi, lo)`` (bits 15..8, bits 7..0), so that
+    ``cvt_fp8x2_to_f32x2(cvt_f32x2_to_fp8x2(a, b))`` gives ``a, b`` rounded to fp8. Exact (through ``f16x2``, which
+    holds every fp8 value). Needs sm_89+.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-cvt
+    """
+    bits = as_numeric(packed, Uint16)
+    if not isinstance(bits, (Uint16, Int16)):
+        raise TypeError(f"cvt_fp8x2_to_f32x2: expected a 16-bit integer, got {type(bits).__name__}")
+    pair = ir.VectorType.get([2], ir.IntegerType.get_signless(8))
+    halves = _nvvm.convert_f8x2_to_f16x2(
+        ir.VectorType.get([2], ir.F16Type.get()), _llvm.bitcast(pair, bits.value), _fp8_type(fmt)
+    )
+    as_float = Vector(halves).to(Float32)
+    return as_float[1], as_float[0]
+
+
+# --- warp-level -------------------------------------------------------------------------------------------------
+
+_SHFL_KINDS = {"idx": "idx", "up": "up", "down": "down", "bfly": "bfly", "xor": "bfly"}
+
+
+def shfl_sync(value, lane_or_offset, kind: str = "idx", width: int = 32, mask: int = _FULL_MASK) -> Numeric:
+    """The 32-bit ``value`` of another lane of the warp: ``kind`` ``"idx"`` (lane ``lane_or_offset``), ``"up"`` /
+    ``"down"`` (``lane -/+ offset``), ``"bfly"``/``"xor"`` (``lane ^ offset``), within segments of ``width``
+    lanes (a power of two); a lane whose source is outside its segment keeps its own value. ``mask``: the lanes
+    taking part (all by default).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-shfl-sync
+    """
+    if kind not in _SHFL_KINDS:
+        raise ValueError(f"shfl_sync kind: expected one of {sorted(_SHFL_KINDS)}, got {kind!r}")
+    if width & (width - 1) or not 1 <= width <= 32:
+        raise ValueError(f"shfl_sync width: expected a power of two in 1..32, got {width}")
+    value = as_numeric(value)
+    if value.width != 32 or isinstance(value, Vector):
+        raise TypeError(f"shfl_sync moves 32-bit values, got {type(value).__name__}")
+    # PTX's c operand: segment mask in bits 12..8, clamp in bits 4..0 (0 for up: the segment's first lane).
+    clamp = ((32 - width) << 8) | (0 if kind == "up" else 0x1F)
+    bits = _arith.bitcast(_i32(), value.value) if isinstance(value, Float) else value.value
+    shuffled = _nvvm.shfl_sync(
+        _i32(),
+        Int32(mask).value,
+        bits,
+        _int32(lane_or_offset, "shfl_sync offset").value,
+        Int32(clamp).value,
+        getattr(_nvvm.ShflKind, _SHFL_KINDS[kind]),
+    )
+    if isinstance(value, Float):
+        shuffled = _arith.bitcast(value.type, shuffled)
+    return type(value)(shuffled)
+
+
+def elect_sync(mask: int = _FULL_MASK) -> Boolean:
+    """True in exactly one active lane of ``mask`` (the same lane for every lane of the warp). sm_90+.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-elect-sync
+    """
+    membermask = None if mask == _FULL_MASK else Int32(mask).value
+    return Boolean(_nvvm.elect_sync(ir.IntegerType.get_signless(1), membermask=membermask))
+
+
+def barrier(barrier_id=0, number_of_threads=None) -> None:
+    """Named barrier ``bar.sync id, count``: waits until ``number_of_threads`` threads (a multiple of 32; default:
+    the whole block) have arrived at barrier ``barrier_id`` (0..15; ``gpu.barrier()`` uses 0). Lets groups of warps
+    synchronize among themselves.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-bar
+    """
+    if isinstance(barrier_id, int) and not 0 <= barrier_id <= 15:
+        raise ValueError(f"barrier id: expected 0..15, got {barrier_id}")
+    if isinstance(number_of_threads, int) and (number_of_threads <= 0 or number_of_threads % 32):
+        raise ValueError(f"barrier: number_of_threads must be a positive multiple of 32, got {number_of_threads}")
+    # LLVM's intrinsics, not nvvm.barrier: MLIR 22 prints nvvm.barrier in a form its parser rejects once it has a
+    # location alias (`nvvm.barrier id = %c1 loc(#loc1)`: "undefined symbol alias id"), and kernels go through text.
+    identifier = _int32(barrier_id, "barrier id").value
+    if number_of_threads is None:
+        _llvm.call_intrinsic(None, "llvm.nvvm.barrier.cta.sync.aligned.all", [identifier], [], [])
+    else:
+        count = _int32(number_of_threads, "number_of_threads").value
+        _llvm.call_intrinsic(None, "llvm.nvvm.barrier.cta.sync.aligned.count", [identifier, count], [], [])
+
+
+# --- addresses and shared memory --------------------------------------------------------------------------------
+
+_smem_names = itertools.count()
+
+
+def _enclosing(names: tuple[str, ...]) -> ir.Operation:
+    operation = ir.InsertionPoint.current.block.owner
+    while operation is not None and operation.operation.name not in names:
+        operation = operation.operation.parent
+    if operation is None:
+        raise RuntimeError(f"expected to be tracing inside a {' / '.join(names)}")
+    return operation.operation
+
+
+def smem_tensor(dtype: type[Numeric], layout, alignment: int = 128) -> Tensor:
+    """A shared-memory Tensor of ``dtype`` with ``layout`` (a layout, a shape or an element count) whose element
+    addresses are known at trace time, for ``ldmatrix``/``cp_async``/``address``: a static ``__shared__`` array of
+    the kernel's module (at most 48 KiB of static shared memory per block, together with other static arrays)."""
+    if isinstance(layout, int):
+        layout = _fl.Layout(layout)
+    elif not isinstance(layout, (_fl.Layout, _fl.ComposedLayout)):
+        layout = _fl.make_layout(tuple(layout) if isinstance(layout, (list, tuple)) else layout)
+    count = _fl.cosize(layout)
+    if not isinstance(count, int):
+        raise ValueError(f"smem_tensor needs a static layout, got {layout}")
+    if alignment & (alignment - 1) or alignment < max(1, dtype.width // 8):
+        raise ValueError(f"smem_tensor alignment: a power of two covering one element, got {alignment}")
+    nbytes = count * max(1, dtype.width // 8)
+    module = _enclosing(("gpu.module", "builtin.module"))
+    name = f"__flydsl_smem_{next(_smem_names)}"
+    body = module.regions[0].blocks[0]
+    with ir.InsertionPoint.at_block_begin(body), ir.Location.unknown():
+        _llvm.GlobalOp(
+            ir.Type.parse(f"!llvm.array<{nbytes} x i8>"),
+            name,
+            ir.Attribute.parse("#llvm.linkage<internal>"),
+            alignment=alignment,
+            addr_space=3,
+        )
+    from flydsl.compiler.dialects import fly
+
+    raw = _llvm.AddressOfOp(ir.Type.parse("!llvm.ptr<3>"), name).result
+    pointer = fly.MakePtrOp(ir.Type.parse(f"!fly.ptr<{dtype.mlir_name}, shared, {alignment}>"), raw).result
+    return Tensor(pointer, layout, dtype, space="shared", alignment=alignment)
+
+
+def _element_type_of(fly_pointer_type: ir.Type) -> ir.Type:
+    match = re.match(r"!fly\.ptr<([^,]+),", str(fly_pointer_type))
+    return ir.Type.parse(match.group(1))
+
+
+def _gep(base: ir.Value, element: ir.Type, offset) -> ir.Value:
+    if isinstance(offset, int) and offset == 0:
+        return base
+    index = as_index(offset)
+    i64 = _arith.index_cast(ir.IntegerType.get_signless(64), index.value)
+    dynamic = -(2**31)  # LLVM::GEPOp::kDynamicIndex
+    return _llvm.GEPOp(base.type, base, [i64], [dynamic], ir.TypeAttr.get(element), 0).result
+
+
+def _llvm_pointer(pointer: ir.Value) -> ir.Value:
+    """The ``!llvm.ptr`` a ``!fly.ptr`` value stands for, through ``fly.recast_ptr``/``fly.add_offset`` to the
+    ``fly.make_ptr`` that built it."""
+    owner = pointer.owner
+    name = owner.operation.name if isinstance(owner, (ir.OpView, ir.Operation)) else None
+    if name == "fly.make_ptr":
+        return owner.operands[0]
+    if name == "fly.recast_ptr":
+        return _llvm_pointer(owner.operands[0])
+    if name == "fly.add_offset":
+        source = owner.operands[0]
+        return _gep(_llvm_pointer(source), _element_type_of(source.type), owner.operands[1])
+    if name == "fly.alloc_smem":
+        raise TypeError(
+            "this shared-memory tensor comes from fx.SmemAllocator, whose address is known only after the compiler"
+            " places it: allocate it with nvvm.smem_tensor(...) to take addresses (ldmatrix, cp_async)"
+        )
+    raise TypeError(f"cannot find the address of a pointer built by {name or 'a block argument'}")
+
+
+def address(tensor: Tensor, coord=None) -> ir.Value:
+    """The ``!llvm.ptr<space>`` of ``tensor``'s element at ``coord`` (default: its first element)."""
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"address: expected a fx.Tensor, got {type(tensor).__name__}")
+    offset = tensor.offset
+    if coord is not None:
+        offset = _leaf_add(offset, crd2idx(coord, tensor.layout))
+    return _gep(_llvm_pointer(tensor.pointer), tensor.dtype.mlir_type(), offset)
+
+
+def _pointer(where, coord, space: str) -> ir.Value:
+    value = address(where, coord) if isinstance(where, Tensor) else where
+    if not isinstance(value, ir.Value) or not str(value.type).startswith("!llvm.ptr"):
+        raise TypeError(f"expected a Tensor or an !llvm.ptr value, got {where!r}")
+    expected = f"!llvm.ptr<{_SPACE_NUMBERS[space]}>"
+    if str(value.type) != expected:
+        raise TypeError(f"expected a {space} pointer ({expected}), got {value.type}")
+    return value
+
+
+# --- matrix fragments -------------------------------------------------------------------------------------------
+
+
+def _struct_fields(value: ir.Value, count: int, element: ir.Type) -> list[ir.Value]:
+    if count == 1 and not str(value.type).startswith("!llvm.struct"):
+        return [value]
+    return [_llvm.extractvalue(element, value, [k]) for k in range(count)]
+
+
+def ldmatrix(where, coord=None, num: int = 4, trans: bool = False) -> Vector:
+    """``ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16``: the warp loads ``num`` 8x8 matrices of 16-bit
+    elements from shared memory. Lanes ``8k .. 8k+7`` give the addresses of the 8 rows (16 contiguous bytes each,
+    16-byte aligned) of matrix ``k``; each lane gets an ``Int32x{num}``: element ``k`` holds two elements of matrix
+    ``k``, row ``lane // 4``, columns ``2 * (lane % 4)`` and ``+1`` (low half first) — transposed with ``trans``.
+    ``where``: an ``!llvm.ptr<3>`` or a shared Tensor (``address(where, coord)``).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#warp-level-matrix-instructions-ldmatrix
+    """
+    if num not in (1, 2, 4):
+        raise ValueError(f"ldmatrix num: expected 1, 2 or 4, got {num}")
+    pointer = _pointer(where, coord, "shared")
+    result_type = _i32() if num == 1 else ir.Type.parse(f"!llvm.struct<({', '.join(['i32'] * num)})>")
+    loaded = _nvvm.ldmatrix(
+        result_type,
+        pointer,
+        num,
+        _nvvm.MMALayout.col if trans else _nvvm.MMALayout.row,
+        ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m = 8, n = 8>"),
+        _nvvm.LdStMatrixEltType.B16,
+    )
+    cls = vector_class(Int32, num)
+    from mlir.dialects import vector as _vector
+
+    return cls(_vector.from_elements(cls.mlir_type(), _struct_fields(loaded, num, _i32())))
+
+
+def _fragment(value, count: int, what: str) -> list[ir.Value]:
+    """``count`` i32 values from a Vector (bit-cast to Int32 when its elements are 16-bit) or a sequence."""
+    if isinstance(value, Vector):
+        if value.element is not Int32:
+            value = value.bitcast(Int32)
+        values = [value[k].value for k in range(value.length)]
+    else:
+        values = [_int32(v, what).value for v in value]
+    if len(values) != count:
+        raise ValueError(f"mma_sync {what}: expected {count} 32-bit registers, got {len(values)}")
+    return values
+
+
+def mma_sync(a, b, c, dtype=BFloat16) -> Vector:
+    """``mma.sync.aligned.m16n8k16.row.col.f32.{bf16|f16}.{bf16|f16}.f32``: ``D = A @ B + C`` for the warp, A 16x16
+    (row-major fragments), B 16x8 (column-major fragments), C/D 16x8 float32.
+
+    ``a``: 4 registers (``Int32x4`` from ``ldmatrix(num=4)``, or a ``BFloat16x8``/``Float16x8``); ``b``: 2 registers;
+    ``c``: a ``Float32x4`` (or 4 Float32). Lane ``l`` holds A rows ``l // 4`` (registers 0, 2) and ``l // 4 + 8``
+    (1, 3), columns ``2 * (l % 4) + {0, 1}`` (+8 for registers 2, 3); B column ``l // 4``, rows ``2 * (l % 4) +
+    {0, 1}`` (+8 for register 1); C/D rows ``l // 4`` (elements 0, 1) and ``+8`` (2, 3), columns ``2 * (l % 4) +
+    {0, 1}``. Returns D as a ``Float32x4``. ``dtype``: ``fx.BFloat16`` or ``fx.Float16``.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#warp-level-matrix-instructions-mma"""
+    if dtype not in (BFloat16, Float16):
+        raise ValueError(f"mma_sync dtype: expected fx.BFloat16 or fx.Float16, got {dtype!r}")
+    a_values, b_values = _fragment(a, 4, "a"), _fragment(b, 2, "b")
+    if dtype is Float16:  # the f16 form takes vector<2xf16> registers
+        half2 = ir.VectorType.get([2], ir.F16Type.get())
+        a_values = [_llvm.bitcast(half2, v) for v in a_values]
+        b_values = [_llvm.bitcast(half2, v) for v in b_values]
+    accumulator = vector_class(Float32, 4)
+    if isinstance(c, Vector):
+        if type(c) is not accumulator:
+            raise TypeError(f"mma_sync c: expected a Float32x4, got {type(c).__name__}")
+        c_values = [c[k].value for k in range(4)]
+    else:
+        c_values = [_float32(v).value for v in c]
+        if len(c_values) != 4:
+            raise ValueError(f"mma_sync c: expected 4 Float32, got {len(c_values)}")
+    ptx_type = _nvvm.MMATypes.bf16 if dtype is BFloat16 else _nvvm.MMATypes.f16
+    result = _nvvm.mma_sync(
+        ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>"),
+        ir.Attribute.parse("#nvvm.shape<m = 16, n = 8, k = 16>"),
+        _nvvm.MMALayout.row,
+        _nvvm.MMALayout.col,
+        a_values,
+        b_values,
+        c_values,
+        multiplicand_a_ptx_type=ptx_type,
+        multiplicand_b_ptx_type=ptx_type,
+    )
+    from mlir.dialects import vector as _vector
+
+    fields = _struct_fields(result, 4, Float32.mlir_type())
+    return accumulator(_vector.from_elements(accumulator.mlir_type(), fields))
+
+
+# --- asynchronous copies ----------------------------------------------------------------------------------------
+
+
+def cp_async(dst, src, nbytes: int = 16, dst_coord=None, src_coord=None, src_bytes=None, cache: str | None = None):
+    """``cp.async.{ca|cg}.shared.global [dst], [src], nbytes[, src_bytes]``: an asynchronous copy of 4, 8 or 16
+    bytes from global to shared memory (both aligned to ``nbytes``). ``src_bytes`` (an int or kernel integer <=
+    ``nbytes``) reads only that many bytes and fills the rest with zeros (0: a zero fill without reading — use it for
+    out-of-range tiles). ``cache``: ``"cg"`` (L2 only; 16 bytes only; the default for 16) or ``"ca"`` (the default
+    otherwise). ``dst``/``src``: Tensors (with ``dst_coord``/``src_coord``) or raw pointers. Completes at
+    :func:`cp_async_wait_group` of its group (:func:`cp_async_commit_group`).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-cp-async
+    """
+    if nbytes not in (4, 8, 16):
+        raise ValueError(f"cp_async nbytes: expected 4, 8 or 16, got {nbytes}")
+    cache = cache or ("cg" if nbytes == 16 else "ca")
+    if cache not in ("ca", "cg") or (cache == "cg" and nbytes != 16):
+        raise ValueError(f"cp_async cache: 'ca', or 'cg' with 16 bytes; got {cache!r} with {nbytes}")
+    dst_pointer = _pointer(dst, dst_coord, "shared")
+    src_pointer = _pointer(src, src_coord, "global")
+    size = None if src_bytes is None else _int32(src_bytes, "src_bytes").value
+    modifier = _nvvm.LoadCacheModifierKind.CG if cache == "cg" else _nvvm.LoadCacheModifierKind.CA
+    _nvvm.cp_async_shared_global(dst_pointer, src_pointer, nbytes, modifier, cp_size=size)
+
+
+def cp_async_commit_group() -> None:
+    """``cp.async.commit_group``: closes the group of this thread's ``cp_async`` issued since the last commit.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-cp-async-commit-group
+    """
+    _nvvm.cp_async_commit_group()
+
+
+def cp_async_wait_group(n: int = 0) -> None:
+    """``cp.async.wait_group n``: waits until at most ``n`` of this thread's committed groups are pending (0: all
+    done). Other threads' copies need a barrier after it to be visible.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-cp-async-wait-group
+    """
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"cp_async_wait_group: n must be a non-negative int, got {n!r}")
+    _nvvm.cp_async_wait_group(n)
