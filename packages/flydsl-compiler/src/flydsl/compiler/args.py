@@ -58,7 +58,7 @@ _ELEMENT_BYTES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built on every launch: no frozen-dataclass setattr cost
 class TensorArg:
     """A GPU tensor as the launcher sees it (strides in elements)."""
 
@@ -81,16 +81,23 @@ class TensorArg:
         return (self.dtype, len(self.shape), strides, self.pointer % 16 == 0)
 
 
+# torch dtype objects -> element type names, filled on first sight (str(dtype) is slow on the launch path).
+_TORCH_DTYPES: dict = {}
+
+
 def describe_tensor(obj, name: str) -> TensorArg:
     """Reads a tensor argument; a ValueError or TypeError names ``name`` and what was expected."""
-    torch_dtype = getattr(obj, "dtype", None)
-    if hasattr(obj, "data_ptr") and hasattr(obj, "stride") and torch_dtype is not None and hasattr(obj, "is_cuda"):
+    if type(obj).__module__.startswith("torch"):
         if not obj.is_cuda:
             raise ValueError(f"argument '{name}': expected a CUDA tensor, got one on {obj.device}")
-        dtype = DTYPES.get(str(torch_dtype).removeprefix("torch."))
+        torch_dtype = obj.dtype
+        dtype = _TORCH_DTYPES.get(torch_dtype)
         if dtype is None:
-            raise TypeError(f"argument '{name}': unsupported element type {torch_dtype}")
-        return TensorArg(obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), dtype, obj.device.index or 0, obj)
+            dtype = DTYPES.get(str(torch_dtype).removeprefix("torch."))
+            if dtype is None:
+                raise TypeError(f"argument '{name}': unsupported element type {torch_dtype}")
+            _TORCH_DTYPES[torch_dtype] = dtype
+        return TensorArg(obj.data_ptr(), tuple(obj.shape), obj.stride(), dtype, obj.get_device(), obj)
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is None:
         raise TypeError(

@@ -100,6 +100,8 @@ class KernelFunction:
         return KernelCall(self, self._bind(args, kwargs))
 
     def _bind(self, args, kwargs) -> list:
+        if not kwargs and len(args) == len(self.params):
+            return list(args)  # the common case, without inspect's binding
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as error:
@@ -263,14 +265,20 @@ class _LoadedKernel:
         self.shared_bytes = module.compiled.shared_bytes.get(name, 0)
 
 
+_current_torch_stream = None
+
+
 def _default_stream(tensors) -> int:
     """The current stream of the tensors' framework (torch), else the legacy default stream."""
+    global _current_torch_stream
     for tensor in tensors:
-        module = type(tensor.source).__module__
-        if module.startswith("torch"):
-            import torch
+        if type(tensor.source).__module__.startswith("torch"):
+            if _current_torch_stream is None:
+                import torch
 
-            return torch._C._cuda_getCurrentRawStream(tensor.device)
+                # The raw handle, as Triton reads it: current_stream().cuda_stream builds an object per call.
+                _current_torch_stream = torch._C._cuda_getCurrentRawStream
+            return _current_torch_stream(tensor.device)
     return 0
 
 

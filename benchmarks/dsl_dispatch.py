@@ -1,0 +1,183 @@
+"""The DSL's host costs: dispatch per launch, compile time of the examples, and a first call from the disk cache.
+
+    python benchmarks/dsl_dispatch.py [--calls 10000] [--repeats 5] [--json PATH]
+
+1. Dispatch: a trivial ``@flyc.kernel`` with six ``fx.Tensor`` parameters launched from Python with torch tensors
+   (argument checks, specialization lookup, torch's current stream, the native launch), 10,000 times back to back,
+   host time per call, median of the repeats; next to the launcher alone and the peers (torch ``add_``, a Triton
+   kernel, cuda-bindings) from ``launch_overhead.py``, measured in the same process.
+2. Cold compile of each example kernel (trace, lower, PTX, ptxas), disk cache bypassed.
+3. First call in a new process whose disk cache holds the kernel: the time of the first ``launch`` after import and
+   CUDA context creation (so: cache lookup, module load, launch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import launch_overhead  # the peers and the timing loop, from the same folder
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@flyc.kernel
+def noop6(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, d: fx.Tensor, e: fx.Tensor, f: fx.Tensor):
+    if fx.gpu.thread_idx.x + fx.gpu.block_idx.x == 0:
+        a[0] = fx.Float32(1.0)
+
+
+def _dispatch_cases(torch, tensors):
+    a, b, c, d, e, f = tensors
+    compiled = flyc.compile(noop6, a, b, c, d, e, f)
+
+    def kernel_call(n):
+        for _ in range(n):
+            noop6(a, b, c, d, e, f).launch(1, 32)
+
+    def compiled_call(n):
+        for _ in range(n):
+            compiled(a, b, c, d, e, f, grid=1, block=32)
+
+    return {"flydsl @kernel(...).launch": kernel_call, "flydsl compile(...) callable": compiled_call}
+
+
+FIRST_CALL = textwrap.dedent("""
+    import time, torch
+    import flydsl.compiler as flyc, flydsl.expr as fx
+
+    @flyc.kernel
+    def scale(x: fx.Tensor, y: fx.Tensor, n: fx.Int32):
+        i = fx.gpu.block_idx.x * fx.gpu.block_dim.x + fx.gpu.thread_idx.x
+        if i < n:
+            y[i] = x[i] * 2.0
+
+    x = torch.randn(1 << 20, device="cuda"); y = torch.empty_like(x); torch.cuda.synchronize()
+    start = time.perf_counter()
+    scale(x, y, x.numel()).launch((x.numel() + 255) // 256, 256)
+    torch.cuda.synchronize()
+    print((time.perf_counter() - start) * 1e3)
+    assert torch.equal(y, x * 2)
+    """)
+
+
+def _first_call_ms() -> dict:
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = {**os.environ, "FLYDSL_CACHE_DIR": cache_dir}
+        run = [sys.executable, "-c", FIRST_CALL]
+        cold = float(subprocess.run(run, env=env, check=True, capture_output=True, text=True).stdout.strip())
+        warm = [
+            float(subprocess.run(run, env=env, check=True, capture_output=True, text=True).stdout.strip())
+            for _ in range(5)
+        ]
+    return {"cold_ms": cold, "disk_hit_ms": statistics.median(warm), "disk_hit_runs_ms": warm}
+
+
+def _compile_times() -> dict:
+    """Cold compile (disk cache bypassed) of each example kernel, median of 3."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import tiled_copy
+
+    class Fake:
+        def __init__(self, shape, typestr):
+            self.__cuda_array_interface__ = {
+                "shape": shape,
+                "typestr": typestr,
+                "data": (1 << 20, False),
+                "strides": None,
+                "version": 3,
+            }
+
+    cases = {
+        "tiled_copy": (tiled_copy.tiled_copy, (Fake((1024, 1024), "<f2"), Fake((1024, 1024), "<f2"), True)),
+        "noop6": (noop6, tuple(Fake((64,), "<f4") for _ in range(6))),
+    }
+    os.environ["FLYDSL_RUNTIME_ENABLE_CACHE"] = "0"
+    try:
+        times = {}
+        for name, (kernel, args) in cases.items():
+            runs = []
+            for _ in range(3):
+                fresh = flyc.KernelFunction(kernel.fn)
+                start = time.perf_counter()
+                fresh.lower(*args)
+                runs.append((time.perf_counter() - start) * 1e3)
+            times[name] = statistics.median(runs)
+        return times
+    finally:
+        del os.environ["FLYDSL_RUNTIME_ENABLE_CACHE"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("dsl_dispatch: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    tensors = [torch.zeros(64, device="cuda") for _ in range(launch_overhead.NUM_ARGS)]
+    stream = torch.cuda.current_stream().cuda_stream
+    cases = _dispatch_cases(torch, tensors)
+    _, launcher = launch_overhead._flydsl_cases(torch, tensors, stream)
+    cases["flydsl native launcher (LoadedModule.launch)"] = launcher["flydsl LoadedModule.launch"]
+    cases.update(launch_overhead._torch_case(torch))
+    errors = {}
+    try:
+        cases.update(launch_overhead._triton_case(tensors))
+    except Exception as error:  # noqa: BLE001 - a peer that cannot run is reported
+        errors["triton"] = f"{type(error).__name__}: {error}"
+    results = {
+        name: launch_overhead._time_case(loop, args.calls, args.repeats, torch.cuda.synchronize)
+        for name, loop in cases.items()
+    }
+    ours = results["flydsl @kernel(...).launch"]["us_per_launch"]
+    width = max(map(len, results))
+    print(f"\n{'case':<{width}}  {'us/launch':>9}  {'x ours':>6}")
+    for name, r in results.items():
+        print(f"{name:<{width}}  {r['us_per_launch']:9.2f}  {r['us_per_launch'] / ours:6.2f}")
+    compile_ms = _compile_times()
+    print("\ncold compile (trace + lower + PTX + ptxas), ms:", {k: round(v, 1) for k, v in compile_ms.items()})
+    first = _first_call_ms()
+    print(
+        f"first launch in a new process: {first['cold_ms']:.1f} ms compiling, {first['disk_hit_ms']:.2f} ms from the"
+        " disk cache (after import and CUDA context creation)"
+    )
+    if args.json:
+        record = {
+            "benchmark": "dsl_dispatch",
+            "date": datetime.date.today().isoformat(),
+            "git_commit": launch_overhead._git_commit(),
+            "gpu": torch.cuda.get_device_name(),
+            "python": platform.python_version(),
+            "versions": {name: launch_overhead._version(name) for name in ("torch", "triton")},
+            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+            "dispatch_us": {name: r["us_per_launch"] for name, r in results.items()},
+            "dispatch_repeats_us": {name: r["repeats_us"] for name, r in results.items()},
+            "cold_compile_ms": compile_ms,
+            "first_call": first,
+            "errors": errors,
+        }
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
