@@ -77,7 +77,9 @@ FIRST_CALL = textwrap.dedent("""
 def _first_call_ms() -> dict:
     with tempfile.TemporaryDirectory() as cache_dir:
         env = {**os.environ, "FLYDSL_CACHE_DIR": cache_dir}
-        run = [sys.executable, "-c", FIRST_CALL]
+        script = Path(cache_dir) / "first_call.py"  # kernels need a source file (the tracer reads it)
+        script.write_text(FIRST_CALL)
+        run = [sys.executable, str(script)]
         cold = float(subprocess.run(run, env=env, check=True, capture_output=True, text=True).stdout.strip())
         warm = [
             float(subprocess.run(run, env=env, check=True, capture_output=True, text=True).stdout.strip())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TensorArg", "describe_tensor", "DTYPES"]
+__all__ = ["TensorArg", "describe_tensor", "torch_dtype_name", "stride_plan", "DTYPES"]
 
 # numpy typestr / torch dtype name -> FlyDSL element type name (MLIR)
 DTYPES = {
@@ -83,6 +83,31 @@ class TensorArg:
 
 # torch dtype objects -> element type names, filled on first sight (str(dtype) is slow on the launch path).
 _TORCH_DTYPES: dict = {}
+_STRIDE_PLANS: dict = {}
+
+
+def torch_dtype_name(torch_dtype, name: str) -> str:
+    dtype = _TORCH_DTYPES.get(torch_dtype)
+    if dtype is None:
+        dtype = DTYPES.get(str(torch_dtype).removeprefix("torch."))
+        if dtype is None:
+            raise TypeError(f"argument '{name}': unsupported element type {torch_dtype}")
+        _TORCH_DTYPES[torch_dtype] = dtype
+    return dtype
+
+
+def stride_plan(strides: tuple, dtype: str) -> tuple[tuple, tuple]:
+    """(what each stride is specialized to: 1 (static), 16 (a multiple of 16 bytes) or 0; the positions of the
+    strides passed at launch). Cached: the launch path sees few distinct stride patterns."""
+    plan = _STRIDE_PLANS.get((strides, dtype))
+    if plan is None:
+        per_16_bytes = max(1, 16 // _ELEMENT_BYTES[dtype])
+        kinds = tuple(1 if s == 1 else (16 if s % per_16_bytes == 0 else 0) for s in strides)
+        plan = (kinds, tuple(i for i, kind in enumerate(kinds) if kind != 1))
+        if len(_STRIDE_PLANS) > 4096:
+            _STRIDE_PLANS.clear()
+        _STRIDE_PLANS[(strides, dtype)] = plan
+    return plan
 
 
 def describe_tensor(obj, name: str) -> TensorArg:
@@ -90,13 +115,7 @@ def describe_tensor(obj, name: str) -> TensorArg:
     if type(obj).__module__.startswith("torch"):
         if not obj.is_cuda:
             raise ValueError(f"argument '{name}': expected a CUDA tensor, got one on {obj.device}")
-        torch_dtype = obj.dtype
-        dtype = _TORCH_DTYPES.get(torch_dtype)
-        if dtype is None:
-            dtype = DTYPES.get(str(torch_dtype).removeprefix("torch."))
-            if dtype is None:
-                raise TypeError(f"argument '{name}': unsupported element type {torch_dtype}")
-            _TORCH_DTYPES[torch_dtype] = dtype
+        dtype = torch_dtype_name(obj.dtype, name)
         return TensorArg(obj.data_ptr(), tuple(obj.shape), obj.stride(), dtype, obj.get_device(), obj)
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is None:

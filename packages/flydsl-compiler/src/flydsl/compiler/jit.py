@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from flydsl.compiler.kernel import KernelCall, KernelFunction
+from flydsl.compiler.kernel import KernelFunction
 
 __all__ = ["jit", "JitFunction", "compile", "CompiledKernel"]
 
@@ -41,14 +41,13 @@ class CompiledKernel:
         self._loaded = kernel.loaded(spec)
 
     def __call__(self, *args, grid, block, smem: int | None = None, stream=None, cluster=None, **kwargs):
-        call = KernelCall(self.kernel, self.kernel._bind(args, kwargs))
-        spec = self.kernel.specialize(call.values)
+        spec = self.kernel.specialize(self.kernel._bind(args, kwargs))
         if spec.key != self.key:
             raise TypeError(
                 f"kernel '{self.kernel.name}' was compiled for {self.key}; these arguments need {spec.key}"
                 " (call the kernel itself to compile other specializations)"
             )
-        call.launch(grid, block, smem=smem, stream=stream, cluster=cluster)
+        self.kernel.launch_specialized(self._loaded, spec, grid, block, smem, stream, cluster)
 
 
 def compile(fn, *example_args, **example_kwargs):  # noqa: A001 - the public name of CuTe DSL and the seed

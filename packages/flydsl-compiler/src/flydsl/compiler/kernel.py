@@ -23,7 +23,7 @@ from mlir.dialects import gpu
 
 import flydsl.layout as _fl
 from flydsl.compiler import cache, runtime
-from flydsl.compiler.args import describe_tensor
+from flydsl.compiler.args import describe_tensor, stride_plan, torch_dtype_name
 from flydsl.compiler.ast_rewrite import rewrite_function
 from flydsl.compiler.context import make_context
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
@@ -112,20 +112,38 @@ class KernelFunction:
 
     # --- specialization ---------------------------------------------------------------------------------------------
     def specialize(self, values: list) -> _Specialization:
+        """The cache key and the launch arguments of a call. This runs on every launch: torch tensors take a
+        lean path (four attribute reads each); anything else goes through :func:`describe_tensor`."""
         key, launch_args, tensors, stream = [], [], [], None
+        append, extend = launch_args.append, launch_args.extend
         for param, value in zip(self.params, values, strict=True):
-            if param.kind == "tensor":
-                tensor = describe_tensor(value, param.name)
-                specialization = tensor.specialization()
-                key.append(specialization)
-                launch_args.append(tensor.pointer)
-                launch_args.extend(tensor.shape)
-                launch_args.extend(s for s, kind in zip(tensor.strides, specialization[2], strict=True) if kind != 1)
-                tensors.append(tensor)
-            elif param.kind == "numeric":
-                launch_args.append(_scalar(param, value))
+            kind = param.kind
+            if kind == "tensor":
+                if type(value) in _TORCH_TENSOR_TYPES or _is_torch_tensor(value):
+                    if not value.is_cuda:
+                        raise ValueError(f"argument '{param.name}': expected a CUDA tensor, got one on {value.device}")
+                    pointer, shape, strides = value.data_ptr(), value.shape, value.stride()
+                    dtype = torch_dtype_name(value.dtype, param.name)
+                    tensors.append(value)
+                else:
+                    described = describe_tensor(value, param.name)
+                    pointer, shape, strides, dtype = (
+                        described.pointer,
+                        described.shape,
+                        described.strides,
+                        described.dtype,
+                    )
+                    tensors.append(described)
+                kinds, passed = stride_plan(strides, dtype)
+                key.append((dtype, len(shape), kinds, not pointer & 15))
+                append(pointer)
+                extend(shape)
+                for position in passed:
+                    append(strides[position])
+            elif kind == "numeric":
+                append(_scalar(param, value))
                 key.append(param.numeric.__name__)
-            elif param.kind == "constexpr":
+            elif kind == "constexpr":
                 try:
                     hash(value)
                 except TypeError:
@@ -157,6 +175,17 @@ class KernelFunction:
     def loaded(self, spec: _Specialization) -> _LoadedKernel:
         found = self._loaded.get(spec.key)
         return found if found is not None else self._compile(spec)
+
+    def launch_specialized(self, loaded, spec, grid, block, smem, stream, cluster) -> None:
+        if stream is None:
+            stream = spec.stream
+        handle = _stream_handle(stream) if stream is not None else _default_stream(spec.tensors)
+        shared = loaded.shared_bytes if smem is None else smem
+        if shared < loaded.shared_bytes:
+            raise ValueError(
+                f"smem: kernel '{self.name}' needs at least {loaded.shared_bytes} bytes of shared memory, got {smem}"
+            )
+        loaded.function.launch(grid, block, loaded.signature, spec.launch_args, shared, handle, cluster)
 
     # --- tracing ----------------------------------------------------------------------------------------------------
     def trace(self, key: tuple) -> str:
@@ -265,20 +294,28 @@ class _LoadedKernel:
         self.shared_bytes = module.compiled.shared_bytes.get(name, 0)
 
 
+_TORCH_TENSOR_TYPES: set = set()  # torch.Tensor and subclasses seen, so later checks are one set lookup
 _current_torch_stream = None
+
+
+def _is_torch_tensor(value) -> bool:
+    if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr"):
+        _TORCH_TENSOR_TYPES.add(type(value))
+        return True
+    return False
 
 
 def _default_stream(tensors) -> int:
     """The current stream of the tensors' framework (torch), else the legacy default stream."""
     global _current_torch_stream
     for tensor in tensors:
-        if type(tensor.source).__module__.startswith("torch"):
+        if type(tensor) in _TORCH_TENSOR_TYPES:
             if _current_torch_stream is None:
                 import torch
 
                 # The raw handle, as Triton reads it: current_stream().cuda_stream builds an object per call.
                 _current_torch_stream = torch._C._cuda_getCurrentRawStream
-            return _current_torch_stream(tensor.device)
+            return _current_torch_stream(tensor.get_device())
     return 0
 
 
@@ -303,18 +340,9 @@ class KernelCall:
     def launch(self, grid, block, smem: int | None = None, stream=None, cluster=None) -> None:
         """Launches on ``grid`` x ``block`` (ints or 1-3 ints); ``smem`` defaults to what the kernel's shared
         buffers need; ``stream`` to the ``fx.Stream`` argument, else the tensors' current stream."""
-        spec = self.kernel.specialize(self.values)
-        loaded = self.kernel.loaded(spec)
-        if stream is None:
-            stream = spec.stream
-        handle = _stream_handle(stream) if stream is not None else _default_stream(spec.tensors)
-        shared = loaded.shared_bytes if smem is None else smem
-        if shared < loaded.shared_bytes:
-            raise ValueError(
-                f"smem: kernel '{self.kernel.name}' needs at least {loaded.shared_bytes} bytes of shared memory, got"
-                f" {smem}"
-            )
-        loaded.function.launch(grid, block, loaded.signature, spec.launch_args, shared, handle, cluster)
+        kernel = self.kernel
+        spec = kernel.specialize(self.values)
+        kernel.launch_specialized(kernel.loaded(spec), spec, grid, block, smem, stream, cluster)
 
 
 def kernel(fn=None, *, target: Target = SM90A):
