@@ -95,12 +95,10 @@ def create_buffer_resource(tensor: Tensor, max_size: bool = False, num_bytes=Non
     elif num_bytes is not None:
         size = _byte_count(num_bytes)
     else:
-        extent = _fl.cosize(tensor.layout)
-        size = (
-            _byte_count(extent) * tensor.element_bytes
-            if not isinstance(extent, int)
-            else Int64(extent * tensor.element_bytes)
-        )
+        extent = _fl.cosize(tensor.layout)  # an int for static layouts, else an Index computed in the kernel
+        size = _byte_count(extent * tensor.element_bytes if isinstance(extent, int) else extent)
+        if not isinstance(extent, int):
+            size = size * tensor.element_bytes
     return BufferResource(pointer, tensor.dtype, tensor.alignment, tensor.space, size)
 
 

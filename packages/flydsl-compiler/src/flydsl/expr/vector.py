@@ -428,9 +428,9 @@ def _contiguous_at(tensor: Tensor, indices, count: int) -> Tensor:
     if isinstance(coord, tuple) and len(coord) == 1:
         coord = coord[0]
     coord = tuple(static_leaf(c) for c in coord) if isinstance(coord, tuple) else static_leaf(coord)
-    offset = _fl.crd2idx(coord, tensor.layout)
     if isinstance(tensor.layout, _fl.ComposedLayout):
         raise TypeError("vector.load_op/store on a swizzled layout: take a view of the chunk and use load/store")
+    offset = _fl.crd2idx(coord, tensor.layout)
     return Tensor(
         tensor.pointer,
         _fl.Layout(count, 1),
