@@ -5,9 +5,11 @@
     buffer_ops.buffer_store(v, out_rsrc, i)                      # dropped where out of range
 
 A resource is a base pointer (the tensor's first element) and a size in bytes. Offsets count elements of the
-access's ``dtype`` from the base and are computed in 64 bits. An access is *in range* when all of its bytes are:
-``0 <= offset`` and ``(offset + vec_width) * sizeof(dtype) <= num_bytes``; otherwise a load gives zeros (the whole
-vector) and a store writes nothing. ``max_size=True`` means what it means on AMD: no range check at all.
+access's ``dtype`` from the base and are computed in 64 bits. As on AMD, the check is per element: an element is in
+range when ``0 <= offset + k`` and ``(offset + k + 1) * sizeof(dtype) <= num_bytes``; out-of-range elements load as
+zero and are not stored, the others are (so a vector straddling the end still moves its in-range part). The common
+case, a vector wholly in range, is one access; the per-element path runs only at the edge. ``max_size=True`` means
+what it means on AMD: no range check at all.
 
 NVIDIA has no buffer resources: the check is an ``scf.if`` around an ordinary access built from Fly ops
 (``fly.recast_ptr`` to ``dtype``, ``fly.add_offset``, then ``fly.load``/``fly.store`` for one element or ``fly.copy``
@@ -25,6 +27,7 @@ import flydsl.layout as _fl
 from flydsl.expr.layout import as_index
 from flydsl.expr.numeric import Boolean, Int64, Integer, Numeric, as_numeric
 from flydsl.expr.tensor import Tensor
+from flydsl.expr import vector as _vector
 from flydsl.expr.vector import Vector, _element_class, load, store, vector_class
 
 __all__ = ["BufferResource", "create_buffer_resource", "buffer_load", "buffer_store"]
@@ -129,7 +132,7 @@ def _in_range(rsrc: BufferResource, offset: Integer | int, count: int, dtype: ty
 
 def buffer_load(rsrc: BufferResource, offset, vec_width: int = 1, dtype=None) -> Numeric | Vector:
     """``vec_width`` elements of ``dtype`` (default ``T.f32``; an MLIR type or a numeric class) from element
-    ``offset``: a numeric for ``vec_width == 1``, else a ``Vector``. Zero when any of it is out of range."""
+    ``offset``: a numeric for ``vec_width == 1``, else a ``Vector``. Elements out of range read as zero."""
     dtype = _dtype_class(dtype if dtype is not None else ir.F32Type.get())
     if not isinstance(vec_width, int) or vec_width < 1:
         raise ValueError(f"vec_width: expected a positive int, got {vec_width!r}")
@@ -147,13 +150,17 @@ def buffer_load(rsrc: BufferResource, offset, vec_width: int = 1, dtype=None) ->
     with ir.InsertionPoint(branch.then_block):
         _scf.YieldOp([access().value])
     with ir.InsertionPoint(branch.else_block):
-        _scf.YieldOp([result_class(0).value])
+        if vec_width == 1:
+            _scf.YieldOp([result_class(0).value])
+        else:  # at the edge: element by element
+            elements = [buffer_load(rsrc, offset + k, 1, dtype).value for k in range(vec_width)]
+            _scf.YieldOp([_vector.from_elements(result_class.mlir_type(), elements).value])
     return result_class(branch.results[0])
 
 
 def buffer_store(value, rsrc: BufferResource, offset) -> None:
     """Writes ``value`` (a numeric: one element; a ``Vector``: ``len(value)`` elements) at element ``offset`` (in
-    units of the value's element type); nothing when any of it is out of range. A Python number is stored as an
+    units of the value's element type); elements out of range are not written. A Python number is stored as an
     element of the tensor's type."""
     if isinstance(value, ir.Value) and isinstance(value.type, ir.VectorType):
         value = Vector(value)
@@ -173,7 +180,12 @@ def buffer_store(value, rsrc: BufferResource, offset) -> None:
     if in_range is None:
         access()
         return
-    branch = _scf.IfOp(in_range.value, [], has_else=False)
+    branch = _scf.IfOp(in_range.value, [], has_else=count > 1)
     with ir.InsertionPoint(branch.then_block):
         access()
         _scf.YieldOp([])
+    if count > 1:
+        with ir.InsertionPoint(branch.else_block):  # at the edge: element by element
+            for k in range(count):
+                buffer_store(value[k], rsrc, offset + k)
+            _scf.YieldOp([])
