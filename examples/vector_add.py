@@ -16,7 +16,7 @@ import sys
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import buffer_ops, gpu
-from flydsl.expr.typing import T, Int32
+from flydsl.expr.typing import Int32, T
 
 THREADS = 256
 VEC = 4

@@ -24,10 +24,10 @@ from mlir import ir
 from mlir.dialects import scf as _scf
 
 import flydsl.layout as _fl
+from flydsl.expr import vector as _vector
 from flydsl.expr.layout import as_index
 from flydsl.expr.numeric import Boolean, Int64, Integer, Numeric, as_numeric
 from flydsl.expr.tensor import Tensor
-from flydsl.expr import vector as _vector
 from flydsl.expr.vector import Vector, _element_class, load, store, vector_class
 
 __all__ = ["BufferResource", "create_buffer_resource", "buffer_load", "buffer_store"]
