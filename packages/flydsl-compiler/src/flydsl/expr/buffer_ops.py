@@ -28,19 +28,10 @@ from flydsl.expr import vector as _vector
 from flydsl.expr.layout import as_index
 from flydsl.expr.numeric import Boolean, Int64, Integer, Numeric, as_numeric
 from flydsl.expr.tensor import Tensor
+from flydsl.expr.tensor import fly_ops as _fly
 from flydsl.expr.vector import Vector, _element_class, load, store, vector_class
 
 __all__ = ["BufferResource", "create_buffer_resource", "buffer_load", "buffer_store"]
-
-
-class _FlyOps:
-    def __getattr__(self, name):
-        from flydsl.compiler.dialects import fly
-
-        return getattr(fly, name)
-
-
-_fly = _FlyOps()
 
 
 class BufferResource:

@@ -29,7 +29,8 @@ class _FlyOps:
         return getattr(fly, name)
 
 
-_fly = _FlyOps()
+fly_ops = _FlyOps()  # shared by the expr modules that build Fly ops
+_fly = fly_ops
 
 
 def _leaf_text(leaf, dynamic: list) -> str:
