@@ -93,19 +93,9 @@ def _compile_times() -> dict:
     sys.path.insert(0, str(ROOT / "examples"))
     import tiled_copy
 
-    class Fake:
-        def __init__(self, shape, typestr):
-            self.__cuda_array_interface__ = {
-                "shape": shape,
-                "typestr": typestr,
-                "data": (1 << 20, False),
-                "strides": None,
-                "version": 3,
-            }
-
     cases = {
-        "tiled_copy": (tiled_copy.tiled_copy, (Fake((1024, 1024), "<f2"), Fake((1024, 1024), "<f2"), True)),
-        "noop6": (noop6, tuple(Fake((64,), "<f4") for _ in range(6))),
+        "tiled_copy": (tiled_copy.tiled_copy, (flyc.TensorSpec((1024, 1024), "f16"),) * 2 + (True,)),
+        "noop6": (noop6, (flyc.TensorSpec((64,), "f32"),) * 6),
     }
     os.environ["FLYDSL_RUNTIME_ENABLE_CACHE"] = "0"
     try:

@@ -56,19 +56,6 @@ def copy_matrix(src, dst, swizzle: bool = True):
     tiled_copy(src, dst, swizzle).launch(grid=(m // TILE_M, n // TILE_N), block=THREADS)
 
 
-class _FakeMatrix:
-    """Shape and type of a matrix, for compiling where there is no GPU."""
-
-    def __init__(self, m, n):
-        self.__cuda_array_interface__ = {
-            "shape": (m, n),
-            "typestr": "<f2",
-            "data": (1 << 20, False),
-            "strides": None,
-            "version": 3,
-        }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--m", type=int, default=1024)
@@ -78,7 +65,8 @@ def main() -> int:
     args = parser.parse_args()
     swizzle = not args.no_swizzle
 
-    module = tiled_copy.lower(_FakeMatrix(args.m, args.n), _FakeMatrix(args.m, args.n), swizzle)
+    spec = flyc.TensorSpec((args.m, args.n), "f16")  # compiles without a GPU
+    module = tiled_copy.lower(spec, spec, swizzle)
     widths = sorted({line.split()[0] for line in module.ptx.splitlines() if line.strip().startswith(("ld.", "st."))})
     print(
         f"compiled tiled_copy (swizzle={swizzle}): {module.shared_bytes['tiled_copy']} bytes of shared memory,"

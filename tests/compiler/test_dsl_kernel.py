@@ -110,3 +110,19 @@ def test_mixing_types_needs_an_explicit_conversion():
 def test_compile_returns_a_callable_for_one_specialization():
     with pytest.raises(TypeError, match="expected a @flyc.kernel or @flyc.jit function"):
         flyc.compile(lambda: None)
+
+
+def test_tensor_specs_compile_without_a_gpu_and_specialize_like_tensors():
+    spec = flyc.TensorSpec((1000,), "f32")
+    assert vadd.lower(spec, spec, spec, 1000).kernels == {"vadd": "plplpli"}
+    key = vadd.specialize(vadd._bind([spec, spec, spec, 1], {})).key
+    assert key == vadd.specialize(vadd._bind([*_vectors(), 1], {})).key
+    row_major = flyc.TensorSpec((4, 8), "float16")
+    assert row_major.strides == (8, 1) and row_major.dtype == "f16"
+    assert flyc.TensorSpec((4,), "i8").dtype == "i8"  # MLIR names first (numpy's "i8" would be int64)
+    unaligned = flyc.TensorSpec((1000,), "f32", aligned=False)
+    assert vadd.specialize(vadd._bind([unaligned, spec, spec, 1], {})).key != key
+    with pytest.raises(ValueError, match="dtype: expected one of"):
+        flyc.TensorSpec((4,), "complex64")
+    with pytest.raises(ValueError, match="strides: expected 2 strides"):
+        flyc.TensorSpec((4, 8), strides=(1,))

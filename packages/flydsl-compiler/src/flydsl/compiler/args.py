@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TensorArg", "describe_tensor", "torch_dtype_name", "stride_plan", "DTYPES"]
+__all__ = ["TensorArg", "TensorSpec", "describe_tensor", "torch_dtype_name", "stride_plan", "DTYPES"]
 
 # numpy typestr / torch dtype name -> FlyDSL element type name (MLIR)
 DTYPES = {
@@ -110,6 +110,36 @@ def stride_plan(strides: tuple, dtype: str) -> tuple[tuple, tuple]:
     return plan
 
 
+class TensorSpec:
+    """A tensor's shape, element type and strides without memory: what ``kernel.lower(...)`` needs to compile a
+    specialization where there is no GPU. ``strides`` in elements (default: row-major); ``aligned``: whether the
+    data pointer is taken as 16-byte aligned (as allocators give it).
+
+        module = my_kernel.lower(flyc.TensorSpec((1024, 1024), "f16"), flyc.TensorSpec((1024,), "f32"), 1024)
+    """
+
+    def __init__(self, shape, dtype: str = "f32", strides=None, aligned: bool = True):
+        self.shape = tuple(int(extent) for extent in shape)
+        # MLIR names ("f16", "i64") first: numpy typestr codes in DTYPES count bytes ("i8" is int64 there).
+        self.dtype = dtype if dtype in _ELEMENT_BYTES else DTYPES.get(dtype, dtype)
+        if self.dtype not in _ELEMENT_BYTES:
+            raise ValueError(f"dtype: expected one of {sorted(_ELEMENT_BYTES)} or a torch name, got {dtype!r}")
+        if strides is None:
+            strides, step = [], 1
+            for extent in reversed(self.shape):
+                strides.append(step)
+                step *= extent
+            strides = reversed(strides)
+        self.strides = tuple(strides)
+        if len(self.strides) != len(self.shape):
+            raise ValueError(f"strides: expected {len(self.shape)} strides for shape {self.shape}, got {self.strides}")
+        # Never dereferenced: only its alignment matters to the specialization.
+        self.pointer = 1 << 20 if aligned else (1 << 20) + _ELEMENT_BYTES[self.dtype]
+
+    def __repr__(self):
+        return f"TensorSpec({self.shape}, {self.dtype!r}, strides={self.strides})"
+
+
 def describe_tensor(obj, name: str) -> TensorArg:
     """Reads a tensor argument; a ValueError or TypeError names ``name`` and what was expected."""
     if type(obj).__module__.startswith("torch"):
@@ -117,6 +147,8 @@ def describe_tensor(obj, name: str) -> TensorArg:
             raise ValueError(f"argument '{name}': expected a CUDA tensor, got one on {obj.device}")
         dtype = torch_dtype_name(obj.dtype, name)
         return TensorArg(obj.data_ptr(), tuple(obj.shape), obj.stride(), dtype, obj.get_device(), obj)
+    if isinstance(obj, TensorSpec):
+        return TensorArg(obj.pointer, obj.shape, obj.strides, obj.dtype, 0, obj)
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is None:
         raise TypeError(
