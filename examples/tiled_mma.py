@@ -108,8 +108,9 @@ def tiled_mma(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, k_steps: fx.Int32):
     warp, lane = tid // 32, tid % 32
     warp_m, warp_n = warp // CONFIG.warps_n, warp % CONFIG.warps_n
     block_row, block_col = gpu.block_idx.x * CONFIG.bm, gpu.block_idx.y * CONFIG.bn
-    s_a = nvvm.smem_tensor(fx.BFloat16, SMEM_A)  # (BM, BK)
-    s_b = nvvm.smem_tensor(fx.BFloat16, SMEM_B)  # (BK, BN)
+    smem = fx.SmemAllocator()  # dynamic shared memory: the launch's size follows from the two tiles
+    s_a = smem.allocate(fx.BFloat16, SMEM_A)  # (BM, BK)
+    s_b = smem.allocate(fx.BFloat16, SMEM_B)  # (BK, BN)
     tiles_m, tiles_n = CONFIG.mma_tiles
 
     for kt, accs in range(0, k_steps, 1, init=[ACC(0.0)] * (tiles_m * tiles_n)):

@@ -9,6 +9,7 @@ import pytest
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+import flydsl.layout as fl
 from flydsl.expr import gpu, nvvm, vector
 
 from .fakes import FakeGpuTensor
@@ -70,7 +71,7 @@ def elect_and_named_barriers(out: fx.Tensor):
 def async_copies(src: fx.Tensor, out: fx.Tensor):
     """Per thread: 16 bytes (cg), 8 bytes (ca), 4 bytes (ca) and 16 bytes of which only 8 are read (zero fill)."""
     t = gpu.thread_idx.x
-    staged = nvvm.smem_tensor(fx.Float32, 32 * 12)
+    staged = fx.SmemAllocator().allocate(fx.Float32, 32 * 12)
     nvvm.cp_async(staged, src, 16, dst_coord=t * 12, src_coord=t * 12)
     nvvm.cp_async(staged, src, 8, dst_coord=t * 12 + 4, src_coord=t * 12 + 4)
     nvvm.cp_async(staged, src, 4, dst_coord=t * 12 + 6, src_coord=t * 12 + 6)
@@ -89,8 +90,8 @@ def mma_16x8x16(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, d: fx.Tensor, f16: fx.
     """One warp: D (16x8) = A (16x16) @ B (16x8) + C, all row-major; A and B through shared memory and ldmatrix."""
     lane = gpu.thread_idx.x
     dtype = fx.Float16 if f16 else fx.BFloat16
-    s_a = nvvm.smem_tensor(dtype, fx.make_layout((16, 16), (16, 1)))
-    s_b = nvvm.smem_tensor(dtype, fx.make_layout((16, 8), (8, 1)))
+    s_a = fx.SmemAllocator().allocate(dtype, fx.make_layout((16, 16), (16, 1)))
+    s_b = fx.SmemAllocator().allocate(dtype, fx.make_layout((16, 8), (8, 1)))
     nvvm.cp_async(s_a, a, 16, dst_coord=(lane // 2, (lane % 2) * 8), src_coord=(lane // 2, (lane % 2) * 8))
     if lane < 16:
         nvvm.cp_async(s_b, b, 16, dst_coord=(lane, 0), src_coord=(lane, 0))
@@ -114,7 +115,7 @@ def mma_16x8x16(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, d: fx.Tensor, f16: fx.
 def ldmatrix_x1(m: fx.Tensor, out: fx.Tensor):
     """One 8x8 bf16 matrix: lane l gets row l // 4, columns 2 (l % 4) and +1, as the bits of one Int32."""
     lane = gpu.thread_idx.x
-    s = nvvm.smem_tensor(fx.BFloat16, fx.make_layout((8, 8), (8, 1)))
+    s = fx.SmemAllocator().allocate(fx.BFloat16, fx.make_layout((8, 8), (8, 1)))
     if lane < 8:
         nvvm.cp_async(s, m, 16, dst_coord=(lane, 0), src_coord=(lane, 0))
     nvvm.cp_async_commit_group()
@@ -190,35 +191,64 @@ def test_printf_lowers_to_vprintf_with_promoted_arguments():
     assert "vprintf" in _ptx(printing, _fake((4,)))
 
 
+def test_addresses_of_allocator_buffers_are_element_addresses():
+    """nvvm.address emits fly.element_address for any tensor: SmemAllocator buffers (placed after tracing), slices of
+    them and swizzled layouts get their addresses when the compiler lowers the tensor accesses."""
+
+    @flyc.kernel
+    def swizzled_ldmatrix(m: fx.Tensor, out: fx.Tensor):
+        lane = gpu.thread_idx.x
+        tile = fl.ComposedLayout(fl.Swizzle(3, 3, 3), 0, fl.Layout((8, 64), (64, 1)))
+        s = fx.SmemAllocator().allocate(fx.BFloat16, tile)
+        nvvm.cp_async(s, m, 16, dst_coord=(lane % 8, (lane // 8) * 8), src_coord=lane * 8)
+        nvvm.cp_async_commit_group()
+        nvvm.cp_async_wait_group(0)
+        gpu.barrier()
+        out[lane] = nvvm.ldmatrix(s, (lane % 8, 8), num=1)[0]
+
+    args = [_fake((256,), "<bfloat16"), _fake((32,), "<i4", 1)]
+    text = swizzled_ldmatrix.trace(swizzled_ldmatrix.specialize(swizzled_ldmatrix._bind(args, {})).key)
+    assert text.count("fly.element_address") == 3  # the shared destination, the global source, ldmatrix
+    assert "llvm.mlir.global" not in text  # no static __shared__ array
+    module = swizzled_ldmatrix.lower(*args)
+    assert "ldmatrix.sync.aligned.m8n8.x1.shared.b16" in module.ptx and "cp.async.cg.shared.global" in module.ptx
+    assert module.shared_bytes["swizzled_ldmatrix"] == 8 * 64 * 2
+
+
 def test_misuse_is_reported_at_trace_time():
     @flyc.kernel
-    def allocator_address(x: fx.Tensor):
-        s = fx.SmemAllocator().allocate(fx.BFloat16, 64)
-        nvvm.ldmatrix(s, 0)
+    def not_a_tensor(x: fx.Tensor):
+        nvvm.address(fx.Int32(0))
 
     @flyc.kernel
     def bad_num(x: fx.Tensor):
-        nvvm.ldmatrix(nvvm.smem_tensor(fx.BFloat16, 64), 0, num=3)
+        nvvm.ldmatrix(fx.SmemAllocator().allocate(fx.BFloat16, 64), 0, num=3)
 
     @flyc.kernel
     def bad_size(x: fx.Tensor):
-        nvvm.cp_async(nvvm.smem_tensor(fx.Float32, 64), x, 12)
+        nvvm.cp_async(fx.SmemAllocator().allocate(fx.Float32, 64), x, 12)
 
     @flyc.kernel
     def swapped_spaces(x: fx.Tensor):
-        nvvm.cp_async(x, nvvm.smem_tensor(fx.Float32, 64), 16)
+        nvvm.cp_async(x, fx.SmemAllocator().allocate(fx.Float32, 64), 16)
+
+    @flyc.kernel
+    def bad_coordinate(x: fx.Tensor):
+        nvvm.ldmatrix(fx.SmemAllocator().allocate(fx.BFloat16, fx.make_layout((8, 8), (8, 1))), (1, 2, 3))
 
     def trace(kernel):
         return kernel.trace(kernel.specialize(kernel._bind([_fake((64,))], {})).key)
 
-    with pytest.raises(TypeError, match="nvvm.smem_tensor"):
-        trace(allocator_address)
+    with pytest.raises(TypeError, match="expected a fx.Tensor"):
+        trace(not_a_tensor)
     with pytest.raises(ValueError, match="1, 2 or 4"):
         trace(bad_num)
     with pytest.raises(ValueError, match="4, 8 or 16"):
         trace(bad_size)
     with pytest.raises(TypeError, match="shared pointer"):
         trace(swapped_spaces)
+    with pytest.raises(IndexError, match="does not match the shape"):
+        trace(bad_coordinate)
 
 
 # --- GPU -----------------------------------------------------------------------------------------------------------

@@ -136,6 +136,22 @@ func.func @store_coordinates(%t: !fly.tensor<!fly.ptr<f16, global, 16>, !fly.lay
 
 // -----
 
+func.func @element_address_coordinates(%t: !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.layout<(4,8):(8,1)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.element_address' op expects 1 coordinate (a linear index) or 2 (one per shape leaf) for '!fly.layout<(4,8):(8,1)>', got 3
+  %a = fly.element_address %t(%i, %i, %i) : !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.layout<(4,8):(8,1)>> -> !llvm.ptr<3>
+  return
+}
+
+// -----
+
+func.func @element_address_space(%t: !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.layout<(4,8):(8,1)>>, %i: index) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.element_address' op result address space 0 differs from that of the tensor's pointer '!fly.ptr<f16, shared, 16>' (3)
+  %a = fly.element_address %t(%i) : !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.layout<(4,8):(8,1)>> -> !llvm.ptr
+  return
+}
+
+// -----
+
 func.func @composed_offset_operand(%l: !fly.layout<8:1>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'fly.make_composed_layout' op expects an offset operand for the '?' offset of '!fly.composed_layout<Sw<1,0,1> o ? o 8:1>'
   %c = fly.make_composed_layout %l : !fly.layout<8:1> -> !fly.composed_layout<Sw<1,0,1> o ? o 8:1>

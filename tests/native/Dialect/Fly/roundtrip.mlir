@@ -93,6 +93,12 @@ func.func @tensor_ops(%raw: !llvm.ptr<1>, %i: index, %v: f16) -> f16 {
   %x = fly.load %t(%i) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
   // CHECK: fly.store %{{.*}}, %[[T]](%{{.*}}, %{{.*}}) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
   fly.store %v, %t(%i, %i) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>>
+  // CHECK: fly.element_address %[[T]](%{{.*}}, %{{.*}}) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>> -> !llvm.ptr<1>
+  %a = fly.element_address %t(%i, %i) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>> -> !llvm.ptr<1>
+  // CHECK: fly.element_address %[[T]](%{{.*}}) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>> -> !llvm.ptr<1>
+  %b = fly.element_address %t(%i) : !fly.tensor<!fly.ptr<f16, global, 16>, !fly.layout<(4,8):(8,1)>> -> !llvm.ptr<1>
+  llvm.store %v, %a : f16, !llvm.ptr<1>
+  llvm.store %v, %b : f16, !llvm.ptr<1>
   return %x : f16
 }
 

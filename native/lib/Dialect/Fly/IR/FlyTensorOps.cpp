@@ -13,7 +13,7 @@ static size_t numShapeLeaves(Type layout) {
   return cast<LayoutType>(layout).getShapeLeaves().size();
 }
 
-/// Shared by load and store: 1 linear coordinate or one per shape leaf.
+/// Shared by load, store and element_address: 1 linear coordinate or one per shape leaf.
 static LogicalResult verifyCoordinates(Operation *op, fly::TensorType tensor, size_t numCoords) {
   size_t numLeaves = numShapeLeaves(tensor.getLayout());
   if (numCoords != 1 && numCoords != numLeaves)
@@ -69,6 +69,16 @@ LogicalResult LoadOp::verify() {
 
 LogicalResult StoreOp::verify() {
   return verifyCoordinates(*this, getTensor().getType(), getCoord().size());
+}
+
+LogicalResult ElementAddressOp::verify() {
+  fly::TensorType tensor = getTensor().getType();
+  unsigned result = cast<LLVM::LLVMPointerType>(getType()).getAddressSpace();
+  if (result != tensor.getPtr().getAddressSpace())
+    return emitOpError("result address space ")
+           << result << " differs from that of the tensor's pointer " << tensor.getPtr() << " ("
+           << tensor.getPtr().getAddressSpace() << ")";
+  return verifyCoordinates(*this, tensor, getCoord().size());
 }
 
 LogicalResult AllocSmemOp::verify() {

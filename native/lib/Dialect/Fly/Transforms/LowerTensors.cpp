@@ -143,6 +143,18 @@ struct LowerStore : OpRewritePattern<StoreOp> {
   }
 };
 
+/// The address a load at the same coordinate would read.
+struct LowerElementAddress : OpRewritePattern<ElementAddressOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(ElementAddressOp op, PatternRewriter &rewriter) const override {
+    if (!isTraceable(op.getTensor()))
+      return rewriter.notifyMatchFailure(op, kUntraceable);
+    TracedTensor tensor = traceTensor(rewriter, op.getLoc(), op.getTensor());
+    rewriter.replaceOp(op, elementAddress(rewriter, op.getLoc(), tensor, op.getCoord()));
+    return success();
+  }
+};
+
 // Copies unrolled up to this many accesses; beyond it, an scf.for.
 constexpr int64_t kMaxUnrolledAccesses = 64;
 
@@ -202,5 +214,5 @@ struct FlyLowerTensorsPass : mlir::fly::impl::FlyLowerTensorsBase<FlyLowerTensor
 } // namespace
 
 void mlir::fly::populateFlyLowerTensorsPatterns(RewritePatternSet &patterns) {
-  patterns.add<LowerLoad, LowerStore, LowerCopy>(patterns.getContext());
+  patterns.add<LowerLoad, LowerStore, LowerElementAddress, LowerCopy>(patterns.getContext());
 }

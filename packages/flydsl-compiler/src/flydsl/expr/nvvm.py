@@ -3,28 +3,22 @@
 Values in and out are FlyDSL numerics and :class:`~flydsl.expr.vector.Vector` values; fragments of warp-wide
 instructions (``ldmatrix``, ``mma_sync``) are ``Int32``/``Float32`` vectors, so they can be carried through loops.
 Instructions that take an address accept a raw ``!llvm.ptr`` value or a ``Tensor`` (the address of its element at
-``coord``, see :func:`address`). Shared memory that such instructions address comes from :func:`smem_tensor`:
-``fx.SmemAllocator`` buffers get their addresses only when the compiler places them, too late for the tracer.
+``coord``, see :func:`address`: a ``fly.element_address``, so any Fly tensor works, ``fx.SmemAllocator`` buffers
+included).
 
 Every function links its section of the PTX ISA (https://docs.nvidia.com/cuda/parallel-thread-execution/).
 """
 
 from __future__ import annotations
 
-import itertools
-import re
-
 from mlir import ir
 from mlir.dialects import arith as _arith
 from mlir.dialects import llvm as _llvm
 from mlir.dialects import nvvm as _nvvm
 
-import flydsl.layout as _fl
-from flydsl.expr.layout import as_index, crd2idx
 from flydsl.expr.numeric import BFloat16, Boolean, Float, Float16, Float32, Int16, Int32, Numeric, Uint16, as_numeric
-from flydsl.expr.tensor import Tensor
+from flydsl.expr.tensor import Tensor, _static_coord, fly_ops
 from flydsl.expr.vector import Vector, vector_class
-from flydsl.layout.leaf import add as _leaf_add
 
 __all__ = [
     "ex2_approx",
@@ -39,7 +33,6 @@ __all__ = [
     "cp_async_commit_group",
     "cp_async_wait_group",
     "mma_sync",
-    "smem_tensor",
     "address",
 ]
 
@@ -207,94 +200,19 @@ def barrier(barrier_id=0, number_of_threads=None) -> None:
         _llvm.call_intrinsic(None, "llvm.nvvm.barrier.cta.sync.aligned.count", [identifier, count], [], [])
 
 
-# --- addresses and shared memory --------------------------------------------------------------------------------
-
-_smem_names = itertools.count()
-
-
-def _enclosing(names: tuple[str, ...]) -> ir.Operation:
-    operation = ir.InsertionPoint.current.block.owner
-    while operation is not None and operation.operation.name not in names:
-        operation = operation.operation.parent
-    if operation is None:
-        raise RuntimeError(f"expected to be tracing inside a {' / '.join(names)}")
-    return operation.operation
-
-
-def smem_tensor(dtype: type[Numeric], layout, alignment: int = 128) -> Tensor:
-    """A shared-memory Tensor of ``dtype`` with ``layout`` (a layout, a shape or an element count) whose element
-    addresses are known at trace time, for ``ldmatrix``/``cp_async``/``address``: a static ``__shared__`` array of
-    the kernel's module (at most 48 KiB of static shared memory per block, together with other static arrays)."""
-    if isinstance(layout, int):
-        layout = _fl.Layout(layout)
-    elif not isinstance(layout, (_fl.Layout, _fl.ComposedLayout)):
-        layout = _fl.make_layout(tuple(layout) if isinstance(layout, (list, tuple)) else layout)
-    count = _fl.cosize(layout)
-    if not isinstance(count, int):
-        raise ValueError(f"smem_tensor needs a static layout, got {layout}")
-    if alignment & (alignment - 1) or alignment < max(1, dtype.width // 8):
-        raise ValueError(f"smem_tensor alignment: a power of two covering one element, got {alignment}")
-    nbytes = count * max(1, dtype.width // 8)
-    module = _enclosing(("gpu.module", "builtin.module"))
-    name = f"__flydsl_smem_{next(_smem_names)}"
-    body = module.regions[0].blocks[0]
-    with ir.InsertionPoint.at_block_begin(body), ir.Location.unknown():
-        _llvm.GlobalOp(
-            ir.Type.parse(f"!llvm.array<{nbytes} x i8>"),
-            name,
-            ir.Attribute.parse("#llvm.linkage<internal>"),
-            alignment=alignment,
-            addr_space=3,
-        )
-    from flydsl.compiler.dialects import fly
-
-    raw = _llvm.AddressOfOp(ir.Type.parse("!llvm.ptr<3>"), name).result
-    pointer = fly.MakePtrOp(ir.Type.parse(f"!fly.ptr<{dtype.mlir_name}, shared, {alignment}>"), raw).result
-    return Tensor(pointer, layout, dtype, space="shared", alignment=alignment)
-
-
-def _element_type_of(fly_pointer_type: ir.Type) -> ir.Type:
-    match = re.match(r"!fly\.ptr<([^,]+),", str(fly_pointer_type))
-    return ir.Type.parse(match.group(1))
-
-
-def _gep(base: ir.Value, element: ir.Type, offset) -> ir.Value:
-    if isinstance(offset, int) and offset == 0:
-        return base
-    index = as_index(offset)
-    i64 = _arith.index_cast(ir.IntegerType.get_signless(64), index.value)
-    dynamic = -(2**31)  # LLVM::GEPOp::kDynamicIndex
-    return _llvm.GEPOp(base.type, base, [i64], [dynamic], ir.TypeAttr.get(element), 0).result
-
-
-def _llvm_pointer(pointer: ir.Value) -> ir.Value:
-    """The ``!llvm.ptr`` a ``!fly.ptr`` value stands for, through ``fly.recast_ptr``/``fly.add_offset`` to the
-    ``fly.make_ptr`` that built it."""
-    owner = pointer.owner
-    name = owner.operation.name if isinstance(owner, (ir.OpView, ir.Operation)) else None
-    if name == "fly.make_ptr":
-        return owner.operands[0]
-    if name == "fly.recast_ptr":
-        return _llvm_pointer(owner.operands[0])
-    if name == "fly.add_offset":
-        source = owner.operands[0]
-        return _gep(_llvm_pointer(source), _element_type_of(source.type), owner.operands[1])
-    if name == "fly.alloc_smem":
-        raise TypeError(
-            "this shared-memory tensor comes from fx.SmemAllocator, whose address is known only after the compiler"
-            " places it: allocate it with nvvm.smem_tensor(...) to take addresses (ldmatrix, cp_async)"
-        )
-    raise TypeError(f"cannot find the address of a pointer built by {name or 'a block argument'}")
+# --- addresses -------------------------------------------------------------------------------------------------
 
 
 def address(tensor: Tensor, coord=None) -> ir.Value:
-    """The ``!llvm.ptr<space>`` of ``tensor``'s element at ``coord`` (default: its first element)."""
+    """The ``!llvm.ptr<space>`` of ``tensor``'s element at ``coord`` (default: its first element): a
+    ``fly.element_address``, lowered with the tensor's accesses, so it works for any Fly tensor, including
+    ``fx.SmemAllocator`` buffers (placed by the compiler) and swizzled layouts. ``coord``: a linear index or one index
+    per mode of the shape, as for ``tensor[coord]``."""
     if not isinstance(tensor, Tensor):
         raise TypeError(f"address: expected a fx.Tensor, got {type(tensor).__name__}")
-    offset = tensor.offset
-    if coord is not None:
-        offset = _leaf_add(offset, crd2idx(coord, tensor.layout))
-    return _gep(_llvm_pointer(tensor.pointer), tensor.dtype.mlir_type(), offset)
+    coordinates = tensor._coordinates(_static_coord(0 if coord is None else coord))
+    result = ir.Type.parse(f"!llvm.ptr<{_SPACE_NUMBERS[tensor.space]}>")
+    return fly_ops.ElementAddressOp(result, tensor.materialize(), coordinates).result
 
 
 def _pointer(where, coord, space: str) -> ir.Value:

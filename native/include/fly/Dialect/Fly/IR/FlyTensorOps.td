@@ -134,6 +134,28 @@ def Fly_StoreOp : Fly_Op<"store", [MemoryEffects<[MemWrite]>,
   let hasVerifier = 1;
 }
 
+def Fly_ElementAddressOp : Fly_Op<"element_address", [Pure]> {
+  let summary = "the LLVM pointer of a tensor element";
+  let description = [{
+    The address of the element at a coordinate (read as by `fly.load`), in
+    the address space of the tensor's pointer: what instructions that take
+    addresses need (ldmatrix, cp.async, TMA, mbarriers). It lowers exactly as
+    a load's address does, so it works for tensors whose memory is placed by
+    the compiler (`fly.alloc_smem`), through `fly.slice`, `fly.add_offset`,
+    `fly.recast_ptr` and swizzled layouts.
+
+    ```mlir
+    %a = fly.element_address %t(%i, %j) : !fly.tensor<!fly.ptr<bf16, shared, 128>, !fly.layout<(64,32):(40,1)>> -> !llvm.ptr<3>
+    ```
+  }];
+  let arguments = (ins Fly_TensorType:$tensor, Variadic<Index>:$coord);
+  let results = (outs LLVM_AnyPointer:$result);
+  let assemblyFormat = [{
+    $tensor `(` $coord `)` attr-dict `:` qualified(type($tensor)) `->` qualified(type($result))
+  }];
+  let hasVerifier = 1;
+}
+
 def Fly_AllocSmemOp : Fly_Op<"alloc_smem", [MemoryEffects<[MemAlloc]>]> {
   let summary = "reserves shared memory for `count` elements of the pointer's element type";
   let description = [{
