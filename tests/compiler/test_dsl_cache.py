@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -83,6 +84,24 @@ def test_the_key_follows_the_source_of_called_helpers():
         return k
 
     assert cache.source_fingerprint(make(helper_one)) != cache.source_fingerprint(make(helper_two))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tile:
+    m: int
+
+
+TILE = _Tile(4)
+
+
+def _reads_config(x: fx.Tensor):
+    x[0] = x[TILE.m]
+
+
+def test_the_key_follows_config_globals(monkeypatch):
+    first = cache.source_fingerprint(_reads_config)
+    monkeypatch.setitem(globals(), "TILE", _Tile(8))
+    assert cache.source_fingerprint(_reads_config) != first
 
 
 def test_processes_compiling_the_same_kernel_at_once_agree(tmp_path):

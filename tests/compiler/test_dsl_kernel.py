@@ -103,8 +103,10 @@ def test_mixing_types_needs_an_explicit_conversion():
 
     with pytest.raises(TypeError, match="cannot combine Float32 and Int32 implicitly") as info:
         mixed.lower(FakeGpuTensor((4,)), 1)
-    # The traceback ends in the user's kernel, not in FlyDSL's frames.
+    # The traceback ends in the user's kernel; of FlyDSL's frames only the entry point that re-raised remains.
     assert info.traceback[-1].name == "mixed"
+    internal = [entry for entry in info.traceback if "flydsl" in str(entry.path) and "tests" not in str(entry.path)]
+    assert len(internal) <= 1, [str(entry.path) for entry in internal]
 
 
 def test_compile_returns_a_callable_for_one_specialization():

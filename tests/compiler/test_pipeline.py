@@ -95,3 +95,17 @@ def test_missing_ptxas_override_is_reported(monkeypatch):
     monkeypatch.setenv("FLYDSL_PTXAS", "/nonexistent/ptxas")
     with pytest.raises(flyc.ToolchainError, match="FLYDSL_PTXAS='/nonexistent/ptxas' is not an executable"):
         flyc.find_ptxas()
+
+
+def test_dump_switch_writes_ir_ptx_cubin_and_sass_to_the_dump_dir(layout_offsets_mlir, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYDSL_DUMP_IR", "1")
+    monkeypatch.setenv("FLYDSL_DUMP_DIR", str(tmp_path / "dumps"))
+    flyc.compile_mlir(layout_offsets_mlir, assemble=True)
+    written = {p.name for p in (tmp_path / "dumps").iterdir()}
+    assert {"layout_demo.input.mlir", "layout_demo.fly.mlir", "layout_demo.llvm.mlir", "layout_demo.ptx.ptx"} <= written
+    assert "layout_demo.cubin" in written
+    if toolchain.find_cuobjdump():
+        sass = (tmp_path / "dumps" / "layout_demo.sass").read_text()
+        assert "layout_offsets" in sass and "STG" in sass
+    monkeypatch.setenv("FLYDSL_DUMP_IR", "0")
+    assert flyc.settings.current().dump_ir_dir is None

@@ -2,7 +2,8 @@
 
 The key covers the kernel's source and every user function and simple global it reaches, the specialization
 (argument types, strides, alignment, constexpr values), the target, and a fingerprint of the compiler itself (its
-Python sources and native library), so that a development build never reuses a stale binary. Entries are written
+Python sources and native library), so that a development build never reuses a stale binary. Globals reached only
+through attributes (``config.TILE``) are not followed: pass such values as ``Constexpr`` parameters. Entries are written
 atomically (a temporary file renamed into place), so processes compiling the same kernel at once are safe; an entry
 that cannot be read is compiled again with a warning. ``FLYDSL_RUNTIME_ENABLE_CACHE=0`` bypasses the disk cache.
 """
@@ -52,7 +53,9 @@ _SIMPLE = (int, float, str, bool, bytes, type(None))
 
 
 def source_fingerprint(fn: types.FunctionType) -> str:
-    """A hash of ``fn``'s source and of the user functions and simple globals it uses, transitively."""
+    """A hash of ``fn``'s source, of the functions and kernels it calls outside FlyDSL's own packages (whose
+    sources the compiler fingerprint covers), and of the globals it reads whose repr is their value (numbers,
+    strings, tuples, layouts, frozen dataclasses such as tile configurations), transitively."""
     digest = hashlib.blake2b(digest_size=16)
     seen: set[int] = set()
 
@@ -66,29 +69,41 @@ def source_fingerprint(fn: types.FunctionType) -> str:
             digest.update(function.__code__.co_code)
         for code in _code_objects(function.__code__):
             for name in code.co_names:
-                value = function.__globals__.get(name)
-                if isinstance(value, types.FunctionType) and not value.__module__.startswith(("flydsl", "mlir")):
-                    visit(value)
-                elif isinstance(value, _SIMPLE) or (
-                    isinstance(value, tuple) and all(isinstance(v, _SIMPLE) for v in value)
-                ):
-                    digest.update(f"{name}={value!r}".encode())
+                see(name, function.__globals__.get(name))
         for cell in function.__closure__ or ():
             try:
-                value = cell.cell_contents
+                see("<closure>", cell.cell_contents)
             except ValueError:
                 continue
-            if isinstance(value, types.FunctionType):
-                visit(value)
-            elif isinstance(value, _SIMPLE):
-                digest.update(repr(value).encode())
+
+    def see(name: str, value):
+        if isinstance(value, types.FunctionType):
+            if not (value.__module__ or "").startswith(_FINGERPRINTED):
+                visit(value)  # user code, flydsl.kernels helpers included
+        elif isinstance(getattr(value, "fn", None), types.FunctionType):
+            visit(value.fn)  # a @kernel called from this one
+        elif _by_value(value):
+            digest.update(f"{name}={value!r}".encode())
 
     visit(fn)
     return digest.hexdigest()
 
 
-def _is_simple(value) -> bool:
-    return isinstance(value, _SIMPLE) or (isinstance(value, tuple) and all(isinstance(v, _SIMPLE) for v in value))
+# Packages whose sources the compiler fingerprint already covers.
+_FINGERPRINTED = ("flydsl.compiler", "flydsl.expr", "flydsl.layout", "mlir")
+
+
+def _by_value(value) -> bool:
+    """Globals whose repr is their value: numbers, strings, tuples of them, layouts, frozen dataclasses (configs)."""
+    if isinstance(value, _SIMPLE):
+        return True
+    if isinstance(value, tuple):
+        return all(_by_value(v) for v in value)
+    module = type(value).__module__
+    if module.startswith("flydsl.layout"):
+        return True
+    params = getattr(type(value), "__dataclass_params__", None)
+    return params is not None and params.frozen
 
 
 def _code_objects(code: types.CodeType):

@@ -13,6 +13,7 @@ arguments raise before anything is launched, naming the parameter.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import typing
@@ -22,7 +23,7 @@ from mlir import ir
 from mlir.dialects import gpu
 
 import flydsl.layout as _fl
-from flydsl.compiler import cache, runtime
+from flydsl.compiler import cache, runtime, settings
 from flydsl.compiler.args import describe_tensor, stride_plan, torch_dtype_name
 from flydsl.compiler.ast_rewrite import rewrite_function
 from flydsl.compiler.context import make_context
@@ -34,6 +35,21 @@ from flydsl.expr.params import Stream, is_constexpr
 from flydsl.expr.tensor import Tensor
 
 __all__ = ["kernel", "KernelFunction", "KernelCall"]
+
+
+def _user_errors(method):
+    """Errors raised while tracing the user's kernel surface with a traceback of the user's frames only."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except Exception as error:
+            if getattr(error, "__fly_traced__", False):
+                raise error.with_traceback(user_traceback(error.__traceback__)) from None
+            raise
+
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -163,13 +179,15 @@ class KernelFunction:
             cache.store(disk_key, compiled)
         return compiled
 
+    @_user_errors
     def lower(self, *args, **kwargs) -> CompiledModule:
         """Compiles for these arguments without loading (no GPU needed): PTX, cubin, launch signature."""
         return self.compiled_module(self.specialize(self._bind(args, kwargs)))
 
     def _compile(self, spec: _Specialization) -> _LoadedKernel:
         loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
-        self._loaded[spec.key] = loaded
+        if settings.current().cache_enabled:  # FLYDSL_RUNTIME_ENABLE_CACHE=0: every launch compiles again
+            self._loaded[spec.key] = loaded
         return loaded
 
     def loaded(self, spec: _Specialization) -> _LoadedKernel:
@@ -211,6 +229,7 @@ class KernelFunction:
                 try:
                     fn(*arguments)
                 except Exception as error:
+                    error.__fly_traced__ = True  # the entry point re-raises it with the user's frames only
                     raise error.with_traceback(user_traceback(error.__traceback__)) from None
                 gpu.ReturnOp([])
             return module.operation.get_asm(enable_debug_info=True)
@@ -337,6 +356,7 @@ class KernelCall:
         self.kernel = kernel
         self.values = values
 
+    @_user_errors
     def launch(self, grid, block, smem: int | None = None, stream=None, cluster=None) -> None:
         """Launches on ``grid`` x ``block`` (ints or 1-3 ints); ``smem`` defaults to what the kernel's shared
         buffers need; ``stream`` to the ``fx.Stream`` argument, else the tensors' current stream."""

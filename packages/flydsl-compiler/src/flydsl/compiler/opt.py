@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "-p", "--pass-pipeline", help="a textual pass pipeline, e.g. 'builtin.module(fly-lower-layouts)'"
     )
-    parser.add_argument("--stage", help="run one named stage of the sm_90a pipeline (fly, llvm)")
+    parser.add_argument("--stage", help="run one named stage of the sm_90a pipeline (fly, llvm, ptx)")
     parser.add_argument("--generic", action="store_true", help="print ops in generic form")
     parser.add_argument("--split", action="store_true", help="process each '// -----' separated chunk on its own")
     args = parser.parse_args(argv)

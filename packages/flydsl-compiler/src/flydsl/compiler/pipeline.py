@@ -119,6 +119,11 @@ def _compile_in_process(
     if assemble is True or (assemble is None and toolchain.find_ptxas()):
         on_stage("ptxas")
         cubin = toolchain.assemble_ptx(ptx, target.arch)
+        if dump_dir is not None:
+            (dump_dir / f"{name}.cubin").write_bytes(cubin)
+            sass = toolchain.disassemble_cubin(cubin)
+            if sass is not None:
+                (dump_dir / f"{name}.sass").write_text(sass)
     return CompiledModule(
         name=name, target=target, ptx=ptx, cubin=cubin, kernels=kernels, shared_bytes=shared_bytes, stages=kept
     )
@@ -233,7 +238,8 @@ def _extract_ptx(module: ir.Module) -> str:
 def _record(kept: dict[str, str], dump_dir: Path | None, name: str, stage: str, ir_or_text, keep: bool) -> None:
     if not keep and dump_dir is None:
         return
-    text = ir_or_text if isinstance(ir_or_text, str) else str(ir_or_text)
+    # With locations, so that a dumped stage compiled again still reports the kernel's lines.
+    text = ir_or_text if isinstance(ir_or_text, str) else ir_or_text.operation.get_asm(enable_debug_info=True)
     if keep:
         kept[stage] = text
     if dump_dir is not None:

@@ -9,11 +9,25 @@ from __future__ import annotations
 from flydsl.compiler._native import native
 from flydsl.compiler.pipeline import CompiledModule
 
-__all__ = ["CudaError", "DeviceBuffer", "LoadedModule", "is_available", "device_count", "device_name", "synchronize"]
+__all__ = [
+    "CudaError",
+    "DeviceBuffer",
+    "LoadedModule",
+    "TensorMap",
+    "is_available",
+    "device_count",
+    "device_name",
+    "device_attribute",
+    "driver_version",
+    "synchronize",
+]
 
 _rt = native.runtime
 CudaError = _rt.CudaError
 DeviceBuffer = _rt.DeviceBuffer
+TensorMap = _rt.TensorMap
+device_attribute = _rt.device_attribute
+driver_version = _rt.driver_version
 is_available = _rt.is_available
 device_count = _rt.device_count
 device_name = _rt.device_name

@@ -4,7 +4,10 @@
 ``FLYDSL_PTXAS``               path of the ``ptxas`` to assemble PTX with (else ``PATH``,
                                ``$CUDA_HOME/bin``, ``/usr/local/cuda/bin``)
 ``CUDA_HOME`` / ``CUDA_PATH``  CUDA toolkit root, searched for ``ptxas``
-``FLYDSL_DUMP_IR``             a directory: every compile writes each stage's IR there
+``FLYDSL_DUMP_IR``             ``1``: every compile writes each stage's IR, the PTX, the cubin and its
+                               SASS (``cuobjdump``, when found) to ``FLYDSL_DUMP_DIR``; any other
+                               value is taken as that directory
+``FLYDSL_DUMP_DIR``            where dumps go (default ``./flydsl_dump``)
 ``FLYDSL_CACHE_DIR``           on-disk kernel cache (default ``~/.cache/flydsl``)
 ``FLYDSL_RUNTIME_ENABLE_CACHE`` ``0`` bypasses the JIT cache
 ``FLYDSL_COMPILE_ISOLATED``    ``1``: compile in a worker process, so that a backend abort
@@ -35,11 +38,16 @@ class Settings:
 def current() -> Settings:
     """The settings as the environment gives them now (read on each call: cheap, and tests can patch)."""
     env = os.environ
-    dump = env.get("FLYDSL_DUMP_IR")
+    dump = env.get("FLYDSL_DUMP_IR", "")
+    dump_dir = None
+    if dump.lower() in ("1", "true", "yes", "on"):
+        dump_dir = Path(env.get("FLYDSL_DUMP_DIR") or "flydsl_dump")
+    elif dump and dump.lower() not in ("0", "false", "no", "off"):
+        dump_dir = Path(dump)
     return Settings(
         ptxas=env.get("FLYDSL_PTXAS") or None,
         cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,
-        dump_ir_dir=Path(dump) if dump else None,
+        dump_ir_dir=dump_dir,
         cache_dir=Path(env.get("FLYDSL_CACHE_DIR") or Path.home() / ".cache" / "flydsl"),
         cache_enabled=env.get("FLYDSL_RUNTIME_ENABLE_CACHE", "1") != "0",
         compile_isolated=env.get("FLYDSL_COMPILE_ISOLATED", "0") not in ("", "0"),

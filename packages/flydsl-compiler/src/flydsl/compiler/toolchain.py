@@ -11,7 +11,7 @@ from pathlib import Path
 from flydsl.compiler import settings
 from flydsl.compiler.errors import ToolchainError
 
-__all__ = ["find_ptxas", "assemble_ptx"]
+__all__ = ["find_ptxas", "assemble_ptx", "find_cuobjdump", "disassemble_cubin"]
 
 
 def find_ptxas() -> str | None:
@@ -42,3 +42,28 @@ def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tupl
         if result.returncode != 0:
             raise ToolchainError(f"ptxas -arch={arch} failed ({result.returncode}):\n{result.stderr}{result.stdout}")
         return output.read_bytes()
+
+
+def find_cuobjdump() -> str | None:
+    """``cuobjdump`` next to ptxas, on ``PATH``, or in the CUDA toolkit; None if absent."""
+    ptxas = find_ptxas()
+    candidates = [str(Path(ptxas).with_name("cuobjdump")) if ptxas else None, shutil.which("cuobjdump")]
+    config = settings.current()
+    if config.cuda_home:
+        candidates.append(str(Path(config.cuda_home) / "bin" / "cuobjdump"))
+    candidates.append("/usr/local/cuda/bin/cuobjdump")
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def disassemble_cubin(cubin: bytes) -> str | None:
+    """The SASS of a cubin (``cuobjdump --dump-sass``), or None when cuobjdump is not installed."""
+    tool = find_cuobjdump()
+    if tool is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="flydsl-sass-") as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        result = subprocess.run([tool, "--dump-sass", str(path)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ToolchainError(f"cuobjdump --dump-sass failed ({result.returncode}):\n{result.stderr}")
+    return result.stdout

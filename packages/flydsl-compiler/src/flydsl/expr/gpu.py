@@ -153,12 +153,10 @@ def warp_reduce(value, op="add", width: int = WARP_SIZE) -> Numeric:
     return value
 
 
-def block_reduce(value, op="add", scratch=None, num_warps: int | None = None) -> Numeric:
+def block_reduce(value, op="add", *, scratch, num_warps: int) -> Numeric:
     """Reduction over the block (1-D, ``num_warps`` warps): warps reduce, lane 0 of each writes ``scratch`` (a
     shared-memory Tensor of at least ``num_warps`` elements), then every warp reduces those partials. Every thread
     gets the result."""
-    if scratch is None or num_warps is None:
-        raise ValueError("block_reduce needs scratch (a shared-memory Tensor) and num_warps")
     if num_warps & (num_warps - 1) or not 1 <= num_warps <= WARP_SIZE:
         raise ValueError(f"num_warps: expected a power of two in 1..32, got {num_warps}")
     combine = _combiner(op)
