@@ -4,6 +4,7 @@
 
 #include "fly/Dialect/Fly/IR/IntTuple.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
 
 using namespace mlir;
 using namespace mlir::fly;
@@ -34,10 +35,13 @@ FailureOr<LayoutLeaves> mlir::fly::getLayoutLeaves(Value layout) {
     if (!maker)
       return failure();
     leaves.swizzle = composed.getSwizzle();
-    if (auto offset = dyn_cast<IntegerAttr>(composed.getOffset()))
-      leaves.offset = Builder(layout.getContext()).getIndexAttr(offset.getInt());
-    else
+    if (auto offset = dyn_cast<IntegerAttr>(composed.getOffset())) {
+      leaves.offset = Builder(layout.getContext()).getIndexAttr(0);
+      leaves.offsetConstant = offset.getInt();
+    } else {
       leaves.offset = maker.getOffset();
+      leaves.offsetMultiple = knownPowerOfTwoMultiple(composed.getOffset());
+    }
     plain = maker.getInner();
   }
   auto type = cast<LayoutType>(plain.getType());
@@ -58,6 +62,10 @@ FailureOr<LayoutLeaves> mlir::fly::getLayoutLeaves(Value layout) {
     return failure();
   leaves.shape = std::move(*shape);
   leaves.stride = std::move(*stride);
+  SmallVector<Attribute> strideAttrs;
+  appendLeafAttrs(type.getStride(), strideAttrs);
+  for (Attribute leaf : strideAttrs)
+    leaves.strideMultiple.push_back(knownPowerOfTwoMultiple(leaf));
   return leaves;
 }
 
@@ -74,10 +82,10 @@ FailureOr<SmallVector<OpFoldResult>> mlir::fly::getIntTupleLeaves(Value tuple) {
   return bindLeaves(getLeaves(type.getValue()), next, dynamic.end(), tuple.getContext());
 }
 
+/// Static leaves, and values defined by constants (copies pass their chunks'
+/// coordinates as arith.constant).
 static std::optional<int64_t> constantOf(OpFoldResult value) {
-  if (auto attr = dyn_cast<Attribute>(value))
-    return cast<IntegerAttr>(attr).getInt();
-  return std::nullopt;
+  return getConstantIntValue(value);
 }
 
 Value IndexEmitter::materialize(OpFoldResult value) {
@@ -145,6 +153,62 @@ Value IndexEmitter::swizzle(Value offset, SwizzleAttr swizzle) {
   return arith::XOrIOp::create(builder, loc, offset, moved);
 }
 
+void IndexEmitter::accumulate(SplitSum &sum, OpFoldResult term, int64_t multiple) {
+  if (std::optional<int64_t> constant = constantOf(term)) {
+    sum.constant += *constant;
+    return;
+  }
+  sum.dynamic = sum.dynamic ? add(sum.dynamic, term) : term;
+  sum.multiple = std::min(sum.multiple, multiple);
+}
+
+void IndexEmitter::accumulateProduct(SplitSum &sum, OpFoldResult coord, OpFoldResult stride,
+                                     int64_t strideMultiple) {
+  int64_t coordMultiple = constantOf(coord) ? powerOfTwoFactor(*constantOf(coord)) : 1;
+  // Both are powers of two: their product, saturated at kAnyMultiple.
+  int64_t multiple = coordMultiple >= kAnyMultiple / std::min(strideMultiple, kAnyMultiple)
+                         ? kAnyMultiple
+                         : coordMultiple * strideMultiple;
+  accumulate(sum, mul(coord, stride), multiple);
+}
+
+/// `swizzle(x)` of a constant.
+static int64_t swizzleConstant(int64_t x, SwizzleAttr swizzle) {
+  int64_t shift = swizzle.getShift();
+  int64_t mask = ((int64_t(1) << swizzle.getBits()) - 1)
+                 << (swizzle.getBase() + std::max<int64_t>(0, shift));
+  uint64_t selected = uint64_t(x) & uint64_t(mask);
+  return int64_t(uint64_t(x) ^ (shift > 0 ? selected >> shift : selected << -shift));
+}
+
+Value IndexEmitter::swizzle(const SplitSum &sum, SwizzleAttr swizzle) {
+  int64_t bits = swizzle.getBits(), base = swizzle.getBase(), shift = swizzle.getShift();
+  OpFoldResult dynamic = sum.dynamic ? sum.dynamic : builder.getIndexAttr(0);
+  auto whole = [&] { return materialize(add(dynamic, builder.getIndexAttr(sum.constant))); };
+  if (bits == 0 || shift == 0)
+    return whole();
+  // Splits the constant as a multiple of `unit` (moved into the dynamic part,
+  // which stays a multiple of `unit`) and a remainder in [0, unit).
+  auto split = [&](int64_t unit) {
+    int64_t low = sum.constant & (unit - 1);
+    return std::make_pair(add(dynamic, builder.getIndexAttr(sum.constant - low)), low);
+  };
+  // (b) The dynamic part is a multiple of the whole span: the swizzle only
+  // permutes within the span, so it acts on the constant's remainder alone.
+  int64_t span = int64_t(1) << (base + bits + std::abs(shift));
+  if (sum.multiple >= span) {
+    auto [high, low] = split(span);
+    return materialize(add(high, builder.getIndexAttr(swizzleConstant(low, swizzle))));
+  }
+  // (a) A multiple of 2^base: the low base bits neither are read nor
+  // written by the swizzle, and adding them to a multiple does not carry.
+  if (sum.multiple >= (int64_t(1) << base)) {
+    auto [high, low] = split(int64_t(1) << base);
+    return materialize(add(this->swizzle(materialize(high), swizzle), builder.getIndexAttr(low)));
+  }
+  return this->swizzle(whole(), swizzle);
+}
+
 SmallVector<OpFoldResult> IndexEmitter::leafCoordinates(ValueRange coords,
                                                         ArrayRef<OpFoldResult> shape) {
   if (coords.size() == shape.size())
@@ -169,9 +233,17 @@ SmallVector<OpFoldResult> IndexEmitter::leafCoordinates(ValueRange coords,
 
 Value IndexEmitter::offset(ValueRange coords, const LayoutLeaves &layout) {
   SmallVector<OpFoldResult> leafCoords = leafCoordinates(coords, layout.shape);
-  OpFoldResult sum = layout.offset ? layout.offset : builder.getIndexAttr(0);
+  if (layout.swizzle) {
+    SplitSum sum;
+    accumulate(sum, layout.offset, layout.offsetMultiple);
+    sum.constant += layout.offsetConstant;
+    for (auto [coord, step, multiple] :
+         llvm::zip_equal(leafCoords, layout.stride, layout.strideMultiple))
+      accumulateProduct(sum, coord, step, multiple);
+    return swizzle(sum, layout.swizzle);
+  }
+  OpFoldResult sum = builder.getIndexAttr(0);
   for (auto [coord, step] : llvm::zip_equal(leafCoords, layout.stride))
     sum = add(sum, mul(coord, step));
-  Value result = materialize(sum);
-  return layout.swizzle ? swizzle(result, layout.swizzle) : result;
+  return materialize(sum);
 }

@@ -77,19 +77,35 @@ static TracedTensor traceTensor(OpBuilder &builder, Location loc, Value tensor) 
     IndexEmitter emit(builder, loc);
     TracedTensor result{source.base, source.elementType, {}};
     OpFoldResult fixedOffset = builder.getIndexAttr(0);
+    // Under a swizzle, the offset keeps its constant part apart and what its
+    // dynamic part is a multiple of (for IndexEmitter::swizzle).
+    SplitSum swizzledOffset;
+    if (source.layout.swizzle) {
+      emit.accumulate(swizzledOffset, source.layout.offset, source.layout.offsetMultiple);
+      swizzledOffset.constant += source.layout.offsetConstant;
+    }
     auto coord = slice.getCoord().begin();
-    for (auto [isFixed, extent, step] :
-         llvm::zip_equal(slice.getFixed(), source.layout.shape, source.layout.stride)) {
+    for (auto [isFixed, extent, step, multiple] :
+         llvm::zip_equal(slice.getFixed(), source.layout.shape, source.layout.stride,
+                         source.layout.strideMultiple)) {
+      if (isFixed && source.layout.swizzle) {
+        emit.accumulateProduct(swizzledOffset, *coord++, step, multiple);
+        continue;
+      }
       if (isFixed) {
         fixedOffset = emit.add(fixedOffset, emit.mul(*coord++, step));
         continue;
       }
       result.layout.shape.push_back(extent);
       result.layout.stride.push_back(step);
+      result.layout.strideMultiple.push_back(multiple);
     }
     if (source.layout.swizzle) {
       result.layout.swizzle = source.layout.swizzle;
-      result.layout.offset = emit.add(source.layout.offset, fixedOffset);
+      result.layout.offset =
+          swizzledOffset.dynamic ? swizzledOffset.dynamic : builder.getIndexAttr(0);
+      result.layout.offsetMultiple = swizzledOffset.multiple;
+      result.layout.offsetConstant = swizzledOffset.constant;
     } else {
       result.base = offsetPointer(builder, loc, source.base, source.elementType,
                                   emit.materialize(fixedOffset));
