@@ -84,9 +84,7 @@ FailureOr<SmallVector<OpFoldResult>> mlir::fly::getIntTupleLeaves(Value tuple) {
 
 /// Static leaves, and values defined by constants (copies pass their chunks'
 /// coordinates as arith.constant).
-static std::optional<int64_t> constantOf(OpFoldResult value) {
-  return getConstantIntValue(value);
-}
+static std::optional<int64_t> constantOf(OpFoldResult value) { return getConstantIntValue(value); }
 
 Value IndexEmitter::materialize(OpFoldResult value) {
   if (std::optional<int64_t> constant = constantOf(value))
