@@ -11,7 +11,9 @@ def Fly_MakePtrOp : Fly_Op<"make_ptr", [Pure]> {
   let summary = "types an LLVM pointer with an element type and an alignment";
   let description = [{
     The address spaces must agree. The alignment is a promise made by the
-    caller (the launcher checks kernel arguments against it).
+    caller: the DSL compiles a kernel for the alignment its tensor arguments
+    have (it is part of the specialization), so the promise holds there;
+    hand-written IR launched directly must keep it itself.
 
     ```mlir
     %p = fly.make_ptr %arg0 : !llvm.ptr<1> -> !fly.ptr<f16, global, 16>
