@@ -93,6 +93,9 @@ def torch_dtype_name(torch_dtype, name: str) -> str:
         if dtype is None:
             raise TypeError(f"argument '{name}': unsupported element type {torch_dtype}")
         _TORCH_DTYPES[torch_dtype] = dtype
+        from flydsl.compiler._native import native
+
+        native.runtime._register_dtype(torch_dtype, dtype, _ELEMENT_BYTES[dtype])  # for the native dispatcher
     return dtype
 
 

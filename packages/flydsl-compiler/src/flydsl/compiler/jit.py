@@ -38,9 +38,16 @@ class CompiledKernel:
         self.kernel = kernel
         spec = kernel.specialize(kernel._bind(example_args, example_kwargs))
         self.key = spec.key
-        self._loaded = kernel.loaded(spec)
+        self._loaded = loaded = kernel.loaded(spec)
+        # Its own native dispatcher, holding this specialization only: others take the Python path (and raise).
+        self._dispatcher = kernel.new_dispatcher()
+        self._dispatcher.add(spec.key, loaded.function, loaded.signature, loaded.shared_bytes)
+        self._dispatch = self._dispatcher.launch
+        self._arity = len(kernel.params)
 
     def __call__(self, *args, grid, block, smem: int | None = None, stream=None, cluster=None, **kwargs):
+        if not kwargs and len(args) == self._arity and self._dispatch(args, grid, block, smem, stream, cluster):
+            return
         spec = self.kernel.specialize(self.kernel._bind(args, kwargs))
         if spec.key != self.key:
             raise TypeError(

@@ -24,6 +24,7 @@ from mlir.dialects import gpu
 
 import flydsl.layout as _fl
 from flydsl.compiler import cache, runtime, settings
+from flydsl.compiler._native import native
 from flydsl.compiler.args import describe_tensor, stride_plan, torch_dtype_name
 from flydsl.compiler.ast_rewrite import rewrite_function
 from flydsl.compiler.context import make_context
@@ -106,6 +107,10 @@ class KernelFunction:
         self.params = _classify(fn, typing.get_type_hints(fn))
         self._signature = inspect.signature(fn)
         self._loaded: dict[tuple, _LoadedKernel] = {}
+        self._arity = len(self.params)
+        # The native launch path: every kernel in _loaded is registered with it (see KernelCall.launch).
+        self._dispatcher = self.new_dispatcher()
+        self._dispatch = self._dispatcher.launch
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -113,7 +118,13 @@ class KernelFunction:
         return f"<flyc.kernel {self.name}({', '.join(p.name for p in self.params)})>"
 
     def __call__(self, *args, **kwargs) -> KernelCall:
+        if not kwargs and len(args) == self._arity:
+            return KernelCall(self, args)  # the common case, without binding
         return KernelCall(self, self._bind(args, kwargs))
+
+    def new_dispatcher(self):
+        """A native dispatcher (``runtime.Dispatcher``) for this kernel's parameters, with no kernel registered."""
+        return native.runtime.Dispatcher([_dispatch_param(p) for p in self.params])
 
     def _bind(self, args, kwargs) -> list:
         if not kwargs and len(args) == len(self.params):
@@ -188,6 +199,7 @@ class KernelFunction:
         loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
         if settings.current().cache_enabled:  # FLYDSL_RUNTIME_ENABLE_CACHE=0: every launch compiles again
             self._loaded[spec.key] = loaded
+            self._dispatcher.add(spec.key, loaded.function, loaded.signature, loaded.shared_bytes)
         return loaded
 
     def loaded(self, spec: _Specialization) -> _LoadedKernel:
@@ -237,7 +249,10 @@ class KernelFunction:
     def _parameter_types(self, key: tuple):
         """The MLIR parameter types of the specialization, and how to build each Python argument from them."""
         types, builders = [], []
-        for param, spec in zip(self.params, key, strict=True):
+        # The key has no entry for fx.Stream parameters (they do not specialize the kernel).
+        specs = iter(key)
+        for param in self.params:
+            spec = next(specs) if param.kind != "stream" else None
             if param.kind == "tensor":
                 dtype_name, rank, strides, aligned = spec
                 count = 1 + rank + sum(1 for s in strides if s != 1)
@@ -251,7 +266,29 @@ class KernelFunction:
                 builders.append((lambda values, value=spec[2]: value, 0))
             else:
                 builders.append((lambda values: None, 0))
+        if next(specs, None) is not None:
+            raise ValueError(f"kernel '{self.name}': key {key!r} does not match its parameters")
         return types, builders
+
+
+_INT64_BOUNDS = (-(1 << 63), (1 << 63) - 1)
+
+
+def _dispatch_param(param: _Param) -> tuple:
+    """A parameter as the native dispatcher takes it: (kind, low, high, key entry)."""
+    if param.kind == "tensor":
+        return ("t", 0, 0, None)
+    if param.kind == "numeric":
+        cls = param.numeric
+        if issubclass(cls, Float):
+            return ("f", 0, 0, cls.__name__)
+        if issubclass(cls, Integer):
+            low, high = cls.bounds()  # wider values (UInt64 above 2**63) take the Python path
+            return ("i", max(low, _INT64_BOUNDS[0]), min(high, _INT64_BOUNDS[1]), cls.__name__)
+        return ("i", 1, 0, cls.__name__)  # an empty range: always the Python path, which raises
+    if param.kind == "constexpr":
+        return ("c", 0, 0, None)
+    return ("s", 0, 0, None)
 
 
 def _tensor_builder(dtype_name: str, rank: int, strides: tuple, aligned: bool):
@@ -320,6 +357,7 @@ _current_torch_stream = None
 def _is_torch_tensor(value) -> bool:
     if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr"):
         _TORCH_TENSOR_TYPES.add(type(value))
+        native.runtime._register_tensor_type(type(value))
         return True
     return False
 
@@ -334,6 +372,7 @@ def _default_stream(tensors) -> int:
 
                 # The raw handle, as Triton reads it: current_stream().cuda_stream builds an object per call.
                 _current_torch_stream = torch._C._cuda_getCurrentRawStream
+                native.runtime._register_stream_getter(_current_torch_stream)
             return _current_torch_stream(tensor.get_device())
     return 0
 
@@ -356,10 +395,17 @@ class KernelCall:
         self.kernel = kernel
         self.values = values
 
-    @_user_errors
     def launch(self, grid, block, smem: int | None = None, stream=None, cluster=None) -> None:
         """Launches on ``grid`` x ``block`` (ints or 1-3 ints); ``smem`` defaults to what the kernel's shared
-        buffers need; ``stream`` to the ``fx.Stream`` argument, else the tensors' current stream."""
+        buffers need; ``stream`` to the ``fx.Stream`` argument, else the tensors' current stream.
+
+        One native call when the arguments are torch tensors and numbers of an already loaded specialization;
+        else (first launch, other tensor types, bad arguments) the Python path below."""
+        if not self.kernel._dispatch(self.values, grid, block, smem, stream, cluster):
+            self._launch(grid, block, smem, stream, cluster)
+
+    @_user_errors
+    def _launch(self, grid, block, smem, stream, cluster) -> None:
         kernel = self.kernel
         spec = kernel.specialize(self.values)
         kernel.launch_specialized(kernel.loaded(spec), spec, grid, block, smem, stream, cluster)
