@@ -32,7 +32,7 @@ from flydsl.expr.numeric import (
 )
 from flydsl.expr.params import Constexpr, Stream, const_expr, range_constexpr
 from flydsl.expr.printf import printf
-from flydsl.expr.tensor import SmemAllocator, Tensor, copy, local_partition, local_tile
+from flydsl.expr.tensor import SmemAllocator, SmemPtr, Tensor, copy, local_partition, local_tile
 from flydsl.expr.typing import T
 
 __all__ = [
@@ -77,4 +77,5 @@ __all__ = [
     "local_tile",
     "local_partition",
     "SmemAllocator",
+    "SmemPtr",
 ]

@@ -12,10 +12,10 @@ from mlir import ir
 
 import flydsl.layout as _fl
 from flydsl.expr.layout import as_index, make_layout, static_leaf
-from flydsl.expr.numeric import Boolean, Numeric, as_numeric
+from flydsl.expr.numeric import Boolean, Numeric, Uint8, as_numeric
 from flydsl.layout.leaf import add as _leaf_add
 
-__all__ = ["Tensor", "copy", "local_tile", "local_partition", "SmemAllocator", "fly_layout_type"]
+__all__ = ["Tensor", "copy", "local_tile", "local_partition", "SmemAllocator", "SmemPtr", "fly_layout_type"]
 
 _SPACES = {"generic": 0, "global": 1, "shared": 3, "register": 5}
 
@@ -213,19 +213,117 @@ def local_partition(tensor: Tensor, thread_layout: _fl.Layout, thread_index) -> 
     return tensor.view(divided)[(coord, (None,) * _fl.rank(_fl.get(divided, 1)))]
 
 
+def _as_layout(layout):
+    if isinstance(layout, int):
+        return _fl.Layout(layout)
+    if isinstance(layout, (_fl.Layout, _fl.ComposedLayout)):
+        return layout
+    return make_layout(layout)
+
+
+def _static_cosize(layout) -> int:
+    count = _fl.cosize(layout)
+    if not isinstance(count, int):
+        raise ValueError(f"shared memory needs a static layout, got {layout}")
+    return count
+
+
+def _element_class(dtype) -> type[Numeric]:
+    """A numeric class from a numeric class or an MLIR type (``T.f32``)."""
+    if isinstance(dtype, type) and issubclass(dtype, Numeric):
+        return dtype
+    from flydsl.expr.numeric import _BY_MLIR_NAME
+
+    cls = _BY_MLIR_NAME.get(str(dtype))
+    if cls is None:
+        raise TypeError(f"dtype: expected a FlyDSL numeric type or a scalar MLIR type, got {dtype}")
+    return cls
+
+
+def _view_bytes(base: Tensor, byte_offset: int, dtype, layout, alignment: int | None = None) -> Tensor:
+    """A ``dtype`` view at ``byte_offset`` into a byte buffer (``fly.recast_ptr`` of its pointer)."""
+    dtype = _element_class(dtype)
+    size = max(1, dtype.width // 8)
+    if byte_offset % size:
+        raise ValueError(f"offset: {byte_offset} bytes is not a multiple of the {size}-byte {dtype.__name__}")
+    aligned = min(base.base_alignment, _power_of_two_divisor(byte_offset))
+    alignment = min(alignment or aligned, aligned)
+    if alignment < size:
+        raise ValueError(f"offset: {byte_offset} bytes leaves {dtype.__name__} elements misaligned")
+    pointer_type = ir.Type.parse(f"!fly.ptr<{dtype.mlir_name}, {base.space}, {base.base_alignment}>")
+    pointer = _fly.RecastPtrOp(pointer_type, base.pointer).result
+    return Tensor(
+        pointer, _as_layout(layout), dtype, space=base.space, alignment=base.base_alignment, offset=byte_offset // size
+    )
+
+
 class SmemAllocator:
-    """Shared memory for one kernel: each ``allocate`` is its own buffer, placed by the compiler (``fly.alloc_smem``);
-    the launch's shared-memory size follows."""
+    """Shared memory for one kernel, placed by the compiler (``fly.alloc_smem``); the launch's shared-memory size
+    follows.
+
+    * ``allocate(dtype, layout)``: one buffer per call;
+    * ``allocate_struct(a=(dtype, layout), b=...)``: fields laid out one after another in one block, each aligned
+      (16 bytes by default; ``(dtype, layout, alignment)`` to say more), returned as attributes;
+    * the seed's byte interface: set ``ptr`` to a size in bytes, ``get_base()`` allocates it once, and
+      ``SmemPtr(base, byte_offset, T.f32, shape=(N,)).get()`` views a part of it.
+    """
+
+    def __init__(self, *_seed_args, arch=None, global_sym_name=None):
+        # The seed's arguments (context, arch, symbol name) are accepted; placement is the compiler's job here.
+        del arch, global_sym_name
+        self.ptr = 0
+        self._base: Tensor | None = None
 
     def allocate(self, dtype: type[Numeric], layout, alignment: int = 128) -> Tensor:
         """A shared-memory Tensor of ``dtype`` with ``layout`` (a layout, a shape, or an element count)."""
-        if isinstance(layout, int):
-            layout = _fl.Layout(layout)
-        elif not isinstance(layout, (_fl.Layout, _fl.ComposedLayout)):
-            layout = make_layout(layout)
-        count = _fl.cosize(layout)
-        if not isinstance(count, int):
-            raise ValueError(f"shared memory needs a static layout, got {layout}")
+        dtype = _element_class(dtype)
+        layout = _as_layout(layout)
         pointer_type = ir.Type.parse(f"!fly.ptr<{dtype.mlir_name}, shared, {alignment}>")
-        pointer = _fly.AllocSmemOp(pointer_type, count).result
+        pointer = _fly.AllocSmemOp(pointer_type, _static_cosize(layout)).result
         return Tensor(pointer, layout, dtype, space="shared", alignment=alignment)
+
+    def allocate_struct(self, **fields):
+        """One block holding every field: ``s = smem.allocate_struct(a=(fx.BFloat16, (64, 64)), flag=(fx.Int64, 1))``
+        then ``s.a`` and ``s.flag`` are Tensors. Fields keep their order; each starts at its alignment."""
+        import types as _types
+
+        placed, offset, widest = {}, 0, 16
+        for name, spec in fields.items():
+            dtype, layout, alignment = (*spec, 16)[:3] if isinstance(spec, tuple) else (spec, 1, 16)
+            dtype, layout = _element_class(dtype), _as_layout(layout)
+            offset = -(-offset // alignment) * alignment
+            placed[name] = (dtype, layout, offset, alignment)
+            offset += _static_cosize(layout) * max(1, dtype.width // 8)
+            widest = max(widest, alignment)
+        block = self.allocate(Uint8, offset, alignment=widest)
+        return _types.SimpleNamespace(
+            **{
+                name: _view_bytes(block, start, dtype, layout, alignment)
+                for name, (dtype, layout, start, alignment) in placed.items()
+            }
+        )
+
+    def get_base(self) -> Tensor:
+        """The seed's byte buffer of ``ptr`` bytes (allocated on first call)."""
+        if self._base is None:
+            if not isinstance(self.ptr, int) or self.ptr <= 0:
+                raise ValueError(f"SmemAllocator.ptr: set it to the number of bytes to allocate, got {self.ptr!r}")
+            self._base = self.allocate(Uint8, self.ptr)
+        return self._base
+
+
+class SmemPtr:
+    """The seed's view of part of a shared byte buffer: ``SmemPtr(base, byte_offset, T.f32, shape=(N,)).get()``."""
+
+    def __init__(self, base: Tensor, offset: int, dtype, shape=None):
+        self.base, self.offset, self.dtype, self.shape = base, offset, dtype, shape
+
+    def get(self) -> Tensor:
+        dtype = _element_class(self.dtype)
+        if self.shape is None:
+            available = (_static_cosize(self.base.layout) - self.offset) // max(1, dtype.width // 8)
+            layout = _fl.Layout(available)
+        else:
+            layout = _fl.make_layout(tuple(self.shape))
+        return _view_bytes(self.base, self.offset, dtype, layout)
+
