@@ -54,8 +54,10 @@ def _assigned_names(statements: list[ast.stmt]) -> list[str]:
     return [name for name in names if not name.startswith("__fly_")]
 
 
-def _holds_escape(statements: list[ast.stmt], loop_level: bool) -> bool:
-    """True if a ``return``/``yield`` (anywhere) or a ``break``/``continue`` of this level is in the statements."""
+def _holds_escape(statements: list[ast.stmt]) -> bool:
+    """True if the statements hold a ``return``/``yield`` (at any depth) or a ``break``/``continue`` that is not
+    inside a loop of their own. (In a loop's body such a break leaves that loop; in an ``if``'s body it leaves an
+    enclosing loop: either way the body cannot become a nested function.)"""
 
     def visit(node, in_inner_loop: bool) -> bool:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
@@ -65,10 +67,8 @@ def _holds_escape(statements: list[ast.stmt], loop_level: bool) -> bool:
         if isinstance(node, (ast.Break, ast.Continue)) and not in_inner_loop:
             return True
         inner = in_inner_loop or isinstance(node, (ast.For, ast.While))
-        return any(visit(child, inner and node is not None) for child in ast.iter_child_nodes(node))
+        return any(visit(child, inner) for child in ast.iter_child_nodes(node))
 
-    # For an `if`, a break/continue belongs to an enclosing loop we cannot see: it escapes too.
-    del loop_level
     return any(visit(statement, False) for statement in statements)
 
 
@@ -147,7 +147,7 @@ class _Rewriter(ast.NodeTransformer):
         init = next((k for k in node.iter.keywords if k.arg == "init"), None)
         if init is not None:
             return self._explicit_for(node, init)
-        if _holds_escape(node.body, loop_level=True) or not isinstance(node.target, ast.Name):
+        if _holds_escape(node.body) or not isinstance(node.target, ast.Name):
             return node
         names = [n for n in _assigned_names(node.body) if n != node.target.id]
         body = self._function(self._fresh("for", node), [node.target.id, *names], node.body, names)
@@ -207,7 +207,7 @@ class _Rewriter(ast.NodeTransformer):
     # --- if -------------------------------------------------------------------------------------------------------
     def visit_If(self, node: ast.If):
         self.generic_visit(node)
-        if _is_call_to(node.test, "const_expr") or _holds_escape(node.body + node.orelse, loop_level=False):
+        if _is_call_to(node.test, "const_expr") or _holds_escape(node.body + node.orelse):
             return node
         names = _assigned_names(node.body + node.orelse)
         then_fn = self._function(self._fresh("then", node), names, node.body, names)
@@ -228,7 +228,7 @@ class _Rewriter(ast.NodeTransformer):
     # --- while ----------------------------------------------------------------------------------------------------
     def visit_While(self, node: ast.While):
         self.generic_visit(node)
-        if node.orelse or _holds_escape(node.body, loop_level=True):
+        if node.orelse or _holds_escape(node.body):
             return node
         names = _assigned_names(node.body)
         cond_fn = ast.FunctionDef(
