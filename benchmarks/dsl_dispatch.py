@@ -5,7 +5,9 @@
 1. Dispatch: a trivial ``@flyc.kernel`` with six ``fx.Tensor`` parameters launched from Python with torch tensors
    (argument checks, specialization lookup, torch's current stream, the native launch), 10,000 times back to back,
    host time per call, median of the repeats; next to the launcher alone and the peers (torch ``add_``, a Triton
-   kernel, cuda-bindings) from ``launch_overhead.py``, measured in the same process.
+   kernel, cuda-bindings) from ``launch_overhead.py``, measured in the same process. ``launch`` takes the native
+   path (``runtime.Dispatcher``); the Python path it falls back to (first launches, other tensor types) is timed
+   too, as are the pieces of a launch (``pieces_us``: torch's attribute reads, the current stream, the call).
 2. Cold compile of each example kernel (trace, lower, PTX, ptxas), disk cache bypassed.
 3. First call in a new process whose disk cache holds the kernel: the time of the first ``launch`` after import and
    CUDA context creation (so: cache lookup, module load, launch).
@@ -52,7 +54,64 @@ def _dispatch_cases(torch, tensors):
         for _ in range(n):
             compiled(a, b, c, d, e, f, grid=1, block=32)
 
-    return {"flydsl @kernel(...).launch": kernel_call, "flydsl compile(...) callable": compiled_call}
+    def python_path(n):  # what launch falls back to: specialize, dict lookup, Function.launch
+        for _ in range(n):
+            noop6(a, b, c, d, e, f)._launch(1, 32, None, None, None)
+
+    def dispatcher_alone(n):
+        dispatch, values = noop6._dispatch, (a, b, c, d, e, f)
+        for _ in range(n):
+            dispatch(values, 1, 32, None, None, None)
+
+    return {
+        "flydsl @kernel(...).launch": kernel_call,
+        "flydsl compile(...) callable": compiled_call,
+        "flydsl @kernel Python path (KernelCall._launch)": python_path,
+        "flydsl Dispatcher.launch alone": dispatcher_alone,
+    }
+
+
+def _pieces_us(torch, tensors, calls: int) -> dict:
+    """Host time of the pieces of a launch, without launching (timeit, best of 5)."""
+    import timeit
+
+    a, b, c, d, e, f = tensors
+    getter = torch._C._cuda_getCurrentRawStream
+    statements = {
+        "torch reads x6 (is_cuda, dtype, data_ptr(), shape, stride())": (
+            "for t in ts: t.is_cuda; t.dtype; t.data_ptr(); t.shape; t.stride()"
+        ),
+        "torch stride() x6": "for t in ts: t.stride()",
+        "torch data_ptr() x6": "for t in ts: t.data_ptr()",
+        "current stream (get_device + _cuda_getCurrentRawStream)": "getter(a.get_device())",
+        "KernelCall: noop6(a, b, c, d, e, f)": "noop6(a, b, c, d, e, f)",
+        "specialize (Python)": "noop6.specialize(ts)",
+        "Dispatcher.describe (native, builds the key tuple)": "noop6._dispatcher.describe(ts)",
+        "empty loop": "for t in ts: pass",
+    }
+    prepared = noop6.new_dispatcher()  # a kernel registered without a Function: launch does everything but launch
+    spec = noop6.specialize(list(tensors))
+    prepared.add(spec.key, None, noop6.loaded(spec).signature, 0)
+    statements["Dispatcher.launch without the launch (reads, key, stream, packing)"] = "prepared.launch(ts, 1, 32)"
+    statements["torch is_cuda x6"] = "for t in ts: t.is_cuda"
+    statements["torch dtype x6"] = "for t in ts: t.dtype"
+    statements["torch shape x6"] = "for t in ts: t.shape"
+    names = {
+        "ts": tuple(tensors),
+        "a": a,
+        "getter": getter,
+        "noop6": noop6,
+        "prepared": prepared,
+        "b": b,
+        "c": c,
+        "d": d,
+        "e": e,
+        "f": f,
+    }
+    return {
+        label: min(timeit.repeat(statement, globals=names, number=calls, repeat=5)) / calls * 1e6
+        for label, statement in statements.items()
+    }
 
 
 FIRST_CALL = textwrap.dedent("""
@@ -136,15 +195,30 @@ def main(argv=None) -> int:
         cases.update(launch_overhead._triton_case(tensors))
     except Exception as error:  # noqa: BLE001 - a peer that cannot run is reported
         errors["triton"] = f"{type(error).__name__}: {error}"
-    results = {
-        name: launch_overhead._time_case(loop, args.calls, args.repeats, torch.cuda.synchronize)
-        for name, loop in cases.items()
-    }
+    # Repeats interleaved (each round times every case once), so that drift of the machine (clocks, neighbours)
+    # weighs on every case alike: timed one case after the other, the first cases once read 1.5-2x slow.
+    rounds = [
+        {name: launch_overhead._time_case(loop, args.calls, 1, torch.cuda.synchronize) for name, loop in cases.items()}
+        for _ in range(args.repeats)
+    ]
+    results = {}
+    for name in cases:
+        host = [r[name]["us_per_launch"] for r in rounds]
+        synced = [r[name]["us_per_launch_with_sync"] for r in rounds]
+        results[name] = {
+            "us_per_launch": statistics.median(host),
+            "us_per_launch_with_sync": statistics.median(synced),
+            "repeats_us": host,
+        }
     ours = results["flydsl @kernel(...).launch"]["us_per_launch"]
     width = max(map(len, results))
     print(f"\n{'case':<{width}}  {'us/launch':>9}  {'x ours':>6}")
     for name, r in results.items():
         print(f"{name:<{width}}  {r['us_per_launch']:9.2f}  {r['us_per_launch'] / ours:6.2f}")
+    pieces = _pieces_us(torch, tensors, args.calls)
+    print("\npieces of a launch (no launch), us:")
+    for name, us in pieces.items():
+        print(f"  {us:6.3f}  {name}")
     compile_ms = _compile_times()
     print("\ncold compile (trace + lower + PTX + ptxas), ms:", {k: round(v, 1) for k, v in compile_ms.items()})
     first = _first_call_ms()
@@ -163,6 +237,7 @@ def main(argv=None) -> int:
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
             "dispatch_us": {name: r["us_per_launch"] for name, r in results.items()},
             "dispatch_repeats_us": {name: r["repeats_us"] for name, r in results.items()},
+            "pieces_us": pieces,
             "cold_compile_ms": compile_ms,
             "first_call": first,
             "errors": errors,
