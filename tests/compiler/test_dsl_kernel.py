@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import flydsl.compiler as flyc
@@ -128,3 +130,38 @@ def test_tensor_specs_compile_without_a_gpu_and_specialize_like_tensors():
         flyc.TensorSpec((4,), "complex64")
     with pytest.raises(ValueError, match="strides: expected 2 strides"):
         flyc.TensorSpec((4, 8), strides=(1,))
+
+
+@flyc.kernel
+def row_total(x: fx.Tensor, out: fx.Tensor):
+    row = gpu.block_idx.x
+    acc = fx.Float32(0.0)
+    for j in range(x.shape[1]):
+        acc = acc + x[row, j]
+    out[row] = acc
+
+
+def test_mark_static_compiles_extents_in():
+    x, out = flyc.TensorSpec((4, 8), "f32"), flyc.TensorSpec((4,), "f32")
+    dynamic = row_total.specialize([x, out])
+    static = row_total.specialize([flyc.mark_static(x, dims=(-1,)), out])
+    assert static.key != dynamic.key and static.key[0][4] == (None, 8)
+    assert len(static.launch_args) == len(dynamic.launch_args) - 1  # the marked extent is not passed
+    text = row_total.trace(static.key)
+    assert "!fly.layout<(?,8):(?{div=4},1)>" in text
+    assert re.search(r"arith.constant 8 : index", text)
+    other = row_total.specialize([flyc.mark_static(flyc.TensorSpec((4, 16), "f32"), dims=(1,)), out])
+    assert other.key != static.key  # each value of a static extent is its own binary
+    with pytest.raises(ValueError, match="argument 'x': mark_static dims must be ints in"):
+        row_total.specialize([flyc.mark_static(x, dims=(2,)), out])
+    assert row_total.lower(flyc.mark_static(x), out).kernels == {"row_total": "plpl"}
+
+
+def test_the_default_stream_of_array_interface_tensors_is_the_one_they_name():
+    from flydsl.compiler.args import describe_tensor
+    from flydsl.compiler.kernel import _default_stream
+
+    on_stream = FakeGpuTensor((4,))
+    on_stream.__cuda_array_interface__["stream"] = 0x1234
+    assert _default_stream([describe_tensor(on_stream, "x")]) == 0x1234
+    assert _default_stream([describe_tensor(FakeGpuTensor((4,)), "x")]) == 0

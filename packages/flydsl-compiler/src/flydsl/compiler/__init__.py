@@ -8,7 +8,7 @@ if flyc.runtime.is_available():
 """
 
 from flydsl.compiler import runtime
-from flydsl.compiler.args import TensorSpec
+from flydsl.compiler.args import TensorSpec, mark_static
 from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, FlyError, ToolchainError
 from flydsl.compiler.jit import CompiledKernel, JitFunction, compile, jit
@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CompiledKernel",
     "TensorSpec",
+    "mark_static",
     "JitFunction",
     "KernelCall",
     "KernelFunction",

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TensorArg", "TensorSpec", "describe_tensor", "torch_dtype_name", "stride_plan", "DTYPES"]
+__all__ = [
+    "TensorArg",
+    "TensorSpec",
+    "StaticDims",
+    "mark_static",
+    "describe_tensor",
+    "torch_dtype_name",
+    "stride_plan",
+    "DTYPES",
+]
 
 # numpy typestr / torch dtype name -> FlyDSL element type name (MLIR)
 DTYPES = {
@@ -141,6 +150,24 @@ class TensorSpec:
 
     def __repr__(self):
         return f"TensorSpec({self.shape}, {self.dtype!r}, strides={self.strides})"
+
+
+class StaticDims:
+    """A tensor argument whose extents in ``dims`` are compiled in (``flyc.mark_static``): CuTe's
+    ``mark_layout_dynamic`` the other way round. Each distinct value of those extents is its own binary."""
+
+    __slots__ = ("tensor", "dims")
+
+    def __init__(self, tensor, dims):
+        self.tensor = tensor
+        self.dims = dims
+
+
+def mark_static(tensor, dims=None) -> StaticDims:
+    """Marks ``tensor``'s extents as static for the launch it is passed to: all of them, or those in ``dims``
+    (ints, negative from the end). ``my_kernel(flyc.mark_static(x, dims=(1,)), ...)``: the row length is compiled
+    in, so loops over it unroll and divisions by it fold."""
+    return StaticDims(tensor, "all" if dims is None else tuple(dims))
 
 
 def describe_tensor(obj, name: str) -> TensorArg:

@@ -25,7 +25,7 @@ from mlir.dialects import gpu
 import flydsl.layout as _fl
 from flydsl.compiler import cache, runtime, settings
 from flydsl.compiler._native import native
-from flydsl.compiler.args import describe_tensor, stride_plan, torch_dtype_name
+from flydsl.compiler.args import StaticDims, describe_tensor, stride_plan, torch_dtype_name
 from flydsl.compiler.ast_rewrite import rewrite_function
 from flydsl.compiler.context import make_context
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
@@ -146,6 +146,9 @@ class KernelFunction:
         for param, value in zip(self.params, values, strict=True):
             kind = param.kind
             if kind == "tensor":
+                static = None
+                if type(value) is StaticDims:
+                    static, value = value.dims, value.tensor
                 if type(value) in _TORCH_TENSOR_TYPES or _is_torch_tensor(value):
                     if not value.is_cuda:
                         raise ValueError(f"argument '{param.name}': expected a CUDA tensor, got one on {value.device}")
@@ -162,9 +165,14 @@ class KernelFunction:
                     )
                     tensors.append(described)
                 kinds, passed = stride_plan(strides, dtype)
-                key.append((dtype, len(shape), kinds, not pointer & 15))
                 append(pointer)
-                extend(shape)
+                if static is None:
+                    key.append((dtype, len(shape), kinds, not pointer & 15))
+                    extend(shape)
+                else:  # marked extents are in the key, not in the launch arguments
+                    extents = _static_extents(shape, static, param.name)
+                    key.append((dtype, len(shape), kinds, not pointer & 15, extents))
+                    extend(e for e, fixed in zip(shape, extents, strict=True) if fixed is None)
                 for position in passed:
                     append(strides[position])
             elif kind == "numeric":
@@ -254,11 +262,12 @@ class KernelFunction:
         for param in self.params:
             spec = next(specs) if param.kind != "stream" else None
             if param.kind == "tensor":
-                dtype_name, rank, strides, aligned = spec
-                count = 1 + rank + sum(1 for s in strides if s != 1)
+                dtype_name, rank, strides, aligned, *marked = spec
+                extents = marked[0] if marked else (None,) * rank
+                count = 1 + sum(1 for e in extents if e is None) + sum(1 for s in strides if s != 1)
                 types.append(ir.Type.parse("!llvm.ptr<1>"))
                 types.extend([ir.IntegerType.get_signless(64)] * (count - 1))
-                builders.append((_tensor_builder(dtype_name, rank, strides, aligned), count))
+                builders.append((_tensor_builder(dtype_name, extents, strides, aligned), count))
             elif param.kind == "numeric":
                 types.append(param.numeric.mlir_type())
                 builders.append((lambda values, cls=param.numeric: cls(values[0]), 1))
@@ -291,7 +300,20 @@ def _dispatch_param(param: _Param) -> tuple:
     return ("s", 0, 0, None)
 
 
-def _tensor_builder(dtype_name: str, rank: int, strides: tuple, aligned: bool):
+def _static_extents(shape, dims, name: str) -> tuple:
+    """Per dimension: the extent when ``dims`` marks it static (every one for ``"all"``), else None."""
+    rank = len(shape)
+    if dims == "all":
+        return tuple(shape)
+    marked = set()
+    for d in dims:
+        if not isinstance(d, int) or not -rank <= d < rank:
+            raise ValueError(f"argument '{name}': mark_static dims must be ints in [{-rank}, {rank}), got {d!r}")
+        marked.add(d % rank)
+    return tuple(extent if k in marked else None for k, extent in enumerate(shape))
+
+
+def _tensor_builder(dtype_name: str, extents: tuple, strides: tuple, aligned: bool):
     from flydsl.compiler.dialects import fly
     from flydsl.expr.numeric import _BY_MLIR_NAME
 
@@ -302,13 +324,14 @@ def _tensor_builder(dtype_name: str, rank: int, strides: tuple, aligned: bool):
     def build(values: list[ir.Value]):
         pointer_type = ir.Type.parse(f"!fly.ptr<{dtype.mlir_name}, global, {alignment}>")
         pointer = fly.MakePtrOp(pointer_type, values[0]).result
-        shape = tuple(Index(_to_index(v)) for v in values[1 : 1 + rank])
-        dynamic_strides = iter(values[1 + rank :])
+        dynamic = iter(values[1:])
+        shape = tuple(extent if extent is not None else Index(_to_index(next(dynamic))) for extent in extents)
+        dynamic_strides = dynamic
         stride = tuple(
             1 if kind == 1 else Index(_to_index(next(dynamic_strides)), divisibility=16 // element_bytes if kind else 1)
             for kind in strides
         )
-        layout = _fl.Layout(shape[0], stride[0]) if rank == 1 else _fl.Layout(shape, stride)
+        layout = _fl.Layout(shape[0], stride[0]) if len(extents) == 1 else _fl.Layout(shape, stride)
         return Tensor(pointer, layout, dtype, space="global", alignment=alignment)
 
     return build
@@ -363,7 +386,8 @@ def _is_torch_tensor(value) -> bool:
 
 
 def _default_stream(tensors) -> int:
-    """The current stream of the tensors' framework (torch), else the legacy default stream."""
+    """The current stream of the tensors' framework: torch's, or the stream a ``__cuda_array_interface__`` (v3)
+    names (cupy exports its current one there); else the legacy default stream."""
     global _current_torch_stream
     for tensor in tensors:
         if type(tensor) in _TORCH_TENSOR_TYPES:
@@ -374,6 +398,9 @@ def _default_stream(tensors) -> int:
                 _current_torch_stream = torch._C._cuda_getCurrentRawStream
                 native.runtime._register_stream_getter(_current_torch_stream)
             return _current_torch_stream(tensor.get_device())
+        interface = getattr(tensor.source, "__cuda_array_interface__", None)
+        if interface is not None and interface.get("stream"):
+            return interface["stream"]  # an int handle; 1 and 2 are CUDA's legacy and per-thread streams
     return 0
 
 

@@ -326,4 +326,3 @@ class SmemPtr:
         else:
             layout = _fl.make_layout(tuple(self.shape))
         return _view_bytes(self.base, self.offset, dtype, layout)
-
