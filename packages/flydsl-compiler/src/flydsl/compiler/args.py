@@ -181,9 +181,14 @@ def describe_tensor(obj, name: str) -> TensorArg:
         return TensorArg(obj.pointer, obj.shape, obj.strides, obj.dtype, 0, obj)
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is None:
+        if hasattr(obj, "__dlpack__"):
+            from flydsl.compiler.dlpack import read_dlpack
+
+            pointer, shape, strides, dtype, device = read_dlpack(obj, name)
+            return TensorArg(pointer, shape, strides, dtype, device, obj)
         raise TypeError(
-            f"argument '{name}': expected a GPU tensor (torch, cupy, or an object with __cuda_array_interface__), got"
-            f" {type(obj).__name__}"
+            f"argument '{name}': expected a GPU tensor (torch, cupy, jax, or an object with __cuda_array_interface__"
+            f" or __dlpack__), got {type(obj).__name__}"
         )
     typestr = interface["typestr"]
     dtype = DTYPES.get(typestr[1:])
