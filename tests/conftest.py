@@ -13,6 +13,12 @@ def _gpu_available() -> bool:
     return runtime.is_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-golden", action="store_true", help="rewrite tests/compiler/golden/* from the current compiler"
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     if not any("gpu" in item.keywords for item in items) or _gpu_available():
         return

@@ -1,0 +1,112 @@
+module attributes {gpu.container_module} {
+  gpu.module @tiled_copy_module [#nvvm.target<O = 3, chip = "sm_90a", features = "+ptx80">] {
+    llvm.mlir.global external @__fly_smem() {addr_space = 3 : i32, alignment = 128 : i64} : !llvm.array<0 x i8>
+    gpu.func @tiled_copy(%arg0: !llvm.ptr<1>, %arg1: i64, %arg2: i64, %arg3: i64, %arg4: !llvm.ptr<1>, %arg5: i64, %arg6: i64, %arg7: i64) kernel attributes {fly.smem_bytes = 8192 : i64} {
+      %0 = arith.index_cast %arg1 : i64 to index
+      %1 = arith.index_cast %arg2 : i64 to index
+      %2 = arith.index_cast %arg3 : i64 to index
+      %3 = arith.index_cast %arg5 : i64 to index
+      %4 = arith.index_cast %arg6 : i64 to index
+      %5 = arith.index_cast %arg7 : i64 to index
+      %6 = nvvm.read.ptx.sreg.tid.x : i32
+      %c8_i32 = arith.constant 8 : i32
+      %7 = arith.divsi %6, %c8_i32 : i32
+      %c8_i32_0 = arith.constant 8 : i32
+      %8 = arith.remsi %6, %c8_i32_0 : i32
+      %9 = nvvm.read.ptx.sreg.ctaid.x : i32
+      %10 = nvvm.read.ptx.sreg.ctaid.y : i32
+      %c63 = arith.constant 63 : index
+      %11 = arith.addi %0, %c63 : index
+      %c64 = arith.constant 64 : index
+      %12 = arith.divsi %11, %c64 : index
+      %c64_1 = arith.constant 64 : index
+      %13 = arith.muli %c64_1, %2 : index
+      %c63_2 = arith.constant 63 : index
+      %14 = arith.addi %1, %c63_2 : index
+      %c64_3 = arith.constant 64 : index
+      %15 = arith.divsi %14, %c64_3 : index
+      %16 = arith.index_cast %9 : i32 to index
+      %17 = arith.muli %16, %13 : index
+      %c64_i32 = arith.constant 64 : i32
+      %18 = arith.muli %10, %c64_i32 : i32
+      %19 = arith.index_cast %18 : i32 to index
+      %20 = arith.addi %17, %19 : index
+      %c63_4 = arith.constant 63 : index
+      %21 = arith.addi %3, %c63_4 : index
+      %c64_5 = arith.constant 64 : index
+      %22 = arith.divsi %21, %c64_5 : index
+      %c64_6 = arith.constant 64 : index
+      %23 = arith.muli %c64_6, %5 : index
+      %c63_7 = arith.constant 63 : index
+      %24 = arith.addi %4, %c63_7 : index
+      %c64_8 = arith.constant 64 : index
+      %25 = arith.divsi %24, %c64_8 : index
+      %26 = arith.index_cast %9 : i32 to index
+      %27 = arith.muli %26, %23 : index
+      %c64_i32_9 = arith.constant 64 : i32
+      %28 = arith.muli %10, %c64_i32_9 : i32
+      %29 = arith.index_cast %28 : i32 to index
+      %30 = arith.addi %27, %29 : index
+      %31 = llvm.mlir.addressof @__fly_smem : !llvm.ptr<3>
+      %32 = llvm.getelementptr %31[0] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
+      %33 = arith.index_cast %7 : i32 to index
+      %34 = arith.muli %33, %2 : index
+      %c8_i32_10 = arith.constant 8 : i32
+      %35 = arith.muli %8, %c8_i32_10 : i32
+      %36 = arith.index_cast %35 : i32 to index
+      %37 = arith.addi %34, %36 : index
+      %38 = arith.addi %20, %37 : index
+      %c64_i32_11 = arith.constant 64 : i32
+      %39 = arith.muli %7, %c64_i32_11 : i32
+      %c8_i32_12 = arith.constant 8 : i32
+      %40 = arith.muli %8, %c8_i32_12 : i32
+      %41 = arith.addi %39, %40 : i32
+      %42 = arith.index_cast %41 : i32 to index
+      %43 = arith.index_cast %38 : index to i64
+      %44 = llvm.getelementptr %arg0[%43] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f16
+      %c0 = arith.constant 0 : index
+      %c0_13 = arith.constant 0 : index
+      %45 = arith.index_cast %c0_13 : index to i64
+      %46 = llvm.getelementptr %44[%45] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f16
+      %c448 = arith.constant 448 : index
+      %47 = arith.andi %42, %c448 : index
+      %c3 = arith.constant 3 : index
+      %48 = arith.shrui %47, %c3 : index
+      %49 = arith.xori %42, %48 : index
+      %50 = arith.index_cast %49 : index to i64
+      %51 = llvm.getelementptr %32[%50] : (!llvm.ptr<3>, i64) -> !llvm.ptr<3>, f16
+      %52 = llvm.load %46 {alignment = 16 : i64} : !llvm.ptr<1> -> vector<8xf16>
+      llvm.store %52, %51 {alignment = 16 : i64} : vector<8xf16>, !llvm.ptr<3>
+      gpu.barrier
+      %c64_i32_14 = arith.constant 64 : i32
+      %53 = arith.muli %7, %c64_i32_14 : i32
+      %c8_i32_15 = arith.constant 8 : i32
+      %54 = arith.muli %8, %c8_i32_15 : i32
+      %55 = arith.addi %53, %54 : i32
+      %56 = arith.index_cast %7 : i32 to index
+      %57 = arith.muli %56, %5 : index
+      %c8_i32_16 = arith.constant 8 : i32
+      %58 = arith.muli %8, %c8_i32_16 : i32
+      %59 = arith.index_cast %58 : i32 to index
+      %60 = arith.addi %57, %59 : index
+      %61 = arith.addi %30, %60 : index
+      %62 = arith.index_cast %55 : i32 to index
+      %63 = arith.index_cast %61 : index to i64
+      %64 = llvm.getelementptr %arg4[%63] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f16
+      %c0_17 = arith.constant 0 : index
+      %c448_18 = arith.constant 448 : index
+      %65 = arith.andi %62, %c448_18 : index
+      %c3_19 = arith.constant 3 : index
+      %66 = arith.shrui %65, %c3_19 : index
+      %67 = arith.xori %62, %66 : index
+      %68 = arith.index_cast %67 : index to i64
+      %69 = llvm.getelementptr %32[%68] : (!llvm.ptr<3>, i64) -> !llvm.ptr<3>, f16
+      %c0_20 = arith.constant 0 : index
+      %70 = arith.index_cast %c0_20 : index to i64
+      %71 = llvm.getelementptr %64[%70] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f16
+      %72 = llvm.load %69 {alignment = 16 : i64} : !llvm.ptr<3> -> vector<8xf16>
+      llvm.store %72, %71 {alignment = 16 : i64} : vector<8xf16>, !llvm.ptr<1>
+      gpu.return
+    }
+  }
+}
