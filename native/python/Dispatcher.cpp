@@ -1,0 +1,713 @@
+//===- Dispatcher.cpp - Native launch path of @flyc.kernel ----------------===//
+//
+// Dispatcher: the launch path of a @flyc.kernel in one native call.
+//
+// Built once per kernel from its parameter kinds. `launch(values, grid, block,
+// smem, stream, cluster)` reads torch tensors through the C API (is_cuda,
+// dtype, data_ptr(), shape, stride()), computes the specialization exactly as
+// kernel.py does, finds the loaded kernel among those registered with `add`,
+// packs the launch arguments and launches. Whatever it does not handle (other
+// tensor types, a dtype or tensor type not registered yet, a value kernel.py
+// would reject, a specialization not registered, a stream object it cannot
+// read) returns False with nothing launched and no Python error set: the
+// Python path then does the work, and raises its errors naming the parameter.
+// Only grid/block/cluster errors and driver errors raise here, as they would
+// from Function.launch on the Python path.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Dispatcher.h"
+#include "LaunchArgs.h"
+
+#include <nanobind/stl/string.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace fly::python;
+using fly::runtime::CUstream;
+using fly::runtime::Function;
+
+namespace {
+
+/// What the Python path registers on first sight; strong references kept for
+/// the process (types and dtype objects), so pointer identity is stable.
+struct DispatchRegistry {
+  std::vector<PyObject *> elementNames; // "f32", ...: index = the key's code
+  struct Dtype {
+    PyObject *object;
+    uint8_t element; // index in elementNames
+    uint8_t bytes;
+  };
+  std::vector<Dtype> dtypes;
+  std::vector<PyTypeObject *> tensorTypes;
+  PyObject *streamGetter = nullptr; // torch._C._cuda_getCurrentRawStream(device) -> int
+  PyObject *isCuda = PyUnicode_InternFromString("is_cuda");
+  PyObject *dtype = PyUnicode_InternFromString("dtype");
+  PyObject *dataPtr = PyUnicode_InternFromString("data_ptr");
+  PyObject *shape = PyUnicode_InternFromString("shape");
+  PyObject *stride = PyUnicode_InternFromString("stride");
+  PyObject *getDevice = PyUnicode_InternFromString("get_device");
+  PyObject *cudaStream = PyUnicode_InternFromString("cuda_stream");
+  PyObject *constexprTag = PyUnicode_InternFromString("constexpr");
+};
+
+DispatchRegistry &registry() {
+  static auto *r = new DispatchRegistry; // never destroyed: outlives the interpreter's objects
+  return *r;
+}
+
+constexpr size_t kMaxElementNames = 250;
+constexpr size_t kMaxDtypes = 64;
+constexpr size_t kMaxTensorTypes = 32;
+constexpr size_t kMaxRank = 16;
+constexpr size_t kMaxLaunchValues = 256;
+constexpr size_t kMaxKeyBytes = 512;
+constexpr size_t kMaxConstexprs = 32;
+constexpr size_t kMaxEntries = 256;
+
+/// The index of element type `name` (a str), registered if new; -1 if full.
+int elementIndex(PyObject *name) {
+  auto &names = registry().elementNames;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name || PyUnicode_Compare(names[i], name) == 0)
+      return int(i);
+  if (PyErr_Occurred())
+    raisePending();
+  if (names.size() >= kMaxElementNames)
+    return -1;
+  Py_INCREF(name);
+  names.push_back(name);
+  return int(names.size() - 1);
+}
+
+struct LaunchValue {
+  enum Tag : uint8_t { Int, UInt, Float } tag;
+  union {
+    long long i;
+    unsigned long long u;
+    double d;
+  };
+};
+
+/// One call's arguments as read by the dispatcher (borrowed references).
+struct Described {
+  unsigned char key[kMaxKeyBytes];
+  size_t keyBytes = 0;
+  PyObject *constexprs[kMaxConstexprs];
+  Py_hash_t hashes[kMaxConstexprs];
+  size_t numConstexprs = 0;
+  LaunchValue values[kMaxLaunchValues];
+  size_t numValues = 0;
+  PyObject *streamValue = nullptr; // the fx.Stream parameter's value
+  PyObject *firstTensor = nullptr;
+};
+
+struct DispatchParam {
+  char kind; // 't' tensor, 'i' integer, 'f' float, 'c' constexpr, 's' stream
+  long long low = 0, high = 0;
+  nb::object keyName; // numeric parameters: their entry of the key
+};
+
+struct DispatchEntry {
+  std::vector<unsigned char> key;
+  std::vector<nb::object> constexprs;
+  std::vector<Py_hash_t> hashes;
+  std::unique_ptr<Function> function; // null: registered for tests only
+  std::string signature;
+  unsigned sharedBytes = 0;
+};
+
+/// Calls obj.name() without building a bound method.
+PyObject *callMethod0(PyObject *obj, PyObject *name) {
+  PyObject *args[2] = {nullptr, obj};
+  return PyObject_VectorcallMethod(name, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+}
+
+/// A Python int within long long, else false (no error set).
+bool readLongLong(PyObject *obj, long long &out) {
+  if (!PyLong_Check(obj))
+    return false;
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  if (overflow)
+    return false;
+  out = v;
+  return true;
+}
+
+/// False with the pending error (if any) cleared: the Python path takes over.
+bool decline() {
+  if (PyErr_Occurred())
+    PyErr_Clear();
+  return false;
+}
+
+class Dispatcher {
+public:
+  explicit Dispatcher(nb::handle params) {
+    for (nb::handle item : params) {
+      nb::tuple t = nb::cast<nb::tuple>(item);
+      if (t.size() != 4)
+        throw std::invalid_argument("Dispatcher: each parameter is (kind, low, high, key_name)");
+      std::string kind = nb::cast<std::string>(t[0]);
+      if (kind.size() != 1 || std::string("tifcs").find(kind[0]) == std::string::npos)
+        throw std::invalid_argument("Dispatcher: kind must be one of t, i, f, c, s; got '" + kind +
+                                    "'");
+      DispatchParam p;
+      p.kind = kind[0];
+      p.low = nb::cast<long long>(t[1]);
+      p.high = nb::cast<long long>(t[2]);
+      p.keyName = nb::borrow(t[3]);
+      params_.push_back(std::move(p));
+    }
+  }
+
+  /// Reads `values`; false where the Python path must take over.
+  bool describe(PyObject *values, Described &d) const {
+    if (!PyTuple_Check(values) && !PyList_Check(values))
+      return false;
+    if (size_t(PySequence_Fast_GET_SIZE(values)) != params_.size())
+      return false;
+    PyObject **items = PySequence_Fast_ITEMS(values);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const DispatchParam &p = params_[i];
+      PyObject *v = items[i];
+      switch (p.kind) {
+      case 't':
+        if (!describeTensor(v, d))
+          return decline();
+        break;
+      case 'i': {
+        long long x;
+        if (!readLongLong(v, x) || x < p.low || x > p.high || d.numValues >= kMaxLaunchValues)
+          return decline();
+        LaunchValue &out = d.values[d.numValues++];
+        out.tag = LaunchValue::Int;
+        out.i = x;
+        break;
+      }
+      case 'f': {
+        double x;
+        if (PyFloat_CheckExact(v)) {
+          x = PyFloat_AS_DOUBLE(v);
+        } else if (PyLong_Check(v) && !PyBool_Check(v)) {
+          x = PyLong_AsDouble(v);
+          if (x == -1.0 && PyErr_Occurred())
+            return decline();
+        } else if (PyFloat_Check(v)) {
+          nb::object f = nb::steal(PyNumber_Float(v)); // float(value), as kernel.py
+          if (!f.is_valid() || !PyFloat_Check(f.ptr()))
+            return decline();
+          x = PyFloat_AS_DOUBLE(f.ptr());
+        } else {
+          return false;
+        }
+        if (d.numValues >= kMaxLaunchValues)
+          return false;
+        LaunchValue &out = d.values[d.numValues++];
+        out.tag = LaunchValue::Float;
+        out.d = x;
+        break;
+      }
+      case 'c': {
+        Py_hash_t h = PyObject_Hash(v);
+        if (h == -1 && PyErr_Occurred())
+          return decline();
+        if (d.numConstexprs >= kMaxConstexprs)
+          return false;
+        d.constexprs[d.numConstexprs] = v;
+        d.hashes[d.numConstexprs++] = h;
+        break;
+      }
+      default: // 's'
+        d.streamValue = v;
+      }
+    }
+    return true;
+  }
+
+  /// The registered entry for `d`, or null.
+  std::shared_ptr<DispatchEntry> find(const Described &d) {
+    size_t n = entries_.size();
+    if (last_ < n && matches(*entries_[last_], d))
+      return entries_[last_];
+    for (size_t i = 0; i < n; ++i)
+      if (i != last_ && matches(*entries_[i], d)) {
+        last_ = i;
+        return entries_[i];
+      }
+    return nullptr;
+  }
+
+  /// The kernel.py key (a tuple) of `d`.
+  nb::object pythonKey(const Described &d) const {
+    auto &names = registry().elementNames;
+    nb::list key;
+    size_t offset = 0, constexprIndex = 0;
+    for (const DispatchParam &p : params_) {
+      switch (p.kind) {
+      case 't': {
+        unsigned element = d.key[offset], rank = d.key[offset + 1];
+        bool aligned = d.key[offset + 2];
+        nb::list kinds;
+        for (unsigned r = 0; r < rank; ++r)
+          kinds.append(int(d.key[offset + 3 + r]));
+        key.append(nb::make_tuple(nb::handle(names[element]), rank, nb::tuple(kinds), aligned));
+        offset += 3 + rank;
+        break;
+      }
+      case 'i':
+      case 'f':
+        key.append(p.keyName);
+        break;
+      case 'c': {
+        PyObject *v = d.constexprs[constexprIndex++];
+        nb::object typeName =
+            nb::steal(PyObject_GetAttrString(reinterpret_cast<PyObject *>(Py_TYPE(v)), "__name__"));
+        if (!typeName.is_valid())
+          raisePending();
+        key.append(nb::make_tuple(nb::handle(registry().constexprTag), typeName, nb::handle(v)));
+        break;
+      }
+      default:
+        break;
+      }
+    }
+    return nb::tuple(key);
+  }
+
+  /// Registers a kernel.py key's loaded kernel; false if the key cannot be
+  /// matched natively (or the table is full).
+  bool add(nb::handle key, nb::handle function, const std::string &signature,
+           unsigned sharedBytes) {
+    if (!PyTuple_Check(key.ptr()))
+      return false;
+    auto entry = std::make_shared<DispatchEntry>();
+    size_t item = 0, count = size_t(PyTuple_GET_SIZE(key.ptr()));
+    for (const DispatchParam &p : params_) {
+      if (p.kind == 's')
+        continue;
+      if (item >= count)
+        return false;
+      PyObject *part = PyTuple_GET_ITEM(key.ptr(), item++);
+      if (p.kind == 't') {
+        if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 4 ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(part, 0)))
+          return false;
+        int element = elementIndex(PyTuple_GET_ITEM(part, 0));
+        long long rank;
+        PyObject *kinds = PyTuple_GET_ITEM(part, 2);
+        if (element < 0 || !readLongLong(PyTuple_GET_ITEM(part, 1), rank) || rank < 0 ||
+            size_t(rank) > kMaxRank || !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != rank)
+          return decline();
+        entry->key.push_back(uint8_t(element));
+        entry->key.push_back(uint8_t(rank));
+        entry->key.push_back(PyObject_IsTrue(PyTuple_GET_ITEM(part, 3)) == 1);
+        for (long long r = 0; r < rank; ++r) {
+          long long kind;
+          if (!readLongLong(PyTuple_GET_ITEM(kinds, r), kind) ||
+              (kind != 0 && kind != 1 && kind != 16))
+            return decline();
+          entry->key.push_back(uint8_t(kind));
+        }
+      } else if (p.kind == 'c') {
+        if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 3)
+          return false;
+        PyObject *v = PyTuple_GET_ITEM(part, 2);
+        Py_hash_t h = PyObject_Hash(v);
+        if (h == -1 && PyErr_Occurred())
+          return decline();
+        entry->constexprs.push_back(nb::borrow(v));
+        entry->hashes.push_back(h);
+      }
+    }
+    if (item != count || entry->key.size() > kMaxKeyBytes)
+      return false;
+    if (!function.is_none())
+      entry->function = std::make_unique<Function>(nb::cast<const Function &>(function));
+    entry->signature = signature;
+    entry->sharedBytes = sharedBytes;
+    for (auto &existing : entries_)
+      if (existing->key == entry->key && sameConstexprs(*existing, *entry)) {
+        existing = std::move(entry); // a reload replaces the kernel
+        return true;
+      }
+    if (entries_.size() >= kMaxEntries)
+      return false;
+    entries_.push_back(std::move(entry));
+    return true;
+  }
+
+  /// Everything a launch needs, short of grid/block/cluster; false: decline.
+  bool prepare(PyObject *values, PyObject *smem, PyObject *stream, Described &d,
+               std::shared_ptr<DispatchEntry> &entry, unsigned &shared, CUstream &handle,
+               uint64_t *slots) {
+    if (!describe(values, d))
+      return false;
+    entry = find(d);
+    if (!entry)
+      return decline();
+    if (smem == Py_None) {
+      shared = entry->sharedBytes;
+    } else {
+      long long s;
+      if (!PyLong_CheckExact(smem) || !readLongLong(smem, s) || s < (long long)entry->sharedBytes ||
+          s > (long long)UINT32_MAX)
+        return false;
+      shared = unsigned(s);
+    }
+    if (!resolveStream(stream, d, handle))
+      return decline();
+    return pack(d, entry->signature, slots);
+  }
+
+  bool launch(nb::handle values, nb::handle grid, nb::handle block, nb::handle smem,
+              nb::handle stream, nb::handle cluster) {
+    Described d;
+    std::shared_ptr<DispatchEntry> entry;
+    unsigned shared = 0;
+    CUstream handle = nullptr;
+    uint64_t slots[kMaxLaunchValues];
+    if (!prepare(values.ptr(), smem.ptr(), stream.ptr(), d, entry, shared, handle, slots) ||
+        !entry->function)
+      return false;
+    void *params[kMaxLaunchValues];
+    for (size_t i = 0; i < d.numValues; ++i)
+      params[i] = &slots[i];
+    unsigned g[3], b[3], c[3];
+    bool hasCluster = false;
+    parseConfig(grid.ptr(), block.ptr(), cluster.ptr(), g, b, c, hasCluster);
+    entry->function->launch(g, b, params, shared, handle, hasCluster ? c : nullptr);
+    return true;
+  }
+
+  /// Test hook: what `launch` would pass to the driver, or None where it declines.
+  nb::object dryRun(nb::handle values, nb::handle grid, nb::handle block, nb::handle smem,
+                    nb::handle stream, nb::handle cluster) {
+    Described d;
+    std::shared_ptr<DispatchEntry> entry;
+    unsigned shared = 0;
+    CUstream handle = nullptr;
+    uint64_t slots[kMaxLaunchValues];
+    if (!prepare(values.ptr(), smem.ptr(), stream.ptr(), d, entry, shared, handle, slots))
+      return nb::none();
+    unsigned g[3], b[3], c[3];
+    bool hasCluster = false;
+    parseConfig(grid.ptr(), block.ptr(), cluster.ptr(), g, b, c, hasCluster);
+    nb::dict out;
+    out["grid"] = dimsTuple(g);
+    out["block"] = dimsTuple(b);
+    out["cluster"] = hasCluster ? nb::object(dimsTuple(c)) : nb::none();
+    out["shared_mem"] = shared;
+    out["stream"] = uint64_t(reinterpret_cast<uintptr_t>(handle));
+    out["params"] = nb::bytes(reinterpret_cast<const char *>(slots), d.numValues * kSlotBytes);
+    out["key"] = pythonKey(d);
+    return out;
+  }
+
+  /// (key, launch arguments) as kernel.py's specialize computes them, or None.
+  nb::object describeArguments(nb::handle values) {
+    Described d;
+    if (!describe(values.ptr(), d))
+      return nb::none();
+    nb::list args;
+    for (size_t i = 0; i < d.numValues; ++i) {
+      const LaunchValue &v = d.values[i];
+      if (v.tag == LaunchValue::Float)
+        args.append(nb::float_(v.d));
+      else if (v.tag == LaunchValue::UInt)
+        args.append(nb::steal(PyLong_FromUnsignedLongLong(v.u)));
+      else
+        args.append(nb::steal(PyLong_FromLongLong(v.i)));
+    }
+    return nb::make_tuple(pythonKey(d), args);
+  }
+
+  size_t size() const { return entries_.size(); }
+  void clear() {
+    entries_.clear();
+    last_ = 0;
+  }
+
+private:
+  bool describeTensor(PyObject *obj, Described &d) const {
+    DispatchRegistry &reg = registry();
+    PyTypeObject *type = Py_TYPE(obj);
+    bool known = false;
+    for (PyTypeObject *t : reg.tensorTypes)
+      known |= t == type;
+    if (!known)
+      return false;
+    nb::object isCuda = nb::steal(PyObject_GetAttr(obj, reg.isCuda));
+    if (isCuda.ptr() != Py_True)
+      return false;
+    nb::object dtype = nb::steal(PyObject_GetAttr(obj, reg.dtype));
+    const DispatchRegistry::Dtype *found = nullptr;
+    for (const auto &entry : reg.dtypes)
+      if (entry.object == dtype.ptr())
+        found = &entry;
+    if (!found)
+      return false;
+    nb::object pointerObj = nb::steal(callMethod0(obj, reg.dataPtr));
+    if (!pointerObj.is_valid() || !PyLong_Check(pointerObj.ptr()))
+      return false;
+    unsigned long long pointer = PyLong_AsUnsignedLongLong(pointerObj.ptr());
+    if (pointer == (unsigned long long)-1 && PyErr_Occurred())
+      return false;
+    nb::object shape = nb::steal(PyObject_GetAttr(obj, reg.shape));
+    if (!shape.is_valid() || !PyTuple_Check(shape.ptr()))
+      return false;
+    size_t rank = size_t(PyTuple_GET_SIZE(shape.ptr()));
+    nb::object strides = nb::steal(callMethod0(obj, reg.stride));
+    if (!strides.is_valid() || !PyTuple_Check(strides.ptr()) ||
+        size_t(PyTuple_GET_SIZE(strides.ptr())) != rank || rank > kMaxRank ||
+        d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues)
+      return false;
+
+    unsigned char *key = d.key + d.keyBytes;
+    key[0] = found->element;
+    key[1] = uint8_t(rank);
+    key[2] = (pointer & 15) == 0;
+    LaunchValue *out = d.values + d.numValues;
+    out->tag = LaunchValue::UInt;
+    out->u = pointer;
+    ++out;
+    for (size_t r = 0; r < rank; ++r, ++out) {
+      out->tag = LaunchValue::Int;
+      if (!readLongLong(PyTuple_GET_ITEM(shape.ptr(), r), out->i))
+        return false;
+    }
+    long long per16Bytes = found->bytes >= 16 ? 1 : 16 / found->bytes;
+    for (size_t r = 0; r < rank; ++r) {
+      long long s;
+      if (!readLongLong(PyTuple_GET_ITEM(strides.ptr(), r), s))
+        return false;
+      uint8_t kind = s == 1 ? 1 : (s % per16Bytes == 0 ? 16 : 0);
+      key[3 + r] = kind;
+      if (kind != 1) {
+        out->tag = LaunchValue::Int;
+        out->i = s;
+        ++out;
+      }
+    }
+    d.keyBytes += 3 + rank;
+    d.numValues = size_t(out - d.values);
+    if (!d.firstTensor)
+      d.firstTensor = obj;
+    return true;
+  }
+
+  static bool sameConstexprs(const DispatchEntry &a, const DispatchEntry &b) {
+    for (size_t i = 0; i < a.constexprs.size(); ++i) {
+      PyObject *x = a.constexprs[i].ptr(), *y = b.constexprs[i].ptr();
+      if (x == y)
+        continue;
+      if (Py_TYPE(x) != Py_TYPE(y) || a.hashes[i] != b.hashes[i])
+        return false;
+      int eq = PyObject_RichCompareBool(x, y, Py_EQ);
+      if (eq != 1)
+        return decline();
+    }
+    return true;
+  }
+
+  static bool matches(const DispatchEntry &e, const Described &d) {
+    if (e.key.size() != d.keyBytes || std::memcmp(e.key.data(), d.key, d.keyBytes) != 0 ||
+        e.constexprs.size() != d.numConstexprs)
+      return false;
+    for (size_t i = 0; i < d.numConstexprs; ++i) {
+      PyObject *x = e.constexprs[i].ptr(), *y = d.constexprs[i];
+      if (x == y)
+        continue;
+      if (Py_TYPE(x) != Py_TYPE(y) || e.hashes[i] != d.hashes[i])
+        return false;
+      int eq = PyObject_RichCompareBool(x, y, Py_EQ);
+      if (eq != 1)
+        return decline();
+    }
+    return true;
+  }
+
+  /// The stream as kernel.py picks it: the launch's, else the fx.Stream
+  /// argument, else the first tensor's current torch stream.
+  static bool resolveStream(PyObject *stream, const Described &d, CUstream &out) {
+    DispatchRegistry &reg = registry();
+    PyObject *chosen = stream != Py_None ? stream : d.streamValue;
+    nb::object handle;
+    if (chosen && chosen != Py_None) {
+      if (PyLong_CheckExact(chosen)) {
+        handle = nb::borrow(chosen);
+      } else {
+        handle = nb::steal(PyObject_GetAttr(chosen, reg.cudaStream));
+        if (!handle.is_valid() || !PyLong_CheckExact(handle.ptr()))
+          return false;
+      }
+    } else if (!d.firstTensor) {
+      out = nullptr; // no tensor: the legacy default stream
+      return true;
+    } else {
+      if (!reg.streamGetter)
+        return false;
+      nb::object device = nb::steal(callMethod0(d.firstTensor, reg.getDevice));
+      if (!device.is_valid())
+        return false;
+      handle = nb::steal(PyObject_CallOneArg(reg.streamGetter, device.ptr()));
+      if (!handle.is_valid() || !PyLong_Check(handle.ptr()))
+        return false;
+    }
+    unsigned long long h = PyLong_AsUnsignedLongLong(handle.ptr());
+    if (h == (unsigned long long)-1 && PyErr_Occurred())
+      return false;
+    out = reinterpret_cast<CUstream>(uintptr_t(h));
+    return true;
+  }
+
+  /// Packs the values as Function.launch would pack them for `sig`; false
+  /// where it would raise (the Python path then raises it).
+  static bool pack(const Described &d, const std::string &sig, uint64_t *slots) {
+    if (sig.size() != d.numValues)
+      return false;
+    for (size_t i = 0; i < d.numValues; ++i) {
+      const LaunchValue &v = d.values[i];
+      uint64_t *slot = &slots[i];
+      *slot = 0;
+      bool isInt = v.tag != LaunchValue::Float;
+      bool negative = v.tag == LaunchValue::Int && v.i < 0;
+      unsigned long long asUnsigned = v.tag == LaunchValue::UInt ? v.u : (unsigned long long)v.i;
+      switch (sig[i]) {
+      case 'p':
+      case 'L':
+        if (!isInt || negative)
+          return false;
+        std::memcpy(slot, &asUnsigned, sizeof(asUnsigned));
+        break;
+      case 'l': {
+        if (!isInt || (v.tag == LaunchValue::UInt && v.u > (unsigned long long)INT64_MAX))
+          return false;
+        long long s = (long long)asUnsigned;
+        std::memcpy(slot, &s, sizeof(s));
+        break;
+      }
+      case 'i': {
+        long long s = (long long)asUnsigned;
+        if (!isInt || (v.tag == LaunchValue::UInt && v.u > INT32_MAX) || s < INT32_MIN ||
+            s > INT32_MAX)
+          return false;
+        int32_t x = int32_t(s);
+        std::memcpy(slot, &x, sizeof(x));
+        break;
+      }
+      case 'I': {
+        if (!isInt || negative || asUnsigned > UINT32_MAX)
+          return false;
+        uint32_t x = uint32_t(asUnsigned);
+        std::memcpy(slot, &x, sizeof(x));
+        break;
+      }
+      case 'f': {
+        if (isInt)
+          return false;
+        float f = float(v.d);
+        if (std::isinf(f) && std::isfinite(v.d))
+          return false;
+        std::memcpy(slot, &f, sizeof(f));
+        break;
+      }
+      case 'd':
+        if (isInt)
+          return false;
+        std::memcpy(slot, &v.d, sizeof(v.d));
+        break;
+      default:
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::vector<DispatchParam> params_;
+  std::vector<std::shared_ptr<DispatchEntry>> entries_;
+  size_t last_ = 0;
+};
+
+void registerTensorType(nb::handle type) {
+  if (!PyType_Check(type.ptr()))
+    throw nb::type_error("expected a type");
+  auto &types = registry().tensorTypes;
+  auto *t = reinterpret_cast<PyTypeObject *>(type.ptr());
+  for (PyTypeObject *known : types)
+    if (known == t)
+      return;
+  if (types.size() >= kMaxTensorTypes)
+    return;
+  Py_INCREF(t);
+  types.push_back(t);
+}
+
+void registerDtype(nb::handle dtype, nb::handle name, int bytes) {
+  if (!PyUnicode_Check(name.ptr()))
+    throw nb::type_error("name: expected a str");
+  if (bytes < 1 || bytes > 255)
+    throw std::invalid_argument("bytes: expected 1 to 255");
+  auto &reg = registry();
+  for (const auto &entry : reg.dtypes)
+    if (entry.object == dtype.ptr())
+      return;
+  int element = elementIndex(name.ptr());
+  if (element < 0 || reg.dtypes.size() >= kMaxDtypes)
+    return;
+  Py_INCREF(dtype.ptr());
+  reg.dtypes.push_back({dtype.ptr(), uint8_t(element), uint8_t(bytes)});
+}
+
+void registerStreamGetter(nb::handle getter) {
+  auto &reg = registry();
+  Py_XINCREF(getter.ptr());
+  Py_XDECREF(reg.streamGetter);
+  reg.streamGetter = getter.is_none() ? nullptr : getter.ptr();
+}
+
+} // namespace
+
+void fly::python::bindDispatcher(nb::module_ &rt) {
+  rt.def("_register_tensor_type", &registerTensorType, "type"_a,
+         "Dispatcher: instances of this type are torch tensors (is_cuda, dtype, data_ptr(), "
+         "shape, stride(), get_device()).");
+  rt.def("_register_dtype", &registerDtype, "dtype"_a, "name"_a, "bytes"_a,
+         "Dispatcher: a torch dtype object's element type name and size.");
+  rt.def("_register_stream_getter", &registerStreamGetter, "getter"_a.none(),
+         "Dispatcher: getter(device) -> the raw handle of the device's current torch stream.");
+  nb::class_<Dispatcher>(
+      rt, "Dispatcher",
+      "The launch path of one @flyc.kernel in one call: reads torch tensors and numbers, "
+      "computes the specialization key, finds the kernel registered for it and launches; "
+      "returns False (nothing launched, no error) wherever the Python path must take over.")
+      .def(nb::init<nb::handle>(), "params"_a,
+           "params: per parameter (kind, low, high, key_name): kind t tensor, i integer "
+           "(low..high), f float, c constexpr, s stream; key_name is a numeric's key entry.")
+      .def("launch", &Dispatcher::launch, "values"_a.none(), "grid"_a.none(), "block"_a.none(),
+           "smem"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+           "cluster"_a.none() = nb::none())
+      .def("add", &Dispatcher::add, "key"_a.none(), "function"_a.none(), "signature"_a,
+           "shared_bytes"_a,
+           "Registers the loaded kernel of a specialization key (function None: tests only); "
+           "False where the key cannot be matched natively.")
+      .def("describe", &Dispatcher::describeArguments, "values"_a.none(),
+           "(key, launch arguments) as the Python specialization computes them, or None.")
+      .def("_dry_run", &Dispatcher::dryRun, "values"_a.none(), "grid"_a.none(), "block"_a.none(),
+           "smem"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+           "cluster"_a.none() = nb::none(),
+           "Test hook: what launch would pass to the driver (a dict), or None.")
+      .def("clear", &Dispatcher::clear)
+      .def("__len__", &Dispatcher::size);
+}
