@@ -9,46 +9,10 @@ import re
 
 from mlir import ir
 
-from flydsl.expr.numeric import (
-    BFloat16,
-    Boolean,
-    Float8E4M3FN,
-    Float8E5M2,
-    Float16,
-    Float32,
-    Float64,
-    Index,
-    Int8,
-    Int16,
-    Int32,
-    Int64,
-    Numeric,
-    Uint8,
-    Uint16,
-    Uint32,
-    Uint64,
-)
+from flydsl.expr import numeric as _numeric
+from flydsl.expr.numeric import *  # noqa: F403 - the seed imports the numeric types from here (Int32, Float32...)
 
-__all__ = [
-    "T",
-    "Numeric",
-    "Boolean",
-    "Int8",
-    "Int16",
-    "Int32",
-    "Int64",
-    "Uint8",
-    "Uint16",
-    "Uint32",
-    "Uint64",
-    "Index",
-    "Float16",
-    "BFloat16",
-    "Float32",
-    "Float64",
-    "Float8E4M3FN",
-    "Float8E5M2",
-]
+__all__ = ["T", *_numeric.__all__]
 
 _SCALARS = {
     "i1": "i1",
