@@ -215,3 +215,18 @@ def test_a_traced_kernel_gets_its_launch_signature():
 
     module = k.lower(FakeGpuTensor((4,)), 1)
     assert module.kernels == {"k": "pli"}  # x: pointer and extent; n: i32
+
+
+def _clamp_to(v, limit):
+    if v > limit:  # a helper's own condition on a kernel value: traced as scf.if too
+        v = limit
+    return v
+
+
+def test_helpers_with_control_flow_are_rewritten_when_called():
+    @flyc.kernel
+    def k(x: fx.Tensor):
+        x[0] = _clamp_to(x[1], fx.Float32(1.0))
+
+    text = _trace(k)
+    assert "scf.if" in text and re.search(r'loc\(".*test_dsl_control_flow.py":\d+:0\)', text)

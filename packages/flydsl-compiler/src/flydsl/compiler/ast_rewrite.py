@@ -262,6 +262,24 @@ def _locate_tree(tree: ast.AST, origin: ast.AST) -> None:
             ast.copy_location(node, origin)
 
 
+class _CallRouter(ast.NodeTransformer):
+    """``helper(...)`` -> ``__fly_cf.call(helper, ...)``: user functions a kernel calls by name get the same
+    rewrite when they are called (so a helper's own ``if``/``for`` on kernel values becomes ``scf`` too)."""
+
+    _KEEP = {"range", "range_constexpr", "const_expr", "locals", "isinstance", "len", "print", "super"}
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        if not isinstance(node.func, ast.Name) or node.func.id in self._KEEP or node.func.id.startswith("__fly_"):
+            return node
+        routed = ast.Call(
+            func=ast.Attribute(value=ast.Name(id=HELPERS, ctx=ast.Load()), attr="call", ctx=ast.Load()),
+            args=[node.func, *node.args],
+            keywords=node.keywords,
+        )
+        return ast.copy_location(routed, node)
+
+
 _COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.While, ast.If, ast.With, ast.Try)
 
 
@@ -306,6 +324,7 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
     function.decorator_list = []
     function.body = [_Rewriter().visit(s) for s in function.body]
     function.body = [s for item in function.body for s in (item if isinstance(item, list) else [item])]
+    function.body = [_CallRouter().visit(s) for s in function.body]
     # Statement positions must be final (the control-flow rewrite adds functions) before they get locations.
     ast.fix_missing_locations(function)
     ast.increment_lineno(function, first_line - 1)

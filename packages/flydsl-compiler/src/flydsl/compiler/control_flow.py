@@ -8,12 +8,36 @@ value, or a result of the ``scf.if``); a name first bound inside a dynamic body 
 
 from __future__ import annotations
 
+import types
+
 from mlir import ir
 from mlir.dialects import scf
 
 from flydsl.expr.numeric import Boolean, Index, Integer, Numeric, as_numeric
 
-__all__ = ["UNDEFINED", "lookup", "at_line", "for_range", "for_range_explicit", "if_else", "while_loop"]
+__all__ = ["UNDEFINED", "lookup", "call", "at_line", "for_range", "for_range_explicit", "if_else", "while_loop"]
+
+
+_INTERNAL_MODULES = ("flydsl.compiler", "flydsl.expr", "flydsl.layout", "mlir")
+_rewritten_helpers: dict = {}
+
+
+def call(function, *args, **kwargs):
+    """A call from a kernel: user functions run rewritten (their control flow traced like the kernel's), anything
+    else (FlyDSL's own functions, builtins, classes, methods) runs as it is."""
+    if type(function) is types.FunctionType and not getattr(function, "__fly_rewritten__", False):
+        if not (function.__module__ or "").startswith(_INTERNAL_MODULES):
+            rewritten = _rewritten_helpers.get(function)
+            if rewritten is None:
+                from flydsl.compiler.ast_rewrite import RewriteError, rewrite_function
+
+                try:
+                    rewritten = rewrite_function(function)
+                except (RewriteError, SyntaxError):  # a lambda, or no source: run it as it is
+                    rewritten = function
+                _rewritten_helpers[function] = rewritten
+            function = rewritten
+    return function(*args, **kwargs)
 
 
 def at_line(filename: str, line: int) -> ir.Location:
