@@ -507,17 +507,20 @@ private:
     return true;
   }
 
+  /// Constexpr values match as Python dicts match keys: same object, else same type, hash and ==
+  /// (an == that raises or is not a plain True declines, leaving the launch to Python).
+  static bool sameConstexpr(PyObject *x, Py_hash_t hx, PyObject *y, Py_hash_t hy) {
+    if (x == y)
+      return true;
+    if (Py_TYPE(x) != Py_TYPE(y) || hx != hy)
+      return false;
+    return PyObject_RichCompareBool(x, y, Py_EQ) == 1 || decline();
+  }
+
   static bool sameConstexprs(const DispatchEntry &a, const DispatchEntry &b) {
-    for (size_t i = 0; i < a.constexprs.size(); ++i) {
-      PyObject *x = a.constexprs[i].ptr(), *y = b.constexprs[i].ptr();
-      if (x == y)
-        continue;
-      if (Py_TYPE(x) != Py_TYPE(y) || a.hashes[i] != b.hashes[i])
+    for (size_t i = 0; i < a.constexprs.size(); ++i)
+      if (!sameConstexpr(a.constexprs[i].ptr(), a.hashes[i], b.constexprs[i].ptr(), b.hashes[i]))
         return false;
-      int eq = PyObject_RichCompareBool(x, y, Py_EQ);
-      if (eq != 1)
-        return decline();
-    }
     return true;
   }
 
@@ -525,16 +528,9 @@ private:
     if (e.key.size() != d.keyBytes || std::memcmp(e.key.data(), d.key, d.keyBytes) != 0 ||
         e.constexprs.size() != d.numConstexprs)
       return false;
-    for (size_t i = 0; i < d.numConstexprs; ++i) {
-      PyObject *x = e.constexprs[i].ptr(), *y = d.constexprs[i];
-      if (x == y)
-        continue;
-      if (Py_TYPE(x) != Py_TYPE(y) || e.hashes[i] != d.hashes[i])
+    for (size_t i = 0; i < d.numConstexprs; ++i)
+      if (!sameConstexpr(e.constexprs[i].ptr(), e.hashes[i], d.constexprs[i], d.hashes[i]))
         return false;
-      int eq = PyObject_RichCompareBool(x, y, Py_EQ);
-      if (eq != 1)
-        return decline();
-    }
     return true;
   }
 

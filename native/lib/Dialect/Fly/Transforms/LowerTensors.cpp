@@ -133,14 +133,23 @@ static unsigned elementAlignment(Type elementType) {
   return std::max<unsigned>(1, elementType.getIntOrFloatBitWidth() / 8);
 }
 
+/// The address of the element an access op names (load, store, element_address all have
+/// getTensor/getCoord), or failure before any IR is emitted.
+template <typename OpTy>
+static FailureOr<Value> accessAddress(OpTy op, PatternRewriter &rewriter) {
+  if (!isTraceable(op.getTensor()))
+    return rewriter.notifyMatchFailure(op, kUntraceable);
+  TracedTensor tensor = traceTensor(rewriter, op.getLoc(), op.getTensor());
+  return elementAddress(rewriter, op.getLoc(), tensor, op.getCoord());
+}
+
 struct LowerLoad : OpRewritePattern<LoadOp> {
   using OpRewritePattern::OpRewritePattern;
   LogicalResult matchAndRewrite(LoadOp op, PatternRewriter &rewriter) const override {
-    if (!isTraceable(op.getTensor()))
-      return rewriter.notifyMatchFailure(op, kUntraceable);
-    TracedTensor tensor = traceTensor(rewriter, op.getLoc(), op.getTensor());
-    Value address = elementAddress(rewriter, op.getLoc(), tensor, op.getCoord());
-    rewriter.replaceOpWithNewOp<LLVM::LoadOp>(op, op.getType(), address,
+    FailureOr<Value> address = accessAddress(op, rewriter);
+    if (failed(address))
+      return failure();
+    rewriter.replaceOpWithNewOp<LLVM::LoadOp>(op, op.getType(), *address,
                                               elementAlignment(op.getType()));
     return success();
   }
@@ -149,11 +158,10 @@ struct LowerLoad : OpRewritePattern<LoadOp> {
 struct LowerStore : OpRewritePattern<StoreOp> {
   using OpRewritePattern::OpRewritePattern;
   LogicalResult matchAndRewrite(StoreOp op, PatternRewriter &rewriter) const override {
-    if (!isTraceable(op.getTensor()))
-      return rewriter.notifyMatchFailure(op, kUntraceable);
-    TracedTensor tensor = traceTensor(rewriter, op.getLoc(), op.getTensor());
-    Value address = elementAddress(rewriter, op.getLoc(), tensor, op.getCoord());
-    rewriter.replaceOpWithNewOp<LLVM::StoreOp>(op, op.getValue(), address,
+    FailureOr<Value> address = accessAddress(op, rewriter);
+    if (failed(address))
+      return failure();
+    rewriter.replaceOpWithNewOp<LLVM::StoreOp>(op, op.getValue(), *address,
                                                elementAlignment(op.getValue().getType()));
     return success();
   }
@@ -163,10 +171,10 @@ struct LowerStore : OpRewritePattern<StoreOp> {
 struct LowerElementAddress : OpRewritePattern<ElementAddressOp> {
   using OpRewritePattern::OpRewritePattern;
   LogicalResult matchAndRewrite(ElementAddressOp op, PatternRewriter &rewriter) const override {
-    if (!isTraceable(op.getTensor()))
-      return rewriter.notifyMatchFailure(op, kUntraceable);
-    TracedTensor tensor = traceTensor(rewriter, op.getLoc(), op.getTensor());
-    rewriter.replaceOp(op, elementAddress(rewriter, op.getLoc(), tensor, op.getCoord()));
+    FailureOr<Value> address = accessAddress(op, rewriter);
+    if (failed(address))
+      return failure();
+    rewriter.replaceOp(op, *address);
     return success();
   }
 };
