@@ -230,3 +230,59 @@ def test_helpers_with_control_flow_are_rewritten_when_called():
 
     text = _trace(k)
     assert "scf.if" in text and re.search(r'loc\(".*test_dsl_control_flow.py":\d+:0\)', text)
+
+
+class _RunningMax:
+    """A value carried by the protocol: two numerics behind one object (like a pipeline state)."""
+
+    def __init__(self, best, where):
+        self.best, self.where = best, where
+
+    def __fly_values__(self):
+        return [self.best, self.where]
+
+    def __fly_rebuild__(self, values):
+        return _RunningMax(*values)
+
+
+def test_lists_of_values_are_carried_leaf_by_leaf_through_loops_and_branches():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        sums = [fx.Float32(0.0), fx.Float32(0.0), fx.Float32(0.0)]
+        for i in range(n):
+            sums = [s + x[i] for s in sums]
+            sums[1] = sums[1] * 2.0  # in-place updates are carried too
+        if n > 4:
+            sums = [s * 0.5 for s in sums]
+        x[0] = sums[0] + sums[1] + sums[2]
+
+    text = _trace(k, "Int32")
+    assert re.search(r"scf.for .* iter_args\(.*, .*, .*\) -> \(f32, f32, f32\)", text)
+    assert re.search(r"scf.if .* -> \(f32, f32, f32\)", text)
+
+
+def test_objects_following_the_carried_value_protocol_are_carried():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        state = _RunningMax(fx.Float32(-1.0), fx.Int32(-1))
+        for i in range(n):
+            if x[i] > state.best:
+                state = _RunningMax(x[i], i.to(fx.Int32))
+        x[0] = state.best
+        x[1] = state.where.to(fx.Float32)
+
+    text = _trace(k, "Int32")
+    assert re.search(r"scf.for .* -> \(f32, i32\)", text)
+    assert re.search(r"scf.if .* -> \(f32, i32\)", text)
+
+
+def test_a_carried_list_keeps_its_length():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        sums = [fx.Float32(0.0), fx.Float32(0.0)]
+        for i in range(n):
+            sums = [sums[0] + x[i]]
+        x[0] = sums[0]
+
+    with pytest.raises(TypeError, match="'sums' holds 2 carried values before the loop"):
+        _trace(k, "Int32")

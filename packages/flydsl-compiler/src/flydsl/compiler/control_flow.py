@@ -4,6 +4,13 @@ Each helper looks at its condition or bounds: Python values run the body as plai
 ``scf.for`` / ``scf.if`` / ``scf.while``. The names a body assigns come in with their current values and go out
 with their new ones. A name that holds a FlyDSL numeric before the statement is carried through it (a loop-carried
 value, or a result of the ``scf.if``); a name first bound inside a dynamic body stays inside it.
+
+Besides numerics, lists and tuples of carried values (e.g. a list of accumulator vectors) and objects that follow
+the carried-value protocol are carried, leaf by leaf:
+
+    class PipelineState:
+        def __fly_values__(self) -> list: ...               # the values to carry (numerics or carried values)
+        def __fly_rebuild__(self, values: list): ...        # a new object of the same kind from new values
 """
 
 from __future__ import annotations
@@ -93,8 +100,54 @@ def _as_index(value) -> ir.Value:
     return number.to(Index).value
 
 
+def _leaves(value) -> list[Numeric] | None:
+    """The numerics a carried value consists of, in order; None when the value is not carried (Python values)."""
+    if isinstance(value, Numeric):
+        return [value]
+    if hasattr(type(value), "__fly_values__"):
+        parts = [_leaves(part) for part in value.__fly_values__()]
+    elif isinstance(value, (list, tuple)) and value:
+        parts = [_leaves(part) for part in value]
+    else:
+        return None
+    if any(part is None for part in parts):
+        return None
+    return [leaf for part in parts for leaf in part]
+
+
+def _rebuild(template, values):
+    """``template`` with its leaves replaced by the ``ir.Value``s taken from the iterator ``values``."""
+    if isinstance(template, Numeric):
+        return type(template)(next(values))  # divisibility facts do not survive a loop or branch
+    if hasattr(type(template), "__fly_values__"):
+        return template.__fly_rebuild__([_rebuild(part, values) for part in template.__fly_values__()])
+    return type(template)(_rebuild(part, values) for part in template)
+
+
 def _carried(names, values) -> list[int]:
-    return [i for i, v in enumerate(values) if isinstance(v, Numeric)]
+    return [i for i, v in enumerate(values) if _leaves(v) is not None]
+
+
+def _flat_values(carried, values) -> list[ir.Value]:
+    return [leaf.value for i in carried for leaf in _leaves(values[i])]
+
+
+def _coerced(name: str, before, after, where: str):
+    """``after`` in the shape and leaf types of the carried value ``before``, or a clear error naming it."""
+    if isinstance(before, Numeric):
+        return _checked(name, before, after, where)
+    if hasattr(type(before), "__fly_values__"):
+        if type(after) is not type(before):
+            raise TypeError(f"'{name}' is a {type(before).__name__} before the {where} but {after!r} inside it")
+        parts = zip(before.__fly_values__(), after.__fly_values__(), strict=True)
+        return after.__fly_rebuild__([_coerced(f"{name}.{k}", b, a, where) for k, (b, a) in enumerate(parts)])
+    if not isinstance(after, (list, tuple)) or len(after) != len(before):
+        raise TypeError(
+            f"'{name}' holds {len(before)} carried values before the {where} but {after!r} inside it; a list carried"
+            " through MLIR control flow keeps its length"
+        )
+    pairs = enumerate(zip(before, after, strict=True))
+    return type(before)(_coerced(f"{name}[{k}]", b, a, where) for k, (b, a) in pairs)
 
 
 def _checked(name: str, before, after, where: str):
@@ -110,6 +163,20 @@ def _checked(name: str, before, after, where: str):
     )
 
 
+def _structure(value):
+    """What must agree between the two branches of an ``if`` for a value to flow out: shape and leaf types."""
+    if isinstance(value, Numeric):
+        return type(value)
+    parts = value.__fly_values__() if hasattr(type(value), "__fly_values__") else value
+    return (type(value), tuple(_structure(part) for part in parts))
+
+
+def _describe(value) -> str:
+    if isinstance(value, Numeric):
+        return f"a {type(value).__name__}"
+    return f"a {type(value).__name__} of {len(_leaves(value))} values"
+
+
 def _unchanged_or_error(names, before, after, carried, where: str):
     """Names that are not carried must not be rebound by a dynamic body (their new value would be lost)."""
     results = []
@@ -121,8 +188,9 @@ def _unchanged_or_error(names, before, after, carried, where: str):
         elif after[i] is not before[i]:
             raise TypeError(
                 f"'{name}' holds {before[i]!r} (not a FlyDSL value) before the {where} and is rebound inside it;"
-                f" only FlyDSL numeric values can be updated by MLIR control flow (make it e.g. fx.Int32(...)"
-                f" before the {where}, or use range_constexpr / const_expr for trace-time control flow)"
+                " only FlyDSL values (numerics, lists of them, carried objects) are updated by MLIR control flow"
+                f" (make it e.g. fx.Int32(...) before the {where}, or use range_constexpr / const_expr for trace-time"
+                " control flow)"
             )
         else:
             results.append((i, before[i]))
@@ -137,18 +205,21 @@ def for_range(range_args: tuple, body, names: tuple, values: tuple):
     start, stop, step = (0, range_args[0], 1) if len(range_args) == 1 else (*range_args, 1)[:3]
     induction_type = next((type(a) for a in (stop, start) if isinstance(a, Integer)), Index)
     carried = _carried(names, values)
-    loop = scf.ForOp(_as_index(start), _as_index(stop), _as_index(step), [values[i].value for i in carried])
+    loop = scf.ForOp(_as_index(start), _as_index(stop), _as_index(step), _flat_values(carried, values))
     with ir.InsertionPoint(loop.body):
         inputs = list(values)
-        for position, i in enumerate(carried):
-            inputs[i] = type(values[i])(loop.inner_iter_args[position], divisibility=1)
+        block_values = iter(loop.inner_iter_args)
+        for i in carried:
+            inputs[i] = _rebuild(values[i], block_values)
         induction = Index(loop.induction_variable)
-        outputs = body(induction.to(induction_type), *inputs)
-        yielded = [_checked(names[i], values[i], outputs[i], "loop").value for i in carried]
-        scf.YieldOp(yielded)
+        outputs = list(body(induction.to(induction_type), *inputs))
+        for i in carried:
+            outputs[i] = _coerced(names[i], values[i], outputs[i], "loop")
+        scf.YieldOp(_flat_values(carried, outputs))
     results = list(values)
-    for position, i in enumerate(carried):
-        results[i] = type(values[i])(loop.results[position])
+    loop_results = iter(loop.results)
+    for i in carried:
+        results[i] = _rebuild(values[i], loop_results)
     for i, value in _unchanged_or_error(names, values, outputs, carried, "loop"):
         results[i] = value
     return tuple(results)
@@ -190,14 +261,15 @@ def if_else(condition, then_fn, else_fn, names: tuple, values: tuple):
     result_names = []
     for i, name in enumerate(names):
         a, b = then_out[i], else_out[i]
-        if isinstance(a, Numeric) and isinstance(b, Numeric):
-            if type(a) is not type(b):
+        if _leaves(a) is not None and _leaves(b) is not None:
+            if _structure(a) != _structure(b):
                 raise TypeError(
-                    f"'{name}' is a {type(a).__name__} after the `if` branch but a {type(b).__name__} after the"
-                    " `else` branch; both must have one type (convert one with .to())"
+                    f"'{name}' is {_describe(a)} after the `if` branch but {_describe(b)} after the `else` branch;"
+                    " both must have one type (convert one with .to())"
                 )
             result_names.append(i)
-    final = scf.IfOp(condition.value, [then_out[i].type for i in result_names], has_else=True)
+    flat_then = _flat_values(result_names, then_out)
+    final = scf.IfOp(condition.value, [value.type for value in flat_then], has_else=True)
     for source, target, outputs in (
         (draft.then_block, final.then_block, then_out),
         (draft.else_block, final.else_block, else_out),
@@ -206,17 +278,18 @@ def if_else(condition, then_fn, else_fn, names: tuple, values: tuple):
             op.detach_from_parent()
             ir.InsertionPoint(target).insert(op)
         with ir.InsertionPoint(target):
-            scf.YieldOp([outputs[i].value for i in result_names])
+            scf.YieldOp(_flat_values(result_names, outputs))
     draft.operation.erase()
 
     results = list(values)
-    for position, i in enumerate(result_names):
-        results[i] = type(then_out[i])(final.results[position])
+    if_results = iter(final.results)
+    for i in result_names:
+        results[i] = _rebuild(then_out[i], if_results)
     for i, name in enumerate(names):
         if i in result_names:
             continue
         a, b = then_out[i], else_out[i]
-        if values[i] is UNDEFINED or isinstance(a, Numeric) or isinstance(b, Numeric):
+        if values[i] is UNDEFINED or _leaves(a) is not None or _leaves(b) is not None:
             if a is values[i] and b is values[i]:
                 continue
             results[i] = ScopedValue(name, "branch") if values[i] is UNDEFINED or a is not b else a
@@ -239,27 +312,33 @@ def while_loop(cond_fn, body_fn, names: tuple, values: tuple):
         current = list(body_fn(*current))
         condition = cond_fn(*current)
     carried = _carried(names, current)
-    types = [current[i].type for i in carried]
-    loop = scf.WhileOp(types, [current[i].value for i in carried])
+    initial = _flat_values(carried, current)
+    types = [value.type for value in initial]
+    loop = scf.WhileOp(types, initial)
     before = loop.before.blocks.append(*types)
     with ir.InsertionPoint(before):
         inputs = list(current)
-        for position, i in enumerate(carried):
-            inputs[i] = type(current[i])(before.arguments[position])
+        block_values = iter(before.arguments)
+        for i in carried:
+            inputs[i] = _rebuild(current[i], block_values)
         condition = as_numeric(cond_fn(*inputs))
         if not isinstance(condition, Boolean):
             condition = condition != 0
-        scf.ConditionOp(condition.value, [before.arguments[p] for p in range(len(carried))])
+        scf.ConditionOp(condition.value, list(before.arguments))
     after = loop.after.blocks.append(*types)
     with ir.InsertionPoint(after):
         inputs = list(current)
-        for position, i in enumerate(carried):
-            inputs[i] = type(current[i])(after.arguments[position])
-        outputs = body_fn(*inputs)
-        scf.YieldOp([_checked(names[i], current[i], outputs[i], "loop").value for i in carried])
+        block_values = iter(after.arguments)
+        for i in carried:
+            inputs[i] = _rebuild(current[i], block_values)
+        outputs = list(body_fn(*inputs))
+        for i in carried:
+            outputs[i] = _coerced(names[i], current[i], outputs[i], "loop")
+        scf.YieldOp(_flat_values(carried, outputs))
     results = list(current)
-    for position, i in enumerate(carried):
-        results[i] = type(current[i])(loop.results[position])
+    loop_results = iter(loop.results)
+    for i in carried:
+        results[i] = _rebuild(current[i], loop_results)
     for i, value in _unchanged_or_error(names, current, outputs, carried, "loop"):
         results[i] = value
     return tuple(results)
