@@ -7,6 +7,7 @@ from flydsl.expr.typing import T, Int32
 """
 
 import flydsl.expr.buffer_ops as buffer_ops
+import flydsl.expr.cluster as cluster
 import flydsl.expr.nvvm as nvvm
 import flydsl.expr.vector as vector
 from flydsl.expr import arith, gpu, math
