@@ -1,1 +1,18 @@
-"""FlyDSL kernels as torch ops. No ops yet: they arrive with the kernels (docs/ROADMAP.md)."""
+"""FlyDSL kernels for PyTorch: ``torch.ops.flydsl.*`` (registered on import), ``flydsl.torch.functional`` and the
+drop-in modules of ``flydsl.torch.nn``. See docs/torch.md."""
+
+from flydsl.torch import autograd, functional, nn, ops
+from flydsl.torch._registry import registered_ops
+from flydsl.torch.functional import fused_add_rms_norm, layer_norm, rms_norm, softmax
+
+__all__ = [
+    "autograd",
+    "functional",
+    "nn",
+    "ops",
+    "registered_ops",
+    "softmax",
+    "layer_norm",
+    "rms_norm",
+    "fused_add_rms_norm",
+]

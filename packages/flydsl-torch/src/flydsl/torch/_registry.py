@@ -1,0 +1,198 @@
+"""The one registration decorator behind every ``torch.ops.flydsl.*`` op.
+
+An op is written once, as the function that writes its results into given tensors::
+
+    @register_op("softmax", outputs=lambda x: (like(x),), check=check_softmax)
+    def softmax(x: Tensor, *, out: Tensor) -> None:
+        kernels.softmax(rows(x), out=rows(out))
+
+Keyword-only parameters are the outputs (``Tensor | None`` for an output the caller may leave out). From that the
+decorator registers, with ``torch.library.custom_op``:
+
+- ``flydsl::softmax_out`` -- the mutating op (``mutates_args`` = the outputs) that writes into the outputs given;
+  its schema lists every input without default, then the outputs (custom ops take no keyword-only tensors), so
+  ``torch.ops.flydsl.layer_norm_out(x, [n], w, b, 1e-5, out=y)`` names the outputs by keyword as Python allows;
+- ``flydsl::softmax`` -- the functional op: allocates the outputs that ``outputs`` describes, then writes them;
+- a fake (meta) implementation of both, so that FakeTensorMode, meta tensors and ``torch.compile`` trace them
+  without a GPU and without graph breaks.
+
+``outputs(*inputs)`` returns one ``(shape, dtype)`` per output, or ``None`` for an output the op does not write
+with these inputs (the functional op then returns an empty tensor in its place). ``check(*inputs)`` validates
+metadata only (dtypes, shapes), so that the same errors come from eager calls, fake tensors and compiled graphs;
+the decorator adds the device checks and the checks of given outputs against ``outputs``. The function itself runs
+only on real CUDA tensors. ``FlyOp.register_autograd`` attaches gradients to the functional op.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = ["NAMESPACE", "FlyOp", "register_op", "registered_ops"]
+
+NAMESPACE = "flydsl"
+_OPS: dict[str, FlyOp] = {}
+
+OutputSpec = tuple[Sequence[int], torch.dtype] | None
+
+
+class FlyOp:
+    """One op registered as ``torch.ops.flydsl.<name>`` (functional) and ``torch.ops.flydsl.<name>_out``."""
+
+    def __init__(self, name: str, impl: Callable, outputs: Callable[..., Sequence[OutputSpec]], check: Callable):
+        self.name = name
+        self.impl = impl
+        self.outputs = outputs
+        self.check = check
+        signature = inspect.signature(impl, eval_str=True)
+        params = list(signature.parameters.values())
+        self.output_names = tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        self.input_params = [p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+        if not self.output_names:
+            raise TypeError(f"flydsl op {name}: declare its outputs as keyword-only parameters")
+        # custom_op takes no keyword-only tensors: the mutating op lists its outputs after its inputs, which lose
+        # their defaults there (an input default cannot precede a required output).
+        positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        self._out_signature = signature.replace(
+            parameters=[p.replace(default=inspect.Parameter.empty) for p in self.input_params]
+            + [p.replace(kind=positional) for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        )
+        results = [torch.Tensor] * len(self.output_names)
+        self._functional_signature = signature.replace(
+            parameters=self.input_params,
+            return_annotation=results[0] if len(results) == 1 else tuple.__class_getitem__(tuple(results)),
+        )
+        self.out = self._register_out()
+        self.functional = self._register_functional()
+
+    @property
+    def qualname(self) -> str:
+        return f"{NAMESPACE}::{self.name}"
+
+    # --- what both ops share ------------------------------------------------------------------------------------
+
+    def _inputs(self, args, kwargs) -> list:
+        bound = self._functional_signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return list(bound.arguments.values())
+
+    def _validate(self, inputs: list, given: dict | None, real: bool) -> list[OutputSpec]:
+        self.check(*inputs)
+        tensors = [(p.name, v) for p, v in zip(self.input_params, inputs, strict=True) if isinstance(v, torch.Tensor)]
+        specs = list(self.outputs(*inputs))
+        if given is not None:
+            for (name, value), spec in zip(given.items(), specs, strict=True):
+                if value is None:
+                    continue
+                if spec is None:
+                    raise ValueError(f"flydsl.{self.name}: {name}: not written with these inputs; pass None")
+                shape, dtype = spec
+                if tuple(value.shape) != tuple(shape) or value.dtype != dtype:
+                    raise ValueError(
+                        f"flydsl.{self.name}: {name}: expected a {_dtype_name(dtype)} tensor of shape "
+                        f"{tuple(shape)}, got {_dtype_name(value.dtype)} {tuple(value.shape)}"
+                    )
+                tensors.append((name, value))
+        first_name, first = tensors[0]
+        for name, value in tensors:
+            if real and value.device.type != "cuda":
+                raise ValueError(
+                    f"flydsl.{self.name}: {name}: expected a CUDA tensor, got one on {value.device} "
+                    "(the flydsl.torch.nn modules fall back to torch on the CPU; the ops do not)"
+                )
+            if value.device != first.device:
+                raise ValueError(
+                    f"flydsl.{self.name}: {name}: expected a tensor on {first.device} (where {first_name} is), "
+                    f"got one on {value.device}"
+                )
+        return specs
+
+    # --- the mutating op -----------------------------------------------------------------------------------------
+
+    def _split(self, args, kwargs) -> tuple[list, dict]:
+        bound = self._out_signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        given = {name: values.pop(name) for name in self.output_names}
+        return list(values.values()), given
+
+    def _register_out(self):
+        def real(*args, **kwargs):
+            inputs, given = self._split(args, kwargs)
+            self._validate(inputs, given, real=True)
+            self.impl(*inputs, **given)
+
+        def fake(*args, **kwargs):
+            inputs, given = self._split(args, kwargs)
+            self._validate(inputs, given, real=False)
+
+        real.__signature__ = self._out_signature
+        real.__name__ = f"{self.name}_out"
+        op = torch.library.custom_op(f"{NAMESPACE}::{self.name}_out", mutates_args=self.output_names)(real)
+        op.register_fake(fake)
+        return getattr(torch.ops.flydsl, f"{self.name}_out")
+
+    # --- the functional op ---------------------------------------------------------------------------------------
+
+    def _allocate(self, inputs: list, specs: list[OutputSpec]) -> tuple[list, list]:
+        device = next(v for v in inputs if isinstance(v, torch.Tensor)).device
+        like = next(v for v in inputs if isinstance(v, torch.Tensor))
+        results, given = [], []
+        for spec in specs:
+            if spec is None:  # not written with these inputs: an empty tensor stands in its place
+                results.append(torch.empty((0,), dtype=like.dtype, device=device))
+                given.append(None)
+            else:
+                tensor = torch.empty(tuple(spec[0]), dtype=spec[1], device=device)
+                results.append(tensor)
+                given.append(tensor)
+        return results, given
+
+    def _register_functional(self):
+        single = len(self.output_names) == 1
+
+        def real(*args, **kwargs):
+            inputs = self._inputs(args, kwargs)
+            results, given = self._allocate(inputs, self._validate(inputs, None, real=True))
+            self.impl(*inputs, **dict(zip(self.output_names, given, strict=True)))
+            return results[0] if single else tuple(results)
+
+        def fake(*args, **kwargs):
+            inputs = self._inputs(args, kwargs)
+            results, _ = self._allocate(inputs, self._validate(inputs, None, real=False))
+            return results[0] if single else tuple(results)
+
+        real.__signature__ = self._functional_signature
+        real.__name__ = self.name
+        op = torch.library.custom_op(self.qualname, mutates_args=())(real)
+        op.register_fake(fake)
+        return getattr(torch.ops.flydsl, self.name)
+
+    def register_autograd(self, backward: Callable, setup_context: Callable) -> None:
+        """Gradients of the functional op (see ``torch.library.register_autograd``)."""
+        torch.library.register_autograd(self.qualname, backward, setup_context=setup_context)
+
+
+def register_op(name: str, *, outputs: Callable[..., Sequence[OutputSpec]], check: Callable) -> Callable:
+    """Registers ``torch.ops.flydsl.<name>`` and ``torch.ops.flydsl.<name>_out`` from the function that writes the
+    outputs (its keyword-only parameters); returns the :class:`FlyOp`."""
+
+    def decorate(impl: Callable) -> FlyOp:
+        if name in _OPS:
+            raise RuntimeError(f"flydsl op {name} is already registered")
+        op = FlyOp(name, impl, outputs, check)
+        _OPS[name] = op
+        return op
+
+    return decorate
+
+
+def registered_ops() -> dict[str, FlyOp]:
+    """Every op registered so far, by name."""
+    return dict(_OPS)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

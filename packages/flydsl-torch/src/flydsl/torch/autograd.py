@@ -1,0 +1,103 @@
+"""Gradients of the functional ``torch.ops.flydsl.*`` ops through the backward kernels (``register_autograd``, so
+that ``torch.compile`` traces forward and backward into one graph without breaks).
+
+The statistics outputs (``mean``, ``rstd``) are not differentiable. Double backward is not supported: the backward
+ops have no gradients of their own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from flydsl.torch import ops
+
+__all__: list[str] = []
+
+
+# --- softmax ---------------------------------------------------------------------------------------------------------
+
+
+def _softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _softmax_backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return torch.ops.flydsl.softmax_backward(dy, y)
+
+
+ops.softmax.register_autograd(_softmax_backward, _softmax_setup)
+
+
+# --- layer norm ------------------------------------------------------------------------------------------------------
+
+
+def _bias_grad(dy: torch.Tensor, normalized_shape, dtype: torch.dtype) -> torch.Tensor:
+    """dbias without a weight (the kernel writes dbias beside dweight only): the column sums of dy in float32."""
+    rows = dy.reshape(-1, math.prod(normalized_shape))
+    return rows.sum(0, dtype=torch.float32).to(dtype).view(tuple(normalized_shape))
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, normalized_shape, weight, bias, _eps = inputs
+    _out, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.normalized_shape = normalized_shape
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.save_for_backward(x, weight, mean, rstd)
+
+
+def _layer_norm_backward(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dweight, dbias = torch.ops.flydsl.layer_norm_backward(dy, x, ctx.normalized_shape, weight, mean, rstd)
+    if weight is None:  # dweight and dbias came back empty
+        dweight = None
+        dbias = None if ctx.bias_dtype is None else _bias_grad(dy, ctx.normalized_shape, ctx.bias_dtype)
+    elif ctx.bias_dtype is None:
+        dbias = None
+    return dx, None, dweight, dbias, None
+
+
+ops.layer_norm.register_autograd(_layer_norm_backward, _layer_norm_setup)
+
+
+# --- rms norm --------------------------------------------------------------------------------------------------------
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, normalized_shape, weight, _eps = inputs
+    _out, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.normalized_shape = normalized_shape
+    ctx.save_for_backward(x, weight, rstd)
+
+
+def _rms_norm_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dweight = torch.ops.flydsl.rms_norm_backward(dy, x, ctx.normalized_shape, weight, rstd)
+    return dx, None, None if weight is None else dweight, None
+
+
+ops.rms_norm.register_autograd(_rms_norm_backward, _rms_norm_setup)
+
+
+def _fused_add_rms_norm_setup(ctx, inputs, output):
+    _x, _residual, normalized_shape, weight, _eps = inputs
+    _out, residual_out, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.normalized_shape = normalized_shape
+    ctx.save_for_backward(residual_out, weight, rstd)
+
+
+def _fused_add_rms_norm_backward(ctx, dy, dresidual_out, _drstd):
+    # residual_out = x + residual feeds both outputs: its gradient is dresidual_out plus the norm's dx, and x and
+    # residual both receive it.
+    residual_out, weight, rstd = ctx.saved_tensors
+    dsum, dweight = torch.ops.flydsl.rms_norm_backward(dy, residual_out, ctx.normalized_shape, weight, rstd)
+    if dresidual_out is not None:
+        dsum = dsum + dresidual_out
+    return dsum, dsum, None, None if weight is None else dweight, None
+
+
+ops.fused_add_rms_norm.register_autograd(_fused_add_rms_norm_backward, _fused_add_rms_norm_setup)

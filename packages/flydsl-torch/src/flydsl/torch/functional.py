@@ -1,0 +1,94 @@
+"""``torch.nn.functional``-style entry points over ``torch.ops.flydsl.*``: same arguments as torch's, gradients
+through the backward kernels, traceable by ``torch.compile(fullgraph=True)``.
+
+Without gradients to compute (inference, ``torch.no_grad()``), the norms call the ``*_out`` ops without statistics,
+so that nothing but the output is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flydsl.torch.autograd  # noqa: F401 - registers the gradients of the ops
+import torch
+from torch import Tensor
+
+__all__ = ["softmax", "layer_norm", "rms_norm", "fused_add_rms_norm"]
+
+
+def _shape(normalized_shape: int | Sequence[int]) -> list[int]:
+    if isinstance(normalized_shape, int):
+        return [normalized_shape]
+    return list(normalized_shape)
+
+
+def _needs_grad(*tensors: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _empty(x: Tensor) -> Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def softmax(input: Tensor, dim: int = -1) -> Tensor:
+    """``torch.softmax(input, dim)``; a ``dim`` other than the last is moved last (a copy) and back."""
+    if input.dim() == 0:
+        raise ValueError("flydsl.softmax: input: expected at least one dim, got a 0-dim tensor")
+    if not -input.dim() <= dim < input.dim():
+        raise IndexError(f"flydsl.softmax: dim: expected a dim of a {input.dim()}-D tensor, got {dim}")
+    dim %= input.dim()
+    if dim != input.dim() - 1:
+        return softmax(input.movedim(dim, -1)).movedim(-1, dim)
+    if _needs_grad(input):
+        return torch.ops.flydsl.softmax(input)
+    out = _empty(input)
+    torch.ops.flydsl.softmax_out(input, out=out)
+    return out
+
+
+def layer_norm(
+    input: Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """``torch.nn.functional.layer_norm``."""
+    shape = _shape(normalized_shape)
+    if _needs_grad(input, weight, bias):
+        return torch.ops.flydsl.layer_norm(input, shape, weight, bias, eps)[0]
+    out = _empty(input)
+    torch.ops.flydsl.layer_norm_out(input, shape, weight, bias, eps, out=out)
+    return out
+
+
+def rms_norm(
+    input: Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    eps: float | None = None,
+) -> Tensor:
+    """``torch.nn.functional.rms_norm``; ``eps=None`` is float32's machine epsilon, as in torch."""
+    shape = _shape(normalized_shape)
+    if _needs_grad(input, weight):
+        return torch.ops.flydsl.rms_norm(input, shape, weight, eps)[0]
+    out = _empty(input)
+    torch.ops.flydsl.rms_norm_out(input, shape, weight, eps, out=out)
+    return out
+
+
+def fused_add_rms_norm(
+    input: Tensor,
+    residual: Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    eps: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(rms_norm(input + residual, ...), input + residual)`` in one pass (the sum rounded to the input dtype)."""
+    shape = _shape(normalized_shape)
+    if _needs_grad(input, residual, weight):
+        out, residual_out, _rstd = torch.ops.flydsl.fused_add_rms_norm(input, residual, shape, weight, eps)
+        return out, residual_out
+    out, residual_out = _empty(input), _empty(input)
+    torch.ops.flydsl.fused_add_rms_norm_out(input, residual, shape, weight, eps, out=out, residual_out=residual_out)
+    return out, residual_out

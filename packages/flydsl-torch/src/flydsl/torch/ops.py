@@ -1,0 +1,397 @@
+"""``torch.ops.flydsl.*``: the norm and softmax kernels of ``flydsl.kernels`` as torch custom ops.
+
+Each op comes as a functional op and a mutating ``*_out`` op (see ``_registry``); inputs may have any leading dims
+(they are viewed as ``(rows, N)`` without a copy where their strides allow, else made contiguous), normalized over
+the last dim (softmax) or over the trailing ``normalized_shape`` (the norms, as in ``torch.nn.functional``).
+
+========================================= ===================================================================
+functional op                             returns
+========================================= ===================================================================
+``softmax(x)``                            ``y`` (softmax over the last dim)
+``softmax_backward(dy, y)``               ``dx``
+``layer_norm(x, ns, weight, bias, eps)``  ``(out, mean, rstd)``; ``mean``/``rstd`` float32 of x's leading shape
+``layer_norm_backward(dy, x, ns, weight,  ``(dx, dweight, dbias)``; ``dweight``/``dbias`` are empty without a weight
+mean, rstd)``
+``rms_norm(x, ns, weight, eps)``          ``(out, rstd)``
+``rms_norm_backward(dy, x, ns, weight,    ``(dx, dweight)``
+rstd)``
+``fused_add_rms_norm(x, residual, ns,     ``(out, residual_out, rstd)`` with ``residual_out = x + residual``
+weight, eps)``
+========================================= ===================================================================
+
+The ``*_out`` ops take the same inputs and write keyword-only outputs (``out=``, ``mean=``, ...); statistics are
+optional there (not written when not given). ``eps=None`` in the RMS ops means ``torch.finfo(torch.float32).eps``,
+as ``torch.nn.functional.rms_norm`` uses for float32, float16 and bfloat16 inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from flydsl.torch._registry import register_op
+from torch import Tensor
+
+__all__ = [
+    "softmax",
+    "softmax_backward",
+    "layer_norm",
+    "layer_norm_backward",
+    "rms_norm",
+    "rms_norm_backward",
+    "fused_add_rms_norm",
+    "DTYPES",
+]
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the kernels read and write
+
+
+def _kernels():
+    # Imported on first use: registering (and tracing with fake tensors) needs no compiler.
+    from flydsl.kernels import norms
+
+    return norms
+
+
+# --- checks shared by the fake and the real implementations ---------------------------------------------------------
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_input(op: str, name: str, x: Tensor) -> None:
+    if x.dtype not in DTYPES:
+        raise TypeError(f"flydsl.{op}: {name}: expected dtype float32, float16 or bfloat16, got {_name(x.dtype)}")
+    if x.dim() < 1:
+        raise ValueError(f"flydsl.{op}: {name}: expected at least one dim, got a 0-dim tensor")
+
+
+def _check_like(op: str, name: str, t: Tensor, like: Tensor, like_name: str) -> None:
+    if t.shape != like.shape:
+        raise ValueError(
+            f"flydsl.{op}: {name}: expected shape {tuple(like.shape)} ({like_name}'s), got {tuple(t.shape)}"
+        )
+    if t.dtype != like.dtype:
+        raise TypeError(
+            f"flydsl.{op}: {name}: expected dtype {_name(like.dtype)} ({like_name}'s), got {_name(t.dtype)}"
+        )
+
+
+def _check_normalized_shape(op: str, x: Tensor, normalized_shape: list[int]) -> None:
+    ns = tuple(normalized_shape)
+    if not 1 <= len(ns) <= x.dim() or tuple(x.shape[x.dim() - len(ns) :]) != ns:
+        raise ValueError(
+            f"flydsl.{op}: normalized_shape: expected the trailing dims of x (shape {tuple(x.shape)}), got {list(ns)}"
+        )
+    if math.prod(ns) == 0:
+        raise ValueError(f"flydsl.{op}: normalized_shape: expected at least one element to normalize, got {list(ns)}")
+
+
+def _check_param(op: str, name: str, p: Tensor | None, x: Tensor, normalized_shape: list[int]) -> None:
+    if p is None:
+        return
+    if tuple(p.shape) != tuple(normalized_shape):
+        raise ValueError(
+            f"flydsl.{op}: {name}: expected shape {tuple(normalized_shape)} (normalized_shape), got {tuple(p.shape)}"
+        )
+    if p.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"flydsl.{op}: {name}: expected dtype {_name(x.dtype)} (x's) or float32, got {_name(p.dtype)}")
+
+
+def _check_stats(op: str, name: str, s: Tensor, x: Tensor, normalized_shape: list[int]) -> None:
+    lead = tuple(x.shape[: x.dim() - len(normalized_shape)])
+    if tuple(s.shape) != lead or s.dtype != torch.float32:
+        raise ValueError(
+            f"flydsl.{op}: {name}: expected a float32 tensor of shape {lead} (x's leading dims), "
+            f"got {_name(s.dtype)} {tuple(s.shape)}"
+        )
+
+
+def _check_eps(op: str, eps: float | None) -> None:
+    if eps is not None and not eps >= 0:
+        raise ValueError(f"flydsl.{op}: eps: expected a non-negative number, got {eps!r}")
+
+
+# --- output descriptions ---------------------------------------------------------------------------------------------
+
+
+def _like(t: Tensor):
+    return tuple(t.shape), t.dtype
+
+
+def _stats(x: Tensor, normalized_shape: list[int]):
+    return tuple(x.shape[: x.dim() - len(normalized_shape)]), torch.float32
+
+
+def _param(p: Tensor | None):
+    return None if p is None else (tuple(p.shape), p.dtype)
+
+
+# --- views handed to the kernels --------------------------------------------------------------------------------------
+
+
+def _rows(t: Tensor, n: int) -> Tensor:
+    """An input as (rows, n) with unit stride on the last dim and non-overlapping rows: a view where possible."""
+    t2 = t.reshape(-1, n)
+    if (n > 1 and t2.stride(1) != 1) or (t2.shape[0] > 1 and t2.stride(0) < n):
+        t2 = t2.contiguous()  # e.g. a transposed input, or a gradient broadcast with stride 0
+    return t2
+
+
+def _out_rows(op: str, name: str, t: Tensor, n: int) -> Tensor:
+    """An output as (rows, n): always a view (a copy would not be written back)."""
+    try:
+        t2 = t.view(-1, n)
+    except RuntimeError:
+        t2 = None
+    if t2 is None or (n > 1 and t2.stride(1) != 1) or (t2.shape[0] > 1 and t2.stride(0) < n):
+        raise ValueError(
+            f"flydsl.{op}: {name}: expected unit stride over the normalized dims, got strides {t.stride()}"
+            " (pass a contiguous tensor)"
+        )
+    return t2
+
+
+def _vector(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.reshape(-1).contiguous()
+
+
+def _out_vector(op: str, name: str, t: Tensor | None) -> Tensor | None:
+    if t is None:
+        return None
+    if not t.is_contiguous():
+        raise ValueError(f"flydsl.{op}: {name}: expected a contiguous tensor, got strides {t.stride()}")
+    return t.view(-1)
+
+
+def _rms_eps(eps: float | None) -> float:
+    return torch.finfo(torch.float32).eps if eps is None else eps
+
+
+# --- softmax ---------------------------------------------------------------------------------------------------------
+
+
+def _check_softmax(x: Tensor) -> None:
+    _check_input("softmax", "x", x)
+
+
+@register_op("softmax", outputs=lambda x: (_like(x),), check=_check_softmax)
+def softmax(x: Tensor, *, out: Tensor) -> None:
+    if x.numel() == 0:
+        return
+    n = x.shape[-1]
+    _kernels().softmax(_rows(x, n), out=_out_rows("softmax", "out", out, n))
+
+
+def _check_softmax_backward(dy: Tensor, y: Tensor) -> None:
+    _check_input("softmax_backward", "y", y)
+    _check_like("softmax_backward", "dy", dy, y, "y")
+
+
+@register_op("softmax_backward", outputs=lambda dy, y: (_like(y),), check=_check_softmax_backward)
+def softmax_backward(dy: Tensor, y: Tensor, *, dx: Tensor) -> None:
+    if y.numel() == 0:
+        return
+    n = y.shape[-1]
+    _kernels().softmax_backward(_rows(dy, n), _rows(y, n), dx=_out_rows("softmax_backward", "dx", dx, n))
+
+
+# --- layer norm ------------------------------------------------------------------------------------------------------
+
+
+def _check_layer_norm(x, normalized_shape, weight, bias, eps) -> None:
+    _check_input("layer_norm", "x", x)
+    _check_normalized_shape("layer_norm", x, normalized_shape)
+    _check_param("layer_norm", "weight", weight, x, normalized_shape)
+    _check_param("layer_norm", "bias", bias, x, normalized_shape)
+    _check_eps("layer_norm", eps)
+
+
+@register_op(
+    "layer_norm",
+    outputs=lambda x, ns, weight, bias, eps: (_like(x), _stats(x, ns), _stats(x, ns)),
+    check=_check_layer_norm,
+)
+def layer_norm(
+    x: Tensor,
+    normalized_shape: list[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    out: Tensor,
+    mean: Tensor | None = None,
+    rstd: Tensor | None = None,
+) -> None:
+    if x.numel() == 0:
+        return
+    n = math.prod(normalized_shape)
+    _kernels().layer_norm(
+        _rows(x, n),
+        _vector(weight),
+        _vector(bias),
+        eps,
+        out=_out_rows("layer_norm", "out", out, n),
+        mean=_out_vector("layer_norm", "mean", mean),
+        rstd=_out_vector("layer_norm", "rstd", rstd),
+    )
+
+
+def _check_layer_norm_backward(dy, x, normalized_shape, weight, mean, rstd) -> None:
+    _check_input("layer_norm_backward", "x", x)
+    _check_like("layer_norm_backward", "dy", dy, x, "x")
+    _check_normalized_shape("layer_norm_backward", x, normalized_shape)
+    _check_param("layer_norm_backward", "weight", weight, x, normalized_shape)
+    _check_stats("layer_norm_backward", "mean", mean, x, normalized_shape)
+    _check_stats("layer_norm_backward", "rstd", rstd, x, normalized_shape)
+
+
+@register_op(
+    "layer_norm_backward",
+    outputs=lambda dy, x, ns, weight, mean, rstd: (_like(x), _param(weight), _param(weight)),
+    check=_check_layer_norm_backward,
+)
+def layer_norm_backward(
+    dy: Tensor,
+    x: Tensor,
+    normalized_shape: list[int],
+    weight: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+    *,
+    dx: Tensor,
+    dweight: Tensor | None = None,
+    dbias: Tensor | None = None,
+) -> None:
+    if x.numel() == 0:
+        for grad in (dweight, dbias):  # sums over no rows
+            if grad is not None:
+                grad.zero_()
+        return
+    n = math.prod(normalized_shape)
+    op = "layer_norm_backward"
+    _kernels().layer_norm_backward(
+        _rows(dy, n),
+        _rows(x, n),
+        _vector(weight),
+        mean.reshape(-1),
+        rstd.reshape(-1),
+        dx=_out_rows(op, "dx", dx, n),
+        dweight=_out_vector(op, "dweight", dweight),
+        dbias=_out_vector(op, "dbias", dbias),
+    )
+
+
+# --- rms norm --------------------------------------------------------------------------------------------------------
+
+
+def _check_rms_norm(x, normalized_shape, weight, eps) -> None:
+    _check_input("rms_norm", "x", x)
+    _check_normalized_shape("rms_norm", x, normalized_shape)
+    _check_param("rms_norm", "weight", weight, x, normalized_shape)
+    _check_eps("rms_norm", eps)
+
+
+@register_op(
+    "rms_norm",
+    outputs=lambda x, ns, weight, eps: (_like(x), _stats(x, ns)),
+    check=_check_rms_norm,
+)
+def rms_norm(
+    x: Tensor,
+    normalized_shape: list[int],
+    weight: Tensor | None = None,
+    eps: float | None = None,
+    *,
+    out: Tensor,
+    rstd: Tensor | None = None,
+) -> None:
+    if x.numel() == 0:
+        return
+    n = math.prod(normalized_shape)
+    _kernels().rms_norm(
+        _rows(x, n),
+        _vector(weight),
+        _rms_eps(eps),
+        out=_out_rows("rms_norm", "out", out, n),
+        rstd=_out_vector("rms_norm", "rstd", rstd),
+    )
+
+
+def _check_rms_norm_backward(dy, x, normalized_shape, weight, rstd) -> None:
+    _check_input("rms_norm_backward", "x", x)
+    _check_like("rms_norm_backward", "dy", dy, x, "x")
+    _check_normalized_shape("rms_norm_backward", x, normalized_shape)
+    _check_param("rms_norm_backward", "weight", weight, x, normalized_shape)
+    _check_stats("rms_norm_backward", "rstd", rstd, x, normalized_shape)
+
+
+@register_op(
+    "rms_norm_backward",
+    outputs=lambda dy, x, ns, weight, rstd: (_like(x), _param(weight)),
+    check=_check_rms_norm_backward,
+)
+def rms_norm_backward(
+    dy: Tensor,
+    x: Tensor,
+    normalized_shape: list[int],
+    weight: Tensor | None,
+    rstd: Tensor,
+    *,
+    dx: Tensor,
+    dweight: Tensor | None = None,
+) -> None:
+    if x.numel() == 0:
+        if dweight is not None:
+            dweight.zero_()
+        return
+    n = math.prod(normalized_shape)
+    op = "rms_norm_backward"
+    _kernels().rms_norm_backward(
+        _rows(dy, n),
+        _rows(x, n),
+        _vector(weight),
+        rstd.reshape(-1),
+        dx=_out_rows(op, "dx", dx, n),
+        dweight=_out_vector(op, "dweight", dweight),
+    )
+
+
+def _check_fused_add_rms_norm(x, residual, normalized_shape, weight, eps) -> None:
+    _check_input("fused_add_rms_norm", "x", x)
+    _check_like("fused_add_rms_norm", "residual", residual, x, "x")
+    _check_normalized_shape("fused_add_rms_norm", x, normalized_shape)
+    _check_param("fused_add_rms_norm", "weight", weight, x, normalized_shape)
+    _check_eps("fused_add_rms_norm", eps)
+
+
+@register_op(
+    "fused_add_rms_norm",
+    outputs=lambda x, residual, ns, weight, eps: (_like(x), _like(x), _stats(x, ns)),
+    check=_check_fused_add_rms_norm,
+)
+def fused_add_rms_norm(
+    x: Tensor,
+    residual: Tensor,
+    normalized_shape: list[int],
+    weight: Tensor | None = None,
+    eps: float | None = None,
+    *,
+    out: Tensor,
+    residual_out: Tensor,
+    rstd: Tensor | None = None,
+) -> None:
+    if x.numel() == 0:
+        return
+    n = math.prod(normalized_shape)
+    op = "fused_add_rms_norm"
+    _kernels().fused_add_rms_norm(
+        _rows(x, n),
+        _rows(residual, n),
+        _vector(weight),
+        _rms_eps(eps),
+        out=_out_rows(op, "out", out, n),
+        residual_out=_out_rows(op, "residual_out", residual_out, n),
+        rstd=_out_vector(op, "rstd", rstd),
+    )
