@@ -34,6 +34,7 @@ from flydsl.compiler.tracing import user_traceback
 from flydsl.expr.numeric import Float, Index, Integer, Numeric
 from flydsl.expr.params import Stream, is_constexpr
 from flydsl.expr.tensor import Tensor
+from flydsl.expr.tma import TmaDescriptor, TmaTile
 
 __all__ = ["kernel", "KernelFunction", "KernelCall"]
 
@@ -56,7 +57,7 @@ def _user_errors(method):
 @dataclass(frozen=True)
 class _Param:
     name: str
-    kind: str  # "tensor", "numeric", "constexpr", "stream"
+    kind: str  # "tensor", "tma", "numeric", "constexpr", "stream"
     numeric: type[Numeric] | None = None
 
 
@@ -68,6 +69,8 @@ def _classify(fn, hints: dict) -> list[_Param]:
         annotation = hints.get(name, parameter.annotation)
         if annotation is Tensor:
             params.append(_Param(name, "tensor"))
+        elif annotation is TmaDescriptor:
+            params.append(_Param(name, "tma"))
         elif isinstance(annotation, type) and issubclass(annotation, Numeric):
             params.append(_Param(name, "numeric", annotation))
         elif is_constexpr(annotation):
@@ -76,8 +79,8 @@ def _classify(fn, hints: dict) -> list[_Param]:
             params.append(_Param(name, "stream"))
         else:
             raise TypeError(
-                f"kernel '{fn.__name__}': parameter '{name}' needs an annotation: fx.Tensor, a numeric type such as"
-                f" fx.Int32 / fx.Float32, fx.Constexpr[...] or fx.Stream (got {annotation!r})"
+                f"kernel '{fn.__name__}': parameter '{name}' needs an annotation: fx.Tensor, fx.TmaDescriptor, a"
+                f" numeric type such as fx.Int32 / fx.Float32, fx.Constexpr[...] or fx.Stream (got {annotation!r})"
             )
     return params
 
@@ -100,17 +103,22 @@ class _Specialization:
 class KernelFunction:
     """A ``@kernel`` function: call it with arguments to get a launchable :class:`KernelCall`."""
 
-    def __init__(self, fn, target: Target = SM90A):
+    def __init__(self, fn, target: Target = SM90A, attributes: KernelAttributes | None = None):
         self.fn = fn
         self.name = fn.__name__
         self.target = target
+        self.attributes = attributes or KernelAttributes()
         self.params = _classify(fn, typing.get_type_hints(fn))
         self._signature = inspect.signature(fn)
         self._loaded: dict[tuple, _LoadedKernel] = {}
         self._arity = len(self.params)
-        # The native launch path: every kernel in _loaded is registered with it (see KernelCall.launch).
-        self._dispatcher = self.new_dispatcher()
-        self._dispatch = self._dispatcher.launch
+        # The native launch path: every kernel in _loaded is registered with it (see KernelCall.launch). It does
+        # not read TmaTile arguments yet: kernels taking them launch through the Python path.
+        if any(p.kind == "tma" for p in self.params):
+            self._dispatcher, self._dispatch = None, _no_native_dispatch
+        else:
+            self._dispatcher = self.new_dispatcher()
+            self._dispatch = self._dispatcher.launch
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -175,6 +183,17 @@ class KernelFunction:
                     extend(e for e, fixed in zip(shape, extents, strict=True) if fixed is None)
                 for position in passed:
                     append(strides[position])
+            elif kind == "tma":
+                if type(value) is not TmaTile:
+                    raise TypeError(
+                        f"argument '{param.name}': expected a fx.TmaTile(tensor, box, swizzle),"
+                        f" got {type(value).__name__}"
+                    )
+                key.append(value.key())
+                append(value.tensor_map if value._map is not None else None)  # None: a TensorSpec, compile only
+                extend(value.shape)
+                source = value.source
+                tensors.append(source if _is_torch_tensor(source) else value.described)
             elif kind == "numeric":
                 append(_scalar(param, value))
                 key.append(param.numeric.__name__)
@@ -190,7 +209,8 @@ class KernelFunction:
 
     def compiled_module(self, spec: _Specialization) -> CompiledModule:
         """The compiled module of a specialization: from the disk cache, else traced and compiled (and stored)."""
-        key = cache.compiler_fingerprint() + cache.source_fingerprint(self.fn) + repr((self.target, spec.key))
+        key = cache.compiler_fingerprint() + cache.source_fingerprint(self.fn)
+        key += repr((self.target, self.attributes, spec.key))
         disk_key = hashlib.blake2b(key.encode(), digest_size=20).hexdigest()
         compiled = cache.load(disk_key)
         if compiled is None:
@@ -207,7 +227,8 @@ class KernelFunction:
         loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
         if settings.current().cache_enabled:  # FLYDSL_RUNTIME_ENABLE_CACHE=0: every launch compiles again
             self._loaded[spec.key] = loaded
-            self._dispatcher.add(spec.key, loaded.function, loaded.signature, loaded.shared_bytes)
+            if self._dispatcher is not None:
+                self._dispatcher.add(spec.key, loaded.function, loaded.signature, loaded.shared_bytes)
         return loaded
 
     def loaded(self, spec: _Specialization) -> _LoadedKernel:
@@ -218,6 +239,7 @@ class KernelFunction:
         if stream is None:
             stream = spec.stream
         handle = _stream_handle(stream) if stream is not None else _default_stream(spec.tensors)
+        self.attributes.check_launch(self.name, block, cluster)
         shared = loaded.shared_bytes if smem is None else smem
         if shared < loaded.shared_bytes:
             raise ValueError(
@@ -235,11 +257,15 @@ class KernelFunction:
             with ir.InsertionPoint(module.body):
                 gpu_module = gpu.GPUModuleOp(f"{self.name}_module")
                 module_body = gpu_module.bodyRegion.blocks.append()
-            types, builders = self._parameter_types(key)
+            types, builders, grid_constants = self._parameter_types(key)
             with ir.InsertionPoint(module_body):
                 function = gpu.GPUFuncOp(
                     ir.TypeAttr.get(ir.FunctionType.get(types, [])), sym_name=self.name, kernel=True
                 )
+                for name, attribute in self.attributes.mlir_attributes().items():
+                    function.attributes[name] = attribute
+                if grid_constants:  # by-value parameters: the pipeline marks them after lowering to LLVM
+                    function.attributes["fly.grid_constants"] = ir.DenseI32ArrayAttr.get(grid_constants)
                 entry = function.body.blocks.append(*types)
             with ir.InsertionPoint(entry):
                 arguments, position = [], 0
@@ -256,7 +282,7 @@ class KernelFunction:
 
     def _parameter_types(self, key: tuple):
         """The MLIR parameter types of the specialization, and how to build each Python argument from them."""
-        types, builders = [], []
+        types, builders, grid_constants = [], [], []
         # The key has no entry for fx.Stream parameters (they do not specialize the kernel).
         specs = iter(key)
         for param in self.params:
@@ -268,6 +294,12 @@ class KernelFunction:
                 types.append(ir.Type.parse("!llvm.ptr<1>"))
                 types.extend([ir.IntegerType.get_signless(64)] * (count - 1))
                 builders.append((_tensor_builder(dtype_name, extents, strides, aligned), count))
+            elif param.kind == "tma":
+                _, dtype_name, rank, box, swizzle = spec
+                grid_constants.append(len(types))
+                types.append(ir.Type.parse("!llvm.ptr"))
+                types.extend([ir.IntegerType.get_signless(64)] * rank)
+                builders.append((_descriptor_builder(dtype_name, box, swizzle), 1 + rank))
             elif param.kind == "numeric":
                 types.append(param.numeric.mlir_type())
                 builders.append((lambda values, cls=param.numeric: cls(values[0]), 1))
@@ -277,7 +309,7 @@ class KernelFunction:
                 builders.append((lambda values: None, 0))
         if next(specs, None) is not None:
             raise ValueError(f"kernel '{self.name}': key {key!r} does not match its parameters")
-        return types, builders
+        return types, builders, grid_constants
 
 
 _INT64_BOUNDS = (-(1 << 63), (1 << 63) - 1)
@@ -335,6 +367,20 @@ def _tensor_builder(dtype_name: str, extents: tuple, strides: tuple, aligned: bo
         return Tensor(pointer, layout, dtype, space="global", alignment=alignment)
 
     return build
+
+
+def _descriptor_builder(dtype_name: str, box: tuple, swizzle: int):
+    from flydsl.expr.numeric import _BY_MLIR_NAME
+
+    def build(values: list[ir.Value]):
+        shape = tuple(Index(_to_index(v)) for v in values[1:])
+        return TmaDescriptor(values[0], _BY_MLIR_NAME[dtype_name], box, swizzle, shape)
+
+    return build
+
+
+def _no_native_dispatch(*_args) -> bool:
+    return False
 
 
 def _to_index(value: ir.Value) -> ir.Value:
@@ -438,8 +484,69 @@ class KernelCall:
         kernel.launch_specialized(kernel.loaded(spec), spec, grid, block, smem, stream, cluster)
 
 
-def kernel(fn=None, *, target: Target = SM90A):
-    """Decorates a device function; ``@kernel`` or ``@kernel(target=flyc.SM80)``."""
+@dataclass(frozen=True)
+class KernelAttributes:
+    """What ``@kernel(...)`` promises the compiler about every launch (PTX performance-tuning directives):
+
+    * ``threads``: the exact block size (``.reqntid``); launches with another block size are refused. With
+      ``min_blocks_per_sm`` it gives the kernel the register cap that ``nvvm.setmaxnreg`` needs.
+    * ``max_registers``: registers per thread (``.maxnreg``).
+    * ``min_blocks_per_sm``: blocks that must fit on one SM at once (``.minnctapersm``).
+    * ``cluster``: the cluster shape, compiled in (``.reqnctapercluster``); the grid must be a multiple of it.
+    """
+
+    threads: tuple[int, ...] | None = None
+    max_registers: int | None = None
+    min_blocks_per_sm: int | None = None
+    cluster: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        for name in ("threads", "cluster"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            dims = (value,) if isinstance(value, int) else tuple(value)
+            if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and d >= 1 for d in dims):
+                raise ValueError(f"kernel {name}: expected 1 to 3 positive ints, got {value!r}")
+            object.__setattr__(self, name, dims + (1,) * (3 - len(dims)))
+        if self.threads is not None and self.threads[0] * self.threads[1] * self.threads[2] > 1024:
+            raise ValueError(f"kernel threads: a block has at most 1024 threads, got {self.threads}")
+        if self.max_registers is not None and not (
+            isinstance(self.max_registers, int) and 24 <= self.max_registers <= 255
+        ):
+            raise ValueError(f"kernel max_registers: expected an int in 24..255, got {self.max_registers!r}")
+        if self.min_blocks_per_sm is not None and not (
+            isinstance(self.min_blocks_per_sm, int) and self.min_blocks_per_sm >= 1
+        ):
+            raise ValueError(f"kernel min_blocks_per_sm: expected a positive int, got {self.min_blocks_per_sm!r}")
+
+    def mlir_attributes(self) -> dict[str, ir.Attribute]:
+        attributes = {}
+        if self.threads is not None:
+            attributes["nvvm.reqntid"] = ir.DenseI32ArrayAttr.get(list(self.threads))
+        if self.max_registers is not None:
+            attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), self.max_registers)
+        if self.min_blocks_per_sm is not None:
+            attributes["nvvm.minctasm"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), self.min_blocks_per_sm)
+        if self.cluster is not None:
+            attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get(list(self.cluster))
+        return attributes
+
+    def check_launch(self, name: str, block, cluster) -> None:
+        if self.threads is not None:
+            dims = (block,) if isinstance(block, int) else tuple(block)
+            if dims + (1,) * (3 - len(dims)) != self.threads:
+                raise ValueError(f"block: kernel '{name}' was compiled for blocks of {self.threads}, got {block}")
+        if self.cluster is not None and cluster is not None:
+            dims = (cluster,) if isinstance(cluster, int) else tuple(cluster)
+            if dims + (1,) * (3 - len(dims)) != self.cluster:
+                raise ValueError(f"cluster: kernel '{name}' was compiled for clusters of {self.cluster}, got {cluster}")
+
+
+def kernel(fn=None, *, target: Target = SM90A, threads=None, max_registers=None, min_blocks_per_sm=None, cluster=None):
+    """Decorates a device function; ``@kernel``, ``@kernel(target=flyc.SM80)``, ``@kernel(threads=384,
+    min_blocks_per_sm=1)`` (see :class:`KernelAttributes`)."""
+    attributes = KernelAttributes(threads, max_registers, min_blocks_per_sm, cluster)
     if fn is None:
-        return lambda f: KernelFunction(f, target)
-    return KernelFunction(fn, target)
+        return lambda f: KernelFunction(f, target, attributes)
+    return KernelFunction(fn, target, attributes)

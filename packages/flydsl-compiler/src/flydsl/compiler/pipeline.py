@@ -110,6 +110,8 @@ def _compile_in_process(
                 raise CompilationError(stage.name, format_mlir_error(error)) from None
             if stage.name == "fly":
                 _check_fly_lowered(module)
+            if stage.name == "llvm":
+                _mark_grid_constants(module)
             if stage.name != ISA_STAGE:
                 _record(kept, dump_dir, name, stage.name, module, keep_stages)
         ptx = _extract_ptx(module)
@@ -176,6 +178,33 @@ def _signature_code(kernel: str, position: int, type_: ir.Type, attrs: ir.DictAt
         f"kernel '{kernel}' argument {position} has type {text}; the launcher takes pointers, 128-byte tensor maps,"
         " i32, i64, f32 and f64",
     )
+
+
+def _mark_grid_constants(module: ir.Module) -> None:
+    """Kernel parameters passed by value (TMA descriptors: the positions a kernel lists in ``fly.grid_constants``)
+    become 128-byte ``__grid_constant__`` parameters. Done on the LLVM-level kernel: ``convert-gpu-to-nvvm`` drops
+    argument attributes such as ``llvm.byval`` from ``gpu.func``, and ``nvvm.grid_constant`` is only valid on
+    ``llvm.func`` kernels."""
+
+    def visit(op):
+        if op.name == "llvm.func" and "fly.grid_constants" in op.attributes:
+            positions = set(ir.DenseI32ArrayAttr(op.attributes["fly.grid_constants"]))
+            count = len(op.regions[0].blocks[0].arguments)
+            old = op.attributes["arg_attrs"] if "arg_attrs" in op.attributes else None
+            by_value = {
+                "llvm.byval": ir.TypeAttr.get(ir.Type.parse("!llvm.array<128 x i8>")),
+                "llvm.align": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 64),
+                "nvvm.grid_constant": ir.UnitAttr.get(),
+            }
+            attrs = []
+            for position in range(count):
+                existing = {a.name: a.attr for a in ir.DictAttr(old[position])} if old is not None else {}
+                attrs.append(ir.DictAttr.get({**existing, **by_value} if position in positions else existing))
+            op.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+            del op.attributes["fly.grid_constants"]
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
 
 
 def _refuse_memref_arguments(gpu_module: ir.Operation) -> None:
