@@ -10,6 +10,7 @@ import flydsl.expr.buffer_ops as buffer_ops
 import flydsl.expr.cluster as cluster
 import flydsl.expr.nvvm as nvvm
 import flydsl.expr.vector as vector
+import flydsl.expr.wgmma as wgmma
 from flydsl.expr import arith, gpu, math
 from flydsl.expr.layout import cosize, crd2idx, get, idx2crd, make_layout, rank, size
 from flydsl.expr.numeric import (

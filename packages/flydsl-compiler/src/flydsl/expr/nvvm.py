@@ -34,6 +34,7 @@ __all__ = [
     "cp_async_wait_group",
     "mma_sync",
     "address",
+    "fence_proxy_async",
 ]
 
 _FULL_MASK = -1  # 0xffffffff as an i32
@@ -361,3 +362,28 @@ def cp_async_wait_group(n: int = 0) -> None:
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"cp_async_wait_group: n must be a non-negative int, got {n!r}")
     _nvvm.cp_async_wait_group(n)
+
+# --- proxy fences -----------------------------------------------------------------------------------------------
+
+_ASYNC_PROXY_SPACES = {"shared": "shared_cta", "shared::cta": "shared_cta", "shared::cluster": "shared_cluster"}
+
+
+def fence_proxy_async(space: str | None = "shared") -> None:
+    """``fence.proxy.async[.shared::cta | .shared::cluster | .global]``: orders this thread's generic-proxy accesses
+    (ordinary loads/stores, ``stmatrix``) to ``space`` with later async-proxy accesses (wgmma operands, TMA, bulk
+    copies) and the reverse. Shared memory written by threads for wgmma/TMA needs it in each writing thread, then a
+    barrier. ``space``: ``"shared"`` (= ``"shared::cta"``), ``"shared::cluster"``, ``"global"``, or None (all).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-membar
+    """
+    if space is None:
+        _nvvm.fence_proxy(_nvvm.ProxyKind.async_)
+    elif space == "global":
+        _nvvm.fence_proxy(_nvvm.ProxyKind.async_global)
+    elif space in _ASYNC_PROXY_SPACES:
+        shared = getattr(_nvvm.SharedSpace, _ASYNC_PROXY_SPACES[space])
+        _nvvm.fence_proxy(_nvvm.ProxyKind.async_shared, space=shared)
+    else:
+        raise ValueError(
+            f"fence_proxy_async space: expected 'shared', 'shared::cluster', 'global' or None, got {space!r}"
+        )
