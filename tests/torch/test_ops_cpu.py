@@ -1,0 +1,320 @@
+"""torch.ops.flydsl.* without a GPU: registration and schemas, fake (meta) implementations, autograd wiring,
+torch.compile(fullgraph=True) tracing, errors, and the views handed to the kernels."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._subclasses import FakeTensorMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import flydsl.torch as ft  # noqa: E402
+from flydsl.torch import ops  # noqa: E402
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+NAMES = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm")
+BACKWARD = ("softmax_backward", "layer_norm_backward", "rms_norm_backward")
+
+
+def _schema(name: str) -> str:
+    return str(getattr(torch.ops.flydsl, name).default._schema)
+
+
+# --- registration ----------------------------------------------------------------------------------------------------
+
+
+def test_every_op_is_registered_functional_and_mutating():
+    assert set(ft.registered_ops()) == set(NAMES + BACKWARD)
+    for name in NAMES + BACKWARD:
+        functional, out = _schema(name), _schema(f"{name}_out")
+        assert "!" not in functional, functional  # the functional op mutates nothing
+        assert out.endswith("-> ()"), out
+        op = ft.registered_ops()[name]
+        for output in op.output_names:
+            assert f"!) {output}" in out or f"!)? {output}" in out, (output, out)
+
+
+def test_schemas():
+    assert _schema("softmax") == "flydsl::softmax(Tensor x) -> Tensor"
+    assert _schema("softmax_out") == "flydsl::softmax_out(Tensor x, Tensor(a1!) out) -> ()"
+    assert _schema("layer_norm").startswith(
+        "flydsl::layer_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps="
+    )
+    assert _schema("layer_norm").endswith("-> (Tensor, Tensor, Tensor)")
+    assert "Tensor(a6!)? mean=None, Tensor(a7!)? rstd=None" in _schema("layer_norm_out")
+    assert _schema("rms_norm") == (
+        "flydsl::rms_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None)"
+        " -> (Tensor, Tensor)"
+    )
+    assert _schema("fused_add_rms_norm_out").endswith(
+        "Tensor(a5!) out, Tensor(a6!) residual_out, Tensor(a7!)? rstd=None) -> ()"
+    )
+    assert _schema("layer_norm_backward") == (
+        "flydsl::layer_norm_backward(Tensor dy, Tensor x, SymInt[] normalized_shape, Tensor? weight, Tensor mean,"
+        " Tensor rstd) -> (Tensor, Tensor, Tensor)"
+    )
+
+
+def test_registering_twice_is_refused():
+    with pytest.raises(RuntimeError, match="already registered"):
+        ops.register_op("softmax", outputs=lambda x: (), check=lambda x: None)(lambda x, *, out: None)
+
+
+# --- fake implementations ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fake_outputs_shapes_and_dtypes(dtype):
+    with FakeTensorMode():
+        x = torch.empty(2, 3, 5, 7, dtype=dtype, device="cuda")
+        w = torch.empty(5, 7, dtype=torch.float32, device="cuda")  # float32 weights beside any input dtype
+        w7 = torch.empty(7, dtype=torch.float32, device="cuda")
+        y = torch.ops.flydsl.softmax(x)
+        assert (y.shape, y.dtype, y.device.type) == (x.shape, dtype, "cuda")
+        dx = torch.ops.flydsl.softmax_backward(y, y)
+        assert (dx.shape, dx.dtype) == (x.shape, dtype)
+
+        out, mean, rstd = torch.ops.flydsl.layer_norm(x, [5, 7], w, w, 1e-5)
+        assert (out.shape, out.dtype) == (x.shape, dtype)
+        assert (mean.shape, mean.dtype, rstd.shape, rstd.dtype) == ((2, 3), torch.float32, (2, 3), torch.float32)
+        dx, dw, db = torch.ops.flydsl.layer_norm_backward(out, x, [5, 7], w, mean, rstd)
+        assert (dx.shape, dx.dtype) == (x.shape, dtype)
+        assert (dw.shape, dw.dtype, db.shape, db.dtype) == ((5, 7), torch.float32, (5, 7), torch.float32)
+        dx, dw, db = torch.ops.flydsl.layer_norm_backward(out, x, [5, 7], None, mean, rstd)
+        assert dw.numel() == 0 and db.numel() == 0  # no weight: nothing to differentiate
+
+        out, rstd = torch.ops.flydsl.rms_norm(x, [7], None, None)
+        assert (out.shape, rstd.shape, rstd.dtype) == (x.shape, (2, 3, 5), torch.float32)
+        dx, dw = torch.ops.flydsl.rms_norm_backward(out, x, [7], w7, rstd)
+        assert (dx.shape, dw.shape, dw.dtype) == (x.shape, (7,), torch.float32)
+
+        out, residual_out, rstd = torch.ops.flydsl.fused_add_rms_norm(x, x, [7], w7.to(dtype), 1e-6)
+        assert out.shape == residual_out.shape == x.shape and out.dtype == residual_out.dtype == dtype
+        assert rstd.shape == (2, 3, 5)
+
+
+def test_fake_out_ops_check_the_outputs_given():
+    with FakeTensorMode():
+        x = torch.empty(4, 16, dtype=torch.bfloat16, device="cuda")
+        torch.ops.flydsl.softmax_out(x, torch.empty_like(x))
+        torch.ops.flydsl.layer_norm_out(x, [16], None, None, 1e-5, out=torch.empty_like(x))  # no statistics
+        with pytest.raises(ValueError, match=r"flydsl.softmax: out: expected a bfloat16 tensor of shape \(4, 16\)"):
+            torch.ops.flydsl.softmax_out(x, torch.empty(4, 15, dtype=torch.bfloat16, device="cuda"))
+        with pytest.raises(ValueError, match="flydsl.layer_norm: rstd: expected a float32 tensor of shape"):
+            bad = torch.empty(4, 1, device="cuda")
+            torch.ops.flydsl.layer_norm_out(x, [16], None, None, 1e-5, out=torch.empty_like(x), rstd=bad)
+        with pytest.raises(ValueError, match="dweight: not written with these inputs"):
+            s = torch.empty(4, device="cuda")
+            dw = torch.empty(16, device="cuda")
+            torch.ops.flydsl.rms_norm_backward_out(x, x, [16], None, s, torch.empty_like(x), dw)
+
+
+def test_meta_tensors_run_the_fake_implementation():
+    x = torch.empty(3, 8, device="meta")
+    out, mean, rstd = torch.ops.flydsl.layer_norm(x, [8])
+    assert out.device.type == "meta" and mean.shape == (3,)
+
+
+# --- autograd ---------------------------------------------------------------------------------------------------------
+
+
+def _leaf(*shape, dtype=torch.float32):
+    return torch.empty(*shape, dtype=dtype, device="meta", requires_grad=True)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("weight", [True, False])
+def test_layer_norm_gradients_reach_every_input(weight, bias):
+    x = _leaf(2, 3, 8, dtype=torch.bfloat16)
+    w = _leaf(8) if weight else None
+    b = _leaf(8) if bias else None
+    ft.layer_norm(x, 8, w, b).sum().backward()
+    assert x.grad.shape == x.shape and x.grad.dtype == torch.bfloat16
+    for p in (w, b):
+        if p is not None:
+            assert p.grad.shape == (8,) and p.grad.dtype == torch.float32
+
+
+def test_rms_and_softmax_gradients():
+    x, r, w = _leaf(4, 8), _leaf(4, 8), _leaf(8)
+    out, residual_out = ft.fused_add_rms_norm(x, r, 8, w)
+    (out.sum() + residual_out.sum()).backward()
+    assert x.grad.shape == r.grad.shape == (4, 8) and w.grad.shape == (8,)
+    x = _leaf(4, 8)
+    ft.rms_norm(x, [8]).sum().backward()
+    assert x.grad.shape == (4, 8)
+    x = _leaf(4, 6, 8)
+    ft.softmax(x, dim=1).sum().backward()  # a dim other than the last moves there and back
+    assert x.grad.shape == (4, 6, 8)
+
+
+def test_statistics_are_not_differentiable():
+    x = _leaf(4, 8)
+    _, mean, rstd = torch.ops.flydsl.layer_norm(x, [8])
+    assert not mean.requires_grad and not rstd.requires_grad
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_inference_calls_the_out_op_without_statistics_and_training_the_functional_op():
+    x = torch.empty(4, 8, device="meta")
+    with _Recorder() as rec, torch.no_grad():
+        ft.layer_norm(x, [8])
+    assert "flydsl.layer_norm_out.default" in rec.names
+    with _Recorder() as rec:
+        ft.layer_norm(x.requires_grad_(), [8]).sum().backward()
+    assert "flydsl.layer_norm.default" in rec.names and "flydsl.layer_norm_backward.default" in rec.names
+
+
+# --- torch.compile ----------------------------------------------------------------------------------------------------
+
+
+def _graphs():
+    """An aot_autograd backend that keeps the forward and backward graphs it is given."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def keep(gm, _inputs):
+        graphs.append(gm)
+        return gm
+
+    return aot_autograd(fw_compiler=keep, bw_compiler=keep), graphs
+
+
+def _targets(gm) -> str:
+    return " ".join(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+
+
+def test_compile_fullgraph_forward_and_backward_use_the_flydsl_ops():
+    torch._dynamo.reset()
+    backend, graphs = _graphs()
+    w, b = _leaf(8), _leaf(8)
+
+    def block(x, r):
+        h = ft.layer_norm(x, [8], w, b)
+        h, r = ft.fused_add_rms_norm(h, r, [8], w)
+        return ft.softmax(h).sum() + r.sum()
+
+    x, r = _leaf(2, 3, 8), _leaf(2, 3, 8)
+    torch.compile(block, backend=backend, fullgraph=True)(x, r).backward()
+    forward, backward = _targets(graphs[0]), _targets(graphs[1])
+    for name in ("layer_norm", "fused_add_rms_norm", "softmax"):
+        assert f"flydsl.{name}.default" in forward, forward
+    for name in ("layer_norm_backward", "rms_norm_backward", "softmax_backward"):
+        assert f"flydsl.{name}.default" in backward, backward
+    assert x.grad.shape == r.grad.shape == x.shape and w.grad.shape == b.grad.shape == (8,)
+
+
+def test_modules_run_flydsl_on_cuda_and_torch_elsewhere():
+    # Fake CUDA tensors cannot carry autograd in a CPU build of torch: inference only here (gradients: meta tests).
+    with FakeTensorMode(), torch.no_grad():
+        x = torch.empty(2, 8, device="cuda")
+        ln, rms = ft.nn.LayerNorm(8, device="cuda"), ft.nn.RMSNorm(8, device="cuda")
+        with _Recorder() as rec:
+            ln(x)
+            rms(x)
+            out, residual_out = rms(x, x)
+        assert out.shape == residual_out.shape == (2, 8)
+        called = [name for name in rec.names if name.startswith("flydsl.")]
+        assert called == ["flydsl.layer_norm_out.default", "flydsl.rms_norm_out.default"] + [
+            "flydsl.fused_add_rms_norm_out.default"
+        ]
+    x = torch.empty(2, 8, device="meta")  # not CUDA: torch's own forward
+    with _Recorder() as rec:
+        ft.nn.LayerNorm(8, device="meta")(x)
+        ft.nn.RMSNorm(8, device="meta")(x, x)
+    assert not any("flydsl" in name for name in rec.names)
+
+
+def test_compile_inference_functionalizes_the_out_ops():
+    torch._dynamo.reset()
+    backend, graphs = _graphs()
+
+    def f(x, w):
+        return ft.rms_norm(x, [16], w, 1e-6) * 2
+
+    with torch.no_grad():
+        torch.compile(f, backend=backend, fullgraph=True, dynamic=True)(
+            torch.empty(5, 16, device="meta"), torch.empty(16, device="meta")
+        )
+    assert "auto_functionalized" in _targets(graphs[0]) and "flydsl.rms_norm_out" in str(graphs[0].graph)
+
+
+def test_explain_reports_no_graph_breaks():
+    torch._dynamo.reset()
+    w = torch.empty(8, device="meta")
+
+    def f(x):
+        y = ft.layer_norm(x, [8], w, w)
+        y = ft.rms_norm(y, 8, w)
+        return ft.softmax(y, dim=0)
+
+    explanation = torch._dynamo.explain(f)(torch.empty(4, 8, device="meta"))
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+
+
+# --- errors -----------------------------------------------------------------------------------------------------------
+
+
+def test_errors_name_the_argument():
+    x = torch.empty(4, 8, device="meta")
+    with pytest.raises(TypeError, match="flydsl.softmax: x: expected dtype float32, float16 or bfloat16, got float64"):
+        torch.ops.flydsl.softmax(x.double())
+    with pytest.raises(ValueError, match=r"normalized_shape: expected the trailing dims of x \(shape \(4, 8\)\)"):
+        torch.ops.flydsl.layer_norm(x, [4])
+    with pytest.raises(ValueError, match=r"flydsl.layer_norm: weight: expected shape \(8,\)"):
+        torch.ops.flydsl.layer_norm(x, [8], torch.empty(7, device="meta"))
+    with pytest.raises(TypeError, match="flydsl.rms_norm: weight: expected dtype float16 .x's. or float32"):
+        torch.ops.flydsl.rms_norm(x.half(), [8], torch.empty(8, device="meta", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="flydsl.rms_norm: eps: expected a non-negative number"):
+        torch.ops.flydsl.rms_norm(x, [8], None, -1.0)
+    with pytest.raises(ValueError, match=r"flydsl.fused_add_rms_norm: residual: expected shape \(4, 8\)"):
+        torch.ops.flydsl.fused_add_rms_norm(x, x[:2], [8])
+    with pytest.raises(TypeError, match="flydsl.softmax_backward: dy: expected dtype float32"):
+        torch.ops.flydsl.softmax_backward(x.half(), x)
+    with pytest.raises(ValueError, match=r"flydsl.rms_norm_backward: rstd: expected a float32 tensor of shape \(4,\)"):
+        torch.ops.flydsl.rms_norm_backward(x, x, [8], None, torch.empty(4, 1, device="meta"))
+    with pytest.raises(ValueError, match="normalized_shape: expected at least one element"):
+        torch.ops.flydsl.layer_norm(torch.empty(4, 0, device="meta"), [0])
+    with pytest.raises(IndexError, match="flydsl.softmax: dim"):
+        ft.softmax(x, dim=2)
+
+
+def test_real_tensors_must_be_on_one_cuda_device():
+    with pytest.raises(ValueError, match="flydsl.softmax: x: expected a CUDA tensor, got one on cpu"):
+        torch.ops.flydsl.softmax(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="flydsl.layer_norm: weight: expected a tensor on cuda:0 .where x is."):
+        with FakeTensorMode():
+            torch.ops.flydsl.layer_norm(torch.empty(2, 4, device="cuda"), [4], torch.empty(4))
+
+
+# --- views handed to the kernels --------------------------------------------------------------------------------------
+
+
+def test_rows_are_views_where_strides_allow():
+    base = torch.arange(60.0).reshape(3, 4, 5)
+    strided = base[:, :, :4]  # row stride 5 > N = 4: kept as a view
+    rows = ops._rows(strided, 4)
+    assert rows.data_ptr() == base.data_ptr() and rows.stride() == (5, 1) and torch.equal(rows, strided.reshape(-1, 4))
+    transposed = base.transpose(1, 2)  # last-dim stride 5: copied
+    rows = ops._rows(transposed, 4)
+    assert rows.is_contiguous() and torch.equal(rows, transposed.reshape(-1, 4))
+    broadcast = torch.ones(1, 6).expand(5, 6)  # row stride 0: copied (rows must not overlap)
+    assert ops._rows(broadcast, 6).stride() == (6, 1)
+
+
+def test_outputs_must_be_views():
+    assert ops._out_rows("op", "out", torch.empty(2, 3, 4), 4).shape == (6, 4)
+    with pytest.raises(ValueError, match="flydsl.op: out: expected unit stride over the normalized dims"):
+        ops._out_rows("op", "out", torch.empty(4, 6).t(), 4)
