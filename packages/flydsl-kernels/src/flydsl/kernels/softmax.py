@@ -1,9 +1,75 @@
-"""Kernels in progress (the API skeleton in norms.py is final; the kernels land in the next commits)."""
+"""Softmax over rows, forward and backward, on the shared row-reduction base (:mod:`flydsl.kernels.reduction`).
+
+Forward: the row is read once into registers, ``max`` reduced, ``exp2((x - max) * log2(e))`` (``ex2.approx``, 2 ulp),
+``sum`` reduced, each value scaled by ``1 / sum`` and written. Backward: ``dx = y * (dy - sum(dy * y))``.
+"""
+
+from __future__ import annotations
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import nvvm
+from flydsl.kernels.reduction import (
+    RowConfig,
+    load_row,
+    row_config,
+    row_done,
+    row_position,
+    row_reduce,
+    row_smem,
+    store_row,
+    thread_reduce,
+)
+
+__all__ = ["forward", "backward", "softmax_forward_kernel", "softmax_backward_kernel"]
+
+_LOG2E = 1.4426950408889634
 
 
-def forward(*args, **kwargs):
-    raise NotImplementedError("flydsl.kernels: kernel not landed yet")
+@flyc.kernel
+def softmax_forward_kernel(x: fx.Tensor, out: fx.Tensor, cfg: fx.Constexpr[RowConfig]):
+    rows, n = x.shape
+    pos = row_position(cfg)
+    smem = row_smem(cfg, phases=2)
+    xs, _ = load_row(cfg, x, pos, n, rows, fill=float("-inf"))  # -inf: neutral for max, exp gives 0
+    row_max = row_reduce(cfg, pos, smem, 0, thread_reduce(xs, "max"), "max")
+    shift = row_max * _LOG2E
+    es = [nvvm.ex2_approx(v * _LOG2E - shift) for v in xs]
+    total = row_reduce(cfg, pos, smem, 1, thread_reduce(es), "add", last=True)
+    scale = 1.0 / total
+    store_row(cfg, out, pos, n, rows, [e * scale for e in es])
+    row_done(cfg)
 
 
-def backward(*args, **kwargs):
-    raise NotImplementedError("flydsl.kernels: kernel not landed yet")
+@flyc.kernel
+def softmax_backward_kernel(dy: fx.Tensor, y: fx.Tensor, dx: fx.Tensor, cfg: fx.Constexpr[RowConfig]):
+    rows, n = y.shape
+    pos = row_position(cfg)
+    smem = row_smem(cfg, phases=1)
+    dys, _ = load_row(cfg, dy, pos, n, rows)
+    ys, _ = load_row(cfg, y, pos, n, rows)
+    dot = row_reduce(cfg, pos, smem, 0, thread_reduce([a * b for a, b in zip(dys, ys, strict=True)]), "add", last=True)
+    store_row(cfg, dx, pos, n, rows, [b * (a - dot) for a, b in zip(dys, ys, strict=True)])
+    row_done(cfg)
+
+
+def _launch(kernel, cfg: RowConfig, rows: int, *tensors) -> None:
+    if rows == 0:
+        return
+    cluster = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
+    kernel(*tensors, cfg).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster)
+
+
+def forward(x, out) -> None:
+    """Launches the forward on validated :class:`~flydsl.kernels.host.RowTensor` arguments."""
+    rows, n = x.shape
+    if n == 0:
+        return
+    _launch(softmax_forward_kernel, row_config(n, x.dtype), rows, x.obj, out.obj)
+
+
+def backward(dy, y, dx) -> None:
+    rows, n = y.shape
+    if n == 0:
+        return
+    _launch(softmax_backward_kernel, row_config(n, y.dtype, held=4), rows, dy.obj, y.obj, dx.obj)

@@ -1,0 +1,202 @@
+"""Effective bandwidth of flydsl.kernels' softmax / layer_norm / rms_norm / fused_add_rms_norm (forward and backward)
+next to torch eager, torch.compile and the device copy, on M x N inputs of 2^28 elements, in one process.
+
+    python benchmarks/norms_bench.py --commit $(git rev-parse HEAD) --kernels softmax,layer_norm \
+        --out benchmarks/results/norms_bf16_f32.json
+
+Effective bandwidth = bytes read + written by the op (inputs, outputs, parameters, statistics) / time. Time: CUDA
+events around each launch, after warm-up, median of ``--reps`` runs (>= 5) on fresh random inputs; peers run in
+the same process, interleaved. Copy bandwidth: ``out.copy_(x)`` of one input-sized tensor (2 x its bytes moved).
+Liger-Kernel is not installed on the GPU machine: not measured (recorded as such). Backward: ours against copy only
+(the bar is 0.85 x copy); torch's eager backward is recorded for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from functools import partial
+
+SIZES = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
+TOTAL = 1 << 28
+
+
+def _events_ms(fn, reps: int, warmup: int = 3) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _ops(torch, F):
+    """name -> (ours(x, aux), torch eager(x, aux), bytes(M, N, element bytes), aux builder)."""
+    from flydsl.kernels import norms
+
+    def aux_w(m, n, dtype):
+        return {"w": torch.randn(n, device="cuda", dtype=dtype), "b": torch.randn(n, device="cuda", dtype=dtype)}
+
+    def aux_res(m, n, dtype):
+        return {"w": torch.randn(n, device="cuda", dtype=dtype), "r": torch.randn(m, n, device="cuda", dtype=dtype)}
+
+    def rms_eager(x, a):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * a["w"].float()).to(x.dtype)
+
+    def fused_eager(x, a):
+        s = x + a["r"]
+        return rms_eager(s, a), s
+
+    return {
+        "softmax": (
+            lambda x, a: norms.softmax(x, a["out"]),
+            lambda x, a: torch.softmax(x, dim=-1),
+            lambda m, n, e: 2 * m * n * e,
+            lambda m, n, d: {},
+        ),
+        "layer_norm": (
+            lambda x, a: norms.layer_norm(x, a["w"], a["b"], 1e-5, a["out"]),
+            lambda x, a: F.layer_norm(x, (x.shape[1],), a["w"], a["b"], 1e-5),
+            lambda m, n, e: 2 * m * n * e + 2 * n * e,
+            aux_w,
+        ),
+        "rms_norm": (
+            lambda x, a: norms.rms_norm(x, a["w"], 1e-6, a["out"]),
+            rms_eager,
+            lambda m, n, e: 2 * m * n * e + n * e,
+            aux_w,
+        ),
+        "fused_add_rms_norm": (
+            lambda x, a: norms.fused_add_rms_norm(x, a["r"], a["w"], 1e-6, a["out"], residual_out=a["r"]),
+            fused_eager,
+            lambda m, n, e: 4 * m * n * e + n * e,
+            aux_res,
+        ),
+    }
+
+
+def _backward(torch, name, x, a, m, n, e, reps):
+    """(ours ms, bytes, torch eager ms or None)."""
+    from flydsl.kernels import norms
+
+    dy = torch.randn_like(x)
+    dx = torch.empty_like(x)
+    if name == "softmax":
+        y = torch.softmax(x, dim=-1)
+        ms = _events_ms(lambda: norms.softmax_backward(dy, y, dx), reps)
+        ref = _events_ms(lambda: torch._softmax_backward_data(dy, y, -1, x.dtype), reps)
+        return ms, 3 * m * n * e, ref
+    if name == "layer_norm":
+        _, mean, rstd = norms.layer_norm(x, a["w"], a["b"], 1e-5, a["out"], return_stats=True)
+        ms = _events_ms(lambda: norms.layer_norm_backward(dy, x, a["w"], mean, rstd, dx), reps)
+        return ms, 3 * m * n * e + 8 * m + 3 * n * e, None
+    if name == "rms_norm":
+        _, rstd = norms.rms_norm(x, a["w"], 1e-6, a["out"], return_stats=True)
+        ms = _events_ms(lambda: norms.rms_norm_backward(dy, x, a["w"], rstd, dx), reps)
+        return ms, 3 * m * n * e + 4 * m + 2 * n * e, None
+    return None, None, None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commit", required=True, help="git rev-parse HEAD of the measured tree")
+    parser.add_argument("--kernels", default="softmax,layer_norm,rms_norm,fused_add_rms_norm")
+    parser.add_argument("--dtypes", default="bf16,f32")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    parser.add_argument("--backward", action="store_true", help="also time the backward kernels")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+
+    torch._dynamo.config.cache_size_limit = 1024
+    dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
+    ops = _ops(torch, F)
+    props = torch.cuda.get_device_properties(0)
+    driver = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+    ).stdout.strip()
+    result = {
+        "benchmark": "norms_bench",
+        "commit": args.commit,
+        "gpu": props.name,
+        "driver": driver,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+        "elements_per_input": TOTAL,
+        "reps": args.reps,
+        "statistic": "median of CUDA-event times",
+        "liger": "not installed on the GPU machine: not measured",
+        "units": "TB/s (bytes read + written / time)",
+        "results": [],
+    }
+    started = time.time()
+    for name in args.kernels.split(","):
+        ours_fn, eager_fn, nbytes, make_aux = ops[name]
+        compiled_fn = None if args.no_compile else torch.compile(eager_fn, dynamic=False)
+        for dname in args.dtypes.split(","):
+            dtype = dtypes[dname]
+            e = torch.empty((), dtype=dtype).element_size()
+            for n in map(int, args.sizes.split(",")):
+                m = TOTAL // n
+                x = torch.randn(m, n, device="cuda", dtype=dtype)
+                aux = make_aux(m, n, dtype)
+                aux["out"] = torch.full_like(x, float("nan"))
+                copy_dst = torch.empty_like(x)
+                total = nbytes(m, n, e)
+                row = {"kernel": name, "dtype": dname, "M": m, "N": n, "bytes": total}
+                row["copy_tbps"] = 2 * x.numel() * e / _events_ms(partial(copy_dst.copy_, x), args.reps) / 1e9
+                row["ours_tbps"] = total / _events_ms(partial(ours_fn, x, aux), args.reps) / 1e9
+                row["torch_tbps"] = total / _events_ms(partial(eager_fn, x, aux), args.reps) / 1e9
+                if compiled_fn is not None:
+                    t0 = time.time()
+                    compiled_fn(x, aux)
+                    row["compile_s"] = round(time.time() - t0, 1)
+                    row["torch_compile_tbps"] = total / _events_ms(partial(compiled_fn, x, aux), args.reps) / 1e9
+                best_peer = max(row.get("torch_tbps", 0), row.get("torch_compile_tbps", 0))
+                row["bar_tbps"] = max(0.91 * row["copy_tbps"], 0.98 * best_peer)
+                row["meets_bar"] = row["ours_tbps"] >= row["bar_tbps"]
+                if args.backward:
+                    ms, bwd_bytes, ref_ms = _backward(torch, name, x, aux, m, n, e, args.reps)
+                    if ms is not None:
+                        row["backward_tbps"] = bwd_bytes / ms / 1e9
+                        row["backward_bar_tbps"] = 0.85 * row["copy_tbps"]
+                        row["backward_meets_bar"] = row["backward_tbps"] >= row["backward_bar_tbps"]
+                        if ref_ms is not None:
+                            row["backward_torch_tbps"] = bwd_bytes / ref_ms / 1e9
+                result["results"].append(row)
+                print(
+                    f"{name:>18} {dname:>4} N={n:>6}: ours {row['ours_tbps']:.2f}  torch {row['torch_tbps']:.2f}"
+                    f"  compile {row.get('torch_compile_tbps', float('nan')):.2f}  copy {row['copy_tbps']:.2f}"
+                    f"  bar {row['bar_tbps']:.2f} {'ok' if row['meets_bar'] else 'MISS'}"
+                    + (f"  bwd {row['backward_tbps']:.2f}" if "backward_tbps" in row else ""),
+                    flush=True,
+                )
+                del x, aux, copy_dst
+                torch.cuda.empty_cache()
+    result["wall_s"] = round(time.time() - started, 1)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

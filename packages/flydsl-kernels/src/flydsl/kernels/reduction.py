@@ -1,0 +1,316 @@
+"""What every row kernel (softmax, norms) shares: the thread layout per N and dtype, the 16-byte tiled copy of a row
+into registers, and the warp -> block -> cluster reduction.
+
+**Layout.** A row of N elements is cut into 16-byte chunks (``vec`` elements: 8 for 16-bit types, 4 for float32).
+``threads_per_row`` threads of a CTA, times ``cluster`` CTAs, share a row; each thread holds ``chunks`` chunks in
+registers (as float32), so a row is read from memory exactly once. Chunk ``j`` of thread ``t`` in CTA ``r`` of the
+cluster is chunk ``(j * cluster + r) * threads_per_row + t`` of the row: at every step consecutive threads read
+consecutive 16 bytes (coalesced), and a short row spreads evenly over the CTAs. Three regimes follow from N:
+
+* ``warp``: a row fits one warp or less (``threads_per_row <= 32``): several rows per CTA, shuffles only;
+* ``block``: 64..1024 threads per row, one row per CTA (two at 64): shuffles, then one value per warp through
+  shared memory;
+* ``cluster``: rows longer than one CTA's registers hold (~32K elements) are split over 2, 4 or 8 CTAs of a
+  cluster; each CTA reduces its part, then reads its peers' partials through distributed shared memory (DSMEM).
+
+Tails are predicated: chunks past N are not read (their registers hold a neutral ``fill``) nor written. When N is
+not a multiple of ``vec`` the accesses are per element (correct for any N; 16-byte accesses need N and the row
+strides to be multiples of 16 bytes).
+
+**One specialization per config.** A :class:`RowConfig` is hashable and passed as a ``Constexpr``: one binary per
+(dtype, config), whatever the number of rows or the exact N within the config's range (N and the strides are kernel
+arguments). :func:`row_config` is cached, so the host dispatch does one dict lookup.
+"""
+
+from __future__ import annotations
+
+import functools
+import math as _pymath
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from mlir.dialects import llvm as _llvm
+
+import flydsl.expr as fx
+from flydsl.expr import arith, cluster, gpu, vector
+
+__all__ = [
+    "RowConfig",
+    "row_config",
+    "row_position",
+    "row_smem",
+    "load_row",
+    "load_vector_row",
+    "load_vector_chunk",
+    "store_row",
+    "thread_reduce",
+    "row_reduce",
+    "row_done",
+    "MAX_CLUSTER",
+    "require_block_size",
+    "masked",
+]
+
+MAX_CLUSTER = 8  # portable cluster size limit (16 needs cudaFuncAttributeNonPortableClusterSizeAllowed)
+MAX_THREADS = 1024
+_VALUES_PER_THREAD = 32  # float32 registers of row data per thread per tensor held (64 per thread at 1024 threads)
+_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """How a row kernel maps rows onto threads (see the module docstring). Validated when built."""
+
+    dtype: str  # "f32", "f16" or "bf16": the row tensors' element type
+    vec: int  # elements per 16-byte chunk
+    chunks: int  # chunks per thread (kept in registers)
+    threads_per_row: int  # threads of one CTA on a row (a power of two)
+    rows_per_cta: int
+    cluster: int  # CTAs per row (1, 2, 4 or 8)
+    even: bool  # N % vec == 0: whole-chunk predicates, 16-byte accesses
+
+    def __post_init__(self):
+        if self.dtype not in _BYTES or self.vec * _BYTES[self.dtype] != 16:
+            raise ValueError(f"RowConfig: vec={self.vec} is not 16 bytes of {self.dtype}")
+        for name in ("threads_per_row", "cluster"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"RowConfig: {name} must be a power of two, got {value}")
+        if self.block > MAX_THREADS or self.cluster > MAX_CLUSTER or self.chunks < 1:
+            raise ValueError(f"RowConfig: {self} exceeds {MAX_THREADS} threads or {MAX_CLUSTER} CTAs per cluster")
+        if self.cluster > 1 and self.rows_per_cta != 1:
+            raise ValueError("RowConfig: a row split over a cluster must be the CTA's only row")
+
+    @property
+    def block(self) -> int:
+        return self.threads_per_row * self.rows_per_cta
+
+    @property
+    def warps_per_row(self) -> int:
+        return max(1, self.threads_per_row // 32)
+
+    @property
+    def capacity(self) -> int:
+        """The longest row this config handles."""
+        return self.vec * self.chunks * self.threads_per_row * self.cluster
+
+    @property
+    def regime(self) -> str:
+        return "cluster" if self.cluster > 1 else ("warp" if self.threads_per_row <= 32 else "block")
+
+    def grid(self, rows: int) -> int:
+        return -(-rows // self.rows_per_cta) * self.cluster
+
+
+def _pow2_at_least(x: int) -> int:
+    return 1 << max(0, _pymath.ceil(_pymath.log2(max(1, x))))
+
+
+@functools.lru_cache(maxsize=4096)
+def row_config(n: int, dtype: str, held: int = 1, warp_block: int = 128) -> RowConfig:
+    """The config for rows of ``n`` elements of ``dtype``, for a kernel that keeps ``held`` row tensors in registers
+    (softmax and the norms forward: 1; backward: 2). Picks the fewest threads that keep at most
+    ``32 / held`` values per thread, then splits over a cluster beyond 1024 threads. Rows longer than a cluster of
+    8 x 1024 threads holds get more chunks per thread (correct, with register spills: slower)."""
+    if n < 1:
+        raise ValueError(f"row_config: N must be >= 1, got {n}")
+    vec = 16 // _BYTES[dtype]
+    total_chunks = -(-n // vec)
+    per_thread = max(1, _VALUES_PER_THREAD // held // vec)
+    threads = _pow2_at_least(-(-total_chunks // per_thread))
+    if threads <= 32:
+        tpr = threads
+        return RowConfig(dtype, vec, -(-total_chunks // tpr), tpr, max(1, warp_block // tpr), 1, n % vec == 0)
+    if threads <= MAX_THREADS:
+        return RowConfig(dtype, vec, -(-total_chunks // threads), threads, 1 if threads > 64 else 2, 1, n % vec == 0)
+    # Split over a cluster: 512-thread CTAs while 8 of them are enough, else 1024.
+    tpr = 512 if threads <= 8 * 512 else MAX_THREADS
+    size = min(MAX_CLUSTER, threads // tpr)
+    chunks = -(-total_chunks // (tpr * size))
+    return RowConfig(dtype, vec, chunks, tpr, 1, size, n % vec == 0)
+
+
+# --- device side ------------------------------------------------------------------------------------------------
+
+
+def row_position(cfg: RowConfig):
+    """This thread's row and place in it: ``row`` (Int32), ``lane`` (thread index within the row's threads of this
+    CTA), ``rank`` (CTA rank in the cluster; 0 without one), ``row_in_cta``, ``leader`` (the one thread that writes
+    per-row results)."""
+    require_block_size(cfg.block)
+    tid = gpu.thread_idx.x
+    lane = tid % cfg.threads_per_row
+    row_in_cta = tid // cfg.threads_per_row
+    if fx.const_expr(cfg.cluster > 1):
+        rank = cluster.block_rank()
+        group = gpu.block_idx.x // cfg.cluster
+        leader = (lane == 0) & (rank == 0)
+    else:
+        rank = 0
+        group = gpu.block_idx.x
+        leader = lane == 0
+    row = group * cfg.rows_per_cta + row_in_cta
+    return SimpleNamespace(tid=tid, lane=lane, row_in_cta=row_in_cta, rank=rank, row=row, leader=leader)
+
+
+def row_smem(cfg: RowConfig, phases: int):
+    """Shared memory for ``phases`` row reductions (each its own slots: no barrier needed to reuse them)."""
+    smem = fx.SmemAllocator()
+    scratch = None
+    if cfg.warps_per_row > 1:
+        scratch = smem.allocate(fx.Float32, phases * cfg.rows_per_cta * cfg.warps_per_row)
+    partials = smem.allocate(fx.Float32, phases) if cfg.cluster > 1 else None
+    return SimpleNamespace(scratch=scratch, partials=partials)
+
+
+def _chunk(cfg: RowConfig, pos, j: int):
+    return (j * cfg.cluster + pos.rank) * cfg.threads_per_row + pos.lane
+
+
+def _fill_buffer(cls, fill):
+    raw, buffer = vector.register_buffer(cls)
+    _llvm.store(cls(fill).value, raw, alignment=buffer.base_alignment)
+    return raw, buffer
+
+
+def _read_buffer(cls, raw, buffer):
+    return cls(_llvm.load(cls.mlir_type(), raw, alignment=buffer.base_alignment))
+
+
+def _load_chunk(cfg: RowConfig, view, col, n, row_ok, fill):
+    """The ``vec`` elements of a chunk view as Float32 scalars, ``fill`` where out of range; and their masks (one
+    Boolean per chunk when ``cfg.even``, else one per element)."""
+    cls = vector.vector_class(view.dtype, cfg.vec)
+    raw, buffer = _fill_buffer(cls, fill)
+    if fx.const_expr(cfg.even):
+        ok = row_ok & (col < n)
+        fx.copy(view, buffer, predicate=ok)
+        masks = [ok] * cfg.vec
+    else:
+        masks = []
+        for e in fx.range_constexpr(cfg.vec):
+            ok = row_ok & (col + e < n)
+            fx.copy(fx.local_tile(view, (1,), (e,)), fx.local_tile(buffer, (1,), (e,)), predicate=ok)
+            masks.append(ok)
+    loaded = _read_buffer(cls, raw, buffer).to(fx.Float32)
+    return [loaded[e] for e in range(cfg.vec)], masks
+
+
+def load_row(cfg: RowConfig, t, pos, n, rows, fill=0.0):
+    """This thread's elements of row ``pos.row`` of the 2-D tensor ``t`` (``chunks * vec`` Float32 scalars, ``fill``
+    where past N or past the last row) and their masks (Booleans: in range)."""
+    row_ok = pos.row < rows
+    values, masks = [], []
+    for j in fx.range_constexpr(cfg.chunks):
+        c = _chunk(cfg, pos, j)
+        view = fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None]  # (vec,): 16 contiguous bytes
+        v, m = _load_chunk(cfg, view, c * cfg.vec, n, row_ok, fill)
+        values += v
+        masks += m
+    return values, masks
+
+
+def load_vector_chunk(cfg: RowConfig, w, pos, n, j: int, fill=0.0):
+    """This thread's chunk ``j`` of a 1-D (N,) tensor (weights, bias), laid out like the rows: ``vec`` Float32."""
+    c = _chunk(cfg, pos, j)
+    values, _ = _load_chunk(cfg, fx.local_tile(w, (cfg.vec,), (c,)), c * cfg.vec, n, pos.lane >= 0, fill)
+    return values
+
+
+def load_vector_row(cfg: RowConfig, w, pos, n, fill=0.0):
+    """This thread's elements of a 1-D (N,) tensor, all chunks."""
+    values = []
+    for j in fx.range_constexpr(cfg.chunks):
+        values += load_vector_chunk(cfg, w, pos, n, j, fill)
+    return values
+
+
+def store_row(cfg: RowConfig, t, pos, n, rows, values) -> None:
+    """Writes this thread's ``values`` (Float32 scalars, as from :func:`load_row`) into row ``pos.row`` of ``t``,
+    converted to its dtype; nothing past N or past the last row. ``values`` may be a function of the chunk index
+    giving that chunk's ``vec`` values: computed just before the chunk's store, which keeps what it loads (weights)
+    out of the registers of the other chunks."""
+    row_ok = pos.row < rows
+    cls = vector.vector_class(t.dtype, cfg.vec)
+    wide = vector.vector_class(fx.Float32, cfg.vec)
+    for j in fx.range_constexpr(cfg.chunks):
+        c = _chunk(cfg, pos, j)
+        col = c * cfg.vec
+        view = fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None]
+        part = values(j) if callable(values) else values[j * cfg.vec : (j + 1) * cfg.vec]
+        chunk = vector.from_elements(wide.mlir_type(), part)
+        raw, buffer = vector.register_buffer(cls)
+        _llvm.store(chunk.to(t.dtype).value, raw, alignment=buffer.base_alignment)
+        if fx.const_expr(cfg.even):
+            fx.copy(buffer, view, predicate=row_ok & (col < n))
+        else:
+            for e in fx.range_constexpr(cfg.vec):
+                ok = row_ok & (col + e < n)
+                fx.copy(fx.local_tile(buffer, (1,), (e,)), fx.local_tile(view, (1,), (e,)), predicate=ok)
+
+
+def masked(values, masks, other=0.0):
+    """``values`` where ``masks`` hold, else ``other``."""
+    return [arith.select(m, v, fx.Float32(other)) for v, m in zip(values, masks, strict=True)]
+
+
+def _combine(a, b, op: str):
+    if op == "max":
+        return arith.maximum(a, b)
+    return a + b
+
+
+def thread_reduce(values, op: str = "add"):
+    """The values combined as a balanced tree (short dependency chains)."""
+    values = list(values)
+    while len(values) > 1:
+        paired = [_combine(values[k], values[k + 1], op) for k in range(0, len(values) - 1, 2)]
+        values = paired + ([values[-1]] if len(values) % 2 else [])
+    return values[0]
+
+
+def row_reduce(cfg: RowConfig, pos, smem, phase: int, value, op: str = "add", last: bool = False):
+    """``value`` (one Float32 per thread) combined over every thread of the row (``op``: ``"add"`` or ``"max"``);
+    every thread gets the result. ``phase``: which of :func:`row_smem`'s slots this reduction uses (each reduction
+    of a kernel its own). ``last``: the kernel's last reduction (the cluster's final barrier starts here and ends
+    in :func:`row_done`)."""
+    value = gpu.warp_reduce(value, op, width=min(32, cfg.threads_per_row))
+    if fx.const_expr(cfg.warps_per_row > 1):
+        lane32 = pos.tid % 32
+        warp_in_row = pos.lane // 32
+        base = (phase * cfg.rows_per_cta + pos.row_in_cta) * cfg.warps_per_row
+        if lane32 == 0:
+            smem.scratch[base + warp_in_row] = value
+        gpu.barrier()
+        value = gpu.warp_reduce(smem.scratch[base + lane32 % cfg.warps_per_row], op, width=cfg.warps_per_row)
+    if fx.const_expr(cfg.cluster > 1):
+        if pos.tid == 0:
+            smem.partials[phase] = value
+        cluster.sync()  # every CTA's partial is visible cluster-wide
+        peer = (pos.tid % 32) % cfg.cluster
+        value = gpu.warp_reduce(cluster.load_peer(smem.partials, peer, coord=phase), op, width=cfg.cluster)
+        if fx.const_expr(last):
+            cluster.arrive(relaxed=True)  # done reading peers; row_done waits before exit
+    return value
+
+
+def row_done(cfg: RowConfig) -> None:
+    """Ends a kernel that used :func:`row_reduce`: in a cluster, no CTA exits while a peer may read its partials."""
+    if fx.const_expr(cfg.cluster > 1):
+        cluster.wait()
+
+
+def require_block_size(threads: int) -> None:
+    """Declares the kernel's block size (``.reqntid``), so that ptxas keeps registers within what ``threads``
+    threads per CTA can have (64 each at 1024 threads; spilling if it must) instead of failing at launch. Call it
+    from the kernel body: it sets the enclosing ``gpu.func``'s ``known_block_size``."""
+    from mlir import ir
+
+    operation = ir.InsertionPoint.current.block.owner.operation
+    for _ in range(64):  # up through the enclosing regions (scf.if / scf.for) to the kernel
+        if operation.name == "gpu.func":
+            break
+        operation = operation.parent.operation
+    else:
+        raise RuntimeError("require_block_size: call it while tracing a kernel")
+    operation.attributes["known_block_size"] = ir.Attribute.parse(f"array<i32: {threads}, 1, 1>")

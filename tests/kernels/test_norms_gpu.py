@@ -1,0 +1,193 @@
+"""flydsl.kernels on the GPU: every kernel against a float64 reference computed from the same (rounded) inputs, with
+random data, outputs poisoned with NaN before the run, N at the edge of every regime and odd N, strided rows, and
+invariants (softmax rows sum to 1).
+
+Tolerances (|out - ref| <= atol + rtol * |ref|), per output dtype: float32 1e-5 / 1e-5 (float32 reductions and
+``ex2.approx``: a few ulp), float16 2e-3 / 2e-3, bfloat16 1.6e-2 / 1.6e-2 (the output's own rounding, 2^-11 and
+2^-8, twice). Column sums (dweight, dbias) over R rows: rtol 1e-3 and atol 1e-4 * sqrt(R) * max|ref| on top."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+from flydsl.kernels import norms  # noqa: E402
+
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Edges of the regimes (warp <= 32 threads per row, block <= 1024, cluster of 2..8 CTAs) and odd sizes.
+SIZES = [1, 3, 8, 257, 1000, 1024, 4097, 8192, 32768, 32769, 65537, 131072, 262144]
+
+
+def _close(out, ref, dtype=None, what="out"):
+    atol, rtol = TOL[dtype or out.dtype]
+    got = out.double()
+    assert not torch.isnan(got).any(), f"{what}: NaN (an element was not written)"
+    err = (got - ref).abs()
+    bound = atol + rtol * ref.abs()
+    worst = (err - bound).argmax()
+    assert bool((err <= bound).all()), f"{what}: |err| {err.flatten()[worst]:.3g} at {worst.item()} > tolerance"
+
+
+def _rows(n, max_elements=1 << 22):
+    return max(1, min(67, max_elements // n))
+
+
+def _input(rows, n, dtype, strided=False):
+    if strided:  # every other row of a wider buffer: row stride 2N + 8
+        base = torch.randn(rows, 2 * n + 8, device="cuda", dtype=torch.float32).to(dtype)
+        return base[:, 3 : 3 + n] if n % 8 else base[:, 8 : 8 + n]
+    return torch.randn(rows, n, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def _poison(t):
+    return torch.full_like(t, float("nan"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", SIZES)
+def test_softmax_forward(n, dtype):
+    rows = _rows(n)
+    x = _input(rows, n, dtype) * 3
+    out = _poison(x)
+    assert norms.softmax(x, out) is out
+    ref = torch.softmax(x.double(), dim=-1)
+    _close(out, ref)
+    sums = out.double().sum(dim=-1)
+    assert torch.allclose(sums, torch.ones_like(sums), atol=TOL[dtype][1] * max(1, n**0.5) + 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 1000, 4097, 65537])
+def test_softmax_strided_rows_and_allocated_output(n, dtype):
+    x = _input(9, n, dtype, strided=True)
+    out = norms.softmax(x)
+    _close(out, torch.softmax(x.double(), dim=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 3, 1024, 4097, 32769, 131072])
+def test_softmax_backward(n, dtype):
+    rows = _rows(n)
+    y = torch.softmax(_input(rows, n, torch.float32), dim=-1).to(dtype)
+    dy = _input(rows, n, dtype)
+    dx = norms.softmax_backward(dy, y, _poison(dy))
+    yd, dyd = y.double(), dy.double()
+    _close(dx, yd * (dyd - (dyd * yd).sum(-1, keepdim=True)), what="dx")
+
+
+def _ln_ref(x, w, b, eps):
+    xd = x.double()
+    mean = xd.mean(-1, keepdim=True)
+    var = ((xd - mean) ** 2).mean(-1, keepdim=True)
+    rstd = 1 / torch.sqrt(var + eps)
+    y = (xd - mean) * rstd
+    if w is not None:
+        y = y * w.double()
+    if b is not None:
+        y = y + b.double()
+    return y, mean.squeeze(-1), rstd.squeeze(-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", SIZES)
+def test_layer_norm_forward(n, dtype):
+    rows = _rows(n)
+    x = _input(rows, n, dtype) * 2 + 0.5
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=torch.float32)  # fp32 parameters work too
+    out, mean, rstd = norms.layer_norm(x, w, b, 1e-5, _poison(x), return_stats=True)
+    ref, ref_mean, ref_rstd = _ln_ref(x, w, b, 1e-5)
+    _close(out, ref)
+    _close(mean, ref_mean, torch.float32, "mean")
+    _close(rstd, ref_rstd, torch.float32, "rstd")
+    out2, m2, r2 = norms.layer_norm(x, None, None, 1e-5)
+    assert m2 is None and r2 is None
+    _close(out2, _ln_ref(x, None, None, 1e-5)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", SIZES)
+def test_rms_norm_forward(n, dtype):
+    rows = _rows(n)
+    x = _input(rows, n, dtype, strided=n in (1000, 4097))
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    rstd = torch.full((rows,), float("nan"), device="cuda")
+    out, r = norms.rms_norm(x, w, 1e-6, _poison(x), rstd=rstd)
+    assert r is rstd
+    xd = x.double()
+    ref_rstd = 1 / torch.sqrt((xd * xd).mean(-1) + 1e-6)
+    _close(out, xd * ref_rstd[:, None] * w.double())
+    _close(rstd, ref_rstd, torch.float32, "rstd")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 7, 1024, 4097, 32768, 65537, 262144])
+def test_fused_add_rms_norm(n, dtype):
+    rows = _rows(n)
+    x, residual = _input(rows, n, dtype), _input(rows, n, dtype)
+    w = torch.randn(n, device="cuda", dtype=torch.float32)
+    expected_residual = (x.float() + residual.float()).to(dtype)
+    original = residual.clone()
+    out, res_out, rstd = norms.fused_add_rms_norm(x, residual, w, 1e-6, residual_out=residual, return_stats=True)
+    assert res_out is residual  # in place
+    assert torch.equal(res_out, expected_residual), "residual_out"
+    rd = expected_residual.double()
+    ref_rstd = 1 / torch.sqrt((rd * rd).mean(-1) + 1e-6)
+    _close(out, rd * ref_rstd[:, None] * w.double())
+    _close(rstd, ref_rstd, torch.float32, "rstd")
+    assert not torch.equal(original, residual) or n == 0
+
+
+def _column_close(got, ref, rows, what):
+    atol = 1e-4 * rows**0.5 * ref.abs().max().item() + TOL[got.dtype][0]
+    err = (got.double() - ref).abs()
+    bound = atol + (1e-3 + TOL[got.dtype][1]) * ref.abs()
+    assert bool((err <= bound).all()), f"{what}: max err {err.max():.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 3, 1024, 4097, 32769, 131072])
+def test_layer_norm_backward(n, dtype):
+    rows = _rows(n, 1 << 21) + 5
+    x = _input(rows, n, dtype)
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    dy = _input(rows, n, dtype)
+    _, mean, rstd = norms.layer_norm(x, w, b, 1e-5, return_stats=True)
+    dx, dw, db = norms.layer_norm_backward(dy, x, w, mean, rstd, dx=_poison(x))
+    xd, wd, bd = x.double().requires_grad_(), w.double().requires_grad_(), b.double().requires_grad_()
+    torch.nn.functional.layer_norm(xd, (n,), wd, bd, 1e-5).backward(dy.double())
+    _close(dx, xd.grad, what="dx")
+    _column_close(dw, wd.grad, rows, "dweight")
+    _column_close(db, bd.grad, rows, "dbias")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 3, 1024, 4097, 32769, 131072])
+def test_rms_norm_backward(n, dtype):
+    rows = _rows(n, 1 << 21) + 3
+    x = _input(rows, n, dtype)
+    w = torch.randn(n, device="cuda", dtype=torch.float32)
+    dy = _input(rows, n, dtype)
+    _, rstd = norms.rms_norm(x, w, 1e-6, return_stats=True)
+    dx, dw = norms.rms_norm_backward(dy, x, w, rstd, dx=_poison(x))
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    (xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * wd).backward(dy.double())
+    _close(dx, xd.grad, what="dx")
+    _column_close(dw, wd.grad, rows, "dweight")
+    dx2, dw2 = norms.rms_norm_backward(dy, x, None, rstd)
+    assert dw2 is None
+
+
+def test_errors_before_launch():
+    x = torch.randn(4, 64, device="cuda")
+    with pytest.raises(ValueError, match="x: expected a CUDA tensor"):
+        norms.softmax(x.cpu())
+    with pytest.raises(ValueError, match="x: expected unit stride"):
+        norms.softmax(x.t())
+    with pytest.raises(TypeError, match="weight: expected dtype float32"):
+        norms.rms_norm(x, torch.ones(64, device="cuda", dtype=torch.float64))
