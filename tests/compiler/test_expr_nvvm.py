@@ -367,3 +367,38 @@ def test_printf_prints_from_the_device(capfd):
     printing(x).launch(grid=1, block=32)
     torch.cuda.synchronize()
     assert "flydsl printf: i=3 f=1.500000 u=200" in capfd.readouterr().out
+
+
+@flyc.kernel
+def ldmatrix_stmatrix(m: fx.Tensor, out: fx.Tensor, trans: fx.Constexpr[bool]):
+    """One warp: a 16x16 bf16 matrix into shared memory, four 8x8 matrices out with ldmatrix and back into another
+    buffer with stmatrix (both transposed or neither): the second buffer equals the first."""
+    lane = gpu.thread_idx.x
+    smem = fx.SmemAllocator()
+    s_in = smem.allocate(fx.BFloat16, fx.make_layout((16, 16), (16, 1)))
+    s_out = smem.allocate(fx.BFloat16, fx.make_layout((16, 16), (16, 1)))
+    for i in fx.range_constexpr(8):
+        s_in[lane // 2, (lane % 2) * 8 + i] = m[lane // 2, (lane % 2) * 8 + i]
+    gpu.barrier()
+    row, col = lane % 16, (lane // 16) * 8
+    nvvm.stmatrix(s_out, nvvm.ldmatrix(s_in, (row, col), num=4, trans=trans), (row, col), trans=trans)
+    gpu.barrier()
+    for i in fx.range_constexpr(8):
+        out[lane // 2, (lane % 2) * 8 + i] = s_out[lane // 2, (lane % 2) * 8 + i]
+
+
+@pytest.mark.parametrize("trans", [False, True])
+def test_stmatrix_compiles(trans):
+    ptx = _ptx(ldmatrix_stmatrix, _fake((16, 16), "<bfloat16"), _fake((16, 16), "<bfloat16", 1), trans)
+    assert f"stmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.shared.b16" in ptx
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans", [False, True])
+def test_ldmatrix_then_stmatrix_is_the_identity_on_gpu(trans):
+    torch = pytest.importorskip("torch")
+    m = torch.randn(16, 16, device="cuda").bfloat16()
+    out = torch.full_like(m, float("nan"))
+    ldmatrix_stmatrix(m, out, trans).launch(grid=1, block=32)
+    torch.cuda.synchronize()
+    assert torch.equal(out, m)

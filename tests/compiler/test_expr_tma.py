@@ -50,7 +50,7 @@ def tma_round_trip(src: fx.TmaDescriptor, dst: fx.TmaDescriptor, seen: fx.Tensor
             if col0 + c < src.shape[1]:
                 seen[row0 + r, col0 + c] = value
         tile[r, c] = value + value
-    fx.tma.fence_proxy_async_shared()  # the threads' writes, visible to the TMA store
+    fx.nvvm.fence_proxy_async()  # the threads' writes, visible to the TMA store
     gpu.barrier()
     if tid == 0:
         dst.store(tile, (row0, col0))
@@ -86,6 +86,29 @@ def pipelined_row_sums(x: fx.TmaDescriptor, out: fx.Tensor, stages: fx.Constexpr
             pipe.consumer_release(state)
             state = state.advance()
         out[r] = total
+
+
+@flyc.kernel(cluster=(2, 1, 1))
+def tma_multicast(src: fx.TmaDescriptor, seen: fx.Tensor):
+    """CTA 0 of each cluster of two loads box (cluster, 0) once, multicast into both CTAs' shared memory; every CTA
+    copies what landed in its own shared memory to its rows of ``seen``."""
+    rows, cols = src.box
+    smem = fx.SmemAllocator()
+    tile = src.allocate(smem)
+    bars = fx.mbarrier.allocate(smem, 1)
+    tid = gpu.thread_idx.x
+    if tid == 0:
+        bars[0].init(1)
+        fx.mbarrier.fence_init()
+    fx.cluster.sync()  # both CTAs' barriers are initialized before a multicast can complete on them
+    if tid == 0:
+        bars[0].arrive_expect_tx(src.box_bytes)
+        if fx.cluster.block_rank() == 0:
+            src.load(tile, (gpu.block_idx.x // 2 * rows, 0), bars[0], multicast_mask=0b11)
+    bars[0].wait(0)
+    for i in range(tid, rows * cols, gpu.block_dim.x):
+        seen[gpu.block_idx.x * rows + i // cols, i % cols] = tile[i // cols, i % cols]
+    fx.cluster.sync()
 
 
 @flyc.kernel(threads=384, min_blocks_per_sm=1, cluster=(2, 1, 1))
@@ -193,6 +216,12 @@ def test_kernel_attributes_are_checked():
         flyc.kernel(max_registers=300)(lambda out: None)
 
 
+def test_multicast_load_compiles():
+    spec = flyc.TensorSpec((96, 64), "bf16")
+    ptx = tma_multicast.lower(fx.TmaTile(spec, (32, 64)), flyc.TensorSpec((192, 64), "bf16")).ptx
+    assert ".multicast::cluster" in ptx and ".reqnctapercluster 2, 1, 1" in ptx
+
+
 def test_tile_scheduler_compiles():
     compiled = scheduled_tiles.lower(flyc.TensorSpec((64, 2), "i32"), 8, 8, 4)
     assert "scheduled_tiles" in compiled.kernels
@@ -227,6 +256,18 @@ def test_tma_round_trip_on_gpu(swizzle, dtype, torch_dtype, element_bytes):
     torch.cuda.synchronize()
     assert torch.equal(seen, src)
     assert torch.equal(dst, src + src)
+
+
+@pytest.mark.gpu
+def test_tma_multicast_on_gpu():
+    torch = pytest.importorskip("torch")
+    rows, cols, clusters = 32, 64, 3
+    src = _random(torch, (rows * clusters, cols), "bfloat16")
+    seen = torch.full((2 * rows * clusters, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+    tma_multicast(fx.TmaTile(src, (rows, cols), 128), seen).launch(grid=2 * clusters, block=128)
+    torch.cuda.synchronize()
+    expected = src.view(clusters, 1, rows, cols).expand(clusters, 2, rows, cols).reshape(-1, cols)
+    assert torch.equal(seen, expected)
 
 
 @pytest.mark.gpu

@@ -8,7 +8,9 @@ from flydsl.expr.typing import T, Int32
 
 import flydsl.expr.buffer_ops as buffer_ops
 import flydsl.expr.cluster as cluster
+import flydsl.expr.mbarrier as mbarrier
 import flydsl.expr.nvvm as nvvm
+import flydsl.expr.tma as tma
 import flydsl.expr.vector as vector
 import flydsl.expr.wgmma as wgmma
 from flydsl.expr import arith, gpu, math
@@ -33,8 +35,11 @@ from flydsl.expr.numeric import (
     Uint64,
 )
 from flydsl.expr.params import Constexpr, Stream, const_expr, range_constexpr
+from flydsl.expr.pipeline import Pipeline, PipelineState, TileScheduler, TmaPipeline
 from flydsl.expr.printf import printf
 from flydsl.expr.tensor import SmemAllocator, SmemPtr, Tensor, copy, local_partition, local_tile
+from flydsl.expr.tiled_copy import TiledCopy
+from flydsl.expr.tma import TmaDescriptor, TmaTile
 from flydsl.expr.typing import T
 
 __all__ = [
@@ -80,4 +85,15 @@ __all__ = [
     "local_partition",
     "SmemAllocator",
     "SmemPtr",
+    "cluster",
+    "wgmma",
+    "mbarrier",
+    "tma",
+    "TmaDescriptor",
+    "TmaTile",
+    "Pipeline",
+    "TmaPipeline",
+    "PipelineState",
+    "TileScheduler",
+    "TiledCopy",
 ]

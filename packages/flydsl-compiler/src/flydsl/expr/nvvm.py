@@ -27,8 +27,10 @@ __all__ = [
     "cvt_fp8x2_to_f32x2",
     "shfl_sync",
     "elect_sync",
+    "setmaxnreg",
     "barrier",
     "ldmatrix",
+    "stmatrix",
     "cp_async",
     "cp_async_commit_group",
     "cp_async_wait_group",
@@ -180,6 +182,20 @@ def elect_sync(mask: int = _FULL_MASK) -> Boolean:
     return Boolean(_nvvm.elect_sync(ir.IntegerType.get_signless(1), membermask=membermask))
 
 
+def setmaxnreg(count: int, increase: bool) -> None:
+    """Raises (``increase=True``) or lowers this warpgroup's registers per thread to ``count`` (24..256, a multiple
+    of 8): warp-specialized kernels give producer warpgroups few registers and consumers many. Every thread of the
+    warpgroup executes it. ptxas ignores it (warning C7508) unless the kernel has an entry register cap:
+    ``@flyc.kernel(threads=..., min_blocks_per_sm=1)`` or ``max_registers=...``.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#miscellaneous-instructions-setmaxnreg
+    """
+    if not isinstance(count, int) or not 24 <= count <= 256 or count % 8:
+        raise ValueError(f"setmaxnreg count: expected a multiple of 8 in 24..256, got {count!r}")
+    action = _nvvm.SetMaxRegisterAction.increase if increase else _nvvm.SetMaxRegisterAction.decrease
+    _nvvm.SetMaxRegisterOp(count, action)
+
+
 def barrier(barrier_id=0, number_of_threads=None) -> None:
     """Named barrier ``bar.sync id, count``: waits until ``number_of_threads`` threads (a multiple of 32; default:
     the whole block) have arrived at barrier ``barrier_id`` (0..15; ``gpu.barrier()`` uses 0). Lets groups of warps
@@ -262,7 +278,27 @@ def ldmatrix(where, coord=None, num: int = 4, trans: bool = False) -> Vector:
     return cls(_vector.from_elements(cls.mlir_type(), _struct_fields(loaded, num, _i32())))
 
 
-def _fragment(value, count: int, what: str) -> list[ir.Value]:
+def stmatrix(where, values, coord=None, trans: bool = False) -> None:
+    """``stmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16`` (sm_90): the inverse of :func:`ldmatrix`. ``values``
+    (an ``Int32`` vector of 1, 2 or 4, or 16-bit vectors bit-cast to it) holds element ``k`` of matrix ``k`` as
+    ``ldmatrix`` returns it; lanes ``8k .. 8k+7`` give the addresses of the rows of matrix ``k``. Epilogues use it
+    to write accumulator fragments to shared memory 16 bytes per row.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#warp-level-matrix-instructions-stmatrix
+    """
+    registers = _fragment(values, None, "stmatrix values")
+    if len(registers) not in (1, 2, 4):
+        raise ValueError(f"stmatrix values: expected 1, 2 or 4 32-bit registers, got {len(registers)}")
+    _nvvm.StMatrixOp(
+        _pointer(where, coord, "shared"),
+        registers,
+        _nvvm.MMALayout.col if trans else _nvvm.MMALayout.row,
+        ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m = 8, n = 8>"),
+        _nvvm.LdStMatrixEltType.B16,
+    )
+
+
+def _fragment(value, count: int | None, what: str) -> list[ir.Value]:
     """``count`` i32 values from a Vector (bit-cast to Int32 when its elements are 16-bit) or a sequence."""
     if isinstance(value, Vector):
         if value.element is not Int32:
@@ -270,7 +306,7 @@ def _fragment(value, count: int, what: str) -> list[ir.Value]:
         values = [value[k].value for k in range(value.length)]
     else:
         values = [_int32(v, what).value for v in value]
-    if len(values) != count:
+    if count is not None and len(values) != count:
         raise ValueError(f"mma_sync {what}: expected {count} 32-bit registers, got {len(values)}")
     return values
 
@@ -362,6 +398,7 @@ def cp_async_wait_group(n: int = 0) -> None:
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"cp_async_wait_group: n must be a non-negative int, got {n!r}")
     _nvvm.cp_async_wait_group(n)
+
 
 # --- proxy fences -----------------------------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ import flydsl.layout as _fl
 from flydsl.expr.numeric import Int16, Int32, Int64, Numeric, as_numeric
 from flydsl.expr.tensor import Tensor
 
-__all__ = ["TmaTile", "TmaDescriptor", "swizzle_layout", "commit_group", "wait_group", "fence_proxy_async_shared"]
+__all__ = ["TmaTile", "TmaDescriptor", "swizzle_layout", "commit_group", "wait_group"]
 
 SWIZZLE_BYTES = (0, 32, 64, 128)
 # What the descriptor's dtype is called by cuTensorMapEncodeTiled: TMA moves bytes, so 8-bit floats travel as u8.
@@ -273,9 +273,9 @@ class TmaDescriptor:
         )
 
     def store(self, tile: Tensor, coord) -> None:
-        """Copies ``tile`` to the box at ``coord`` (out-of-bounds parts are not written). One thread issues it,
-        after ``fence_proxy_async_shared()`` and a barrier have made the threads' writes to ``tile`` visible to
-        TMA; ``commit_group()`` / ``wait_group(0, read=True)`` say when ``tile`` may be written again."""
+        """Copies ``tile`` to the box at ``coord`` (out-of-bounds parts are not written). One thread issues it, after
+        ``fx.nvvm.fence_proxy_async()`` in every thread that wrote ``tile`` and a barrier; ``commit_group()`` and
+        ``wait_group(0, read=True)`` say when ``tile`` may be written again."""
         _nvvm.CpAsyncBulkTensorSharedCTAToGlobalOp(
             self.pointer, self._box_address(tile, "TMA store tile"), self._coordinates(coord)
         )
@@ -295,9 +295,3 @@ def wait_group(pending: int = 0, read: bool = False) -> None:
     """Waits until at most ``pending`` of this thread's bulk async-groups are outstanding; ``read=True`` only
     until their shared-memory sources have been read (the tiles may be reused; the global writes may be in flight)."""
     _nvvm.CpAsyncBulkWaitGroupOp(pending, read=True if read else None)
-
-
-def fence_proxy_async_shared() -> None:
-    """Makes this thread's generic-proxy writes to shared memory visible to the async proxy (TMA, wgmma):
-    ``fence.proxy.async.shared::cta``."""
-    _nvvm.FenceProxyOp(_nvvm.ProxyKind.async_shared, space=_nvvm.SharedSpace.shared_cta)
