@@ -181,13 +181,14 @@ def test_inference_calls_the_out_op_without_statistics_and_training_the_function
 
 def _graphs():
     """An aot_autograd backend that keeps the forward and backward graphs it is given."""
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     graphs = []
 
     def keep(gm, _inputs):
         graphs.append(gm)
-        return gm
+        return make_boxed_func(gm.forward)
 
     return aot_autograd(fw_compiler=keep, bw_compiler=keep), graphs
 

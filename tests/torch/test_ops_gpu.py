@@ -1,0 +1,278 @@
+"""torch.ops.flydsl.* on the GPU: values and gradients against float64 torch references, eager and compiled
+(torch.compile(fullgraph=True), inductor), opcheck of every op, the nn modules against torch's, odd shapes and
+strided inputs.
+
+Tolerances: outputs compare elementwise (rtol = atol = TOL[dtype], about the output's rounding); gradients compare
+by their largest error against TOL_GRAD[dtype] x max(1, max |reference|), since sums over rows grow with the rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+import flydsl.torch as ft  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TOL = {torch.float32: 5e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+TOL_GRAD = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+SHAPES = [(4, 1), (3, 1000), (2, 5, 4097), (2, 65536)]
+RMS_EPS = torch.finfo(torch.float32).eps  # what eps=None means, for float32, float16 and bfloat16 alike
+
+
+def _rand(*shape, dtype, scale=1.0, requires_grad=False):
+    t = (torch.randn(*shape, dtype=torch.float32, device="cuda") * scale).to(dtype)
+    return t.requires_grad_(requires_grad)
+
+
+def _f64(t):
+    return None if t is None else t.detach().double().requires_grad_(t.requires_grad)
+
+
+def _check(actual, expected, dtype):
+    torch.testing.assert_close(actual.detach().double(), expected.detach(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def _check_grad(actual, expected, dtype, what):
+    assert actual is not None, what
+    assert actual.dtype != torch.float64 and actual.shape == expected.shape, what
+    err = (actual.double() - expected).abs().max().item()
+    bound = TOL_GRAD[dtype] * max(1.0, expected.abs().max().item())
+    assert err <= bound, f"{what}: max error {err:.3g} > {bound:.3g}"
+
+
+# --- forward and backward against float64 references ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_softmax(shape, dtype):
+    torch.manual_seed(0)
+    x = _rand(*shape, dtype=dtype, scale=3.0, requires_grad=True)
+    y = ft.softmax(x)
+    x64 = _f64(x)
+    y64 = torch.softmax(x64, -1)
+    _check(y, y64, dtype)
+    torch.testing.assert_close(y.double().sum(-1), torch.ones_like(y64[..., 0]), rtol=0, atol=TOL[dtype] * 4)
+    dy = _rand(*shape, dtype=dtype)
+    y.backward(dy)
+    y64.backward(dy.double())
+    _check_grad(x.grad, x64.grad, dtype, "dx")
+
+
+@pytest.mark.parametrize("affine", ["weight+bias", "weight", "bias", "none"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_layer_norm(shape, dtype, affine):
+    torch.manual_seed(1)
+    n = shape[-1]
+    x = _rand(*shape, dtype=dtype, scale=2.0, requires_grad=True)
+    x.data += 0.5  # a mean away from zero
+    w = _rand(n, dtype=dtype, requires_grad=True) if "weight" in affine else None
+    b = _rand(n, dtype=dtype, requires_grad=True) if "bias" in affine else None
+    out = ft.layer_norm(x, n, w, b, 1e-5)
+    x64, w64, b64 = _f64(x), _f64(w), _f64(b)
+    out64 = F.layer_norm(x64, (n,), w64, b64, 1e-5)
+    _check(out, out64, dtype)
+    dy = _rand(*shape, dtype=dtype)
+    out.backward(dy)
+    out64.backward(dy.double())
+    for name, ours, ref in (("dx", x, x64), ("dweight", w, w64), ("dbias", b, b64)):
+        if ours is not None:
+            _check_grad(ours.grad, ref.grad, dtype, name)
+
+
+@pytest.mark.parametrize("weight", [True, False])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm(shape, dtype, weight):
+    torch.manual_seed(2)
+    n = shape[-1]
+    x = _rand(*shape, dtype=dtype, scale=2.0, requires_grad=True)
+    w = _rand(n, dtype=dtype, requires_grad=True) if weight else None
+    out = ft.rms_norm(x, [n], w)
+    x64, w64 = _f64(x), _f64(w)
+    out64 = F.rms_norm(x64, (n,), w64, RMS_EPS)
+    _check(out, out64, dtype)
+    dy = _rand(*shape, dtype=dtype)
+    out.backward(dy)
+    out64.backward(dy.double())
+    _check_grad(x.grad, x64.grad, dtype, "dx")
+    if weight:
+        _check_grad(w.grad, w64.grad, dtype, "dweight")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_add_rms_norm(shape, dtype):
+    torch.manual_seed(3)
+    n = shape[-1]
+    x = _rand(*shape, dtype=dtype, requires_grad=True)
+    r = _rand(*shape, dtype=dtype, requires_grad=True)
+    w = _rand(n, dtype=torch.float32, requires_grad=True)  # float32 weights beside any input dtype
+    out, residual_out = ft.fused_add_rms_norm(x, r, n, w, 1e-6)
+    summed = (x.double() + r.double()).to(dtype)  # the sum is rounded to the input dtype
+    torch.testing.assert_close(residual_out, summed, rtol=0, atol=0)
+    x64, r64, w64 = _f64(x), _f64(r), _f64(w)
+    s64 = x64 + r64
+    out64 = F.rms_norm(s64, (n,), w64, 1e-6)
+    torch.testing.assert_close(
+        out.double(), F.rms_norm(summed.double(), (n,), w.double(), 1e-6), rtol=TOL[dtype], atol=TOL[dtype]
+    )
+    dy, dres = _rand(*shape, dtype=dtype), _rand(*shape, dtype=dtype)
+    torch.autograd.backward([out, residual_out], [dy, dres])
+    torch.autograd.backward([out64, s64], [dy.double(), dres.double()])
+    _check_grad(x.grad, x64.grad, dtype, "dx")
+    _check_grad(r.grad, r64.grad, dtype, "dresidual")
+    _check_grad(w.grad, w64.grad, dtype, "dweight")
+
+
+# --- layouts, out variants, edge cases -------------------------------------------------------------------------------
+
+
+def test_strided_and_transposed_inputs():
+    torch.manual_seed(4)
+    base = _rand(6, 40, 130, dtype=torch.bfloat16)
+    sliced = base[:, :, :128]  # rows 130 apart: read in place
+    torch.testing.assert_close(ft.layer_norm(sliced, 128), F.layer_norm(sliced, (128,)), rtol=1e-2, atol=1e-2)
+    transposed = base.transpose(0, 1)  # leading dims permuted
+    torch.testing.assert_close(ft.rms_norm(transposed, 130), F.rms_norm(transposed, (130,)), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(ft.softmax(base, dim=1), torch.softmax(base, dim=1), rtol=1e-2, atol=1e-3)
+    x = _rand(8, 64, dtype=torch.float32, requires_grad=True)
+    ft.softmax(x).sum().backward()  # an expanded (stride 0) gradient
+    torch.testing.assert_close(x.grad, torch.zeros_like(x), rtol=0, atol=1e-6)
+
+
+def test_out_ops_and_in_place_residual():
+    torch.manual_seed(5)
+    x, r = _rand(33, 2048, dtype=torch.bfloat16), _rand(33, 2048, dtype=torch.bfloat16)
+    w = _rand(2048, dtype=torch.bfloat16)
+    expected_sum = x + r
+    out = torch.full_like(x, float("nan"))
+    rstd = torch.full((33,), float("nan"), device="cuda")
+    residual = r.clone()
+    torch.ops.flydsl.fused_add_rms_norm_out(x, residual, [2048], w, 1e-6, out, residual, rstd)  # as vLLM does
+    torch.testing.assert_close(residual, expected_sum, rtol=0, atol=0)
+    ref = F.rms_norm(expected_sum.float(), (2048,), w.float(), 1e-6)
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(rstd, expected_sum.float().square().mean(-1).add(1e-6).rsqrt(), rtol=1e-5, atol=0)
+    out = torch.full_like(x, float("nan"))
+    torch.ops.flydsl.layer_norm_out(x, [2048], w, None, 1e-5, out)  # no statistics written
+    torch.testing.assert_close(out, F.layer_norm(x, (2048,), w), rtol=1e-2, atol=1e-2)
+
+
+def test_empty_inputs():
+    x = torch.empty(0, 16, device="cuda", requires_grad=True)
+    w = torch.ones(16, device="cuda", requires_grad=True)
+    ft.layer_norm(x, 16, w, w).sum().backward()
+    assert x.grad.shape == (0, 16) and torch.equal(w.grad, torch.zeros(16, device="cuda"))
+    assert ft.softmax(torch.empty(3, 0, device="cuda")).shape == (3, 0)
+
+
+def test_opcheck_every_op():
+    torch.manual_seed(6)
+    x = _rand(4, 3, 96, dtype=torch.bfloat16, requires_grad=True)
+    w = _rand(96, dtype=torch.float32, requires_grad=True)
+    b = _rand(96, dtype=torch.float32, requires_grad=True)
+    dy = _rand(4, 3, 96, dtype=torch.bfloat16)
+    y = torch.ops.flydsl.softmax(x).detach()
+    _, mean, rstd = torch.ops.flydsl.layer_norm(x, [96], w, b, 1e-5)
+    _, rms_rstd = torch.ops.flydsl.rms_norm(x, [96], w, None)
+    cases = [
+        (torch.ops.flydsl.softmax, (x,)),
+        (torch.ops.flydsl.softmax_backward, (dy, y)),
+        (torch.ops.flydsl.layer_norm, (x, [96], w, b, 1e-5)),
+        (torch.ops.flydsl.layer_norm_backward, (dy, x.detach(), [96], w.detach(), mean.detach(), rstd.detach())),
+        (torch.ops.flydsl.rms_norm, (x, [96], w, None)),
+        (torch.ops.flydsl.rms_norm_backward, (dy, x.detach(), [96], w.detach(), rms_rstd.detach())),
+        (torch.ops.flydsl.fused_add_rms_norm, (x, dy, [96], w, 1e-6)),
+        (torch.ops.flydsl.softmax_out, (x.detach(), torch.empty_like(dy))),
+        (
+            torch.ops.flydsl.layer_norm_out,
+            (x.detach(), [96], w.detach(), b.detach(), 1e-5, torch.empty_like(dy), torch.empty_like(mean), None),
+        ),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
+# --- torch.compile ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_compiled_block_matches_eager(dtype):
+    torch._dynamo.reset()
+    torch.manual_seed(7)
+    ln = ft.nn.LayerNorm(1000, device="cuda", dtype=dtype)
+    rms = ft.nn.RMSNorm(1000, device="cuda", dtype=dtype)
+
+    def block(x, r):
+        h = ln(x) * 2
+        h, r = rms(h, r)
+        return ft.softmax(h, dim=-1), r
+
+    compiled = torch.compile(block, fullgraph=True)
+    results = []
+    for fn in (block, compiled):
+        x = _rand(3, 7, 1000, dtype=dtype, requires_grad=True)
+        r = _rand(3, 7, 1000, dtype=dtype, requires_grad=True)
+        torch.manual_seed(8)
+        x.data.copy_(_rand(3, 7, 1000, dtype=dtype))
+        r.data.copy_(_rand(3, 7, 1000, dtype=dtype))
+        for p in (*ln.parameters(), *rms.parameters()):
+            p.grad = None
+        y, r_out = fn(x, r)
+        dy, dr = _rand(*y.shape, dtype=dtype), _rand(*y.shape, dtype=dtype)
+        torch.autograd.backward([y, r_out], [dy, dr])
+        results.append([y, r_out, x.grad, r.grad, ln.weight.grad, ln.bias.grad, rms.weight.grad])
+    for name, eager, comp in zip(("y", "r", "dx", "dr", "dln_w", "dln_b", "drms_w"), *results, strict=True):
+        torch.testing.assert_close(comp, eager, rtol=TOL[dtype], atol=TOL[dtype], msg=name)
+    explanation = torch._dynamo.explain(block)(x.detach(), r.detach())
+    assert explanation.graph_break_count == 0
+
+
+def test_compiled_inference_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(9)
+    rms = ft.nn.RMSNorm(4096, device="cuda", dtype=torch.bfloat16)
+    x = _rand(17, 4096, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        eager = rms(x)
+        compiled = torch.compile(rms, fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    torch.testing.assert_close(
+        eager, torch.nn.RMSNorm(4096, device="cuda", dtype=torch.bfloat16)(x), rtol=1e-2, atol=1e-2
+    )
+
+
+# --- the modules against torch's -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_modules_match_torch(dtype):
+    torch.manual_seed(10)
+    for ours, theirs in ((ft.nn.LayerNorm, torch.nn.LayerNorm), (ft.nn.RMSNorm, torch.nn.RMSNorm)):
+        ref = theirs((5, 96), device="cuda")
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.copy_(torch.randn_like(p))
+        mine = ours((5, 96), device="cuda")
+        mine.load_state_dict(ref.state_dict())
+        # float32 parameters with a lower-precision input, as under mixed precision
+        x = _rand(4, 5, 96, dtype=dtype, requires_grad=True)
+        x_ref = x.detach().float().requires_grad_()
+        y, y_ref = mine(x), ref(x_ref)
+        assert y.dtype == dtype
+        torch.testing.assert_close(y.float(), y_ref, rtol=TOL[dtype], atol=TOL[dtype])
+        dy = _rand(4, 5, 96, dtype=dtype)
+        y.backward(dy)
+        y_ref.backward(dy.float())
+        _check_grad(x.grad, x_ref.grad.double(), dtype, f"{ours.__name__} dx")
+        for (name, p), p_ref in zip(mine.named_parameters(), ref.parameters(), strict=True):
+            assert p.grad.dtype == torch.float32
+            _check_grad(p.grad, p_ref.grad.double(), dtype, f"{ours.__name__} d{name}")
