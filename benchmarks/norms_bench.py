@@ -110,6 +110,12 @@ def _backward(torch, name, x, a, m, n, e, reps):
     return None, None, None
 
 
+def _write(path: str, result: dict, started: float) -> None:
+    result["wall_s"] = round(time.time() - started, 1)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commit", required=True, help="git rev-parse HEAD of the measured tree")
@@ -119,6 +125,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     parser.add_argument("--backward", action="store_true", help="also time the backward kernels")
+    parser.add_argument("--cta-threads", type=int, default=None, help="override reduction.CTA_THREADS (tuning)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -126,6 +133,11 @@ def main() -> int:
     import torch.nn.functional as F
 
     torch._dynamo.config.cache_size_limit = 1024
+    if args.cta_threads:
+        from flydsl.kernels import reduction
+
+        reduction.CTA_THREADS = args.cta_threads
+        reduction.row_config.cache_clear()
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
     ops = _ops(torch, F)
     props = torch.cuda.get_device_properties(0)
@@ -145,6 +157,7 @@ def main() -> int:
         "statistic": "median of CUDA-event times",
         "liger": "not installed on the GPU machine: not measured",
         "units": "TB/s (bytes read + written / time)",
+        "complete": False,
         "results": [],
     }
     started = time.time()
@@ -191,9 +204,9 @@ def main() -> int:
                 )
                 del x, aux, copy_dst
                 torch.cuda.empty_cache()
-    result["wall_s"] = round(time.time() - started, 1)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+                _write(args.out, result, started)  # after every row: a cut-short run keeps what it measured
+    result["complete"] = True
+    _write(args.out, result, started)
     print(f"wrote {args.out}")
     return 0
 

@@ -62,7 +62,7 @@ def test_configs_cover_every_n():
                 assert cfg.capacity >= n, (n, dtype, cfg)
                 assert cfg.block <= 1024 and cfg.cluster <= 8
     assert row_config(1024, "bf16").regime == "warp"
-    assert row_config(8192, "bf16").regime == "block"
+    assert row_config(2048, "bf16").regime == "block"
     assert row_config(65536, "bf16").regime == "cluster" and row_config(262144, "f32").cluster == 8
     with pytest.raises(ValueError, match="power of two"):
         RowConfig("f32", 4, 1, 48, 1, 1, True)

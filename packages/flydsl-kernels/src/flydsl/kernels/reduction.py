@@ -106,28 +106,33 @@ def _pow2_at_least(x: int) -> int:
     return 1 << max(0, _pymath.ceil(_pymath.log2(max(1, x))))
 
 
+CTA_THREADS = 512  # threads per CTA before a row is split over a cluster (measured: 512 beats 256 and 1024 at 16K-32K)
+
+
 @functools.lru_cache(maxsize=4096)
-def row_config(n: int, dtype: str, held: int = 1, warp_block: int = 128) -> RowConfig:
+def row_config(n: int, dtype: str, held: int = 1, warp_block: int = 128, cta_threads: int | None = None) -> RowConfig:
     """The config for rows of ``n`` elements of ``dtype``, for a kernel that keeps ``held`` row tensors in registers
-    (softmax and the norms forward: 1; backward: 2). Picks the fewest threads that keep at most
-    ``32 / held`` values per thread, then splits over a cluster beyond 1024 threads. Rows longer than a cluster of
-    8 x 1024 threads holds get more chunks per thread (correct, with register spills: slower)."""
+    (softmax and the norms forward: 1; backward: 4, it also keeps column sums). Picks the fewest threads that keep
+    at most ``32 / held`` values per thread; beyond ``cta_threads`` (default :data:`CTA_THREADS`) threads the row is
+    split over a cluster of up to 8 CTAs, growing the CTAs up to 1024 threads once 8 are not enough. Rows longer
+    than that holds get more chunks per thread (correct, with register spills: slower)."""
     if n < 1:
         raise ValueError(f"row_config: N must be >= 1, got {n}")
+    cta_threads = cta_threads or CTA_THREADS
     vec = 16 // _BYTES[dtype]
     total_chunks = -(-n // vec)
     per_thread = max(1, _VALUES_PER_THREAD // held // vec)
     threads = _pow2_at_least(-(-total_chunks // per_thread))
+    even = n % vec == 0
     if threads <= 32:
         tpr = threads
-        return RowConfig(dtype, vec, -(-total_chunks // tpr), tpr, max(1, warp_block // tpr), 1, n % vec == 0)
-    if threads <= MAX_THREADS:
-        return RowConfig(dtype, vec, -(-total_chunks // threads), threads, 1 if threads > 64 else 2, 1, n % vec == 0)
-    # Split over a cluster: 512-thread CTAs while 8 of them are enough, else 1024.
-    tpr = 512 if threads <= 8 * 512 else MAX_THREADS
+        return RowConfig(dtype, vec, -(-total_chunks // tpr), tpr, max(1, warp_block // tpr), 1, even)
+    if threads <= cta_threads:
+        return RowConfig(dtype, vec, -(-total_chunks // threads), threads, 1 if threads > 64 else 2, 1, even)
+    tpr = min(MAX_THREADS, max(cta_threads, threads // MAX_CLUSTER))
     size = min(MAX_CLUSTER, threads // tpr)
     chunks = -(-total_chunks // (tpr * size))
-    return RowConfig(dtype, vec, chunks, tpr, 1, size, n % vec == 0)
+    return RowConfig(dtype, vec, chunks, tpr, 1, size, even)
 
 
 # --- device side ------------------------------------------------------------------------------------------------

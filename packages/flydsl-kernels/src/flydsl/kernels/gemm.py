@@ -1,0 +1,248 @@
+"""Hopper GEMM: ``C = A @ B`` in bf16/fp16 with fp32 accumulation, a warp-specialized persistent kernel.
+
+One CTA per SM walks output tiles in a grouped order (``fx.TileScheduler``). In each CTA, warpgroup 0 is the
+producer: one thread streams the (BM, BK) tile of A and the (BN, BK) tile of B for every K step through a
+``fx.TmaPipeline`` of ``stages`` shared-memory slots. The other warpgroups are consumers: each owns 64 rows of the
+tile, issues ``wgmma`` for every K step (keeping one step in flight), releases each slot once its MMAs are done,
+and writes its accumulators to C (converted, bounds-checked at the edges). The producer gives most of its registers
+to the consumers (``setmaxnreg``).
+
+Operands are (MN, K) views, as wgmma reads them: A is (M, K) row-major ("K"-major, the usual) or the transpose
+of a (K, M) row-major tensor ("MN"-major); the same for B with (N, K) (e.g. ``nn.Linear`` weights: ``x @ w.T``)
+or (K, N) row-major (``a @ b``). TMA moves 16-byte aligned rows, so K (and N, M for MN-major operands) must be
+multiples of 8 elements; tails of tiles are zero-filled by TMA and masked in the epilogue.
+
+    from flydsl.kernels.gemm import gemm
+    c = gemm(a, b)                     # a (M, K), b (K, N): torch tensors on the GPU, bf16 or fp16
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+import flydsl.layout as fl
+from flydsl.expr import gpu, nvvm, wgmma
+
+__all__ = ["GemmConfig", "gemm"]
+
+_SWIZZLE = 128  # bytes: the widest swizzle; a TMA box row holds 128 bytes (64 bf16) at most
+_PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """The CTA tile (``tile_m`` x ``tile_n``, K steps of ``tile_k``), the pipeline depth, the consumer warpgroups
+    (each 64 rows of the tile... or more: ``tile_m / consumers`` rows, a multiple of 64), the grouped tile order."""
+
+    tile_m: int = 128
+    tile_n: int = 256
+    tile_k: int = 64
+    stages: int = 4
+    consumers: int = 2
+    group_m: int = 8
+
+    def __post_init__(self):
+        if self.tile_m % (64 * self.consumers) or self.tile_n % 64 or self.tile_n > 256 or self.tile_k % 64:
+            raise ValueError(
+                f"{self}: tile_m must split into {self.consumers} consumer warpgroups of 64-row blocks; tile_n a"
+                " multiple of 64 up to 256; tile_k a multiple of 64 (one 128-byte swizzled row of bf16)"
+            )
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumers)
+
+    def stage_bytes(self, element_bytes: int = 2) -> int:
+        return (self.tile_m + self.tile_n) * self.tile_k * element_bytes
+
+
+def operand_layout(rows: int, tile_k: int, stages: int, major: str, element_bytes: int = 2):
+    """Shared memory for one operand, as an (MN, K, stage) layout TMA fills box by box and wgmma reads:
+
+    * K-major: boxes of (rows, 64) along K, each 128-byte rows under the 128B swizzle (the wgmma K-major atom);
+    * MN-major: boxes of (tile_k, 64) of the (K, MN) tensor, one per 64 rows of MN."""
+    row = _SWIZZLE // element_bytes  # elements of one swizzled row
+    swizzle = fl.Swizzle(3, 4 - (element_bytes.bit_length() - 1), 3)
+    box = rows * row if major == "K" else tile_k * row
+    if major == "K":
+        inner = fl.Layout((rows, (row, tile_k // row), stages), (row, (1, box), rows * tile_k))
+    else:
+        inner = fl.Layout(((row, rows // row), tile_k, stages), ((1, box), row, rows * tile_k))
+    return fl.ComposedLayout(swizzle, 0, inner)
+
+
+def _load_operand(desc, tiles, stage, mn0, k0, barrier, rows: int, tile_k: int, major: str):
+    """The TMA loads of one operand's (rows, tile_k) tile at (mn0, k0) into slot ``stage``."""
+    row = _SWIZZLE // desc.element_bytes
+    slot = tiles[None, None, stage]
+    if major == "K":
+        for kb in fx.range_constexpr(tile_k // row):
+            desc.load(slot[None, (None, kb)], (mn0, k0 + kb * row), barrier)
+    else:
+        for mb in fx.range_constexpr(rows // row):
+            desc.load(slot[(None, mb), None], (k0, mn0 + mb * row), barrier)
+
+
+def _store_tile(acc, c, row0, col0, full: bool, lane, warp, n: int):
+    """This thread's part of one 64 x n accumulator (wgmma's layout) into C at (row0, col0); ``full``: the tile
+    lies inside C, no bounds checks."""
+    values = acc.to(c.dtype)
+    m_extent, n_extent = c.shape[0].to(fx.Int32), c.shape[1].to(fx.Int32)
+    for p in fx.range_constexpr(n // 4):
+        row = row0 + 16 * warp + lane // 4 + 8 * (p % 2)
+        col = col0 + 8 * (p // 2) + 2 * (lane % 4)
+        if fx.const_expr(full):
+            c[row, col] = values[2 * p]
+            c[row, col + 1] = values[2 * p + 1]
+        else:
+            if row < m_extent:
+                if col < n_extent:
+                    c[row, col] = values[2 * p]
+                if col + 1 < n_extent:
+                    c[row, col + 1] = values[2 * p + 1]
+
+
+def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Constexpr, majors: fx.Constexpr):
+    a_major, b_major = majors
+    element_bytes = a.element_bytes
+    smem = fx.SmemAllocator()
+    a_tiles = smem.allocate(a.dtype, operand_layout(cfg.tile_m, cfg.tile_k, cfg.stages, a_major), alignment=1024)
+    b_tiles = smem.allocate(b.dtype, operand_layout(cfg.tile_n, cfg.tile_k, cfg.stages, b_major), alignment=1024)
+    pipe = fx.TmaPipeline(smem, cfg.stages, cfg.stage_bytes(element_bytes), consumers=128 * cfg.consumers)
+    pipe.init()
+
+    m_extent, n_extent = c.shape[0].to(fx.Int32), c.shape[1].to(fx.Int32)
+    k_extent = a.shape[1] if a_major == "K" else a.shape[0]
+    k_tiles = ((k_extent + (cfg.tile_k - 1)) // cfg.tile_k).to(fx.Int32)
+    tiles_m = ((m_extent + (cfg.tile_m - 1)) // cfg.tile_m).to(fx.Int32)
+    tiles_n = ((n_extent + (cfg.tile_n - 1)) // cfg.tile_n).to(fx.Int32)
+    sched = fx.TileScheduler(tiles_m, tiles_n, group_m=cfg.group_m)
+
+    tid = gpu.thread_idx.x
+    warpgroup = tid // 128
+    if warpgroup == 0:
+        nvvm.setmaxnreg(_PRODUCER_REGISTERS, increase=False)
+        if tid == 0:
+            a.prefetch()
+            b.prefetch()
+            state = pipe.producer_start()
+            for tile in range(sched.first, sched.count, sched.stride):
+                tm, tn = sched.coords(tile)
+                for kt in range(k_tiles):
+                    pipe.producer_acquire(state)
+                    bar = pipe.full[state.index]
+                    k0 = kt * cfg.tile_k
+                    _load_operand(a, a_tiles, state.index, tm * cfg.tile_m, k0, bar, cfg.tile_m, cfg.tile_k, a_major)
+                    _load_operand(b, b_tiles, state.index, tn * cfg.tile_n, k0, bar, cfg.tile_n, cfg.tile_k, b_major)
+                    state = state.advance()
+    else:
+        nvvm.setmaxnreg(_CONSUMER_REGISTERS, increase=True)
+        consumer = warpgroup - 1
+        mma = wgmma.TiledMma(
+            wgmma.MmaAtom(a.dtype, cfg.tile_n), tile_m=cfg.tile_m, tile_n=cfg.tile_n, warpgroups_m=cfg.consumers
+        )
+        lane = tid % 32
+        warp = (tid // 32) % 4
+        state = pipe.consumer_start()
+        for tile in range(sched.first, sched.count, sched.stride):
+            tm, tn = sched.coords(tile)
+            accs = mma.make_accumulators(0.0)
+            released = state
+            for kt in range(k_tiles):
+                pipe.consumer_wait(state)
+                accs = wgmma.fence(accs)
+                accs = mma.mma(
+                    a_tiles[None, None, state.index],
+                    b_tiles[None, None, state.index],
+                    accs,
+                    accumulate=kt > 0,
+                    warpgroup=consumer,
+                )
+                wgmma.commit_group()
+                accs = wgmma.wait_group(1, accs)  # the previous step's MMAs are done: its slot may be refilled
+                if kt > 0:
+                    pipe.consumer_release(released)
+                    released = released.advance()
+                state = state.advance()
+            accs = wgmma.wait_group(0, accs)
+            pipe.consumer_release(released)
+
+            rows_per_consumer = cfg.tile_m // cfg.consumers
+            row0 = tm * cfg.tile_m + consumer * rows_per_consumer
+            col0 = tn * cfg.tile_n
+            inside = (row0 + rows_per_consumer <= m_extent) & (col0 + cfg.tile_n <= n_extent)
+            for mi in fx.range_constexpr(rows_per_consumer // 64):
+                if inside:
+                    _store_tile(accs[mi], c, row0 + 64 * mi, col0, True, lane, warp, cfg.tile_n)
+                else:
+                    _store_tile(accs[mi], c, row0 + 64 * mi, col0, False, lane, warp, cfg.tile_n)
+
+
+_KERNELS: dict[int, flyc.KernelFunction] = {}
+
+
+def gemm_kernel(cfg: GemmConfig) -> flyc.KernelFunction:
+    """The ``@flyc.kernel`` for a configuration's thread count (the body is shared; ``cfg`` is a Constexpr)."""
+    kernel = _KERNELS.get(cfg.threads)
+    if kernel is None:
+        kernel = flyc.kernel(threads=cfg.threads, min_blocks_per_sm=1)(gemm_ws)
+        _KERNELS[cfg.threads] = kernel
+    return kernel
+
+
+def _major(t, name: str) -> str:
+    """'K' when the last dim (K for the (MN, K) view) is contiguous, 'MN' when the first is."""
+    if t.stride(-1) == 1:
+        return "K"
+    if t.stride(0) == 1:
+        return "MN"
+    raise ValueError(f"{name}: expected a row- or column-major matrix, got strides {t.stride()}")
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: int) -> int:
+    count = _SM_COUNT.get(device)
+    if count is None:
+        from flydsl.compiler import runtime
+
+        count = _SM_COUNT[device] = runtime.device_attribute(16, device)  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return count
+
+
+def gemm(a, b, out=None, config: GemmConfig | None = None):
+    """``out = a @ b`` for torch tensors on one GPU: a (M, K), b (K, N), bf16 or fp16 (both the same), each row- or
+    column-major; ``out`` (M, N) row-major bf16/fp16/fp32, allocated in a's dtype when not given."""
+    import torch
+
+    cfg = config or GemmConfig()
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.dim() != 2:
+            raise ValueError(f"gemm {name}: expected a 2-D CUDA torch tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"gemm {name}: expected bfloat16 or float16, got {t.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"gemm: a and b must have one dtype, got {a.dtype} and {b.dtype}")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ValueError(f"gemm: a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dimensions differ")
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    elif out.shape != (m, n) or out.stride(-1) != 1 or out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"gemm out: expected a row-major ({m}, {n}) bf16/fp16/fp32 tensor, got {tuple(out.shape)}")
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    # The (MN, K) view of each operand as TMA sees it: the tensor in memory order, boxes of 64 along its rows.
+    a_major, b_major = _major(a, "a"), _major(b.t(), "b")
+    row = _SWIZZLE // a.element_size()
+    a_tile = fx.TmaTile(a, (cfg.tile_m, row)) if a_major == "K" else fx.TmaTile(a.t(), (cfg.tile_k, row))
+    b_tile = fx.TmaTile(b.t(), (cfg.tile_n, row)) if b_major == "K" else fx.TmaTile(b, (cfg.tile_k, row))
+    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
+    grid = min(tiles, _sm_count(a.get_device()))
+    gemm_kernel(cfg)(a_tile, b_tile, out, cfg, (a_major, b_major)).launch(grid=grid, block=cfg.threads)
+    return out
