@@ -1,0 +1,128 @@
+"""bf16 GEMM on the local GPU: flydsl.kernels.gemm against torch.matmul (cuBLAS) in the same process.
+
+    python benchmarks/gemm_bench.py                      # 8192^3 and 4096^3
+    python benchmarks/gemm_bench.py --sweep --json out.json --commit $(git rev-parse HEAD)
+
+Each case: fresh random inputs, our result checked against torch's (relative Frobenius error), then both timed
+with triton.testing.do_bench (CUDA events, median of repeated runs after warm-up), interleaved: ours, cuBLAS,
+ours, cuBLAS, ... ``--repeats`` times; the reported numbers are medians over the repeats. The sweep is issue 8's:
+M in {1, 16, 64, 128, 512, 2048, 8192} x (N, K) from Llama/DeepSeek layers, B given as nn.Linear weights (N, K).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+SQUARE = [(8192, 8192, 8192), (4096, 4096, 4096)]
+SWEEP_NK = [
+    (4096, 4096),
+    (14336, 4096),
+    (4096, 14336),
+    (8192, 8192),
+    (28672, 8192),
+    (8192, 28672),
+    (18432, 7168),
+    (7168, 18432),
+    (1536, 7168),
+    (7168, 16384),
+]
+SWEEP_M = [1, 16, 64, 128, 512, 2048, 8192]
+
+
+def _bench(fn, do_bench) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def run_case(torch, do_bench, m, n, k, repeats, weights_nk):
+    from flydsl.kernels.gemm import gemm
+
+    a = torch.randn(m, k, device="cuda").bfloat16()
+    # nn.Linear weights (N, K) row-major, used as b = w.t() (K-major B); else b (K, N) row-major.
+    b = torch.randn(n, k, device="cuda").bfloat16().t() if weights_nk else torch.randn(k, n, device="cuda").bfloat16()
+    ours = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm(a, b, ours)
+    reference = torch.matmul(a, b)
+    torch.cuda.synchronize()
+    error = ((ours.float() - reference.float()).norm() / reference.float().norm()).item()
+    cublas_out = torch.empty_like(ours)
+    ours_ms, cublas_ms = [], []
+    for _ in range(repeats):
+        ours_ms.append(_bench(lambda: gemm(a, b, ours), do_bench))
+        cublas_ms.append(_bench(lambda: torch.matmul(a, b, out=cublas_out), do_bench))
+    flops = 2.0 * m * n * k
+    ours_t, cublas_t = statistics.median(ours_ms), statistics.median(cublas_ms)
+    return {
+        "m": m,
+        "n": n,
+        "k": k,
+        "b": "weights (N, K)" if weights_nk else "(K, N) row-major",
+        "rel_error_vs_cublas": error,
+        "flydsl_ms": ours_t,
+        "cublas_ms": cublas_t,
+        "flydsl_tflops": flops / ours_t / 1e9,
+        "cublas_tflops": flops / cublas_t / 1e9,
+        "ratio": cublas_t / ours_t,
+        "flydsl_weight_tbps": n * k * 2 / ours_t / 1e9,
+        "flydsl_runs_ms": ours_ms,
+        "cublas_runs_ms": cublas_ms,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", action="store_true", help="issue 8's 70 shapes after the square ones")
+    parser.add_argument("--m", type=int, nargs="*", help="restrict the sweep's M values")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
+    args = parser.parse_args(argv)
+
+    import torch
+    from triton.testing import do_bench
+
+    cases = [(m, n, k, False) for m, n, k in SQUARE]
+    if args.sweep:
+        cases += [(m, n, k, True) for m in (args.m or SWEEP_M) for n, k in SWEEP_NK]
+    results = []
+    print(f"{'M':>6} {'N':>6} {'K':>6}  {'flydsl TF/s':>11} {'cuBLAS TF/s':>11} {'ratio':>6}  {'err':>8}")
+    for m, n, k, weights in cases:
+        r = run_case(torch, do_bench, m, n, k, args.repeats, weights)
+        results.append(r)
+        print(
+            f"{m:>6} {n:>6} {k:>6}  {r['flydsl_tflops']:>11.1f} {r['cublas_tflops']:>11.1f} {r['ratio']:>6.3f}"
+            f"  {r['rel_error_vs_cublas']:>8.1e}",
+            flush=True,
+        )
+    ratios = [r["ratio"] for r in results]
+    big = [r["ratio"] for r in results if r["m"] >= 2048]
+    summary = {
+        "geomean_ratio_all": statistics.geometric_mean(ratios),
+        "geomean_ratio_m_ge_2048": statistics.geometric_mean(big) if big else None,
+        "min_ratio": min(ratios),
+    }
+    print(json.dumps(summary))
+    if args.json:
+        props = torch.cuda.get_device_properties(0)
+        record = {
+            "benchmark": "gemm_bench",
+            "date": time.strftime("%Y-%m-%d"),
+            "git_commit": args.commit,
+            "gpu": props.name,
+            "torch": torch.__version__,
+            "command": "python benchmarks/gemm_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "method": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms), ours and cuBLAS interleaved,"
+            " median over repeats; bf16 inputs and output, fp32 accumulation",
+            "summary": summary,
+            "results": results,
+        }
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
