@@ -1,0 +1,96 @@
+"""Times a flydsl kernel next to torch on the local GPU.
+
+    python -m flydsl.kernels.bench softmax --dtype bf16
+    python -m flydsl.kernels.bench rms_norm --dtype f32 --n 4096,32768 --elements 67108864
+
+Prints, per N, the median time of each (CUDA events, after warm-up) and the effective bandwidth (bytes read +
+written / time). The full sweep with torch.compile and JSON output is ``benchmarks/norms_bench.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+KERNELS = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm")
+
+
+def _median_ms(fn, reps: int) -> float:
+    import torch
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _pair(torch, kernel: str, x):
+    """(ours, torch's, bytes moved) for one input."""
+    from flydsl.kernels import norms
+
+    n, size = x.shape[1], x.element_size()
+    out = torch.empty_like(x)
+    w = torch.randn(n, device=x.device, dtype=x.dtype)
+    b = torch.randn(n, device=x.device, dtype=x.dtype)
+    moved = 2 * x.numel() * size
+    if kernel == "softmax":
+        return (lambda: norms.softmax(x, out)), (lambda: torch.softmax(x, -1)), moved
+    if kernel == "layer_norm":
+        ref = torch.nn.functional.layer_norm
+        return (lambda: norms.layer_norm(x, w, b, 1e-5, out)), (lambda: ref(x, (n,), w, b, 1e-5)), moved + 2 * n * size
+    if kernel == "rms_norm":
+        ref = getattr(torch.nn.functional, "rms_norm", None)
+        if ref is None:
+            raise SystemExit("this torch has no torch.nn.functional.rms_norm to compare with")
+        return (lambda: norms.rms_norm(x, w, 1e-6, out)), (lambda: ref(x, (n,), w, 1e-6)), moved + n * size
+    residual = torch.randn_like(x)
+
+    def torch_fused():
+        s = x + residual
+        return torch.nn.functional.rms_norm(s, (n,), w, 1e-6), s
+
+    ours = lambda: norms.fused_add_rms_norm(x, residual, w, 1e-6, out, residual_out=residual)  # noqa: E731
+    return ours, torch_fused, 2 * moved + n * size
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flydsl.kernels.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("kernel", choices=KERNELS)
+    parser.add_argument("--dtype", choices=("bf16", "f16", "f32"), default="bf16")
+    parser.add_argument("--n", default="1024,4096,16384,65536,262144", help="row lengths, comma-separated")
+    parser.add_argument("--elements", type=int, default=1 << 26, help="elements per input (rows = elements // N)")
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("flydsl.kernels.bench needs torch", file=sys.stderr)
+        return 1
+    if not torch.cuda.is_available():
+        print("flydsl.kernels.bench needs a CUDA GPU", file=sys.stderr)
+        return 1
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
+    print(f"{args.kernel} {args.dtype} on {torch.cuda.get_device_name()}: median of {args.reps} runs")
+    print(f"{'N':>8} {'rows':>8} {'flydsl us':>10} {'torch us':>10} {'flydsl TB/s':>12} {'torch TB/s':>11}")
+    for n in map(int, args.n.split(",")):
+        rows = max(1, args.elements // n)
+        x = torch.randn(rows, n, device="cuda", dtype=dtype)
+        ours, theirs, moved = _pair(torch, args.kernel, x)
+        ours_ms, theirs_ms = _median_ms(ours, args.reps), _median_ms(theirs, args.reps)
+        print(
+            f"{n:>8} {rows:>8} {ours_ms * 1e3:>10.1f} {theirs_ms * 1e3:>10.1f}"
+            f" {moved / ours_ms / 1e9:>12.2f} {moved / theirs_ms / 1e9:>11.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
