@@ -43,13 +43,13 @@ def test_schemas():
         "flydsl::layer_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps="
     )
     assert _schema("layer_norm").endswith("-> (Tensor, Tensor, Tensor)")
-    assert "Tensor(a6!)? mean=None, Tensor(a7!)? rstd=None" in _schema("layer_norm_out")
+    assert "Tensor(a6!)? mean, Tensor(a7!)? rstd) -> ()" in _schema("layer_norm_out")
     assert _schema("rms_norm") == (
         "flydsl::rms_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None)"
         " -> (Tensor, Tensor)"
     )
     assert _schema("fused_add_rms_norm_out").endswith(
-        "Tensor(a5!) out, Tensor(a6!) residual_out, Tensor(a7!)? rstd=None) -> ()"
+        "Tensor(a5!) out, Tensor(a6!) residual_out, Tensor(a7!)? rstd) -> ()"
     )
     assert _schema("layer_norm_backward") == (
         "flydsl::layer_norm_backward(Tensor dy, Tensor x, SymInt[] normalized_shape, Tensor? weight, Tensor mean,"
@@ -99,12 +99,12 @@ def test_fake_out_ops_check_the_outputs_given():
     with FakeTensorMode():
         x = torch.empty(4, 16, dtype=torch.bfloat16, device="cuda")
         torch.ops.flydsl.softmax_out(x, torch.empty_like(x))
-        torch.ops.flydsl.layer_norm_out(x, [16], None, None, 1e-5, out=torch.empty_like(x))  # no statistics
+        torch.ops.flydsl.layer_norm_out(x, [16], None, None, 1e-5, torch.empty_like(x), None, None)  # no statistics
         with pytest.raises(ValueError, match=r"flydsl.softmax: out: expected a bfloat16 tensor of shape \(4, 16\)"):
             torch.ops.flydsl.softmax_out(x, torch.empty(4, 15, dtype=torch.bfloat16, device="cuda"))
         with pytest.raises(ValueError, match="flydsl.layer_norm: rstd: expected a float32 tensor of shape"):
             bad = torch.empty(4, 1, device="cuda")
-            torch.ops.flydsl.layer_norm_out(x, [16], None, None, 1e-5, out=torch.empty_like(x), rstd=bad)
+            torch.ops.flydsl.layer_norm_out(x, [16], None, None, 1e-5, torch.empty_like(x), None, bad)
         with pytest.raises(ValueError, match="dweight: not written with these inputs"):
             s = torch.empty(4, device="cuda")
             dw = torch.empty(16, device="cuda")

@@ -164,7 +164,7 @@ def test_out_ops_and_in_place_residual():
     torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(rstd, expected_sum.float().square().mean(-1).add(1e-6).rsqrt(), rtol=1e-5, atol=0)
     out = torch.full_like(x, float("nan"))
-    torch.ops.flydsl.layer_norm_out(x, [2048], w, None, 1e-5, out)  # no statistics written
+    torch.ops.flydsl.layer_norm_out(x, [2048], w, None, 1e-5, out, None, None)  # no statistics written
     torch.testing.assert_close(out, F.layer_norm(x, (2048,), w), rtol=1e-2, atol=1e-2)
 
 

@@ -10,8 +10,8 @@ Keyword-only parameters are the outputs (``Tensor | None`` for an output the cal
 decorator registers, with ``torch.library.custom_op``:
 
 - ``flydsl::softmax_out`` -- the mutating op (``mutates_args`` = the outputs) that writes into the outputs given;
-  its schema lists every input without default, then the outputs (custom ops take no keyword-only tensors), so
-  ``torch.ops.flydsl.layer_norm_out(x, [n], w, b, 1e-5, out=y)`` names the outputs by keyword as Python allows;
+  its schema lists every input, then every output, all without defaults (custom ops take no keyword-only
+  tensors), e.g. ``torch.ops.flydsl.layer_norm_out(x, [n], w, b, 1e-5, y, None, None)``;
 - ``flydsl::softmax`` -- the functional op: allocates the outputs that ``outputs`` describes, then writes them;
 - a fake (meta) implementation of both, so that FakeTensorMode, meta tensors and ``torch.compile`` trace them
   without a GPU and without graph breaks.
@@ -52,12 +52,13 @@ class FlyOp:
         self.input_params = [p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
         if not self.output_names:
             raise TypeError(f"flydsl op {name}: declare its outputs as keyword-only parameters")
-        # custom_op takes no keyword-only tensors: the mutating op lists its outputs after its inputs, which lose
-        # their defaults there (an input default cannot precede a required output).
-        positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        # custom_op takes no keyword-only tensors: the mutating op lists its outputs after its inputs, all without
+        # defaults (an input default cannot precede a required output, and torch 2.11 finds the mutated arguments
+        # by position: an optional output left out would fail there with an IndexError).
+        positional, empty = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
         self._out_signature = signature.replace(
-            parameters=[p.replace(default=inspect.Parameter.empty) for p in self.input_params]
-            + [p.replace(kind=positional) for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+            parameters=[p.replace(default=empty) for p in self.input_params]
+            + [p.replace(kind=positional, default=empty) for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
         )
         results = [torch.Tensor] * len(self.output_names)
         self._functional_signature = signature.replace(

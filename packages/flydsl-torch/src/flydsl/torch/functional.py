@@ -2,7 +2,8 @@
 through the backward kernels, traceable by ``torch.compile(fullgraph=True)``.
 
 Without gradients to compute (inference, ``torch.no_grad()``), the norms call the ``*_out`` ops without statistics,
-so that nothing but the output is written.
+so that nothing but the output is written. Every argument of a ``*_out`` op goes positionally, optional ones
+included: torch 2.11's custom-op dispatcher finds the mutated arguments by position (2.13 binds keywords too).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def softmax(input: Tensor, dim: int = -1) -> Tensor:
     if _needs_grad(input):
         return torch.ops.flydsl.softmax(input)
     out = _empty(input)
-    torch.ops.flydsl.softmax_out(input, out=out)
+    torch.ops.flydsl.softmax_out(input, out)
     return out
 
 
@@ -58,7 +59,7 @@ def layer_norm(
     if _needs_grad(input, weight, bias):
         return torch.ops.flydsl.layer_norm(input, shape, weight, bias, eps)[0]
     out = _empty(input)
-    torch.ops.flydsl.layer_norm_out(input, shape, weight, bias, eps, out=out)
+    torch.ops.flydsl.layer_norm_out(input, shape, weight, bias, eps, out, None, None)
     return out
 
 
@@ -73,7 +74,7 @@ def rms_norm(
     if _needs_grad(input, weight):
         return torch.ops.flydsl.rms_norm(input, shape, weight, eps)[0]
     out = _empty(input)
-    torch.ops.flydsl.rms_norm_out(input, shape, weight, eps, out=out)
+    torch.ops.flydsl.rms_norm_out(input, shape, weight, eps, out, None)
     return out
 
 
@@ -90,5 +91,5 @@ def fused_add_rms_norm(
         out, residual_out, _rstd = torch.ops.flydsl.fused_add_rms_norm(input, residual, shape, weight, eps)
         return out, residual_out
     out, residual_out = _empty(input), _empty(input)
-    torch.ops.flydsl.fused_add_rms_norm_out(input, residual, shape, weight, eps, out=out, residual_out=residual_out)
+    torch.ops.flydsl.fused_add_rms_norm_out(input, residual, shape, weight, eps, out, residual_out, None)
     return out, residual_out
