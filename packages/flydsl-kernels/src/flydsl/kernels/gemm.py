@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import gpu, nvvm, wgmma
+from flydsl.expr import gpu, nvvm, vector, wgmma
 
 __all__ = ["GemmConfig", "gemm"]
 
@@ -93,9 +93,9 @@ def _store_tile(acc, c, row0, col0, full: bool, lane, warp, n: int):
     for p in fx.range_constexpr(n // 4):
         row = row0 + 16 * warp + lane // 4 + 8 * (p % 2)
         col = col0 + 8 * (p // 2) + 2 * (lane % 4)
-        if fx.const_expr(full):
-            c[row, col] = values[2 * p]
-            c[row, col + 1] = values[2 * p + 1]
+        if fx.const_expr(full):  # one 2-element store: C's rows are 16-byte aligned and col is even
+            pair = vector.from_elements(vector.vector_class(c.dtype, 2), [values[2 * p], values[2 * p + 1]])
+            vector.store(pair, c, (row, col))
         else:
             if row < m_extent:
                 if col < n_extent:
