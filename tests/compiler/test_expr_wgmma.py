@@ -50,16 +50,16 @@ class Case:
         return 128 * self.warpgroups
 
 
-def _copy_to_shared(src, dst, rows: int, cols: int, transpose: bool, tid, threads: int):
-    """dst[r, c] = src[r, c] (src[c, r] when ``transpose``) for a rows x cols tile, by plain threads."""
+def _copy_to_shared(src, dst, rows: int, cols: int, transpose: bool, tid, threads: int, col0=0):
+    """dst[r, c] = src[r, col0 + c] (src[col0 + c, r] when ``transpose``) for a rows x cols tile, by plain threads."""
     for i in range(0, rows * cols // threads, 1):
         index = i * threads + tid
         r, c = index // cols, index % cols
         target = r + rows * c  # dst's linear (column-major) index: its modes may be nested
         if fx.const_expr(transpose):
-            dst[target] = src[c, r]
+            dst[target] = src[col0 + c, r]
         else:
-            dst[target] = src[r, c]
+            dst[target] = src[r, col0 + c]
 
 
 @flyc.kernel
@@ -89,6 +89,32 @@ def wgmma_tile(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, accumulate: fx.Int32, i
     wgmma.commit_group()
     accumulators = wgmma.wait_group(0, accumulators)
     mma.store_accumulators(accumulators, c)
+
+
+@flyc.kernel
+def wgmma_k_loop(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, k_tiles: fx.Int32, case: fx.Constexpr):
+    """C (64, N) = A (64, K) @ B^T over a run-time number of K tiles through a 2-stage shared buffer: accumulators
+    carried by an scf.for, the accumulate flag ``kt > 0`` decided at run time, descriptors of a dynamic stage."""
+    tid = gpu.thread_idx.x
+    storage, k = case.storage, case.k_tile
+    a_layout = wgmma.smem_layout(storage, (64, k, 2), "K", case.a_swizzle)  # (M, K, stage)
+    b_layout = wgmma.smem_layout(storage, (case.n, k, 2), case.b_major, case.b_swizzle)  # (N, K, stage)
+    smem = fx.SmemAllocator()
+    s_a = smem.allocate(storage, a_layout, alignment=wgmma.smem_alignment(a_layout, storage))
+    s_b = smem.allocate(storage, b_layout, alignment=wgmma.smem_alignment(b_layout, storage))
+    mma = wgmma.TiledMma(wgmma.MmaAtom(case.element, case.n))
+    for kt, accumulators in range(0, k_tiles, 1, init=mma.make_accumulators(float("nan"))):
+        s_a_stage, s_b_stage = s_a[None, None, kt % 2], s_b[None, None, kt % 2]  # (M, K), (N, K)
+        _copy_to_shared(a, s_a_stage, 64, k, False, tid, 128, kt * k)
+        _copy_to_shared(b, s_b_stage, case.n, k, case.b_major == "MN", tid, 128, kt * k)
+        nvvm.fence_proxy_async("shared")
+        gpu.barrier()
+        accumulators = wgmma.fence(accumulators)
+        accumulators = mma.mma(s_a_stage, s_b_stage, accumulators, accumulate=kt > 0)  # NaN start dropped at kt 0
+        wgmma.commit_group()
+        accumulators = wgmma.wait_group(0, accumulators)
+        results = yield accumulators
+    mma.store_accumulators(results, c)
 
 
 def _fake(shape, typestr, k=0):
@@ -389,6 +415,20 @@ def test_wgmma_kernels_assemble_for_sm90a(case):
     assert "setp.ne.b32 p" in ptx  # scale-d from a register: the runtime accumulate flag
 
 
+def test_k_loop_and_epilogue_ptx():
+    """A run-time K loop over a 2-stage buffer (descriptors of a dynamic stage, accumulators carried by scf.for)
+    assembles; the epilogue stores two adjacent fp32 per access."""
+    case = Case("bf16", 128)
+    args = [_fake((64, 3 * case.k_tile), "<bfloat16"), _fake((128, 3 * case.k_tile), "<bfloat16", 1)]
+    module = wgmma_k_loop.lower(*args, _fake((64, 128), "<f4", 2), 3, case)
+    if flyc.find_ptxas() is not None:
+        assert module.cubin is not None
+    assert module.ptx.count("wgmma.mma_async.sync.aligned.m64n128k16") == 4  # one K tile's steps, in the loop
+    assert module.shared_bytes["wgmma_k_loop"] == 2 * (64 + 128) * 64 * 2
+    stores = [line for line in module.ptx.splitlines() if "st.global" in line]
+    assert len(stores) == 32 and all("st.global.v2.b32" in line for line in stores)
+
+
 def test_fence_proxy_async_spaces():
     @flyc.kernel
     def fences(x: fx.Tensor):
@@ -435,27 +475,45 @@ def _case_id(c: Case) -> str:
     return f"{c.dtype}-m{c.tile_m}n{c.n}-A{c.a_swizzle}-B{c.b_major}{c.b_swizzle}-{source}-wg{c.warpgroups}"
 
 
-def run_case(case: Case, seed: int = 0):
-    """Runs the tile twice (accumulate off with a NaN start, on with 1.5) and returns (outputs, references)."""
+def _operands(case: Case, k: int, seed: int):
+    """Random A (tile_m, k) and B (N, k) of the case's type, the float64 product A B^T, and the device tensors as the
+    kernels take them (B transposed when N-major, fp8 as bytes)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
     # Multiples of 1/4 in [-2, 2]: products and sums are exact in fp32, so any misplaced element shows.
-    a = (torch.randint(-8, 9, (case.tile_m, case.k_tile), generator=generator) / 4).to(dtypes[case.dtype])
-    b = (torch.randint(-8, 9, (case.n, case.k_tile), generator=generator) / 4).to(dtypes[case.dtype])
+    a = (torch.randint(-8, 9, (case.tile_m, k), generator=generator) / 4).to(dtypes[case.dtype])
+    b = (torch.randint(-8, 9, (case.n, k), generator=generator) / 4).to(dtypes[case.dtype])
     reference = a.double() @ b.double().T
     b_stored = b.T.contiguous() if case.b_major == "MN" else b
     if case.element.width == 8:
         a, b_stored = a.view(torch.uint8), b_stored.view(torch.uint8)
-    a, b_stored = a.cuda(), b_stored.cuda()
+    return a.cuda(), b_stored.cuda(), reference
+
+
+def run_case(case: Case, seed: int = 0, out_dtype=None):
+    """Runs the tile twice (accumulate off with a NaN start, on with 1.5) and returns (outputs, references)."""
+    import torch
+
+    out_dtype = out_dtype or torch.float32
+    a, b, reference = _operands(case, case.k_tile, seed)
     outputs = []
     for accumulate, init in ((0, float("nan")), (1, 1.5)):
-        c = torch.full((case.tile_m, case.n), float("nan"), device="cuda")  # poisoned
-        wgmma_tile(a, b_stored, c, accumulate, init, case).launch(grid=1, block=case.threads)
+        c = torch.full((case.tile_m, case.n), float("nan"), device="cuda", dtype=out_dtype)  # poisoned
+        wgmma_tile(a, b, c, accumulate, init, case).launch(grid=1, block=case.threads)
         torch.cuda.synchronize()
         outputs.append(c.cpu().double())
-    return outputs, [reference, reference + 1.5]
+    references = [reference.to(out_dtype).double(), (reference + 1.5).to(out_dtype).double()]
+    return outputs, references
+
+
+def _assert_equal(got, expected, what: str):
+    wrong = (got != expected).nonzero()
+    assert wrong.numel() == 0, (
+        f"{what}: {wrong.shape[0]} of {got.numel()} elements differ, first at {wrong[0].tolist()}:"
+        f" {got[tuple(wrong[0])].item()} vs {expected[tuple(wrong[0])].item()}"
+    )
 
 
 @pytest.mark.gpu
@@ -464,8 +522,27 @@ def test_wgmma_tile_matches_torch(case):
     pytest.importorskip("torch")
     outputs, references = run_case(case)
     for got, expected, flag in zip(outputs, references, ("off", "on"), strict=True):
-        wrong = (got != expected).nonzero()
-        assert wrong.numel() == 0, (
-            f"accumulate {flag}: {wrong.shape[0]} of {got.numel()} elements differ, first at {wrong[0].tolist()}:"
-            f" {got[tuple(wrong[0])].item()} vs {expected[tuple(wrong[0])].item()}"
-        )
+        _assert_equal(got, expected, f"accumulate {flag}")
+
+
+@pytest.mark.gpu
+def test_epilogue_converts_to_bf16():
+    torch = pytest.importorskip("torch")
+    outputs, references = run_case(Case("bf16", 128, b_major="MN", b_swizzle=128), seed=3, out_dtype=torch.bfloat16)
+    for got, expected, flag in zip(outputs, references, ("off", "on"), strict=True):
+        _assert_equal(got, expected, f"bf16 output, accumulate {flag}")
+
+
+K_LOOP_CASES = [Case("bf16", 128), Case("bf16", 64, b_major="MN", b_swizzle=64, a_swizzle=32), Case("e4m3", 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", K_LOOP_CASES, ids=_case_id)
+def test_k_loop_through_staged_buffers(case):
+    torch = pytest.importorskip("torch")
+    k_tiles = 3  # both stages, and the first one again
+    a, b, reference = _operands(case, k_tiles * case.k_tile, seed=7)
+    c = torch.full((64, case.n), float("nan"), device="cuda")
+    wgmma_k_loop(a, b, c, k_tiles, case).launch(grid=1, block=128)
+    torch.cuda.synchronize()
+    _assert_equal(c.cpu().double(), reference, "k loop")

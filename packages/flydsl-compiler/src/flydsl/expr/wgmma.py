@@ -32,6 +32,7 @@ PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#async
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from mlir import ir
@@ -58,6 +59,8 @@ from flydsl.expr.numeric import (
 from flydsl.expr.nvvm import address
 from flydsl.expr.tensor import Tensor, local_tile
 from flydsl.expr.vector import Vector, vector_class
+from flydsl.expr.vector import store as _vector_store
+from flydsl.layout.leaf import add as _leaf_add
 
 __all__ = [
     "SWIZZLES",
@@ -372,7 +375,7 @@ def make_descriptor(tensor: Tensor, shape, major: str | None = None) -> MatrixDe
             f" hardware swizzles absolute addresses); this view is only known {tensor.alignment}-byte aligned:"
             " allocate it with alignment=wgmma.smem_alignment(layout, dtype)"
         )
-    sw, offset, inner = _swizzle_of(tensor.layout)
+    _, offset, inner = _swizzle_of(tensor.layout)
     if _divisor(offset) * e % _CORE_BYTES:
         raise ValueError(f"make_descriptor: the view's offset {offset} ({e}-byte elements) is not 16-byte aligned")
     # The start address is the unswizzled address of the origin, base + (offset + inner(0, 0)) elements: the hardware
@@ -584,17 +587,24 @@ class MmaAtom:
         return _thread_value_offsets(self.accumulator_layout, ATOM_M, WARPGROUP_THREADS, self.n // 2)
 
     @staticmethod
-    def _thread_origin(layout_tv, thread):
+    def _thread_origin(layout_tv, split, thread):
+        """(row, col) of this thread's value 0, known to be multiples of what every thread's are."""
         index = _warpgroup_thread(thread)
         offset = _fl.crd2idx(index, layout_tv[0].shape, layout_tv[0].stride)
-        return offset % ATOM_M, offset // ATOM_M
+        row, col = offset % ATOM_M, offset // ATOM_M
+        if isinstance(row, int):
+            return row, col
+        _, thread_rc = split
+        row_divisor = functools.reduce(math.gcd, (r for r, _ in thread_rc), 0) or 1 << 30
+        col_divisor = functools.reduce(math.gcd, (c for _, c in thread_rc), 0) or 1 << 30
+        return type(row)(row.value, divisibility=row_divisor), type(col)(col.value, divisibility=col_divisor)
 
     def load_a(self, tensor: Tensor, thread=None) -> Vector:
         """This thread's A fragment (RS) of the (64, K) view ``tensor`` (any memory; 8-bit data as Uint8 or fp8
         elements), as the ``Int32 x 4`` wgmma takes."""
         if not isinstance(tensor, Tensor) or tensor.dtype.width != self.dtype.width:
             raise TypeError(f"load_a: expected a Tensor of {self.dtype.width}-bit elements, got {tensor!r}")
-        row0, col0 = self._thread_origin(self.a_layout, thread)
+        row0, col0 = self._thread_origin(self.a_layout, self._a_split, thread)
         value_rc, _ = self._a_split
         elements = [tensor[_coordinate(tensor, row0 + r, col0 + c)] for r, c in value_rc]
         storage = tensor.dtype
@@ -610,14 +620,32 @@ class MmaAtom:
         if not isinstance(tensor, Tensor) or not issubclass(tensor.dtype, Float):
             raise TypeError(f"store_accumulator: expected a Tensor of floats, got {tensor!r}")
         values = acc.to(tensor.dtype) if tensor.dtype is not Float32 else acc
-        row0, col0 = self._thread_origin(self.accumulator_layout, thread)
+        row0, col0 = self._thread_origin(self.accumulator_layout, self._acc_split, thread)
         value_rc, _ = self._acc_split
-        for v, (r, c) in enumerate(value_rc):
-            tensor[_coordinate(tensor, row0 + r, col0 + c)] = values[v]
+        plain = _coordinate(tensor, 0, 0) == (0, 0)
+        v = 0
+        while v < len(value_rc):
+            r, c = value_rc[v]
+            run = 2 if plain and v + 1 < len(value_rc) and value_rc[v + 1] == (r, c + 1) else 1
+            if run == 1:
+                tensor[_coordinate(tensor, row0 + r, col0 + c)] = values[v]
+            else:  # two adjacent columns: one access as wide as the layout and the alignment allow
+                offset = _fl.crd2idx((row0 + r, col0 + c), tensor.layout)
+                pair = Tensor(
+                    tensor.pointer,
+                    _fl.Layout(2, _fl.get(tensor.layout, 1).stride),
+                    tensor.dtype,
+                    space=tensor.space,
+                    alignment=tensor.base_alignment,
+                    offset=_leaf_add(tensor.offset, offset),
+                )
+                two = vector_class(tensor.dtype, 2)  # (no extract_strided_slice: not lowered to LLVM here)
+                _vector_store(two(_vector.from_elements(two.mlir_type(), [values[v].value, values[v + 1].value])), pair)
+            v += run
 
     def load_accumulator(self, tensor: Tensor, thread=None) -> Vector:
         """This thread's part of the (64, N) view ``tensor`` as an accumulator (e.g. C of ``D = A B + C``)."""
-        row0, col0 = self._thread_origin(self.accumulator_layout, thread)
+        row0, col0 = self._thread_origin(self.accumulator_layout, self._acc_split, thread)
         value_rc, _ = self._acc_split
         elements = [as_numeric(tensor[_coordinate(tensor, row0 + r, col0 + c)]).to(Float32).value for r, c in value_rc]
         cls = self.accumulator_type
