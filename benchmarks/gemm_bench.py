@@ -37,21 +37,21 @@ def _bench(fn, do_bench) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def run_case(torch, do_bench, m, n, k, repeats, weights_nk):
+def run_case(torch, do_bench, m, n, k, repeats, weights_nk, config=None):
     from flydsl.kernels.gemm import gemm
 
     a = torch.randn(m, k, device="cuda").bfloat16()
     # nn.Linear weights (N, K) row-major, used as b = w.t() (K-major B); else b (K, N) row-major.
     b = torch.randn(n, k, device="cuda").bfloat16().t() if weights_nk else torch.randn(k, n, device="cuda").bfloat16()
     ours = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    gemm(a, b, ours)
+    gemm(a, b, ours, config)
     reference = torch.matmul(a, b)
     torch.cuda.synchronize()
     error = ((ours.float() - reference.float()).norm() / reference.float().norm()).item()
     cublas_out = torch.empty_like(ours)
     ours_ms, cublas_ms = [], []
     for _ in range(repeats):
-        ours_ms.append(_bench(lambda: gemm(a, b, ours), do_bench))
+        ours_ms.append(_bench(lambda: gemm(a, b, ours, config), do_bench))
         cublas_ms.append(_bench(lambda: torch.matmul(a, b, out=cublas_out), do_bench))
     flops = 2.0 * m * n * k
     ours_t, cublas_t = statistics.median(ours_ms), statistics.median(cublas_ms)
@@ -60,6 +60,7 @@ def run_case(torch, do_bench, m, n, k, repeats, weights_nk):
         "n": n,
         "k": k,
         "b": "weights (N, K)" if weights_nk else "(K, N) row-major",
+        "config": repr(config) if config is not None else "default",
         "rel_error_vs_cublas": error,
         "flydsl_ms": ours_t,
         "cublas_ms": cublas_t,
@@ -77,6 +78,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true", help="issue 8's 70 shapes after the square ones")
     parser.add_argument("--m", type=int, nargs="*", help="restrict the sweep's M values")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--cluster-m", type=int, nargs="*", help="also time the square shapes with these GemmConfig.cluster_m values"
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
@@ -84,21 +88,26 @@ def main(argv=None) -> int:
     import torch
     from triton.testing import do_bench
 
-    cases = [(m, n, k, False) for m, n, k in SQUARE]
+    from flydsl.kernels.gemm import GemmConfig
+
+    cases = [(m, n, k, False, None) for m, n, k in SQUARE]
+    for cluster_m in args.cluster_m or ():
+        cases += [(m, n, k, False, GemmConfig(cluster_m=cluster_m)) for m, n, k in SQUARE]
     if args.sweep:
-        cases += [(m, n, k, True) for m in (args.m or SWEEP_M) for n, k in SWEEP_NK]
+        cases += [(m, n, k, True, None) for m in (args.m or SWEEP_M) for n, k in SWEEP_NK]
     results = []
-    print(f"{'M':>6} {'N':>6} {'K':>6}  {'flydsl TF/s':>11} {'cuBLAS TF/s':>11} {'ratio':>6}  {'err':>8}")
-    for m, n, k, weights in cases:
-        r = run_case(torch, do_bench, m, n, k, args.repeats, weights)
+    print(f"{'M':>6} {'N':>6} {'K':>6}  {'flydsl TF/s':>11} {'cuBLAS TF/s':>11} {'ratio':>6}  {'err':>8}  config")
+    for m, n, k, weights, config in cases:
+        r = run_case(torch, do_bench, m, n, k, args.repeats, weights, config)
         results.append(r)
         print(
             f"{m:>6} {n:>6} {k:>6}  {r['flydsl_tflops']:>11.1f} {r['cublas_tflops']:>11.1f} {r['ratio']:>6.3f}"
-            f"  {r['rel_error_vs_cublas']:>8.1e}",
+            f"  {r['rel_error_vs_cublas']:>8.1e}  {'' if config is None else f'cluster_m={config.cluster_m}'}",
             flush=True,
         )
-    ratios = [r["ratio"] for r in results]
-    big = [r["ratio"] for r in results if r["m"] >= 2048]
+    default = [r for r in results if r["config"] == "default"]
+    ratios = [r["ratio"] for r in default]
+    big = [r["ratio"] for r in default if r["m"] >= 2048]
     summary = {
         "geomean_ratio_all": statistics.geometric_mean(ratios),
         "geomean_ratio_m_ge_2048": statistics.geometric_mean(big) if big else None,

@@ -21,21 +21,27 @@ def test_gemm_compiles_to_wgmma_and_tma(a_major, b_major):
     a_spec = flyc.TensorSpec((m, k) if a_major == "K" else (k, m), "bf16")
     b_spec = flyc.TensorSpec((n, k) if b_major == "K" else (k, n), "bf16")
     a_box = (CFG.tile_m, 64) if a_major == "K" else (CFG.tile_k, 64)
-    b_box = (CFG.tile_n, 64) if b_major == "K" else (CFG.tile_k, 64)
+    b_box = (CFG.tile_n // CFG.cluster_m, 64) if b_major == "K" else (CFG.tile_k, 64)
     compiled = gemm_kernel(CFG).lower(
         fx.TmaTile(a_spec, a_box), fx.TmaTile(b_spec, b_box), flyc.TensorSpec((m, n), "bf16"), CFG, (a_major, b_major)
     )
     ptx = compiled.ptx
     assert len(re.findall(r"wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", ptx)) == CFG.tile_k // 16
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
+    assert ".multicast::cluster" in ptx and f".reqnctapercluster {CFG.cluster_m}, 1, 1" in ptx
     assert re.search(r"setmaxnreg.inc.sync.aligned.u32\s+232;", ptx)
     assert compiled.shared_bytes["gemm_ws"] >= CFG.stages * CFG.stage_bytes()
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
-def test_gemm_config_is_checked():
+def test_gemm_config_and_boxes_are_checked():
     with pytest.raises(ValueError, match="tile_m must split into 2 consumer warpgroups"):
         GemmConfig(tile_m=64)
+    with pytest.raises(ValueError, match="cluster_m must be 1, 2 or 4"):
+        GemmConfig(cluster_m=3)
+    spec = flyc.TensorSpec((512, 512), "bf16")
+    with pytest.raises(ValueError, match=r"gemm_ws b: expected TMA boxes of \(128, 64\)"):
+        gemm_kernel(CFG).lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, CFG, ("K", "K"))
 
 
 def _operand(torch, rows, cols, dtype, major):

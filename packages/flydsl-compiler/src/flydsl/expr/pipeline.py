@@ -121,9 +121,16 @@ class Pipeline:
         """Waits until slot ``state.index`` is full."""
         self.full[state.index].wait(state.phase)
 
-    def consumer_release(self, state: PipelineState) -> None:
-        """This consumer thread is done reading the slot (an arrival on ``empty``)."""
-        self.empty[state.index].arrive()
+    def consumer_release(self, state: PipelineState, cta_ranks=None) -> None:
+        """This consumer is done reading the slot: an arrival on ``empty``; with ``cta_ranks`` (CTA ranks in the
+        cluster, this one's included), an arrival on the slot's ``empty`` barrier in each of those CTAs, which is
+        how consumers free a slot that producers of other CTAs multicast into (count those arrivals in
+        ``consumers``)."""
+        if cta_ranks is None:
+            self.empty[state.index].arrive()
+            return
+        for rank in cta_ranks:
+            self.empty[state.index].arrive_cluster(rank)
 
 
 class TmaPipeline(Pipeline):
@@ -149,17 +156,21 @@ class TileScheduler:
     """Output tiles for persistent kernels: CTA ``b`` of ``g`` takes tiles ``b, b + g, b + 2g, ...`` of a
     ``tiles_m x tiles_n`` grid. Linear tile ``t`` maps to ``(m, n)`` column by column within groups of ``group_m``
     tile rows, so that tiles running at the same time share rows of A and columns of B in L2 (Triton's grouped
-    order)::
+    order). With ``cluster_size`` > 1 (a 1-D cluster along x), the CTAs of a cluster walk the same tiles (each
+    then takes its part of the tile)::
 
         sched = fx.TileScheduler(tiles_m, tiles_n, group_m=8)
         for t in range(sched.first, sched.count, sched.stride):
             m, n = sched.coords(t)
     """
 
-    def __init__(self, tiles_m, tiles_n, group_m: int = 8):
+    def __init__(self, tiles_m, tiles_n, group_m: int = 8, cluster_size: int = 1):
         if not isinstance(group_m, int) or group_m < 1:
             raise ValueError(f"TileScheduler group_m: expected a positive int, got {group_m!r}")
+        if not isinstance(cluster_size, int) or cluster_size < 1:
+            raise ValueError(f"TileScheduler cluster_size: expected a positive int, got {cluster_size!r}")
         self.tiles_m, self.tiles_n, self.group_m = _int32(tiles_m), _int32(tiles_n), group_m
+        self.cluster_size = cluster_size
 
     @property
     def count(self) -> Int32:
@@ -167,11 +178,12 @@ class TileScheduler:
 
     @property
     def first(self) -> Int32:
-        return gpu.block_idx.x.to(Int32)
+        """This CTA's first tile (with ``cluster_size`` > 1: its cluster's; the CTAs of a cluster share tiles)."""
+        return gpu.block_idx.x.to(Int32) // self.cluster_size
 
     @property
     def stride(self) -> Int32:
-        return gpu.grid_dim.x.to(Int32)
+        return gpu.grid_dim.x.to(Int32) // self.cluster_size
 
     def coords(self, tile) -> tuple[Int32, Int32]:
         """The (m, n) tile coordinates of linear tile ``tile``."""

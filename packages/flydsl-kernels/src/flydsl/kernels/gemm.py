@@ -42,6 +42,7 @@ class GemmConfig:
     stages: int = 4
     consumers: int = 2
     group_m: int = 8
+    cluster_m: int = 2  # CTAs along M sharing each B tile: each loads 1/cluster_m of it, multicast to all
 
     def __post_init__(self):
         if self.tile_m % (64 * self.consumers) or self.tile_n % 64 or self.tile_n > 256 or self.tile_k % 64:
@@ -49,6 +50,8 @@ class GemmConfig:
                 f"{self}: tile_m must split into {self.consumers} consumer warpgroups of 64-row blocks; tile_n a"
                 " multiple of 64 up to 256; tile_k a multiple of 64 (one 128-byte swizzled row of bf16)"
             )
+        if self.cluster_m not in (1, 2, 4) or self.tile_n % (64 * self.cluster_m):
+            raise ValueError(f"{self}: cluster_m must be 1, 2 or 4 and split tile_n into 64-column parts")
 
     @property
     def threads(self) -> int:
@@ -73,16 +76,21 @@ def operand_layout(rows: int, tile_k: int, stages: int, major: str, element_byte
     return fl.ComposedLayout(swizzle, 0, inner)
 
 
-def _load_operand(desc, tiles, stage, mn0, k0, barrier, rows: int, tile_k: int, major: str):
-    """The TMA loads of one operand's (rows, tile_k) tile at (mn0, k0) into slot ``stage``."""
+def _load_operand(desc, tiles, stage, mn0, k0, barrier, rows: int, tile_k: int, major: str, part=0, parts: int = 1):
+    """The TMA loads of part ``part`` of ``parts`` (along MN) of one operand's (rows, tile_k) tile at (mn0, k0) into
+    slot ``stage``; with several parts, each is multicast to the ``parts`` CTAs of the cluster."""
     row = _SWIZZLE // desc.element_bytes
     slot = tiles[None, None, stage]
-    if major == "K":
+    mask = None if parts == 1 else (1 << parts) - 1
+    part_rows = rows // parts
+    if major == "K":  # one box of (part_rows, 64) per 64 columns of K
         for kb in fx.range_constexpr(tile_k // row):
-            desc.load(slot[None, (None, kb)], (mn0, k0 + kb * row), barrier)
-    else:
-        for mb in fx.range_constexpr(rows // row):
-            desc.load(slot[(None, mb), None], (k0, mn0 + mb * row), barrier)
+            target = fx.local_tile(slot[None, (None, kb)], (part_rows, row), (part, 0))
+            desc.load(target, (mn0 + part * part_rows, k0 + kb * row), barrier, multicast_mask=mask)
+    else:  # one box of (tile_k, 64) of the (K, MN) tensor per 64 rows of MN
+        for mb in fx.range_constexpr(part_rows // row):
+            box = part * (part_rows // row) + mb
+            desc.load(slot[(None, box), None], (k0, mn0 + box * row), barrier, multicast_mask=mask)
 
 
 def _store_tile(acc, c, row0, col0, full: bool, lane, warp, n: int):
@@ -107,18 +115,34 @@ def _store_tile(acc, c, row0, col0, full: bool, lane, warp, n: int):
 def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Constexpr, majors: fx.Constexpr):
     a_major, b_major = majors
     element_bytes = a.element_bytes
+    row = _SWIZZLE // element_bytes
+    for name, desc, rows, major, parts in (
+        ("a", a, cfg.tile_m, a_major, 1),
+        ("b", b, cfg.tile_n, b_major, cfg.cluster_m),
+    ):
+        box = (rows // parts, row) if major == "K" else (cfg.tile_k, row)
+        if desc.box != box or desc.swizzle != _SWIZZLE:
+            raise ValueError(f"gemm_ws {name}: expected TMA boxes of {box} with a 128B swizzle, got {desc.box}")
     smem = fx.SmemAllocator()
     a_tiles = smem.allocate(a.dtype, operand_layout(cfg.tile_m, cfg.tile_k, cfg.stages, a_major), alignment=1024)
     b_tiles = smem.allocate(b.dtype, operand_layout(cfg.tile_n, cfg.tile_k, cfg.stages, b_major), alignment=1024)
-    pipe = fx.TmaPipeline(smem, cfg.stages, cfg.stage_bytes(element_bytes), consumers=128 * cfg.consumers)
-    pipe.init()
+    # A slot is freed by one arrival per consumer warp of every CTA of the cluster (B parts land in all of them).
+    pipe = fx.TmaPipeline(smem, cfg.stages, cfg.stage_bytes(element_bytes), consumers=4 * cfg.consumers * cfg.cluster_m)
+    pipe.init(sync=cfg.cluster_m == 1)
+    rank = 0
+    peers = None
+    if fx.const_expr(cfg.cluster_m > 1):
+        fx.cluster.sync()  # every CTA's barriers are initialized before any multicast or remote arrival
+        rank = fx.cluster.block_rank()
+        peers = list(range(cfg.cluster_m))
 
     m_extent, n_extent = c.shape[0].to(fx.Int32), c.shape[1].to(fx.Int32)
     k_extent = a.shape[1] if a_major == "K" else a.shape[0]
     k_tiles = ((k_extent + (cfg.tile_k - 1)) // cfg.tile_k).to(fx.Int32)
     tiles_m = ((m_extent + (cfg.tile_m - 1)) // cfg.tile_m).to(fx.Int32)
     tiles_n = ((n_extent + (cfg.tile_n - 1)) // cfg.tile_n).to(fx.Int32)
-    sched = fx.TileScheduler(tiles_m, tiles_n, group_m=cfg.group_m)
+    cluster_tiles_m = (tiles_m + (cfg.cluster_m - 1)) // cfg.cluster_m
+    sched = fx.TileScheduler(cluster_tiles_m, tiles_n, group_m=cfg.group_m, cluster_size=cfg.cluster_m)
 
     tid = gpu.thread_idx.x
     warpgroup = tid // 128
@@ -129,13 +153,26 @@ def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Cons
             b.prefetch()
             state = pipe.producer_start()
             for tile in range(sched.first, sched.count, sched.stride):
-                tm, tn = sched.coords(tile)
+                ctm, tn = sched.coords(tile)
+                tm = ctm * cfg.cluster_m + rank
                 for kt in range(k_tiles):
                     pipe.producer_acquire(state)
                     bar = pipe.full[state.index]
                     k0 = kt * cfg.tile_k
                     _load_operand(a, a_tiles, state.index, tm * cfg.tile_m, k0, bar, cfg.tile_m, cfg.tile_k, a_major)
-                    _load_operand(b, b_tiles, state.index, tn * cfg.tile_n, k0, bar, cfg.tile_n, cfg.tile_k, b_major)
+                    _load_operand(
+                        b,
+                        b_tiles,
+                        state.index,
+                        tn * cfg.tile_n,
+                        k0,
+                        bar,
+                        cfg.tile_n,
+                        cfg.tile_k,
+                        b_major,
+                        rank,
+                        cfg.cluster_m,
+                    )
                     state = state.advance()
     else:
         nvvm.setmaxnreg(_CONSUMER_REGISTERS, increase=True)
@@ -147,7 +184,8 @@ def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Cons
         warp = (tid // 32) % 4
         state = pipe.consumer_start()
         for tile in range(sched.first, sched.count, sched.stride):
-            tm, tn = sched.coords(tile)
+            ctm, tn = sched.coords(tile)
+            tm = ctm * cfg.cluster_m + rank
             accs = mma.make_accumulators(0.0)
             released = state
             for kt in range(k_tiles):
@@ -163,11 +201,13 @@ def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Cons
                 wgmma.commit_group()
                 accs = wgmma.wait_group(1, accs)  # the previous step's MMAs are done: its slot may be refilled
                 if kt > 0:
-                    pipe.consumer_release(released)
+                    if lane == 0:  # the warp's MMAs of that step are done (wait_group is warpgroup-wide)
+                        pipe.consumer_release(released, peers)
                     released = released.advance()
                 state = state.advance()
             accs = wgmma.wait_group(0, accs)
-            pipe.consumer_release(released)
+            if lane == 0:
+                pipe.consumer_release(released, peers)
 
             rows_per_consumer = cfg.tile_m // cfg.consumers
             row0 = tm * cfg.tile_m + consumer * rows_per_consumer
@@ -178,17 +218,20 @@ def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Cons
                     _store_tile(accs[mi], c, row0 + 64 * mi, col0, True, lane, warp, cfg.tile_n)
                 else:
                     _store_tile(accs[mi], c, row0 + 64 * mi, col0, False, lane, warp, cfg.tile_n)
+    if fx.const_expr(cfg.cluster_m > 1):
+        fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
 
 
-_KERNELS: dict[int, flyc.KernelFunction] = {}
+_KERNELS: dict[tuple, flyc.KernelFunction] = {}
 
 
 def gemm_kernel(cfg: GemmConfig) -> flyc.KernelFunction:
-    """The ``@flyc.kernel`` for a configuration's thread count (the body is shared; ``cfg`` is a Constexpr)."""
-    kernel = _KERNELS.get(cfg.threads)
+    """The ``@flyc.kernel`` for a configuration's threads and cluster (the body is shared; ``cfg`` is a Constexpr)."""
+    key = (cfg.threads, cfg.cluster_m)
+    kernel = _KERNELS.get(key)
     if kernel is None:
-        kernel = flyc.kernel(threads=cfg.threads, min_blocks_per_sm=1)(gemm_ws)
-        _KERNELS[cfg.threads] = kernel
+        kernel = flyc.kernel(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster_m)(gemm_ws)
+        _KERNELS[key] = kernel
     return kernel
 
 
@@ -241,8 +284,9 @@ def gemm(a, b, out=None, config: GemmConfig | None = None):
     a_major, b_major = _major(a, "a"), _major(b.t(), "b")
     row = _SWIZZLE // a.element_size()
     a_tile = fx.TmaTile(a, (cfg.tile_m, row)) if a_major == "K" else fx.TmaTile(a.t(), (cfg.tile_k, row))
-    b_tile = fx.TmaTile(b.t(), (cfg.tile_n, row)) if b_major == "K" else fx.TmaTile(b, (cfg.tile_k, row))
-    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
-    grid = min(tiles, _sm_count(a.get_device()))
+    b_box = (cfg.tile_n // cfg.cluster_m, row)  # each CTA of a cluster loads its part of the B tile
+    b_tile = fx.TmaTile(b.t(), b_box) if b_major == "K" else fx.TmaTile(b, (cfg.tile_k, row))
+    cluster_tiles = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n)
+    grid = min(cluster_tiles, _sm_count(a.get_device()) // cfg.cluster_m) * cfg.cluster_m
     gemm_kernel(cfg)(a_tile, b_tile, out, cfg, (a_major, b_major)).launch(grid=grid, block=cfg.threads)
     return out
