@@ -164,8 +164,14 @@ def test_out_ops_and_in_place_residual():
     torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(rstd, expected_sum.float().square().mean(-1).add(1e-6).rsqrt(), rtol=1e-5, atol=0)
     out = torch.full_like(x, float("nan"))
+    version = out._version
     torch.ops.flydsl.layer_norm_out(x, [2048], w, None, 1e-5, out, None, None)  # no statistics written
     torch.testing.assert_close(out, F.layer_norm(x, (2048,), w), rtol=1e-2, atol=1e-2)
+    assert out._version > version  # written in place, as autograd's saved-tensor checks need to know
+    with pytest.raises(RuntimeError, match="flydsl.layer_norm_out: an input requires grad"):
+        torch.ops.flydsl.layer_norm_out(x, [2048], w.clone().requires_grad_(), None, 1e-5, out, None, None)
+    with torch.inference_mode():  # inference tensors have no version counter to bump
+        torch.ops.flydsl.softmax_out(x.clone(), torch.empty_like(x))
 
 
 def test_empty_inputs():

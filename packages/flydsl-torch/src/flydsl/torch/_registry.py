@@ -7,20 +7,27 @@ An op is written once, as the function that writes its results into given tensor
         kernels.softmax(rows(x), out=rows(out))
 
 Keyword-only parameters are the outputs (``Tensor | None`` for an output the caller may leave out). From that the
-decorator registers, with ``torch.library.custom_op``:
+decorator defines, in the ``flydsl`` namespace of ``torch.library``:
 
-- ``flydsl::softmax_out`` -- the mutating op (``mutates_args`` = the outputs) that writes into the outputs given;
-  its schema lists every input, then every output, all without defaults (custom ops take no keyword-only
-  tensors), e.g. ``torch.ops.flydsl.layer_norm_out(x, [n], w, b, 1e-5, y, None, None)``;
+- ``flydsl::softmax_out`` -- the mutating op (its outputs annotated ``Tensor(a!)``) that writes into the outputs
+  given; its schema lists every input, then every output, all without defaults, e.g.
+  ``torch.ops.flydsl.layer_norm_out(x, [n], w, b, 1e-5, y, None, None)`` (``None``: a statistic not written);
 - ``flydsl::softmax`` -- the functional op: allocates the outputs that ``outputs`` describes, then writes them;
-- a fake (meta) implementation of both, so that FakeTensorMode, meta tensors and ``torch.compile`` trace them
-  without a GPU and without graph breaks.
+- a fake (meta) implementation of both (``torch.library.register_fake``), so that FakeTensorMode, meta tensors and
+  ``torch.compile`` trace them without a GPU and without graph breaks.
+
+The schemas are inferred from the function's signature (``torch.library.infer_schema``). The ops are defined with
+``torch.library.Library`` rather than ``torch.library.custom_op``: the same schemas, fake implementations and
+``register_autograd``, but the real implementation is a plain CPU/CUDA kernel of the dispatcher, without
+custom_op's Python layers around every call (about 10 us each on the mutating ops, which inference calls).
 
 ``outputs(*inputs)`` returns one ``(shape, dtype)`` per output, or ``None`` for an output the op does not write
 with these inputs (the functional op then returns an empty tensor in its place). ``check(*inputs)`` validates
 metadata only (dtypes, shapes), so that the same errors come from eager calls, fake tensors and compiled graphs;
 the decorator adds the device checks and the checks of given outputs against ``outputs``. The function itself runs
-only on real CUDA tensors. ``FlyOp.register_autograd`` attaches gradients to the functional op.
+only on real CUDA tensors (on CPU tensors the op raises, naming the argument). ``FlyOp.register_autograd``
+attaches gradients to the functional op; the mutating ops record none and refuse inputs that require grad while
+grad mode is on.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import torch
 __all__ = ["NAMESPACE", "FlyOp", "register_op", "registered_ops"]
 
 NAMESPACE = "flydsl"
+_LIB = torch.library.Library(NAMESPACE, "FRAGMENT")  # kept alive for as long as the ops are
 _OPS: dict[str, FlyOp] = {}
 
 OutputSpec = tuple[Sequence[int], torch.dtype] | None
@@ -65,6 +73,7 @@ class FlyOp:
             parameters=self.input_params,
             return_annotation=results[0] if len(results) == 1 else tuple.__class_getitem__(tuple(results)),
         )
+        self._n_inputs = len(self.input_params)
         self.out = self._register_out()
         self.functional = self._register_functional()
 
@@ -75,6 +84,8 @@ class FlyOp:
     # --- what both ops share ------------------------------------------------------------------------------------
 
     def _inputs(self, args, kwargs) -> list:
+        if not kwargs and len(args) == self._n_inputs:  # the dispatcher passes every argument positionally
+            return list(args)
         bound = self._functional_signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return list(bound.arguments.values())
@@ -113,27 +124,43 @@ class FlyOp:
     # --- the mutating op -----------------------------------------------------------------------------------------
 
     def _split(self, args, kwargs) -> tuple[list, dict]:
+        if not kwargs and len(args) == self._n_inputs + len(self.output_names):
+            return list(args[: self._n_inputs]), dict(zip(self.output_names, args[self._n_inputs :], strict=True))
         bound = self._out_signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = dict(bound.arguments)
         given = {name: values.pop(name) for name in self.output_names}
         return list(values.values()), given
 
+    def _define(self, name: str, signature: inspect.Signature, mutates: tuple, real: Callable, fake: Callable):
+        def prototype(*args, **kwargs): ...
+
+        prototype.__signature__ = signature
+        _LIB.define(name + torch.library.infer_schema(prototype, mutates_args=mutates))
+        for key in ("CPU", "CUDA"):  # CPU: so that a CPU tensor gets our error, naming the argument
+            _LIB.impl(name, real, key)
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
+        return getattr(torch.ops.flydsl, name)
+
     def _register_out(self):
         def real(*args, **kwargs):
             inputs, given = self._split(args, kwargs)
             self._validate(inputs, given, real=True)
+            if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in inputs):
+                raise RuntimeError(
+                    f"flydsl.{self.name}_out: an input requires grad, and the *_out ops record no gradients: call "
+                    f"torch.ops.flydsl.{self.name} (or flydsl.torch.functional), or run under torch.no_grad()"
+                )
+            for value in given.values():  # what the ADInplaceOrView kernel of an in-place op does
+                if value is not None and not value.is_inference():
+                    torch.autograd.graph.increment_version(value)
             self.impl(*inputs, **given)
 
         def fake(*args, **kwargs):
             inputs, given = self._split(args, kwargs)
             self._validate(inputs, given, real=False)
 
-        real.__signature__ = self._out_signature
-        real.__name__ = f"{self.name}_out"
-        op = torch.library.custom_op(f"{NAMESPACE}::{self.name}_out", mutates_args=self.output_names)(real)
-        op.register_fake(fake)
-        return getattr(torch.ops.flydsl, f"{self.name}_out")
+        return self._define(f"{self.name}_out", self._out_signature, self.output_names, real, fake)
 
     # --- the functional op ---------------------------------------------------------------------------------------
 
@@ -165,15 +192,11 @@ class FlyOp:
             results, _ = self._allocate(inputs, self._validate(inputs, None, real=False))
             return results[0] if single else tuple(results)
 
-        real.__signature__ = self._functional_signature
-        real.__name__ = self.name
-        op = torch.library.custom_op(self.qualname, mutates_args=())(real)
-        op.register_fake(fake)
-        return getattr(torch.ops.flydsl, self.name)
+        return self._define(self.name, self._functional_signature, (), real, fake)
 
     def register_autograd(self, backward: Callable, setup_context: Callable) -> None:
         """Gradients of the functional op (see ``torch.library.register_autograd``)."""
-        torch.library.register_autograd(self.qualname, backward, setup_context=setup_context)
+        torch.library.register_autograd(self.qualname, backward, setup_context=setup_context, lib=_LIB)
 
 
 def register_op(name: str, *, outputs: Callable[..., Sequence[OutputSpec]], check: Callable) -> Callable:
