@@ -10,7 +10,7 @@ import pytest
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.kernels.gemm import GemmConfig, gemm, gemm_kernel
+from flydsl.kernels.gemm import GemmConfig, gemm, gemm_ws
 
 CFG = GemmConfig()
 
@@ -22,7 +22,7 @@ def test_gemm_compiles_to_wgmma_and_tma(a_major, b_major):
     b_spec = flyc.TensorSpec((n, k) if b_major == "K" else (k, n), "bf16")
     a_box = (CFG.tile_m, 64) if a_major == "K" else (CFG.tile_k, 64)
     b_box = (CFG.tile_n // CFG.cluster_m, 64) if b_major == "K" else (CFG.tile_k, 64)
-    compiled = gemm_kernel(CFG).lower(
+    compiled = gemm_ws.lower(
         fx.TmaTile(a_spec, a_box), fx.TmaTile(b_spec, b_box), flyc.TensorSpec((m, n), "bf16"), CFG, (a_major, b_major)
     )
     ptx = compiled.ptx
@@ -41,7 +41,7 @@ def test_gemm_config_and_boxes_are_checked():
         GemmConfig(cluster_m=3)
     spec = flyc.TensorSpec((512, 512), "bf16")
     with pytest.raises(ValueError, match=r"gemm_ws b: expected TMA boxes of \(128, 64\)"):
-        gemm_kernel(CFG).lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, CFG, ("K", "K"))
+        gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, CFG, ("K", "K"))
 
 
 def _operand(torch, rows, cols, dtype, major):

@@ -12,7 +12,7 @@ from flydsl.compiler.args import TensorSpec, mark_static
 from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, FlyError, ToolchainError
 from flydsl.compiler.jit import CompiledKernel, JitFunction, compile, jit
-from flydsl.compiler.kernel import KernelCall, KernelFunction, kernel
+from flydsl.compiler.kernel import KernelAttributes, KernelCall, KernelFunction, kernel, set_kernel_attributes
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
 from flydsl.compiler.target import SM80, SM90A, Stage, Target
 from flydsl.compiler.toolchain import assemble_ptx, find_ptxas
@@ -26,6 +26,8 @@ __all__ = [
     "JitFunction",
     "KernelCall",
     "KernelFunction",
+    "KernelAttributes",
+    "set_kernel_attributes",
     "compile",
     "jit",
     "kernel",

@@ -36,7 +36,7 @@ from flydsl.expr.params import Stream, is_constexpr
 from flydsl.expr.tensor import Tensor
 from flydsl.expr.tma import TmaDescriptor, TmaTile
 
-__all__ = ["kernel", "KernelFunction", "KernelCall"]
+__all__ = ["kernel", "KernelFunction", "KernelCall", "KernelAttributes", "set_kernel_attributes"]
 
 
 def _user_errors(method):
@@ -541,6 +541,23 @@ class KernelAttributes:
             dims = (cluster,) if isinstance(cluster, int) else tuple(cluster)
             if dims + (1,) * (3 - len(dims)) != self.cluster:
                 raise ValueError(f"cluster: kernel '{name}' was compiled for clusters of {self.cluster}, got {cluster}")
+
+
+def set_kernel_attributes(threads=None, max_registers=None, min_blocks_per_sm=None, cluster=None) -> None:
+    """``@kernel(...)``'s attributes decided while tracing, from values the kernel only knows then (e.g. a block size
+    computed from a Constexpr configuration): called from the kernel body, it sets them on the kernel being traced.
+    Launches are not checked against them (the driver refuses a contradicting launch)."""
+    from mlir import ir as _ir
+
+    attributes = KernelAttributes(threads, max_registers, min_blocks_per_sm, cluster).mlir_attributes()
+    operation = _ir.InsertionPoint.current.block.owner.operation
+    while operation.name != "gpu.func":  # up through the enclosing scf.if / scf.for regions
+        parent = operation.parent
+        if parent is None:
+            raise RuntimeError("set_kernel_attributes: call it from a kernel body while it is traced")
+        operation = parent.operation
+    for name, attribute in attributes.items():
+        operation.attributes[name] = attribute
 
 
 def kernel(fn=None, *, target: Target = SM90A, threads=None, max_registers=None, min_blocks_per_sm=None, cluster=None):

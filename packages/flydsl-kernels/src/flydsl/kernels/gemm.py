@@ -25,7 +25,7 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import gpu, nvvm, vector, wgmma
 
-__all__ = ["GemmConfig", "gemm"]
+__all__ = ["GemmConfig", "gemm", "gemm_ws"]
 
 _SWIZZLE = 128  # bytes: the widest swizzle; a TMA box row holds 128 bytes (64 bf16) at most
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
@@ -112,7 +112,10 @@ def _store_tile(acc, c, row0, col0, full: bool, lane, warp, n: int):
                     c[row, col + 1] = values[2 * p + 1]
 
 
+@flyc.kernel
 def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Constexpr, majors: fx.Constexpr):
+    # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
+    flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster_m)
     a_major, b_major = majors
     element_bytes = a.element_bytes
     row = _SWIZZLE // element_bytes
@@ -222,19 +225,6 @@ def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Cons
         fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
 
 
-_KERNELS: dict[tuple, flyc.KernelFunction] = {}
-
-
-def gemm_kernel(cfg: GemmConfig) -> flyc.KernelFunction:
-    """The ``@flyc.kernel`` for a configuration's threads and cluster (the body is shared; ``cfg`` is a Constexpr)."""
-    key = (cfg.threads, cfg.cluster_m)
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        kernel = flyc.kernel(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster_m)(gemm_ws)
-        _KERNELS[key] = kernel
-    return kernel
-
-
 def _major(t, name: str) -> str:
     """'K' when the last dim (K for the (MN, K) view) is contiguous, 'MN' when the first is."""
     if t.stride(-1) == 1:
@@ -288,5 +278,5 @@ def gemm(a, b, out=None, config: GemmConfig | None = None):
     b_tile = fx.TmaTile(b.t(), b_box) if b_major == "K" else fx.TmaTile(b, (cfg.tile_k, row))
     cluster_tiles = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n)
     grid = min(cluster_tiles, _sm_count(a.get_device()) // cfg.cluster_m) * cfg.cluster_m
-    gemm_kernel(cfg)(a_tile, b_tile, out, cfg, (a_major, b_major)).launch(grid=grid, block=cfg.threads)
+    gemm_ws(a_tile, b_tile, out, cfg, (a_major, b_major)).launch(grid=grid, block=cfg.threads)
     return out

@@ -31,6 +31,7 @@ from types import SimpleNamespace
 
 from mlir.dialects import llvm as _llvm
 
+import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import arith, cluster, gpu, vector
 
@@ -47,7 +48,6 @@ __all__ = [
     "row_reduce",
     "row_done",
     "MAX_CLUSTER",
-    "require_block_size",
     "masked",
 ]
 
@@ -142,7 +142,9 @@ def row_position(cfg: RowConfig):
     """This thread's row and place in it: ``row`` (Int32), ``lane`` (thread index within the row's threads of this
     CTA), ``rank`` (CTA rank in the cluster; 0 without one), ``row_in_cta``, ``leader`` (the one thread that writes
     per-row results)."""
-    require_block_size(cfg.block)
+    # The block size as .reqntid: ptxas keeps registers within what cfg.block threads can have (64 each at 1024)
+    # instead of the kernel failing at launch.
+    flyc.set_kernel_attributes(threads=cfg.block)
     tid = gpu.thread_idx.x
     lane = tid % cfg.threads_per_row
     row_in_cta = tid // cfg.threads_per_row
@@ -303,19 +305,3 @@ def row_done(cfg: RowConfig) -> None:
     """Ends a kernel that used :func:`row_reduce`: in a cluster, no CTA exits while a peer may read its partials."""
     if fx.const_expr(cfg.cluster > 1):
         cluster.wait()
-
-
-def require_block_size(threads: int) -> None:
-    """Declares the kernel's block size (``.reqntid``), so that ptxas keeps registers within what ``threads``
-    threads per CTA can have (64 each at 1024 threads; spilling if it must) instead of failing at launch. Call it
-    from the kernel body: it sets the enclosing ``gpu.func``'s ``known_block_size``."""
-    from mlir import ir
-
-    operation = ir.InsertionPoint.current.block.owner.operation
-    for _ in range(64):  # up through the enclosing regions (scf.if / scf.for) to the kernel
-        if operation.name == "gpu.func":
-            break
-        operation = operation.parent.operation
-    else:
-        raise RuntimeError("require_block_size: call it while tracing a kernel")
-    operation.attributes["known_block_size"] = ir.Attribute.parse(f"array<i32: {threads}, 1, 1>")
