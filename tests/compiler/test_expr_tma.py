@@ -303,3 +303,16 @@ def test_tile_scheduler_visits_every_tile_once_on_gpu(tiles_m, tiles_n, group_m)
     assert sorted(pairs) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
     # grouped order: consecutive tiles walk down a group of group_m rows before the next column
     assert pairs[: min(group_m, tiles_m)] == [(m, 0) for m in range(min(group_m, tiles_m))]
+
+
+def test_kernel_attributes_can_be_set_while_tracing():
+    @flyc.kernel
+    def sized(out: fx.Tensor, threads: fx.Constexpr[int]):
+        if gpu.thread_idx.x == 0:
+            flyc.set_kernel_attributes(threads=threads, max_registers=128)  # from inside a branch, too
+        out[gpu.thread_idx.x] = 1
+
+    ptx = sized.lower(flyc.TensorSpec((256,), "i32"), 256).ptx
+    assert re.search(r"\.reqntid 256(, 1, 1)?", ptx) and ".maxnreg 128" in ptx
+    with pytest.raises(RuntimeError, match="call it from a kernel body"):
+        flyc.set_kernel_attributes(threads=32)

@@ -549,8 +549,12 @@ def set_kernel_attributes(threads=None, max_registers=None, min_blocks_per_sm=No
     Launches are not checked against them (the driver refuses a contradicting launch)."""
     from mlir import ir as _ir
 
-    attributes = KernelAttributes(threads, max_registers, min_blocks_per_sm, cluster).mlir_attributes()
-    operation = _ir.InsertionPoint.current.block.owner.operation
+    checked = KernelAttributes(threads, max_registers, min_blocks_per_sm, cluster)
+    try:
+        operation = _ir.InsertionPoint.current.block.owner.operation
+    except (RuntimeError, ValueError):
+        raise RuntimeError("set_kernel_attributes: call it from a kernel body while it is traced") from None
+    attributes = checked.mlir_attributes()
     while operation.name != "gpu.func":  # up through the enclosing scf.if / scf.for regions
         parent = operation.parent
         if parent is None:
