@@ -41,9 +41,9 @@ def softmax(input: Tensor, dim: int = -1) -> Tensor:
     if dim != input.dim() - 1:
         return softmax(input.movedim(dim, -1)).movedim(-1, dim)
     if _needs_grad(input):
-        return torch.ops.flydsl.softmax(input)
+        return torch.ops.flydsl.softmax.default(input)
     out = _empty(input)
-    torch.ops.flydsl.softmax_out(input, out)
+    torch.ops.flydsl.softmax_out.default(input, out)
     return out
 
 
@@ -57,9 +57,9 @@ def layer_norm(
     """``torch.nn.functional.layer_norm``."""
     shape = _shape(normalized_shape)
     if _needs_grad(input, weight, bias):
-        return torch.ops.flydsl.layer_norm(input, shape, weight, bias, eps)[0]
+        return torch.ops.flydsl.layer_norm.default(input, shape, weight, bias, eps)[0]
     out = _empty(input)
-    torch.ops.flydsl.layer_norm_out(input, shape, weight, bias, eps, out, None, None)
+    torch.ops.flydsl.layer_norm_out.default(input, shape, weight, bias, eps, out, None, None)
     return out
 
 
@@ -72,9 +72,9 @@ def rms_norm(
     """``torch.nn.functional.rms_norm``; ``eps=None`` is float32's machine epsilon, as in torch."""
     shape = _shape(normalized_shape)
     if _needs_grad(input, weight):
-        return torch.ops.flydsl.rms_norm(input, shape, weight, eps)[0]
+        return torch.ops.flydsl.rms_norm.default(input, shape, weight, eps)[0]
     out = _empty(input)
-    torch.ops.flydsl.rms_norm_out(input, shape, weight, eps, out, None)
+    torch.ops.flydsl.rms_norm_out.default(input, shape, weight, eps, out, None)
     return out
 
 
@@ -88,8 +88,8 @@ def fused_add_rms_norm(
     """``(rms_norm(input + residual, ...), input + residual)`` in one pass (the sum rounded to the input dtype)."""
     shape = _shape(normalized_shape)
     if _needs_grad(input, residual, weight):
-        out, residual_out, _rstd = torch.ops.flydsl.fused_add_rms_norm(input, residual, shape, weight, eps)
+        out, residual_out, _rstd = torch.ops.flydsl.fused_add_rms_norm.default(input, residual, shape, weight, eps)
         return out, residual_out
     out, residual_out = _empty(input), _empty(input)
-    torch.ops.flydsl.fused_add_rms_norm_out(input, residual, shape, weight, eps, out, residual_out, None)
+    torch.ops.flydsl.fused_add_rms_norm_out.default(input, residual, shape, weight, eps, out, residual_out, None)
     return out, residual_out
