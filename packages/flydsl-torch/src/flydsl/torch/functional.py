@@ -2,8 +2,8 @@
 through the backward kernels, traceable by ``torch.compile(fullgraph=True)``.
 
 Without gradients to compute (inference, ``torch.no_grad()``), the norms call the ``*_out`` ops without statistics,
-so that nothing but the output is written. Every argument of a ``*_out`` op goes positionally, optional ones
-included: torch 2.11's custom-op dispatcher finds the mutated arguments by position (2.13 binds keywords too).
+so that nothing but the output is written. The ops are called by overload (``.default``) with every argument
+positional: the cheapest path through the dispatcher.
 """
 
 from __future__ import annotations
