@@ -60,9 +60,9 @@ class FlyOp:
         self.input_params = [p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
         if not self.output_names:
             raise TypeError(f"flydsl op {name}: declare its outputs as keyword-only parameters")
-        # custom_op takes no keyword-only tensors: the mutating op lists its outputs after its inputs, all without
-        # defaults (an input default cannot precede a required output, and torch 2.11 finds the mutated arguments
-        # by position: an optional output left out would fail there with an IndexError).
+        # The mutating op lists its outputs after its inputs (schemas with keyword-only tensors are refused by parts
+        # of torch.library), all without defaults: an input default cannot precede a required output, and every
+        # output, optional or not, is then named by the caller (the dispatcher reports one left out).
         positional, empty = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
         self._out_signature = signature.replace(
             parameters=[p.replace(default=empty) for p in self.input_params]
