@@ -84,8 +84,14 @@ def lower(m: int, n: int, k: int):
 
 def instruction_counts(ptx: str, patterns: Sequence[str]) -> dict[str, int]:
     """How many PTX instructions start with each pattern (a regular expression matched at the opcode)."""
-    opcodes = [line.split()[0] for line in ptx.splitlines() if line.strip() and not line.lstrip().startswith("//")]
-    return {p: sum(1 for op in opcodes if re.match(p, op.lstrip("@!%p0123456789 "))) for p in patterns}
+    opcodes = []
+    for line in ptx.splitlines():
+        words = line.split()
+        if words and words[0].startswith("@"):  # a guard predicate (@%p1, @!%p2) comes before the opcode
+            words = words[1:]
+        if words and not words[0].startswith("//"):
+            opcodes.append(words[0])
+    return {p: sum(1 for op in opcodes if re.match(p, op)) for p in patterns}
 
 
 def relative_error(torch, c, a, b) -> float:
