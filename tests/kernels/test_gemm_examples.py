@@ -132,7 +132,10 @@ def test_steps_refuse_bad_arguments_before_launch(name):
     c = torch.empty(64, 64, device="cuda")
     with pytest.raises(ValueError, match=r"K \(36\) and N \(64\) must be multiples of 8"):
         step.matmul(a, b, c)
+    a32, b32 = a[:, :32].contiguous(), b[:32].contiguous()
+    with pytest.raises(ValueError, match="matmul a: expected a contiguous row-major matrix"):
+        step.matmul(a[:, :32], b32, c)
     with pytest.raises(TypeError, match="matmul c: expected torch.float32"):
-        step.matmul(a[:, :32], b[:32], c.bfloat16())
+        step.matmul(a32, b32, c.bfloat16())
     with pytest.raises(ValueError, match="inner dimensions differ"):
-        step.matmul(a[:, :32].contiguous(), b[:16].contiguous(), c)
+        step.matmul(a32, b[:16].contiguous(), c)
