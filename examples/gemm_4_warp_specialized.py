@@ -2,7 +2,7 @@
 ``flydsl.kernels.gemm`` (docs/gemm-tutorial.md).
 
 Same interface as steps 1-3; this step runs the kernel the library ships (``gemm_ws`` in
-packages/flydsl-kernels/src/flydsl/kernels/gemm.py, ~290 lines). What it adds to step 3:
+packages/flydsl-kernels/src/flydsl/kernels/gemm.py, ~280 lines). What it adds to step 3:
 
 * **Warp specialization**: warpgroup 0 is a producer (one thread issues every TMA load; it never waits for an MMA),
   warpgroups 1 and 2 are consumers (each 64 rows of a 128 x 256 tile; they never issue a load). In step 3 thread 0
