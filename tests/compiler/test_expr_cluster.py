@@ -43,6 +43,7 @@ def cluster_sum(x: fx.Tensor, out: fx.Tensor, peers: fx.Constexpr[int]):
     pushed = smem.allocate(fx.Int32, peers)
     rank = cluster.block_rank()
     mine = gpu.block_reduce(x[gpu.block_idx.x * THREADS + tid], "add", scratch=scratch, num_warps=THREADS // 32)
+    cluster.sync()  # every CTA of the cluster has started: its shared memory may be written by peers
     if tid == 0:
         partial[0] = mine
         cluster.store_peer(mine, pushed, 0, coord=rank)

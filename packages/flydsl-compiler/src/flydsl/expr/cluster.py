@@ -183,7 +183,8 @@ def load_peer(where, rank=None, coord=None, dtype=None) -> Numeric:
 def store_peer(value, where, rank=None, coord=None) -> None:
     """``st.shared::cluster``: writes ``value`` to the element at ``coord`` of shared Tensor ``where`` in CTA
     ``rank``'s shared memory (converted to the tensor's dtype like ``t[i] = v``), or to an ``!llvm.ptr<7>``. A
-    cluster barrier (:func:`sync`) makes it visible to the peer.
+    cluster barrier (:func:`sync`) makes it visible to the peer. The peer must have started: pass a cluster barrier
+    before the first access to another CTA's shared memory (compute-sanitizer's racecheck reports it otherwise).
 
     PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-st
     """
