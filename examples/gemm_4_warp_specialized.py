@@ -22,21 +22,13 @@ packages/flydsl-kernels/src/flydsl/kernels/gemm.py, ~280 lines). What it adds to
 
 from __future__ import annotations
 
-import pathlib
 import sys
 
 from gemm_1_naive import check_operands, run_example
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-
-try:
-    from flydsl.kernels.gemm import GemmConfig, gemm, gemm_ws
-except ImportError:  # flydsl-kernels not installed (only flydsl-compiler is): use the checkout this file lives in
-    import flydsl
-
-    flydsl.__path__.append(str(pathlib.Path(__file__).resolve().parents[1] / "packages/flydsl-kernels/src/flydsl"))
-    from flydsl.kernels.gemm import GemmConfig, gemm, gemm_ws
+from flydsl.kernels.gemm import GemmConfig, gemm, gemm_ws  # flydsl-kernels (pip install packages/flydsl-kernels)
 
 CFG = GemmConfig()  # tile 128 x 256 x 64, 4 stages, 2 consumer warpgroups, group_m 8, cluster_m 2
 
