@@ -10,7 +10,7 @@ import pytest
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.kernels.gemm import GemmConfig, gemm, gemm_ws
+from flydsl.kernels.gemm import GemmConfig, choose_config, gemm, gemm_ws
 
 CFG = GemmConfig()
 
@@ -44,6 +44,20 @@ def test_gemm_config_and_boxes_are_checked():
         gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, CFG, ("K", "K"))
 
 
+def test_the_narrow_tile_is_chosen_where_wide_tiles_leave_sms_idle():
+    assert choose_config(8192, 8192, 132).tile_n == 256  # 256 wide tiles: full waves either way
+    assert choose_config(512, 4096, 132).tile_n == 128  # 32 clusters of wide tiles for 66 cluster slots
+    assert choose_config(2048, 1536, 132).tile_n == 256  # narrow tiles fill no better
+
+
+@pytest.mark.parametrize("tile_n", [128])
+def test_narrow_tile_compiles(tile_n):
+    cfg = GemmConfig(tile_n=tile_n)
+    spec = flyc.TensorSpec((512, 512), "bf16")
+    ptx = gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (64, 64)), spec, cfg, ("K", "K")).ptx
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k16") == cfg.tile_k // 16
+
+
 def _operand(torch, rows, cols, dtype, major):
     """A (rows, cols) matrix, row-major ("K") or the transpose of a row-major (cols, rows) one ("MN")."""
     if major == "K":
@@ -69,6 +83,19 @@ def test_gemm_on_gpu(m, n, k):
     b = torch.randn(k, n, device="cuda").bfloat16()
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm(a, b, out)
+    torch.cuda.synchronize()
+    _check(torch, a, b, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_major,b_major", [("K", "K"), ("MN", "MN")])
+def test_gemm_narrow_tiles_on_gpu(a_major, b_major):
+    torch = pytest.importorskip("torch")
+    m, n, k = 520, 392, 264
+    a = _operand(torch, m, k, torch.bfloat16, a_major)
+    b = _operand(torch, k, n, torch.bfloat16, "MN" if b_major == "K" else "K")
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm(a, b, out, GemmConfig(tile_n=128))
     torch.cuda.synchronize()
     _check(torch, a, b, out)
 

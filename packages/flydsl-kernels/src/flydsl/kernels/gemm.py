@@ -18,6 +18,7 @@ multiples of 8 elements; tails of tiles are zero-filled by TMA and masked in the
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import flydsl.compiler as flyc
@@ -25,7 +26,7 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import gpu, nvvm, vector, wgmma
 
-__all__ = ["GemmConfig", "gemm", "gemm_ws"]
+__all__ = ["GemmConfig", "choose_config", "gemm", "gemm_ws"]
 
 _SWIZZLE = 128  # bytes: the widest swizzle; a TMA box row holds 128 bytes (64 bf16) at most
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
@@ -246,12 +247,31 @@ def _sm_count(device: int) -> int:
     return count
 
 
+_NARROW_TILE_COST = 0.9  # a 128x128 tile moves 25% more operand bytes per flop than a 128x256 one
+
+
+@functools.cache
+def choose_config(m: int, n: int, sms: int) -> GemmConfig:
+    """The tile for an (m, n) output on ``sms`` SMs: 128x256 unless 128x128 tiles fill the waves of CTAs enough
+    better to pay for their extra operand traffic (e.g. 512 x 4096: 64 wide tiles leave half the SMs idle)."""
+    best, best_score = None, -1.0
+    for tile_n in (256, 128):
+        cfg = GemmConfig(tile_n=tile_n)
+        units = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // tile_n)  # clusters of work
+        slots = sms // cfg.cluster_m
+        filled = units / (-(-units // slots) * slots)
+        score = filled * (1.0 if tile_n == 256 else _NARROW_TILE_COST)
+        if score > best_score:
+            best, best_score = cfg, score
+    return best
+
+
 def gemm(a, b, out=None, config: GemmConfig | None = None):
     """``out = a @ b`` for torch tensors on one GPU: a (M, K), b (K, N), bf16 or fp16 (both the same), each row- or
-    column-major; ``out`` (M, N) row-major bf16/fp16/fp32, allocated in a's dtype when not given."""
+    column-major; ``out`` (M, N) row-major bf16/fp16/fp32, allocated in a's dtype when not given. ``config``:
+    the tile configuration (default: :func:`choose_config`)."""
     import torch
 
-    cfg = config or GemmConfig()
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or not t.is_cuda or t.dim() != 2:
             raise ValueError(f"gemm {name}: expected a 2-D CUDA torch tensor, got {type(t).__name__}")
@@ -270,6 +290,7 @@ def gemm(a, b, out=None, config: GemmConfig | None = None):
         return out
     if k == 0:
         return out.zero_()
+    cfg = config or choose_config(m, n, _sm_count(a.get_device()))
     # The (MN, K) view of each operand as TMA sees it: the tensor in memory order, boxes of 64 along its rows.
     a_major, b_major = _major(a, "a"), _major(b.t(), "b")
     row = _SWIZZLE // a.element_size()
