@@ -26,8 +26,8 @@ import flydsl.compiler as flyc  # noqa: E402
 
 
 def _cases():
+    import gemm_2_mma_sync
     import tiled_copy
-    import tiled_mma
     import vector_add
 
     f16, bf16 = flyc.TensorSpec((1024, 1024), "f16"), flyc.TensorSpec((512, 512), "bf16")
@@ -35,7 +35,7 @@ def _cases():
     return {
         "vector_add": (vector_add.vector_add, (vec, vec, vec, 1 << 20)),
         "tiled_copy": (tiled_copy.tiled_copy, (f16, f16, True)),
-        "tiled_mma": (tiled_mma.tiled_mma, (bf16, bf16, flyc.TensorSpec((512, 512), "f32"), 16)),
+        "gemm_2_mma_sync": (gemm_2_mma_sync.gemm_mma_sync, (bf16, bf16, flyc.TensorSpec((512, 512), "f32"))),
     }
 
 

@@ -22,7 +22,11 @@ def _example(name):
     spec = importlib.util.spec_from_file_location(f"golden_example_{name}", ROOT / "examples" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(ROOT / "examples"))  # the GEMM steps import their shared harness (gemm_1_naive)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
     return module
 
 
@@ -33,7 +37,7 @@ def _cases():
     return {
         "vector_add": ("vector_add", (vec, vec, vec, 1 << 20)),
         "tiled_copy": ("tiled_copy", (f16, f16, True)),
-        "tiled_mma": ("tiled_mma", (bf16, bf16, f32, 16)),
+        "gemm_2_mma_sync": ("gemm_mma_sync", (bf16, bf16, f32)),
     }
 
 
