@@ -26,6 +26,7 @@ from mlir import ir
 from mlir.dialects import llvm as _llvm
 from mlir.dialects import nvvm as _nvvm
 
+from flydsl.expr.gpu import _Dim3  # x/y/z of a special register triple, as Int32
 from flydsl.expr.numeric import Float, Int32, Numeric, as_numeric
 from flydsl.expr.tensor import Tensor
 
@@ -47,28 +48,6 @@ __all__ = [
 
 def _i32() -> ir.Type:
     return ir.IntegerType.get_signless(32)
-
-
-class _Dim3:
-    """The x/y/z components of a special register triple (``%clusterid``, ``%cluster_nctaid``...), as ``Int32``."""
-
-    def __init__(self, registers: str):
-        self._registers = registers
-
-    def _read(self, axis: str) -> Int32:
-        return Int32(getattr(_nvvm, f"read_ptx_sreg_{self._registers}_{axis}")(_i32()))
-
-    @property
-    def x(self) -> Int32:
-        return self._read("x")
-
-    @property
-    def y(self) -> Int32:
-        return self._read("y")
-
-    @property
-    def z(self) -> Int32:
-        return self._read("z")
 
 
 #: The cluster's index in the grid of clusters (``%clusterid``).

@@ -32,6 +32,8 @@ WARP_SIZE = 32
 
 
 class _Dim3:
+    """The x/y/z components of a special register triple (``%tid``, ``%clusterid``...), as ``Int32``."""
+
     def __init__(self, registers: str):
         self._registers = registers
 
