@@ -55,6 +55,10 @@ struct DispatchRegistry {
   PyObject *getDevice = PyUnicode_InternFromString("get_device");
   PyObject *cudaStream = PyUnicode_InternFromString("cuda_stream");
   PyObject *constexprTag = PyUnicode_InternFromString("constexpr");
+  PyTypeObject *tmaTileType = nullptr; // flydsl.expr.tma.TmaTile
+  PyObject *tmaKey = PyUnicode_InternFromString("_key");
+  PyObject *tensorMap = PyUnicode_InternFromString("tensor_map");
+  PyObject *source = PyUnicode_InternFromString("source");
 };
 
 DispatchRegistry &registry() {
@@ -70,6 +74,7 @@ constexpr size_t kMaxLaunchValues = 256;
 constexpr size_t kMaxKeyBytes = 512;
 constexpr size_t kMaxConstexprs = 32;
 constexpr size_t kMaxEntries = 256;
+constexpr size_t kMaxTensorMaps = 8;
 
 /// The index of element type `name` (a str), registered if new; -1 if full.
 int elementIndex(PyObject *name) {
@@ -87,12 +92,19 @@ int elementIndex(PyObject *name) {
 }
 
 struct LaunchValue {
-  enum Tag : uint8_t { Int, UInt, Float } tag;
+  enum Tag : uint8_t { Int, UInt, Float, Object } tag;
   union {
     long long i;
     unsigned long long u;
     double d;
+    PyObject *o; // a runtime.TensorMap, borrowed from its TmaTile
   };
+};
+
+/// Where a launch's 128-byte tensor maps are packed: the driver reads each
+/// from the pointer in kernelParams, 64-byte aligned like the Python path.
+struct alignas(64) TensorMapSlots {
+  unsigned char bytes[kMaxTensorMaps][kTensorMapBytes];
 };
 
 /// One call's arguments as read by the dispatcher (borrowed references).
@@ -109,7 +121,7 @@ struct Described {
 };
 
 struct DispatchParam {
-  char kind; // 't' tensor, 'i' integer, 'f' float, 'c' constexpr, 's' stream
+  char kind; // 't' tensor, 'i' integer, 'f' float, 'c' constexpr, 's' stream, 'm' TmaTile
   long long low = 0, high = 0;
   nb::object keyName; // numeric parameters: their entry of the key
 };
@@ -160,9 +172,9 @@ public:
       if (t.size() != 4)
         throw std::invalid_argument("Dispatcher: each parameter is (kind, low, high, key_name)");
       std::string kind = nb::cast<std::string>(t[0]);
-      if (kind.size() != 1 || std::string("tifcs").find(kind[0]) == std::string::npos)
-        throw std::invalid_argument("Dispatcher: kind must be one of t, i, f, c, s; got '" + kind +
-                                    "'");
+      if (kind.size() != 1 || std::string("tifcsm").find(kind[0]) == std::string::npos)
+        throw std::invalid_argument("Dispatcher: kind must be one of t, i, f, c, s, m; got '" +
+                                    kind + "'");
       DispatchParam p;
       p.kind = kind[0];
       p.low = nb::cast<long long>(t[1]);
@@ -229,6 +241,10 @@ public:
         d.hashes[d.numConstexprs++] = h;
         break;
       }
+      case 'm':
+        if (!describeTmaTile(v, d))
+          return decline();
+        break;
       default: // 's'
         d.streamValue = v;
       }
@@ -269,6 +285,9 @@ public:
       case 'i':
       case 'f':
         key.append(p.keyName);
+        break;
+      case 'm': // the TmaTile's key tuple, as kernel.py appends it
+        key.append(nb::handle(d.constexprs[constexprIndex++]));
         break;
       case 'c': {
         PyObject *v = d.constexprs[constexprIndex++];
@@ -320,6 +339,12 @@ public:
             return decline();
           entry->key.push_back(uint8_t(kind));
         }
+      } else if (p.kind == 'm') {
+        Py_hash_t h = PyObject_Hash(part);
+        if (h == -1 && PyErr_Occurred())
+          return decline();
+        entry->constexprs.push_back(nb::borrow(part));
+        entry->hashes.push_back(h);
       } else if (p.kind == 'c') {
         if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 3)
           return false;
@@ -351,7 +376,7 @@ public:
   /// Everything a launch needs, short of grid/block/cluster; false: decline.
   bool prepare(PyObject *values, PyObject *smem, PyObject *stream, Described &d,
                std::shared_ptr<DispatchEntry> &entry, unsigned &shared, CUstream &handle,
-               uint64_t *slots) {
+               uint64_t *slots, TensorMapSlots &maps) {
     if (!describe(values, d))
       return false;
     entry = find(d);
@@ -368,7 +393,7 @@ public:
     }
     if (!resolveStream(stream, d, handle))
       return decline();
-    return pack(d, entry->signature, slots);
+    return pack(d, entry->signature, slots, maps);
   }
 
   bool launch(nb::handle values, nb::handle grid, nb::handle block, nb::handle smem,
@@ -378,12 +403,13 @@ public:
     unsigned shared = 0;
     CUstream handle = nullptr;
     uint64_t slots[kMaxLaunchValues];
-    if (!prepare(values.ptr(), smem.ptr(), stream.ptr(), d, entry, shared, handle, slots) ||
+    TensorMapSlots maps;
+    if (!prepare(values.ptr(), smem.ptr(), stream.ptr(), d, entry, shared, handle, slots, maps) ||
         !entry->function)
       return false;
     void *params[kMaxLaunchValues];
-    for (size_t i = 0; i < d.numValues; ++i)
-      params[i] = &slots[i];
+    for (size_t i = 0, m = 0; i < d.numValues; ++i)
+      params[i] = entry->signature[i] == 'm' ? static_cast<void *>(maps.bytes[m++]) : &slots[i];
     unsigned g[3], b[3], c[3];
     bool hasCluster = false;
     parseConfig(grid.ptr(), block.ptr(), cluster.ptr(), g, b, c, hasCluster);
@@ -399,7 +425,8 @@ public:
     unsigned shared = 0;
     CUstream handle = nullptr;
     uint64_t slots[kMaxLaunchValues];
-    if (!prepare(values.ptr(), smem.ptr(), stream.ptr(), d, entry, shared, handle, slots))
+    TensorMapSlots maps;
+    if (!prepare(values.ptr(), smem.ptr(), stream.ptr(), d, entry, shared, handle, slots, maps))
       return nb::none();
     unsigned g[3], b[3], c[3];
     bool hasCluster = false;
@@ -411,6 +438,12 @@ public:
     out["shared_mem"] = shared;
     out["stream"] = uint64_t(reinterpret_cast<uintptr_t>(handle));
     out["params"] = nb::bytes(reinterpret_cast<const char *>(slots), d.numValues * kSlotBytes);
+    nb::list tensorMaps; // 'm' slots of params stay zero: the driver reads these
+    for (size_t i = 0, m = 0; i < d.numValues; ++i)
+      if (entry->signature[i] == 'm')
+        tensorMaps.append(
+            nb::bytes(reinterpret_cast<const char *>(maps.bytes[m++]), kTensorMapBytes));
+    out["tensor_maps"] = tensorMaps;
     out["key"] = pythonKey(d);
     return out;
   }
@@ -423,7 +456,9 @@ public:
     nb::list args;
     for (size_t i = 0; i < d.numValues; ++i) {
       const LaunchValue &v = d.values[i];
-      if (v.tag == LaunchValue::Float)
+      if (v.tag == LaunchValue::Object)
+        args.append(nb::handle(v.o));
+      else if (v.tag == LaunchValue::Float)
         args.append(nb::float_(v.d));
       else if (v.tag == LaunchValue::UInt)
         args.append(nb::steal(PyLong_FromUnsignedLongLong(v.u)));
@@ -440,6 +475,48 @@ public:
   }
 
 private:
+  /// A TmaTile: its key (compared like a constexpr), its encoded TensorMap
+  /// (encoded on first use, then cached by the tile) and its extents.
+  bool describeTmaTile(PyObject *obj, Described &d) const {
+    DispatchRegistry &reg = registry();
+    if (!reg.tmaTileType || Py_TYPE(obj) != reg.tmaTileType || d.numConstexprs >= kMaxConstexprs)
+      return false;
+    // Borrowed below: the tile holds its key, map, shape and source.
+    nb::object key = nb::steal(PyObject_GetAttr(obj, reg.tmaKey));
+    nb::object map = nb::steal(PyObject_GetAttr(obj, reg.tensorMap));
+    nb::object shape = nb::steal(PyObject_GetAttr(obj, reg.shape));
+    if (!key.is_valid() || !map.is_valid() || !shape.is_valid() || !PyTuple_Check(shape.ptr()))
+      return false;
+    Py_hash_t h = PyObject_Hash(key.ptr());
+    if (h == -1 && PyErr_Occurred())
+      return false;
+    size_t rank = size_t(PyTuple_GET_SIZE(shape.ptr()));
+    if (d.numValues + 1 + rank > kMaxLaunchValues)
+      return false;
+    d.constexprs[d.numConstexprs] = key.ptr();
+    d.hashes[d.numConstexprs++] = h;
+    LaunchValue &m = d.values[d.numValues++];
+    m.tag = LaunchValue::Object;
+    m.o = map.ptr();
+    for (size_t r = 0; r < rank; ++r) {
+      long long extent;
+      if (!readLongLong(PyTuple_GET_ITEM(shape.ptr(), r), extent))
+        return false;
+      LaunchValue &out = d.values[d.numValues++];
+      out.tag = LaunchValue::Int;
+      out.i = extent;
+    }
+    if (!d.firstTensor) { // kernel.py's default stream: the first tensor, the tile's included
+      nb::object source = nb::steal(PyObject_GetAttr(obj, reg.source));
+      if (!source.is_valid())
+        return false;
+      for (PyTypeObject *t : reg.tensorTypes)
+        if (Py_TYPE(source.ptr()) == t)
+          d.firstTensor = source.ptr();
+    }
+    return true;
+  }
+
   bool describeTensor(PyObject *obj, Described &d) const {
     DispatchRegistry &reg = registry();
     PyTypeObject *type = Py_TYPE(obj);
@@ -570,13 +647,24 @@ private:
 
   /// Packs the values as Function.launch would pack them for `sig`; false
   /// where it would raise (the Python path then raises it).
-  static bool pack(const Described &d, const std::string &sig, uint64_t *slots) {
+  static bool pack(const Described &d, const std::string &sig, uint64_t *slots,
+                   TensorMapSlots &maps) {
     if (sig.size() != d.numValues)
       return false;
+    size_t numMaps = 0;
     for (size_t i = 0; i < d.numValues; ++i) {
       const LaunchValue &v = d.values[i];
       uint64_t *slot = &slots[i];
       *slot = 0;
+      if (sig[i] == 'm') {
+        if (v.tag != LaunchValue::Object || numMaps >= kMaxTensorMaps ||
+            !nb::isinstance<PyTensorMap>(nb::handle(v.o)))
+          return false;
+        std::memcpy(maps.bytes[numMaps++], &nb::inst_ptr<PyTensorMap>(v.o)->map, kTensorMapBytes);
+        continue;
+      }
+      if (v.tag == LaunchValue::Object)
+        return false;
       bool isInt = v.tag != LaunchValue::Float;
       bool negative = v.tag == LaunchValue::Int && v.i < 0;
       unsigned long long asUnsigned = v.tag == LaunchValue::UInt ? v.u : (unsigned long long)v.i;
@@ -666,6 +754,16 @@ void registerDtype(nb::handle dtype, nb::handle name, int bytes) {
   reg.dtypes.push_back({dtype.ptr(), uint8_t(element), uint8_t(bytes)});
 }
 
+void registerTmaTileType(nb::handle type) {
+  if (!PyType_Check(type.ptr()))
+    throw nb::type_error("expected a type");
+  auto &reg = registry();
+  if (reg.tmaTileType)
+    return;
+  Py_INCREF(type.ptr());
+  reg.tmaTileType = reinterpret_cast<PyTypeObject *>(type.ptr());
+}
+
 void registerStreamGetter(nb::handle getter) {
   auto &reg = registry();
   Py_XINCREF(getter.ptr());
@@ -681,6 +779,9 @@ void fly::python::bindDispatcher(nb::module_ &rt) {
          "shape, stride(), get_device()).");
   rt.def("_register_dtype", &registerDtype, "dtype"_a, "name"_a, "bytes"_a,
          "Dispatcher: a torch dtype object's element type name and size.");
+  rt.def("_register_tma_tile_type", &registerTmaTileType, "type"_a,
+         "Dispatcher: instances of this type are TmaTile arguments (_key, tensor_map, shape, "
+         "source).");
   rt.def("_register_stream_getter", &registerStreamGetter, "getter"_a.none(),
          "Dispatcher: getter(device) -> the raw handle of the device's current torch stream.");
   nb::class_<Dispatcher>(
@@ -690,7 +791,8 @@ void fly::python::bindDispatcher(nb::module_ &rt) {
       "returns False (nothing launched, no error) wherever the Python path must take over.")
       .def(nb::init<nb::handle>(), "params"_a,
            "params: per parameter (kind, low, high, key_name): kind t tensor, i integer "
-           "(low..high), f float, c constexpr, s stream; key_name is a numeric's key entry.")
+           "(low..high), f float, c constexpr, s stream, m TmaTile; key_name is a numeric's "
+           "key entry.")
       .def("launch", &Dispatcher::launch, "values"_a.none(), "grid"_a.none(), "block"_a.none(),
            "smem"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
            "cluster"_a.none() = nb::none())

@@ -328,3 +328,45 @@ def test_native_launches_on_the_gpu():
     torch.testing.assert_close(y, x * 6)
     with pytest.raises(TypeError, match="was compiled for"):
         compiled(x[1:], y[1:], 2.0, 999, grid=4, block=256)
+
+
+@flyc.kernel
+def tma_first_element(src: fx.TmaDescriptor, out: fx.Tensor, scale: fx.Float32):
+    if fx.gpu.thread_idx.x == 0:
+        out[0] = src.shape[0].to(fx.Float32) * scale
+
+
+def _tma_tile(shape=(256, 128), box=(64, 64), pointer=1 << 20, fill=7):
+    tile = fx.TmaTile(FakeTorchTensor(shape, "bfloat16", pointer=pointer), box)
+    tile._map = runtime.TensorMap.from_bytes(bytes([fill]) * 128)  # no driver here to encode one
+    return tile
+
+
+def test_tma_tiles_match_the_python_path_and_pack_their_maps():
+    values = (_tma_tile(), FakeTorchTensor((4,)), 0.5)
+    assert _native(tma_first_element, values) == _python(tma_first_element, values)
+    dispatcher, signature = _registered(tma_first_element, values)
+    assert signature.startswith("mll")
+    key, args = _python(tma_first_element, values)
+    run = dispatcher._dry_run(values, 1, 32, stream=0)
+    assert run["key"] == key and run["tensor_maps"] == [bytes([7]) * 128]
+    assert struct.unpack_from("<qq", run["params"], 8) == (256, 128)  # the extents after the map's slot
+    # Another tensor of the same geometry class launches natively with its own map and extents.
+    other = (_tma_tile(shape=(512, 64), pointer=1 << 21, fill=9), FakeTorchTensor((4,)), 0.5)
+    assert dispatcher._dry_run(other, 1, 32, stream=0)["tensor_maps"] == [bytes([9]) * 128]
+    # Another box is another specialization: left to the Python path.
+    assert dispatcher._dry_run((_tma_tile(box=(32, 64)), *values[1:]), 1, 32, stream=0) is None
+    assert dispatcher._dry_run((FakeTorchTensor((4,)), *values[1:]), 1, 32, stream=0) is None  # not a TmaTile
+
+
+def test_a_tma_tiles_tensor_gives_the_default_stream():
+    values = (_tma_tile(), FakeTorchTensor((4,), device=5), 0.5)
+    values[0].source._device = 2  # the tile's tensor comes first, as in kernel.py
+    dispatcher, _ = _registered(tma_first_element, values)
+    seen = []
+    native.runtime._register_stream_getter(lambda device: seen.append(device) or 4321)
+    try:
+        assert dispatcher._dry_run(values, 1, 32)["stream"] == 4321
+        assert seen == [2]
+    finally:
+        native.runtime._register_stream_getter(kernel_module._current_torch_stream)

@@ -112,13 +112,9 @@ class KernelFunction:
         self._signature = inspect.signature(fn)
         self._loaded: dict[tuple, _LoadedKernel] = {}
         self._arity = len(self.params)
-        # The native launch path: every kernel in _loaded is registered with it (see KernelCall.launch). It does
-        # not read TmaTile arguments yet: kernels taking them launch through the Python path.
-        if any(p.kind == "tma" for p in self.params):
-            self._dispatcher, self._dispatch = None, _no_native_dispatch
-        else:
-            self._dispatcher = self.new_dispatcher()
-            self._dispatch = self._dispatcher.launch
+        # The native launch path: every kernel in _loaded is registered with it (see KernelCall.launch).
+        self._dispatcher = self.new_dispatcher()
+        self._dispatch = self._dispatcher.launch
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -189,7 +185,7 @@ class KernelFunction:
                         f"argument '{param.name}': expected a fx.TmaTile(tensor, box, swizzle),"
                         f" got {type(value).__name__}"
                     )
-                key.append(value.key())
+                key.append(value._key)
                 append(value.tensor_map if value._map is not None else None)  # None: a TensorSpec, compile only
                 extend(value.shape)
                 source = value.source
@@ -227,8 +223,7 @@ class KernelFunction:
         loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
         if settings.current().cache_enabled:  # FLYDSL_RUNTIME_ENABLE_CACHE=0: every launch compiles again
             self._loaded[spec.key] = loaded
-            if self._dispatcher is not None:
-                self._dispatcher.add(spec.key, loaded.function, loaded.signature, loaded.shared_bytes)
+            self._dispatcher.add(spec.key, loaded.function, loaded.signature, loaded.shared_bytes)
         return loaded
 
     def loaded(self, spec: _Specialization) -> _LoadedKernel:
@@ -329,6 +324,8 @@ def _dispatch_param(param: _Param) -> tuple:
         return ("i", 1, 0, cls.__name__)  # an empty range: always the Python path, which raises
     if param.kind == "constexpr":
         return ("c", 0, 0, None)
+    if param.kind == "tma":
+        return ("m", 0, 0, None)
     return ("s", 0, 0, None)
 
 
@@ -377,10 +374,6 @@ def _descriptor_builder(dtype_name: str, box: tuple, swizzle: int):
         return TmaDescriptor(values[0], _BY_MLIR_NAME[dtype_name], box, swizzle, shape)
 
     return build
-
-
-def _no_native_dispatch(*_args) -> bool:
-    return False
 
 
 def _to_index(value: ir.Value) -> ir.Value:

@@ -96,7 +96,7 @@ class TmaTile:
     Checked here, before any launch; the 128-byte descriptor is encoded on first use and cached per geometry."""
 
     __slots__ = ("source", "described", "dtype", "shape", "strides", "pointer", "box", "swizzle", "l2_promotion")
-    __slots__ += ("oob_nan", "_map")
+    __slots__ += ("oob_nan", "_map", "_key")
 
     def __init__(self, tensor, box, swizzle: int = 128, *, l2_promotion: int = 128, oob_nan: bool = False):
         from flydsl.compiler.args import TensorSpec, describe_tensor
@@ -113,6 +113,9 @@ class TmaTile:
         self.swizzle, self.l2_promotion, self.oob_nan = swizzle, l2_promotion, bool(oob_nan)
         self._check()
         self._map = None if isinstance(tensor, TensorSpec) else False  # False: not encoded yet
+        # What a kernel is specialized on (the launch paths read it: kernel.py and the native dispatcher).
+        self._key = ("tma", self.dtype, len(self.shape), self.box, self.swizzle)
+        _register_with_dispatcher()
 
     def _check(self) -> None:
         rank, element_bytes = len(self.shape), _ELEMENT_BYTES.get(self.dtype)
@@ -151,7 +154,7 @@ class TmaTile:
 
     def key(self) -> tuple:
         """What a kernel is specialized on: element type, rank, box, swizzle (the tensor's extents are dynamic)."""
-        return ("tma", self.dtype, len(self.shape), self.box, self.swizzle)
+        return self._key
 
     @property
     def tensor_map(self):
@@ -164,6 +167,19 @@ class TmaTile:
 
     def __repr__(self):
         return f"TmaTile({self.dtype}{list(self.shape)}, box={self.box}, swizzle={self.swizzle})"
+
+
+_registered = False
+
+
+def _register_with_dispatcher() -> None:
+    """Tells the native dispatcher (once) which type TmaTile arguments have, so that it launches them natively."""
+    global _registered
+    if not _registered:
+        from flydsl.compiler._native import native
+
+        native.runtime._register_tma_tile_type(TmaTile)
+        _registered = True
 
 
 def _encode(tile: TmaTile):
