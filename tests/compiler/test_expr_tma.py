@@ -316,3 +316,11 @@ def test_kernel_attributes_can_be_set_while_tracing():
     assert re.search(r"\.reqntid 256(, 1, 1)?", ptx) and ".maxnreg 128" in ptx
     with pytest.raises(RuntimeError, match="call it from a kernel body"):
         flyc.set_kernel_attributes(threads=32)
+
+
+def test_a_tile_of_raw_memory_specializes_like_one_of_a_tensor():
+    raw = fx.TmaTile.of_memory(1 << 20, (300, 200), (200, 1), "bf16", (32, 64))
+    spec = fx.TmaTile(flyc.TensorSpec((300, 200), "bf16", strides=(200, 1)), (32, 64))
+    assert raw.key() == spec.key() and raw.source is None and raw.shape == (300, 200)
+    with pytest.raises(ValueError, match="not a multiple of 16 bytes"):
+        fx.TmaTile.of_memory(1 << 20, (300, 201), (201, 1), "bf16", (32, 64))

@@ -101,8 +101,23 @@ class TmaTile:
     def __init__(self, tensor, box, swizzle: int = 128, *, l2_promotion: int = 128, oob_nan: bool = False):
         from flydsl.compiler.args import TensorSpec, describe_tensor
 
-        described = describe_tensor(tensor, "tensor")
-        self.source, self.described = tensor, described
+        self._setup(describe_tensor(tensor, "tensor"), box, swizzle, l2_promotion, oob_nan)
+        self.source = tensor
+        self._map = None if isinstance(tensor, TensorSpec) else False  # False: not encoded yet
+
+    @classmethod
+    def of_memory(cls, pointer: int, shape, strides, dtype: str, box, swizzle: int = 128, *, device: int = 0):
+        """A tile of raw device memory (``strides`` in elements, ``dtype`` an MLIR name such as ``"bf16"``) that
+        holds no tensor object: what a library caches per operand geometry without keeping tensors alive."""
+        from flydsl.compiler.args import TensorArg
+
+        tile = cls.__new__(cls)
+        tile._setup(TensorArg(pointer, tuple(shape), tuple(strides), dtype, device, None), box, swizzle, 128, False)
+        tile.source, tile._map = None, False
+        return tile
+
+    def _setup(self, described, box, swizzle, l2_promotion, oob_nan) -> None:
+        self.described = described
         self.dtype, self.shape, self.strides, self.pointer = (
             described.dtype,
             tuple(described.shape),
@@ -112,7 +127,6 @@ class TmaTile:
         self.box = tuple(box) if isinstance(box, (tuple, list)) else (box,)
         self.swizzle, self.l2_promotion, self.oob_nan = swizzle, l2_promotion, bool(oob_nan)
         self._check()
-        self._map = None if isinstance(tensor, TensorSpec) else False  # False: not encoded yet
         # What a kernel is specialized on (the launch paths read it: kernel.py and the native dispatcher).
         self._key = ("tma", self.dtype, len(self.shape), self.box, self.swizzle)
         _register_with_dispatcher()

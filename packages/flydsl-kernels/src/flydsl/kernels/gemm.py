@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
+from flydsl.compiler.args import torch_dtype_name
 from flydsl.expr import gpu, nvvm, vector, wgmma
 
 __all__ = ["GemmConfig", "choose_config", "gemm", "gemm_ws"]
@@ -226,13 +227,37 @@ def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Cons
         fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
 
 
-def _major(t, name: str) -> str:
-    """'K' when the last dim (K for the (MN, K) view) is contiguous, 'MN' when the first is."""
-    if t.stride(-1) == 1:
-        return "K"
-    if t.stride(0) == 1:
-        return "MN"
-    raise ValueError(f"{name}: expected a row- or column-major matrix, got strides {t.stride()}")
+_TILES: dict[tuple, tuple] = {}  # operand geometry -> its TmaTile (addresses only: no tensor kept alive)
+_TILES_LIMIT = 512
+
+
+def _operand_tile(t, mn_dim: int, rows: int, tile_k: int, name: str) -> tuple[fx.TmaTile, str]:
+    """The TmaTile and major of an operand whose MN extent is dimension ``mn_dim`` of the 2-D tensor ``t`` (A: 0,
+    B: 1), as wgmma reads it: K-major (K contiguous) as the (MN, K) matrix in boxes of (rows, 64); MN-major as the
+    (K, MN) matrix in boxes of (tile_k, 64). Cached per geometry, so a call builds no views and checks nothing twice."""
+    pointer, shape, strides = t.data_ptr(), t.shape, t.stride()
+    k_dim = 1 - mn_dim
+    key = (pointer, shape, strides, t.dtype, mn_dim, rows, tile_k)
+    cached = _TILES.get(key)
+    if cached is not None:
+        return cached
+    dtype = torch_dtype_name(t.dtype, name)
+    row = _SWIZZLE // t.element_size()
+    if strides[k_dim] == 1:
+        major, geometry = "K", ((shape[mn_dim], shape[k_dim]), (strides[mn_dim], 1), (rows, row))
+    elif strides[mn_dim] == 1:
+        major, geometry = "MN", ((shape[k_dim], shape[mn_dim]), (strides[k_dim], 1), (tile_k, row))
+    else:
+        raise ValueError(f"gemm {name}: expected a row- or column-major matrix, got strides {strides}")
+    matrix, matrix_strides, box = geometry
+    try:
+        tile = fx.TmaTile.of_memory(pointer, matrix, matrix_strides, dtype, box, device=t.get_device())
+    except ValueError as error:
+        raise ValueError(f"gemm {name}: {error}") from None
+    if len(_TILES) >= _TILES_LIMIT:
+        _TILES.pop(next(iter(_TILES)))
+    _TILES[key] = (tile, major)
+    return tile, major
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -291,12 +316,9 @@ def gemm(a, b, out=None, config: GemmConfig | None = None):
     if k == 0:
         return out.zero_()
     cfg = config or choose_config(m, n, _sm_count(a.get_device()))
-    # The (MN, K) view of each operand as TMA sees it: the tensor in memory order, boxes of 64 along its rows.
-    a_major, b_major = _major(a, "a"), _major(b.t(), "b")
-    row = _SWIZZLE // a.element_size()
-    a_tile = fx.TmaTile(a, (cfg.tile_m, row)) if a_major == "K" else fx.TmaTile(a.t(), (cfg.tile_k, row))
-    b_box = (cfg.tile_n // cfg.cluster_m, row)  # each CTA of a cluster loads its part of the B tile
-    b_tile = fx.TmaTile(b.t(), b_box) if b_major == "K" else fx.TmaTile(b, (cfg.tile_k, row))
+    a_tile, a_major = _operand_tile(a, 0, cfg.tile_m, cfg.tile_k, "a")
+    # Each CTA of a cluster loads its part of the B tile.
+    b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
     cluster_tiles = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n)
     grid = min(cluster_tiles, _sm_count(a.get_device()) // cfg.cluster_m) * cfg.cluster_m
     gemm_ws(a_tile, b_tile, out, cfg, (a_major, b_major)).launch(grid=grid, block=cfg.threads)
