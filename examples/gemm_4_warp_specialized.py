@@ -45,7 +45,8 @@ def lower(m: int, n: int, k: int):
     (64, 64) boxes of the (K, N) tensor (each CTA of a cluster loads half of the 256 columns)."""
     a, b = flyc.TensorSpec((m, k), "bf16"), flyc.TensorSpec((k, n), "bf16")
     a_tile, b_tile = fx.TmaTile(a, (CFG.tile_m, 64)), fx.TmaTile(b, (CFG.tile_k, 64))
-    return gemm_ws.lower(a_tile, b_tile, flyc.TensorSpec((m, n), "f32"), CFG, ("K", "MN"))
+    c = flyc.TensorSpec((m, n), "f32")
+    return gemm_ws.lower(a_tile, b_tile, c, c, CFG, ("K", "MN"), (False, None))
 
 
 PATTERNS = (

@@ -13,6 +13,7 @@ import flydsl.expr as fx
 from flydsl.kernels.gemm import GemmConfig, choose_config, gemm, gemm_ws
 
 CFG = GemmConfig()
+NONE = (False, None)  # the epilogue: no bias, no activation
 
 
 @pytest.mark.parametrize("a_major,b_major", [("K", "K"), ("K", "MN"), ("MN", "K"), ("MN", "MN")])
@@ -22,9 +23,8 @@ def test_gemm_compiles_to_wgmma_and_tma(a_major, b_major):
     b_spec = flyc.TensorSpec((n, k) if b_major == "K" else (k, n), "bf16")
     a_box = (CFG.tile_m, 64) if a_major == "K" else (CFG.tile_k, 64)
     b_box = (CFG.tile_n // CFG.cluster_m, 64) if b_major == "K" else (CFG.tile_k, 64)
-    compiled = gemm_ws.lower(
-        fx.TmaTile(a_spec, a_box), fx.TmaTile(b_spec, b_box), flyc.TensorSpec((m, n), "bf16"), CFG, (a_major, b_major)
-    )
+    c = flyc.TensorSpec((m, n), "bf16")
+    compiled = gemm_ws.lower(fx.TmaTile(a_spec, a_box), fx.TmaTile(b_spec, b_box), c, c, CFG, (a_major, b_major), NONE)
     ptx = compiled.ptx
     assert len(re.findall(r"wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", ptx)) == CFG.tile_k // 16
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
@@ -34,6 +34,17 @@ def test_gemm_compiles_to_wgmma_and_tma(a_major, b_major):
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
+@pytest.mark.parametrize("epilogue", [(True, None), (True, "gelu"), (False, "silu"), (True, "relu")])
+def test_epilogues_compile(epilogue):
+    spec = flyc.TensorSpec((512, 512), "bf16")
+    bias = flyc.TensorSpec((512,), "f32")
+    compiled = gemm_ws.lower(
+        fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128, 64)), spec, bias, CFG, ("K", "K"), epilogue
+    )
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+    assert compiled.ptx.count("wgmma.mma_async") == CFG.tile_k // 16  # the main loop is the same
+
+
 def test_gemm_config_and_boxes_are_checked():
     with pytest.raises(ValueError, match="tile_m must split into 2 consumer warpgroups"):
         GemmConfig(tile_m=64)
@@ -41,7 +52,7 @@ def test_gemm_config_and_boxes_are_checked():
         GemmConfig(cluster_m=3)
     spec = flyc.TensorSpec((512, 512), "bf16")
     with pytest.raises(ValueError, match=r"gemm_ws b: expected TMA boxes of \(128, 64\)"):
-        gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, CFG, ("K", "K"))
+        gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, spec, CFG, ("K", "K"), NONE)
 
 
 def test_the_narrow_tile_is_chosen_where_wide_tiles_leave_sms_idle():
@@ -54,7 +65,7 @@ def test_the_narrow_tile_is_chosen_where_wide_tiles_leave_sms_idle():
 def test_narrow_tile_compiles(tile_n):
     cfg = GemmConfig(tile_n=tile_n)
     spec = flyc.TensorSpec((512, 512), "bf16")
-    ptx = gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (64, 64)), spec, cfg, ("K", "K")).ptx
+    ptx = gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (64, 64)), spec, spec, cfg, ("K", "K"), NONE).ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k16") == cfg.tile_k // 16
 
 
@@ -116,6 +127,25 @@ def test_gemm_majors_and_dtypes_on_gpu(a_major, b_major, dtype, out_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
+@pytest.mark.parametrize("bias_dtype", [None, "bfloat16", "float32"])
+def test_gemm_epilogue_on_gpu(activation, bias_dtype):
+    torch = pytest.importorskip("torch")
+    m, n, k = 300, 520, 136  # tails in M and N: the masked epilogue reads bias only inside C
+    a = torch.randn(m, k, device="cuda").bfloat16()
+    b = torch.randn(k, n, device="cuda").bfloat16()
+    bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(getattr(torch, bias_dtype))
+    out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+    gemm(a, b, out, bias=bias, activation=activation)
+    torch.cuda.synchronize()
+    reference = a.double() @ b.double() + (0 if bias is None else bias.double())
+    functions = {"relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu}
+    reference = functions[activation](reference) if activation else reference
+    error = (out.double() - reference).norm() / reference.norm()
+    assert not torch.isnan(out).any() and error < 1e-4, error
+
+
+@pytest.mark.gpu
 def test_gemm_rejects_bad_arguments_before_launch():
     torch = pytest.importorskip("torch")
     a = torch.randn(64, 32, device="cuda").bfloat16()
@@ -123,5 +153,9 @@ def test_gemm_rejects_bad_arguments_before_launch():
         gemm(a, torch.randn(16, 64, device="cuda").bfloat16())
     with pytest.raises(TypeError, match="one dtype"):
         gemm(a, torch.randn(32, 64, device="cuda").half())
+    with pytest.raises(ValueError, match="gemm activation: expected one of"):
+        gemm(a, torch.randn(32, 64, device="cuda").bfloat16(), activation="tanh")
+    with pytest.raises(ValueError, match=r"gemm bias: expected a contiguous \(64,\) tensor"):
+        gemm(a, torch.randn(32, 64, device="cuda").bfloat16(), bias=torch.randn(32, device="cuda"))
     with pytest.raises(ValueError, match="not a multiple of 16 bytes"):
         gemm(torch.randn(64, 30, device="cuda").bfloat16(), torch.randn(30, 64, device="cuda").bfloat16())

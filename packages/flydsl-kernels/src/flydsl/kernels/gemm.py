@@ -25,9 +25,9 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.compiler.args import torch_dtype_name
-from flydsl.expr import gpu, nvvm, vector, wgmma
+from flydsl.expr import arith, gpu, nvvm, vector, wgmma
 
-__all__ = ["GemmConfig", "choose_config", "gemm", "gemm_ws"]
+__all__ = ["ACTIVATIONS", "GemmConfig", "choose_config", "gemm", "gemm_ws"]
 
 _SWIZZLE = 128  # bytes: the widest swizzle; a TMA box row holds 128 bytes (64 bf16) at most
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
@@ -95,30 +95,73 @@ def _load_operand(desc, tiles, stage, mn0, k0, barrier, rows: int, tile_k: int, 
             desc.load(slot[(None, box), None], (k0, mn0 + box * row), barrier, multicast_mask=mask)
 
 
-def _store_tile(acc, c, row0, col0, full: bool, lane, warp, n: int):
-    """This thread's part of one 64 x n accumulator (wgmma's layout) into C at (row0, col0); ``full``: the tile
-    lies inside C, no bounds checks."""
-    values = acc.to(c.dtype)
+ACTIVATIONS = (None, "relu", "gelu", "silu")
+_SQRT_HALF = 0.7071067811865476
+
+
+def _finish(x, bias, col, activation):
+    """The epilogue of one fp32 accumulator element of column ``col``: ``+ bias[col]``, then the activation (gelu
+    as torch's default, with erf)."""
+    if fx.const_expr(bias is not None):
+        x = x + bias[col].to(fx.Float32)
+    if fx.const_expr(activation == "relu"):
+        x = arith.maximum(x, fx.Float32(0.0))
+    if fx.const_expr(activation == "gelu"):
+        x = x * 0.5 * (fx.math.erf(x * _SQRT_HALF) + 1.0)
+    if fx.const_expr(activation == "silu"):
+        x = x / (fx.math.exp(-x) + 1.0)
+    return x
+
+
+def _store_tile(acc, c, bias, activation, row0, col0, full: bool, lane, warp, n: int):
+    """This thread's part of one 64 x n accumulator (wgmma's layout) into C at (row0, col0), through the epilogue
+    (``bias``: a (N,) tensor or None; ``activation``: one of ACTIVATIONS); ``full``: the tile lies inside C, no
+    bounds checks."""
+    plain = bias is None and activation is None
+    values = acc.to(c.dtype) if plain else acc
     m_extent, n_extent = c.shape[0].to(fx.Int32), c.shape[1].to(fx.Int32)
     for p in fx.range_constexpr(n // 4):
         row = row0 + 16 * warp + lane // 4 + 8 * (p % 2)
         col = col0 + 8 * (p // 2) + 2 * (lane % 4)
         if fx.const_expr(full):  # one 2-element store: C's rows are 16-byte aligned and col is even
-            pair = vector.from_elements(vector.vector_class(c.dtype, 2), [values[2 * p], values[2 * p + 1]])
-            vector.store(pair, c, (row, col))
-        else:
+            if fx.const_expr(plain):
+                first, second = values[2 * p], values[2 * p + 1]
+            else:
+                first = _finish(values[2 * p], bias, col, activation).to(c.dtype)
+                second = _finish(values[2 * p + 1], bias, col + 1, activation).to(c.dtype)
+            vector.store(vector.from_elements(vector.vector_class(c.dtype, 2), [first, second]), c, (row, col))
+        else:  # each element only where it lies inside C (bias read only there too)
             if row < m_extent:
-                if col < n_extent:
-                    c[row, col] = values[2 * p]
-                if col + 1 < n_extent:
-                    c[row, col + 1] = values[2 * p + 1]
+                _store_element(c, values[2 * p], bias, activation, plain, row, col, n_extent)
+                _store_element(c, values[2 * p + 1], bias, activation, plain, row, col + 1, n_extent)
+
+
+def _store_element(c, value, bias, activation, plain: bool, row, col, n_extent):
+    if col < n_extent:
+        if fx.const_expr(plain):
+            c[row, col] = value
+        else:
+            c[row, col] = _finish(value, bias, col, activation).to(c.dtype)
 
 
 @flyc.kernel
-def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Constexpr, majors: fx.Constexpr):
+def gemm_ws(
+    a: fx.TmaDescriptor,
+    b: fx.TmaDescriptor,
+    c: fx.Tensor,
+    bias: fx.Tensor,
+    cfg: fx.Constexpr,
+    majors: fx.Constexpr,
+    epilogue: fx.Constexpr,
+):
+    """C = A @ B^T of the (MN, K) views ``a``, ``b`` (majors: ``(a_major, b_major)``), through the epilogue
+    ``(has_bias, activation)``: ``bias`` is a (N,) tensor added to every row (any tensor, unread, when
+    ``has_bias`` is False)."""
     # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster_m)
     a_major, b_major = majors
+    has_bias, activation = epilogue
+    bias_or_none = bias if has_bias else None
     element_bytes = a.element_bytes
     row = _SWIZZLE // element_bytes
     for name, desc, rows, major, parts in (
@@ -220,9 +263,13 @@ def gemm_ws(a: fx.TmaDescriptor, b: fx.TmaDescriptor, c: fx.Tensor, cfg: fx.Cons
             inside = (row0 + rows_per_consumer <= m_extent) & (col0 + cfg.tile_n <= n_extent)
             for mi in fx.range_constexpr(rows_per_consumer // 64):
                 if inside:
-                    _store_tile(accs[mi], c, row0 + 64 * mi, col0, True, lane, warp, cfg.tile_n)
+                    _store_tile(
+                        accs[mi], c, bias_or_none, activation, row0 + 64 * mi, col0, True, lane, warp, cfg.tile_n
+                    )
                 else:
-                    _store_tile(accs[mi], c, row0 + 64 * mi, col0, False, lane, warp, cfg.tile_n)
+                    _store_tile(
+                        accs[mi], c, bias_or_none, activation, row0 + 64 * mi, col0, False, lane, warp, cfg.tile_n
+                    )
     if fx.const_expr(cfg.cluster_m > 1):
         fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
 
@@ -291,10 +338,12 @@ def choose_config(m: int, n: int, sms: int) -> GemmConfig:
     return best
 
 
-def gemm(a, b, out=None, config: GemmConfig | None = None):
-    """``out = a @ b`` for torch tensors on one GPU: a (M, K), b (K, N), bf16 or fp16 (both the same), each row- or
-    column-major; ``out`` (M, N) row-major bf16/fp16/fp32, allocated in a's dtype when not given. ``config``:
-    the tile configuration (default: :func:`choose_config`)."""
+def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None):
+    """``out = activation(a @ b + bias)`` for torch tensors on one GPU: a (M, K), b (K, N), bf16 or fp16 (both the
+    same), each row- or column-major; ``bias`` (N,) contiguous, in a's dtype or float32; ``activation`` None,
+    "relu", "gelu" (erf) or "silu", applied in float32 before the conversion to ``out``'s dtype; ``out`` (M, N)
+    row-major bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: the tile configuration (default:
+    :func:`choose_config`)."""
     import torch
 
     for name, t in (("a", a), ("b", b)):
@@ -311,15 +360,36 @@ def gemm(a, b, out=None, config: GemmConfig | None = None):
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     elif out.shape != (m, n) or out.stride(-1) != 1 or out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"gemm out: expected a row-major ({m}, {n}) bf16/fp16/fp32 tensor, got {tuple(out.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"gemm activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if bias is not None and (
+        not isinstance(bias, torch.Tensor)
+        or bias.device != a.device
+        or bias.shape != (n,)
+        or bias.stride(0) != 1
+        or bias.dtype not in (a.dtype, torch.float32)
+    ):
+        raise ValueError(
+            f"gemm bias: expected a contiguous ({n},) tensor of {a.dtype} or float32 on {a.device}, got"
+            f" {getattr(bias, 'dtype', type(bias).__name__)} {tuple(getattr(bias, 'shape', ()))}"
+        )
     if m == 0 or n == 0:
         return out
-    if k == 0:
-        return out.zero_()
+    if k == 0:  # the epilogue of a zero product
+        zero = torch.zeros((m, n), dtype=torch.float32, device=a.device)
+        result = zero if bias is None else zero + bias.float()
+        if activation is not None:
+            result = {"relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[
+                activation
+            ](result)
+        return out.copy_(result)
     cfg = config or choose_config(m, n, _sm_count(a.get_device()))
     a_tile, a_major = _operand_tile(a, 0, cfg.tile_m, cfg.tile_k, "a")
     # Each CTA of a cluster loads its part of the B tile.
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
     cluster_tiles = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n)
     grid = min(cluster_tiles, _sm_count(a.get_device()) // cfg.cluster_m) * cfg.cluster_m
-    gemm_ws(a_tile, b_tile, out, cfg, (a_major, b_major)).launch(grid=grid, block=cfg.threads)
+    epilogue = (bias is not None, activation)
+    bias_arg = bias if bias is not None else out  # unread without a bias
+    gemm_ws(a_tile, b_tile, out, bias_arg, cfg, (a_major, b_major), epilogue).launch(grid=grid, block=cfg.threads)
     return out
