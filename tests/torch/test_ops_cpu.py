@@ -14,7 +14,7 @@ import flydsl.torch as ft  # noqa: E402
 from flydsl.torch import ops  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-NAMES = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm")
+NAMES = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm", "gemm")
 BACKWARD = ("softmax_backward", "layer_norm_backward", "rms_norm_backward")
 
 

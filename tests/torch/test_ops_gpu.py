@@ -284,3 +284,37 @@ def test_modules_match_torch(dtype):
         for (name, p), p_ref in zip(mine.named_parameters(), ref.parameters(), strict=True):
             assert p.grad.dtype == torch.float32
             _check_grad(p.grad, p_ref.grad.double(), dtype, f"{ours.__name__} d{name}")
+
+
+# --- gemm ------------------------------------------------------------------------------------------------------------
+
+
+def _rel(x, ref) -> float:
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "silu"])
+def test_gemm_values(activation):
+    a, b = _rand(136, 264, dtype=torch.bfloat16), _rand(264, 200, dtype=torch.bfloat16)
+    bias = _rand(200, dtype=torch.float32)
+    out = torch.ops.flydsl.gemm(a, b, bias, activation)
+    ref = a.double() @ b.double() + bias.double()
+    ref = {None: lambda t: t, "relu": torch.relu, "silu": F.silu}[activation](ref)
+    assert _rel(out, ref) < 1e-2
+
+
+def test_gemm_gradients_eager_and_compiled():
+    a = _rand(64, 128, dtype=torch.bfloat16, requires_grad=True)
+    b = _rand(128, 96, dtype=torch.bfloat16, requires_grad=True)
+    bias = _rand(96, dtype=torch.float32, requires_grad=True)
+    dc = _rand(64, 96, dtype=torch.bfloat16)
+
+    def f(a, b, bias):
+        return torch.ops.flydsl.gemm(a, b, bias, None)
+
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        a.grad = b.grad = bias.grad = None
+        fn(a, b, bias).backward(dc)
+        assert _rel(a.grad, dc.double() @ b.double().t()) < 1e-2
+        assert _rel(b.grad, a.double().t() @ dc.double()) < 1e-2
+        assert _rel(bias.grad, dc.double().sum(0)) < 1e-3

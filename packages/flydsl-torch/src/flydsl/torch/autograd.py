@@ -101,3 +101,38 @@ def _fused_add_rms_norm_backward(ctx, dy, dresidual_out, _drstd):
 
 
 ops.fused_add_rms_norm.register_autograd(_fused_add_rms_norm_backward, _fused_add_rms_norm_setup)
+
+
+# --- gemm ------------------------------------------------------------------------------------------------------------
+
+
+def _gemm_setup(ctx, inputs, output):
+    a, b, bias, activation = inputs
+    if activation is not None and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)):
+        raise NotImplementedError(
+            f"flydsl.gemm: gradients through the fused activation ({activation!r}) are not supported yet: call it"
+            " with activation=None and apply the activation in torch"
+        )
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.save_for_backward(a, b)
+
+
+def _matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x @ y by the flydsl GEMM where TMA can read both (16-byte aligned rows), else by torch."""
+    if all(t.stride(0) * t.element_size() % 16 == 0 or t.stride(1) * t.element_size() % 16 == 0 for t in (x, y)):
+        try:
+            return torch.ops.flydsl.gemm(x, y, None, None)
+        except ValueError:  # a layout the kernel refuses (e.g. an unaligned extent): same result through cuBLAS
+            pass
+    return torch.matmul(x, y)
+
+
+def _gemm_backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    da = _matmul(dc, b.t()) if ctx.needs_input_grad[0] else None
+    db = _matmul(a.t(), dc) if ctx.needs_input_grad[1] else None
+    dbias = dc.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
+    return da, db, dbias, None
+
+
+ops.gemm.register_autograd(_gemm_backward, _gemm_setup)

@@ -17,6 +17,7 @@ mean, rstd)``
 rstd)``
 ``fused_add_rms_norm(x, residual, ns,     ``(out, residual_out, rstd)`` with ``residual_out = x + residual``
 weight, eps)``
+``gemm(a, b, bias, activation)``          ``activation(a @ b + bias)`` (bf16/fp16; the Hopper GEMM)
 ========================================= ===================================================================
 
 The ``*_out`` ops take the same inputs and write keyword-only outputs (``out=``, ``mean=``, ...); statistics are
@@ -40,6 +41,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_backward",
     "fused_add_rms_norm",
+    "gemm",
     "DTYPES",
 ]
 
@@ -395,3 +397,40 @@ def fused_add_rms_norm(
         residual_out=_out_rows(op, "residual_out", residual_out, n),
         rstd=_out_vector(op, "rstd", rstd),
     )
+
+
+# --- gemm ------------------------------------------------------------------------------------------------------------
+
+GEMM_DTYPES = (torch.bfloat16, torch.float16)
+GEMM_ACTIVATIONS = (None, "relu", "gelu", "silu")  # flydsl.kernels.gemm.ACTIVATIONS (imported lazily there)
+
+
+def _check_gemm(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None) -> None:
+    for name, t in (("a", a), ("b", b)):
+        if t.dim() != 2:
+            raise ValueError(f"flydsl.gemm: {name}: expected a 2-D matrix, got shape {tuple(t.shape)}")
+        if t.dtype not in GEMM_DTYPES:
+            raise TypeError(f"flydsl.gemm: {name}: expected dtype bfloat16 or float16, got {_name(t.dtype)}")
+    if b.dtype != a.dtype:
+        raise TypeError(f"flydsl.gemm: b: expected dtype {_name(a.dtype)} (a's), got {_name(b.dtype)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"flydsl.gemm: b: expected {a.shape[1]} rows (a's columns), got shape {tuple(b.shape)}")
+    if bias is not None and (tuple(bias.shape) != (b.shape[1],) or bias.dtype not in (a.dtype, torch.float32)):
+        raise ValueError(
+            f"flydsl.gemm: bias: expected a ({b.shape[1]},) tensor of {_name(a.dtype)} or float32, got"
+            f" {_name(bias.dtype)} {tuple(bias.shape)}"
+        )
+    if activation not in GEMM_ACTIVATIONS:
+        raise ValueError(f"flydsl.gemm: activation: expected one of {GEMM_ACTIVATIONS}, got {activation!r}")
+
+
+@register_op(
+    "gemm",
+    outputs=lambda a, b, bias, activation: (((a.shape[0], b.shape[1]), a.dtype),),
+    check=_check_gemm,
+)
+def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, activation: str | None = None, *, out: Tensor) -> None:
+    """``out = activation(a @ b + bias)`` (flydsl.kernels.gemm: the Hopper kernel; a, b row- or column-major)."""
+    from flydsl.kernels.gemm import gemm as kernel
+
+    kernel(a, b, out, bias=None if bias is None else bias.contiguous(), activation=activation)
