@@ -73,6 +73,10 @@ def run_case(torch, do_bench, m, n, k, repeats, weights_nk, config=None):
     }
 
 
+def _describe(config) -> str:
+    return f"tile_n={config.tile_n} cluster_m={config.cluster_m} split_k={config.split_k}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="issue 8's 70 shapes after the square ones")
@@ -80,6 +84,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--cluster-m", type=int, nargs="*", help="also time the square shapes with these GemmConfig.cluster_m values"
+    )
+    parser.add_argument(
+        "--split-k", type=int, nargs="*", help="also time the sweep's shapes with M <= 512 with these split_k values"
     )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
@@ -95,6 +102,13 @@ def main(argv=None) -> int:
         cases += [(m, n, k, False, GemmConfig(cluster_m=cluster_m)) for m, n, k in SQUARE]
     if args.sweep:
         cases += [(m, n, k, True, None) for m in (args.m or SWEEP_M) for n, k in SWEEP_NK]
+        for split_k in args.split_k or ():
+            cases += [
+                (m, n, k, True, GemmConfig(split_k=split_k))
+                for m in (args.m or SWEEP_M)
+                if m <= 512
+                for n, k in SWEEP_NK
+            ]
     results = []
     print(f"{'M':>6} {'N':>6} {'K':>6}  {'flydsl TF/s':>11} {'cuBLAS TF/s':>11} {'ratio':>6}  {'err':>8}  config")
     for m, n, k, weights, config in cases:
@@ -102,7 +116,7 @@ def main(argv=None) -> int:
         results.append(r)
         print(
             f"{m:>6} {n:>6} {k:>6}  {r['flydsl_tflops']:>11.1f} {r['cublas_tflops']:>11.1f} {r['ratio']:>6.3f}"
-            f"  {r['rel_error_vs_cublas']:>8.1e}  {'' if config is None else f'cluster_m={config.cluster_m}'}",
+            f"  {r['rel_error_vs_cublas']:>8.1e}  {'' if config is None else _describe(config)}",
             flush=True,
         )
     default = [r for r in results if r["config"] == "default"]

@@ -10,7 +10,7 @@ import pytest
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.kernels.gemm import GemmConfig, choose_config, gemm, gemm_ws
+from flydsl.kernels.gemm import GemmConfig, choose_config, gemm, gemm_ws, split_k_reduce
 
 CFG = GemmConfig()
 NONE = (False, None)  # the epilogue: no bias, no activation
@@ -45,11 +45,27 @@ def test_epilogues_compile(epilogue):
     assert compiled.ptx.count("wgmma.mma_async") == CFG.tile_k // 16  # the main loop is the same
 
 
+@pytest.mark.parametrize("split_k", [2, 5])
+def test_split_k_compiles(split_k):
+    cfg = GemmConfig(split_k=split_k)
+    a, b = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096, 4096), "bf16")
+    partials = flyc.TensorSpec((split_k * 16, 4096), "f32")
+    compiled = gemm_ws.lower(
+        fx.TmaTile(a, (128, 64)), fx.TmaTile(b, (128, 64)), partials, partials, cfg, ("K", "K"), NONE
+    )
+    assert compiled.ptx.count("wgmma.mma_async") == cfg.tile_k // 16
+    out, bias = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096,), "f32")
+    reduce_ptx = split_k_reduce.lower(partials, out, bias, split_k, (True, "silu")).ptx
+    assert reduce_ptx.count("ld.global.f32") + reduce_ptx.count("ld.global.b32") >= split_k
+
+
 def test_gemm_config_and_boxes_are_checked():
     with pytest.raises(ValueError, match="tile_m must split into 2 consumer warpgroups"):
         GemmConfig(tile_m=64)
     with pytest.raises(ValueError, match="cluster_m must be 1, 2 or 4"):
         GemmConfig(cluster_m=3)
+    with pytest.raises(ValueError, match="split_k must be an int in 1..64"):
+        GemmConfig(split_k=0)
     spec = flyc.TensorSpec((512, 512), "bf16")
     with pytest.raises(ValueError, match=r"gemm_ws b: expected TMA boxes of \(128, 64\)"):
         gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, spec, CFG, ("K", "K"), NONE)
@@ -143,6 +159,22 @@ def test_gemm_epilogue_on_gpu(activation, bias_dtype):
     reference = functions[activation](reference) if activation else reference
     error = (out.double() - reference).norm() / reference.norm()
     assert not torch.isnan(out).any() and error < 1e-4, error
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,split_k", [(16, 4096, 4096, 4), (200, 520, 1000, 3), (8, 264, 64, 5)])
+def test_gemm_split_k_on_gpu(m, n, k, split_k):
+    """Split K, empty parts included (k=64 is one K step for 5 parts), through the reduction's epilogue."""
+    torch = pytest.importorskip("torch")
+    a = torch.randn(m, k, device="cuda").bfloat16()
+    w = torch.randn(n, k, device="cuda").bfloat16()
+    bias = torch.randn(n, device="cuda")
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm(a, w.t(), out, GemmConfig(split_k=split_k), bias=bias, activation="relu")
+    torch.cuda.synchronize()
+    reference = torch.relu(a.double() @ w.double().t() + bias.double())
+    error = (out.double() - reference).norm() / reference.norm()
+    assert not torch.isnan(out).any() and error < 1e-2, error
 
 
 @pytest.mark.gpu

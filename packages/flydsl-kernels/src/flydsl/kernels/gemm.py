@@ -27,7 +27,7 @@ import flydsl.layout as fl
 from flydsl.compiler.args import torch_dtype_name
 from flydsl.expr import arith, gpu, nvvm, vector, wgmma
 
-__all__ = ["ACTIVATIONS", "GemmConfig", "choose_config", "gemm", "gemm_ws"]
+__all__ = ["ACTIVATIONS", "GemmConfig", "choose_config", "gemm", "gemm_ws", "split_k_reduce"]
 
 _SWIZZLE = 128  # bytes: the widest swizzle; a TMA box row holds 128 bytes (64 bf16) at most
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
@@ -45,6 +45,7 @@ class GemmConfig:
     consumers: int = 2
     group_m: int = 8
     cluster_m: int = 2  # CTAs along M sharing each B tile: each loads 1/cluster_m of it, multicast to all
+    split_k: int = 1  # K split over this many CTAs per tile (fp32 partials, then a reduction): for few tiles
 
     def __post_init__(self):
         if self.tile_m % (64 * self.consumers) or self.tile_n % 64 or self.tile_n > 256 or self.tile_k % 64:
@@ -54,6 +55,8 @@ class GemmConfig:
             )
         if self.cluster_m not in (1, 2, 4) or self.tile_n % (64 * self.cluster_m):
             raise ValueError(f"{self}: cluster_m must be 1, 2 or 4 and split tile_n into 64-column parts")
+        if not isinstance(self.split_k, int) or not 1 <= self.split_k <= 64:
+            raise ValueError(f"{self}: split_k must be an int in 1..64")
 
     @property
     def threads(self) -> int:
@@ -113,27 +116,30 @@ def _finish(x, bias, col, activation):
     return x
 
 
-def _store_tile(acc, c, bias, activation, row0, col0, full: bool, lane, warp, n: int):
+def _store_tile(acc, c, bias, activation, row0, col0, full: bool, lane, warp, n: int, m_extent=None, row_offset=None):
     """This thread's part of one 64 x n accumulator (wgmma's layout) into C at (row0, col0), through the epilogue
     (``bias``: a (N,) tensor or None; ``activation``: one of ACTIVATIONS); ``full``: the tile lies inside C, no
-    bounds checks."""
+    bounds checks. Split-K partials: ``m_extent`` rows of output, stored ``row_offset`` rows down C."""
     plain = bias is None and activation is None
     values = acc.to(c.dtype) if plain else acc
-    m_extent, n_extent = c.shape[0].to(fx.Int32), c.shape[1].to(fx.Int32)
+    if fx.const_expr(m_extent is None):
+        m_extent = c.shape[0].to(fx.Int32)
+    n_extent = c.shape[1].to(fx.Int32)
     for p in fx.range_constexpr(n // 4):
         row = row0 + 16 * warp + lane // 4 + 8 * (p % 2)
         col = col0 + 8 * (p // 2) + 2 * (lane % 4)
+        at = row if fx.const_expr(row_offset is None) else row + row_offset  # the row of C written
         if fx.const_expr(full):  # one 2-element store: C's rows are 16-byte aligned and col is even
             if fx.const_expr(plain):
                 first, second = values[2 * p], values[2 * p + 1]
             else:
                 first = _finish(values[2 * p], bias, col, activation).to(c.dtype)
                 second = _finish(values[2 * p + 1], bias, col + 1, activation).to(c.dtype)
-            vector.store(vector.from_elements(vector.vector_class(c.dtype, 2), [first, second]), c, (row, col))
+            vector.store(vector.from_elements(vector.vector_class(c.dtype, 2), [first, second]), c, (at, col))
         else:  # each element only where it lies inside C (bias read only there too)
             if row < m_extent:
-                _store_element(c, values[2 * p], bias, activation, plain, row, col, n_extent)
-                _store_element(c, values[2 * p + 1], bias, activation, plain, row, col + 1, n_extent)
+                _store_element(c, values[2 * p], bias, activation, plain, at, col, n_extent)
+                _store_element(c, values[2 * p + 1], bias, activation, plain, at, col + 1, n_extent)
 
 
 def _store_element(c, value, bias, activation, plain: bool, row, col, n_extent):
@@ -142,6 +148,34 @@ def _store_element(c, value, bias, activation, plain: bool, row, col, n_extent):
             c[row, col] = value
         else:
             c[row, col] = _finish(value, bias, col, activation).to(c.dtype)
+
+
+def _work(sched, unit, split: int, k_tiles):
+    """(cluster tile row, tile column, first K step, end K step) of work unit ``unit``: a tile, or with ``split`` > 1
+    one of its ``split`` parts of the K steps."""
+    if fx.const_expr(split == 1):
+        ctm, tn = sched.coords(unit)
+        return ctm, tn, 0, k_tiles
+    ctm, tn = sched.coords(unit // split)
+    per_split = (k_tiles + (split - 1)) // split
+    k_begin = (unit % split) * per_split
+    k_end = arith.minimum(k_begin + per_split, k_tiles)
+    return ctm, tn, k_begin, arith.maximum(k_end, k_begin)
+
+
+@flyc.kernel
+def split_k_reduce(partials: fx.Tensor, out: fx.Tensor, bias: fx.Tensor, splits: fx.Constexpr, epilogue: fx.Constexpr):
+    """out = epilogue(sum of the ``splits`` row blocks of fp32 ``partials``), one element per thread (64-bit
+    indices: M x N may exceed 2^31)."""
+    has_bias, activation = epilogue
+    m_extent, n_extent = out.shape[0].to(fx.Int64), out.shape[1].to(fx.Int64)
+    i = gpu.block_idx.x.to(fx.Int64) * gpu.block_dim.x.to(fx.Int64) + gpu.thread_idx.x.to(fx.Int64)
+    if i < m_extent * n_extent:
+        row, col = i // n_extent, i % n_extent
+        total = partials[row, col]
+        for s in fx.range_constexpr(1, splits):
+            total = total + partials[row + s * m_extent, col]
+        out[row, col] = _finish(total, bias if has_bias else None, col, activation).to(out.dtype)
 
 
 @flyc.kernel
@@ -184,13 +218,19 @@ def gemm_ws(
         rank = fx.cluster.block_rank()
         peers = list(range(cfg.cluster_m))
 
-    m_extent, n_extent = c.shape[0].to(fx.Int32), c.shape[1].to(fx.Int32)
+    split = cfg.split_k
+    if fx.const_expr(split == 1):
+        m_extent = c.shape[0].to(fx.Int32)
+    else:  # c holds split row blocks of fp32 partials: the output's rows are a's
+        m_extent = (a.shape[0] if a_major == "K" else a.shape[1]).to(fx.Int32)
+    n_extent = c.shape[1].to(fx.Int32)
     k_extent = a.shape[1] if a_major == "K" else a.shape[0]
     k_tiles = ((k_extent + (cfg.tile_k - 1)) // cfg.tile_k).to(fx.Int32)
     tiles_m = ((m_extent + (cfg.tile_m - 1)) // cfg.tile_m).to(fx.Int32)
     tiles_n = ((n_extent + (cfg.tile_n - 1)) // cfg.tile_n).to(fx.Int32)
     cluster_tiles_m = (tiles_m + (cfg.cluster_m - 1)) // cfg.cluster_m
     sched = fx.TileScheduler(cluster_tiles_m, tiles_n, group_m=cfg.group_m, cluster_size=cfg.cluster_m)
+    units = sched.count if split == 1 else sched.count * split  # work units: tiles, or (tile, K part) pairs
 
     tid = gpu.thread_idx.x
     warpgroup = tid // 128
@@ -200,10 +240,10 @@ def gemm_ws(
             a.prefetch()
             b.prefetch()
             state = pipe.producer_start()
-            for tile in range(sched.first, sched.count, sched.stride):
-                ctm, tn = sched.coords(tile)
+            for unit in range(sched.first, units, sched.stride):
+                ctm, tn, k_begin, k_end = _work(sched, unit, split, k_tiles)
                 tm = ctm * cfg.cluster_m + rank
-                for kt in range(k_tiles):
+                for kt in range(k_begin, k_end):
                     pipe.producer_acquire(state)
                     bar = pipe.full[state.index]
                     k0 = kt * cfg.tile_k
@@ -231,44 +271,55 @@ def gemm_ws(
         lane = tid % 32
         warp = (tid // 32) % 4
         state = pipe.consumer_start()
-        for tile in range(sched.first, sched.count, sched.stride):
-            ctm, tn = sched.coords(tile)
+        for unit in range(sched.first, units, sched.stride):
+            ctm, tn, k_begin, k_end = _work(sched, unit, split, k_tiles)
             tm = ctm * cfg.cluster_m + rank
             accs = mma.make_accumulators(0.0)
             released = state
-            for kt in range(k_tiles):
+            for kt in range(k_begin, k_end):
                 pipe.consumer_wait(state)
                 accs = wgmma.fence(accs)
                 accs = mma.mma(
                     a_tiles[None, None, state.index],
                     b_tiles[None, None, state.index],
                     accs,
-                    accumulate=kt > 0,
+                    accumulate=kt > k_begin,
                     warpgroup=consumer,
                 )
                 wgmma.commit_group()
                 accs = wgmma.wait_group(1, accs)  # the previous step's MMAs are done: its slot may be refilled
-                if kt > 0:
+                if kt > k_begin:
                     if lane == 0:  # the warp's MMAs of that step are done (wait_group is warpgroup-wide)
                         pipe.consumer_release(released, peers)
                     released = released.advance()
                 state = state.advance()
-            accs = wgmma.wait_group(0, accs)
-            if lane == 0:
-                pipe.consumer_release(released, peers)
+            if fx.const_expr(split == 1):
+                accs = wgmma.wait_group(0, accs)
+                if lane == 0:
+                    pipe.consumer_release(released, peers)
+            else:
+                if k_end > k_begin:  # a split may be empty (more splits than K steps): nothing to wait for
+                    accs = wgmma.wait_group(0, accs)
+                    if lane == 0:
+                        pipe.consumer_release(released, peers)
 
             rows_per_consumer = cfg.tile_m // cfg.consumers
             row0 = tm * cfg.tile_m + consumer * rows_per_consumer
             col0 = tn * cfg.tile_n
             inside = (row0 + rows_per_consumer <= m_extent) & (col0 + cfg.tile_n <= n_extent)
+            if fx.const_expr(split == 1):
+                extent, offset = None, None
+            else:  # this split's fp32 partials, in its row block of c; the reduction applies the epilogue
+                extent, offset = m_extent, (unit % split) * m_extent
             for mi in fx.range_constexpr(rows_per_consumer // 64):
+                r0 = row0 + 64 * mi
                 if inside:
                     _store_tile(
-                        accs[mi], c, bias_or_none, activation, row0 + 64 * mi, col0, True, lane, warp, cfg.tile_n
+                        accs[mi], c, bias_or_none, activation, r0, col0, True, lane, warp, cfg.tile_n, extent, offset
                     )
                 else:
                     _store_tile(
-                        accs[mi], c, bias_or_none, activation, row0 + 64 * mi, col0, False, lane, warp, cfg.tile_n
+                        accs[mi], c, bias_or_none, activation, r0, col0, False, lane, warp, cfg.tile_n, extent, offset
                     )
     if fx.const_expr(cfg.cluster_m > 1):
         fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
@@ -387,9 +438,16 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     a_tile, a_major = _operand_tile(a, 0, cfg.tile_m, cfg.tile_k, "a")
     # Each CTA of a cluster loads its part of the B tile.
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
-    cluster_tiles = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n)
-    grid = min(cluster_tiles, _sm_count(a.get_device()) // cfg.cluster_m) * cfg.cluster_m
+    units = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n) * cfg.split_k
+    grid = min(units, _sm_count(a.get_device()) // cfg.cluster_m) * cfg.cluster_m
     epilogue = (bias is not None, activation)
     bias_arg = bias if bias is not None else out  # unread without a bias
-    gemm_ws(a_tile, b_tile, out, bias_arg, cfg, (a_major, b_major), epilogue).launch(grid=grid, block=cfg.threads)
+    majors = (a_major, b_major)
+    if cfg.split_k == 1:
+        gemm_ws(a_tile, b_tile, out, bias_arg, cfg, majors, epilogue).launch(grid=grid, block=cfg.threads)
+        return out
+    # Split K: every part writes fp32 partials into its row block; one pass sums them through the epilogue.
+    partials = torch.empty((cfg.split_k * m, n), dtype=torch.float32, device=a.device)
+    gemm_ws(a_tile, b_tile, partials, partials, cfg, majors, (False, None)).launch(grid=grid, block=cfg.threads)
+    split_k_reduce(partials, out, bias_arg, cfg.split_k, epilogue).launch(grid=-(-m * n // 256), block=256)
     return out
