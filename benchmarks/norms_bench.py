@@ -16,30 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from functools import partial
 
+from flydsl.kernels.bench import median_ms
+
 SIZES = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
 TOTAL = 1 << 28
-
-
-def _events_ms(fn, reps: int, warmup: int = 3) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _ops(torch, F):
@@ -96,16 +81,16 @@ def _backward(torch, name, x, a, m, n, e, reps):
     dx = torch.empty_like(x)
     if name == "softmax":
         y = torch.softmax(x, dim=-1)
-        ms = _events_ms(lambda: norms.softmax_backward(dy, y, dx), reps)
-        ref = _events_ms(lambda: torch._softmax_backward_data(dy, y, -1, x.dtype), reps)
+        ms = median_ms(lambda: norms.softmax_backward(dy, y, dx), reps)
+        ref = median_ms(lambda: torch._softmax_backward_data(dy, y, -1, x.dtype), reps)
         return ms, 3 * m * n * e, ref
     if name == "layer_norm":
         _, mean, rstd = norms.layer_norm(x, a["w"], a["b"], 1e-5, a["out"], return_stats=True)
-        ms = _events_ms(lambda: norms.layer_norm_backward(dy, x, a["w"], mean, rstd, dx), reps)
+        ms = median_ms(lambda: norms.layer_norm_backward(dy, x, a["w"], mean, rstd, dx), reps)
         return ms, 3 * m * n * e + 8 * m + 3 * n * e, None
     if name == "rms_norm":
         _, rstd = norms.rms_norm(x, a["w"], 1e-6, a["out"], return_stats=True)
-        ms = _events_ms(lambda: norms.rms_norm_backward(dy, x, a["w"], rstd, dx), reps)
+        ms = median_ms(lambda: norms.rms_norm_backward(dy, x, a["w"], rstd, dx), reps)
         return ms, 3 * m * n * e + 4 * m + 2 * n * e, None
     return None, None, None
 
@@ -175,14 +160,14 @@ def main() -> int:
                 copy_dst = torch.empty_like(x)
                 total = nbytes(m, n, e)
                 row = {"kernel": name, "dtype": dname, "M": m, "N": n, "bytes": total}
-                row["copy_tbps"] = 2 * x.numel() * e / _events_ms(partial(copy_dst.copy_, x), args.reps) / 1e9
-                row["ours_tbps"] = total / _events_ms(partial(ours_fn, x, aux), args.reps) / 1e9
-                row["torch_tbps"] = total / _events_ms(partial(eager_fn, x, aux), args.reps) / 1e9
+                row["copy_tbps"] = 2 * x.numel() * e / median_ms(partial(copy_dst.copy_, x), args.reps) / 1e9
+                row["ours_tbps"] = total / median_ms(partial(ours_fn, x, aux), args.reps) / 1e9
+                row["torch_tbps"] = total / median_ms(partial(eager_fn, x, aux), args.reps) / 1e9
                 if compiled_fn is not None:
                     t0 = time.time()
                     compiled_fn(x, aux)
                     row["compile_s"] = round(time.time() - t0, 1)
-                    row["torch_compile_tbps"] = total / _events_ms(partial(compiled_fn, x, aux), args.reps) / 1e9
+                    row["torch_compile_tbps"] = total / median_ms(partial(compiled_fn, x, aux), args.reps) / 1e9
                 best_peer = max(row.get("torch_tbps", 0), row.get("torch_compile_tbps", 0))
                 row["bar_tbps"] = max(0.91 * row["copy_tbps"], 0.98 * best_peer)
                 row["meets_bar"] = row["ours_tbps"] >= row["bar_tbps"]

@@ -16,12 +16,12 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import gpu
+from flydsl.kernels.bench import median_ms
 
 TILE_M, TILE_N, VEC, THREADS = 8, 1024, 4, 256
 CHUNKS_PER_THREAD = TILE_M * TILE_N // VEC // THREADS  # 8
@@ -47,21 +47,6 @@ def copy(src, dst):
     tiled_copy_f32(src, dst).launch(grid=(m // TILE_M, n // TILE_N), block=THREADS)
 
 
-def _median_ms(torch, fn, repeats=20, warmup=3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--m", type=int, default=32768)
@@ -83,12 +68,12 @@ def main(argv=None) -> int:
     src = torch.randn(args.m, args.n, device="cuda")
     dst = torch.full_like(src, float("nan"))
     gigabytes = 2 * src.numel() * src.element_size() / 1e9
-    ours_ms = _median_ms(torch, lambda: copy(src, dst))
+    ours_ms = median_ms(lambda: copy(src, dst), 20)
     if not torch.equal(dst, src):
         print("FAILED: the copy is wrong")
         return 1
     dst.fill_(float("nan"))
-    torch_ms = _median_ms(torch, lambda: dst.copy_(src))
+    torch_ms = median_ms(lambda: dst.copy_(src), 20)
     ours, theirs = gigabytes / ours_ms, gigabytes / torch_ms  # GB/ms = TB/s
     print(
         f"{args.m}x{args.n} fp32 ({src.numel()} elements): FlyDSL {ours_ms:.3f} ms = {ours:.3f} TB/s;"

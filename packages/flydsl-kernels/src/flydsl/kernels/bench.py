@@ -16,11 +16,14 @@ import sys
 KERNELS = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm")
 
 
-def _median_ms(fn, reps: int) -> float:
+def median_ms(fn, reps: int, warmup: int = 3) -> float:
+    """The median of ``reps`` CUDA-event timings of ``fn()`` (ms), after ``warmup`` calls: each call timed alone, so
+    a kernel's time, not the launch rate (the benchmarks under benchmarks/ use it too)."""
     import torch
 
-    for _ in range(3):
+    for _ in range(warmup):
         fn()
+    torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -84,7 +87,7 @@ def main(argv=None) -> int:
         rows = max(1, args.elements // n)
         x = torch.randn(rows, n, device="cuda", dtype=dtype)
         ours, theirs, moved = _pair(torch, args.kernel, x)
-        ours_ms, theirs_ms = _median_ms(ours, args.reps), _median_ms(theirs, args.reps)
+        ours_ms, theirs_ms = median_ms(ours, args.reps), median_ms(theirs, args.reps)
         print(
             f"{n:>8} {rows:>8} {ours_ms * 1e3:>10.1f} {theirs_ms * 1e3:>10.1f}"
             f" {moved / ours_ms / 1e9:>12.2f} {moved / theirs_ms / 1e9:>11.2f}"
