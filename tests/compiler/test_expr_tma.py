@@ -324,3 +324,14 @@ def test_a_tile_of_raw_memory_specializes_like_one_of_a_tensor():
     assert raw.key() == spec.key() and raw.source is None and raw.shape == (300, 200)
     with pytest.raises(ValueError, match="not a multiple of 16 bytes"):
         fx.TmaTile.of_memory(1 << 20, (300, 201), (201, 1), "bf16", (32, 64))
+
+
+def test_launches_against_the_compiled_block_shape_are_refused_on_every_path(monkeypatch):
+    calls = []
+    monkeypatch.setattr(warp_specialized_registers, "_dispatch", lambda *args: calls.append(args) or True)
+    out = flyc.TensorSpec((384,), "i32")
+    with pytest.raises(ValueError, match=r"block: kernel 'warp_specialized_registers' was compiled for blocks of"):
+        warp_specialized_registers(out).launch(grid=2, block=256)
+    assert calls == []  # refused before the native dispatcher
+    warp_specialized_registers(out).launch(grid=2, block=(384, 1, 1))
+    assert len(calls) == 1

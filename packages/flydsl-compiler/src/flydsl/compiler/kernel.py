@@ -108,6 +108,9 @@ class KernelFunction:
         self.name = fn.__name__
         self.target = target
         self.attributes = attributes or KernelAttributes()
+        # Launches of kernels compiled for a block or cluster shape are checked on every path, the native one too.
+        fixed_shape = self.attributes.threads is not None or self.attributes.cluster is not None
+        self._check_launch = self.attributes.check_launch if fixed_shape else None
         self.params = _classify(fn, typing.get_type_hints(fn))
         self._signature = inspect.signature(fn)
         self._loaded: dict[tuple, _LoadedKernel] = {}
@@ -234,7 +237,8 @@ class KernelFunction:
         if stream is None:
             stream = spec.stream
         handle = _stream_handle(stream) if stream is not None else _default_stream(spec.tensors)
-        self.attributes.check_launch(self.name, block, cluster)
+        if self._check_launch is not None:  # also for flyc.compile's kernels, which launch from here
+            self._check_launch(self.name, block, cluster)
         shared = loaded.shared_bytes if smem is None else smem
         if shared < loaded.shared_bytes:
             raise ValueError(
@@ -467,7 +471,10 @@ class KernelCall:
 
         One native call when the arguments are torch tensors and numbers of an already loaded specialization;
         else (first launch, other tensor types, bad arguments) the Python path below."""
-        if not self.kernel._dispatch(self.values, grid, block, smem, stream, cluster):
+        kernel = self.kernel
+        if kernel._check_launch is not None:
+            kernel._check_launch(kernel.name, block, cluster)
+        if not kernel._dispatch(self.values, grid, block, smem, stream, cluster):
             self._launch(grid, block, smem, stream, cluster)
 
     @_user_errors

@@ -180,7 +180,7 @@ def _byte_swizzle(sw: _fl.Swizzle, element_bytes: int, what: str) -> int:
 
 def smem_alignment(layout, dtype) -> int:
     """The byte alignment a shared buffer with ``layout`` needs: the swizzle's repeat (256, 512 or 1024 bytes: the
-    hardware swizzles absolute addresses), else 16. Pass it to ``SmemAllocator.allocate(..., alignment=)``."""
+    hardware swizzles absolute addresses), else 128. Pass it to ``SmemAllocator.allocate(..., alignment=)``."""
     sw, _, _ = _swizzle_of(layout)
     swizzle = _byte_swizzle(sw, _element_bytes(dtype, "smem_alignment"), "smem_alignment")
     return max(128, 8 * swizzle)
