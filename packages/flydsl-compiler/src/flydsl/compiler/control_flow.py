@@ -124,6 +124,23 @@ def _rebuild(template, values):
     return type(template)(_rebuild(part, values) for part in template)
 
 
+def _with_carried(values, carried, ir_values) -> list:
+    """``values`` with each carried one rebuilt, in order, from ``ir_values`` (block arguments or op results)."""
+    rebuilt, leaves = list(values), iter(ir_values)
+    for i in carried:
+        rebuilt[i] = _rebuild(values[i], leaves)
+    return rebuilt
+
+
+def _yield_carried(names, values, outputs, carried, where: str) -> list:
+    """The body's ``outputs`` with each carried value in its incoming shape and types; yields their leaves."""
+    outputs = list(outputs)
+    for i in carried:
+        outputs[i] = _coerced(names[i], values[i], outputs[i], where)
+    scf.YieldOp(_flat_values(carried, outputs))
+    return outputs
+
+
 def _carried(names, values) -> list[int]:
     return [i for i, v in enumerate(values) if _leaves(v) is not None]
 
@@ -207,19 +224,10 @@ def for_range(range_args: tuple, body, names: tuple, values: tuple):
     carried = _carried(names, values)
     loop = scf.ForOp(_as_index(start), _as_index(stop), _as_index(step), _flat_values(carried, values))
     with ir.InsertionPoint(loop.body):
-        inputs = list(values)
-        block_values = iter(loop.inner_iter_args)
-        for i in carried:
-            inputs[i] = _rebuild(values[i], block_values)
+        inputs = _with_carried(values, carried, loop.inner_iter_args)
         induction = Index(loop.induction_variable)
-        outputs = list(body(induction.to(induction_type), *inputs))
-        for i in carried:
-            outputs[i] = _coerced(names[i], values[i], outputs[i], "loop")
-        scf.YieldOp(_flat_values(carried, outputs))
-    results = list(values)
-    loop_results = iter(loop.results)
-    for i in carried:
-        results[i] = _rebuild(values[i], loop_results)
+        outputs = _yield_carried(names, values, body(induction.to(induction_type), *inputs), carried, "loop")
+    results = _with_carried(values, carried, loop.results)
     for i, value in _unchanged_or_error(names, values, outputs, carried, "loop"):
         results[i] = value
     return tuple(results)
@@ -281,10 +289,8 @@ def if_else(condition, then_fn, else_fn, names: tuple, values: tuple):
             scf.YieldOp(_flat_values(result_names, outputs))
     draft.operation.erase()
 
-    results = list(values)
-    if_results = iter(final.results)
-    for i in result_names:
-        results[i] = _rebuild(then_out[i], if_results)
+    rebuilt = _with_carried(then_out, result_names, final.results)
+    results = [rebuilt[i] if i in result_names else value for i, value in enumerate(values)]
     for i, name in enumerate(names):
         if i in result_names:
             continue
@@ -317,28 +323,15 @@ def while_loop(cond_fn, body_fn, names: tuple, values: tuple):
     loop = scf.WhileOp(types, initial)
     before = loop.before.blocks.append(*types)
     with ir.InsertionPoint(before):
-        inputs = list(current)
-        block_values = iter(before.arguments)
-        for i in carried:
-            inputs[i] = _rebuild(current[i], block_values)
-        condition = as_numeric(cond_fn(*inputs))
+        condition = as_numeric(cond_fn(*_with_carried(current, carried, before.arguments)))
         if not isinstance(condition, Boolean):
             condition = condition != 0
         scf.ConditionOp(condition.value, list(before.arguments))
     after = loop.after.blocks.append(*types)
     with ir.InsertionPoint(after):
-        inputs = list(current)
-        block_values = iter(after.arguments)
-        for i in carried:
-            inputs[i] = _rebuild(current[i], block_values)
-        outputs = list(body_fn(*inputs))
-        for i in carried:
-            outputs[i] = _coerced(names[i], current[i], outputs[i], "loop")
-        scf.YieldOp(_flat_values(carried, outputs))
-    results = list(current)
-    loop_results = iter(loop.results)
-    for i in carried:
-        results[i] = _rebuild(current[i], loop_results)
+        inputs = _with_carried(current, carried, after.arguments)
+        outputs = _yield_carried(names, current, body_fn(*inputs), carried, "loop")
+    results = _with_carried(current, carried, loop.results)
     for i, value in _unchanged_or_error(names, current, outputs, carried, "loop"):
         results[i] = value
     return tuple(results)
