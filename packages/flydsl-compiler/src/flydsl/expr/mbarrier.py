@@ -20,7 +20,7 @@ from mlir import ir
 from mlir.dialects import nvvm as _nvvm
 
 import flydsl.layout as _fl
-from flydsl.expr.numeric import Int32, Int64, Integer, as_numeric
+from flydsl.expr.numeric import Int32, Int64, as_integer
 from flydsl.expr.tensor import Tensor
 
 __all__ = ["Mbarrier", "MbarrierArray", "allocate", "fence_init"]
@@ -30,10 +30,7 @@ _SUSPEND_HINT_NS = 0x989680
 
 
 def _i32(value, what: str) -> ir.Value:
-    number = as_numeric(value, Int32)
-    if not isinstance(number, Integer):
-        raise TypeError(f"{what}: expected an integer, got {type(number).__name__}")
-    return number.value if type(number) is Int32 else number.to(Int32).value
+    return as_integer(value, Int32, what).value
 
 
 class Mbarrier:

@@ -39,6 +39,7 @@ __all__ = [
     "Float8E5M2",
     "as_numeric",
     "value_of",
+    "as_integer",
 ]
 
 
@@ -381,6 +382,15 @@ def as_numeric(value, like: type[Numeric] | None = None) -> Numeric:
     if like is None:
         like = Boolean if isinstance(value, bool) else Int32 if isinstance(value, int) else Float32
     return like(value)
+
+
+def as_integer(value, cls: type[Integer], what: str) -> Integer:
+    """``value`` (a Python int or any kernel integer) as a ``cls``, converted if needed; a TypeError naming ``what``
+    for anything else (floats included)."""
+    number = as_numeric(value, cls)
+    if not isinstance(number, Integer):
+        raise TypeError(f"{what}: expected an integer, got {type(number).__name__}")
+    return number if type(number) is cls else number.to(cls)
 
 
 def value_of(value, like: type[Numeric] | None = None) -> ir.Value:

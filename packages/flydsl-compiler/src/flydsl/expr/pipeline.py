@@ -30,16 +30,13 @@ from mlir.dialects import scf
 from flydsl.expr import gpu
 from flydsl.expr import mbarrier as _mbarrier
 from flydsl.expr.arith import minimum
-from flydsl.expr.numeric import Boolean, Int32, Integer, as_numeric
+from flydsl.expr.numeric import Boolean, Int32, as_integer, as_numeric
 
 __all__ = ["PipelineState", "Pipeline", "TmaPipeline", "TileScheduler"]
 
 
 def _int32(value) -> Int32:
-    number = as_numeric(value, Int32)
-    if not isinstance(number, Integer):
-        raise TypeError(f"expected an integer, got {type(number).__name__}")
-    return number if type(number) is Int32 else number.to(Int32)
+    return as_integer(value, Int32, "pipeline index")
 
 
 class PipelineState:

@@ -35,7 +35,7 @@ from mlir.dialects import llvm as _llvm
 from mlir.dialects import nvvm as _nvvm
 
 import flydsl.layout as _fl
-from flydsl.expr.numeric import Int16, Int32, Int64, Numeric, as_numeric
+from flydsl.expr.numeric import Int16, Int32, Int64, Numeric, as_integer
 from flydsl.expr.tensor import Tensor
 
 __all__ = ["TmaTile", "TmaDescriptor", "swizzle_layout", "commit_group", "wait_group"]
@@ -54,8 +54,6 @@ _ENCODE_DTYPES = {
     "f8E4M3FN": "u8",
     "f8E5M2": "u8",
 }
-_ELEMENT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f8E4M3FN": 1}
-_ELEMENT_BYTES["f8E5M2"] = 1
 _MAX_BOX = 256  # per dimension (PTX ISA: boxDim <= 256)
 _ENCODED: OrderedDict = OrderedDict()  # geometry -> TensorMap; bounded: a map holds only an address, no tensor
 _ENCODED_LIMIT = 1024
@@ -132,9 +130,9 @@ class TmaTile:
         _register_with_dispatcher()
 
     def _check(self) -> None:
-        rank, element_bytes = len(self.shape), _ELEMENT_BYTES.get(self.dtype)
-        if element_bytes is None:
+        if self.dtype not in _ENCODE_DTYPES:
             raise TypeError(f"TmaTile tensor: unsupported element type {self.dtype}")
+        rank, element_bytes = len(self.shape), self.described.element_bytes
         if not 1 <= rank <= 5:
             raise ValueError(f"TmaTile tensor: TMA copies tensors of rank 1 to 5, got shape {self.shape}")
         if self.strides[-1] != 1 and self.shape[-1] != 1:
@@ -199,7 +197,7 @@ def _register_with_dispatcher() -> None:
 def _encode(tile: TmaTile):
     from flydsl.compiler._native import native
 
-    element_bytes = _ELEMENT_BYTES[tile.dtype]
+    element_bytes = tile.described.element_bytes
     geometry = (tile.pointer, tile.shape, tile.strides, tile.dtype, tile.box, tile.swizzle, tile.l2_promotion)
     geometry += (tile.oob_nan,)
     found = _ENCODED.get(geometry)
@@ -255,7 +253,7 @@ class TmaDescriptor:
     def allocate(self, smem, stages: int = 1) -> Tensor:
         """Shared memory for ``stages`` boxes (a last mode of ``stages`` when more than one), aligned as TMA needs."""
         layout = self.smem_layout if stages == 1 else self.stages_layout(stages)
-        return smem.allocate(self.dtype, layout, alignment=max(self.smem_alignment, 128))
+        return smem.allocate(self.dtype, layout, alignment=self.smem_alignment)
 
     def prefetch(self) -> None:
         """Brings the descriptor into the cache ahead of the first copy (``prefetch.tensormap``)."""
@@ -265,11 +263,8 @@ class TmaDescriptor:
         coord = coord if isinstance(coord, (tuple, list)) else (coord,)
         if len(coord) != len(self.box):
             raise ValueError(f"TMA coordinate {coord}: expected {len(self.box)} (one per dimension of the tensor)")
-        values = []
-        for c in reversed(coord):  # TMA counts dimensions innermost first
-            number = as_numeric(c, Int32)
-            values.append(number.value if type(number) is Int32 else number.to(Int32).value)
-        return values
+        # TMA counts dimensions innermost first.
+        return [as_integer(c, Int32, "TMA coordinate").value for c in reversed(coord)]
 
     def _box_address(self, tile: Tensor, what: str) -> ir.Value:
         from flydsl.expr.nvvm import address
@@ -290,8 +285,8 @@ class TmaDescriptor:
         ``multicast_mask`` (an Int16 bit per CTA of the cluster) writes the box into every CTA named, at the same
         shared-memory offset, completing on each one's barrier at the same offset."""
         destination = _llvm.addrspacecast(ir.Type.parse("!llvm.ptr<7>"), self._box_address(tile, "TMA load tile"))
-        mask = None if multicast_mask is None else _cast(multicast_mask, Int16)
-        hint = None if cache_hint is None else _cast(cache_hint, Int64)
+        mask = None if multicast_mask is None else as_integer(multicast_mask, Int16, "multicast_mask").value
+        hint = None if cache_hint is None else as_integer(cache_hint, Int64, "cache_hint").value
         _nvvm.CpAsyncBulkTensorGlobalToSharedClusterOp(
             destination,
             self.pointer,
@@ -309,11 +304,6 @@ class TmaDescriptor:
         _nvvm.CpAsyncBulkTensorSharedCTAToGlobalOp(
             self.pointer, self._box_address(tile, "TMA store tile"), self._coordinates(coord)
         )
-
-
-def _cast(value, cls) -> ir.Value:
-    number = as_numeric(value, cls)
-    return number.value if type(number) is cls else number.to(cls).value
 
 
 def commit_group() -> None:
