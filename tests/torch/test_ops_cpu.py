@@ -324,6 +324,12 @@ def test_outputs_must_be_views():
 # --- gemm ------------------------------------------------------------------------------------------------------------
 
 
+def test_gemm_activations_are_the_kernels():
+    from flydsl.kernels.gemm import ACTIVATIONS
+
+    assert ops.GEMM_ACTIVATIONS == ACTIVATIONS  # a copy: registering the ops must not import the compiler
+
+
 def test_gemm_schemas():
     assert _schema("gemm") == "flydsl::gemm(Tensor a, Tensor b, Tensor? bias=None, str? activation=None) -> Tensor"
     assert _schema("gemm_out").endswith("Tensor? bias, str? activation, Tensor(a4!) out) -> ()")

@@ -434,12 +434,13 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
                 activation
             ](result)
         return out.copy_(result)
-    cfg = config or choose_config(m, n, _sm_count(a.get_device()))
+    sms = _sm_count(a.get_device())
+    cfg = config or choose_config(m, n, sms)
     a_tile, a_major = _operand_tile(a, 0, cfg.tile_m, cfg.tile_k, "a")
     # Each CTA of a cluster loads its part of the B tile.
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
     units = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n) * cfg.split_k
-    grid = min(units, _sm_count(a.get_device()) // cfg.cluster_m) * cfg.cluster_m
+    grid = min(units, sms // cfg.cluster_m) * cfg.cluster_m
     epilogue = (bias is not None, activation)
     bias_arg = bias if bias is not None else out  # unread without a bias
     majors = (a_major, b_major)
