@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Dispatcher.h"
+#include "DispatchRegistry.h"
 #include "LaunchArgs.h"
 
 #include <nanobind/stl/string.h>
@@ -34,62 +35,6 @@ using fly::runtime::CUstream;
 using fly::runtime::Function;
 
 namespace {
-
-/// What the Python path registers on first sight; strong references kept for
-/// the process (types and dtype objects), so pointer identity is stable.
-struct DispatchRegistry {
-  std::vector<PyObject *> elementNames; // "f32", ...: index = the key's code
-  struct Dtype {
-    PyObject *object;
-    uint8_t element; // index in elementNames
-    uint8_t bytes;
-  };
-  std::vector<Dtype> dtypes;
-  std::vector<PyTypeObject *> tensorTypes;
-  PyObject *streamGetter = nullptr; // torch._C._cuda_getCurrentRawStream(device) -> int
-  PyObject *isCuda = PyUnicode_InternFromString("is_cuda");
-  PyObject *dtype = PyUnicode_InternFromString("dtype");
-  PyObject *dataPtr = PyUnicode_InternFromString("data_ptr");
-  PyObject *shape = PyUnicode_InternFromString("shape");
-  PyObject *stride = PyUnicode_InternFromString("stride");
-  PyObject *getDevice = PyUnicode_InternFromString("get_device");
-  PyObject *cudaStream = PyUnicode_InternFromString("cuda_stream");
-  PyObject *constexprTag = PyUnicode_InternFromString("constexpr");
-  PyTypeObject *tmaTileType = nullptr; // flydsl.expr.tma.TmaTile
-  PyObject *tmaKey = PyUnicode_InternFromString("_key");
-  PyObject *tensorMap = PyUnicode_InternFromString("tensor_map");
-  PyObject *source = PyUnicode_InternFromString("source");
-};
-
-DispatchRegistry &registry() {
-  static auto *r = new DispatchRegistry; // never destroyed: outlives the interpreter's objects
-  return *r;
-}
-
-constexpr size_t kMaxElementNames = 250;
-constexpr size_t kMaxDtypes = 64;
-constexpr size_t kMaxTensorTypes = 32;
-constexpr size_t kMaxRank = 16;
-constexpr size_t kMaxLaunchValues = 256;
-constexpr size_t kMaxKeyBytes = 512;
-constexpr size_t kMaxConstexprs = 32;
-constexpr size_t kMaxEntries = 256;
-constexpr size_t kMaxTensorMaps = 8;
-
-/// The index of element type `name` (a str), registered if new; -1 if full.
-int elementIndex(PyObject *name) {
-  auto &names = registry().elementNames;
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name || PyUnicode_Compare(names[i], name) == 0)
-      return int(i);
-  if (PyErr_Occurred())
-    raisePending();
-  if (names.size() >= kMaxElementNames)
-    return -1;
-  Py_INCREF(name);
-  names.push_back(name);
-  return int(names.size() - 1);
-}
 
 struct LaunchValue {
   enum Tag : uint8_t { Int, UInt, Float, Object } tag;
@@ -724,66 +669,10 @@ private:
   size_t last_ = 0;
 };
 
-void registerTensorType(nb::handle type) {
-  if (!PyType_Check(type.ptr()))
-    throw nb::type_error("expected a type");
-  auto &types = registry().tensorTypes;
-  auto *t = reinterpret_cast<PyTypeObject *>(type.ptr());
-  for (PyTypeObject *known : types)
-    if (known == t)
-      return;
-  if (types.size() >= kMaxTensorTypes)
-    return;
-  Py_INCREF(t);
-  types.push_back(t);
-}
-
-void registerDtype(nb::handle dtype, nb::handle name, int bytes) {
-  if (!PyUnicode_Check(name.ptr()))
-    throw nb::type_error("name: expected a str");
-  if (bytes < 1 || bytes > 255)
-    throw std::invalid_argument("bytes: expected 1 to 255");
-  auto &reg = registry();
-  for (const auto &entry : reg.dtypes)
-    if (entry.object == dtype.ptr())
-      return;
-  int element = elementIndex(name.ptr());
-  if (element < 0 || reg.dtypes.size() >= kMaxDtypes)
-    return;
-  Py_INCREF(dtype.ptr());
-  reg.dtypes.push_back({dtype.ptr(), uint8_t(element), uint8_t(bytes)});
-}
-
-void registerTmaTileType(nb::handle type) {
-  if (!PyType_Check(type.ptr()))
-    throw nb::type_error("expected a type");
-  auto &reg = registry();
-  if (reg.tmaTileType)
-    return;
-  Py_INCREF(type.ptr());
-  reg.tmaTileType = reinterpret_cast<PyTypeObject *>(type.ptr());
-}
-
-void registerStreamGetter(nb::handle getter) {
-  auto &reg = registry();
-  Py_XINCREF(getter.ptr());
-  Py_XDECREF(reg.streamGetter);
-  reg.streamGetter = getter.is_none() ? nullptr : getter.ptr();
-}
-
 } // namespace
 
 void fly::python::bindDispatcher(nb::module_ &rt) {
-  rt.def("_register_tensor_type", &registerTensorType, "type"_a,
-         "Dispatcher: instances of this type are torch tensors (is_cuda, dtype, data_ptr(), "
-         "shape, stride(), get_device()).");
-  rt.def("_register_dtype", &registerDtype, "dtype"_a, "name"_a, "bytes"_a,
-         "Dispatcher: a torch dtype object's element type name and size.");
-  rt.def("_register_tma_tile_type", &registerTmaTileType, "type"_a,
-         "Dispatcher: instances of this type are TmaTile arguments (_key, tensor_map, shape, "
-         "source).");
-  rt.def("_register_stream_getter", &registerStreamGetter, "getter"_a.none(),
-         "Dispatcher: getter(device) -> the raw handle of the device's current torch stream.");
+  bindDispatchRegistry(rt);
   nb::class_<Dispatcher>(
       rt, "Dispatcher",
       "The launch path of one @flyc.kernel in one call: reads torch tensors and numbers, "

@@ -1,0 +1,70 @@
+//===- DispatchRegistry.h - What the launch path knows of Python types ----===//
+//
+// The registry behind runtime.Dispatcher: torch tensor types and dtypes, the
+// TmaTile type and the torch stream getter, registered by kernel.py on first
+// sight (strong references kept for the process, so pointer identity is
+// stable), plus the interned attribute names the dispatcher reads. Nanobind
+// side only (RTTI and exceptions on).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FLY_PYTHON_DISPATCHREGISTRY_H
+#define FLY_PYTHON_DISPATCHREGISTRY_H
+
+#include <nanobind/nanobind.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace fly::python {
+
+inline constexpr size_t kMaxElementNames = 250;
+inline constexpr size_t kMaxDtypes = 64;
+inline constexpr size_t kMaxTensorTypes = 32;
+inline constexpr size_t kMaxRank = 16;
+inline constexpr size_t kMaxLaunchValues = 256;
+inline constexpr size_t kMaxKeyBytes = 512;
+inline constexpr size_t kMaxConstexprs = 32;
+inline constexpr size_t kMaxEntries = 256;
+inline constexpr size_t kMaxTensorMaps = 8;
+
+/// What the Python path registers on first sight; strong references kept for
+/// the process (types and dtype objects), so pointer identity is stable.
+struct DispatchRegistry {
+  std::vector<PyObject *> elementNames; // "f32", ...: index = the key's code
+  struct Dtype {
+    PyObject *object;
+    uint8_t element; // index in elementNames
+    uint8_t bytes;
+  };
+  std::vector<Dtype> dtypes;
+  std::vector<PyTypeObject *> tensorTypes;
+  PyObject *streamGetter = nullptr; // torch._C._cuda_getCurrentRawStream(device) -> int
+  PyObject *isCuda = PyUnicode_InternFromString("is_cuda");
+  PyObject *dtype = PyUnicode_InternFromString("dtype");
+  PyObject *dataPtr = PyUnicode_InternFromString("data_ptr");
+  PyObject *shape = PyUnicode_InternFromString("shape");
+  PyObject *stride = PyUnicode_InternFromString("stride");
+  PyObject *getDevice = PyUnicode_InternFromString("get_device");
+  PyObject *cudaStream = PyUnicode_InternFromString("cuda_stream");
+  PyObject *constexprTag = PyUnicode_InternFromString("constexpr");
+  PyTypeObject *tmaTileType = nullptr; // flydsl.expr.tma.TmaTile
+  PyObject *tmaKey = PyUnicode_InternFromString("_key");
+  PyObject *tensorMap = PyUnicode_InternFromString("tensor_map");
+  PyObject *source = PyUnicode_InternFromString("source");
+};
+
+/// The process-wide registry (never destroyed: it outlives the interpreter's
+/// objects).
+DispatchRegistry &registry();
+
+/// The index of element type `name` (a str), registered if new; -1 if full.
+int elementIndex(PyObject *name);
+
+/// Adds the _register_* functions to the `runtime` submodule `rt`.
+void bindDispatchRegistry(nanobind::module_ &rt);
+
+} // namespace fly::python
+
+#endif // FLY_PYTHON_DISPATCHREGISTRY_H
