@@ -547,11 +547,9 @@ def set_kernel_attributes(threads=None, max_registers=None, min_blocks_per_sm=No
     """``@kernel(...)``'s attributes decided while tracing, from values the kernel only knows then (e.g. a block size
     computed from a Constexpr configuration): called from the kernel body, it sets them on the kernel being traced.
     Launches are not checked against them (the driver refuses a contradicting launch)."""
-    from mlir import ir as _ir
-
     checked = KernelAttributes(threads, max_registers, min_blocks_per_sm, cluster)
     try:
-        operation = _ir.InsertionPoint.current.block.owner.operation
+        operation = ir.InsertionPoint.current.block.owner.operation
     except (RuntimeError, ValueError):
         raise RuntimeError("set_kernel_attributes: call it from a kernel body while it is traced") from None
     attributes = checked.mlir_attributes()

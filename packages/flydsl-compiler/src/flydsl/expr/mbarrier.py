@@ -21,6 +21,7 @@ from mlir.dialects import nvvm as _nvvm
 
 import flydsl.layout as _fl
 from flydsl.expr.numeric import Int32, Int64, as_integer
+from flydsl.expr.nvvm import address
 from flydsl.expr.tensor import Tensor
 
 __all__ = ["Mbarrier", "MbarrierArray", "allocate", "fence_init"]
@@ -83,8 +84,6 @@ class MbarrierArray:
         self.count = _fl.size(tensor.layout)
 
     def __getitem__(self, index) -> Mbarrier:
-        from flydsl.expr.nvvm import address
-
         return Mbarrier(address(self.tensor, index))
 
     def __len__(self) -> int:

@@ -36,6 +36,7 @@ from mlir.dialects import nvvm as _nvvm
 
 import flydsl.layout as _fl
 from flydsl.expr.numeric import Int16, Int32, Int64, Numeric, as_integer
+from flydsl.expr.nvvm import address
 from flydsl.expr.tensor import Tensor
 
 __all__ = ["TmaTile", "TmaDescriptor", "swizzle_layout", "commit_group", "wait_group"]
@@ -267,8 +268,6 @@ class TmaDescriptor:
         return [as_integer(c, Int32, "TMA coordinate").value for c in reversed(coord)]
 
     def _box_address(self, tile: Tensor, what: str) -> ir.Value:
-        from flydsl.expr.nvvm import address
-
         if not isinstance(tile, Tensor) or tile.space != "shared":
             raise TypeError(f"{what}: expected a shared-memory fx.Tensor, got {tile!r}")
         if tile.dtype is not self.dtype:
