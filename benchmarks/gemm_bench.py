@@ -74,7 +74,10 @@ def run_case(torch, do_bench, m, n, k, repeats, weights_nk, config=None):
 
 
 def _describe(config) -> str:
-    return f"tile_n={config.tile_n} cluster_m={config.cluster_m} split_k={config.split_k}"
+    return (
+        f"tile={config.tile_m}x{config.tile_n} stages={config.stages} cluster_m={config.cluster_m}"
+        f" split_k={config.split_k}"
+    )
 
 
 def main(argv=None) -> int:
@@ -88,6 +91,11 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--split-k", type=int, nargs="*", help="also time the sweep's shapes with M <= 512 with these split_k values"
     )
+    parser.add_argument(
+        "--explore",
+        action="store_true",
+        help="time every flydsl.kernels.gemm.candidate_configs entry of the sweep's shapes (to tune choose_config)",
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
@@ -95,7 +103,7 @@ def main(argv=None) -> int:
     import torch
     from triton.testing import do_bench
 
-    from flydsl.kernels.gemm import GemmConfig
+    from flydsl.kernels.gemm import GemmConfig, candidate_configs
 
     cases = [(m, n, k, False, None) for m, n, k in SQUARE]
     for cluster_m in args.cluster_m or ():
@@ -109,6 +117,12 @@ def main(argv=None) -> int:
                 if m <= 512
                 for n, k in SWEEP_NK
             ]
+    if args.explore:
+        cases = []
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for m in args.m or SWEEP_M:
+            for n, k in SWEEP_NK:
+                cases += [(m, n, k, True, cfg) for cfg in candidate_configs(m, n, k, sms)]
     results = []
     print(f"{'M':>6} {'N':>6} {'K':>6}  {'flydsl TF/s':>11} {'cuBLAS TF/s':>11} {'ratio':>6}  {'err':>8}  config")
     for m, n, k, weights, config in cases:
@@ -119,7 +133,7 @@ def main(argv=None) -> int:
             f"  {r['rel_error_vs_cublas']:>8.1e}  {'' if config is None else _describe(config)}",
             flush=True,
         )
-    default = [r for r in results if r["config"] == "default"]
+    default = [r for r in results if r["config"] == "default"] or results
     ratios = [r["ratio"] for r in default]
     big = [r["ratio"] for r in default if r["m"] >= 2048]
     summary = {

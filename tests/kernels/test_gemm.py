@@ -10,7 +10,15 @@ import pytest
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.kernels.gemm import GemmConfig, choose_config, gemm, gemm_ws, split_k_reduce
+from flydsl.kernels.gemm import (
+    GemmConfig,
+    candidate_configs,
+    choose_config,
+    gemm,
+    gemm_ws,
+    max_stages,
+    split_k_reduce,
+)
 
 CFG = GemmConfig()
 NONE = (False, None)  # the epilogue: no bias, no activation
@@ -77,12 +85,32 @@ def test_the_narrow_tile_is_chosen_where_wide_tiles_leave_sms_idle():
     assert choose_config(2048, 1536, 132).tile_n == 256  # narrow tiles fill no better
 
 
-@pytest.mark.parametrize("tile_n", [128])
-def test_narrow_tile_compiles(tile_n):
-    cfg = GemmConfig(tile_n=tile_n)
+@pytest.mark.parametrize(
+    "tile_m,tile_n,consumers,cluster_m", [(128, 128, 2, 1), (128, 128, 2, 2), (128, 64, 2, 1), (64, 256, 1, 1)]
+)
+def test_tile_shapes_compile(tile_m, tile_n, consumers, cluster_m):
+    stages = max_stages(tile_m, tile_n)
+    cfg = GemmConfig(tile_m=tile_m, tile_n=tile_n, stages=stages, consumers=consumers, cluster_m=cluster_m)
     spec = flyc.TensorSpec((512, 512), "bf16")
-    ptx = gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (64, 64)), spec, spec, cfg, ("K", "K"), NONE).ptx
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k16") == cfg.tile_k // 16
+    a_tile, b_tile = fx.TmaTile(spec, (tile_m, 64)), fx.TmaTile(spec, (tile_n // cluster_m, 64))
+    compiled = gemm_ws.lower(a_tile, b_tile, spec, spec, cfg, ("K", "K"), NONE)
+    wgmmas = compiled.ptx.count(f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16")
+    assert wgmmas and wgmmas % (cfg.tile_k // 16) == 0  # LLVM may duplicate the K step's body (a short one)
+    assert f".reqntid {cfg.threads}, 1, 1" in compiled.ptx
+    assert cfg.stages * cfg.stage_bytes() <= compiled.shared_bytes["gemm_ws"] <= 227 * 1024
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_candidate_configs_fit_the_problem():
+    for m, n, k in [(64, 4096, 4096), (128, 1536, 7168), (512, 8192, 8192), (8192, 8192, 8192)]:
+        configs = candidate_configs(m, n, k, 132)
+        assert configs and len(set(configs)) == len(configs)
+        for cfg in configs:
+            assert cfg.tile_m == 128 or m <= 64  # 64-row tiles only for problems that small
+            assert cfg.cluster_m == 1 or m > cfg.tile_m  # a cluster shares B between two tile rows
+            tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
+            assert cfg.split_k == 1 or tiles < 132  # K is split only when the tiles leave SMs idle
+            assert cfg.stages == max_stages(cfg.tile_m, cfg.tile_n) >= 4
 
 
 def _operand(torch, rows, cols, dtype, major):
@@ -116,13 +144,26 @@ def test_gemm_on_gpu(m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("a_major,b_major", [("K", "K"), ("MN", "MN")])
-def test_gemm_narrow_tiles_on_gpu(a_major, b_major):
+@pytest.mark.parametrize(
+    "tile_m,tile_n,cluster_m,split_k",
+    [(128, 128, 1, 1), (128, 128, 2, 1), (128, 64, 1, 3), (64, 256, 1, 1), (64, 64, 1, 2)],
+)
+def test_gemm_tile_shapes_on_gpu(a_major, b_major, tile_m, tile_n, cluster_m, split_k):
+    """Every tile shape candidate_configs offers, with the deepest pipeline, on tails in M, N and K."""
     torch = pytest.importorskip("torch")
-    m, n, k = 520, 392, 264
+    m, n, k = 520 if tile_m == 128 else 56, 392, 264
+    cfg = GemmConfig(
+        tile_m=tile_m,
+        tile_n=tile_n,
+        stages=max_stages(tile_m, tile_n),
+        consumers=tile_m // 64,
+        cluster_m=cluster_m,
+        split_k=split_k,
+    )
     a = _operand(torch, m, k, torch.bfloat16, a_major)
     b = _operand(torch, k, n, torch.bfloat16, "MN" if b_major == "K" else "K")
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    gemm(a, b, out, GemmConfig(tile_n=128))
+    gemm(a, b, out, cfg)
     torch.cuda.synchronize()
     _check(torch, a, b, out)
 

@@ -27,7 +27,16 @@ import flydsl.layout as fl
 from flydsl.compiler.args import torch_dtype_name
 from flydsl.expr import arith, gpu, nvvm, vector, wgmma
 
-__all__ = ["ACTIVATIONS", "GemmConfig", "choose_config", "gemm", "gemm_ws", "split_k_reduce"]
+__all__ = [
+    "ACTIVATIONS",
+    "GemmConfig",
+    "candidate_configs",
+    "choose_config",
+    "max_stages",
+    "gemm",
+    "gemm_ws",
+    "split_k_reduce",
+]
 
 _SWIZZLE = 128  # bytes: the widest swizzle; a TMA box row holds 128 bytes (64 bf16) at most
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
@@ -371,6 +380,41 @@ def _sm_count(device: int) -> int:
 
 
 _NARROW_TILE_COST = 0.9  # a 128x128 tile moves 25% more operand bytes per flop than a 128x256 one
+_SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA
+
+
+def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2) -> int:
+    """The deepest pipeline whose slots fit in shared memory (1 KB kept for barriers and alignment), at most 8."""
+    return min(8, (_SMEM_BYTES - 1024) // ((tile_m + tile_n) * tile_k * element_bytes))
+
+
+def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
+    """The configurations worth timing for an (m, n, k) problem: tile widths 64..256, 64-row tiles (one consumer)
+    when M is that small, clusters only where there are two tile rows to share B, and splits of K only where the
+    tiles alone leave SMs idle. Each with the deepest pipeline that fits."""
+    configs = []
+    for tile_m, consumers in ((128, 2), (64, 1)):
+        if tile_m == 64 and m > 64:
+            continue
+        for tile_n in (256, 128, 64):
+            tiles = -(-m // tile_m) * -(-n // tile_n)
+            for cluster_m in (1, 2):
+                if cluster_m == 2 and (-(-m // tile_m) < 2 or tile_n < 128):
+                    continue
+                for split_k in (1, 2, 3, 4, 6, 8):
+                    if split_k > 1 and (tiles * split_k > 2 * sms or tiles >= sms or k < split_k * 512):
+                        continue
+                    configs.append(
+                        GemmConfig(
+                            tile_m=tile_m,
+                            tile_n=tile_n,
+                            stages=max_stages(tile_m, tile_n),
+                            consumers=consumers,
+                            cluster_m=cluster_m,
+                            split_k=split_k,
+                        )
+                    )
+    return configs
 
 
 @functools.cache
