@@ -14,6 +14,7 @@ from flydsl.kernels.gemm import (
     GemmConfig,
     candidate_configs,
     choose_config,
+    estimated_seconds,
     gemm,
     gemm_ws,
     max_stages,
@@ -79,10 +80,22 @@ def test_gemm_config_and_boxes_are_checked():
         gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, spec, CFG, ("K", "K"), NONE)
 
 
-def test_the_narrow_tile_is_chosen_where_wide_tiles_leave_sms_idle():
-    assert choose_config(8192, 8192, 132).tile_n == 256  # 256 wide tiles: full waves either way
-    assert choose_config(512, 4096, 132).tile_n == 128  # 32 clusters of wide tiles for 66 cluster slots
-    assert choose_config(2048, 1536, 132).tile_n == 256  # narrow tiles fill no better
+def test_choose_config_fills_the_sms():
+    big = choose_config(8192, 8192, 8192, 132)
+    assert (big.tile_m, big.tile_n, big.cluster_m, big.split_k) == (128, 256, 2, 1)  # full waves of wide tiles
+    assert choose_config(512, 4096, 4096, 132).tile_n == 128  # 32 clusters of wide tiles for 66 cluster slots
+    small = choose_config(64, 4096, 4096, 132)
+    assert (small.tile_m, small.consumers, small.cluster_m) == (64, 1, 1)  # no 128-row tile for 64 rows
+    few = choose_config(128, 1536, 7168, 132)
+    assert few.cluster_m == 1 and few.split_k > 1  # one tile row: no cluster; few tiles: K split over SMs
+    for m, n, k in [(1, 4096, 4096), (128, 28672, 8192), (2048, 1536, 7168), (8192, 4096, 14336)]:
+        cfg = choose_config(m, n, k, 132)
+        assert cfg in candidate_configs(m, n, k, 132)
+        assert estimated_seconds(m, n, k, cfg, 132) == min(
+            estimated_seconds(m, n, k, other, 132)
+            for other in candidate_configs(m, n, k, 132)
+            if other.tile_m == cfg.tile_m and other.cluster_m == cfg.cluster_m
+        )
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ __all__ = [
     "GemmConfig",
     "candidate_configs",
     "choose_config",
+    "estimated_seconds",
     "max_stages",
     "gemm",
     "gemm_ws",
@@ -379,7 +380,6 @@ def _sm_count(device: int) -> int:
     return count
 
 
-_NARROW_TILE_COST = 0.9  # a 128x128 tile moves 25% more operand bytes per flop than a 128x256 one
 _SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA
 
 
@@ -417,20 +417,52 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
     return configs
 
 
+# The cost model choose_config ranks candidates by, fitted on the H200 to the timings of every candidate of issue 8's
+# shapes with M in {64, 128, 512, 2048} (benchmarks/results/gemm_explore_2026-11-30.json: its picks are within 2% of
+# the fastest candidate on 39 of the 40 shapes). A work unit (a tile, or one K part of it) costs the longer of its
+# tensor-core time and its operand bytes at one SM's load rate, plus a fixed cost; a wave of units costs at least
+# the wave's share of the problem's unique bytes at HBM speed; split K adds its fp32 partials' round trip and the
+# reduction's launch.
+_SM_TFLOPS = 990.0 / 132  # dense bf16 peak per SM (TFLOP/s), at the efficiency below for 128x256 tiles
+_MMA_EFFICIENCY = {256: 0.8, 128: 0.72, 64: 0.56}  # by tile width; 64-row tiles (one consumer) reach 0.6 of it
+_SM_LOAD_BYTES_PER_S = 100e9
+_HBM_BYTES_PER_S = 3.6e12
+_UNIT_COST_S = 2e-6
+_SPLIT_K_REDUCE_S = 8e-6
+
+
+def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> float:
+    """The cost model's time for ``cfg`` on an (m, n, k) bf16/fp16 problem on ``sms`` SMs (see the comment above)."""
+    tiles_m = -(-m // cfg.tile_m)
+    units = tiles_m * -(-n // cfg.tile_n) * cfg.split_k
+    k_part = -(-k // cfg.tile_k) * cfg.tile_k / cfg.split_k
+    efficiency = _MMA_EFFICIENCY[min(cfg.tile_n, 256)] * (1.0 if cfg.consumers == 2 else 0.6)
+    compute = 2.0 * cfg.tile_m * cfg.tile_n * k_part / (_SM_TFLOPS * 1e12 * efficiency)
+    loads = (min(cfg.tile_m, m) + cfg.tile_n) * k_part * 2 / _SM_LOAD_BYTES_PER_S
+    unit = max(compute, loads) + _UNIT_COST_S
+    unique_bytes = 2.0 * (m * k + n * k + m * n)
+    slots = sms // cfg.cluster_m * cfg.cluster_m
+    seconds, left = 0.0, units
+    while left > 0:
+        wave = min(left, slots)
+        seconds += max(unit, unique_bytes * wave / units / _HBM_BYTES_PER_S)
+        left -= wave
+    if cfg.split_k > 1:
+        seconds += 2.0 * cfg.split_k * m * n * 4 / _HBM_BYTES_PER_S + _SPLIT_K_REDUCE_S
+    return seconds
+
+
 @functools.cache
-def choose_config(m: int, n: int, sms: int) -> GemmConfig:
-    """The tile for an (m, n) output on ``sms`` SMs: 128x256 unless 128x128 tiles fill the waves of CTAs enough
-    better to pay for their extra operand traffic (e.g. 512 x 4096: 64 wide tiles leave half the SMs idle)."""
-    best, best_score = None, -1.0
-    for tile_n in (256, 128):
-        cfg = GemmConfig(tile_n=tile_n)
-        units = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // tile_n)  # clusters of work
-        slots = sms // cfg.cluster_m
-        filled = units / (-(-units // slots) * slots)
-        score = filled * (1.0 if tile_n == 256 else _NARROW_TILE_COST)
-        if score > best_score:
-            best, best_score = cfg, score
-    return best
+def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
+    """The configuration for an (m, n, k) problem on ``sms`` SMs: 64-row tiles (one consumer warpgroup) when M <= 64,
+    2-CTA clusters whenever there are two tile rows to share B, and among the rest of :func:`candidate_configs`
+    (tile width, split of K) the one :func:`estimated_seconds` ranks fastest."""
+    configs = [
+        cfg
+        for cfg in candidate_configs(m, n, k, sms)
+        if (cfg.tile_m == 64) == (m <= 64) and (cfg.cluster_m == 2 or -(-m // cfg.tile_m) < 2 or cfg.tile_n < 128)
+    ]
+    return min(configs, key=lambda cfg: estimated_seconds(m, n, k, cfg, sms))
 
 
 def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None):
@@ -479,7 +511,7 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
             ](result)
         return out.copy_(result)
     sms = _sm_count(a.get_device())
-    cfg = config or choose_config(m, n, sms)
+    cfg = config or choose_config(m, n, k, sms)
     a_tile, a_major = _operand_tile(a, 0, cfg.tile_m, cfg.tile_k, "a")
     # Each CTA of a cluster loads its part of the B tile.
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
