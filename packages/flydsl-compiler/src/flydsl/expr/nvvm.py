@@ -34,6 +34,7 @@ __all__ = [
     "cp_async",
     "cp_async_commit_group",
     "cp_async_wait_group",
+    "ld_global_nc",
     "mma_sync",
     "address",
     "fence_proxy_async",
@@ -354,6 +355,43 @@ def mma_sync(a, b, c, dtype=BFloat16) -> Vector:
 
     fields = _struct_fields(result, 4, Float32.mlir_type())
     return accumulator(_vector.from_elements(accumulator.mlir_type(), fields))
+
+
+# --- cache-hinted loads -----------------------------------------------------------------------------------------
+
+_L1_EVICTION = ("evict_normal", "evict_unchanged", "evict_first", "evict_last", "no_allocate")
+
+
+def ld_global_nc(where, coord=None, nbytes: int = 16, l1: str | None = None, prefetch: int | None = None) -> Vector:
+    """``ld.global.nc[.L1::{l1}][.L2::{prefetch}B].v{n}.b32``: ``nbytes`` (4, 8 or 16) bytes of read-only global
+    memory (aligned to ``nbytes``) through the non-coherent path, as an ``Int32`` vector (bit-cast it to the data's
+    type: ``.bitcast(fx.BFloat16)``). ``l1``: an L1 eviction priority (``"no_allocate"`` streams data read once past
+    L1; ``"evict_first"``, ``"evict_last"``...); ``prefetch``: an L2 prefetch size in bytes (64, 128 or 256).
+    The memory must not be written while the kernel runs (the load is free to be reordered or merged: inline PTX
+    without side effects). ``where``: an ``!llvm.ptr<1>`` or a global Tensor (``address(where, coord)``).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-ld-global-nc
+    """
+    if nbytes not in (4, 8, 16):
+        raise ValueError(f"ld_global_nc nbytes: expected 4, 8 or 16, got {nbytes}")
+    if l1 is not None and l1 not in _L1_EVICTION:
+        raise ValueError(f"ld_global_nc l1: expected one of {_L1_EVICTION} or None, got {l1!r}")
+    if prefetch not in (None, 64, 128, 256):
+        raise ValueError(f"ld_global_nc prefetch: expected 64, 128, 256 or None, got {prefetch!r}")
+    pointer = _pointer(where, coord, "global")
+    count = nbytes // 4
+    suffix = (f".L1::{l1}" if l1 else "") + (f".L2::{prefetch}B" if prefetch else "")
+    if count > 1:
+        text = f"ld.global.nc{suffix}.v{count}.b32 {{{', '.join(f'${i}' for i in range(count))}}}, [${count}];"
+    else:
+        text = f"ld.global.nc{suffix}.b32 $0, [$1];"
+    constraints = ",".join(["=r"] * count + ["l"])
+    result_type = _i32() if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join(['i32'] * count)})>")
+    loaded = _asm(result_type, [pointer], text, constraints)
+    cls = vector_class(Int32, count)
+    from mlir.dialects import vector as _vector
+
+    return cls(_vector.from_elements(cls.mlir_type(), _struct_fields(loaded, count, _i32())))
 
 
 # --- asynchronous copies ----------------------------------------------------------------------------------------

@@ -1,0 +1,295 @@
+"""Skinny GEMM: ``out = activation(a @ b + bias)`` for M <= 16 rows of activations, streaming the weights.
+
+At M <= 16 a GEMM is a read of the weights: ``N * K * 2`` bytes against ``2 * M * N * K`` flops. The kernel
+streams them from global memory straight into registers with 16-byte loads (no shared memory, no TMA) and feeds
+``mma.sync`` m16n8k16 with the activations as the 16-row operand (rows >= M are copies of row M - 1 whose results
+are never stored) and the weights as the 8-column operand.
+
+Fragments come from plain 16-byte loads: the K sum does not depend on its order, so K is permuted identically for
+both operands. Lane ``l`` (``t = l % 4``, ``q = l // 4``) loads ``w[n0 + q][k0 + 8t .. k0 + 8t + 7]`` and
+``a[q][k0 + 8t ..]`` (and ``a[q + 8][..]`` when M > 8): the words 0, 1 of each load are its fragment registers of
+a first k16 MMA, the words 2, 3 those of a second, so 4 lanes x 8 elements cover 32 values of K per load.
+
+Work: a CTA owns ``8 * groups`` weight rows (``groups`` n8 MMA tiles sharing the A fragments) and a range of K;
+its ``warps`` warps take turns along K (each ``unroll`` loads of 32 K values per row and step, all issued before
+the MMAs) and sum their fp32 accumulators through shared memory. With ``splits`` > 1 the K range is cut over that
+many CTAs, which write fp32 partials that :func:`flydsl.kernels.gemm.split_k_reduce` sums through the epilogue
+(for shapes with too few weight rows to fill the GPU otherwise).
+
+Weights are read with ``ld.global.nc.L1::no_allocate`` (read once: they should not evict the activations from L1);
+activations with ``ld.global.nc`` (re-read by every CTA, mostly from L1/L2). 16-byte loads need K a multiple of 8
+and 16-byte aligned rows; otherwise the kernel reads elements one by one (correct, slower).
+
+    from flydsl.kernels.skinny_gemm import skinny_gemm
+    y = skinny_gemm(x, w.t())          # x (M <= 16, K), w (N, K) nn.Linear weights: y = x @ w.T
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+import flydsl.layout as fl
+from flydsl.expr import arith, gpu, nvvm, vector
+from flydsl.expr.vector import Vector
+from flydsl.kernels.gemm import ACTIVATIONS, _finish, _sm_count, split_k_reduce
+
+__all__ = ["MAX_M", "SkinnyConfig", "choose_skinny_config", "skinny_gemm", "skinny_gemm_kernel"]
+
+MAX_M = 16  # rows of one m16n8k16 MMA
+_ACC = Vector.of(fx.Float32, 4)
+_WORDS = Vector.of(fx.Int32, 4)
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """``groups`` n8 tiles (8 weight rows each) per CTA, ``warps`` warps splitting K inside the CTA, ``unroll``
+    16-byte loads per weight row per warp and step (32 K values each), ``splits`` CTAs splitting K."""
+
+    groups: int = 4
+    warps: int = 8
+    unroll: int = 2
+    splits: int = 1
+    prefetch: int | None = None  # L2 prefetch size (bytes) of the weight loads, or None
+    pipelined: bool = False  # registers for two steps: the next step's loads are in flight during the MMAs
+
+    def __post_init__(self):
+        if self.groups not in (1, 2, 4, 8) or self.warps not in (1, 2, 4, 8, 16) or self.unroll not in (1, 2, 4, 8):
+            raise ValueError(f"{self}: groups 1/2/4/8, warps 1/2/4/8/16 and unroll 1/2/4/8")
+        if not isinstance(self.splits, int) or not 1 <= self.splits <= 64:
+            raise ValueError(f"{self}: splits must be an int in 1..64")
+        if self.prefetch not in (None, 64, 128, 256):
+            raise ValueError(f"{self}: prefetch must be None, 64, 128 or 256")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def rows(self) -> int:
+        """Weight rows (output columns) per CTA."""
+        return 8 * self.groups
+
+    @property
+    def step(self) -> int:
+        """K values a CTA consumes per step (all its warps)."""
+        return 32 * self.unroll * self.warps
+
+
+def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None):
+    """This lane's 8 elements ``t[row, k .. k + 7]`` as 4 words; zeros where ``k + j >= k_extent`` when ``masked``."""
+    if fx.const_expr(vec):
+        if fx.const_expr(masked):  # chunks are whole (K % 8 == 0): in or out together; read row start when out
+            inside = k < k_extent
+            words = nvvm.ld_global_nc(t, (row, arith.select(inside, k, 0)), 16, l1=l1, prefetch=prefetch)
+            return arith.select(inside, words, _WORDS(0))
+        return nvvm.ld_global_nc(t, (row, k), 16, l1=l1, prefetch=prefetch)
+    elements = []
+    for j in fx.range_constexpr(8):  # unaligned rows: one element at a time, each masked
+        inside = k + j < k_extent
+        value = t[row, arith.select(inside, k + j, 0)]
+        elements.append(arith.select(inside, value, t.dtype(0.0)))
+    return vector.from_elements(vector.vector_class(t.dtype, 8), elements).bitcast(fx.Int32)
+
+
+def _loads(a, w, rows_w, row_a0, row_a1, kbase, k_extent, cfg, lane_t, vec: bool, masked: bool, two_halves):
+    """A warp's loads of one step: ``unroll`` chunks of 32 K values from ``kbase``, for each the ``groups`` weight
+    words, then the activation words (rows q and q + 8; zeros for the latter when M <= 8)."""
+    words = []
+    for u in fx.range_constexpr(cfg.unroll):
+        k = kbase + 32 * u + 8 * lane_t
+        for g in fx.range_constexpr(cfg.groups):
+            words.append(_load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch))
+        words.append(_load_words(a, row_a0, k, k_extent, vec, masked, None))
+        words.append(_load_words(a, row_a1, k, k_extent, vec, masked, None) if two_halves else _WORDS(0))
+    return words
+
+
+def _mmas(words, accs, cfg, dtype):
+    """The MMAs of one step's words (from :func:`_loads`): two k16 MMAs per chunk and group."""
+    accs = list(accs)
+    per_chunk = cfg.groups + 2
+    for u in fx.range_constexpr(cfg.unroll):
+        low, high = words[u * per_chunk + cfg.groups], words[u * per_chunk + cfg.groups + 1]
+        for s in fx.range_constexpr(2):  # words 2s, 2s+1 of every load: one k16 MMA
+            frag_a = vector.from_elements(_WORDS, [low[2 * s], high[2 * s], low[2 * s + 1], high[2 * s + 1]])
+            for g in fx.range_constexpr(cfg.groups):
+                b_words = words[u * per_chunk + g]
+                frag_b = vector.from_elements(Vector.of(fx.Int32, 2), [b_words[2 * s], b_words[2 * s + 1]])
+                accs[g] = nvvm.mma_sync(frag_a, frag_b, accs[g], dtype=dtype)
+    return accs
+
+
+@flyc.kernel
+def skinny_gemm_kernel(
+    a: fx.Tensor, w: fx.Tensor, c: fx.Tensor, bias: fx.Tensor, cfg: fx.Constexpr, spec: fx.Constexpr
+):
+    """``c = epilogue(a @ w^T)`` for a (M <= 16, K) and w (N, K), both K-contiguous. ``spec``: ``(vec, has_bias,
+    activation, two_halves)``; ``vec``: rows are 16-byte aligned and K % 8 == 0; ``two_halves``: M > 8 (rows 8..15
+    of the MMA are loaded, else zeros). With ``cfg.splits`` > 1, ``c`` is the
+    (splits * M, N) fp32 partials (no epilogue: ``bias`` unread)."""
+    vec, has_bias, activation, two_halves = spec
+    flyc.set_kernel_attributes(threads=cfg.threads)
+    tid = gpu.thread_idx.x
+    warp, lane = tid // 32, tid % 32
+    lane_t, lane_q = lane % 4, lane // 4
+    m_extent = a.shape[0].to(fx.Int32)
+    n_extent = w.shape[0].to(fx.Int32)
+    k_extent = a.shape[1].to(fx.Int32)
+    n0 = gpu.block_idx.x * cfg.rows
+    # Rows past N read row N - 1 and rows past M row M - 1: their results land in columns / rows never stored.
+    rows_w = [arith.minimum(n0 + 8 * g + lane_q, n_extent - 1) for g in range(cfg.groups)]
+    row_a0 = arith.minimum(lane_q, m_extent - 1)
+    row_a1 = arith.minimum(lane_q + 8, m_extent - 1)
+
+    steps = (k_extent + (cfg.step - 1)) // cfg.step
+    full = k_extent // cfg.step  # steps with no K tail
+    if fx.const_expr(cfg.splits == 1):
+        begin, end = fx.Int32(0), steps
+    else:
+        per_split = (steps + (cfg.splits - 1)) // cfg.splits
+        begin = arith.minimum(gpu.block_idx.y * per_split, steps)
+        end = arith.minimum(begin + per_split, steps)
+    full_end = arith.maximum(arith.minimum(end, full), begin)  # an empty split (begin == end) has no tail step
+    accs = [_ACC(0.0)] * cfg.groups
+    warp_k = warp * (32 * cfg.unroll)
+    operands = (a, w, rows_w, row_a0, row_a1)
+    if fx.const_expr(cfg.pipelined):  # the next step's loads are issued before this step's MMAs
+        if begin < full_end:
+            words = _loads(*operands, begin * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
+            for it in range(begin + 1, full_end):
+                upcoming = _loads(*operands, it * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
+                accs = _mmas(words, accs, cfg, a.dtype)
+                words = upcoming
+            accs = _mmas(words, accs, cfg, a.dtype)
+    else:
+        for it in range(begin, full_end):
+            words = _loads(*operands, it * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
+            accs = _mmas(words, accs, cfg, a.dtype)
+    if full_end < end:  # the step with the K tail (the last one)
+        words = _loads(*operands, full_end * cfg.step + warp_k, k_extent, cfg, lane_t, vec, True, two_halves)
+        accs = _mmas(words, accs, cfg, a.dtype)
+
+    # Sum the warps' accumulators: (warp, group, element, lane) in shared memory, lanes contiguous (no conflicts).
+    smem = fx.SmemAllocator()
+    partial = smem.allocate(fx.Float32, fl.Layout((cfg.warps, cfg.groups, 4, 32), (cfg.groups * 128, 128, 32, 1)))
+    for g in fx.range_constexpr(cfg.groups):
+        for e in fx.range_constexpr(4):
+            partial[warp, g, e, lane] = accs[g][e]
+    gpu.barrier()
+    # Thread i sums output elements i, i + threads, ... of the CTA's 16 x rows block (row-major over the block).
+    for rep in fx.range_constexpr(-(-16 * cfg.rows // cfg.threads)):
+        index = arith.minimum(tid + rep * cfg.threads, 16 * cfg.rows - 1)  # threads past the block repeat its end
+        row, col = index // cfg.rows, index % cfg.rows
+        g, within = col // 8, col % 8
+        source_lane = (row % 8) * 4 + within // 2
+        element = (row // 8) * 2 + within % 2
+        out_col = n0 + col
+        total = partial[0, g, element, source_lane]
+        for v in fx.range_constexpr(1, cfg.warps):
+            total = total + partial[v, g, element, source_lane]
+        if (tid + rep * cfg.threads < 16 * cfg.rows) & (row < m_extent) & (out_col < n_extent):
+            if fx.const_expr(cfg.splits == 1):
+                c[row, out_col] = _finish(total, bias if has_bias else None, out_col, activation).to(c.dtype)
+            else:
+                c[gpu.block_idx.y * m_extent + row, out_col] = total
+
+
+@functools.cache
+def choose_skinny_config(m: int, n: int, k: int, sms: int) -> SkinnyConfig:
+    """16 weight rows per CTA, 8 warps, 4 loads per row and step, double-buffered: measured best on the H200 for
+    M in {1, 16} over issue 8's shapes (even 1536 rows: 96 CTAs beat a split K, whose partials cost a second
+    launch). K is split over CTAs only when fewer than half the SMs would have a CTA."""
+    del m  # the same configuration serves M <= 8 (rows 8..15 not loaded) and M <= 16
+    cfg = SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True)
+    ctas = -(-n // cfg.rows)
+    splits = 1
+    while ctas * splits < sms // 2 and splits * 2 * cfg.step <= k and splits < 16:
+        splits *= 2
+    return SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True, splits=splits)
+
+
+def _vector_ready(t, k: int) -> bool:
+    """16-byte loads work: rows start 16-byte aligned."""
+    return t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 and k % 8 == 0
+
+
+def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None, activation: str | None = None):
+    """``out = activation(a @ b + bias)`` for M <= 16, as :func:`flydsl.kernels.gemm.gemm`: a (M, K) and b (K, N)
+    torch tensors on one GPU, bf16 or fp16 (both the same); ``b`` column-major (``w.t()`` of nn.Linear weights w
+    (N, K)); ``a`` row- or column-major (the latter copied: M x K is small); ``bias`` (N,) contiguous, in a's dtype
+    or float32; ``activation`` None, "relu", "gelu" (erf) or "silu", applied in float32; ``out`` (M, N) row-major
+    bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: default :func:`choose_skinny_config`."""
+    import torch
+
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"skinny_gemm {name}: expected a 2-D CUDA torch tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"skinny_gemm {name}: expected bfloat16 or float16, got {t.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"skinny_gemm: a and b must have one dtype, got {a.dtype} and {b.dtype}")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ValueError(f"skinny_gemm: a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dimensions differ")
+    if m > MAX_M:
+        raise ValueError(f"skinny_gemm a: expected at most {MAX_M} rows, got {m} (use flydsl.kernels.gemm.gemm)")
+    if b.stride(0) != 1 and not (n == 1 or k == 1):
+        raise ValueError(
+            f"skinny_gemm b: expected a column-major (K, N) matrix (b = w.t() of (N, K) row-major weights), got"
+            f" strides {tuple(b.stride())}; row-major b is not supported (use flydsl.kernels.gemm.gemm)"
+        )
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    elif out.shape != (m, n) or out.stride(-1) != 1 or out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(
+            f"skinny_gemm out: expected a row-major ({m}, {n}) bf16/fp16/fp32 tensor, got {tuple(out.shape)}"
+        )
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"skinny_gemm activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if bias is not None and (
+        not isinstance(bias, torch.Tensor)
+        or bias.device != a.device
+        or bias.shape != (n,)
+        or bias.stride(0) != 1
+        or bias.dtype not in (a.dtype, torch.float32)
+    ):
+        raise ValueError(
+            f"skinny_gemm bias: expected a contiguous ({n},) tensor of {a.dtype} or float32 on {a.device}, got"
+            f" {getattr(bias, 'dtype', type(bias).__name__)} {tuple(getattr(bias, 'shape', ()))}"
+        )
+    for name, t in (("a", a), ("b", b), ("out", out)):  # last, so that the checks above run on CPU tensors too
+        if not t.is_cuda or t.device != a.device:
+            raise ValueError(f"skinny_gemm {name}: expected a CUDA tensor on {a.device}, got one on {t.device}")
+    if m == 0 or n == 0:
+        return out
+    if k == 0:  # the epilogue of a zero product
+        zero = torch.zeros((m, n), dtype=torch.float32, device=a.device)
+        result = zero if bias is None else zero + bias.float()
+        if activation is not None:
+            result = {"relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[
+                activation
+            ](result)
+        return out.copy_(result)
+    if a.stride(1) != 1 and m > 1:
+        a = a.contiguous()  # column-major (or strided) activations: M x K elements, cheap to copy
+    w = b.t()  # (N, K), K contiguous
+    if w.stride(1) != 1:  # n == 1 or k == 1 with odd strides
+        w = w.contiguous()
+    cfg = config or choose_skinny_config(m, n, k, _sm_count(a.get_device()))
+    vec = _vector_ready(a, k) and _vector_ready(w, k)
+    spec = (vec, bias is not None, activation, m > 8)
+    grid = (-(-n // cfg.rows), cfg.splits)
+    if cfg.splits == 1:
+        bias_arg = bias if bias is not None else out  # unread without a bias
+        skinny_gemm_kernel(a, w, out, bias_arg, cfg, spec).launch(grid=grid, block=cfg.threads)
+        return out
+    partials = torch.empty((cfg.splits * m, n), dtype=torch.float32, device=a.device)
+    skinny_gemm_kernel(a, w, partials, partials, cfg, spec).launch(grid=grid, block=cfg.threads)
+    bias_arg = bias if bias is not None else out
+    split_k_reduce(partials, out, bias_arg, cfg.splits, (bias is not None, activation)).launch(
+        grid=-(-m * n // 256), block=256
+    )
+    return out

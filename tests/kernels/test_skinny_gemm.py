@@ -1,0 +1,216 @@
+"""flydsl.kernels.skinny_gemm: the weight-streaming GEMM for M <= 16. CPU: PTX with mma.sync and cache-hinted
+16-byte loads that assembles for sm_90a (aligned and unaligned K, split K); the configuration's checks. GPU
+(``gpu``): against a float64 reference on fresh random data with the output poisoned (NaN): M in {1, 3, 8, 16},
+odd N and K, bf16/fp16 inputs, fp32/bf16/fp16 outputs, bias and each activation, split K; argument errors raised
+before launch, each naming its argument.
+
+Tolerance: |ours - ref| <= atol + rtol * |ref| with rtol = 1e-2 and atol = 1e-2 * sqrt(K) * (scale of the
+terms) for fp32 outputs (the fp32 sums differ from the float64 reference by order sqrt(K) * 2^-24 * terms, and
+the inputs are exact in both); one output rounding (bf16: 2^-8, fp16: 2^-11 relative) on top for 16-bit outputs.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import flydsl.compiler as flyc
+from flydsl.kernels.skinny_gemm import SkinnyConfig, choose_skinny_config, skinny_gemm, skinny_gemm_kernel
+
+
+def _lower(m, n, k, cfg, spec, out="bf16", dtype="bf16"):
+    out_spec = flyc.TensorSpec((cfg.splits * m if cfg.splits > 1 else m, n), "f32" if cfg.splits > 1 else out)
+    return skinny_gemm_kernel.lower(
+        flyc.TensorSpec((m, k), dtype),
+        flyc.TensorSpec((n, k), dtype),
+        out_spec,
+        flyc.TensorSpec((n,), "f32"),
+        cfg,
+        spec,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_lowers_to_mma_sync_and_streaming_loads(dtype):
+    cfg = SkinnyConfig(groups=4, warps=8, unroll=2)
+    compiled = _lower(16, 4096, 4096, cfg, (True, True, "gelu", True), dtype=dtype)
+    ptx = compiled.ptx
+    # The main step and the K-tail step: unroll x 2 k16 halves x groups MMAs each.
+    assert len(re.findall(rf"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.{dtype}\.{dtype}\.f32", ptx)) == 2 * 16
+    # Weights stream past L1: groups x unroll 16-byte loads per step; activations: 2 rows x unroll.
+    assert ptx.count("ld.global.nc.L1::no_allocate.v4.b32") == 2 * 8
+    assert len(re.findall(r"ld\.global\.nc\.v4\.b32", ptx)) == 2 * 4
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_pipelined_steps_lower():
+    # Double-buffered: the loop body, the last full step after it, the K-tail step: 3 x (unroll x 2 x groups) MMAs.
+    cfg = SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True)
+    compiled = _lower(16, 4096, 4096, cfg, (True, False, "silu", True))
+    assert compiled.ptx.count("mma.sync.aligned.m16n8k16") == 3 * 16
+    assert compiled.ptx.count("ld.global.nc.L1::no_allocate.v4.b32") == 3 * 8
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_small_m_skips_the_upper_rows():
+    compiled = _lower(8, 1000, 1024, SkinnyConfig(groups=2, unroll=4), (True, False, None, False))
+    assert len(re.findall(r"ld\.global\.nc\.v4\.b32", compiled.ptx)) == 2 * 4  # row q only: one A load per chunk
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_unaligned_k_and_split_k_lower():
+    # K % 8 != 0: element loads, no 16-byte vectors; split K: fp32 partials, no epilogue.
+    compiled = _lower(3, 1000, 1000, SkinnyConfig(groups=2, splits=4), (False, False, None, False))
+    assert "ld.global.nc" not in compiled.ptx and "mma.sync.aligned.m16n8k16" in compiled.ptx
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_config_checks_and_choice():
+    with pytest.raises(ValueError, match="groups 1/2/4/8"):
+        SkinnyConfig(groups=3)
+    with pytest.raises(ValueError, match="splits must be an int"):
+        SkinnyConfig(splits=0)
+    small = choose_skinny_config(16, 512, 7168, 132)
+    assert small.splits > 1 and -(-512 // small.rows) * small.splits >= 132 // 2
+    assert choose_skinny_config(1, 28672, 8192, 132).splits == 1
+    assert choose_skinny_config(1, 512, 64, 132).splits == 1  # K too short to split
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------------
+
+
+def _reference(a, b, bias, activation):
+    import torch
+
+    ref = a.double() @ b.double()
+    if bias is not None:
+        ref = ref + bias.double()
+    if activation == "relu":
+        ref = torch.relu(ref)
+    elif activation == "gelu":
+        ref = torch.nn.functional.gelu(ref)
+    elif activation == "silu":
+        ref = torch.nn.functional.silu(ref)
+    return ref
+
+
+def _check(m, n, k, dtype, out_dtype, bias_dtype=None, activation=None, config=None, a_major="row"):
+    import torch
+
+    torch.manual_seed(m * 7919 + n * 31 + k)
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    if a_major == "col":
+        a = a.t().contiguous().t()
+    w = torch.randn(n, k, device="cuda").to(dtype)
+    b = w.t()  # nn.Linear weights
+    bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(bias_dtype)
+    out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+    result = skinny_gemm(a, b, out, config, bias=bias, activation=activation)
+    assert result is out
+    ref = _reference(a, b, bias, activation)
+    rounding = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[out_dtype]
+    tolerance = 1e-2 * k**0.5 / 8 + (1e-2 + rounding) * ref.abs()
+    error = (out.double() - ref).abs()
+    assert not torch.isnan(out).any()
+    assert (error <= tolerance).all(), f"max error {error.max().item()} at {divmod(error.argmax().item(), n)}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 8, 16])
+@pytest.mark.parametrize("n,k", [(1000, 1000), (8, 8), (4104, 4096 + 24), (4096, 4096), (1001, 1003), (3, 13)])
+def test_shapes(m, n, k):
+    import torch
+
+    _check(m, n, k, torch.bfloat16, torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])
+def test_dtypes(dtype, out_dtype):
+    import torch
+
+    _check(16, 1000, 1000, getattr(torch, dtype), getattr(torch, out_dtype))
+    _check(5, 2056, 4096, getattr(torch, dtype), getattr(torch, out_dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
+@pytest.mark.parametrize("bias_dtype", [None, "float32", "same"])
+def test_epilogues(activation, bias_dtype):
+    import torch
+
+    bias = {None: None, "float32": torch.float32, "same": torch.bfloat16}[bias_dtype]
+    _check(16, 1000, 1000, torch.bfloat16, torch.bfloat16, bias, activation)
+    _check(2, 4104, 4096, torch.bfloat16, torch.float32, bias, activation)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3, 16])
+@pytest.mark.parametrize(
+    "groups,unroll,pipelined", [(1, 1, False), (4, 2, False), (8, 4, False), (2, 4, True), (1, 8, True), (4, 2, True)]
+)
+def test_configs_and_split_k(splits, groups, unroll, pipelined):
+    import torch
+
+    cfg = SkinnyConfig(groups=groups, unroll=unroll, splits=splits, pipelined=pipelined)
+    _check(16, 1000, 4096 + 8, torch.bfloat16, torch.float32, torch.float32, "silu", cfg)
+    _check(7, 1536, 7168, torch.float16, torch.float16, None, None, cfg)
+
+
+@pytest.mark.gpu
+def test_large_and_column_major_a():
+    import torch
+
+    _check(16, 1000, 1000, torch.bfloat16, torch.float32, a_major="col")
+    # N * K > 2^31 elements: 64-bit offsets (4 GiB of weights would not fit everyone's budget: 2^31 + a bit).
+    n, k = 131080, 16384
+    if torch.cuda.mem_get_info()[0] < 3 * n * k * 2:
+        pytest.skip("not enough free GPU memory")
+    torch.manual_seed(0)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(4, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((4, n), float("nan"), device="cuda")
+    skinny_gemm(a, w.t(), out)
+    tail = slice(n - 300, n)  # rows past 2^31 / K
+    ref = a.double() @ w[tail].double().t()
+    assert ((out[:, tail].double() - ref).abs() <= 1e-2 * k**0.5 / 8 + 1e-2 * ref.abs()).all()
+
+
+def test_argument_errors_name_the_argument():
+    # Every check but the device's runs before it, so CPU tensors reach each one; nothing is launched.
+    torch = pytest.importorskip("torch")
+    a = torch.randn(16, 64, dtype=torch.bfloat16)
+    w = torch.randn(32, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="skinny_gemm a: expected at most 16 rows"):
+        skinny_gemm(torch.randn(17, 64, dtype=torch.bfloat16), w.t())
+    with pytest.raises(ValueError, match="skinny_gemm b: expected a column-major"):
+        skinny_gemm(a, w.t().contiguous())
+    with pytest.raises(ValueError, match="skinny_gemm a: expected a 2-D CUDA torch tensor"):
+        skinny_gemm(a[0], w.t())
+    with pytest.raises(TypeError, match="skinny_gemm b: expected bfloat16 or float16"):
+        skinny_gemm(a, w.t().float())
+    with pytest.raises(TypeError, match="a and b must have one dtype"):
+        skinny_gemm(a, w.t().half())
+    with pytest.raises(ValueError, match="inner dimensions differ"):
+        skinny_gemm(a[:, :32], w.t())
+    with pytest.raises(ValueError, match="skinny_gemm out: expected a row-major"):
+        skinny_gemm(a, w.t(), torch.empty(32, 16))
+    with pytest.raises(ValueError, match="skinny_gemm bias"):
+        skinny_gemm(a, w.t(), bias=torch.randn(31))
+    with pytest.raises(ValueError, match="skinny_gemm activation"):
+        skinny_gemm(a, w.t(), activation="tanh")
+    with pytest.raises(ValueError, match="skinny_gemm a: expected a CUDA tensor"):
+        skinny_gemm(a, w.t())
+
+
+@pytest.mark.gpu
+def test_empty_products():
+    import torch
+
+    a = torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    out = skinny_gemm(a[:, :0], w.t()[:0], bias=torch.ones(32, device="cuda"), activation="relu")
+    assert (out == 1).all()
+    assert skinny_gemm(a[:0], w.t()).shape == (0, 32)
