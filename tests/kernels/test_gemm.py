@@ -243,5 +243,34 @@ def test_gemm_rejects_bad_arguments_before_launch():
         gemm(a, torch.randn(32, 64, device="cuda").bfloat16(), activation="tanh")
     with pytest.raises(ValueError, match=r"gemm bias: expected a contiguous \(64,\) tensor"):
         gemm(a, torch.randn(32, 64, device="cuda").bfloat16(), bias=torch.randn(32, device="cuda"))
-    with pytest.raises(ValueError, match="not a multiple of 16 bytes"):
-        gemm(torch.randn(64, 30, device="cuda").bfloat16(), torch.randn(30, 64, device="cuda").bfloat16())
+    with pytest.raises(ValueError, match=r"gemm out: expected a row-major \(64, 64\) bf16/fp16/fp32 tensor"):
+        gemm(a, torch.randn(32, 64, device="cuda").bfloat16(), torch.empty(64, 64, device="cuda").t())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m,n,k,layout",
+    [
+        (64, 64, 30, "row"),
+        (37, 29, 1001, "row"),
+        (37, 29, 1001, "col"),
+        (200, 130, 77, "strided"),
+        (5, 3, 1, "row"),
+        (130, 1001, 72, "row"),  # odd rows of C: the full tiles' paired stores must not assume alignment
+    ],
+)
+def test_gemm_any_shape_and_strides_on_gpu(m, n, k, layout):
+    """Operands TMA cannot read as they are (odd K, odd M/N of column-major operands, every other column, an
+    unaligned start) are copied into aligned rows first: any shape works."""
+    torch = pytest.importorskip("torch")
+    if layout == "row":
+        a, b = torch.randn(m, k, device="cuda").bfloat16(), torch.randn(k, n, device="cuda").bfloat16()
+    elif layout == "col":
+        a, b = torch.randn(k, m, device="cuda").bfloat16().t(), torch.randn(n, k, device="cuda").bfloat16().t()
+    else:  # every other column, and a view starting one element in
+        a = torch.randn(m, 2 * k, device="cuda").bfloat16()[:, ::2]
+        b = torch.randn(k * n + 1, device="cuda").bfloat16()[1:].view(k, n)
+    out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+    gemm(a, b, out)
+    torch.cuda.synchronize()
+    _check(torch, a, b, out)

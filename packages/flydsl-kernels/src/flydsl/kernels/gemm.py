@@ -9,8 +9,9 @@ to the consumers (``setmaxnreg``).
 
 Operands are (MN, K) views, as wgmma reads them: A is (M, K) row-major ("K"-major, the usual) or the transpose
 of a (K, M) row-major tensor ("MN"-major); the same for B with (N, K) (e.g. ``nn.Linear`` weights: ``x @ w.T``)
-or (K, N) row-major (``a @ b``). TMA moves 16-byte aligned rows, so K (and N, M for MN-major operands) must be
-multiples of 8 elements; tails of tiles are zero-filled by TMA and masked in the epilogue.
+or (K, N) row-major (``a @ b``). TMA moves 16-byte aligned rows: an operand whose rows are not (odd K, or odd M or N
+of an MN-major operand, other strides) is first copied into aligned rows; tails of tiles are zero-filled by TMA and
+masked in the epilogue.
 
     from flydsl.kernels.gemm import gemm
     c = gemm(a, b)                     # a (M, K), b (K, N): torch tensors on the GPU, bf16 or fp16
@@ -368,6 +369,24 @@ def _operand_tile(t, mn_dim: int, rows: int, tile_k: int, name: str) -> tuple[fx
     return tile, major
 
 
+def _tma_ready(t):
+    """``t`` itself when TMA can read it (one unit stride, the other a multiple of 16 bytes, a 16-byte aligned
+    start), else a copy that it can: rows padded to 16 bytes, the padding outside the view (TMA reads zeros past a
+    view's extent, so K tails need no zero fill). Odd K, odd M/N of MN-major operands and arbitrary strides then
+    work, at the cost of one copy of that operand."""
+    (rows, cols), (row_stride, col_stride) = t.shape, t.stride()
+    step = 16 // t.element_size()
+    if t.data_ptr() % 16 == 0 and (
+        (col_stride == 1 and row_stride % step == 0) or (row_stride == 1 and col_stride % step == 0)
+    ):
+        return t
+    if row_stride == 1 and col_stride != 1:  # column-major: pad the columns of the transpose
+        return _tma_ready(t.t()).t()
+    padded = t.new_empty((rows, -(-cols // step) * step))
+    padded[:, :cols] = t
+    return padded[:, :cols]
+
+
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -480,13 +499,25 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
             raise TypeError(f"gemm {name}: expected bfloat16 or float16, got {t.dtype}")
     if a.dtype != b.dtype:
         raise TypeError(f"gemm: a and b must have one dtype, got {a.dtype} and {b.dtype}")
+    if b.device != a.device:
+        raise ValueError(f"gemm b: expected a tensor on {a.device} (a's device), got {b.device}")
     (m, k), (k2, n) = a.shape, b.shape
     if k != k2:
         raise ValueError(f"gemm: a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dimensions differ")
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    elif out.shape != (m, n) or out.stride(-1) != 1 or out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"gemm out: expected a row-major ({m}, {n}) bf16/fp16/fp32 tensor, got {tuple(out.shape)}")
+    elif (
+        not isinstance(out, torch.Tensor)
+        or out.device != a.device
+        or out.shape != (m, n)
+        or out.stride(-1) != 1
+        or out.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+    ):
+        raise ValueError(
+            f"gemm out: expected a row-major ({m}, {n}) bf16/fp16/fp32 tensor on {a.device}, got"
+            f" {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}"
+            f" strides {out.stride() if isinstance(out, torch.Tensor) else ()}"
+        )
     if activation not in ACTIVATIONS:
         raise ValueError(f"gemm activation: expected one of {ACTIVATIONS}, got {activation!r}")
     if bias is not None and (
@@ -512,6 +543,7 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
         return out.copy_(result)
     sms = _sm_count(a.get_device())
     cfg = config or choose_config(m, n, k, sms)
+    a, b = _tma_ready(a), _tma_ready(b)
     a_tile, a_major = _operand_tile(a, 0, cfg.tile_m, cfg.tile_k, "a")
     # Each CTA of a cluster loads its part of the B tile.
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
