@@ -1,48 +1,77 @@
 """Host-side checks and allocation shared by the row kernels: every argument is validated (dtype, rank, device,
 unit stride on the last dim, matching N) before anything is launched, and errors name the argument.
 
-Tensors are read through their own attributes when they are torch tensors (the cheap path), else through
-``flydsl.compiler.args.describe_tensor`` (``__cuda_array_interface__`` / DLPack). Outputs that the caller does not
-give are allocated with torch when the input is a torch tensor; other frameworks must pass their outputs.
+Tensors are read through their own attributes when they are torch tensors (the cheap path: a few C getters, no
+string formatting unless an error is raised), else through ``flydsl.compiler.args.describe_tensor``
+(``__cuda_array_interface__`` / DLPack). Outputs that the caller does not give are allocated with torch when the
+input is a torch tensor; other frameworks must pass their outputs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["RowTensor", "row_tensor", "vector_tensor", "stats_tensor", "empty_like", "empty_rows", "ROW_DTYPES"]
+__all__ = [
+    "RowTensor",
+    "row_tensor",
+    "vector_tensor",
+    "stats_tensor",
+    "from_torch",
+    "empty_like",
+    "empty_rows",
+    "ROW_DTYPES",
+]
 
 ROW_DTYPES = ("f32", "f16", "bf16")  # element types of inputs and outputs
 _TORCH_NAMES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
 _ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+_TORCH_TYPES: set = set()  # torch.Tensor (and subclasses) seen: later checks are one set lookup
+_DTYPE_NAMES: dict = {}  # torch dtype -> our name, filled on first sight (no torch import at module import)
 
 
-@dataclass(frozen=True, slots=True)
-class RowTensor:
-    """What the kernels need to know about a tensor argument."""
+class RowTensor(NamedTuple):
+    """What the kernels need to know about a tensor argument (a tuple: built on every call, so built cheaply).
+    ``device`` is the CUDA device ordinal."""
 
     obj: object
     shape: tuple
     strides: tuple
     dtype: str
-    device: object
+    device: int
     pointer: int
 
     @property
     def is_torch(self) -> bool:
-        return type(self.obj).__module__.startswith("torch")
+        return _is_torch(self.obj)
+
+
+_new_row_tensor = tuple.__new__  # RowTensor(*values) without NamedTuple's Python-level __new__
 
 
 def _is_torch(obj) -> bool:
-    return type(obj).__module__.startswith("torch")
+    kind = type(obj)
+    if kind in _TORCH_TYPES:
+        return True
+    if kind.__module__.startswith("torch") and hasattr(obj, "data_ptr"):
+        _TORCH_TYPES.add(kind)
+        return True
+    return False
+
+
+def _torch_dtype(dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        text = str(dtype)
+        name = _DTYPE_NAMES[dtype] = _TORCH_NAMES.get(text, text.removeprefix("torch."))
+    return name
 
 
 def _describe(obj, name: str) -> RowTensor:
-    if _is_torch(obj):
+    if type(obj) in _TORCH_TYPES or _is_torch(obj):
         if not obj.is_cuda:
             raise ValueError(f"{name}: expected a CUDA tensor, got one on {obj.device}")
-        dtype = _TORCH_NAMES.get(str(obj.dtype), str(obj.dtype).removeprefix("torch."))
-        return RowTensor(obj, tuple(obj.shape), tuple(obj.stride()), dtype, obj.device, obj.data_ptr())
+        values = (obj, obj.shape, obj.stride(), _torch_dtype(obj.dtype), obj.get_device(), obj.data_ptr())
+        return _new_row_tensor(RowTensor, values)
     from flydsl.compiler.args import describe_tensor
 
     try:
@@ -52,24 +81,36 @@ def _describe(obj, name: str) -> RowTensor:
     return RowTensor(obj, described.shape, described.strides, described.dtype, described.device, described.pointer)
 
 
+def from_torch(t) -> RowTensor | None:
+    """The RowTensor of a torch CUDA tensor that the caller has validated already (``None`` stays ``None``): no
+    checks. For layers that check every argument themselves (``flydsl.torch``'s ops: dtype, shape, strides, device)
+    and call the launchers of :mod:`flydsl.kernels.normalization` / :mod:`flydsl.kernels.softmax` directly."""
+    if t is None:
+        return None
+    return _new_row_tensor(RowTensor, (t, t.shape, t.stride(), _torch_dtype(t.dtype), t.get_device(), t.data_ptr()))
+
+
 def row_tensor(obj, name: str, *, rows: int | None = None, n: int | None = None, dtypes=ROW_DTYPES) -> RowTensor:
     """A 2-D (rows, N) tensor with unit stride on its last dim (any row stride); checks shape against ``rows``/``n``
     when given."""
     if obj is None:
         raise TypeError(f"{name}: expected a tensor, got None")
     t = _describe(obj, name)
-    if len(t.shape) != 2:
-        raise ValueError(f"{name}: expected a 2-D tensor (rows, N), got shape {t.shape} (reshape to 2-D first)")
+    shape, strides = t.shape, t.strides
+    if len(shape) != 2:
+        raise ValueError(f"{name}: expected a 2-D tensor (rows, N), got shape {tuple(shape)} (reshape to 2-D first)")
     if t.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype {_names(dtypes)}, got {t.dtype}")
-    if t.shape[1] > 1 and t.strides[1] != 1:
-        raise ValueError(f"{name}: expected unit stride on the last dim, got strides {t.strides} (call .contiguous())")
-    if t.shape[0] > 1 and t.strides[0] < t.shape[1]:
-        raise ValueError(f"{name}: rows overlap (row stride {t.strides[0]} < N = {t.shape[1]})")
-    if rows is not None and t.shape[0] != rows:
-        raise ValueError(f"{name}: expected {rows} rows, got shape {t.shape}")
-    if n is not None and t.shape[1] != n:
-        raise ValueError(f"{name}: expected N = {n} (the input's last dim), got shape {t.shape}")
+    if shape[1] > 1 and strides[1] != 1:
+        raise ValueError(
+            f"{name}: expected unit stride on the last dim, got strides {tuple(strides)} (call .contiguous())"
+        )
+    if shape[0] > 1 and strides[0] < shape[1]:
+        raise ValueError(f"{name}: rows overlap (row stride {strides[0]} < N = {shape[1]})")
+    if rows is not None and shape[0] != rows:
+        raise ValueError(f"{name}: expected {rows} rows, got shape {tuple(shape)}")
+    if n is not None and shape[1] != n:
+        raise ValueError(f"{name}: expected N = {n} (the input's last dim), got shape {tuple(shape)}")
     return t
 
 
@@ -81,7 +122,7 @@ def vector_tensor(obj, name: str, n: int, *, dtypes: tuple, allow_none: bool = T
         raise TypeError(f"{name}: expected a tensor, got None")
     t = _describe(obj, name)
     if len(t.shape) != 1 or t.shape[0] != n:
-        raise ValueError(f"{name}: expected shape ({n},) (N, the input's last dim), got {t.shape}")
+        raise ValueError(f"{name}: expected shape ({n},) (N, the input's last dim), got {tuple(t.shape)}")
     if t.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype {_names(dtypes)}, got {t.dtype}")
     if n > 1 and t.strides[0] != 1:
@@ -93,16 +134,17 @@ def stats_tensor(obj, name: str, rows: int) -> RowTensor:
     """A float32 (rows,) tensor for per-row statistics (mean, rstd); any stride."""
     t = _describe(obj, name)
     if len(t.shape) != 1 or t.shape[0] != rows:
-        raise ValueError(f"{name}: expected shape ({rows},) (one value per row), got {t.shape}")
+        raise ValueError(f"{name}: expected shape ({rows},) (one value per row), got {tuple(t.shape)}")
     if t.dtype != "f32":
         raise TypeError(f"{name}: expected dtype float32, got {t.dtype}")
     return t
 
 
 def same_device(reference: RowTensor, *others: tuple[str, RowTensor | None]) -> None:
+    device = reference.device
     for name, other in others:
-        if other is not None and other.device != reference.device:
-            raise ValueError(f"{name}: expected a tensor on {reference.device} (the input's), got {other.device}")
+        if other is not None and other.device != device:
+            raise ValueError(f"{name}: expected a tensor on cuda:{device} (the input's), got cuda:{other.device}")
 
 
 def _names(dtypes) -> str:
@@ -110,31 +152,32 @@ def _names(dtypes) -> str:
     return " or ".join(names.get(d, d) for d in dtypes)
 
 
+_TORCH = []  # [torch module, {our dtype name: torch dtype}] once an output was allocated
+
+
 def _torch_of(like: RowTensor, what: str):
-    if not like.is_torch:
+    if not _is_torch(like.obj):
         raise TypeError(
             f"{what}: outputs are allocated with torch when the input is a torch tensor; the input is a"
             f" {type(like.obj).__module__}.{type(like.obj).__name__}: pass the output tensor explicitly"
         )
-    import torch
+    if not _TORCH:
+        import torch
 
-    return torch
+        _TORCH.extend((torch, {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}))
+    return _TORCH
 
 
 def empty_like(like: RowTensor, what: str, dtype: str | None = None):
     """A contiguous tensor of ``like``'s shape (and dtype unless given) on its device."""
-    torch = _torch_of(like, what)
-    torch_dtype = like.obj.dtype if dtype is None else _TORCH_DTYPES(torch)[dtype]
-    return torch.empty(like.shape, dtype=torch_dtype, device=like.obj.device)
+    torch, dtypes = _torch_of(like, what)
+    obj = like.obj
+    return torch.empty(like.shape, dtype=obj.dtype if dtype is None else dtypes[dtype], device=obj.device)
 
 
 def empty_rows(like: RowTensor, shape: tuple, what: str, dtype: str = "f32"):
-    torch = _torch_of(like, what)
-    return torch.empty(shape, dtype=_TORCH_DTYPES(torch)[dtype], device=like.obj.device)
-
-
-def _TORCH_DTYPES(torch) -> dict:  # noqa: N802 - a table, looked up like a constant
-    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    torch, dtypes = _torch_of(like, what)
+    return torch.empty(shape, dtype=dtypes[dtype], device=like.obj.device)
 
 
 def element_bytes(dtype: str) -> int:

@@ -17,9 +17,14 @@ decorator defines, in the ``flydsl`` namespace of ``torch.library``:
   ``torch.compile`` trace them without a GPU and without graph breaks.
 
 The schemas are inferred from the function's signature (``torch.library.infer_schema``). The ops are defined with
-``torch.library.Library`` rather than ``torch.library.custom_op``: the same schemas, fake implementations and
-``register_autograd``, but the real implementation is a plain CPU/CUDA kernel of the dispatcher, without
-custom_op's Python layers around every call (about 10 us each on the mutating ops, which inference calls).
+``torch.library.Library`` rather than ``torch.library.custom_op``: the same schemas and fake implementations, but
+the real implementation is a plain CPU/CUDA kernel of the dispatcher, without custom_op's Python layers around every
+call (about 10 us each). Gradients (``FlyOp.register_autograd``, with the arguments of
+``torch.library.register_autograd``) come through our own Autograd kernel rather than torch's generated one: where
+no input requires grad and nothing but the backend kernel sits below autograd (plain CPU/CUDA tensors, no dispatch
+mode, no functionalization), it calls the implementation directly instead of redispatching through a context
+manager, a dataclass and a second trip through the dispatcher (about 10 us per inference call). Everything else
+(fake tensors, ``torch.compile``, vmap) redispatches as torch's kernel does.
 
 ``outputs(*inputs)`` returns one ``(shape, dtype)`` per output, or ``None`` for an output the op does not write
 with these inputs (the functional op then returns an empty tensor in its place). ``check(*inputs)`` validates
@@ -33,6 +38,7 @@ grad mode is on.
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable, Sequence
 
 import torch
@@ -44,6 +50,27 @@ _LIB = torch.library.Library(NAMESPACE, "FRAGMENT")  # kept alive for as long as
 _OPS: dict[str, FlyOp] = {}
 
 OutputSpec = tuple[Sequence[int], torch.dtype] | None
+
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+
+
+def _direct_keysets() -> frozenset:
+    """The dispatch keys left below autograd when the redispatch would land straight in our CPU or CUDA kernel:
+    the backend and ADInplaceOrView (a fallthrough for these ops; absent on inference tensors)."""
+    keys = torch._C.DispatchKey
+    raw = set()
+    for backend in (keys.CPU, keys.CUDA):
+        plain = torch._C.DispatchKeySet(backend)
+        raw.add(plain.raw_repr())
+        raw.add(plain.add(keys.ADInplaceOrView).raw_repr())
+    return frozenset(raw)
+
+
+_DIRECT = _direct_keysets()
+
+
+def _is_tensor_param(annotation) -> bool:
+    return annotation is torch.Tensor or torch.Tensor in typing.get_args(annotation)
 
 
 class FlyOp:
@@ -74,6 +101,12 @@ class FlyOp:
             return_annotation=results[0] if len(results) == 1 else tuple.__class_getitem__(tuple(results)),
         )
         self._n_inputs = len(self.input_params)
+        # The dispatcher leaves out trailing arguments equal to their defaults: _inputs puts them back.
+        self._defaults = tuple(p.default for p in self.input_params)
+        self._n_required = sum(1 for p in self.input_params if p.default is empty)
+        self._tensor_inputs = tuple(
+            (i, p.name) for i, p in enumerate(self.input_params) if _is_tensor_param(p.annotation)
+        )
         self.out = self._register_out()
         self.functional = self._register_functional()
 
@@ -83,17 +116,19 @@ class FlyOp:
 
     # --- what both ops share ------------------------------------------------------------------------------------
 
-    def _inputs(self, args, kwargs) -> list:
-        if not kwargs and len(args) == self._n_inputs:  # the dispatcher passes every argument positionally
-            return list(args)
+    def _inputs(self, args, kwargs) -> tuple:
+        if not kwargs and self._n_required <= len(args) <= self._n_inputs:  # how the dispatcher passes them
+            return tuple(args) + self._defaults[len(args) :]
         bound = self._functional_signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return list(bound.arguments.values())
+        return tuple(bound.arguments.values())
 
-    def _validate(self, inputs: list, given: dict | None, real: bool) -> list[OutputSpec]:
+    def _validate(self, inputs, given: dict | None, real: bool) -> list[OutputSpec]:
+        """Checks the inputs' metadata, the given outputs against ``outputs`` and (``real``) that every tensor is on
+        one CUDA device; returns the output specs. Errors are built only when raised."""
         self.check(*inputs)
-        tensors = [(p.name, v) for p, v in zip(self.input_params, inputs, strict=True) if isinstance(v, torch.Tensor)]
-        specs = list(self.outputs(*inputs))
+        specs = self.outputs(*inputs)
+        tensors = [(name, inputs[i]) for i, name in self._tensor_inputs if inputs[i] is not None]
         if given is not None:
             for (name, value), spec in zip(given.items(), specs, strict=True):
                 if value is None:
@@ -101,36 +136,49 @@ class FlyOp:
                 if spec is None:
                     raise ValueError(f"flydsl.{self.name}: {name}: not written with these inputs; pass None")
                 shape, dtype = spec
-                if tuple(value.shape) != tuple(shape) or value.dtype != dtype:
+                if value.dtype != dtype or tuple(value.shape) != tuple(shape):
                     raise ValueError(
                         f"flydsl.{self.name}: {name}: expected a {_dtype_name(dtype)} tensor of shape "
                         f"{tuple(shape)}, got {_dtype_name(value.dtype)} {tuple(value.shape)}"
                     )
                 tensors.append((name, value))
+        if real:
+            self._check_devices(tensors)
+        else:
+            first_name, first = tensors[0]
+            for name, value in tensors:
+                if value.device != first.device:
+                    self._device_error(name, value, first_name, first)
+        return specs
+
+    def _check_devices(self, tensors: list) -> None:
         first_name, first = tensors[0]
+        device = first.get_device()  # an int: cheaper than comparing torch.device objects
         for name, value in tensors:
-            if real and value.device.type != "cuda":
+            if not value.is_cuda:
                 raise ValueError(
                     f"flydsl.{self.name}: {name}: expected a CUDA tensor, got one on {value.device} "
                     "(the flydsl.torch.nn modules fall back to torch on the CPU; the ops do not)"
                 )
-            if value.device != first.device:
-                raise ValueError(
-                    f"flydsl.{self.name}: {name}: expected a tensor on {first.device} (where {first_name} is), "
-                    f"got one on {value.device}"
-                )
-        return specs
+            if value.get_device() != device:
+                self._device_error(name, value, first_name, first)
+
+    def _device_error(self, name, value, first_name, first):
+        raise ValueError(
+            f"flydsl.{self.name}: {name}: expected a tensor on {first.device} (where {first_name} is), "
+            f"got one on {value.device}"
+        )
 
     # --- the mutating op -----------------------------------------------------------------------------------------
 
-    def _split(self, args, kwargs) -> tuple[list, dict]:
+    def _split(self, args, kwargs) -> tuple[tuple, dict]:
         if not kwargs and len(args) == self._n_inputs + len(self.output_names):
-            return list(args[: self._n_inputs]), dict(zip(self.output_names, args[self._n_inputs :], strict=True))
+            return tuple(args[: self._n_inputs]), dict(zip(self.output_names, args[self._n_inputs :], strict=True))
         bound = self._out_signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = dict(bound.arguments)
         given = {name: values.pop(name) for name in self.output_names}
-        return list(values.values()), given
+        return tuple(values.values()), given
 
     def _define(self, name: str, signature: inspect.Signature, mutates: tuple, real: Callable, fake: Callable):
         def prototype(*args, **kwargs): ...
@@ -146,11 +194,14 @@ class FlyOp:
         def real(*args, **kwargs):
             inputs, given = self._split(args, kwargs)
             self._validate(inputs, given, real=True)
-            if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in inputs):
-                raise RuntimeError(
-                    f"flydsl.{self.name}_out: an input requires grad, and the *_out ops record no gradients: call "
-                    f"torch.ops.flydsl.{self.name} (or flydsl.torch.functional), or run under torch.no_grad()"
-                )
+            if torch.is_grad_enabled():
+                for i, _ in self._tensor_inputs:
+                    if inputs[i] is not None and inputs[i].requires_grad:
+                        raise RuntimeError(
+                            f"flydsl.{self.name}_out: an input requires grad, and the *_out ops record no gradients:"
+                            f" call torch.ops.flydsl.{self.name} (or flydsl.torch.functional), or run under"
+                            " torch.no_grad()"
+                        )
             for value in given.values():  # what the ADInplaceOrView kernel of an in-place op does
                 if value is not None and not value.is_inference():
                     torch.autograd.graph.increment_version(value)
@@ -164,28 +215,31 @@ class FlyOp:
 
     # --- the functional op ---------------------------------------------------------------------------------------
 
-    def _allocate(self, inputs: list, specs: list[OutputSpec]) -> tuple[list, list]:
-        device = next(v for v in inputs if isinstance(v, torch.Tensor)).device
-        like = next(v for v in inputs if isinstance(v, torch.Tensor))
+    def _allocate(self, inputs, specs) -> tuple[list, list]:
+        like = inputs[self._tensor_inputs[0][0]]
+        device = like.device
         results, given = [], []
         for spec in specs:
             if spec is None:  # not written with these inputs: an empty tensor stands in its place
                 results.append(torch.empty((0,), dtype=like.dtype, device=device))
                 given.append(None)
             else:
-                tensor = torch.empty(tuple(spec[0]), dtype=spec[1], device=device)
+                tensor = torch.empty(spec[0], dtype=spec[1], device=device)
                 results.append(tensor)
                 given.append(tensor)
         return results, given
+
+    def _run(self, inputs):
+        """The functional op on real tensors: validated inputs, allocated outputs, the implementation."""
+        results, given = self._allocate(inputs, self._validate(inputs, None, real=True))
+        self.impl(*inputs, **dict(zip(self.output_names, given, strict=True)))
+        return results[0] if len(results) == 1 else tuple(results)
 
     def _register_functional(self):
         single = len(self.output_names) == 1
 
         def real(*args, **kwargs):
-            inputs = self._inputs(args, kwargs)
-            results, given = self._allocate(inputs, self._validate(inputs, None, real=True))
-            self.impl(*inputs, **dict(zip(self.output_names, given, strict=True)))
-            return results[0] if single else tuple(results)
+            return self._run(self._inputs(args, kwargs))
 
         def fake(*args, **kwargs):
             inputs = self._inputs(args, kwargs)
@@ -195,8 +249,52 @@ class FlyOp:
         return self._define(self.name, self._functional_signature, (), real, fake)
 
     def register_autograd(self, backward: Callable, setup_context: Callable) -> None:
-        """Gradients of the functional op (see ``torch.library.register_autograd``)."""
-        torch.library.register_autograd(self.qualname, backward, setup_context=setup_context, lib=_LIB)
+        """Gradients of the functional op: ``setup_context(ctx, inputs, output)`` saves what ``backward(ctx,
+        *grads)`` needs, as with ``torch.library.register_autograd`` (whose generated kernel this replaces with a
+        leaner one, see the module docstring). ``backward`` gets None for the gradient of an output that nothing
+        used (no zeros are materialized) and returns one gradient (or None) per input."""
+        overload = self.functional.default
+        run = self._run
+        tensor_positions = tuple(i for i, _ in self._tensor_inputs)
+
+        def below_autograd(keyset, inputs):
+            rest = keyset & _AFTER_AUTOGRAD
+            if rest.raw_repr() in _DIRECT:  # the redispatch would land in our CPU/CUDA kernel: call it
+                return run(inputs)
+            with torch._C._AutoDispatchBelowAutograd():
+                return overload.redispatch(rest, *inputs)
+
+        class Function(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, keyset, *inputs):
+                result = below_autograd(keyset, inputs)
+                setup_context(ctx, inputs, result)
+                # Gradients of unused outputs arrive as None instead of zeros that autograd would allocate and fill
+                # on every backward (two kernels per call for a norm's mean and rstd, which nothing differentiates).
+                ctx.set_materialize_grads(False)
+                return result
+
+            @staticmethod
+            def backward(ctx, *grads):
+                needs = ctx.needs_input_grad
+                ctx.needs_input_grad = needs[1:]  # as the op's inputs, without the keyset
+                try:
+                    result = backward(ctx, *grads)
+                finally:
+                    ctx.needs_input_grad = needs
+                return (None, *result) if isinstance(result, tuple) else (None, result)
+
+        Function.__name__ = Function.__qualname__ = f"FlyBackward_{self.name}"
+
+        def autograd_kernel(keyset, *args, **kwargs):
+            inputs = self._inputs(args, kwargs)
+            if torch.is_grad_enabled():
+                for i in tensor_positions:
+                    if inputs[i] is not None and inputs[i].requires_grad:
+                        return Function.apply(keyset, *inputs)
+            return below_autograd(keyset, inputs)
+
+        _LIB.impl(self.name, autograd_kernel, "Autograd", with_keyset=True)
 
 
 def register_op(name: str, *, outputs: Callable[..., Sequence[OutputSpec]], check: Callable) -> Callable:

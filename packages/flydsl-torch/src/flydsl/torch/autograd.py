@@ -2,7 +2,8 @@
 that ``torch.compile`` traces forward and backward into one graph without breaks).
 
 The statistics outputs (``mean``, ``rstd``) are not differentiable. Double backward is not supported: the backward
-ops have no gradients of their own.
+ops have no gradients of their own. The gradient of an output that nothing used arrives as None (the registry does
+not materialize zeros), and contributes nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def _softmax_setup(ctx, inputs, output):
 
 
 def _softmax_backward(ctx, dy):
+    if dy is None:
+        return None
     (y,) = ctx.saved_tensors
     return torch.ops.flydsl.softmax_backward(dy, y)
 
@@ -49,6 +52,8 @@ def _layer_norm_setup(ctx, inputs, output):
 
 
 def _layer_norm_backward(ctx, dy, _dmean, _drstd):
+    if dy is None:
+        return None, None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
     dx, dweight, dbias = torch.ops.flydsl.layer_norm_backward(dy, x, ctx.normalized_shape, weight, mean, rstd)
     if weight is None:  # dweight and dbias came back empty
@@ -74,6 +79,8 @@ def _rms_norm_setup(ctx, inputs, output):
 
 
 def _rms_norm_backward(ctx, dy, _drstd):
+    if dy is None:
+        return None, None, None, None
     x, weight, rstd = ctx.saved_tensors
     dx, dweight = torch.ops.flydsl.rms_norm_backward(dy, x, ctx.normalized_shape, weight, rstd)
     return dx, None, None if weight is None else dweight, None
@@ -93,6 +100,8 @@ def _fused_add_rms_norm_setup(ctx, inputs, output):
 def _fused_add_rms_norm_backward(ctx, dy, dresidual_out, _drstd):
     # residual_out = x + residual feeds both outputs: its gradient is dresidual_out plus the norm's dx, and x and
     # residual both receive it.
+    if dy is None:  # only residual_out was used: its gradient passes through the add
+        return dresidual_out, dresidual_out, None, None, None
     residual_out, weight, rstd = ctx.saved_tensors
     dsum, dweight = torch.ops.flydsl.rms_norm_backward(dy, residual_out, ctx.normalized_shape, weight, rstd)
     if dresidual_out is not None:
@@ -128,6 +137,8 @@ def _matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _gemm_backward(ctx, dc):
+    if dc is None:
+        return None, None, None, None
     a, b = ctx.saved_tensors
     da = _matmul(dc, b.t()) if ctx.needs_input_grad[0] else None
     db = _matmul(a.t(), dc) if ctx.needs_input_grad[1] else None

@@ -48,11 +48,23 @@ __all__ = [
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the kernels read and write
 
 
-def _kernels():
-    # Imported on first use: registering (and tracing with fake tensors) needs no compiler.
-    from flydsl.kernels import norms
+_LAUNCHERS: list = []
 
-    return norms
+
+def _kernels():
+    """(normalization, softmax, from_torch): the launchers of ``flydsl.kernels`` and the RowTensor of a validated
+    torch tensor. The ops check everything the kernels need (dtypes, shapes, unit strides, one CUDA device) before
+    they get here, so they skip ``flydsl.kernels.norms``' second validation of every argument. Imported on first
+    use: registering (and tracing with fake tensors) needs no compiler."""
+    if not _LAUNCHERS:
+        import importlib
+
+        from flydsl.kernels.host import from_torch
+
+        # By module name: the package's ``softmax`` attribute is the function of flydsl.kernels.norms.
+        modules = [importlib.import_module(f"flydsl.kernels.{name}") for name in ("normalization", "softmax")]
+        _LAUNCHERS.extend((*modules, from_torch))
+    return _LAUNCHERS
 
 
 # --- checks shared by the fake and the real implementations ---------------------------------------------------------
@@ -134,20 +146,29 @@ def _param(p: Tensor | None):
 
 
 def _rows(t: Tensor, n: int) -> Tensor:
-    """An input as (rows, n) with unit stride on the last dim and non-overlapping rows: a view where possible."""
-    t2 = t.reshape(-1, n)
-    if (n > 1 and t2.stride(1) != 1) or (t2.shape[0] > 1 and t2.stride(0) < n):
+    """An input as (rows, n) with unit stride on the last dim and non-overlapping rows: a view where possible (the
+    tensor itself when it is one already: no view to build on the common path)."""
+    t2 = t if t.dim() == 2 and t.shape[1] == n else t.reshape(-1, n)
+    stride = t2.stride()
+    if (n > 1 and stride[1] != 1) or (t2.shape[0] > 1 and stride[0] < n):
         t2 = t2.contiguous()  # e.g. a transposed input, or a gradient broadcast with stride 0
     return t2
 
 
 def _out_rows(op: str, name: str, t: Tensor, n: int) -> Tensor:
     """An output as (rows, n): always a view (a copy would not be written back)."""
-    try:
-        t2 = t.view(-1, n)
-    except RuntimeError:
-        t2 = None
-    if t2 is None or (n > 1 and t2.stride(1) != 1) or (t2.shape[0] > 1 and t2.stride(0) < n):
+    if t.dim() == 2 and t.shape[1] == n:
+        t2 = t
+    else:
+        try:
+            t2 = t.view(-1, n)
+        except RuntimeError:
+            t2 = None
+    if t2 is not None:
+        stride = t2.stride()
+        if (n > 1 and stride[1] != 1) or (t2.shape[0] > 1 and stride[0] < n):
+            t2 = None
+    if t2 is None:
         raise ValueError(
             f"flydsl.{op}: {name}: expected unit stride over the normalized dims, got strides {t.stride()}"
             " (pass a contiguous tensor)"
@@ -156,7 +177,9 @@ def _out_rows(op: str, name: str, t: Tensor, n: int) -> Tensor:
 
 
 def _vector(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.reshape(-1).contiguous()
+    if t is None or (t.dim() == 1 and t.stride(0) == 1):
+        return t
+    return t.reshape(-1).contiguous()
 
 
 def _out_vector(op: str, name: str, t: Tensor | None) -> Tensor | None:
@@ -164,11 +187,18 @@ def _out_vector(op: str, name: str, t: Tensor | None) -> Tensor | None:
         return None
     if not t.is_contiguous():
         raise ValueError(f"flydsl.{op}: {name}: expected a contiguous tensor, got strides {t.stride()}")
-    return t.view(-1)
+    return t if t.dim() == 1 else t.view(-1)
+
+
+def _stats_in(t: Tensor) -> Tensor:
+    return t if t.dim() == 1 else t.reshape(-1)
+
+
+_FLOAT32_EPS = torch.finfo(torch.float32).eps
 
 
 def _rms_eps(eps: float | None) -> float:
-    return torch.finfo(torch.float32).eps if eps is None else eps
+    return _FLOAT32_EPS if eps is None else float(eps)
 
 
 # --- softmax ---------------------------------------------------------------------------------------------------------
@@ -183,7 +213,8 @@ def softmax(x: Tensor, *, out: Tensor) -> None:
     if x.numel() == 0:
         return
     n = x.shape[-1]
-    _kernels().softmax(_rows(x, n), out=_out_rows("softmax", "out", out, n))
+    _, kernel, row = _kernels()
+    kernel.forward(row(_rows(x, n)), row(_out_rows("softmax", "out", out, n)))
 
 
 def _check_softmax_backward(dy: Tensor, y: Tensor) -> None:
@@ -196,7 +227,8 @@ def softmax_backward(dy: Tensor, y: Tensor, *, dx: Tensor) -> None:
     if y.numel() == 0:
         return
     n = y.shape[-1]
-    _kernels().softmax_backward(_rows(dy, n), _rows(y, n), dx=_out_rows("softmax_backward", "dx", dx, n))
+    _, kernel, row = _kernels()
+    kernel.backward(row(_rows(dy, n)), row(_rows(y, n)), row(_out_rows("softmax_backward", "dx", dx, n)))
 
 
 # --- layer norm ------------------------------------------------------------------------------------------------------
@@ -229,14 +261,18 @@ def layer_norm(
     if x.numel() == 0:
         return
     n = math.prod(normalized_shape)
-    _kernels().layer_norm(
-        _rows(x, n),
-        _vector(weight),
-        _vector(bias),
-        eps,
-        out=_out_rows("layer_norm", "out", out, n),
-        mean=_out_vector("layer_norm", "mean", mean),
-        rstd=_out_vector("layer_norm", "rstd", rstd),
+    kernel, _, row = _kernels()
+    kernel.forward(
+        row(_rows(x, n)),
+        None,
+        row(_vector(weight)),
+        row(_vector(bias)),
+        row(_out_rows("layer_norm", "out", out, n)),
+        None,
+        row(_out_vector("layer_norm", "mean", mean)),
+        row(_out_vector("layer_norm", "rstd", rstd)),
+        float(eps),
+        rms=False,
     )
 
 
@@ -273,15 +309,17 @@ def layer_norm_backward(
         return
     n = math.prod(normalized_shape)
     op = "layer_norm_backward"
-    _kernels().layer_norm_backward(
-        _rows(dy, n),
-        _rows(x, n),
-        _vector(weight),
-        mean.reshape(-1),
-        rstd.reshape(-1),
-        dx=_out_rows(op, "dx", dx, n),
-        dweight=_out_vector(op, "dweight", dweight),
-        dbias=_out_vector(op, "dbias", dbias),
+    kernel, _, row = _kernels()
+    kernel.backward(
+        row(_rows(dy, n)),
+        row(_rows(x, n)),
+        row(_vector(weight)),
+        row(_stats_in(mean)),
+        row(_stats_in(rstd)),
+        row(_out_rows(op, "dx", dx, n)),
+        row(_out_vector(op, "dweight", dweight)),
+        row(_out_vector(op, "dbias", dbias)),
+        rms=False,
     )
 
 
@@ -312,12 +350,18 @@ def rms_norm(
     if x.numel() == 0:
         return
     n = math.prod(normalized_shape)
-    _kernels().rms_norm(
-        _rows(x, n),
-        _vector(weight),
+    kernel, _, row = _kernels()
+    kernel.forward(
+        row(_rows(x, n)),
+        None,
+        row(_vector(weight)),
+        None,
+        row(_out_rows("rms_norm", "out", out, n)),
+        None,
+        None,
+        row(_out_vector("rms_norm", "rstd", rstd)),
         _rms_eps(eps),
-        out=_out_rows("rms_norm", "out", out, n),
-        rstd=_out_vector("rms_norm", "rstd", rstd),
+        rms=True,
     )
 
 
@@ -350,13 +394,17 @@ def rms_norm_backward(
         return
     n = math.prod(normalized_shape)
     op = "rms_norm_backward"
-    _kernels().rms_norm_backward(
-        _rows(dy, n),
-        _rows(x, n),
-        _vector(weight),
-        rstd.reshape(-1),
-        dx=_out_rows(op, "dx", dx, n),
-        dweight=_out_vector(op, "dweight", dweight),
+    kernel, _, row = _kernels()
+    kernel.backward(
+        row(_rows(dy, n)),
+        row(_rows(x, n)),
+        row(_vector(weight)),
+        None,
+        row(_stats_in(rstd)),
+        row(_out_rows(op, "dx", dx, n)),
+        row(_out_vector(op, "dweight", dweight)),
+        None,
+        rms=True,
     )
 
 
@@ -388,14 +436,18 @@ def fused_add_rms_norm(
         return
     n = math.prod(normalized_shape)
     op = "fused_add_rms_norm"
-    _kernels().fused_add_rms_norm(
-        _rows(x, n),
-        _rows(residual, n),
-        _vector(weight),
+    kernel, _, row = _kernels()
+    kernel.forward(
+        row(_rows(x, n)),
+        row(_rows(residual, n)),
+        row(_vector(weight)),
+        None,
+        row(_out_rows(op, "out", out, n)),
+        row(_out_rows(op, "residual_out", residual_out, n)),
+        None,
+        row(_out_vector(op, "rstd", rstd)),
         _rms_eps(eps),
-        out=_out_rows(op, "out", out, n),
-        residual_out=_out_rows(op, "residual_out", residual_out, n),
-        rstd=_out_vector(op, "rstd", rstd),
+        rms=True,
     )
 
 
