@@ -32,7 +32,7 @@ SHAPES_NK = [
     (1536, 7168),
     (7168, 16384),
 ]
-EXPLORE_NK = [(4096, 4096), (1536, 7168), (28672, 8192), (7168, 18432), (8192, 28672), (4096, 14336)]
+EXPLORE_NK = [(4096, 4096), (28672, 8192), (7168, 18432), (8192, 28672), (4096, 14336)]
 
 
 def _bench(fn, do_bench) -> float:
@@ -40,26 +40,20 @@ def _bench(fn, do_bench) -> float:
 
 
 def _candidates(m: int, n: int, k: int):
+    """The default and variants around it (N-side-by-side warps sharing activation loads, register caps)."""
     from flydsl.kernels.skinny_gemm import SkinnyConfig, choose_skinny_config
 
-    configs = []
-    for groups, unroll, warps in (
-        (2, 4, 8),
-        (1, 8, 8),
-        (2, 4, 4),
-        (1, 4, 8),
-        (2, 2, 16),
-        (4, 2, 8),
-        (1, 4, 16),
-        (2, 8, 8),
-        (4, 4, 8),
-    ):
-        configs.append(SkinnyConfig(groups=groups, unroll=unroll, warps=warps, pipelined=True))
-    configs.append(SkinnyConfig(groups=2, unroll=4, pipelined=True, prefetch=256))
-    if n <= 2048:
-        configs.append(SkinnyConfig(groups=2, unroll=4, pipelined=True, splits=2))
     chosen = choose_skinny_config(m, n, k, 132)
-    return configs + ([chosen] if chosen not in configs else [])
+    base = {"pipelined": True, "prefetch": 256}
+    variants = [
+        SkinnyConfig(groups=2, unroll=4, warps=8, warps_n=2, **base),
+        SkinnyConfig(groups=1, unroll=4, warps=8, warps_n=2, **base),
+        SkinnyConfig(groups=1, unroll=8, warps=8, warps_n=2, **base),
+        SkinnyConfig(groups=2, unroll=4, warps=16, warps_n=2, **base),
+        SkinnyConfig(groups=1, unroll=4, warps=8, min_blocks=3, **base),
+        SkinnyConfig(groups=2, unroll=4, warps=8, min_blocks=3, **base),
+    ]
+    return [chosen] + [cfg for cfg in variants if cfg != chosen]
 
 
 def run_case(torch, do_bench, m, n, k, repeats, config=None, peers=True):

@@ -53,6 +53,16 @@ def test_pipelined_steps_lower():
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
+def test_warps_side_by_side_lower():
+    # 2 warps along N x 4 along K: the reduction sums 4 partials per output (3 adds), the loop is unchanged.
+    cfg = SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True, warps_n=2, prefetch=256, min_blocks=2)
+    compiled = _lower(16, 4096, 4096, cfg, (True, True, None, True))
+    assert compiled.ptx.count("mma.sync.aligned.m16n8k16") == 3 * 16
+    assert compiled.ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.b32") == 3 * 8
+    assert ".minnctapersm 2" in compiled.ptx
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
 def test_small_m_skips_the_upper_rows():
     compiled = _lower(8, 1000, 1024, SkinnyConfig(groups=2, unroll=4), (True, False, None, False))
     assert len(re.findall(r"ld\.global\.nc\.v4\.b32", compiled.ptx)) == 2 * 4  # row q only: one A load per chunk
@@ -71,6 +81,10 @@ def test_config_checks_and_choice():
         SkinnyConfig(groups=3)
     with pytest.raises(ValueError, match="splits must be an int"):
         SkinnyConfig(splits=0)
+    with pytest.raises(ValueError, match="warps_n must be 1, 2 or 4"):
+        SkinnyConfig(warps=2, warps_n=4)
+    cfg = SkinnyConfig(groups=2, warps=8, unroll=4, warps_n=2)
+    assert (cfg.rows, cfg.warps_k, cfg.step) == (32, 4, 512)
     small = choose_skinny_config(16, 512, 7168, 132)
     assert small.splits > 1 and -(-512 // small.rows) * small.splits >= 132 // 2
     assert choose_skinny_config(1, 28672, 8192, 132).splits == 1
@@ -149,12 +163,13 @@ def test_epilogues(activation, bias_dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("splits", [1, 3, 16])
 @pytest.mark.parametrize(
-    "groups,unroll,pipelined", [(1, 1, False), (4, 2, False), (8, 4, False), (2, 4, True), (1, 8, True), (4, 2, True)]
+    "groups,unroll,pipelined,warps_n",
+    [(1, 1, False, 1), (4, 2, False, 1), (8, 4, False, 4), (2, 4, True, 1), (1, 8, True, 2), (2, 4, True, 2)],
 )
-def test_configs_and_split_k(splits, groups, unroll, pipelined):
+def test_configs_and_split_k(splits, groups, unroll, pipelined, warps_n):
     import torch
 
-    cfg = SkinnyConfig(groups=groups, unroll=unroll, splits=splits, pipelined=pipelined)
+    cfg = SkinnyConfig(groups=groups, unroll=unroll, splits=splits, pipelined=pipelined, warps_n=warps_n)
     _check(16, 1000, 4096 + 8, torch.bfloat16, torch.float32, torch.float32, "silu", cfg)
     _check(7, 1536, 7168, torch.float16, torch.float16, None, None, cfg)
 

@@ -10,14 +10,17 @@ both operands. Lane ``l`` (``t = l % 4``, ``q = l // 4``) loads ``w[n0 + q][k0 +
 ``a[q][k0 + 8t ..]`` (and ``a[q + 8][..]`` when M > 8): the words 0, 1 of each load are its fragment registers of
 a first k16 MMA, the words 2, 3 those of a second, so 4 lanes x 8 elements cover 32 values of K per load.
 
-Work: a CTA owns ``8 * groups`` weight rows (``groups`` n8 MMA tiles sharing the A fragments) and a range of K;
-its ``warps`` warps take turns along K (each ``unroll`` loads of 32 K values per row and step, all issued before
-the MMAs) and sum their fp32 accumulators through shared memory. With ``splits`` > 1 the K range is cut over that
+Work: a CTA owns ``8 * groups * warps_n`` weight rows and a range of K. Each warp owns ``groups`` n8 MMA tiles
+(sharing its A fragments); ``warps_n`` warps side by side along N read the same activations (L1 hits for all but
+one), and the ``warps / warps_n`` warps of each column take turns along K (each ``unroll`` loads of 32 K values
+per row and step, all issued before the MMAs; ``pipelined``: the next step's loads are issued before this step's
+MMAs) and sum their fp32 accumulators through shared memory. With ``splits`` > 1 the K range is cut over that
 many CTAs, which write fp32 partials that :func:`flydsl.kernels.gemm.split_k_reduce` sums through the epilogue
 (for shapes with too few weight rows to fill the GPU otherwise).
 
-Weights are read with ``ld.global.nc.L1::no_allocate`` (read once: they should not evict the activations from L1);
-activations with ``ld.global.nc`` (re-read by every CTA, mostly from L1/L2). 16-byte loads need K a multiple of 8
+Weights are read with ``ld.global.nc.L1::no_allocate`` (read once: they should not evict the activations from L1;
+by default with ``.L2::256B``, which measured 1-5% faster);
+activations with ``ld.global.nc`` (re-read by every CTA: from L2, or L1). 16-byte loads need K a multiple of 8
 and 16-byte aligned rows; otherwise the kernel reads elements one by one (correct, slower).
 
     from flydsl.kernels.skinny_gemm import skinny_gemm
@@ -54,12 +57,16 @@ class SkinnyConfig:
     splits: int = 1
     prefetch: int | None = None  # L2 prefetch size (bytes) of the weight loads, or None
     pipelined: bool = False  # registers for two steps: the next step's loads are in flight during the MMAs
+    min_blocks: int | None = None  # CTAs per SM to fit (caps registers; None: ptxas decides)
+    warps_n: int = 1  # warps side by side along N (each its own groups; they share activation loads through L1)
 
     def __post_init__(self):
         if self.groups not in (1, 2, 4, 8) or self.warps not in (1, 2, 4, 8, 16) or self.unroll not in (1, 2, 4, 8):
             raise ValueError(f"{self}: groups 1/2/4/8, warps 1/2/4/8/16 and unroll 1/2/4/8")
         if not isinstance(self.splits, int) or not 1 <= self.splits <= 64:
             raise ValueError(f"{self}: splits must be an int in 1..64")
+        if self.warps_n not in (1, 2, 4) or self.warps % self.warps_n:
+            raise ValueError(f"{self}: warps_n must be 1, 2 or 4 and divide warps")
         if self.prefetch not in (None, 64, 128, 256):
             raise ValueError(f"{self}: prefetch must be None, 64, 128 or 256")
 
@@ -70,12 +77,17 @@ class SkinnyConfig:
     @property
     def rows(self) -> int:
         """Weight rows (output columns) per CTA."""
-        return 8 * self.groups
+        return 8 * self.groups * self.warps_n
+
+    @property
+    def warps_k(self) -> int:
+        """Warps splitting K (those of one column of warps along N)."""
+        return self.warps // self.warps_n
 
     @property
     def step(self) -> int:
         """K values a CTA consumes per step (all its warps)."""
-        return 32 * self.unroll * self.warps
+        return 32 * self.unroll * self.warps_k
 
 
 def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None):
@@ -131,16 +143,21 @@ def skinny_gemm_kernel(
     of the MMA are loaded, else zeros). With ``cfg.splits`` > 1, ``c`` is the
     (splits * M, N) fp32 partials (no epilogue: ``bias`` unread)."""
     vec, has_bias, activation, two_halves = spec
-    flyc.set_kernel_attributes(threads=cfg.threads)
+    if fx.const_expr(cfg.min_blocks is None):
+        flyc.set_kernel_attributes(threads=cfg.threads)
+    else:
+        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
     tid = gpu.thread_idx.x
     warp, lane = tid // 32, tid % 32
+    warp_n, warp_kk = warp % cfg.warps_n, warp // cfg.warps_n
     lane_t, lane_q = lane % 4, lane // 4
     m_extent = a.shape[0].to(fx.Int32)
     n_extent = w.shape[0].to(fx.Int32)
     k_extent = a.shape[1].to(fx.Int32)
     n0 = gpu.block_idx.x * cfg.rows
     # Rows past N read row N - 1 and rows past M row M - 1: their results land in columns / rows never stored.
-    rows_w = [arith.minimum(n0 + 8 * g + lane_q, n_extent - 1) for g in range(cfg.groups)]
+    first_row = n0 + warp_n * (8 * cfg.groups) + lane_q
+    rows_w = [arith.minimum(first_row + 8 * g, n_extent - 1) for g in range(cfg.groups)]
     row_a0 = arith.minimum(lane_q, m_extent - 1)
     row_a1 = arith.minimum(lane_q + 8, m_extent - 1)
 
@@ -154,7 +171,7 @@ def skinny_gemm_kernel(
         end = arith.minimum(begin + per_split, steps)
     full_end = arith.maximum(arith.minimum(end, full), begin)  # an empty split (begin == end) has no tail step
     accs = [_ACC(0.0)] * cfg.groups
-    warp_k = warp * (32 * cfg.unroll)
+    warp_k = warp_kk * (32 * cfg.unroll)
     operands = (a, w, rows_w, row_a0, row_a1)
     if fx.const_expr(cfg.pipelined):  # the next step's loads are issued before this step's MMAs
         if begin < full_end:
@@ -172,12 +189,14 @@ def skinny_gemm_kernel(
         words = _loads(*operands, full_end * cfg.step + warp_k, k_extent, cfg, lane_t, vec, True, two_halves)
         accs = _mmas(words, accs, cfg, a.dtype)
 
-    # Sum the warps' accumulators: (warp, group, element, lane) in shared memory, lanes contiguous (no conflicts).
+    # Sum the K-warps' accumulators: (K-warp, n8 tile of the CTA, element, lane) in shared memory, lanes contiguous
+    # (no bank conflicts).
     smem = fx.SmemAllocator()
-    partial = smem.allocate(fx.Float32, fl.Layout((cfg.warps, cfg.groups, 4, 32), (cfg.groups * 128, 128, 32, 1)))
+    tiles = cfg.groups * cfg.warps_n
+    partial = smem.allocate(fx.Float32, fl.Layout((cfg.warps_k, tiles, 4, 32), (tiles * 128, 128, 32, 1)))
     for g in fx.range_constexpr(cfg.groups):
         for e in fx.range_constexpr(4):
-            partial[warp, g, e, lane] = accs[g][e]
+            partial[warp_kk, warp_n * cfg.groups + g, e, lane] = accs[g][e]
     gpu.barrier()
     # Thread i sums output elements i, i + threads, ... of the CTA's 16 x rows block (row-major over the block).
     for rep in fx.range_constexpr(-(-16 * cfg.rows // cfg.threads)):
@@ -188,7 +207,7 @@ def skinny_gemm_kernel(
         element = (row // 8) * 2 + within % 2
         out_col = n0 + col
         total = partial[0, g, element, source_lane]
-        for v in fx.range_constexpr(1, cfg.warps):
+        for v in fx.range_constexpr(1, cfg.warps_k):
             total = total + partial[v, g, element, source_lane]
         if (tid + rep * cfg.threads < 16 * cfg.rows) & (row < m_extent) & (out_col < n_extent):
             if fx.const_expr(cfg.splits == 1):
@@ -199,16 +218,17 @@ def skinny_gemm_kernel(
 
 @functools.cache
 def choose_skinny_config(m: int, n: int, k: int, sms: int) -> SkinnyConfig:
-    """16 weight rows per CTA, 8 warps, 4 loads per row and step, double-buffered: measured best on the H200 for
-    M in {1, 16} over issue 8's shapes (even 1536 rows: 96 CTAs beat a split K, whose partials cost a second
-    launch). K is split over CTAs only when fewer than half the SMs would have a CTA."""
+    """16 weight rows per CTA, 8 warps, 4 loads per row and step, double-buffered, 256-byte L2 prefetches: measured
+    best on the H200 for M in {1, 16} over issue 8's shapes among 12 candidates (benchmarks/skinny_gemm_bench.py
+    --explore; even at 1536 rows 96 CTAs beat a split K, whose partials cost a second launch). K is split over CTAs
+    only when fewer than half the SMs would have a CTA."""
     del m  # the same configuration serves M <= 8 (rows 8..15 not loaded) and M <= 16
-    cfg = SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True)
+    cfg = SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True, prefetch=256)
     ctas = -(-n // cfg.rows)
     splits = 1
     while ctas * splits < sms // 2 and splits * 2 * cfg.step <= k and splits < 16:
         splits *= 2
-    return SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True, splits=splits)
+    return SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True, prefetch=256, splits=splits)
 
 
 def _vector_ready(t, k: int) -> bool:
