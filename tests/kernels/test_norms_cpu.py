@@ -5,6 +5,10 @@ argument before anything is launched."""
 from __future__ import annotations
 
 import importlib
+import os
+import re
+import subprocess
+import tempfile
 
 import pytest
 
@@ -98,12 +102,101 @@ def test_norms_compile_in_every_regime(n, dtype):
             rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags
         )
         _assembled(module)
-    for flags in (norm_mod.NormFlags(False, weight=True, bias=True), norm_mod.NormFlags(True, weight=True)):
-        cfg = row_config(n, dtype, held=4)
-        _assembled(
-            norm_mod.norm_backward_kernel.lower(rows, rows, weight, stats, stats, rows, partial, partial, cfg, flags)
+    for flags, sums in (
+        (norm_mod.NormFlags(False, weight=True, bias=True), 2),
+        (norm_mod.NormFlags(True, weight=True), 1),
+    ):
+        cfg = norm_mod.backward_config(n, dtype, sums)
+        partial = flyc.TensorSpec((16, sums * n), "f32")
+        ptx = _assembled(
+            norm_mod.norm_backward_kernel.lower(rows, rows, weight, stats, stats, rows, partial, cfg, flags)
         )
-    _assembled(norm_mod.column_sum_kernel.lower(partial, flyc.TensorSpec((n,), dtype)))
+        if cfg.smem_sums and cfg.row.even:
+            assert "ld.shared.v4.b32" in ptx  # column sums in shared memory, 16 bytes at a time
+        partial_out = flyc.TensorSpec((n,), dtype)
+        _assembled(norm_mod.column_sum_kernel.lower(partial, partial_out, partial_out, sums))
+
+
+# (N, dtype) at the edges of the backward's regimes: 16-bit rows with 16 values per thread (to 32768), then 8; two
+# passes over rows longer than the registers hold (bf16 past 65536, f32 past 65536), LayerNorm's column sums in
+# global memory (262144), odd N (element-wise accesses; with LayerNorm's column sums in global memory, a little
+# spilling is accepted there).
+BACKWARD_CASES = [(1024, "bf16"), (32768, "bf16"), (65536, "bf16"), (131072, "bf16"), (262144, "f32"), (65537, "f32")]
+
+
+def _spill_bytes(ptx: str) -> int:
+    """ptxas -v's spill stores for sm_90a."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        report = subprocess.run(
+            [flyc.find_ptxas(), "-v", "-arch=sm_90a", path, "-o", os.devnull], capture_output=True, text=True
+        )
+    found = re.search(r"(\d+) bytes spill stores", report.stdout + report.stderr)
+    assert found, report.stderr
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("n, dtype", BACKWARD_CASES)
+def test_norm_backward_regimes_assemble_without_spills(n, dtype):
+    rows = flyc.TensorSpec((8, n), dtype)
+    weight = flyc.TensorSpec((n,), dtype)
+    stats = flyc.TensorSpec((8,), "f32")
+    for flags, sums in (
+        (norm_mod.NormFlags(False, weight=True, bias=True), 2),
+        (norm_mod.NormFlags(True, weight=True), 1),
+    ):
+        cfg = norm_mod.backward_config(n, dtype, sums)
+        assert cfg.row.capacity >= n and cfg.row.chunks % cfg.segment == 0
+        partial = flyc.TensorSpec((16, sums * n), "f32")
+        module = norm_mod.norm_backward_kernel.lower(rows, rows, weight, stats, stats, rows, partial, cfg, flags)
+        ptx = _assembled(module)
+        if flyc.find_ptxas() is not None:
+            assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
+    if n != 262144:
+        return
+    odd = norm_mod.backward_config(262147, "f32", 2)
+    partial = flyc.TensorSpec((16, 2 * 262147), "f32")
+    spec = flyc.TensorSpec((8, 262147), "f32")
+    _assembled(
+        norm_mod.norm_backward_kernel.lower(
+            spec,
+            spec,
+            flyc.TensorSpec((262147,), "f32"),
+            stats,
+            stats,
+            spec,
+            partial,
+            odd,
+            norm_mod.NormFlags(False, weight=True, bias=True),
+        )
+    )
+
+
+def test_backward_configs():
+    cfg = norm_mod.backward_config(1024, "bf16", 2)
+    assert (cfg.row.block, cfg.row.rows_per_cta, cfg.blocks_per_sm, cfg.two_pass, cfg.smem_sums) == (
+        256,
+        4,
+        3,
+        False,
+        True,
+    )
+    cfg = norm_mod.backward_config(32768, "bf16", 2)
+    assert (cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.blocks_per_sm) == (8, 256, 2, 3)
+    cfg = norm_mod.backward_config(131072, "bf16", 2)
+    assert (cfg.row.cluster, cfg.row.block, cfg.two_pass, cfg.smem_sums) == (8, 1024, True, True)
+    cfg = norm_mod.backward_config(262144, "bf16", 2)
+    assert cfg.two_pass and not cfg.smem_sums  # 256 KB of column sums per CTA: in the partial rows instead
+    assert norm_mod.backward_config(262144, "f32", 1).smem_sums
+    for n in (1, 3, 1000, 65537, 1 << 20):
+        for dtype in ("f32", "bf16"):
+            for sums in (0, 1, 2):
+                cfg = norm_mod.backward_config(n, dtype, sums)
+                assert cfg.row.capacity >= n and cfg.blocks_per_sm * cfg.row.block <= 1024
+                smem = sums * cfg.row.block * cfg.row.chunks * cfg.row.vec * 4
+                assert not cfg.smem_sums or smem * cfg.blocks_per_sm <= 200 * 1024
 
 
 def _x(shape=(4, 64), typestr="<f4", strides=None):

@@ -149,10 +149,16 @@ def _column_close(got, ref, rows, what):
     assert bool((err <= bound).all()), f"{what}: max err {err.max():.3g}"
 
 
+# Backward regimes: rows in registers, several rows per CTA below 256 threads a row, clusters of 256-thread CTAs,
+# 16-bit rows at 16 values per thread up to 32768 and 8 from 32769, two passes over rows longer than 65536 (the
+# second from L2), LayerNorm's column sums in global memory past 131072; odd N (element-wise tails).
+BACKWARD_SIZES = [1, 3, 1000, 1024, 4097, 32768, 32769, 65536, 65537, 262147]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [1, 3, 1024, 4097, 32769, 131072])
-def test_layer_norm_backward(n, dtype):
-    rows = _rows(n, 1 << 21) + 5
+@pytest.mark.parametrize("n", BACKWARD_SIZES)
+def test_layer_norm_backward(n, dtype, rows=None):
+    rows = rows or _rows(n, 1 << 21) + 5
     x = _input(rows, n, dtype)
     w = torch.randn(n, device="cuda", dtype=dtype)
     b = torch.randn(n, device="cuda", dtype=dtype)
@@ -167,9 +173,9 @@ def test_layer_norm_backward(n, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [1, 3, 1024, 4097, 32769, 131072])
-def test_rms_norm_backward(n, dtype):
-    rows = _rows(n, 1 << 21) + 3
+@pytest.mark.parametrize("n", BACKWARD_SIZES[:-1] + [262144])
+def test_rms_norm_backward(n, dtype, rows=None):
+    rows = rows or _rows(n, 1 << 21) + 3
     x = _input(rows, n, dtype)
     w = torch.randn(n, device="cuda", dtype=torch.float32)
     dy = _input(rows, n, dtype)
@@ -181,6 +187,24 @@ def test_rms_norm_backward(n, dtype):
     _column_close(dw, wd.grad, rows, "dweight")
     dx2, dw2 = norms.rms_norm_backward(dy, x, None, rstd)
     assert dw2 is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [1000, 1024])
+def test_norm_backward_many_rows(n, dtype):
+    """More row groups than the persistent grid has CTAs: each CTA walks several (reduction slots alternate)."""
+    test_layer_norm_backward(n, dtype, rows=9001)
+    test_rms_norm_backward(n, dtype, rows=9001)
+
+
+def test_norm_backward_is_deterministic():
+    x, dy = _input(3001, 4096, torch.bfloat16), _input(3001, 4096, torch.bfloat16)
+    w, b = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    _, mean, rstd = norms.layer_norm(x, w, b, 1e-5, return_stats=True)
+    first = norms.layer_norm_backward(dy, x, w, mean, rstd)
+    for _ in range(3):
+        again = norms.layer_norm_backward(dy, x, w, mean, rstd)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
 
 def test_errors_before_launch():

@@ -5,39 +5,59 @@ One forward kernel serves the three forwards: which inputs and outputs exist is 
 registers (the mean, then the sum of squared deviations: no cancellation); RMSNorm once.
 
 Backward, for ``xhat = (x - mean) * rstd`` (RMSNorm: ``x * rstd``) and ``g = dy * weight``:
-``dx = rstd * (g - xhat * mean(g * xhat) - mean(g))`` (RMSNorm without the last term). ``dweight = sum_rows(dy *
-xhat)`` and ``dbias = sum_rows(dy)`` are reduced in two steps, deterministically: each CTA walks a strided set of
-rows (a persistent grid of about two CTAs per SM) and keeps float32 column sums in registers, written once as a
-partial row; a second small kernel sums the partial rows. (Atomics would save that kernel but make the result
-depend on timing, and contend on the same addresses at small N.)
+``dx = rstd * (g - xhat * mean(g * xhat) - mean(g))`` (RMSNorm without the last term). A persistent grid walks
+the rows; the two row means are reduced together (one barrier, and one cluster barrier for long rows, per row) while
+the next row's loads are in flight. ``dweight = sum_rows(dy * xhat)`` and ``dbias = sum_rows(dy)`` are reduced in
+two steps, deterministically: each CTA (or cluster) keeps float32 column sums of its columns in shared memory (in
+its partial row in global memory when they do not fit: LayerNorm past 131072), written once as a partial row;
+a second small kernel sums the partial rows in a fixed order. (Atomics would save that kernel but make the result
+depend on timing, and contend on the same addresses at small N.) Rows longer than the registers hold are read
+twice, segment by segment, the second time from L2. See :func:`backward_config` for the layouts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
+from types import SimpleNamespace
+
+from mlir.dialects import llvm as _llvm
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import cluster, gpu, math
+from flydsl.expr import cluster, gpu, math, vector
 from flydsl.kernels.host import empty_rows
 from flydsl.kernels.reduction import (
     RowConfig,
+    chunk_index,
     load_row,
+    load_row_raw,
     load_vector_chunk,
-    load_vector_row,
     masked,
     row_config,
     row_done,
+    row_masks,
     row_position,
     row_reduce,
     row_smem,
     store_row,
     thread_reduce,
+    widen,
 )
 
-__all__ = ["NormFlags", "forward", "backward", "norm_forward_kernel", "norm_backward_kernel", "column_sum_kernel"]
+__all__ = [
+    "NormFlags",
+    "BackwardConfig",
+    "backward_config",
+    "make_backward_config",
+    "forward",
+    "backward",
+    "norm_forward_kernel",
+    "norm_backward_kernel",
+    "column_sum_kernel",
+]
 
 
 @dataclass(frozen=True)
@@ -110,6 +130,124 @@ def norm_forward_kernel(
     row_done(cfg)
 
 
+@dataclass(frozen=True)
+class BackwardConfig:
+    """How the backward maps rows onto threads: ``row`` (the thread layout, :func:`row_config` with 16 values per
+    thread), ``segment`` (chunks held in registers at once: when the thread has more, the row is walked twice, the
+    second time from L2), ``sums`` (column sums kept: 0, 1 = dweight, 2 = dweight and dbias), ``smem_sums`` (they
+    live in shared memory; else in the CTA's partial row in global memory, read-modify-write, for rows too long
+    for shared memory) and ``blocks_per_sm`` (the persistent grid's CTAs per SM: registers capped at 64)."""
+
+    row: RowConfig
+    segment: int
+    sums: int
+    smem_sums: bool
+    blocks_per_sm: int
+
+    @property
+    def two_pass(self) -> bool:
+        return self.segment < self.row.chunks
+
+
+_BWD_THREADS = 256  # CTA size: short rows share a CTA, longer ones are split over clusters of 256-thread CTAs
+_SMEM_BYTES = 200 * 1024  # shared memory per SM the column sums may take (of 227 KB)
+
+
+@functools.lru_cache(maxsize=1024)
+def backward_config(n: int, dtype: str, sums: int) -> BackwardConfig:
+    """The backward config for rows of ``n`` elements of ``dtype`` keeping ``sums`` column sums (see
+    :class:`BackwardConfig`). Each thread holds two 16-byte chunks of dy and of x (and has the next row's in
+    flight) at 64 registers (1024 threads per SM) for float32; 16-bit rows hold 16 values, which takes 80 registers
+    (768 threads per SM, CTAs of 256), up to the rows that 8 such CTAs hold, then one chunk at 64 registers. The
+    CPU tests check with ptxas -v that none of these spills."""
+    if dtype == "f32" or n > 8 * _BWD_THREADS * 16:
+        return make_backward_config(n, dtype, sums, chunks=2 if dtype == "f32" else 1, registers=64)
+    return make_backward_config(n, dtype, sums, chunks=2, registers=80)
+
+
+def make_backward_config(n: int, dtype: str, sums: int, chunks: int, registers: int) -> BackwardConfig:
+    """A backward config holding ``chunks`` 16-byte chunks per thread per tensor in registers, in CTAs of 256
+    threads (several rows each for short rows, clusters of up to 8 for longer ones, then larger CTAs, then two
+    passes per row), as many CTAs per SM as ``registers`` per thread and the column sums' shared memory allow."""
+    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    layout = row_config(n, dtype, held=32 // (chunks * vec), warp_block=_BWD_THREADS, cta_threads=_BWD_THREADS)
+    if layout.cluster == 1 and layout.block < _BWD_THREADS:
+        layout = dataclasses.replace(layout, rows_per_cta=_BWD_THREADS // layout.threads_per_row)
+    if layout.chunks > chunks:  # two passes, over whole segments (a dynamic loop)
+        layout = dataclasses.replace(layout, chunks=-(-layout.chunks // chunks) * chunks)
+    blocks = max(1, 65536 // (registers * layout.block))
+    sum_bytes = sums * layout.block * layout.chunks * layout.vec * 4
+    while blocks > 1 and blocks * sum_bytes > _SMEM_BYTES:
+        blocks -= 1
+    return BackwardConfig(layout, min(chunks, layout.chunks), sums, sum_bytes <= _SMEM_BYTES, blocks)
+
+
+def _sum_index(cfg: BackwardConfig, pos, s: int, slot, j: int, q: int):
+    """Float4 index in shared memory of column sum ``s``, row slot ``slot``, chunk ``j``, quarter ``q`` of this
+    thread: lanes contiguous (16-byte accesses without bank conflicts)."""
+    rc = cfg.row
+    return (((s * rc.rows_per_cta + slot) * rc.chunks + j) * (rc.vec // 4) + q) * rc.threads_per_row + pos.lane
+
+
+def _load4(view, ok=None):
+    cls = vector.vector_class(fx.Float32, 4)
+    raw, buffer = vector.register_buffer(cls)
+    _llvm.store(cls(0.0).value, raw, alignment=buffer.base_alignment)
+    fx.copy(view, buffer, predicate=ok)
+    loaded = cls(_llvm.load(cls.mlir_type(), raw, alignment=buffer.base_alignment))
+    return [loaded[e] for e in range(4)]
+
+
+def _store4(view, values, ok=None):
+    cls = vector.vector_class(fx.Float32, len(values))
+    raw, buffer = vector.register_buffer(cls)
+    _llvm.store(vector.from_elements(cls.mlir_type(), values).value, raw, alignment=buffer.base_alignment)
+    fx.copy(buffer, view, predicate=ok)
+
+
+class _PartialRow:
+    """This thread's columns of the CTA's row of the ``(groups, sums * N)`` float32 partial tensor: 16-byte
+    accesses when N is a multiple of 4 (every chunk is then whole or absent), else one element at a time."""
+
+    def __init__(self, cfg: BackwardConfig, partial, group, pos, n):
+        self.cfg, self.partial, self.group, self.pos, self.n = cfg, partial, group, pos, n
+        self.wide = cfg.row.even
+
+    def _columns(self, s: int, j: int, q: int):
+        col = chunk_index(self.cfg.row, self.pos, j) * self.cfg.row.vec + 4 * q
+        return col, s * self.n + col
+
+    def load(self, s: int, j: int, q: int):
+        col, at = self._columns(s, j, q)
+        if fx.const_expr(self.wide):
+            return _load4(fx.local_tile(self.partial, (1, 4), (self.group, at // 4))[0, None], col < self.n)
+        return [_masked_load(self.partial, self.group, at + e, col + e < self.n) for e in range(4)]
+
+    def store(self, s: int, j: int, q: int, values):
+        col, at = self._columns(s, j, q)
+        if fx.const_expr(self.wide):
+            _store4(fx.local_tile(self.partial, (1, 4), (self.group, at // 4))[0, None], values, col < self.n)
+        else:
+            for e in fx.range_constexpr(4):
+                view = fx.local_tile(self.partial, (1, 1), (self.group, at + e))[0, None]
+                _store4(view, [values[e]], col + e < self.n)
+
+
+def _column_sums_add(cfg: BackwardConfig, sums_smem, partial_row, pos, chunks, terms):
+    """Adds ``terms[s]`` (this thread's values of ``chunks``) to column sum ``s``."""
+    for s in fx.range_constexpr(cfg.sums):
+        for k, j in enumerate(chunks):
+            for q in fx.range_constexpr(cfg.row.vec // 4):
+                add = terms[s][(k * cfg.row.vec + 4 * q) : (k * cfg.row.vec + 4 * q + 4)]
+                if fx.const_expr(cfg.smem_sums):
+                    view = fx.local_tile(sums_smem, (4,), (_sum_index(cfg, pos, s, pos.row_in_cta, j, q),))
+                    old = _load4(view)
+                    _store4(view, [a + b for a, b in zip(old, add, strict=True)])
+                else:
+                    old = partial_row.load(s, j, q)
+                    partial_row.store(s, j, q, [a + b for a, b in zip(old, add, strict=True)])
+
+
 @flyc.kernel
 def norm_backward_kernel(
     dy: fx.Tensor,
@@ -118,95 +256,230 @@ def norm_backward_kernel(
     mean_in: fx.Tensor,
     rstd_in: fx.Tensor,
     dx: fx.Tensor,
-    dw_partial: fx.Tensor,
-    db_partial: fx.Tensor,
-    cfg: fx.Constexpr[RowConfig],
+    partial: fx.Tensor,
+    cfg: fx.Constexpr[BackwardConfig],
     flags: fx.Constexpr[NormFlags],
 ):
-    """Rows ``g * rows_per_cta + row_in_cta`` for ``g = group, group + groups, ...``; column sums of ``dy * xhat``
-    and ``dy`` go to row ``group * rows_per_cta + row_in_cta`` of the partial tensors."""
+    """A persistent grid: CTA group ``g`` (a CTA, or a cluster for long rows) takes row groups ``g, g + groups,
+    ...``. Per row: one pass loads dy and x, adds to the column sums and reduces ``sum(g * xhat)`` and ``sum(g)``
+    together (one barrier per row; two slots alternate); a second writes dx (from registers, or re-reading the row
+    from L2 when it does not fit). The column sums go to row ``g`` of ``partial``: ``(groups, sums * N)``
+    float32, dweight in the first N columns, dbias in the next N."""
+    rc = cfg.row
     rows, n = x.shape
-    groups = gpu.grid_dim.x // cfg.cluster
-    pos = row_position(cfg)
-    first_row = pos.row
-    smem = row_smem(cfg, phases=2)
+    groups = gpu.grid_dim.x // rc.cluster
+    pos = row_position(rc)
+    flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
+    group = gpu.block_idx.x // rc.cluster
+    smem = row_smem(rc, phases=2, values=1 if flags.rms else 2)
+    sums_smem = None
+    if fx.const_expr(cfg.sums > 0 and cfg.smem_sums):
+        sums_smem = fx.SmemAllocator().allocate(fx.Float32, cfg.sums * rc.block * rc.chunks * rc.vec, alignment=16)
+    partial_row = _PartialRow(cfg, partial, group, pos, n)
+    zeros = [fx.Float32(0.0)] * 4
+    for s in fx.range_constexpr(cfg.sums):
+        for j in fx.range_constexpr(rc.chunks):
+            for q in fx.range_constexpr(rc.vec // 4):
+                if fx.const_expr(cfg.smem_sums):
+                    _store4(fx.local_tile(sums_smem, (4,), (_sum_index(cfg, pos, s, pos.row_in_cta, j, q),)), zeros)
+                else:
+                    partial_row.store(s, j, q, zeros)
+    row_groups = (rows + (rc.rows_per_cta - 1)) // rc.rows_per_cta
+    tensors = (dy, x, weight, mean_in, rstd_in, dx)
+    if fx.const_expr(cfg.two_pass):
+        _rows_two_pass(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups)
+    else:
+        _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups)
+    if fx.const_expr(cfg.sums > 0 and cfg.smem_sums):
+        # The CTA's row slots summed (in a fixed order) into its partial row.
+        if fx.const_expr(rc.rows_per_cta > 1):
+            gpu.barrier()
+        if pos.row_in_cta == 0:
+            _write_partial(cfg, sums_smem, partial_row, pos)
+    if fx.const_expr(rc.cluster > 1):
+        cluster.sync()  # peers may still read this CTA's reduction slots
+
+
+def _row_at(pos, row):
+    """``pos`` at another row (same thread, same place in the row)."""
+    return SimpleNamespace(**{**vars(pos), "row": row})
+
+
+def _prefetch(rc: RowConfig, flags: NormFlags, tensors, pos, n, rows):
+    """Row ``pos.row``'s dy and x chunks in their dtype (nothing read past the last row), its rstd and mean."""
+    dy, x, _, mean_in, rstd_in, _ = tensors
+    safe_row = fx.arith.select(pos.row < rows, pos.row, type(pos.row)(0))
+    mu = fx.Float32(0.0)
+    if fx.const_expr(not flags.rms):
+        mu = mean_in[safe_row]
+    return [load_row_raw(rc, dy, pos, n, rows), load_row_raw(rc, x, pos, n, rows), rstd_in[safe_row], mu]
+
+
+def _row_constants(rc: RowConfig, flags: NormFlags, pos, smem, parity, dots, inv_n):
+    """``c1 = mean(g * xhat)`` and ``c2 = mean(g)`` (0 for RMSNorm) of the row, from the threads' partial sums."""
+    means = [v * inv_n for v in row_reduce(rc, pos, smem, parity, dots)]
+    c2 = fx.Float32(0.0)
+    if fx.const_expr(not flags.rms):
+        c2 = means[1]
+    return means[0], c2
+
+
+def _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups):
+    """Rows held in registers: while a row is reduced and written, the next row's loads are in flight (issued
+    first, in the row's dtype: 4 registers per chunk), which hides the reduction's barriers behind memory."""
+    rc = cfg.row
+    dx = tensors[5]
     inv_n = 1.0 / n.to(fx.Float32)
-    ws = [fx.Float32(1.0)] * (cfg.chunks * cfg.vec)
+    whole = tuple(range(rc.chunks))
+    parity = fx.Int32(0)
+    ahead = _prefetch(rc, flags, tensors, pos, n, rows)  # pos.row: the first row of this CTA
+    for grp in range(group, row_groups, groups):  # the same trip count for the whole CTA (and cluster)
+        here = _row_at(pos, grp * rc.rows_per_cta + pos.row_in_cta)
+        current = ahead
+        ahead = _prefetch(rc, flags, tensors, _row_at(pos, (grp + groups) * rc.rows_per_cta + pos.row_in_cta), n, rows)
+        rstd, mu = current[2], current[3]
+        g, xhat, dys = _terms(
+            rc, flags, tensors[2], here, n, rows, rstd, mu, whole, widen(current[0]), widen(current[1])
+        )
+        dots = [fx.Float32(0.0)] * (1 if flags.rms else 2)
+        dots = _first_pass(cfg, flags, sums_smem, partial_row, here, whole, g, xhat, dys, dots)
+        c1, c2 = _row_constants(rc, flags, here, smem, parity, dots, inv_n)
+        store_row(rc, dx, here, n, rows, _dx(rstd, g, xhat, c1, c2))
+        parity = 1 - parity
+
+
+def _rows_two_pass(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups):
+    """Rows longer than the registers hold: each is read twice, segment by segment (the second time from L2)."""
+    rc = cfg.row
+    inv_n = 1.0 / n.to(fx.Float32)
+    parity = fx.Int32(0)
+    for grp in range(group, row_groups, groups):  # the same trip count for the whole CTA (and cluster)
+        here = _row_at(pos, grp * rc.rows_per_cta + pos.row_in_cta)
+        safe_row = fx.arith.select(here.row < rows, here.row, type(here.row)(0))
+        rstd = tensors[4][safe_row]
+        mu = fx.Float32(0.0)
+        if fx.const_expr(not flags.rms):
+            mu = tensors[3][safe_row]
+        terms = (rc, flags, tensors, here, n, rows, rstd, mu)
+        dots = [fx.Float32(0.0)] * (1 if flags.rms else 2)
+        dots = _first_pass_segments(cfg, terms, sums_smem, partial_row, dots)
+        c1, c2 = _row_constants(rc, flags, here, smem, parity, dots, inv_n)
+        _second_pass_segments(cfg, terms, tensors[5], c1, c2)
+        parity = 1 - parity
+
+
+def _first_pass(cfg: BackwardConfig, flags: NormFlags, sums_smem, partial_row, pos, chunks, g, xhat, dys, dots):
+    """Adds the chunks' terms to the column sums; returns ``dots`` plus their ``sum(g * xhat)`` (and ``sum(g)``)."""
+    if fx.const_expr(cfg.sums > 0):
+        terms = [[a * h for a, h in zip(dys, xhat, strict=True)], dys]
+        _column_sums_add(cfg, sums_smem, partial_row, pos, chunks, terms[: cfg.sums])
+    part = [thread_reduce([a * h for a, h in zip(g, xhat, strict=True)])]
+    if fx.const_expr(not flags.rms):
+        part.append(thread_reduce(g))
+    return [a + b for a, b in zip(dots, part, strict=True)]
+
+
+def _segment(cfg: BackwardConfig, seg):
+    return tuple(seg * cfg.segment + k for k in range(cfg.segment))
+
+
+def _first_pass_segments(cfg: BackwardConfig, terms, sums_smem, partial_row, dots):
+    """The first pass over a row too long for registers: a dynamic loop over segments, so that the compiler does
+    not hoist every segment's loads (and their registers)."""
+    flags, pos = terms[1], terms[3]
+    for seg in range(0, cfg.row.chunks // cfg.segment):
+        chunks = _segment(cfg, seg)
+        g, xhat, dys = _load_terms(*terms, chunks)
+        dots = _first_pass(cfg, flags, sums_smem, partial_row, pos, chunks, g, xhat, dys, dots)
+    return dots
+
+
+def _second_pass_segments(cfg: BackwardConfig, terms, dx, c1, c2):
+    """dx of a row too long for registers: it is read again, segment by segment (from L2, just read)."""
+    rc, pos, n, rows, rstd = terms[0], terms[3], terms[4], terms[5], terms[6]
+    for seg in range(0, cfg.row.chunks // cfg.segment):
+        chunks = _segment(cfg, seg)
+        g, xhat, _ = _load_terms(*terms, chunks)
+        store_row(rc, dx, pos, n, rows, _dx(rstd, g, xhat, c1, c2), chunks=chunks)
+
+
+def _dx(rstd, g, xhat, c1, c2):
+    return [rstd * (a - h * c1 - c2) for a, h in zip(g, xhat, strict=True)]
+
+
+def _load_terms(rc: RowConfig, flags: NormFlags, tensors, pos, n, rows, rstd, mu, chunks):
+    """``(dy * weight, xhat, dy)`` of this thread's ``chunks`` of row ``pos.row``."""
+    dys, _ = load_row(rc, tensors[0], pos, n, rows, chunks=chunks)
+    xs, _ = load_row(rc, tensors[1], pos, n, rows, chunks=chunks)
+    return _terms(rc, flags, tensors[2], pos, n, rows, rstd, mu, chunks, dys, xs)
+
+
+def _terms(rc: RowConfig, flags: NormFlags, weight, pos, n, rows, rstd, mu, chunks, dys, xs):
+    """``(dy * weight, xhat, dy)`` from the loaded ``dys`` and ``xs`` of ``chunks``."""
+    if fx.const_expr(flags.rms):
+        xhat = [v * rstd for v in xs]
+    else:  # the padding is 0, not -mean * rstd
+        xhat = masked([(v - mu) * rstd for v in xs], row_masks(rc, pos, n, rows, chunks))
+    g = dys
     if fx.const_expr(flags.weight):
-        ws = load_vector_row(cfg, weight, pos, n)
-    dw_acc = [fx.Float32(0.0)] * (cfg.chunks * cfg.vec)
-    db_acc = [fx.Float32(0.0)] * (cfg.chunks * cfg.vec)
-    row_groups = (rows + (cfg.rows_per_cta - 1)) // cfg.rows_per_cta
-    for grp in range(gpu.block_idx.x // cfg.cluster, row_groups, groups):  # the same trip count for the whole CTA
-        row = grp * cfg.rows_per_cta + pos.row_in_cta
-        pos.row = row
-        valid = row < rows
-        safe_row = fx.arith.select(valid, row, fx.Index(0))
-        rstd = rstd_in[safe_row]
-        dys, _ = load_row(cfg, dy, pos, n, rows)
-        xs, masks = load_row(cfg, x, pos, n, rows)
-        if fx.const_expr(flags.rms):
-            xhat = [v * rstd for v in xs]
-        else:
-            mu = mean_in[safe_row]
-            xhat = masked([(v - mu) * rstd for v in xs], masks)
+        ws = []
+        for j in chunks:
+            ws += load_vector_chunk(rc, weight, pos, n, j)
         g = [a * w for a, w in zip(dys, ws, strict=True)]
-        c1 = row_reduce(cfg, pos, smem, 0, thread_reduce([a * b for a, b in zip(g, xhat, strict=True)])) * inv_n
-        if fx.const_expr(flags.rms):
-            c2 = fx.Float32(0.0)
-            _row_barrier(cfg)  # one reduction per row: keep the next row's writes after this row's reads
-        else:
-            c2 = row_reduce(cfg, pos, smem, 1, thread_reduce(g)) * inv_n
-        store_row(cfg, dx, pos, n, rows, [rstd * (a - h * c1 - c2) for a, h in zip(g, xhat, strict=True)])
-        dw_acc = [acc + a * h for acc, a, h in zip(dw_acc, dys, xhat, strict=True)]
-        db_acc = [acc + a for acc, a in zip(db_acc, dys, strict=True)]
-    pos.row = first_row
-    partial_rows = groups * cfg.rows_per_cta
-    if fx.const_expr(flags.weight):
-        store_row(cfg, dw_partial, pos, n, partial_rows, dw_acc)
-        if fx.const_expr(flags.bias):
-            store_row(cfg, db_partial, pos, n, partial_rows, db_acc)
-    if fx.const_expr(cfg.cluster > 1):
-        cluster.sync()  # peers may still read this CTA's partials
+    return g, xhat, dys
 
 
-def _row_barrier(cfg: RowConfig):
-    if fx.const_expr(cfg.warps_per_row > 1):
-        gpu.barrier()
-    if fx.const_expr(cfg.cluster > 1):
-        cluster.sync()
+def _write_partial(cfg: BackwardConfig, sums_smem, partial_row, pos):
+    rc = cfg.row
+    for s in fx.range_constexpr(cfg.sums):
+        for j in fx.range_constexpr(rc.chunks):
+            for q in fx.range_constexpr(rc.vec // 4):
+                total = [fx.Float32(0.0)] * 4
+                for slot in fx.range_constexpr(rc.rows_per_cta):
+                    view = fx.local_tile(sums_smem, (4,), (_sum_index(cfg, pos, s, slot, j, q),))
+                    total = [a + b for a, b in zip(total, _load4(view), strict=True)]
+                partial_row.store(s, j, q, total)
 
 
-_COL_VEC, _COL_LANES, _COL_SLICES = 4, 32, 8  # column reduction: 4 columns per thread, 32 x 8 threads per block
+_COL_LANES, _COL_SLICES, _COL_UNROLL = 32, 16, 8  # column sums: 32 columns x 16 slices of partial rows per block
 
 
 def _masked_load(t, row, col, ok):
-    return fx.arith.select(ok, t[row, fx.arith.select(ok, col, fx.Int32(0))], fx.Float32(0.0))
+    """``t[row, col]`` where ``ok``, else 0 (and no access out of bounds: row and column clamped to 0)."""
+    safe_row = fx.arith.select(ok, row, type(row)(0))
+    return fx.arith.select(ok, t[safe_row, fx.arith.select(ok, col, type(col)(0))], fx.Float32(0.0))
 
 
 @flyc.kernel
-def column_sum_kernel(partial: fx.Tensor, out: fx.Tensor):
-    """``out[c] = sum_p partial[p, c]`` in float32 (out in its own dtype): a block covers 128 columns; its 8 warps
-    take every 8th partial row, then add their sums through shared memory."""
-    parts, n = partial.shape
+def column_sum_kernel(partial: fx.Tensor, dweight: fx.Tensor, dbias: fx.Tensor, sums: fx.Constexpr[int]):
+    """``dweight[c] = sum_p partial[p, c]`` and ``dbias[c] = sum_p partial[p, N + c]`` in float32, converted to
+    their dtype. A block covers 32 columns: slice ``s`` of its 16 adds partial rows ``s*8 .. s*8+7, s*8+128 ...``
+    (8 independent loads in flight per thread), then the slices are added through shared memory, always in the
+    same order: deterministic."""
+    flyc.set_kernel_attributes(threads=_COL_LANES * _COL_SLICES)
+    parts = partial.shape[0]
+    n = fx.size(dweight.layout).to(fx.Int32)  # a 1-D layout's shape is a scalar
     lane = gpu.thread_idx.x % _COL_LANES
     part = gpu.thread_idx.x // _COL_LANES
-    col = (gpu.block_idx.x * _COL_LANES + lane) * _COL_VEC
-    ok = col < n
-    acc = [fx.Float32(0.0)] * _COL_VEC
-    for p in range(part, parts, _COL_SLICES):
-        acc = [acc[e] + _masked_load(partial, p, col + e, ok & (col + e < n)) for e in range(_COL_VEC)]
-    sums = fx.SmemAllocator().allocate(fx.Float32, fl.Layout((_COL_SLICES, _COL_LANES * _COL_VEC)))
-    for e in fx.range_constexpr(_COL_VEC):
-        sums[part, lane * _COL_VEC + e] = acc[e]
+    col = gpu.block_idx.x * _COL_LANES + lane
+    ok = col < sums * n
+    acc = fx.Float32(0.0)
+    step = _COL_SLICES * _COL_UNROLL
+    for p0 in range(part * _COL_UNROLL, parts, step):
+        loaded = [_masked_load(partial, p0 + u, col, ok & (p0 + u < parts)) for u in range(_COL_UNROLL)]
+        acc = acc + thread_reduce(loaded)
+    slices = fx.SmemAllocator().allocate(fx.Float32, fl.Layout((_COL_SLICES, _COL_LANES)))
+    slices[part, lane] = acc
     gpu.barrier()
     if part == 0:
-        for e in fx.range_constexpr(_COL_VEC):
-            total = fx.Float32(0.0)
-            for s in fx.range_constexpr(_COL_SLICES):
-                total = total + sums[s, lane * _COL_VEC + e]
-            if col + e < n:
-                out[col + e] = total.to(out.dtype)
+        total = fx.Float32(0.0)
+        for s in fx.range_constexpr(_COL_SLICES):
+            total = total + slices[s, lane]
+        if col < n:
+            dweight[col] = total.to(dweight.dtype)
+        if fx.const_expr(sums > 1):
+            if (col >= n) & ok:
+                dbias[col - n] = total.to(dbias.dtype)
 
 
 @functools.lru_cache(maxsize=1)
@@ -241,21 +514,20 @@ def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
     if rows == 0 or n == 0:
         return
     flags = NormFlags(rms, weight=weight is not None, bias=dbias is not None)
-    cfg = row_config(n, x.dtype, held=4)
-    groups = min(-(-rows // cfg.rows_per_cta), max(1, 2 * _sm_count() // cfg.cluster))
-    partial_rows = groups * cfg.rows_per_cta
-    dw_partial = db_partial = x.obj
-    if weight is not None:
-        dw_partial = empty_rows(x, (partial_rows, n), "dweight partial sums")
-        db_partial = empty_rows(x, (partial_rows, n), "dbias partial sums") if dbias is not None else dw_partial
+    sums = 0 if weight is None else (2 if dbias is not None else 1)
+    cfg = backward_config(n, x.dtype, sums)
+    rc = cfg.row
+    groups = min(-(-rows // rc.rows_per_cta), max(1, cfg.blocks_per_sm * _sm_count() // rc.cluster))
+    partial = empty_rows(x, (groups, sums * n), "dweight/dbias partial sums") if sums else x.obj
     placeholder = x.obj
     mean_obj = mean.obj if mean is not None else rstd.obj
     w_obj = weight.obj if weight is not None else placeholder
-    cluster_shape = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
-    norm_backward_kernel(dy.obj, x.obj, w_obj, mean_obj, rstd.obj, dx.obj, dw_partial, db_partial, cfg, flags).launch(
-        grid=groups * cfg.cluster, block=cfg.block, cluster=cluster_shape
+    cluster_shape = (rc.cluster, 1, 1) if rc.cluster > 1 else None
+    norm_backward_kernel(dy.obj, x.obj, w_obj, mean_obj, rstd.obj, dx.obj, partial, cfg, flags).launch(
+        grid=groups * rc.cluster, block=rc.block, cluster=cluster_shape
     )
-    for partial, target in ((dw_partial, dweight), (db_partial, dbias)):
-        if target is not None:
-            blocks = -(-n // (_COL_LANES * _COL_VEC))
-            column_sum_kernel(partial, target.obj).launch(grid=blocks, block=_COL_LANES * _COL_SLICES)
+    if sums:
+        db_obj = dbias.obj if dbias is not None else dweight.obj
+        column_sum_kernel(partial, dweight.obj, db_obj, sums).launch(
+            grid=-(-sums * n // _COL_LANES), block=_COL_LANES * _COL_SLICES
+        )

@@ -39,8 +39,12 @@ __all__ = [
     "RowConfig",
     "row_config",
     "row_position",
+    "chunk_index",
     "row_smem",
     "load_row",
+    "load_row_raw",
+    "widen",
+    "row_masks",
     "load_vector_row",
     "load_vector_chunk",
     "store_row",
@@ -160,17 +164,19 @@ def row_position(cfg: RowConfig):
     return SimpleNamespace(tid=tid, lane=lane, row_in_cta=row_in_cta, rank=rank, row=row, leader=leader)
 
 
-def row_smem(cfg: RowConfig, phases: int):
-    """Shared memory for ``phases`` row reductions (each its own slots: no barrier needed to reuse them)."""
+def row_smem(cfg: RowConfig, phases: int, values: int = 1):
+    """Shared memory for ``phases`` row reductions (each its own slots: no barrier needed to reuse them) of
+    ``values`` values each (:func:`row_reduce` of a list reduces them together, through one barrier)."""
     smem = fx.SmemAllocator()
     scratch = None
     if cfg.warps_per_row > 1:
-        scratch = smem.allocate(fx.Float32, phases * cfg.rows_per_cta * cfg.warps_per_row)
-    partials = smem.allocate(fx.Float32, phases) if cfg.cluster > 1 else None
-    return SimpleNamespace(scratch=scratch, partials=partials)
+        scratch = smem.allocate(fx.Float32, phases * cfg.rows_per_cta * values * cfg.warps_per_row)
+    partials = smem.allocate(fx.Float32, phases * values) if cfg.cluster > 1 else None
+    return SimpleNamespace(scratch=scratch, partials=partials, values=values)
 
 
-def _chunk(cfg: RowConfig, pos, j: int):
+def chunk_index(cfg: RowConfig, pos, j: int):
+    """The row chunk (``vec`` elements from column ``vec *`` it) that is this thread's ``j``-th."""
     return (j * cfg.cluster + pos.rank) * cfg.threads_per_row + pos.lane
 
 
@@ -184,42 +190,76 @@ def _read_buffer(cls, raw, buffer):
     return cls(_llvm.load(cls.mlir_type(), raw, alignment=buffer.base_alignment))
 
 
-def _load_chunk(cfg: RowConfig, view, col, n, row_ok, fill):
-    """The ``vec`` elements of a chunk view as Float32 scalars, ``fill`` where out of range; and their masks (one
-    Boolean per chunk when ``cfg.even``, else one per element)."""
+def _chunk_list(cfg: RowConfig, chunks) -> tuple:
+    return tuple(chunks) if chunks is not None else tuple(range(cfg.chunks))  # a Python tuple: unrolled at trace
+
+
+def _chunk_masks(cfg: RowConfig, col, n, row_ok):
+    """In-range Booleans of a chunk's elements (one per chunk when ``cfg.even``, repeated ``vec`` times)."""
+    if fx.const_expr(cfg.even):
+        return [row_ok & (col < n)] * cfg.vec
+    return [row_ok & (col + e < n) for e in range(cfg.vec)]
+
+
+def _load_chunk_raw(cfg: RowConfig, view, col, n, row_ok, fill):
+    """The ``vec`` elements of a chunk view as one vector of its dtype, ``fill`` where out of range."""
     cls = vector.vector_class(view.dtype, cfg.vec)
     raw, buffer = _fill_buffer(cls, fill)
     if fx.const_expr(cfg.even):
-        ok = row_ok & (col < n)
-        fx.copy(view, buffer, predicate=ok)
-        masks = [ok] * cfg.vec
+        fx.copy(view, buffer, predicate=row_ok & (col < n))
     else:
-        masks = []
         for e in fx.range_constexpr(cfg.vec):
             ok = row_ok & (col + e < n)
             fx.copy(fx.local_tile(view, (1,), (e,)), fx.local_tile(buffer, (1,), (e,)), predicate=ok)
-            masks.append(ok)
-    loaded = _read_buffer(cls, raw, buffer).to(fx.Float32)
-    return [loaded[e] for e in range(cfg.vec)], masks
+    return _read_buffer(cls, raw, buffer)
 
 
-def load_row(cfg: RowConfig, t, pos, n, rows, fill=0.0):
-    """This thread's elements of row ``pos.row`` of the 2-D tensor ``t`` (``chunks * vec`` Float32 scalars, ``fill``
-    where past N or past the last row) and their masks (Booleans: in range)."""
+def _load_chunk(cfg: RowConfig, view, col, n, row_ok, fill):
+    """The ``vec`` elements of a chunk view as Float32 scalars, ``fill`` where out of range; and their masks."""
+    loaded = _load_chunk_raw(cfg, view, col, n, row_ok, fill).to(fx.Float32)
+    return [loaded[e] for e in range(cfg.vec)], _chunk_masks(cfg, col, n, row_ok)
+
+
+def load_row_raw(cfg: RowConfig, t, pos, n, rows, fill=0.0, chunks=None):
+    """As :func:`load_row`, but one vector of ``t``'s dtype per chunk (16 bytes: 4 registers whatever the dtype),
+    for a kernel that loads the next row while it works on this one; :func:`widen` converts them."""
     row_ok = pos.row < rows
-    values, masks = [], []
-    for j in fx.range_constexpr(cfg.chunks):
-        c = _chunk(cfg, pos, j)
+    loaded = []
+    for j in _chunk_list(cfg, chunks):
+        c = chunk_index(cfg, pos, j)
         view = fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None]  # (vec,): 16 contiguous bytes
-        v, m = _load_chunk(cfg, view, c * cfg.vec, n, row_ok, fill)
-        values += v
-        masks += m
-    return values, masks
+        loaded.append(_load_chunk_raw(cfg, view, c * cfg.vec, n, row_ok, fill))
+    return loaded
+
+
+def widen(loaded):
+    """Chunks from :func:`load_row_raw` as Float32 scalars."""
+    values = []
+    for v in loaded:
+        wide = v.to(fx.Float32)
+        values += [wide[e] for e in range(len(v))]
+    return values
+
+
+def row_masks(cfg: RowConfig, pos, n, rows, chunks=None):
+    """The masks :func:`load_row` returns (Booleans: in range) for row ``pos.row``."""
+    row_ok = pos.row < rows
+    masks = []
+    for j in _chunk_list(cfg, chunks):
+        masks += _chunk_masks(cfg, chunk_index(cfg, pos, j) * cfg.vec, n, row_ok)
+    return masks
+
+
+def load_row(cfg: RowConfig, t, pos, n, rows, fill=0.0, chunks=None):
+    """This thread's elements of row ``pos.row`` of the 2-D tensor ``t`` (``chunks * vec`` Float32 scalars, ``fill``
+    where past N or past the last row) and their masks (Booleans: in range). ``chunks``: which of the thread's
+    chunks (a range; default all), for kernels that walk a row in segments."""
+    return widen(load_row_raw(cfg, t, pos, n, rows, fill, chunks)), row_masks(cfg, pos, n, rows, chunks)
 
 
 def load_vector_chunk(cfg: RowConfig, w, pos, n, j: int, fill=0.0):
     """This thread's chunk ``j`` of a 1-D (N,) tensor (weights, bias), laid out like the rows: ``vec`` Float32."""
-    c = _chunk(cfg, pos, j)
+    c = chunk_index(cfg, pos, j)
     values, _ = _load_chunk(cfg, fx.local_tile(w, (cfg.vec,), (c,)), c * cfg.vec, n, pos.lane >= 0, fill)
     return values
 
@@ -232,19 +272,20 @@ def load_vector_row(cfg: RowConfig, w, pos, n, fill=0.0):
     return values
 
 
-def store_row(cfg: RowConfig, t, pos, n, rows, values) -> None:
+def store_row(cfg: RowConfig, t, pos, n, rows, values, chunks=None) -> None:
     """Writes this thread's ``values`` (Float32 scalars, as from :func:`load_row`) into row ``pos.row`` of ``t``,
     converted to its dtype; nothing past N or past the last row. ``values`` may be a function of the chunk index
     giving that chunk's ``vec`` values: computed just before the chunk's store, which keeps what it loads (weights)
-    out of the registers of the other chunks."""
+    out of the registers of the other chunks. ``chunks``: which of the thread's chunks (as in :func:`load_row`;
+    ``values`` then holds those chunks' values, in order)."""
     row_ok = pos.row < rows
     cls = vector.vector_class(t.dtype, cfg.vec)
     wide = vector.vector_class(fx.Float32, cfg.vec)
-    for j in fx.range_constexpr(cfg.chunks):
-        c = _chunk(cfg, pos, j)
+    for k, j in enumerate(_chunk_list(cfg, chunks)):
+        c = chunk_index(cfg, pos, j)
         col = c * cfg.vec
         view = fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None]
-        part = values(j) if callable(values) else values[j * cfg.vec : (j + 1) * cfg.vec]
+        part = values(j) if callable(values) else values[k * cfg.vec : (k + 1) * cfg.vec]
         chunk = vector.from_elements(wide.mlir_type(), part)
         raw, buffer = vector.register_buffer(cls)
         _llvm.store(chunk.to(t.dtype).value, raw, alignment=buffer.base_alignment)
@@ -276,29 +317,50 @@ def thread_reduce(values, op: str = "add"):
     return values[0]
 
 
-def row_reduce(cfg: RowConfig, pos, smem, phase: int, value, op: str = "add", last: bool = False):
+def _write_slots(buffer, start, stride, values) -> None:
+    for i, v in enumerate(values):
+        buffer[start + i * stride] = v
+
+
+def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: bool = False):
     """``value`` (one Float32 per thread) combined over every thread of the row (``op``: ``"add"`` or ``"max"``);
-    every thread gets the result. ``phase``: which of :func:`row_smem`'s slots this reduction uses (each reduction
-    of a kernel its own). ``last``: the kernel's last reduction (the cluster's final barrier starts here and ends
-    in :func:`row_done`)."""
-    value = gpu.warp_reduce(value, op, width=min(32, cfg.threads_per_row))
+    every thread gets the result. ``value`` may be a list of up to ``smem.values`` Float32s: reduced together
+    (one barrier, one cluster barrier), the results as a list. ``phase``: which of :func:`row_smem`'s slots this
+    reduction uses (each reduction of a kernel its own; may be a kernel integer, e.g. a row loop's parity, so that
+    consecutive reductions alternate between two slots). ``last``: the kernel's last reduction (the cluster's final
+    barrier starts here and ends in :func:`row_done`)."""
+    many = isinstance(value, (list, tuple))
+    values = list(value) if many else [value]
+    if len(values) > smem.values:
+        raise ValueError(f"row_reduce: {len(values)} values, but row_smem was sized for {smem.values}")
+    width = len(values)
+    values = [gpu.warp_reduce(v, op, width=min(32, cfg.threads_per_row)) for v in values]
     if fx.const_expr(cfg.warps_per_row > 1):
         lane32 = pos.tid % 32
         warp_in_row = pos.lane // 32
-        base = (phase * cfg.rows_per_cta + pos.row_in_cta) * cfg.warps_per_row
+        base = (phase * cfg.rows_per_cta + pos.row_in_cta) * smem.values
         if lane32 == 0:
-            smem.scratch[base + warp_in_row] = value
+            _write_slots(smem.scratch, base * cfg.warps_per_row + warp_in_row, cfg.warps_per_row, values)
         gpu.barrier()
-        value = gpu.warp_reduce(smem.scratch[base + lane32 % cfg.warps_per_row], op, width=cfg.warps_per_row)
+        slot = lane32 % cfg.warps_per_row
+        values = [
+            gpu.warp_reduce(smem.scratch[(base + i) * cfg.warps_per_row + slot], op, width=cfg.warps_per_row)
+            for i in range(width)
+        ]
     if fx.const_expr(cfg.cluster > 1):
         if pos.tid == 0:
-            smem.partials[phase] = value
+            _write_slots(smem.partials, phase * smem.values, 1, values)
         cluster.sync()  # every CTA's partial is visible cluster-wide
         peer = (pos.tid % 32) % cfg.cluster
-        value = gpu.warp_reduce(cluster.load_peer(smem.partials, peer, coord=phase), op, width=cfg.cluster)
+        values = [
+            gpu.warp_reduce(
+                cluster.load_peer(smem.partials, peer, coord=phase * smem.values + i), op, width=cfg.cluster
+            )
+            for i in range(width)
+        ]
         if fx.const_expr(last):
             cluster.arrive(relaxed=True)  # done reading peers; row_done waits before exit
-    return value
+    return values if many else values[0]
 
 
 def row_done(cfg: RowConfig) -> None:
