@@ -21,7 +21,15 @@ from __future__ import annotations
 
 from flydsl.kernels import normalization as _norm
 from flydsl.kernels import softmax as _softmax
-from flydsl.kernels.host import empty_like, empty_rows, row_tensor, same_device, stats_tensor, vector_tensor
+from flydsl.kernels.host import (
+    empty_like,
+    empty_rows,
+    from_torch,
+    row_tensor,
+    same_device,
+    stats_tensor,
+    vector_tensor,
+)
 
 __all__ = [
     "softmax",
@@ -35,9 +43,10 @@ __all__ = [
 
 
 def _output(given, name: str, like, what: str):
-    """A validated output tensor: the one given (same shape as the input) or a new one like the input."""
+    """A validated output tensor: the one given (same shape as the input) or a new one like the input (allocated
+    here: nothing to check)."""
     if given is None:
-        given = empty_like(like, f"{what}: {name}")
+        return from_torch(empty_like(like, f"{what}: {name}"))
     t = row_tensor(given, name, rows=like.shape[0], n=like.shape[1], dtypes=(like.dtype,))
     same_device(like, (name, t))
     return t
@@ -47,7 +56,7 @@ def _stats(given, name: str, like, wanted: bool, what: str):
     if given is None and not wanted:
         return None
     if given is None:
-        given = empty_rows(like, (like.shape[0],), f"{what}: {name}")
+        return from_torch(empty_rows(like, (like.shape[0],), f"{what}: {name}"))
     t = stats_tensor(given, name, like.shape[0])
     same_device(like, (name, t))
     return t
