@@ -33,7 +33,7 @@ def _lower(m, n, k, cfg, spec, out="bf16", dtype="bf16"):
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_lowers_to_mma_sync_and_streaming_loads(dtype):
-    cfg = SkinnyConfig(groups=4, warps=8, unroll=2)
+    cfg = SkinnyConfig(groups=4, warps=8, unroll=2, pipelined=False, prefetch=None)
     compiled = _lower(16, 4096, 4096, cfg, (True, True, "gelu", True), dtype=dtype)
     ptx = compiled.ptx
     # The main step and the K-tail step: unroll x 2 k16 halves x groups MMAs each.
@@ -46,10 +46,10 @@ def test_lowers_to_mma_sync_and_streaming_loads(dtype):
 
 def test_pipelined_steps_lower():
     # Double-buffered: the loop body, the last full step after it, the K-tail step: 3 x (unroll x 2 x groups) MMAs.
-    cfg = SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True)
+    cfg = SkinnyConfig()  # the default: groups 2, unroll 4, pipelined, 256-byte L2 prefetches
     compiled = _lower(16, 4096, 4096, cfg, (True, False, "silu", True))
     assert compiled.ptx.count("mma.sync.aligned.m16n8k16") == 3 * 16
-    assert compiled.ptx.count("ld.global.nc.L1::no_allocate.v4.b32") == 3 * 8
+    assert compiled.ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.b32") == 3 * 8
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
@@ -64,14 +64,14 @@ def test_warps_side_by_side_lower():
 
 
 def test_small_m_skips_the_upper_rows():
-    compiled = _lower(8, 1000, 1024, SkinnyConfig(groups=2, unroll=4), (True, False, None, False))
+    compiled = _lower(8, 1000, 1024, SkinnyConfig(pipelined=False), (True, False, None, False))
     assert len(re.findall(r"ld\.global\.nc\.v4\.b32", compiled.ptx)) == 2 * 4  # row q only: one A load per chunk
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
 def test_unaligned_k_and_split_k_lower():
     # K % 8 != 0: element loads, no 16-byte vectors; split K: fp32 partials, no epilogue.
-    compiled = _lower(3, 1000, 1000, SkinnyConfig(groups=2, splits=4), (False, False, None, False))
+    compiled = _lower(3, 1000, 1000, SkinnyConfig(splits=4), (False, False, None, False))
     assert "ld.global.nc" not in compiled.ptx and "mma.sync.aligned.m16n8k16" in compiled.ptx
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
@@ -85,6 +85,7 @@ def test_config_checks_and_choice():
         SkinnyConfig(warps=2, warps_n=4)
     cfg = SkinnyConfig(groups=2, warps=8, unroll=4, warps_n=2)
     assert (cfg.rows, cfg.warps_k, cfg.step) == (32, 4, 512)
+    assert choose_skinny_config(16, 4096, 4096, 132) == SkinnyConfig()
     small = choose_skinny_config(16, 512, 7168, 132)
     assert small.splits > 1 and -(-512 // small.rows) * small.splits >= 132 // 2
     assert choose_skinny_config(1, 28672, 8192, 132).splits == 1
@@ -169,7 +170,7 @@ def test_epilogues(activation, bias_dtype):
 def test_configs_and_split_k(splits, groups, unroll, pipelined, warps_n):
     import torch
 
-    cfg = SkinnyConfig(groups=groups, unroll=unroll, splits=splits, pipelined=pipelined, warps_n=warps_n)
+    cfg = SkinnyConfig(groups, unroll=unroll, splits=splits, pipelined=pipelined, warps_n=warps_n, prefetch=None)
     _check(16, 1000, 4096 + 8, torch.bfloat16, torch.float32, torch.float32, "silu", cfg)
     _check(7, 1536, 7168, torch.float16, torch.float16, None, None, cfg)
 

@@ -48,15 +48,16 @@ _WORDS = Vector.of(fx.Int32, 4)
 
 @dataclass(frozen=True)
 class SkinnyConfig:
-    """``groups`` n8 tiles (8 weight rows each) per CTA, ``warps`` warps splitting K inside the CTA, ``unroll``
-    16-byte loads per weight row per warp and step (32 K values each), ``splits`` CTAs splitting K."""
+    """``groups`` n8 tiles (8 weight rows each) per warp, ``warps`` warps per CTA, ``unroll`` 16-byte loads per
+    weight row per warp and step (32 K values each), ``splits`` CTAs splitting K. The defaults are
+    :func:`choose_skinny_config`'s (measured best on the H200 for issue 8's shapes)."""
 
-    groups: int = 4
+    groups: int = 2
     warps: int = 8
-    unroll: int = 2
+    unroll: int = 4
     splits: int = 1
-    prefetch: int | None = None  # L2 prefetch size (bytes) of the weight loads, or None
-    pipelined: bool = False  # registers for two steps: the next step's loads are in flight during the MMAs
+    prefetch: int | None = 256  # L2 prefetch size (bytes) of the weight loads, or None
+    pipelined: bool = True  # registers for two steps: the next step's loads are in flight during the MMAs
     min_blocks: int | None = None  # CTAs per SM to fit (caps registers; None: ptxas decides)
     warps_n: int = 1  # warps side by side along N (each its own groups; they share activation loads through L1)
 
@@ -223,17 +224,17 @@ def choose_skinny_config(m: int, n: int, k: int, sms: int) -> SkinnyConfig:
     --explore; even at 1536 rows 96 CTAs beat a split K, whose partials cost a second launch). K is split over CTAs
     only when fewer than half the SMs would have a CTA."""
     del m  # the same configuration serves M <= 8 (rows 8..15 not loaded) and M <= 16
-    cfg = SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True, prefetch=256)
+    cfg = SkinnyConfig()
     ctas = -(-n // cfg.rows)
     splits = 1
     while ctas * splits < sms // 2 and splits * 2 * cfg.step <= k and splits < 16:
         splits *= 2
-    return SkinnyConfig(groups=2, warps=8, unroll=4, pipelined=True, prefetch=256, splits=splits)
+    return SkinnyConfig(splits=splits)
 
 
 def _vector_ready(t, k: int) -> bool:
-    """16-byte loads work: rows start 16-byte aligned."""
-    return t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 and k % 8 == 0
+    """16-byte loads work: K-contiguous rows starting 16-byte aligned."""
+    return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 and k % 8 == 0
 
 
 def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None, activation: str | None = None):
@@ -293,7 +294,7 @@ def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None
                 activation
             ](result)
         return out.copy_(result)
-    if a.stride(1) != 1 and m > 1:
+    if a.stride(1) != 1:
         a = a.contiguous()  # column-major (or strided) activations: M x K elements, cheap to copy
     w = b.t()  # (N, K), K contiguous
     if w.stride(1) != 1:  # n == 1 or k == 1 with odd strides
