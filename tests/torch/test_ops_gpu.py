@@ -318,3 +318,41 @@ def test_gemm_gradients_eager_and_compiled():
         assert _rel(a.grad, dc.double() @ b.double().t()) < 1e-2
         assert _rel(b.grad, a.double().t() @ dc.double()) < 1e-2
         assert _rel(bias.grad, dc.double().sum(0)) < 1e-3
+
+
+# --- the host path ---------------------------------------------------------------------------------------------------
+
+
+def test_cuda_tensors_take_the_direct_path_below_autograd():
+    from flydsl.torch import _registry
+
+    x = torch.zeros(2, 8, device="cuda")
+    assert (torch._C._dispatch_keys(x) & torch._C._after_autograd_keyset).raw_repr() in _registry._DIRECT
+
+
+def test_gemm_gradients_with_default_arguments():
+    # The dispatcher drops bias=None and activation=None (their defaults): the backward still sees four inputs.
+    a = _rand(64, 128, dtype=torch.bfloat16, requires_grad=True)
+    b = _rand(128, 96, dtype=torch.bfloat16, requires_grad=True)
+    dc = _rand(64, 96, dtype=torch.bfloat16)
+    da, db = torch.autograd.grad(torch.ops.flydsl.gemm(a, b, None, None), (a, b), dc)
+    assert _rel(da, dc.double() @ b.double().t()) < 1e-2
+    assert _rel(db, a.double().t() @ dc.double()) < 1e-2
+
+
+def test_gradients_of_one_output_of_several():
+    torch.manual_seed(7)
+    x = _rand(6, 256, dtype=torch.float32, requires_grad=True)
+    r = _rand(6, 256, dtype=torch.float32, requires_grad=True)
+    w = _rand(256, dtype=torch.float32, requires_grad=True)
+    dy = _rand(6, 256, dtype=torch.float32)
+    _, residual_out, _ = torch.ops.flydsl.fused_add_rms_norm(x, r, [256], w, None)
+    dx, dr, dw = torch.autograd.grad(residual_out, (x, r, w), dy, allow_unused=True)
+    assert torch.equal(dx, dy) and torch.equal(dr, dy) and dw is None
+    out, _, _ = torch.ops.flydsl.fused_add_rms_norm(x, r, [256], w, None)
+    dx, dw = torch.autograd.grad(out, (x, w), dy)
+    xs = (x.detach().double() + r.detach().double()).requires_grad_()
+    wd = w.detach().double().requires_grad_()
+    rdx, rdw = torch.autograd.grad(F.rms_norm(xs, [256], wd, RMS_EPS), (xs, wd), dy.double())
+    _check_grad(dx, rdx, torch.float32, "dx")
+    _check_grad(dw, rdw, torch.float32, "dweight")
