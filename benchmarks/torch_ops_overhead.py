@@ -282,6 +282,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--profile", help="a text file that gets a cProfile of each case")
+    parser.add_argument("--profile-ops", nargs="*", help="profile only these ops (default: all)")
     args = parser.parse_args(argv)
 
     import torch
@@ -307,7 +308,7 @@ def main(argv=None) -> int:
                     "gpu_busy_after": busy,
                     "compiles": _loaded_count() - before,
                 }
-                if args.profile:
+                if args.profile and (not args.profile_ops or op in args.profile_ops):
                     with open(args.profile, "a") as out:
                         out.write(f"\n===== {op} {mode} {path}\n{_profile(fn, calls)}")
             summary = ", ".join(

@@ -87,7 +87,9 @@ def from_torch(t) -> RowTensor | None:
     and call the launchers of :mod:`flydsl.kernels.normalization` / :mod:`flydsl.kernels.softmax` directly."""
     if t is None:
         return None
-    return _new_row_tensor(RowTensor, (t, t.shape, t.stride(), _torch_dtype(t.dtype), t.get_device(), t.data_ptr()))
+    dtype = t.dtype
+    name = _DTYPE_NAMES.get(dtype) or _torch_dtype(dtype)
+    return _new_row_tensor(RowTensor, (t, t.shape, t.stride(), name, t.get_device(), t.data_ptr()))
 
 
 def row_tensor(obj, name: str, *, rows: int | None = None, n: int | None = None, dtypes=ROW_DTYPES) -> RowTensor:

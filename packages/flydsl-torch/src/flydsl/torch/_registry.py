@@ -52,6 +52,7 @@ _OPS: dict[str, FlyOp] = {}
 OutputSpec = tuple[Sequence[int], torch.dtype] | None
 
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_AFTER_AUTOGRAD_RAW = _AFTER_AUTOGRAD.raw_repr()  # the same mask as an int: one binding call less per op call
 
 
 def _direct_keysets() -> frozenset:
@@ -267,11 +268,10 @@ class FlyOp:
         tensor_positions = tuple(i for i, _ in self._tensor_inputs)
 
         def below_autograd(keyset, inputs):
-            rest = keyset & _AFTER_AUTOGRAD
-            if rest.raw_repr() in _DIRECT:  # the redispatch would land in our CPU/CUDA kernel: call it
+            if keyset.raw_repr() & _AFTER_AUTOGRAD_RAW in _DIRECT:  # the redispatch would land in our kernel
                 return run(inputs)
             with torch._C._AutoDispatchBelowAutograd():
-                return overload.redispatch(rest, *inputs)
+                return overload.redispatch(keyset & _AFTER_AUTOGRAD, *inputs)
 
         class Function(torch.autograd.Function):
             @staticmethod
