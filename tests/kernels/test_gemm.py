@@ -231,20 +231,38 @@ def test_gemm_split_k_on_gpu(m, n, k, split_k):
     assert not torch.isnan(out).any() and error < 1e-2, error
 
 
-@pytest.mark.gpu
 def test_gemm_rejects_bad_arguments_before_launch():
+    """Every check but the device's comes first, so CPU tensors reach each one."""
     torch = pytest.importorskip("torch")
-    a = torch.randn(64, 32, device="cuda").bfloat16()
+    a = torch.randn(64, 32).bfloat16()
     with pytest.raises(ValueError, match="inner dimensions differ"):
-        gemm(a, torch.randn(16, 64, device="cuda").bfloat16())
+        gemm(a, torch.randn(16, 64).bfloat16())
     with pytest.raises(TypeError, match="one dtype"):
-        gemm(a, torch.randn(32, 64, device="cuda").half())
+        gemm(a, torch.randn(32, 64).half())
     with pytest.raises(ValueError, match="gemm activation: expected one of"):
-        gemm(a, torch.randn(32, 64, device="cuda").bfloat16(), activation="tanh")
+        gemm(a, torch.randn(32, 64).bfloat16(), activation="tanh")
     with pytest.raises(ValueError, match=r"gemm bias: expected a contiguous \(64,\) tensor"):
-        gemm(a, torch.randn(32, 64, device="cuda").bfloat16(), bias=torch.randn(32, device="cuda"))
+        gemm(a, torch.randn(32, 64).bfloat16(), bias=torch.randn(32))
     with pytest.raises(ValueError, match=r"gemm out: expected a row-major \(64, 64\) bf16/fp16/fp32 tensor"):
-        gemm(a, torch.randn(32, 64, device="cuda").bfloat16(), torch.empty(64, 64, device="cuda").t())
+        gemm(a, torch.randn(32, 64).bfloat16(), torch.empty(64, 64).t())
+    with pytest.raises(ValueError, match="gemm a: expected a CUDA tensor"):
+        gemm(a, torch.randn(32, 64).bfloat16())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_gemm_routes_decode_sizes_to_skinny_gemm_on_gpu(m):
+    """M <= 16 with nn.Linear weights (b = w.t()) takes the weight-streaming kernel, epilogue included."""
+    torch = pytest.importorskip("torch")
+    a = torch.randn(m, 1000, device="cuda").bfloat16()
+    w = torch.randn(1030, 1000, device="cuda").bfloat16()
+    bias = torch.randn(1030, device="cuda")
+    out = torch.full((m, 1030), float("nan"), dtype=torch.float32, device="cuda")
+    gemm(a, w.t(), out, bias=bias, activation="silu")
+    torch.cuda.synchronize()
+    reference = torch.nn.functional.silu(a.double() @ w.double().t() + bias.double())
+    error = (out.double() - reference).norm() / reference.norm()
+    assert not torch.isnan(out).any() and error < 1e-4, error
 
 
 @pytest.mark.gpu

@@ -113,7 +113,7 @@ ACTIVATIONS = (None, "relu", "gelu", "silu")
 _SQRT_HALF = 0.7071067811865476
 
 
-def _finish(x, bias, col, activation):
+def apply_epilogue(x, bias, col, activation):
     """The epilogue of one fp32 accumulator element of column ``col``: ``+ bias[col]``, then the activation (gelu
     as torch's default, with erf)."""
     if fx.const_expr(bias is not None):
@@ -144,8 +144,8 @@ def _store_tile(acc, c, bias, activation, row0, col0, full: bool, lane, warp, n:
             if fx.const_expr(plain):
                 first, second = values[2 * p], values[2 * p + 1]
             else:
-                first = _finish(values[2 * p], bias, col, activation).to(c.dtype)
-                second = _finish(values[2 * p + 1], bias, col + 1, activation).to(c.dtype)
+                first = apply_epilogue(values[2 * p], bias, col, activation).to(c.dtype)
+                second = apply_epilogue(values[2 * p + 1], bias, col + 1, activation).to(c.dtype)
             vector.store(vector.from_elements(vector.vector_class(c.dtype, 2), [first, second]), c, (at, col))
         else:  # each element only where it lies inside C (bias read only there too)
             if row < m_extent:
@@ -158,7 +158,7 @@ def _store_element(c, value, bias, activation, plain: bool, row, col, n_extent):
         if fx.const_expr(plain):
             c[row, col] = value
         else:
-            c[row, col] = _finish(value, bias, col, activation).to(c.dtype)
+            c[row, col] = apply_epilogue(value, bias, col, activation).to(c.dtype)
 
 
 def _work(sched, unit, split: int, k_tiles):
@@ -186,7 +186,7 @@ def split_k_reduce(partials: fx.Tensor, out: fx.Tensor, bias: fx.Tensor, splits:
         total = partials[row, col]
         for s in fx.range_constexpr(1, splits):
             total = total + partials[row + s * m_extent, col]
-        out[row, col] = _finish(total, bias if has_bias else None, col, activation).to(out.dtype)
+        out[row, col] = apply_epilogue(total, bias if has_bias else None, col, activation).to(out.dtype)
 
 
 @flyc.kernel
@@ -390,7 +390,8 @@ def _tma_ready(t):
 _SM_COUNT: dict[int, int] = {}
 
 
-def _sm_count(device: int) -> int:
+def sm_count(device: int) -> int:
+    """The SM count of CUDA device ``device`` (read once)."""
     count = _SM_COUNT.get(device)
     if count is None:
         from flydsl.compiler import runtime
@@ -484,42 +485,38 @@ def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     return min(configs, key=lambda cfg: estimated_seconds(m, n, k, cfg, sms))
 
 
-def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None):
-    """``out = activation(a @ b + bias)`` for torch tensors on one GPU: a (M, K), b (K, N), bf16 or fp16 (both the
-    same), each row- or column-major; ``bias`` (N,) contiguous, in a's dtype or float32; ``activation`` None,
-    "relu", "gelu" (erf) or "silu", applied in float32 before the conversion to ``out``'s dtype; ``out`` (M, N)
-    row-major bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: the tile configuration (default:
-    :func:`choose_config`)."""
+def check_arguments(who: str, a, b, out, bias, activation):
+    """The checks every GEMM entry point makes before launching, naming the argument: ``a`` (M, K) and ``b``
+    (K, N) 2-D CUDA tensors of one 16-bit float dtype on one device, ``out`` (M, N) row-major bf16/fp16/fp32 there
+    (allocated in a's dtype when None), ``bias`` (N,) contiguous in a's dtype or float32, ``activation`` one of
+    ACTIVATIONS. Returns ``(m, n, k, out)``. Devices are checked by :func:`check_devices`."""
     import torch
 
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.dim() != 2:
-            raise ValueError(f"gemm {name}: expected a 2-D CUDA torch tensor, got {type(t).__name__}")
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{who} {name}: expected a 2-D CUDA torch tensor, got {type(t).__name__}")
         if t.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"gemm {name}: expected bfloat16 or float16, got {t.dtype}")
+            raise TypeError(f"{who} {name}: expected bfloat16 or float16, got {t.dtype}")
     if a.dtype != b.dtype:
-        raise TypeError(f"gemm: a and b must have one dtype, got {a.dtype} and {b.dtype}")
-    if b.device != a.device:
-        raise ValueError(f"gemm b: expected a tensor on {a.device} (a's device), got {b.device}")
+        raise TypeError(f"{who}: a and b must have one dtype, got {a.dtype} and {b.dtype}")
     (m, k), (k2, n) = a.shape, b.shape
     if k != k2:
-        raise ValueError(f"gemm: a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dimensions differ")
+        raise ValueError(f"{who}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dimensions differ")
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     elif (
         not isinstance(out, torch.Tensor)
-        or out.device != a.device
         or out.shape != (m, n)
         or out.stride(-1) != 1
         or out.dtype not in (torch.bfloat16, torch.float16, torch.float32)
     ):
         raise ValueError(
-            f"gemm out: expected a row-major ({m}, {n}) bf16/fp16/fp32 tensor on {a.device}, got"
+            f"{who} out: expected a row-major ({m}, {n}) bf16/fp16/fp32 tensor, got"
             f" {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}"
             f" strides {out.stride() if isinstance(out, torch.Tensor) else ()}"
         )
     if activation not in ACTIVATIONS:
-        raise ValueError(f"gemm activation: expected one of {ACTIVATIONS}, got {activation!r}")
+        raise ValueError(f"{who} activation: expected one of {ACTIVATIONS}, got {activation!r}")
     if bias is not None and (
         not isinstance(bias, torch.Tensor)
         or bias.device != a.device
@@ -528,20 +525,52 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
         or bias.dtype not in (a.dtype, torch.float32)
     ):
         raise ValueError(
-            f"gemm bias: expected a contiguous ({n},) tensor of {a.dtype} or float32 on {a.device}, got"
+            f"{who} bias: expected a contiguous ({n},) tensor of {a.dtype} or float32 on {a.device}, got"
             f" {getattr(bias, 'dtype', type(bias).__name__)} {tuple(getattr(bias, 'shape', ()))}"
         )
-    if m == 0 or n == 0:
+    return m, n, k, out
+
+
+def check_devices(who: str, a, b, out) -> None:
+    """The last check before launching (after :func:`check_arguments`, whose checks thus run on CPU tensors too):
+    ``a``, ``b`` and ``out`` on one CUDA device."""
+    for name, t in (("a", a), ("b", b), ("out", out)):
+        if not t.is_cuda or t.device != a.device:
+            raise ValueError(f"{who} {name}: expected a CUDA tensor on {a.device}, got one on {t.device}")
+
+
+def zero_product(out, bias, activation):
+    """``out`` of a product with an empty dimension: nothing for M or N = 0, the epilogue of zeros for K = 0."""
+    import torch
+
+    if out.numel() == 0:
         return out
-    if k == 0:  # the epilogue of a zero product
-        zero = torch.zeros((m, n), dtype=torch.float32, device=a.device)
-        result = zero if bias is None else zero + bias.float()
-        if activation is not None:
-            result = {"relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[
-                activation
-            ](result)
-        return out.copy_(result)
-    sms = _sm_count(a.get_device())
+    zero = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
+    result = zero if bias is None else zero + bias.float()
+    if activation is not None:
+        result = {"relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[activation](
+            result
+        )
+    return out.copy_(result)
+
+
+def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None):
+    """``out = activation(a @ b + bias)`` for torch tensors on one GPU: a (M, K), b (K, N), bf16 or fp16 (both the
+    same), each row- or column-major; ``bias`` (N,) contiguous, in a's dtype or float32; ``activation`` None,
+    "relu", "gelu" (erf) or "silu", applied in float32 before the conversion to ``out``'s dtype; ``out`` (M, N)
+    row-major bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: the tile configuration (default:
+    :func:`choose_config`)."""
+    import torch
+
+    m, n, k, out = check_arguments("gemm", a, b, out, bias, activation)
+    check_devices("gemm", a, b, out)
+    if m == 0 or n == 0 or k == 0:
+        return zero_product(out, bias, activation)
+    if config is None and m <= 16 and b.stride(0) == 1:  # decode-sized M, nn.Linear weights: stream them
+        from flydsl.kernels.skinny_gemm import launch_skinny
+
+        return launch_skinny(a, b, out, bias, activation)
+    sms = sm_count(a.get_device())
     cfg = config or choose_config(m, n, k, sms)
     a, b = _tma_ready(a), _tma_ready(b)
     a_tile, a_major = _operand_tile(a, 0, cfg.tile_m, cfg.tile_k, "a")

@@ -37,9 +37,9 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.expr.vector import Vector
-from flydsl.kernels.gemm import ACTIVATIONS, _finish, _sm_count, split_k_reduce
+from flydsl.kernels.gemm import apply_epilogue, check_arguments, check_devices, sm_count, split_k_reduce, zero_product
 
-__all__ = ["MAX_M", "SkinnyConfig", "choose_skinny_config", "skinny_gemm", "skinny_gemm_kernel"]
+__all__ = ["MAX_M", "SkinnyConfig", "choose_skinny_config", "launch_skinny", "skinny_gemm", "skinny_gemm_kernel"]
 
 MAX_M = 16  # rows of one m16n8k16 MMA
 _ACC = Vector.of(fx.Float32, 4)
@@ -212,7 +212,7 @@ def skinny_gemm_kernel(
             total = total + partial[v, g, element, source_lane]
         if (tid + rep * cfg.threads < 16 * cfg.rows) & (row < m_extent) & (out_col < n_extent):
             if fx.const_expr(cfg.splits == 1):
-                c[row, out_col] = _finish(total, bias if has_bias else None, out_col, activation).to(c.dtype)
+                c[row, out_col] = apply_epilogue(total, bias if has_bias else None, out_col, activation).to(c.dtype)
             else:
                 c[gpu.block_idx.y * m_extent + row, out_col] = total
 
@@ -243,18 +243,7 @@ def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None
     (N, K)); ``a`` row- or column-major (the latter copied: M x K is small); ``bias`` (N,) contiguous, in a's dtype
     or float32; ``activation`` None, "relu", "gelu" (erf) or "silu", applied in float32; ``out`` (M, N) row-major
     bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: default :func:`choose_skinny_config`."""
-    import torch
-
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise ValueError(f"skinny_gemm {name}: expected a 2-D CUDA torch tensor, got {type(t).__name__}")
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"skinny_gemm {name}: expected bfloat16 or float16, got {t.dtype}")
-    if a.dtype != b.dtype:
-        raise TypeError(f"skinny_gemm: a and b must have one dtype, got {a.dtype} and {b.dtype}")
-    (m, k), (k2, n) = a.shape, b.shape
-    if k != k2:
-        raise ValueError(f"skinny_gemm: a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dimensions differ")
+    m, n, k, out = check_arguments("skinny_gemm", a, b, out, bias, activation)
     if m > MAX_M:
         raise ValueError(f"skinny_gemm a: expected at most {MAX_M} rows, got {m} (use flydsl.kernels.gemm.gemm)")
     if b.stride(0) != 1 and not (n == 1 or k == 1):
@@ -262,44 +251,24 @@ def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None
             f"skinny_gemm b: expected a column-major (K, N) matrix (b = w.t() of (N, K) row-major weights), got"
             f" strides {tuple(b.stride())}; row-major b is not supported (use flydsl.kernels.gemm.gemm)"
         )
-    if out is None:
-        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    elif out.shape != (m, n) or out.stride(-1) != 1 or out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(
-            f"skinny_gemm out: expected a row-major ({m}, {n}) bf16/fp16/fp32 tensor, got {tuple(out.shape)}"
-        )
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"skinny_gemm activation: expected one of {ACTIVATIONS}, got {activation!r}")
-    if bias is not None and (
-        not isinstance(bias, torch.Tensor)
-        or bias.device != a.device
-        or bias.shape != (n,)
-        or bias.stride(0) != 1
-        or bias.dtype not in (a.dtype, torch.float32)
-    ):
-        raise ValueError(
-            f"skinny_gemm bias: expected a contiguous ({n},) tensor of {a.dtype} or float32 on {a.device}, got"
-            f" {getattr(bias, 'dtype', type(bias).__name__)} {tuple(getattr(bias, 'shape', ()))}"
-        )
-    for name, t in (("a", a), ("b", b), ("out", out)):  # last, so that the checks above run on CPU tensors too
-        if not t.is_cuda or t.device != a.device:
-            raise ValueError(f"skinny_gemm {name}: expected a CUDA tensor on {a.device}, got one on {t.device}")
-    if m == 0 or n == 0:
-        return out
-    if k == 0:  # the epilogue of a zero product
-        zero = torch.zeros((m, n), dtype=torch.float32, device=a.device)
-        result = zero if bias is None else zero + bias.float()
-        if activation is not None:
-            result = {"relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[
-                activation
-            ](result)
-        return out.copy_(result)
+    check_devices("skinny_gemm", a, b, out)
+    if m == 0 or n == 0 or k == 0:
+        return zero_product(out, bias, activation)
+    return launch_skinny(a, b, out, bias, activation, config)
+
+
+def launch_skinny(a, b, out, bias, activation, config: SkinnyConfig | None = None):
+    """The launches of :func:`skinny_gemm` for checked arguments (``gemm`` routes decode-sized M here)."""
+    import torch
+
+    m, k = a.shape
+    n = b.shape[1]
     if a.stride(1) != 1:
         a = a.contiguous()  # column-major (or strided) activations: M x K elements, cheap to copy
     w = b.t()  # (N, K), K contiguous
     if w.stride(1) != 1:  # n == 1 or k == 1 with odd strides
         w = w.contiguous()
-    cfg = config or choose_skinny_config(m, n, k, _sm_count(a.get_device()))
+    cfg = config or choose_skinny_config(m, n, k, sm_count(a.get_device()))
     vec = _vector_ready(a, k) and _vector_ready(w, k)
     spec = (vec, bias is not None, activation, m > 8)
     grid = (-(-n // cfg.rows), cfg.splits)
