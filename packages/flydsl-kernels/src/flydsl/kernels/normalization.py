@@ -315,18 +315,22 @@ def _prefetch(rc: RowConfig, flags: NormFlags, tensors, pos, n, rows):
     return [load_row_raw(rc, dy, pos, n, rows), load_row_raw(rc, x, pos, n, rows), rstd_in[safe_row], mu]
 
 
-def _row_constants(rc: RowConfig, flags: NormFlags, pos, smem, parity, dots, inv_n):
-    """``c1 = mean(g * xhat)`` and ``c2 = mean(g)`` (0 for RMSNorm) of the row, from the threads' partial sums."""
-    means = [v * inv_n for v in row_reduce(rc, pos, smem, parity, dots)]
+def _row_constants(rc: RowConfig, flags: NormFlags, pos, smem, parity, dots, inv_n, overlap=None):
+    """``c1 = mean(g * xhat)`` and ``c2 = mean(g)`` (0 for RMSNorm) of the row, from the threads' partial sums (and
+    what ``overlap`` returned, when given: see :func:`row_reduce`)."""
+    reduced = row_reduce(rc, pos, smem, parity, dots, overlap=overlap)
+    sums, extra = reduced if overlap is not None else (reduced, None)
+    means = [v * inv_n for v in sums]
     c2 = fx.Float32(0.0)
     if fx.const_expr(not flags.rms):
         c2 = means[1]
-    return means[0], c2
+    return means[0], c2, extra
 
 
 def _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups):
-    """Rows held in registers: while a row is reduced and written, the next row's loads are in flight (issued
-    first, in the row's dtype: 4 registers per chunk), which hides the reduction's barriers behind memory."""
+    """Rows held in registers: while a row is reduced and written, the next row's loads are in flight (in the row's
+    dtype: 4 registers per chunk). In a CTA they are issued first; in a cluster after the barrier's arrive, whose
+    release would otherwise wait for them (see :func:`row_reduce`)."""
     rc = cfg.row
     dx = tensors[5]
     inv_n = 1.0 / n.to(fx.Float32)
@@ -335,15 +339,28 @@ def _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, 
     ahead = _prefetch(rc, flags, tensors, pos, n, rows)  # pos.row: the first row of this CTA
     for grp in range(group, row_groups, groups):  # the same trip count for the whole CTA (and cluster)
         here = _row_at(pos, grp * rc.rows_per_cta + pos.row_in_cta)
+        after = _row_at(pos, (grp + groups) * rc.rows_per_cta + pos.row_in_cta)
         current = ahead
-        ahead = _prefetch(rc, flags, tensors, _row_at(pos, (grp + groups) * rc.rows_per_cta + pos.row_in_cta), n, rows)
+        if fx.const_expr(rc.cluster == 1):
+            ahead = _prefetch(rc, flags, tensors, after, n, rows)
         rstd, mu = current[2], current[3]
-        g, xhat, dys = _terms(
-            rc, flags, tensors[2], here, n, rows, rstd, mu, whole, widen(current[0]), widen(current[1])
-        )
+        dys, xs = widen(current[0]), widen(current[1])
+        g, xhat, dys = _terms(rc, flags, tensors[2], here, n, rows, rstd, mu, whole, dys, xs)
         dots = [fx.Float32(0.0)] * (1 if flags.rms else 2)
         dots = _first_pass(cfg, flags, sums_smem, partial_row, here, whole, g, xhat, dys, dots)
-        c1, c2 = _row_constants(rc, flags, here, smem, parity, dots, inv_n)
+        if fx.const_expr(rc.cluster == 1):
+            c1, c2, _ = _row_constants(rc, flags, here, smem, parity, dots, inv_n)
+        else:
+            c1, c2, ahead = _row_constants(
+                rc,
+                flags,
+                here,
+                smem,
+                parity,
+                dots,
+                inv_n,
+                functools.partial(_prefetch, rc, flags, tensors, after, n, rows),
+            )
         store_row(rc, dx, here, n, rows, _dx(rstd, g, xhat, c1, c2))
         parity = 1 - parity
 
@@ -363,7 +380,7 @@ def _rows_two_pass(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, ro
         terms = (rc, flags, tensors, here, n, rows, rstd, mu)
         dots = [fx.Float32(0.0)] * (1 if flags.rms else 2)
         dots = _first_pass_segments(cfg, terms, sums_smem, partial_row, dots)
-        c1, c2 = _row_constants(rc, flags, here, smem, parity, dots, inv_n)
+        c1, c2, _ = _row_constants(rc, flags, here, smem, parity, dots, inv_n)
         _second_pass_segments(cfg, terms, tensors[5], c1, c2)
         parity = 1 - parity
 

@@ -322,13 +322,16 @@ def _write_slots(buffer, start, stride, values) -> None:
         buffer[start + i * stride] = v
 
 
-def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: bool = False):
+def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: bool = False, overlap=None):
     """``value`` (one Float32 per thread) combined over every thread of the row (``op``: ``"add"`` or ``"max"``);
     every thread gets the result. ``value`` may be a list of up to ``smem.values`` Float32s: reduced together
     (one barrier, one cluster barrier), the results as a list. ``phase``: which of :func:`row_smem`'s slots this
     reduction uses (each reduction of a kernel its own; may be a kernel integer, e.g. a row loop's parity, so that
     consecutive reductions alternate between two slots). ``last``: the kernel's last reduction (the cluster's final
-    barrier starts here and ends in :func:`row_done`)."""
+    barrier starts here and ends in :func:`row_done`). ``overlap``: a function of no arguments for work that does not
+    depend on the result (e.g. the next row's loads); in a cluster it runs between the barrier's arrive and wait,
+    after the arrive's release (which waits for this thread's earlier memory accesses), so that its loads are in
+    flight during the wait. With ``overlap``, returns ``(result, what overlap returned)``."""
     many = isinstance(value, (list, tuple))
     values = list(value) if many else [value]
     if len(values) > smem.values:
@@ -350,7 +353,10 @@ def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: b
     if fx.const_expr(cfg.cluster > 1):
         if pos.tid == 0:
             _write_slots(smem.partials, phase * smem.values, 1, values)
-        cluster.sync()  # every CTA's partial is visible cluster-wide
+        cluster.arrive()  # with release: this CTA's partial is visible cluster-wide once all have arrived
+        if fx.const_expr(overlap is not None):
+            extra = overlap()
+        cluster.wait()
         peer = (pos.tid % 32) % cfg.cluster
         values = [
             gpu.warp_reduce(
@@ -360,7 +366,10 @@ def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: b
         ]
         if fx.const_expr(last):
             cluster.arrive(relaxed=True)  # done reading peers; row_done waits before exit
-    return values if many else values[0]
+    elif fx.const_expr(overlap is not None):
+        extra = overlap()
+    result = values if many else values[0]
+    return (result, extra) if overlap is not None else result
 
 
 def row_done(cfg: RowConfig) -> None:
