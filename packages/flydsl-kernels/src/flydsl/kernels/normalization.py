@@ -165,12 +165,15 @@ def backward_config(n: int, dtype: str, sums: int) -> BackwardConfig:
     return make_backward_config(n, dtype, sums, chunks=2, registers=80)
 
 
-def make_backward_config(n: int, dtype: str, sums: int, chunks: int, registers: int) -> BackwardConfig:
-    """A backward config holding ``chunks`` 16-byte chunks per thread per tensor in registers, in CTAs of 256
-    threads (several rows each for short rows, clusters of up to 8 for longer ones, then larger CTAs, then two
-    passes per row), as many CTAs per SM as ``registers`` per thread and the column sums' shared memory allow."""
+def make_backward_config(
+    n: int, dtype: str, sums: int, chunks: int, registers: int, cta_threads: int = _BWD_THREADS
+) -> BackwardConfig:
+    """A backward config holding ``chunks`` 16-byte chunks per thread per tensor in registers, in CTAs of
+    ``cta_threads`` (several rows each for short rows, clusters of up to 8 for longer ones, then CTAs of up to 1024,
+    then two passes per row), as many CTAs per SM as ``registers`` per thread and the column sums' shared memory
+    allow."""
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
-    layout = row_config(n, dtype, held=32 // (chunks * vec), warp_block=_BWD_THREADS, cta_threads=_BWD_THREADS)
+    layout = row_config(n, dtype, held=32 // (chunks * vec), warp_block=_BWD_THREADS, cta_threads=cta_threads)
     if layout.cluster == 1 and layout.block < _BWD_THREADS:
         layout = dataclasses.replace(layout, rows_per_cta=_BWD_THREADS // layout.threads_per_row)
     if layout.chunks > chunks:  # two passes, over whole segments (a dynamic loop)
