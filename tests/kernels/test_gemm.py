@@ -99,7 +99,8 @@ def test_choose_config_fills_the_sms():
 
 
 @pytest.mark.parametrize(
-    "tile_m,tile_n,consumers,cluster_m", [(128, 128, 2, 1), (128, 128, 2, 2), (128, 64, 2, 1), (64, 256, 1, 1)]
+    "tile_m,tile_n,consumers,cluster_m",
+    [(128, 128, 2, 1), (128, 128, 2, 2), (128, 64, 2, 1), (64, 256, 1, 1), (128, 192, 2, 1)],
 )
 def test_tile_shapes_compile(tile_m, tile_n, consumers, cluster_m):
     stages = max_stages(tile_m, tile_n)
@@ -159,7 +160,7 @@ def test_gemm_on_gpu(m, n, k):
 @pytest.mark.parametrize("a_major,b_major", [("K", "K"), ("MN", "MN")])
 @pytest.mark.parametrize(
     "tile_m,tile_n,cluster_m,split_k",
-    [(128, 128, 1, 1), (128, 128, 2, 1), (128, 64, 1, 3), (64, 256, 1, 1), (64, 64, 1, 2)],
+    [(128, 128, 1, 1), (128, 128, 2, 1), (128, 64, 1, 3), (64, 256, 1, 1), (64, 64, 1, 2), (128, 192, 1, 1)],
 )
 def test_gemm_tile_shapes_on_gpu(a_major, b_major, tile_m, tile_n, cluster_m, split_k):
     """Every tile shape candidate_configs offers, with the deepest pipeline, on tails in M, N and K."""

@@ -416,10 +416,10 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
     for tile_m, consumers in ((128, 2), (64, 1)):
         if tile_m == 64 and m > 64:
             continue
-        for tile_n in (256, 128, 64):
+        for tile_n in (256, 192, 128, 64):
             tiles = -(-m // tile_m) * -(-n // tile_n)
             for cluster_m in (1, 2):
-                if cluster_m == 2 and (-(-m // tile_m) < 2 or tile_n < 128):
+                if cluster_m == 2 and (-(-m // tile_m) < 2 or tile_n % 128):
                     continue
                 for split_k in (1, 2, 3, 4, 6, 8):
                     if split_k > 1 and (tiles * split_k > 2 * sms or tiles >= sms or k < split_k * 512):
@@ -442,9 +442,16 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
 # the fastest candidate on 39 of the 40 shapes). A work unit (a tile, or one K part of it) costs the longer of its
 # tensor-core time and its operand bytes at one SM's load rate, plus a fixed cost; a wave of units costs at least
 # the wave's share of the problem's unique bytes at HBM speed; split K adds its fp32 partials' round trip and the
-# reduction's launch.
+# reduction's launch. 192-wide tiles (never clustered: a CTA's part of a B tile is a multiple of 64 columns) were
+# timed against the earlier picks (benchmarks/results/gemm_tile192_2026-11-30.json): they win only where they fill
+# the SMs much better, hence their low efficiency here.
 _SM_TFLOPS = 990.0 / 132  # dense bf16 peak per SM (TFLOP/s), at the efficiency below for 128x256 tiles
-_MMA_EFFICIENCY = {256: 0.8, 128: 0.72, 64: 0.56}  # by tile width; 64-row tiles (one consumer) reach 0.6 of it
+_MMA_EFFICIENCY = {
+    256: 0.8,
+    192: 0.68,
+    128: 0.72,
+    64: 0.56,
+}  # by tile width; 64-row tiles (one consumer) reach 0.6 of it
 _SM_LOAD_BYTES_PER_S = 100e9
 _HBM_BYTES_PER_S = 3.6e12
 _UNIT_COST_S = 2e-6
@@ -480,7 +487,7 @@ def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     configs = [
         cfg
         for cfg in candidate_configs(m, n, k, sms)
-        if (cfg.tile_m == 64) == (m <= 64) and (cfg.cluster_m == 2 or -(-m // cfg.tile_m) < 2 or cfg.tile_n < 128)
+        if (cfg.tile_m == 64) == (m <= 64) and (cfg.cluster_m == 2 or -(-m // cfg.tile_m) < 2 or cfg.tile_n % 128)
     ]
     return min(configs, key=lambda cfg: estimated_seconds(m, n, k, cfg, sms))
 
