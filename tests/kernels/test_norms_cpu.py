@@ -82,8 +82,8 @@ def test_softmax_compiles_in_every_regime(n, dtype):
         assert {"ld.global.v4.b32", "st.global.v4.b32"} <= _accesses(ptx)  # 16-byte row tiles
     if cfg.cluster > 1:
         assert "mapa.shared::cluster" in ptx and "barrier.cluster.wait" in ptx
-    bwd = row_config(n, dtype, held=4)
-    _assembled(softmax_mod.softmax_backward_kernel.lower(spec, spec, spec, bwd))
+    for held in (4, 2):  # the backward's layouts: held=2 for 16-bit rows from 65536
+        _assembled(softmax_mod.softmax_backward_kernel.lower(spec, spec, spec, row_config(n, dtype, held=held)))
 
 
 @pytest.mark.parametrize("n, dtype", REGIME_CASES[1::2], ids=_regime_ids()[1::2])
