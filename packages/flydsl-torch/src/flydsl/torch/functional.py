@@ -28,7 +28,11 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
 
 
 def _empty(x: Tensor) -> Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    """A contiguous tensor like ``x`` (empty_like parses no dtype/device arguments: about half of torch.empty's host
+    time per call)."""
+    if x.is_contiguous():
+        return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def softmax(input: Tensor, dim: int = -1) -> Tensor:
