@@ -127,13 +127,8 @@ def _gemm_setup(ctx, inputs, output):
 
 
 def _matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """x @ y by the flydsl GEMM where TMA can read both (16-byte aligned rows), else by torch."""
-    if all(t.stride(0) * t.element_size() % 16 == 0 or t.stride(1) * t.element_size() % 16 == 0 for t in (x, y)):
-        try:
-            return torch.ops.flydsl.gemm(x, y, None, None)
-        except ValueError:  # a layout the kernel refuses (e.g. an unaligned extent): same result through cuBLAS
-            pass
-    return torch.matmul(x, y)
+    """x @ y by the flydsl GEMM (any strides: operands TMA cannot read as they are are copied into aligned rows)."""
+    return torch.ops.flydsl.gemm(x, y, None, None)
 
 
 def _gemm_backward(ctx, dc):
