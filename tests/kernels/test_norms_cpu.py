@@ -117,11 +117,21 @@ def test_norms_compile_in_every_regime(n, dtype):
         _assembled(norm_mod.column_sum_kernel.lower(partial, partial_out, partial_out, sums))
 
 
-# (N, dtype) at the edges of the backward's regimes: 16-bit rows with 16 values per thread (to 32768), then 8; two
+# (N, dtype) at the edges of the backward's regimes: 256-thread CTAs, one CTA of up to 1024 threads (bf16 8192, f32
+# 4096), clusters; 16-bit rows with 16 values per thread in 256-thread CTAs (to 32768), else 8; two
 # passes over rows longer than the registers hold (bf16 past 65536, f32 past 65536), LayerNorm's column sums in
 # global memory (262144), odd N (element-wise accesses; with LayerNorm's column sums in global memory, a little
 # spilling is accepted there).
-BACKWARD_CASES = [(1024, "bf16"), (32768, "bf16"), (65536, "bf16"), (131072, "bf16"), (262144, "f32"), (65537, "f32")]
+BACKWARD_CASES = [
+    (1024, "bf16"),
+    (8192, "bf16"),
+    (32768, "bf16"),
+    (65536, "bf16"),
+    (131072, "bf16"),
+    (4096, "f32"),
+    (65537, "f32"),
+    (262144, "f32"),
+]
 
 
 def _spill_bytes(ptx: str) -> int:
@@ -183,6 +193,9 @@ def test_backward_configs():
         False,
         True,
     )
+    for dtype in ("bf16", "f32"):  # one CTA of 1024 threads rather than a cluster
+        cfg = norm_mod.backward_config(8192, dtype, 2)
+        assert (cfg.row.cluster, cfg.row.block, cfg.blocks_per_sm) == (1, 1024, 1)
     cfg = norm_mod.backward_config(32768, "bf16", 2)
     assert (cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.blocks_per_sm) == (8, 256, 2, 3)
     cfg = norm_mod.backward_config(131072, "bf16", 2)
@@ -190,13 +203,21 @@ def test_backward_configs():
     cfg = norm_mod.backward_config(262144, "bf16", 2)
     assert cfg.two_pass and not cfg.smem_sums  # 256 KB of column sums per CTA: in the partial rows instead
     assert norm_mod.backward_config(262144, "f32", 1).smem_sums
-    for n in (1, 3, 1000, 65537, 1 << 20):
+    for n in (1, 3, 1000, 4097, 65537, 1 << 20):
         for dtype in ("f32", "bf16"):
             for sums in (0, 1, 2):
                 cfg = norm_mod.backward_config(n, dtype, sums)
                 assert cfg.row.capacity >= n and cfg.blocks_per_sm * cfg.row.block <= 1024
                 smem = sums * cfg.row.block * cfg.row.chunks * cfg.row.vec * 4
                 assert not cfg.smem_sums or smem * cfg.blocks_per_sm <= 200 * 1024
+
+
+def test_backward_groups():
+    # Clusters: 7/8 of what the SMs would hold (a second wave otherwise); CTAs: all; never more than the rows need.
+    assert norm_mod.backward_groups(norm_mod.backward_config(32768, "bf16", 2), 8192, 132) == 3 * 132 // 8 * 7 // 8
+    assert norm_mod.backward_groups(norm_mod.backward_config(1024, "bf16", 2), 1 << 20, 132) == 3 * 132
+    assert norm_mod.backward_groups(norm_mod.backward_config(1024, "bf16", 2), 9, 132) == 3  # 4 rows per CTA
+    assert norm_mod.backward_groups(norm_mod.backward_config(262144, "f32", 2), 1, 132) == 1
 
 
 def _x(shape=(4, 64), typestr="<f4", strides=None):

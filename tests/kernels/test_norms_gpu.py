@@ -149,9 +149,9 @@ def _column_close(got, ref, rows, what):
     assert bool((err <= bound).all()), f"{what}: max err {err.max():.3g}"
 
 
-# Backward regimes: rows in registers, several rows per CTA below 256 threads a row, clusters of 256-thread CTAs,
-# 16-bit rows at 16 values per thread up to 32768 and 8 from 32769, two passes over rows longer than 65536 (the
-# second from L2), LayerNorm's column sums in global memory past 131072; odd N (element-wise tails).
+# Backward regimes: rows in registers; several rows per 256-thread CTA, one CTA of up to 1024 threads (4097),
+# clusters (32768, 32769: 16 then 8 values per thread for 16-bit rows); two passes over rows longer than 65536 (the
+# second from L2); LayerNorm's column sums in global memory past 131072; odd N (element-wise tails).
 BACKWARD_SIZES = [1, 3, 1000, 1024, 4097, 32768, 32769, 65536, 65537, 262147]
 
 
