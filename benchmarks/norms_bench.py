@@ -95,6 +95,72 @@ def _backward(torch, name, x, a, m, n, e, reps):
     return None, None, None
 
 
+# LayerNorm backward configs tried against the default per (dtype, N): (chunks per thread, registers, CTA threads).
+SWEEP = {
+    ("bf16", 8192): [(2, 80, 512), (1, 64, 1024), (1, 64, 256)],
+    ("bf16", 16384): [(2, 80, 512), (1, 64, 1024), (1, 64, 256)],
+    ("bf16", 32768): [(2, 80, 512), (1, 64, 512), (1, 64, 1024)],
+    ("bf16", 65536): [(1, 64, 512), (2, 80, 512)],
+    ("f32", 8192): [(2, 64, 1024), (2, 64, 512), (1, 64, 256)],
+    ("f32", 32768): [(2, 64, 256), (2, 64, 1024), (1, 64, 512)],
+}
+
+
+def _sweep_tbps(torch, norm, tensors, cfg, groups: int, reps: int) -> float:
+    """LayerNorm backward kernel alone with ``cfg`` on ``groups`` CTA groups: TB/s = 3 * M * N * e / time."""
+    from flydsl.kernels.bench import median_ms
+
+    dy, x, w, mean, rstd, dx = tensors
+    rc = cfg.row
+    partials = torch.empty(groups, 2 * x.shape[1], device="cuda")
+    cluster = (rc.cluster, 1, 1) if rc.cluster > 1 else None
+    flags = norm.NormFlags(False, weight=True, bias=True)
+
+    def run():
+        norm.norm_backward_kernel(dy, x, w, mean, rstd, dx, partials, cfg, flags).launch(
+            grid=groups * rc.cluster, block=rc.block, cluster=cluster
+        )
+
+    return 3 * x.numel() * x.element_size() / median_ms(run, reps) / 1e9
+
+
+def _config_sweep(torch, reps: int) -> list:
+    """LayerNorm backward kernel alone (no column-sum kernel, no host code) with the default config at several
+    persistent-grid sizes, and with the configs of SWEEP: one line per (dtype, N)."""
+    import importlib
+
+    from flydsl.kernels.bench import median_ms
+
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    lines = []
+    for (name, n), variants in SWEEP.items():
+        dtype = torch.bfloat16 if name == "bf16" else torch.float32
+        m = TOTAL // n
+        x, dy = torch.randn(m, n, device="cuda", dtype=dtype), torch.randn(m, n, device="cuda", dtype=dtype)
+        mean, rstd = x.float().mean(-1), torch.rsqrt(x.float().var(-1, unbiased=False) + 1e-5)
+        tensors = (dy, x, torch.randn(n, device="cuda", dtype=dtype), mean, rstd, torch.empty_like(x))
+        dst = torch.empty_like(x)
+        copy = 2 * x.numel() * x.element_size() / median_ms(partial(dst.copy_, x), reps) / 1e9
+        cfg = norm.backward_config(n, name, 2)
+        rc = cfg.row
+        full = min(-(-m // rc.rows_per_cta), cfg.blocks_per_sm * sms // rc.cluster)
+        line = f"{name} N={n} copy {copy:.2f} bar {0.85 * copy:.2f} | default {rc.cluster}x{rc.block} c{rc.chunks}"
+        line += f" b{cfg.blocks_per_sm}:"
+        for groups in sorted({full, full * 7 // 8, full * 3 // 4, full // 2}, reverse=True):
+            line += f" g{groups} {_sweep_tbps(torch, norm, tensors, cfg, groups, reps):.2f}"
+        for chunks, regs, cta in variants:
+            v = norm.make_backward_config(n, name, 2, chunks, regs, cta)
+            groups = min(-(-m // v.row.rows_per_cta), v.blocks_per_sm * sms // v.row.cluster)
+            line += f" | c{chunks} r{regs} cta{cta} ({v.row.cluster}x{v.row.block} b{v.blocks_per_sm} g{groups})"
+            line += f" {_sweep_tbps(torch, norm, tensors, v, groups, reps):.2f}"
+        print(line, flush=True)
+        lines.append(line)
+        del tensors, dst
+        torch.cuda.empty_cache()
+    return lines
+
+
 def _write(path: str, result: dict, started: float) -> None:
     result["wall_s"] = round(time.time() - started, 1)
     with open(path, "w") as f:
@@ -111,6 +177,9 @@ def main() -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     parser.add_argument("--backward", action="store_true", help="also time the backward kernels")
     parser.add_argument("--backward-only", action="store_true", help="time copy and the backward kernels only")
+    parser.add_argument(
+        "--config-sweep", action="store_true", help="then time LayerNorm backward configs and grid sizes (SWEEP)"
+    )
     parser.add_argument("--cta-threads", type=int, default=None, help="override reduction.CTA_THREADS (tuning)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -199,6 +268,8 @@ def main() -> int:
                 del x, aux, copy_dst
                 torch.cuda.empty_cache()
                 _write(args.out, result, started)  # after every row: a cut-short run keeps what it measured
+    if args.config_sweep:
+        result["config_experiments"] = _config_sweep(torch, args.reps)
     result["complete"] = True
     _write(args.out, result, started)
     print(f"wrote {args.out}")
