@@ -27,6 +27,7 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.compiler.args import torch_dtype_name
 from flydsl.expr import arith, gpu, nvvm, vector, wgmma
+from flydsl.kernels.host import sm_count
 
 __all__ = [
     "ACTIVATIONS",
@@ -385,19 +386,6 @@ def _tma_ready(t):
     padded = t.new_empty((rows, -(-cols // step) * step))
     padded[:, :cols] = t
     return padded[:, :cols]
-
-
-_SM_COUNT: dict[int, int] = {}
-
-
-def sm_count(device: int) -> int:
-    """The SM count of CUDA device ``device`` (read once)."""
-    count = _SM_COUNT.get(device)
-    if count is None:
-        from flydsl.compiler import runtime
-
-        count = _SM_COUNT[device] = runtime.device_attribute(16, device)  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-    return count
 
 
 _SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA

@@ -20,6 +20,7 @@ __all__ = [
     "empty_like",
     "empty_rows",
     "ROW_DTYPES",
+    "sm_count",
 ]
 
 ROW_DTYPES = ("f32", "f16", "bf16")  # element types of inputs and outputs
@@ -188,3 +189,16 @@ def empty_rows(like: RowTensor, shape: tuple, what: str, dtype: str = "f32"):
 
 def element_bytes(dtype: str) -> int:
     return _ELEMENT_BYTES[dtype]
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count(device: int) -> int:
+    """The SM count of CUDA device ``device`` (read once)."""
+    count = _SM_COUNT.get(device)
+    if count is None:
+        from flydsl.compiler import runtime
+
+        count = _SM_COUNT[device] = runtime.device_attribute(16, device)  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return count

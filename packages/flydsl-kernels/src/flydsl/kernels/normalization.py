@@ -28,7 +28,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import cluster, gpu, math, vector
-from flydsl.kernels.host import empty_rows
+from flydsl.kernels.host import empty_rows, sm_count
 from flydsl.kernels.reduction import (
     RowConfig,
     chunk_index,
@@ -526,12 +526,6 @@ def column_sum_kernel(partial: fx.Tensor, dweight: fx.Tensor, dbias: fx.Tensor, 
 
 
 @functools.lru_cache(maxsize=1)
-def _sm_count() -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
 def _launch(kernel, cfg: RowConfig, grid: int, *args) -> None:
     cluster_shape = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
     kernel(*args, cfg).launch(grid=grid, block=cfg.block, cluster=cluster_shape)
@@ -560,7 +554,7 @@ def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
     sums = 0 if weight is None else (2 if dbias is not None else 1)
     cfg = backward_config(n, x.dtype, sums)
     rc = cfg.row
-    groups = backward_groups(cfg, rows, _sm_count())
+    groups = backward_groups(cfg, rows, sm_count(x.device))
     partial = empty_rows(x, (groups, sums * n), "dweight/dbias partial sums") if sums else x.obj
     placeholder = x.obj
     mean_obj = mean.obj if mean is not None else rstd.obj
