@@ -104,7 +104,7 @@ def test_dump_switch_writes_ir_ptx_cubin_and_sass_to_the_dump_dir(layout_offsets
     written = {p.name for p in (tmp_path / "dumps").iterdir()}
     assert {"layout_demo.input.mlir", "layout_demo.fly.mlir", "layout_demo.llvm.mlir", "layout_demo.ptx.ptx"} <= written
     assert "layout_demo.cubin" in written
-    if toolchain.find_cuobjdump():
+    if toolchain.find_nvdisasm():
         sass = (tmp_path / "dumps" / "layout_demo.sass").read_text()
         assert "layout_offsets" in sass and "STG" in sass
     monkeypatch.setenv("FLYDSL_DUMP_IR", "0")

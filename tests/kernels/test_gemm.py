@@ -10,6 +10,7 @@ import pytest
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+from flydsl.compiler import toolchain
 from flydsl.kernels.gemm import (
     GemmConfig,
     candidate_configs,
@@ -41,6 +42,19 @@ def test_gemm_compiles_to_wgmma_and_tma(a_major, b_major):
     assert re.search(r"setmaxnreg.inc.sync.aligned.u32\s+232;", ptx)
     assert compiled.shared_bytes["gemm_ws"] >= CFG.stages * CFG.stage_bytes()
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_gemm_sass_uses_hgmma():
+    """The assembled kernel multiplies with Hopper's warpgroup MMA (HGMMA in the SASS), not a fallback."""
+    spec = flyc.TensorSpec((512, 512), "bf16")
+    compiled = gemm_ws.lower(
+        fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128, 64)), spec, spec, CFG, ("K", "K"), NONE
+    )
+    sass = toolchain.disassemble_cubin(compiled.cubin) if compiled.cubin is not None else None
+    if sass is None:
+        pytest.skip("needs ptxas and nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    assert "HGMMA.64x256x16.F32.BF16" in sass
+    assert "UTMALDG" in sass  # the TMA loads
 
 
 @pytest.mark.parametrize("epilogue", [(True, None), (True, "gelu"), (False, "silu"), (True, "relu")])

@@ -51,6 +51,10 @@ def test_pipelined_steps_lower():
     assert compiled.ptx.count("mma.sync.aligned.m16n8k16") == 3 * 16
     assert compiled.ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.b32") == 3 * 8
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+    sass = flyc.toolchain.disassemble_cubin(compiled.cubin) if compiled.cubin is not None else None
+    if sass is not None:  # with nvdisasm (pip install nvidia-cuda-nvdisasm): tensor-core MMAs, no local memory
+        assert "HMMA.16816.F32.BF16" in sass
+        assert "STL" not in sass and "LDL" not in sass
 
 
 def test_warps_side_by_side_lower():

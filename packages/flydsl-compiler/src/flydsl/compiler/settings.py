@@ -5,7 +5,7 @@
                                ``$CUDA_HOME/bin``, ``/usr/local/cuda/bin``)
 ``CUDA_HOME`` / ``CUDA_PATH``  CUDA toolkit root, searched for ``ptxas``
 ``FLYDSL_DUMP_IR``             ``1``: every compile writes each stage's IR, the PTX, the cubin and its
-                               SASS (``cuobjdump``, when found) to ``FLYDSL_DUMP_DIR``; any other
+                               SASS (``nvdisasm``, when found) to ``FLYDSL_DUMP_DIR``; any other
                                value is taken as that directory
 ``FLYDSL_DUMP_DIR``            where dumps go (default ``./flydsl_dump``)
 ``FLYDSL_CACHE_DIR``           on-disk kernel cache (default ``~/.cache/flydsl``)

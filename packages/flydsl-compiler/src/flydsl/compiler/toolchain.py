@@ -1,7 +1,8 @@
-"""The external CUDA assembler: finds ``ptxas`` and turns PTX into a cubin."""
+"""The external CUDA tools: ``ptxas`` turns PTX into a cubin, ``nvdisasm`` shows its SASS."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 from flydsl.compiler import settings
 from flydsl.compiler.errors import ToolchainError
 
-__all__ = ["find_ptxas", "assemble_ptx", "find_cuobjdump", "disassemble_cubin"]
+__all__ = ["find_ptxas", "assemble_ptx", "find_nvdisasm", "disassemble_cubin"]
 
 
 def find_ptxas() -> str | None:
@@ -44,26 +45,31 @@ def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tupl
         return output.read_bytes()
 
 
-def find_cuobjdump() -> str | None:
-    """``cuobjdump`` next to ptxas, on ``PATH``, or in the CUDA toolkit; None if absent."""
+def find_nvdisasm() -> str | None:
+    """``nvdisasm`` next to ptxas, on ``PATH``, in the CUDA toolkit, or from the ``nvidia-cuda-nvdisasm`` wheel;
+    None if absent."""
     ptxas = find_ptxas()
-    candidates = [str(Path(ptxas).with_name("cuobjdump")) if ptxas else None, shutil.which("cuobjdump")]
+    candidates = [str(Path(ptxas).resolve().with_name("nvdisasm")) if ptxas else None, shutil.which("nvdisasm")]
     config = settings.current()
     if config.cuda_home:
-        candidates.append(str(Path(config.cuda_home) / "bin" / "cuobjdump"))
-    candidates.append("/usr/local/cuda/bin/cuobjdump")
+        candidates.append(str(Path(config.cuda_home) / "bin" / "nvdisasm"))
+    candidates.append("/usr/local/cuda/bin/nvdisasm")
+    spec = importlib.util.find_spec("nvidia")  # the NVIDIA wheels' namespace package
+    for root in (spec.submodule_search_locations or ()) if spec else ():
+        candidates += sorted(str(p) for p in Path(root).glob("cu*/bin/nvdisasm"))
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
 def disassemble_cubin(cubin: bytes) -> str | None:
-    """The SASS of a cubin (``cuobjdump --dump-sass``), or None when cuobjdump is not installed."""
-    tool = find_cuobjdump()
+    """The SASS of a cubin (``nvdisasm``), or None when nvdisasm is not installed (``pip install
+    nvidia-cuda-nvdisasm`` brings it)."""
+    tool = find_nvdisasm()
     if tool is None:
         return None
     with tempfile.TemporaryDirectory(prefix="flydsl-sass-") as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        result = subprocess.run([tool, "--dump-sass", str(path)], capture_output=True, text=True)
+        result = subprocess.run([tool, str(path)], capture_output=True, text=True)
     if result.returncode != 0:
-        raise ToolchainError(f"cuobjdump --dump-sass failed ({result.returncode}):\n{result.stderr}")
+        raise ToolchainError(f"nvdisasm failed ({result.returncode}):\n{result.stderr}")
     return result.stdout
