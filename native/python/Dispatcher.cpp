@@ -57,7 +57,9 @@ struct Described {
   unsigned char key[kMaxKeyBytes];
   size_t keyBytes = 0;
   PyObject *constexprs[kMaxConstexprs];
-  Py_hash_t hashes[kMaxConstexprs];
+  // Hashed only when a registered value is not the same object (-1: not
+  // yet; a Python hash is never -1).
+  mutable Py_hash_t hashes[kMaxConstexprs];
   size_t numConstexprs = 0;
   LaunchValue values[kMaxLaunchValues];
   size_t numValues = 0;
@@ -176,16 +178,12 @@ public:
         out.d = x;
         break;
       }
-      case 'c': {
-        Py_hash_t h = PyObject_Hash(v);
-        if (h == -1 && PyErr_Occurred())
-          return decline();
+      case 'c':
         if (d.numConstexprs >= kMaxConstexprs)
           return false;
         d.constexprs[d.numConstexprs] = v;
-        d.hashes[d.numConstexprs++] = h;
+        d.hashes[d.numConstexprs++] = -1;
         break;
-      }
       case 'm':
         if (!describeTmaTile(v, d))
           return decline();
@@ -398,6 +396,10 @@ public:
     Described d;
     if (!describe(values.ptr(), d))
       return nb::none();
+    // Launches hash constexprs only on a miss; a key needs them all.
+    for (size_t i = 0; i < d.numConstexprs; ++i)
+      if (PyObject_Hash(d.constexprs[i]) == -1)
+        return decline(), nb::none();
     nb::list args;
     for (size_t i = 0; i < d.numValues; ++i) {
       const LaunchValue &v = d.values[i];
@@ -432,14 +434,11 @@ private:
     nb::object shape = nb::steal(PyObject_GetAttr(obj, reg.shape));
     if (!key.is_valid() || !map.is_valid() || !shape.is_valid() || !PyTuple_Check(shape.ptr()))
       return false;
-    Py_hash_t h = PyObject_Hash(key.ptr());
-    if (h == -1 && PyErr_Occurred())
-      return false;
     size_t rank = size_t(PyTuple_GET_SIZE(shape.ptr()));
     if (d.numValues + 1 + rank > kMaxLaunchValues)
       return false;
     d.constexprs[d.numConstexprs] = key.ptr();
-    d.hashes[d.numConstexprs++] = h;
+    d.hashes[d.numConstexprs++] = -1;
     LaunchValue &m = d.values[d.numValues++];
     m.tag = LaunchValue::Object;
     m.o = map.ptr();
@@ -550,9 +549,15 @@ private:
     if (e.key.size() != d.keyBytes || std::memcmp(e.key.data(), d.key, d.keyBytes) != 0 ||
         e.constexprs.size() != d.numConstexprs)
       return false;
-    for (size_t i = 0; i < d.numConstexprs; ++i)
-      if (!sameConstexpr(e.constexprs[i].ptr(), e.hashes[i], d.constexprs[i], d.hashes[i]))
+    for (size_t i = 0; i < d.numConstexprs; ++i) {
+      PyObject *x = e.constexprs[i].ptr(), *y = d.constexprs[i];
+      if (x == y) // the common case (a cached configuration): no hash, no ==
+        continue;
+      if (d.hashes[i] == -1 && (d.hashes[i] = PyObject_Hash(y)) == -1)
+        return decline(); // unhashable: the Python path reports it
+      if (!sameConstexpr(x, e.hashes[i], y, d.hashes[i]))
         return false;
+    }
     return true;
   }
 

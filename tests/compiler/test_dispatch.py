@@ -211,6 +211,34 @@ def test_dry_run_packs_what_the_launcher_would():
         dispatcher._dry_run(values, 1, 2048)
 
 
+class CountedConfig:
+    """A Constexpr value that counts its hashes (configurations are frozen dataclasses: hashing costs a tuple)."""
+
+    hashes = 0
+
+    def __init__(self, tiles):
+        self.tiles = tiles
+
+    def __hash__(self):
+        CountedConfig.hashes += 1
+        return hash(self.tiles)
+
+    def __eq__(self, other):
+        return isinstance(other, CountedConfig) and other.tiles == self.tiles
+
+
+def test_constexprs_are_hashed_only_when_not_the_registered_object():
+    config = CountedConfig(4)
+    values = (FakeTorchTensor((64,)), FakeTorchTensor((64,)), 1.0, 64, config, 3)
+    dispatcher, _ = _registered(mixed, values)
+    before = CountedConfig.hashes
+    assert dispatcher._dry_run(values, 1, 32) is not None  # the registered object itself: matched by identity
+    assert CountedConfig.hashes == before
+    assert dispatcher._dry_run((*values[:4], CountedConfig(4), 3), 1, 32) is not None  # an equal one: hash + ==
+    assert CountedConfig.hashes == before + 1
+    assert dispatcher._dry_run((*values[:4], CountedConfig(5), 3), 1, 32) is None
+
+
 def test_only_registered_specializations_launch():
     values = (FakeTorchTensor((64,)), FakeTorchTensor((64,)), 1.0, 64, True, 3)
     dispatcher, _ = _registered(mixed, values)
