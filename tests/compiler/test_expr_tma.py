@@ -88,6 +88,20 @@ def pipelined_row_sums(x: fx.TmaDescriptor, out: fx.Tensor, stages: fx.Constexpr
         out[r] = total
 
 
+@flyc.kernel
+def pipeline_positions(out: fx.Tensor, stages: fx.Constexpr[int]):
+    """Thread t: the position ``t`` slots after (index 1, phase 0), by ``advance_by(t)`` (row 0) and by ``t`` calls
+    of ``advance`` (row 1), as (index, phase) pairs."""
+    t = gpu.thread_idx.x
+    start = fx.PipelineState(stages, 1, 0)
+    jumped = start.advance_by(t)
+    walked = start
+    for _ in range(t):
+        walked = walked.advance()
+    out[0, t, 0], out[0, t, 1] = jumped.index, jumped.phase
+    out[1, t, 0], out[1, t, 1] = walked.index, walked.phase
+
+
 @flyc.kernel(cluster=(2, 1, 1))
 def tma_multicast(src: fx.TmaDescriptor, seen: fx.Tensor):
     """CTA 0 of each cluster of two loads box (cluster, 0) once, multicast into both CTAs' shared memory; every CTA
@@ -280,6 +294,23 @@ def test_tma_pipeline_on_gpu(stages):
     pipelined_row_sums(fx.TmaTile(x, (rows, cols), 128), out, stages).launch(grid=1, block=32 + rows)
     torch.cuda.synchronize()
     assert torch.equal(out, x.double().sum(dim=1).float())
+
+
+def test_pipeline_advance_by_compiles():
+    ptx = pipeline_positions.lower(flyc.TensorSpec((2, 64, 2), "i32"), 3).ptx
+    assert "rem" in ptx or "mul.hi" in ptx  # the slot of a run-time jump: a remainder
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_pipeline_advance_by_walks_like_advance_on_gpu(stages):
+    torch = pytest.importorskip("torch")
+    out = torch.full((2, 64, 2), -1, dtype=torch.int32, device="cuda")
+    pipeline_positions(out, stages).launch(grid=1, block=64)
+    torch.cuda.synchronize()
+    assert torch.equal(out[0], out[1])
+    expected = [((1 + t) % stages, ((1 + t) // stages) % 2) for t in range(64)]
+    assert out[0].tolist() == [list(p) for p in expected]
 
 
 @pytest.mark.gpu

@@ -129,6 +129,32 @@ def test_tile_shapes_compile(tile_m, tile_n, consumers, cluster_m):
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
+@pytest.mark.parametrize("cluster_m", [1, 2])
+def test_pingpong_compiles(cluster_m):
+    """Each consumer multiplies whole 128 x 128 tiles (two m64n128 atoms per K step) without spilling."""
+    cfg = GemmConfig(tile_n=128, stages=max_stages(128, 128), cluster_m=cluster_m, schedule="pingpong")
+    assert cfg.consumer_rows == 128 and cfg.threads == 384
+    spec = flyc.TensorSpec((1000, 520), "bf16")
+    compiled = gemm_ws.lower(
+        fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128 // cluster_m, 64)), spec, spec, cfg, ("K", "K"), NONE
+    )
+    wgmmas = compiled.ptx.count("wgmma.mma_async.sync.aligned.m64n128k16")
+    assert wgmmas and wgmmas % (2 * cfg.tile_k // 16) == 0
+    sass = toolchain.disassemble_cubin(compiled.cubin) if compiled.cubin is not None else None
+    if sass is not None:
+        assert "HGMMA.64x128x16.F32.BF16" in sass and "STL" not in sass
+
+
+def test_pingpong_configs_are_checked():
+    with pytest.raises(ValueError, match="pingpong takes 2 consumers"):
+        GemmConfig(tile_n=256, schedule="pingpong")  # 128 x 256 accumulators per consumer: too many registers
+    with pytest.raises(ValueError, match="pingpong takes 2 consumers"):
+        GemmConfig(tile_n=128, split_k=2, schedule="pingpong")
+    with pytest.raises(ValueError, match="schedule must be"):
+        GemmConfig(schedule="stream")
+    assert GemmConfig(tile_m=64, tile_n=256, cluster_m=1, schedule="pingpong").consumer_rows == 64
+
+
 def test_candidate_configs_fit_the_problem():
     for m, n, k in [(64, 4096, 4096), (128, 1536, 7168), (512, 8192, 8192), (8192, 8192, 8192)]:
         configs = candidate_configs(m, n, k, 132)
@@ -192,6 +218,21 @@ def test_gemm_tile_shapes_on_gpu(a_major, b_major, tile_m, tile_n, cluster_m, sp
     b = _operand(torch, k, n, torch.bfloat16, "MN" if b_major == "K" else "K")
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm(a, b, out, cfg)
+    torch.cuda.synchronize()
+    _check(torch, a, b, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_major,b_major", [("K", "K"), ("MN", "MN"), ("K", "MN")])
+@pytest.mark.parametrize("m,n,k,cluster_m", [(520, 392, 264, 1), (1000, 776, 520, 2), (4104, 1160, 1032, 2)])
+def test_gemm_pingpong_on_gpu(a_major, b_major, m, n, k, cluster_m):
+    """Pingpong consumers (every other tile of a CTA each, odd tile counts included) on tails in M, N and K."""
+    torch = pytest.importorskip("torch")
+    cfg = GemmConfig(tile_n=128, stages=max_stages(128, 128), cluster_m=cluster_m, schedule="pingpong")
+    a = _operand(torch, m, k, torch.bfloat16, a_major)
+    b = _operand(torch, k, n, torch.bfloat16, "MN" if b_major == "K" else "K")
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm(a, b, out, cfg, bias=None)
     torch.cuda.synchronize()
     _check(torch, a, b, out)
 

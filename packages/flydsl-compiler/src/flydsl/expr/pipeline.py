@@ -54,6 +54,11 @@ class PipelineState:
         wrapped = (following == self.stages).to(Int32)
         return PipelineState(self.stages, following - wrapped * self.stages, self.phase ^ wrapped)
 
+    def advance_by(self, steps) -> PipelineState:
+        """``steps`` slots further (an int or a kernel integer >= 0): the phase flips once per wrap."""
+        total = self.index + steps
+        return PipelineState(self.stages, total % self.stages, self.phase ^ ((total // self.stages) % 2))
+
     def __fly_values__(self) -> list:
         return [self.index, self.phase]
 

@@ -47,8 +47,10 @@ _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """The CTA tile (``tile_m`` x ``tile_n``, K steps of ``tile_k``), the pipeline depth, the consumer warpgroups
-    (each 64 rows of the tile... or more: ``tile_m / consumers`` rows, a multiple of 64), the grouped tile order."""
+    """The CTA tile (``tile_m`` x ``tile_n``, K steps of ``tile_k``), the pipeline depth, the consumer warpgroups,
+    the grouped tile order, the cluster and split K. ``schedule``: "cooperative" (the consumers share each tile,
+    ``tile_m / consumers`` rows each) or "pingpong" (two consumers take every other tile whole: one's epilogue runs
+    while the other's MMAs do; its accumulators, ``tile_m * tile_n / 128`` per thread, must stay <= 128)."""
 
     tile_m: int = 128
     tile_n: int = 256
@@ -58,9 +60,25 @@ class GemmConfig:
     group_m: int = 8
     cluster_m: int = 2  # CTAs along M sharing each B tile: each loads 1/cluster_m of it, multicast to all
     split_k: int = 1  # K split over this many CTAs per tile (fp32 partials, then a reduction): for few tiles
+    schedule: str = "cooperative"
 
     def __post_init__(self):
-        if self.tile_m % (64 * self.consumers) or self.tile_n % 64 or self.tile_n > 256 or self.tile_k % 64:
+        if self.schedule not in ("cooperative", "pingpong"):
+            raise ValueError(f"{self}: schedule must be 'cooperative' or 'pingpong'")
+        if self.schedule == "pingpong" and (
+            self.consumers != 2 or self.split_k != 1 or self.tile_m % 64 or self.tile_m * self.tile_n > 128 * 128
+        ):
+            raise ValueError(
+                f"{self}: pingpong takes 2 consumers, no split K, 64-row blocks and at most 128 x 128 outputs per"
+                " tile (each consumer holds a whole tile's accumulators)"
+            )
+        if (
+            self.consumer_rows % 64
+            or self.tile_m % self.consumers
+            or self.tile_n % 64
+            or self.tile_n > 256
+            or self.tile_k % 64
+        ):
             raise ValueError(
                 f"{self}: tile_m must split into {self.consumers} consumer warpgroups of 64-row blocks; tile_n a"
                 " multiple of 64 up to 256; tile_k a multiple of 64 (one 128-byte swizzled row of bf16)"
@@ -73,6 +91,11 @@ class GemmConfig:
     @property
     def threads(self) -> int:
         return 128 * (1 + self.consumers)
+
+    @property
+    def consumer_rows(self) -> int:
+        """The rows of a tile one consumer warpgroup multiplies and stores."""
+        return self.tile_m if self.schedule == "pingpong" else self.tile_m // self.consumers
 
     def stage_bytes(self, element_bytes: int = 2) -> int:
         return (self.tile_m + self.tile_n) * self.tile_k * element_bytes
@@ -220,8 +243,11 @@ def gemm_ws(
     smem = fx.SmemAllocator()
     a_tiles = smem.allocate(a.dtype, operand_layout(cfg.tile_m, cfg.tile_k, cfg.stages, a_major), alignment=1024)
     b_tiles = smem.allocate(b.dtype, operand_layout(cfg.tile_n, cfg.tile_k, cfg.stages, b_major), alignment=1024)
-    # A slot is freed by one arrival per consumer warp of every CTA of the cluster (B parts land in all of them).
-    pipe = fx.TmaPipeline(smem, cfg.stages, cfg.stage_bytes(element_bytes), consumers=4 * cfg.consumers * cfg.cluster_m)
+    # A slot is freed by one arrival per warp of the consumers that read it (pingpong: one; cooperative: all) in
+    # every CTA of the cluster (B parts land in all of them).
+    pingpong = cfg.schedule == "pingpong"
+    draining = 1 if pingpong else cfg.consumers
+    pipe = fx.TmaPipeline(smem, cfg.stages, cfg.stage_bytes(element_bytes), consumers=4 * draining * cfg.cluster_m)
     pipe.init(sync=cfg.cluster_m == 1)
     rank = 0
     peers = None
@@ -278,12 +304,19 @@ def gemm_ws(
         nvvm.setmaxnreg(_CONSUMER_REGISTERS, increase=True)
         consumer = warpgroup - 1
         mma = wgmma.TiledMma(
-            wgmma.MmaAtom(a.dtype, cfg.tile_n), tile_m=cfg.tile_m, tile_n=cfg.tile_n, warpgroups_m=cfg.consumers
+            wgmma.MmaAtom(a.dtype, cfg.tile_n),
+            tile_m=cfg.tile_m,
+            tile_n=cfg.tile_n,
+            warpgroups_m=cfg.tile_m // cfg.consumer_rows,
         )
         lane = tid % 32
         warp = (tid // 32) % 4
         state = pipe.consumer_start()
-        for unit in range(sched.first, units, sched.stride):
+        first, stride = sched.first, sched.stride
+        if fx.const_expr(pingpong):  # consumer c takes the CTA's units c, c + 2, ...: past the other's K steps
+            state = state.advance_by(consumer * k_tiles)
+            first, stride = first + consumer * stride, 2 * stride
+        for unit in range(first, units, stride):
             ctm, tn, k_begin, k_end = _work(sched, unit, split, k_tiles)
             tm = ctm * cfg.cluster_m + rank
             accs = mma.make_accumulators(0.0)
@@ -315,8 +348,8 @@ def gemm_ws(
                     if lane == 0:
                         pipe.consumer_release(released, peers)
 
-            rows_per_consumer = cfg.tile_m // cfg.consumers
-            row0 = tm * cfg.tile_m + consumer * rows_per_consumer
+            rows_per_consumer = cfg.consumer_rows
+            row0 = tm * cfg.tile_m + (0 if pingpong else consumer * rows_per_consumer)
             col0 = tn * cfg.tile_n
             inside = (row0 + rows_per_consumer <= m_extent) & (col0 + cfg.tile_n <= n_extent)
             if fx.const_expr(split == 1):
@@ -333,6 +366,8 @@ def gemm_ws(
                     _store_tile(
                         accs[mi], c, bias_or_none, activation, r0, col0, False, lane, warp, cfg.tile_n, extent, offset
                     )
+            if fx.const_expr(pingpong):
+                state = state.advance_by(k_tiles)  # the other consumer's unit's K steps
     if fx.const_expr(cfg.cluster_m > 1):
         fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
 
@@ -398,8 +433,9 @@ def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 
 
 def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
     """The configurations worth timing for an (m, n, k) problem: tile widths 64..256, 64-row tiles (one consumer)
-    when M is that small, clusters only where there are two tile rows to share B, and splits of K only where the
-    tiles alone leave SMs idle. Each with the deepest pipeline that fits."""
+    when M is that small, clusters only where there are two tile rows to share B, splits of K only where the tiles
+    alone leave SMs idle, and pingpong 128 x 128 tiles where there are two per CTA. Each with the deepest pipeline
+    that fits."""
     configs = []
     for tile_m, consumers in ((128, 2), (64, 1)):
         if tile_m == 64 and m > 64:
@@ -422,6 +458,12 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
                             split_k=split_k,
                         )
                     )
+    if m > 64:  # pingpong consumers, whole 128 x 128 tiles each, where there are tiles for both
+        for cluster_m in (1, 2) if m > 128 else (1,):
+            if -(-m // 128) * -(-n // 128) >= 2 * sms // cluster_m:
+                configs.append(
+                    GemmConfig(tile_n=128, stages=max_stages(128, 128), cluster_m=cluster_m, schedule="pingpong")
+                )
     return configs
 
 
@@ -471,11 +513,14 @@ def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> floa
 def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     """The configuration for an (m, n, k) problem on ``sms`` SMs: 64-row tiles (one consumer warpgroup) when M <= 64,
     2-CTA clusters whenever there are two tile rows to share B, and among the rest of :func:`candidate_configs`
-    (tile width, split of K) the one :func:`estimated_seconds` ranks fastest."""
+    (tile width, split of K) the one :func:`estimated_seconds` ranks fastest. Pingpong configurations are left out
+    until they are timed on a GPU (the cost model has no term for them yet)."""
     configs = [
         cfg
         for cfg in candidate_configs(m, n, k, sms)
-        if (cfg.tile_m == 64) == (m <= 64) and (cfg.cluster_m == 2 or -(-m // cfg.tile_m) < 2 or cfg.tile_n % 128)
+        if (cfg.tile_m == 64) == (m <= 64)
+        and (cfg.cluster_m == 2 or -(-m // cfg.tile_m) < 2 or cfg.tile_n % 128)
+        and cfg.schedule == "cooperative"
     ]
     return min(configs, key=lambda cfg: estimated_seconds(m, n, k, cfg, sms))
 
