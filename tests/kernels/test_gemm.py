@@ -66,6 +66,10 @@ def test_epilogues_compile(epilogue):
     )
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
     assert compiled.ptx.count("wgmma.mma_async") == CFG.tile_k // 16  # the main loop is the same
+    # The epilogue is computed once per element (not once per store path): each thread reads its 64 bias columns
+    # once (a 32-bit bias: ld.global.f32/b32), however the tile is stored.
+    bias_loads = len(re.findall(r"ld\.global(?:\.nc)?\.(?:f32|b32)", compiled.ptx))
+    assert bias_loads == (CFG.tile_n // 4 if epilogue[0] else 0)
 
 
 @pytest.mark.parametrize("split_k", [2, 5])

@@ -138,10 +138,14 @@ _SQRT_HALF = 0.7071067811865476
 
 
 def apply_epilogue(x, bias, col, activation):
-    """The epilogue of one fp32 accumulator element of column ``col``: ``+ bias[col]``, then the activation (gelu
-    as torch's default, with erf)."""
+    """The epilogue of one fp32 accumulator element of column ``col``: ``+ bias[col]``, then the activation."""
     if fx.const_expr(bias is not None):
         x = x + bias[col].to(fx.Float32)
+    return _activate(x, activation)
+
+
+def _activate(x, activation):
+    """One of ACTIVATIONS on an fp32 value (gelu as torch's default, with erf)."""
     if fx.const_expr(activation == "relu"):
         x = arith.maximum(x, fx.Float32(0.0))
     if fx.const_expr(activation == "gelu"):
@@ -151,12 +155,29 @@ def apply_epilogue(x, bias, col, activation):
     return x
 
 
-def _store_tile(acc, c, bias, activation, row0, col0, full: bool, lane, warp, n: int, m_extent=None, row_offset=None):
-    """This thread's part of one 64 x n accumulator (wgmma's layout) into C at (row0, col0), through the epilogue
-    (``bias``: a (N,) tensor or None; ``activation``: one of ACTIVATIONS); ``full``: the tile lies inside C, no
-    bounds checks. Split-K partials: ``m_extent`` rows of output, stored ``row_offset`` rows down C."""
-    plain = bias is None and activation is None
-    values = acc.to(c.dtype) if plain else acc
+def _finished_tile(acc, c, bias, activation, col0, lane, n: int):
+    """This thread's values of one 64 x n accumulator block (wgmma's layout: element ``2p + e`` lies in column
+    ``col0 + 8 (p // 2) + 2 (lane % 4) + e``) through the epilogue, in C's dtype: computed once, however they are
+    stored. Each bias element is read once per thread, at a column clamped into the tensor (values past N are
+    computed but never stored)."""
+    if fx.const_expr(bias is None and activation is None):
+        return acc.to(c.dtype)
+    last = c.shape[1].to(fx.Int32) - 1
+    values = []
+    for p in fx.range_constexpr(n // 4):
+        col = col0 + 8 * (p // 2) + 2 * (lane % 4)
+        if fx.const_expr(p % 2 == 0 and bias is not None):  # rows r and r + 8 share their two columns
+            pair = [bias[arith.minimum(col + e, last)].to(fx.Float32) for e in (0, 1)]
+        for e in fx.range_constexpr(2):
+            x = acc[2 * p + e] if bias is None else acc[2 * p + e] + pair[e]
+            values.append(_activate(x, activation).to(c.dtype))
+    return values
+
+
+def _store_tile(values, c, row0, col0, full: bool, lane, warp, n: int, m_extent=None, row_offset=None):
+    """Stores this thread's finished values of one 64 x n block (:func:`_finished_tile`) into C at (row0, col0);
+    ``full``: the block lies inside C, no bounds checks. Split-K partials: ``m_extent`` rows of output, stored
+    ``row_offset`` rows down C."""
     if fx.const_expr(m_extent is None):
         m_extent = c.shape[0].to(fx.Int32)
     n_extent = c.shape[1].to(fx.Int32)
@@ -164,25 +185,15 @@ def _store_tile(acc, c, bias, activation, row0, col0, full: bool, lane, warp, n:
         row = row0 + 16 * warp + lane // 4 + 8 * (p % 2)
         col = col0 + 8 * (p // 2) + 2 * (lane % 4)
         at = row if fx.const_expr(row_offset is None) else row + row_offset  # the row of C written
-        if fx.const_expr(full):  # one 2-element store: C's rows are 16-byte aligned and col is even
-            if fx.const_expr(plain):
-                first, second = values[2 * p], values[2 * p + 1]
-            else:
-                first = apply_epilogue(values[2 * p], bias, col, activation).to(c.dtype)
-                second = apply_epilogue(values[2 * p + 1], bias, col + 1, activation).to(c.dtype)
+        first, second = values[2 * p], values[2 * p + 1]
+        if fx.const_expr(full):  # one 2-element store where C's rows are aligned for it (col is even)
             vector.store(vector.from_elements(vector.vector_class(c.dtype, 2), [first, second]), c, (at, col))
-        else:  # each element only where it lies inside C (bias read only there too)
+        else:  # each element only where it lies inside C
             if row < m_extent:
-                _store_element(c, values[2 * p], bias, activation, plain, at, col, n_extent)
-                _store_element(c, values[2 * p + 1], bias, activation, plain, at, col + 1, n_extent)
-
-
-def _store_element(c, value, bias, activation, plain: bool, row, col, n_extent):
-    if col < n_extent:
-        if fx.const_expr(plain):
-            c[row, col] = value
-        else:
-            c[row, col] = apply_epilogue(value, bias, col, activation).to(c.dtype)
+                if col < n_extent:
+                    c[at, col] = first
+                if col + 1 < n_extent:
+                    c[at, col + 1] = second
 
 
 def _work(sched, unit, split: int, k_tiles):
@@ -358,14 +369,11 @@ def gemm_ws(
                 extent, offset = m_extent, (unit % split) * m_extent
             for mi in fx.range_constexpr(rows_per_consumer // 64):
                 r0 = row0 + 64 * mi
+                values = _finished_tile(accs[mi], c, bias_or_none, activation, col0, lane, cfg.tile_n)
                 if inside:
-                    _store_tile(
-                        accs[mi], c, bias_or_none, activation, r0, col0, True, lane, warp, cfg.tile_n, extent, offset
-                    )
+                    _store_tile(values, c, r0, col0, True, lane, warp, cfg.tile_n, extent, offset)
                 else:
-                    _store_tile(
-                        accs[mi], c, bias_or_none, activation, r0, col0, False, lane, warp, cfg.tile_n, extent, offset
-                    )
+                    _store_tile(values, c, r0, col0, False, lane, warp, cfg.tile_n, extent, offset)
             if fx.const_expr(pingpong):
                 state = state.advance_by(k_tiles)  # the other consumer's unit's K steps
     if fx.const_expr(cfg.cluster_m > 1):
