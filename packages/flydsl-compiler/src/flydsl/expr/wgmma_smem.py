@@ -186,8 +186,18 @@ def descriptor_format(layout, dtype, shape, origin=(0, 0), major: str | None = N
       (k // 8) * LBO``; swizzled: ``(mb % W) + (k % 8) * W + (mb // W) * LBO + (k // 8) * SBO``.
 
     Every element of the sub-tile is checked against that formula."""
+    sw, _, inner = _swizzle_of(layout)  # the offset (often a run-time stage) does not change the fields
+    key = (sw, inner, dtype, tuple(shape), tuple(origin), major)
+    try:
+        return _descriptor_format(*key)  # every compile of a GEMM checks the same sub-tiles again
+    except TypeError:  # an unhashable layout: check it every time
+        return _descriptor_format.__wrapped__(*key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _descriptor_format(sw, inner, dtype, shape, origin, major) -> DescriptorFormat:
+    layout = _fl.ComposedLayout(sw, 0, inner)  # for the messages
     e = _element_bytes(dtype, "descriptor_format")
-    sw, _, inner = _swizzle_of(layout)
     swizzle = _byte_swizzle(sw, e, "descriptor_format")
     mn, kk = shape
     if _fl.rank(inner) != 2 or not _fl.is_static(inner):
