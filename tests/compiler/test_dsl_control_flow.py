@@ -197,6 +197,24 @@ def test_dynamic_conditions_cannot_use_python_boolean_operators():
     assert info.traceback[-1].name == "k"  # the user's frame, not FlyDSL's
 
 
+def test_tracebacks_through_loops_and_branches_show_their_first_line():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        if n > 0:
+            for i in range(n):
+                x[i] = x[i] + [1.0, 2.0][i]  # a Python list indexed by a kernel value
+                x[i] = x[i] * 2.0
+
+    with pytest.raises(TypeError, match="is not a Python int") as info:
+        _trace(k, "Int32")
+    first = k.__wrapped__.__code__.co_firstlineno  # the decorator's line (pytest's entry lines are 0-based)
+    user = [(entry.name, entry.lineno + 1 - first) for entry in info.traceback if str(entry.path) == __file__]
+    # Lines after the decorator: k's frame at its `if` (2), the branch's at its `for` (3), the loop body's at the
+    # failing statement (4); not at the blocks' last lines.
+    assert user[-3:] == [("k", 2), (user[-2][0], 3), (user[-1][0], 4)], user
+    assert user[-2][0].startswith("__fly_then") and user[-1][0].startswith("__fly_for")
+
+
 def test_break_in_a_dynamic_loop_is_refused_with_guidance():
     @flyc.kernel
     def k(x: fx.Tensor, n: fx.Int32):

@@ -256,10 +256,14 @@ class _Rewriter(ast.NodeTransformer):
 
 
 def _locate_tree(tree: ast.AST, origin: ast.AST) -> None:
-    """Gives ``origin``'s position to every node of ``tree`` that has none yet."""
+    """Gives ``origin``'s first line to every node of ``tree`` that has no position yet (only that line: a
+    traceback through the generated call then shows the ``for``/``if``/``while`` line, not the block's last one,
+    with its keyword underlined)."""
+    keyword = {ast.For: 3, ast.If: 2, ast.While: 5}.get(type(origin), 1)
     for node in ast.walk(tree):
         if "lineno" in node._attributes and not hasattr(node, "lineno"):
-            ast.copy_location(node, origin)
+            node.lineno, node.col_offset = origin.lineno, origin.col_offset
+            node.end_lineno, node.end_col_offset = origin.lineno, origin.col_offset + keyword
 
 
 class _CallRouter(ast.NodeTransformer):
