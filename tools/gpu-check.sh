@@ -1,0 +1,21 @@
+# Run on the GPU machine from the repository root, after `.devrt` travelled (carry [".devrt"]):
+#   bash tools/gpu-check.sh                      # every test suite (GPU tests included), one log per suite
+#   bash tools/gpu-check.sh tests/kernels -k gemm   # pytest arguments instead of the default suites
+# Logs go to $OUT (the device tool brings them back) or ./gpu-logs; the last lines printed are one summary line per
+# suite, so a truncated output tail still shows every result.
+source tools/gpu-env.sh
+logs=${OUT:-gpu-logs}
+mkdir -p "$logs"
+status=0
+if [ $# -gt 0 ]; then
+  python3 -m pytest -q -p no:cacheprovider "$@" > "$logs/pytest.txt" 2>&1 || status=$?
+  echo "pytest $*: $(tail -1 "$logs/pytest.txt")"
+  exit $status
+fi
+summary=""
+for suite in layout compiler kernels torch; do
+  python3 -m pytest -q -p no:cacheprovider "tests/$suite" > "$logs/$suite.txt" 2>&1 || status=$?
+  summary="$summary\n$suite: $(tail -1 "$logs/$suite.txt")"
+done
+printf "%b\n" "$summary"
+exit $status
