@@ -144,6 +144,8 @@ def test_pingpong_compiles(cluster_m):
     )
     wgmmas = compiled.ptx.count("wgmma.mma_async.sync.aligned.m64n128k16")
     assert wgmmas and wgmmas % (2 * cfg.tile_k // 16) == 0
+    # full + empty per slot, and the consumers' order barriers (their turns at the K steps)
+    assert compiled.ptx.count("mbarrier.init") == 2 * cfg.stages + 2
     sass = toolchain.disassemble_cubin(compiled.cubin) if compiled.cubin is not None else None
     if sass is not None:
         assert "HGMMA.64x128x16.F32.BF16" in sass and "STL" not in sass

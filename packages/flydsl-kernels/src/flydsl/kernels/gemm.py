@@ -259,7 +259,16 @@ def gemm_ws(
     pingpong = cfg.schedule == "pingpong"
     draining = 1 if pingpong else cfg.consumers
     pipe = fx.TmaPipeline(smem, cfg.stages, cfg.stage_bytes(element_bytes), consumers=4 * draining * cfg.cluster_m)
-    pipe.init(sync=cfg.cluster_m == 1)
+    if fx.const_expr(pingpong):
+        # Pingpong consumers take turns at their units' K steps (CUTLASS's math order barrier): order[c] completes
+        # when the other consumer has waited for every K step of its unit. Without it, a consumer a whole unit of
+        # K steps ahead waits on a full barrier whose parity reads as done two phases early (e.g. at once on a
+        # fresh barrier when k_tiles // stages is odd).
+        order = fx.mbarrier.allocate(smem, 2)
+        if gpu.thread_idx.x == 0:
+            for turn_of in fx.range_constexpr(2):
+                order[turn_of].init(128)  # every thread of the consumer warpgroup that finished its K steps
+    pipe.init(sync=cfg.cluster_m == 1)  # its fence and block/cluster sync cover the order barriers' init too
     rank = 0
     peers = None
     if fx.const_expr(cfg.cluster_m > 1):
@@ -324,12 +333,17 @@ def gemm_ws(
         warp = (tid // 32) % 4
         state = pipe.consumer_start()
         first, stride = sched.first, sched.stride
+        turn = 0  # pingpong: the parity of this consumer's next wait on order[consumer]
         if fx.const_expr(pingpong):  # consumer c takes the CTA's units c, c + 2, ...: past the other's K steps
             state = state.advance_by(consumer * k_tiles)
             first, stride = first + consumer * stride, 2 * stride
+            turn = 1 - consumer  # consumer 0's first wait passes at once (parity 1 on a fresh barrier)
         for unit in range(first, units, stride):
             ctm, tn, k_begin, k_end = _work(sched, unit, split, k_tiles)
             tm = ctm * cfg.cluster_m + rank
+            if fx.const_expr(pingpong):  # the other consumer has waited for all K steps of the unit before
+                order[consumer].wait(turn)
+                turn = turn ^ 1
             accs = mma.make_accumulators(0.0)
             released = state
             for kt in range(k_begin, k_end):
@@ -349,6 +363,8 @@ def gemm_ws(
                         pipe.consumer_release(released, peers)
                     released = released.advance()
                 state = state.advance()
+            if fx.const_expr(pingpong):  # its turn: this unit's K steps were all waited for (MMAs may still run)
+                order[1 - consumer].arrive()
             if fx.const_expr(split == 1):
                 accs = wgmma.wait_group(0, accs)
                 if lane == 0:
