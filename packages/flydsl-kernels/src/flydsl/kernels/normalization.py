@@ -525,7 +525,6 @@ def column_sum_kernel(partial: fx.Tensor, dweight: fx.Tensor, dbias: fx.Tensor, 
                 dbias[col - n] = total.to(dbias.dtype)
 
 
-@functools.lru_cache(maxsize=1)
 def _launch(kernel, cfg: RowConfig, grid: int, *args) -> None:
     cluster_shape = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
     kernel(*args, cfg).launch(grid=grid, block=cfg.block, cluster=cluster_shape)
