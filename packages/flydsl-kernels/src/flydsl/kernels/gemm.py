@@ -430,14 +430,15 @@ def _operand_tile(t, mn_dim: int, rows: int, tile_k: int, name: str) -> tuple[fx
 
 
 def _tma_ready(t):
-    """``t`` itself when TMA can read it (one unit stride, the other a multiple of 16 bytes, a 16-byte aligned
-    start), else a copy that it can: rows padded to 16 bytes, the padding outside the view (TMA reads zeros past a
-    view's extent, so K tails need no zero fill). Odd K, odd M/N of MN-major operands and arbitrary strides then
-    work, at the cost of one copy of that operand."""
+    """``t`` itself when TMA can read it (one unit stride, the other a multiple of 16 bytes with no overlap of rows,
+    so no broadcast stride 0; a 16-byte aligned start), else a copy that it can: rows padded to 16 bytes, the padding
+    outside the view (TMA reads zeros past a view's extent, so K tails need no zero fill). Odd K, odd M/N of
+    MN-major operands and arbitrary strides then work, at the cost of one copy of that operand."""
     (rows, cols), (row_stride, col_stride) = t.shape, t.stride()
     step = 16 // t.element_size()
     if t.data_ptr() % 16 == 0 and (
-        (col_stride == 1 and row_stride % step == 0) or (row_stride == 1 and col_stride % step == 0)
+        (col_stride == 1 and row_stride % step == 0 and row_stride >= cols)
+        or (row_stride == 1 and col_stride % step == 0 and col_stride >= rows)
     ):
         return t
     if row_stride == 1 and col_stride != 1:  # column-major: pad the columns of the transpose
