@@ -337,6 +337,7 @@ def test_gemm_routes_decode_sizes_to_skinny_gemm_on_gpu(m):
         (200, 130, 77, "strided"),
         (5, 3, 1, "row"),
         (130, 1001, 72, "row"),  # odd rows of C: the full tiles' paired stores must not assume alignment
+        (64, 128, 64, "broadcast"),  # a row broadcast over K (stride 0): copied, not handed to TMA
     ],
 )
 def test_gemm_any_shape_and_strides_on_gpu(m, n, k, layout):
@@ -347,6 +348,9 @@ def test_gemm_any_shape_and_strides_on_gpu(m, n, k, layout):
         a, b = torch.randn(m, k, device="cuda").bfloat16(), torch.randn(k, n, device="cuda").bfloat16()
     elif layout == "col":
         a, b = torch.randn(k, m, device="cuda").bfloat16().t(), torch.randn(n, k, device="cuda").bfloat16().t()
+    elif layout == "broadcast":
+        a = torch.randn(m, k, device="cuda").bfloat16()
+        b = torch.randn(1, n, device="cuda").bfloat16().expand(k, n)
     else:  # every other column, and a view starting one element in
         a = torch.randn(m, 2 * k, device="cuda").bfloat16()[:, ::2]
         b = torch.randn(k * n + 1, device="cuda").bfloat16()[1:].view(k, n)
