@@ -7,7 +7,10 @@
 #include "DispatchRegistry.h"
 #include "LaunchArgs.h"
 
+#include <nanobind/stl/string.h>
+
 #include <stdexcept>
+#include <string>
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -65,6 +68,35 @@ void registerDtype(nb::handle dtype, nb::handle name, int bytes) {
   reg.dtypes.push_back({dtype.ptr(), uint8_t(element), uint8_t(bytes)});
 }
 
+void registerArrayInterfaceType(nb::handle type) {
+  if (!PyType_Check(type.ptr()))
+    throw nb::type_error("expected a type");
+  auto &types = registry().arrayInterfaceTypes;
+  auto *t = reinterpret_cast<PyTypeObject *>(type.ptr());
+  for (PyTypeObject *known : types)
+    if (known == t)
+      return;
+  if (types.size() >= kMaxTensorTypes)
+    return;
+  Py_INCREF(t);
+  types.push_back(t);
+}
+
+void registerTypestr(const std::string &code, nb::handle name, int bytes) {
+  if (!PyUnicode_Check(name.ptr()))
+    throw nb::type_error("name: expected a str");
+  if (bytes < 1 || bytes > 255)
+    throw std::invalid_argument("bytes: expected 1 to 255");
+  auto &reg = registry();
+  for (const auto &entry : reg.typestrs)
+    if (entry.code == code)
+      return;
+  int element = elementIndex(name.ptr());
+  if (element < 0 || reg.typestrs.size() >= kMaxDtypes)
+    return;
+  reg.typestrs.push_back({code, uint8_t(element), uint8_t(bytes)});
+}
+
 void registerTmaTileType(nb::handle type) {
   if (!PyType_Check(type.ptr()))
     throw nb::type_error("expected a type");
@@ -90,6 +122,11 @@ void bindDispatchRegistry(nb::module_ &rt) {
          "shape, stride(), get_device()).");
   rt.def("_register_dtype", &registerDtype, "dtype"_a, "name"_a, "bytes"_a,
          "Dispatcher: a torch dtype object's element type name and size.");
+  rt.def("_register_array_interface_type", &registerArrayInterfaceType, "type"_a,
+         "Dispatcher: instances of this type are read through __cuda_array_interface__ (v2/v3).");
+  rt.def("_register_typestr", &registerTypestr, "code"_a, "name"_a, "bytes"_a,
+         "Dispatcher: an array interface typestr (without its byte-order mark, e.g. 'f4') and its "
+         "element type name and size.");
   rt.def("_register_tma_tile_type", &registerTmaTileType, "type"_a,
          "Dispatcher: instances of this type are TmaTile arguments (_key, tensor_map, shape, "
          "source).");

@@ -1,10 +1,10 @@
 //===- DispatchRegistry.h - What the launch path knows of Python types ----===//
 //
-// The registry behind runtime.Dispatcher: torch tensor types and dtypes, the
-// TmaTile type and the torch stream getter, registered by kernel.py on first
-// sight (strong references kept for the process, so pointer identity is
-// stable), plus the interned attribute names the dispatcher reads. Nanobind
-// side only (RTTI and exceptions on).
+// The registry behind runtime.Dispatcher: torch tensor types and dtypes,
+// array interface types and typestrs, the TmaTile type and the torch stream
+// getter, registered by kernel.py on first sight (strong references kept for
+// the process, so pointer identity is stable), plus the interned attribute
+// names the dispatcher reads. Nanobind side only (RTTI and exceptions on).
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace fly::python {
@@ -40,6 +41,15 @@ struct DispatchRegistry {
   };
   std::vector<Dtype> dtypes;
   std::vector<PyTypeObject *> tensorTypes;
+  // Types read through __cuda_array_interface__ (cupy, numba, ...), and the
+  // element types of its "typestr" (compared without the byte-order mark).
+  std::vector<PyTypeObject *> arrayInterfaceTypes;
+  struct Typestr {
+    std::string code; // "f4", "i8", ...
+    uint8_t element;  // index in elementNames
+    uint8_t bytes;
+  };
+  std::vector<Typestr> typestrs;
   PyObject *streamGetter = nullptr; // torch._C._cuda_getCurrentRawStream(device) -> int
   PyObject *isCuda = PyUnicode_InternFromString("is_cuda");
   PyObject *dtype = PyUnicode_InternFromString("dtype");
@@ -53,6 +63,11 @@ struct DispatchRegistry {
   PyObject *tmaKey = PyUnicode_InternFromString("_key");
   PyObject *tensorMap = PyUnicode_InternFromString("tensor_map");
   PyObject *source = PyUnicode_InternFromString("source");
+  PyObject *arrayInterface = PyUnicode_InternFromString("__cuda_array_interface__");
+  PyObject *typestr = PyUnicode_InternFromString("typestr");
+  PyObject *strides = PyUnicode_InternFromString("strides");
+  PyObject *data = PyUnicode_InternFromString("data");
+  PyObject *stream = PyUnicode_InternFromString("stream");
 };
 
 /// The process-wide registry (never destroyed: it outlives the interpreter's

@@ -4,7 +4,8 @@
 //
 // Built once per kernel from its parameter kinds. `launch(values, grid, block,
 // smem, stream, cluster)` reads torch tensors through the C API (is_cuda,
-// dtype, data_ptr(), shape, stride()), computes the specialization exactly as
+// dtype, data_ptr(), shape, stride()) and other arrays through their
+// __cuda_array_interface__, computes the specialization exactly as
 // kernel.py does, finds the loaded kernel among those registered with `add`,
 // packs the launch arguments and launches. Whatever it does not handle (other
 // tensor types, a dtype or tensor type not registered yet, a value kernel.py
@@ -23,6 +24,7 @@
 #include <nanobind/stl/string.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -64,7 +66,11 @@ struct Described {
   LaunchValue values[kMaxLaunchValues];
   size_t numValues = 0;
   PyObject *streamValue = nullptr; // the fx.Stream parameter's value
-  PyObject *firstTensor = nullptr;
+  // kernel.py's default stream: that of the first tensor naming one, a torch
+  // tensor (its device's current stream) or an array interface's "stream".
+  bool streamNamed = false;
+  PyObject *streamTensor = nullptr; // the torch tensor, or null
+  unsigned long long interfaceStream = 0;
 };
 
 struct DispatchParam {
@@ -450,25 +456,70 @@ private:
       out.tag = LaunchValue::Int;
       out.i = extent;
     }
-    if (!d.firstTensor) { // kernel.py's default stream: the first tensor, the tile's included
+    if (!d.streamNamed) { // the tile's tensor counts for the default stream
       nb::object source = nb::steal(PyObject_GetAttr(obj, reg.source));
       if (!source.is_valid())
         return false;
-      for (PyTypeObject *t : reg.tensorTypes)
-        if (Py_TYPE(source.ptr()) == t)
-          d.firstTensor = source.ptr();
+      if (isTorchTensor(source.ptr())) {
+        d.streamNamed = true;
+        d.streamTensor = source.ptr(); // kept alive by the tile
+      } else if (isArrayInterface(source.ptr())) {
+        nb::object interface = nb::steal(PyObject_GetAttr(source.ptr(), reg.arrayInterface));
+        if (!interface.is_valid() || !PyDict_Check(interface.ptr()) ||
+            !noteInterfaceStream(interface.ptr(), d))
+          return false;
+      }
     }
     return true;
   }
 
+  static bool isTorchTensor(PyObject *obj) {
+    for (PyTypeObject *t : registry().tensorTypes)
+      if (Py_TYPE(obj) == t)
+        return true;
+    return false;
+  }
+
+  static bool isArrayInterface(PyObject *obj) {
+    for (PyTypeObject *t : registry().arrayInterfaceTypes)
+      if (Py_TYPE(obj) == t)
+        return true;
+    return false;
+  }
+
+  /// An array interface's "stream" (v3), if it names one and none was named
+  /// before: kernel.py launches there by default.
+  static bool noteInterfaceStream(PyObject *interface, Described &d) {
+    PyObject *stream = PyDict_GetItemWithError(interface, registry().stream);
+    if (!stream)
+      return !PyErr_Occurred();
+    int named = PyObject_IsTrue(stream);
+    if (named < 0)
+      return decline();
+    if (named) {
+      if (!PyLong_Check(stream))
+        return false;
+      unsigned long long h = PyLong_AsUnsignedLongLong(stream);
+      if (h == (unsigned long long)-1 && PyErr_Occurred())
+        return decline();
+      d.streamNamed = true;
+      d.interfaceStream = h;
+    }
+    return true;
+  }
+
+  /// A tensor argument: a torch tensor, or an object read through
+  /// __cuda_array_interface__ (strides in bytes, or None: row-major).
   bool describeTensor(PyObject *obj, Described &d) const {
+    if (isTorchTensor(obj))
+      return describeTorch(obj, d);
+    if (isArrayInterface(obj))
+      return describeArrayInterface(obj, d);
+    return false;
+  }
+
+  bool describeTorch(PyObject *obj, Described &d) const {
     DispatchRegistry &reg = registry();
-    PyTypeObject *type = Py_TYPE(obj);
-    bool known = false;
-    for (PyTypeObject *t : reg.tensorTypes)
-      known |= t == type;
-    if (!known)
-      return false;
     nb::object isCuda = nb::steal(PyObject_GetAttr(obj, reg.isCuda));
     if (isCuda.ptr() != Py_True)
       return false;
@@ -486,17 +537,96 @@ private:
     if (pointer == (unsigned long long)-1 && PyErr_Occurred())
       return false;
     nb::object shape = nb::steal(PyObject_GetAttr(obj, reg.shape));
-    if (!shape.is_valid() || !PyTuple_Check(shape.ptr()))
-      return false;
-    size_t rank = size_t(PyTuple_GET_SIZE(shape.ptr()));
     nb::object strides = nb::steal(callMethod0(obj, reg.stride));
-    if (!strides.is_valid() || !PyTuple_Check(strides.ptr()) ||
-        size_t(PyTuple_GET_SIZE(strides.ptr())) != rank || rank > kMaxRank ||
-        d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues)
+    long long extents[kMaxRank], steps[kMaxRank];
+    size_t rank;
+    if (!readInts(shape.ptr(), extents, rank) || !readInts(strides.ptr(), steps, rank, rank))
       return false;
+    if (!appendTensor(d, found->element, found->bytes, pointer, rank, extents, steps))
+      return false;
+    if (!d.streamNamed) {
+      d.streamNamed = true;
+      d.streamTensor = obj;
+    }
+    return true;
+  }
 
+  bool describeArrayInterface(PyObject *obj, Described &d) const {
+    DispatchRegistry &reg = registry();
+    // Borrowed items below: `holder` keeps the dict (often built per access).
+    nb::object holder = nb::steal(PyObject_GetAttr(obj, reg.arrayInterface));
+    if (!holder.is_valid() || !PyDict_Check(holder.ptr()))
+      return false;
+    PyObject *interface = holder.ptr();
+    PyObject *typestr = PyDict_GetItemWithError(interface, reg.typestr);
+    if (!typestr || !PyUnicode_Check(typestr))
+      return false;
+    Py_ssize_t length = 0;
+    const char *text = PyUnicode_AsUTF8AndSize(typestr, &length);
+    if (!text || length < 2)
+      return false;
+    const DispatchRegistry::Typestr *found = nullptr;
+    for (const auto &entry : reg.typestrs) // as kernel.py: the byte-order mark is not compared
+      if (entry.code.size() == size_t(length - 1) &&
+          std::memcmp(entry.code.data(), text + 1, length - 1) == 0)
+        found = &entry;
+    if (!found)
+      return false;
+    PyObject *data = PyDict_GetItemWithError(interface, reg.data);
+    if (!data || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) < 1 ||
+        !PyLong_Check(PyTuple_GET_ITEM(data, 0)))
+      return false;
+    unsigned long long pointer = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
+    if (pointer == (unsigned long long)-1 && PyErr_Occurred())
+      return false;
+    long long extents[kMaxRank], steps[kMaxRank];
+    size_t rank;
+    if (!readInts(PyDict_GetItemWithError(interface, reg.shape), extents, rank))
+      return false;
+    PyObject *strides = PyDict_GetItemWithError(interface, reg.strides);
+    if (!strides || strides == Py_None) { // row-major
+      long long step = 1;
+      for (size_t r = rank; r-- > 0;) {
+        steps[r] = step;
+        if (__builtin_mul_overflow(step, extents[r], &step)) // past int64: Python's error
+          return false;
+      }
+    } else {
+      if (!readInts(strides, steps, rank, rank))
+        return false;
+      for (size_t r = 0; r < rank; ++r) {
+        if (steps[r] % found->bytes) // kernel.py raises: let it
+          return false;
+        steps[r] /= found->bytes;
+      }
+    }
+    if (!appendTensor(d, found->element, found->bytes, pointer, rank, extents, steps))
+      return false;
+    return d.streamNamed || noteInterfaceStream(interface, d);
+  }
+
+  /// The ints of a tuple (at most kMaxRank; exactly `expected` when given).
+  static bool readInts(PyObject *tuple, long long *out, size_t &count, size_t expected = SIZE_MAX) {
+    if (!tuple || !PyTuple_Check(tuple))
+      return false;
+    count = size_t(PyTuple_GET_SIZE(tuple));
+    if (count > kMaxRank || (expected != SIZE_MAX && count != expected))
+      return false;
+    for (size_t i = 0; i < count; ++i)
+      if (!readLongLong(PyTuple_GET_ITEM(tuple, i), out[i]))
+        return false;
+    return true;
+  }
+
+  /// A tensor's key bytes (element, rank, 16-byte aligned start, each
+  /// stride's kind: unit, multiple of 16 bytes or other) and launch values
+  /// (pointer, extents, non-unit strides), as kernel.py specializes.
+  static bool appendTensor(Described &d, uint8_t element, uint8_t bytes, unsigned long long pointer,
+                           size_t rank, const long long *extents, const long long *steps) {
+    if (d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues)
+      return false;
     unsigned char *key = d.key + d.keyBytes;
-    key[0] = found->element;
+    key[0] = element;
     key[1] = uint8_t(rank);
     key[2] = (pointer & 15) == 0;
     LaunchValue *out = d.values + d.numValues;
@@ -505,14 +635,11 @@ private:
     ++out;
     for (size_t r = 0; r < rank; ++r, ++out) {
       out->tag = LaunchValue::Int;
-      if (!readLongLong(PyTuple_GET_ITEM(shape.ptr(), r), out->i))
-        return false;
+      out->i = extents[r];
     }
-    long long per16Bytes = found->bytes >= 16 ? 1 : 16 / found->bytes;
+    long long per16Bytes = bytes >= 16 ? 1 : 16 / bytes;
     for (size_t r = 0; r < rank; ++r) {
-      long long s;
-      if (!readLongLong(PyTuple_GET_ITEM(strides.ptr(), r), s))
-        return false;
+      long long s = steps[r];
       uint8_t kind = s == 1 ? 1 : (s % per16Bytes == 0 ? 16 : 0);
       key[3 + r] = kind;
       if (kind != 1) {
@@ -523,8 +650,6 @@ private:
     }
     d.keyBytes += 3 + rank;
     d.numValues = size_t(out - d.values);
-    if (!d.firstTensor)
-      d.firstTensor = obj;
     return true;
   }
 
@@ -562,7 +687,7 @@ private:
   }
 
   /// The stream as kernel.py picks it: the launch's, else the fx.Stream
-  /// argument, else the first tensor's current torch stream.
+  /// argument, else the first tensor's that names one (Described).
   static bool resolveStream(PyObject *stream, const Described &d, CUstream &out) {
     DispatchRegistry &reg = registry();
     PyObject *chosen = stream != Py_None ? stream : d.streamValue;
@@ -575,13 +700,16 @@ private:
         if (!handle.is_valid() || !PyLong_CheckExact(handle.ptr()))
           return false;
       }
-    } else if (!d.firstTensor) {
-      out = nullptr; // no tensor: the legacy default stream
+    } else if (!d.streamNamed) {
+      out = nullptr; // no tensor names one: the legacy default stream
+      return true;
+    } else if (!d.streamTensor) {
+      out = reinterpret_cast<CUstream>(uintptr_t(d.interfaceStream));
       return true;
     } else {
       if (!reg.streamGetter)
         return false;
-      nb::object device = nb::steal(callMethod0(d.firstTensor, reg.getDevice));
+      nb::object device = nb::steal(callMethod0(d.streamTensor, reg.getDevice));
       if (!device.is_valid())
         return false;
       handle = nb::steal(PyObject_CallOneArg(reg.streamGetter, device.ptr()));

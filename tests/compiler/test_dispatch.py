@@ -144,10 +144,60 @@ def test_numbers_and_constexprs_match_the_python_path():
         assert _native(numbers, values) == expected
 
 
+TYPESTRS = ["<f4", "<f2", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u4"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    typestr=st.sampled_from(TYPESTRS),
+    shape=st.lists(st.integers(0, 1 << 15), max_size=4),  # row-major strides fit int64 (else both paths refuse)
+    data=st.data(),
+    pointer=st.integers(0, (1 << 64) - 1),
+)
+def test_array_interface_keys_match_the_python_path(typestr, shape, data, pointer):
+    """cupy-like arrays (``__cuda_array_interface__``, strides in bytes or None) launch natively once kernel.py
+    has seen their type, with its key and arguments."""
+    item = int(typestr[2:])
+    strides = data.draw(
+        st.one_of(
+            st.none(),
+            st.lists(
+                st.integers(-(1 << 30), 1 << 30).map(lambda s: s * item), min_size=len(shape), max_size=len(shape)
+            ),
+        )
+    )
+    x = FakeGpuTensor(shape, typestr, pointer, None if strides is None else tuple(strides))
+    y = FakeTorchTensor((3,), "float32")
+    expected = _python(two, (x, y))  # first: the Python path registers the array type and the typestrs
+    assert _native(two, (x, y)) == expected
+
+
+def test_array_interface_streams_and_refusals_match_the_python_path():
+    x = FakeGpuTensor((64,), "<f4")
+    y = FakeGpuTensor((64,), "<f4")
+    y.__cuda_array_interface__["stream"] = 77  # v3: the stream the producer works on (x names none: y's counts)
+    values = (x, y, 1.0, 64, True, None)
+    dispatcher, _ = _registered(mixed, values)
+    assert (
+        dispatcher._dry_run(values, 1, 32)["stream"]
+        == 77
+        == kernel_module._default_stream(mixed.specialize(list(values)).tensors)
+    )
+    x.__cuda_array_interface__["stream"] = 1  # the legacy default stream, named
+    assert dispatcher._dry_run(values, 1, 32)["stream"] == 1
+    del y.__cuda_array_interface__["stream"], x.__cuda_array_interface__["stream"]
+    assert dispatcher._dry_run(values, 1, 32)["stream"] == 0
+    odd = FakeGpuTensor((4, 4), "<f4", strides=(16, 2))  # a stride that is not a whole element: Python raises
+    assert dispatcher.describe((odd, y, *values[2:])) is None
+    with pytest.raises(ValueError, match="not multiples of the element size"):
+        mixed.specialize([odd, y, *values[2:]])
+    complex_values = FakeGpuTensor((4,), "<c8")
+    assert dispatcher.describe((complex_values, y, *values[2:])) is None
+
+
 @pytest.mark.parametrize(
     "values",
     [
-        (FakeGpuTensor((4,)), FakeTorchTensor((4,)), 1.0, 1, True, None),  # another framework's tensor
         (flyc.TensorSpec((4,)), FakeTorchTensor((4,)), 1.0, 1, True, None),
         (FakeTorchTensor((4,)), FakeTorchTensor((4,)), 1.0, 1, True),  # too few
     ],
@@ -398,3 +448,20 @@ def test_a_tma_tiles_tensor_gives_the_default_stream():
         assert seen == [2]
     finally:
         native.runtime._register_stream_getter(kernel_module._current_torch_stream)
+
+
+@pytest.mark.gpu
+def test_cupy_arrays_launch_natively_on_the_gpu():
+    cupy = pytest.importorskip("cupy")
+    x = cupy.arange(1000, dtype=cupy.float32)
+    y = cupy.full(1000, cupy.nan, dtype=cupy.float32)
+    scale(x, y, 2.0, 1000).launch(4, 256)  # the Python path: compiles, registers cupy's array type
+    y2 = cupy.full(1000, cupy.nan, dtype=cupy.float32)
+    assert scale._dispatch((x, y2, 3.0, 1000), 4, 256, None, None, None) is True  # natively
+    stream = cupy.cuda.Stream()
+    y3 = cupy.full(1000, cupy.nan, dtype=cupy.float32)
+    with stream:  # cupy names its current stream in __cuda_array_interface__: the launch goes there
+        scale(x, y3, 4.0, 1000).launch(4, 256)
+    stream.synchronize()
+    cupy.cuda.Device().synchronize()
+    assert cupy.allclose(y, x * 2) and cupy.allclose(y2, x * 3) and cupy.allclose(y3, x * 4)

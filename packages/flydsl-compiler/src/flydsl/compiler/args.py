@@ -95,6 +95,15 @@ _TORCH_DTYPES: dict = {}
 _STRIDE_PLANS: dict = {}
 
 
+def register_array_interface_dtypes() -> None:
+    """Tells the native dispatcher the ``__cuda_array_interface__`` typestrs :func:`describe_tensor` accepts
+    (without their byte-order mark) and their element types."""
+    from flydsl.compiler._native import native
+
+    for code, dtype in DTYPES.items():
+        native.runtime._register_typestr(code, dtype, _ELEMENT_BYTES[dtype])
+
+
 def torch_dtype_name(torch_dtype, name: str) -> str:
     dtype = _TORCH_DTYPES.get(torch_dtype)
     if dtype is None:

@@ -25,7 +25,13 @@ from mlir.dialects import gpu
 import flydsl.layout as _fl
 from flydsl.compiler import cache, runtime, settings
 from flydsl.compiler._native import native
-from flydsl.compiler.args import StaticDims, describe_tensor, stride_plan, torch_dtype_name
+from flydsl.compiler.args import (
+    StaticDims,
+    describe_tensor,
+    register_array_interface_dtypes,
+    stride_plan,
+    torch_dtype_name,
+)
 from flydsl.compiler.ast_rewrite import rewrite_function
 from flydsl.compiler.context import make_context
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
@@ -164,6 +170,8 @@ class KernelFunction:
                     tensors.append(value)
                 else:
                     described = describe_tensor(value, param.name)
+                    if type(value) not in _ARRAY_INTERFACE_TYPES and hasattr(value, "__cuda_array_interface__"):
+                        _register_array_interface_type(type(value))
                     pointer, shape, strides, dtype = (
                         described.pointer,
                         described.shape,
@@ -426,6 +434,18 @@ def _is_torch_tensor(value) -> bool:
         native.runtime._register_tensor_type(type(value))
         return True
     return False
+
+
+_ARRAY_INTERFACE_TYPES: set = set()  # types read through __cuda_array_interface__ that the native path knows
+
+
+def _register_array_interface_type(kind) -> None:
+    """Lets the native dispatcher read instances of ``kind`` (cupy arrays, ...) as kernel.py does: their
+    ``__cuda_array_interface__``, with the element types ``describe_tensor`` accepts."""
+    if not _ARRAY_INTERFACE_TYPES:
+        register_array_interface_dtypes()
+    _ARRAY_INTERFACE_TYPES.add(kind)
+    native.runtime._register_array_interface_type(kind)
 
 
 def _default_stream(tensors) -> int:
