@@ -215,3 +215,18 @@ def test_errors_before_launch():
         norms.softmax(x.t())
     with pytest.raises(TypeError, match="weight: expected dtype float32"):
         norms.rms_norm(x, torch.ones(64, device="cuda", dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cupy_arrays_in_and_out(dtype):
+    """cupy inputs: outputs and statistics allocated with cupy, values as with torch (through the native launch path
+    for array-interface objects after the first call)."""
+    cupy = pytest.importorskip("cupy")
+    x_t = _input(64, 1000, getattr(torch, dtype))
+    w_t = torch.randn(1000, device="cuda")
+    x, w = cupy.asarray(x_t), cupy.asarray(w_t)
+    ref = torch.nn.functional.layer_norm(x_t.double(), (1000,), w_t.double(), None, 1e-5)
+    for _ in range(2):  # the first call compiles (Python path), the second launches natively
+        out, mean, rstd = norms.layer_norm(x, w, None, 1e-5, return_stats=True)
+        assert type(out).__module__.split(".")[0] == "cupy" and out.dtype == x.dtype and mean.dtype == cupy.float32
+        _close(torch.as_tensor(out, device="cuda"), ref, getattr(torch, dtype))

@@ -3,8 +3,8 @@ unit stride on the last dim, matching N) before anything is launched, and errors
 
 Tensors are read through their own attributes when they are torch tensors (the cheap path: a few C getters, no
 string formatting unless an error is raised), else through ``flydsl.compiler.args.describe_tensor``
-(``__cuda_array_interface__`` / DLPack). Outputs that the caller does not give are allocated with torch when the
-input is a torch tensor; other frameworks must pass their outputs.
+(``__cuda_array_interface__`` / DLPack). Outputs that the caller does not give are allocated with the input's
+framework when it is torch or cupy; other frameworks must pass their outputs.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ __all__ = [
     "from_torch",
     "empty_like",
     "empty_rows",
+    "allocated",
     "ROW_DTYPES",
     "sm_count",
 ]
@@ -160,10 +161,7 @@ _TORCH = []  # [torch module, {our dtype name: torch dtype}] once an output was 
 
 def _torch_of(like: RowTensor, what: str):
     if not _is_torch(like.obj):
-        raise TypeError(
-            f"{what}: outputs are allocated with torch when the input is a torch tensor; the input is a"
-            f" {type(like.obj).__module__}.{type(like.obj).__name__}: pass the output tensor explicitly"
-        )
+        raise TypeError(f"{what}: expected a torch tensor to allocate like, got {type(like.obj).__name__}")
     if not _TORCH:
         import torch
 
@@ -171,20 +169,47 @@ def _torch_of(like: RowTensor, what: str):
     return _TORCH
 
 
-def empty_like(like: RowTensor, what: str, dtype: str | None = None):
-    """A contiguous tensor of ``like``'s shape (and dtype unless given) on its device."""
-    torch, dtypes = _torch_of(like, what)
+def _allocate(like: RowTensor, shape: tuple, dtype: str, what: str):
+    """A contiguous array of ``shape`` and ``dtype`` from ``like``'s framework, on its device: torch or cupy (any
+    other framework must pass its outputs)."""
     obj = like.obj
-    if dtype is None:  # empty_like parses no dtype/device arguments: about half of torch.empty's host time
+    if _is_torch(obj):
+        torch, dtypes = _torch_of(like, what)
+        return torch.empty(shape, dtype=dtypes[dtype], device=obj.device)
+    if type(obj).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        if dtype == "bf16":
+            raise TypeError(f"{what}: cupy has no bfloat16 arrays to allocate: pass the output explicitly")
+        with obj.device:
+            return cupy.empty(shape, dtype={"f32": cupy.float32, "f16": cupy.float16}[dtype])
+    raise TypeError(
+        f"{what}: outputs are allocated with the input's framework (torch or cupy); the input is a"
+        f" {type(obj).__module__}.{type(obj).__name__}: pass the output explicitly"
+    )
+
+
+def empty_like(like: RowTensor, what: str, dtype: str | None = None):
+    """A contiguous tensor of ``like``'s shape (and dtype unless given) on its device, from its framework."""
+    obj = like.obj
+    if dtype is None and _is_torch(obj):  # empty_like parses no dtype/device arguments: half of torch.empty's time
+        torch, _ = _torch_of(like, what)
         if obj.is_contiguous():
             return torch.empty_like(obj)
         return torch.empty_like(obj, memory_format=torch.contiguous_format)
-    return torch.empty(like.shape, dtype=dtypes[dtype], device=obj.device)
+    return _allocate(like, tuple(like.shape), like.dtype if dtype is None else dtype, what)
 
 
 def empty_rows(like: RowTensor, shape: tuple, what: str, dtype: str = "f32"):
-    torch, dtypes = _torch_of(like, what)
-    return torch.empty(shape, dtype=dtypes[dtype], device=like.obj.device)
+    """A contiguous ``shape`` tensor of ``dtype`` (float32 by default) from ``like``'s framework, on its device."""
+    return _allocate(like, shape, dtype, what)
+
+
+def allocated(obj) -> RowTensor:
+    """The RowTensor of an array :func:`empty_like` / :func:`empty_rows` just made (torch: read without checks)."""
+    if _is_torch(obj):
+        return from_torch(obj)
+    return _describe(obj, "output")
 
 
 def element_bytes(dtype: str) -> int:

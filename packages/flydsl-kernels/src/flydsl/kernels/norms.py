@@ -2,8 +2,8 @@
 
 Every function takes ``(rows, N)`` tensors with unit stride on the last dim and any row stride (strided rows work),
 in float32, float16 or bfloat16; weights and biases have the input's dtype or float32. Reductions run in float32.
-Outputs that are not given are allocated through the input's framework (torch: ``torch.empty``; other frameworks
-must pass them) and every function returns what it wrote. Arguments are validated before anything is launched;
+Outputs that are not given are allocated through the input's framework (torch or cupy; other frameworks must pass
+them) and every function returns what it wrote. Arguments are validated before anything is launched;
 errors name the argument.
 
 Statistics (``mean``, ``rstd``: float32, shape ``(rows,)``) are written only when asked for, so that inference pays
@@ -22,9 +22,9 @@ from __future__ import annotations
 from flydsl.kernels import normalization as _norm
 from flydsl.kernels import softmax as _softmax
 from flydsl.kernels.host import (
+    allocated,
     empty_like,
     empty_rows,
-    from_torch,
     row_tensor,
     same_device,
     stats_tensor,
@@ -46,7 +46,7 @@ def _output(given, name: str, like, what: str):
     """A validated output tensor: the one given (same shape as the input) or a new one like the input (allocated
     here: nothing to check)."""
     if given is None:
-        return from_torch(empty_like(like, f"{what}: {name}"))
+        return allocated(empty_like(like, f"{what}: {name}"))
     t = row_tensor(given, name, rows=like.shape[0], n=like.shape[1], dtypes=(like.dtype,))
     same_device(like, (name, t))
     return t
@@ -56,7 +56,7 @@ def _stats(given, name: str, like, wanted: bool, what: str):
     if given is None and not wanted:
         return None
     if given is None:
-        return from_torch(empty_rows(like, (like.shape[0],), f"{what}: {name}"))
+        return allocated(empty_rows(like, (like.shape[0],), f"{what}: {name}"))
     t = stats_tensor(given, name, like.shape[0])
     same_device(like, (name, t))
     return t
