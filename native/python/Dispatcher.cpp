@@ -86,7 +86,10 @@ struct DispatchEntry {
   std::unique_ptr<Function> function; // null: registered for tests only
   std::string signature;
   unsigned sharedBytes = 0;
+  unsigned block[3] = {0, 0, 0};   // compiled-in block shape (0: any)
+  unsigned cluster[3] = {0, 0, 0}; // compiled-in cluster shape (0: any)
 };
+
 
 /// Calls obj.name() without building a bound method.
 PyObject *callMethod0(PyObject *obj, PyObject *name) {
@@ -108,6 +111,29 @@ bool readLongLong(PyObject *obj, long long &out) {
     return false;
   out = v;
   return true;
+}
+
+/// A compiled-in shape: None (any) or a tuple of 3 positive ints.
+bool readShape(nb::handle shape, unsigned out[3]) {
+  if (shape.is_none())
+    return true;
+  if (!PyTuple_Check(shape.ptr()) || PyTuple_GET_SIZE(shape.ptr()) != 3)
+    return false;
+  for (int i = 0; i < 3; ++i) {
+    long long v;
+    if (!readLongLong(PyTuple_GET_ITEM(shape.ptr(), i), v) || v < 1 || v > UINT32_MAX)
+      return false;
+    out[i] = unsigned(v);
+  }
+  return true;
+}
+
+/// Whether a launch's block (and cluster, when it gives one) fit what the
+/// entry's kernel was compiled for; else the Python path raises the error.
+bool fitsShape(const DispatchEntry &e, const unsigned b[3], const unsigned c[3], bool hasCluster) {
+  if (e.block[0] && std::memcmp(e.block, b, sizeof e.block) != 0)
+    return false;
+  return !(hasCluster && e.cluster[0] && std::memcmp(e.cluster, c, sizeof e.cluster) != 0);
 }
 
 /// False with the pending error (if any) cleared: the Python path takes over.
@@ -257,10 +283,12 @@ public:
   /// Registers a kernel.py key's loaded kernel; false if the key cannot be
   /// matched natively (or the table is full).
   bool add(nb::handle key, nb::handle function, const std::string &signature,
-           unsigned sharedBytes) {
+           unsigned sharedBytes, nb::handle block, nb::handle cluster) {
     if (!PyTuple_Check(key.ptr()))
       return false;
     auto entry = std::make_shared<DispatchEntry>();
+    if (!readShape(block, entry->block) || !readShape(cluster, entry->cluster))
+      return decline();
     size_t item = 0, count = size_t(PyTuple_GET_SIZE(key.ptr()));
     for (const DispatchParam &p : params_) {
       if (p.kind == 's')
@@ -362,6 +390,8 @@ public:
     unsigned g[3], b[3], c[3];
     bool hasCluster = false;
     parseConfig(grid.ptr(), block.ptr(), cluster.ptr(), g, b, c, hasCluster);
+    if (!fitsShape(*entry, b, c, hasCluster))
+      return false;
     entry->function->launch(g, b, params, shared, handle, hasCluster ? c : nullptr);
     return true;
   }
@@ -380,6 +410,8 @@ public:
     unsigned g[3], b[3], c[3];
     bool hasCluster = false;
     parseConfig(grid.ptr(), block.ptr(), cluster.ptr(), g, b, c, hasCluster);
+    if (!fitsShape(*entry, b, c, hasCluster))
+      return nb::none();
     nb::dict out;
     out["grid"] = dimsTuple(g);
     out["block"] = dimsTuple(b);
@@ -819,9 +851,10 @@ void fly::python::bindDispatcher(nb::module_ &rt) {
            "smem"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
            "cluster"_a.none() = nb::none())
       .def("add", &Dispatcher::add, "key"_a.none(), "function"_a.none(), "signature"_a,
-           "shared_bytes"_a,
-           "Registers the loaded kernel of a specialization key (function None: tests only); "
-           "False where the key cannot be matched natively.")
+           "shared_bytes"_a, "block"_a.none() = nb::none(), "cluster"_a.none() = nb::none(),
+           "Registers the loaded kernel of a specialization key (function None: tests only), "
+           "with the block and cluster shapes it was compiled for (3-tuples, None: any): other "
+           "launches are left to the Python path. False where the key cannot be matched natively.")
       .def("describe", &Dispatcher::describeArguments, "values"_a.none(),
            "(key, launch arguments) as the Python specialization computes them, or None.")
       .def("_dry_run", &Dispatcher::dryRun, "values"_a.none(), "grid"_a.none(), "block"_a.none(),

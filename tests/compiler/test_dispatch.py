@@ -261,6 +261,32 @@ def test_dry_run_packs_what_the_launcher_would():
         dispatcher._dry_run(values, 1, 2048)
 
 
+@flyc.kernel
+def traced_shape(x: fx.Tensor, threads: fx.Constexpr[int]):
+    flyc.set_kernel_attributes(threads=threads, cluster=2)
+    x[fx.gpu.thread_idx.x] = 1.0
+
+
+def test_launches_against_compiled_shapes_are_left_to_the_python_path():
+    """The native dispatcher declines a launch whose block (or given cluster) contradicts the shapes a kernel was
+    compiled with, here from set_kernel_attributes; the Python path then raises, naming the argument."""
+    values = (FakeTorchTensor((384,)), 384)
+    spec = traced_shape.specialize(list(values))
+    compiled = traced_shape.compiled_module(spec)
+    assert compiled.launch_shapes == {"traced_shape": ((384, 1, 1), (2, 1, 1))}
+    dispatcher = traced_shape.new_dispatcher()
+    block, cluster = compiled.launch_shapes["traced_shape"]
+    assert dispatcher.add(spec.key, None, compiled.kernels["traced_shape"], 0, block, cluster)
+    assert dispatcher._dry_run(values, 2, 384, stream=5) is not None  # (a stream: no torch stream getter here)
+    assert dispatcher._dry_run(values, 2, (384, 1, 1), stream=5, cluster=2) is not None
+    assert dispatcher._dry_run(values, 2, 256, stream=5) is None
+    assert dispatcher._dry_run(values, 2, 384, stream=5, cluster=(1, 1, 1)) is None
+    with pytest.raises(ValueError, match=r"block: kernel 'traced_shape' was compiled for blocks of \(384, 1, 1\)"):
+        kernel_module.check_launch_shape("traced_shape", block, cluster, 256, None)
+    with pytest.raises(ValueError, match=r"cluster: kernel 'traced_shape' was compiled for clusters of \(2, 1, 1\)"):
+        kernel_module.check_launch_shape("traced_shape", block, cluster, 384, 4)
+
+
 class CountedConfig:
     """A Constexpr value that counts its hashes (configurations are frozen dataclasses: hashing costs a tuple)."""
 
@@ -352,6 +378,7 @@ class _Loaded:
         self.function = None
         self.signature = kernel.compiled_module(spec).kernels[kernel.name]
         self.shared_bytes = 0
+        self.block = self.cluster = None
 
 
 # --- on the GPU ------------------------------------------------------------------------------------------------------

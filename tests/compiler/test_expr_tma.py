@@ -343,8 +343,9 @@ def test_kernel_attributes_can_be_set_while_tracing():
             flyc.set_kernel_attributes(threads=threads, max_registers=128)  # from inside a branch, too
         out[gpu.thread_idx.x] = 1
 
-    ptx = sized.lower(flyc.TensorSpec((256,), "i32"), 256).ptx
-    assert re.search(r"\.reqntid 256(, 1, 1)?", ptx) and ".maxnreg 128" in ptx
+    compiled = sized.lower(flyc.TensorSpec((256,), "i32"), 256)
+    assert re.search(r"\.reqntid 256(, 1, 1)?", compiled.ptx) and ".maxnreg 128" in compiled.ptx
+    assert compiled.launch_shapes == {"sized": ((256, 1, 1), None)}  # what launches are checked against
     with pytest.raises(RuntimeError, match="call it from a kernel body"):
         flyc.set_kernel_attributes(threads=32)
 

@@ -150,6 +150,7 @@ def store(key: str, compiled: CompiledModule) -> None:
             cubin=compiled.cubin,
             kernels=compiled.kernels,
             shared_bytes=compiled.shared_bytes,
+            launch_shapes=compiled.launch_shapes,
         )
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as handle:
             handle.write(pickle.dumps(slim, protocol=pickle.HIGHEST_PROTOCOL))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from flydsl.compiler.kernel import KernelFunction
+from flydsl.compiler.kernel import KernelFunction, register_loaded
 
 __all__ = ["jit", "JitFunction", "compile", "CompiledKernel"]
 
@@ -41,7 +41,7 @@ class CompiledKernel:
         self._loaded = loaded = kernel.loaded(spec)
         # Its own native dispatcher, holding this specialization only: others take the Python path (and raise).
         self._dispatcher = kernel.new_dispatcher()
-        self._dispatcher.add(spec.key, loaded.function, loaded.signature, loaded.shared_bytes)
+        register_loaded(self._dispatcher, spec.key, loaded)
         self._dispatch = self._dispatcher.launch
         self._arity = len(kernel.params)
 

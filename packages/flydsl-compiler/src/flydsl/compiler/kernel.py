@@ -42,7 +42,7 @@ from flydsl.expr.params import Stream, is_constexpr
 from flydsl.expr.tensor import Tensor
 from flydsl.expr.tma import TmaDescriptor, TmaTile
 
-__all__ = ["kernel", "KernelFunction", "KernelCall", "KernelAttributes", "set_kernel_attributes"]
+__all__ = ["kernel", "KernelFunction", "KernelCall", "KernelAttributes", "set_kernel_attributes", "check_launch_shape"]
 
 
 def _user_errors(method):
@@ -234,7 +234,7 @@ class KernelFunction:
         loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
         if settings.current().cache_enabled:  # FLYDSL_RUNTIME_ENABLE_CACHE=0: every launch compiles again
             self._loaded[spec.key] = loaded
-            self._dispatcher.add(spec.key, loaded.function, loaded.signature, loaded.shared_bytes)
+            register_loaded(self._dispatcher, spec.key, loaded)
         return loaded
 
     def loaded(self, spec: _Specialization) -> _LoadedKernel:
@@ -245,8 +245,10 @@ class KernelFunction:
         if stream is None:
             stream = spec.stream
         handle = _stream_handle(stream) if stream is not None else _default_stream(spec.tensors)
-        if self._check_launch is not None:  # also for flyc.compile's kernels, which launch from here
-            self._check_launch(self.name, block, cluster)
+        # The compiled shapes (attributes traced with set_kernel_attributes included); also for flyc.compile's
+        # kernels, which launch from here.
+        if loaded.block is not None or loaded.cluster is not None:
+            check_launch_shape(self.name, loaded.block, loaded.cluster, block, cluster)
         shared = loaded.shared_bytes if smem is None else smem
         if shared < loaded.shared_bytes:
             raise ValueError(
@@ -415,13 +417,21 @@ def _scalar(param: _Param, value):
 
 
 class _LoadedKernel:
-    __slots__ = ("module", "function", "signature", "shared_bytes")
+    __slots__ = ("module", "function", "signature", "shared_bytes", "block", "cluster")
 
     def __init__(self, module: runtime.LoadedModule, name: str):
         self.module = module
         self.function = module.function(name)
         self.signature = module.compiled.kernels[name]
         self.shared_bytes = module.compiled.shared_bytes.get(name, 0)
+        # The shapes compiled in: from @kernel(...) or set_kernel_attributes while tracing (None: any).
+        self.block, self.cluster = module.compiled.launch_shapes.get(name, (None, None))
+
+
+def register_loaded(dispatcher, key, loaded) -> None:
+    """Registers a loaded kernel with a native dispatcher under specialization ``key`` (its signature, shared
+    bytes and compiled-in block/cluster shapes)."""
+    dispatcher.add(key, loaded.function, loaded.signature, loaded.shared_bytes, loaded.block, loaded.cluster)
 
 
 _TORCH_TENSOR_TYPES: set = set()  # torch.Tensor and subclasses seen, so later checks are one set lookup
@@ -553,20 +563,29 @@ class KernelAttributes:
         return attributes
 
     def check_launch(self, name: str, block, cluster) -> None:
-        if self.threads is not None:
-            dims = (block,) if isinstance(block, int) else tuple(block)
-            if dims + (1,) * (3 - len(dims)) != self.threads:
-                raise ValueError(f"block: kernel '{name}' was compiled for blocks of {self.threads}, got {block}")
-        if self.cluster is not None and cluster is not None:
-            dims = (cluster,) if isinstance(cluster, int) else tuple(cluster)
-            if dims + (1,) * (3 - len(dims)) != self.cluster:
-                raise ValueError(f"cluster: kernel '{name}' was compiled for clusters of {self.cluster}, got {cluster}")
+        check_launch_shape(name, self.threads, self.cluster, block, cluster)
+
+
+def check_launch_shape(name: str, required_block, required_cluster, block, cluster) -> None:
+    """Refuses a launch whose block (or given cluster) contradicts the 3-tuples a kernel was compiled for (None:
+    any), naming the argument."""
+    if required_block is not None:
+        dims = (block,) if isinstance(block, int) else tuple(block)
+        if dims + (1,) * (3 - len(dims)) != tuple(required_block):
+            raise ValueError(f"block: kernel '{name}' was compiled for blocks of {tuple(required_block)}, got {block}")
+    if required_cluster is not None and cluster is not None:
+        dims = (cluster,) if isinstance(cluster, int) else tuple(cluster)
+        if dims + (1,) * (3 - len(dims)) != tuple(required_cluster):
+            raise ValueError(
+                f"cluster: kernel '{name}' was compiled for clusters of {tuple(required_cluster)}, got {cluster}"
+            )
 
 
 def set_kernel_attributes(threads=None, max_registers=None, min_blocks_per_sm=None, cluster=None) -> None:
     """``@kernel(...)``'s attributes decided while tracing, from values the kernel only knows then (e.g. a block size
     computed from a Constexpr configuration): called from the kernel body, it sets them on the kernel being traced.
-    Launches are not checked against them (the driver refuses a contradicting launch)."""
+    Launches are checked against them as against ``@kernel(...)``'s, once compiled (the first launch of a
+    specialization compiles it, then refuses a contradicting block or cluster)."""
     checked = KernelAttributes(threads, max_registers, min_blocks_per_sm, cluster)
     try:
         operation = ir.InsertionPoint.current.block.owner.operation

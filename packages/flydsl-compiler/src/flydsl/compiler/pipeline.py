@@ -21,7 +21,7 @@ from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, format_mlir_error, location_text
 from flydsl.compiler.target import ISA_STAGE, SM90A, Target
 
-__all__ = ["CompiledModule", "compile_mlir", "kernel_signatures"]
+__all__ = ["CompiledModule", "compile_mlir", "kernel_signatures", "launch_shapes"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class CompiledModule:
     kernels: dict[str, str]
     shared_bytes: dict[str, int] = field(default_factory=dict)
     stages: dict[str, str] = field(default_factory=dict, repr=False)
+    # The block and cluster shapes compiled into each kernel (``.reqntid``, ``.reqnctapercluster``; None where
+    # free), from ``@kernel(...)`` or ``set_kernel_attributes``: launches with others are refused.
+    launch_shapes: dict[str, tuple] = field(default_factory=dict)
 
     @property
     def image(self) -> bytes:
@@ -104,6 +107,7 @@ def _compile_in_process(
             on_stage(stage.name)
             if stage.name == ISA_STAGE:
                 kernels, shared_bytes = kernel_signatures(module)
+                shapes = launch_shapes(module)
             try:
                 PassManager.parse(f"builtin.module({stage.passes})").run(module.operation)
             except ir.MLIRError as error:
@@ -127,8 +131,34 @@ def _compile_in_process(
             if sass is not None:
                 (dump_dir / f"{name}.sass").write_text(sass)
     return CompiledModule(
-        name=name, target=target, ptx=ptx, cubin=cubin, kernels=kernels, shared_bytes=shared_bytes, stages=kept
+        name=name,
+        target=target,
+        ptx=ptx,
+        cubin=cubin,
+        kernels=kernels,
+        shared_bytes=shared_bytes,
+        stages=kept,
+        launch_shapes=shapes,
     )
+
+
+def launch_shapes(module: ir.Module) -> dict[str, tuple]:
+    """``{kernel: (block, cluster)}`` of LLVM-level IR: the ``nvvm.reqntid`` / ``nvvm.cluster_dim`` each kernel was
+    compiled for, as 3-tuples, or None where it has none."""
+    shapes = {}
+
+    def dims(op, name):
+        return tuple(ir.DenseI32ArrayAttr(op.attributes[name])) if name in op.attributes else None
+
+    def visit(op):
+        if op.name == "llvm.func" and "nvvm.kernel" in op.attributes:
+            block, cluster = dims(op, "nvvm.reqntid"), dims(op, "nvvm.cluster_dim")
+            if block is not None or cluster is not None:
+                shapes[ir.StringAttr(op.attributes["sym_name"]).value] = (block, cluster)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return shapes
 
 
 def kernel_signatures(module: ir.Module) -> tuple[dict[str, str], dict[str, int]]:
