@@ -38,10 +38,10 @@ int elementIndex(PyObject *name) {
 
 namespace {
 
-void registerTensorType(nb::handle type) {
+/// Adds `type` to `types` once (a strong reference kept for the process).
+void addType(std::vector<PyTypeObject *> &types, nb::handle type) {
   if (!PyType_Check(type.ptr()))
     throw nb::type_error("expected a type");
-  auto &types = registry().tensorTypes;
   auto *t = reinterpret_cast<PyTypeObject *>(type.ptr());
   for (PyTypeObject *known : types)
     if (known == t)
@@ -51,6 +51,8 @@ void registerTensorType(nb::handle type) {
   Py_INCREF(t);
   types.push_back(t);
 }
+
+void registerTensorType(nb::handle type) { addType(registry().tensorTypes, type); }
 
 void registerDtype(nb::handle dtype, nb::handle name, int bytes) {
   if (!PyUnicode_Check(name.ptr()))
@@ -68,19 +70,7 @@ void registerDtype(nb::handle dtype, nb::handle name, int bytes) {
   reg.dtypes.push_back({dtype.ptr(), uint8_t(element), uint8_t(bytes)});
 }
 
-void registerArrayInterfaceType(nb::handle type) {
-  if (!PyType_Check(type.ptr()))
-    throw nb::type_error("expected a type");
-  auto &types = registry().arrayInterfaceTypes;
-  auto *t = reinterpret_cast<PyTypeObject *>(type.ptr());
-  for (PyTypeObject *known : types)
-    if (known == t)
-      return;
-  if (types.size() >= kMaxTensorTypes)
-    return;
-  Py_INCREF(t);
-  types.push_back(t);
-}
+void registerArrayInterfaceType(nb::handle type) { addType(registry().arrayInterfaceTypes, type); }
 
 void registerTypestr(const std::string &code, nb::handle name, int bytes) {
   if (!PyUnicode_Check(name.ptr()))

@@ -10,20 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import flydsl.torch as ft  # noqa: E402
 from flydsl.torch import _registry, ops  # noqa: E402
-
-
-class _Recorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def _leaf(*shape, dtype=torch.float32):
@@ -44,13 +33,13 @@ def test_plain_cpu_and_cuda_tensors_take_the_direct_path_others_redispatch():
     assert _below_autograd(torch.zeros(2, device="meta")) not in _registry._DIRECT
 
 
-def test_a_dispatch_mode_still_sees_the_op():
+def test_a_dispatch_mode_still_sees_the_op(op_recorder):
     # A plain CPU tensor takes the direct path (the real implementation, which refuses CPU tensors); under a mode the
     # Python key is set, so the kernel redispatches and the mode sees the op before the implementation raises.
     x = torch.zeros(2, 4)
     with pytest.raises(ValueError, match="flydsl.softmax: x: expected a CUDA tensor, got one on cpu"):
         torch.ops.flydsl.softmax(x)
-    with _Recorder() as rec, pytest.raises(ValueError, match="expected a CUDA tensor"):
+    with op_recorder() as rec, pytest.raises(ValueError, match="expected a CUDA tensor"):
         torch.ops.flydsl.softmax(x)
     assert rec.names == ["flydsl.softmax.default"]
 
@@ -74,10 +63,10 @@ def test_gemm_gradients_when_the_dispatcher_drops_default_arguments():
     assert a.grad.shape == (16, 32) and b.grad.shape == (32, 24)
 
 
-def test_no_zeros_are_materialized_for_the_statistics():
+def test_no_zeros_are_materialized_for_the_statistics(op_recorder):
     x, w, b = _leaf(4, 8), _leaf(8), _leaf(8)
     out, _, _ = torch.ops.flydsl.layer_norm(x, [8], w, b)
-    with _Recorder() as rec:
+    with op_recorder() as rec:
         torch.autograd.grad(out, (x, w, b), torch.ones(4, 8, device="meta"))
     assert "flydsl.layer_norm_backward.default" in rec.names
     assert not [name for name in rec.names if "zero" in name or "fill" in name], rec.names

@@ -8,7 +8,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch._subclasses import FakeTensorMode  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import flydsl.torch as ft  # noqa: E402
 from flydsl.torch import ops  # noqa: E402
@@ -156,22 +155,12 @@ def test_statistics_are_not_differentiable():
     assert not mean.requires_grad and not rstd.requires_grad
 
 
-class _Recorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-def test_inference_calls_the_out_op_without_statistics_and_training_the_functional_op():
+def test_inference_calls_the_out_op_without_statistics_and_training_the_functional_op(op_recorder):
     x = torch.empty(4, 8, device="meta")
-    with _Recorder() as rec, torch.no_grad():
+    with op_recorder() as rec, torch.no_grad():
         ft.layer_norm(x, [8])
     assert "flydsl.layer_norm_out.default" in rec.names
-    with _Recorder() as rec:
+    with op_recorder() as rec:
         ft.layer_norm(x.requires_grad_(), [8]).sum().backward()
     assert "flydsl.layer_norm.default" in rec.names and "flydsl.layer_norm_backward.default" in rec.names
 
@@ -217,12 +206,12 @@ def test_compile_fullgraph_forward_and_backward_use_the_flydsl_ops():
     assert x.grad.shape == r.grad.shape == x.shape and w.grad.shape == b.grad.shape == (8,)
 
 
-def test_modules_run_flydsl_on_cuda_and_torch_elsewhere():
+def test_modules_run_flydsl_on_cuda_and_torch_elsewhere(op_recorder):
     # Fake CUDA tensors cannot carry autograd in a CPU build of torch: inference only here (gradients: meta tests).
     with FakeTensorMode(), torch.no_grad():
         x = torch.empty(2, 8, device="cuda")
         ln, rms = ft.nn.LayerNorm(8, device="cuda"), ft.nn.RMSNorm(8, device="cuda")
-        with _Recorder() as rec:
+        with op_recorder() as rec:
             ln(x)
             rms(x)
             out, residual_out = rms(x, x)
@@ -232,7 +221,7 @@ def test_modules_run_flydsl_on_cuda_and_torch_elsewhere():
             "flydsl.fused_add_rms_norm_out.default"
         ]
     x = torch.empty(2, 8, device="meta")  # not CUDA: torch's own forward
-    with _Recorder() as rec:
+    with op_recorder() as rec:
         ft.nn.LayerNorm(8, device="meta")(x)
         ft.nn.RMSNorm(8, device="meta")(x, x)
     assert not any("flydsl" in name for name in rec.names)

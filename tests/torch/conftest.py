@@ -1,0 +1,24 @@
+"""Fixtures shared by the flydsl-torch tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def op_recorder():
+    """A dispatch mode that records the name of every op dispatched inside it (``with op_recorder() as rec:`` then
+    ``rec.names``)."""
+    pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return Recorder
