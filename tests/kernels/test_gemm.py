@@ -358,3 +358,12 @@ def test_gemm_any_shape_and_strides_on_gpu(m, n, k, layout):
     gemm(a, b, out)
     torch.cuda.synchronize()
     _check(torch, a, b, out)
+
+
+@pytest.mark.gpu
+def test_bench_cli_times_the_gemm_on_gpu(capsys):
+    from flydsl.kernels import bench
+
+    assert bench.main(["gemm", "--m", "16,200", "--n", "264", "--k", "128", "--reps", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:3] == ["M", "N", "K"] and [line.split()[0] for line in lines[2:]] == ["16", "200"]

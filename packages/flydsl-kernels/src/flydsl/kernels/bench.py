@@ -2,9 +2,11 @@
 
     python -m flydsl.kernels.bench softmax --dtype bf16
     python -m flydsl.kernels.bench rms_norm --dtype f32 --n 4096,32768 --elements 67108864
+    python -m flydsl.kernels.bench gemm --m 16,4096 --n 4096 --k 4096      # B as nn.Linear weights (N, K)
 
-Prints, per N, the median time of each (CUDA events, after warm-up) and the effective bandwidth (bytes read +
-written / time). The full sweep with torch.compile and JSON output is ``benchmarks/norms_bench.py``.
+Prints, per shape, the median time of each (CUDA events, after warm-up) and the effective bandwidth (bytes read +
+written / time), or for ``gemm`` the TFLOP/s next to torch.matmul (cuBLAS). The full sweeps with JSON output are
+``benchmarks/norms_bench.py`` and ``benchmarks/gemm_bench.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 import statistics
 import sys
 
-KERNELS = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm")
+KERNELS = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm", "gemm")
 
 
 def median_ms(fn, reps: int, warmup: int = 3) -> float:
@@ -64,11 +66,44 @@ def _pair(torch, kernel: str, x):
     return ours, torch_fused, 2 * moved + n * size
 
 
+def _time_gemm(torch, gemm, m: int, n: int, k: int, dtype, reps: int) -> tuple[float, float]:
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(n, k, device="cuda", dtype=dtype).t()
+    out, ref = torch.empty(m, n, device="cuda", dtype=dtype), torch.empty(m, n, device="cuda", dtype=dtype)
+    return median_ms(lambda: gemm(a, b, out), reps), median_ms(lambda: torch.matmul(a, b, out=ref), reps)
+
+
+def _gemm(torch, dtype, args) -> int:
+    """flydsl.kernels.gemm.gemm next to torch.matmul for every (M, N, K) given; B as nn.Linear weights."""
+    from flydsl.kernels.gemm import gemm
+
+    if dtype == torch.float32:
+        print("gemm takes bf16 or f16 inputs", file=sys.stderr)
+        return 1
+    ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
+    print(f"gemm {args.dtype} on {torch.cuda.get_device_name()}: median of {args.reps} runs, B = w.t()")
+    print(f"{'M':>6} {'N':>6} {'K':>6} {'flydsl us':>10} {'cuBLAS us':>10} {'flydsl TF/s':>12} {'cuBLAS TF/s':>12}")
+    for m in ints(args.m):
+        for n in ints(args.n or "4096"):
+            for k in ints(args.k):
+                ours_ms, theirs_ms = _time_gemm(torch, gemm, m, n, k, dtype, args.reps)
+                flops = 2.0 * m * n * k
+                print(
+                    f"{m:>6} {n:>6} {k:>6} {ours_ms * 1e3:>10.1f} {theirs_ms * 1e3:>10.1f}"
+                    f" {flops / ours_ms / 1e9:>12.1f} {flops / theirs_ms / 1e9:>12.1f}"
+                )
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flydsl.kernels.bench", description=__doc__.splitlines()[0])
     parser.add_argument("kernel", choices=KERNELS)
     parser.add_argument("--dtype", choices=("bf16", "f16", "f32"), default="bf16")
-    parser.add_argument("--n", default="1024,4096,16384,65536,262144", help="row lengths, comma-separated")
+    parser.add_argument(
+        "--n", default=None, help="row lengths, comma-separated (gemm: N, output columns; default 4096)"
+    )
+    parser.add_argument("--m", default="16,128,4096", help="gemm: rows of A, comma-separated")
+    parser.add_argument("--k", default="4096", help="gemm: the inner dimension, comma-separated")
     parser.add_argument("--elements", type=int, default=1 << 26, help="elements per input (rows = elements // N)")
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args(argv)
@@ -81,6 +116,9 @@ def main(argv=None) -> int:
         print("flydsl.kernels.bench needs a CUDA GPU", file=sys.stderr)
         return 1
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
+    if args.kernel == "gemm":
+        return _gemm(torch, dtype, args)
+    args.n = args.n or "1024,4096,16384,65536,262144"
     print(f"{args.kernel} {args.dtype} on {torch.cuda.get_device_name()}: median of {args.reps} runs")
     print(f"{'N':>8} {'rows':>8} {'flydsl us':>10} {'torch us':>10} {'flydsl TB/s':>12} {'torch TB/s':>11}")
     for n in map(int, args.n.split(",")):
