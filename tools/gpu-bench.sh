@@ -1,0 +1,30 @@
+# Run on the GPU machine from the repository root (carry [".devrt"]); the machine has no git, so pass the commit:
+#   bash tools/gpu-bench.sh $(git rev-parse --short HEAD) gemm skinny   # some of: gemm skinny norms torch dispatch
+# A device call runs 10 minutes at most: gemm (~3 min), skinny (~1), torch (~1) and dispatch (~1) fit one call;
+# norms (the full sweep with torch.compile peers) takes its own. Each run is cut at 5 minutes.
+# Each benchmark writes its JSON to $OUT (or ./gpu-logs) for benchmarks/results/ and its log next to it; the last
+# lines printed are one summary line per benchmark, so a truncated output tail still shows every result.
+source tools/gpu-env.sh
+commit=${1:?usage: bash tools/gpu-bench.sh COMMIT [gemm skinny norms torch dispatch]}
+shift
+logs=${OUT:-gpu-logs}
+mkdir -p "$logs"
+which=${*:-gemm skinny torch dispatch}
+summary=""
+run() {  # name, command...
+  local name=$1
+  shift
+  timeout 300 "$@" > "$logs/$name.txt" 2>&1
+  summary="$summary\n$name (rc $?): $(tail -1 "$logs/$name.txt")"
+}
+for bench in $which; do
+  case $bench in
+    gemm) run gemm python3 benchmarks/gemm_bench.py --sweep --repeats 5 --json "$logs/gemm_sweep.json" --commit "$commit" ;;
+    skinny) run skinny python3 benchmarks/skinny_gemm_bench.py --repeats 3 --json "$logs/skinny_gemm.json" --commit "$commit" ;;
+    norms) run norms python3 benchmarks/norms_bench.py --backward --out "$logs/norms.json" --commit "$commit" ;;
+    torch) run torch python3 benchmarks/torch_ops_overhead.py --json "$logs/torch_ops_overhead.json" --commit "$commit" ;;
+    dispatch) run dispatch python3 benchmarks/dsl_dispatch.py --json "$logs/dsl_dispatch.json" ;;  # git_commit: fill in
+    *) summary="$summary\n$bench: unknown (gemm skinny norms torch dispatch)" ;;
+  esac
+done
+printf "%b\n" "$summary"
