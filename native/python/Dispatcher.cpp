@@ -18,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Dispatcher.h"
+#include "DescribeArgs.h"
 #include "DispatchRegistry.h"
 #include "LaunchArgs.h"
 
@@ -38,39 +39,10 @@ using fly::runtime::Function;
 
 namespace {
 
-struct LaunchValue {
-  enum Tag : uint8_t { Int, UInt, Float, Object } tag;
-  union {
-    long long i;
-    unsigned long long u;
-    double d;
-    PyObject *o; // a runtime.TensorMap, borrowed from its TmaTile
-  };
-};
-
 /// Where a launch's 128-byte tensor maps are packed: the driver reads each
 /// from the pointer in kernelParams, 64-byte aligned like the Python path.
 struct alignas(64) TensorMapSlots {
   unsigned char bytes[kMaxTensorMaps][kTensorMapBytes];
-};
-
-/// One call's arguments as read by the dispatcher (borrowed references).
-struct Described {
-  unsigned char key[kMaxKeyBytes];
-  size_t keyBytes = 0;
-  PyObject *constexprs[kMaxConstexprs];
-  // Hashed only when a registered value is not the same object (-1: not
-  // yet; a Python hash is never -1).
-  mutable Py_hash_t hashes[kMaxConstexprs];
-  size_t numConstexprs = 0;
-  LaunchValue values[kMaxLaunchValues];
-  size_t numValues = 0;
-  PyObject *streamValue = nullptr; // the fx.Stream parameter's value
-  // kernel.py's default stream: that of the first tensor naming one, a torch
-  // tensor (its device's current stream) or an array interface's "stream".
-  bool streamNamed = false;
-  PyObject *streamTensor = nullptr; // the torch tensor, or null
-  unsigned long long interfaceStream = 0;
 };
 
 struct DispatchParam {
@@ -90,28 +62,6 @@ struct DispatchEntry {
   unsigned cluster[3] = {0, 0, 0}; // compiled-in cluster shape (0: any)
 };
 
-
-/// Calls obj.name() without building a bound method.
-PyObject *callMethod0(PyObject *obj, PyObject *name) {
-  PyObject *args[2] = {nullptr, obj};
-  return PyObject_VectorcallMethod(name, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-}
-
-/// A Python int within long long, else false (no error set).
-bool readLongLong(PyObject *obj, long long &out) {
-  if (!PyLong_Check(obj))
-    return false;
-  int overflow = 0;
-  long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-  if (v == -1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    return false;
-  }
-  if (overflow)
-    return false;
-  out = v;
-  return true;
-}
 
 /// A compiled-in shape: None (any) or a tuple of 3 positive ints.
 bool readShape(nb::handle shape, unsigned out[3]) {
@@ -134,13 +84,6 @@ bool fitsShape(const DispatchEntry &e, const unsigned b[3], const unsigned c[3],
   if (e.block[0] && std::memcmp(e.block, b, sizeof e.block) != 0)
     return false;
   return !(hasCluster && e.cluster[0] && std::memcmp(e.cluster, c, sizeof e.cluster) != 0);
-}
-
-/// False with the pending error (if any) cleared: the Python path takes over.
-bool decline() {
-  if (PyErr_Occurred())
-    PyErr_Clear();
-  return false;
 }
 
 class Dispatcher {
@@ -462,229 +405,6 @@ public:
 private:
   /// A TmaTile: its key (compared like a constexpr), its encoded TensorMap
   /// (encoded on first use, then cached by the tile) and its extents.
-  bool describeTmaTile(PyObject *obj, Described &d) const {
-    DispatchRegistry &reg = registry();
-    if (!reg.tmaTileType || Py_TYPE(obj) != reg.tmaTileType || d.numConstexprs >= kMaxConstexprs)
-      return false;
-    // Borrowed below: the tile holds its key, map, shape and source.
-    nb::object key = nb::steal(PyObject_GetAttr(obj, reg.tmaKey));
-    nb::object map = nb::steal(PyObject_GetAttr(obj, reg.tensorMap));
-    nb::object shape = nb::steal(PyObject_GetAttr(obj, reg.shape));
-    if (!key.is_valid() || !map.is_valid() || !shape.is_valid() || !PyTuple_Check(shape.ptr()))
-      return false;
-    size_t rank = size_t(PyTuple_GET_SIZE(shape.ptr()));
-    if (d.numValues + 1 + rank > kMaxLaunchValues)
-      return false;
-    d.constexprs[d.numConstexprs] = key.ptr();
-    d.hashes[d.numConstexprs++] = -1;
-    LaunchValue &m = d.values[d.numValues++];
-    m.tag = LaunchValue::Object;
-    m.o = map.ptr();
-    for (size_t r = 0; r < rank; ++r) {
-      long long extent;
-      if (!readLongLong(PyTuple_GET_ITEM(shape.ptr(), r), extent))
-        return false;
-      LaunchValue &out = d.values[d.numValues++];
-      out.tag = LaunchValue::Int;
-      out.i = extent;
-    }
-    if (!d.streamNamed) { // the tile's tensor counts for the default stream
-      nb::object source = nb::steal(PyObject_GetAttr(obj, reg.source));
-      if (!source.is_valid())
-        return false;
-      if (isTorchTensor(source.ptr())) {
-        d.streamNamed = true;
-        d.streamTensor = source.ptr(); // kept alive by the tile
-      } else if (isArrayInterface(source.ptr())) {
-        nb::object interface = nb::steal(PyObject_GetAttr(source.ptr(), reg.arrayInterface));
-        if (!interface.is_valid() || !PyDict_Check(interface.ptr()) ||
-            !noteInterfaceStream(interface.ptr(), d))
-          return false;
-      }
-    }
-    return true;
-  }
-
-  static bool isTorchTensor(PyObject *obj) {
-    for (PyTypeObject *t : registry().tensorTypes)
-      if (Py_TYPE(obj) == t)
-        return true;
-    return false;
-  }
-
-  static bool isArrayInterface(PyObject *obj) {
-    for (PyTypeObject *t : registry().arrayInterfaceTypes)
-      if (Py_TYPE(obj) == t)
-        return true;
-    return false;
-  }
-
-  /// An array interface's "stream" (v3), if it names one and none was named
-  /// before: kernel.py launches there by default.
-  static bool noteInterfaceStream(PyObject *interface, Described &d) {
-    PyObject *stream = PyDict_GetItemWithError(interface, registry().stream);
-    if (!stream)
-      return !PyErr_Occurred();
-    int named = PyObject_IsTrue(stream);
-    if (named < 0)
-      return decline();
-    if (named) {
-      if (!PyLong_Check(stream))
-        return false;
-      unsigned long long h = PyLong_AsUnsignedLongLong(stream);
-      if (h == (unsigned long long)-1 && PyErr_Occurred())
-        return decline();
-      d.streamNamed = true;
-      d.interfaceStream = h;
-    }
-    return true;
-  }
-
-  /// A tensor argument: a torch tensor, or an object read through
-  /// __cuda_array_interface__ (strides in bytes, or None: row-major).
-  bool describeTensor(PyObject *obj, Described &d) const {
-    if (isTorchTensor(obj))
-      return describeTorch(obj, d);
-    if (isArrayInterface(obj))
-      return describeArrayInterface(obj, d);
-    return false;
-  }
-
-  bool describeTorch(PyObject *obj, Described &d) const {
-    DispatchRegistry &reg = registry();
-    nb::object isCuda = nb::steal(PyObject_GetAttr(obj, reg.isCuda));
-    if (isCuda.ptr() != Py_True)
-      return false;
-    nb::object dtype = nb::steal(PyObject_GetAttr(obj, reg.dtype));
-    const DispatchRegistry::Dtype *found = nullptr;
-    for (const auto &entry : reg.dtypes)
-      if (entry.object == dtype.ptr())
-        found = &entry;
-    if (!found)
-      return false;
-    nb::object pointerObj = nb::steal(callMethod0(obj, reg.dataPtr));
-    if (!pointerObj.is_valid() || !PyLong_Check(pointerObj.ptr()))
-      return false;
-    unsigned long long pointer = PyLong_AsUnsignedLongLong(pointerObj.ptr());
-    if (pointer == (unsigned long long)-1 && PyErr_Occurred())
-      return false;
-    nb::object shape = nb::steal(PyObject_GetAttr(obj, reg.shape));
-    nb::object strides = nb::steal(callMethod0(obj, reg.stride));
-    long long extents[kMaxRank], steps[kMaxRank];
-    size_t rank;
-    if (!readInts(shape.ptr(), extents, rank) || !readInts(strides.ptr(), steps, rank, rank))
-      return false;
-    if (!appendTensor(d, found->element, found->bytes, pointer, rank, extents, steps))
-      return false;
-    if (!d.streamNamed) {
-      d.streamNamed = true;
-      d.streamTensor = obj;
-    }
-    return true;
-  }
-
-  bool describeArrayInterface(PyObject *obj, Described &d) const {
-    DispatchRegistry &reg = registry();
-    // Borrowed items below: `holder` keeps the dict (often built per access).
-    nb::object holder = nb::steal(PyObject_GetAttr(obj, reg.arrayInterface));
-    if (!holder.is_valid() || !PyDict_Check(holder.ptr()))
-      return false;
-    PyObject *interface = holder.ptr();
-    PyObject *typestr = PyDict_GetItemWithError(interface, reg.typestr);
-    if (!typestr || !PyUnicode_Check(typestr))
-      return false;
-    Py_ssize_t length = 0;
-    const char *text = PyUnicode_AsUTF8AndSize(typestr, &length);
-    if (!text || length < 2)
-      return false;
-    const DispatchRegistry::Typestr *found = nullptr;
-    for (const auto &entry : reg.typestrs) // as kernel.py: the byte-order mark is not compared
-      if (entry.code.size() == size_t(length - 1) &&
-          std::memcmp(entry.code.data(), text + 1, length - 1) == 0)
-        found = &entry;
-    if (!found)
-      return false;
-    PyObject *data = PyDict_GetItemWithError(interface, reg.data);
-    if (!data || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) < 1 ||
-        !PyLong_Check(PyTuple_GET_ITEM(data, 0)))
-      return false;
-    unsigned long long pointer = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
-    if (pointer == (unsigned long long)-1 && PyErr_Occurred())
-      return false;
-    long long extents[kMaxRank], steps[kMaxRank];
-    size_t rank;
-    if (!readInts(PyDict_GetItemWithError(interface, reg.shape), extents, rank))
-      return false;
-    PyObject *strides = PyDict_GetItemWithError(interface, reg.strides);
-    if (!strides || strides == Py_None) { // row-major
-      long long step = 1;
-      for (size_t r = rank; r-- > 0;) {
-        steps[r] = step;
-        if (__builtin_mul_overflow(step, extents[r], &step)) // past int64: Python's error
-          return false;
-      }
-    } else {
-      if (!readInts(strides, steps, rank, rank))
-        return false;
-      for (size_t r = 0; r < rank; ++r) {
-        if (steps[r] % found->bytes) // kernel.py raises: let it
-          return false;
-        steps[r] /= found->bytes;
-      }
-    }
-    if (!appendTensor(d, found->element, found->bytes, pointer, rank, extents, steps))
-      return false;
-    return d.streamNamed || noteInterfaceStream(interface, d);
-  }
-
-  /// The ints of a tuple (at most kMaxRank; exactly `expected` when given).
-  static bool readInts(PyObject *tuple, long long *out, size_t &count, size_t expected = SIZE_MAX) {
-    if (!tuple || !PyTuple_Check(tuple))
-      return false;
-    count = size_t(PyTuple_GET_SIZE(tuple));
-    if (count > kMaxRank || (expected != SIZE_MAX && count != expected))
-      return false;
-    for (size_t i = 0; i < count; ++i)
-      if (!readLongLong(PyTuple_GET_ITEM(tuple, i), out[i]))
-        return false;
-    return true;
-  }
-
-  /// A tensor's key bytes (element, rank, 16-byte aligned start, each
-  /// stride's kind: unit, multiple of 16 bytes or other) and launch values
-  /// (pointer, extents, non-unit strides), as kernel.py specializes.
-  static bool appendTensor(Described &d, uint8_t element, uint8_t bytes, unsigned long long pointer,
-                           size_t rank, const long long *extents, const long long *steps) {
-    if (d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues)
-      return false;
-    unsigned char *key = d.key + d.keyBytes;
-    key[0] = element;
-    key[1] = uint8_t(rank);
-    key[2] = (pointer & 15) == 0;
-    LaunchValue *out = d.values + d.numValues;
-    out->tag = LaunchValue::UInt;
-    out->u = pointer;
-    ++out;
-    for (size_t r = 0; r < rank; ++r, ++out) {
-      out->tag = LaunchValue::Int;
-      out->i = extents[r];
-    }
-    long long per16Bytes = bytes >= 16 ? 1 : 16 / bytes;
-    for (size_t r = 0; r < rank; ++r) {
-      long long s = steps[r];
-      uint8_t kind = s == 1 ? 1 : (s % per16Bytes == 0 ? 16 : 0);
-      key[3 + r] = kind;
-      if (kind != 1) {
-        out->tag = LaunchValue::Int;
-        out->i = s;
-        ++out;
-      }
-    }
-    d.keyBytes += 3 + rank;
-    d.numValues = size_t(out - d.values);
-    return true;
-  }
-
   /// Constexpr values match as Python dicts match keys: same object, else same type, hash and ==
   /// (an == that raises or is not a plain True declines, leaving the launch to Python).
   static bool sameConstexpr(PyObject *x, Py_hash_t hx, PyObject *y, Py_hash_t hy) {
