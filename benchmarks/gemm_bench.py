@@ -96,6 +96,9 @@ def main(argv=None) -> int:
         action="store_true",
         help="time every flydsl.kernels.gemm.candidate_configs entry of the sweep's shapes (to tune choose_config)",
     )
+    parser.add_argument(
+        "--schedule", choices=("cooperative", "pingpong"), help="--explore: only the candidates of this schedule"
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
@@ -122,7 +125,8 @@ def main(argv=None) -> int:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         for m in args.m or SWEEP_M:
             for n, k in SWEEP_NK:
-                cases += [(m, n, k, True, cfg) for cfg in candidate_configs(m, n, k, sms)]
+                configs = candidate_configs(m, n, k, sms)
+                cases += [(m, n, k, True, c) for c in configs if args.schedule in (None, c.schedule)]
     results = []
     print(f"{'M':>6} {'N':>6} {'K':>6}  {'flydsl TF/s':>11} {'cuBLAS TF/s':>11} {'ratio':>6}  {'err':>8}  config")
     for m, n, k, weights, config in cases:

@@ -1,0 +1,69 @@
+"""The GEMM kernels on small shapes under compute-sanitizer (not a pytest module): from the repository root, on a GPU,
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python -m tests.kernels.gemm_sanitize
+    compute-sanitizer --tool racecheck --error-exitcode 1 python -m tests.kernels.gemm_sanitize
+
+Covers every tile shape ``candidate_configs`` offers (64/128-row tiles, 64..256 columns, clusters, split K), the
+pingpong schedule, a bias + activation epilogue and the skinny (M <= 16) kernel, on shapes with tails in M, N and K.
+Exits non-zero when a result differs from the float64 reference.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from flydsl.kernels.gemm import GemmConfig, gemm, max_stages
+
+
+def _config(tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative"):
+    return GemmConfig(
+        tile_m=tile_m,
+        tile_n=tile_n,
+        stages=max_stages(tile_m, tile_n),
+        consumers=2 if schedule == "pingpong" else tile_m // 64,
+        cluster_m=cluster_m,
+        split_k=split_k,
+        schedule=schedule,
+    )
+
+
+CASES = [  # (m, n, k, config or None for gemm()'s own choice, bias, activation)
+    (264, 392, 200, _config(128, 256, cluster_m=2), False, None),
+    (264, 392, 200, _config(128, 192), False, None),
+    (136, 200, 136, _config(128, 128, split_k=2), False, None),
+    (56, 392, 264, _config(64, 64, split_k=3), False, None),
+    (56, 392, 264, _config(64, 256), True, "gelu"),
+    (520, 392, 264, _config(128, 128, cluster_m=2, schedule="pingpong"), True, "silu"),
+    (392, 264, 136, _config(128, 128, schedule="pingpong"), False, None),
+    (13, 520, 264, None, True, "relu"),  # the skinny kernel (b column-major, as nn.Linear weights)
+]
+
+
+def main() -> int:
+    torch.manual_seed(0)
+    failures = 0
+    for m, n, k, config, with_bias, activation in CASES:
+        a = torch.randn(m, k, device="cuda").bfloat16()
+        b = torch.randn(n, k, device="cuda").bfloat16().t()
+        bias = torch.randn(n, device="cuda") if with_bias else None
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        gemm(a, b, out, config, bias=bias, activation=activation)
+        torch.cuda.synchronize()
+        reference = a.double() @ b.double() + (bias.double() if with_bias else 0)
+        reference = {
+            None: lambda x: x,
+            "relu": torch.relu,
+            "gelu": torch.nn.functional.gelu,
+            "silu": torch.nn.functional.silu,
+        }[activation](reference)
+        error = float((out.double() - reference).norm() / reference.norm())
+        ok = error < 1e-2 and not torch.isnan(out).any()
+        print(f"{m}x{n}x{k} {config} bias={with_bias} {activation}: {'ok' if ok else 'WRONG'} (rel err {error:.1e})")
+        failures += not ok
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
