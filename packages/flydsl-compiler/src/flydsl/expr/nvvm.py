@@ -35,6 +35,8 @@ __all__ = [
     "cp_async_commit_group",
     "cp_async_wait_group",
     "ld_global_nc",
+    "ld_acquire",
+    "red_add_release",
     "mma_sync",
     "address",
     "fence_proxy_async",
@@ -392,6 +394,42 @@ def ld_global_nc(where, coord=None, nbytes: int = 16, l1: str | None = None, pre
     from mlir.dialects import vector as _vector
 
     return cls(_vector.from_elements(cls.mlir_type(), _struct_fields(loaded, count, _i32())))
+
+
+# --- flags between CTAs ----------------------------------------------------------------------------------------
+
+_SCOPES = ("cta", "cluster", "gpu", "sys")
+
+
+def _scope(scope: str, what: str) -> str:
+    if scope not in _SCOPES:
+        raise ValueError(f"{what} scope: expected one of {_SCOPES}, got {scope!r}")
+    return scope
+
+
+def ld_acquire(where, coord=None, scope: str = "gpu") -> Int32:
+    """``ld.acquire.{scope}.global.b32``: a 32-bit flag read with acquire semantics: this thread's later reads see
+    every write the writer made visible before its release (:func:`red_add_release`). Spin on it for a flag set by
+    another CTA, then ``barrier`` so the other threads of the group read after it. ``where``: an ``!llvm.ptr<1>``
+    or a global Tensor of 32-bit integers (``address(where, coord)``).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-ld
+    """
+    pointer = _pointer(where, coord, "global")
+    text = f"ld.acquire.{_scope(scope, 'ld_acquire')}.global.b32 $0, [$1];"
+    return Int32(_asm(_i32(), [pointer], text, "=r,l", side_effects=True))
+
+
+def red_add_release(where, value, coord=None, scope: str = "gpu") -> None:
+    """``red.release.{scope}.global.add.s32``: adds ``value`` to a 32-bit flag with release semantics: every
+    write this thread made visible before (those of the other threads of its group included, after a ``barrier``)
+    is visible to a thread that reads the new value with :func:`ld_acquire`.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-red
+    """
+    pointer = _pointer(where, coord, "global")
+    text = f"red.release.{_scope(scope, 'red_add_release')}.global.add.s32 [$0], $1;"
+    _asm(None, [pointer, _int32(value, "red_add_release value").value], text, "l,r", side_effects=True)
 
 
 # --- asynchronous copies ----------------------------------------------------------------------------------------

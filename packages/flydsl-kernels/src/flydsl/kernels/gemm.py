@@ -19,14 +19,12 @@ masked in the epilogue.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.compiler.args import torch_dtype_name
 from flydsl.expr import arith, gpu, nvvm, vector, wgmma
+from flydsl.kernels.gemm_config import GemmConfig, candidate_configs, choose_config, estimated_seconds, max_stages
 from flydsl.kernels.host import sm_count
 
 __all__ = [
@@ -43,62 +41,6 @@ __all__ = [
 
 _SWIZZLE = 128  # bytes: the widest swizzle; a TMA box row holds 128 bytes (64 bf16) at most
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """The CTA tile (``tile_m`` x ``tile_n``, K steps of ``tile_k``), the pipeline depth, the consumer warpgroups,
-    the grouped tile order, the cluster and split K. ``schedule``: "cooperative" (the consumers share each tile,
-    ``tile_m / consumers`` rows each) or "pingpong" (two consumers take every other tile whole: one's epilogue runs
-    while the other's MMAs do; its accumulators, ``tile_m * tile_n / 128`` per thread, must stay <= 128)."""
-
-    tile_m: int = 128
-    tile_n: int = 256
-    tile_k: int = 64
-    stages: int = 4
-    consumers: int = 2
-    group_m: int = 8
-    cluster_m: int = 2  # CTAs along M sharing each B tile: each loads 1/cluster_m of it, multicast to all
-    split_k: int = 1  # K split over this many CTAs per tile (fp32 partials, then a reduction): for few tiles
-    schedule: str = "cooperative"
-
-    def __post_init__(self):
-        if self.schedule not in ("cooperative", "pingpong"):
-            raise ValueError(f"{self}: schedule must be 'cooperative' or 'pingpong'")
-        if self.schedule == "pingpong" and (
-            self.consumers != 2 or self.split_k != 1 or self.tile_m % 64 or self.tile_m * self.tile_n > 128 * 128
-        ):
-            raise ValueError(
-                f"{self}: pingpong takes 2 consumers, no split K, 64-row blocks and at most 128 x 128 outputs per"
-                " tile (each consumer holds a whole tile's accumulators)"
-            )
-        if (
-            self.consumer_rows % 64
-            or self.tile_m % self.consumers
-            or self.tile_n % 64
-            or self.tile_n > 256
-            or self.tile_k % 64
-        ):
-            raise ValueError(
-                f"{self}: tile_m must split into {self.consumers} consumer warpgroups of 64-row blocks; tile_n a"
-                " multiple of 64 up to 256; tile_k a multiple of 64 (one 128-byte swizzled row of bf16)"
-            )
-        if self.cluster_m not in (1, 2, 4) or self.tile_n % (64 * self.cluster_m):
-            raise ValueError(f"{self}: cluster_m must be 1, 2 or 4 and split tile_n into 64-column parts")
-        if not isinstance(self.split_k, int) or not 1 <= self.split_k <= 64:
-            raise ValueError(f"{self}: split_k must be an int in 1..64")
-
-    @property
-    def threads(self) -> int:
-        return 128 * (1 + self.consumers)
-
-    @property
-    def consumer_rows(self) -> int:
-        """The rows of a tile one consumer warpgroup multiplies and stores."""
-        return self.tile_m if self.schedule == "pingpong" else self.tile_m // self.consumers
-
-    def stage_bytes(self, element_bytes: int = 2) -> int:
-        return (self.tile_m + self.tile_n) * self.tile_k * element_bytes
 
 
 def operand_layout(rows: int, tile_k: int, stages: int, major: str, element_bytes: int = 2):
@@ -446,108 +388,6 @@ def _tma_ready(t):
     padded = t.new_empty((rows, -(-cols // step) * step))
     padded[:, :cols] = t
     return padded[:, :cols]
-
-
-_SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA
-
-
-def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2) -> int:
-    """The deepest pipeline whose slots fit in shared memory (1 KB kept for barriers and alignment), at most 8."""
-    return min(8, (_SMEM_BYTES - 1024) // ((tile_m + tile_n) * tile_k * element_bytes))
-
-
-def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
-    """The configurations worth timing for an (m, n, k) problem: tile widths 64..256, 64-row tiles (one consumer)
-    when M is that small, clusters only where there are two tile rows to share B, splits of K only where the tiles
-    alone leave SMs idle, and pingpong 128 x 128 tiles where there are two per CTA. Each with the deepest pipeline
-    that fits."""
-    configs = []
-    for tile_m, consumers in ((128, 2), (64, 1)):
-        if tile_m == 64 and m > 64:
-            continue
-        for tile_n in (256, 192, 128, 64):
-            tiles = -(-m // tile_m) * -(-n // tile_n)
-            for cluster_m in (1, 2):
-                if cluster_m == 2 and (-(-m // tile_m) < 2 or tile_n % 128):
-                    continue
-                for split_k in (1, 2, 3, 4, 6, 8):
-                    if split_k > 1 and (tiles * split_k > 2 * sms or tiles >= sms or k < split_k * 512):
-                        continue
-                    configs.append(
-                        GemmConfig(
-                            tile_m=tile_m,
-                            tile_n=tile_n,
-                            stages=max_stages(tile_m, tile_n),
-                            consumers=consumers,
-                            cluster_m=cluster_m,
-                            split_k=split_k,
-                        )
-                    )
-    if m > 64:  # pingpong consumers, whole 128 x 128 tiles each, where there are tiles for both
-        for cluster_m in (1, 2) if m > 128 else (1,):
-            if -(-m // 128) * -(-n // 128) >= 2 * sms // cluster_m:
-                configs.append(
-                    GemmConfig(tile_n=128, stages=max_stages(128, 128), cluster_m=cluster_m, schedule="pingpong")
-                )
-    return configs
-
-
-# The cost model choose_config ranks candidates by, fitted on the H200 to the timings of every candidate of issue 8's
-# shapes with M in {64, 128, 512, 2048} (benchmarks/results/gemm_explore_2026-11-30.json: its picks are within 2% of
-# the fastest candidate on 39 of the 40 shapes). A work unit (a tile, or one K part of it) costs the longer of its
-# tensor-core time and its operand bytes at one SM's load rate, plus a fixed cost; a wave of units costs at least
-# the wave's share of the problem's unique bytes at HBM speed; split K adds its fp32 partials' round trip and the
-# reduction's launch. 192-wide tiles (never clustered: a CTA's part of a B tile is a multiple of 64 columns) were
-# timed against the earlier picks (benchmarks/results/gemm_tile192_2026-11-30.json): they win only where they fill
-# the SMs much better, hence their low efficiency here.
-_SM_TFLOPS = 990.0 / 132  # dense bf16 peak per SM (TFLOP/s), at the efficiency below for 128x256 tiles
-_MMA_EFFICIENCY = {
-    256: 0.8,
-    192: 0.68,
-    128: 0.72,
-    64: 0.56,
-}  # by tile width; 64-row tiles (one consumer) reach 0.6 of it
-_SM_LOAD_BYTES_PER_S = 100e9
-_HBM_BYTES_PER_S = 3.6e12
-_UNIT_COST_S = 2e-6
-_SPLIT_K_REDUCE_S = 8e-6
-
-
-def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> float:
-    """The cost model's time for ``cfg`` on an (m, n, k) bf16/fp16 problem on ``sms`` SMs (see the comment above)."""
-    tiles_m = -(-m // cfg.tile_m)
-    units = tiles_m * -(-n // cfg.tile_n) * cfg.split_k
-    k_part = -(-k // cfg.tile_k) * cfg.tile_k / cfg.split_k
-    efficiency = _MMA_EFFICIENCY[min(cfg.tile_n, 256)] * (1.0 if cfg.consumers == 2 else 0.6)
-    compute = 2.0 * cfg.tile_m * cfg.tile_n * k_part / (_SM_TFLOPS * 1e12 * efficiency)
-    loads = (min(cfg.tile_m, m) + cfg.tile_n) * k_part * 2 / _SM_LOAD_BYTES_PER_S
-    unit = max(compute, loads) + _UNIT_COST_S
-    unique_bytes = 2.0 * (m * k + n * k + m * n)
-    slots = sms // cfg.cluster_m * cfg.cluster_m
-    seconds, left = 0.0, units
-    while left > 0:
-        wave = min(left, slots)
-        seconds += max(unit, unique_bytes * wave / units / _HBM_BYTES_PER_S)
-        left -= wave
-    if cfg.split_k > 1:
-        seconds += 2.0 * cfg.split_k * m * n * 4 / _HBM_BYTES_PER_S + _SPLIT_K_REDUCE_S
-    return seconds
-
-
-@functools.cache
-def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
-    """The configuration for an (m, n, k) problem on ``sms`` SMs: 64-row tiles (one consumer warpgroup) when M <= 64,
-    2-CTA clusters whenever there are two tile rows to share B, and among the rest of :func:`candidate_configs`
-    (tile width, split of K) the one :func:`estimated_seconds` ranks fastest. Pingpong configurations are left out
-    until they are timed on a GPU (the cost model has no term for them yet)."""
-    configs = [
-        cfg
-        for cfg in candidate_configs(m, n, k, sms)
-        if (cfg.tile_m == 64) == (m <= 64)
-        and (cfg.cluster_m == 2 or -(-m // cfg.tile_m) < 2 or cfg.tile_n % 128)
-        and cfg.schedule == "cooperative"
-    ]
-    return min(configs, key=lambda cfg: estimated_seconds(m, n, k, cfg, sms))
 
 
 def check_arguments(who: str, a, b, out, bias, activation):

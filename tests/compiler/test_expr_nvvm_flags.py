@@ -1,0 +1,58 @@
+"""fx.nvvm.ld_acquire / red_add_release: flags between CTAs. CPU: the PTX instructions, accepted by ptxas for
+sm_90a; arguments checked. GPU (``gpu``): CTA 1 waits for CTA 0's flag, then reads the data CTA 0 wrote before it."""
+
+from __future__ import annotations
+
+import pytest
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import gpu, nvvm
+
+
+@flyc.kernel
+def hand_over(data: fx.Tensor, flags: fx.Tensor, out: fx.Tensor):
+    """CTA 0 writes data[t] = t + 1 and releases flags[0]; CTA 1 acquires it and copies data into out."""
+    t = gpu.thread_idx.x
+    if gpu.block_idx.x == 0:
+        data[t] = t + 1
+        nvvm.barrier()
+        if t == 0:
+            nvvm.red_add_release(flags, 1, 0)
+    else:
+        if t == 0:
+            seen = nvvm.ld_acquire(flags, 0)
+            while seen == 0:
+                seen = nvvm.ld_acquire(flags, 0)
+        nvvm.barrier()
+        out[t] = data[t]
+
+
+def test_flags_lower_and_assemble():
+    spec = flyc.TensorSpec((128,), "i32")
+    compiled = hand_over.lower(spec, spec, spec)
+    assert "ld.acquire.gpu.global.b32" in compiled.ptx
+    assert "red.release.gpu.global.add.s32" in compiled.ptx
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_flag_scopes_are_checked():
+    @flyc.kernel
+    def bad(x: fx.Tensor):
+        nvvm.red_add_release(x, 1, 0, scope="device")
+
+    with pytest.raises(ValueError, match="scope: expected one of"):
+        bad.lower(flyc.TensorSpec((16,), "i32"))
+
+
+@pytest.mark.gpu
+def test_data_released_before_a_flag_is_seen_after_acquiring_it():
+    import torch
+
+    data = torch.zeros(128, dtype=torch.int32, device="cuda")
+    flags = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out = torch.full((128,), -1, dtype=torch.int32, device="cuda")
+    hand_over(data, flags, out).launch(grid=2, block=128)
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.arange(1, 129, dtype=torch.int32, device="cuda"))
+    assert flags.item() == 1
