@@ -76,7 +76,8 @@ def run_case(torch, do_bench, m, n, k, repeats, weights_nk, config=None):
 def _describe(config) -> str:
     return (
         f"tile={config.tile_m}x{config.tile_n} stages={config.stages} cluster_m={config.cluster_m}"
-        f" split_k={config.split_k}"
+        f" split_k={config.split_k}{' pingpong' if config.schedule == 'pingpong' else ''}"
+        f"{' stream_k' if config.stream_k else ''}"
     )
 
 
@@ -97,7 +98,9 @@ def main(argv=None) -> int:
         help="time every flydsl.kernels.gemm.candidate_configs entry of the sweep's shapes (to tune choose_config)",
     )
     parser.add_argument(
-        "--schedule", choices=("cooperative", "pingpong"), help="--explore: only the candidates of this schedule"
+        "--variant",
+        choices=("cooperative", "pingpong", "stream_k"),
+        help="--explore: only the candidates of this kind (cooperative: neither pingpong nor stream-K)",
     )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
@@ -126,7 +129,8 @@ def main(argv=None) -> int:
         for m in args.m or SWEEP_M:
             for n, k in SWEEP_NK:
                 configs = candidate_configs(m, n, k, sms)
-                cases += [(m, n, k, True, c) for c in configs if args.schedule in (None, c.schedule)]
+                kinds = {c: "stream_k" if c.stream_k else c.schedule for c in configs}
+                cases += [(m, n, k, True, c) for c in configs if args.variant in (None, kinds[c])]
     results = []
     print(f"{'M':>6} {'N':>6} {'K':>6}  {'flydsl TF/s':>11} {'cuBLAS TF/s':>11} {'ratio':>6}  {'err':>8}  config")
     for m, n, k, weights, config in cases:

@@ -17,7 +17,7 @@ import torch
 from flydsl.kernels.gemm import GemmConfig, gemm, max_stages
 
 
-def _config(tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative"):
+def _config(tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative", stream_k=False):
     return GemmConfig(
         tile_m=tile_m,
         tile_n=tile_n,
@@ -26,6 +26,7 @@ def _config(tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative"):
         cluster_m=cluster_m,
         split_k=split_k,
         schedule=schedule,
+        stream_k=stream_k,
     )
 
 
@@ -37,6 +38,8 @@ CASES = [  # (m, n, k, config or None for gemm()'s own choice, bias, activation)
     (56, 392, 264, _config(64, 256), True, "gelu"),
     (520, 392, 264, _config(128, 128, cluster_m=2, schedule="pingpong"), True, "silu"),
     (392, 264, 136, _config(128, 128, schedule="pingpong"), False, None),
+    (1000, 776, 520, _config(128, 256, cluster_m=2, stream_k=True), True, "gelu"),
+    (2056, 1032, 264, _config(128, 128, stream_k=True), False, None),
     (13, 520, 264, None, True, "relu"),  # the skinny kernel (b column-major, as nn.Linear weights)
 ]
 

@@ -34,7 +34,9 @@ def test_gemm_compiles_to_wgmma_and_tma(a_major, b_major):
     a_box = (CFG.tile_m, 64) if a_major == "K" else (CFG.tile_k, 64)
     b_box = (CFG.tile_n // CFG.cluster_m, 64) if b_major == "K" else (CFG.tile_k, 64)
     c = flyc.TensorSpec((m, n), "bf16")
-    compiled = gemm_ws.lower(fx.TmaTile(a_spec, a_box), fx.TmaTile(b_spec, b_box), c, c, CFG, (a_major, b_major), NONE)
+    compiled = gemm_ws.lower(
+        fx.TmaTile(a_spec, a_box), fx.TmaTile(b_spec, b_box), c, c, c, c, CFG, (a_major, b_major), NONE
+    )
     ptx = compiled.ptx
     assert len(re.findall(r"wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", ptx)) == CFG.tile_k // 16
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
@@ -48,7 +50,7 @@ def test_gemm_sass_uses_hgmma():
     """The assembled kernel multiplies with Hopper's warpgroup MMA (HGMMA in the SASS), not a fallback."""
     spec = flyc.TensorSpec((512, 512), "bf16")
     compiled = gemm_ws.lower(
-        fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128, 64)), spec, spec, CFG, ("K", "K"), NONE
+        fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128, 64)), spec, spec, spec, spec, CFG, ("K", "K"), NONE
     )
     sass = toolchain.disassemble_cubin(compiled.cubin) if compiled.cubin is not None else None
     if sass is None:
@@ -62,7 +64,7 @@ def test_epilogues_compile(epilogue):
     spec = flyc.TensorSpec((512, 512), "bf16")
     bias = flyc.TensorSpec((512,), "f32")
     compiled = gemm_ws.lower(
-        fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128, 64)), spec, bias, CFG, ("K", "K"), epilogue
+        fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128, 64)), spec, bias, spec, spec, CFG, ("K", "K"), epilogue
     )
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
     assert compiled.ptx.count("wgmma.mma_async") == CFG.tile_k // 16  # the main loop is the same
@@ -78,7 +80,15 @@ def test_split_k_compiles(split_k):
     a, b = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096, 4096), "bf16")
     partials = flyc.TensorSpec((split_k * 16, 4096), "f32")
     compiled = gemm_ws.lower(
-        fx.TmaTile(a, (128, 64)), fx.TmaTile(b, (128, 64)), partials, partials, cfg, ("K", "K"), NONE
+        fx.TmaTile(a, (128, 64)),
+        fx.TmaTile(b, (128, 64)),
+        partials,
+        partials,
+        partials,
+        partials,
+        cfg,
+        ("K", "K"),
+        NONE,
     )
     assert compiled.ptx.count("wgmma.mma_async") == cfg.tile_k // 16
     out, bias = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096,), "f32")
@@ -95,7 +105,9 @@ def test_gemm_config_and_boxes_are_checked():
         GemmConfig(split_k=0)
     spec = flyc.TensorSpec((512, 512), "bf16")
     with pytest.raises(ValueError, match=r"gemm_ws b: expected TMA boxes of \(128, 64\)"):
-        gemm_ws.lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, spec, CFG, ("K", "K"), NONE)
+        gemm_ws.lower(
+            fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, spec, spec, spec, CFG, ("K", "K"), NONE
+        )
 
 
 def test_choose_config_fills_the_sms():
@@ -125,7 +137,7 @@ def test_tile_shapes_compile(tile_m, tile_n, consumers, cluster_m):
     cfg = GemmConfig(tile_m=tile_m, tile_n=tile_n, stages=stages, consumers=consumers, cluster_m=cluster_m)
     spec = flyc.TensorSpec((512, 512), "bf16")
     a_tile, b_tile = fx.TmaTile(spec, (tile_m, 64)), fx.TmaTile(spec, (tile_n // cluster_m, 64))
-    compiled = gemm_ws.lower(a_tile, b_tile, spec, spec, cfg, ("K", "K"), NONE)
+    compiled = gemm_ws.lower(a_tile, b_tile, spec, spec, spec, spec, cfg, ("K", "K"), NONE)
     wgmmas = compiled.ptx.count(f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16")
     assert wgmmas and wgmmas % (cfg.tile_k // 16) == 0  # LLVM may duplicate the K step's body (a short one)
     assert f".reqntid {cfg.threads}, 1, 1" in compiled.ptx
@@ -140,7 +152,15 @@ def test_pingpong_compiles(cluster_m):
     assert cfg.consumer_rows == 128 and cfg.threads == 384
     spec = flyc.TensorSpec((1000, 520), "bf16")
     compiled = gemm_ws.lower(
-        fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128 // cluster_m, 64)), spec, spec, cfg, ("K", "K"), NONE
+        fx.TmaTile(spec, (128, 64)),
+        fx.TmaTile(spec, (128 // cluster_m, 64)),
+        spec,
+        spec,
+        spec,
+        spec,
+        cfg,
+        ("K", "K"),
+        NONE,
     )
     wgmmas = compiled.ptx.count("wgmma.mma_async.sync.aligned.m64n128k16")
     assert wgmmas and wgmmas % (2 * cfg.tile_k // 16) == 0
@@ -151,6 +171,23 @@ def test_pingpong_compiles(cluster_m):
         assert "HGMMA.64x128x16.F32.BF16" in sass and "STL" not in sass
 
 
+@pytest.mark.parametrize("tile_n,cluster_m", [(256, 2), (192, 1)])
+def test_stream_k_compiles(tile_n, cluster_m):
+    """Stream-K: partial tiles go through 16-byte workspace stores and loads, handed over by release/acquire flags
+    (named barriers per consumer warpgroup), with no spills."""
+    cfg = GemmConfig(tile_n=tile_n, stages=max_stages(128, tile_n), cluster_m=cluster_m, stream_k=True)
+    spec = flyc.TensorSpec((1000, 520), "bf16")
+    workspace, flags = flyc.TensorSpec((132 * 128 * tile_n,), "f32"), flyc.TensorSpec((264,), "i32")
+    a_tile, b_tile = fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (tile_n // cluster_m, 64))
+    compiled = gemm_ws.lower(a_tile, b_tile, spec, spec, workspace, flags, cfg, ("K", "K"), NONE)
+    ptx = compiled.ptx
+    assert "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
+    assert ptx.count("st.global.v4.b32") == ptx.count("ld.global.v4.b32") == tile_n // 8  # 16-byte quads
+    sass = toolchain.disassemble_cubin(compiled.cubin) if compiled.cubin is not None else None
+    if sass is not None:
+        assert f"HGMMA.64x{tile_n}x16.F32.BF16" in sass and "STL" not in sass
+
+
 def test_pingpong_configs_are_checked():
     with pytest.raises(ValueError, match="pingpong takes 2 consumers"):
         GemmConfig(tile_n=256, schedule="pingpong")  # 128 x 256 accumulators per consumer: too many registers
@@ -158,6 +195,8 @@ def test_pingpong_configs_are_checked():
         GemmConfig(tile_n=128, split_k=2, schedule="pingpong")
     with pytest.raises(ValueError, match="schedule must be"):
         GemmConfig(schedule="stream")
+    with pytest.raises(ValueError, match="stream_k takes the cooperative schedule and no split K"):
+        GemmConfig(split_k=2, stream_k=True)
     assert GemmConfig(tile_m=64, tile_n=256, cluster_m=1, schedule="pingpong").consumer_rows == 64
 
 
@@ -241,6 +280,34 @@ def test_gemm_pingpong_on_gpu(a_major, b_major, m, n, k, cluster_m):
     gemm(a, b, out, cfg, bias=None)
     torch.cuda.synchronize()
     _check(torch, a, b, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_major,b_major", [("K", "K"), ("MN", "MN")])
+@pytest.mark.parametrize(
+    "m,n,k,tile_n,cluster_m",
+    [
+        (1000, 776, 520, 256, 2),  # fewer tiles than workers: ~4 workers share each tile's 9 K steps
+        (4104, 1160, 1032, 256, 1),  # 165 tiles on 132 SMs: all shared out, ~21 K steps each
+        (2056, 2056, 264, 128, 1),  # 289 tiles: one wave whole, the rest shared out
+        (128, 256, 520, 256, 1),  # one tile of 9 K steps: most workers have none
+        (264, 200, 4104, 192, 1),  # long K
+    ],
+)
+def test_gemm_stream_k_on_gpu(a_major, b_major, m, n, k, tile_n, cluster_m):
+    """Stream-K on tails in M, N and K, with a bias and an activation; run twice on fresh data (every launch
+    leaves the hand-over flags at zero for the next)."""
+    torch = pytest.importorskip("torch")
+    cfg = GemmConfig(tile_n=tile_n, stages=max_stages(128, tile_n), cluster_m=cluster_m, stream_k=True)
+    for _ in range(2):
+        a = _operand(torch, m, k, torch.bfloat16, a_major)
+        b = _operand(torch, k, n, torch.bfloat16, "MN" if b_major == "K" else "K")
+        bias = torch.randn(n, device="cuda")
+        out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+        gemm(a, b, out, cfg, bias=bias, activation="silu")
+        torch.cuda.synchronize()
+        reference = torch.nn.functional.silu(a.double() @ b.double() + bias.double())
+        assert ((out.double() - reference).norm() / reference.norm()) < 1e-4
 
 
 @pytest.mark.gpu

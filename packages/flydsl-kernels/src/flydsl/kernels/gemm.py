@@ -166,19 +166,178 @@ def split_k_reduce(partials: fx.Tensor, out: fx.Tensor, bias: fx.Tensor, splits:
         out[row, col] = apply_epilogue(total, bias if has_bias else None, col, activation).to(out.dtype)
 
 
+def _produce(pipe, state, a, b, a_tiles, b_tiles, cfg, majors, tm, tn, k_begin, k_end, rank):
+    """The producer thread's TMA loads of one work unit: K steps [k_begin, k_end) of tile (tm, tn); with a cluster,
+    this CTA's part of each B tile, multicast to the cluster."""
+    a_major, b_major = majors
+    for kt in range(k_begin, k_end):
+        pipe.producer_acquire(state)
+        bar = pipe.full[state.index]
+        k0 = kt * cfg.tile_k
+        _load_operand(a, a_tiles, state.index, tm * cfg.tile_m, k0, bar, cfg.tile_m, cfg.tile_k, a_major)
+        _load_operand(
+            b, b_tiles, state.index, tn * cfg.tile_n, k0, bar, cfg.tile_n, cfg.tile_k, b_major, rank, cfg.cluster_m
+        )
+        state = state.advance()
+    return state
+
+
+def _mainloop(pipe, state, mma, a_tiles, b_tiles, k_begin, k_end, consumer, lane, peers):
+    """A consumer warpgroup's MMAs of K steps [k_begin, k_end), one step in flight: each slot is released once the
+    next step's MMAs are issued and its own are done. Returns (the state past the steps, the last slot's state, not
+    yet released, the accumulators)."""
+    accs = mma.make_accumulators(0.0)
+    released = state
+    for kt in range(k_begin, k_end):
+        pipe.consumer_wait(state)
+        accs = wgmma.fence(accs)
+        accs = mma.mma(
+            a_tiles[None, None, state.index],
+            b_tiles[None, None, state.index],
+            accs,
+            accumulate=kt > k_begin,
+            warpgroup=consumer,
+        )
+        wgmma.commit_group()
+        accs = wgmma.wait_group(1, accs)  # the previous step's MMAs are done: its slot may be refilled
+        if kt > k_begin:
+            if lane == 0:  # the warp's MMAs of that step are done (wait_group is warpgroup-wide)
+                pipe.consumer_release(released, peers)
+            released = released.advance()
+        state = state.advance()
+    return state, released, accs
+
+
+def _drain(pipe, released, accs, lane, peers, k_begin, k_end, maybe_empty: bool):
+    """Waits for the unit's last MMAs and releases their slot (``maybe_empty``: a split of K may have no steps)."""
+    if fx.const_expr(maybe_empty):
+        if k_end > k_begin:
+            accs = wgmma.wait_group(0, accs)
+            if lane == 0:
+                pipe.consumer_release(released, peers)
+    else:
+        accs = wgmma.wait_group(0, accs)
+        if lane == 0:
+            pipe.consumer_release(released, peers)
+    return accs
+
+
+def _epilogue(accs, c, bias, activation, cfg, tm, tn, consumer, lane, warp, extent=None, offset=None):
+    """Stores a consumer's accumulators of tile (tm, tn) into C through the epilogue (bounds-checked only where the
+    tile crosses C's edge). Split-K partials: ``extent`` rows of output, stored ``offset`` rows down C."""
+    rows = cfg.consumer_rows
+    row0 = tm * cfg.tile_m + (0 if cfg.schedule == "pingpong" else consumer * rows)
+    col0 = tn * cfg.tile_n
+    m_extent = c.shape[0].to(fx.Int32) if extent is None else extent
+    inside = (row0 + rows <= m_extent) & (col0 + cfg.tile_n <= c.shape[1].to(fx.Int32))
+    for mi in fx.range_constexpr(rows // 64):
+        r0 = row0 + 64 * mi
+        values = _finished_tile(accs[mi], c, bias, activation, col0, lane, cfg.tile_n)
+        if inside:
+            _store_tile(values, c, r0, col0, True, lane, warp, cfg.tile_n, extent, offset)
+        else:
+            _store_tile(values, c, r0, col0, False, lane, warp, cfg.tile_n, extent, offset)
+
+
+# --- stream-K -----------------------------------------------------------------------------------------------------
+# With cfg.stream_k, the tiles past the last full wave but one (all of them when there are fewer tiles than workers,
+# a worker being a CTA or a cluster) are cut into their K steps, and each worker takes an equal, contiguous range of
+# those steps in tile order, so that every SM has the same work. A range starts and ends inside tiles: the worker
+# that has a tile's first K steps (it reaches them last, at the end of its range) finishes the tile: it adds the
+# fp32 partial sums of the later workers that had the tile's other steps (each worker has at most one such segment,
+# the first of its range: one workspace slot per consumer warpgroup of each CTA), then stores it through the
+# epilogue. Partials are handed over by a flag per slot (release/acquire at GPU scope), reset by its reader. A
+# finisher waits only for workers after it, so there is no cycle; every CTA of the grid (at most one per SM) is
+# resident or becomes so.
+
+
+def _stream_k_plan(units, workers, worker, k_tiles):
+    """(tiles taken whole by every worker, the first stream-K tile this worker touches, how many it touches, and a
+    function giving worker j's first K step of the stream-K steps: worker j has [begin(j), begin(j + 1)))."""
+    whole = arith.select(units % workers == 0, units, arith.maximum(units // workers - 1, 0) * workers)
+    total = ((units - whole) * k_tiles).to(fx.Int64)
+    count64 = workers.to(fx.Int64)
+
+    def begin(j):
+        return (j.to(fx.Int64) * total // count64).to(fx.Int32)
+
+    first_step, end_step = begin(worker), begin(worker + 1)
+    first = first_step // k_tiles
+    touched = arith.select(end_step > first_step, (end_step - 1) // k_tiles - first + 1, 0)
+    return whole, first, touched, begin
+
+
+def _stream_k_segment(first, segment, begin, worker, k_tiles):
+    """(stream-K tile, first K step, end K step) of this worker's ``segment``-th segment."""
+    tile = first + segment
+    start = tile * k_tiles
+    return tile, arith.maximum(begin(worker) - start, 0), arith.minimum(begin(worker + 1) - start, k_tiles)
+
+
+def _partial_index(slot, mi, q, cfg, t):
+    """The workspace index of 4 accumulators (``q``-th quad of block ``mi``) of thread ``t`` of a warpgroup: each
+    thread's quads are 16 bytes apart from its neighbours', so every access is a coalesced 16-byte one."""
+    return slot * (cfg.consumer_rows * cfg.tile_n) + ((mi * (cfg.tile_n // 8) + q) * 128 + t) * 4
+
+
+def _store_partials(accs, workspace, flags, slot, cfg, consumer, t):
+    """A contributor's fp32 partial sums into its workspace slot, then its flag raised (after every thread's stores)."""
+    for mi in fx.range_constexpr(len(accs)):
+        for q in fx.range_constexpr(cfg.tile_n // 8):
+            quad = vector.from_elements(_F32X4, [accs[mi][4 * q + i] for i in range(4)])
+            vector.store(quad, workspace, (_partial_index(slot, mi, q, cfg, t),))
+    nvvm.barrier(1 + consumer, 128)
+    if t == 0:
+        nvvm.red_add_release(flags, 1, slot)
+
+
+def _add_partials(accs, workspace, flags, cfg, worker, begin, tile, k_tiles, rank, consumer, t):
+    """The finisher's sum: the partials of every later worker whose range starts inside stream-K ``tile`` (a worker
+    with no steps has none), each awaited on its flag, which is then reset for the next launch."""
+    end_of_tile = (tile + 1) * k_tiles
+    j = worker + 1
+    while begin(j) < end_of_tile:  # begin(workers) is the last step's end: the loop stops by then
+        if begin(j) < begin(j + 1):
+            slot = (j * cfg.cluster_m + rank) * cfg.consumers + consumer
+            if t == 0:
+                seen = nvvm.ld_acquire(flags, slot)
+                while seen == 0:
+                    seen = nvvm.ld_acquire(flags, slot)
+                flags[slot] = 0
+            nvvm.barrier(1 + consumer, 128)  # the warpgroup reads after the acquire
+            summed = []
+            for mi in fx.range_constexpr(len(accs)):
+                quads = [
+                    vector.load_op(_F32X4, workspace, (_partial_index(slot, mi, q, cfg, t),))
+                    for q in fx.range_constexpr(cfg.tile_n // 8)
+                ]
+                partial = vector.from_elements(type(accs[mi]), [x for quad in quads for x in quad])
+                summed.append(accs[mi] + partial)
+            accs = summed
+        j = j + 1
+    return accs
+
+
+_F32X4 = vector.vector_class(fx.Float32, 4)
+
+
 @flyc.kernel
 def gemm_ws(
     a: fx.TmaDescriptor,
     b: fx.TmaDescriptor,
     c: fx.Tensor,
     bias: fx.Tensor,
+    workspace: fx.Tensor,
+    flags: fx.Tensor,
     cfg: fx.Constexpr,
     majors: fx.Constexpr,
     epilogue: fx.Constexpr,
 ):
     """C = A @ B^T of the (MN, K) views ``a``, ``b`` (majors: ``(a_major, b_major)``), through the epilogue
     ``(has_bias, activation)``: ``bias`` is a (N,) tensor added to every row (any tensor, unread, when
-    ``has_bias`` is False)."""
+    ``has_bias`` is False). With ``cfg.stream_k``: ``workspace``, fp32, ``consumer_rows * tile_n`` elements per
+    consumer warpgroup of the grid, and ``flags``, int32 zeros, one per consumer warpgroup (any tensors, unread,
+    without stream-K)."""
     # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster_m)
     a_major, b_major = majors
@@ -231,6 +390,10 @@ def gemm_ws(
     cluster_tiles_m = (tiles_m + (cfg.cluster_m - 1)) // cfg.cluster_m
     sched = fx.TileScheduler(cluster_tiles_m, tiles_n, group_m=cfg.group_m, cluster_size=cfg.cluster_m)
     units = sched.count if split == 1 else sched.count * split  # work units: tiles, or (tile, K part) pairs
+    worker = sched.first
+    whole, sk_first, sk_segments, sk_begin = units, 0, 0, None
+    if fx.const_expr(cfg.stream_k):
+        whole, sk_first, sk_segments, sk_begin = _stream_k_plan(units, sched.stride, worker, k_tiles)
 
     tid = gpu.thread_idx.x
     warpgroup = tid // 128
@@ -240,28 +403,16 @@ def gemm_ws(
             a.prefetch()
             b.prefetch()
             state = pipe.producer_start()
-            for unit in range(sched.first, units, sched.stride):
+            for unit in range(worker, whole, sched.stride):
                 ctm, tn, k_begin, k_end = _work(sched, unit, split, k_tiles)
                 tm = ctm * cfg.cluster_m + rank
-                for kt in range(k_begin, k_end):
-                    pipe.producer_acquire(state)
-                    bar = pipe.full[state.index]
-                    k0 = kt * cfg.tile_k
-                    _load_operand(a, a_tiles, state.index, tm * cfg.tile_m, k0, bar, cfg.tile_m, cfg.tile_k, a_major)
-                    _load_operand(
-                        b,
-                        b_tiles,
-                        state.index,
-                        tn * cfg.tile_n,
-                        k0,
-                        bar,
-                        cfg.tile_n,
-                        cfg.tile_k,
-                        b_major,
-                        rank,
-                        cfg.cluster_m,
-                    )
-                    state = state.advance()
+                state = _produce(pipe, state, a, b, a_tiles, b_tiles, cfg, majors, tm, tn, k_begin, k_end, rank)
+            if fx.const_expr(cfg.stream_k):
+                for segment in range(sk_segments):  # (names apart from the loop above: each loop has its own)
+                    tile, kb, ke = _stream_k_segment(sk_first, segment, sk_begin, worker, k_tiles)
+                    sk_ctm, sk_tn = sched.coords(whole + tile)
+                    sk_tm = sk_ctm * cfg.cluster_m + rank
+                    state = _produce(pipe, state, a, b, a_tiles, b_tiles, cfg, majors, sk_tm, sk_tn, kb, ke, rank)
     else:
         nvvm.setmaxnreg(_CONSUMER_REGISTERS, increase=True)
         consumer = warpgroup - 1
@@ -274,66 +425,48 @@ def gemm_ws(
         lane = tid % 32
         warp = (tid // 32) % 4
         state = pipe.consumer_start()
-        first, stride = sched.first, sched.stride
+        first, stride = worker, sched.stride
         turn = 0  # pingpong: the parity of this consumer's next wait on order[consumer]
         if fx.const_expr(pingpong):  # consumer c takes the CTA's units c, c + 2, ...: past the other's K steps
             state = state.advance_by(consumer * k_tiles)
             first, stride = first + consumer * stride, 2 * stride
             turn = 1 - consumer  # consumer 0's first wait passes at once (parity 1 on a fresh barrier)
-        for unit in range(first, units, stride):
+        for unit in range(first, whole, stride):
             ctm, tn, k_begin, k_end = _work(sched, unit, split, k_tiles)
             tm = ctm * cfg.cluster_m + rank
             if fx.const_expr(pingpong):  # the other consumer has waited for all K steps of the unit before
                 order[consumer].wait(turn)
                 turn = turn ^ 1
-            accs = mma.make_accumulators(0.0)
-            released = state
-            for kt in range(k_begin, k_end):
-                pipe.consumer_wait(state)
-                accs = wgmma.fence(accs)
-                accs = mma.mma(
-                    a_tiles[None, None, state.index],
-                    b_tiles[None, None, state.index],
-                    accs,
-                    accumulate=kt > k_begin,
-                    warpgroup=consumer,
-                )
-                wgmma.commit_group()
-                accs = wgmma.wait_group(1, accs)  # the previous step's MMAs are done: its slot may be refilled
-                if kt > k_begin:
-                    if lane == 0:  # the warp's MMAs of that step are done (wait_group is warpgroup-wide)
-                        pipe.consumer_release(released, peers)
-                    released = released.advance()
-                state = state.advance()
+            state, released, accs = _mainloop(pipe, state, mma, a_tiles, b_tiles, k_begin, k_end, consumer, lane, peers)
             if fx.const_expr(pingpong):  # its turn: this unit's K steps were all waited for (MMAs may still run)
                 order[1 - consumer].arrive()
+            accs = _drain(pipe, released, accs, lane, peers, k_begin, k_end, split > 1)
             if fx.const_expr(split == 1):
-                accs = wgmma.wait_group(0, accs)
-                if lane == 0:
-                    pipe.consumer_release(released, peers)
-            else:
-                if k_end > k_begin:  # a split may be empty (more splits than K steps): nothing to wait for
-                    accs = wgmma.wait_group(0, accs)
-                    if lane == 0:
-                        pipe.consumer_release(released, peers)
-
-            rows_per_consumer = cfg.consumer_rows
-            row0 = tm * cfg.tile_m + (0 if pingpong else consumer * rows_per_consumer)
-            col0 = tn * cfg.tile_n
-            inside = (row0 + rows_per_consumer <= m_extent) & (col0 + cfg.tile_n <= n_extent)
-            if fx.const_expr(split == 1):
-                extent, offset = None, None
+                _epilogue(accs, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp)
             else:  # this split's fp32 partials, in its row block of c; the reduction applies the epilogue
-                extent, offset = m_extent, (unit % split) * m_extent
-            for mi in fx.range_constexpr(rows_per_consumer // 64):
-                r0 = row0 + 64 * mi
-                values = _finished_tile(accs[mi], c, bias_or_none, activation, col0, lane, cfg.tile_n)
-                if inside:
-                    _store_tile(values, c, r0, col0, True, lane, warp, cfg.tile_n, extent, offset)
-                else:
-                    _store_tile(values, c, r0, col0, False, lane, warp, cfg.tile_n, extent, offset)
+                offset = (unit % split) * m_extent
+                _epilogue(accs, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, m_extent, offset)
             if fx.const_expr(pingpong):
                 state = state.advance_by(k_tiles)  # the other consumer's unit's K steps
+        if fx.const_expr(cfg.stream_k):
+            t = tid % 128
+            slot = gpu.block_idx.x.to(fx.Int32) * cfg.consumers + consumer
+            for segment in range(sk_segments):  # (names apart from the loop above: each loop has its own)
+                tile, kb, ke = _stream_k_segment(sk_first, segment, sk_begin, worker, k_tiles)
+                sk_ctm, sk_tn = sched.coords(whole + tile)
+                sk_tm = sk_ctm * cfg.cluster_m + rank
+                state, sk_released, sk_accs = _mainloop(
+                    pipe, state, mma, a_tiles, b_tiles, kb, ke, consumer, lane, peers
+                )
+                sk_accs = _drain(pipe, sk_released, sk_accs, lane, peers, kb, ke, False)
+                if kb > 0:  # a later part of the tile: the finisher adds it
+                    _store_partials(sk_accs, workspace, flags, slot, cfg, consumer, t)
+                else:
+                    if ke < k_tiles:
+                        sk_accs = _add_partials(
+                            sk_accs, workspace, flags, cfg, worker, sk_begin, tile, k_tiles, rank, consumer, t
+                        )
+                    _epilogue(sk_accs, c, bias_or_none, activation, cfg, sk_tm, sk_tn, consumer, lane, warp)
     if fx.const_expr(cfg.cluster_m > 1):
         fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
 
@@ -388,6 +521,27 @@ def _tma_ready(t):
     padded = t.new_empty((rows, -(-cols // step) * step))
     padded[:, :cols] = t
     return padded[:, :cols]
+
+
+_STREAM_K_SCRATCH: dict[tuple, tuple] = {}  # (device, stream) -> (fp32 workspace, int32 flags)
+
+
+def _stream_k_scratch(device, grid: int, cfg: GemmConfig):
+    """The stream-K workspace (fp32 partials, one slot per consumer warpgroup of the grid) and flags of this device
+    and stream, grown as needed. Kernels of one stream run one after another, so they share them; every launch
+    leaves the flags at zero (each is reset by its reader)."""
+    import torch
+
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    elements, slots = grid * cfg.tile_m * cfg.tile_n, grid * cfg.consumers
+    held = _STREAM_K_SCRATCH.get(key)
+    if held is None or held[0].numel() < elements or held[1].numel() < slots:
+        size = max(elements, held[0].numel() if held else 0), max(slots, held[1].numel() if held else 0)
+        held = torch.empty(size[0], dtype=torch.float32, device=device), torch.zeros(
+            size[1], dtype=torch.int32, device=device
+        )
+        _STREAM_K_SCRATCH[key] = held
+    return held
 
 
 def check_arguments(who: str, a, b, out, bias, activation):
@@ -482,15 +636,19 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     # Each CTA of a cluster loads its part of the B tile.
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
     units = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n) * cfg.split_k
-    grid = min(units, sms // cfg.cluster_m) * cfg.cluster_m
+    workers = sms // cfg.cluster_m  # CTAs, or clusters; stream-K gives every one of them work
+    grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster_m
     epilogue = (bias is not None, activation)
     bias_arg = bias if bias is not None else out  # unread without a bias
     majors = (a_major, b_major)
     if cfg.split_k == 1:
-        gemm_ws(a_tile, b_tile, out, bias_arg, cfg, majors, epilogue).launch(grid=grid, block=cfg.threads)
+        workspace, flags = _stream_k_scratch(a.device, grid, cfg) if cfg.stream_k else (out, out)  # unread without
+        kernel = gemm_ws(a_tile, b_tile, out, bias_arg, workspace, flags, cfg, majors, epilogue)
+        kernel.launch(grid=grid, block=cfg.threads)
         return out
     # Split K: every part writes fp32 partials into its row block; one pass sums them through the epilogue.
     partials = torch.empty((cfg.split_k * m, n), dtype=torch.float32, device=a.device)
-    gemm_ws(a_tile, b_tile, partials, partials, cfg, majors, (False, None)).launch(grid=grid, block=cfg.threads)
+    kernel = gemm_ws(a_tile, b_tile, partials, partials, partials, partials, cfg, majors, (False, None))
+    kernel.launch(grid=grid, block=cfg.threads)
     split_k_reduce(partials, out, bias_arg, cfg.split_k, epilogue).launch(grid=-(-m * n // 256), block=256)
     return out

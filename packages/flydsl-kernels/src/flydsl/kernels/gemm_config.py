@@ -16,7 +16,9 @@ class GemmConfig:
     """The CTA tile (``tile_m`` x ``tile_n``, K steps of ``tile_k``), the pipeline depth, the consumer warpgroups,
     the grouped tile order, the cluster and split K. ``schedule``: "cooperative" (the consumers share each tile,
     ``tile_m / consumers`` rows each) or "pingpong" (two consumers take every other tile whole: one's epilogue runs
-    while the other's MMAs do; its accumulators, ``tile_m * tile_n / 128`` per thread, must stay <= 128)."""
+    while the other's MMAs do; its accumulators, ``tile_m * tile_n / 128`` per thread, must stay <= 128).
+    ``stream_k`` (cooperative, no split K): the tiles of the last waves are shared out by K steps, evenly over
+    the SMs, and finished from fp32 partials (see gemm.py's stream-K section)."""
 
     tile_m: int = 128
     tile_n: int = 256
@@ -27,6 +29,7 @@ class GemmConfig:
     cluster_m: int = 2  # CTAs along M sharing each B tile: each loads 1/cluster_m of it, multicast to all
     split_k: int = 1  # K split over this many CTAs per tile (fp32 partials, then a reduction): for few tiles
     schedule: str = "cooperative"
+    stream_k: bool = False
 
     def __post_init__(self):
         if self.schedule not in ("cooperative", "pingpong"):
@@ -53,6 +56,8 @@ class GemmConfig:
             raise ValueError(f"{self}: cluster_m must be 1, 2 or 4 and split tile_n into 64-column parts")
         if not isinstance(self.split_k, int) or not 1 <= self.split_k <= 64:
             raise ValueError(f"{self}: split_k must be an int in 1..64")
+        if self.stream_k and (self.split_k != 1 or self.schedule != "cooperative"):
+            raise ValueError(f"{self}: stream_k takes the cooperative schedule and no split K")
 
     @property
     def threads(self) -> int:
@@ -75,11 +80,22 @@ def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 
     return min(8, (_SMEM_BYTES - 1024) // ((tile_m + tile_n) * tile_k * element_bytes))
 
 
+def _stream_k_steps(m: int, n: int, k: int, tile_m: int, tile_n: int, cluster_m: int, sms: int) -> float:
+    """The K steps each worker (CTA, or cluster) gets under stream-K (gemm.py's _stream_k_plan): 0 where the waves
+    of tiles are full (stream-K then takes nothing)."""
+    units = -(-m // (tile_m * cluster_m)) * -(-n // tile_n)
+    workers = sms // cluster_m
+    if units % workers == 0:
+        return 0.0
+    whole = max(units // workers - 1, 0) * workers
+    return (units - whole) * -(-k // 64) / workers
+
+
 def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
     """The configurations worth timing for an (m, n, k) problem: tile widths 64..256, 64-row tiles (one consumer)
     when M is that small, clusters only where there are two tile rows to share B, splits of K only where the tiles
-    alone leave SMs idle, and pingpong 128 x 128 tiles where there are two per CTA. Each with the deepest pipeline
-    that fits."""
+    alone leave SMs idle, stream-K where the last wave is not full (and each SM gets at least 4 of its K steps),
+    and pingpong 128 x 128 tiles where there are two per CTA. Each with the deepest pipeline that fits."""
     configs = []
     for tile_m, consumers in ((128, 2), (64, 1)):
         if tile_m == 64 and m > 64:
@@ -89,19 +105,13 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
             for cluster_m in (1, 2):
                 if cluster_m == 2 and (-(-m // tile_m) < 2 or tile_n % 128):
                     continue
+                shape = dict(tile_m=tile_m, tile_n=tile_n, stages=max_stages(tile_m, tile_n), consumers=consumers)
                 for split_k in (1, 2, 3, 4, 6, 8):
                     if split_k > 1 and (tiles * split_k > 2 * sms or tiles >= sms or k < split_k * 512):
                         continue
-                    configs.append(
-                        GemmConfig(
-                            tile_m=tile_m,
-                            tile_n=tile_n,
-                            stages=max_stages(tile_m, tile_n),
-                            consumers=consumers,
-                            cluster_m=cluster_m,
-                            split_k=split_k,
-                        )
-                    )
+                    configs.append(GemmConfig(**shape, cluster_m=cluster_m, split_k=split_k))
+                if _stream_k_steps(m, n, k, tile_m, tile_n, cluster_m, sms) >= 4:
+                    configs.append(GemmConfig(**shape, cluster_m=cluster_m, stream_k=True))
     if m > 64:  # pingpong consumers, whole 128 x 128 tiles each, where there are tiles for both
         for cluster_m in (1, 2) if m > 128 else (1,):
             if -(-m // 128) * -(-n // 128) >= 2 * sms // cluster_m:
@@ -157,13 +167,16 @@ def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> floa
 def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     """The configuration for an (m, n, k) problem on ``sms`` SMs: 64-row tiles (one consumer warpgroup) when M <= 64,
     2-CTA clusters whenever there are two tile rows to share B, and among the rest of :func:`candidate_configs`
-    (tile width, split of K) the one :func:`estimated_seconds` ranks fastest. Pingpong configurations are left out
-    until they are timed on a GPU (the cost model has no term for them yet)."""
+    (tile width, split of K) the one :func:`estimated_seconds` ranks fastest. Pingpong and stream-K configurations
+    are left out: timed on the H200 (benchmarks/results/gemm_pingpong_2026-11-30.json, gemm_stream_k_2026-11-30.json)
+    they beat this choice only by 1-5% on a few shapes and lose by up to 40% on others, and the cost model does not
+    yet tell them apart (stream-K's workers read the same K steps of A and B at different times, so they miss L2)."""
     configs = [
         cfg
         for cfg in candidate_configs(m, n, k, sms)
         if (cfg.tile_m == 64) == (m <= 64)
         and (cfg.cluster_m == 2 or -(-m // cfg.tile_m) < 2 or cfg.tile_n % 128)
         and cfg.schedule == "cooperative"
+        and not cfg.stream_k
     ]
     return min(configs, key=lambda cfg: estimated_seconds(m, n, k, cfg, sms))
