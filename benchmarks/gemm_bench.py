@@ -85,6 +85,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="issue 8's 70 shapes after the square ones")
     parser.add_argument("--m", type=int, nargs="*", help="restrict the sweep's M values")
+    parser.add_argument("--nk", nargs="*", help="restrict the sweep's (N, K) pairs, written NxK (e.g. 1536x7168)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--cluster-m", type=int, nargs="*", help="also time the square shapes with these GemmConfig.cluster_m values"
@@ -105,6 +106,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
+    sweep_nk = [tuple(map(int, pair.split("x"))) for pair in args.nk] if args.nk else SWEEP_NK
 
     import torch
     from triton.testing import do_bench
@@ -115,19 +117,19 @@ def main(argv=None) -> int:
     for cluster_m in args.cluster_m or ():
         cases += [(m, n, k, False, GemmConfig(cluster_m=cluster_m)) for m, n, k in SQUARE]
     if args.sweep:
-        cases += [(m, n, k, True, None) for m in (args.m or SWEEP_M) for n, k in SWEEP_NK]
+        cases += [(m, n, k, True, None) for m in (args.m or SWEEP_M) for n, k in sweep_nk]
         for split_k in args.split_k or ():
             cases += [
                 (m, n, k, True, GemmConfig(split_k=split_k))
                 for m in (args.m or SWEEP_M)
                 if m <= 512
-                for n, k in SWEEP_NK
+                for n, k in sweep_nk
             ]
     if args.explore:
         cases = []
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         for m in args.m or SWEEP_M:
-            for n, k in SWEEP_NK:
+            for n, k in sweep_nk:
                 configs = candidate_configs(m, n, k, sms)
                 kinds = {c: "stream_k" if c.stream_k else c.schedule for c in configs}
                 cases += [(m, n, k, True, c) for c in configs if args.variant in (None, kinds[c])]

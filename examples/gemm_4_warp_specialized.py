@@ -46,7 +46,7 @@ def lower(m: int, n: int, k: int):
     a, b = flyc.TensorSpec((m, k), "bf16"), flyc.TensorSpec((k, n), "bf16")
     a_tile, b_tile = fx.TmaTile(a, (CFG.tile_m, 64)), fx.TmaTile(b, (CFG.tile_k, 64))
     c = flyc.TensorSpec((m, n), "f32")
-    return gemm_ws.lower(a_tile, b_tile, c, c, c, c, CFG, ("K", "MN"), (False, None))
+    return gemm_ws.lower(a_tile, b_tile, c, a_tile, c, c, c, CFG, ("K", "MN"), (False, None))  # register stores
 
 
 PATTERNS = (

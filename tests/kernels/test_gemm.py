@@ -20,10 +20,18 @@ from flydsl.kernels.gemm import (
     gemm_ws,
     max_stages,
     split_k_reduce,
+    staging_bytes,
 )
 
 CFG = GemmConfig()
 NONE = (False, None)  # the epilogue: no bias, no activation
+
+
+def _lower(a_tile, b_tile, c, cfg, majors=("K", "K"), epilogue=NONE, bias=None, c_store=None, scratch=None):
+    """gemm_ws.lower with the unused arguments filled in: C's TMA store descriptor (``a_tile`` without "tma" in
+    the epilogue), the bias, stream-K's workspace and flags (``scratch``)."""
+    workspace, flags = scratch or (c, c)
+    return gemm_ws.lower(a_tile, b_tile, c, c_store or a_tile, bias or c, workspace, flags, cfg, majors, epilogue)
 
 
 @pytest.mark.parametrize("a_major,b_major", [("K", "K"), ("K", "MN"), ("MN", "K"), ("MN", "MN")])
@@ -34,9 +42,7 @@ def test_gemm_compiles_to_wgmma_and_tma(a_major, b_major):
     a_box = (CFG.tile_m, 64) if a_major == "K" else (CFG.tile_k, 64)
     b_box = (CFG.tile_n // CFG.cluster_m, 64) if b_major == "K" else (CFG.tile_k, 64)
     c = flyc.TensorSpec((m, n), "bf16")
-    compiled = gemm_ws.lower(
-        fx.TmaTile(a_spec, a_box), fx.TmaTile(b_spec, b_box), c, c, c, c, CFG, (a_major, b_major), NONE
-    )
+    compiled = _lower(fx.TmaTile(a_spec, a_box), fx.TmaTile(b_spec, b_box), c, CFG, (a_major, b_major))
     ptx = compiled.ptx
     assert len(re.findall(r"wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", ptx)) == CFG.tile_k // 16
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
@@ -49,9 +55,7 @@ def test_gemm_compiles_to_wgmma_and_tma(a_major, b_major):
 def test_gemm_sass_uses_hgmma():
     """The assembled kernel multiplies with Hopper's warpgroup MMA (HGMMA in the SASS), not a fallback."""
     spec = flyc.TensorSpec((512, 512), "bf16")
-    compiled = gemm_ws.lower(
-        fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128, 64)), spec, spec, spec, spec, CFG, ("K", "K"), NONE
-    )
+    compiled = _lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128, 64)), spec, CFG)
     sass = toolchain.disassemble_cubin(compiled.cubin) if compiled.cubin is not None else None
     if sass is None:
         pytest.skip("needs ptxas and nvdisasm (pip install nvidia-cuda-nvdisasm)")
@@ -63,9 +67,7 @@ def test_gemm_sass_uses_hgmma():
 def test_epilogues_compile(epilogue):
     spec = flyc.TensorSpec((512, 512), "bf16")
     bias = flyc.TensorSpec((512,), "f32")
-    compiled = gemm_ws.lower(
-        fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128, 64)), spec, bias, spec, spec, CFG, ("K", "K"), epilogue
-    )
+    compiled = _lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128, 64)), spec, CFG, epilogue=epilogue, bias=bias)
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
     assert compiled.ptx.count("wgmma.mma_async") == CFG.tile_k // 16  # the main loop is the same
     # The epilogue is computed once per element (not once per store path): each thread reads its 64 bias columns
@@ -74,22 +76,30 @@ def test_epilogues_compile(epilogue):
     assert bias_loads == (CFG.tile_n // 4 if epilogue[0] else 0)
 
 
+@pytest.mark.parametrize("epilogue", [(False, None, "tma"), (True, "gelu", "tma")])
+def test_tma_store_epilogue_compiles(epilogue):
+    """The TMA-store epilogue: stmatrix into two 128B-swizzled staging boxes per consumer, TMA stores from them; it
+    fits beside the 4-stage pipeline of 128 x 256 tiles, without spills."""
+    spec = flyc.TensorSpec((1000, 520), "bf16")
+    a_tile, c_tile = fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (64, 64))
+    bias = flyc.TensorSpec((520,), "f32")
+    compiled = _lower(a_tile, fx.TmaTile(spec, (128, 64)), spec, CFG, epilogue=epilogue, bias=bias, c_store=c_tile)
+    ptx = compiled.ptx
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == CFG.tile_n // 16  # 4 per 64-column part
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx and "cp.async.bulk.wait_group.read" in ptx
+    assert not re.search(r"st\.global\.(b16|b32)", ptx)  # no register stores left
+    assert CFG.stages * CFG.stage_bytes() + staging_bytes(CFG) <= compiled.shared_bytes["gemm_ws"] <= 227 * 1024
+    sass = toolchain.disassemble_cubin(compiled.cubin) if compiled.cubin is not None else None
+    if sass is not None:
+        assert "STSM" in sass and "UTMASTG" in sass and "STL" not in sass
+
+
 @pytest.mark.parametrize("split_k", [2, 5])
 def test_split_k_compiles(split_k):
     cfg = GemmConfig(split_k=split_k)
     a, b = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096, 4096), "bf16")
     partials = flyc.TensorSpec((split_k * 16, 4096), "f32")
-    compiled = gemm_ws.lower(
-        fx.TmaTile(a, (128, 64)),
-        fx.TmaTile(b, (128, 64)),
-        partials,
-        partials,
-        partials,
-        partials,
-        cfg,
-        ("K", "K"),
-        NONE,
-    )
+    compiled = _lower(fx.TmaTile(a, (128, 64)), fx.TmaTile(b, (128, 64)), partials, cfg)
     assert compiled.ptx.count("wgmma.mma_async") == cfg.tile_k // 16
     out, bias = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096,), "f32")
     reduce_ptx = split_k_reduce.lower(partials, out, bias, split_k, (True, "silu")).ptx
@@ -105,9 +115,7 @@ def test_gemm_config_and_boxes_are_checked():
         GemmConfig(split_k=0)
     spec = flyc.TensorSpec((512, 512), "bf16")
     with pytest.raises(ValueError, match=r"gemm_ws b: expected TMA boxes of \(128, 64\)"):
-        gemm_ws.lower(
-            fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, spec, spec, spec, CFG, ("K", "K"), NONE
-        )
+        _lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, CFG)
 
 
 def test_choose_config_fills_the_sms():
@@ -137,7 +145,7 @@ def test_tile_shapes_compile(tile_m, tile_n, consumers, cluster_m):
     cfg = GemmConfig(tile_m=tile_m, tile_n=tile_n, stages=stages, consumers=consumers, cluster_m=cluster_m)
     spec = flyc.TensorSpec((512, 512), "bf16")
     a_tile, b_tile = fx.TmaTile(spec, (tile_m, 64)), fx.TmaTile(spec, (tile_n // cluster_m, 64))
-    compiled = gemm_ws.lower(a_tile, b_tile, spec, spec, spec, spec, cfg, ("K", "K"), NONE)
+    compiled = _lower(a_tile, b_tile, spec, cfg)
     wgmmas = compiled.ptx.count(f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16")
     assert wgmmas and wgmmas % (cfg.tile_k // 16) == 0  # LLVM may duplicate the K step's body (a short one)
     assert f".reqntid {cfg.threads}, 1, 1" in compiled.ptx
@@ -151,17 +159,7 @@ def test_pingpong_compiles(cluster_m):
     cfg = GemmConfig(tile_n=128, stages=max_stages(128, 128), cluster_m=cluster_m, schedule="pingpong")
     assert cfg.consumer_rows == 128 and cfg.threads == 384
     spec = flyc.TensorSpec((1000, 520), "bf16")
-    compiled = gemm_ws.lower(
-        fx.TmaTile(spec, (128, 64)),
-        fx.TmaTile(spec, (128 // cluster_m, 64)),
-        spec,
-        spec,
-        spec,
-        spec,
-        cfg,
-        ("K", "K"),
-        NONE,
-    )
+    compiled = _lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (128 // cluster_m, 64)), spec, cfg)
     wgmmas = compiled.ptx.count("wgmma.mma_async.sync.aligned.m64n128k16")
     assert wgmmas and wgmmas % (2 * cfg.tile_k // 16) == 0
     # full + empty per slot, and the consumers' order barriers (their turns at the K steps)
@@ -179,7 +177,7 @@ def test_stream_k_compiles(tile_n, cluster_m):
     spec = flyc.TensorSpec((1000, 520), "bf16")
     workspace, flags = flyc.TensorSpec((132 * 128 * tile_n,), "f32"), flyc.TensorSpec((264,), "i32")
     a_tile, b_tile = fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (tile_n // cluster_m, 64))
-    compiled = gemm_ws.lower(a_tile, b_tile, spec, spec, workspace, flags, cfg, ("K", "K"), NONE)
+    compiled = _lower(a_tile, b_tile, spec, cfg, scratch=(workspace, flags))
     ptx = compiled.ptx
     assert "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
     assert ptx.count("st.global.v4.b32") == ptx.count("ld.global.v4.b32") == tile_n // 8  # 16-byte quads
@@ -280,6 +278,29 @@ def test_gemm_pingpong_on_gpu(a_major, b_major, m, n, k, cluster_m):
     gemm(a, b, out, cfg, bias=None)
     torch.cuda.synchronize()
     _check(torch, a, b, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(1000, 776, 520), (4104, 1160, 1032), (130, 264, 64)])
+@pytest.mark.parametrize("out_layout", ["contiguous", "padded rows", "odd columns"])
+def test_gemm_tma_store_on_gpu(m, n, k, out_layout):
+    """128 x 256 tiles store through shared memory and TMA (C 16-bit with 16-byte aligned rows) or, with odd
+    columns, from registers: values equal the reference, and nothing outside C's view is written (TMA clips tiles
+    at the view's edges, not the allocation's)."""
+    torch = pytest.importorskip("torch")
+    n = n + 1 if out_layout == "odd columns" else n
+    cfg = GemmConfig()
+    a = torch.randn(m, k, device="cuda").bfloat16()
+    b = torch.randn(n, k, device="cuda").bfloat16().t()
+    bias = torch.randn(n, device="cuda").bfloat16()
+    pad = 72 if out_layout == "padded rows" else 0
+    store = torch.full((m + 3, n + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = store[:m, :n]
+    gemm(a, b, out, cfg, bias=bias, activation="gelu")
+    torch.cuda.synchronize()
+    reference = torch.nn.functional.gelu(a.double() @ b.double() + bias.double())
+    assert ((out.double() - reference).norm() / reference.norm()) < 1e-2
+    assert store[m:].isnan().all() and store[:, n:].isnan().all()
 
 
 @pytest.mark.gpu

@@ -24,7 +24,17 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.compiler.args import torch_dtype_name
 from flydsl.expr import arith, gpu, nvvm, vector, wgmma
-from flydsl.kernels.gemm_config import GemmConfig, candidate_configs, choose_config, estimated_seconds, max_stages
+from flydsl.kernels.gemm_config import (
+    SMEM_BYTES,
+    STAGING_BOX,
+    STAGING_BOXES,
+    GemmConfig,
+    candidate_configs,
+    choose_config,
+    estimated_seconds,
+    max_stages,
+    staging_bytes,
+)
 from flydsl.kernels.host import sm_count
 
 __all__ = [
@@ -36,6 +46,7 @@ __all__ = [
     "max_stages",
     "gemm",
     "gemm_ws",
+    "staging_bytes",
     "split_k_reduce",
 ]
 
@@ -222,9 +233,11 @@ def _drain(pipe, released, accs, lane, peers, k_begin, k_end, maybe_empty: bool)
     return accs
 
 
-def _epilogue(accs, c, bias, activation, cfg, tm, tn, consumer, lane, warp, extent=None, offset=None):
-    """Stores a consumer's accumulators of tile (tm, tn) into C through the epilogue (bounds-checked only where the
-    tile crosses C's edge). Split-K partials: ``extent`` rows of output, stored ``offset`` rows down C."""
+def _epilogue(accs, c, bias, activation, cfg, tm, tn, consumer, lane, warp, extent=None, offset=None, tma=None):
+    """Stores a consumer's accumulators of tile (tm, tn) into C through the epilogue: from registers, bounds-checked
+    only where the tile crosses C's edge, or with ``tma`` (C's descriptor and this consumer's two staging boxes)
+    through shared memory and TMA stores. Split-K partials: ``extent`` rows of output, stored ``offset`` rows down
+    C."""
     rows = cfg.consumer_rows
     row0 = tm * cfg.tile_m + (0 if cfg.schedule == "pingpong" else consumer * rows)
     col0 = tn * cfg.tile_n
@@ -233,10 +246,47 @@ def _epilogue(accs, c, bias, activation, cfg, tm, tn, consumer, lane, warp, exte
     for mi in fx.range_constexpr(rows // 64):
         r0 = row0 + 64 * mi
         values = _finished_tile(accs[mi], c, bias, activation, col0, lane, cfg.tile_n)
-        if inside:
-            _store_tile(values, c, r0, col0, True, lane, warp, cfg.tile_n, extent, offset)
+        if fx.const_expr(tma is not None):
+            _store_tile_tma(values, c, *tma, r0, col0, consumer, lane, warp, cfg.tile_n)
         else:
-            _store_tile(values, c, r0, col0, False, lane, warp, cfg.tile_n, extent, offset)
+            if inside:
+                _store_tile(values, c, r0, col0, True, lane, warp, cfg.tile_n, extent, offset)
+            else:
+                _store_tile(values, c, r0, col0, False, lane, warp, cfg.tile_n, extent, offset)
+
+
+# The TMA-store epilogue: all CTAs reach their epilogues together, and 132 CTAs storing 64 KB tiles from registers
+# wait for HBM (ncu on the H200: 76% tensor-pipe activity at 2048x4096x4096 against cuBLAS's 88%). Written into
+# shared memory instead, a tile leaves through TMA while the consumers go on with the next tile's MMAs; TMA also
+# clips the tile at C's edges. Each consumer stages 64 x 64 parts in two 128B-swizzled boxes, alternately.
+_STAGING_COLUMNS = STAGING_BOX[1]
+
+
+def _store_tile_tma(values, c, c_store, staging, row0, col0, consumer, lane, warp, n: int):
+    """Stores this thread's finished 16-bit values of one 64 x n block (:func:`_finished_tile`) at (row0, col0)
+    through the staging boxes: per 64-column part, ``stmatrix`` (4 x4 per warp: its 16 rows x 8-column blocks) into
+    a box whose previous TMA store has read it, a proxy fence and the warpgroup's barrier, then one thread's TMA
+    store (its bulk group)."""
+    t = lane + 32 * warp
+    for part in fx.range_constexpr(n // _STAGING_COLUMNS):
+        box = staging[None, None, STAGING_BOXES * consumer + part % STAGING_BOXES]
+        if t == 0:
+            fx.tma.wait_group(STAGING_BOXES - 1, read=True)  # the box's last store (two parts ago) has read it
+        nvvm.barrier(1 + consumer, 128)
+        for q in fx.range_constexpr(_STAGING_COLUMNS // 16):  # column blocks 2q and 2q + 1, each in two row halves
+            matrices = [(2 * q + i // 2, i % 2) for i in range(4)]  # (8-column block, row half) of matrix i
+            elements = []
+            for block, half in matrices:
+                p = 2 * (_STAGING_COLUMNS // 8 * part + block) + half  # wgmma's value pair of that block and half
+                elements += [values[2 * p], values[2 * p + 1]]
+            block, half = 2 * q + lane // 16, (lane // 8) % 2  # the matrix whose row this lane addresses
+            where = (16 * warp + 8 * half + lane % 8, 8 * block)
+            nvvm.stmatrix(box, vector.from_elements(vector.vector_class(c.dtype, 8), elements), where)
+        nvvm.fence_proxy_async("shared")
+        nvvm.barrier(1 + consumer, 128)
+        if t == 0:
+            c_store.store(box, (row0, col0 + _STAGING_COLUMNS * part))
+            fx.tma.commit_group()
 
 
 # --- stream-K -----------------------------------------------------------------------------------------------------
@@ -326,6 +376,7 @@ def gemm_ws(
     a: fx.TmaDescriptor,
     b: fx.TmaDescriptor,
     c: fx.Tensor,
+    c_store: fx.TmaDescriptor,
     bias: fx.Tensor,
     workspace: fx.Tensor,
     flags: fx.Tensor,
@@ -334,15 +385,17 @@ def gemm_ws(
     epilogue: fx.Constexpr,
 ):
     """C = A @ B^T of the (MN, K) views ``a``, ``b`` (majors: ``(a_major, b_major)``), through the epilogue
-    ``(has_bias, activation)``: ``bias`` is a (N,) tensor added to every row (any tensor, unread, when
-    ``has_bias`` is False). With ``cfg.stream_k``: ``workspace``, fp32, ``consumer_rows * tile_n`` elements per
-    consumer warpgroup of the grid, and ``flags``, int32 zeros, one per consumer warpgroup (any tensors, unread,
-    without stream-K)."""
+    ``(has_bias, activation[, "tma"])``: ``bias`` is a (N,) tensor added to every row (any tensor, unread, when
+    ``has_bias`` is False); with "tma", tiles are stored through shared memory by ``c_store``, C's descriptor in
+    boxes of (64, 64) (16-bit C, no split K; any descriptor, unused, otherwise). With ``cfg.stream_k``:
+    ``workspace``, fp32, ``consumer_rows * tile_n`` elements per consumer warpgroup of the grid, and ``flags``,
+    int32 zeros, one per consumer warpgroup (any tensors, unread, without stream-K)."""
     # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster_m)
     a_major, b_major = majors
-    has_bias, activation = epilogue
+    has_bias, activation, *store = epilogue
     bias_or_none = bias if has_bias else None
+    by_tma = store == ["tma"]
     element_bytes = a.element_bytes
     row = _SWIZZLE // element_bytes
     for name, desc, rows, major, parts in (
@@ -355,6 +408,11 @@ def gemm_ws(
     smem = fx.SmemAllocator()
     a_tiles = smem.allocate(a.dtype, operand_layout(cfg.tile_m, cfg.tile_k, cfg.stages, a_major), alignment=1024)
     b_tiles = smem.allocate(b.dtype, operand_layout(cfg.tile_n, cfg.tile_k, cfg.stages, b_major), alignment=1024)
+    tma = None
+    if fx.const_expr(by_tma):
+        if c_store.box != STAGING_BOX or c_store.dtype is not c.dtype or cfg.split_k != 1:
+            raise ValueError("gemm_ws c_store: expected C's descriptor in boxes of (64, 64) and no split K")
+        tma = (c_store, c_store.allocate(smem, STAGING_BOXES * cfg.consumers))
     # A slot is freed by one arrival per warp of the consumers that read it (pingpong: one; cooperative: all) in
     # every CTA of the cluster (B parts land in all of them).
     pingpong = cfg.schedule == "pingpong"
@@ -442,7 +500,7 @@ def gemm_ws(
                 order[1 - consumer].arrive()
             accs = _drain(pipe, released, accs, lane, peers, k_begin, k_end, split > 1)
             if fx.const_expr(split == 1):
-                _epilogue(accs, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp)
+                _epilogue(accs, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, tma=tma)
             else:  # this split's fp32 partials, in its row block of c; the reduction applies the epilogue
                 offset = (unit % split) * m_extent
                 _epilogue(accs, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, m_extent, offset)
@@ -466,7 +524,10 @@ def gemm_ws(
                         sk_accs = _add_partials(
                             sk_accs, workspace, flags, cfg, worker, sk_begin, tile, k_tiles, rank, consumer, t
                         )
-                    _epilogue(sk_accs, c, bias_or_none, activation, cfg, sk_tm, sk_tn, consumer, lane, warp)
+                    _epilogue(sk_accs, c, bias_or_none, activation, cfg, sk_tm, sk_tn, consumer, lane, warp, tma=tma)
+        if fx.const_expr(by_tma):
+            if tid % 128 == 0:
+                fx.tma.wait_group(0)  # this consumer's last TMA stores have written C
     if fx.const_expr(cfg.cluster_m > 1):
         fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
 
@@ -521,6 +582,16 @@ def _tma_ready(t):
     padded = t.new_empty((rows, -(-cols // step) * step))
     padded[:, :cols] = t
     return padded[:, :cols]
+
+
+def _store_tile_of(out, cfg: GemmConfig):
+    """C's TmaTile in boxes of (64, 64) for the TMA-store epilogue, or None where it does not apply: C not 16-bit,
+    its rows not 16-byte aligned, or no shared memory left beside the pipeline for the staging boxes."""
+    if out.element_size() != 2 or cfg.stages * cfg.stage_bytes() + staging_bytes(cfg) > SMEM_BYTES - 1024:
+        return None
+    if out.data_ptr() % 16 or (out.stride(0) * 2) % 16 or (out.shape[0] > 1 and out.stride(0) < out.shape[1]):
+        return None
+    return _operand_tile(out, 0, STAGING_BOX[0], STAGING_BOX[1], "out")[0]
 
 
 _STREAM_K_SCRATCH: dict[tuple, tuple] = {}  # (device, stream) -> (fp32 workspace, int32 flags)
@@ -643,12 +714,15 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     majors = (a_major, b_major)
     if cfg.split_k == 1:
         workspace, flags = _stream_k_scratch(a.device, grid, cfg) if cfg.stream_k else (out, out)  # unread without
-        kernel = gemm_ws(a_tile, b_tile, out, bias_arg, workspace, flags, cfg, majors, epilogue)
+        c_store = _store_tile_of(out, cfg)
+        if c_store is not None:
+            epilogue = (*epilogue, "tma")
+        kernel = gemm_ws(a_tile, b_tile, out, c_store or a_tile, bias_arg, workspace, flags, cfg, majors, epilogue)
         kernel.launch(grid=grid, block=cfg.threads)
         return out
     # Split K: every part writes fp32 partials into its row block; one pass sums them through the epilogue.
     partials = torch.empty((cfg.split_k * m, n), dtype=torch.float32, device=a.device)
-    kernel = gemm_ws(a_tile, b_tile, partials, partials, partials, partials, cfg, majors, (False, None))
+    kernel = gemm_ws(a_tile, b_tile, partials, a_tile, partials, partials, partials, cfg, majors, (False, None))
     kernel.launch(grid=grid, block=cfg.threads)
     split_k_reduce(partials, out, bias_arg, cfg.split_k, epilogue).launch(grid=-(-m * n // 256), block=256)
     return out

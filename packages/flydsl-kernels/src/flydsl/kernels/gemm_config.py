@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-__all__ = ["GemmConfig", "candidate_configs", "choose_config", "estimated_seconds", "max_stages"]
+__all__ = ["GemmConfig", "candidate_configs", "choose_config", "estimated_seconds", "max_stages", "staging_bytes"]
 
 
 @dataclass(frozen=True)
@@ -72,12 +72,20 @@ class GemmConfig:
         return (self.tile_m + self.tile_n) * self.tile_k * element_bytes
 
 
-_SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA
+SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA
+STAGING_BOXES, STAGING_BOX = 2, (64, 64)  # per consumer warpgroup: the TMA-store epilogue's (rows, columns) boxes
+
+
+def staging_bytes(cfg: GemmConfig, element_bytes: int = 2) -> int:
+    """Shared memory the TMA-store epilogue's staging boxes take (gemm.py's _store_tile_tma)."""
+    return cfg.consumers * STAGING_BOXES * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
 
 
 def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2) -> int:
-    """The deepest pipeline whose slots fit in shared memory (1 KB kept for barriers and alignment), at most 8."""
-    return min(8, (_SMEM_BYTES - 1024) // ((tile_m + tile_n) * tile_k * element_bytes))
+    """The deepest pipeline whose slots fit in shared memory beside the TMA-store epilogue's staging boxes (one or
+    two consumer warpgroups: ``tile_m`` 64 or more) and 1 KB for barriers and alignment; at most 8."""
+    staging = min(2, tile_m // 64) * STAGING_BOXES * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
+    return min(8, (SMEM_BYTES - 1024 - staging) // ((tile_m + tile_n) * tile_k * element_bytes))
 
 
 def _stream_k_steps(m: int, n: int, k: int, tile_m: int, tile_n: int, cluster_m: int, sms: int) -> float:

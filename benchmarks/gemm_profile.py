@@ -1,0 +1,84 @@
+"""Where a GEMM's time goes on the local GPU, ours next to cuBLAS on one shape (diagnostics, not a benchmark):
+
+    python benchmarks/gemm_profile.py --clocks 2048 4096 4096      # SM clock, power and throttle reasons while each
+                                                                    # runs back to back for --seconds (nvidia-smi)
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \\
+        python benchmarks/gemm_profile.py 2048 4096 4096            # one launch of each between profiler start/stop
+
+B is nn.Linear-shaped (N, K) as in gemm_bench.py; bf16 in and out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _sample_clocks(run, seconds: float) -> dict:
+    """Runs ``run`` back to back for ``seconds`` while nvidia-smi samples every 50 ms; medians of the samples taken
+    in the second half (after the clocks settled)."""
+    import torch
+
+    query = "clocks.sm,clocks.mem,power.draw,clocks_throttle_reasons.active,temperature.gpu"
+    smi = subprocess.Popen(
+        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "50"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    start = time.perf_counter()
+    launches = 0
+    while time.perf_counter() - start < seconds:
+        for _ in range(20):
+            run()
+        launches += 20
+        torch.cuda.synchronize()
+    smi.terminate()
+    rows = [line.split(", ") for line in smi.communicate()[0].strip().splitlines() if line.count(",") == 4]
+    rows = rows[len(rows) // 2 :]
+    return {
+        "launches": launches,
+        "sm_mhz": statistics.median(float(r[0]) for r in rows),
+        "mem_mhz": statistics.median(float(r[1]) for r in rows),
+        "power_w": statistics.median(float(r[2]) for r in rows),
+        "throttle_reasons": sorted({r[3] for r in rows}),
+        "temperature_c": max(float(r[4]) for r in rows),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("m", type=int)
+    parser.add_argument("n", type=int)
+    parser.add_argument("k", type=int)
+    parser.add_argument("--clocks", action="store_true", help="sample clocks and power instead of one launch each")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from flydsl.kernels.gemm import gemm
+
+    a = torch.randn(args.m, args.k, device="cuda").bfloat16()
+    w = torch.randn(args.n, args.k, device="cuda").bfloat16()
+    out = torch.empty(args.m, args.n, device="cuda", dtype=torch.bfloat16)
+    runs = {"flydsl": lambda: gemm(a, w.t(), out), "cublas": lambda: torch.matmul(a, w.t(), out=out)}
+    for run in runs.values():  # compile, pick cuBLAS's algorithm, warm up
+        run()
+    torch.cuda.synchronize()
+    if args.clocks:
+        for name, run in runs.items():
+            print(name, _sample_clocks(run, args.seconds), flush=True)
+        return 0
+    torch.cuda.profiler.start()
+    for run in runs.values():
+        run()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
