@@ -143,3 +143,29 @@ def test_loop_carried_vectors():
     torch.cuda.synchronize()
     expected = x.cpu() + x.cpu() + x.cpu() + x.cpu() + x.cpu()  # the kernel's order of additions
     assert torch.equal(y.cpu(), expected)
+
+
+@flyc.kernel
+def halves(x: fx.Tensor, y: fx.Tensor):
+    """y[4t : 4t+4] = (x[4t+2], x[4t+3], x[4t], x[4t+1]): the two halves of a loaded vector, swapped by slicing."""
+    t = gpu.thread_idx.x
+    v = vector.load_op(T.f32x4, x, [t * 4])
+    vector.store(v[2:4], y, [t * 4])
+    vector.store(v[:2], y, [t * 4 + 2])
+
+
+def test_vector_slices_lower_to_ptx():
+    module = halves.lower(*_tensors(512, 512))
+    assert "vector.extract_strided_slice" not in _trace(halves, *_tensors(512, 512))
+    assert module.ptx.count("st.global.v2.b32") == 2
+    assert module.cubin is not None or flyc.find_ptxas() is None
+
+
+@pytest.mark.gpu
+def test_vector_slices_on_gpu():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(128 * 4, device="cuda")
+    y = torch.full_like(x, float("nan"))
+    halves(x, y).launch(grid=1, block=128)
+    torch.cuda.synchronize()
+    assert torch.equal(y.view(-1, 2, 2), x.view(-1, 2, 2).flip(1))

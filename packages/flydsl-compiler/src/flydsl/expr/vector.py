@@ -142,8 +142,9 @@ class Vector(Numeric):
             start, stop, step = index.indices(self.length)
             if step != 1 or stop <= start:
                 raise IndexError(f"vector slices need step 1 and a non-empty range, got {index}")
+            # A shuffle, not vector.extract_strided_slice: the pipeline lowers shuffles to LLVM, not strided slices.
             result = vector_class(self.element, stop - start)
-            return result(_vector.extract_strided_slice(result.mlir_type(), self.value, [start], [stop - start], [1]))
+            return result(_vector.shuffle(self.value, self.value, list(range(start, stop))))
         return self.element(_extract(self.value, index, self.length))
 
     def insert(self, value, index) -> Vector:
