@@ -103,6 +103,7 @@ def main(argv=None) -> int:
         choices=("cooperative", "pingpong", "stream_k"),
         help="--explore: only the candidates of this kind (cooperative: neither pingpong nor stream-K)",
     )
+    parser.add_argument("--tile-m", type=int, help="--explore: only the candidates with this tile_m")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
@@ -132,7 +133,11 @@ def main(argv=None) -> int:
             for n, k in sweep_nk:
                 configs = candidate_configs(m, n, k, sms)
                 kinds = {c: "stream_k" if c.stream_k else c.schedule for c in configs}
-                cases += [(m, n, k, True, c) for c in configs if args.variant in (None, kinds[c])]
+                cases += [
+                    (m, n, k, True, c)
+                    for c in configs
+                    if args.variant in (None, kinds[c]) and args.tile_m in (None, c.tile_m)
+                ]
     results = []
     print(f"{'M':>6} {'N':>6} {'K':>6}  {'flydsl TF/s':>11} {'cuBLAS TF/s':>11} {'ratio':>6}  {'err':>8}  config")
     for m, n, k, weights, config in cases:

@@ -22,7 +22,7 @@ def _config(tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative", stre
         tile_m=tile_m,
         tile_n=tile_n,
         stages=max_stages(tile_m, tile_n),
-        consumers=2 if schedule == "pingpong" else tile_m // 64,
+        consumers=2 if schedule == "pingpong" else min(2, tile_m // 64),
         cluster_m=cluster_m,
         split_k=split_k,
         schedule=schedule,
@@ -33,6 +33,7 @@ def _config(tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative", stre
 CASES = [  # (m, n, k, config or None for gemm()'s own choice, bias, activation)
     (264, 392, 200, _config(128, 256, cluster_m=2), False, None),
     (264, 392, 200, _config(128, 192), False, None),
+    (1000, 392, 264, _config(256, 128, cluster_m=2), True, "silu"),
     (136, 200, 136, _config(128, 128, split_k=2), False, None),
     (56, 392, 264, _config(64, 64, split_k=3), False, None),
     (56, 392, 264, _config(64, 256), True, "gelu"),

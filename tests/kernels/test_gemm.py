@@ -138,7 +138,7 @@ def test_choose_config_fills_the_sms():
 
 @pytest.mark.parametrize(
     "tile_m,tile_n,consumers,cluster_m",
-    [(128, 128, 2, 1), (128, 128, 2, 2), (128, 64, 2, 1), (64, 256, 1, 1), (128, 192, 2, 1)],
+    [(128, 128, 2, 1), (128, 128, 2, 2), (128, 64, 2, 1), (64, 256, 1, 1), (128, 192, 2, 1), (256, 128, 2, 2)],
 )
 def test_tile_shapes_compile(tile_m, tile_n, consumers, cluster_m):
     stages = max_stages(tile_m, tile_n)
@@ -203,7 +203,8 @@ def test_candidate_configs_fit_the_problem():
         configs = candidate_configs(m, n, k, 132)
         assert configs and len(set(configs)) == len(configs)
         for cfg in configs:
-            assert cfg.tile_m == 128 or m <= 64  # 64-row tiles only for problems that small
+            assert cfg.tile_m == 128 or (m <= 64) == (cfg.tile_m == 64)  # 64-row tiles only for problems that small
+            assert cfg.tile_m < 256 or (m >= 2048 and cfg.tile_n == 128)  # 256 x 128 tiles for large M
             assert cfg.cluster_m == 1 or m > cfg.tile_m  # a cluster shares B between two tile rows
             tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
             assert cfg.split_k == 1 or tiles < 132  # K is split only when the tiles leave SMs idle
@@ -243,17 +244,26 @@ def test_gemm_on_gpu(m, n, k):
 @pytest.mark.parametrize("a_major,b_major", [("K", "K"), ("MN", "MN")])
 @pytest.mark.parametrize(
     "tile_m,tile_n,cluster_m,split_k",
-    [(128, 128, 1, 1), (128, 128, 2, 1), (128, 64, 1, 3), (64, 256, 1, 1), (64, 64, 1, 2), (128, 192, 1, 1)],
+    [
+        (128, 128, 1, 1),
+        (128, 128, 2, 1),
+        (128, 64, 1, 3),
+        (64, 256, 1, 1),
+        (64, 64, 1, 2),
+        (128, 192, 1, 1),
+        (256, 128, 2, 1),
+        (256, 128, 1, 1),
+    ],
 )
 def test_gemm_tile_shapes_on_gpu(a_major, b_major, tile_m, tile_n, cluster_m, split_k):
     """Every tile shape candidate_configs offers, with the deepest pipeline, on tails in M, N and K."""
     torch = pytest.importorskip("torch")
-    m, n, k = 520 if tile_m == 128 else 56, 392, 264
+    m, n, k = {64: 56, 128: 520, 256: 1000}[tile_m], 392, 264
     cfg = GemmConfig(
         tile_m=tile_m,
         tile_n=tile_n,
         stages=max_stages(tile_m, tile_n),
-        consumers=tile_m // 64,
+        consumers=min(2, tile_m // 64),
         cluster_m=cluster_m,
         split_k=split_k,
     )
