@@ -54,6 +54,11 @@ def _assembled(module) -> str:
     return module.ptx
 
 
+def _exchange(cfg):
+    """The backward's ``exchange`` argument: a team's (rows, 2 * team + 1) float32 row sums, else unused."""
+    return flyc.TensorSpec((8, 2 * cfg.row.cluster + 1), "f32")
+
+
 def _accesses(ptx: str) -> set:
     return {line.split()[0] for line in ptx.splitlines() if line.strip().startswith(("ld.global", "st.global"))}
 
@@ -109,7 +114,9 @@ def test_norms_compile_in_every_regime(n, dtype):
         cfg = norm_mod.backward_config(n, dtype, sums)
         partial = flyc.TensorSpec((16, sums * n), "f32")
         ptx = _assembled(
-            norm_mod.norm_backward_kernel.lower(rows, rows, weight, stats, stats, rows, partial, cfg, flags)
+            norm_mod.norm_backward_kernel.lower(
+                rows, rows, weight, stats, stats, rows, partial, _exchange(cfg), cfg, flags
+            )
         )
         if cfg.smem_sums and cfg.row.even:
             assert "ld.shared.v4.b32" in ptx  # column sums in shared memory, 16 bytes at a time
@@ -160,7 +167,9 @@ def test_norm_backward_regimes_assemble_without_spills(n, dtype):
         cfg = norm_mod.backward_config(n, dtype, sums)
         assert cfg.row.capacity >= n and cfg.row.chunks % cfg.segment == 0
         partial = flyc.TensorSpec((16, sums * n), "f32")
-        module = norm_mod.norm_backward_kernel.lower(rows, rows, weight, stats, stats, rows, partial, cfg, flags)
+        module = norm_mod.norm_backward_kernel.lower(
+            rows, rows, weight, stats, stats, rows, partial, _exchange(cfg), cfg, flags
+        )
         ptx = _assembled(module)
         if flyc.find_ptxas() is not None:
             assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
@@ -178,6 +187,7 @@ def test_norm_backward_regimes_assemble_without_spills(n, dtype):
             stats,
             spec,
             partial,
+            spec,
             odd,
             norm_mod.NormFlags(False, weight=True, bias=True),
         )
@@ -196,13 +206,32 @@ def test_backward_configs():
     for dtype in ("bf16", "f32"):  # one CTA of 1024 threads rather than a cluster
         cfg = norm_mod.backward_config(8192, dtype, 2)
         assert (cfg.row.cluster, cfg.row.block, cfg.blocks_per_sm) == (1, 1024, 1)
-    cfg = norm_mod.backward_config(32768, "bf16", 2)
+    cfg = norm_mod.backward_config(32768, "bf16", 2, staged=False)
     assert (cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.blocks_per_sm) == (8, 256, 2, 3)
-    cfg = norm_mod.backward_config(131072, "bf16", 2)
+    # Staged (rows through a shared-memory ring) where the row fits 8 CTAs and their registers hold the sums.
+    cfg = norm_mod.backward_config(32768, "bf16", 2)
+    assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages) == (True, 4, 512, 2, 4)
+    cfg = norm_mod.backward_config(131072, "bf16", 1)
+    assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages) == (True, 8, 512, 4, 3)
+    assert not norm_mod.backward_config(65538, "bf16", 1).staged  # N not a multiple of 16 bytes
+    assert norm_mod.staged_config(131072, "f32", 1) is None  # 16 CTAs per row: not a cluster (a team)
+    cfg = norm_mod.backward_config(131072, "bf16", 2, staged=False)
     assert (cfg.row.cluster, cfg.row.block, cfg.two_pass, cfg.smem_sums) == (8, 1024, True, True)
-    cfg = norm_mod.backward_config(262144, "bf16", 2)
+    cfg = norm_mod.backward_config(262144, "bf16", 2, staged=False)
     assert cfg.two_pass and not cfg.smem_sums  # 256 KB of column sums per CTA: in the partial rows instead
-    assert norm_mod.backward_config(262144, "f32", 1).smem_sums
+    assert norm_mod.backward_config(262144, "f32", 1, staged=False).smem_sums
+    # Teams (rows over 9..64 CTAs sharing through global memory): rows of 512 KB, 16-bit LayerNorm past 65536.
+    for n, dtype, sums, team in ((131072, "bf16", 2, 16), (262144, "bf16", 1, 32), (262144, "f32", 2, 64)):
+        cfg = norm_mod.backward_config(n, dtype, sums)
+        assert (cfg.row.regime, cfg.row.cluster, cfg.row.cluster_shape, cfg.stages, cfg.lag) == (
+            "team",
+            team,
+            None,
+            6,
+            2,
+        )
+    assert norm_mod.backward_config(65536, "f32", 1).row.regime == "cluster"  # the register kernel, measured faster
+    assert norm_mod.team_backward_config(1 << 21, "f32", 2) is None  # 256 CTAs per row: not a team
     for n in (1, 3, 1000, 4097, 65537, 1 << 20):
         for dtype in ("f32", "bf16"):
             for sums in (0, 1, 2):
@@ -212,12 +241,47 @@ def test_backward_configs():
                 assert not cfg.smem_sums or smem * cfg.blocks_per_sm <= 200 * 1024
 
 
+# The staged kernel's shapes at the longest row each takes (8 CTAs per row), and one CTA per row.
+STAGED_CASES = [(16384, "bf16", 2), (65536, "bf16", 2), (131072, "bf16", 1), (65536, "f32", 2), (16384, "f32", 1)]
+TEAM_CASES = [(131072, "bf16", 2), (262144, "f32", 1)]  # teams of 16 and 64 CTAs
+
+
+@pytest.mark.parametrize("n, dtype, sums", STAGED_CASES + TEAM_CASES)
+def test_staged_backward_assembles_without_spills(n, dtype, sums):
+    cfg = norm_mod.backward_config(n, dtype, sums)
+    assert cfg is not None and cfg.staged and cfg.row.capacity >= n
+    assert cfg.ring_bytes <= 200 * 1024 and cfg.stages >= 2
+    rows = flyc.TensorSpec((8, n), dtype)
+    stats = flyc.TensorSpec((8,), "f32")
+    flags = norm_mod.NormFlags(sums == 1, weight=sums > 0, bias=sums > 1)
+    partial = flyc.TensorSpec((16, max(1, sums) * n), "f32")
+    module = norm_mod.norm_backward_kernel.lower(
+        rows, rows, flyc.TensorSpec((n,), dtype), stats, stats, rows, partial, _exchange(cfg), cfg, flags
+    )
+    ptx = _assembled(module)
+    ahead = cfg.stages - 1 - (cfg.lag if cfg.row.cluster > 1 else 0)  # rows in flight past the one it waits for
+    assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group \t{ahead};" in ptx
+    assert "ld.shared.v4.b32" in ptx and "st.global.v4.b32" in ptx
+    # Clusters: the row pairs pushed into the peers' inboxes (st.async + mbarrier); cluster barriers only at the
+    # start (barriers initialized) and the end. Teams: pairs and counters in global memory (release / acquire).
+    pushed = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in ptx
+    assert pushed == (cfg.row.regime == "cluster") and ptx.count("barrier.cluster.wait") == (2 if pushed else 0)
+    teamed = "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
+    assert teamed == cfg.row.team and ("ld.relaxed.gpu.global.f32" in ptx) == cfg.row.team
+    if flyc.find_ptxas() is not None:
+        assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
+
+
 def test_backward_groups():
     # Clusters: 7/8 of what the SMs would hold (a second wave otherwise); CTAs: all; never more than the rows need.
-    assert norm_mod.backward_groups(norm_mod.backward_config(32768, "bf16", 2), 8192, 132) == 3 * 132 // 8 * 7 // 8
+    regs = norm_mod.backward_config(32768, "bf16", 2, staged=False)
+    assert norm_mod.backward_groups(regs, 8192, 132) == 3 * 132 // 8 * 7 // 8
     assert norm_mod.backward_groups(norm_mod.backward_config(1024, "bf16", 2), 1 << 20, 132) == 3 * 132
     assert norm_mod.backward_groups(norm_mod.backward_config(1024, "bf16", 2), 9, 132) == 3  # 4 rows per CTA
     assert norm_mod.backward_groups(norm_mod.backward_config(262144, "f32", 2), 1, 132) == 1
+    staged = norm_mod.backward_config(65536, "bf16", 2)  # the driver's count of clusters, when it gives one
+    assert norm_mod.backward_groups(staged, 4096, 132, active=16) == 16
+    assert norm_mod.backward_groups(staged, 4096, 132) == 132 // 8 * 7 // 8
 
 
 def _x(shape=(4, 64), typestr="<f4", strides=None):

@@ -197,9 +197,40 @@ def test_norm_backward_many_rows(n, dtype):
     test_rms_norm_backward(n, dtype, rows=9001)
 
 
-def test_norm_backward_is_deterministic():
-    x, dy = _input(3001, 4096, torch.bfloat16), _input(3001, 4096, torch.bfloat16)
-    w, b = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [16384, 65536])
+def test_norm_backward_staged_many_rows(n, dtype):
+    """The staged kernel (rows through a shared-memory ring) over more rows than clusters: the ring wraps around,
+    rows past the last are zero-filled; one call with every argument 16-byte aligned (staged), one with rows that
+    start 2 or 4 bytes off (the register kernel)."""
+    rows = 3 * 132 + 7
+    test_layer_norm_backward(n, dtype, rows=rows)
+    test_rms_norm_backward(n, dtype, rows=rows)
+    base = torch.randn(rows, n + 8, device="cuda", dtype=torch.float32).to(dtype)
+    x, dy = base[:, 1 : 1 + n], torch.randn_like(base)[:, 1 : 1 + n]
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    _, rstd = norms.rms_norm(x, w, 1e-6, return_stats=True)
+    dx, dw = norms.rms_norm_backward(dy, x, w, rstd, dx=_poison(x))
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    (xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * wd).backward(dy.double())
+    _close(dx, xd.grad, what="dx")
+    _column_close(dw, wd.grad, rows, "dweight")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [131072, 262144])
+def test_norm_backward_team(n, dtype):
+    """Rows split over a team of 16-64 CTAs that share their sums through global memory: more rows than teams (the
+    ring wraps around, each row's counter is polled), LayerNorm and RMSNorm."""
+    test_layer_norm_backward(n, dtype, rows=45)
+    test_rms_norm_backward(n, dtype, rows=45)
+
+
+@pytest.mark.parametrize("n", [4096, 32768, 131072])
+def test_norm_backward_is_deterministic(n):
+    rows = 3001 if n < 65536 else 301
+    x, dy = _input(rows, n, torch.bfloat16), _input(rows, n, torch.bfloat16)
+    w, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     _, mean, rstd = norms.layer_norm(x, w, b, 1e-5, return_stats=True)
     first = norms.layer_norm_backward(dy, x, w, mean, rstd)
     for _ in range(3):

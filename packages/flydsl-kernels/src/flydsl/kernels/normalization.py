@@ -53,6 +53,10 @@ __all__ = [
     "backward_config",
     "make_backward_config",
     "backward_groups",
+    "max_active_clusters",
+    "staged_backward_config",
+    "staged_config",
+    "team_backward_config",
     "forward",
     "backward",
     "norm_forward_kernel",
@@ -144,18 +148,111 @@ class BackwardConfig:
     sums: int
     smem_sums: bool
     blocks_per_sm: int
+    stages: int = 0  # > 0: rows staged through a shared-memory ring of this many rows (see _rows_staged)
+    lag: int = 1  # clusters: rows between a row's push and its dx (see _rows_pushed)
 
     @property
     def two_pass(self) -> bool:
         return self.segment < self.row.chunks
+
+    @property
+    def staged(self) -> bool:
+        return self.stages > 0
+
+    @property
+    def ring_bytes(self) -> int:
+        """Shared memory of the staged ring: ``stages`` rows of dy and x, this CTA's chunks."""
+        return self.stages * 2 * self.row.block * self.row.chunks * 16
 
 
 _BWD_THREADS = 256  # CTA size: short rows share a CTA, longer ones are split over clusters of 256-thread CTAs
 _SMEM_BYTES = 200 * 1024  # shared memory per SM the column sums may take (of 227 KB)
 
 
+_STAGED_THREADS = 1024  # the staged kernel's CTA: one per SM (its ring takes most of the shared memory)
+_RING_BYTES = 200 * 1024  # shared memory the ring may take
+_MAX_STAGES = 4  # ring depth by default (the team kernel's: 6)
+
+
+def _staged_shapes(dtype: str, sums: int) -> list:
+    """(threads, chunks, lag, most CTAs per row) the staged kernel uses, in order of preference: measured on the
+    H200 (benchmarks/results/norms_backward_2026-11-30_staged.json, kernel alone) against each other and the
+    register kernel, among the shapes that ptxas -v assembles without spills (the column sums take ``sums * chunks
+    * vec`` registers; checked by the CPU tests). 16-bit rows with one sum: one 1024-thread CTA per row (16384: 3.95
+    TB/s against 3.31), else 512 threads x 4 chunks (32768-131072: 3.15, 3.04, 2.99 against 3.12, 2.50, 2.22);
+    LayerNorm's two sums: 512 x 2, lag 2 (16384-65536: 3.19, 2.92, 2.86 against 3.07, 2.87, 1.64). Float32:
+    LayerNorm 1024 x 2 up to 4 CTAs, then 512 x 4 (16384-65536: 3.64, 3.42, 3.25 against 3.37, 3.25, 3.01); one
+    sum: 1024 x 2 in up to 2 CTAs (16384: 3.71 against 3.62), the register kernel beyond (3.67, 3.53 against 3.49,
+    3.27)."""
+    if dtype == "f32":
+        if sums == 2:
+            return [(1024, 2, 1, 4), (512, 4, 1, 8)]
+        return [(1024, 2, 1, 2)]
+    if sums == 2:
+        return [(512, 2, 2, 8)]
+    return [(1024, 2, 1, 1), (512, 4, 1, 8)]
+
+
+def staged_config(n: int, dtype: str, sums: int) -> BackwardConfig | None:
+    """The first of :func:`_staged_shapes` that holds a row in its most CTAs, or None."""
+    for threads, chunks, lag, most in _staged_shapes(dtype, sums):
+        cfg = staged_backward_config(n, dtype, sums, chunks, threads=threads, lag=lag)
+        if cfg is not None and cfg.row.cluster <= most:
+            return cfg
+    return None
+
+
 @functools.lru_cache(maxsize=1024)
-def backward_config(n: int, dtype: str, sums: int) -> BackwardConfig:
+def staged_backward_config(
+    n: int,
+    dtype: str,
+    sums: int,
+    chunks: int = 2,
+    stages: int | None = None,
+    threads: int = _STAGED_THREADS,
+    lag: int = 1,
+) -> BackwardConfig | None:
+    """The staged backward config (see :func:`_rows_staged`) for rows of ``n`` elements: CTAs of ``threads``
+    threads holding ``chunks`` 16-byte chunks of a row each, as few CTAs per row (a cluster) as hold it, a ring of
+    ``stages`` rows (default: as many as :data:`_RING_BYTES` hold, at most :data:`_MAX_STAGES`). None when a row
+    needs more than 8 CTAs or the ring would hold fewer than 2 rows, or when N is not a multiple of 16 bytes (the
+    ring is filled by 16-byte copies)."""
+    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    if n % vec:
+        return None
+    total = -(-n // vec)
+    cluster = 1 << max(0, (-(-total // (threads * chunks)) - 1).bit_length())
+    if cluster > 8:
+        return None
+    stage_bytes = 2 * threads * chunks * 16
+    stages = stages or min(_MAX_STAGES, _RING_BYTES // stage_bytes)
+    if stages < 2 or stages * stage_bytes > _RING_BYTES or (cluster > 1 and stages < lag + 2):
+        return None
+    layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
+    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag)
+
+
+_MAX_TEAM = 64  # CTAs per row of a team: at least two teams on 132 SMs
+
+
+@functools.lru_cache(maxsize=1024)
+def team_backward_config(
+    n: int, dtype: str, sums: int, chunks: int = 2, stages: int = 6, threads: int = 512, lag: int = 2
+) -> BackwardConfig | None:
+    """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as
+    hold the row (any count, 9 to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial sums through
+    global memory. None when N is not a multiple of 16 bytes or the row needs fewer than 9 or more than
+    :data:`_MAX_TEAM` CTAs."""
+    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    team = -(-n // (vec * threads * chunks))
+    if n % vec or not 8 < team <= _MAX_TEAM or stages * 2 * threads * chunks * 16 > _RING_BYTES:
+        return None
+    layout = RowConfig(dtype, vec, chunks, threads, 1, team, True, team=True)
+    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag)
+
+
+@functools.lru_cache(maxsize=1024)
+def backward_config(n: int, dtype: str, sums: int, staged: bool = True) -> BackwardConfig:
     """The backward config for rows of ``n`` elements of ``dtype`` keeping ``sums`` column sums (see
     :class:`BackwardConfig`). Float32 rows: two 16-byte chunks of dy and of x per thread (and the next row's in
     flight) at 64 registers, 1024 threads per SM; 16-bit rows: two chunks (16 values) at 80 registers (768 threads
@@ -171,21 +268,80 @@ def backward_config(n: int, dtype: str, sums: int) -> BackwardConfig:
     cfg = make_backward_config(n, dtype, sums, *lean, cta_threads=1024)
     if cfg.row.cluster == 1:
         return cfg
+    if staged:
+        ring = staged_config(n, dtype, sums)
+        if ring is None and (n * (4 if wide else 2) >= 512 * 1024 or (sums == 2 and not wide)):
+            ring = team_backward_config(n, dtype, sums)  # rows of 512 KB, and 16-bit LayerNorm past 65536
+        if ring is not None:
+            return ring
     if not wide and n <= 8 * _BWD_THREADS * 16:
         return make_backward_config(n, dtype, sums, *dense)
     return make_backward_config(n, dtype, sums, *lean)
 
 
-def backward_groups(cfg: BackwardConfig, rows: int, sms: int) -> int:
+def backward_groups(cfg: BackwardConfig, rows: int, sms: int, active: int | None = None) -> int:
     """The persistent grid's CTA groups (CTAs, or clusters): as many as fit at once, each taking an equal share of
     the rows. Clusters of 4 or 8 CTAs cannot fill every SM (a cluster lives in one GPC): launching ``blocks_per_sm
     * SMs / cluster`` of them left a second wave (measured on the H200: 7/8 of that count ran 1.2-1.5x faster
-    than the full count, 3/4 slower again)."""
+    than the full count, 3/4 slower again). ``active``: the clusters the driver says fit at once
+    (:func:`max_active_clusters`), used instead of 7/8 when known."""
     rc = cfg.row
     fit = cfg.blocks_per_sm * sms // rc.cluster
-    if rc.cluster > 1:
-        fit = fit * 7 // 8
+    if rc.cluster_shape is not None:  # a team needs no GPC of its own: every SM
+        fit = active if active else fit * 7 // 8
     return max(1, min(-(-rows // rc.rows_per_cta), fit))
+
+
+_PROBE_PTX = """.version 8.0
+.target sm_90a
+.address_size 64
+.visible .entry fly_cluster_probe() .reqntid {threads}, 1, 1
+{{
+ret;
+}}
+"""
+
+
+@functools.lru_cache(maxsize=64)
+def max_active_clusters(cluster: int, threads: int, blocks_per_sm: int, device: int) -> int | None:
+    """``cuOccupancyMaxActiveClusters`` for clusters of ``cluster`` CTAs of ``threads`` threads of which at most
+    ``blocks_per_sm`` fit on an SM, on the current context's device (``device``: the cache key), or None when the
+    driver cannot say. Asked of an empty probe kernel given the shared memory that lets exactly ``blocks_per_sm``
+    CTAs share an SM (228 KB per SM, 1 KB of it reserved per CTA): the count for a kernel whose registers or shared
+    memory allow that many."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+    class Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
+        _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+
+    class Config(ctypes.Structure):  # CUlaunchConfig
+        _fields_ = [("dims", ctypes.c_uint * 6), ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p)]
+        _fields_ += [("attrs", ctypes.POINTER(Attribute)), ("count", ctypes.c_uint)]
+
+    shared = (228 // blocks_per_sm - 1) * 1024
+    module, function, found = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int(0)
+    ptx = _PROBE_PTX.format(threads=threads).encode() + b"\0"
+    if cuda.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(ptx)) != 0:
+        return None
+    try:
+        if cuda.cuModuleGetFunction(ctypes.byref(function), module, b"fly_cluster_probe") != 0:
+            return None
+        if cuda.cuFuncSetAttribute(function, 8, ctypes.c_int(shared)) != 0:  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+            return None
+        attribute = Attribute(id=4)  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attribute.value[0], attribute.value[1], attribute.value[2] = cluster, 1, 1
+        config = Config(shared=shared, attrs=ctypes.pointer(attribute), count=1)
+        config.dims[:] = [cluster, 1, 1, threads, 1, 1]
+        if cuda.cuOccupancyMaxActiveClusters(ctypes.byref(found), function, ctypes.byref(config)) != 0:
+            return None
+    finally:
+        cuda.cuModuleUnload(module)
+    return found.value or None
 
 
 def make_backward_config(
@@ -274,7 +430,7 @@ def _column_sums_add(cfg: BackwardConfig, sums_smem, partial_row, pos, chunks, t
                     partial_row.store(s, j, q, [a + b for a, b in zip(old, add, strict=True)])
 
 
-@flyc.kernel
+@flyc.kernel(target=flyc.Target("sm_90a", ptx_version=81))  # PTX ISA 8.1: st.async (the staged kernel's pushes)
 def norm_backward_kernel(
     dy: fx.Tensor,
     x: fx.Tensor,
@@ -283,6 +439,7 @@ def norm_backward_kernel(
     rstd_in: fx.Tensor,
     dx: fx.Tensor,
     partial: fx.Tensor,
+    exchange: fx.Tensor,
     cfg: fx.Constexpr[BackwardConfig],
     flags: fx.Constexpr[NormFlags],
 ):
@@ -290,7 +447,8 @@ def norm_backward_kernel(
     ...``. Per row: one pass loads dy and x, adds to the column sums and reduces ``sum(g * xhat)`` and ``sum(g)``
     together (one barrier per row; two slots alternate); a second writes dx (from registers, or re-reading the row
     from L2 when it does not fit). The column sums go to row ``g`` of ``partial``: ``(groups, sums * N)``
-    float32, dweight in the first N columns, dbias in the next N."""
+    float32, dweight in the first N columns, dbias in the next N. ``exchange``: a team's row sums and counters
+    (``(rows, 2 * team + 1)`` float32, zeroed; see :func:`_rows_pushed`), else any tensor (not accessed)."""
     rc = cfg.row
     rows, n = x.shape
     groups = gpu.grid_dim.x // rc.cluster
@@ -303,7 +461,7 @@ def norm_backward_kernel(
         sums_smem = fx.SmemAllocator().allocate(fx.Float32, cfg.sums * rc.block * rc.chunks * rc.vec, alignment=16)
     partial_row = _PartialRow(cfg, partial, group, pos, n)
     zeros = [fx.Float32(0.0)] * 4
-    for s in fx.range_constexpr(cfg.sums):
+    for s in fx.range_constexpr(0 if cfg.staged else cfg.sums):  # the staged kernel writes its sums once, at the end
         for j in fx.range_constexpr(rc.chunks):
             for q in fx.range_constexpr(rc.vec // 4):
                 if fx.const_expr(cfg.smem_sums):
@@ -312,7 +470,9 @@ def norm_backward_kernel(
                     partial_row.store(s, j, q, zeros)
     row_groups = (rows + (rc.rows_per_cta - 1)) // rc.rows_per_cta
     tensors = (dy, x, weight, mean_in, rstd_in, dx)
-    if fx.const_expr(cfg.two_pass):
+    if fx.const_expr(cfg.staged):
+        _rows_staged(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange)
+    elif fx.const_expr(cfg.two_pass):
         _rows_two_pass(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups)
     else:
         _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups)
@@ -322,7 +482,7 @@ def norm_backward_kernel(
             gpu.barrier()
         if pos.row_in_cta == 0:
             _write_partial(cfg, sums_smem, partial_row, pos)
-    if fx.const_expr(rc.cluster > 1):
+    if fx.const_expr(rc.cluster_shape is not None):
         cluster.sync()  # peers may still read this CTA's reduction slots
 
 
@@ -389,6 +549,302 @@ def _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, 
             )
         store_row(rc, dx, here, n, rows, _dx(rstd, g, xhat, c1, c2))
         parity = 1 - parity
+
+
+def _load_vector(view, count: int):
+    """``count`` contiguous elements of a view (shared memory) as one vector of its dtype."""
+    cls = vector.vector_class(view.dtype, count)
+    raw, buffer = vector.register_buffer(cls)
+    fx.copy(view, buffer)
+    return cls(_llvm.load(cls.mlir_type(), raw, alignment=buffer.base_alignment))
+
+
+class _Ring:
+    """The staged kernel's ring: ``stages`` rows of this thread's 16-byte chunks of dy and x in shared memory, filled
+    by ``cp.async`` (zeros past N and past the last row), read back by the thread that copied them."""
+
+    def __init__(self, cfg: BackwardConfig, flags: NormFlags, tensors, pos, n, rows):
+        self.cfg, self.rc, self.flags, self.tensors, self.pos, self.n, self.rows = (
+            cfg,
+            cfg.row,
+            flags,
+            tensors,
+            pos,
+            n,
+            rows,
+        )
+        rc = cfg.row
+        size = cfg.stages * 2 * rc.chunks * rc.block * rc.vec
+        self.buffer = fx.SmemAllocator().allocate(tensors[1].dtype, size, alignment=16)
+        self.cols = [chunk_index(rc, pos, j) * rc.vec for j in range(rc.chunks)]
+
+    def _index(self, slot, t: int, j: int):
+        return ((slot * 2 + t) * self.rc.chunks + j) * self.rc.block + self.pos.tid
+
+    def issue(self, row, slot) -> None:
+        """Copies this thread's chunks of ``row`` into ring slot ``slot``: one commit group."""
+        rc, rows = self.rc, self.rows
+        row_ok = row < rows
+        safe_row = fx.arith.select(row_ok, row, type(row)(0))
+        for t in fx.range_constexpr(2):
+            for j in fx.range_constexpr(rc.chunks):
+                col = self.cols[j]
+                inside = row_ok & (col < self.n)
+                fx.nvvm.cp_async(
+                    self.buffer,
+                    self.tensors[t],
+                    16,
+                    dst_coord=self._index(slot, t, j) * rc.vec,
+                    src_coord=(safe_row, fx.arith.select(inside, col, type(col)(0))),
+                    src_bytes=fx.arith.select(inside, fx.Int32(16), fx.Int32(0)),
+                )
+        fx.nvvm.cp_async_commit_group()
+
+    def stats(self, row):
+        """rstd and mean of ``row`` (row 0's past the last row: finite, and multiplied by zeros)."""
+        safe_row = fx.arith.select(row < self.rows, row, type(row)(0))
+        mu = fx.Float32(0.0)
+        if fx.const_expr(not self.flags.rms):
+            mu = self.tensors[3][safe_row]
+        return self.tensors[4][safe_row], mu
+
+    def terms(self, slot, j: int, rstd, mu):
+        """``(g = dy * weight, xhat, dy)`` of chunk ``j`` of the row in ``slot``."""
+        rc = self.rc
+        loaded = []
+        for t in fx.range_constexpr(2):
+            view = fx.local_tile(self.buffer, (rc.vec,), (self._index(slot, t, j),))
+            wide = _load_vector(view, rc.vec).to(fx.Float32)
+            loaded.append([wide[e] for e in range(rc.vec)])
+        dys, xs = loaded
+        xhat = [v * rstd for v in xs] if self.flags.rms else [(v - mu) * rstd for v in xs]
+        g = dys
+        if fx.const_expr(self.flags.weight):
+            g = [a * w for a, w in zip(dys, load_vector_chunk(rc, self.tensors[2], self.pos, self.n, j), strict=True)]
+        return g, xhat, dys
+
+    def first_pass(self, slot, rstd, mu, sums):
+        """This thread's ``sum(g * xhat)`` (and ``sum(g)``) of the row in ``slot``, and ``sums`` plus its column
+        terms (dweight's ``dy * xhat``, then dbias's ``dy``), chunk by chunk (each chunk's values die before the
+        next is read)."""
+        rc = self.rc
+        dots = [fx.Float32(0.0)] * (1 if self.flags.rms else 2)
+        added = list(sums)
+        for j in fx.range_constexpr(rc.chunks):
+            g, xhat, dys = self.terms(slot, j, rstd, mu)
+            dots[0] = dots[0] + thread_reduce([a * h for a, h in zip(g, xhat, strict=True)])
+            if fx.const_expr(not self.flags.rms):
+                dots[1] = dots[1] + thread_reduce(g)
+            for e in fx.range_constexpr(rc.vec if self.cfg.sums > 0 else 0):
+                added[j * rc.vec + e] = added[j * rc.vec + e] + dys[e] * xhat[e]
+            for e in fx.range_constexpr(rc.vec if self.cfg.sums > 1 else 0):
+                at = (rc.chunks + j) * rc.vec + e
+                added[at] = added[at] + dys[e]
+        return dots, added
+
+    def store_dx(self, row, slot, rstd, mu, c1, c2) -> None:
+        def chunk(j):
+            g, xhat, _ = self.terms(slot, j, rstd, mu)
+            return _dx(rstd, g, xhat, c1, c2)
+
+        store_row(self.rc, self.tensors[5], _row_at(self.pos, row), self.n, self.rows, chunk)
+
+    def write_sums(self, partial_row, sums) -> None:
+        fx.nvvm.cp_async_wait_group(0)  # nothing lands in shared memory after the CTA is gone
+        rc = self.rc
+        for s in fx.range_constexpr(self.cfg.sums):
+            for j in fx.range_constexpr(rc.chunks):
+                for q in fx.range_constexpr(rc.vec // 4):
+                    at = (s * rc.chunks + j) * rc.vec + 4 * q
+                    partial_row.store(s, j, q, sums[at : at + 4])
+
+
+def _rows_staged(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange):
+    """Rows staged through shared memory: each thread copies its chunks of dy and x (``cp.async``, 16 bytes each)
+    rows ahead into its own slots of a ring (:class:`_Ring`), so that the bytes in flight cost no registers
+    (Little's law: ~32 KB per SM for HBM's bandwidth). A thread reads only what it copied: ``cp.async.wait_group``
+    orders it, no barrier. The column sums stay in registers, written once at the end to the CTA's partial row; the
+    zero-filled padding adds nothing to them or to the row means. One CTA per row: one block reduction per row, then
+    dx from the ring. A cluster per row: see :func:`_rows_pushed`."""
+    if fx.const_expr(cfg.row.cluster > 1):
+        _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange)
+        return
+    rc = cfg.row
+    stages = cfg.stages
+    inv_n = 1.0 / n.to(fx.Float32)
+    ring = _Ring(cfg, flags, tensors, pos, n, rows)
+    for k in fx.range_constexpr(stages - 1):
+        ring.issue(group + k * groups, fx.Int32(k))
+    sums = [fx.Float32(0.0)] * max(1, cfg.sums * rc.chunks * rc.vec)  # one unused value without sums: carried
+    rstd, mu = ring.stats(group)
+    slot = fx.Int32(0)
+    parity = fx.Int32(0)
+    for grp in range(group, row_groups, groups):  # the same trip count for the whole CTA
+        ahead = slot + (stages - 1)
+        ring.issue(grp + (stages - 1) * groups, fx.arith.select(ahead >= stages, ahead - stages, ahead))
+        next_rstd, next_mu = ring.stats(grp + groups)  # in flight during this row
+        fx.nvvm.cp_async_wait_group(stages - 1)  # this row's chunks (this thread's) have landed
+        dots, sums = ring.first_pass(slot, rstd, mu, sums)
+        c1, c2, _ = _row_constants(rc, flags, _row_at(pos, grp), smem, parity, dots, inv_n)
+        ring.store_dx(grp, slot, rstd, mu, c1, c2)
+        rstd, mu = next_rstd, next_mu
+        slot = fx.arith.select(slot + 1 >= stages, slot + 1 - stages, slot + 1)
+        parity = 1 - parity
+    ring.write_sums(partial_row, sums)
+
+
+def _push_pair(a, b, remote, barrier) -> None:
+    """``st.async``: two Float32 into a peer's shared memory (``remote``, an ``!llvm.ptr<7>`` from
+    ``cluster.map_shared``), completing 8 bytes of the transaction count of its mbarrier ``barrier`` (likewise).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-st-async
+    """
+    i64 = fx.Int64.mlir_type()  # mapa's 64-bit shared::cluster addresses, as they are
+    where = _llvm.ptrtoint(i64, remote)
+    bar = _llvm.ptrtoint(i64, barrier)
+    text = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [$0], {$1, $2}, [$3];"
+    _llvm.inline_asm(None, [where, a.value, b.value, bar], text, "l,f,f,l", has_side_effects=True)
+
+
+_SPIN_LIMIT = 1 << 22  # polls of a team's row counter before the kernel traps (a lost peer: fail, do not hang)
+
+
+def _ld_relaxed(pointer) -> fx.Float32:
+    """``ld.relaxed.gpu.global.f32``: a float another CTA wrote (coherent at the GPU's scope: L2, not a stale L1)."""
+    value = _llvm.inline_asm(
+        fx.Float32.mlir_type(), [pointer], "ld.relaxed.gpu.global.f32 $0, [$1];", "=f,l", has_side_effects=True
+    )
+    return fx.Float32(value)
+
+
+def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int):
+    """How the CTAs of a row share their partial pairs (``sum(g * xhat)``, ``sum(g)``) in :func:`_rows_pushed`.
+
+    Cluster: each CTA pushes its pair into every peer's inbox slot for the row (``st.async``, completing bytes on
+    the peer's mbarrier of the slot); a CTA waits on its own mbarrier. Team (CTAs that are not a cluster): each
+    writes its pair into the row's line of ``exchange`` in global memory and adds 1 to the row's counter (release);
+    a CTA's first warp polls the counter (acquire) until the whole team has written, sums the pairs and hands the
+    sums to the CTA through shared memory. Either way the sum runs over the ranks in a fixed order: every CTA of
+    the row computes the same means, and the result does not depend on timing."""
+    share = SimpleNamespace(rc=cfg.row, pos=pos, exchange=exchange, slots=slots)
+    if fx.const_expr(cfg.row.team):
+        share.means = fx.SmemAllocator().allocate(fx.Float32, 4, alignment=16)  # two rows' sums
+    else:
+        share.inbox = fx.SmemAllocator().allocate(fx.Float32, slots * cfg.row.cluster * 2, alignment=16)
+        share.bars = fx.mbarrier.allocate(fx.SmemAllocator(), slots)
+        if pos.tid == 0:
+            for i in fx.range_constexpr(slots):
+                share.bars[i].init(1)
+            fx.mbarrier.fence_init()
+        cluster.sync()  # every peer's barriers are initialized before the first push
+    return share
+
+
+def _exchange_push(share, k, row, pair) -> None:
+    """This CTA's ``pair`` of row ``row`` (its ``k``-th), to every CTA of the row (itself included)."""
+    size, pos = share.rc.cluster, share.pos
+    if fx.const_expr(share.rc.team):
+        if pos.tid == 0:
+            share.exchange[row, 2 * pos.rank] = pair[0]
+            share.exchange[row, 2 * pos.rank + 1] = pair[1]
+            fx.nvvm.red_add_release(fx.nvvm.address(share.exchange, (row, 2 * size)), 1)  # after the pair
+    else:
+        box = k % share.slots
+        if pos.tid < size:
+            remote = cluster.map_shared(share.inbox, pos.tid, coord=(box * size + pos.rank) * 2)
+            _push_pair(pair[0], pair[1], remote, cluster.map_shared(share.bars.tensor, pos.tid, coord=box))
+        if pos.tid == 0:
+            share.bars[box].arrive_expect_tx(size * 8)
+
+
+def _exchange_sums(share, k, row, parity):
+    """The two sums of row ``row`` (this CTA's ``k``-th) over the row's CTAs, once all have pushed."""
+    size, pos = share.rc.cluster, share.pos
+    if fx.const_expr(share.rc.team):
+        if pos.tid < 32:
+            _team_sums(share, row, parity, size, pos.tid % 32)
+        gpu.barrier()
+        return [share.means[parity * 2], share.means[parity * 2 + 1]]
+    old = k % share.slots
+    share.bars[old].wait((k // share.slots) % 2)
+    total = [fx.Float32(0.0), fx.Float32(0.0)]
+    for r in fx.range_constexpr(size):
+        total = [total[i] + share.inbox[(old * size + r) * 2 + i] for i in range(2)]
+    return total
+
+
+def _team_sums(share, row, parity, size: int, lane) -> None:
+    """The first warp: waits for the team's ``size`` pairs of ``row`` (polling its counter; traps after
+    :data:`_SPIN_LIMIT` polls rather than hang), sums them (lane ``l`` ranks ``l, l + 32, ...``, then the warp's
+    fixed shuffle tree) and puts the sums in shared memory slot ``parity``."""
+    counter = fx.nvvm.address(share.exchange, (row, 2 * size))
+    seen = fx.nvvm.ld_acquire(counter)
+    tries = fx.Int32(0)
+    while (seen < size) & (tries < _SPIN_LIMIT):
+        seen = fx.nvvm.ld_acquire(counter)
+        tries = tries + 1
+    if tries >= _SPIN_LIMIT:
+        _llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)
+    total = [fx.Float32(0.0), fx.Float32(0.0)]
+    for i in fx.range_constexpr(-(-size // 32)):
+        rank = lane + 32 * i
+        ok = rank < size
+        safe = fx.arith.select(ok, rank, type(rank)(0))
+        for v in fx.range_constexpr(2):
+            got = _ld_relaxed(fx.nvvm.address(share.exchange, (row, 2 * safe + v)))
+            total[v] = total[v] + fx.arith.select(ok, got, fx.Float32(0.0))
+    total = [gpu.warp_reduce(v, "add", width=32) for v in total]
+    if lane == 0:
+        share.means[parity * 2] = total[0]
+        share.means[parity * 2 + 1] = total[1]
+
+
+def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange):
+    """The staged kernel with a row split over CTAs (a cluster, or a team: see :func:`_exchange_setup`), without a
+    barrier of all of them per row: each CTA reduces its part of row ``k`` and pushes its pair, then writes dx of
+    row ``k - lag``, whose pairs arrived meanwhile. The row's CTAs run up to ``lag`` rows apart: none stalls on the
+    slowest at every row. A cluster's inbox slots (``2 * lag + 2``) are reused safely: a peer pushing row ``k +
+    slots`` has waited for this CTA's push of row ``k + slots - 1 - lag``, made after this CTA consumed row ``k``.
+    The ring holds rows ``k - lag .. k + ahead``."""
+    rc = cfg.row
+    stages, lag = cfg.stages, cfg.lag
+    ahead = stages - 1 - lag
+    values = 1 if flags.rms else 2
+    inv_n = 1.0 / n.to(fx.Float32)
+    ring = _Ring(cfg, flags, tensors, pos, n, rows)
+    share = _exchange_setup(cfg, pos, exchange, 2 * lag + 2)
+    block = dataclasses.replace(rc, cluster=1, team=False)  # the CTA's part of the reduction
+    for k in fx.range_constexpr(ahead + 1):
+        ring.issue(group + k * groups, fx.Int32(k))
+    sums = [fx.Float32(0.0)] * max(1, cfg.sums * rc.chunks * rc.vec)  # one unused value without sums: carried
+    rstd, mu = ring.stats(group)
+    queue = [fx.Float32(0.0)] * (2 * lag)  # (rstd, mean) of rows k - lag .. k - 1
+    k = fx.Int32(0)
+    parity = fx.Int32(0)
+    for grp in range(group, row_groups + lag * groups, groups):  # lag more steps: the last rows' dx
+        slot = k % stages
+        next_rstd, next_mu = ring.stats(grp + groups)
+        fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
+        dots, sums = ring.first_pass(slot, rstd, mu, sums)
+        part = row_reduce(block, pos, smem, parity, dots)
+        if fx.const_expr(values == 1):
+            part = part + [fx.Float32(0.0)]
+        if grp < row_groups:
+            _exchange_push(share, k, grp, part)
+        done = k - lag
+        if done >= 0:  # dx of row k - lag, from its pairs
+            total = _exchange_sums(share, done, grp - lag * groups, parity)
+            c2 = fx.Float32(0.0)
+            if fx.const_expr(not flags.rms):
+                c2 = total[1] * inv_n
+            ring.store_dx(grp - lag * groups, done % stages, queue[0], queue[1], total[0] * inv_n, c2)
+        # the slot of row k - lag is free (its dx is written): row k + ahead + 1 goes there
+        ring.issue(grp + (ahead + 1) * groups, (k + ahead + 1) % stages)
+        queue = queue[2:] + [rstd, mu]
+        rstd, mu = next_rstd, next_mu
+        k = k + 1
+        parity = 1 - parity
+    ring.write_sums(partial_row, sums)
 
 
 def _rows_two_pass(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups):
@@ -549,22 +1005,38 @@ def forward(x, residual, weight, bias, out, residual_out, mean, rstd, eps: float
     norm_forward_kernel(*args, eps, cfg, flags).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster_shape)
 
 
+def _aligned16(*tensors) -> bool:
+    """Every tensor's rows start at 16-byte boundaries (pointer and row stride)."""
+    for t in tensors:
+        size = 4 if t.dtype == "f32" else 2
+        if t.pointer % 16 or (t.shape[0] > 1 and (t.strides[0] * size) % 16):
+            return False
+    return True
+
+
 def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
     rows, n = x.shape
     if rows == 0 or n == 0:
         return
     flags = _flags(rms, False, weight is not None, dbias is not None, False, False)
     sums = 0 if weight is None else (2 if dbias is not None else 1)
-    cfg = backward_config(n, x.dtype, sums)
+    # The staged kernel copies 16-byte chunks: rows (and pointers) must be 16-byte aligned.
+    cfg = backward_config(n, x.dtype, sums, _aligned16(dy, x, dx))
     rc = cfg.row
-    groups = backward_groups(cfg, rows, sm_count(x.device))
+    active = None
+    if rc.cluster_shape is not None:
+        active = max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, x.device)
+    groups = backward_groups(cfg, rows, sm_count(x.device), active)
     partial = empty_rows(x, (groups, sums * n), "dweight/dbias partial sums") if sums else x.obj
     placeholder = x.obj
+    exchange = placeholder
+    if rc.team:  # the team's row sums and counters, zeroed (one small memset)
+        exchange = empty_rows(x, (rows, 2 * rc.cluster + 1), "backward row sums")
+        exchange.zero_() if hasattr(exchange, "zero_") else exchange.fill(0)
     mean_obj = mean.obj if mean is not None else rstd.obj
     w_obj = weight.obj if weight is not None else placeholder
-    cluster_shape = (rc.cluster, 1, 1) if rc.cluster > 1 else None
-    norm_backward_kernel(dy.obj, x.obj, w_obj, mean_obj, rstd.obj, dx.obj, partial, cfg, flags).launch(
-        grid=groups * rc.cluster, block=rc.block, cluster=cluster_shape
+    norm_backward_kernel(dy.obj, x.obj, w_obj, mean_obj, rstd.obj, dx.obj, partial, exchange, cfg, flags).launch(
+        grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
     )
     if sums:
         db_obj = dbias.obj if dbias is not None else dweight.obj

@@ -56,6 +56,7 @@ __all__ = [
 ]
 
 MAX_CLUSTER = 8  # portable cluster size limit (16 needs cudaFuncAttributeNonPortableClusterSizeAllowed)
+MAX_TEAM = 1024  # CTAs of a team (a row split over CTAs that are not a cluster)
 MAX_THREADS = 1024
 _VALUES_PER_THREAD = 32  # float32 registers of row data per thread per tensor held (64 per thread at 1024 threads)
 _BYTES = {"f32": 4, "f16": 2, "bf16": 2}
@@ -70,20 +71,27 @@ class RowConfig:
     chunks: int  # chunks per thread (kept in registers)
     threads_per_row: int  # threads of one CTA on a row (a power of two)
     rows_per_cta: int
-    cluster: int  # CTAs per row (1, 2, 4 or 8)
+    cluster: int  # CTAs per row (1, 2, 4 or 8; any count up to MAX_TEAM for a team)
     even: bool  # N % vec == 0: whole-chunk predicates, 16-byte accesses
+    team: bool = False  # the row's CTAs are consecutive CTAs of the grid, not a cluster (they share through global)
 
     def __post_init__(self):
         if self.dtype not in _BYTES or self.vec * _BYTES[self.dtype] != 16:
             raise ValueError(f"RowConfig: vec={self.vec} is not 16 bytes of {self.dtype}")
-        for name in ("threads_per_row", "cluster"):
+        for name in ("threads_per_row",) if self.team else ("threads_per_row", "cluster"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"RowConfig: {name} must be a power of two, got {value}")
-        if self.block > MAX_THREADS or self.cluster > MAX_CLUSTER or self.chunks < 1:
-            raise ValueError(f"RowConfig: {self} exceeds {MAX_THREADS} threads or {MAX_CLUSTER} CTAs per cluster")
+        limit = MAX_TEAM if self.team else MAX_CLUSTER
+        if self.block > MAX_THREADS or not 1 <= self.cluster <= limit or self.chunks < 1:
+            raise ValueError(f"RowConfig: {self} exceeds {MAX_THREADS} threads or {limit} CTAs per row")
         if self.cluster > 1 and self.rows_per_cta != 1:
             raise ValueError("RowConfig: a row split over a cluster must be the CTA's only row")
+
+    @property
+    def cluster_shape(self):
+        """The launch's ``cluster=`` (None without a hardware cluster: one CTA per row, or a team)."""
+        return (self.cluster, 1, 1) if self.cluster > 1 and not self.team else None
 
     @property
     def block(self) -> int:
@@ -100,7 +108,9 @@ class RowConfig:
 
     @property
     def regime(self) -> str:
-        return "cluster" if self.cluster > 1 else ("warp" if self.threads_per_row <= 32 else "block")
+        if self.cluster > 1:
+            return "team" if self.team else "cluster"
+        return "warp" if self.threads_per_row <= 32 else "block"
 
     def grid(self, rows: int) -> int:
         return -(-rows // self.rows_per_cta) * self.cluster
@@ -152,7 +162,11 @@ def row_position(cfg: RowConfig):
     tid = gpu.thread_idx.x
     lane = tid % cfg.threads_per_row
     row_in_cta = tid // cfg.threads_per_row
-    if fx.const_expr(cfg.cluster > 1):
+    if fx.const_expr(cfg.team):  # consecutive CTAs of the grid
+        rank = gpu.block_idx.x % cfg.cluster
+        group = gpu.block_idx.x // cfg.cluster
+        leader = (lane == 0) & (rank == 0)
+    elif fx.const_expr(cfg.cluster > 1):
         rank = cluster.block_rank()
         group = gpu.block_idx.x // cfg.cluster
         leader = (lane == 0) & (rank == 0)

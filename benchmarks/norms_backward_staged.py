@@ -1,0 +1,224 @@
+"""LayerNorm / RMSNorm backward on the H200: the staged kernel (rows through a shared-memory ring, cp.async) against
+the register kernel, per (dtype, N), kernel alone (no column-sum kernel, no host code), on M x N = 2^28 elements;
+persistent-grid sizes (the driver's max active clusters, 7/8 of the SM count, all SMs) and ring depths; then the
+small-N question (bf16 N = 2048/4096 through the API, repeated, interleaved with copy).
+
+    python benchmarks/norms_backward_staged.py --commit $(git rev-parse HEAD) --out benchmarks/results/x.json
+
+TB/s = bytes read + written / time (dy, x, dx; kernel alone: 3 * M * N * e). Median of CUDA-event times (``--reps``),
+after warm-up; copy (``dst.copy_(x)``) in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from functools import partial
+
+from flydsl.kernels.bench import median_ms
+
+TOTAL = 1 << 28
+
+
+def _tensors(torch, n, dtype):
+    m = TOTAL // n
+    x, dy = torch.randn(m, n, device="cuda", dtype=dtype), torch.randn(m, n, device="cuda", dtype=dtype)
+    mean, rstd = x.float().mean(-1), torch.rsqrt(x.float().var(-1, unbiased=False) + 1e-5)
+    return dy, x, torch.randn(n, device="cuda", dtype=dtype), mean, rstd, torch.full_like(x, float("nan"))
+
+
+def _kernel_tbps(torch, norm, tensors, cfg, groups, rms, reps):
+    dy, x, w, mean, rstd, dx = tensors
+    rc = cfg.row
+    partials = torch.empty(groups, max(1, cfg.sums) * x.shape[1], device="cuda")
+    exchange = torch.zeros(x.shape[0], 2 * rc.cluster + 1, device="cuda") if rc.team else dx
+    flags = norm.NormFlags(rms, weight=True, bias=not rms)
+
+    def run():  # a team's counters zeroed before each launch, as backward() does
+        if rc.team:
+            exchange.zero_()
+        norm.norm_backward_kernel(dy, x, w, mean, rstd, dx, partials, exchange, cfg, flags).launch(
+            grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
+        )
+
+    return 3 * x.numel() * x.element_size() / median_ms(run, reps) / 1e9
+
+
+def _busy_ms(torch, fn, reps):
+    """Median CUDA-event time of ``fn`` with the GPU kept busy (a sleep kernel) while the host enqueues it: GPU
+    time only, the host's launch latency hidden as in a training step's queue."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda._sleep(200_000)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def _small(torch, norms, norm, n, sms, reps) -> str:
+    """bf16 N = ``n`` through the API three times (each call alone, then with the GPU kept busy), with copy."""
+    m = TOTAL // n
+    x, dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16), torch.randn(
+        m, n, device="cuda", dtype=torch.bfloat16
+    )
+    w, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    _, mean, rstd = norms.layer_norm(x, w, b, 1e-5, return_stats=True)
+    dx, dst = torch.empty_like(x), torch.empty_like(x)
+    e = x.element_size()
+    ln_bytes, rms_bytes, copy_bytes = (
+        3 * m * n * e + 8 * m + 3 * n * e,
+        3 * m * n * e + 4 * m + 2 * n * e,
+        2 * m * n * e,
+    )
+    ln = partial(norms.layer_norm_backward, dy, x, w, mean, rstd, dx)
+    rms = partial(norms.rms_norm_backward, dy, x, w, rstd, dx)
+    copy = partial(dst.copy_, x)
+    cfg = norm.backward_config(n, "bf16", 2)
+    line = f"small bf16 N={n}:"
+    for _ in range(3):
+        alone = [b / median_ms(f, reps) / 1e9 for f, b in ((copy, copy_bytes), (ln, ln_bytes), (rms, rms_bytes))]
+        busy = [b / _busy_ms(torch, f, reps) / 1e9 for f, b in ((copy, copy_bytes), (ln, ln_bytes), (rms, rms_bytes))]
+        kern = _kernel_tbps(
+            torch, norm, (dy, x, w, mean, rstd, dx), cfg, norm.backward_groups(cfg, m, sms), False, reps
+        )
+        line += " [alone: copy {:.2f} ln {:.2f} rms {:.2f}".format(*alone)
+        line += " | busy: copy {:.2f} ln {:.2f} rms {:.2f} | ln kernel {:.2f}]".format(*busy, kern)
+    return line
+
+
+def _groups(norm, cfg, rows, sms):
+    rc = cfg.row
+    active = norm.max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, 0) if rc.cluster_shape else None
+    return norm.backward_groups(cfg, rows, sms, active)
+
+
+def _long_rows(torch, norm, sms, reps) -> list:
+    """Rows of 256 KB and more: the team kernel (lag 1, 2, 3) against the default config and the register kernel,
+    and the 16-bit LayerNorm clusters with a deeper ring (6 stages)."""
+    lines = []
+    cases = [("bf16", 131072), ("bf16", 262144), ("f32", 131072), ("f32", 262144), ("bf16", 16384), ("bf16", 65536)]
+    for name, n in cases:
+        tensors = _tensors(torch, n, {"bf16": torch.bfloat16, "f32": torch.float32}[name])
+        x = tensors[1]
+        dst = torch.empty_like(x)
+        copy = 2 * x.numel() * x.element_size() / median_ms(partial(dst.copy_, x), reps) / 1e9
+        for rms, sums in ((False, 2), (True, 1)):
+            line = f"{'rms' if rms else 'ln'} {name} N={n} copy {copy:.2f} bar {0.85 * copy:.2f}"
+            configs = {
+                "default": norm.backward_config(n, name, sums),
+                "regs": norm.backward_config(n, name, sums, False),
+            }
+            if n >= 131072:
+                for lag in (1, 2, 3):
+                    configs[f"team l{lag}"] = norm.team_backward_config(n, name, sums, lag=lag)
+            else:
+                for lag in (2, 3):
+                    configs[f"s6 l{lag}"] = norm.staged_backward_config(n, name, sums, 2, 6, 512, lag)
+            for label, cfg in configs.items():
+                if cfg is None:
+                    continue
+                g = _groups(norm, cfg, x.shape[0], sms)
+                rc = cfg.row
+                tbps = _kernel_tbps(torch, norm, tensors, cfg, g, rms, reps)
+                line += f" | {label} {rc.regime} {rc.cluster}x{rc.block} g{g} {tbps:.2f}"
+            print(line, flush=True)
+            lines.append(line)
+        del tensors, dst, x
+        torch.cuda.empty_cache()
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commit", required=True)
+    parser.add_argument("--sizes", default="16384,32768,65536,131072")
+    parser.add_argument("--dtypes", default="bf16,f32")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--small", default="2048,4096", help="bf16 N for the API repeat check ('' to skip)")
+    parser.add_argument("--long", action="store_true", help="only the team kernel against the others, N >= 131072")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    import torch
+
+    from flydsl.kernels import norms
+
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    result = {"benchmark": "norms_backward_staged", "commit": args.commit, "gpu": torch.cuda.get_device_name(0)}
+    result.update(command=" ".join(sys.argv), reps=args.reps, units="TB/s", lines=[], active_clusters={})
+    torch.empty(1, device="cuda")
+    for cluster in (2, 4, 8):
+        for threads, blocks in ((256, 3), (256, 4), (512, 1), (512, 2), (1024, 1)):
+            got = norm.max_active_clusters(cluster, threads, blocks, 0)
+            result["active_clusters"][f"{cluster}x{threads}x{blocks}"] = got
+    print("max active clusters:", result["active_clusters"], flush=True)
+    started = time.time()
+    if args.long:
+        result["lines"] = _long_rows(torch, norm, sms, args.reps)
+        args.sizes = args.small = ""
+    dtypes = {"bf16": torch.bfloat16, "f32": torch.float32}
+    for name in args.dtypes.split(","):
+        for n in map(int, args.sizes.split(",")) if args.sizes else []:
+            if name == "f32" and n > 65536:
+                continue
+            tensors = _tensors(torch, n, dtypes[name])
+            x = tensors[1]
+            dst = torch.empty_like(x)
+            copy = 2 * x.numel() * x.element_size() / median_ms(partial(dst.copy_, x), args.reps) / 1e9
+            for rms, sums in ((False, 2), (True, 1)):
+                kind = "rms" if rms else "ln"
+                line = f"{kind} {name} N={n} copy {copy:.2f} bar {0.85 * copy:.2f}"
+                old = norm.backward_config(n, name, sums, False)
+                rc = old.row
+                line += f" | regs {rc.cluster}x{rc.block}x{old.blocks_per_sm}:"
+                counts = {"78": norm.backward_groups(old, x.shape[0], sms)}
+                if rc.cluster > 1:
+                    active = norm.max_active_clusters(rc.cluster, rc.block, old.blocks_per_sm, 0)
+                    counts["a"] = norm.backward_groups(old, x.shape[0], sms, active)
+                for label, g in counts.items():
+                    line += f" {label}{g} {_kernel_tbps(torch, norm, tensors, old, g, rms, args.reps):.2f}"
+                variants = [
+                    (512, 2, None, 1),
+                    (512, 2, None, 2),
+                    (1024, 1, 6, 2),
+                    (1024, 2, None, 1),
+                    (512, 4, None, 1),
+                ]
+                if name == "f32":
+                    variants = [(1024, 2, None, 1), (512, 4, None, 1), (1024, 1, 6, 2), (512, 2, 6, 2)]
+                for threads, chunks, stages, lag in variants:
+                    cfg = norm.staged_backward_config(n, name, sums, chunks, stages, threads, lag)
+                    if cfg is None or (cfg.row.cluster == 1 and lag > 1):
+                        continue
+                    rc = cfg.row
+                    active = norm.max_active_clusters(rc.cluster, rc.block, 1, 0) if rc.cluster > 1 else None
+                    g = norm.backward_groups(cfg, x.shape[0], sms, active)
+                    tbps = _kernel_tbps(torch, norm, tensors, cfg, g, rms, args.reps)
+                    line += f" | t{threads} c{chunks} s{cfg.stages} l{lag} {rc.cluster}x g{g} {tbps:.2f}"
+                print(line, flush=True)
+                result["lines"].append(line)
+            del tensors, dst, x
+            torch.cuda.empty_cache()
+    for n in map(int, args.small.split(",")) if args.small else []:
+        line = _small(torch, norms, norm, n, sms, args.reps)
+        print(line, flush=True)
+        result["lines"].append(line)
+        torch.cuda.empty_cache()
+    result["wall_s"] = round(time.time() - started, 1)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
