@@ -34,7 +34,7 @@ def _kernel_tbps(torch, norm, tensors, cfg, groups, rms, reps):
     dy, x, w, mean, rstd, dx = tensors
     rc = cfg.row
     partials = torch.empty(groups, max(1, cfg.sums) * x.shape[1], device="cuda")
-    exchange = torch.zeros(x.shape[0], 2 * rc.cluster + 1, device="cuda") if rc.team else dx
+    exchange = torch.zeros(x.shape[0], norm.exchange_columns(cfg), device="cuda") if rc.team else dx
     flags = norm.NormFlags(rms, weight=True, bias=not rms)
 
     def run():  # a team's counters zeroed before each launch, as backward() does

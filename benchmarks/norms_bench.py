@@ -135,7 +135,7 @@ def _sweep_tbps(torch, norm, tensors, cfg, groups: int, reps: int) -> float:
     rc = cfg.row
     partials = torch.empty(groups, 2 * x.shape[1], device="cuda")
     flags = norm.NormFlags(False, weight=True, bias=True)
-    exchange = torch.zeros(x.shape[0], 2 * rc.cluster + 1, device="cuda") if rc.team else dx
+    exchange = torch.zeros(x.shape[0], norm.exchange_columns(cfg), device="cuda") if rc.team else dx
 
     def run():  # a team's counters zeroed before each launch, as backward() does
         if rc.team:

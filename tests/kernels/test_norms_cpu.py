@@ -55,8 +55,8 @@ def _assembled(module) -> str:
 
 
 def _exchange(cfg):
-    """The backward's ``exchange`` argument: a team's (rows, 2 * team + 1) float32 row sums, else unused."""
-    return flyc.TensorSpec((8, 2 * cfg.row.cluster + 1), "f32")
+    """The backward's ``exchange`` argument: a team's tagged row sums, else unused."""
+    return flyc.TensorSpec((8, norm_mod.exchange_columns(cfg)), "f32")
 
 
 def _accesses(ptx: str) -> set:
@@ -263,11 +263,11 @@ def test_staged_backward_assembles_without_spills(n, dtype, sums):
     assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group \t{ahead};" in ptx
     assert "ld.shared.v4.b32" in ptx and "st.global.v4.b32" in ptx
     # Clusters: the row pairs pushed into the peers' inboxes (st.async + mbarrier); cluster barriers only at the
-    # start (barriers initialized) and the end. Teams: pairs and counters in global memory (release / acquire).
+    # start (barriers initialized) and the end. Teams: tagged pairs in global memory (relaxed 64-bit, no fence).
     pushed = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in ptx
     assert pushed == (cfg.row.regime == "cluster") and ptx.count("barrier.cluster.wait") == (2 if pushed else 0)
-    teamed = "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
-    assert teamed == cfg.row.team and ("ld.relaxed.gpu.global.f32" in ptx) == cfg.row.team
+    teamed = "st.relaxed.gpu.global.b64" in ptx and "ld.relaxed.gpu.global.b64" in ptx
+    assert teamed == cfg.row.team and (not cfg.row.team or ("fence" not in ptx and ".release" not in ptx))
     if flyc.find_ptxas() is not None:
         assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
 

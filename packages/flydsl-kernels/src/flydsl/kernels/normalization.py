@@ -13,6 +13,13 @@ its partial row in global memory when they do not fit: LayerNorm past 131072), w
 a second small kernel sums the partial rows in a fixed order. (Atomics would save that kernel but make the result
 depend on timing, and contend on the same addresses at small N.) Rows longer than the registers hold are read
 twice, segment by segment, the second time from L2. See :func:`backward_config` for the layouts.
+
+Long rows (16-bit N >= 16384, float32 N >= 16384; N a multiple of 16 bytes, rows 16-byte aligned) take the staged
+kernel instead: each thread copies its chunks of dy and x rows ahead into a shared-memory ring (``cp.async``), so
+that enough bytes are in flight without registers, and keeps its column sums in registers. A row split over CTAs
+no longer waits at a cluster barrier per row: the CTAs push their partial sums to each other (a cluster: ``st.async``
+into the peers' shared memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: global memory + release/acquire
+counters) and write dx ``lag`` rows later. See :func:`_rows_staged`, :func:`_rows_pushed`.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ __all__ = [
     "staged_backward_config",
     "staged_config",
     "team_backward_config",
+    "exchange_columns",
     "forward",
     "backward",
     "norm_forward_kernel",
@@ -258,8 +266,9 @@ def backward_config(n: int, dtype: str, sums: int, staged: bool = True) -> Backw
     flight) at 64 registers, 1024 threads per SM; 16-bit rows: two chunks (16 values) at 80 registers (768 threads
     per SM) in 256-thread CTAs, one chunk at 64 registers in larger CTAs and past 32768. In that order of
     preference: rows that fit a 256-thread CTA (several rows per CTA), rows that fit one CTA of up to 1024 threads
-    (measured better than clusters: 8192 bf16 3.69 against 3.20 TB/s, f32 4.04 against 3.62), clusters of CTAs.
-    The CPU tests check with ptxas -v that none of these spills."""
+    (measured better than clusters: 8192 bf16 3.69 against 3.20 TB/s, f32 4.04 against 3.62), then (``staged``:
+    rows 16-byte aligned) the staged kernel where it was measured faster (:func:`staged_config`; teams:
+    :func:`team_backward_config`), clusters of CTAs. The CPU tests check with ptxas -v that none of these spills."""
     wide = dtype == "f32"
     dense, lean = ((2, 64), (2, 64)) if wide else ((2, 80), (1, 64))  # (chunks, registers)
     cfg = make_backward_config(n, dtype, sums, *dense)
@@ -448,7 +457,7 @@ def norm_backward_kernel(
     together (one barrier per row; two slots alternate); a second writes dx (from registers, or re-reading the row
     from L2 when it does not fit). The column sums go to row ``g`` of ``partial``: ``(groups, sums * N)``
     float32, dweight in the first N columns, dbias in the next N. ``exchange``: a team's row sums and counters
-    (``(rows, 2 * team + 1)`` float32, zeroed; see :func:`_rows_pushed`), else any tensor (not accessed)."""
+    (``(rows, exchange_columns(cfg))`` float32, zeroed; see :func:`_exchange_setup`), else any tensor (unused)."""
     rc = cfg.row
     rows, n = x.shape
     groups = gpu.grid_dim.x // rc.cluster
@@ -706,15 +715,34 @@ def _push_pair(a, b, remote, barrier) -> None:
     _llvm.inline_asm(None, [where, a.value, b.value, bar], text, "l,f,f,l", has_side_effects=True)
 
 
-_SPIN_LIMIT = 1 << 22  # polls of a team's row counter before the kernel traps (a lost peer: fail, do not hang)
+_SPIN_LIMIT = 1 << 22  # polls of a team's pair before the kernel traps (a lost peer: fail rather than hang)
+_TAG = 1  # marks a team's pair as written (the exchange tensor is zeroed before each launch)
 
 
-def _ld_relaxed(pointer) -> fx.Float32:
-    """``ld.relaxed.gpu.global.f32``: a float another CTA wrote (coherent at the GPU's scope: L2, not a stale L1)."""
-    value = _llvm.inline_asm(
-        fx.Float32.mlir_type(), [pointer], "ld.relaxed.gpu.global.f32 $0, [$1];", "=f,l", has_side_effects=True
+def exchange_columns(cfg: BackwardConfig) -> int:
+    """Float32 columns per row of a team's ``exchange`` tensor: per CTA of the row, its pair, each half next to a
+    tag: ``(sum(g * xhat), tag, sum(g), tag)``."""
+    return 4 * cfg.row.cluster
+
+
+def _store_tagged(pointer, value) -> None:
+    """``st.relaxed.gpu.global.b64``: ``value`` (Float32) and :data:`_TAG` as one 64-bit store (single-copy atomic:
+    a reader sees both or neither), no fence: nothing this thread wrote before has to be waited for."""
+    text = "{ .reg .b32 lo; .reg .b64 t; mov.b32 lo, $1; mov.b64 t, {lo, $2}; st.relaxed.gpu.global.b64 [$0], t; }"
+    _llvm.inline_asm(None, [pointer, value.value, fx.Int32(_TAG).value], text, "l,f,r", has_side_effects=True)
+
+
+def _load_tagged(pointer):
+    """``ld.relaxed.gpu.global.b64`` of a :func:`_store_tagged` pair: (Float32 value, Int32 tag); coherent at the
+    GPU's scope (L2), not a stale L1 line."""
+    i32 = fx.Int32.mlir_type()
+    struct = _llvm.StructType.get_literal([i32, i32])
+    text = "{ .reg .b64 t; ld.relaxed.gpu.global.b64 t, [$2]; mov.b64 {$0, $1}, t; }"
+    both = _llvm.inline_asm(struct, [pointer], text, "=r,=r,l", has_side_effects=True)
+    bits = fx.Int32(_llvm.extractvalue(i32, both, [0]))
+    return fx.Float32(fx.arith.bitcast(fx.Float32.mlir_type(), bits.value)), fx.Int32(
+        _llvm.extractvalue(i32, both, [1])
     )
-    return fx.Float32(value)
 
 
 def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int):
@@ -722,10 +750,11 @@ def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int):
 
     Cluster: each CTA pushes its pair into every peer's inbox slot for the row (``st.async``, completing bytes on
     the peer's mbarrier of the slot); a CTA waits on its own mbarrier. Team (CTAs that are not a cluster): each
-    writes its pair into the row's line of ``exchange`` in global memory and adds 1 to the row's counter (release);
-    a CTA's first warp polls the counter (acquire) until the whole team has written, sums the pairs and hands the
-    sums to the CTA through shared memory. Either way the sum runs over the ranks in a fixed order: every CTA of
-    the row computes the same means, and the result does not depend on timing."""
+    writes its pair into the row's line of ``exchange`` in global memory, each half tagged in one 64-bit store (no
+    fence, so no wait for this thread's loads and stores in flight); a CTA's first warp polls the pairs until every
+    tag is set, sums them and hands the sums to the CTA through shared memory. Either way the sum runs over the
+    ranks in a fixed order: every CTA of the row computes the same means, and the result does not depend on
+    timing."""
     share = SimpleNamespace(rc=cfg.row, pos=pos, exchange=exchange, slots=slots)
     if fx.const_expr(cfg.row.team):
         share.means = fx.SmemAllocator().allocate(fx.Float32, 4, alignment=16)  # two rows' sums
@@ -745,9 +774,8 @@ def _exchange_push(share, k, row, pair) -> None:
     size, pos = share.rc.cluster, share.pos
     if fx.const_expr(share.rc.team):
         if pos.tid == 0:
-            share.exchange[row, 2 * pos.rank] = pair[0]
-            share.exchange[row, 2 * pos.rank + 1] = pair[1]
-            fx.nvvm.red_add_release(fx.nvvm.address(share.exchange, (row, 2 * size)), 1)  # after the pair
+            for v in fx.range_constexpr(2):
+                _store_tagged(fx.nvvm.address(share.exchange, (row, 4 * pos.rank + 2 * v)), pair[v])
     else:
         box = k % share.slots
         if pos.tid < size:
@@ -774,24 +802,23 @@ def _exchange_sums(share, k, row, parity):
 
 
 def _team_sums(share, row, parity, size: int, lane) -> None:
-    """The first warp: waits for the team's ``size`` pairs of ``row`` (polling its counter; traps after
-    :data:`_SPIN_LIMIT` polls rather than hang), sums them (lane ``l`` ranks ``l, l + 32, ...``, then the warp's
-    fixed shuffle tree) and puts the sums in shared memory slot ``parity``."""
-    counter = fx.nvvm.address(share.exchange, (row, 2 * size))
-    seen = fx.nvvm.ld_acquire(counter)
-    tries = fx.Int32(0)
-    while (seen < size) & (tries < _SPIN_LIMIT):
-        seen = fx.nvvm.ld_acquire(counter)
-        tries = tries + 1
-    if tries >= _SPIN_LIMIT:
-        _llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)
+    """The first warp: lane ``l`` reads the pairs of ranks ``l, l + 32, ...`` of ``row``, polling each half until
+    its tag says it was written (traps after :data:`_SPIN_LIMIT` polls rather than hang), sums them, then the
+    warp's fixed shuffle tree; the sums go to shared memory slot ``parity``."""
     total = [fx.Float32(0.0), fx.Float32(0.0)]
     for i in fx.range_constexpr(-(-size // 32)):
         rank = lane + 32 * i
         ok = rank < size
         safe = fx.arith.select(ok, rank, type(rank)(0))
         for v in fx.range_constexpr(2):
-            got = _ld_relaxed(fx.nvvm.address(share.exchange, (row, 2 * safe + v)))
+            where = fx.nvvm.address(share.exchange, (row, 4 * safe + 2 * v))
+            got, tag = _load_tagged(where)
+            tries = fx.Int32(0)
+            while ok & (tag != _TAG) & (tries < _SPIN_LIMIT):
+                got, tag = _load_tagged(where)
+                tries = tries + 1
+            if tries >= _SPIN_LIMIT:
+                _llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)
             total[v] = total[v] + fx.arith.select(ok, got, fx.Float32(0.0))
     total = [gpu.warp_reduce(v, "add", width=32) for v in total]
     if lane == 0:
@@ -1030,8 +1057,8 @@ def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
     partial = empty_rows(x, (groups, sums * n), "dweight/dbias partial sums") if sums else x.obj
     placeholder = x.obj
     exchange = placeholder
-    if rc.team:  # the team's row sums and counters, zeroed (one small memset)
-        exchange = empty_rows(x, (rows, 2 * rc.cluster + 1), "backward row sums")
+    if rc.team:  # the team's tagged row sums, zeroed (one small memset)
+        exchange = empty_rows(x, (rows, exchange_columns(cfg)), "backward row sums")
         exchange.zero_() if hasattr(exchange, "zero_") else exchange.fill(0)
     mean_obj = mean.obj if mean is not None else rstd.obj
     w_obj = weight.obj if weight is not None else placeholder
