@@ -220,8 +220,8 @@ def test_norm_backward_staged_many_rows(n, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [131072, 262144])
 def test_norm_backward_team(n, dtype):
-    """Rows split over a team of 16-64 CTAs that share their sums through global memory: more rows than teams (the
-    ring wraps around, each row's counter is polled), LayerNorm and RMSNorm."""
+    """LayerNorm's rows split over a team of 16-64 CTAs that share their sums through global memory: more rows than
+    teams (the ring wraps around, each row's tagged pairs are polled); RMSNorm at the same N (register kernel)."""
     test_layer_norm_backward(n, dtype, rows=45)
     test_rms_norm_backward(n, dtype, rows=45)
 

@@ -279,8 +279,10 @@ def backward_config(n: int, dtype: str, sums: int, staged: bool = True) -> Backw
         return cfg
     if staged:
         ring = staged_config(n, dtype, sums)
-        if ring is None and (n * (4 if wide else 2) >= 512 * 1024 or (sums == 2 and not wide)):
-            ring = team_backward_config(n, dtype, sums)  # rows of 512 KB, and 16-bit LayerNorm past 65536
+        if ring is None and sums == 2:  # LayerNorm past 8 CTAs per row: a team (through norms_bench, bf16 131072
+            # and 262144: 1.53, 0.83 -> 2.16, 2.11 TB/s; f32: 2.40, 1.33 -> 2.53, 2.10). RMSNorm's register kernel
+            # stays: the team measured 2.20, 2.50, 2.11 against 2.23, 2.77, 2.62 (bf16 262144, f32 131072, 262144).
+            ring = team_backward_config(n, dtype, sums)
         if ring is not None:
             return ring
     if not wide and n <= 8 * _BWD_THREADS * 16:
