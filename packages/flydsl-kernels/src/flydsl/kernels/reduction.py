@@ -11,7 +11,9 @@ consecutive 16 bytes (coalesced), and a short row spreads evenly over the CTAs. 
 * ``block``: 64..1024 threads per row, one row per CTA (two at 64): shuffles, then one value per warp through
   shared memory;
 * ``cluster``: rows longer than one CTA's registers hold (~32K elements) are split over 2, 4 or 8 CTAs of a
-  cluster; each CTA reduces its part, then reads its peers' partials through distributed shared memory (DSMEM).
+  cluster; each CTA reduces its part, then reads its peers' partials through distributed shared memory (DSMEM);
+* ``team`` (``RowConfig.team``, the norm backward's longest rows): a row over more CTAs than a cluster holds,
+  consecutive CTAs of the grid that share their partials through global memory (the kernel does that exchange).
 
 Tails are predicated: chunks past N are not read (their registers hold a neutral ``fill``) nor written. When N is
 not a multiple of ``vec`` the accesses are per element (correct for any N; 16-byte accesses need N and the row
