@@ -1,0 +1,215 @@
+"""The norm kernels' variants (:class:`NormFlags`) and the backward's configurations: how rows map onto threads,
+CTAs, clusters and teams, for the register kernel and the staged kernel (:mod:`flydsl.kernels.normalization` has the
+kernels and re-exports these), and the persistent grid's size. Chosen per (N, dtype, column sums) from the H200
+timings cited in each docstring."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from flydsl.kernels.reduction import RowConfig, row_config
+
+__all__ = [
+    "NormFlags",
+    "BackwardConfig",
+    "backward_config",
+    "backward_groups",
+    "make_backward_config",
+    "staged_backward_config",
+    "staged_config",
+    "team_backward_config",
+]
+
+
+@dataclass(frozen=True)
+class NormFlags:
+    """Which variant a norm kernel is compiled for."""
+
+    rms: bool
+    residual: bool = False  # fused add: x + residual, written to residual_out, then normalized
+    weight: bool = False
+    bias: bool = False
+    mean: bool = False  # write the mean (LayerNorm)
+    rstd: bool = False  # write rstd
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """How the backward maps rows onto threads: ``row`` (the thread layout, :func:`row_config` with 16 values per
+    thread), ``segment`` (chunks held in registers at once: when the thread has more, the row is walked twice, the
+    second time from L2), ``sums`` (column sums kept: 0, 1 = dweight, 2 = dweight and dbias), ``smem_sums`` (they
+    live in shared memory; else in the CTA's partial row in global memory, read-modify-write, for rows too long
+    for shared memory) and ``blocks_per_sm`` (the persistent grid's CTAs per SM: registers capped at 64)."""
+
+    row: RowConfig
+    segment: int
+    sums: int
+    smem_sums: bool
+    blocks_per_sm: int
+    stages: int = 0  # > 0: rows staged through a shared-memory ring of this many rows (see _rows_staged)
+    lag: int = 1  # clusters: rows between a row's push and its dx (see _rows_pushed)
+
+    @property
+    def two_pass(self) -> bool:
+        return self.segment < self.row.chunks
+
+    @property
+    def staged(self) -> bool:
+        return self.stages > 0
+
+    @property
+    def ring_bytes(self) -> int:
+        """Shared memory of the staged ring: ``stages`` rows of dy and x, this CTA's chunks."""
+        return self.stages * 2 * self.row.block * self.row.chunks * 16
+
+
+_BWD_THREADS = 256  # CTA size: short rows share a CTA, longer ones are split over clusters of 256-thread CTAs
+_SMEM_BYTES = 200 * 1024  # shared memory per SM the column sums may take (of 227 KB)
+
+
+_STAGED_THREADS = 1024  # the staged kernel's CTA: one per SM (its ring takes most of the shared memory)
+_RING_BYTES = 200 * 1024  # shared memory the ring may take
+_MAX_STAGES = 4  # ring depth by default (the team kernel's: 6)
+
+
+def _staged_shapes(dtype: str, sums: int) -> list:
+    """(threads, chunks, lag, most CTAs per row) the staged kernel uses, in order of preference: measured on the
+    H200 (benchmarks/results/norms_backward_2026-11-30_staged.json, kernel alone) against each other and the
+    register kernel, among the shapes that ptxas -v assembles without spills (the column sums take ``sums * chunks
+    * vec`` registers; checked by the CPU tests). 16-bit rows with one sum: one 1024-thread CTA per row (16384: 3.95
+    TB/s against 3.31), else 512 threads x 4 chunks (32768-131072: 3.15, 3.04, 2.99 against 3.12, 2.50, 2.22);
+    LayerNorm's two sums: 512 x 2, lag 2 (16384-65536: 3.19, 2.92, 2.86 against 3.07, 2.87, 1.64). Float32:
+    LayerNorm 1024 x 2 up to 4 CTAs, then 512 x 4 (16384-65536: 3.64, 3.42, 3.25 against 3.37, 3.25, 3.01); one
+    sum: 1024 x 2 in up to 2 CTAs (16384: 3.71 against 3.62), the register kernel beyond (3.67, 3.53 against 3.49,
+    3.27)."""
+    if dtype == "f32":
+        if sums == 2:
+            return [(1024, 2, 1, 4), (512, 4, 1, 8)]
+        return [(1024, 2, 1, 2)]
+    if sums == 2:
+        return [(512, 2, 2, 8)]
+    return [(1024, 2, 1, 1), (512, 4, 1, 8)]
+
+
+def staged_config(n: int, dtype: str, sums: int) -> BackwardConfig | None:
+    """The first of :func:`_staged_shapes` that holds a row in its most CTAs, or None."""
+    for threads, chunks, lag, most in _staged_shapes(dtype, sums):
+        cfg = staged_backward_config(n, dtype, sums, chunks, threads=threads, lag=lag)
+        if cfg is not None and cfg.row.cluster <= most:
+            return cfg
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def staged_backward_config(
+    n: int,
+    dtype: str,
+    sums: int,
+    chunks: int = 2,
+    stages: int | None = None,
+    threads: int = _STAGED_THREADS,
+    lag: int = 1,
+) -> BackwardConfig | None:
+    """The staged backward config (see :func:`_rows_staged`) for rows of ``n`` elements: CTAs of ``threads``
+    threads holding ``chunks`` 16-byte chunks of a row each, as few CTAs per row (a cluster) as hold it, a ring of
+    ``stages`` rows (default: as many as :data:`_RING_BYTES` hold, at most :data:`_MAX_STAGES`). None when a row
+    needs more than 8 CTAs or the ring would hold fewer than 2 rows, or when N is not a multiple of 16 bytes (the
+    ring is filled by 16-byte copies)."""
+    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    if n % vec:
+        return None
+    total = -(-n // vec)
+    cluster = 1 << max(0, (-(-total // (threads * chunks)) - 1).bit_length())
+    if cluster > 8:
+        return None
+    stage_bytes = 2 * threads * chunks * 16
+    stages = stages or min(_MAX_STAGES, _RING_BYTES // stage_bytes)
+    if stages < 2 or stages * stage_bytes > _RING_BYTES or (cluster > 1 and stages < lag + 2):
+        return None
+    layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
+    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag)
+
+
+_MAX_TEAM = 64  # CTAs per row of a team: at least two teams on 132 SMs
+
+
+@functools.lru_cache(maxsize=1024)
+def team_backward_config(
+    n: int, dtype: str, sums: int, chunks: int = 2, stages: int = 6, threads: int = 512, lag: int = 2
+) -> BackwardConfig | None:
+    """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as
+    hold the row (any count, 9 to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial sums through
+    global memory. None when N is not a multiple of 16 bytes or the row needs fewer than 9 or more than
+    :data:`_MAX_TEAM` CTAs."""
+    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    team = -(-n // (vec * threads * chunks))
+    if n % vec or not 8 < team <= _MAX_TEAM or stages * 2 * threads * chunks * 16 > _RING_BYTES:
+        return None
+    layout = RowConfig(dtype, vec, chunks, threads, 1, team, True, team=True)
+    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag)
+
+
+@functools.lru_cache(maxsize=1024)
+def backward_config(n: int, dtype: str, sums: int, staged: bool = True) -> BackwardConfig:
+    """The backward config for rows of ``n`` elements of ``dtype`` keeping ``sums`` column sums (see
+    :class:`BackwardConfig`). Float32 rows: two 16-byte chunks of dy and of x per thread (and the next row's in
+    flight) at 64 registers, 1024 threads per SM; 16-bit rows: two chunks (16 values) at 80 registers (768 threads
+    per SM) in 256-thread CTAs, one chunk at 64 registers in larger CTAs and past 32768. In that order of
+    preference: rows that fit a 256-thread CTA (several rows per CTA), rows that fit one CTA of up to 1024 threads
+    (measured better than clusters: 8192 bf16 3.69 against 3.20 TB/s, f32 4.04 against 3.62), then (``staged``:
+    rows 16-byte aligned) the staged kernel where it was measured faster (:func:`staged_config`; teams:
+    :func:`team_backward_config`), clusters of CTAs. The CPU tests check with ptxas -v that none of these spills."""
+    wide = dtype == "f32"
+    dense, lean = ((2, 64), (2, 64)) if wide else ((2, 80), (1, 64))  # (chunks, registers)
+    cfg = make_backward_config(n, dtype, sums, *dense)
+    if cfg.row.cluster == 1:
+        return cfg
+    cfg = make_backward_config(n, dtype, sums, *lean, cta_threads=1024)
+    if cfg.row.cluster == 1:
+        return cfg
+    if staged:
+        ring = staged_config(n, dtype, sums)
+        if ring is None and sums == 2:  # LayerNorm past 8 CTAs per row: a team (through norms_bench, bf16 131072
+            # and 262144: 1.53, 0.83 -> 2.16, 2.11 TB/s; f32: 2.40, 1.33 -> 2.53, 2.10). RMSNorm's register kernel
+            # stays: the team measured 2.20, 2.50, 2.11 against 2.23, 2.77, 2.62 (bf16 262144, f32 131072, 262144).
+            ring = team_backward_config(n, dtype, sums)
+        if ring is not None:
+            return ring
+    if not wide and n <= 8 * _BWD_THREADS * 16:
+        return make_backward_config(n, dtype, sums, *dense)
+    return make_backward_config(n, dtype, sums, *lean)
+
+
+def backward_groups(cfg: BackwardConfig, rows: int, sms: int, active: int | None = None) -> int:
+    """The persistent grid's CTA groups (CTAs, or clusters): as many as fit at once, each taking an equal share of
+    the rows. Clusters of 4 or 8 CTAs cannot fill every SM (a cluster lives in one GPC): launching ``blocks_per_sm
+    * SMs / cluster`` of them left a second wave (measured on the H200: 7/8 of that count ran 1.2-1.5x faster
+    than the full count, 3/4 slower again). ``active``: the clusters the driver says fit at once
+    (:func:`max_active_clusters`), used instead of 7/8 when known."""
+    rc = cfg.row
+    fit = cfg.blocks_per_sm * sms // rc.cluster
+    if rc.cluster_shape is not None:  # a team needs no GPC of its own: every SM
+        fit = active if active else fit * 7 // 8
+    return max(1, min(-(-rows // rc.rows_per_cta), fit))
+
+
+def make_backward_config(
+    n: int, dtype: str, sums: int, chunks: int, registers: int, cta_threads: int = _BWD_THREADS
+) -> BackwardConfig:
+    """A backward config holding ``chunks`` 16-byte chunks per thread per tensor in registers, in CTAs of
+    ``cta_threads`` (several rows each for short rows, clusters of up to 8 for longer ones, then CTAs of up to 1024,
+    then two passes per row), as many CTAs per SM as ``registers`` per thread and the column sums' shared memory
+    allow."""
+    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    layout = row_config(n, dtype, held=32 // (chunks * vec), warp_block=_BWD_THREADS, cta_threads=cta_threads)
+    if layout.cluster == 1 and layout.block < _BWD_THREADS:
+        layout = dataclasses.replace(layout, rows_per_cta=_BWD_THREADS // layout.threads_per_row)
+    if layout.chunks > chunks:  # two passes, over whole segments (a dynamic loop)
+        layout = dataclasses.replace(layout, chunks=-(-layout.chunks // chunks) * chunks)
+    blocks = max(1, 65536 // (registers * layout.block))
+    sum_bytes = sums * layout.block * layout.chunks * layout.vec * 4
+    while blocks > 1 and blocks * sum_bytes > _SMEM_BYTES:
+        blocks -= 1
+    return BackwardConfig(layout, min(chunks, layout.chunks), sums, sum_bytes <= _SMEM_BYTES, blocks)

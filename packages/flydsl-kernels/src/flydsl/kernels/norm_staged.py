@@ -1,0 +1,353 @@
+"""The norm backward's staged kernel for long rows (:mod:`flydsl.kernels.normalization` launches it): each thread
+copies its 16-byte chunks of dy and x rows ahead into a shared-memory ring (``cp.async``), so that enough bytes are in
+flight without registers, and keeps its column sums in registers. A row split over CTAs does not wait at a cluster
+barrier per row: the CTAs push their partial sums to each other (a cluster: ``st.async`` into the peers' shared
+memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: tagged pairs in global memory) and write dx ``lag`` rows
+later. Also the row math both backward kernels share (:func:`_row_constants`, :func:`_dx`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+from mlir.dialects import llvm as _llvm
+
+import flydsl.expr as fx
+from flydsl.expr import cluster, gpu, vector
+from flydsl.kernels.norm_config import BackwardConfig, NormFlags
+from flydsl.kernels.reduction import RowConfig, chunk_index, load_vector_chunk, row_reduce, store_row, thread_reduce
+
+
+def _row_at(pos, row):
+    """``pos`` at another row (same thread, same place in the row)."""
+    return SimpleNamespace(**{**vars(pos), "row": row})
+
+
+def _row_constants(rc: RowConfig, flags: NormFlags, pos, smem, parity, dots, inv_n, overlap=None):
+    """``c1 = mean(g * xhat)`` and ``c2 = mean(g)`` (0 for RMSNorm) of the row, from the threads' partial sums (and
+    what ``overlap`` returned, when given: see :func:`row_reduce`)."""
+    reduced = row_reduce(rc, pos, smem, parity, dots, overlap=overlap)
+    sums, extra = reduced if overlap is not None else (reduced, None)
+    means = [v * inv_n for v in sums]
+    c2 = fx.Float32(0.0)
+    if fx.const_expr(not flags.rms):
+        c2 = means[1]
+    return means[0], c2, extra
+
+
+def _load_vector(view, count: int):
+    """``count`` contiguous elements of a view (shared memory) as one vector of its dtype."""
+    cls = vector.vector_class(view.dtype, count)
+    raw, buffer = vector.register_buffer(cls)
+    fx.copy(view, buffer)
+    return cls(_llvm.load(cls.mlir_type(), raw, alignment=buffer.base_alignment))
+
+
+class _Ring:
+    """The staged kernel's ring: ``stages`` rows of this thread's 16-byte chunks of dy and x in shared memory, filled
+    by ``cp.async`` (zeros past N and past the last row), read back by the thread that copied them."""
+
+    def __init__(self, cfg: BackwardConfig, flags: NormFlags, tensors, pos, n, rows):
+        self.cfg, self.rc, self.flags, self.tensors, self.pos, self.n, self.rows = (
+            cfg,
+            cfg.row,
+            flags,
+            tensors,
+            pos,
+            n,
+            rows,
+        )
+        rc = cfg.row
+        size = cfg.stages * 2 * rc.chunks * rc.block * rc.vec
+        self.buffer = fx.SmemAllocator().allocate(tensors[1].dtype, size, alignment=16)
+        self.cols = [chunk_index(rc, pos, j) * rc.vec for j in range(rc.chunks)]
+
+    def _index(self, slot, t: int, j: int):
+        return ((slot * 2 + t) * self.rc.chunks + j) * self.rc.block + self.pos.tid
+
+    def issue(self, row, slot) -> None:
+        """Copies this thread's chunks of ``row`` into ring slot ``slot``: one commit group."""
+        rc, rows = self.rc, self.rows
+        row_ok = row < rows
+        safe_row = fx.arith.select(row_ok, row, type(row)(0))
+        for t in fx.range_constexpr(2):
+            for j in fx.range_constexpr(rc.chunks):
+                col = self.cols[j]
+                inside = row_ok & (col < self.n)
+                fx.nvvm.cp_async(
+                    self.buffer,
+                    self.tensors[t],
+                    16,
+                    dst_coord=self._index(slot, t, j) * rc.vec,
+                    src_coord=(safe_row, fx.arith.select(inside, col, type(col)(0))),
+                    src_bytes=fx.arith.select(inside, fx.Int32(16), fx.Int32(0)),
+                )
+        fx.nvvm.cp_async_commit_group()
+
+    def stats(self, row):
+        """rstd and mean of ``row`` (row 0's past the last row: finite, and multiplied by zeros)."""
+        safe_row = fx.arith.select(row < self.rows, row, type(row)(0))
+        mu = fx.Float32(0.0)
+        if fx.const_expr(not self.flags.rms):
+            mu = self.tensors[3][safe_row]
+        return self.tensors[4][safe_row], mu
+
+    def terms(self, slot, j: int, rstd, mu):
+        """``(g = dy * weight, xhat, dy)`` of chunk ``j`` of the row in ``slot``."""
+        rc = self.rc
+        loaded = []
+        for t in fx.range_constexpr(2):
+            view = fx.local_tile(self.buffer, (rc.vec,), (self._index(slot, t, j),))
+            wide = _load_vector(view, rc.vec).to(fx.Float32)
+            loaded.append([wide[e] for e in range(rc.vec)])
+        dys, xs = loaded
+        xhat = [v * rstd for v in xs] if self.flags.rms else [(v - mu) * rstd for v in xs]
+        g = dys
+        if fx.const_expr(self.flags.weight):
+            g = [a * w for a, w in zip(dys, load_vector_chunk(rc, self.tensors[2], self.pos, self.n, j), strict=True)]
+        return g, xhat, dys
+
+    def first_pass(self, slot, rstd, mu, sums):
+        """This thread's ``sum(g * xhat)`` (and ``sum(g)``) of the row in ``slot``, and ``sums`` plus its column
+        terms (dweight's ``dy * xhat``, then dbias's ``dy``), chunk by chunk (each chunk's values die before the
+        next is read)."""
+        rc = self.rc
+        dots = [fx.Float32(0.0)] * (1 if self.flags.rms else 2)
+        added = list(sums)
+        for j in fx.range_constexpr(rc.chunks):
+            g, xhat, dys = self.terms(slot, j, rstd, mu)
+            dots[0] = dots[0] + thread_reduce([a * h for a, h in zip(g, xhat, strict=True)])
+            if fx.const_expr(not self.flags.rms):
+                dots[1] = dots[1] + thread_reduce(g)
+            for e in fx.range_constexpr(rc.vec if self.cfg.sums > 0 else 0):
+                added[j * rc.vec + e] = added[j * rc.vec + e] + dys[e] * xhat[e]
+            for e in fx.range_constexpr(rc.vec if self.cfg.sums > 1 else 0):
+                at = (rc.chunks + j) * rc.vec + e
+                added[at] = added[at] + dys[e]
+        return dots, added
+
+    def store_dx(self, row, slot, rstd, mu, c1, c2) -> None:
+        def chunk(j):
+            g, xhat, _ = self.terms(slot, j, rstd, mu)
+            return _dx(rstd, g, xhat, c1, c2)
+
+        store_row(self.rc, self.tensors[5], _row_at(self.pos, row), self.n, self.rows, chunk)
+
+    def write_sums(self, partial_row, sums) -> None:
+        fx.nvvm.cp_async_wait_group(0)  # nothing lands in shared memory after the CTA is gone
+        rc = self.rc
+        for s in fx.range_constexpr(self.cfg.sums):
+            for j in fx.range_constexpr(rc.chunks):
+                for q in fx.range_constexpr(rc.vec // 4):
+                    at = (s * rc.chunks + j) * rc.vec + 4 * q
+                    partial_row.store(s, j, q, sums[at : at + 4])
+
+
+def _rows_staged(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange):
+    """Rows staged through shared memory: each thread copies its chunks of dy and x (``cp.async``, 16 bytes each)
+    rows ahead into its own slots of a ring (:class:`_Ring`), so that the bytes in flight cost no registers
+    (Little's law: ~32 KB per SM for HBM's bandwidth). A thread reads only what it copied: ``cp.async.wait_group``
+    orders it, no barrier. The column sums stay in registers, written once at the end to the CTA's partial row; the
+    zero-filled padding adds nothing to them or to the row means. One CTA per row: one block reduction per row, then
+    dx from the ring. A cluster per row: see :func:`_rows_pushed`."""
+    if fx.const_expr(cfg.row.cluster > 1):
+        _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange)
+        return
+    rc = cfg.row
+    stages = cfg.stages
+    inv_n = 1.0 / n.to(fx.Float32)
+    ring = _Ring(cfg, flags, tensors, pos, n, rows)
+    for k in fx.range_constexpr(stages - 1):
+        ring.issue(group + k * groups, fx.Int32(k))
+    sums = [fx.Float32(0.0)] * max(1, cfg.sums * rc.chunks * rc.vec)  # one unused value without sums: carried
+    rstd, mu = ring.stats(group)
+    slot = fx.Int32(0)
+    parity = fx.Int32(0)
+    for grp in range(group, row_groups, groups):  # the same trip count for the whole CTA
+        ahead = slot + (stages - 1)
+        ring.issue(grp + (stages - 1) * groups, fx.arith.select(ahead >= stages, ahead - stages, ahead))
+        next_rstd, next_mu = ring.stats(grp + groups)  # in flight during this row
+        fx.nvvm.cp_async_wait_group(stages - 1)  # this row's chunks (this thread's) have landed
+        dots, sums = ring.first_pass(slot, rstd, mu, sums)
+        c1, c2, _ = _row_constants(rc, flags, _row_at(pos, grp), smem, parity, dots, inv_n)
+        ring.store_dx(grp, slot, rstd, mu, c1, c2)
+        rstd, mu = next_rstd, next_mu
+        slot = fx.arith.select(slot + 1 >= stages, slot + 1 - stages, slot + 1)
+        parity = 1 - parity
+    ring.write_sums(partial_row, sums)
+
+
+def _push_pair(a, b, remote, barrier) -> None:
+    """``st.async``: two Float32 into a peer's shared memory (``remote``, an ``!llvm.ptr<7>`` from
+    ``cluster.map_shared``), completing 8 bytes of the transaction count of its mbarrier ``barrier`` (likewise).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-st-async
+    """
+    i64 = fx.Int64.mlir_type()  # mapa's 64-bit shared::cluster addresses, as they are
+    where = _llvm.ptrtoint(i64, remote)
+    bar = _llvm.ptrtoint(i64, barrier)
+    text = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [$0], {$1, $2}, [$3];"
+    _llvm.inline_asm(None, [where, a.value, b.value, bar], text, "l,f,f,l", has_side_effects=True)
+
+
+_SPIN_LIMIT = 1 << 22  # polls of a team's pair before the kernel traps (a lost peer: fail rather than hang)
+_TAG = 1  # marks a team's pair as written (the exchange tensor is zeroed before each launch)
+
+
+def exchange_columns(cfg: BackwardConfig) -> int:
+    """Float32 columns per row of a team's ``exchange`` tensor: per CTA of the row, its pair, each half next to a
+    tag: ``(sum(g * xhat), tag, sum(g), tag)``."""
+    return 4 * cfg.row.cluster
+
+
+def _store_tagged(pointer, value) -> None:
+    """``st.relaxed.gpu.global.b64``: ``value`` (Float32) and :data:`_TAG` as one 64-bit store (single-copy atomic:
+    a reader sees both or neither), no fence: nothing this thread wrote before has to be waited for."""
+    text = "{ .reg .b32 lo; .reg .b64 t; mov.b32 lo, $1; mov.b64 t, {lo, $2}; st.relaxed.gpu.global.b64 [$0], t; }"
+    _llvm.inline_asm(None, [pointer, value.value, fx.Int32(_TAG).value], text, "l,f,r", has_side_effects=True)
+
+
+def _load_tagged(pointer):
+    """``ld.relaxed.gpu.global.b64`` of a :func:`_store_tagged` pair: (Float32 value, Int32 tag); coherent at the
+    GPU's scope (L2), not a stale L1 line."""
+    i32 = fx.Int32.mlir_type()
+    struct = _llvm.StructType.get_literal([i32, i32])
+    text = "{ .reg .b64 t; ld.relaxed.gpu.global.b64 t, [$2]; mov.b64 {$0, $1}, t; }"
+    both = _llvm.inline_asm(struct, [pointer], text, "=r,=r,l", has_side_effects=True)
+    bits = fx.Int32(_llvm.extractvalue(i32, both, [0]))
+    return fx.Float32(fx.arith.bitcast(fx.Float32.mlir_type(), bits.value)), fx.Int32(
+        _llvm.extractvalue(i32, both, [1])
+    )
+
+
+def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int):
+    """How the CTAs of a row share their partial pairs (``sum(g * xhat)``, ``sum(g)``) in :func:`_rows_pushed`.
+
+    Cluster: each CTA pushes its pair into every peer's inbox slot for the row (``st.async``, completing bytes on
+    the peer's mbarrier of the slot); a CTA waits on its own mbarrier. Team (CTAs that are not a cluster): each
+    writes its pair into the row's line of ``exchange`` in global memory, each half tagged in one 64-bit store (no
+    fence, so no wait for this thread's loads and stores in flight); a CTA's first warp polls the pairs until every
+    tag is set, sums them and hands the sums to the CTA through shared memory. Either way the sum runs over the
+    ranks in a fixed order: every CTA of the row computes the same means, and the result does not depend on
+    timing."""
+    share = SimpleNamespace(rc=cfg.row, pos=pos, exchange=exchange, slots=slots)
+    if fx.const_expr(cfg.row.team):
+        share.means = fx.SmemAllocator().allocate(fx.Float32, 4, alignment=16)  # two rows' sums
+    else:
+        share.inbox = fx.SmemAllocator().allocate(fx.Float32, slots * cfg.row.cluster * 2, alignment=16)
+        share.bars = fx.mbarrier.allocate(fx.SmemAllocator(), slots)
+        if pos.tid == 0:
+            for i in fx.range_constexpr(slots):
+                share.bars[i].init(1)
+            fx.mbarrier.fence_init()
+        cluster.sync()  # every peer's barriers are initialized before the first push
+    return share
+
+
+def _exchange_push(share, k, row, pair) -> None:
+    """This CTA's ``pair`` of row ``row`` (its ``k``-th), to every CTA of the row (itself included)."""
+    size, pos = share.rc.cluster, share.pos
+    if fx.const_expr(share.rc.team):
+        if pos.tid == 0:
+            for v in fx.range_constexpr(2):
+                _store_tagged(fx.nvvm.address(share.exchange, (row, 4 * pos.rank + 2 * v)), pair[v])
+    else:
+        box = k % share.slots
+        if pos.tid < size:
+            remote = cluster.map_shared(share.inbox, pos.tid, coord=(box * size + pos.rank) * 2)
+            _push_pair(pair[0], pair[1], remote, cluster.map_shared(share.bars.tensor, pos.tid, coord=box))
+        if pos.tid == 0:
+            share.bars[box].arrive_expect_tx(size * 8)
+
+
+def _exchange_sums(share, k, row, parity):
+    """The two sums of row ``row`` (this CTA's ``k``-th) over the row's CTAs, once all have pushed."""
+    size, pos = share.rc.cluster, share.pos
+    if fx.const_expr(share.rc.team):
+        if pos.tid < 32:
+            _team_sums(share, row, parity, size, pos.tid % 32)
+        gpu.barrier()
+        return [share.means[parity * 2], share.means[parity * 2 + 1]]
+    old = k % share.slots
+    share.bars[old].wait((k // share.slots) % 2)
+    total = [fx.Float32(0.0), fx.Float32(0.0)]
+    for r in fx.range_constexpr(size):
+        total = [total[i] + share.inbox[(old * size + r) * 2 + i] for i in range(2)]
+    return total
+
+
+def _team_sums(share, row, parity, size: int, lane) -> None:
+    """The first warp: lane ``l`` reads the pairs of ranks ``l, l + 32, ...`` of ``row``, polling each half until
+    its tag says it was written (traps after :data:`_SPIN_LIMIT` polls rather than hang), sums them, then the
+    warp's fixed shuffle tree; the sums go to shared memory slot ``parity``."""
+    total = [fx.Float32(0.0), fx.Float32(0.0)]
+    for i in fx.range_constexpr(-(-size // 32)):
+        rank = lane + 32 * i
+        ok = rank < size
+        safe = fx.arith.select(ok, rank, type(rank)(0))
+        for v in fx.range_constexpr(2):
+            where = fx.nvvm.address(share.exchange, (row, 4 * safe + 2 * v))
+            got, tag = _load_tagged(where)
+            tries = fx.Int32(0)
+            while ok & (tag != _TAG) & (tries < _SPIN_LIMIT):
+                got, tag = _load_tagged(where)
+                tries = tries + 1
+            if tries >= _SPIN_LIMIT:
+                _llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)
+            total[v] = total[v] + fx.arith.select(ok, got, fx.Float32(0.0))
+    total = [gpu.warp_reduce(v, "add", width=32) for v in total]
+    if lane == 0:
+        share.means[parity * 2] = total[0]
+        share.means[parity * 2 + 1] = total[1]
+
+
+def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange):
+    """The staged kernel with a row split over CTAs (a cluster, or a team: see :func:`_exchange_setup`), without a
+    barrier of all of them per row: each CTA reduces its part of row ``k`` and pushes its pair, then writes dx of
+    row ``k - lag``, whose pairs arrived meanwhile. The row's CTAs run up to ``lag`` rows apart: none stalls on the
+    slowest at every row. A cluster's inbox slots (``2 * lag + 2``) are reused safely: a peer pushing row ``k +
+    slots`` has waited for this CTA's push of row ``k + slots - 1 - lag``, made after this CTA consumed row ``k``.
+    The ring holds rows ``k - lag .. k + ahead``."""
+    rc = cfg.row
+    stages, lag = cfg.stages, cfg.lag
+    ahead = stages - 1 - lag
+    values = 1 if flags.rms else 2
+    inv_n = 1.0 / n.to(fx.Float32)
+    ring = _Ring(cfg, flags, tensors, pos, n, rows)
+    share = _exchange_setup(cfg, pos, exchange, 2 * lag + 2)
+    block = dataclasses.replace(rc, cluster=1, team=False)  # the CTA's part of the reduction
+    for k in fx.range_constexpr(ahead + 1):
+        ring.issue(group + k * groups, fx.Int32(k))
+    sums = [fx.Float32(0.0)] * max(1, cfg.sums * rc.chunks * rc.vec)  # one unused value without sums: carried
+    rstd, mu = ring.stats(group)
+    queue = [fx.Float32(0.0)] * (2 * lag)  # (rstd, mean) of rows k - lag .. k - 1
+    k = fx.Int32(0)
+    parity = fx.Int32(0)
+    for grp in range(group, row_groups + lag * groups, groups):  # lag more steps: the last rows' dx
+        slot = k % stages
+        next_rstd, next_mu = ring.stats(grp + groups)
+        fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
+        dots, sums = ring.first_pass(slot, rstd, mu, sums)
+        part = row_reduce(block, pos, smem, parity, dots)
+        if fx.const_expr(values == 1):
+            part = part + [fx.Float32(0.0)]
+        if grp < row_groups:
+            _exchange_push(share, k, grp, part)
+        done = k - lag
+        if done >= 0:  # dx of row k - lag, from its pairs
+            total = _exchange_sums(share, done, grp - lag * groups, parity)
+            c2 = fx.Float32(0.0)
+            if fx.const_expr(not flags.rms):
+                c2 = total[1] * inv_n
+            ring.store_dx(grp - lag * groups, done % stages, queue[0], queue[1], total[0] * inv_n, c2)
+        # the slot of row k - lag is free (its dx is written): row k + ahead + 1 goes there
+        ring.issue(grp + (ahead + 1) * groups, (k + ahead + 1) % stages)
+        queue = queue[2:] + [rstd, mu]
+        rstd, mu = next_rstd, next_mu
+        k = k + 1
+        parity = 1 - parity
+    ring.write_sums(partial_row, sums)
+
+
+def _dx(rstd, g, xhat, c1, c2):
+    return [rstd * (a - h * c1 - c2) for a, h in zip(g, xhat, strict=True)]
