@@ -15,7 +15,8 @@ import argparse
 import json
 import statistics
 import sys
-import time
+
+from record import write_record
 
 SQUARE = [(8192, 8192, 8192), (4096, 4096, 4096)]
 SWEEP_NK = [
@@ -158,21 +159,11 @@ def main(argv=None) -> int:
     }
     print(json.dumps(summary))
     if args.json:
-        props = torch.cuda.get_device_properties(0)
-        record = {
-            "benchmark": "gemm_bench",
-            "date": time.strftime("%Y-%m-%d"),
-            "git_commit": args.commit,
-            "gpu": props.name,
-            "torch": torch.__version__,
-            "command": "python benchmarks/gemm_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "method": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms), ours and cuBLAS interleaved,"
-            " median over repeats; bf16 inputs and output, fp32 accumulation",
-            "summary": summary,
-            "results": results,
-        }
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
+        method = (
+            "triton.testing.do_bench median (warmup 25 ms, rep 100 ms), ours and cuBLAS interleaved, median over"
+            " repeats; bf16 inputs and output, fp32 accumulation"
+        )
+        write_record(args.json, "gemm_bench", argv, results, commit=args.commit, method=method, summary=summary)
     return 0
 
 

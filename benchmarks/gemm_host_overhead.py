@@ -11,10 +11,11 @@ the launch took the native dispatcher.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
+
+from record import write_record
 
 
 def _host_us(fn, torch, calls: int, repeats: int) -> float:
@@ -87,21 +88,11 @@ def main(argv=None) -> int:
             f" (native {row['native_dispatch']}), torch.matmul {row['torch_matmul_us']:.1f} us (host time per call)"
         )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "benchmark": "gemm_host_overhead",
-                    "date": time.strftime("%Y-%m-%d"),
-                    "git_commit": args.commit,
-                    "gpu": torch.cuda.get_device_name(0),
-                    "command": "python benchmarks/gemm_host_overhead.py",
-                    "method": "host perf_counter over back-to-back calls while a 50M-cycle sleep kernel keeps the"
-                    " GPU busy; median of repeats",
-                    "results": results,
-                },
-                f,
-                indent=1,
-            )
+        method = (
+            "host perf_counter over back-to-back calls while a 50M-cycle sleep kernel keeps the GPU busy; median of"
+            " repeats"
+        )
+        write_record(args.json, "gemm_host_overhead", argv, results, commit=args.commit, method=method)
     return 0
 
 

@@ -18,7 +18,8 @@ import argparse
 import json
 import statistics
 import sys
-import time
+
+from record import write_record
 
 SHAPES_NK = [
     (4096, 4096),
@@ -155,22 +156,12 @@ def main(argv=None) -> int:
         }
         print(json.dumps(summary))
     if args.json:
-        props = torch.cuda.get_device_properties(0)
-        record = {
-            "benchmark": "skinny_gemm_bench",
-            "date": time.strftime("%Y-%m-%d"),
-            "git_commit": args.commit,
-            "gpu": props.name,
-            "torch": torch.__version__,
-            "command": "python benchmarks/skinny_gemm_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "method": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 flushed), skinny_gemm, cuBLAS"
-            " (torch.matmul) and flydsl gemm in turn, median over repeats; bf16 inputs and output, fp32 accumulation;"
-            " weight TB/s = N * K * 2 bytes / time",
-            "summary": summary,
-            "results": results,
-        }
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
+        method = (
+            "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 flushed), skinny_gemm, cuBLAS (torch.matmul)"
+            " and flydsl gemm in turn, median over repeats; bf16 inputs and output, fp32 accumulation; weight TB/s ="
+            " N * K * 2 bytes / time"
+        )
+        write_record(args.json, "skinny_gemm_bench", argv, results, commit=args.commit, method=method, summary=summary)
     return 0
 
 

@@ -1,0 +1,44 @@
+"""benchmarks/: every script parses its arguments and imports what it needs at module level (``--help``, no GPU);
+the shared JSON record (benchmarks/record.py) names the commit, the command and the environment."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name != "record.py")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_help(script):
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "usage:" in run.stdout
+
+
+def test_record_names_commit_command_and_environment(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.delenv("FLYDSL_GIT_COMMIT", raising=False)
+    from record import git_commit, write_record
+
+    path = tmp_path / "r.json"
+    results = [{"m": 1, "ratio": 1.5}]
+    written = write_record(path, "gemm_bench", ["--sweep"], results, commit="abc1234", method="m", summary={"g": 1})
+    record = json.loads(path.read_text())
+    assert record == written
+    assert record["benchmark"] == "gemm_bench" and record["command"] == "python benchmarks/gemm_bench.py --sweep"
+    assert record["git_commit"] == "abc1234" and record["results"] == results and record["summary"] == {"g": 1}
+    assert {"date", "python", "method"} <= set(record)
+    monkeypatch.setenv("FLYDSL_GIT_COMMIT", "from-env")
+    assert git_commit(None) == "from-env" and git_commit("given") == "given"
+    monkeypatch.delenv("FLYDSL_GIT_COMMIT")
+    monkeypatch.chdir(tmp_path)  # not a git checkout
+    monkeypatch.delenv("GIT_DIR", raising=False)
+    assert git_commit(None) == "unknown"
