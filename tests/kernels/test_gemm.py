@@ -22,6 +22,7 @@ from flydsl.kernels.gemm import (
     split_k_reduce,
     staging_bytes,
 )
+from flydsl.kernels.gemm_config import STAGING_BOXES, staging_wait
 
 CFG = GemmConfig()
 NONE = (False, None)  # the epilogue: no bias, no activation
@@ -92,6 +93,45 @@ def test_tma_store_epilogue_compiles(epilogue):
     sass = toolchain.disassemble_cubin(compiled.cubin) if compiled.cubin is not None else None
     if sass is not None:
         assert "STSM" in sass and "UTMASTG" in sass and "STL" not in sass
+
+
+def test_staging_boxes_are_read_before_they_are_rewritten():
+    """The TMA-store epilogue's wait before each part rewrites its staging box (part p: box p % STAGING_BOXES)
+    leaves pending only stores of other boxes, over blocks stored one after another (tiles of a CTA, the 64-row
+    blocks of a consumer), and no fewer than it may. An odd part count (tile_n 64 or 192) reuses the last part's
+    box for the next block's first part: that store is the latest group, so the wait must be for none."""
+    for parts in range(1, 6):
+        stores = []  # the box of every bulk group committed so far, oldest first
+        for _ in range(3):  # blocks
+            for part in range(parts):
+                box = part % STAGING_BOXES
+                wait = staging_wait(part, parts)
+                still_reading = stores[max(0, len(stores) - wait) :] if wait else []  # after the wait
+                assert box not in still_reading, (parts, part)
+                if wait < STAGING_BOXES - 1 and len(stores) > wait:
+                    assert stores[-wait - 1] == box, (parts, part)  # waiting for one store fewer would race
+                stores.append(box)
+
+
+@pytest.mark.parametrize("tile_m,tile_n,schedule", [(128, 192, "cooperative"), (128, 64, "pingpong")])
+def test_tma_store_waits_with_odd_parts(tile_m, tile_n, schedule):
+    """64 x 192 and 64 x 64 blocks (3 and 1 parts): the first part of each block waits until the previous block's
+    last store has read the box both use (``wait_group.read 0``); 64 x 256 blocks never need to."""
+    spec = flyc.TensorSpec((1000, 520), "bf16")
+    cfg = GemmConfig(tile_m=tile_m, tile_n=tile_n, stages=max_stages(tile_m, tile_n), cluster_m=1, schedule=schedule)
+    a_tile, b_tile, c_tile = fx.TmaTile(spec, (tile_m, 64)), fx.TmaTile(spec, (tile_n, 64)), fx.TmaTile(spec, (64, 64))
+    ptx = _lower(a_tile, b_tile, spec, cfg, epilogue=(False, None, "tma"), c_store=c_tile).ptx
+    blocks = cfg.consumer_rows // 64  # _store_tile_tma calls per tile
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx)) == blocks
+    full = _lower(
+        fx.TmaTile(spec, (128, 64)),
+        fx.TmaTile(spec, (128, 64)),
+        spec,
+        CFG,
+        epilogue=(False, None, "tma"),
+        c_store=c_tile,
+    ).ptx
+    assert not re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", full)
 
 
 @pytest.mark.parametrize("split_k", [2, 5])

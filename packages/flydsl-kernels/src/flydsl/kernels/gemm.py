@@ -34,6 +34,7 @@ from flydsl.kernels.gemm_config import (
     estimated_seconds,
     max_stages,
     staging_bytes,
+    staging_wait,
 )
 from flydsl.kernels.host import sm_count
 
@@ -271,7 +272,7 @@ def _store_tile_tma(values, c, c_store, staging, row0, col0, consumer, lane, war
     for part in fx.range_constexpr(n // _STAGING_COLUMNS):
         box = staging[None, None, STAGING_BOXES * consumer + part % STAGING_BOXES]
         if t == 0:
-            fx.tma.wait_group(STAGING_BOXES - 1, read=True)  # the box's last store (two parts ago) has read it
+            fx.tma.wait_group(staging_wait(part, n // _STAGING_COLUMNS), read=True)  # its last store read the box
         nvvm.barrier(1 + consumer, 128)
         for q in fx.range_constexpr(_STAGING_COLUMNS // 16):  # column blocks 2q and 2q + 1, each in two row halves
             matrices = [(2 * q + i // 2, i % 2) for i in range(4)]  # (8-column block, row half) of matrix i

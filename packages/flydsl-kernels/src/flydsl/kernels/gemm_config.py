@@ -8,7 +8,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-__all__ = ["GemmConfig", "candidate_configs", "choose_config", "estimated_seconds", "max_stages", "staging_bytes"]
+__all__ = [
+    "GemmConfig",
+    "candidate_configs",
+    "choose_config",
+    "estimated_seconds",
+    "max_stages",
+    "staging_bytes",
+    "staging_wait",
+]
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,14 @@ STAGING_BOXES, STAGING_BOX = 2, (64, 64)  # per consumer warpgroup: the TMA-stor
 def staging_bytes(cfg: GemmConfig, element_bytes: int = 2) -> int:
     """Shared memory the TMA-store epilogue's staging boxes take (gemm.py's _store_tile_tma)."""
     return cfg.consumers * STAGING_BOXES * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
+
+
+def staging_wait(part: int, parts: int) -> int:
+    """The bulk groups that may still be pending when part ``part`` of a block of ``parts`` 64-column parts, which
+    the TMA-store epilogue stores one block after another (gemm.py's _store_tile_tma: part ``p`` through box ``p %
+    STAGING_BOXES``), rewrites its box: the groups committed since that box's last store, at most STAGING_BOXES - 1.
+    With an odd count, part 0's box was the previous block's last one, whose store is the latest group: 0."""
+    return min(STAGING_BOXES - 1, (parts - 1 - part) % STAGING_BOXES + part)  # (no loops: traced in the kernel)
 
 
 def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2) -> int:
