@@ -274,6 +274,19 @@ def test_staged_backward_assembles_without_spills(n, dtype, sums):
         assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
 
 
+def test_teams_only_where_all_their_ctas_fit():
+    """A team's CTAs wait for each other, one per SM: on a device with fewer SMs than a team has CTAs (MIG slices
+    of 16 or 32 SMs) the backward takes the register kernel (hardware clusters), which cannot wait on absent CTAs."""
+    for n, dtype in [(262144, "bf16"), (131072, "f32"), (262144, "f32")]:
+        team = norm_mod.backward_config(n, dtype, 2)
+        assert team.row.team and team.row.cluster > 16
+        assert norm_mod.resident_backward_config(n, dtype, 2, True, 132) is team
+        small = norm_mod.resident_backward_config(n, dtype, 2, True, 16)
+        assert not small.row.team and small == norm_mod.backward_config(n, dtype, 2, False)
+        assert small.row.cluster_shape is not None and small.row.cluster <= 8
+    assert norm_mod.resident_backward_config(262144, "f32", 2, True, 32).row.team is False  # 64 CTAs per row
+
+
 def test_backward_groups():
     # Clusters: 7/8 of what the SMs would hold (a second wave otherwise); CTAs: all; never more than the rows need.
     regs = norm_mod.backward_config(32768, "bf16", 2, staged=False)

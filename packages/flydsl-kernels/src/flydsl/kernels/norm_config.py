@@ -17,6 +17,7 @@ __all__ = [
     "backward_config",
     "backward_groups",
     "make_backward_config",
+    "resident_backward_config",
     "staged_backward_config",
     "staged_config",
     "team_backward_config",
@@ -180,6 +181,16 @@ def backward_config(n: int, dtype: str, sums: int, staged: bool = True) -> Backw
     if not wide and n <= 8 * _BWD_THREADS * 16:
         return make_backward_config(n, dtype, sums, *dense)
     return make_backward_config(n, dtype, sums, *lean)
+
+
+def resident_backward_config(n: int, dtype: str, sums: int, staged: bool, sms: int) -> BackwardConfig:
+    """:func:`backward_config` on a device of ``sms`` SMs: a team's CTAs wait for each other's pairs, so they must all
+    be resident at once (one per SM); where a team has more CTAs than that (a MIG slice of 16 or 32 SMs, against
+    teams of up to 64), the register kernel (hardware clusters) instead of a team that would spin until it traps."""
+    cfg = backward_config(n, dtype, sums, staged)
+    if cfg.row.team and cfg.row.cluster > cfg.blocks_per_sm * sms:
+        return backward_config(n, dtype, sums, False)
+    return cfg
 
 
 def backward_groups(cfg: BackwardConfig, rows: int, sms: int, active: int | None = None) -> int:

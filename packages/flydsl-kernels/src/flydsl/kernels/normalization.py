@@ -39,6 +39,7 @@ from flydsl.kernels.norm_config import (
     backward_config,
     backward_groups,
     make_backward_config,
+    resident_backward_config,
     staged_backward_config,
     staged_config,
     team_backward_config,
@@ -479,12 +480,13 @@ def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
     flags = _flags(rms, False, weight is not None, dbias is not None, False, False)
     sums = 0 if weight is None else (2 if dbias is not None else 1)
     # The staged kernel copies 16-byte chunks: rows (and pointers) must be 16-byte aligned.
-    cfg = backward_config(n, x.dtype, sums, _aligned16(dy, x, dx))
+    sms = sm_count(x.device)
+    cfg = resident_backward_config(n, x.dtype, sums, _aligned16(dy, x, dx), sms)
     rc = cfg.row
     active = None
     if rc.cluster_shape is not None:
         active = max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, x.device)
-    groups = backward_groups(cfg, rows, sm_count(x.device), active)
+    groups = backward_groups(cfg, rows, sms, active)
     partial = empty_rows(x, (groups, sums * n), "dweight/dbias partial sums") if sums else x.obj
     placeholder = x.obj
     exchange = placeholder
