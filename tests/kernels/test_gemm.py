@@ -13,7 +13,6 @@ import flydsl.expr as fx
 from flydsl.compiler import toolchain
 from flydsl.kernels.gemm import (
     GemmConfig,
-    _grid,
     candidate_configs,
     choose_config,
     estimated_seconds,
@@ -133,17 +132,6 @@ def test_tma_store_waits_with_odd_parts(tile_m, tile_n, schedule):
         c_store=c_tile,
     ).ptx
     assert not re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", full)
-
-
-def test_stream_k_grid_is_resident_at_once():
-    """Stream-K workers wait for later workers: the grid holds no more clusters than the driver says fit at once
-    (33 clusters of 4 on 132 SMs do not: a cluster lives in one GPC), else every SM's worker (CTAs: one per SM).
-    Without stream-K no worker waits: a worker per SM, no more than the units."""
-    sk4, sk2, sk1 = (GemmConfig(cluster_m=c, stream_k=True) for c in (4, 2, 1))
-    assert _grid(sk4, 1000, 132, 32) == 128 and _grid(sk4, 1000, 132, None) == 132
-    assert _grid(sk2, 1000, 132, 66) == 132 and _grid(sk2, 5, 132, 60) == 120  # stream-K: every worker has work
-    assert _grid(sk1, 1000, 132, None) == 132
-    assert _grid(GemmConfig(cluster_m=4), 1000, 132, 32) == 132 and _grid(GemmConfig(cluster_m=2), 10, 132, 66) == 20
 
 
 @pytest.mark.parametrize("split_k", [2, 5])

@@ -36,7 +36,7 @@ from flydsl.kernels.gemm_config import (
     staging_bytes,
     staging_wait,
 )
-from flydsl.kernels.host import max_active_clusters, sm_count
+from flydsl.kernels.host import sm_count
 
 __all__ = [
     "ACTIVATIONS",
@@ -298,9 +298,8 @@ def _store_tile_tma(values, c, c_store, staging, row0, col0, consumer, lane, war
 # fp32 partial sums of the later workers that had the tile's other steps (each worker has at most one such segment,
 # the first of its range: one workspace slot per consumer warpgroup of each CTA), then stores it through the
 # epilogue. Partials are handed over by a flag per slot (release/acquire at GPU scope), reset by its reader. A
-# finisher waits only for workers after it, so there is no cycle, as long as every worker of the grid is resident at
-# once (one CTA per SM; clusters: no more than the driver says fit, see _grid): a worker that must wait for a free
-# GPC could wait for ever behind workers that all wait for it.
+# finisher waits only for workers after it, so there is no cycle; every CTA of the grid (at most one per SM) is
+# resident or becomes so.
 
 
 def _stream_k_plan(units, workers, worker, k_tiles):
@@ -686,17 +685,6 @@ def zero_product(out, bias, activation):
     return out.copy_(result)
 
 
-def _grid(cfg: GemmConfig, units: int, sms: int, active: int | None) -> int:
-    """The launch's CTAs: a worker (CTA, or cluster) per SM at most, no more than the work units. Stream-K gives
-    every worker work, and its workers wait for later ones, so all must run at once: with clusters, no more than
-    ``active`` (the driver's count of clusters that fit at once, :func:`max_active_clusters`, when known: a cluster
-    lives in one GPC, and clusters of 4 leave SMs of some GPCs unused)."""
-    workers = sms // cfg.cluster_m
-    if cfg.stream_k:
-        return (min(workers, active) if active else workers) * cfg.cluster_m
-    return min(units, workers) * cfg.cluster_m
-
-
 def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None):
     """``out = activation(a @ b + bias)`` for torch tensors on one GPU: a (M, K), b (K, N), bf16 or fp16 (both the
     same), each row- or column-major; ``bias`` (N,) contiguous, in a's dtype or float32; ``activation`` None,
@@ -720,10 +708,8 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     # Each CTA of a cluster loads its part of the B tile.
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
     units = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n) * cfg.split_k
-    active = None
-    if cfg.stream_k and cfg.cluster_m > 1:
-        active = max_active_clusters(cfg.cluster_m, cfg.threads, 1, a.get_device())
-    grid = _grid(cfg, units, sms, active)
+    workers = sms // cfg.cluster_m  # CTAs, or clusters; stream-K gives every one of them work
+    grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster_m
     epilogue = (bias is not None, activation)
     bias_arg = bias if bias is not None else out  # unread without a bias
     majors = (a_major, b_major)
