@@ -354,6 +354,35 @@ def test_gemm_tma_store_on_gpu(m, n, k, out_layout):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "tile_m,tile_n,schedule",
+    [(128, 192, "cooperative"), (128, 64, "cooperative"), (128, 64, "pingpong"), (256, 128, "cooperative")],
+)
+def test_gemm_tma_store_many_tiles_per_cta_on_gpu(tile_m, tile_n, schedule):
+    """Many tiles per CTA, so that consecutive epilogues reuse the staging boxes (with an odd count of 64-column
+    parts a block's first part must wait for the previous block's last TMA store to read its box), three times on
+    fresh data, against float64."""
+    torch = pytest.importorskip("torch")
+    consumers = 2 if schedule == "pingpong" else min(2, tile_m // 64)
+    cfg = GemmConfig(
+        tile_m=tile_m,
+        tile_n=tile_n,
+        stages=max_stages(tile_m, tile_n),
+        consumers=consumers,
+        schedule=schedule,
+        cluster_m=1,
+    )
+    m, n, k = 4104, 3080, 200
+    for _ in range(3):
+        a = torch.randn(m, k, device="cuda").bfloat16()
+        b = torch.randn(n, k, device="cuda").bfloat16().t()
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        gemm(a, b, out, cfg)
+        torch.cuda.synchronize()
+        _check(torch, a, b, out)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("a_major,b_major", [("K", "K"), ("MN", "MN")])
 @pytest.mark.parametrize(
     "m,n,k,tile_n,cluster_m",
