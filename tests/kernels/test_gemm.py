@@ -265,6 +265,14 @@ def _check(torch, a, b, out):
     assert error < 1e-2 if out.dtype != torch.float32 else error < 1e-4, error
 
 
+def _gemm_checked(torch, a, b, cfg=None):
+    """gemm(a, b) into a NaN-poisoned bf16 output with ``cfg``, checked against float64."""
+    out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm(a, b, out, cfg)
+    torch.cuda.synchronize()
+    _check(torch, a, b, out)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "m,n,k",
@@ -274,10 +282,7 @@ def test_gemm_on_gpu(m, n, k):
     torch = pytest.importorskip("torch")
     a = torch.randn(m, k, device="cuda").bfloat16()
     b = torch.randn(k, n, device="cuda").bfloat16()
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    gemm(a, b, out)
-    torch.cuda.synchronize()
-    _check(torch, a, b, out)
+    _gemm_checked(torch, a, b)
 
 
 @pytest.mark.gpu
@@ -309,10 +314,7 @@ def test_gemm_tile_shapes_on_gpu(a_major, b_major, tile_m, tile_n, cluster_m, sp
     )
     a = _operand(torch, m, k, torch.bfloat16, a_major)
     b = _operand(torch, k, n, torch.bfloat16, "MN" if b_major == "K" else "K")
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    gemm(a, b, out, cfg)
-    torch.cuda.synchronize()
-    _check(torch, a, b, out)
+    _gemm_checked(torch, a, b, cfg)
 
 
 @pytest.mark.gpu
@@ -324,10 +326,7 @@ def test_gemm_pingpong_on_gpu(a_major, b_major, m, n, k, cluster_m):
     cfg = GemmConfig(tile_n=128, stages=max_stages(128, 128), cluster_m=cluster_m, schedule="pingpong")
     a = _operand(torch, m, k, torch.bfloat16, a_major)
     b = _operand(torch, k, n, torch.bfloat16, "MN" if b_major == "K" else "K")
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    gemm(a, b, out, cfg, bias=None)
-    torch.cuda.synchronize()
-    _check(torch, a, b, out)
+    _gemm_checked(torch, a, b, cfg)
 
 
 @pytest.mark.gpu
@@ -376,10 +375,7 @@ def test_gemm_tma_store_many_tiles_per_cta_on_gpu(tile_m, tile_n, schedule):
     for _ in range(3):
         a = torch.randn(m, k, device="cuda").bfloat16()
         b = torch.randn(n, k, device="cuda").bfloat16().t()
-        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        gemm(a, b, out, cfg)
-        torch.cuda.synchronize()
-        _check(torch, a, b, out)
+        _gemm_checked(torch, a, b, cfg)
 
 
 @pytest.mark.gpu
