@@ -35,3 +35,19 @@ def test_operands_tma_cannot_read_are_refused_by_name():
         _operand_tile(torch.empty(64, 30, dtype=torch.bfloat16), 0, 128, 64, "a")
     with pytest.raises(ValueError, match="gemm b: expected a row- or column-major matrix"):
         _operand_tile(torch.empty(64, 64, 2, dtype=torch.bfloat16)[:, :, 0], 1, 128, 64, "b")
+
+
+def test_tma_store_is_used_only_where_it_applies():
+    """C goes through the TMA-store epilogue when it is 16-bit, its rows 16-byte aligned and not overlapping, and
+    the staging boxes fit beside the pipeline; otherwise from registers (None)."""
+    from flydsl.kernels.gemm import _store_tile_of
+
+    wide = torch.empty(M, N + 72, dtype=torch.bfloat16)
+    assert _store_tile_of(torch.empty(M, N, dtype=torch.bfloat16), CFG).box == (64, 64)
+    assert _store_tile_of(wide[:, :N], CFG).strides == (N + 72, 1)  # padded rows: the view's extent, its stride
+    assert _store_tile_of(torch.empty(M, N, dtype=torch.float32), CFG) is None  # fp32: stmatrix stores 16-bit
+    assert _store_tile_of(torch.empty(M, N + 1, dtype=torch.bfloat16), CFG) is None  # rows not 16-byte aligned
+    assert _store_tile_of(torch.empty(8, 1, dtype=torch.bfloat16).expand(8, 64), CFG) is None  # overlapping rows
+    one_row = torch.empty(64 * 8, dtype=torch.bfloat16).as_strided((1, 64), (8, 1))
+    assert _store_tile_of(one_row, CFG) is None  # a one-row view with a short row stride
+    assert _store_tile_of(torch.empty(M, N, dtype=torch.bfloat16), GemmConfig(tile_n=128, stages=7)) is None

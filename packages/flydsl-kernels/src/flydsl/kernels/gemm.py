@@ -587,10 +587,11 @@ def _tma_ready(t):
 
 def _store_tile_of(out, cfg: GemmConfig):
     """C's TmaTile in boxes of (64, 64) for the TMA-store epilogue, or None where it does not apply: C not 16-bit,
-    its rows not 16-byte aligned, or no shared memory left beside the pipeline for the staging boxes."""
+    its rows not 16-byte aligned or overlapping (a row stride under N, even in a one-row view: TMA's descriptor
+    would refuse it), or no shared memory left beside the pipeline for the staging boxes."""
     if out.element_size() != 2 or cfg.stages * cfg.stage_bytes() + staging_bytes(cfg) > SMEM_BYTES - 1024:
         return None
-    if out.data_ptr() % 16 or (out.stride(0) * 2) % 16 or (out.shape[0] > 1 and out.stride(0) < out.shape[1]):
+    if out.data_ptr() % 16 or (out.stride(0) * 2) % 16 or out.stride(0) < out.shape[1]:
         return None
     return _operand_tile(out, 0, STAGING_BOX[0], STAGING_BOX[1], "out")[0]
 
