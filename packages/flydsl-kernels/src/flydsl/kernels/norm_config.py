@@ -1,7 +1,8 @@
-"""The norm kernels' variants (:class:`NormFlags`) and the backward's configurations: how rows map onto threads,
+"""The norm kernels' variants (:class:`NormFlags`), the backward's configurations: how rows map onto threads,
 CTAs, clusters and teams, for the register kernel and the staged kernel (:mod:`flydsl.kernels.normalization` has the
-kernels and re-exports these), and the persistent grid's size. Chosen per (N, dtype, column sums) from the H200
-timings cited in each docstring."""
+kernels and re-exports these), the persistent grid's size, and the opt-in staged forward's configuration
+(:func:`staged_forward_config`). Chosen per (N, dtype, column sums) from the H200 timings cited in each
+docstring."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from flydsl.kernels.reduction import RowConfig, row_config
 __all__ = [
     "NormFlags",
     "BackwardConfig",
+    "StagedForwardConfig",
+    "staged_forward_config",
+    "routed_staged_forward_config",
     "backward_config",
     "backward_groups",
     "make_backward_config",
@@ -224,3 +228,76 @@ def make_backward_config(
     while blocks > 1 and blocks * sum_bytes > _SMEM_BYTES:
         blocks -= 1
     return BackwardConfig(layout, min(chunks, layout.chunks), sums, sum_bytes <= _SMEM_BYTES, blocks)
+
+
+@dataclass(frozen=True)
+class StagedForwardConfig:
+    """The staged forward (:func:`flydsl.kernels.norm_staged._rows_staged_forward`): ``row`` (the thread layout: as
+    many CTAs per row as hold it, a cluster of up to 8), ``stages`` (rows of the shared-memory ring), ``sources``
+    (row tensors in the ring: x, and the residual of the fused add), ``lag`` (clusters: rows between a row's push
+    and its output). One CTA per SM (the ring takes most of the shared memory), a persistent grid."""
+
+    row: RowConfig
+    stages: int
+    sources: int = 1
+    lag: int = 1
+    blocks_per_sm: int = 1
+
+    @property
+    def staged(self) -> bool:
+        return True
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.stages * self.sources * self.row.block * self.row.chunks * 16
+
+
+_FORWARD_STAGE_BYTES = 64 * 1024  # a ring row of one source per CTA by default: 1024 threads x 4 chunks (3 stages)
+
+
+@functools.lru_cache(maxsize=1024)
+def staged_forward_config(
+    n: int,
+    dtype: str,
+    residual: bool = False,
+    chunks: int | None = None,
+    stages: int | None = None,
+    threads: int = _STAGED_THREADS,
+    lag: int = 1,
+) -> StagedForwardConfig | None:
+    """The staged forward config for rows of ``n`` elements of ``dtype`` (``residual``: the fused add, whose ring
+    holds x and the residual): CTAs of ``threads`` threads holding ``chunks`` 16-byte chunks of each source per row
+    (default: a ring row of :data:`_FORWARD_STAGE_BYTES` per CTA: 4 chunks, 2 with the residual), as few CTAs per
+    row as hold it, a ring of ``stages`` rows (default: as many as :data:`_RING_BYTES` hold, at most
+    :data:`_MAX_STAGES`). Not timed on a GPU yet: the default shape is a guess that benchmarks/norms_forward_staged.py
+    sweeps. None when N is not a multiple of 16 bytes, a row needs more than 8 CTAs, or the ring would hold fewer
+    rows than the pipeline needs (2; a cluster: ``lag + 2``)."""
+    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    sources = 2 if residual else 1
+    if chunks is None:
+        chunks = max(1, _FORWARD_STAGE_BYTES // (sources * threads * 16))
+    if n % vec or chunks < 1:
+        return None
+    total = n // vec
+    cluster = 1 << max(0, (-(-total // (threads * chunks)) - 1).bit_length())
+    if cluster > 8:
+        return None
+    stage_bytes = sources * threads * chunks * 16
+    stages = stages or min(_MAX_STAGES, _RING_BYTES // stage_bytes)
+    if stages < 2 or stages * stage_bytes > _RING_BYTES or (cluster > 1 and stages < lag + 2):
+        return None
+    layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
+    return StagedForwardConfig(layout, stages, sources, lag if cluster > 1 else 0)
+
+
+# Where the opt-in staged forward is taken (``forward(..., staged=True)``): the register kernel's cluster regime,
+# which misses the bar there (docs/kernels-zoo.md, "Speed on the H200").
+STAGED_FORWARD_MIN_N = {"bf16": 32768, "f16": 32768, "f32": 65536}
+
+
+def routed_staged_forward_config(n: int, dtype: str, residual: bool) -> StagedForwardConfig | None:
+    """:func:`staged_forward_config` where the opt-in staged forward is taken (N >= :data:`STAGED_FORWARD_MIN_N`),
+    else None (the register kernel)."""
+    if n < STAGED_FORWARD_MIN_N[dtype]:
+        return None
+    return staged_forward_config(n, dtype, residual)

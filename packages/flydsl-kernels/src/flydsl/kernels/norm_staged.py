@@ -3,7 +3,8 @@ copies its 16-byte chunks of dy and x rows ahead into a shared-memory ring (``cp
 flight without registers, and keeps its column sums in registers. A row split over CTAs does not wait at a cluster
 barrier per row: the CTAs push their partial sums to each other (a cluster: ``st.async`` into the peers' shared
 memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: tagged pairs in global memory) and write dx ``lag`` rows
-later. Also the row math both backward kernels share (:func:`_row_constants`, :func:`_dx`)."""
+later. Also the row math both backward kernels share (:func:`_row_constants`, :func:`_dx`), and the opt-in staged
+forward (:func:`_rows_staged_forward`), on the same ring (:class:`_RowRing`) and pushes."""
 
 from __future__ import annotations
 
@@ -13,9 +14,17 @@ from types import SimpleNamespace
 from mlir.dialects import llvm as _llvm
 
 import flydsl.expr as fx
-from flydsl.expr import cluster, gpu, vector
-from flydsl.kernels.norm_config import BackwardConfig, NormFlags
-from flydsl.kernels.reduction import RowConfig, chunk_index, load_vector_chunk, row_reduce, store_row, thread_reduce
+from flydsl.expr import cluster, gpu, math, vector
+from flydsl.kernels.norm_config import BackwardConfig, NormFlags, StagedForwardConfig
+from flydsl.kernels.reduction import (
+    RowConfig,
+    chunk_index,
+    load_vector_chunk,
+    row_reduce,
+    row_smem,
+    store_row,
+    thread_reduce,
+)
 
 
 def _row_at(pos, row):
@@ -43,46 +52,54 @@ def _load_vector(view, count: int):
     return cls(_llvm.load(cls.mlir_type(), raw, alignment=buffer.base_alignment))
 
 
-class _Ring:
-    """The staged kernel's ring: ``stages`` rows of this thread's 16-byte chunks of dy and x in shared memory, filled
-    by ``cp.async`` (zeros past N and past the last row), read back by the thread that copied them."""
+class _RowRing:
+    """A ring of ``stages`` rows of this thread's 16-byte chunks of the ``sources`` (2-D tensors of one dtype, read
+    at the same row) in shared memory, filled by ``cp.async`` (zeros past N and past the last row), read back by the
+    thread that copied them: a thread waits for its own copies (``cp.async.wait_group``), no barrier. Shared by the
+    staged backward (dy and x) and the staged forward (x, and the residual of the fused add)."""
 
-    def __init__(self, cfg: BackwardConfig, flags: NormFlags, tensors, pos, n, rows):
-        self.cfg, self.rc, self.flags, self.tensors, self.pos, self.n, self.rows = (
-            cfg,
-            cfg.row,
-            flags,
-            tensors,
-            pos,
-            n,
-            rows,
-        )
-        rc = cfg.row
-        size = cfg.stages * 2 * rc.chunks * rc.block * rc.vec
-        self.buffer = fx.SmemAllocator().allocate(tensors[1].dtype, size, alignment=16)
+    def __init__(self, rc: RowConfig, stages: int, sources, pos, n, rows):
+        self.rc, self.sources, self.pos, self.n, self.rows = rc, tuple(sources), pos, n, rows
+        self.width = len(self.sources)
+        size = stages * self.width * rc.chunks * rc.block * rc.vec
+        self.buffer = fx.SmemAllocator().allocate(self.sources[-1].dtype, size, alignment=16)
         self.cols = [chunk_index(rc, pos, j) * rc.vec for j in range(rc.chunks)]
 
     def _index(self, slot, t: int, j: int):
-        return ((slot * 2 + t) * self.rc.chunks + j) * self.rc.block + self.pos.tid
+        return ((slot * self.width + t) * self.rc.chunks + j) * self.rc.block + self.pos.tid
 
     def issue(self, row, slot) -> None:
         """Copies this thread's chunks of ``row`` into ring slot ``slot``: one commit group."""
         rc, rows = self.rc, self.rows
         row_ok = row < rows
         safe_row = fx.arith.select(row_ok, row, type(row)(0))
-        for t in fx.range_constexpr(2):
+        for t in fx.range_constexpr(self.width):
             for j in fx.range_constexpr(rc.chunks):
                 col = self.cols[j]
                 inside = row_ok & (col < self.n)
                 fx.nvvm.cp_async(
                     self.buffer,
-                    self.tensors[t],
+                    self.sources[t],
                     16,
                     dst_coord=self._index(slot, t, j) * rc.vec,
                     src_coord=(safe_row, fx.arith.select(inside, col, type(col)(0))),
                     src_bytes=fx.arith.select(inside, fx.Int32(16), fx.Int32(0)),
                 )
         fx.nvvm.cp_async_commit_group()
+
+    def chunk(self, slot, t: int, j: int):
+        """Chunk ``j`` of source ``t`` of the row in ``slot``: ``vec`` Float32."""
+        view = fx.local_tile(self.buffer, (self.rc.vec,), (self._index(slot, t, j),))
+        wide = _load_vector(view, self.rc.vec).to(fx.Float32)
+        return [wide[e] for e in range(self.rc.vec)]
+
+
+class _Ring(_RowRing):
+    """The staged backward's ring: dy and x (:class:`_RowRing`), and the row math on them."""
+
+    def __init__(self, cfg: BackwardConfig, flags: NormFlags, tensors, pos, n, rows):
+        super().__init__(cfg.row, cfg.stages, tensors[:2], pos, n, rows)
+        self.cfg, self.flags, self.tensors = cfg, flags, tensors
 
     def stats(self, row):
         """rstd and mean of ``row`` (row 0's past the last row: finite, and multiplied by zeros)."""
@@ -95,12 +112,7 @@ class _Ring:
     def terms(self, slot, j: int, rstd, mu):
         """``(g = dy * weight, xhat, dy)`` of chunk ``j`` of the row in ``slot``."""
         rc = self.rc
-        loaded = []
-        for t in fx.range_constexpr(2):
-            view = fx.local_tile(self.buffer, (rc.vec,), (self._index(slot, t, j),))
-            wide = _load_vector(view, rc.vec).to(fx.Float32)
-            loaded.append([wide[e] for e in range(rc.vec)])
-        dys, xs = loaded
+        dys, xs = [self.chunk(slot, t, j) for t in range(2)]
         xhat = [v * rstd for v in xs] if self.flags.rms else [(v - mu) * rstd for v in xs]
         g = dys
         if fx.const_expr(self.flags.weight):
@@ -268,12 +280,19 @@ def _exchange_sums(share, k, row, parity):
             _team_sums(share, row, parity, size, pos.tid % 32)
         gpu.barrier()
         return [share.means[parity * 2], share.means[parity * 2 + 1]]
-    old = k % share.slots
-    share.bars[old].wait((k // share.slots) % 2)
+    old = _exchange_wait(share, k)
     total = [fx.Float32(0.0), fx.Float32(0.0)]
     for r in fx.range_constexpr(size):
         total = [total[i] + share.inbox[(old * size + r) * 2 + i] for i in range(2)]
     return total
+
+
+def _exchange_wait(share, k):
+    """Waits until every CTA of the cluster has pushed its pair of this CTA's ``k``-th row; returns the inbox slot,
+    whose pair from rank ``r`` is ``share.inbox[(slot * cluster + r) * 2 + (0, 1)]``."""
+    old = k % share.slots
+    share.bars[old].wait((k // share.slots) % 2)
+    return old
 
 
 def _team_sums(share, row, parity, size: int, lane) -> None:
@@ -351,3 +370,178 @@ def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
 
 def _dx(rstd, g, xhat, c1, c2):
     return [rstd * (a - h * c1 - c2) for a, h in zip(g, xhat, strict=True)]
+
+
+def _round(values, dtype):
+    """Values rounded to ``dtype`` and back (what a tensor of that dtype holds)."""
+    if fx.const_expr(dtype is fx.Float32):
+        return values
+    return [v.to(dtype).to(fx.Float32) for v in values]
+
+
+def _clamp(v, lo: int, hi: int):
+    v = fx.arith.select(v < lo, type(v)(lo), v)
+    return fx.arith.select(v > hi, type(v)(hi), v)
+
+
+def _rank_count(rc: RowConfig, n, rank):
+    """Elements of a row that CTA ``rank`` of its cluster holds (N a multiple of ``vec``): its chunk ``j`` covers row
+    chunks ``(j * cluster + rank) * threads_per_row + lane``."""
+    total = n // rc.vec
+    count = None
+    for j in fx.range_constexpr(rc.chunks):
+        part = _clamp(total - (j * rc.cluster + rank) * rc.threads_per_row, 0, rc.threads_per_row)
+        count = part if count is None else count + part
+    return count * rc.vec
+
+
+def _inverse_count(count):
+    """``1 / count`` as Float32 (1 for an empty CTA: its pair is zeros and its count 0, so it adds nothing)."""
+    return 1.0 / fx.arith.select(count > 0, count, type(count)(1)).to(fx.Float32)
+
+
+class _ForwardRows:
+    """The staged forward's row math on its ring (x, or x and the residual)."""
+
+    def __init__(self, cfg: StagedForwardConfig, flags: NormFlags, tensors, pos, n, rows):
+        self.cfg, self.rc, self.flags, self.pos, self.n, self.rows = cfg, cfg.row, flags, pos, n, rows
+        self.x, self.residual, self.weight, self.bias, self.out, self.residual_out = tensors[:6]
+        sources = (self.x, self.residual) if flags.residual else (self.x,)
+        self.ring = _RowRing(cfg.row, cfg.stages, sources, pos, n, rows)
+        self.inside = [col < n for col in self.ring.cols]  # chunk masks (N is a multiple of vec)
+
+    def values(self, slot, j: int):
+        """Chunk ``j`` of the row in ``slot``: x, or x + residual rounded to the dtype (residual_out's values)."""
+        xs = self.ring.chunk(slot, 0, j)
+        if fx.const_expr(self.flags.residual):
+            rs = self.ring.chunk(slot, 1, j)
+            xs = _round([a + b for a, b in zip(xs, rs, strict=True)], self.x.dtype)
+        return xs
+
+    def store(self, slot, row, mean, rstd) -> None:
+        """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store)."""
+        rc, pos, n = self.rc, self.pos, self.n
+
+        def chunk(j):
+            ys = [(v - mean) * rstd for v in self.values(slot, j)]
+            if fx.const_expr(self.flags.weight):
+                ys = [y * w for y, w in zip(ys, load_vector_chunk(rc, self.weight, pos, n, j), strict=True)]
+            if fx.const_expr(self.flags.bias):
+                ys = [y + b for y, b in zip(ys, load_vector_chunk(rc, self.bias, pos, n, j), strict=True)]
+            return ys
+
+        store_row(rc, self.out, _row_at(pos, row), n, self.rows, chunk)
+
+
+def _forward_partial(work, slot, row, block, smem, parity, inv_count):
+    """This CTA's partial pair of the row in ``slot``: RMSNorm ``(sum(v^2), 0)``; LayerNorm ``(sum(v),
+    sum((v - m)^2))`` about the CTA's own mean ``m = sum(v) * inv_count`` (two block reductions; the zero padding
+    masked out of the second). The fused add writes ``residual_out`` here. (A function, not a method of
+    :class:`_ForwardRows`: the kernel's control flow is traced through functions only.)"""
+    rc, pos = work.rc, work.pos
+    here = _row_at(pos, row)
+    part = fx.Float32(0.0)
+    for j in fx.range_constexpr(rc.chunks):
+        vs = work.values(slot, j)
+        if fx.const_expr(work.flags.residual):
+            store_row(rc, work.residual_out, here, work.n, work.rows, vs, chunks=(j,))
+        part = part + thread_reduce([v * v for v in vs] if work.flags.rms else vs)
+    if fx.const_expr(work.flags.rms):
+        return [row_reduce(block, pos, smem, parity, part), fx.Float32(0.0)]
+    total = row_reduce(block, pos, smem, 0, part)
+    local = total * inv_count
+    squares = fx.Float32(0.0)
+    for j in fx.range_constexpr(rc.chunks):
+        ds = [fx.arith.select(work.inside[j], v - local, fx.Float32(0.0)) for v in work.values(slot, j)]
+        squares = squares + thread_reduce([d * d for d in ds])
+    return [total, row_reduce(block, pos, smem, 1, squares)]
+
+
+def _chan(share, old, counts, inv_counts, inv_n):
+    """LayerNorm's (mean, sum of squared deviations) of a row from its CTAs' pairs ``(s_r, M2_r)`` in inbox slot
+    ``old`` (Chan, Golub and LeVeque's pairwise update): ``M2 = sum_r M2_r + n_r (s_r / n_r - mean)^2``. Every term
+    is non-negative (no cancellation as in ``E[x^2] - mean^2``), and each CTA's M2_r was taken about its own mean.
+    Summed over the ranks in a fixed order: every CTA gets the same values."""
+    size = share.rc.cluster
+    pairs = [[share.inbox[(old * size + r) * 2 + i] for i in range(2)] for r in range(size)]
+    total = fx.Float32(0.0)
+    for r in fx.range_constexpr(size):
+        total = total + pairs[r][0]
+    mean = total * inv_n
+    squares = fx.Float32(0.0)
+    for r in fx.range_constexpr(size):
+        d = pairs[r][0] * inv_counts[r] - mean
+        squares = squares + (pairs[r][1] + counts[r] * (d * d))
+    return mean, squares
+
+
+def _rows_staged_forward(cfg: StagedForwardConfig, flags: NormFlags, tensors, pos, n, rows, group, groups, eps):
+    """The staged forward (opt-in; see :func:`flydsl.kernels.normalization.forward`): a persistent grid whose CTA
+    group (a CTA, or a cluster for rows longer than one CTA's ring row) takes rows ``group, group + groups, ...``.
+    Each thread copies its chunks of x (and the residual) rows ahead into its slots of a shared-memory ring
+    (:class:`_RowRing`), so that the bytes in flight take no registers. Per row: the CTA's partial pair (see
+    :func:`_forward_partial`) through block reductions. One CTA per row: the row's statistics at once, then
+    its output from the ring. A cluster: each CTA pushes its pair into every peer's inbox (``st.async`` + mbarrier,
+    as the staged backward's :func:`_rows_pushed`, no cluster barrier per row) and writes the output of row ``k -
+    lag``, whose pairs arrived meanwhile; LayerNorm combines the pairs by :func:`_chan`."""
+    rc = cfg.row
+    mean_out, rstd_out = tensors[6], tensors[7]
+    lag = cfg.lag if rc.cluster > 1 else 0
+    ahead = cfg.stages - 1 - lag
+    inv_n = 1.0 / n.to(fx.Float32)
+    work = _ForwardRows(cfg, flags, tensors, pos, n, rows)
+    block = dataclasses.replace(rc, cluster=1, team=False)  # the CTA's part of the reduction
+    smem = row_smem(block, phases=2)  # LayerNorm: the sum, then the squares; RMSNorm: alternating rows
+    inv_count = inv_n
+    share, counts, inv_counts = None, [], []
+    if fx.const_expr(rc.cluster > 1):
+        share = _exchange_setup(cfg, pos, None, 2 * lag + 2)
+        if fx.const_expr(not flags.rms):
+            for r in fx.range_constexpr(rc.cluster):
+                c = _rank_count(rc, n, r)
+                counts.append(c.to(fx.Float32))
+                inv_counts.append(_inverse_count(c))
+            inv_count = _inverse_count(_rank_count(rc, n, pos.rank))
+    for k in fx.range_constexpr(ahead + 1):
+        work.ring.issue(group + k * groups, fx.Int32(k))
+    k = fx.Int32(0)
+    parity = fx.Int32(0)
+    for grp in range(group, rows + lag * groups, groups):  # lag more steps in a cluster: the last rows' output
+        fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
+        part = _forward_partial(work, k % cfg.stages, grp, block, smem, parity, inv_count)
+        done = k - lag
+        row = grp - lag * groups
+        if fx.const_expr(rc.cluster > 1):
+            if grp < rows:
+                _exchange_push(share, k, grp, part)
+            if done >= 0:  # the output of row k - lag, from its pairs
+                if fx.const_expr(flags.rms):
+                    squares = _exchange_sums(share, done, row, parity)[0]
+                    mean = fx.Float32(0.0)
+                else:
+                    mean, squares = _chan(share, _exchange_wait(share, done), counts, inv_counts, inv_n)
+                _finish(work, flags, pos, done % cfg.stages, row, rows, mean, squares * inv_n, eps, mean_out, rstd_out)
+        else:  # one CTA per row: its pair is the row's
+            mean, squares = fx.Float32(0.0), part[0]
+            if fx.const_expr(not flags.rms):
+                mean, squares = part[0] * inv_n, part[1]
+            _finish(work, flags, pos, done % cfg.stages, row, rows, mean, squares * inv_n, eps, mean_out, rstd_out)
+        # the slot of row k - lag is free (its output is written): row k + ahead + 1 goes there
+        work.ring.issue(grp + (ahead + 1) * groups, (k + ahead + 1) % cfg.stages)
+        k = k + 1
+        parity = 1 - parity
+    fx.nvvm.cp_async_wait_group(0)  # nothing lands in shared memory after the CTA is gone
+    if fx.const_expr(rc.cluster > 1):
+        cluster.sync()  # no CTA leaves while a peer may still push into it
+
+
+def _finish(work, flags, pos, slot, row, rows, mean, var, eps, mean_out, rstd_out) -> None:
+    """Row ``row``'s output from ring slot ``slot``, and its statistics (the leader thread)."""
+    rstd = math.rsqrt(var + eps)
+    work.store(slot, row, mean, rstd)
+    if fx.const_expr(flags.mean or flags.rstd):
+        if pos.leader & (row < rows):
+            if fx.const_expr(flags.mean):
+                mean_out[row] = mean
+            if fx.const_expr(flags.rstd):
+                rstd_out[row] = rstd

@@ -20,11 +20,19 @@ that enough bytes are in flight without registers, and keeps its column sums in 
 no longer waits at a cluster barrier per row: the CTAs push their partial sums to each other (a cluster: ``st.async``
 into the peers' shared memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: global memory + release/acquire
 counters) and write dx ``lag`` rows later. See :func:`_rows_staged`, :func:`_rows_pushed`.
+
+Opt-in (not routed by default: not yet timed on a GPU): the staged forward for long rows
+(:func:`norm_forward_staged_kernel`, ``forward(..., staged=True)`` or ``FLYDSL_NORM_STAGED_FORWARD=1``), on the same
+ring and pushes: a persistent grid, x (and the residual) copied rows ahead into the ring, each CTA's partial pair
+pushed to its peers, the output written ``lag`` rows later. LayerNorm pushes one pair per row, ``(sum, sum of
+squares about the CTA's own mean)``, combined by Chan's update (:func:`flydsl.kernels.norm_staged._chan`): no
+cancellation, one exchange per row.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 from mlir.dialects import llvm as _llvm
 
@@ -34,17 +42,29 @@ import flydsl.layout as fl
 from flydsl.expr import cluster, gpu, math, vector
 from flydsl.kernels.host import empty_rows, max_active_clusters, sm_count
 from flydsl.kernels.norm_config import (
+    STAGED_FORWARD_MIN_N,
     BackwardConfig,
     NormFlags,
+    StagedForwardConfig,
     backward_config,
     backward_groups,
     make_backward_config,
     resident_backward_config,
+    routed_staged_forward_config,
     staged_backward_config,
     staged_config,
+    staged_forward_config,
     team_backward_config,
 )
-from flydsl.kernels.norm_staged import _dx, _row_at, _row_constants, _rows_staged, exchange_columns
+from flydsl.kernels.norm_staged import (
+    _dx,
+    _round,
+    _row_at,
+    _row_constants,
+    _rows_staged,
+    _rows_staged_forward,
+    exchange_columns,
+)
 from flydsl.kernels.reduction import (
     RowConfig,
     chunk_index,
@@ -74,19 +94,19 @@ __all__ = [
     "staged_config",
     "team_backward_config",
     "exchange_columns",
+    "StagedForwardConfig",
+    "staged_forward_config",
+    "routed_staged_forward_config",
+    "STAGED_FORWARD_MIN_N",
     "forward",
+    "staged_forward_groups",
+    "STAGED_FORWARD",
     "backward",
     "norm_forward_kernel",
+    "norm_forward_staged_kernel",
     "norm_backward_kernel",
     "column_sum_kernel",
 ]
-
-
-def _round(values, dtype):
-    """Values rounded to ``dtype`` and back (what a tensor of that dtype holds)."""
-    if fx.const_expr(dtype is fx.Float32):
-        return values
-    return [v.to(dtype).to(fx.Float32) for v in values]
 
 
 @flyc.kernel
@@ -138,6 +158,33 @@ def norm_forward_kernel(
             if fx.const_expr(flags.rstd):
                 rstd_out[pos.row] = rstd
     row_done(cfg)
+
+
+@flyc.kernel(target=flyc.Target("sm_90a", ptx_version=81))  # PTX ISA 8.1: st.async (the cluster's pushes)
+def norm_forward_staged_kernel(
+    x: fx.Tensor,
+    residual: fx.Tensor,
+    weight: fx.Tensor,
+    bias: fx.Tensor,
+    out: fx.Tensor,
+    residual_out: fx.Tensor,
+    mean_out: fx.Tensor,
+    rstd_out: fx.Tensor,
+    eps: fx.Float32,
+    cfg: fx.Constexpr[StagedForwardConfig],
+    flags: fx.Constexpr[NormFlags],
+):
+    """The opt-in staged forward for long rows (arguments as :func:`norm_forward_kernel`'s; x, residual, out and
+    residual_out 16-byte aligned rows, N a multiple of 16 bytes): a persistent grid of CTA groups (a CTA, or a
+    cluster) walking rows through a shared-memory ring; see :func:`_rows_staged_forward`."""
+    rc = cfg.row
+    rows, n = x.shape
+    groups = gpu.grid_dim.x // rc.cluster
+    pos = row_position(rc)
+    flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
+    group = gpu.block_idx.x // rc.cluster
+    tensors = (x, residual, weight, bias, out, residual_out, mean_out, rstd_out)
+    _rows_staged_forward(cfg, flags, tensors, pos, n, rows, group, groups, eps)
 
 
 def _sum_index(cfg: BackwardConfig, pos, s: int, slot, j: int, q: int):
@@ -451,17 +498,49 @@ def _flags(*flags: bool) -> NormFlags:
     return NormFlags(*flags)
 
 
-def forward(x, residual, weight, bias, out, residual_out, mean, rstd, eps: float, rms: bool) -> None:
-    """Launches the forward on validated :class:`~flydsl.kernels.host.RowTensor` arguments (None where absent)."""
+STAGED_FORWARD = os.environ.get("FLYDSL_NORM_STAGED_FORWARD", "") == "1"  # the default of forward()'s ``staged``
+
+
+def forward(
+    x, residual, weight, bias, out, residual_out, mean, rstd, eps: float, rms: bool, staged: bool | None = None
+) -> None:
+    """Launches the forward on validated :class:`~flydsl.kernels.host.RowTensor` arguments (None where absent).
+    ``staged`` (default :data:`STAGED_FORWARD`: off unless the environment sets ``FLYDSL_NORM_STAGED_FORWARD=1``):
+    opt in to the staged kernel (:func:`norm_forward_staged_kernel`, not yet timed on a GPU) where
+    :func:`routed_staged_forward_config` has one (N >= :data:`STAGED_FORWARD_MIN_N`, a multiple of 16 bytes, a row
+    in at most 8 CTAs) and the rows are 16-byte aligned; elsewhere the register kernel, as without it."""
     rows, n = x.shape
     if rows == 0 or n == 0:
         return
     flags = _flags(rms, residual is not None, weight is not None, bias is not None, mean is not None, rstd is not None)
-    cfg = row_config(n, x.dtype, held=2 if residual is not None else 1)
     placeholder = x.obj
     args = [t.obj if t is not None else placeholder for t in (x, residual, weight, bias, out, residual_out, mean, rstd)]
+    if staged or (staged is None and STAGED_FORWARD):
+        ring = routed_staged_forward_config(n, x.dtype, residual is not None)
+        if ring is not None and _aligned16(*(t for t in (x, residual, out, residual_out) if t is not None)):
+            _launch_staged_forward(args, eps, ring, flags, rows, x.device)
+            return
+    cfg = row_config(n, x.dtype, held=2 if residual is not None else 1)
     cluster_shape = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
     norm_forward_kernel(*args, eps, cfg, flags).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster_shape)
+
+
+def staged_forward_groups(cfg: StagedForwardConfig, rows: int, device: int) -> int:
+    """The staged forward's persistent grid (CTA groups), sized as the staged backward's (:func:`backward_groups`:
+    the driver's max active clusters, or 7/8 of what the SMs hold)."""
+    rc = cfg.row
+    active = None
+    if rc.cluster_shape is not None:
+        active = max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, device)
+    return backward_groups(cfg, rows, sm_count(device), active)
+
+
+def _launch_staged_forward(args, eps: float, cfg: StagedForwardConfig, flags: NormFlags, rows: int, device) -> None:
+    rc = cfg.row
+    groups = staged_forward_groups(cfg, rows, device)
+    norm_forward_staged_kernel(*args, eps, cfg, flags).launch(
+        grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
+    )
 
 
 def _aligned16(*tensors) -> bool:
