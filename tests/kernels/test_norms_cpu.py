@@ -329,3 +329,133 @@ def test_validation_names_the_argument():
         norms.fused_add_rms_norm(x, _x((3, 64)), None, out=_x(), residual_out=_x())
     with pytest.raises(TypeError, match="dy: expected dtype float32"):
         norms.softmax_backward(_x(typestr="<f2"), x, dx=_x())
+
+
+# The opt-in staged forward (norm_forward_staged_kernel): one CTA per row (bf16 32768), clusters of 2, 4 and 8
+# (LayerNorm, RMSNorm, the fused add; bf16, f16, f32), at the longest rows each shape takes.
+STAGED_FORWARD_CASES = [
+    (32768, "bf16", "layer"),
+    (32768, "bf16", "rms"),
+    (65536, "f16", "layer"),
+    (262144, "bf16", "layer"),
+    (65536, "f32", "rms"),
+    (131072, "f32", "layer"),
+    (131072, "bf16", "fused"),
+    (65536, "f32", "fused"),
+]
+_FORWARD_FLAGS = {
+    "layer": norm_mod.NormFlags(False, weight=True, bias=True, mean=True, rstd=True),
+    "rms": norm_mod.NormFlags(True, weight=True, rstd=True),
+    "fused": norm_mod.NormFlags(True, residual=True, weight=True, rstd=True),
+}
+
+
+@pytest.mark.parametrize("n, dtype, variant", STAGED_FORWARD_CASES)
+def test_staged_forward_assembles_without_spills(n, dtype, variant):
+    flags = _FORWARD_FLAGS[variant]
+    cfg = norm_mod.routed_staged_forward_config(n, dtype, flags.residual)
+    assert cfg is not None and cfg.row.capacity >= n and cfg.row.cluster <= 8
+    assert cfg.ring_bytes <= 200 * 1024 and cfg.stages >= cfg.lag + 2 and cfg.lag == (cfg.row.cluster > 1)
+    rows = flyc.TensorSpec((8, n), dtype)
+    weight = flyc.TensorSpec((n,), dtype)
+    stats = flyc.TensorSpec((8,), "f32")
+    module = norm_mod.norm_forward_staged_kernel.lower(
+        rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags
+    )
+    ptx = _assembled(module)
+    # The ring: 16-byte cp.async copies, waiting for the row `ahead` rows behind the newest; read back 16 bytes at a
+    # time, written out 16 bytes at a time; rows wider than a CTA's ring row in a cluster.
+    ahead = cfg.stages - 1 - cfg.lag
+    assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group \t{ahead};" in ptx
+    assert "ld.shared.v4.b32" in ptx and "st.global.v4.b32" in ptx
+    # Clusters: each CTA's pair pushed into its peers' inboxes (st.async completing their mbarriers), waited for
+    # through the mbarrier; a cluster barrier only at the start (barriers initialized) and at the end, none per row.
+    pushed = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in ptx
+    assert pushed == (cfg.row.regime == "cluster")
+    assert ("mbarrier.try_wait.parity" in ptx) == pushed
+    assert ptx.count("barrier.cluster.wait") == (2 if pushed else 0)
+    assert ptx.count("barrier.cluster.arrive") == (2 if pushed else 0)
+    # Block reductions per row: LayerNorm two (the sum, then the squares about the CTA's mean), RMSNorm one.
+    assert ptx.count("bar.sync") == (1 if flags.rms else 2)
+    if flyc.find_ptxas() is not None:
+        assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
+
+
+def test_staged_forward_configs():
+    # Default shapes: a ring row of 64 KB per CTA (1024 threads x 4 chunks; 2 chunks of x and 2 of the residual),
+    # as few CTAs per row as hold it, 3 rows in the ring.
+    shapes = {
+        (n, dtype, residual): (cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages, cfg.lag)
+        for n, dtype, residual in [
+            (32768, "bf16", False),
+            (65536, "bf16", False),
+            (262144, "bf16", False),
+            (65536, "f32", False),
+            (131072, "f32", False),
+            (32768, "bf16", True),
+            (131072, "bf16", True),
+            (65536, "f32", True),
+        ]
+        for cfg in [norm_mod.staged_forward_config(n, dtype, residual)]
+    }
+    assert shapes == {
+        (32768, "bf16", False): (1, 1024, 4, 3, 0),
+        (65536, "bf16", False): (2, 1024, 4, 3, 1),
+        (262144, "bf16", False): (8, 1024, 4, 3, 1),
+        (65536, "f32", False): (4, 1024, 4, 3, 1),
+        (131072, "f32", False): (8, 1024, 4, 3, 1),
+        (32768, "bf16", True): (2, 1024, 2, 3, 1),
+        (131072, "bf16", True): (8, 1024, 2, 3, 1),
+        (65536, "f32", True): (8, 1024, 2, 3, 1),
+    }
+    # None: a row over more than 8 CTAs (f32 262144; the fused add's bf16 262144), N not a multiple of 16 bytes, a
+    # ring too small for the pipeline (lag 2 needs 4 rows: 256 KB).
+    assert norm_mod.staged_forward_config(262144, "f32") is None
+    assert norm_mod.staged_forward_config(262144, "bf16", residual=True) is None
+    assert norm_mod.staged_forward_config(65540, "bf16") is None
+    assert norm_mod.staged_forward_config(65536, "bf16", lag=2) is None
+    assert norm_mod.staged_forward_config(65536, "bf16", chunks=2, lag=2).stages == 4
+    # Routed (when asked) only from the register kernel's cluster regime on.
+    assert norm_mod.routed_staged_forward_config(16384, "bf16", False) is None
+    assert norm_mod.routed_staged_forward_config(32768, "f32", False) is None
+    assert norm_mod.routed_staged_forward_config(65536, "f32", False) == norm_mod.staged_forward_config(65536, "f32")
+    # The persistent grid: the driver's count of clusters, when it gives one (as the staged backward's).
+    cfg = norm_mod.staged_forward_config(262144, "bf16")
+    assert norm_mod.backward_groups(cfg, 1024, 132, active=16) == 16
+    assert norm_mod.backward_groups(cfg, 3, 132, active=16) == 3
+    assert norm_mod.backward_groups(norm_mod.staged_forward_config(32768, "bf16"), 8192, 132) == 132
+
+
+def test_staged_forward_only_when_asked(monkeypatch):
+    """The forward takes the staged kernel only with staged=True (or STAGED_FORWARD), where a config exists and the
+    rows are 16-byte aligned; by default it launches the register kernel as before."""
+    taken = []
+
+    class Launch:
+        def __init__(self, *args):
+            self.args = args
+
+        def launch(self, **kwargs):
+            taken.append(("register", self.args[-2]))
+
+    monkeypatch.setattr(norm_mod, "norm_forward_kernel", Launch)
+    monkeypatch.setattr(norm_mod, "_launch_staged_forward", lambda args, eps, cfg, *rest: taken.append(("staged", cfg)))
+    n = 65536
+    x, out = _x((4, n), "<f2"), _x((4, n), "<f2")
+    host = importlib.import_module("flydsl.kernels.host")
+    xt, ot = host.row_tensor(x, "x"), host.row_tensor(out, "out")
+    norms.rms_norm(x, None, out=out)
+    assert taken[-1] == ("register", row_config(n, "f16"))
+    norm_mod.forward(xt, None, None, None, ot, None, None, None, 1e-6, rms=True, staged=True)
+    assert taken[-1] == ("staged", norm_mod.staged_forward_config(n, "f16"))
+    monkeypatch.setattr(norm_mod, "STAGED_FORWARD", True)
+    norms.rms_norm(x, None, out=out)
+    assert taken[-1][0] == "staged"
+    norm_mod.forward(xt, None, None, None, ot, None, None, None, 1e-6, rms=True, staged=False)
+    assert taken[-1][0] == "register"
+    unaligned = host.row_tensor(FakeGpuTensor((4, n), "<f2", pointer=(1 << 20) + 2), "x")
+    norm_mod.forward(unaligned, None, None, None, ot, None, None, None, 1e-6, rms=True, staged=True)
+    assert taken[-1][0] == "register"
+    short = host.row_tensor(_x((4, 1024), "<f2"), "x")
+    norm_mod.forward(short, None, None, None, short, None, None, None, 1e-6, rms=True, staged=True)
+    assert taken[-1][0] == "register"
