@@ -8,6 +8,8 @@ Tolerances (|out - ref| <= atol + rtol * |ref|), per output dtype: float32 1e-5 
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -261,3 +263,96 @@ def test_cupy_arrays_in_and_out(dtype):
         out, mean, rstd = norms.layer_norm(x, w, None, 1e-5, return_stats=True)
         assert type(out).__module__.split(".")[0] == "cupy" and out.dtype == x.dtype and mean.dtype == cupy.float32
         _close(torch.as_tensor(out, device="cuda"), ref, getattr(torch, dtype))
+
+
+# The opt-in staged forward (normalization.forward(staged=True); STAGED_FORWARD set here): rows through a
+# shared-memory ring, a row's CTAs pushing their pairs to each other. N from the register kernel's cluster regime
+# on, and odd multiples of 16 bytes (CTAs of a row holding unequal parts: 40968 bf16 over 2 CTAs, 98308 f32 over 8);
+# where no staged config exists (f32 below 65536 and at 262144, N not a multiple of 16 bytes), the register kernel.
+STAGED_FORWARD_SIZES = [32768, 40968, 65536, 98308, 131072, 262144]
+_NORM = importlib.import_module("flydsl.kernels.normalization")
+_DTYPE_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+@pytest.fixture
+def staged_launches(monkeypatch):
+    """Turns the staged forward on and records the configs it launches."""
+    taken = []
+    real = _NORM._launch_staged_forward
+
+    def spy(args, eps, cfg, *rest):
+        taken.append(cfg)
+        real(args, eps, cfg, *rest)
+
+    monkeypatch.setattr(_NORM, "STAGED_FORWARD", True)
+    monkeypatch.setattr(_NORM, "_launch_staged_forward", spy)
+    return taken
+
+
+def _staged_rows(n):
+    """More rows than the persistent grid has CTA groups (the ring wraps around), and fewer."""
+    return [max(3, (1 << 24) // n), 3]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", STAGED_FORWARD_SIZES)
+def test_staged_forward(n, dtype, staged_launches):
+    for variant in ("layer", "rms", "fused"):
+        expected = _NORM.routed_staged_forward_config(n, _DTYPE_NAME[dtype], variant == "fused")
+        for rows in _staged_rows(n):
+            staged_launches.clear()
+            x = _input(rows, n, dtype) * 2 + 8  # a mean well away from 0
+            w = torch.randn(n, device="cuda", dtype=dtype)
+            rstd = torch.full((rows,), float("nan"), device="cuda")
+            if variant == "layer":
+                b = torch.randn(n, device="cuda", dtype=torch.float32)
+                mean = torch.full((rows,), float("nan"), device="cuda")
+                out, _, _ = norms.layer_norm(x, w, b, 1e-5, _poison(x), mean=mean, rstd=rstd)
+                ref, ref_mean, ref_rstd = _ln_ref(x, w, b, 1e-5)
+                _close(mean, ref_mean, torch.float32, "mean")
+            elif variant == "rms":
+                out, _ = norms.rms_norm(x, w, 1e-6, _poison(x), rstd=rstd)
+                xd = x.double()
+                ref_rstd = 1 / torch.sqrt((xd * xd).mean(-1) + 1e-6)
+                ref = xd * ref_rstd[:, None] * w.double()
+            else:
+                residual = _input(rows, n, dtype)
+                expected_residual = (x.float() + residual.float()).to(dtype)
+                out, res_out, _ = norms.fused_add_rms_norm(
+                    x, residual, w, 1e-6, _poison(x), residual_out=residual, rstd=rstd
+                )
+                assert torch.equal(res_out, expected_residual), "residual_out"
+                rd = expected_residual.double()
+                ref_rstd = 1 / torch.sqrt((rd * rd).mean(-1) + 1e-6)
+                ref = rd * ref_rstd[:, None] * w.double()
+            _close(out, ref)
+            _close(rstd, ref_rstd, torch.float32, "rstd")
+            assert staged_launches == ([expected] if expected is not None else []), (variant, rows)
+
+
+@pytest.mark.parametrize(
+    "n, dtype, shape",
+    [
+        (40968, torch.bfloat16, dict(chunks=1)),  # 8 CTAs per row, two of them holding nothing
+        (65536, torch.bfloat16, dict(chunks=2, lag=2)),  # a 4-row ring, outputs two rows behind
+        (131072, torch.float32, dict(chunks=8, threads=512)),
+        (32768, torch.bfloat16, dict(stages=2)),  # one CTA per row, a 2-row ring
+    ],
+    ids=str,
+)
+def test_staged_forward_shapes(n, dtype, shape):
+    """The staged kernel launched directly with shapes the default does not pick (benchmarks/norms_forward_staged.py
+    sweeps them): LayerNorm with every output, against float64."""
+    cfg = _NORM.staged_forward_config(n, _DTYPE_NAME[dtype], **shape)
+    assert cfg is not None
+    rows = 300
+    x = _input(rows, n, dtype) * 2 + 8
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    out = _poison(x)
+    mean, rstd = torch.full((rows,), float("nan"), device="cuda"), torch.full((rows,), float("nan"), device="cuda")
+    flags = _NORM.NormFlags(False, weight=True, bias=True, mean=True, rstd=True)
+    _NORM._launch_staged_forward([x, x, w, b, out, x, mean, rstd], 1e-5, cfg, flags, rows, x.device.index)
+    ref, ref_mean, ref_rstd = _ln_ref(x, w, b, 1e-5)
+    _close(out, ref)
+    _close(mean, ref_mean, torch.float32, "mean")
+    _close(rstd, ref_rstd, torch.float32, "rstd")
