@@ -1,0 +1,163 @@
+"""LayerNorm / RMSNorm / fused add + RMSNorm forward on the H200: the opt-in staged kernel (rows through a
+shared-memory ring, a row's CTAs pushing their partial sums to each other) against the current register kernel and
+the device copy, per (kernel, dtype, N), on M x N = 2^28 elements; then (``--sweep``) the staged kernel's other
+shapes (threads, chunks per thread, lag, ring rows) launched directly.
+
+    python benchmarks/norms_forward_staged.py --commit $(git rev-parse --short HEAD) --sweep --out fwd.json
+
+The ops and bytes are norms_bench.py's forwards (no statistics written; the fused add in place): TB/s = bytes read
++ written / time. Both kernels run through the public API (``normalization.STAGED_FORWARD`` off, then on): the
+same host path. Time: median of ``--reps`` CUDA-event timings after warm-up, each call alone (``*_tbps``) and
+queued behind a sleep kernel (``*_gpu_tbps``: launch latency hidden); copy (``dst.copy_(x)``) in the same process.
+Each case also records the largest difference between the two kernels' outputs (``max_diff``, in the output's
+dtype: a check, the GPU tests hold the tolerances) and the bar of issue 7 (0.91 x copy). The JSON is rewritten after
+every case: a run stopped by ``--budget-s`` or a timeout keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+from norms_bench import busy_median_ms
+from record import write_record
+
+from flydsl.kernels.bench import median_ms
+
+TOTAL = 1 << 28
+SIZES = [32768, 65536, 131072, 262144]
+# Staged shapes tried beside the default (--sweep): (threads, chunks per thread, lag, ring rows or None = most).
+SHAPES = [(1024, 2, 1, None), (1024, 2, 2, None), (512, 4, 1, None), (512, 8, 1, None), (1024, 4, 1, 2)]
+
+
+def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
+    m = TOTAL // n
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    out = torch.full_like(x, float("nan"))
+    e = x.element_size()
+    residual = torch.randn_like(x) if kernel == "fused_add_rms_norm" else None
+    if kernel == "layer_norm":
+        run, moved = (lambda: norms.layer_norm(x, w, b, 1e-5, out)), 2 * m * n * e + 2 * n * e
+    elif kernel == "rms_norm":
+        run, moved = (lambda: norms.rms_norm(x, w, 1e-6, out)), 2 * m * n * e + n * e
+    else:
+        run, moved = (lambda: norms.fused_add_rms_norm(x, residual, w, 1e-6, out, residual_out=residual)), (
+            4 * m * n * e + n * e
+        )
+    name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[dtype]
+    cfg = norm.routed_staged_forward_config(n, name, residual is not None)
+    dst = torch.empty_like(x)
+    copy_ms = median_ms(lambda: dst.copy_(x), reps)
+    row = {"kernel": kernel, "dtype": name, "n": n, "rows": m, "bytes": moved}
+    row["copy_tbps"] = 2 * m * n * e / copy_ms / 1e9
+    row["copy_gpu_tbps"] = 2 * m * n * e / busy_median_ms(torch, lambda: dst.copy_(x), reps) / 1e9
+    row["bar_tbps"] = 0.91 * row["copy_tbps"]
+    saved = residual.clone() if residual is not None else None
+    norm.STAGED_FORWARD = False
+    run()
+    reference = out.clone()
+    row["current_tbps"] = moved / median_ms(run, reps) / 1e9
+    row["current_gpu_tbps"] = moved / busy_median_ms(torch, run, reps) / 1e9
+    if cfg is None:
+        row["staged"] = None  # no staged config here: the register kernel either way
+        return row
+    rc = cfg.row
+    row["staged"] = {"cluster": rc.cluster, "threads": rc.block, "chunks": rc.chunks, "stages": cfg.stages}
+    row["staged"]["lag"] = cfg.lag
+    row["staged"]["groups"] = norm.staged_forward_groups(cfg, m, x.device.index)
+    norm.STAGED_FORWARD = True
+    try:
+        if saved is not None:  # the same inputs as the reference's call
+            residual.copy_(saved)
+        out.fill_(float("nan"))
+        run()
+        row["max_diff"] = (out.float() - reference.float()).abs().max().item()
+        row["staged_tbps"] = moved / median_ms(run, reps) / 1e9
+        row["staged_gpu_tbps"] = moved / busy_median_ms(torch, run, reps) / 1e9
+    finally:
+        norm.STAGED_FORWARD = False
+    return row
+
+
+def _sweep(torch, norm, row: dict, dtype, reps: int) -> list:
+    """The staged kernel's other shapes for this case, launched directly (kernel and grid alone, no API checks)."""
+    n, m, kernel = row["n"], row["rows"], row["kernel"]
+    rms, fused = kernel != "layer_norm", kernel == "fused_add_rms_norm"
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    out = torch.empty_like(x)
+    residual = torch.randn_like(x) if fused else x
+    flags = norm.NormFlags(rms, residual=fused, weight=True, bias=not rms)
+    args = [x, residual, w, b, out, residual, x, x]
+    found = []
+    for threads, chunks, lag, stages in SHAPES:
+        cfg = norm.staged_forward_config(n, row["dtype"], fused, chunks, stages, threads, lag)
+        shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages}
+        if cfg is None:
+            found.append({**shape, "tbps": None})
+            continue
+        run = lambda cfg=cfg: norm._launch_staged_forward(args, 1e-6, cfg, flags, m, x.device.index)  # noqa: E731
+        shape.update(cluster=cfg.row.cluster, stages=cfg.stages, tbps=row["bytes"] / median_ms(run, reps) / 1e9)
+        found.append(shape)
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commit", default=None, help="the commit measured (the GPU machine has no git)")
+    parser.add_argument("--kernels", default="layer_norm,rms_norm,fused_add_rms_norm")
+    parser.add_argument("--dtypes", default="bf16,f32")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--sweep", action="store_true", help="also time the staged kernel's other shapes")
+    parser.add_argument("--budget-s", type=float, default=270.0, help="no new case after this many seconds")
+    parser.add_argument("--out", required=True, help="JSON record (rewritten after every case)")
+    args = parser.parse_args()
+
+    import torch
+
+    from flydsl.kernels import norms
+
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    started = time.time()
+    results, skipped = [], []
+    method = (
+        "median of --reps CUDA-event timings after 3 warm-up calls, each call alone (*_tbps) and queued behind a "
+        "sleep kernel (*_gpu_tbps); copy in the same process; M x N = 2^28; sweep shapes launched directly"
+    )
+    for kernel in args.kernels.split(","):
+        for name in args.dtypes.split(","):
+            for n in map(int, args.sizes.split(",")):
+                if time.time() - started > args.budget_s:
+                    skipped.append(f"{kernel} {name} {n}")
+                    continue
+                row = _case(torch, norms, norm, kernel, dtypes[name], n, args.reps)
+                if args.sweep and row["staged"] is not None:
+                    row["sweep"] = _sweep(torch, norm, row, dtypes[name], args.reps)
+                results.append(row)
+                best = max([s["tbps"] for s in row.get("sweep", []) if s["tbps"]] or [0.0])
+                print(
+                    f"{kernel:20s} {name:4s} {n:7d}  copy {row['copy_tbps']:.2f}  bar {row['bar_tbps']:.2f}  "
+                    f"current {row['current_tbps']:.2f}  staged {row.get('staged_tbps', float('nan')):.2f}  "
+                    f"(gpu {row['current_gpu_tbps']:.2f} / {row.get('staged_gpu_tbps', float('nan')):.2f})  "
+                    f"sweep best {best:.2f}  diff {row.get('max_diff', float('nan')):.3g}  {row['staged']}",
+                    flush=True,
+                )
+                summary = {"skipped (budget)": skipped, "seconds": round(time.time() - started, 1)}
+                write_record(
+                    args.out, "norms_forward_staged", None, results, commit=args.commit, method=method, summary=summary
+                )
+    if skipped:
+        summary = {"skipped (budget)": skipped, "seconds": round(time.time() - started, 1)}
+        write_record(
+            args.out, "norms_forward_staged", None, results, commit=args.commit, method=method, summary=summary
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
