@@ -1,4 +1,4 @@
-"""LayerNorm / RMSNorm / fused add + RMSNorm forward on the H200: the opt-in staged kernel (rows through a
+"""LayerNorm / RMSNorm / fused add + RMSNorm / softmax forward on the H200: the opt-in staged kernel (rows through a
 shared-memory ring, a row's CTAs pushing their partial sums to each other) against the current register kernel and
 the device copy, per (kernel, dtype, N), on M x N = 2^28 elements; then (``--sweep``) the staged kernel's other
 shapes (threads, chunks per thread, lag, ring rows) launched directly.
@@ -7,11 +7,13 @@ shapes (threads, chunks per thread, lag, ring rows) launched directly.
 
 The ops and bytes are norms_bench.py's forwards (no statistics written; the fused add in place): TB/s = bytes read
 + written / time. Both kernels run through the public API (``normalization.STAGED_FORWARD`` off, then on): the
-same host path. Time: median of ``--reps`` CUDA-event timings after warm-up, each call alone (``*_tbps``) and
-queued behind a sleep kernel (``*_gpu_tbps``: launch latency hidden); copy (``dst.copy_(x)``) in the same process.
-Each case also records the largest difference between the two kernels' outputs (``max_diff``, in the output's
-dtype: a check, the GPU tests hold the tolerances) and the bar of issue 7 (0.91 x copy). The JSON is rewritten after
-every case: a run stopped by ``--budget-s`` or a timeout keeps what it measured.
+same host path; softmax's staged kernel through ``softmax_staged.forward_staged`` on prebuilt row tensors (no
+argument checks: a few microseconds less host time, which the ``*_gpu_tbps`` columns hide anyway). Time: median of
+``--reps`` CUDA-event timings after warm-up, each call alone (``*_tbps``) and queued behind a sleep kernel
+(``*_gpu_tbps``: launch latency hidden); copy (``dst.copy_(x)``) in the same process. Each case also records the
+largest difference between the two kernels' outputs (``max_diff``, in the output's dtype: a check, the GPU tests
+hold the tolerances) and the bar of issue 7 (0.91 x copy). The JSON is rewritten after every case: a run stopped by
+``--budget-s`` or a timeout keeps what it measured.
 """
 
 from __future__ import annotations
@@ -32,13 +34,20 @@ SIZES = [32768, 65536, 131072, 262144]
 SHAPES = [(1024, 2, 1, None), (1024, 2, 2, None), (512, 4, 1, None), (512, 8, 1, None), (1024, 4, 1, 2)]
 
 
-def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
-    m = TOTAL // n
-    x = torch.randn(m, n, device="cuda", dtype=dtype)
-    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
-    out = torch.full_like(x, float("nan"))
+def _ops(torch, norms, norm, kernel: str, x, w, b, out, residual):
+    """(current, staged, bytes moved, staged config or None): the register kernel and the staged kernel as the
+    public API takes them (the norms: ``normalization.STAGED_FORWARD`` off, then on; softmax: norms.softmax, then
+    softmax_staged.forward_staged on prebuilt row tensors)."""
+    m, n = x.shape
     e = x.element_size()
-    residual = torch.randn_like(x) if kernel == "fused_add_rms_norm" else None
+    name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
+    if kernel == "softmax":
+        from flydsl.kernels import softmax_staged
+        from flydsl.kernels.host import row_tensor
+
+        xt, ot = row_tensor(x, "x"), row_tensor(out, "out")
+        cfg = softmax_staged.softmax_staged_config(n, name)
+        return (lambda: norms.softmax(x, out)), (lambda: softmax_staged.forward_staged(xt, ot)), 2 * m * n * e, cfg
     if kernel == "layer_norm":
         run, moved = (lambda: norms.layer_norm(x, w, b, 1e-5, out)), 2 * m * n * e + 2 * n * e
     elif kernel == "rms_norm":
@@ -47,20 +56,41 @@ def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
         run, moved = (lambda: norms.fused_add_rms_norm(x, residual, w, 1e-6, out, residual_out=residual)), (
             4 * m * n * e + n * e
         )
-    name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[dtype]
+
+    def switched(on: bool):
+        def call():
+            norm.STAGED_FORWARD = on
+            try:
+                run()
+            finally:
+                norm.STAGED_FORWARD = False
+
+        return call
+
     cfg = norm.routed_staged_forward_config(n, name, residual is not None)
+    return switched(False), switched(True), moved, cfg
+
+
+def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
+    m = TOTAL // n
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    out = torch.full_like(x, float("nan"))
+    e = x.element_size()
+    residual = torch.randn_like(x) if kernel == "fused_add_rms_norm" else None
+    current, staged, moved, cfg = _ops(torch, norms, norm, kernel, x, w, b, out, residual)
     dst = torch.empty_like(x)
     copy_ms = median_ms(lambda: dst.copy_(x), reps)
+    name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[dtype]
     row = {"kernel": kernel, "dtype": name, "n": n, "rows": m, "bytes": moved}
     row["copy_tbps"] = 2 * m * n * e / copy_ms / 1e9
     row["copy_gpu_tbps"] = 2 * m * n * e / busy_median_ms(torch, lambda: dst.copy_(x), reps) / 1e9
     row["bar_tbps"] = 0.91 * row["copy_tbps"]
     saved = residual.clone() if residual is not None else None
-    norm.STAGED_FORWARD = False
-    run()
+    current()
     reference = out.clone()
-    row["current_tbps"] = moved / median_ms(run, reps) / 1e9
-    row["current_gpu_tbps"] = moved / busy_median_ms(torch, run, reps) / 1e9
+    row["current_tbps"] = moved / median_ms(current, reps) / 1e9
+    row["current_gpu_tbps"] = moved / busy_median_ms(torch, current, reps) / 1e9
     if cfg is None:
         row["staged"] = None  # no staged config here: the register kernel either way
         return row
@@ -68,17 +98,13 @@ def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
     row["staged"] = {"cluster": rc.cluster, "threads": rc.block, "chunks": rc.chunks, "stages": cfg.stages}
     row["staged"]["lag"] = cfg.lag
     row["staged"]["groups"] = norm.staged_forward_groups(cfg, m, x.device.index)
-    norm.STAGED_FORWARD = True
-    try:
-        if saved is not None:  # the same inputs as the reference's call
-            residual.copy_(saved)
-        out.fill_(float("nan"))
-        run()
-        row["max_diff"] = (out.float() - reference.float()).abs().max().item()
-        row["staged_tbps"] = moved / median_ms(run, reps) / 1e9
-        row["staged_gpu_tbps"] = moved / busy_median_ms(torch, run, reps) / 1e9
-    finally:
-        norm.STAGED_FORWARD = False
+    if saved is not None:  # the same inputs as the reference's call
+        residual.copy_(saved)
+    out.fill_(float("nan"))
+    staged()
+    row["max_diff"] = (out.float() - reference.float()).abs().max().item()
+    row["staged_tbps"] = moved / median_ms(staged, reps) / 1e9
+    row["staged_gpu_tbps"] = moved / busy_median_ms(torch, staged, reps) / 1e9
     return row
 
 
@@ -93,13 +119,21 @@ def _sweep(torch, norm, row: dict, dtype, reps: int) -> list:
     flags = norm.NormFlags(rms, residual=fused, weight=True, bias=not rms)
     args = [x, residual, w, b, out, residual, x, x]
     found = []
+    if kernel == "softmax":
+        from flydsl.kernels import softmax_staged
+        from flydsl.kernels.host import row_tensor
+
+        xt, ot = row_tensor(x, "x"), row_tensor(out, "out")
     for threads, chunks, lag, stages in SHAPES:
         cfg = norm.staged_forward_config(n, row["dtype"], fused, chunks, stages, threads, lag)
         shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages}
         if cfg is None:
             found.append({**shape, "tbps": None})
             continue
-        run = lambda cfg=cfg: norm._launch_staged_forward(args, 1e-6, cfg, flags, m, x.device.index)  # noqa: E731
+        if kernel == "softmax":
+            run = lambda cfg=cfg: softmax_staged.forward_staged(xt, ot, cfg)  # noqa: E731
+        else:
+            run = lambda cfg=cfg: norm._launch_staged_forward(args, 1e-6, cfg, flags, m, x.device.index)  # noqa: E731
         shape.update(cluster=cfg.row.cluster, stages=cfg.stages, tbps=row["bytes"] / median_ms(run, reps) / 1e9)
         found.append(shape)
     return found
@@ -108,7 +142,7 @@ def _sweep(torch, norm, row: dict, dtype, reps: int) -> list:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commit", default=None, help="the commit measured (the GPU machine has no git)")
-    parser.add_argument("--kernels", default="layer_norm,rms_norm,fused_add_rms_norm")
+    parser.add_argument("--kernels", default="layer_norm,rms_norm,fused_add_rms_norm,softmax")
     parser.add_argument("--dtypes", default="bf16,f32")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--reps", type=int, default=7)

@@ -459,3 +459,22 @@ def test_staged_forward_only_when_asked(monkeypatch):
     short = host.row_tensor(_x((4, 1024), "<f2"), "x")
     norm_mod.forward(short, None, None, None, short, None, None, None, 1e-6, rms=True, staged=True)
     assert taken[-1][0] == "register"
+
+
+@pytest.mark.parametrize("n, dtype", [(32768, "bf16"), (65536, "f16"), (262144, "bf16"), (131072, "f32")])
+def test_staged_softmax_assembles_without_spills(n, dtype):
+    """The opt-in staged softmax (the norms' staged forward with SoftmaxFlags): per row a block max and a block sum
+    of ex2 (two barriers), each CTA's (max, sum) pushed to its peers, no cluster barrier per row."""
+    staged = importlib.import_module("flydsl.kernels.softmax_staged")
+    cfg = staged.softmax_staged_config(n, dtype)
+    assert cfg is not None and cfg.row.capacity >= n
+    rows = flyc.TensorSpec((8, n), dtype)
+    ptx = _assembled(staged.softmax_forward_staged_kernel.lower(rows, rows, cfg))
+    ahead = cfg.stages - 1 - cfg.lag
+    assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group \t{ahead};" in ptx
+    assert "ex2.approx.f32" in ptx and "st.global.v4.b32" in ptx and ptx.count("bar.sync") == 2
+    pushed = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in ptx
+    assert pushed == (cfg.row.cluster > 1) and ptx.count("barrier.cluster.wait") == (2 if pushed else 0)
+    if flyc.find_ptxas() is not None:
+        assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
+    assert staged.softmax_staged_config(16384, dtype) is None and staged.softmax_staged_config(n + 1, dtype) is None

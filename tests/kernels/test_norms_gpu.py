@@ -356,3 +356,25 @@ def test_staged_forward_shapes(n, dtype, shape):
     _close(out, ref)
     _close(mean, ref_mean, torch.float32, "mean")
     _close(rstd, ref_rstd, torch.float32, "rstd")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [32768, 40968, 65536, 98308, 131072, 262144])
+def test_staged_softmax_forward(n, dtype):
+    """The opt-in staged softmax (flydsl.kernels.softmax_staged, not routed by norms.softmax), launched on validated
+    arguments, against float64; rows sum to 1. Where it has no config (f32 below 65536 and at 262144, N not a
+    multiple of 16 bytes) it declines (returns False) and launches nothing."""
+    from flydsl.kernels.host import row_tensor
+    from flydsl.kernels.softmax_staged import forward_staged, softmax_staged_config
+
+    for rows in _staged_rows(n):
+        x = _input(rows, n, dtype) * 3 + 5
+        out = _poison(x)
+        taken = forward_staged(row_tensor(x, "x"), row_tensor(out, "out"))
+        assert taken == (softmax_staged_config(n, _DTYPE_NAME[dtype]) is not None)
+        if not taken:
+            return
+        ref = torch.softmax(x.double(), dim=-1)
+        _close(out, ref)
+        sums = out.double().sum(dim=-1)
+        assert torch.allclose(sums, torch.ones_like(sums), atol=TOL[dtype][1] * max(1, n**0.5) + 1e-6)

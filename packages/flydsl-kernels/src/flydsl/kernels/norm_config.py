@@ -14,6 +14,7 @@ from flydsl.kernels.reduction import RowConfig, row_config
 
 __all__ = [
     "NormFlags",
+    "SoftmaxFlags",
     "BackwardConfig",
     "StagedForwardConfig",
     "staged_forward_config",
@@ -38,6 +39,18 @@ class NormFlags:
     bias: bool = False
     mean: bool = False  # write the mean (LayerNorm)
     rstd: bool = False  # write rstd
+
+
+@dataclass(frozen=True)
+class SoftmaxFlags:
+    """The staged forward's softmax variant (:func:`flydsl.kernels.norm_staged._rows_staged_forward` takes it where
+    it takes :class:`NormFlags`): no residual, weight, bias nor statistics."""
+
+    residual: bool = False
+    weight: bool = False
+    bias: bool = False
+    mean: bool = False
+    rstd: bool = False
 
 
 @dataclass(frozen=True)

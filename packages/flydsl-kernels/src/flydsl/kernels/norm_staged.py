@@ -14,8 +14,8 @@ from types import SimpleNamespace
 from mlir.dialects import llvm as _llvm
 
 import flydsl.expr as fx
-from flydsl.expr import cluster, gpu, math, vector
-from flydsl.kernels.norm_config import BackwardConfig, NormFlags, StagedForwardConfig
+from flydsl.expr import arith, cluster, gpu, math, nvvm, vector
+from flydsl.kernels.norm_config import BackwardConfig, NormFlags, SoftmaxFlags, StagedForwardConfig
 from flydsl.kernels.reduction import (
     RowConfig,
     chunk_index,
@@ -418,6 +418,15 @@ class _ForwardRows:
             xs = _round([a + b for a, b in zip(xs, rs, strict=True)], self.x.dtype)
         return xs
 
+    def store_softmax(self, slot, row, top, scale) -> None:
+        """Softmax of the row in ``slot``: ``exp(x - top) * scale``."""
+        shift = top * _LOG2E
+
+        def chunk(j):
+            return [nvvm.ex2_approx(v * _LOG2E - shift) * scale for v in self.values(slot, j)]
+
+        store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
+
     def store(self, slot, row, mean, rstd) -> None:
         """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store)."""
         rc, pos, n = self.rc, self.pos, self.n
@@ -436,8 +445,11 @@ class _ForwardRows:
 def _forward_partial(work, slot, row, block, smem, parity, inv_count):
     """This CTA's partial pair of the row in ``slot``: RMSNorm ``(sum(v^2), 0)``; LayerNorm ``(sum(v),
     sum((v - m)^2))`` about the CTA's own mean ``m = sum(v) * inv_count`` (two block reductions; the zero padding
-    masked out of the second). The fused add writes ``residual_out`` here. (A function, not a method of
+    masked out of the second); softmax: see :func:`_softmax_partial`. The fused add writes ``residual_out`` here.
+    (A function, not a method of
     :class:`_ForwardRows`: the kernel's control flow is traced through functions only.)"""
+    if fx.const_expr(isinstance(work.flags, SoftmaxFlags)):
+        return _softmax_partial(work, slot, block, smem)
     rc, pos = work.rc, work.pos
     here = _row_at(pos, row)
     part = fx.Float32(0.0)
@@ -475,7 +487,7 @@ def _chan(share, old, counts, inv_counts, inv_n):
     return mean, squares
 
 
-def _rows_staged_forward(cfg: StagedForwardConfig, flags: NormFlags, tensors, pos, n, rows, group, groups, eps):
+def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, pos, n, rows, group, groups, eps):
     """The staged forward (opt-in; see :func:`flydsl.kernels.normalization.forward`): a persistent grid whose CTA
     group (a CTA, or a cluster for rows longer than one CTA's ring row) takes rows ``group, group + groups, ...``.
     Each thread copies its chunks of x (and the residual) rows ahead into its slots of a shared-memory ring
@@ -483,7 +495,8 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags: NormFlags, tensors, po
     :func:`_forward_partial`) through block reductions. One CTA per row: the row's statistics at once, then
     its output from the ring. A cluster: each CTA pushes its pair into every peer's inbox (``st.async`` + mbarrier,
     as the staged backward's :func:`_rows_pushed`, no cluster barrier per row) and writes the output of row ``k -
-    lag``, whose pairs arrived meanwhile; LayerNorm combines the pairs by :func:`_chan`."""
+    lag``, whose pairs arrived meanwhile; LayerNorm combines the pairs by :func:`_chan`. ``flags``: a
+    :class:`NormFlags`, or :class:`SoftmaxFlags` for softmax (``tensors``: x and out in their norm places)."""
     rc = cfg.row
     mean_out, rstd_out = tensors[6], tensors[7]
     lag = cfg.lag if rc.cluster > 1 else 0
@@ -491,12 +504,12 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags: NormFlags, tensors, po
     inv_n = 1.0 / n.to(fx.Float32)
     work = _ForwardRows(cfg, flags, tensors, pos, n, rows)
     block = dataclasses.replace(rc, cluster=1, team=False)  # the CTA's part of the reduction
-    smem = row_smem(block, phases=2)  # LayerNorm: the sum, then the squares; RMSNorm: alternating rows
+    smem = row_smem(block, phases=2)  # LayerNorm, softmax: two reductions per row; RMSNorm: alternating rows
     inv_count = inv_n
     share, counts, inv_counts = None, [], []
     if fx.const_expr(rc.cluster > 1):
         share = _exchange_setup(cfg, pos, None, 2 * lag + 2)
-        if fx.const_expr(not flags.rms):
+        if fx.const_expr(_layer_norm(flags)):
             for r in fx.range_constexpr(rc.cluster):
                 c = _rank_count(rc, n, r)
                 counts.append(c.to(fx.Float32))
@@ -515,17 +528,11 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags: NormFlags, tensors, po
             if grp < rows:
                 _exchange_push(share, k, grp, part)
             if done >= 0:  # the output of row k - lag, from its pairs
-                if fx.const_expr(flags.rms):
-                    squares = _exchange_sums(share, done, row, parity)[0]
-                    mean = fx.Float32(0.0)
-                else:
-                    mean, squares = _chan(share, _exchange_wait(share, done), counts, inv_counts, inv_n)
-                _finish(work, flags, pos, done % cfg.stages, row, rows, mean, squares * inv_n, eps, mean_out, rstd_out)
+                a, b = _pushed_stats(share, flags, _exchange_wait(share, done), counts, inv_counts, inv_n)
+                _finish(work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out)
         else:  # one CTA per row: its pair is the row's
-            mean, squares = fx.Float32(0.0), part[0]
-            if fx.const_expr(not flags.rms):
-                mean, squares = part[0] * inv_n, part[1]
-            _finish(work, flags, pos, done % cfg.stages, row, rows, mean, squares * inv_n, eps, mean_out, rstd_out)
+            a, b = _own_stats(flags, part, inv_n)
+            _finish(work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out)
         # the slot of row k - lag is free (its output is written): row k + ahead + 1 goes there
         work.ring.issue(grp + (ahead + 1) * groups, (k + ahead + 1) % cfg.stages)
         k = k + 1
@@ -535,9 +542,42 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags: NormFlags, tensors, po
         cluster.sync()  # no CTA leaves while a peer may still push into it
 
 
-def _finish(work, flags, pos, slot, row, rows, mean, var, eps, mean_out, rstd_out) -> None:
-    """Row ``row``'s output from ring slot ``slot``, and its statistics (the leader thread)."""
-    rstd = math.rsqrt(var + eps)
+def _layer_norm(flags) -> bool:
+    return isinstance(flags, NormFlags) and not flags.rms
+
+
+def _own_stats(flags, part, inv_n):
+    """:func:`_pushed_stats` of a row held by one CTA, from its pair ``part``."""
+    if fx.const_expr(isinstance(flags, SoftmaxFlags)):
+        return part[0], part[1]
+    if fx.const_expr(flags.rms):
+        return fx.Float32(0.0), part[0]
+    return part[0] * inv_n, part[1]
+
+
+def _pushed_stats(share, flags, old, counts, inv_counts, inv_n):
+    """The row's statistics from its CTAs' pairs in inbox slot ``old``, summed over the ranks in a fixed order (every
+    CTA gets the same): LayerNorm ``(mean, sum of squared deviations)`` (:func:`_chan`), RMSNorm ``(0, sum of
+    squares)``, softmax ``(max, sum of exp(x - max))`` (:func:`_softmax_combine`)."""
+    if fx.const_expr(isinstance(flags, SoftmaxFlags)):
+        return _softmax_combine(share, old)
+    if fx.const_expr(flags.rms):
+        size = share.rc.cluster
+        total = fx.Float32(0.0)
+        for r in fx.range_constexpr(size):
+            total = total + share.inbox[(old * size + r) * 2]
+        return fx.Float32(0.0), total
+    return _chan(share, old, counts, inv_counts, inv_n)
+
+
+def _finish(work, flags, pos, slot, row, rows, a, b, inv_n, eps, mean_out, rstd_out) -> None:
+    """Row ``row``'s output from ring slot ``slot`` given its statistics ``(a, b)`` (see :func:`_pushed_stats`), and
+    the statistics asked for (the leader thread)."""
+    if fx.const_expr(isinstance(flags, SoftmaxFlags)):
+        work.store_softmax(slot, row, a, 1.0 / b)
+        return
+    mean = a
+    rstd = math.rsqrt(b * inv_n + eps)
     work.store(slot, row, mean, rstd)
     if fx.const_expr(flags.mean or flags.rstd):
         if pos.leader & (row < rows):
@@ -545,3 +585,40 @@ def _finish(work, flags, pos, slot, row, rows, mean, var, eps, mean_out, rstd_ou
                 mean_out[row] = mean
             if fx.const_expr(flags.rstd):
                 rstd_out[row] = rstd
+
+
+_LOG2E = 1.4426950408889634
+
+
+def _softmax_partial(work, slot, block, smem):
+    """Softmax's pair of this CTA's part of the row in ``slot``: its max ``m`` and ``sum(exp(x - m))`` (``ex2.approx``
+    as the register kernel), two block reductions; the zero padding masked out (-inf for the max, 0 in the sum). A
+    CTA holding nothing of the row pushes ``(-inf, 0)``, which adds nothing in :func:`_softmax_combine`."""
+    rc, pos = work.rc, work.pos
+    low = fx.Float32(float("-inf"))
+    top = low
+    for j in fx.range_constexpr(rc.chunks):
+        vs = [fx.arith.select(work.inside[j], v, low) for v in work.values(slot, j)]
+        top = arith.maximum(top, thread_reduce(vs, "max"))
+    top = row_reduce(block, pos, smem, 0, top, "max")
+    shift = top * _LOG2E
+    total = fx.Float32(0.0)
+    for j in fx.range_constexpr(rc.chunks):
+        es = [nvvm.ex2_approx(v * _LOG2E - shift) for v in work.values(slot, j)]
+        total = total + thread_reduce([fx.arith.select(work.inside[j], e, fx.Float32(0.0)) for e in es])
+    return [top, row_reduce(block, pos, smem, 1, total)]
+
+
+def _softmax_combine(share, old):
+    """Softmax's ``(max, sum of exp(x - max))`` of a row from its CTAs' pairs ``(m_r, s_r)`` in inbox slot ``old``:
+    ``max = max_r m_r``, ``sum = sum_r s_r * exp(m_r - max)`` (every factor <= 1: no overflow)."""
+    size = share.rc.cluster
+    pairs = [[share.inbox[(old * size + r) * 2 + i] for i in range(2)] for r in range(size)]
+    top = pairs[0][0]
+    for r in fx.range_constexpr(1, size):
+        top = arith.maximum(top, pairs[r][0])
+    shift = top * _LOG2E
+    total = fx.Float32(0.0)
+    for r in fx.range_constexpr(size):
+        total = total + pairs[r][1] * nvvm.ex2_approx(pairs[r][0] * _LOG2E - shift)
+    return top, total

@@ -1,0 +1,57 @@
+"""The opt-in staged softmax forward for long rows (not routed by :func:`flydsl.kernels.softmax.forward`: not yet
+timed on a GPU): the norms' staged forward (:func:`flydsl.kernels.norm_staged._rows_staged_forward`) with
+:class:`~flydsl.kernels.norm_config.SoftmaxFlags`. A persistent grid; each thread copies its chunks of x rows ahead
+into a shared-memory ring (``cp.async``); each CTA reduces its part of a row to ``(max m_r, sum exp(x - m_r))``
+(two block reductions) and, for a row over a cluster, pushes that pair to every peer (``st.async`` + mbarrier),
+writing the row ``lag`` rows later from ``max = max_r m_r`` and ``sum = sum_r s_r exp(m_r - max)`` (the online
+softmax's combination: every factor <= 1). Configs: :func:`~flydsl.kernels.norm_config.staged_forward_config`
+(N a multiple of 16 bytes, rows 16-byte aligned)."""
+
+from __future__ import annotations
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import gpu
+from flydsl.kernels.norm_config import STAGED_FORWARD_MIN_N, SoftmaxFlags, StagedForwardConfig, staged_forward_config
+from flydsl.kernels.norm_staged import _rows_staged_forward
+from flydsl.kernels.normalization import _aligned16, staged_forward_groups
+from flydsl.kernels.reduction import row_position
+
+__all__ = ["SOFTMAX", "softmax_forward_staged_kernel", "softmax_staged_config", "forward_staged"]
+
+SOFTMAX = SoftmaxFlags()
+
+
+@flyc.kernel(target=flyc.Target("sm_90a", ptx_version=81))  # PTX ISA 8.1: st.async (the cluster's pushes)
+def softmax_forward_staged_kernel(x: fx.Tensor, out: fx.Tensor, cfg: fx.Constexpr[StagedForwardConfig]):
+    rc = cfg.row
+    rows, n = x.shape
+    groups = gpu.grid_dim.x // rc.cluster
+    pos = row_position(rc)
+    flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
+    group = gpu.block_idx.x // rc.cluster
+    _rows_staged_forward(cfg, SOFTMAX, (x, x, x, x, out, x, x, x), pos, n, rows, group, groups, None)
+
+
+def softmax_staged_config(n: int, dtype: str) -> StagedForwardConfig | None:
+    """The staged softmax's config where it would be taken (N >= :data:`STAGED_FORWARD_MIN_N`, as the norms'), or
+    None."""
+    if n < STAGED_FORWARD_MIN_N[dtype]:
+        return None
+    return staged_forward_config(n, dtype)
+
+
+def forward_staged(x, out, cfg: StagedForwardConfig | None = None) -> bool:
+    """Launches the staged softmax on validated :class:`~flydsl.kernels.host.RowTensor` arguments (x, out: rows
+    16-byte aligned) with ``cfg`` (default :func:`softmax_staged_config`); False (nothing launched) where there is
+    no config or the rows are not 16-byte aligned: the caller then launches the register kernel."""
+    rows, n = x.shape
+    cfg = cfg or softmax_staged_config(n, x.dtype)
+    if cfg is None or rows == 0 or not _aligned16(x, out):
+        return False
+    groups = staged_forward_groups(cfg, rows, x.device)
+    rc = cfg.row
+    softmax_forward_staged_kernel(x.obj, out.obj, cfg).launch(
+        grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
+    )
+    return True
