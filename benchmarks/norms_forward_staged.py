@@ -31,7 +31,14 @@ from flydsl.kernels.bench import median_ms
 TOTAL = 1 << 28
 SIZES = [32768, 65536, 131072, 262144]
 # Staged shapes tried beside the default (--sweep): (threads, chunks per thread, lag, ring rows or None = most).
-SHAPES = [(1024, 2, 1, None), (1024, 2, 2, None), (512, 4, 1, None), (512, 8, 1, None), (1024, 4, 1, 2)]
+SHAPES = [
+    (1024, 2, 1, None),
+    (1024, 2, 2, None),
+    (512, 4, 1, None),
+    (512, 8, 1, None),
+    (1024, 4, 0, None),  # clusters: each row's output right after its pairs arrive (no lag: 2 rows in flight)
+    (1024, 4, 1, 2),  # one CTA per row: a 2-row ring
+]
 
 
 def _ops(torch, norms, norm, kernel: str, x, w, b, out, residual):

@@ -478,3 +478,55 @@ def test_staged_softmax_assembles_without_spills(n, dtype):
     if flyc.find_ptxas() is not None:
         assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
     assert staged.softmax_staged_config(16384, dtype) is None and staged.softmax_staged_config(n + 1, dtype) is None
+
+
+def _inbox_schedule(size: int, rows: int, lag: int, slots: int, seed: int) -> str | None:
+    """Runs the staged kernels' cluster exchange (each CTA at step k pushes its pair of row k into every CTA's inbox
+    slot k % slots, then waits for all pairs of row k - lag and consumes them) under a random interleaving of the
+    CTAs. Returns what went wrong: a push into a slot whose previous row its owner has not consumed yet (it would
+    overwrite unread pairs, or complete the wrong mbarrier phase), or a deadlock; None when the run completes."""
+    import random
+
+    rng = random.Random(seed)
+    step, pushed = [0] * size, [False] * size
+    consumed = [-1] * size  # the last row each CTA consumed (in order)
+    arrived = [dict() for _ in range(size)]  # per CTA: row -> pairs arrived
+    while any(k < rows + lag for k in step):
+        ready = []
+        for c in range(size):
+            k = step[c]
+            if k >= rows + lag:
+                continue
+            done = k - lag
+            if not pushed[c] or done < 0 or arrived[c].get(done, 0) == size:
+                ready.append(c)
+        if not ready:
+            return f"deadlock at steps {step}"
+        c = rng.choice(ready)
+        k = step[c]
+        if not pushed[c]:
+            pushed[c] = True
+            if k < rows:
+                for peer in range(size):
+                    if k - slots > consumed[peer]:
+                        return f"row {k} pushed into CTA {peer}'s slot before it consumed row {k - slots}"
+                    arrived[peer][k] = arrived[peer].get(k, 0) + 1
+            continue
+        if k - lag >= 0:
+            consumed[c] = k - lag
+        step[c], pushed[c] = k + 1, False
+    return None
+
+
+@pytest.mark.parametrize("lag", [0, 1, 2])
+def test_inbox_slots_are_never_overwritten_unread(lag):
+    """The cluster exchange's inbox (norm_staged.inbox_slots, shared by the staged backward and forward): with that
+    many slots no push overwrites pairs not yet consumed, and the exchange never deadlocks, whatever the CTAs' relative
+    speeds (random interleavings); one slot fewer is caught overwriting (the check is not vacuous)."""
+    staged = importlib.import_module("flydsl.kernels.norm_staged")
+    slots = staged.inbox_slots(lag)
+    for size in (2, 4, 8):
+        for seed in range(40):
+            assert _inbox_schedule(size, 13, lag, slots, seed) is None, (size, seed)
+    caught = [_inbox_schedule(2, 13, lag, slots - 1, seed) for seed in range(200)]
+    assert any(c is not None and "before it consumed" in c for c in caught)

@@ -335,6 +335,7 @@ def test_staged_forward(n, dtype, staged_launches):
     [
         (40968, torch.bfloat16, dict(chunks=1)),  # 8 CTAs per row, two of them holding nothing
         (65536, torch.bfloat16, dict(chunks=2, lag=2)),  # a 4-row ring, outputs two rows behind
+        (131072, torch.bfloat16, dict(lag=0)),  # a cluster writing each row once its pairs are in
         (131072, torch.float32, dict(chunks=8, threads=512)),
         (32768, torch.bfloat16, dict(stages=2)),  # one CTA per row, a 2-row ring
     ],

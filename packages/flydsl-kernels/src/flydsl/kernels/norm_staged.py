@@ -232,6 +232,13 @@ def _load_tagged(pointer):
     )
 
 
+def inbox_slots(lag: int) -> int:
+    """A cluster's inbox slots (rows of pairs) when each CTA consumes row ``k - lag`` after pushing row ``k``: a peer
+    pushing row ``k + slots`` has waited for this CTA's push of row ``k + slots - 1 - lag``, made after this CTA
+    consumed row ``k + slots - 2 - 2 lag``, which is row ``k``: the slot is free (simulated in the CPU tests)."""
+    return 2 * lag + 2
+
+
 def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int):
     """How the CTAs of a row share their partial pairs (``sum(g * xhat)``, ``sum(g)``) in :func:`_rows_pushed`.
 
@@ -333,7 +340,7 @@ def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
     values = 1 if flags.rms else 2
     inv_n = 1.0 / n.to(fx.Float32)
     ring = _Ring(cfg, flags, tensors, pos, n, rows)
-    share = _exchange_setup(cfg, pos, exchange, 2 * lag + 2)
+    share = _exchange_setup(cfg, pos, exchange, inbox_slots(lag))
     block = dataclasses.replace(rc, cluster=1, team=False)  # the CTA's part of the reduction
     for k in fx.range_constexpr(ahead + 1):
         ring.issue(group + k * groups, fx.Int32(k))
@@ -508,7 +515,7 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, pos, n, rows,
     inv_count = inv_n
     share, counts, inv_counts = None, [], []
     if fx.const_expr(rc.cluster > 1):
-        share = _exchange_setup(cfg, pos, None, 2 * lag + 2)
+        share = _exchange_setup(cfg, pos, None, inbox_slots(lag))
         if fx.const_expr(_layer_norm(flags)):
             for r in fx.range_constexpr(rc.cluster):
                 c = _rank_count(rc, n, r)
