@@ -408,9 +408,10 @@ def _inverse_count(count):
 
 
 class _ForwardRows:
-    """The staged forward's row math on its ring (x, or x and the residual)."""
+    """The staged forward's rows in its ring (x, or x and the residual) and their outputs; ``flags``: a
+    :class:`NormFlags` or :class:`SoftmaxFlags`."""
 
-    def __init__(self, cfg: StagedForwardConfig, flags: NormFlags, tensors, pos, n, rows):
+    def __init__(self, cfg: StagedForwardConfig, flags, tensors, pos, n, rows):
         self.cfg, self.rc, self.flags, self.pos, self.n, self.rows = cfg, cfg.row, flags, pos, n, rows
         self.x, self.residual, self.weight, self.bias, self.out, self.residual_out = tensors[:6]
         sources = (self.x, self.residual) if flags.residual else (self.x,)
@@ -453,8 +454,8 @@ def _forward_partial(work, slot, row, block, smem, parity, inv_count):
     """This CTA's partial pair of the row in ``slot``: RMSNorm ``(sum(v^2), 0)``; LayerNorm ``(sum(v),
     sum((v - m)^2))`` about the CTA's own mean ``m = sum(v) * inv_count`` (two block reductions; the zero padding
     masked out of the second); softmax: see :func:`_softmax_partial`. The fused add writes ``residual_out`` here.
-    (A function, not a method of
-    :class:`_ForwardRows`: the kernel's control flow is traced through functions only.)"""
+    (A function, not a method of :class:`_ForwardRows`: the kernel's control flow is traced through functions only,
+    and a method's ``if`` on a kernel value would not be.)"""
     if fx.const_expr(isinstance(work.flags, SoftmaxFlags)):
         return _softmax_partial(work, slot, block, smem)
     rc, pos = work.rc, work.pos
