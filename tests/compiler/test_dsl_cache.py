@@ -104,6 +104,47 @@ def test_the_key_follows_config_globals(monkeypatch):
     assert cache.source_fingerprint(_reads_config) != first
 
 
+def _helper_class(body: str):
+    """A class ``Helper`` with one method whose code is ``body`` (as kernels' helper classes have)."""
+    namespace: dict = {"__name__": __name__}
+    exec(f"class Helper:\n    def scaled(self, v):\n        return {body}\n", namespace)
+    return namespace["Helper"]
+
+
+def _uses_helper(x: fx.Tensor):
+    x[0] = Helper().scaled(x[0])  # noqa: F821 (set by the test)
+
+
+def test_the_key_follows_methods_of_helper_classes(monkeypatch):
+    monkeypatch.setitem(globals(), "Helper", _helper_class("v + v"))
+    first = cache.source_fingerprint(_uses_helper)
+    monkeypatch.setitem(globals(), "Helper", _helper_class("v * 3"))
+    assert cache.source_fingerprint(_uses_helper) != first
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    m: int
+
+    @property
+    def rows(self) -> int:
+        return self.m
+
+
+def test_the_key_follows_the_code_of_constexpr_classes():
+    """Two configs with equal reprs whose properties differ give different keys (the repr alone would not)."""
+    namespace: dict = {"dataclasses": dataclasses, "__name__": __name__}
+    exec(
+        "@dataclasses.dataclass(frozen=True)\nclass _Shape:\n    m: int\n\n    @property\n"
+        "    def rows(self) -> int:\n        return 2 * self.m\n",
+        namespace,
+    )
+    other = namespace["_Shape"](4)
+    assert repr(other) == repr(_Shape(4))
+    assert cache.source_fingerprint(_reads_config, _Shape(4)) != cache.source_fingerprint(_reads_config, other)
+    assert cache.source_fingerprint(_reads_config, _Shape(4)) == cache.source_fingerprint(_reads_config, _Shape(4))
+
+
 def test_processes_compiling_the_same_kernel_at_once_agree(tmp_path):
     script = tmp_path / "compile_one.py"
     script.write_text(textwrap.dedent("""

@@ -83,8 +83,9 @@ def test_the_launchers_the_ops_call_take_these_arguments():
     # ops.py calls the launchers of flydsl.kernels directly (the ops validate everything themselves).
     normalization, softmax, from_torch = ops._kernels()
     assert list(inspect.signature(normalization.forward).parameters) == [
-        "x", "residual", "weight", "bias", "out", "residual_out", "mean", "rstd", "eps", "rms"
+        "x", "residual", "weight", "bias", "out", "residual_out", "mean", "rstd", "eps", "rms", "staged"
     ]  # fmt: skip
+    assert inspect.signature(normalization.forward).parameters["staged"].default is None  # the ops leave it out
     assert list(inspect.signature(normalization.backward).parameters) == [
         "dy", "x", "weight", "mean", "rstd", "dx", "dweight", "dbias", "rms"
     ]  # fmt: skip

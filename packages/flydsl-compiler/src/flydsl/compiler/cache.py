@@ -1,6 +1,6 @@
 """The kernel cache: compiled modules in memory and on disk (``~/.cache/flydsl`` or ``FLYDSL_CACHE_DIR``).
 
-The key covers the kernel's source and every user function and simple global it reaches, the specialization
+The key covers the kernel's source and every user function, class and simple global it reaches, the specialization
 (argument types, strides, alignment, constexpr values), the target, and a fingerprint of the compiler itself (its
 Python sources and native library), so that a development build never reuses a stale binary. Globals reached only
 through attributes (``config.TILE``) are not followed: pass such values as ``Constexpr`` parameters. Entries are written
@@ -15,6 +15,7 @@ import hashlib
 import inspect
 import os
 import pickle
+import sys
 import tempfile
 import types
 import warnings
@@ -52,10 +53,12 @@ def compiler_fingerprint() -> str:
 _SIMPLE = (int, float, str, bool, bytes, type(None))
 
 
-def source_fingerprint(fn: types.FunctionType) -> str:
+def source_fingerprint(fn: types.FunctionType, *constexprs) -> str:
     """A hash of ``fn``'s source, of the functions and kernels it calls outside FlyDSL's own packages (whose
-    sources the compiler fingerprint covers), and of the globals it reads whose repr is their value (numbers,
-    strings, tuples, layouts, frozen dataclasses such as tile configurations), transitively."""
+    sources the compiler fingerprint covers), of the classes it reads (every method: a helper class's, a config's
+    properties), and of the globals it reads whose repr is their value (numbers, strings, tuples, layouts, frozen
+    dataclasses such as tile configurations), transitively. ``constexprs``: the Constexpr argument values of a
+    specialization, whose classes' code shapes the kernel as their values do."""
     digest = hashlib.blake2b(digest_size=16)
     seen: set[int] = set()
 
@@ -76,21 +79,49 @@ def source_fingerprint(fn: types.FunctionType) -> str:
             except ValueError:
                 continue
 
+    def visit_class(cls: type):
+        if id(cls) in seen or not _user_module(cls.__module__):
+            return
+        seen.add(id(cls))
+        digest.update(f"class {cls.__module__}.{cls.__qualname__}".encode())
+        for member in vars(cls).values():
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            elif isinstance(member, property):
+                member = member.fget
+            if isinstance(member, types.FunctionType):
+                visit(member)
+        for base in cls.__bases__:
+            visit_class(base)
+
     def see(name: str, value):
         if isinstance(value, types.FunctionType):
-            if not (value.__module__ or "").startswith(_FINGERPRINTED):
+            if _user_module(value.__module__):
                 visit(value)  # user code, flydsl.kernels helpers included
         elif isinstance(getattr(value, "fn", None), types.FunctionType):
             visit(value.fn)  # a @kernel called from this one
+        elif isinstance(value, type):
+            visit_class(value)
         elif _by_value(value):
             digest.update(f"{name}={value!r}".encode())
+            for item in value if isinstance(value, tuple) else (value,):
+                visit_class(type(item))
 
     visit(fn)
+    for value in constexprs:
+        see("<constexpr>", value)
     return digest.hexdigest()
+
+
+def _user_module(module: str | None) -> bool:
+    """Code the compiler fingerprint does not cover: neither FlyDSL's compiler packages nor Python's own."""
+    module = module or ""
+    return not module.startswith(_FINGERPRINTED) and module.split(".")[0] not in _PYTHON_MODULES
 
 
 # Packages whose sources the compiler fingerprint already covers.
 _FINGERPRINTED = ("flydsl.compiler", "flydsl.expr", "flydsl.layout", "mlir")
+_PYTHON_MODULES = frozenset(sys.stdlib_module_names) | {"builtins"}
 
 
 def _by_value(value) -> bool:

@@ -216,7 +216,8 @@ class KernelFunction:
 
     def compiled_module(self, spec: _Specialization) -> CompiledModule:
         """The compiled module of a specialization: from the disk cache, else traced and compiled (and stored)."""
-        key = cache.compiler_fingerprint() + cache.source_fingerprint(self.fn)
+        constexprs = [part[2] for part in spec.key if isinstance(part, tuple) and part[:1] == ("constexpr",)]
+        key = cache.compiler_fingerprint() + cache.source_fingerprint(self.fn, *constexprs)
         key += repr((self.target, self.attributes, spec.key))
         disk_key = hashlib.blake2b(key.encode(), digest_size=20).hexdigest()
         compiled = cache.load(disk_key)
