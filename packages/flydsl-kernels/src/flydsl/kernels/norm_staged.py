@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 from mlir.dialects import llvm as _llvm
 
+import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import arith, cluster, gpu, math, nvvm, vector
 from flydsl.kernels.norm_config import BackwardConfig, NormFlags, SoftmaxFlags, StagedForwardConfig
@@ -20,6 +21,7 @@ from flydsl.kernels.reduction import (
     RowConfig,
     chunk_index,
     load_vector_chunk,
+    row_position,
     row_reduce,
     row_smem,
     store_row,
@@ -495,7 +497,7 @@ def _chan(share, old, counts, inv_counts, inv_n):
     return mean, squares
 
 
-def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, pos, n, rows, group, groups, eps):
+def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
     """The staged forward (opt-in; see :func:`flydsl.kernels.normalization.forward`): a persistent grid whose CTA
     group (a CTA, or a cluster for rows longer than one CTA's ring row) takes rows ``group, group + groups, ...``.
     Each thread copies its chunks of x (and the residual) rows ahead into its slots of a shared-memory ring
@@ -506,6 +508,11 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, pos, n, rows,
     lag``, whose pairs arrived meanwhile; LayerNorm combines the pairs by :func:`_chan`. ``flags``: a
     :class:`NormFlags`, or :class:`SoftmaxFlags` for softmax (``tensors``: x and out in their norm places)."""
     rc = cfg.row
+    rows, n = tensors[0].shape
+    groups = gpu.grid_dim.x // rc.cluster
+    pos = row_position(rc)
+    flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
+    group = gpu.block_idx.x // rc.cluster
     mean_out, rstd_out = tensors[6], tensors[7]
     lag = cfg.lag if rc.cluster > 1 else 0
     ahead = cfg.stages - 1 - lag

@@ -177,14 +177,7 @@ def norm_forward_staged_kernel(
     """The opt-in staged forward for long rows (arguments as :func:`norm_forward_kernel`'s; x, residual, out and
     residual_out 16-byte aligned rows, N a multiple of 16 bytes): a persistent grid of CTA groups (a CTA, or a
     cluster) walking rows through a shared-memory ring; see :func:`_rows_staged_forward`."""
-    rc = cfg.row
-    rows, n = x.shape
-    groups = gpu.grid_dim.x // rc.cluster
-    pos = row_position(rc)
-    flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
-    group = gpu.block_idx.x // rc.cluster
-    tensors = (x, residual, weight, bias, out, residual_out, mean_out, rstd_out)
-    _rows_staged_forward(cfg, flags, tensors, pos, n, rows, group, groups, eps)
+    _rows_staged_forward(cfg, flags, (x, residual, weight, bias, out, residual_out, mean_out, rstd_out), eps)
 
 
 def _sum_index(cfg: BackwardConfig, pos, s: int, slot, j: int, q: int):

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import gpu
 from flydsl.kernels.norm_config import STAGED_FORWARD_MIN_N, SoftmaxFlags, StagedForwardConfig, staged_forward_config
 from flydsl.kernels.norm_staged import _rows_staged_forward
 from flydsl.kernels.normalization import _aligned16, staged_forward_groups
-from flydsl.kernels.reduction import row_position
 
 __all__ = ["SOFTMAX", "softmax_forward_staged_kernel", "softmax_staged_config", "forward_staged"]
 
@@ -24,13 +22,7 @@ SOFTMAX = SoftmaxFlags()
 
 @flyc.kernel(target=flyc.Target("sm_90a", ptx_version=81))  # PTX ISA 8.1: st.async (the cluster's pushes)
 def softmax_forward_staged_kernel(x: fx.Tensor, out: fx.Tensor, cfg: fx.Constexpr[StagedForwardConfig]):
-    rc = cfg.row
-    rows, n = x.shape
-    groups = gpu.grid_dim.x // rc.cluster
-    pos = row_position(rc)
-    flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
-    group = gpu.block_idx.x // rc.cluster
-    _rows_staged_forward(cfg, SOFTMAX, (x, x, x, x, out, x, x, x), pos, n, rows, group, groups, None)
+    _rows_staged_forward(cfg, SOFTMAX, (x, x, x, x, out, x, x, x), None)
 
 
 def softmax_staged_config(n: int, dtype: str) -> StagedForwardConfig | None:
