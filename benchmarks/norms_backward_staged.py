@@ -47,23 +47,6 @@ def _kernel_tbps(torch, norm, tensors, cfg, groups, rms, reps):
     return 3 * x.numel() * x.element_size() / median_ms(run, reps) / 1e9
 
 
-def _busy_ms(torch, fn, reps):
-    """Median CUDA-event time of ``fn`` with the GPU kept busy (a sleep kernel) while the host enqueues it: GPU
-    time only, the host's launch latency hidden as in a training step's queue."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda._sleep(200_000)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def _small(torch, norms, norm, n, sms, reps) -> str:
     """bf16 N = ``n`` through the API three times (each call alone, then with the GPU kept busy), with copy."""
     m = TOTAL // n
@@ -86,7 +69,8 @@ def _small(torch, norms, norm, n, sms, reps) -> str:
     line = f"small bf16 N={n}:"
     for _ in range(3):
         alone = [b / median_ms(f, reps) / 1e9 for f, b in ((copy, copy_bytes), (ln, ln_bytes), (rms, rms_bytes))]
-        busy = [b / _busy_ms(torch, f, reps) / 1e9 for f, b in ((copy, copy_bytes), (ln, ln_bytes), (rms, rms_bytes))]
+        cases = ((copy, copy_bytes), (ln, ln_bytes), (rms, rms_bytes))
+        busy = [b / median_ms(f, reps, queued=True) / 1e9 for f, b in cases]
         kern = _kernel_tbps(
             torch, norm, (dy, x, w, mean, rstd, dx), cfg, norm.backward_groups(cfg, m, sms), False, reps
         )

@@ -75,25 +75,6 @@ def _ops(torch, F):
     }
 
 
-def busy_median_ms(torch, fn, reps: int, warmup: int = 3) -> float:
-    """As ``median_ms``, but each timed call is queued behind a sleep kernel (``torch.cuda._sleep``), so that the
-    host's launch latency (Python checks, allocations, two launches for the norm backwards) is hidden as it is in a
-    training step's queue: the op's GPU time."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        torch.cuda._sleep(200_000)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def _backward(torch, name, x, a, m, n, e, reps):
     """(ours ms, bytes, torch eager ms or None, ours ms with the GPU kept busy)."""
     from flydsl.kernels import norms
@@ -104,15 +85,15 @@ def _backward(torch, name, x, a, m, n, e, reps):
         y = torch.softmax(x, dim=-1)
         ours = partial(norms.softmax_backward, dy, y, dx)
         ref = median_ms(lambda: torch._softmax_backward_data(dy, y, -1, x.dtype), reps)
-        return median_ms(ours, reps), 3 * m * n * e, ref, busy_median_ms(torch, ours, reps)
+        return median_ms(ours, reps), 3 * m * n * e, ref, median_ms(ours, reps, queued=True)
     if name == "layer_norm":
         _, mean, rstd = norms.layer_norm(x, a["w"], a["b"], 1e-5, a["out"], return_stats=True)
         ours = partial(norms.layer_norm_backward, dy, x, a["w"], mean, rstd, dx)
-        return median_ms(ours, reps), 3 * m * n * e + 8 * m + 3 * n * e, None, busy_median_ms(torch, ours, reps)
+        return median_ms(ours, reps), 3 * m * n * e + 8 * m + 3 * n * e, None, median_ms(ours, reps, queued=True)
     if name == "rms_norm":
         _, rstd = norms.rms_norm(x, a["w"], 1e-6, a["out"], return_stats=True)
         ours = partial(norms.rms_norm_backward, dy, x, a["w"], rstd, dx)
-        return median_ms(ours, reps), 3 * m * n * e + 4 * m + 2 * n * e, None, busy_median_ms(torch, ours, reps)
+        return median_ms(ours, reps), 3 * m * n * e + 4 * m + 2 * n * e, None, median_ms(ours, reps, queued=True)
     return None, None, None, None
 
 
@@ -273,7 +254,7 @@ def main() -> int:
                         row["backward_bar_tbps"] = 0.85 * row["copy_tbps"]
                         row["backward_meets_bar"] = row["backward_tbps"] >= row["backward_bar_tbps"]
                         # The same with the host's launch latency hidden (GPU time), next to copy timed so too.
-                        busy_copy = busy_median_ms(torch, partial(copy_dst.copy_, x), args.reps)
+                        busy_copy = median_ms(partial(copy_dst.copy_, x), args.reps, queued=True)
                         row["copy_gpu_tbps"] = 2 * x.numel() * e / busy_copy / 1e9
                         row["backward_gpu_tbps"] = bwd_bytes / busy_ms / 1e9
                         if ref_ms is not None:

@@ -23,7 +23,6 @@ import importlib
 import sys
 import time
 
-from norms_bench import busy_median_ms
 from record import write_record
 
 from flydsl.kernels.bench import median_ms
@@ -91,13 +90,13 @@ def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
     name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[dtype]
     row = {"kernel": kernel, "dtype": name, "n": n, "rows": m, "bytes": moved}
     row["copy_tbps"] = 2 * m * n * e / copy_ms / 1e9
-    row["copy_gpu_tbps"] = 2 * m * n * e / busy_median_ms(torch, lambda: dst.copy_(x), reps) / 1e9
+    row["copy_gpu_tbps"] = 2 * m * n * e / median_ms(lambda: dst.copy_(x), reps, queued=True) / 1e9
     row["bar_tbps"] = 0.91 * row["copy_tbps"]
     saved = residual.clone() if residual is not None else None
     current()
     reference = out.clone()
     row["current_tbps"] = moved / median_ms(current, reps) / 1e9
-    row["current_gpu_tbps"] = moved / busy_median_ms(torch, current, reps) / 1e9
+    row["current_gpu_tbps"] = moved / median_ms(current, reps, queued=True) / 1e9
     if cfg is None:
         row["staged"] = None  # no staged config here: the register kernel either way
         return row
@@ -111,7 +110,7 @@ def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
     staged()
     row["max_diff"] = (out.float() - reference.float()).abs().max().item()
     row["staged_tbps"] = moved / median_ms(staged, reps) / 1e9
-    row["staged_gpu_tbps"] = moved / busy_median_ms(torch, staged, reps) / 1e9
+    row["staged_gpu_tbps"] = moved / median_ms(staged, reps, queued=True) / 1e9
     return row
 
 

@@ -18,9 +18,11 @@ import sys
 KERNELS = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm", "gemm")
 
 
-def median_ms(fn, reps: int, warmup: int = 3) -> float:
+def median_ms(fn, reps: int, warmup: int = 3, queued: bool = False) -> float:
     """The median of ``reps`` CUDA-event timings of ``fn()`` (ms), after ``warmup`` calls: each call timed alone, so
-    a kernel's time, not the launch rate (the benchmarks under benchmarks/ use it too)."""
+    a kernel's time, not the launch rate (the benchmarks under benchmarks/ use it too). ``queued``: each timed call
+    waits behind a sleep kernel (``torch.cuda._sleep``), so that the host's launch latency (Python checks,
+    allocations, several launches) is hidden as in a training step's queue: the op's GPU time."""
     import torch
 
     for _ in range(warmup):
@@ -28,6 +30,8 @@ def median_ms(fn, reps: int, warmup: int = 3) -> float:
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        if queued:
+            torch.cuda._sleep(200_000)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
