@@ -18,6 +18,8 @@ import sys
 import time
 from functools import partial
 
+from norms_bench import backward_kernel_tbps
+
 from flydsl.kernels.bench import median_ms
 
 TOTAL = 1 << 28
@@ -28,23 +30,6 @@ def _tensors(torch, n, dtype):
     x, dy = torch.randn(m, n, device="cuda", dtype=dtype), torch.randn(m, n, device="cuda", dtype=dtype)
     mean, rstd = x.float().mean(-1), torch.rsqrt(x.float().var(-1, unbiased=False) + 1e-5)
     return dy, x, torch.randn(n, device="cuda", dtype=dtype), mean, rstd, torch.full_like(x, float("nan"))
-
-
-def _kernel_tbps(torch, norm, tensors, cfg, groups, rms, reps):
-    dy, x, w, mean, rstd, dx = tensors
-    rc = cfg.row
-    partials = torch.empty(groups, max(1, cfg.sums) * x.shape[1], device="cuda")
-    exchange = torch.zeros(x.shape[0], norm.exchange_columns(cfg), device="cuda") if rc.team else dx
-    flags = norm.NormFlags(rms, weight=True, bias=not rms)
-
-    def run():  # a team's counters zeroed before each launch, as backward() does
-        if rc.team:
-            exchange.zero_()
-        norm.norm_backward_kernel(dy, x, w, mean, rstd, dx, partials, exchange, cfg, flags).launch(
-            grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
-        )
-
-    return 3 * x.numel() * x.element_size() / median_ms(run, reps) / 1e9
 
 
 def _small(torch, norms, norm, n, sms, reps) -> str:
@@ -71,8 +56,8 @@ def _small(torch, norms, norm, n, sms, reps) -> str:
         alone = [b / median_ms(f, reps) / 1e9 for f, b in ((copy, copy_bytes), (ln, ln_bytes), (rms, rms_bytes))]
         cases = ((copy, copy_bytes), (ln, ln_bytes), (rms, rms_bytes))
         busy = [b / median_ms(f, reps, queued=True) / 1e9 for f, b in cases]
-        kern = _kernel_tbps(
-            torch, norm, (dy, x, w, mean, rstd, dx), cfg, norm.backward_groups(cfg, m, sms), False, reps
+        kern = backward_kernel_tbps(
+            torch, norm, (dy, x, w, mean, rstd, dx), cfg, norm.backward_groups(cfg, m, sms), reps
         )
         line += " [alone: copy {:.2f} ln {:.2f} rms {:.2f}".format(*alone)
         line += " | busy: copy {:.2f} ln {:.2f} rms {:.2f} | ln kernel {:.2f}]".format(*busy, kern)
@@ -112,7 +97,7 @@ def _long_rows(torch, norm, sms, reps) -> list:
                     continue
                 g = _groups(norm, cfg, x.shape[0], sms)
                 rc = cfg.row
-                tbps = _kernel_tbps(torch, norm, tensors, cfg, g, rms, reps)
+                tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, reps, rms)
                 line += f" | {label} {rc.regime} {rc.cluster}x{rc.block} g{g} {tbps:.2f}"
             print(line, flush=True)
             lines.append(line)
@@ -170,7 +155,7 @@ def main() -> int:
                     active = norm.max_active_clusters(rc.cluster, rc.block, old.blocks_per_sm, 0)
                     counts["a"] = norm.backward_groups(old, x.shape[0], sms, active)
                 for label, g in counts.items():
-                    line += f" {label}{g} {_kernel_tbps(torch, norm, tensors, old, g, rms, args.reps):.2f}"
+                    line += f" {label}{g} {backward_kernel_tbps(torch, norm, tensors, old, g, args.reps, rms):.2f}"
                 variants = [
                     (512, 2, None, 1),
                     (512, 2, None, 2),
@@ -187,7 +172,7 @@ def main() -> int:
                     rc = cfg.row
                     active = norm.max_active_clusters(rc.cluster, rc.block, 1, 0) if rc.cluster > 1 else None
                     g = norm.backward_groups(cfg, x.shape[0], sms, active)
-                    tbps = _kernel_tbps(torch, norm, tensors, cfg, g, rms, args.reps)
+                    tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms)
                     line += f" | t{threads} c{chunks} s{cfg.stages} l{lag} {rc.cluster}x g{g} {tbps:.2f}"
                 print(line, flush=True)
                 result["lines"].append(line)

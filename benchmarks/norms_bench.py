@@ -108,17 +108,18 @@ SWEEP = {
 }
 
 
-def _sweep_tbps(torch, norm, tensors, cfg, groups: int, reps: int) -> float:
-    """LayerNorm backward kernel alone with ``cfg`` on ``groups`` CTA groups: TB/s = 3 * M * N * e / time."""
+def backward_kernel_tbps(torch, norm, tensors, cfg, groups: int, reps: int, rms: bool = False) -> float:
+    """The norm backward kernel alone (LayerNorm, or RMSNorm with ``rms``) with ``cfg`` on ``groups`` CTA groups:
+    TB/s = 3 * M * N * e / time (a team's exchange zeroed before each launch, as ``backward()`` does)."""
     from flydsl.kernels.bench import median_ms
 
     dy, x, w, mean, rstd, dx = tensors
     rc = cfg.row
-    partials = torch.empty(groups, 2 * x.shape[1], device="cuda")
-    flags = norm.NormFlags(False, weight=True, bias=True)
+    partials = torch.empty(groups, max(1, cfg.sums) * x.shape[1], device="cuda")
     exchange = torch.zeros(x.shape[0], norm.exchange_columns(cfg), device="cuda") if rc.team else dx
+    flags = norm.NormFlags(rms, weight=True, bias=not rms)
 
-    def run():  # a team's counters zeroed before each launch, as backward() does
+    def run():
         if rc.team:
             exchange.zero_()
         norm.norm_backward_kernel(dy, x, w, mean, rstd, dx, partials, exchange, cfg, flags).launch(
@@ -152,12 +153,12 @@ def _config_sweep(torch, reps: int) -> list:
         line = f"{name} N={n} copy {copy:.2f} bar {0.85 * copy:.2f} | default {rc.cluster}x{rc.block} c{rc.chunks}"
         line += f" b{cfg.blocks_per_sm}:"
         for groups in sorted({full, full * 7 // 8, full * 3 // 4, full // 2}, reverse=True):
-            line += f" g{groups} {_sweep_tbps(torch, norm, tensors, cfg, groups, reps):.2f}"
+            line += f" g{groups} {backward_kernel_tbps(torch, norm, tensors, cfg, groups, reps):.2f}"
         for chunks, regs, cta in variants:
             v = norm.make_backward_config(n, name, 2, chunks, regs, cta)
             groups = min(-(-m // v.row.rows_per_cta), v.blocks_per_sm * sms // v.row.cluster)
             line += f" | c{chunks} r{regs} cta{cta} ({v.row.cluster}x{v.row.block} b{v.blocks_per_sm} g{groups})"
-            line += f" {_sweep_tbps(torch, norm, tensors, v, groups, reps):.2f}"
+            line += f" {backward_kernel_tbps(torch, norm, tensors, v, groups, reps):.2f}"
         print(line, flush=True)
         lines.append(line)
         del tensors, dst
