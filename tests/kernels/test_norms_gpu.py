@@ -175,6 +175,15 @@ def test_layer_norm_backward(n, dtype, rows=None):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def _check_rms_norm_backward(dy, x, w, rstd, rows):
+    """rms_norm_backward into a poisoned dx against float64 autograd (dx, and dweight over ``rows`` rows)."""
+    dx, dw = norms.rms_norm_backward(dy, x, w, rstd, dx=_poison(x))
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    (xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * wd).backward(dy.double())
+    _close(dx, xd.grad, what="dx")
+    _column_close(dw, wd.grad, rows, "dweight")
+
+
 @pytest.mark.parametrize("n", BACKWARD_SIZES[:-1] + [262144])
 def test_rms_norm_backward(n, dtype, rows=None):
     rows = rows or _rows(n, 1 << 21) + 3
@@ -182,11 +191,7 @@ def test_rms_norm_backward(n, dtype, rows=None):
     w = torch.randn(n, device="cuda", dtype=torch.float32)
     dy = _input(rows, n, dtype)
     _, rstd = norms.rms_norm(x, w, 1e-6, return_stats=True)
-    dx, dw = norms.rms_norm_backward(dy, x, w, rstd, dx=_poison(x))
-    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
-    (xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * wd).backward(dy.double())
-    _close(dx, xd.grad, what="dx")
-    _column_close(dw, wd.grad, rows, "dweight")
+    _check_rms_norm_backward(dy, x, w, rstd, rows)
     dx2, dw2 = norms.rms_norm_backward(dy, x, None, rstd)
     assert dw2 is None
 
@@ -212,11 +217,7 @@ def test_norm_backward_staged_many_rows(n, dtype):
     x, dy = base[:, 1 : 1 + n], torch.randn_like(base)[:, 1 : 1 + n]
     w = torch.randn(n, device="cuda", dtype=dtype)
     _, rstd = norms.rms_norm(x, w, 1e-6, return_stats=True)
-    dx, dw = norms.rms_norm_backward(dy, x, w, rstd, dx=_poison(x))
-    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
-    (xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * wd).backward(dy.double())
-    _close(dx, xd.grad, what="dx")
-    _column_close(dw, wd.grad, rows, "dweight")
+    _check_rms_norm_backward(dy, x, w, rstd, rows)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
