@@ -475,9 +475,20 @@ def test_staged_softmax_assembles_without_spills(n, dtype):
     assert "ex2.approx.f32" in ptx and "st.global.v4.b32" in ptx and ptx.count("bar.sync") == 2
     pushed = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in ptx
     assert pushed == (cfg.row.cluster > 1) and ptx.count("barrier.cluster.wait") == (2 if pushed else 0)
+    assert _shift_guarded_against_minus_inf(ptx), "a CTA's part all -inf would push (-inf, NaN): the row turns NaN"
     if flyc.find_ptxas() is not None:
         assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
     assert staged.softmax_staged_config(16384, dtype) is None and staged.softmax_staged_config(n + 1, dtype) is None
+
+
+def _shift_guarded_against_minus_inf(ptx: str) -> bool:
+    """The staged softmax's CTA shift is 0, not -inf * log2(e), where the CTA's max is -inf (its part of the row all
+    -inf, e.g. a causal mask's tail): a compare of the max with -inf whose predicate selects 0.0 for the shift.
+    Without it, exp(-inf - -inf) = NaN makes the CTA's sum NaN, and NaN * exp(-inf - max) = NaN the whole row."""
+    for pred in re.findall(r"setp\.(?:ne|gt|neu|gtu)\.f32\s+(%p\d+), %r\d+, 0fFF800000;", ptx):
+        if re.search(rf"selp\.f32\s+%r\d+, (?:%r\d+, 0f00000000|0f00000000, %r\d+), {pred};", ptx):
+            return True
+    return False
 
 
 def _inbox_schedule(size: int, rows: int, lag: int, slots: int, seed: int) -> str | None:

@@ -380,3 +380,23 @@ def test_staged_softmax_forward(n, dtype):
         _close(out, ref)
         sums = out.double().sum(dim=-1)
         assert torch.allclose(sums, torch.ones_like(sums), atol=TOL[dtype][1] * max(1, n**0.5) + 1e-6)
+
+
+@pytest.mark.parametrize("n, dtype", [(65536, torch.bfloat16), (131072, torch.float32), (40968, torch.bfloat16)])
+def test_staged_softmax_masked_tails(n, dtype):
+    """Rows whose tail is -inf (a causal mask's: only the first ``keep`` columns finite), so that whole CTAs of a row
+    hold nothing but -inf: their pair must add nothing (it was (-inf, NaN), from exp(-inf - -inf), and the row NaN).
+    Against float64; the register kernel (norms.softmax) on the same rows as a peer."""
+    from flydsl.kernels.host import row_tensor
+    from flydsl.kernels.softmax_staged import forward_staged
+
+    rows = 64
+    keep = torch.randint(1, n + 1, (rows,), device="cuda")
+    keep[:6] = torch.tensor([1, 7, 1000, 8192, n // 2 + 8, n], device="cuda")
+    x = _input(rows, n, dtype) * 3
+    x = x.masked_fill(torch.arange(n, device="cuda")[None, :] >= keep[:, None], float("-inf"))
+    out = _poison(x)
+    assert forward_staged(row_tensor(x, "x"), row_tensor(out, "out"))
+    ref = torch.softmax(x.double(), dim=-1)
+    _close(out, ref)
+    _close(norms.softmax(x, _poison(x)), ref)

@@ -608,7 +608,8 @@ _LOG2E = 1.4426950408889634
 def _softmax_partial(work, slot, block, smem):
     """Softmax's pair of this CTA's part of the row in ``slot``: its max ``m`` and ``sum(exp(x - m))`` (``ex2.approx``
     as the register kernel), two block reductions; the zero padding masked out (-inf for the max, 0 in the sum). A
-    CTA holding nothing of the row pushes ``(-inf, 0)``, which adds nothing in :func:`_softmax_combine`."""
+    CTA holding nothing of the row, or only -inf, pushes ``(-inf, 0)``, which adds nothing in
+    :func:`_softmax_combine`."""
     rc, pos = work.rc, work.pos
     low = fx.Float32(float("-inf"))
     top = low
@@ -616,7 +617,9 @@ def _softmax_partial(work, slot, block, smem):
         vs = [fx.arith.select(work.inside[j], v, low) for v in work.values(slot, j)]
         top = arith.maximum(top, thread_reduce(vs, "max"))
     top = row_reduce(block, pos, smem, 0, top, "max")
-    shift = top * _LOG2E
+    # A part all -inf (a causal mask's tail held by a whole CTA) is shifted by 0: its exps are 0 and its sum 0, where
+    # exp(-inf - -inf) = NaN would make the whole row NaN in _softmax_combine (NaN * 0).
+    shift = fx.arith.select(top > low, top * _LOG2E, fx.Float32(0.0))
     total = fx.Float32(0.0)
     for j in fx.range_constexpr(rc.chunks):
         es = [nvvm.ex2_approx(v * _LOG2E - shift) for v in work.values(slot, j)]
