@@ -378,6 +378,7 @@ def test_staged_softmax_forward(n, dtype):
             return
         ref = torch.softmax(x.double(), dim=-1)
         _close(out, ref)
+        _close(out.double() * n, ref * n, dtype, "out * N")  # at the scale of the mean element (~1), not of 1/N
         sums = out.double().sum(dim=-1)
         assert torch.allclose(sums, torch.ones_like(sums), atol=TOL[dtype][1] * max(1, n**0.5) + 1e-6)
 
@@ -399,4 +400,5 @@ def test_staged_softmax_masked_tails(n, dtype):
     assert forward_staged(row_tensor(x, "x"), row_tensor(out, "out"))
     ref = torch.softmax(x.double(), dim=-1)
     _close(out, ref)
+    _close(out.double() * n, ref * n, dtype, "out * N")
     _close(norms.softmax(x, _poison(x)), ref)
