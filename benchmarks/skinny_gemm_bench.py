@@ -19,20 +19,9 @@ import json
 import statistics
 import sys
 
+from gemm_bench import SWEEP_NK as SHAPES_NK  # issue 8's (N, K) layers
 from record import write_record
 
-SHAPES_NK = [
-    (4096, 4096),
-    (14336, 4096),
-    (4096, 14336),
-    (8192, 8192),
-    (28672, 8192),
-    (8192, 28672),
-    (18432, 7168),
-    (7168, 18432),
-    (1536, 7168),
-    (7168, 16384),
-]
 EXPLORE_NK = [(4096, 4096), (28672, 8192), (7168, 18432), (8192, 28672), (4096, 14336)]
 
 

@@ -585,13 +585,20 @@ def _tma_ready(t):
     return padded[:, :cols]
 
 
+def _staging_fits(cfg: GemmConfig) -> bool:
+    """The TMA-store epilogue's staging boxes fit in shared memory beside ``cfg``'s pipeline."""
+    return cfg.stages * cfg.stage_bytes() + staging_bytes(cfg) <= SMEM_BYTES - 1024
+
+
 def _store_tile_of(out, cfg: GemmConfig):
     """C's TmaTile in boxes of (64, 64) for the TMA-store epilogue, or None where it does not apply: C not 16-bit,
     its rows not 16-byte aligned or overlapping (a row stride under N, even in a one-row view: TMA's descriptor
-    would refuse it), or no shared memory left beside the pipeline for the staging boxes."""
-    if out.element_size() != 2 or cfg.stages * cfg.stage_bytes() + staging_bytes(cfg) > SMEM_BYTES - 1024:
+    would refuse it), or no shared memory left beside the pipeline for the staging boxes. On every launch: cheap
+    checks first, the tile from _operand_tile's cache."""
+    if out.element_size() != 2 or not _staging_fits(cfg):
         return None
-    if out.data_ptr() % 16 or (out.stride(0) * 2) % 16 or out.stride(0) < out.shape[1]:
+    row_stride = out.stride(0)
+    if out.data_ptr() % 16 or row_stride % 8 or row_stride < out.shape[1]:  # 8 16-bit elements: 16 bytes
         return None
     return _operand_tile(out, 0, STAGING_BOX[0], STAGING_BOX[1], "out")[0]
 
@@ -610,9 +617,8 @@ def _stream_k_scratch(device, grid: int, cfg: GemmConfig):
     held = _STREAM_K_SCRATCH.get(key)
     if held is None or held[0].numel() < elements or held[1].numel() < slots:
         size = max(elements, held[0].numel() if held else 0), max(slots, held[1].numel() if held else 0)
-        held = torch.empty(size[0], dtype=torch.float32, device=device), torch.zeros(
-            size[1], dtype=torch.int32, device=device
-        )
+        workspace = torch.empty(size[0], dtype=torch.float32, device=device)
+        held = workspace, torch.zeros(size[1], dtype=torch.int32, device=device)
         _STREAM_K_SCRATCH[key] = held
     return held
 
