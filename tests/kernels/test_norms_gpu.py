@@ -174,7 +174,6 @@ def test_layer_norm_backward(n, dtype, rows=None):
     _column_close(db, bd.grad, rows, "dbias")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def _check_rms_norm_backward(dy, x, w, rstd, rows):
     """rms_norm_backward into a poisoned dx against float64 autograd (dx, and dweight over ``rows`` rows)."""
     dx, dw = norms.rms_norm_backward(dy, x, w, rstd, dx=_poison(x))
@@ -184,6 +183,7 @@ def _check_rms_norm_backward(dy, x, w, rstd, rows):
     _column_close(dw, wd.grad, rows, "dweight")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", BACKWARD_SIZES[:-1] + [262144])
 def test_rms_norm_backward(n, dtype, rows=None):
     rows = rows or _rows(n, 1 << 21) + 3
