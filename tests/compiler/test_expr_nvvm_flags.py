@@ -1,5 +1,6 @@
-"""fx.nvvm.ld_acquire / red_add_release: flags between CTAs. CPU: the PTX instructions, accepted by ptxas for
-sm_90a; arguments checked. GPU (``gpu``): CTA 1 waits for CTA 0's flag, then reads the data CTA 0 wrote before it."""
+"""fx.nvvm.ld_acquire / red_add_release / atom_add_acq_rel: flags and counters between CTAs. CPU: the PTX
+instructions, accepted by ptxas for sm_90a; arguments checked. GPU (``gpu``): CTA 1 waits for CTA 0's flag, then
+reads the data CTA 0 wrote before it; the last of many CTAs to count sums what all of them wrote."""
 
 from __future__ import annotations
 
@@ -28,11 +29,44 @@ def hand_over(data: fx.Tensor, flags: fx.Tensor, out: fx.Tensor):
         out[t] = data[t]
 
 
+LAST_ARRIVER_CTAS = 64
+
+
+@flyc.kernel
+def last_arriver_sums(data: fx.Tensor, counter: fx.Tensor, out: fx.Tensor):
+    """Every CTA writes data[b, t] = b + t, then counts itself; the CTA that sees the count of all the others sums
+    every CTA's row into out (no CTA waits: the order of arrival decides who sums) and resets the counter."""
+    t = gpu.thread_idx.x
+    b = gpu.block_idx.x
+    smem = fx.SmemAllocator()
+    seen = smem.allocate(fx.Int32, 1)
+    data[b * 128 + t] = b + t
+    nvvm.barrier()
+    if t == 0:
+        seen[0] = nvvm.atom_add_acq_rel(counter, 1, 0)
+    nvvm.barrier()
+    if seen[0] == LAST_ARRIVER_CTAS - 1:
+        total = t * 0
+        for other in range(LAST_ARRIVER_CTAS):
+            total = total + data[other * 128 + t]
+        out[t] = total
+        if t == 0:
+            counter[0] = 0
+
+
 def test_flags_lower_and_assemble():
     spec = flyc.TensorSpec((128,), "i32")
     compiled = hand_over.lower(spec, spec, spec)
     assert "ld.acquire.gpu.global.b32" in compiled.ptx
     assert "red.release.gpu.global.add.s32" in compiled.ptx
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_counter_lowers_and_assembles():
+    compiled = last_arriver_sums.lower(
+        flyc.TensorSpec((LAST_ARRIVER_CTAS * 128,), "i32"), flyc.TensorSpec((1,), "i32"), flyc.TensorSpec((128,), "i32")
+    )
+    assert "atom.acq_rel.gpu.global.add.s32" in compiled.ptx
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
@@ -56,3 +90,19 @@ def test_data_released_before_a_flag_is_seen_after_acquiring_it():
     torch.cuda.synchronize()
     assert torch.equal(out, torch.arange(1, 129, dtype=torch.int32, device="cuda"))
     assert flags.item() == 1
+
+
+@pytest.mark.gpu
+def test_last_of_many_ctas_to_count_reads_what_all_wrote():
+    import torch
+
+    data = torch.full((LAST_ARRIVER_CTAS * 128,), -(1 << 20), dtype=torch.int32, device="cuda")
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for _ in range(3):  # the counter is reset by the last CTA: every launch has exactly one summer
+        out = torch.full((128,), -1, dtype=torch.int32, device="cuda")
+        last_arriver_sums(data, counter, out).launch(grid=LAST_ARRIVER_CTAS, block=128)
+        torch.cuda.synchronize()
+        t = torch.arange(128, dtype=torch.int32, device="cuda")
+        expected = LAST_ARRIVER_CTAS * t + LAST_ARRIVER_CTAS * (LAST_ARRIVER_CTAS - 1) // 2
+        assert torch.equal(out, expected)
+        assert counter.item() == 0

@@ -35,6 +35,7 @@ __all__ = [
     "cp_async_commit_group",
     "cp_async_wait_group",
     "ld_global_nc",
+    "atom_add_acq_rel",
     "ld_acquire",
     "red_add_release",
     "mma_sync",
@@ -430,6 +431,19 @@ def red_add_release(where, value, coord=None, scope: str = "gpu") -> None:
     pointer = _pointer(where, coord, "global")
     text = f"red.release.{_scope(scope, 'red_add_release')}.global.add.s32 [$0], $1;"
     _asm(None, [pointer, _int32(value, "red_add_release value").value], text, "l,r", side_effects=True)
+
+
+def atom_add_acq_rel(where, value, coord=None, scope: str = "gpu") -> Int32:
+    """``atom.acq_rel.{scope}.global.add.s32``: adds ``value`` to a 32-bit counter and returns its old value, with
+    release semantics for this thread's earlier writes (its group's too, after a ``barrier``) and acquire semantics
+    for its later reads: the thread that sees the last count reads what every earlier adder wrote before adding.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-atom
+    """
+    pointer = _pointer(where, coord, "global")
+    text = f"atom.acq_rel.{_scope(scope, 'atom_add_acq_rel')}.global.add.s32 $0, [$1], $2;"
+    operands = [pointer, _int32(value, "atom_add_acq_rel value").value]
+    return Int32(_asm(_i32(), operands, text, "=r,l,r", side_effects=True))
 
 
 # --- asynchronous copies ----------------------------------------------------------------------------------------
