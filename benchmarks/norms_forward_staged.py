@@ -1,14 +1,13 @@
-"""LayerNorm / RMSNorm / fused add + RMSNorm / softmax forward on the H200: the opt-in staged kernel (rows through a
-shared-memory ring, a row's CTAs pushing their partial sums to each other) against the current register kernel and
-the device copy, per (kernel, dtype, N), on M x N = 2^28 elements; then (``--sweep``) the staged kernel's other
-shapes (threads, chunks per thread, lag, ring rows) launched directly.
+"""LayerNorm / RMSNorm / fused add + RMSNorm / softmax forward on the H200: the staged kernel as routed by default
+(rows through a shared-memory ring, a row's CTAs pushing their partial sums to each other; ``forward_shape``)
+against the register kernel (``staged`` off) and the device copy, per (kernel, dtype, N), on M x N = 2^28 elements;
+then (``--sweep``) the staged kernel's other shapes (threads, chunks per thread, lag, ring rows) launched directly.
 
     python benchmarks/norms_forward_staged.py --commit $(git rev-parse --short HEAD) --sweep --out fwd.json
 
 The ops and bytes are norms_bench.py's forwards (no statistics written; the fused add in place): TB/s = bytes read
-+ written / time. Both kernels run through the public API (``normalization.STAGED_FORWARD`` off, then on): the
-same host path; softmax's staged kernel through ``softmax_staged.forward_staged`` on prebuilt row tensors (no
-argument checks: a few microseconds less host time, which the ``*_gpu_tbps`` columns hide anyway). Time: median of
++ written / time. Both kernels run through the public API (``normalization.STAGED_FORWARD`` off, then on; softmax
+too): the same host path. Time: median of
 ``--reps`` CUDA-event timings after warm-up, each call alone (``*_tbps``) and queued behind a sleep kernel
 (``*_gpu_tbps``: launch latency hidden); copy (``dst.copy_(x)``) in the same process. Each case also records the
 largest difference between the two kernels' outputs (``max_diff``, in the output's dtype: a check, the GPU tests
@@ -37,24 +36,24 @@ SHAPES = [
     (512, 8, 1, None),
     (1024, 4, 0, None),  # clusters: each row's output right after its pairs arrive (no lag: 2 rows in flight)
     (1024, 4, 1, 2),  # one CTA per row: a 2-row ring
+    (1024, 2, 0, None),  # the fused add at lag 0 (3 rows of 2 x 32 KB)
+    (512, 8, 0, None),
+    (1024, 8, 0, 1),  # a single-row ring of 128 KB per CTA (1 MB rows over 8 CTAs)
+    (512, 16, 0, 1),
+    (512, 8, 0, 1),  # the fused add's single-row ring at 512 threads
 ]
+KINDS = {"layer_norm": "layer", "rms_norm": "rms", "fused_add_rms_norm": "fused", "softmax": "softmax"}
 
 
 def _ops(torch, norms, norm, kernel: str, x, w, b, out, residual):
-    """(current, staged, bytes moved, staged config or None): the register kernel and the staged kernel as the
-    public API takes them (the norms: ``normalization.STAGED_FORWARD`` off, then on; softmax: norms.softmax, then
-    softmax_staged.forward_staged on prebuilt row tensors)."""
+    """(register kernel, staged kernel as routed, bytes moved, routed config or None), both through the public API
+    (``normalization.STAGED_FORWARD`` off, then on; softmax.forward reads the same switch)."""
     m, n = x.shape
     e = x.element_size()
     name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
     if kernel == "softmax":
-        from flydsl.kernels import softmax_staged
-        from flydsl.kernels.host import row_tensor
-
-        xt, ot = row_tensor(x, "x"), row_tensor(out, "out")
-        cfg = softmax_staged.softmax_staged_config(n, name)
-        return (lambda: norms.softmax(x, out)), (lambda: softmax_staged.forward_staged(xt, ot)), 2 * m * n * e, cfg
-    if kernel == "layer_norm":
+        run, moved = (lambda: norms.softmax(x, out)), 2 * m * n * e
+    elif kernel == "layer_norm":
         run, moved = (lambda: norms.layer_norm(x, w, b, 1e-5, out)), 2 * m * n * e + 2 * n * e
     elif kernel == "rms_norm":
         run, moved = (lambda: norms.rms_norm(x, w, 1e-6, out)), 2 * m * n * e + n * e
@@ -65,15 +64,16 @@ def _ops(torch, norms, norm, kernel: str, x, w, b, out, residual):
 
     def switched(on: bool):
         def call():
+            saved = norm.STAGED_FORWARD
             norm.STAGED_FORWARD = on
             try:
                 run()
             finally:
-                norm.STAGED_FORWARD = False
+                norm.STAGED_FORWARD = saved
 
         return call
 
-    cfg = norm.routed_staged_forward_config(n, name, residual is not None)
+    cfg = norm.routed_staged_forward_config(n, name, KINDS[kernel])
     return switched(False), switched(True), moved, cfg
 
 
@@ -98,7 +98,7 @@ def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
     row["current_tbps"] = moved / median_ms(current, reps) / 1e9
     row["current_gpu_tbps"] = moved / median_ms(current, reps, queued=True) / 1e9
     if cfg is None:
-        row["staged"] = None  # no staged config here: the register kernel either way
+        row["staged"] = None  # not routed here: the register kernel either way
         return row
     rc = cfg.row
     row["staged"] = {"cluster": rc.cluster, "threads": rc.block, "chunks": rc.chunks, "stages": cfg.stages}
@@ -176,7 +176,7 @@ def main() -> int:
                     skipped.append(f"{kernel} {name} {n}")
                     continue
                 row = _case(torch, norms, norm, kernel, dtypes[name], n, args.reps)
-                if args.sweep and row["staged"] is not None:
+                if args.sweep:  # where no config is routed too: the shapes that might serve there
                     row["sweep"] = _sweep(torch, norm, row, dtypes[name], args.reps)
                 results.append(row)
                 best = max([s["tbps"] for s in row.get("sweep", []) if s["tbps"]] or [0.0])

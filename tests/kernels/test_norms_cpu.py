@@ -331,17 +331,24 @@ def test_validation_names_the_argument():
         norms.softmax_backward(_x(typestr="<f2"), x, dx=_x())
 
 
-# The opt-in staged forward (norm_forward_staged_kernel): one CTA per row (bf16 32768), clusters of 2, 4 and 8
-# (LayerNorm, RMSNorm, the fused add; bf16, f16, f32), at the longest rows each shape takes.
+# The staged forward (norm_forward_staged_kernel), as routed by default: one CTA per row (bf16 32768: LayerNorm in
+# a 2-row ring, RMSNorm in 3), clusters of 2, 4 and 8 at lag 0 (LayerNorm, RMSNorm; bf16, f16, f32 from 32768), the
+# fused add's clusters at lag 1, and the single-row ring of 1 MB rows (f32 262144; the fused add's bf16 262144 and
+# f32 131072), at the longest rows each shape takes.
 STAGED_FORWARD_CASES = [
     (32768, "bf16", "layer"),
     (32768, "bf16", "rms"),
+    (32768, "f32", "layer"),
     (65536, "f16", "layer"),
     (262144, "bf16", "layer"),
     (65536, "f32", "rms"),
     (131072, "f32", "layer"),
     (131072, "bf16", "fused"),
     (65536, "f32", "fused"),
+    (262144, "f32", "layer"),
+    (262144, "f32", "rms"),
+    (262144, "bf16", "fused"),
+    (131072, "f32", "fused"),
 ]
 _FORWARD_FLAGS = {
     "layer": norm_mod.NormFlags(False, weight=True, bias=True, mean=True, rstd=True),
@@ -353,9 +360,10 @@ _FORWARD_FLAGS = {
 @pytest.mark.parametrize("n, dtype, variant", STAGED_FORWARD_CASES)
 def test_staged_forward_assembles_without_spills(n, dtype, variant):
     flags = _FORWARD_FLAGS[variant]
-    cfg = norm_mod.routed_staged_forward_config(n, dtype, flags.residual)
-    assert cfg is not None and cfg.row.capacity >= n and cfg.row.cluster <= 8
-    assert cfg.ring_bytes <= 200 * 1024 and cfg.stages >= cfg.lag + 2 and cfg.lag == (cfg.row.cluster > 1)
+    cfg = norm_mod.routed_staged_forward_config(n, dtype, variant)
+    assert cfg is not None and cfg.row.capacity >= n and cfg.row.cluster <= 8 and cfg.ring_bytes <= 200 * 1024
+    ahead = cfg.stages - 1 - cfg.lag
+    assert ahead >= 1 or (cfg.stages == 1 and cfg.lag == 0)  # rows in flight, or a single-row ring
     rows = flyc.TensorSpec((8, n), dtype)
     weight = flyc.TensorSpec((n,), dtype)
     stats = flyc.TensorSpec((8,), "f32")
@@ -365,7 +373,6 @@ def test_staged_forward_assembles_without_spills(n, dtype, variant):
     ptx = _assembled(module)
     # The ring: 16-byte cp.async copies, waiting for the row `ahead` rows behind the newest; read back 16 bytes at a
     # time, written out 16 bytes at a time; rows wider than a CTA's ring row in a cluster.
-    ahead = cfg.stages - 1 - cfg.lag
     assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group \t{ahead};" in ptx
     assert "ld.shared.v4.b32" in ptx and "st.global.v4.b32" in ptx
     # Clusters: each CTA's pair pushed into its peers' inboxes (st.async completing their mbarriers), waited for
@@ -381,44 +388,82 @@ def test_staged_forward_assembles_without_spills(n, dtype, variant):
         assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
 
 
+def _shape(cfg):
+    return None if cfg is None else (cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages, cfg.lag)
+
+
 def test_staged_forward_configs():
-    # Default shapes: a ring row of 64 KB per CTA (1024 threads x 4 chunks; 2 chunks of x and 2 of the residual),
-    # as few CTAs per row as hold it, 3 rows in the ring.
+    # staged_forward_config's defaults: a ring row of 64 KB per CTA (1024 threads x 4 chunks; 2 chunks of x and 2 of
+    # the residual), as few CTAs per row as hold it, 3 rows in the ring.
     shapes = {
-        (n, dtype, residual): (cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages, cfg.lag)
-        for n, dtype, residual in [
-            (32768, "bf16", False),
-            (65536, "bf16", False),
-            (262144, "bf16", False),
-            (65536, "f32", False),
-            (131072, "f32", False),
-            (32768, "bf16", True),
-            (131072, "bf16", True),
-            (65536, "f32", True),
-        ]
-        for cfg in [norm_mod.staged_forward_config(n, dtype, residual)]
+        (n, dtype, residual): _shape(norm_mod.staged_forward_config(n, dtype, residual))
+        for n, dtype, residual in [(32768, "bf16", False), (262144, "bf16", False), (65536, "f32", True)]
     }
     assert shapes == {
         (32768, "bf16", False): (1, 1024, 4, 3, 0),
-        (65536, "bf16", False): (2, 1024, 4, 3, 1),
         (262144, "bf16", False): (8, 1024, 4, 3, 1),
-        (65536, "f32", False): (4, 1024, 4, 3, 1),
-        (131072, "f32", False): (8, 1024, 4, 3, 1),
-        (32768, "bf16", True): (2, 1024, 2, 3, 1),
-        (131072, "bf16", True): (8, 1024, 2, 3, 1),
         (65536, "f32", True): (8, 1024, 2, 3, 1),
     }
-    # None: a row over more than 8 CTAs (f32 262144; the fused add's bf16 262144), N not a multiple of 16 bytes, a
-    # ring too small for the pipeline (lag 2 needs 4 rows: 256 KB).
+    # None: a row over more than 8 CTAs, N not a multiple of 16 bytes, a ring too small for the pipeline (lag 2
+    # needs 4 rows: 256 KB), or larger than the shared memory.
     assert norm_mod.staged_forward_config(262144, "f32") is None
     assert norm_mod.staged_forward_config(262144, "bf16", residual=True) is None
     assert norm_mod.staged_forward_config(65540, "bf16") is None
     assert norm_mod.staged_forward_config(65536, "bf16", lag=2) is None
     assert norm_mod.staged_forward_config(65536, "bf16", chunks=2, lag=2).stages == 4
-    # Routed (when asked) only from the register kernel's cluster regime on.
-    assert norm_mod.routed_staged_forward_config(16384, "bf16", False) is None
-    assert norm_mod.routed_staged_forward_config(32768, "f32", False) is None
-    assert norm_mod.routed_staged_forward_config(65536, "f32", False) == norm_mod.staged_forward_config(65536, "f32")
+    assert norm_mod.staged_forward_config(65536, "bf16", stages=4) is None  # 256 KB
+    # A single-row ring (lag 0 only): 128 KB per CTA, the 1 MB rows over 8 CTAs.
+    assert _shape(norm_mod.staged_forward_config(262144, "f32", chunks=8, lag=0)) == (8, 1024, 8, 1, 0)
+    assert norm_mod.staged_forward_config(262144, "f32", chunks=8, lag=1) is None
+    assert norm_mod.staged_forward_config(262144, "f32", chunks=8, stages=2, lag=0) is None  # 256 KB
+    assert norm_mod.staged_forward_config(65536, "bf16", stages=2, lag=1) is None  # 2 rows, none ahead
+
+    # Routed by default (forward_shape): per kind, from the sweep of norms_forward_staged_2026-11-30.json.
+    routed = {
+        (kind, dtype, n): _shape(norm_mod.routed_staged_forward_config(n, dtype, kind))
+        for kind in norm_mod.FORWARD_KINDS
+        for dtype in ("bf16", "f32")
+        for n in (16384, 32768, 65536, 262144)
+    }
+    assert routed == {
+        ("layer", "bf16", 16384): None,  # short rows: the register kernel, unchanged
+        ("layer", "bf16", 32768): (1, 1024, 4, 2, 0),  # one CTA per row, a 2-row ring
+        ("layer", "bf16", 65536): (2, 1024, 4, 3, 0),  # clusters at lag 0
+        ("layer", "bf16", 262144): (8, 1024, 4, 3, 0),
+        ("layer", "f32", 16384): None,
+        ("layer", "f32", 32768): (2, 1024, 4, 3, 0),
+        ("layer", "f32", 65536): (4, 1024, 4, 3, 0),
+        ("layer", "f32", 262144): (8, 512, 16, 1, 0),  # 1 MB rows: a single-row ring, 512 threads
+        ("rms", "bf16", 16384): None,
+        ("rms", "bf16", 32768): (1, 1024, 4, 3, 0),  # RMSNorm: a 3-row ring
+        ("rms", "bf16", 65536): (2, 1024, 4, 3, 0),
+        ("rms", "bf16", 262144): (8, 1024, 4, 3, 0),
+        ("rms", "f32", 16384): None,
+        ("rms", "f32", 32768): None,  # the register kernel is at the bar there
+        ("rms", "f32", 65536): (4, 1024, 4, 3, 0),
+        ("rms", "f32", 262144): (8, 512, 16, 1, 0),
+        ("fused", "bf16", 16384): None,
+        ("fused", "bf16", 32768): (2, 1024, 2, 3, 1),  # two sources: lag 1
+        ("fused", "bf16", 65536): (4, 1024, 2, 3, 1),
+        ("fused", "bf16", 262144): (8, 512, 8, 1, 0),
+        ("fused", "f32", 16384): None,
+        ("fused", "f32", 32768): None,
+        ("fused", "f32", 65536): (8, 1024, 2, 3, 1),
+        ("fused", "f32", 262144): None,  # 2 MB rows
+        ("softmax", "bf16", 16384): None,
+        ("softmax", "bf16", 32768): (1, 1024, 4, 2, 0),
+        ("softmax", "bf16", 65536): (2, 1024, 4, 3, 0),
+        ("softmax", "bf16", 262144): (8, 1024, 4, 3, 0),
+        ("softmax", "f32", 16384): None,
+        ("softmax", "f32", 32768): None,
+        ("softmax", "f32", 65536): (4, 1024, 4, 3, 0),
+        ("softmax", "f32", 262144): (8, 512, 16, 1, 0),
+    }
+    assert norm_mod.routed_staged_forward_config(131072, "f32", "fused") is not None  # 1 MB: 2 x 512 KB
+    assert norm_mod.routed_staged_forward_config(65540, "bf16", "rms") is None  # N not a multiple of 16 bytes
+    assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 1024, 4, 2, 0)
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        norm_mod.forward_shape(65536, "bf16", "layernorm")
     # The persistent grid: the driver's count of clusters, when it gives one (as the staged backward's).
     cfg = norm_mod.staged_forward_config(262144, "bf16")
     assert norm_mod.backward_groups(cfg, 1024, 132, active=16) == 16
@@ -426,9 +471,10 @@ def test_staged_forward_configs():
     assert norm_mod.backward_groups(norm_mod.staged_forward_config(32768, "bf16"), 8192, 132) == 132
 
 
-def test_staged_forward_only_when_asked(monkeypatch):
-    """The forward takes the staged kernel only with staged=True (or STAGED_FORWARD), where a config exists and the
-    rows are 16-byte aligned; by default it launches the register kernel as before."""
+def test_staged_forward_is_the_default(monkeypatch):
+    """The forward takes the staged kernel by default where a config exists and the rows are 16-byte aligned;
+    staged=False and STAGED_FORWARD off (FLYDSL_NORM_STAGED_FORWARD=0) force the register kernel, as do short rows,
+    unaligned rows and the kinds the register kernel serves at the bar (RMSNorm f32 32768)."""
     taken = []
 
     class Launch:
@@ -440,30 +486,82 @@ def test_staged_forward_only_when_asked(monkeypatch):
 
     monkeypatch.setattr(norm_mod, "norm_forward_kernel", Launch)
     monkeypatch.setattr(norm_mod, "_launch_staged_forward", lambda args, eps, cfg, *rest: taken.append(("staged", cfg)))
+    assert norm_mod.STAGED_FORWARD  # the environment of the tests does not set FLYDSL_NORM_STAGED_FORWARD=0
     n = 65536
     x, out = _x((4, n), "<f2"), _x((4, n), "<f2")
     host = importlib.import_module("flydsl.kernels.host")
     xt, ot = host.row_tensor(x, "x"), host.row_tensor(out, "out")
     norms.rms_norm(x, None, out=out)
-    assert taken[-1] == ("register", row_config(n, "f16"))
-    norm_mod.forward(xt, None, None, None, ot, None, None, None, 1e-6, rms=True, staged=True)
-    assert taken[-1] == ("staged", norm_mod.staged_forward_config(n, "f16"))
-    monkeypatch.setattr(norm_mod, "STAGED_FORWARD", True)
-    norms.rms_norm(x, None, out=out)
-    assert taken[-1][0] == "staged"
+    assert taken[-1] == ("staged", norm_mod.routed_staged_forward_config(n, "f16", "rms"))
+    norms.layer_norm(x, None, None, out=out)
+    assert taken[-1] == ("staged", norm_mod.routed_staged_forward_config(n, "f16", "layer"))
+    norms.fused_add_rms_norm(x, _x((4, n), "<f2"), None, out=out, residual_out=_x((4, n), "<f2"))
+    assert taken[-1] == ("staged", norm_mod.routed_staged_forward_config(n, "f16", "fused"))
     norm_mod.forward(xt, None, None, None, ot, None, None, None, 1e-6, rms=True, staged=False)
+    assert taken[-1] == ("register", row_config(n, "f16"))
+    monkeypatch.setattr(norm_mod, "STAGED_FORWARD", False)
+    norms.rms_norm(x, None, out=out)
     assert taken[-1][0] == "register"
+    norm_mod.forward(xt, None, None, None, ot, None, None, None, 1e-6, rms=True, staged=True)
+    assert taken[-1][0] == "staged"
+    monkeypatch.setattr(norm_mod, "STAGED_FORWARD", True)
     unaligned = host.row_tensor(FakeGpuTensor((4, n), "<f2", pointer=(1 << 20) + 2), "x")
-    norm_mod.forward(unaligned, None, None, None, ot, None, None, None, 1e-6, rms=True, staged=True)
+    norm_mod.forward(unaligned, None, None, None, ot, None, None, None, 1e-6, rms=True)
     assert taken[-1][0] == "register"
-    short = host.row_tensor(_x((4, 1024), "<f2"), "x")
-    norm_mod.forward(short, None, None, None, short, None, None, None, 1e-6, rms=True, staged=True)
-    assert taken[-1][0] == "register"
+    short = host.row_tensor(_x((4, 16384), "<f2"), "x")
+    norm_mod.forward(short, None, None, None, short, None, None, None, 1e-6, rms=True)
+    assert taken[-1] == ("register", row_config(16384, "f16"))
+    wide = _x((4, 32768), "<f4")
+    norms.rms_norm(wide, None, out=_x((4, 32768), "<f4"))
+    assert taken[-1][0] == "register"  # RMSNorm f32 32768: the register kernel
+    norms.layer_norm(wide, None, None, out=_x((4, 32768), "<f4"))
+    assert taken[-1] == ("staged", norm_mod.routed_staged_forward_config(32768, "f32", "layer"))
 
 
-@pytest.mark.parametrize("n, dtype", [(32768, "bf16"), (65536, "f16"), (262144, "bf16"), (131072, "f32")])
+def test_staged_softmax_is_the_default(monkeypatch):
+    """softmax.forward takes the staged kernel where softmax_staged_config has one and the rows are 16-byte aligned
+    (by default; staged=False and STAGED_FORWARD off keep the register kernel), else the register kernel."""
+    staged = importlib.import_module("flydsl.kernels.softmax_staged")
+    host = importlib.import_module("flydsl.kernels.host")
+    taken = []
+
+    class Launch:
+        def __init__(self, *args):
+            self.args = args
+
+        def launch(self, **kwargs):
+            taken.append(
+                ("staged" if isinstance(self.args[-1], norm_mod.StagedForwardConfig) else "register",)
+                + (self.args[-1],)
+            )
+
+    monkeypatch.setattr(softmax_mod, "softmax_forward_kernel", Launch)
+    monkeypatch.setattr(staged, "softmax_forward_staged_kernel", Launch)
+    monkeypatch.setattr(staged, "staged_forward_groups", lambda cfg, rows, device: 1)
+    n = 65536
+    x, out = _x((4, n), "<f2"), _x((4, n), "<f2")
+    norms.softmax(x, out)
+    assert taken[-1] == ("staged", staged.softmax_staged_config(n, "f16"))
+    xt, ot = host.row_tensor(x, "x"), host.row_tensor(out, "out")
+    softmax_mod.forward(xt, ot, staged=False)
+    assert taken[-1] == ("register", row_config(n, "f16"))
+    monkeypatch.setattr(norm_mod, "STAGED_FORWARD", False)
+    norms.softmax(x, out)
+    assert taken[-1][0] == "register"
+    monkeypatch.setattr(norm_mod, "STAGED_FORWARD", True)
+    unaligned = host.row_tensor(FakeGpuTensor((4, n), "<f2", pointer=(1 << 20) + 2), "x")
+    softmax_mod.forward(unaligned, ot)
+    assert taken[-1][0] == "register"
+    for rows_n, typestr in (((4, 16384), "<f2"), ((4, 32768), "<f4"), ((4, 65540), "<f2")):
+        softmax_mod.forward(host.row_tensor(_x(rows_n, typestr), "x"), host.row_tensor(_x(rows_n, typestr), "out"))
+        assert taken[-1][0] == "register", rows_n
+
+
+@pytest.mark.parametrize(
+    "n, dtype", [(32768, "bf16"), (65536, "f16"), (262144, "bf16"), (131072, "f32"), (262144, "f32")]
+)
 def test_staged_softmax_assembles_without_spills(n, dtype):
-    """The opt-in staged softmax (the norms' staged forward with SoftmaxFlags): per row a block max and a block sum
+    """The staged softmax (the norms' staged forward with SoftmaxFlags): per row a block max and a block sum
     of ex2 (two barriers), each CTA's (max, sum) pushed to its peers, no cluster barrier per row."""
     staged = importlib.import_module("flydsl.kernels.softmax_staged")
     cfg = staged.softmax_staged_config(n, dtype)

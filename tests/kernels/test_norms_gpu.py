@@ -266,10 +266,12 @@ def test_cupy_arrays_in_and_out(dtype):
         _close(torch.as_tensor(out, device="cuda"), ref, getattr(torch, dtype))
 
 
-# The opt-in staged forward (normalization.forward(staged=True); STAGED_FORWARD set here): rows through a
-# shared-memory ring, a row's CTAs pushing their pairs to each other. N from the register kernel's cluster regime
-# on, and odd multiples of 16 bytes (CTAs of a row holding unequal parts: 40968 bf16 over 2 CTAs, 98308 f32 over 8);
-# where no staged config exists (f32 below 65536 and at 262144, N not a multiple of 16 bytes), the register kernel.
+# The staged forward (normalization.forward's default for long rows; STAGED_FORWARD set here all the same): rows
+# through a shared-memory ring, a row's CTAs pushing their pairs to each other. N from the register kernel's cluster
+# regime on, and odd multiples of 16 bytes (CTAs of a row holding unequal parts: 40968 bf16 over 2 CTAs, 98308 f32
+# over 8); the single-row ring of 1 MB rows (f32 262144, the fused add's bf16 262144); where no staged config is
+# routed (RMSNorm and the fused add f32 32768, the fused add f32 262144, N not a multiple of 16 bytes), the register
+# kernel. The other forward tests above take the default route: the staged kernel from 32768 on.
 STAGED_FORWARD_SIZES = [32768, 40968, 65536, 98308, 131072, 262144]
 _NORM = importlib.import_module("flydsl.kernels.normalization")
 _DTYPE_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -277,7 +279,7 @@ _DTYPE_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16
 
 @pytest.fixture
 def staged_launches(monkeypatch):
-    """Turns the staged forward on and records the configs it launches."""
+    """Turns the staged forward on (the default) and records the configs it launches."""
     taken = []
     real = _NORM._launch_staged_forward
 
@@ -299,7 +301,7 @@ def _staged_rows(n):
 @pytest.mark.parametrize("n", STAGED_FORWARD_SIZES)
 def test_staged_forward(n, dtype, staged_launches):
     for variant in ("layer", "rms", "fused"):
-        expected = _NORM.routed_staged_forward_config(n, _DTYPE_NAME[dtype], variant == "fused")
+        expected = _NORM.routed_staged_forward_config(n, _DTYPE_NAME[dtype], variant)
         for rows in _staged_rows(n):
             staged_launches.clear()
             x = _input(rows, n, dtype) * 2 + 8  # a mean well away from 0
@@ -339,6 +341,9 @@ def test_staged_forward(n, dtype, staged_launches):
         (131072, torch.bfloat16, dict(lag=0)),  # a cluster writing each row once its pairs are in
         (131072, torch.float32, dict(chunks=8, threads=512)),
         (32768, torch.bfloat16, dict(stages=2)),  # one CTA per row, a 2-row ring
+        (32768, torch.float32, dict(lag=0)),  # clusters of 2 at lag 0
+        (262144, torch.float32, dict(chunks=8, stages=1, lag=0)),  # a single-row ring at 1024 threads
+        (98308, torch.float32, dict(chunks=8, stages=1, lag=0)),  # a single-row ring, CTAs holding unequal parts
     ],
     ids=str,
 )
@@ -363,9 +368,9 @@ def test_staged_forward_shapes(n, dtype, shape):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [32768, 40968, 65536, 98308, 131072, 262144])
 def test_staged_softmax_forward(n, dtype):
-    """The opt-in staged softmax (flydsl.kernels.softmax_staged, not routed by norms.softmax), launched on validated
-    arguments, against float64; rows sum to 1. Where it has no config (f32 below 65536 and at 262144, N not a
-    multiple of 16 bytes) it declines (returns False) and launches nothing."""
+    """The staged softmax (flydsl.kernels.softmax_staged, routed by norms.softmax for long rows), launched on
+    validated arguments, against float64; rows sum to 1. Where it has no config (f32 below 65536, N not a multiple of
+    16 bytes) it declines (returns False) and launches nothing."""
     from flydsl.kernels.host import row_tensor
     from flydsl.kernels.softmax_staged import forward_staged, softmax_staged_config
 
@@ -384,7 +389,7 @@ def test_staged_softmax_forward(n, dtype):
 
 
 @pytest.mark.parametrize("n, dtype", [(65536, torch.bfloat16), (131072, torch.float32), (40968, torch.bfloat16)])
-def test_staged_softmax_masked_tails(n, dtype):
+def test_staged_softmax_masked_tails(n, dtype, monkeypatch):
     """Rows whose tail is -inf (a causal mask's: only the first ``keep`` columns finite), so that whole CTAs of a row
     hold nothing but -inf: their pair must add nothing (it was (-inf, NaN), from exp(-inf - -inf), and the row NaN).
     Against float64; the register kernel (norms.softmax) on the same rows as a peer."""
@@ -401,4 +406,6 @@ def test_staged_softmax_masked_tails(n, dtype):
     ref = torch.softmax(x.double(), dim=-1)
     _close(out, ref)
     _close(out.double() * n, ref * n, dtype, "out * N")
+    _close(norms.softmax(x, _poison(x)), ref)  # routed: the staged kernel
+    monkeypatch.setattr(_NORM, "STAGED_FORWARD", False)  # FLYDSL_NORM_STAGED_FORWARD=0: the register kernel
     _close(norms.softmax(x, _poison(x)), ref)

@@ -89,7 +89,8 @@ def test_the_launchers_the_ops_call_take_these_arguments():
     assert list(inspect.signature(normalization.backward).parameters) == [
         "dy", "x", "weight", "mean", "rstd", "dx", "dweight", "dbias", "rms"
     ]  # fmt: skip
-    assert list(inspect.signature(softmax.forward).parameters) == ["x", "out"]
+    assert list(inspect.signature(softmax.forward).parameters) == ["x", "out", "staged"]
+    assert inspect.signature(softmax.forward).parameters["staged"].default is None  # the ops leave it out
     assert list(inspect.signature(softmax.backward).parameters) == ["dy", "y", "dx"]
     assert from_torch(None) is None
 

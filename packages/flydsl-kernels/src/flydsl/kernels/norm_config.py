@@ -1,8 +1,8 @@
 """The norm kernels' variants (:class:`NormFlags`), the backward's configurations: how rows map onto threads,
 CTAs, clusters and teams, for the register kernel and the staged kernel (:mod:`flydsl.kernels.normalization` has the
-kernels and re-exports these), the persistent grid's size, and the opt-in staged forward's configuration
-(:func:`staged_forward_config`). Chosen per (N, dtype, column sums) from the H200 timings cited in each
-docstring."""
+kernels and re-exports these), the persistent grid's size, and the staged forward's configuration
+(:func:`staged_forward_config`; where the forward takes it: :func:`forward_shape`). Chosen per (N, dtype, column
+sums) from the H200 timings cited in each docstring."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ __all__ = [
     "StagedForwardConfig",
     "staged_forward_config",
     "routed_staged_forward_config",
+    "forward_shape",
+    "FORWARD_KINDS",
     "backward_config",
     "backward_groups",
     "make_backward_config",
@@ -282,9 +284,11 @@ def staged_forward_config(
     holds x and the residual): CTAs of ``threads`` threads holding ``chunks`` 16-byte chunks of each source per row
     (default: a ring row of :data:`_FORWARD_STAGE_BYTES` per CTA: 4 chunks, 2 with the residual), as few CTAs per
     row as hold it, a ring of ``stages`` rows (default: as many as :data:`_RING_BYTES` hold, at most
-    :data:`_MAX_STAGES`). Not timed on a GPU yet: the default shape is a guess that benchmarks/norms_forward_staged.py
-    sweeps. None when N is not a multiple of 16 bytes, a row needs more than 8 CTAs, or the ring would hold fewer
-    rows than the pipeline needs (2; a cluster: ``lag + 2``)."""
+    :data:`_MAX_STAGES`). The ring holds rows ``k - lag .. k + ahead`` (``ahead = stages - 1 - lag``): at least one
+    row ahead, except in a ring of a single row (lag 0), whose next row is copied in once this row's output is
+    written (rows of 128 KB per CTA: two would not fit). :func:`routed_staged_forward_config` picks the shape the
+    forward takes. None when N is not a multiple of 16 bytes, a row needs more than 8 CTAs, or the ring does not fit
+    :data:`_RING_BYTES` or is too small for the pipeline (``lag + 2`` rows, or one)."""
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     sources = 2 if residual else 1
     if chunks is None:
@@ -295,22 +299,65 @@ def staged_forward_config(
     cluster = 1 << max(0, (-(-total // (threads * chunks)) - 1).bit_length())
     if cluster > 8:
         return None
+    lag = lag if cluster > 1 else 0  # one CTA per row: its statistics are at hand, no pairs to wait for
     stage_bytes = sources * threads * chunks * 16
     stages = stages or min(_MAX_STAGES, _RING_BYTES // stage_bytes)
-    if stages < 2 or stages * stage_bytes > _RING_BYTES or (cluster > 1 and stages < lag + 2):
+    single = stages == 1 and lag == 0
+    if stages < 1 or stages * stage_bytes > _RING_BYTES or not (single or stages >= lag + 2):
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
-    return StagedForwardConfig(layout, stages, sources, lag if cluster > 1 else 0)
+    return StagedForwardConfig(layout, stages, sources, lag)
 
 
-# Where the opt-in staged forward is taken (``forward(..., staged=True)``): the register kernel's cluster regime,
-# which misses the bar there (docs/kernels-zoo.md, "Speed on the H200").
-STAGED_FORWARD_MIN_N = {"bf16": 32768, "f16": 32768, "f32": 65536}
+# The staged forward is the default from these N on (bf16 32768: the register kernel's cluster regime, under the bar;
+# shorter rows keep the register kernel, at the bar there). float32 32768: LayerNorm only (see forward_shape).
+STAGED_FORWARD_MIN_N = {"bf16": 32768, "f16": 32768, "f32": 32768}
+FORWARD_KINDS = ("layer", "rms", "fused", "softmax")
 
 
-def routed_staged_forward_config(n: int, dtype: str, residual: bool) -> StagedForwardConfig | None:
-    """:func:`staged_forward_config` where the opt-in staged forward is taken (N >= :data:`STAGED_FORWARD_MIN_N`),
-    else None (the register kernel)."""
-    if n < STAGED_FORWARD_MIN_N[dtype]:
+def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
+    """(threads, chunks per source, lag, ring rows) of the staged forward that :func:`routed_staged_forward_config`
+    takes for ``kind`` (:data:`FORWARD_KINDS`: LayerNorm, RMSNorm, the fused add + RMSNorm, softmax), or None where
+    the register kernel stays. The rule, from the H200 sweep (benchmarks/results/norms_forward_staged_2026-11-30.json,
+    2^28 elements; TB/s against the register kernel):
+
+    - A ring row of 64 KB per CTA (1024 threads; 4 chunks, 2 per source with the residual): 64 KB in flight per SM
+      is twice what HBM needs (Little's law), and larger CTA shares beat more CTAs per row (1024 x 2 chunks: a
+      cluster twice as wide, 0.2-0.4 TB/s slower).
+    - One CTA per row (bf16 32768): LayerNorm and softmax (two block reductions per row) in a 2-row ring (3.72,
+      3.66 against 3.53, 3.54 with 3 rows), RMSNorm in 3 rows (3.67 against 3.50).
+    - A cluster: lag 0, each row's output as soon as its pairs arrive, 3 rows in the ring (2 ahead): faster than
+      lag 1 everywhere (LayerNorm bf16 65536-262144: 3.28, 3.12, 2.99 against 3.10, 2.88, 2.75). The fused add's
+      two sources leave no room for lag 0 with 2 rows ahead at 64 KB: lag 1 (3.71, 3.74, 3.68 at 32768-131072).
+    - Rows of 1 MB in the ring (f32 262144; the fused add's bf16 262144 and f32 131072): 8 CTAs of 128 KB, which
+      fit one ring row only (227 KB of shared memory per SM): a single-row ring, the next row copied in once the
+      output is written; the other SMs' copies fill the gap. 512 threads of 128 registers (LayerNorm's 8 ranks'
+      counts spill at 1024 threads' 64). 2 MB rows (the fused add's f32 262144): the register
+      kernel.
+    - float32 32768: LayerNorm only; the register kernel's RMSNorm, fused add and softmax are at the bar there
+      (3.70, 3.76, 3.85 TB/s against LayerNorm's 2.63: its two cluster reductions per row).
+    """
+    if kind not in FORWARD_KINDS:
+        raise ValueError(f"kind: expected one of {FORWARD_KINDS}, got {kind!r}")
+    if n < STAGED_FORWARD_MIN_N[dtype] or (dtype == "f32" and n < 65536 and kind != "layer"):
         return None
-    return staged_forward_config(n, dtype, residual)
+    sources = 2 if kind == "fused" else 1
+    share = _FORWARD_STAGE_BYTES // (sources * _STAGED_THREADS * 16)  # chunks per source of a 64 KB ring row
+    row_bytes = sources * n * (4 if dtype == "f32" else 2)
+    if row_bytes <= _FORWARD_STAGE_BYTES:
+        return (_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3)
+    if row_bytes <= 8 * _FORWARD_STAGE_BYTES:
+        return (_STAGED_THREADS, share, 1, 3) if sources == 2 else (_STAGED_THREADS, share, 0, 3)
+    if row_bytes <= 16 * _FORWARD_STAGE_BYTES:  # 512 threads: at 1024 (64 registers) LayerNorm's spills
+        return (_STAGED_THREADS // 2, 4 * share, 0, 1)
+    return None
+
+
+def routed_staged_forward_config(n: int, dtype: str, kind: str) -> StagedForwardConfig | None:
+    """The staged forward's config for ``kind`` (see :func:`forward_shape`) where it is taken by default, else None
+    (the register kernel)."""
+    shape = forward_shape(n, dtype, kind)
+    if shape is None:
+        return None
+    threads, chunks, lag, stages = shape
+    return staged_forward_config(n, dtype, kind == "fused", chunks, stages, threads, lag)

@@ -3,7 +3,7 @@ copies its 16-byte chunks of dy and x rows ahead into a shared-memory ring (``cp
 flight without registers, and keeps its column sums in registers. A row split over CTAs does not wait at a cluster
 barrier per row: the CTAs push their partial sums to each other (a cluster: ``st.async`` into the peers' shared
 memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: tagged pairs in global memory) and write dx ``lag`` rows
-later. Also the row math both backward kernels share (:func:`_row_constants`, :func:`_dx`), and the opt-in staged
+later. Also the row math both backward kernels share (:func:`_row_constants`, :func:`_dx`), and the staged
 forward (:func:`_rows_staged_forward`), on the same ring (:class:`_RowRing`) and pushes."""
 
 from __future__ import annotations
@@ -498,15 +498,17 @@ def _chan(share, old, counts, inv_counts, inv_n):
 
 
 def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
-    """The staged forward (opt-in; see :func:`flydsl.kernels.normalization.forward`): a persistent grid whose CTA
-    group (a CTA, or a cluster for rows longer than one CTA's ring row) takes rows ``group, group + groups, ...``.
-    Each thread copies its chunks of x (and the residual) rows ahead into its slots of a shared-memory ring
-    (:class:`_RowRing`), so that the bytes in flight take no registers. Per row: the CTA's partial pair (see
-    :func:`_forward_partial`) through block reductions. One CTA per row: the row's statistics at once, then
-    its output from the ring. A cluster: each CTA pushes its pair into every peer's inbox (``st.async`` + mbarrier,
-    as the staged backward's :func:`_rows_pushed`, no cluster barrier per row) and writes the output of row ``k -
-    lag``, whose pairs arrived meanwhile; LayerNorm combines the pairs by :func:`_chan`. ``flags``: a
-    :class:`NormFlags`, or :class:`SoftmaxFlags` for softmax (``tensors``: x and out in their norm places)."""
+    """The staged forward (the default for long rows; see :func:`flydsl.kernels.normalization.forward`): a
+    persistent grid whose CTA group (a CTA, or a cluster for rows longer than one CTA's ring row) takes rows
+    ``group, group + groups, ...``. Each thread copies its chunks of x (and the residual) rows ahead into its slots
+    of a shared-memory ring (:class:`_RowRing`), so that the bytes in flight take no registers. Per row: the CTA's
+    partial pair (see :func:`_forward_partial`) through block reductions. One CTA per row: the row's statistics at
+    once, then its output from the ring. A cluster: each CTA pushes its pair into every peer's inbox (``st.async`` +
+    mbarrier, as the staged backward's :func:`_rows_pushed`, no cluster barrier per row) and writes the output of
+    row ``k - lag``, whose pairs arrived meanwhile; LayerNorm combines the pairs by :func:`_chan`. A ring of a
+    single row (lag 0; rows of 128 KB per CTA) copies the next row in once this row's output is written: the SM's
+    copies wait meanwhile, other SMs' keep HBM busy. ``flags``: a :class:`NormFlags`, or :class:`SoftmaxFlags` for
+    softmax (``tensors``: x and out in their norm places)."""
     rc = cfg.row
     rows, n = tensors[0].shape
     groups = gpu.grid_dim.x // rc.cluster

@@ -21,9 +21,10 @@ no longer waits at a cluster barrier per row: the CTAs push their partial sums t
 into the peers' shared memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: global memory + release/acquire
 counters) and write dx ``lag`` rows later. See :func:`_rows_staged`, :func:`_rows_pushed`.
 
-Opt-in (not routed by default: not yet timed on a GPU): the staged forward for long rows
-(:func:`norm_forward_staged_kernel`, ``forward(..., staged=True)`` or ``FLYDSL_NORM_STAGED_FORWARD=1``), on the same
-ring and pushes: a persistent grid, x (and the residual) copied rows ahead into the ring, each CTA's partial pair
+The forward of long rows (16-bit N >= 32768, float32 N >= 65536 and LayerNorm's 32768; N a multiple of 16 bytes, rows
+16-byte aligned; see :func:`forward_shape`) takes the staged kernel by default (:func:`norm_forward_staged_kernel`;
+``forward(..., staged=False)`` or ``FLYDSL_NORM_STAGED_FORWARD=0`` force the register kernel), on the same ring and
+pushes: a persistent grid, x (and the residual) copied rows ahead into the ring, each CTA's partial pair
 pushed to its peers, the output written ``lag`` rows later. LayerNorm pushes one pair per row, ``(sum, sum of
 squares about the CTA's own mean)``, combined by Chan's update (:func:`flydsl.kernels.norm_staged._chan`): no
 cancellation, one exchange per row.
@@ -42,12 +43,14 @@ import flydsl.layout as fl
 from flydsl.expr import cluster, gpu, math, vector
 from flydsl.kernels.host import empty_rows, max_active_clusters, sm_count
 from flydsl.kernels.norm_config import (
+    FORWARD_KINDS,
     STAGED_FORWARD_MIN_N,
     BackwardConfig,
     NormFlags,
     StagedForwardConfig,
     backward_config,
     backward_groups,
+    forward_shape,
     make_backward_config,
     resident_backward_config,
     routed_staged_forward_config,
@@ -98,6 +101,8 @@ __all__ = [
     "staged_forward_config",
     "routed_staged_forward_config",
     "STAGED_FORWARD_MIN_N",
+    "forward_shape",
+    "FORWARD_KINDS",
     "forward",
     "staged_forward_groups",
     "STAGED_FORWARD",
@@ -174,7 +179,7 @@ def norm_forward_staged_kernel(
     cfg: fx.Constexpr[StagedForwardConfig],
     flags: fx.Constexpr[NormFlags],
 ):
-    """The opt-in staged forward for long rows (arguments as :func:`norm_forward_kernel`'s; x, residual, out and
+    """The staged forward for long rows (arguments as :func:`norm_forward_kernel`'s; x, residual, out and
     residual_out 16-byte aligned rows, N a multiple of 16 bytes): a persistent grid of CTA groups (a CTA, or a
     cluster) walking rows through a shared-memory ring; see :func:`_rows_staged_forward`."""
     _rows_staged_forward(cfg, flags, (x, residual, weight, bias, out, residual_out, mean_out, rstd_out), eps)
@@ -491,17 +496,19 @@ def _flags(*flags: bool) -> NormFlags:
     return NormFlags(*flags)
 
 
-STAGED_FORWARD = os.environ.get("FLYDSL_NORM_STAGED_FORWARD", "") == "1"  # the default of forward()'s ``staged``
+# The default of forward()'s (and softmax.forward()'s) ``staged``: on unless the environment sets
+# FLYDSL_NORM_STAGED_FORWARD=0 (the register kernel everywhere, as before the staged forward was timed).
+STAGED_FORWARD = os.environ.get("FLYDSL_NORM_STAGED_FORWARD", "1") != "0"
 
 
 def forward(
     x, residual, weight, bias, out, residual_out, mean, rstd, eps: float, rms: bool, staged: bool | None = None
 ) -> None:
     """Launches the forward on validated :class:`~flydsl.kernels.host.RowTensor` arguments (None where absent).
-    ``staged`` (default :data:`STAGED_FORWARD`: off unless the environment sets ``FLYDSL_NORM_STAGED_FORWARD=1``):
-    opt in to the staged kernel (:func:`norm_forward_staged_kernel`, not yet timed on a GPU) where
-    :func:`routed_staged_forward_config` has one (N >= :data:`STAGED_FORWARD_MIN_N`, a multiple of 16 bytes, a row
-    in at most 8 CTAs) and the rows are 16-byte aligned; elsewhere the register kernel, as without it."""
+    ``staged`` (default :data:`STAGED_FORWARD`: on unless the environment sets ``FLYDSL_NORM_STAGED_FORWARD=0``):
+    the staged kernel (:func:`norm_forward_staged_kernel`) where :func:`routed_staged_forward_config` has one (long
+    rows, N a multiple of 16 bytes: see :func:`forward_shape`) and the rows are 16-byte aligned; elsewhere, and with
+    ``staged=False``, the register kernel."""
     rows, n = x.shape
     if rows == 0 or n == 0:
         return
@@ -509,7 +516,8 @@ def forward(
     placeholder = x.obj
     args = [t.obj if t is not None else placeholder for t in (x, residual, weight, bias, out, residual_out, mean, rstd)]
     if staged or (staged is None and STAGED_FORWARD):
-        ring = routed_staged_forward_config(n, x.dtype, residual is not None)
+        kind = "fused" if residual is not None else ("rms" if rms else "layer")
+        ring = routed_staged_forward_config(n, x.dtype, kind)
         if ring is not None and _aligned16(*(t for t in (x, residual, out, residual_out) if t is not None)):
             _launch_staged_forward(args, eps, ring, flags, rows, x.device)
             return

@@ -1,7 +1,11 @@
 """Softmax over rows, forward and backward, on the shared row-reduction base (:mod:`flydsl.kernels.reduction`).
 
-Forward: the row is read once into registers, ``max`` reduced, ``exp2((x - max) * log2(e))`` (``ex2.approx``, 2 ulp),
-``sum`` reduced, each value scaled by ``1 / sum`` and written. Backward: ``dx = y * (dy - sum(dy * y))``.
+Forward (the register kernel): the row is read once into registers, ``max`` reduced, ``exp2((x - max) *
+log2(e))`` (``ex2.approx``, 2 ulp), ``sum`` reduced, each value scaled by ``1 / sum`` and written. Long rows
+(16-byte aligned, N a multiple of 16 bytes; see :func:`flydsl.kernels.norm_config.forward_shape`) take the staged
+kernel by default (:mod:`flydsl.kernels.softmax_staged`: rows through a shared-memory ring, a row's CTAs pushing
+their partial ``(max, sum)`` to each other); ``forward(..., staged=False)`` or ``FLYDSL_NORM_STAGED_FORWARD=0``
+keep the register kernel. Backward: ``dx = y * (dy - sum(dy * y))``.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import nvvm
+from flydsl.kernels import normalization, softmax_staged
 from flydsl.kernels.reduction import (
     RowConfig,
     load_row,
@@ -60,10 +65,17 @@ def _launch(kernel, cfg: RowConfig, rows: int, *tensors) -> None:
     kernel(*tensors, cfg).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster)
 
 
-def forward(x, out) -> None:
-    """Launches the forward on validated :class:`~flydsl.kernels.host.RowTensor` arguments."""
+def forward(x, out, staged: bool | None = None) -> None:
+    """Launches the forward on validated :class:`~flydsl.kernels.host.RowTensor` arguments: the staged kernel where
+    :func:`~flydsl.kernels.softmax_staged.softmax_staged_config` has a config and the rows are 16-byte aligned
+    (``staged``: default :data:`flydsl.kernels.normalization.STAGED_FORWARD`, as the norms' forward), else the
+    register kernel."""
     rows, n = x.shape
     if n == 0:
+        return
+    if staged is None:
+        staged = normalization.STAGED_FORWARD  # read at each call: benchmarks and tests switch it
+    if staged and softmax_staged.forward_staged(x, out):
         return
     _launch(softmax_forward_kernel, row_config(n, x.dtype), rows, x.obj, out.obj)
 

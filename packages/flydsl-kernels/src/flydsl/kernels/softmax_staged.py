@@ -1,17 +1,17 @@
-"""The opt-in staged softmax forward for long rows (not routed by :func:`flydsl.kernels.softmax.forward`: not yet
-timed on a GPU): the norms' staged forward (:func:`flydsl.kernels.norm_staged._rows_staged_forward`) with
-:class:`~flydsl.kernels.norm_config.SoftmaxFlags`. A persistent grid; each thread copies its chunks of x rows ahead
-into a shared-memory ring (``cp.async``); each CTA reduces its part of a row to ``(max m_r, sum exp(x - m_r))``
-(two block reductions) and, for a row over a cluster, pushes that pair to every peer (``st.async`` + mbarrier),
-writing the row ``lag`` rows later from ``max = max_r m_r`` and ``sum = sum_r s_r exp(m_r - max)`` (the online
-softmax's combination: every factor <= 1). Configs: :func:`~flydsl.kernels.norm_config.staged_forward_config`
-(N a multiple of 16 bytes, rows 16-byte aligned)."""
+"""The staged softmax forward for long rows (:func:`flydsl.kernels.softmax.forward` takes it by default where
+:func:`softmax_staged_config` has a config, as the norms' forward does): the norms' staged forward
+(:func:`flydsl.kernels.norm_staged._rows_staged_forward`) with :class:`~flydsl.kernels.norm_config.SoftmaxFlags`. A
+persistent grid; each thread copies its chunks of x rows ahead into a shared-memory ring (``cp.async``); each CTA
+reduces its part of a row to ``(max m_r, sum exp(x - m_r))`` (two block reductions) and, for a row over a cluster,
+pushes that pair to every peer (``st.async`` + mbarrier), writing the row ``lag`` rows later from ``max = max_r
+m_r`` and ``sum = sum_r s_r exp(m_r - max)`` (the online softmax's combination: every factor <= 1). Configs:
+:func:`~flydsl.kernels.norm_config.forward_shape` (N a multiple of 16 bytes, rows 16-byte aligned)."""
 
 from __future__ import annotations
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.kernels.norm_config import STAGED_FORWARD_MIN_N, SoftmaxFlags, StagedForwardConfig, staged_forward_config
+from flydsl.kernels.norm_config import SoftmaxFlags, StagedForwardConfig, routed_staged_forward_config
 from flydsl.kernels.norm_staged import _rows_staged_forward
 from flydsl.kernels.normalization import _aligned16, staged_forward_groups
 
@@ -26,11 +26,9 @@ def softmax_forward_staged_kernel(x: fx.Tensor, out: fx.Tensor, cfg: fx.Constexp
 
 
 def softmax_staged_config(n: int, dtype: str) -> StagedForwardConfig | None:
-    """The staged softmax's config where it would be taken (N >= :data:`STAGED_FORWARD_MIN_N`, as the norms'), or
-    None."""
-    if n < STAGED_FORWARD_MIN_N[dtype]:
-        return None
-    return staged_forward_config(n, dtype)
+    """The staged softmax's config where :func:`flydsl.kernels.softmax.forward` takes it (see
+    :func:`~flydsl.kernels.norm_config.forward_shape`), or None."""
+    return routed_staged_forward_config(n, dtype, "softmax")
 
 
 def forward_staged(x, out, cfg: StagedForwardConfig | None = None) -> bool:
