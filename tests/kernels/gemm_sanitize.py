@@ -36,6 +36,7 @@ CASES = [  # (m, n, k, config or None for gemm()'s own choice, bias, activation)
     (1000, 392, 264, _config(256, 128, cluster_m=2), True, "silu"),
     (136, 200, 136, _config(128, 128, split_k=2), False, None),
     (56, 392, 264, _config(64, 64, split_k=3), False, None),
+    (520, 392, 1032, _config(128, 128, cluster_m=2, split_k=4), True, "relu"),
     (56, 392, 264, _config(64, 256), True, "gelu"),
     (520, 392, 264, _config(128, 128, cluster_m=2, schedule="pingpong"), True, "silu"),
     (392, 264, 136, _config(128, 128, schedule="pingpong"), False, None),
