@@ -136,12 +136,21 @@ def test_tma_store_waits_with_odd_parts(tile_m, tile_n, schedule):
 
 @pytest.mark.parametrize("split_k", [2, 5])
 def test_split_k_compiles(split_k):
-    cfg = GemmConfig(split_k=split_k)
+    """Split K: the later parts of a tile hand fp32 partials to its first part in the kernel (release/acquire
+    flags, 16-byte workspace quads), which stores C through the TMA-store epilogue: no second kernel."""
+    cfg = GemmConfig(split_k=split_k, cluster_m=1)
     a, b = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096, 4096), "bf16")
-    partials = flyc.TensorSpec((split_k * 16, 4096), "f32")
-    compiled = _lower(fx.TmaTile(a, (128, 64)), fx.TmaTile(b, (128, 64)), partials, cfg)
-    assert compiled.ptx.count("wgmma.mma_async") == cfg.tile_k // 16
     out, bias = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096,), "f32")
+    scratch = flyc.TensorSpec((split_k * 16 * 128 * 256,), "f32"), flyc.TensorSpec((split_k * 32,), "i32")
+    c_tile = fx.TmaTile(out, (64, 64))
+    tiles = fx.TmaTile(a, (128, 64)), fx.TmaTile(b, (256, 64))
+    compiled = _lower(*tiles, out, cfg, epilogue=(True, "silu", "tma"), bias=bias, c_store=c_tile, scratch=scratch)
+    ptx = compiled.ptx
+    assert ptx.count("wgmma.mma_async") == cfg.tile_k // 16
+    assert "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
+    # the skinny kernel's split K still sums its partials in split_k_reduce
+    partials = flyc.TensorSpec((split_k * 16, 4096), "f32")
     reduce_ptx = split_k_reduce.lower(partials, out, bias, split_k, (True, "silu")).ptx
     assert reduce_ptx.count("ld.global.f32") + reduce_ptx.count("ld.global.b32") >= split_k
 
