@@ -337,10 +337,10 @@ def _store_partials(accs, workspace, flags, slot, cfg, consumer, t):
         nvvm.red_add_release(flags, 1, slot)
 
 
-def _await_partial(flags, slot, t):
-    """Thread ``t`` == 0 waits until workspace ``slot`` holds its partial sums (acquire), then resets the flag for the
-    next launch; the warpgroup's barrier must follow before its threads read the slot."""
-    if t == 0:
+def _await_partial(flags, slot, t, waiter: int = 0):
+    """Thread ``t`` == ``waiter`` waits until workspace ``slot`` holds its partial sums (acquire), then resets the flag
+    for the next launch; the warpgroup's barrier must follow before its threads read the slot."""
+    if t == waiter:
         seen = nvvm.ld_acquire(flags, slot)
         while seen == 0:
             seen = nvvm.ld_acquire(flags, slot)
@@ -509,10 +509,10 @@ def gemm_ws(
                 slot = (unit * cfg.cluster_m + rank) * cfg.consumers + consumer
                 if unit % split != 0:
                     _store_partials(accs, workspace, flags, slot, cfg, consumer, tid % 128)
-                else:  # every later split's flag first, one barrier, then all their loads in flight together
+                else:  # each later split's flag awaited by its own thread, one barrier, then all their loads
                     later = [slot + s * cfg.cluster_m * cfg.consumers for s in range(1, split)]
-                    for other in later:
-                        _await_partial(flags, other, tid % 128)
+                    for waiter, other in enumerate(later):
+                        _await_partial(flags, other, tid % 128, waiter % 128)
                     nvvm.barrier(1 + consumer, 128)
                     for other in later:
                         accs = _plus_partial(accs, workspace, other, cfg, tid % 128)
