@@ -36,7 +36,7 @@ from flydsl.kernels.gemm_config import (
     staging_bytes,
     staging_wait,
 )
-from flydsl.kernels.host import sm_count
+from flydsl.kernels.host import max_active_clusters, sm_count
 
 __all__ = [
     "ACTIVATIONS",
@@ -322,8 +322,10 @@ def _stream_k_segment(first, segment, begin, worker, k_tiles):
 
 def _partial_index(slot, mi, q, cfg, t):
     """The workspace index of 4 accumulators (``q``-th quad of block ``mi``) of thread ``t`` of a warpgroup: each
-    thread's quads are 16 bytes apart from its neighbours', so every access is a coalesced 16-byte one."""
-    return slot * (cfg.consumer_rows * cfg.tile_n) + ((mi * (cfg.tile_n // 8) + q) * 128 + t) * 4
+    thread's quads are 16 bytes apart from its neighbours', so every access is a coalesced 16-byte one. 64-bit:
+    split K's workspace (a slot per work unit) may exceed 2^31 floats."""
+    within = ((mi * (cfg.tile_n // 8) + q) * 128 + t) * 4
+    return slot.to(fx.Int64) * (cfg.consumer_rows * cfg.tile_n) + within.to(fx.Int64)
 
 
 def _store_partials(accs, workspace, flags, slot, cfg, consumer, t):
@@ -728,6 +730,12 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
     units = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n) * cfg.split_k
     workers = sms // cfg.cluster_m  # CTAs, or clusters; stream-K gives every one of them work
+    if cfg.split_k > 1 and cfg.cluster_m > 1:  # a tile's first split waits for its later splits: all resident at once
+        workers = min(workers, max_active_clusters(cfg.cluster_m, cfg.threads, 1, a.get_device()) or workers)
+    if cfg.split_k > workers:  # the later splits of a unit would belong to its own worker, after it: a deadlock
+        raise ValueError(
+            f"gemm config: split_k {cfg.split_k} exceeds the {workers} CTAs (or clusters) that run at once"
+        )
     grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster_m
     bias_arg = bias if bias is not None else out  # unread without a bias
     epilogue = (bias is not None, activation)
