@@ -36,7 +36,7 @@ from flydsl.kernels.gemm_config import (
     staging_bytes,
     staging_wait,
 )
-from flydsl.kernels.host import max_active_clusters, sm_count
+from flydsl.kernels.host import sm_count
 
 __all__ = [
     "ACTIVATIONS",
@@ -328,21 +328,51 @@ def _partial_index(slot, mi, q, cfg, t):
     return slot.to(fx.Int64) * (cfg.consumer_rows * cfg.tile_n) + within.to(fx.Int64)
 
 
-def _store_partials(accs, workspace, flags, slot, cfg, consumer, t):
-    """A contributor's fp32 partial sums into its workspace slot, then its flag raised (after every thread's stores)."""
+def _write_partials(accs, workspace, slot, cfg, consumer, t):
+    """A consumer warpgroup's fp32 partial sums into workspace ``slot``, then its barrier (every thread's stores
+    issued before one thread releases them)."""
     for mi in fx.range_constexpr(len(accs)):
         for q in fx.range_constexpr(cfg.tile_n // 8):
             quad = vector.from_elements(_F32X4, [accs[mi][4 * q + i] for i in range(4)])
             vector.store(quad, workspace, (_partial_index(slot, mi, q, cfg, t),))
     nvvm.barrier(1 + consumer, 128)
+
+
+def _store_partials(accs, workspace, flags, slot, cfg, consumer, t):
+    """A stream-K contributor's fp32 partial sums into its workspace slot, then its flag raised."""
+    _write_partials(accs, workspace, slot, cfg, consumer, t)
     if t == 0:
         nvvm.red_add_release(flags, 1, slot)
 
 
-def _await_partial(flags, slot, t, waiter: int = 0):
-    """Thread ``t`` == ``waiter`` waits until workspace ``slot`` holds its partial sums (acquire), then resets the flag
+def _split_k_last(accs, workspace, counters, arrivals, unit, cfg, rank, consumer, t):
+    """Split K with no waiting: every split of a tile writes its fp32 partial sums to its own slot, then counts
+    itself on the tile's counter; the split that counts last, whichever finishes last, adds the other splits'
+    partials to its own (acquired by its count) and resets the counter for the next launch. Returns (last, sums).
+    ``arrivals``: one shared Int32 per consumer, through which the counting thread tells its warpgroup."""
+    split = cfg.split_k
+    per_unit = cfg.cluster_m * cfg.consumers
+    slot = unit * per_unit + rank * cfg.consumers + consumer
+    _write_partials(accs, workspace, slot, cfg, consumer, t)
+    counter = (unit // split) * per_unit + rank * cfg.consumers + consumer
+    if t == 0:
+        arrivals[consumer] = nvvm.atom_add_acq_rel(counters, 1, counter)
+    nvvm.barrier(1 + consumer, 128)
+    last = arrivals[consumer] == split - 1
+    sums = accs
+    if last:
+        if t == 0:
+            counters[counter] = 0
+        own, first = unit % split, slot - (unit % split) * per_unit
+        for s in fx.range_constexpr(1, split):  # the others, in turn after this one's own
+            sums = _plus_partial(sums, workspace, first + ((own + s) % split) * per_unit, cfg, t)
+    return last, sums
+
+
+def _await_partial(flags, slot, t):
+    """Thread ``t`` == 0 waits until workspace ``slot`` holds its partial sums (acquire), then resets the flag
     for the next launch; the warpgroup's barrier must follow before its threads read the slot."""
-    if t == waiter:
+    if t == 0:
         seen = nvvm.ld_acquire(flags, slot)
         while seen == 0:
             seen = nvvm.ld_acquire(flags, slot)
@@ -396,9 +426,9 @@ def gemm_ws(
     ``(has_bias, activation[, "tma"])``: ``bias`` is a (N,) tensor added to every row (any tensor, unread, when
     ``has_bias`` is False); with "tma", tiles are stored through shared memory by ``c_store``, C's descriptor in
     boxes of (64, 64) (16-bit C; any descriptor, unused, otherwise). Partial tiles go through ``workspace`` (fp32,
-    ``consumer_rows * tile_n`` elements per slot) and ``flags`` (int32 zeros, one per slot): with ``cfg.stream_k``
-    one slot per consumer warpgroup of the grid, with ``cfg.split_k > 1`` one per consumer warpgroup of each CTA
-    of each work unit (any tensors, unread, otherwise)."""
+    ``consumer_rows * tile_n`` elements per slot) and ``flags`` (int32 zeros): with ``cfg.stream_k`` one slot and
+    flag per consumer warpgroup of the grid; with ``cfg.split_k > 1`` one slot per consumer warpgroup of each CTA of
+    each work unit and one counter per tile's (any tensors, unread, otherwise)."""
     # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster_m)
     a_major, b_major = majors
@@ -436,6 +466,7 @@ def gemm_ws(
         if gpu.thread_idx.x == 0:
             for turn_of in fx.range_constexpr(2):
                 order[turn_of].init(128)  # every thread of the consumer warpgroup that finished its K steps
+    arrivals = smem.allocate(fx.Int32, cfg.consumers) if cfg.split_k > 1 else None  # see _split_k_last
     pipe.init(sync=cfg.cluster_m == 1)  # its fence and block/cluster sync cover the order barriers' init too
     rank = 0
     peers = None
@@ -507,18 +538,10 @@ def gemm_ws(
             accs = _drain(pipe, released, accs, lane, peers, k_begin, k_end, split > 1)
             if fx.const_expr(split == 1):
                 _epilogue(accs, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, tma=tma)
-            else:  # the tile's first split adds the later splits' fp32 partials (units after it: no cycle)
-                slot = (unit * cfg.cluster_m + rank) * cfg.consumers + consumer
-                if unit % split != 0:
-                    _store_partials(accs, workspace, flags, slot, cfg, consumer, tid % 128)
-                else:  # each later split's flag awaited by its own thread, one barrier, then all their loads
-                    later = [slot + s * cfg.cluster_m * cfg.consumers for s in range(1, split)]
-                    for waiter, other in enumerate(later):
-                        _await_partial(flags, other, tid % 128, waiter % 128)
-                    nvvm.barrier(1 + consumer, 128)
-                    for other in later:
-                        accs = _plus_partial(accs, workspace, other, cfg, tid % 128)
-                    _epilogue(accs, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, tma=tma)
+            else:  # the split of the tile that finishes last sums them all and stores C
+                last, sums = _split_k_last(accs, workspace, flags, arrivals, unit, cfg, rank, consumer, tid % 128)
+                if last:
+                    _epilogue(sums, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, tma=tma)
             if fx.const_expr(pingpong):
                 state = state.advance_by(k_tiles)  # the other consumer's unit's K steps
         if fx.const_expr(cfg.stream_k):
@@ -730,12 +753,6 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
     units = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n) * cfg.split_k
     workers = sms // cfg.cluster_m  # CTAs, or clusters; stream-K gives every one of them work
-    if cfg.split_k > 1 and cfg.cluster_m > 1:  # a tile's first split waits for its later splits: all resident at once
-        workers = min(workers, max_active_clusters(cfg.cluster_m, cfg.threads, 1, a.get_device()) or workers)
-    if cfg.split_k > workers:  # the later splits of a unit would belong to its own worker, after it: a deadlock
-        raise ValueError(
-            f"gemm config: split_k {cfg.split_k} exceeds the {workers} CTAs (or clusters) that run at once"
-        )
     grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster_m
     bias_arg = bias if bias is not None else out  # unread without a bias
     epilogue = (bias is not None, activation)
