@@ -153,8 +153,9 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
 # the wave's share of the problem's unique bytes at HBM speed; split K adds its fp32 partials' round trip and the
 # finish of each tile: the split that counts last reads the others' partials at one SM's load rate, after a fixed
 # cost (fitted to benchmarks/results/gemm_explore_split_2026-11-30.json, the in-kernel split's candidates at
-# M = 64/128/512: its picks are within 2.2% of the fastest candidate on all 15 shapes, against 8.6% before). 192-wide tiles (never clustered: a CTA's part of a B tile is a multiple of 64 columns) were
-# timed against the earlier picks (benchmarks/results/gemm_tile192_2026-11-30.json): they win only where they fill
+# M = 64/128/512: its picks are within 2.2% of the fastest candidate on all 15 shapes, against 8.6% before).
+# 192-wide tiles (never clustered: a CTA's part of a B tile is a multiple of 64 columns) were timed against the
+# earlier picks (benchmarks/results/gemm_tile192_2026-11-30.json): they win only where they fill
 # the SMs much better, hence their low efficiency here.
 _SM_TFLOPS = 990.0 / 132  # dense bf16 peak per SM (TFLOP/s), at the efficiency below for 128x256 tiles
 _MMA_EFFICIENCY = {
