@@ -136,12 +136,22 @@ def test_tma_store_waits_with_odd_parts(tile_m, tile_n, schedule):
 
 @pytest.mark.parametrize("split_k", [2, 5])
 def test_split_k_compiles(split_k):
-    cfg = GemmConfig(split_k=split_k)
+    """Split K: every part of a tile writes fp32 partials (16-byte workspace quads) and counts itself on the tile's
+    counter (acq_rel atomic); the part that counts last sums them and stores C through the TMA-store epilogue: no
+    second kernel, no spin wait."""
+    cfg = GemmConfig(split_k=split_k, cluster_m=1)
     a, b = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096, 4096), "bf16")
-    partials = flyc.TensorSpec((split_k * 16, 4096), "f32")
-    compiled = _lower(fx.TmaTile(a, (128, 64)), fx.TmaTile(b, (128, 64)), partials, cfg)
-    assert compiled.ptx.count("wgmma.mma_async") == cfg.tile_k // 16
     out, bias = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096,), "f32")
+    scratch = flyc.TensorSpec((split_k * 16 * 128 * 256,), "f32"), flyc.TensorSpec((split_k * 32,), "i32")
+    c_tile = fx.TmaTile(out, (64, 64))
+    tiles = fx.TmaTile(a, (128, 64)), fx.TmaTile(b, (256, 64))
+    compiled = _lower(*tiles, out, cfg, epilogue=(True, "silu", "tma"), bias=bias, c_store=c_tile, scratch=scratch)
+    ptx = compiled.ptx
+    assert ptx.count("wgmma.mma_async") == cfg.tile_k // 16
+    assert "atom.acq_rel.gpu.global.add.s32" in ptx and "ld.acquire" not in ptx
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
+    # the skinny kernel's split K still sums its partials in split_k_reduce
+    partials = flyc.TensorSpec((split_k * 16, 4096), "f32")
     reduce_ptx = split_k_reduce.lower(partials, out, bias, split_k, (True, "silu")).ptx
     assert reduce_ptx.count("ld.global.f32") + reduce_ptx.count("ld.global.b32") >= split_k
 
@@ -454,6 +464,28 @@ def test_gemm_split_k_on_gpu(m, n, k, split_k):
     reference = torch.relu(a.double() @ w.double().t() + bias.double())
     error = (out.double() - reference).norm() / reference.norm()
     assert not torch.isnan(out).any() and error < 1e-2, error
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m,n,k,split_k,cluster_m,dtype",
+    [(1000, 2048, 8192, 8, 2, "bf16"), (16, 512, 4096, 64, 1, "bf16"), (300, 1000, 2056, 6, 2, "f32")],
+)
+def test_gemm_split_k_many_waves_on_gpu(m, n, k, split_k, cluster_m, dtype):
+    """Split K summed by the split that counts last, over more work units than CTAs (several waves per CTA: each
+    tile's splits finish in any order) and more splits than CTAs fit on the GPU, with clusters, bf16 C (TMA stores)
+    and fp32 C (from registers); called three times, so every tile's counter must be reset for the next launch."""
+    torch = pytest.importorskip("torch")
+    a = torch.randn(m, k, device="cuda").bfloat16()
+    w = torch.randn(n, k, device="cuda").bfloat16()
+    reference = a.double() @ w.double().t()
+    for _ in range(3):
+        out = torch.full((m, n), float("nan"), dtype=getattr(torch, {"bf16": "bfloat16", "f32": "float32"}[dtype]))
+        out = out.cuda()
+        gemm(a, w.t(), out, GemmConfig(tile_n=128, split_k=split_k, cluster_m=cluster_m))
+        torch.cuda.synchronize()
+        error = (out.double() - reference).norm() / reference.norm()
+        assert not torch.isnan(out).any() and error < 1e-2, error
 
 
 def test_gemm_rejects_bad_arguments_before_launch():

@@ -128,26 +128,23 @@ def _finished_tile(acc, c, bias, activation, col0, lane, n: int):
     return values
 
 
-def _store_tile(values, c, row0, col0, full: bool, lane, warp, n: int, m_extent=None, row_offset=None):
+def _store_tile(values, c, row0, col0, full: bool, lane, warp, n: int):
     """Stores this thread's finished values of one 64 x n block (:func:`_finished_tile`) into C at (row0, col0);
-    ``full``: the block lies inside C, no bounds checks. Split-K partials: ``m_extent`` rows of output, stored
-    ``row_offset`` rows down C."""
-    if fx.const_expr(m_extent is None):
-        m_extent = c.shape[0].to(fx.Int32)
+    ``full``: the block lies inside C, no bounds checks."""
+    m_extent = c.shape[0].to(fx.Int32)
     n_extent = c.shape[1].to(fx.Int32)
     for p in fx.range_constexpr(n // 4):
         row = row0 + 16 * warp + lane // 4 + 8 * (p % 2)
         col = col0 + 8 * (p // 2) + 2 * (lane % 4)
-        at = row if fx.const_expr(row_offset is None) else row + row_offset  # the row of C written
         first, second = values[2 * p], values[2 * p + 1]
         if fx.const_expr(full):  # one 2-element store where C's rows are aligned for it (col is even)
-            vector.store(vector.from_elements(vector.vector_class(c.dtype, 2), [first, second]), c, (at, col))
+            vector.store(vector.from_elements(vector.vector_class(c.dtype, 2), [first, second]), c, (row, col))
         else:  # each element only where it lies inside C
             if row < m_extent:
                 if col < n_extent:
-                    c[at, col] = first
+                    c[row, col] = first
                 if col + 1 < n_extent:
-                    c[at, col + 1] = second
+                    c[row, col + 1] = second
 
 
 def _work(sched, unit, split: int, k_tiles):
@@ -234,16 +231,14 @@ def _drain(pipe, released, accs, lane, peers, k_begin, k_end, maybe_empty: bool)
     return accs
 
 
-def _epilogue(accs, c, bias, activation, cfg, tm, tn, consumer, lane, warp, extent=None, offset=None, tma=None):
+def _epilogue(accs, c, bias, activation, cfg, tm, tn, consumer, lane, warp, tma=None):
     """Stores a consumer's accumulators of tile (tm, tn) into C through the epilogue: from registers, bounds-checked
     only where the tile crosses C's edge, or with ``tma`` (C's descriptor and this consumer's two staging boxes)
-    through shared memory and TMA stores. Split-K partials: ``extent`` rows of output, stored ``offset`` rows down
-    C."""
+    through shared memory and TMA stores."""
     rows = cfg.consumer_rows
     row0 = tm * cfg.tile_m + (0 if cfg.schedule == "pingpong" else consumer * rows)
     col0 = tn * cfg.tile_n
-    m_extent = c.shape[0].to(fx.Int32) if extent is None else extent
-    inside = (row0 + rows <= m_extent) & (col0 + cfg.tile_n <= c.shape[1].to(fx.Int32))
+    inside = (row0 + rows <= c.shape[0].to(fx.Int32)) & (col0 + cfg.tile_n <= c.shape[1].to(fx.Int32))
     for mi in fx.range_constexpr(rows // 64):
         r0 = row0 + 64 * mi
         values = _finished_tile(accs[mi], c, bias, activation, col0, lane, cfg.tile_n)
@@ -251,9 +246,9 @@ def _epilogue(accs, c, bias, activation, cfg, tm, tn, consumer, lane, warp, exte
             _store_tile_tma(values, c, *tma, r0, col0, consumer, lane, warp, cfg.tile_n)
         else:
             if inside:
-                _store_tile(values, c, r0, col0, True, lane, warp, cfg.tile_n, extent, offset)
+                _store_tile(values, c, r0, col0, True, lane, warp, cfg.tile_n)
             else:
-                _store_tile(values, c, r0, col0, False, lane, warp, cfg.tile_n, extent, offset)
+                _store_tile(values, c, r0, col0, False, lane, warp, cfg.tile_n)
 
 
 # The TMA-store epilogue: all CTAs reach their epilogues together, and 132 CTAs storing 64 KB tiles from registers
@@ -327,44 +322,86 @@ def _stream_k_segment(first, segment, begin, worker, k_tiles):
 
 def _partial_index(slot, mi, q, cfg, t):
     """The workspace index of 4 accumulators (``q``-th quad of block ``mi``) of thread ``t`` of a warpgroup: each
-    thread's quads are 16 bytes apart from its neighbours', so every access is a coalesced 16-byte one."""
-    return slot * (cfg.consumer_rows * cfg.tile_n) + ((mi * (cfg.tile_n // 8) + q) * 128 + t) * 4
+    thread's quads are 16 bytes apart from its neighbours', so every access is a coalesced 16-byte one. 64-bit:
+    split K's workspace (a slot per work unit) may exceed 2^31 floats."""
+    within = ((mi * (cfg.tile_n // 8) + q) * 128 + t) * 4
+    return slot.to(fx.Int64) * (cfg.consumer_rows * cfg.tile_n) + within.to(fx.Int64)
 
 
-def _store_partials(accs, workspace, flags, slot, cfg, consumer, t):
-    """A contributor's fp32 partial sums into its workspace slot, then its flag raised (after every thread's stores)."""
+def _write_partials(accs, workspace, slot, cfg, consumer, t):
+    """A consumer warpgroup's fp32 partial sums into workspace ``slot``, then its barrier (every thread's stores
+    issued before one thread releases them)."""
     for mi in fx.range_constexpr(len(accs)):
         for q in fx.range_constexpr(cfg.tile_n // 8):
             quad = vector.from_elements(_F32X4, [accs[mi][4 * q + i] for i in range(4)])
             vector.store(quad, workspace, (_partial_index(slot, mi, q, cfg, t),))
     nvvm.barrier(1 + consumer, 128)
+
+
+def _store_partials(accs, workspace, flags, slot, cfg, consumer, t):
+    """A stream-K contributor's fp32 partial sums into its workspace slot, then its flag raised."""
+    _write_partials(accs, workspace, slot, cfg, consumer, t)
     if t == 0:
         nvvm.red_add_release(flags, 1, slot)
 
 
+def _split_k_last(accs, workspace, counters, arrivals, unit, cfg, rank, consumer, t):
+    """Split K with no waiting: every split of a tile writes its fp32 partial sums to its own slot, then counts
+    itself on the tile's counter; the split that counts last, whichever finishes last, adds the other splits'
+    partials to its own (acquired by its count) and resets the counter for the next launch. Returns (last, sums).
+    ``arrivals``: one shared Int32 per consumer, through which the counting thread tells its warpgroup."""
+    split = cfg.split_k
+    per_unit = cfg.cluster_m * cfg.consumers
+    slot = unit * per_unit + rank * cfg.consumers + consumer
+    _write_partials(accs, workspace, slot, cfg, consumer, t)
+    counter = (unit // split) * per_unit + rank * cfg.consumers + consumer
+    if t == 0:
+        arrivals[consumer] = nvvm.atom_add_acq_rel(counters, 1, counter)
+    nvvm.barrier(1 + consumer, 128)
+    last = arrivals[consumer] == split - 1
+    sums = accs
+    if last:
+        if t == 0:
+            counters[counter] = 0
+        own, first = unit % split, slot - (unit % split) * per_unit
+        for s in fx.range_constexpr(1, split):  # the others, in turn after this one's own
+            sums = _plus_partial(sums, workspace, first + ((own + s) % split) * per_unit, cfg, t)
+    return last, sums
+
+
+def _await_partial(flags, slot, t):
+    """Thread ``t`` == 0 waits until workspace ``slot`` holds its partial sums (acquire), then resets the flag
+    for the next launch; the warpgroup's barrier must follow before its threads read the slot."""
+    if t == 0:
+        seen = nvvm.ld_acquire(flags, slot)
+        while seen == 0:
+            seen = nvvm.ld_acquire(flags, slot)
+        flags[slot] = 0
+
+
+def _plus_partial(accs, workspace, slot, cfg, t):
+    """``accs`` plus the partial sums of workspace ``slot`` (awaited already)."""
+    summed = []
+    for mi in fx.range_constexpr(len(accs)):
+        quads = [
+            vector.load_op(_F32X4, workspace, (_partial_index(slot, mi, q, cfg, t),))
+            for q in fx.range_constexpr(cfg.tile_n // 8)
+        ]
+        summed.append(accs[mi] + vector.from_elements(type(accs[mi]), [x for quad in quads for x in quad]))
+    return summed
+
+
 def _add_partials(accs, workspace, flags, cfg, worker, begin, tile, k_tiles, rank, consumer, t):
-    """The finisher's sum: the partials of every later worker whose range starts inside stream-K ``tile`` (a worker
-    with no steps has none), each awaited on its flag, which is then reset for the next launch."""
+    """The stream-K finisher's sum: the partials of every later worker whose range starts inside ``tile`` (a worker
+    with no steps has none)."""
     end_of_tile = (tile + 1) * k_tiles
     j = worker + 1
     while begin(j) < end_of_tile:  # begin(workers) is the last step's end: the loop stops by then
         if begin(j) < begin(j + 1):
             slot = (j * cfg.cluster_m + rank) * cfg.consumers + consumer
-            if t == 0:
-                seen = nvvm.ld_acquire(flags, slot)
-                while seen == 0:
-                    seen = nvvm.ld_acquire(flags, slot)
-                flags[slot] = 0
+            _await_partial(flags, slot, t)
             nvvm.barrier(1 + consumer, 128)  # the warpgroup reads after the acquire
-            summed = []
-            for mi in fx.range_constexpr(len(accs)):
-                quads = [
-                    vector.load_op(_F32X4, workspace, (_partial_index(slot, mi, q, cfg, t),))
-                    for q in fx.range_constexpr(cfg.tile_n // 8)
-                ]
-                partial = vector.from_elements(type(accs[mi]), [x for quad in quads for x in quad])
-                summed.append(accs[mi] + partial)
-            accs = summed
+            accs = _plus_partial(accs, workspace, slot, cfg, t)
         j = j + 1
     return accs
 
@@ -388,9 +425,10 @@ def gemm_ws(
     """C = A @ B^T of the (MN, K) views ``a``, ``b`` (majors: ``(a_major, b_major)``), through the epilogue
     ``(has_bias, activation[, "tma"])``: ``bias`` is a (N,) tensor added to every row (any tensor, unread, when
     ``has_bias`` is False); with "tma", tiles are stored through shared memory by ``c_store``, C's descriptor in
-    boxes of (64, 64) (16-bit C, no split K; any descriptor, unused, otherwise). With ``cfg.stream_k``:
-    ``workspace``, fp32, ``consumer_rows * tile_n`` elements per consumer warpgroup of the grid, and ``flags``,
-    int32 zeros, one per consumer warpgroup (any tensors, unread, without stream-K)."""
+    boxes of (64, 64) (16-bit C; any descriptor, unused, otherwise). Partial tiles go through ``workspace`` (fp32,
+    ``consumer_rows * tile_n`` elements per slot) and ``flags`` (int32 zeros): with ``cfg.stream_k`` one slot and
+    flag per consumer warpgroup of the grid; with ``cfg.split_k > 1`` one slot per consumer warpgroup of each CTA of
+    each work unit and one counter per tile's (any tensors, unread, otherwise)."""
     # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster_m)
     a_major, b_major = majors
@@ -411,8 +449,8 @@ def gemm_ws(
     b_tiles = smem.allocate(b.dtype, operand_layout(cfg.tile_n, cfg.tile_k, cfg.stages, b_major), alignment=1024)
     tma = None
     if fx.const_expr(by_tma):
-        if c_store.box != STAGING_BOX or c_store.dtype is not c.dtype or cfg.split_k != 1:
-            raise ValueError("gemm_ws c_store: expected C's descriptor in boxes of (64, 64) and no split K")
+        if c_store.box != STAGING_BOX or c_store.dtype is not c.dtype:
+            raise ValueError("gemm_ws c_store: expected C's descriptor in boxes of (64, 64)")
         tma = (c_store, c_store.allocate(smem, STAGING_BOXES * cfg.consumers))
     # A slot is freed by one arrival per warp of the consumers that read it (pingpong: one; cooperative: all) in
     # every CTA of the cluster (B parts land in all of them).
@@ -428,6 +466,7 @@ def gemm_ws(
         if gpu.thread_idx.x == 0:
             for turn_of in fx.range_constexpr(2):
                 order[turn_of].init(128)  # every thread of the consumer warpgroup that finished its K steps
+    arrivals = smem.allocate(fx.Int32, cfg.consumers) if cfg.split_k > 1 else None  # see _split_k_last
     pipe.init(sync=cfg.cluster_m == 1)  # its fence and block/cluster sync cover the order barriers' init too
     rank = 0
     peers = None
@@ -437,10 +476,7 @@ def gemm_ws(
         peers = list(range(cfg.cluster_m))
 
     split = cfg.split_k
-    if fx.const_expr(split == 1):
-        m_extent = c.shape[0].to(fx.Int32)
-    else:  # c holds split row blocks of fp32 partials: the output's rows are a's
-        m_extent = (a.shape[0] if a_major == "K" else a.shape[1]).to(fx.Int32)
+    m_extent = c.shape[0].to(fx.Int32)
     n_extent = c.shape[1].to(fx.Int32)
     k_extent = a.shape[1] if a_major == "K" else a.shape[0]
     k_tiles = ((k_extent + (cfg.tile_k - 1)) // cfg.tile_k).to(fx.Int32)
@@ -502,9 +538,10 @@ def gemm_ws(
             accs = _drain(pipe, released, accs, lane, peers, k_begin, k_end, split > 1)
             if fx.const_expr(split == 1):
                 _epilogue(accs, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, tma=tma)
-            else:  # this split's fp32 partials, in its row block of c; the reduction applies the epilogue
-                offset = (unit % split) * m_extent
-                _epilogue(accs, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, m_extent, offset)
+            else:  # the split of the tile that finishes last sums them all and stores C
+                last, sums = _split_k_last(accs, workspace, flags, arrivals, unit, cfg, rank, consumer, tid % 128)
+                if last:
+                    _epilogue(sums, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, tma=tma)
             if fx.const_expr(pingpong):
                 state = state.advance_by(k_tiles)  # the other consumer's unit's K steps
         if fx.const_expr(cfg.stream_k):
@@ -603,23 +640,24 @@ def _store_tile_of(out, cfg: GemmConfig):
     return _operand_tile(out, 0, STAGING_BOX[0], STAGING_BOX[1], "out")[0]
 
 
-_STREAM_K_SCRATCH: dict[tuple, tuple] = {}  # (device, stream) -> (fp32 workspace, int32 flags)
+_PARTIALS_SCRATCH: dict[tuple, tuple] = {}  # (device, stream) -> (fp32 workspace, int32 flags)
 
 
-def _stream_k_scratch(device, grid: int, cfg: GemmConfig):
-    """The stream-K workspace (fp32 partials, one slot per consumer warpgroup of the grid) and flags of this device
-    and stream, grown as needed. Kernels of one stream run one after another, so they share them; every launch
-    leaves the flags at zero (each is reset by its reader)."""
+def _partials_scratch(device, ctas: int, cfg: GemmConfig):
+    """The workspace of partial tiles (fp32, one slot per consumer warpgroup of ``ctas`` CTAs or work units) and its
+    flags for this device and stream, grown as needed. Kernels of one stream run one after another, so they share
+    them; every launch leaves the flags at zero (each is reset by its reader)."""
     import torch
 
     key = (device, torch.cuda.current_stream(device).cuda_stream)
-    elements, slots = grid * cfg.tile_m * cfg.tile_n, grid * cfg.consumers
-    held = _STREAM_K_SCRATCH.get(key)
+    slots = ctas * cfg.consumers
+    elements = slots * cfg.consumer_rows * cfg.tile_n
+    held = _PARTIALS_SCRATCH.get(key)
     if held is None or held[0].numel() < elements or held[1].numel() < slots:
         size = max(elements, held[0].numel() if held else 0), max(slots, held[1].numel() if held else 0)
         workspace = torch.empty(size[0], dtype=torch.float32, device=device)
         held = workspace, torch.zeros(size[1], dtype=torch.int32, device=device)
-        _STREAM_K_SCRATCH[key] = held
+        _PARTIALS_SCRATCH[key] = held
     return held
 
 
@@ -698,7 +736,6 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     "relu", "gelu" (erf) or "silu", applied in float32 before the conversion to ``out``'s dtype; ``out`` (M, N)
     row-major bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: the tile configuration (default:
     :func:`choose_config`)."""
-    import torch
 
     m, n, k, out = check_arguments("gemm", a, b, out, bias, activation)
     check_devices("gemm", a, b, out)
@@ -717,20 +754,18 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     units = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n) * cfg.split_k
     workers = sms // cfg.cluster_m  # CTAs, or clusters; stream-K gives every one of them work
     grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster_m
-    epilogue = (bias is not None, activation)
     bias_arg = bias if bias is not None else out  # unread without a bias
-    majors = (a_major, b_major)
-    if cfg.split_k == 1:
-        workspace, flags = _stream_k_scratch(a.device, grid, cfg) if cfg.stream_k else (out, out)  # unread without
-        c_store = _store_tile_of(out, cfg)
-        if c_store is not None:
-            epilogue = (*epilogue, "tma")
-        kernel = gemm_ws(a_tile, b_tile, out, c_store or a_tile, bias_arg, workspace, flags, cfg, majors, epilogue)
-        kernel.launch(grid=grid, block=cfg.threads)
-        return out
-    # Split K: every part writes fp32 partials into its row block; one pass sums them through the epilogue.
-    partials = torch.empty((cfg.split_k * m, n), dtype=torch.float32, device=a.device)
-    kernel = gemm_ws(a_tile, b_tile, partials, a_tile, partials, partials, partials, cfg, majors, (False, None))
+    epilogue = (bias is not None, activation)
+    c_store = _store_tile_of(out, cfg)
+    if c_store is not None:
+        epilogue = (*epilogue, "tma")
+    # Partial tiles (stream-K: one slot per CTA; split K: one per work unit of each CTA of a cluster).
+    if cfg.stream_k or cfg.split_k > 1:
+        workspace, flags = _partials_scratch(a.device, (grid if cfg.stream_k else units * cfg.cluster_m), cfg)
+    else:
+        workspace, flags = out, out  # unread
+    kernel = gemm_ws(
+        a_tile, b_tile, out, c_store or a_tile, bias_arg, workspace, flags, cfg, (a_major, b_major), epilogue
+    )
     kernel.launch(grid=grid, block=cfg.threads)
-    split_k_reduce(partials, out, bias_arg, cfg.split_k, epilogue).launch(grid=-(-m * n // 256), block=256)
     return out

@@ -35,7 +35,7 @@ class GemmConfig:
     consumers: int = 2
     group_m: int = 8
     cluster_m: int = 2  # CTAs along M sharing each B tile: each loads 1/cluster_m of it, multicast to all
-    split_k: int = 1  # K split over this many CTAs per tile (fp32 partials, then a reduction): for few tiles
+    split_k: int = 1  # K split over this many CTAs per tile (fp32 partials, summed by the last): for few tiles
     schedule: str = "cooperative"
     stream_k: bool = False
 
@@ -151,8 +151,11 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
 # the fastest candidate on 39 of the 40 shapes). A work unit (a tile, or one K part of it) costs the longer of its
 # tensor-core time and its operand bytes at one SM's load rate, plus a fixed cost; a wave of units costs at least
 # the wave's share of the problem's unique bytes at HBM speed; split K adds its fp32 partials' round trip and the
-# reduction's launch. 192-wide tiles (never clustered: a CTA's part of a B tile is a multiple of 64 columns) were
-# timed against the earlier picks (benchmarks/results/gemm_tile192_2026-11-30.json): they win only where they fill
+# finish of each tile: the split that counts last reads the others' partials at one SM's load rate, after a fixed
+# cost (fitted to benchmarks/results/gemm_explore_split_2026-11-30.json, the in-kernel split's candidates at
+# M = 64/128/512: its picks are within 2.2% of the fastest candidate on all 15 shapes, against 8.6% before).
+# 192-wide tiles (never clustered: a CTA's part of a B tile is a multiple of 64 columns) were timed against the
+# earlier picks (benchmarks/results/gemm_tile192_2026-11-30.json): they win only where they fill
 # the SMs much better, hence their low efficiency here.
 _SM_TFLOPS = 990.0 / 132  # dense bf16 peak per SM (TFLOP/s), at the efficiency below for 128x256 tiles
 _MMA_EFFICIENCY = {
@@ -164,7 +167,7 @@ _MMA_EFFICIENCY = {
 _SM_LOAD_BYTES_PER_S = 100e9
 _HBM_BYTES_PER_S = 3.6e12
 _UNIT_COST_S = 2e-6
-_SPLIT_K_REDUCE_S = 8e-6
+_SPLIT_K_FINISH_S = 3e-6
 
 
 def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> float:
@@ -184,7 +187,8 @@ def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> floa
         seconds += max(unit, unique_bytes * wave / units / _HBM_BYTES_PER_S)
         left -= wave
     if cfg.split_k > 1:
-        seconds += 2.0 * cfg.split_k * m * n * 4 / _HBM_BYTES_PER_S + _SPLIT_K_REDUCE_S
+        others = (cfg.split_k - 1) * min(cfg.tile_m, m) * cfg.tile_n * 4  # the last split's reads of a tile
+        seconds += 2.0 * cfg.split_k * m * n * 4 / _HBM_BYTES_PER_S + others / _SM_LOAD_BYTES_PER_S + _SPLIT_K_FINISH_S
     return seconds
 
 
