@@ -333,8 +333,8 @@ def test_validation_names_the_argument():
 
 # The staged forward (norm_forward_staged_kernel), as routed by default: one CTA per row (bf16 32768: LayerNorm in
 # a 2-row ring, RMSNorm in 3), clusters of 2, 4 and 8 at lag 0 (LayerNorm, RMSNorm; bf16, f16, f32 from 32768), the
-# fused add's clusters at lag 1, and the single-row ring of 1 MB rows (f32 262144; the fused add's bf16 262144 and
-# f32 131072), at the longest rows each shape takes.
+# fused add's clusters at lag 1, and the fused add's single-row ring of 1 MB rows (bf16 262144, f32 131072), at the
+# longest rows each shape takes (the softmax's below).
 STAGED_FORWARD_CASES = [
     (32768, "bf16", "layer"),
     (32768, "bf16", "rms"),
@@ -345,8 +345,7 @@ STAGED_FORWARD_CASES = [
     (131072, "f32", "layer"),
     (131072, "bf16", "fused"),
     (65536, "f32", "fused"),
-    (262144, "f32", "layer"),
-    (262144, "f32", "rms"),
+    (32768, "f32", "rms"),
     (262144, "bf16", "fused"),
     (131072, "f32", "fused"),
 ]
@@ -433,21 +432,21 @@ def test_staged_forward_configs():
         ("layer", "f32", 16384): None,
         ("layer", "f32", 32768): (2, 1024, 4, 3, 0),
         ("layer", "f32", 65536): (4, 1024, 4, 3, 0),
-        ("layer", "f32", 262144): (8, 512, 16, 1, 0),  # 1 MB rows: a single-row ring, 512 threads
+        ("layer", "f32", 262144): None,  # 1 MB rows + 2 MB of weight and bias: the register kernel
         ("rms", "bf16", 16384): None,
         ("rms", "bf16", 32768): (1, 1024, 4, 3, 0),  # RMSNorm: a 3-row ring
         ("rms", "bf16", 65536): (2, 1024, 4, 3, 0),
         ("rms", "bf16", 262144): (8, 1024, 4, 3, 0),
         ("rms", "f32", 16384): None,
-        ("rms", "f32", 32768): None,  # the register kernel is at the bar there
+        ("rms", "f32", 32768): (2, 1024, 4, 3, 0),
         ("rms", "f32", 65536): (4, 1024, 4, 3, 0),
-        ("rms", "f32", 262144): (8, 512, 16, 1, 0),
+        ("rms", "f32", 262144): None,
         ("fused", "bf16", 16384): None,
         ("fused", "bf16", 32768): (2, 1024, 2, 3, 1),  # two sources: lag 1
         ("fused", "bf16", 65536): (4, 1024, 2, 3, 1),
-        ("fused", "bf16", 262144): (8, 512, 8, 1, 0),
+        ("fused", "bf16", 262144): (8, 1024, 4, 1, 0),  # 1 MB rows: a single-row ring
         ("fused", "f32", 16384): None,
-        ("fused", "f32", 32768): None,
+        ("fused", "f32", 32768): None,  # the register kernel is at the bar there
         ("fused", "f32", 65536): (8, 1024, 2, 3, 1),
         ("fused", "f32", 262144): None,  # 2 MB rows
         ("softmax", "bf16", 16384): None,
@@ -457,7 +456,7 @@ def test_staged_forward_configs():
         ("softmax", "f32", 16384): None,
         ("softmax", "f32", 32768): None,
         ("softmax", "f32", 65536): (4, 1024, 4, 3, 0),
-        ("softmax", "f32", 262144): (8, 512, 16, 1, 0),
+        ("softmax", "f32", 262144): (8, 1024, 8, 1, 0),
     }
     assert norm_mod.routed_staged_forward_config(131072, "f32", "fused") is not None  # 1 MB: 2 x 512 KB
     assert norm_mod.routed_staged_forward_config(65540, "bf16", "rms") is None  # N not a multiple of 16 bytes
@@ -474,7 +473,7 @@ def test_staged_forward_configs():
 def test_staged_forward_is_the_default(monkeypatch):
     """The forward takes the staged kernel by default where a config exists and the rows are 16-byte aligned;
     staged=False and STAGED_FORWARD off (FLYDSL_NORM_STAGED_FORWARD=0) force the register kernel, as do short rows,
-    unaligned rows and the kinds the register kernel serves at the bar (RMSNorm f32 32768)."""
+    unaligned rows and the kinds the register kernel serves at the bar (the fused add f32 32768)."""
     taken = []
 
     class Launch:
@@ -512,8 +511,8 @@ def test_staged_forward_is_the_default(monkeypatch):
     norm_mod.forward(short, None, None, None, short, None, None, None, 1e-6, rms=True)
     assert taken[-1] == ("register", row_config(16384, "f16"))
     wide = _x((4, 32768), "<f4")
-    norms.rms_norm(wide, None, out=_x((4, 32768), "<f4"))
-    assert taken[-1][0] == "register"  # RMSNorm f32 32768: the register kernel
+    norms.fused_add_rms_norm(wide, _x((4, 32768), "<f4"), None, out=_x((4, 32768), "<f4"), residual_out=wide)
+    assert taken[-1][0] == "register"  # the fused add f32 32768: the register kernel
     norms.layer_norm(wide, None, None, out=_x((4, 32768), "<f4"))
     assert taken[-1] == ("staged", norm_mod.routed_staged_forward_config(32768, "f32", "layer"))
 

@@ -269,9 +269,9 @@ def test_cupy_arrays_in_and_out(dtype):
 # The staged forward (normalization.forward's default for long rows; STAGED_FORWARD set here all the same): rows
 # through a shared-memory ring, a row's CTAs pushing their pairs to each other. N from the register kernel's cluster
 # regime on, and odd multiples of 16 bytes (CTAs of a row holding unequal parts: 40968 bf16 over 2 CTAs, 98308 f32
-# over 8); the single-row ring of 1 MB rows (f32 262144, the fused add's bf16 262144); where no staged config is
-# routed (RMSNorm and the fused add f32 32768, the fused add f32 262144, N not a multiple of 16 bytes), the register
-# kernel. The other forward tests above take the default route: the staged kernel from 32768 on.
+# over 8); the fused add's single-row ring of 1 MB rows (bf16 262144); where no staged config is routed (the fused
+# add f32 32768 and 262144, LayerNorm and RMSNorm f32 262144, N not a multiple of 16 bytes), the register kernel.
+# The other forward tests above take the default route: the staged kernel from 32768 on.
 STAGED_FORWARD_SIZES = [32768, 40968, 65536, 98308, 131072, 262144]
 _NORM = importlib.import_module("flydsl.kernels.normalization")
 _DTYPE_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}

@@ -309,8 +309,8 @@ def staged_forward_config(
     return StagedForwardConfig(layout, stages, sources, lag)
 
 
-# The staged forward is the default from these N on (bf16 32768: the register kernel's cluster regime, under the bar;
-# shorter rows keep the register kernel, at the bar there). float32 32768: LayerNorm only (see forward_shape).
+# The staged forward is the default from these N on (the register kernel's cluster regime, under the bar; shorter
+# rows keep the register kernel, at the bar there). float32 32768: LayerNorm and RMSNorm only (see forward_shape).
 STAGED_FORWARD_MIN_N = {"bf16": 32768, "f16": 32768, "f32": 32768}
 FORWARD_KINDS = ("layer", "rms", "fused", "softmax")
 
@@ -318,28 +318,31 @@ FORWARD_KINDS = ("layer", "rms", "fused", "softmax")
 def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
     """(threads, chunks per source, lag, ring rows) of the staged forward that :func:`routed_staged_forward_config`
     takes for ``kind`` (:data:`FORWARD_KINDS`: LayerNorm, RMSNorm, the fused add + RMSNorm, softmax), or None where
-    the register kernel stays. The rule, from the H200 sweep (benchmarks/results/norms_forward_staged_2026-11-30.json,
-    2^28 elements; TB/s against the register kernel):
+    the register kernel stays. The rule, from two H200 sweeps (benchmarks/results/norms_forward_staged_2026-11-30.json
+    and ..._2026-11-30_sweep.json, 2^28 elements, each shape launched alone; TB/s, first sweep then second):
 
     - A ring row of 64 KB per CTA (1024 threads; 4 chunks, 2 per source with the residual): 64 KB in flight per SM
       is twice what HBM needs (Little's law), and larger CTA shares beat more CTAs per row (1024 x 2 chunks: a
-      cluster twice as wide, 0.2-0.4 TB/s slower).
-    - One CTA per row (bf16 32768): LayerNorm and softmax (two block reductions per row) in a 2-row ring (3.72,
-      3.66 against 3.53, 3.54 with 3 rows), RMSNorm in 3 rows (3.67 against 3.50).
+      cluster twice as wide, 0.2-0.6 TB/s slower).
+    - One CTA per row (bf16 32768): LayerNorm and softmax (two block reductions per row) in a 2-row ring (3.72 and
+      3.72, 3.66 and 3.58 against 3.53 and 3.67, 3.54 and 3.64 with 3 rows), RMSNorm in 3 rows (3.67 and 3.79
+      against 3.50 and 3.63).
     - A cluster: lag 0, each row's output as soon as its pairs arrive, 3 rows in the ring (2 ahead): faster than
       lag 1 everywhere (LayerNorm bf16 65536-262144: 3.28, 3.12, 2.99 against 3.10, 2.88, 2.75). The fused add's
-      two sources leave no room for lag 0 with 2 rows ahead at 64 KB: lag 1 (3.71, 3.74, 3.68 at 32768-131072).
-    - Rows of 1 MB in the ring (f32 262144; the fused add's bf16 262144 and f32 131072): 8 CTAs of 128 KB, which
-      fit one ring row only (227 KB of shared memory per SM): a single-row ring, the next row copied in once the
-      output is written; the other SMs' copies fill the gap. 512 threads of 128 registers (LayerNorm's 8 ranks'
-      counts spill at 1024 threads' 64). 2 MB rows (the fused add's f32 262144): the register
-      kernel.
-    - float32 32768: LayerNorm only; the register kernel's RMSNorm, fused add and softmax are at the bar there
-      (3.70, 3.76, 3.85 TB/s against LayerNorm's 2.63: its two cluster reductions per row).
+      two sources leave no room for lag 0 with 2 rows ahead at 64 KB: lag 1 (3.71, 3.74, 3.68 at 32768-131072; lag
+      0 in a single-row ring of 128 KB measured the same, 3.85, 3.88, 3.78).
+    - Rows of 1 MB in the ring (softmax f32 262144, the fused add's bf16 262144 and f32 131072): 8 CTAs of 128 KB,
+      which fit one ring row only (227 KB of shared memory per SM): a single-row ring, the next row copied in once
+      the output is written; the other SMs' copies fill the gap (3.43, 3.75, 3.95 against the register kernel's
+      2.96, 3.30, 3.25). LayerNorm and RMSNorm f32 262144 keep the register kernel (2.54, 3.22 against 2.82, 3.30):
+      with the staged kernel their weight (and bias) are read from L2 alongside each row, 1-2 MB per row besides the
+      row's 1 MB. 2 MB rows (the fused add's f32 262144): the register kernel.
+    - float32 32768: LayerNorm and RMSNorm (3.80, 3.88 against 2.62, 3.71); the register kernel's softmax and fused
+      add are at the bar there (3.82, 3.91).
     """
     if kind not in FORWARD_KINDS:
         raise ValueError(f"kind: expected one of {FORWARD_KINDS}, got {kind!r}")
-    if n < STAGED_FORWARD_MIN_N[dtype] or (dtype == "f32" and n < 65536 and kind != "layer"):
+    if n < STAGED_FORWARD_MIN_N[dtype] or (dtype == "f32" and n < 65536 and kind in ("fused", "softmax")):
         return None
     sources = 2 if kind == "fused" else 1
     share = _FORWARD_STAGE_BYTES // (sources * _STAGED_THREADS * 16)  # chunks per source of a 64 KB ring row
@@ -348,8 +351,8 @@ def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
         return (_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3)
     if row_bytes <= 8 * _FORWARD_STAGE_BYTES:
         return (_STAGED_THREADS, share, 1, 3) if sources == 2 else (_STAGED_THREADS, share, 0, 3)
-    if row_bytes <= 16 * _FORWARD_STAGE_BYTES:  # 512 threads: at 1024 (64 registers) LayerNorm's spills
-        return (_STAGED_THREADS // 2, 4 * share, 0, 1)
+    if row_bytes <= 16 * _FORWARD_STAGE_BYTES and kind in ("fused", "softmax"):
+        return (_STAGED_THREADS, 2 * share, 0, 1)
     return None
 
 
