@@ -21,8 +21,8 @@ no longer waits at a cluster barrier per row: the CTAs push their partial sums t
 into the peers' shared memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: global memory + release/acquire
 counters) and write dx ``lag`` rows later. See :func:`_rows_staged`, :func:`_rows_pushed`.
 
-The forward of long rows (N >= 32768; f32: from 65536 for the fused add, not LayerNorm's or RMSNorm's f32 262144; N a
-multiple of 16 bytes, rows 16-byte aligned; see :func:`forward_shape`) takes the staged kernel by default
+The forward of long rows (N >= 32768; f32: softmax and the fused add from 65536, LayerNorm and RMSNorm not at 262144;
+N a multiple of 16 bytes, rows 16-byte aligned; see :func:`forward_shape`) takes the staged kernel by default
 (:func:`norm_forward_staged_kernel`; ``forward(..., staged=False)`` or ``FLYDSL_NORM_STAGED_FORWARD=0`` force the
 register kernel), on the same ring and pushes: a persistent grid, x (and the residual) copied rows ahead into the
 ring, each CTA's partial pair pushed to its peers, the output written ``lag`` rows later. LayerNorm pushes one pair
