@@ -12,6 +12,7 @@ M in {1, 16, 64, 128, 512, 2048, 8192} x (N, K) from Llama/DeepSeek layers, B gi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -62,6 +63,7 @@ def run_case(torch, do_bench, m, n, k, repeats, weights_nk, config=None):
         "k": k,
         "b": "weights (N, K)" if weights_nk else "(K, N) row-major",
         "config": repr(config) if config is not None else "default",
+        "chosen_config": str(config or _chosen(torch, m, n, k, weights_nk)),
         "rel_error_vs_cublas": error,
         "flydsl_ms": ours_t,
         "cublas_ms": cublas_t,
@@ -74,10 +76,21 @@ def run_case(torch, do_bench, m, n, k, repeats, weights_nk, config=None):
     }
 
 
+def _chosen(torch, m, n, k, weights_nk):
+    """What gemm() runs for a default case: the skinny kernel for decode-sized M with nn.Linear weights, else
+    choose_config's pick."""
+    from flydsl.kernels.gemm import choose_config
+
+    if m <= 16 and weights_nk:
+        return "skinny_gemm"
+    return choose_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
 def _describe(config) -> str:
     return (
         f"tile={config.tile_m}x{config.tile_n} stages={config.stages} cluster_m={config.cluster_m}"
-        f" split_k={config.split_k}{' pingpong' if config.schedule == 'pingpong' else ''}"
+        f" split_k={config.split_k}{' (tail)' if config.split_tail else ''}"
+        f"{' pingpong' if config.schedule == 'pingpong' else ''}"
         f"{' stream_k' if config.stream_k else ''}"
     )
 
@@ -105,6 +118,11 @@ def main(argv=None) -> int:
         help="--explore: only the candidates of this kind (cooperative: neither pingpong nor stream-K)",
     )
     parser.add_argument("--tile-m", type=int, help="--explore: only the candidates with this tile_m")
+    parser.add_argument(
+        "--compare-tail",
+        action="store_true",
+        help="also time the sweep's shapes whose chosen config splits the last wave (split_tail) without that split",
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
@@ -113,7 +131,7 @@ def main(argv=None) -> int:
     import torch
     from triton.testing import do_bench
 
-    from flydsl.kernels.gemm import GemmConfig, candidate_configs
+    from flydsl.kernels.gemm import GemmConfig, candidate_configs, choose_config
 
     cases = [(m, n, k, False, None) for m, n, k in SQUARE]
     for cluster_m in args.cluster_m or ():
@@ -127,6 +145,12 @@ def main(argv=None) -> int:
                 if m <= 512
                 for n, k in sweep_nk
             ]
+    if args.compare_tail:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for m, n, k, weights, config in list(cases):
+            chosen = config or choose_config(m, n, k, sms)
+            if chosen.split_tail:
+                cases.append((m, n, k, weights, dataclasses.replace(chosen, split_k=1, split_tail=False)))
     if args.explore:
         cases = []
         sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -17,7 +17,7 @@ import torch
 from flydsl.kernels.gemm import GemmConfig, gemm, max_stages
 
 
-def _config(tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative", stream_k=False):
+def _config(tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative", stream_k=False, split_tail=False):
     return GemmConfig(
         tile_m=tile_m,
         tile_n=tile_n,
@@ -27,6 +27,7 @@ def _config(tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative", stre
         split_k=split_k,
         schedule=schedule,
         stream_k=stream_k,
+        split_tail=split_tail,
     )
 
 
@@ -37,6 +38,7 @@ CASES = [  # (m, n, k, config or None for gemm()'s own choice, bias, activation)
     (136, 200, 136, _config(128, 128, split_k=2), False, None),
     (56, 392, 264, _config(64, 64, split_k=3), False, None),
     (520, 392, 1032, _config(128, 128, cluster_m=2, split_k=4), True, "relu"),
+    (1100, 2100, 520, _config(128, 128, split_k=2, split_tail=True), False, None),  # 153 tiles: the last 21 split
     (56, 392, 264, _config(64, 256), True, "gelu"),
     (520, 392, 264, _config(128, 128, cluster_m=2, schedule="pingpong"), True, "silu"),
     (392, 264, 136, _config(128, 128, schedule="pingpong"), False, None),

@@ -22,7 +22,7 @@ from flydsl.kernels.gemm import (
     split_k_reduce,
     staging_bytes,
 )
-from flydsl.kernels.gemm_config import STAGING_BOXES, staging_wait
+from flydsl.kernels.gemm_config import STAGING_BOXES, split_plan, staging_wait
 
 CFG = GemmConfig()
 NONE = (False, None)  # the epilogue: no bias, no activation
@@ -134,12 +134,12 @@ def test_tma_store_waits_with_odd_parts(tile_m, tile_n, schedule):
     assert not re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", full)
 
 
-@pytest.mark.parametrize("split_k", [2, 5])
-def test_split_k_compiles(split_k):
+@pytest.mark.parametrize("split_k,split_tail", [(2, False), (5, False), (3, True)])
+def test_split_k_compiles(split_k, split_tail):
     """Split K: every part of a tile writes fp32 partials (16-byte workspace quads) and counts itself on the tile's
     counter (acq_rel atomic); the part that counts last sums them and stores C through the TMA-store epilogue: no
     second kernel, no spin wait."""
-    cfg = GemmConfig(split_k=split_k, cluster_m=1)
+    cfg = GemmConfig(split_k=split_k, cluster_m=1, split_tail=split_tail)
     a, b = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096, 4096), "bf16")
     out, bias = flyc.TensorSpec((16, 4096), "bf16"), flyc.TensorSpec((4096,), "f32")
     scratch = flyc.TensorSpec((split_k * 16 * 128 * 256,), "f32"), flyc.TensorSpec((split_k * 32,), "i32")
@@ -161,6 +161,8 @@ def test_gemm_config_and_boxes_are_checked():
         GemmConfig(tile_m=64)
     with pytest.raises(ValueError, match="cluster_m must be 1, 2 or 4"):
         GemmConfig(cluster_m=3)
+    with pytest.raises(ValueError, match="split_tail splits the last wave's tiles into split_k parts"):
+        GemmConfig(split_tail=True)
     with pytest.raises(ValueError, match="split_k must be an int in 1..64"):
         GemmConfig(split_k=0)
     spec = flyc.TensorSpec((512, 512), "bf16")
@@ -170,7 +172,8 @@ def test_gemm_config_and_boxes_are_checked():
 
 def test_choose_config_fills_the_sms():
     big = choose_config(8192, 8192, 8192, 132)
-    assert (big.tile_m, big.tile_n, big.cluster_m, big.split_k) == (128, 256, 2, 1)  # full waves of wide tiles
+    assert (big.tile_m, big.tile_n, big.cluster_m) == (128, 256, 2)  # waves of wide tiles
+    assert big.split_k == 1 or big.split_tail  # only the last wave's tiles split (15.5 waves)
     assert choose_config(512, 4096, 4096, 132).tile_n == 128  # 32 clusters of wide tiles for 66 cluster slots
     small = choose_config(64, 4096, 4096, 132)
     assert (small.tile_m, small.consumers, small.cluster_m) == (64, 1, 1)  # no 128-row tile for 64 rows
@@ -257,7 +260,11 @@ def test_candidate_configs_fit_the_problem():
             assert cfg.tile_m < 256 or (m >= 2048 and cfg.tile_n == 128)  # 256 x 128 tiles for large M
             assert cfg.cluster_m == 1 or m > cfg.tile_m  # a cluster shares B between two tile rows
             tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
-            assert cfg.split_k == 1 or tiles < 132  # K is split only when the tiles leave SMs idle
+            slots = 132 // cfg.cluster_m * cfg.cluster_m
+            if cfg.split_tail:  # only a last wave that leaves SMs idle is split
+                assert tiles >= 132 and tiles % slots
+            else:
+                assert cfg.split_k == 1 or tiles < 132  # K is split only when the tiles leave SMs idle
             assert cfg.stages == max_stages(cfg.tile_m, cfg.tile_n) >= 4
 
 
@@ -483,6 +490,39 @@ def test_gemm_split_k_many_waves_on_gpu(m, n, k, split_k, cluster_m, dtype):
         out = torch.full((m, n), float("nan"), dtype=getattr(torch, {"bf16": "bfloat16", "f32": "float32"}[dtype]))
         out = out.cuda()
         gemm(a, w.t(), out, GemmConfig(tile_n=128, split_k=split_k, cluster_m=cluster_m))
+        torch.cuda.synchronize()
+        error = (out.double() - reference).norm() / reference.norm()
+        assert not torch.isnan(out).any() and error < 1e-2, error
+
+
+def test_split_plan_splits_only_the_last_wave():
+    tail = GemmConfig(split_k=3, split_tail=True)
+    assert split_plan(150, 66, tail) == (132, 132 + 18 * 3)  # 2 whole waves, the 18 tiles past them in 3 parts
+    assert split_plan(132, 66, tail) == (132, 132)  # full waves: nothing split
+    assert split_plan(50, 66, tail) == (0, 150)  # fewer tiles than CTAs: all split, as without split_tail
+    assert split_plan(150, 66, GemmConfig(split_k=3)) == (0, 450)
+    assert split_plan(150, 66, GemmConfig()) == (150, 150)
+    assert any(c.split_tail for c in candidate_configs(2048, 7168, 18432, 132))
+    assert not any(c.split_tail for c in candidate_configs(128, 4096, 4096, 132))  # fewer tiles than SMs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,split_k,cluster_m", [(2056, 2000, 1000, 3, 2), (1100, 2100, 520, 2, 1)])
+def test_gemm_split_tail_on_gpu(m, n, k, split_k, cluster_m):
+    """Whole tiles for the full waves, the last wave's tiles split in K (tails in M, N and K; 64-column tiles, so
+    several waves at these sizes), with bias + gelu, against float64; three calls (counters reset)."""
+    torch = pytest.importorskip("torch")
+    a = torch.randn(m, k, device="cuda").bfloat16()
+    w = torch.randn(n, k, device="cuda").bfloat16()
+    bias = torch.randn(n, device="cuda")
+    cfg = GemmConfig(tile_n=128, stages=max_stages(128, 128), cluster_m=cluster_m, split_k=split_k, split_tail=True)
+    reference = torch.nn.functional.gelu(a.double() @ w.double().t() + bias.double())
+    tiles = -(-m // (128 * cluster_m)) * -(-n // 128)
+    workers = torch.cuda.get_device_properties(0).multi_processor_count // cluster_m
+    assert tiles > workers and tiles % workers  # whole waves and a split last wave
+    for _ in range(3):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        gemm(a, w.t(), out, cfg, bias=bias, activation="gelu")
         torch.cuda.synchronize()
         error = (out.double() - reference).norm() / reference.norm()
         assert not torch.isnan(out).any() and error < 1e-2, error

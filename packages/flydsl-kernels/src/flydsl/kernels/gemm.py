@@ -33,6 +33,7 @@ from flydsl.kernels.gemm_config import (
     choose_config,
     estimated_seconds,
     max_stages,
+    split_plan,
     staging_bytes,
     staging_wait,
 )
@@ -147,16 +148,18 @@ def _store_tile(values, c, row0, col0, full: bool, lane, warp, n: int):
                     c[row, col + 1] = second
 
 
-def _work(sched, unit, split: int, k_tiles):
-    """(cluster tile row, tile column, first K step, end K step) of work unit ``unit``: a tile, or with ``split`` > 1
-    one of its ``split`` parts of the K steps."""
+def _work(sched, unit, split_from, split: int, k_tiles):
+    """(cluster tile row, tile column, first K step, end K step) of work unit ``unit``: a whole tile before
+    ``split_from``, from it on one of the ``split`` parts of a tile's K steps (gemm_config.split_plan)."""
     if fx.const_expr(split == 1):
         ctm, tn = sched.coords(unit)
         return ctm, tn, 0, k_tiles
-    ctm, tn = sched.coords(unit // split)
+    part = unit - split_from  # (negative for whole tiles: selected away)
+    is_part = unit >= split_from
+    ctm, tn = sched.coords(arith.select(is_part, split_from + part // split, unit))
     per_split = (k_tiles + (split - 1)) // split
-    k_begin = (unit % split) * per_split
-    k_end = arith.minimum(k_begin + per_split, k_tiles)
+    k_begin = arith.select(is_part, (part % split) * per_split, 0)
+    k_end = arith.select(is_part, arith.minimum(k_begin + per_split, k_tiles), k_tiles)
     return ctm, tn, k_begin, arith.maximum(k_end, k_begin)
 
 
@@ -349,7 +352,8 @@ def _split_k_last(accs, workspace, counters, arrivals, unit, cfg, rank, consumer
     """Split K with no waiting: every split of a tile writes its fp32 partial sums to its own slot, then counts
     itself on the tile's counter; the split that counts last, whichever finishes last, adds the other splits'
     partials to its own (acquired by its count) and resets the counter for the next launch. Returns (last, sums).
-    ``arrivals``: one shared Int32 per consumer, through which the counting thread tells its warpgroup."""
+    ``unit``: the K part's index among the split units (from 0); ``arrivals``: one shared Int32 per consumer,
+    through which the counting thread tells its warpgroup."""
     split = cfg.split_k
     per_unit = cfg.cluster_m * cfg.consumers
     slot = unit * per_unit + rank * cfg.consumers + consumer
@@ -484,7 +488,7 @@ def gemm_ws(
     tiles_n = ((n_extent + (cfg.tile_n - 1)) // cfg.tile_n).to(fx.Int32)
     cluster_tiles_m = (tiles_m + (cfg.cluster_m - 1)) // cfg.cluster_m
     sched = fx.TileScheduler(cluster_tiles_m, tiles_n, group_m=cfg.group_m, cluster_size=cfg.cluster_m)
-    units = sched.count if split == 1 else sched.count * split  # work units: tiles, or (tile, K part) pairs
+    split_from, units = split_plan(sched.count, sched.stride, cfg)  # work units: tiles, then (tile, K part) pairs
     worker = sched.first
     whole, sk_first, sk_segments, sk_begin = units, 0, 0, None
     if fx.const_expr(cfg.stream_k):
@@ -499,7 +503,7 @@ def gemm_ws(
             b.prefetch()
             state = pipe.producer_start()
             for unit in range(worker, whole, sched.stride):
-                ctm, tn, k_begin, k_end = _work(sched, unit, split, k_tiles)
+                ctm, tn, k_begin, k_end = _work(sched, unit, split_from, split, k_tiles)
                 tm = ctm * cfg.cluster_m + rank
                 state = _produce(pipe, state, a, b, a_tiles, b_tiles, cfg, majors, tm, tn, k_begin, k_end, rank)
             if fx.const_expr(cfg.stream_k):
@@ -527,7 +531,7 @@ def gemm_ws(
             first, stride = first + consumer * stride, 2 * stride
             turn = 1 - consumer  # consumer 0's first wait passes at once (parity 1 on a fresh barrier)
         for unit in range(first, whole, stride):
-            ctm, tn, k_begin, k_end = _work(sched, unit, split, k_tiles)
+            ctm, tn, k_begin, k_end = _work(sched, unit, split_from, split, k_tiles)
             tm = ctm * cfg.cluster_m + rank
             if fx.const_expr(pingpong):  # the other consumer has waited for all K steps of the unit before
                 order[consumer].wait(turn)
@@ -538,8 +542,12 @@ def gemm_ws(
             accs = _drain(pipe, released, accs, lane, peers, k_begin, k_end, split > 1)
             if fx.const_expr(split == 1):
                 _epilogue(accs, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, tma=tma)
-            else:  # the split of the tile that finishes last sums them all and stores C
-                last, sums = _split_k_last(accs, workspace, flags, arrivals, unit, cfg, rank, consumer, tid % 128)
+            else:  # a whole tile stores C; of a split tile, the part that finishes last sums them all and stores C
+                last, sums = fx.Boolean(True), accs
+                if unit >= split_from:
+                    last, sums = _split_k_last(
+                        accs, workspace, flags, arrivals, unit - split_from, cfg, rank, consumer, tid % 128
+                    )
                 if last:
                     _epilogue(sums, c, bias_or_none, activation, cfg, tm, tn, consumer, lane, warp, tma=tma)
             if fx.const_expr(pingpong):
@@ -751,17 +759,18 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     a_tile, a_major = _operand_tile(a, 0, cfg.tile_m, cfg.tile_k, "a")
     # Each CTA of a cluster loads its part of the B tile.
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
-    units = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n) * cfg.split_k
     workers = sms // cfg.cluster_m  # CTAs, or clusters; stream-K gives every one of them work
+    split_from, units = split_plan(-(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n), workers, cfg)
     grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster_m
     bias_arg = bias if bias is not None else out  # unread without a bias
     epilogue = (bias is not None, activation)
     c_store = _store_tile_of(out, cfg)
     if c_store is not None:
         epilogue = (*epilogue, "tma")
-    # Partial tiles (stream-K: one slot per CTA; split K: one per work unit of each CTA of a cluster).
+    # Partial tiles (stream-K: one slot per CTA; split K: one per K part of each CTA of a cluster).
     if cfg.stream_k or cfg.split_k > 1:
-        workspace, flags = _partials_scratch(a.device, (grid if cfg.stream_k else units * cfg.cluster_m), cfg)
+        slots = grid if cfg.stream_k else (units - split_from) * cfg.cluster_m
+        workspace, flags = _partials_scratch(a.device, slots, cfg)
     else:
         workspace, flags = out, out  # unread
     kernel = gemm_ws(

@@ -15,6 +15,7 @@ __all__ = [
     "estimated_seconds",
     "max_stages",
     "staging_bytes",
+    "split_plan",
     "staging_wait",
 ]
 
@@ -26,7 +27,9 @@ class GemmConfig:
     ``tile_m / consumers`` rows each) or "pingpong" (two consumers take every other tile whole: one's epilogue runs
     while the other's MMAs do; its accumulators, ``tile_m * tile_n / 128`` per thread, must stay <= 128).
     ``stream_k`` (cooperative, no split K): the tiles of the last waves are shared out by K steps, evenly over
-    the SMs, and finished from fp32 partials (see gemm.py's stream-K section)."""
+    the SMs, and finished from fp32 partials (see gemm.py's stream-K section). ``split_tail`` (with ``split_k``):
+    only the tiles past the last full wave are split into ``split_k`` K parts, so that a partial last wave of whole
+    tiles becomes a shorter wave of parts (:func:`split_plan`)."""
 
     tile_m: int = 128
     tile_n: int = 256
@@ -38,6 +41,7 @@ class GemmConfig:
     split_k: int = 1  # K split over this many CTAs per tile (fp32 partials, summed by the last): for few tiles
     schedule: str = "cooperative"
     stream_k: bool = False
+    split_tail: bool = False  # split K only in the tiles past the last full wave
 
     def __post_init__(self):
         if self.schedule not in ("cooperative", "pingpong"):
@@ -66,6 +70,8 @@ class GemmConfig:
             raise ValueError(f"{self}: split_k must be an int in 1..64")
         if self.stream_k and (self.split_k != 1 or self.schedule != "cooperative"):
             raise ValueError(f"{self}: stream_k takes the cooperative schedule and no split K")
+        if self.split_tail and self.split_k == 1:
+            raise ValueError(f"{self}: split_tail splits the last wave's tiles into split_k parts: set split_k > 1")
 
     @property
     def threads(self) -> int:
@@ -82,6 +88,17 @@ class GemmConfig:
 
 SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA
 STAGING_BOXES, STAGING_BOX = 2, (64, 64)  # per consumer warpgroup: the TMA-store epilogue's (rows, columns) boxes
+
+
+def split_plan(tiles, workers, cfg: GemmConfig):
+    """(the first work unit that is a K part, the count of work units) of ``tiles`` tiles over ``workers`` CTAs (or
+    clusters; ints, or the kernel's Int32 values: operators only). Units before the first part are whole tiles;
+    from it on, each remaining tile is ``cfg.split_k`` units, one per part of its K steps: every tile without
+    ``split_tail``, the tiles past the last full wave with it."""
+    if cfg.split_k == 1:
+        return tiles, tiles
+    split_from = tiles - tiles % workers if cfg.split_tail else 0
+    return split_from, split_from + (tiles - split_from) * cfg.split_k
 
 
 def staging_bytes(cfg: GemmConfig, element_bytes: int = 2) -> int:
@@ -118,7 +135,8 @@ def _stream_k_steps(m: int, n: int, k: int, tile_m: int, tile_n: int, cluster_m:
 def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
     """The configurations worth timing for an (m, n, k) problem: tile widths 64..256, 64-row tiles (one consumer)
     when M is that small, clusters only where there are two tile rows to share B, splits of K only where the tiles
-    alone leave SMs idle, stream-K where the last wave is not full (and each SM gets at least 4 of its K steps),
+    alone leave SMs idle, splits of the last wave's tiles only (``split_tail``) where there are more tiles than SMs
+    and the last wave is not full, stream-K there too (where each SM gets at least 4 of its K steps),
     pingpong 128 x 128 tiles where there are two per CTA, and 256 x 128 tiles (cuBLAS's shape on the H200 at
     2048x4096x4096) for M >= 2048. Each with the deepest pipeline that fits."""
     configs = []
@@ -135,6 +153,10 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
                     if split_k > 1 and (tiles * split_k > 2 * sms or tiles >= sms or k < split_k * 512):
                         continue
                     configs.append(GemmConfig(**shape, cluster_m=cluster_m, split_k=split_k))
+                tail = tiles % (sms // cluster_m * cluster_m)  # the last wave's tiles, when it is not full
+                for split_k in (2, 3, 4) if tiles >= sms and tail else ():
+                    if tail * split_k <= 2 * sms and k >= split_k * 512:
+                        configs.append(GemmConfig(**shape, cluster_m=cluster_m, split_k=split_k, split_tail=True))
                 if _stream_k_steps(m, n, k, tile_m, tile_n, cluster_m, sms) >= 4:
                     configs.append(GemmConfig(**shape, cluster_m=cluster_m, stream_k=True))
     if m > 64:  # pingpong consumers, whole 128 x 128 tiles each, where there are tiles for both
@@ -172,23 +194,28 @@ _SPLIT_K_FINISH_S = 3e-6
 
 def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> float:
     """The cost model's time for ``cfg`` on an (m, n, k) bf16/fp16 problem on ``sms`` SMs (see the comment above)."""
-    tiles_m = -(-m // cfg.tile_m)
-    units = tiles_m * -(-n // cfg.tile_n) * cfg.split_k
-    k_part = -(-k // cfg.tile_k) * cfg.tile_k / cfg.split_k
-    efficiency = _MMA_EFFICIENCY[min(cfg.tile_n, 256)] * (1.0 if cfg.consumers == 2 else 0.6)
-    compute = 2.0 * cfg.tile_m * cfg.tile_n * k_part / (_SM_TFLOPS * 1e12 * efficiency)
-    loads = (min(cfg.tile_m, m) + cfg.tile_n) * k_part * 2 / _SM_LOAD_BYTES_PER_S
-    unit = max(compute, loads) + _UNIT_COST_S
-    unique_bytes = 2.0 * (m * k + n * k + m * n)
+    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
     slots = sms // cfg.cluster_m * cfg.cluster_m
-    seconds, left = 0.0, units
-    while left > 0:
-        wave = min(left, slots)
-        seconds += max(unit, unique_bytes * wave / units / _HBM_BYTES_PER_S)
-        left -= wave
+    split_from, units = split_plan(tiles, slots, cfg)
+    k_steps = -(-k // cfg.tile_k) * cfg.tile_k
+    groups = ((split_from, k_steps), (units - split_from, k_steps / cfg.split_k))  # (units, K of each): whole, parts
+    efficiency = _MMA_EFFICIENCY[min(cfg.tile_n, 256)] * (1.0 if cfg.consumers == 2 else 0.6)
+    unique_bytes = 2.0 * (m * k + n * k + m * n)
+    seconds = 0.0
+    for count, k_part in groups:
+        compute = 2.0 * cfg.tile_m * cfg.tile_n * k_part / (_SM_TFLOPS * 1e12 * efficiency)
+        loads = (min(cfg.tile_m, m) + cfg.tile_n) * k_part * 2 / _SM_LOAD_BYTES_PER_S
+        unit = max(compute, loads) + _UNIT_COST_S
+        left = count
+        while left > 0:  # each wave at least its share of the unique bytes at HBM speed
+            wave = min(left, slots)
+            seconds += max(unit, unique_bytes * wave * k_part / (tiles * k_steps) / _HBM_BYTES_PER_S)
+            left -= wave
     if cfg.split_k > 1:
+        split_share = (tiles - split_from) / tiles  # of C's elements, written as fp32 partials and read back
         others = (cfg.split_k - 1) * min(cfg.tile_m, m) * cfg.tile_n * 4  # the last split's reads of a tile
-        seconds += 2.0 * cfg.split_k * m * n * 4 / _HBM_BYTES_PER_S + others / _SM_LOAD_BYTES_PER_S + _SPLIT_K_FINISH_S
+        seconds += 2.0 * cfg.split_k * m * n * 4 * split_share / _HBM_BYTES_PER_S
+        seconds += others / _SM_LOAD_BYTES_PER_S + _SPLIT_K_FINISH_S
     return seconds
 
 
