@@ -172,8 +172,9 @@ def test_gemm_config_and_boxes_are_checked():
 
 def test_choose_config_fills_the_sms():
     big = choose_config(8192, 8192, 8192, 132)
-    assert (big.tile_m, big.tile_n, big.cluster_m) == (128, 256, 2)  # waves of wide tiles
-    assert big.split_k == 1 or big.split_tail  # only the last wave's tiles split (15.5 waves)
+    assert (big.tile_m, big.tile_n, big.cluster_m, big.split_k) == (128, 256, 2, 1)  # waves of wide tiles
+    # The last wave split where it is a large part of the time (3.4 waves), not among 15.5 (the model's gain < 5%).
+    assert choose_config(2048, 7168, 18432, 132).split_tail and not big.split_tail
     assert choose_config(512, 4096, 4096, 132).tile_n == 128  # 32 clusters of wide tiles for 66 cluster slots
     small = choose_config(64, 4096, 4096, 132)
     assert (small.tile_m, small.consumers, small.cluster_m) == (64, 1, 1)  # no 128-row tile for 64 rows

@@ -219,11 +219,18 @@ def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> floa
     return seconds
 
 
+_SPLIT_TAIL_MARGIN = 1.05
+
+
 @functools.cache
 def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     """The configuration for an (m, n, k) problem on ``sms`` SMs: 64-row tiles (one consumer warpgroup) when M <= 64,
     2-CTA clusters whenever there are two tile rows to share B, and among the rest of :func:`candidate_configs`
-    (tile width, split of K) the one :func:`estimated_seconds` ranks fastest. Pingpong and stream-K configurations
+    (tile width, split of K) the one :func:`estimated_seconds` ranks fastest; a split of the last wave
+    (``split_tail``) only where the model has it at least :data:`_SPLIT_TAIL_MARGIN` faster than the best without it
+    (timed on the H200, benchmarks/results/gemm_sweep_2026-11-30_split_tail.json: where the model saw 8-10% the
+    split won 8-17%; where it saw under 2% (a partial wave among 13-54) the timings went either way by 0-2%).
+    Pingpong and stream-K configurations
     are left out: timed on the H200 (benchmarks/results/gemm_pingpong_2026-11-30.json, gemm_stream_k_2026-11-30.json)
     they beat this choice only by 1-5% on a few shapes and lose by up to 40% on others, and the cost model does not
     yet tell them apart (stream-K's workers read the same K steps of A and B at different times, so they miss L2)."""
@@ -236,4 +243,11 @@ def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
         and not cfg.stream_k
         and cfg.tile_m <= 128  # 256 x 128 tiles were no faster than 128 x 256 (gemm_tile256_2026-11-30.json)
     ]
-    return min(configs, key=lambda cfg: estimated_seconds(m, n, k, cfg, sms))
+    best = min(configs, key=lambda cfg: estimated_seconds(m, n, k, cfg, sms))
+    if best.split_tail:
+        whole = min(
+            (cfg for cfg in configs if not cfg.split_tail), key=lambda cfg: estimated_seconds(m, n, k, cfg, sms)
+        )
+        if estimated_seconds(m, n, k, whole, sms) < _SPLIT_TAIL_MARGIN * estimated_seconds(m, n, k, best, sms):
+            return whole
+    return best
