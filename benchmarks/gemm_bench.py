@@ -89,6 +89,7 @@ def _chosen(torch, m, n, k, weights_nk):
 def _describe(config) -> str:
     return (
         f"tile={config.tile_m}x{config.tile_n} stages={config.stages} cluster_m={config.cluster_m}"
+        f"{f' cluster_n={config.cluster_n}' if config.cluster_n > 1 else ''}"
         f" split_k={config.split_k}{' (tail)' if config.split_tail else ''}"
         f"{' pingpong' if config.schedule == 'pingpong' else ''}"
         f"{' stream_k' if config.stream_k else ''}"
@@ -110,7 +111,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--explore",
         action="store_true",
-        help="time every flydsl.kernels.gemm.candidate_configs entry of the sweep's shapes (to tune choose_config)",
+        help="time every flydsl.kernels.gemm.candidate_configs entry of the sweep's shapes (to tune choose_config),"
+        " after each shape's default choice",
     )
     parser.add_argument(
         "--variant",
@@ -118,6 +120,7 @@ def main(argv=None) -> int:
         help="--explore: only the candidates of this kind (cooperative: neither pingpong nor stream-K)",
     )
     parser.add_argument("--tile-m", type=int, help="--explore: only the candidates with this tile_m")
+    parser.add_argument("--cluster-n", type=int, help="--explore: only the candidates with this cluster_n")
     parser.add_argument(
         "--compare-tail",
         action="store_true",
@@ -158,10 +161,13 @@ def main(argv=None) -> int:
             for n, k in sweep_nk:
                 configs = candidate_configs(m, n, k, sms)
                 kinds = {c: "stream_k" if c.stream_k else c.schedule for c in configs}
+                cases.append((m, n, k, True, None))  # what gemm() chooses, in the same run
                 cases += [
                     (m, n, k, True, c)
                     for c in configs
-                    if args.variant in (None, kinds[c]) and args.tile_m in (None, c.tile_m)
+                    if args.variant in (None, kinds[c])
+                    and args.tile_m in (None, c.tile_m)
+                    and args.cluster_n in (None, c.cluster_n)
                 ]
     results = []
     print(f"{'M':>6} {'N':>6} {'K':>6}  {'flydsl TF/s':>11} {'cuBLAS TF/s':>11} {'ratio':>6}  {'err':>8}  config")

@@ -17,13 +17,16 @@ import torch
 from flydsl.kernels.gemm import GemmConfig, gemm, max_stages
 
 
-def _config(tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative", stream_k=False, split_tail=False):
+def _config(
+    tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative", stream_k=False, split_tail=False, cluster_n=1
+):
     return GemmConfig(
         tile_m=tile_m,
         tile_n=tile_n,
         stages=max_stages(tile_m, tile_n),
         consumers=2 if schedule == "pingpong" else min(2, tile_m // 64),
         cluster_m=cluster_m,
+        cluster_n=cluster_n,
         split_k=split_k,
         schedule=schedule,
         stream_k=stream_k,
@@ -39,6 +42,7 @@ CASES = [  # (m, n, k, config or None for gemm()'s own choice, bias, activation)
     (56, 392, 264, _config(64, 64, split_k=3), False, None),
     (520, 392, 1032, _config(128, 128, cluster_m=2, split_k=4), True, "relu"),
     (1100, 2100, 520, _config(128, 128, split_k=2, split_tail=True), False, None),  # 153 tiles: the last 21 split
+    (1000, 1800, 264, _config(256, 128, cluster_n=2), True, "silu"),  # clusters along N sharing A
     (56, 392, 264, _config(64, 256), True, "gelu"),
     (520, 392, 264, _config(128, 128, cluster_m=2, schedule="pingpong"), True, "silu"),
     (392, 264, 136, _config(128, 128, schedule="pingpong"), False, None),

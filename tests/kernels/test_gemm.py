@@ -161,6 +161,10 @@ def test_gemm_config_and_boxes_are_checked():
         GemmConfig(tile_m=64)
     with pytest.raises(ValueError, match="cluster_m must be 1, 2 or 4"):
         GemmConfig(cluster_m=3)
+    with pytest.raises(ValueError, match="cluster_n must be 1, 2 or 4 and split tile_m into 64-row parts"):
+        GemmConfig(tile_m=64, consumers=1, cluster_m=1, cluster_n=2)
+    with pytest.raises(ValueError, match="along M .cluster_m. or along N .cluster_n., not both"):
+        GemmConfig(tile_m=256, tile_n=128, cluster_m=2, cluster_n=2)
     with pytest.raises(ValueError, match="split_tail splits the last wave's tiles into split_k parts"):
         GemmConfig(split_tail=True)
     with pytest.raises(ValueError, match="split_k must be an int in 1..64"):
@@ -205,6 +209,36 @@ def test_tile_shapes_compile(tile_m, tile_n, consumers, cluster_m):
     assert f".reqntid {cfg.threads}, 1, 1" in compiled.ptx
     assert cfg.stages * cfg.stage_bytes() <= compiled.shared_bytes["gemm_ws"] <= 227 * 1024
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+@pytest.mark.parametrize("a_major", ["K", "MN"])
+@pytest.mark.parametrize("tile_m,cluster_n", [(256, 2), (128, 2), (256, 4)])
+def test_cluster_along_n_compiles(a_major, tile_m, cluster_n):
+    """Clusters along N: the CTAs share the A tile (each loads tile_m / cluster_n rows of it, multicast to all) and
+    take consecutive tile columns; B is loaded whole, without multicast."""
+    cfg = GemmConfig(tile_m=tile_m, tile_n=128, stages=max_stages(tile_m, 128), cluster_m=1, cluster_n=cluster_n)
+    assert cfg.cluster == cluster_n
+    m, n, k = 1000, 776, 520
+    a_spec = flyc.TensorSpec((m, k) if a_major == "K" else (k, m), "bf16")
+    a_box = (tile_m // cluster_n, 64) if a_major == "K" else (64, 64)
+    b_spec = flyc.TensorSpec((n, k), "bf16")
+    compiled = _lower(
+        fx.TmaTile(a_spec, a_box), fx.TmaTile(b_spec, (128, 64)), flyc.TensorSpec((m, n), "bf16"), cfg, (a_major, "K")
+    )
+    ptx = compiled.ptx
+    assert f".reqnctapercluster {cluster_n}, 1, 1" in ptx
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global[^;]*;", ptx)
+    multicast = [load for load in loads if ".multicast::cluster" in load]
+    assert multicast and len(multicast) < len(loads)  # A's parts multicast, B's tile loaded alone
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+    with pytest.raises(ValueError, match="expected TMA boxes"):  # the whole A tile per CTA: the wrong box
+        _lower(
+            fx.TmaTile(a_spec, (tile_m, 64) if a_major == "K" else (64, 64)),
+            fx.TmaTile(b_spec, (64, 64)),
+            flyc.TensorSpec((m, n), "bf16"),
+            cfg,
+            (a_major, "K"),
+        )
 
 
 @pytest.mark.parametrize("cluster_m", [1, 2])
@@ -329,6 +363,31 @@ def test_gemm_tile_shapes_on_gpu(a_major, b_major, tile_m, tile_n, cluster_m, sp
         consumers=min(2, tile_m // 64),
         cluster_m=cluster_m,
         split_k=split_k,
+    )
+    a = _operand(torch, m, k, torch.bfloat16, a_major)
+    b = _operand(torch, k, n, torch.bfloat16, "MN" if b_major == "K" else "K")
+    _gemm_checked(torch, a, b, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_major,b_major", [("K", "K"), ("MN", "MN")])
+@pytest.mark.parametrize(
+    "tile_m,cluster_n,split_k,split_tail",
+    [(256, 2, 1, False), (128, 2, 1, False), (256, 4, 1, False), (256, 2, 2, True), (256, 2, 3, False)],
+)
+def test_gemm_cluster_along_n_on_gpu(a_major, b_major, tile_m, cluster_n, split_k, split_tail):
+    """Clusters along N sharing A (15 tile columns: the last cluster's last CTA has none), on tails in M, N and K,
+    with split K and split tails (5000 x 1800: 20 x 8 clusters of 256 x 128 tiles, 2.4 waves of 66)."""
+    torch = pytest.importorskip("torch")
+    m, n, k = (5000, 1800, 264) if split_tail else (1000, 1800, 1032)
+    cfg = GemmConfig(
+        tile_m=tile_m,
+        tile_n=128,
+        stages=max_stages(tile_m, 128),
+        cluster_m=1,
+        cluster_n=cluster_n,
+        split_k=split_k,
+        split_tail=split_tail,
     )
     a = _operand(torch, m, k, torch.bfloat16, a_major)
     b = _operand(torch, k, n, torch.bfloat16, "MN" if b_major == "K" else "K")

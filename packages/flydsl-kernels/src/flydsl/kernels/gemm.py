@@ -73,10 +73,12 @@ def operand_layout(rows: int, tile_k: int, stages: int, major: str, element_byte
 
 def _load_operand(desc, tiles, stage, mn0, k0, barrier, rows: int, tile_k: int, major: str, part=0, parts: int = 1):
     """The TMA loads of part ``part`` of ``parts`` (along MN) of one operand's (rows, tile_k) tile at (mn0, k0) into
-    slot ``stage``; with several parts, each is multicast to the ``parts`` CTAs of the cluster."""
+    slot ``stage``; with several parts, each is multicast to the ``parts`` CTAs of the cluster (one part: the whole
+    tile, ``part`` ignored)."""
     row = _SWIZZLE // desc.element_bytes
     slot = tiles[None, None, stage]
     mask = None if parts == 1 else (1 << parts) - 1
+    part = part if parts > 1 else 0
     part_rows = rows // parts
     if major == "K":  # one box of (part_rows, 64) per 64 columns of K
         for kb in fx.range_constexpr(tile_k // row):
@@ -148,8 +150,16 @@ def _store_tile(values, c, row0, col0, full: bool, lane, warp, n: int):
                     c[row, col + 1] = second
 
 
+def _cta_tile(ctm, ctn, rank, cfg):
+    """This CTA's (tile row, tile column) in cluster tile (ctm, ctn): its cluster's CTAs take consecutive rows
+    (``cluster_m``) or columns (``cluster_n``), in rank order."""
+    tm = ctm * cfg.cluster_m + rank if cfg.cluster_m > 1 else ctm
+    tn = ctn * cfg.cluster_n + rank if cfg.cluster_n > 1 else ctn
+    return tm, tn
+
+
 def _work(sched, unit, split_from, split: int, k_tiles):
-    """(cluster tile row, tile column, first K step, end K step) of work unit ``unit``: a whole tile before
+    """(cluster tile row, cluster tile column, first K step, end K step) of work unit ``unit``: a whole tile before
     ``split_from``, from it on one of the ``split`` parts of a tile's K steps (gemm_config.split_plan)."""
     if fx.const_expr(split == 1):
         ctm, tn = sched.coords(unit)
@@ -180,16 +190,15 @@ def split_k_reduce(partials: fx.Tensor, out: fx.Tensor, bias: fx.Tensor, splits:
 
 def _produce(pipe, state, a, b, a_tiles, b_tiles, cfg, majors, tm, tn, k_begin, k_end, rank):
     """The producer thread's TMA loads of one work unit: K steps [k_begin, k_end) of tile (tm, tn); with a cluster,
-    this CTA's part of each B tile, multicast to the cluster."""
+    this CTA's part of each shared tile (B's along M, A's along N), multicast to the cluster."""
     a_major, b_major = majors
     for kt in range(k_begin, k_end):
         pipe.producer_acquire(state)
         bar = pipe.full[state.index]
         k0 = kt * cfg.tile_k
-        _load_operand(a, a_tiles, state.index, tm * cfg.tile_m, k0, bar, cfg.tile_m, cfg.tile_k, a_major)
-        _load_operand(
-            b, b_tiles, state.index, tn * cfg.tile_n, k0, bar, cfg.tile_n, cfg.tile_k, b_major, rank, cfg.cluster_m
-        )
+        a_at, b_at = tm * cfg.tile_m, tn * cfg.tile_n
+        _load_operand(a, a_tiles, state.index, a_at, k0, bar, cfg.tile_m, cfg.tile_k, a_major, rank, cfg.cluster_n)
+        _load_operand(b, b_tiles, state.index, b_at, k0, bar, cfg.tile_n, cfg.tile_k, b_major, rank, cfg.cluster_m)
         state = state.advance()
     return state
 
@@ -355,7 +364,7 @@ def _split_k_last(accs, workspace, counters, arrivals, unit, cfg, rank, consumer
     ``unit``: the K part's index among the split units (from 0); ``arrivals``: one shared Int32 per consumer,
     through which the counting thread tells its warpgroup."""
     split = cfg.split_k
-    per_unit = cfg.cluster_m * cfg.consumers
+    per_unit = cfg.cluster * cfg.consumers
     slot = unit * per_unit + rank * cfg.consumers + consumer
     _write_partials(accs, workspace, slot, cfg, consumer, t)
     counter = (unit // split) * per_unit + rank * cfg.consumers + consumer
@@ -402,7 +411,7 @@ def _add_partials(accs, workspace, flags, cfg, worker, begin, tile, k_tiles, ran
     j = worker + 1
     while begin(j) < end_of_tile:  # begin(workers) is the last step's end: the loop stops by then
         if begin(j) < begin(j + 1):
-            slot = (j * cfg.cluster_m + rank) * cfg.consumers + consumer
+            slot = (j * cfg.cluster + rank) * cfg.consumers + consumer
             _await_partial(flags, slot, t)
             nvvm.barrier(1 + consumer, 128)  # the warpgroup reads after the acquire
             accs = _plus_partial(accs, workspace, slot, cfg, t)
@@ -434,7 +443,7 @@ def gemm_ws(
     flag per consumer warpgroup of the grid; with ``cfg.split_k > 1`` one slot per consumer warpgroup of each CTA of
     each work unit and one counter per tile's (any tensors, unread, otherwise)."""
     # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
-    flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster_m)
+    flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster)
     a_major, b_major = majors
     has_bias, activation, *store = epilogue
     bias_or_none = bias if has_bias else None
@@ -442,7 +451,7 @@ def gemm_ws(
     element_bytes = a.element_bytes
     row = _SWIZZLE // element_bytes
     for name, desc, rows, major, parts in (
-        ("a", a, cfg.tile_m, a_major, 1),
+        ("a", a, cfg.tile_m, a_major, cfg.cluster_n),
         ("b", b, cfg.tile_n, b_major, cfg.cluster_m),
     ):
         box = (rows // parts, row) if major == "K" else (cfg.tile_k, row)
@@ -457,10 +466,10 @@ def gemm_ws(
             raise ValueError("gemm_ws c_store: expected C's descriptor in boxes of (64, 64)")
         tma = (c_store, c_store.allocate(smem, STAGING_BOXES * cfg.consumers))
     # A slot is freed by one arrival per warp of the consumers that read it (pingpong: one; cooperative: all) in
-    # every CTA of the cluster (B parts land in all of them).
+    # every CTA of the cluster (the multicast parts land in all of them).
     pingpong = cfg.schedule == "pingpong"
     draining = 1 if pingpong else cfg.consumers
-    pipe = fx.TmaPipeline(smem, cfg.stages, cfg.stage_bytes(element_bytes), consumers=4 * draining * cfg.cluster_m)
+    pipe = fx.TmaPipeline(smem, cfg.stages, cfg.stage_bytes(element_bytes), consumers=4 * draining * cfg.cluster)
     if fx.const_expr(pingpong):
         # Pingpong consumers take turns at their units' K steps (CUTLASS's math order barrier): order[c] completes
         # when the other consumer has waited for every K step of its unit. Without it, a consumer a whole unit of
@@ -471,13 +480,13 @@ def gemm_ws(
             for turn_of in fx.range_constexpr(2):
                 order[turn_of].init(128)  # every thread of the consumer warpgroup that finished its K steps
     arrivals = smem.allocate(fx.Int32, cfg.consumers) if cfg.split_k > 1 else None  # see _split_k_last
-    pipe.init(sync=cfg.cluster_m == 1)  # its fence and block/cluster sync cover the order barriers' init too
+    pipe.init(sync=cfg.cluster == 1)  # its fence and block/cluster sync cover the order barriers' init too
     rank = 0
     peers = None
-    if fx.const_expr(cfg.cluster_m > 1):
+    if fx.const_expr(cfg.cluster > 1):
         fx.cluster.sync()  # every CTA's barriers are initialized before any multicast or remote arrival
         rank = fx.cluster.block_rank()
-        peers = list(range(cfg.cluster_m))
+        peers = list(range(cfg.cluster))
 
     split = cfg.split_k
     m_extent = c.shape[0].to(fx.Int32)
@@ -487,7 +496,8 @@ def gemm_ws(
     tiles_m = ((m_extent + (cfg.tile_m - 1)) // cfg.tile_m).to(fx.Int32)
     tiles_n = ((n_extent + (cfg.tile_n - 1)) // cfg.tile_n).to(fx.Int32)
     cluster_tiles_m = (tiles_m + (cfg.cluster_m - 1)) // cfg.cluster_m
-    sched = fx.TileScheduler(cluster_tiles_m, tiles_n, group_m=cfg.group_m, cluster_size=cfg.cluster_m)
+    cluster_tiles_n = (tiles_n + (cfg.cluster_n - 1)) // cfg.cluster_n
+    sched = fx.TileScheduler(cluster_tiles_m, cluster_tiles_n, group_m=cfg.group_m, cluster_size=cfg.cluster)
     split_from, units = split_plan(sched.count, sched.stride, cfg)  # work units: tiles, then (tile, K part) pairs
     worker = sched.first
     whole, sk_first, sk_segments, sk_begin = units, 0, 0, None
@@ -503,14 +513,13 @@ def gemm_ws(
             b.prefetch()
             state = pipe.producer_start()
             for unit in range(worker, whole, sched.stride):
-                ctm, tn, k_begin, k_end = _work(sched, unit, split_from, split, k_tiles)
-                tm = ctm * cfg.cluster_m + rank
+                ctm, ctn, k_begin, k_end = _work(sched, unit, split_from, split, k_tiles)
+                tm, tn = _cta_tile(ctm, ctn, rank, cfg)
                 state = _produce(pipe, state, a, b, a_tiles, b_tiles, cfg, majors, tm, tn, k_begin, k_end, rank)
             if fx.const_expr(cfg.stream_k):
                 for segment in range(sk_segments):  # (names apart from the loop above: each loop has its own)
                     tile, kb, ke = _stream_k_segment(sk_first, segment, sk_begin, worker, k_tiles)
-                    sk_ctm, sk_tn = sched.coords(whole + tile)
-                    sk_tm = sk_ctm * cfg.cluster_m + rank
+                    sk_tm, sk_tn = _cta_tile(*sched.coords(whole + tile), rank, cfg)
                     state = _produce(pipe, state, a, b, a_tiles, b_tiles, cfg, majors, sk_tm, sk_tn, kb, ke, rank)
     else:
         nvvm.setmaxnreg(_CONSUMER_REGISTERS, increase=True)
@@ -531,8 +540,8 @@ def gemm_ws(
             first, stride = first + consumer * stride, 2 * stride
             turn = 1 - consumer  # consumer 0's first wait passes at once (parity 1 on a fresh barrier)
         for unit in range(first, whole, stride):
-            ctm, tn, k_begin, k_end = _work(sched, unit, split_from, split, k_tiles)
-            tm = ctm * cfg.cluster_m + rank
+            ctm, ctn, k_begin, k_end = _work(sched, unit, split_from, split, k_tiles)
+            tm, tn = _cta_tile(ctm, ctn, rank, cfg)
             if fx.const_expr(pingpong):  # the other consumer has waited for all K steps of the unit before
                 order[consumer].wait(turn)
                 turn = turn ^ 1
@@ -557,8 +566,7 @@ def gemm_ws(
             slot = gpu.block_idx.x.to(fx.Int32) * cfg.consumers + consumer
             for segment in range(sk_segments):  # (names apart from the loop above: each loop has its own)
                 tile, kb, ke = _stream_k_segment(sk_first, segment, sk_begin, worker, k_tiles)
-                sk_ctm, sk_tn = sched.coords(whole + tile)
-                sk_tm = sk_ctm * cfg.cluster_m + rank
+                sk_tm, sk_tn = _cta_tile(*sched.coords(whole + tile), rank, cfg)
                 state, sk_released, sk_accs = _mainloop(
                     pipe, state, mma, a_tiles, b_tiles, kb, ke, consumer, lane, peers
                 )
@@ -574,7 +582,7 @@ def gemm_ws(
         if fx.const_expr(by_tma):
             if tid % 128 == 0:
                 fx.tma.wait_group(0)  # this consumer's last TMA stores have written C
-    if fx.const_expr(cfg.cluster_m > 1):
+    if fx.const_expr(cfg.cluster > 1):
         fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
 
 
@@ -756,12 +764,13 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     sms = sm_count(a.get_device())
     cfg = config or choose_config(m, n, k, sms)
     a, b = _tma_ready(a), _tma_ready(b)
-    a_tile, a_major = _operand_tile(a, 0, cfg.tile_m, cfg.tile_k, "a")
-    # Each CTA of a cluster loads its part of the B tile.
+    # Each CTA of a cluster loads its part of the shared tile (B's along M, A's along N).
+    a_tile, a_major = _operand_tile(a, 0, cfg.tile_m // cfg.cluster_n, cfg.tile_k, "a")
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
-    workers = sms // cfg.cluster_m  # CTAs, or clusters; stream-K gives every one of them work
-    split_from, units = split_plan(-(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n), workers, cfg)
-    grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster_m
+    workers = sms // cfg.cluster  # CTAs, or clusters; stream-K gives every one of them work
+    tiles = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // (cfg.tile_n * cfg.cluster_n))
+    split_from, units = split_plan(tiles, workers, cfg)
+    grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster
     bias_arg = bias if bias is not None else out  # unread without a bias
     epilogue = (bias is not None, activation)
     c_store = _store_tile_of(out, cfg)
@@ -769,7 +778,7 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
         epilogue = (*epilogue, "tma")
     # Partial tiles (stream-K: one slot per CTA; split K: one per K part of each CTA of a cluster).
     if cfg.stream_k or cfg.split_k > 1:
-        slots = grid if cfg.stream_k else (units - split_from) * cfg.cluster_m
+        slots = grid if cfg.stream_k else (units - split_from) * cfg.cluster
         workspace, flags = _partials_scratch(a.device, slots, cfg)
     else:
         workspace, flags = out, out  # unread

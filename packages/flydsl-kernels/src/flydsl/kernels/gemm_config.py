@@ -38,6 +38,7 @@ class GemmConfig:
     consumers: int = 2
     group_m: int = 8
     cluster_m: int = 2  # CTAs along M sharing each B tile: each loads 1/cluster_m of it, multicast to all
+    cluster_n: int = 1  # or CTAs along N sharing each A tile (the larger operand of 256 x 128 tiles); not both
     split_k: int = 1  # K split over this many CTAs per tile (fp32 partials, summed by the last): for few tiles
     schedule: str = "cooperative"
     stream_k: bool = False
@@ -66,12 +67,21 @@ class GemmConfig:
             )
         if self.cluster_m not in (1, 2, 4) or self.tile_n % (64 * self.cluster_m):
             raise ValueError(f"{self}: cluster_m must be 1, 2 or 4 and split tile_n into 64-column parts")
+        if self.cluster_n not in (1, 2, 4) or self.tile_m % (64 * self.cluster_n):
+            raise ValueError(f"{self}: cluster_n must be 1, 2 or 4 and split tile_m into 64-row parts")
+        if self.cluster_m > 1 and self.cluster_n > 1:
+            raise ValueError(f"{self}: a cluster runs along M (cluster_m) or along N (cluster_n), not both")
         if not isinstance(self.split_k, int) or not 1 <= self.split_k <= 64:
             raise ValueError(f"{self}: split_k must be an int in 1..64")
         if self.stream_k and (self.split_k != 1 or self.schedule != "cooperative"):
             raise ValueError(f"{self}: stream_k takes the cooperative schedule and no split K")
         if self.split_tail and self.split_k == 1:
             raise ValueError(f"{self}: split_tail splits the last wave's tiles into split_k parts: set split_k > 1")
+
+    @property
+    def cluster(self) -> int:
+        """The CTAs of a cluster (along M or along N)."""
+        return self.cluster_m * self.cluster_n
 
     @property
     def threads(self) -> int:
@@ -121,11 +131,11 @@ def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 
     return min(8, (SMEM_BYTES - 1024 - staging) // ((tile_m + tile_n) * tile_k * element_bytes))
 
 
-def _stream_k_steps(m: int, n: int, k: int, tile_m: int, tile_n: int, cluster_m: int, sms: int) -> float:
-    """The K steps each worker (CTA, or cluster) gets under stream-K (gemm.py's _stream_k_plan): 0 where the waves
-    of tiles are full (stream-K then takes nothing)."""
-    units = -(-m // (tile_m * cluster_m)) * -(-n // tile_n)
-    workers = sms // cluster_m
+def _stream_k_steps(m: int, n: int, k: int, tile_m: int, tile_n: int, cluster: tuple[int, int], sms: int) -> float:
+    """The K steps each worker (CTA, or cluster of ``cluster`` = (along M, along N) CTAs) gets under stream-K
+    (gemm.py's _stream_k_plan): 0 where the waves of tiles are full (stream-K then takes nothing)."""
+    units = -(-m // (tile_m * cluster[0])) * -(-n // (tile_n * cluster[1]))
+    workers = sms // (cluster[0] * cluster[1])
     if units % workers == 0:
         return 0.0
     whole = max(units // workers - 1, 0) * workers
@@ -138,27 +148,32 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
     alone leave SMs idle, splits of the last wave's tiles only (``split_tail``) where there are more tiles than SMs
     and the last wave is not full, stream-K there too (where each SM gets at least 4 of its K steps),
     pingpong 128 x 128 tiles where there are two per CTA, and 256 x 128 tiles (cuBLAS's shape on the H200 at
-    2048x4096x4096) for M >= 2048. Each with the deepest pipeline that fits."""
+    2048x4096x4096) for M >= 2048, alone, in clusters along M or in clusters along N sharing their A tile (as
+    cuBLAS's). Each with the deepest pipeline that fits."""
     configs = []
     for tile_m, consumers in ((256, 2), (128, 2), (64, 1)):
         if (tile_m == 64 and m > 64) or (tile_m == 256 and m < 2048):
             continue
         for tile_n in (256, 192, 128, 64) if tile_m < 256 else (128,):  # 256 rows: 128 x 128 per consumer at most
             tiles = -(-m // tile_m) * -(-n // tile_n)
-            for cluster_m in (1, 2):
+            for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2)):
                 if cluster_m == 2 and (-(-m // tile_m) < 2 or tile_n % 128):
                     continue
+                if cluster_n == 2 and (tile_m < 256 or -(-n // tile_n) < 2):  # A shared only where it is larger
+                    continue
                 shape = dict(tile_m=tile_m, tile_n=tile_n, stages=max_stages(tile_m, tile_n), consumers=consumers)
+                shape.update(cluster_m=cluster_m, cluster_n=cluster_n)
                 for split_k in (1, 2, 3, 4, 6, 8):
                     if split_k > 1 and (tiles * split_k > 2 * sms or tiles >= sms or k < split_k * 512):
                         continue
-                    configs.append(GemmConfig(**shape, cluster_m=cluster_m, split_k=split_k))
-                tail = tiles % (sms // cluster_m * cluster_m)  # the last wave's tiles, when it is not full
+                    configs.append(GemmConfig(**shape, split_k=split_k))
+                cluster = cluster_m * cluster_n
+                tail = tiles % (sms // cluster * cluster)  # the last wave's tiles, when it is not full
                 for split_k in (2, 3, 4) if tiles >= sms and tail else ():
                     if tail * split_k <= 2 * sms and k >= split_k * 512:
-                        configs.append(GemmConfig(**shape, cluster_m=cluster_m, split_k=split_k, split_tail=True))
-                if _stream_k_steps(m, n, k, tile_m, tile_n, cluster_m, sms) >= 4:
-                    configs.append(GemmConfig(**shape, cluster_m=cluster_m, stream_k=True))
+                        configs.append(GemmConfig(**shape, split_k=split_k, split_tail=True))
+                if _stream_k_steps(m, n, k, tile_m, tile_n, (cluster_m, cluster_n), sms) >= 4:
+                    configs.append(GemmConfig(**shape, stream_k=True))
     if m > 64:  # pingpong consumers, whole 128 x 128 tiles each, where there are tiles for both
         for cluster_m in (1, 2) if m > 128 else (1,):
             if -(-m // 128) * -(-n // 128) >= 2 * sms // cluster_m:
@@ -195,7 +210,7 @@ _SPLIT_K_FINISH_S = 3e-6
 def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> float:
     """The cost model's time for ``cfg`` on an (m, n, k) bf16/fp16 problem on ``sms`` SMs (see the comment above)."""
     tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
-    slots = sms // cfg.cluster_m * cfg.cluster_m
+    slots = sms // cfg.cluster * cfg.cluster
     split_from, units = split_plan(tiles, slots, cfg)
     k_steps = -(-k // cfg.tile_k) * cfg.tile_k
     groups = ((split_from, k_steps), (units - split_from, k_steps / cfg.split_k))  # (units, K of each): whole, parts
