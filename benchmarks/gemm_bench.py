@@ -86,6 +86,32 @@ def _chosen(torch, m, n, k, weights_nk):
     return choose_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
 
 
+def _config_fields(text: str) -> dict:
+    """``KEY=VALUE,...`` -> a dict of GemmConfig fields (ints, booleans as true/false, or strings)."""
+    fields = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"--config: expected KEY=VALUE,..., got {text!r}")
+        lowered = value.lower()
+        fields[key.strip()] = (
+            int(value)
+            if value.lstrip("-").isdigit()
+            else (lowered == "true") if lowered in ("true", "false") else value
+        )
+    return fields
+
+
+def _config(config_class, max_stages, fields: dict):
+    """The GemmConfig of ``fields``, with the deepest pipeline that fits where ``stages`` is not given."""
+    fields = dict(fields)
+    if "stages" not in fields:
+        defaults = config_class()
+        tile_m, tile_n = fields.get("tile_m", defaults.tile_m), fields.get("tile_n", defaults.tile_n)
+        fields["stages"] = max_stages(tile_m, tile_n, fields.get("tile_k", defaults.tile_k))
+    return config_class(**fields)
+
+
 def _describe(config) -> str:
     return (
         f"tile={config.tile_m}x{config.tile_n} stages={config.stages} cluster_m={config.cluster_m}"
@@ -103,7 +129,12 @@ def main(argv=None) -> int:
     parser.add_argument("--nk", nargs="*", help="restrict the sweep's (N, K) pairs, written NxK (e.g. 1536x7168)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--cluster-m", type=int, nargs="*", help="also time the square shapes with these GemmConfig.cluster_m values"
+        "--config",
+        action="append",
+        type=_config_fields,
+        help="also time the square shapes (with --sweep, the sweep's too) with this GemmConfig, written as its"
+        " fields KEY=VALUE,... (e.g. tile_m=256,tile_n=128,cluster_m=1,cluster_n=2; stages default to the deepest"
+        " that fits); repeatable",
     )
     parser.add_argument(
         "--split-k", type=int, nargs="*", help="also time the sweep's shapes with M <= 512 with these split_k values"
@@ -134,13 +165,13 @@ def main(argv=None) -> int:
     import torch
     from triton.testing import do_bench
 
-    from flydsl.kernels.gemm import GemmConfig, candidate_configs, choose_config
+    from flydsl.kernels.gemm import GemmConfig, candidate_configs, choose_config, max_stages
 
-    cases = [(m, n, k, False, None) for m, n, k in SQUARE]
-    for cluster_m in args.cluster_m or ():
-        cases += [(m, n, k, False, GemmConfig(cluster_m=cluster_m)) for m, n, k in SQUARE]
+    configs = [_config(GemmConfig, max_stages, fields) for fields in args.config or ()]
+    cases = [(m, n, k, False, config) for m, n, k in SQUARE for config in [None, *configs]]
     if args.sweep:
         cases += [(m, n, k, True, None) for m in (args.m or SWEEP_M) for n, k in sweep_nk]
+        cases += [(m, n, k, True, config) for m in (args.m or SWEEP_M) for n, k in sweep_nk for config in configs]
         for split_k in args.split_k or ():
             cases += [
                 (m, n, k, True, GemmConfig(split_k=split_k))
