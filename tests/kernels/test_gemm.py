@@ -283,6 +283,8 @@ def test_pingpong_configs_are_checked():
         GemmConfig(schedule="stream")
     with pytest.raises(ValueError, match="stream_k takes the cooperative schedule and no split K"):
         GemmConfig(split_k=2, stream_k=True)
+    with pytest.raises(ValueError, match="stream_k takes clusters of at most 2 CTAs"):
+        GemmConfig(tile_n=256, cluster_m=4, stream_k=True)
     assert GemmConfig(tile_m=64, tile_n=256, cluster_m=1, schedule="pingpong").consumer_rows == 64
 
 

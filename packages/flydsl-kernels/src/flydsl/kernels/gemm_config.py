@@ -75,6 +75,11 @@ class GemmConfig:
             raise ValueError(f"{self}: split_k must be an int in 1..64")
         if self.stream_k and (self.split_k != 1 or self.schedule != "cooperative"):
             raise ValueError(f"{self}: stream_k takes the cooperative schedule and no split K")
+        if self.stream_k and self.cluster > 2:  # its finishers spin on other workers: all must be resident
+            raise ValueError(
+                f"{self}: stream_k takes clusters of at most 2 CTAs (its finishers wait for other clusters, and not"
+                " every 4-CTA cluster of a full grid is resident at once)"
+            )
         if self.split_tail and self.split_k == 1:
             raise ValueError(f"{self}: split_tail splits the last wave's tiles into split_k parts: set split_k > 1")
 
