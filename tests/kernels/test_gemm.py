@@ -568,6 +568,19 @@ def test_split_plan_splits_only_the_last_wave():
     assert not any(c.split_tail for c in candidate_configs(128, 4096, 4096, 132))  # fewer tiles than SMs
 
 
+def test_cost_model_plans_the_kernels_units(monkeypatch):
+    """estimated_seconds plans split tails as gemm() and the kernel do: over cluster tiles and clusters (3 tile rows
+    in 2-CTA clusters run as 2 cluster rows, a row of CTAs past C's edge included)."""
+    import flydsl.kernels.gemm_config as gemm_config
+
+    calls = []
+    real = gemm_config.split_plan
+    monkeypatch.setattr(gemm_config, "split_plan", lambda *args: calls.append(args[:2]) or real(*args))
+    cfg = GemmConfig(tile_n=128, stages=6, cluster_m=2, split_k=3, split_tail=True)
+    gemm_config.estimated_seconds(384, 14336, 7168, cfg, 132)
+    assert calls == [(2 * 112, 66)]  # ceil(3 / 2) cluster rows x 112 tile columns, over 66 clusters
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,split_k,cluster_m", [(2056, 2000, 1000, 3, 2), (1100, 2100, 520, 2, 1)])
 def test_gemm_split_tail_on_gpu(m, n, k, split_k, cluster_m):

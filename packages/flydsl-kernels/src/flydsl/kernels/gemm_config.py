@@ -172,8 +172,8 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
                     if split_k > 1 and (tiles * split_k > 2 * sms or tiles >= sms or k < split_k * 512):
                         continue
                     configs.append(GemmConfig(**shape, split_k=split_k))
-                cluster = cluster_m * cluster_n
-                tail = tiles % (sms // cluster * cluster)  # the last wave's tiles, when it is not full
+                cluster = cluster_m * cluster_n  # the last wave's tiles (as the kernel plans: cluster tiles)
+                tail = (-(-m // (tile_m * cluster_m)) * -(-n // (tile_n * cluster_n)) % (sms // cluster)) * cluster
                 for split_k in (2, 3, 4) if tiles >= sms and tail else ():
                     if tail * split_k <= 2 * sms and k >= split_k * 512:
                         configs.append(GemmConfig(**shape, split_k=split_k, split_tail=True))
@@ -192,7 +192,8 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
 # shapes with M in {64, 128, 512, 2048} (benchmarks/results/gemm_explore_2026-11-30.json: its picks are within 2% of
 # the fastest candidate on 39 of the 40 shapes). A work unit (a tile, or one K part of it) costs the longer of its
 # tensor-core time and its operand bytes at one SM's load rate, plus a fixed cost; a wave of units costs at least
-# the wave's share of the problem's unique bytes at HBM speed; split K adds its fp32 partials' round trip and the
+# the wave's share of the problem's unique bytes at HBM speed (waves as the kernel plans them, over cluster tiles:
+# a cluster's CTAs past C's edge hold SMs too); split K adds its fp32 partials' round trip and the
 # finish of each tile: the split that counts last reads the others' partials at one SM's load rate, after a fixed
 # cost (fitted to benchmarks/results/gemm_explore_split_2026-11-30.json, the in-kernel split's candidates at
 # M = 64/128/512: its picks are within 2.2% of the fastest candidate on all 15 shapes, against 8.6% before).
@@ -214,9 +215,13 @@ _SPLIT_K_FINISH_S = 3e-6
 
 def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> float:
     """The cost model's time for ``cfg`` on an (m, n, k) bf16/fp16 problem on ``sms`` SMs (see the comment above)."""
-    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
+    tiles_m, tiles_n = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
+    tiles = tiles_m * tiles_n
     slots = sms // cfg.cluster * cfg.cluster
-    split_from, units = split_plan(tiles, slots, cfg)
+    # The kernel's plan, over cluster tiles and clusters, counted in CTAs (a cluster's CTAs past C's edge included:
+    # they hold SMs too).
+    cluster_tiles = -(-tiles_m // cfg.cluster_m) * -(-tiles_n // cfg.cluster_n)
+    split_from, units = (cfg.cluster * x for x in split_plan(cluster_tiles, sms // cfg.cluster, cfg))
     k_steps = -(-k // cfg.tile_k) * cfg.tile_k
     groups = ((split_from, k_steps), (units - split_from, k_steps / cfg.split_k))  # (units, K of each): whole, parts
     efficiency = _MMA_EFFICIENCY[min(cfg.tile_n, 256)] * (1.0 if cfg.consumers == 2 else 0.6)
