@@ -102,14 +102,16 @@ def _config_fields(text: str) -> dict:
     return fields
 
 
-def _config(config_class, max_stages, fields: dict):
+def _config(fields: dict):
     """The GemmConfig of ``fields``, with the deepest pipeline that fits where ``stages`` is not given."""
+    from flydsl.kernels.gemm_config import GemmConfig, max_stages
+
     fields = dict(fields)
     if "stages" not in fields:
-        defaults = config_class()
+        defaults = GemmConfig()
         tile_m, tile_n = fields.get("tile_m", defaults.tile_m), fields.get("tile_n", defaults.tile_n)
         fields["stages"] = max_stages(tile_m, tile_n, fields.get("tile_k", defaults.tile_k))
-    return config_class(**fields)
+    return GemmConfig(**fields)
 
 
 def _describe(config) -> str:
@@ -165,9 +167,9 @@ def main(argv=None) -> int:
     import torch
     from triton.testing import do_bench
 
-    from flydsl.kernels.gemm import GemmConfig, candidate_configs, choose_config, max_stages
+    from flydsl.kernels.gemm import GemmConfig, candidate_configs, choose_config
 
-    configs = [_config(GemmConfig, max_stages, fields) for fields in args.config or ()]
+    configs = [_config(fields) for fields in args.config or ()]
     cases = [(m, n, k, False, config) for m, n, k in SQUARE for config in [None, *configs]]
     if args.sweep:
         cases += [(m, n, k, True, None) for m in (args.m or SWEEP_M) for n, k in sweep_nk]

@@ -50,12 +50,12 @@ def test_gemm_bench_config_option_builds_gemm_configs(monkeypatch):
 
     import gemm_bench
 
-    from flydsl.kernels.gemm import GemmConfig, max_stages
+    from flydsl.kernels.gemm import max_stages
 
     fields = gemm_bench._config_fields("tile_m=256,tile_n=128,cluster_m=1,cluster_n=2,split_tail=false")
     assert fields == {"tile_m": 256, "tile_n": 128, "cluster_m": 1, "cluster_n": 2, "split_tail": False}
-    cfg = gemm_bench._config(GemmConfig, max_stages, fields)
+    cfg = gemm_bench._config(fields)
     assert (cfg.tile_m, cfg.tile_n, cfg.cluster, cfg.stages) == (256, 128, 2, max_stages(256, 128))
-    assert gemm_bench._config(GemmConfig, max_stages, {"stages": 3}).stages == 3  # given stages are kept
+    assert gemm_bench._config({"stages": 3}).stages == 3  # given stages are kept
     with pytest.raises(argparse.ArgumentTypeError, match="expected KEY=VALUE"):
         gemm_bench._config_fields("tile_m")

@@ -31,6 +31,7 @@ from flydsl.kernels.gemm_config import (
     GemmConfig,
     candidate_configs,
     choose_config,
+    cluster_tiles,
     estimated_seconds,
     max_stages,
     split_plan,
@@ -768,8 +769,7 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     a_tile, a_major = _operand_tile(a, 0, cfg.tile_m // cfg.cluster_n, cfg.tile_k, "a")
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
     workers = sms // cfg.cluster  # CTAs, or clusters; stream-K gives every one of them work
-    tiles = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // (cfg.tile_n * cfg.cluster_n))
-    split_from, units = split_plan(tiles, workers, cfg)
+    split_from, units = split_plan(cluster_tiles(m, n, cfg), workers, cfg)
     grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster
     bias_arg = bias if bias is not None else out  # unread without a bias
     epilogue = (bias is not None, activation)

@@ -12,6 +12,7 @@ __all__ = [
     "GemmConfig",
     "candidate_configs",
     "choose_config",
+    "cluster_tiles",
     "estimated_seconds",
     "max_stages",
     "staging_bytes",
@@ -136,11 +137,17 @@ def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 
     return min(8, (SMEM_BYTES - 1024 - staging) // ((tile_m + tile_n) * tile_k * element_bytes))
 
 
-def _stream_k_steps(m: int, n: int, k: int, tile_m: int, tile_n: int, cluster: tuple[int, int], sms: int) -> float:
-    """The K steps each worker (CTA, or cluster of ``cluster`` = (along M, along N) CTAs) gets under stream-K
-    (gemm.py's _stream_k_plan): 0 where the waves of tiles are full (stream-K then takes nothing)."""
-    units = -(-m // (tile_m * cluster[0])) * -(-n // (tile_n * cluster[1]))
-    workers = sms // (cluster[0] * cluster[1])
+def cluster_tiles(m: int, n: int, cfg: GemmConfig) -> int:
+    """The whole-tile work units the kernel's TileScheduler walks for an (m, n) output: cluster tiles (one per
+    cluster of CTAs, one per CTA without a cluster)."""
+    return -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // (cfg.tile_n * cfg.cluster_n))
+
+
+def _stream_k_steps(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> float:
+    """The K steps each worker (CTA, or cluster) gets under stream-K (gemm.py's _stream_k_plan): 0 where the waves
+    of tiles are full (stream-K then takes nothing)."""
+    units = cluster_tiles(m, n, cfg)
+    workers = sms // cfg.cluster
     if units % workers == 0:
         return 0.0
     whole = max(units // workers - 1, 0) * workers
@@ -168,16 +175,17 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
                     continue
                 shape = dict(tile_m=tile_m, tile_n=tile_n, stages=max_stages(tile_m, tile_n), consumers=consumers)
                 shape.update(cluster_m=cluster_m, cluster_n=cluster_n)
+                whole = GemmConfig(**shape)
                 for split_k in (1, 2, 3, 4, 6, 8):
                     if split_k > 1 and (tiles * split_k > 2 * sms or tiles >= sms or k < split_k * 512):
                         continue
                     configs.append(GemmConfig(**shape, split_k=split_k))
-                cluster = cluster_m * cluster_n  # the last wave's tiles (as the kernel plans: cluster tiles)
-                tail = (-(-m // (tile_m * cluster_m)) * -(-n // (tile_n * cluster_n)) % (sms // cluster)) * cluster
+                # the last wave's tiles, as the kernel plans them (cluster tiles), in CTAs
+                tail = cluster_tiles(m, n, whole) % (sms // whole.cluster) * whole.cluster
                 for split_k in (2, 3, 4) if tiles >= sms and tail else ():
                     if tail * split_k <= 2 * sms and k >= split_k * 512:
                         configs.append(GemmConfig(**shape, split_k=split_k, split_tail=True))
-                if _stream_k_steps(m, n, k, tile_m, tile_n, (cluster_m, cluster_n), sms) >= 4:
+                if _stream_k_steps(m, n, k, whole, sms) >= 4:
                     configs.append(GemmConfig(**shape, stream_k=True))
     if m > 64:  # pingpong consumers, whole 128 x 128 tiles each, where there are tiles for both
         for cluster_m in (1, 2) if m > 128 else (1,):
@@ -215,13 +223,11 @@ _SPLIT_K_FINISH_S = 3e-6
 
 def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> float:
     """The cost model's time for ``cfg`` on an (m, n, k) bf16/fp16 problem on ``sms`` SMs (see the comment above)."""
-    tiles_m, tiles_n = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
-    tiles = tiles_m * tiles_n
+    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
     slots = sms // cfg.cluster * cfg.cluster
     # The kernel's plan, over cluster tiles and clusters, counted in CTAs (a cluster's CTAs past C's edge included:
     # they hold SMs too).
-    cluster_tiles = -(-tiles_m // cfg.cluster_m) * -(-tiles_n // cfg.cluster_n)
-    split_from, units = (cfg.cluster * x for x in split_plan(cluster_tiles, sms // cfg.cluster, cfg))
+    split_from, units = (cfg.cluster * x for x in split_plan(cluster_tiles(m, n, cfg), sms // cfg.cluster, cfg))
     k_steps = -(-k // cfg.tile_k) * cfg.tile_k
     groups = ((split_from, k_steps), (units - split_from, k_steps / cfg.split_k))  # (units, K of each): whole, parts
     efficiency = _MMA_EFFICIENCY[min(cfg.tile_n, 256)] * (1.0 if cfg.consumers == 2 else 0.6)
