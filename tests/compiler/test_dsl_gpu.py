@@ -188,3 +188,19 @@ def test_vector_add_example_handles_tails_through_the_buffer_range(n):
     example.add(a, b, c)
     torch.cuda.synchronize()
     assert torch.equal(c, a + b)
+
+
+def test_warp_reduce_of_a_tuple_finds_each_warps_argmax():
+    from .test_dsl_kernel import warp_argmax
+
+    warps = 64
+    x = torch.randn(warps * 32, device="cuda")
+    x[5] = x[7] = x[:32].max() + 1  # a tie: the lower index wins
+    best = torch.full((warps,), float("nan"), device="cuda")
+    where = torch.full((warps,), -1, device="cuda", dtype=torch.int32)
+    warp_argmax(x, best, where).launch(grid=warps, block=32)
+    torch.cuda.synchronize()
+    values, indices = x.view(warps, 32).max(1)
+    torch.testing.assert_close(best, values, rtol=0, atol=0)
+    assert where[0].item() == 5
+    torch.testing.assert_close(where.long(), indices + torch.arange(warps, device="cuda") * 32)

@@ -165,3 +165,33 @@ def test_the_default_stream_of_array_interface_tensors_is_the_one_they_name():
     on_stream.__cuda_array_interface__["stream"] = 0x1234
     assert _default_stream([describe_tensor(on_stream, "x")]) == 0x1234
     assert _default_stream([describe_tensor(FakeGpuTensor((4,)), "x")]) == 0
+
+
+def _argmax(a, b):
+    """(value, index) pairs: the larger value, the lower index among equal ones."""
+    take = (b[0] > a[0]) | ((b[0] == a[0]) & (b[1] < a[1]))
+    return [fx.arith.select(take, b[0], a[0]), fx.arith.select(take, b[1], a[1])]
+
+
+@flyc.kernel
+def warp_argmax(x: fx.Tensor, best: fx.Tensor, where: fx.Tensor):
+    lane = gpu.lane_id()
+    i = gpu.block_idx.x * 32 + lane
+    value, index = gpu.warp_reduce((x[i], i), _argmax)
+    if lane == 0:
+        best[gpu.block_idx.x] = value
+        where[gpu.block_idx.x] = index
+
+
+def test_warp_reduce_of_a_tuple_shuffles_each_value_and_combines_them_jointly():
+    spec = flyc.TensorSpec((64,), "f32")
+    ptx = warp_argmax.lower(spec, flyc.TensorSpec((2,), "f32"), flyc.TensorSpec((2,), "i32")).ptx
+    assert ptx.count("shfl.sync.bfly.b32") == 2 * 5  # both values at each of the 5 butterfly steps
+
+    with pytest.raises(TypeError, match="combine function of two tuples"):
+
+        @flyc.kernel
+        def tuple_with_a_named_op(x: fx.Tensor):
+            gpu.warp_reduce((x[0], x[1]), "add")
+
+        tuple_with_a_named_op.lower(spec)

@@ -142,15 +142,21 @@ def _combiner(op):
         raise ValueError(f"op: expected a function or one of {sorted(_COMBINERS)}, got {op!r}") from None
 
 
-def warp_reduce(value, op="add", width: int = WARP_SIZE) -> Numeric:
-    """Butterfly reduction over ``width`` lanes (a power of two); every lane gets the result."""
+def warp_reduce(value, op="add", width: int = WARP_SIZE):
+    """Butterfly reduction over ``width`` lanes (a power of two); every lane gets the result. ``value`` may be a
+    tuple of values reduced as one element: ``op`` is then a function of two such tuples returning their combination
+    (e.g. ``(count, mean, M2)`` merged by Chan's update, or softmax's ``(max, sum)``), and a tuple is returned."""
     if width & (width - 1) or not 1 <= width <= WARP_SIZE:
         raise ValueError(f"width: expected a power of two in 1..32, got {width}")
     combine = _combiner(op)
-    value = as_numeric(value)
+    joint = isinstance(value, (tuple, list))
+    if joint and not callable(op):
+        raise TypeError(f"warp_reduce of a tuple: expected a combine function of two tuples as op, got {op!r}")
+    value = tuple(as_numeric(v) for v in value) if joint else as_numeric(value)
     offset = width // 2
     while offset >= 1:
-        value = combine(value, shuffle_xor(value, offset, width))
+        other = tuple(shuffle_xor(v, offset, width) for v in value) if joint else shuffle_xor(value, offset, width)
+        value = tuple(combine(value, other)) if joint else combine(value, other)
         offset //= 2
     return value
 
