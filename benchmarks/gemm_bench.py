@@ -110,7 +110,8 @@ def _config(fields: dict):
     if "stages" not in fields:
         defaults = GemmConfig()
         tile_m, tile_n = fields.get("tile_m", defaults.tile_m), fields.get("tile_n", defaults.tile_n)
-        fields["stages"] = max_stages(tile_m, tile_n, fields.get("tile_k", defaults.tile_k))
+        boxes = fields.get("store_boxes", defaults.store_boxes)
+        fields["stages"] = max_stages(tile_m, tile_n, fields.get("tile_k", defaults.tile_k), store_boxes=boxes)
     return GemmConfig(**fields)
 
 
@@ -121,6 +122,7 @@ def _describe(config) -> str:
         f" split_k={config.split_k}{' (tail)' if config.split_tail else ''}"
         f"{' pingpong' if config.schedule == 'pingpong' else ''}"
         f"{' stream_k' if config.stream_k else ''}"
+        f"{f' store_boxes={config.store_boxes}' if config.store_boxes != 2 else ''}"
     )
 
 

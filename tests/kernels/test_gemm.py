@@ -4,6 +4,7 @@ output poisoned, odd shapes (tails in M, N, K), both majors of each operand, bf1
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -22,7 +23,7 @@ from flydsl.kernels.gemm import (
     split_k_reduce,
     staging_bytes,
 )
-from flydsl.kernels.gemm_config import STAGING_BOXES, split_plan, staging_wait
+from flydsl.kernels.gemm_config import split_plan, staging_wait
 
 CFG = GemmConfig()
 NONE = (False, None)  # the epilogue: no bias, no activation
@@ -96,20 +97,20 @@ def test_tma_store_epilogue_compiles(epilogue):
 
 
 def test_staging_boxes_are_read_before_they_are_rewritten():
-    """The TMA-store epilogue's wait before each part rewrites its staging box (part p: box p % STAGING_BOXES)
+    """The TMA-store epilogue's wait before each part rewrites its staging box (part p: box p % boxes, one or two boxes)
     leaves pending only stores of other boxes, over blocks stored one after another (tiles of a CTA, the 64-row
     blocks of a consumer), and no fewer than it may. An odd part count (tile_n 64 or 192) reuses the last part's
     box for the next block's first part: that store is the latest group, so the wait must be for none."""
-    for parts in range(1, 6):
+    for boxes, parts in itertools.product((1, 2), range(1, 6)):
         stores = []  # the box of every bulk group committed so far, oldest first
         for _ in range(3):  # blocks
             for part in range(parts):
-                box = part % STAGING_BOXES
-                wait = staging_wait(part, parts)
+                box = part % boxes
+                wait = staging_wait(part, parts, boxes)
                 still_reading = stores[max(0, len(stores) - wait) :] if wait else []  # after the wait
-                assert box not in still_reading, (parts, part)
-                if wait < STAGING_BOXES - 1 and len(stores) > wait:
-                    assert stores[-wait - 1] == box, (parts, part)  # waiting for one store fewer would race
+                assert box not in still_reading, (boxes, parts, part)
+                if wait < boxes - 1 and len(stores) > wait:
+                    assert stores[-wait - 1] == box, (boxes, parts, part)  # waiting for one store fewer would race
                 stores.append(box)
 
 
@@ -169,6 +170,10 @@ def test_gemm_config_and_boxes_are_checked():
         GemmConfig(split_tail=True)
     with pytest.raises(ValueError, match="split_k must be an int in 1..64"):
         GemmConfig(split_k=0)
+    with pytest.raises(ValueError, match="parts of a multiple of 32 columns"):
+        GemmConfig(tile_n=192, cluster_m=4)  # 48-column parts
+    with pytest.raises(ValueError, match="store_boxes must be 1 or 2"):
+        GemmConfig(store_boxes=3)
     spec = flyc.TensorSpec((512, 512), "bf16")
     with pytest.raises(ValueError, match=r"gemm_ws b: expected TMA boxes of \(128, 64\)"):
         _lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, CFG)
@@ -677,3 +682,40 @@ def test_bench_cli_times_the_gemm_on_gpu(capsys):
     assert bench.main(["gemm", "--m", "16,200", "--n", "264", "--k", "128", "--reps", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:3] == ["M", "N", "K"] and [line.split()[0] for line in lines[2:]] == ["16", "200"]
+
+
+def test_b_parts_of_96_columns_multicast_from_a_k_major_b():
+    """128 x 192 tiles in clusters along M (cuBLAS's choice at 2048 x 1536 x 7168): each CTA loads 96 rows of a
+    K-major B box and multicasts them; one staging box per consumer leaves room for a fifth stage. An MN-major B
+    (64-column TMA boxes) cannot be cut into 96-column parts: refused when traced, naming the operand."""
+    assert (max_stages(128, 192), max_stages(128, 192, store_boxes=1)) == (4, 5)
+    cfg = GemmConfig(tile_n=192, stages=5, cluster_m=2, store_boxes=1)
+    m, n, k = 1000, 776, 520
+    a_spec, c = flyc.TensorSpec((m, k), "bf16"), flyc.TensorSpec((m, n), "bf16")
+    a_tile, c_tile = fx.TmaTile(a_spec, (128, 64)), fx.TmaTile(c, (64, 64))
+    b_tile = fx.TmaTile(flyc.TensorSpec((n, k), "bf16"), (96, 64))
+    compiled = _lower(a_tile, b_tile, c, cfg, epilogue=(False, None, "tma"), c_store=c_tile)
+    assert compiled.shared_bytes["gemm_ws"] >= 5 * cfg.stage_bytes() + staging_bytes(cfg)
+    ptx = compiled.ptx
+    assert "multicast::cluster" in ptx and "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16" in ptx
+    # one box per consumer: every part's store waits until the box's previous store has read it
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx)) == 3 * cfg.consumer_rows // 64
+    b_mn = fx.TmaTile(flyc.TensorSpec((k, n), "bf16"), (64, 64))
+    with pytest.raises(ValueError, match="gemm_ws b: MN-major parts of 96 rows"):
+        _lower(a_tile, b_mn, c, cfg, ("K", "MN"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile_n,cluster_m,store_boxes", [(192, 2, 1), (192, 2, 2), (256, 2, 1), (64, 2, 1)])
+@pytest.mark.parametrize("m,n,k", [(1000, 776, 520), (2056, 1560, 1032)])
+def test_gemm_b_parts_and_one_store_box_on_gpu(tile_n, cluster_m, store_boxes, m, n, k):
+    """Clusters along M whose B parts are 96 or 32 columns (K-major B, as nn.Linear weights), and one staging box
+    per consumer (a deeper pipeline), on tails in M, N and K; an MN-major B is refused before launch."""
+    torch = pytest.importorskip("torch")
+    stages = max_stages(128, tile_n, store_boxes=store_boxes)
+    cfg = GemmConfig(tile_n=tile_n, stages=stages, cluster_m=cluster_m, store_boxes=store_boxes)
+    a = _operand(torch, m, k, torch.bfloat16, "K")
+    _gemm_checked(torch, a, _operand(torch, k, n, torch.bfloat16, "MN"), cfg)
+    if (tile_n // cluster_m) % 64:
+        with pytest.raises(ValueError, match="b is MN-major"):
+            gemm(a, _operand(torch, k, n, torch.bfloat16, "K"), config=cfg)

@@ -27,7 +27,6 @@ from flydsl.expr import arith, gpu, nvvm, vector, wgmma
 from flydsl.kernels.gemm_config import (
     SMEM_BYTES,
     STAGING_BOX,
-    STAGING_BOXES,
     GemmConfig,
     candidate_configs,
     choose_config,
@@ -246,7 +245,7 @@ def _drain(pipe, released, accs, lane, peers, k_begin, k_end, maybe_empty: bool)
 
 def _epilogue(accs, c, bias, activation, cfg, tm, tn, consumer, lane, warp, tma=None):
     """Stores a consumer's accumulators of tile (tm, tn) into C through the epilogue: from registers, bounds-checked
-    only where the tile crosses C's edge, or with ``tma`` (C's descriptor and this consumer's two staging boxes)
+    only where the tile crosses C's edge, or with ``tma`` (C's descriptor and the consumers' staging boxes)
     through shared memory and TMA stores."""
     rows = cfg.consumer_rows
     row0 = tm * cfg.tile_m + (0 if cfg.schedule == "pingpong" else consumer * rows)
@@ -256,7 +255,7 @@ def _epilogue(accs, c, bias, activation, cfg, tm, tn, consumer, lane, warp, tma=
         r0 = row0 + 64 * mi
         values = _finished_tile(accs[mi], c, bias, activation, col0, lane, cfg.tile_n)
         if fx.const_expr(tma is not None):
-            _store_tile_tma(values, c, *tma, r0, col0, consumer, lane, warp, cfg.tile_n)
+            _store_tile_tma(values, c, *tma, cfg.store_boxes, r0, col0, consumer, lane, warp, cfg.tile_n)
         else:
             if inside:
                 _store_tile(values, c, r0, col0, True, lane, warp, cfg.tile_n)
@@ -267,20 +266,22 @@ def _epilogue(accs, c, bias, activation, cfg, tm, tn, consumer, lane, warp, tma=
 # The TMA-store epilogue: all CTAs reach their epilogues together, and 132 CTAs storing 64 KB tiles from registers
 # wait for HBM (ncu on the H200: 76% tensor-pipe activity at 2048x4096x4096 against cuBLAS's 88%). Written into
 # shared memory instead, a tile leaves through TMA while the consumers go on with the next tile's MMAs; TMA also
-# clips the tile at C's edges. Each consumer stages 64 x 64 parts in two 128B-swizzled boxes, alternately.
+# clips the tile at C's edges. Each consumer stages 64 x 64 parts in two 128B-swizzled boxes, alternately (or in one,
+# each part waiting for the previous part's store to have read it: cfg.store_boxes = 1 leaves 16 KB more for stages).
 _STAGING_COLUMNS = STAGING_BOX[1]
 
 
-def _store_tile_tma(values, c, c_store, staging, row0, col0, consumer, lane, warp, n: int):
+def _store_tile_tma(values, c, c_store, staging, boxes: int, row0, col0, consumer, lane, warp, n: int):
     """Stores this thread's finished 16-bit values of one 64 x n block (:func:`_finished_tile`) at (row0, col0)
-    through the staging boxes: per 64-column part, ``stmatrix`` (4 x4 per warp: its 16 rows x 8-column blocks) into
-    a box whose previous TMA store has read it, a proxy fence and the warpgroup's barrier, then one thread's TMA
-    store (its bulk group)."""
+    through the consumer's ``boxes`` staging boxes: per 64-column part, ``stmatrix`` (4 x4 per warp: its 16 rows x
+    8-column blocks) into a box whose previous TMA store has read it, a proxy fence and the warpgroup's barrier,
+    then one thread's TMA store (its bulk group)."""
     t = lane + 32 * warp
     for part in fx.range_constexpr(n // _STAGING_COLUMNS):
-        box = staging[None, None, STAGING_BOXES * consumer + part % STAGING_BOXES]
+        box = staging[None, None, boxes * consumer + part % boxes]
+        wait = staging_wait(part, n // _STAGING_COLUMNS, boxes)
         if t == 0:
-            fx.tma.wait_group(staging_wait(part, n // _STAGING_COLUMNS), read=True)  # its last store read the box
+            fx.tma.wait_group(wait, read=True)  # the box's last store has read it
         nvvm.barrier(1 + consumer, 128)
         for q in fx.range_constexpr(_STAGING_COLUMNS // 16):  # column blocks 2q and 2q + 1, each in two row halves
             matrices = [(2 * q + i // 2, i % 2) for i in range(4)]  # (8-column block, row half) of matrix i
@@ -456,6 +457,8 @@ def gemm_ws(
         ("b", b, cfg.tile_n, b_major, cfg.cluster_m),
     ):
         box = (rows // parts, row) if major == "K" else (cfg.tile_k, row)
+        if major != "K" and (rows // parts) % row:
+            raise ValueError(f"gemm_ws {name}: MN-major parts of {rows // parts} rows; expected multiples of {row}")
         if desc.box != box or desc.swizzle != _SWIZZLE:
             raise ValueError(f"gemm_ws {name}: expected TMA boxes of {box} with a 128B swizzle, got {desc.box}")
     smem = fx.SmemAllocator()
@@ -465,7 +468,7 @@ def gemm_ws(
     if fx.const_expr(by_tma):
         if c_store.box != STAGING_BOX or c_store.dtype is not c.dtype:
             raise ValueError("gemm_ws c_store: expected C's descriptor in boxes of (64, 64)")
-        tma = (c_store, c_store.allocate(smem, STAGING_BOXES * cfg.consumers))
+        tma = (c_store, c_store.allocate(smem, cfg.store_boxes * cfg.consumers))
     # A slot is freed by one arrival per warp of the consumers that read it (pingpong: one; cooperative: all) in
     # every CTA of the cluster (the multicast parts land in all of them).
     pingpong = cfg.schedule == "pingpong"
@@ -768,6 +771,12 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     # Each CTA of a cluster loads its part of the shared tile (B's along M, A's along N).
     a_tile, a_major = _operand_tile(a, 0, cfg.tile_m // cfg.cluster_n, cfg.tile_k, "a")
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
+    if b_major != "K" and (cfg.tile_n // cfg.cluster_m) % 64:
+        raise ValueError(
+            f"gemm config: {cfg} has each CTA of a cluster load {cfg.tile_n // cfg.cluster_m} columns of B, but b is"
+            " MN-major (row-major (K, N)), whose parts must be multiples of 64 columns: use cluster_m=1, or b"
+            " K-major (e.g. an nn.Linear weight w as w.t())"
+        )
     workers = sms // cfg.cluster  # CTAs, or clusters; stream-K gives every one of them work
     split_from, units = split_plan(cluster_tiles(m, n, cfg), workers, cfg)
     grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster

@@ -44,6 +44,7 @@ class GemmConfig:
     schedule: str = "cooperative"
     stream_k: bool = False
     split_tail: bool = False  # split K only in the tiles past the last full wave
+    store_boxes: int = 2  # the TMA-store epilogue's staging boxes per consumer: 1 leaves room for a deeper pipeline
 
     def __post_init__(self):
         if self.schedule not in ("cooperative", "pingpong"):
@@ -66,8 +67,11 @@ class GemmConfig:
                 f"{self}: tile_m must split into {self.consumers} consumer warpgroups of 64-row blocks; tile_n a"
                 " multiple of 64 up to 256; tile_k a multiple of 64 (one 128-byte swizzled row of bf16)"
             )
-        if self.cluster_m not in (1, 2, 4) or self.tile_n % (64 * self.cluster_m):
-            raise ValueError(f"{self}: cluster_m must be 1, 2 or 4 and split tile_n into 64-column parts")
+        if self.cluster_m not in (1, 2, 4) or self.tile_n % (64 if self.cluster_m == 1 else 32 * self.cluster_m):
+            raise ValueError(
+                f"{self}: cluster_m must be 1, 2 or 4 and split tile_n into parts of a multiple of 32 columns (a"
+                " multiple of 64 for B given MN-major, checked at launch)"
+            )
         if self.cluster_n not in (1, 2, 4) or self.tile_m % (64 * self.cluster_n):
             raise ValueError(f"{self}: cluster_n must be 1, 2 or 4 and split tile_m into 64-row parts")
         if self.cluster_m > 1 and self.cluster_n > 1:
@@ -81,6 +85,8 @@ class GemmConfig:
                 f"{self}: stream_k takes clusters of at most 2 CTAs (its finishers wait for other clusters, and not"
                 " every 4-CTA cluster of a full grid is resident at once)"
             )
+        if self.store_boxes not in (1, 2):
+            raise ValueError(f"{self}: store_boxes must be 1 or 2")
         if self.split_tail and self.split_k == 1:
             raise ValueError(f"{self}: split_tail splits the last wave's tiles into split_k parts: set split_k > 1")
 
@@ -103,7 +109,7 @@ class GemmConfig:
 
 
 SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA
-STAGING_BOXES, STAGING_BOX = 2, (64, 64)  # per consumer warpgroup: the TMA-store epilogue's (rows, columns) boxes
+STAGING_BOX = (64, 64)  # the TMA-store epilogue's (rows, columns) boxes, GemmConfig.store_boxes per consumer
 
 
 def split_plan(tiles, workers, cfg: GemmConfig):
@@ -119,21 +125,23 @@ def split_plan(tiles, workers, cfg: GemmConfig):
 
 def staging_bytes(cfg: GemmConfig, element_bytes: int = 2) -> int:
     """Shared memory the TMA-store epilogue's staging boxes take (gemm.py's _store_tile_tma)."""
-    return cfg.consumers * STAGING_BOXES * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
+    return cfg.consumers * cfg.store_boxes * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
 
 
-def staging_wait(part: int, parts: int) -> int:
+def staging_wait(part: int, parts: int, boxes: int = 2) -> int:
     """The bulk groups that may still be pending when part ``part`` of a block of ``parts`` 64-column parts, which
     the TMA-store epilogue stores one block after another (gemm.py's _store_tile_tma: part ``p`` through box ``p %
-    STAGING_BOXES``), rewrites its box: the groups committed since that box's last store, at most STAGING_BOXES - 1.
-    With an odd count, part 0's box was the previous block's last one, whose store is the latest group: 0."""
-    return min(STAGING_BOXES - 1, (parts - 1 - part) % STAGING_BOXES + part)  # (no loops: traced in the kernel)
+    boxes``), rewrites its box: the groups committed since that box's last store, at most ``boxes - 1`` (one box:
+    none). With two boxes and an odd count, part 0's box was the previous block's last one, whose store is the
+    latest group: 0."""
+    return min(boxes - 1, (parts - 1 - part) % boxes + part)  # (no loops: traced in the kernel)
 
 
-def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2) -> int:
-    """The deepest pipeline whose slots fit in shared memory beside the TMA-store epilogue's staging boxes (one or
-    two consumer warpgroups: ``tile_m`` 64 or more) and 1 KB for barriers and alignment; at most 8."""
-    staging = min(2, tile_m // 64) * STAGING_BOXES * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
+def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2, store_boxes: int = 2) -> int:
+    """The deepest pipeline whose slots fit in shared memory beside the TMA-store epilogue's ``store_boxes`` staging
+    boxes per consumer (one or two consumer warpgroups: ``tile_m`` 64 or more) and 1 KB for barriers and alignment;
+    at most 8."""
+    staging = min(2, tile_m // 64) * store_boxes * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
     return min(8, (SMEM_BYTES - 1024 - staging) // ((tile_m + tile_n) * tile_k * element_bytes))
 
 
