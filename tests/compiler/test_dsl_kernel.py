@@ -195,3 +195,22 @@ def test_warp_reduce_of_a_tuple_shuffles_each_value_and_combines_them_jointly():
             gpu.warp_reduce((x[0], x[1]), "add")
 
         tuple_with_a_named_op.lower(spec)
+
+
+@flyc.kernel
+def scaled_sums(x: fx.Tensor, y: fx.Tensor, contract: fx.Constexpr[bool]):
+    i = gpu.thread_idx.x
+    v = x[i]
+    with fx.fp_contract(contract):
+        y[i] = v * v + 1.0
+    y[i + 64] = v * 3.0 + v
+
+
+def test_float_products_and_sums_fuse_into_fma_unless_fp_contract_is_off():
+    """Float + - * carry ``contract`` (nvcc's --fmad=true default): a product feeding a sum becomes one fma.
+    Inside ``fx.fp_contract(False)`` each is rounded on its own (PTX ``.rn`` forbids ptxas to fuse them)."""
+    spec = flyc.TensorSpec((128,), "f32")
+    fused = scaled_sums.lower(spec, spec, True).ptx
+    assert fused.count("fma.rn.f32") == 2 and "mul.rn.f32" not in fused
+    apart = scaled_sums.lower(spec, spec, False).ptx
+    assert apart.count("fma.rn.f32") == 1 and apart.count("mul.rn.f32") == 1 and apart.count("add.rn.f32") == 1

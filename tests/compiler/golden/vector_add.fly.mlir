@@ -296,7 +296,7 @@ module attributes {gpu.container_module} {
         %82 = vector.from_elements %57, %65, %73, %81 : vector<4xf32>
         scf.yield %82 : vector<4xf32>
       }
-      %38 = arith.addf %29, %37 : vector<4xf32>
+      %38 = arith.addf %29, %37 fastmath<contract> : vector<4xf32>
       %c4_i32_15 = arith.constant 4 : i32
       %39 = arith.muli %9, %c4_i32_15 : i32
       %40 = arith.extsi %39 : i32 to i64

@@ -33,6 +33,7 @@ from flydsl.expr.numeric import (
     Uint16,
     Uint32,
     Uint64,
+    fp_contract,
 )
 from flydsl.expr.params import Constexpr, Stream, const_expr, range_constexpr
 from flydsl.expr.pipeline import Pipeline, PipelineState, TileScheduler, TmaPipeline
@@ -52,6 +53,7 @@ __all__ = [
     "printf",
     "T",
     "Numeric",
+    "fp_contract",
     "Boolean",
     "Int8",
     "Int16",

@@ -12,6 +12,7 @@ the value is known to be a multiple of, and ``fly_max`` / ``fly_min`` replace th
 
 from __future__ import annotations
 
+import contextlib
 import math as _pymath
 
 from mlir import ir
@@ -38,6 +39,7 @@ __all__ = [
     "Float8E4M3FN",
     "Float8E5M2",
     "as_numeric",
+    "fp_contract",
     "value_of",
     "as_integer",
 ]
@@ -239,6 +241,30 @@ class Integer(Numeric):
         return self._binary(other, _arith.minsi if self.signed else _arith.minui)
 
 
+_FP_CONTRACT = [True]  # fp_contract's regions, innermost last
+
+
+@contextlib.contextmanager
+def fp_contract(enabled: bool = True):
+    """Traced inside ``with fx.fp_contract(False):``, float ``+``, ``-`` and ``*`` (scalars and vectors) are each
+    rounded on their own; elsewhere (the default, as nvcc's ``--fmad=true`` and Triton's) the backend may fuse a
+    product and a sum into one ``fma`` (faster, and rounded once instead of twice). Regions nest."""
+    _FP_CONTRACT.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _FP_CONTRACT.pop()
+
+
+def float_flags():
+    """The ``arith.fastmath`` attribute that float ``+``, ``-`` and ``*`` carry where they are traced (``contract``
+    unless inside ``fp_contract(False)``), or None."""
+    return ir.Attribute.parse("#arith.fastmath<contract>") if _FP_CONTRACT[-1] else None
+
+
+_CONTRACTED = {_arith.addf, _arith.subf, _arith.mulf}
+
+
 class Float(Numeric):
     @classmethod
     def _constant(cls, number) -> ir.Value:
@@ -254,6 +280,8 @@ class Float(Numeric):
             raise TypeError(f"{type(a).__name__} is a storage type: convert to Float32 with .to() for arithmetic")
         if reverse:
             a, b = b, a
+        if op in _CONTRACTED:
+            return type(a)(op(a.value, b.value, fastmath=float_flags()))
         return type(a)(op(a.value, b.value))
 
     def __add__(self, other):

@@ -438,11 +438,13 @@ class _ForwardRows:
         store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
 
     def store(self, slot, row, mean, rstd) -> None:
-        """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store)."""
+        """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store): ``v * rstd - mean *
+        rstd``, then ``* w + b``, two fma per element."""
         rc, pos, n = self.rc, self.pos, self.n
+        shift = -mean * rstd
 
         def chunk(j):
-            ys = [(v - mean) * rstd for v in self.values(slot, j)]
+            ys = [v * rstd + shift for v in self.values(slot, j)]
             if fx.const_expr(self.flags.weight):
                 ys = [y * w for y, w in zip(ys, load_vector_chunk(rc, self.weight, pos, n, j), strict=True)]
             if fx.const_expr(self.flags.bias):
@@ -452,65 +454,48 @@ class _ForwardRows:
         store_row(rc, self.out, _row_at(pos, row), n, self.rows, chunk)
 
 
-def _forward_partial(work, slot, row, block, smem, parity):
-    """This CTA's partial pair of the row in ``slot``, through one block reduction (slots alternating by ``parity``)
-    and one read of the ring: RMSNorm ``(sum(v^2), 0)``; LayerNorm ``(sum(v), M2)``, M2 the squared deviations
-    about the CTA's own mean: each thread's ``(count, mean, M2)`` from sums shifted by its first chunk's mean (close
-    to its values: no cancellation to speak of), merged over the CTA by :func:`_chan_merge`; softmax: see
-    :func:`_softmax_partial`. The fused add writes ``residual_out`` here. (A function, not a method of
-    :class:`_ForwardRows`: the kernel's control flow is traced through functions only, and a method's ``if`` on a
-    kernel value would not be.)"""
+def _forward_partial(work, slot, row, block, smem, parity, inv_count):
+    """This CTA's partial pair of the row in ``slot``: RMSNorm ``(sum(v^2), 0)``; LayerNorm ``(m, sum((v - m)^2))``
+    with the CTA's own mean ``m = sum(v) * inv_count`` (two block reductions; the zero padding masked out of the
+    second); softmax: see :func:`_softmax_partial`. The fused add writes ``residual_out`` here.
+    (A function, not a method of :class:`_ForwardRows`: the kernel's control flow is traced through functions only,
+    and a method's ``if`` on a kernel value would not be.)"""
     if fx.const_expr(isinstance(work.flags, SoftmaxFlags)):
-        return _softmax_partial(work, slot, block, smem, parity)
+        return _softmax_partial(work, slot, block, smem)
     rc, pos = work.rc, work.pos
     here = _row_at(pos, row)
-    zero = fx.Float32(0.0)
-    part, squares, count, shift = zero, zero, zero, zero
+    part = fx.Float32(0.0)
     for j in fx.range_constexpr(rc.chunks):
         vs = work.values(slot, j)
         if fx.const_expr(work.flags.residual):
             store_row(rc, work.residual_out, here, work.n, work.rows, vs, chunks=(j,))
-        if fx.const_expr(work.flags.rms):
-            part = part + thread_reduce([v * v for v in vs])
-        else:
-            inside = work.inside[j]  # chunks past N: a thread's last ones (chunk 0 past N: all of them)
-            if fx.const_expr(j == 0):
-                shift = fx.arith.select(inside, thread_reduce(vs) * (1.0 / rc.vec), zero)
-            ds = [fx.arith.select(inside, v - shift, zero) for v in vs]
-            part = part + thread_reduce(ds)
-            squares = squares + thread_reduce([d * d for d in ds])
-            count = count + fx.arith.select(inside, fx.Float32(float(rc.vec)), zero)
+        part = part + thread_reduce([v * v for v in vs] if work.flags.rms else vs)
     if fx.const_expr(work.flags.rms):
         return [row_reduce(block, pos, smem, parity, part), fx.Float32(0.0)]
-    inverse = nvvm.rcp_approx(arith.maximum(count, fx.Float32(1.0)))
-    own = [count, shift + part * inverse, arith.maximum(squares - part * part * inverse, zero)]
-    count, mean, squares = row_reduce(block, pos, smem, parity, own, _chan_merge)
-    return [count * mean, squares]
-
-
-def _chan_merge(a, b):
-    """Two ``(count, mean, M2)`` triples merged (Chan, Golub and LeVeque): ``M2 = M2_a + M2_b + d^2 n_a n_b / n``,
-    ``d`` the difference of the means; a part of count 0 adds nothing (two empty parts stay ``(0, 0, 0)``)."""
-    count = a[0] + b[0]
-    share = b[0] * nvvm.rcp_approx(arith.maximum(count, fx.Float32(1.0)))
-    d = b[1] - a[1]
-    return [count, a[1] + d * share, a[2] + b[2] + d * d * a[0] * share]
+    total = row_reduce(block, pos, smem, 0, part)
+    local = total * inv_count
+    squares = fx.Float32(0.0)
+    for j in fx.range_constexpr(rc.chunks):  # chunks past N masked out whole (N is a multiple of vec)
+        chunk = thread_reduce([(v - local) * (v - local) for v in work.values(slot, j)])
+        squares = squares + fx.arith.select(work.inside[j], chunk, fx.Float32(0.0))
+    return [local, row_reduce(block, pos, smem, 1, squares)]
 
 
 def _chan(share, old, counts, inv_n):
-    """LayerNorm's (mean, sum of squared deviations) of a row from its CTAs' pairs ``(s_r, M2_r)`` in inbox slot
-    ``old`` (Chan, Golub and LeVeque's pairwise update): ``M2 = sum_r M2_r + n_r (s_r / n_r - mean)^2``. Every term
-    is non-negative (no cancellation as in ``E[x^2] - mean^2``), and each CTA's M2_r was taken about its own mean.
-    Summed over the ranks in a fixed order: every CTA gets the same values. ``counts``: each rank's ``n_r``."""
+    """LayerNorm's (mean, sum of squared deviations) of a row from its CTAs' pairs ``(m_r, M2_r)`` (each CTA's own
+    mean and the squared deviations about it) in inbox slot ``old`` (Chan, Golub and LeVeque's pairwise update):
+    ``M2 = sum_r M2_r + n_r (m_r - mean)^2``. Every term is non-negative (no cancellation as in ``E[x^2] -
+    mean^2``). Summed over the ranks in a fixed order: every CTA gets the same values. ``counts``: the ranks' n_r
+    (Float32; no inverses held through the row loop: registers are tight)."""
     size = share.rc.cluster
     pairs = [[share.inbox[(old * size + r) * 2 + i] for i in range(2)] for r in range(size)]
     total = fx.Float32(0.0)
     for r in fx.range_constexpr(size):
-        total = total + pairs[r][0]
+        total = total + counts[r] * pairs[r][0]
     mean = total * inv_n
     squares = fx.Float32(0.0)
     for r in fx.range_constexpr(size):
-        d = pairs[r][0] * nvvm.rcp_approx(arith.maximum(counts[r], fx.Float32(1.0))) - mean
+        d = pairs[r][0] - mean
         squares = squares + (pairs[r][1] + counts[r] * (d * d))
     return mean, squares
 
@@ -520,7 +505,7 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
     persistent grid whose CTA group (a CTA, or a cluster for rows longer than one CTA's ring row) takes rows
     ``group, group + groups, ...``. Each thread copies its chunks of x (and the residual) rows ahead into its slots
     of a shared-memory ring (:class:`_RowRing`), so that the bytes in flight take no registers. Per row: the CTA's
-    partial pair (see :func:`_forward_partial`) through one block reduction. One CTA per row: the row's statistics at
+    partial pair (see :func:`_forward_partial`) through block reductions. One CTA per row: the row's statistics at
     once, then its output from the ring. A cluster: each CTA pushes its pair into every peer's inbox (``st.async`` +
     mbarrier, as the staged backward's :func:`_rows_pushed`, no cluster barrier per row) and writes the output of
     row ``k - lag``, whose pairs arrived meanwhile; LayerNorm combines the pairs by :func:`_chan`. A ring of a
@@ -539,19 +524,21 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
     inv_n = 1.0 / n.to(fx.Float32)
     work = _ForwardRows(cfg, flags, tensors, pos, n, rows)
     block = dataclasses.replace(rc, cluster=1, team=False)  # the CTA's part of the reduction
-    smem = row_smem(block, phases=2, values=3)  # one reduction per row (up to 3 values), slots alternating by row
-    share, counts = None, None
+    smem = row_smem(block, phases=2)  # LayerNorm, softmax: two reductions per row; RMSNorm: alternating rows
+    inv_count = inv_n
+    share, counts = None, []
     if fx.const_expr(rc.cluster > 1):
         share = _exchange_setup(cfg, pos, None, inbox_slots(lag))
         if fx.const_expr(_layer_norm(flags)):
             counts = [_rank_count(rc, n, r).to(fx.Float32) for r in range(rc.cluster)]
+            inv_count = _inverse_count(_rank_count(rc, n, pos.rank))
     for k in fx.range_constexpr(ahead + 1):
         work.ring.issue(group + k * groups, fx.Int32(k))
     k = fx.Int32(0)
     parity = fx.Int32(0)
     for grp in range(group, rows + lag * groups, groups):  # lag more steps in a cluster: the last rows' output
         fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
-        part = _forward_partial(work, k % cfg.stages, grp, block, smem, parity)
+        part = _forward_partial(work, k % cfg.stages, grp, block, smem, parity, inv_count)
         done = k - lag
         row = grp - lag * groups
         if fx.const_expr(rc.cluster > 1):
@@ -582,7 +569,7 @@ def _own_stats(flags, part, inv_n):
         return part[0], part[1]
     if fx.const_expr(flags.rms):
         return fx.Float32(0.0), part[0]
-    return part[0] * inv_n, part[1]
+    return part[0], part[1]
 
 
 def _pushed_stats(share, flags, old, counts, inv_n):
@@ -620,35 +607,26 @@ def _finish(work, flags, pos, slot, row, rows, a, b, inv_n, eps, mean_out, rstd_
 _LOG2E = 1.4426950408889634
 
 
-def _softmax_partial(work, slot, block, smem, parity):
+def _softmax_partial(work, slot, block, smem):
     """Softmax's pair of this CTA's part of the row in ``slot``: its max ``m`` and ``sum(exp(x - m))`` (``ex2.approx``
-    as the register kernel), in one read of the ring and one block reduction (slots alternating by ``parity``): each
-    chunk's max and sum of exps merged into a running pair by :func:`_softmax_merge`. The zero padding is masked out
-    (-inf). A CTA holding nothing of the row, or only -inf, pushes ``(-inf, 0)``, which adds nothing in
+    as the register kernel), two block reductions; the zero padding masked out (-inf for the max, 0 in the sum). A
+    CTA holding nothing of the row, or only -inf, pushes ``(-inf, 0)``, which adds nothing in
     :func:`_softmax_combine`."""
     rc, pos = work.rc, work.pos
     low = fx.Float32(float("-inf"))
-    pair = None
+    top = low
     for j in fx.range_constexpr(rc.chunks):
         vs = [fx.arith.select(work.inside[j], v, low) for v in work.values(slot, j)]
-        top = thread_reduce(vs, "max")
-        shift = _exp_shift(top)
-        chunk = [top, thread_reduce([nvvm.ex2_approx(v * _LOG2E - shift) for v in vs])]
-        pair = chunk if pair is None else _softmax_merge(pair, chunk)
-    return row_reduce(block, pos, smem, parity, pair, _softmax_merge)
-
-
-def _exp_shift(top):
-    """``top * log2(e)``, the exponent shift of values whose max is ``top``; 0 for a max of -inf (all -inf: their
-    exps are 0 and their sum 0, where exp(-inf - -inf) = NaN would make the whole row NaN)."""
-    return fx.arith.select(top > fx.Float32(float("-inf")), top * _LOG2E, fx.Float32(0.0))
-
-
-def _softmax_merge(a, b):
-    """Two ``(max, sum of exp(x - max))`` pairs merged: every factor ``exp(m - max) <= 1``, no overflow."""
-    top = arith.maximum(a[0], b[0])
-    shift = _exp_shift(top)
-    return [top, a[1] * nvvm.ex2_approx(a[0] * _LOG2E - shift) + b[1] * nvvm.ex2_approx(b[0] * _LOG2E - shift)]
+        top = arith.maximum(top, thread_reduce(vs, "max"))
+    top = row_reduce(block, pos, smem, 0, top, "max")
+    # A part all -inf (a causal mask's tail held by a whole CTA) is shifted by 0: its exps are 0 and its sum 0, where
+    # exp(-inf - -inf) = NaN would make the whole row NaN in _softmax_combine (NaN * 0).
+    shift = fx.arith.select(top > low, top * _LOG2E, fx.Float32(0.0))
+    total = fx.Float32(0.0)
+    for j in fx.range_constexpr(rc.chunks):
+        es = [nvvm.ex2_approx(v * _LOG2E - shift) for v in work.values(slot, j)]
+        total = total + thread_reduce([fx.arith.select(work.inside[j], e, fx.Float32(0.0)) for e in es])
+    return [top, row_reduce(block, pos, smem, 1, total)]
 
 
 def _softmax_combine(share, old):

@@ -292,12 +292,15 @@ def norm_backward_kernel(
                     partial_row.store(s, j, q, zeros)
     row_groups = (rows + (rc.rows_per_cta - 1)) // rc.rows_per_cta
     tensors = (dy, x, weight, mean_in, rstd_in, dx)
-    if fx.const_expr(cfg.staged):
-        _rows_staged(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange)
-    elif fx.const_expr(cfg.two_pass):
-        _rows_two_pass(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups)
-    else:
-        _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups)
+    # Without fma contraction: with it, ptxas spills (40 bytes) in the staged regime's register-bound bf16 configs
+    # (N = 32768-131072), whose column sums fill the registers; the backward was tuned as it is.
+    with fx.fp_contract(False):
+        if fx.const_expr(cfg.staged):
+            _rows_staged(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange)
+        elif fx.const_expr(cfg.two_pass):
+            _rows_two_pass(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups)
+        else:
+            _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups)
     if fx.const_expr(cfg.sums > 0 and cfg.smem_sums):
         # The CTA's row slots summed (in a fixed order) into its partial row.
         if fx.const_expr(rc.rows_per_cta > 1):

@@ -347,22 +347,13 @@ def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: b
     barrier starts here and ends in :func:`row_done`). ``overlap``: a function of no arguments for work that does not
     depend on the result (e.g. the next row's loads); in a cluster it runs between the barrier's arrive and wait,
     after the arrive's release (which waits for this thread's earlier memory accesses), so that its loads are in
-    flight during the wait. With ``overlap``, returns ``(result, what overlap returned)``. ``op`` may also be a
-    function of two lists returning their combination: a list ``value`` is then reduced as one element (e.g.
-    LayerNorm's ``(count, mean, M2)`` by Chan's update, softmax's ``(max, sum)``), through the same one barrier."""
+    flight during the wait. With ``overlap``, returns ``(result, what overlap returned)``."""
     many = isinstance(value, (list, tuple))
     values = list(value) if many else [value]
     if len(values) > smem.values:
         raise ValueError(f"row_reduce: {len(values)} values, but row_smem was sized for {smem.values}")
     width = len(values)
-    joint = many and callable(op)
-
-    def reduce(vs, lanes: int) -> list:
-        if joint:
-            return list(gpu.warp_reduce(tuple(vs), lambda a, b: tuple(op(list(a), list(b))), width=lanes))
-        return [gpu.warp_reduce(v, op, width=lanes) for v in vs]
-
-    values = reduce(values, min(32, cfg.threads_per_row))
+    values = [gpu.warp_reduce(v, op, width=min(32, cfg.threads_per_row)) for v in values]
     if fx.const_expr(cfg.warps_per_row > 1):
         lane32 = pos.tid % 32
         warp_in_row = pos.lane // 32
@@ -371,7 +362,10 @@ def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: b
             _write_slots(smem.scratch, base * cfg.warps_per_row + warp_in_row, cfg.warps_per_row, values)
         gpu.barrier()
         slot = lane32 % cfg.warps_per_row
-        values = reduce([smem.scratch[(base + i) * cfg.warps_per_row + slot] for i in range(width)], cfg.warps_per_row)
+        values = [
+            gpu.warp_reduce(smem.scratch[(base + i) * cfg.warps_per_row + slot], op, width=cfg.warps_per_row)
+            for i in range(width)
+        ]
     if fx.const_expr(cfg.cluster > 1):
         if pos.tid == 0:
             _write_slots(smem.partials, phase * smem.values, 1, values)
@@ -380,9 +374,12 @@ def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: b
             extra = overlap()
         cluster.wait()
         peer = (pos.tid % 32) % cfg.cluster
-        values = reduce(
-            [cluster.load_peer(smem.partials, peer, coord=phase * smem.values + i) for i in range(width)], cfg.cluster
-        )
+        values = [
+            gpu.warp_reduce(
+                cluster.load_peer(smem.partials, peer, coord=phase * smem.values + i), op, width=cfg.cluster
+            )
+            for i in range(width)
+        ]
         if fx.const_expr(last):
             cluster.arrive(relaxed=True)  # done reading peers; row_done waits before exit
     elif fx.const_expr(overlap is not None):
