@@ -2,6 +2,7 @@
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python -m tests.kernels.gemm_sanitize
     compute-sanitizer --tool racecheck --error-exitcode 1 python -m tests.kernels.gemm_sanitize
+    compute-sanitizer --tool racecheck --error-exitcode 1 python -m tests.kernels.gemm_sanitize 1 14  # some cases
 
 Covers every tile shape ``candidate_configs`` offers (64/128-row tiles, 64..256 columns, clusters, split K), the
 pingpong schedule, a bias + activation epilogue and the skinny (M <= 16) kernel, on shapes with tails in M, N and K.
@@ -18,12 +19,21 @@ from flydsl.kernels.gemm import GemmConfig, gemm, max_stages
 
 
 def _config(
-    tile_m, tile_n, cluster_m=1, split_k=1, schedule="cooperative", stream_k=False, split_tail=False, cluster_n=1
+    tile_m,
+    tile_n,
+    cluster_m=1,
+    split_k=1,
+    schedule="cooperative",
+    stream_k=False,
+    split_tail=False,
+    cluster_n=1,
+    store_boxes=2,
 ):
     return GemmConfig(
         tile_m=tile_m,
         tile_n=tile_n,
-        stages=max_stages(tile_m, tile_n),
+        stages=max_stages(tile_m, tile_n, store_boxes=store_boxes),
+        store_boxes=store_boxes,
         consumers=2 if schedule == "pingpong" else min(2, tile_m // 64),
         cluster_m=cluster_m,
         cluster_n=cluster_n,
@@ -36,7 +46,7 @@ def _config(
 
 CASES = [  # (m, n, k, config or None for gemm()'s own choice, bias, activation)
     (264, 392, 200, _config(128, 256, cluster_m=2), False, None),
-    (264, 392, 200, _config(128, 192), False, None),
+    (264, 392, 200, _config(128, 192, store_boxes=1), False, None),  # candidate_configs: 5 stages, one box
     (1000, 392, 264, _config(256, 128, cluster_m=2), True, "silu"),
     (136, 200, 136, _config(128, 128, split_k=2), False, None),
     (56, 392, 264, _config(64, 64, split_k=3), False, None),
@@ -49,13 +59,18 @@ CASES = [  # (m, n, k, config or None for gemm()'s own choice, bias, activation)
     (1000, 776, 520, _config(128, 256, cluster_m=2, stream_k=True), True, "gelu"),
     (2056, 1032, 264, _config(128, 128, stream_k=True), False, None),
     (13, 520, 264, None, True, "relu"),  # the skinny kernel (b column-major, as nn.Linear weights)
+    (264, 776, 520, _config(128, 192, cluster_m=2, store_boxes=1), True, "relu"),  # 96-column B parts, 5 stages
 ]
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    """Runs every case, or those whose indices (into CASES) are given."""
     torch.manual_seed(0)
     failures = 0
-    for m, n, k, config, with_bias, activation in CASES:
+    chosen = [int(i) for i in (sys.argv[1:] if argv is None else argv)]
+    for i, (m, n, k, config, with_bias, activation) in enumerate(CASES):
+        if chosen and i not in chosen:
+            continue
         a = torch.randn(m, k, device="cuda").bfloat16()
         b = torch.randn(n, k, device="cuda").bfloat16().t()
         bias = torch.randn(n, device="cuda") if with_bias else None

@@ -162,6 +162,14 @@ def _stream_k_steps(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> float:
     return (units - whole) * -(-k // 64) / workers
 
 
+def _deepest_pipeline(tile_m: int, tile_n: int) -> dict:
+    """``stages`` and ``store_boxes`` of the deepest pipeline for a tile shape: one TMA-store staging box per consumer
+    where that buys a stage (128 x 192 tiles: 5 stages instead of 4, 0.872 -> 0.899x cuBLAS at 2048x1536x7168 on
+    the H200, benchmarks/results/gemm_store_boxes_2026-11-30.json), else two."""
+    boxes = 1 if max_stages(tile_m, tile_n, store_boxes=1) > max_stages(tile_m, tile_n) else 2
+    return dict(stages=max_stages(tile_m, tile_n, store_boxes=boxes), store_boxes=boxes)
+
+
 def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
     """The configurations worth timing for an (m, n, k) problem: tile widths 64..256, 64-row tiles (one consumer)
     when M is that small, clusters only where there are two tile rows to share B, splits of K only where the tiles
@@ -181,7 +189,7 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
                     continue
                 if cluster_n == 2 and (tile_m < 256 or -(-n // tile_n) < 2):  # A shared only where it is larger
                     continue
-                shape = dict(tile_m=tile_m, tile_n=tile_n, stages=max_stages(tile_m, tile_n), consumers=consumers)
+                shape = dict(tile_m=tile_m, tile_n=tile_n, consumers=consumers, **_deepest_pipeline(tile_m, tile_n))
                 shape.update(cluster_m=cluster_m, cluster_n=cluster_n)
                 whole = GemmConfig(**shape)
                 for split_k in (1, 2, 3, 4, 6, 8):
