@@ -2,6 +2,7 @@
 dtype, the copy bandwidth and the bar (max(0.91 x copy, 0.98 x best peer)) dashed. Runs on any machine.
 
     python benchmarks/plot_norms.py benchmarks/results/norms_2026-11-30.json --out norms.png
+    python benchmarks/plot_norms.py ... --gpu-time   # the *_gpu_tbps numbers (launch latency hidden), where recorded
 """
 
 from __future__ import annotations
@@ -17,9 +18,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json")
     parser.add_argument("--out", default="norms_bandwidth.png")
+    parser.add_argument("--gpu-time", action="store_true", help="plot the GPU-time numbers (*_gpu_tbps)")
     args = parser.parse_args()
     with open(args.json) as f:
         data = json.load(f)
+    suffix = "_gpu" if args.gpu_time else ""
+
+    def key_of(name: str) -> str:  # "ours_tbps" -> "ours_gpu_tbps" with --gpu-time
+        return name.replace("_tbps", f"{suffix}_tbps")
+
     try:
         import matplotlib
 
@@ -30,8 +37,8 @@ def main() -> int:
         for row in data["results"]:
             print(
                 f"{row['kernel']:>18} {row['dtype']:>4} N={row['N']:>6} "
-                + " ".join(f"{label}={row[key]:.2f}" for key, label in SERIES if key in row)
-                + f" copy={row['copy_tbps']:.2f} bar={row['bar_tbps']:.2f}"
+                + " ".join(f"{label}={row[key_of(key)]:.2f}" for key, label in SERIES if key_of(key) in row)
+                + f" copy={row[key_of('copy_tbps')]:.2f} bar={row[key_of('bar_tbps')]:.2f}"
             )
         return 1
     kernels = list(dict.fromkeys(r["kernel"] for r in data["results"]))
@@ -45,17 +52,19 @@ def main() -> int:
             ax = axes[i][j]
             ns = [r["N"] for r in rows]
             for key, label in SERIES:
-                if all(key in r for r in rows):
-                    ax.plot(ns, [r[key] for r in rows], marker="o", label=label)
-            ax.plot(ns, [r["copy_tbps"] for r in rows], "k--", label="copy")
-            ax.plot(ns, [r["bar_tbps"] for r in rows], "r:", label="bar")
+                if all(key_of(key) in r for r in rows):
+                    ax.plot(ns, [r[key_of(key)] for r in rows], marker="o", label=label)
+            ax.plot(ns, [r[key_of("copy_tbps")] for r in rows], "k--", label="copy")
+            ax.plot(ns, [r[key_of("bar_tbps")] for r in rows], "r:", label="bar")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{kernel} {dtype}")
             ax.set_xlabel("N")
             ax.set_ylabel("TB/s")
             ax.set_ylim(bottom=0)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"{data['gpu']}, commit {data['commit'][:10]}, {data['elements_per_input']} elements per input")
+    timing = "GPU time (launch latency hidden)" if args.gpu_time else "per call"
+    inputs = f"{data['elements_per_input']} elements per input"
+    fig.suptitle(f"{data['gpu']}, commit {data['commit'][:10]}, {inputs}, {timing}")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
