@@ -1,0 +1,100 @@
+"""Where a norm forward call's time goes on the local GPU: the host time of the Python call (with the GPU busy and
+with it idle), the call timed alone on an idle GPU (CUDA events: host latency included), the call queued behind a
+sleep kernel (GPU time) and the profiler's kernel time; for the staged and the register forward (bf16, 2^28
+elements).
+
+    python benchmarks/norms_host_time.py --json out.json --commit $(git rev-parse --short HEAD)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from record import write_record
+
+CASES = [("layer_norm", 65536), ("softmax", 65536), ("rms_norm", 65536), ("layer_norm", 32768), ("layer_norm", 8192)]
+
+
+def _host_us(torch, run, idle: bool, calls: int = 30) -> float:
+    times = []
+    for _ in range(calls):
+        if idle:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def measure(torch, norms, norm, kernel: str, n: int) -> list:
+    from flydsl.kernels.bench import median_ms
+
+    m = (1 << 28) // n
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    run = {
+        "layer_norm": lambda: norms.layer_norm(x, w, b, 1e-5, out),
+        "rms_norm": lambda: norms.rms_norm(x, w, 1e-6, out),
+        "softmax": lambda: norms.softmax(x, out),
+    }[kernel]
+    rows = []
+    saved = norm.STAGED_FORWARD
+    try:
+        for staged in (False, True):
+            norm.STAGED_FORWARD = staged
+            for _ in range(5):
+                run()
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
+                for _ in range(10):
+                    run()
+                torch.cuda.synchronize()
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            row = {"kernel": kernel, "n": n, "staged": staged, "kernels": sorted({e.name for e in kernels})}
+            row["host_busy_us"] = _host_us(torch, run, idle=False)
+            row["host_idle_us"] = _host_us(torch, run, idle=True)
+            row["per_call_us"] = median_ms(run, 20) * 1e3
+            row["queued_us"] = median_ms(run, 20, queued=True) * 1e3
+            row["profiler_kernel_us"] = statistics.median(e.device_time for e in kernels)
+            rows.append(row)
+            print(
+                f"{kernel:>10} N={n:>6} {'staged' if staged else 'register':>8}: host {row['host_busy_us']:.1f} us"
+                f" (idle GPU {row['host_idle_us']:.1f}), per call {row['per_call_us']:.1f}, queued"
+                f" {row['queued_us']:.1f}, kernel {row['profiler_kernel_us']:.1f}",
+                flush=True,
+            )
+    finally:
+        norm.STAGED_FORWARD = saved
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--commit", help="the git commit measured (the GPU machine has no git)")
+    args = parser.parse_args(argv)
+    import importlib
+
+    import torch
+
+    from flydsl.kernels import norms
+
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    results = [row for kernel, n in CASES for row in measure(torch, norms, norm, kernel, n)]
+    if args.json:
+        method = (
+            "host: time.perf_counter around the call, median of 30 (GPU busy: calls queue behind each other; idle:"
+            " synchronized before each); per call: CUDA events around one call on an idle GPU; queued: the same"
+            " behind a sleep kernel; kernel: torch.profiler device time; medians"
+        )
+        write_record(args.json, "norms_host_time", argv, results, commit=args.commit, method=method)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
