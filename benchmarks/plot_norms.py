@@ -23,6 +23,9 @@ def main() -> int:
     with open(args.json) as f:
         data = json.load(f)
     suffix = "_gpu" if args.gpu_time else ""
+    if args.gpu_time and not all("copy_gpu_tbps" in r and "ours_gpu_tbps" in r for r in data["results"]):
+        print(f"{args.json}: not every row has GPU-time numbers (*_gpu_tbps): plot without --gpu-time", file=sys.stderr)
+        return 1
 
     def key_of(name: str) -> str:  # "ours_tbps" -> "ours_gpu_tbps" with --gpu-time
         return name.replace("_tbps", f"{suffix}_tbps")

@@ -214,3 +214,12 @@ def test_float_products_and_sums_fuse_into_fma_unless_fp_contract_is_off():
     assert fused.count("fma.rn.f32") == 2 and "mul.rn.f32" not in fused
     apart = scaled_sums.lower(spec, spec, False).ptx
     assert apart.count("fma.rn.f32") == 1 and apart.count("mul.rn.f32") == 1 and apart.count("add.rn.f32") == 1
+
+
+def test_a_kernel_traces_with_contraction_whatever_region_its_caller_is_in():
+    """An fp_contract region around host code does not reach into kernels traced there: the cached kernel would
+    otherwise depend on its first caller (the key does not hold the region)."""
+    spec = flyc.TensorSpec((128,), "f32")
+    with fx.fp_contract(False):
+        inside = scaled_sums.lower(spec, spec, True).ptx
+    assert inside.count("fma.rn.f32") == 2 and inside == scaled_sums.lower(spec, spec, True).ptx

@@ -68,6 +68,10 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     failures = 0
     chosen = [int(i) for i in (sys.argv[1:] if argv is None else argv)]
+    unknown = [i for i in chosen if not 0 <= i < len(CASES)]
+    if unknown:  # running nothing would read as a clean sanitizer run
+        print(f"gemm_sanitize: no cases {unknown}: expected indices 0..{len(CASES) - 1}", file=sys.stderr)
+        return 2
     for i, (m, n, k, config, with_bias, activation) in enumerate(CASES):
         if chosen and i not in chosen:
             continue

@@ -13,6 +13,7 @@ the value is known to be a multiple of, and ``fly_max`` / ``fly_min`` replace th
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math as _pymath
 
 from mlir import ir
@@ -241,25 +242,37 @@ class Integer(Numeric):
         return self._binary(other, _arith.minsi if self.signed else _arith.minui)
 
 
-_FP_CONTRACT = [True]  # fp_contract's regions, innermost last
+_FP_CONTRACT = contextvars.ContextVar("fp_contract", default=True)  # per thread; kernel traces start from True
 
 
 @contextlib.contextmanager
 def fp_contract(enabled: bool = True):
     """Traced inside ``with fx.fp_contract(False):``, float ``+``, ``-`` and ``*`` (scalars and vectors) are each
     rounded on their own; elsewhere (the default, as nvcc's ``--fmad=true`` and Triton's) the backend may fuse a
-    product and a sum into one ``fma`` (faster, and rounded once instead of twice). Regions nest."""
-    _FP_CONTRACT.append(bool(enabled))
+    product and a sum into one ``fma`` (faster, and rounded once instead of twice). Regions nest. A region only
+    affects code traced inside it: each kernel's trace starts with contraction on (:func:`default_fp_contract`),
+    whatever the host code around the launch does, so that a cached kernel does not depend on its first caller."""
+    token = _FP_CONTRACT.set(bool(enabled))
     try:
         yield
     finally:
-        _FP_CONTRACT.pop()
+        _FP_CONTRACT.reset(token)
+
+
+@contextlib.contextmanager
+def default_fp_contract():
+    """The state a kernel's trace starts from: contraction on (the tracer enters it around each kernel body)."""
+    token = _FP_CONTRACT.set(True)
+    try:
+        yield
+    finally:
+        _FP_CONTRACT.reset(token)
 
 
 def float_flags():
     """The ``arith.fastmath`` attribute that float ``+``, ``-`` and ``*`` carry where they are traced (``contract``
     unless inside ``fp_contract(False)``), or None."""
-    return ir.Attribute.parse("#arith.fastmath<contract>") if _FP_CONTRACT[-1] else None
+    return ir.Attribute.parse("#arith.fastmath<contract>") if _FP_CONTRACT.get() else None
 
 
 _CONTRACTED = {_arith.addf, _arith.subf, _arith.mulf}

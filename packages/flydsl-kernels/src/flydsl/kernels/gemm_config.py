@@ -221,7 +221,9 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
 # finish of each tile: the split that counts last reads the others' partials at one SM's load rate, after a fixed
 # cost (fitted to benchmarks/results/gemm_explore_split_2026-11-30.json, the in-kernel split's candidates at
 # M = 64/128/512: its picks are within 2.2% of the fastest candidate on all 15 shapes, against 8.6% before).
-# 192-wide tiles (never clustered: a CTA's part of a B tile is a multiple of 64 columns) were timed against the
+# 192-wide tiles (not clustered among the candidates: 96-column B parts would need a K-major B, which
+# candidate_configs cannot know, and shared in pairs they measured no faster, gemm_store_boxes_2026-11-30.json) were
+# timed against the
 # earlier picks (benchmarks/results/gemm_tile192_2026-11-30.json): they win only where they fill
 # the SMs much better, hence their low efficiency here.
 _SM_TFLOPS = 990.0 / 132  # dense bf16 peak per SM (TFLOP/s), at the efficiency below for 128x256 tiles

@@ -438,13 +438,17 @@ class _ForwardRows:
         store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
 
     def store(self, slot, row, mean, rstd) -> None:
-        """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store): ``v * rstd - mean *
-        rstd``, then ``* w + b``, two fma per element."""
+        """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store). 16-bit rows: ``v *
+        rstd - mean * rstd``, then ``* w + b``, two fma per element (the kernel is issue-bound there; the rounding of
+        ``mean * rstd`` stays far under the output's). float32 rows: ``(v - mean) * rstd``, exact to float32 even
+        where the mean is large against the spread."""
         rc, pos, n = self.rc, self.pos, self.n
         shift = -mean * rstd
+        exact = self.x.dtype is fx.Float32
 
         def chunk(j):
-            ys = [v * rstd + shift for v in self.values(slot, j)]
+            vs = self.values(slot, j)
+            ys = [(v - mean) * rstd for v in vs] if exact else [v * rstd + shift for v in vs]
             if fx.const_expr(self.flags.weight):
                 ys = [y * w for y, w in zip(ys, load_vector_chunk(rc, self.weight, pos, n, j), strict=True)]
             if fx.const_expr(self.flags.bias):
