@@ -50,16 +50,18 @@ def measure(torch, norms, norm, kernel: str, n: int) -> list:
             for _ in range(5):
                 run()
             torch.cuda.synchronize()
+            row = {"kernel": kernel, "n": n, "staged": staged}
+            # host times first: after a profiler session, torch calls cost more on the host for a while
+            row["host_busy_us"] = _host_us(torch, run, idle=False)
+            row["host_idle_us"] = _host_us(torch, run, idle=True)
+            row["per_call_us"] = median_ms(run, 20) * 1e3
+            row["queued_us"] = median_ms(run, 20, queued=True) * 1e3
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
                 for _ in range(10):
                     run()
                 torch.cuda.synchronize()
             kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-            row = {"kernel": kernel, "n": n, "staged": staged, "kernels": sorted({e.name for e in kernels})}
-            row["host_busy_us"] = _host_us(torch, run, idle=False)
-            row["host_idle_us"] = _host_us(torch, run, idle=True)
-            row["per_call_us"] = median_ms(run, 20) * 1e3
-            row["queued_us"] = median_ms(run, 20, queued=True) * 1e3
+            row["kernels"] = sorted({e.name for e in kernels})
             row["profiler_kernel_us"] = statistics.median(e.device_time for e in kernels)
             rows.append(row)
             print(
