@@ -722,3 +722,40 @@ def test_gemm_b_parts_and_one_store_box_on_gpu(tile_n, cluster_m, store_boxes, m
     if (tile_n // cluster_m) % 64:
         with pytest.raises(ValueError, match="b is MN-major"):
             gemm(a, _operand(torch, k, n, torch.bfloat16, "K"), config=cfg)
+
+
+@pytest.mark.parametrize("tile_m,tile_n", [(64, 96), (128, 144), (128, 176), (128, 80)])
+def test_tile_widths_off_the_64_column_grid_compile_for_a_k_major_b(tile_m, tile_n):
+    """cuBLAS's one-wave widths (64x96 at 512x1536x7168, 128x144 at 128x18432x7168, 128x176 at 2048x7168x16384):
+    wgmma takes any N that is a multiple of 8, a K-major B any box height; C is stored from registers (the TMA-store
+    boxes are 64 columns wide, refused here), and an MN-major B (64-column boxes) is refused when traced."""
+    consumers = 1 if tile_m == 64 else 2
+    cfg = GemmConfig(tile_m=tile_m, tile_n=tile_n, consumers=consumers, stages=4, cluster_m=1)
+    m, n, k = 1000, 776, 520
+    a_spec, c = flyc.TensorSpec((m, k), "bf16"), flyc.TensorSpec((m, n), "bf16")
+    a_tile, b_tile = fx.TmaTile(a_spec, (tile_m, 64)), fx.TmaTile(flyc.TensorSpec((n, k), "bf16"), (tile_n, 64))
+    ptx = _lower(a_tile, b_tile, c, cfg).ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16" in ptx
+    assert "cp.async.bulk.tensor" in ptx and "cp.async.bulk.tensor.2d.global.shared" not in ptx  # loads, no stores
+    with pytest.raises(ValueError, match="TMA-store epilogue takes tile_n in 64-column parts"):
+        _lower(a_tile, b_tile, c, cfg, epilogue=(False, None, "tma"), c_store=fx.TmaTile(c, (64, 64)))
+    b_mn = fx.TmaTile(flyc.TensorSpec((k, n), "bf16"), (64, 64))
+    with pytest.raises(ValueError, match=f"gemm_ws b: MN-major parts of {tile_n} rows"):
+        _lower(a_tile, b_mn, c, cfg, ("K", "MN"))
+    with pytest.raises(ValueError, match="tile_n a multiple of 16"):
+        GemmConfig(tile_n=88, cluster_m=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile_m,tile_n", [(64, 96), (128, 144), (128, 176)])
+@pytest.mark.parametrize("m,n,k", [(1000, 776, 520), (520, 1560, 1032)])
+def test_gemm_tile_widths_off_the_64_column_grid_on_gpu(tile_m, tile_n, m, n, k):
+    """Tiles 96, 144 and 176 columns wide (K-major B, C from registers) on tails in M, N and K; an MN-major B is
+    refused before launch."""
+    torch = pytest.importorskip("torch")
+    consumers = 1 if tile_m == 64 else 2
+    cfg = GemmConfig(tile_m=tile_m, tile_n=tile_n, consumers=consumers, stages=max_stages(tile_m, tile_n), cluster_m=1)
+    a = _operand(torch, m, k, torch.bfloat16, "K")
+    _gemm_checked(torch, a, _operand(torch, k, n, torch.bfloat16, "MN"), cfg)
+    with pytest.raises(ValueError, match="b is MN-major"):
+        gemm(a, _operand(torch, k, n, torch.bfloat16, "K"), config=cfg)

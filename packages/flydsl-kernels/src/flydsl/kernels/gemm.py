@@ -466,6 +466,8 @@ def gemm_ws(
     b_tiles = smem.allocate(b.dtype, operand_layout(cfg.tile_n, cfg.tile_k, cfg.stages, b_major), alignment=1024)
     tma = None
     if fx.const_expr(by_tma):
+        if cfg.tile_n % _STAGING_COLUMNS:
+            raise ValueError(f"gemm_ws: the TMA-store epilogue takes tile_n in 64-column parts, got {cfg.tile_n}")
         if c_store.box != STAGING_BOX or c_store.dtype is not c.dtype:
             raise ValueError("gemm_ws c_store: expected C's descriptor in boxes of (64, 64)")
         tma = (c_store, c_store.allocate(smem, cfg.store_boxes * cfg.consumers))
@@ -643,8 +645,9 @@ def _tma_ready(t):
 
 
 def _staging_fits(cfg: GemmConfig) -> bool:
-    """The TMA-store epilogue's staging boxes fit in shared memory beside ``cfg``'s pipeline."""
-    return cfg.stages * cfg.stage_bytes() + staging_bytes(cfg) <= SMEM_BYTES - 1024
+    """The TMA-store epilogue applies to ``cfg``: its tiles split into 64-column parts (the staging boxes' width),
+    and the staging boxes fit in shared memory beside the pipeline."""
+    return cfg.tile_n % STAGING_BOX[1] == 0 and cfg.stages * cfg.stage_bytes() + staging_bytes(cfg) <= SMEM_BYTES - 1024
 
 
 def _store_tile_of(out, cfg: GemmConfig):
@@ -773,9 +776,9 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     b_tile, b_major = _operand_tile(b, 1, cfg.tile_n // cfg.cluster_m, cfg.tile_k, "b")
     if b_major != "K" and (cfg.tile_n // cfg.cluster_m) % 64:
         raise ValueError(
-            f"gemm config: {cfg} has each CTA of a cluster load {cfg.tile_n // cfg.cluster_m} columns of B, but b is"
-            " MN-major (row-major (K, N)), whose parts must be multiples of 64 columns: use cluster_m=1, or b"
-            " K-major (e.g. an nn.Linear weight w as w.t())"
+            f"gemm config: {cfg} has each CTA load {cfg.tile_n // cfg.cluster_m} columns of each B tile, but b is"
+            " MN-major (row-major (K, N)), read in boxes of 64 columns: use a tile_n (divided by cluster_m) that is a"
+            " multiple of 64, or b K-major (e.g. an nn.Linear weight w as w.t())"
         )
     workers = sms // cfg.cluster  # CTAs, or clusters; stream-K gives every one of them work
     split_from, units = split_plan(cluster_tiles(m, n, cfg), workers, cfg)

@@ -59,15 +59,16 @@ class GemmConfig:
         if (
             self.consumer_rows % 64
             or self.tile_m % self.consumers
-            or self.tile_n % 64
+            or self.tile_n % 16
             or self.tile_n > 256
             or self.tile_k % 64
         ):
             raise ValueError(
                 f"{self}: tile_m must split into {self.consumers} consumer warpgroups of 64-row blocks; tile_n a"
-                " multiple of 64 up to 256; tile_k a multiple of 64 (one 128-byte swizzled row of bf16)"
+                " multiple of 16 up to 256 (not a multiple of 64: B K-major, C stored from registers); tile_k a"
+                " multiple of 64 (one 128-byte swizzled row of bf16)"
             )
-        if self.cluster_m not in (1, 2, 4) or self.tile_n % (64 if self.cluster_m == 1 else 32 * self.cluster_m):
+        if self.cluster_m not in (1, 2, 4) or self.tile_n % (16 if self.cluster_m == 1 else 32 * self.cluster_m):
             raise ValueError(
                 f"{self}: cluster_m must be 1, 2 or 4 and split tile_n into parts of a multiple of 32 columns (a"
                 " multiple of 64 for B given MN-major, checked at launch)"
