@@ -33,7 +33,7 @@ from mlir.dialects import vector as _vector
 
 import flydsl.layout as _fl
 from flydsl.expr.layout import static_leaf
-from flydsl.expr.numeric import _BY_MLIR_NAME, Float, Integer, Numeric, as_numeric, float_flags
+from flydsl.expr.numeric import _BY_MLIR_NAME, _CONTRACTED, Float, Integer, Numeric, as_numeric, float_flags
 from flydsl.expr.tensor import Tensor, copy
 from flydsl.layout.leaf import add as _leaf_add
 
@@ -175,7 +175,7 @@ class Vector(Numeric):
         a, b = self.value, self._operand(other)
         if reverse:
             a, b = b, a
-        if op in (_arith.addf, _arith.subf, _arith.mulf):
+        if op in _CONTRACTED:
             return type(self)(op(a, b, fastmath=float_flags()))
         return type(self)(op(a, b))
 

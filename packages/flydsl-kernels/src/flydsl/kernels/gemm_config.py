@@ -125,16 +125,16 @@ def split_plan(tiles, workers, cfg: GemmConfig):
 
 
 def staging_bytes(cfg: GemmConfig, element_bytes: int = 2) -> int:
-    """Shared memory the TMA-store epilogue's staging boxes take (gemm.py's _store_tile_tma)."""
+    """Shared memory the TMA-store epilogue's staging boxes take (gemm_epilogue.py's _store_tile_tma)."""
     return cfg.consumers * cfg.store_boxes * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
 
 
 def staging_wait(part: int, parts: int, boxes: int = 2) -> int:
     """The bulk groups that may still be pending when part ``part`` of a block of ``parts`` 64-column parts, which
-    the TMA-store epilogue stores one block after another (gemm.py's _store_tile_tma: part ``p`` through box ``p %
-    boxes``), rewrites its box: the groups committed since that box's last store, at most ``boxes - 1`` (one box:
-    none). With two boxes and an odd count, part 0's box was the previous block's last one, whose store is the
-    latest group: 0."""
+    the TMA-store epilogue stores one block after another (gemm_epilogue.py's _store_tile_tma: part ``p`` through
+    box ``p % boxes``), rewrites its box: the groups committed since that box's last store, at most ``boxes - 1``
+    (one box: none). With two boxes and an odd count, part 0's box was the previous block's last one, whose store
+    is the latest group: 0."""
     return min(boxes - 1, (parts - 1 - part) % boxes + part)  # (no loops: traced in the kernel)
 
 

@@ -37,7 +37,8 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.expr.vector import Vector
-from flydsl.kernels.gemm import apply_epilogue, check_arguments, check_devices, split_k_reduce, zero_product
+from flydsl.kernels.gemm import check_arguments, check_devices, split_k_reduce, zero_product
+from flydsl.kernels.gemm_epilogue import apply_epilogue
 from flydsl.kernels.host import sm_count
 
 __all__ = ["MAX_M", "SkinnyConfig", "choose_skinny_config", "launch_skinny", "skinny_gemm", "skinny_gemm_kernel"]
