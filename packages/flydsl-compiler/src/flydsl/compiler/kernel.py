@@ -37,7 +37,7 @@ from flydsl.compiler.context import make_context
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
 from flydsl.compiler.target import SM90A, Target
 from flydsl.compiler.tracing import user_traceback
-from flydsl.expr.numeric import Float, Index, Integer, Numeric, default_fp_contract
+from flydsl.expr.numeric import Float, Index, Integer, Numeric, fp_contract
 from flydsl.expr.params import Stream, is_constexpr
 from flydsl.expr.tensor import Tensor
 from flydsl.expr.tma import TmaDescriptor, TmaTile
@@ -283,7 +283,7 @@ class KernelFunction:
                     arguments.append(build(list(entry.arguments)[position : position + count]))
                     position += count
                 try:
-                    with default_fp_contract():  # not the launching code's fp_contract region: one kernel, one key
+                    with fp_contract(True):  # not the launching code's fp_contract region: one kernel, one key
                         fn(*arguments)
                 except Exception as error:
                     error.__fly_traced__ = True  # the entry point re-raises it with the user's frames only

@@ -250,19 +250,9 @@ def fp_contract(enabled: bool = True):
     """Traced inside ``with fx.fp_contract(False):``, float ``+``, ``-`` and ``*`` (scalars and vectors) are each
     rounded on their own; elsewhere (the default, as nvcc's ``--fmad=true`` and Triton's) the backend may fuse a
     product and a sum into one ``fma`` (faster, and rounded once instead of twice). Regions nest. A region only
-    affects code traced inside it: each kernel's trace starts with contraction on (:func:`default_fp_contract`),
+    affects code traced inside it: the tracer enters ``fp_contract(True)`` around each kernel body,
     whatever the host code around the launch does, so that a cached kernel does not depend on its first caller."""
     token = _FP_CONTRACT.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _FP_CONTRACT.reset(token)
-
-
-@contextlib.contextmanager
-def default_fp_contract():
-    """The state a kernel's trace starts from: contraction on (the tracer enters it around each kernel body)."""
-    token = _FP_CONTRACT.set(True)
     try:
         yield
     finally:
