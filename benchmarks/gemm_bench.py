@@ -131,6 +131,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true", help="issue 8's 70 shapes after the square ones")
     parser.add_argument("--m", type=int, nargs="*", help="restrict the sweep's M values")
     parser.add_argument("--nk", nargs="*", help="restrict the sweep's (N, K) pairs, written NxK (e.g. 1536x7168)")
+    parser.add_argument("--no-square", action="store_true", help="leave out the square shapes (8192^3, 4096^3)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--config",
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
     from flydsl.kernels.gemm import GemmConfig, candidate_configs, choose_config
 
     configs = [_config(fields) for fields in args.config or ()]
-    cases = [(m, n, k, False, config) for m, n, k in SQUARE for config in [None, *configs]]
+    cases = [] if args.no_square else [(m, n, k, False, config) for m, n, k in SQUARE for config in [None, *configs]]
     if args.sweep:
         cases += [(m, n, k, True, None) for m in (args.m or SWEEP_M) for n, k in sweep_nk]
         cases += [(m, n, k, True, config) for m in (args.m or SWEEP_M) for n, k in sweep_nk for config in configs]

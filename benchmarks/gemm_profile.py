@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from gemm_bench import _config, _config_fields, _describe  # this folder's sibling script
+
 
 def _sample_clocks(run, seconds: float) -> dict:
     """Runs ``run`` back to back for ``seconds`` while nvidia-smi samples every 50 ms; medians of the samples taken
@@ -55,6 +57,13 @@ def main(argv=None) -> int:
     parser.add_argument("k", type=int)
     parser.add_argument("--clocks", action="store_true", help="sample clocks and power instead of one launch each")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--config",
+        type=_config_fields,
+        action="append",
+        help="KEY=VALUE,... GemmConfig fields (as gemm_bench.py's --config); repeated: each profiled after the"
+        " default",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -64,7 +73,11 @@ def main(argv=None) -> int:
     a = torch.randn(args.m, args.k, device="cuda").bfloat16()
     w = torch.randn(args.n, args.k, device="cuda").bfloat16()
     out = torch.empty(args.m, args.n, device="cuda", dtype=torch.bfloat16)
-    runs = {"flydsl": lambda: gemm(a, w.t(), out), "cublas": lambda: torch.matmul(a, w.t(), out=out)}
+    runs = {"flydsl": lambda: gemm(a, w.t(), out)}
+    for fields in args.config or ():
+        config = _config(fields)
+        runs[_describe(config)] = lambda config=config: gemm(a, w.t(), out, config)
+    runs["cublas"] = lambda: torch.matmul(a, w.t(), out=out)
     for run in runs.values():  # compile, pick cuBLAS's algorithm, warm up
         run()
     torch.cuda.synchronize()

@@ -10,7 +10,7 @@ if flyc.runtime.is_available():
 from flydsl.compiler import runtime
 from flydsl.compiler.args import TensorSpec, mark_static
 from flydsl.compiler.context import make_context
-from flydsl.compiler.errors import CompilationError, FlyError, ToolchainError
+from flydsl.compiler.errors import CompilationError, FlyError, PerformanceWarning, ToolchainError
 from flydsl.compiler.jit import CompiledKernel, JitFunction, compile, jit
 from flydsl.compiler.kernel import KernelAttributes, KernelCall, KernelFunction, kernel, set_kernel_attributes
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
@@ -34,6 +34,7 @@ __all__ = [
     "CompilationError",
     "CompiledModule",
     "FlyError",
+    "PerformanceWarning",
     "SM80",
     "SM90A",
     "Stage",

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["FlyError", "CompilationError", "ToolchainError", "format_mlir_error", "location_text"]
+__all__ = [
+    "FlyError",
+    "CompilationError",
+    "PerformanceWarning",
+    "ToolchainError",
+    "format_mlir_error",
+    "location_text",
+]
 
 
 class FlyError(Exception):
@@ -20,6 +27,12 @@ class CompilationError(FlyError):
 
 class ToolchainError(FlyError):
     """An external tool (ptxas) is missing or failed."""
+
+
+class PerformanceWarning(UserWarning):
+    """A kernel compiled, but a tool reported that it will run slower than its code asks for (ptxas's "Potential
+    Performance Loss" notes, e.g. C7514: every ``wgmma`` of the kernel serialized). ``warnings.simplefilter("error",
+    PerformanceWarning)`` turns them into errors, as the GEMM's CPU tests do."""
 
 
 def location_text(location, filename: str = "<input>") -> str:

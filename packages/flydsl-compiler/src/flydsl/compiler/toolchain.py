@@ -7,10 +7,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 from flydsl.compiler import settings
-from flydsl.compiler.errors import ToolchainError
+from flydsl.compiler.errors import PerformanceWarning, ToolchainError
 
 __all__ = ["find_ptxas", "assemble_ptx", "find_nvdisasm", "disassemble_cubin"]
 
@@ -30,7 +31,9 @@ def find_ptxas() -> str | None:
 
 
 def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tuple[str, ...] = ()) -> bytes:
-    """Assembles ``ptx`` for ``arch`` (e.g. ``sm_90a``) into a cubin; a failure raises ToolchainError with the log."""
+    """Assembles ``ptx`` for ``arch`` (e.g. ``sm_90a``) into a cubin; a failure raises ToolchainError with the log,
+    and each "Potential Performance Loss" note of ptxas becomes a :class:`PerformanceWarning` (ptxas prints them
+    even without ``-v``: e.g. C7514, every wgmma of a kernel serialized, costs a GEMM 10-25%)."""
     ptxas = ptxas or find_ptxas()
     if ptxas is None:
         raise ToolchainError("ptxas not found: set FLYDSL_PTXAS or CUDA_HOME, or put the CUDA toolkit's bin on PATH")
@@ -42,6 +45,9 @@ def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tupl
         )
         if result.returncode != 0:
             raise ToolchainError(f"ptxas -arch={arch} failed ({result.returncode}):\n{result.stderr}{result.stdout}")
+        for line in (result.stdout + result.stderr).splitlines():
+            if "Performance Loss" in line:
+                warnings.warn(f"ptxas -arch={arch}: {line.strip()}", PerformanceWarning, stacklevel=2)
         return output.read_bytes()
 
 

@@ -102,27 +102,37 @@ def _accumulator_values(acc) -> list[ir.Value]:
 
 
 def _from_fields(cls: type[Vector], result, count: int) -> Vector:
-    f32 = Float32.mlir_type()
-    fields = [result] if count == 1 else [_llvm.extractvalue(f32, result, [i]) for i in range(count)]
+    """The Vector ``cls`` of an inline asm's ``count`` results (a struct of them, or one value)."""
+    field = cls.element.mlir_type()
+    fields = [result] if count == 1 else [_llvm.extractvalue(field, result, [i]) for i in range(count)]
     return cls(_vector.from_elements(cls.mlir_type(), fields))
 
 
-def _struct(count: int) -> ir.Type:
-    return Float32.mlir_type() if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * count)})>")
+def _struct(count: int, field: ir.Type | None = None) -> ir.Type:
+    """An inline asm's result type: ``count`` values of ``field`` (default f32)."""
+    field = field or Float32.mlir_type()
+    return field if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join([str(field)] * count)})>")
 
 
 def _pass_through(acc: Vector) -> Vector:
-    values = _accumulator_values(acc)
+    if isinstance(acc, Vector) and acc.element not in (Float32, Int32) and acc.width % 32 == 0:  # 16-bit pairs, ...
+        return _pass_through(acc.bitcast(Int32)).bitcast(acc.element)
+    if isinstance(acc, Vector) and acc.element is Int32:
+        values = [_vector.extract(acc.value, [], [i]) for i in range(acc.length)]
+        kind, field = "r", Int32.mlir_type()
+    else:
+        values, kind, field = _accumulator_values(acc), "f", Float32.mlir_type()
     count = len(values)
-    constraints = ",".join(["=f"] * count + [str(i) for i in range(count)])
-    result = _llvm.inline_asm(_struct(count), values, "", constraints, has_side_effects=True)
+    constraints = ",".join([f"={kind}"] * count + [str(i) for i in range(count)])
+    result = _llvm.inline_asm(_struct(count, field), values, "", constraints, has_side_effects=True)
     return _from_fields(type(acc), result, count)
 
 
 def fence_operands(accumulators):
-    """Pins accumulator registers at this point of the program (an empty ``asm volatile`` that reads and writes
-    them), so that the compiler moves no access to them across wgmma's fence / wait. Takes and returns a Vector or a
-    list of them."""
+    """Pins registers at this point of the program (an empty ``asm volatile`` that reads and writes them), so that
+    the compiler moves no access to them across wgmma's fence / wait, and computes them before it. Takes and
+    returns a Vector or a list of them: Float32 accumulators, or any vector of whole 32-bit registers (e.g. the
+    epilogue's packed 16-bit values)."""
     if accumulators is None:
         return None
     if isinstance(accumulators, (list, tuple)):

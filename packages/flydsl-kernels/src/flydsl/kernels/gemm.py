@@ -170,14 +170,15 @@ def _mainloop(pipe, state, mma, a_tiles, b_tiles, k_begin, k_end, consumer, lane
 
 
 def _drain(pipe, released, accs, lane, peers, k_begin, k_end, maybe_empty: bool):
-    """Waits for the unit's last MMAs and releases their slot (``maybe_empty``: a split of K may have no steps)."""
+    """Waits for the unit's last MMAs and releases their slot (``maybe_empty``: a split of K may have no steps, and
+    then no slot). The wait is unconditional: with nothing pending it returns at once, and where a path could skip it
+    ptxas serializes every wgmma of the kernel (C7514)."""
+    accs = wgmma.wait_group(0, accs)
     if fx.const_expr(maybe_empty):
         if k_end > k_begin:
-            accs = wgmma.wait_group(0, accs)
             if lane == 0:
                 pipe.consumer_release(released, peers)
     else:
-        accs = wgmma.wait_group(0, accs)
         if lane == 0:
             pipe.consumer_release(released, peers)
     return accs

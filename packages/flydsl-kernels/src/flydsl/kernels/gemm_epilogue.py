@@ -5,7 +5,7 @@ C's edge) or through shared-memory staging boxes and TMA stores."""
 from __future__ import annotations
 
 import flydsl.expr as fx
-from flydsl.expr import arith, nvvm, vector
+from flydsl.expr import arith, nvvm, vector, wgmma
 from flydsl.kernels.gemm_config import STAGING_BOX, staging_wait
 
 __all__ = ["ACTIVATIONS", "apply_epilogue", "store_accumulators"]
@@ -35,8 +35,8 @@ def _activate(x, activation):
 def _finished_tile(acc, c, bias, activation, col0, lane, n: int):
     """This thread's values of one 64 x n accumulator block (wgmma's layout: element ``2p + e`` lies in column
     ``col0 + 8 (p // 2) + 2 (lane % 4) + e``) through the epilogue, in C's dtype: computed once, however they are
-    stored. Each bias element is read once per thread, at a column clamped into the tensor (values past N are
-    computed but never stored)."""
+    stored, as a Vector. Each bias element is read once per thread, at a column clamped into the tensor (values past
+    N are computed but never stored)."""
     if fx.const_expr(bias is None and activation is None):
         return acc.to(c.dtype)
     last = c.shape[1].to(fx.Int32) - 1
@@ -48,7 +48,7 @@ def _finished_tile(acc, c, bias, activation, col0, lane, n: int):
         for e in fx.range_constexpr(2):
             x = acc[2 * p + e] if bias is None else acc[2 * p + e] + pair[e]
             values.append(_activate(x, activation).to(c.dtype))
-    return values
+    return vector.from_elements(vector.vector_class(c.dtype, len(values)), values)
 
 
 def _store_tile(values, c, row0, col0, full: bool, lane, warp, n: int):
@@ -78,9 +78,18 @@ def store_accumulators(accs, c, bias, activation, cfg, tm, tn, consumer, lane, w
     row0 = tm * cfg.tile_m + (0 if cfg.schedule == "pingpong" else consumer * rows)
     col0 = tn * cfg.tile_n
     inside = (row0 + rows <= c.shape[0].to(fx.Int32)) & (col0 + cfg.tile_n <= c.shape[1].to(fx.Int32))
+    finished = [_finished_tile(accs[mi], c, bias, activation, col0, lane, cfg.tile_n) for mi in range(rows // 64)]
+    if fx.const_expr(bias is None and activation is None):
+        # Converted (and packed, for 16-bit C) all at once, right after the MMAs' wait. Where LLVM sinks some of the
+        # conversions into a later block (past a bounds check, or a TMA store's branch), ptxas serializes every
+        # wgmma of the kernel (C7514 "non wgmma instructions reading accumulator registers"): it did for tile widths
+        # that are not a power of two, 128 x 192 included (ncu: 74% tensor-pipe activity against cuBLAS's 86%). With
+        # a bias or an activation the values stay unpinned: computed all at once they spill, and ptxas kept those
+        # epilogues' wgmma pipelined.
+        finished = wgmma.fence_operands(finished)
     for mi in fx.range_constexpr(rows // 64):
         r0 = row0 + 64 * mi
-        values = _finished_tile(accs[mi], c, bias, activation, col0, lane, cfg.tile_n)
+        values = finished[mi]
         if fx.const_expr(tma is not None):
             _store_tile_tma(values, c, *tma, cfg.store_boxes, r0, col0, consumer, lane, warp, cfg.tile_n)
         else:
