@@ -170,8 +170,8 @@ def test_gemm_config_and_boxes_are_checked():
         GemmConfig(split_tail=True)
     with pytest.raises(ValueError, match="split_k must be an int in 1..64"):
         GemmConfig(split_k=0)
-    with pytest.raises(ValueError, match="parts of a multiple of 32 columns"):
-        GemmConfig(tile_n=192, cluster_m=4)  # 48-column parts
+    with pytest.raises(ValueError, match="parts of a multiple of 8 columns"):
+        GemmConfig(tile_n=144, cluster_m=4)  # 36-column parts
     with pytest.raises(ValueError, match="store_boxes must be 1 or 2"):
         GemmConfig(store_boxes=3)
     spec = flyc.TensorSpec((512, 512), "bf16")
@@ -709,14 +709,18 @@ def test_b_parts_of_96_columns_multicast_from_a_k_major_b():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile_n,cluster_m,store_boxes", [(192, 2, 1), (192, 2, 2), (256, 2, 1), (64, 2, 1)])
+@pytest.mark.parametrize(
+    "tile_m,tile_n,cluster_m,store_boxes",
+    [(128, 192, 2, 1), (128, 192, 2, 2), (128, 256, 2, 1), (128, 64, 2, 1), (64, 96, 2, 2), (128, 144, 2, 2)],
+)
 @pytest.mark.parametrize("m,n,k", [(1000, 776, 520), (2056, 1560, 1032)])
-def test_gemm_b_parts_and_one_store_box_on_gpu(tile_n, cluster_m, store_boxes, m, n, k):
-    """Clusters along M whose B parts are 96 or 32 columns (K-major B, as nn.Linear weights), and one staging box
-    per consumer (a deeper pipeline), on tails in M, N and K; an MN-major B is refused before launch."""
+def test_gemm_b_parts_and_one_store_box_on_gpu(tile_m, tile_n, cluster_m, store_boxes, m, n, k):
+    """Clusters along M whose B parts are 96, 72, 48 or 32 columns (K-major B, as nn.Linear weights), and one
+    staging box per consumer (a deeper pipeline), on tails in M, N and K; an MN-major B is refused before launch."""
     torch = pytest.importorskip("torch")
-    stages = max_stages(128, tile_n, store_boxes=store_boxes)
-    cfg = GemmConfig(tile_n=tile_n, stages=stages, cluster_m=cluster_m, store_boxes=store_boxes)
+    stages = max_stages(tile_m, tile_n, store_boxes=store_boxes)
+    consumers = 1 if tile_m == 64 else 2
+    cfg = GemmConfig(tile_m, tile_n, stages=stages, consumers=consumers, cluster_m=cluster_m, store_boxes=store_boxes)
     a = _operand(torch, m, k, torch.bfloat16, "K")
     _gemm_checked(torch, a, _operand(torch, k, n, torch.bfloat16, "MN"), cfg)
     if (tile_n // cluster_m) % 64:

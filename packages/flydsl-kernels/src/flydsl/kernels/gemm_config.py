@@ -68,9 +68,10 @@ class GemmConfig:
                 " multiple of 16 up to 256 (not a multiple of 64: B K-major, C stored from registers); tile_k a"
                 " multiple of 64 (one 128-byte swizzled row of bf16)"
             )
-        if self.cluster_m not in (1, 2, 4) or self.tile_n % (16 if self.cluster_m == 1 else 32 * self.cluster_m):
+        # A K-major B part starts a whole 128B-swizzle atom (8 rows of 128 bytes) into the slot: 8-row parts.
+        if self.cluster_m not in (1, 2, 4) or self.tile_n % (8 * self.cluster_m):
             raise ValueError(
-                f"{self}: cluster_m must be 1, 2 or 4 and split tile_n into parts of a multiple of 32 columns (a"
+                f"{self}: cluster_m must be 1, 2 or 4 and split tile_n into parts of a multiple of 8 columns (a"
                 " multiple of 64 for B given MN-major, checked at launch)"
             )
         if self.cluster_n not in (1, 2, 4) or self.tile_m % (64 * self.cluster_n):
