@@ -450,6 +450,32 @@ def test_fence_proxy_async_spaces():
         _trace(bad, _fake((4,), "<f4"))
 
 
+def test_fence_operands_pins_packed_16_bit_and_int_vectors():
+    """fence_operands takes any vector of whole 32-bit registers (the GEMM epilogue pins its packed bf16 values
+    right after the wait): one empty asm per vector, "=r" operands, the values unchanged; odd 16-bit counts are
+    refused."""
+
+    @flyc.kernel
+    def pinned(x: fx.Tensor, y: fx.Tensor):
+        t = gpu.thread_idx.x.to(fx.Int32)
+        halves = fx.vector.from_elements(fx.vector.vector_class(fx.BFloat16, 4), [x[4 * t + i] for i in range(4)])
+        words = fx.vector.from_elements(fx.vector.vector_class(fx.Int32, 2), [t, t + 1])
+        halves, words = wgmma.fence_operands([halves, words])
+        for i in range(4):
+            x[4 * t + i] = halves[i]
+        y[t] = words[0] + words[1]
+
+    ptx = pinned.lower(_fake((512,), "<bfloat16"), _fake((128,), "<i4", 1)).ptx
+    assert ptx.count("// begin inline asm") == 2
+    with pytest.raises(TypeError, match="whole 32-bit registers, got BFloat16x3"):
+
+        @flyc.kernel
+        def odd(x: fx.Tensor):
+            wgmma.fence_operands(fx.vector.from_elements(fx.vector.vector_class(fx.BFloat16, 3), [x[0], x[1], x[2]]))
+
+        _trace(odd, _fake((4,), "<bfloat16"))
+
+
 # --- GPU ----------------------------------------------------------------------------------------------------------
 
 GPU_CASES = [

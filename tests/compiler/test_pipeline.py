@@ -91,6 +91,40 @@ def test_ptxas_errors_carry_its_log():
         toolchain.assemble_ptx(".version 8.0\n.target sm_90a\n.address_size 64\nthis is not ptx\n", "sm_90a")
 
 
+# An accumulator read between a wgmma and the wait that completes it: ptxas serializes the kernel's wgmma (C7514).
+_SERIALIZED_WGMMA_PTX = """.version 8.0
+.target sm_90a
+.address_size 64
+.visible .entry serialized(.param .u64 out, .param .u64 da, .param .u64 db)
+{
+.reg .f32 %f<4>;
+.reg .b64 %rd<4>;
+ld.param.u64 %rd1, [da];
+ld.param.u64 %rd2, [db];
+ld.param.u64 %rd3, [out];
+mov.f32 %f0, 0f00000000;
+mov.f32 %f1, 0f00000000;
+mov.f32 %f2, 0f00000000;
+mov.f32 %f3, 0f00000000;
+wgmma.fence.sync.aligned;
+wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%f0, %f1, %f2, %f3}, %rd1, %rd2, 1, 1, 1, 0, 0;
+st.global.f32 [%rd3], %f0;
+wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%f0, %f1, %f2, %f3}, %rd1, %rd2, 1, 1, 1, 0, 0;
+wgmma.commit_group.sync.aligned;
+wgmma.wait_group.sync.aligned 0;
+st.global.f32 [%rd3+4], %f1;
+ret;
+}
+"""
+
+
+@pytest.mark.skipif(toolchain.find_ptxas() is None, reason="needs ptxas")
+def test_ptxas_performance_notes_become_performance_warnings():
+    with pytest.warns(flyc.PerformanceWarning, match=r"C7514.*serialized.*'serialized'"):
+        cubin = toolchain.assemble_ptx(_SERIALIZED_WGMMA_PTX, "sm_90a")
+    assert cubin  # a warning, not an error: the kernel still runs
+
+
 def test_missing_ptxas_override_is_reported(monkeypatch):
     monkeypatch.setenv("FLYDSL_PTXAS", "/nonexistent/ptxas")
     with pytest.raises(flyc.ToolchainError, match="FLYDSL_PTXAS='/nonexistent/ptxas' is not an executable"):

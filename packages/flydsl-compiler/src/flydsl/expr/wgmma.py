@@ -115,9 +115,14 @@ def _struct(count: int, field: ir.Type | None = None) -> ir.Type:
 
 
 def _pass_through(acc: Vector) -> Vector:
-    if isinstance(acc, Vector) and acc.element not in (Float32, Int32) and acc.width % 32 == 0:  # 16-bit pairs, ...
+    if not isinstance(acc, Vector) or acc.width % 32:
+        raise TypeError(
+            f"fence_operands: expected Float32 accumulators or a vector of whole 32-bit registers, got"
+            f" {type(acc).__name__}"
+        )
+    if acc.element not in (Float32, Int32):  # packed 16-bit pairs, ...
         return _pass_through(acc.bitcast(Int32)).bitcast(acc.element)
-    if isinstance(acc, Vector) and acc.element is Int32:
+    if acc.element is Int32:
         values = [_vector.extract(acc.value, [], [i]) for i in range(acc.length)]
         kind, field = "r", Int32.mlir_type()
     else:
