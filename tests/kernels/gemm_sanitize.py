@@ -60,6 +60,7 @@ CASES = [  # (m, n, k, config or None for gemm()'s own choice, bias, activation)
     (2056, 1032, 264, _config(128, 128, stream_k=True), False, None),
     (13, 520, 264, None, True, "relu"),  # the skinny kernel (b column-major, as nn.Linear weights)
     (264, 776, 520, _config(128, 192, cluster_m=2, store_boxes=1), True, "relu"),  # 96-column B parts, 5 stages
+    (264, 392, 200, _config(64, 96, cluster_m=2), False, None),  # 48-column B parts, C stored from registers
 ]
 
 
