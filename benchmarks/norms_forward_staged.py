@@ -28,7 +28,8 @@ from flydsl.kernels.bench import median_ms
 
 TOTAL = 1 << 28
 SIZES = [32768, 65536, 131072, 262144]
-# Staged shapes tried beside the default (--sweep): (threads, chunks per thread, lag, ring rows or None = most).
+# Staged shapes tried beside the default (--sweep): (threads, chunks per thread, lag, ring rows or None = most, and
+# optionally hold: the row's values kept in registers from the first pass to the output, lag 0 only).
 SHAPES = [
     (1024, 2, 1, None),
     (1024, 2, 2, None),
@@ -41,6 +42,8 @@ SHAPES = [
     (1024, 8, 0, 1),  # a single-row ring of 128 KB per CTA (1 MB rows over 8 CTAs)
     (512, 16, 0, 1),
     (512, 8, 0, 1),  # the fused add's single-row ring at 512 threads
+    (1024, 4, 0, None, True),
+    (512, 8, 0, None, True),
 ]
 KINDS = {"layer_norm": "layer", "rms_norm": "rms", "fused_add_rms_norm": "fused", "softmax": "softmax"}
 
@@ -114,7 +117,7 @@ def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
     return row
 
 
-def _sweep(torch, norm, row: dict, dtype, reps: int) -> list:
+def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES) -> list:
     """The staged kernel's other shapes for this case, launched directly (kernel and grid alone, no API checks)."""
     n, m, kernel = row["n"], row["rows"], row["kernel"]
     rms, fused = kernel != "layer_norm", kernel == "fused_add_rms_norm"
@@ -130,9 +133,10 @@ def _sweep(torch, norm, row: dict, dtype, reps: int) -> list:
         from flydsl.kernels.host import row_tensor
 
         xt, ot = row_tensor(x, "x"), row_tensor(out, "out")
-    for threads, chunks, lag, stages in SHAPES:
-        cfg = norm.staged_forward_config(n, row["dtype"], fused, chunks, stages, threads, lag)
-        shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages}
+    for threads, chunks, lag, stages, *hold in shapes:
+        hold = bool(hold and hold[0])
+        cfg = norm.staged_forward_config(n, row["dtype"], fused, chunks, stages, threads, lag, hold)
+        shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages, "hold": hold}
         if cfg is None:
             found.append({**shape, "tbps": None})
             continue
@@ -140,9 +144,24 @@ def _sweep(torch, norm, row: dict, dtype, reps: int) -> list:
             run = lambda cfg=cfg: softmax_staged.forward_staged(xt, ot, cfg)  # noqa: E731
         else:
             run = lambda cfg=cfg: norm._launch_staged_forward(args, 1e-6, cfg, flags, m, x.device.index)  # noqa: E731
+        reference = _reference(torch, kernel, x, w, b, residual)  # before the fused add rewrites its residual
+        out.fill_(float("nan"))
+        run()
+        diff = (out.float() - reference).abs().max().item()
         shape.update(cluster=cfg.row.cluster, stages=cfg.stages, tbps=row["bytes"] / median_ms(run, reps) / 1e9)
+        shape.update(gpu_tbps=row["bytes"] / median_ms(run, reps, queued=True) / 1e9, max_diff=diff)
         found.append(shape)
     return found
+
+
+def _reference(torch, kernel: str, x, w, b, residual):
+    """The sweep's float32 reference of one launch (eps 1e-6, as the sweep's launches; the fused add's output only)."""
+    xf = x.float() + residual.float() if kernel == "fused_add_rms_norm" else x.float()
+    if kernel == "softmax":
+        return torch.softmax(xf, dim=-1)
+    if kernel == "layer_norm":
+        return torch.nn.functional.layer_norm(xf, xf.shape[-1:], w.float(), b.float(), 1e-6)
+    return xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6) * w.float()
 
 
 def main() -> int:
@@ -153,6 +172,11 @@ def main() -> int:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--sweep", action="store_true", help="also time the staged kernel's other shapes")
+    parser.add_argument(
+        "--shapes",
+        help="--sweep: only these shapes, THREADS:CHUNKS:LAG[:STAGES[:HOLD]] separated by commas (STAGES 0: most;"
+        " HOLD 1: values held in registers), e.g. 1024:4:0:0:1,512:8:0:0:1",
+    )
     parser.add_argument("--budget-s", type=float, default=270.0, help="no new case after this many seconds")
     parser.add_argument("--out", required=True, help="JSON record (rewritten after every case)")
     args = parser.parse_args()
@@ -162,6 +186,13 @@ def main() -> int:
     from flydsl.kernels import norms
 
     norm = importlib.import_module("flydsl.kernels.normalization")
+    shapes = SHAPES
+    if args.shapes:
+        shapes = []
+        for text in args.shapes.split(","):
+            fields = [int(f) for f in text.split(":")]
+            threads, chunks, lag, stages, hold = (fields + [0, 0])[:5]
+            shapes.append((threads, chunks, lag, stages or None, bool(hold)))
     dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
     started = time.time()
     results, skipped = [], []
@@ -177,14 +208,14 @@ def main() -> int:
                     continue
                 row = _case(torch, norms, norm, kernel, dtypes[name], n, args.reps)
                 if args.sweep:  # where no config is routed too: the shapes that might serve there
-                    row["sweep"] = _sweep(torch, norm, row, dtypes[name], args.reps)
+                    row["sweep"] = _sweep(torch, norm, row, dtypes[name], args.reps, shapes)
                 results.append(row)
-                best = max([s["tbps"] for s in row.get("sweep", []) if s["tbps"]] or [0.0])
+                best = max([s["gpu_tbps"] for s in row.get("sweep", []) if s["tbps"]] or [0.0])
                 print(
                     f"{kernel:20s} {name:4s} {n:7d}  copy {row['copy_tbps']:.2f}  bar {row['bar_tbps']:.2f}  "
                     f"current {row['current_tbps']:.2f}  staged {row.get('staged_tbps', float('nan')):.2f}  "
                     f"(gpu {row['current_gpu_tbps']:.2f} / {row.get('staged_gpu_tbps', float('nan')):.2f})  "
-                    f"sweep best {best:.2f}  diff {row.get('max_diff', float('nan')):.3g}  {row['staged']}",
+                    f"sweep best (gpu) {best:.2f}  diff {row.get('max_diff', float('nan')):.3g}  {row['staged']}",
                     flush=True,
                 )
                 summary = {"skipped (budget)": skipped, "seconds": round(time.time() - started, 1)}

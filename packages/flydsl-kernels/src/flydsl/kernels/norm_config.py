@@ -250,13 +250,21 @@ class StagedForwardConfig:
     """The staged forward (:func:`flydsl.kernels.norm_staged._rows_staged_forward`): ``row`` (the thread layout: as
     many CTAs per row as hold it, a cluster of up to 8), ``stages`` (rows of the shared-memory ring), ``sources``
     (row tensors in the ring: x, and the residual of the fused add), ``lag`` (clusters: rows between a row's push
-    and its output). One CTA per SM (the ring takes most of the shared memory), a persistent grid."""
+    and its output), ``hold`` (lag 0: each thread keeps its values of the row in registers from the first pass to
+    the output, as float32, instead of reading and converting them from the ring in every pass; softmax keeps its
+    exps, and writes each output with one multiply). One CTA per SM (the ring takes most of the shared memory), a
+    persistent grid."""
 
     row: RowConfig
     stages: int
     sources: int = 1
     lag: int = 1
     blocks_per_sm: int = 1
+    hold: bool = False
+
+    def __post_init__(self):
+        if self.hold and self.lag and self.row.cluster > 1:
+            raise ValueError(f"{self}: hold keeps a row in registers until its output: lag 0 only")
 
     @property
     def staged(self) -> bool:
@@ -279,6 +287,7 @@ def staged_forward_config(
     stages: int | None = None,
     threads: int = _STAGED_THREADS,
     lag: int = 1,
+    hold: bool = False,
 ) -> StagedForwardConfig | None:
     """The staged forward config for rows of ``n`` elements of ``dtype`` (``residual``: the fused add, whose ring
     holds x and the residual): CTAs of ``threads`` threads holding ``chunks`` 16-byte chunks of each source per row
@@ -288,7 +297,8 @@ def staged_forward_config(
     row ahead, except in a ring of a single row (lag 0), whose next row is copied in once this row's output is
     written (rows of 128 KB per CTA: two would not fit). :func:`routed_staged_forward_config` picks the shape the
     forward takes. None when N is not a multiple of 16 bytes, a row needs more than 8 CTAs, or the ring does not fit
-    :data:`_RING_BYTES` or is too small for the pipeline (``lag + 2`` rows, or one)."""
+    :data:`_RING_BYTES` or is too small for the pipeline (``lag + 2`` rows, or one). ``hold``: see
+    :class:`StagedForwardConfig` (lag 0 only)."""
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     sources = 2 if residual else 1
     if chunks is None:
@@ -306,7 +316,9 @@ def staged_forward_config(
     if stages < 1 or stages * stage_bytes > _RING_BYTES or not (single or stages >= lag + 2):
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
-    return StagedForwardConfig(layout, stages, sources, lag)
+    if hold and lag and cluster > 1:
+        return None
+    return StagedForwardConfig(layout, stages, sources, lag, hold=hold)
 
 
 # The staged forward is the default from these N on (the register kernel's cluster regime, under the bar; shorter

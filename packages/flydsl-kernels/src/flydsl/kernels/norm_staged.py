@@ -428,8 +428,22 @@ class _ForwardRows:
             xs = _round([a + b for a, b in zip(xs, rs, strict=True)], self.x.dtype)
         return xs
 
-    def store_softmax(self, slot, row, top, scale) -> None:
-        """Softmax of the row in ``slot``: ``exp(x - top) * scale``."""
+    def row_values(self, slot, held):
+        """Every chunk's values of the row in ``slot``: ``held`` (kept in registers since the first pass), or read
+        from the ring (None: a chunk at a time, where it is used)."""
+        if fx.const_expr(held is not None):
+            return lambda j: held[j]
+        return lambda j: self.values(slot, j)
+
+    def store_softmax(self, slot, row, top, scale, held=None, factor=None) -> None:
+        """Softmax of the row in ``slot``: ``exp(x - top) * scale``; or, given the exps the first passes kept
+        (``held``: ``exp(x - m)`` about this CTA's max ``m``), ``held * factor`` (``factor = exp(m - top) *
+        scale``)."""
+        if fx.const_expr(held is not None):
+            store_row(
+                self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, lambda j: [e * factor for e in held[j]]
+            )
+            return
         shift = top * _LOG2E
 
         def chunk(j):
@@ -437,7 +451,7 @@ class _ForwardRows:
 
         store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
 
-    def store(self, slot, row, mean, rstd) -> None:
+    def store(self, slot, row, mean, rstd, held=None) -> None:
         """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store). 16-bit rows: ``v *
         rstd - mean * rstd``, then ``* w + b``, two fma per element (the kernel is issue-bound there; the rounding of
         ``mean * rstd`` stays far under the output's). float32 rows: ``(v - mean) * rstd``, exact to float32 even
@@ -445,9 +459,10 @@ class _ForwardRows:
         rc, pos, n = self.rc, self.pos, self.n
         shift = -mean * rstd
         exact = self.x.dtype is fx.Float32
+        values = self.row_values(slot, held)
 
         def chunk(j):
-            vs = self.values(slot, j)
+            vs = values(j)
             ys = [(v - mean) * rstd for v in vs] if exact else [v * rstd + shift for v in vs]
             if fx.const_expr(self.flags.weight):
                 ys = [y * w for y, w in zip(ys, load_vector_chunk(rc, self.weight, pos, n, j), strict=True)]
@@ -461,28 +476,31 @@ class _ForwardRows:
 def _forward_partial(work, slot, row, block, smem, parity, inv_count):
     """This CTA's partial pair of the row in ``slot``: RMSNorm ``(sum(v^2), 0)``; LayerNorm ``(m, sum((v - m)^2))``
     with the CTA's own mean ``m = sum(v) * inv_count`` (two block reductions; the zero padding masked out of the
-    second); softmax: see :func:`_softmax_partial`. The fused add writes ``residual_out`` here.
-    (A function, not a method of :class:`_ForwardRows`: the kernel's control flow is traced through functions only,
-    and a method's ``if`` on a kernel value would not be.)"""
+    second); softmax: see :func:`_softmax_partial`. The fused add writes ``residual_out`` here. Returns (the pair,
+    the values held for the output: with ``work.cfg.hold`` the row's float32 values (softmax: its exps), else
+    None). (A function, not a method of :class:`_ForwardRows`: the kernel's control flow is traced through
+    functions only, and a method's ``if`` on a kernel value would not be.)"""
     if fx.const_expr(isinstance(work.flags, SoftmaxFlags)):
         return _softmax_partial(work, slot, block, smem)
     rc, pos = work.rc, work.pos
     here = _row_at(pos, row)
+    held = [work.values(slot, j) for j in range(rc.chunks)] if work.cfg.hold else None
+    values = work.row_values(slot, held)
     part = fx.Float32(0.0)
     for j in fx.range_constexpr(rc.chunks):
-        vs = work.values(slot, j)
+        vs = values(j)
         if fx.const_expr(work.flags.residual):
             store_row(rc, work.residual_out, here, work.n, work.rows, vs, chunks=(j,))
         part = part + thread_reduce([v * v for v in vs] if work.flags.rms else vs)
     if fx.const_expr(work.flags.rms):
-        return [row_reduce(block, pos, smem, parity, part), fx.Float32(0.0)]
+        return [row_reduce(block, pos, smem, parity, part), fx.Float32(0.0)], held
     total = row_reduce(block, pos, smem, 0, part)
     local = total * inv_count
     squares = fx.Float32(0.0)
     for j in fx.range_constexpr(rc.chunks):  # chunks past N masked out whole (N is a multiple of vec)
-        chunk = thread_reduce([(v - local) * (v - local) for v in work.values(slot, j)])
+        chunk = thread_reduce([(v - local) * (v - local) for v in values(j)])
         squares = squares + fx.arith.select(work.inside[j], chunk, fx.Float32(0.0))
-    return [local, row_reduce(block, pos, smem, 1, squares)]
+    return [local, row_reduce(block, pos, smem, 1, squares)], held
 
 
 def _chan(share, old, counts, inv_n):
@@ -542,7 +560,7 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
     parity = fx.Int32(0)
     for grp in range(group, rows + lag * groups, groups):  # lag more steps in a cluster: the last rows' output
         fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
-        part = _forward_partial(work, k % cfg.stages, grp, block, smem, parity, inv_count)
+        part, held = _forward_partial(work, k % cfg.stages, grp, block, smem, parity, inv_count)
         done = k - lag
         row = grp - lag * groups
         if fx.const_expr(rc.cluster > 1):
@@ -550,10 +568,12 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
                 _exchange_push(share, k, grp, part)
             if done >= 0:  # the output of row k - lag, from its pairs
                 a, b = _pushed_stats(share, flags, _exchange_wait(share, done), counts, inv_n)
-                _finish(work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out)
+                _finish(
+                    work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out, part, held
+                )
         else:  # one CTA per row: its pair is the row's
             a, b = _own_stats(flags, part, inv_n)
-            _finish(work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out)
+            _finish(work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out, part, held)
         # the slot of row k - lag is free (its output is written): row k + ahead + 1 goes there
         work.ring.issue(grp + (ahead + 1) * groups, (k + ahead + 1) % cfg.stages)
         k = k + 1
@@ -591,15 +611,22 @@ def _pushed_stats(share, flags, old, counts, inv_n):
     return _chan(share, old, counts, inv_n)
 
 
-def _finish(work, flags, pos, slot, row, rows, a, b, inv_n, eps, mean_out, rstd_out) -> None:
+def _finish(work, flags, pos, slot, row, rows, a, b, inv_n, eps, mean_out, rstd_out, part=None, held=None) -> None:
     """Row ``row``'s output from ring slot ``slot`` given its statistics ``(a, b)`` (see :func:`_pushed_stats`), and
-    the statistics asked for (the leader thread)."""
+    the statistics asked for (the leader thread). ``held``: the row's values kept in registers (lag 0), with this
+    CTA's own pair ``part`` (softmax: the exps about its own max)."""
     if fx.const_expr(isinstance(flags, SoftmaxFlags)):
-        work.store_softmax(slot, row, a, 1.0 / b)
+        factor = None
+        if fx.const_expr(held is not None):  # exp(x - m) * exp(m - top) / sum, 0 for a part all -inf (its exps are
+            # 0 and m is -inf), NaN for a row all -inf (b = 0), as the path without held values
+            low = fx.Float32(float("-inf"))
+            rescale = fx.arith.select(part[0] > low, nvvm.ex2_approx((part[0] - a) * _LOG2E), fx.Float32(0.0))
+            factor = rescale * (1.0 / b)
+        work.store_softmax(slot, row, a, 1.0 / b, held, factor)
         return
     mean = a
     rstd = math.rsqrt(b * inv_n + eps)
-    work.store(slot, row, mean, rstd)
+    work.store(slot, row, mean, rstd, held)
     if fx.const_expr(flags.mean or flags.rstd):
         if pos.leader & (row < rows):
             if fx.const_expr(flags.mean):
@@ -615,22 +642,26 @@ def _softmax_partial(work, slot, block, smem):
     """Softmax's pair of this CTA's part of the row in ``slot``: its max ``m`` and ``sum(exp(x - m))`` (``ex2.approx``
     as the register kernel), two block reductions; the zero padding masked out (-inf for the max, 0 in the sum). A
     CTA holding nothing of the row, or only -inf, pushes ``(-inf, 0)``, which adds nothing in
-    :func:`_softmax_combine`."""
+    :func:`_softmax_combine`. Returns (the pair, with ``work.cfg.hold`` the exps for the output, else None)."""
     rc, pos = work.rc, work.pos
+    held = [work.values(slot, j) for j in range(rc.chunks)] if work.cfg.hold else None
+    values = work.row_values(slot, held)
     low = fx.Float32(float("-inf"))
     top = low
     for j in fx.range_constexpr(rc.chunks):
-        vs = [fx.arith.select(work.inside[j], v, low) for v in work.values(slot, j)]
+        vs = [fx.arith.select(work.inside[j], v, low) for v in values(j)]
         top = arith.maximum(top, thread_reduce(vs, "max"))
     top = row_reduce(block, pos, smem, 0, top, "max")
     # A part all -inf (a causal mask's tail held by a whole CTA) is shifted by 0: its exps are 0 and its sum 0, where
     # exp(-inf - -inf) = NaN would make the whole row NaN in _softmax_combine (NaN * 0).
     shift = fx.arith.select(top > low, top * _LOG2E, fx.Float32(0.0))
     total = fx.Float32(0.0)
+    exps = []
     for j in fx.range_constexpr(rc.chunks):
-        es = [nvvm.ex2_approx(v * _LOG2E - shift) for v in work.values(slot, j)]
+        es = [nvvm.ex2_approx(v * _LOG2E - shift) for v in values(j)]
+        exps.append(es)
         total = total + thread_reduce([fx.arith.select(work.inside[j], e, fx.Float32(0.0)) for e in es])
-    return [top, row_reduce(block, pos, smem, 1, total)]
+    return [top, row_reduce(block, pos, smem, 1, total)], (exps if work.cfg.hold else None)
 
 
 def _softmax_combine(share, old):
