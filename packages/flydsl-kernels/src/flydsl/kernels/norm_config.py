@@ -328,8 +328,8 @@ FORWARD_KINDS = ("layer", "rms", "fused", "softmax")
 
 
 def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
-    """(threads, chunks per source, lag, ring rows) of the staged forward that :func:`routed_staged_forward_config`
-    takes for ``kind`` (:data:`FORWARD_KINDS`: LayerNorm, RMSNorm, the fused add + RMSNorm, softmax), or None where
+    """(threads, chunks per source, lag, ring rows, hold) of the staged forward that
+    :func:`routed_staged_forward_config` takes for ``kind`` (:data:`FORWARD_KINDS`: LayerNorm, RMSNorm, the fused add + RMSNorm, softmax), or None where
     the register kernel stays. The rule, from two H200 sweeps (benchmarks/results/norms_forward_staged_2026-11-30.json
     and ..._2026-11-30_sweep.json, 2^28 elements, each shape launched alone; TB/s, first sweep then second):
 
@@ -351,6 +351,12 @@ def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
       row's 1 MB. 2 MB rows (the fused add's f32 262144): the register kernel.
     - float32 32768: LayerNorm and RMSNorm (3.80, 3.88 against 2.62, 3.71); the register kernel's softmax and fused
       add are at the bar there (3.82, 3.91).
+    - ``hold`` (the row's values in registers from the first pass to the output) for softmax and RMSNorm at 1024
+      threads x 4 chunks (benchmarks/results/norms_forward_hold_2026-11-30.json, GPU time, TB/s): softmax bf16
+      65536-262144 3.76, 3.43, 3.34 -> 3.79, 3.84, 3.72 (its exps kept: one ex2 per element instead of two, 24.8
+      -> 17.3 SASS instructions per element); float32 65536 at 512 threads x 8 chunks, 3.83 -> 3.96. RMSNorm
+      +0-1%. LayerNorm keeps the ring: held, its 32 values spill at 1024 threads (3.70, 3.51, 3.34 -> 3.63, 3.45,
+      2.90), and 512 threads are slower. Not in a single-row ring (8 chunks: 32 float32 values at 1024 threads).
     """
     if kind not in FORWARD_KINDS:
         raise ValueError(f"kind: expected one of {FORWARD_KINDS}, got {kind!r}")
@@ -359,12 +365,15 @@ def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
     sources = 2 if kind == "fused" else 1
     share = _FORWARD_STAGE_BYTES // (sources * _STAGED_THREADS * 16)  # chunks per source of a 64 KB ring row
     row_bytes = sources * n * (4 if dtype == "f32" else 2)
+    hold = kind in ("rms", "softmax")
     if row_bytes <= _FORWARD_STAGE_BYTES:
-        return (_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3)
+        return (_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3, hold)
+    if kind == "softmax" and dtype == "f32" and n == 65536:
+        return (_STAGED_THREADS // 2, 2 * share, 0, 3, True)
     if row_bytes <= 8 * _FORWARD_STAGE_BYTES:
-        return (_STAGED_THREADS, share, 1, 3) if sources == 2 else (_STAGED_THREADS, share, 0, 3)
+        return (_STAGED_THREADS, share, 1, 3, False) if sources == 2 else (_STAGED_THREADS, share, 0, 3, hold)
     if row_bytes <= 16 * _FORWARD_STAGE_BYTES and kind in ("fused", "softmax"):
-        return (_STAGED_THREADS, 2 * share, 0, 1)
+        return (_STAGED_THREADS, 2 * share, 0, 1, False)
     return None
 
 
@@ -374,5 +383,5 @@ def routed_staged_forward_config(n: int, dtype: str, kind: str) -> StagedForward
     shape = forward_shape(n, dtype, kind)
     if shape is None:
         return None
-    threads, chunks, lag, stages = shape
-    return staged_forward_config(n, dtype, kind == "fused", chunks, stages, threads, lag)
+    threads, chunks, lag, stages, hold = shape
+    return staged_forward_config(n, dtype, kind == "fused", chunks, stages, threads, lag, hold)
