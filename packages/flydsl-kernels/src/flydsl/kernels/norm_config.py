@@ -330,8 +330,9 @@ FORWARD_KINDS = ("layer", "rms", "fused", "softmax")
 def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
     """(threads, chunks per source, lag, ring rows, hold) of the staged forward that
     :func:`routed_staged_forward_config` takes for ``kind`` (:data:`FORWARD_KINDS`: LayerNorm, RMSNorm, the fused
-    add + RMSNorm, softmax), or None where the register kernel stays. The rule, from two H200 sweeps (benchmarks/results/norms_forward_staged_2026-11-30.json
-    and ..._2026-11-30_sweep.json, 2^28 elements, each shape launched alone; TB/s, first sweep then second):
+    add + RMSNorm, softmax), or None where the register kernel stays. The rule, from two H200 sweeps
+    (benchmarks/results/norms_forward_staged_2026-11-30.json and ..._2026-11-30_sweep.json, 2^28 elements, each
+    shape launched alone; TB/s, first sweep then second):
 
     - A ring row of 64 KB per CTA (1024 threads; 4 chunks, 2 per source with the residual): 64 KB in flight per SM
       is twice what HBM needs (Little's law), and larger CTA shares beat more CTAs per row (1024 x 2 chunks: a
