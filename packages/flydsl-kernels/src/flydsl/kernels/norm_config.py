@@ -356,8 +356,10 @@ def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
       threads x 4 chunks (benchmarks/results/norms_forward_hold_2026-11-30.json, GPU time, TB/s): softmax bf16
       65536-262144 3.76, 3.43, 3.34 -> 3.79, 3.84, 3.72 (its exps kept: one ex2 per element instead of two, 24.8
       -> 17.3 SASS instructions per element); float32 65536 at 512 threads x 8 chunks, 3.83 -> 3.96. RMSNorm
-      +0-1%. LayerNorm keeps the ring: held, its 32 values spill at 1024 threads (3.70, 3.51, 3.34 -> 3.63, 3.45,
-      2.90), and 512 threads are slower. Not in a single-row ring (8 chunks: 32 float32 values at 1024 threads).
+      +0-1%. Softmax in one CTA (bf16 32768, a 2-row ring) measured 3.74 held against 3.83-3.86 (the full
+      norms_bench run at 54aa53c): not held. LayerNorm keeps the ring: held, its 32 values spill at 1024 threads
+      (3.70, 3.51, 3.34 -> 3.63, 3.45, 2.90), and 512 threads are slower. Not in a single-row ring (8 chunks: 32
+      float32 values at 1024 threads).
     """
     if kind not in FORWARD_KINDS:
         raise ValueError(f"kind: expected one of {FORWARD_KINDS}, got {kind!r}")
@@ -367,8 +369,8 @@ def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
     share = _FORWARD_STAGE_BYTES // (sources * _STAGED_THREADS * 16)  # chunks per source of a 64 KB ring row
     row_bytes = sources * n * (4 if dtype == "f32" else 2)
     hold = kind in ("rms", "softmax")
-    if row_bytes <= _FORWARD_STAGE_BYTES:
-        return (_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3, hold)
+    if row_bytes <= _FORWARD_STAGE_BYTES:  # softmax in one CTA's 2-row ring: held 3.74, not 3.83-3.86
+        return (_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3, kind == "rms")
     if kind == "softmax" and dtype == "f32" and n == 65536:
         return (_STAGED_THREADS // 2, 2 * share, 0, 3, True)
     if row_bytes <= 8 * _FORWARD_STAGE_BYTES:
