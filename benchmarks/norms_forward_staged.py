@@ -29,7 +29,7 @@ from flydsl.kernels.bench import median_ms
 TOTAL = 1 << 28
 SIZES = [32768, 65536, 131072, 262144]
 # Staged shapes tried beside the default (--sweep): (threads, chunks per thread, lag, ring rows or None = most, and
-# optionally hold: the row's values kept in registers from the first pass to the output, lag 0 only).
+# optionally hold: the count of chunks whose values stay in registers from the first pass to the output, lag 0).
 SHAPES = [
     (1024, 2, 1, None),
     (1024, 2, 2, None),
@@ -42,8 +42,8 @@ SHAPES = [
     (1024, 8, 0, 1),  # a single-row ring of 128 KB per CTA (1 MB rows over 8 CTAs)
     (512, 16, 0, 1),
     (512, 8, 0, 1),  # the fused add's single-row ring at 512 threads
-    (1024, 4, 0, None, True),
-    (512, 8, 0, None, True),
+    (1024, 4, 0, None, 4),
+    (512, 8, 0, None, 8),
 ]
 KINDS = {"layer_norm": "layer", "rms_norm": "rms", "fused_add_rms_norm": "fused", "softmax": "softmax"}
 
@@ -134,7 +134,7 @@ def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES) -> list:
 
         xt, ot = row_tensor(x, "x"), row_tensor(out, "out")
     for threads, chunks, lag, stages, *hold in shapes:
-        hold = bool(hold and hold[0])
+        hold = hold[0] if hold else 0
         cfg = norm.staged_forward_config(n, row["dtype"], fused, chunks, stages, threads, lag, hold)
         shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages, "hold": hold}
         if cfg is None:
@@ -175,7 +175,7 @@ def main() -> int:
     parser.add_argument(
         "--shapes",
         help="--sweep: only these shapes, THREADS:CHUNKS:LAG[:STAGES[:HOLD]] separated by commas (STAGES 0: most;"
-        " HOLD 1: values held in registers), e.g. 1024:4:0:0:1,512:8:0:0:1",
+        " HOLD: chunks whose values stay in registers, 0..CHUNKS), e.g. 1024:4:0:0:4,1024:4:0:0:2",
     )
     parser.add_argument("--budget-s", type=float, default=270.0, help="no new case after this many seconds")
     parser.add_argument("--out", required=True, help="JSON record (rewritten after every case)")
@@ -192,7 +192,7 @@ def main() -> int:
         for text in args.shapes.split(","):
             fields = [int(f) for f in text.split(":")]
             threads, chunks, lag, stages, hold = (fields + [0, 0])[:5]
-            shapes.append((threads, chunks, lag, stages or None, bool(hold)))
+            shapes.append((threads, chunks, lag, stages or None, hold))
     dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
     started = time.time()
     results, skipped = [], []

@@ -399,9 +399,9 @@ def test_staged_forward_configs():
         for n, dtype, residual in [(32768, "bf16", False), (262144, "bf16", False), (65536, "f32", True)]
     }
     assert shapes == {
-        (32768, "bf16", False): (1, 1024, 4, 3, 0, False),
-        (262144, "bf16", False): (8, 1024, 4, 3, 1, False),
-        (65536, "f32", True): (8, 1024, 2, 3, 1, False),
+        (32768, "bf16", False): (1, 1024, 4, 3, 0, 0),
+        (262144, "bf16", False): (8, 1024, 4, 3, 1, 0),
+        (65536, "f32", True): (8, 1024, 2, 3, 1, 0),
     }
     # None: a row over more than 8 CTAs, N not a multiple of 16 bytes, a ring too small for the pipeline (lag 2
     # needs 4 rows: 256 KB), or larger than the shared memory.
@@ -412,7 +412,7 @@ def test_staged_forward_configs():
     assert norm_mod.staged_forward_config(65536, "bf16", chunks=2, lag=2).stages == 4
     assert norm_mod.staged_forward_config(65536, "bf16", stages=4) is None  # 256 KB
     # A single-row ring (lag 0 only): 128 KB per CTA, the 1 MB rows over 8 CTAs.
-    assert _shape(norm_mod.staged_forward_config(262144, "f32", chunks=8, lag=0)) == (8, 1024, 8, 1, 0, False)
+    assert _shape(norm_mod.staged_forward_config(262144, "f32", chunks=8, lag=0)) == (8, 1024, 8, 1, 0, 0)
     assert norm_mod.staged_forward_config(262144, "f32", chunks=8, lag=1) is None
     assert norm_mod.staged_forward_config(262144, "f32", chunks=8, stages=2, lag=0) is None  # 256 KB
     assert norm_mod.staged_forward_config(65536, "bf16", stages=2, lag=1) is None  # 2 rows, none ahead
@@ -426,41 +426,41 @@ def test_staged_forward_configs():
     }
     assert routed == {
         ("layer", "bf16", 16384): None,  # short rows: the register kernel, unchanged
-        ("layer", "bf16", 32768): (1, 1024, 4, 2, 0, False),  # one CTA per row, a 2-row ring
-        ("layer", "bf16", 65536): (2, 1024, 4, 3, 0, False),  # clusters at lag 0
-        ("layer", "bf16", 262144): (8, 1024, 4, 3, 0, False),
+        ("layer", "bf16", 32768): (1, 1024, 4, 2, 0, 0),  # one CTA per row, a 2-row ring
+        ("layer", "bf16", 65536): (2, 1024, 4, 3, 0, 0),  # clusters at lag 0
+        ("layer", "bf16", 262144): (8, 1024, 4, 3, 0, 0),
         ("layer", "f32", 16384): None,
-        ("layer", "f32", 32768): (2, 1024, 4, 3, 0, False),
-        ("layer", "f32", 65536): (4, 1024, 4, 3, 0, False),
+        ("layer", "f32", 32768): (2, 1024, 4, 3, 0, 0),
+        ("layer", "f32", 65536): (4, 1024, 4, 3, 0, 0),
         ("layer", "f32", 262144): None,  # 1 MB rows + 2 MB of weight and bias: the register kernel
         ("rms", "bf16", 16384): None,
-        ("rms", "bf16", 32768): (1, 1024, 4, 3, 0, True),  # RMSNorm: a 3-row ring
-        ("rms", "bf16", 65536): (2, 1024, 4, 3, 0, True),
-        ("rms", "bf16", 262144): (8, 1024, 4, 3, 0, True),
+        ("rms", "bf16", 32768): (1, 1024, 4, 3, 0, 4),  # RMSNorm: a 3-row ring
+        ("rms", "bf16", 65536): (2, 1024, 4, 3, 0, 4),
+        ("rms", "bf16", 262144): (8, 1024, 4, 3, 0, 4),
         ("rms", "f32", 16384): None,
-        ("rms", "f32", 32768): (2, 1024, 4, 3, 0, True),
-        ("rms", "f32", 65536): (4, 1024, 4, 3, 0, True),
+        ("rms", "f32", 32768): (2, 1024, 4, 3, 0, 4),
+        ("rms", "f32", 65536): (4, 1024, 4, 3, 0, 4),
         ("rms", "f32", 262144): None,
         ("fused", "bf16", 16384): None,
-        ("fused", "bf16", 32768): (2, 1024, 2, 3, 1, False),  # two sources: lag 1
-        ("fused", "bf16", 65536): (4, 1024, 2, 3, 1, False),
-        ("fused", "bf16", 262144): (8, 1024, 4, 1, 0, False),  # 1 MB rows: a single-row ring
+        ("fused", "bf16", 32768): (2, 1024, 2, 3, 1, 0),  # two sources: lag 1
+        ("fused", "bf16", 65536): (4, 1024, 2, 3, 1, 0),
+        ("fused", "bf16", 262144): (8, 1024, 4, 1, 0, 0),  # 1 MB rows: a single-row ring
         ("fused", "f32", 16384): None,
         ("fused", "f32", 32768): None,  # the register kernel is at the bar there
-        ("fused", "f32", 65536): (8, 1024, 2, 3, 1, False),
+        ("fused", "f32", 65536): (8, 1024, 2, 3, 1, 0),
         ("fused", "f32", 262144): None,  # 2 MB rows
         ("softmax", "bf16", 16384): None,
-        ("softmax", "bf16", 32768): (1, 1024, 4, 2, 0, False),  # one CTA per row: not held (slower)
-        ("softmax", "bf16", 65536): (2, 1024, 4, 3, 0, True),
-        ("softmax", "bf16", 262144): (8, 1024, 4, 3, 0, True),
+        ("softmax", "bf16", 32768): (1, 1024, 4, 2, 0, 0),  # one CTA per row: not held (slower)
+        ("softmax", "bf16", 65536): (2, 1024, 4, 3, 0, 4),
+        ("softmax", "bf16", 262144): (8, 1024, 4, 3, 0, 4),
         ("softmax", "f32", 16384): None,
         ("softmax", "f32", 32768): None,
-        ("softmax", "f32", 65536): (4, 512, 8, 3, 0, True),  # 512 threads x 8 chunks, held
-        ("softmax", "f32", 262144): (8, 1024, 8, 1, 0, False),
+        ("softmax", "f32", 65536): (4, 512, 8, 3, 0, 8),  # 512 threads x 8 chunks, held
+        ("softmax", "f32", 262144): (8, 1024, 8, 1, 0, 0),
     }
     assert norm_mod.routed_staged_forward_config(131072, "f32", "fused") is not None  # 1 MB: 2 x 512 KB
     assert norm_mod.routed_staged_forward_config(65540, "bf16", "rms") is None  # N not a multiple of 16 bytes
-    assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 1024, 4, 2, 0, False)
+    assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 1024, 4, 2, 0, 0)
     with pytest.raises(ValueError, match="kind: expected one of"):
         norm_mod.forward_shape(65536, "bf16", "layernorm")
     # The persistent grid: the driver's count of clusters, when it gives one (as the staged backward's).
@@ -573,11 +573,11 @@ def test_staged_softmax_assembles_without_spills(n, dtype):
     pushed = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in ptx
     assert pushed == (cfg.row.cluster > 1) and ptx.count("barrier.cluster.wait") == (2 if pushed else 0)
     assert _shift_guarded_against_minus_inf(ptx), "a CTA's part all -inf would push (-inf, NaN): the row turns NaN"
-    # One ex2 per element with the exps held in registers (then one for the CTA's rescale), two without; one per
-    # rank of the cluster to combine the pairs.
-    values = cfg.row.chunks * cfg.row.vec
+    # One ex2 per element whose exp is held in registers (then one for the CTA's rescale), two for the others; one
+    # per rank of the cluster to combine the pairs.
+    values, held = cfg.row.chunks * cfg.row.vec, cfg.hold * cfg.row.vec
     combine = cfg.row.cluster if cfg.row.cluster > 1 else 0
-    assert ptx.count("ex2.approx.f32") == (values + 1 if cfg.hold else 2 * values) + combine
+    assert ptx.count("ex2.approx.f32") == held + (1 if held else 0) + 2 * (values - held) + combine
     if flyc.find_ptxas() is not None:
         assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
     assert staged.softmax_staged_config(16384, dtype) is None and staged.softmax_staged_config(n + 1, dtype) is None

@@ -8,6 +8,7 @@ Tolerances (|out - ref| <= atol + rtol * |ref|), per output dtype: float32 1e-5 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -344,6 +345,9 @@ def test_staged_forward(n, dtype, staged_launches):
         (32768, torch.float32, dict(lag=0)),  # clusters of 2 at lag 0
         (262144, torch.float32, dict(chunks=8, stages=1, lag=0)),  # a single-row ring at 1024 threads
         (98308, torch.float32, dict(chunks=8, stages=1, lag=0)),  # a single-row ring, CTAs holding unequal parts
+        (65536, torch.bfloat16, dict(lag=0, hold=2)),  # half of each thread's chunks held in registers
+        (32768, torch.bfloat16, dict(stages=2, hold=3)),  # one CTA per row, 3 of 4 chunks held
+        (131080, torch.bfloat16, dict(lag=0, hold=4)),  # every chunk held, CTAs holding unequal parts
     ],
     ids=str,
 )
@@ -388,13 +392,15 @@ def test_staged_softmax_forward(n, dtype):
         assert torch.allclose(sums, torch.ones_like(sums), atol=TOL[dtype][1] * max(1, n**0.5) + 1e-6)
 
 
+@pytest.mark.parametrize("hold", [None, 0, 2], ids=["routed", "hold0", "hold2"])
 @pytest.mark.parametrize("n, dtype", [(65536, torch.bfloat16), (131072, torch.float32), (40968, torch.bfloat16)])
-def test_staged_softmax_masked_tails(n, dtype, monkeypatch):
+def test_staged_softmax_masked_tails(n, dtype, hold, monkeypatch):
     """Rows whose tail is -inf (a causal mask's: only the first ``keep`` columns finite), so that whole CTAs of a row
     hold nothing but -inf: their pair must add nothing (it was (-inf, NaN), from exp(-inf - -inf), and the row NaN).
-    Against float64; the register kernel (norms.softmax) on the same rows as a peer."""
+    Against float64; the register kernel (norms.softmax) on the same rows as a peer. ``hold``: the routed config,
+    or it with that many chunks' exps held in registers (0: none; 2: half of them, the rest recomputed)."""
     from flydsl.kernels.host import row_tensor
-    from flydsl.kernels.softmax_staged import forward_staged
+    from flydsl.kernels.softmax_staged import forward_staged, softmax_staged_config
 
     rows = 64
     keep = torch.randint(1, n + 1, (rows,), device="cuda")
@@ -402,7 +408,9 @@ def test_staged_softmax_masked_tails(n, dtype, monkeypatch):
     x = _input(rows, n, dtype) * 3
     x = x.masked_fill(torch.arange(n, device="cuda")[None, :] >= keep[:, None], float("-inf"))
     out = _poison(x)
-    assert forward_staged(row_tensor(x, "x"), row_tensor(out, "out"))
+    cfg = softmax_staged_config(n, _DTYPE_NAME[dtype])
+    cfg = cfg if hold is None else dataclasses.replace(cfg, hold=hold)
+    assert forward_staged(row_tensor(x, "x"), row_tensor(out, "out"), cfg)
     ref = torch.softmax(x.double(), dim=-1)
     _close(out, ref)
     _close(out.double() * n, ref * n, dtype, "out * N")

@@ -250,19 +250,21 @@ class StagedForwardConfig:
     """The staged forward (:func:`flydsl.kernels.norm_staged._rows_staged_forward`): ``row`` (the thread layout: as
     many CTAs per row as hold it, a cluster of up to 8), ``stages`` (rows of the shared-memory ring), ``sources``
     (row tensors in the ring: x, and the residual of the fused add), ``lag`` (clusters: rows between a row's push
-    and its output), ``hold`` (lag 0: each thread keeps its values of the row in registers from the first pass to
-    the output, as float32, instead of reading and converting them from the ring in every pass; softmax keeps its
-    exps, and writes each output with one multiply). One CTA per SM (the ring takes most of the shared memory), a
-    persistent grid."""
+    and its output), ``hold`` (lag 0: each thread keeps its first ``hold`` chunks of the row in registers from the
+    first pass to the output, as float32, instead of reading and converting them from the ring in every pass;
+    softmax keeps their exps, and writes each of those outputs with one multiply; 0: none). One CTA per SM (the
+    ring takes most of the shared memory), a persistent grid."""
 
     row: RowConfig
     stages: int
     sources: int = 1
     lag: int = 1
     blocks_per_sm: int = 1
-    hold: bool = False
+    hold: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.hold, int) or isinstance(self.hold, bool) or not 0 <= self.hold <= self.row.chunks:
+            raise ValueError(f"{self}: hold is the count of chunks held in registers, 0..{self.row.chunks}")
         if self.hold and self.lag and self.row.cluster > 1:
             raise ValueError(f"{self}: hold keeps a row in registers until its output: lag 0 only")
 
@@ -287,7 +289,7 @@ def staged_forward_config(
     stages: int | None = None,
     threads: int = _STAGED_THREADS,
     lag: int = 1,
-    hold: bool = False,
+    hold: int | bool = 0,
 ) -> StagedForwardConfig | None:
     """The staged forward config for rows of ``n`` elements of ``dtype`` (``residual``: the fused add, whose ring
     holds x and the residual): CTAs of ``threads`` threads holding ``chunks`` 16-byte chunks of each source per row
@@ -297,8 +299,8 @@ def staged_forward_config(
     row ahead, except in a ring of a single row (lag 0), whose next row is copied in once this row's output is
     written (rows of 128 KB per CTA: two would not fit). :func:`routed_staged_forward_config` picks the shape the
     forward takes. None when N is not a multiple of 16 bytes, a row needs more than 8 CTAs, or the ring does not fit
-    :data:`_RING_BYTES` or is too small for the pipeline (``lag + 2`` rows, or one). ``hold``: see
-    :class:`StagedForwardConfig` (lag 0 only)."""
+    :data:`_RING_BYTES` or is too small for the pipeline (``lag + 2`` rows, or one). ``hold``: the chunks held in
+    registers, see :class:`StagedForwardConfig` (lag 0 only; True: all of them)."""
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     sources = 2 if residual else 1
     if chunks is None:
@@ -316,9 +318,10 @@ def staged_forward_config(
     if stages < 1 or stages * stage_bytes > _RING_BYTES or not (single or stages >= lag + 2):
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
-    if hold and lag and cluster > 1:
+    held = chunks if hold is True else int(hold)
+    if held and lag and cluster > 1:
         return None
-    return StagedForwardConfig(layout, stages, sources, lag, hold=hold)
+    return StagedForwardConfig(layout, stages, sources, lag, hold=min(held, chunks))
 
 
 # The staged forward is the default from these N on (the register kernel's cluster regime, under the bar; shorter
@@ -328,7 +331,7 @@ FORWARD_KINDS = ("layer", "rms", "fused", "softmax")
 
 
 def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
-    """(threads, chunks per source, lag, ring rows, hold) of the staged forward that
+    """(threads, chunks per source, lag, ring rows, chunks held) of the staged forward that
     :func:`routed_staged_forward_config` takes for ``kind`` (:data:`FORWARD_KINDS`: LayerNorm, RMSNorm, the fused
     add + RMSNorm, softmax), or None where the register kernel stays. The rule, from two H200 sweeps
     (benchmarks/results/norms_forward_staged_2026-11-30.json and ..._2026-11-30_sweep.json, 2^28 elements, each
@@ -368,15 +371,15 @@ def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
     sources = 2 if kind == "fused" else 1
     share = _FORWARD_STAGE_BYTES // (sources * _STAGED_THREADS * 16)  # chunks per source of a 64 KB ring row
     row_bytes = sources * n * (4 if dtype == "f32" else 2)
-    hold = kind in ("rms", "softmax")
+    hold = share if kind in ("rms", "softmax") else 0  # every chunk
     if row_bytes <= _FORWARD_STAGE_BYTES:  # softmax in one CTA's 2-row ring: held 3.74, not 3.83-3.86
-        return (_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3, kind == "rms")
+        return (_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3, share if kind == "rms" else 0)
     if kind == "softmax" and dtype == "f32" and n == 65536:
-        return (_STAGED_THREADS // 2, 2 * share, 0, 3, True)
+        return (_STAGED_THREADS // 2, 2 * share, 0, 3, 2 * share)
     if row_bytes <= 8 * _FORWARD_STAGE_BYTES:
-        return (_STAGED_THREADS, share, 1, 3, False) if sources == 2 else (_STAGED_THREADS, share, 0, 3, hold)
+        return (_STAGED_THREADS, share, 1, 3, 0) if sources == 2 else (_STAGED_THREADS, share, 0, 3, hold)
     if row_bytes <= 16 * _FORWARD_STAGE_BYTES and kind in ("fused", "softmax"):
-        return (_STAGED_THREADS, 2 * share, 0, 1, False)
+        return (_STAGED_THREADS, 2 * share, 0, 1, 0)
     return None
 
 

@@ -428,25 +428,27 @@ class _ForwardRows:
             xs = _round([a + b for a, b in zip(xs, rs, strict=True)], self.x.dtype)
         return xs
 
+    def held(self, slot):
+        """The row's first ``cfg.hold`` chunks of values, read once to stay in registers (None for the others, and
+        None without ``hold``)."""
+        if fx.const_expr(not self.cfg.hold):
+            return None
+        return [self.values(slot, j) if j < self.cfg.hold else None for j in range(self.rc.chunks)]
+
     def row_values(self, slot, held):
-        """Every chunk's values of the row in ``slot``: ``held`` (kept in registers since the first pass), or read
-        from the ring (None: a chunk at a time, where it is used)."""
-        if fx.const_expr(held is not None):
-            return lambda j: held[j]
-        return lambda j: self.values(slot, j)
+        """Chunk ``j``'s values of the row in ``slot``: held in registers since the first pass, or read from the
+        ring where it is used."""
+        return lambda j: held[j] if held is not None and held[j] is not None else self.values(slot, j)
 
     def store_softmax(self, slot, row, top, scale, held=None, factor=None) -> None:
-        """Softmax of the row in ``slot``: ``exp(x - top) * scale``; or, given the exps the first passes kept
-        (``held``: ``exp(x - m)`` about this CTA's max ``m``), ``held * factor`` (``factor = exp(m - top) *
+        """Softmax of the row in ``slot``: ``exp(x - top) * scale``; the chunks whose exps the first passes kept
+        (``held``: ``exp(x - m)`` about this CTA's max ``m``): ``held * factor`` (``factor = exp(m - top) *
         scale``)."""
-        if fx.const_expr(held is not None):
-            store_row(
-                self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, lambda j: [e * factor for e in held[j]]
-            )
-            return
         shift = top * _LOG2E
 
         def chunk(j):
+            if fx.const_expr(held is not None and held[j] is not None):
+                return [e * factor for e in held[j]]
             return [nvvm.ex2_approx(v * _LOG2E - shift) * scale for v in self.values(slot, j)]
 
         store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
@@ -477,14 +479,14 @@ def _forward_partial(work, slot, row, block, smem, parity, inv_count):
     """This CTA's partial pair of the row in ``slot``: RMSNorm ``(sum(v^2), 0)``; LayerNorm ``(m, sum((v - m)^2))``
     with the CTA's own mean ``m = sum(v) * inv_count`` (two block reductions; the zero padding masked out of the
     second); softmax: see :func:`_softmax_partial`. The fused add writes ``residual_out`` here. Returns (the pair,
-    the values held for the output: with ``work.cfg.hold`` the row's float32 values (softmax: its exps), else
-    None). (A function, not a method of :class:`_ForwardRows`: the kernel's control flow is traced through
-    functions only, and a method's ``if`` on a kernel value would not be.)"""
+    the values held for the output: with ``work.cfg.hold`` the float32 values of the row's first chunks (softmax:
+    their exps), else None). (A function, not a method of :class:`_ForwardRows`: the kernel's control flow is traced
+    through functions only, and a method's ``if`` on a kernel value would not be.)"""
     if fx.const_expr(isinstance(work.flags, SoftmaxFlags)):
         return _softmax_partial(work, slot, block, smem)
     rc, pos = work.rc, work.pos
     here = _row_at(pos, row)
-    held = [work.values(slot, j) for j in range(rc.chunks)] if work.cfg.hold else None
+    held = work.held(slot)
     values = work.row_values(slot, held)
     part = fx.Float32(0.0)
     for j in fx.range_constexpr(rc.chunks):
@@ -642,9 +644,10 @@ def _softmax_partial(work, slot, block, smem):
     """Softmax's pair of this CTA's part of the row in ``slot``: its max ``m`` and ``sum(exp(x - m))`` (``ex2.approx``
     as the register kernel), two block reductions; the zero padding masked out (-inf for the max, 0 in the sum). A
     CTA holding nothing of the row, or only -inf, pushes ``(-inf, 0)``, which adds nothing in
-    :func:`_softmax_combine`. Returns (the pair, with ``work.cfg.hold`` the exps for the output, else None)."""
+    :func:`_softmax_combine`. Returns (the pair, with ``work.cfg.hold`` the exps of the held chunks for the output,
+    else None)."""
     rc, pos = work.rc, work.pos
-    held = [work.values(slot, j) for j in range(rc.chunks)] if work.cfg.hold else None
+    held = work.held(slot)
     values = work.row_values(slot, held)
     low = fx.Float32(float("-inf"))
     top = low
@@ -661,7 +664,8 @@ def _softmax_partial(work, slot, block, smem):
         es = [nvvm.ex2_approx(v * _LOG2E - shift) for v in values(j)]
         exps.append(es)
         total = total + thread_reduce([fx.arith.select(work.inside[j], e, fx.Float32(0.0)) for e in es])
-    return [top, row_reduce(block, pos, smem, 1, total)], (exps if work.cfg.hold else None)
+    kept = [es if held[j] is not None else None for j, es in enumerate(exps)] if held is not None else None
+    return [top, row_reduce(block, pos, smem, 1, total)], kept
 
 
 def _softmax_combine(share, old):
