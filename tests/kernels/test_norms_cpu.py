@@ -426,9 +426,9 @@ def test_staged_forward_configs():
     }
     assert routed == {
         ("layer", "bf16", 16384): None,  # short rows: the register kernel, unchanged
-        ("layer", "bf16", 32768): (1, 1024, 4, 2, 0, 0),  # one CTA per row, a 2-row ring
-        ("layer", "bf16", 65536): (2, 1024, 4, 3, 0, 0),  # clusters at lag 0
-        ("layer", "bf16", 262144): (8, 1024, 4, 3, 0, 0),
+        ("layer", "bf16", 32768): (1, 1024, 4, 2, 0, 3),  # a 2-row ring, 3 of 4 chunks held in registers
+        ("layer", "bf16", 65536): (2, 1024, 4, 2, 0, 3),  # clusters at lag 0, a 2-row ring
+        ("layer", "bf16", 262144): (8, 1024, 4, 2, 0, 0),  # 8 CTAs per row: held chunks would spill
         ("layer", "f32", 16384): None,
         ("layer", "f32", 32768): (2, 1024, 4, 3, 0, 0),
         ("layer", "f32", 65536): (4, 1024, 4, 3, 0, 0),
@@ -460,7 +460,7 @@ def test_staged_forward_configs():
     }
     assert norm_mod.routed_staged_forward_config(131072, "f32", "fused") is not None  # 1 MB: 2 x 512 KB
     assert norm_mod.routed_staged_forward_config(65540, "bf16", "rms") is None  # N not a multiple of 16 bytes
-    assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 1024, 4, 2, 0, 0)
+    assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 1024, 4, 2, 0, 3)
     with pytest.raises(ValueError, match="kind: expected one of"):
         norm_mod.forward_shape(65536, "bf16", "layernorm")
     # The persistent grid: the driver's count of clusters, when it gives one (as the staged backward's).

@@ -363,6 +363,10 @@ def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
       norms_bench run at 54aa53c): not held. LayerNorm keeps the ring: held, its 32 values spill at 1024 threads
       (3.70, 3.51, 3.34 -> 3.63, 3.45, 2.90), and 512 threads are slower. Not in a single-row ring (8 chunks: 32
       float32 values at 1024 threads).
+    - 16-bit LayerNorm in clusters: a 2-row ring (one row ahead) with 3 of its 4 chunks held
+      (benchmarks/results/norms_forward_hold_2026-11-30_layer_norm.json, GPU time): 65536 3.71 -> 3.86, 131072
+      3.52 -> 3.70; at 262144 (8 CTAs per row; 3 held spill) the 2-row ring alone, 3.35 -> 3.52; one CTA per row
+      (32768) 3.84 -> 3.89. Not measured for float32 LayerNorm, RMSNorm or softmax (they keep 3 rows).
     """
     if kind not in FORWARD_KINDS:
         raise ValueError(f"kind: expected one of {FORWARD_KINDS}, got {kind!r}")
@@ -372,6 +376,9 @@ def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
     share = _FORWARD_STAGE_BYTES // (sources * _STAGED_THREADS * 16)  # chunks per source of a 64 KB ring row
     row_bytes = sources * n * (4 if dtype == "f32" else 2)
     hold = share if kind in ("rms", "softmax") else 0  # every chunk
+    if kind == "layer" and dtype != "f32" and row_bytes <= 8 * _FORWARD_STAGE_BYTES:
+        # 16-bit LayerNorm: a 2-row ring, 3 of 4 chunks held (all 4 spill); at 8 CTAs per row, none held (3 spill)
+        return (_STAGED_THREADS, share, 0, 2, share - 1 if row_bytes <= 4 * _FORWARD_STAGE_BYTES else 0)
     if row_bytes <= _FORWARD_STAGE_BYTES:  # softmax in one CTA's 2-row ring: held 3.74, not 3.83-3.86
         return (_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3, share if kind == "rms" else 0)
     if kind == "softmax" and dtype == "f32" and n == 65536:
