@@ -165,6 +165,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
+    if args.no_square and not (args.sweep or args.explore):
+        parser.error("--no-square leaves nothing to time without --sweep or --explore")
     sweep_nk = [tuple(map(int, pair.split("x"))) for pair in args.nk] if args.nk else SWEEP_NK
 
     import torch

@@ -188,10 +188,14 @@ def main() -> int:
     norm = importlib.import_module("flydsl.kernels.normalization")
     shapes = SHAPES
     if args.shapes:
+        if not args.sweep:
+            parser.error("--shapes selects the shapes of --sweep: add --sweep")
         shapes = []
         for text in args.shapes.split(","):
-            fields = [int(f) for f in text.split(":")]
-            threads, chunks, lag, stages, hold = (fields + [0, 0])[:5]
+            fields = text.split(":")
+            if not 3 <= len(fields) <= 5 or not all(f.isdigit() for f in fields):
+                parser.error(f"--shapes: expected THREADS:CHUNKS:LAG[:STAGES[:HOLD]] (integers), got {text!r}")
+            threads, chunks, lag, stages, hold = ([int(f) for f in fields] + [0, 0])[:5]
             shapes.append((threads, chunks, lag, stages or None, hold))
     dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
     started = time.time()

@@ -49,6 +49,23 @@ def test_a_disk_hit_skips_tracing_and_compiling(tmp_path, monkeypatch):
     assert again.ptx == first.ptx and again.kernels == first.kernels
 
 
+def test_ptxas_performance_notes_warn_again_from_the_disk_cache(tmp_path, monkeypatch):
+    """A kernel whose ptxas run left a "Potential Performance Loss" note warns when compiled and again when a new
+    process takes it from the disk cache (the tests turn the warning into an error: a warm cache must not hide it)."""
+    from flydsl.compiler import toolchain
+
+    note = "ptxas -arch=sm_90a: ptxas info    : (C7514) Potential Performance Loss: wgmma serialized (a stand-in)"
+    monkeypatch.setattr(toolchain, "assemble_with_notes", lambda ptx, arch, *rest: (b"cubin", (note,)))
+    monkeypatch.setattr(toolchain, "find_ptxas", lambda: "ptxas")
+    with pytest.warns(flyc.PerformanceWarning, match="C7514"):
+        first = _fresh().lower(*_args())
+    assert first.performance_notes == (note,)
+    _no_trace(monkeypatch)
+    with pytest.warns(flyc.PerformanceWarning, match="C7514"):
+        again = _fresh().lower(*_args())
+    assert again.performance_notes == (note,) and len(_entries(tmp_path)) == 1
+
+
 def test_the_bypass_switch_neither_reads_nor_writes(tmp_path, monkeypatch):
     _fresh().lower(*_args())
     monkeypatch.setenv("FLYDSL_RUNTIME_ENABLE_CACHE", "0")

@@ -26,7 +26,7 @@ from flydsl.compiler.pipeline import CompiledModule
 
 __all__ = ["compiler_fingerprint", "source_fingerprint", "load", "store"]
 
-_FORMAT = 1
+_FORMAT = 2  # 2: modules keep ptxas's performance notes
 
 
 @functools.lru_cache(maxsize=1)
@@ -182,6 +182,7 @@ def store(key: str, compiled: CompiledModule) -> None:
             kernels=compiled.kernels,
             shared_bytes=compiled.shared_bytes,
             launch_shapes=compiled.launch_shapes,
+            performance_notes=compiled.performance_notes,
         )
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as handle:
             handle.write(pickle.dumps(slim, protocol=pickle.HIGHEST_PROTOCOL))

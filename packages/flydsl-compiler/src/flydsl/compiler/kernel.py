@@ -23,7 +23,7 @@ from mlir import ir
 from mlir.dialects import gpu
 
 import flydsl.layout as _fl
-from flydsl.compiler import cache, runtime, settings
+from flydsl.compiler import cache, runtime, settings, toolchain
 from flydsl.compiler._native import native
 from flydsl.compiler.args import (
     StaticDims,
@@ -224,6 +224,8 @@ class KernelFunction:
         if compiled is None:
             compiled = compile_mlir(self.trace(spec.key), self.target)
             cache.store(disk_key, compiled)
+        else:  # what ptxas said when it was compiled, as then
+            toolchain.warn_performance_notes(compiled.performance_notes)
         return compiled
 
     @_user_errors

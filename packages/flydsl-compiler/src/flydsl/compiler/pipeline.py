@@ -39,6 +39,9 @@ class CompiledModule:
     # The block and cluster shapes compiled into each kernel (``.reqntid``, ``.reqnctapercluster``; None where
     # free), from ``@kernel(...)`` or ``set_kernel_attributes``: launches with others are refused.
     launch_shapes: dict[str, tuple] = field(default_factory=dict)
+    # ptxas's "Potential Performance Loss" notes (warned as PerformanceWarning when compiled, and again when the
+    # module comes back from the disk cache).
+    performance_notes: tuple[str, ...] = ()
 
     @property
     def image(self) -> bytes:
@@ -121,10 +124,11 @@ def _compile_in_process(
         ptx = _extract_ptx(module)
     _record(kept, dump_dir, name, ISA_STAGE, ptx, keep_stages)
 
-    cubin = None
+    cubin, notes = None, ()
     if assemble is True or (assemble is None and toolchain.find_ptxas()):
         on_stage("ptxas")
-        cubin = toolchain.assemble_ptx(ptx, target.arch)
+        cubin, notes = toolchain.assemble_with_notes(ptx, target.arch)
+        toolchain.warn_performance_notes(notes)
         if dump_dir is not None:
             (dump_dir / f"{name}.cubin").write_bytes(cubin)
             sass = toolchain.disassemble_cubin(cubin)
@@ -139,6 +143,7 @@ def _compile_in_process(
         shared_bytes=shared_bytes,
         stages=kept,
         launch_shapes=shapes,
+        performance_notes=notes,
     )
 
 

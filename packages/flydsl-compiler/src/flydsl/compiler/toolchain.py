@@ -13,7 +13,14 @@ from pathlib import Path
 from flydsl.compiler import settings
 from flydsl.compiler.errors import PerformanceWarning, ToolchainError
 
-__all__ = ["find_ptxas", "assemble_ptx", "find_nvdisasm", "disassemble_cubin"]
+__all__ = [
+    "find_ptxas",
+    "assemble_ptx",
+    "assemble_with_notes",
+    "warn_performance_notes",
+    "find_nvdisasm",
+    "disassemble_cubin",
+]
 
 
 def find_ptxas() -> str | None:
@@ -34,6 +41,16 @@ def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tupl
     """Assembles ``ptx`` for ``arch`` (e.g. ``sm_90a``) into a cubin; a failure raises ToolchainError with the log,
     and each "Potential Performance Loss" note of ptxas becomes a :class:`PerformanceWarning` (ptxas prints them
     even without ``-v``: e.g. C7514, every wgmma of a kernel serialized, costs a GEMM 10-25%)."""
+    cubin, notes = assemble_with_notes(ptx, arch, ptxas, extra_args)
+    warn_performance_notes(notes, stacklevel=3)
+    return cubin
+
+
+def assemble_with_notes(
+    ptx: str, arch: str, ptxas: str | None = None, extra_args: tuple[str, ...] = ()
+) -> tuple[bytes, tuple[str, ...]]:
+    """:func:`assemble_ptx` without warning: (the cubin, ptxas's "Potential Performance Loss" notes). The compile
+    pipeline keeps the notes in its module (and the disk cache), so that a cached kernel warns again."""
     ptxas = ptxas or find_ptxas()
     if ptxas is None:
         raise ToolchainError("ptxas not found: set FLYDSL_PTXAS or CUDA_HOME, or put the CUDA toolkit's bin on PATH")
@@ -45,10 +62,15 @@ def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tupl
         )
         if result.returncode != 0:
             raise ToolchainError(f"ptxas -arch={arch} failed ({result.returncode}):\n{result.stderr}{result.stdout}")
-        for line in (result.stdout + result.stderr).splitlines():
-            if "Performance Loss" in line:
-                warnings.warn(f"ptxas -arch={arch}: {line.strip()}", PerformanceWarning, stacklevel=2)
-        return output.read_bytes()
+        lines = (result.stdout + result.stderr).splitlines()
+        notes = tuple(f"ptxas -arch={arch}: {line.strip()}" for line in lines if "Performance Loss" in line)
+        return output.read_bytes(), notes
+
+
+def warn_performance_notes(notes, stacklevel: int = 2) -> None:
+    """Each note (from :func:`assemble_with_notes`) as a :class:`PerformanceWarning`."""
+    for note in notes:
+        warnings.warn(note, PerformanceWarning, stacklevel=stacklevel + 1)
 
 
 def find_nvdisasm() -> str | None:
