@@ -148,7 +148,8 @@ def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES) -> list:
         out.fill_(float("nan"))
         run()
         diff = (out.float() - reference).abs().max().item()
-        shape.update(cluster=cfg.row.cluster, stages=cfg.stages, tbps=row["bytes"] / median_ms(run, reps) / 1e9)
+        shape.update(cluster=cfg.row.cluster, stages=cfg.stages, hold=cfg.hold)
+        shape.update(tbps=row["bytes"] / median_ms(run, reps) / 1e9)
         shape.update(gpu_tbps=row["bytes"] / median_ms(run, reps, queued=True) / 1e9, max_diff=diff)
         found.append(shape)
     return found
@@ -156,7 +157,8 @@ def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES) -> list:
 
 def _reference(torch, kernel: str, x, w, b, residual):
     """The sweep's float32 reference of one launch (eps 1e-6, as the sweep's launches; the fused add's output only)."""
-    xf = x.float() + residual.float() if kernel == "fused_add_rms_norm" else x.float()
+    # the fused add normalizes x + residual rounded to the dtype (what residual_out holds)
+    xf = (x.float() + residual.float()).to(x.dtype).float() if kernel == "fused_add_rms_norm" else x.float()
     if kernel == "softmax":
         return torch.softmax(xf, dim=-1)
     if kernel == "layer_norm":
@@ -196,6 +198,8 @@ def main() -> int:
             if not 3 <= len(fields) <= 5 or not all(f.isdigit() for f in fields):
                 parser.error(f"--shapes: expected THREADS:CHUNKS:LAG[:STAGES[:HOLD]] (integers), got {text!r}")
             threads, chunks, lag, stages, hold = ([int(f) for f in fields] + [0, 0])[:5]
+            if threads < 32 or chunks < 1 or hold > chunks:
+                parser.error(f"--shapes: {text!r}: THREADS >= 32, CHUNKS >= 1 and HOLD <= CHUNKS")
             shapes.append((threads, chunks, lag, stages or None, hold))
     dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
     started = time.time()

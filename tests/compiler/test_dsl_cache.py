@@ -55,6 +55,7 @@ def test_ptxas_performance_notes_warn_again_from_the_disk_cache(tmp_path, monkey
     from flydsl.compiler import toolchain
 
     note = "ptxas -arch=sm_90a: ptxas info    : (C7514) Potential Performance Loss: wgmma serialized (a stand-in)"
+    monkeypatch.setenv("FLYDSL_COMPILE_ISOLATED", "0")  # the stand-in ptxas lives in this process
     monkeypatch.setattr(toolchain, "assemble_with_notes", lambda ptx, arch, *rest: (b"cubin", (note,)))
     monkeypatch.setattr(toolchain, "find_ptxas", lambda: "ptxas")
     with pytest.warns(flyc.PerformanceWarning, match="C7514"):

@@ -120,9 +120,27 @@ ret;
 
 @pytest.mark.skipif(toolchain.find_ptxas() is None, reason="needs ptxas")
 def test_ptxas_performance_notes_become_performance_warnings():
-    with pytest.warns(flyc.PerformanceWarning, match=r"C7514.*serialized.*'serialized'"):
+    with pytest.warns(flyc.PerformanceWarning, match=r"C7514.*serialized.*'serialized'") as caught:
         cubin = toolchain.assemble_ptx(_SERIALIZED_WGMMA_PTX, "sm_90a")
     assert cubin  # a warning, not an error: the kernel still runs
+    assert caught[0].filename == __file__  # attributed to assemble_ptx's caller
+
+
+@pytest.mark.skipif(toolchain.find_ptxas() is None, reason="needs ptxas")
+@pytest.mark.parametrize("isolate", [False, True])
+def test_compile_mlir_warns_performance_notes_in_this_process(layout_offsets_mlir, tmp_path, monkeypatch, isolate):
+    """A ptxas that prints a performance note (the real one, then a stand-in note): compile_mlir warns here, also
+    when the compile ran in a worker process, and keeps the note in the module."""
+    fake = tmp_path / "ptxas"
+    fake.write_text(
+        f'#!/bin/sh\n"{toolchain.find_ptxas()}" "$@" || exit $?\n'
+        'echo "ptxas info    : (C7514) Potential Performance Loss: a stand-in note"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("FLYDSL_PTXAS", str(fake))
+    with pytest.warns(flyc.PerformanceWarning, match="C7514.*a stand-in note"):
+        compiled = flyc.compile_mlir(layout_offsets_mlir, isolate=isolate)
+    assert compiled.cubin and len(compiled.performance_notes) == 1
 
 
 def test_missing_ptxas_override_is_reported(monkeypatch):

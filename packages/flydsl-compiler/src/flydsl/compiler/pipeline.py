@@ -70,9 +70,9 @@ def compile_mlir(
     if isolate is None:
         isolate = settings.current().compile_isolated
     request = dict(source=source, target=target, start_after=start_after, keep_stages=keep_stages, assemble=assemble)
-    if isolate:
-        return isolation.compile_in_worker(request)
-    return _compile_in_process(**request)
+    compiled = isolation.compile_in_worker(request) if isolate else _compile_in_process(**request)
+    toolchain.warn_performance_notes(compiled.performance_notes)  # here: a worker's warnings stay in the worker
+    return compiled
 
 
 def _stages_to_run(target: Target, start_after: str | None):
@@ -127,8 +127,7 @@ def _compile_in_process(
     cubin, notes = None, ()
     if assemble is True or (assemble is None and toolchain.find_ptxas()):
         on_stage("ptxas")
-        cubin, notes = toolchain.assemble_with_notes(ptx, target.arch)
-        toolchain.warn_performance_notes(notes)
+        cubin, notes = toolchain.assemble_with_notes(ptx, target.arch)  # warned by compile_mlir
         if dump_dir is not None:
             (dump_dir / f"{name}.cubin").write_bytes(cubin)
             sass = toolchain.disassemble_cubin(cubin)

@@ -42,7 +42,7 @@ def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tupl
     and each "Potential Performance Loss" note of ptxas becomes a :class:`PerformanceWarning` (ptxas prints them
     even without ``-v``: e.g. C7514, every wgmma of a kernel serialized, costs a GEMM 10-25%)."""
     cubin, notes = assemble_with_notes(ptx, arch, ptxas, extra_args)
-    warn_performance_notes(notes, stacklevel=3)
+    warn_performance_notes(notes, stacklevel=2)  # at assemble_ptx's caller
     return cubin
 
 
@@ -68,7 +68,8 @@ def assemble_with_notes(
 
 
 def warn_performance_notes(notes, stacklevel: int = 2) -> None:
-    """Each note (from :func:`assemble_with_notes`) as a :class:`PerformanceWarning`."""
+    """Each note (from :func:`assemble_with_notes`) as a :class:`PerformanceWarning`, attributed ``stacklevel``
+    frames up from the caller of this function (2: its caller's caller)."""
     for note in notes:
         warnings.warn(note, PerformanceWarning, stacklevel=stacklevel + 1)
 

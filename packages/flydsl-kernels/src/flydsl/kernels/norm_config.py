@@ -318,10 +318,12 @@ def staged_forward_config(
     if stages < 1 or stages * stage_bytes > _RING_BYTES or not (single or stages >= lag + 2):
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
-    held = chunks if hold is True else int(hold)
+    held = chunks if hold is True else hold
+    if isinstance(held, bool) or not isinstance(held, int) or not 0 <= held <= chunks:
+        raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")
     if held and lag and cluster > 1:
         return None
-    return StagedForwardConfig(layout, stages, sources, lag, hold=min(held, chunks))
+    return StagedForwardConfig(layout, stages, sources, lag, hold=held)
 
 
 # The staged forward is the default from these N on (the register kernel's cluster regime, under the bar; shorter
