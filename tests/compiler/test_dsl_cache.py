@@ -62,9 +62,10 @@ def test_ptxas_performance_notes_warn_again_from_the_disk_cache(tmp_path, monkey
         first = _fresh().lower(*_args())
     assert first.performance_notes == (note,)
     _no_trace(monkeypatch)
-    with pytest.warns(flyc.PerformanceWarning, match="C7514"):
+    with pytest.warns(flyc.PerformanceWarning, match="C7514") as caught:
         again = _fresh().lower(*_args())
     assert again.performance_notes == (note,) and len(_entries(tmp_path)) == 1
+    assert caught[0].filename == __file__  # the user's call, not the cache's or the compiler's frames
 
 
 def test_the_bypass_switch_neither_reads_nor_writes(tmp_path, monkeypatch):

@@ -123,7 +123,7 @@ def test_ptxas_performance_notes_become_performance_warnings():
     with pytest.warns(flyc.PerformanceWarning, match=r"C7514.*serialized.*'serialized'") as caught:
         cubin = toolchain.assemble_ptx(_SERIALIZED_WGMMA_PTX, "sm_90a")
     assert cubin  # a warning, not an error: the kernel still runs
-    assert caught[0].filename == __file__  # attributed to assemble_ptx's caller
+    assert caught[0].filename == __file__  # attributed to the first caller outside FlyDSL
 
 
 @pytest.mark.skipif(toolchain.find_ptxas() is None, reason="needs ptxas")
@@ -138,9 +138,10 @@ def test_compile_mlir_warns_performance_notes_in_this_process(layout_offsets_mli
     )
     fake.chmod(0o755)
     monkeypatch.setenv("FLYDSL_PTXAS", str(fake))
-    with pytest.warns(flyc.PerformanceWarning, match="C7514.*a stand-in note"):
+    with pytest.warns(flyc.PerformanceWarning, match="C7514.*a stand-in note") as caught:
         compiled = flyc.compile_mlir(layout_offsets_mlir, isolate=isolate)
     assert compiled.cubin and len(compiled.performance_notes) == 1
+    assert caught[0].filename == __file__  # the first caller outside FlyDSL: this line
 
 
 def test_missing_ptxas_override_is_reported(monkeypatch):

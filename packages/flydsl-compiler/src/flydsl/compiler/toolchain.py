@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -42,7 +43,7 @@ def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tupl
     and each "Potential Performance Loss" note of ptxas becomes a :class:`PerformanceWarning` (ptxas prints them
     even without ``-v``: e.g. C7514, every wgmma of a kernel serialized, costs a GEMM 10-25%)."""
     cubin, notes = assemble_with_notes(ptx, arch, ptxas, extra_args)
-    warn_performance_notes(notes, stacklevel=2)  # at assemble_ptx's caller
+    warn_performance_notes(notes)
     return cubin
 
 
@@ -67,11 +68,16 @@ def assemble_with_notes(
         return output.read_bytes(), notes
 
 
-def warn_performance_notes(notes, stacklevel: int = 2) -> None:
-    """Each note (from :func:`assemble_with_notes`) as a :class:`PerformanceWarning`, attributed ``stacklevel``
-    frames up from the caller of this function (2: its caller's caller)."""
+def warn_performance_notes(notes) -> None:
+    """Each note (from :func:`assemble_with_notes`) as a :class:`PerformanceWarning`, attributed to the first caller
+    outside FlyDSL (the user's line that compiled or launched the kernel, however deep the compile ran)."""
+    if not notes:
+        return
+    frame, level = sys._getframe(1), 2  # level 2: this function's caller
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "flydsl":
+        frame, level = frame.f_back, level + 1
     for note in notes:
-        warnings.warn(note, PerformanceWarning, stacklevel=stacklevel + 1)
+        warnings.warn(note, PerformanceWarning, stacklevel=level)
 
 
 def find_nvdisasm() -> str | None:
