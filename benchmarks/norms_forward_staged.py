@@ -117,37 +117,64 @@ def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
     return row
 
 
-def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES) -> list:
-    """The staged kernel's other shapes for this case, launched directly (kernel and grid alone, no API checks)."""
-    n, m, kernel = row["n"], row["rows"], row["kernel"]
-    rms, fused = kernel != "layer_norm", kernel == "fused_add_rms_norm"
+def staged_inputs(torch, kernel: str, m: int, n: int, dtype) -> dict:
+    """Fresh inputs of one staged launch: x, weight, bias, out, and the fused add's residual (x otherwise)."""
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
-    out = torch.empty_like(x)
-    residual = torch.randn_like(x) if fused else x
-    flags = norm.NormFlags(rms, residual=fused, weight=True, bias=not rms)
-    args = [x, residual, w, b, out, residual, x, x]
-    found = []
+    residual = torch.randn_like(x) if kernel == "fused_add_rms_norm" else x
+    return dict(x=x, w=w, b=b, out=torch.empty_like(x), residual=residual)
+
+
+def staged_launch(norm, kernel: str, cfg, t: dict):
+    """A call that launches the staged kernel with ``cfg`` directly on ``t`` (:func:`staged_inputs`): kernel and grid
+    alone, no API checks (eps 1e-6; the fused add writes residual_out into its residual)."""
+    m = t["x"].shape[0]
     if kernel == "softmax":
         from flydsl.kernels import softmax_staged
         from flydsl.kernels.host import row_tensor
 
-        xt, ot = row_tensor(x, "x"), row_tensor(out, "out")
+        xt, ot = row_tensor(t["x"], "x"), row_tensor(t["out"], "out")
+        return lambda: softmax_staged.forward_staged(xt, ot, cfg)
+    rms, fused = kernel != "layer_norm", kernel == "fused_add_rms_norm"
+    flags = norm.NormFlags(rms, residual=fused, weight=True, bias=not rms)
+    x, r = t["x"], t["residual"]
+    args = [x, r, t["w"], t["b"], t["out"], r, x, x]
+    return lambda: norm._launch_staged_forward(args, 1e-6, cfg, flags, m, x.device.index)
+
+
+def parse_shapes(text: str, error) -> list:
+    """``--shapes`` (THREADS:CHUNKS:LAG[:STAGES[:HOLD]],...) as SHAPES entries; ``error(message)`` reports a bad one."""
+    shapes = []
+    for item in text.split(","):
+        fields = item.split(":")
+        if not 3 <= len(fields) <= 5 or not all(f.isdigit() for f in fields):
+            error(f"--shapes: expected THREADS:CHUNKS:LAG[:STAGES[:HOLD]] (integers), got {item!r}")
+        threads, chunks, lag, stages, hold = ([int(f) for f in fields] + [0, 0])[:5]
+        if threads < 32 or chunks < 1 or hold > chunks:
+            error(f"--shapes: {item!r}: THREADS >= 32, CHUNKS >= 1 and HOLD <= CHUNKS")
+        shapes.append((threads, chunks, lag, stages or None, hold))
+    return shapes
+
+
+def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES) -> list:
+    """The staged kernel's other shapes for this case, launched directly (kernel and grid alone, no API checks)."""
+    n, m, kernel = row["n"], row["rows"], row["kernel"]
+    t = staged_inputs(torch, kernel, m, n, dtype)
+    found = []
     for threads, chunks, lag, stages, *hold in shapes:
         hold = hold[0] if hold else 0
-        cfg = norm.staged_forward_config(n, row["dtype"], fused, chunks, stages, threads, lag, hold)
+        cfg = norm.staged_forward_config(
+            n, row["dtype"], kernel == "fused_add_rms_norm", chunks, stages, threads, lag, hold
+        )
         shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages, "hold": hold}
         if cfg is None:
             found.append({**shape, "tbps": None})
             continue
-        if kernel == "softmax":
-            run = lambda cfg=cfg: softmax_staged.forward_staged(xt, ot, cfg)  # noqa: E731
-        else:
-            run = lambda cfg=cfg: norm._launch_staged_forward(args, 1e-6, cfg, flags, m, x.device.index)  # noqa: E731
-        reference = _reference(torch, kernel, x, w, b, residual)  # before the fused add rewrites its residual
-        out.fill_(float("nan"))
+        run = staged_launch(norm, kernel, cfg, t)
+        reference = _reference(torch, kernel, t["x"], t["w"], t["b"], t["residual"])  # before the residual changes
+        t["out"].fill_(float("nan"))
         run()
-        diff = (out.float() - reference).abs().max().item()
+        diff = (t["out"].float() - reference).abs().max().item()
         shape.update(cluster=cfg.row.cluster, stages=cfg.stages, hold=cfg.hold)
         shape.update(tbps=row["bytes"] / median_ms(run, reps) / 1e9)
         shape.update(gpu_tbps=row["bytes"] / median_ms(run, reps, queued=True) / 1e9, max_diff=diff)
@@ -192,15 +219,7 @@ def main() -> int:
     if args.shapes:
         if not args.sweep:
             parser.error("--shapes selects the shapes of --sweep: add --sweep")
-        shapes = []
-        for text in args.shapes.split(","):
-            fields = text.split(":")
-            if not 3 <= len(fields) <= 5 or not all(f.isdigit() for f in fields):
-                parser.error(f"--shapes: expected THREADS:CHUNKS:LAG[:STAGES[:HOLD]] (integers), got {text!r}")
-            threads, chunks, lag, stages, hold = ([int(f) for f in fields] + [0, 0])[:5]
-            if threads < 32 or chunks < 1 or hold > chunks:
-                parser.error(f"--shapes: {text!r}: THREADS >= 32, CHUNKS >= 1 and HOLD <= CHUNKS")
-            shapes.append((threads, chunks, lag, stages or None, hold))
+        shapes = parse_shapes(args.shapes, parser.error)
     dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
     started = time.time()
     results, skipped = [], []
