@@ -68,6 +68,7 @@ def main(argv=None) -> int:
 
     import torch
 
+    from flydsl.kernels.bench import profile_once
     from flydsl.kernels.gemm import gemm
 
     a = torch.randn(args.m, args.k, device="cuda").bfloat16()
@@ -78,20 +79,15 @@ def main(argv=None) -> int:
         config = _config(fields)
         runs[f"{i}: {config!r}"] = lambda config=config: gemm(a, w.t(), out, config)
     runs["cublas"] = lambda: torch.matmul(a, w.t(), out=out)
-    for run in runs.values():  # compile, pick cuBLAS's algorithm, warm up
-        run()
-    torch.cuda.synchronize()
     if args.clocks:
+        for run in runs.values():  # compile, pick cuBLAS's algorithm, warm up
+            run()
+        torch.cuda.synchronize()
         for name, run in runs.items():
             print(name, _sample_clocks(run, args.seconds), flush=True)
         return 0
-    torch.cuda.profiler.start()
-    for run in runs.values():
-        run()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    profile_once(list(runs.values()))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

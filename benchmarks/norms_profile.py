@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     import torch
 
     from flydsl.kernels import norms
+    from flydsl.kernels.bench import profile_once
 
     norm = importlib.import_module("flydsl.kernels.normalization")
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
@@ -60,14 +61,7 @@ def main(argv=None) -> int:
         }[args.kernel]
         compiled = torch.compile(eager)
         runs.append(lambda: compiled(x))
-    for run in runs:  # compile and warm up
-        run()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for run in runs:
-        run()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    profile_once(runs)
     return 0
 
 

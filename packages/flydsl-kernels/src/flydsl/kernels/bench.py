@@ -41,6 +41,21 @@ def median_ms(fn, reps: int, warmup: int = 3, queued: bool = False) -> float:
     return statistics.median(times)
 
 
+def profile_once(runs) -> None:
+    """Each of ``runs`` (callables) once to compile and warm up, then once more each between the CUDA profiler's
+    start and stop: what ``ncu --profile-from-start off`` sees (the benchmarks' ``*_profile.py`` diagnostics)."""
+    import torch
+
+    for run in runs:
+        run()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for run in runs:
+        run()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
 def _pair(torch, kernel: str, x):
     """(ours, torch's, bytes moved) for one input."""
     from flydsl.kernels import norms
