@@ -89,5 +89,6 @@ def main(argv=None) -> int:
     profile_once(list(runs.values()))
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())
