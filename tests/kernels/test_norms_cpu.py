@@ -418,6 +418,7 @@ def test_staged_forward_configs():
     assert norm_mod.staged_forward_config(65536, "bf16", stages=2, lag=1) is None  # 2 rows, none ahead
     # Held chunks: a count up to the thread's chunks (True: all), lag 0 only in a cluster.
     assert norm_mod.staged_forward_config(65536, "bf16", lag=0, hold=True).hold == 4
+    assert norm_mod.staged_forward_config(65536, "bf16", lag=1, hold=False).hold == 0
     assert norm_mod.staged_forward_config(65536, "bf16", lag=1, hold=2) is None
     with pytest.raises(ValueError, match=r"hold: expected 0\.\.4 chunks"):
         norm_mod.staged_forward_config(65536, "bf16", lag=0, hold=8)

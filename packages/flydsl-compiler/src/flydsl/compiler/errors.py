@@ -32,7 +32,7 @@ class ToolchainError(FlyError):
 class PerformanceWarning(UserWarning):
     """A kernel compiled, but a tool reported that it will run slower than its code asks for (ptxas's "Potential
     Performance Loss" notes, e.g. C7514: every ``wgmma`` of the kernel serialized). ``warnings.simplefilter("error",
-    PerformanceWarning)`` turns them into errors, as the GEMM's CPU tests do."""
+    PerformanceWarning)`` turns them into errors, as this repository's tests do (tests/conftest.py)."""
 
 
 def location_text(location, filename: str = "<input>") -> str:

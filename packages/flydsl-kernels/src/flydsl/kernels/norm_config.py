@@ -300,7 +300,7 @@ def staged_forward_config(
     written (rows of 128 KB per CTA: two would not fit). :func:`routed_staged_forward_config` picks the shape the
     forward takes. None when N is not a multiple of 16 bytes, a row needs more than 8 CTAs, or the ring does not fit
     :data:`_RING_BYTES` or is too small for the pipeline (``lag + 2`` rows, or one). ``hold``: the chunks held in
-    registers, see :class:`StagedForwardConfig` (lag 0 only; True: all of them)."""
+    registers, see :class:`StagedForwardConfig` (lag 0 only; True: all of them, False: none)."""
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     sources = 2 if residual else 1
     if chunks is None:
@@ -318,8 +318,8 @@ def staged_forward_config(
     if stages < 1 or stages * stage_bytes > _RING_BYTES or not (single or stages >= lag + 2):
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
-    held = chunks if hold is True else hold
-    if isinstance(held, bool) or not isinstance(held, int) or not 0 <= held <= chunks:
+    held = (chunks if hold else 0) if isinstance(hold, bool) else hold
+    if not isinstance(held, int) or not 0 <= held <= chunks:
         raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")
     if held and lag and cluster > 1:
         return None
