@@ -66,7 +66,9 @@ def test_vector_kernel_compiles_to_16_byte_accesses_in_registers():
     ptx = module.ptx
     assert ptx.count("ld.global.v4.b32") == 1
     assert ptx.count("st.global.v4.b32") == 4
-    assert "cvt.rn.bf16.f32" in ptx and "max.NaN.f32" in ptx
+    assert "cvt.rn.bf16x2.f32" in ptx and "max.NaN.f32" in ptx  # f32 -> bf16 two at a time
+    # bf16 -> f32 is exact: per 32-bit word, the low half shifted up and the high half masked (no cvt, no prmt)
+    assert "and.b32" in ptx and "-65536" in ptx and "cvt.f32.bf16" not in ptx and "prmt" not in ptx
     assert ".local" not in ptx and "%SP" not in ptx
     assert module.cubin is not None or flyc.find_ptxas() is None
 

@@ -33,7 +33,18 @@ from mlir.dialects import vector as _vector
 
 import flydsl.layout as _fl
 from flydsl.expr.layout import static_leaf
-from flydsl.expr.numeric import _BY_MLIR_NAME, _CONTRACTED, Float, Integer, Numeric, as_numeric, float_flags
+from flydsl.expr.numeric import (
+    _BY_MLIR_NAME,
+    _CONTRACTED,
+    BFloat16,
+    Float,
+    Float32,
+    Int32,
+    Integer,
+    Numeric,
+    as_numeric,
+    float_flags,
+)
 from flydsl.expr.tensor import Tensor, copy
 from flydsl.layout.leaf import add as _leaf_add
 
@@ -241,6 +252,8 @@ class Vector(Numeric):
         if target is self.element:
             return self
         source, t = self.element, result.mlir_type()
+        if source is BFloat16 and target is Float32 and self.length % 2 == 0:
+            return self._bf16_pairs_to_f32(result)
         if issubclass(source, Float) and issubclass(target, Float):
             op = _arith.extf if target.width > source.width else _arith.truncf
         elif issubclass(source, Integer) and issubclass(target, Float):
@@ -254,6 +267,17 @@ class Vector(Numeric):
         else:
             op = _arith.trunci
         return result(op(t, self.value))
+
+    def _bf16_pairs_to_f32(self, result: type[Vector]) -> Vector:
+        """bf16 -> f32 is exact: the bf16 bits are the float's upper half. Per 32-bit word of two bf16: the low one
+        shifted up, the high one masked in place, one instruction each (``arith.extf`` costs the high one two: LLVM
+        moves it down to convert it, ``PRMT`` + ``SHF``)."""
+        words = self.bitcast(Int32)
+        low = (words << 16).bitcast(Float32)
+        high = (words & -65536).bitcast(Float32)
+        half = self.length // 2
+        order = [k // 2 + (half if k % 2 else 0) for k in range(self.length)]  # low0, high0, low1, high1, ...
+        return result(_vector.shuffle(low.value, high.value, order))
 
     def bitcast(self, element) -> Vector:
         """The same bits as a vector of ``element`` (``v_bf16x8.bitcast(fx.Int32)`` is an ``Int32x4``)."""

@@ -49,12 +49,14 @@ __all__ = [
     "row_masks",
     "load_vector_row",
     "load_vector_chunk",
+    "load_vector_chunk_raw",
     "store_row",
     "thread_reduce",
     "row_reduce",
     "row_done",
     "MAX_CLUSTER",
     "masked",
+    "masked_sum",
 ]
 
 MAX_CLUSTER = 8  # portable cluster size limit (16 needs cudaFuncAttributeNonPortableClusterSizeAllowed)
@@ -122,6 +124,8 @@ def _pow2_at_least(x: int) -> int:
     return 1 << max(0, _pymath.ceil(_pymath.log2(max(1, x))))
 
 
+FORWARD_WARP_BLOCK = 32  # forwards of rows of one warp or less: one-warp CTAs (H200, bf16 1024: 4.21 vs 4.12 TB/s
+# with 128 threads; a CTA's slot frees as soon as its warp is done)
 CTA_THREADS = 512  # threads per CTA before a row is split over a cluster (measured: 512 beats 256 and 1024 at 16K-32K)
 
 
@@ -230,12 +234,6 @@ def _load_chunk_raw(cfg: RowConfig, view, col, n, row_ok, fill):
     return _read_buffer(cls, raw, buffer)
 
 
-def _load_chunk(cfg: RowConfig, view, col, n, row_ok, fill):
-    """The ``vec`` elements of a chunk view as Float32 scalars, ``fill`` where out of range; and their masks."""
-    loaded = _load_chunk_raw(cfg, view, col, n, row_ok, fill).to(fx.Float32)
-    return [loaded[e] for e in range(cfg.vec)], _chunk_masks(cfg, col, n, row_ok)
-
-
 def load_row_raw(cfg: RowConfig, t, pos, n, rows, fill=0.0, chunks=None):
     """As :func:`load_row`, but one vector of ``t``'s dtype per chunk (16 bytes: 4 registers whatever the dtype),
     for a kernel that loads the next row while it works on this one; :func:`widen` converts them."""
@@ -273,11 +271,16 @@ def load_row(cfg: RowConfig, t, pos, n, rows, fill=0.0, chunks=None):
     return widen(load_row_raw(cfg, t, pos, n, rows, fill, chunks)), row_masks(cfg, pos, n, rows, chunks)
 
 
+def load_vector_chunk_raw(cfg: RowConfig, w, pos, n, j: int, fill=0.0):
+    """As :func:`load_vector_chunk`, but one vector of ``w``'s dtype (:func:`widen` converts it): a kernel that
+    loads a chunk early holds it in half the registers (16-bit types)."""
+    c = chunk_index(cfg, pos, j)
+    return _load_chunk_raw(cfg, fx.local_tile(w, (cfg.vec,), (c,)), c * cfg.vec, n, pos.lane >= 0, fill)
+
+
 def load_vector_chunk(cfg: RowConfig, w, pos, n, j: int, fill=0.0):
     """This thread's chunk ``j`` of a 1-D (N,) tensor (weights, bias), laid out like the rows: ``vec`` Float32."""
-    c = chunk_index(cfg, pos, j)
-    values, _ = _load_chunk(cfg, fx.local_tile(w, (cfg.vec,), (c,)), c * cfg.vec, n, pos.lane >= 0, fill)
-    return values
+    return widen([load_vector_chunk_raw(cfg, w, pos, n, j, fill)])
 
 
 def load_vector_row(cfg: RowConfig, w, pos, n, fill=0.0):
@@ -316,6 +319,16 @@ def store_row(cfg: RowConfig, t, pos, n, rows, values, chunks=None) -> None:
 def masked(values, masks, other=0.0):
     """``values`` where ``masks`` hold, else ``other``."""
     return [arith.select(m, v, fx.Float32(other)) for v, m in zip(values, masks, strict=True)]
+
+
+def masked_sum(cfg: RowConfig, values, masks):
+    """The sum of this thread's ``values`` where ``masks`` hold (``thread_reduce(masked(values, masks))``), with one
+    select per chunk's partial sum when the masks are per chunk (``cfg.even``) instead of one per element."""
+    if fx.const_expr(not cfg.even):
+        return thread_reduce(masked(values, masks))
+    step = cfg.vec
+    parts = [thread_reduce(values[i : i + step]) for i in range(0, len(values), step)]
+    return thread_reduce(masked(parts, masks[::step]))
 
 
 def _combine(a, b, op: str):
