@@ -186,7 +186,9 @@ def main() -> int:
     parser.add_argument(
         "--config-sweep", action="store_true", help="then time LayerNorm backward configs and grid sizes (SWEEP)"
     )
-    parser.add_argument("--cta-threads", type=int, default=None, help="override reduction.CTA_THREADS (tuning)")
+    parser.add_argument(
+        "--cta-threads", type=int, default=None, help="override reduction.CTA_THREADS and FORWARD_CTA_THREADS (tuning)"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     args.backward = args.backward or args.backward_only
@@ -198,7 +200,7 @@ def main() -> int:
     if args.cta_threads:
         from flydsl.kernels import reduction
 
-        reduction.CTA_THREADS = args.cta_threads
+        reduction.CTA_THREADS = reduction.FORWARD_CTA_THREADS = args.cta_threads
         reduction.row_config.cache_clear()
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
     ops = _ops(torch, F)

@@ -70,15 +70,14 @@ from flydsl.kernels.norm_staged import (
     exchange_columns,
 )
 from flydsl.kernels.reduction import (
-    FORWARD_WARP_BLOCK,
     RowConfig,
     chunk_index,
+    forward_row_config,
     load_row,
     load_row_raw,
     load_vector_chunk,
     load_vector_chunk_raw,
     masked_sum,
-    row_config,
     row_done,
     row_position,
     row_reduce,
@@ -549,7 +548,7 @@ def forward(
         if ring is not None and _aligned16(*(t for t in (x, residual, out, residual_out) if t is not None)):
             _launch_staged_forward(args, eps, ring, flags, rows, x.device)
             return
-    cfg = row_config(n, x.dtype, held=2 if residual is not None else 1, warp_block=FORWARD_WARP_BLOCK)
+    cfg = forward_row_config(n, x.dtype, held=2 if residual is not None else 1)
     cluster_shape = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
     norm_forward_kernel(*args, eps, cfg, flags).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster_shape)
 

@@ -40,6 +40,7 @@ from flydsl.expr import arith, cluster, gpu, vector
 __all__ = [
     "RowConfig",
     "row_config",
+    "forward_row_config",
     "row_position",
     "chunk_index",
     "row_smem",
@@ -124,9 +125,12 @@ def _pow2_at_least(x: int) -> int:
     return 1 << max(0, _pymath.ceil(_pymath.log2(max(1, x))))
 
 
-FORWARD_WARP_BLOCK = 32  # forwards of rows of one warp or less: one-warp CTAs (H200, bf16 1024: 4.21 vs 4.12 TB/s
-# with 128 threads; a CTA's slot frees as soon as its warp is done)
 CTA_THREADS = 512  # threads per CTA before a row is split over a cluster (measured: 512 beats 256 and 1024 at 16K-32K)
+# The register forwards (softmax, norms; see forward_row_config), H200: rows of one warp or less in one-warp CTAs
+# (softmax bf16 1024: 4.21 vs 4.12 TB/s with 128 threads: a CTA's slot frees as soon as its warp is done), and one
+# CTA of up to 1024 threads before a cluster (fused add + RMSNorm bf16 16384: 4.11 vs 3.85 in 2 CTAs of 512).
+FORWARD_WARP_BLOCK = 32
+FORWARD_CTA_THREADS = 1024
 
 
 @functools.lru_cache(maxsize=4096)
@@ -153,6 +157,12 @@ def row_config(n: int, dtype: str, held: int = 1, warp_block: int = 128, cta_thr
     size = min(MAX_CLUSTER, threads // tpr)
     chunks = -(-total_chunks // (tpr * size))
     return RowConfig(dtype, vec, chunks, tpr, 1, size, even)
+
+
+def forward_row_config(n: int, dtype: str, held: int = 1) -> RowConfig:
+    """The register forwards' config: :func:`row_config` with :data:`FORWARD_WARP_BLOCK` and
+    :data:`FORWARD_CTA_THREADS` (read at each call: the benchmarks' tuning flags override them)."""
+    return row_config(n, dtype, held, warp_block=FORWARD_WARP_BLOCK, cta_threads=FORWARD_CTA_THREADS)
 
 
 # --- device side ------------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ import flydsl.expr as fx
 from flydsl.expr import nvvm
 from flydsl.kernels import normalization, softmax_staged
 from flydsl.kernels.reduction import (
-    FORWARD_WARP_BLOCK,
     RowConfig,
+    forward_row_config,
     load_row,
     row_config,
     row_done,
@@ -78,7 +78,7 @@ def forward(x, out, staged: bool | None = None) -> None:
         staged = normalization.STAGED_FORWARD  # read at each call: benchmarks and tests switch it
     if staged and softmax_staged.forward_staged(x, out):
         return
-    _launch(softmax_forward_kernel, row_config(n, x.dtype, warp_block=FORWARD_WARP_BLOCK), rows, x.obj, out.obj)
+    _launch(softmax_forward_kernel, forward_row_config(n, x.dtype), rows, x.obj, out.obj)
 
 
 def backward(dy, y, dx) -> None:
