@@ -189,6 +189,9 @@ def main() -> int:
     parser.add_argument(
         "--cta-threads", type=int, default=None, help="override reduction.CTA_THREADS and FORWARD_CTA_THREADS (tuning)"
     )
+    parser.add_argument(
+        "--warp-block", type=int, default=None, help="override reduction.FORWARD_WARP_BLOCK (tuning: 32, 64, 128)"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     args.backward = args.backward or args.backward_only
@@ -197,11 +200,13 @@ def main() -> int:
     import torch.nn.functional as F
 
     torch._dynamo.config.cache_size_limit = 1024
-    if args.cta_threads:
-        from flydsl.kernels import reduction
+    from flydsl.kernels import reduction
 
+    if args.cta_threads:
         reduction.CTA_THREADS = reduction.FORWARD_CTA_THREADS = args.cta_threads
         reduction.row_config.cache_clear()
+    if args.warp_block:
+        reduction.FORWARD_WARP_BLOCK = args.warp_block
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
     ops = _ops(torch, F)
     props = torch.cuda.get_device_properties(0)

@@ -126,9 +126,12 @@ def _pow2_at_least(x: int) -> int:
 
 
 CTA_THREADS = 512  # threads per CTA before a row is split over a cluster (measured: 512 beats 256 and 1024 at 16K-32K)
-# The register forwards (softmax, norms; see forward_row_config), H200: rows of one warp or less in one-warp CTAs
-# (softmax bf16 1024: 4.21 vs 4.12 TB/s with 128 threads: a CTA's slot frees as soon as its warp is done), and one
-# CTA of up to 1024 threads before a cluster (fused add + RMSNorm bf16 16384: 4.11 vs 3.85 in 2 CTAs of 512).
+# The register forwards (softmax, norms; see forward_row_config), H200: rows of one warp in one-warp CTAs (softmax
+# bf16 1024: 4.21 vs 4.12 TB/s with 128 threads: a CTA's slot frees as soon as its warp is done; shorter rows, several
+# per warp, keep 128-thread CTAs: not measured, and with fewer registers they may use more warps), and a row
+# in one CTA of up to 1024 threads rather than a cluster (fused add + RMSNorm bf16 16384: 4.11 vs 3.81 in 2 CTAs of
+# 512; softmax f32 32768: 4.18 vs 4.03). Rows that need a cluster anyway keep CTAs of CTA_THREADS (fused add f32
+# 32768: 4.03 in 4 x 512, 3.66 in 2 x 1024).
 FORWARD_WARP_BLOCK = 32
 FORWARD_CTA_THREADS = 1024
 
@@ -160,9 +163,16 @@ def row_config(n: int, dtype: str, held: int = 1, warp_block: int = 128, cta_thr
 
 
 def forward_row_config(n: int, dtype: str, held: int = 1) -> RowConfig:
-    """The register forwards' config: :func:`row_config` with :data:`FORWARD_WARP_BLOCK` and
-    :data:`FORWARD_CTA_THREADS` (read at each call: the benchmarks' tuning flags override them)."""
-    return row_config(n, dtype, held, warp_block=FORWARD_WARP_BLOCK, cta_threads=FORWARD_CTA_THREADS)
+    """The register forwards' config: :func:`row_config`, but rows of one warp in CTAs of
+    :data:`FORWARD_WARP_BLOCK` threads and a row in one CTA of up to :data:`FORWARD_CTA_THREADS` threads; a row that
+    needs a cluster anyway is split as :func:`row_config` does (the constants are read at each call: the benchmarks'
+    tuning flags override them)."""
+    cfg = row_config(n, dtype, held, cta_threads=FORWARD_CTA_THREADS)
+    if cfg.cluster > 1:
+        return row_config(n, dtype, held)
+    if cfg.threads_per_row == 32:
+        return row_config(n, dtype, held, warp_block=FORWARD_WARP_BLOCK)
+    return cfg
 
 
 # --- device side ------------------------------------------------------------------------------------------------
