@@ -29,7 +29,8 @@ from flydsl.kernels.bench import median_ms
 TOTAL = 1 << 28
 SIZES = [32768, 65536, 131072, 262144]
 # Staged shapes tried beside the default (--sweep): (threads, chunks per thread, lag, ring rows or None = most, and
-# optionally hold: the count of chunks whose values stay in registers from the first pass to the output, lag 0).
+# optionally hold: the count of chunks whose values stay in registers from the first pass to the output, lag 0; and
+# keep: 1 to keep the weight and bias chunks in registers for all of a CTA's rows, StagedForwardConfig.keep_weights).
 SHAPES = [
     (1024, 2, 1, None),
     (1024, 2, 2, None),
@@ -143,16 +144,19 @@ def staged_launch(norm, kernel: str, cfg, t: dict):
 
 
 def parse_shapes(text: str, error) -> list:
-    """``--shapes`` (THREADS:CHUNKS:LAG[:STAGES[:HOLD]],...) as SHAPES entries; ``error(message)`` reports a bad one."""
+    """``--shapes`` (THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP]]],...) as SHAPES entries; ``error(message)`` reports a bad
+    one."""
     shapes = []
     for item in text.split(","):
         fields = item.split(":")
-        if not 3 <= len(fields) <= 5 or not all(f.isdigit() for f in fields):
-            error(f"--shapes: expected THREADS:CHUNKS:LAG[:STAGES[:HOLD]] (integers), got {item!r}")
-        threads, chunks, lag, stages, hold = ([int(f) for f in fields] + [0, 0])[:5]
-        if threads < 32 or chunks < 1 or hold > chunks:
-            error(f"--shapes: {item!r}: THREADS >= 32, CHUNKS >= 1 and HOLD <= CHUNKS")
-        shapes.append((threads, chunks, lag, stages or None, hold))
+        if not 3 <= len(fields) <= 6 or not all(f.isdigit() for f in fields):
+            error(f"--shapes: expected THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP]]] (integers), got {item!r}")
+            continue
+        threads, chunks, lag, stages, hold, keep = ([int(f) for f in fields] + [0, 0, 0])[:6]
+        if threads < 32 or chunks < 1 or hold > chunks or keep > 1:
+            error(f"--shapes: {item!r}: THREADS >= 32, CHUNKS >= 1, HOLD <= CHUNKS and KEEP 0 or 1")
+            continue
+        shapes.append((threads, chunks, lag, stages or None, hold, bool(keep)))
     return shapes
 
 
@@ -161,12 +165,12 @@ def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES) -> list:
     n, m, kernel = row["n"], row["rows"], row["kernel"]
     t = staged_inputs(torch, kernel, m, n, dtype)
     found = []
-    for threads, chunks, lag, stages, *hold in shapes:
-        hold = hold[0] if hold else 0
+    for threads, chunks, lag, stages, *rest in shapes:
+        hold, keep = (list(rest) + [0, False])[:2]
         cfg = norm.staged_forward_config(
-            n, row["dtype"], kernel == "fused_add_rms_norm", chunks, stages, threads, lag, hold
+            n, row["dtype"], kernel == "fused_add_rms_norm", chunks, stages, threads, lag, hold, keep
         )
-        shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages, "hold": hold}
+        shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages, "hold": hold, "keep": keep}
         if cfg is None:
             found.append({**shape, "tbps": None})
             continue
@@ -203,8 +207,9 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="also time the staged kernel's other shapes")
     parser.add_argument(
         "--shapes",
-        help="--sweep: only these shapes, THREADS:CHUNKS:LAG[:STAGES[:HOLD]] separated by commas (STAGES 0: most;"
-        " HOLD: chunks whose values stay in registers, 0..CHUNKS), e.g. 1024:4:0:0:4,1024:4:0:0:2",
+        help="--sweep: only these shapes, THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP]]] separated by commas (STAGES 0:"
+        " most; HOLD: chunks whose values stay in registers, 0..CHUNKS; KEEP 1: weight and bias kept in registers),"
+        " e.g. 1024:4:0:0:4,1024:4:0:2:0:1",
     )
     parser.add_argument("--budget-s", type=float, default=270.0, help="no new case after this many seconds")
     parser.add_argument("--out", required=True, help="JSON record (rewritten after every case)")

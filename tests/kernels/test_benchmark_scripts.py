@@ -59,3 +59,24 @@ def test_gemm_bench_config_option_builds_gemm_configs(monkeypatch):
     assert gemm_bench._config({"stages": 3}).stages == 3  # given stages are kept
     with pytest.raises(argparse.ArgumentTypeError, match="expected KEY=VALUE"):
         gemm_bench._config_fields("tile_m")
+
+
+def test_norms_staged_shapes_option(monkeypatch):
+    """``--shapes`` of norms_forward_staged.py / norms_profile.py: THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP]]], each a
+    shape that staged_forward_config builds (KEEP: the weight and bias kept in registers); bad ones are refused."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import norms_forward_staged
+
+    from flydsl.kernels.normalization import staged_forward_config
+
+    errors = []
+    shapes = norms_forward_staged.parse_shapes("1024:4:0,1024:4:0:2:3,1024:4:0:2:0:1", errors.append)
+    assert not errors
+    assert shapes == [(1024, 4, 0, None, 0, False), (1024, 4, 0, 2, 3, False), (1024, 4, 0, 2, 0, True)]
+    threads, chunks, lag, stages, hold, keep = shapes[2]
+    cfg = staged_forward_config(131072, "bf16", False, chunks, stages, threads, lag, hold, keep)
+    assert cfg.keep_weights and cfg.row.cluster == 4 and cfg.stages == 2
+    for bad in ("1024:4", "1024:4:0:2:5", "1024:4:0:2:0:2", "1024:x:0"):
+        errors.clear()
+        norms_forward_staged.parse_shapes(bad, errors.append)
+        assert errors, bad

@@ -387,6 +387,41 @@ def test_staged_forward_assembles_without_spills(n, dtype, variant):
         assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
 
 
+@pytest.mark.parametrize(
+    "n, dtype, variant, shape",
+    [
+        (131072, "bf16", "layer", dict(lag=0, stages=2)),  # 32 registers of packed weight and bias per thread
+        (262144, "bf16", "layer", dict(lag=0, stages=2)),
+        (131072, "bf16", "rms", dict(lag=0, hold=4)),  # with every chunk of x held too
+        (65536, "f32", "layer", dict(lag=0)),
+    ],
+    ids=str,
+)
+def test_staged_forward_keeps_weights_in_registers(n, dtype, variant, shape):
+    """``keep_weights``: the weight (and bias) loaded once per CTA, before the row loop, and widened where used: in
+    the loop there are no global loads but the ring's copies, and no spills (the widening is pinned in the loop:
+    hoisted out of it, the wide values spilled 128-200 bytes)."""
+    cfg = norm_mod.staged_forward_config(n, dtype, False, keep_weights=True, **shape)
+    assert cfg.keep_weights
+    rows, weight, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((n,), dtype), flyc.TensorSpec((8,), "f32")
+    flags = _FORWARD_FLAGS[variant]
+    module = norm_mod.norm_forward_staged_kernel.lower(
+        rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags
+    )
+    ptx = _assembled(module)
+    kept = cfg.row.chunks * (1 if flags.rms else 2)
+    assert ptx.count("ld.global.v4.b32") == kept
+    # all of them before the row loop, whose first step waits for the ring's copies
+    assert ptx.rindex("ld.global.v4.b32") < ptx.index("cp.async.wait_group")
+    plain = norm_mod.staged_forward_config(n, dtype, False, **shape)  # without: loaded in the loop, per row
+    lowered = norm_mod.norm_forward_staged_kernel.lower(
+        rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, plain, flags
+    )
+    assert lowered.ptx.index("ld.global.v4.b32") > lowered.ptx.index("cp.async.wait_group")
+    if flyc.find_ptxas() is not None:
+        assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
+
+
 def _shape(cfg):
     return None if cfg is None else (cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages, cfg.lag, cfg.hold)
 

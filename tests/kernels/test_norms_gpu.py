@@ -348,6 +348,8 @@ def test_staged_forward(n, dtype, staged_launches):
         (65536, torch.bfloat16, dict(lag=0, hold=2)),  # half of each thread's chunks held in registers
         (32768, torch.bfloat16, dict(stages=2, hold=3)),  # one CTA per row, 3 of 4 chunks held
         (131080, torch.bfloat16, dict(lag=0, hold=4)),  # every chunk held, CTAs holding unequal parts
+        (131072, torch.bfloat16, dict(lag=0, stages=2, keep_weights=True)),  # weight and bias kept for all rows
+        (65544, torch.float32, dict(lag=0, keep_weights=True)),  # kept, CTAs holding unequal parts
     ],
     ids=str,
 )

@@ -60,6 +60,7 @@ __all__ = [
     "load_op",
     "store",
     "register_buffer",
+    "pin",
 ]
 
 
@@ -393,6 +394,29 @@ def bitcast(vector_type, vector) -> Vector:
 
 
 # --- memory ------------------------------------------------------------------------------------------------------
+
+
+def pin(values):
+    """The same values, pinned at this point of the program: an empty ``asm volatile`` that reads and writes their
+    registers. The compiler computes them before it and moves nothing that uses the result above it: e.g. it cannot
+    hoist the conversion of a loop-invariant packed vector out of a loop (which would keep the wide values live
+    across the loop), nor move an accumulator read across wgmma's fence (``wgmma.fence_operands`` is this). Costs no
+    instruction. Takes and returns a Vector of whole 32-bit registers (Float32, Int32, packed 16-bit pairs, ...) or
+    a list of them."""
+    if isinstance(values, (list, tuple)):
+        return [pin(v) for v in values]
+    if not isinstance(values, Vector) or values.width % 32:
+        raise TypeError(f"pin: expected a Vector of whole 32-bit registers, got {type(values).__name__}")
+    if values.element not in (Float32, Int32):  # packed 16-bit pairs, bytes
+        return pin(values.bitcast(Int32)).bitcast(values.element)
+    field, count = values.element.mlir_type(), values.length
+    fields = [_vector.extract(values.value, [], [i]) for i in range(count)]
+    kind = "f" if values.element is Float32 else "r"
+    constraints = ",".join([f"={kind}"] * count + [str(i) for i in range(count)])
+    result_type = field if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join([str(field)] * count)})>")
+    result = _llvm.inline_asm(result_type, fields, "", constraints, has_side_effects=True)
+    results = [result] if count == 1 else [_llvm.extractvalue(field, result, [i]) for i in range(count)]
+    return type(values)(_vector.from_elements(values.mlir_type(), results))
 
 
 def _function_entry_block() -> ir.Block:

@@ -55,6 +55,7 @@ from flydsl.expr.numeric import (
 )
 from flydsl.expr.tensor import Tensor, local_tile
 from flydsl.expr.vector import Vector, vector_class
+from flydsl.expr.vector import pin as _vector_pin
 from flydsl.expr.vector import store as _vector_store
 from flydsl.expr.wgmma_smem import (
     SWIZZLES,
@@ -120,22 +121,13 @@ def _pass_through(acc: Vector) -> Vector:
             f"fence_operands: expected Float32 accumulators or a vector of whole 32-bit registers, got"
             f" {type(acc).__name__}"
         )
-    if acc.element not in (Float32, Int32):  # packed 16-bit pairs, ...
-        return _pass_through(acc.bitcast(Int32)).bitcast(acc.element)
-    if acc.element is Int32:
-        values = [_vector.extract(acc.value, [], [i]) for i in range(acc.length)]
-        kind, field = "r", Int32.mlir_type()
-    else:
-        values, kind, field = _accumulator_values(acc), "f", Float32.mlir_type()
-    count = len(values)
-    constraints = ",".join([f"={kind}"] * count + [str(i) for i in range(count)])
-    result = _llvm.inline_asm(_struct(count, field), values, "", constraints, has_side_effects=True)
-    return _from_fields(type(acc), result, count)
+    return _vector_pin(acc)
 
 
 def fence_operands(accumulators):
-    """Pins registers at this point of the program (an empty ``asm volatile`` that reads and writes them), so that
-    the compiler moves no access to them across wgmma's fence / wait, and computes them before it. Takes and
+    """Pins registers at this point of the program (:func:`flydsl.expr.vector.pin`: an empty ``asm volatile`` that
+    reads and writes them), so that the compiler moves no access to them across wgmma's fence / wait, and computes
+    them before it. Takes and
     returns a Vector or a list of them: Float32 accumulators, or any vector of whole 32-bit registers (e.g. the
     epilogue's packed 16-bit values)."""
     if accumulators is None:

@@ -252,8 +252,10 @@ class StagedForwardConfig:
     (row tensors in the ring: x, and the residual of the fused add), ``lag`` (clusters: rows between a row's push
     and its output), ``hold`` (lag 0: each thread keeps its first ``hold`` chunks of the row in registers from the
     first pass to the output, as float32, instead of reading and converting them from the ring in every pass;
-    softmax keeps their exps, and writes each of those outputs with one multiply; 0: none). One CTA per SM (the
-    ring takes most of the shared memory), a persistent grid."""
+    softmax keeps their exps, and writes each of those outputs with one multiply; 0: none), ``keep_weights`` (each
+    thread loads its chunks of the weight and bias once, before its first row, and keeps them in registers in their
+    dtype for every row, instead of reloading them from L1/L2 per row: a CTA's slice is the same columns for all its
+    rows; not routed yet). One CTA per SM (the ring takes most of the shared memory), a persistent grid."""
 
     row: RowConfig
     stages: int
@@ -261,6 +263,7 @@ class StagedForwardConfig:
     lag: int = 1
     blocks_per_sm: int = 1
     hold: int = 0
+    keep_weights: bool = False
 
     def __post_init__(self):
         if not isinstance(self.hold, int) or isinstance(self.hold, bool) or not 0 <= self.hold <= self.row.chunks:
@@ -290,6 +293,7 @@ def staged_forward_config(
     threads: int = _STAGED_THREADS,
     lag: int = 1,
     hold: int | bool = 0,
+    keep_weights: bool = False,
 ) -> StagedForwardConfig | None:
     """The staged forward config for rows of ``n`` elements of ``dtype`` (``residual``: the fused add, whose ring
     holds x and the residual): CTAs of ``threads`` threads holding ``chunks`` 16-byte chunks of each source per row
@@ -300,7 +304,8 @@ def staged_forward_config(
     written (rows of 128 KB per CTA: two would not fit). :func:`routed_staged_forward_config` picks the shape the
     forward takes. None when N is not a multiple of 16 bytes, a row needs more than 8 CTAs, or the ring does not fit
     :data:`_RING_BYTES` or is too small for the pipeline (``lag + 2`` rows, or one). ``hold``: the chunks held in
-    registers, see :class:`StagedForwardConfig` (lag 0 only; True: all of them, False: none)."""
+    registers, see :class:`StagedForwardConfig` (lag 0 only; True: all of them, False: none); ``keep_weights``: see
+    :class:`StagedForwardConfig`."""
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     sources = 2 if residual else 1
     if chunks is None:
@@ -323,7 +328,7 @@ def staged_forward_config(
         raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")
     if held and lag and cluster > 1:
         return None
-    return StagedForwardConfig(layout, stages, sources, lag, hold=held)
+    return StagedForwardConfig(layout, stages, sources, lag, hold=held, keep_weights=bool(keep_weights))
 
 
 # The staged forward is the default from these N on (the register kernel's cluster regime, under the bar; shorter

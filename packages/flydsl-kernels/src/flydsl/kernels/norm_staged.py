@@ -21,11 +21,13 @@ from flydsl.kernels.reduction import (
     RowConfig,
     chunk_index,
     load_vector_chunk,
+    load_vector_chunks_raw,
     row_position,
     row_reduce,
     row_smem,
     store_row,
     thread_reduce,
+    vector_chunk,
 )
 
 
@@ -419,6 +421,9 @@ class _ForwardRows:
         sources = (self.x, self.residual) if flags.residual else (self.x,)
         self.ring = _RowRing(cfg.row, cfg.stages, sources, pos, n, rows)
         self.inside = [col < n for col in self.ring.cols]  # chunk masks (N is a multiple of vec)
+        keep = isinstance(flags, NormFlags) and cfg.keep_weights  # before the row loop: the same columns every row
+        self.kept_weight = load_vector_chunks_raw(cfg.row, self.weight, pos, n) if keep and flags.weight else None
+        self.kept_bias = load_vector_chunks_raw(cfg.row, self.bias, pos, n) if keep and flags.bias else None
 
     def values(self, slot, j: int):
         """Chunk ``j`` of the row in ``slot``: x, or x + residual rounded to the dtype (residual_out's values)."""
@@ -454,7 +459,8 @@ class _ForwardRows:
         store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
 
     def store(self, slot, row, mean, rstd, held=None) -> None:
-        """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store). 16-bit rows: ``v *
+        """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store, or kept in registers:
+        ``cfg.keep_weights``). 16-bit rows: ``v *
         rstd - mean * rstd``, then ``* w + b``, two fma per element (the kernel is issue-bound there; the rounding of
         ``mean * rstd`` stays far under the output's). float32 rows: ``(v - mean) * rstd``, exact to float32 even
         where the mean is large against the spread."""
@@ -467,9 +473,11 @@ class _ForwardRows:
             vs = values(j)
             ys = [(v - mean) * rstd for v in vs] if exact else [v * rstd + shift for v in vs]
             if fx.const_expr(self.flags.weight):
-                ys = [y * w for y, w in zip(ys, load_vector_chunk(rc, self.weight, pos, n, j), strict=True)]
+                ws = vector_chunk(rc, self.weight, pos, n, j, self.kept_weight)
+                ys = [y * w for y, w in zip(ys, ws, strict=True)]
             if fx.const_expr(self.flags.bias):
-                ys = [y + b for y, b in zip(ys, load_vector_chunk(rc, self.bias, pos, n, j), strict=True)]
+                bs = vector_chunk(rc, self.bias, pos, n, j, self.kept_bias)
+                ys = [y + b for y, b in zip(ys, bs, strict=True)]
             return ys
 
         store_row(rc, self.out, _row_at(pos, row), n, self.rows, chunk)

@@ -76,7 +76,7 @@ from flydsl.kernels.reduction import (
     load_row,
     load_row_raw,
     load_vector_chunk,
-    load_vector_chunk_raw,
+    load_vector_chunks_raw,
     masked_sum,
     row_done,
     row_position,
@@ -84,6 +84,7 @@ from flydsl.kernels.reduction import (
     row_smem,
     store_row,
     thread_reduce,
+    vector_chunk,
     widen,
 )
 
@@ -118,19 +119,9 @@ __all__ = [
 def _weights_early(cfg: RowConfig) -> bool:
     """Whether the register forward loads its weight and bias chunks together with x (held in their dtype until
     used), so that a row waits once for all its loads: for 16-bit rows of one warp (H200, LayerNorm bf16 1024: 3.77
-    -> 4.24 TB/s). Wider rows load them next to the stores: held early they cost occupancy (LayerNorm bf16 2048: 4.07
-    -> 3.89)."""
+    -> 4.24 TB/s) or less (several rows per warp: not measured). Wider rows load them next to the stores: held early
+    they cost occupancy (LayerNorm bf16 2048: 4.07 -> 3.89)."""
     return cfg.threads_per_row <= 32 and cfg.dtype != "f32"
-
-
-def _held_chunks(cfg: RowConfig, t, pos, n, load: bool):
-    """All of this thread's chunks of the (N,) tensor ``t`` in its dtype when ``load``, else None."""
-    return [load_vector_chunk_raw(cfg, t, pos, n, j) for j in range(cfg.chunks)] if load else None
-
-
-def _vector_chunk(cfg: RowConfig, t, pos, n, j: int, held):
-    """Chunk ``j`` of the (N,) tensor ``t`` as Float32: widened from ``held`` (:func:`_held_chunks`), or loaded."""
-    return widen([held[j]]) if held is not None else load_vector_chunk(cfg, t, pos, n, j)
 
 
 @flyc.kernel
@@ -153,8 +144,8 @@ def norm_forward_kernel(
     inv_n = 1.0 / n.to(fx.Float32)
     xs, masks = load_row(cfg, x, pos, n, rows)
     early = _weights_early(cfg)
-    w_held = _held_chunks(cfg, weight, pos, n, early and flags.weight)
-    b_held = _held_chunks(cfg, bias, pos, n, early and flags.bias)
+    w_kept = load_vector_chunks_raw(cfg, weight, pos, n) if early and flags.weight else None
+    b_kept = load_vector_chunks_raw(cfg, bias, pos, n) if early and flags.bias else None
     if fx.const_expr(flags.residual):
         rs, _ = load_row(cfg, residual, pos, n, rows)
         xs = _round([a + b for a, b in zip(xs, rs, strict=True)], x.dtype)
@@ -172,9 +163,9 @@ def norm_forward_kernel(
     def normalized(j):  # chunk j of the output
         ys = [d * rstd for d in centered[j * cfg.vec : (j + 1) * cfg.vec]]
         if fx.const_expr(flags.weight):
-            ys = [y * w for y, w in zip(ys, _vector_chunk(cfg, weight, pos, n, j, w_held), strict=True)]
+            ys = [y * w for y, w in zip(ys, vector_chunk(cfg, weight, pos, n, j, w_kept), strict=True)]
         if fx.const_expr(flags.bias):
-            ys = [y + b for y, b in zip(ys, _vector_chunk(cfg, bias, pos, n, j, b_held), strict=True)]
+            ys = [y + b for y, b in zip(ys, vector_chunk(cfg, bias, pos, n, j, b_kept), strict=True)]
         return ys
 
     store_row(cfg, out, pos, n, rows, normalized)

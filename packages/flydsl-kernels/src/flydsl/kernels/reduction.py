@@ -7,7 +7,8 @@ registers (as float32), so a row is read from memory exactly once. Chunk ``j`` o
 cluster is chunk ``(j * cluster + r) * threads_per_row + t`` of the row: at every step consecutive threads read
 consecutive 16 bytes (coalesced), and a short row spreads evenly over the CTAs. Three regimes follow from N:
 
-* ``warp``: a row fits one warp or less (``threads_per_row <= 32``): several rows per CTA, shuffles only;
+* ``warp``: a row fits one warp or less (``threads_per_row <= 32``): several rows per CTA (the forwards: a row of
+  a whole warp alone in its CTA, :func:`forward_row_config`), shuffles only;
 * ``block``: 64..1024 threads per row, one row per CTA (two at 64): shuffles, then one value per warp through
   shared memory;
 * ``cluster``: rows longer than one CTA's registers hold (~32K elements) are split over 2, 4 or 8 CTAs of a
@@ -51,6 +52,8 @@ __all__ = [
     "load_vector_row",
     "load_vector_chunk",
     "load_vector_chunk_raw",
+    "load_vector_chunks_raw",
+    "vector_chunk",
     "store_row",
     "thread_reduce",
     "row_reduce",
@@ -125,7 +128,10 @@ def _pow2_at_least(x: int) -> int:
     return 1 << max(0, _pymath.ceil(_pymath.log2(max(1, x))))
 
 
-CTA_THREADS = 512  # threads per CTA before a row is split over a cluster (measured: 512 beats 256 and 1024 at 16K-32K)
+# Threads per CTA before a row is split over a cluster, and of each CTA of a cluster (measured when the register
+# kernels held every row: 512 beat 256 and 1024 at 16K-32K; the forwards now take one CTA of up to 1024 threads
+# where that avoids a cluster, FORWARD_CTA_THREADS below).
+CTA_THREADS = 512
 # The register forwards (softmax, norms; see forward_row_config), H200: rows of one warp in one-warp CTAs (softmax
 # bf16 1024: 4.21 vs 4.12 TB/s with 128 threads: a CTA's slot frees as soon as its warp is done; shorter rows, several
 # per warp, keep 128-thread CTAs: not measured, and with fewer registers they may use more warps), and a row
@@ -301,6 +307,21 @@ def load_vector_chunk_raw(cfg: RowConfig, w, pos, n, j: int, fill=0.0):
 def load_vector_chunk(cfg: RowConfig, w, pos, n, j: int, fill=0.0):
     """This thread's chunk ``j`` of a 1-D (N,) tensor (weights, bias), laid out like the rows: ``vec`` Float32."""
     return widen([load_vector_chunk_raw(cfg, w, pos, n, j, fill)])
+
+
+def load_vector_chunks_raw(cfg: RowConfig, w, pos, n):
+    """All of this thread's chunks of a 1-D (N,) tensor as :func:`load_vector_chunk_raw` gives them, for a kernel that
+    keeps them in registers in their dtype and widens each where it is used (:func:`vector_chunk`)."""
+    return [load_vector_chunk_raw(cfg, w, pos, n, j) for j in range(cfg.chunks)]
+
+
+def vector_chunk(cfg: RowConfig, w, pos, n, j: int, kept=None):
+    """Chunk ``j`` of a 1-D (N,) tensor as Float32: widened from ``kept`` (:func:`load_vector_chunks_raw`), or loaded
+    now when ``kept`` is None. The kept chunk is pinned (:func:`flydsl.expr.vector.pin`) where it is widened: kept
+    across a loop, its widening would otherwise be hoisted out of it, and the wide values spill."""
+    if kept is None:
+        return load_vector_chunk(cfg, w, pos, n, j)
+    return widen([vector.pin(kept[j])])
 
 
 def load_vector_row(cfg: RowConfig, w, pos, n, fill=0.0):
