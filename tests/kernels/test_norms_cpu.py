@@ -77,6 +77,48 @@ def test_configs_cover_every_n():
         RowConfig("f32", 4, 1, 48, 1, 1, True)
 
 
+def test_forward_row_config_shapes():
+    """The register forwards' layouts: a row of a whole warp alone in a 32-thread CTA, shorter rows several to a
+    128-thread CTA, one CTA of up to 1024 threads where that avoids a cluster, clusters of 512-thread CTAs."""
+    from flydsl.kernels.reduction import forward_row_config
+
+    def shape(n, dtype, held=1):
+        cfg = forward_row_config(n, dtype, held)
+        return cfg.threads_per_row, cfg.rows_per_cta, cfg.cluster
+
+    assert shape(1024, "bf16") == (32, 1, 1) and shape(1024, "f32") == (32, 1, 1)
+    assert shape(512, "bf16") == (16, 8, 1)  # several rows per warp: 128-thread CTAs, as row_config
+    assert shape(16384, "bf16", held=2) == (1024, 1, 1)  # the fused add: one CTA, not 2 x 512
+    assert shape(20001, "f32") == (1024, 1, 1) and shape(32768, "f32") == (1024, 1, 1)
+    assert shape(32768, "f32", held=2) == (512, 1, 4)  # a cluster anyway: CTAs of 512 (2 x 1024 measured slower)
+    assert shape(65536, "f32") == (512, 1, 4)
+    assert forward_row_config(4096, "bf16") is forward_row_config(4096, "bf16")  # cached: one object per shape
+
+
+@pytest.mark.parametrize("n, dtype", [(1024, "bf16"), (20001, "bf16"), (12289, "f32"), (16384, "bf16")])
+def test_register_forward_assembles_without_spills(n, dtype):
+    """The register forward in forward_row_config's one-warp and 1024-thread CTAs, every variant: no spills; rows of
+    one warp load 16-bit weight and bias with x (before the first shuffle), float32 weights next to the stores."""
+    from flydsl.kernels.reduction import forward_row_config
+
+    rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
+    for flags in _FORWARD_FLAGS.values():
+        cfg = forward_row_config(n, dtype, held=2 if flags.residual else 1)
+        for weight_dtype in {dtype, "f32"}:
+            weight = flyc.TensorSpec((n,), weight_dtype)
+            module = norm_mod.norm_forward_kernel.lower(
+                rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags
+            )
+            ptx = _assembled(module)
+            if flyc.find_ptxas() is not None:
+                assert _spill_bytes(ptx) == 0, (n, dtype, cfg, weight_dtype)
+            early = cfg.threads_per_row <= 32 and dtype != "f32" and weight_dtype != "f32"
+            first_shuffle = ptx.index("shfl.sync")
+            loads_before = ptx[:first_shuffle].count("ld.global.")
+            loads = ptx.count("ld.global.")
+            assert (loads_before == loads) == early, (n, dtype, flags, weight_dtype, loads_before, loads)
+
+
 @pytest.mark.parametrize("n, dtype", REGIME_CASES, ids=_regime_ids())
 def test_softmax_compiles_in_every_regime(n, dtype):
     spec = flyc.TensorSpec((8, n), dtype)

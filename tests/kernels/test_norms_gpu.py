@@ -22,7 +22,7 @@ from flydsl.kernels import norms  # noqa: E402
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Edges of the regimes (warp <= 32 threads per row, block <= 1024, cluster of 2..8 CTAs) and odd sizes.
-SIZES = [1, 3, 8, 257, 1000, 1024, 4097, 8192, 32768, 32769, 65537, 131072, 262144]
+SIZES = [1, 3, 8, 257, 1000, 1024, 4097, 8192, 20001, 32768, 32769, 65537, 131072, 262144]  # 20001: one 1024-thread CTA
 
 
 def _close(out, ref, dtype=None, what="out"):
@@ -128,7 +128,7 @@ def test_rms_norm_forward(n, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [1, 7, 1024, 4097, 32768, 65537, 262144])
+@pytest.mark.parametrize("n", [1, 7, 1024, 4097, 12289, 32768, 65537, 262144])  # 12289: one 1024-thread CTA
 def test_fused_add_rms_norm(n, dtype):
     rows = _rows(n)
     x, residual = _input(rows, n, dtype), _input(rows, n, dtype)
@@ -173,6 +173,26 @@ def test_layer_norm_backward(n, dtype, rows=None):
     _close(dx, xd.grad, what="dx")
     _column_close(dw, wd.grad, rows, "dweight")
     _column_close(db, bd.grad, rows, "dbias")
+
+
+@pytest.mark.parametrize("n", [1000, 4097])
+def test_layer_norm_backward_huge_constant_rows(n):
+    """Rows of one huge constant value (mean 2e36, variance 0, rstd = 1/sqrt(eps)): each real xhat is 0, but the
+    padding's and a row past the end's would be -mean * rstd = -6e38, -inf in float32, and 0 * inf = NaN; the
+    kernel keeps them out of the sums (masks per chunk, zero statistics past the last row). Statistics given in
+    float64-exact form (the forward's float32 sum of 1000 x 2e36 overflows)."""
+    rows = 37  # CTAs with rows past the end
+    x = torch.full((rows, n), 2e36, device="cuda")
+    w = torch.randn(n, device="cuda")
+    dy = _input(rows, n, torch.float32)
+    mean = torch.full((rows,), 2e36, device="cuda")
+    rstd = torch.full((rows,), 1e-5**-0.5, device="cuda")
+    dx, dw, db = norms.layer_norm_backward(dy, x, w, mean, rstd, dx=_poison(x))
+    g = dy.double() * w.double()
+    ref_dx = (g - g.mean(-1, keepdim=True)) * rstd.double()[:, None]  # xhat = 0 everywhere
+    _close(dx, ref_dx, what="dx")
+    assert torch.equal(dw, torch.zeros_like(dw)), "dweight = sum(dy * xhat) = 0"
+    _column_close(db, dy.double().sum(0), rows, "dbias")
 
 
 def _check_rms_norm_backward(dy, x, w, rstd, rows):

@@ -127,9 +127,8 @@ def _pass_through(acc: Vector) -> Vector:
 def fence_operands(accumulators):
     """Pins registers at this point of the program (:func:`flydsl.expr.vector.pin`: an empty ``asm volatile`` that
     reads and writes them), so that the compiler moves no access to them across wgmma's fence / wait, and computes
-    them before it. Takes and
-    returns a Vector or a list of them: Float32 accumulators, or any vector of whole 32-bit registers (e.g. the
-    epilogue's packed 16-bit values)."""
+    them before it. Takes and returns a Vector or a list of them: Float32 accumulators, or any vector of whole 32-bit
+    registers (e.g. the epilogue's packed 16-bit values)."""
     if accumulators is None:
         return None
     if isinstance(accumulators, (list, tuple)):

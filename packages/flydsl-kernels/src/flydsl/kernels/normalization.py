@@ -79,6 +79,7 @@ from flydsl.kernels.reduction import (
     load_vector_chunks_raw,
     masked_sum,
     row_done,
+    row_masks,
     row_position,
     row_reduce,
     row_smem,
@@ -116,12 +117,13 @@ __all__ = [
 ]
 
 
-def _weights_early(cfg: RowConfig) -> bool:
+def _weights_early(cfg: RowConfig, *vectors) -> bool:
     """Whether the register forward loads its weight and bias chunks together with x (held in their dtype until
     used), so that a row waits once for all its loads: for 16-bit rows of one warp (H200, LayerNorm bf16 1024: 3.77
     -> 4.24 TB/s) or less (several rows per warp: not measured). Wider rows load them next to the stores: held early
-    they cost occupancy (LayerNorm bf16 2048: 4.07 -> 3.89)."""
-    return cfg.threads_per_row <= 32 and cfg.dtype != "f32"
+    they cost occupancy (LayerNorm bf16 2048: 4.07 -> 3.89); so do float32 weight and bias (``vectors``: the ones
+    the kernel reads; 16-bit rows may have float32 ones), twice the registers."""
+    return cfg.threads_per_row <= 32 and cfg.dtype != "f32" and all(t.dtype.width == 16 for t in vectors)
 
 
 @flyc.kernel
@@ -143,7 +145,7 @@ def norm_forward_kernel(
     smem = row_smem(cfg, phases=1 if flags.rms else 2)
     inv_n = 1.0 / n.to(fx.Float32)
     xs, masks = load_row(cfg, x, pos, n, rows)
-    early = _weights_early(cfg)
+    early = _weights_early(cfg, *(t for t, read in ((weight, flags.weight), (bias, flags.bias)) if read))
     w_kept = load_vector_chunks_raw(cfg, weight, pos, n) if early and flags.weight else None
     b_kept = load_vector_chunks_raw(cfg, bias, pos, n) if early and flags.bias else None
     if fx.const_expr(flags.residual):
@@ -326,11 +328,20 @@ def norm_backward_kernel(
 def _prefetch(rc: RowConfig, flags: NormFlags, tensors, pos, n, rows):
     """Row ``pos.row``'s dy and x chunks in their dtype (nothing read past the last row), its rstd and mean."""
     dy, x, _, mean_in, rstd_in, _ = tensors
-    safe_row = fx.arith.select(pos.row < rows, pos.row, type(pos.row)(0))
-    mu = fx.Float32(0.0)
+    rstd, mu = _row_stats(flags, mean_in, rstd_in, pos.row, rows)
+    return [load_row_raw(rc, dy, pos, n, rows), load_row_raw(rc, x, pos, n, rows), rstd, mu]
+
+
+def _row_stats(flags: NormFlags, mean_in, rstd_in, row, rows):
+    """Row ``row``'s rstd and mean (RMSNorm: mean 0); both 0 past the last row, where xhat is then 0 (row 0's
+    statistics could make the padding's xhat overflow, and 0 * inf is NaN in the column sums)."""
+    inside = row < rows
+    safe_row = fx.arith.select(inside, row, type(row)(0))
+    zero = fx.Float32(0.0)
+    mu = zero
     if fx.const_expr(not flags.rms):
-        mu = mean_in[safe_row]
-    return [load_row_raw(rc, dy, pos, n, rows), load_row_raw(rc, x, pos, n, rows), rstd_in[safe_row], mu]
+        mu = fx.arith.select(inside, mean_in[safe_row], zero)
+    return fx.arith.select(inside, rstd_in[safe_row], zero), mu
 
 
 def _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups):
@@ -353,7 +364,8 @@ def _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, 
         dys, xs = widen(current[0]), widen(current[1])
         g, xhat, dys = _terms(rc, flags, tensors[2], here, n, rows, rstd, mu, whole, dys, xs)
         dots = [fx.Float32(0.0)] * (1 if flags.rms else 2)
-        dots = _first_pass(cfg, flags, sums_smem, partial_row, here, whole, g, xhat, dys, dots)
+        masks = row_masks(rc, here, n, rows)
+        dots = _first_pass(cfg, flags, sums_smem, partial_row, here, whole, g, xhat, dys, dots, masks)
         if fx.const_expr(rc.cluster == 1):
             c1, c2, _ = _row_constants(rc, flags, here, smem, parity, dots, inv_n)
         else:
@@ -378,11 +390,7 @@ def _rows_two_pass(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, ro
     parity = fx.Int32(0)
     for grp in range(group, row_groups, groups):  # the same trip count for the whole CTA (and cluster)
         here = _row_at(pos, grp * rc.rows_per_cta + pos.row_in_cta)
-        safe_row = fx.arith.select(here.row < rows, here.row, type(here.row)(0))
-        rstd = tensors[4][safe_row]
-        mu = fx.Float32(0.0)
-        if fx.const_expr(not flags.rms):
-            mu = tensors[3][safe_row]
+        rstd, mu = _row_stats(flags, tensors[3], tensors[4], here.row, rows)
         terms = (rc, flags, tensors, here, n, rows, rstd, mu)
         dots = [fx.Float32(0.0)] * (1 if flags.rms else 2)
         dots = _first_pass_segments(cfg, terms, sums_smem, partial_row, dots)
@@ -391,12 +399,14 @@ def _rows_two_pass(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, ro
         parity = 1 - parity
 
 
-def _first_pass(cfg: BackwardConfig, flags: NormFlags, sums_smem, partial_row, pos, chunks, g, xhat, dys, dots):
-    """Adds the chunks' terms to the column sums; returns ``dots`` plus their ``sum(g * xhat)`` (and ``sum(g)``)."""
+def _first_pass(cfg: BackwardConfig, flags: NormFlags, sums_smem, partial_row, pos, chunks, g, xhat, dys, dots, masks):
+    """Adds the chunks' terms to the column sums; returns ``dots`` plus their ``sum(g * xhat)`` (and ``sum(g)``).
+    ``masks``: the chunks' in-range masks; the padding is left out of ``sum(g * xhat)`` (its xhat, ``-mean * rstd``,
+    may overflow where a row's mean is huge, and 0 * inf is NaN; its column sums are never stored)."""
     if fx.const_expr(cfg.sums > 0):
         terms = [[a * h for a, h in zip(dys, xhat, strict=True)], dys]
         _column_sums_add(cfg, sums_smem, partial_row, pos, chunks, terms[: cfg.sums])
-    part = [thread_reduce([a * h for a, h in zip(g, xhat, strict=True)])]
+    part = [masked_sum(cfg.row, [a * h for a, h in zip(g, xhat, strict=True)], masks)]
     if fx.const_expr(not flags.rms):
         part.append(thread_reduce(g))
     return [a + b for a, b in zip(dots, part, strict=True)]
@@ -413,7 +423,8 @@ def _first_pass_segments(cfg: BackwardConfig, terms, sums_smem, partial_row, dot
     for seg in range(0, cfg.row.chunks // cfg.segment):
         chunks = _segment(cfg, seg)
         g, xhat, dys = _load_terms(*terms, chunks)
-        dots = _first_pass(cfg, flags, sums_smem, partial_row, pos, chunks, g, xhat, dys, dots)
+        masks = row_masks(cfg.row, pos, terms[4], terms[5], chunks)
+        dots = _first_pass(cfg, flags, sums_smem, partial_row, pos, chunks, g, xhat, dys, dots, masks)
     return dots
 
 
@@ -435,8 +446,8 @@ def _load_terms(rc: RowConfig, flags: NormFlags, tensors, pos, n, rows, rstd, mu
 
 def _terms(rc: RowConfig, flags: NormFlags, weight, pos, n, rows, rstd, mu, chunks, dys, xs):
     """``(dy * weight, xhat, dy)`` from the loaded ``dys`` and ``xs`` of ``chunks``."""
-    # No mask: past N (and past the last row) dy is loaded as 0, so the padding's xhat only ever meets a 0 factor
-    # (dy * xhat, g * xhat with g = dy * weight) and is never stored.
+    # No mask here: past N dy is loaded as 0 and the padding's column sums are never stored; its sum(g * xhat) term
+    # is masked per chunk in _first_pass. Past the last row rstd and the mean are 0 (_prefetch, _rows_two_pass).
     if fx.const_expr(flags.rms):
         xhat = [v * rstd for v in xs]
     else:

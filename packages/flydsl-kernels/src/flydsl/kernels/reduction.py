@@ -173,11 +173,16 @@ def forward_row_config(n: int, dtype: str, held: int = 1) -> RowConfig:
     :data:`FORWARD_WARP_BLOCK` threads and a row in one CTA of up to :data:`FORWARD_CTA_THREADS` threads; a row that
     needs a cluster anyway is split as :func:`row_config` does (the constants are read at each call: the benchmarks'
     tuning flags override them)."""
-    cfg = row_config(n, dtype, held, cta_threads=FORWARD_CTA_THREADS)
+    return _forward_row_config(n, dtype, held, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _forward_row_config(n: int, dtype: str, held: int, warp_block: int, single_cta: int, cta_threads: int):
+    cfg = row_config(n, dtype, held, cta_threads=single_cta)
     if cfg.cluster > 1:
-        return row_config(n, dtype, held)
+        return row_config(n, dtype, held, cta_threads=cta_threads)
     if cfg.threads_per_row == 32:
-        return row_config(n, dtype, held, warp_block=FORWARD_WARP_BLOCK)
+        return row_config(n, dtype, held, warp_block=warp_block, cta_threads=single_cta)
     return cfg
 
 
