@@ -160,15 +160,16 @@ def parse_shapes(text: str, error) -> list:
     return shapes
 
 
-def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES) -> list:
-    """The staged kernel's other shapes for this case, launched directly (kernel and grid alone, no API checks)."""
+def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES, team: bool = False) -> list:
+    """The staged kernel's other shapes for this case, launched directly (kernel and grid alone, no API checks);
+    ``team``: rows past 8 CTAs as teams exchanging through global memory (``staged_forward_config(team=True)``)."""
     n, m, kernel = row["n"], row["rows"], row["kernel"]
     t = staged_inputs(torch, kernel, m, n, dtype)
     found = []
     for threads, chunks, lag, stages, *rest in shapes:
         hold, keep = (list(rest) + [0, False])[:2]
         cfg = norm.staged_forward_config(
-            n, row["dtype"], kernel == "fused_add_rms_norm", chunks, stages, threads, lag, hold, keep
+            n, row["dtype"], kernel == "fused_add_rms_norm", chunks, stages, threads, lag, hold, keep, team
         )
         shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages, "hold": hold, "keep": keep}
         if cfg is None:
@@ -179,7 +180,7 @@ def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES) -> list:
         t["out"].fill_(float("nan"))
         run()
         diff = (t["out"].float() - reference).abs().max().item()
-        shape.update(cluster=cfg.row.cluster, stages=cfg.stages, hold=cfg.hold)
+        shape.update(cluster=cfg.row.cluster, team=cfg.row.team, stages=cfg.stages, hold=cfg.hold)
         shape.update(tbps=row["bytes"] / median_ms(run, reps) / 1e9)
         shape.update(gpu_tbps=row["bytes"] / median_ms(run, reps, queued=True) / 1e9, max_diff=diff)
         found.append(shape)
@@ -211,6 +212,9 @@ def main() -> int:
         " most; HOLD: chunks whose values stay in registers, 0..CHUNKS; KEEP 1: weight and bias kept in registers),"
         " e.g. 1024:4:0:0:4,1024:4:0:2:0:1",
     )
+    parser.add_argument(
+        "--team", action="store_true", help="--sweep: rows past 8 CTAs as teams (global-memory exchange, not routed)"
+    )
     parser.add_argument("--budget-s", type=float, default=270.0, help="no new case after this many seconds")
     parser.add_argument("--out", required=True, help="JSON record (rewritten after every case)")
     args = parser.parse_args()
@@ -240,7 +244,7 @@ def main() -> int:
                     continue
                 row = _case(torch, norms, norm, kernel, dtypes[name], n, args.reps)
                 if args.sweep:  # where no config is routed too: the shapes that might serve there
-                    row["sweep"] = _sweep(torch, norm, row, dtypes[name], args.reps, shapes)
+                    row["sweep"] = _sweep(torch, norm, row, dtypes[name], args.reps, shapes, args.team)
                 results.append(row)
                 best = max([s["gpu_tbps"] for s in row.get("sweep", []) if s["tbps"]] or [0.0])
                 print(

@@ -409,7 +409,7 @@ def test_staged_forward_assembles_without_spills(n, dtype, variant):
     weight = flyc.TensorSpec((n,), dtype)
     stats = flyc.TensorSpec((8,), "f32")
     module = norm_mod.norm_forward_staged_kernel.lower(
-        rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags
+        rows, rows, weight, weight, rows, rows, stats, stats, rows, 1e-5, cfg, flags
     )
     ptx = _assembled(module)
     # The ring: 16-byte cp.async copies, waiting for the row `ahead` rows behind the newest; read back 16 bytes at a
@@ -448,7 +448,7 @@ def test_staged_forward_keeps_weights_in_registers(n, dtype, variant, shape):
     rows, weight, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((n,), dtype), flyc.TensorSpec((8,), "f32")
     flags = _FORWARD_FLAGS[variant]
     module = norm_mod.norm_forward_staged_kernel.lower(
-        rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags
+        rows, rows, weight, weight, rows, rows, stats, stats, rows, 1e-5, cfg, flags
     )
     ptx = _assembled(module)
     kept = cfg.row.chunks * (1 if flags.rms else 2)
@@ -457,11 +457,40 @@ def test_staged_forward_keeps_weights_in_registers(n, dtype, variant, shape):
     assert ptx.rindex("ld.global.v4.b32") < ptx.index("cp.async.wait_group")
     plain = norm_mod.staged_forward_config(n, dtype, False, **shape)  # without: loaded in the loop, per row
     lowered = norm_mod.norm_forward_staged_kernel.lower(
-        rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, plain, flags
+        rows, rows, weight, weight, rows, rows, stats, stats, rows, 1e-5, plain, flags
     )
     assert lowered.ptx.index("ld.global.v4.b32") > lowered.ptx.index("cp.async.wait_group")
     if flyc.find_ptxas() is not None:
         assert _spill_bytes(ptx) == 0, (n, dtype, cfg)
+
+
+@pytest.mark.parametrize("variant", ["layer", "rms", "fused", "softmax"])
+@pytest.mark.parametrize("n", [262144, 196612])  # 16 CTAs per row; 13, the last one holding part of its share
+def test_staged_forward_teams_assemble(variant, n):
+    """Rows over more CTAs than a cluster holds (float32 262144: 16 CTAs of 64 KB ring rows, the fused add 32) as a
+    team (``staged_forward_config(team=True)``, not routed yet): each CTA's pair written to the row's line of the
+    exchange tensor as tagged 64-bit stores, the first warp polling the row's pairs (``ld.relaxed.gpu``) into the
+    shared-memory inbox; no cluster barriers, no mbarriers; no spills, but for LayerNorm's uneven team (its 13 ranks'
+    counts held through the row loop): 8 bytes, two registers reloaded from L1 once per row."""
+    staged = importlib.import_module("flydsl.kernels.softmax_staged")
+    assert norm_mod.staged_forward_config(n, "f32", variant == "fused") is None  # no cluster holds the row
+    cfg = norm_mod.staged_forward_config(n, "f32", variant == "fused", team=True)
+    count = -(-n // (4 * 1024 * cfg.row.chunks))
+    assert cfg.row.team and cfg.row.cluster == count and cfg.row.cluster_shape is None and cfg.lag == 1
+    rows, stats = flyc.TensorSpec((8, n), "f32"), flyc.TensorSpec((8,), "f32")
+    exchange = flyc.TensorSpec((8, norm_mod.exchange_columns(cfg)), "f32")
+    if variant == "softmax":
+        module = staged.softmax_forward_staged_kernel.lower(rows, rows, exchange, cfg)
+    else:
+        weight = flyc.TensorSpec((n,), "f32")
+        module = norm_mod.norm_forward_staged_kernel.lower(
+            rows, rows, weight, weight, rows, rows, stats, stats, exchange, 1e-5, cfg, _FORWARD_FLAGS[variant]
+        )
+    ptx = _assembled(module)
+    assert ptx.count("st.relaxed.gpu.global.b64") == 2 and "ld.relaxed.gpu.global.b64" in ptx
+    assert "barrier.cluster" not in ptx and "mbarrier" not in ptx and "st.async" not in ptx
+    if flyc.find_ptxas() is not None:
+        assert _spill_bytes(ptx) <= (8 if (variant, n) == ("layer", 196612) else 0), (n, variant, cfg)
 
 
 def _shape(cfg):
@@ -649,7 +678,7 @@ def test_staged_softmax_assembles_without_spills(n, dtype):
     cfg = staged.softmax_staged_config(n, dtype)
     assert cfg is not None and cfg.row.capacity >= n
     rows = flyc.TensorSpec((8, n), dtype)
-    ptx = _assembled(staged.softmax_forward_staged_kernel.lower(rows, rows, cfg))
+    ptx = _assembled(staged.softmax_forward_staged_kernel.lower(rows, rows, rows, cfg))
     ahead = cfg.stages - 1 - cfg.lag
     assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group \t{ahead};" in ptx
     assert "ex2.approx.f32" in ptx and "st.global.v4.b32" in ptx and ptx.count("bar.sync") == 2

@@ -391,6 +391,48 @@ def test_staged_forward_shapes(n, dtype, shape):
     _close(rstd, ref_rstd, torch.float32, "rstd")
 
 
+@pytest.mark.parametrize("n", [262144, 196612])  # teams of 16 CTAs per row; of 13, the last holding part of a share
+def test_staged_forward_teams(n):
+    """float32 rows over more CTAs than a cluster holds, as a team (``staged_forward_config(team=True)``: pairs
+    through tagged stores in global memory, not routed yet): LayerNorm with every output, RMSNorm, the fused add
+    and softmax against float64, 300 rows (each team walks ~37 of them)."""
+    from flydsl.kernels.host import row_tensor
+    from flydsl.kernels.softmax_staged import forward_staged
+
+    rows = 300
+    x = _input(rows, n, torch.float32) * 2 + 8
+    w, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    mean, rstd = torch.full((rows,), float("nan"), device="cuda"), torch.full((rows,), float("nan"), device="cuda")
+    cfg = _NORM.staged_forward_config(n, "f32", team=True)
+    assert cfg.row.team
+    out = _poison(x)
+    flags = _NORM.NormFlags(False, weight=True, bias=True, mean=True, rstd=True)
+    _NORM._launch_staged_forward([x, x, w, b, out, x, mean, rstd], 1e-5, cfg, flags, rows, x.device.index)
+    ref, ref_mean, ref_rstd = _ln_ref(x, w, b, 1e-5)
+    _close(out, ref)
+    _close(mean, ref_mean, torch.float32, "mean")
+    _close(rstd, ref_rstd, torch.float32, "rstd")
+
+    out = _poison(x)
+    flags = _NORM.NormFlags(True, weight=True)
+    _NORM._launch_staged_forward([x, x, w, b, out, x, mean, rstd], 1e-6, cfg, flags, rows, x.device.index)
+    xd = x.double()
+    _close(out, xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * w.double())
+
+    residual, out = _input(rows, n, torch.float32), _poison(x)
+    expected_residual = x + residual
+    fused = _NORM.staged_forward_config(n, "f32", True, team=True)
+    flags = _NORM.NormFlags(True, residual=True, weight=True)
+    _NORM._launch_staged_forward([x, residual, w, b, out, residual, mean, rstd], 1e-6, fused, flags, rows, 0)
+    assert torch.equal(residual, expected_residual), "residual_out"
+    rd = expected_residual.double()
+    _close(out, rd * torch.rsqrt((rd * rd).mean(-1, keepdim=True) + 1e-6) * w.double())
+
+    out = _poison(x)
+    assert forward_staged(row_tensor(x, "x"), row_tensor(out, "out"), cfg)
+    _close(out, torch.softmax(x.double(), dim=-1))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [32768, 40968, 65536, 98308, 131072, 262144])
 def test_staged_softmax_forward(n, dtype):

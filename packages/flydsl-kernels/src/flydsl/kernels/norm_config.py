@@ -21,6 +21,7 @@ __all__ = [
     "routed_staged_forward_config",
     "forward_shape",
     "FORWARD_KINDS",
+    "MAX_FORWARD_TEAM",
     "backward_config",
     "backward_groups",
     "make_backward_config",
@@ -280,6 +281,7 @@ class StagedForwardConfig:
         return self.stages * self.sources * self.row.block * self.row.chunks * 16
 
 
+MAX_FORWARD_TEAM = 64  # CTAs of a staged forward team (all of a team must be resident at once: one CTA per SM)
 _FORWARD_STAGE_BYTES = 64 * 1024  # a ring row of one source per CTA by default: 1024 threads x 4 chunks (3 stages)
 
 
@@ -294,6 +296,7 @@ def staged_forward_config(
     lag: int = 1,
     hold: int | bool = 0,
     keep_weights: bool = False,
+    team: bool = False,
 ) -> StagedForwardConfig | None:
     """The staged forward config for rows of ``n`` elements of ``dtype`` (``residual``: the fused add, whose ring
     holds x and the residual): CTAs of ``threads`` threads holding ``chunks`` 16-byte chunks of each source per row
@@ -305,7 +308,9 @@ def staged_forward_config(
     forward takes. None when N is not a multiple of 16 bytes, a row needs more than 8 CTAs, or the ring does not fit
     :data:`_RING_BYTES` or is too small for the pipeline (``lag + 2`` rows, or one). ``hold``: the chunks held in
     registers, see :class:`StagedForwardConfig` (lag 0 only; True: all of them, False: none); ``keep_weights``: see
-    :class:`StagedForwardConfig`."""
+    :class:`StagedForwardConfig`; ``team``: rows over more CTAs than a cluster holds (up to
+    :data:`MAX_FORWARD_TEAM`) run as a team of consecutive CTAs exchanging their pairs through global memory
+    (``RowConfig.team``; not routed yet), instead of None."""
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     sources = 2 if residual else 1
     if chunks is None:
@@ -313,16 +318,20 @@ def staged_forward_config(
     if n % vec or chunks < 1:
         return None
     total = n // vec
-    cluster = 1 << max(0, (-(-total // (threads * chunks)) - 1).bit_length())
-    if cluster > 8:
-        return None
+    count = -(-total // (threads * chunks))
+    cluster = 1 << max(0, (count - 1).bit_length())
+    in_team = cluster > 8
+    if in_team:
+        if not team or count > MAX_FORWARD_TEAM:
+            return None
+        cluster = count  # a team: exactly the CTAs the row needs
     lag = lag if cluster > 1 else 0  # one CTA per row: its statistics are at hand, no pairs to wait for
     stage_bytes = sources * threads * chunks * 16
     stages = stages or min(_MAX_STAGES, _RING_BYTES // stage_bytes)
     single = stages == 1 and lag == 0
     if stages < 1 or stages * stage_bytes > _RING_BYTES or not (single or stages >= lag + 2):
         return None
-    layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
+    layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True, team=in_team)
     held = (chunks if hold else 0) if isinstance(hold, bool) else hold
     if not isinstance(held, int) or not 0 <= held <= chunks:
         raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")

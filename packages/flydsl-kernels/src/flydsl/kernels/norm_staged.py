@@ -243,7 +243,7 @@ def inbox_slots(lag: int) -> int:
     return 2 * lag + 2
 
 
-def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int):
+def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int, team_inbox: bool = False):
     """How the CTAs of a row share their partial pairs (``sum(g * xhat)``, ``sum(g)``) in :func:`_rows_pushed`.
 
     Cluster: each CTA pushes its pair into every peer's inbox slot for the row (``st.async``, completing bytes on
@@ -252,9 +252,12 @@ def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int):
     fence, so no wait for this thread's loads and stores in flight); a CTA's first warp polls the pairs until every
     tag is set, sums them and hands the sums to the CTA through shared memory. Either way the sum runs over the
     ranks in a fixed order: every CTA of the row computes the same means, and the result does not depend on
-    timing."""
+    timing. ``team_inbox`` (the forward): a team's pairs are gathered into a shared-memory inbox as a cluster's
+    are (:func:`_exchange_gather`), not summed."""
     share = SimpleNamespace(rc=cfg.row, pos=pos, exchange=exchange, slots=slots)
-    if fx.const_expr(cfg.row.team):
+    if fx.const_expr(cfg.row.team and team_inbox):
+        share.inbox = fx.SmemAllocator().allocate(fx.Float32, slots * cfg.row.cluster * 2, alignment=16)
+    elif fx.const_expr(cfg.row.team):
         share.means = fx.SmemAllocator().allocate(fx.Float32, 4, alignment=16)  # two rows' sums
     else:
         share.inbox = fx.SmemAllocator().allocate(fx.Float32, slots * cfg.row.cluster * 2, alignment=16)
@@ -306,29 +309,57 @@ def _exchange_wait(share, k):
     return old
 
 
+def _poll_tagged(share, row, rank, v: int, ok):
+    """Half ``v`` of rank ``rank``'s pair of ``row`` in the team's exchange line, polled until its tag says it was
+    written (traps after :data:`_SPIN_LIMIT` polls rather than hang); no waiting where ``ok`` is false."""
+    where = fx.nvvm.address(share.exchange, (row, 4 * rank + 2 * v))
+    got, tag = _load_tagged(where)
+    tries = fx.Int32(0)
+    while ok & (tag != _TAG) & (tries < _SPIN_LIMIT):
+        got, tag = _load_tagged(where)
+        tries = tries + 1
+    if tries >= _SPIN_LIMIT:
+        _llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)
+    return got
+
+
+def _team_ranks(size: int, lane):
+    """The ranks lane ``lane`` of a team's first warp reads: ``(rank, in range, rank clamped into range)`` for
+    ``lane, lane + 32, ...``."""
+    ranks = [lane + 32 * i for i in range(-(-size // 32))]
+    return [(rank, rank < size, fx.arith.select(rank < size, rank, type(rank)(0))) for rank in ranks]
+
+
 def _team_sums(share, row, parity, size: int, lane) -> None:
-    """The first warp: lane ``l`` reads the pairs of ranks ``l, l + 32, ...`` of ``row``, polling each half until
-    its tag says it was written (traps after :data:`_SPIN_LIMIT` polls rather than hang), sums them, then the
-    warp's fixed shuffle tree; the sums go to shared memory slot ``parity``."""
+    """The first warp: lane ``l`` reads the pairs of ranks ``l, l + 32, ...`` of ``row`` (:func:`_poll_tagged`),
+    sums them, then the warp's fixed shuffle tree; the sums go to shared memory slot ``parity``."""
     total = [fx.Float32(0.0), fx.Float32(0.0)]
-    for i in fx.range_constexpr(-(-size // 32)):
-        rank = lane + 32 * i
-        ok = rank < size
-        safe = fx.arith.select(ok, rank, type(rank)(0))
+    for _, ok, safe in _team_ranks(size, lane):
         for v in fx.range_constexpr(2):
-            where = fx.nvvm.address(share.exchange, (row, 4 * safe + 2 * v))
-            got, tag = _load_tagged(where)
-            tries = fx.Int32(0)
-            while ok & (tag != _TAG) & (tries < _SPIN_LIMIT):
-                got, tag = _load_tagged(where)
-                tries = tries + 1
-            if tries >= _SPIN_LIMIT:
-                _llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)
+            got = _poll_tagged(share, row, safe, v, ok)
             total[v] = total[v] + fx.arith.select(ok, got, fx.Float32(0.0))
     total = [gpu.warp_reduce(v, "add", width=32) for v in total]
     if lane == 0:
         share.means[parity * 2] = total[0]
         share.means[parity * 2 + 1] = total[1]
+
+
+def _exchange_gather(share, k, row):
+    """The inbox slot that holds every CTA's pair of row ``row`` (this CTA's ``k``-th), pair of rank ``r`` at
+    ``share.inbox[(slot * size + r) * 2 + (0, 1)]``: a cluster waits on the slot's mbarrier (:func:`_exchange_wait`);
+    in a team the first warp polls the row's tagged pairs in global memory into the slot, then the CTA syncs."""
+    if fx.const_expr(not share.rc.team):
+        return _exchange_wait(share, k)
+    size, pos = share.rc.cluster, share.pos
+    slot = k % share.slots
+    if pos.tid < 32:
+        for rank, ok, safe in _team_ranks(size, pos.tid % 32):
+            for v in fx.range_constexpr(2):
+                got = _poll_tagged(share, row, safe, v, ok)
+                if ok:
+                    share.inbox[(slot * size + rank) * 2 + v] = got
+    gpu.barrier()
+    return slot
 
 
 def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange):
@@ -520,15 +551,24 @@ def _chan(share, old, counts, inv_n):
     mean^2``). Summed over the ranks in a fixed order: every CTA gets the same values. ``counts``: the ranks' n_r
     (Float32; no inverses held through the row loop: registers are tight)."""
     size = share.rc.cluster
-    pairs = [[share.inbox[(old * size + r) * 2 + i] for i in range(2)] for r in range(size)]
+
+    def pair(r: int, i: int):
+        return share.inbox[(old * size + r) * 2 + i]
+
+    if fx.const_expr(not share.rc.team):  # a cluster's pairs read once; a team's (up to 64) where used
+        pairs = [[pair(r, i) for i in range(2)] for r in range(size)]
+
+        def pair(r: int, i: int):  # noqa: F811
+            return pairs[r][i]
+
     total = fx.Float32(0.0)
     for r in fx.range_constexpr(size):
-        total = total + counts[r] * pairs[r][0]
+        total = total + counts[r] * pair(r, 0)
     mean = total * inv_n
     squares = fx.Float32(0.0)
     for r in fx.range_constexpr(size):
-        d = pairs[r][0] - mean
-        squares = squares + (pairs[r][1] + counts[r] * (d * d))
+        d = pair(r, 0) - mean
+        squares = squares + (pair(r, 1) + counts[r] * (d * d))
     return mean, squares
 
 
@@ -559,8 +599,8 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
     smem = row_smem(block, phases=2)  # LayerNorm, softmax: two reductions per row; RMSNorm: alternating rows
     inv_count = inv_n
     share, counts = None, []
-    if fx.const_expr(rc.cluster > 1):
-        share = _exchange_setup(cfg, pos, None, inbox_slots(lag))
+    if fx.const_expr(rc.cluster > 1):  # a team's inbox: two slots (the row's block barriers separate their reuse)
+        share = _exchange_setup(cfg, pos, tensors[8], 2 if rc.team else inbox_slots(lag), team_inbox=True)
         if fx.const_expr(_layer_norm(flags)):
             counts = [_rank_count(rc, n, r).to(fx.Float32) for r in range(rc.cluster)]
             inv_count = _inverse_count(_rank_count(rc, n, pos.rank))
@@ -577,7 +617,7 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
             if grp < rows:
                 _exchange_push(share, k, grp, part)
             if done >= 0:  # the output of row k - lag, from its pairs
-                a, b = _pushed_stats(share, flags, _exchange_wait(share, done), counts, inv_n)
+                a, b = _pushed_stats(share, flags, _exchange_gather(share, done, row), counts, inv_n)
                 _finish(
                     work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out, part, held
                 )
@@ -589,7 +629,7 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
         k = k + 1
         parity = 1 - parity
     fx.nvvm.cp_async_wait_group(0)  # nothing lands in shared memory after the CTA is gone
-    if fx.const_expr(rc.cluster > 1):
+    if fx.const_expr(rc.cluster_shape is not None):
         cluster.sync()  # no CTA leaves while a peer may still push into it
 
 

@@ -42,7 +42,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import cluster, gpu, math, vector
-from flydsl.kernels.host import empty_rows, max_active_clusters, sm_count
+from flydsl.kernels.host import allocated, empty_rows, max_active_clusters, sm_count
 from flydsl.kernels.norm_config import (
     FORWARD_KINDS,
     STAGED_FORWARD_MIN_N,
@@ -108,6 +108,7 @@ __all__ = [
     "FORWARD_KINDS",
     "forward",
     "staged_forward_groups",
+    "forward_exchange",
     "STAGED_FORWARD",
     "backward",
     "norm_forward_kernel",
@@ -190,14 +191,17 @@ def norm_forward_staged_kernel(
     residual_out: fx.Tensor,
     mean_out: fx.Tensor,
     rstd_out: fx.Tensor,
+    exchange: fx.Tensor,
     eps: fx.Float32,
     cfg: fx.Constexpr[StagedForwardConfig],
     flags: fx.Constexpr[NormFlags],
 ):
     """The staged forward for long rows (arguments as :func:`norm_forward_kernel`'s; x, residual, out and
-    residual_out 16-byte aligned rows, N a multiple of 16 bytes): a persistent grid of CTA groups (a CTA, or a
-    cluster) walking rows through a shared-memory ring; see :func:`_rows_staged_forward`."""
-    _rows_staged_forward(cfg, flags, (x, residual, weight, bias, out, residual_out, mean_out, rstd_out), eps)
+    residual_out 16-byte aligned rows, N a multiple of 16 bytes): a persistent grid of CTA groups (a CTA, a cluster
+    or a team) walking rows through a shared-memory ring; see :func:`_rows_staged_forward`. ``exchange``: a team's
+    tagged pairs (:func:`forward_exchange`), else any tensor (unused)."""
+    tensors = (x, residual, weight, bias, out, residual_out, mean_out, rstd_out, exchange)
+    _rows_staged_forward(cfg, flags, tensors, eps)
 
 
 def _sum_index(cfg: BackwardConfig, pos, s: int, slot, j: int, q: int):
@@ -565,10 +569,22 @@ def staged_forward_groups(cfg: StagedForwardConfig, rows: int, device: int) -> i
     return backward_groups(cfg, rows, sm_count(device), active)
 
 
+def forward_exchange(cfg: StagedForwardConfig, x, rows: int):
+    """The staged forward's ``exchange`` argument for ``x`` (an array of the rows' framework): for a team, each
+    row's line of tagged pairs, zeroed ((rows, 4 x team size) float32: one small memset per launch); else ``x``
+    itself, unused."""
+    if not cfg.row.team:
+        return x
+    exchange = empty_rows(allocated(x), (rows, exchange_columns(cfg)), "forward row pairs")
+    exchange.zero_() if hasattr(exchange, "zero_") else exchange.fill(0)
+    return exchange
+
+
 def _launch_staged_forward(args, eps: float, cfg: StagedForwardConfig, flags: NormFlags, rows: int, device) -> None:
     rc = cfg.row
     groups = staged_forward_groups(cfg, rows, device)
-    norm_forward_staged_kernel(*args, eps, cfg, flags).launch(
+    exchange = forward_exchange(cfg, args[0], rows)
+    norm_forward_staged_kernel(*args, exchange, eps, cfg, flags).launch(
         grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
     )
 

@@ -13,7 +13,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.kernels.norm_config import SoftmaxFlags, StagedForwardConfig, routed_staged_forward_config
 from flydsl.kernels.norm_staged import _rows_staged_forward
-from flydsl.kernels.normalization import _aligned16, staged_forward_groups
+from flydsl.kernels.normalization import _aligned16, forward_exchange, staged_forward_groups
 
 __all__ = ["SOFTMAX", "softmax_forward_staged_kernel", "softmax_staged_config", "forward_staged"]
 
@@ -21,8 +21,11 @@ SOFTMAX = SoftmaxFlags()
 
 
 @flyc.kernel(target=flyc.Target("sm_90a", ptx_version=81))  # PTX ISA 8.1: st.async (the cluster's pushes)
-def softmax_forward_staged_kernel(x: fx.Tensor, out: fx.Tensor, cfg: fx.Constexpr[StagedForwardConfig]):
-    _rows_staged_forward(cfg, SOFTMAX, (x, x, x, x, out, x, x, x), None)
+def softmax_forward_staged_kernel(
+    x: fx.Tensor, out: fx.Tensor, exchange: fx.Tensor, cfg: fx.Constexpr[StagedForwardConfig]
+):
+    """``exchange``: a team's tagged pairs (:func:`~flydsl.kernels.normalization.forward_exchange`), else unused."""
+    _rows_staged_forward(cfg, SOFTMAX, (x, x, x, x, out, x, x, x, exchange), None)
 
 
 def softmax_staged_config(n: int, dtype: str) -> StagedForwardConfig | None:
@@ -41,7 +44,8 @@ def forward_staged(x, out, cfg: StagedForwardConfig | None = None) -> bool:
         return False
     groups = staged_forward_groups(cfg, rows, x.device)
     rc = cfg.row
-    softmax_forward_staged_kernel(x.obj, out.obj, cfg).launch(
+    exchange = forward_exchange(cfg, x.obj, rows)
+    softmax_forward_staged_kernel(x.obj, out.obj, exchange, cfg).launch(
         grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
     )
     return True
