@@ -98,6 +98,18 @@ class _RowRing:
         return [wide[e] for e in range(self.rc.vec)]
 
 
+def _row_stats(flags: NormFlags, mean_in, rstd_in, row, rows):
+    """Row ``row``'s rstd and mean (RMSNorm: mean 0); both 0 past the last row, where xhat is then 0 (row 0's
+    statistics could make the padding's xhat overflow, and 0 * inf is NaN in the column sums)."""
+    inside = row < rows
+    safe_row = fx.arith.select(inside, row, type(row)(0))
+    zero = fx.Float32(0.0)
+    mu = zero
+    if fx.const_expr(not flags.rms):
+        mu = fx.arith.select(inside, mean_in[safe_row], zero)
+    return fx.arith.select(inside, rstd_in[safe_row], zero), mu
+
+
 class _Ring(_RowRing):
     """The staged backward's ring: dy and x (:class:`_RowRing`), and the row math on them."""
 
@@ -106,12 +118,8 @@ class _Ring(_RowRing):
         self.cfg, self.flags, self.tensors = cfg, flags, tensors
 
     def stats(self, row):
-        """rstd and mean of ``row`` (row 0's past the last row: finite, and multiplied by zeros)."""
-        safe_row = fx.arith.select(row < self.rows, row, type(row)(0))
-        mu = fx.Float32(0.0)
-        if fx.const_expr(not self.flags.rms):
-            mu = self.tensors[3][safe_row]
-        return self.tensors[4][safe_row], mu
+        """rstd and mean of ``row`` (:func:`_row_stats`: 0 past the last row)."""
+        return _row_stats(self.flags, self.tensors[3], self.tensors[4], row, self.rows)
 
     def terms(self, slot, j: int, rstd, mu):
         """``(g = dy * weight, xhat, dy)`` of chunk ``j`` of the row in ``slot``."""
@@ -132,7 +140,10 @@ class _Ring(_RowRing):
         added = list(sums)
         for j in fx.range_constexpr(rc.chunks):
             g, xhat, dys = self.terms(slot, j, rstd, mu)
-            dots[0] = dots[0] + thread_reduce([a * h for a, h in zip(g, xhat, strict=True)])
+            dot = thread_reduce([a * h for a, h in zip(g, xhat, strict=True)])
+            # a chunk past N: its xhat (-mean * rstd) may overflow, and 0 * inf is NaN (its column terms are never
+            # stored)
+            dots[0] = dots[0] + fx.arith.select(self.cols[j] < self.n, dot, fx.Float32(0.0))
             if fx.const_expr(not self.flags.rms):
                 dots[1] = dots[1] + thread_reduce(g)
             for e in fx.range_constexpr(rc.vec if self.cfg.sums > 0 else 0):

@@ -65,6 +65,7 @@ from flydsl.kernels.norm_staged import (
     _round,
     _row_at,
     _row_constants,
+    _row_stats,
     _rows_staged,
     _rows_staged_forward,
     exchange_columns,
@@ -334,18 +335,6 @@ def _prefetch(rc: RowConfig, flags: NormFlags, tensors, pos, n, rows):
     dy, x, _, mean_in, rstd_in, _ = tensors
     rstd, mu = _row_stats(flags, mean_in, rstd_in, pos.row, rows)
     return [load_row_raw(rc, dy, pos, n, rows), load_row_raw(rc, x, pos, n, rows), rstd, mu]
-
-
-def _row_stats(flags: NormFlags, mean_in, rstd_in, row, rows):
-    """Row ``row``'s rstd and mean (RMSNorm: mean 0); both 0 past the last row, where xhat is then 0 (row 0's
-    statistics could make the padding's xhat overflow, and 0 * inf is NaN in the column sums)."""
-    inside = row < rows
-    safe_row = fx.arith.select(inside, row, type(row)(0))
-    zero = fx.Float32(0.0)
-    mu = zero
-    if fx.const_expr(not flags.rms):
-        mu = fx.arith.select(inside, mean_in[safe_row], zero)
-    return fx.arith.select(inside, rstd_in[safe_row], zero), mu
 
 
 def _rows_prefetched(cfg, flags, tensors, smem, sums_smem, partial_row, pos, n, rows, group, groups, row_groups):
