@@ -218,6 +218,8 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=270.0, help="no new case after this many seconds")
     parser.add_argument("--out", required=True, help="JSON record (rewritten after every case)")
     args = parser.parse_args()
+    if args.team and not args.sweep:
+        parser.error("--team applies to the --sweep's shapes: add --sweep")
 
     import torch
 

@@ -465,16 +465,19 @@ def test_staged_forward_keeps_weights_in_registers(n, dtype, variant, shape):
 
 
 @pytest.mark.parametrize("variant", ["layer", "rms", "fused", "softmax"])
-@pytest.mark.parametrize("n", [262144, 196612])  # 16 CTAs per row; 13, the last one holding part of its share
+@pytest.mark.parametrize("n", [262144, 196612, 524288])  # 16 CTAs per row; 13, the last one short; 32
 def test_staged_forward_teams_assemble(variant, n):
     """Rows over more CTAs than a cluster holds (float32 262144: 16 CTAs of 64 KB ring rows, the fused add 32) as a
     team (``staged_forward_config(team=True)``, not routed yet): each CTA's pair written to the row's line of the
-    exchange tensor as tagged 64-bit stores, the first warp polling the row's pairs (``ld.relaxed.gpu``) into the
-    shared-memory inbox; no cluster barriers, no mbarriers; no spills, but for LayerNorm's uneven team (its 13 ranks'
-    counts held through the row loop): 8 bytes, two registers reloaded from L1 once per row."""
+    exchange tensor as tagged 64-bit stores, the first warp polling one rank's pair per lane (one 16-byte
+    ``ld.relaxed.gpu`` per poll) and combining them by shuffles; no cluster barriers, no mbarriers, no spills. Teams
+    of more than 32: none."""
     staged = importlib.import_module("flydsl.kernels.softmax_staged")
     assert norm_mod.staged_forward_config(n, "f32", variant == "fused") is None  # no cluster holds the row
     cfg = norm_mod.staged_forward_config(n, "f32", variant == "fused", team=True)
+    if variant == "fused" and n == 524288:  # 64 CTAs of 2 x 32 KB
+        assert cfg is None
+        return
     count = -(-n // (4 * 1024 * cfg.row.chunks))
     assert cfg.row.team and cfg.row.cluster == count and cfg.row.cluster_shape is None and cfg.lag == 1
     rows, stats = flyc.TensorSpec((8, n), "f32"), flyc.TensorSpec((8,), "f32")
@@ -487,10 +490,20 @@ def test_staged_forward_teams_assemble(variant, n):
             rows, rows, weight, weight, rows, rows, stats, stats, exchange, 1e-5, cfg, _FORWARD_FLAGS[variant]
         )
     ptx = _assembled(module)
-    assert ptx.count("st.relaxed.gpu.global.b64") == 2 and "ld.relaxed.gpu.global.b64" in ptx
+    assert ptx.count("st.relaxed.gpu.global.b64") == 2 and "ld.relaxed.gpu.global.v2.b64" in ptx
     assert "barrier.cluster" not in ptx and "mbarrier" not in ptx and "st.async" not in ptx
     if flyc.find_ptxas() is not None:
-        assert _spill_bytes(ptx) <= (8 if (variant, n) == ("layer", 196612) else 0), (n, variant, cfg)
+        assert _spill_bytes(ptx) == 0, (n, variant, cfg)
+
+
+def test_staged_forward_team_must_fit_the_device(monkeypatch):
+    """A team's CTAs all wait for each other: one larger than the SMs hold at once is refused before launch."""
+    cfg = norm_mod.staged_forward_config(262144, "f32", team=True)
+    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 132)
+    assert norm_mod.staged_forward_groups(cfg, 1000, 0) == 132 // 16
+    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 14)  # e.g. a MIG slice
+    with pytest.raises(ValueError, match="team of 16 CTAs"):
+        norm_mod.staged_forward_groups(cfg, 1000, 0)
 
 
 def _shape(cfg):

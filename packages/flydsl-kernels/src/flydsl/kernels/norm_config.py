@@ -281,7 +281,9 @@ class StagedForwardConfig:
         return self.stages * self.sources * self.row.block * self.row.chunks * 16
 
 
-MAX_FORWARD_TEAM = 64  # CTAs of a staged forward team (all of a team must be resident at once: one CTA per SM)
+# CTAs of a staged forward team: one rank per lane of the warp that combines the row's pairs (and all of a team must
+# be resident at once, one CTA per SM: see normalization.staged_forward_groups)
+MAX_FORWARD_TEAM = 32
 _FORWARD_STAGE_BYTES = 64 * 1024  # a ring row of one source per CTA by default: 1024 threads x 4 chunks (3 stages)
 
 

@@ -247,6 +247,18 @@ def _load_tagged(pointer):
     )
 
 
+def _load_tagged_pair(pointer):
+    """Both halves of a team's pair (16 bytes: value, tag, value, tag) in one ``ld.relaxed.gpu.global.v2.b64``: each
+    64-bit element is single-copy atomic (a value with its own tag); (first, second, both tags set)."""
+    i32 = fx.Int32.mlir_type()
+    struct = _llvm.StructType.get_literal([i32] * 4)
+    text = "{ .reg .b64 a, b; ld.relaxed.gpu.global.v2.b64 {a, b}, [$4]; mov.b64 {$0, $1}, a; mov.b64 {$2, $3}, b; }"
+    words = _llvm.inline_asm(struct, [pointer], text, "=r,=r,=r,=r,l", has_side_effects=True)
+    word = [fx.Int32(_llvm.extractvalue(i32, words, [i])) for i in range(4)]
+    first, second = (fx.Float32(fx.arith.bitcast(fx.Float32.mlir_type(), word[i].value)) for i in (0, 2))
+    return first, second, (word[1] == _TAG) & (word[3] == _TAG)
+
+
 def inbox_slots(lag: int) -> int:
     """A cluster's inbox slots (rows of pairs) when each CTA consumes row ``k - lag`` after pushing row ``k``: a peer
     pushing row ``k + slots`` has waited for this CTA's push of row ``k + slots - 1 - lag``, made after this CTA
@@ -263,11 +275,11 @@ def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int, team_inbox: 
     fence, so no wait for this thread's loads and stores in flight); a CTA's first warp polls the pairs until every
     tag is set, sums them and hands the sums to the CTA through shared memory. Either way the sum runs over the
     ranks in a fixed order: every CTA of the row computes the same means, and the result does not depend on
-    timing. ``team_inbox`` (the forward): a team's pairs are gathered into a shared-memory inbox as a cluster's
-    are (:func:`_exchange_gather`), not summed."""
+    timing. ``team_inbox`` (the forward): a team's first warp combines the row's pairs into its statistics
+    (:func:`_team_stats`), handed to the CTA through a shared-memory slot of two values."""
     share = SimpleNamespace(rc=cfg.row, pos=pos, exchange=exchange, slots=slots)
     if fx.const_expr(cfg.row.team and team_inbox):
-        share.inbox = fx.SmemAllocator().allocate(fx.Float32, slots * cfg.row.cluster * 2, alignment=16)
+        share.inbox = fx.SmemAllocator().allocate(fx.Float32, slots * 2, alignment=16)
     elif fx.const_expr(cfg.row.team):
         share.means = fx.SmemAllocator().allocate(fx.Float32, 4, alignment=16)  # two rows' sums
     else:
@@ -334,6 +346,21 @@ def _poll_tagged(share, row, rank, v: int, ok):
     return got
 
 
+def _poll_tagged_pair(share, row, rank, ok):
+    """Rank ``rank``'s whole pair of ``row`` in the team's exchange line (:func:`_load_tagged_pair`: one L2 round
+    trip per poll, not one per half), polled until both tags are set (traps after :data:`_SPIN_LIMIT` polls rather
+    than hang); no waiting where ``ok`` is false."""
+    where = fx.nvvm.address(share.exchange, (row, 4 * rank))
+    first, second, done = _load_tagged_pair(where)
+    tries = fx.Int32(0)
+    while ok & (~done) & (tries < _SPIN_LIMIT):
+        first, second, done = _load_tagged_pair(where)
+        tries = tries + 1
+    if tries >= _SPIN_LIMIT:
+        _llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)
+    return first, second
+
+
 def _team_ranks(size: int, lane):
     """The ranks lane ``lane`` of a team's first warp reads: ``(rank, in range, rank clamped into range)`` for
     ``lane, lane + 32, ...``."""
@@ -355,22 +382,41 @@ def _team_sums(share, row, parity, size: int, lane) -> None:
         share.means[parity * 2 + 1] = total[1]
 
 
-def _exchange_gather(share, k, row):
-    """The inbox slot that holds every CTA's pair of row ``row`` (this CTA's ``k``-th), pair of rank ``r`` at
-    ``share.inbox[(slot * size + r) * 2 + (0, 1)]``: a cluster waits on the slot's mbarrier (:func:`_exchange_wait`);
-    in a team the first warp polls the row's tagged pairs in global memory into the slot, then the CTA syncs."""
-    if fx.const_expr(not share.rc.team):
-        return _exchange_wait(share, k)
-    size, pos = share.rc.cluster, share.pos
+def _team_stats(share, flags, k, row, n, inv_n):
+    """Row ``row``'s statistics (this CTA's ``k``-th; as :func:`_pushed_stats`) in a team: lane ``r`` of the first
+    warp polls rank ``r``'s tagged pair in global memory (:func:`_poll_tagged_pair`), the warp combines them
+    (:func:`_team_combine`), lane 0 hands the result to the CTA through shared-memory slot ``k % slots``."""
+    pos = share.pos
     slot = k % share.slots
     if pos.tid < 32:
-        for rank, ok, safe in _team_ranks(size, pos.tid % 32):
-            for v in fx.range_constexpr(2):
-                got = _poll_tagged(share, row, safe, v, ok)
-                if ok:
-                    share.inbox[(slot * size + rank) * 2 + v] = got
+        lane = pos.tid % 32
+        ok = lane < share.rc.cluster
+        rank = fx.arith.select(ok, lane, type(lane)(0))
+        first, second = _poll_tagged_pair(share, row, rank, ok)
+        a, b = _team_combine(flags, share.rc, n, inv_n, lane, ok, first, second)
+        if lane == 0:
+            share.inbox[slot * 2] = a
+            share.inbox[slot * 2 + 1] = b
     gpu.barrier()
-    return slot
+    return share.inbox[slot * 2], share.inbox[slot * 2 + 1]
+
+
+def _team_combine(flags, rc: RowConfig, n, inv_n, lane, ok, first, second):
+    """The row's statistics from rank ``lane``'s pair ``(first, second)`` (lanes past the team: ``ok`` false, left
+    out), by the warp's shuffle trees; lane 0's result is the one used, the same in every CTA of the team. LayerNorm:
+    Chan's combination as :func:`_chan`; RMSNorm: the sum of squares; softmax: as :func:`_softmax_combine`."""
+    zero = fx.Float32(0.0)
+    if fx.const_expr(isinstance(flags, SoftmaxFlags)):
+        top = gpu.warp_reduce(fx.arith.select(ok, first, fx.Float32(float("-inf"))), "max", width=32)
+        term = second * nvvm.ex2_approx(first * _LOG2E - top * _LOG2E)
+        return top, gpu.warp_reduce(fx.arith.select(ok, term, zero), "add", width=32)
+    if fx.const_expr(flags.rms):
+        return zero, gpu.warp_reduce(fx.arith.select(ok, first, zero), "add", width=32)
+    count = fx.arith.select(ok, _rank_count(rc, n, lane).to(fx.Float32), zero)
+    mean = gpu.warp_reduce(count * fx.arith.select(ok, first, zero), "add", width=32) * inv_n
+    d = first - mean
+    squares = fx.arith.select(ok, second + count * (d * d), zero)
+    return mean, gpu.warp_reduce(squares, "add", width=32)
 
 
 def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange):
@@ -562,24 +608,15 @@ def _chan(share, old, counts, inv_n):
     mean^2``). Summed over the ranks in a fixed order: every CTA gets the same values. ``counts``: the ranks' n_r
     (Float32; no inverses held through the row loop: registers are tight)."""
     size = share.rc.cluster
-
-    def pair(r: int, i: int):
-        return share.inbox[(old * size + r) * 2 + i]
-
-    if fx.const_expr(not share.rc.team):  # a cluster's pairs read once; a team's (up to 64) where used
-        pairs = [[pair(r, i) for i in range(2)] for r in range(size)]
-
-        def pair(r: int, i: int):  # noqa: F811
-            return pairs[r][i]
-
+    pairs = [[share.inbox[(old * size + r) * 2 + i] for i in range(2)] for r in range(size)]
     total = fx.Float32(0.0)
     for r in fx.range_constexpr(size):
-        total = total + counts[r] * pair(r, 0)
+        total = total + counts[r] * pairs[r][0]
     mean = total * inv_n
     squares = fx.Float32(0.0)
     for r in fx.range_constexpr(size):
-        d = pair(r, 0) - mean
-        squares = squares + (pair(r, 1) + counts[r] * (d * d))
+        d = pairs[r][0] - mean
+        squares = squares + (pairs[r][1] + counts[r] * (d * d))
     return mean, squares
 
 
@@ -613,7 +650,8 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
     if fx.const_expr(rc.cluster > 1):  # a team's inbox: two slots (the row's block barriers separate their reuse)
         share = _exchange_setup(cfg, pos, tensors[8], 2 if rc.team else inbox_slots(lag), team_inbox=True)
         if fx.const_expr(_layer_norm(flags)):
-            counts = [_rank_count(rc, n, r).to(fx.Float32) for r in range(rc.cluster)]
+            if fx.const_expr(not rc.team):  # a team's first warp computes each rank's count where it combines
+                counts = [_rank_count(rc, n, r).to(fx.Float32) for r in range(rc.cluster)]
             inv_count = _inverse_count(_rank_count(rc, n, pos.rank))
     for k in fx.range_constexpr(ahead + 1):
         work.ring.issue(group + k * groups, fx.Int32(k))
@@ -628,7 +666,10 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
             if grp < rows:
                 _exchange_push(share, k, grp, part)
             if done >= 0:  # the output of row k - lag, from its pairs
-                a, b = _pushed_stats(share, flags, _exchange_gather(share, done, row), counts, inv_n)
+                if fx.const_expr(rc.team):
+                    a, b = _team_stats(share, flags, done, row, n, inv_n)
+                else:
+                    a, b = _pushed_stats(share, flags, _exchange_wait(share, done), counts, inv_n)
                 _finish(
                     work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out, part, held
                 )

@@ -550,12 +550,19 @@ def forward(
 
 def staged_forward_groups(cfg: StagedForwardConfig, rows: int, device: int) -> int:
     """The staged forward's persistent grid (CTA groups), sized as the staged backward's (:func:`backward_groups`:
-    the driver's max active clusters, or 7/8 of what the SMs hold)."""
+    the driver's max active clusters, or 7/8 of what the SMs hold; teams: as many as the SMs hold at once, an error
+    where one does not fit)."""
     rc = cfg.row
+    sms = sm_count(device)
+    if rc.team and rc.cluster > cfg.blocks_per_sm * sms:  # its CTAs would wait for peers that never start
+        raise ValueError(
+            f"staged forward: a team of {rc.cluster} CTAs per row does not fit device {device} at once"
+            f" ({sms} SMs x {cfg.blocks_per_sm} CTA each); use a config with fewer CTAs per row"
+        )
     active = None
     if rc.cluster_shape is not None:
         active = max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, device)
-    return backward_groups(cfg, rows, sm_count(device), active)
+    return backward_groups(cfg, rows, sms, active)
 
 
 def forward_exchange(cfg: StagedForwardConfig, x, rows: int):
