@@ -378,9 +378,14 @@ def test_staged_forward_shapes(n, dtype, shape):
     sweeps them): LayerNorm with every output, against float64."""
     cfg = _NORM.staged_forward_config(n, _DTYPE_NAME[dtype], **shape)
     assert cfg is not None
-    rows = 300
-    x = _input(rows, n, dtype) * 2 + 8
+    x = _input(300, n, dtype) * 2 + 8
     w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    _check_staged_layer_norm(x, w, b, cfg)
+
+
+def _check_staged_layer_norm(x, w, b, cfg):
+    """The staged kernel launched directly with ``cfg``: LayerNorm with every output against float64."""
+    rows = x.shape[0]
     out = _poison(x)
     mean, rstd = torch.full((rows,), float("nan"), device="cuda"), torch.full((rows,), float("nan"), device="cuda")
     flags = _NORM.NormFlags(False, weight=True, bias=True, mean=True, rstd=True)
@@ -405,13 +410,7 @@ def test_staged_forward_teams(n):
     mean, rstd = torch.full((rows,), float("nan"), device="cuda"), torch.full((rows,), float("nan"), device="cuda")
     cfg = _NORM.staged_forward_config(n, "f32", team=True)
     assert cfg.row.team
-    out = _poison(x)
-    flags = _NORM.NormFlags(False, weight=True, bias=True, mean=True, rstd=True)
-    _NORM._launch_staged_forward([x, x, w, b, out, x, mean, rstd], 1e-5, cfg, flags, rows, x.device.index)
-    ref, ref_mean, ref_rstd = _ln_ref(x, w, b, 1e-5)
-    _close(out, ref)
-    _close(mean, ref_mean, torch.float32, "mean")
-    _close(rstd, ref_rstd, torch.float32, "rstd")
+    _check_staged_layer_norm(x, w, b, cfg)
 
     out = _poison(x)
     flags = _NORM.NormFlags(True, weight=True)
