@@ -249,14 +249,15 @@ def make_backward_config(
 @dataclass(frozen=True)
 class StagedForwardConfig:
     """The staged forward (:func:`flydsl.kernels.norm_staged._rows_staged_forward`): ``row`` (the thread layout: as
-    many CTAs per row as hold it, a cluster of up to 8), ``stages`` (rows of the shared-memory ring), ``sources``
-    (row tensors in the ring: x, and the residual of the fused add), ``lag`` (clusters: rows between a row's push
-    and its output), ``hold`` (lag 0: each thread keeps its first ``hold`` chunks of the row in registers from the
-    first pass to the output, as float32, instead of reading and converting them from the ring in every pass;
-    softmax keeps their exps, and writes each of those outputs with one multiply; 0: none), ``keep_weights`` (each
-    thread loads its chunks of the weight and bias once, before its first row, and keeps them in registers in their
-    dtype for every row, instead of reloading them from L1/L2 per row: a CTA's slice is the same columns for all its
-    rows; not routed yet). One CTA per SM (the ring takes most of the shared memory), a persistent grid."""
+    many CTAs per row as hold it, a cluster of up to 8, or a team: ``staged_forward_config(team=True)``), ``stages``
+    (rows of the shared-memory ring), ``sources`` (row tensors in the ring: x, and the residual of the fused add),
+    ``lag`` (clusters: rows between a row's push and its output), ``hold`` (lag 0: each thread keeps its first
+    ``hold`` chunks of the row in registers from the first pass to the output, as float32, instead of reading and
+    converting them from the ring in every pass; softmax keeps their exps, and writes each of those outputs with one
+    multiply; 0: none), ``keep_weights`` (each thread loads its chunks of the weight and bias once, before its first
+    row, and keeps them in registers in their dtype for every row, instead of reloading them from L1/L2 per row: a
+    CTA's slice is the same columns for all its rows; not with float32 weights on 16-bit rows, whose registers
+    would spill; not routed yet). One CTA per SM (the ring takes most of the shared memory), a persistent grid."""
 
     row: RowConfig
     stages: int

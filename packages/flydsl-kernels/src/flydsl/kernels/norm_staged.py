@@ -4,7 +4,8 @@ flight without registers, and keeps its column sums in registers. A row split ov
 barrier per row: the CTAs push their partial sums to each other (a cluster: ``st.async`` into the peers' shared
 memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: tagged pairs in global memory) and write dx ``lag`` rows
 later. Also the row math both backward kernels share (:func:`_row_constants`, :func:`_dx`), and the staged
-forward (:func:`_rows_staged_forward`), on the same ring (:class:`_RowRing`) and pushes."""
+forward (:func:`_rows_staged_forward`), on the same ring (:class:`_RowRing`) and pushes (its teams, opt-in: the
+first warp combines the row's tagged pairs, :func:`_team_stats`)."""
 
 from __future__ import annotations
 
@@ -509,7 +510,11 @@ class _ForwardRows:
         sources = (self.x, self.residual) if flags.residual else (self.x,)
         self.ring = _RowRing(cfg.row, cfg.stages, sources, pos, n, rows)
         self.inside = [col < n for col in self.ring.cols]  # chunk masks (N is a multiple of vec)
-        keep = isinstance(flags, NormFlags) and cfg.keep_weights  # before the row loop: the same columns every row
+        # before the row loop: the same columns every row; not float32 weights on 16-bit rows (twice the registers:
+        # they spill)
+        vectors = [t for t, read in ((self.weight, flags.weight), (self.bias, flags.bias)) if read]
+        fits = self.x.dtype.width == 32 or all(t.dtype.width == 16 for t in vectors)
+        keep = isinstance(flags, NormFlags) and cfg.keep_weights and fits
         self.kept_weight = load_vector_chunks_raw(cfg.row, self.weight, pos, n) if keep and flags.weight else None
         self.kept_bias = load_vector_chunks_raw(cfg.row, self.bias, pos, n) if keep and flags.bias else None
 
