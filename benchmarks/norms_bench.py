@@ -190,7 +190,11 @@ def main() -> int:
         "--cta-threads", type=int, default=None, help="override reduction.CTA_THREADS and FORWARD_CTA_THREADS (tuning)"
     )
     parser.add_argument(
-        "--warp-block", type=int, default=None, help="override reduction.FORWARD_WARP_BLOCK (tuning: 32, 64, 128)"
+        "--warp-block",
+        type=int,
+        choices=(32, 64, 128, 256),
+        default=None,
+        help="override reduction.FORWARD_WARP_BLOCK (tuning)",
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()

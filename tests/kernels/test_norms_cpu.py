@@ -307,10 +307,11 @@ def test_staged_backward_assembles_without_spills(n, dtype, sums):
     assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group \t{ahead};" in ptx
     assert "ld.shared.v4.b32" in ptx and "st.global.v4.b32" in ptx
     # Clusters: the row pairs pushed into the peers' inboxes (st.async + mbarrier); cluster barriers only at the
-    # start (barriers initialized) and the end. Teams: tagged pairs in global memory (relaxed 64-bit, no fence).
+    # start (barriers initialized) and the end. Teams: tagged pairs in global memory (relaxed 64-bit stores, read
+    # a rank's pair per 16-byte relaxed load; no fence).
     pushed = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in ptx
     assert pushed == (cfg.row.regime == "cluster") and ptx.count("barrier.cluster.wait") == (2 if pushed else 0)
-    teamed = "st.relaxed.gpu.global.b64" in ptx and "ld.relaxed.gpu.global.b64" in ptx
+    teamed = "st.relaxed.gpu.global.b64" in ptx and "ld.relaxed.gpu.global.v2.b64" in ptx
     assert teamed == cfg.row.team and (not cfg.row.team or ("fence" not in ptx and ".release" not in ptx))
     if flyc.find_ptxas() is not None:
         assert _spill_bytes(ptx) == 0, (n, dtype, cfg)

@@ -409,14 +409,25 @@ def pin(values):
         raise TypeError(f"pin: expected a Vector of whole 32-bit registers, got {type(values).__name__}")
     if values.element not in (Float32, Int32):  # packed 16-bit pairs, bytes
         return pin(values.bitcast(Int32)).bitcast(values.element)
-    field, count = values.element.mlir_type(), values.length
+    count = values.length
     fields = [_vector.extract(values.value, [], [i]) for i in range(count)]
     kind = "f" if values.element is Float32 else "r"
     constraints = ",".join([f"={kind}"] * count + [str(i) for i in range(count)])
-    result_type = field if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join([str(field)] * count)})>")
-    result = _llvm.inline_asm(result_type, fields, "", constraints, has_side_effects=True)
-    results = [result] if count == 1 else [_llvm.extractvalue(field, result, [i]) for i in range(count)]
-    return type(values)(_vector.from_elements(values.mlir_type(), results))
+    result = _llvm.inline_asm(asm_result_type(count, values.element), fields, "", constraints, has_side_effects=True)
+    return vector_from_asm(type(values), result, count)
+
+
+def asm_result_type(count: int, element=Float32) -> ir.Type:
+    """An inline asm's result type for ``count`` values of ``element``: the value's type, or a struct of them."""
+    field = element.mlir_type()
+    return field if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join([str(field)] * count)})>")
+
+
+def vector_from_asm(cls: type[Vector], result, count: int) -> Vector:
+    """The Vector ``cls`` of an inline asm's ``count`` results (:func:`asm_result_type`)."""
+    field = cls.element.mlir_type()
+    fields = [result] if count == 1 else [_llvm.extractvalue(field, result, [i]) for i in range(count)]
+    return cls(_vector.from_elements(cls.mlir_type(), fields))
 
 
 def _function_entry_block() -> ir.Block:

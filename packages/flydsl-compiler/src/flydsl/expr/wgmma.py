@@ -54,7 +54,7 @@ from flydsl.expr.numeric import (
     as_numeric,
 )
 from flydsl.expr.tensor import Tensor, local_tile
-from flydsl.expr.vector import Vector, vector_class
+from flydsl.expr.vector import Vector, asm_result_type, vector_class, vector_from_asm
 from flydsl.expr.vector import pin as _vector_pin
 from flydsl.expr.vector import store as _vector_store
 from flydsl.expr.wgmma_smem import (
@@ -100,19 +100,6 @@ def _accumulator_values(acc) -> list[ir.Value]:
     if not isinstance(acc, Vector) or acc.element is not Float32:
         raise TypeError(f"wgmma: accumulators are Float32 vectors, got {type(acc).__name__}")
     return [_vector.extract(acc.value, [], [i]) for i in range(acc.length)]
-
-
-def _from_fields(cls: type[Vector], result, count: int) -> Vector:
-    """The Vector ``cls`` of an inline asm's ``count`` results (a struct of them, or one value)."""
-    field = cls.element.mlir_type()
-    fields = [result] if count == 1 else [_llvm.extractvalue(field, result, [i]) for i in range(count)]
-    return cls(_vector.from_elements(cls.mlir_type(), fields))
-
-
-def _struct(count: int, field: ir.Type | None = None) -> ir.Type:
-    """An inline asm's result type: ``count`` values of ``field`` (default f32)."""
-    field = field or Float32.mlir_type()
-    return field if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join([str(field)] * count)})>")
 
 
 def _pass_through(acc: Vector) -> Vector:
@@ -409,8 +396,8 @@ class MmaAtom:
         )
         constraints = ",".join(["=f"] * count + a_constraints + ["l", "r"] + [str(i) for i in range(count)])
         operands = a_operands + [b.value.value, _flag(accumulate)] + _accumulator_values(acc)
-        result = _llvm.inline_asm(_struct(count), operands, text, constraints, has_side_effects=True)
-        return _from_fields(self.accumulator_type, result, count)
+        result = _llvm.inline_asm(asm_result_type(count), operands, text, constraints, has_side_effects=True)
+        return vector_from_asm(self.accumulator_type, result, count)
 
 
 def _coordinate(tensor: Tensor, row, col):

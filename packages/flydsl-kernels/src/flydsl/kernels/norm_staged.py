@@ -235,19 +235,6 @@ def _store_tagged(pointer, value) -> None:
     _llvm.inline_asm(None, [pointer, value.value, fx.Int32(_TAG).value], text, "l,f,r", has_side_effects=True)
 
 
-def _load_tagged(pointer):
-    """``ld.relaxed.gpu.global.b64`` of a :func:`_store_tagged` pair: (Float32 value, Int32 tag); coherent at the
-    GPU's scope (L2), not a stale L1 line."""
-    i32 = fx.Int32.mlir_type()
-    struct = _llvm.StructType.get_literal([i32, i32])
-    text = "{ .reg .b64 t; ld.relaxed.gpu.global.b64 t, [$2]; mov.b64 {$0, $1}, t; }"
-    both = _llvm.inline_asm(struct, [pointer], text, "=r,=r,l", has_side_effects=True)
-    bits = fx.Int32(_llvm.extractvalue(i32, both, [0]))
-    return fx.Float32(fx.arith.bitcast(fx.Float32.mlir_type(), bits.value)), fx.Int32(
-        _llvm.extractvalue(i32, both, [1])
-    )
-
-
 def _load_tagged_pair(pointer):
     """Both halves of a team's pair (16 bytes: value, tag, value, tag) in one ``ld.relaxed.gpu.global.v2.b64``: each
     64-bit element is single-copy atomic (a value with its own tag); (first, second, both tags set)."""
@@ -333,20 +320,6 @@ def _exchange_wait(share, k):
     return old
 
 
-def _poll_tagged(share, row, rank, v: int, ok):
-    """Half ``v`` of rank ``rank``'s pair of ``row`` in the team's exchange line, polled until its tag says it was
-    written (traps after :data:`_SPIN_LIMIT` polls rather than hang); no waiting where ``ok`` is false."""
-    where = fx.nvvm.address(share.exchange, (row, 4 * rank + 2 * v))
-    got, tag = _load_tagged(where)
-    tries = fx.Int32(0)
-    while ok & (tag != _TAG) & (tries < _SPIN_LIMIT):
-        got, tag = _load_tagged(where)
-        tries = tries + 1
-    if tries >= _SPIN_LIMIT:
-        _llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)
-    return got
-
-
 def _poll_tagged_pair(share, row, rank, ok):
     """Rank ``rank``'s whole pair of ``row`` in the team's exchange line (:func:`_load_tagged_pair`: one L2 round
     trip per poll, not one per half), polled until both tags are set (traps after :data:`_SPIN_LIMIT` polls rather
@@ -362,21 +335,15 @@ def _poll_tagged_pair(share, row, rank, ok):
     return first, second
 
 
-def _team_ranks(size: int, lane):
-    """The ranks lane ``lane`` of a team's first warp reads: ``(rank, in range, rank clamped into range)`` for
-    ``lane, lane + 32, ...``."""
-    ranks = [lane + 32 * i for i in range(-(-size // 32))]
-    return [(rank, rank < size, fx.arith.select(rank < size, rank, type(rank)(0))) for rank in ranks]
-
-
 def _team_sums(share, row, parity, size: int, lane) -> None:
-    """The first warp: lane ``l`` reads the pairs of ranks ``l, l + 32, ...`` of ``row`` (:func:`_poll_tagged`),
+    """The first warp: lane ``l`` reads the pairs of ranks ``l, l + 32, ...`` of ``row`` (:func:`_poll_tagged_pair`),
     sums them, then the warp's fixed shuffle tree; the sums go to shared memory slot ``parity``."""
     total = [fx.Float32(0.0), fx.Float32(0.0)]
-    for _, ok, safe in _team_ranks(size, lane):
-        for v in fx.range_constexpr(2):
-            got = _poll_tagged(share, row, safe, v, ok)
-            total[v] = total[v] + fx.arith.select(ok, got, fx.Float32(0.0))
+    for i in fx.range_constexpr(-(-size // 32)):
+        rank = lane + 32 * i
+        ok = rank < size
+        pair = _poll_tagged_pair(share, row, fx.arith.select(ok, rank, type(rank)(0)), ok)
+        total = [t + fx.arith.select(ok, v, fx.Float32(0.0)) for t, v in zip(total, pair, strict=True)]
     total = [gpu.warp_reduce(v, "add", width=32) for v in total]
     if lane == 0:
         share.means[parity * 2] = total[0]

@@ -565,15 +565,18 @@ def staged_forward_groups(cfg: StagedForwardConfig, rows: int, device: int) -> i
     return backward_groups(cfg, rows, sms, active)
 
 
-def forward_exchange(cfg: StagedForwardConfig, x, rows: int):
-    """The staged forward's ``exchange`` argument for ``x`` (an array of the rows' framework): for a team, each
-    row's line of tagged pairs, zeroed ((rows, 4 x team size) float32: one small memset per launch); else ``x``
-    itself, unused."""
-    if not cfg.row.team:
-        return x
-    exchange = empty_rows(allocated(x), (rows, exchange_columns(cfg)), "forward row pairs")
+def _team_exchange(cfg, like, rows: int, what: str):
+    """A team's exchange tensor in ``like``'s framework (a RowTensor): each row's line of tagged pairs, zeroed
+    ((rows, 4 x team size) float32: one small memset per launch)."""
+    exchange = empty_rows(like, (rows, exchange_columns(cfg)), what)
     exchange.zero_() if hasattr(exchange, "zero_") else exchange.fill(0)
     return exchange
+
+
+def forward_exchange(cfg: StagedForwardConfig, x, rows: int):
+    """The staged forward's ``exchange`` argument for ``x`` (an array of the rows' framework): a team's
+    (:func:`_team_exchange`), else ``x`` itself, unused."""
+    return _team_exchange(cfg, allocated(x), rows, "forward row pairs") if cfg.row.team else x
 
 
 def _launch_staged_forward(args, eps: float, cfg: StagedForwardConfig, flags: NormFlags, rows: int, device) -> None:
@@ -612,8 +615,7 @@ def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
     placeholder = x.obj
     exchange = placeholder
     if rc.team:  # the team's tagged row sums, zeroed (one small memset)
-        exchange = empty_rows(x, (rows, exchange_columns(cfg)), "backward row sums")
-        exchange.zero_() if hasattr(exchange, "zero_") else exchange.fill(0)
+        exchange = _team_exchange(cfg, x, rows, "backward row sums")
     mean_obj = mean.obj if mean is not None else rstd.obj
     w_obj = weight.obj if weight is not None else placeholder
     norm_backward_kernel(dy.obj, x.obj, w_obj, mean_obj, rstd.obj, dx.obj, partial, exchange, cfg, flags).launch(
