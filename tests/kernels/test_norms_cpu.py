@@ -477,7 +477,7 @@ def test_staged_forward_keeps_weights_in_registers(n, dtype, variant, shape):
 @pytest.mark.parametrize("n", [262144, 196612, 524288])  # 16 CTAs per row; 13, the last one short; 32
 def test_staged_forward_teams_assemble(variant, n):
     """Rows over more CTAs than a cluster holds (float32 262144: 16 CTAs of 64 KB ring rows, the fused add 32) as a
-    team (``staged_forward_config(team=True)``, not routed yet): each CTA's pair written to the row's line of the
+    team (``staged_forward_config(team=True)``, routed there): each CTA's pair written to the row's line of the
     exchange tensor as tagged 64-bit stores, the first warp polling one rank's pair per lane (one 16-byte
     ``ld.relaxed.gpu`` per poll) and combining them by shuffles; no cluster barriers, no mbarriers, no spills. Teams
     of more than 32: none."""
@@ -516,7 +516,11 @@ def test_staged_forward_team_must_fit_the_device(monkeypatch):
 
 
 def _shape(cfg):
-    return None if cfg is None else (cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages, cfg.lag, cfg.hold)
+    """(cluster or team, threads, chunks, stages, lag, hold), then keep_weights and team where set."""
+    if cfg is None:
+        return None
+    shape = (cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages, cfg.lag, cfg.hold)
+    return shape + (cfg.keep_weights, cfg.row.team)[: 2 if cfg.row.team else 1 if cfg.keep_weights else 0]
 
 
 def test_staged_forward_configs():
@@ -562,19 +566,19 @@ def test_staged_forward_configs():
         ("layer", "bf16", 16384): None,  # short rows: the register kernel, unchanged
         ("layer", "bf16", 32768): (1, 1024, 4, 2, 0, 3),  # a 2-row ring, 3 of 4 chunks held in registers
         ("layer", "bf16", 65536): (2, 1024, 4, 2, 0, 3),  # clusters at lag 0, a 2-row ring
-        ("layer", "bf16", 262144): (8, 1024, 4, 2, 0, 0),  # 8 CTAs per row: held chunks would spill
+        ("layer", "bf16", 262144): (8, 1024, 4, 2, 0, 0, True),  # 8 CTAs per row: weights kept, no chunks held
         ("layer", "f32", 16384): None,
         ("layer", "f32", 32768): (2, 1024, 4, 3, 0, 0),
         ("layer", "f32", 65536): (4, 1024, 4, 3, 0, 0),
-        ("layer", "f32", 262144): None,  # 1 MB rows + 2 MB of weight and bias: the register kernel
+        ("layer", "f32", 262144): (16, 1024, 4, 3, 1, 0, False, True),  # a team of 16 CTAs per row
         ("rms", "bf16", 16384): None,
         ("rms", "bf16", 32768): (1, 1024, 4, 3, 0, 4),  # RMSNorm: a 3-row ring
         ("rms", "bf16", 65536): (2, 1024, 4, 3, 0, 4),
-        ("rms", "bf16", 262144): (8, 1024, 4, 3, 0, 4),
+        ("rms", "bf16", 262144): (8, 1024, 4, 3, 0, 0, True),
         ("rms", "f32", 16384): None,
         ("rms", "f32", 32768): (2, 1024, 4, 3, 0, 4),
         ("rms", "f32", 65536): (4, 1024, 4, 3, 0, 4),
-        ("rms", "f32", 262144): None,
+        ("rms", "f32", 262144): (16, 1024, 4, 3, 1, 0, False, True),
         ("fused", "bf16", 16384): None,
         ("fused", "bf16", 32768): (2, 1024, 2, 3, 1, 0),  # two sources: lag 1
         ("fused", "bf16", 65536): (4, 1024, 2, 3, 1, 0),
@@ -582,7 +586,7 @@ def test_staged_forward_configs():
         ("fused", "f32", 16384): None,
         ("fused", "f32", 32768): None,  # the register kernel is at the bar there
         ("fused", "f32", 65536): (8, 1024, 2, 3, 1, 0),
-        ("fused", "f32", 262144): None,  # 2 MB rows
+        ("fused", "f32", 262144): (32, 1024, 2, 3, 1, 0, False, True),  # 2 MB rows: a team of 32
         ("softmax", "bf16", 16384): None,
         ("softmax", "bf16", 32768): (1, 1024, 4, 2, 0, 0),  # one CTA per row: not held (slower)
         ("softmax", "bf16", 65536): (2, 1024, 4, 3, 0, 4),
@@ -590,7 +594,7 @@ def test_staged_forward_configs():
         ("softmax", "f32", 16384): None,
         ("softmax", "f32", 32768): None,
         ("softmax", "f32", 65536): (4, 512, 8, 3, 0, 8),  # 512 threads x 8 chunks, held
-        ("softmax", "f32", 262144): (8, 1024, 8, 1, 0, 0),
+        ("softmax", "f32", 262144): (16, 1024, 4, 3, 1, 0, False, True),
     }
     assert norm_mod.routed_staged_forward_config(131072, "f32", "fused") is not None  # 1 MB: 2 x 512 KB
     assert norm_mod.routed_staged_forward_config(65540, "bf16", "rms") is None  # N not a multiple of 16 bytes
@@ -649,6 +653,15 @@ def test_staged_forward_is_the_default(monkeypatch):
     assert taken[-1][0] == "register"  # the fused add f32 32768: the register kernel
     norms.layer_norm(wide, None, None, out=_x((4, 32768), "<f4"))
     assert taken[-1] == ("staged", norm_mod.routed_staged_forward_config(32768, "f32", "layer"))
+    # A team (float32 262144: 16 CTAs per row) where the SMs hold it at once, else the register kernel.
+    long = _x((2, 262144), "<f4")
+    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 132)
+    norms.rms_norm(long, None, out=_x((2, 262144), "<f4"))
+    assert taken[-1] == ("staged", norm_mod.routed_staged_forward_config(262144, "f32", "rms"))
+    assert taken[-1][1].row.team and taken[-1][1].row.cluster == 16
+    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 14)  # e.g. a MIG slice
+    norms.rms_norm(long, None, out=_x((2, 262144), "<f4"))
+    assert taken[-1][0] == "register"
 
 
 def test_staged_softmax_is_the_default(monkeypatch):
@@ -688,10 +701,16 @@ def test_staged_softmax_is_the_default(monkeypatch):
     for rows_n, typestr in (((4, 16384), "<f2"), ((4, 32768), "<f4"), ((4, 65540), "<f2")):
         softmax_mod.forward(host.row_tensor(_x(rows_n, typestr), "x"), host.row_tensor(_x(rows_n, typestr), "out"))
         assert taken[-1][0] == "register", rows_n
+    # float32 262144 takes a team of 16 CTAs; not where the SMs cannot hold one at once
+    assert staged.softmax_staged_config(262144, "f32").row.team
+    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 14)
+    long = _x((2, 262144), "<f4")
+    softmax_mod.forward(host.row_tensor(long, "x"), host.row_tensor(_x((2, 262144), "<f4"), "out"))
+    assert taken[-1][0] == "register"
 
 
 @pytest.mark.parametrize(
-    "n, dtype", [(32768, "bf16"), (65536, "f16"), (262144, "bf16"), (65536, "f32"), (131072, "f32"), (262144, "f32")]
+    "n, dtype", [(32768, "bf16"), (65536, "f16"), (262144, "bf16"), (65536, "f32"), (131072, "f32")]
 )
 def test_staged_softmax_assembles_without_spills(n, dtype):
     """The staged softmax (the norms' staged forward with SoftmaxFlags): per row a block max and a block sum

@@ -290,10 +290,11 @@ def test_cupy_arrays_in_and_out(dtype):
 # The staged forward (normalization.forward's default for long rows; STAGED_FORWARD set here all the same): rows
 # through a shared-memory ring, a row's CTAs pushing their pairs to each other. N from the register kernel's cluster
 # regime on, and odd multiples of 16 bytes (CTAs of a row holding unequal parts: 40968 bf16 over 2 CTAs, 98308 f32
-# over 8); the fused add's single-row ring of 1 MB rows (bf16 262144); where no staged config is routed (the fused
-# add f32 32768 and 262144, LayerNorm and RMSNorm f32 262144, N not a multiple of 16 bytes), the register kernel.
-# The other forward tests above take the default route: the staged kernel from 32768 on.
-STAGED_FORWARD_SIZES = [32768, 40968, 65536, 98308, 131072, 262144]
+# over 8); the fused add's single-row ring of 1 MB rows (bf16 262144); 8-CTA clusters keeping their weights (bf16
+# 262144, f32 131072); teams past 8 CTAs per row (f32 262144: 16, the fused add 32; bf16 524288); where no staged
+# config is routed (the fused add f32 32768, N not a multiple of 16 bytes), the register kernel. The other forward
+# tests above take the default route: the staged kernel from 32768 on.
+STAGED_FORWARD_SIZES = [32768, 40968, 65536, 98308, 131072, 262144, 524288]
 _NORM = importlib.import_module("flydsl.kernels.normalization")
 _DTYPE_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -433,7 +434,7 @@ def test_staged_forward_teams(n):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("n", [32768, 40968, 65536, 98308, 131072, 262144])
+@pytest.mark.parametrize("n", STAGED_FORWARD_SIZES)
 def test_staged_softmax_forward(n, dtype):
     """The staged softmax (flydsl.kernels.softmax_staged, routed by norms.softmax for long rows), launched on
     validated arguments, against float64; rows sum to 1. Where it has no config (f32 below 65536, N not a multiple of

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from flydsl.kernels.reduction import RowConfig, row_config
 
@@ -20,6 +21,7 @@ __all__ = [
     "staged_forward_config",
     "routed_staged_forward_config",
     "forward_shape",
+    "ForwardShape",
     "FORWARD_KINDS",
     "MAX_FORWARD_TEAM",
     "backward_config",
@@ -257,7 +259,8 @@ class StagedForwardConfig:
     multiply; 0: none), ``keep_weights`` (each thread loads its chunks of the weight and bias once, before its first
     row, and keeps them in registers in their dtype for every row, instead of reloading them from L1/L2 per row: a
     CTA's slice is the same columns for all its rows; not with float32 weights on 16-bit rows, whose registers
-    would spill; not routed yet). One CTA per SM (the ring takes most of the shared memory), a persistent grid."""
+    would spill; routed at 8 CTAs per row, see :func:`forward_shape`). One CTA per SM (the ring takes most of
+    the shared memory), a persistent grid."""
 
     row: RowConfig
     stages: int
@@ -313,7 +316,7 @@ def staged_forward_config(
     registers, see :class:`StagedForwardConfig` (lag 0 only; True: all of them, False: none); ``keep_weights``: see
     :class:`StagedForwardConfig`; ``team``: rows over more CTAs than a cluster holds (up to
     :data:`MAX_FORWARD_TEAM`) run as a team of consecutive CTAs exchanging their pairs through global memory
-    (``RowConfig.team``; not routed yet), instead of None."""
+    (``RowConfig.team``; routed past a cluster, see :func:`forward_shape`), instead of None."""
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     sources = 2 if residual else 1
     if chunks is None:
@@ -349,8 +352,20 @@ STAGED_FORWARD_MIN_N = {"bf16": 32768, "f16": 32768, "f32": 32768}
 FORWARD_KINDS = ("layer", "rms", "fused", "softmax")
 
 
-def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
-    """(threads, chunks per source, lag, ring rows, chunks held) of the staged forward that
+class ForwardShape(NamedTuple):
+    """A staged forward shape (see :func:`staged_forward_config` for each field's meaning)."""
+
+    threads: int
+    chunks: int  # per source
+    lag: int
+    stages: int
+    hold: int
+    keep_weights: bool = False
+    team: bool = False
+
+
+def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
+    """The shape (:class:`ForwardShape`) of the staged forward that
     :func:`routed_staged_forward_config` takes for ``kind`` (:data:`FORWARD_KINDS`: LayerNorm, RMSNorm, the fused
     add + RMSNorm, softmax), or None where the register kernel stays. The rule, from two H200 sweeps
     (benchmarks/results/norms_forward_staged_2026-11-30.json and ..._2026-11-30_sweep.json, 2^28 elements, each
@@ -386,6 +401,14 @@ def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
       (benchmarks/results/norms_forward_hold_2026-11-30_layer_norm.json, GPU time): 65536 3.71 -> 3.86, 131072
       3.52 -> 3.70; at 262144 (8 CTAs per row; 3 held spill) the 2-row ring alone, 3.35 -> 3.52; one CTA per row
       (32768) 3.84 -> 3.89. Not measured for float32 LayerNorm, RMSNorm or softmax (they keep 3 rows).
+    - 8 CTAs per row (LayerNorm and RMSNorm bf16 262144, f32 131072): ``keep_weights``, no chunks held
+      (benchmarks/results/norms_forward_staged_2026-11-30_keep_team.json, GPU time): LayerNorm 3.64 -> 3.97 and
+      3.71 -> 3.95, RMSNorm 3.77 -> 3.95 and 3.89 -> 4.00. At 4 CTAs per row and fewer, kept weights measured the
+      same or up to 3% slower than the shapes above.
+    - Rows over more CTAs than a cluster holds at 64 KB each (9-32: float32 262144, the fused add's 2 MB rows;
+      softmax from 16): a team (lag 1, 3 rows), whose CTAs exchange their pairs through global memory. f32 262144:
+      LayerNorm 2.87 -> 3.78, RMSNorm 3.42 -> 3.93, the fused add (32 CTAs of 2 chunks per source) 3.14 -> 4.05,
+      softmax 3.52 (8 CTAs, a single-row ring) -> 3.93. Longer rows: the register kernel.
     """
     if kind not in FORWARD_KINDS:
         raise ValueError(f"kind: expected one of {FORWARD_KINDS}, got {kind!r}")
@@ -394,18 +417,24 @@ def forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
     sources = 2 if kind == "fused" else 1
     share = _FORWARD_STAGE_BYTES // (sources * _STAGED_THREADS * 16)  # chunks per source of a 64 KB ring row
     row_bytes = sources * n * (4 if dtype == "f32" else 2)
+    ctas = -(-row_bytes // _FORWARD_STAGE_BYTES)
     hold = share if kind in ("rms", "softmax") else 0  # every chunk
-    if kind == "layer" and dtype != "f32" and row_bytes <= 8 * _FORWARD_STAGE_BYTES:
-        # 16-bit LayerNorm: a 2-row ring, 3 of 4 chunks held (all 4 spill); at 8 CTAs per row, none held (3 spill)
-        return (_STAGED_THREADS, share, 0, 2, share - 1 if row_bytes <= 4 * _FORWARD_STAGE_BYTES else 0)
-    if row_bytes <= _FORWARD_STAGE_BYTES:  # softmax in one CTA's 2-row ring: held 3.74, not 3.83-3.86
-        return (_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3, share if kind == "rms" else 0)
+    keep = kind in ("layer", "rms") and ctas > 4  # 8 CTAs per row: weights kept instead of chunks held
+    if kind == "layer" and dtype != "f32" and ctas <= 8:
+        # 16-bit LayerNorm: a 2-row ring, 3 of 4 chunks held (all 4 spill); at 8 CTAs per row, the weights kept
+        return ForwardShape(_STAGED_THREADS, share, 0, 2, share - 1 if ctas <= 4 else 0, keep)
+    if ctas == 1:  # softmax in one CTA's 2-row ring: held 3.74, not 3.83-3.86
+        return ForwardShape(_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3, hold * (kind == "rms"))
     if kind == "softmax" and dtype == "f32" and n == 65536:
-        return (_STAGED_THREADS // 2, 2 * share, 0, 3, 2 * share)
-    if row_bytes <= 8 * _FORWARD_STAGE_BYTES:
-        return (_STAGED_THREADS, share, 1, 3, 0) if sources == 2 else (_STAGED_THREADS, share, 0, 3, hold)
-    if row_bytes <= 16 * _FORWARD_STAGE_BYTES and kind in ("fused", "softmax"):
-        return (_STAGED_THREADS, 2 * share, 0, 1, 0)
+        return ForwardShape(_STAGED_THREADS // 2, 2 * share, 0, 3, 2 * share)
+    if ctas <= 8:
+        if sources == 2:
+            return ForwardShape(_STAGED_THREADS, share, 1, 3, 0)
+        return ForwardShape(_STAGED_THREADS, share, 0, 3, 0 if keep else hold, keep)
+    if ctas <= 16 and kind == "fused":  # 1 MB rows: 8 CTAs of 128 KB, a single-row ring
+        return ForwardShape(_STAGED_THREADS, 2 * share, 0, 1, 0)
+    if ctas <= MAX_FORWARD_TEAM:
+        return ForwardShape(_STAGED_THREADS, share, 1, 3, 0, team=True)
     return None
 
 
@@ -415,5 +444,4 @@ def routed_staged_forward_config(n: int, dtype: str, kind: str) -> StagedForward
     shape = forward_shape(n, dtype, kind)
     if shape is None:
         return None
-    threads, chunks, lag, stages, hold = shape
-    return staged_forward_config(n, dtype, kind == "fused", chunks, stages, threads, lag, hold)
+    return staged_forward_config(n, dtype, kind == "fused", **shape._asdict())

@@ -110,6 +110,7 @@ __all__ = [
     "forward",
     "staged_forward_groups",
     "forward_exchange",
+    "team_fits",
     "STAGED_FORWARD",
     "backward",
     "norm_forward_kernel",
@@ -540,12 +541,22 @@ def forward(
     if staged or (staged is None and STAGED_FORWARD):
         kind = "fused" if residual is not None else ("rms" if rms else "layer")
         ring = routed_staged_forward_config(n, x.dtype, kind)
-        if ring is not None and _aligned16(*(t for t in (x, residual, out, residual_out) if t is not None)):
+        if (
+            ring is not None
+            and team_fits(ring, x.device)
+            and _aligned16(*(t for t in (x, residual, out, residual_out) if t is not None))
+        ):
             _launch_staged_forward(args, eps, ring, flags, rows, x.device)
             return
     cfg = forward_row_config(n, x.dtype, held=2 if residual is not None else 1)
     cluster_shape = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
     norm_forward_kernel(*args, eps, cfg, flags).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster_shape)
+
+
+def team_fits(cfg: StagedForwardConfig, device: int) -> bool:
+    """Whether the SMs of ``device`` hold all of one row's CTAs at once (always, but for a team larger than the SMs
+    hold: a small MIG slice; the routed forward then takes the register kernel)."""
+    return not cfg.row.team or cfg.row.cluster <= cfg.blocks_per_sm * sm_count(device)
 
 
 def staged_forward_groups(cfg: StagedForwardConfig, rows: int, device: int) -> int:
@@ -554,7 +565,7 @@ def staged_forward_groups(cfg: StagedForwardConfig, rows: int, device: int) -> i
     where one does not fit)."""
     rc = cfg.row
     sms = sm_count(device)
-    if rc.team and rc.cluster > cfg.blocks_per_sm * sms:  # its CTAs would wait for peers that never start
+    if not team_fits(cfg, device):  # its CTAs would wait for peers that never start
         raise ValueError(
             f"staged forward: a team of {rc.cluster} CTAs per row does not fit device {device} at once"
             f" ({sms} SMs x {cfg.blocks_per_sm} CTA each); use a config with fewer CTAs per row"

@@ -13,7 +13,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.kernels.norm_config import SoftmaxFlags, StagedForwardConfig, routed_staged_forward_config
 from flydsl.kernels.norm_staged import _rows_staged_forward
-from flydsl.kernels.normalization import _aligned16, forward_exchange, staged_forward_groups
+from flydsl.kernels.normalization import _aligned16, forward_exchange, staged_forward_groups, team_fits
 
 __all__ = ["SOFTMAX", "softmax_forward_staged_kernel", "softmax_staged_config", "forward_staged"]
 
@@ -36,10 +36,13 @@ def softmax_staged_config(n: int, dtype: str) -> StagedForwardConfig | None:
 
 def forward_staged(x, out, cfg: StagedForwardConfig | None = None) -> bool:
     """Launches the staged softmax on validated :class:`~flydsl.kernels.host.RowTensor` arguments (x, out: rows
-    16-byte aligned) with ``cfg`` (default :func:`softmax_staged_config`); False (nothing launched) where there is
-    no config or the rows are not 16-byte aligned: the caller then launches the register kernel."""
+    16-byte aligned) with ``cfg`` (default :func:`softmax_staged_config`, where its team fits the device); False
+    (nothing launched) where there is no config or the rows are not 16-byte aligned: the caller then launches the
+    register kernel."""
     rows, n = x.shape
-    cfg = cfg or softmax_staged_config(n, x.dtype)
+    if cfg is None:
+        cfg = softmax_staged_config(n, x.dtype)
+        cfg = cfg if cfg is not None and team_fits(cfg, x.device) else None
     if cfg is None or rows == 0 or not _aligned16(x, out):
         return False
     groups = staged_forward_groups(cfg, rows, x.device)
