@@ -4,6 +4,7 @@ argument before anything is launched."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import re
@@ -489,20 +490,23 @@ def test_staged_forward_teams_assemble(variant, n):
         return
     count = -(-n // (4 * 1024 * cfg.row.chunks))
     assert cfg.row.team and cfg.row.cluster == count and cfg.row.cluster_shape is None and cfg.lag == 1
+    routed = norm_mod.routed_staged_forward_config(n, "f32", variant)  # the same, weights kept by the norms
+    assert routed == dataclasses.replace(cfg, keep_weights=variant in ("layer", "rms"))
     rows, stats = flyc.TensorSpec((8, n), "f32"), flyc.TensorSpec((8,), "f32")
     exchange = flyc.TensorSpec((8, norm_mod.exchange_columns(cfg)), "f32")
-    if variant == "softmax":
-        module = staged.softmax_forward_staged_kernel.lower(rows, rows, exchange, cfg)
-    else:
-        weight = flyc.TensorSpec((n,), "f32")
-        module = norm_mod.norm_forward_staged_kernel.lower(
-            rows, rows, weight, weight, rows, rows, stats, stats, exchange, 1e-5, cfg, _FORWARD_FLAGS[variant]
-        )
-    ptx = _assembled(module)
-    assert ptx.count("st.relaxed.gpu.global.b64") == 2 and "ld.relaxed.gpu.global.v2.b64" in ptx
-    assert "barrier.cluster" not in ptx and "mbarrier" not in ptx and "st.async" not in ptx
-    if flyc.find_ptxas() is not None:
-        assert _spill_bytes(ptx) == 0, (n, variant, cfg)
+    for each in {cfg, routed}:
+        if variant == "softmax":
+            module = staged.softmax_forward_staged_kernel.lower(rows, rows, exchange, each)
+        else:
+            weight = flyc.TensorSpec((n,), "f32")
+            module = norm_mod.norm_forward_staged_kernel.lower(
+                rows, rows, weight, weight, rows, rows, stats, stats, exchange, 1e-5, each, _FORWARD_FLAGS[variant]
+            )
+        ptx = _assembled(module)
+        assert ptx.count("st.relaxed.gpu.global.b64") == 2 and "ld.relaxed.gpu.global.v2.b64" in ptx
+        assert "barrier.cluster" not in ptx and "mbarrier" not in ptx and "st.async" not in ptx
+        if flyc.find_ptxas() is not None:
+            assert _spill_bytes(ptx) == 0, (n, variant, each)
 
 
 def test_staged_forward_team_must_fit_the_device(monkeypatch):
@@ -568,9 +572,9 @@ def test_staged_forward_configs():
         ("layer", "bf16", 65536): (2, 1024, 4, 2, 0, 3),  # clusters at lag 0, a 2-row ring
         ("layer", "bf16", 262144): (8, 1024, 4, 2, 0, 0, True),  # 8 CTAs per row: weights kept, no chunks held
         ("layer", "f32", 16384): None,
-        ("layer", "f32", 32768): (2, 1024, 4, 3, 0, 0),
-        ("layer", "f32", 65536): (4, 1024, 4, 3, 0, 0),
-        ("layer", "f32", 262144): (16, 1024, 4, 3, 1, 0, False, True),  # a team of 16 CTAs per row
+        ("layer", "f32", 32768): (2, 1024, 4, 2, 0, 3),
+        ("layer", "f32", 65536): (4, 1024, 4, 2, 0, 3),
+        ("layer", "f32", 262144): (16, 1024, 4, 3, 1, 0, True, True),  # a team of 16 CTAs per row, weights kept
         ("rms", "bf16", 16384): None,
         ("rms", "bf16", 32768): (1, 1024, 4, 3, 0, 4),  # RMSNorm: a 3-row ring
         ("rms", "bf16", 65536): (2, 1024, 4, 3, 0, 4),
@@ -578,7 +582,7 @@ def test_staged_forward_configs():
         ("rms", "f32", 16384): None,
         ("rms", "f32", 32768): (2, 1024, 4, 3, 0, 4),
         ("rms", "f32", 65536): (4, 1024, 4, 3, 0, 4),
-        ("rms", "f32", 262144): (16, 1024, 4, 3, 1, 0, False, True),
+        ("rms", "f32", 262144): (16, 1024, 4, 3, 1, 0, True, True),
         ("fused", "bf16", 16384): None,
         ("fused", "bf16", 32768): (2, 1024, 2, 3, 1, 0),  # two sources: lag 1
         ("fused", "bf16", 65536): (4, 1024, 2, 3, 1, 0),
@@ -597,6 +601,10 @@ def test_staged_forward_configs():
         ("softmax", "f32", 262144): (16, 1024, 4, 3, 1, 0, False, True),
     }
     assert norm_mod.routed_staged_forward_config(131072, "f32", "fused") is not None  # 1 MB: 2 x 512 KB
+    # 16-bit teams (524288): LayerNorm without its weights kept (they spill), RMSNorm with them
+    assert _shape(norm_mod.routed_staged_forward_config(524288, "bf16", "layer")) == (16, 1024, 4, 3, 1, 0, False, True)
+    assert _shape(norm_mod.routed_staged_forward_config(524288, "bf16", "rms")) == (16, 1024, 4, 3, 1, 0, True, True)
+    assert norm_mod.routed_staged_forward_config(1 << 20, "f32", "layer") is None  # 64 CTAs: the register kernel
     assert norm_mod.routed_staged_forward_config(65540, "bf16", "rms") is None  # N not a multiple of 16 bytes
     assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 1024, 4, 2, 0, 3)
     with pytest.raises(ValueError, match="kind: expected one of"):

@@ -405,10 +405,14 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
       (benchmarks/results/norms_forward_staged_2026-11-30_keep_team.json, GPU time): LayerNorm 3.64 -> 3.97 and
       3.71 -> 3.95, RMSNorm 3.77 -> 3.95 and 3.89 -> 4.00. At 4 CTAs per row and fewer, kept weights measured the
       same or up to 3% slower than the shapes above.
+    - float32 LayerNorm takes the 16-bit rule, a 2-row ring with 3 of 4 chunks held up to 4 CTAs per row
+      (..._2026-11-30_confirm.json): 32768 3.88 -> 3.98, 65536 3.81 -> 3.91 and 3.78 -> 3.89 in two runs.
     - Rows over more CTAs than a cluster holds at 64 KB each (9-32: float32 262144, the fused add's 2 MB rows;
       softmax from 16): a team (lag 1, 3 rows), whose CTAs exchange their pairs through global memory. f32 262144:
       LayerNorm 2.87 -> 3.78, RMSNorm 3.42 -> 3.93, the fused add (32 CTAs of 2 chunks per source) 3.14 -> 4.05,
-      softmax 3.52 (8 CTAs, a single-row ring) -> 3.93. Longer rows: the register kernel.
+      softmax 3.52 (8 CTAs, a single-row ring) -> 3.93. With the weights kept (..._confirm.json): LayerNorm f32
+      262144 3.72 -> 3.91, f32 524288 3.49 -> 3.96; RMSNorm f32 524288 3.64 -> 3.94, bf16 524288 3.87 -> 3.92; not
+      16-bit LayerNorm (24 bytes spill: 3.57 -> 3.14). Longer rows: the register kernel.
     """
     if kind not in FORWARD_KINDS:
         raise ValueError(f"kind: expected one of {FORWARD_KINDS}, got {kind!r}")
@@ -419,9 +423,9 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
     row_bytes = sources * n * (4 if dtype == "f32" else 2)
     ctas = -(-row_bytes // _FORWARD_STAGE_BYTES)
     hold = share if kind in ("rms", "softmax") else 0  # every chunk
-    keep = kind in ("layer", "rms") and ctas > 4  # 8 CTAs per row: weights kept instead of chunks held
-    if kind == "layer" and dtype != "f32" and ctas <= 8:
-        # 16-bit LayerNorm: a 2-row ring, 3 of 4 chunks held (all 4 spill); at 8 CTAs per row, the weights kept
+    # from 8 CTAs per row, the weights kept instead of chunks held (not in 16-bit LayerNorm teams: 24 bytes spill)
+    keep = kind in ("layer", "rms") and ctas > 4 and not (kind == "layer" and dtype != "f32" and ctas > 8)
+    if kind == "layer" and ctas <= 8:  # a 2-row ring, 3 of 4 chunks held (all 4 spill)
         return ForwardShape(_STAGED_THREADS, share, 0, 2, share - 1 if ctas <= 4 else 0, keep)
     if ctas == 1:  # softmax in one CTA's 2-row ring: held 3.74, not 3.83-3.86
         return ForwardShape(_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3, hold * (kind == "rms"))
@@ -434,7 +438,7 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
     if ctas <= 16 and kind == "fused":  # 1 MB rows: 8 CTAs of 128 KB, a single-row ring
         return ForwardShape(_STAGED_THREADS, 2 * share, 0, 1, 0)
     if ctas <= MAX_FORWARD_TEAM:
-        return ForwardShape(_STAGED_THREADS, share, 1, 3, 0, team=True)
+        return ForwardShape(_STAGED_THREADS, share, 1, 3, 0, keep, team=True)
     return None
 
 
