@@ -196,6 +196,13 @@ def main() -> int:
         default=None,
         help="override reduction.FORWARD_WARP_BLOCK (tuning)",
     )
+    parser.add_argument(
+        "--forward-values",
+        type=int,
+        choices=(4, 8, 16, 32),
+        default=None,
+        help="override reduction.FORWARD_BLOCK_VALUES (tuning)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     args.backward = args.backward or args.backward_only
@@ -211,6 +218,8 @@ def main() -> int:
         reduction.row_config.cache_clear()
     if args.warp_block:
         reduction.FORWARD_WARP_BLOCK = args.warp_block
+    if args.forward_values:
+        reduction.FORWARD_BLOCK_VALUES = args.forward_values
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
     ops = _ops(torch, F)
     props = torch.cuda.get_device_properties(0)

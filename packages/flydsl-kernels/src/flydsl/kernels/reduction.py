@@ -140,6 +140,9 @@ CTA_THREADS = 512
 # 32768: 4.03 in 4 x 512, 3.66 in 2 x 1024).
 FORWARD_WARP_BLOCK = 32
 FORWARD_CTA_THREADS = 1024
+# float32 values per thread per held tensor of the register forwards' rows of one CTA over a warp wide (fewer: more
+# threads per row, as long as one CTA holds it)
+FORWARD_BLOCK_VALUES = _VALUES_PER_THREAD
 
 
 @functools.lru_cache(maxsize=4096)
@@ -173,16 +176,26 @@ def forward_row_config(n: int, dtype: str, held: int = 1) -> RowConfig:
     :data:`FORWARD_WARP_BLOCK` threads and a row in one CTA of up to :data:`FORWARD_CTA_THREADS` threads; a row that
     needs a cluster anyway is split as :func:`row_config` does (the constants are read at each call: the benchmarks'
     tuning flags override them)."""
-    return _forward_row_config(n, dtype, held, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS)
+    return _forward_row_config(
+        n, dtype, held, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS, FORWARD_BLOCK_VALUES
+    )
 
 
 @functools.lru_cache(maxsize=4096)
-def _forward_row_config(n: int, dtype: str, held: int, warp_block: int, single_cta: int, cta_threads: int):
+def _forward_row_config(
+    n: int, dtype: str, held: int, warp_block: int, single_cta: int, cta_threads: int, block_values: int
+):
     cfg = row_config(n, dtype, held, cta_threads=single_cta)
     if cfg.cluster > 1:
         return row_config(n, dtype, held, cta_threads=cta_threads)
     if cfg.threads_per_row == 32:
         return row_config(n, dtype, held, warp_block=warp_block, cta_threads=single_cta)
+    values = block_values
+    while cfg.threads_per_row > 32 and values < _VALUES_PER_THREAD:  # the fewest values that one CTA holds
+        spread = row_config(n, dtype, held * (_VALUES_PER_THREAD // values), cta_threads=single_cta)
+        if spread.cluster == 1:
+            return spread
+        values *= 2
     return cfg
 
 
