@@ -201,7 +201,7 @@ def main() -> int:
         type=int,
         choices=(4, 8, 16, 32),
         default=None,
-        help="override reduction.FORWARD_BLOCK_VALUES (tuning)",
+        help="override reduction.FORWARD_BLOCK_VALUES for every dtype (tuning)",
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -219,7 +219,7 @@ def main() -> int:
     if args.warp_block:
         reduction.FORWARD_WARP_BLOCK = args.warp_block
     if args.forward_values:
-        reduction.FORWARD_BLOCK_VALUES = args.forward_values
+        reduction.FORWARD_BLOCK_VALUES = dict.fromkeys(reduction.FORWARD_BLOCK_VALUES, args.forward_values)
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
     ops = _ops(torch, F)
     props = torch.cuda.get_device_properties(0)

@@ -93,10 +93,14 @@ def test_forward_row_config_shapes():
     assert shape(20001, "f32") == (1024, 1, 1) and shape(32768, "f32") == (1024, 1, 1)
     assert shape(32768, "f32", held=2) == (512, 1, 4)  # a cluster anyway: CTAs of 512 (2 x 1024 measured slower)
     assert shape(65536, "f32") == (512, 1, 4)
+    # float32 rows of one tensor in one CTA: 2 chunks per thread where 1024 threads hold the row (FORWARD_BLOCK_VALUES)
+    assert shape(2048, "f32") == (256, 1, 1) and shape(8192, "f32") == (1024, 1, 1)
+    assert shape(16384, "f32") == (512, 1, 1) and shape(8192, "f32", held=2) == (512, 1, 1)  # 8 chunks; 4
+    assert shape(8192, "bf16") == (256, 1, 1)  # 16-bit rows: 4 chunks
     assert forward_row_config(4096, "bf16") is forward_row_config(4096, "bf16")  # cached: one object per shape
 
 
-@pytest.mark.parametrize("n, dtype", [(1024, "bf16"), (20001, "bf16"), (12289, "f32"), (16384, "bf16")])
+@pytest.mark.parametrize("n, dtype", [(1024, "bf16"), (20001, "bf16"), (12289, "f32"), (16384, "bf16"), (8192, "f32")])
 def test_register_forward_assembles_without_spills(n, dtype):
     """The register forward in forward_row_config's one-warp and 1024-thread CTAs, every variant: no spills; rows of
     one warp load 16-bit weight and bias with x (before the first shuffle), float32 weights next to the stores."""

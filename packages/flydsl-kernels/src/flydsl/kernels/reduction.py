@@ -140,9 +140,13 @@ CTA_THREADS = 512
 # 32768: 4.03 in 4 x 512, 3.66 in 2 x 1024).
 FORWARD_WARP_BLOCK = 32
 FORWARD_CTA_THREADS = 1024
-# float32 values per thread per held tensor of the register forwards' rows of one CTA over a warp wide (fewer: more
-# threads per row, as long as one CTA holds it)
-FORWARD_BLOCK_VALUES = _VALUES_PER_THREAD
+# Values per thread of the register forwards' rows of one tensor (softmax, the norms but the fused add) in one CTA
+# over a warp wide, where one CTA holds the row that way (else 32): float32 8, 2 chunks per thread (H200, GPU time,
+# benchmarks/results/norms_forward_values_2026-11-30.json: N = 8192 in 1024 threads 4.20-4.22 TB/s against 4.10-4.13
+# in 256 for softmax, LayerNorm and RMSNorm, 4096 +0-1.5%, 2048 the same; torch.compile's RMSNorm 4096 runs 512
+# threads at 28 registers, full occupancy, 89.8% of DRAM bandwidth against our 128 threads' 86%). 16-bit rows keep
+# 32: 1 chunk per thread measured 3-30% slower, and 1024-thread LayerNorm CTAs 2.75 against 4.05 at bf16 16384.
+FORWARD_BLOCK_VALUES = {"f32": 8, "f16": _VALUES_PER_THREAD, "bf16": _VALUES_PER_THREAD}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -177,7 +181,7 @@ def forward_row_config(n: int, dtype: str, held: int = 1) -> RowConfig:
     needs a cluster anyway is split as :func:`row_config` does (the constants are read at each call: the benchmarks'
     tuning flags override them)."""
     return _forward_row_config(
-        n, dtype, held, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS, FORWARD_BLOCK_VALUES
+        n, dtype, held, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS, FORWARD_BLOCK_VALUES[dtype]
     )
 
 
@@ -190,12 +194,10 @@ def _forward_row_config(
         return row_config(n, dtype, held, cta_threads=cta_threads)
     if cfg.threads_per_row == 32:
         return row_config(n, dtype, held, warp_block=warp_block, cta_threads=single_cta)
-    values = block_values
-    while cfg.threads_per_row > 32 and values < _VALUES_PER_THREAD:  # the fewest values that one CTA holds
-        spread = row_config(n, dtype, held * (_VALUES_PER_THREAD // values), cta_threads=single_cta)
-        if spread.cluster == 1:
+    if cfg.threads_per_row > 32 and block_values < _VALUES_PER_THREAD and held == 1:  # the fused add: mixed, +-1.5%
+        spread = row_config(n, dtype, held * (_VALUES_PER_THREAD // block_values), cta_threads=single_cta)
+        if spread.cluster == 1:  # (in between, float32 16384 in 1024 threads x 4 chunks: 3.89 against 4.14)
             return spread
-        values *= 2
     return cfg
 
 
