@@ -199,7 +199,7 @@ def main() -> int:
     parser.add_argument(
         "--forward-values",
         type=int,
-        choices=(4, 8, 16, 32),
+        choices=(8, 16, 32),
         default=None,
         help="override reduction.FORWARD_BLOCK_VALUES for every dtype (tuning)",
     )

@@ -379,10 +379,10 @@ def test_validation_names_the_argument():
         norms.softmax_backward(_x(typestr="<f2"), x, dx=_x())
 
 
-# The staged forward (norm_forward_staged_kernel), as routed by default: one CTA per row (bf16 32768: LayerNorm in
-# a 2-row ring, RMSNorm in 3), clusters of 2, 4 and 8 at lag 0 (LayerNorm, RMSNorm; bf16, f16, f32 from 32768), the
-# fused add's clusters at lag 1, and the fused add's single-row ring of 1 MB rows (bf16 262144, f32 131072), at the
-# longest rows each shape takes (the softmax's below).
+# The staged forward (norm_forward_staged_kernel), as routed by default in a cluster: one CTA per row (bf16 32768:
+# LayerNorm in a 2-row ring, RMSNorm in 3), clusters of 2, 4 and 8 at lag 0 (LayerNorm, RMSNorm; bf16, f16, f32 from
+# 32768; at 8 CTAs with the weights kept), the fused add's clusters at lag 1, and the fused add's single-row ring of
+# 1 MB rows (bf16 262144, f32 131072), at the longest rows each shape takes (teams and the softmax's below).
 STAGED_FORWARD_CASES = [
     (32768, "bf16", "layer"),
     (32768, "bf16", "rms"),
@@ -396,6 +396,8 @@ STAGED_FORWARD_CASES = [
     (32768, "f32", "rms"),
     (262144, "bf16", "fused"),
     (131072, "f32", "fused"),
+    (262144, "bf16", "rms"),  # weights kept
+    (131072, "f32", "rms"),
 ]
 _FORWARD_FLAGS = {
     "layer": norm_mod.NormFlags(False, weight=True, bias=True, mean=True, rstd=True),
@@ -479,30 +481,33 @@ def test_staged_forward_keeps_weights_in_registers(n, dtype, variant, shape):
 
 
 @pytest.mark.parametrize("variant", ["layer", "rms", "fused", "softmax"])
-@pytest.mark.parametrize("n", [262144, 196612, 524288])  # 16 CTAs per row; 13, the last one short; 32
-def test_staged_forward_teams_assemble(variant, n):
+@pytest.mark.parametrize(
+    "n, dtype", [(262144, "f32"), (196612, "f32"), (524288, "f32"), (524288, "bf16")]
+)  # 16 CTAs per row; 13, the last one short; 32; 16 (the fused add 32)
+def test_staged_forward_teams_assemble(variant, n, dtype):
     """Rows over more CTAs than a cluster holds (float32 262144: 16 CTAs of 64 KB ring rows, the fused add 32) as a
     team (``staged_forward_config(team=True)``, routed there): each CTA's pair written to the row's line of the
     exchange tensor as tagged 64-bit stores, the first warp polling one rank's pair per lane (one 16-byte
     ``ld.relaxed.gpu`` per poll) and combining them by shuffles; no cluster barriers, no mbarriers, no spills. Teams
     of more than 32: none."""
     staged = importlib.import_module("flydsl.kernels.softmax_staged")
-    assert norm_mod.staged_forward_config(n, "f32", variant == "fused") is None  # no cluster holds the row
-    cfg = norm_mod.staged_forward_config(n, "f32", variant == "fused", team=True)
-    if variant == "fused" and n == 524288:  # 64 CTAs of 2 x 32 KB
+    assert norm_mod.staged_forward_config(n, dtype, variant == "fused") is None  # no cluster holds the row
+    cfg = norm_mod.staged_forward_config(n, dtype, variant == "fused", team=True)
+    if variant == "fused" and n == 524288 and dtype == "f32":  # 64 CTAs of 2 x 32 KB
         assert cfg is None
         return
-    count = -(-n // (4 * 1024 * cfg.row.chunks))
+    count = -(-n // (cfg.row.vec * 1024 * cfg.row.chunks))
     assert cfg.row.team and cfg.row.cluster == count and cfg.row.cluster_shape is None and cfg.lag == 1
-    routed = norm_mod.routed_staged_forward_config(n, "f32", variant)  # the same, weights kept by the norms
-    assert routed == dataclasses.replace(cfg, keep_weights=variant in ("layer", "rms"))
-    rows, stats = flyc.TensorSpec((8, n), "f32"), flyc.TensorSpec((8,), "f32")
+    routed = norm_mod.routed_staged_forward_config(n, dtype, variant)  # the same, weights kept by the norms
+    kept = variant == "rms" or (variant == "layer" and dtype == "f32")  # not 16-bit LayerNorm's (they spill)
+    assert routed == dataclasses.replace(cfg, keep_weights=kept)
+    rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
     exchange = flyc.TensorSpec((8, norm_mod.exchange_columns(cfg)), "f32")
     for each in {cfg, routed}:
         if variant == "softmax":
             module = staged.softmax_forward_staged_kernel.lower(rows, rows, exchange, each)
         else:
-            weight = flyc.TensorSpec((n,), "f32")
+            weight = flyc.TensorSpec((n,), dtype)
             module = norm_mod.norm_forward_staged_kernel.lower(
                 rows, rows, weight, weight, rows, rows, stats, stats, exchange, 1e-5, each, _FORWARD_FLAGS[variant]
             )
@@ -665,9 +670,13 @@ def test_staged_forward_is_the_default(monkeypatch):
     assert taken[-1][0] == "register"  # the fused add f32 32768: the register kernel
     norms.layer_norm(wide, None, None, out=_x((4, 32768), "<f4"))
     assert taken[-1] == ("staged", norm_mod.routed_staged_forward_config(32768, "f32", "layer"))
-    # A team (float32 262144: 16 CTAs per row) where the SMs hold it at once, else the register kernel.
+    # A team (float32 262144: 16 CTAs per row) where the SMs hold it at once and the input's framework allocates its
+    # exchange tensor (torch, cupy), else the register kernel: these fake arrays allocate nothing.
     long = _x((2, 262144), "<f4")
     monkeypatch.setattr(norm_mod, "sm_count", lambda device: 132)
+    norms.rms_norm(long, None, out=_x((2, 262144), "<f4"))
+    assert taken[-1][0] == "register"
+    monkeypatch.setattr(norm_mod, "can_allocate", lambda like: True)
     norms.rms_norm(long, None, out=_x((2, 262144), "<f4"))
     assert taken[-1] == ("staged", norm_mod.routed_staged_forward_config(262144, "f32", "rms"))
     assert taken[-1][1].row.team and taken[-1][1].row.cluster == 16
@@ -713,11 +722,19 @@ def test_staged_softmax_is_the_default(monkeypatch):
     for rows_n, typestr in (((4, 16384), "<f2"), ((4, 32768), "<f4"), ((4, 65540), "<f2")):
         softmax_mod.forward(host.row_tensor(_x(rows_n, typestr), "x"), host.row_tensor(_x(rows_n, typestr), "out"))
         assert taken[-1][0] == "register", rows_n
-    # float32 262144 takes a team of 16 CTAs; not where the SMs cannot hold one at once
+    # float32 262144 takes a team of 16 CTAs; not where the SMs cannot hold one at once, nor where the input's
+    # framework cannot allocate its exchange tensor
     assert staged.softmax_staged_config(262144, "f32").row.team
+    long = host.row_tensor(_x((2, 262144), "<f4"), "x"), host.row_tensor(_x((2, 262144), "<f4"), "out")
+    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 132)
+    softmax_mod.forward(*long)
+    assert taken[-1][0] == "register"  # a fake array: no framework to allocate with
+    monkeypatch.setattr(norm_mod, "can_allocate", lambda like: True)
+    monkeypatch.setattr(staged, "forward_exchange", lambda cfg, x, rows: x)
+    softmax_mod.forward(*long)
+    assert taken[-1] == ("staged", staged.softmax_staged_config(262144, "f32"))
     monkeypatch.setattr(norm_mod, "sm_count", lambda device: 14)
-    long = _x((2, 262144), "<f4")
-    softmax_mod.forward(host.row_tensor(long, "x"), host.row_tensor(_x((2, 262144), "<f4"), "out"))
+    softmax_mod.forward(*long)
     assert taken[-1][0] == "register"
 
 

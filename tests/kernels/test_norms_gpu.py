@@ -406,7 +406,7 @@ def _check_staged_layer_norm(x, w, b, cfg):
 @pytest.mark.parametrize("n", [262144, 196612])  # teams of 16 CTAs per row; of 13, the last holding part of a share
 def test_staged_forward_teams(n):
     """float32 rows over more CTAs than a cluster holds, as a team (``staged_forward_config(team=True)``: pairs
-    through tagged stores in global memory, not routed yet): LayerNorm with every output, RMSNorm, the fused add
+    through tagged stores in global memory; routed there): LayerNorm with every output, RMSNorm, the fused add
     and softmax against float64, 300 rows (each team walks ~37 of them)."""
     from flydsl.kernels.host import row_tensor
     from flydsl.kernels.softmax_staged import forward_staged
@@ -487,3 +487,9 @@ def test_staged_softmax_masked_tails(n, dtype, hold, monkeypatch):
     _close(norms.softmax(x, _poison(x)), ref)  # routed: the staged kernel
     monkeypatch.setattr(_NORM, "STAGED_FORWARD", False)  # FLYDSL_NORM_STAGED_FORWARD=0: the register kernel
     _close(norms.softmax(x, _poison(x)), ref)
+
+
+def test_staged_softmax_masked_tails_team(monkeypatch):
+    """The masked tails of :func:`test_staged_softmax_masked_tails` in a team (float32 262144: 16 CTAs per row, the
+    routed config): a CTA of nothing but -inf adds nothing to the combined pair."""
+    test_staged_softmax_masked_tails(262144, torch.float32, None, monkeypatch)

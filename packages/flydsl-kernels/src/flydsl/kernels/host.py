@@ -191,6 +191,11 @@ def _allocate(like: RowTensor, shape: tuple, dtype: str, what: str):
     )
 
 
+def can_allocate(like: RowTensor) -> bool:
+    """Whether :func:`empty_rows` / :func:`empty_like` can allocate in ``like``'s framework (torch or cupy)."""
+    return _is_torch(like.obj) or type(like.obj).__module__.split(".")[0] == "cupy"
+
+
 def empty_like(like: RowTensor, what: str, dtype: str | None = None):
     """A contiguous tensor of ``like``'s shape (and dtype unless given) on its device, from its framework."""
     obj = like.obj

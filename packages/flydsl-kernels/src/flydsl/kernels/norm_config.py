@@ -259,8 +259,8 @@ class StagedForwardConfig:
     multiply; 0: none), ``keep_weights`` (each thread loads its chunks of the weight and bias once, before its first
     row, and keeps them in registers in their dtype for every row, instead of reloading them from L1/L2 per row: a
     CTA's slice is the same columns for all its rows; not with float32 weights on 16-bit rows, whose registers
-    would spill; routed at 8 CTAs per row, see :func:`forward_shape`). One CTA per SM (the ring takes most of
-    the shared memory), a persistent grid."""
+    would spill; routed at 5-8 CTAs per row and in teams, see :func:`forward_shape`). One CTA per SM (the ring
+    takes most of the shared memory), a persistent grid."""
 
     row: RowConfig
     stages: int
@@ -381,12 +381,12 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
       lag 1 everywhere (LayerNorm bf16 65536-262144: 3.28, 3.12, 2.99 against 3.10, 2.88, 2.75). The fused add's
       two sources leave no room for lag 0 with 2 rows ahead at 64 KB: lag 1 (3.71, 3.74, 3.68 at 32768-131072; lag
       0 in a single-row ring of 128 KB measured the same, 3.85, 3.88, 3.78).
-    - Rows of 1 MB in the ring (softmax f32 262144, the fused add's bf16 262144 and f32 131072): 8 CTAs of 128 KB,
+    - Rows of 1 MB in the ring (the fused add's bf16 262144 and f32 131072; softmax f32 262144 before teams): 8 CTAs
+      of 128 KB,
       which fit one ring row only (227 KB of shared memory per SM): a single-row ring, the next row copied in once
       the output is written; the other SMs' copies fill the gap (3.43, 3.75, 3.95 against the register kernel's
-      2.96, 3.30, 3.25). LayerNorm and RMSNorm f32 262144 keep the register kernel (2.54, 3.22 against 2.82, 3.30):
-      with the staged kernel their weight (and bias) are read from L2 alongside each row, 1-2 MB per row besides the
-      row's 1 MB. 2 MB rows (the fused add's f32 262144): the register kernel.
+      2.96, 3.30, 3.25). LayerNorm and RMSNorm f32 262144 measured 2.54, 3.22 there against the register kernel's
+      2.82, 3.30 (their weight and bias re-read from L2 beside each 1 MB row): teams since, below.
     - float32 32768: LayerNorm and RMSNorm (3.80, 3.88 against 2.62, 3.71); the register kernel's softmax and fused
       add are at the bar there (3.82, 3.91).
     - ``hold`` (the row's values in registers from the first pass to the output) for softmax and RMSNorm at 1024
@@ -408,7 +408,8 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
     - float32 LayerNorm takes the 16-bit rule, a 2-row ring with 3 of 4 chunks held up to 4 CTAs per row
       (..._2026-11-30_confirm.json): 32768 3.88 -> 3.98, 65536 3.81 -> 3.91 and 3.78 -> 3.89 in two runs.
     - Rows over more CTAs than a cluster holds at 64 KB each (9-32: float32 262144, the fused add's 2 MB rows;
-      softmax from 16): a team (lag 1, 3 rows), whose CTAs exchange their pairs through global memory. f32 262144:
+      softmax from 9, its 1 MB rows no longer in a single-row ring; timed at 16): a team (lag 1, 3 rows), whose
+      CTAs exchange their pairs through global memory. f32 262144:
       LayerNorm 2.87 -> 3.78, RMSNorm 3.42 -> 3.93, the fused add (32 CTAs of 2 chunks per source) 3.14 -> 4.05,
       softmax 3.52 (8 CTAs, a single-row ring) -> 3.93. With the weights kept (..._confirm.json): LayerNorm f32
       262144 3.72 -> 3.91, f32 524288 3.49 -> 3.96; RMSNorm f32 524288 3.64 -> 3.94, bf16 524288 3.87 -> 3.92; not

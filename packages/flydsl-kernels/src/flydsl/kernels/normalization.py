@@ -21,11 +21,12 @@ no longer waits at a cluster barrier per row: the CTAs push their partial sums t
 into the peers' shared memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: global memory + release/acquire
 counters) and write dx ``lag`` rows later. See :func:`_rows_staged`, :func:`_rows_pushed`.
 
-The forward of long rows (N >= 32768; f32: softmax and the fused add from 65536, LayerNorm and RMSNorm not at 262144;
+The forward of long rows (N >= 32768; f32: softmax and the fused add from 65536; at most 32 CTAs of 64 KB per row;
 N a multiple of 16 bytes, rows 16-byte aligned; see :func:`forward_shape`) takes the staged kernel by default
 (:func:`norm_forward_staged_kernel`; ``forward(..., staged=False)`` or ``FLYDSL_NORM_STAGED_FORWARD=0`` force the
 register kernel), on the same ring and pushes: a persistent grid, x (and the residual) copied rows ahead into the
-ring, each CTA's partial pair pushed to its peers, the output written ``lag`` rows later. LayerNorm pushes one pair
+ring, each CTA's partial pair pushed to its peers (past 8 CTAs, a team: written to global memory and polled), the
+output written ``lag`` rows later. LayerNorm pushes one pair
 per row, ``(sum, sum of squares about the CTA's own mean)``, combined by Chan's update
 (:func:`flydsl.kernels.norm_staged._chan`): no cancellation, one exchange per row. Softmax's staged forward
 (:mod:`flydsl.kernels.softmax_staged`) shares the kernel and the switch.
@@ -42,7 +43,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import cluster, gpu, math, vector
-from flydsl.kernels.host import allocated, empty_rows, max_active_clusters, sm_count
+from flydsl.kernels.host import allocated, can_allocate, empty_rows, max_active_clusters, sm_count
 from flydsl.kernels.norm_config import (
     FORWARD_KINDS,
     STAGED_FORWARD_MIN_N,
@@ -111,6 +112,7 @@ __all__ = [
     "staged_forward_groups",
     "forward_exchange",
     "team_fits",
+    "routable",
     "STAGED_FORWARD",
     "backward",
     "norm_forward_kernel",
@@ -543,7 +545,7 @@ def forward(
         ring = routed_staged_forward_config(n, x.dtype, kind)
         if (
             ring is not None
-            and team_fits(ring, x.device)
+            and routable(ring, x)
             and _aligned16(*(t for t in (x, residual, out, residual_out) if t is not None))
         ):
             _launch_staged_forward(args, eps, ring, flags, rows, x.device)
@@ -555,8 +557,15 @@ def forward(
 
 def team_fits(cfg: StagedForwardConfig, device: int) -> bool:
     """Whether the SMs of ``device`` hold all of one row's CTAs at once (always, but for a team larger than the SMs
-    hold: a small MIG slice; the routed forward then takes the register kernel)."""
+    hold: a small MIG slice)."""
     return not cfg.row.team or cfg.row.cluster <= cfg.blocks_per_sm * sm_count(device)
+
+
+def routable(cfg: StagedForwardConfig, x) -> bool:
+    """Whether the routed forward launches ``cfg`` on ``x`` (a RowTensor): anything but a team, or a team that fits
+    x's device (:func:`team_fits`) and whose exchange tensor x's framework allocates (torch, cupy; other frameworks
+    pass their outputs, and have no way to pass it). Else the register kernel runs."""
+    return not cfg.row.team or (team_fits(cfg, x.device) and can_allocate(x))
 
 
 def staged_forward_groups(cfg: StagedForwardConfig, rows: int, device: int) -> int:

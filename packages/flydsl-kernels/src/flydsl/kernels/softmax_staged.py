@@ -3,7 +3,8 @@
 (:func:`flydsl.kernels.norm_staged._rows_staged_forward`) with :class:`~flydsl.kernels.norm_config.SoftmaxFlags`. A
 persistent grid; each thread copies its chunks of x rows ahead into a shared-memory ring (``cp.async``); each CTA
 reduces its part of a row to ``(max m_r, sum exp(x - m_r))`` (two block reductions) and, for a row over a cluster,
-pushes that pair to every peer (``st.async`` + mbarrier), writing the row ``lag`` rows later from ``max = max_r
+pushes that pair to every peer (``st.async`` + mbarrier; past 8 CTAs, a team: tagged stores to global memory,
+polled by one warp), writing the row ``lag`` rows later from ``max = max_r
 m_r`` and ``sum = sum_r s_r exp(m_r - max)`` (the online softmax's combination: every factor <= 1). Configs:
 :func:`~flydsl.kernels.norm_config.forward_shape` (N a multiple of 16 bytes, rows 16-byte aligned)."""
 
@@ -13,7 +14,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.kernels.norm_config import SoftmaxFlags, StagedForwardConfig, routed_staged_forward_config
 from flydsl.kernels.norm_staged import _rows_staged_forward
-from flydsl.kernels.normalization import _aligned16, forward_exchange, staged_forward_groups, team_fits
+from flydsl.kernels.normalization import _aligned16, forward_exchange, routable, staged_forward_groups
 
 __all__ = ["SOFTMAX", "softmax_forward_staged_kernel", "softmax_staged_config", "forward_staged"]
 
@@ -36,13 +37,13 @@ def softmax_staged_config(n: int, dtype: str) -> StagedForwardConfig | None:
 
 def forward_staged(x, out, cfg: StagedForwardConfig | None = None) -> bool:
     """Launches the staged softmax on validated :class:`~flydsl.kernels.host.RowTensor` arguments (x, out: rows
-    16-byte aligned) with ``cfg`` (default :func:`softmax_staged_config`, where its team fits the device); False
+    16-byte aligned) with ``cfg`` (default :func:`softmax_staged_config`, where ``normalization.routable``); False
     (nothing launched) where there is no config or the rows are not 16-byte aligned: the caller then launches the
     register kernel."""
     rows, n = x.shape
     if cfg is None:
         cfg = softmax_staged_config(n, x.dtype)
-        cfg = cfg if cfg is not None and team_fits(cfg, x.device) else None
+        cfg = cfg if cfg is not None and routable(cfg, x) else None
     if cfg is None or rows == 0 or not _aligned16(x, out):
         return False
     groups = staged_forward_groups(cfg, rows, x.device)
