@@ -625,6 +625,18 @@ def test_staged_forward_configs():
     assert norm_mod.backward_groups(norm_mod.staged_forward_config(32768, "bf16"), 8192, 132) == 132
 
 
+def test_backward_scratch_needs_torch_or_cupy(monkeypatch):
+    """The backward with a weight sums dweight (and dbias) through partial rows it allocates itself, in the input's
+    framework: arrays of any other framework get an error that says so before anything is launched (not "pass the
+    output", which the caller cannot do for scratch memory)."""
+    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 132)
+    x, w, stats = _x((4, 64)), _x((64,)), _x((4,))
+    with pytest.raises(
+        TypeError, match="dweight/dbias partial sums: this kernel's scratch memory .* pass torch or cupy"
+    ):
+        norms.layer_norm_backward(x, x, w, stats, stats, dx=_x(), dweight=_x((64,)), dbias=_x((64,)))
+
+
 def test_staged_forward_is_the_default(monkeypatch):
     """The forward takes the staged kernel by default where a config exists and the rows are 16-byte aligned;
     staged=False and STAGED_FORWARD off (FLYDSL_NORM_STAGED_FORWARD=0) force the register kernel, as do short rows,

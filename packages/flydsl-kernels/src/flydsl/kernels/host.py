@@ -171,9 +171,9 @@ def _torch_of(like: RowTensor, what: str):
     return _TORCH
 
 
-def _allocate(like: RowTensor, shape: tuple, dtype: str, what: str):
+def _allocate(like: RowTensor, shape: tuple, dtype: str, what: str, scratch: bool = False):
     """A contiguous array of ``shape`` and ``dtype`` from ``like``'s framework, on its device: torch or cupy (any
-    other framework must pass its outputs)."""
+    other framework must pass its outputs; ``scratch``: the kernel's own memory, which no caller can pass)."""
     obj = like.obj
     if _is_torch(obj):
         torch, dtypes = _torch_of(like, what)
@@ -185,9 +185,15 @@ def _allocate(like: RowTensor, shape: tuple, dtype: str, what: str):
             raise TypeError(f"{what}: cupy has no bfloat16 arrays to allocate: pass the output explicitly")
         with obj.device:
             return cupy.empty(shape, dtype={"f32": cupy.float32, "f16": cupy.float16}[dtype])
+    kind = f"{type(obj).__module__}.{type(obj).__name__}"
+    if scratch:
+        raise TypeError(
+            f"{what}: this kernel's scratch memory is allocated with the input's framework (torch or cupy); the"
+            f" input is a {kind}: pass torch or cupy arrays"
+        )
     raise TypeError(
-        f"{what}: outputs are allocated with the input's framework (torch or cupy); the input is a"
-        f" {type(obj).__module__}.{type(obj).__name__}: pass the output explicitly"
+        f"{what}: outputs are allocated with the input's framework (torch or cupy); the input is a {kind}: pass the"
+        " output explicitly"
     )
 
 
@@ -207,9 +213,10 @@ def empty_like(like: RowTensor, what: str, dtype: str | None = None):
     return _allocate(like, tuple(like.shape), like.dtype if dtype is None else dtype, what)
 
 
-def empty_rows(like: RowTensor, shape: tuple, what: str, dtype: str = "f32"):
-    """A contiguous ``shape`` tensor of ``dtype`` (float32 by default) from ``like``'s framework, on its device."""
-    return _allocate(like, shape, dtype, what)
+def empty_rows(like: RowTensor, shape: tuple, what: str, dtype: str = "f32", scratch: bool = False):
+    """A contiguous ``shape`` tensor of ``dtype`` (float32 by default) from ``like``'s framework, on its device
+    (``scratch``: the kernel's own memory, not an output; see :func:`_allocate`)."""
+    return _allocate(like, shape, dtype, what, scratch)
 
 
 def allocated(obj) -> RowTensor:

@@ -588,7 +588,7 @@ def staged_forward_groups(cfg: StagedForwardConfig, rows: int, device: int) -> i
 def _team_exchange(cfg, like, rows: int, what: str):
     """A team's exchange tensor in ``like``'s framework (a RowTensor): each row's line of tagged pairs, zeroed
     ((rows, 4 x team size) float32: one small memset per launch)."""
-    exchange = empty_rows(like, (rows, exchange_columns(cfg)), what)
+    exchange = empty_rows(like, (rows, exchange_columns(cfg)), what, scratch=True)
     exchange.zero_() if hasattr(exchange, "zero_") else exchange.fill(0)
     return exchange
 
@@ -631,7 +631,7 @@ def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
     if rc.cluster_shape is not None:
         active = max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, x.device)
     groups = backward_groups(cfg, rows, sms, active)
-    partial = empty_rows(x, (groups, sums * n), "dweight/dbias partial sums") if sums else x.obj
+    partial = empty_rows(x, (groups, sums * n), "dweight/dbias partial sums", scratch=True) if sums else x.obj
     placeholder = x.obj
     exchange = placeholder
     if rc.team:  # the team's tagged row sums, zeroed (one small memset)
