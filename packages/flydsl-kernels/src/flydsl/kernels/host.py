@@ -62,6 +62,10 @@ def _is_torch(obj) -> bool:
     return False
 
 
+def _is_cupy(obj) -> bool:
+    return type(obj).__module__.split(".")[0] == "cupy"
+
+
 def _torch_dtype(dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
@@ -178,7 +182,7 @@ def _allocate(like: RowTensor, shape: tuple, dtype: str, what: str, scratch: boo
     if _is_torch(obj):
         torch, dtypes = _torch_of(like, what)
         return torch.empty(shape, dtype=dtypes[dtype], device=obj.device)
-    if type(obj).__module__.split(".")[0] == "cupy":
+    if _is_cupy(obj):
         import cupy
 
         if dtype == "bf16":
@@ -199,7 +203,7 @@ def _allocate(like: RowTensor, shape: tuple, dtype: str, what: str, scratch: boo
 
 def can_allocate(like: RowTensor) -> bool:
     """Whether :func:`empty_rows` / :func:`empty_like` can allocate in ``like``'s framework (torch or cupy)."""
-    return _is_torch(like.obj) or type(like.obj).__module__.split(".")[0] == "cupy"
+    return _is_torch(like.obj) or _is_cupy(like.obj)
 
 
 def empty_like(like: RowTensor, what: str, dtype: str | None = None):

@@ -4,9 +4,9 @@
 persistent grid; each thread copies its chunks of x rows ahead into a shared-memory ring (``cp.async``); each CTA
 reduces its part of a row to ``(max m_r, sum exp(x - m_r))`` (two block reductions) and, for a row over a cluster,
 pushes that pair to every peer (``st.async`` + mbarrier; past 8 CTAs, a team: tagged stores to global memory,
-polled by one warp), writing the row ``lag`` rows later from ``max = max_r
-m_r`` and ``sum = sum_r s_r exp(m_r - max)`` (the online softmax's combination: every factor <= 1). Configs:
-:func:`~flydsl.kernels.norm_config.forward_shape` (N a multiple of 16 bytes, rows 16-byte aligned)."""
+polled by one warp), writing the row ``lag`` rows later from ``max = max_r m_r`` and ``sum = sum_r s_r exp(m_r -
+max)`` (the online softmax's combination: every factor <= 1). Configs: :func:`~flydsl.kernels.norm_config.forward_shape`
+(N a multiple of 16 bytes, rows 16-byte aligned)."""
 
 from __future__ import annotations
 
