@@ -4,6 +4,10 @@ persistent-grid sizes (the driver's max active clusters, 7/8 of the SM count, al
 small-N question (bf16 N = 2048/4096 through the API, repeated, interleaved with copy).
 
     python benchmarks/norms_backward_staged.py --commit $(git rev-parse HEAD) --out benchmarks/results/x.json
+    python benchmarks/norms_backward_staged.py --commit C --out x.json --kinds rms --dtypes bf16 --sizes 32768 \
+        --configs 1024:2:3:0,1024:2:3:1,team:512:2:6:2     # [team:]THREADS:CHUNKS:STAGES:LAG, instead of the defaults
+    ncu --profile-from-start off --section WarpStateStats ... python benchmarks/norms_backward_staged.py --profile \
+        --commit C --out x.json --kinds rms --dtypes bf16 --sizes 32768 --configs ...   # one launch each (ncu)
 
 TB/s = bytes read + written / time (dy, x, dx; kernel alone: 3 * M * N * e). Median of CUDA-event times (``--reps``),
 after warm-up; copy (``dst.copy_(x)``) in the same process.
@@ -18,7 +22,7 @@ import sys
 import time
 from functools import partial
 
-from norms_bench import backward_kernel_tbps
+from norms_bench import backward_kernel_launcher, backward_kernel_tbps
 
 from flydsl.kernels.bench import median_ms
 
@@ -64,6 +68,32 @@ def _small(torch, norms, norm, n, sms, reps) -> str:
     return line
 
 
+def _parse_configs(text: str, error) -> list:
+    """``[team:]THREADS:CHUNKS:STAGES:LAG,...`` as (team, threads, chunks, stages, lag) tuples."""
+    out = []
+    for item in text.split(","):
+        parts = item.split(":")
+        team = parts[0] == "team"
+        try:
+            threads, chunks, stages, lag = (int(v) for v in parts[1 if team else 0 :])
+        except ValueError:
+            error(f"--configs: expected [team:]THREADS:CHUNKS:STAGES:LAG, got {item!r}")
+        out.append((team, threads, chunks, stages, lag))
+    return out
+
+
+def _label(spec) -> str:
+    team, *shape = spec
+    return ("team:" if team else "") + ":".join(map(str, shape))
+
+
+def _explicit_config(norm, n, dtype, sums, spec):
+    team, threads, chunks, stages, lag = spec
+    if team:
+        return norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag)
+    return norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag)
+
+
 def _groups(norm, cfg, rows, sms):
     rc = cfg.row
     active = norm.max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, 0) if rc.cluster_shape else None
@@ -106,6 +136,47 @@ def _long_rows(torch, norm, sms, reps) -> list:
     return lines
 
 
+def _explicit(torch, norm, sms, args, specs) -> list:
+    """The default config and each of ``specs`` per (kind, dtype, N): timed, or (``--profile``) launched once each
+    between the profiler's start and stop."""
+    from flydsl.kernels.bench import profile_once
+
+    lines, runs = [], []
+    dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    for name in args.dtypes.split(","):
+        for n in map(int, args.sizes.split(",")):
+            tensors = _tensors(torch, n, dtypes[name])
+            x = tensors[1]
+            dst = torch.empty_like(x)
+            copy = 2 * x.numel() * x.element_size() / median_ms(partial(dst.copy_, x), args.reps) / 1e9
+            for kind in args.kinds.split(","):
+                rms, sums = kind == "rms", 1 if kind == "rms" else 2
+                line = f"{kind} {name} N={n} copy {copy:.2f} bar {0.85 * copy:.2f}"
+                configs = [("default", norm.backward_config(n, name, sums))]
+                configs += [(_label(spec), _explicit_config(norm, n, name, sums, spec)) for spec in specs]
+                for label, cfg in configs:
+                    if cfg is None:
+                        line += f" | {label} none"
+                        continue
+                    g = _groups(norm, cfg, x.shape[0], sms)
+                    rc = cfg.row
+                    shape = f"{rc.regime} {rc.cluster}x{rc.block}x{rc.chunks} s{cfg.stages} l{cfg.lag} g{g}"
+                    if args.profile:
+                        runs.append(backward_kernel_launcher(torch, norm, tensors, cfg, g, rms))
+                        line += f" | {label} {shape}"
+                    else:
+                        tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms)
+                        line += f" | {label} {shape} {tbps:.2f}"
+                print(line, flush=True)
+                lines.append(line)
+            if not args.profile:
+                del tensors, dst, x
+                torch.cuda.empty_cache()
+    if runs:
+        profile_once(runs)
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commit", required=True)
@@ -114,8 +185,13 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--small", default="2048,4096", help="bf16 N for the API repeat check ('' to skip)")
     parser.add_argument("--long", action="store_true", help="only the team kernel against the others, N >= 131072")
+    parser.add_argument("--kinds", default="ln,rms", help="with --configs: ln, rms or both")
+    parser.add_argument("--configs", help="[team:]THREADS:CHUNKS:STAGES:LAG,... timed against the default config")
+    parser.add_argument("--profile", action="store_true", help="with --configs: one launch each, for ncu")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if (args.profile or args.kinds != "ln,rms") and not args.configs:
+        parser.error("--profile and --kinds go with --configs")
 
     import torch
 
@@ -134,6 +210,10 @@ def main() -> int:
     started = time.time()
     if args.long:
         result["lines"] = _long_rows(torch, norm, sms, args.reps)
+        args.sizes = args.small = ""
+    if args.configs:
+        specs = _parse_configs(args.configs, parser.error)
+        result["lines"] = _explicit(torch, norm, sms, args, specs)
         args.sizes = args.small = ""
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32}
     for name in args.dtypes.split(","):

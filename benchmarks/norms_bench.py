@@ -109,11 +109,9 @@ SWEEP = {
 }
 
 
-def backward_kernel_tbps(torch, norm, tensors, cfg, groups: int, reps: int, rms: bool = False) -> float:
-    """The norm backward kernel alone (LayerNorm, or RMSNorm with ``rms``) with ``cfg`` on ``groups`` CTA groups:
-    TB/s = 3 * M * N * e / time (a team's exchange zeroed before each launch, as ``backward()`` does)."""
-    from flydsl.kernels.bench import median_ms
-
+def backward_kernel_launcher(torch, norm, tensors, cfg, groups: int, rms: bool = False):
+    """A callable launching the norm backward kernel alone (LayerNorm, or RMSNorm with ``rms``) with ``cfg`` on
+    ``groups`` CTA groups (a team's exchange zeroed before each launch, as ``backward()`` does)."""
     dy, x, w, mean, rstd, dx = tensors
     rc = cfg.row
     partials = torch.empty(groups, max(1, cfg.sums) * x.shape[1], device="cuda")
@@ -127,6 +125,15 @@ def backward_kernel_tbps(torch, norm, tensors, cfg, groups: int, reps: int, rms:
             grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
         )
 
+    return run
+
+
+def backward_kernel_tbps(torch, norm, tensors, cfg, groups: int, reps: int, rms: bool = False) -> float:
+    """:func:`backward_kernel_launcher` timed: TB/s = 3 * M * N * e / time."""
+    from flydsl.kernels.bench import median_ms
+
+    x = tensors[1]
+    run = backward_kernel_launcher(torch, norm, tensors, cfg, groups, rms)
     return 3 * x.numel() * x.element_size() / median_ms(run, reps) / 1e9
 
 

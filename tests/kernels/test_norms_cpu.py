@@ -227,19 +227,29 @@ def test_backward_configs():
     cfg = norm_mod.backward_config(262144, "bf16", 2, staged=False)
     assert cfg.two_pass and not cfg.smem_sums  # 256 KB of column sums per CTA: in the partial rows instead
     assert norm_mod.backward_config(262144, "f32", 1, staged=False).smem_sums
-    # Teams (rows over 9..64 CTAs sharing through global memory): LayerNorm past 8 CTAs per row; RMSNorm keeps the
-    # register kernel there (measured faster).
-    assert norm_mod.backward_config(262144, "bf16", 1).row.regime == "cluster"
-    for n, dtype, sums, team in ((131072, "bf16", 2, 16), (262144, "bf16", 2, 32), (262144, "f32", 2, 64)):
+    # Teams (rows over 9..64 CTAs sharing through global memory) past 8 CTAs per row: 16-bit LayerNorm in 512-thread
+    # CTAs with a 6-row ring and lag 2 (its two sums spill at 1024 threads), the others 1024 threads, 3 rows, lag 1.
+    for n, dtype, sums, team, block, stages, lag in (
+        (131072, "bf16", 2, 16, 512, 6, 2),
+        (262144, "bf16", 2, 32, 512, 6, 2),
+        (262144, "f32", 2, 32, 1024, 3, 1),
+        (131072, "f32", 2, 16, 1024, 3, 1),
+        (262144, "bf16", 1, 16, 1024, 3, 1),
+        (262144, "f32", 1, 32, 1024, 3, 1),
+    ):
         cfg = norm_mod.backward_config(n, dtype, sums)
-        assert (cfg.row.regime, cfg.row.cluster, cfg.row.cluster_shape, cfg.stages, cfg.lag) == (
+        assert (cfg.row.regime, cfg.row.cluster, cfg.row.cluster_shape, cfg.row.block, cfg.stages, cfg.lag) == (
             "team",
             team,
             None,
-            6,
-            2,
+            block,
+            stages,
+            lag,
         )
     assert norm_mod.backward_config(65536, "f32", 1).row.regime == "cluster"  # the register kernel, measured faster
+    # One 1024 x 2 CTA per row for LayerNorm bf16 16384 (no spills since the column sums are pinned where updated)
+    cfg = norm_mod.backward_config(16384, "bf16", 2)
+    assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks) == (True, 1, 1024, 2)
     assert norm_mod.team_backward_config(1 << 21, "f32", 2) is None  # 256 CTAs per row: not a team
     for n in (1, 3, 1000, 4097, 65537, 1 << 20):
         for dtype in ("f32", "bf16"):
@@ -251,8 +261,15 @@ def test_backward_configs():
 
 
 # The staged kernel's shapes at the longest row each takes (8 CTAs per row), and one CTA per row.
-STAGED_CASES = [(16384, "bf16", 2), (65536, "bf16", 2), (131072, "bf16", 1), (65536, "f32", 2), (16384, "f32", 1)]
-TEAM_CASES = [(131072, "bf16", 2), (262144, "f32", 2)]  # teams of 16 and 64 CTAs
+STAGED_CASES = [
+    (16384, "bf16", 2),
+    (65536, "bf16", 2),
+    (65536, "bf16", 1),
+    (131072, "bf16", 1),
+    (65536, "f32", 2),
+    (16384, "f32", 1),
+]
+TEAM_CASES = [(131072, "bf16", 2), (262144, "f32", 2), (262144, "bf16", 1)]  # teams of 16, 32 and 16 CTAs
 
 
 @pytest.mark.parametrize("n, dtype, sums", STAGED_CASES + TEAM_CASES)
@@ -285,14 +302,15 @@ def test_staged_backward_assembles_without_spills(n, dtype, sums):
 def test_teams_only_where_all_their_ctas_fit():
     """A team's CTAs wait for each other, one per SM: on a device with fewer SMs than a team has CTAs (MIG slices
     of 16 or 32 SMs) the backward takes the register kernel (hardware clusters), which cannot wait on absent CTAs."""
-    for n, dtype in [(262144, "bf16"), (131072, "f32"), (262144, "f32")]:
-        team = norm_mod.backward_config(n, dtype, 2)
+    for n, dtype, sums in [(262144, "bf16", 2), (262144, "f32", 2), (262144, "f32", 1)]:  # teams of 32 CTAs
+        team = norm_mod.backward_config(n, dtype, sums)
         assert team.row.team and team.row.cluster > 16
-        assert norm_mod.resident_backward_config(n, dtype, 2, True, 132) is team
-        small = norm_mod.resident_backward_config(n, dtype, 2, True, 16)
-        assert not small.row.team and small == norm_mod.backward_config(n, dtype, 2, False)
+        assert norm_mod.resident_backward_config(n, dtype, sums, True, 132) is team
+        small = norm_mod.resident_backward_config(n, dtype, sums, True, 16)
+        assert not small.row.team and small == norm_mod.backward_config(n, dtype, sums, False)
         assert small.row.cluster_shape is not None and small.row.cluster <= 8
-    assert norm_mod.resident_backward_config(262144, "f32", 2, True, 32).row.team is False  # 64 CTAs per row
+    assert norm_mod.resident_backward_config(262144, "f32", 2, True, 32).row.team is True  # 32 CTAs per row fit
+    assert norm_mod.resident_backward_config(524288, "f32", 2, True, 32).row.team is False  # 64 do not
 
 
 def test_backward_groups():

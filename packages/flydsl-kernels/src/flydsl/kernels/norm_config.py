@@ -99,21 +99,21 @@ _MAX_STAGES = 4  # ring depth by default (the team kernel's: 6)
 
 def _staged_shapes(dtype: str, sums: int) -> list:
     """(threads, chunks, lag, most CTAs per row) the staged kernel uses, in order of preference: measured on the
-    H200 (benchmarks/results/norms_backward_2026-11-30_staged.json, kernel alone) against each other and the
-    register kernel, among the shapes that ptxas -v assembles without spills (the column sums take ``sums * chunks
-    * vec`` registers; checked by the CPU tests). 16-bit rows with one sum: one 1024-thread CTA per row (16384: 3.95
-    TB/s against 3.31), else 512 threads x 4 chunks (32768-131072: 3.15, 3.04, 2.99 against 3.12, 2.50, 2.22);
-    LayerNorm's two sums: 512 x 2, lag 2 (16384-65536: 3.19, 2.92, 2.86 against 3.07, 2.87, 1.64). Float32:
-    LayerNorm 1024 x 2 up to 4 CTAs, then 512 x 4 (16384-65536: 3.64, 3.42, 3.25 against 3.37, 3.25, 3.01); one
-    sum: 1024 x 2 in up to 2 CTAs (16384: 3.71 against 3.62), the register kernel beyond (3.67, 3.53 against 3.49,
-    3.27)."""
+    H200 (kernel alone, ``benchmarks/norms_backward_staged.py``) against each other and the register kernel, among
+    the shapes that ptxas -v assembles without spills (the column sums take ``sums * chunks * vec`` registers;
+    checked by the CPU tests). 16-bit rows with one sum: 1024 threads x 2 chunks in up to 4 CTAs (16384-65536:
+    3.90, 3.50, 3.30 TB/s against 3.35, 3.15 for 512 x 4), then 512 x 4 (131072: 3.07-3.12 against 3.05);
+    LayerNorm's two sums: one 1024 x 2 CTA per row (16384: 3.54 against 3.34; in clusters it measured 2.4-2.6),
+    then 512 x 2, lag 2 (32768, 65536: 2.93, 3.01). Float32: LayerNorm 1024 x 2 up to 4 CTAs, then 512 x 4
+    (16384-65536: 3.54, 3.34, 3.28); one sum: 1024 x 2 in up to 2 CTAs (16384: 3.64), the register kernel beyond
+    (32768, 65536: 3.66, 3.58 against 3.40, 3.06). benchmarks/results/norms_backward_2026-11-30_session18.json."""
     if dtype == "f32":
         if sums == 2:
             return [(1024, 2, 1, 4), (512, 4, 1, 8)]
         return [(1024, 2, 1, 2)]
     if sums == 2:
-        return [(512, 2, 2, 8)]
-    return [(1024, 2, 1, 1), (512, 4, 1, 8)]
+        return [(1024, 2, 1, 1), (512, 2, 2, 8)]
+    return [(1024, 2, 1, 4), (512, 4, 1, 8)]
 
 
 def staged_config(n: int, dtype: str, sums: int) -> BackwardConfig | None:
@@ -158,14 +158,29 @@ def staged_backward_config(
 _MAX_TEAM = 64  # CTAs per row of a team: at least two teams on 132 SMs
 
 
+def _team_shape(dtype: str, sums: int) -> tuple:
+    """(threads, stages, lag) of a team by default: 1024 x 2-chunk CTAs, a 3-row ring, lag 1 (f32 LayerNorm 131072,
+    262144: 3.14, 2.91 TB/s against 2.76, 2.50 for 512 threads, 6 rows, lag 2; RMSNorm bf16 262144 3.03, f32 131072,
+    262144: 3.11, 2.94), except 16-bit LayerNorm, whose two sums spill at 1024 threads (262144: 2.50 against 2.53)."""
+    return (512, 6, 2) if sums == 2 and dtype != "f32" else (1024, 3, 1)
+
+
 @functools.lru_cache(maxsize=1024)
 def team_backward_config(
-    n: int, dtype: str, sums: int, chunks: int = 2, stages: int = 6, threads: int = 512, lag: int = 2
+    n: int,
+    dtype: str,
+    sums: int,
+    chunks: int = 2,
+    stages: int | None = None,
+    threads: int | None = None,
+    lag: int | None = None,
 ) -> BackwardConfig | None:
     """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as
     hold the row (any count, 9 to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial sums through
-    global memory. None when N is not a multiple of 16 bytes or the row needs fewer than 9 or more than
-    :data:`_MAX_TEAM` CTAs."""
+    global memory; ``threads``, ``stages`` and ``lag`` default to :func:`_team_shape`. None when N is not a multiple
+    of 16 bytes or the row needs fewer than 9 or more than :data:`_MAX_TEAM` CTAs."""
+    shape = _team_shape(dtype, sums)
+    threads, stages, lag = threads or shape[0], stages or shape[1], shape[2] if lag is None else lag
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     team = -(-n // (vec * threads * chunks))
     if n % vec or not 8 < team <= _MAX_TEAM or stages * 2 * threads * chunks * 16 > _RING_BYTES:
@@ -194,9 +209,9 @@ def backward_config(n: int, dtype: str, sums: int, staged: bool = True) -> Backw
         return cfg
     if staged:
         ring = staged_config(n, dtype, sums)
-        if ring is None and sums == 2:  # LayerNorm past 8 CTAs per row: a team (through norms_bench, bf16 131072
-            # and 262144: 1.53, 0.83 -> 2.16, 2.11 TB/s; f32: 2.40, 1.33 -> 2.53, 2.10). RMSNorm's register kernel
-            # stays: the team measured 2.20, 2.50, 2.11 against 2.23, 2.77, 2.62 (bf16 262144, f32 131072, 262144).
+        if ring is None:  # past 8 CTAs per row: a team (kernel alone, LayerNorm bf16 131072, 262144: 2.37, 2.53
+            # TB/s against 1.7-2.3 for the register kernel; RMSNorm bf16 262144, f32 131072, 262144: 3.03, 3.11, 2.94
+            # against 2.52, 2.96, 2.71)
             ring = team_backward_config(n, dtype, sums)
         if ring is not None:
             return ring

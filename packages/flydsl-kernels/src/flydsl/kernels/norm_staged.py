@@ -49,6 +49,13 @@ def _row_constants(rc: RowConfig, flags: NormFlags, pos, smem, parity, dots, inv
     return means[0], c2, extra
 
 
+def _pinned(values):
+    """Float32 scalars pinned where they are computed (:func:`flydsl.expr.vector.pin`)."""
+    wide = vector.vector_class(fx.Float32, len(values))
+    held = vector.pin(vector.from_elements(wide.mlir_type(), values))
+    return [held[e] for e in range(len(values))]
+
+
 def _load_vector(view, count: int):
     """``count`` contiguous elements of a view (shared memory) as one vector of its dtype."""
     cls = vector.vector_class(view.dtype, count)
@@ -122,42 +129,54 @@ class _Ring(_RowRing):
         """rstd and mean of ``row`` (:func:`_row_stats`: 0 past the last row)."""
         return _row_stats(self.flags, self.tensors[3], self.tensors[4], row, self.rows)
 
-    def terms(self, slot, j: int, rstd, mu):
-        """``(g = dy * weight, xhat, dy)`` of chunk ``j`` of the row in ``slot``."""
-        rc = self.rc
+    def values(self, slot, j: int, mu):
+        """``(dy, d, weight)`` of chunk ``j`` of the row in ``slot``: ``vec`` Float32 each, ``d = x - mean`` (RMSNorm:
+        ``x``; the mean is subtracted here, before any product, so that rows far from 0 keep their precision);
+        ``weight`` None without one."""
         dys, xs = [self.chunk(slot, t, j) for t in range(2)]
-        xhat = [v * rstd for v in xs] if self.flags.rms else [(v - mu) * rstd for v in xs]
-        g = dys
+        ds = xs if self.flags.rms else [v - mu for v in xs]
+        ws = None
         if fx.const_expr(self.flags.weight):
-            g = [a * w for a, w in zip(dys, load_vector_chunk(rc, self.tensors[2], self.pos, self.n, j), strict=True)]
-        return g, xhat, dys
+            ws = load_vector_chunk(self.rc, self.tensors[2], self.pos, self.n, j)
+        return dys, ds, ws
 
     def first_pass(self, slot, rstd, mu, sums):
         """This thread's ``sum(g * xhat)`` (and ``sum(g)``) of the row in ``slot``, and ``sums`` plus its column
         terms (dweight's ``dy * xhat``, then dbias's ``dy``), chunk by chunk (each chunk's values die before the
-        next is read)."""
+        next is read); written as explicit ``fma``s (the kernel is traced without contraction, and its issue
+        slots are what limits it: ncu, 2026-11-30)."""
         rc = self.rc
         dots = [fx.Float32(0.0)] * (1 if self.flags.rms else 2)
         added = list(sums)
         for j in fx.range_constexpr(rc.chunks):
-            g, xhat, dys = self.terms(slot, j, rstd, mu)
-            dot = thread_reduce([a * h for a, h in zip(g, xhat, strict=True)])
+            dys, ds, ws = self.values(slot, j, mu)
+            dot = fx.Float32(0.0)
+            for e in fx.range_constexpr(rc.vec):
+                xhat = ds[e] * rstd
+                g = dys[e] * ws[e] if ws is not None else dys[e]
+                dot = fx.math.fma(g, xhat, dot)
+                if fx.const_expr(not self.flags.rms):
+                    dots[1] = dots[1] + g
+                if fx.const_expr(self.cfg.sums > 0):
+                    added[j * rc.vec + e] = fx.math.fma(dys[e], xhat, added[j * rc.vec + e])
+                if fx.const_expr(self.cfg.sums > 1):
+                    at = (rc.chunks + j) * rc.vec + e
+                    added[at] = added[at] + dys[e]
             # a chunk past N: its xhat (-mean * rstd) may overflow, and 0 * inf is NaN (its column terms are never
             # stored)
             dots[0] = dots[0] + fx.arith.select(self.cols[j] < self.n, dot, fx.Float32(0.0))
-            if fx.const_expr(not self.flags.rms):
-                dots[1] = dots[1] + thread_reduce(g)
-            for e in fx.range_constexpr(rc.vec if self.cfg.sums > 0 else 0):
-                added[j * rc.vec + e] = added[j * rc.vec + e] + dys[e] * xhat[e]
-            for e in fx.range_constexpr(rc.vec if self.cfg.sums > 1 else 0):
-                at = (rc.chunks + j) * rc.vec + e
-                added[at] = added[at] + dys[e]
+            for s in fx.range_constexpr(self.cfg.sums):  # updated here: LLVM would sink them to the loop's end,
+                at = (s * rc.chunks + j) * rc.vec  # keeping every chunk's dy and xhat live until there (spills)
+                added[at : at + rc.vec] = _pinned(added[at : at + rc.vec])
         return dots, added
 
     def store_dx(self, row, slot, rstd, mu, c1, c2) -> None:
+        k = rstd * c1  # xhat * c1 = d * (rstd * c1)
+
         def chunk(j):
-            g, xhat, _ = self.terms(slot, j, rstd, mu)
-            return _dx(rstd, g, xhat, c1, c2)
+            dys, ds, ws = self.values(slot, j, mu)
+            g = [a * w for a, w in zip(dys, ws, strict=True)] if ws is not None else dys
+            return _dx(rstd, g, ds, k, c2)
 
         store_row(self.rc, self.tensors[5], _row_at(self.pos, row), self.n, self.rows, chunk)
 
@@ -408,35 +427,40 @@ def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
     rstd, mu = ring.stats(group)
     queue = [fx.Float32(0.0)] * (2 * lag)  # (rstd, mean) of rows k - lag .. k - 1
     k = fx.Int32(0)
-    parity = fx.Int32(0)
+    slot = fx.Int32(0)  # k % stages
     for grp in range(group, row_groups + lag * groups, groups):  # lag more steps: the last rows' dx
-        slot = k % stages
-        next_rstd, next_mu = ring.stats(grp + groups)
+        next_rstd, next_mu = ring.stats(grp + groups)  # in flight during this row
         fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
+        parity = k % 2
         dots, sums = ring.first_pass(slot, rstd, mu, sums)
         part = row_reduce(block, pos, smem, parity, dots)
         if fx.const_expr(values == 1):
             part = part + [fx.Float32(0.0)]
         if grp < row_groups:
             _exchange_push(share, k, grp, part)
+        pending = queue + [rstd, mu]  # (rstd, mean) of rows k - lag .. k
         done = k - lag
+        # row k - lag's slot, where row k + ahead + 1 goes once its dx is written (ahead + 1 + lag = stages)
+        freed = fx.arith.select(slot >= lag, slot - lag, slot + (stages - lag))
         if done >= 0:  # dx of row k - lag, from its pairs
             total = _exchange_sums(share, done, grp - lag * groups, parity)
             c2 = fx.Float32(0.0)
             if fx.const_expr(not flags.rms):
                 c2 = total[1] * inv_n
-            ring.store_dx(grp - lag * groups, done % stages, queue[0], queue[1], total[0] * inv_n, c2)
-        # the slot of row k - lag is free (its dx is written): row k + ahead + 1 goes there
-        ring.issue(grp + (ahead + 1) * groups, (k + ahead + 1) % stages)
-        queue = queue[2:] + [rstd, mu]
+            ring.store_dx(grp - lag * groups, freed, pending[0], pending[1], total[0] * inv_n, c2)
+        ring.issue(grp + (ahead + 1) * groups, freed)
+        if fx.const_expr(lag > 0):
+            queue = pending[2:]
         rstd, mu = next_rstd, next_mu
         k = k + 1
-        parity = 1 - parity
+        slot = fx.arith.select(slot + 1 >= stages, slot + 1 - stages, slot + 1)
     ring.write_sums(partial_row, sums)
 
 
-def _dx(rstd, g, xhat, c1, c2):
-    return [rstd * (a - h * c1 - c2) for a, h in zip(g, xhat, strict=True)]
+def _dx(rstd, g, h, k, c2):
+    """``dx = rstd * (g - xhat * c1 - c2)`` as ``rstd * fma(-h, k, g - c2)``: ``h = xhat, k = c1``, or ``h = x -
+    mean, k = rstd * c1``. ``g - c2`` first: where ``xhat`` is 0 (N = 1) dx is then exactly 0."""
+    return [rstd * fx.math.fma(-v, k, a - c2) for a, v in zip(g, h, strict=True)]
 
 
 def _round(values, dtype):
