@@ -89,8 +89,8 @@ def _label(spec) -> str:
 
 def _explicit_config(norm, n, dtype, sums, spec):
     team, threads, chunks, stages, lag = spec
-    if team:
-        return norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag)
+    if team:  # any team size from 2 (the routed teams start at 9 CTAs)
+        return norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, smallest=2)
     return norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag)
 
 

@@ -121,7 +121,8 @@ def backward_kernel_launcher(torch, norm, tensors, cfg, groups: int, rms: bool =
     def run():
         if rc.team:
             exchange.zero_()
-        norm.norm_backward_kernel(dy, x, w, mean, rstd, dx, partials, exchange, cfg, flags).launch(
+        rows = norm.backward_rows(cfg, x)
+        norm.norm_backward_kernel(dy, rows, w, mean, rstd, dx, partials, exchange, cfg, flags).launch(
             grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
         )
 

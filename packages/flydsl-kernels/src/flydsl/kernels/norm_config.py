@@ -174,16 +174,18 @@ def team_backward_config(
     stages: int | None = None,
     threads: int | None = None,
     lag: int | None = None,
+    smallest: int = 9,
 ) -> BackwardConfig | None:
     """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as
-    hold the row (any count, 9 to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial sums through
-    global memory; ``threads``, ``stages`` and ``lag`` default to :func:`_team_shape`. None when N is not a multiple
-    of 16 bytes or the row needs fewer than 9 or more than :data:`_MAX_TEAM` CTAs."""
+    hold the row (any count, ``smallest`` to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial
+    sums through global memory; ``threads``, ``stages`` and ``lag`` default to :func:`_team_shape`. None when N is
+    not a multiple of 16 bytes or the row needs fewer than ``smallest`` (>= 2) or more than :data:`_MAX_TEAM`
+    CTAs."""
     shape = _team_shape(dtype, sums)
     threads, stages, lag = threads or shape[0], stages or shape[1], shape[2] if lag is None else lag
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     team = -(-n // (vec * threads * chunks))
-    if n % vec or not 8 < team <= _MAX_TEAM or stages * 2 * threads * chunks * 16 > _RING_BYTES:
+    if n % vec or not max(2, smallest) <= team <= _MAX_TEAM or stages * 2 * threads * chunks * 16 > _RING_BYTES:
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, team, True, team=True)
     return BackwardConfig(layout, chunks, sums, False, 1, stages, lag)

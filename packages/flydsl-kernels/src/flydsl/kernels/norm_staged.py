@@ -49,6 +49,11 @@ def _row_constants(rc: RowConfig, flags: NormFlags, pos, smem, parity, dots, inv
     return means[0], c2, extra
 
 
+def _inverse_n(n):
+    """``1 / n`` as Float32: a constant where the row length is compiled in (``flyc.mark_static``: no register)."""
+    return fx.Float32(1.0 / n) if isinstance(n, int) else 1.0 / n.to(fx.Float32)
+
+
 def _pinned(values):
     """Float32 scalars pinned where they are computed (:func:`flydsl.expr.vector.pin`)."""
     wide = vector.vector_class(fx.Float32, len(values))
@@ -202,7 +207,7 @@ def _rows_staged(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
         return
     rc = cfg.row
     stages = cfg.stages
-    inv_n = 1.0 / n.to(fx.Float32)
+    inv_n = _inverse_n(n)
     ring = _Ring(cfg, flags, tensors, pos, n, rows)
     for k in fx.range_constexpr(stages - 1):
         ring.issue(group + k * groups, fx.Int32(k))
@@ -417,7 +422,7 @@ def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
     stages, lag = cfg.stages, cfg.lag
     ahead = stages - 1 - lag
     values = 1 if flags.rms else 2
-    inv_n = 1.0 / n.to(fx.Float32)
+    inv_n = _inverse_n(n)
     ring = _Ring(cfg, flags, tensors, pos, n, rows)
     share = _exchange_setup(cfg, pos, exchange, inbox_slots(lag))
     block = dataclasses.replace(rc, cluster=1, team=False)  # the CTA's part of the reduction
