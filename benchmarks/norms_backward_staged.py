@@ -167,6 +167,9 @@ def _explicit(torch, norm, sms, args, specs) -> list:
                     else:
                         tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms)
                         line += f" | {label} {shape} {tbps:.2f}"
+                        if args.static_n:  # the same with N compiled in
+                            tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms, True)
+                            line += f" static-N {tbps:.2f}"
                 print(line, flush=True)
                 lines.append(line)
             if not args.profile:
@@ -188,6 +191,7 @@ def main() -> int:
     parser.add_argument("--kinds", default="ln,rms", help="with --configs: ln, rms or both")
     parser.add_argument("--configs", help="[team:]THREADS:CHUNKS:STAGES:LAG,... timed against the default config")
     parser.add_argument("--profile", action="store_true", help="with --configs: one launch each, for ncu")
+    parser.add_argument("--static-n", action="store_true", help="with --configs: also time N compiled in")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if (args.profile or args.kinds != "ln,rms") and not args.configs:

@@ -109,9 +109,12 @@ SWEEP = {
 }
 
 
-def backward_kernel_launcher(torch, norm, tensors, cfg, groups: int, rms: bool = False):
+def backward_kernel_launcher(torch, norm, tensors, cfg, groups: int, rms: bool = False, static_n: bool = False):
     """A callable launching the norm backward kernel alone (LayerNorm, or RMSNorm with ``rms``) with ``cfg`` on
-    ``groups`` CTA groups (a team's exchange zeroed before each launch, as ``backward()`` does)."""
+    ``groups`` CTA groups (a team's exchange zeroed before each launch, as ``backward()`` does); ``static_n``: the
+    row length compiled in (``flyc.mark_static``; ``backward()`` leaves it a launch argument)."""
+    import flydsl.compiler as flyc
+
     dy, x, w, mean, rstd, dx = tensors
     rc = cfg.row
     partials = torch.empty(groups, max(1, cfg.sums) * x.shape[1], device="cuda")
@@ -121,7 +124,7 @@ def backward_kernel_launcher(torch, norm, tensors, cfg, groups: int, rms: bool =
     def run():
         if rc.team:
             exchange.zero_()
-        rows = norm.backward_rows(cfg, x)
+        rows = flyc.mark_static(x, dims=(1,)) if static_n else x
         norm.norm_backward_kernel(dy, rows, w, mean, rstd, dx, partials, exchange, cfg, flags).launch(
             grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
         )
@@ -129,12 +132,14 @@ def backward_kernel_launcher(torch, norm, tensors, cfg, groups: int, rms: bool =
     return run
 
 
-def backward_kernel_tbps(torch, norm, tensors, cfg, groups: int, reps: int, rms: bool = False) -> float:
+def backward_kernel_tbps(
+    torch, norm, tensors, cfg, groups: int, reps: int, rms: bool = False, static_n: bool = False
+) -> float:
     """:func:`backward_kernel_launcher` timed: TB/s = 3 * M * N * e / time."""
     from flydsl.kernels.bench import median_ms
 
     x = tensors[1]
-    run = backward_kernel_launcher(torch, norm, tensors, cfg, groups, rms)
+    run = backward_kernel_launcher(torch, norm, tensors, cfg, groups, rms, static_n)
     return 3 * x.numel() * x.element_size() / median_ms(run, reps) / 1e9
 
 

@@ -263,7 +263,6 @@ def test_backward_configs():
 # The staged kernel's shapes at the longest row each takes (8 CTAs per row), and one CTA per row.
 STAGED_CASES = [
     (16384, "bf16", 2),
-    (32768, "bf16", 2),
     (65536, "bf16", 2),
     (65536, "bf16", 1),
     (131072, "bf16", 1),
@@ -282,9 +281,8 @@ def test_staged_backward_assembles_without_spills(n, dtype, sums):
     stats = flyc.TensorSpec((8,), "f32")
     flags = norm_mod.NormFlags(sums == 1, weight=sums > 0, bias=sums > 1)
     partial = flyc.TensorSpec((16, max(1, sums) * n), "f32")
-    x = norm_mod.backward_rows(cfg, rows)  # N compiled in, as backward() launches it
     module = norm_mod.norm_backward_kernel.lower(
-        rows, x, flyc.TensorSpec((n,), dtype), stats, stats, rows, partial, exchange_spec(cfg), cfg, flags
+        rows, rows, flyc.TensorSpec((n,), dtype), stats, stats, rows, partial, exchange_spec(cfg), cfg, flags
     )
     ptx = assembled(module)
     ahead = cfg.stages - 1 - (cfg.lag if cfg.row.cluster > 1 else 0)  # rows in flight past the one it waits for

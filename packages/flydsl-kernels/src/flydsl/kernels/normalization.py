@@ -93,7 +93,6 @@ from flydsl.kernels.reduction import (
 
 __all__ = [
     "NormFlags",
-    "backward_rows",
     "BackwardConfig",
     "backward_config",
     "make_backward_config",
@@ -618,13 +617,6 @@ def _aligned16(*tensors) -> bool:
     return True
 
 
-def backward_rows(cfg: BackwardConfig, x):
-    """The backward kernel's ``x`` argument: for the staged kernel, with the row length compiled in (one compile per
-    N; ``1 / N`` and the column bounds become constants, which keeps LayerNorm's clusters of 1024-thread CTAs from
-    spilling registers in their row loop)."""
-    return flyc.mark_static(x, dims=(1,)) if cfg.staged else x
-
-
 def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
     rows, n = x.shape
     if rows == 0 or n == 0:
@@ -646,8 +638,7 @@ def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
         exchange = _team_exchange(cfg, x, rows, "backward row sums")
     mean_obj = mean.obj if mean is not None else rstd.obj
     w_obj = weight.obj if weight is not None else placeholder
-    x_arg = backward_rows(cfg, x.obj)
-    norm_backward_kernel(dy.obj, x_arg, w_obj, mean_obj, rstd.obj, dx.obj, partial, exchange, cfg, flags).launch(
+    norm_backward_kernel(dy.obj, x.obj, w_obj, mean_obj, rstd.obj, dx.obj, partial, exchange, cfg, flags).launch(
         grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
     )
     if sums:
