@@ -74,13 +74,16 @@ def _asm(result_type, operands, text: str, constraints: str, side_effects: bool 
 # --- special functions ------------------------------------------------------------------------------------------
 
 
-def ex2_approx(x) -> Float32:
-    """``2 ** x`` by ``ex2.approx.f32`` (max 2 ulp error; subnormal inputs kept, no ``.ftz``). An LLVM intrinsic:
-    MLIR 22's nvvm dialect has no op for it.
+def ex2_approx(x, ftz: bool = False) -> Float32:
+    """``2 ** x`` by ``ex2.approx.f32`` (max 2 ulp error; subnormal inputs kept, no ``.ftz``): an LLVM intrinsic
+    (MLIR 22's nvvm dialect has no op for it), which ptxas widens with a range check and two multiplies around the
+    MUFU. ``ftz=True``: ``ex2.approx.ftz.f32``, one instruction, subnormal inputs and results flushed to 0 (results
+    below 2^-126: e.g. softmax terms 87 below the row's maximum).
 
     PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#floating-point-instructions-ex2"""
     x = _float32(x)
-    return Float32(_llvm.call_intrinsic(Float32.mlir_type(), "llvm.nvvm.ex2.approx.f32", [x.value], [], []))
+    name = "llvm.nvvm.ex2.approx.ftz.f" if ftz else "llvm.nvvm.ex2.approx.f32"
+    return Float32(_llvm.call_intrinsic(Float32.mlir_type(), name, [x.value], [], []))
 
 
 def rcp_approx(x, ftz: bool = True) -> Float32:

@@ -400,7 +400,7 @@ def _team_combine(flags, rc: RowConfig, n, inv_n, lane, ok, first, second):
     zero = fx.Float32(0.0)
     if fx.const_expr(isinstance(flags, SoftmaxFlags)):
         top = gpu.warp_reduce(fx.arith.select(ok, first, fx.Float32(float("-inf"))), "max", width=32)
-        term = second * nvvm.ex2_approx(first * _LOG2E - top * _LOG2E)
+        term = second * nvvm.ex2_approx(first * _LOG2E - top * _LOG2E, ftz=True)
         return top, gpu.warp_reduce(fx.arith.select(ok, term, zero), "add", width=32)
     if fx.const_expr(flags.rms):
         return zero, gpu.warp_reduce(fx.arith.select(ok, first, zero), "add", width=32)
@@ -543,7 +543,7 @@ class _ForwardRows:
         def chunk(j):
             if fx.const_expr(held is not None and held[j] is not None):
                 return [e * factor for e in held[j]]
-            return [nvvm.ex2_approx(v * _LOG2E - shift) * scale for v in self.values(slot, j)]
+            return [nvvm.ex2_approx(v * _LOG2E - shift, ftz=True) * scale for v in self.values(slot, j)]
 
         store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
 
@@ -723,7 +723,7 @@ def _finish(work, flags, pos, slot, row, rows, a, b, inv_n, eps, mean_out, rstd_
         if fx.const_expr(held is not None):  # exp(x - m) * exp(m - top) / sum, 0 for a part all -inf (its exps are
             # 0 and m is -inf), NaN for a row all -inf (b = 0), as the path without held values
             low = fx.Float32(float("-inf"))
-            rescale = fx.arith.select(part[0] > low, nvvm.ex2_approx((part[0] - a) * _LOG2E), fx.Float32(0.0))
+            rescale = fx.arith.select(part[0] > low, nvvm.ex2_approx((part[0] - a) * _LOG2E, ftz=True), fx.Float32(0.0))
             factor = rescale * (1.0 / b)
         work.store_softmax(slot, row, a, 1.0 / b, held, factor)
         return
@@ -762,7 +762,7 @@ def _softmax_partial(work, slot, block, smem):
     total = fx.Float32(0.0)
     exps = []
     for j in fx.range_constexpr(rc.chunks):
-        es = [nvvm.ex2_approx(v * _LOG2E - shift) for v in values(j)]
+        es = [nvvm.ex2_approx(v * _LOG2E - shift, ftz=True) for v in values(j)]
         exps.append(es)
         total = total + thread_reduce([fx.arith.select(work.inside[j], e, fx.Float32(0.0)) for e in es])
     kept = [es if held[j] is not None else None for j, es in enumerate(exps)] if held is not None else None
@@ -780,5 +780,5 @@ def _softmax_combine(share, old):
     shift = top * _LOG2E
     total = fx.Float32(0.0)
     for r in fx.range_constexpr(size):
-        total = total + pairs[r][1] * nvvm.ex2_approx(pairs[r][0] * _LOG2E - shift)
+        total = total + pairs[r][1] * nvvm.ex2_approx(pairs[r][0] * _LOG2E - shift, ftz=True)
     return top, total

@@ -40,7 +40,7 @@ def softmax_forward_kernel(x: fx.Tensor, out: fx.Tensor, cfg: fx.Constexpr[RowCo
     xs, _ = load_row(cfg, x, pos, n, rows, fill=float("-inf"))  # -inf: neutral for max, exp gives 0
     row_max = row_reduce(cfg, pos, smem, 0, thread_reduce(xs, "max"), "max")
     shift = row_max * _LOG2E
-    es = [nvvm.ex2_approx(v * _LOG2E - shift) for v in xs]
+    es = [nvvm.ex2_approx(v * _LOG2E - shift, ftz=True) for v in xs]
     total = row_reduce(cfg, pos, smem, 1, thread_reduce(es), "add", last=True)
     scale = 1.0 / total
     store_row(cfg, out, pos, n, rows, [e * scale for e in es])
