@@ -17,13 +17,14 @@ from .fakes import FakeGpuTensor
 
 @flyc.kernel
 def special_functions(x: fx.Tensor, out: fx.Tensor):
-    """out rows: ex2.approx(x), rcp.approx.ftz(x), rcp.approx(x)."""
+    """out rows: ex2.approx(x), rcp.approx.ftz(x), rcp.approx(x), ex2.approx.ftz(x)."""
     t = gpu.block_idx.x * gpu.block_dim.x + gpu.thread_idx.x
     n = gpu.grid_dim.x * gpu.block_dim.x
     v = x[t]
     out[t] = nvvm.ex2_approx(v)
     out[n + t] = nvvm.rcp_approx(v)
     out[2 * n + t] = nvvm.rcp_approx(v, ftz=False)
+    out[3 * n + t] = nvvm.ex2_approx(v, ftz=True)
 
 
 @flyc.kernel
@@ -142,8 +143,8 @@ def _ptx(kernel, *args) -> str:
 
 
 def test_special_functions_compile_to_approximate_instructions():
-    ptx = _ptx(special_functions, _fake((256,)), _fake((768,), k=1))
-    assert "ex2.approx.f32" in ptx
+    ptx = _ptx(special_functions, _fake((256,)), _fake((1024,), k=1))
+    assert "ex2.approx.f32" in ptx and "ex2.approx.ftz.f32" in ptx
     assert "rcp.approx.ftz.f32" in ptx and "rcp.approx.f32" in ptx
 
 
@@ -257,14 +258,17 @@ def test_misuse_is_reported_at_trace_time():
 @pytest.mark.gpu
 def test_special_functions_are_within_their_ulp_bounds():
     torch = pytest.importorskip("torch")
-    x = torch.cat([torch.linspace(-20, 20, 1000), torch.tensor([0.5, 1.0, 3.0, -7.25] * 6)]).cuda()
+    x = torch.cat([torch.linspace(-20, 20, 1000), torch.tensor([0.5, 1.0, 3.0, -7.25, -130.0, -149.5] * 4)]).cuda()
     n = x.numel()  # 1024: 4 blocks of 256
-    out = torch.full((3 * n,), float("nan"), device="cuda")
+    out = torch.full((4 * n,), float("nan"), device="cuda")
     special_functions(x, out).launch(grid=4, block=256)
     torch.cuda.synchronize()
     host = x.cpu().double()
-    ex2, rcp_ftz, rcp = out.cpu().double().view(3, n)
-    torch.testing.assert_close(ex2, torch.exp2(host), rtol=2.5e-7, atol=0)  # 2 ulp of float32
+    ex2, rcp_ftz, rcp, ex2_ftz = out.cpu().double().view(4, n)
+    torch.testing.assert_close(ex2, torch.exp2(host), rtol=2.5e-7, atol=1e-45)  # 2 ulp of float32 (subnormals kept)
+    normal = host > -126  # 2^x below 2^-126 (x = -130, -149.5) is subnormal: flushed to 0 with ftz
+    torch.testing.assert_close(ex2_ftz[normal], torch.exp2(host[normal]), rtol=2.5e-7, atol=0)
+    assert (ex2_ftz[~normal] == 0).all()
     nonzero = host != 0
     torch.testing.assert_close(rcp_ftz[nonzero], 1 / host[nonzero], rtol=1.3e-7, atol=0)  # 1 ulp
     torch.testing.assert_close(rcp[nonzero], 1 / host[nonzero], rtol=1.3e-7, atol=0)

@@ -392,7 +392,7 @@ def test_staged_softmax_assembles_without_spills(n, dtype):
     ptx = assembled(staged.softmax_forward_staged_kernel.lower(rows, rows, rows, cfg))
     ahead = cfg.stages - 1 - cfg.lag
     assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group \t{ahead};" in ptx
-    assert "ex2.approx.f32" in ptx and "st.global.v4.b32" in ptx and ptx.count("bar.sync") == 2
+    assert "ex2.approx.ftz.f32" in ptx and "st.global.v4.b32" in ptx and ptx.count("bar.sync") == 2
     pushed = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in ptx
     assert pushed == (cfg.row.cluster > 1) and ptx.count("barrier.cluster.wait") == (2 if pushed else 0)
     assert _shift_guarded_against_minus_inf(ptx), "a CTA's part all -inf would push (-inf, NaN): the row turns NaN"
@@ -400,7 +400,7 @@ def test_staged_softmax_assembles_without_spills(n, dtype):
     # per rank of the cluster to combine the pairs.
     values, held = cfg.row.chunks * cfg.row.vec, cfg.hold * cfg.row.vec
     combine = cfg.row.cluster if cfg.row.cluster > 1 else 0
-    assert ptx.count("ex2.approx.f32") == held + (1 if held else 0) + 2 * (values - held) + combine
+    assert ptx.count("ex2.approx.ftz.f32") == held + (1 if held else 0) + 2 * (values - held) + combine
     if flyc.find_ptxas() is not None:
         assert spill_bytes(ptx) == 0, (n, dtype, cfg)
     assert staged.softmax_staged_config(16384, dtype) is None and staged.softmax_staged_config(n + 1, dtype) is None
