@@ -78,6 +78,8 @@ def _parse_configs(text: str, error) -> list:
             threads, chunks, stages, lag = (int(v) for v in parts[1 if team else 0 :])
         except ValueError:
             error(f"--configs: expected [team:]THREADS:CHUNKS:STAGES:LAG, got {item!r}")
+        if min(threads, chunks, stages) < 1 or lag < 0:
+            error(f"--configs: THREADS, CHUNKS and STAGES must be positive and LAG >= 0, got {item!r}")
         out.append((team, threads, chunks, stages, lag))
     return out
 
@@ -167,7 +169,7 @@ def _explicit(torch, norm, sms, args, specs) -> list:
                     else:
                         tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms)
                         line += f" | {label} {shape} {tbps:.2f}"
-                        if args.static_n:  # the same with N compiled in
+                        if args.static_n and cfg.staged:  # the same with N compiled in
                             tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms, True)
                             line += f" static-N {tbps:.2f}"
                 print(line, flush=True)
@@ -194,8 +196,12 @@ def main() -> int:
     parser.add_argument("--static-n", action="store_true", help="with --configs: also time N compiled in")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    if (args.profile or args.kinds != "ln,rms") and not args.configs:
-        parser.error("--profile and --kinds go with --configs")
+    if (args.profile or args.static_n or args.kinds != "ln,rms") and not args.configs:
+        parser.error("--profile, --static-n and --kinds go with --configs")
+    if args.profile and args.static_n:
+        parser.error("--static-n times; --profile does not")
+    if not set(args.kinds.split(",")) <= {"ln", "rms"}:
+        parser.error(f"--kinds: expected ln, rms or both, got {args.kinds!r}")
 
     import torch
 

@@ -112,7 +112,7 @@ SWEEP = {
 def backward_kernel_launcher(torch, norm, tensors, cfg, groups: int, rms: bool = False, static_n: bool = False):
     """A callable launching the norm backward kernel alone (LayerNorm, or RMSNorm with ``rms``) with ``cfg`` on
     ``groups`` CTA groups (a team's exchange zeroed before each launch, as ``backward()`` does); ``static_n``: the
-    row length compiled in (``flyc.mark_static``; ``backward()`` leaves it a launch argument)."""
+    staged kernel's row length compiled in (``flyc.mark_static``; ``backward()`` leaves it a launch argument)."""
     import flydsl.compiler as flyc
 
     dy, x, w, mean, rstd, dx = tensors
@@ -124,7 +124,7 @@ def backward_kernel_launcher(torch, norm, tensors, cfg, groups: int, rms: bool =
     def run():
         if rc.team:
             exchange.zero_()
-        rows = flyc.mark_static(x, dims=(1,)) if static_n else x
+        rows = flyc.mark_static(x, dims=(1,)) if static_n and cfg.staged else x
         norm.norm_backward_kernel(dy, rows, w, mean, rstd, dx, partials, exchange, cfg, flags).launch(
             grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
         )

@@ -219,7 +219,7 @@ def test_backward_configs():
     cfg = norm_mod.backward_config(32768, "bf16", 2)
     assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages) == (True, 4, 512, 2, 4)
     cfg = norm_mod.backward_config(131072, "bf16", 1)
-    assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages) == (True, 8, 512, 4, 3)
+    assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages) == (True, 8, 1024, 2, 3)
     assert not norm_mod.backward_config(65538, "bf16", 1).staged  # N not a multiple of 16 bytes
     assert norm_mod.staged_config(131072, "f32", 1) is None  # 16 CTAs per row: not a cluster (a team)
     cfg = norm_mod.backward_config(131072, "bf16", 2, staged=False)
@@ -263,6 +263,7 @@ def test_backward_configs():
 # The staged kernel's shapes at the longest row each takes (8 CTAs per row), and one CTA per row.
 STAGED_CASES = [
     (16384, "bf16", 2),
+    (131072, "f16", "layer_w"),  # LayerNorm with a weight and no bias: one column sum
     (65536, "bf16", 2),
     (65536, "bf16", 1),
     (131072, "bf16", 1),
@@ -274,12 +275,15 @@ TEAM_CASES = [(131072, "bf16", 2), (262144, "f32", 2), (262144, "bf16", 1)]  # t
 
 @pytest.mark.parametrize("n, dtype, sums", STAGED_CASES + TEAM_CASES)
 def test_staged_backward_assembles_without_spills(n, dtype, sums):
+    if sums == "layer_w":
+        sums, flags = 1, norm_mod.NormFlags(False, weight=True)
+    else:
+        flags = norm_mod.NormFlags(sums == 1, weight=sums > 0, bias=sums > 1)
     cfg = norm_mod.backward_config(n, dtype, sums)
     assert cfg is not None and cfg.staged and cfg.row.capacity >= n
     assert cfg.ring_bytes <= 200 * 1024 and cfg.stages >= 2
     rows = flyc.TensorSpec((8, n), dtype)
     stats = flyc.TensorSpec((8,), "f32")
-    flags = norm_mod.NormFlags(sums == 1, weight=sums > 0, bias=sums > 1)
     partial = flyc.TensorSpec((16, max(1, sums) * n), "f32")
     module = norm_mod.norm_backward_kernel.lower(
         rows, rows, flyc.TensorSpec((n,), dtype), stats, stats, rows, partial, exchange_spec(cfg), cfg, flags
@@ -363,6 +367,32 @@ def test_backward_scratch_needs_torch_or_cupy(monkeypatch):
         TypeError, match="dweight/dbias partial sums: this kernel's scratch memory .* pass torch or cupy"
     ):
         norms.layer_norm_backward(x, x, w, stats, stats, dx=fake(), dweight=fake((64,)), dbias=fake((64,)))
+
+
+def test_backward_team_needs_an_allocating_framework(monkeypatch):
+    """A backward without weight keeps no column sums (nothing to allocate) but past 8 CTAs per row runs as a team,
+    whose exchange tensor comes from the input's framework: arrays of other frameworks (these fakes) take the
+    register kernel instead, before any launch, rather than fail for scratch memory they cannot pass."""
+    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 132)
+    taken = []
+
+    class Launch:
+        def __init__(self, *args):
+            self.cfg = args[-2]
+
+        def launch(self, **kwargs):
+            taken.append(self.cfg)
+
+    monkeypatch.setattr(norm_mod, "norm_backward_kernel", Launch)
+    x, stats = fake((2, 262144)), fake((2,))
+    team = norm_mod.backward_config(262144, "f32", 0)
+    assert team.row.team
+    norms.rms_norm_backward(x, x, None, stats, dx=fake((2, 262144)))
+    assert taken[-1] == norm_mod.backward_config(262144, "f32", 0, False) and not taken[-1].row.team
+    monkeypatch.setattr(norm_mod, "can_allocate", lambda like: True)
+    monkeypatch.setattr(norm_mod, "_team_exchange", lambda cfg, like, rows, what: like.obj)
+    norms.rms_norm_backward(x, x, None, stats, dx=fake((2, 262144)))
+    assert taken[-1] == team
 
 
 def _inbox_schedule(size: int, rows: int, lag: int, slots: int, seed: int) -> str | None:

@@ -219,8 +219,10 @@ def test_rms_norm_backward(n, dtype, rows=None):
     dy = _input(rows, n, dtype)
     _, rstd = norms.rms_norm(x, w, 1e-6, return_stats=True)
     _check_rms_norm_backward(dy, x, w, rstd, rows)
-    dx2, dw2 = norms.rms_norm_backward(dy, x, None, rstd)
+    dx2, dw2 = norms.rms_norm_backward(dy, x, None, rstd, dx=_poison(x))  # no weight: no column sums (sums = 0)
     assert dw2 is None
+    r, xd = rstd.double()[:, None], x.double()
+    _close(dx2, r * dy.double() - xd * r**3 * (dy.double() * xd).mean(-1, keepdim=True), what="dx without weight")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -250,8 +252,9 @@ def test_norm_backward_staged_many_rows(n, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [131072, 262144])
 def test_norm_backward_team(n, dtype):
-    """LayerNorm's rows split over a team of 16-64 CTAs that share their sums through global memory: more rows than
-    teams (the ring wraps around, each row's tagged pairs are polled); RMSNorm at the same N (register kernel)."""
+    """Rows split over a team of 16-32 CTAs that share their sums through global memory (LayerNorm and RMSNorm, with
+    and without weight; RMSNorm bf16 131072 is an 8-CTA cluster): more rows than teams (the ring wraps around, each
+    row's tagged pairs are polled)."""
     test_layer_norm_backward(n, dtype, rows=45)
     test_rms_norm_backward(n, dtype, rows=45)
 

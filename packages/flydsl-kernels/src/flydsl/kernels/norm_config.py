@@ -94,15 +94,16 @@ _SMEM_BYTES = 200 * 1024  # shared memory per SM the column sums may take (of 22
 
 _STAGED_THREADS = 1024  # the staged kernel's CTA: one per SM (its ring takes most of the shared memory)
 _RING_BYTES = 200 * 1024  # shared memory the ring may take
-_MAX_STAGES = 4  # ring depth by default (the team kernel's: 6)
+_MAX_STAGES = 4  # ring depth by default (a team's: _team_shape)
 
 
 def _staged_shapes(dtype: str, sums: int) -> list:
     """(threads, chunks, lag, most CTAs per row) the staged kernel uses, in order of preference: measured on the
     H200 (kernel alone, ``benchmarks/norms_backward_staged.py``) against each other and the register kernel, among
     the shapes that ptxas -v assembles without spills (the column sums take ``sums * chunks * vec`` registers;
-    checked by the CPU tests). 16-bit rows with one sum: 1024 threads x 2 chunks in up to 4 CTAs (16384-65536:
-    3.90, 3.50, 3.30 TB/s against 3.35, 3.15 for 512 x 4), then 512 x 4 (131072: 3.07-3.12 against 3.05);
+    checked by the CPU tests). 16-bit rows with one sum: 1024 threads x 2 chunks in up to 8 CTAs (16384-65536:
+    3.90, 3.50, 3.30 TB/s against 3.35, 3.15 for 512 x 4; 131072: 2.99-3.05 against 3.03-3.12, within noise, and
+    512 x 4 spills 16 bytes for LayerNorm with a weight and no bias);
     LayerNorm's two sums: one 1024 x 2 CTA per row (16384: 3.54 against 3.34; in clusters it measured 2.4-2.6),
     then 512 x 2, lag 2 (32768, 65536: 2.93, 3.01). Float32: LayerNorm 1024 x 2 up to 4 CTAs, then 512 x 4
     (16384-65536: 3.54, 3.34, 3.28); one sum: 1024 x 2 in up to 2 CTAs (16384: 3.64), the register kernel beyond
@@ -113,7 +114,7 @@ def _staged_shapes(dtype: str, sums: int) -> list:
         return [(1024, 2, 1, 2)]
     if sums == 2:
         return [(1024, 2, 1, 1), (512, 2, 2, 8)]
-    return [(1024, 2, 1, 4), (512, 4, 1, 8)]
+    return [(1024, 2, 1, 8)]
 
 
 def staged_config(n: int, dtype: str, sums: int) -> BackwardConfig | None:
@@ -179,13 +180,15 @@ def team_backward_config(
     """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as
     hold the row (any count, ``smallest`` to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial
     sums through global memory; ``threads``, ``stages`` and ``lag`` default to :func:`_team_shape`. None when N is
-    not a multiple of 16 bytes or the row needs fewer than ``smallest`` (>= 2) or more than :data:`_MAX_TEAM`
-    CTAs."""
+    not a multiple of 16 bytes, the row needs fewer than ``smallest`` (>= 2) or more than :data:`_MAX_TEAM` CTAs,
+    or the ring is too small for the lag (``stages < lag + 2``)."""
     shape = _team_shape(dtype, sums)
     threads, stages, lag = threads or shape[0], stages or shape[1], shape[2] if lag is None else lag
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     team = -(-n // (vec * threads * chunks))
     if n % vec or not max(2, smallest) <= team <= _MAX_TEAM or stages * 2 * threads * chunks * 16 > _RING_BYTES:
+        return None
+    if stages < lag + 2:  # the ring holds rows k - lag .. k + 1 at least
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, team, True, team=True)
     return BackwardConfig(layout, chunks, sums, False, 1, stages, lag)

@@ -18,8 +18,8 @@ Long rows (16-bit N >= 16384, float32 N >= 16384; N a multiple of 16 bytes, rows
 kernel instead: each thread copies its chunks of dy and x rows ahead into a shared-memory ring (``cp.async``), so
 that enough bytes are in flight without registers, and keeps its column sums in registers. A row split over CTAs
 no longer waits at a cluster barrier per row: the CTAs push their partial sums to each other (a cluster: ``st.async``
-into the peers' shared memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: global memory + release/acquire
-counters) and write dx ``lag`` rows later. See :func:`_rows_staged`, :func:`_rows_pushed`.
+into the peers' shared memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: tagged pairs in global memory, no
+fence) and write dx ``lag`` rows later. See :func:`_rows_staged`, :func:`_rows_pushed`.
 
 The forward of long rows (N >= 32768; f32: softmax and the fused add from 65536; at most 32 CTAs of 64 KB per row;
 N a multiple of 16 bytes, rows 16-byte aligned; see :func:`forward_shape`) takes the staged kernel by default
@@ -626,6 +626,8 @@ def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
     # The staged kernel copies 16-byte chunks: rows (and pointers) must be 16-byte aligned.
     sms = sm_count(x.device)
     cfg = resident_backward_config(n, x.dtype, sums, _aligned16(dy, x, dx), sms)
+    if cfg.row.team and not can_allocate(x):  # a team's exchange tensor comes from the input's framework
+        cfg = backward_config(n, x.dtype, sums, False)
     rc = cfg.row
     active = None
     if rc.cluster_shape is not None:
