@@ -186,9 +186,8 @@ def team_backward_config(
     threads, stages, lag = threads or shape[0], stages or shape[1], shape[2] if lag is None else lag
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     team = -(-n // (vec * threads * chunks))
-    if n % vec or not max(2, smallest) <= team <= _MAX_TEAM or stages * 2 * threads * chunks * 16 > _RING_BYTES:
-        return None
-    if stages < lag + 2:  # the ring holds rows k - lag .. k + 1 at least
+    fits = max(2, smallest) <= team <= _MAX_TEAM and lag + 2 <= stages  # the ring holds rows k - lag .. k + 1
+    if n % vec or not fits or stages * 2 * threads * chunks * 16 > _RING_BYTES:
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, team, True, team=True)
     return BackwardConfig(layout, chunks, sums, False, 1, stages, lag)
