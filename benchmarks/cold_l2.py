@@ -1,0 +1,83 @@
+"""Timing a call from a cold L2, with the flush leaving the L2 dirty or clean.
+
+``triton.testing.do_bench`` empties the L2 before each timed call by zeroing a 256 MB buffer: the L2 is then full
+of dirty lines, and a kernel that reads X bytes also makes the L2 write up to X bytes of that buffer back to HBM
+while it runs (up to the L2's size, 50 MB on the H200). For a kernel that streams a few tens of MB, such as a
+decode-time GEMM reading its weights, that write-back is as large as the kernel's own traffic. In a model the L2
+before such a GEMM holds mostly clean lines (the previous layer's weights), so this module can flush both ways:
+
+- ``"dirty"``: zero a 256 MB buffer before each call, as ``do_bench`` does;
+- ``"clean"``: read a 256 MB buffer before each call (a reduction): the L2 holds none of the call's data, and
+  nothing that must be written back.
+
+    from cold_l2 import bench_cold         # benchmarks/ is the script's directory, so it is importable
+    ms = bench_cold(lambda: f(x), flush="clean")   # median milliseconds per call
+
+The loop is do_bench's (warm-up, then one flush, start event, call, end event per repeat; median of the events'
+times), so ``flush="dirty"`` measures what ``do_bench`` does.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+FLUSHES = ("dirty", "clean")
+_FLUSH_BYTES = 256 * 1024 * 1024
+_buffers = {}
+
+
+def _flusher(flush: str):
+    import torch
+
+    if flush not in FLUSHES:
+        raise ValueError(f"flush must be one of {FLUSHES}, got {flush!r}")
+    if "buffer" not in _buffers:
+        _buffers["buffer"] = torch.ones(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+        _buffers["sum"] = torch.empty((), dtype=torch.int64, device="cuda")
+    buffer, total = _buffers["buffer"], _buffers["sum"]
+    if flush == "dirty":
+        return buffer.zero_
+    return lambda: torch.sum(buffer, out=total)
+
+
+def bench_cold(fn, *, flush: str = "dirty", warmup: float = 25, rep: float = 100) -> float:
+    """Median milliseconds of ``fn()`` after a flush of the given kind; ``warmup``/``rep`` in milliseconds, as for
+    ``do_bench``."""
+    import torch
+
+    flush_l2 = _flusher(flush)
+    fn()
+    torch.cuda.synchronize()
+    # Estimate the time of one flushed call, to turn the milliseconds asked for into counts.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush_l2()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup / estimate))):
+        fn()
+    repeats = max(1, int(rep / estimate))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for begin, finish in zip(starts, ends, strict=True):
+        flush_l2()
+        begin.record()
+        fn()
+        finish.record()
+    torch.cuda.synchronize()
+    return statistics.median(b.elapsed_time(f) for b, f in zip(starts, ends, strict=True))
+
+
+def copy_tbps(gigabytes: float = 1.0, flush: str = "dirty") -> float:
+    """The HBM ceiling of the same run: a device-to-device ``copy_`` of ``gigabytes`` (bytes read plus written over
+    time, TB/s)."""
+    import torch
+
+    n = int(gigabytes * 1e9 / 2) // 2
+    src = torch.randn(n, device="cuda").bfloat16()
+    dst = torch.empty_like(src)
+    ms = bench_cold(lambda: dst.copy_(src), flush=flush, warmup=10, rep=50)
+    return 2 * n * 2 / ms / 1e9
