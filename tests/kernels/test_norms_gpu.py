@@ -79,7 +79,9 @@ def test_softmax_backward(n, dtype):
     dy = _input(rows, n, dtype)
     dx = norms.softmax_backward(dy, y, _poison(dy))
     yd, dyd = y.double(), dy.double()
-    _close(dx, yd * (dyd - (dyd * yd).sum(-1, keepdim=True)), what="dx")
+    ref = yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+    _close(dx, ref, what="dx")
+    _close(dx.double() * n, ref * n, dtype, "dx * N")  # at the scale of the mean element, not of 1/N
 
 
 def _ln_ref(x, w, b, eps):
@@ -490,6 +492,30 @@ def test_staged_softmax_masked_tails(n, dtype, hold, monkeypatch):
     _close(norms.softmax(x, _poison(x)), ref)  # routed: the staged kernel
     monkeypatch.setattr(_NORM, "STAGED_FORWARD", False)  # FLYDSL_NORM_STAGED_FORWARD=0: the register kernel
     _close(norms.softmax(x, _poison(x)), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [8192, 16384, 24584, *STAGED_FORWARD_SIZES])
+def test_staged_softmax_backward(n, dtype, monkeypatch):
+    """Softmax's backward on the staged kernel (dy and y through the ring; one CTA, clusters, the single-row ring of
+    1 MB rows, teams), launched on validated arguments and routed by norms.softmax_backward, against float64 at the
+    scale of the mean element; with STAGED_FORWARD off, the register kernel on the same rows."""
+    from flydsl.kernels.host import row_tensor
+    from flydsl.kernels.softmax_staged import backward_staged, softmax_backward_staged_config
+
+    for rows in _staged_rows(n):
+        y = torch.softmax(_input(rows, n, torch.float32) * 3, dim=-1).to(dtype)
+        dy = _input(rows, n, dtype) + 0.5
+        yd, dyd = y.double(), dy.double()
+        ref = yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+        dx = _poison(dy)
+        taken = backward_staged(row_tensor(dy, "dy"), row_tensor(y, "y"), row_tensor(dx, "dx"))
+        assert taken == (softmax_backward_staged_config(n, _DTYPE_NAME[dtype]) is not None)
+        for got in ([dx] if taken else []) + [norms.softmax_backward(dy, y, _poison(dy))]:
+            _close(got, ref, what="dx")
+            _close(got.double() * n, ref * n, dtype, "dx * N")
+    monkeypatch.setattr(_NORM, "STAGED_FORWARD", False)
+    _close(norms.softmax_backward(dy, y, _poison(dy)).double() * n, ref * n, dtype, "dx * N")
 
 
 def test_staged_softmax_masked_tails_team(monkeypatch):

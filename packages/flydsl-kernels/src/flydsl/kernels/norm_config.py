@@ -16,10 +16,13 @@ from flydsl.kernels.reduction import RowConfig, row_config
 __all__ = [
     "NormFlags",
     "SoftmaxFlags",
+    "SoftmaxBackwardFlags",
     "BackwardConfig",
     "StagedForwardConfig",
     "staged_forward_config",
     "routed_staged_forward_config",
+    "softmax_backward_shape",
+    "softmax_backward_staged_config",
     "forward_shape",
     "ForwardShape",
     "FORWARD_KINDS",
@@ -50,6 +53,19 @@ class NormFlags:
 class SoftmaxFlags:
     """The staged forward's softmax variant (:func:`flydsl.kernels.norm_staged._rows_staged_forward` takes it where
     it takes :class:`NormFlags`): no residual, weight, bias nor statistics."""
+
+    residual: bool = False
+    weight: bool = False
+    bias: bool = False
+    mean: bool = False
+    rstd: bool = False
+
+
+@dataclass(frozen=True)
+class SoftmaxBackwardFlags:
+    """The staged forward kernel run as softmax's backward (``dx = y * (dy - sum(dy * y))``): its ring holds dy and
+    y (two sources, as the fused add's x and residual), its row statistic is ``sum(dy * y)``, summed over the row's
+    CTAs as RMSNorm's sum of squares; no weight, bias nor statistics."""
 
     residual: bool = False
     weight: bool = False
@@ -469,3 +485,37 @@ def routed_staged_forward_config(n: int, dtype: str, kind: str) -> StagedForward
     if shape is None:
         return None
     return staged_forward_config(n, dtype, kind == "fused", **shape._asdict())
+
+
+# Softmax's backward through the staged forward from these N on (the register kernel below).
+SOFTMAX_BACKWARD_STAGED_MIN_N = {"bf16": 8192, "f16": 8192, "f32": 8192}
+
+
+def softmax_backward_shape(n: int, dtype: str) -> ForwardShape | None:
+    """The shape of the staged kernel that softmax's backward takes (its ring holds dy and y: two sources, as the
+    fused add's), or None where the register kernel stays: 1024-thread CTAs with a 64 KB ring row (2 chunks per
+    source); one CTA per row in a 3-row ring; a cluster with lag 1 in 3 rows (no room for lag 0 with two rows ahead);
+    rows of 1 MB over 8 CTAs of 128 KB in a single-row ring; longer rows as a team (lag 1, 3 rows)."""
+    if n < SOFTMAX_BACKWARD_STAGED_MIN_N[dtype]:
+        return None
+    share = _FORWARD_STAGE_BYTES // (2 * _STAGED_THREADS * 16)
+    ctas = -(-2 * n * (4 if dtype == "f32" else 2) // _FORWARD_STAGE_BYTES)
+    if ctas == 1:  # as few chunks as hold the row (bf16 8192: one)
+        vec = 4 if dtype == "f32" else 8
+        return ForwardShape(_STAGED_THREADS, min(share, -(-n // (vec * _STAGED_THREADS))), 0, 3, 0)
+    if ctas <= 8:
+        return ForwardShape(_STAGED_THREADS, share, 1, 3, 0)
+    if ctas <= 16:
+        return ForwardShape(_STAGED_THREADS, 2 * share, 0, 1, 0)
+    if ctas <= MAX_FORWARD_TEAM:
+        return ForwardShape(_STAGED_THREADS, share, 1, 3, 0, team=True)
+    return None
+
+
+def softmax_backward_staged_config(n: int, dtype: str, shape: ForwardShape | None = None) -> StagedForwardConfig | None:
+    """The staged config of softmax's backward for ``shape`` (default :func:`softmax_backward_shape`), or None.
+    ``residual=True``: two sources in the ring (dy and y)."""
+    shape = shape or softmax_backward_shape(n, dtype)
+    if shape is None:
+        return None
+    return staged_forward_config(n, dtype, True, **shape._asdict())

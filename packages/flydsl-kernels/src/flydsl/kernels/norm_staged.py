@@ -17,7 +17,13 @@ from mlir.dialects import llvm as _llvm
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import arith, cluster, gpu, math, nvvm, vector
-from flydsl.kernels.norm_config import BackwardConfig, NormFlags, SoftmaxFlags, StagedForwardConfig
+from flydsl.kernels.norm_config import (
+    BackwardConfig,
+    NormFlags,
+    SoftmaxBackwardFlags,
+    SoftmaxFlags,
+    StagedForwardConfig,
+)
 from flydsl.kernels.reduction import (
     RowConfig,
     chunk_index,
@@ -396,8 +402,11 @@ def _team_stats(share, flags, k, row, n, inv_n):
 def _team_combine(flags, rc: RowConfig, n, inv_n, lane, ok, first, second):
     """The row's statistics from rank ``lane``'s pair ``(first, second)`` (lanes past the team: ``ok`` false, left
     out), by the warp's shuffle trees; lane 0's result is the one used, the same in every CTA of the team. LayerNorm:
-    Chan's combination as :func:`_chan`; RMSNorm: the sum of squares; softmax: as :func:`_softmax_combine`."""
+    Chan's combination as :func:`_chan`; RMSNorm: the sum of squares; softmax: as :func:`_softmax_combine`;
+    softmax's backward: the sum of ``sum(dy * y)``."""
     zero = fx.Float32(0.0)
+    if fx.const_expr(isinstance(flags, SoftmaxBackwardFlags)):
+        return gpu.warp_reduce(fx.arith.select(ok, first, zero), "add", width=32), zero
     if fx.const_expr(isinstance(flags, SoftmaxFlags)):
         top = gpu.warp_reduce(fx.arith.select(ok, first, fx.Float32(float("-inf"))), "max", width=32)
         term = second * nvvm.ex2_approx(first * _LOG2E - top * _LOG2E, ftz=True)
@@ -497,13 +506,14 @@ def _inverse_count(count):
 
 
 class _ForwardRows:
-    """The staged forward's rows in its ring (x, or x and the residual) and their outputs; ``flags``: a
-    :class:`NormFlags` or :class:`SoftmaxFlags`."""
+    """The staged forward's rows in its ring (x, or x and the residual; softmax's backward: dy and y) and their
+    outputs; ``flags``: a :class:`NormFlags`, :class:`SoftmaxFlags` or :class:`SoftmaxBackwardFlags`."""
 
     def __init__(self, cfg: StagedForwardConfig, flags, tensors, pos, n, rows):
         self.cfg, self.rc, self.flags, self.pos, self.n, self.rows = cfg, cfg.row, flags, pos, n, rows
         self.x, self.residual, self.weight, self.bias, self.out, self.residual_out = tensors[:6]
-        sources = (self.x, self.residual) if flags.residual else (self.x,)
+        two = flags.residual or isinstance(flags, SoftmaxBackwardFlags)
+        sources = (self.x, self.residual) if two else (self.x,)
         self.ring = _RowRing(cfg.row, cfg.stages, sources, pos, n, rows)
         self.inside = [col < n for col in self.ring.cols]  # chunk masks (N is a multiple of vec)
         # before the row loop: the same columns every row; not float32 weights on 16-bit rows (twice the registers:
@@ -547,6 +557,19 @@ class _ForwardRows:
 
         store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
 
+    def products(self, slot, j: int):
+        """Softmax's backward: chunk ``j`` of dy and of y of the row in ``slot``."""
+        return self.ring.chunk(slot, 0, j), self.ring.chunk(slot, 1, j)
+
+    def store_softmax_backward(self, slot, row, dot) -> None:
+        """``dx = y * (dy - dot)`` of the row in ``slot``, ``dot = sum(dy * y)`` over the row."""
+
+        def chunk(j):
+            dys, ys = self.products(slot, j)
+            return [y * (d - dot) for d, y in zip(dys, ys, strict=True)]
+
+        store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
+
     def store(self, slot, row, mean, rstd, held=None) -> None:
         """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store, or kept in registers:
         ``cfg.keep_weights``). 16-bit rows: ``v *
@@ -577,11 +600,18 @@ def _forward_partial(work, slot, row, block, smem, parity, inv_count):
     with the CTA's own mean ``m = sum(v) * inv_count`` (two block reductions; the zero padding masked out of the
     second); softmax: see :func:`_softmax_partial`. The fused add writes ``residual_out`` here. Returns (the pair,
     the values held for the output: with ``work.cfg.hold`` the float32 values of the row's first chunks (softmax:
-    their exps), else None). (A function, not a method of :class:`_ForwardRows`: the kernel's control flow is traced
-    through functions only, and a method's ``if`` on a kernel value would not be.)"""
+    their exps), else None). Softmax's backward: ``(sum(dy * y), 0)``. (A function, not a method of
+    :class:`_ForwardRows`: the kernel's control flow is traced through functions only, and a method's ``if`` on a
+    kernel value would not be.)"""
     if fx.const_expr(isinstance(work.flags, SoftmaxFlags)):
         return _softmax_partial(work, slot, block, smem)
     rc, pos = work.rc, work.pos
+    if fx.const_expr(isinstance(work.flags, SoftmaxBackwardFlags)):  # sum(dy * y): the padding's zeros add nothing
+        dot = fx.Float32(0.0)
+        for j in fx.range_constexpr(rc.chunks):
+            dys, ys = work.products(slot, j)
+            dot = dot + thread_reduce([d * y for d, y in zip(dys, ys, strict=True)])
+        return [row_reduce(block, pos, smem, parity, dot), fx.Float32(0.0)], None
     here = _row_at(pos, row)
     held = work.held(slot)
     values = work.row_values(slot, held)
@@ -692,7 +722,7 @@ def _layer_norm(flags) -> bool:
 
 def _own_stats(flags, part, inv_n):
     """:func:`_pushed_stats` of a row held by one CTA, from its pair ``part``."""
-    if fx.const_expr(isinstance(flags, SoftmaxFlags)):
+    if fx.const_expr(isinstance(flags, (SoftmaxFlags, SoftmaxBackwardFlags))):
         return part[0], part[1]
     if fx.const_expr(flags.rms):
         return fx.Float32(0.0), part[0]
@@ -702,14 +732,17 @@ def _own_stats(flags, part, inv_n):
 def _pushed_stats(share, flags, old, counts, inv_n):
     """The row's statistics from its CTAs' pairs in inbox slot ``old``, summed over the ranks in a fixed order (every
     CTA gets the same): LayerNorm ``(mean, sum of squared deviations)`` (:func:`_chan`), RMSNorm ``(0, sum of
-    squares)``, softmax ``(max, sum of exp(x - max))`` (:func:`_softmax_combine`)."""
+    squares)``, softmax ``(max, sum of exp(x - max))`` (:func:`_softmax_combine`), softmax's backward ``(sum(dy *
+    y), 0)``."""
     if fx.const_expr(isinstance(flags, SoftmaxFlags)):
         return _softmax_combine(share, old)
-    if fx.const_expr(flags.rms):
+    if fx.const_expr(isinstance(flags, SoftmaxBackwardFlags) or flags.rms):
         size = share.rc.cluster
         total = fx.Float32(0.0)
         for r in fx.range_constexpr(size):
             total = total + share.inbox[(old * size + r) * 2]
+        if fx.const_expr(isinstance(flags, SoftmaxBackwardFlags)):
+            return total, fx.Float32(0.0)
         return fx.Float32(0.0), total
     return _chan(share, old, counts, inv_n)
 
@@ -718,6 +751,9 @@ def _finish(work, flags, pos, slot, row, rows, a, b, inv_n, eps, mean_out, rstd_
     """Row ``row``'s output from ring slot ``slot`` given its statistics ``(a, b)`` (see :func:`_pushed_stats`), and
     the statistics asked for (the leader thread). ``held``: the row's values kept in registers (lag 0), with this
     CTA's own pair ``part`` (softmax: the exps about its own max)."""
+    if fx.const_expr(isinstance(flags, SoftmaxBackwardFlags)):
+        work.store_softmax_backward(slot, row, a)
+        return
     if fx.const_expr(isinstance(flags, SoftmaxFlags)):
         factor = None
         if fx.const_expr(held is not None):  # exp(x - m) * exp(m - top) / sum, 0 for a part all -inf (its exps are

@@ -5,7 +5,9 @@ log2(e))`` (``ex2.approx``, 2 ulp), ``sum`` reduced, each value scaled by ``1 / 
 (16-byte aligned, N a multiple of 16 bytes; see :func:`flydsl.kernels.norm_config.forward_shape`) take the staged
 kernel by default (:mod:`flydsl.kernels.softmax_staged`: rows through a shared-memory ring, a row's CTAs pushing
 their partial ``(max, sum)`` to each other); ``forward(..., staged=False)`` or ``FLYDSL_NORM_STAGED_FORWARD=0``
-keep the register kernel. Backward: ``dx = y * (dy - sum(dy * y))``.
+keep the register kernel. Backward: ``dx = y * (dy - sum(dy * y))``; rows from 8192 elements (16-byte aligned)
+take the staged kernel (:func:`flydsl.kernels.softmax_staged.backward_staged`: dy and y through the ring) unless
+``staged=False``.
 """
 
 from __future__ import annotations
@@ -81,9 +83,17 @@ def forward(x, out, staged: bool | None = None) -> None:
     _launch(softmax_forward_kernel, forward_row_config(n, x.dtype), rows, x.obj, out.obj)
 
 
-def backward(dy, y, dx) -> None:
+def backward(dy, y, dx, staged: bool | None = None) -> None:
+    """Launches the backward on validated RowTensor arguments: the staged kernel where
+    :func:`~flydsl.kernels.norm_config.softmax_backward_shape` has a shape and the rows are 16-byte aligned
+    (``staged``: default :data:`flydsl.kernels.normalization.STAGED_FORWARD`, the forward's switch), else the
+    register kernel."""
     rows, n = y.shape
     if n == 0:
+        return
+    if staged is None:
+        staged = normalization.STAGED_FORWARD
+    if staged and softmax_staged.backward_staged(dy, y, dx):
         return
     # 16-bit rows from 64K: two chunks per thread (held=2; 1024-thread CTAs with one chunk left too little in
     # flight: 2.75 -> 3.27 TB/s at 65536 bf16, measured 2026-11-30).
