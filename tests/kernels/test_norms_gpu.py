@@ -25,16 +25,18 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SIZES = [1, 3, 8, 257, 1000, 1024, 4097, 8192, 20001, 32768, 32769, 65537, 131072, 262144]  # 20001: one 1024-thread CTA
 
 
-def _close(out, ref, dtype=None, what="out", scale=1):
-    """``out`` against the float64 ``ref`` within the dtype's tolerance; ``scale``: both were multiplied by it (the
-    check at the scale of the mean element of a softmax row or gradient), so that float16's subnormal spacing
-    (2^-24: values under 6e-5 hold fewer bits) is allowed ``scale`` times over."""
+def _close(out, ref, dtype=None, what="out", scale=1, magnitude=None):
+    """``out`` against the float64 ``ref`` within the dtype's tolerance, relative to ``|ref|`` or to ``magnitude``
+    (the same sum with every term's absolute value: where terms cancel, rounding errors scale with it); ``scale``:
+    both were multiplied by it (the check at the scale of the mean element of a softmax row or gradient), so that
+    float16's subnormal spacing (2^-24: values under 6e-5 hold fewer bits) is allowed ``scale`` times over."""
     dtype = dtype or out.dtype
     atol, rtol = TOL[dtype]
     got = out.double()
     assert not torch.isnan(got).any(), f"{what}: NaN (an element was not written)"
     err = (got - ref).abs()
-    bound = atol + rtol * ref.abs() + (scale * 2.0**-24 if dtype == torch.float16 else 0.0)
+    size = ref.abs() if magnitude is None else magnitude
+    bound = atol + rtol * size + (scale * 2.0**-24 if dtype == torch.float16 else 0.0)
     worst = (err - bound).argmax()
     assert bool((err <= bound).all()), f"{what}: |err| {err.flatten()[worst]:.3g} at {worst.item()} > tolerance"
 
@@ -75,6 +77,14 @@ def test_softmax_strided_rows_and_allocated_output(n, dtype):
     _close(out, torch.softmax(x.double(), dim=-1))
 
 
+def _softmax_backward_ref(dy, y):
+    """``y * (dy - sum(dy * y))`` in float64, and its magnitude ``y * (|dy| + sum(|dy * y|))`` (float32's rounding of
+    ``dy - dot`` scales with it where the two nearly cancel)."""
+    yd, dyd = y.double(), dy.double()
+    ref = yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+    return ref, yd * (dyd.abs() + (dyd * yd).abs().sum(-1, keepdim=True))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [1, 3, 1024, 4097, 32769, 131072])
 def test_softmax_backward(n, dtype):
@@ -82,10 +92,9 @@ def test_softmax_backward(n, dtype):
     y = torch.softmax(_input(rows, n, torch.float32), dim=-1).to(dtype)
     dy = _input(rows, n, dtype)
     dx = norms.softmax_backward(dy, y, _poison(dy))
-    yd, dyd = y.double(), dy.double()
-    ref = yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+    ref, magnitude = _softmax_backward_ref(dy, y)
     _close(dx, ref, what="dx")
-    _close(dx.double() * n, ref * n, dtype, "dx * N", n)  # at the scale of the mean element, not of 1/N
+    _close(dx.double() * n, ref * n, dtype, "dx * N", n, magnitude * n)  # at the scale of the mean element
 
 
 def _ln_ref(x, w, b, eps):
@@ -510,16 +519,15 @@ def test_staged_softmax_backward(n, dtype, monkeypatch):
     for rows in _staged_rows(n):
         y = torch.softmax(_input(rows, n, torch.float32) * 3, dim=-1).to(dtype)
         dy = _input(rows, n, dtype) + 0.5
-        yd, dyd = y.double(), dy.double()
-        ref = yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+        ref, magnitude = _softmax_backward_ref(dy, y)
         dx = _poison(dy)
         taken = backward_staged(row_tensor(dy, "dy"), row_tensor(y, "y"), row_tensor(dx, "dx"))
         assert taken == (softmax_backward_staged_config(n, _DTYPE_NAME[dtype]) is not None)
         for got in ([dx] if taken else []) + [norms.softmax_backward(dy, y, _poison(dy))]:
             _close(got, ref, what="dx")
-            _close(got.double() * n, ref * n, dtype, "dx * N", n)
+            _close(got.double() * n, ref * n, dtype, "dx * N", n, magnitude * n)
     monkeypatch.setattr(_NORM, "STAGED_FORWARD", False)
-    _close(norms.softmax_backward(dy, y, _poison(dy)).double() * n, ref * n, dtype, "dx * N", n)
+    _close(norms.softmax_backward(dy, y, _poison(dy)).double() * n, ref * n, dtype, "dx * N", n, magnitude * n)
 
 
 def test_staged_softmax_masked_tails_team(monkeypatch):

@@ -487,15 +487,20 @@ def routed_staged_forward_config(n: int, dtype: str, kind: str) -> StagedForward
     return staged_forward_config(n, dtype, kind == "fused", **shape._asdict())
 
 
-# Softmax's backward through the staged forward from these N on (the register kernel below).
-SOFTMAX_BACKWARD_STAGED_MIN_N = {"bf16": 8192, "f16": 8192, "f32": 8192}
+# Softmax's backward through the staged kernel from these N on: the register kernel is at copy speed below (float32
+# 8192-65536: 4.19-4.38 TB/s against the staged kernel's 4.08-4.22), under the bar from here.
+SOFTMAX_BACKWARD_STAGED_MIN_N = {"bf16": 8192, "f16": 8192, "f32": 131072}
 
 
 def softmax_backward_shape(n: int, dtype: str) -> ForwardShape | None:
     """The shape of the staged kernel that softmax's backward takes (its ring holds dy and y: two sources, as the
-    fused add's), or None where the register kernel stays: 1024-thread CTAs with a 64 KB ring row (2 chunks per
-    source); one CTA per row in a 3-row ring; a cluster with lag 1 in 3 rows (no room for lag 0 with two rows ahead);
-    rows of 1 MB over 8 CTAs of 128 KB in a single-row ring; longer rows as a team (lag 1, 3 rows)."""
+    fused add's), or None where the register kernel stays. 1024-thread CTAs with a 64 KB ring row (2 chunks per
+    source): one CTA per row in a 3-row ring (as few chunks as hold the row: bf16 8192 one), a cluster of 2-8 with
+    lag 1 in 3 rows (no room for lag 0 with two rows ahead), longer rows a team (lag 1, 3 rows; 1 MB rows measured
+    4.22-4.28 TB/s as a team of 16 against 4.02-4.09 in a single-row ring of 8 CTAs). Measured on the H200
+    (benchmarks/results/softmax_backward_staged_2026-12-01.json, GPU time, copy 4.2): bf16 8192-262144 3.51, 3.55,
+    3.33, 3.35, 2.95, 3.33 TB/s (register kernel) -> 4.00, 4.05, 4.04, 4.08, 4.15, 4.22; float32 131072, 262144
+    3.46, 3.40 -> 4.28, 4.29."""
     if n < SOFTMAX_BACKWARD_STAGED_MIN_N[dtype]:
         return None
     share = _FORWARD_STAGE_BYTES // (2 * _STAGED_THREADS * 16)
@@ -505,8 +510,6 @@ def softmax_backward_shape(n: int, dtype: str) -> ForwardShape | None:
         return ForwardShape(_STAGED_THREADS, min(share, -(-n // (vec * _STAGED_THREADS))), 0, 3, 0)
     if ctas <= 8:
         return ForwardShape(_STAGED_THREADS, share, 1, 3, 0)
-    if ctas <= 16:
-        return ForwardShape(_STAGED_THREADS, 2 * share, 0, 1, 0)
     if ctas <= MAX_FORWARD_TEAM:
         return ForwardShape(_STAGED_THREADS, share, 1, 3, 0, team=True)
     return None
