@@ -11,7 +11,7 @@ import re
 import pytest
 
 import flydsl.compiler as flyc
-from flydsl.kernels import norms
+from flydsl.kernels import norm_config, norms
 from flydsl.kernels.reduction import row_config
 
 from .norms_cpu_support import (
@@ -414,3 +414,89 @@ def _shift_guarded_against_minus_inf(ptx: str) -> bool:
         if re.search(rf"selp\.f32\s+%r\d+, (?:%r\d+, 0f00000000|0f00000000, %r\d+), {pred};", ptx):
             return True
     return False
+
+
+# Softmax's backward on the staged kernel: (cluster or team, threads, chunks per source, ring rows, lag) as routed.
+SOFTMAX_BACKWARD_SHAPES = {
+    ("bf16", 4096): None,
+    ("bf16", 8192): (1, 1024, 2, 2, 0),  # half the chunks past N: measured faster than one chunk per thread
+    ("bf16", 16384): (1, 1024, 2, 2, 0),
+    ("bf16", 32768): (2, 1024, 2, 3, 1),
+    ("bf16", 65536): (8, 1024, 1, 4, 0),
+    ("bf16", 131072): (8, 1024, 2, 3, 1),
+    ("bf16", 262144): (16, 1024, 2, 3, 1),  # a team
+    ("bf16", 524288): (32, 1024, 2, 3, 1),
+    ("bf16", 1048576): None,  # 64 CTAs: the register kernel
+    ("f32", 65536): None,  # the register kernel is at copy speed
+    ("f32", 131072): (16, 1024, 2, 3, 1),
+    ("f32", 262144): (32, 1024, 2, 3, 1),
+}
+
+
+@pytest.mark.parametrize("dtype, n", list(SOFTMAX_BACKWARD_SHAPES))
+def test_staged_softmax_backward_assembles_without_spills(dtype, n):
+    """softmax_backward_shape's configs: dy and y both in the ring (cp.async of each), a cluster's pushes
+    (st.async) or a team's tagged pairs, no spills."""
+    staged = importlib.import_module("flydsl.kernels.softmax_staged")
+    cfg = norm_config.softmax_backward_staged_config(n, dtype)
+    expected = SOFTMAX_BACKWARD_SHAPES[(dtype, n)]
+    if expected is None:
+        assert cfg is None
+        return
+    rc = cfg.row
+    assert (rc.cluster, rc.block, rc.chunks, cfg.stages, cfg.lag) == expected and cfg.sources == 2
+    assert rc.capacity >= n and cfg.ring_bytes <= 200 * 1024 and rc.team == (rc.cluster > 8)
+    rows = flyc.TensorSpec((8, n), dtype)
+    exchange = flyc.TensorSpec((8, norm_mod.exchange_columns(cfg)), "f32")
+    ptx = assembled(staged.softmax_backward_staged_kernel.lower(rows, rows, rows, exchange, cfg))
+    # Each source's chunks are loaded for the rows the prologue fills (stages - lag: rows 0 .. ahead) and once in
+    # the loop.
+    loads = 2 * rc.chunks * (cfg.stages - cfg.lag + 1)
+    assert len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)) == loads
+    if rc.team:
+        assert ptx.count("st.relaxed.gpu.global.b64") == 2 and "st.async" not in ptx
+    elif rc.cluster > 1:
+        assert "st.async" in ptx and "ld.relaxed.gpu" not in ptx
+    if flyc.find_ptxas() is not None:
+        assert spill_bytes(ptx) == 0, (n, dtype, cfg)
+
+
+def test_staged_softmax_backward_is_the_default(monkeypatch):
+    """softmax.backward takes the staged kernel where softmax_backward_staged_config has one and dy, y, dx are
+    16-byte aligned (by default; staged=False and STAGED_FORWARD off keep the register kernel), else the register
+    kernel; a team only where its exchange tensor can be allocated."""
+    staged = importlib.import_module("flydsl.kernels.softmax_staged")
+    host = importlib.import_module("flydsl.kernels.host")
+    taken = []
+
+    class Launch:
+        def __init__(self, *args):
+            self.args = args
+
+        def launch(self, **kwargs):
+            kind = "staged" if isinstance(self.args[-1], norm_mod.StagedForwardConfig) else "register"
+            taken.append((kind, self.args[-1]))
+
+    monkeypatch.setattr(softmax_mod, "softmax_backward_kernel", Launch)
+    monkeypatch.setattr(staged, "softmax_backward_staged_kernel", Launch)
+    monkeypatch.setattr(staged, "staged_forward_groups", lambda cfg, rows, device: 1)
+
+    def run(shape, typestr, dx_pointer=1 << 20, **kwargs):
+        dy, y = (host.row_tensor(fake(shape, typestr), name) for name in ("dy", "y"))
+        dx = host.row_tensor(FakeGpuTensor(shape, typestr, pointer=dx_pointer), "dx")
+        softmax_mod.backward(dy, y, dx, **kwargs)
+        return taken[-1]
+
+    assert run((4, 32768), "<f2") == ("staged", norm_config.softmax_backward_staged_config(32768, "f16"))
+    assert run((4, 32768), "<f2", staged=False)[0] == "register"
+    assert run((4, 32768), "<f2", dx_pointer=(1 << 20) + 2)[0] == "register"  # dx not 16-byte aligned
+    for shape, typestr in (((4, 4096), "<f2"), ((4, 65536), "<f4"), ((4, 32772), "<f2")):
+        assert run(shape, typestr)[0] == "register", shape
+    monkeypatch.setattr(norm_mod, "STAGED_FORWARD", False)
+    assert run((4, 32768), "<f2")[0] == "register"
+    monkeypatch.setattr(norm_mod, "STAGED_FORWARD", True)
+    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 132)
+    assert run((2, 262144), "<f4")[0] == "register"  # a team, on a fake array: no framework to allocate with
+    monkeypatch.setattr(norm_mod, "can_allocate", lambda like: True)
+    monkeypatch.setattr(staged, "forward_exchange", lambda cfg, x, rows: x)
+    assert run((2, 262144), "<f4") == ("staged", norm_config.softmax_backward_staged_config(262144, "f32"))

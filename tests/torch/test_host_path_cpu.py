@@ -91,7 +91,8 @@ def test_the_launchers_the_ops_call_take_these_arguments():
     ]  # fmt: skip
     assert list(inspect.signature(softmax.forward).parameters) == ["x", "out", "staged"]
     assert inspect.signature(softmax.forward).parameters["staged"].default is None  # the ops leave it out
-    assert list(inspect.signature(softmax.backward).parameters) == ["dy", "y", "dx"]
+    assert list(inspect.signature(softmax.backward).parameters) == ["dy", "y", "dx", "staged"]
+    assert inspect.signature(softmax.backward).parameters["staged"].default is None  # the ops leave it out
     assert from_torch(None) is None
 
 

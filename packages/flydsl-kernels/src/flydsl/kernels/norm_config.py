@@ -495,19 +495,22 @@ SOFTMAX_BACKWARD_STAGED_MIN_N = {"bf16": 8192, "f16": 8192, "f32": 131072}
 def softmax_backward_shape(n: int, dtype: str) -> ForwardShape | None:
     """The shape of the staged kernel that softmax's backward takes (its ring holds dy and y: two sources, as the
     fused add's), or None where the register kernel stays. 1024-thread CTAs with a 64 KB ring row (2 chunks per
-    source): one CTA per row in a 3-row ring (as few chunks as hold the row: bf16 8192 one), a cluster of 2-8 with
-    lag 1 in 3 rows (no room for lag 0 with two rows ahead), longer rows a team (lag 1, 3 rows; 1 MB rows measured
-    4.22-4.28 TB/s as a team of 16 against 4.02-4.09 in a single-row ring of 8 CTAs). Measured on the H200
-    (benchmarks/results/softmax_backward_staged_2026-12-01.json, GPU time, copy 4.2): bf16 8192-262144 3.51, 3.55,
-    3.33, 3.35, 2.95, 3.33 TB/s (register kernel) -> 4.00, 4.05, 4.04, 4.08, 4.15, 4.22; float32 131072, 262144
-    3.46, 3.40 -> 4.28, 4.29."""
+    source): one CTA per row in a 2-row ring, lag 0 (bf16 8192 too, half its chunks past N: 4.16-4.20 TB/s against
+    3.81-3.92 for one chunk per thread or 3 rows); 4 CTAs' worth (bf16 65536): 8 CTAs of one chunk per source,
+    lag 0, 4 rows (4.23 against 4.02-4.08, three runs); other clusters of 2-8: lag 1 in 3 rows (no room for lag 0
+    with two rows ahead); longer rows a team (lag 1, 3 rows; 1 MB rows 4.22-4.28 as a team of 16 against 4.02-4.09
+    in a single-row ring of 8 CTAs). H200, GPU time, copy 4.2
+    (benchmarks/results/softmax_backward_staged_2026-12-01*.json): bf16 8192-262144 3.49-3.57, 3.55, 3.33, 3.35,
+    2.95, 3.33 TB/s (register kernel) -> 4.16, 4.06, 4.04, 4.23, 4.15, 4.22; float32 131072, 262144 3.46, 3.40 ->
+    4.28, 4.29."""
     if n < SOFTMAX_BACKWARD_STAGED_MIN_N[dtype]:
         return None
     share = _FORWARD_STAGE_BYTES // (2 * _STAGED_THREADS * 16)
     ctas = -(-2 * n * (4 if dtype == "f32" else 2) // _FORWARD_STAGE_BYTES)
-    if ctas == 1:  # as few chunks as hold the row (bf16 8192: one)
-        vec = 4 if dtype == "f32" else 8
-        return ForwardShape(_STAGED_THREADS, min(share, -(-n // (vec * _STAGED_THREADS))), 0, 3, 0)
+    if ctas == 1:
+        return ForwardShape(_STAGED_THREADS, share, 0, 2, 0)
+    if ctas == 4:
+        return ForwardShape(_STAGED_THREADS, share // 2, 0, 4, 0)
     if ctas <= 8:
         return ForwardShape(_STAGED_THREADS, share, 1, 3, 0)
     if ctas <= MAX_FORWARD_TEAM:
