@@ -15,6 +15,11 @@ before such a GEMM holds mostly clean lines (the previous layer's weights), so t
 
 The loop is do_bench's (warm-up, then one flush, start event, call, end event per repeat; median of the events'
 times), so ``flush="dirty"`` measures what ``do_bench`` does.
+
+A call timed alone between two events carries a fixed GPU-side cost (~4 us on the H200 for a one-element
+``zero_``: the events and the launch's dispatch after the flush), as large as a small layer's whole read. In a
+model's decode step the GEMMs run back to back, each on weights the previous ones evicted: ``bench_rotating``
+times that, a pass of calls each on its own inputs (together larger than the L2) between one pair of events.
 """
 
 from __future__ import annotations
@@ -81,3 +86,45 @@ def copy_tbps(gigabytes: float = 1.0, flush: str = "dirty") -> float:
     dst = torch.empty_like(src)
     ms = bench_cold(lambda: dst.copy_(src), flush=flush, warmup=10, rep=50)
     return 2 * n * 2 / ms / 1e9
+
+
+def bench_rotating(calls, *, warmup: float = 25, rep: float = 100) -> float:
+    """Median milliseconds per call of back-to-back passes over ``calls`` (callables, each on its own inputs: make
+    them together larger than the L2 so that each call reads what the others evicted; no flush in between), one
+    pair of events around each pass; ``warmup``/``rep`` in milliseconds as for :func:`bench_cold`. Each pass waits
+    behind a sleep kernel longer than the host takes to queue it, so the GPU runs it without waiting for launches
+    (as a queued decode step does)."""
+    import time
+
+    import torch
+
+    def one_pass():
+        for call in calls:
+            call()
+
+    one_pass()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(10_000_000)  # the GPU busy while the host's time to queue a pass is measured
+    began = time.perf_counter()
+    one_pass()
+    host_s = time.perf_counter() - began
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        one_pass()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 3, 1e-3)
+    sleep_cycles = int(3 * host_s * 2e9) + 20_000  # >= 1.5 x the host's time at up to 2 GHz
+    for _ in range(max(1, int(warmup / estimate))):
+        one_pass()
+    passes = max(3, int(rep / estimate))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(passes)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(passes)]
+    for begin, finish in zip(starts, ends, strict=True):
+        torch.cuda._sleep(sleep_cycles)
+        begin.record()
+        one_pass()
+        finish.record()
+    torch.cuda.synchronize()
+    return statistics.median(b.elapsed_time(f) for b, f in zip(starts, ends, strict=True)) / len(calls)

@@ -12,7 +12,10 @@ against a float64 reference (max error relative to the reference's largest entry
 ratio cuBLAS time / ours (> 1: we are faster). Each case is timed after each ``--flush``: ``dirty`` zeroes a
 256 MB buffer first, as do_bench does, which leaves the L2 full of lines it must write back while the GEMM reads
 its weights (up to 50 MB of extra HBM traffic: as much as a 4096 x 4096 layer's weights); ``clean`` reads that
-buffer instead, as a previous layer's GEMM would leave the L2. The run's HBM ceiling, a 1 GB copy, is recorded.
+buffer instead, as a previous layer's GEMM would leave the L2; ``rotate`` runs the calls back to back, each on its
+own copy of the weights (together >= 256 MB), queued behind a sleep (``cold_l2.bench_rotating``): a decode step's
+stream of GEMMs, without the ~4 us that events and dispatch add to a call timed alone. The run's HBM ceiling, a
+1 GB copy, is recorded for the flushes.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import json
 import statistics
 import sys
 
-from cold_l2 import FLUSHES, bench_cold, copy_tbps
+from cold_l2 import FLUSHES, bench_cold, bench_rotating, copy_tbps
 from gemm_bench import SWEEP_NK as SHAPES_NK  # issue 8's (N, K) layers
 from record import write_record
 
@@ -51,29 +54,42 @@ def _candidates(m: int, n: int, k: int):
     return [chosen] + [cfg for cfg in variants if cfg != chosen]
 
 
+ROTATING_BYTES = 256 * 1024 * 1024  # "rotate": weight sets together at least this large (the L2 holds 50 MB)
+TIMINGS = FLUSHES + ("rotate",)
+
+
 def run_case(torch, m, n, k, repeats, config=None, peers=True, flush="dirty"):
+    """``flush``: "dirty" or "clean" (``bench_cold``, one call between events after each flush) or "rotate"
+    (``bench_rotating``: back-to-back calls, each on its own weights, queued behind a sleep)."""
     from flydsl.kernels.gemm import gemm
     from flydsl.kernels.skinny_gemm import skinny_gemm
 
+    weight_bytes = n * k * 2
+    sets = max(2, -(-ROTATING_BYTES // weight_bytes)) if flush == "rotate" else 1
     a = torch.randn(m, k, device="cuda").bfloat16()
-    b = torch.randn(n, k, device="cuda").bfloat16().t()  # nn.Linear weights (N, K) as b = w.t()
+    bs = [torch.randn(n, k, device="cuda").bfloat16().t() for _ in range(sets)]  # nn.Linear weights: b = w.t()
     ours = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    skinny_gemm(a, b, ours, config)
-    reference = a.double() @ b.double()
+    skinny_gemm(a, bs[0], ours, config)
+    reference = a.double() @ bs[0].double()
     torch.cuda.synchronize()
     error = ((ours.double() - reference).abs().max() / reference.abs().max()).item()
     cublas_out, gemm_out = torch.empty_like(ours), torch.empty_like(ours)
     # The same bytes moved by torch's copy (half the weights' size read, half written): a streaming floor.
-    copy_src = torch.empty(n * k // 2 if peers else 0, dtype=torch.bfloat16, device="cuda").uniform_()
-    copy_dst = torch.empty_like(copy_src)
+    copy_src = [torch.empty(n * k // 2 if peers else 0, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
+    copy_dst = [torch.empty_like(src) for src in copy_src]
+
+    def timed(call):  # call(i): the call on input set i
+        if flush == "rotate":
+            return bench_rotating([lambda i=i: call(i) for i in range(sets)])
+        return bench_cold(lambda: call(0), flush=flush)
+
     ours_ms, cublas_ms, gemm_ms, copy_ms = [], [], [], []
     for _ in range(repeats):
-        ours_ms.append(bench_cold(lambda: skinny_gemm(a, b, ours, config), flush=flush))
+        ours_ms.append(timed(lambda i: skinny_gemm(a, bs[i], ours, config)))
         if peers:
-            cublas_ms.append(bench_cold(lambda: torch.matmul(a, b, out=cublas_out), flush=flush))
-            gemm_ms.append(bench_cold(lambda: gemm(a, b, gemm_out), flush=flush))
-            copy_ms.append(bench_cold(lambda: copy_dst.copy_(copy_src), flush=flush))
-    weight_bytes = n * k * 2
+            cublas_ms.append(timed(lambda i: torch.matmul(a, bs[i], out=cublas_out)))
+            gemm_ms.append(timed(lambda i: gemm(a, bs[i], gemm_out)))
+            copy_ms.append(timed(lambda i: copy_dst[i].copy_(copy_src[i])))
     ours_t = statistics.median(ours_ms)
     record = {
         "m": m,
@@ -81,6 +97,7 @@ def run_case(torch, m, n, k, repeats, config=None, peers=True, flush="dirty"):
         "k": k,
         "config": repr(config) if config is not None else "default",
         "flush": flush,
+        "weight_sets": sets,
         "max_rel_error_vs_fp64": error,
         "skinny_ms": ours_t,
         "skinny_weight_tbps": weight_bytes / ours_t / 1e9,
@@ -108,8 +125,8 @@ def run_case(torch, m, n, k, repeats, config=None, peers=True, flush="dirty"):
 
 def _flushes(text: str) -> list[str]:
     flushes = text.split(",")
-    if not flushes or any(f not in FLUSHES for f in flushes):
-        raise argparse.ArgumentTypeError(f"a comma-separated list of {', '.join(FLUSHES)}, got {text!r}")
+    if not flushes or any(f not in TIMINGS for f in flushes):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of {', '.join(TIMINGS)}, got {text!r}")
     return flushes
 
 
@@ -119,7 +136,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--explore", action="store_true", help="time candidate configurations on a few shapes")
     parser.add_argument(
-        "--flush", type=_flushes, default=list(FLUSHES), help="how the L2 is emptied before each call: dirty,clean"
+        "--flush",
+        type=_flushes,
+        default=list(TIMINGS),
+        help="how each call finds the L2: dirty, clean (flushed, timed alone), rotate (back to back, rotating weights)",
     )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
@@ -131,9 +151,11 @@ def main(argv=None) -> int:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
-    copy = {flush: copy_tbps(flush=flush) for flush in args.flush}
+    copy = {flush: copy_tbps(flush=flush) for flush in args.flush if flush in FLUSHES}
     one = torch.empty(1, device="cuda")
-    empty_us = {flush: bench_cold(one.zero_, flush=flush) * 1e3 for flush in args.flush}
+    empty_us = {flush: bench_cold(one.zero_, flush=flush) * 1e3 for flush in args.flush if flush in FLUSHES}
+    if "rotate" in args.flush:
+        empty_us["rotate"] = bench_rotating([one.zero_] * 8) * 1e3
     print("1 GB copy (read + write TB/s): " + ", ".join(f"{f} L2 {t:.2f}" for f, t in copy.items()), flush=True)
     print("one-element zero_ (us): " + ", ".join(f"{f} L2 {t:.2f}" for f, t in empty_us.items()), flush=True)
     if args.explore:
