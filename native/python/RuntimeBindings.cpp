@@ -355,6 +355,9 @@ void flyBindRuntime(nb::module_ &m) {
       .def_prop_ro("max_dynamic_shared_bytes", &Function::maxDynamicSharedMemory,
                    "Dynamic shared memory limit currently set for this kernel.")
       .def("set_max_dynamic_shared_memory", &Function::setMaxDynamicSharedMemory, "bytes"_a)
+      .def_prop_rw("dependent_launch", &Function::dependentLaunch, &Function::setDependentLaunch,
+                   "Launch with programmatic dependent launch (the kernel may start while the "
+                   "stream's previous kernel finishes; it must execute griddepcontrol.wait first).")
       .def("launch", &launchFunction, "grid"_a.none(), "block"_a.none(), "signature"_a.none(),
            "args"_a.none(), "shared_mem"_a.none() = 0, "stream"_a.none() = 0,
            "cluster"_a.none() = nb::none(),

@@ -355,7 +355,8 @@ void Function::launch(const unsigned grid[3], const unsigned block[3], void **pa
   }
   const unsigned smem = unsigned(sharedBytes);
 
-  if (!cluster) {
+  const bool dependent = kernel_->dependentLaunch.load(std::memory_order_relaxed);
+  if (!cluster && !dependent) {
     CUresult r = withContextRetry([&] {
       return a.cuLaunchKernel(kernel_->handle, grid[0], grid[1], grid[2], block[0], block[1],
                               block[2], smem, stream, params, nullptr);
@@ -367,14 +368,23 @@ void Function::launch(const unsigned grid[3], const unsigned block[3], void **pa
   if (!a.cuLaunchKernelEx)
     throwDriverError("cuLaunchKernelEx", CUDA_ERROR_NOT_FOUND,
                      "the installed driver has no cuLaunchKernelEx (needs CUDA >= 11.8)");
-  CUlaunchAttribute attr;
-  std::memset(&attr, 0, sizeof(attr));
-  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attr.value.clusterDim.x = cluster[0];
-  attr.value.clusterDim.y = cluster[1];
-  attr.value.clusterDim.z = cluster[2];
+  CUlaunchAttribute attrs[2];
+  std::memset(attrs, 0, sizeof(attrs));
+  unsigned count = 0;
+  if (cluster) {
+    attrs[count].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[count].value.clusterDim.x = cluster[0];
+    attrs[count].value.clusterDim.y = cluster[1];
+    attrs[count].value.clusterDim.z = cluster[2];
+    ++count;
+  }
+  if (dependent) {
+    attrs[count].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[count].value.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
   CUlaunchConfig config{grid[0],  grid[1], grid[2], block[0], block[1],
-                        block[2], smem,    stream,  &attr,    1};
+                        block[2], smem,    stream,  attrs,    count};
   check(withContextRetry(
             [&] { return a.cuLaunchKernelEx(&config, kernel_->handle, params, nullptr); }),
         "cuLaunchKernelEx");

@@ -79,7 +79,10 @@ enum : int {
 };
 
 // CUlaunchAttributeID
-enum : int { CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4 };
+enum : int {
+  CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4,
+  CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
+};
 
 struct CUlaunchAttribute {
   int id;
@@ -89,6 +92,7 @@ struct CUlaunchAttribute {
     struct {
       unsigned x, y, z;
     } clusterDim;
+    int programmaticStreamSerializationAllowed;
   } value;
 };
 static_assert(sizeof(CUlaunchAttribute) == 72, "must match cuda.h");
@@ -281,6 +285,7 @@ public:
     CUfunction handle = nullptr;
     std::string name;
     std::atomic<int> maxDynamicShared{0};
+    std::atomic<bool> dependentLaunch{false};
   };
 
 private:
@@ -313,8 +318,15 @@ public:
   /// default 48 KiB limit).
   void setMaxDynamicSharedMemory(int bytes) const;
 
+  /// Whether launches allow programmatic dependent launch: the kernel may
+  /// start while the stream's previous kernel finishes (it must execute
+  /// griddepcontrol.wait before touching memory that kernel writes).
+  bool dependentLaunch() const { return kernel_->dependentLaunch.load(); }
+  void setDependentLaunch(bool allowed) const { kernel_->dependentLaunch.store(allowed); }
+
   /// Launches with cuLaunchKernel, or cuLaunchKernelEx with a cluster
-  /// dimension attribute when `cluster` is non-null. Raises the dynamic shared
+  /// dimension attribute when `cluster` is non-null and the programmatic
+  /// stream serialization attribute when dependentLaunch(). Raises the dynamic shared
   /// memory limit first when `sharedBytes` exceeds the one already set.
   /// `params` follows cuLaunchKernel's kernelParams convention.
   void launch(const unsigned grid[3], const unsigned block[3], void **params,

@@ -80,7 +80,24 @@ def test_unaligned_k_and_split_k_lower():
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
+def test_dependent_launch_order():
+    """The kernel is a dependent launch: the trigger first, then the wait before every load, or (early_weights)
+    after the first step's weight loads, never after an activation load."""
+    weight_load = "ld.global.nc.L1::no_allocate.L2::256B.v4.b32"
+    for early in (False, True):
+        compiled = _lower(16, 4096, 4096, SkinnyConfig(early_weights=early), (True, False, None, True))
+        ptx = compiled.ptx
+        trigger, wait = ptx.index("griddepcontrol.launch_dependents;"), ptx.index("griddepcontrol.wait;")
+        assert trigger < wait
+        assert ptx[:wait].count(weight_load) == (8 if early else 0)  # groups 2 x unroll 4
+        assert ptx.count(weight_load) == 3 * 8 and not re.search(r"ld\.global\.nc\.v4\.b32", ptx[:wait])
+        assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+    assert skinny_gemm_kernel.attributes.dependent_launch
+
+
 def test_config_checks_and_choice():
+    with pytest.raises(ValueError, match="early_weights needs pipelined"):
+        SkinnyConfig(early_weights=True, pipelined=False)
     with pytest.raises(ValueError, match="groups 1/2/4/8"):
         SkinnyConfig(groups=3)
     with pytest.raises(ValueError, match="splits must be an int"):
@@ -177,6 +194,41 @@ def test_configs_and_split_k(splits, groups, unroll, pipelined, warps_n):
     cfg = SkinnyConfig(groups, unroll=unroll, splits=splits, pipelined=pipelined, warps_n=warps_n, prefetch=None)
     _check(16, 1000, 4096 + 8, torch.bfloat16, torch.float32, torch.float32, "silu", cfg)
     _check(7, 1536, 7168, torch.float16, torch.float16, None, None, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3])
+def test_early_weights(splits):
+    import torch
+
+    cfg = SkinnyConfig(early_weights=True, splits=splits)
+    _check(16, 1000, 4096 + 8, torch.bfloat16, torch.float32, torch.float32, "silu", cfg)
+    _check(7, 1536, 7168, torch.float16, torch.float16, None, None, cfg)
+    _check(3, 300, 100, torch.bfloat16, torch.bfloat16, None, None, cfg)  # K shorter than a step: only the tail
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("early", [False, True])
+def test_chained_layers_launched_as_dependents(early):
+    """Layers back to back with no synchronization, each reading the output of the previous (which lets it start
+    early): each output poisoned with NaN beforehand and checked against its input as written."""
+    import torch
+
+    torch.manual_seed(5)
+    m, width, layers = 16, 4096, 12
+    weights = [(torch.randn(width, width, device="cuda") / width**0.5).bfloat16() for _ in range(layers)]
+    x = torch.randn(m, width, device="cuda").bfloat16()
+    outs = [torch.full((m, width), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
+    cfg = SkinnyConfig(early_weights=early)
+    for layer in range(layers):
+        skinny_gemm(outs[layer - 1] if layer else x, weights[layer].t(), outs[layer], cfg)
+    torch.cuda.synchronize()
+    for layer in range(layers):
+        source = outs[layer - 1] if layer else x
+        ref = source.double() @ weights[layer].double().t()
+        error = (outs[layer].double() - ref).abs()
+        assert not torch.isnan(outs[layer]).any(), layer
+        assert (error <= 1e-2 + (1e-2 + 2.0**-8) * ref.abs()).all(), (layer, error.max().item())
 
 
 @pytest.mark.gpu

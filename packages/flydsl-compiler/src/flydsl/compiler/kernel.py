@@ -235,6 +235,8 @@ class KernelFunction:
 
     def _compile(self, spec: _Specialization) -> _LoadedKernel:
         loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
+        if self.attributes.dependent_launch:
+            loaded.function.dependent_launch = True
         if settings.current().cache_enabled:  # FLYDSL_RUNTIME_ENABLE_CACHE=0: every launch compiles again
             self._loaded[spec.key] = loaded
             register_loaded(self._dispatcher, spec.key, loaded)
@@ -527,12 +529,16 @@ class KernelAttributes:
     * ``max_registers``: registers per thread (``.maxnreg``).
     * ``min_blocks_per_sm``: blocks that must fit on one SM at once (``.minnctapersm``).
     * ``cluster``: the cluster shape, compiled in (``.reqnctapercluster``); the grid must be a multiple of it.
+    * ``dependent_launch``: launched with programmatic dependent launch (a launch attribute, not a directive): the
+      kernel may start while the stream's previous kernel finishes, and must call
+      :func:`flydsl.expr.nvvm.griddepcontrol_wait` before touching memory that kernel may write or read.
     """
 
     threads: tuple[int, ...] | None = None
     max_registers: int | None = None
     min_blocks_per_sm: int | None = None
     cluster: tuple[int, ...] | None = None
+    dependent_launch: bool = False
 
     def __post_init__(self):
         for name in ("threads", "cluster"):
@@ -553,6 +559,8 @@ class KernelAttributes:
             isinstance(self.min_blocks_per_sm, int) and self.min_blocks_per_sm >= 1
         ):
             raise ValueError(f"kernel min_blocks_per_sm: expected a positive int, got {self.min_blocks_per_sm!r}")
+        if not isinstance(self.dependent_launch, bool):
+            raise ValueError(f"kernel dependent_launch: expected a bool, got {self.dependent_launch!r}")
 
     def mlir_attributes(self) -> dict[str, ir.Attribute]:
         attributes = {}
@@ -605,10 +613,19 @@ def set_kernel_attributes(threads=None, max_registers=None, min_blocks_per_sm=No
         operation.attributes[name] = attribute
 
 
-def kernel(fn=None, *, target: Target = SM90A, threads=None, max_registers=None, min_blocks_per_sm=None, cluster=None):
+def kernel(
+    fn=None,
+    *,
+    target: Target = SM90A,
+    threads=None,
+    max_registers=None,
+    min_blocks_per_sm=None,
+    cluster=None,
+    dependent_launch: bool = False,
+):
     """Decorates a device function; ``@kernel``, ``@kernel(target=flyc.SM80)``, ``@kernel(threads=384,
     min_blocks_per_sm=1)`` (see :class:`KernelAttributes`)."""
-    attributes = KernelAttributes(threads, max_registers, min_blocks_per_sm, cluster)
+    attributes = KernelAttributes(threads, max_registers, min_blocks_per_sm, cluster, dependent_launch)
     if fn is None:
         return lambda f: KernelFunction(f, target, attributes)
     return KernelFunction(fn, target, attributes)

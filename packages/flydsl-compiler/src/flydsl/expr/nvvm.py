@@ -41,6 +41,8 @@ __all__ = [
     "mma_sync",
     "address",
     "fence_proxy_async",
+    "griddepcontrol_wait",
+    "griddepcontrol_launch_dependents",
 ]
 
 _FULL_MASK = -1  # 0xffffffff as an i32
@@ -201,6 +203,29 @@ def setmaxnreg(count: int, increase: bool) -> None:
         raise ValueError(f"setmaxnreg count: expected a multiple of 8 in 24..256, got {count!r}")
     action = _nvvm.SetMaxRegisterAction.increase if increase else _nvvm.SetMaxRegisterAction.decrease
     _nvvm.SetMaxRegisterOp(count, action)
+
+
+def griddepcontrol_wait() -> Int32:
+    """``griddepcontrol.wait``: waits until the grids this one depends on (the stream's previous kernel, where this
+    kernel was launched with programmatic dependent launch: ``@flyc.kernel(dependent_launch=True)``) have completed
+    and their memory is visible. Everything before it may overlap the previous kernel, so it must come before the
+    first access to memory that kernel may write (or read, for this kernel's stores). Without such a launch it
+    returns at once. sm_90+.
+
+    Returns an opaque Int32 zero: ordinary loads and stores stay after the wait, but loads through inline PTX
+    without side effects (:func:`ld_global_nc`) are free to move above it unless their address depends on it (add
+    the zero to an index).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-griddepcontrol
+    """
+    return Int32(_asm(_i32(), [], "griddepcontrol.wait;\n\tmov.u32 $0, 0;", "=r,~{memory}", side_effects=True))
+
+
+def griddepcontrol_launch_dependents() -> None:
+    """``griddepcontrol.launch_dependents``: lets the stream's next kernel, if launched with programmatic dependent
+    launch, start once every CTA of this grid has executed it or exited (a hint: it says nothing about this grid's
+    memory, which the next kernel sees after its ``griddepcontrol_wait``). sm_90+."""
+    _nvvm.griddepcontrol(_nvvm.GridDepActionKind.launch_dependents)
 
 
 def barrier(barrier_id=0, number_of_threads=None) -> None:

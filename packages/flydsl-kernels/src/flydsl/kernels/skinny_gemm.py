@@ -62,6 +62,7 @@ class SkinnyConfig:
     pipelined: bool = True  # registers for two steps: the next step's loads are in flight during the MMAs
     min_blocks: int | None = None  # CTAs per SM to fit (caps registers; None: ptxas decides)
     warps_n: int = 1  # warps side by side along N (each its own groups; they share activation loads through L1)
+    early_weights: bool = False  # the first step's weight loads before griddepcontrol.wait (see skinny_gemm)
 
     def __post_init__(self):
         if self.groups not in (1, 2, 4, 8) or self.warps not in (1, 2, 4, 8, 16) or self.unroll not in (1, 2, 4, 8):
@@ -72,6 +73,8 @@ class SkinnyConfig:
             raise ValueError(f"{self}: warps_n must be 1, 2 or 4 and divide warps")
         if self.prefetch not in (None, 64, 128, 256):
             raise ValueError(f"{self}: prefetch must be None, 64, 128 or 256")
+        if self.early_weights and not self.pipelined:
+            raise ValueError(f"{self}: early_weights needs pipelined=True")
 
     @property
     def threads(self) -> int:
@@ -109,17 +112,42 @@ def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None)
     return vector.from_elements(vector.vector_class(t.dtype, 8), elements).bitcast(fx.Int32)
 
 
-def _loads(a, w, rows_w, row_a0, row_a1, kbase, k_extent, cfg, lane_t, vec: bool, masked: bool, two_halves):
-    """A warp's loads of one step: ``unroll`` chunks of 32 K values from ``kbase``, for each the ``groups`` weight
-    words, then the activation words (rows q and q + 8; zeros for the latter when M <= 8)."""
-    words = []
+def _weight_loads(w, rows_w, kbase, k_extent, cfg, lane_t, vec: bool, masked: bool):
+    """A warp's weight words of one step: per chunk of 32 K values from ``kbase``, the ``groups`` rows' words."""
+    chunks = []
     for u in fx.range_constexpr(cfg.unroll):
         k = kbase + 32 * u + 8 * lane_t
-        for g in fx.range_constexpr(cfg.groups):
-            words.append(_load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch))
-        words.append(_load_words(a, row_a0, k, k_extent, vec, masked, None))
-        words.append(_load_words(a, row_a1, k, k_extent, vec, masked, None) if two_halves else _WORDS(0))
-    return words
+        chunks.append(
+            [
+                _load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch)
+                for g in range(cfg.groups)
+            ]
+        )
+    return chunks
+
+
+def _activation_loads(a, row_a0, row_a1, kbase, k_extent, cfg, lane_t, vec: bool, masked: bool, two_halves):
+    """A warp's activation words of one step: per chunk, rows q and q + 8 (zeros for the latter when M <= 8)."""
+    chunks = []
+    for u in fx.range_constexpr(cfg.unroll):
+        k = kbase + 32 * u + 8 * lane_t
+        high = _load_words(a, row_a1, k, k_extent, vec, masked, None) if two_halves else _WORDS(0)
+        chunks.append([_load_words(a, row_a0, k, k_extent, vec, masked, None), high])
+    return chunks
+
+
+def _step_words(weights, activations):
+    """One step's words in :func:`_mmas`' order: per chunk, the groups' weight words, then the activation words."""
+    return [word for w_chunk, a_chunk in zip(weights, activations, strict=True) for word in w_chunk + a_chunk]
+
+
+def _loads(a, w, rows_w, row_a0, row_a1, kbase, k_extent, cfg, lane_t, vec: bool, masked: bool, two_halves):
+    """A warp's loads of one step: ``unroll`` chunks of 32 K values from ``kbase``, for each the ``groups`` weight
+    words, then the activation words."""
+    weights = _weight_loads(w, rows_w, kbase, k_extent, cfg, lane_t, vec, masked)
+    return _step_words(
+        weights, _activation_loads(a, row_a0, row_a1, kbase, k_extent, cfg, lane_t, vec, masked, two_halves)
+    )
 
 
 def _mmas(words, accs, cfg, dtype):
@@ -137,7 +165,7 @@ def _mmas(words, accs, cfg, dtype):
     return accs
 
 
-@flyc.kernel
+@flyc.kernel(dependent_launch=True)
 def skinny_gemm_kernel(
     a: fx.Tensor, w: fx.Tensor, c: fx.Tensor, bias: fx.Tensor, cfg: fx.Constexpr, spec: fx.Constexpr
 ):
@@ -150,6 +178,7 @@ def skinny_gemm_kernel(
         flyc.set_kernel_attributes(threads=cfg.threads)
     else:
         flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
+    nvvm.griddepcontrol_launch_dependents()  # the next kernel may take SMs as this grid's last CTAs start
     tid = gpu.thread_idx.x
     warp, lane = tid // 32, tid % 32
     warp_n, warp_kk = warp % cfg.warps_n, warp // cfg.warps_n
@@ -175,10 +204,26 @@ def skinny_gemm_kernel(
     full_end = arith.maximum(arith.minimum(end, full), begin)  # an empty split (begin == end) has no tail step
     accs = [_ACC(0.0)] * cfg.groups
     warp_k = warp_kk * (32 * cfg.unroll)
+    # Launched as a dependent (programmatic dependent launch), the kernel may start before the previous one ends:
+    # nothing it may write is read before the wait (the activations' rows depend on its zero, so that no load moves
+    # above it), nor is c written. early_weights: the first step's weights are read before it (masked: the step may
+    # be the K tail or lie past an empty split's end).
+    if fx.const_expr(cfg.early_weights):
+        first_weights = _weight_loads(w, rows_w, begin * cfg.step + warp_k, k_extent, cfg, lane_t, vec, True)
+    after_wait = nvvm.griddepcontrol_wait()
+    row_a0, row_a1 = row_a0 + after_wait, row_a1 + after_wait
+    if fx.const_expr(not cfg.early_weights):
+        rows_w = [row + after_wait for row in rows_w]
     operands = (a, w, rows_w, row_a0, row_a1)
     if fx.const_expr(cfg.pipelined):  # the next step's loads are issued before this step's MMAs
         if begin < full_end:
-            words = _loads(*operands, begin * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
+            if fx.const_expr(cfg.early_weights):
+                first_activations = _activation_loads(
+                    a, row_a0, row_a1, begin * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves
+                )
+                words = _step_words(first_weights, first_activations)
+            else:
+                words = _loads(*operands, begin * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
             for it in range(begin + 1, full_end):
                 upcoming = _loads(*operands, it * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
                 accs = _mmas(words, accs, cfg, a.dtype)

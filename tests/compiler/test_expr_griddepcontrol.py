@@ -1,0 +1,57 @@
+"""Programmatic dependent launch: ``@flyc.kernel(dependent_launch=True)`` and ``fx.nvvm.griddepcontrol_wait`` /
+``griddepcontrol_launch_dependents``. CPU: the PTX (the trigger first, loads after the wait), ptxas accepts it, the
+attribute is checked. GPU (``gpu``): a chain of dependent launches, each reading what the previous one wrote while
+that one lets it start early, adds up exactly; the loaded function carries the launch attribute."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import gpu, nvvm
+
+BLOCK = 256
+
+
+@flyc.kernel(dependent_launch=True)
+def add_one(src: fx.Tensor, dst: fx.Tensor, n: fx.Int32):
+    """dst[i] = src[i] + 1, launched as a dependent of the previous kernel, which it reads after the wait. The
+    trigger comes first: the next launch may start while this one still runs."""
+    nvvm.griddepcontrol_launch_dependents()
+    i = gpu.block_idx.x * BLOCK + gpu.thread_idx.x
+    after_wait = nvvm.griddepcontrol_wait()
+    if i < n:
+        dst[i + after_wait] = src[i + after_wait] + 1
+
+
+def test_dependent_launch_lowers_and_assembles():
+    spec = flyc.TensorSpec((1 << 20,), "i32")
+    compiled = add_one.lower(spec, spec, 1 << 20)
+    ptx = compiled.ptx
+    trigger, wait = ptx.index("griddepcontrol.launch_dependents;"), ptx.index("griddepcontrol.wait;")
+    load = re.search(r"ld\.global[.\w]*\s", ptx)
+    assert trigger < wait < load.start()
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_dependent_launch_is_checked():
+    with pytest.raises(ValueError, match="dependent_launch: expected a bool"):
+        flyc.kernel(dependent_launch=1)(lambda out: None)
+    assert add_one.attributes.dependent_launch and not flyc.KernelAttributes().dependent_launch
+
+
+@pytest.mark.gpu
+def test_chained_dependent_launches_read_what_the_previous_wrote():
+    import torch
+
+    n, steps = 1 << 24, 16  # 64 MB per buffer: many waves, so launches overlap their predecessor's tail
+    buffers = [torch.zeros(n, dtype=torch.int32, device="cuda"), torch.full((n,), -7, dtype=torch.int32, device="cuda")]
+    for step in range(steps):
+        add_one(buffers[step % 2], buffers[(step + 1) % 2], n).launch(grid=n // BLOCK, block=BLOCK)
+    torch.cuda.synchronize()
+    assert torch.equal(buffers[steps % 2], torch.full((n,), steps, dtype=torch.int32, device="cuda"))
+    spec = next(iter(add_one._loaded.values()))
+    assert spec.function.dependent_launch
