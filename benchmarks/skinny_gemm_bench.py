@@ -52,8 +52,7 @@ def _candidates(m: int, n: int, k: int):
         SkinnyConfig(groups=2, unroll=2, warps=8, **base),
         SkinnyConfig(groups=2, unroll=4, warps=4, **base),
     ]
-    # The first step's weights read before griddepcontrol.wait: what it gains back to back ("rotate").
-    variants += [dataclasses.replace(cfg, early_weights=True) for cfg in (chosen, variants[8])]
+    variants += [dataclasses.replace(cfg, min_blocks=2) for cfg in (SkinnyConfig(groups=4, unroll=2, **base),)]
     return [chosen] + [cfg for cfg in variants if cfg != chosen]
 
 
@@ -61,7 +60,16 @@ ROTATING_BYTES = 256 * 1024 * 1024  # "rotate": weight sets together at least th
 TIMINGS = FLUSHES + ("rotate",)
 
 
-def run_case(torch, m, n, k, repeats, config=None, peers=True, flush="dirty"):
+def _dependent_launch(on: bool) -> None:
+    """Turns programmatic dependent launch of the loaded skinny kernels on or off (an A/B switch for this benchmark:
+    the kernel always waits for its predecessor, so both are correct)."""
+    from flydsl.kernels.skinny_gemm import skinny_gemm_kernel
+
+    for loaded in skinny_gemm_kernel._loaded.values():
+        loaded.function.dependent_launch = on
+
+
+def run_case(torch, m, n, k, repeats, config=None, peers=True, flush="dirty", dependent_ab=False):
     """``flush``: "dirty" or "clean" (``bench_cold``, one call between events after each flush) or "rotate"
     (``bench_rotating``: back-to-back calls, each on its own weights, queued behind a sleep)."""
     from flydsl.kernels.gemm import gemm
@@ -86,9 +94,13 @@ def run_case(torch, m, n, k, repeats, config=None, peers=True, flush="dirty"):
             return bench_rotating([lambda i=i: call(i) for i in range(sets)])
         return bench_cold(lambda: call(0), flush=flush)
 
-    ours_ms, cublas_ms, gemm_ms, copy_ms = [], [], [], []
+    ours_ms, cublas_ms, gemm_ms, copy_ms, plain_ms = [], [], [], [], []
     for _ in range(repeats):
         ours_ms.append(timed(lambda i: skinny_gemm(a, bs[i], ours, config)))
+        if dependent_ab:
+            _dependent_launch(False)
+            plain_ms.append(timed(lambda i: skinny_gemm(a, bs[i], ours, config)))
+            _dependent_launch(True)
         if peers:
             cublas_ms.append(timed(lambda i: torch.matmul(a, bs[i], out=cublas_out)))
             gemm_ms.append(timed(lambda i: gemm(a, bs[i], gemm_out)))
@@ -106,6 +118,9 @@ def run_case(torch, m, n, k, repeats, config=None, peers=True, flush="dirty"):
         "skinny_weight_tbps": weight_bytes / ours_t / 1e9,
         "skinny_runs_ms": ours_ms,
     }
+    if dependent_ab:
+        record["skinny_plain_launch_ms"] = statistics.median(plain_ms)
+        record["skinny_plain_launch_runs_ms"] = plain_ms
     if peers:
         cublas_t, gemm_t, copy_t = statistics.median(cublas_ms), statistics.median(gemm_ms), statistics.median(copy_ms)
         record.update(
@@ -143,6 +158,9 @@ def main(argv=None) -> int:
         type=_flushes,
         default=list(TIMINGS),
         help="how each call finds the L2: dirty, clean (flushed, timed alone), rotate (back to back, rotating weights)",
+    )
+    parser.add_argument(
+        "--dependent-ab", action="store_true", help="also time ours launched plainly (no programmatic dependent launch)"
     )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
@@ -183,7 +201,7 @@ def main(argv=None) -> int:
         for m in args.m:
             for n, k in SHAPES_NK:
                 for flush in args.flush:
-                    r = run_case(torch, m, n, k, args.repeats, flush=flush)
+                    r = run_case(torch, m, n, k, args.repeats, flush=flush, dependent_ab=args.dependent_ab)
                     results.append(r)
                     print(
                         f"{m:>3} {n:>6} {k:>6} {flush:>5}  {r['skinny_ms'] * 1e3:>9.1f} {r['skinny_weight_tbps']:>5.2f}"
@@ -193,6 +211,8 @@ def main(argv=None) -> int:
                         f"  {r['max_rel_error_vs_fp64']:>7.1e}  {choose_skinny_config(m, n, k, sms)}",
                         flush=True,
                     )
+                    if args.dependent_ab:
+                        print(f"{'':>22}plain launch: {r['skinny_plain_launch_ms'] * 1e3:>9.1f} us", flush=True)
     summary = {"copy_tbps": copy, "one_element_zero_us": empty_us}
     if not args.explore:
         for flush in args.flush:
@@ -208,6 +228,9 @@ def main(argv=None) -> int:
                 "cases_at_3_8_tbps": sum(r["skinny_weight_tbps"] >= 3.8 for r in runs),
                 "cases": len(runs),
             }
+            if args.dependent_ab:
+                plain = [r["skinny_plain_launch_ms"] / r["skinny_ms"] for r in runs]
+                summary[flush]["geomean_plain_launch_time_vs_dependent"] = statistics.geometric_mean(plain)
     print(json.dumps(summary))
     if args.json:
         method = (

@@ -29,6 +29,7 @@ and 16-byte aligned rows; otherwise the kernel reads elements one by one (correc
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -62,7 +63,6 @@ class SkinnyConfig:
     pipelined: bool = True  # registers for two steps: the next step's loads are in flight during the MMAs
     min_blocks: int | None = None  # CTAs per SM to fit (caps registers; None: ptxas decides)
     warps_n: int = 1  # warps side by side along N (each its own groups; they share activation loads through L1)
-    early_weights: bool = False  # the first step's weight loads before griddepcontrol.wait (see skinny_gemm)
 
     def __post_init__(self):
         if self.groups not in (1, 2, 4, 8) or self.warps not in (1, 2, 4, 8, 16) or self.unroll not in (1, 2, 4, 8):
@@ -73,8 +73,6 @@ class SkinnyConfig:
             raise ValueError(f"{self}: warps_n must be 1, 2 or 4 and divide warps")
         if self.prefetch not in (None, 64, 128, 256):
             raise ValueError(f"{self}: prefetch must be None, 64, 128 or 256")
-        if self.early_weights and not self.pipelined:
-            raise ValueError(f"{self}: early_weights needs pipelined=True")
 
     @property
     def threads(self) -> int:
@@ -112,42 +110,17 @@ def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None)
     return vector.from_elements(vector.vector_class(t.dtype, 8), elements).bitcast(fx.Int32)
 
 
-def _weight_loads(w, rows_w, kbase, k_extent, cfg, lane_t, vec: bool, masked: bool):
-    """A warp's weight words of one step: per chunk of 32 K values from ``kbase``, the ``groups`` rows' words."""
-    chunks = []
-    for u in fx.range_constexpr(cfg.unroll):
-        k = kbase + 32 * u + 8 * lane_t
-        chunks.append(
-            [
-                _load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch)
-                for g in range(cfg.groups)
-            ]
-        )
-    return chunks
-
-
-def _activation_loads(a, row_a0, row_a1, kbase, k_extent, cfg, lane_t, vec: bool, masked: bool, two_halves):
-    """A warp's activation words of one step: per chunk, rows q and q + 8 (zeros for the latter when M <= 8)."""
-    chunks = []
-    for u in fx.range_constexpr(cfg.unroll):
-        k = kbase + 32 * u + 8 * lane_t
-        high = _load_words(a, row_a1, k, k_extent, vec, masked, None) if two_halves else _WORDS(0)
-        chunks.append([_load_words(a, row_a0, k, k_extent, vec, masked, None), high])
-    return chunks
-
-
-def _step_words(weights, activations):
-    """One step's words in :func:`_mmas`' order: per chunk, the groups' weight words, then the activation words."""
-    return [word for w_chunk, a_chunk in zip(weights, activations, strict=True) for word in w_chunk + a_chunk]
-
-
 def _loads(a, w, rows_w, row_a0, row_a1, kbase, k_extent, cfg, lane_t, vec: bool, masked: bool, two_halves):
     """A warp's loads of one step: ``unroll`` chunks of 32 K values from ``kbase``, for each the ``groups`` weight
-    words, then the activation words."""
-    weights = _weight_loads(w, rows_w, kbase, k_extent, cfg, lane_t, vec, masked)
-    return _step_words(
-        weights, _activation_loads(a, row_a0, row_a1, kbase, k_extent, cfg, lane_t, vec, masked, two_halves)
-    )
+    words, then the activation words (rows q and q + 8; zeros for the latter when M <= 8)."""
+    words = []
+    for u in fx.range_constexpr(cfg.unroll):
+        k = kbase + 32 * u + 8 * lane_t
+        for g in fx.range_constexpr(cfg.groups):
+            words.append(_load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch))
+        words.append(_load_words(a, row_a0, k, k_extent, vec, masked, None))
+        words.append(_load_words(a, row_a1, k, k_extent, vec, masked, None) if two_halves else _WORDS(0))
+    return words
 
 
 def _mmas(words, accs, cfg, dtype):
@@ -205,25 +178,16 @@ def skinny_gemm_kernel(
     accs = [_ACC(0.0)] * cfg.groups
     warp_k = warp_kk * (32 * cfg.unroll)
     # Launched as a dependent (programmatic dependent launch), the kernel may start before the previous one ends:
-    # nothing it may write is read before the wait (the activations' rows depend on its zero, so that no load moves
-    # above it), nor is c written. early_weights: the first step's weights are read before it (masked: the step may
-    # be the K tail or lie past an empty split's end).
-    if fx.const_expr(cfg.early_weights):
-        first_weights = _weight_loads(w, rows_w, begin * cfg.step + warp_k, k_extent, cfg, lane_t, vec, True)
+    # nothing is read before the wait (every load's row depends on its zero, so that none moves above it), nor is c
+    # written. (Reading the first step's weights before it measured no faster back to back at M = 16: 0-4% slower,
+    # benchmarks/results/skinny_gemm_explore_2026-12-01_rotate_m16.json.)
     after_wait = nvvm.griddepcontrol_wait()
     row_a0, row_a1 = row_a0 + after_wait, row_a1 + after_wait
-    if fx.const_expr(not cfg.early_weights):
-        rows_w = [row + after_wait for row in rows_w]
+    rows_w = [row + after_wait for row in rows_w]
     operands = (a, w, rows_w, row_a0, row_a1)
     if fx.const_expr(cfg.pipelined):  # the next step's loads are issued before this step's MMAs
         if begin < full_end:
-            if fx.const_expr(cfg.early_weights):
-                first_activations = _activation_loads(
-                    a, row_a0, row_a1, begin * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves
-                )
-                words = _step_words(first_weights, first_activations)
-            else:
-                words = _loads(*operands, begin * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
+            words = _loads(*operands, begin * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
             for it in range(begin + 1, full_end):
                 upcoming = _loads(*operands, it * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
                 accs = _mmas(words, accs, cfg, a.dtype)
@@ -266,17 +230,21 @@ def skinny_gemm_kernel(
 
 @functools.cache
 def choose_skinny_config(m: int, n: int, k: int, sms: int) -> SkinnyConfig:
-    """16 weight rows per CTA, 8 warps, 4 loads per row and step, double-buffered, 256-byte L2 prefetches: measured
-    best on the H200 for M in {1, 16} over issue 8's shapes among 12 candidates (benchmarks/skinny_gemm_bench.py
-    --explore; even at 1536 rows 96 CTAs beat a split K, whose partials cost a second launch). K is split over CTAs
-    only when fewer than half the SMs would have a CTA."""
-    del m  # the same configuration serves M <= 8 (rows 8..15 not loaded) and M <= 16
+    """M <= 8: 16 weight rows per CTA, 8 warps, 4 loads per row and step, double-buffered, 256-byte L2 prefetches
+    (measured best on the H200 for M in {1, 16} over issue 8's shapes among 12 candidates, benchmarks/
+    skinny_gemm_bench.py --explore; even at 1536 rows 96 CTAs beat a split K, whose partials cost a second launch).
+    M > 8 loads two activation rows per lane: 32 weight rows per CTA and 2 loads per step where that still gives
+    every SM a CTA, else the default at 2 CTAs per SM (back to back over rotating weights at M = 16: 3-10% faster
+    than the default on the 7 shapes timed, benchmarks/results/skinny_gemm_explore_2026-12-01_rotate_m16.json).
+    K is split over CTAs only when fewer than half the SMs would have a CTA."""
     cfg = SkinnyConfig()
+    if m > 8:
+        cfg = SkinnyConfig(groups=4, unroll=2) if -(-n // 32) >= sms else SkinnyConfig(min_blocks=2)
     ctas = -(-n // cfg.rows)
     splits = 1
     while ctas * splits < sms // 2 and splits * 2 * cfg.step <= k and splits < 16:
         splits *= 2
-    return SkinnyConfig(splits=splits)
+    return dataclasses.replace(cfg, splits=splits)
 
 
 def _vector_ready(t, k: int) -> bool:
