@@ -103,6 +103,7 @@ def test_config_checks_and_choice():
     assert choose_skinny_config(8, 4096, 4096, 132) == SkinnyConfig()
     assert choose_skinny_config(16, 4096, 4096, 132) == SkinnyConfig(min_blocks=2)  # 128 CTAs of 32 rows: too few
     assert choose_skinny_config(16, 8192, 8192, 132) == SkinnyConfig(groups=4, unroll=2)
+    assert choose_skinny_config(16, 1536, 7168, 132) == SkinnyConfig()  # 96 CTAs: one per SM anyway
     small = choose_skinny_config(16, 512, 7168, 132)
     assert small.splits > 1 and -(-512 // small.rows) * small.splits >= 132 // 2
     assert choose_skinny_config(1, 28672, 8192, 132).splits == 1

@@ -234,12 +234,15 @@ def choose_skinny_config(m: int, n: int, k: int, sms: int) -> SkinnyConfig:
     (measured best on the H200 for M in {1, 16} over issue 8's shapes among 12 candidates, benchmarks/
     skinny_gemm_bench.py --explore; even at 1536 rows 96 CTAs beat a split K, whose partials cost a second launch).
     M > 8 loads two activation rows per lane: 32 weight rows per CTA and 2 loads per step where that still gives
-    every SM a CTA, else the default at 2 CTAs per SM (back to back over rotating weights at M = 16: 3-10% faster
-    than the default on the 7 shapes timed, benchmarks/results/skinny_gemm_explore_2026-12-01_rotate_m16.json).
-    K is split over CTAs only when fewer than half the SMs would have a CTA."""
+    every SM a CTA, else the default at 2 CTAs per SM where there are more CTAs than SMs (back to back over rotating
+    weights at M = 16: 3-10% faster than the default on the 7 shapes timed,
+    benchmarks/results/skinny_gemm_explore_2026-12-01_rotate_m16.json; at 1536 x 7168, 96 CTAs, 2 per SM measured
+    4% slower). K is split over CTAs only when fewer than half the SMs would have a CTA."""
     cfg = SkinnyConfig()
-    if m > 8:
-        cfg = SkinnyConfig(groups=4, unroll=2) if -(-n // 32) >= sms else SkinnyConfig(min_blocks=2)
+    if m > 8 and -(-n // 32) >= sms:
+        cfg = SkinnyConfig(groups=4, unroll=2)
+    elif m > 8 and -(-n // cfg.rows) > sms:
+        cfg = SkinnyConfig(min_blocks=2)
     ctas = -(-n // cfg.rows)
     splits = 1
     while ctas * splits < sms // 2 and splits * 2 * cfg.step <= k and splits < 16:
