@@ -21,7 +21,6 @@ stream of GEMMs, without the ~4 us that events and dispatch add to a call timed 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -52,7 +51,12 @@ def _candidates(m: int, n: int, k: int):
         SkinnyConfig(groups=2, unroll=2, warps=8, **base),
         SkinnyConfig(groups=2, unroll=4, warps=4, **base),
     ]
-    variants += [dataclasses.replace(cfg, min_blocks=2) for cfg in (SkinnyConfig(groups=4, unroll=2, **base),)]
+    variants += [
+        # 64 weight rows per CTA: each CTA's activations (M x K, from L2) serve twice the weights of 32 rows
+        SkinnyConfig(groups=4, unroll=2, warps=8, warps_n=2, **base),
+        SkinnyConfig(groups=4, unroll=2, warps=16, warps_n=2, **base),
+        SkinnyConfig(groups=8, unroll=1, warps=8, **base),
+    ]
     return [chosen] + [cfg for cfg in variants if cfg != chosen]
 
 
@@ -141,6 +145,13 @@ def run_case(torch, m, n, k, repeats, config=None, peers=True, flush="dirty", de
     return record
 
 
+def _shapes(text: str) -> list[tuple[int, int]]:
+    try:
+        return [tuple(int(v) for v in shape.split("x")) for shape in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated NxK shapes, got {text!r}") from None
+
+
 def _flushes(text: str) -> list[str]:
     flushes = text.split(",")
     if not flushes or any(f not in TIMINGS for f in flushes):
@@ -153,6 +164,7 @@ def main(argv=None) -> int:
     parser.add_argument("--m", type=int, nargs="*", default=[1, 16])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--explore", action="store_true", help="time candidate configurations on a few shapes")
+    parser.add_argument("--nk", type=_shapes, help="with --explore: these NxK shapes (e.g. 8192x8192,14336x4096)")
     parser.add_argument(
         "--flush",
         type=_flushes,
@@ -182,7 +194,7 @@ def main(argv=None) -> int:
     if args.explore:
         print(f"{'M':>3} {'N':>6} {'K':>6} {'flush':>5}  {'us':>7} {'TB/s':>5}  config", flush=True)
         for m in args.m:
-            for n, k in EXPLORE_NK:
+            for n, k in args.nk or EXPLORE_NK:
                 for cfg in _candidates(m, n, k):
                     for flush in args.flush:
                         r = run_case(torch, m, n, k, 1, cfg, peers=False, flush=flush)

@@ -183,7 +183,8 @@ def test_epilogues(activation, bias_dtype):
 @pytest.mark.parametrize("splits", [1, 3, 16])
 @pytest.mark.parametrize(
     "groups,unroll,pipelined,warps_n",
-    [(1, 1, False, 1), (4, 2, False, 1), (8, 4, False, 4), (2, 4, True, 1), (1, 8, True, 2), (2, 4, True, 2)],
+    [(1, 1, False, 1), (4, 2, False, 1), (8, 4, False, 4), (2, 4, True, 1), (1, 8, True, 2), (2, 4, True, 2),
+     (4, 2, True, 2), (8, 1, True, 1)],  # fmt: skip
 )
 def test_configs_and_split_k(splits, groups, unroll, pipelined, warps_n):
     import torch
