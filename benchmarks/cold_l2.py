@@ -45,6 +45,34 @@ def _flusher(flush: str):
     return lambda: torch.sum(buffer, dim=0, out=total)
 
 
+def _per_call_ms(call, count: int) -> float:
+    """Milliseconds per call of ``count`` calls in a row: an estimate that turns milliseconds asked for into counts."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(count):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    return max(start.elapsed_time(end) / count, 1e-3)
+
+
+def _median_ms(before, call, repeats: int) -> float:
+    """The median of ``repeats`` event timings of ``call()``, each queued after ``before()`` (not timed)."""
+    import torch
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for begin, finish in zip(starts, ends, strict=True):
+        before()
+        begin.record()
+        call()
+        finish.record()
+    torch.cuda.synchronize()
+    return statistics.median(b.elapsed_time(f) for b, f in zip(starts, ends, strict=True))
+
+
 def bench_cold(fn, *, flush: str = "dirty", warmup: float = 25, rep: float = 100) -> float:
     """Median milliseconds of ``fn()`` after a flush of the given kind; ``warmup``/``rep`` in milliseconds, as for
     ``do_bench``."""
@@ -53,27 +81,10 @@ def bench_cold(fn, *, flush: str = "dirty", warmup: float = 25, rep: float = 100
     flush_l2 = _flusher(flush)
     fn()
     torch.cuda.synchronize()
-    # Estimate the time of one flushed call, to turn the milliseconds asked for into counts.
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        flush_l2()
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    estimate = _per_call_ms(lambda: (flush_l2(), fn()), 5)  # a flushed call
     for _ in range(max(1, int(warmup / estimate))):
         fn()
-    repeats = max(1, int(rep / estimate))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for begin, finish in zip(starts, ends, strict=True):
-        flush_l2()
-        begin.record()
-        fn()
-        finish.record()
-    torch.cuda.synchronize()
-    return statistics.median(b.elapsed_time(f) for b, f in zip(starts, ends, strict=True))
+    return _median_ms(flush_l2, fn, max(1, int(rep / estimate)))
 
 
 def copy_tbps(gigabytes: float = 1.0, flush: str = "dirty") -> float:
@@ -108,23 +119,9 @@ def bench_rotating(calls, *, warmup: float = 25, rep: float = 100) -> float:
     began = time.perf_counter()
     one_pass()
     host_s = time.perf_counter() - began
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        one_pass()
-    end.record()
-    torch.cuda.synchronize()
-    estimate = max(start.elapsed_time(end) / 3, 1e-3)
+    estimate = _per_call_ms(one_pass, 3)
     sleep_cycles = int(3 * host_s * 2e9) + 20_000  # >= 1.5 x the host's time at up to 2 GHz
     for _ in range(max(1, int(warmup / estimate))):
         one_pass()
     passes = max(3, int(rep / estimate))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(passes)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(passes)]
-    for begin, finish in zip(starts, ends, strict=True):
-        torch.cuda._sleep(sleep_cycles)
-        begin.record()
-        one_pass()
-        finish.record()
-    torch.cuda.synchronize()
-    return statistics.median(b.elapsed_time(f) for b, f in zip(starts, ends, strict=True)) / len(calls)
+    return _median_ms(lambda: torch.cuda._sleep(sleep_cycles), one_pass, passes) / len(calls)

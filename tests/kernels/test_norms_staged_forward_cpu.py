@@ -326,26 +326,32 @@ def test_staged_forward_is_the_default(monkeypatch):
     assert taken[-1][0] == "register"
 
 
-def test_staged_softmax_is_the_default(monkeypatch):
-    """softmax.forward takes the staged kernel where softmax_staged_config has one and the rows are 16-byte aligned
-    (by default; staged=False and STAGED_FORWARD off keep the register kernel), else the register kernel."""
+def _record_softmax_launches(monkeypatch, direction: str):
+    """Replaces softmax's ``direction`` ("forward" or "backward") kernels, staged and register, by stand-ins whose
+    launches append ``(kind, config)`` to the list returned (the config is the kernel's last argument); the staged
+    grid is one group. Returns (the softmax_staged module, that list)."""
     staged = importlib.import_module("flydsl.kernels.softmax_staged")
-    host = importlib.import_module("flydsl.kernels.host")
     taken = []
 
     class Launch:
         def __init__(self, *args):
-            self.args = args
+            self.cfg = args[-1]
 
         def launch(self, **kwargs):
-            taken.append(
-                ("staged" if isinstance(self.args[-1], norm_mod.StagedForwardConfig) else "register",)
-                + (self.args[-1],)
-            )
+            kind = "staged" if isinstance(self.cfg, norm_mod.StagedForwardConfig) else "register"
+            taken.append((kind, self.cfg))
 
-    monkeypatch.setattr(softmax_mod, "softmax_forward_kernel", Launch)
-    monkeypatch.setattr(staged, "softmax_forward_staged_kernel", Launch)
+    monkeypatch.setattr(softmax_mod, f"softmax_{direction}_kernel", Launch)
+    monkeypatch.setattr(staged, f"softmax_{direction}_staged_kernel", Launch)
     monkeypatch.setattr(staged, "staged_forward_groups", lambda cfg, rows, device: 1)
+    return staged, taken
+
+
+def test_staged_softmax_is_the_default(monkeypatch):
+    """softmax.forward takes the staged kernel where softmax_staged_config has one and the rows are 16-byte aligned
+    (by default; staged=False and STAGED_FORWARD off keep the register kernel), else the register kernel."""
+    host = importlib.import_module("flydsl.kernels.host")
+    staged, taken = _record_softmax_launches(monkeypatch, "forward")
     n = 65536
     x, out = fake((4, n), "<f2"), fake((4, n), "<f2")
     norms.softmax(x, out)
@@ -465,21 +471,8 @@ def test_staged_softmax_backward_is_the_default(monkeypatch):
     """softmax.backward takes the staged kernel where softmax_backward_staged_config has one and dy, y, dx are
     16-byte aligned (by default; staged=False and STAGED_FORWARD off keep the register kernel), else the register
     kernel; a team only where its exchange tensor can be allocated."""
-    staged = importlib.import_module("flydsl.kernels.softmax_staged")
     host = importlib.import_module("flydsl.kernels.host")
-    taken = []
-
-    class Launch:
-        def __init__(self, *args):
-            self.args = args
-
-        def launch(self, **kwargs):
-            kind = "staged" if isinstance(self.args[-1], norm_mod.StagedForwardConfig) else "register"
-            taken.append((kind, self.args[-1]))
-
-    monkeypatch.setattr(softmax_mod, "softmax_backward_kernel", Launch)
-    monkeypatch.setattr(staged, "softmax_backward_staged_kernel", Launch)
-    monkeypatch.setattr(staged, "staged_forward_groups", lambda cfg, rows, device: 1)
+    staged, taken = _record_softmax_launches(monkeypatch, "backward")
 
     def run(shape, typestr, dx_pointer=1 << 20, **kwargs):
         dy, y = (host.row_tensor(fake(shape, typestr), name) for name in ("dy", "y"))
