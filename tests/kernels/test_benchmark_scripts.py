@@ -81,3 +81,22 @@ def test_norms_staged_shapes_option(monkeypatch):
         errors.clear()
         norms_forward_staged.parse_shapes(bad, errors.append)
         assert errors, bad
+
+
+def test_plot_gemm_reads_skinny_results(tmp_path):
+    """plot_gemm draws skinny_gemm_bench results too (its keys differ from gemm_bench's): a PNG where matplotlib is
+    installed, else the ratio table."""
+    import importlib.util
+
+    results = BENCHMARKS / "results" / "skinny_gemm_2026-12-01_rotate_final.json"
+    out = tmp_path / "skinny.png"
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "plot_gemm.py"), str(results), "--tbps", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert run.returncode == 0 and out.stat().st_size > 0, run.stderr[-2000:]
+    else:
+        assert run.returncode == 1 and "M=   16" in run.stdout and "geomean" in run.stdout, run.stdout + run.stderr
