@@ -51,8 +51,8 @@ class NormFlags:
 
 @dataclass(frozen=True)
 class SoftmaxFlags:
-    """The staged forward's softmax variant (:func:`flydsl.kernels.norm_staged._rows_staged_forward` takes it where
-    it takes :class:`NormFlags`): no residual, weight, bias nor statistics."""
+    """The staged forward's softmax variant (:func:`flydsl.kernels.norm_staged_forward._rows_staged_forward` takes
+    it where it takes :class:`NormFlags`): no residual, weight, bias nor statistics."""
 
     residual: bool = False
     weight: bool = False
@@ -285,17 +285,17 @@ def make_backward_config(
 
 @dataclass(frozen=True)
 class StagedForwardConfig:
-    """The staged forward (:func:`flydsl.kernels.norm_staged._rows_staged_forward`): ``row`` (the thread layout: as
-    many CTAs per row as hold it, a cluster of up to 8, or a team: ``staged_forward_config(team=True)``), ``stages``
+    """The staged forward (:func:`flydsl.kernels.norm_staged_forward._rows_staged_forward`): ``row`` (the thread layout:
+    as many CTAs per row as hold it, a cluster of up to 8, or a team: ``staged_forward_config(team=True)``), ``stages``
     (rows of the shared-memory ring), ``sources`` (row tensors in the ring: x, and the residual of the fused add),
-    ``lag`` (clusters: rows between a row's push and its output), ``hold`` (lag 0: each thread keeps its first
-    ``hold`` chunks of the row in registers from the first pass to the output, as float32, instead of reading and
-    converting them from the ring in every pass; softmax keeps their exps, and writes each of those outputs with one
-    multiply; 0: none), ``keep_weights`` (each thread loads its chunks of the weight and bias once, before its first
-    row, and keeps them in registers in their dtype for every row, instead of reloading them from L1/L2 per row: a
-    CTA's slice is the same columns for all its rows; not with float32 weights on 16-bit rows, whose registers
-    would spill; routed at 5-8 CTAs per row and in teams, see :func:`forward_shape`). One CTA per SM (the ring
-    takes most of the shared memory), a persistent grid."""
+    ``lag`` (clusters: rows between a row's push and its output), ``hold`` (lag 0: each thread keeps its first ``hold``
+    chunks of the row in registers from the first pass to the output, as float32, instead of reading and converting them
+    from the ring in every pass; softmax keeps their exps, and writes each of those outputs with one multiply; 0: none),
+    ``keep_weights`` (each thread loads its chunks of the weight and bias once, before its first row, and keeps them in
+    registers in their dtype for every row, instead of reloading them from L1/L2 per row: a CTA's slice is the same
+    columns for all its rows; not with float32 weights on 16-bit rows, whose registers would spill; routed at 5-8 CTAs
+    per row and in teams, see :func:`forward_shape`). One CTA per SM (the ring takes most of the shared memory), a
+    persistent grid."""
 
     row: RowConfig
     stages: int

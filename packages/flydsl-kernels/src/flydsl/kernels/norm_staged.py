@@ -3,9 +3,9 @@ copies its 16-byte chunks of dy and x rows ahead into a shared-memory ring (``cp
 flight without registers, and keeps its column sums in registers. A row split over CTAs does not wait at a cluster
 barrier per row: the CTAs push their partial sums to each other (a cluster: ``st.async`` into the peers' shared
 memory + mbarriers; past 8 CTAs, a team of up to 64 CTAs: tagged pairs in global memory) and write dx ``lag`` rows
-later. Also the row math both backward kernels share (:func:`_row_constants`, :func:`_dx`), and the staged
-forward (:func:`_rows_staged_forward`), on the same ring (:class:`_RowRing`) and pushes (its teams, opt-in: the
-first warp combines the row's tagged pairs, :func:`_team_stats`)."""
+later. Also the row math both backward kernels share (:func:`_row_constants`, :func:`_dx`), and the ring
+(:class:`_RowRing`) and pushes (:func:`_exchange_setup`) that the staged forward
+(:mod:`flydsl.kernels.norm_staged_forward`) runs on."""
 
 from __future__ import annotations
 
@@ -14,27 +14,18 @@ from types import SimpleNamespace
 
 from mlir.dialects import llvm as _llvm
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import arith, cluster, gpu, math, nvvm, vector
+from flydsl.expr import cluster, gpu, vector
 from flydsl.kernels.norm_config import (
     BackwardConfig,
     NormFlags,
-    SoftmaxBackwardFlags,
-    SoftmaxFlags,
-    StagedForwardConfig,
 )
 from flydsl.kernels.reduction import (
     RowConfig,
     chunk_index,
     load_vector_chunk,
-    load_vector_chunks_raw,
-    row_position,
     row_reduce,
-    row_smem,
     store_row,
-    thread_reduce,
-    vector_chunk,
 )
 
 
@@ -294,7 +285,8 @@ def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int, team_inbox: 
     tag is set, sums them and hands the sums to the CTA through shared memory. Either way the sum runs over the
     ranks in a fixed order: every CTA of the row computes the same means, and the result does not depend on
     timing. ``team_inbox`` (the forward): a team's first warp combines the row's pairs into its statistics
-    (:func:`_team_stats`), handed to the CTA through a shared-memory slot of two values."""
+    (:func:`flydsl.kernels.norm_staged_forward._team_stats`), handed to the CTA through a shared-memory slot of two
+    values."""
     share = SimpleNamespace(rc=cfg.row, pos=pos, exchange=exchange, slots=slots)
     if fx.const_expr(cfg.row.team and team_inbox):
         share.inbox = fx.SmemAllocator().allocate(fx.Float32, slots * 2, alignment=16)
@@ -380,46 +372,6 @@ def _team_sums(share, row, parity, size: int, lane) -> None:
         share.means[parity * 2 + 1] = total[1]
 
 
-def _team_stats(share, flags, k, row, n, inv_n):
-    """Row ``row``'s statistics (this CTA's ``k``-th; as :func:`_pushed_stats`) in a team: lane ``r`` of the first
-    warp polls rank ``r``'s tagged pair in global memory (:func:`_poll_tagged_pair`), the warp combines them
-    (:func:`_team_combine`), lane 0 hands the result to the CTA through shared-memory slot ``k % slots``."""
-    pos = share.pos
-    slot = k % share.slots
-    if pos.tid < 32:
-        lane = pos.tid % 32
-        ok = lane < share.rc.cluster
-        rank = fx.arith.select(ok, lane, type(lane)(0))
-        first, second = _poll_tagged_pair(share, row, rank, ok)
-        a, b = _team_combine(flags, share.rc, n, inv_n, lane, ok, first, second)
-        if lane == 0:
-            share.inbox[slot * 2] = a
-            share.inbox[slot * 2 + 1] = b
-    gpu.barrier()
-    return share.inbox[slot * 2], share.inbox[slot * 2 + 1]
-
-
-def _team_combine(flags, rc: RowConfig, n, inv_n, lane, ok, first, second):
-    """The row's statistics from rank ``lane``'s pair ``(first, second)`` (lanes past the team: ``ok`` false, left
-    out), by the warp's shuffle trees; lane 0's result is the one used, the same in every CTA of the team. LayerNorm:
-    Chan's combination as :func:`_chan`; RMSNorm: the sum of squares; softmax: as :func:`_softmax_combine`;
-    softmax's backward: the sum of ``sum(dy * y)``."""
-    zero = fx.Float32(0.0)
-    if fx.const_expr(isinstance(flags, SoftmaxBackwardFlags)):
-        return gpu.warp_reduce(fx.arith.select(ok, first, zero), "add", width=32), zero
-    if fx.const_expr(isinstance(flags, SoftmaxFlags)):
-        top = gpu.warp_reduce(fx.arith.select(ok, first, fx.Float32(float("-inf"))), "max", width=32)
-        term = second * nvvm.ex2_approx(first * _LOG2E - top * _LOG2E, ftz=True)
-        return top, gpu.warp_reduce(fx.arith.select(ok, term, zero), "add", width=32)
-    if fx.const_expr(flags.rms):
-        return zero, gpu.warp_reduce(fx.arith.select(ok, first, zero), "add", width=32)
-    count = fx.arith.select(ok, _rank_count(rc, n, lane).to(fx.Float32), zero)
-    mean = gpu.warp_reduce(count * fx.arith.select(ok, first, zero), "add", width=32) * inv_n
-    d = first - mean
-    squares = fx.arith.select(ok, second + count * (d * d), zero)
-    return mean, gpu.warp_reduce(squares, "add", width=32)
-
-
 def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, groups, row_groups, exchange):
     """The staged kernel with a row split over CTAs (a cluster, or a team: see :func:`_exchange_setup`), without a
     barrier of all of them per row: each CTA reduces its part of row ``k`` and pushes its pair, then writes dx of
@@ -482,339 +434,3 @@ def _round(values, dtype):
     if fx.const_expr(dtype is fx.Float32):
         return values
     return [v.to(dtype).to(fx.Float32) for v in values]
-
-
-def _clamp(v, lo: int, hi: int):
-    v = fx.arith.select(v < lo, type(v)(lo), v)
-    return fx.arith.select(v > hi, type(v)(hi), v)
-
-
-def _rank_count(rc: RowConfig, n, rank):
-    """Elements of a row that CTA ``rank`` of its cluster holds (N a multiple of ``vec``): its chunk ``j`` covers row
-    chunks ``(j * cluster + rank) * threads_per_row + lane``."""
-    total = n // rc.vec
-    count = None
-    for j in fx.range_constexpr(rc.chunks):
-        part = _clamp(total - (j * rc.cluster + rank) * rc.threads_per_row, 0, rc.threads_per_row)
-        count = part if count is None else count + part
-    return count * rc.vec
-
-
-def _inverse_count(count):
-    """``1 / count`` as Float32 (1 for an empty CTA: its pair is zeros and its count 0, so it adds nothing)."""
-    return 1.0 / fx.arith.select(count > 0, count, type(count)(1)).to(fx.Float32)
-
-
-class _ForwardRows:
-    """The staged forward's rows in its ring (x, or x and the residual; softmax's backward: dy and y) and their
-    outputs; ``flags``: a :class:`NormFlags`, :class:`SoftmaxFlags` or :class:`SoftmaxBackwardFlags`."""
-
-    def __init__(self, cfg: StagedForwardConfig, flags, tensors, pos, n, rows):
-        self.cfg, self.rc, self.flags, self.pos, self.n, self.rows = cfg, cfg.row, flags, pos, n, rows
-        self.x, self.residual, self.weight, self.bias, self.out, self.residual_out = tensors[:6]
-        two = flags.residual or isinstance(flags, SoftmaxBackwardFlags)
-        sources = (self.x, self.residual) if two else (self.x,)
-        self.ring = _RowRing(cfg.row, cfg.stages, sources, pos, n, rows)
-        self.inside = [col < n for col in self.ring.cols]  # chunk masks (N is a multiple of vec)
-        # before the row loop: the same columns every row; not float32 weights on 16-bit rows (twice the registers:
-        # they spill)
-        vectors = [t for t, read in ((self.weight, flags.weight), (self.bias, flags.bias)) if read]
-        fits = self.x.dtype.width == 32 or all(t.dtype.width == 16 for t in vectors)
-        keep = isinstance(flags, NormFlags) and cfg.keep_weights and fits
-        self.kept_weight = load_vector_chunks_raw(cfg.row, self.weight, pos, n) if keep and flags.weight else None
-        self.kept_bias = load_vector_chunks_raw(cfg.row, self.bias, pos, n) if keep and flags.bias else None
-
-    def values(self, slot, j: int):
-        """Chunk ``j`` of the row in ``slot``: x, or x + residual rounded to the dtype (residual_out's values)."""
-        xs = self.ring.chunk(slot, 0, j)
-        if fx.const_expr(self.flags.residual):
-            rs = self.ring.chunk(slot, 1, j)
-            xs = _round([a + b for a, b in zip(xs, rs, strict=True)], self.x.dtype)
-        return xs
-
-    def held(self, slot):
-        """The row's first ``cfg.hold`` chunks of values, read once to stay in registers (None for the others, and
-        None without ``hold``)."""
-        if fx.const_expr(not self.cfg.hold):
-            return None
-        return [self.values(slot, j) if j < self.cfg.hold else None for j in range(self.rc.chunks)]
-
-    def row_values(self, slot, held):
-        """Chunk ``j``'s values of the row in ``slot``: held in registers since the first pass, or read from the
-        ring where it is used."""
-        return lambda j: held[j] if held is not None and held[j] is not None else self.values(slot, j)
-
-    def store_softmax(self, slot, row, top, scale, held=None, factor=None) -> None:
-        """Softmax of the row in ``slot``: ``exp(x - top) * scale``; the chunks whose exps the first passes kept
-        (``held``: ``exp(x - m)`` about this CTA's max ``m``): ``held * factor`` (``factor = exp(m - top) *
-        scale``)."""
-        shift = top * _LOG2E
-
-        def chunk(j):
-            if fx.const_expr(held is not None and held[j] is not None):
-                return [e * factor for e in held[j]]
-            return [nvvm.ex2_approx(v * _LOG2E - shift, ftz=True) * scale for v in self.values(slot, j)]
-
-        store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
-
-    def products(self, slot, j: int):
-        """Softmax's backward: chunk ``j`` of dy and of y of the row in ``slot``."""
-        return self.ring.chunk(slot, 0, j), self.ring.chunk(slot, 1, j)
-
-    def store_softmax_backward(self, slot, row, dot) -> None:
-        """``dx = y * (dy - dot)`` of the row in ``slot``, ``dot = sum(dy * y)`` over the row."""
-
-        def chunk(j):
-            dys, ys = self.products(slot, j)
-            return [y * (d - dot) for d, y in zip(dys, ys, strict=True)]
-
-        store_row(self.rc, self.out, _row_at(self.pos, row), self.n, self.rows, chunk)
-
-    def store(self, slot, row, mean, rstd, held=None) -> None:
-        """The normalized row in ``slot`` (weight and bias loaded next to each chunk's store, or kept in registers:
-        ``cfg.keep_weights``). 16-bit rows: ``v *
-        rstd - mean * rstd``, then ``* w + b``, two fma per element (the kernel is issue-bound there; the rounding of
-        ``mean * rstd`` stays far under the output's). float32 rows: ``(v - mean) * rstd``, exact to float32 even
-        where the mean is large against the spread."""
-        rc, pos, n = self.rc, self.pos, self.n
-        shift = -mean * rstd
-        exact = self.x.dtype is fx.Float32
-        values = self.row_values(slot, held)
-
-        def chunk(j):
-            vs = values(j)
-            ys = [(v - mean) * rstd for v in vs] if exact else [v * rstd + shift for v in vs]
-            if fx.const_expr(self.flags.weight):
-                ws = vector_chunk(rc, self.weight, pos, n, j, self.kept_weight)
-                ys = [y * w for y, w in zip(ys, ws, strict=True)]
-            if fx.const_expr(self.flags.bias):
-                bs = vector_chunk(rc, self.bias, pos, n, j, self.kept_bias)
-                ys = [y + b for y, b in zip(ys, bs, strict=True)]
-            return ys
-
-        store_row(rc, self.out, _row_at(pos, row), n, self.rows, chunk)
-
-
-def _forward_partial(work, slot, row, block, smem, parity, inv_count):
-    """This CTA's partial pair of the row in ``slot``: RMSNorm ``(sum(v^2), 0)``; LayerNorm ``(m, sum((v - m)^2))``
-    with the CTA's own mean ``m = sum(v) * inv_count`` (two block reductions; the zero padding masked out of the
-    second); softmax: see :func:`_softmax_partial`. The fused add writes ``residual_out`` here. Returns (the pair,
-    the values held for the output: with ``work.cfg.hold`` the float32 values of the row's first chunks (softmax:
-    their exps), else None). Softmax's backward: ``(sum(dy * y), 0)``. (A function, not a method of
-    :class:`_ForwardRows`: the kernel's control flow is traced through functions only, and a method's ``if`` on a
-    kernel value would not be.)"""
-    if fx.const_expr(isinstance(work.flags, SoftmaxFlags)):
-        return _softmax_partial(work, slot, block, smem)
-    rc, pos = work.rc, work.pos
-    if fx.const_expr(isinstance(work.flags, SoftmaxBackwardFlags)):  # sum(dy * y): the padding's zeros add nothing
-        dot = fx.Float32(0.0)
-        for j in fx.range_constexpr(rc.chunks):
-            dys, ys = work.products(slot, j)
-            dot = dot + thread_reduce([d * y for d, y in zip(dys, ys, strict=True)])
-        return [row_reduce(block, pos, smem, parity, dot), fx.Float32(0.0)], None
-    here = _row_at(pos, row)
-    held = work.held(slot)
-    values = work.row_values(slot, held)
-    part = fx.Float32(0.0)
-    for j in fx.range_constexpr(rc.chunks):
-        vs = values(j)
-        if fx.const_expr(work.flags.residual):
-            store_row(rc, work.residual_out, here, work.n, work.rows, vs, chunks=(j,))
-        part = part + thread_reduce([v * v for v in vs] if work.flags.rms else vs)
-    if fx.const_expr(work.flags.rms):
-        return [row_reduce(block, pos, smem, parity, part), fx.Float32(0.0)], held
-    total = row_reduce(block, pos, smem, 0, part)
-    local = total * inv_count
-    squares = fx.Float32(0.0)
-    for j in fx.range_constexpr(rc.chunks):  # chunks past N masked out whole (N is a multiple of vec)
-        chunk = thread_reduce([(v - local) * (v - local) for v in values(j)])
-        squares = squares + fx.arith.select(work.inside[j], chunk, fx.Float32(0.0))
-    return [local, row_reduce(block, pos, smem, 1, squares)], held
-
-
-def _chan(share, old, counts, inv_n):
-    """LayerNorm's (mean, sum of squared deviations) of a row from its CTAs' pairs ``(m_r, M2_r)`` (each CTA's own
-    mean and the squared deviations about it) in inbox slot ``old`` (Chan, Golub and LeVeque's pairwise update):
-    ``M2 = sum_r M2_r + n_r (m_r - mean)^2``. Every term is non-negative (no cancellation as in ``E[x^2] -
-    mean^2``). Summed over the ranks in a fixed order: every CTA gets the same values. ``counts``: the ranks' n_r
-    (Float32; no inverses held through the row loop: registers are tight)."""
-    size = share.rc.cluster
-    pairs = [[share.inbox[(old * size + r) * 2 + i] for i in range(2)] for r in range(size)]
-    total = fx.Float32(0.0)
-    for r in fx.range_constexpr(size):
-        total = total + counts[r] * pairs[r][0]
-    mean = total * inv_n
-    squares = fx.Float32(0.0)
-    for r in fx.range_constexpr(size):
-        d = pairs[r][0] - mean
-        squares = squares + (pairs[r][1] + counts[r] * (d * d))
-    return mean, squares
-
-
-def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
-    """The staged forward (the default for long rows; see :func:`flydsl.kernels.normalization.forward`): a
-    persistent grid whose CTA group (a CTA, or a cluster for rows longer than one CTA's ring row) takes rows
-    ``group, group + groups, ...``. Each thread copies its chunks of x (and the residual) rows ahead into its slots
-    of a shared-memory ring (:class:`_RowRing`), so that the bytes in flight take no registers. Per row: the CTA's
-    partial pair (see :func:`_forward_partial`) through block reductions. One CTA per row: the row's statistics at
-    once, then its output from the ring. A cluster: each CTA pushes its pair into every peer's inbox (``st.async`` +
-    mbarrier, as the staged backward's :func:`_rows_pushed`, no cluster barrier per row) and writes the output of
-    row ``k - lag``, whose pairs arrived meanwhile; LayerNorm combines the pairs by :func:`_chan`. A ring of a
-    single row (lag 0; rows of 128 KB per CTA) copies the next row in once this row's output is written: the SM's
-    copies wait meanwhile, other SMs' keep HBM busy. ``flags``: a :class:`NormFlags`, or :class:`SoftmaxFlags` for
-    softmax (``tensors``: x and out in their norm places)."""
-    rc = cfg.row
-    rows, n = tensors[0].shape
-    groups = gpu.grid_dim.x // rc.cluster
-    pos = row_position(rc)
-    flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
-    group = gpu.block_idx.x // rc.cluster
-    mean_out, rstd_out = tensors[6], tensors[7]
-    lag = cfg.lag if rc.cluster > 1 else 0
-    ahead = cfg.stages - 1 - lag
-    inv_n = 1.0 / n.to(fx.Float32)
-    work = _ForwardRows(cfg, flags, tensors, pos, n, rows)
-    block = dataclasses.replace(rc, cluster=1, team=False)  # the CTA's part of the reduction
-    smem = row_smem(block, phases=2)  # LayerNorm, softmax: two reductions per row; RMSNorm: alternating rows
-    inv_count = inv_n
-    share, counts = None, []
-    if fx.const_expr(rc.cluster > 1):  # a team's inbox: two slots (the row's block barriers separate their reuse)
-        share = _exchange_setup(cfg, pos, tensors[8], 2 if rc.team else inbox_slots(lag), team_inbox=True)
-        if fx.const_expr(_layer_norm(flags)):
-            if fx.const_expr(not rc.team):  # a team's first warp computes each rank's count where it combines
-                counts = [_rank_count(rc, n, r).to(fx.Float32) for r in range(rc.cluster)]
-            inv_count = _inverse_count(_rank_count(rc, n, pos.rank))
-    for k in fx.range_constexpr(ahead + 1):
-        work.ring.issue(group + k * groups, fx.Int32(k))
-    k = fx.Int32(0)
-    parity = fx.Int32(0)
-    for grp in range(group, rows + lag * groups, groups):  # lag more steps in a cluster: the last rows' output
-        fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
-        part, held = _forward_partial(work, k % cfg.stages, grp, block, smem, parity, inv_count)
-        done = k - lag
-        row = grp - lag * groups
-        if fx.const_expr(rc.cluster > 1):
-            if grp < rows:
-                _exchange_push(share, k, grp, part)
-            if done >= 0:  # the output of row k - lag, from its pairs
-                if fx.const_expr(rc.team):
-                    a, b = _team_stats(share, flags, done, row, n, inv_n)
-                else:
-                    a, b = _pushed_stats(share, flags, _exchange_wait(share, done), counts, inv_n)
-                _finish(
-                    work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out, part, held
-                )
-        else:  # one CTA per row: its pair is the row's
-            a, b = _own_stats(flags, part, inv_n)
-            _finish(work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out, part, held)
-        # the slot of row k - lag is free (its output is written): row k + ahead + 1 goes there
-        work.ring.issue(grp + (ahead + 1) * groups, (k + ahead + 1) % cfg.stages)
-        k = k + 1
-        parity = 1 - parity
-    fx.nvvm.cp_async_wait_group(0)  # nothing lands in shared memory after the CTA is gone
-    if fx.const_expr(rc.cluster_shape is not None):
-        cluster.sync()  # no CTA leaves while a peer may still push into it
-
-
-def _layer_norm(flags) -> bool:
-    return isinstance(flags, NormFlags) and not flags.rms
-
-
-def _own_stats(flags, part, inv_n):
-    """:func:`_pushed_stats` of a row held by one CTA, from its pair ``part``."""
-    if fx.const_expr(isinstance(flags, (SoftmaxFlags, SoftmaxBackwardFlags))):
-        return part[0], part[1]
-    if fx.const_expr(flags.rms):
-        return fx.Float32(0.0), part[0]
-    return part[0], part[1]
-
-
-def _pushed_stats(share, flags, old, counts, inv_n):
-    """The row's statistics from its CTAs' pairs in inbox slot ``old``, summed over the ranks in a fixed order (every
-    CTA gets the same): LayerNorm ``(mean, sum of squared deviations)`` (:func:`_chan`), RMSNorm ``(0, sum of
-    squares)``, softmax ``(max, sum of exp(x - max))`` (:func:`_softmax_combine`), softmax's backward ``(sum(dy *
-    y), 0)``."""
-    if fx.const_expr(isinstance(flags, SoftmaxFlags)):
-        return _softmax_combine(share, old)
-    if fx.const_expr(isinstance(flags, SoftmaxBackwardFlags) or flags.rms):
-        size = share.rc.cluster
-        total = fx.Float32(0.0)
-        for r in fx.range_constexpr(size):
-            total = total + share.inbox[(old * size + r) * 2]
-        if fx.const_expr(isinstance(flags, SoftmaxBackwardFlags)):
-            return total, fx.Float32(0.0)
-        return fx.Float32(0.0), total
-    return _chan(share, old, counts, inv_n)
-
-
-def _finish(work, flags, pos, slot, row, rows, a, b, inv_n, eps, mean_out, rstd_out, part=None, held=None) -> None:
-    """Row ``row``'s output from ring slot ``slot`` given its statistics ``(a, b)`` (see :func:`_pushed_stats`), and
-    the statistics asked for (the leader thread). ``held``: the row's values kept in registers (lag 0), with this
-    CTA's own pair ``part`` (softmax: the exps about its own max)."""
-    if fx.const_expr(isinstance(flags, SoftmaxBackwardFlags)):
-        work.store_softmax_backward(slot, row, a)
-        return
-    if fx.const_expr(isinstance(flags, SoftmaxFlags)):
-        factor = None
-        if fx.const_expr(held is not None):  # exp(x - m) * exp(m - top) / sum, 0 for a part all -inf (its exps are
-            # 0 and m is -inf), NaN for a row all -inf (b = 0), as the path without held values
-            low = fx.Float32(float("-inf"))
-            rescale = fx.arith.select(part[0] > low, nvvm.ex2_approx((part[0] - a) * _LOG2E, ftz=True), fx.Float32(0.0))
-            factor = rescale * (1.0 / b)
-        work.store_softmax(slot, row, a, 1.0 / b, held, factor)
-        return
-    mean = a
-    rstd = math.rsqrt(b * inv_n + eps)
-    work.store(slot, row, mean, rstd, held)
-    if fx.const_expr(flags.mean or flags.rstd):
-        if pos.leader & (row < rows):
-            if fx.const_expr(flags.mean):
-                mean_out[row] = mean
-            if fx.const_expr(flags.rstd):
-                rstd_out[row] = rstd
-
-
-_LOG2E = 1.4426950408889634
-
-
-def _softmax_partial(work, slot, block, smem):
-    """Softmax's pair of this CTA's part of the row in ``slot``: its max ``m`` and ``sum(exp(x - m))`` (``ex2.approx``
-    as the register kernel), two block reductions; the zero padding masked out (-inf for the max, 0 in the sum). A
-    CTA holding nothing of the row, or only -inf, pushes ``(-inf, 0)``, which adds nothing in
-    :func:`_softmax_combine`. Returns (the pair, with ``work.cfg.hold`` the exps of the held chunks for the output,
-    else None)."""
-    rc, pos = work.rc, work.pos
-    held = work.held(slot)
-    values = work.row_values(slot, held)
-    low = fx.Float32(float("-inf"))
-    top = low
-    for j in fx.range_constexpr(rc.chunks):
-        vs = [fx.arith.select(work.inside[j], v, low) for v in values(j)]
-        top = arith.maximum(top, thread_reduce(vs, "max"))
-    top = row_reduce(block, pos, smem, 0, top, "max")
-    # A part all -inf (a causal mask's tail held by a whole CTA) is shifted by 0: its exps are 0 and its sum 0, where
-    # exp(-inf - -inf) = NaN would make the whole row NaN in _softmax_combine (NaN * 0).
-    shift = fx.arith.select(top > low, top * _LOG2E, fx.Float32(0.0))
-    total = fx.Float32(0.0)
-    exps = []
-    for j in fx.range_constexpr(rc.chunks):
-        es = [nvvm.ex2_approx(v * _LOG2E - shift, ftz=True) for v in values(j)]
-        exps.append(es)
-        total = total + thread_reduce([fx.arith.select(work.inside[j], e, fx.Float32(0.0)) for e in es])
-    kept = [es if held[j] is not None else None for j, es in enumerate(exps)] if held is not None else None
-    return [top, row_reduce(block, pos, smem, 1, total)], kept
-
-
-def _softmax_combine(share, old):
-    """Softmax's ``(max, sum of exp(x - max))`` of a row from its CTAs' pairs ``(m_r, s_r)`` in inbox slot ``old``:
-    ``max = max_r m_r``, ``sum = sum_r s_r * exp(m_r - max)`` (every factor <= 1: no overflow)."""
-    size = share.rc.cluster
-    pairs = [[share.inbox[(old * size + r) * 2 + i] for i in range(2)] for r in range(size)]
-    top = pairs[0][0]
-    for r in fx.range_constexpr(1, size):
-        top = arith.maximum(top, pairs[r][0])
-    shift = top * _LOG2E
-    total = fx.Float32(0.0)
-    for r in fx.range_constexpr(size):
-        total = total + pairs[r][1] * nvvm.ex2_approx(pairs[r][0] * _LOG2E - shift, ftz=True)
-    return top, total

@@ -28,7 +28,7 @@ register kernel), on the same ring and pushes: a persistent grid, x (and the res
 ring, each CTA's partial pair pushed to its peers (past 8 CTAs, a team: written to global memory and polled), the
 output written ``lag`` rows later. LayerNorm pushes one pair
 per row, ``(sum, sum of squares about the CTA's own mean)``, combined by Chan's update
-(:func:`flydsl.kernels.norm_staged._chan`): no cancellation, one exchange per row. Softmax's staged forward
+(:func:`flydsl.kernels.norm_staged_forward._chan`): no cancellation, one exchange per row. Softmax's staged forward
 (:mod:`flydsl.kernels.softmax_staged`) shares the kernel and the switch.
 """
 
@@ -68,9 +68,9 @@ from flydsl.kernels.norm_staged import (
     _row_constants,
     _row_stats,
     _rows_staged,
-    _rows_staged_forward,
     exchange_columns,
 )
+from flydsl.kernels.norm_staged_forward import _rows_staged_forward
 from flydsl.kernels.reduction import (
     RowConfig,
     chunk_index,

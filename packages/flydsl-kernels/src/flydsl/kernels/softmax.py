@@ -5,9 +5,9 @@ log2(e))`` (``ex2.approx``, 2 ulp), ``sum`` reduced, each value scaled by ``1 / 
 (16-byte aligned, N a multiple of 16 bytes; see :func:`flydsl.kernels.norm_config.forward_shape`) take the staged
 kernel by default (:mod:`flydsl.kernels.softmax_staged`: rows through a shared-memory ring, a row's CTAs pushing
 their partial ``(max, sum)`` to each other); ``forward(..., staged=False)`` or ``FLYDSL_NORM_STAGED_FORWARD=0``
-keep the register kernel. Backward: ``dx = y * (dy - sum(dy * y))``; rows from 8192 elements (16-byte aligned)
-take the staged kernel (:func:`flydsl.kernels.softmax_staged.backward_staged`: dy and y through the ring) unless
-``staged=False``.
+keep the register kernel. Backward: ``dx = y * (dy - sum(dy * y))``; 16-byte aligned rows from 8192 elements
+(float32: 131072; :data:`flydsl.kernels.norm_config.SOFTMAX_BACKWARD_STAGED_MIN_N`) take the staged kernel
+(:func:`flydsl.kernels.softmax_staged.backward_staged`: dy and y through the ring) unless ``staged=False``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The staged softmax forward for long rows (:func:`flydsl.kernels.softmax.forward` takes it by default where
 :func:`softmax_staged_config` has a config, as the norms' forward does): the norms' staged forward
-(:func:`flydsl.kernels.norm_staged._rows_staged_forward`) with :class:`~flydsl.kernels.norm_config.SoftmaxFlags`. A
-persistent grid; each thread copies its chunks of x rows ahead into a shared-memory ring (``cp.async``); each CTA
-reduces its part of a row to ``(max m_r, sum exp(x - m_r))`` (two block reductions) and, for a row over a cluster,
-pushes that pair to every peer (``st.async`` + mbarrier; past 8 CTAs, a team: tagged stores to global memory,
-polled by one warp), writing the row ``lag`` rows later from ``max = max_r m_r`` and ``sum = sum_r s_r exp(m_r -
-max)`` (the online softmax's combination: every factor <= 1). Configs: :func:`~flydsl.kernels.norm_config.forward_shape`
-(N a multiple of 16 bytes, rows 16-byte aligned).
+(:func:`flydsl.kernels.norm_staged_forward._rows_staged_forward`) with
+:class:`~flydsl.kernels.norm_config.SoftmaxFlags`. A persistent grid; each thread copies its chunks of x rows ahead into
+a shared-memory ring (``cp.async``); each CTA reduces its part of a row to ``(max m_r, sum exp(x - m_r))`` (two block
+reductions) and, for a row over a cluster, pushes that pair to every peer (``st.async`` + mbarrier; past 8 CTAs, a team:
+tagged stores to global memory, polled by one warp), writing the row ``lag`` rows later from ``max = max_r m_r`` and
+``sum = sum_r s_r exp(m_r - max)`` (the online softmax's combination: every factor <= 1). Configs:
+:func:`~flydsl.kernels.norm_config.forward_shape` (N a multiple of 16 bytes, rows 16-byte aligned).
 
 The backward (``dx = y * (dy - sum(dy * y))``) runs on the same kernel with
 :class:`~flydsl.kernels.norm_config.SoftmaxBackwardFlags`: dy and y in the ring, each CTA's ``sum(dy * y)`` pushed
@@ -23,7 +23,7 @@ from flydsl.kernels.norm_config import (
     routed_staged_forward_config,
     softmax_backward_staged_config,
 )
-from flydsl.kernels.norm_staged import _rows_staged_forward
+from flydsl.kernels.norm_staged_forward import _rows_staged_forward
 from flydsl.kernels.normalization import _aligned16, forward_exchange, routable, staged_forward_groups
 
 __all__ = [
@@ -67,35 +67,32 @@ def forward_staged(x, out, cfg: StagedForwardConfig | None = None) -> bool:
     16-byte aligned) with ``cfg`` (default :func:`softmax_staged_config`, where ``normalization.routable``); False
     (nothing launched) where there is no config or the rows are not 16-byte aligned: the caller then launches the
     register kernel."""
-    rows, n = x.shape
-    if cfg is None:
-        cfg = softmax_staged_config(n, x.dtype)
-        cfg = cfg if cfg is not None and routable(cfg, x) else None
-    if cfg is None or rows == 0 or not _aligned16(x, out):
-        return False
-    groups = staged_forward_groups(cfg, rows, x.device)
-    rc = cfg.row
-    exchange = forward_exchange(cfg, x.obj, rows)
-    softmax_forward_staged_kernel(x.obj, out.obj, exchange, cfg).launch(
-        grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
-    )
-    return True
+    default = softmax_staged_config(x.shape[1], x.dtype) if cfg is None else None
+    return _launch(softmax_forward_staged_kernel, (x, out), cfg, default)
 
 
 def backward_staged(dy, y, dx, cfg: StagedForwardConfig | None = None) -> bool:
     """Launches the staged backward on validated RowTensor arguments with ``cfg`` (default
     :func:`~flydsl.kernels.norm_config.softmax_backward_staged_config`, where ``normalization.routable``); False
     (nothing launched) where there is no config or a tensor's rows are not 16-byte aligned."""
-    rows, n = y.shape
+    default = softmax_backward_staged_config(y.shape[1], y.dtype) if cfg is None else None
+    return _launch(softmax_backward_staged_kernel, (dy, y, dx), cfg, default)
+
+
+def _launch(kernel, tensors, cfg: StagedForwardConfig | None, default: StagedForwardConfig | None) -> bool:
+    """``kernel`` on the RowTensors ``tensors`` (the last one is the output) and a team's exchange tensor, with
+    ``cfg``, else ``default`` where ``normalization.routable`` on the first tensor; False (nothing launched) without a
+    config, without rows, or where a tensor's rows are not 16-byte aligned."""
+    like = tensors[0]
+    rows = like.shape[0]
     if cfg is None:
-        cfg = softmax_backward_staged_config(n, y.dtype)
-        cfg = cfg if cfg is not None and routable(cfg, y) else None
-    if cfg is None or rows == 0 or not _aligned16(dy, y, dx):
+        cfg = default if default is not None and routable(default, like) else None
+    if cfg is None or rows == 0 or not _aligned16(*tensors):
         return False
-    groups = staged_forward_groups(cfg, rows, y.device)
+    groups = staged_forward_groups(cfg, rows, like.device)
     rc = cfg.row
-    exchange = forward_exchange(cfg, y.obj, rows)
-    softmax_backward_staged_kernel(dy.obj, y.obj, dx.obj, exchange, cfg).launch(
+    exchange = forward_exchange(cfg, like.obj, rows)
+    kernel(*(t.obj for t in tensors), exchange, cfg).launch(
         grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
     )
     return True
