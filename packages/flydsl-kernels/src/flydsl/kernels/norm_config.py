@@ -50,9 +50,8 @@ class NormFlags:
 
 
 @dataclass(frozen=True)
-class SoftmaxFlags:
-    """The staged forward's softmax variant (:func:`flydsl.kernels.norm_staged_forward._rows_staged_forward` takes
-    it where it takes :class:`NormFlags`): no residual, weight, bias nor statistics."""
+class _NoVectors:
+    """The :class:`NormFlags` fields the staged forward reads, all off: no residual, weight, bias nor statistics."""
 
     residual: bool = False
     weight: bool = False
@@ -62,16 +61,16 @@ class SoftmaxFlags:
 
 
 @dataclass(frozen=True)
-class SoftmaxBackwardFlags:
+class SoftmaxFlags(_NoVectors):
+    """The staged forward's softmax variant (:func:`flydsl.kernels.norm_staged_forward._rows_staged_forward` takes
+    it where it takes :class:`NormFlags`)."""
+
+
+@dataclass(frozen=True)
+class SoftmaxBackwardFlags(_NoVectors):
     """The staged forward kernel run as softmax's backward (``dx = y * (dy - sum(dy * y))``): its ring holds dy and
     y (two sources, as the fused add's x and residual), its row statistic is ``sum(dy * y)``, summed over the row's
-    CTAs as RMSNorm's sum of squares; no weight, bias nor statistics."""
-
-    residual: bool = False
-    weight: bool = False
-    bias: bool = False
-    mean: bool = False
-    rstd: bool = False
+    CTAs as RMSNorm's sum of squares."""
 
 
 @dataclass(frozen=True)
