@@ -5,7 +5,7 @@ small-N question (bf16 N = 2048/4096 through the API, repeated, interleaved with
 
     python benchmarks/norms_backward_staged.py --commit $(git rev-parse HEAD) --out benchmarks/results/x.json
     python benchmarks/norms_backward_staged.py --commit C --out x.json --kinds rms --dtypes bf16 --sizes 32768 \
-        --configs 1024:2:3:0,1024:2:3:1,team:512:2:6:2     # [team:]THREADS:CHUNKS:STAGES:LAG, instead of the defaults
+        --configs 1024:2:3:0,1024:1:4:0:hold:keep,team:512:2:6:2  # [team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep]
     ncu --profile-from-start off --section WarpStateStats ... python benchmarks/norms_backward_staged.py --profile \
         --commit C --out x.json --kinds rms --dtypes bf16 --sizes 32768 --configs ...   # one launch each (ncu)
 
@@ -68,32 +68,38 @@ def _small(torch, norms, norm, n, sms, reps) -> str:
     return line
 
 
+_OPTIONS = ("hold", "keep")  # BackwardConfig.hold, BackwardConfig.keep_weights
+
+
 def _parse_configs(text: str, error) -> list:
-    """``[team:]THREADS:CHUNKS:STAGES:LAG,...`` as (team, threads, chunks, stages, lag) tuples."""
+    """``[team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep],...`` as (team, threads, chunks, stages, lag, hold, keep)
+    tuples."""
     out = []
     for item in text.split(","):
         parts = item.split(":")
         team = parts[0] == "team"
+        shape = [p for p in parts[1 if team else 0 :] if p not in _OPTIONS]
         try:
-            threads, chunks, stages, lag = (int(v) for v in parts[1 if team else 0 :])
+            threads, chunks, stages, lag = (int(v) for v in shape)
         except ValueError:
-            error(f"--configs: expected [team:]THREADS:CHUNKS:STAGES:LAG, got {item!r}")
+            error(f"--configs: expected [team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep], got {item!r}")
         if min(threads, chunks, stages) < 1 or lag < 0:
             error(f"--configs: THREADS, CHUNKS and STAGES must be positive and LAG >= 0, got {item!r}")
-        out.append((team, threads, chunks, stages, lag))
+        out.append((team, threads, chunks, stages, lag, "hold" in parts, "keep" in parts))
     return out
 
 
 def _label(spec) -> str:
-    team, *shape = spec
-    return ("team:" if team else "") + ":".join(map(str, shape))
+    team, *shape, hold, keep = spec
+    options = [name for name, on in zip(_OPTIONS, (hold, keep), strict=True) if on]
+    return ":".join((["team"] if team else []) + [str(v) for v in shape] + options)
 
 
 def _explicit_config(norm, n, dtype, sums, spec):
-    team, threads, chunks, stages, lag = spec
+    team, threads, chunks, stages, lag, hold, keep = spec
     if team:  # any team size from 2 (the routed teams start at 9 CTAs)
-        return norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, smallest=2)
-    return norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag)
+        return norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, 2, hold, keep)
+    return norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag, hold, keep)
 
 
 def _groups(norm, cfg, rows, sms):

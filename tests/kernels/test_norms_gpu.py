@@ -274,6 +274,44 @@ def test_norm_backward_team(n, dtype):
     test_rms_norm_backward(n, dtype, rows=45)
 
 
+# Staged backward shapes that hold each row's (g, x - mean) in registers from the first pass to dx (lag 0) and keep
+# the weight in registers: one CTA per row, clusters, a team; (threads, chunks, stages, team).
+HELD_SHAPES = [(1024, 1, 4, False), (1024, 2, 3, False), (512, 2, 6, False), (1024, 1, 4, True)]
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["loaded", "kept"])
+@pytest.mark.parametrize("shape", HELD_SHAPES, ids=lambda s: "x".join(map(str, s[:3])) + ("-team" if s[3] else ""))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [8192, 65536, 65544])
+def test_norm_backward_staged_held(n, dtype, shape, keep, monkeypatch):
+    """The staged backward with ``hold`` (each slot refilled right after the row's first pass) and
+    ``keep_weights``, more rows than CTA groups (the ring wraps around, rows past the last are zero-filled); 65544:
+    the last chunks past N."""
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    threads, chunks, stages, team = shape
+    name = "f32" if dtype == torch.float32 else "bf16"
+    configs = {}
+    for sums in (0, 1, 2):  # RMSNorm without a weight: no column sums
+        if team:
+            cfg = norm.team_backward_config(n, name, sums, chunks, stages, threads, 0, 2, hold=True, keep_weights=keep)
+        else:
+            cfg = norm.staged_backward_config(n, name, sums, chunks, stages, threads, 0, hold=True, keep_weights=keep)
+        if cfg is None:
+            pytest.skip("no such config at this N")
+        configs[sums] = cfg
+    launched = []
+
+    def chosen(n_, dtype_, sums, staged, sms):
+        launched.append(sums)
+        return configs[sums]
+
+    monkeypatch.setattr(norm, "resident_backward_config", chosen)
+    rows = 2 * 132 + 9
+    test_layer_norm_backward(n, dtype, rows=rows)
+    test_rms_norm_backward(n, dtype, rows=rows)
+    assert set(launched) == {0, 1, 2}, launched
+
+
 @pytest.mark.parametrize("n", [4096, 32768, 131072])
 def test_norm_backward_is_deterministic(n):
     rows = 3001 if n < 65536 else 301

@@ -88,6 +88,14 @@ class BackwardConfig:
     blocks_per_sm: int
     stages: int = 0  # > 0: rows staged through a shared-memory ring of this many rows (see _rows_staged)
     lag: int = 1  # clusters: rows between a row's push and its dx (see _rows_pushed)
+    hold: bool = False  # staged, lag 0: g and x (- mean) held in registers from the first pass to dx
+    keep_weights: bool = False  # staged: the weight's chunks loaded once, kept in registers in their dtype
+
+    def __post_init__(self):
+        if self.hold and (not self.staged or (self.lag and self.row.cluster > 1)):
+            raise ValueError(f"{self}: hold keeps a row in registers until its dx: the staged kernel at lag 0 only")
+        if self.keep_weights and not self.staged:
+            raise ValueError(f"{self}: keep_weights is the staged kernel's")
 
     @property
     def two_pass(self) -> bool:
@@ -150,12 +158,15 @@ def staged_backward_config(
     stages: int | None = None,
     threads: int = _STAGED_THREADS,
     lag: int = 1,
+    hold: bool = False,
+    keep_weights: bool = False,
 ) -> BackwardConfig | None:
     """The staged backward config (see :func:`_rows_staged`) for rows of ``n`` elements: CTAs of ``threads``
     threads holding ``chunks`` 16-byte chunks of a row each, as few CTAs per row (a cluster) as hold it, a ring of
     ``stages`` rows (default: as many as :data:`_RING_BYTES` hold, at most :data:`_MAX_STAGES`). None when a row
     needs more than 8 CTAs or the ring would hold fewer than 2 rows, or when N is not a multiple of 16 bytes (the
-    ring is filled by 16-byte copies)."""
+    ring is filled by 16-byte copies), or ``hold`` at a lag in a cluster. ``hold`` and ``keep_weights``: see
+    :class:`BackwardConfig`."""
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     if n % vec:
         return None
@@ -167,8 +178,10 @@ def staged_backward_config(
     stages = stages or min(_MAX_STAGES, _RING_BYTES // stage_bytes)
     if stages < 2 or stages * stage_bytes > _RING_BYTES or (cluster > 1 and stages < lag + 2):
         return None
+    if hold and lag and cluster > 1:
+        return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
-    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag)
+    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag, hold, keep_weights)
 
 
 _MAX_TEAM = 64  # CTAs per row of a team: at least two teams on 132 SMs
@@ -191,21 +204,24 @@ def team_backward_config(
     threads: int | None = None,
     lag: int | None = None,
     smallest: int = 9,
+    hold: bool = False,
+    keep_weights: bool = False,
 ) -> BackwardConfig | None:
     """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as
     hold the row (any count, ``smallest`` to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial
     sums through global memory; ``threads``, ``stages`` and ``lag`` default to :func:`_team_shape`. None when N is
     not a multiple of 16 bytes, the row needs fewer than ``smallest`` (>= 2) or more than :data:`_MAX_TEAM` CTAs,
-    or the ring is too small for the lag (``stages < lag + 2``)."""
+    or the ring is too small for the lag (``stages < lag + 2``), or ``hold`` at a lag. ``hold`` and
+    ``keep_weights``: see :class:`BackwardConfig`."""
     shape = _team_shape(dtype, sums)
     threads, stages, lag = threads or shape[0], stages or shape[1], shape[2] if lag is None else lag
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     team = -(-n // (vec * threads * chunks))
     fits = max(2, smallest) <= team <= _MAX_TEAM and lag + 2 <= stages  # the ring holds rows k - lag .. k + 1
-    if n % vec or not fits or stages * 2 * threads * chunks * 16 > _RING_BYTES:
+    if n % vec or not fits or stages * 2 * threads * chunks * 16 > _RING_BYTES or (hold and lag):
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, team, True, team=True)
-    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag)
+    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag, hold, keep_weights)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -23,9 +23,10 @@ from flydsl.kernels.norm_config import (
 from flydsl.kernels.reduction import (
     RowConfig,
     chunk_index,
-    load_vector_chunk,
+    load_vector_chunks_raw,
     row_reduce,
     store_row,
+    vector_chunk,
 )
 
 
@@ -126,6 +127,10 @@ class _Ring(_RowRing):
     def __init__(self, cfg: BackwardConfig, flags: NormFlags, tensors, pos, n, rows):
         super().__init__(cfg.row, cfg.stages, tensors[:2], pos, n, rows)
         self.cfg, self.flags, self.tensors = cfg, flags, tensors
+        # the same columns every row: loaded before the row loop, in their dtype (cfg.keep_weights)
+        self.kept = None
+        if fx.const_expr(cfg.keep_weights and flags.weight):
+            self.kept = load_vector_chunks_raw(cfg.row, tensors[2], pos, n)
 
     def stats(self, row):
         """rstd and mean of ``row`` (:func:`_row_stats`: 0 past the last row)."""
@@ -139,23 +144,28 @@ class _Ring(_RowRing):
         ds = xs if self.flags.rms else [v - mu for v in xs]
         ws = None
         if fx.const_expr(self.flags.weight):
-            ws = load_vector_chunk(self.rc, self.tensors[2], self.pos, self.n, j)
+            ws = vector_chunk(self.rc, self.tensors[2], self.pos, self.n, j, self.kept)
         return dys, ds, ws
 
     def first_pass(self, slot, rstd, mu, sums):
         """This thread's ``sum(g * xhat)`` (and ``sum(g)``) of the row in ``slot``, and ``sums`` plus its column
         terms (dweight's ``dy * xhat``, then dbias's ``dy``), chunk by chunk (each chunk's values die before the
-        next is read); written as explicit ``fma``s (the kernel is traced without contraction, and its issue
-        slots are what limits it: ncu, 2026-11-30)."""
+        next is read, unless ``cfg.hold``); written as explicit ``fma``s (the kernel is traced without contraction,
+        and its issue slots are what limits it: ncu, 2026-11-30). Returns (dots, sums, held): ``held`` (with
+        ``cfg.hold``, else None) the ``(g, x - mean)`` of every chunk, for :meth:`store_dx`."""
         rc = self.rc
         dots = [fx.Float32(0.0)] * (1 if self.flags.rms else 2)
         added = list(sums)
+        held = [] if self.cfg.hold else None
         for j in fx.range_constexpr(rc.chunks):
             dys, ds, ws = self.values(slot, j, mu)
+            gs = [d * w for d, w in zip(dys, ws, strict=True)] if ws is not None else dys
+            if fx.const_expr(held is not None):
+                held.append((gs, ds))
             dot = fx.Float32(0.0)
             for e in fx.range_constexpr(rc.vec):
                 xhat = ds[e] * rstd
-                g = dys[e] * ws[e] if ws is not None else dys[e]
+                g = gs[e]
                 dot = fx.math.fma(g, xhat, dot)
                 if fx.const_expr(not self.flags.rms):
                     dots[1] = dots[1] + g
@@ -170,14 +180,18 @@ class _Ring(_RowRing):
             for s in fx.range_constexpr(self.cfg.sums):  # updated here: LLVM would sink them to the loop's end,
                 at = (s * rc.chunks + j) * rc.vec  # keeping every chunk's dy and xhat live until there (spills)
                 added[at : at + rc.vec] = _pinned(added[at : at + rc.vec])
-        return dots, added
+        return dots, added, held
 
-    def store_dx(self, row, slot, rstd, mu, c1, c2) -> None:
+    def store_dx(self, row, slot, rstd, mu, c1, c2, held=None) -> None:
+        """dx of ``row`` from ring slot ``slot``, or from ``held`` (:meth:`first_pass`'s)."""
         k = rstd * c1  # xhat * c1 = d * (rstd * c1)
 
         def chunk(j):
-            dys, ds, ws = self.values(slot, j, mu)
-            g = [a * w for a, w in zip(dys, ws, strict=True)] if ws is not None else dys
+            if fx.const_expr(held is not None):
+                g, ds = held[j]
+            else:
+                dys, ds, ws = self.values(slot, j, mu)
+                g = [a * w for a, w in zip(dys, ws, strict=True)] if ws is not None else dys
             return _dx(rstd, g, ds, k, c2)
 
         store_row(self.rc, self.tensors[5], _row_at(self.pos, row), self.n, self.rows, chunk)
@@ -206,20 +220,24 @@ def _rows_staged(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
     stages = cfg.stages
     inv_n = _inverse_n(n)
     ring = _Ring(cfg, flags, tensors, pos, n, rows)
-    for k in fx.range_constexpr(stages - 1):
+    early = cfg.hold  # the row's values in registers: its slot takes row k + stages once the first pass read it
+    for k in fx.range_constexpr(stages - 1 + early):
         ring.issue(group + k * groups, fx.Int32(k))
     sums = [fx.Float32(0.0)] * max(1, cfg.sums * rc.chunks * rc.vec)  # one unused value without sums: carried
     rstd, mu = ring.stats(group)
     slot = fx.Int32(0)
     parity = fx.Int32(0)
     for grp in range(group, row_groups, groups):  # the same trip count for the whole CTA
-        ahead = slot + (stages - 1)
-        ring.issue(grp + (stages - 1) * groups, fx.arith.select(ahead >= stages, ahead - stages, ahead))
+        if fx.const_expr(not early):
+            ahead = slot + (stages - 1)
+            ring.issue(grp + (stages - 1) * groups, fx.arith.select(ahead >= stages, ahead - stages, ahead))
         next_rstd, next_mu = ring.stats(grp + groups)  # in flight during this row
         fx.nvvm.cp_async_wait_group(stages - 1)  # this row's chunks (this thread's) have landed
-        dots, sums = ring.first_pass(slot, rstd, mu, sums)
+        dots, sums, held = ring.first_pass(slot, rstd, mu, sums)
         c1, c2, _ = _row_constants(rc, flags, _row_at(pos, grp), smem, parity, dots, inv_n)
-        ring.store_dx(grp, slot, rstd, mu, c1, c2)
+        if fx.const_expr(early):  # after the block reduction: every value this thread read has arrived
+            ring.issue(grp + stages * groups, slot)
+        ring.store_dx(grp, slot, rstd, mu, c1, c2, held)
         rstd, mu = next_rstd, next_mu
         slot = fx.arith.select(slot + 1 >= stages, slot + 1 - stages, slot + 1)
         parity = 1 - parity
@@ -398,8 +416,10 @@ def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
         next_rstd, next_mu = ring.stats(grp + groups)  # in flight during this row
         fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
         parity = k % 2
-        dots, sums = ring.first_pass(slot, rstd, mu, sums)
+        dots, sums, held = ring.first_pass(slot, rstd, mu, sums)
         part = row_reduce(block, pos, smem, parity, dots)
+        if fx.const_expr(cfg.hold):  # lag 0, the row in registers: its slot is free now (every value arrived)
+            ring.issue(grp + stages * groups, slot)
         if fx.const_expr(values == 1):
             part = part + [fx.Float32(0.0)]
         if grp < row_groups:
@@ -413,8 +433,9 @@ def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
             c2 = fx.Float32(0.0)
             if fx.const_expr(not flags.rms):
                 c2 = total[1] * inv_n
-            ring.store_dx(grp - lag * groups, freed, pending[0], pending[1], total[0] * inv_n, c2)
-        ring.issue(grp + (ahead + 1) * groups, freed)
+            ring.store_dx(grp - lag * groups, freed, pending[0], pending[1], total[0] * inv_n, c2, held)
+        if fx.const_expr(not cfg.hold):
+            ring.issue(grp + (ahead + 1) * groups, freed)
         if fx.const_expr(lag > 0):
             queue = pending[2:]
         rstd, mu = next_rstd, next_mu
