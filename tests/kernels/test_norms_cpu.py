@@ -4,7 +4,9 @@ argument before anything is launched."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import re
 
 import pytest
 
@@ -216,10 +218,22 @@ def test_backward_configs():
     cfg = norm_mod.backward_config(32768, "bf16", 2, staged=False)
     assert (cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.blocks_per_sm) == (8, 256, 2, 3)
     # Staged (rows through a shared-memory ring) where the row fits 8 CTAs and their registers hold the sums.
+    # The weight kept in registers, except in 16-bit LayerNorm's one CTA per row (it spills there).
     cfg = norm_mod.backward_config(32768, "bf16", 2)
-    assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages) == (True, 4, 512, 2, 4)
-    cfg = norm_mod.backward_config(131072, "bf16", 1)
-    assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages) == (True, 8, 1024, 2, 3)
+    assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.stages, cfg.keep_weights) == (
+        True,
+        4,
+        512,
+        2,
+        6,
+        True,
+    )
+    for n, cluster, chunks in ((16384, 1, 2), (32768, 4, 1), (65536, 8, 1), (131072, 8, 2)):
+        cfg = norm_mod.backward_config(n, "bf16", 1)
+        assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks, cfg.lag) == (True, cluster, 1024, chunks, 1)
+        assert cfg.keep_weights and not cfg.hold
+    cfg = norm_mod.backward_config(32768, "f32", 2)
+    assert (cfg.row.cluster, cfg.row.block, cfg.stages, cfg.keep_weights) == (8, 512, 6, True)
     assert not norm_mod.backward_config(65538, "bf16", 1).staged  # N not a multiple of 16 bytes
     assert norm_mod.staged_config(131072, "f32", 1) is None  # 16 CTAs per row: not a cluster (a team)
     cfg = norm_mod.backward_config(131072, "bf16", 2, staged=False)
@@ -228,16 +242,17 @@ def test_backward_configs():
     assert cfg.two_pass and not cfg.smem_sums  # 256 KB of column sums per CTA: in the partial rows instead
     assert norm_mod.backward_config(262144, "f32", 1, staged=False).smem_sums
     # Teams (rows over 9..64 CTAs sharing through global memory) past 8 CTAs per row: 16-bit LayerNorm in 512-thread
-    # CTAs with a 6-row ring and lag 2 (its two sums spill at 1024 threads), the others 1024 threads, 3 rows, lag 1.
+    # CTAs with a 6-row ring (its two sums spill at 1024 threads), the others 1024 threads, 3 rows; lag 1, weights kept.
     for n, dtype, sums, team, block, stages, lag in (
-        (131072, "bf16", 2, 16, 512, 6, 2),
-        (262144, "bf16", 2, 32, 512, 6, 2),
+        (131072, "bf16", 2, 16, 512, 6, 1),
+        (262144, "bf16", 2, 32, 512, 6, 1),
         (262144, "f32", 2, 32, 1024, 3, 1),
         (131072, "f32", 2, 16, 1024, 3, 1),
         (262144, "bf16", 1, 16, 1024, 3, 1),
         (262144, "f32", 1, 32, 1024, 3, 1),
     ):
         cfg = norm_mod.backward_config(n, dtype, sums)
+        assert cfg.keep_weights
         assert (cfg.row.regime, cfg.row.cluster, cfg.row.cluster_shape, cfg.row.block, cfg.stages, cfg.lag) == (
             "team",
             team,
@@ -246,7 +261,8 @@ def test_backward_configs():
             stages,
             lag,
         )
-    assert norm_mod.backward_config(65536, "f32", 1).row.regime == "cluster"  # the register kernel, measured faster
+    cfg = norm_mod.backward_config(65536, "f32", 1)  # 8 CTAs of 1024 x 2 (the register kernel before kept weights)
+    assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks) == (True, 8, 1024, 2)
     # One 1024 x 2 CTA per row for LayerNorm bf16 16384 (no spills since the column sums are pinned where updated)
     cfg = norm_mod.backward_config(16384, "bf16", 2)
     assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks) == (True, 1, 1024, 2)
@@ -263,6 +279,10 @@ def test_backward_configs():
 # The staged kernel's shapes at the longest row each takes (8 CTAs per row), and one CTA per row.
 STAGED_CASES = [
     (16384, "bf16", 2),
+    (16384, "bf16", 1),
+    (32768, "bf16", 2),
+    (32768, "f32", 2),
+    (32768, "f32", 1),
     (131072, "f16", "layer_w"),  # LayerNorm with a weight and no bias: one column sum
     (65536, "bf16", 2),
     (65536, "bf16", 1),
@@ -445,3 +465,43 @@ def test_inbox_slots_are_never_overwritten_unread(lag):
             assert _inbox_schedule(size, 13, lag, slots, seed) is None, (size, seed)
     caught = [_inbox_schedule(2, 13, lag, slots - 1, seed) for seed in range(200)]
     assert any(c is not None and "before it consumed" in c for c in caught)
+
+
+@pytest.mark.parametrize(
+    "n, dtype, sums, weight",
+    [
+        (32768, "bf16", 2, "bf16"),
+        (65536, "bf16", 1, "bf16"),
+        (65536, "bf16", 1, "f32"),  # RMSNorm's float32 weight on 16-bit rows (torch's usual mix)
+        (131072, "bf16", 1, "f32"),
+        (131072, "bf16", 2, "bf16"),  # a team
+        (32768, "f32", 1, "f32"),
+        (262144, "f32", 2, "f32"),
+    ],
+)
+def test_staged_backward_keeps_weights_in_registers(n, dtype, sums, weight):
+    """``keep_weights`` (the routed staged shapes): each thread's weight chunks loaded once, before the row loop (whose
+    first step waits for the ring's copies), none per row; no spills, float32 weights on 16-bit rows included."""
+    cfg = norm_mod.backward_config(n, dtype, sums)
+    assert cfg.staged and cfg.keep_weights
+    flags = norm_mod.NormFlags(sums == 1, weight=True, bias=sums > 1)
+    rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
+    partial = flyc.TensorSpec((16, sums * n), "f32")
+
+    def lower(config):
+        return norm_mod.norm_backward_kernel.lower(
+            rows, rows, flyc.TensorSpec((n,), weight), stats, stats, rows, partial, exchange_spec(config), config, flags
+        )
+
+    ptx = assembled(lower(cfg))
+
+    def vector_loads(text):  # the weight's 16-byte loads (rstd and mean are scalars)
+        return [m.start() for m in re.finditer(r"ld\.global(\.nc)?\.v4\.", text)]
+
+    loads = vector_loads(ptx)
+    per_chunk = 2 if weight == "f32" and dtype != "f32" else 1  # 8 float32 values: two 16-byte loads
+    assert len(loads) == cfg.row.chunks * per_chunk and max(loads) < ptx.index("cp.async.wait_group")
+    plain = lower(dataclasses.replace(cfg, keep_weights=False)).ptx
+    assert min(vector_loads(plain)) > plain.index("cp.async.wait_group")  # without: loaded per row, in the loop
+    if flyc.find_ptxas() is not None:
+        assert spill_bytes(ptx) == 0, (n, dtype, weight, cfg)

@@ -33,6 +33,7 @@ __all__ = [
     "resident_backward_config",
     "staged_backward_config",
     "staged_config",
+    "StagedShape",
     "team_backward_config",
 ]
 
@@ -120,31 +121,50 @@ _RING_BYTES = 200 * 1024  # shared memory the ring may take
 _MAX_STAGES = 4  # ring depth by default (a team's: _team_shape)
 
 
+class StagedShape(NamedTuple):
+    """A staged backward shape (see :func:`staged_backward_config` for each field): CTAs of ``threads`` threads
+    holding ``chunks`` 16-byte chunks of each source, ``lag`` rows between a row's push and its dx, taken for rows
+    held by at most ``most`` CTAs; ``stages`` (None: as many as fit, up to :data:`_MAX_STAGES`), ``keep``: the
+    weight kept in registers."""
+
+    threads: int
+    chunks: int
+    lag: int
+    most: int
+    stages: int | None = None
+    keep: bool = True
+
+
 def _staged_shapes(dtype: str, sums: int) -> list:
-    """(threads, chunks, lag, most CTAs per row) the staged kernel uses, in order of preference: measured on the
-    H200 (kernel alone, ``benchmarks/norms_backward_staged.py``) against each other and the register kernel, among
-    the shapes that ptxas -v assembles without spills (the column sums take ``sums * chunks * vec`` registers;
-    checked by the CPU tests). 16-bit rows with one sum: 1024 threads x 2 chunks in up to 8 CTAs (16384-65536:
-    3.90, 3.50, 3.30 TB/s against 3.35, 3.15 for 512 x 4; 131072: 2.99-3.05 against 3.03-3.12, within noise, and
-    512 x 4 spills 16 bytes for LayerNorm with a weight and no bias);
-    LayerNorm's two sums: one 1024 x 2 CTA per row (16384: 3.54 against 3.34; in clusters it measured 2.4-2.6),
-    then 512 x 2, lag 2 (32768, 65536: 2.93, 3.01). Float32: LayerNorm 1024 x 2 up to 4 CTAs, then 512 x 4
-    (16384-65536: 3.54, 3.34, 3.28); one sum: 1024 x 2 in up to 2 CTAs (16384: 3.64), the register kernel beyond
-    (32768, 65536: 3.66, 3.58 against 3.40, 3.06). benchmarks/results/norms_backward_2026-11-30_session18.json."""
+    """The :class:`StagedShape` s the staged kernel uses, in order of preference: measured on the H200 (kernel alone,
+    ``benchmarks/norms_backward_staged.py``) against each other and the register kernel, among the shapes that ptxas
+    -v assembles without spills (the column sums take ``sums * chunks * vec`` registers; checked by the CPU tests).
+    The weight kept in registers (``keep_weights``) is worth 5-25%: reloaded per row, each CTA's slice of it (as
+    many bytes as its slice of dy) came from L2 again (2026-12-01, benchmarks/results/
+    norms_backward_staged_2026-12-01_keep*.json, TB/s with against without): 16-bit rows with one sum: one 1024 x 2
+    CTA per row (16384), then 1024 x 1 chunk, lag 1, up to 8 CTAs (32768, 65536: 3.68, 3.65 against 3.49-3.57,
+    3.27-3.33 for 1024 x 2), then 1024 x 2 (131072: 3.64 against 3.09); 16-bit LayerNorm (two sums): one 1024 x 2
+    CTA per row without kept weights (they spill 56 bytes there), then 512 x 2 in a 6-row ring, lag 1 (32768, 65536:
+    3.62, 3.60 against 2.90-2.99, 2.95). Float32: 1024 x 2 up to 2 CTAs (16384: LayerNorm 3.79 against 3.60, RMSNorm
+    3.82 against 3.69), then LayerNorm 512 x 2 in 6 rows (32768: 3.73 against 3.31) and RMSNorm 1024 x 1 (32768:
+    3.79 against the register kernel's 3.70), then 1024 x 2 up to 8 CTAs (65536: 3.66 against 3.33, RMSNorm 3.72
+    against 3.64). Holding the row in registers from the first pass to dx (``hold``, lag 0) measured no better than
+    lag 1 with kept weights (LayerNorm bf16 65536: 3.39 against 3.60; f32 32768: 3.75 against 3.73)."""
     if dtype == "f32":
-        if sums == 2:
-            return [(1024, 2, 1, 4), (512, 4, 1, 8)]
-        return [(1024, 2, 1, 2)]
+        middle = StagedShape(512, 2, 1, 8, 6) if sums == 2 else StagedShape(1024, 1, 1, 8)
+        return [StagedShape(1024, 2, 1, 2), middle, StagedShape(1024, 2, 1, 8)]
     if sums == 2:
-        return [(1024, 2, 1, 1), (512, 2, 2, 8)]
-    return [(1024, 2, 1, 8)]
+        return [StagedShape(1024, 2, 1, 1, keep=False), StagedShape(512, 2, 1, 8, 6)]
+    return [StagedShape(1024, 2, 1, 1), StagedShape(1024, 1, 1, 8), StagedShape(1024, 2, 1, 8)]
 
 
 def staged_config(n: int, dtype: str, sums: int) -> BackwardConfig | None:
     """The first of :func:`_staged_shapes` that holds a row in its most CTAs, or None."""
-    for threads, chunks, lag, most in _staged_shapes(dtype, sums):
-        cfg = staged_backward_config(n, dtype, sums, chunks, threads=threads, lag=lag)
-        if cfg is not None and cfg.row.cluster <= most:
+    for shape in _staged_shapes(dtype, sums):
+        cfg = staged_backward_config(
+            n, dtype, sums, shape.chunks, shape.stages, shape.threads, shape.lag, keep_weights=shape.keep
+        )
+        if cfg is not None and cfg.row.cluster <= shape.most:
             return cfg
     return None
 
@@ -190,8 +210,11 @@ _MAX_TEAM = 64  # CTAs per row of a team: at least two teams on 132 SMs
 def _team_shape(dtype: str, sums: int) -> tuple:
     """(threads, stages, lag) of a team by default: 1024 x 2-chunk CTAs, a 3-row ring, lag 1 (f32 LayerNorm 131072,
     262144: 3.14, 2.91 TB/s against 2.76, 2.50 for 512 threads, 6 rows, lag 2; RMSNorm bf16 262144 3.03, f32 131072,
-    262144: 3.11, 2.94), except 16-bit LayerNorm, whose two sums spill at 1024 threads (262144: 2.50 against 2.53)."""
-    return (512, 6, 2) if sums == 2 and dtype != "f32" else (1024, 3, 1)
+    262144: 3.11, 2.94), except 16-bit LayerNorm, whose two sums spill at 1024 threads: 512 threads, 6 rows, lag 1
+    (262144: 2.74 against 2.61-2.73 at lag 2). Every team keeps its weight in registers (2026-12-01: f32 LayerNorm
+    131072, 262144 3.73, 3.57 against 3.02, 2.92; RMSNorm bf16 262144 3.37 against 2.98, f32 3.83, 3.77 against
+    3.14, 3.03)."""
+    return (512, 6, 1) if sums == 2 and dtype != "f32" else (1024, 3, 1)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -205,7 +228,7 @@ def team_backward_config(
     lag: int | None = None,
     smallest: int = 9,
     hold: bool = False,
-    keep_weights: bool = False,
+    keep_weights: bool = True,
 ) -> BackwardConfig | None:
     """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as
     hold the row (any count, ``smallest`` to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial
