@@ -5,7 +5,7 @@ small-N question (bf16 N = 2048/4096 through the API, repeated, interleaved with
 
     python benchmarks/norms_backward_staged.py --commit $(git rev-parse HEAD) --out benchmarks/results/x.json
     python benchmarks/norms_backward_staged.py --commit C --out x.json --kinds rms --dtypes bf16 --sizes 32768 \
-        --configs 1024:2:3:0,1024:1:4:0:hold:keep,team:512:2:6:2  # [team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep]
+        --configs 1024:2:3:0,1024:1:4:0:hold:keep,team:512:2:6:2:keep:prefetch  # [team:]T:C:S:LAG[:options]
     ncu --profile-from-start off --section WarpStateStats ... python benchmarks/norms_backward_staged.py --profile \
         --commit C --out x.json --kinds rms --dtypes bf16 --sizes 32768 --configs ...   # one launch each (ncu)
 
@@ -16,6 +16,7 @@ after warm-up; copy (``dst.copy_(x)``) in the same process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
@@ -68,12 +69,12 @@ def _small(torch, norms, norm, n, sms, reps) -> str:
     return line
 
 
-_OPTIONS = ("hold", "keep")  # BackwardConfig.hold, BackwardConfig.keep_weights
+_OPTIONS = ("hold", "keep", "prefetch")  # BackwardConfig.hold, .keep_weights, .prefetch_pairs
 
 
 def _parse_configs(text: str, error) -> list:
-    """``[team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep],...`` as (team, threads, chunks, stages, lag, hold, keep)
-    tuples."""
+    """``[team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep][:prefetch],...`` as (team, threads, chunks, stages, lag,
+    hold, keep, prefetch) tuples."""
     out = []
     for item in text.split(","):
         parts = item.split(":")
@@ -82,23 +83,24 @@ def _parse_configs(text: str, error) -> list:
         try:
             threads, chunks, stages, lag = (int(v) for v in shape)
         except ValueError:
-            error(f"--configs: expected [team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep], got {item!r}")
+            error(f"--configs: expected [team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep][:prefetch], got {item!r}")
         if min(threads, chunks, stages) < 1 or lag < 0:
             error(f"--configs: THREADS, CHUNKS and STAGES must be positive and LAG >= 0, got {item!r}")
-        out.append((team, threads, chunks, stages, lag, "hold" in parts, "keep" in parts))
+        out.append((team, threads, chunks, stages, lag, *(name in parts for name in _OPTIONS)))
     return out
 
 
 def _label(spec) -> str:
-    team, *shape, hold, keep = spec
-    options = [name for name, on in zip(_OPTIONS, (hold, keep), strict=True) if on]
+    team, *shape = spec[:5]
+    options = [name for name, on in zip(_OPTIONS, spec[5:], strict=True) if on]
     return ":".join((["team"] if team else []) + [str(v) for v in shape] + options)
 
 
 def _explicit_config(norm, n, dtype, sums, spec):
-    team, threads, chunks, stages, lag, hold, keep = spec
+    team, threads, chunks, stages, lag, hold, keep, prefetch = spec
     if team:  # any team size from 2 (the routed teams start at 9 CTAs)
-        return norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, 2, hold, keep)
+        cfg = norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, 2, hold, keep)
+        return cfg and dataclasses.replace(cfg, prefetch_pairs=prefetch)
     return norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag, hold, keep)
 
 

@@ -312,6 +312,23 @@ def test_norm_backward_staged_held(n, dtype, shape, keep, monkeypatch):
     assert set(launched) == {0, 1, 2}, launched
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [131072, 262144])
+def test_norm_backward_team_prefetch(n, dtype, monkeypatch):
+    """Teams reading each row's pairs a step early (``prefetch_pairs``): values as without (rows past the last
+    and the ring's wrap-around included)."""
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    routed = norm.resident_backward_config
+
+    def chosen(n_, dtype_, sums, staged, sms):
+        cfg = routed(n_, dtype_, sums, staged, sms)
+        return dataclasses.replace(cfg, prefetch_pairs=cfg.row.team)
+
+    monkeypatch.setattr(norm, "resident_backward_config", chosen)
+    test_layer_norm_backward(n, dtype, rows=45)
+    test_rms_norm_backward(n, dtype, rows=45)
+
+
 @pytest.mark.parametrize("n", [4096, 32768, 131072])
 def test_norm_backward_is_deterministic(n):
     rows = 3001 if n < 65536 else 301

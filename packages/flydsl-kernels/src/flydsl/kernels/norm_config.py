@@ -91,6 +91,7 @@ class BackwardConfig:
     lag: int = 1  # clusters: rows between a row's push and its dx (see _rows_pushed)
     hold: bool = False  # staged, lag 0: g and x (- mean) held in registers from the first pass to dx
     keep_weights: bool = False  # staged: the weight's chunks loaded once, kept in registers in their dtype
+    prefetch_pairs: bool = False  # a team at a lag: its row's pairs read a step early (norm_staged._team_prefetch)
 
     def __post_init__(self):
         if self.hold and (not self.staged or (self.lag and self.row.cluster > 1)):

@@ -277,13 +277,32 @@ def _store_tagged(pointer, value) -> None:
 def _load_tagged_pair(pointer):
     """Both halves of a team's pair (16 bytes: value, tag, value, tag) in one ``ld.relaxed.gpu.global.v2.b64``: each
     64-bit element is single-copy atomic (a value with its own tag); (first, second, both tags set)."""
+    return _tagged_pair(_load_tagged_words(pointer))
+
+
+def _tagged_pair(words):
+    """(first, second, both tags set) of a pair's four words (:func:`_load_tagged_words`)."""
+    first, second = (fx.Float32(fx.arith.bitcast(fx.Float32.mlir_type(), words[i].value)) for i in (0, 2))
+    return first, second, (words[1] == _TAG) & (words[3] == _TAG)
+
+
+def _load_tagged_words(pointer, when=None):
+    """The four words of a team's pair (:func:`_load_tagged_pair`), as Int32, not looked at: a load whose result
+    is first used much later does not stall the warp meanwhile. ``when`` (a kernel boolean): load only where it
+    holds, else zeros (tags unset)."""
     i32 = fx.Int32.mlir_type()
     struct = _llvm.StructType.get_literal([i32] * 4)
-    text = "{ .reg .b64 a, b; ld.relaxed.gpu.global.v2.b64 {a, b}, [$4]; mov.b64 {$0, $1}, a; mov.b64 {$2, $3}, b; }"
-    words = _llvm.inline_asm(struct, [pointer], text, "=r,=r,=r,=r,l", has_side_effects=True)
-    word = [fx.Int32(_llvm.extractvalue(i32, words, [i])) for i in range(4)]
-    first, second = (fx.Float32(fx.arith.bitcast(fx.Float32.mlir_type(), word[i].value)) for i in (0, 2))
-    return first, second, (word[1] == _TAG) & (word[3] == _TAG)
+    if when is None:
+        text = "{ .reg .b64 a, b; ld.relaxed.gpu.global.v2.b64 {a, b}, [$4]; mov.b64 {$0, $1}, a; mov.b64 {$2, $3}, b;}"
+        words = _llvm.inline_asm(struct, [pointer], text, "=r,=r,=r,=r,l", has_side_effects=True)
+    else:
+        text = (
+            "{ .reg .pred p; .reg .b64 a, b; setp.ne.b32 p, $5, 0; mov.b64 a, 0; mov.b64 b, 0;"
+            " @p ld.relaxed.gpu.global.v2.b64 {a, b}, [$4]; mov.b64 {$0, $1}, a; mov.b64 {$2, $3}, b; }"
+        )
+        flag = fx.arith.select(when, fx.Int32(1), fx.Int32(0))
+        words = _llvm.inline_asm(struct, [pointer, flag.value], text, "=r,=r,=r,=r,l,r", has_side_effects=True)
+    return [fx.Int32(_llvm.extractvalue(i32, words, [i])) for i in range(4)]
 
 
 def inbox_slots(lag: int) -> int:
@@ -337,12 +356,13 @@ def _exchange_push(share, k, row, pair) -> None:
             share.bars[box].arrive_expect_tx(size * 8)
 
 
-def _exchange_sums(share, k, row, parity):
-    """The two sums of row ``row`` (this CTA's ``k``-th) over the row's CTAs, once all have pushed."""
+def _exchange_sums(share, k, row, parity, early=None):
+    """The two sums of row ``row`` (this CTA's ``k``-th) over the row's CTAs, once all have pushed; ``early``: a
+    team's pairs of the row as :func:`_team_prefetch` read them."""
     size, pos = share.rc.cluster, share.pos
     if fx.const_expr(share.rc.team):
         if pos.tid < 32:
-            _team_sums(share, row, parity, size, pos.tid % 32)
+            _team_sums(share, row, parity, size, pos.tid % 32, early)
         gpu.barrier()
         return [share.means[parity * 2], share.means[parity * 2 + 1]]
     old = _exchange_wait(share, k)
@@ -360,12 +380,13 @@ def _exchange_wait(share, k):
     return old
 
 
-def _poll_tagged_pair(share, row, rank, ok):
+def _poll_tagged_pair(share, row, rank, ok, early=None):
     """Rank ``rank``'s whole pair of ``row`` in the team's exchange line (:func:`_load_tagged_pair`: one L2 round
     trip per poll, not one per half), polled until both tags are set (traps after :data:`_SPIN_LIMIT` polls rather
-    than hang); no waiting where ``ok`` is false."""
+    than hang); no waiting where ``ok`` is false. ``early``: the pair's words as an earlier load found them (no load
+    now when its tags are set)."""
     where = fx.nvvm.address(share.exchange, (row, 4 * rank))
-    first, second, done = _load_tagged_pair(where)
+    first, second, done = _tagged_pair(early) if early is not None else _load_tagged_pair(where)
     tries = fx.Int32(0)
     while ok & (~done) & (tries < _SPIN_LIMIT):
         first, second, done = _load_tagged_pair(where)
@@ -375,14 +396,37 @@ def _poll_tagged_pair(share, row, rank, ok):
     return first, second
 
 
-def _team_sums(share, row, parity, size: int, lane) -> None:
-    """The first warp: lane ``l`` reads the pairs of ranks ``l, l + 32, ...`` of ``row`` (:func:`_poll_tagged_pair`),
-    sums them, then the warp's fixed shuffle tree; the sums go to shared memory slot ``parity``."""
+def _team_ranks(size: int, lane, i: int):
+    """The rank lane ``lane`` of the first warp reads in its ``i``-th step (``lane + 32 i``; 0 past the team) and
+    whether it is in the team."""
+    rank = lane + 32 * i
+    ok = rank < size
+    return fx.arith.select(ok, rank, type(rank)(0)), ok
+
+
+def _team_prefetch(share, row, when):
+    """The pairs of ``row`` as they are now (one load per lane of the first warp and per 32 ranks, none where
+    ``when`` is false), issued a row ahead of :func:`_team_sums`: the peers pushed them a row ago, so the load's L2
+    round trip overlaps this row's first pass instead of stalling the CTA at the exchange (the team's pairs are
+    otherwise read while every other warp waits at the barrier)."""
+    size, pos = share.rc.cluster, share.pos
+    lane = pos.tid % 32
+    early = []
+    for i in fx.range_constexpr(-(-size // 32)):
+        rank, ok = _team_ranks(size, lane, i)
+        where = fx.nvvm.address(share.exchange, (fx.arith.select(when, row, type(row)(0)), 4 * rank))
+        early.append(_load_tagged_words(where, when & ok & (pos.tid < 32)))
+    return early
+
+
+def _team_sums(share, row, parity, size: int, lane, early=None) -> None:
+    """The first warp: lane ``l`` reads the pairs of ranks ``l, l + 32, ...`` of ``row`` (:func:`_poll_tagged_pair`;
+    from ``early``, :func:`_team_prefetch`'s, where its tags were set), sums them, then the warp's fixed shuffle
+    tree; the sums go to shared memory slot ``parity``."""
     total = [fx.Float32(0.0), fx.Float32(0.0)]
     for i in fx.range_constexpr(-(-size // 32)):
-        rank = lane + 32 * i
-        ok = rank < size
-        pair = _poll_tagged_pair(share, row, fx.arith.select(ok, rank, type(rank)(0)), ok)
+        rank, ok = _team_ranks(size, lane, i)
+        pair = _poll_tagged_pair(share, row, rank, ok, None if early is None else early[i])
         total = [t + fx.arith.select(ok, v, fx.Float32(0.0)) for t, v in zip(total, pair, strict=True)]
     total = [gpu.warp_reduce(v, "add", width=32) for v in total]
     if lane == 0:
@@ -417,6 +461,9 @@ def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
         fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
         parity = k % 2
         dots, sums, held = ring.first_pass(slot, rstd, mu, sums)
+        early = None
+        if fx.const_expr(rc.team and cfg.lag > 0 and cfg.prefetch_pairs):  # row k - lag's, while this row reduces
+            early = _team_prefetch(share, grp - lag * groups, k >= lag)
         part = row_reduce(block, pos, smem, parity, dots)
         if fx.const_expr(cfg.hold):  # lag 0, the row in registers: its slot is free now (every value arrived)
             ring.issue(grp + stages * groups, slot)
@@ -429,7 +476,7 @@ def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
         # row k - lag's slot, where row k + ahead + 1 goes once its dx is written (ahead + 1 + lag = stages)
         freed = fx.arith.select(slot >= lag, slot - lag, slot + (stages - lag))
         if done >= 0:  # dx of row k - lag, from its pairs
-            total = _exchange_sums(share, done, grp - lag * groups, parity)
+            total = _exchange_sums(share, done, grp - lag * groups, parity, early)
             c2 = fx.Float32(0.0)
             if fx.const_expr(not flags.rms):
                 c2 = total[1] * inv_n
