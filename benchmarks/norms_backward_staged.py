@@ -16,7 +16,6 @@ after warm-up; copy (``dst.copy_(x)``) in the same process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import sys
@@ -99,8 +98,7 @@ def _label(spec) -> str:
 def _explicit_config(norm, n, dtype, sums, spec):
     team, threads, chunks, stages, lag, hold, keep, prefetch = spec
     if team:  # any team size from 2 (the routed teams start at 9 CTAs)
-        cfg = norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, 2, hold, keep)
-        return cfg and dataclasses.replace(cfg, prefetch_pairs=prefetch)
+        return norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, 2, hold, keep, prefetch)
     return norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag, hold, keep)
 
 

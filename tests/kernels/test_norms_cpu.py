@@ -242,17 +242,17 @@ def test_backward_configs():
     assert cfg.two_pass and not cfg.smem_sums  # 256 KB of column sums per CTA: in the partial rows instead
     assert norm_mod.backward_config(262144, "f32", 1, staged=False).smem_sums
     # Teams (rows over 9..64 CTAs sharing through global memory) past 8 CTAs per row: 16-bit LayerNorm in 512-thread
-    # CTAs with a 6-row ring (its two sums spill at 1024 threads), the others 1024 threads, 3 rows; lag 1, weights kept.
+    # CTAs with a 6-row ring at lag 2 (its two sums spill at 1024 threads), the others 1024 threads, 3 rows, lag 1.
     for n, dtype, sums, team, block, stages, lag in (
-        (131072, "bf16", 2, 16, 512, 6, 1),
-        (262144, "bf16", 2, 32, 512, 6, 1),
+        (131072, "bf16", 2, 16, 512, 6, 2),
+        (262144, "bf16", 2, 32, 512, 6, 2),
         (262144, "f32", 2, 32, 1024, 3, 1),
         (131072, "f32", 2, 16, 1024, 3, 1),
         (262144, "bf16", 1, 16, 1024, 3, 1),
         (262144, "f32", 1, 32, 1024, 3, 1),
     ):
         cfg = norm_mod.backward_config(n, dtype, sums)
-        assert cfg.keep_weights
+        assert cfg.keep_weights and cfg.prefetch_pairs == (block == 512)  # 16-bit LayerNorm teams read pairs early
         assert (cfg.row.regime, cfg.row.cluster, cfg.row.cluster_shape, cfg.row.block, cfg.stages, cfg.lag) == (
             "team",
             team,
