@@ -181,7 +181,7 @@ def test_norm_backward_regimes_assemble_without_spills(n, dtype):
         )
         ptx = assembled(module)
         if flyc.find_ptxas() is not None:
-            assert spill_bytes(ptx) == 0, (n, dtype, cfg)
+            assert spill_bytes(ptx) <= STAGED_SPILLS.get((n, dtype, sums), 0), (n, dtype, cfg)
     if n != 262144:
         return
     odd = norm_mod.backward_config(262147, "f32", 2)
@@ -244,7 +244,6 @@ def test_backward_configs():
     # Teams (rows over 9..64 CTAs sharing through global memory) past 8 CTAs per row: 16-bit LayerNorm in 512-thread
     # CTAs with a 6-row ring at lag 2 (its two sums spill at 1024 threads), the others 1024 threads, 3 rows, lag 1.
     for n, dtype, sums, team, block, stages, lag in (
-        (131072, "bf16", 2, 16, 512, 6, 2),
         (262144, "bf16", 2, 32, 512, 6, 2),
         (262144, "f32", 2, 32, 1024, 3, 1),
         (131072, "f32", 2, 16, 1024, 3, 1),
@@ -285,12 +284,16 @@ STAGED_CASES = [
     (32768, "f32", 1),
     (131072, "f16", "layer_w"),  # LayerNorm with a weight and no bias: one column sum
     (65536, "bf16", 2),
+    (131072, "bf16", 2),  # 512 x 4 in a cluster of 8
     (65536, "bf16", 1),
     (131072, "bf16", 1),
     (65536, "f32", 2),
     (16384, "f32", 1),
 ]
-TEAM_CASES = [(131072, "bf16", 2), (262144, "f32", 2), (262144, "bf16", 1)]  # teams of 16, 32 and 16 CTAs
+TEAM_CASES = [(262144, "bf16", 2), (262144, "f32", 2), (262144, "bf16", 1)]  # teams of 32, 32 and 16 CTAs
+# The one routed shape that spills: 16-bit LayerNorm at 512 x 4 (two column sums of 32 values each), 16 bytes of loop
+# invariants reloaded per row from L1; measured 3.58 TB/s against 2.82 for the spill-free team (2026-12-01).
+STAGED_SPILLS = {(131072, "bf16", 2): 16}
 
 
 @pytest.mark.parametrize("n, dtype, sums", STAGED_CASES + TEAM_CASES)
@@ -320,7 +323,7 @@ def test_staged_backward_assembles_without_spills(n, dtype, sums):
     teamed = "st.relaxed.gpu.global.b64" in ptx and "ld.relaxed.gpu.global.v2.b64" in ptx
     assert teamed == cfg.row.team and (not cfg.row.team or ("fence" not in ptx and ".release" not in ptx))
     if flyc.find_ptxas() is not None:
-        assert spill_bytes(ptx) == 0, (n, dtype, cfg)
+        assert spill_bytes(ptx) <= STAGED_SPILLS.get((n, dtype, sums), 0), (n, dtype, cfg)
 
 
 def test_teams_only_where_all_their_ctas_fit():
@@ -474,7 +477,7 @@ def test_inbox_slots_are_never_overwritten_unread(lag):
         (65536, "bf16", 1, "bf16"),
         (65536, "bf16", 1, "f32"),  # RMSNorm's float32 weight on 16-bit rows (torch's usual mix)
         (131072, "bf16", 1, "f32"),
-        (131072, "bf16", 2, "bf16"),  # a team
+        (262144, "bf16", 2, "bf16"),  # a team
         (32768, "f32", 1, "f32"),
         (262144, "f32", 2, "f32"),
     ],
@@ -504,4 +507,4 @@ def test_staged_backward_keeps_weights_in_registers(n, dtype, sums, weight):
     plain = lower(dataclasses.replace(cfg, keep_weights=False)).ptx
     assert min(vector_loads(plain)) > plain.index("cp.async.wait_group")  # without: loaded per row, in the loop
     if flyc.find_ptxas() is not None:
-        assert spill_bytes(ptx) == 0, (n, dtype, weight, cfg)
+        assert spill_bytes(ptx) <= STAGED_SPILLS.get((n, dtype, sums), 0), (n, dtype, weight, cfg)
