@@ -211,15 +211,15 @@ _MAX_TEAM = 64  # CTAs per row of a team: at least two teams on 132 SMs
 
 
 def _team_shape(dtype: str, sums: int) -> tuple:
-    """(threads, chunks, stages, lag, prefetch_pairs) of a team by default: 1024 x 2-chunk CTAs, a 3-row ring, lag 1 (f32
-    LayerNorm 131072, 262144: 3.14, 2.91 TB/s against 2.76, 2.50 for 512 threads, 6 rows, lag 2; RMSNorm bf16 262144
-    3.03, f32 131072, 262144: 3.11, 2.94), except 16-bit LayerNorm, whose two sums spill at 1024 threads: 512
+    """(threads, chunks, stages, lag, prefetch_pairs) of a team by default: 1024 x 2-chunk CTAs, a 3-row ring, lag 1
+    (f32 LayerNorm 131072, 262144: 3.14, 2.91 TB/s against 2.76, 2.50 for 512 threads, 6 rows, lag 2; RMSNorm bf16
+    262144 3.03, f32 131072, 262144: 3.11, 2.94), except 16-bit LayerNorm, whose two sums spill at 1024 threads: 512
     threads, 6 rows, lag 2, the pairs prefetched (131072, 262144: 2.83-2.86, 2.98-3.00 against 2.71-2.77, 2.68-2.71
     at lag 1 without; benchmarks/results/norms_backward_staged_2026-12-01_prefetch_*.json; at 1024 threads the
     prefetch measured -4% to +5%, and spilled 8 bytes in RMSNorm bf16 262144's registers: off). Every team keeps its
-    weight in registers (2026-12-01: f32 LayerNorm 131072, 262144 3.73, 3.57 against 3.02, 2.92; RMSNorm bf16
-    262144 3.37 against 2.98, f32 3.83, 3.77 against 3.14, 3.03). 16-bit RMSNorm: 512 x 4-chunk CTAs, 3 rows, lag
-    1, pairs prefetched (262144, four runs: 3.42, 3.44, 3.37, 3.49 against 3.40, 3.34, 3.25, 3.35 for 1024 x 2;
+    weight in registers (2026-12-01: f32 LayerNorm 131072, 262144 3.73, 3.57 against 3.02, 2.92; RMSNorm bf16 262144
+    3.37 against 2.98, f32 3.83, 3.77 against 3.14, 3.03). 16-bit RMSNorm: 512 x 4-chunk CTAs, 3 rows, lag 1, pairs
+    prefetched (262144, four runs: 3.42, 3.44, 3.37, 3.49 against 3.40, 3.34, 3.25, 3.35 for 1024 x 2;
     ..._2026-12-01_rms262144*.json; float32 measured within 2% either way at 512 x 4: not changed)."""
     if dtype == "f32":
         return (1024, 2, 3, 1, False)
