@@ -510,3 +510,37 @@ def test_staged_backward_keeps_weights_in_registers(n, dtype, sums, weight):
     assert min(vector_loads(plain)) > plain.index("cp.async.wait_group")  # without: loaded per row, in the loop
     if flyc.find_ptxas() is not None:
         assert spill_bytes(ptx) <= STAGED_SPILLS.get((n, dtype, sums), 0), (n, dtype, weight, cfg)
+
+
+def test_team_prefetch_reads_pairs_a_step_early():
+    """``prefetch_pairs`` (routed for 16-bit teams): the first warp's load of row k - lag's tagged pairs is issued,
+    predicated, right after row k's first pass, before the block reduction's barrier; without it there is no
+    predicated load. Both assemble without spills."""
+    n, dtype = 262144, "bf16"
+    flags = norm_mod.NormFlags(False, weight=True, bias=True)
+    rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
+    routed = norm_mod.backward_config(n, dtype, 2)
+    assert routed.row.team and routed.prefetch_pairs
+    for prefetch in (True, False):
+        cfg = dataclasses.replace(routed, prefetch_pairs=prefetch)
+        ptx = assembled(
+            norm_mod.norm_backward_kernel.lower(
+                rows,
+                rows,
+                flyc.TensorSpec((n,), dtype),
+                stats,
+                stats,
+                rows,
+                flyc.TensorSpec((16, 2 * n), "f32"),
+                exchange_spec(cfg),
+                cfg,
+                flags,
+            )
+        )
+        early = "@p ld.relaxed.gpu.global.v2.b64" in ptx
+        assert early == prefetch
+        if prefetch:  # issued before the row's block reduction (its first barrier in the row loop)
+            loop = ptx.index("cp.async.wait_group")
+            assert loop < ptx.index("@p ld.relaxed.gpu.global.v2.b64") < ptx.index("bar.sync", loop)
+        if flyc.find_ptxas() is not None:
+            assert spill_bytes(ptx) == 0
