@@ -147,6 +147,11 @@ class _Ring(_RowRing):
             ws = vector_chunk(self.rc, self.tensors[2], self.pos, self.n, j, self.kept)
         return dys, ds, ws
 
+    @staticmethod
+    def weighted(dys, ws):
+        """``g = dy * weight`` (``dy`` without a weight)."""
+        return [d * w for d, w in zip(dys, ws, strict=True)] if ws is not None else dys
+
     def first_pass(self, slot, rstd, mu, sums):
         """This thread's ``sum(g * xhat)`` (and ``sum(g)``) of the row in ``slot``, and ``sums`` plus its column
         terms (dweight's ``dy * xhat``, then dbias's ``dy``), chunk by chunk (each chunk's values die before the
@@ -159,7 +164,7 @@ class _Ring(_RowRing):
         held = [] if self.cfg.hold else None
         for j in fx.range_constexpr(rc.chunks):
             dys, ds, ws = self.values(slot, j, mu)
-            gs = [d * w for d, w in zip(dys, ws, strict=True)] if ws is not None else dys
+            gs = self.weighted(dys, ws)
             if fx.const_expr(held is not None):
                 held.append((gs, ds))
             dot = fx.Float32(0.0)
@@ -191,7 +196,7 @@ class _Ring(_RowRing):
                 g, ds = held[j]
             else:
                 dys, ds, ws = self.values(slot, j, mu)
-                g = [a * w for a, w in zip(dys, ws, strict=True)] if ws is not None else dys
+                g = self.weighted(dys, ws)
             return _dx(rstd, g, ds, k, c2)
 
         store_row(self.rc, self.tensors[5], _row_at(self.pos, row), self.n, self.rows, chunk)
@@ -292,14 +297,12 @@ def _load_tagged_words(pointer, when=None):
     holds, else zeros (tags unset)."""
     i32 = fx.Int32.mlir_type()
     struct = _llvm.StructType.get_literal([i32] * 4)
+    load = "ld.relaxed.gpu.global.v2.b64 {a, b}, [$4]; mov.b64 {$0, $1}, a; mov.b64 {$2, $3}, b;"
     if when is None:
-        text = "{ .reg .b64 a, b; ld.relaxed.gpu.global.v2.b64 {a, b}, [$4]; mov.b64 {$0, $1}, a; mov.b64 {$2, $3}, b;}"
+        text = f"{{ .reg .b64 a, b; {load} }}"
         words = _llvm.inline_asm(struct, [pointer], text, "=r,=r,=r,=r,l", has_side_effects=True)
     else:
-        text = (
-            "{ .reg .pred p; .reg .b64 a, b; setp.ne.b32 p, $5, 0; mov.b64 a, 0; mov.b64 b, 0;"
-            " @p ld.relaxed.gpu.global.v2.b64 {a, b}, [$4]; mov.b64 {$0, $1}, a; mov.b64 {$2, $3}, b; }"
-        )
+        text = f"{{ .reg .pred p; .reg .b64 a, b; setp.ne.b32 p, $5, 0; mov.b64 a, 0; mov.b64 b, 0; @p {load} }}"
         flag = fx.arith.select(when, fx.Int32(1), fx.Int32(0))
         words = _llvm.inline_asm(struct, [pointer, flag.value], text, "=r,=r,=r,=r,l,r", has_side_effects=True)
     return [fx.Int32(_llvm.extractvalue(i32, words, [i])) for i in range(4)]
@@ -406,9 +409,9 @@ def _team_ranks(size: int, lane, i: int):
 
 def _team_prefetch(share, row, when):
     """The pairs of ``row`` as they are now (one load per lane of the first warp and per 32 ranks, none where
-    ``when`` is false), issued a row ahead of :func:`_team_sums`: the peers pushed them a row ago, so the load's L2
-    round trip overlaps this row's first pass instead of stalling the CTA at the exchange (the team's pairs are
-    otherwise read while every other warp waits at the barrier)."""
+    ``when`` is false), issued before :func:`_team_sums` needs them (right after the next row's first pass): the
+    peers pushed them about a row ago, so the load's L2 round trip overlaps the block reduction instead of stalling
+    the CTA at the exchange (otherwise the first warp reads them while every other warp waits at the barrier)."""
     size, pos = share.rc.cluster, share.pos
     lane = pos.tid % 32
     early = []
