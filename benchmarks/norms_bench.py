@@ -6,7 +6,9 @@ next to torch eager, torch.compile and the device copy, on M x N inputs of 2^28 
 
 Effective bandwidth = bytes read + written by the op (inputs, outputs, parameters, statistics) / time. Time: CUDA
 events around each launch, after warm-up, median of ``--reps`` runs (>= 5) on fresh random inputs; peers run in
-the same process, interleaved. Copy bandwidth: ``out.copy_(x)`` of one input-sized tensor (2 x its bytes moved).
+the same process, interleaved; the SM clock and power (nvidia-smi, sampled while each row is timed) are recorded
+with each row (``clocks``): the kernels are clock-sensitive and machines differ. Copy bandwidth: ``out.copy_(x)``
+of one input-sized tensor (2 x its bytes moved).
 Every number also comes as GPU time (``*_gpu_tbps``, with ``bar_gpu_tbps`` / ``meets_bar_gpu`` from them): each call
 queued behind a sleep kernel, which hides the host's launch latency, as in a training step's queue (each call timed
 alone on an idle GPU includes it: ours ~20 us of Python checks and launch, torch's ~5-10 us).
@@ -23,6 +25,8 @@ import subprocess
 import sys
 import time
 from functools import partial
+
+from record import ClockMonitor  # this folder's sibling module
 
 from flydsl.kernels.bench import median_ms
 
@@ -216,6 +220,13 @@ def main() -> int:
         default=None,
         help="override reduction.FORWARD_BLOCK_VALUES for every dtype (tuning)",
     )
+    parser.add_argument(
+        "--forward-hints",
+        default=None,
+        help="cache hints of the register forwards (reduction.FORWARD_CACHE_HINTS, every dtype), e.g."
+        " 'rows=evict_first,out=stream,vectors=evict_last'; several separated by ';' are each timed (ours only,"
+        " 'variants' in the JSON), the first one in the main columns (tuning)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     args.backward = args.backward or args.backward_only
@@ -233,6 +244,14 @@ def main() -> int:
         reduction.FORWARD_WARP_BLOCK = args.warp_block
     if args.forward_values:
         reduction.FORWARD_BLOCK_VALUES = dict.fromkeys(reduction.FORWARD_BLOCK_VALUES, args.forward_values)
+    hint_variants = args.forward_hints.split(";") if args.forward_hints else []
+
+    def use_hints(text: str) -> None:
+        reduction.FORWARD_CACHE_HINTS = dict.fromkeys(reduction.FORWARD_CACHE_HINTS, reduction.CacheHints.parse(text))
+
+    if hint_variants:
+        use_hints(hint_variants[0])
+    monitor = ClockMonitor()
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
     ops = _ops(torch, F)
     props = torch.cuda.get_device_properties(0)
@@ -283,6 +302,15 @@ def main() -> int:
                     for who, fn in timed.items():
                         row[f"{who}_tbps"] = total / median_ms(fn, args.reps) / 1e9
                         row[f"{who}_gpu_tbps"] = total / median_ms(fn, args.reps, queued=True) / 1e9
+                    if len(hint_variants) > 1:
+                        row["variants"] = {}
+                        for text in hint_variants:  # ours again under each, the first one last
+                            use_hints(text)
+                            row["variants"][text] = {
+                                "tbps": total / median_ms(timed["ours"], args.reps) / 1e9,
+                                "gpu_tbps": total / median_ms(timed["ours"], args.reps, queued=True) / 1e9,
+                            }
+                        use_hints(hint_variants[0])
                     for suffix, copy in (("", row["copy_tbps"]), ("_gpu", row["copy_gpu_tbps"])):
                         best_peer = max(row.get(f"torch{suffix}_tbps", 0), row.get(f"torch_compile{suffix}_tbps", 0))
                         row[f"bar{suffix}_tbps"] = max(0.91 * copy, 0.98 * best_peer)
@@ -297,6 +325,7 @@ def main() -> int:
                         row["backward_gpu_tbps"] = bwd_bytes / busy_ms / 1e9
                         if ref_ms is not None:
                             row["backward_torch_tbps"] = bwd_bytes / ref_ms / 1e9
+                row["clocks"] = monitor.window()  # nvidia-smi's samples while this row was timed
                 result["results"].append(row)
                 line = f"{name:>18} {dname:>4} N={n:>6}: copy {row['copy_tbps']:.2f}"
                 if not args.backward_only:
@@ -314,12 +343,17 @@ def main() -> int:
                         f" {'ok' if row['backward_meets_bar'] else 'MISS'}"
                         f"  (GPU time: bwd {row['backward_gpu_tbps']:.2f}, copy {row['copy_gpu_tbps']:.2f})"
                     )
+                for text, v in row.get("variants", {}).items():
+                    line += f"\n{'':>30} hints {text or 'none'}: {v['tbps']:.2f}, GPU time {v['gpu_tbps']:.2f}"
+                if row["clocks"]:
+                    line += f"  [SM {row['clocks']['sm_mhz_median']:.0f} MHz, {row['clocks']['power_w_median']:.0f} W]"
                 print(line, flush=True)
                 del x, aux, copy_dst
                 torch.cuda.empty_cache()
                 _write(args.out, result, started)  # after every row: a cut-short run keeps what it measured
     if args.config_sweep:
         result["config_experiments"] = _config_sweep(torch, args.reps)
+    monitor.close()
     result["complete"] = True
     _write(args.out, result, started)
     print(f"wrote {args.out}")

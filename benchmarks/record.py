@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -74,3 +76,53 @@ def write_record(path, benchmark: str, argv, results, *, commit=None, method=Non
         json.dump(record, f, indent=1)
         f.write("\n")
     return record
+
+
+class ClockMonitor:
+    """nvidia-smi sampling the SM clock and power every ``period_ms`` in the background, so that runs on machines
+    that clock differently can be compared: ``window()`` summarizes the samples taken since the previous call (median
+    and minimum SM MHz, median power), or returns None where nvidia-smi is missing or took no sample meanwhile.
+
+        monitor = ClockMonitor()
+        ...time something...
+        row["clocks"] = monitor.window()
+        monitor.close()
+    """
+
+    def __init__(self, period_ms: int = 100):
+        self._samples, self._lock = [], threading.Lock()
+        query = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", f"-lms={period_ms}"]
+        try:
+            self._smi = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self._smi = None
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self._smi.stdout:
+            fields = line.strip().split(", ")
+            try:
+                sample = (float(fields[0]), float(fields[1]))
+            except (IndexError, ValueError):
+                continue
+            with self._lock:
+                self._samples.append(sample)
+
+    def window(self) -> dict | None:
+        with self._lock:
+            samples, self._samples = self._samples, []
+        if not samples:
+            return None
+        clocks = [c for c, _ in samples]
+        return {
+            "samples": len(samples),
+            "sm_mhz_median": statistics.median(clocks),
+            "sm_mhz_min": min(clocks),
+            "power_w_median": statistics.median(p for _, p in samples),
+        }
+
+    def close(self) -> None:
+        if self._smi is not None:
+            self._smi.terminate()
+            self._smi.wait()

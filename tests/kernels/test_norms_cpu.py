@@ -100,6 +100,36 @@ def test_register_forward_assembles_without_spills(n, dtype):
             assert (loads_before == loads) == early, (n, dtype, flags, weight_dtype, loads_before, loads)
 
 
+@pytest.mark.parametrize("n, dtype", [(1024, "bf16"), (4100, "bf16"), (8192, "f32")])
+def test_register_forward_cache_hints(n, dtype):
+    """RowConfig.hints: the rows', output's and weights' 16-byte accesses carry their cache qualifiers (an L2
+    policy created once), tails (N not a multiple of 16 bytes) stay per element and plain; no spills either way."""
+    import dataclasses
+
+    from flydsl.kernels.reduction import CacheHints, forward_row_config
+
+    rows, weight, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((n,), dtype), flyc.TensorSpec((8,), "f32")
+    hints = CacheHints(rows="evict_first", out="stream", vectors="evict_last")
+    cfg = dataclasses.replace(forward_row_config(n, dtype), hints=hints)
+    flags = FORWARD_FLAGS["layer"]
+    ptx = assembled(
+        norm_mod.norm_forward_kernel.lower(rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags)
+    )
+    if cfg.even:
+        assert "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in ptx
+        assert "ld.global.L1::evict_last.L2::cache_hint.v4.b32" in ptx
+        assert "st.global.cs.v4.b32" in ptx
+        assert "ld.global.v4" not in ptx and "st.global.v4" not in ptx  # every 16-byte access hinted
+        assert ptx.count("createpolicy") == 2
+    else:
+        assert "cache_hint" not in ptx and ".cs." not in ptx
+    if flyc.find_ptxas() is not None:
+        assert spill_bytes(ptx) == 0
+    with pytest.raises(ValueError, match="CacheHints.out: stores take"):
+        CacheHints(out="evict_last")
+    assert CacheHints.parse("rows=stream,vectors=none") == CacheHints(rows="stream")
+
+
 @pytest.mark.parametrize("n, dtype", REGIME_CASES, ids=_regime_ids())
 def test_softmax_compiles_in_every_regime(n, dtype):
     spec = flyc.TensorSpec((8, n), dtype)

@@ -160,6 +160,33 @@ def test_fused_add_rms_norm(n, dtype):
     assert not torch.equal(original, residual) or n == 0
 
 
+@pytest.mark.parametrize("hints", ["rows=evict_first,out=evict_first,vectors=evict_last", "rows=stream,out=stream"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [1000, 1024, 4096, 8192, 20000])
+def test_register_forwards_with_cache_hints(n, dtype, hints, monkeypatch):
+    """The register forwards with cache-hinted accesses (reduction.FORWARD_CACHE_HINTS): the same values, the
+    fused add in place."""
+    from flydsl.kernels import reduction
+
+    monkeypatch.setattr(_NORM, "STAGED_FORWARD", False)
+    every_dtype = dict.fromkeys(reduction.FORWARD_CACHE_HINTS, reduction.CacheHints.parse(hints))
+    monkeypatch.setattr(reduction, "FORWARD_CACHE_HINTS", every_dtype)
+    rows = _rows(n)
+    x = _input(rows, n, dtype) * 2 + 0.5
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    out, mean, rstd = norms.layer_norm(x, w, b, 1e-5, _poison(x), return_stats=True)
+    ref, ref_mean, ref_rstd = _ln_ref(x, w, b, 1e-5)
+    _close(out, ref)
+    _close(rstd, ref_rstd, torch.float32, "rstd")
+    _close(norms.softmax(x, _poison(x)), torch.softmax(x.double(), dim=-1))
+    residual = _input(rows, n, dtype)
+    summed = (x.float() + residual.float()).to(dtype)
+    out, _, _ = norms.fused_add_rms_norm(x, residual, w, 1e-6, _poison(x), residual_out=residual)
+    assert torch.equal(residual, summed), "residual_out"
+    sd = summed.double()
+    _close(out, sd * torch.rsqrt((sd * sd).mean(-1, keepdim=True) + 1e-6) * w.double())
+
+
 def _column_close(got, ref, rows, what):
     atol = 1e-4 * rows**0.5 * ref.abs().max().item() + TOL[got.dtype][0]
     err = (got.double() - ref).abs()

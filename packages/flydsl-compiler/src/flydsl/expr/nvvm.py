@@ -16,7 +16,19 @@ from mlir.dialects import arith as _arith
 from mlir.dialects import llvm as _llvm
 from mlir.dialects import nvvm as _nvvm
 
-from flydsl.expr.numeric import BFloat16, Boolean, Float, Float16, Float32, Int16, Int32, Numeric, Uint16, as_numeric
+from flydsl.expr.numeric import (
+    BFloat16,
+    Boolean,
+    Float,
+    Float16,
+    Float32,
+    Int16,
+    Int32,
+    Int64,
+    Numeric,
+    Uint16,
+    as_numeric,
+)
 from flydsl.expr.tensor import Tensor, _static_coord, fly_ops
 from flydsl.expr.vector import Vector, vector_class
 
@@ -35,6 +47,9 @@ __all__ = [
     "cp_async_commit_group",
     "cp_async_wait_group",
     "ld_global_nc",
+    "ld_global",
+    "st_global",
+    "create_policy",
     "atom_add_acq_rel",
     "ld_acquire",
     "red_add_release",
@@ -423,6 +438,129 @@ def ld_global_nc(where, coord=None, nbytes: int = 16, l1: str | None = None, pre
     from mlir.dialects import vector as _vector
 
     return cls(_vector.from_elements(cls.mlir_type(), _struct_fields(loaded, count, _i32())))
+
+
+_L2_PRIORITY = ("evict_first", "evict_last", "evict_normal", "evict_unchanged")
+_CACHE_OPERATORS = {"load": ("ca", "cg", "cs", "lu", "cv"), "store": ("wb", "cg", "cs", "wt")}
+
+
+def create_policy(priority: str = "evict_first", fraction: float = 1.0) -> Int64:
+    """``createpolicy.fractional.L2::{priority}.b64``: an L2 cache eviction policy (an opaque 64-bit value) for the
+    ``policy=`` of :func:`ld_global` / :func:`st_global`: the lines they touch are kept in L2 with ``priority``
+    (``"evict_first"``: data streamed once, which then leaves room for the rest; ``"evict_last"``: data read again,
+    e.g. weights every row reads), ``fraction`` (0 < f <= 1) of them, the others ``evict_unchanged``.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-createpolicy
+    """
+    if priority not in _L2_PRIORITY:
+        raise ValueError(f"create_policy priority: expected one of {_L2_PRIORITY}, got {priority!r}")
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"create_policy fraction: expected 0 < fraction <= 1, got {fraction!r}")
+    text = f"createpolicy.fractional.L2::{priority}.b64 $0, {float(fraction)!r};"
+    return Int64(_asm(ir.IntegerType.get_signless(64), [], text, "=l"))
+
+
+def _cache_suffix(kind: str, cop, l1, policy) -> str:
+    """The qualifiers of a hinted ``ld``/``st``: ``.{cop}`` or ``.L1::{l1}`` (PTX allows one of them), then
+    ``.L2::cache_hint`` with a policy."""
+    if cop is not None and cop not in _CACHE_OPERATORS[kind]:
+        raise ValueError(f"{kind} cop: expected one of {_CACHE_OPERATORS[kind]} or None, got {cop!r}")
+    if l1 is not None and l1 not in _L1_EVICTION:
+        raise ValueError(f"{kind} l1: expected one of {_L1_EVICTION} or None, got {l1!r}")
+    if cop is not None and l1 is not None:
+        raise ValueError(
+            f"{kind}: give a cache operator (cop={cop!r}) or an L1 eviction priority (l1={l1!r}), not both"
+        )
+    if policy is not None and not (isinstance(policy, Numeric) and policy.width == 64):
+        raise TypeError(f"{kind} policy: expected a 64-bit value from create_policy, got {type(policy).__name__}")
+    return (f".{cop}" if cop else "") + (f".L1::{l1}" if l1 else "") + (".L2::cache_hint" if policy is not None else "")
+
+
+def _flag(predicate) -> Int32:
+    """A kernel Boolean as an Int32 0/1 (inline PTX takes no i1 operands: it sets its own predicate from it)."""
+    predicate = as_numeric(predicate, Boolean)
+    if type(predicate) is not Boolean:
+        raise TypeError(f"predicate: expected a kernel Boolean, got {type(predicate).__name__}")
+    return Int32(_arith.extui(_i32(), predicate.value))
+
+
+def ld_global(where, coord=None, nbytes: int = 16, *, cop=None, l1=None, policy=None, predicate=None, fill=None):
+    """``ld.global[.{cop} | .L1::{l1}][.L2::cache_hint].v{n}.b32``: ``nbytes`` (4, 8 or 16) bytes of global memory
+    (aligned to ``nbytes``) as an ``Int32`` vector (``.bitcast(...)`` it to the data's type), with cache hints:
+    ``cop`` a cache operator (``"cs"``: streamed, evict first; ``"lu"``, ``"cg"``, ...) or ``l1`` an L1 eviction
+    priority, and ``policy`` an L2 eviction policy (:func:`create_policy`). ``predicate`` (a kernel Boolean): load
+    only where it holds; elsewhere the result is ``fill`` (an ``Int32`` vector of the same words; default zeros) and
+    the address is not touched. The load has no side effects (the compiler may move it like a plain load of data
+    that the kernel does not write meanwhile). ``where``: an ``!llvm.ptr<1>`` or a global Tensor.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-ld
+    """
+    if nbytes not in (4, 8, 16):
+        raise ValueError(f"ld_global nbytes: expected 4, 8 or 16, got {nbytes}")
+    suffix = _cache_suffix("load", cop, l1, policy)
+    pointer = _pointer(where, coord, "global")
+    count = nbytes // 4
+    cls = vector_class(Int32, count)
+    words = ", ".join(f"${i}" for i in range(count))
+    operand = count  # the operands after the results: pointer, [policy], [predicate, fill words]
+    load = f"ld.global{suffix}{f'.v{count}' if count > 1 else ''}.b32 {{{words}}}, [${operand}]"
+    operands, constraints = [pointer], ["=r"] * count + ["l"]
+    if policy is not None:
+        operands.append(policy.value)
+        constraints.append("l")
+        load += f", ${operand + len(operands) - 1}"
+    load += ";"
+    if count == 1:
+        load = load.replace(f"{{{words}}}", words)
+    if predicate is None:
+        text = load
+    else:
+        fill = cls(0) if fill is None else fill
+        if not isinstance(fill, Vector) or type(fill) is not cls:
+            raise TypeError(f"ld_global fill: expected an {cls.__name__} (the words loaded), got {type(fill).__name__}")
+        first = operand + len(operands)
+        operands.append(_flag(predicate).value)
+        operands += [fill[i].value for i in range(count)]
+        constraints += ["r"] * (count + 1)
+        moves = " ".join(f"mov.b32 ${i}, ${first + 1 + i};" for i in range(count))
+        text = f"{{ .reg .pred p; setp.ne.b32 p, ${first}, 0; {moves} @p {load} }}"
+    result_type = _i32() if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join(['i32'] * count)})>")
+    loaded = _asm(result_type, operands, text, ",".join(constraints))
+    from mlir.dialects import vector as _vector
+
+    return cls(_vector.from_elements(cls.mlir_type(), _struct_fields(loaded, count, _i32())))
+
+
+def st_global(where, words, coord=None, *, cop=None, l1=None, policy=None, predicate=None) -> None:
+    """``st.global[.{cop} | .L1::{l1}][.L2::cache_hint].v{n}.b32``: ``words`` (an ``Int32`` vector of 1, 2 or 4
+    elements; ``.bitcast(fx.Int32)`` other data) to global memory aligned to their size, with the cache hints of
+    :func:`ld_global` (``cop``: ``"cs"`` streamed, ``"wt"``, ...). ``predicate``: store only where it holds.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-st
+    """
+    if not isinstance(words, Vector) or words.element is not Int32 or len(words) not in (1, 2, 4):
+        raise TypeError(f"st_global words: expected an Int32 vector of 1, 2 or 4 elements, got {type(words).__name__}")
+    suffix = _cache_suffix("store", cop, l1, policy)
+    pointer = _pointer(where, coord, "global")
+    count = len(words)
+    operands = [pointer] + [words[i].value for i in range(count)]
+    constraints = ["l"] + ["r"] * count
+    values = ", ".join(f"${1 + i}" for i in range(count))
+    store = f"st.global{suffix}{f'.v{count}' if count > 1 else ''}.b32 [$0], {{{values}}}"
+    if count == 1:
+        store = store.replace(f"{{{values}}}", values)
+    if policy is not None:
+        operands.append(policy.value)
+        constraints.append("l")
+        store += f", ${len(operands) - 1}"
+    store += ";"
+    if predicate is None:
+        text = store
+    else:
+        operands.append(_flag(predicate).value)
+        constraints.append("r")
+        text = f"{{ .reg .pred p; setp.ne.b32 p, ${len(operands) - 1}, 0; @p {store} }}"
+    _asm(None, operands, text, ",".join(constraints), side_effects=True)
 
 
 # --- flags between CTAs ----------------------------------------------------------------------------------------

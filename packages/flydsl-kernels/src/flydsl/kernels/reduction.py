@@ -29,17 +29,18 @@ from __future__ import annotations
 
 import functools
 import math as _pymath
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 from mlir.dialects import llvm as _llvm
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import arith, cluster, gpu, vector
+from flydsl.expr import arith, cluster, gpu, nvvm, vector
 
 __all__ = [
     "RowConfig",
+    "CacheHints",
     "row_config",
     "forward_row_config",
     "row_position",
@@ -68,6 +69,53 @@ MAX_TEAM = 1024  # CTAs of a team (a row split over CTAs that are not a cluster)
 MAX_THREADS = 1024
 _VALUES_PER_THREAD = 32  # float32 registers of row data per thread per tensor held (64 per thread at 1024 threads)
 _BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+# A hint's cache qualifiers (fx.nvvm.ld_global / st_global): "stream" the .cs operator (evict first from L1 and L2),
+# "evict_first" / "evict_last" the L1 priority and an L2 policy of that priority, "no_allocate" past L1.
+_HINTS = {
+    "stream": {"cop": "cs"},
+    "evict_first": {"l1": "evict_first", "policy": "evict_first"},
+    "evict_last": {"l1": "evict_last", "policy": "evict_last"},
+    "no_allocate": {"l1": "no_allocate"},
+}
+
+
+@dataclass(frozen=True)
+class CacheHints:
+    """Cache hints on a row kernel's 16-byte global accesses (rows whose N is a multiple of 16 bytes; per-element
+    tails stay plain): each None (a plain access) or one of ``"stream"``, ``"evict_first"``, ``"evict_last"``,
+    ``"no_allocate"`` (see ``_HINTS``). ``rows``: the row loads (:func:`load_row`), ``out``: the row stores
+    (:func:`store_row`), ``vectors``: the weight and bias loads (:func:`load_vector_chunk`)."""
+
+    rows: str | None = None
+    out: str | None = None
+    vectors: str | None = None
+
+    def __post_init__(self):
+        for name in ("rows", "out", "vectors"):
+            hint = getattr(self, name)
+            if hint is not None and hint not in _HINTS:
+                raise ValueError(f"CacheHints.{name}: expected one of {tuple(_HINTS)} or None, got {hint!r}")
+        if self.out == "evict_last" or self.out == "no_allocate":
+            raise ValueError(f"CacheHints.out: stores take 'stream' or 'evict_first', got {self.out!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> CacheHints:
+        """``"rows=evict_first,out=stream"`` (the benchmarks' flag) as CacheHints; ``""`` or ``"none"``: none."""
+        if text in ("", "none"):
+            return cls()
+        fields = dict(item.split("=", 1) for item in text.split(","))
+        return cls(**{k: (None if v == "none" else v) for k, v in fields.items()})
+
+
+def _hint_qualifiers(hint: str | None) -> dict:
+    """The keyword arguments of fx.nvvm.ld_global / st_global for a CacheHints value (policies created here: the
+    compiler merges the identical ``createpolicy``)."""
+    if hint is None:
+        return {}
+    qualifiers = dict(_HINTS[hint])
+    if "policy" in qualifiers:
+        qualifiers["policy"] = nvvm.create_policy(qualifiers["policy"])
+    return qualifiers
 
 
 @dataclass(frozen=True)
@@ -82,6 +130,7 @@ class RowConfig:
     cluster: int  # CTAs per row (1, 2, 4 or 8; any count up to MAX_TEAM for a team)
     even: bool  # N % vec == 0: whole-chunk predicates, 16-byte accesses
     team: bool = False  # the row's CTAs are consecutive CTAs of the grid, not a cluster (they share through global)
+    hints: CacheHints = CacheHints()  # cache hints of load_row / store_row / load_vector_chunk (plain by default)
 
     def __post_init__(self):
         if self.dtype not in _BYTES or self.vec * _BYTES[self.dtype] != 16:
@@ -147,6 +196,8 @@ FORWARD_CTA_THREADS = 1024
 # threads at 28 registers, full occupancy, 89.8% of DRAM bandwidth against our 128 threads' 86%). 16-bit rows keep
 # 32: 1 chunk per thread measured 3-30% slower, and 1024-thread LayerNorm CTAs 2.75 against 4.05 at bf16 16384.
 FORWARD_BLOCK_VALUES = {"f32": 8, "f16": _VALUES_PER_THREAD, "bf16": _VALUES_PER_THREAD}
+# Cache hints of the register forwards' accesses per dtype (CacheHints; norms_bench.py --forward-hints tries others).
+FORWARD_CACHE_HINTS = {"f32": CacheHints(), "f16": CacheHints(), "bf16": CacheHints()}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -180,9 +231,16 @@ def forward_row_config(n: int, dtype: str, held: int = 1) -> RowConfig:
     :data:`FORWARD_WARP_BLOCK` threads and a row in one CTA of up to :data:`FORWARD_CTA_THREADS` threads; a row that
     needs a cluster anyway is split as :func:`row_config` does (the constants are read at each call: the benchmarks'
     tuning flags override them)."""
-    return _forward_row_config(
+    cfg = _forward_row_config(
         n, dtype, held, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS, FORWARD_BLOCK_VALUES[dtype]
     )
+    hints = FORWARD_CACHE_HINTS[dtype]
+    return cfg if hints == cfg.hints else _with_hints(cfg, hints)
+
+
+@functools.lru_cache(maxsize=4096)
+def _with_hints(cfg: RowConfig, hints: CacheHints) -> RowConfig:
+    return replace(cfg, hints=hints)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -267,9 +325,14 @@ def _chunk_masks(cfg: RowConfig, col, n, row_ok):
     return [row_ok & (col + e < n) for e in range(cfg.vec)]
 
 
-def _load_chunk_raw(cfg: RowConfig, view, col, n, row_ok, fill):
-    """The ``vec`` elements of a chunk view as one vector of its dtype, ``fill`` where out of range."""
+def _load_chunk_raw(cfg: RowConfig, view, col, n, row_ok, fill, hint=None):
+    """The ``vec`` elements of a chunk view as one vector of its dtype, ``fill`` where out of range; ``hint``: a
+    :class:`CacheHints` value for the 16-byte load."""
     cls = vector.vector_class(view.dtype, cfg.vec)
+    if fx.const_expr(cfg.even and hint is not None):
+        fill_words = cls(fill).bitcast(fx.Int32)
+        words = nvvm.ld_global(view, predicate=row_ok & (col < n), fill=fill_words, **_hint_qualifiers(hint))
+        return words.bitcast(view.dtype)
     raw, buffer = _fill_buffer(cls, fill)
     if fx.const_expr(cfg.even):
         fx.copy(view, buffer, predicate=row_ok & (col < n))
@@ -288,7 +351,7 @@ def load_row_raw(cfg: RowConfig, t, pos, n, rows, fill=0.0, chunks=None):
     for j in _chunk_list(cfg, chunks):
         c = chunk_index(cfg, pos, j)
         view = fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None]  # (vec,): 16 contiguous bytes
-        loaded.append(_load_chunk_raw(cfg, view, c * cfg.vec, n, row_ok, fill))
+        loaded.append(_load_chunk_raw(cfg, view, c * cfg.vec, n, row_ok, fill, cfg.hints.rows))
     return loaded
 
 
@@ -321,7 +384,8 @@ def load_vector_chunk_raw(cfg: RowConfig, w, pos, n, j: int, fill=0.0):
     """As :func:`load_vector_chunk`, but one vector of ``w``'s dtype (:func:`widen` converts it): a kernel that
     loads a chunk early holds it in half the registers (16-bit types)."""
     c = chunk_index(cfg, pos, j)
-    return _load_chunk_raw(cfg, fx.local_tile(w, (cfg.vec,), (c,)), c * cfg.vec, n, pos.lane >= 0, fill)
+    view = fx.local_tile(w, (cfg.vec,), (c,))
+    return _load_chunk_raw(cfg, view, c * cfg.vec, n, pos.lane >= 0, fill, cfg.hints.vectors)
 
 
 def load_vector_chunk(cfg: RowConfig, w, pos, n, j: int, fill=0.0):
@@ -359,7 +423,6 @@ def store_row(cfg: RowConfig, t, pos, n, rows, values, chunks=None) -> None:
     out of the registers of the other chunks. ``chunks``: which of the thread's chunks (as in :func:`load_row`;
     ``values`` then holds those chunks' values, in order)."""
     row_ok = pos.row < rows
-    cls = vector.vector_class(t.dtype, cfg.vec)
     wide = vector.vector_class(fx.Float32, cfg.vec)
     for k, j in enumerate(_chunk_list(cfg, chunks)):
         c = chunk_index(cfg, pos, j)
@@ -367,8 +430,17 @@ def store_row(cfg: RowConfig, t, pos, n, rows, values, chunks=None) -> None:
         view = fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None]
         part = values(j) if callable(values) else values[k * cfg.vec : (k + 1) * cfg.vec]
         chunk = vector.from_elements(wide.mlir_type(), part)
-        raw, buffer = vector.register_buffer(cls)
-        _llvm.store(chunk.to(t.dtype).value, raw, alignment=buffer.base_alignment)
+        _store_chunk(cfg, view, chunk.to(t.dtype), col, n, row_ok)
+
+
+def _store_chunk(cfg: RowConfig, view, chunk, col, n, row_ok) -> None:
+    """A chunk (a vector of the view's dtype) into its view, nothing out of range; hinted as ``cfg.hints.out``."""
+    if fx.const_expr(cfg.even and cfg.hints.out is not None):
+        words = chunk.bitcast(fx.Int32)
+        nvvm.st_global(view, words, predicate=row_ok & (col < n), **_hint_qualifiers(cfg.hints.out))
+    else:
+        raw, buffer = vector.register_buffer(type(chunk))
+        _llvm.store(chunk.value, raw, alignment=buffer.base_alignment)
         if fx.const_expr(cfg.even):
             fx.copy(buffer, view, predicate=row_ok & (col < n))
         else:
