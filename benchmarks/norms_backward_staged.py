@@ -16,6 +16,7 @@ after warm-up; copy (``dst.copy_(x)``) in the same process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
@@ -68,12 +69,12 @@ def _small(torch, norms, norm, n, sms, reps) -> str:
     return line
 
 
-_OPTIONS = ("hold", "keep", "prefetch")  # BackwardConfig.hold, .keep_weights, .prefetch_pairs
+_OPTIONS = ("hold", "keep", "prefetch", "fma")  # BackwardConfig.hold, .keep_weights, .prefetch_pairs, .fma_dx
 
 
 def _parse_configs(text: str, error) -> list:
-    """``[team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep][:prefetch],...`` as (team, threads, chunks, stages, lag,
-    hold, keep, prefetch) tuples."""
+    """``[team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep][:prefetch][:fma],...`` as (team, threads, chunks, stages, lag,
+    hold, keep, prefetch, fma) tuples."""
     out = []
     for item in text.split(","):
         parts = item.split(":")
@@ -82,7 +83,7 @@ def _parse_configs(text: str, error) -> list:
         try:
             threads, chunks, stages, lag = (int(v) for v in shape)
         except ValueError:
-            error(f"--configs: expected [team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep][:prefetch], got {item!r}")
+            error(f"--configs: expected [team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep][:prefetch][:fma], got {item!r}")
         if min(threads, chunks, stages) < 1 or lag < 0:
             error(f"--configs: THREADS, CHUNKS and STAGES must be positive and LAG >= 0, got {item!r}")
         out.append((team, threads, chunks, stages, lag, *(name in parts for name in _OPTIONS)))
@@ -96,10 +97,12 @@ def _label(spec) -> str:
 
 
 def _explicit_config(norm, n, dtype, sums, spec):
-    team, threads, chunks, stages, lag, hold, keep, prefetch = spec
+    team, threads, chunks, stages, lag, hold, keep, prefetch, fma = spec
     if team:  # any team size from 2 (the routed teams start at 9 CTAs)
-        return norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, 2, hold, keep, prefetch)
-    return norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag, hold, keep)
+        cfg = norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, 2, hold, keep, prefetch)
+    else:
+        cfg = norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag, hold, keep)
+    return dataclasses.replace(cfg, fma_dx=True) if cfg is not None and fma else cfg
 
 
 def _groups(norm, cfg, rows, sms):

@@ -339,6 +339,37 @@ def test_norm_backward_staged_held(n, dtype, shape, keep, monkeypatch):
     assert set(launched) == {0, 1, 2}, launched
 
 
+@pytest.mark.parametrize("offset", [0.0, 64.0], ids=["centered", "offset"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [16384, 65536, 65544, 131072, 262144])
+def test_layer_norm_backward_fma_dx(n, dtype, offset, monkeypatch):
+    """The staged LayerNorm backward folding the mean into fmas (``fma_dx``) on its routed shapes (one CTA, a
+    cluster, 512 x 4 clusters, a team; 65544: chunks past N): values within the 16-bit tolerance, also on rows whose
+    mean is 64 standard deviations from 0 (where the folded mean loses the most)."""
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    routed = norm.resident_backward_config
+    launched = []
+
+    def chosen(n_, dtype_, sums, staged, sms):
+        cfg = routed(n_, dtype_, sums, staged, sms)
+        launched.append(cfg.staged)
+        return dataclasses.replace(cfg, fma_dx=True) if cfg.staged else cfg
+
+    monkeypatch.setattr(norm, "resident_backward_config", chosen)
+    rows = 2 * 132 + 9
+    x = (_input(rows, n, torch.float32) + offset).to(dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    dy = _input(rows, n, dtype)
+    _, mean, rstd = norms.layer_norm(x, w, b, 1e-5, return_stats=True)
+    dx, dw, db = norms.layer_norm_backward(dy, x, w, mean, rstd, dx=_poison(x))
+    xd, wd, bd = x.double().requires_grad_(), w.double().requires_grad_(), b.double().requires_grad_()
+    torch.nn.functional.layer_norm(xd, (n,), wd, bd, 1e-5).backward(dy.double())
+    _close(dx, xd.grad, what="dx")
+    _column_close(dw, wd.grad, rows, "dweight")
+    _column_close(db, bd.grad, rows, "dbias")
+    assert launched and all(launched), launched
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [131072, 262144])
 def test_norm_backward_team_prefetch(n, dtype, monkeypatch):

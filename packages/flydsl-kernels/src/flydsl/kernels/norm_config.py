@@ -92,12 +92,13 @@ class BackwardConfig:
     hold: bool = False  # staged, lag 0: g and x (- mean) held in registers from the first pass to dx
     keep_weights: bool = False  # staged: the weight's chunks loaded once, kept in registers in their dtype
     prefetch_pairs: bool = False  # a team at a lag: its row's pairs read a step early (norm_staged._team_prefetch)
+    fma_dx: bool = False  # staged LayerNorm: xhat and dx from x by fmas, the mean folded in (16-bit rows; _Ring)
 
     def __post_init__(self):
         if self.hold and (not self.staged or (self.lag and self.row.cluster > 1)):
             raise ValueError(f"{self}: hold keeps a row in registers until its dx: the staged kernel at lag 0 only")
-        if self.keep_weights and not self.staged:
-            raise ValueError(f"{self}: keep_weights is the staged kernel's")
+        if (self.keep_weights or self.fma_dx) and not self.staged:
+            raise ValueError(f"{self}: keep_weights and fma_dx are the staged kernel's")
 
     @property
     def two_pass(self) -> bool:
