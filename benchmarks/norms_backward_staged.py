@@ -16,7 +16,6 @@ after warm-up; copy (``dst.copy_(x)``) in the same process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import sys
@@ -99,10 +98,8 @@ def _label(spec) -> str:
 def _explicit_config(norm, n, dtype, sums, spec):
     team, threads, chunks, stages, lag, hold, keep, prefetch, fma = spec
     if team:  # any team size from 2 (the routed teams start at 9 CTAs)
-        cfg = norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, 2, hold, keep, prefetch)
-    else:
-        cfg = norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag, hold, keep)
-    return dataclasses.replace(cfg, fma_dx=True) if cfg is not None and fma else cfg
+        return norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, 2, hold, keep, prefetch, fma)
+    return norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag, hold, keep, fma)
 
 
 def _groups(norm, cfg, rows, sms):

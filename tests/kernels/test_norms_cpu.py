@@ -291,6 +291,19 @@ def test_backward_configs():
             stages,
             lag,
         )
+    # 16-bit LayerNorm folds its mean into fmas in its 512 x 2 clusters and teams (not at 512 x 4, where it spills,
+    # nor in one CTA, unmeasured); nothing else does
+    for n, dtype, sums, folds in (
+        (16384, "bf16", 2, False),
+        (32768, "bf16", 2, True),
+        (65536, "f16", 2, True),
+        (131072, "bf16", 2, False),
+        (262144, "bf16", 2, True),
+        (262144, "bf16", 1, False),
+        (32768, "f32", 2, False),
+        (262144, "f32", 2, False),
+    ):
+        assert norm_mod.backward_config(n, dtype, sums).fma_dx == folds, (n, dtype, sums)
     cfg = norm_mod.backward_config(65536, "f32", 1)  # 8 CTAs of 1024 x 2 (the register kernel before kept weights)
     assert (cfg.staged, cfg.row.cluster, cfg.row.block, cfg.row.chunks) == (True, 8, 1024, 2)
     # One 1024 x 2 CTA per row for LayerNorm bf16 16384 (no spills since the column sums are pinned where updated)

@@ -127,7 +127,7 @@ class StagedShape(NamedTuple):
     """A staged backward shape (see :func:`staged_backward_config` for each field): CTAs of ``threads`` threads
     holding ``chunks`` 16-byte chunks of each source, ``lag`` rows between a row's push and its dx, taken for rows
     held by at most ``most`` CTAs; ``stages`` (None: as many as fit, up to :data:`_MAX_STAGES`), ``keep``: the
-    weight kept in registers."""
+    weight kept in registers, ``fma``: LayerNorm's mean folded into fmas (``BackwardConfig.fma_dx``)."""
 
     threads: int
     chunks: int
@@ -135,6 +135,7 @@ class StagedShape(NamedTuple):
     most: int
     stages: int | None = None
     keep: bool = True
+    fma: bool = False
 
 
 def _staged_shapes(dtype: str, sums: int) -> list:
@@ -153,12 +154,18 @@ def _staged_shapes(dtype: str, sums: int) -> list:
     3.31) and RMSNorm 1024 x 1 (32768: 3.79 against the register kernel's 3.70), then 1024 x 2 up to 8 CTAs (65536:
     3.66 against 3.33, RMSNorm 3.72 against 3.64). Holding the row in registers from the first pass to dx (``hold``,
     lag 0) measured no better than lag 1 with kept weights (LayerNorm bf16 65536: 3.39 against 3.60; f32 32768: 3.75
-    against 3.73)."""
+    against 3.73). 16-bit LayerNorm's 512 x 2 shape folds the mean into fmas (``fma_dx``: 18% fewer float ops; two
+    runs, 32768: 3.69, 3.64 against 3.50, 3.57; 65536: 3.70, 3.64 against 3.55, 3.50); its 512 x 4 shape does not
+    (it spills 24 bytes then: 2.95-3.19 against 3.52; ``norms_backward_staged_2026-12-01_fma_*.json``)."""
     if dtype == "f32":
         middle = StagedShape(512, 2, 1, 8, 6) if sums == 2 else StagedShape(1024, 1, 1, 8)
         return [StagedShape(1024, 2, 1, 2), middle, StagedShape(1024, 2, 1, 8)]
     if sums == 2:
-        return [StagedShape(1024, 2, 1, 1, keep=False), StagedShape(512, 2, 1, 8, 6), StagedShape(512, 4, 1, 8)]
+        return [
+            StagedShape(1024, 2, 1, 1, keep=False),
+            StagedShape(512, 2, 1, 8, 6, fma=True),
+            StagedShape(512, 4, 1, 8),
+        ]
     return [StagedShape(1024, 2, 1, 1), StagedShape(1024, 1, 1, 8), StagedShape(1024, 2, 1, 8)]
 
 
@@ -166,7 +173,7 @@ def staged_config(n: int, dtype: str, sums: int) -> BackwardConfig | None:
     """The first of :func:`_staged_shapes` that holds a row in its most CTAs, or None."""
     for shape in _staged_shapes(dtype, sums):
         cfg = staged_backward_config(
-            n, dtype, sums, shape.chunks, shape.stages, shape.threads, shape.lag, keep_weights=shape.keep
+            n, dtype, sums, shape.chunks, shape.stages, shape.threads, shape.lag, False, shape.keep, shape.fma
         )
         if cfg is not None and cfg.row.cluster <= shape.most:
             return cfg
@@ -184,13 +191,14 @@ def staged_backward_config(
     lag: int = 1,
     hold: bool = False,
     keep_weights: bool = False,
+    fma_dx: bool = False,
 ) -> BackwardConfig | None:
     """The staged backward config (see :func:`_rows_staged`) for rows of ``n`` elements: CTAs of ``threads``
     threads holding ``chunks`` 16-byte chunks of a row each, as few CTAs per row (a cluster) as hold it, a ring of
     ``stages`` rows (default: as many as :data:`_RING_BYTES` hold, at most :data:`_MAX_STAGES`). None when a row
     needs more than 8 CTAs or the ring would hold fewer than 2 rows, or when N is not a multiple of 16 bytes (the
-    ring is filled by 16-byte copies), or ``hold`` at a lag in a cluster. ``hold`` and ``keep_weights``: see
-    :class:`BackwardConfig`."""
+    ring is filled by 16-byte copies), or ``hold`` at a lag in a cluster. ``hold``, ``keep_weights`` and ``fma_dx``:
+    see :class:`BackwardConfig`."""
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     if n % vec:
         return None
@@ -205,26 +213,28 @@ def staged_backward_config(
     if hold and lag and cluster > 1:
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True)
-    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag, hold, keep_weights)
+    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag, hold, keep_weights, fma_dx=fma_dx)
 
 
 _MAX_TEAM = 64  # CTAs per row of a team: at least two teams on 132 SMs
 
 
 def _team_shape(dtype: str, sums: int) -> tuple:
-    """(threads, chunks, stages, lag, prefetch_pairs) of a team by default: 1024 x 2-chunk CTAs, a 3-row ring, lag 1
-    (f32 LayerNorm 131072, 262144: 3.14, 2.91 TB/s against 2.76, 2.50 for 512 threads, 6 rows, lag 2; RMSNorm bf16
+    """(threads, chunks, stages, lag, prefetch_pairs, fma_dx) of a team by default: 1024 x 2-chunk CTAs, a 3-row ring,
+    lag 1 (f32 LayerNorm 131072, 262144: 3.14, 2.91 TB/s against 2.76, 2.50 for 512 threads, 6 rows, lag 2; RMSNorm bf16
     262144 3.03, f32 131072, 262144: 3.11, 2.94), except 16-bit LayerNorm, whose two sums spill at 1024 threads: 512
-    threads, 6 rows, lag 2, the pairs prefetched (131072, 262144: 2.83-2.86, 2.98-3.00 against 2.71-2.77, 2.68-2.71
-    at lag 1 without; benchmarks/results/norms_backward_staged_2026-12-01_prefetch_*.json; at 1024 threads the
-    prefetch measured -4% to +5%, and spilled 8 bytes in RMSNorm bf16 262144's registers: off). Every team keeps its
-    weight in registers (2026-12-01: f32 LayerNorm 131072, 262144 3.73, 3.57 against 3.02, 2.92; RMSNorm bf16 262144
-    3.37 against 2.98, f32 3.83, 3.77 against 3.14, 3.03). 16-bit RMSNorm: 512 x 4-chunk CTAs, 3 rows, lag 1, pairs
-    prefetched (262144, four runs: 3.42, 3.44, 3.37, 3.49 against 3.40, 3.34, 3.25, 3.35 for 1024 x 2;
-    ..._2026-12-01_rms262144*.json; float32 measured within 2% either way at 512 x 4: not changed)."""
+    threads, 6 rows, lag 2, the pairs prefetched (131072, 262144: 2.83-2.86, 2.98-3.00 against 2.71-2.77, 2.68-2.71 at
+    lag 1 without; benchmarks/results/norms_backward_staged_2026-12-01_prefetch_*.json; at 1024 threads the prefetch
+    measured -4% to +5%, and spilled 8 bytes in RMSNorm bf16 262144's registers: off). Every team keeps its weight in
+    registers (2026-12-01: f32 LayerNorm 131072, 262144 3.73, 3.57 against 3.02, 2.92; RMSNorm bf16 262144 3.37 against
+    2.98, f32 3.83, 3.77 against 3.14, 3.03). 16-bit RMSNorm: 512 x 4-chunk CTAs, 3 rows, lag 1, pairs prefetched
+    (262144, four runs: 3.42, 3.44, 3.37, 3.49 against 3.40, 3.34, 3.25, 3.35 for 1024 x 2;
+    ..._2026-12-01_rms262144*.json; float32 measured within 2% either way at 512 x 4: not changed). 16-bit LayerNorm
+    folds its mean into fmas (``fma_dx``; 131072, 262144: 2.96, 3.06 and 2.90, 3.02 against 2.51, 2.98 and 2.80, 2.95 in
+    two runs)."""
     if dtype == "f32":
-        return (1024, 2, 3, 1, False)
-    return (512, 2, 6, 2, True) if sums == 2 else (512, 4, 3, 1, True)
+        return (1024, 2, 3, 1, False, False)
+    return (512, 2, 6, 2, True, True) if sums == 2 else (512, 4, 3, 1, True, False)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -240,24 +250,27 @@ def team_backward_config(
     hold: bool = False,
     keep_weights: bool = True,
     prefetch_pairs: bool | None = None,
+    fma_dx: bool | None = None,
 ) -> BackwardConfig | None:
     """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as
     hold the row (any count, ``smallest`` to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial
-    sums through global memory; ``chunks``, ``threads``, ``stages``, ``lag`` and ``prefetch_pairs`` default to
-    :func:`_team_shape`. None when N is not a multiple of 16 bytes, the row needs fewer than ``smallest`` (>= 2) or
-    more than :data:`_MAX_TEAM` CTAs, or the ring is too small for the lag (``stages < lag + 2``), or ``hold`` at a
-    lag. ``hold``, ``keep_weights`` and ``prefetch_pairs``: see :class:`BackwardConfig`."""
+    sums through global memory; ``chunks``, ``threads``, ``stages``, ``lag``, ``prefetch_pairs`` and ``fma_dx``
+    default to :func:`_team_shape`. None when N is not a multiple of 16 bytes, the row needs fewer than ``smallest``
+    (>= 2) or more than :data:`_MAX_TEAM` CTAs, or the ring is too small for the lag (``stages < lag + 2``), or
+    ``hold`` at a lag. ``hold``, ``keep_weights``, ``prefetch_pairs`` and ``fma_dx``: see :class:`BackwardConfig`."""
     shape = _team_shape(dtype, sums)
     threads, chunks, stages = threads or shape[0], chunks or shape[1], stages or shape[2]
     lag = shape[3] if lag is None else lag
     prefetch_pairs = shape[4] if prefetch_pairs is None else prefetch_pairs
+    fma_dx = shape[5] if fma_dx is None else fma_dx
     vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
     team = -(-n // (vec * threads * chunks))
     fits = max(2, smallest) <= team <= _MAX_TEAM and lag + 2 <= stages  # the ring holds rows k - lag .. k + 1
     if n % vec or not fits or stages * 2 * threads * chunks * 16 > _RING_BYTES or (hold and lag):
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, team, True, team=True)
-    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag, hold, keep_weights, prefetch_pairs and lag > 0)
+    prefetch_pairs = prefetch_pairs and lag > 0
+    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag, hold, keep_weights, prefetch_pairs, fma_dx)
 
 
 @functools.lru_cache(maxsize=1024)
