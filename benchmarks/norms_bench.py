@@ -6,9 +6,9 @@ next to torch eager, torch.compile and the device copy, on M x N inputs of 2^28 
 
 Effective bandwidth = bytes read + written by the op (inputs, outputs, parameters, statistics) / time. Time: CUDA
 events around each launch, after warm-up, median of ``--reps`` runs (>= 5) on fresh random inputs; peers run in
-the same process, interleaved; the SM clock and power (nvidia-smi, sampled while each row is timed) are recorded
-with each row (``clocks``): the kernels are clock-sensitive and machines differ. Copy bandwidth: ``out.copy_(x)``
-of one input-sized tensor (2 x its bytes moved).
+the same process, interleaved; the SM clock and power (nvidia-smi, sampled every ``--clocks-ms`` while each row is
+timed) are recorded with each row (``clocks``): the kernels are clock-sensitive and machines differ. Copy
+bandwidth: ``out.copy_(x)`` of one input-sized tensor (2 x its bytes moved).
 Every number also comes as GPU time (``*_gpu_tbps``, with ``bar_gpu_tbps`` / ``meets_bar_gpu`` from them): each call
 queued behind a sleep kernel, which hides the host's launch latency, as in a training step's queue (each call timed
 alone on an idle GPU includes it: ours ~20 us of Python checks and launch, torch's ~5-10 us).
@@ -227,6 +227,12 @@ def main() -> int:
         " 'rows=evict_first,out=stream,vectors=evict_last'; several separated by ';' are each timed (ours only,"
         " 'variants' in the JSON), the first one in the main columns (tuning)",
     )
+    parser.add_argument(
+        "--clocks-ms",
+        type=int,
+        default=500,
+        help="nvidia-smi's sampling period for the SM clock and power recorded per row (0: not sampled)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     args.backward = args.backward or args.backward_only
@@ -251,7 +257,7 @@ def main() -> int:
 
     if hint_variants:
         use_hints(hint_variants[0])
-    monitor = ClockMonitor()
+    monitor = ClockMonitor(args.clocks_ms) if args.clocks_ms > 0 else None
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
     ops = _ops(torch, F)
     props = torch.cuda.get_device_properties(0)
@@ -325,7 +331,7 @@ def main() -> int:
                         row["backward_gpu_tbps"] = bwd_bytes / busy_ms / 1e9
                         if ref_ms is not None:
                             row["backward_torch_tbps"] = bwd_bytes / ref_ms / 1e9
-                row["clocks"] = monitor.window()  # nvidia-smi's samples while this row was timed
+                row["clocks"] = monitor.window() if monitor else None  # nvidia-smi's samples while this row was timed
                 result["results"].append(row)
                 line = f"{name:>18} {dname:>4} N={n:>6}: copy {row['copy_tbps']:.2f}"
                 if not args.backward_only:
@@ -353,7 +359,8 @@ def main() -> int:
                 _write(args.out, result, started)  # after every row: a cut-short run keeps what it measured
     if args.config_sweep:
         result["config_experiments"] = _config_sweep(torch, args.reps)
-    monitor.close()
+    if monitor:
+        monitor.close()
     result["complete"] = True
     _write(args.out, result, started)
     print(f"wrote {args.out}")
