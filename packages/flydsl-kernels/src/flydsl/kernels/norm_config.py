@@ -154,15 +154,17 @@ def _staged_shapes(dtype: str, sums: int) -> list:
     3.31) and RMSNorm 1024 x 1 (32768: 3.79 against the register kernel's 3.70), then 1024 x 2 up to 8 CTAs (65536:
     3.66 against 3.33, RMSNorm 3.72 against 3.64). Holding the row in registers from the first pass to dx (``hold``,
     lag 0) measured no better than lag 1 with kept weights (LayerNorm bf16 65536: 3.39 against 3.60; f32 32768: 3.75
-    against 3.73). 16-bit LayerNorm's 512 x 2 shape folds the mean into fmas (``fma_dx``: 18% fewer float ops; two
-    runs, 32768: 3.69, 3.64 against 3.50, 3.57; 65536: 3.70, 3.64 against 3.55, 3.50); its 512 x 4 shape does not
-    (it spills 24 bytes then: 2.95-3.19 against 3.52; ``norms_backward_staged_2026-12-01_fma_*.json``)."""
+    against 3.73). 16-bit LayerNorm's one-CTA and 512 x 2 shapes fold the mean into fmas (``fma_dx``: 18% fewer float
+    ops; two runs each, 16384: 3.73, 3.72 against 3.61, 3.60 (f16 3.86, 3.83 against 3.78, 3.79); 32768: 3.69, 3.64
+    against 3.50, 3.57; 65536: 3.70, 3.64 against 3.55, 3.50); its 512 x 4 shape does not (it spills 24 bytes then:
+    2.95-3.19 against 3.52; ``norms_backward_staged_2026-12-01_fma*.json``). 1024 x 1-chunk clusters and teams
+    measured 10-15% slower than 512 x 2 (LayerNorm) and 512 x 4 / 1024 x 2 (RMSNorm) (``..._team_shapes_*.json``)."""
     if dtype == "f32":
         middle = StagedShape(512, 2, 1, 8, 6) if sums == 2 else StagedShape(1024, 1, 1, 8)
         return [StagedShape(1024, 2, 1, 2), middle, StagedShape(1024, 2, 1, 8)]
     if sums == 2:
         return [
-            StagedShape(1024, 2, 1, 1, keep=False),
+            StagedShape(1024, 2, 1, 1, keep=False, fma=True),
             StagedShape(512, 2, 1, 8, 6, fma=True),
             StagedShape(512, 4, 1, 8),
         ]
