@@ -427,16 +427,29 @@ def ld_global_nc(where, coord=None, nbytes: int = 16, l1: str | None = None, pre
     pointer = _pointer(where, coord, "global")
     count = nbytes // 4
     suffix = (f".L1::{l1}" if l1 else "") + (f".L2::{prefetch}B" if prefetch else "")
-    if count > 1:
-        text = f"ld.global.nc{suffix}.v{count}.b32 {{{', '.join(f'${i}' for i in range(count))}}}, [${count}];"
-    else:
-        text = f"ld.global.nc{suffix}.b32 $0, [$1];"
-    constraints = ",".join(["=r"] * count + ["l"])
-    result_type = _i32() if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join(['i32'] * count)})>")
-    loaded = _asm(result_type, [pointer], text, constraints)
-    cls = vector_class(Int32, count)
+    text = f"ld.global.nc{suffix}{_vec(count)}.b32 {_registers(0, count)}, [${count}];"
+    return _words(_asm(_words_type(count), [pointer], text, ",".join(["=r"] * count + ["l"])), count)
+
+
+def _registers(first: int, count: int) -> str:
+    """Inline-PTX operands ``$first ..`` of ``count`` 32-bit words: one register, or a ``{...}`` vector of them."""
+    names = ", ".join(f"${first + i}" for i in range(count))
+    return names if count == 1 else f"{{{names}}}"
+
+
+def _vec(count: int) -> str:
+    return f".v{count}" if count > 1 else ""
+
+
+def _words_type(count: int) -> ir.Type:
+    """The LLVM result type of inline PTX that writes ``count`` 32-bit words."""
+    return _i32() if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join(['i32'] * count)})>")
+
+
+def _words(loaded, count: int) -> Vector:
     from mlir.dialects import vector as _vector
 
+    cls = vector_class(Int32, count)
     return cls(_vector.from_elements(cls.mlir_type(), _struct_fields(loaded, count, _i32())))
 
 
@@ -498,37 +511,25 @@ def ld_global(where, coord=None, nbytes: int = 16, *, cop=None, l1=None, policy=
     if nbytes not in (4, 8, 16):
         raise ValueError(f"ld_global nbytes: expected 4, 8 or 16, got {nbytes}")
     suffix = _cache_suffix("load", cop, l1, policy)
-    pointer = _pointer(where, coord, "global")
     count = nbytes // 4
-    cls = vector_class(Int32, count)
-    words = ", ".join(f"${i}" for i in range(count))
-    operand = count  # the operands after the results: pointer, [policy], [predicate, fill words]
-    load = f"ld.global{suffix}{f'.v{count}' if count > 1 else ''}.b32 {{{words}}}, [${operand}]"
-    operands, constraints = [pointer], ["=r"] * count + ["l"]
+    operands, constraints = [_pointer(where, coord, "global")], ["=r"] * count + ["l"]  # $count: the address
+    policy_operand = ""
     if policy is not None:
         operands.append(policy.value)
         constraints.append("l")
-        load += f", ${operand + len(operands) - 1}"
-    load += ";"
-    if count == 1:
-        load = load.replace(f"{{{words}}}", words)
-    if predicate is None:
-        text = load
-    else:
+        policy_operand = f", ${count + 1}"
+    text = f"ld.global{suffix}{_vec(count)}.b32 {_registers(0, count)}, [${count}]{policy_operand};"
+    if predicate is not None:  # the words are the fill's, then loaded over where the predicate holds
+        cls = vector_class(Int32, count)
         fill = cls(0) if fill is None else fill
-        if not isinstance(fill, Vector) or type(fill) is not cls:
+        if type(fill) is not cls:
             raise TypeError(f"ld_global fill: expected an {cls.__name__} (the words loaded), got {type(fill).__name__}")
-        first = operand + len(operands)
-        operands.append(_flag(predicate).value)
-        operands += [fill[i].value for i in range(count)]
+        flag = count + len(operands)
+        operands += [_flag(predicate).value] + [fill[i].value for i in range(count)]
         constraints += ["r"] * (count + 1)
-        moves = " ".join(f"mov.b32 ${i}, ${first + 1 + i};" for i in range(count))
-        text = f"{{ .reg .pred p; setp.ne.b32 p, ${first}, 0; {moves} @p {load} }}"
-    result_type = _i32() if count == 1 else ir.Type.parse(f"!llvm.struct<({', '.join(['i32'] * count)})>")
-    loaded = _asm(result_type, operands, text, ",".join(constraints))
-    from mlir.dialects import vector as _vector
-
-    return cls(_vector.from_elements(cls.mlir_type(), _struct_fields(loaded, count, _i32())))
+        moves = " ".join(f"mov.b32 ${i}, ${flag + 1 + i};" for i in range(count))
+        text = f"{{ .reg .pred p; setp.ne.b32 p, ${flag}, 0; {moves} @p {text} }}"
+    return _words(_asm(_words_type(count), operands, text, ",".join(constraints)), count)
 
 
 def st_global(where, words, coord=None, *, cop=None, l1=None, policy=None, predicate=None) -> None:
@@ -541,25 +542,19 @@ def st_global(where, words, coord=None, *, cop=None, l1=None, policy=None, predi
     if not isinstance(words, Vector) or words.element is not Int32 or len(words) not in (1, 2, 4):
         raise TypeError(f"st_global words: expected an Int32 vector of 1, 2 or 4 elements, got {type(words).__name__}")
     suffix = _cache_suffix("store", cop, l1, policy)
-    pointer = _pointer(where, coord, "global")
     count = len(words)
-    operands = [pointer] + [words[i].value for i in range(count)]
+    operands = [_pointer(where, coord, "global")] + [words[i].value for i in range(count)]
     constraints = ["l"] + ["r"] * count
-    values = ", ".join(f"${1 + i}" for i in range(count))
-    store = f"st.global{suffix}{f'.v{count}' if count > 1 else ''}.b32 [$0], {{{values}}}"
-    if count == 1:
-        store = store.replace(f"{{{values}}}", values)
+    policy_operand = ""
     if policy is not None:
         operands.append(policy.value)
         constraints.append("l")
-        store += f", ${len(operands) - 1}"
-    store += ";"
-    if predicate is None:
-        text = store
-    else:
+        policy_operand = f", ${count + 1}"
+    text = f"st.global{suffix}{_vec(count)}.b32 [$0], {_registers(1, count)}{policy_operand};"
+    if predicate is not None:
         operands.append(_flag(predicate).value)
         constraints.append("r")
-        text = f"{{ .reg .pred p; setp.ne.b32 p, ${len(operands) - 1}, 0; @p {store} }}"
+        text = f"{{ .reg .pred p; setp.ne.b32 p, ${len(operands) - 1}, 0; @p {text} }}"
     _asm(None, operands, text, ",".join(constraints), side_effects=True)
 
 
