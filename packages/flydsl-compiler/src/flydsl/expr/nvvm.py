@@ -489,6 +489,16 @@ def _cache_suffix(kind: str, cop, l1, policy) -> str:
     return (f".{cop}" if cop else "") + (f".L1::{l1}" if l1 else "") + (".L2::cache_hint" if policy is not None else "")
 
 
+def _policy_operand(policy, results: int, operands: list, constraints: list) -> str:
+    """Appends an L2 cache policy (if any) to inline PTX's operands; returns its text after the instruction's
+    operands (``", $k"``, ``k`` counting the ``results`` first)."""
+    if policy is None:
+        return ""
+    operands.append(policy.value)
+    constraints.append("l")
+    return f", ${results + len(operands) - 1}"
+
+
 def _flag(predicate) -> Int32:
     """A kernel Boolean as an Int32 0/1 (inline PTX takes no i1 operands: it sets its own predicate from it)."""
     predicate = as_numeric(predicate, Boolean)
@@ -513,11 +523,7 @@ def ld_global(where, coord=None, nbytes: int = 16, *, cop=None, l1=None, policy=
     suffix = _cache_suffix("load", cop, l1, policy)
     count = nbytes // 4
     operands, constraints = [_pointer(where, coord, "global")], ["=r"] * count + ["l"]  # $count: the address
-    policy_operand = ""
-    if policy is not None:
-        operands.append(policy.value)
-        constraints.append("l")
-        policy_operand = f", ${count + 1}"
+    policy_operand = _policy_operand(policy, count, operands, constraints)
     text = f"ld.global{suffix}{_vec(count)}.b32 {_registers(0, count)}, [${count}]{policy_operand};"
     if predicate is not None:  # the words are the fill's, then loaded over where the predicate holds
         cls = vector_class(Int32, count)
@@ -545,11 +551,7 @@ def st_global(where, words, coord=None, *, cop=None, l1=None, policy=None, predi
     count = len(words)
     operands = [_pointer(where, coord, "global")] + [words[i].value for i in range(count)]
     constraints = ["l"] + ["r"] * count
-    policy_operand = ""
-    if policy is not None:
-        operands.append(policy.value)
-        constraints.append("l")
-        policy_operand = f", ${count + 1}"
+    policy_operand = _policy_operand(policy, 0, operands, constraints)
     text = f"st.global{suffix}{_vec(count)}.b32 [$0], {_registers(1, count)}{policy_operand};"
     if predicate is not None:
         operands.append(_flag(predicate).value)
