@@ -178,6 +178,8 @@ def _explicit(torch, norm, sms, args, specs) -> list:
                         if args.static_n and cfg.staged:  # the same with N compiled in
                             tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms, True)
                             line += f" static-N {tbps:.2f}"
+                if args.api and not args.profile:
+                    line += _api_against_kernel(torch, norm, tensors, rms, args.reps)
                 print(line, flush=True)
                 lines.append(line)
             if not args.profile:
@@ -186,6 +188,28 @@ def _explicit(torch, norm, sms, args, specs) -> list:
     if runs:
         profile_once(runs)
     return lines
+
+
+def _api_against_kernel(torch, norm, tensors, rms: bool, reps: int) -> str:
+    """The routed kernel alone against the public call (``layer_norm_backward`` / ``rms_norm_backward``: checks,
+    allocations, the kernel and the column-sum kernel), both queued behind a sleep (GPU time), three interleaved
+    rounds; TB/s of the same 3 * M * N * e bytes."""
+    from flydsl.kernels import norms
+
+    dy, x, w, mean, rstd, dx = tensors
+    rows, n = x.shape
+    name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
+    sums = 1 if rms else 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = norm.resident_backward_config(n, name, sums, True, sms)
+    kernel = backward_kernel_launcher(torch, norm, tensors, cfg, _groups(norm, cfg, rows, sms), rms)
+    if rms:
+        api = partial(norms.rms_norm_backward, dy, x, w, rstd, dx)
+    else:
+        api = partial(norms.layer_norm_backward, dy, x, w, mean, rstd, dx)
+    moved = 3 * x.numel() * x.element_size() / 1e9
+    rounds = [(moved / median_ms(kernel, reps, queued=True), moved / median_ms(api, reps, queued=True)) for _ in "123"]
+    return " | GPU time, routed kernel alone / API: " + ", ".join(f"{k:.2f} / {a:.2f}" for k, a in rounds)
 
 
 def main() -> int:
@@ -200,10 +224,13 @@ def main() -> int:
     parser.add_argument("--configs", help="[team:]THREADS:CHUNKS:STAGES:LAG,... timed against the default config")
     parser.add_argument("--profile", action="store_true", help="with --configs: one launch each, for ncu")
     parser.add_argument("--static-n", action="store_true", help="with --configs: also time N compiled in")
+    parser.add_argument(
+        "--api", action="store_true", help="with --configs: also the routed kernel alone against the public call"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    if (args.profile or args.static_n or args.kinds != "ln,rms") and not args.configs:
-        parser.error("--profile, --static-n and --kinds go with --configs")
+    if (args.profile or args.static_n or args.api or args.kinds != "ln,rms") and not args.configs:
+        parser.error("--profile, --static-n, --api and --kinds go with --configs")
     if args.profile and args.static_n:
         parser.error("--static-n times; --profile does not")
     if not set(args.kinds.split(",")) <= {"ln", "rms"}:
