@@ -100,6 +100,19 @@ def test_register_forward_assembles_without_spills(n, dtype):
             assert (loads_before == loads) == early, (n, dtype, flags, weight_dtype, loads_before, loads)
 
 
+def test_column_sum_shape_follows_the_partial_rows():
+    """Few partial rows (clusters and teams: a group per 4-66 CTAs) take one slice of 256 columns per block, many
+    (the register kernel's 2-3 CTAs per SM, one-CTA staged rows) 16 slices of 32; the 16-slice kernel keeps its
+    shared-memory sum, the one-slice kernel has none."""
+    assert norm_mod.column_sum_shape(4) == norm_mod.column_sum_shape(64) == (256, 1)
+    assert norm_mod.column_sum_shape(65) == norm_mod.column_sum_shape(396) == (32, 16)
+    partial, out = flyc.TensorSpec((16, 2 * 4096), "f32"), flyc.TensorSpec((4096,), "bf16")
+    many = norm_mod.column_sum_kernel.lower(partial, out, out, 2, (32, 16)).ptx
+    few = norm_mod.column_sum_kernel.lower(partial, out, out, 2, (256, 1)).ptx
+    assert ".reqntid 512, 1, 1" in many and "bar.sync" in many and "ld.shared" in many
+    assert ".reqntid 256, 1, 1" in few and "bar.sync" not in few and "ld.shared" not in few
+
+
 @pytest.mark.parametrize("n, dtype", [(1024, "bf16"), (4100, "bf16"), (8192, "f32")])
 def test_register_forward_cache_hints(n, dtype):
     """RowConfig.hints: the rows', output's and weights' 16-byte accesses carry their cache qualifiers (an L2
@@ -174,7 +187,8 @@ def test_norms_compile_in_every_regime(n, dtype):
         if cfg.smem_sums and cfg.row.even:
             assert "ld.shared.v4.b32" in ptx  # column sums in shared memory, 16 bytes at a time
         partial_out = flyc.TensorSpec((n,), dtype)
-        assembled(norm_mod.column_sum_kernel.lower(partial, partial_out, partial_out, sums))
+        for shape in (norm_mod.COLUMN_SUMS_MANY, norm_mod.COLUMN_SUMS_FEW):
+            assembled(norm_mod.column_sum_kernel.lower(partial, partial_out, partial_out, sums, shape))
 
 
 # (N, dtype) at the edges of the backward's regimes: 256-thread CTAs, one CTA of up to 1024 threads (bf16 8192, f32

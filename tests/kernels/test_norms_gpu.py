@@ -160,6 +160,25 @@ def test_fused_add_rms_norm(n, dtype):
     assert not torch.equal(original, residual) or n == 0
 
 
+@pytest.mark.parametrize("shape", [(32, 16), (256, 1)])
+@pytest.mark.parametrize("parts, n", [(1, 1000), (4, 262144), (15, 4099), (33, 65536), (264, 8192)])
+def test_column_sum_kernel(parts, n, shape):
+    """column_sum_kernel in both block shapes: dweight and dbias are the float32 column sums of the partial rows,
+    in a fixed order (the same bits twice), nothing written past N."""
+    partial = torch.randn(parts, 2 * n, device="cuda")
+    outs = [torch.full((n + 8,), float("nan"), device="cuda") for _ in range(4)]
+    for dw, db in (outs[:2], outs[2:]):
+        _NORM.column_sum_kernel(partial, dw[:n], db[:n], 2, shape).launch(
+            grid=-(-2 * n // shape[0]), block=shape[0] * shape[1]
+        )
+    torch.cuda.synchronize()
+    ref = partial.double().sum(0)
+    _close(outs[0][:n], ref[:n], what="dweight")
+    _close(outs[1][:n], ref[n:], what="dbias")
+    assert torch.equal(outs[0][:n], outs[2][:n]) and torch.equal(outs[1][:n], outs[3][:n]), "not deterministic"
+    assert all(torch.isnan(t[n:]).all() for t in outs), "written past N"
+
+
 @pytest.mark.parametrize("hints", ["rows=evict_first,out=evict_first,vectors=evict_last", "rows=stream,out=stream"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [1000, 1024, 4096, 8192, 20000])

@@ -119,6 +119,7 @@ __all__ = [
     "norm_forward_staged_kernel",
     "norm_backward_kernel",
     "column_sum_kernel",
+    "column_sum_shape",
 ]
 
 
@@ -469,7 +470,19 @@ def _write_partial(cfg: BackwardConfig, sums_smem, partial_row, pos):
                 partial_row.store(s, j, q, total)
 
 
-_COL_LANES, _COL_SLICES, _COL_UNROLL = 32, 16, 8  # column sums: 32 columns x 16 slices of partial rows per block
+# column_sum_kernel's blocks, (columns, slices of the partial rows): many partial rows (the register kernel's
+# persistent grid, 2-3 CTAs per SM; the one-CTA staged rows, one per SM) are split over 16 slices of 32 columns;
+# a few (clusters and teams: 4-66 groups) take one slice of 256 columns. With 16 slices there, most of each block
+# idled and the grid was 8x larger: LayerNorm bf16 131072 launched 8192 blocks of 512 threads to add 15 rows, ~60 us
+# against the backward kernel's 440 (H200, GPU time: the kernel alone 3.69 TB/s, the public call 3.19-3.32;
+# float32 262144: 3.75 against 3.31-3.37; benchmarks/results/norms_backward_staged_2026-12-01_api.json).
+COLUMN_SUMS_MANY, COLUMN_SUMS_FEW = (32, 16), (256, 1)
+_COL_UNROLL = 8  # partial rows loaded per thread at once
+
+
+def column_sum_shape(parts: int) -> tuple:
+    """column_sum_kernel's block shape (columns, slices) for ``parts`` partial rows."""
+    return COLUMN_SUMS_FEW if parts <= 64 else COLUMN_SUMS_MANY
 
 
 def _masked_load(t, row, col, ok):
@@ -479,30 +492,36 @@ def _masked_load(t, row, col, ok):
 
 
 @flyc.kernel
-def column_sum_kernel(partial: fx.Tensor, dweight: fx.Tensor, dbias: fx.Tensor, sums: fx.Constexpr[int]):
+def column_sum_kernel(
+    partial: fx.Tensor, dweight: fx.Tensor, dbias: fx.Tensor, sums: fx.Constexpr[int], shape: fx.Constexpr[tuple]
+):
     """``dweight[c] = sum_p partial[p, c]`` and ``dbias[c] = sum_p partial[p, N + c]`` in float32, converted to
-    their dtype. A block covers 32 columns: slice ``s`` of its 16 adds partial rows ``s*8 .. s*8+7, s*8+128 ...``
-    (8 independent loads in flight per thread), then the slices are added through shared memory, always in the
-    same order: deterministic."""
-    flyc.set_kernel_attributes(threads=_COL_LANES * _COL_SLICES)
+    their dtype. A block of ``shape = (columns, slices)`` (:func:`column_sum_shape`) covers ``columns`` columns:
+    slice ``s`` adds partial rows ``s*8 .. s*8+7, s*8+8*slices ...`` (8 independent loads in flight per thread),
+    then the slices are added through shared memory, always in the same order: deterministic."""
+    lanes, count = shape
+    flyc.set_kernel_attributes(threads=lanes * count)
     parts = partial.shape[0]
     n = fx.size(dweight.layout).to(fx.Int32)  # a 1-D layout's shape is a scalar
-    lane = gpu.thread_idx.x % _COL_LANES
-    part = gpu.thread_idx.x // _COL_LANES
-    col = gpu.block_idx.x * _COL_LANES + lane
+    lane = gpu.thread_idx.x % lanes
+    part = gpu.thread_idx.x // lanes
+    col = gpu.block_idx.x * lanes + lane
     ok = col < sums * n
     acc = fx.Float32(0.0)
-    step = _COL_SLICES * _COL_UNROLL
+    step = count * _COL_UNROLL
     for p0 in range(part * _COL_UNROLL, parts, step):
         loaded = [_masked_load(partial, p0 + u, col, ok & (p0 + u < parts)) for u in range(_COL_UNROLL)]
         acc = acc + thread_reduce(loaded)
-    slices = fx.SmemAllocator().allocate(fx.Float32, fl.Layout((_COL_SLICES, _COL_LANES)))
-    slices[part, lane] = acc
-    gpu.barrier()
+    if fx.const_expr(count > 1):
+        slices = fx.SmemAllocator().allocate(fx.Float32, fl.Layout((count, lanes)))
+        slices[part, lane] = acc
+        gpu.barrier()
     if part == 0:
-        total = fx.Float32(0.0)
-        for s in fx.range_constexpr(_COL_SLICES):
-            total = total + slices[s, lane]
+        total = acc
+        if fx.const_expr(count > 1):
+            total = fx.Float32(0.0)
+            for s in fx.range_constexpr(count):
+                total = total + slices[s, lane]
         if col < n:
             dweight[col] = total.to(dweight.dtype)
         if fx.const_expr(sums > 1):
@@ -645,6 +664,7 @@ def backward(dy, x, weight, mean, rstd, dx, dweight, dbias, rms: bool) -> None:
     )
     if sums:
         db_obj = dbias.obj if dbias is not None else dweight.obj
-        column_sum_kernel(partial, dweight.obj, db_obj, sums).launch(
-            grid=-(-sums * n // _COL_LANES), block=_COL_LANES * _COL_SLICES
+        shape = column_sum_shape(groups)
+        column_sum_kernel(partial, dweight.obj, db_obj, sums, shape).launch(
+            grid=-(-sums * n // shape[0]), block=shape[0] * shape[1]
         )
