@@ -5,10 +5,11 @@ next to torch eager, torch.compile and the device copy, on M x N inputs of 2^28 
         --out benchmarks/results/norms_bf16_f32.json
 
 Effective bandwidth = bytes read + written by the op (inputs, outputs, parameters, statistics) / time. Time: CUDA
-events around each launch, after warm-up, median of ``--reps`` runs (>= 5) on fresh random inputs; peers run in
-the same process, interleaved; the SM clock and power (nvidia-smi, sampled every ``--clocks-ms`` while each row is
-timed) are recorded with each row (``clocks``): the kernels are clock-sensitive and machines differ. Copy
-bandwidth: ``out.copy_(x)`` of one input-sized tensor (2 x its bytes moved).
+events around each launch, after warm-up, median of ``--reps`` runs (>= 5) on random inputs (one draw per shape,
+the output poisoned with NaN before the runs); peers run in the same process, interleaved; the SM clock and power
+(nvidia-smi, sampled every ``--clocks-ms`` while each row is timed) are recorded with each row (``clocks``): the
+kernels are clock-sensitive and machines differ. Copy bandwidth: ``out.copy_(x)`` of one input-sized tensor (2 x
+its bytes moved).
 Every number also comes as GPU time (``*_gpu_tbps``, with ``bar_gpu_tbps`` / ``meets_bar_gpu`` from them): each call
 queued behind a sleep kernel, which hides the host's launch latency, as in a training step's queue (each call timed
 alone on an idle GPU includes it: ours ~20 us of Python checks and launch, torch's ~5-10 us).
