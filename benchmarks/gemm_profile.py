@@ -11,43 +11,32 @@ B is nn.Linear-shaped (N, K) as in gemm_bench.py; bf16 in and out.
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
 import time
 
 from gemm_bench import _config, _config_fields  # this folder's sibling script
+from record import ClockMonitor
 
 
-def _sample_clocks(run, seconds: float) -> dict:
-    """Runs ``run`` back to back for ``seconds`` while nvidia-smi samples every 50 ms; medians of the samples taken
-    in the second half (after the clocks settled)."""
+def _sample_clocks(run, seconds: float) -> dict | None:
+    """Runs ``run`` back to back for ``seconds`` while nvidia-smi samples every 50 ms (:class:`record.ClockMonitor`);
+    the summary of the samples taken in the second half (after the clocks settled), with the launch count."""
     import torch
 
-    query = "clocks.sm,clocks.mem,power.draw,clocks_throttle_reasons.active,temperature.gpu"
-    smi = subprocess.Popen(
-        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "50"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    monitor = ClockMonitor(50)
     start = time.perf_counter()
-    launches = 0
+    launches, settled = 0, False
     while time.perf_counter() - start < seconds:
         for _ in range(20):
             run()
         launches += 20
         torch.cuda.synchronize()
-    smi.terminate()
-    rows = [line.split(", ") for line in smi.communicate()[0].strip().splitlines() if line.count(",") == 4]
-    rows = rows[len(rows) // 2 :]
-    return {
-        "launches": launches,
-        "sm_mhz": statistics.median(float(r[0]) for r in rows),
-        "mem_mhz": statistics.median(float(r[1]) for r in rows),
-        "power_w": statistics.median(float(r[2]) for r in rows),
-        "throttle_reasons": sorted({r[3] for r in rows}),
-        "temperature_c": max(float(r[4]) for r in rows),
-    }
+        if not settled and time.perf_counter() - start >= seconds / 2:
+            monitor.window()  # the first half's samples, dropped
+            settled = True
+    summary = monitor.window()
+    monitor.close()
+    return None if summary is None else {"launches": launches, **summary}
 
 
 def main(argv=None) -> int:

@@ -79,9 +79,10 @@ def write_record(path, benchmark: str, argv, results, *, commit=None, method=Non
 
 
 class ClockMonitor:
-    """nvidia-smi sampling the SM clock and power every ``period_ms`` in the background, so that runs on machines
-    that clock differently can be compared: ``window()`` summarizes the samples taken since the previous call (median
-    and minimum SM MHz, median power), or returns None where nvidia-smi is missing or took no sample meanwhile.
+    """nvidia-smi sampling the SM and memory clocks, power, throttle reasons and temperature every ``period_ms`` in
+    the background, so that runs on machines that clock differently can be compared: ``window()`` summarizes the
+    samples taken since the previous call (median and minimum SM MHz, medians of memory MHz and power, the throttle
+    reasons seen, the highest temperature), or returns None where nvidia-smi is missing or took no sample meanwhile.
 
         monitor = ClockMonitor()
         ...time something...
@@ -89,9 +90,11 @@ class ClockMonitor:
         monitor.close()
     """
 
+    _QUERY = "clocks.sm,clocks.mem,power.draw,clocks_throttle_reasons.active,temperature.gpu"
+
     def __init__(self, period_ms: int = 100):
         self._samples, self._lock = [], threading.Lock()
-        query = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", f"-lms={period_ms}"]
+        query = ["nvidia-smi", f"--query-gpu={self._QUERY}", "--format=csv,noheader,nounits", f"-lms={period_ms}"]
         try:
             self._smi = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
@@ -103,7 +106,7 @@ class ClockMonitor:
         for line in self._smi.stdout:
             fields = line.strip().split(", ")
             try:
-                sample = (float(fields[0]), float(fields[1]))
+                sample = (float(fields[0]), float(fields[1]), float(fields[2]), fields[3], float(fields[4]))
             except (IndexError, ValueError):
                 continue
             with self._lock:
@@ -114,12 +117,15 @@ class ClockMonitor:
             samples, self._samples = self._samples, []
         if not samples:
             return None
-        clocks = [c for c, _ in samples]
+        sm, mem, power, reasons, temperature = zip(*samples, strict=True)
         return {
             "samples": len(samples),
-            "sm_mhz_median": statistics.median(clocks),
-            "sm_mhz_min": min(clocks),
-            "power_w_median": statistics.median(p for _, p in samples),
+            "sm_mhz_median": statistics.median(sm),
+            "sm_mhz_min": min(sm),
+            "mem_mhz_median": statistics.median(mem),
+            "power_w_median": statistics.median(power),
+            "throttle_reasons": sorted(set(reasons)),
+            "temperature_c_max": max(temperature),
         }
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,34 @@ def test_plot_gemm_reads_skinny_results(tmp_path):
         assert run.returncode == 0 and out.stat().st_size > 0, run.stderr[-2000:]
     else:
         assert run.returncode == 1 and "M=   16" in run.stdout and "geomean" in run.stdout, run.stdout + run.stderr
+
+
+def test_clock_monitor_summarizes_nvidia_smi_samples(tmp_path, monkeypatch):
+    """record.ClockMonitor reads nvidia-smi's CSV lines in the background (here a stand-in script on PATH, with a
+    malformed line it skips) and summarizes each window; without nvidia-smi it returns None."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from record import ClockMonitor
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\necho 'garbage'\ni=0\nwhile [ $i -lt 200 ]; do\n"
+        "  echo '1980, 2619, 350.5, 0x0000000000000001, 45'\n  echo '1755, 2619, 690, 0x0000000000000004, 61'\n"
+        "  echo '1980, 2619, 400, 0x0000000000000001, 50'\n  i=$((i+1)); sleep 0.01\ndone\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{Path('/usr/bin')}:{Path('/bin')}")
+    monitor = ClockMonitor(50)
+    deadline = time.time() + 10
+    window = None
+    while window is None and time.time() < deadline:
+        time.sleep(0.1)
+        window = monitor.window()
+    monitor.close()
+    assert window is not None and window["samples"] % 3 == 0
+    assert window["sm_mhz_median"] == 1980 and window["sm_mhz_min"] == 1755 and window["mem_mhz_median"] == 2619
+    assert window["power_w_median"] == 400 and window["temperature_c_max"] == 61
+    assert window["throttle_reasons"] == ["0x0000000000000001", "0x0000000000000004"]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    absent = ClockMonitor(50)
+    assert absent.window() is None
+    absent.close()
