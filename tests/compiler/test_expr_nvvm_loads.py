@@ -108,6 +108,7 @@ def test_hinted_loads_and_stores_lower_and_assemble():
         (lambda x: nvvm.ld_global(x, 0, cop="cs", l1="evict_first"), ValueError, "not both"),
         (lambda x: nvvm.ld_global(x, 0, policy=fx.Int32(0)), TypeError, "policy: expected a 64-bit value"),
         (lambda x: nvvm.ld_global(x, 0, predicate=True, fill=fx.Int32(0)), TypeError, "fill: expected an Int32x4"),
+        (lambda x: nvvm.ld_global(x, 0, fill=nvvm.ld_global(x, 0)), ValueError, "give a predicate with it"),
         (lambda x: nvvm.st_global(x, fx.Int32(0), 0), TypeError, "words: expected an Int32 vector"),
         (lambda x: nvvm.st_global(x, nvvm.ld_global(x, 0), 0, cop="lu"), ValueError, "store cop: expected one of"),
         (lambda x: nvvm.create_policy("evict_soon"), ValueError, "priority: expected one of"),

@@ -141,6 +141,9 @@ def test_register_forward_cache_hints(n, dtype):
     with pytest.raises(ValueError, match="CacheHints.out: stores take"):
         CacheHints(out="evict_last")
     assert CacheHints.parse("rows=stream,vectors=none") == CacheHints(rows="stream")
+    assert CacheHints.parse("none") is forward_row_config(4096, "bf16").hints  # plain: the default, by identity
+    with pytest.raises(ValueError, match="expected rows=, out= or vectors= HINT items, got 'row=stream'"):
+        CacheHints.parse("row=stream")
 
 
 @pytest.mark.parametrize("n, dtype", REGIME_CASES, ids=_regime_ids())

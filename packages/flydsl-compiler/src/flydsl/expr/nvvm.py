@@ -520,6 +520,8 @@ def ld_global(where, coord=None, nbytes: int = 16, *, cop=None, l1=None, policy=
     """
     if nbytes not in (4, 8, 16):
         raise ValueError(f"ld_global nbytes: expected 4, 8 or 16, got {nbytes}")
+    if fill is not None and predicate is None:
+        raise ValueError("ld_global fill: the words of predicated-off loads; give a predicate with it")
     suffix = _cache_suffix("load", cop, l1, policy)
     count = nbytes // 4
     operands, constraints = [_pointer(where, coord, "global")], ["=r"] * count + ["l"]  # $count: the address

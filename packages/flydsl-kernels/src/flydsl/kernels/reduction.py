@@ -102,9 +102,17 @@ class CacheHints:
     def parse(cls, text: str) -> CacheHints:
         """``"rows=evict_first,out=stream"`` (the benchmarks' flag) as CacheHints; ``""`` or ``"none"``: none."""
         if text in ("", "none"):
-            return cls()
-        fields = dict(item.split("=", 1) for item in text.split(","))
-        return cls(**{k: (None if v == "none" else v) for k, v in fields.items()})
+            return PLAIN_HINTS
+        fields = {}
+        for item in text.split(","):
+            name, _, hint = item.partition("=")
+            if name not in ("rows", "out", "vectors") or not hint:
+                raise ValueError(f"CacheHints.parse: expected rows=, out= or vectors= HINT items, got {item!r}")
+            fields[name] = None if hint == "none" else hint
+        return cls(**fields)
+
+
+PLAIN_HINTS = CacheHints()  # every access plain: RowConfig's default (compared by identity on the launch path)
 
 
 def _hint_qualifiers(hint: str | None) -> dict:
@@ -130,7 +138,7 @@ class RowConfig:
     cluster: int  # CTAs per row (1, 2, 4 or 8; any count up to MAX_TEAM for a team)
     even: bool  # N % vec == 0: whole-chunk predicates, 16-byte accesses
     team: bool = False  # the row's CTAs are consecutive CTAs of the grid, not a cluster (they share through global)
-    hints: CacheHints = CacheHints()  # cache hints of load_row / store_row / load_vector_chunk (plain by default)
+    hints: CacheHints = PLAIN_HINTS  # cache hints of load_row / store_row / load_vector_chunk (plain by default)
 
     def __post_init__(self):
         if self.dtype not in _BYTES or self.vec * _BYTES[self.dtype] != 16:
@@ -197,7 +205,7 @@ FORWARD_CTA_THREADS = 1024
 # 32: 1 chunk per thread measured 3-30% slower, and 1024-thread LayerNorm CTAs 2.75 against 4.05 at bf16 16384.
 FORWARD_BLOCK_VALUES = {"f32": 8, "f16": _VALUES_PER_THREAD, "bf16": _VALUES_PER_THREAD}
 # Cache hints of the register forwards' accesses per dtype (CacheHints; norms_bench.py --forward-hints tries others).
-FORWARD_CACHE_HINTS = {"f32": CacheHints(), "f16": CacheHints(), "bf16": CacheHints()}
+FORWARD_CACHE_HINTS = {"f32": PLAIN_HINTS, "f16": PLAIN_HINTS, "bf16": PLAIN_HINTS}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -235,7 +243,7 @@ def forward_row_config(n: int, dtype: str, held: int = 1) -> RowConfig:
         n, dtype, held, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS, FORWARD_BLOCK_VALUES[dtype]
     )
     hints = FORWARD_CACHE_HINTS[dtype]
-    return cfg if hints == cfg.hints else _with_hints(cfg, hints)
+    return cfg if hints is cfg.hints else _with_hints(cfg, hints)  # identity: no dataclass compare per launch
 
 
 @functools.lru_cache(maxsize=4096)
