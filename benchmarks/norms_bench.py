@@ -229,6 +229,13 @@ def main() -> int:
         " 'variants' in the JSON), the first one in the main columns (tuning)",
     )
     parser.add_argument(
+        "--forward-looped",
+        default=None,
+        help="looped forwards of the norms (norm_config.LOOPED_FORWARD for every N, kind and dtype): 'T:C' (threads,"
+        " chunks per thread per segment) or 'none' (the routed kernels); several separated by ';' are each timed as"
+        " --forward-hints' are (tuning)",
+    )
+    parser.add_argument(
         "--clocks-ms",
         type=int,
         default=500,
@@ -251,15 +258,29 @@ def main() -> int:
         reduction.FORWARD_WARP_BLOCK = args.warp_block
     if args.forward_values:
         reduction.FORWARD_BLOCK_VALUES = dict.fromkeys(reduction.FORWARD_BLOCK_VALUES, args.forward_values)
-    hint_variants = args.forward_hints.split(";") if args.forward_hints else []
+    from flydsl.kernels import norm_config
 
     def use_hints(text: str) -> None:
         reduction.FORWARD_CACHE_HINTS = dict.fromkeys(reduction.FORWARD_CACHE_HINTS, reduction.CacheHints.parse(text))
 
-    if hint_variants:
-        use_hints(hint_variants[0])
-    monitor = ClockMonitor(args.clocks_ms) if args.clocks_ms > 0 else None
+    def use_looped(text: str) -> None:
+        norm_config.LOOPED_FORWARD.clear()
+        if text != "none":
+            threads, chunks = map(int, text.split(":"))
+            shape = [(1, 1 << 40, threads, chunks)]
+            norm_config.LOOPED_FORWARD.update({(k, d): shape for k in norm_config.FORWARD_KINDS for d in dtypes})
+
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
+    if args.forward_hints and args.forward_looped:
+        parser.error("--forward-hints and --forward-looped: one kind of variant per run")
+    variants = []  # (label, function applying it): ours is timed under each
+    if args.forward_hints:
+        variants = [(f"hints {text or 'none'}", partial(use_hints, text)) for text in args.forward_hints.split(";")]
+    if args.forward_looped:
+        variants = [(f"looped {text}", partial(use_looped, text)) for text in args.forward_looped.split(";")]
+    if variants:
+        variants[0][1]()
+    monitor = ClockMonitor(args.clocks_ms) if args.clocks_ms > 0 else None
     ops = _ops(torch, F)
     props = torch.cuda.get_device_properties(0)
     driver = subprocess.run(
@@ -309,15 +330,15 @@ def main() -> int:
                     for who, fn in timed.items():
                         row[f"{who}_tbps"] = total / median_ms(fn, args.reps) / 1e9
                         row[f"{who}_gpu_tbps"] = total / median_ms(fn, args.reps, queued=True) / 1e9
-                    if len(hint_variants) > 1:
+                    if len(variants) > 1:
                         row["variants"] = {}
-                        for text in hint_variants:  # ours again under each, the first one last
-                            use_hints(text)
-                            row["variants"][text] = {
+                        for label, apply in variants:  # ours again under each
+                            apply()
+                            row["variants"][label] = {
                                 "tbps": total / median_ms(timed["ours"], args.reps) / 1e9,
                                 "gpu_tbps": total / median_ms(timed["ours"], args.reps, queued=True) / 1e9,
                             }
-                        use_hints(hint_variants[0])
+                        variants[0][1]()
                     for suffix, copy in (("", row["copy_tbps"]), ("_gpu", row["copy_gpu_tbps"])):
                         best_peer = max(row.get(f"torch{suffix}_tbps", 0), row.get(f"torch_compile{suffix}_tbps", 0))
                         row[f"bar{suffix}_tbps"] = max(0.91 * copy, 0.98 * best_peer)
@@ -350,8 +371,8 @@ def main() -> int:
                         f" {'ok' if row['backward_meets_bar'] else 'MISS'}"
                         f"  (GPU time: bwd {row['backward_gpu_tbps']:.2f}, copy {row['copy_gpu_tbps']:.2f})"
                     )
-                for text, v in row.get("variants", {}).items():
-                    line += f"\n{'':>30} hints {text or 'none'}: {v['tbps']:.2f}, GPU time {v['gpu_tbps']:.2f}"
+                for label, v in row.get("variants", {}).items():
+                    line += f"\n{'':>30} {label}: {v['tbps']:.2f}, GPU time {v['gpu_tbps']:.2f}"
                 if row["clocks"]:
                     line += f"  [SM {row['clocks']['sm_mhz_median']:.0f} MHz, {row['clocks']['power_w_median']:.0f} W]"
                 print(line, flush=True)

@@ -172,6 +172,37 @@ def test_a_name_bound_only_inside_a_dynamic_loop_says_so_when_used_after():
         _trace(k, "Int32")
 
 
+def test_a_second_loop_reuses_the_local_names_of_the_first():
+    """Names bound only inside one dynamic loop (or branch) are that body's locals: a later loop or branch may bind
+    them again; reading one there before binding it still says where it came from."""
+
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        acc = fx.Float32(0.0)
+        for i in range(n):
+            v, _ = x[i], 0
+            acc = acc + v
+        for j in range(n):
+            v, _ = x[j] * acc, 1
+            x[j] = v
+        if gpu.thread_idx.x < n:
+            v = x[0]
+            x[1] = v
+
+    ir_text = _trace(k, "Int32")
+    assert ir_text.count("scf.for") == 2 and "scf.if" in ir_text
+
+    @flyc.kernel
+    def reads_first(x: fx.Tensor, n: fx.Int32):
+        for i in range(n):
+            v = x[i]
+        for j in range(n):
+            x[j] = v
+
+    with pytest.raises(NameError, match="'v' was bound only inside a loop traced as MLIR control flow"):
+        _trace(reads_first, "Int32")
+
+
 def test_branches_must_agree_on_types():
     @flyc.kernel
     def k(x: fx.Tensor, n: fx.Int32):

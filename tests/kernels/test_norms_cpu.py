@@ -100,6 +100,27 @@ def test_register_forward_assembles_without_spills(n, dtype):
             assert (loads_before == loads) == early, (n, dtype, flags, weight_dtype, loads_before, loads)
 
 
+@pytest.mark.parametrize(
+    "n, dtype, threads, chunks", [(8192, "f32", 512, 1), (32768, "bf16", 1024, 1), (4097, "f16", 256, 2)]
+)
+def test_looped_forward_assembles_without_spills(n, dtype, threads, chunks):
+    """The looped forward (every variant): one segment in registers whatever N (no spills), x read in two loops."""
+    rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
+    weight = flyc.TensorSpec((n,), dtype)
+    cfg = norm_mod.looped_forward_config(n, dtype, threads, chunks)
+    assert cfg.row.block == threads and cfg.row.even == (n % cfg.row.vec == 0)
+    for flags in FORWARD_FLAGS.values():
+        module = norm_mod.norm_forward_looped_kernel.lower(
+            rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags
+        )
+        ptx = assembled(module)
+        assert ptx.count("bar.sync") == (1 if flags.rms else 2)  # the row's reductions, none per segment
+        if flyc.find_ptxas() is not None:
+            assert spill_bytes(ptx) == 0, (n, dtype, flags)
+    with pytest.raises(ValueError, match="one CTA per row"):
+        norm_mod.LoopedForwardConfig(row_config(65536, "f32"))
+
+
 def test_column_sum_shape_follows_the_partial_rows():
     """Few partial rows (clusters and teams: a group per 4-66 CTAs) take one slice of 256 columns per block, many
     (the register kernel's 2-3 CTAs per SM, one-CTA staged rows) 16 slices of 32; the 16-slice kernel keeps its

@@ -206,6 +206,39 @@ def test_register_forwards_with_cache_hints(n, dtype, hints, monkeypatch):
     _close(out, sd * torch.rsqrt((sd * sd).mean(-1, keepdim=True) + 1e-6) * w.double())
 
 
+@pytest.mark.parametrize("shape", [(512, 1), (256, 2), (1024, 1)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 7, 1000, 2048, 4097, 8192, 12289, 32768, 65544])
+def test_looped_forwards(n, dtype, shape, monkeypatch):
+    """The looped forward (norm_config.LOOPED_FORWARD routing every N there): LayerNorm with its statistics on rows
+    offset far from zero (the per-thread moments merged without cancellation), RMSNorm on strided rows, the fused
+    add in place; segments past N, odd N and a single segment."""
+    from flydsl.kernels import norm_config
+
+    routes = {(kind, _DTYPE_NAME[dtype]): [(1, 1 << 30, *shape)] for kind in ("layer", "rms", "fused")}
+    monkeypatch.setattr(norm_config, "LOOPED_FORWARD", routes)
+    rows = _rows(n)
+    x = _input(rows, n, dtype) * 2 + (64.0 if dtype == torch.float32 else 8.0)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=torch.float32)
+    out, mean, rstd = norms.layer_norm(x, w, b, 1e-5, _poison(x), return_stats=True)
+    ref, ref_mean, ref_rstd = _ln_ref(x, w, b, 1e-5)
+    _close(out, ref)
+    _close(mean, ref_mean, torch.float32, "mean")
+    _close(rstd, ref_rstd, torch.float32, "rstd")
+    xs = _input(rows, n, dtype, strided=True)
+    out, rstd = norms.rms_norm(xs, w, 1e-6, _poison(xs), return_stats=True)
+    xd = xs.double()
+    ref_rstd = 1 / torch.sqrt((xd * xd).mean(-1) + 1e-6)
+    _close(out, xd * ref_rstd[:, None] * w.double())
+    _close(rstd, ref_rstd, torch.float32, "rstd")
+    residual = _input(rows, n, dtype)
+    summed = (xs.float() + residual.float()).to(dtype)
+    out, _, _ = norms.fused_add_rms_norm(xs, residual, w, 1e-6, _poison(xs), residual_out=residual)
+    assert torch.equal(residual, summed), "residual_out"
+    sd = summed.double()
+    _close(out, sd * torch.rsqrt((sd * sd).mean(-1, keepdim=True) + 1e-6) * w.double())
+
+
 def _column_close(got, ref, rows, what):
     atol = 1e-4 * rows**0.5 * ref.abs().max().item() + TOL[got.dtype][0]
     err = (got.double() - ref).abs()

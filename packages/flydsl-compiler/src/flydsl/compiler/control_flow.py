@@ -194,13 +194,19 @@ def _describe(value) -> str:
     return f"a {type(value).__name__} of {len(_leaves(value))} values"
 
 
+def _unbound(value) -> bool:
+    """Whether a name has no value to carry into control flow: unbound, or bound only inside earlier traced control
+    flow (a second loop may reuse the first loop's local names)."""
+    return value is UNDEFINED or isinstance(value, ScopedValue)
+
+
 def _unchanged_or_error(names, before, after, carried, where: str):
     """Names that are not carried must not be rebound by a dynamic body (their new value would be lost)."""
     results = []
     for i, name in enumerate(names):
         if i in carried:
             continue
-        if before[i] is UNDEFINED:
+        if _unbound(before[i]):
             results.append((i, ScopedValue(name, where)))
         elif after[i] is not before[i]:
             raise TypeError(
@@ -295,10 +301,10 @@ def if_else(condition, then_fn, else_fn, names: tuple, values: tuple):
         if i in result_names:
             continue
         a, b = then_out[i], else_out[i]
-        if values[i] is UNDEFINED or _leaves(a) is not None or _leaves(b) is not None:
+        if _unbound(values[i]) or _leaves(a) is not None or _leaves(b) is not None:
             if a is values[i] and b is values[i]:
                 continue
-            results[i] = ScopedValue(name, "branch") if values[i] is UNDEFINED or a is not b else a
+            results[i] = ScopedValue(name, "branch") if _unbound(values[i]) or a is not b else a
         elif a is not values[i] or b is not values[i]:
             raise TypeError(
                 f"'{name}' is rebound in a branch of an `if` on a dynamic condition but holds {a!r} / {b!r}, not a"

@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from flydsl.kernels.reduction import RowConfig, row_config
+from flydsl.kernels.reduction import PLAIN_HINTS, CacheHints, RowConfig, row_config
 
 __all__ = [
     "NormFlags",
@@ -19,6 +19,10 @@ __all__ = [
     "SoftmaxBackwardFlags",
     "BackwardConfig",
     "StagedForwardConfig",
+    "LoopedForwardConfig",
+    "looped_forward_config",
+    "looped_forward_shape",
+    "LOOPED_FORWARD",
     "staged_forward_config",
     "routed_staged_forward_config",
     "softmax_backward_shape",
@@ -551,6 +555,50 @@ def routed_staged_forward_config(n: int, dtype: str, kind: str) -> StagedForward
     if shape is None:
         return None
     return staged_forward_config(n, dtype, kind == "fused", **shape._asdict())
+
+
+@dataclass(frozen=True)
+class LoopedForwardConfig:
+    """The looped forward (:func:`flydsl.kernels.normalization.norm_forward_looped_kernel`): one CTA per row walks
+    it in segments of ``row.chunks`` chunks per thread (a dynamic loop: one segment's registers, whatever N, so the
+    SMs hold as many CTAs as threads allow) and reads it twice, once for the statistics and once for the output, the
+    second time from L1 or L2 (torch.compile's looped reductions). ``row.hints``: the first read's cache hints,
+    ``reread`` the second's."""
+
+    row: RowConfig
+    reread: CacheHints = PLAIN_HINTS
+
+    def __post_init__(self):
+        if self.row.cluster != 1 or self.row.rows_per_cta != 1:
+            raise ValueError(f"LoopedForwardConfig: one CTA per row, one row per CTA; got {self.row}")
+
+
+@functools.lru_cache(maxsize=1024)
+def looped_forward_config(
+    n: int, dtype: str, threads: int, chunks: int, first: CacheHints = PLAIN_HINTS, reread: CacheHints = PLAIN_HINTS
+) -> LoopedForwardConfig:
+    """The looped forward's config for rows of ``n`` elements of ``dtype``: CTAs of ``threads`` threads (a power of
+    two, at least a warp), ``chunks`` 16-byte chunks per thread per segment; ``first`` / ``reread``: the cache
+    hints of the two reads (and of the output's stores: ``first.out``)."""
+    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    if threads < 32:
+        raise ValueError(f"looped_forward_config: threads must be a power of two >= 32, got {threads}")
+    return LoopedForwardConfig(RowConfig(dtype, vec, chunks, threads, 1, 1, n % vec == 0, hints=first), reread)
+
+
+# The rows that take the looped forward, per (kind, dtype): (min N, max N, threads, chunks per segment) ranges, the
+# first that holds N wins; elsewhere the staged or the register kernel. Empty: measured in norms_bench.py
+# --forward-looped first.
+LOOPED_FORWARD: dict = {}
+
+
+def looped_forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
+    """``(threads, chunks)`` of the looped forward for ``kind`` rows of ``n`` ``dtype`` elements where
+    :data:`LOOPED_FORWARD` routes them, else None."""
+    for low, high, threads, chunks in LOOPED_FORWARD.get((kind, dtype), ()):
+        if low <= n <= high:
+            return threads, chunks
+    return None
 
 
 # Softmax's backward through the staged kernel from these N on: the register kernel is at copy speed below (float32

@@ -36,23 +36,27 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import replace
 
 from mlir.dialects import llvm as _llvm
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import cluster, gpu, math, vector
+from flydsl.expr import arith, cluster, gpu, math, vector
 from flydsl.kernels.host import allocated, can_allocate, empty_rows, max_active_clusters, sm_count
 from flydsl.kernels.norm_config import (
     FORWARD_KINDS,
     STAGED_FORWARD_MIN_N,
     BackwardConfig,
+    LoopedForwardConfig,
     NormFlags,
     StagedForwardConfig,
     backward_config,
     backward_groups,
     forward_shape,
+    looped_forward_config,
+    looped_forward_shape,
     make_backward_config,
     resident_backward_config,
     routed_staged_forward_config,
@@ -85,6 +89,8 @@ from flydsl.kernels.reduction import (
     row_position,
     row_reduce,
     row_smem,
+    segment_chunks,
+    segment_count,
     store_row,
     thread_reduce,
     vector_chunk,
@@ -117,6 +123,7 @@ __all__ = [
     "backward",
     "norm_forward_kernel",
     "norm_forward_staged_kernel",
+    "norm_forward_looped_kernel",
     "norm_backward_kernel",
     "column_sum_kernel",
     "column_sum_shape",
@@ -184,6 +191,88 @@ def norm_forward_kernel(
             if fx.const_expr(flags.rstd):
                 rstd_out[pos.row] = rstd
     row_done(cfg)
+
+
+def _moments(cfg: RowConfig, values, masks):
+    """(count, mean, sum of squared deviations about it) of this thread's in-range ``values`` (Float32s)."""
+    count = masked_sum(cfg, [fx.Float32(1.0)] * len(values), masks)
+    mean = masked_sum(cfg, values, masks) / arith.maximum(count, fx.Float32(1.0))
+    return count, mean, masked_sum(cfg, [(v - mean) * (v - mean) for v in values], masks)
+
+
+def _merge_moments(a, b):
+    """Two (count, mean, M2) merged (Chan, Golub and LeVeque's pairwise update: no cancellation)."""
+    count = a[0] + b[0]
+    delta = b[1] - a[1]
+    share = b[0] / arith.maximum(count, fx.Float32(1.0))
+    return count, a[1] + delta * share, a[2] + b[2] + delta * delta * (a[0] * share)
+
+
+@flyc.kernel
+def norm_forward_looped_kernel(
+    x: fx.Tensor,
+    residual: fx.Tensor,
+    weight: fx.Tensor,
+    bias: fx.Tensor,
+    out: fx.Tensor,
+    residual_out: fx.Tensor,
+    mean_out: fx.Tensor,
+    rstd_out: fx.Tensor,
+    eps: fx.Float32,
+    cfg: fx.Constexpr[LoopedForwardConfig],
+    flags: fx.Constexpr[NormFlags],
+):
+    """The looped forward (arguments as :func:`norm_forward_kernel`'s; see :class:`LoopedForwardConfig`): the row
+    walked segment by segment, first for its statistics (RMSNorm: the sum of squares; LayerNorm: each thread's
+    count, mean and squared deviations merged segment by segment, then over the row; the fused add writes
+    ``residual_out`` here), then again for the output (re-read from L1/L2: ``residual_out`` for the fused add)."""
+    rc = cfg.row
+    again = replace(rc, hints=cfg.reread)
+    rows, n = x.shape
+    pos = row_position(rc)
+    smem = row_smem(rc, phases=1 if flags.rms else 2)
+    inv_n = 1.0 / n.to(fx.Float32)
+    segments = segment_count(rc, n)
+    zero = fx.Float32(0.0)
+    count, local_mean, local_m2 = zero, zero, zero
+    for s in range(segments):
+        seg = segment_chunks(rc, s)
+        xs, masks = load_row(rc, x, pos, n, rows, chunks=seg)
+        if fx.const_expr(flags.residual):
+            rs, _ = load_row(rc, residual, pos, n, rows, chunks=seg)
+            xs = _round([a + b for a, b in zip(xs, rs, strict=True)], x.dtype)
+            store_row(rc, residual_out, pos, n, rows, xs, chunks=seg)
+        if fx.const_expr(flags.rms):
+            local_m2 = local_m2 + thread_reduce([v * v for v in xs])
+        else:
+            count, local_mean, local_m2 = _merge_moments((count, local_mean, local_m2), _moments(rc, xs, masks))
+    if fx.const_expr(flags.rms):
+        mean = zero
+        squares = row_reduce(rc, pos, smem, 0, local_m2, last=True)
+    else:
+        mean = row_reduce(rc, pos, smem, 0, count * local_mean) * inv_n
+        deviation = local_mean - mean
+        squares = row_reduce(rc, pos, smem, 1, local_m2 + count * (deviation * deviation), last=True)
+    rstd = math.rsqrt(squares * inv_n + eps)
+    source = residual_out if flags.residual else x
+    for t in range(segments):  # (names of their own: a name bound in a traced loop has no value after it)
+        part = segment_chunks(rc, t)
+        values, _ = load_row(again, source, pos, n, rows, chunks=part)
+        ys = [(v - mean) * rstd for v in values]
+        if fx.const_expr(flags.weight):
+            ws = [w for j in part for w in load_vector_chunk(rc, weight, pos, n, j)]
+            ys = [y * w for y, w in zip(ys, ws, strict=True)]
+        if fx.const_expr(flags.bias):
+            bs = [b for j in part for b in load_vector_chunk(rc, bias, pos, n, j)]
+            ys = [y + b for y, b in zip(ys, bs, strict=True)]
+        store_row(rc, out, pos, n, rows, ys, chunks=part)
+    if fx.const_expr(flags.mean or flags.rstd):
+        if pos.leader & (pos.row < rows):
+            if fx.const_expr(flags.mean):
+                mean_out[pos.row] = mean
+            if fx.const_expr(flags.rstd):
+                rstd_out[pos.row] = rstd
+    row_done(rc)
 
 
 @flyc.kernel(target=flyc.Target("sm_90a", ptx_version=81))  # PTX ISA 8.1: st.async (the cluster's pushes)
@@ -559,8 +648,13 @@ def forward(
     flags = _flags(rms, residual is not None, weight is not None, bias is not None, mean is not None, rstd is not None)
     placeholder = x.obj
     args = [t.obj if t is not None else placeholder for t in (x, residual, weight, bias, out, residual_out, mean, rstd)]
+    kind = "fused" if residual is not None else ("rms" if rms else "layer")
+    looped = looped_forward_shape(n, x.dtype, kind) if staged is not False else None
+    if looped is not None:
+        cfg = looped_forward_config(n, x.dtype, *looped)
+        norm_forward_looped_kernel(*args, eps, cfg, flags).launch(grid=rows, block=cfg.row.block)
+        return
     if staged or (staged is None and STAGED_FORWARD):
-        kind = "fused" if residual is not None else ("rms" if rms else "layer")
         ring = routed_staged_forward_config(n, x.dtype, kind)
         if (
             ring is not None

@@ -59,6 +59,8 @@ __all__ = [
     "thread_reduce",
     "row_reduce",
     "row_done",
+    "segment_chunks",
+    "segment_count",
     "MAX_CLUSTER",
     "masked",
     "masked_sum",
@@ -349,6 +351,20 @@ def _load_chunk_raw(cfg: RowConfig, view, col, n, row_ok, fill, hint=None):
             ok = row_ok & (col + e < n)
             fx.copy(fx.local_tile(view, (1,), (e,)), fx.local_tile(buffer, (1,), (e,)), predicate=ok)
     return _read_buffer(cls, raw, buffer)
+
+
+def segment_count(cfg: RowConfig, n):
+    """Segments of a row of ``n`` elements (a kernel integer) walked ``cfg.chunks`` chunks per thread at a time: a
+    looped kernel's trip count."""
+    step = cfg.vec * cfg.chunks * cfg.threads_per_row * cfg.cluster
+    return (n + (step - 1)) // step
+
+
+def segment_chunks(cfg: RowConfig, s) -> list:
+    """This thread's chunks of segment ``s`` (a kernel integer: a dynamic loop's index), as the ``chunks`` argument
+    of :func:`load_row` / :func:`store_row`: a segment is ``cfg.chunks * threads_per_row`` consecutive chunks, so that
+    a looped kernel keeps one segment in registers and its accesses stay coalesced."""
+    return [s * cfg.chunks + j for j in range(cfg.chunks)]
 
 
 def load_row_raw(cfg: RowConfig, t, pos, n, rows, fill=0.0, chunks=None):
