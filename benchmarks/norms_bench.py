@@ -232,8 +232,8 @@ def main() -> int:
         "--forward-looped",
         default=None,
         help="looped forwards of the norms (norm_config.LOOPED_FORWARD for every N, kind and dtype): 'T:C' (threads,"
-        " chunks per thread per segment) or 'none' (the routed kernels); several separated by ';' are each timed as"
-        " --forward-hints' are (tuning)",
+        " chunks per thread per segment), optionally '/FIRST/REREAD' (the two reads' CacheHints, as --forward-hints),"
+        " or 'none' (the routed kernels); several separated by ';' are each timed as --forward-hints' are (tuning)",
     )
     parser.add_argument(
         "--clocks-ms",
@@ -266,8 +266,8 @@ def main() -> int:
     def use_looped(text: str) -> None:
         norm_config.LOOPED_FORWARD.clear()
         if text != "none":
-            threads, chunks = map(int, text.split(":"))
-            shape = [(1, 1 << 40, threads, chunks)]
+            shape, *hints = text.split("/")
+            shape = [(1, 1 << 40, *map(int, shape.split(":")), *map(reduction.CacheHints.parse, hints))]
             norm_config.LOOPED_FORWARD.update({(k, d): shape for k in norm_config.FORWARD_KINDS for d in dtypes})
 
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}

@@ -206,19 +206,24 @@ def test_register_forwards_with_cache_hints(n, dtype, hints, monkeypatch):
     _close(out, sd * torch.rsqrt((sd * sd).mean(-1, keepdim=True) + 1e-6) * w.double())
 
 
-@pytest.mark.parametrize("shape", [(512, 1), (256, 2), (1024, 1)], ids=lambda s: f"{s[0]}x{s[1]}")
+LOOPED_SHAPES = [(512, 1), (256, 2), (1024, 1), (512, 2, "rows=evict_last,vectors=evict_last", "rows=evict_first")]
+
+
+@pytest.mark.parametrize("shape", LOOPED_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}" + ("-hinted" if len(s) > 2 else ""))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [1, 7, 1000, 2048, 4097, 8192, 12289, 32768, 65544])
 def test_looped_forwards(n, dtype, shape, monkeypatch):
-    """The looped forward (norm_config.LOOPED_FORWARD routing every N there): LayerNorm with its statistics on rows
-    offset far from zero (the per-thread moments merged without cancellation), RMSNorm on strided rows, the fused
-    add in place; segments past N, odd N and a single segment."""
+    """The looped forward (norm_config.LOOPED_FORWARD routing every N there), plain and with cache hints: LayerNorm
+    with its statistics on rows offset from zero (the per-thread moments merged segment by segment), RMSNorm on
+    strided rows, the fused add in place; segments past N, odd N and a single segment."""
     from flydsl.kernels import norm_config
+    from flydsl.kernels.reduction import CacheHints
 
+    shape = (*shape[:2], *map(CacheHints.parse, shape[2:]))
     routes = {(kind, _DTYPE_NAME[dtype]): [(1, 1 << 30, *shape)] for kind in ("layer", "rms", "fused")}
     monkeypatch.setattr(norm_config, "LOOPED_FORWARD", routes)
     rows = _rows(n)
-    x = _input(rows, n, dtype) * 2 + (64.0 if dtype == torch.float32 else 8.0)
+    x = _input(rows, n, dtype) * 2 + 8.0
     w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=torch.float32)
     out, mean, rstd = norms.layer_norm(x, w, b, 1e-5, _poison(x), return_stats=True)
     ref, ref_mean, ref_rstd = _ln_ref(x, w, b, 1e-5)

@@ -586,18 +586,19 @@ def looped_forward_config(
     return LoopedForwardConfig(RowConfig(dtype, vec, chunks, threads, 1, 1, n % vec == 0, hints=first), reread)
 
 
-# The rows that take the looped forward, per (kind, dtype): (min N, max N, threads, chunks per segment) ranges, the
-# first that holds N wins; elsewhere the staged or the register kernel. Empty: measured in norms_bench.py
-# --forward-looped first.
+# The rows that take the looped forward, per (kind, dtype): (min N, max N, threads, chunks per segment[, first
+# read's hints, second read's hints]) ranges, the first that holds N wins; elsewhere the staged or the register
+# kernel. Empty: measured in norms_bench.py --forward-looped first.
 LOOPED_FORWARD: dict = {}
 
 
 def looped_forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
-    """``(threads, chunks)`` of the looped forward for ``kind`` rows of ``n`` ``dtype`` elements where
-    :data:`LOOPED_FORWARD` routes them, else None."""
-    for low, high, threads, chunks in LOOPED_FORWARD.get((kind, dtype), ()):
+    """``(threads, chunks[, first, reread])`` (:func:`looped_forward_config`'s arguments after ``dtype``) of the
+    looped forward for ``kind`` rows of ``n`` ``dtype`` elements where :data:`LOOPED_FORWARD` routes them, else
+    None."""
+    for low, high, *shape in LOOPED_FORWARD.get((kind, dtype), ()):
         if low <= n <= high:
-            return threads, chunks
+            return tuple(shape)
     return None
 
 
