@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import statistics
 import sys
 import time
 from functools import partial
@@ -209,7 +210,18 @@ def _api_against_kernel(torch, norm, tensors, rms: bool, reps: int) -> str:
         api = partial(norms.layer_norm_backward, dy, x, w, mean, rstd, dx)
     moved = 3 * x.numel() * x.element_size() / 1e9
     rounds = [(moved / median_ms(kernel, reps, queued=True), moved / median_ms(api, reps, queued=True)) for _ in "123"]
-    return " | GPU time, routed kernel alone / API: " + ", ".join(f"{k:.2f} / {a:.2f}" for k, a in rounds)
+    line = " | GPU time, routed kernel alone / API: " + ", ".join(f"{k:.2f} / {a:.2f}" for k, a in rounds)
+    # Whether the API's host time outlasts the queued sleep: its host time per call (GPU busy), and both timed
+    # behind a sleep 5x as long.
+    host = []
+    for _ in range(20):
+        torch.cuda._sleep(2_000_000)
+        start = time.perf_counter()
+        api()
+        host.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    longer = [moved / median_ms(f, reps, queued=True, sleep_cycles=1_000_000) for f in (kernel, api)]
+    return line + f" | API host {statistics.median(host):.0f} us; behind a 5x sleep {longer[0]:.2f} / {longer[1]:.2f}"
 
 
 def main() -> int:

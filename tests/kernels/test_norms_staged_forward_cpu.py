@@ -266,6 +266,41 @@ def test_staged_forward_configs():
     assert norm_mod.backward_groups(norm_mod.staged_forward_config(32768, "bf16"), 8192, 132) == 132
 
 
+def test_looped_forward_routing(monkeypatch):
+    """norm_config.LOOPED_FORWARD's rows take the looped kernel (one CTA per row, its threads), ahead of the staged
+    kernel; N not a multiple of 16 bytes, LayerNorm, and staged=False keep the others."""
+    taken = []
+
+    class Launch:
+        def __init__(self, *args):
+            self.cfg = args[-2]
+
+        def launch(self, **kwargs):
+            taken.append((self.cfg, kwargs))
+
+    monkeypatch.setattr(norm_mod, "norm_forward_looped_kernel", Launch)
+    monkeypatch.setattr(norm_mod, "norm_forward_kernel", Launch)
+    monkeypatch.setattr(norm_mod, "_launch_staged_forward", lambda args, eps, cfg, *rest: taken.append((cfg, None)))
+    for n, typestr, threads, chunks in ((8192, "<f2", 512, 2), (32768, "<f2", 1024, 2), (4096, "<f4", 512, 2)):
+        x = fake((5, n), typestr)
+        norms.rms_norm(x, None, out=fake((5, n), typestr))
+        cfg, kwargs = taken[-1]
+        assert isinstance(cfg, norm_mod.LoopedForwardConfig) and kwargs == {"grid": 5, "block": threads}
+        assert (cfg.row.threads_per_row, cfg.row.chunks) == (threads, chunks)
+        assert cfg.row.hints.rows == "evict_last" and cfg.reread.rows == "evict_first"
+    x = fake((5, 4096), "<f4")
+    norms.fused_add_rms_norm(x, fake((5, 4096), "<f4"), None, out=fake((5, 4096), "<f4"), residual_out=x)
+    assert isinstance(taken[-1][0], norm_mod.LoopedForwardConfig) and taken[-1][0].row.block == 1024
+    for n, typestr in ((8200 - 4, "<f2"), (65536, "<f2")):  # 8196 % 8: per-element tails; 65536: the staged kernel
+        norms.rms_norm(fake((5, n), typestr), None, out=fake((5, n), typestr))
+        assert not isinstance(taken[-1][0], norm_mod.LoopedForwardConfig), n
+    norms.layer_norm(fake((5, 8192), "<f2"), None, None, out=fake((5, 8192), "<f2"))
+    assert taken[-1][0] == norm_mod.forward_row_config(8192, "f16")
+    xt = importlib.import_module("flydsl.kernels.host").row_tensor(fake((5, 8192), "<f2"), "x")
+    norm_mod.forward(xt, None, None, None, xt, None, None, None, 1e-6, rms=True, staged=False)
+    assert taken[-1][0] == norm_mod.forward_row_config(8192, "f16")
+
+
 def test_staged_forward_is_the_default(monkeypatch):
     """The forward takes the staged kernel by default where a config exists and the rows are 16-byte aligned;
     staged=False and STAGED_FORWARD off (FLYDSL_NORM_STAGED_FORWARD=0) force the register kernel, as do short rows,

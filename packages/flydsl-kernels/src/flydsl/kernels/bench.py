@@ -18,11 +18,12 @@ import sys
 KERNELS = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm", "gemm")
 
 
-def median_ms(fn, reps: int, warmup: int = 3, queued: bool = False) -> float:
+def median_ms(fn, reps: int, warmup: int = 3, queued: bool = False, sleep_cycles: int = 200_000) -> float:
     """The median of ``reps`` CUDA-event timings of ``fn()`` (ms), after ``warmup`` calls: each call timed alone, so
     a kernel's time, not the launch rate (the benchmarks under benchmarks/ use it too). ``queued``: each timed call
-    waits behind a sleep kernel (``torch.cuda._sleep``), so that the host's launch latency (Python checks,
-    allocations, several launches) is hidden as in a training step's queue: the op's GPU time."""
+    waits behind a sleep kernel (``torch.cuda._sleep(sleep_cycles)``: ~100 us at 1980 MHz), so that the host's launch
+    latency (Python checks, allocations, several launches) is hidden as in a training step's queue: the op's GPU
+    time (as long as the host enqueues the op within the sleep)."""
     import torch
 
     for _ in range(warmup):
@@ -31,7 +32,7 @@ def median_ms(fn, reps: int, warmup: int = 3, queued: bool = False) -> float:
     times = []
     for _ in range(reps):
         if queued:
-            torch.cuda._sleep(200_000)
+            torch.cuda._sleep(sleep_cycles)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

@@ -580,22 +580,42 @@ def looped_forward_config(
     """The looped forward's config for rows of ``n`` elements of ``dtype``: CTAs of ``threads`` threads (a power of
     two, at least a warp), ``chunks`` 16-byte chunks per thread per segment; ``first`` / ``reread``: the cache
     hints of the two reads (and of the output's stores: ``first.out``)."""
-    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    vec = 16 // _BYTES[dtype]
     if threads < 32:
         raise ValueError(f"looped_forward_config: threads must be a power of two >= 32, got {threads}")
     return LoopedForwardConfig(RowConfig(dtype, vec, chunks, threads, 1, 1, n % vec == 0, hints=first), reread)
 
 
+_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+# The looped forward's reads as torch.compile's looped reductions hint them: the first keeps x (and the weight) in
+# L1/L2 for the second, which evicts it first.
+_LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints(rows="evict_first"))
 # The rows that take the looped forward, per (kind, dtype): (min N, max N, threads, chunks per segment[, first
 # read's hints, second read's hints]) ranges, the first that holds N wins; elsewhere the staged or the register
-# kernel. Empty: measured in norms_bench.py --forward-looped first.
-LOOPED_FORWARD: dict = {}
+# kernel. H200, GPU time, two runs of norms_bench.py --forward-looped at f514969
+# (benchmarks/results/norms_forward_looped_2026-12-01*.json): one or two segments of at least 32 bytes per thread
+# (the fused add's two sources count twice) ran 2-6% over the register and staged kernels there, at
+# torch.compile's 4.2-4.3 TB/s: fused add f32 2048 4.27 (register 4.16), 4096-16384 4.20-4.26 (4.07-4.10), bf16
+# 4096-16384 4.18-4.26 (4.08-4.10), 32768 4.21 (staged 3.98); RMSNorm f32 4096 4.30 (4.15), 16384 4.25 (4.12),
+# bf16 8192 4.21 (4.07), 32768 4.13 (staged 3.96). Elsewhere it measured slower: rows over 2 segments (float32
+# 32768: 3.5 against 4.0), 16 bytes per thread (RMSNorm f32 2048 at 512 x 1: 3.28), segments longer than the row
+# (idle threads), and LayerNorm at every N tried (its per-thread moments: 2.6-4.1 against 4.1-4.2).
+LOOPED_FORWARD: dict = {
+    ("fused", "f32"): [(1025, 2048, 512, 1, *_LOOPED_HINTS), (2049, 16384, 1024, 1, *_LOOPED_HINTS)],
+    ("fused", "bf16"): [(2049, 4096, 512, 1, *_LOOPED_HINTS), (4097, 16384, 512, 2, *_LOOPED_HINTS)]
+    + [(16385, 32768, 1024, 2, *_LOOPED_HINTS)],
+    ("rms", "f32"): [(2049, 4096, 512, 2, *_LOOPED_HINTS), (8193, 16384, 1024, 2, *_LOOPED_HINTS)],
+    ("rms", "bf16"): [(4097, 8192, 512, 2, *_LOOPED_HINTS), (16385, 32768, 1024, 2, *_LOOPED_HINTS)],
+}
+LOOPED_FORWARD.update({(kind, "f16"): LOOPED_FORWARD[kind, "bf16"] for kind in ("fused", "rms")})  # (not timed)
 
 
 def looped_forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
     """``(threads, chunks[, first, reread])`` (:func:`looped_forward_config`'s arguments after ``dtype``) of the
     looped forward for ``kind`` rows of ``n`` ``dtype`` elements where :data:`LOOPED_FORWARD` routes them, else
     None."""
+    if n % (16 // _BYTES[dtype]):  # (measured on whole 16-byte chunks, whose accesses take the hints)
+        return None
     for low, high, *shape in LOOPED_FORWARD.get((kind, dtype), ()):
         if low <= n <= high:
             return tuple(shape)
