@@ -296,6 +296,13 @@ def test_looped_forward_routing(monkeypatch):
         assert not isinstance(taken[-1][0], norm_mod.LoopedForwardConfig), n
     norms.layer_norm(fake((5, 8192), "<f2"), None, None, out=fake((5, 8192), "<f2"))
     assert taken[-1][0] == norm_mod.forward_row_config(8192, "f16")
+    # Its hinted accesses are 16-byte instructions: rows or a weight off a 16-byte boundary take the register kernel.
+    shifted = FakeGpuTensor((5, 8192), "<f2", pointer=(1 << 20) + 4)
+    norms.rms_norm(shifted, None, out=fake((5, 8192), "<f2"))
+    assert taken[-1][0] == norm_mod.forward_row_config(8192, "f16")
+    weight = FakeGpuTensor((8192,), "<f2", pointer=(1 << 20) + 8)
+    norms.rms_norm(fake((5, 8192), "<f2"), weight, out=fake((5, 8192), "<f2"))
+    assert taken[-1][0] == norm_mod.forward_row_config(8192, "f16")
     xt = importlib.import_module("flydsl.kernels.host").row_tensor(fake((5, 8192), "<f2"), "x")
     norm_mod.forward(xt, None, None, None, xt, None, None, None, 1e-6, rms=True, staged=False)
     assert taken[-1][0] == norm_mod.forward_row_config(8192, "f16")

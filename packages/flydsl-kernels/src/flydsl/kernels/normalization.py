@@ -76,6 +76,7 @@ from flydsl.kernels.norm_staged import (
 )
 from flydsl.kernels.norm_staged_forward import _rows_staged_forward
 from flydsl.kernels.reduction import (
+    PLAIN_HINTS,
     RowConfig,
     chunk_index,
     forward_row_config,
@@ -650,20 +651,18 @@ def forward(
     args = [t.obj if t is not None else placeholder for t in (x, residual, weight, bias, out, residual_out, mean, rstd)]
     kind = "fused" if residual is not None else ("rms" if rms else "layer")
     looped = looped_forward_shape(n, x.dtype, kind) if staged is not False else None
-    if looped is not None:
+    rows_of = [t for t in (x, residual, out, residual_out) if t is not None]
+    hintable = _aligned16(*rows_of) and all(t.pointer % 16 == 0 for t in (weight, bias) if t is not None)
+    if looped is not None and hintable:  # (its hinted accesses are 16-byte instructions: aligned addresses only)
         cfg = looped_forward_config(n, x.dtype, *looped)
         norm_forward_looped_kernel(*args, eps, cfg, flags).launch(grid=rows, block=cfg.row.block)
         return
     if staged or (staged is None and STAGED_FORWARD):
         ring = routed_staged_forward_config(n, x.dtype, kind)
-        if (
-            ring is not None
-            and routable(ring, x)
-            and _aligned16(*(t for t in (x, residual, out, residual_out) if t is not None))
-        ):
+        if ring is not None and routable(ring, x) and _aligned16(*rows_of):
             _launch_staged_forward(args, eps, ring, flags, rows, x.device)
             return
-    cfg = forward_row_config(n, x.dtype, held=2 if residual is not None else 1)
+    cfg = hinted_if(hintable, forward_row_config(n, x.dtype, held=2 if residual is not None else 1))
     cluster_shape = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
     norm_forward_kernel(*args, eps, cfg, flags).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster_shape)
 
@@ -719,6 +718,12 @@ def _launch_staged_forward(args, eps: float, cfg: StagedForwardConfig, flags: No
     norm_forward_staged_kernel(*args, exchange, eps, cfg, flags).launch(
         grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
     )
+
+
+def hinted_if(aligned: bool, cfg: RowConfig) -> RowConfig:
+    """``cfg``, without its cache hints (``RowConfig.hints``: 16-byte instructions) unless every tensor it hints is
+    16-byte ``aligned``."""
+    return cfg if aligned or cfg.hints is PLAIN_HINTS else replace(cfg, hints=PLAIN_HINTS)
 
 
 def _aligned16(*tensors) -> bool:

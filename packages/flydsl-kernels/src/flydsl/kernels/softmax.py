@@ -17,6 +17,7 @@ import flydsl.expr as fx
 from flydsl.expr import nvvm
 from flydsl.kernels import normalization, softmax_staged
 from flydsl.kernels.reduction import (
+    PLAIN_HINTS,
     RowConfig,
     forward_row_config,
     load_row,
@@ -80,7 +81,9 @@ def forward(x, out, staged: bool | None = None) -> None:
         staged = normalization.STAGED_FORWARD  # read at each call: benchmarks and tests switch it
     if staged and softmax_staged.forward_staged(x, out):
         return
-    _launch(softmax_forward_kernel, forward_row_config(n, x.dtype), rows, x.obj, out.obj)
+    cfg = forward_row_config(n, x.dtype)
+    cfg = normalization.hinted_if(cfg.hints is PLAIN_HINTS or normalization._aligned16(x, out), cfg)
+    _launch(softmax_forward_kernel, cfg, rows, x.obj, out.obj)
 
 
 def backward(dy, y, dx, staged: bool | None = None) -> None:
