@@ -246,7 +246,8 @@ def main() -> int:
         "--forward-looped",
         default=None,
         help="looped forwards of the norms (norm_config.LOOPED_FORWARD for every N, kind and dtype): 'T:C' (threads,"
-        " chunks per thread per segment), optionally '/FIRST/REREAD' (the two reads' CacheHints, as --forward-hints),"
+        " chunks per thread per segment[:CTAs per SM ptxas must fit]), optionally '/FIRST/REREAD' (the two reads'"
+        " CacheHints, as --forward-hints),"
         " or 'none' (the routed kernels); several separated by ';' are each timed as --forward-hints' are (tuning)",
     )
     parser.add_argument(
@@ -281,7 +282,9 @@ def main() -> int:
         norm_config.LOOPED_FORWARD.clear()
         if text != "none":
             shape, *hints = text.split("/")
-            shape = [(1, 1 << 40, *map(int, shape.split(":")), *map(reduction.CacheHints.parse, hints))]
+            threads, chunks, *blocks = map(int, shape.split(":"))
+            first, reread = (*map(reduction.CacheHints.parse, hints), reduction.PLAIN_HINTS, reduction.PLAIN_HINTS)[:2]
+            shape = [(1, 1 << 40, threads, chunks, first, reread, *blocks)]
             norm_config.LOOPED_FORWARD.update({(k, d): shape for k in norm_config.FORWARD_KINDS for d in dtypes})
 
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}

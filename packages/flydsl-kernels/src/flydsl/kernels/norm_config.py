@@ -563,27 +563,39 @@ class LoopedForwardConfig:
     it in segments of ``row.chunks`` chunks per thread (a dynamic loop: one segment's registers, whatever N, so the
     SMs hold as many CTAs as threads allow) and reads it twice, once for the statistics and once for the output, the
     second time from L1 or L2 (torch.compile's looped reductions). ``row.hints``: the first read's cache hints,
-    ``reread`` the second's."""
+    ``reread`` the second's; ``blocks_per_sm``: CTAs per SM that ptxas must fit (it caps the registers; 0: its
+    choice)."""
 
     row: RowConfig
     reread: CacheHints = PLAIN_HINTS
+    blocks_per_sm: int = 0
 
     def __post_init__(self):
         if self.row.cluster != 1 or self.row.rows_per_cta != 1:
             raise ValueError(f"LoopedForwardConfig: one CTA per row, one row per CTA; got {self.row}")
+        if not 0 <= self.blocks_per_sm * self.row.block <= 2048:
+            raise ValueError(f"LoopedForwardConfig: {self.blocks_per_sm} CTAs of {self.row.block} exceed an SM")
 
 
 @functools.lru_cache(maxsize=1024)
 def looped_forward_config(
-    n: int, dtype: str, threads: int, chunks: int, first: CacheHints = PLAIN_HINTS, reread: CacheHints = PLAIN_HINTS
+    n: int,
+    dtype: str,
+    threads: int,
+    chunks: int,
+    first: CacheHints = PLAIN_HINTS,
+    reread: CacheHints = PLAIN_HINTS,
+    blocks_per_sm: int = 0,
 ) -> LoopedForwardConfig:
     """The looped forward's config for rows of ``n`` elements of ``dtype``: CTAs of ``threads`` threads (a power of
     two, at least a warp), ``chunks`` 16-byte chunks per thread per segment; ``first`` / ``reread``: the cache
-    hints of the two reads (and of the output's stores: ``first.out``)."""
+    hints of the two reads (and of the output's stores: ``first.out``); ``blocks_per_sm``: see
+    :class:`LoopedForwardConfig`."""
     vec = 16 // _BYTES[dtype]
     if threads < 32:
         raise ValueError(f"looped_forward_config: threads must be a power of two >= 32, got {threads}")
-    return LoopedForwardConfig(RowConfig(dtype, vec, chunks, threads, 1, 1, n % vec == 0, hints=first), reread)
+    row = RowConfig(dtype, vec, chunks, threads, 1, 1, n % vec == 0, hints=first)
+    return LoopedForwardConfig(row, reread, blocks_per_sm)
 
 
 _BYTES = {"f32": 4, "f16": 2, "bf16": 2}

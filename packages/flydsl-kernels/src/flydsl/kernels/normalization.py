@@ -43,7 +43,7 @@ from mlir.dialects import llvm as _llvm
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import arith, cluster, gpu, math, vector
+from flydsl.expr import cluster, gpu, math, vector
 from flydsl.kernels.host import allocated, can_allocate, empty_rows, max_active_clusters, sm_count
 from flydsl.kernels.norm_config import (
     FORWARD_KINDS,
@@ -194,21 +194,6 @@ def norm_forward_kernel(
     row_done(cfg)
 
 
-def _moments(cfg: RowConfig, values, masks):
-    """(count, mean, sum of squared deviations about it) of this thread's in-range ``values`` (Float32s)."""
-    count = masked_sum(cfg, [fx.Float32(1.0)] * len(values), masks)
-    mean = masked_sum(cfg, values, masks) / arith.maximum(count, fx.Float32(1.0))
-    return count, mean, masked_sum(cfg, [(v - mean) * (v - mean) for v in values], masks)
-
-
-def _merge_moments(a, b):
-    """Two (count, mean, M2) merged (Chan, Golub and LeVeque's pairwise update: no cancellation)."""
-    count = a[0] + b[0]
-    delta = b[1] - a[1]
-    share = b[0] / arith.maximum(count, fx.Float32(1.0))
-    return count, a[1] + delta * share, a[2] + b[2] + delta * delta * (a[0] * share)
-
-
 @flyc.kernel
 def norm_forward_looped_kernel(
     x: fx.Tensor,
@@ -224,36 +209,39 @@ def norm_forward_looped_kernel(
     flags: fx.Constexpr[NormFlags],
 ):
     """The looped forward (arguments as :func:`norm_forward_kernel`'s; see :class:`LoopedForwardConfig`): the row
-    walked segment by segment, first for its statistics (RMSNorm: the sum of squares; LayerNorm: each thread's
-    count, mean and squared deviations merged segment by segment, then over the row; the fused add writes
-    ``residual_out`` here), then again for the output (re-read from L1/L2: ``residual_out`` for the fused add)."""
+    walked segment by segment, first for its statistics (RMSNorm: the sum of squares; LayerNorm: the sum, then, a
+    second time, the squared deviations from the mean: two passes, as the register kernel, no cancellation; the
+    fused add writes ``residual_out`` in the first), then again for the output. The reads after the first hit L1 or
+    L2 (``residual_out`` for the fused add)."""
     rc = cfg.row
     again = replace(rc, hints=cfg.reread)
     rows, n = x.shape
     pos = row_position(rc)
+    if fx.const_expr(cfg.blocks_per_sm):
+        flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
     smem = row_smem(rc, phases=1 if flags.rms else 2)
     inv_n = 1.0 / n.to(fx.Float32)
     segments = segment_count(rc, n)
-    zero = fx.Float32(0.0)
-    count, local_mean, local_m2 = zero, zero, zero
+    total = fx.Float32(0.0)
     for s in range(segments):
         seg = segment_chunks(rc, s)
-        xs, masks = load_row(rc, x, pos, n, rows, chunks=seg)
+        xs, _ = load_row(rc, x, pos, n, rows, chunks=seg)
         if fx.const_expr(flags.residual):
             rs, _ = load_row(rc, residual, pos, n, rows, chunks=seg)
             xs = _round([a + b for a, b in zip(xs, rs, strict=True)], x.dtype)
             store_row(rc, residual_out, pos, n, rows, xs, chunks=seg)
-        if fx.const_expr(flags.rms):
-            local_m2 = local_m2 + thread_reduce([v * v for v in xs])
-        else:
-            count, local_mean, local_m2 = _merge_moments((count, local_mean, local_m2), _moments(rc, xs, masks))
+        total = total + thread_reduce([v * v for v in xs] if flags.rms else xs)
     if fx.const_expr(flags.rms):
-        mean = zero
-        squares = row_reduce(rc, pos, smem, 0, local_m2, last=True)
+        mean = fx.Float32(0.0)
+        squares = row_reduce(rc, pos, smem, 0, total, last=True)
     else:
-        mean = row_reduce(rc, pos, smem, 0, count * local_mean) * inv_n
-        deviation = local_mean - mean
-        squares = row_reduce(rc, pos, smem, 1, local_m2 + count * (deviation * deviation), last=True)
+        mean = row_reduce(rc, pos, smem, 0, total) * inv_n
+        deviations = fx.Float32(0.0)
+        for u in range(segments):  # (names of their own: a name bound in a traced loop has no value after it)
+            again_seg = segment_chunks(rc, u)
+            ys, in_row = load_row(rc, x, pos, n, rows, chunks=again_seg)
+            deviations = deviations + masked_sum(rc, [(v - mean) * (v - mean) for v in ys], in_row)
+        squares = row_reduce(rc, pos, smem, 1, deviations, last=True)
     rstd = math.rsqrt(squares * inv_n + eps)
     source = residual_out if flags.residual else x
     for t in range(segments):  # (names of their own: a name bound in a traced loop has no value after it)
