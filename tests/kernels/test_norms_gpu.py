@@ -244,6 +244,36 @@ def test_looped_forwards(n, dtype, shape, monkeypatch):
     _close(out, sd * torch.rsqrt((sd * sd).mean(-1, keepdim=True) + 1e-6) * w.double())
 
 
+def _routed_looped_cases():
+    from flydsl.kernels import norm_config
+
+    cases = set()
+    for (kind, dtype), ranges in norm_config.LOOPED_FORWARD.items():
+        for low, high, *_ in ranges:
+            cases |= {(kind, dtype, -(-low // 8) * 8), (kind, dtype, high)}  # (multiples of 16 bytes: looped)
+    return sorted(cases)
+
+
+@pytest.mark.parametrize("kind, dtype, n", _routed_looped_cases())
+def test_routed_looped_forwards(kind, dtype, n):
+    """The public RMSNorm and fused add at both ends of every range the looped forward is routed for."""
+    torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    rows = _rows(n)
+    x, w = _input(rows, n, torch_dtype), torch.randn(n, device="cuda", dtype=torch_dtype)
+    if kind == "rms":
+        out, rstd = norms.rms_norm(x, w, 1e-6, _poison(x), return_stats=True)
+        summed = x
+    else:
+        residual = _input(rows, n, torch_dtype)
+        summed = (x.float() + residual.float()).to(torch_dtype)
+        out, res_out, rstd = norms.fused_add_rms_norm(x, residual, w, 1e-6, _poison(x), return_stats=True)
+        assert torch.equal(res_out, summed), "residual_out"
+    sd = summed.double()
+    ref_rstd = 1 / torch.sqrt((sd * sd).mean(-1) + 1e-6)
+    _close(out, sd * ref_rstd[:, None] * w.double())
+    _close(rstd, ref_rstd, torch.float32, "rstd")
+
+
 def _column_close(got, ref, rows, what):
     atol = 1e-4 * rows**0.5 * ref.abs().max().item() + TOL[got.dtype][0]
     err = (got.double() - ref).abs()

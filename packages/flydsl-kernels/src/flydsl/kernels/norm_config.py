@@ -609,15 +609,19 @@ _LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints
 # (the fused add's two sources count twice) ran 2-6% over the register and staged kernels there, at
 # torch.compile's 4.2-4.3 TB/s: fused add f32 2048 4.27 (register 4.16), 4096-16384 4.20-4.26 (4.07-4.10), bf16
 # 4096-16384 4.18-4.26 (4.08-4.10), 32768 4.21 (staged 3.98); RMSNorm f32 4096 4.30 (4.15), 16384 4.25 (4.12),
-# bf16 8192 4.21 (4.07), 32768 4.13 (staged 3.96). Elsewhere it measured slower: rows over 2 segments (float32
-# 32768: 3.5 against 4.0), 16 bytes per thread (RMSNorm f32 2048 at 512 x 1: 3.28), segments longer than the row
-# (idle threads), and LayerNorm at every N tried (its per-thread moments: 2.6-4.1 against 4.1-4.2).
+# bf16 8192 4.21 (4.07), 32768 4.13 (staged 3.96); a third run (_layer_norm.json at 4405306): RMSNorm f32 2048
+# and bf16 4096 in 256 x 2, 4.28/4.27 (4.14/4.11). Elsewhere it measured slower or level: rows over 2 segments
+# (float32 32768: 3.5 against 4.0; 1024 x 4, 45 registers: 3.98 against 4.00), 16 bytes per thread (RMSNorm f32
+# 2048 at 512 x 1: 3.28), segments longer than the row (idle threads), and LayerNorm (per-thread merged moments:
+# 2.6-4.1 against 4.1-4.2; three passes: within 1% at f32 4096/8192, 10-40% slower elsewhere).
 LOOPED_FORWARD: dict = {
     ("fused", "f32"): [(1025, 2048, 512, 1, *_LOOPED_HINTS), (2049, 16384, 1024, 1, *_LOOPED_HINTS)],
     ("fused", "bf16"): [(2049, 4096, 512, 1, *_LOOPED_HINTS), (4097, 16384, 512, 2, *_LOOPED_HINTS)]
     + [(16385, 32768, 1024, 2, *_LOOPED_HINTS)],
-    ("rms", "f32"): [(2049, 4096, 512, 2, *_LOOPED_HINTS), (8193, 16384, 1024, 2, *_LOOPED_HINTS)],
-    ("rms", "bf16"): [(4097, 8192, 512, 2, *_LOOPED_HINTS), (16385, 32768, 1024, 2, *_LOOPED_HINTS)],
+    ("rms", "f32"): [(1025, 2048, 256, 2, *_LOOPED_HINTS), (2049, 4096, 512, 2, *_LOOPED_HINTS)]
+    + [(8193, 16384, 1024, 2, *_LOOPED_HINTS)],
+    ("rms", "bf16"): [(2049, 4096, 256, 2, *_LOOPED_HINTS), (4097, 8192, 512, 2, *_LOOPED_HINTS)]
+    + [(16385, 32768, 1024, 2, *_LOOPED_HINTS)],
 }
 LOOPED_FORWARD.update({(kind, "f16"): LOOPED_FORWARD[kind, "bf16"] for kind in ("fused", "rms")})  # (not timed)
 
