@@ -185,13 +185,18 @@ def norm_forward_kernel(
         return ys
 
     store_row(cfg, out, pos, n, rows, normalized)
+    _store_stats(flags, pos, rows, mean_out, rstd_out, mean, rstd)
+    row_done(cfg)
+
+
+def _store_stats(flags: NormFlags, pos, rows, mean_out, rstd_out, mean, rstd) -> None:
+    """The row's statistics, where the flags ask for them, by its leader thread."""
     if fx.const_expr(flags.mean or flags.rstd):
         if pos.leader & (pos.row < rows):
             if fx.const_expr(flags.mean):
                 mean_out[pos.row] = mean
             if fx.const_expr(flags.rstd):
                 rstd_out[pos.row] = rstd
-    row_done(cfg)
 
 
 @flyc.kernel
@@ -237,30 +242,25 @@ def norm_forward_looped_kernel(
     else:
         mean = row_reduce(rc, pos, smem, 0, total) * inv_n
         deviations = fx.Float32(0.0)
-        for u in range(segments):  # (names of their own: a name bound in a traced loop has no value after it)
-            again_seg = segment_chunks(rc, u)
-            ys, in_row = load_row(rc, x, pos, n, rows, chunks=again_seg)
-            deviations = deviations + masked_sum(rc, [(v - mean) * (v - mean) for v in ys], in_row)
+        for s in range(segments):
+            seg = segment_chunks(rc, s)
+            xs, in_row = load_row(rc, x, pos, n, rows, chunks=seg)
+            deviations = deviations + masked_sum(rc, [(v - mean) * (v - mean) for v in xs], in_row)
         squares = row_reduce(rc, pos, smem, 1, deviations, last=True)
     rstd = math.rsqrt(squares * inv_n + eps)
     source = residual_out if flags.residual else x
-    for t in range(segments):  # (names of their own: a name bound in a traced loop has no value after it)
-        part = segment_chunks(rc, t)
-        values, _ = load_row(again, source, pos, n, rows, chunks=part)
-        ys = [(v - mean) * rstd for v in values]
+    for s in range(segments):
+        seg = segment_chunks(rc, s)
+        xs, _ = load_row(again, source, pos, n, rows, chunks=seg)
+        ys = [(v - mean) * rstd for v in xs]
         if fx.const_expr(flags.weight):
-            ws = [w for j in part for w in load_vector_chunk(rc, weight, pos, n, j)]
+            ws = [w for j in seg for w in load_vector_chunk(rc, weight, pos, n, j)]
             ys = [y * w for y, w in zip(ys, ws, strict=True)]
         if fx.const_expr(flags.bias):
-            bs = [b for j in part for b in load_vector_chunk(rc, bias, pos, n, j)]
+            bs = [b for j in seg for b in load_vector_chunk(rc, bias, pos, n, j)]
             ys = [y + b for y, b in zip(ys, bs, strict=True)]
-        store_row(rc, out, pos, n, rows, ys, chunks=part)
-    if fx.const_expr(flags.mean or flags.rstd):
-        if pos.leader & (pos.row < rows):
-            if fx.const_expr(flags.mean):
-                mean_out[pos.row] = mean
-            if fx.const_expr(flags.rstd):
-                rstd_out[pos.row] = rstd
+        store_row(rc, out, pos, n, rows, ys, chunks=seg)
+    _store_stats(flags, pos, rows, mean_out, rstd_out, mean, rstd)
     row_done(rc)
 
 
