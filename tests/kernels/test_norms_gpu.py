@@ -198,8 +198,13 @@ def test_register_forwards_with_cache_hints(n, dtype, hints, monkeypatch):
     _close(out, ref)
     _close(rstd, ref_rstd, torch.float32, "rstd")
     _close(norms.softmax(x, _poison(x)), torch.softmax(x.double(), dim=-1))
-    residual = _input(rows, n, dtype)
-    summed = (x.float() + residual.float()).to(dtype)
+    _check_fused_add_in_place(x, w)
+
+
+def _check_fused_add_in_place(x, w):
+    """fused_add_rms_norm(x, a random residual, w) in place against float64: residual_out exact, out close."""
+    residual = _input(*x.shape, x.dtype)
+    summed = (x.float() + residual.float()).to(x.dtype)
     out, _, _ = norms.fused_add_rms_norm(x, residual, w, 1e-6, _poison(x), residual_out=residual)
     assert torch.equal(residual, summed), "residual_out"
     sd = summed.double()
@@ -214,8 +219,8 @@ LOOPED_SHAPES = [(512, 1), (256, 2), (1024, 1), (512, 2, "rows=evict_last,vector
 @pytest.mark.parametrize("n", [1, 7, 1000, 2048, 4097, 8192, 12289, 32768, 65544])
 def test_looped_forwards(n, dtype, shape, monkeypatch):
     """The looped forward (norm_config.LOOPED_FORWARD routing every N there), plain and with cache hints: LayerNorm
-    with its statistics on rows offset from zero (the per-thread moments merged segment by segment), RMSNorm on
-    strided rows, the fused add in place; segments past N, odd N and a single segment."""
+    with its statistics on rows offset from zero (three passes), RMSNorm and the fused add (in place) on strided rows
+    (16-byte aligned ones looped, the others the register kernel); segments past N, odd N and a single segment."""
     from flydsl.kernels import norm_config
     from flydsl.kernels.reduction import CacheHints
 
@@ -236,12 +241,7 @@ def test_looped_forwards(n, dtype, shape, monkeypatch):
     ref_rstd = 1 / torch.sqrt((xd * xd).mean(-1) + 1e-6)
     _close(out, xd * ref_rstd[:, None] * w.double())
     _close(rstd, ref_rstd, torch.float32, "rstd")
-    residual = _input(rows, n, dtype)
-    summed = (xs.float() + residual.float()).to(dtype)
-    out, _, _ = norms.fused_add_rms_norm(xs, residual, w, 1e-6, _poison(xs), residual_out=residual)
-    assert torch.equal(residual, summed), "residual_out"
-    sd = summed.double()
-    _close(out, sd * torch.rsqrt((sd * sd).mean(-1, keepdim=True) + 1e-6) * w.double())
+    _check_fused_add_in_place(xs, w)
 
 
 def _routed_looped_cases():
