@@ -464,6 +464,21 @@ def test_norm_backward_team_prefetch(n, dtype, monkeypatch):
     test_rms_norm_backward(n, dtype, rows=45)
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["polled", "prefetched"])
+@pytest.mark.parametrize("n", [262144, 262152])
+def test_layer_norm_backward_team_512x4(n, prefetch, monkeypatch):
+    """16-bit LayerNorm rows over a team of 512 x 4-chunk CTAs (16 per row at 262144; 262152: one more CTA, mostly
+    past N), lag 1 in a 3-row ring, with and without prefetched pairs: values as the float64 reference."""
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    configs = {
+        sums: norm.team_backward_config(n, "bf16", sums, 4, 3, 512, 1, 2, prefetch_pairs=prefetch, fma_dx=False)
+        for sums in (0, 2)
+    }
+    assert all(cfg is not None and cfg.row.team for cfg in configs.values())
+    monkeypatch.setattr(norm, "resident_backward_config", lambda n_, dtype_, sums, staged, sms: configs[sums])
+    test_layer_norm_backward(n, torch.bfloat16, rows=45)
+
+
 @pytest.mark.parametrize("n", [4096, 32768, 131072])
 def test_norm_backward_is_deterministic(n):
     rows = 3001 if n < 65536 else 301
