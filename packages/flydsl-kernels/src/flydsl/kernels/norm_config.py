@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from flydsl.kernels.host import element_bytes
 from flydsl.kernels.reduction import PLAIN_HINTS, CacheHints, RowConfig, row_config
 
 __all__ = [
@@ -205,7 +206,7 @@ def staged_backward_config(
     needs more than 8 CTAs or the ring would hold fewer than 2 rows, or when N is not a multiple of 16 bytes (the
     ring is filled by 16-byte copies), or ``hold`` at a lag in a cluster. ``hold``, ``keep_weights`` and ``fma_dx``:
     see :class:`BackwardConfig`."""
-    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    vec = 16 // element_bytes(dtype)
     if n % vec:
         return None
     total = -(-n // vec)
@@ -269,7 +270,7 @@ def team_backward_config(
     lag = shape[3] if lag is None else lag
     prefetch_pairs = shape[4] if prefetch_pairs is None else prefetch_pairs
     fma_dx = shape[5] if fma_dx is None else fma_dx
-    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    vec = 16 // element_bytes(dtype)
     team = -(-n // (vec * threads * chunks))
     fits = max(2, smallest) <= team <= _MAX_TEAM and lag + 2 <= stages  # the ring holds rows k - lag .. k + 1
     if n % vec or not fits or stages * 2 * threads * chunks * 16 > _RING_BYTES or (hold and lag):
@@ -340,7 +341,7 @@ def make_backward_config(
     ``cta_threads`` (several rows each for short rows, clusters of up to 8 for longer ones, then CTAs of up to 1024,
     then two passes per row), as many CTAs per SM as ``registers`` per thread and the column sums' shared memory
     allow."""
-    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    vec = 16 // element_bytes(dtype)
     layout = row_config(n, dtype, held=32 // (chunks * vec), warp_block=_BWD_THREADS, cta_threads=cta_threads)
     if layout.cluster == 1 and layout.block < _BWD_THREADS:
         layout = dataclasses.replace(layout, rows_per_cta=_BWD_THREADS // layout.threads_per_row)
@@ -422,7 +423,7 @@ def staged_forward_config(
     :class:`StagedForwardConfig`; ``team``: rows over more CTAs than a cluster holds (up to
     :data:`MAX_FORWARD_TEAM`) run as a team of consecutive CTAs exchanging their pairs through global memory
     (``RowConfig.team``; routed past a cluster, see :func:`forward_shape`), instead of None."""
-    vec = 16 // {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+    vec = 16 // element_bytes(dtype)
     sources = 2 if residual else 1
     if chunks is None:
         chunks = max(1, _FORWARD_STAGE_BYTES // (sources * threads * 16))
@@ -591,14 +592,13 @@ def looped_forward_config(
     two, at least a warp), ``chunks`` 16-byte chunks per thread per segment; ``first`` / ``reread``: the cache
     hints of the two reads (and of the output's stores: ``first.out``); ``blocks_per_sm``: see
     :class:`LoopedForwardConfig`."""
-    vec = 16 // _BYTES[dtype]
+    vec = 16 // element_bytes(dtype)
     if threads < 32:
         raise ValueError(f"looped_forward_config: threads must be a power of two >= 32, got {threads}")
     row = RowConfig(dtype, vec, chunks, threads, 1, 1, n % vec == 0, hints=first)
     return LoopedForwardConfig(row, reread, blocks_per_sm)
 
 
-_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
 # The looped forward's reads as torch.compile's looped reductions hint them: the first keeps x (and the weight) in
 # L1/L2 for the second, which evicts it first.
 _LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints(rows="evict_first"))
@@ -627,10 +627,10 @@ LOOPED_FORWARD.update({(kind, "f16"): LOOPED_FORWARD[kind, "bf16"] for kind in (
 
 
 def looped_forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
-    """``(threads, chunks[, first, reread])`` (:func:`looped_forward_config`'s arguments after ``dtype``) of the
-    looped forward for ``kind`` rows of ``n`` ``dtype`` elements where :data:`LOOPED_FORWARD` routes them, else
-    None."""
-    if n % (16 // _BYTES[dtype]):  # (measured on whole 16-byte chunks, whose accesses take the hints)
+    """``(threads, chunks[, first, reread[, blocks_per_sm]])`` (:func:`looped_forward_config`'s arguments after
+    ``dtype``) of the looped forward for ``kind`` rows of ``n`` ``dtype`` elements where :data:`LOOPED_FORWARD`
+    routes them, else None."""
+    if n % (16 // element_bytes(dtype)):  # (measured on whole 16-byte chunks, whose accesses take the hints)
         return None
     for low, high, *shape in LOOPED_FORWARD.get((kind, dtype), ()):
         if low <= n <= high:

@@ -631,10 +631,11 @@ def forward(
     x, residual, weight, bias, out, residual_out, mean, rstd, eps: float, rms: bool, staged: bool | None = None
 ) -> None:
     """Launches the forward on validated :class:`~flydsl.kernels.host.RowTensor` arguments (None where absent).
-    ``staged`` (default :data:`STAGED_FORWARD`: on unless the environment sets ``FLYDSL_NORM_STAGED_FORWARD=0``):
-    the staged kernel (:func:`norm_forward_staged_kernel`) where :func:`routed_staged_forward_config` has one (long
-    rows, N a multiple of 16 bytes: see :func:`forward_shape`) and the rows are 16-byte aligned; elsewhere, and with
-    ``staged=False``, the register kernel."""
+    The looped kernel (:func:`norm_forward_looped_kernel`) where :func:`looped_forward_shape` routes the rows and
+    rows and weights are 16-byte aligned; else, with ``staged`` (default :data:`STAGED_FORWARD`: on unless the
+    environment sets ``FLYDSL_NORM_STAGED_FORWARD=0``), the staged kernel (:func:`norm_forward_staged_kernel`) where
+    :func:`routed_staged_forward_config` has one (long rows, N a multiple of 16 bytes: see :func:`forward_shape`) and
+    the rows are 16-byte aligned; elsewhere, and always with ``staged=False``, the register kernel."""
     rows, n = x.shape
     if rows == 0 or n == 0:
         return
@@ -642,10 +643,10 @@ def forward(
     placeholder = x.obj
     args = [t.obj if t is not None else placeholder for t in (x, residual, weight, bias, out, residual_out, mean, rstd)]
     kind = "fused" if residual is not None else ("rms" if rms else "layer")
-    looped = looped_forward_shape(n, x.dtype, kind) if staged is not False else None
     rows_of = [t for t in (x, residual, out, residual_out) if t is not None]
-    hintable = _aligned16(*rows_of) and all(t.pointer % 16 == 0 for t in (weight, bias) if t is not None)
-    if looped is not None and hintable:  # (its hinted accesses are 16-byte instructions: aligned addresses only)
+    vectors = [t for t in (weight, bias) if t is not None]
+    looped = looped_forward_shape(n, x.dtype, kind) if staged is not False else None
+    if looped is not None and _hintable(rows_of, vectors):  # (its hinted accesses: 16-byte aligned addresses only)
         cfg = looped_forward_config(n, x.dtype, *looped)
         norm_forward_looped_kernel(*args, eps, cfg, flags).launch(grid=rows, block=cfg.row.block)
         return
@@ -654,7 +655,8 @@ def forward(
         if ring is not None and routable(ring, x) and _aligned16(*rows_of):
             _launch_staged_forward(args, eps, ring, flags, rows, x.device)
             return
-    cfg = hinted_if(hintable, forward_row_config(n, x.dtype, held=2 if residual is not None else 1))
+    cfg = forward_row_config(n, x.dtype, held=2 if residual is not None else 1)
+    cfg = plain_unless_aligned(cfg, rows_of, vectors)
     cluster_shape = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
     norm_forward_kernel(*args, eps, cfg, flags).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster_shape)
 
@@ -712,10 +714,17 @@ def _launch_staged_forward(args, eps: float, cfg: StagedForwardConfig, flags: No
     )
 
 
-def hinted_if(aligned: bool, cfg: RowConfig) -> RowConfig:
-    """``cfg``, without its cache hints (``RowConfig.hints``: 16-byte instructions) unless every tensor it hints is
-    16-byte ``aligned``."""
-    return cfg if aligned or cfg.hints is PLAIN_HINTS else replace(cfg, hints=PLAIN_HINTS)
+def _hintable(rows_of, vectors=()) -> bool:
+    """Whether hinted (16-byte instruction) accesses may touch these RowTensors: 16-byte aligned rows and vectors."""
+    return _aligned16(*rows_of) and all(t.pointer % 16 == 0 for t in vectors)
+
+
+def plain_unless_aligned(cfg: RowConfig, rows_of, vectors=()) -> RowConfig:
+    """``cfg`` without its cache hints (``RowConfig.hints``: 16-byte instructions) unless the row tensors
+    ``rows_of`` and the ``vectors`` (weight, bias) are 16-byte aligned; a plain config (the default) is not checked."""
+    if cfg.hints is PLAIN_HINTS or _hintable(rows_of, vectors):
+        return cfg
+    return replace(cfg, hints=PLAIN_HINTS)
 
 
 def _aligned16(*tensors) -> bool:

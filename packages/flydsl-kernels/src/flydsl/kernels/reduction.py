@@ -339,8 +339,8 @@ def _load_chunk_raw(cfg: RowConfig, view, col, n, row_ok, fill, hint=None):
     """The ``vec`` elements of a chunk view as one vector of its dtype, ``fill`` where out of range; ``hint``: a
     :class:`CacheHints` value for the 16-byte load (its address must be 16-byte aligned: the caller checks)."""
     cls = vector.vector_class(view.dtype, cfg.vec)
-    if fx.const_expr(cfg.even and hint is not None and view.dtype.width * cfg.vec == 128):  # (not f32 weights of
-        # 16-bit rows: 32 bytes a chunk)
+    # (hinted: 16-byte chunks only; float32 weights of 16-bit rows take 32 bytes a chunk)
+    if fx.const_expr(cfg.even and hint is not None and view.dtype.width * cfg.vec == 128):
         fill_words = cls(fill).bitcast(fx.Int32)
         words = nvvm.ld_global(view, predicate=row_ok & (col < n), fill=fill_words, **_hint_qualifiers(hint))
         return words.bitcast(view.dtype)

@@ -17,7 +17,6 @@ import flydsl.expr as fx
 from flydsl.expr import nvvm
 from flydsl.kernels import normalization, softmax_staged
 from flydsl.kernels.reduction import (
-    PLAIN_HINTS,
     RowConfig,
     forward_row_config,
     load_row,
@@ -81,8 +80,7 @@ def forward(x, out, staged: bool | None = None) -> None:
         staged = normalization.STAGED_FORWARD  # read at each call: benchmarks and tests switch it
     if staged and softmax_staged.forward_staged(x, out):
         return
-    cfg = forward_row_config(n, x.dtype)
-    cfg = normalization.hinted_if(cfg.hints is PLAIN_HINTS or normalization._aligned16(x, out), cfg)
+    cfg = normalization.plain_unless_aligned(forward_row_config(n, x.dtype), (x, out))
     _launch(softmax_forward_kernel, cfg, rows, x.obj, out.obj)
 
 
