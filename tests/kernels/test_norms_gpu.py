@@ -211,7 +211,8 @@ def _check_fused_add_in_place(x, w):
     _close(out, sd * torch.rsqrt((sd * sd).mean(-1, keepdim=True) + 1e-6) * w.double())
 
 
-LOOPED_SHAPES = [(512, 1), (256, 2), (1024, 1), (512, 2, "rows=evict_last,vectors=evict_last", "rows=evict_first")]
+_HINTED = ("rows=evict_last,vectors=evict_last", "rows=evict_first")
+LOOPED_SHAPES = [(512, 1), (256, 2), (1024, 1), (512, 2, *_HINTED), (1024, 8, *_HINTED)]
 
 
 @pytest.mark.parametrize("shape", LOOPED_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}" + ("-hinted" if len(s) > 2 else ""))

@@ -253,17 +253,17 @@ def norm_forward_looped_kernel(
         squares = row_reduce(rc, pos, smem, 1, deviations, last=True)
     rstd = math.rsqrt(squares * inv_n + eps)
     source = residual_out if flags.residual else x
-    for s in range(segments):
-        seg = segment_chunks(rc, s)
-        xs, _ = load_row(again, source, pos, n, rows, chunks=seg)
-        ys = [(v - mean) * rstd for v in xs]
+
+    def normalized(j):  # chunk j of the output, its x (re-read) and weights loaded next to its store
+        ys = [(v - mean) * rstd for v in load_row(again, source, pos, n, rows, chunks=[j])[0]]
         if fx.const_expr(flags.weight):
-            ws = [w for j in seg for w in load_vector_chunk(rc, weight, pos, n, j)]
-            ys = [y * w for y, w in zip(ys, ws, strict=True)]
+            ys = [y * w for y, w in zip(ys, load_vector_chunk(rc, weight, pos, n, j), strict=True)]
         if fx.const_expr(flags.bias):
-            bs = [b for j in seg for b in load_vector_chunk(rc, bias, pos, n, j)]
-            ys = [y + b for y, b in zip(ys, bs, strict=True)]
-        store_row(rc, out, pos, n, rows, ys, chunks=seg)
+            ys = [y + b for y, b in zip(ys, load_vector_chunk(rc, bias, pos, n, j), strict=True)]
+        return ys
+
+    for s in range(segments):
+        store_row(rc, out, pos, n, rows, normalized, chunks=segment_chunks(rc, s))
     _store_stats(flags, pos, rows, mean_out, rstd_out, mean, rstd)
     row_done(rc)
 
