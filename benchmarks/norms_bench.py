@@ -246,9 +246,15 @@ def main() -> int:
         "--forward-looped",
         default=None,
         help="looped forwards of the norms (norm_config.LOOPED_FORWARD for every N, kind and dtype): 'T:C' (threads,"
-        " chunks per thread per segment[:CTAs per SM ptxas must fit]), optionally '/FIRST/REREAD' (the two reads'"
-        " CacheHints, as --forward-hints),"
-        " or 'none' (the routed kernels); several separated by ';' are each timed as --forward-hints' are (tuning)",
+        " chunks per thread per segment[:CTAs per SM ptxas must fit[:store group]]), optionally '/FIRST/REREAD' (the"
+        " two reads' CacheHints, as --forward-hints), 'none' (no looped forward: the register or staged kernels) or"
+        " 'routed' (the table as it is); several separated by ';' are each timed as --forward-hints' are (tuning)",
+    )
+    parser.add_argument(
+        "--forward-store-group",
+        default=None,
+        help="chunks the register forwards compute before their stores (reduction.FORWARD_STORE_GROUP, every dtype),"
+        " e.g. '1;2;4': each timed as --forward-hints' are (tuning)",
     )
     parser.add_argument(
         "--clocks-ms",
@@ -278,9 +284,16 @@ def main() -> int:
     def use_hints(text: str) -> None:
         reduction.FORWARD_CACHE_HINTS = dict.fromkeys(reduction.FORWARD_CACHE_HINTS, reduction.CacheHints.parse(text))
 
+    routed_looped = dict(norm_config.LOOPED_FORWARD)
+
+    def use_store_group(text: str) -> None:
+        reduction.FORWARD_STORE_GROUP = dict.fromkeys(reduction.FORWARD_STORE_GROUP, int(text))
+
     def use_looped(text: str) -> None:
         norm_config.LOOPED_FORWARD.clear()
-        if text != "none":
+        if text == "routed":
+            norm_config.LOOPED_FORWARD.update(routed_looped)
+        elif text != "none":
             shape, *hints = text.split("/")
             threads, chunks, *blocks = map(int, shape.split(":"))
             first, reread = (*map(reduction.CacheHints.parse, hints), reduction.PLAIN_HINTS, reduction.PLAIN_HINTS)[:2]
@@ -288,13 +301,16 @@ def main() -> int:
             norm_config.LOOPED_FORWARD.update({(k, d): shape for k in norm_config.FORWARD_KINDS for d in dtypes})
 
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
-    if args.forward_hints and args.forward_looped:
-        parser.error("--forward-hints and --forward-looped: one kind of variant per run")
+    if sum(map(bool, (args.forward_hints, args.forward_looped, args.forward_store_group))) > 1:
+        parser.error("--forward-hints, --forward-looped, --forward-store-group: one kind of variant per run")
     variants = []  # (label, function applying it): ours is timed under each
     if args.forward_hints:
         variants = [(f"hints {text or 'none'}", partial(use_hints, text)) for text in args.forward_hints.split(";")]
     if args.forward_looped:
         variants = [(f"looped {text}", partial(use_looped, text)) for text in args.forward_looped.split(";")]
+    if args.forward_store_group:
+        groups = args.forward_store_group.split(";")
+        variants = [(f"store group {text}", partial(use_store_group, text)) for text in groups]
     if variants:
         variants[0][1]()
     monitor = ClockMonitor(args.clocks_ms) if args.clocks_ms > 0 else None

@@ -587,15 +587,19 @@ def looped_forward_config(
     first: CacheHints = PLAIN_HINTS,
     reread: CacheHints = PLAIN_HINTS,
     blocks_per_sm: int = 0,
+    store_group: int = 0,
 ) -> LoopedForwardConfig:
     """The looped forward's config for rows of ``n`` elements of ``dtype``: CTAs of ``threads`` threads (a power of
     two, at least a warp), ``chunks`` 16-byte chunks per thread per segment; ``first`` / ``reread``: the cache
     hints of the two reads (and of the output's stores: ``first.out``); ``blocks_per_sm``: see
-    :class:`LoopedForwardConfig`."""
+    :class:`LoopedForwardConfig`; ``store_group``: output chunks whose loads (x again, weights) are issued before
+    their stores (:func:`flydsl.kernels.reduction.store_row`; 0: up to 4, the segment's at most 4 chunks: at 8 x 4
+    float32 values in flight, 1024 threads x 8 chunks spilled 108 bytes)."""
     vec = 16 // element_bytes(dtype)
     if threads < 32:
         raise ValueError(f"looped_forward_config: threads must be a power of two >= 32, got {threads}")
-    row = RowConfig(dtype, vec, chunks, threads, 1, 1, n % vec == 0, hints=first)
+    group = store_group or min(chunks, 4)
+    row = RowConfig(dtype, vec, chunks, threads, 1, 1, n % vec == 0, hints=first, store_group=group)
     return LoopedForwardConfig(row, reread, blocks_per_sm)
 
 

@@ -254,7 +254,7 @@ def norm_forward_looped_kernel(
     rstd = math.rsqrt(squares * inv_n + eps)
     source = residual_out if flags.residual else x
 
-    def normalized(j):  # chunk j of the output, its x (re-read) and weights loaded next to its store
+    def normalized(j):  # chunk j of the output: x re-read, weights loaded (store_row: a group's before its stores)
         ys = [(v - mean) * rstd for v in load_row(again, source, pos, n, rows, chunks=[j])[0]]
         if fx.const_expr(flags.weight):
             ys = [y * w for y, w in zip(ys, load_vector_chunk(rc, weight, pos, n, j), strict=True)]

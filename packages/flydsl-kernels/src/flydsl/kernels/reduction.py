@@ -141,6 +141,7 @@ class RowConfig:
     even: bool  # N % vec == 0: whole-chunk predicates, 16-byte accesses
     team: bool = False  # the row's CTAs are consecutive CTAs of the grid, not a cluster (they share through global)
     hints: CacheHints = PLAIN_HINTS  # cache hints of load_row / store_row / load_vector_chunk (plain by default)
+    store_group: int = 1  # store_row: chunks computed (their loads issued) before their stores (see store_row)
 
     def __post_init__(self):
         if self.dtype not in _BYTES or self.vec * _BYTES[self.dtype] != 16:
@@ -154,6 +155,8 @@ class RowConfig:
             raise ValueError(f"RowConfig: {self} exceeds {MAX_THREADS} threads or {limit} CTAs per row")
         if self.cluster > 1 and self.rows_per_cta != 1:
             raise ValueError("RowConfig: a row split over a cluster must be the CTA's only row")
+        if self.store_group < 1:
+            raise ValueError(f"RowConfig: store_group must be >= 1, got {self.store_group}")
 
     @property
     def cluster_shape(self):
@@ -208,6 +211,8 @@ FORWARD_CTA_THREADS = 1024
 FORWARD_BLOCK_VALUES = {"f32": 8, "f16": _VALUES_PER_THREAD, "bf16": _VALUES_PER_THREAD}
 # Cache hints of the register forwards' accesses per dtype (CacheHints; norms_bench.py --forward-hints tries others).
 FORWARD_CACHE_HINTS = {"f32": PLAIN_HINTS, "f16": PLAIN_HINTS, "bf16": PLAIN_HINTS}
+# The register forwards' RowConfig.store_group per dtype (norms_bench.py --forward-store-group tries others).
+FORWARD_STORE_GROUP = {"f32": 1, "f16": 1, "bf16": 1}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -244,13 +249,15 @@ def forward_row_config(n: int, dtype: str, held: int = 1) -> RowConfig:
     cfg = _forward_row_config(
         n, dtype, held, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS, FORWARD_BLOCK_VALUES[dtype]
     )
-    hints = FORWARD_CACHE_HINTS[dtype]
-    return cfg if hints is cfg.hints else _with_hints(cfg, hints)  # identity: no dataclass compare per launch
+    hints, group = FORWARD_CACHE_HINTS[dtype], min(FORWARD_STORE_GROUP[dtype], cfg.chunks)
+    if hints is cfg.hints and group == cfg.store_group:  # identity: no dataclass compare per launch
+        return cfg
+    return _with_hints(cfg, hints, group)
 
 
 @functools.lru_cache(maxsize=4096)
-def _with_hints(cfg: RowConfig, hints: CacheHints) -> RowConfig:
-    return replace(cfg, hints=hints)
+def _with_hints(cfg: RowConfig, hints: CacheHints, store_group: int = 1) -> RowConfig:
+    return replace(cfg, hints=hints, store_group=store_group)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -445,17 +452,21 @@ def store_row(cfg: RowConfig, t, pos, n, rows, values, chunks=None) -> None:
     """Writes this thread's ``values`` (Float32 scalars, as from :func:`load_row`) into row ``pos.row`` of ``t``,
     converted to its dtype; nothing past N or past the last row. ``values`` may be a function of the chunk index
     giving that chunk's ``vec`` values: computed just before the chunk's store, which keeps what it loads (weights)
-    out of the registers of the other chunks. ``chunks``: which of the thread's chunks (as in :func:`load_row`;
-    ``values`` then holds those chunks' values, in order)."""
+    out of the registers of the other chunks; ``cfg.store_group`` chunks at a time, all computed before their
+    stores (the compilers do not move a load past a store to a pointer that may alias it: one chunk at a time, a
+    thread waits for each chunk's loads in turn). ``chunks``: which of the thread's chunks (as in
+    :func:`load_row`; ``values`` then holds those chunks' values, in order)."""
     row_ok = pos.row < rows
     wide = vector.vector_class(fx.Float32, cfg.vec)
-    for k, j in enumerate(_chunk_list(cfg, chunks)):
-        c = chunk_index(cfg, pos, j)
-        col = c * cfg.vec
-        view = fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None]
-        part = values(j) if callable(values) else values[k * cfg.vec : (k + 1) * cfg.vec]
-        chunk = vector.from_elements(wide.mlir_type(), part)
-        _store_chunk(cfg, view, chunk.to(t.dtype), col, n, row_ok)
+    listed = list(enumerate(_chunk_list(cfg, chunks)))
+    for first in fx.range_constexpr(0, len(listed), cfg.store_group):
+        group = listed[first : first + cfg.store_group]
+        parts = [values(j) if callable(values) else values[k * cfg.vec : (k + 1) * cfg.vec] for k, j in group]
+        for (_, j), part in zip(group, parts, strict=True):
+            c = chunk_index(cfg, pos, j)
+            view = fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None]
+            chunk = vector.from_elements(wide.mlir_type(), part)
+            _store_chunk(cfg, view, chunk.to(t.dtype), c * cfg.vec, n, row_ok)
 
 
 def _store_chunk(cfg: RowConfig, view, chunk, col, n, row_ok) -> None:
