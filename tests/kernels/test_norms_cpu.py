@@ -11,7 +11,7 @@ import re
 import pytest
 
 import flydsl.compiler as flyc
-from flydsl.kernels import norms
+from flydsl.kernels import norms, reduction
 from flydsl.kernels.reduction import RowConfig, row_config
 
 from .norms_cpu_support import (
@@ -101,7 +101,9 @@ def test_register_forward_assembles_without_spills(n, dtype):
 
 
 @pytest.mark.parametrize(
-    "n, dtype, threads, chunks", [(8192, "f32", 512, 1), (32768, "bf16", 1024, 1), (4097, "f16", 256, 2)]
+    "n, dtype, threads, chunks",
+    [(8192, "f32", 512, 1), (32768, "bf16", 1024, 1), (4097, "f16", 256, 2), (32768, "f32", 1024, 8)]
+    + [(32768, "bf16", 512, 8)],
 )
 def test_looped_forward_assembles_without_spills(n, dtype, threads, chunks):
     """The looped forward (every variant): one segment in registers whatever N (no spills), x read in two loops."""
@@ -119,6 +121,39 @@ def test_looped_forward_assembles_without_spills(n, dtype, threads, chunks):
             assert spill_bytes(ptx) == 0, (n, dtype, flags)
     with pytest.raises(ValueError, match="one CTA per row"):
         norm_mod.LoopedForwardConfig(row_config(65536, "f32"))
+
+
+def _loads_before_first_store(ptx: str) -> int:
+    """Global loads after the kernel's last barrier (its last row reduction) and before its first global store."""
+    tail = ptx[ptx.rindex("bar.sync") :]
+    return tail[: tail.index("st.global")].count("ld.global")
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_store_group_issues_its_loads_before_its_stores(group):
+    """store_row computes ``store_group`` output chunks (here RMSNorm's weight loads) before the first of their
+    stores: a load is never moved past a store that may alias it, so one chunk at a time waits for each load."""
+    n, dtype = 16384, "bf16"
+    cfg = dataclasses.replace(reduction.forward_row_config(n, dtype), store_group=group)
+    assert cfg.chunks == 4 and cfg.threads_per_row == 512
+    rows, stats, weight = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32"), flyc.TensorSpec((n,), dtype)
+    args = (rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, FORWARD_FLAGS["rms"])
+    ptx = assembled(norm_mod.norm_forward_kernel.lower(*args))
+    assert _loads_before_first_store(ptx) == group
+    with pytest.raises(ValueError, match="store_group"):
+        dataclasses.replace(cfg, store_group=0)
+
+
+def test_looped_forward_groups_the_output_loads():
+    """The looped forward's output pass issues up to 4 chunks' loads (x again and the weight) before their stores;
+    1024 x 8 float32 chunks fit 64 registers that way (one CTA per SM, as measured), without spills."""
+    n, dtype = 32768, "f32"
+    cfg = norm_mod.looped_forward_config(n, dtype, 1024, 8)
+    assert cfg.row.store_group == 4
+    rows, stats, weight = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32"), flyc.TensorSpec((n,), dtype)
+    args = (rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, FORWARD_FLAGS["rms"])
+    ptx = assembled(norm_mod.norm_forward_looped_kernel.lower(*args))
+    assert _loads_before_first_store(ptx) == 2 * 4
 
 
 def test_column_sum_shape_follows_the_partial_rows():

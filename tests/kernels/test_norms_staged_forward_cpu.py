@@ -281,7 +281,9 @@ def test_looped_forward_routing(monkeypatch):
     monkeypatch.setattr(norm_mod, "norm_forward_looped_kernel", Launch)
     monkeypatch.setattr(norm_mod, "norm_forward_kernel", Launch)
     monkeypatch.setattr(norm_mod, "_launch_staged_forward", lambda args, eps, cfg, *rest: taken.append((cfg, None)))
-    for n, typestr, threads, chunks in ((8192, "<f2", 512, 2), (32768, "<f2", 1024, 2), (4096, "<f4", 512, 2)):
+    for n, typestr, threads, chunks in ((8192, "<f2", 512, 2), (32768, "<f2", 512, 8), (4096, "<f4", 512, 2)) + (
+        (32768, "<f4", 1024, 8),
+    ):
         x = fake((5, n), typestr)
         norms.rms_norm(x, None, out=fake((5, n), typestr))
         cfg, kwargs = taken[-1]
@@ -311,17 +313,23 @@ def test_looped_forward_routing(monkeypatch):
 def test_staged_forward_is_the_default(monkeypatch):
     """The forward takes the staged kernel by default where a config exists and the rows are 16-byte aligned;
     staged=False and STAGED_FORWARD off (FLYDSL_NORM_STAGED_FORWARD=0) force the register kernel, as do short rows,
-    unaligned rows and the kinds the register kernel serves at the bar (the fused add f32 32768)."""
+    unaligned rows and the rows the looped forward takes first (the fused add f32 32768)."""
     taken = []
 
     class Launch:
+        kind = "register"
+
         def __init__(self, *args):
             self.args = args
 
         def launch(self, **kwargs):
-            taken.append(("register", self.args[-2]))
+            taken.append((self.kind, self.args[-2]))
+
+    class LoopedLaunch(Launch):
+        kind = "looped"
 
     monkeypatch.setattr(norm_mod, "norm_forward_kernel", Launch)
+    monkeypatch.setattr(norm_mod, "norm_forward_looped_kernel", LoopedLaunch)
     monkeypatch.setattr(norm_mod, "_launch_staged_forward", lambda args, eps, cfg, *rest: taken.append(("staged", cfg)))
     assert norm_mod.STAGED_FORWARD  # the environment of the tests does not set FLYDSL_NORM_STAGED_FORWARD=0
     n = 65536
@@ -350,7 +358,7 @@ def test_staged_forward_is_the_default(monkeypatch):
     assert taken[-1] == ("register", row_config(16384, "f16"))
     wide = fake((4, 32768), "<f4")
     norms.fused_add_rms_norm(wide, fake((4, 32768), "<f4"), None, out=fake((4, 32768), "<f4"), residual_out=wide)
-    assert taken[-1][0] == "register"  # the fused add f32 32768: the register kernel
+    assert taken[-1][0] == "looped"  # the fused add f32 32768: the looped forward (norm_config.LOOPED_FORWARD)
     norms.layer_norm(wide, None, None, out=fake((4, 32768), "<f4"))
     assert taken[-1] == ("staged", norm_mod.routed_staged_forward_config(32768, "f32", "layer"))
     # A team (float32 262144: 16 CTAs per row) where the SMs hold it at once and the input's framework allocates its

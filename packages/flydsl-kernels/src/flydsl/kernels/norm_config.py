@@ -618,14 +618,21 @@ _LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints
 # (float32 32768: 3.5 against 4.0; 1024 x 4, 45 registers: 3.98 against 4.00), 16 bytes per thread (RMSNorm f32
 # 2048 at 512 x 1: 3.28), segments longer than the row (idle threads), and LayerNorm (per-thread merged moments:
 # 2.6-4.1 against 4.1-4.2; three passes: within 1% at f32 4096/8192, 10-40% slower elsewhere).
+# Rows of 64-128 KB in one segment of 8 chunks (2026-12-01, ..._2026-12-01_session24_looped32k.json, GPU time): the
+# output's loads grouped 4 chunks at a time before their stores (RowConfig.store_group; before, each chunk's weight
+# load waited for the previous chunk's store), 50 registers at 1024 x 8 float32, one CTA per SM, so 132 rows of
+# 128 KB in flight re-read from L2 as torch.compile's 32-warp kernel (54 registers) does: RMSNorm f32 32768 4.26
+# (staged 3.99; torch.compile 4.26), the fused add f32 32768 4.24 (4.00), 16384 in 1024 x 4 4.28 (1024 x 1: 4.21),
+# RMSNorm bf16 32768 in 512 x 8 4.22 (1024 x 2: 4.05). Two CTAs per SM there (30-34 registers) ran 3.5-3.6.
 LOOPED_FORWARD: dict = {
-    ("fused", "f32"): [(1025, 2048, 512, 1, *_LOOPED_HINTS), (2049, 16384, 1024, 1, *_LOOPED_HINTS)],
+    ("fused", "f32"): [(1025, 2048, 512, 1, *_LOOPED_HINTS), (2049, 8192, 1024, 1, *_LOOPED_HINTS)]
+    + [(8193, 16384, 1024, 4, *_LOOPED_HINTS), (16385, 32768, 1024, 8, *_LOOPED_HINTS)],
     ("fused", "bf16"): [(2049, 4096, 512, 1, *_LOOPED_HINTS), (4097, 16384, 512, 2, *_LOOPED_HINTS)]
     + [(16385, 32768, 1024, 2, *_LOOPED_HINTS)],
     ("rms", "f32"): [(1025, 2048, 256, 2, *_LOOPED_HINTS), (2049, 4096, 512, 2, *_LOOPED_HINTS)]
-    + [(8193, 16384, 1024, 2, *_LOOPED_HINTS)],
+    + [(8193, 16384, 1024, 2, *_LOOPED_HINTS), (16385, 32768, 1024, 8, *_LOOPED_HINTS)],
     ("rms", "bf16"): [(2049, 4096, 256, 2, *_LOOPED_HINTS), (4097, 8192, 512, 2, *_LOOPED_HINTS)]
-    + [(16385, 32768, 1024, 2, *_LOOPED_HINTS)],
+    + [(16385, 32768, 512, 8, *_LOOPED_HINTS)],
 }
 LOOPED_FORWARD.update({(kind, "f16"): LOOPED_FORWARD[kind, "bf16"] for kind in ("fused", "rms")})  # (not timed)
 

@@ -461,10 +461,10 @@ def store_row(cfg: RowConfig, t, pos, n, rows, values, chunks=None) -> None:
     listed = list(enumerate(_chunk_list(cfg, chunks)))
     for first in fx.range_constexpr(0, len(listed), cfg.store_group):
         group = listed[first : first + cfg.store_group]
+        cols = [chunk_index(cfg, pos, j) for _, j in group]
+        views = [fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None] for c in cols]
         parts = [values(j) if callable(values) else values[k * cfg.vec : (k + 1) * cfg.vec] for k, j in group]
-        for (_, j), part in zip(group, parts, strict=True):
-            c = chunk_index(cfg, pos, j)
-            view = fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None]
+        for c, view, part in zip(cols, views, parts, strict=True):
             chunk = vector.from_elements(wide.mlir_type(), part)
             _store_chunk(cfg, view, chunk.to(t.dtype), c * cfg.vec, n, row_ok)
 
