@@ -253,7 +253,8 @@ def main() -> int:
     parser.add_argument(
         "--forward-store-group",
         default=None,
-        help="chunks the register forwards compute before their stores (reduction.FORWARD_STORE_GROUP, every dtype),"
+        help="chunks the register norm forwards compute before their stores (norm_config.FORWARD_STORE_GROUP, every"
+        " dtype),"
         " e.g. '1;2;4': each timed as --forward-hints' are (tuning)",
     )
     parser.add_argument(
@@ -287,7 +288,9 @@ def main() -> int:
     routed_looped = dict(norm_config.LOOPED_FORWARD)
 
     def use_store_group(text: str) -> None:
-        reduction.FORWARD_STORE_GROUP = dict.fromkeys(reduction.FORWARD_STORE_GROUP, int(text))
+        norm_config.FORWARD_STORE_GROUP.update(
+            dict.fromkeys(norm_config.FORWARD_STORE_GROUP, int(text))
+        )  # (in place: imported)
 
     def use_looped(text: str) -> None:
         norm_config.LOOPED_FORWARD.clear()

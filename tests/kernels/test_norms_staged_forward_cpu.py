@@ -297,17 +297,18 @@ def test_looped_forward_routing(monkeypatch):
         norms.rms_norm(fake((5, n), typestr), None, out=fake((5, n), typestr))
         assert not isinstance(taken[-1][0], norm_mod.LoopedForwardConfig), n
     norms.layer_norm(fake((5, 8192), "<f2"), None, None, out=fake((5, 8192), "<f2"))
-    assert taken[-1][0] == norm_mod.forward_row_config(8192, "f16")
+    register = norm_mod.forward_row_config(8192, "f16", 1, 2)  # 16-bit: weight loads 2 chunks ahead of the stores
+    assert taken[-1][0] == register and register.store_group == 2 == norm_config.FORWARD_STORE_GROUP["f16"]
     # Its hinted accesses are 16-byte instructions: rows or a weight off a 16-byte boundary take the register kernel.
     shifted = FakeGpuTensor((5, 8192), "<f2", pointer=(1 << 20) + 4)
     norms.rms_norm(shifted, None, out=fake((5, 8192), "<f2"))
-    assert taken[-1][0] == norm_mod.forward_row_config(8192, "f16")
+    assert taken[-1][0] == register
     weight = FakeGpuTensor((8192,), "<f2", pointer=(1 << 20) + 8)
     norms.rms_norm(fake((5, 8192), "<f2"), weight, out=fake((5, 8192), "<f2"))
-    assert taken[-1][0] == norm_mod.forward_row_config(8192, "f16")
+    assert taken[-1][0] == register
     xt = importlib.import_module("flydsl.kernels.host").row_tensor(fake((5, 8192), "<f2"), "x")
     norm_mod.forward(xt, None, None, None, xt, None, None, None, 1e-6, rms=True, staged=False)
-    assert taken[-1][0] == norm_mod.forward_row_config(8192, "f16")
+    assert taken[-1][0] == register
 
 
 def test_staged_forward_is_the_default(monkeypatch):
@@ -355,7 +356,7 @@ def test_staged_forward_is_the_default(monkeypatch):
     assert taken[-1][0] == "register"
     short = host.row_tensor(fake((4, 16384), "<f2"), "x")
     norm_mod.forward(short, None, None, None, short, None, None, None, 1e-6, rms=True)
-    assert taken[-1] == ("register", row_config(16384, "f16"))
+    assert taken[-1] == ("register", dataclasses.replace(row_config(16384, "f16"), store_group=2))
     wide = fake((4, 32768), "<f4")
     norms.fused_add_rms_norm(wide, fake((4, 32768), "<f4"), None, out=fake((4, 32768), "<f4"), residual_out=wide)
     assert taken[-1][0] == "looped"  # the fused add f32 32768: the looped forward (norm_config.LOOPED_FORWARD)

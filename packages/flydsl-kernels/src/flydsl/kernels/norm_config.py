@@ -603,6 +603,13 @@ def looped_forward_config(
     return LoopedForwardConfig(row, reread, blocks_per_sm)
 
 
+# The register norm forwards' RowConfig.store_group per dtype: output chunks whose weight (and bias) loads are issued
+# before their stores (one at a time, each chunk's loads wait for the previous chunk's store: no compiler moves a
+# load past a store that may alias it). H200, GPU time, two runs (benchmarks/results/norms_forward_store_group_*.json):
+# 16-bit LayerNorm 16384 (512 x 4 chunks) 4.08-4.09 TB/s at 2 against 4.03-4.04 at 1, 4096 and 8192 +0.2-0.7%,
+# RMSNorm and the fused add within 0.5%; 4 spent registers (LayerNorm bf16 16384: 74, 2.70). float32 16384 fell from
+# 4.13-4.14 to 3.83-3.85 at 2: 1. (norms_bench.py --forward-store-group tries others.)
+FORWARD_STORE_GROUP = {"f32": 1, "f16": 2, "bf16": 2}
 # The looped forward's reads as torch.compile's looped reductions hint them: the first keeps x (and the weight) in
 # L1/L2 for the second, which evicts it first.
 _LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints(rows="evict_first"))

@@ -51,6 +51,7 @@ from flydsl.expr import cluster, gpu, math, vector
 from flydsl.kernels.host import allocated, can_allocate, empty_rows, max_active_clusters, sm_count
 from flydsl.kernels.norm_config import (
     FORWARD_KINDS,
+    FORWARD_STORE_GROUP,
     STAGED_FORWARD_MIN_N,
     BackwardConfig,
     LoopedForwardConfig,
@@ -655,7 +656,7 @@ def forward(
         if ring is not None and routable(ring, x) and _aligned16(*rows_of):
             _launch_staged_forward(args, eps, ring, flags, rows, x.device)
             return
-    cfg = forward_row_config(n, x.dtype, held=2 if residual is not None else 1)
+    cfg = forward_row_config(n, x.dtype, 2 if residual is not None else 1, FORWARD_STORE_GROUP[x.dtype])
     cfg = plain_unless_aligned(cfg, rows_of, vectors)
     cluster_shape = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
     norm_forward_kernel(*args, eps, cfg, flags).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster_shape)

@@ -211,8 +211,6 @@ FORWARD_CTA_THREADS = 1024
 FORWARD_BLOCK_VALUES = {"f32": 8, "f16": _VALUES_PER_THREAD, "bf16": _VALUES_PER_THREAD}
 # Cache hints of the register forwards' accesses per dtype (CacheHints; norms_bench.py --forward-hints tries others).
 FORWARD_CACHE_HINTS = {"f32": PLAIN_HINTS, "f16": PLAIN_HINTS, "bf16": PLAIN_HINTS}
-# The register forwards' RowConfig.store_group per dtype (norms_bench.py --forward-store-group tries others).
-FORWARD_STORE_GROUP = {"f32": 1, "f16": 1, "bf16": 1}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -241,15 +239,16 @@ def row_config(n: int, dtype: str, held: int = 1, warp_block: int = 128, cta_thr
     return RowConfig(dtype, vec, chunks, tpr, 1, size, even)
 
 
-def forward_row_config(n: int, dtype: str, held: int = 1) -> RowConfig:
+def forward_row_config(n: int, dtype: str, held: int = 1, store_group: int = 1) -> RowConfig:
     """The register forwards' config: :func:`row_config`, but rows of one warp in CTAs of
     :data:`FORWARD_WARP_BLOCK` threads and a row in one CTA of up to :data:`FORWARD_CTA_THREADS` threads; a row that
     needs a cluster anyway is split as :func:`row_config` does (the constants are read at each call: the benchmarks'
-    tuning flags override them)."""
+    tuning flags override them). ``store_group``: :attr:`RowConfig.store_group` (at most the thread's chunks; rows
+    in one CTA: clusters keep 1, not measured otherwise)."""
     cfg = _forward_row_config(
         n, dtype, held, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS, FORWARD_BLOCK_VALUES[dtype]
     )
-    hints, group = FORWARD_CACHE_HINTS[dtype], min(FORWARD_STORE_GROUP[dtype], cfg.chunks)
+    hints, group = FORWARD_CACHE_HINTS[dtype], min(store_group, cfg.chunks) if cfg.cluster == 1 else 1
     if hints is cfg.hints and group == cfg.store_group:  # identity: no dataclass compare per launch
         return cfg
     return _with_hints(cfg, hints, group)
