@@ -287,7 +287,7 @@ def test_looped_forward_routing(monkeypatch):
         x = fake((5, n), typestr)
         norms.rms_norm(x, None, out=fake((5, n), typestr))
         cfg, kwargs = taken[-1]
-        assert isinstance(cfg, norm_mod.LoopedForwardConfig) and kwargs == {"grid": 5, "block": threads, "smem": None}
+        assert isinstance(cfg, norm_mod.LoopedForwardConfig) and kwargs == {"grid": 5, "block": threads}
         assert (cfg.row.threads_per_row, cfg.row.chunks) == (threads, chunks)
         assert cfg.row.hints.rows == "evict_last" and cfg.reread.rows == "evict_first"
     x = fake((5, 4096), "<f4")
