@@ -245,11 +245,10 @@ def main() -> int:
     parser.add_argument(
         "--forward-looped",
         default=None,
-        help="looped forwards of the norms and softmax (norm_config.LOOPED_FORWARD for every N, kind and dtype):"
-        " 'T:C' (threads, chunks per thread per segment[:CTAs per SM ptxas must fit[:store group[:at most CTAs per"
-        " SM]]]), optionally '/FIRST/REREAD' (the two reads' CacheHints, as --forward-hints), 'none' (no looped"
-        " forward: the register or staged kernels) or 'routed' (the table as it is); several separated by ';' are"
-        " each timed as --forward-hints' are (tuning)",
+        help="looped forwards of the norms (norm_config.LOOPED_FORWARD for every N, kind and dtype): 'T:C' (threads,"
+        " chunks per thread per segment[:CTAs per SM ptxas must fit[:store group]]), optionally '/FIRST/REREAD' (the"
+        " two reads' CacheHints, as --forward-hints), 'none' (no looped forward: the register or staged kernels) or"
+        " 'routed' (the table as it is); several separated by ';' are each timed as --forward-hints' are (tuning)",
     )
     parser.add_argument(
         "--forward-store-group",

@@ -156,35 +156,6 @@ def test_looped_forward_groups_the_output_loads():
     assert _loads_before_first_store(ptx) == 2 * 4
 
 
-@pytest.mark.parametrize(
-    "n, dtype, threads, chunks", [(32768, "bf16", 1024, 4), (65536, "bf16", 1024, 8), (7, "f32", 256, 2)]
-)
-def test_looped_softmax_assembles_without_spills(n, dtype, threads, chunks):
-    """The looped softmax: two block reductions (max, then the rescaled sums), no spills, one ex2 per element in each
-    pass and one per chunk for the running sum's rescaling."""
-    cfg = norm_mod.looped_forward_config(n, dtype, threads, chunks)
-    rows = flyc.TensorSpec((8, n), dtype)
-    ptx = assembled(softmax_mod.softmax_forward_looped_kernel.lower(rows, rows, cfg))
-    assert ptx.count("bar.sync") == 2
-    values = chunks * cfg.row.vec
-    assert ptx.count("ex2.approx") == 2 * values + chunks + 1  # (+1: the thread's sum against the row's max)
-    if flyc.find_ptxas() is not None:
-        assert spill_bytes(ptx) == 0
-
-
-def test_looped_forward_caps_ctas_per_sm_through_shared_memory():
-    """max_blocks_per_sm: the launch asks for enough shared memory that one CTA more does not fit an SM (228 KB, each
-    CTA 1 KB more of the driver's); none by default."""
-    from flydsl.kernels.norm_config import SM_SHARED_BYTES
-
-    assert norm_mod.looped_forward_config(32768, "f32", 1024, 8).launch_smem is None
-    for most in (1, 2, 3):
-        smem = norm_mod.looped_forward_config(32768, "bf16", 512, 8, max_blocks_per_sm=most).launch_smem
-        assert most * (smem + 1024) <= SM_SHARED_BYTES < (most + 1) * (smem + 1024) and smem <= 227 * 1024
-    with pytest.raises(ValueError, match="max_blocks_per_sm"):
-        norm_mod.looped_forward_config(32768, "f32", 1024, 8, max_blocks_per_sm=3)
-
-
 def test_column_sum_shape_follows_the_partial_rows():
     """Few partial rows (clusters and teams: a group per 4-66 CTAs) take one slice of 256 columns per block, many
     (the register kernel's 2-3 CTAs per SM, one-CTA staged rows) 16 slices of 32; the 16-slice kernel keeps its

@@ -245,40 +245,6 @@ def test_looped_forwards(n, dtype, shape, monkeypatch):
     _check_fused_add_in_place(xs, w)
 
 
-SOFTMAX_LOOPED_SHAPES = [(256, 2), (1024, 4, *_HINTED), (512, 8, *_HINTED), (1024, 8, *_HINTED, 0, 0, 1)]
-
-
-@pytest.mark.parametrize("shape", SOFTMAX_LOOPED_SHAPES, ids=lambda s: "x".join(map(str, s[:2])) + f"-{len(s)}")
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [1, 7, 1000, 4097, 32768, 65544])
-def test_looped_softmax_forward(n, dtype, shape, monkeypatch):
-    """The looped softmax (norm_config.LOOPED_FORWARD routing every N there; the last shape at most one CTA per SM):
-    random rows, rows whose tail is -inf (a causal mask's: whole segments and threads see nothing but -inf, their
-    running sums must add nothing), one row of -inf only (NaN, as torch), strided rows (16-byte aligned: looped);
-    against float64, rows summing to 1."""
-    from flydsl.kernels import norm_config
-    from flydsl.kernels.reduction import CacheHints
-
-    shape = (*shape[:2], *map(CacheHints.parse, shape[2:4]), *shape[4:])
-    monkeypatch.setitem(norm_config.LOOPED_FORWARD, ("softmax", _DTYPE_NAME[dtype]), [(1, 1 << 30, *shape)])
-    rows = _rows(n)
-    keep = torch.randint(1, n + 1, (rows,), device="cuda")
-    keep[: min(rows, 4)] = torch.tensor([1, max(1, n // 2 + 3), n, n][: min(rows, 4)], device="cuda")
-    x = _input(rows, n, dtype) * 3
-    masked = x.masked_fill(torch.arange(n, device="cuda")[None, :] >= keep[:, None], float("-inf"))
-    for rows_in in (x, masked, _input(rows, n, dtype, strided=True) * 3):
-        out = norms.softmax(rows_in, _poison(rows_in))
-        ref = torch.softmax(rows_in.double(), dim=-1)
-        _close(out, ref)
-        _close(out.double() * n, ref * n, dtype, "out * N")
-        sums = out.double().sum(dim=-1)
-        assert torch.allclose(sums, torch.ones_like(sums), atol=TOL[dtype][1] * max(1, n**0.5) + 1e-6)
-    masked[0] = float("-inf")
-    out = norms.softmax(masked, _poison(masked))
-    assert torch.isnan(out[0]).all() and torch.isnan(torch.softmax(masked[0].double(), -1)).all()
-    _close(out[1:], torch.softmax(masked[1:].double(), dim=-1))
-
-
 def _routed_looped_cases():
     from flydsl.kernels import norm_config
 

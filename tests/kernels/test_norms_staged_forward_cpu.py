@@ -311,36 +311,6 @@ def test_looped_forward_routing(monkeypatch):
     assert taken[-1][0] == register
 
 
-def test_looped_softmax_routing(monkeypatch):
-    """Softmax rows that norm_config.LOOPED_FORWARD routes (kind "softmax") take the looped kernel when 16-byte
-    aligned, with the config's shared memory (max_blocks_per_sm); unaligned rows and staged=False do not."""
-    softmax = importlib.import_module("flydsl.kernels.softmax")
-    host = importlib.import_module("flydsl.kernels.host")
-    taken = []
-
-    class Launch:
-        def __init__(self, *args):
-            self.cfg = args[-1]
-
-        def launch(self, **kwargs):
-            taken.append((self.cfg, kwargs))
-
-    monkeypatch.setattr(softmax, "softmax_forward_looped_kernel", Launch)
-    monkeypatch.setattr(softmax, "softmax_forward_kernel", Launch)
-    route = [(16385, 32768, 1024, 4, *norm_config._LOOPED_HINTS, 0, 0, 2)]
-    monkeypatch.setitem(norm_config.LOOPED_FORWARD, ("softmax", "f16"), route)
-    x, out = host.row_tensor(fake((3, 32768), "<f2"), "x"), host.row_tensor(fake((3, 32768), "<f2"), "out")
-    softmax.forward(x, out)
-    cfg, kwargs = taken[-1]
-    assert isinstance(cfg, norm_config.LoopedForwardConfig) and cfg.max_blocks_per_sm == 2
-    assert kwargs == {"grid": 3, "block": 1024, "smem": cfg.launch_smem} and cfg.launch_smem > 64 * 1024
-    softmax.forward(x, out, staged=False)
-    assert not isinstance(taken[-1][0], norm_config.LoopedForwardConfig)
-    shifted = host.row_tensor(FakeGpuTensor((3, 32768), "<f2", pointer=(1 << 20) + 2), "x")
-    softmax.forward(shifted, out)  # (not the staged kernel either: it needs aligned rows too)
-    assert taken[-1][0] == norm_mod.forward_row_config(32768, "f16")
-
-
 def test_staged_forward_is_the_default(monkeypatch):
     """The forward takes the staged kernel by default where a config exists and the rows are 16-byte aligned;
     staged=False and STAGED_FORWARD off (FLYDSL_NORM_STAGED_FORWARD=0) force the register kernel, as do short rows,

@@ -570,25 +570,12 @@ class LoopedForwardConfig:
     row: RowConfig
     reread: CacheHints = PLAIN_HINTS
     blocks_per_sm: int = 0
-    max_blocks_per_sm: int = 0  # > 0: at most this many CTAs per SM (rows in flight: their re-read must stay in L2)
 
     def __post_init__(self):
         if self.row.cluster != 1 or self.row.rows_per_cta != 1:
             raise ValueError(f"LoopedForwardConfig: one CTA per row, one row per CTA; got {self.row}")
-        for name in ("blocks_per_sm", "max_blocks_per_sm"):
-            if not 0 <= getattr(self, name) * self.row.block <= 2048:
-                raise ValueError(
-                    f"LoopedForwardConfig: {name}={getattr(self, name)} CTAs of {self.row.block} exceed an SM"
-                )
-
-    @property
-    def launch_smem(self) -> int | None:
-        """The launch's shared memory: None (the kernel's own), or with ``max_blocks_per_sm`` enough that one CTA more
-        than that does not fit an SM (:data:`SM_SHARED_BYTES`; each CTA also takes 1 KB of the driver's)."""
-        return SM_SHARED_BYTES // (self.max_blocks_per_sm + 1) if self.max_blocks_per_sm else None
-
-
-SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on sm_90 (a CTA may take at most 227 KB of it)
+        if not 0 <= self.blocks_per_sm * self.row.block <= 2048:
+            raise ValueError(f"LoopedForwardConfig: {self.blocks_per_sm} CTAs of {self.row.block} exceed an SM")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -601,21 +588,19 @@ def looped_forward_config(
     reread: CacheHints = PLAIN_HINTS,
     blocks_per_sm: int = 0,
     store_group: int = 0,
-    max_blocks_per_sm: int = 0,
 ) -> LoopedForwardConfig:
     """The looped forward's config for rows of ``n`` elements of ``dtype``: CTAs of ``threads`` threads (a power of
     two, at least a warp), ``chunks`` 16-byte chunks per thread per segment; ``first`` / ``reread``: the cache
     hints of the two reads (and of the output's stores: ``first.out``); ``blocks_per_sm``: see
     :class:`LoopedForwardConfig`; ``store_group``: output chunks whose loads (x again, weights) are issued before
     their stores (:func:`flydsl.kernels.reduction.store_row`; 0: up to 4, the segment's at most 4 chunks: at 8 x 4
-    float32 values in flight, 1024 threads x 8 chunks spilled 108 bytes); ``max_blocks_per_sm``: see
-    :class:`LoopedForwardConfig`."""
+    float32 values in flight, 1024 threads x 8 chunks spilled 108 bytes)."""
     vec = 16 // element_bytes(dtype)
     if threads < 32:
         raise ValueError(f"looped_forward_config: threads must be a power of two >= 32, got {threads}")
     group = store_group or min(chunks, 4)
     row = RowConfig(dtype, vec, chunks, threads, 1, 1, n % vec == 0, hints=first, store_group=group)
-    return LoopedForwardConfig(row, reread, blocks_per_sm, max_blocks_per_sm)
+    return LoopedForwardConfig(row, reread, blocks_per_sm)
 
 
 # The register norm forwards' RowConfig.store_group per dtype: output chunks whose weight (and bias) loads are issued

@@ -649,7 +649,7 @@ def forward(
     looped = looped_forward_shape(n, x.dtype, kind) if staged is not False else None
     if looped is not None and _hintable(rows_of, vectors):  # (its hinted accesses: 16-byte aligned addresses only)
         cfg = looped_forward_config(n, x.dtype, *looped)
-        norm_forward_looped_kernel(*args, eps, cfg, flags).launch(grid=rows, block=cfg.row.block, smem=cfg.launch_smem)
+        norm_forward_looped_kernel(*args, eps, cfg, flags).launch(grid=rows, block=cfg.row.block)
         return
     if staged or (staged is None and STAGED_FORWARD):
         ring = routed_staged_forward_config(n, x.dtype, kind)

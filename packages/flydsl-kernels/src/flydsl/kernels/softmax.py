@@ -12,13 +12,10 @@ keep the register kernel. Backward: ``dx = y * (dy - sum(dy * y))``; 16-byte ali
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import arith, nvvm
+from flydsl.expr import nvvm
 from flydsl.kernels import normalization, softmax_staged
-from flydsl.kernels.norm_config import LoopedForwardConfig, looped_forward_config, looped_forward_shape
 from flydsl.kernels.reduction import (
     RowConfig,
     forward_row_config,
@@ -28,22 +25,13 @@ from flydsl.kernels.reduction import (
     row_position,
     row_reduce,
     row_smem,
-    segment_chunks,
-    segment_count,
     store_row,
     thread_reduce,
 )
 
-__all__ = [
-    "forward",
-    "backward",
-    "softmax_forward_kernel",
-    "softmax_forward_looped_kernel",
-    "softmax_backward_kernel",
-]
+__all__ = ["forward", "backward", "softmax_forward_kernel", "softmax_backward_kernel"]
 
 _LOG2E = 1.4426950408889634
-_NEG_INF = float("-inf")
 
 
 @flyc.kernel
@@ -59,48 +47,6 @@ def softmax_forward_kernel(x: fx.Tensor, out: fx.Tensor, cfg: fx.Constexpr[RowCo
     scale = 1.0 / total
     store_row(cfg, out, pos, n, rows, [e * scale for e in es])
     row_done(cfg)
-
-
-def _finite_shift(m):
-    """``m * log2(e)``, or 0 where ``m`` is -inf (nothing seen yet, or a row of -inf): exponents relative to it are
-    then ``ex2(-inf) = 0``, never ``ex2(-inf - -inf) = NaN``."""
-    return arith.select(m == _NEG_INF, fx.Float32(0.0), m) * _LOG2E
-
-
-@flyc.kernel
-def softmax_forward_looped_kernel(x: fx.Tensor, out: fx.Tensor, cfg: fx.Constexpr[LoopedForwardConfig]):
-    """The looped forward (:class:`~flydsl.kernels.norm_config.LoopedForwardConfig`, as the norms'): one CTA per row
-    walks it in segments, keeping per thread a running maximum and the sum of exponents relative to it (rescaled
-    when the maximum grows, one chunk at a time: one ``ex2`` per element and one per chunk), then the row's maximum
-    and sum (two block reductions), then reads the row again (L1/L2) for the output: ``ex2`` once more per element,
-    no row held in registers."""
-    rc = cfg.row
-    again = replace(rc, hints=cfg.reread)
-    rows, n = x.shape
-    pos = row_position(rc)
-    smem = row_smem(rc, phases=2)
-    top, total = fx.Float32(_NEG_INF), fx.Float32(0.0)
-    for s in range(segment_count(rc, n)):
-        xs, _ = load_row(rc, x, pos, n, rows, fill=_NEG_INF, chunks=segment_chunks(rc, s))
-        for j in fx.range_constexpr(rc.chunks):  # the chunk's values against the running maximum, rescaled
-            chunk = xs[j * rc.vec : (j + 1) * rc.vec]
-            grown = arith.maximum(top, thread_reduce(chunk, "max"))
-            shift = _finite_shift(grown)
-            exps = thread_reduce([nvvm.ex2_approx(v * _LOG2E - shift, ftz=True) for v in chunk])
-            total = total * nvvm.ex2_approx(top * _LOG2E - shift, ftz=True) + exps
-            top = grown
-    row_max = row_reduce(rc, pos, smem, 0, top, "max")
-    shift = _finite_shift(row_max)
-    mine = total * nvvm.ex2_approx(top * _LOG2E - shift, ftz=True)  # this thread's sum relative to the row's max
-    scale = 1.0 / row_reduce(rc, pos, smem, 1, mine, "add", last=True)
-
-    def normalized(j):  # chunk j of the output from x read again (store_row: a group's loads before its stores)
-        xs, _ = load_row(again, x, pos, n, rows, fill=_NEG_INF, chunks=[j])
-        return [nvvm.ex2_approx(v * _LOG2E - shift, ftz=True) * scale for v in xs]
-
-    for s in range(segment_count(rc, n)):
-        store_row(rc, out, pos, n, rows, normalized, chunks=segment_chunks(rc, s))
-    row_done(rc)
 
 
 @flyc.kernel
@@ -123,21 +69,15 @@ def _launch(kernel, cfg: RowConfig, rows: int, *tensors) -> None:
 
 
 def forward(x, out, staged: bool | None = None) -> None:
-    """Launches the forward on validated :class:`~flydsl.kernels.host.RowTensor` arguments: the looped kernel where
-    :data:`~flydsl.kernels.norm_config.LOOPED_FORWARD` routes softmax rows (16-byte aligned; not with
-    ``staged=False``), the staged kernel where :func:`~flydsl.kernels.softmax_staged.softmax_staged_config` has a
-    config and the rows are 16-byte aligned (``staged``: default :data:`flydsl.kernels.normalization.STAGED_FORWARD`,
-    as the norms' forward), else the register kernel."""
+    """Launches the forward on validated :class:`~flydsl.kernels.host.RowTensor` arguments: the staged kernel where
+    :func:`~flydsl.kernels.softmax_staged.softmax_staged_config` has a config and the rows are 16-byte aligned
+    (``staged``: default :data:`flydsl.kernels.normalization.STAGED_FORWARD`, as the norms' forward), else the
+    register kernel."""
     rows, n = x.shape
     if n == 0:
         return
     if staged is None:
         staged = normalization.STAGED_FORWARD  # read at each call: benchmarks and tests switch it
-    looped = looped_forward_shape(n, x.dtype, "softmax") if staged is not False else None
-    if looped is not None and normalization._aligned16(x, out):  # (hinted 16-byte accesses: aligned rows only)
-        cfg = looped_forward_config(n, x.dtype, *looped)
-        softmax_forward_looped_kernel(x.obj, out.obj, cfg).launch(grid=rows, block=cfg.row.block, smem=cfg.launch_smem)
-        return
     if staged and softmax_staged.forward_staged(x, out):
         return
     cfg = normalization.plain_unless_aligned(forward_row_config(n, x.dtype), (x, out))
