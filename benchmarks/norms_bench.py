@@ -251,12 +251,6 @@ def main() -> int:
         " 'routed' (the table as it is); several separated by ';' are each timed as --forward-hints' are (tuning)",
     )
     parser.add_argument(
-        "--layer-norm-moments",
-        default=None,
-        help="LayerNorm's register forward with its statistics from one reduction of Chan-merged thread moments"
-        " (normalization.LAYER_NORM_MOMENTS): '0;1' times both as --forward-hints' variants are (tuning)",
-    )
-    parser.add_argument(
         "--forward-store-group",
         default=None,
         help="chunks the register norm forwards compute before their stores (norm_config.FORWARD_STORE_GROUP, every"
@@ -310,21 +304,13 @@ def main() -> int:
             norm_config.LOOPED_FORWARD.update({(k, d): shape for k in norm_config.FORWARD_KINDS for d in dtypes})
 
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
-    kinds = (args.forward_hints, args.forward_looped, args.forward_store_group, args.layer_norm_moments)
-    if sum(map(bool, kinds)) > 1:
-        parser.error("--forward-hints, --forward-looped, --forward-store-group, --layer-norm-moments: one per run")
+    if sum(map(bool, (args.forward_hints, args.forward_looped, args.forward_store_group))) > 1:
+        parser.error("--forward-hints, --forward-looped, --forward-store-group: one kind of variant per run")
     variants = []  # (label, function applying it): ours is timed under each
     if args.forward_hints:
         variants = [(f"hints {text or 'none'}", partial(use_hints, text)) for text in args.forward_hints.split(";")]
     if args.forward_looped:
         variants = [(f"looped {text}", partial(use_looped, text)) for text in args.forward_looped.split(";")]
-    if args.layer_norm_moments:
-        from flydsl.kernels import normalization
-
-        def use_moments(text: str) -> None:
-            normalization.LAYER_NORM_MOMENTS = text == "1"
-
-        variants = [(f"moments {text}", partial(use_moments, text)) for text in args.layer_norm_moments.split(";")]
     if args.forward_store_group:
         groups = args.forward_store_group.split(";")
         variants = [(f"store group {text}", partial(use_store_group, text)) for text in groups]

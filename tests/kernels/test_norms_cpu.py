@@ -156,29 +156,6 @@ def test_looped_forward_groups_the_output_loads():
     assert _loads_before_first_store(ptx) == 2 * 4
 
 
-@pytest.mark.parametrize("n, dtype", [(7, "f16"), (1000, "f32"), (4096, "f32"), (16384, "bf16"), (20001, "f32")])
-def test_layer_norm_moments_reduce_once(n, dtype):
-    """LayerNorm's register forward with NormFlags.moments: one block reduction of (count, mean, M2) triples (one
-    barrier where the row spans warps, none within a warp), every lane given its group's first lane's result, no
-    spills; a cluster's row cannot reduce a combine function."""
-    cfg = reduction.forward_row_config(n, dtype)
-    flags = dataclasses.replace(FORWARD_FLAGS["layer"], moments=True)
-    rows, stats, weight = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32"), flyc.TensorSpec((n,), dtype)
-    ptx = assembled(
-        norm_mod.norm_forward_kernel.lower(rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags)
-    )
-    assert ptx.count("bar.sync") == (1 if cfg.warps_per_row > 1 else 0)
-    assert "shfl.sync.idx" in ptx and "rcp.approx" in ptx
-    if flyc.find_ptxas() is not None:
-        assert spill_bytes(ptx) == 0
-    clustered = row_config(262144, "f32")
-    assert clustered.cluster > 1
-    with pytest.raises(ValueError, match="combine function"):
-        norm_mod.norm_forward_kernel.lower(
-            flyc.TensorSpec((8, 262144), "f32"), rows, weight, weight, rows, rows, stats, stats, 1e-5, clustered, flags
-        )
-
-
 def test_column_sum_shape_follows_the_partial_rows():
     """Few partial rows (clusters and teams: a group per 4-66 CTAs) take one slice of 256 columns per block, many
     (the register kernel's 2-3 CTAs per SM, one-CTA staged rows) 16 slices of 32; the 16-slice kernel keeps its

@@ -53,7 +53,6 @@ class NormFlags:
     bias: bool = False
     mean: bool = False  # write the mean (LayerNorm)
     rstd: bool = False  # write rstd
-    moments: bool = False  # LayerNorm's register kernel: mean and M2 in one reduction of Chan-merged thread moments
 
 
 @dataclass(frozen=True)

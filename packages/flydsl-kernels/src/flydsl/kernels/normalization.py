@@ -47,7 +47,7 @@ from mlir.dialects import llvm as _llvm
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import arith, cluster, gpu, math, nvvm, vector
+from flydsl.expr import cluster, gpu, math, vector
 from flydsl.kernels.host import allocated, can_allocate, empty_rows, max_active_clusters, sm_count
 from flydsl.kernels.norm_config import (
     FORWARD_KINDS,
@@ -83,7 +83,6 @@ from flydsl.kernels.norm_staged_forward import _rows_staged_forward
 from flydsl.kernels.reduction import (
     PLAIN_HINTS,
     RowConfig,
-    chan_merge,
     chunk_index,
     forward_row_config,
     load_row,
@@ -162,7 +161,7 @@ def norm_forward_kernel(
 ):
     rows, n = x.shape
     pos = row_position(cfg)
-    smem = row_smem(cfg, phases=1 if flags.rms or flags.moments else 2, values=3 if flags.moments else 1)
+    smem = row_smem(cfg, phases=1 if flags.rms else 2)
     inv_n = 1.0 / n.to(fx.Float32)
     xs, masks = load_row(cfg, x, pos, n, rows)
     early = _weights_early(cfg, *(t for t, read in ((weight, flags.weight), (bias, flags.bias)) if read))
@@ -176,12 +175,6 @@ def norm_forward_kernel(
         mean = fx.Float32(0.0)
         centered = xs
         squares = row_reduce(cfg, pos, smem, 0, thread_reduce([v * v for v in xs]), last=True)
-    elif fx.const_expr(flags.moments):  # this thread's (count, mean, M2), merged over the row in one reduction
-        count = masked_sum(cfg, [fx.Float32(1.0)] * len(xs), masks)
-        mine = thread_reduce(xs) * nvvm.rcp_approx(arith.maximum(count, fx.Float32(1.0)))
-        deviations = masked_sum(cfg, [(v - mine) * (v - mine) for v in xs], masks)
-        _, mean, squares = row_reduce(cfg, pos, smem, 0, [count, mine, deviations], chan_merge, last=True)
-        centered = [v - mean for v in xs]
     else:
         mean = row_reduce(cfg, pos, smem, 0, thread_reduce(xs)) * inv_n
         centered = [v - mean for v in xs]  # -mean in the padding: left out of the squares, never stored
@@ -630,9 +623,6 @@ def _flags(*flags: bool) -> NormFlags:
     return NormFlags(*flags)
 
 
-# LayerNorm's register forward reduces Chan-merged per-thread moments once (NormFlags.moments) instead of the mean
-# and then the squared deviations (two reductions); norms_bench.py --layer-norm-moments times both.
-LAYER_NORM_MOMENTS = False
 # The default of forward()'s (and softmax.forward()'s) ``staged``: on unless the environment sets
 # FLYDSL_NORM_STAGED_FORWARD=0 (the register kernel everywhere, as before the staged forward was timed).
 STAGED_FORWARD = os.environ.get("FLYDSL_NORM_STAGED_FORWARD", "1") != "0"
@@ -650,8 +640,7 @@ def forward(
     rows, n = x.shape
     if rows == 0 or n == 0:
         return
-    outputs = (weight is not None, bias is not None, mean is not None, rstd is not None)
-    flags = _flags(rms, residual is not None, *outputs, LAYER_NORM_MOMENTS and not rms)
+    flags = _flags(rms, residual is not None, weight is not None, bias is not None, mean is not None, rstd is not None)
     placeholder = x.obj
     args = [t.obj if t is not None else placeholder for t in (x, residual, weight, bias, out, residual_out, mean, rstd)]
     kind = "fused" if residual is not None else ("rms" if rms else "layer")

@@ -43,7 +43,6 @@ __all__ = [
     "CacheHints",
     "row_config",
     "forward_row_config",
-    "chan_merge",
     "row_position",
     "chunk_index",
     "row_smem",
@@ -520,34 +519,10 @@ def _write_slots(buffer, start, stride, values) -> None:
         buffer[start + i * stride] = v
 
 
-def chan_merge(a, b):
-    """Chan, Golub and LeVeque's pairwise update of two ``(count, mean, M2)`` triples of Float32 (``M2``: the sum of
-    squared deviations from the mean): ``M2 = M2_a + M2_b + d^2 n_a n_b / n``, ``d = mean_b - mean_a``, every term
-    non-negative (no cancellation, unlike ``E[x^2] - mean^2``); a triple of count 0 adds nothing. A
-    :func:`row_reduce` ``op``; not bitwise symmetric in its arguments (row_reduce hands every thread one lane's)."""
-    na, ma, qa = a
-    nb, mb, qb = b
-    n = na + nb
-    share = nb * nvvm.rcp_approx(arith.maximum(n, fx.Float32(1.0)))  # n_b / n (0 when both are empty)
-    d = mb - ma
-    return n, ma + d * share, qa + qb + d * d * (na * share)
-
-
-def _reduce_lanes(values, op, width: int, final: bool) -> list:
-    """``values`` reduced over groups of ``width`` lanes: each on its own (``op`` a name), or as one tuple (``op`` a
-    function), of which every lane of the group takes its first lane's at the ``final`` step (op may round
-    differently for its two argument orders, and every thread of a row must see the same statistics)."""
-    if not callable(op):
-        return [gpu.warp_reduce(v, op, width=width) for v in values]
-    merged = list(gpu.warp_reduce(tuple(values), op, width=width))
-    return [gpu.shuffle_idx(v, 0, width) for v in merged] if final else merged
-
-
-def row_reduce(cfg: RowConfig, pos, smem, phase, value, op="add", last: bool = False, overlap=None):
+def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: bool = False, overlap=None):
     """``value`` (one Float32 per thread) combined over every thread of the row (``op``: ``"add"`` or ``"max"``);
     every thread gets the result. ``value`` may be a list of up to ``smem.values`` Float32s: reduced together
-    (one barrier, one cluster barrier), the results as a list; with ``op`` a function of two such tuples (e.g.
-    :func:`chan_merge`), combined as one tuple (rows in one CTA). ``phase``: which of :func:`row_smem`'s slots this
+    (one barrier, one cluster barrier), the results as a list. ``phase``: which of :func:`row_smem`'s slots this
     reduction uses (each reduction of a kernel its own; may be a kernel integer, e.g. a row loop's parity, so that
     consecutive reductions alternate between two slots). ``last``: the kernel's last reduction (the cluster's final
     barrier starts here and ends in :func:`row_done`). ``overlap``: a function of no arguments for work that does not
@@ -559,10 +534,7 @@ def row_reduce(cfg: RowConfig, pos, smem, phase, value, op="add", last: bool = F
     if len(values) > smem.values:
         raise ValueError(f"row_reduce: {len(values)} values, but row_smem was sized for {smem.values}")
     width = len(values)
-    joint = callable(op)
-    if joint and cfg.cluster > 1:
-        raise ValueError("row_reduce: a combine function reduces rows in one CTA, not a cluster's")
-    values = _reduce_lanes(values, op, min(32, cfg.threads_per_row), cfg.warps_per_row == 1)
+    values = [gpu.warp_reduce(v, op, width=min(32, cfg.threads_per_row)) for v in values]
     if fx.const_expr(cfg.warps_per_row > 1):
         lane32 = pos.tid % 32
         warp_in_row = pos.lane // 32
@@ -571,8 +543,10 @@ def row_reduce(cfg: RowConfig, pos, smem, phase, value, op="add", last: bool = F
             _write_slots(smem.scratch, base * cfg.warps_per_row + warp_in_row, cfg.warps_per_row, values)
         gpu.barrier()
         slot = lane32 % cfg.warps_per_row
-        partials = [smem.scratch[(base + i) * cfg.warps_per_row + slot] for i in range(width)]
-        values = _reduce_lanes(partials, op, cfg.warps_per_row, True)
+        values = [
+            gpu.warp_reduce(smem.scratch[(base + i) * cfg.warps_per_row + slot], op, width=cfg.warps_per_row)
+            for i in range(width)
+        ]
     if fx.const_expr(cfg.cluster > 1):
         if pos.tid == 0:
             _write_slots(smem.partials, phase * smem.values, 1, values)
