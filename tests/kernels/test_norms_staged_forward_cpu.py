@@ -293,6 +293,9 @@ def test_looped_forward_routing(monkeypatch):
     x = fake((5, 4096), "<f4")
     norms.fused_add_rms_norm(x, fake((5, 4096), "<f4"), None, out=fake((5, 4096), "<f4"), residual_out=x)
     assert isinstance(taken[-1][0], norm_mod.LoopedForwardConfig) and taken[-1][0].row.block == 1024
+    x = fake((5, 1024), "<f4")  # the fused add f32 1024: 256 threads of one chunk
+    norms.fused_add_rms_norm(x, fake((5, 1024), "<f4"), None, out=fake((5, 1024), "<f4"), residual_out=x)
+    assert isinstance(taken[-1][0], norm_mod.LoopedForwardConfig) and taken[-1][0].row.block == 256
     for n, typestr in ((8200 - 4, "<f2"), (65536, "<f2")):  # 8196 % 8: per-element tails; 65536: the staged kernel
         norms.rms_norm(fake((5, n), typestr), None, out=fake((5, n), typestr))
         assert not isinstance(taken[-1][0], norm_mod.LoopedForwardConfig), n

@@ -630,9 +630,12 @@ _LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints
 # load waited for the previous chunk's store), 50 registers at 1024 x 8 float32, one CTA per SM, so 132 rows of
 # 128 KB in flight re-read from L2 as torch.compile's 32-warp kernel (54 registers) does: RMSNorm f32 32768 4.26
 # (staged 3.99; torch.compile 4.26), the fused add f32 32768 4.24 (4.00), 16384 in 1024 x 4 4.28 (1024 x 1: 4.21),
-# RMSNorm bf16 32768 in 512 x 8 4.22 (1024 x 2: 4.05). Two CTAs per SM there (30-34 registers) ran 3.5-3.6.
+# RMSNorm bf16 32768 in 512 x 8 4.22 (1024 x 2: 4.05). Two CTAs per SM there (30-34 registers) ran 3.5-3.6. The
+# fused add f32 1024 in 256 threads, two runs (..._session24_chunkwise.json, ..._fused1024.json): 4.30-4.31 against
+# the register kernel's 4.09-4.10 (torch.compile 4.21-4.22); from 769 (3/4 of the threads busy), not timed below.
 LOOPED_FORWARD: dict = {
-    ("fused", "f32"): [(1025, 2048, 512, 1, *_LOOPED_HINTS), (2049, 8192, 1024, 1, *_LOOPED_HINTS)]
+    ("fused", "f32"): [(769, 1024, 256, 1, *_LOOPED_HINTS), (1025, 2048, 512, 1, *_LOOPED_HINTS)]
+    + [(2049, 8192, 1024, 1, *_LOOPED_HINTS)]
     + [(8193, 16384, 1024, 4, *_LOOPED_HINTS), (16385, 32768, 1024, 8, *_LOOPED_HINTS)],
     ("fused", "bf16"): [(2049, 4096, 512, 1, *_LOOPED_HINTS), (4097, 16384, 512, 2, *_LOOPED_HINTS)]
     + [(16385, 32768, 1024, 2, *_LOOPED_HINTS)],
