@@ -593,8 +593,8 @@ def looped_forward_config(
     two, at least a warp), ``chunks`` 16-byte chunks per thread per segment; ``first`` / ``reread``: the cache
     hints of the two reads (and of the output's stores: ``first.out``); ``blocks_per_sm``: see
     :class:`LoopedForwardConfig`; ``store_group``: output chunks whose loads (x again, weights) are issued before
-    their stores (:func:`flydsl.kernels.reduction.store_row`; 0: up to 4, the segment's at most 4 chunks: at 8 x 4
-    float32 values in flight, 1024 threads x 8 chunks spilled 108 bytes)."""
+    their stores (:func:`flydsl.kernels.reduction.store_row`; 0: ``min(chunks, 4)``: all 8 chunks' at once spilled
+    108 bytes at 1024 threads x 8 float32 chunks)."""
     vec = 16 // element_bytes(dtype)
     if threads < 32:
         raise ValueError(f"looped_forward_config: threads must be a power of two >= 32, got {threads}")

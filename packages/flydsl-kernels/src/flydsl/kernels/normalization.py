@@ -31,9 +31,12 @@ per row, ``(sum, sum of squares about the CTA's own mean)``, combined by Chan's 
 (:func:`flydsl.kernels.norm_staged_forward._chan`): no cancellation, one exchange per row. Softmax's staged forward
 (:mod:`flydsl.kernels.softmax_staged`) shares the kernel and the switch.
 
-RMSNorm and the fused add at 2K-32K (``norm_config.LOOPED_FORWARD``; 16-byte aligned rows and weights) take the
+RMSNorm and the fused add at 1K-32K (``norm_config.LOOPED_FORWARD``; 16-byte aligned rows and weights) take the
 looped forward first (:func:`norm_forward_looped_kernel`): one CTA per row walks it in segments and reads it twice,
-the second time from L1/L2, as torch.compile's looped reductions do: few registers, full occupancy.
+the second time from L1/L2, as torch.compile's looped reductions do: few registers, and no more rows in flight than
+L2 keeps for the re-read. The register and looped forwards write their output a group of chunks at a time, the
+group's loads (weights, x again) issued before its stores (``RowConfig.store_group``: a load never moves past a
+store that may alias it).
 """
 
 from __future__ import annotations

@@ -251,11 +251,11 @@ def forward_row_config(n: int, dtype: str, held: int = 1, store_group: int = 1) 
     hints, group = FORWARD_CACHE_HINTS[dtype], min(store_group, cfg.chunks) if cfg.cluster == 1 else 1
     if hints is cfg.hints and group == cfg.store_group:  # identity: no dataclass compare per launch
         return cfg
-    return _with_hints(cfg, hints, group)
+    return _tuned(cfg, hints, group)
 
 
 @functools.lru_cache(maxsize=4096)
-def _with_hints(cfg: RowConfig, hints: CacheHints, store_group: int = 1) -> RowConfig:
+def _tuned(cfg: RowConfig, hints: CacheHints, store_group: int) -> RowConfig:
     return replace(cfg, hints=hints, store_group=store_group)
 
 
