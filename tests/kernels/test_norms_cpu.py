@@ -11,6 +11,7 @@ import re
 import pytest
 
 import flydsl.compiler as flyc
+import flydsl.expr as fx
 from flydsl.kernels import norms, reduction
 from flydsl.kernels.reduction import RowConfig, row_config
 
@@ -106,7 +107,8 @@ def test_register_forward_assembles_without_spills(n, dtype):
     + [(32768, "bf16", 512, 8)],
 )
 def test_looped_forward_assembles_without_spills(n, dtype, threads, chunks):
-    """The looped forward (every variant): one segment in registers whatever N (no spills), x read in two loops."""
+    """The looped forward (every variant): one segment in registers whatever N (no spills), x read in two loops,
+    one block reduction (LayerNorm's (count, sum, M2) merged by Chan's update: one shuffle of each per step)."""
     rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
     weight = flyc.TensorSpec((n,), dtype)
     cfg = norm_mod.looped_forward_config(n, dtype, threads, chunks)
@@ -116,7 +118,7 @@ def test_looped_forward_assembles_without_spills(n, dtype, threads, chunks):
             rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags
         )
         ptx = assembled(module)
-        assert ptx.count("bar.sync") == (1 if flags.rms else 2)  # the row's reductions, none per segment
+        assert ptx.count("bar.sync") == 1  # the row's one reduction (LayerNorm: its moments), none per segment
         if flyc.find_ptxas() is not None:
             assert spill_bytes(ptx) == 0, (n, dtype, flags)
     with pytest.raises(ValueError, match="one CTA per row"):
@@ -660,3 +662,26 @@ def test_team_prefetch_reads_pairs_a_step_early():
             assert loop < ptx.index("@p ld.relaxed.gpu.global.v2.b64") < ptx.index("bar.sync", loop)
         if flyc.find_ptxas() is not None:
             assert spill_bytes(ptx) == 0
+
+
+def test_moments_merge_reduces_one_triple_per_step():
+    """reduction.moments_merge through row_reduce: a (count, sum, M2) triple per shuffle step, every lane given its
+    group's first lane's result (shfl.sync.idx), one barrier; a cluster's row cannot reduce a combine function."""
+    n, dtype = 8192, "f32"
+    cfg = norm_mod.looped_forward_config(n, dtype, 512, 1)
+    rows, stats, weight = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32"), flyc.TensorSpec((n,), dtype)
+    args = (rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, FORWARD_FLAGS["layer"])
+    ptx = assembled(norm_mod.norm_forward_looped_kernel.lower(*args))
+    assert ptx.count("shfl.sync.bfly") == 3 * (5 + 4)  # 32 lanes, then the row's 16 warps
+    assert ptx.count("shfl.sync.idx") == 3 and ptx.count("bar.sync") == 1
+
+    @flyc.kernel
+    def merged_over_a_cluster(x: fx.Tensor, cfg: fx.Constexpr[RowConfig]):
+        pos = reduction.row_position(cfg)
+        one = fx.Float32(1.0)
+        reduction.row_reduce(cfg, pos, reduction.row_smem(cfg, 1, 3), 0, [one, one, one], reduction.moments_merge)
+
+    clustered = row_config(262144, "f32")
+    assert clustered.cluster > 1
+    with pytest.raises(ValueError, match="combine function"):
+        merged_over_a_cluster.lower(flyc.TensorSpec((8, 262144), "f32"), clustered)

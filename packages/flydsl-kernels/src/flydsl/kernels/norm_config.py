@@ -624,7 +624,8 @@ _LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints
 # and bf16 4096 in 256 x 2, 4.28/4.27 (4.14/4.11). Elsewhere it measured slower or level: rows over 2 segments
 # (float32 32768: 3.5 against 4.0; 1024 x 4, 45 registers: 3.98 against 4.00), 16 bytes per thread (RMSNorm f32
 # 2048 at 512 x 1: 3.28), segments longer than the row (idle threads), and LayerNorm (per-thread merged moments:
-# 2.6-4.1 against 4.1-4.2; three passes: within 1% at f32 4096/8192, 10-40% slower elsewhere).
+# 2.6-4.1 against 4.1-4.2; three passes: within 1% at f32 4096/8192, 10-40% slower elsewhere; since session 24 one
+# reduction of Chan-merged (count, sum, M2) and two reads, as torch.compile's LayerNorm: not timed yet).
 # Rows of 64-128 KB in one segment of 8 chunks (2026-12-01, ..._2026-12-01_session24_looped32k.json, GPU time): the
 # output's loads grouped 4 chunks at a time before their stores (RowConfig.store_group; before, each chunk's weight
 # load waited for the previous chunk's store), 50 registers at 1024 x 8 float32, one CTA per SM, so 132 rows of

@@ -50,7 +50,7 @@ from mlir.dialects import llvm as _llvm
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import cluster, gpu, math, vector
+from flydsl.expr import arith, cluster, gpu, math, nvvm, vector
 from flydsl.kernels.host import allocated, can_allocate, empty_rows, max_active_clusters, sm_count
 from flydsl.kernels.norm_config import (
     FORWARD_KINDS,
@@ -93,6 +93,7 @@ from flydsl.kernels.reduction import (
     load_vector_chunk,
     load_vector_chunks_raw,
     masked_sum,
+    moments_merge,
     row_done,
     row_masks,
     row_position,
@@ -222,39 +223,43 @@ def norm_forward_looped_kernel(
     flags: fx.Constexpr[NormFlags],
 ):
     """The looped forward (arguments as :func:`norm_forward_kernel`'s; see :class:`LoopedForwardConfig`): the row
-    walked segment by segment, first for its statistics (RMSNorm: the sum of squares; LayerNorm: the sum, then, a
-    second time, the squared deviations from the mean: two passes, as the register kernel, no cancellation; the
-    fused add writes ``residual_out`` in the first), then again for the output. The reads after the first hit L1 or
-    L2 (``residual_out`` for the fused add)."""
+    walked segment by segment, first for its statistics (RMSNorm: the sum of squares; LayerNorm: each segment's
+    count, sum and squared deviations about its own mean, merged per thread and then over the row in one reduction
+    by Chan's update (:func:`~flydsl.kernels.reduction.moments_merge`), as torch.compile's Welford: no cancellation;
+    the fused add writes ``residual_out`` in the first), then again for the output. The second read hits L1 or L2
+    (``residual_out`` for the fused add)."""
     rc = cfg.row
     again = replace(rc, hints=cfg.reread)
     rows, n = x.shape
     pos = row_position(rc)
     if fx.const_expr(cfg.blocks_per_sm):
         flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
-    smem = row_smem(rc, phases=1 if flags.rms else 2)
+    smem = row_smem(rc, phases=1, values=1 if flags.rms else 3)
     inv_n = 1.0 / n.to(fx.Float32)
     segments = segment_count(rc, n)
-    total = fx.Float32(0.0)
+    total = fx.Float32(0.0)  # RMSNorm: this thread's sum of squares
+    count, part, deviations = fx.Float32(0.0), fx.Float32(0.0), fx.Float32(0.0)  # LayerNorm: its (count, sum, M2)
     for s in range(segments):
         seg = segment_chunks(rc, s)
-        xs, _ = load_row(rc, x, pos, n, rows, chunks=seg)
+        xs, in_row = load_row(rc, x, pos, n, rows, chunks=seg)
         if fx.const_expr(flags.residual):
             rs, _ = load_row(rc, residual, pos, n, rows, chunks=seg)
             xs = _round([a + b for a, b in zip(xs, rs, strict=True)], x.dtype)
             store_row(rc, residual_out, pos, n, rows, xs, chunks=seg)
-        total = total + thread_reduce([v * v for v in xs] if flags.rms else xs)
+        if fx.const_expr(flags.rms):
+            total = total + thread_reduce([v * v for v in xs])
+        else:  # the segment's moments about its own mean (0 in the padding: left out), merged into this thread's
+            here = masked_sum(rc, [fx.Float32(1.0)] * len(xs), in_row)
+            summed = thread_reduce(xs)
+            centre = summed * nvvm.rcp_approx(arith.maximum(here, fx.Float32(1.0)))
+            spread = masked_sum(rc, [(v - centre) * (v - centre) for v in xs], in_row)
+            count, part, deviations = moments_merge((count, part, deviations), (here, summed, spread))
     if fx.const_expr(flags.rms):
         mean = fx.Float32(0.0)
         squares = row_reduce(rc, pos, smem, 0, total, last=True)
     else:
-        mean = row_reduce(rc, pos, smem, 0, total) * inv_n
-        deviations = fx.Float32(0.0)
-        for s in range(segments):
-            seg = segment_chunks(rc, s)
-            xs, in_row = load_row(rc, x, pos, n, rows, chunks=seg)
-            deviations = deviations + masked_sum(rc, [(v - mean) * (v - mean) for v in xs], in_row)
-        squares = row_reduce(rc, pos, smem, 1, deviations, last=True)
+        _, summed, squares = row_reduce(rc, pos, smem, 0, [count, part, deviations], moments_merge, last=True)
+        mean = summed * inv_n
     rstd = math.rsqrt(squares * inv_n + eps)
     source = residual_out if flags.residual else x
 

@@ -43,6 +43,7 @@ __all__ = [
     "CacheHints",
     "row_config",
     "forward_row_config",
+    "moments_merge",
     "row_position",
     "chunk_index",
     "row_smem",
@@ -519,10 +520,35 @@ def _write_slots(buffer, start, stride, values) -> None:
         buffer[start + i * stride] = v
 
 
-def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: bool = False, overlap=None):
+def moments_merge(a, b):
+    """Two ``(count, sum, M2)`` triples of Float32 (``M2``: the sum of squared deviations from their mean) as one,
+    by Chan, Golub and LeVeque's update ``M2 = M2_a + M2_b + d^2 n_a n_b / n``, ``d = mean_b - mean_a``: every term
+    non-negative (no cancellation, unlike ``E[x^2] - mean^2``). Sums, not means, are carried: the row's mean is then
+    one tree sum divided once (merged means would round at every level). A triple of count 0 adds nothing. A
+    :func:`row_reduce` ``op``."""
+    na, sa, qa = a
+    nb, sb, qb = b
+    n = na + nb
+    one = fx.Float32(1.0)
+    d = sb * nvvm.rcp_approx(arith.maximum(nb, one)) - sa * nvvm.rcp_approx(arith.maximum(na, one))
+    return n, sa + sb, qa + qb + d * d * (na * nb * nvvm.rcp_approx(arith.maximum(n, one)))
+
+
+def _reduce_lanes(values, op, width: int, final: bool) -> list:
+    """``values`` reduced over groups of ``width`` lanes: each on its own (``op`` a name), or as one tuple (``op`` a
+    function), of which every lane of the group takes its first lane's at the ``final`` step (so that every thread
+    of a row sees the same statistics, whatever op's rounding for its two argument orders)."""
+    if not callable(op):
+        return [gpu.warp_reduce(v, op, width=width) for v in values]
+    merged = list(gpu.warp_reduce(tuple(values), op, width=width))
+    return [gpu.shuffle_idx(v, 0, width) for v in merged] if final else merged
+
+
+def row_reduce(cfg: RowConfig, pos, smem, phase, value, op="add", last: bool = False, overlap=None):
     """``value`` (one Float32 per thread) combined over every thread of the row (``op``: ``"add"`` or ``"max"``);
     every thread gets the result. ``value`` may be a list of up to ``smem.values`` Float32s: reduced together
-    (one barrier, one cluster barrier), the results as a list. ``phase``: which of :func:`row_smem`'s slots this
+    (one barrier, one cluster barrier), the results as a list; with ``op`` a function of two such tuples (e.g.
+    :func:`moments_merge`), combined as one tuple (rows in one CTA). ``phase``: which of :func:`row_smem`'s slots this
     reduction uses (each reduction of a kernel its own; may be a kernel integer, e.g. a row loop's parity, so that
     consecutive reductions alternate between two slots). ``last``: the kernel's last reduction (the cluster's final
     barrier starts here and ends in :func:`row_done`). ``overlap``: a function of no arguments for work that does not
@@ -534,7 +560,9 @@ def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: b
     if len(values) > smem.values:
         raise ValueError(f"row_reduce: {len(values)} values, but row_smem was sized for {smem.values}")
     width = len(values)
-    values = [gpu.warp_reduce(v, op, width=min(32, cfg.threads_per_row)) for v in values]
+    if callable(op) and cfg.cluster > 1:
+        raise ValueError("row_reduce: a combine function reduces rows in one CTA, not a cluster's")
+    values = _reduce_lanes(values, op, min(32, cfg.threads_per_row), cfg.warps_per_row == 1)
     if fx.const_expr(cfg.warps_per_row > 1):
         lane32 = pos.tid % 32
         warp_in_row = pos.lane // 32
@@ -543,10 +571,8 @@ def row_reduce(cfg: RowConfig, pos, smem, phase, value, op: str = "add", last: b
             _write_slots(smem.scratch, base * cfg.warps_per_row + warp_in_row, cfg.warps_per_row, values)
         gpu.barrier()
         slot = lane32 % cfg.warps_per_row
-        values = [
-            gpu.warp_reduce(smem.scratch[(base + i) * cfg.warps_per_row + slot], op, width=cfg.warps_per_row)
-            for i in range(width)
-        ]
+        partials = [smem.scratch[(base + i) * cfg.warps_per_row + slot] for i in range(width)]
+        values = _reduce_lanes(partials, op, cfg.warps_per_row, True)
     if fx.const_expr(cfg.cluster > 1):
         if pos.tid == 0:
             _write_slots(smem.partials, phase * smem.values, 1, values)
