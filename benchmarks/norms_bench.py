@@ -254,8 +254,7 @@ def main() -> int:
         "--forward-store-group",
         default=None,
         help="chunks the register norm forwards compute before their stores (norm_config.FORWARD_STORE_GROUP, every"
-        " dtype),"
-        " e.g. '1;2;4': each timed as --forward-hints' are (tuning)",
+        " dtype), e.g. '1;2;4': each timed as --forward-hints' are (tuning)",
     )
     parser.add_argument(
         "--clocks-ms",
@@ -287,10 +286,8 @@ def main() -> int:
 
     routed_looped = dict(norm_config.LOOPED_FORWARD)
 
-    def use_store_group(text: str) -> None:
-        norm_config.FORWARD_STORE_GROUP.update(
-            dict.fromkeys(norm_config.FORWARD_STORE_GROUP, int(text))
-        )  # (in place: imported)
+    def use_store_group(text: str) -> None:  # in place: normalization imported the dict
+        norm_config.FORWARD_STORE_GROUP.update(dict.fromkeys(norm_config.FORWARD_STORE_GROUP, int(text)))
 
     def use_looped(text: str) -> None:
         norm_config.LOOPED_FORWARD.clear()

@@ -247,21 +247,34 @@ def forward_row_config(n: int, dtype: str, held: int = 1, store_group: int = 1) 
     tuning flags override them). ``store_group``: :attr:`RowConfig.store_group` (at most the thread's chunks; rows
     in one CTA: clusters keep 1, not measured otherwise)."""
     cfg = _forward_row_config(
-        n, dtype, held, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS, FORWARD_BLOCK_VALUES[dtype]
+        n, dtype, held, store_group, FORWARD_WARP_BLOCK, FORWARD_CTA_THREADS, CTA_THREADS, FORWARD_BLOCK_VALUES[dtype]
     )
-    hints, group = FORWARD_CACHE_HINTS[dtype], min(store_group, cfg.chunks) if cfg.cluster == 1 else 1
-    if hints is cfg.hints and group == cfg.store_group:  # identity: no dataclass compare per launch
-        return cfg
-    return _tuned(cfg, hints, group)
+    hints = FORWARD_CACHE_HINTS[dtype]
+    return cfg if hints is cfg.hints else _with_hints(cfg, hints)  # identity: no dataclass compare per launch
 
 
 @functools.lru_cache(maxsize=4096)
-def _tuned(cfg: RowConfig, hints: CacheHints, store_group: int) -> RowConfig:
-    return replace(cfg, hints=hints, store_group=store_group)
+def _with_hints(cfg: RowConfig, hints: CacheHints) -> RowConfig:
+    return replace(cfg, hints=hints)
 
 
 @functools.lru_cache(maxsize=4096)
 def _forward_row_config(
+    n: int,
+    dtype: str,
+    held: int,
+    store_group: int,
+    warp_block: int,
+    single_cta: int,
+    cta_threads: int,
+    block_values: int,
+):
+    cfg = _forward_layout(n, dtype, held, warp_block, single_cta, cta_threads, block_values)
+    group = min(store_group, cfg.chunks) if cfg.cluster == 1 else 1
+    return cfg if group == cfg.store_group else replace(cfg, store_group=group)
+
+
+def _forward_layout(
     n: int, dtype: str, held: int, warp_block: int, single_cta: int, cta_threads: int, block_values: int
 ):
     cfg = row_config(n, dtype, held, cta_threads=single_cta)
