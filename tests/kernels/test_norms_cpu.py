@@ -104,7 +104,7 @@ def test_register_forward_assembles_without_spills(n, dtype):
 @pytest.mark.parametrize(
     "n, dtype, threads, chunks",
     [(8192, "f32", 512, 1), (32768, "bf16", 1024, 1), (4097, "f16", 256, 2), (32768, "f32", 1024, 8)]
-    + [(32768, "bf16", 512, 8)],
+    + [(32768, "bf16", 512, 8), (3072, "f32", 128, 4), (6144, "f32", 256, 2)],
 )
 def test_looped_forward_assembles_without_spills(n, dtype, threads, chunks):
     """The looped forward (every variant): one segment in registers whatever N (no spills), x read in two loops,

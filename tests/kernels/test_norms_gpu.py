@@ -257,10 +257,19 @@ def _routed_looped_cases():
 
 @pytest.mark.parametrize("kind, dtype, n", _routed_looped_cases())
 def test_routed_looped_forwards(kind, dtype, n):
-    """The public RMSNorm and fused add at both ends of every range the looped forward is routed for."""
+    """The public LayerNorm (rows offset from 0), RMSNorm and fused add at both ends of every range the looped
+    forward is routed for."""
     torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     rows = _rows(n)
     x, w = _input(rows, n, torch_dtype), torch.randn(n, device="cuda", dtype=torch_dtype)
+    if kind == "layer":
+        x, b = x * 2 + 8.0, torch.randn(n, device="cuda", dtype=torch_dtype)
+        out, mean, rstd = norms.layer_norm(x, w, b, 1e-5, _poison(x), return_stats=True)
+        ref, ref_mean, ref_rstd = _ln_ref(x, w, b, 1e-5)
+        _close(out, ref)
+        _close(mean, ref_mean, torch.float32, "mean")
+        _close(rstd, ref_rstd, torch.float32, "rstd")
+        return
     if kind == "rms":
         out, rstd = norms.rms_norm(x, w, 1e-6, _poison(x), return_stats=True)
         summed = x

@@ -625,7 +625,7 @@ _LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints
 # (float32 32768: 3.5 against 4.0; 1024 x 4, 45 registers: 3.98 against 4.00), 16 bytes per thread (RMSNorm f32
 # 2048 at 512 x 1: 3.28), segments longer than the row (idle threads), and LayerNorm (per-thread merged moments:
 # 2.6-4.1 against 4.1-4.2; three passes: within 1% at f32 4096/8192, 10-40% slower elsewhere; since session 24 one
-# reduction of Chan-merged (count, sum, M2) and two reads, as torch.compile's LayerNorm: not timed yet).
+# reduction of Chan-merged (count, sum, M2) and two reads, as torch.compile's LayerNorm: timed below).
 # Rows of 64-128 KB in one segment of 8 chunks (2026-12-01, ..._2026-12-01_session24_looped32k.json, GPU time): the
 # output's loads grouped 4 chunks at a time before their stores (RowConfig.store_group; before, each chunk's weight
 # load waited for the previous chunk's store), 50 registers at 1024 x 8 float32, one CTA per SM, so 132 rows of
@@ -634,6 +634,11 @@ _LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints
 # RMSNorm bf16 32768 in 512 x 8 4.22 (1024 x 2: 4.05). Two CTAs per SM there (30-34 registers) ran 3.5-3.6. The
 # fused add f32 1024 in 256 threads, two runs (..._session24_chunkwise.json, ..._fused1024.json): 4.30-4.31 against
 # the register kernel's 4.09-4.10 (torch.compile 4.21-4.22); from 769 (3/4 of the threads busy), not timed below.
+# float32 LayerNorm (session 25; one reduction of Chan-merged (count, sum, M2) and two reads, as torch.compile's;
+# ..._layer_norm_looped_2026-12-01_session25.json, ..._layer_norm_f32_looped_2026-12-01_session25.json, GPU time):
+# 3072 in 128 x 4 4.26 against the register kernel's 4.13, 4096 in 256 x 2 4.25 and 4.23 against 4.16 and 4.15
+# in two runs (torch.compile 4.30), 6144 4.04 against 3.86; without the hints 3.55-3.98. 16-bit LayerNorm and
+# float32 2048, 8192, 16384 stay in the register kernel (looped 0.5-4.05 against 4.09-4.21).
 LOOPED_FORWARD: dict = {
     ("fused", "f32"): [(769, 1024, 256, 1, *_LOOPED_HINTS), (1025, 2048, 512, 1, *_LOOPED_HINTS)]
     + [(2049, 8192, 1024, 1, *_LOOPED_HINTS)]
@@ -644,6 +649,7 @@ LOOPED_FORWARD: dict = {
     + [(8193, 16384, 1024, 2, *_LOOPED_HINTS), (16385, 32768, 1024, 8, *_LOOPED_HINTS)],
     ("rms", "bf16"): [(2049, 4096, 256, 2, *_LOOPED_HINTS), (4097, 8192, 512, 2, *_LOOPED_HINTS)]
     + [(16385, 32768, 512, 8, *_LOOPED_HINTS)],
+    ("layer", "f32"): [(2049, 3072, 128, 4, *_LOOPED_HINTS), (3073, 6144, 256, 2, *_LOOPED_HINTS)],
 }
 LOOPED_FORWARD.update({(kind, "f16"): LOOPED_FORWARD[kind, "bf16"] for kind in ("fused", "rms")})  # (not timed)
 
