@@ -162,7 +162,8 @@ def parse_shapes(text: str, error) -> list:
 
 def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES, team: bool = False) -> list:
     """The staged kernel's other shapes for this case, launched directly (kernel and grid alone, no API checks);
-    ``team``: rows past 8 CTAs as teams exchanging through global memory (``staged_forward_config(team=True)``)."""
+    ``team``: rows over several CTAs as teams exchanging through global memory
+    (``staged_forward_config(team=True)``)."""
     n, m, kernel = row["n"], row["rows"], row["kernel"]
     t = staged_inputs(torch, kernel, m, n, dtype)
     found = []
@@ -213,7 +214,7 @@ def main() -> int:
         " e.g. 1024:4:0:0:4,1024:4:0:2:0:1",
     )
     parser.add_argument(
-        "--team", action="store_true", help="--sweep: rows past 8 CTAs as teams (global-memory exchange, not routed)"
+        "--team", action="store_true", help="--sweep: rows over several CTAs as teams (global-memory exchange)"
     )
     parser.add_argument("--budget-s", type=float, default=270.0, help="no new case after this many seconds")
     parser.add_argument("--out", required=True, help="JSON record (rewritten after every case)")

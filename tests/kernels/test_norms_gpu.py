@@ -640,19 +640,25 @@ def _check_staged_layer_norm(x, w, b, cfg):
     _close(rstd, ref_rstd, torch.float32, "rstd")
 
 
-@pytest.mark.parametrize("n", [262144, 196612])  # teams of 16 CTAs per row; of 13, the last holding part of a share
-def test_staged_forward_teams(n):
-    """float32 rows over more CTAs than a cluster holds, as a team (``staged_forward_config(team=True)``: pairs
-    through tagged stores in global memory; routed there): LayerNorm with every output, RMSNorm, the fused add
-    and softmax against float64, 300 rows (each team walks ~37 of them)."""
+# Teams of 16 CTAs per row; of 13, the last holding part of a share; of 4 (float32 65536, bf16 131072: rows a
+# cluster would hold, as a team); of 5, the last mostly past N.
+@pytest.mark.parametrize(
+    "n, dtype",
+    [(262144, torch.float32), (196612, torch.float32), (65536, torch.float32)]
+    + [(131072, torch.bfloat16), (131080, torch.bfloat16)],
+)
+def test_staged_forward_teams(n, dtype):
+    """Rows over several CTAs as a team (``staged_forward_config(team=True)``: pairs through tagged stores in global
+    memory; routed past a cluster): LayerNorm with every output, RMSNorm, the fused add and softmax against float64,
+    300 rows (each team walks ~37 of them at 16 CTAs per row)."""
     from flydsl.kernels.host import row_tensor
     from flydsl.kernels.softmax_staged import forward_staged
 
-    rows = 300
-    x = _input(rows, n, torch.float32) * 2 + 8
-    w, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    rows, name = 300, _DTYPE_NAME[dtype]
+    x = (_input(rows, n, torch.float32) * 2 + 8).to(dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
     mean, rstd = torch.full((rows,), float("nan"), device="cuda"), torch.full((rows,), float("nan"), device="cuda")
-    cfg = _NORM.staged_forward_config(n, "f32", team=True)
+    cfg = _NORM.staged_forward_config(n, name, team=True)
     assert cfg.row.team
     _check_staged_layer_norm(x, w, b, cfg)
 
@@ -662,9 +668,9 @@ def test_staged_forward_teams(n):
     xd = x.double()
     _close(out, xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * w.double())
 
-    residual, out = _input(rows, n, torch.float32), _poison(x)
+    residual, out = _input(rows, n, dtype), _poison(x)
     expected_residual = x + residual
-    fused = _NORM.staged_forward_config(n, "f32", True, team=True)
+    fused = _NORM.staged_forward_config(n, name, True, team=True)
     flags = _NORM.NormFlags(True, residual=True, weight=True)
     _NORM._launch_staged_forward([x, residual, w, b, out, residual, mean, rstd], 1e-6, fused, flags, rows, 0)
     assert torch.equal(residual, expected_residual), "residual_out"

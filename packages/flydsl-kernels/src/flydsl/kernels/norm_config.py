@@ -420,9 +420,10 @@ def staged_forward_config(
     forward takes. None when N is not a multiple of 16 bytes, a row needs more than 8 CTAs, or the ring does not fit
     :data:`_RING_BYTES` or is too small for the pipeline (``lag + 2`` rows, or one). ``hold``: the chunks held in
     registers, see :class:`StagedForwardConfig` (lag 0 only; True: all of them, False: none); ``keep_weights``: see
-    :class:`StagedForwardConfig`; ``team``: rows over more CTAs than a cluster holds (up to
-    :data:`MAX_FORWARD_TEAM`) run as a team of consecutive CTAs exchanging their pairs through global memory
-    (``RowConfig.team``; routed past a cluster, see :func:`forward_shape`), instead of None."""
+    :class:`StagedForwardConfig`; ``team``: rows over several CTAs (up to :data:`MAX_FORWARD_TEAM`) run as a team
+    of consecutive CTAs exchanging their pairs through global memory (``RowConfig.team``; routed past a cluster, see
+    :func:`forward_shape`) instead of a cluster (up to 8 CTAs) or None (more). A team needs no GPC of its own: every
+    SM takes a CTA, where clusters of 4 or 8 1024-thread CTAs fill only 120 of the H200's 132."""
     vec = 16 // element_bytes(dtype)
     sources = 2 if residual else 1
     if chunks is None:
@@ -432,7 +433,7 @@ def staged_forward_config(
     total = n // vec
     count = -(-total // (threads * chunks))
     cluster = 1 << max(0, (count - 1).bit_length())
-    in_team = cluster > 8
+    in_team = cluster > 8 or (team and count > 1)
     if in_team:
         if not team or count > MAX_FORWARD_TEAM:
             return None
