@@ -121,6 +121,32 @@ def test_staged_forward_keeps_weights_in_registers(n, dtype, variant, shape):
         assert spill_bytes(ptx) == 0, (n, dtype, cfg)
 
 
+def test_staged_forward_several_ctas_per_sm_assemble():
+    """Two 512-thread CTAs per SM (single-row rings of 64 KB): ptxas caps the registers at 64, without spills."""
+    staged = importlib.import_module("flydsl.kernels.softmax_staged")
+    rows = flyc.TensorSpec((8, 32768), "bf16")
+    cfg = norm_mod.staged_forward_config(32768, "bf16", chunks=8, stages=1, threads=512, blocks_per_sm=2)
+    for module in (
+        staged.softmax_forward_staged_kernel.lower(rows, rows, rows, cfg),
+        norm_mod.norm_forward_staged_kernel.lower(
+            rows,
+            rows,
+            *[flyc.TensorSpec((32768,), "bf16")] * 2,
+            rows,
+            rows,
+            *[flyc.TensorSpec((8,), "f32")] * 2,
+            rows,
+            1e-5,
+            cfg,
+            FORWARD_FLAGS["layer"],
+        ),
+    ):
+        ptx = assembled(module)
+        assert ".minnctapersm 2" in ptx
+        if flyc.find_ptxas() is not None:
+            assert spill_bytes(ptx) == 0
+
+
 @pytest.mark.parametrize("variant", ["layer", "rms", "fused", "softmax"])
 @pytest.mark.parametrize(
     "n, dtype", [(262144, "f32"), (196612, "f32"), (524288, "f32"), (524288, "bf16")]
@@ -209,6 +235,13 @@ def test_staged_forward_configs():
     with pytest.raises(ValueError, match=r"hold: expected 0\.\.4 chunks"):
         norm_mod.staged_forward_config(65536, "bf16", lag=0, hold=8)
 
+    # Several CTAs per SM: their rings share the shared memory, their threads an SM's 2048; the grid takes them all.
+    two = norm_mod.staged_forward_config(32768, "bf16", chunks=8, stages=1, threads=512, blocks_per_sm=2)
+    assert two.blocks_per_sm == 2 and two.row.cluster == 1 and two.ring_bytes == 64 * 1024
+    assert norm_mod.staged_forward_config(32768, "bf16", chunks=8, threads=512, blocks_per_sm=2).stages == 1
+    assert norm_mod.staged_forward_config(32768, "bf16", chunks=8, stages=2, threads=512, blocks_per_sm=2) is None
+    assert norm_mod.staged_forward_config(32768, "bf16", chunks=4, threads=1024, blocks_per_sm=3) is None  # threads
+    assert norm_mod.backward_groups(two, 8192, 132) == 264
     # Routed by default (forward_shape): per kind, from the sweep of norms_forward_staged_2026-11-30.json.
     routed = {
         (kind, dtype, n): _shape(norm_mod.routed_staged_forward_config(n, dtype, kind))

@@ -409,6 +409,7 @@ def staged_forward_config(
     hold: int | bool = 0,
     keep_weights: bool = False,
     team: bool = False,
+    blocks_per_sm: int = 1,
 ) -> StagedForwardConfig | None:
     """The staged forward config for rows of ``n`` elements of ``dtype`` (``residual``: the fused add, whose ring
     holds x and the residual): CTAs of ``threads`` threads holding ``chunks`` 16-byte chunks of each source per row
@@ -423,7 +424,9 @@ def staged_forward_config(
     :class:`StagedForwardConfig`; ``team``: rows over several CTAs (up to :data:`MAX_FORWARD_TEAM`) run as a team
     of consecutive CTAs exchanging their pairs through global memory (``RowConfig.team``; routed past a cluster, see
     :func:`forward_shape`) instead of a cluster (up to 8 CTAs) or None (more). A team needs no GPC of its own: every
-    SM takes a CTA, where clusters of 4 or 8 1024-thread CTAs fill only 120 of the H200's 132."""
+    SM takes a CTA, where clusters of 4 or 8 1024-thread CTAs fill only 120 of the H200's 132. ``blocks_per_sm``:
+    CTAs per SM (their rings share :data:`_RING_BYTES`; ptxas fits their registers), so that one CTA's barriers
+    and output leave the other CTAs' copies and math running; None when their threads exceed an SM's 2048."""
     vec = 16 // element_bytes(dtype)
     sources = 2 if residual else 1
     if chunks is None:
@@ -440,9 +443,10 @@ def staged_forward_config(
         cluster = count  # a team: exactly the CTAs the row needs
     lag = lag if cluster > 1 else 0  # one CTA per row: its statistics are at hand, no pairs to wait for
     stage_bytes = sources * threads * chunks * 16
-    stages = stages or min(_MAX_STAGES, _RING_BYTES // stage_bytes)
+    stages = stages or min(_MAX_STAGES, _RING_BYTES // (blocks_per_sm * stage_bytes))
     single = stages == 1 and lag == 0
-    if stages < 1 or stages * stage_bytes > _RING_BYTES or not (single or stages >= lag + 2):
+    ring_bytes = blocks_per_sm * stages * stage_bytes  # every CTA on the SM
+    if stages < 1 or ring_bytes > _RING_BYTES or not (single or stages >= lag + 2) or blocks_per_sm * threads > 2048:
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, cluster, True, team=in_team)
     held = (chunks if hold else 0) if isinstance(hold, bool) else hold
@@ -450,7 +454,7 @@ def staged_forward_config(
         raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")
     if held and lag and cluster > 1:
         return None
-    return StagedForwardConfig(layout, stages, sources, lag, hold=held, keep_weights=bool(keep_weights))
+    return StagedForwardConfig(layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights))
 
 
 # The staged forward is the default from these N on (the register kernel's cluster regime, under the bar; shorter
@@ -469,6 +473,7 @@ class ForwardShape(NamedTuple):
     hold: int
     keep_weights: bool = False
     team: bool = False
+    blocks_per_sm: int = 1
 
 
 def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
