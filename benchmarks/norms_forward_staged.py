@@ -152,7 +152,9 @@ def parse_shapes(text: str, error) -> list:
         if not 3 <= len(fields) <= 7 or not all(f.isdigit() for f in fields):
             error(f"--shapes: expected THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS]]]] (integers), got {item!r}")
             continue
-        threads, chunks, lag, stages, hold, keep, blocks = ([int(f) for f in fields] + [0, 0, 0, 1])[:7]
+        threads, chunks, lag, stages, hold, keep, blocks = ([int(f) for f in fields] + [0, 0, 0, 0])[:6] + [
+            int(fields[6]) if len(fields) == 7 else 1
+        ]
         if threads < 32 or chunks < 1 or hold > chunks or keep > 1 or blocks < 1:
             error(f"--shapes: {item!r}: THREADS >= 32, CHUNKS >= 1, HOLD <= CHUNKS, KEEP 0 or 1 and BLOCKS >= 1")
             continue
