@@ -614,6 +614,9 @@ def test_staged_forward(n, dtype, staged_launches):
         (131080, torch.bfloat16, dict(lag=0, hold=4)),  # every chunk held, CTAs holding unequal parts
         (131072, torch.bfloat16, dict(lag=0, stages=2, keep_weights=True)),  # weight and bias kept for all rows
         (65544, torch.float32, dict(lag=0, keep_weights=True)),  # kept, CTAs holding unequal parts
+        # two CTAs per SM: clusters of 8 (the last CTA holding one chunk), one CTA per row in single-row rings
+        (114696, torch.bfloat16, dict(threads=512, lag=0, stages=2, keep_weights=True, blocks_per_sm=2)),
+        (32768, torch.bfloat16, dict(threads=512, chunks=8, stages=1, blocks_per_sm=2)),
     ],
     ids=str,
 )
@@ -703,6 +706,26 @@ def test_staged_softmax_forward(n, dtype):
         _close(out.double() * n, ref * n, dtype, "out * N")  # at the scale of the mean element (~1), not of 1/N
         sums = out.double().sum(dim=-1)
         assert torch.allclose(sums, torch.ones_like(sums), atol=TOL[dtype][1] * max(1, n**0.5) + 1e-6)
+
+
+@pytest.mark.parametrize(
+    "n, shape",
+    [(32768, dict(chunks=8, stages=1)), (65536, dict(chunks=8, stages=1, lag=0, hold=2)), (65544, dict(lag=0))],
+    ids=str,
+)
+def test_staged_softmax_two_ctas_per_sm(n, shape):
+    """The staged softmax in 512-thread CTAs two per SM (``blocks_per_sm=2``): one CTA per row, a cluster with held
+    exps, a cluster of 4 whose third CTA holds a sliver and fourth nothing; against float64."""
+    from flydsl.kernels.host import row_tensor
+    from flydsl.kernels.softmax_staged import forward_staged
+
+    cfg = _NORM.staged_forward_config(n, "bf16", threads=512, blocks_per_sm=2, **shape)
+    assert cfg is not None and cfg.blocks_per_sm == 2
+    for rows in _staged_rows(n):
+        x = _input(rows, n, torch.bfloat16) * 3 + 5
+        out = _poison(x)
+        assert forward_staged(row_tensor(x, "x"), row_tensor(out, "out"), cfg)
+        _close(out, torch.softmax(x.double(), dim=-1))
 
 
 @pytest.mark.parametrize("hold", [None, 0, 2], ids=["routed", "hold0", "hold2"])

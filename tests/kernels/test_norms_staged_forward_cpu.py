@@ -37,6 +37,7 @@ STAGED_FORWARD_CASES = [
     (262144, "bf16", "layer"),
     (65536, "f32", "rms"),
     (131072, "f32", "layer"),
+    (131072, "bf16", "layer"),  # two CTAs per SM
     (131072, "bf16", "fused"),
     (65536, "f32", "fused"),
     (32768, "f32", "rms"),
@@ -284,6 +285,11 @@ def test_staged_forward_configs():
         ("softmax", "f32", 262144): (16, 1024, 4, 3, 1, 0, False, True),
     }
     assert norm_mod.routed_staged_forward_config(131072, "f32", "fused") is not None  # 1 MB: 2 x 512 KB
+    # 16-bit LayerNorm at 3-4 ring rows: clusters of 8 two-per-SM 512-thread CTAs, weights kept (not float32's)
+    for n, dtype in ((131072, "bf16"), (131072, "f16"), (98304, "bf16")):
+        cfg = norm_mod.routed_staged_forward_config(n, dtype, "layer")
+        assert _shape(cfg) == (8, 512, 4, 2, 0, 0, True) and cfg.blocks_per_sm == 2, (n, dtype)
+    assert norm_mod.routed_staged_forward_config(65536, "f32", "layer").blocks_per_sm == 1
     # 16-bit teams (524288): LayerNorm without its weights kept (they spill), RMSNorm with them
     assert _shape(norm_mod.routed_staged_forward_config(524288, "bf16", "layer")) == (16, 1024, 4, 3, 1, 0, False, True)
     assert _shape(norm_mod.routed_staged_forward_config(524288, "bf16", "rms")) == (16, 1024, 4, 3, 1, 0, True, True)

@@ -526,6 +526,11 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
       softmax 3.52 (8 CTAs, a single-row ring) -> 3.93. With the weights kept (..._confirm.json): LayerNorm f32
       262144 3.72 -> 3.91, f32 524288 3.49 -> 3.96; RMSNorm f32 524288 3.64 -> 3.94, bf16 524288 3.87 -> 3.92; not
       16-bit LayerNorm (24 bytes spill: 3.57 -> 3.14). Longer rows: the register kernel.
+    - 16-bit LayerNorm at 3-4 ring rows of 64 KB (bf16 131072): two 512-thread CTAs per SM (``blocks_per_sm``),
+      clusters of 8 x 4 chunks, a 2-row ring, weights kept (norms_forward_staged_2026-12-01_session26_*.json, three
+      runs: 3.81, 3.85, 3.80 against the 1024-thread cluster of 4 with 3 chunks held, 3.75, 3.77, 3.76): one CTA's
+      block barriers and output no longer stall its SM. The same shape for float32 65536 measured level (3.92, 3.88
+      against 3.90, 3.91), softmax bf16 32768 and 65536 level or slower (3.61-3.80 against 3.75-3.81): not taken.
     """
     if kind not in FORWARD_KINDS:
         raise ValueError(f"kind: expected one of {FORWARD_KINDS}, got {kind!r}")
@@ -538,6 +543,8 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
     hold = share if kind in ("rms", "softmax") else 0  # every chunk
     # from 8 CTAs per row, the weights kept instead of chunks held (not in 16-bit LayerNorm teams: 24 bytes spill)
     keep = kind in ("layer", "rms") and ctas > 4 and not (kind == "layer" and dtype != "f32" and ctas > 8)
+    if kind == "layer" and dtype != "f32" and 2 < ctas <= 4:  # two 512-thread CTAs per SM, weights kept
+        return ForwardShape(_STAGED_THREADS // 2, share, 0, 2, 0, True, blocks_per_sm=2)
     if kind == "layer" and ctas <= 8:  # a 2-row ring, 3 of 4 chunks held (all 4 spill)
         return ForwardShape(_STAGED_THREADS, share, 0, 2, share - 1 if ctas <= 4 else 0, keep)
     if ctas == 1:  # softmax in one CTA's 2-row ring: held 3.74, not 3.83-3.86
