@@ -16,6 +16,7 @@ after warm-up; copy (``dst.copy_(x)``) in the same process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import statistics
@@ -69,12 +70,13 @@ def _small(torch, norms, norm, n, sms, reps) -> str:
     return line
 
 
-_OPTIONS = ("hold", "keep", "prefetch", "fma")  # BackwardConfig.hold, .keep_weights, .prefetch_pairs, .fma_dx
+# BackwardConfig.hold, .keep_weights, .prefetch_pairs, .fma_dx, .bulk
+_OPTIONS = ("hold", "keep", "prefetch", "fma", "bulk")
 
 
 def _parse_configs(text: str, error) -> list:
-    """``[team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep][:prefetch][:fma],...`` as (team, threads, chunks, stages, lag,
-    hold, keep, prefetch, fma) tuples."""
+    """``[team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep][:prefetch][:fma][:bulk],...`` as (team, threads, chunks,
+    stages, lag, hold, keep, prefetch, fma, bulk) tuples."""
     out = []
     for item in text.split(","):
         parts = item.split(":")
@@ -83,7 +85,9 @@ def _parse_configs(text: str, error) -> list:
         try:
             threads, chunks, stages, lag = (int(v) for v in shape)
         except ValueError:
-            error(f"--configs: expected [team:]THREADS:CHUNKS:STAGES:LAG[:hold][:keep][:prefetch][:fma], got {item!r}")
+            error(
+                f"--configs: expected [team:]THREADS:CHUNKS:STAGES:LAG[:options] ({', '.join(_OPTIONS)}), got {item!r}"
+            )
         if min(threads, chunks, stages) < 1 or lag < 0:
             error(f"--configs: THREADS, CHUNKS and STAGES must be positive and LAG >= 0, got {item!r}")
         out.append((team, threads, chunks, stages, lag, *(name in parts for name in _OPTIONS)))
@@ -97,10 +101,12 @@ def _label(spec) -> str:
 
 
 def _explicit_config(norm, n, dtype, sums, spec):
-    team, threads, chunks, stages, lag, hold, keep, prefetch, fma = spec
+    team, threads, chunks, stages, lag, hold, keep, prefetch, fma, bulk = spec
     if team:  # any team size from 2 (the routed teams start at 9 CTAs)
-        return norm.team_backward_config(n, dtype, sums, chunks, stages, threads, lag, 2, hold, keep, prefetch, fma)
-    return norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag, hold, keep, fma)
+        args = (chunks, stages, threads, lag, 2, hold, keep, prefetch, fma, bulk)
+        return norm.team_backward_config(n, dtype, sums, *args)
+    cfg = norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag, hold, keep, fma)
+    return dataclasses.replace(cfg, bulk=True) if cfg is not None and bulk else cfg
 
 
 def _groups(norm, cfg, rows, sms):

@@ -630,6 +630,39 @@ def test_staged_backward_keeps_weights_in_registers(n, dtype, sums, weight):
         assert spill_bytes(ptx) <= STAGED_SPILLS.get((n, dtype, sums), 0), (n, dtype, weight, cfg)
 
 
+@pytest.mark.parametrize("n, dtype, sums", [(262144, "bf16", 2), (262144, "f32", 1), (131072, "bf16", 1)])
+def test_staged_backward_bulk_ring(n, dtype, sums):
+    """``bulk`` (a row over CTAs: a team, or RMSNorm bf16 131072's cluster): the ring filled by bulk copies completing
+    on an mbarrier per slot (one per source and chunk in each fill: the prologue's ``ahead`` rows and one per row
+    step), waited on instead of ``cp.async.wait_group``; no per-thread ``cp.async``; no spills."""
+    cfg = dataclasses.replace(norm_mod.backward_config(n, dtype, sums), bulk=True)
+    assert cfg.row.cluster > 1
+    flags = norm_mod.NormFlags(sums == 1, weight=True, bias=sums > 1)
+    rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
+    ptx = assembled(
+        norm_mod.norm_backward_kernel.lower(
+            rows,
+            rows,
+            flyc.TensorSpec((n,), dtype),
+            stats,
+            stats,
+            rows,
+            flyc.TensorSpec((16, sums * n), "f32"),
+            exchange_spec(cfg),
+            cfg,
+            flags,
+        )
+    )
+    ahead = cfg.stages - 1 - cfg.lag
+    assert ptx.count("cp.async.bulk.shared::cluster.global") == 2 * cfg.row.chunks * ahead + 2 * cfg.row.chunks
+    assert "cp.async.cg" not in ptx and "mbarrier.try_wait.parity" in ptx
+    assert ("fence.proxy.async.shared::cta" in ptx) and ptx.count("mbarrier.init") >= cfg.stages
+    with pytest.raises(ValueError, match="bulk fills the ring"):
+        dataclasses.replace(norm_mod.backward_config(262144, "bf16", 2), bulk=True, hold=True, lag=0)
+    if flyc.find_ptxas() is not None:
+        assert spill_bytes(ptx) == 0
+
+
 def test_team_prefetch_reads_pairs_a_step_early():
     """``prefetch_pairs`` (routed for 16-bit teams): the first warp's load of row k - lag's tagged pairs is issued,
     predicated, right after row k's first pass, before the block reduction's barrier; without it there is no

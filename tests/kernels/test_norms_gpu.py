@@ -474,6 +474,29 @@ def test_norm_backward_team_prefetch(n, dtype, monkeypatch):
     test_rms_norm_backward(n, dtype, rows=45)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [131072, 262144, 262152])
+def test_norm_backward_team_bulk(n, dtype, monkeypatch):
+    """Teams and clusters whose ring one thread per CTA fills by bulk copies (``bulk``): values and column sums as the
+    float64 reference, with rows past the last (their slots keep an earlier row: dbias must not count it), more rows
+    than teams (the mbarriers' phases wrap around) and 262152 (a CTA mostly past N, its tail zeroed once)."""
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    routed = norm.resident_backward_config
+    launched = []
+
+    def chosen(n_, dtype_, sums, staged, sms):
+        cfg = routed(n_, dtype_, sums, staged, sms)
+        bulk = cfg.staged and cfg.row.cluster > 1 and not cfg.hold
+        launched.append(bulk)
+        return dataclasses.replace(cfg, bulk=bulk)
+
+    monkeypatch.setattr(norm, "resident_backward_config", chosen)
+    for rows in (45, 3):
+        test_layer_norm_backward(n, dtype, rows=rows)
+        test_rms_norm_backward(n, dtype, rows=rows)
+    assert launched and all(launched), launched
+
+
 @pytest.mark.parametrize("prefetch", [False, True], ids=["polled", "prefetched"])
 @pytest.mark.parametrize("n", [262144, 262152])
 def test_layer_norm_backward_team_512x4(n, prefetch, monkeypatch):

@@ -636,6 +636,29 @@ def cp_async(dst, src, nbytes: int = 16, dst_coord=None, src_coord=None, src_byt
     _nvvm.cp_async_shared_global(dst_pointer, src_pointer, nbytes, modifier, cp_size=size)
 
 
+def cp_async_bulk(dst, src, nbytes, barrier, dst_coord=None, src_coord=None) -> None:
+    """``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], nbytes, [barrier]``: one
+    thread's asynchronous copy of ``nbytes`` (a kernel Int32 or int, a multiple of 16; 0 copies nothing) contiguous
+    bytes from global to this CTA's shared memory, both 16-byte aligned, completing ``nbytes`` of the transaction
+    count of ``barrier`` (an :class:`~flydsl.expr.mbarrier.Mbarrier` in this CTA's shared memory: raise its expected
+    bytes with ``arrive_expect_tx`` in the same phase, then ``wait`` on it). ``dst``/``src``: Tensors (with
+    ``dst_coord``/``src_coord``) or raw pointers. The copy writes through the async proxy: shared memory the CTA wrote
+    with ordinary stores takes a :func:`fence_proxy_async` before a bulk copy writes it.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-cp-async-bulk
+    """
+    if isinstance(nbytes, int) and (nbytes < 0 or nbytes % 16):
+        raise ValueError(f"cp_async_bulk nbytes: expected a non-negative multiple of 16, got {nbytes}")
+    i64 = Int64.mlir_type()
+    where = _llvm.ptrtoint(i64, _pointer(dst, dst_coord, "shared"))
+    source = _pointer(src, src_coord, "global")
+    bar = _llvm.ptrtoint(i64, barrier.address)
+    size = _int32(nbytes if not isinstance(nbytes, int) else Int32(nbytes), "cp_async_bulk nbytes").value
+    copy = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];"
+    text = f"{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p {copy} }}"  # a size of 0: no copy issued
+    _asm(None, [where, source, size, bar], text, "l,l,r,l", side_effects=True)
+
+
 def cp_async_commit_group() -> None:
     """``cp.async.commit_group``: closes the group of this thread's ``cp_async`` issued since the last commit.
 

@@ -98,12 +98,15 @@ class BackwardConfig:
     keep_weights: bool = False  # staged: the weight's chunks loaded once, kept in registers in their dtype
     prefetch_pairs: bool = False  # a team at a lag: its row's pairs read a step early (norm_staged._team_prefetch)
     fma_dx: bool = False  # staged LayerNorm: xhat and dx from x by fmas, the mean folded in (16-bit rows; _Ring)
+    bulk: bool = False  # staged, a row over CTAs: one thread per CTA fills the ring by bulk copies (_RowRing)
 
     def __post_init__(self):
         if self.hold and (not self.staged or (self.lag and self.row.cluster > 1)):
             raise ValueError(f"{self}: hold keeps a row in registers until its dx: the staged kernel at lag 0 only")
         if (self.keep_weights or self.fma_dx) and not self.staged:
             raise ValueError(f"{self}: keep_weights and fma_dx are the staged kernel's")
+        if self.bulk and (not self.staged or self.hold or self.row.cluster == 1 or self.row.block <= 32):
+            raise ValueError(f"{self}: bulk fills the ring of a row over CTAs (a block barrier per row), not held")
 
     @property
     def two_pass(self) -> bool:
@@ -258,13 +261,15 @@ def team_backward_config(
     keep_weights: bool = True,
     prefetch_pairs: bool | None = None,
     fma_dx: bool | None = None,
+    bulk: bool = False,
 ) -> BackwardConfig | None:
     """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as
     hold the row (any count, ``smallest`` to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial
     sums through global memory; ``chunks``, ``threads``, ``stages``, ``lag``, ``prefetch_pairs`` and ``fma_dx``
     default to :func:`_team_shape`. None when N is not a multiple of 16 bytes, the row needs fewer than ``smallest``
     (>= 2) or more than :data:`_MAX_TEAM` CTAs, or the ring is too small for the lag (``stages < lag + 2``), or
-    ``hold`` at a lag. ``hold``, ``keep_weights``, ``prefetch_pairs`` and ``fma_dx``: see :class:`BackwardConfig`."""
+    ``hold`` at a lag. ``hold``, ``keep_weights``, ``prefetch_pairs``, ``fma_dx`` and ``bulk``: see
+    :class:`BackwardConfig`."""
     shape = _team_shape(dtype, sums)
     threads, chunks, stages = threads or shape[0], chunks or shape[1], stages or shape[2]
     lag = shape[3] if lag is None else lag
@@ -277,7 +282,7 @@ def team_backward_config(
         return None
     layout = RowConfig(dtype, vec, chunks, threads, 1, team, True, team=True)
     prefetch_pairs = prefetch_pairs and lag > 0
-    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag, hold, keep_weights, prefetch_pairs, fma_dx)
+    return BackwardConfig(layout, chunks, sums, False, 1, stages, lag, hold, keep_weights, prefetch_pairs, fma_dx, bulk)
 
 
 @functools.lru_cache(maxsize=1024)

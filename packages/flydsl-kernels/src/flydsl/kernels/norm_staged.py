@@ -71,14 +71,21 @@ class _RowRing:
     """A ring of ``stages`` rows of this thread's 16-byte chunks of the ``sources`` (2-D tensors of one dtype, read
     at the same row) in shared memory, filled by ``cp.async`` (zeros past N and past the last row), read back by the
     thread that copied them: a thread waits for its own copies (``cp.async.wait_group``), no barrier. Shared by the
-    staged backward (dy and x) and the staged forward (x, and the residual of the fused add)."""
+    staged backward (dy and x) and the staged forward (x, and the residual of the fused add). Bulk mode (the staged
+    backward's ``BackwardConfig.bulk``: :func:`_bulk_setup`, :func:`_issue_bulk`): one thread per CTA fills a slot
+    by a bulk copy per source and chunk, every thread waits on the slot's mbarrier."""
 
     def __init__(self, rc: RowConfig, stages: int, sources, pos, n, rows):
         self.rc, self.sources, self.pos, self.n, self.rows = rc, tuple(sources), pos, n, rows
-        self.width = len(self.sources)
+        self.width, self.stages = len(self.sources), stages
         size = stages * self.width * rc.chunks * rc.block * rc.vec
         self.buffer = fx.SmemAllocator().allocate(self.sources[-1].dtype, size, alignment=16)
         self.cols = [chunk_index(rc, pos, j) * rc.vec for j in range(rc.chunks)]
+        self.bars = None  # bulk mode's mbarriers (_bulk_setup)
+
+    def wait_bulk(self, slot, phase) -> None:
+        """Waits until ring slot ``slot``'s bulk copies (:func:`_issue_bulk`) of phase ``phase`` have landed."""
+        self.bars[slot].wait(phase)
 
     def _index(self, slot, t: int, j: int):
         return ((slot * self.width + t) * self.rc.chunks + j) * self.rc.block + self.pos.tid
@@ -107,6 +114,57 @@ class _RowRing:
         view = fx.local_tile(self.buffer, (self.rc.vec,), (self._index(slot, t, j),))
         wide = _load_vector(view, self.rc.vec).to(fx.Float32)
         return [wide[e] for e in range(self.rc.vec)]
+
+
+def _bulk_setup(ring) -> None:
+    """A :class:`_RowRing` in bulk mode (:func:`_issue_bulk`): an mbarrier per slot, and the ring zeroed, so that
+    the bytes no copy writes (past N, and slots of rows past the last) read as zeros; ordered before the copies'
+    async-proxy writes by a proxy fence and a barrier. (Module functions, not methods: the kernel's control flow is
+    traced through functions only.)"""
+    rc = ring.rc
+    ring.bars = fx.mbarrier.allocate(fx.SmemAllocator(), ring.stages)
+    zeros = vector.vector_class(ring.buffer.dtype, rc.vec)
+    raw, filled = vector.register_buffer(zeros)
+    _llvm.store(zeros(0).value, raw, alignment=filled.base_alignment)
+    for slot in fx.range_constexpr(ring.stages):
+        for t in fx.range_constexpr(ring.width):
+            for j in fx.range_constexpr(rc.chunks):
+                fx.copy(filled, fx.local_tile(ring.buffer, (rc.vec,), (ring._index(slot, t, j),)))
+    if ring.pos.tid == 0:
+        for i in fx.range_constexpr(ring.stages):
+            ring.bars[i].init(1)
+        fx.mbarrier.fence_init()
+    fx.nvvm.fence_proxy_async("shared")
+    gpu.barrier()
+
+
+def _issue_bulk(ring, row, slot) -> None:
+    """``ring``'s :meth:`_RowRing.issue` for the whole CTA: thread 0 copies the CTA's part of ``row`` (for each
+    source and chunk ``j``, its threads' ``block`` consecutive 16-byte chunks: one contiguous piece) into ring slot
+    ``slot`` by bulk copies completing on the slot's mbarrier (:meth:`_RowRing.wait_bulk`); nothing past N or past
+    the last row. The caller makes sure every thread has finished reading the slot (a block barrier since)."""
+    rc, n = ring.rc, ring.n
+    if ring.pos.tid == 0:
+        row_ok = row < ring.rows
+        safe_row = fx.arith.select(row_ok, row, type(row)(0))
+        piece = rc.block * rc.vec
+        size = ring.buffer.dtype.width // 8
+        pieces, total = [], fx.Int32(0)
+        for j in fx.range_constexpr(rc.chunks):
+            first = (j * rc.cluster + ring.pos.rank) * piece  # the CTA's first column of its chunk j
+            left = n - first  # columns from there to N
+            count = fx.arith.select(left > piece, type(left)(piece), left)
+            nbytes = fx.arith.select(row_ok & (left > 0), count, type(left)(0)).to(fx.Int32) * size
+            pieces.append((fx.arith.select(first < n, first, type(first)(0)), nbytes))
+            total = total + nbytes * ring.width
+        ring.bars[slot].arrive_expect_tx(total)
+        for t in fx.range_constexpr(ring.width):
+            for j in fx.range_constexpr(rc.chunks):
+                first, nbytes = pieces[j]
+                start = ((slot * ring.width + t) * rc.chunks + j) * rc.block * rc.vec
+                fx.nvvm.cp_async_bulk(
+                    ring.buffer, ring.sources[t], nbytes, ring.bars[slot], dst_coord=start, src_coord=(safe_row, first)
+                )
 
 
 def _row_stats(flags: NormFlags, mean_in, rstd_in, row, rows):
@@ -159,12 +217,14 @@ class _Ring(_RowRing):
         """``g = dy * weight`` (``dy`` without a weight)."""
         return [d * w for d, w in zip(dys, ws, strict=True)] if ws is not None else dys
 
-    def first_pass(self, slot, rstd, mu, sums):
+    def first_pass(self, slot, rstd, mu, sums, valid=None):
         """This thread's ``sum(g * xhat)`` (and ``sum(g)``) of the row in ``slot``, and ``sums`` plus its column
         terms (dweight's ``dy * xhat``, then dbias's ``dy``), chunk by chunk (each chunk's values die before the
         next is read, unless ``cfg.hold``); written as explicit ``fma``s (the kernel is traced without contraction,
         and its issue slots are what limits it: ncu, 2026-11-30). Returns (dots, sums, held): ``held`` (with
-        ``cfg.hold``, else None) the ``(g, x - mean)`` of every chunk, for :meth:`store_dx`."""
+        ``cfg.hold``, else None) the ``(g, x - mean)`` of every chunk, for :meth:`store_dx`. ``valid``: 1.0, or 0.0
+        for a row past the last whose slot holds an earlier row (bulk copies: nothing zero-fills it): dbias's terms
+        ``fma(dy, valid, sum)``, exactly ``dy + sum`` for a row (dweight's terms are 0 there: rstd is)."""
         rc = self.rc
         dots = [fx.Float32(0.0)] * (1 if self.flags.rms else 2)
         added = list(sums)
@@ -186,7 +246,7 @@ class _Ring(_RowRing):
                     added[j * rc.vec + e] = fx.math.fma(dys[e], xhat, added[j * rc.vec + e])
                 if fx.const_expr(self.cfg.sums > 1):
                     at = (rc.chunks + j) * rc.vec + e
-                    added[at] = added[at] + dys[e]
+                    added[at] = added[at] + dys[e] if valid is None else fx.math.fma(dys[e], valid, added[at])
             # a chunk past N: its xhat (-mean * rstd) may overflow, and 0 * inf is NaN (its column terms are never
             # stored)
             dots[0] = dots[0] + fx.arith.select(self.cols[j] < self.n, dot, fx.Float32(0.0))
@@ -462,24 +522,41 @@ def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
     values = 1 if flags.rms else 2
     inv_n = _inverse_n(n)
     ring = _Ring(cfg, flags, tensors, pos, n, rows)
+    if fx.const_expr(cfg.bulk):
+        _bulk_setup(ring)
     share = _exchange_setup(cfg, pos, exchange, inbox_slots(lag))
     block = dataclasses.replace(rc, cluster=1, team=False)  # the CTA's part of the reduction
-    for k in fx.range_constexpr(ahead + 1):
-        ring.issue(group + k * groups, fx.Int32(k))
+    # cp.async: rows k + 1 .. k + ahead in flight while row k is read. Bulk copies: a slot is refilled after the
+    # block barrier that follows its last reads (row k's reduction), so rows k + 1 .. k + ahead - 1 (and k + ahead
+    # from mid-row).
+    for k in fx.range_constexpr(ahead if cfg.bulk else ahead + 1):
+        if fx.const_expr(cfg.bulk):
+            _issue_bulk(ring, group + k * groups, fx.Int32(k))
+        else:
+            ring.issue(group + k * groups, fx.Int32(k))
     sums = [fx.Float32(0.0)] * max(1, cfg.sums * rc.chunks * rc.vec)  # one unused value without sums: carried
     rstd, mu = ring.stats(group)
     queue = [fx.Float32(0.0)] * (2 * lag)  # (rstd, mean) of rows k - lag .. k - 1
     k = fx.Int32(0)
     slot = fx.Int32(0)  # k % stages
+    phase = fx.Int32(0)  # (k // stages) % 2: the fill of the slot's mbarrier that row k's bulk copies complete
     for grp in range(group, row_groups + lag * groups, groups):  # lag more steps: the last rows' dx
         next_rstd, next_mu = ring.stats(grp + groups)  # in flight during this row
-        fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
+        valid = None
+        if fx.const_expr(cfg.bulk):
+            ring.wait_bulk(slot, phase)
+            valid = fx.arith.select(grp < rows, fx.Float32(1.0), fx.Float32(0.0))
+        else:
+            fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
         parity = k % 2
-        dots, sums, held = ring.first_pass(slot, rstd, mu, sums)
+        dots, sums, held = ring.first_pass(slot, rstd, mu, sums, valid)
         early = None
         if fx.const_expr(rc.team and cfg.lag > 0 and cfg.prefetch_pairs):  # row k - lag's, while this row reduces
             early = _team_prefetch(share, grp - lag * groups, k >= lag)
         part = row_reduce(block, pos, smem, parity, dots)
+        if fx.const_expr(cfg.bulk):  # every thread is past row k - lag - 1's dx: its slot takes row k + ahead
+            later = slot + ahead
+            _issue_bulk(ring, grp + ahead * groups, fx.arith.select(later >= stages, later - stages, later))
         if fx.const_expr(cfg.hold):  # lag 0, the row in registers: its slot is free now (every value arrived)
             ring.issue(grp + stages * groups, slot)
         if fx.const_expr(values == 1):
@@ -496,13 +573,15 @@ def _rows_pushed(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
             if fx.const_expr(not flags.rms):
                 c2 = total[1] * inv_n
             ring.store_dx(grp - lag * groups, freed, pending[0], pending[1], total[0] * inv_n, c2, held)
-        if fx.const_expr(not cfg.hold):
+        if fx.const_expr(not cfg.hold and not cfg.bulk):
             ring.issue(grp + (ahead + 1) * groups, freed)
         if fx.const_expr(lag > 0):
             queue = pending[2:]
         rstd, mu = next_rstd, next_mu
         k = k + 1
-        slot = fx.arith.select(slot + 1 >= stages, slot + 1 - stages, slot + 1)
+        wrapped = slot + 1 >= stages
+        phase = fx.arith.select(wrapped, 1 - phase, phase)
+        slot = fx.arith.select(wrapped, slot + 1 - stages, slot + 1)
     ring.write_sums(partial_row, sums)
 
 
