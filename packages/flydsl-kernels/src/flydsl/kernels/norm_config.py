@@ -230,21 +230,24 @@ _MAX_TEAM = 64  # CTAs per row of a team: at least two teams on 132 SMs
 
 
 def _team_shape(dtype: str, sums: int) -> tuple:
-    """(threads, chunks, stages, lag, prefetch_pairs, fma_dx) of a team by default: 1024 x 2-chunk CTAs, a 3-row ring,
-    lag 1 (f32 LayerNorm 131072, 262144: 3.14, 2.91 TB/s against 2.76, 2.50 for 512 threads, 6 rows, lag 2; RMSNorm bf16
-    262144 3.03, f32 131072, 262144: 3.11, 2.94), except 16-bit LayerNorm, whose two sums spill at 1024 threads: 512
-    threads, 6 rows, lag 2, the pairs prefetched (131072, 262144: 2.83-2.86, 2.98-3.00 against 2.71-2.77, 2.68-2.71 at
-    lag 1 without; benchmarks/results/norms_backward_staged_2026-12-01_prefetch_*.json; at 1024 threads the prefetch
-    measured -4% to +5%, and spilled 8 bytes in RMSNorm bf16 262144's registers: off). Every team keeps its weight in
-    registers (2026-12-01: f32 LayerNorm 131072, 262144 3.73, 3.57 against 3.02, 2.92; RMSNorm bf16 262144 3.37 against
-    2.98, f32 3.83, 3.77 against 3.14, 3.03). 16-bit RMSNorm: 512 x 4-chunk CTAs, 3 rows, lag 1, pairs prefetched
-    (262144, four runs: 3.42, 3.44, 3.37, 3.49 against 3.40, 3.34, 3.25, 3.35 for 1024 x 2;
-    ..._2026-12-01_rms262144*.json; float32 measured within 2% either way at 512 x 4: not changed). 16-bit LayerNorm
-    folds its mean into fmas (``fma_dx``; 131072, 262144: 2.96, 3.06 and 2.90, 3.02 against 2.51, 2.98 and 2.80, 2.95 in
-    two runs)."""
+    """(threads, chunks, stages, lag, prefetch_pairs, fma_dx, bulk) of a team by default: 1024 x 2-chunk CTAs, a 3-row
+    ring, lag 1 (f32 LayerNorm 131072, 262144: 3.14, 2.91 TB/s against 2.76, 2.50 for 512 threads, 6 rows, lag 2;
+    RMSNorm bf16 262144 3.03, f32 131072, 262144: 3.11, 2.94), except 16-bit LayerNorm, whose two sums spill at 1024
+    threads: 512 threads, 6 rows, lag 2, the pairs prefetched (131072, 262144: 2.83-2.86, 2.98-3.00 against
+    2.71-2.77, 2.68-2.71 at lag 1 without; benchmarks/results/norms_backward_staged_2026-12-01_prefetch_*.json; at
+    1024 threads the prefetch measured -4% to +5%, and spilled 8 bytes in RMSNorm bf16 262144's registers: off).
+    Every team keeps its weight in registers (2026-12-01: f32 LayerNorm 131072, 262144 3.73, 3.57 against 3.02,
+    2.92; RMSNorm bf16 262144 3.37 against 2.98, f32 3.83, 3.77 against 3.14, 3.03). 16-bit RMSNorm: 512 x 4-chunk
+    CTAs, 3 rows, lag 1, pairs prefetched (262144, four runs: 3.42, 3.44, 3.37, 3.49 against 3.40, 3.34, 3.25, 3.35
+    for 1024 x 2; ..._2026-12-01_rms262144*.json; float32 measured within 2% either way at 512 x 4: not changed).
+    16-bit LayerNorm folds its mean into fmas (``fma_dx``; 131072, 262144: 2.96, 3.06 and 2.90, 3.02 against 2.51,
+    2.98 and 2.80, 2.95 in two runs). 16-bit LayerNorm fills its ring by bulk copies (``bulk``; 262144: 3.36 against
+    3.04-3.06 in one run, ``norms_backward_staged_2026-12-01_session26_bulk_*.json``, ~50 fewer SASS instructions
+    per thread per row step; RMSNorm bf16 262144 measured 3.17 at 512 x 4 and 3.47 at 1024 x 2 against 3.50, float32
+    LayerNorm 262144 3.54 against 3.50: not taken there)."""
     if dtype == "f32":
-        return (1024, 2, 3, 1, False, False)
-    return (512, 2, 6, 2, True, True) if sums == 2 else (512, 4, 3, 1, True, False)
+        return (1024, 2, 3, 1, False, False, False)
+    return (512, 2, 6, 2, True, True, True) if sums == 2 else (512, 4, 3, 1, True, False, False)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -261,20 +264,21 @@ def team_backward_config(
     keep_weights: bool = True,
     prefetch_pairs: bool | None = None,
     fma_dx: bool | None = None,
-    bulk: bool = False,
+    bulk: bool | None = None,
 ) -> BackwardConfig | None:
-    """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as
-    hold the row (any count, ``smallest`` to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial
-    sums through global memory; ``chunks``, ``threads``, ``stages``, ``lag``, ``prefetch_pairs`` and ``fma_dx``
-    default to :func:`_team_shape`. None when N is not a multiple of 16 bytes, the row needs fewer than ``smallest``
-    (>= 2) or more than :data:`_MAX_TEAM` CTAs, or the ring is too small for the lag (``stages < lag + 2``), or
-    ``hold`` at a lag. ``hold``, ``keep_weights``, ``prefetch_pairs``, ``fma_dx`` and ``bulk``: see
-    :class:`BackwardConfig`."""
+    """The staged kernel for rows longer than 8 CTAs hold (see :func:`_rows_pushed`): a team of as many CTAs as hold the
+    row (any count, ``smallest`` to :data:`_MAX_TEAM`), consecutive in the grid, exchanging their partial sums
+    through global memory; ``chunks``, ``threads``, ``stages``, ``lag``, ``prefetch_pairs``, ``fma_dx`` and ``bulk``
+    default to :func:`_team_shape` (``bulk`` not with ``hold``). None when N is not a multiple of 16 bytes, the row
+    needs fewer than ``smallest`` (>= 2) or more than :data:`_MAX_TEAM` CTAs, or the ring is too small for the lag
+    (``stages < lag + 2``), or ``hold`` at a lag. ``hold``, ``keep_weights``, ``prefetch_pairs``, ``fma_dx`` and
+    ``bulk``: see :class:`BackwardConfig`."""
     shape = _team_shape(dtype, sums)
     threads, chunks, stages = threads or shape[0], chunks or shape[1], stages or shape[2]
     lag = shape[3] if lag is None else lag
     prefetch_pairs = shape[4] if prefetch_pairs is None else prefetch_pairs
     fma_dx = shape[5] if fma_dx is None else fma_dx
+    bulk = shape[6] and not hold if bulk is None else bulk
     vec = 16 // element_bytes(dtype)
     team = -(-n // (vec * threads * chunks))
     fits = max(2, smallest) <= team <= _MAX_TEAM and lag + 2 <= stages  # the ring holds rows k - lag .. k + 1
@@ -370,7 +374,9 @@ class StagedForwardConfig:
     ``keep_weights`` (each thread loads its chunks of the weight and bias once, before its first row, and keeps them in
     registers in their dtype for every row, instead of reloading them from L1/L2 per row: a CTA's slice is the same
     columns for all its rows; not with float32 weights on 16-bit rows, whose registers would spill; routed at 5-8 CTAs
-    per row and in teams, see :func:`forward_shape`). One CTA per SM (the ring takes most of the shared memory), a
+    per row and in teams, see :func:`forward_shape`), ``bulk`` (one thread per CTA fills each ring slot by bulk
+    copies, refilled after the next row's block reduction: a row of lookahead less; see
+    :func:`flydsl.kernels.norm_staged._issue_bulk`). One CTA per SM (the ring takes most of the shared memory), a
     persistent grid."""
 
     row: RowConfig
@@ -380,12 +386,15 @@ class StagedForwardConfig:
     blocks_per_sm: int = 1
     hold: int = 0
     keep_weights: bool = False
+    bulk: bool = False
 
     def __post_init__(self):
         if not isinstance(self.hold, int) or isinstance(self.hold, bool) or not 0 <= self.hold <= self.row.chunks:
             raise ValueError(f"{self}: hold is the count of chunks held in registers, 0..{self.row.chunks}")
         if self.hold and self.lag and self.row.cluster > 1:
             raise ValueError(f"{self}: hold keeps a row in registers until its output: lag 0 only")
+        if self.bulk and (self.stages - 1 - (self.lag if self.row.cluster > 1 else 0) < 1 or self.row.block <= 32):
+            raise ValueError(f"{self}: bulk refills a slot a row later: a row ahead at least, a block barrier per row")
 
     @property
     def staged(self) -> bool:
@@ -415,6 +424,7 @@ def staged_forward_config(
     keep_weights: bool = False,
     team: bool = False,
     blocks_per_sm: int = 1,
+    bulk: bool = False,
 ) -> StagedForwardConfig | None:
     """The staged forward config for rows of ``n`` elements of ``dtype`` (``residual``: the fused add, whose ring
     holds x and the residual): CTAs of ``threads`` threads holding ``chunks`` 16-byte chunks of each source per row
@@ -431,7 +441,8 @@ def staged_forward_config(
     :func:`forward_shape`) instead of a cluster (up to 8 CTAs) or None (more). A team needs no GPC of its own: every
     SM takes a CTA, where clusters of 4 or 8 1024-thread CTAs fill only 120 of the H200's 132. ``blocks_per_sm``:
     CTAs per SM (their rings share :data:`_RING_BYTES`; ptxas fits their registers), so that one CTA's barriers
-    and output leave the other CTAs' copies and math running; None when their threads exceed an SM's 2048."""
+    and output leave the other CTAs' copies and math running; None when their threads exceed an SM's 2048.
+    ``bulk``: see :class:`StagedForwardConfig` (None without a row ahead in the ring)."""
     vec = 16 // element_bytes(dtype)
     sources = 2 if residual else 1
     if chunks is None:
@@ -457,9 +468,9 @@ def staged_forward_config(
     held = (chunks if hold else 0) if isinstance(hold, bool) else hold
     if not isinstance(held, int) or not 0 <= held <= chunks:
         raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")
-    if held and lag and cluster > 1:
+    if (held and lag and cluster > 1) or (bulk and stages - 1 - lag < 1):
         return None
-    return StagedForwardConfig(layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights))
+    return StagedForwardConfig(layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights), bulk)
 
 
 # The staged forward is the default from these N on (the register kernel's cluster regime, under the bar; shorter
@@ -479,6 +490,7 @@ class ForwardShape(NamedTuple):
     keep_weights: bool = False
     team: bool = False
     blocks_per_sm: int = 1
+    bulk: bool = False
 
 
 def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
