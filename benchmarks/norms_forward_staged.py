@@ -144,22 +144,21 @@ def staged_launch(norm, kernel: str, cfg, t: dict):
 
 
 def parse_shapes(text: str, error) -> list:
-    """``--shapes`` (THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS[:BULK]]]]],...) as SHAPES entries (BLOCKS: CTAs per
-    SM, default 1; BULK 1: the ring filled by bulk copies); ``error(message)`` reports a bad one."""
+    """``--shapes`` (THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS]]]],...) as SHAPES entries (BLOCKS: CTAs per SM,
+    default 1); ``error(message)`` reports a bad one."""
     shapes = []
     for item in text.split(","):
         fields = item.split(":")
-        if not 3 <= len(fields) <= 8 or not all(f.isdigit() for f in fields):
-            error(
-                f"--shapes: expected THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS[:BULK]]]]] (integers), got {item!r}"
-            )
+        if not 3 <= len(fields) <= 7 or not all(f.isdigit() for f in fields):
+            error(f"--shapes: expected THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS]]]] (integers), got {item!r}")
             continue
-        values = [int(f) for f in fields]
-        threads, chunks, lag, stages, hold, keep, blocks, bulk = values + [0, 0, 0, 1, 0][len(values) - 3 :]
-        if threads < 32 or chunks < 1 or hold > chunks or keep > 1 or blocks < 1 or bulk > 1:
-            error(f"--shapes: {item!r}: THREADS >= 32, CHUNKS >= 1, HOLD <= CHUNKS, KEEP and BULK 0 or 1, BLOCKS >= 1")
+        threads, chunks, lag, stages, hold, keep, blocks = ([int(f) for f in fields] + [0, 0, 0, 0])[:6] + [
+            int(fields[6]) if len(fields) == 7 else 1
+        ]
+        if threads < 32 or chunks < 1 or hold > chunks or keep > 1 or blocks < 1:
+            error(f"--shapes: {item!r}: THREADS >= 32, CHUNKS >= 1, HOLD <= CHUNKS, KEEP 0 or 1 and BLOCKS >= 1")
             continue
-        shapes.append((threads, chunks, lag, stages or None, hold, bool(keep), blocks, bool(bulk)))
+        shapes.append((threads, chunks, lag, stages or None, hold, bool(keep), blocks))
     return shapes
 
 
@@ -171,13 +170,12 @@ def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES, team: bool =
     t = staged_inputs(torch, kernel, m, n, dtype)
     found = []
     for threads, chunks, lag, stages, *rest in shapes:
-        hold, keep, blocks, bulk = (list(rest) + [0, False, 1, False][len(rest) :])[:4]
-        fused = kernel == "fused_add_rms_norm"
+        hold, keep, blocks = (list(rest) + [0, False, 1][len(rest) :])[:3]
         cfg = norm.staged_forward_config(
-            n, row["dtype"], fused, chunks, stages, threads, lag, hold, keep, team, blocks, bulk
+            n, row["dtype"], kernel == "fused_add_rms_norm", chunks, stages, threads, lag, hold, keep, team, blocks
         )
         shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages, "hold": hold, "keep": keep}
-        shape.update(blocks_per_sm=blocks, bulk=bulk)
+        shape["blocks_per_sm"] = blocks
         if cfg is None:
             found.append({**shape, "tbps": None})
             continue
@@ -214,10 +212,9 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="also time the staged kernel's other shapes")
     parser.add_argument(
         "--shapes",
-        help="--sweep: only these shapes, THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS[:BULK]]]]] separated by"
-        " commas (STAGES 0: most; HOLD: chunks whose values stay in registers, 0..CHUNKS; KEEP 1: weight and bias kept"
-        " in registers; BLOCKS: CTAs per SM, default 1; BULK 1: bulk copies fill the ring), e.g."
-        " 1024:4:0:0:4,1024:4:0:2:0:1,512:8:0:1:0:0:2",
+        help="--sweep: only these shapes, THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS]]]] separated by commas"
+        " (STAGES 0: most; HOLD: chunks whose values stay in registers, 0..CHUNKS; KEEP 1: weight and bias kept in"
+        " registers; BLOCKS: CTAs per SM, default 1), e.g. 1024:4:0:0:4,1024:4:0:2:0:1,512:8:0:1:0:0:2",
     )
     parser.add_argument(
         "--team", action="store_true", help="--sweep: rows over several CTAs as teams (global-memory exchange)"

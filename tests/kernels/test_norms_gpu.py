@@ -640,11 +640,6 @@ def test_staged_forward(n, dtype, staged_launches):
         # two CTAs per SM: clusters of 8 (the last CTA holding one chunk), one CTA per row in single-row rings
         (114696, torch.bfloat16, dict(threads=512, chunks=4, lag=0, stages=2, keep_weights=True, blocks_per_sm=2)),
         (32768, torch.bfloat16, dict(threads=512, chunks=8, stages=1, blocks_per_sm=2)),
-        # the ring filled by bulk copies: clusters at lag 0 (CTAs holding unequal parts) and 1, one CTA per row, a team
-        (131080, torch.bfloat16, dict(lag=0, hold=3, bulk=True)),
-        (65544, torch.float32, dict(lag=1, bulk=True)),
-        (32768, torch.bfloat16, dict(stages=2, bulk=True)),
-        (262144, torch.float32, dict(team=True, bulk=True)),
     ],
     ids=str,
 )
@@ -734,30 +729,6 @@ def test_staged_softmax_forward(n, dtype):
         _close(out.double() * n, ref * n, dtype, "out * N")  # at the scale of the mean element (~1), not of 1/N
         sums = out.double().sum(dim=-1)
         assert torch.allclose(sums, torch.ones_like(sums), atol=TOL[dtype][1] * max(1, n**0.5) + 1e-6)
-
-
-@pytest.mark.parametrize(
-    "n, dtype, shape",
-    [
-        (32768, torch.bfloat16, dict(stages=2)),
-        (65544, torch.bfloat16, dict(lag=0, hold=4)),
-        (262144, torch.float32, dict(team=True)),
-    ],
-    ids=str,
-)
-def test_staged_softmax_bulk(n, dtype, shape):
-    """The staged softmax whose ring one thread per CTA fills by bulk copies (``bulk``): one CTA per row, a cluster
-    with held exps (its last CTA holding a sliver), a team; more rows than CTA groups and fewer; against float64."""
-    from flydsl.kernels.host import row_tensor
-    from flydsl.kernels.softmax_staged import forward_staged
-
-    cfg = _NORM.staged_forward_config(n, _DTYPE_NAME[dtype], bulk=True, **shape)
-    assert cfg is not None and cfg.bulk
-    for rows in _staged_rows(n):
-        x = _input(rows, n, dtype) * 3 + 5
-        out = _poison(x)
-        assert forward_staged(row_tensor(x, "x"), row_tensor(out, "out"), cfg)
-        _close(out, torch.softmax(x.double(), dim=-1))
 
 
 @pytest.mark.parametrize(

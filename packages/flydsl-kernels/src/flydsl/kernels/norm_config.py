@@ -374,9 +374,7 @@ class StagedForwardConfig:
     ``keep_weights`` (each thread loads its chunks of the weight and bias once, before its first row, and keeps them in
     registers in their dtype for every row, instead of reloading them from L1/L2 per row: a CTA's slice is the same
     columns for all its rows; not with float32 weights on 16-bit rows, whose registers would spill; routed at 5-8 CTAs
-    per row and in teams, see :func:`forward_shape`), ``bulk`` (one thread per CTA fills each ring slot by bulk
-    copies, refilled after the next row's block reduction: a row of lookahead less; see
-    :func:`flydsl.kernels.norm_staged._issue_bulk`). One CTA per SM (the ring takes most of the shared memory), a
+    per row and in teams, see :func:`forward_shape`). One CTA per SM (the ring takes most of the shared memory), a
     persistent grid."""
 
     row: RowConfig
@@ -386,15 +384,12 @@ class StagedForwardConfig:
     blocks_per_sm: int = 1
     hold: int = 0
     keep_weights: bool = False
-    bulk: bool = False
 
     def __post_init__(self):
         if not isinstance(self.hold, int) or isinstance(self.hold, bool) or not 0 <= self.hold <= self.row.chunks:
             raise ValueError(f"{self}: hold is the count of chunks held in registers, 0..{self.row.chunks}")
         if self.hold and self.lag and self.row.cluster > 1:
             raise ValueError(f"{self}: hold keeps a row in registers until its output: lag 0 only")
-        if self.bulk and (self.stages - 1 - (self.lag if self.row.cluster > 1 else 0) < 1 or self.row.block <= 32):
-            raise ValueError(f"{self}: bulk refills a slot a row later: a row ahead at least, a block barrier per row")
 
     @property
     def staged(self) -> bool:
@@ -424,7 +419,6 @@ def staged_forward_config(
     keep_weights: bool = False,
     team: bool = False,
     blocks_per_sm: int = 1,
-    bulk: bool = False,
 ) -> StagedForwardConfig | None:
     """The staged forward config for rows of ``n`` elements of ``dtype`` (``residual``: the fused add, whose ring
     holds x and the residual): CTAs of ``threads`` threads holding ``chunks`` 16-byte chunks of each source per row
@@ -441,8 +435,7 @@ def staged_forward_config(
     :func:`forward_shape`) instead of a cluster (up to 8 CTAs) or None (more). A team needs no GPC of its own: every
     SM takes a CTA, where clusters of 4 or 8 1024-thread CTAs fill only 120 of the H200's 132. ``blocks_per_sm``:
     CTAs per SM (their rings share :data:`_RING_BYTES`; ptxas fits their registers), so that one CTA's barriers
-    and output leave the other CTAs' copies and math running; None when their threads exceed an SM's 2048.
-    ``bulk``: see :class:`StagedForwardConfig` (None without a row ahead in the ring)."""
+    and output leave the other CTAs' copies and math running; None when their threads exceed an SM's 2048."""
     vec = 16 // element_bytes(dtype)
     sources = 2 if residual else 1
     if chunks is None:
@@ -468,9 +461,9 @@ def staged_forward_config(
     held = (chunks if hold else 0) if isinstance(hold, bool) else hold
     if not isinstance(held, int) or not 0 <= held <= chunks:
         raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")
-    if (held and lag and cluster > 1) or (bulk and stages - 1 - lag < 1):
+    if held and lag and cluster > 1:
         return None
-    return StagedForwardConfig(layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights), bulk)
+    return StagedForwardConfig(layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights))
 
 
 # The staged forward is the default from these N on (the register kernel's cluster regime, under the bar; shorter
@@ -490,7 +483,6 @@ class ForwardShape(NamedTuple):
     keep_weights: bool = False
     team: bool = False
     blocks_per_sm: int = 1
-    bulk: bool = False
 
 
 def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:

@@ -18,11 +18,9 @@ from flydsl.kernels.norm_config import (
     StagedForwardConfig,
 )
 from flydsl.kernels.norm_staged import (
-    _bulk_setup,
     _exchange_push,
     _exchange_setup,
     _exchange_wait,
-    _issue_bulk,
     _poll_tagged_pair,
     _round,
     _row_at,
@@ -281,23 +279,13 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
             if fx.const_expr(not rc.team):  # a team's first warp computes each rank's count where it combines
                 counts = [_rank_count(rc, n, r).to(fx.Float32) for r in range(rc.cluster)]
             inv_count = _inverse_count(_rank_count(rc, n, pos.rank))
-    if fx.const_expr(cfg.bulk):  # a slot refilled after the next row's block reduction: rows k + 1 .. k + ahead - 1
-        _bulk_setup(work.ring)  # in flight while row k is read, k + ahead from mid-row
-    for k in fx.range_constexpr(ahead if cfg.bulk else ahead + 1):
-        if fx.const_expr(cfg.bulk):
-            _issue_bulk(work.ring, group + k * groups, fx.Int32(k))
-        else:
-            work.ring.issue(group + k * groups, fx.Int32(k))
+    for k in fx.range_constexpr(ahead + 1):
+        work.ring.issue(group + k * groups, fx.Int32(k))
     k = fx.Int32(0)
     parity = fx.Int32(0)
     for grp in range(group, rows + lag * groups, groups):  # lag more steps in a cluster: the last rows' output
-        if fx.const_expr(cfg.bulk):
-            work.ring.wait_bulk(k % cfg.stages, (k // cfg.stages) % 2)
-        else:
-            fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
+        fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
         part, held = _forward_partial(work, k % cfg.stages, grp, block, smem, parity, inv_count)
-        if fx.const_expr(cfg.bulk):  # every thread is past row k - lag - 1's output: its slot takes row k + ahead
-            _issue_bulk(work.ring, grp + ahead * groups, (k + ahead) % cfg.stages)
         done = k - lag
         row = grp - lag * groups
         if fx.const_expr(rc.cluster > 1):
@@ -314,8 +302,8 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
         else:  # one CTA per row: its pair is the row's
             a, b = _own_stats(flags, part, inv_n)
             _finish(work, flags, pos, done % cfg.stages, row, rows, a, b, inv_n, eps, mean_out, rstd_out, part, held)
-        if fx.const_expr(not cfg.bulk):  # the slot of row k - lag is free (its output is written): row k + ahead + 1
-            work.ring.issue(grp + (ahead + 1) * groups, (k + ahead + 1) % cfg.stages)
+        # the slot of row k - lag is free (its output is written): row k + ahead + 1 goes there
+        work.ring.issue(grp + (ahead + 1) * groups, (k + ahead + 1) % cfg.stages)
         k = k + 1
         parity = 1 - parity
     fx.nvvm.cp_async_wait_group(0)  # nothing lands in shared memory after the CTA is gone
