@@ -243,8 +243,10 @@ def _team_shape(dtype: str, sums: int) -> tuple:
     16-bit LayerNorm folds its mean into fmas (``fma_dx``; 131072, 262144: 2.96, 3.06 and 2.90, 3.02 against 2.51,
     2.98 and 2.80, 2.95 in two runs). 16-bit LayerNorm fills its ring by bulk copies (``bulk``; 262144: 3.36 against
     3.04-3.06 in one run, ``norms_backward_staged_2026-12-01_session26_bulk_*.json``, ~50 fewer SASS instructions
-    per thread per row step; RMSNorm bf16 262144 measured 3.17 at 512 x 4 and 3.47 at 1024 x 2 against 3.50, float32
-    LayerNorm 262144 3.54 against 3.50: not taken there)."""
+    per thread per row step; issued by the last warp, not the first, which polls the pairs: 1.18-1.20 against
+    1.12-1.13 x the cp.async ring in the same runs; RMSNorm bf16 262144 measured 3.17 at 512 x 4 and 3.47 at 1024 x
+    2 against 3.50, float32 LayerNorm 262144 3.54 against 3.50, clusters (one row ahead at 3 stages) 2.83 against
+    3.46: not taken there)."""
     if dtype == "f32":
         return (1024, 2, 3, 1, False, False, False)
     return (512, 2, 6, 2, True, True, True) if sums == 2 else (512, 4, 3, 1, True, False, False)

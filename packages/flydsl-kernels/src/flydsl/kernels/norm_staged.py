@@ -139,12 +139,12 @@ def _bulk_setup(ring) -> None:
 
 
 def _issue_bulk(ring, row, slot) -> None:
-    """``ring``'s :meth:`_RowRing.issue` for the whole CTA: thread 0 copies the CTA's part of ``row`` (for each
+    """``ring``'s :meth:`_RowRing.issue` for the whole CTA: one thread copies the CTA's part of ``row`` (for each
     source and chunk ``j``, its threads' ``block`` consecutive 16-byte chunks: one contiguous piece) into ring slot
     ``slot`` by bulk copies completing on the slot's mbarrier (:meth:`_RowRing.wait_bulk`); nothing past N or past
     the last row. The caller makes sure every thread has finished reading the slot (a block barrier since)."""
     rc, n = ring.rc, ring.n
-    if ring.pos.tid == 0:
+    if ring.pos.tid == rc.block - 32:  # the last warp's first thread: the first warp polls a team's pairs
         row_ok = row < ring.rows
         safe_row = fx.arith.select(row_ok, row, type(row)(0))
         piece = rc.block * rc.vec
