@@ -346,18 +346,19 @@ def test_backward_configs():
     cfg = norm_mod.backward_config(262144, "bf16", 2, staged=False)
     assert cfg.two_pass and not cfg.smem_sums  # 256 KB of column sums per CTA: in the partial rows instead
     assert norm_mod.backward_config(262144, "f32", 1, staged=False).smem_sums
-    # Teams (rows over 9..64 CTAs sharing through global memory) past 8 CTAs per row: 16-bit LayerNorm in 512 x 2
-    # CTAs with a 6-row ring at lag 2 (its two sums spill at 1024 threads), 16-bit RMSNorm 512 x 4, float32 1024 x 2;
-    # 3 rows, lag 1.
+    # Teams (rows over 9..64 CTAs sharing through global memory) past 8 CTAs per row: 16-bit rows in 512 x 2 CTAs
+    # with a 6-row ring at lag 2 filled by bulk copies (LayerNorm's two sums spill at 1024 threads), float32 1024 x 2,
+    # 3 rows, lag 1, cp.async.
     for n, dtype, sums, team, block, stages, lag in (
         (262144, "bf16", 2, 32, 512, 6, 2),
         (262144, "f32", 2, 32, 1024, 3, 1),
         (131072, "f32", 2, 16, 1024, 3, 1),
-        (262144, "bf16", 1, 16, 512, 3, 1),  # 512 x 4 chunks
+        (262144, "bf16", 1, 32, 512, 6, 2),
         (262144, "f32", 1, 32, 1024, 3, 1),
     ):
         cfg = norm_mod.backward_config(n, dtype, sums)
         assert cfg.keep_weights and cfg.prefetch_pairs == (block == 512)  # 16-bit teams read their pairs early
+        assert cfg.bulk == (dtype == "bf16")
         assert (cfg.row.regime, cfg.row.cluster, cfg.row.cluster_shape, cfg.row.block, cfg.stages, cfg.lag) == (
             "team",
             team,

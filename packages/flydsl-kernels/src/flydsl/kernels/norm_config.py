@@ -246,10 +246,11 @@ def _team_shape(dtype: str, sums: int) -> tuple:
     per thread per row step; issued by the last warp, not the first, which polls the pairs: 1.18-1.20 against
     1.12-1.13 x the cp.async ring in the same runs; RMSNorm bf16 262144 measured 3.17 at 512 x 4 and 3.47 at 1024 x
     2 against 3.50, float32 LayerNorm 262144 3.54 against 3.50, clusters (one row ahead at 3 stages) 2.83 against
-    3.46: not taken there)."""
+    3.46: not taken there). 16-bit RMSNorm takes LayerNorm's shape with bulk fills since (262144, two runs: 3.63,
+    3.63 against the 512 x 4 team's 3.46, 3.49; ``..._session26_bulk_rms_*.json``)."""
     if dtype == "f32":
         return (1024, 2, 3, 1, False, False, False)
-    return (512, 2, 6, 2, True, True, True) if sums == 2 else (512, 4, 3, 1, True, False, False)
+    return (512, 2, 6, 2, True, sums == 2, True)
 
 
 @functools.lru_cache(maxsize=1024)
