@@ -87,6 +87,27 @@ def async_copies(src: fx.Tensor, out: fx.Tensor):
 
 
 @flyc.kernel
+def bulk_copy(src: fx.Tensor, out: fx.Tensor):
+    """Thread 0 copies src's 256 floats into shared memory by two bulk copies (768 bytes at a dynamic size, then 256)
+    and a third of 0 bytes (none issued), all on one mbarrier; every thread waits on it and reads another's floats."""
+    t = gpu.thread_idx.x
+    staged = fx.SmemAllocator().allocate(fx.Float32, 256, alignment=16)
+    bar = fx.mbarrier.allocate(fx.SmemAllocator(), 1)[0]
+    if t == 0:
+        bar.init(1)
+        fx.mbarrier.fence_init()
+    gpu.barrier()
+    if t == 0:
+        bar.arrive_expect_tx(1024)
+        nvvm.cp_async_bulk(staged, src, fx.Int32(768) + t, bar, dst_coord=0, src_coord=0)
+        nvvm.cp_async_bulk(staged, src, 256, bar, dst_coord=192, src_coord=192)
+        nvvm.cp_async_bulk(staged, src, 0, bar, dst_coord=0, src_coord=0)
+    bar.wait(0)
+    for i in fx.range_constexpr(8):
+        out[t * 8 + i] = staged[((t + 1) % 32) * 8 + i]
+
+
+@flyc.kernel
 def mma_16x8x16(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, d: fx.Tensor, f16: fx.Constexpr[bool]):
     """One warp: D (16x8) = A (16x16) @ B (16x8) + C, all row-major; A and B through shared memory and ldmatrix."""
     lane = gpu.thread_idx.x
@@ -184,6 +205,21 @@ def test_async_copies_and_matrix_instructions():
     assert "ldmatrix.sync.aligned.m8n8.x1.shared.b16" in _ptx(
         ldmatrix_x1, _fake((8, 8), "<bfloat16"), _fake((32,), "<i4", 1)
     )
+
+
+def test_bulk_copies_complete_on_an_mbarrier():
+    ptx = _ptx(bulk_copy, _fake((256,)), _fake((256,), k=1))
+    copies = re.findall(r"@p cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx)
+    assert len(copies) == 3 and "setp.ne.b32 p" in ptx  # each predicated on a size other than 0
+    assert "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait.parity" in ptx
+    with pytest.raises(ValueError, match="multiple of 16"):
+
+        @flyc.kernel
+        def ragged(x: fx.Tensor):
+            bar = fx.mbarrier.allocate(fx.SmemAllocator(), 1)[0]
+            nvvm.cp_async_bulk(fx.SmemAllocator().allocate(fx.Float32, 64), x, 24, bar)
+
+        ragged.trace(ragged.specialize(ragged._bind([_fake((64,))], {})).key)
 
 
 def test_printf_lowers_to_vprintf_with_promoted_arguments():
@@ -335,6 +371,16 @@ def test_async_copies_land_and_zero_fill():
     expected[:, 7] = -1.0
     expected[:, 10:] = 0.0  # src_bytes=8 of 16: the last two floats are zeros
     assert torch.equal(out.cpu().view(32, 12), expected)
+
+
+@pytest.mark.gpu
+def test_bulk_copies_land():
+    torch = pytest.importorskip("torch")
+    src = torch.randn(256, device="cuda")
+    out = torch.full((256,), float("nan"), device="cuda")
+    bulk_copy(src, out).launch(grid=1, block=32)
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu().view(32, 8), src.cpu().view(32, 8).roll(-1, dims=0))
 
 
 @pytest.mark.gpu
