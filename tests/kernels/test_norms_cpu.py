@@ -636,6 +636,17 @@ def test_staged_backward_keeps_weights_in_registers(n, dtype, sums, weight):
         assert spill_bytes(ptx) <= STAGED_SPILLS.get((n, dtype, sums), 0), (n, dtype, weight, cfg)
 
 
+def _backward_ptx(n: int, dtype: str, sums: int, cfg, flags) -> str:
+    """The backward kernel with ``cfg`` on (8, n) rows of ``dtype`` (a weight of that dtype), assembled."""
+    rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
+    partial = flyc.TensorSpec((16, max(1, sums) * n), "f32")
+    weight = flyc.TensorSpec((n,), dtype)
+    module = norm_mod.norm_backward_kernel.lower(
+        rows, rows, weight, stats, stats, rows, partial, exchange_spec(cfg), cfg, flags
+    )
+    return assembled(module)
+
+
 @pytest.mark.parametrize("n, dtype, sums", [(262144, "bf16", 2), (262144, "f32", 1), (131072, "bf16", 1)])
 def test_staged_backward_bulk_ring(n, dtype, sums):
     """``bulk`` (a row over CTAs: a team, or RMSNorm bf16 131072's cluster): the ring filled by bulk copies completing
@@ -643,22 +654,7 @@ def test_staged_backward_bulk_ring(n, dtype, sums):
     step), waited on instead of ``cp.async.wait_group``; no per-thread ``cp.async``; no spills."""
     cfg = dataclasses.replace(norm_mod.backward_config(n, dtype, sums), bulk=True)
     assert cfg.row.cluster > 1
-    flags = norm_mod.NormFlags(sums == 1, weight=True, bias=sums > 1)
-    rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
-    ptx = assembled(
-        norm_mod.norm_backward_kernel.lower(
-            rows,
-            rows,
-            flyc.TensorSpec((n,), dtype),
-            stats,
-            stats,
-            rows,
-            flyc.TensorSpec((16, sums * n), "f32"),
-            exchange_spec(cfg),
-            cfg,
-            flags,
-        )
-    )
+    ptx = _backward_ptx(n, dtype, sums, cfg, norm_mod.NormFlags(sums == 1, weight=True, bias=sums > 1))
     ahead = cfg.stages - 1 - cfg.lag
     assert ptx.count("cp.async.bulk.shared::cluster.global") == 2 * cfg.row.chunks * ahead + 2 * cfg.row.chunks
     assert "cp.async.cg" not in ptx and "mbarrier.try_wait.parity" in ptx
@@ -675,25 +671,11 @@ def test_team_prefetch_reads_pairs_a_step_early():
     predicated load. Both assemble without spills."""
     n, dtype = 262144, "bf16"
     flags = norm_mod.NormFlags(False, weight=True, bias=True)
-    rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
     routed = dataclasses.replace(norm_mod.backward_config(n, dtype, 2), bulk=False)  # wait_group marks the loop
     assert routed.row.team and routed.prefetch_pairs
     for prefetch in (True, False):
         cfg = dataclasses.replace(routed, prefetch_pairs=prefetch)
-        ptx = assembled(
-            norm_mod.norm_backward_kernel.lower(
-                rows,
-                rows,
-                flyc.TensorSpec((n,), dtype),
-                stats,
-                stats,
-                rows,
-                flyc.TensorSpec((16, 2 * n), "f32"),
-                exchange_spec(cfg),
-                cfg,
-                flags,
-            )
-        )
+        ptx = _backward_ptx(n, dtype, 2, cfg, flags)
         early = "@p ld.relaxed.gpu.global.v2.b64" in ptx
         assert early == prefetch
         if prefetch:  # issued before the row's block reduction (its first barrier in the row loop)
