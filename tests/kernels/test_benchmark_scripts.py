@@ -64,24 +64,55 @@ def test_gemm_bench_config_option_builds_gemm_configs(monkeypatch):
 
 
 def test_norms_staged_shapes_option(monkeypatch):
-    """``--shapes`` of norms_forward_staged.py / norms_profile.py: THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP]]], each a
-    shape that staged_forward_config builds (KEEP: the weight and bias kept in registers); bad ones are refused."""
+    """``--shapes`` of norms_forward_staged.py / norms_profile.py: THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS]]]],
+    each a shape that staged_forward_config builds (KEEP: the weight and bias kept in registers; BLOCKS: CTAs per
+    SM, 1 when left out); bad ones are refused."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import norms_forward_staged
 
     from flydsl.kernels.normalization import staged_forward_config
 
     errors = []
-    shapes = norms_forward_staged.parse_shapes("1024:4:0,1024:4:0:2:3,1024:4:0:2:0:1", errors.append)
+    text = "1024:4:0,1024:4:0:2:3,1024:4:0:2:0:1,512:4:0:2:0:1:2"
+    shapes = norms_forward_staged.parse_shapes(text, errors.append)
     assert not errors
-    assert shapes == [(1024, 4, 0, None, 0, False), (1024, 4, 0, 2, 3, False), (1024, 4, 0, 2, 0, True)]
-    threads, chunks, lag, stages, hold, keep = shapes[2]
-    cfg = staged_forward_config(131072, "bf16", False, chunks, stages, threads, lag, hold, keep)
+    assert shapes == [
+        (1024, 4, 0, None, 0, False, 1),
+        (1024, 4, 0, 2, 3, False, 1),
+        (1024, 4, 0, 2, 0, True, 1),
+        (512, 4, 0, 2, 0, True, 2),
+    ]
+    threads, chunks, lag, stages, hold, keep, blocks = shapes[2]
+    cfg = staged_forward_config(131072, "bf16", False, chunks, stages, threads, lag, hold, keep, blocks_per_sm=blocks)
     assert cfg.keep_weights and cfg.row.cluster == 4 and cfg.stages == 2
-    for bad in ("1024:4", "1024:4:0:2:5", "1024:4:0:2:0:2", "1024:x:0"):
+    threads, chunks, lag, stages, hold, keep, blocks = shapes[3]
+    cfg = staged_forward_config(131072, "bf16", False, chunks, stages, threads, lag, hold, keep, blocks_per_sm=blocks)
+    assert cfg.blocks_per_sm == 2 and cfg.row.cluster == 8 and cfg.row.block == 512
+    for bad in ("1024:4", "1024:4:0:2:5", "1024:4:0:2:0:2", "1024:x:0", "1024:4:0:2:0:0:0"):
         errors.clear()
         norms_forward_staged.parse_shapes(bad, errors.append)
         assert errors, bad
+
+
+def test_norms_backward_configs_option(monkeypatch):
+    """``--configs`` of norms_backward_staged.py: [team:]THREADS:CHUNKS:STAGES:LAG[:options], ``bulk`` among them
+    (the ring filled by bulk copies), each a config the backward builds."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import importlib
+
+    import norms_backward_staged
+
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    errors = []
+    specs = norms_backward_staged._parse_configs("team:512:2:6:2:keep:prefetch:fma:bulk,512:4:3:1:keep", errors.append)
+    assert not errors and [norms_backward_staged._label(s) for s in specs] == [
+        "team:512:2:6:2:keep:prefetch:fma:bulk",
+        "512:4:3:1:keep",
+    ]
+    team = norms_backward_staged._explicit_config(norm, 262144, "bf16", 2, specs[0])
+    assert team.row.team and team.bulk and team.prefetch_pairs and team.fma_dx
+    cluster = norms_backward_staged._explicit_config(norm, 131072, "bf16", 2, specs[1])
+    assert cluster.row.cluster == 8 and not cluster.bulk
 
 
 def test_plot_gemm_reads_skinny_results(tmp_path):
