@@ -8,8 +8,9 @@ Effective bandwidth = bytes read + written by the op (inputs, outputs, parameter
 events around each launch, after warm-up, median of ``--reps`` runs (>= 5) on random inputs (one draw per shape,
 the output poisoned with NaN before the runs); peers run in the same process, interleaved; the SM clock and power
 (nvidia-smi, sampled every ``--clocks-ms`` while each row is timed) are recorded with each row (``clocks``): the
-kernels are clock-sensitive and machines differ. Copy bandwidth: ``out.copy_(x)`` of one input-sized tensor (2 x
-its bytes moved).
+kernels are clock-sensitive and machines differ; so are the routed staged kernels' shapes and persistent grids
+(``grids``: how many clusters the driver lets run at once, per machine). Copy bandwidth: ``out.copy_(x)`` of one
+input-sized tensor (2 x its bytes moved).
 Every number also comes as GPU time (``*_gpu_tbps``, with ``bar_gpu_tbps`` / ``meets_bar_gpu`` from them): each call
 queued behind a sleep kernel (:data:`SLEEP`), which hides the host's launch latency, as in a training step's queue
 (each call timed alone on an idle GPU includes it: ours ~20 us of Python checks and launch, the backward's 60-100 us,
@@ -199,6 +200,38 @@ def _config_sweep(torch, reps: int) -> list:
     return lines
 
 
+_KINDS = {"layer_norm": "layer", "rms_norm": "rms", "fused_add_rms_norm": "fused", "softmax": "softmax"}
+
+
+def staged_grid(norm, cfg, rows: int, sms: int, device: int = 0) -> dict | None:
+    """A staged config's shape and its persistent grid on ``device`` (``groups``: the CTA groups that run at once,
+    from the driver's count of co-resident clusters, which can differ between machines: recorded with each cell so
+    that runs can be compared); None for another kernel."""
+    if cfg is None or not cfg.staged:
+        return None
+    rc = cfg.row
+    active = norm.max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, device) if rc.cluster_shape else None
+    shape = {"cluster": rc.cluster, "team": rc.team, "threads": rc.block, "chunks": rc.chunks, "stages": cfg.stages}
+    shape.update(lag=cfg.lag, blocks_per_sm=cfg.blocks_per_sm, active_clusters=active)
+    shape["groups"] = norm.backward_groups(cfg, rows, sms, active)
+    return shape
+
+
+def routed_grids(norm, name: str, dtype: str, n: int, rows: int, sms: int) -> dict:
+    """The staged kernels' shapes and grids a cell routes to (:func:`staged_grid`): ``forward`` (None where the looped
+    or the register kernel runs) and, for LayerNorm and RMSNorm with their weight (and LayerNorm's bias),
+    ``backward``."""
+    kind = _KINDS[name]
+    forward = None
+    if kind == "softmax" or norm.looped_forward_shape(n, dtype, kind) is None:
+        forward = staged_grid(norm, norm.routed_staged_forward_config(n, dtype, kind), rows, sms)
+    grids = {"forward": forward}
+    if kind in ("layer", "rms"):
+        cfg = norm.resident_backward_config(n, dtype, 2 if kind == "layer" else 1, True, sms)
+        grids["backward"] = staged_grid(norm, cfg, rows, sms)
+    return grids
+
+
 def _write(path: str, result: dict, started: float) -> None:
     result["wall_s"] = round(time.time() - started, 1)
     with open(path, "w") as f:
@@ -279,7 +312,7 @@ def main() -> int:
         reduction.FORWARD_WARP_BLOCK = args.warp_block
     if args.forward_values:
         reduction.FORWARD_BLOCK_VALUES = dict.fromkeys(reduction.FORWARD_BLOCK_VALUES, args.forward_values)
-    from flydsl.kernels import norm_config
+    from flydsl.kernels import norm_config, normalization
 
     def use_hints(text: str) -> None:
         reduction.FORWARD_CACHE_HINTS = dict.fromkeys(reduction.FORWARD_CACHE_HINTS, reduction.CacheHints.parse(text))
@@ -391,6 +424,7 @@ def main() -> int:
                         if ref_ms is not None:
                             row["backward_torch_tbps"] = bwd_bytes / ref_ms / 1e9
                 row["clocks"] = monitor.window() if monitor else None  # nvidia-smi's samples while this row was timed
+                row["grids"] = routed_grids(normalization, name, dname, n, m, props.multi_processor_count)
                 result["results"].append(row)
                 line = f"{name:>18} {dname:>4} N={n:>6}: copy {row['copy_tbps']:.2f}"
                 if not args.backward_only:

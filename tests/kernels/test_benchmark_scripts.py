@@ -94,6 +94,28 @@ def test_norms_staged_shapes_option(monkeypatch):
         assert errors, bad
 
 
+def test_norms_bench_records_the_routed_grids(monkeypatch):
+    """norms_bench records each cell's routed staged shapes and persistent grids (``grids``) so that machines can be
+    compared: the driver's count of co-resident clusters when it gives one (here faked), else 7/8 of the SMs' worth;
+    None where the looped or register kernel runs."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import importlib
+
+    import norms_bench
+
+    norm = importlib.import_module("flydsl.kernels.normalization")
+    monkeypatch.setattr(
+        norm, "max_active_clusters", lambda cluster, threads, blocks, device: 15 if cluster == 8 else None
+    )
+    grids = norms_bench.routed_grids(norm, "layer_norm", "bf16", 262144, 1024, 132)
+    assert grids["forward"]["cluster"] == 8 and grids["forward"]["active_clusters"] == 15
+    assert grids["forward"]["groups"] == 15
+    assert grids["backward"]["team"] and grids["backward"]["groups"] == 4  # teams of 32 one per SM: 132 // 32
+    assert norms_bench.routed_grids(norm, "softmax", "bf16", 4096, 65536, 132) == {"forward": None}
+    cell = norms_bench.routed_grids(norm, "rms_norm", "bf16", 8192, 32768, 132)  # looped forward, register backward
+    assert cell == {"forward": None, "backward": None}
+
+
 def test_norms_backward_configs_option(monkeypatch):
     """``--configs`` of norms_backward_staged.py: [team:]THREADS:CHUNKS:STAGES:LAG[:options], ``bulk`` among them
     (the ring filled by bulk copies), each a config the backward builds."""
