@@ -228,6 +228,25 @@ def test_dynamic_conditions_cannot_use_python_boolean_operators():
     assert info.traceback[-1].name == "k"  # the user's frame, not FlyDSL's
 
 
+class _Clamp:
+    def __init__(self, limit):
+        self.limit = limit
+
+    def apply(self, v):
+        if v > self.limit:  # a method's condition on a kernel value: methods are not traced (only functions)
+            v = self.limit
+        return v
+
+
+def test_a_method_with_a_dynamic_condition_is_told_to_become_a_function():
+    @flyc.kernel
+    def k(x: fx.Tensor):
+        x[0] = _Clamp(fx.Float32(1.0)).apply(x[1])
+
+    with pytest.raises(TypeError, match="nor in methods .* move the `if` into a function"):
+        _trace(k)  # (the same condition in a plain function: test_helpers_with_control_flow_are_rewritten_when_called)
+
+
 def test_tracebacks_through_loops_and_branches_show_their_first_line():
     @flyc.kernel
     def k(x: fx.Tensor, n: fx.Int32):
