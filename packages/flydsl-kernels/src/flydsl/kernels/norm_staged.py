@@ -22,6 +22,7 @@ from flydsl.kernels.norm_config import (
 )
 from flydsl.kernels.reduction import (
     RowConfig,
+    _fill_buffer,
     chunk_index,
     load_vector_chunks_raw,
     row_reduce,
@@ -123,9 +124,7 @@ def _bulk_setup(ring) -> None:
     traced through functions only.)"""
     rc = ring.rc
     ring.bars = fx.mbarrier.allocate(fx.SmemAllocator(), ring.stages)
-    zeros = vector.vector_class(ring.buffer.dtype, rc.vec)
-    raw, filled = vector.register_buffer(zeros)
-    _llvm.store(zeros(0).value, raw, alignment=filled.base_alignment)
+    _, filled = _fill_buffer(vector.vector_class(ring.buffer.dtype, rc.vec), 0)
     for slot in fx.range_constexpr(ring.stages):
         for t in fx.range_constexpr(ring.width):
             for j in fx.range_constexpr(rc.chunks):
