@@ -439,6 +439,10 @@ def staged_forward_config(
     SM takes a CTA, where clusters of 4 or 8 1024-thread CTAs fill only 120 of the H200's 132. ``blocks_per_sm``:
     CTAs per SM (their rings share :data:`_RING_BYTES`; ptxas fits their registers), so that one CTA's barriers
     and output leave the other CTAs' copies and math running; None when their threads exceed an SM's 2048."""
+    if not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool) or blocks_per_sm < 1:
+        raise ValueError(
+            f"staged_forward_config blocks_per_sm: expected a positive int (CTAs per SM), got {blocks_per_sm!r}"
+        )
     vec = 16 // element_bytes(dtype)
     sources = 2 if residual else 1
     if chunks is None:
