@@ -106,7 +106,7 @@ def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
         return row
     rc = cfg.row
     row["staged"] = {"cluster": rc.cluster, "threads": rc.block, "chunks": rc.chunks, "stages": cfg.stages}
-    row["staged"]["lag"] = cfg.lag
+    row["staged"].update(lag=cfg.lag, hold=cfg.hold, blocks_per_sm=cfg.blocks_per_sm, claim_rows=cfg.claim_rows)
     row["staged"]["groups"] = norm.staged_forward_groups(cfg, m, x.device.index)
     if saved is not None:  # the same inputs as the reference's call
         residual.copy_(saved)
@@ -143,22 +143,28 @@ def staged_launch(norm, kernel: str, cfg, t: dict):
     return lambda: norm._launch_staged_forward(args, 1e-6, cfg, flags, m, x.device.index)
 
 
+SHAPE_FORMAT = "THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS[:CLAIM]]]]]"
+
+
 def parse_shapes(text: str, error) -> list:
-    """``--shapes`` (THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS]]]],...) as SHAPES entries (BLOCKS: CTAs per SM,
-    default 1); ``error(message)`` reports a bad one."""
+    """``--shapes`` (:data:`SHAPE_FORMAT`, comma-separated) as SHAPES entries (BLOCKS: CTAs per SM, default 1;
+    CLAIM: 1 for rows claimed from a counter, ``StagedForwardConfig.claim_rows``); ``error(message)`` reports a bad
+    one."""
     shapes = []
     for item in text.split(","):
         fields = item.split(":")
-        if not 3 <= len(fields) <= 7 or not all(f.isdigit() for f in fields):
-            error(f"--shapes: expected THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS]]]] (integers), got {item!r}")
+        if not 3 <= len(fields) <= 8 or not all(f.isdigit() for f in fields):
+            error(f"--shapes: expected {SHAPE_FORMAT} (integers), got {item!r}")
             continue
-        threads, chunks, lag, stages, hold, keep, blocks = ([int(f) for f in fields] + [0, 0, 0, 0])[:6] + [
-            int(fields[6]) if len(fields) == 7 else 1
-        ]
-        if threads < 32 or chunks < 1 or hold > chunks or keep > 1 or blocks < 1:
-            error(f"--shapes: {item!r}: THREADS >= 32, CHUNKS >= 1, HOLD <= CHUNKS, KEEP 0 or 1 and BLOCKS >= 1")
+        threads, chunks, lag, stages, hold, keep, blocks, claim = ([int(f) for f in fields] + [0] * 8)[:8]
+        blocks = blocks if len(fields) >= 7 else 1
+        if threads < 32 or chunks < 1 or hold > chunks or keep > 1 or blocks < 1 or claim > 1:
+            error(
+                f"--shapes: {item!r}: THREADS >= 32, CHUNKS >= 1, HOLD <= CHUNKS, KEEP 0 or 1, BLOCKS >= 1 and CLAIM"
+                " 0 or 1"
+            )
             continue
-        shapes.append((threads, chunks, lag, stages or None, hold, bool(keep), blocks))
+        shapes.append((threads, chunks, lag, stages or None, hold, bool(keep), blocks, bool(claim)))
     return shapes
 
 
@@ -170,12 +176,13 @@ def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES, team: bool =
     t = staged_inputs(torch, kernel, m, n, dtype)
     found = []
     for threads, chunks, lag, stages, *rest in shapes:
-        hold, keep, blocks = (list(rest) + [0, False, 1][len(rest) :])[:3]
+        hold, keep, blocks, claim = (list(rest) + [0, False, 1, False][len(rest) :])[:4]
+        fused = kernel == "fused_add_rms_norm"
         cfg = norm.staged_forward_config(
-            n, row["dtype"], kernel == "fused_add_rms_norm", chunks, stages, threads, lag, hold, keep, team, blocks
+            n, row["dtype"], fused, chunks, stages, threads, lag, hold, keep, team, blocks, claim
         )
         shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages, "hold": hold, "keep": keep}
-        shape["blocks_per_sm"] = blocks
+        shape.update(blocks_per_sm=blocks, claim_rows=claim)
         if cfg is None:
             found.append({**shape, "tbps": None})
             continue
@@ -212,9 +219,10 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="also time the staged kernel's other shapes")
     parser.add_argument(
         "--shapes",
-        help="--sweep: only these shapes, THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS]]]] separated by commas"
+        help=f"--sweep: only these shapes, {SHAPE_FORMAT} separated by commas"
         " (STAGES 0: most; HOLD: chunks whose values stay in registers, 0..CHUNKS; KEEP 1: weight and bias kept in"
-        " registers; BLOCKS: CTAs per SM, default 1), e.g. 1024:4:0:0:4,1024:4:0:2:0:1,512:8:0:1:0:0:2",
+        " registers; BLOCKS: CTAs per SM, default 1; CLAIM 1: rows claimed from a counter, one CTA per row), e.g."
+        " 1024:4:0:0:4,1024:4:0:2:0:1,512:8:0:1:0:0:2:1",
     )
     parser.add_argument(
         "--team", action="store_true", help="--sweep: rows over several CTAs as teams (global-memory exchange)"

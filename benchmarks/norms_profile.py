@@ -3,7 +3,7 @@ benchmark): ours as routed, then each staged shape of ``--shapes`` launched dire
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \\
         --section WarpStateStats python benchmarks/norms_profile.py layer_norm 131072 bf16 \\
-        --shapes 1024:4:0:2:3,1024:4:0:3:0     # THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS]]]], see
+        --shapes 1024:4:0:2:3,1024:4:0:3:0     # THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS[:CLAIM]]]]], see
                                                # norms_forward_staged.py
 
 M x N = 2^28 elements, as norms_bench.py; weight and bias random, eps 1e-6 for the staged launches.
@@ -47,13 +47,13 @@ def main(argv=None) -> int:
         "fused_add_rms_norm": lambda: norms.fused_add_rms_norm(x, residual, w, 1e-6, out, residual_out=residual),
     }[args.kernel]
     runs = [routed]
-    for threads, chunks, lag, stages, hold, keep, blocks in shapes:
+    for threads, chunks, lag, stages, hold, keep, blocks, claim in shapes:
         fused = args.kernel == "fused_add_rms_norm"
         cfg = norm.staged_forward_config(
-            args.n, args.dtype, fused, chunks, stages, threads, lag, hold, keep, blocks_per_sm=blocks
+            args.n, args.dtype, fused, chunks, stages, threads, lag, hold, keep, blocks_per_sm=blocks, claim_rows=claim
         )
         if cfg is None:
-            shape = f"{threads}:{chunks}:{lag}:{stages}:{hold}:{keep:d}:{blocks}"
+            shape = f"{threads}:{chunks}:{lag}:{stages}:{hold}:{keep:d}:{blocks}:{claim:d}"
             parser.error(f"--shapes: no staged config {shape} for N={args.n}")
         runs.append(staged_launch(norm, args.kernel, cfg, t))
     if not args.no_compile:

@@ -1,6 +1,7 @@
-"""fx.nvvm.ld_acquire / red_add_release / atom_add_acq_rel: flags and counters between CTAs. CPU: the PTX
-instructions, accepted by ptxas for sm_90a; arguments checked. GPU (``gpu``): CTA 1 waits for CTA 0's flag, then
-reads the data CTA 0 wrote before it; the last of many CTAs to count sums what all of them wrote."""
+"""fx.nvvm.ld_acquire / red_add_release / atom_add_acq_rel / atom_add_relaxed: flags and counters between CTAs.
+CPU: the PTX instructions, accepted by ptxas for sm_90a; arguments checked. GPU (``gpu``): CTA 1 waits for CTA 0's
+flag, then reads the data CTA 0 wrote before it; the last of many CTAs to count sums what all of them wrote; CTAs
+claiming items from a counter get each item exactly once."""
 
 from __future__ import annotations
 
@@ -54,6 +55,19 @@ def last_arriver_sums(data: fx.Tensor, counter: fx.Tensor, out: fx.Tensor):
             counter[0] = 0
 
 
+CLAIMED_ITEMS = 1000
+
+
+@flyc.kernel
+def claim_items(counter: fx.Tensor, hits: fx.Tensor):
+    """Each CTA's first thread claims items from the counter until none is left, counting each claim in hits."""
+    if gpu.thread_idx.x == 0:
+        item = nvvm.atom_add_relaxed(counter, 1, 0)
+        while item < CLAIMED_ITEMS:
+            nvvm.red_add_release(hits, 1, item)
+            item = nvvm.atom_add_relaxed(counter, 1, 0)
+
+
 def test_flags_lower_and_assemble():
     spec = flyc.TensorSpec((128,), "i32")
     compiled = hand_over.lower(spec, spec, spec)
@@ -67,6 +81,13 @@ def test_counter_lowers_and_assembles():
         flyc.TensorSpec((LAST_ARRIVER_CTAS * 128,), "i32"), flyc.TensorSpec((1,), "i32"), flyc.TensorSpec((128,), "i32")
     )
     assert "atom.acq_rel.gpu.global.add.s32" in compiled.ptx
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_relaxed_counter_lowers_and_assembles():
+    spec = flyc.TensorSpec((CLAIMED_ITEMS,), "i32")
+    compiled = claim_items.lower(flyc.TensorSpec((1,), "i32"), spec)
+    assert "atom.relaxed.gpu.global.add.s32" in compiled.ptx
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
@@ -106,3 +127,16 @@ def test_last_of_many_ctas_to_count_reads_what_all_wrote():
         expected = LAST_ARRIVER_CTAS * t + LAST_ARRIVER_CTAS * (LAST_ARRIVER_CTAS - 1) // 2
         assert torch.equal(out, expected)
         assert counter.item() == 0
+
+
+@pytest.mark.gpu
+def test_ctas_claiming_from_a_counter_get_each_item_once():
+    import torch
+
+    ctas = 96
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    hits = torch.zeros(CLAIMED_ITEMS, dtype=torch.int32, device="cuda")
+    claim_items(counter, hits).launch(grid=ctas, block=32)
+    torch.cuda.synchronize()
+    assert torch.equal(hits, torch.ones_like(hits))
+    assert counter.item() == CLAIMED_ITEMS + ctas  # each CTA's last claim found nothing left

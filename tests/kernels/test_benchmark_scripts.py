@@ -73,22 +73,28 @@ def test_norms_staged_shapes_option(monkeypatch):
     from flydsl.kernels.normalization import staged_forward_config
 
     errors = []
-    text = "1024:4:0,1024:4:0:2:3,1024:4:0:2:0:1,512:4:0:2:0:1:2"
+    text = "1024:4:0,1024:4:0:2:3,1024:4:0:2:0:1,512:4:0:2:0:1:2,512:8:0:1:0:0:2:1"
     shapes = norms_forward_staged.parse_shapes(text, errors.append)
     assert not errors
     assert shapes == [
-        (1024, 4, 0, None, 0, False, 1),
-        (1024, 4, 0, 2, 3, False, 1),
-        (1024, 4, 0, 2, 0, True, 1),
-        (512, 4, 0, 2, 0, True, 2),
+        (1024, 4, 0, None, 0, False, 1, False),
+        (1024, 4, 0, 2, 3, False, 1, False),
+        (1024, 4, 0, 2, 0, True, 1, False),
+        (512, 4, 0, 2, 0, True, 2, False),
+        (512, 8, 0, 1, 0, False, 2, True),
     ]
-    threads, chunks, lag, stages, hold, keep, blocks = shapes[2]
-    cfg = staged_forward_config(131072, "bf16", False, chunks, stages, threads, lag, hold, keep, blocks_per_sm=blocks)
+
+    def config(n, shape):
+        threads, chunks, lag, stages, hold, keep, blocks, claim = shape
+        return staged_forward_config(n, "bf16", False, chunks, stages, threads, lag, hold, keep, False, blocks, claim)
+
+    cfg = config(131072, shapes[2])
     assert cfg.keep_weights and cfg.row.cluster == 4 and cfg.stages == 2
-    threads, chunks, lag, stages, hold, keep, blocks = shapes[3]
-    cfg = staged_forward_config(131072, "bf16", False, chunks, stages, threads, lag, hold, keep, blocks_per_sm=blocks)
+    cfg = config(131072, shapes[3])
     assert cfg.blocks_per_sm == 2 and cfg.row.cluster == 8 and cfg.row.block == 512
-    for bad in ("1024:4", "1024:4:0:2:5", "1024:4:0:2:0:2", "1024:x:0", "1024:4:0:2:0:0:0"):
+    cfg = config(32768, shapes[4])
+    assert cfg.claim_rows and cfg.row.cluster == 1 and cfg.blocks_per_sm == 2
+    for bad in ("1024:4", "1024:4:0:2:5", "1024:4:0:2:0:2", "1024:x:0", "1024:4:0:2:0:0:0", "512:8:0:1:0:0:2:2"):
         errors.clear()
         norms_forward_staged.parse_shapes(bad, errors.append)
         assert errors, bad

@@ -254,7 +254,7 @@ def test_staged_forward_configs():
     }
     assert routed == {
         ("layer", "bf16", 16384): None,  # short rows: the register kernel, unchanged
-        ("layer", "bf16", 32768): (1, 1024, 4, 2, 0, 3),  # a 2-row ring, 3 of 4 chunks held in registers
+        ("layer", "bf16", 32768): (1, 512, 8, 1, 0, 0),  # two CTAs per SM, single-row rings, rows claimed
         ("layer", "bf16", 65536): (2, 1024, 4, 2, 0, 3),  # clusters at lag 0, a 2-row ring
         ("layer", "bf16", 262144): (8, 1024, 4, 2, 0, 0, True),  # 8 CTAs per row: weights kept, no chunks held
         ("layer", "f32", 16384): None,
@@ -278,8 +278,8 @@ def test_staged_forward_configs():
         ("fused", "f32", 65536): (8, 1024, 2, 3, 1, 0),
         ("fused", "f32", 262144): (32, 1024, 2, 3, 1, 0, False, True),  # 2 MB rows: a team of 32
         ("softmax", "bf16", 16384): None,
-        ("softmax", "bf16", 32768): (1, 1024, 4, 2, 0, 0),  # one CTA per row: not held (slower)
-        ("softmax", "bf16", 65536): (2, 1024, 4, 3, 0, 4),
+        ("softmax", "bf16", 32768): (1, 512, 8, 1, 0, 0),  # two CTAs per SM, single-row rings, rows claimed
+        ("softmax", "bf16", 65536): (1, 1024, 8, 1, 0, 0),  # one CTA per row: a single-row ring of 128 KB, claimed
         ("softmax", "bf16", 262144): (8, 1024, 4, 3, 0, 4),
         ("softmax", "f32", 16384): None,
         ("softmax", "f32", 32768): None,
@@ -297,7 +297,25 @@ def test_staged_forward_configs():
     assert _shape(norm_mod.routed_staged_forward_config(524288, "bf16", "rms")) == (16, 1024, 4, 3, 1, 0, True, True)
     assert norm_mod.routed_staged_forward_config(1 << 20, "f32", "layer") is None  # 64 CTAs: the register kernel
     assert norm_mod.routed_staged_forward_config(65540, "bf16", "rms") is None  # N not a multiple of 16 bytes
-    assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 1024, 4, 2, 0, 3)
+    assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 512, 8, 1, 0, 0)
+    # Rows claimed from a counter (claim_rows) where one CTA holds a row: 16-bit softmax and LayerNorm at 32768 (two
+    # CTAs per SM), softmax up to 65536 (one 128 KB CTA), RMSNorm's 3-row ring; nowhere else (clusters share rows).
+    claimed = {
+        (kind, dtype, n)
+        for kind in norm_mod.FORWARD_KINDS
+        for dtype in ("bf16", "f16", "f32")
+        for n in (32768, 40968, 65536, 131072, 262144)
+        if getattr(norm_mod.routed_staged_forward_config(n, dtype, kind), "claim_rows", False)
+    }
+    assert claimed == {
+        (kind, dtype, n)
+        for dtype in ("bf16", "f16")
+        for kind, n in (("softmax", 32768), ("layer", 32768), ("rms", 32768), ("softmax", 40968), ("softmax", 65536))
+    }
+    assert norm_mod.routed_staged_forward_config(32768, "bf16", "softmax").blocks_per_sm == 2
+    assert norm_mod.staged_forward_config(65536, "bf16", claim_rows=True) is None  # a cluster of 2 per row
+    with pytest.raises(ValueError, match="claim_rows needs one CTA per row"):
+        dataclasses.replace(norm_mod.routed_staged_forward_config(65536, "bf16", "layer"), claim_rows=True)
     with pytest.raises(ValueError, match="kind: expected one of"):
         norm_mod.forward_shape(65536, "bf16", "layernorm")
     # The persistent grid: the driver's count of clusters, when it gives one (as the staged backward's).
@@ -457,7 +475,12 @@ def test_staged_softmax_is_the_default(monkeypatch):
     n = 65536
     x, out = fake((4, n), "<f2"), fake((4, n), "<f2")
     norms.softmax(x, out)
-    assert taken[-1] == ("staged", staged.softmax_staged_config(n, "f16"))
+    routed = staged.softmax_staged_config(n, "f16")
+    assert routed.claim_rows  # rows claimed from a counter, which a fake array's framework cannot allocate:
+    assert taken[-1] == ("staged", dataclasses.replace(routed, claim_rows=False))  # every groups-th row instead
+    monkeypatch.setattr(norm_mod, "claim_counter", lambda like: "counter")
+    norms.softmax(x, out)
+    assert taken[-1] == ("staged", routed)
     xt, ot = host.row_tensor(x, "x"), host.row_tensor(out, "out")
     softmax_mod.forward(xt, ot, staged=False)
     assert taken[-1] == ("register", row_config(n, "f16"))
@@ -479,7 +502,7 @@ def test_staged_softmax_is_the_default(monkeypatch):
     softmax_mod.forward(*long)
     assert taken[-1][0] == "register"  # a fake array: no framework to allocate with
     monkeypatch.setattr(norm_mod, "can_allocate", lambda like: True)
-    monkeypatch.setattr(staged, "forward_exchange", lambda cfg, x, rows: x)
+    monkeypatch.setattr(staged, "forward_exchange", lambda cfg, x, rows: (cfg, x))
     softmax_mod.forward(*long)
     assert taken[-1] == ("staged", staged.softmax_staged_config(262144, "f32"))
     monkeypatch.setattr(norm_mod, "sm_count", lambda device: 14)
@@ -593,5 +616,5 @@ def test_staged_softmax_backward_is_the_default(monkeypatch):
     monkeypatch.setattr(norm_mod, "sm_count", lambda device: 132)
     assert run((2, 262144), "<f4")[0] == "register"  # a team, on a fake array: no framework to allocate with
     monkeypatch.setattr(norm_mod, "can_allocate", lambda like: True)
-    monkeypatch.setattr(staged, "forward_exchange", lambda cfg, x, rows: x)
+    monkeypatch.setattr(staged, "forward_exchange", lambda cfg, x, rows: (cfg, x))
     assert run((2, 262144), "<f4") == ("staged", norm_config.softmax_backward_staged_config(262144, "f32"))

@@ -279,3 +279,48 @@ def test_staged_softmax_masked_tails_team(monkeypatch):
     """The masked tails of :func:`test_staged_softmax_masked_tails` in a team (float32 262144: 16 CTAs per row, the
     routed config): a CTA of nothing but -inf adds nothing to the combined pair."""
     test_staged_softmax_masked_tails(262144, torch.float32, None, monkeypatch)
+
+
+@pytest.mark.parametrize("rows", [1, 131, 263, 264, 265, 1000, 4099])
+def test_staged_forward_claimed_rows(rows):
+    """Rows claimed from a counter (``claim_rows``: routed for 16-bit softmax and LayerNorm at 32768, in two CTAs
+    per SM, and softmax up to 65536, in one 128 KB CTA; RMSNorm's 3-row ring; the fused add in a 128 KB single-row
+    ring): every row written once, around the grid's size (264 CTAs at two per SM), against float64; the counter
+    is back at zero after each launch, one per stream."""
+    from flydsl.kernels.host import _CLAIM_COUNTERS, claim_counter, row_tensor
+    from flydsl.kernels.softmax_staged import forward_staged, softmax_staged_config
+
+    for n in (32768, 40968, 65536):
+        cfg = softmax_staged_config(n, "bf16")
+        assert cfg.claim_rows
+        x = _input(rows, n, torch.bfloat16) * 3 + 5
+        out = _poison(x)
+        assert forward_staged(row_tensor(x, "x"), row_tensor(out, "out"), cfg)
+        _close(out, torch.softmax(x.double(), dim=-1))
+    n = 32768
+    x = _input(rows, n, torch.bfloat16) * 2 + 8
+    w, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    _check_staged_layer_norm(x, w, b, _NORM.routed_staged_forward_config(n, "bf16", "layer"))
+    rms = _NORM.routed_staged_forward_config(n, "bf16", "rms")
+    fused = _NORM.staged_forward_config(n, "bf16", True, chunks=4, stages=1, lag=0, claim_rows=True)
+    assert rms.claim_rows and fused is not None and fused.row.cluster == 1
+    residual, out, rstd = _input(rows, n, torch.bfloat16), _poison(x), torch.full((rows,), float("nan"), device="cuda")
+    expected_residual = x + residual
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # a stream of its own: its own counter
+        _NORM._launch_staged_forward(
+            [x, residual, w, b, out, residual, rstd, rstd], 1e-6, fused, _NORM.NormFlags(True, True, True), rows, 0
+        )
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(residual, expected_residual), "residual_out"
+    rd = expected_residual.double()
+    _close(out, rd * torch.rsqrt((rd * rd).mean(-1, keepdim=True) + 1e-6) * w.double())
+    out = _poison(x)
+    flags = _NORM.NormFlags(True, weight=True)
+    _NORM._launch_staged_forward([x, x, w, b, out, x, rstd, rstd], 1e-6, rms, flags, rows, 0)
+    xd = x.double()
+    _close(out, xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * w.double())
+    torch.cuda.synchronize()
+    assert claim_counter(row_tensor(x, "x")).tolist() == [0, 0]
+    assert len({key for key in _CLAIM_COUNTERS if key[0] == x.device}) >= 2  # the side stream's and this one's
+    assert all(counter.tolist() == [0, 0] for counter in _CLAIM_COUNTERS.values())

@@ -51,6 +51,7 @@ __all__ = [
     "st_global",
     "create_policy",
     "atom_add_acq_rel",
+    "atom_add_relaxed",
     "ld_acquire",
     "red_add_release",
     "mma_sync",
@@ -605,9 +606,24 @@ def atom_add_acq_rel(where, value, coord=None, scope: str = "gpu") -> Int32:
 
     PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-atom
     """
+    return _atom_add("acq_rel", where, value, coord, scope)
+
+
+def atom_add_relaxed(where, value, coord=None, scope: str = "gpu") -> Int32:
+    """``atom.relaxed.{scope}.global.add.s32``: adds ``value`` to a 32-bit counter and returns its old value, with no
+    ordering of this thread's other accesses (it waits for nothing it wrote before): handing out work items, e.g.
+    the next row of a persistent kernel (each adder gets a distinct count).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-atom
+    """
+    return _atom_add("relaxed", where, value, coord, scope)
+
+
+def _atom_add(order: str, where, value, coord, scope: str) -> Int32:
+    what = f"atom_add_{order}"
     pointer = _pointer(where, coord, "global")
-    text = f"atom.acq_rel.{_scope(scope, 'atom_add_acq_rel')}.global.add.s32 $0, [$1], $2;"
-    operands = [pointer, _int32(value, "atom_add_acq_rel value").value]
+    text = f"atom.{order}.{_scope(scope, what)}.global.add.s32 $0, [$1], $2;"
+    operands = [pointer, _int32(value, f"{what} value").value]
     return Int32(_asm(_i32(), operands, text, "=r,l,r", side_effects=True))
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "ROW_DTYPES",
     "sm_count",
     "max_active_clusters",
+    "claim_counter",
 ]
 
 ROW_DTYPES = ("f32", "f16", "bf16")  # element types of inputs and outputs
@@ -221,6 +222,30 @@ def empty_rows(like: RowTensor, shape: tuple, what: str, dtype: str = "f32", scr
     """A contiguous ``shape`` tensor of ``dtype`` (float32 by default) from ``like``'s framework, on its device
     (``scratch``: the kernel's own memory, not an output; see :func:`_allocate`)."""
     return _allocate(like, shape, dtype, what, scratch)
+
+
+_CLAIM_COUNTERS: dict[tuple, object] = {}  # (device, stream) -> torch int32 pair, kept zero between launches
+
+
+def claim_counter(like: RowTensor):
+    """Two int32 words of global memory, zero, for a kernel that hands out its rows through them and zeroes them
+    before it ends (``StagedForwardConfig.claim_rows``); None where ``like``'s framework allocates nothing (see
+    :func:`can_allocate`). torch: one pair per device and stream, kept (the kernels of a stream run one after
+    another, so they share it, as the GEMM's split-K counters); cupy: a new pair per launch."""
+    obj = like.obj
+    if _is_torch(obj):
+        torch, _ = _torch_of(like, "row counter")
+        key = (obj.device, torch.cuda.current_stream(obj.device).cuda_stream)
+        counter = _CLAIM_COUNTERS.get(key)
+        if counter is None:
+            counter = _CLAIM_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=obj.device)
+        return counter
+    if _is_cupy(obj):
+        import cupy
+
+        with obj.device:
+            return cupy.zeros(2, dtype=cupy.int32)
+    return None
 
 
 def allocated(obj) -> RowTensor:

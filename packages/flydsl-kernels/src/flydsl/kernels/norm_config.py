@@ -378,7 +378,9 @@ class StagedForwardConfig:
     registers in their dtype for every row, instead of reloading them from L1/L2 per row: a CTA's slice is the same
     columns for all its rows; not with float32 weights on 16-bit rows, whose registers would spill; routed at 5-8 CTAs
     per row and in teams, see :func:`forward_shape`). One CTA per SM (the ring takes most of the shared memory), a
-    persistent grid."""
+    persistent grid. ``claim_rows`` (one CTA per row): each CTA claims its next rows one by one from a counter in
+    global memory (``exchange`` holds it: :func:`flydsl.kernels.normalization.forward_exchange`) instead of taking
+    every ``groups``-th row, so that CTAs on SMs that move bytes faster take more rows and all finish together."""
 
     row: RowConfig
     stages: int
@@ -387,12 +389,15 @@ class StagedForwardConfig:
     blocks_per_sm: int = 1
     hold: int = 0
     keep_weights: bool = False
+    claim_rows: bool = False
 
     def __post_init__(self):
         if not isinstance(self.hold, int) or isinstance(self.hold, bool) or not 0 <= self.hold <= self.row.chunks:
             raise ValueError(f"{self}: hold is the count of chunks held in registers, 0..{self.row.chunks}")
         if self.hold and self.lag and self.row.cluster > 1:
             raise ValueError(f"{self}: hold keeps a row in registers until its output: lag 0 only")
+        if self.claim_rows and self.row.cluster > 1:
+            raise ValueError(f"{self}: claim_rows needs one CTA per row (a cluster's CTAs share their rows)")
 
     @property
     def staged(self) -> bool:
@@ -422,6 +427,7 @@ def staged_forward_config(
     keep_weights: bool = False,
     team: bool = False,
     blocks_per_sm: int = 1,
+    claim_rows: bool = False,
 ) -> StagedForwardConfig | None:
     """The staged forward config for rows of ``n`` elements of ``dtype`` (``residual``: the fused add, whose ring
     holds x and the residual): CTAs of ``threads`` threads holding ``chunks`` 16-byte chunks of each source per row
@@ -438,7 +444,8 @@ def staged_forward_config(
     :func:`forward_shape`) instead of a cluster (up to 8 CTAs) or None (more). A team needs no GPC of its own: every
     SM takes a CTA, where clusters of 4 or 8 1024-thread CTAs fill only 120 of the H200's 132. ``blocks_per_sm``:
     CTAs per SM (their rings share :data:`_RING_BYTES`; ptxas fits their registers), so that one CTA's barriers
-    and output leave the other CTAs' copies and math running; None when their threads exceed an SM's 2048."""
+    and output leave the other CTAs' copies and math running; None when their threads exceed an SM's 2048.
+    ``claim_rows``: see :class:`StagedForwardConfig` (None where a row needs several CTAs)."""
     if not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool) or blocks_per_sm < 1:
         raise ValueError(
             f"staged_forward_config blocks_per_sm: expected a positive int (CTAs per SM), got {blocks_per_sm!r}"
@@ -468,9 +475,9 @@ def staged_forward_config(
     held = (chunks if hold else 0) if isinstance(hold, bool) else hold
     if not isinstance(held, int) or not 0 <= held <= chunks:
         raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")
-    if held and lag and cluster > 1:
+    if (held and lag and cluster > 1) or (claim_rows and cluster > 1):
         return None
-    return StagedForwardConfig(layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights))
+    return StagedForwardConfig(layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights), bool(claim_rows))
 
 
 # The staged forward is the default from these N on (the register kernel's cluster regime, under the bar; shorter
@@ -490,6 +497,7 @@ class ForwardShape(NamedTuple):
     keep_weights: bool = False
     team: bool = False
     blocks_per_sm: int = 1
+    claim_rows: bool = False
 
 
 def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
@@ -547,6 +555,17 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
       runs: 3.81, 3.85, 3.80 against the 1024-thread cluster of 4 with 3 chunks held, 3.75, 3.77, 3.76): one CTA's
       block barriers and output no longer stall its SM. The same shape for float32 65536 measured level (3.92, 3.88
       against 3.90, 3.91), softmax bf16 32768 and 65536 level or slower (3.61-3.80 against 3.75-3.81): not taken.
+    - One CTA per row, rows claimed (``claim_rows``: each CTA takes its next row from a counter, so CTAs that move
+      their bytes faster take more rows; benchmarks/results/norms_forward_staged_2026-12-01_session27_claims.json,
+      GPU time, 5 interleaved rounds): 16-bit softmax and LayerNorm at 32768 in two 512-thread CTAs per SM, each a
+      single-row ring of 64 KB (softmax 3.96 against the strided 2-row ring's 3.76, strided in the same shape 3.74;
+      LayerNorm 3.95 against 3.89); RMSNorm bf16 32768 keeps its 3-row ring, now claimed (4.06 against 3.94);
+      16-bit softmax at 2 ring rows (65536) in one 1024-thread CTA per row, a single-row ring of 128 KB, claimed
+      (3.90 against the cluster of 2's 3.72). Claims lost in 2-row rings (softmax 3.63 against 3.77, LayerNorm 3.80
+      against 3.91), and for LayerNorm bf16 65536 and float32 32768 in one 128 KB CTA (3.69 and 3.90 against the
+      clusters' 3.90 and 3.95). The persistent grid's size alone moved softmax bf16 32768 between 3.40 and 3.87
+      (96-132 CTAs, not monotonic: ..._session27_grid.json): CTAs given equal shares of the rows wait for the
+      slowest.
     """
     if kind not in FORWARD_KINDS:
         raise ValueError(f"kind: expected one of {FORWARD_KINDS}, got {kind!r}")
@@ -559,12 +578,16 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
     hold = share if kind in ("rms", "softmax") else 0  # every chunk
     # from 8 CTAs per row, the weights kept instead of chunks held (not in 16-bit LayerNorm teams: 24 bytes spill)
     keep = kind in ("layer", "rms") and ctas > 4 and not (kind == "layer" and dtype != "f32" and ctas > 8)
+    if ctas == 1 and kind in ("layer", "softmax"):  # two 512-thread CTAs per SM in single-row rings, rows claimed
+        return ForwardShape(_STAGED_THREADS // 2, 2 * share, 0, 1, 0, blocks_per_sm=2, claim_rows=True)
+    if ctas == 2 and kind == "softmax":  # one CTA per row, a single-row ring of 128 KB, rows claimed
+        return ForwardShape(_STAGED_THREADS, 2 * share, 0, 1, 0, claim_rows=True)
     if kind == "layer" and dtype != "f32" and 2 < ctas <= 4:  # two 512-thread CTAs per SM, weights kept
         return ForwardShape(_STAGED_THREADS // 2, share, 0, 2, 0, True, blocks_per_sm=2)
     if kind == "layer" and ctas <= 8:  # a 2-row ring, 3 of 4 chunks held (all 4 spill)
         return ForwardShape(_STAGED_THREADS, share, 0, 2, share - 1 if ctas <= 4 else 0, keep)
-    if ctas == 1:  # softmax in one CTA's 2-row ring: held 3.74, not 3.83-3.86
-        return ForwardShape(_STAGED_THREADS, share, 0, 2 if kind in ("layer", "softmax") else 3, hold * (kind == "rms"))
+    if ctas == 1:  # RMSNorm: a 3-row ring, every chunk held, rows claimed
+        return ForwardShape(_STAGED_THREADS, share, 0, 3, hold, claim_rows=True)
     if kind == "softmax" and dtype == "f32" and n == 65536:
         return ForwardShape(_STAGED_THREADS // 2, 2 * share, 0, 3, 2 * share)
     if ctas <= 8:

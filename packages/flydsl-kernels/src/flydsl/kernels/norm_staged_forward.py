@@ -260,13 +260,10 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
     softmax (``tensors``: x and out in their norm places)."""
     rc = cfg.row
     rows, n = tensors[0].shape
-    groups = gpu.grid_dim.x // rc.cluster
     pos = row_position(rc)
     flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
-    group = gpu.block_idx.x // rc.cluster
     mean_out, rstd_out = tensors[6], tensors[7]
     lag = cfg.lag if rc.cluster > 1 else 0
-    ahead = cfg.stages - 1 - lag
     inv_n = 1.0 / n.to(fx.Float32)
     work = _ForwardRows(cfg, flags, tensors, pos, n, rows)
     block = dataclasses.replace(rc, cluster=1, team=False)  # the CTA's part of the reduction
@@ -279,6 +276,23 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
             if fx.const_expr(not rc.team):  # a team's first warp computes each rank's count where it combines
                 counts = [_rank_count(rc, n, r).to(fx.Float32) for r in range(rc.cluster)]
             inv_count = _inverse_count(_rank_count(rc, n, pos.rank))
+    if fx.const_expr(cfg.claim_rows):
+        _claimed_rows(cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, tensors[8])
+    else:
+        _strided_rows(cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, share, counts)
+    fx.nvvm.cp_async_wait_group(0)  # nothing lands in shared memory after the CTA is gone
+    if fx.const_expr(rc.cluster_shape is not None):
+        cluster.sync()  # no CTA leaves while a peer may still push into it
+
+
+def _strided_rows(cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, share, counts):
+    """The row loop of :func:`_rows_staged_forward` where CTA group ``g`` of ``groups`` takes rows ``g, g + groups,
+    ...``."""
+    rc, rows, n = cfg.row, work.rows, work.n
+    groups = gpu.grid_dim.x // rc.cluster
+    group = gpu.block_idx.x // rc.cluster
+    lag = cfg.lag if rc.cluster > 1 else 0
+    ahead = cfg.stages - 1 - lag
     for k in fx.range_constexpr(ahead + 1):
         work.ring.issue(group + k * groups, fx.Int32(k))
     k = fx.Int32(0)
@@ -306,9 +320,48 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
         work.ring.issue(grp + (ahead + 1) * groups, (k + ahead + 1) % cfg.stages)
         k = k + 1
         parity = 1 - parity
-    fx.nvvm.cp_async_wait_group(0)  # nothing lands in shared memory after the CTA is gone
-    if fx.const_expr(rc.cluster_shape is not None):
-        cluster.sync()  # no CTA leaves while a peer may still push into it
+
+
+def _claimed_rows(cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, counter):
+    """The row loop of :func:`_rows_staged_forward` for ``cfg.claim_rows`` (one CTA per row): CTA ``g`` of
+    ``groups`` takes rows ``g, g + groups, ...`` for its first ``stages`` ring rows, then claims each next row from
+    ``counter[0]`` (rows ``stages * groups`` on, in the order the CTAs ask). The first thread asks one row early: it
+    adds to the counter during row ``k`` and publishes the answer in row ``k + 1`` through a shared-memory word
+    that the row's block barriers make visible, so the atomic's round trip is never waited for; the row enters
+    the ring after row ``k + 1``'s output. The last CTA to finish (``counter[1]`` counts them) zeroes both words for
+    the next launch."""
+    rows, stages = work.rows, cfg.stages
+    ahead = stages - 1
+    groups = gpu.grid_dim.x
+    first = stages * groups  # the first claimed row
+    claims = fx.SmemAllocator().allocate(fx.Int32, 2)  # by row parity: written before a row's barriers, read after
+    queue = []  # the rows in the ring: this row and the next ahead ones
+    for j in fx.range_constexpr(stages):
+        queue.append(gpu.block_idx.x + j * groups)
+        work.ring.issue(queue[j], fx.Int32(j))
+    asked = fx.Int32(0)  # the first thread's claim in flight
+    if pos.tid == 0:
+        asked = first + nvvm.atom_add_relaxed(counter, 1, 0)
+    k = fx.Int32(0)
+    parity = fx.Int32(0)
+    while queue[0] < rows:
+        if pos.tid == 0:
+            claims[parity] = asked
+            asked = first + nvvm.atom_add_relaxed(counter, 1, 0)
+        fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
+        slot = k % stages
+        part, held = _forward_partial(work, slot, queue[0], block, smem, parity, inv_count)
+        a, b = _own_stats(flags, part, inv_n)
+        _finish(work, flags, pos, slot, queue[0], rows, a, b, inv_n, eps, mean_out, rstd_out, part, held)
+        claimed = claims[parity]
+        work.ring.issue(claimed, slot)  # row k's slot is free: its output is written
+        queue = queue[1:] + [claimed]
+        k = k + 1
+        parity = 1 - parity
+    if pos.tid == 0:
+        if nvvm.atom_add_acq_rel(counter, 1, 1) == groups - 1:  # every other CTA has claimed its last row
+            counter[0] = 0
+            counter[1] = 0
 
 
 def _layer_norm(flags) -> bool:

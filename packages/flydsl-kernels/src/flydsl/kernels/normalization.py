@@ -51,7 +51,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import arith, cluster, gpu, math, nvvm, vector
-from flydsl.kernels.host import allocated, can_allocate, empty_rows, max_active_clusters, sm_count
+from flydsl.kernels.host import allocated, can_allocate, claim_counter, empty_rows, max_active_clusters, sm_count
 from flydsl.kernels.norm_config import (
     FORWARD_KINDS,
     FORWARD_STORE_GROUP,
@@ -708,16 +708,23 @@ def _team_exchange(cfg, like, rows: int, what: str):
     return exchange
 
 
-def forward_exchange(cfg: StagedForwardConfig, x, rows: int):
-    """The staged forward's ``exchange`` argument for ``x`` (an array of the rows' framework): a team's
-    (:func:`_team_exchange`), else ``x`` itself, unused."""
-    return _team_exchange(cfg, allocated(x), rows, "forward row pairs") if cfg.row.team else x
+def forward_exchange(cfg: StagedForwardConfig, x, rows: int) -> tuple[StagedForwardConfig, object]:
+    """The config the staged forward launches on ``x`` (an array of the rows' framework) and its ``exchange``
+    argument: a team's tagged pairs (:func:`_team_exchange`); ``claim_rows``' counter (:func:`host.claim_counter`),
+    or, where x's framework allocates nothing, ``cfg`` without ``claim_rows`` (every ``groups``-th row); else ``x``
+    itself, unused."""
+    if cfg.row.team:
+        return cfg, _team_exchange(cfg, allocated(x), rows, "forward row pairs")
+    if cfg.claim_rows:
+        counter = claim_counter(allocated(x))
+        return (cfg, counter) if counter is not None else (replace(cfg, claim_rows=False), x)
+    return cfg, x
 
 
 def _launch_staged_forward(args, eps: float, cfg: StagedForwardConfig, flags: NormFlags, rows: int, device) -> None:
     rc = cfg.row
     groups = staged_forward_groups(cfg, rows, device)
-    exchange = forward_exchange(cfg, args[0], rows)
+    cfg, exchange = forward_exchange(cfg, args[0], rows)
     norm_forward_staged_kernel(*args, exchange, eps, cfg, flags).launch(
         grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
     )

@@ -91,7 +91,7 @@ def _launch(kernel, tensors, cfg: StagedForwardConfig | None, default: StagedFor
         return False
     groups = staged_forward_groups(cfg, rows, like.device)
     rc = cfg.row
-    exchange = forward_exchange(cfg, like.obj, rows)
+    cfg, exchange = forward_exchange(cfg, like.obj, rows)
     kernel(*(t.obj for t in tensors), exchange, cfg).launch(
         grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
     )
