@@ -307,6 +307,7 @@ def test_staged_forward_claimed_rows(rows):
     residual, out, rstd = _input(rows, n, torch.bfloat16), _poison(x), torch.full((rows,), float("nan"), device="cuda")
     expected_residual = x + residual
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the inputs and expected_residual are made on this stream
     with torch.cuda.stream(side):  # a stream of its own: its own counter
         _NORM._launch_staged_forward(
             [x, residual, w, b, out, residual, rstd, rstd], 1e-6, fused, _NORM.NormFlags(True, True, True), rows, 0
