@@ -325,3 +325,34 @@ def test_staged_forward_claimed_rows(rows):
     assert claim_counter(row_tensor(x, "x")).tolist() == [0, 0]
     assert len({key for key in _CLAIM_COUNTERS if key[0] == x.device}) >= 2  # the side stream's and this one's
     assert all(counter.tolist() == [0, 0] for counter in _CLAIM_COUNTERS.values())
+
+
+@pytest.mark.parametrize("rows", [1, 29, 30, 31, 300, 1001])
+@pytest.mark.parametrize("n, dtype", [(98312, torch.bfloat16), (65536, torch.float32), (262144, torch.bfloat16)])
+def test_staged_forward_claimed_rows_in_clusters(n, dtype, rows):
+    """Rows claimed from a counter by clusters (lag 0: the cluster's rank 0 claims, and pushes each claimed row to its
+    peers with its pairs): 4 CTAs per row, the last holding 8 elements (bf16 98312), and 8 (bf16 262144); around
+    the grid's size (30 clusters of 4, 15 of 8 on the H200); softmax and LayerNorm with every output against
+    float64, RMSNorm with its weight kept; the counter back at zero."""
+    from flydsl.kernels.host import claim_counter, row_tensor
+    from flydsl.kernels.softmax_staged import forward_staged
+
+    name = _DTYPE_NAME[dtype]
+    x = (_input(rows, n, torch.float32) * 2 + 8).to(dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    layer = _NORM.staged_forward_config(n, name, lag=0, claim_rows=True)
+    assert layer.claim_rows and layer.row.cluster in (4, 8)
+    _check_staged_layer_norm(x, w, b, layer)
+    out = _poison(x)
+    assert forward_staged(row_tensor(x, "x"), row_tensor(out, "out"), layer)
+    _close(out, torch.softmax(x.double(), dim=-1))
+    rms = _NORM.staged_forward_config(n, name, lag=0, keep_weights=True, claim_rows=True)
+    out, rstd = _poison(x), torch.full((rows,), float("nan"), device="cuda")
+    flags = _NORM.NormFlags(True, weight=True, rstd=True)
+    _NORM._launch_staged_forward([x, x, w, b, out, x, rstd, rstd], 1e-6, rms, flags, rows, 0)
+    xd = x.double()
+    ref_rstd = torch.rsqrt((xd * xd).mean(-1) + 1e-6)
+    _close(out, xd * ref_rstd[:, None] * w.double())
+    _close(rstd, ref_rstd, torch.float32, "rstd")
+    torch.cuda.synchronize()
+    assert claim_counter(row_tensor(x, "x")).tolist() == [0, 0]

@@ -378,9 +378,10 @@ class StagedForwardConfig:
     registers in their dtype for every row, instead of reloading them from L1/L2 per row: a CTA's slice is the same
     columns for all its rows; not with float32 weights on 16-bit rows, whose registers would spill; routed at 5-8 CTAs
     per row and in teams, see :func:`forward_shape`). One CTA per SM (the ring takes most of the shared memory), a
-    persistent grid. ``claim_rows`` (one CTA per row): each CTA claims its next rows one by one from a counter in
-    global memory (``exchange`` holds it: :func:`flydsl.kernels.normalization.forward_exchange`) instead of taking
-    every ``groups``-th row, so that CTAs on SMs that move bytes faster take more rows and all finish together."""
+    persistent grid. ``claim_rows`` (one CTA per row, or a cluster at lag 0): each CTA group claims its next rows one
+    by one from a counter in global memory (``exchange`` holds it:
+    :func:`flydsl.kernels.normalization.forward_exchange`) instead of taking every ``groups``-th row, so that groups
+    on SMs that move bytes faster take more rows and all finish together."""
 
     row: RowConfig
     stages: int
@@ -396,8 +397,8 @@ class StagedForwardConfig:
             raise ValueError(f"{self}: hold is the count of chunks held in registers, 0..{self.row.chunks}")
         if self.hold and self.lag and self.row.cluster > 1:
             raise ValueError(f"{self}: hold keeps a row in registers until its output: lag 0 only")
-        if self.claim_rows and self.row.cluster > 1:
-            raise ValueError(f"{self}: claim_rows needs one CTA per row (a cluster's CTAs share their rows)")
+        if self.claim_rows and (self.row.team or (self.row.cluster > 1 and self.lag)):
+            raise ValueError(f"{self}: claim_rows needs one CTA per row or a cluster at lag 0 (not a team)")
 
     @property
     def staged(self) -> bool:
@@ -445,7 +446,7 @@ def staged_forward_config(
     SM takes a CTA, where clusters of 4 or 8 1024-thread CTAs fill only 120 of the H200's 132. ``blocks_per_sm``:
     CTAs per SM (their rings share :data:`_RING_BYTES`; ptxas fits their registers), so that one CTA's barriers
     and output leave the other CTAs' copies and math running; None when their threads exceed an SM's 2048.
-    ``claim_rows``: see :class:`StagedForwardConfig` (None where a row needs several CTAs)."""
+    ``claim_rows``: see :class:`StagedForwardConfig` (None in a team and in a cluster at lag > 0)."""
     if not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool) or blocks_per_sm < 1:
         raise ValueError(
             f"staged_forward_config blocks_per_sm: expected a positive int (CTAs per SM), got {blocks_per_sm!r}"
@@ -475,7 +476,7 @@ def staged_forward_config(
     held = (chunks if hold else 0) if isinstance(hold, bool) else hold
     if not isinstance(held, int) or not 0 <= held <= chunks:
         raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")
-    if (held and lag and cluster > 1) or (claim_rows and cluster > 1):
+    if (held or claim_rows) and lag and cluster > 1 or (claim_rows and in_team):
         return None
     return StagedForwardConfig(layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights), bool(claim_rows))
 

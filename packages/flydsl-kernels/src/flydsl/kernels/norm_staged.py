@@ -333,6 +333,15 @@ def _push_pair(a, b, remote, barrier) -> None:
     _llvm.inline_asm(None, [where, a.value, b.value, bar], text, "l,f,f,l", has_side_effects=True)
 
 
+def _push_word(value, remote, barrier) -> None:
+    """``st.async``: one Int32 into a peer's shared memory, completing 4 bytes of its mbarrier ``barrier``'s
+    transaction count (as :func:`_push_pair`)."""
+    i64 = fx.Int64.mlir_type()
+    where, bar = _llvm.ptrtoint(i64, remote), _llvm.ptrtoint(i64, barrier)
+    text = "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [$0], $1, [$2];"
+    _llvm.inline_asm(None, [where, value.value, bar], text, "l,r,l", has_side_effects=True)
+
+
 _SPIN_LIMIT = 1 << 22  # polls of a team's pair before the kernel traps (a lost peer: fail rather than hang)
 _TAG = 1  # marks a team's pair as written (the exchange tensor is zeroed before each launch)
 
@@ -414,8 +423,10 @@ def _exchange_setup(cfg: BackwardConfig, pos, exchange, slots: int, team_inbox: 
     return share
 
 
-def _exchange_push(share, k, row, pair) -> None:
-    """This CTA's ``pair`` of row ``row`` (its ``k``-th), to every CTA of the row (itself included)."""
+def _exchange_push(share, k, row, pair, extra_bytes: int = 0) -> None:
+    """This CTA's ``pair`` of row ``row`` (its ``k``-th), to every CTA of the row (itself included). A cluster's
+    ``extra_bytes``: more bytes the slot's mbarrier waits for (pushed by the caller: the staged forward's claimed
+    row, :func:`flydsl.kernels.norm_staged_forward._claimed_rows`)."""
     size, pos = share.rc.cluster, share.pos
     if fx.const_expr(share.rc.team):
         if pos.tid == 0:
@@ -427,7 +438,7 @@ def _exchange_push(share, k, row, pair) -> None:
             remote = cluster.map_shared(share.inbox, pos.tid, coord=(box * size + pos.rank) * 2)
             _push_pair(pair[0], pair[1], remote, cluster.map_shared(share.bars.tensor, pos.tid, coord=box))
         if pos.tid == 0:
-            share.bars[box].arrive_expect_tx(size * 8)
+            share.bars[box].arrive_expect_tx(size * 8 + extra_bytes)
 
 
 def _exchange_sums(share, k, row, parity, early=None):

@@ -7,6 +7,7 @@ in global memory (:func:`_team_stats`)."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -22,6 +23,7 @@ from flydsl.kernels.norm_staged import (
     _exchange_setup,
     _exchange_wait,
     _poll_tagged_pair,
+    _push_word,
     _round,
     _row_at,
     _RowRing,
@@ -276,18 +278,40 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
             if fx.const_expr(not rc.team):  # a team's first warp computes each rank's count where it combines
                 counts = [_rank_count(rc, n, r).to(fx.Float32) for r in range(rc.cluster)]
             inv_count = _inverse_count(_rank_count(rc, n, pos.rank))
+    loop = SimpleNamespace(  # the row loop's fixed values (_unpack)
+        cfg=cfg,
+        flags=flags,
+        work=work,
+        pos=pos,
+        block=block,
+        smem=smem,
+        inv_count=inv_count,
+        inv_n=inv_n,
+        eps=eps,
+        mean_out=mean_out,
+        rstd_out=rstd_out,
+        share=share,
+        counts=counts,
+    )
     if fx.const_expr(cfg.claim_rows):
-        _claimed_rows(cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, tensors[8])
+        _claimed_rows(loop, tensors[8])
     else:
-        _strided_rows(cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, share, counts)
+        _strided_rows(loop)
     fx.nvvm.cp_async_wait_group(0)  # nothing lands in shared memory after the CTA is gone
     if fx.const_expr(rc.cluster_shape is not None):
         cluster.sync()  # no CTA leaves while a peer may still push into it
 
 
-def _strided_rows(cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, share, counts):
+def _unpack(loop):
+    """The row loop's fixed values (:func:`_rows_staged_forward`'s ``loop``)."""
+    names = "cfg flags work pos block smem inv_count inv_n eps mean_out rstd_out share counts"
+    return [getattr(loop, name) for name in names.split()]
+
+
+def _strided_rows(loop):
     """The row loop of :func:`_rows_staged_forward` where CTA group ``g`` of ``groups`` takes rows ``g, g + groups,
     ...``."""
+    cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, share, counts = _unpack(loop)
     rc, rows, n = cfg.row, work.rows, work.n
     groups = gpu.grid_dim.x // rc.cluster
     group = gpu.block_idx.x // rc.cluster
@@ -322,46 +346,70 @@ def _strided_rows(cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mea
         parity = 1 - parity
 
 
-def _claimed_rows(cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, counter):
-    """The row loop of :func:`_rows_staged_forward` for ``cfg.claim_rows`` (one CTA per row): CTA ``g`` of
-    ``groups`` takes rows ``g, g + groups, ...`` for its first ``stages`` ring rows, then claims each next row from
-    ``counter[0]`` (rows ``stages * groups`` on, in the order the CTAs ask). The first thread asks one row early: it
-    adds to the counter during row ``k`` and publishes the answer in row ``k + 1`` through a shared-memory word
-    that the row's block barriers make visible, so the atomic's round trip is never waited for; the row enters
-    the ring after row ``k + 1``'s output. The last CTA to finish (``counter[1]`` counts them) zeroes both words for
-    the next launch."""
+def _claimed_rows(loop, counter):
+    """The row loop of :func:`_rows_staged_forward` for ``cfg.claim_rows`` (one CTA per row, or a cluster at lag 0):
+    CTA group ``g`` of ``groups`` takes rows ``g, g + groups, ...`` for its first ``stages`` ring rows, then claims
+    each next row from ``counter[0]`` (rows ``stages * groups`` on, in the order the groups ask), so that groups whose
+    SMs move bytes faster take more rows. The first thread (of the cluster's rank 0) asks one row early: it adds to
+    the counter during row ``k`` and hands the answer over in row ``k + 1``, so the atomic's round trip is never
+    waited for; the row enters the ring after row ``k + 1``'s output. One CTA: through a shared-memory word that
+    the row's block barriers make visible. A cluster: pushed with the row's pairs into every peer's shared memory,
+    on the mbarrier that the peers wait on for the pairs. The last group to finish (``counter[1]`` counts them)
+    zeroes both words for the next launch."""
+    cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, share, counts = _unpack(loop)
+    rc = cfg.row
     rows, stages = work.rows, cfg.stages
     ahead = stages - 1
-    groups = gpu.grid_dim.x
+    groups = gpu.grid_dim.x // rc.cluster
     first = stages * groups  # the first claimed row
-    claims = fx.SmemAllocator().allocate(fx.Int32, 2)  # by row parity: written before a row's barriers, read after
+    asker = (pos.tid == 0) & (pos.rank == 0)
+    # one CTA: by row parity, written before a row's barriers and read after; a cluster: by inbox slot
+    claims = fx.SmemAllocator().allocate(fx.Int32, 2 if rc.cluster == 1 else share.slots)
     queue = []  # the rows in the ring: this row and the next ahead ones
     for j in fx.range_constexpr(stages):
-        queue.append(gpu.block_idx.x + j * groups)
+        queue.append(gpu.block_idx.x // rc.cluster + j * groups)
         work.ring.issue(queue[j], fx.Int32(j))
     asked = fx.Int32(0)  # the first thread's claim in flight
-    if pos.tid == 0:
+    if asker:
         asked = first + nvvm.atom_add_relaxed(counter, 1, 0)
     k = fx.Int32(0)
     parity = fx.Int32(0)
     while queue[0] < rows:
-        if pos.tid == 0:
-            claims[parity] = asked
-            asked = first + nvvm.atom_add_relaxed(counter, 1, 0)
-        fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
         slot = k % stages
+        if fx.const_expr(rc.cluster == 1):
+            if asker:
+                claims[parity] = asked
+                asked = first + nvvm.atom_add_relaxed(counter, 1, 0)
+        fx.nvvm.cp_async_wait_group(ahead)  # row k's chunks (this thread's) have landed
         part, held = _forward_partial(work, slot, queue[0], block, smem, parity, inv_count)
-        a, b = _own_stats(flags, part, inv_n)
+        if fx.const_expr(rc.cluster == 1):
+            a, b = _own_stats(flags, part, inv_n)
+            where = parity
+        else:
+            _exchange_push(share, k, queue[0], part, extra_bytes=4)
+            where = k % share.slots
+            if asker:
+                asked = _push_claim(share, claims, where, asked, first, counter)
+            a, b = _pushed_stats(share, flags, _exchange_wait(share, k), counts, inv_n)
         _finish(work, flags, pos, slot, queue[0], rows, a, b, inv_n, eps, mean_out, rstd_out, part, held)
-        claimed = claims[parity]
+        claimed = claims[where]
         work.ring.issue(claimed, slot)  # row k's slot is free: its output is written
         queue = queue[1:] + [claimed]
         k = k + 1
         parity = 1 - parity
-    if pos.tid == 0:
-        if nvvm.atom_add_acq_rel(counter, 1, 1) == groups - 1:  # every other CTA has claimed its last row
+    if asker:
+        if nvvm.atom_add_acq_rel(counter, 1, 1) == groups - 1:  # every other group has claimed its last row
             counter[0] = 0
             counter[1] = 0
+
+
+def _push_claim(share, claims, box, asked, first, counter):
+    """A cluster's claimed row ``asked`` into every peer's ``claims[box]`` (``st.async`` on the inbox slot's
+    mbarrier), then the next claim; returns it."""
+    for peer in fx.range_constexpr(share.rc.cluster):
+        remote = cluster.map_shared(claims, fx.Int32(peer), coord=box)
+        _push_word(asked, remote, cluster.map_shared(share.bars.tensor, fx.Int32(peer), coord=box))
+    return first + nvvm.atom_add_relaxed(counter, 1, 0)
 
 
 def _layer_norm(flags) -> bool:
