@@ -298,8 +298,9 @@ def test_staged_forward_configs():
     assert norm_mod.routed_staged_forward_config(1 << 20, "f32", "layer") is None  # 64 CTAs: the register kernel
     assert norm_mod.routed_staged_forward_config(65540, "bf16", "rms") is None  # N not a multiple of 16 bytes
     assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 512, 8, 1, 0, 0)
-    # Rows claimed from a counter (claim_rows) where one CTA holds a row: 16-bit softmax and LayerNorm at 32768 (two
-    # CTAs per SM), softmax up to 65536 (one 128 KB CTA), RMSNorm's 3-row ring; nowhere else (clusters share rows).
+    # Rows claimed from a counter (claim_rows): where one CTA holds a row (16-bit softmax and LayerNorm at 32768 in
+    # two CTAs per SM, softmax up to 65536 in one 128 KB CTA, RMSNorm's 3-row ring) and by RMSNorm and softmax
+    # clusters at lag 0 (not 16-bit softmax at 8 CTAs, nor LayerNorm's clusters: they would spill); not in teams.
     claimed = {
         (kind, dtype, n)
         for kind in norm_mod.FORWARD_KINDS
@@ -307,15 +308,16 @@ def test_staged_forward_configs():
         for n in (32768, 40968, 65536, 131072, 262144)
         if getattr(norm_mod.routed_staged_forward_config(n, dtype, kind), "claim_rows", False)
     }
-    assert claimed == {
-        (kind, dtype, n)
-        for dtype in ("bf16", "f16")
-        for kind, n in (("softmax", 32768), ("layer", 32768), ("rms", 32768), ("softmax", 40968), ("softmax", 65536))
-    }
+    sixteen = {("softmax", 32768), ("layer", 32768), ("softmax", 40968), ("softmax", 65536), ("softmax", 131072)}
+    sixteen |= {("rms", n) for n in (32768, 40968, 65536, 131072, 262144)}
+    wide = {("rms", n) for n in (32768, 40968, 65536, 131072)} | {("softmax", 65536), ("softmax", 131072)}
+    assert claimed == {(k, d, n) for d in ("bf16", "f16") for k, n in sixteen} | {(k, "f32", n) for k, n in wide}
     assert norm_mod.routed_staged_forward_config(32768, "bf16", "softmax").blocks_per_sm == 2
-    assert norm_mod.staged_forward_config(65536, "bf16", claim_rows=True) is None  # a cluster of 2 per row
-    with pytest.raises(ValueError, match="claim_rows needs one CTA per row"):
-        dataclasses.replace(norm_mod.routed_staged_forward_config(65536, "bf16", "layer"), claim_rows=True)
+    assert norm_mod.staged_forward_config(65536, "bf16", lag=1, claim_rows=True) is None  # a cluster at lag 1
+    assert norm_mod.staged_forward_config(65536, "bf16", lag=0, claim_rows=True).claim_rows
+    assert norm_mod.staged_forward_config(65536, "bf16", team=True, claim_rows=True) is None  # a team
+    with pytest.raises(ValueError, match="claim_rows needs one CTA per row or a cluster at lag 0"):
+        dataclasses.replace(norm_mod.routed_staged_forward_config(65536, "bf16", "fused"), claim_rows=True)
     with pytest.raises(ValueError, match="kind: expected one of"):
         norm_mod.forward_shape(65536, "bf16", "layernorm")
     # The persistent grid: the driver's count of clusters, when it gives one (as the staged backward's).

@@ -564,7 +564,14 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
       16-bit softmax at 2 ring rows (65536) in one 1024-thread CTA per row, a single-row ring of 128 KB, claimed
       (3.90 against the cluster of 2's 3.72). Claims lost in 2-row rings (softmax 3.63 against 3.77, LayerNorm 3.80
       against 3.91), and for LayerNorm bf16 65536 and float32 32768 in one 128 KB CTA (3.69 and 3.90 against the
-      clusters' 3.90 and 3.95). The persistent grid's size alone moved softmax bf16 32768 between 3.40 and 3.87
+      clusters' 3.90 and 3.95). Clusters at lag 0 claim too (rank 0 claims and pushes the row with its pairs;
+      ..._session27_claims_clusters.json): RMSNorm bf16 65536/131072/262144 4.06/3.94/4.01 against 3.93/3.83/3.77,
+      f32 65536/131072 3.94/4.07 against 3.91/3.83; softmax bf16 131072 4.04 against 3.90, f32 65536/131072
+      4.10/4.13 against 3.92/3.79. Not LayerNorm: the claim loop's few registers more make its clusters spill (16-40
+      bytes at 64 registers): 2-row rings with held chunks lost (bf16 65536 3.51 against 3.88, f32 65536 3.71
+      against 3.89), those keeping weights gained even so (bf16 131072/262144 3.99/4.00 against 3.85/3.69, f32 131072
+      4.09 against 3.78) but are not taken while they spill; nor 16-bit softmax at 8 CTAs (24 bytes spill: 2.71
+      against 3.90). The persistent grid's size alone moved softmax bf16 32768 between 3.40 and 3.87
       (96-132 CTAs, not monotonic: ..._session27_grid.json): CTAs given equal shares of the rows wait for the
       slowest.
     """
@@ -590,11 +597,13 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
     if ctas == 1:  # RMSNorm: a 3-row ring, every chunk held, rows claimed
         return ForwardShape(_STAGED_THREADS, share, 0, 3, hold, claim_rows=True)
     if kind == "softmax" and dtype == "f32" and n == 65536:
-        return ForwardShape(_STAGED_THREADS // 2, 2 * share, 0, 3, 2 * share)
+        return ForwardShape(_STAGED_THREADS // 2, 2 * share, 0, 3, 2 * share, claim_rows=True)
     if ctas <= 8:
         if sources == 2:
             return ForwardShape(_STAGED_THREADS, share, 1, 3, 0)
-        return ForwardShape(_STAGED_THREADS, share, 0, 3, 0 if keep else hold, keep)
+        # RMSNorm and softmax clusters claim their rows (not 16-bit softmax past 4 CTAs: 24 bytes spill, 2.7 TB/s)
+        claim = kind == "rms" or dtype == "f32" or ctas <= 4
+        return ForwardShape(_STAGED_THREADS, share, 0, 3, 0 if keep else hold, keep, claim_rows=claim)
     if ctas <= 16 and kind == "fused":  # 1 MB rows: 8 CTAs of 128 KB, a single-row ring
         return ForwardShape(_STAGED_THREADS, 2 * share, 0, 1, 0)
     if ctas <= MAX_FORWARD_TEAM:
