@@ -255,11 +255,11 @@ def test_staged_forward_configs():
     assert routed == {
         ("layer", "bf16", 16384): None,  # short rows: the register kernel, unchanged
         ("layer", "bf16", 32768): (1, 512, 8, 1, 0, 0),  # two CTAs per SM, single-row rings, rows claimed
-        ("layer", "bf16", 65536): (2, 1024, 4, 2, 0, 3),  # clusters at lag 0, a 2-row ring
+        ("layer", "bf16", 65536): (2, 1024, 4, 2, 0, 0, True),  # clusters at lag 0, a 2-row ring, weights kept
         ("layer", "bf16", 262144): (8, 1024, 4, 2, 0, 0, True),  # 8 CTAs per row: weights kept, no chunks held
         ("layer", "f32", 16384): None,
-        ("layer", "f32", 32768): (2, 1024, 4, 2, 0, 3),
-        ("layer", "f32", 65536): (4, 1024, 4, 2, 0, 3),
+        ("layer", "f32", 32768): (2, 1024, 4, 2, 0, 2),  # 2 chunks held
+        ("layer", "f32", 65536): (4, 1024, 4, 2, 0, 0, True),
         ("layer", "f32", 262144): (16, 1024, 4, 3, 1, 0, True, True),  # a team of 16 CTAs per row, weights kept
         ("rms", "bf16", 16384): None,
         ("rms", "bf16", 32768): (1, 1024, 4, 3, 0, 4),  # RMSNorm: a 3-row ring
@@ -300,7 +300,7 @@ def test_staged_forward_configs():
     assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 512, 8, 1, 0, 0)
     # Rows claimed from a counter (claim_rows): where one CTA holds a row (16-bit softmax and LayerNorm at 32768 in
     # two CTAs per SM, softmax up to 65536 in one 128 KB CTA, RMSNorm's 3-row ring) and by RMSNorm and softmax
-    # clusters at lag 0 (not 16-bit softmax at 8 CTAs, nor LayerNorm's clusters: they would spill); not in teams.
+    # clusters at lag 0 (not 16-bit softmax at 8 CTAs, nor LayerNorm's clusters of 8: they would spill); not in teams.
     claimed = {
         (kind, dtype, n)
         for kind in norm_mod.FORWARD_KINDS
@@ -309,8 +309,10 @@ def test_staged_forward_configs():
         if getattr(norm_mod.routed_staged_forward_config(n, dtype, kind), "claim_rows", False)
     }
     sixteen = {("softmax", 32768), ("layer", 32768), ("softmax", 40968), ("softmax", 65536), ("softmax", 131072)}
+    sixteen |= {("layer", 40968), ("layer", 65536)}
     sixteen |= {("rms", n) for n in (32768, 40968, 65536, 131072, 262144)}
     wide = {("rms", n) for n in (32768, 40968, 65536, 131072)} | {("softmax", 65536), ("softmax", 131072)}
+    wide |= {("layer", 32768), ("layer", 40968), ("layer", 65536)}
     assert claimed == {(k, d, n) for d in ("bf16", "f16") for k, n in sixteen} | {(k, "f32", n) for k, n in wide}
     assert norm_mod.routed_staged_forward_config(32768, "bf16", "softmax").blocks_per_sm == 2
     assert norm_mod.staged_forward_config(65536, "bf16", lag=1, claim_rows=True) is None  # a cluster at lag 1

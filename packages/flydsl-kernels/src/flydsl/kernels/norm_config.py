@@ -567,13 +567,15 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
       clusters' 3.90 and 3.95). Clusters at lag 0 claim too (rank 0 claims and pushes the row with its pairs;
       ..._session27_claims_clusters.json): RMSNorm bf16 65536/131072/262144 4.06/3.94/4.01 against 3.93/3.83/3.77,
       f32 65536/131072 3.94/4.07 against 3.91/3.83; softmax bf16 131072 4.04 against 3.90, f32 65536/131072
-      4.10/4.13 against 3.92/3.79. Not LayerNorm: the claim loop's few registers more make its clusters spill (16-40
-      bytes at 64 registers): 2-row rings with held chunks lost (bf16 65536 3.51 against 3.88, f32 65536 3.71
-      against 3.89), those keeping weights gained even so (bf16 131072/262144 3.99/4.00 against 3.85/3.69, f32 131072
-      4.09 against 3.78) but are not taken while they spill; nor 16-bit softmax at 8 CTAs (24 bytes spill: 2.71
-      against 3.90). The persistent grid's size alone moved softmax bf16 32768 between 3.40 and 3.87
-      (96-132 CTAs, not monotonic: ..._session27_grid.json): CTAs given equal shares of the rows wait for the
-      slowest.
+      4.10/4.13 against 3.92/3.79. The claim loop takes a few registers more: LayerNorm's 2-row rings with 3 chunks
+      held spill (16-40 bytes at 64 registers) and lost (bf16 65536 3.51 against 3.88, f32 65536 3.71 against
+      3.89), so its clusters of 2-4 claim in spill-free shapes (..._session27_claims_layer_norm.json): weights kept,
+      bf16 65536 3.99 against 3.92, f32 65536 4.08 against 3.91; float32 at 2 CTAs with 2 chunks held, f32 32768
+      4.14 against 3.97. Not claimed: LayerNorm's clusters of 8, keeping weights, which gained even while spilling
+      16 bytes (bf16 131072/262144 3.99/4.00 against 3.85/3.69, f32 131072 4.09 against 3.78: fewer registers in the
+      claim loop would let them), and 16-bit softmax at 8 CTAs (24 bytes spill: 2.71 against 3.90). The persistent
+      grid's size alone moved softmax bf16 32768 between 3.40 and 3.87 (96-132 CTAs, not monotonic:
+      ..._session27_grid.json): CTAs given equal shares of the rows wait for the slowest.
     """
     if kind not in FORWARD_KINDS:
         raise ValueError(f"kind: expected one of {FORWARD_KINDS}, got {kind!r}")
@@ -592,8 +594,11 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
         return ForwardShape(_STAGED_THREADS, 2 * share, 0, 1, 0, claim_rows=True)
     if kind == "layer" and dtype != "f32" and 2 < ctas <= 4:  # two 512-thread CTAs per SM, weights kept
         return ForwardShape(_STAGED_THREADS // 2, share, 0, 2, 0, True, blocks_per_sm=2)
-    if kind == "layer" and ctas <= 8:  # a 2-row ring, 3 of 4 chunks held (all 4 spill)
-        return ForwardShape(_STAGED_THREADS, share, 0, 2, share - 1 if ctas <= 4 else 0, keep)
+    if kind == "layer" and ctas <= 4:  # clusters claiming rows in 2-row rings, weights kept (f32 at 2: 2 chunks held)
+        two = dtype == "f32" and ctas == 2
+        return ForwardShape(_STAGED_THREADS, share, 0, 2, 2 if two else 0, not two, claim_rows=True)
+    if kind == "layer" and ctas <= 8:  # a 2-row ring, weights kept
+        return ForwardShape(_STAGED_THREADS, share, 0, 2, 0, keep)
     if ctas == 1:  # RMSNorm: a 3-row ring, every chunk held, rows claimed
         return ForwardShape(_STAGED_THREADS, share, 0, 3, hold, claim_rows=True)
     if kind == "softmax" and dtype == "f32" and n == 65536:
