@@ -15,8 +15,10 @@ Every number also comes as GPU time (``*_gpu_tbps``, with ``bar_gpu_tbps`` / ``m
 queued behind a sleep kernel (:data:`SLEEP`), which hides the host's launch latency, as in a training step's queue
 (each call timed alone on an idle GPU includes it: ours ~20 us of Python checks and launch, the backward's 60-100 us,
 torch's ~5-10 us); the backward's bar in GPU time is 0.85 x copy's GPU time (``backward_bar_gpu_tbps``).
-Liger-Kernel is not installed on the GPU machine: not measured (recorded as such). Backward: ours against copy only
-(the bar is 0.85 x copy); torch's eager backward is recorded for reference.
+Liger-Kernel's forwards (``liger_kernel.transformers.functional``) are a peer where the package imports (carry its
+wheel: ``DEVRT_PIP="... liger-kernel"``) and where a kernel runs (its Triton kernels refuse rows past their block
+limit: the error is recorded per cell as ``liger_error``); the JSON's ``liger`` says which version ran, or why none
+did. Backward: ours against copy only (the bar is 0.85 x copy); torch's eager backward is recorded for reference.
 """
 
 from __future__ import annotations
@@ -84,6 +86,23 @@ def _ops(torch, F):
             aux_res,
         ),
     }
+
+
+def liger_ops() -> tuple[dict, str]:
+    """Liger-Kernel's forwards as ``name -> fn(x, aux)`` (the arguments of :func:`_ops`' functions) and a status: its
+    version, or why it is not measured ({} then)."""
+    try:
+        import liger_kernel
+        from liger_kernel.transformers import functional as liger
+    except Exception as error:  # not installed, or its import fails on this machine: recorded, not fatal
+        return {}, f"not measured: liger_kernel does not import here ({type(error).__name__}: {error})"
+    ops = {
+        "softmax": lambda x, a: liger.liger_softmax(x),
+        "layer_norm": lambda x, a: liger.liger_layer_norm(x, a["w"], a["b"], 1e-5),
+        "rms_norm": lambda x, a: liger.liger_rms_norm(x, a["w"], 1e-6, in_place=False),
+        "fused_add_rms_norm": lambda x, a: liger.liger_fused_add_rms_norm(x, a["r"], a["w"], 1e-6, in_place=False),
+    }
+    return ops, getattr(liger_kernel, "__version__", "installed (version unknown)")
 
 
 def _backward(torch, name, x, a, m, n, e, reps):
@@ -348,6 +367,7 @@ def main() -> int:
         variants[0][1]()
     monitor = ClockMonitor(args.clocks_ms) if args.clocks_ms > 0 else None
     ops = _ops(torch, F)
+    liger, liger_status = liger_ops() if not args.backward_only else ({}, "not measured: --backward-only")
     props = torch.cuda.get_device_properties(0)
     driver = subprocess.run(
         ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
@@ -363,7 +383,7 @@ def main() -> int:
         "elements_per_input": TOTAL,
         "reps": args.reps,
         "statistic": "median of CUDA-event times",
-        "liger": "not installed on the GPU machine: not measured",
+        "liger": liger_status,
         "units": "TB/s (bytes read + written / time)",
         "complete": False,
         "results": [],
@@ -388,6 +408,12 @@ def main() -> int:
                 row["copy_gpu_tbps"] = 2 * x.numel() * e / busy_copy / 1e9
                 if not args.backward_only:
                     timed = {"ours": partial(ours_fn, x, aux), "torch": partial(eager_fn, x, aux)}
+                    if name in liger:
+                        try:  # once: its kernels refuse some N
+                            liger[name](x, aux)
+                            timed["liger"] = partial(liger[name], x, aux)
+                        except Exception as error:
+                            row["liger_error"] = f"{type(error).__name__}: {str(error)[:200]}"
                     if compiled_fn is not None:
                         t0 = time.time()
                         compiled_fn(x, aux)
@@ -408,7 +434,8 @@ def main() -> int:
                             }
                         variants[0][1]()
                     for suffix, copy in (("", row["copy_tbps"]), ("_gpu", row["copy_gpu_tbps"])):
-                        best_peer = max(row.get(f"torch{suffix}_tbps", 0), row.get(f"torch_compile{suffix}_tbps", 0))
+                        peers = ("torch", "torch_compile", "liger")
+                        best_peer = max(row.get(f"{who}{suffix}_tbps", 0) for who in peers)
                         row[f"bar{suffix}_tbps"] = max(0.91 * copy, 0.98 * best_peer)
                         row[f"meets_bar{suffix}"] = row[f"ours{suffix}_tbps"] >= row[f"bar{suffix}_tbps"]
                 if args.backward:
@@ -431,9 +458,11 @@ def main() -> int:
                     line += (
                         f"  ours {row['ours_tbps']:.2f}  torch {row['torch_tbps']:.2f}"
                         f"  compile {row.get('torch_compile_tbps', float('nan')):.2f}"
+                        f"  liger {row.get('liger_tbps', float('nan')):.2f}"
                         f"  bar {row['bar_tbps']:.2f} {'ok' if row['meets_bar'] else 'MISS'}"
                         f"  | GPU time: ours {row['ours_gpu_tbps']:.2f}  torch {row['torch_gpu_tbps']:.2f}"
                         f"  compile {row.get('torch_compile_gpu_tbps', float('nan')):.2f}"
+                        f"  liger {row.get('liger_gpu_tbps', float('nan')):.2f}"
                         f"  bar {row['bar_gpu_tbps']:.2f} {'ok' if row['meets_bar_gpu'] else 'MISS'}"
                     )
                 if "backward_tbps" in row:

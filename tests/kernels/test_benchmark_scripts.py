@@ -122,6 +122,43 @@ def test_norms_bench_records_the_routed_grids(monkeypatch):
     assert cell == {"forward": None, "backward": None}
 
 
+def test_norms_bench_liger_peer(monkeypatch):
+    """norms_bench times Liger-Kernel's forwards where liger_kernel imports (here a stand-in module recording the
+    calls), and says why not where it does not."""
+    import types
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import norms_bench
+
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # an import of it fails
+    ops, status = norms_bench.liger_ops()
+    assert ops == {} and status.startswith("not measured: liger_kernel does not import here")
+
+    calls = []
+    functional = types.ModuleType("liger_kernel.transformers.functional")
+    for name in ("liger_softmax", "liger_layer_norm", "liger_rms_norm", "liger_fused_add_rms_norm"):
+        setattr(functional, name, lambda *args, _name=name, **kwargs: calls.append((_name, args, kwargs)))
+    package = types.ModuleType("liger_kernel")
+    package.__version__ = "0.8.5"
+    transformers = types.ModuleType("liger_kernel.transformers")
+    transformers.functional = functional
+    package.transformers = transformers
+    monkeypatch.setitem(sys.modules, "liger_kernel", package)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", transformers)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", functional)
+    ops, status = norms_bench.liger_ops()
+    assert status == "0.8.5" and set(ops) == {"softmax", "layer_norm", "rms_norm", "fused_add_rms_norm"}
+    aux = {"w": "w", "b": "b", "r": "r"}
+    for name in ops:
+        ops[name]("x", aux)
+    assert calls == [
+        ("liger_softmax", ("x",), {}),
+        ("liger_layer_norm", ("x", "w", "b", 1e-5), {}),
+        ("liger_rms_norm", ("x", "w", 1e-6), {"in_place": False}),
+        ("liger_fused_add_rms_norm", ("x", "r", "w", 1e-6), {"in_place": False}),
+    ]
+
+
 def test_norms_backward_configs_option(monkeypatch):
     """``--configs`` of norms_backward_staged.py: [team:]THREADS:CHUNKS:STAGES:LAG[:options], ``bulk`` among them
     (the ring filled by bulk copies), each a config the backward builds."""
