@@ -476,7 +476,7 @@ def staged_forward_config(
     held = (chunks if hold else 0) if isinstance(hold, bool) else hold
     if not isinstance(held, int) or not 0 <= held <= chunks:
         raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")
-    if (held or claim_rows) and lag and cluster > 1 or (claim_rows and in_team):
+    if ((held or claim_rows) and lag and cluster > 1) or (claim_rows and in_team):
         return None
     return StagedForwardConfig(layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights), bool(claim_rows))
 
