@@ -322,24 +322,27 @@ def _rows_staged(cfg, flags, tensors, smem, partial_row, pos, n, rows, group, gr
 
 def _push_pair(a, b, remote, barrier) -> None:
     """``st.async``: two Float32 into a peer's shared memory (``remote``, an ``!llvm.ptr<7>`` from
-    ``cluster.map_shared``), completing 8 bytes of the transaction count of its mbarrier ``barrier`` (likewise).
-
-    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-st-async
-    """
-    i64 = fx.Int64.mlir_type()  # mapa's 64-bit shared::cluster addresses, as they are
-    where = _llvm.ptrtoint(i64, remote)
-    bar = _llvm.ptrtoint(i64, barrier)
-    text = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [$0], {$1, $2}, [$3];"
-    _llvm.inline_asm(None, [where, a.value, b.value, bar], text, "l,f,f,l", has_side_effects=True)
+    ``cluster.map_shared``), completing 8 bytes of the transaction count of its mbarrier ``barrier`` (likewise)."""
+    _st_async(remote, barrier, "v2.f32", "{$1, $2}", [a, b], "f,f")
 
 
 def _push_word(value, remote, barrier) -> None:
     """``st.async``: one Int32 into a peer's shared memory, completing 4 bytes of its mbarrier ``barrier``'s
     transaction count (as :func:`_push_pair`)."""
-    i64 = fx.Int64.mlir_type()
+    _st_async(remote, barrier, "b32", "$1", [value], "r")
+
+
+def _st_async(remote, barrier, kind: str, registers: str, values, constraints: str) -> None:
+    """``st.async.shared::cluster.mbarrier::complete_tx::bytes.{kind}`` of ``values`` (operands ``registers``).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-st-async
+    """
+    i64 = fx.Int64.mlir_type()  # mapa's 64-bit shared::cluster addresses, as they are
     where, bar = _llvm.ptrtoint(i64, remote), _llvm.ptrtoint(i64, barrier)
-    text = "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [$0], $1, [$2];"
-    _llvm.inline_asm(None, [where, value.value, bar], text, "l,r,l", has_side_effects=True)
+    last = len(values) + 1
+    text = f"st.async.shared::cluster.mbarrier::complete_tx::bytes.{kind} [$0], {registers}, [${last}];"
+    operands = [where, *(v.value for v in values), bar]
+    _llvm.inline_asm(None, operands, text, f"l,{constraints},l", has_side_effects=True)
 
 
 _SPIN_LIMIT = 1 << 22  # polls of a team's pair before the kernel traps (a lost peer: fail rather than hang)

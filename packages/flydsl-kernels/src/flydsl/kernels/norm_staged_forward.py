@@ -7,7 +7,7 @@ in global memory (:func:`_team_stats`)."""
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
+from typing import NamedTuple
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -278,7 +278,7 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
             if fx.const_expr(not rc.team):  # a team's first warp computes each rank's count where it combines
                 counts = [_rank_count(rc, n, r).to(fx.Float32) for r in range(rc.cluster)]
             inv_count = _inverse_count(_rank_count(rc, n, pos.rank))
-    loop = SimpleNamespace(  # the row loop's fixed values (_unpack)
+    loop = _RowLoop(
         cfg=cfg,
         flags=flags,
         work=work,
@@ -302,16 +302,28 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
         cluster.sync()  # no CTA leaves while a peer may still push into it
 
 
-def _unpack(loop):
-    """The row loop's fixed values (:func:`_rows_staged_forward`'s ``loop``)."""
-    names = "cfg flags work pos block smem inv_count inv_n eps mean_out rstd_out share counts"
-    return [getattr(loop, name) for name in names.split()]
+class _RowLoop(NamedTuple):
+    """What the row loops (:func:`_strided_rows`, :func:`_claimed_rows`) take from :func:`_rows_staged_forward`."""
+
+    cfg: StagedForwardConfig
+    flags: object
+    work: _ForwardRows
+    pos: object
+    block: RowConfig
+    smem: object
+    inv_count: object
+    inv_n: object
+    eps: object
+    mean_out: object
+    rstd_out: object
+    share: object
+    counts: list
 
 
 def _strided_rows(loop):
     """The row loop of :func:`_rows_staged_forward` where CTA group ``g`` of ``groups`` takes rows ``g, g + groups,
     ...``."""
-    cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, share, counts = _unpack(loop)
+    cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, share, counts = loop
     rc, rows, n = cfg.row, work.rows, work.n
     groups = gpu.grid_dim.x // rc.cluster
     group = gpu.block_idx.x // rc.cluster
@@ -356,7 +368,7 @@ def _claimed_rows(loop, counter):
     the row's block barriers make visible. A cluster: pushed with the row's pairs into every peer's shared memory,
     on the mbarrier that the peers wait on for the pairs. The last group to finish (``counter[1]`` counts them)
     zeroes both words for the next launch."""
-    cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, share, counts = _unpack(loop)
+    cfg, flags, work, pos, block, smem, inv_count, inv_n, eps, mean_out, rstd_out, share, counts = loop
     rc = cfg.row
     rows, stages = work.rows, cfg.stages
     ahead = stages - 1
