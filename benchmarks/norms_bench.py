@@ -91,8 +91,9 @@ def _ops(torch, F):
 def liger_ops() -> tuple[dict, str]:
     """Liger-Kernel's forwards as ``name -> fn(x, aux)`` (the arguments of :func:`_ops`' functions) and a status: its
     version, or why it is not measured ({} then)."""
+    from importlib import metadata
+
     try:
-        import liger_kernel
         from liger_kernel.transformers import functional as liger
     except Exception as error:  # not installed, or its import fails on this machine: recorded, not fatal
         return {}, f"not measured: liger_kernel does not import here ({type(error).__name__}: {error})"
@@ -102,7 +103,7 @@ def liger_ops() -> tuple[dict, str]:
         "rms_norm": lambda x, a: liger.liger_rms_norm(x, a["w"], 1e-6, in_place=False),
         "fused_add_rms_norm": lambda x, a: liger.liger_fused_add_rms_norm(x, a["r"], a["w"], 1e-6, in_place=False),
     }
-    return ops, getattr(liger_kernel, "__version__", "installed (version unknown)")
+    return ops, f"liger-kernel {metadata.version('liger-kernel')}"  # (the package has no __version__)
 
 
 def _backward(torch, name, x, a, m, n, e, reps):
