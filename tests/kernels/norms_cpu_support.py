@@ -51,8 +51,8 @@ def exchange_spec(cfg):
     return flyc.TensorSpec((8, norm_mod.exchange_columns(cfg)), "f32")
 
 
-def spill_bytes(ptx: str) -> int:
-    """ptxas -v's spill stores for sm_90a."""
+def _ptxas_report(ptx: str) -> str:
+    """ptxas -v's report for sm_90a."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")
         with open(path, "w") as f:
@@ -60,8 +60,22 @@ def spill_bytes(ptx: str) -> int:
         report = subprocess.run(
             [flyc.find_ptxas(), "-v", "-arch=sm_90a", path, "-o", os.devnull], capture_output=True, text=True
         )
-    found = re.search(r"(\d+) bytes spill stores", report.stdout + report.stderr)
-    assert found, report.stderr
+    return report.stdout + report.stderr
+
+
+def spill_bytes(ptx: str) -> int:
+    """ptxas -v's spill stores for sm_90a."""
+    report = _ptxas_report(ptx)
+    found = re.search(r"(\d+) bytes spill stores", report)
+    assert found, report
+    return int(found.group(1))
+
+
+def registers(ptx: str) -> int:
+    """ptxas -v's registers per thread for sm_90a."""
+    report = _ptxas_report(ptx)
+    found = re.search(r"Used (\d+) registers", report)
+    assert found, report
     return int(found.group(1))
 
 

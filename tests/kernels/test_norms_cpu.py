@@ -23,6 +23,7 @@ from .norms_cpu_support import (
     fake,
     norm_mod,
     private_cache,  # noqa: F401 (an autouse fixture)
+    registers,
     softmax_mod,
     spill_bytes,
 )
@@ -123,6 +124,38 @@ def test_looped_forward_assembles_without_spills(n, dtype, threads, chunks):
             assert spill_bytes(ptx) == 0, (n, dtype, flags)
     with pytest.raises(ValueError, match="one CTA per row"):
         norm_mod.LoopedForwardConfig(row_config(65536, "f32"))
+
+
+@pytest.mark.parametrize("n, kind", [(8192, "rms"), (8192, "layer"), (7176, "rms")])
+def test_looped_forward_static_n(n, kind):
+    """The routed float32 8192 looped forwards compile N in (LoopedForwardConfig.static_n): no segment loop (one
+    backward branch less: none), 1/N a constant, no spills, and registers for 3 CTAs of 512 threads per SM (the
+    dynamic-N kernel needs more: 2 CTAs); a static_n below 0 is refused."""
+    from flydsl.kernels.norm_config import looped_forward_shape
+
+    shape = looped_forward_shape(n, "f32", kind)
+    assert shape is not None and shape[-1] is True, shape  # routed with the N compiled in
+    rows, stats = flyc.TensorSpec((8, n), "f32"), flyc.TensorSpec((8,), "f32")
+    weight = flyc.TensorSpec((n,), "f32")
+    static = norm_mod.looped_forward_config(n, "f32", *shape)
+    dynamic = norm_mod.looped_forward_config(n, "f32", *shape[:-1])
+    assert (static.static_n, dynamic.static_n) == (n, 0)
+    flags = FORWARD_FLAGS[kind]
+    ptx = {
+        cfg.static_n: assembled(
+            norm_mod.norm_forward_looped_kernel.lower(
+                rows, rows, weight, weight, rows, rows, stats, stats, 1e-5, cfg, flags
+            )
+        )
+        for cfg in (static, dynamic)
+    }
+    assert "cvt.rn.f32.s64" not in ptx[n] and "cvt.rn.f32.s64" in ptx[0]  # 1/N folded (dynamic: N converted)
+    assert ptx[n].count("bra") < ptx[0].count("bra")  # the segment loops are gone
+    if flyc.find_ptxas() is not None:
+        assert spill_bytes(ptx[n]) == 0 and registers(ptx[n]) <= 40  # (65536 / (3 x 512) = 42, allocated by 8)
+        assert registers(ptx[0]) > 40 or spill_bytes(ptx[0]) > 0
+    with pytest.raises(ValueError, match="static_n"):
+        norm_mod.LoopedForwardConfig(static.row, static_n=-1)
 
 
 def _loads_before_first_store(ptx: str) -> int:

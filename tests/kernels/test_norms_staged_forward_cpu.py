@@ -331,8 +331,8 @@ def test_staged_forward_configs():
 
 def test_looped_forward_routing(monkeypatch):
     """norm_config.LOOPED_FORWARD's rows take the looped kernel (one CTA per row, its threads), ahead of the staged
-    kernel (float32 LayerNorm 2049-6144 too); N not a multiple of 16 bytes, 16-bit LayerNorm, and staged=False keep
-    the others."""
+    kernel (float32 LayerNorm 1793-6144 and 8192 too); N not a multiple of 16 bytes, 16-bit LayerNorm, and
+    staged=False keep the others."""
     taken = []
 
     class Launch:
@@ -363,12 +363,15 @@ def test_looped_forward_routing(monkeypatch):
     for n, typestr in ((8200 - 4, "<f2"), (65536, "<f2")):  # 8196 % 8: per-element tails; 65536: the staged kernel
         norms.rms_norm(fake((5, n), typestr), None, out=fake((5, n), typestr))
         assert not isinstance(taken[-1][0], norm_mod.LoopedForwardConfig), n
-    for n, threads in ((3072, 128), (4096, 256), (6144, 256)):  # float32 LayerNorm, 2 and 3 segments
+    for n, threads in ((2048, 128), (3072, 128), (4096, 256), (6144, 256), (8192, 512)):  # float32 LayerNorm
         norms.layer_norm(fake((5, n), "<f4"), fake((n,), "<f4"), fake((n,), "<f4"), out=fake((5, n), "<f4"))
         cfg, kwargs = taken[-1]
         assert isinstance(cfg, norm_mod.LoopedForwardConfig) and kwargs == {"grid": 5, "block": threads}, n
-    norms.layer_norm(fake((5, 8192), "<f4"), None, None, out=fake((5, 8192), "<f4"))
-    assert not isinstance(taken[-1][0], norm_mod.LoopedForwardConfig)
+        assert cfg.static_n == (n if n == 8192 else 0), n  # 8192: N compiled in, 3 CTAs per SM
+    assert cfg.blocks_per_sm == 3
+    for n in (8184, 10240):  # float32 LayerNorm past the timed N: the register kernel
+        norms.layer_norm(fake((5, n), "<f4"), None, None, out=fake((5, n), "<f4"))
+        assert not isinstance(taken[-1][0], norm_mod.LoopedForwardConfig), n
     norms.layer_norm(fake((5, 8192), "<f2"), None, None, out=fake((5, 8192), "<f2"))
     register = norm_mod.forward_row_config(8192, "f16", 1, 2)  # 16-bit: weight loads 2 chunks ahead of the stores
     assert taken[-1][0] == register and register.store_group == 2 == norm_config.FORWARD_STORE_GROUP["f16"]

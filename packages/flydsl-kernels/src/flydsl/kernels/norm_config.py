@@ -632,15 +632,21 @@ class LoopedForwardConfig:
     SMs hold as many CTAs as threads allow) and reads it twice, once for the statistics and once for the output, the
     second time from L1 or L2 (torch.compile's looped reductions). ``row.hints``: the first read's cache hints,
     ``reread`` the second's; ``blocks_per_sm``: CTAs per SM that ptxas must fit (it caps the registers; 0: its
-    choice)."""
+    choice); ``static_n``: the row length compiled into the kernel (0: read from the tensor at run time), as
+    torch.compile's reductions are specialized: the segment loop, the column masks and 1/N fold into constants, the
+    registers of the loop's pointers and bounds are freed (float32 8192 at 512 x 4: RMSNorm 34 registers instead of
+    45, LayerNorm 44 instead of 62), so that more CTAs fit per SM; one kernel per N, launched only on rows of it."""
 
     row: RowConfig
     reread: CacheHints = PLAIN_HINTS
     blocks_per_sm: int = 0
+    static_n: int = 0
 
     def __post_init__(self):
         if self.row.cluster != 1 or self.row.rows_per_cta != 1:
             raise ValueError(f"LoopedForwardConfig: one CTA per row, one row per CTA; got {self.row}")
+        if self.static_n < 0:
+            raise ValueError(f"LoopedForwardConfig: static_n must be >= 0 (0: N read at run time), got {self.static_n}")
         if not 0 <= self.blocks_per_sm * self.row.block <= 2048:
             raise ValueError(f"LoopedForwardConfig: {self.blocks_per_sm} CTAs of {self.row.block} exceed an SM")
 
@@ -655,19 +661,21 @@ def looped_forward_config(
     reread: CacheHints = PLAIN_HINTS,
     blocks_per_sm: int = 0,
     store_group: int = 0,
+    static_n: bool = False,
 ) -> LoopedForwardConfig:
     """The looped forward's config for rows of ``n`` elements of ``dtype``: CTAs of ``threads`` threads (a power of
     two, at least a warp), ``chunks`` 16-byte chunks per thread per segment; ``first`` / ``reread``: the cache
     hints of the two reads (and of the output's stores: ``first.out``); ``blocks_per_sm``: see
     :class:`LoopedForwardConfig`; ``store_group``: output chunks whose loads (x again, weights) are issued before
     their stores (:func:`flydsl.kernels.reduction.store_row`; 0: ``min(chunks, 4)``: all 8 chunks' at once spilled
-    108 bytes at 1024 threads x 8 float32 chunks)."""
+    108 bytes at 1024 threads x 8 float32 chunks); ``static_n``: compile ``n`` into the kernel
+    (:attr:`LoopedForwardConfig.static_n`)."""
     vec = 16 // element_bytes(dtype)
     if threads < 32:
         raise ValueError(f"looped_forward_config: threads must be a power of two >= 32, got {threads}")
     group = store_group or min(chunks, 4)
     row = RowConfig(dtype, vec, chunks, threads, 1, 1, n % vec == 0, hints=first, store_group=group)
-    return LoopedForwardConfig(row, reread, blocks_per_sm)
+    return LoopedForwardConfig(row, reread, blocks_per_sm, n if static_n else 0)
 
 
 # The register norm forwards' RowConfig.store_group per dtype: output chunks whose weight (and bias) loads are issued
@@ -706,6 +714,14 @@ _LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints
 # 3072 in 128 x 4 4.26 against the register kernel's 4.13, 4096 in 256 x 2 4.25 and 4.23 against 4.16 and 4.15
 # in two runs (torch.compile 4.30), 6144 4.04 against 3.86; without the hints 3.55-3.98. 16-bit LayerNorm and
 # float32 2048, 8192, 16384 stay in the register kernel (looped 0.5-4.05 against 4.09-4.21).
+# Session 28 (..._looped_static_n_2026-12-01_session28.json, GPU time, torch.compile and Liger-Kernel in the same
+# run): the N compiled in (static_n, the last field; torch.compile's kernels are specialized so: ncu showed its
+# RMSNorm f32 8192 in 512 threads, 40 registers, 3 CTAs per SM, x read twice) frees the registers of the segment
+# loop: RMSNorm f32 8192 in 512 x 4 4.29 (register kernel 4.24, torch.compile 4.30, Liger 4.21; dynamic N 4.20),
+# LayerNorm f32 8192 in 512 x 4 at 3 CTAs per SM 4.29 (4.21, 4.27, 4.21; dynamic N 1.96, spilling); LayerNorm f32
+# 2048 in 128 x 4 4.30 (4.12, Liger 4.23). Elsewhere level (RMSNorm f32 2048/4096/16384) or slower (LayerNorm f32
+# 4096 in 256 x 2: 4.18 static, 4.27 dynamic). Only the N timed (RMSNorm: and rows at least 7/8 of its segment;
+# LayerNorm's masked rows spill at 3 CTAs per SM: 7176 36 bytes) take them.
 LOOPED_FORWARD: dict = {
     ("fused", "f32"): [(769, 1024, 256, 1, *_LOOPED_HINTS), (1025, 2048, 512, 1, *_LOOPED_HINTS)]
     + [(2049, 8192, 1024, 1, *_LOOPED_HINTS)]
@@ -713,16 +729,19 @@ LOOPED_FORWARD: dict = {
     ("fused", "bf16"): [(2049, 4096, 512, 1, *_LOOPED_HINTS), (4097, 16384, 512, 2, *_LOOPED_HINTS)]
     + [(16385, 32768, 1024, 2, *_LOOPED_HINTS)],
     ("rms", "f32"): [(1025, 2048, 256, 2, *_LOOPED_HINTS), (2049, 4096, 512, 2, *_LOOPED_HINTS)]
+    + [(7169, 8192, 512, 4, *_LOOPED_HINTS, 0, 0, True)]
     + [(8193, 16384, 1024, 2, *_LOOPED_HINTS), (16385, 32768, 1024, 8, *_LOOPED_HINTS)],
     ("rms", "bf16"): [(2049, 4096, 256, 2, *_LOOPED_HINTS), (4097, 8192, 512, 2, *_LOOPED_HINTS)]
     + [(16385, 32768, 512, 8, *_LOOPED_HINTS)],
-    ("layer", "f32"): [(2049, 3072, 128, 4, *_LOOPED_HINTS), (3073, 6144, 256, 2, *_LOOPED_HINTS)],
+    ("layer", "f32"): [(1793, 3072, 128, 4, *_LOOPED_HINTS), (3073, 6144, 256, 2, *_LOOPED_HINTS)]
+    + [(8192, 8192, 512, 4, *_LOOPED_HINTS, 3, 0, True)],
 }
 LOOPED_FORWARD.update({(kind, "f16"): LOOPED_FORWARD[kind, "bf16"] for kind in ("fused", "rms")})  # (not timed)
 
 
 def looped_forward_shape(n: int, dtype: str, kind: str) -> tuple | None:
-    """``(threads, chunks[, first, reread[, blocks_per_sm]])`` (:func:`looped_forward_config`'s arguments after
+    """``(threads, chunks[, first, reread[, blocks_per_sm[, store_group[, static_n]]]])``
+    (:func:`looped_forward_config`'s arguments after
     ``dtype``) of the looped forward for ``kind`` rows of ``n`` ``dtype`` elements where :data:`LOOPED_FORWARD`
     routes them, else None."""
     if n % (16 // element_bytes(dtype)):  # (measured on whole 16-byte chunks, whose accesses take the hints)

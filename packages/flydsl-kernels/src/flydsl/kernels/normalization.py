@@ -31,10 +31,11 @@ per row, ``(sum, sum of squares about the CTA's own mean)``, combined by Chan's 
 (:func:`flydsl.kernels.norm_staged_forward._chan`): no cancellation, one exchange per row. Softmax's staged forward
 (:mod:`flydsl.kernels.softmax_staged`) shares the kernel and the switch.
 
-RMSNorm and the fused add at 1K-32K (``norm_config.LOOPED_FORWARD``; 16-byte aligned rows and weights) take the
-looped forward first (:func:`norm_forward_looped_kernel`): one CTA per row walks it in segments and reads it twice,
-the second time from L1/L2, as torch.compile's looped reductions do: few registers, and no more rows in flight than
-L2 keeps for the re-read. The register and looped forwards write their output a group of chunks at a time, the
+RMSNorm and the fused add at 1K-32K, float32 LayerNorm at 2K-8K (``norm_config.LOOPED_FORWARD``; 16-byte aligned
+rows and weights) take the looped forward first (:func:`norm_forward_looped_kernel`): one CTA per row walks it in
+segments and reads it twice, the second time from L1/L2, as torch.compile's looped reductions do: few registers, and
+no more rows in flight than L2 keeps for the re-read; float32 8192 with N compiled in (``static_n``), as
+torch.compile's kernels are. The register and looped forwards write their output a group of chunks at a time, the
 group's loads (weights, x again) issued before its stores (``RowConfig.store_group``: a load never moves past a
 store that may alias it).
 """
@@ -231,11 +232,13 @@ def norm_forward_looped_kernel(
     rc = cfg.row
     again = replace(rc, hints=cfg.reread)
     rows, n = x.shape
+    if fx.const_expr(cfg.static_n):
+        n = cfg.static_n
     pos = row_position(rc)
     if fx.const_expr(cfg.blocks_per_sm):
         flyc.set_kernel_attributes(min_blocks_per_sm=cfg.blocks_per_sm)
     smem = row_smem(rc, phases=1, values=1 if flags.rms else 3)
-    inv_n = 1.0 / n.to(fx.Float32)
+    inv_n = 1.0 / cfg.static_n if cfg.static_n else 1.0 / n.to(fx.Float32)
     segments = segment_count(rc, n)
     total = fx.Float32(0.0)  # RMSNorm: this thread's sum of squares
     count, part, deviations = fx.Float32(0.0), fx.Float32(0.0), fx.Float32(0.0)  # LayerNorm: its (count, sum, M2)
