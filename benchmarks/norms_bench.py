@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from functools import partial
+from importlib import metadata
 
 from record import ClockMonitor  # this folder's sibling module
 
@@ -91,8 +92,6 @@ def _ops(torch, F):
 def liger_ops() -> tuple[dict, str]:
     """Liger-Kernel's forwards as ``name -> fn(x, aux)`` (the arguments of :func:`_ops`' functions) and a status: its
     version, or why it is not measured ({} then)."""
-    from importlib import metadata
-
     try:
         from liger_kernel.transformers import functional as liger
     except Exception as error:  # not installed, or its import fails on this machine: recorded, not fatal
@@ -103,7 +102,11 @@ def liger_ops() -> tuple[dict, str]:
         "rms_norm": lambda x, a: liger.liger_rms_norm(x, a["w"], 1e-6, in_place=False),
         "fused_add_rms_norm": lambda x, a: liger.liger_fused_add_rms_norm(x, a["r"], a["w"], 1e-6, in_place=False),
     }
-    return ops, f"liger-kernel {metadata.version('liger-kernel')}"  # (the package has no __version__)
+    try:  # (the package has no __version__)
+        version = metadata.version("liger-kernel")
+    except metadata.PackageNotFoundError:  # importable from a path but not installed
+        version = "(version unknown)"
+    return ops, f"liger-kernel {version}"
 
 
 def _backward(torch, name, x, a, m, n, e, reps):
