@@ -713,15 +713,16 @@ _LOOPED_HINTS = (CacheHints(rows="evict_last", vectors="evict_last"), CacheHints
 # ..._layer_norm_looped_2026-12-01_session25.json, ..._layer_norm_f32_looped_2026-12-01_session25.json, GPU time):
 # 3072 in 128 x 4 4.26 against the register kernel's 4.13, 4096 in 256 x 2 4.25 and 4.23 against 4.16 and 4.15
 # in two runs (torch.compile 4.30), 6144 4.04 against 3.86; without the hints 3.55-3.98. 16-bit LayerNorm and
-# float32 2048, 8192, 16384 stay in the register kernel (looped 0.5-4.05 against 4.09-4.21).
+# float32 2048, 8192, 16384 stayed in the register kernel (looped 0.5-4.05 against 4.09-4.21) until session 28.
 # Session 28 (..._looped_static_n_2026-12-01_session28.json, GPU time, torch.compile and Liger-Kernel in the same
 # run): the N compiled in (static_n, the last field; torch.compile's kernels are specialized so: ncu showed its
 # RMSNorm f32 8192 in 512 threads, 40 registers, 3 CTAs per SM, x read twice) frees the registers of the segment
 # loop: RMSNorm f32 8192 in 512 x 4 4.29 (register kernel 4.24, torch.compile 4.30, Liger 4.21; dynamic N 4.20),
 # LayerNorm f32 8192 in 512 x 4 at 3 CTAs per SM 4.29 (4.21, 4.27, 4.21; dynamic N 1.96, spilling); LayerNorm f32
 # 2048 in 128 x 4 4.30 (4.12, Liger 4.23). Elsewhere level (RMSNorm f32 2048/4096/16384) or slower (LayerNorm f32
-# 4096 in 256 x 2: 4.18 static, 4.27 dynamic). Only the N timed (RMSNorm: and rows at least 7/8 of its segment;
-# LayerNorm's masked rows spill at 3 CTAs per SM: 7176 36 bytes) take them.
+# 4096 in 256 x 2: 4.18 static, 4.27 dynamic). Routed from the N timed down to 7/8 of its segment (RMSNorm f32
+# 7169-8192, LayerNorm f32 1793-2048), except LayerNorm f32 with N compiled in: 8192 only, its masked rows spill at
+# 3 CTAs per SM (7176: 36 bytes).
 LOOPED_FORWARD: dict = {
     ("fused", "f32"): [(769, 1024, 256, 1, *_LOOPED_HINTS), (1025, 2048, 512, 1, *_LOOPED_HINTS)]
     + [(2049, 8192, 1024, 1, *_LOOPED_HINTS)]
