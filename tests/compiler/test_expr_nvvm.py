@@ -222,6 +222,18 @@ def test_bulk_copies_complete_on_an_mbarrier():
         ragged.trace(ragged.specialize(ragged._bind([_fake((64,))], {})).key)
 
 
+def test_trap_is_emitted_where_the_condition_holds():
+    @flyc.kernel
+    def checked(x: fx.Tensor):
+        rows, n = x.shape
+        if n % 64 != 0:  # a condition that must never hold
+            nvvm.trap()
+        x[0, gpu.thread_idx.x] = fx.Float32(1.0)
+
+    ptx = _ptx(checked, _fake((4, 256)))
+    assert ptx.count("trap;") == 1 and re.search(r"@%p\d+ bra", ptx)  # behind a branch, not unconditional
+
+
 def test_printf_lowers_to_vprintf_with_promoted_arguments():
     text = printing.trace(printing.specialize(printing._bind([_fake((4,))], {})).key)
     assert "gpu.printf" in text and "arith.extf" in text and "arith.extui" in text

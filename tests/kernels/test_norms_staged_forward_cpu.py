@@ -45,6 +45,8 @@ STAGED_FORWARD_CASES = [
     (131072, "f32", "fused"),
     (262144, "bf16", "rms"),  # weights kept
     (131072, "f32", "rms"),
+    (131064, "bf16", "layer"),  # clusters of 8, unequal shares: rows strided, one count per rank
+    (98304, "f32", "layer"),  # clusters of 8, equal shares: rows claimed
 ]
 
 
@@ -300,7 +302,8 @@ def test_staged_forward_configs():
     assert _shape(norm_mod.routed_staged_forward_config(32768, "f16", "layer")) == (1, 512, 8, 1, 0, 0)
     # Rows claimed from a counter (claim_rows): where one CTA holds a row (16-bit softmax and LayerNorm at 32768 in
     # two CTAs per SM, softmax up to 65536 in one 128 KB CTA, RMSNorm's 3-row ring) and by RMSNorm and softmax
-    # clusters at lag 0 (not 16-bit softmax at 8 CTAs, nor LayerNorm's clusters of 8: they would spill); not in teams.
+    # clusters at lag 0 (not 16-bit softmax at 8 CTAs: it would spill), LayerNorm's clusters of 8 where every CTA
+    # holds N / 8 elements (equal_shares; not 40968 f32 over 8 CTAs: per-rank counts, which would spill); no team.
     claimed = {
         (kind, dtype, n)
         for kind in norm_mod.FORWARD_KINDS
@@ -309,10 +312,10 @@ def test_staged_forward_configs():
         if getattr(norm_mod.routed_staged_forward_config(n, dtype, kind), "claim_rows", False)
     }
     sixteen = {("softmax", 32768), ("layer", 32768), ("softmax", 40968), ("softmax", 65536), ("softmax", 131072)}
-    sixteen |= {("layer", 40968), ("layer", 65536)}
+    sixteen |= {("layer", 40968), ("layer", 65536), ("layer", 131072), ("layer", 262144)}
     sixteen |= {("rms", n) for n in (32768, 40968, 65536, 131072, 262144)}
     wide = {("rms", n) for n in (32768, 40968, 65536, 131072)} | {("softmax", 65536), ("softmax", 131072)}
-    wide |= {("layer", 32768), ("layer", 40968), ("layer", 65536)}
+    wide |= {("layer", 32768), ("layer", 40968), ("layer", 65536), ("layer", 131072)}
     assert claimed == {(k, d, n) for d in ("bf16", "f16") for k, n in sixteen} | {(k, "f32", n) for k, n in wide}
     assert norm_mod.routed_staged_forward_config(32768, "bf16", "softmax").blocks_per_sm == 2
     assert norm_mod.staged_forward_config(65536, "bf16", lag=1, claim_rows=True) is None  # a cluster at lag 1
@@ -625,3 +628,45 @@ def test_staged_softmax_backward_is_the_default(monkeypatch):
     monkeypatch.setattr(norm_mod, "can_allocate", lambda like: True)
     monkeypatch.setattr(staged, "forward_exchange", lambda cfg, x, rows: (cfg, x))
     assert run((2, 262144), "<f4") == ("staged", norm_config.softmax_backward_staged_config(262144, "f32"))
+
+
+def test_staged_forward_equal_shares():
+    """``equal_shares``: set by staged_forward_config for a cluster where N is a multiple of cluster x threads x vec
+    (every CTA holds N / cluster elements), never for one CTA per row or a team. LayerNorm then holds one count for
+    all ranks: its routed clusters of 8 claim rows where shares are equal and assemble without spills either way; a
+    config for equal shares traps on another N (behind a check before the row loop), one for unequal shares has no
+    such check."""
+    assert norm_mod.staged_forward_config(131072, "bf16", lag=0).equal_shares  # 8 x 1024 x 8 elements: 16 chunks
+    assert not norm_mod.staged_forward_config(131064, "bf16", lag=0).equal_shares
+    assert norm_mod.staged_forward_config(98304, "bf16", lag=0).equal_shares  # chunks go round the 4 ranks: 3 each
+    assert not norm_mod.staged_forward_config(98312, "bf16", lag=0).equal_shares
+    assert not norm_mod.staged_forward_config(32768, "bf16", lag=0).equal_shares  # one CTA per row
+    assert not norm_mod.staged_forward_config(262144, "f32", team=True).equal_shares  # a team: counts per rank
+    with pytest.raises(ValueError, match="equal_shares is about a cluster's CTAs"):
+        dataclasses.replace(norm_mod.staged_forward_config(32768, "bf16", lag=0), equal_shares=True)
+    for n, dtype in ((98304, "bf16"), (131072, "bf16"), (196608, "f16"), (262144, "bf16"), (131072, "f32")):
+        cfg = norm_mod.routed_staged_forward_config(n, dtype, "layer")
+        assert cfg.row.cluster == 8 and cfg.claim_rows and cfg.equal_shares, (n, dtype)
+    for n, dtype in ((98312, "bf16"), (163840, "bf16"), (262136, "f16"), (98312, "f32")):
+        cfg = norm_mod.routed_staged_forward_config(n, dtype, "layer")
+        assert cfg.row.cluster == 8 and not cfg.claim_rows and not cfg.equal_shares, (n, dtype)
+    rows, weight = flyc.TensorSpec((8, 131072), "bf16"), flyc.TensorSpec((131072,), "bf16")
+    stats = flyc.TensorSpec((8,), "f32")
+    counter = flyc.TensorSpec((2,), "i32")
+    equal = norm_mod.routed_staged_forward_config(131072, "bf16", "layer")
+    flags = FORWARD_FLAGS["layer"]
+    ptx = assembled(
+        norm_mod.norm_forward_staged_kernel.lower(
+            rows, rows, weight, weight, rows, rows, stats, stats, counter, 1e-5, equal, flags
+        )
+    )
+    assert ptx.count("trap;") == 1 and ptx.index("trap;") < ptx.index("cp.async.wait_group")
+    unequal = dataclasses.replace(equal, equal_shares=False, claim_rows=False)
+    assert (
+        "trap;"
+        not in norm_mod.norm_forward_staged_kernel.lower(
+            rows, rows, weight, weight, rows, rows, stats, stats, rows, 1e-5, unequal, flags
+        ).ptx
+    )
+    if flyc.find_ptxas() is not None:
+        assert spill_bytes(ptx) == 0

@@ -356,3 +356,22 @@ def test_staged_forward_claimed_rows_in_clusters(n, dtype, rows):
     _close(rstd, ref_rstd, torch.float32, "rstd")
     torch.cuda.synchronize()
     assert claim_counter(row_tensor(x, "x")).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("rows", [1, 15, 16, 300])
+@pytest.mark.parametrize(
+    "n, dtype", [(98304, torch.bfloat16), (131072, torch.bfloat16), (262144, torch.bfloat16), (131072, torch.float32)]
+)
+def test_staged_forward_claimed_layer_norm_clusters_of_8(n, dtype, rows):
+    """LayerNorm's routed clusters of 8 (weights kept) claim their rows where every CTA holds N / 8 elements
+    (``equal_shares``: one count for all ranks in Chan's combination); bf16 98304/131072 are two 512-thread CTAs per
+    SM. Every output against float64, around the grid's size; the counter back at zero."""
+    from flydsl.kernels.host import claim_counter, row_tensor
+
+    cfg = _NORM.routed_staged_forward_config(n, _DTYPE_NAME[dtype], "layer")
+    assert cfg.claim_rows and cfg.equal_shares and cfg.row.cluster == 8 and cfg.keep_weights
+    x = (_input(rows, n, torch.float32) * 2 + 8).to(dtype)  # a mean well away from 0
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    _check_staged_layer_norm(x, w, b, cfg)
+    torch.cuda.synchronize()
+    assert claim_counter(row_tensor(x, "x")).tolist() == [0, 0]

@@ -59,6 +59,7 @@ __all__ = [
     "fence_proxy_async",
     "griddepcontrol_wait",
     "griddepcontrol_launch_dependents",
+    "trap",
 ]
 
 _FULL_MASK = -1  # 0xffffffff as an i32
@@ -242,6 +243,13 @@ def griddepcontrol_launch_dependents() -> None:
     launch, start once every CTA of this grid has executed it or exited (a hint: it says nothing about this grid's
     memory, which the next kernel sees after its ``griddepcontrol_wait``). sm_90+."""
     _nvvm.griddepcontrol(_nvvm.GridDepActionKind.launch_dependents)
+
+
+def trap() -> None:
+    """``trap;``: aborts the kernel (the launch's stream then reports CUDA_ERROR_LAUNCH_FAILED or
+    CUDA_ERROR_ILLEGAL_INSTRUCTION, and the context is unusable). For conditions that must never hold, which would
+    otherwise give wrong results or hang: ``if bad: nvvm.trap()``."""
+    _asm(None, [], "trap;", "", side_effects=True)
 
 
 def barrier(barrier_id=0, number_of_threads=None) -> None:

@@ -381,7 +381,11 @@ class StagedForwardConfig:
     persistent grid. ``claim_rows`` (one CTA per row, or a cluster at lag 0): each CTA group claims its next rows one
     by one from a counter in global memory (``exchange`` holds it:
     :func:`flydsl.kernels.normalization.forward_exchange`) instead of taking every ``groups``-th row, so that groups
-    on SMs that move bytes faster take more rows and all finish together."""
+    on SMs that move bytes faster take more rows and all finish together. ``equal_shares`` (a cluster, set by
+    :func:`staged_forward_config` where N is a multiple of ``cluster x threads x vec``): every CTA of a row holds N /
+    cluster elements, so LayerNorm combines its CTAs' pairs with one count instead of one register per rank (eight
+    in a cluster of 8: the claim loop spilled without them); the kernel traps on an N that is not such a multiple
+    (a config built for another N)."""
 
     row: RowConfig
     stages: int
@@ -391,6 +395,7 @@ class StagedForwardConfig:
     hold: int = 0
     keep_weights: bool = False
     claim_rows: bool = False
+    equal_shares: bool = False
 
     def __post_init__(self):
         if not isinstance(self.hold, int) or isinstance(self.hold, bool) or not 0 <= self.hold <= self.row.chunks:
@@ -399,6 +404,8 @@ class StagedForwardConfig:
             raise ValueError(f"{self}: hold keeps a row in registers until its output: lag 0 only")
         if self.claim_rows and (self.row.team or (self.row.cluster > 1 and self.lag)):
             raise ValueError(f"{self}: claim_rows needs one CTA per row or a cluster at lag 0 (not a team)")
+        if self.equal_shares and (self.row.team or self.row.cluster == 1):
+            raise ValueError(f"{self}: equal_shares is about a cluster's CTAs (not one CTA per row, not a team)")
 
     @property
     def staged(self) -> bool:
@@ -478,7 +485,17 @@ def staged_forward_config(
         raise ValueError(f"staged_forward_config hold: expected 0..{chunks} chunks (or True: all), got {hold!r}")
     if ((held or claim_rows) and lag and cluster > 1) or (claim_rows and in_team):
         return None
-    return StagedForwardConfig(layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights), bool(claim_rows))
+    equal = cluster > 1 and not in_team and shares_equal(n, dtype, threads, cluster)
+    return StagedForwardConfig(
+        layout, stages, sources, lag, blocks_per_sm, held, bool(keep_weights), bool(claim_rows), equal
+    )
+
+
+def shares_equal(n: int, dtype: str, threads: int, cluster: int) -> bool:
+    """Whether every CTA of a cluster of ``cluster`` CTAs of ``threads`` threads holds N / cluster elements of a row
+    of ``n`` (its 16-byte chunks go round the ranks ``threads`` at a time: N a multiple of ``cluster x threads x
+    vec``)."""
+    return n % (cluster * threads * (16 // element_bytes(dtype))) == 0
 
 
 # The staged forward is the default from these N on (the register kernel's cluster regime, under the bar; shorter
@@ -571,9 +588,11 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
       held spill (16-40 bytes at 64 registers) and lost (bf16 65536 3.51 against 3.88, f32 65536 3.71 against
       3.89), so its clusters of 2-4 claim in spill-free shapes (..._session27_claims_layer_norm.json): weights kept,
       bf16 65536 3.99 against 3.92, f32 65536 4.08 against 3.91; float32 at 2 CTAs with 2 chunks held, f32 32768
-      4.14 against 3.97. Not claimed: LayerNorm's clusters of 8, keeping weights, which gained even while spilling
-      16 bytes (bf16 131072/262144 3.99/4.00 against 3.85/3.69, f32 131072 4.09 against 3.78: fewer registers in the
-      claim loop would let them), and 16-bit softmax at 8 CTAs (24 bytes spill: 2.71 against 3.90). The persistent
+      4.14 against 3.97. LayerNorm's clusters of 8, keeping weights, gained even while spilling 16 bytes (bf16
+      131072/262144 3.99/4.00 against 3.85/3.69, f32 131072 4.09 against 3.78); one register per rank's count was
+      the excess: where every CTA holds N / 8 elements (``equal_shares``, N a multiple of 8 x threads x vec) one
+      count serves all and they claim without spills (session 29), elsewhere their rows stay strided. Not claimed:
+      16-bit softmax at 8 CTAs (24 bytes spill: 2.71 against 3.90). The persistent
       grid's size alone moved softmax bf16 32768 between 3.40 and 3.87 (96-132 CTAs, not monotonic:
       ..._session27_grid.json): CTAs given equal shares of the rows wait for the slowest.
     """
@@ -592,13 +611,15 @@ def forward_shape(n: int, dtype: str, kind: str) -> ForwardShape | None:
         return ForwardShape(_STAGED_THREADS // 2, 2 * share, 0, 1, 0, blocks_per_sm=2, claim_rows=True)
     if ctas == 2 and kind == "softmax":  # one CTA per row, a single-row ring of 128 KB, rows claimed
         return ForwardShape(_STAGED_THREADS, 2 * share, 0, 1, 0, claim_rows=True)
-    if kind == "layer" and dtype != "f32" and 2 < ctas <= 4:  # two 512-thread CTAs per SM, weights kept
-        return ForwardShape(_STAGED_THREADS // 2, share, 0, 2, 0, True, blocks_per_sm=2)
+    if kind == "layer" and dtype != "f32" and 2 < ctas <= 4:  # clusters of 8 x 512 threads, 2 per SM, weights kept
+        claim = shares_equal(n, dtype, _STAGED_THREADS // 2, 8)  # rows claimed where one count fits all (no spill)
+        return ForwardShape(_STAGED_THREADS // 2, share, 0, 2, 0, True, blocks_per_sm=2, claim_rows=claim)
     if kind == "layer" and ctas <= 4:  # clusters claiming rows in 2-row rings, weights kept (f32 at 2: 2 chunks held)
         two = dtype == "f32" and ctas == 2
         return ForwardShape(_STAGED_THREADS, share, 0, 2, 2 if two else 0, not two, claim_rows=True)
-    if kind == "layer" and ctas <= 8:  # a 2-row ring, weights kept
-        return ForwardShape(_STAGED_THREADS, share, 0, 2, 0, keep)
+    if kind == "layer" and ctas <= 8:  # clusters of 8 in a 2-row ring, weights kept, rows claimed as above
+        claim = shares_equal(n, dtype, _STAGED_THREADS, 8)
+        return ForwardShape(_STAGED_THREADS, share, 0, 2, 0, keep, claim_rows=claim)
     if ctas == 1:  # RMSNorm: a 3-row ring, every chunk held, rows claimed
         return ForwardShape(_STAGED_THREADS, share, 0, 3, hold, claim_rows=True)
     if kind == "softmax" and dtype == "f32" and n == 65536:

@@ -480,7 +480,7 @@ def _poll_tagged_pair(share, row, rank, ok, early=None):
         first, second, done = _load_tagged_pair(where)
         tries = tries + 1
     if tries >= _SPIN_LIMIT:
-        _llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)
+        fx.nvvm.trap()
     return first, second
 
 

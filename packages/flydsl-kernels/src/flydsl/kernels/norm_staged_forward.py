@@ -275,7 +275,11 @@ def _rows_staged_forward(cfg: StagedForwardConfig, flags, tensors, eps):
     if fx.const_expr(rc.cluster > 1):  # a team's inbox: two slots (the row's block barriers separate their reuse)
         share = _exchange_setup(cfg, pos, tensors[8], 2 if rc.team else inbox_slots(lag), team_inbox=True)
         if fx.const_expr(_layer_norm(flags)):
-            if fx.const_expr(not rc.team):  # a team's first warp computes each rank's count where it combines
+            if fx.const_expr(cfg.equal_shares):  # one count for every rank: one register, not one per rank
+                if n % (rc.cluster * rc.threads_per_row * rc.vec) != 0:  # a config built for another N
+                    fx.nvvm.trap()
+                counts = [(n // rc.cluster).to(fx.Float32)] * rc.cluster
+            elif fx.const_expr(not rc.team):  # a team's first warp computes each rank's count where it combines
                 counts = [_rank_count(rc, n, r).to(fx.Float32) for r in range(rc.cluster)]
             inv_count = _inverse_count(_rank_count(rc, n, pos.rank))
     loop = _RowLoop(

@@ -233,6 +233,8 @@ def norm_forward_looped_kernel(
     again = replace(rc, hints=cfg.reread)
     rows, n = x.shape
     if fx.const_expr(cfg.static_n):
+        if n != cfg.static_n:  # a config built for another N
+            fx.nvvm.trap()
         n = cfg.static_n
     pos = row_position(rc)
     if fx.const_expr(cfg.blocks_per_sm):
