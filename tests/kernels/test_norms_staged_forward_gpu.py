@@ -323,7 +323,7 @@ def test_staged_forward_claimed_rows(rows):
     _close(out, xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * w.double())
     torch.cuda.synchronize()
     assert claim_counter(row_tensor(x, "x")).tolist() == [0, 0]
-    assert len({key for key in _CLAIM_COUNTERS if key[0] == x.device}) >= 2  # the side stream's and this one's
+    assert len({key for key in _CLAIM_COUNTERS if key[0] == x.get_device()}) >= 2  # the side stream's and this one's
     assert all(counter.tolist() == [0, 0] for counter in _CLAIM_COUNTERS.values())
 
 

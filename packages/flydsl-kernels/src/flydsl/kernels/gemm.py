@@ -37,7 +37,7 @@ from flydsl.kernels.gemm_config import (
     staging_bytes,
 )
 from flydsl.kernels.gemm_epilogue import ACTIVATIONS, apply_epilogue, store_accumulators
-from flydsl.kernels.host import sm_count
+from flydsl.kernels.host import sm_count, stream_key
 
 __all__ = [
     "ACTIVATIONS",
@@ -550,16 +550,16 @@ def _store_tile_of(out, cfg: GemmConfig):
     return _operand_tile(out, 0, STAGING_BOX[0], STAGING_BOX[1], "out")[0]
 
 
-_PARTIALS_SCRATCH: dict[tuple, tuple] = {}  # (device, stream) -> (fp32 workspace, int32 flags)
+_PARTIALS_SCRATCH: dict[tuple, tuple] = {}  # host.stream_key -> (fp32 workspace, int32 flags)
 
 
-def _partials_scratch(device, ctas: int, cfg: GemmConfig):
+def _partials_scratch(like, ctas: int, cfg: GemmConfig):
     """The workspace of partial tiles (fp32, one slot per consumer warpgroup of ``ctas`` CTAs or work units) and its
-    flags for this device and stream, grown as needed. Kernels of one stream run one after another, so they share
-    them; every launch leaves the flags at zero (each is reset by its reader)."""
+    flags for the device and current stream of ``like`` (a torch tensor), grown as needed. Kernels of one stream run
+    one after another, so they share them; every launch leaves the flags at zero (each is reset by its reader)."""
     import torch
 
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    key, device = stream_key(like), like.device
     slots = ctas * cfg.consumers
     elements = slots * cfg.consumer_rows * cfg.tile_n
     held = _PARTIALS_SCRATCH.get(key)
@@ -678,7 +678,7 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     # Partial tiles (stream-K: one slot per CTA; split K: one per K part of each CTA of a cluster).
     if cfg.stream_k or cfg.split_k > 1:
         slots = grid if cfg.stream_k else (units - split_from) * cfg.cluster
-        workspace, flags = _partials_scratch(a.device, slots, cfg)
+        workspace, flags = _partials_scratch(a, slots, cfg)
     else:
         workspace, flags = out, out  # unread
     kernel = gemm_ws(

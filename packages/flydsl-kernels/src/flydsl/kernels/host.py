@@ -25,6 +25,7 @@ __all__ = [
     "sm_count",
     "max_active_clusters",
     "claim_counter",
+    "stream_key",
 ]
 
 ROW_DTYPES = ("f32", "f16", "bf16")  # element types of inputs and outputs
@@ -224,7 +225,19 @@ def empty_rows(like: RowTensor, shape: tuple, what: str, dtype: str = "f32", scr
     return _allocate(like, shape, dtype, what, scratch)
 
 
-_CLAIM_COUNTERS: dict[tuple, object] = {}  # (device, stream) -> torch int32 pair, kept zero between launches
+_CLAIM_COUNTERS: dict[tuple, object] = {}  # stream_key -> torch int32 pair, kept zero between launches
+
+
+def stream_key(tensor) -> tuple:
+    """``(device index, raw handle of its current torch stream)`` for a torch CUDA tensor: the key of scratch memory
+    that the kernels of one stream share (they run one after another). Read as the launcher reads the stream
+    (``torch._C._cuda_getCurrentRawStream``; ``current_stream().cuda_stream`` builds a Python object per call, ~5
+    us of the host time of a norm call)."""
+    import torch
+
+    device = tensor.get_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return device, raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 def claim_counter(like: RowTensor):
@@ -234,10 +247,10 @@ def claim_counter(like: RowTensor):
     another, so they share it, as the GEMM's split-K counters); cupy: a new pair per launch."""
     obj = like.obj
     if _is_torch(obj):
-        torch, _ = _torch_of(like, "row counter")
-        key = (obj.device, torch.cuda.current_stream(obj.device).cuda_stream)
+        key = stream_key(obj)
         counter = _CLAIM_COUNTERS.get(key)
         if counter is None:
+            torch, _ = _torch_of(like, "row counter")
             counter = _CLAIM_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=obj.device)
         return counter
     if _is_cupy(obj):
