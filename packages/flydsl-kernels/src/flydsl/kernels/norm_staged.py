@@ -16,10 +16,8 @@ from mlir.dialects import llvm as _llvm
 
 import flydsl.expr as fx
 from flydsl.expr import cluster, gpu, vector
-from flydsl.kernels.norm_config import (
-    BackwardConfig,
-    NormFlags,
-)
+from flydsl.kernels.norm_backward_config import BackwardConfig
+from flydsl.kernels.norm_config import NormFlags
 from flydsl.kernels.reduction import (
     RowConfig,
     _fill_buffer,

@@ -53,26 +53,28 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import arith, cluster, gpu, math, nvvm, vector
 from flydsl.kernels.host import allocated, can_allocate, claim_counter, empty_rows, max_active_clusters, sm_count
+from flydsl.kernels.norm_backward_config import (
+    BackwardConfig,
+    backward_config,
+    backward_groups,
+    make_backward_config,
+    resident_backward_config,
+    staged_backward_config,
+    staged_config,
+    team_backward_config,
+)
 from flydsl.kernels.norm_config import (
     FORWARD_KINDS,
     FORWARD_STORE_GROUP,
     STAGED_FORWARD_MIN_N,
-    BackwardConfig,
     LoopedForwardConfig,
     NormFlags,
     StagedForwardConfig,
-    backward_config,
-    backward_groups,
     forward_shape,
     looped_forward_config,
     looped_forward_shape,
-    make_backward_config,
-    resident_backward_config,
     routed_staged_forward_config,
-    staged_backward_config,
-    staged_config,
     staged_forward_config,
-    team_backward_config,
 )
 from flydsl.kernels.norm_staged import (
     _dx,
