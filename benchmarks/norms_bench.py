@@ -38,7 +38,7 @@ from flydsl.kernels.bench import median_ms
 
 SIZES = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
 # GPU time's sleep (cycles, ~500 us at 1980 MHz): longer than any call's host time (the backward's reach 60-100 us,
-# which outlasted the default ~100 us sleep: benchmarks/results/norms_backward_staged_2026-12-01_api_probe.json).
+# which outlasted the default ~100 us sleep: benchmarks/results/norms_backward_staged/2026-12-01_api_probe.json).
 SLEEP = 1_000_000
 TOTAL = 1 << 28
 

@@ -3,8 +3,8 @@ issue's bars (1.0x, 0.85x) dashed; for skinny_gemm_bench, ``--tbps`` draws the w
 cuBLAS's per M, the same bytes moved by a torch copy, and issue 8's 3.8 TB/s. Runs on any machine; without
 matplotlib it prints the table instead.
 
-    python benchmarks/plot_gemm.py benchmarks/results/gemm_sweep_2026-11-30.json --out gemm.png
-    python benchmarks/plot_gemm.py benchmarks/results/skinny_gemm_2026-12-01_rotate_final.json --tbps --out s.png
+    python benchmarks/plot_gemm.py benchmarks/results/gemm/2026-11-30_sweep.json --out gemm.png
+    python benchmarks/plot_gemm.py benchmarks/results/skinny_gemm/2026-12-01_rotate_final.json --tbps --out s.png
 """
 
 from __future__ import annotations

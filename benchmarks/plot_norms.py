@@ -1,7 +1,7 @@
 """Draws effective bandwidth vs N from a norms_bench JSON: one panel per kernel, a line per implementation and
 dtype, the copy bandwidth and the bar (max(0.91 x copy, 0.98 x best peer)) dashed. Runs on any machine.
 
-    python benchmarks/plot_norms.py benchmarks/results/norms_2026-11-30.json --out norms.png
+    python benchmarks/plot_norms.py benchmarks/results/norms/2026-11-30_70d9b99.json --out norms.png
     python benchmarks/plot_norms.py ... --gpu-time   # the *_gpu_tbps numbers (launch latency hidden), where recorded
 """
 

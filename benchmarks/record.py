@@ -6,17 +6,70 @@ results, summary) and on what (git commit, GPU, driver, torch and triton version
 
 The GPU machine has no git: pass the commit measured (``--commit``, or ``FLYDSL_GIT_COMMIT``); elsewhere it is read
 with ``git rev-parse``.
+
+A record lives in its benchmark's folder, ``benchmarks/results/<folder(benchmark)>/<date>_<what>.json``
+(:func:`result_path`); :func:`validate` checks the fields every record has (tests/kernels/test_results_records.py runs
+it over every committed record).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent
+RESULTS = BENCHMARKS / "results"
+REQUIRED = {"benchmark": str, "command": str, "date": str, "git_commit": str, "method": (str, type(None))}
+OPTIONAL = {"python": str, "torch": str, "gpu": str, "cuda": (str, type(None)), "driver": str, "triton": str}
+
+
+def folder(benchmark: str) -> str:
+    """The folder of ``benchmark``'s records under benchmarks/results/: the script's name without ``_bench``
+    (``norms_bench`` -> ``norms``, ``norms_forward_staged`` -> ``norms_forward_staged``)."""
+    return benchmark.removesuffix("_bench")
+
+
+def result_path(benchmark: str, what: str, date: str | None = None) -> Path:
+    """Where a record of ``benchmark`` belongs: ``benchmarks/results/<folder>/<date>_<what>.json`` (today's date
+    unless given); ``what`` names the run in a few words, or the commit measured."""
+    return RESULTS / folder(benchmark) / f"{date or time.strftime('%Y-%m-%d')}_{what}.json"
+
+
+def validate(record) -> dict:
+    """Checks that ``record`` has the fields every record has: ``benchmark`` (a script's name, benchmarks/NAME.py),
+    ``command``, ``date`` (YYYY-MM-DD), ``git_commit`` and ``method`` (text or None), ``summary`` (any value, None
+    included) and ``results`` (a list or an object); where present, the environment fields are text. Raises
+    ValueError naming every problem; returns the record."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a record is a JSON object, not {type(record).__name__}")
+    problems = []
+    for key, types in REQUIRED.items():
+        if key not in record:
+            problems.append(f"no {key!r}")
+        elif not isinstance(record[key], types):
+            problems.append(f"{key!r} is {type(record[key]).__name__}")
+    for key, types in OPTIONAL.items():
+        if key in record and not isinstance(record[key], types):
+            problems.append(f"{key!r} is {type(record[key]).__name__}")
+    if "summary" not in record:
+        problems.append("no 'summary' (None where there is none)")
+    if not isinstance(record.get("results"), (list, dict)):
+        problems.append("'results' is missing or not a list or an object")
+    if isinstance(record.get("date"), str) and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", record["date"]):
+        problems.append(f"'date' {record['date']!r} is not YYYY-MM-DD")
+    benchmark = record.get("benchmark")
+    if isinstance(benchmark, str) and not (BENCHMARKS / f"{benchmark}.py").is_file():
+        problems.append(f"'benchmark' {benchmark!r} names no script benchmarks/{benchmark}.py")
+    if problems:
+        raise ValueError("not a benchmark record: " + "; ".join(problems))
+    return record
 
 
 def git_commit(given: str | None = None) -> str:

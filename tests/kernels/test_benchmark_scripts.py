@@ -187,7 +187,7 @@ def test_plot_gemm_reads_skinny_results(tmp_path):
     installed, else the ratio table."""
     import importlib.util
 
-    results = BENCHMARKS / "results" / "skinny_gemm_2026-12-01_rotate_final.json"
+    results = BENCHMARKS / "results" / "skinny_gemm" / "2026-12-01_rotate_final.json"
     out = tmp_path / "skinny.png"
     run = subprocess.run(
         [sys.executable, str(BENCHMARKS / "plot_gemm.py"), str(results), "--tbps", "--out", str(out)],

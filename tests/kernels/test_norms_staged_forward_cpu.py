@@ -247,7 +247,7 @@ def test_staged_forward_configs():
     assert norm_mod.backward_groups(two, 8192, 132) == 264
     with pytest.raises(ValueError, match="blocks_per_sm: expected a positive int"):
         norm_mod.staged_forward_config(32768, "bf16", blocks_per_sm=0)
-    # Routed by default (forward_shape): per kind, from the sweep of norms_forward_staged_2026-11-30.json.
+    # Routed by default (forward_shape): per kind, from the sweep of norms_forward_staged/2026-11-30_d932a98.json.
     routed = {
         (kind, dtype, n): _shape(norm_mod.routed_staged_forward_config(n, dtype, kind))
         for kind in norm_mod.FORWARD_KINDS
