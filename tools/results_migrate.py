@@ -78,6 +78,8 @@ NAME = {
     "norms_host_us_2026-12-01_session29.json": "2026-12-01_probe_stream_key.json",
     "tiled_copy_bandwidth_2026-11-30.json": "2026-11-30_32768x32768.json",
 }
+# The commit of files that name it in a note only.
+COMMIT = {"norms_backward_ncu_2026-11-30_session18.json": "230193e (before), 9388e1b (after)"}
 ENVIRONMENT = ("date", "git_commit", "python", "torch", "gpu", "cuda", "driver", "triton")
 # Measurements in files that have no ``results``: they move under it.
 MEASUREMENTS = {
@@ -219,12 +221,15 @@ def convert(old: str, data: dict, script: str) -> dict:
     if "date" not in data:
         data["date"] = DATED.match(old)["date"]
         filled.append("date: from the file name")
+    if "git_commit" not in data and old in COMMIT:
+        data["git_commit"] = COMMIT[old]
+        filled.append("git_commit: from its note")
     if "git_commit" not in data:
         commits = []
         runs = data.get("runs", [])
-        for run in runs.values() if isinstance(runs, dict) else runs:
+        for run in [*(runs.values() if isinstance(runs, dict) else runs), data.get("before"), data.get("after")]:
             if isinstance(run, dict) and ("commit" in run or "git_commit" in run):
-                commits.append(str(run.get("git_commit", run.get("commit"))))
+                commits.append(re.split(r" \(", str(run.get("git_commit", run.get("commit"))))[0])
         data["git_commit"] = ", ".join(dict.fromkeys(commits)) if commits else "unknown"
         filled.append("git_commit: " + ("its runs' commits" if commits else "not recorded in the original"))
     for key in ENVIRONMENT:
