@@ -9,8 +9,6 @@ through a fresh KernelFunction (no in-memory cache) with FLYDSL_RUNTIME_ENABLE_C
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import platform
 import statistics
@@ -21,6 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+
+from record import write_record  # noqa: E402
 
 import flydsl.compiler as flyc  # noqa: E402
 
@@ -56,16 +56,9 @@ def main(argv=None) -> int:
         print(f"{name:<12} {statistics.median(runs):7.1f} ms cold compile (trace + lower + PTX + ptxas)")
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-        record = {
-            "benchmark": "compile_times",
-            "date": datetime.date.today().isoformat(),
-            "git_commit": commit.stdout.strip() or "unknown",
-            "cpu": platform.processor() or platform.machine(),
-            "python": platform.python_version(),
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-            "results": results,
-        }
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        method = "median of 3 cold compiles: lower() of a fresh KernelFunction (trace, lowering, PTX, ptxas)"
+        cpu = platform.processor() or platform.machine()
+        write_record(args.json, "compile_times", argv, results, commit=commit.stdout.strip(), method=method, cpu=cpu)
     return 0
 
 

@@ -4,7 +4,7 @@ and its median time under the torch profiler. cuBLAS's kernel names spell out it
 steps of 64, 5 stages, a 1 x 2 cluster. (Times run back to back without an L2 flush: compare them with each other,
 not with gemm_bench's.)
 
-    python benchmarks/cublas_kernels.py --json out.json --commit $(git rev-parse --short HEAD)
+    python benchmarks/cublas_kernels.py --json benchmarks/results/cublas_kernels/DATE_WHAT.json --commit C
     python benchmarks/cublas_kernels.py --shapes 2048x1536x7168 512x1536x7168
 """
 

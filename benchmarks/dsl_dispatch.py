@@ -1,6 +1,6 @@
 """The DSL's host costs: dispatch per launch, compile time of the examples, and a first call from the disk cache.
 
-    python benchmarks/dsl_dispatch.py [--calls 10000] [--repeats 5] [--json PATH]
+    python benchmarks/dsl_dispatch.py [--calls 10000] [--repeats 5] [--json PATH --commit C]
 
 1. Dispatch: a trivial ``@flyc.kernel`` with six ``fx.Tensor`` parameters launched from Python with torch tensors
    (argument checks, specialization lookup, torch's current stream, the native launch), 10,000 times back to back,
@@ -16,10 +16,7 @@
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +26,7 @@ import time
 from pathlib import Path
 
 import launch_overhead  # the peers and the timing loop, from the same folder
+from record import write_record  # this folder's sibling module
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -177,6 +175,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--commit", help="the commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
 
     import torch
@@ -227,22 +226,15 @@ def main(argv=None) -> int:
         " disk cache (after import and CUDA context creation)"
     )
     if args.json:
-        record = {
-            "benchmark": "dsl_dispatch",
-            "date": datetime.date.today().isoformat(),
-            "git_commit": launch_overhead._git_commit(),
-            "gpu": torch.cuda.get_device_name(),
-            "python": platform.python_version(),
-            "versions": {name: launch_overhead._version(name) for name in ("torch", "triton")},
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        measured = {
             "dispatch_us": {name: r["us_per_launch"] for name, r in results.items()},
             "dispatch_repeats_us": {name: r["repeats_us"] for name, r in results.items()},
             "pieces_us": pieces,
             "cold_compile_ms": compile_ms,
             "first_call": first,
-            "errors": errors,
         }
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        versions = {name: launch_overhead._version(name) for name in ("torch", "triton")}
+        write_record(args.json, "dsl_dispatch", argv, measured, commit=args.commit, versions=versions, errors=errors)
     return 0
 
 

@@ -1,7 +1,7 @@
 """bf16 GEMM on the local GPU: flydsl.kernels.gemm against torch.matmul (cuBLAS) in the same process.
 
     python benchmarks/gemm_bench.py                      # 8192^3 and 4096^3
-    python benchmarks/gemm_bench.py --sweep --json out.json --commit $(git rev-parse HEAD)
+    python benchmarks/gemm_bench.py --sweep --json benchmarks/results/gemm/DATE_WHAT.json --commit $(git rev-parse HEAD)
 
 Each case: fresh random inputs, our result checked against torch's (relative Frobenius error), then both timed
 with triton.testing.do_bench (CUDA events, median of repeated runs after warm-up), interleaved: ours, cuBLAS,

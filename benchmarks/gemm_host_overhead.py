@@ -1,6 +1,6 @@
 """Host time of one GEMM call (what a small, launch-bound GEMM costs the CPU), next to torch.matmul (cuBLAS).
 
-    python benchmarks/gemm_host_overhead.py [--json out.json --commit SHA]
+    python benchmarks/gemm_host_overhead.py [--json benchmarks/results/gemm_host_overhead/DATE_WHAT.json --commit C]
 
 Per case: ``calls`` back-to-back calls timed on the host clock with the GPU kept busy by a long kernel queued first
 (so the host never waits for the device), median of ``repeats``; also the same through the kernel's launch alone

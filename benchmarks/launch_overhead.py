@@ -1,6 +1,6 @@
 """Host time per kernel launch from Python: FlyDSL's native launcher next to torch, Triton and cuda-bindings.
 
-    python benchmarks/launch_overhead.py [--calls 10000] [--repeats 5] [--json PATH]
+    python benchmarks/launch_overhead.py [--calls 10000] [--repeats 5] [--json PATH --commit C]
 
 Every case launches a trivial kernel (one store from thread 0) with six pointer arguments taken from torch tensors, on
 torch's current stream, 10,000 times back to back. The clock (time.perf_counter) stops when the loop returns, before
@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
+
+from record import write_record  # this folder's sibling module
 
 # The FlyDSL kernel, written in MLIR: six global pointers, thread 0 of block 0 stores 1.0 through the first.
 NOOP6_MLIR = """
@@ -180,15 +177,6 @@ def _cuda_bindings_cases(compiled, tensors, stream_handle):
     }
 
 
-def _git_commit() -> str:
-    if os.environ.get("FLYDSL_GIT_COMMIT"):
-        return os.environ["FLYDSL_GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _version(module_name: str) -> str | None:
     try:
         from importlib.metadata import version
@@ -203,6 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=10_000, help="back-to-back launches per timed loop")
     parser.add_argument("--repeats", type=int, default=5, help="timed loops per case (the median is reported)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--commit", help="the commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
 
     import torch
@@ -253,29 +242,25 @@ def main(argv=None) -> int:
     print(f"\nours ({ours_name}): {ours:.2f} us per launch; target < 5 us: {'met' if ours < 5 else 'NOT met'}")
 
     if args.json:
-        record = {
-            "benchmark": "launch_overhead",
-            "date": datetime.date.today().isoformat(),
-            "git_commit": _git_commit(),
-            "gpu": torch.cuda.get_device_name(),
-            "driver_version": runtime._rt.driver_version(),
-            "python": platform.python_version(),
-            "versions": {name: _version(name) for name in ("torch", "triton", "cuda-bindings")},
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-            "calls_per_loop": args.calls,
-            "repeats": args.repeats,
-            "kernel": "noop6: six pointer arguments, grid 1, block 32, thread 0 stores one float",
-            "cubin": compiled.cubin is not None,
-            "ours": ours_name,
-            "results": {
+        write_record(
+            args.json,
+            "launch_overhead",
+            argv,
+            {
                 name: {**r, "ratio_to_ours": r["us_per_launch"] / ours, "repeats_us": r["repeats_us"]}
                 for name, r in results.items()
             },
-            "errors": errors,
-        }
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(record, out, indent=2)
-            out.write("\n")
+            commit=args.commit,
+            method=f"median over {args.repeats} timed loops of {args.calls} back-to-back launches (host perf_counter)",
+            driver_version=runtime._rt.driver_version(),
+            versions={name: _version(name) for name in ("torch", "triton", "cuda-bindings")},
+            calls_per_loop=args.calls,
+            repeats=args.repeats,
+            kernel="noop6: six pointer arguments, grid 1, block 32, thread 0 stores one float",
+            cubin=compiled.cubin is not None,
+            ours=ours_name,
+            errors=errors,
+        )
     return 0
 
 

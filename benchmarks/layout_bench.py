@@ -11,13 +11,12 @@ Writes a JSON record (times, git commit, CPU, Python, command) only when ``--jso
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
+
+from record import write_record  # this folder's sibling module
 
 import flydsl.layout as fl
 
@@ -73,13 +72,6 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=21)
@@ -93,21 +85,18 @@ def main(argv=None) -> int:
         cached[name] = round(_median_us(fn, args.repeats), 2)
         print(f"{results[name]:10.2f} us {cached[name]:10.2f} us  {name}")
     if args.json:
-        record = {
-            "date": datetime.date.today().isoformat(),
-            "git_commit": _git_commit(),
-            "cpu": _cpu(),
-            "python": sys.version.split()[0],
-            "command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
-            "unit": "microseconds, median of repeats",
-            "results": results,
-            "note": "results: each call with the memo of static results emptied first (the algebra itself); "
+        write_record(
+            args.json,
+            "layout_bench",
+            argv,
+            results,
+            method=f"median over {args.repeats} repeats of the mean of 50 calls (perf_counter), microseconds",
+            cpu=_cpu(),
+            unit="microseconds, median of repeats",
+            note="results: each call with the memo of static results emptied first (the algebra itself); "
             "results_cached: repeated calls with the same static arguments (memo hits)",
-            "results_cached": cached,
-        }
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2)
-            f.write("\n")
+            results_cached=cached,
+        )
     return 0
 
 

@@ -3,7 +3,7 @@ the register kernel, per (dtype, N), kernel alone (no column-sum kernel, no host
 persistent-grid sizes (the driver's max active clusters, 7/8 of the SM count, all SMs) and ring depths; then the
 small-N question (bf16 N = 2048/4096 through the API, repeated, interleaved with copy).
 
-    python benchmarks/norms_backward_staged.py --commit $(git rev-parse HEAD) --out benchmarks/results/x.json
+    python benchmarks/norms_backward_staged.py --commit C --out benchmarks/results/norms_backward_staged/DATE_WHAT.json
     python benchmarks/norms_backward_staged.py --commit C --out x.json --kinds rms --dtypes bf16 --sizes 32768 \
         --configs 1024:2:3:0,1024:1:4:0:hold:keep,team:512:2:6:2:keep:prefetch  # [team:]T:C:S:LAG[:options]
     ncu --profile-from-start off --section WarpStateStats ... python benchmarks/norms_backward_staged.py --profile \
@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import json
 import statistics
 import sys
 import time
 from functools import partial
 
 from norms_bench import backward_kernel_launcher, backward_kernel_tbps
+from record import new_record, save
 
 from flydsl.kernels.bench import median_ms
 
@@ -260,8 +260,9 @@ def main() -> int:
 
     norm = importlib.import_module("flydsl.kernels.normalization")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    result = {"benchmark": "norms_backward_staged", "commit": args.commit, "gpu": torch.cuda.get_device_name(0)}
-    result.update(command=" ".join(sys.argv), reps=args.reps, units="TB/s", lines=[], active_clusters={})
+    method = "median of CUDA-event times (--reps) after warm-up, kernel alone; copy in the same process"
+    result = new_record("norms_backward_staged", None, [], commit=args.commit, method=method, reps=args.reps)
+    result.update(units="TB/s (3 * M * N * e / time)", active_clusters={})  # results: the printed lines
     torch.empty(1, device="cuda")
     for cluster in (2, 4, 8):
         for threads, blocks in ((256, 3), (256, 4), (512, 1), (512, 2), (1024, 1)):
@@ -270,11 +271,11 @@ def main() -> int:
     print("max active clusters:", result["active_clusters"], flush=True)
     started = time.time()
     if args.long:
-        result["lines"] = _long_rows(torch, norm, sms, args.reps)
+        result["results"] = _long_rows(torch, norm, sms, args.reps)
         args.sizes = args.small = ""
     if args.configs:
         specs = _parse_configs(args.configs, parser.error)
-        result["lines"] = _explicit(torch, norm, sms, args, specs)
+        result["results"] = _explicit(torch, norm, sms, args, specs)
         args.sizes = args.small = ""
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32}
     for name in args.dtypes.split(","):
@@ -316,17 +317,16 @@ def main() -> int:
                     tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms)
                     line += f" | t{threads} c{chunks} s{cfg.stages} l{lag} {rc.cluster}x g{g} {tbps:.2f}"
                 print(line, flush=True)
-                result["lines"].append(line)
+                result["results"].append(line)
             del tensors, dst, x
             torch.cuda.empty_cache()
     for n in map(int, args.small.split(",")) if args.small else []:
         line = _small(torch, norms, norm, n, sms, args.reps)
         print(line, flush=True)
-        result["lines"].append(line)
+        result["results"].append(line)
         torch.cuda.empty_cache()
     result["wall_s"] = round(time.time() - started, 1)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    save(args.out, result)
     return 0
 
 

@@ -1,8 +1,8 @@
 """Effective bandwidth of flydsl.kernels' softmax / layer_norm / rms_norm / fused_add_rms_norm (forward and backward)
 next to torch eager, torch.compile and the device copy, on M x N inputs of 2^28 elements, in one process.
 
-    python benchmarks/norms_bench.py --commit $(git rev-parse HEAD) --kernels softmax,layer_norm \
-        --out benchmarks/results/norms_bf16_f32.json
+    python benchmarks/norms_bench.py --commit $(git rev-parse --short HEAD) --kernels softmax,layer_norm \
+        --out benchmarks/results/norms/$(date +%F)_WHAT.json     # WHAT: the run in a word or two, or the commit
 
 Effective bandwidth = bytes read + written by the op (inputs, outputs, parameters, statistics) / time. Time: CUDA
 events around each launch, after warm-up, median of ``--reps`` runs (>= 5) on random inputs (one draw per shape,
@@ -24,15 +24,12 @@ did. Backward: ours against copy only (the bar is 0.85 x copy); torch's eager ba
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import subprocess
 import sys
 import time
 from functools import partial
 from importlib import metadata
 
-from record import ClockMonitor  # this folder's sibling module
+from record import ClockMonitor, new_record, save  # this folder's sibling module
 
 from flydsl.kernels.bench import median_ms
 
@@ -257,8 +254,7 @@ def routed_grids(norm, name: str, dtype: str, n: int, rows: int, sms: int) -> di
 
 def _write(path: str, result: dict, started: float) -> None:
     result["wall_s"] = round(time.time() - started, 1)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    save(path, result)
 
 
 def main() -> int:
@@ -373,25 +369,18 @@ def main() -> int:
     ops = _ops(torch, F)
     liger, liger_status = liger_ops() if not args.backward_only else ({}, "not measured: --backward-only")
     props = torch.cuda.get_device_properties(0)
-    driver = subprocess.run(
-        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
-    ).stdout.strip()
-    result = {
-        "benchmark": "norms_bench",
-        "commit": args.commit,
-        "gpu": props.name,
-        "driver": driver,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "command": " ".join(sys.argv),
-        "elements_per_input": TOTAL,
-        "reps": args.reps,
-        "statistic": "median of CUDA-event times",
-        "liger": liger_status,
-        "units": "TB/s (bytes read + written / time)",
-        "complete": False,
-        "results": [],
-    }
+    result = new_record(
+        "norms_bench",
+        None,
+        [],
+        commit=args.commit,
+        method="median of CUDA-event times",
+        elements_per_input=TOTAL,
+        reps=args.reps,
+        liger=liger_status,
+        units="TB/s (bytes read + written / time)",
+        complete=False,
+    )
     started = time.time()
     for name in args.kernels.split(","):
         ours_fn, eager_fn, nbytes, make_aux = ops[name]

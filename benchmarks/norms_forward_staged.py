@@ -3,7 +3,8 @@
 against the register kernel (``staged`` off) and the device copy, per (kernel, dtype, N), on M x N = 2^28 elements;
 then (``--sweep``) the staged kernel's other shapes (threads, chunks per thread, lag, ring rows) launched directly.
 
-    python benchmarks/norms_forward_staged.py --commit $(git rev-parse --short HEAD) --sweep --out fwd.json
+    python benchmarks/norms_forward_staged.py --commit C --sweep \
+        --out benchmarks/results/norms_forward_staged/DATE_WHAT.json
 
 The ops and bytes are norms_bench.py's forwards (no statistics written; the fused add in place): TB/s = bytes read
 + written / time. Both kernels run through the public API (``normalization.STAGED_FORWARD`` off, then on; softmax

@@ -3,7 +3,7 @@ with it idle), the call timed alone on an idle GPU (CUDA events: host latency in
 sleep kernel (GPU time) and the profiler's kernel time; for the staged and the register forward (bf16, 2^28
 elements).
 
-    python benchmarks/norms_host_time.py --json out.json --commit $(git rev-parse --short HEAD)
+    python benchmarks/norms_host_time.py --json benchmarks/results/norms_host_time/DATE_WHAT.json --commit C
 """
 
 from __future__ import annotations

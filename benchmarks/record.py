@@ -4,6 +4,10 @@ results, summary) and on what (git commit, GPU, driver, torch and triton version
     from record import write_record          # benchmarks/ is the script's directory, so it is importable
     write_record(args.json, "gemm_bench", argv, results, commit=args.commit, method="...", summary=summary)
 
+    record = new_record("norms_bench", None, [], commit=args.commit, method="...", reps=args.reps)
+    record["results"].append(row)            # a long run: written again after each row
+    save(args.out, record)
+
 The GPU machine has no git: pass the commit measured (``--commit``, or ``FLYDSL_GIT_COMMIT``); elsewhere it is read
 with ``git rev-parse``.
 
@@ -111,12 +115,12 @@ def environment(commit: str | None = None) -> dict:
     return info
 
 
-def write_record(path, benchmark: str, argv, results, *, commit=None, method=None, summary=None, **extra) -> dict:
-    """Writes (and returns) the record of one run to ``path``: ``benchmark``, the command (the script and
-    ``argv``, its arguments; None: ``sys.argv[1:]``), :func:`environment`, ``method``, ``summary``, ``results`` and
-    any ``extra`` fields."""
+def new_record(benchmark: str, argv, results, *, commit=None, method=None, summary=None, **extra) -> dict:
+    """The record of one run: ``benchmark``, the command (the script and ``argv``, its arguments; None:
+    ``sys.argv[1:]``), :func:`environment`, ``method``, ``summary``, any ``extra`` fields and ``results`` (fields set
+    later, such as a run's wall time, go after them)."""
     arguments = sys.argv[1:] if argv is None else list(argv)
-    record = {
+    return {
         "benchmark": benchmark,
         "command": " ".join(["python", f"benchmarks/{benchmark}.py", *arguments]),
         **environment(commit),
@@ -125,10 +129,20 @@ def write_record(path, benchmark: str, argv, results, *, commit=None, method=Non
         **extra,
         "results": results,
     }
+
+
+def save(path, record: dict) -> dict:
+    """Writes ``record`` to ``path`` (JSON, indent 1), then checks it (:func:`validate`: a record that fails is
+    written all the same, so that no measurement is lost, and the error names what is wrong)."""
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
         f.write("\n")
-    return record
+    return validate(record)
+
+
+def write_record(path, benchmark: str, argv, results, *, commit=None, method=None, summary=None, **extra) -> dict:
+    """Writes (and returns) the record of one run to ``path``: :func:`new_record`, then :func:`save`."""
+    return save(path, new_record(benchmark, argv, results, commit=commit, method=method, summary=summary, **extra))
 
 
 class ClockMonitor:

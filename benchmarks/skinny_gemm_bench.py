@@ -2,7 +2,7 @@
 flydsl.kernels.gemm.gemm (the wgmma kernel), interleaved in the same process.
 
     python benchmarks/skinny_gemm_bench.py                                  # M in {1, 16} x issue 8's (N, K)
-    python benchmarks/skinny_gemm_bench.py --json out.json --commit $(git rev-parse --short HEAD)
+    python benchmarks/skinny_gemm_bench.py --json benchmarks/results/skinny_gemm/DATE_WHAT.json --commit C
     python benchmarks/skinny_gemm_bench.py --explore --m 16                 # time candidate configurations
 
 Each case: fresh random inputs, B as nn.Linear weights (``b = w.t()``, w (N, K) row-major), our result checked

@@ -2,7 +2,8 @@
 flydsl.kernels.softmax_staged.backward_staged) as routed and in other shapes, against the register kernel and
 copy, per (dtype, N), on M x N = 2^28 elements; each result checked against float64 on the first rows.
 
-    python benchmarks/softmax_backward_staged.py --commit C --out x.json
+    python benchmarks/softmax_backward_staged.py --commit C \
+        --out benchmarks/results/softmax_backward_staged/DATE_WHAT.json
     python benchmarks/softmax_backward_staged.py --commit C --out x.json --dtypes bf16 --sizes 8192 \
         --shapes 1024:1:0:3,512:2:0:4     # [team:]THREADS:CHUNKS:LAG:STAGES, besides the routed shape
 
@@ -14,7 +15,6 @@ hidden), after warm-up; all in one process.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -95,23 +95,19 @@ def main() -> int:
     shapes = [_shape(s) for s in args.shapes.split(",") if s]
 
     import torch
-    from record import environment
+    from record import new_record, save
 
     started = time.time()
-    record = {
-        **environment(args.commit),
-        "benchmark": "softmax_backward_staged",
-        "command": " ".join(["softmax_backward_staged.py", *sys.argv[1:]]),
-        "method": "median_ms(queued=True): CUDA events around each call queued behind a sleep kernel; TB/s ="
-        " 3 * M * N * e / time (copy: 2 * M * N * e); M x N = 2^28; error: relative Frobenius vs float64, 64 rows",
-        "results": [],
-    }
+    method = (
+        "median_ms(queued=True): CUDA events around each call queued behind a sleep kernel; TB/s = 3 * M * N * e"
+        " / time (copy: 2 * M * N * e); M x N = 2^28; error: relative Frobenius vs float64, 64 rows"
+    )
+    record = new_record("softmax_backward_staged", None, [], commit=args.commit, method=method)
     for dtype in args.dtypes.split(","):
         for n in (int(v) for v in args.sizes.split(",")):
             record["results"].append(_case(torch, dtype, n, shapes, args.reps))
             record["wall_s"] = time.time() - started
-            with open(args.out, "w") as f:
-                json.dump(record, f, indent=1)
+            save(args.out, record)
     return 0
 
 

@@ -1,6 +1,6 @@
 """A tiled copy written with Fly tensors, over 2^30 fp32 elements with dynamic shapes, against torch's copy.
 
-    python benchmarks/tiled_copy_bandwidth.py [--m 32768 --n 32768] [--json PATH]
+    python benchmarks/tiled_copy_bandwidth.py [--m 32768 --n 32768] [--json PATH --commit C]
 
 Each block copies an 8 x 1024 tile; each of its 256 threads moves eight 16-byte chunks (consecutive threads take
 consecutive chunks, so every warp moves 512 contiguous bytes per step). Nothing in the kernel names a vector
@@ -13,10 +13,9 @@ the same process; the output is poisoned and compared with the input after the t
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import sys
+
+from record import write_record  # this folder's sibling module
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -52,6 +51,7 @@ def main(argv=None) -> int:
     parser.add_argument("--m", type=int, default=32768)
     parser.add_argument("--n", type=int, default=32768)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--commit", help="the commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
 
     module = tiled_copy_f32.lower(flyc.TensorSpec((args.m, args.n), "f32"), flyc.TensorSpec((args.m, args.n), "f32"))
@@ -80,12 +80,7 @@ def main(argv=None) -> int:
         f" torch copy_ {torch_ms:.3f} ms = {theirs:.3f} TB/s; ratio {ours / theirs:.3f}"
     )
     if args.json:
-        record = {
-            "benchmark": "tiled_copy_bandwidth",
-            "date": datetime.date.today().isoformat(),
-            "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        measured = {
             "shape": [args.m, args.n],
             "bytes_moved": 2 * src.numel() * src.element_size(),
             "ptx_global_accesses": accesses,
@@ -95,9 +90,7 @@ def main(argv=None) -> int:
             "torch_copy_tb_per_s": theirs,
             "ratio_to_torch": ours / theirs,
         }
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(record, out, indent=2)
-            out.write("\n")
+        write_record(args.json, "tiled_copy_bandwidth", argv, measured, commit=args.commit)
     return 0
 
 

@@ -1,7 +1,8 @@
 """Host time per call of the ``torch.ops.flydsl.*`` ops at small sizes (launch-bound calls), next to the same
 kernels called directly through ``flydsl.kernels`` and to torch's own ops.
 
-    python benchmarks/torch_ops_overhead.py [--json out.json --commit SHA] [--profile FILE]
+    python benchmarks/torch_ops_overhead.py [--json benchmarks/results/torch_ops_overhead/DATE_WHAT.json --commit C]
+        [--profile FILE]
 
 Per op and per mode -- ``fwd`` (inference: no input requires grad) and ``fwd_bwd`` (forward, then
 ``torch.autograd.grad`` of its output) -- three paths: ``op`` (``torch.ops.flydsl.<op>``; fwd_bwd through autograd),
@@ -25,11 +26,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import statistics
 import sys
 import time
+
+from record import write_record  # this folder's sibling module
 
 ROWS, N = 8, 1024  # the small inference call of the issue: 8 x 1024 bf16
 GEMM_MNK = (16, 4096, 4096)
@@ -318,24 +320,17 @@ def main(argv=None) -> int:
             print(f"{op} {mode}: {summary} us per call{flags}")
     print("max |difference| of the forward outputs against torch:", errors)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "benchmark": "torch_ops_overhead",
-                    "date": time.strftime("%Y-%m-%d"),
-                    "git_commit": args.commit,
-                    "gpu": torch.cuda.get_device_name(0),
-                    "torch": torch.__version__,
-                    "command": "python benchmarks/torch_ops_overhead.py " + " ".join(argv or sys.argv[1:]),
-                    "sizes": {"norms": [ROWS, N, "bfloat16"], "gemm_mnk": list(GEMM_MNK)},
-                    "method": "host perf_counter over back-to-back calls while a sleep kernel (4x an idle batch)"
-                    " keeps the GPU busy; median of repeats; fwd_bwd through torch.autograd.grad",
-                    "max_abs_difference_vs_torch": errors,
-                    "results": results,
-                },
-                f,
-                indent=1,
-            )
+        write_record(
+            args.json,
+            "torch_ops_overhead",
+            argv,
+            results,
+            commit=args.commit,
+            method="host perf_counter over back-to-back calls while a sleep kernel (4x an idle batch) keeps the GPU"
+            " busy; median of repeats; fwd_bwd through torch.autograd.grad",
+            sizes={"norms": [ROWS, N, "bfloat16"], "gemm_mnk": list(GEMM_MNK)},
+            max_abs_difference_vs_torch=errors,
+        )
     return 0
 
 

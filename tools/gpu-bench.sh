@@ -2,13 +2,20 @@
 #   bash tools/gpu-bench.sh $(git rev-parse --short HEAD) gemm skinny   # some of: gemm skinny norms torch dispatch
 # A device call runs 10 minutes at most: gemm (~3 min), skinny (~1), torch (~1) and dispatch (~1) fit one call;
 # norms (the full sweep with torch.compile peers) takes its own. Each run is cut at 5 minutes.
-# Each benchmark writes its JSON to $OUT (or ./gpu-logs) for benchmarks/results/ and its log next to it; the last
-# lines printed are one summary line per benchmark, so a truncated output tail still shows every result.
+# Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
+# <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, torch_ops_overhead/, dsl_dispatch/; copy the folders
+# into benchmarks/results/ and rename a run in a word where the commit alone does not say what it was), and its log
+# as <name>.txt; the last lines printed are one summary line per benchmark, so a truncated output tail still shows
+# every result.
 source tools/gpu-env.sh
 commit=${1:?usage: bash tools/gpu-bench.sh COMMIT [gemm skinny norms torch dispatch]}
 shift
 logs=${OUT:-gpu-logs}
 mkdir -p "$logs"
+out() {  # folder: the record's path under $logs
+  mkdir -p "$logs/$1"
+  echo "$logs/$1/$(date +%F)_$commit.json"
+}
 which=${*:-gemm skinny torch dispatch}
 summary=""
 run() {  # name, command...
@@ -19,11 +26,11 @@ run() {  # name, command...
 }
 for bench in $which; do
   case $bench in
-    gemm) run gemm python3 benchmarks/gemm_bench.py --sweep --repeats 5 --json "$logs/gemm_sweep.json" --commit "$commit" ;;
-    skinny) run skinny python3 benchmarks/skinny_gemm_bench.py --repeats 3 --json "$logs/skinny_gemm.json" --commit "$commit" ;;
-    norms) run norms python3 benchmarks/norms_bench.py --backward --out "$logs/norms.json" --commit "$commit" ;;
-    torch) run torch python3 benchmarks/torch_ops_overhead.py --json "$logs/torch_ops_overhead.json" --commit "$commit" ;;
-    dispatch) run dispatch python3 benchmarks/dsl_dispatch.py --json "$logs/dsl_dispatch.json" ;;  # git_commit: fill in
+    gemm) run gemm python3 benchmarks/gemm_bench.py --sweep --repeats 5 --json "$(out gemm)" --commit "$commit" ;;
+    skinny) run skinny python3 benchmarks/skinny_gemm_bench.py --repeats 3 --json "$(out skinny_gemm)" --commit "$commit" ;;
+    norms) run norms python3 benchmarks/norms_bench.py --backward --out "$(out norms)" --commit "$commit" ;;
+    torch) run torch python3 benchmarks/torch_ops_overhead.py --json "$(out torch_ops_overhead)" --commit "$commit" ;;
+    dispatch) run dispatch python3 benchmarks/dsl_dispatch.py --json "$(out dsl_dispatch)" --commit "$commit" ;;
     *) summary="$summary\n$bench: unknown (gemm skinny norms torch dispatch)" ;;
   esac
 done

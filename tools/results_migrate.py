@@ -8,15 +8,15 @@ one record schema (benchmarks/record.py), kept as the record of how it was done:
 Each file goes to ``benchmarks/results/<folder>/<date>_<what>.json``: the folder is its benchmark's (record.folder:
 the producing script's name without ``_bench``), found from the file's ``benchmark`` field, or for files that named
 a description or nothing there (probes, ncu reports, bundles of runs) from the script that produced or now measures
-the same (:data:`SCRIPT`). ``<what>`` is the old name less the folder's words, with ``sessionNN`` replaced by the
-commit measured; a name that would be empty gets the commit.
+the same (:data:`SCRIPT`). ``<what>`` is the old name less the folder's words, with the old run-number word
+(:data:`OLD_WORD` and a number) replaced by the commit measured; a name that would be empty gets the commit.
 
 Conversion is lossless: every top-level field is kept under its own name, except ``commit`` (-> ``git_commit``),
 ``statistic`` (-> ``method`` where there was none), a description in ``benchmark`` (-> ``description``) and, in files
 without ``results``, the measurements (``lines``, ``tbps``, ``runs``, ``kernels``, ...), which move under ``results``
 (``lines`` as the list itself, the others under their names). Fields a record needs that a file lacked are filled in
-and said so in ``migration``: the date from the file name, the command as "not recorded". In every text the word
-"session" goes (:data:`SCRUB`: a date, commit or run in its place) and old file names become new paths.
+and said so in ``migration``: the date from the file name, the command as "not recorded". In every text
+:data:`OLD_WORD` goes (:data:`SCRUB`: a date, commit or run in its place) and old file names become new paths.
 
 ``--rewrite`` (for docs and sources that cite the old names) replaces exact names (with or without
 ``benchmarks/results/``), ``*`` globs and ``{a,b}`` alternatives (by an equivalent new glob where one exists, else the
@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+OLD_WORD = "session"  # how the old names and notes numbered runs; none of the new ones does
 RESULTS = ROOT / "benchmarks" / "results"
 RENAMES = RESULTS / "RENAMES.tsv"
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -105,7 +106,7 @@ MEASUREMENTS = {
     "ratio_to_torch",
     "results_by_forward_values",
 }
-# "session N" in the texts, in order: a date, a commit or a run in its place, or nothing where it says nothing.
+# OLD_WORD and its number in the texts, in order: a date, a commit or a run in its place, or nothing.
 SCRUB: list[tuple[str, str | Callable[[re.Match], str]]] = [
     (r"^Session \d+ final full run at", "Final full run at"),
     (r"^Session \d+ last full run at", "Last full run at"),
@@ -151,7 +152,7 @@ def script_of(old: str, data: dict) -> str:
 
 
 def new_name(old: str, data: dict, script: str) -> str:
-    """``<date>_<what>.json``: the old name's words less the folder's, sessionNN replaced by the commit."""
+    """``<date>_<what>.json``: the old name's words less the folder's, OLD_WORD + number replaced by the commit."""
     if old in NAME:
         return NAME[old]
     parts = DATED.match(old)
@@ -170,7 +171,7 @@ def new_name(old: str, data: dict, script: str) -> str:
         words = [commit]
     named = []
     for word in prefix + words:
-        if re.fullmatch(r"session\d+", word):
+        if re.fullmatch(OLD_WORD + r"\d+", word):
             if commit is None:
                 raise SystemExit(f"{old}: no commit to replace {word} with: add it to NAME")
             if commit not in prefix + words:
@@ -390,9 +391,9 @@ def load_renames() -> dict[str, str]:
 
 
 def _texts(value, fix):
-    """``value`` (a JSON tree) with ``fix`` applied to every string in it (and to keys that say "session")."""
+    """``value`` (a JSON tree) with ``fix`` applied to every string in it (and to keys with OLD_WORD)."""
     if isinstance(value, dict):
-        return {fix(k) if "session" in k.lower() else k: _texts(v, fix) for k, v in value.items()}
+        return {fix(k) if OLD_WORD in k.lower() else k: _texts(v, fix) for k, v in value.items()}
     if isinstance(value, list):
         return [_texts(v, fix) for v in value]
     return fix(value) if isinstance(value, str) else value
@@ -416,8 +417,8 @@ def migrate(dry: bool) -> int:
         record = convert(old, data, script)
         record = _texts(record, fix)
         check_lossless(old, data, record, changed)
-        if re.search("session", json.dumps(record), re.IGNORECASE):
-            raise SystemExit(f"{old}: 'session' left in {json.dumps(record)[:200]}")
+        if re.search(OLD_WORD, json.dumps(record), re.IGNORECASE):
+            raise SystemExit(f"{old}: {OLD_WORD!r} left in {json.dumps(record)[:200]}")
         if dry:
             kept = sorted(set(data) - set(record))
             print(f"{old}\t{new}\t{'moved: ' + ', '.join(kept) if kept else ''}")

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 RECORDS = sorted(RESULTS.rglob("*.json"))
+OLD_WORD = "session"  # the old names' and notes' run numbering: gone from names and texts
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,8 @@ def test_record_is_valid_and_in_its_folder(path, record_module):
     assert len(relative.parts) == 2, f"{relative}: records live in benchmarks/results/<folder>/"
     assert relative.parts[0] == record_module.folder(record["benchmark"]), f"{relative}: {record['benchmark']}"
     assert relative.name.startswith(record["date"] + "_"), f"{relative}: named <date>_<what>.json"
-    assert "session" not in relative.name.lower()
-    assert not re.search("session", json.dumps(record), re.IGNORECASE), f"{relative} speaks of sessions"
+    assert OLD_WORD not in relative.name.lower()
+    assert not re.search(OLD_WORD, json.dumps(record), re.IGNORECASE), f"{relative} numbers runs the old way"
 
 
 def test_validate_names_the_problems(record_module):
@@ -89,7 +90,7 @@ def test_renames_map_old_names_to_folders():
     olds = [old for old, _ in rows[1:]]
     assert len(olds) == len(set(olds)) and all("/" not in old and old.endswith(".json") for old in olds)
     assert all(re.fullmatch(r"[a-z0-9_]+/\d{4}-\d{2}-\d{2}_[\w.\-]+\.json", new) for _, new in rows[1:])
-    assert not any("session" in new for _, new in rows[1:])
+    assert not any(OLD_WORD in new for _, new in rows[1:])
 
 
 def test_citations_are_found(tmp_path):
