@@ -1,24 +1,17 @@
-"""FlyDSL kernel zoo: row kernels (softmax, LayerNorm, RMSNorm, fused residual-add + RMSNorm) over 2-D tensors, and
-the Hopper GEMM (:mod:`flydsl.kernels.gemm`).
+"""FlyDSL's kernel zoo: row kernels (softmax, LayerNorm, RMSNorm, fused residual-add + RMSNorm) over 2-D tensors,
+forward and backward, and the Hopper GEMM (:mod:`flydsl.kernels.gemm`).
 
     from flydsl.kernels import softmax, layer_norm, rms_norm
     y = softmax(x)                                   # x: (rows, N) torch tensor on the GPU
     from flydsl.kernels.gemm import gemm
     c = gemm(a, b, bias=bias, activation="gelu")     # bf16/fp16 a (M, K), b (K, N)
 
-See :mod:`flydsl.kernels.norms` for the contract and ``docs/kernels-zoo.md`` for regimes, tolerances and numbers;
-``docs/gemm-tutorial.md`` for the GEMM.
+Which kernel runs for an input: ``python -m flydsl.kernels.route layer_norm 4096 --dtype bf16``. The contracts and
+numbers: ``docs/kernels-zoo.md``; the layout of this package: ``docs/architecture.md``.
 """
 
-from flydsl.kernels.norms import (
-    fused_add_rms_norm,
-    layer_norm,
-    layer_norm_backward,
-    rms_norm,
-    rms_norm_backward,
-    softmax,
-    softmax_backward,
-)
+from flydsl.kernels.norms import fused_add_rms_norm, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
+from flydsl.kernels.softmax import softmax, softmax_backward
 
 __all__ = [
     "softmax",

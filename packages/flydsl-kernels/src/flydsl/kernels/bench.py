@@ -59,7 +59,7 @@ def profile_once(runs) -> None:
 
 def _pair(torch, kernel: str, x):
     """(ours, torch's, bytes moved) for one input."""
-    from flydsl.kernels import norms
+    import flydsl.kernels as zoo
 
     n, size = x.shape[1], x.element_size()
     out = torch.empty_like(x)
@@ -67,22 +67,22 @@ def _pair(torch, kernel: str, x):
     b = torch.randn(n, device=x.device, dtype=x.dtype)
     moved = 2 * x.numel() * size
     if kernel == "softmax":
-        return (lambda: norms.softmax(x, out)), (lambda: torch.softmax(x, -1)), moved
+        return (lambda: zoo.softmax(x, out)), (lambda: torch.softmax(x, -1)), moved
     if kernel == "layer_norm":
         ref = torch.nn.functional.layer_norm
-        return (lambda: norms.layer_norm(x, w, b, 1e-5, out)), (lambda: ref(x, (n,), w, b, 1e-5)), moved + 2 * n * size
+        return (lambda: zoo.layer_norm(x, w, b, 1e-5, out)), (lambda: ref(x, (n,), w, b, 1e-5)), moved + 2 * n * size
     if kernel == "rms_norm":
         ref = getattr(torch.nn.functional, "rms_norm", None)
         if ref is None:
             raise SystemExit("this torch has no torch.nn.functional.rms_norm to compare with")
-        return (lambda: norms.rms_norm(x, w, 1e-6, out)), (lambda: ref(x, (n,), w, 1e-6)), moved + n * size
+        return (lambda: zoo.rms_norm(x, w, 1e-6, out)), (lambda: ref(x, (n,), w, 1e-6)), moved + n * size
     residual = torch.randn_like(x)
 
     def torch_fused():
         s = x + residual
         return torch.nn.functional.rms_norm(s, (n,), w, 1e-6), s
 
-    ours = lambda: norms.fused_add_rms_norm(x, residual, w, 1e-6, out, residual_out=residual)  # noqa: E731
+    ours = lambda: zoo.fused_add_rms_norm(x, residual, w, 1e-6, out, residual_out=residual)  # noqa: E731
     return ours, torch_fused, 2 * moved + n * size
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 
 import torch
+from flydsl.kernels import validation as check
 from flydsl.torch._registry import register_op
 from torch import Tensor
 
@@ -52,54 +53,42 @@ _LAUNCHERS: list = []
 
 
 def _kernels():
-    """(normalization, softmax, from_torch): the launchers of ``flydsl.kernels`` and the RowTensor of a validated
-    torch tensor. The ops check everything the kernels need (dtypes, shapes, unit strides, one CUDA device) before
-    they get here, so they skip ``flydsl.kernels.norms``' second validation of every argument. Imported on first
-    use: registering (and tracing with fake tensors) needs no compiler."""
+    """The launchers of ``flydsl.kernels`` and their tensor bundles: (norms forward module, norms backward module,
+    softmax kernels module, from_torch). The ops check everything the kernels need (dtypes, shapes, unit strides,
+    one CUDA device) before they get here, so they skip ``flydsl.kernels``' second validation of every argument.
+    Imported on first use: registering (and tracing with fake tensors) needs no compiler."""
     if not _LAUNCHERS:
         import importlib
 
-        from flydsl.kernels.host import from_torch
-
-        # By module name: the package's ``softmax`` attribute is the function of flydsl.kernels.norms.
-        modules = [importlib.import_module(f"flydsl.kernels.{name}") for name in ("normalization", "softmax")]
-        _LAUNCHERS.extend((*modules, from_torch))
+        names = ("norms.forward", "norms.backward", "softmax.kernels", "validation")
+        modules = [importlib.import_module(f"flydsl.kernels.{name}") for name in names]
+        _LAUNCHERS.extend((*modules[:3], modules[3].from_torch))
     return _LAUNCHERS
 
 
-# --- checks shared by the fake and the real implementations ---------------------------------------------------------
+# --- checks shared by the fake and the real implementations (flydsl.kernels.validation's) -------------------------
 
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _dtype(t: Tensor) -> str:
+    return check.torch_dtype(t.dtype)
+
+
 def _check_input(op: str, name: str, x: Tensor) -> None:
-    if x.dtype not in DTYPES:
-        raise TypeError(f"flydsl.{op}: {name}: expected dtype float32, float16 or bfloat16, got {_name(x.dtype)}")
+    check.check_dtype(f"flydsl.{op}", name, _dtype(x), check.ROW_DTYPES)
     if x.dim() < 1:
         raise ValueError(f"flydsl.{op}: {name}: expected at least one dim, got a 0-dim tensor")
 
 
 def _check_like(op: str, name: str, t: Tensor, like: Tensor, like_name: str) -> None:
-    if t.shape != like.shape:
-        raise ValueError(
-            f"flydsl.{op}: {name}: expected shape {tuple(like.shape)} ({like_name}'s), got {tuple(t.shape)}"
-        )
-    if t.dtype != like.dtype:
-        raise TypeError(
-            f"flydsl.{op}: {name}: expected dtype {_name(like.dtype)} ({like_name}'s), got {_name(t.dtype)}"
-        )
+    check.check_like(f"flydsl.{op}", name, t.shape, _dtype(t), like.shape, _dtype(like), like_name)
 
 
 def _check_normalized_shape(op: str, x: Tensor, normalized_shape: list[int]) -> None:
-    ns = tuple(normalized_shape)
-    if not 1 <= len(ns) <= x.dim() or tuple(x.shape[x.dim() - len(ns) :]) != ns:
-        raise ValueError(
-            f"flydsl.{op}: normalized_shape: expected the trailing dims of x (shape {tuple(x.shape)}), got {list(ns)}"
-        )
-    if math.prod(ns) == 0:
-        raise ValueError(f"flydsl.{op}: normalized_shape: expected at least one element to normalize, got {list(ns)}")
+    check.trailing_shape(f"flydsl.{op}", x.shape, normalized_shape)
 
 
 def _check_param(op: str, name: str, p: Tensor | None, x: Tensor, normalized_shape: list[int]) -> None:
@@ -109,8 +98,7 @@ def _check_param(op: str, name: str, p: Tensor | None, x: Tensor, normalized_sha
         raise ValueError(
             f"flydsl.{op}: {name}: expected shape {tuple(normalized_shape)} (normalized_shape), got {tuple(p.shape)}"
         )
-    if p.dtype not in (x.dtype, torch.float32):
-        raise TypeError(f"flydsl.{op}: {name}: expected dtype {_name(x.dtype)} (x's) or float32, got {_name(p.dtype)}")
+    check.check_dtype(f"flydsl.{op}", name, _dtype(p), (_dtype(x), "f32"), like="x")
 
 
 def _check_stats(op: str, name: str, s: Tensor, x: Tensor, normalized_shape: list[int]) -> None:
@@ -123,8 +111,8 @@ def _check_stats(op: str, name: str, s: Tensor, x: Tensor, normalized_shape: lis
 
 
 def _check_eps(op: str, eps: float | None) -> None:
-    if eps is not None and not eps >= 0:
-        raise ValueError(f"flydsl.{op}: eps: expected a non-negative number, got {eps!r}")
+    if eps is not None:
+        check.nonnegative(f"flydsl.{op}", "eps", eps)
 
 
 # --- output descriptions ---------------------------------------------------------------------------------------------
@@ -213,8 +201,8 @@ def softmax(x: Tensor, *, out: Tensor) -> None:
     if x.numel() == 0:
         return
     n = x.shape[-1]
-    _, kernel, row = _kernels()
-    kernel.forward(row(_rows(x, n)), row(_out_rows("softmax", "out", out, n)))
+    _, _, kernel, row = _kernels()
+    kernel.forward(kernel.SoftmaxTensors(x=row(_rows(x, n)), out=row(_out_rows("softmax", "out", out, n))))
 
 
 def _check_softmax_backward(dy: Tensor, y: Tensor) -> None:
@@ -227,8 +215,9 @@ def softmax_backward(dy: Tensor, y: Tensor, *, dx: Tensor) -> None:
     if y.numel() == 0:
         return
     n = y.shape[-1]
-    _, kernel, row = _kernels()
-    kernel.backward(row(_rows(dy, n)), row(_rows(y, n)), row(_out_rows("softmax_backward", "dx", dx, n)))
+    _, _, kernel, row = _kernels()
+    dx_rows = row(_out_rows("softmax_backward", "dx", dx, n))
+    kernel.backward(kernel.SoftmaxTensors(x=row(_rows(y, n)), out=dx_rows, dy=row(_rows(dy, n))))
 
 
 # --- layer norm ------------------------------------------------------------------------------------------------------
@@ -261,19 +250,16 @@ def layer_norm(
     if x.numel() == 0:
         return
     n = math.prod(normalized_shape)
-    kernel, _, row = _kernels()
-    kernel.forward(
-        row(_rows(x, n)),
-        None,
-        row(_vector(weight)),
-        row(_vector(bias)),
-        row(_out_rows("layer_norm", "out", out, n)),
-        None,
-        row(_out_vector("layer_norm", "mean", mean)),
-        row(_out_vector("layer_norm", "rstd", rstd)),
-        float(eps),
-        rms=False,
+    kernel, _, _, row = _kernels()
+    tensors = kernel.NormTensors(
+        x=row(_rows(x, n)),
+        out=row(_out_rows("layer_norm", "out", out, n)),
+        weight=row(_vector(weight)),
+        bias=row(_vector(bias)),
+        mean=row(_out_vector("layer_norm", "mean", mean)),
+        rstd=row(_out_vector("layer_norm", "rstd", rstd)),
     )
+    kernel.forward(tensors, float(eps), rms=False)
 
 
 def _check_layer_norm_backward(dy, x, normalized_shape, weight, mean, rstd) -> None:
@@ -309,18 +295,18 @@ def layer_norm_backward(
         return
     n = math.prod(normalized_shape)
     op = "layer_norm_backward"
-    kernel, _, row = _kernels()
-    kernel.backward(
-        row(_rows(dy, n)),
-        row(_rows(x, n)),
-        row(_vector(weight)),
-        row(_stats_in(mean)),
-        row(_stats_in(rstd)),
-        row(_out_rows(op, "dx", dx, n)),
-        row(_out_vector(op, "dweight", dweight)),
-        row(_out_vector(op, "dbias", dbias)),
-        rms=False,
+    _, kernel, _, row = _kernels()
+    grads = kernel.NormGradients(
+        dy=row(_rows(dy, n)),
+        x=row(_rows(x, n)),
+        weight=row(_vector(weight)),
+        mean=row(_stats_in(mean)),
+        rstd=row(_stats_in(rstd)),
+        dx=row(_out_rows(op, "dx", dx, n)),
+        dweight=row(_out_vector(op, "dweight", dweight)),
+        dbias=row(_out_vector(op, "dbias", dbias)),
     )
+    kernel.backward(grads, rms=False)
 
 
 # --- rms norm --------------------------------------------------------------------------------------------------------
@@ -350,19 +336,14 @@ def rms_norm(
     if x.numel() == 0:
         return
     n = math.prod(normalized_shape)
-    kernel, _, row = _kernels()
-    kernel.forward(
-        row(_rows(x, n)),
-        None,
-        row(_vector(weight)),
-        None,
-        row(_out_rows("rms_norm", "out", out, n)),
-        None,
-        None,
-        row(_out_vector("rms_norm", "rstd", rstd)),
-        _rms_eps(eps),
-        rms=True,
+    kernel, _, _, row = _kernels()
+    tensors = kernel.NormTensors(
+        x=row(_rows(x, n)),
+        out=row(_out_rows("rms_norm", "out", out, n)),
+        weight=row(_vector(weight)),
+        rstd=row(_out_vector("rms_norm", "rstd", rstd)),
     )
+    kernel.forward(tensors, _rms_eps(eps), rms=True)
 
 
 def _check_rms_norm_backward(dy, x, normalized_shape, weight, rstd) -> None:
@@ -394,18 +375,17 @@ def rms_norm_backward(
         return
     n = math.prod(normalized_shape)
     op = "rms_norm_backward"
-    kernel, _, row = _kernels()
-    kernel.backward(
-        row(_rows(dy, n)),
-        row(_rows(x, n)),
-        row(_vector(weight)),
-        None,
-        row(_stats_in(rstd)),
-        row(_out_rows(op, "dx", dx, n)),
-        row(_out_vector(op, "dweight", dweight)),
-        None,
-        rms=True,
+    _, kernel, _, row = _kernels()
+    grads = kernel.NormGradients(
+        dy=row(_rows(dy, n)),
+        x=row(_rows(x, n)),
+        weight=row(_vector(weight)),
+        mean=None,
+        rstd=row(_stats_in(rstd)),
+        dx=row(_out_rows(op, "dx", dx, n)),
+        dweight=row(_out_vector(op, "dweight", dweight)),
     )
+    kernel.backward(grads, rms=True)
 
 
 def _check_fused_add_rms_norm(x, residual, normalized_shape, weight, eps) -> None:
@@ -436,24 +416,20 @@ def fused_add_rms_norm(
         return
     n = math.prod(normalized_shape)
     op = "fused_add_rms_norm"
-    kernel, _, row = _kernels()
-    kernel.forward(
-        row(_rows(x, n)),
-        row(_rows(residual, n)),
-        row(_vector(weight)),
-        None,
-        row(_out_rows(op, "out", out, n)),
-        row(_out_rows(op, "residual_out", residual_out, n)),
-        None,
-        row(_out_vector(op, "rstd", rstd)),
-        _rms_eps(eps),
-        rms=True,
+    kernel, _, _, row = _kernels()
+    tensors = kernel.NormTensors(
+        x=row(_rows(x, n)),
+        out=row(_out_rows(op, "out", out, n)),
+        residual=row(_rows(residual, n)),
+        weight=row(_vector(weight)),
+        residual_out=row(_out_rows(op, "residual_out", residual_out, n)),
+        rstd=row(_out_vector(op, "rstd", rstd)),
     )
+    kernel.forward(tensors, _rms_eps(eps), rms=True)
 
 
 # --- gemm ------------------------------------------------------------------------------------------------------------
 
-GEMM_DTYPES = (torch.bfloat16, torch.float16)
 GEMM_ACTIVATIONS = (None, "relu", "gelu", "silu")  # flydsl.kernels.gemm.ACTIVATIONS (imported lazily there)
 
 
@@ -461,10 +437,8 @@ def _check_gemm(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | Non
     for name, t in (("a", a), ("b", b)):
         if t.dim() != 2:
             raise ValueError(f"flydsl.gemm: {name}: expected a 2-D matrix, got shape {tuple(t.shape)}")
-        if t.dtype not in GEMM_DTYPES:
-            raise TypeError(f"flydsl.gemm: {name}: expected dtype bfloat16 or float16, got {_name(t.dtype)}")
-    if b.dtype != a.dtype:
-        raise TypeError(f"flydsl.gemm: b: expected dtype {_name(a.dtype)} (a's), got {_name(b.dtype)}")
+        check.check_dtype("flydsl.gemm", name, _dtype(t), ("bf16", "f16"))
+    check.check_dtype("flydsl.gemm", "b", _dtype(b), (_dtype(a),), like="a")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"flydsl.gemm: b: expected {a.shape[1]} rows (a's columns), got shape {tuple(b.shape)}")
     if bias is not None and (tuple(bias.shape) != (b.shape[1],) or bias.dtype not in (a.dtype, torch.float32)):
@@ -472,8 +446,7 @@ def _check_gemm(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | Non
             f"flydsl.gemm: bias: expected a ({b.shape[1]},) tensor of {_name(a.dtype)} or float32, got"
             f" {_name(bias.dtype)} {tuple(bias.shape)}"
         )
-    if activation not in GEMM_ACTIVATIONS:
-        raise ValueError(f"flydsl.gemm: activation: expected one of {GEMM_ACTIVATIONS}, got {activation!r}")
+    check.one_of("flydsl.gemm", "activation", activation, GEMM_ACTIVATIONS)
 
 
 @register_op(
