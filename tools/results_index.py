@@ -316,7 +316,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.uncited:
         left = uncited()
-        print("\n".join(f"benchmarks/results/{p}" for p in left))
+        counts: dict[str, int] = {}
+        for path in records():
+            counts[path.split("/")[0]] = counts.get(path.split("/")[0], 0) + 1
+        for path in left:
+            alone = counts[path.split("/")[0]] == 1
+            print(f"benchmarks/results/{path}" + ("  (the only record of its benchmark)" if alone else ""))
         print(f"{len(left)} of {len(records())} records cited nowhere", file=sys.stderr)
         return 0
     text = index()
