@@ -133,7 +133,7 @@ def norm_forward_looped_kernel(
     """The looped forward (arguments as :func:`norm_forward_kernel`'s; see :class:`LoopedForwardConfig`): the row
     walked segment by segment, first for its statistics (RMSNorm: the sum of squares; LayerNorm: each segment's
     count, sum and squared deviations about its own mean, merged per thread and then over the row in one reduction
-    by Chan's update (:func:`~flydsl.kernels.reduction.moments_merge`), as torch.compile's Welford: no cancellation;
+    by Chan's update (:func:`~flydsl.kernels.rows.reduce.moments_merge`), as torch.compile's Welford: no cancellation;
     the fused add writes ``residual_out`` in the first), then again for the output. The second read hits L1 or L2
     (``residual_out`` for the fused add)."""
     rc = cfg.row
