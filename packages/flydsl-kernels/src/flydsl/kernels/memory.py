@@ -83,8 +83,8 @@ def allocated(obj) -> TensorInfo:
 def stream_key(tensor) -> tuple:
     """``(device index, raw handle of its current torch stream)`` for a torch CUDA tensor: the key of scratch memory
     that the kernels of one stream share. Read as the launcher reads the stream
-    (``torch._C._cuda_getCurrentRawStream``: ``current_stream().cuda_stream`` builds a Python object per call, 10-19
-    us of a staged norm call's host time on the H200)."""
+    (``torch._C._cuda_getCurrentRawStream``: ``current_stream().cuda_stream`` builds a Python object per call, a
+    measurable part of a call's host time)."""
     import torch
 
     device = tensor.get_device()

@@ -50,10 +50,9 @@ __all__ = [
 
 def _weights_early(cfg: RowConfig, *vectors) -> bool:
     """Whether the register forward loads its weight and bias chunks together with x (held in their dtype until
-    used), so that a row waits once for all its loads: for 16-bit rows of one warp (H200, LayerNorm bf16 1024: 3.77
-    -> 4.24 TB/s) or less (several rows per warp: not measured). Wider rows load them next to the stores: held early
-    they cost occupancy (LayerNorm bf16 2048: 4.07 -> 3.89); so do float32 weight and bias (``vectors``: the ones
-    the kernel reads; 16-bit rows may have float32 ones), twice the registers."""
+    used), so that a row waits once for all its loads: 16-bit rows of a warp or less whose ``vectors`` (the ones the
+    kernel reads) are 16-bit; wider rows and float32 vectors lose occupancy
+    (docs/tuning/norms.md#register-forward-layouts)."""
     return cfg.threads_per_row <= 32 and cfg.dtype != "f32" and all(t.dtype.width == 16 for t in vectors)
 
 
