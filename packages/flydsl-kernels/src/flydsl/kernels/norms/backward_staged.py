@@ -31,7 +31,7 @@ class _Ring(RowRing):
             self.kept = load_vector_chunks_raw(cfg.row, tensors.weight, pos, n)
 
     def stats(self, row):
-        """rstd and mean of ``row`` (:func:`_row_stats`: 0 past the last row)."""
+        """rstd and mean of ``row`` (:func:`~.backward_common.row_stats`: 0 past the last row)."""
         return row_stats(self.flags, self.tensors.mean, self.tensors.rstd, row, self.rows)
 
     @property
@@ -165,7 +165,7 @@ def rows_staged(ctx: BackwardRows):
 
 
 def _rows_pushed(ctx: BackwardRows):
-    """The staged kernel with a row split over CTAs (a cluster, or a team: see :func:`_exchange_setup`), without a
+    """The staged kernel with a row split over CTAs (a cluster, or a team: see :mod:`flydsl.kernels.rows.exchange`), without a
     barrier of all of them per row: each CTA reduces its part of row ``k`` and pushes its pair, then writes dx of
     row ``k - lag``, whose pairs arrived meanwhile. The row's CTAs run up to ``lag`` rows apart: none stalls on the
     slowest at every row. A cluster's inbox slots (``2 * lag + 2``) are reused safely: a peer pushing row ``k +
