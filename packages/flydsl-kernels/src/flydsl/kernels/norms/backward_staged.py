@@ -165,10 +165,10 @@ def rows_staged(ctx: BackwardRows):
 
 
 def _rows_pushed(ctx: BackwardRows):
-    """The staged kernel with a row split over CTAs (a cluster, or a team: see :mod:`flydsl.kernels.rows.exchange`), without a
-    barrier of all of them per row: each CTA reduces its part of row ``k`` and pushes its pair, then writes dx of
-    row ``k - lag``, whose pairs arrived meanwhile. The row's CTAs run up to ``lag`` rows apart: none stalls on the
-    slowest at every row. A cluster's inbox slots (``2 * lag + 2``) are reused safely: a peer pushing row ``k +
+    """The staged kernel with a row split over CTAs (a cluster or a team: :mod:`flydsl.kernels.rows.exchange`),
+    without a barrier of all of them per row: each CTA reduces its part of row ``k`` and pushes its pair, then writes
+    dx of row ``k - lag``, whose pairs arrived meanwhile. The row's CTAs run up to ``lag`` rows apart: none stalls on
+    the slowest at every row. A cluster's inbox slots (``2 * lag + 2``) are reused safely: a peer pushing row ``k +
     slots`` has waited for this CTA's push of row ``k + slots - 1 - lag``, made after this CTA consumed row ``k``.
     The ring holds rows ``k - lag .. k + ahead``."""
     cfg, flags, tensors, pos, n, rows = ctx.cfg, ctx.flags, ctx.tensors, ctx.pos, ctx.n, ctx.rows

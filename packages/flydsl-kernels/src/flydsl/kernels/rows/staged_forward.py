@@ -47,7 +47,7 @@ class RowTensors(NamedTuple):
 
 def _team_stats(share, flags, k, row, n, inv_n):
     """Row ``row``'s statistics (this CTA's ``k``-th; as :func:`_pushed_stats`) in a team: lane ``r`` of the first
-    warp polls rank ``r``'s tagged pair in global memory (:func:`~flydsl.kernels.rows.exchange.poll_tagged_pair`), the warp combines them
+    warp polls rank ``r``'s tagged pair in global memory (``poll_tagged_pair``), the warp combines them
     (:func:`_team_combine`), lane 0 hands the result to the CTA through shared-memory slot ``k % slots``."""
     pos = share.pos
     slot = k % share.slots
