@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import statistics
 import sys
 import time
@@ -27,6 +26,8 @@ from norms_bench import backward_kernel_launcher, backward_kernel_tbps
 from record import new_record, save
 
 from flydsl.kernels.bench import median_ms
+from flydsl.kernels.device import max_active_clusters
+from flydsl.kernels.rows.router import RowOp, route
 
 TOTAL = 1 << 28
 
@@ -38,8 +39,20 @@ def _tensors(torch, n, dtype):
     return dy, x, torch.randn(n, device="cuda", dtype=dtype), mean, rstd, torch.full_like(x, float("nan"))
 
 
-def _small(torch, norms, norm, n, sms, reps) -> str:
+def _op(rms: bool) -> RowOp:
+    return RowOp.RMS_NORM_BACKWARD if rms else RowOp.LAYER_NORM_BACKWARD
+
+
+def _routed(n: int, dtype: str, sums: int, sms: int, staged: bool = True):
+    """The backward's routed config (LayerNorm with ``sums`` 2, RMSNorm with 1) on ``sms`` SMs; ``staged=False``:
+    the register kernel's."""
+    return route(_op(sums == 1), n, dtype, sums=sums, sms=sms, staged=staged).config
+
+
+def _small(torch, norms, n, sms, reps) -> str:
     """bf16 N = ``n`` through the API three times (each call alone, then with the GPU kept busy), with copy."""
+    from flydsl.kernels.rows.launch import persistent_groups
+
     m = TOTAL // n
     x, dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16), torch.randn(
         m, n, device="cuda", dtype=torch.bfloat16
@@ -56,15 +69,14 @@ def _small(torch, norms, norm, n, sms, reps) -> str:
     ln = partial(norms.layer_norm_backward, dy, x, w, mean, rstd, dx)
     rms = partial(norms.rms_norm_backward, dy, x, w, rstd, dx)
     copy = partial(dst.copy_, x)
-    cfg = norm.backward_config(n, "bf16", 2)
+    cfg = _routed(n, "bf16", 2, sms)
     line = f"small bf16 N={n}:"
     for _ in range(3):
         alone = [b / median_ms(f, reps) / 1e9 for f, b in ((copy, copy_bytes), (ln, ln_bytes), (rms, rms_bytes))]
         cases = ((copy, copy_bytes), (ln, ln_bytes), (rms, rms_bytes))
         busy = [b / median_ms(f, reps, queued=True) / 1e9 for f, b in cases]
-        kern = backward_kernel_tbps(
-            torch, norm, (dy, x, w, mean, rstd, dx), cfg, norm.backward_groups(cfg, m, sms), reps
-        )
+        groups = persistent_groups(cfg, m, sms)  # 7/8 of the SMs' worth for clusters
+        kern = backward_kernel_tbps(torch, (dy, x, w, mean, rstd, dx), cfg, groups, reps)
         line += " [alone: copy {:.2f} ln {:.2f} rms {:.2f}".format(*alone)
         line += " | busy: copy {:.2f} ln {:.2f} rms {:.2f} | ln kernel {:.2f}]".format(*busy, kern)
     return line
@@ -100,24 +112,35 @@ def _label(spec) -> str:
     return ":".join((["team"] if team else []) + [str(v) for v in shape] + options)
 
 
-def _explicit_config(norm, n, dtype, sums, spec):
+def _explicit_config(n, dtype, sums, spec):
+    """A ``--configs`` spec (:func:`_parse_configs`) as a BackwardConfig for rows of ``n`` (None where it does not
+    fit them)."""
+    from flydsl.kernels.rows.configs import StagedBackwardShape, TeamShape, staged_backward_config, team_backward_config
+
     team, threads, chunks, stages, lag, hold, keep, prefetch, fma, bulk = spec
     if team:  # any team size from 2 (the routed teams start at 9 CTAs)
-        args = (chunks, stages, threads, lag, 2, hold, keep, prefetch, fma, bulk)
-        return norm.team_backward_config(n, dtype, sums, *args)
-    cfg = norm.staged_backward_config(n, dtype, sums, chunks, stages, threads, lag, hold, keep, fma)
+        shape = TeamShape(threads, chunks, stages, lag, prefetch, fma, bulk, hold=hold, keep_weights=keep)
+        return team_backward_config(n, dtype, sums, shape, smallest=2)
+    shape = StagedBackwardShape(threads, chunks, lag, stages, hold=hold, keep_weights=keep, fma_dx=fma)
+    cfg = staged_backward_config(n, dtype, sums, shape)
     return dataclasses.replace(cfg, bulk=True) if cfg is not None and bulk else cfg
 
 
-def _groups(norm, cfg, rows, sms):
+def _groups(cfg, rows, sms):
+    """The persistent grid's CTA groups of ``cfg`` on device 0 (the driver's count of co-resident clusters)."""
+    from flydsl.kernels.rows.launch import persistent_groups
+
     rc = cfg.row
-    active = norm.max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, 0) if rc.cluster_shape else None
-    return norm.backward_groups(cfg, rows, sms, active)
+    active = max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, 0) if rc.cluster_shape else None
+    return persistent_groups(cfg, rows, sms, active)
 
 
-def _long_rows(torch, norm, sms, reps) -> list:
+def _long_rows(torch, sms, reps) -> list:
     """Rows of 256 KB and more: the team kernel (lag 1, 2, 3) against the default config and the register kernel,
     and the 16-bit LayerNorm clusters with a deeper ring (6 stages)."""
+    from flydsl.kernels.rows.configs import StagedBackwardShape, staged_backward_config, team_backward_config
+    from flydsl.kernels.rows.router import team_shape
+
     lines = []
     cases = [("bf16", 131072), ("bf16", 262144), ("f32", 131072), ("f32", 262144), ("bf16", 16384), ("bf16", 65536)]
     for name, n in cases:
@@ -127,22 +150,21 @@ def _long_rows(torch, norm, sms, reps) -> list:
         copy = 2 * x.numel() * x.element_size() / median_ms(partial(dst.copy_, x), reps) / 1e9
         for rms, sums in ((False, 2), (True, 1)):
             line = f"{'rms' if rms else 'ln'} {name} N={n} copy {copy:.2f} bar {0.85 * copy:.2f}"
-            configs = {
-                "default": norm.backward_config(n, name, sums),
-                "regs": norm.backward_config(n, name, sums, False),
-            }
+            configs = {"default": _routed(n, name, sums, sms), "regs": _routed(n, name, sums, sms, staged=False)}
             if n >= 131072:
                 for lag in (1, 2, 3):
-                    configs[f"team l{lag}"] = norm.team_backward_config(n, name, sums, lag=lag)
+                    shape = team_shape(name, sums)._replace(lag=lag)
+                    configs[f"team l{lag}"] = team_backward_config(n, name, sums, shape)
             else:
                 for lag in (2, 3):
-                    configs[f"s6 l{lag}"] = norm.staged_backward_config(n, name, sums, 2, 6, 512, lag)
+                    shape = StagedBackwardShape(threads=512, chunks=2, lag=lag, stages=6)
+                    configs[f"s6 l{lag}"] = staged_backward_config(n, name, sums, shape)
             for label, cfg in configs.items():
                 if cfg is None:
                     continue
-                g = _groups(norm, cfg, x.shape[0], sms)
+                g = _groups(cfg, x.shape[0], sms)
                 rc = cfg.row
-                tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, reps, rms)
+                tbps = backward_kernel_tbps(torch, tensors, cfg, g, reps, rms)
                 line += f" | {label} {rc.regime} {rc.cluster}x{rc.block} g{g} {tbps:.2f}"
             print(line, flush=True)
             lines.append(line)
@@ -151,8 +173,8 @@ def _long_rows(torch, norm, sms, reps) -> list:
     return lines
 
 
-def _explicit(torch, norm, sms, args, specs) -> list:
-    """The default config and each of ``specs`` per (kind, dtype, N): timed, or (``--profile``) launched once each
+def _explicit(torch, sms, args, specs) -> list:
+    """The routed config and each of ``specs`` per (kind, dtype, N): timed, or (``--profile``) launched once each
     between the profiler's start and stop."""
     from flydsl.kernels.bench import profile_once
 
@@ -167,26 +189,26 @@ def _explicit(torch, norm, sms, args, specs) -> list:
             for kind in args.kinds.split(","):
                 rms, sums = kind == "rms", 1 if kind == "rms" else 2
                 line = f"{kind} {name} N={n} copy {copy:.2f} bar {0.85 * copy:.2f}"
-                configs = [("default", norm.backward_config(n, name, sums))]
-                configs += [(_label(spec), _explicit_config(norm, n, name, sums, spec)) for spec in specs]
+                configs = [("default", _routed(n, name, sums, sms))]
+                configs += [(_label(spec), _explicit_config(n, name, sums, spec)) for spec in specs]
                 for label, cfg in configs:
                     if cfg is None:
                         line += f" | {label} none"
                         continue
-                    g = _groups(norm, cfg, x.shape[0], sms)
+                    g = _groups(cfg, x.shape[0], sms)
                     rc = cfg.row
                     shape = f"{rc.regime} {rc.cluster}x{rc.block}x{rc.chunks} s{cfg.stages} l{cfg.lag} g{g}"
                     if args.profile:
-                        runs.append(backward_kernel_launcher(torch, norm, tensors, cfg, g, rms))
+                        runs.append(backward_kernel_launcher(torch, tensors, cfg, g, rms))
                         line += f" | {label} {shape}"
                     else:
-                        tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms)
+                        tbps = backward_kernel_tbps(torch, tensors, cfg, g, args.reps, rms)
                         line += f" | {label} {shape} {tbps:.2f}"
                         if args.static_n and cfg.staged:  # the same with N compiled in
-                            tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms, True)
+                            tbps = backward_kernel_tbps(torch, tensors, cfg, g, args.reps, rms, True)
                             line += f" static-N {tbps:.2f}"
                 if args.api and not args.profile:
-                    line += _api_against_kernel(torch, norm, tensors, rms, args.reps)
+                    line += _api_against_kernel(torch, tensors, rms, args.reps)
                 print(line, flush=True)
                 lines.append(line)
             if not args.profile:
@@ -197,19 +219,19 @@ def _explicit(torch, norm, sms, args, specs) -> list:
     return lines
 
 
-def _api_against_kernel(torch, norm, tensors, rms: bool, reps: int) -> str:
+def _api_against_kernel(torch, tensors, rms: bool, reps: int) -> str:
     """The routed kernel alone against the public call (``layer_norm_backward`` / ``rms_norm_backward``: checks,
     allocations, the kernel and the column-sum kernel), both queued behind a sleep (GPU time), three interleaved
     rounds; TB/s of the same 3 * M * N * e bytes."""
-    from flydsl.kernels import norms
+    import flydsl.kernels as norms  # the public functions
 
     dy, x, w, mean, rstd, dx = tensors
     rows, n = x.shape
     name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
     sums = 1 if rms else 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cfg = norm.resident_backward_config(n, name, sums, True, sms)
-    kernel = backward_kernel_launcher(torch, norm, tensors, cfg, _groups(norm, cfg, rows, sms), rms)
+    cfg = _routed(n, name, sums, sms)
+    kernel = backward_kernel_launcher(torch, tensors, cfg, _groups(cfg, rows, sms), rms)
     if rms:
         api = partial(norms.rms_norm_backward, dy, x, w, rstd, dx)
     else:
@@ -256,9 +278,10 @@ def main() -> int:
 
     import torch
 
-    from flydsl.kernels import norms
+    import flydsl.kernels as norms  # the public functions
+    from flydsl.kernels.rows.configs import StagedBackwardShape, staged_backward_config
+    from flydsl.kernels.rows.launch import persistent_groups
 
-    norm = importlib.import_module("flydsl.kernels.normalization")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     method = "median of CUDA-event times (--reps) after warm-up, kernel alone; copy in the same process"
     result = new_record("norms_backward_staged", None, [], commit=args.commit, method=method, reps=args.reps)
@@ -266,16 +289,16 @@ def main() -> int:
     torch.empty(1, device="cuda")
     for cluster in (2, 4, 8):
         for threads, blocks in ((256, 3), (256, 4), (512, 1), (512, 2), (1024, 1)):
-            got = norm.max_active_clusters(cluster, threads, blocks, 0)
+            got = max_active_clusters(cluster, threads, blocks, 0)
             result["active_clusters"][f"{cluster}x{threads}x{blocks}"] = got
     print("max active clusters:", result["active_clusters"], flush=True)
     started = time.time()
     if args.long:
-        result["results"] = _long_rows(torch, norm, sms, args.reps)
+        result["results"] = _long_rows(torch, sms, args.reps)
         args.sizes = args.small = ""
     if args.configs:
         specs = _parse_configs(args.configs, parser.error)
-        result["results"] = _explicit(torch, norm, sms, args, specs)
+        result["results"] = _explicit(torch, sms, args, specs)
         args.sizes = args.small = ""
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32}
     for name in args.dtypes.split(","):
@@ -289,15 +312,15 @@ def main() -> int:
             for rms, sums in ((False, 2), (True, 1)):
                 kind = "rms" if rms else "ln"
                 line = f"{kind} {name} N={n} copy {copy:.2f} bar {0.85 * copy:.2f}"
-                old = norm.backward_config(n, name, sums, False)
+                old = _routed(n, name, sums, sms, staged=False)
                 rc = old.row
                 line += f" | regs {rc.cluster}x{rc.block}x{old.blocks_per_sm}:"
-                counts = {"78": norm.backward_groups(old, x.shape[0], sms)}
+                counts = {"78": persistent_groups(old, x.shape[0], sms)}
                 if rc.cluster > 1:
-                    active = norm.max_active_clusters(rc.cluster, rc.block, old.blocks_per_sm, 0)
-                    counts["a"] = norm.backward_groups(old, x.shape[0], sms, active)
+                    active = max_active_clusters(rc.cluster, rc.block, old.blocks_per_sm, 0)
+                    counts["a"] = persistent_groups(old, x.shape[0], sms, active)
                 for label, g in counts.items():
-                    line += f" {label}{g} {backward_kernel_tbps(torch, norm, tensors, old, g, args.reps, rms):.2f}"
+                    line += f" {label}{g} {backward_kernel_tbps(torch, tensors, old, g, args.reps, rms):.2f}"
                 variants = [
                     (512, 2, None, 1),
                     (512, 2, None, 2),
@@ -308,20 +331,21 @@ def main() -> int:
                 if name == "f32":
                     variants = [(1024, 2, None, 1), (512, 4, None, 1), (1024, 1, 6, 2), (512, 2, 6, 2)]
                 for threads, chunks, stages, lag in variants:
-                    cfg = norm.staged_backward_config(n, name, sums, chunks, stages, threads, lag)
+                    shape = StagedBackwardShape(threads=threads, chunks=chunks, lag=lag, stages=stages)
+                    cfg = staged_backward_config(n, name, sums, shape)
                     if cfg is None or (cfg.row.cluster == 1 and lag > 1):
                         continue
                     rc = cfg.row
-                    active = norm.max_active_clusters(rc.cluster, rc.block, 1, 0) if rc.cluster > 1 else None
-                    g = norm.backward_groups(cfg, x.shape[0], sms, active)
-                    tbps = backward_kernel_tbps(torch, norm, tensors, cfg, g, args.reps, rms)
+                    active = max_active_clusters(rc.cluster, rc.block, 1, 0) if rc.cluster > 1 else None
+                    g = persistent_groups(cfg, x.shape[0], sms, active)
+                    tbps = backward_kernel_tbps(torch, tensors, cfg, g, args.reps, rms)
                     line += f" | t{threads} c{chunks} s{cfg.stages} l{lag} {rc.cluster}x g{g} {tbps:.2f}"
                 print(line, flush=True)
                 result["results"].append(line)
             del tensors, dst, x
             torch.cuda.empty_cache()
     for n in map(int, args.small.split(",")) if args.small else []:
-        line = _small(torch, norms, norm, n, sms, args.reps)
+        line = _small(torch, norms, n, sms, args.reps)
         print(line, flush=True)
         result["results"].append(line)
         torch.cuda.empty_cache()

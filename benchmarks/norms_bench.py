@@ -32,6 +32,7 @@ from importlib import metadata
 from record import ClockMonitor, new_record, save  # this folder's sibling module
 
 from flydsl.kernels.bench import median_ms
+from flydsl.kernels.device import max_active_clusters
 
 SIZES = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
 # GPU time's sleep (cycles, ~500 us at 1980 MHz): longer than any call's host time (the backward's reach 60-100 us,
@@ -42,7 +43,7 @@ TOTAL = 1 << 28
 
 def _ops(torch, F):
     """name -> (ours(x, aux), torch eager(x, aux), bytes(M, N, element bytes), aux builder)."""
-    from flydsl.kernels import norms
+    import flydsl.kernels as norms  # the public functions
 
     def aux_w(m, n, dtype):
         return {"w": torch.randn(n, device="cuda", dtype=dtype), "b": torch.randn(n, device="cuda", dtype=dtype)}
@@ -108,7 +109,7 @@ def liger_ops() -> tuple[dict, str]:
 
 def _backward(torch, name, x, a, m, n, e, reps):
     """(ours ms, bytes, torch eager ms or None, ours ms with the GPU kept busy)."""
-    from flydsl.kernels import norms
+    import flydsl.kernels as norms  # the public functions
 
     dy = torch.randn_like(x)
     dx = torch.empty_like(x)
@@ -149,48 +150,46 @@ SWEEP = {
 }
 
 
-def backward_kernel_launcher(torch, norm, tensors, cfg, groups: int, rms: bool = False, static_n: bool = False):
+def backward_kernel_launcher(torch, tensors, cfg, groups: int, rms: bool = False, static_n: bool = False):
     """A callable launching the norm backward kernel alone (LayerNorm, or RMSNorm with ``rms``) with ``cfg`` on
     ``groups`` CTA groups (a team's exchange zeroed before each launch, as ``backward()`` does); ``static_n``: the
     staged kernel's row length compiled in (``flyc.mark_static``; ``backward()`` leaves it a launch argument)."""
     import flydsl.compiler as flyc
+    from flydsl.kernels.norms.backward import norm_backward_kernel
+    from flydsl.kernels.rows.configs import NormFlags
+    from flydsl.kernels.rows.exchange import exchange_columns
+    from flydsl.kernels.rows.launch import launch_rows
 
     dy, x, w, mean, rstd, dx = tensors
     rc = cfg.row
     partials = torch.empty(groups, max(1, cfg.sums) * x.shape[1], device="cuda")
-    exchange = torch.zeros(x.shape[0], norm.exchange_columns(cfg), device="cuda") if rc.team else dx
-    flags = norm.NormFlags(rms, weight=True, bias=not rms)
+    exchange = torch.zeros(x.shape[0], exchange_columns(cfg), device="cuda") if rc.team else dx
+    flags = NormFlags(rms=rms, weight=True, bias=not rms)
 
     def run():
         if rc.team:
             exchange.zero_()
         rows = flyc.mark_static(x, dims=(1,)) if static_n and cfg.staged else x
-        norm.norm_backward_kernel(dy, rows, w, mean, rstd, dx, partials, exchange, cfg, flags).launch(
-            grid=groups * rc.cluster, block=rc.block, cluster=rc.cluster_shape
-        )
+        launch_rows(norm_backward_kernel, (dy, rows, w, mean, rstd, dx, partials, exchange, cfg, flags), cfg, groups)
 
     return run
 
 
 def backward_kernel_tbps(
-    torch, norm, tensors, cfg, groups: int, reps: int, rms: bool = False, static_n: bool = False
+    torch, tensors, cfg, groups: int, reps: int, rms: bool = False, static_n: bool = False
 ) -> float:
     """:func:`backward_kernel_launcher` timed: TB/s = 3 * M * N * e / time."""
-    from flydsl.kernels.bench import median_ms
-
     x = tensors[1]
-    run = backward_kernel_launcher(torch, norm, tensors, cfg, groups, rms, static_n)
+    run = backward_kernel_launcher(torch, tensors, cfg, groups, rms, static_n)
     return 3 * x.numel() * x.element_size() / median_ms(run, reps) / 1e9
 
 
 def _config_sweep(torch, reps: int) -> list:
-    """LayerNorm backward kernel alone (no column-sum kernel, no host code) with the default config at several
+    """LayerNorm backward kernel alone (no column-sum kernel, no host code) with the routed config at several
     persistent-grid sizes, and with the configs of SWEEP: one line per (dtype, N)."""
-    import importlib
+    from flydsl.kernels.rows.configs import make_backward_config
+    from flydsl.kernels.rows.router import RowOp, route
 
-    from flydsl.kernels.bench import median_ms
-
-    norm = importlib.import_module("flydsl.kernels.normalization")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     lines = []
     for (name, n), variants in SWEEP.items():
@@ -201,18 +200,18 @@ def _config_sweep(torch, reps: int) -> list:
         tensors = (dy, x, torch.randn(n, device="cuda", dtype=dtype), mean, rstd, torch.empty_like(x))
         dst = torch.empty_like(x)
         copy = 2 * x.numel() * x.element_size() / median_ms(partial(dst.copy_, x), reps) / 1e9
-        cfg = norm.backward_config(n, name, 2)
+        cfg = route(RowOp.LAYER_NORM_BACKWARD, n, name, sums=2, sms=sms).config
         rc = cfg.row
         full = min(-(-m // rc.rows_per_cta), cfg.blocks_per_sm * sms // rc.cluster)
         line = f"{name} N={n} copy {copy:.2f} bar {0.85 * copy:.2f} | default {rc.cluster}x{rc.block} c{rc.chunks}"
         line += f" b{cfg.blocks_per_sm}:"
         for groups in sorted({full, full * 7 // 8, full * 3 // 4, full // 2}, reverse=True):
-            line += f" g{groups} {backward_kernel_tbps(torch, norm, tensors, cfg, groups, reps):.2f}"
+            line += f" g{groups} {backward_kernel_tbps(torch, tensors, cfg, groups, reps):.2f}"
         for chunks, regs, cta in variants:
-            v = norm.make_backward_config(n, name, 2, chunks, regs, cta)
+            v = make_backward_config(n, name, 2, chunks, regs, cta)
             groups = min(-(-m // v.row.rows_per_cta), v.blocks_per_sm * sms // v.row.cluster)
             line += f" | c{chunks} r{regs} cta{cta} ({v.row.cluster}x{v.row.block} b{v.blocks_per_sm} g{groups})"
-            line += f" {backward_kernel_tbps(torch, norm, tensors, v, groups, reps):.2f}"
+            line += f" {backward_kernel_tbps(torch, tensors, v, groups, reps):.2f}"
         print(line, flush=True)
         lines.append(line)
         del tensors, dst
@@ -220,36 +219,129 @@ def _config_sweep(torch, reps: int) -> list:
     return lines
 
 
-_KINDS = {"layer_norm": "layer", "rms_norm": "rms", "fused_add_rms_norm": "fused", "softmax": "softmax"}
-
-
-def staged_grid(norm, cfg, rows: int, sms: int, device: int = 0) -> dict | None:
+def staged_grid(cfg, rows: int, sms: int, device: int = 0, active_clusters=max_active_clusters) -> dict | None:
     """A staged config's shape and its persistent grid on ``device`` (``groups``: the CTA groups that run at once,
-    from the driver's count of co-resident clusters, which can differ between machines: recorded with each cell so
-    that runs can be compared); None for another kernel."""
+    from the driver's count of co-resident clusters (``active_clusters(cluster, threads, blocks_per_sm, device)``,
+    :func:`~flydsl.kernels.device.max_active_clusters`), which can differ between machines: recorded with each cell
+    so that runs can be compared); None for another kernel."""
+    from flydsl.kernels.rows.launch import persistent_groups
+
     if cfg is None or not cfg.staged:
         return None
     rc = cfg.row
-    active = norm.max_active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, device) if rc.cluster_shape else None
+    active = active_clusters(rc.cluster, rc.block, cfg.blocks_per_sm, device) if rc.cluster_shape else None
     shape = {"cluster": rc.cluster, "team": rc.team, "threads": rc.block, "chunks": rc.chunks, "stages": cfg.stages}
     shape.update(lag=cfg.lag, blocks_per_sm=cfg.blocks_per_sm, active_clusters=active)
-    shape["groups"] = norm.backward_groups(cfg, rows, sms, active)
+    shape["groups"] = persistent_groups(cfg, rows, sms, active)
     return shape
 
 
-def routed_grids(norm, name: str, dtype: str, n: int, rows: int, sms: int) -> dict:
-    """The staged kernels' shapes and grids a cell routes to (:func:`staged_grid`): ``forward`` (None where the looped
-    or the register kernel runs) and, for LayerNorm and RMSNorm with their weight (and LayerNorm's bias),
-    ``backward``."""
-    kind = _KINDS[name]
-    forward = None
-    if kind == "softmax" or norm.looped_forward_shape(n, dtype, kind) is None:
-        forward = staged_grid(norm, norm.routed_staged_forward_config(n, dtype, kind), rows, sms)
-    grids = {"forward": forward}
-    if kind in ("layer", "rms"):
-        cfg = norm.resident_backward_config(n, dtype, 2 if kind == "layer" else 1, True, sms)
-        grids["backward"] = staged_grid(norm, cfg, rows, sms)
+def routed_grids(name: str, dtype: str, n: int, rows: int, sms: int, active_clusters=max_active_clusters) -> dict:
+    """The staged kernels' shapes and grids a cell routes to (:func:`staged_grid`; the router's answer for 16-byte
+    aligned torch tensors on ``sms`` SMs): ``forward`` (None where the looped or the register kernel runs) and, for
+    LayerNorm and RMSNorm with their weight (and LayerNorm's bias), ``backward``."""
+    from flydsl.kernels.rows.router import RowKernel, RowOp, route
+
+    forward = route(RowOp(name), n, dtype, sms=sms)
+    staged = forward.config if forward.kernel is RowKernel.STAGED else None
+    grids = {"forward": staged_grid(staged, rows, sms, 0, active_clusters)}
+    if name in ("layer_norm", "rms_norm"):
+        op, sums = (RowOp.LAYER_NORM_BACKWARD, 2) if name == "layer_norm" else (RowOp.RMS_NORM_BACKWARD, 1)
+        grids["backward"] = staged_grid(route(op, n, dtype, sms=sms, sums=sums).config, rows, sms, 0, active_clusters)
     return grids
+
+
+# The tuning flags' edits of the router's tables and the layout's constants (each followed by router.clear_cache():
+# the routes found are cached). In place, so that every module that imported a table sees the edit.
+
+
+def set_cta_threads(threads: int) -> None:
+    """--cta-threads: rows.layout.CTA_THREADS (threads per CTA before row_config splits a row over a cluster: softmax's
+    register backward, the register forwards' cluster rows) and FORWARD_CTA_THREADS (the register forwards' one-CTA
+    rows). (The norms' register backward passes its CTA threads explicitly: untouched, as before.)"""
+    from flydsl.kernels.rows import layout, router
+
+    layout.CTA_THREADS = layout.FORWARD_CTA_THREADS = threads
+    router.clear_cache()
+
+
+def set_warp_block(threads: int) -> None:
+    """--warp-block: rows.layout.FORWARD_WARP_BLOCK (the register forwards' CTAs of one-warp rows)."""
+    from flydsl.kernels.rows import layout, router
+
+    layout.FORWARD_WARP_BLOCK = threads
+    router.clear_cache()
+
+
+def set_forward_values(values: int) -> None:
+    """--forward-values: rows.layout.FORWARD_BLOCK_VALUES of every dtype."""
+    from flydsl.kernels.rows import layout, router
+
+    layout.FORWARD_BLOCK_VALUES.update(dict.fromkeys(layout.FORWARD_BLOCK_VALUES, values))
+    router.clear_cache()
+
+
+def use_hints(text: str) -> None:
+    """--forward-hints: rows.layout.FORWARD_CACHE_HINTS of every dtype (:meth:`CacheHints.parse` of ``text``)."""
+    from flydsl.kernels.rows import layout, router
+
+    layout.FORWARD_CACHE_HINTS.update(dict.fromkeys(layout.FORWARD_CACHE_HINTS, layout.CacheHints.parse(text)))
+    router.clear_cache()
+
+
+def use_store_group(text: str) -> None:
+    """--forward-store-group: rows.router.FORWARD_STORE_GROUP of every dtype."""
+    from flydsl.kernels.rows import router
+
+    router.FORWARD_STORE_GROUP.update(dict.fromkeys(router.FORWARD_STORE_GROUP, int(text)))
+    router.clear_cache()
+
+
+def check_variants(args) -> str | None:
+    """What is wrong with the tuning variants of ``args`` (--forward-hints, --forward-looped, --forward-store-group),
+    or None: checked before anything is allocated on the GPU."""
+    from flydsl.kernels.rows.layout import CacheHints
+
+    checks = [(CacheHints.parse, "--forward-hints", args.forward_hints)]
+    checks.append((lambda t: t in ("none", "routed") or looped_shape(t), "--forward-looped", args.forward_looped))
+    checks.append((int, "--forward-store-group", args.forward_store_group))
+    for parse, flag, given in checks:
+        for text in given.split(";") if given else []:
+            try:
+                parse(text)
+            except (TypeError, ValueError) as error:
+                return f"{flag}: {text!r}: {error}"
+    return None
+
+
+LOOPED_KINDS = ("layer", "rms", "fused")  # the norms' forward kinds (softmax has no looped kernel)
+LOOPED_DTYPES = ("bf16", "f16", "f32")
+
+
+def looped_shape(text: str):
+    """A --forward-looped variant, ``T:C[:BLOCKS[:GROUP]][/FIRST/REREAD]``, as a rows.configs.LoopedShape (the
+    reads' hints as --forward-hints; plain where left out)."""
+    from flydsl.kernels.rows.configs import LoopedShape
+    from flydsl.kernels.rows.layout import PLAIN_HINTS, CacheHints
+
+    shape, *hints = text.split("/")
+    threads, chunks, *blocks = map(int, shape.split(":"))
+    first, reread = (*map(CacheHints.parse, hints), PLAIN_HINTS, PLAIN_HINTS)[:2]
+    return LoopedShape(threads, chunks, first, reread, *blocks)
+
+
+def use_looped(text: str, routed: dict) -> None:
+    """--forward-looped: rows.router.LOOPED_FORWARD replaced by one shape for every N, norm kind and dtype
+    (:func:`looped_shape`), emptied (``"none"``) or set back to ``routed`` (``"routed"``: a copy of the table)."""
+    from flydsl.kernels.rows import router
+
+    router.LOOPED_FORWARD.clear()
+    if text == "routed":
+        router.LOOPED_FORWARD.update(routed)
+    elif text != "none":
+        rows = [(1, 1 << 40, looped_shape(text))]
+        router.LOOPED_FORWARD.update({(kind, d): rows for kind in LOOPED_KINDS for d in LOOPED_DTYPES})
+    router.clear_cache()
 
 
 def _write(path: str, result: dict, started: float) -> None:
@@ -271,33 +363,36 @@ def main() -> int:
         "--config-sweep", action="store_true", help="then time LayerNorm backward configs and grid sizes (SWEEP)"
     )
     parser.add_argument(
-        "--cta-threads", type=int, default=None, help="override reduction.CTA_THREADS and FORWARD_CTA_THREADS (tuning)"
+        "--cta-threads",
+        type=int,
+        default=None,
+        help="override rows.layout.CTA_THREADS and FORWARD_CTA_THREADS (tuning)",
     )
     parser.add_argument(
         "--warp-block",
         type=int,
         choices=(32, 64, 128, 256),
         default=None,
-        help="override reduction.FORWARD_WARP_BLOCK (tuning)",
+        help="override rows.layout.FORWARD_WARP_BLOCK (tuning)",
     )
     parser.add_argument(
         "--forward-values",
         type=int,
         choices=(8, 16, 32),
         default=None,
-        help="override reduction.FORWARD_BLOCK_VALUES for every dtype (tuning)",
+        help="override rows.layout.FORWARD_BLOCK_VALUES for every dtype (tuning)",
     )
     parser.add_argument(
         "--forward-hints",
         default=None,
-        help="cache hints of the register forwards (reduction.FORWARD_CACHE_HINTS, every dtype), e.g."
+        help="cache hints of the register forwards (rows.layout.FORWARD_CACHE_HINTS, every dtype), e.g."
         " 'rows=evict_first,out=stream,vectors=evict_last'; several separated by ';' are each timed (ours only,"
         " 'variants' in the JSON), the first one in the main columns (tuning)",
     )
     parser.add_argument(
         "--forward-looped",
         default=None,
-        help="looped forwards of the norms (norm_config.LOOPED_FORWARD for every N, kind and dtype): 'T:C' (threads,"
+        help="looped forwards of the norms (rows.router.LOOPED_FORWARD for every N, kind and dtype): 'T:C' (threads,"
         " chunks per thread per segment[:CTAs per SM ptxas must fit[:store group]]), optionally '/FIRST/REREAD' (the"
         " two reads' CacheHints, as --forward-hints), 'none' (no looped forward: the register or staged kernels) or"
         " 'routed' (the table as it is); several separated by ';' are each timed as --forward-hints' are (tuning)",
@@ -305,7 +400,7 @@ def main() -> int:
     parser.add_argument(
         "--forward-store-group",
         default=None,
-        help="chunks the register norm forwards compute before their stores (norm_config.FORWARD_STORE_GROUP, every"
+        help="chunks the register norm forwards compute before their stores (rows.router.FORWARD_STORE_GROUP, every"
         " dtype), e.g. '1;2;4': each timed as --forward-hints' are (tuning)",
     )
     parser.add_argument(
@@ -322,44 +417,29 @@ def main() -> int:
     import torch.nn.functional as F
 
     torch._dynamo.config.cache_size_limit = 1024
-    from flydsl.kernels import reduction
+    from flydsl.kernels.rows import router
 
     if args.cta_threads:
-        reduction.CTA_THREADS = reduction.FORWARD_CTA_THREADS = args.cta_threads
-        reduction.row_config.cache_clear()
+        set_cta_threads(args.cta_threads)
     if args.warp_block:
-        reduction.FORWARD_WARP_BLOCK = args.warp_block
+        set_warp_block(args.warp_block)
     if args.forward_values:
-        reduction.FORWARD_BLOCK_VALUES = dict.fromkeys(reduction.FORWARD_BLOCK_VALUES, args.forward_values)
-    from flydsl.kernels import norm_config, normalization
-
-    def use_hints(text: str) -> None:
-        reduction.FORWARD_CACHE_HINTS = dict.fromkeys(reduction.FORWARD_CACHE_HINTS, reduction.CacheHints.parse(text))
-
-    routed_looped = dict(norm_config.LOOPED_FORWARD)
-
-    def use_store_group(text: str) -> None:  # in place: normalization imported the dict
-        norm_config.FORWARD_STORE_GROUP.update(dict.fromkeys(norm_config.FORWARD_STORE_GROUP, int(text)))
-
-    def use_looped(text: str) -> None:
-        norm_config.LOOPED_FORWARD.clear()
-        if text == "routed":
-            norm_config.LOOPED_FORWARD.update(routed_looped)
-        elif text != "none":
-            shape, *hints = text.split("/")
-            threads, chunks, *blocks = map(int, shape.split(":"))
-            first, reread = (*map(reduction.CacheHints.parse, hints), reduction.PLAIN_HINTS, reduction.PLAIN_HINTS)[:2]
-            shape = [(1, 1 << 40, threads, chunks, first, reread, *blocks)]
-            norm_config.LOOPED_FORWARD.update({(k, d): shape for k in norm_config.FORWARD_KINDS for d in dtypes})
+        set_forward_values(args.forward_values)
+    routed_looped = dict(router.LOOPED_FORWARD)
 
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
     if sum(map(bool, (args.forward_hints, args.forward_looped, args.forward_store_group))) > 1:
         parser.error("--forward-hints, --forward-looped, --forward-store-group: one kind of variant per run")
+    variant_error = check_variants(args)
+    if variant_error:
+        parser.error(variant_error)
     variants = []  # (label, function applying it): ours is timed under each
     if args.forward_hints:
         variants = [(f"hints {text or 'none'}", partial(use_hints, text)) for text in args.forward_hints.split(";")]
     if args.forward_looped:
-        variants = [(f"looped {text}", partial(use_looped, text)) for text in args.forward_looped.split(";")]
+        variants = [
+            (f"looped {text}", partial(use_looped, text, routed_looped)) for text in args.forward_looped.split(";")
+        ]
     if args.forward_store_group:
         groups = args.forward_store_group.split(";")
         variants = [(f"store group {text}", partial(use_store_group, text)) for text in groups]
@@ -444,7 +524,7 @@ def main() -> int:
                         if ref_ms is not None:
                             row["backward_torch_tbps"] = bwd_bytes / ref_ms / 1e9
                 row["clocks"] = monitor.window() if monitor else None  # nvidia-smi's samples while this row was timed
-                row["grids"] = routed_grids(normalization, name, dname, n, m, props.multi_processor_count)
+                row["grids"] = routed_grids(name, dname, n, m, props.multi_processor_count)
                 result["results"].append(row)
                 line = f"{name:>18} {dname:>4} N={n:>6}: copy {row['copy_tbps']:.2f}"
                 if not args.backward_only:

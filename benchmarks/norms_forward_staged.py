@@ -1,14 +1,16 @@
-"""LayerNorm / RMSNorm / fused add + RMSNorm / softmax forward on the H200: the staged kernel as routed by default
-(rows through a shared-memory ring, a row's CTAs pushing their partial sums to each other; ``forward_shape``)
-against the register kernel (``staged`` off) and the device copy, per (kernel, dtype, N), on M x N = 2^28 elements;
-then (``--sweep``) the staged kernel's other shapes (threads, chunks per thread, lag, ring rows) launched directly.
+"""LayerNorm / RMSNorm / fused add + RMSNorm / softmax forward on the H200: the staged kernel in the router's shape
+(rows through a shared-memory ring, a row's CTAs pushing their partial sums to each other;
+``flydsl.kernels.rows.router.STAGED_FORWARD``) against the register kernel and the device copy, per (kernel, dtype,
+N), on M x N = 2^28 elements; then (``--sweep``) the staged kernel's other shapes (threads, chunks per thread, lag,
+ring rows) launched directly.
 
     python benchmarks/norms_forward_staged.py --commit C --sweep \
         --out benchmarks/results/norms_forward_staged/DATE_WHAT.json
 
 The ops and bytes are norms_bench.py's forwards (no statistics written; the fused add in place): TB/s = bytes read
-+ written / time. Both kernels run through the public API (``normalization.STAGED_FORWARD`` off, then on; softmax
-too): the same host path. Time: median of
++ written / time. Both kernels run through the public API (``flydsl.kernels.layer_norm`` ...), its route forced
+(:func:`forced_route`: the register kernel, then the staged kernel in the router's shape, even where the router
+takes the looped kernel; ``routed`` records which kernel the router takes): the same host path. Time: median of
 ``--reps`` CUDA-event timings after warm-up, each call alone (``*_tbps``) and queued behind a sleep kernel
 (``*_gpu_tbps``: launch latency hidden); copy (``dst.copy_(x)``) in the same process. Each case also records the
 largest difference between the two kernels' outputs (``max_diff``, in the output's dtype: a check, the GPU tests
@@ -19,6 +21,7 @@ hold the tolerances) and the bar of issue 7 (0.91 x copy). The JSON is rewritten
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 import time
@@ -48,74 +51,100 @@ SHAPES = [
     (512, 8, 0, None, 8),
 ]
 KINDS = {"layer_norm": "layer", "rms_norm": "rms", "fused_add_rms_norm": "fused", "softmax": "softmax"}
+DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
 
 
-def _ops(torch, norms, norm, kernel: str, x, w, b, out, residual):
-    """(register kernel, staged kernel as routed, bytes moved, routed config or None), both through the public API
-    (``normalization.STAGED_FORWARD`` off, then on; softmax.forward reads the same switch)."""
+@contextlib.contextmanager
+def forced_route(chosen=None):
+    """While the block runs, the public forwards (``flydsl.kernels.softmax``, ``layer_norm``, ``rms_norm``,
+    ``fused_add_rms_norm``) launch along ``chosen`` (a :class:`~flydsl.kernels.rows.router.Route` of their op), or
+    along the register kernel's route where ``chosen`` is None: their launch functions' route lookup
+    (``forward_route`` of :mod:`flydsl.kernels.norms.forward` and :mod:`flydsl.kernels.softmax.kernels`) is replaced;
+    the API's checks and allocations stay."""
+    norm_forward = importlib.import_module("flydsl.kernels.norms.forward")
+    softmax_kernels = importlib.import_module("flydsl.kernels.softmax.kernels")
+    saved = norm_forward.forward_route, softmax_kernels.forward_route
+    if chosen is None:
+        norm_forward.forward_route = lambda t, rms, staged=True: saved[0](t, rms, staged=False)
+        softmax_kernels.forward_route = lambda t, staged=True: saved[1](t, staged=False)
+    else:
+        norm_forward.forward_route = lambda t, rms, staged=True: chosen
+        softmax_kernels.forward_route = lambda t, staged=True: chosen
+    try:
+        yield
+    finally:
+        norm_forward.forward_route, softmax_kernels.forward_route = saved
+
+
+def routed_staged_config(kernel: str, n: int, dtype: str):
+    """The staged forward's config in the router's shape for ``kernel`` rows (``STAGED_FORWARD``), or None where the
+    router has none (the register or the looped kernel runs there)."""
+    from flydsl.kernels.rows.configs import staged_forward_config
+    from flydsl.kernels.rows.router import staged_forward_shape
+
+    shape = staged_forward_shape(KINDS[kernel], n, dtype)
+    if shape is None:
+        return None
+    return staged_forward_config(n, dtype, shape, residual=kernel == "fused_add_rms_norm")
+
+
+def _ops(kernel: str, x, w, b, out, residual):
+    """(the public call, bytes moved)."""
+    import flydsl.kernels as fk
+
     m, n = x.shape
     e = x.element_size()
-    name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
     if kernel == "softmax":
-        run, moved = (lambda: norms.softmax(x, out)), 2 * m * n * e
-    elif kernel == "layer_norm":
-        run, moved = (lambda: norms.layer_norm(x, w, b, 1e-5, out)), 2 * m * n * e + 2 * n * e
-    elif kernel == "rms_norm":
-        run, moved = (lambda: norms.rms_norm(x, w, 1e-6, out)), 2 * m * n * e + n * e
-    else:
-        run, moved = (lambda: norms.fused_add_rms_norm(x, residual, w, 1e-6, out, residual_out=residual)), (
-            4 * m * n * e + n * e
-        )
-
-    def switched(on: bool):
-        def call():
-            saved = norm.STAGED_FORWARD
-            norm.STAGED_FORWARD = on
-            try:
-                run()
-            finally:
-                norm.STAGED_FORWARD = saved
-
-        return call
-
-    cfg = norm.routed_staged_forward_config(n, name, KINDS[kernel])
-    return switched(False), switched(True), moved, cfg
+        return (lambda: fk.softmax(x, out)), 2 * m * n * e
+    if kernel == "layer_norm":
+        return (lambda: fk.layer_norm(x, w, b, 1e-5, out)), 2 * m * n * e + 2 * n * e
+    if kernel == "rms_norm":
+        return (lambda: fk.rms_norm(x, w, 1e-6, out)), 2 * m * n * e + n * e
+    return (lambda: fk.fused_add_rms_norm(x, residual, w, 1e-6, out, residual_out=residual)), 4 * m * n * e + n * e
 
 
-def _case(torch, norms, norm, kernel: str, dtype, n: int, reps: int) -> dict:
+def _case(torch, kernel: str, dtype, n: int, reps: int) -> dict:
+    from flydsl.kernels.rows.launch import device_groups
+    from flydsl.kernels.rows.router import Route, RowKernel, RowOp, route
+
     m = TOTAL // n
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
     out = torch.full_like(x, float("nan"))
     e = x.element_size()
     residual = torch.randn_like(x) if kernel == "fused_add_rms_norm" else None
-    current, staged, moved, cfg = _ops(torch, norms, norm, kernel, x, w, b, out, residual)
+    run, moved = _ops(kernel, x, w, b, out, residual)
+    name = DTYPE_NAMES[str(dtype)]
+    cfg = routed_staged_config(kernel, n, name)
     dst = torch.empty_like(x)
     copy_ms = median_ms(lambda: dst.copy_(x), reps)
-    name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[dtype]
     row = {"kernel": kernel, "dtype": name, "n": n, "rows": m, "bytes": moved}
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    row["routed"] = route(RowOp(kernel), n, name, sms=sms).kernel.value  # what the API runs by default
     row["copy_tbps"] = 2 * m * n * e / copy_ms / 1e9
     row["copy_gpu_tbps"] = 2 * m * n * e / median_ms(lambda: dst.copy_(x), reps, queued=True) / 1e9
     row["bar_tbps"] = 0.91 * row["copy_tbps"]
     saved = residual.clone() if residual is not None else None
-    current()
-    reference = out.clone()
-    row["current_tbps"] = moved / median_ms(current, reps) / 1e9
-    row["current_gpu_tbps"] = moved / median_ms(current, reps, queued=True) / 1e9
+    with forced_route():  # the register kernel
+        run()
+        reference = out.clone()
+        row["current_tbps"] = moved / median_ms(run, reps) / 1e9
+        row["current_gpu_tbps"] = moved / median_ms(run, reps, queued=True) / 1e9
     if cfg is None:
-        row["staged"] = None  # not routed here: the register kernel either way
+        row["staged"] = None  # no staged shape here: the register kernel either way
         return row
     rc = cfg.row
     row["staged"] = {"cluster": rc.cluster, "threads": rc.block, "chunks": rc.chunks, "stages": cfg.stages}
     row["staged"].update(lag=cfg.lag, hold=cfg.hold, blocks_per_sm=cfg.blocks_per_sm, claim_rows=cfg.claim_rows)
-    row["staged"]["groups"] = norm.staged_forward_groups(cfg, m, x.device.index)
+    row["staged"]["groups"] = device_groups(cfg, m, x.device.index)
     if saved is not None:  # the same inputs as the reference's call
         residual.copy_(saved)
     out.fill_(float("nan"))
-    staged()
-    row["max_diff"] = (out.float() - reference.float()).abs().max().item()
-    row["staged_tbps"] = moved / median_ms(staged, reps) / 1e9
-    row["staged_gpu_tbps"] = moved / median_ms(staged, reps, queued=True) / 1e9
+    with forced_route(Route(RowOp(kernel), RowKernel.STAGED, cfg)):
+        run()
+        row["max_diff"] = (out.float() - reference.float()).abs().max().item()
+        row["staged_tbps"] = moved / median_ms(run, reps) / 1e9
+        row["staged_gpu_tbps"] = moved / median_ms(run, reps, queued=True) / 1e9
     return row
 
 
@@ -127,21 +156,50 @@ def staged_inputs(torch, kernel: str, m: int, n: int, dtype) -> dict:
     return dict(x=x, w=w, b=b, out=torch.empty_like(x), residual=residual)
 
 
-def staged_launch(norm, kernel: str, cfg, t: dict):
-    """A call that launches the staged kernel with ``cfg`` directly on ``t`` (:func:`staged_inputs`): kernel and grid
-    alone, no API checks (eps 1e-6; the fused add writes residual_out into its residual)."""
-    m = t["x"].shape[0]
-    if kernel == "softmax":
-        from flydsl.kernels import softmax_staged
-        from flydsl.kernels.host import row_tensor
+def staged_launch(kernel: str, cfg, t: dict):
+    """A call that launches the staged kernel with ``cfg`` directly on ``t`` (:func:`staged_inputs`): the launch
+    function along ``Route(op, RowKernel.STAGED, cfg)`` (grid, scratch and kernel), no API checks (eps 1e-6; the
+    fused add writes residual_out into its residual)."""
+    from flydsl.kernels.rows.router import Route, RowKernel, RowOp
+    from flydsl.kernels.validation import from_torch
 
-        xt, ot = row_tensor(t["x"], "x"), row_tensor(t["out"], "out")
-        return lambda: softmax_staged.forward_staged(xt, ot, cfg)
+    chosen = Route(RowOp(kernel), RowKernel.STAGED, cfg)
+    x, out = from_torch(t["x"]), from_torch(t["out"])
+    if kernel == "softmax":
+        from flydsl.kernels.softmax.api import SoftmaxTensors
+
+        launch = importlib.import_module("flydsl.kernels.softmax.kernels").forward
+        tensors = SoftmaxTensors(x=x, out=out)
+        return lambda: launch(tensors, chosen)
+    from flydsl.kernels.norms.api import NormTensors
+    from flydsl.kernels.norms.forward import forward
+
     rms, fused = kernel != "layer_norm", kernel == "fused_add_rms_norm"
-    flags = norm.NormFlags(rms, residual=fused, weight=True, bias=not rms)
-    x, r = t["x"], t["residual"]
-    args = [x, r, t["w"], t["b"], t["out"], r, x, x]
-    return lambda: norm._launch_staged_forward(args, 1e-6, cfg, flags, m, x.device.index)
+    r = from_torch(t["residual"]) if fused else None
+    w, b = from_torch(t["w"]), None if rms else from_torch(t["b"])
+    tensors = NormTensors(x=x, out=out, residual=r, weight=w, bias=b, residual_out=r)
+    return lambda: forward(tensors, 1e-6, rms, chosen)
+
+
+def staged_shape(spec, team: bool = False):
+    """A :data:`SHAPES` or :func:`parse_shapes` entry, ``(threads, chunks, lag, stages[, hold[, keep[, blocks[,
+    claim]]]])``, as a :class:`~flydsl.kernels.rows.configs.StagedForwardShape` (``team``: rows over several CTAs
+    as teams)."""
+    from flydsl.kernels.rows.configs import StagedForwardShape
+
+    threads, chunks, lag, stages, *rest = spec
+    hold, keep, blocks, claim = (list(rest) + [0, False, 1, False][len(rest) :])[:4]
+    return StagedForwardShape(
+        threads=threads,
+        chunks=chunks,
+        lag=lag,
+        stages=stages,
+        hold=hold,
+        keep_weights=bool(keep),
+        team=team,
+        blocks_per_sm=blocks,
+        claim_rows=bool(claim),
+    )
 
 
 SHAPE_FORMAT = "THREADS:CHUNKS:LAG[:STAGES[:HOLD[:KEEP[:BLOCKS[:CLAIM]]]]]"
@@ -169,25 +227,25 @@ def parse_shapes(text: str, error) -> list:
     return shapes
 
 
-def _sweep(torch, norm, row: dict, dtype, reps: int, shapes=SHAPES, team: bool = False) -> list:
+def _sweep(torch, row: dict, dtype, reps: int, shapes=SHAPES, team: bool = False) -> list:
     """The staged kernel's other shapes for this case, launched directly (kernel and grid alone, no API checks);
     ``team``: rows over several CTAs as teams exchanging through global memory
-    (``staged_forward_config(team=True)``)."""
+    (``StagedForwardShape.team``)."""
+    from flydsl.kernels.rows.configs import staged_forward_config
+
     n, m, kernel = row["n"], row["rows"], row["kernel"]
     t = staged_inputs(torch, kernel, m, n, dtype)
     found = []
-    for threads, chunks, lag, stages, *rest in shapes:
-        hold, keep, blocks, claim = (list(rest) + [0, False, 1, False][len(rest) :])[:4]
-        fused = kernel == "fused_add_rms_norm"
-        cfg = norm.staged_forward_config(
-            n, row["dtype"], fused, chunks, stages, threads, lag, hold, keep, team, blocks, claim
-        )
-        shape = {"threads": threads, "chunks": chunks, "lag": lag, "stages": stages, "hold": hold, "keep": keep}
-        shape.update(blocks_per_sm=blocks, claim_rows=claim)
+    for spec in shapes:
+        given = staged_shape(spec, team)
+        cfg = staged_forward_config(n, row["dtype"], given, residual=kernel == "fused_add_rms_norm")
+        shape = {"threads": given.threads, "chunks": given.chunks, "lag": given.lag, "stages": given.stages}
+        shape.update(hold=given.hold, keep=given.keep_weights)
+        shape.update(blocks_per_sm=given.blocks_per_sm, claim_rows=given.claim_rows)
         if cfg is None:
             found.append({**shape, "tbps": None})
             continue
-        run = staged_launch(norm, kernel, cfg, t)
+        run = staged_launch(kernel, cfg, t)
         reference = _reference(torch, kernel, t["x"], t["w"], t["b"], t["residual"])  # before the residual changes
         t["out"].fill_(float("nan"))
         run()
@@ -236,9 +294,6 @@ def main() -> int:
 
     import torch
 
-    from flydsl.kernels import norms
-
-    norm = importlib.import_module("flydsl.kernels.normalization")
     shapes = SHAPES
     if args.shapes:
         if not args.sweep:
@@ -257,16 +312,17 @@ def main() -> int:
                 if time.time() - started > args.budget_s:
                     skipped.append(f"{kernel} {name} {n}")
                     continue
-                row = _case(torch, norms, norm, kernel, dtypes[name], n, args.reps)
+                row = _case(torch, kernel, dtypes[name], n, args.reps)
                 if args.sweep:  # where no config is routed too: the shapes that might serve there
-                    row["sweep"] = _sweep(torch, norm, row, dtypes[name], args.reps, shapes, args.team)
+                    row["sweep"] = _sweep(torch, row, dtypes[name], args.reps, shapes, args.team)
                 results.append(row)
                 best = max([s["gpu_tbps"] for s in row.get("sweep", []) if s["tbps"]] or [0.0])
                 print(
                     f"{kernel:20s} {name:4s} {n:7d}  copy {row['copy_tbps']:.2f}  bar {row['bar_tbps']:.2f}  "
                     f"current {row['current_tbps']:.2f}  staged {row.get('staged_tbps', float('nan')):.2f}  "
                     f"(gpu {row['current_gpu_tbps']:.2f} / {row.get('staged_gpu_tbps', float('nan')):.2f})  "
-                    f"sweep best (gpu) {best:.2f}  diff {row.get('max_diff', float('nan')):.3g}  {row['staged']}",
+                    f"sweep best (gpu) {best:.2f}  diff {row.get('max_diff', float('nan')):.3g}  routed {row['routed']}"
+                    f"  {row['staged']}",
                     flush=True,
                 )
                 summary = {"skipped (budget)": skipped, "seconds": round(time.time() - started, 1)}

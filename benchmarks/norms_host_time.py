@@ -1,7 +1,7 @@
 """Where a norm forward call's time goes on the local GPU: the host time of the Python call (with the GPU busy and
 with it idle), the call timed alone on an idle GPU (CUDA events: host latency included), the call queued behind a
-sleep kernel (GPU time) and the profiler's kernel time; for the staged and the register forward (bf16, 2^28
-elements).
+sleep kernel (GPU time) and the profiler's kernel time; for the routed forward (``staged``: the staged kernel at
+these N) and the register forward (the route forced: ``norms_forward_staged.forced_route``), bf16, 2^28 elements.
 
     python benchmarks/norms_host_time.py --json benchmarks/results/norms_host_time/DATE_WHAT.json --commit C
 """
@@ -9,10 +9,12 @@ elements).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
 
+from norms_forward_staged import forced_route  # this folder's sibling script
 from record import write_record
 
 CASES = [("layer_norm", 65536), ("softmax", 65536), ("rms_norm", 65536), ("layer_norm", 32768), ("layer_norm", 8192)]
@@ -30,7 +32,7 @@ def _host_us(torch, run, idle: bool, calls: int = 30) -> float:
     return statistics.median(times)
 
 
-def measure(torch, norms, norm, kernel: str, n: int) -> list:
+def measure(torch, norms, kernel: str, n: int) -> list:
     from flydsl.kernels.bench import median_ms
 
     m = (1 << 28) // n
@@ -43,10 +45,8 @@ def measure(torch, norms, norm, kernel: str, n: int) -> list:
         "softmax": lambda: norms.softmax(x, out),
     }[kernel]
     rows = []
-    saved = norm.STAGED_FORWARD
-    try:
-        for staged in (False, True):
-            norm.STAGED_FORWARD = staged
+    for staged in (False, True):
+        with forced_route() if not staged else contextlib.nullcontext():  # staged: the route as the API takes it
             for _ in range(5):
                 run()
             torch.cuda.synchronize()
@@ -70,8 +70,6 @@ def measure(torch, norms, norm, kernel: str, n: int) -> list:
                 f" {row['queued_us']:.1f}, kernel {row['profiler_kernel_us']:.1f}",
                 flush=True,
             )
-    finally:
-        norm.STAGED_FORWARD = saved
     return rows
 
 
@@ -80,14 +78,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
-    import importlib
-
     import torch
 
-    from flydsl.kernels import norms
+    import flydsl.kernels as norms  # the public functions
 
-    norm = importlib.import_module("flydsl.kernels.normalization")
-    results = [row for kernel, n in CASES for row in measure(torch, norms, norm, kernel, n)]
+    results = [row for kernel, n in CASES for row in measure(torch, norms, kernel, n)]
     if args.json:
         method = (
             "host: time.perf_counter around the call, median of 30 (GPU busy: calls queue behind each other; idle:"

@@ -12,10 +12,9 @@ M x N = 2^28 elements, as norms_bench.py; weight and bias random, eps 1e-6 for t
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-from norms_forward_staged import parse_shapes, staged_inputs, staged_launch  # this folder's sibling script
+from norms_forward_staged import parse_shapes, staged_inputs, staged_launch, staged_shape  # this folder's sibling
 
 KERNELS = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm")
 
@@ -32,10 +31,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from flydsl.kernels import norms
+    import flydsl.kernels as norms  # the public functions
     from flydsl.kernels.bench import profile_once
+    from flydsl.kernels.rows.configs import staged_forward_config
 
-    norm = importlib.import_module("flydsl.kernels.normalization")
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
     m = (1 << 28) // args.n
     t = staged_inputs(torch, args.kernel, m, args.n, dtype)
@@ -47,15 +46,14 @@ def main(argv=None) -> int:
         "fused_add_rms_norm": lambda: norms.fused_add_rms_norm(x, residual, w, 1e-6, out, residual_out=residual),
     }[args.kernel]
     runs = [routed]
-    for threads, chunks, lag, stages, hold, keep, blocks, claim in shapes:
+    for spec in shapes:
         fused = args.kernel == "fused_add_rms_norm"
-        cfg = norm.staged_forward_config(
-            args.n, args.dtype, fused, chunks, stages, threads, lag, hold, keep, blocks_per_sm=blocks, claim_rows=claim
-        )
+        cfg = staged_forward_config(args.n, args.dtype, staged_shape(spec), residual=fused)
         if cfg is None:
+            threads, chunks, lag, stages, hold, keep, blocks, claim = spec
             shape = f"{threads}:{chunks}:{lag}:{stages}:{hold}:{keep:d}:{blocks}:{claim:d}"
             parser.error(f"--shapes: no staged config {shape} for N={args.n}")
-        runs.append(staged_launch(norm, args.kernel, cfg, t))
+        runs.append(staged_launch(args.kernel, cfg, t))
     if not args.no_compile:
         eager = {
             "softmax": lambda a: torch.softmax(a, dim=-1),

@@ -1,6 +1,7 @@
 """Softmax backward on the H200: the staged kernel (dy and y through the shared-memory ring, see
-flydsl.kernels.softmax_staged.backward_staged) as routed and in other shapes, against the register kernel and
-copy, per (dtype, N), on M x N = 2^28 elements; each result checked against float64 on the first rows.
+flydsl.kernels.softmax.kernels.softmax_backward_staged_kernel) in the router's shape
+(``flydsl.kernels.rows.router.SOFTMAX_BACKWARD``) and in other shapes, against the register kernel and copy, per
+(dtype, N), on M x N = 2^28 elements; each result checked against float64 on the first rows.
 
     python benchmarks/softmax_backward_staged.py --commit C \
         --out benchmarks/results/softmax_backward_staged/DATE_WHAT.json
@@ -25,11 +26,22 @@ SIZES = (8192, 16384, 32768, 65536, 131072, 262144)
 
 
 def _shape(text: str):
-    from flydsl.kernels.norm_config import ForwardShape
+    """A ``--shapes`` item, ``[team:]THREADS:CHUNKS:LAG:STAGES``, as a StagedForwardShape (nothing held)."""
+    from flydsl.kernels.rows.configs import StagedForwardShape
 
     team = text.startswith("team:")
     threads, chunks, lag, stages = (int(v) for v in text.removeprefix("team:").split(":"))
-    return ForwardShape(threads, chunks, lag, stages, 0, team=team)
+    return StagedForwardShape(threads=threads, chunks=chunks, lag=lag, stages=stages, hold=0, team=team)
+
+
+def staged_config(n: int, dtype: str, shape=None):
+    """The staged kernel's config for softmax's backward in ``shape`` (default: the router's,
+    :func:`~flydsl.kernels.rows.router.softmax_backward_shape`), or None (two sources in the ring: dy and y)."""
+    from flydsl.kernels.rows.configs import staged_forward_config
+    from flydsl.kernels.rows.router import softmax_backward_shape
+
+    shape = shape or softmax_backward_shape(n, dtype)
+    return staged_forward_config(n, dtype, shape, residual=True) if shape is not None else None
 
 
 def _label(cfg) -> str:
@@ -41,9 +53,11 @@ def _label(cfg) -> str:
 def _case(torch, name, n, shapes, reps) -> dict:
     import importlib
 
-    from flydsl.kernels import host, norm_config, softmax_staged
+    from flydsl.kernels.rows.router import Route, RowKernel, RowOp
+    from flydsl.kernels.softmax.api import SoftmaxTensors
+    from flydsl.kernels.validation import from_torch
 
-    softmax = importlib.import_module("flydsl.kernels.softmax")  # the module (flydsl.kernels.softmax is the function)
+    kernels = importlib.import_module("flydsl.kernels.softmax.kernels")  # (flydsl.kernels.softmax is the function)
 
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[name]
     m = TOTAL // n
@@ -51,7 +65,12 @@ def _case(torch, name, n, shapes, reps) -> dict:
     dy = torch.randn(m, n, device="cuda", dtype=dtype)
     dx = torch.full_like(y, float("nan"))
     e = y.element_size()
-    args = [host.row_tensor(t, name) for t, name in ((dy, "dy"), (y, "y"), (dx, "dx"))]
+    tensors = SoftmaxTensors(x=from_torch(y), out=from_torch(dx), dy=from_torch(dy))
+
+    def staged(cfg):
+        chosen = Route(RowOp.SOFTMAX_BACKWARD, RowKernel.STAGED, cfg)
+        return lambda: kernels.backward(tensors, chosen)
+
     rows = 64
     reference = y[:rows].double() * (dy[:rows].double() - (dy[:rows].double() * y[:rows].double()).sum(-1, True))
 
@@ -63,15 +82,16 @@ def _case(torch, name, n, shapes, reps) -> dict:
     src, dst = torch.empty(m * n, device="cuda", dtype=dtype).uniform_(), torch.empty(m * n, device="cuda", dtype=dtype)
     result = {"dtype": name, "M": m, "N": n, "runs": []}
     result["copy_gpu_tbps"] = 2 * m * n * e / median_ms(lambda: dst.copy_(src), reps, queued=True) / 1e9
-    runs = [("register", lambda: softmax.backward(*args, staged=False))]
-    routed = norm_config.softmax_backward_staged_config(n, result["dtype"])
+    register = kernels.backward_route(tensors, staged=False)
+    runs = [("register", lambda: kernels.backward(tensors, register))]
+    routed = staged_config(n, result["dtype"])
     if routed is not None:
-        runs.append((f"routed: {_label(routed)}", lambda: softmax_staged.backward_staged(*args, routed)))
+        runs.append((f"routed: {_label(routed)}", staged(routed)))
     for shape in shapes:
-        cfg = norm_config.softmax_backward_staged_config(n, result["dtype"], shape)
+        cfg = staged_config(n, result["dtype"], shape)
         if cfg is None or cfg == routed:
             continue
-        runs.append((_label(cfg), lambda cfg=cfg: softmax_staged.backward_staged(*args, cfg)))
+        runs.append((_label(cfg), staged(cfg)))
     for name, run in runs:
         dx.fill_(float("nan"))
         run()

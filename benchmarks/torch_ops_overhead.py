@@ -38,11 +38,22 @@ GEMM_MNK = (16, 4096, 4096)
 _CLOCK_HZ = 1.98e9  # H200 boost clock: sleep cycles per second
 
 
+# The modules whose kernels the benchmark's paths launch.
+KERNEL_MODULES = (
+    "flydsl.kernels.norms.forward",
+    "flydsl.kernels.norms.backward",
+    "flydsl.kernels.norms.column_sum",
+    "flydsl.kernels.softmax.kernels",
+    "flydsl.kernels.gemm",
+)
+
+
 def _loaded_count() -> int:
     """Kernel specializations loaded so far (those the benchmark's paths launch)."""
-    from flydsl.kernels import gemm, normalization, softmax
+    import importlib
 
-    kernels = [getattr(module, name) for module in (normalization, softmax, gemm) for name in dir(module)]
+    modules = [importlib.import_module(name) for name in KERNEL_MODULES]
+    kernels = [getattr(module, name) for module in modules for name in dir(module)]
     return sum(len(k._loaded) for k in kernels if hasattr(k, "_loaded") and hasattr(k, "_dispatch"))
 
 
@@ -70,8 +81,8 @@ def _host_us(fn, torch, calls: int, repeats: int) -> tuple[float, bool, list]:
 
 def _cases(torch):
     """{op: {mode: {path: callable}}} at the small sizes."""
+    import flydsl.kernels as norms  # the public functions
     import flydsl.torch as ft
-    from flydsl.kernels import norms
     from flydsl.kernels.gemm import gemm as kernel_gemm
 
     f = torch.nn.functional
@@ -221,16 +232,20 @@ def _one_thread(torch, fn):
 
 
 def _layer_norm_launch(torch, x, w, b):
-    """The layer norm forward kernel's bare launch (prebuilt arguments): what no host path can go below. Built from
-    the kernel module's internals; None where they changed."""
+    """The layer norm forward kernel's bare launch (prebuilt arguments, the routed register kernel's config): what no
+    host path can go below. Built from the kernel modules' internals; None where they changed."""
     try:
-        from flydsl.kernels import normalization as nk
-        from flydsl.kernels.reduction import row_config
+        from flydsl.kernels.norms.forward import norm_forward_kernel
+        from flydsl.kernels.rows.configs import NormFlags
+        from flydsl.kernels.rows.router import RowKernel, RowOp, route
 
         out = torch.empty_like(x)
-        cfg = row_config(N, "bf16")
-        flags = nk.NormFlags(rms=False, weight=True, bias=True)
-        call = nk.norm_forward_kernel(x, x, w, b, out, x, x, x, 1e-5, cfg, flags)
+        routed = route(RowOp.LAYER_NORM, N, "bf16")
+        if routed.kernel is not RowKernel.REGISTER:
+            raise ValueError(f"layer_norm N={N} routes to the {routed.kernel.value} kernel, not the register kernel")
+        cfg = routed.config
+        flags = NormFlags(rms=False, weight=True, bias=True)
+        call = norm_forward_kernel(x, x, w, b, out, x, x, x, 1e-5, cfg, flags)
         cluster = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
         grid, block = cfg.grid(ROWS), cfg.block
 

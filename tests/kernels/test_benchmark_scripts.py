@@ -70,7 +70,7 @@ def test_norms_staged_shapes_option(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import norms_forward_staged
 
-    from flydsl.kernels.normalization import staged_forward_config
+    from flydsl.kernels.rows.configs import StagedForwardShape, staged_forward_config
 
     errors = []
     text = "1024:4:0,1024:4:0:2:3,1024:4:0:2:0:1,512:4:0:2:0:1:2,512:8:0:1:0:0:2:1"
@@ -83,10 +83,15 @@ def test_norms_staged_shapes_option(monkeypatch):
         (512, 4, 0, 2, 0, True, 2, False),
         (512, 8, 0, 1, 0, False, 2, True),
     ]
+    assert norms_forward_staged.staged_shape(shapes[4]) == StagedForwardShape(
+        threads=512, chunks=8, lag=0, stages=1, hold=0, keep_weights=False, blocks_per_sm=2, claim_rows=True
+    )
+    assert norms_forward_staged.staged_shape((1024, 2, 1, None), team=True) == StagedForwardShape(
+        threads=1024, chunks=2, lag=1, stages=None, team=True
+    )  # a SHAPES entry: the rest left at their defaults
 
     def config(n, shape):
-        threads, chunks, lag, stages, hold, keep, blocks, claim = shape
-        return staged_forward_config(n, "bf16", False, chunks, stages, threads, lag, hold, keep, False, blocks, claim)
+        return staged_forward_config(n, "bf16", norms_forward_staged.staged_shape(shape))
 
     cfg = config(131072, shapes[2])
     assert cfg.keep_weights and cfg.row.cluster == 4 and cfg.stages == 2
@@ -100,26 +105,131 @@ def test_norms_staged_shapes_option(monkeypatch):
         assert errors, bad
 
 
+def test_norms_forward_staged_routes(monkeypatch):
+    """norms_forward_staged.py times the staged kernel in the router's shape (None where the router has none) and
+    forces the public forwards' route while it times (the register kernel, then a given Route), restoring it
+    after."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import importlib
+
+    import norms_forward_staged
+
+    from flydsl.kernels.rows.router import Route, RowKernel, RowOp
+
+    cfg = norms_forward_staged.routed_staged_config("layer_norm", 262144, "bf16")
+    assert cfg.row.cluster == 8 and cfg.sources == 1
+    assert norms_forward_staged.routed_staged_config("fused_add_rms_norm", 65536, "f32").sources == 2
+    assert norms_forward_staged.routed_staged_config("rms_norm", 4096, "bf16") is None
+    modules = [importlib.import_module(f"flydsl.kernels.{name}") for name in ("norms.forward", "softmax.kernels")]
+    saved = [module.forward_route for module in modules]
+    chosen = Route(RowOp.LAYER_NORM, RowKernel.STAGED, cfg)
+    with norms_forward_staged.forced_route(chosen):
+        assert modules[0].forward_route("tensors", False) is chosen and modules[1].forward_route("tensors") is chosen
+    with norms_forward_staged.forced_route():
+        assert [module.forward_route for module in modules] != saved
+    assert [module.forward_route for module in modules] == saved
+
+
 def test_norms_bench_records_the_routed_grids(monkeypatch):
     """norms_bench records each cell's routed staged shapes and persistent grids (``grids``) so that machines can be
     compared: the driver's count of co-resident clusters when it gives one (here faked), else 7/8 of the SMs' worth;
     None where the looped or register kernel runs."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import importlib
-
     import norms_bench
 
-    norm = importlib.import_module("flydsl.kernels.normalization")
-    monkeypatch.setattr(
-        norm, "max_active_clusters", lambda cluster, threads, blocks, device: 15 if cluster == 8 else None
-    )
-    grids = norms_bench.routed_grids(norm, "layer_norm", "bf16", 262144, 1024, 132)
+    def active(cluster, threads, blocks, device):
+        return 15 if cluster == 8 else None
+
+    grids = norms_bench.routed_grids("layer_norm", "bf16", 262144, 1024, 132, active)
     assert grids["forward"]["cluster"] == 8 and grids["forward"]["active_clusters"] == 15
     assert grids["forward"]["groups"] == 15
     assert grids["backward"]["team"] and grids["backward"]["groups"] == 4  # teams of 32 one per SM: 132 // 32
-    assert norms_bench.routed_grids(norm, "softmax", "bf16", 4096, 65536, 132) == {"forward": None}
-    cell = norms_bench.routed_grids(norm, "rms_norm", "bf16", 8192, 32768, 132)  # looped forward, register backward
+    assert norms_bench.routed_grids("softmax", "bf16", 4096, 65536, 132, active) == {"forward": None}
+    cell = norms_bench.routed_grids("rms_norm", "bf16", 8192, 32768, 132, active)  # looped forward, register backward
     assert cell == {"forward": None, "backward": None}
+    cell = norms_bench.routed_grids("softmax", "bf16", 65536, 4096, 132, active)  # one 1024-thread CTA per row
+    assert cell["forward"]["cluster"] == 1 and cell["forward"]["active_clusters"] is None
+    assert cell["forward"]["groups"] == 132
+
+
+@pytest.fixture
+def router_tables():
+    """The router's tables and the layout's constants that norms_bench's tuning flags edit, restored after."""
+    from flydsl.kernels.rows import layout, router
+
+    tables = [
+        router.LOOPED_FORWARD,
+        router.FORWARD_STORE_GROUP,
+        layout.FORWARD_BLOCK_VALUES,
+        layout.FORWARD_CACHE_HINTS,
+    ]
+    saved = [dict(table) for table in tables]
+    names = ("CTA_THREADS", "FORWARD_CTA_THREADS", "FORWARD_WARP_BLOCK")
+    constants = {name: getattr(layout, name) for name in names}
+    yield router
+    for table, copy in zip(tables, saved, strict=True):
+        table.clear()
+        table.update(copy)
+    for name, value in constants.items():
+        setattr(layout, name, value)
+    router.clear_cache()
+
+
+def test_norms_bench_tuning_flags_edit_the_router(monkeypatch, router_tables):
+    """norms_bench's tuning flags edit the router's tables (--forward-looped, --forward-store-group) and the
+    layout's constants (--cta-threads, --warp-block, --forward-values, --forward-hints) in place, and the routes
+    follow (router.clear_cache); bad variants are refused before anything runs."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import argparse
+
+    import norms_bench
+
+    router = router_tables
+    RowOp, RowKernel, route = router.RowOp, router.RowKernel, router.route
+    routed = dict(router.LOOPED_FORWARD)
+    assert route(RowOp.RMS_NORM, 8192, "bf16").config.row.block == 512  # the table's 512 x 2
+    norms_bench.use_looped("256:2", routed)
+    found = route(RowOp.RMS_NORM, 8192, "bf16")
+    assert found.kernel is RowKernel.LOOPED and (found.config.row.block, found.config.row.chunks) == (256, 2)
+    assert route(RowOp.SOFTMAX, 4096, "bf16").kernel is RowKernel.REGISTER  # softmax has no looped kernel
+    norms_bench.use_looped("512:4:2/rows=evict_last/rows=evict_first", routed)
+    cfg = route(RowOp.LAYER_NORM, 4096, "f32").config
+    assert cfg.blocks_per_sm == 2 and cfg.row.hints.rows == "evict_last" and cfg.reread.rows == "evict_first"
+    norms_bench.use_looped("none", routed)
+    assert route(RowOp.RMS_NORM, 8192, "bf16").kernel is RowKernel.REGISTER
+    norms_bench.use_looped("routed", routed)
+    assert route(RowOp.RMS_NORM, 8192, "bf16").config.row.block == 512
+
+    assert route(RowOp.LAYER_NORM, 4096, "bf16").config.store_group == 2  # the register kernel, 128 x 4 chunks
+    norms_bench.use_store_group("4")
+    assert route(RowOp.LAYER_NORM, 4096, "bf16").config.store_group == 4
+    norms_bench.use_hints("rows=evict_first,out=stream")
+    hints = route(RowOp.LAYER_NORM, 4096, "bf16").config.hints
+    assert (hints.rows, hints.out, hints.vectors) == ("evict_first", "stream", None)
+    norms_bench.use_hints("none")
+    assert route(RowOp.LAYER_NORM, 4096, "bf16").config.hints.rows is None
+
+    assert route(RowOp.LAYER_NORM, 1024, "bf16").config.block == 32  # one-warp rows in one-warp CTAs
+    norms_bench.set_warp_block(128)
+    assert route(RowOp.LAYER_NORM, 1024, "bf16").config.block == 128
+    assert route(RowOp.LAYER_NORM, 8192, "bf16").config.threads_per_row == 256
+    norms_bench.set_forward_values(8)  # 8 values per thread: the row spread over 1024 threads x 1 chunk
+    cfg = route(RowOp.LAYER_NORM, 8192, "bf16").config
+    assert (cfg.threads_per_row, cfg.chunks) == (1024, 1)
+    assert route(RowOp.SOFTMAX_BACKWARD, 4096, "f32").config.cluster == 1  # 512 threads in one CTA
+    norms_bench.set_cta_threads(256)
+    assert route(RowOp.SOFTMAX_BACKWARD, 4096, "f32").config.cluster == 2
+
+    def args(**given):
+        return argparse.Namespace(
+            **{"forward_hints": None, "forward_looped": None, "forward_store_group": None} | given
+        )
+
+    assert norms_bench.check_variants(args(forward_looped="none;routed;256:2;512:4:3/rows=evict_last")) is None
+    assert norms_bench.check_variants(args(forward_hints="rows=evict_first;none;")) is None
+    assert "--forward-looped: '256'" in norms_bench.check_variants(args(forward_looped="none;256"))
+    assert "--forward-hints" in norms_bench.check_variants(args(forward_hints="rows=sometimes"))
+    assert "--forward-store-group" in norms_bench.check_variants(args(forward_store_group="1;two"))
 
 
 def test_norms_bench_liger_peer(monkeypatch):
@@ -145,8 +255,12 @@ def test_norms_bench_liger_peer(monkeypatch):
     monkeypatch.setitem(sys.modules, "liger_kernel", package)
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", transformers)
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", functional)
+    def not_installed(name):  # the stand-in has no package metadata (the real liger-kernel may be installed here)
+        raise norms_bench.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(norms_bench.metadata, "version", not_installed)
     ops, status = norms_bench.liger_ops()
-    assert status == "liger-kernel (version unknown)"  # the stand-in has no package metadata
+    assert status == "liger-kernel (version unknown)"
     monkeypatch.setattr(norms_bench.metadata, "version", {"liger-kernel": "0.8.5"}.__getitem__)
     ops, status = norms_bench.liger_ops()
     assert status == "liger-kernel 0.8.5" and set(ops) == {"softmax", "layer_norm", "rms_norm", "fused_add_rms_norm"}
@@ -165,20 +279,17 @@ def test_norms_backward_configs_option(monkeypatch):
     """``--configs`` of norms_backward_staged.py: [team:]THREADS:CHUNKS:STAGES:LAG[:options], ``bulk`` among them
     (the ring filled by bulk copies), each a config the backward builds."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import importlib
-
     import norms_backward_staged
 
-    norm = importlib.import_module("flydsl.kernels.normalization")
     errors = []
     specs = norms_backward_staged._parse_configs("team:512:2:6:2:keep:prefetch:fma:bulk,512:4:3:1:keep", errors.append)
     assert not errors and [norms_backward_staged._label(s) for s in specs] == [
         "team:512:2:6:2:keep:prefetch:fma:bulk",
         "512:4:3:1:keep",
     ]
-    team = norms_backward_staged._explicit_config(norm, 262144, "bf16", 2, specs[0])
+    team = norms_backward_staged._explicit_config(262144, "bf16", 2, specs[0])
     assert team.row.team and team.bulk and team.prefetch_pairs and team.fma_dx
-    cluster = norms_backward_staged._explicit_config(norm, 131072, "bf16", 2, specs[1])
+    cluster = norms_backward_staged._explicit_config(131072, "bf16", 2, specs[1])
     assert cluster.row.cluster == 8 and not cluster.bulk
 
 
