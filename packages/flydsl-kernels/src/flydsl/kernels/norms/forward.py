@@ -258,6 +258,8 @@ def forward(t: NormTensors, eps: float, rms: bool, chosen: Route | None = None) 
     elif chosen.kernel is RowKernel.STAGED:
         groups = device_groups(cfg, rows, t.x.device)
         launch_rows(norm_forward_staged_kernel, (*args, staged_exchange(cfg, t.x, rows), eps, cfg, flags), cfg, groups)
-    else:
+    elif chosen.kernel is RowKernel.REGISTER and isinstance(cfg, RowConfig):
         cluster = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
         norm_forward_kernel(*args, eps, cfg, flags).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster)
+    else:
+        raise ValueError(f"norms forward: no kernel takes {chosen.kernel} with {type(cfg).__name__}")

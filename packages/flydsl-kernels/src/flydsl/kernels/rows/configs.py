@@ -401,10 +401,9 @@ def team_backward_config(n: int, dtype: str, sums: int, shape: TeamShape, smalle
     """The staged backward for rows longer than a cluster holds: a team of as many CTAs as hold the row (``smallest``
     to :data:`MAX_BACKWARD_TEAM`), consecutive in the grid, exchanging their partial sums through global memory.
     None when N is not a multiple of 16 bytes, the row needs fewer than ``smallest`` (>= 2) or more than
-    :data:`MAX_BACKWARD_TEAM` CTAs, the ring is too small for the lag or does not fit, or ``hold`` meets a lag
-    (bulk fills are off with ``hold``)."""
+    :data:`MAX_BACKWARD_TEAM` CTAs, the ring is too small for the lag or does not fit, or ``hold`` meets a lag;
+    a ValueError for ``bulk`` with ``hold`` (:class:`BackwardConfig`)."""
     threads, chunks, stages, lag, prefetch_pairs, fma_dx, bulk, hold, keep_weights = shape
-    bulk = bulk and not hold
     vec = 16 // element_bytes(dtype)
     team = -(-n // (vec * threads * chunks))
     fits = max(2, smallest) <= team <= MAX_BACKWARD_TEAM and lag + 2 <= stages  # the ring holds rows k - lag .. k + 1

@@ -40,7 +40,7 @@ from flydsl.kernels.rows.configs import (
     staged_forward_config,
     team_backward_config,
 )
-from flydsl.kernels.rows.layout import CacheHints, RowConfig, forward_row_config, row_config
+from flydsl.kernels.rows.layout import PLAIN_HINTS, CacheHints, RowConfig, forward_row_config, row_config
 from flydsl.kernels.validation import element_bytes
 
 __all__ = [
@@ -419,7 +419,7 @@ def route(
         if cfg.row.team and not (scratch and _team_fits(cfg, sms)):
             cfg = _backward_config(n, dtype, sums, False)
         return Route(op, RowKernel.STAGED if cfg.staged else RowKernel.REGISTER, cfg)
-    if staged and rows_aligned and vectors_aligned:
+    if staged and rows_aligned and vectors_aligned and kind != "softmax":
         shape = looped_shape(kind, n, dtype)
         if shape is not None:
             return Route(op, RowKernel.LOOPED, looped_forward_config(n, dtype, shape))
@@ -430,9 +430,16 @@ def route(
         if found:
             return found
     if kind == "softmax":
-        return Route(op, RowKernel.REGISTER, forward_row_config(n, dtype))
+        cfg = forward_row_config(n, dtype)
+        return Route(op, RowKernel.REGISTER, _plain_unless(cfg, rows_aligned))
     held = 2 if kind == "fused" else 1
-    return Route(op, RowKernel.REGISTER, forward_row_config(n, dtype, held, FORWARD_STORE_GROUP[dtype]))
+    cfg = forward_row_config(n, dtype, held, FORWARD_STORE_GROUP[dtype])
+    return Route(op, RowKernel.REGISTER, _plain_unless(cfg, rows_aligned and vectors_aligned))
+
+
+def _plain_unless(cfg: RowConfig, aligned: bool) -> RowConfig:
+    """``cfg`` without its cache hints (16-byte hinted instructions) unless the tensors are 16-byte aligned."""
+    return cfg if aligned or cfg.hints == PLAIN_HINTS else dataclasses.replace(cfg, hints=PLAIN_HINTS)
 
 
 def clear_cache() -> None:

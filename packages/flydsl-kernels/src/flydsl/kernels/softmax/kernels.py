@@ -115,8 +115,10 @@ def forward(t: SoftmaxTensors, chosen: Route | None = None) -> None:
     chosen = chosen or forward_route(t)
     if chosen.kernel is RowKernel.STAGED:
         _launch_staged(softmax_forward_staged_kernel, (t.x.obj, t.out.obj), t.x, chosen.config)
-    else:
+    elif chosen.kernel is RowKernel.REGISTER and isinstance(chosen.config, RowConfig):
         _launch_register(softmax_forward_kernel, chosen.config, rows, t.x.obj, t.out.obj)
+    else:
+        raise ValueError(f"softmax forward: no kernel takes {chosen.kernel} with {type(chosen.config).__name__}")
 
 
 def backward(t: SoftmaxTensors, chosen: Route | None = None) -> None:
@@ -127,8 +129,10 @@ def backward(t: SoftmaxTensors, chosen: Route | None = None) -> None:
     chosen = chosen or backward_route(t)
     if chosen.kernel is RowKernel.STAGED:
         _launch_staged(softmax_backward_staged_kernel, (t.dy.obj, t.x.obj, t.out.obj), t.dy, chosen.config)
-    else:
+    elif chosen.kernel is RowKernel.REGISTER and isinstance(chosen.config, RowConfig):
         _launch_register(softmax_backward_kernel, chosen.config, rows, t.dy.obj, t.x.obj, t.out.obj)
+    else:
+        raise ValueError(f"softmax backward: no kernel takes {chosen.kernel} with {type(chosen.config).__name__}")
 
 
 def _launch_register(kernel, cfg: RowConfig, rows: int, *tensors) -> None:
