@@ -1,6 +1,6 @@
 """The per-call host path of torch.ops.flydsl.* without a GPU: which calls take the direct path below autograd and
-which redispatch, defaults the dispatcher leaves out, gradients of unused outputs, the launchers the ops call, and
-flydsl.kernels.host's descriptions of torch tensors."""
+which redispatch, defaults the dispatcher leaves out, gradients of unused outputs, the launchers the ops call (and
+their tensor bundles), and flydsl.kernels.validation's descriptions of torch tensors."""
 
 from __future__ import annotations
 
@@ -79,34 +79,38 @@ def test_gradient_of_residual_out_alone():
     assert dx.shape == dr.shape == (4, 8) and dw is None
 
 
+def _parameters(fn) -> list:
+    return list(inspect.signature(fn).parameters)
+
+
 def test_the_launchers_the_ops_call_take_these_arguments():
-    # ops.py calls the launchers of flydsl.kernels directly (the ops validate everything themselves).
-    normalization, softmax, from_torch = ops._kernels()
-    assert list(inspect.signature(normalization.forward).parameters) == [
-        "x", "residual", "weight", "bias", "out", "residual_out", "mean", "rstd", "eps", "rms", "staged"
-    ]  # fmt: skip
-    assert inspect.signature(normalization.forward).parameters["staged"].default is None  # the ops leave it out
-    assert list(inspect.signature(normalization.backward).parameters) == [
-        "dy", "x", "weight", "mean", "rstd", "dx", "dweight", "dbias", "rms"
-    ]  # fmt: skip
-    assert list(inspect.signature(softmax.forward).parameters) == ["x", "out", "staged"]
-    assert inspect.signature(softmax.forward).parameters["staged"].default is None  # the ops leave it out
-    assert list(inspect.signature(softmax.backward).parameters) == ["dy", "y", "dx", "staged"]
-    assert inspect.signature(softmax.backward).parameters["staged"].default is None  # the ops leave it out
+    # ops.py calls the launchers of flydsl.kernels directly with the kernels' tensor bundles (the ops validate
+    # everything themselves) and no route: the launchers' own.
+    forward, backward, softmax, from_torch = ops._kernels()
+    assert _parameters(forward.forward) == ["t", "eps", "rms", "chosen"]
+    assert _parameters(backward.backward) == ["t", "rms", "chosen"]
+    assert _parameters(softmax.forward) == _parameters(softmax.backward) == ["t", "chosen"]
+    for launcher in (forward.forward, backward.backward, softmax.forward, softmax.backward):
+        assert inspect.signature(launcher).parameters["chosen"].default is None  # the ops leave it out
+    assert forward.NormTensors._fields == ("x", "out", "residual", "weight", "bias", "residual_out", "mean", "rstd")
+    assert backward.NormGradients._fields == ("dy", "x", "weight", "mean", "rstd", "dx", "dweight", "dbias")
+    assert softmax.SoftmaxTensors._fields == ("x", "out", "dy")
     assert from_torch(None) is None
 
 
-def test_host_describes_torch_tensors_without_checks_or_with_them():
-    from flydsl.kernels import host
+def test_validation_describes_torch_tensors_without_checks_or_with_them():
+    from flydsl.kernels import validation
 
     x = torch.zeros(3, 8, dtype=torch.bfloat16)[:, :4]
-    t = host.from_torch(x)
-    assert isinstance(t, host.RowTensor) and t.obj is x and t.is_torch
+    t = validation.from_torch(x)
+    assert isinstance(t, validation.TensorInfo) and t.obj is x and t.is_torch
     assert (tuple(t.shape), t.strides, t.dtype, t.device, t.pointer) == ((3, 4), (8, 1), "bf16", -1, x.data_ptr())
-    assert t == host.RowTensor(x, x.shape, (8, 1), "bf16", -1, x.data_ptr())
-    with pytest.raises(ValueError, match="x: expected a CUDA tensor, got one on cpu"):
-        host.row_tensor(x, "x")
-    assert host._torch_dtype(torch.float16) == "f16" and host._torch_dtype(torch.int32) == "int32"
+    assert t == validation.TensorInfo(x, x.shape, (8, 1), "bf16", -1, x.data_ptr())
+    with pytest.raises(ValueError, match="flydsl.test: x: expected a CUDA tensor, got one on cpu"):
+        validation.describe("flydsl.test", "x", x)
+    with pytest.raises(ValueError, match="flydsl.test: x: expected a CUDA tensor"):
+        validation.rows("flydsl.test", "x", x)
+    assert validation.torch_dtype(torch.float16) == "f16" and validation.torch_dtype(torch.int32) == "int32"
 
 
 def test_views_of_two_dim_tensors_are_the_tensors_themselves():
