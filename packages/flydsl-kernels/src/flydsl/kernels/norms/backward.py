@@ -132,6 +132,8 @@ def backward(t: NormGradients, rms: bool, chosen: Route | None = None) -> None:
     if rows == 0 or n == 0:
         return
     cfg = (chosen or backward_route(t, rms)).config
+    if not isinstance(cfg, BackwardConfig):
+        raise ValueError(f"norms backward: a route takes a BackwardConfig, got {cfg}")
     sums = cfg.sums
     groups = device_groups(cfg, rows, t.x.device)
     x = t.x.obj

@@ -253,13 +253,19 @@ def forward(t: NormTensors, eps: float, rms: bool, chosen: Route | None = None) 
     x = t.x.obj  # the placeholder of absent tensors
     args = [v.obj if v is not None else x for v in (t.x, t.residual, t.weight, t.bias, t.out, t.residual_out)]
     args += [v.obj if v is not None else x for v in (t.mean, t.rstd)]
+    if not isinstance(cfg, _CONFIGS[chosen.kernel]):
+        raise ValueError(
+            f"norms forward: a {chosen.kernel} route takes a {_CONFIGS[chosen.kernel].__name__}, got {cfg}"
+        )
     if chosen.kernel is RowKernel.LOOPED:
         norm_forward_looped_kernel(*args, eps, cfg, flags).launch(grid=rows, block=cfg.row.block)
     elif chosen.kernel is RowKernel.STAGED:
         groups = device_groups(cfg, rows, t.x.device)
         launch_rows(norm_forward_staged_kernel, (*args, staged_exchange(cfg, t.x, rows), eps, cfg, flags), cfg, groups)
-    elif chosen.kernel is RowKernel.REGISTER and isinstance(cfg, RowConfig):
+    else:
         cluster = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
         norm_forward_kernel(*args, eps, cfg, flags).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster)
-    else:
-        raise ValueError(f"norms forward: no kernel takes {chosen.kernel} with {type(cfg).__name__}")
+
+
+# The configuration each kind of forward kernel takes.
+_CONFIGS = {RowKernel.REGISTER: RowConfig, RowKernel.LOOPED: LoopedForwardConfig, RowKernel.STAGED: StagedForwardConfig}

@@ -35,7 +35,6 @@ from flydsl.kernels.rows.configs import (
     TeamShape,
     looped_forward_config,
     make_backward_config,
-    shares_equal,
     staged_backward_config,
     staged_forward_config,
     team_backward_config,
@@ -181,7 +180,7 @@ STAGED_FORWARD_MIN_N = {
 STAGED_FORWARD_MIN_N.update({("layer", "f32"): 32768, ("rms", "f32"): 32768, ("fused", "f32"): 65536})
 STAGED_FORWARD_MIN_N[("softmax", "f32")] = 65536
 
-# A claim_rows value: claimed where each CTA of the cluster of 8 holds N / 8 elements (StagedForwardConfig.equal_shares)
+# A claim_rows value: claimed where each CTA of its cluster holds N / cluster elements (equal_shares)
 WHERE_SHARES_EQUAL = "where shares are equal"
 
 
@@ -314,8 +313,9 @@ def staged_forward_shape(kind: str, n: int, dtype: str) -> StagedForwardShape | 
     table = STAGED_FORWARD.get((kind, _dtype_class(dtype))) or STAGED_FORWARD[kind, "any"]
     for most, shape in table:
         if ctas <= most:
-            if shape.claim_rows == WHERE_SHARES_EQUAL:
-                shape = shape._replace(claim_rows=shares_equal(n, dtype, shape.threads, 8))
+            if shape.claim_rows == WHERE_SHARES_EQUAL:  # the shares of the cluster this shape gives N
+                strided = staged_forward_config(n, dtype, shape._replace(claim_rows=False), residual=kind == "fused")
+                shape = shape._replace(claim_rows=strided is not None and strided.equal_shares)
             return shape
     return None
 

@@ -113,12 +113,11 @@ def forward(t: SoftmaxTensors, chosen: Route | None = None) -> None:
     if rows == 0 or n == 0:
         return
     chosen = chosen or forward_route(t)
+    _check_route("forward", chosen)
     if chosen.kernel is RowKernel.STAGED:
         _launch_staged(softmax_forward_staged_kernel, (t.x.obj, t.out.obj), t.x, chosen.config)
-    elif chosen.kernel is RowKernel.REGISTER and isinstance(chosen.config, RowConfig):
-        _launch_register(softmax_forward_kernel, chosen.config, rows, t.x.obj, t.out.obj)
     else:
-        raise ValueError(f"softmax forward: no kernel takes {chosen.kernel} with {type(chosen.config).__name__}")
+        _launch_register(softmax_forward_kernel, chosen.config, rows, t.x.obj, t.out.obj)
 
 
 def backward(t: SoftmaxTensors, chosen: Route | None = None) -> None:
@@ -127,12 +126,11 @@ def backward(t: SoftmaxTensors, chosen: Route | None = None) -> None:
     if rows == 0 or n == 0:
         return
     chosen = chosen or backward_route(t)
+    _check_route("backward", chosen)
     if chosen.kernel is RowKernel.STAGED:
         _launch_staged(softmax_backward_staged_kernel, (t.dy.obj, t.x.obj, t.out.obj), t.dy, chosen.config)
-    elif chosen.kernel is RowKernel.REGISTER and isinstance(chosen.config, RowConfig):
-        _launch_register(softmax_backward_kernel, chosen.config, rows, t.dy.obj, t.x.obj, t.out.obj)
     else:
-        raise ValueError(f"softmax backward: no kernel takes {chosen.kernel} with {type(chosen.config).__name__}")
+        _launch_register(softmax_backward_kernel, chosen.config, rows, t.dy.obj, t.x.obj, t.out.obj)
 
 
 def _launch_register(kernel, cfg: RowConfig, rows: int, *tensors) -> None:
@@ -146,3 +144,10 @@ def _launch_staged(kernel, tensors, like: TensorInfo, cfg: StagedForwardConfig) 
     rows = like.shape[0]
     groups = device_groups(cfg, rows, like.device)
     launch_rows(kernel, (*tensors, staged_exchange(cfg, like, rows), cfg), cfg, groups)
+
+
+def _check_route(which: str, chosen: Route) -> None:
+    """A route softmax's kernels take: a register route with a RowConfig, a staged one with a StagedForwardConfig."""
+    wanted = {RowKernel.REGISTER: RowConfig, RowKernel.STAGED: StagedForwardConfig}.get(chosen.kernel)
+    if wanted is None or not isinstance(chosen.config, wanted):
+        raise ValueError(f"softmax {which}: no kernel takes a {chosen.kernel} route with {chosen.config}")
