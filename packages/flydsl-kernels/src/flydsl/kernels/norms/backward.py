@@ -133,7 +133,7 @@ def backward(t: NormGradients, rms: bool, chosen: Route | None = None) -> None:
         return
     cfg = (chosen or backward_route(t, rms)).config
     if not isinstance(cfg, BackwardConfig):
-        raise ValueError(f"norms backward: a route takes a BackwardConfig, got {cfg}")
+        raise ValueError(f"norms backward: no kernel takes a route with {cfg} (a BackwardConfig)")
     sums = cfg.sums
     groups = device_groups(cfg, rows, t.x.device)
     x = t.x.obj
