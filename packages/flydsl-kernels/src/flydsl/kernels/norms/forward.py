@@ -254,9 +254,7 @@ def forward(t: NormTensors, eps: float, rms: bool, chosen: Route | None = None) 
     args = [v.obj if v is not None else x for v in (t.x, t.residual, t.weight, t.bias, t.out, t.residual_out)]
     args += [v.obj if v is not None else x for v in (t.mean, t.rstd)]
     if not isinstance(cfg, _CONFIGS[chosen.kernel]):
-        raise ValueError(
-            f"norms forward: a {chosen.kernel} route takes a {_CONFIGS[chosen.kernel].__name__}, got {cfg}"
-        )
+        raise ValueError(f"norms forward: no kernel takes a {chosen.kernel} route with {cfg}")
     if chosen.kernel is RowKernel.LOOPED:
         norm_forward_looped_kernel(*args, eps, cfg, flags).launch(grid=rows, block=cfg.row.block)
     elif chosen.kernel is RowKernel.STAGED:
