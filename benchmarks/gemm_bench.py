@@ -104,7 +104,7 @@ def _config_fields(text: str) -> dict:
 
 def _config(fields: dict):
     """The GemmConfig of ``fields``, with the deepest pipeline that fits where ``stages`` is not given."""
-    from flydsl.kernels.gemm_config import GemmConfig, max_stages
+    from flydsl.kernels.gemm import GemmConfig, max_stages
 
     fields = dict(fields)
     if "stages" not in fields:

@@ -32,7 +32,7 @@ def _host_us(fn, torch, calls: int, repeats: int) -> float:
 
 def _measure(torch, m: int, n: int, k: int, calls: int, repeats: int) -> dict:
     import flydsl.expr as fx
-    from flydsl.kernels.gemm import choose_config, gemm, gemm_ws
+    from flydsl.kernels.gemm import Epilogue, choose_config, gemm, gemm_ws
 
     a = torch.randn(m, k, device="cuda").bfloat16()
     w = torch.randn(n, k, device="cuda").bfloat16()  # nn.Linear weights: b = w.t() is K-major
@@ -53,7 +53,7 @@ def _measure(torch, m: int, n: int, k: int, calls: int, repeats: int) -> dict:
         out,
         cfg,
         ("K", "K"),
-        (False, None),
+        Epilogue(),
     )
     grid = cfg.cluster_m * (sms // cfg.cluster_m)
     native = gemm_ws._dispatch(call.values, grid, cfg.threads, None, None, None)

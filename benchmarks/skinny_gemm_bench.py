@@ -1,4 +1,4 @@
-"""Skinny GEMM (M <= 16) on the local GPU: flydsl.kernels.skinny_gemm against torch.matmul (cuBLAS) and
+"""Skinny GEMM (M <= 16) on the local GPU: flydsl.kernels.gemm.skinny_gemm against torch.matmul (cuBLAS) and
 flydsl.kernels.gemm.gemm (the wgmma kernel), interleaved in the same process.
 
     python benchmarks/skinny_gemm_bench.py                                  # M in {1, 16} x issue 8's (N, K)
@@ -34,7 +34,7 @@ EXPLORE_NK = [(4096, 4096), (14336, 4096), (8192, 8192), (28672, 8192), (7168, 1
 
 def _candidates(m: int, n: int, k: int):
     """The default and variants around it (N-side-by-side warps sharing activation loads, register caps)."""
-    from flydsl.kernels.skinny_gemm import SkinnyConfig, choose_skinny_config
+    from flydsl.kernels.gemm import SkinnyConfig, choose_skinny_config
 
     chosen = choose_skinny_config(m, n, k, 132)
     base = {"pipelined": True, "prefetch": 256}
@@ -67,7 +67,7 @@ TIMINGS = FLUSHES + ("rotate",)
 def _dependent_launch(on: bool) -> None:
     """Turns programmatic dependent launch of the loaded skinny kernels on or off (an A/B switch for this benchmark:
     the kernel always waits for its predecessor, so both are correct)."""
-    from flydsl.kernels.skinny_gemm import skinny_gemm_kernel
+    from flydsl.kernels.gemm import skinny_gemm_kernel
 
     for loaded in skinny_gemm_kernel._loaded.values():
         loaded.function.dependent_launch = on
@@ -76,8 +76,7 @@ def _dependent_launch(on: bool) -> None:
 def run_case(torch, m, n, k, repeats, config=None, peers=True, flush="dirty", dependent_ab=False):
     """``flush``: "dirty" or "clean" (``bench_cold``, one call between events after each flush) or "rotate"
     (``bench_rotating``: back-to-back calls, each on its own weights, queued behind a sleep)."""
-    from flydsl.kernels.gemm import gemm
-    from flydsl.kernels.skinny_gemm import skinny_gemm
+    from flydsl.kernels.gemm import gemm, skinny_gemm
 
     weight_bytes = n * k * 2
     sets = max(2, -(-ROTATING_BYTES // weight_bytes)) if flush == "rotate" else 1
@@ -180,7 +179,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from flydsl.kernels.skinny_gemm import choose_skinny_config
+    from flydsl.kernels.gemm import choose_skinny_config
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []

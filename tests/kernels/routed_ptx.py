@@ -274,68 +274,22 @@ _EPILOGUES = {
 
 
 def _gemm_launches(case: GemmCase) -> list:
-    """The launches ``gemm()`` makes for ``case`` on an H200 (:data:`SMS` SMs), planned as it plans them: the skinny
-    kernel (and split_k_reduce) for M <= 16 with a K-major b, else gemm_ws with choose_config's configuration, TMA
-    stores where they fit. Mirrors the host code of ``flydsl.kernels.gemm`` (which needs CUDA tensors)."""
-    import flydsl.compiler as flyc
-    import flydsl.expr as fx
-    from flydsl.kernels import gemm as dense
-    from flydsl.kernels import skinny_gemm as skinny
+    """The launches ``gemm()`` makes for ``case`` on an H200 (:data:`SMS` SMs): its plan (``plan_gemm``, computed
+    from the tensors' geometry as ``gemm()`` computes it), each launch compiled for TensorSpecs of that geometry."""
+    from flydsl.kernels.gemm import MatrixSpec, plan_gemm
 
     m, n, k, dtype = case.m, case.n, case.k, case.dtype
     bias_kind, activation = _EPILOGUES[case.epilogue]
-    out = flyc.TensorSpec((m, n), case.out_dtype or dtype)
-    bias = None if bias_kind is None else flyc.TensorSpec((n,), dtype if bias_kind == "same" else "f32")
-    if m <= skinny.MAX_M and case.b_major == "K":
-        cfg = skinny.choose_skinny_config(m, n, k, SMS)
-        a, w = flyc.TensorSpec((m, k), dtype), flyc.TensorSpec((n, k), dtype)
-        spec = (k % 8 == 0, bias is not None, activation, m > 8)
-        grid = (-(-n // cfg.rows), cfg.splits)
-        if cfg.splits == 1:
-            return [
-                (
-                    "skinny_gemm_kernel",
-                    grid,
-                    cfg.threads,
-                    None,
-                    skinny.skinny_gemm_kernel.lower(a, w, out, bias or out, cfg, spec),
-                )
-            ]
-        partials = flyc.TensorSpec((cfg.splits * m, n), "f32")
-        first = (
-            "skinny_gemm_kernel",
-            grid,
-            cfg.threads,
-            None,
-            skinny.skinny_gemm_kernel.lower(a, w, partials, partials, cfg, spec),
-        )
-        reduce = dense.split_k_reduce.lower(partials, out, bias or out, cfg.splits, (bias is not None, activation))
-        return [first, ("split_k_reduce", -(-m * n // 256), 256, None, reduce)]
-    cfg = dense.choose_config(m, n, k, SMS)
-    a = flyc.TensorSpec((m, k), dtype)
-    b = flyc.TensorSpec((n, k) if case.b_major == "K" else (k, n), dtype)
-    a_tile = fx.TmaTile(a, (cfg.tile_m // cfg.cluster_n, 64))
-    b_rows = cfg.tile_n // cfg.cluster_m
-    if case.b_major != "K" and b_rows % 64:
-        raise ValueError(f"gemm config: {cfg} has each CTA load {b_rows} columns of each B tile, but b is MN-major")
-    b_tile = fx.TmaTile(b, (b_rows, 64) if case.b_major == "K" else (cfg.tile_k, 64))
-    epilogue = (bias is not None, activation)
-    c_store = None
-    if out.dtype != "f32" and dense._staging_fits(cfg) and n % 8 == 0:
-        c_store = fx.TmaTile(out, (64, 64))
-        epilogue = (*epilogue, "tma")
-    workers = SMS // cfg.cluster
-    split_from, units = dense.split_plan(dense.cluster_tiles(m, n, cfg), workers, cfg)
-    grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster
-    workspace, flags = out, out
-    if cfg.stream_k or cfg.split_k > 1:
-        slots = grid if cfg.stream_k else (units - split_from) * cfg.cluster
-        workspace = flyc.TensorSpec((slots * cfg.consumers * cfg.consumer_rows * cfg.tile_n,), "f32")
-        flags = flyc.TensorSpec((slots * cfg.consumers,), "i32")
-    module = dense.gemm_ws.lower(
-        a_tile, b_tile, out, c_store or a_tile, bias or out, workspace, flags, cfg, ("K", case.b_major), epilogue
-    )
-    return [("gemm_ws", grid, cfg.threads, None, module)]
+    a = MatrixSpec.dense((m, k), dtype)
+    b = MatrixSpec.dense((n, k), dtype).transposed() if case.b_major == "K" else MatrixSpec.dense((k, n), dtype)
+    out = MatrixSpec.dense((m, n), case.out_dtype or dtype)
+    bias = None if bias_kind is None else MatrixSpec.dense((n,), dtype if bias_kind == "same" else "f32")
+    plan = plan_gemm(a, b, out, sms=SMS, bias=bias, activation=activation)
+    modules = plan.lower()
+    return [
+        (launch.kernel.name, launch.grid, launch.block, None, module)
+        for launch, module in zip(plan.launches, modules, strict=True)
+    ]
 
 
 GEMM_NK = ((4096, 4096), (14336, 4096), (4096, 14336), (1536, 7168), (7168, 16384), (18432, 7168), (28672, 8192))

@@ -13,20 +13,22 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.compiler import toolchain
 from flydsl.kernels.gemm import (
+    Epilogue,
     GemmConfig,
     candidate_configs,
-    choose_config,
-    estimated_seconds,
     gemm,
     gemm_ws,
     max_stages,
     split_k_reduce,
     staging_bytes,
+    staging_fits,
 )
-from flydsl.kernels.gemm_config import split_plan, staging_wait
+from flydsl.kernels.gemm.epilogue import staging_wait
+from flydsl.kernels.gemm.schedulers import split_plan
 
 CFG = GemmConfig()
-NONE = (False, None)  # the epilogue: no bias, no activation
+NONE = Epilogue()  # no bias, no activation, stored from registers
+TMA = Epilogue(store="tma")
 
 
 def _lower(a_tile, b_tile, c, cfg, majors=("K", "K"), epilogue=NONE, bias=None, c_store=None, scratch=None):
@@ -56,16 +58,14 @@ def test_every_candidate_kernel_keeps_its_wgmma_pipelined():
     """ptxas serializes every wgmma of a kernel (C7514, a PerformanceWarning: an error here) where an accumulator read
     may come before the wait that retires its MMA: 128x192 tiles and every split-K kernel did, 10-25% slower. Each
     kernel structure the cost model can pick, with the epilogue gemm() gives it (TMA stores where they fit)."""
-    from flydsl.kernels.gemm import _staging_fits
-
     m, n, k = 1000, 776, 520
     for cfg in _candidate_structures():
         a_spec, b_spec, c = (flyc.TensorSpec(shape, "bf16") for shape in ((m, k), (n, k), (m, n)))
         a_tile = fx.TmaTile(a_spec, (cfg.tile_m // cfg.cluster_n, 64))
         b_tile = fx.TmaTile(b_spec, (cfg.tile_n // cfg.cluster_m, 64))
-        tma = _staging_fits(cfg)
+        tma = staging_fits(cfg)
         scratch = (flyc.TensorSpec((1 << 22,), "f32"), flyc.TensorSpec((1024,), "i32"))
-        epilogue = (False, None, "tma") if tma else NONE
+        epilogue = TMA if tma else NONE
         c_store = fx.TmaTile(c, (64, 64)) if tma else None
         compiled = _lower(a_tile, b_tile, c, cfg, epilogue=epilogue, c_store=c_store, scratch=scratch)
         assert compiled.cubin is not None and not compiled.performance_notes, cfg
@@ -100,7 +100,15 @@ def test_gemm_sass_uses_hgmma():
     assert "UTMALDG" in sass  # the TMA loads
 
 
-@pytest.mark.parametrize("epilogue", [(True, None), (True, "gelu"), (False, "silu"), (True, "relu")])
+@pytest.mark.parametrize(
+    "epilogue",
+    [
+        Epilogue(bias=True),
+        Epilogue(bias=True, activation="gelu"),
+        Epilogue(activation="silu"),
+        Epilogue(bias=True, activation="relu"),
+    ],
+)
 def test_epilogues_compile(epilogue):
     spec = flyc.TensorSpec((512, 512), "bf16")
     bias = flyc.TensorSpec((512,), "f32")
@@ -110,10 +118,10 @@ def test_epilogues_compile(epilogue):
     # The epilogue is computed once per element (not once per store path): each thread reads its 64 bias columns
     # once (a 32-bit bias: ld.global.f32/b32), however the tile is stored.
     bias_loads = len(re.findall(r"ld\.global(?:\.nc)?\.(?:f32|b32)", compiled.ptx))
-    assert bias_loads == (CFG.tile_n // 4 if epilogue[0] else 0)
+    assert bias_loads == (CFG.tile_n // 4 if epilogue.bias else 0)
 
 
-@pytest.mark.parametrize("epilogue", [(False, None, "tma"), (True, "gelu", "tma")])
+@pytest.mark.parametrize("epilogue", [TMA, Epilogue(bias=True, activation="gelu", store="tma")])
 def test_tma_store_epilogue_compiles(epilogue):
     """The TMA-store epilogue: stmatrix into two 128B-swizzled staging boxes per consumer, TMA stores from them; it
     fits beside the 4-stage pipeline of 128 x 256 tiles, without spills."""
@@ -156,7 +164,7 @@ def test_tma_store_waits_with_odd_parts(tile_m, tile_n, schedule):
     spec = flyc.TensorSpec((1000, 520), "bf16")
     cfg = GemmConfig(tile_m=tile_m, tile_n=tile_n, stages=max_stages(tile_m, tile_n), cluster_m=1, schedule=schedule)
     a_tile, b_tile, c_tile = fx.TmaTile(spec, (tile_m, 64)), fx.TmaTile(spec, (tile_n, 64)), fx.TmaTile(spec, (64, 64))
-    ptx = _lower(a_tile, b_tile, spec, cfg, epilogue=(False, None, "tma"), c_store=c_tile).ptx
+    ptx = _lower(a_tile, b_tile, spec, cfg, epilogue=TMA, c_store=c_tile).ptx
     blocks = cfg.consumer_rows // 64  # _store_tile_tma calls per tile
     assert len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx)) == blocks
     full = _lower(
@@ -164,7 +172,7 @@ def test_tma_store_waits_with_odd_parts(tile_m, tile_n, schedule):
         fx.TmaTile(spec, (128, 64)),
         spec,
         CFG,
-        epilogue=(False, None, "tma"),
+        epilogue=TMA,
         c_store=c_tile,
     ).ptx
     assert not re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", full)
@@ -181,14 +189,15 @@ def test_split_k_compiles(split_k, split_tail):
     scratch = flyc.TensorSpec((split_k * 16 * 128 * 256,), "f32"), flyc.TensorSpec((split_k * 32,), "i32")
     c_tile = fx.TmaTile(out, (64, 64))
     tiles = fx.TmaTile(a, (128, 64)), fx.TmaTile(b, (256, 64))
-    compiled = _lower(*tiles, out, cfg, epilogue=(True, "silu", "tma"), bias=bias, c_store=c_tile, scratch=scratch)
+    epilogue = Epilogue(bias=True, activation="silu", store="tma")
+    compiled = _lower(*tiles, out, cfg, epilogue=epilogue, bias=bias, c_store=c_tile, scratch=scratch)
     ptx = compiled.ptx
     assert ptx.count("wgmma.mma_async") == cfg.tile_k // 16
     assert "atom.acq_rel.gpu.global.add.s32" in ptx and "ld.acquire" not in ptx
     assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
     # the skinny kernel's split K still sums its partials in split_k_reduce
     partials = flyc.TensorSpec((split_k * 16, 4096), "f32")
-    reduce_ptx = split_k_reduce.lower(partials, out, bias, split_k, (True, "silu")).ptx
+    reduce_ptx = split_k_reduce.lower(partials, out, bias, split_k, Epilogue(bias=True, activation="silu")).ptx
     assert reduce_ptx.count("ld.global.f32") + reduce_ptx.count("ld.global.b32") >= split_k
 
 
@@ -212,26 +221,6 @@ def test_gemm_config_and_boxes_are_checked():
     spec = flyc.TensorSpec((512, 512), "bf16")
     with pytest.raises(ValueError, match=r"gemm_ws b: expected TMA boxes of \(128, 64\)"):
         _lower(fx.TmaTile(spec, (128, 64)), fx.TmaTile(spec, (256, 64)), spec, CFG)
-
-
-def test_choose_config_fills_the_sms():
-    big = choose_config(8192, 8192, 8192, 132)
-    assert (big.tile_m, big.tile_n, big.cluster_m, big.split_k) == (128, 256, 2, 1)  # waves of wide tiles
-    # The last wave split where it is a large part of the time (3.4 waves), not among 15.5 (the model's gain < 5%).
-    assert choose_config(2048, 7168, 18432, 132).split_tail and not big.split_tail
-    assert choose_config(512, 4096, 4096, 132).tile_n == 128  # 32 clusters of wide tiles for 66 cluster slots
-    small = choose_config(64, 4096, 4096, 132)
-    assert (small.tile_m, small.consumers, small.cluster_m) == (64, 1, 1)  # no 128-row tile for 64 rows
-    few = choose_config(128, 1536, 7168, 132)
-    assert few.cluster_m == 1 and few.split_k > 1  # one tile row: no cluster; few tiles: K split over SMs
-    for m, n, k in [(1, 4096, 4096), (128, 28672, 8192), (2048, 1536, 7168), (8192, 4096, 14336)]:
-        cfg = choose_config(m, n, k, 132)
-        assert cfg in candidate_configs(m, n, k, 132)
-        assert estimated_seconds(m, n, k, cfg, 132) == min(
-            estimated_seconds(m, n, k, other, 132)
-            for other in candidate_configs(m, n, k, 132)
-            if other.tile_m == cfg.tile_m and other.cluster_m == cfg.cluster_m
-        )
 
 
 @pytest.mark.parametrize(
@@ -614,7 +603,7 @@ def test_split_plan_splits_only_the_last_wave():
 def test_cost_model_plans_the_kernels_units(monkeypatch):
     """estimated_seconds plans split tails as gemm() and the kernel do: over cluster tiles and clusters (3 tile rows
     in 2-CTA clusters run as 2 cluster rows, a row of CTAs past C's edge included)."""
-    import flydsl.kernels.gemm_config as gemm_config
+    import flydsl.kernels.gemm.config as gemm_config
 
     calls = []
     real = gemm_config.split_plan
@@ -732,7 +721,7 @@ def test_b_parts_of_96_columns_multicast_from_a_k_major_b():
     a_spec, c = flyc.TensorSpec((m, k), "bf16"), flyc.TensorSpec((m, n), "bf16")
     a_tile, c_tile = fx.TmaTile(a_spec, (128, 64)), fx.TmaTile(c, (64, 64))
     b_tile = fx.TmaTile(flyc.TensorSpec((n, k), "bf16"), (96, 64))
-    compiled = _lower(a_tile, b_tile, c, cfg, epilogue=(False, None, "tma"), c_store=c_tile)
+    compiled = _lower(a_tile, b_tile, c, cfg, epilogue=TMA, c_store=c_tile)
     assert compiled.shared_bytes["gemm_ws"] >= 5 * cfg.stage_bytes() + staging_bytes(cfg)
     ptx = compiled.ptx
     assert "multicast::cluster" in ptx and "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16" in ptx
@@ -755,7 +744,9 @@ def test_gemm_b_parts_and_one_store_box_on_gpu(tile_m, tile_n, cluster_m, store_
     torch = pytest.importorskip("torch")
     stages = max_stages(tile_m, tile_n, store_boxes=store_boxes)
     consumers = 1 if tile_m == 64 else 2
-    cfg = GemmConfig(tile_m, tile_n, stages=stages, consumers=consumers, cluster_m=cluster_m, store_boxes=store_boxes)
+    cfg = GemmConfig(
+        tile_m=tile_m, tile_n=tile_n, stages=stages, consumers=consumers, cluster_m=cluster_m, store_boxes=store_boxes
+    )
     a = _operand(torch, m, k, torch.bfloat16, "K")
     _gemm_checked(torch, a, _operand(torch, k, n, torch.bfloat16, "MN"), cfg)
     if (tile_n // cluster_m) % 64:
@@ -777,7 +768,7 @@ def test_tile_widths_off_the_64_column_grid_compile_for_a_k_major_b(tile_m, tile
     assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16" in ptx
     assert "cp.async.bulk.tensor" in ptx and "cp.async.bulk.tensor.2d.global.shared" not in ptx  # loads, no stores
     with pytest.raises(ValueError, match="TMA-store epilogue takes tile_n in 64-column parts"):
-        _lower(a_tile, b_tile, c, cfg, epilogue=(False, None, "tma"), c_store=fx.TmaTile(c, (64, 64)))
+        _lower(a_tile, b_tile, c, cfg, epilogue=TMA, c_store=fx.TmaTile(c, (64, 64)))
     b_mn = fx.TmaTile(flyc.TensorSpec((k, n), "bf16"), (64, 64))
     with pytest.raises(ValueError, match=f"gemm_ws b: MN-major parts of {tile_n} rows"):
         _lower(a_tile, b_mn, c, cfg, ("K", "MN"))

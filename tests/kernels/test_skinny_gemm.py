@@ -1,5 +1,6 @@
-"""flydsl.kernels.skinny_gemm: the weight-streaming GEMM for M <= 16. CPU: PTX with mma.sync and cache-hinted
-16-byte loads that assembles for sm_90a (aligned and unaligned K, split K); the configuration's checks. GPU
+"""flydsl.kernels.gemm's weight-streaming GEMM for M <= 16 (skinny_gemm). CPU: PTX with mma.sync and cache-hinted
+16-byte loads that assembles for sm_90a (aligned and unaligned K, split K); the configuration's checks and the
+properties of its choice (every chosen configuration assembles without spills). GPU
 (``gpu``): against a float64 reference on fresh random data with the output poisoned (NaN): M in {1, 3, 8, 16},
 odd N and K, bf16/fp16 inputs, fp32/bf16/fp16 outputs, bias and each activation, split K; argument errors raised
 before launch, each naming its argument.
@@ -16,7 +17,14 @@ import re
 import pytest
 
 import flydsl.compiler as flyc
-from flydsl.kernels.skinny_gemm import SkinnyConfig, choose_skinny_config, skinny_gemm, skinny_gemm_kernel
+from flydsl.kernels.gemm import Epilogue, SkinnyConfig, choose_skinny_config, skinny_gemm, skinny_gemm_kernel
+from flydsl.kernels.gemm.skinny import SkinnyVariant
+
+from .ptxas_report import spill_bytes
+
+
+def _variant(vec, has_bias, activation, two_halves):
+    return SkinnyVariant(vec, Epilogue(bias=has_bias, activation=activation), two_halves)
 
 
 def _lower(m, n, k, cfg, spec, out="bf16", dtype="bf16"):
@@ -27,7 +35,7 @@ def _lower(m, n, k, cfg, spec, out="bf16", dtype="bf16"):
         out_spec,
         flyc.TensorSpec((n,), "f32"),
         cfg,
-        spec,
+        _variant(*spec),
     )
 
 
@@ -91,23 +99,59 @@ def test_dependent_launch_order():
     assert skinny_gemm_kernel.attributes.dependent_launch
 
 
-def test_config_checks_and_choice():
+def test_config_checks():
     with pytest.raises(ValueError, match="groups 1/2/4/8"):
         SkinnyConfig(groups=3)
     with pytest.raises(ValueError, match="splits must be an int"):
         SkinnyConfig(splits=0)
     with pytest.raises(ValueError, match="warps_n must be 1, 2 or 4"):
         SkinnyConfig(warps=2, warps_n=4)
+    with pytest.raises(TypeError):
+        SkinnyConfig(2, 8)  # keyword-only
     cfg = SkinnyConfig(groups=2, warps=8, unroll=4, warps_n=2)
     assert (cfg.rows, cfg.warps_k, cfg.step) == (32, 4, 512)
-    assert choose_skinny_config(8, 4096, 4096, 132) == SkinnyConfig()
-    assert choose_skinny_config(16, 4096, 4096, 132) == SkinnyConfig(min_blocks=2)  # 128 CTAs of 32 rows: too few
-    assert choose_skinny_config(16, 8192, 8192, 132) == SkinnyConfig(groups=4, unroll=2)
-    assert choose_skinny_config(16, 1536, 7168, 132) == SkinnyConfig()  # 96 CTAs: one per SM anyway
-    small = choose_skinny_config(16, 512, 7168, 132)
-    assert small.splits > 1 and -(-512 // small.rows) * small.splits >= 132 // 2
-    assert choose_skinny_config(1, 28672, 8192, 132).splits == 1
-    assert choose_skinny_config(1, 512, 64, 132).splits == 1  # K too short to split
+    with pytest.raises(ValueError, match="skinny_gemm_kernel: expected an epilogue without scales"):
+        variant = SkinnyVariant(True, Epilogue(store="tma"), False)
+        skinny_gemm_kernel.lower(
+            *(flyc.TensorSpec(s, "bf16") for s in ((4, 64), (32, 64), (4, 32), (32,))), cfg, variant
+        )
+
+
+SKINNY_SHAPES = [
+    (m, n, k)
+    for m in (1, 5, 8, 9, 16)
+    for n, k in [(4096, 4096), (14336, 4096), (4096, 14336), (1536, 7168), (512, 7168), (28672, 8192), (776, 520)]
+]
+
+
+def test_choose_skinny_config_fills_the_sms():
+    """For every shape: K split (in powers of two, at most 16) only while fewer than half the SMs would have a CTA
+    and K has a whole step for each split, and split until one of those stops it."""
+    for m, n, k in SKINNY_SHAPES:
+        cfg = choose_skinny_config(m, n, k, 132)
+        ctas = -(-n // cfg.rows)
+        assert cfg.splits in (1, 2, 4, 8, 16)
+        assert ctas * cfg.splits >= 132 // 2 or 2 * cfg.splits * cfg.step > k or cfg.splits == 16
+        if cfg.splits > 1:
+            assert ctas * cfg.splits // 2 < 132 // 2 and cfg.splits * cfg.step <= k
+        else:
+            assert ctas >= 132 // 2 or 2 * cfg.step > k
+
+
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+def test_every_chosen_config_assembles_without_spills():
+    """Each configuration choose_skinny_config picks, with the variants gemm() gives it (16-byte loads, one or two
+    activation halves, an epilogue), assembles for sm_90a without spills (and without ptxas's performance notes:
+    they are errors in the tests)."""
+    compiled = set()
+    for m, n, k in SKINNY_SHAPES:
+        cfg = choose_skinny_config(m, n, k, 132)
+        for spec in ((True, False, None, m > 8), (True, True, "gelu", m > 8)):
+            if (cfg, spec) in compiled:
+                continue
+            compiled.add((cfg, spec))
+            module = _lower(m, n, k, cfg, spec)
+            assert module.cubin is not None and spill_bytes(module.ptx) == 0, (cfg, spec)
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------
@@ -189,7 +233,7 @@ def test_epilogues(activation, bias_dtype):
 def test_configs_and_split_k(splits, groups, unroll, pipelined, warps_n):
     import torch
 
-    cfg = SkinnyConfig(groups, unroll=unroll, splits=splits, pipelined=pipelined, warps_n=warps_n, prefetch=None)
+    cfg = SkinnyConfig(groups=groups, unroll=unroll, splits=splits, pipelined=pipelined, warps_n=warps_n, prefetch=None)
     _check(16, 1000, 4096 + 8, torch.bfloat16, torch.float32, torch.float32, "silu", cfg)
     _check(7, 1536, 7168, torch.float16, torch.float16, None, None, cfg)
 

@@ -1,36 +1,43 @@
-"""The Hopper GEMM's configurations: :class:`GemmConfig` (a frozen dataclass: tile, pipeline depth, consumers,
-cluster, split K, schedule), the candidates worth timing for a problem (:func:`candidate_configs`) and the choice
-among them (:func:`choose_config`, ranked by a cost model fitted on the H200: :func:`estimated_seconds`).
-:mod:`flydsl.kernels.gemm` re-exports all of them."""
+"""The warp-specialized GEMM's configurations: :class:`GemmConfig` (tile, pipeline depth, consumers, cluster, split K,
+schedule), the shared-memory budget it must fit, the candidates worth timing for a problem
+(:func:`candidate_configs`) and the choice among them (:func:`choose_config`), ranked by a cost model fitted on the
+H200 (:func:`estimated_seconds`). Why each choice is made, with its measurements: ``docs/tuning/gemm.md``."""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 
+from flydsl.kernels.gemm.schedulers import cluster_tiles, split_plan, stream_k_steps
+
 __all__ = [
+    "SMEM_BYTES",
+    "STAGING_BOX",
     "GemmConfig",
     "candidate_configs",
     "choose_config",
-    "cluster_tiles",
     "estimated_seconds",
     "max_stages",
     "staging_bytes",
-    "split_plan",
-    "staging_wait",
+    "staging_fits",
 ]
 
+SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA
+STAGING_BOX = (64, 64)  # the TMA-store epilogue's (rows, columns) boxes, GemmConfig.store_boxes per consumer
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class GemmConfig:
     """The CTA tile (``tile_m`` x ``tile_n``, K steps of ``tile_k``), the pipeline depth, the consumer warpgroups,
-    the grouped tile order, the cluster and split K. ``schedule``: "cooperative" (the consumers share each tile,
-    ``tile_m / consumers`` rows each) or "pingpong" (two consumers take every other tile whole: one's epilogue runs
-    while the other's MMAs do; its accumulators, ``tile_m * tile_n / 128`` per thread, must stay <= 128).
-    ``stream_k`` (cooperative, no split K): the tiles of the last waves are shared out by K steps, evenly over
-    the SMs, and finished from fp32 partials (see gemm.py's stream-K section). ``split_tail`` (with ``split_k``):
-    only the tiles past the last full wave are split into ``split_k`` K parts, so that a partial last wave of whole
-    tiles becomes a shorter wave of parts (:func:`split_plan`)."""
+    the grouped tile order, the cluster and split K; checked when built.
+
+    ``schedule``: "cooperative" (the consumers share each tile, ``tile_m / consumers`` rows each) or "pingpong" (two
+    consumers take every other tile whole: one's epilogue runs while the other's MMAs do; its accumulators,
+    ``tile_m * tile_n / 128`` per thread, must stay <= 128). ``stream_k`` (cooperative, no split K): the tiles of the
+    last waves are shared out by K steps, evenly over the SMs, and finished from fp32 partials
+    (:class:`~flydsl.kernels.gemm.schedulers.StreamKTiles`). ``split_tail`` (with ``split_k``): only the tiles past
+    the last full wave are split into ``split_k`` K parts, so that a partial last wave of whole tiles becomes a
+    shorter wave of parts (:func:`~flydsl.kernels.gemm.schedulers.split_plan`)."""
 
     tile_m: int = 128
     tile_n: int = 256
@@ -110,33 +117,15 @@ class GemmConfig:
         return (self.tile_m + self.tile_n) * self.tile_k * element_bytes
 
 
-SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA
-STAGING_BOX = (64, 64)  # the TMA-store epilogue's (rows, columns) boxes, GemmConfig.store_boxes per consumer
-
-
-def split_plan(tiles, workers, cfg: GemmConfig):
-    """(the first work unit that is a K part, the count of work units) of ``tiles`` tiles over ``workers`` CTAs (or
-    clusters; ints, or the kernel's Int32 values: operators only). Units before the first part are whole tiles;
-    from it on, each remaining tile is ``cfg.split_k`` units, one per part of its K steps: every tile without
-    ``split_tail``, the tiles past the last full wave with it."""
-    if cfg.split_k == 1:
-        return tiles, tiles
-    split_from = tiles - tiles % workers if cfg.split_tail else 0
-    return split_from, split_from + (tiles - split_from) * cfg.split_k
-
-
 def staging_bytes(cfg: GemmConfig, element_bytes: int = 2) -> int:
-    """Shared memory the TMA-store epilogue's staging boxes take (gemm_epilogue.py's _store_tile_tma)."""
+    """Shared memory the TMA-store epilogue's staging boxes take (``cfg.store_boxes`` per consumer warpgroup)."""
     return cfg.consumers * cfg.store_boxes * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
 
 
-def staging_wait(part: int, parts: int, boxes: int = 2) -> int:
-    """The bulk groups that may still be pending when part ``part`` of a block of ``parts`` 64-column parts, which
-    the TMA-store epilogue stores one block after another (gemm_epilogue.py's _store_tile_tma: part ``p`` through
-    box ``p % boxes``), rewrites its box: the groups committed since that box's last store, at most ``boxes - 1``
-    (one box: none). With two boxes and an odd count, part 0's box was the previous block's last one, whose store
-    is the latest group: 0."""
-    return min(boxes - 1, (parts - 1 - part) % boxes + part)  # (no loops: traced in the kernel)
+def staging_fits(cfg: GemmConfig) -> bool:
+    """The TMA-store epilogue applies to ``cfg``: its tiles split into 64-column parts (the staging boxes' width),
+    and the staging boxes fit in shared memory beside the pipeline (1 KB kept for barriers and alignment)."""
+    return cfg.tile_n % STAGING_BOX[1] == 0 and cfg.stages * cfg.stage_bytes() + staging_bytes(cfg) <= SMEM_BYTES - 1024
 
 
 def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2, store_boxes: int = 2) -> int:
@@ -147,27 +136,9 @@ def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 
     return min(8, (SMEM_BYTES - 1024 - staging) // ((tile_m + tile_n) * tile_k * element_bytes))
 
 
-def cluster_tiles(m: int, n: int, cfg: GemmConfig) -> int:
-    """The whole-tile work units the kernel's TileScheduler walks for an (m, n) output: cluster tiles (one per
-    cluster of CTAs, one per CTA without a cluster)."""
-    return -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // (cfg.tile_n * cfg.cluster_n))
-
-
-def _stream_k_steps(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> float:
-    """The K steps each worker (CTA, or cluster) gets under stream-K (gemm.py's _stream_k_plan): 0 where the waves
-    of tiles are full (stream-K then takes nothing)."""
-    units = cluster_tiles(m, n, cfg)
-    workers = sms // cfg.cluster
-    if units % workers == 0:
-        return 0.0
-    whole = max(units // workers - 1, 0) * workers
-    return (units - whole) * -(-k // 64) / workers
-
-
 def _deepest_pipeline(tile_m: int, tile_n: int) -> dict:
     """``stages`` and ``store_boxes`` of the deepest pipeline for a tile shape: one TMA-store staging box per consumer
-    where that buys a stage (128 x 192 tiles: 5 stages instead of 4, 0.872 -> 0.899x cuBLAS at 2048x1536x7168 on
-    the H200, benchmarks/results/gemm_store_boxes_2026-11-30.json), else two."""
+    where that buys a stage (docs/tuning/gemm.md#store-boxes), else two."""
     boxes = 1 if max_stages(tile_m, tile_n, store_boxes=1) > max_stages(tile_m, tile_n) else 2
     return dict(stages=max_stages(tile_m, tile_n, store_boxes=boxes), store_boxes=boxes)
 
@@ -176,10 +147,10 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
     """The configurations worth timing for an (m, n, k) problem: tile widths 64..256, 64-row tiles (one consumer)
     when M is that small, clusters only where there are two tile rows to share B, splits of K only where the tiles
     alone leave SMs idle, splits of the last wave's tiles only (``split_tail``) where there are more tiles than SMs
-    and the last wave is not full, stream-K there too (where each SM gets at least 4 of its K steps),
-    pingpong 128 x 128 tiles where there are two per CTA, and 256 x 128 tiles (cuBLAS's shape on the H200 at
-    2048x4096x4096) for M >= 2048, alone, in clusters along M or in clusters along N sharing their A tile (as
-    cuBLAS's). Each with the deepest pipeline that fits."""
+    and the last wave is not full, stream-K there too (where each SM gets at least 4 of its K steps), pingpong
+    128 x 128 tiles where there are two per CTA, and 256 x 128 tiles for M >= 2048, alone, in clusters along M or
+    in clusters along N sharing their A tile (docs/tuning/gemm.md#candidates). Each with the deepest pipeline that
+    fits."""
     configs = []
     for tile_m, consumers in ((256, 2), (128, 2), (64, 1)):
         if (tile_m == 64 and m > 64) or (tile_m == 256 and m < 2048):
@@ -203,7 +174,7 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
                 for split_k in (2, 3, 4) if tiles >= sms and tail else ():
                     if tail * split_k <= 2 * sms and k >= split_k * 512:
                         configs.append(GemmConfig(**shape, split_k=split_k, split_tail=True))
-                if _stream_k_steps(m, n, k, whole, sms) >= 4:
+                if stream_k_steps(m, n, k, whole, sms) >= 4:
                     configs.append(GemmConfig(**shape, stream_k=True))
     if m > 64:  # pingpong consumers, whole 128 x 128 tiles each, where there are tiles for both
         for cluster_m in (1, 2) if m > 128 else (1,):
@@ -214,27 +185,13 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
     return configs
 
 
-# The cost model choose_config ranks candidates by, fitted on the H200 to the timings of every candidate of issue 8's
-# shapes with M in {64, 128, 512, 2048} (benchmarks/results/gemm_explore_2026-11-30.json: its picks are within 2% of
-# the fastest candidate on 39 of the 40 shapes). A work unit (a tile, or one K part of it) costs the longer of its
-# tensor-core time and its operand bytes at one SM's load rate, plus a fixed cost; a wave of units costs at least
-# the wave's share of the problem's unique bytes at HBM speed (waves as the kernel plans them, over cluster tiles:
-# a cluster's CTAs past C's edge hold SMs too); split K adds its fp32 partials' round trip and the
-# finish of each tile: the split that counts last reads the others' partials at one SM's load rate, after a fixed
-# cost (fitted to benchmarks/results/gemm_explore_split_2026-11-30.json, the in-kernel split's candidates at
-# M = 64/128/512: its picks are within 2.2% of the fastest candidate on all 15 shapes, against 8.6% before).
-# 192-wide tiles (not clustered among the candidates: 96-column B parts would need a K-major B, which
-# candidate_configs cannot know, and shared in pairs they measured no faster, gemm_store_boxes_2026-11-30.json) were
-# timed against the
-# earlier picks (benchmarks/results/gemm_tile192_2026-11-30.json): they win only where they fill
-# the SMs much better, hence their low efficiency here.
+# The cost model choose_config ranks candidates by (docs/tuning/gemm.md#cost-model: the fit and its accuracy). A
+# work unit (a tile, or one K part of it) costs the longer of its tensor-core time and its operand bytes at one SM's
+# load rate, plus a fixed cost; a wave of units costs at least the wave's share of the problem's unique bytes at HBM
+# speed (waves as the kernel plans them, over cluster tiles: a cluster's CTAs past C's edge hold SMs too); split K
+# adds its fp32 partials' round trip and the finish of each tile (the last split reads the others' partials).
 _SM_TFLOPS = 990.0 / 132  # dense bf16 peak per SM (TFLOP/s), at the efficiency below for 128x256 tiles
-_MMA_EFFICIENCY = {
-    256: 0.8,
-    192: 0.68,
-    128: 0.72,
-    64: 0.56,
-}  # by tile width; 64-row tiles (one consumer) reach 0.6 of it
+_MMA_EFFICIENCY = {256: 0.8, 192: 0.68, 128: 0.72, 64: 0.56}  # by tile width; 64-row tiles reach 0.6 of it
 _SM_LOAD_BYTES_PER_S = 100e9
 _HBM_BYTES_PER_S = 3.6e12
 _UNIT_COST_S = 2e-6
@@ -270,7 +227,7 @@ def estimated_seconds(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> floa
     return seconds
 
 
-_SPLIT_TAIL_MARGIN = 1.05
+_SPLIT_TAIL_MARGIN = 1.05  # the model's gain a split last wave needs (docs/tuning/gemm.md#split-tail)
 
 
 @functools.cache
@@ -278,13 +235,9 @@ def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     """The configuration for an (m, n, k) problem on ``sms`` SMs: 64-row tiles (one consumer warpgroup) when M <= 64,
     2-CTA clusters whenever there are two tile rows to share B, and among the rest of :func:`candidate_configs`
     (tile width, split of K) the one :func:`estimated_seconds` ranks fastest; a split of the last wave
-    (``split_tail``) only where the model has it at least :data:`_SPLIT_TAIL_MARGIN` faster than the best without it
-    (timed on the H200, benchmarks/results/gemm_sweep_2026-11-30_split_tail.json: where the model saw 8-10% the
-    split won 8-17%; where it saw under 2% (a partial wave among 13-54) the timings went either way by 0-2%).
-    Pingpong and stream-K configurations
-    are left out: timed on the H200 (benchmarks/results/gemm_pingpong_2026-11-30.json, gemm_stream_k_2026-11-30.json)
-    they beat this choice only by 1-5% on a few shapes and lose by up to 40% on others, and the cost model does not
-    yet tell them apart (stream-K's workers read the same K steps of A and B at different times, so they miss L2)."""
+    (``split_tail``) only where the model has it at least :data:`_SPLIT_TAIL_MARGIN` faster than the best without it.
+    Pingpong, stream-K and 256 x 128 tiles are left out: timed, they won too rarely for a model that cannot yet tell
+    where (docs/tuning/gemm.md#not-chosen)."""
     configs = [
         cfg
         for cfg in candidate_configs(m, n, k, sms)
@@ -292,7 +245,7 @@ def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
         and (cfg.cluster_m == 2 or -(-m // cfg.tile_m) < 2 or cfg.tile_n % 128)
         and cfg.schedule == "cooperative"
         and not cfg.stream_k
-        and cfg.tile_m <= 128  # 256 x 128 tiles were no faster than 128 x 256 (gemm_tile256_2026-11-30.json)
+        and cfg.tile_m <= 128
     ]
     best = min(configs, key=lambda cfg: estimated_seconds(m, n, k, cfg, sms))
     if best.split_tail:

@@ -19,11 +19,11 @@ many CTAs, which write fp32 partials that :func:`flydsl.kernels.gemm.split_k_red
 (for shapes with too few weight rows to fill the GPU otherwise).
 
 Weights are read with ``ld.global.nc.L1::no_allocate`` (read once: they should not evict the activations from L1;
-by default with ``.L2::256B``, which measured 1-5% faster);
-activations with ``ld.global.nc`` (re-read by every CTA: from L2, or L1). 16-byte loads need K a multiple of 8
-and 16-byte aligned rows; otherwise the kernel reads elements one by one (correct, slower).
+with ``.L2::256B`` prefetches); activations with ``ld.global.nc`` (re-read by every CTA: from L2, or L1). 16-byte
+loads need K a multiple of 8 and 16-byte aligned rows; otherwise the kernel reads elements one by one (correct,
+slower). Why it is shaped so: docs/tuning/gemm.md#skinny.
 
-    from flydsl.kernels.skinny_gemm import skinny_gemm
+    from flydsl.kernels.gemm import skinny_gemm
     y = skinny_gemm(x, w.t())          # x (M <= 16, K), w (N, K) nn.Linear weights: y = x @ w.T
 """
 
@@ -32,28 +32,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.expr.vector import Vector
-from flydsl.kernels.gemm import check_arguments, check_devices, split_k_reduce, zero_product
-from flydsl.kernels.gemm_epilogue import apply_epilogue
-from flydsl.kernels.host import sm_count
+from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, apply_epilogue
 
-__all__ = ["MAX_M", "SkinnyConfig", "choose_skinny_config", "launch_skinny", "skinny_gemm", "skinny_gemm_kernel"]
+__all__ = ["MAX_M", "SkinnyConfig", "SkinnyVariant", "choose_skinny_config", "skinny_gemm_kernel"]
 
 MAX_M = 16  # rows of one m16n8k16 MMA
 _ACC = Vector.of(fx.Float32, 4)
 _WORDS = Vector.of(fx.Int32, 4)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SkinnyConfig:
     """``groups`` n8 tiles (8 weight rows each) per warp, ``warps`` warps per CTA, ``unroll`` 16-byte loads per
-    weight row per warp and step (32 K values each), ``splits`` CTAs splitting K. The defaults are
-    :func:`choose_skinny_config`'s (measured best on the H200 for issue 8's shapes)."""
+    weight row per warp and step (32 K values each), ``splits`` CTAs splitting K; checked when built. The defaults
+    are :func:`choose_skinny_config`'s for M <= 8."""
 
     groups: int = 2
     warps: int = 8
@@ -94,6 +93,16 @@ class SkinnyConfig:
         return 32 * self.unroll * self.warps_k
 
 
+class SkinnyVariant(NamedTuple):
+    """What :func:`skinny_gemm_kernel` is specialized on besides its configuration: ``vector_loads`` (rows 16-byte
+    aligned and K % 8 == 0: 16-byte loads), the :class:`~flydsl.kernels.gemm.epilogue.Epilogue` (no scales, stored
+    from registers) and ``two_halves`` (M > 8: rows 8..15 of the MMA are loaded, else zeros)."""
+
+    vector_loads: bool
+    epilogue: Epilogue
+    two_halves: bool
+
+
 def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None):
     """This lane's 8 elements ``t[row, k .. k + 7]`` as 4 words; zeros where ``k + j >= k_extent`` when ``masked``."""
     if fx.const_expr(vec):
@@ -110,9 +119,27 @@ def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None)
     return vector.from_elements(vector.vector_class(t.dtype, 8), elements).bitcast(fx.Int32)
 
 
-def _loads(a, w, rows_w, row_a0, row_a1, kbase, k_extent, cfg, lane_t, vec: bool, masked: bool, two_halves):
+class _WarpStreams(NamedTuple):
+    """What a warp's loads read: ``a`` and ``w``, its weight rows (``rows_w``: one per group) and activation rows
+    (``row_a0``: q, ``row_a1``: q + 8, clamped into M), K's extent, the configuration, this lane's 8-element chunk
+    of K (``lane_t``: lane % 4), and the variant's ``vec`` and ``two_halves``."""
+
+    a: object
+    w: object
+    rows_w: list
+    row_a0: object
+    row_a1: object
+    k_extent: object
+    cfg: SkinnyConfig
+    lane_t: object
+    vec: bool
+    two_halves: bool
+
+
+def _loads(streams: _WarpStreams, kbase, masked: bool):
     """A warp's loads of one step: ``unroll`` chunks of 32 K values from ``kbase``, for each the ``groups`` weight
     words, then the activation words (rows q and q + 8; zeros for the latter when M <= 8)."""
+    a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves = streams
     words = []
     for u in fx.range_constexpr(cfg.unroll):
         k = kbase + 32 * u + 8 * lane_t
@@ -140,13 +167,15 @@ def _mmas(words, accs, cfg, dtype):
 
 @flyc.kernel(dependent_launch=True)
 def skinny_gemm_kernel(
-    a: fx.Tensor, w: fx.Tensor, c: fx.Tensor, bias: fx.Tensor, cfg: fx.Constexpr, spec: fx.Constexpr
+    a: fx.Tensor, w: fx.Tensor, c: fx.Tensor, bias: fx.Tensor, cfg: fx.Constexpr, variant: fx.Constexpr
 ):
-    """``c = epilogue(a @ w^T)`` for a (M <= 16, K) and w (N, K), both K-contiguous. ``spec``: ``(vec, has_bias,
-    activation, two_halves)``; ``vec``: rows are 16-byte aligned and K % 8 == 0; ``two_halves``: M > 8 (rows 8..15
-    of the MMA are loaded, else zeros). With ``cfg.splits`` > 1, ``c`` is the
-    (splits * M, N) fp32 partials (no epilogue: ``bias`` unread)."""
-    vec, has_bias, activation, two_halves = spec
+    """``c = epilogue(a @ w^T)`` for a (M <= 16, K) and w (N, K), both K-contiguous; ``variant`` a
+    :class:`SkinnyVariant`. With ``cfg.splits`` > 1, ``c`` is the (splits * M, N) fp32 partials (no epilogue:
+    ``bias`` unread; :func:`~flydsl.kernels.gemm.partials.split_k_reduce` applies it)."""
+    vec, epilogue, two_halves = variant
+    if epilogue.scales or epilogue.store != "registers":
+        raise ValueError(f"skinny_gemm_kernel: expected an epilogue without scales, stored from registers: {epilogue}")
+    tensors = EpilogueTensors(bias=bias if epilogue.bias else None)
     if fx.const_expr(cfg.min_blocks is None):
         flyc.set_kernel_attributes(threads=cfg.threads)
     else:
@@ -179,26 +208,25 @@ def skinny_gemm_kernel(
     warp_k = warp_kk * (32 * cfg.unroll)
     # Launched as a dependent (programmatic dependent launch), the kernel may start before the previous one ends:
     # nothing is read before the wait (every load's row depends on its zero, so that none moves above it), nor is c
-    # written. (Reading the first step's weights before it measured no faster back to back at M = 16: 0-4% slower,
-    # benchmarks/results/skinny_gemm_explore_2026-12-01_rotate_m16.json.)
+    # written (docs/tuning/gemm.md#skinny-dependent-launch).
     after_wait = nvvm.griddepcontrol_wait()
     row_a0, row_a1 = row_a0 + after_wait, row_a1 + after_wait
     rows_w = [row + after_wait for row in rows_w]
-    operands = (a, w, rows_w, row_a0, row_a1)
+    streams = _WarpStreams(a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves)
     if fx.const_expr(cfg.pipelined):  # the next step's loads are issued before this step's MMAs
         if begin < full_end:
-            words = _loads(*operands, begin * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
+            words = _loads(streams, begin * cfg.step + warp_k, False)
             for it in range(begin + 1, full_end):
-                upcoming = _loads(*operands, it * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
+                upcoming = _loads(streams, it * cfg.step + warp_k, False)
                 accs = _mmas(words, accs, cfg, a.dtype)
                 words = upcoming
             accs = _mmas(words, accs, cfg, a.dtype)
     else:
         for it in range(begin, full_end):
-            words = _loads(*operands, it * cfg.step + warp_k, k_extent, cfg, lane_t, vec, False, two_halves)
+            words = _loads(streams, it * cfg.step + warp_k, False)
             accs = _mmas(words, accs, cfg, a.dtype)
     if full_end < end:  # the step with the K tail (the last one)
-        words = _loads(*operands, full_end * cfg.step + warp_k, k_extent, cfg, lane_t, vec, True, two_halves)
+        words = _loads(streams, full_end * cfg.step + warp_k, True)
         accs = _mmas(words, accs, cfg, a.dtype)
 
     # Sum the K-warps' accumulators: (K-warp, n8 tile of the CTA, element, lane) in shared memory, lanes contiguous
@@ -223,21 +251,17 @@ def skinny_gemm_kernel(
             total = total + partial[v, g, element, source_lane]
         if (tid + rep * cfg.threads < 16 * cfg.rows) & (row < m_extent) & (out_col < n_extent):
             if fx.const_expr(cfg.splits == 1):
-                c[row, out_col] = apply_epilogue(total, bias if has_bias else None, out_col, activation).to(c.dtype)
+                c[row, out_col] = apply_epilogue(total, epilogue, tensors, row, out_col).to(c.dtype)
             else:
                 c[gpu.block_idx.y * m_extent + row, out_col] = total
 
 
 @functools.cache
 def choose_skinny_config(m: int, n: int, k: int, sms: int) -> SkinnyConfig:
-    """M <= 8: 16 weight rows per CTA, 8 warps, 4 loads per row and step, double-buffered, 256-byte L2 prefetches
-    (measured best on the H200 for M in {1, 16} over issue 8's shapes among 12 candidates, benchmarks/
-    skinny_gemm_bench.py --explore; even at 1536 rows 96 CTAs beat a split K, whose partials cost a second launch).
+    """M <= 8: 16 weight rows per CTA, 8 warps, 4 loads per row and step, double-buffered, 256-byte L2 prefetches.
     M > 8 loads two activation rows per lane: 32 weight rows per CTA and 2 loads per step where that still gives
-    every SM a CTA, else the default at 2 CTAs per SM where there are more CTAs than SMs (back to back over rotating
-    weights at M = 16: 3-10% faster than the default on the 7 shapes timed,
-    benchmarks/results/skinny_gemm_explore_2026-12-01_rotate_m16.json; at 1536 x 7168, 96 CTAs, 2 per SM measured
-    4% slower). K is split over CTAs only when fewer than half the SMs would have a CTA."""
+    every SM a CTA, else the default at 2 CTAs per SM where there are more CTAs than SMs. K is split over CTAs only
+    when fewer than half the SMs would have a CTA (docs/tuning/gemm.md#skinny)."""
     cfg = SkinnyConfig()
     if m > 8 and -(-n // 32) >= sms:
         cfg = SkinnyConfig(groups=4, unroll=2)
@@ -248,56 +272,3 @@ def choose_skinny_config(m: int, n: int, k: int, sms: int) -> SkinnyConfig:
     while ctas * splits < sms // 2 and splits * 2 * cfg.step <= k and splits < 16:
         splits *= 2
     return dataclasses.replace(cfg, splits=splits)
-
-
-def _vector_ready(t, k: int) -> bool:
-    """16-byte loads work: K-contiguous rows starting 16-byte aligned."""
-    return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 and k % 8 == 0
-
-
-def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None, activation: str | None = None):
-    """``out = activation(a @ b + bias)`` for M <= 16, as :func:`flydsl.kernels.gemm.gemm`: a (M, K) and b (K, N)
-    torch tensors on one GPU, bf16 or fp16 (both the same); ``b`` column-major (``w.t()`` of nn.Linear weights w
-    (N, K)); ``a`` row- or column-major (the latter copied: M x K is small); ``bias`` (N,) contiguous, in a's dtype
-    or float32; ``activation`` None, "relu", "gelu" (erf) or "silu", applied in float32; ``out`` (M, N) row-major
-    bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: default :func:`choose_skinny_config`."""
-    m, n, k, out = check_arguments("skinny_gemm", a, b, out, bias, activation)
-    if m > MAX_M:
-        raise ValueError(f"skinny_gemm a: expected at most {MAX_M} rows, got {m} (use flydsl.kernels.gemm.gemm)")
-    if b.stride(0) != 1 and not (n == 1 or k == 1):
-        raise ValueError(
-            f"skinny_gemm b: expected a column-major (K, N) matrix (b = w.t() of (N, K) row-major weights), got"
-            f" strides {tuple(b.stride())}; row-major b is not supported (use flydsl.kernels.gemm.gemm)"
-        )
-    check_devices("skinny_gemm", a, b, out)
-    if m == 0 or n == 0 or k == 0:
-        return zero_product(out, bias, activation)
-    return launch_skinny(a, b, out, bias, activation, config)
-
-
-def launch_skinny(a, b, out, bias, activation, config: SkinnyConfig | None = None):
-    """The launches of :func:`skinny_gemm` for checked arguments (``gemm`` routes decode-sized M here)."""
-    import torch
-
-    m, k = a.shape
-    n = b.shape[1]
-    if a.stride(1) != 1:
-        a = a.contiguous()  # column-major (or strided) activations: M x K elements, cheap to copy
-    w = b.t()  # (N, K), K contiguous
-    if w.stride(1) != 1:  # n == 1 or k == 1 with odd strides
-        w = w.contiguous()
-    cfg = config or choose_skinny_config(m, n, k, sm_count(a.get_device()))
-    vec = _vector_ready(a, k) and _vector_ready(w, k)
-    spec = (vec, bias is not None, activation, m > 8)
-    grid = (-(-n // cfg.rows), cfg.splits)
-    if cfg.splits == 1:
-        bias_arg = bias if bias is not None else out  # unread without a bias
-        skinny_gemm_kernel(a, w, out, bias_arg, cfg, spec).launch(grid=grid, block=cfg.threads)
-        return out
-    partials = torch.empty((cfg.splits * m, n), dtype=torch.float32, device=a.device)
-    skinny_gemm_kernel(a, w, partials, partials, cfg, spec).launch(grid=grid, block=cfg.threads)
-    bias_arg = bias if bias is not None else out
-    split_k_reduce(partials, out, bias_arg, cfg.splits, (bias is not None, activation)).launch(
-        grid=-(-m * n // 256), block=256
-    )
-    return out

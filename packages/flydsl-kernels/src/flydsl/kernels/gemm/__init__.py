@@ -1,0 +1,76 @@
+"""Hopper GEMMs: ``C = activation(A @ B + bias)`` in bf16/fp16 with fp32 accumulation.
+
+    from flydsl.kernels.gemm import gemm
+    c = gemm(a, b, bias=bias, activation="gelu")   # a (M, K), b (K, N): torch tensors on the GPU
+
+Two kernels: the warp-specialized persistent kernel (``gemm_ws``: TMA producer, wgmma consumers, 2-CTA clusters,
+split K / stream-K, TMA-store epilogue) and, for M <= 16 with ``nn.Linear`` weights, a weight-streaming
+``mma.sync`` kernel (``skinny_gemm_kernel``). The modules, from the bottom up, are the building blocks a new GEMM
+composes:
+
+================  =====================================================================================================
+config            GemmConfig, its shared-memory budget, candidate_configs, choose_config and its cost model
+schedulers        work units of a persistent kernel: TileScheduler, GroupedTiles, SplitKTiles, StreamKTiles
+operands          operand_layout, OperandTiles (TMA loads into a pipeline slot), Producer/produce; host: TMA views
+mainloop          Consumer, mma_steps, drain: the wgmma mainloop over an mbarrier pipeline
+epilogue          Epilogue, Scale, EpilogueTensors: scales, bias, activation in float32; register and TMA stores
+partials          fp32 partial tiles of split K and stream-K; the split_k_reduce kernel
+warp_specialized  warp_specialized_gemm (the body), gemm_ws and gemm_ws_scaled (the kernels)
+skinny            SkinnyConfig, choose_skinny_config, skinny_gemm_kernel (M <= 16)
+plan              plan_gemm: a call's route, configuration, TMA views, epilogue, grids and scratch, without a GPU
+launch            gemm, skinny_gemm, launch_plan: a plan run on torch tensors
+arguments         the entry points' argument checks
+================  =====================================================================================================
+
+``python -m flydsl.kernels.gemm.plan M N K`` prints what runs for a shape. Why it is tuned as it is:
+``docs/tuning/gemm.md``.
+"""
+
+from flydsl.kernels.gemm.arguments import check_arguments, check_devices, zero_product
+from flydsl.kernels.gemm.config import (
+    GemmConfig,
+    candidate_configs,
+    choose_config,
+    estimated_seconds,
+    max_stages,
+    staging_bytes,
+    staging_fits,
+)
+from flydsl.kernels.gemm.epilogue import ACTIVATIONS, Epilogue, EpilogueTensors, Scale
+from flydsl.kernels.gemm.launch import gemm, launch_plan, skinny_gemm
+from flydsl.kernels.gemm.operands import MatrixSpec, operand_layout
+from flydsl.kernels.gemm.partials import split_k_reduce
+from flydsl.kernels.gemm.plan import GemmPlan, plan_gemm
+from flydsl.kernels.gemm.skinny import MAX_M, SkinnyConfig, choose_skinny_config, skinny_gemm_kernel
+from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_scaled
+
+__all__ = [
+    "ACTIVATIONS",
+    "MAX_M",
+    "Epilogue",
+    "EpilogueTensors",
+    "GemmConfig",
+    "GemmPlan",
+    "MatrixSpec",
+    "Scale",
+    "SkinnyConfig",
+    "candidate_configs",
+    "check_arguments",
+    "check_devices",
+    "choose_config",
+    "choose_skinny_config",
+    "estimated_seconds",
+    "gemm",
+    "gemm_ws",
+    "gemm_ws_scaled",
+    "launch_plan",
+    "max_stages",
+    "operand_layout",
+    "plan_gemm",
+    "skinny_gemm",
+    "skinny_gemm_kernel",
+    "split_k_reduce",
+    "staging_bytes",
+    "staging_fits",
+    "zero_product",
+]

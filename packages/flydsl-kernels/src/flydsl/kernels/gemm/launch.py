@@ -1,0 +1,140 @@
+"""The GEMM entry points on torch tensors: check the arguments, find the call's plan (:mod:`~flydsl.kernels.gemm.plan`,
+cached per geometry), prepare the operands it names, bind TMA descriptors and scratch memory, launch.
+
+    from flydsl.kernels.gemm import gemm
+    c = gemm(a, b)                     # a (M, K), b (K, N): torch tensors on the GPU, bf16 or fp16
+"""
+
+from __future__ import annotations
+
+from flydsl.kernels.gemm.arguments import check_arguments, check_devices, zero_product
+from flydsl.kernels.gemm.config import GemmConfig
+from flydsl.kernels.gemm.operands import MatrixSpec, copy_for_tma, tma_tile
+from flydsl.kernels.gemm.plan import GemmPlan, Scratch, Tensor, Tma, plan_gemm, plan_skinny
+from flydsl.kernels.gemm.skinny import MAX_M, SkinnyConfig
+from flydsl.kernels.host import sm_count, stream_key
+
+__all__ = ["gemm", "launch_plan", "skinny_gemm"]
+
+_PLANS: dict[tuple, GemmPlan] = {}  # (entry point, arguments' geometry, epilogue, SMs, config) -> its plan
+_PLANS_LIMIT = 1024
+
+
+def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None):
+    """``out = activation(a @ b + bias)`` for torch tensors on one GPU: a (M, K), b (K, N), bf16 or fp16 (both the
+    same), each row- or column-major; ``bias`` (N,) contiguous, in a's dtype or float32; ``activation`` None,
+    "relu", "gelu" (erf) or "silu", applied in float32 before the conversion to ``out``'s dtype; ``out`` (M, N)
+    row-major bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: the tile configuration (default:
+    :func:`~flydsl.kernels.gemm.config.choose_config`; with none given, M <= 16 and nn.Linear weights ``w.t()``
+    stream the weights through the skinny kernel)."""
+    m, n, k, out = check_arguments("gemm", a, b, out, bias, activation)
+    check_devices("gemm", a, b, out)
+    if m == 0 or n == 0 or k == 0:
+        return zero_product(out, bias, activation)
+    key = ("gemm", _geometry(a, b, out, bias), activation, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        a_spec, b_spec, out_spec, bias_spec = key[1]
+        sms = sm_count(a.get_device())
+        plan = plan_gemm(a_spec, b_spec, out_spec, sms=sms, bias=bias_spec, activation=activation, config=config)
+        _remember(key, plan)
+    return launch_plan(plan, a, b, out, bias)
+
+
+def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None, activation: str | None = None):
+    """``out = activation(a @ b + bias)`` for M <= 16, as :func:`gemm`: a (M, K) and b (K, N) torch tensors on one
+    GPU, bf16 or fp16 (both the same); ``b`` column-major (``w.t()`` of nn.Linear weights w (N, K)); ``a`` row- or
+    column-major (the latter copied: M x K is small); ``bias`` (N,) contiguous, in a's dtype or float32;
+    ``activation`` None, "relu", "gelu" (erf) or "silu", applied in float32; ``out`` (M, N) row-major
+    bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: default
+    :func:`~flydsl.kernels.gemm.skinny.choose_skinny_config`."""
+    m, n, k, out = check_arguments("skinny_gemm", a, b, out, bias, activation)
+    if m > MAX_M:
+        raise ValueError(f"skinny_gemm a: expected at most {MAX_M} rows, got {m} (use flydsl.kernels.gemm.gemm)")
+    if b.stride(0) != 1 and not (n == 1 or k == 1):
+        raise ValueError(
+            f"skinny_gemm b: expected a column-major (K, N) matrix (b = w.t() of (N, K) row-major weights), got"
+            f" strides {tuple(b.stride())}; row-major b is not supported (use flydsl.kernels.gemm.gemm)"
+        )
+    check_devices("skinny_gemm", a, b, out)
+    if m == 0 or n == 0 or k == 0:
+        return zero_product(out, bias, activation)
+    key = ("skinny_gemm", _geometry(a, b, out, bias), activation, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        a_spec, b_spec, out_spec, bias_spec = key[1]
+        sms = sm_count(a.get_device())
+        plan = plan_skinny(a_spec, b_spec, out_spec, sms=sms, bias=bias_spec, activation=activation, config=config)
+        _remember(key, plan)
+    return launch_plan(plan, a, b, out, bias)
+
+
+def _geometry(a, b, out, bias) -> tuple:
+    bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")
+    return MatrixSpec.of(a, "a"), MatrixSpec.of(b, "b"), MatrixSpec.of(out, "out"), bias_spec
+
+
+def _remember(key, plan) -> None:
+    if len(_PLANS) >= _PLANS_LIMIT:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = plan
+
+
+_STEPS = {
+    "transpose": lambda t: t.t(),
+    "contiguous": lambda t: t.contiguous(),
+    "pad_rows": lambda t: copy_for_tma(t, "rows"),
+    "pad_columns": lambda t: copy_for_tma(t, "columns"),
+}
+
+
+def launch_plan(plan: GemmPlan, a, b, out, bias=None, scales=()):
+    """Runs ``plan`` (from :func:`~flydsl.kernels.gemm.plan.plan_gemm` for tensors of this geometry) on torch tensors:
+    the preparations, then each launch with its tensors, TMA descriptors (cached per address) and scratch memory
+    bound. ``scales``: the epilogue's scale tensors, in the plan's order. Returns ``out``."""
+    tensors = {"a": a, "b": b, "out": out, "bias": bias}
+    for i, scale in enumerate(scales):
+        tensors[f"scale_{i}"] = scale
+    for preparation in plan.preparations:
+        prepared = tensors[preparation.source]
+        for step in preparation.steps:
+            prepared = _STEPS[step](prepared)
+        tensors[preparation.role] = prepared
+    for launch in plan.launches:
+        arguments = []
+        for argument in launch.arguments:
+            kind = type(argument)
+            if kind is Tensor:
+                arguments.append(tensors[argument.role])
+            elif kind is Tma:
+                arguments.append(tma_tile(tensors[argument.role], argument.view))
+            elif kind is Scratch:
+                arguments.append(_scratch(tensors, argument, a))
+            else:
+                arguments.append(argument)
+        launch.kernel(*arguments).launch(grid=launch.grid, block=launch.block)
+    return out
+
+
+_SCRATCH: dict[tuple, object] = {}  # (host.stream_key, name) -> a torch tensor, grown as needed
+
+
+def _scratch(tensors: dict, scratch: Scratch, like):
+    """The memory of ``scratch`` on ``like``'s device: "partials" fresh for this call (kept in ``tensors`` for the
+    launches after), "workspace" and "flags" (zeros: every launch leaves them zero, each reset by its reader) shared
+    by the kernels of ``like``'s current stream, which run one after another."""
+    import torch
+
+    dtype = torch.float32 if scratch.dtype == "f32" else torch.int32
+    if not scratch.per_stream:
+        held = tensors.get(scratch.name)
+        if held is None:
+            held = tensors[scratch.name] = torch.empty(scratch.shape, dtype=dtype, device=like.device)
+        return held
+    key = (stream_key(like), scratch.name)
+    held = _SCRATCH.get(key)
+    if held is None or held.numel() < scratch.shape[0]:
+        size = max(scratch.shape[0], held.numel() if held is not None else 0)
+        allocate = torch.zeros if scratch.name == "flags" else torch.empty
+        held = _SCRATCH[key] = allocate(size, dtype=dtype, device=like.device)
+    return held

@@ -1,0 +1,342 @@
+"""What a GEMM call launches, computed from its tensors' geometry and the SM count alone (no GPU, no memory):
+:func:`plan_gemm` routes a call and returns a :class:`GemmPlan` (the kernel and configuration, how operands are
+prepared, TMA views, epilogue, grids, scratch memory); :mod:`~flydsl.kernels.gemm.launch` runs plans on torch
+tensors, and the same plan compiles without a GPU (:meth:`GemmPlan.lower`).
+
+Routes: M <= 16 with a K-major ``b`` (an ``nn.Linear`` weight's ``W.t()``) and no configuration given streams the
+weights (:func:`plan_skinny`: the skinny kernel, and ``split_k_reduce`` after it where K is split over CTAs); every
+other call takes the warp-specialized kernel (:func:`plan_dense`: ``gemm_ws``, or ``gemm_ws_scaled`` with epilogue
+scales).
+
+    python -m flydsl.kernels.gemm.plan 2048 4096 4096            # the route, config and launches of one shape
+    python -m flydsl.kernels.gemm.plan 16 14336 4096 --b-major K --bias f32 --activation silu
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from flydsl.kernels.gemm.config import STAGING_BOX, GemmConfig, choose_config, staging_fits
+from flydsl.kernels.gemm.epilogue import Epilogue
+from flydsl.kernels.gemm.operands import MatrixSpec, TmaView, operand_view, tma_copied, tma_copy_kind
+from flydsl.kernels.gemm.partials import split_k_reduce
+from flydsl.kernels.gemm.schedulers import cluster_tiles, split_plan
+from flydsl.kernels.gemm.skinny import MAX_M, SkinnyConfig, SkinnyVariant, choose_skinny_config, skinny_gemm_kernel
+from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_scaled
+
+__all__ = ["GemmPlan", "Launch", "Preparation", "Scratch", "Tensor", "Tma", "plan_dense", "plan_gemm", "plan_skinny"]
+
+
+class Tensor(NamedTuple):
+    """A kernel argument that is one of the call's tensors, by role: "a", "b", "out", "bias", "scale_0", ... or a
+    prepared one ("w": the skinny kernel's (N, K) weights, b transposed); ``unread``: it only fills a parameter the
+    kernel does not read for this call (a bias, scratch or scale it does not have)."""
+
+    role: str
+    unread: bool = False
+
+
+class Tma(NamedTuple):
+    """A kernel argument that is a TMA descriptor of the tensor ``role`` seen as ``view`` (``unread``: as
+    :class:`Tensor`'s)."""
+
+    role: str
+    view: TmaView
+    unread: bool = False
+
+
+class Scratch(NamedTuple):
+    """A kernel argument that is memory the launcher provides: ``name`` "workspace" (fp32 partial tiles), "flags"
+    (int32, zero: every launch leaves them zero) or "partials" (the skinny kernel's split K, fresh per call), of at
+    least ``shape``; the first two are kept per device and stream (kernels of a stream run one after another)."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+    @property
+    def per_stream(self) -> bool:
+        return self.name in ("workspace", "flags")
+
+
+class Launch(NamedTuple):
+    """One kernel launch: ``arguments`` in the kernel's order (:class:`Tensor`, :class:`Tma`, :class:`Scratch`, or
+    the constexpr values themselves), ``grid`` and ``block``."""
+
+    kernel: object
+    arguments: tuple
+    grid: object
+    block: int
+
+
+class Preparation(NamedTuple):
+    """The tensor ``role`` is made from the call's ``source`` by ``steps`` ("transpose": ``t.t()``; "contiguous":
+    ``t.contiguous()``; "pad_rows" / "pad_columns": a copy with rows / columns padded to 16 bytes for TMA)."""
+
+    role: str
+    source: str
+    steps: tuple
+
+
+@dataclass(frozen=True, eq=False)
+class GemmPlan:
+    """A routed GEMM call: ``route`` ("gemm_ws", "gemm_ws_scaled" or "skinny"), its configuration, the epilogue,
+    the tensors' geometry as the kernels see them (``specs``, by role, after ``preparations``) and the launches, in
+    order."""
+
+    route: str
+    config: GemmConfig | SkinnyConfig
+    epilogue: Epilogue
+    specs: dict = field(repr=False)
+    preparations: tuple
+    launches: tuple
+
+    def argument_specs(self, launch: Launch) -> list:
+        """``launch``'s arguments over ``flyc.TensorSpec``s of the planned geometry (for ``kernel.lower``)."""
+        bound = []
+        for argument in launch.arguments:
+            if type(argument) is Tensor:
+                bound.append(self.specs[argument.role].tensor_spec())
+            elif type(argument) is Tma:
+                bound.append(argument.view.spec_tile())
+            elif type(argument) is Scratch:
+                bound.append(MatrixSpec.dense(argument.shape, argument.dtype).tensor_spec())
+            else:
+                bound.append(argument)
+        return bound
+
+    def lower(self) -> list:
+        """Every launch's compiled module (PTX, cubin where ptxas is found), compiled without a GPU."""
+        return [launch.kernel.lower(*self.argument_specs(launch)) for launch in self.launches]
+
+    def describe(self) -> str:
+        """The route, configuration, operand views and launches, one item a line."""
+        lines = [f"route: {self.route}", f"config: {self.config}", f"epilogue: {self.epilogue}"]
+        lines += [
+            f"prepare {p.role} = {p.source}" + "".join(f".{step}()" for step in p.steps) for p in self.preparations
+        ]
+        for launch in self.launches:
+            lines.append(f"launch {launch.kernel.name} grid={launch.grid} block={launch.block}")
+            names = [p.name for p in launch.kernel.params]
+            for name, argument in zip(names, launch.arguments, strict=True):
+                lines.append(f"  {name}: {_argument_text(self, argument)}")
+        return "\n".join(lines)
+
+
+def _argument_text(plan: GemmPlan, argument) -> str:
+    if type(argument) is Tensor:
+        spec = plan.specs[argument.role]
+        text = f"{argument.role} {spec.dtype}{list(spec.shape)} strides {spec.strides}"
+        return text + (" (unread)" if argument.unread else "")
+    if type(argument) is Tma:
+        view = argument.view
+        text = f"TMA of {argument.role}: {view.major}-major {view.dtype}{list(view.matrix)} boxes {view.box}"
+        return text + (" (unused)" if argument.unread else "")
+    if type(argument) is Scratch:
+        return f"scratch {argument.name} {argument.dtype}{list(argument.shape)}"
+    return repr(argument)
+
+
+def plan_gemm(
+    a: MatrixSpec,
+    b: MatrixSpec,
+    out: MatrixSpec,
+    *,
+    sms: int,
+    bias: MatrixSpec | None = None,
+    activation: str | None = None,
+    scales: tuple = (),
+    config: GemmConfig | None = None,
+) -> GemmPlan:
+    """The plan of ``gemm(a, b, out, config, bias=bias, activation=activation)`` for arguments of this geometry
+    (checked already: ``check_arguments``) on a GPU of ``sms`` SMs: decode-sized M with K-major weights streams them,
+    every other call takes the warp-specialized kernel. ``scales``: up to two (Scale, MatrixSpec) pairs, the
+    epilogue's float32 scales and their tensors' geometry (checked here; the warp-specialized kernel only)."""
+    m = a.shape[0]
+    if config is None and not scales and m <= MAX_M and b.strides[0] == 1:  # decode-sized M: stream the weights
+        return plan_skinny(a, b, out, sms=sms, bias=bias, activation=activation)
+    return plan_dense(a, b, out, sms=sms, bias=bias, activation=activation, scales=scales, config=config)
+
+
+def plan_dense(
+    a: MatrixSpec,
+    b: MatrixSpec,
+    out: MatrixSpec,
+    *,
+    sms: int,
+    bias: MatrixSpec | None = None,
+    activation: str | None = None,
+    scales: tuple = (),
+    config: GemmConfig | None = None,
+) -> GemmPlan:
+    """The warp-specialized kernel's plan: the configuration (default :func:`choose_config`), operands copied into
+    16-byte aligned rows where TMA cannot read them as they are, each CTA of a cluster loading its part of the
+    shared tile (B's along M, A's along N), C through the TMA store where it applies, at most one CTA per SM (all of
+    them with stream-K), and the partial tiles' scratch for split K and stream-K."""
+    (m, k), n = a.shape, b.shape[1]
+    cfg = config or choose_config(m, n, k, sms)
+    specs = {"out": out}
+    preparations = []
+    views = []
+    for role, matrix, mn_dim, rows in (
+        ("a", a, 0, cfg.tile_m // cfg.cluster_n),
+        ("b", b, 1, cfg.tile_n // cfg.cluster_m),
+    ):
+        copy = tma_copy_kind(matrix)
+        if copy is not None:
+            preparations.append(Preparation(role, role, (f"pad_{copy}",)))
+        specs[role] = tma_copied(matrix, copy)
+        views.append(operand_view(specs[role], mn_dim, rows, cfg.tile_k, role))
+    a_view, b_view = views
+    if b_view.major != "K" and (cfg.tile_n // cfg.cluster_m) % 64:
+        raise ValueError(
+            f"gemm config: {cfg} has each CTA load {cfg.tile_n // cfg.cluster_m} columns of each B tile, but b is"
+            " MN-major (row-major (K, N)), read in boxes of 64 columns: use a tile_n (divided by cluster_m) that is a"
+            " multiple of 64, or b K-major (e.g. an nn.Linear weight w as w.t())"
+        )
+    workers = sms // cfg.cluster  # CTAs, or clusters; stream-K gives every one of them work
+    split_from, units = split_plan(cluster_tiles(m, n, cfg), workers, cfg)
+    grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster
+    store_view = _store_view(out, cfg)
+    epilogue = Epilogue(
+        bias=bias is not None,
+        activation=activation,
+        scales=tuple(scale for scale, _ in scales),
+        store="tma" if store_view is not None else "registers",
+    )
+    if bias is not None:
+        specs["bias"] = bias
+    for i, (scale, matrix) in enumerate(scales):
+        if matrix.dtype != "f32" or tuple(matrix.shape) != scale.shape(m, n) or matrix.strides[-1] != 1:
+            raise ValueError(
+                f"gemm scale_{i}: expected a float32 {scale.shape(m, n)} tensor with a unit last stride for"
+                f" {scale}, got {matrix.dtype} {tuple(matrix.shape)} strides {matrix.strides}"
+            )
+        specs[f"scale_{i}"] = matrix
+    # Partial tiles (stream-K: one slot per CTA; split K: one per K part of each CTA of a cluster).
+    if cfg.stream_k or cfg.split_k > 1:
+        slots = grid if cfg.stream_k else (units - split_from) * cfg.cluster
+        workspace = Scratch("workspace", (slots * cfg.consumers * cfg.consumer_rows * cfg.tile_n,), "f32")
+        flags = Scratch("flags", (slots * cfg.consumers,), "i32")
+    else:
+        workspace = flags = Tensor("out", unread=True)
+    c_store = Tma("out", store_view) if store_view is not None else Tma("a", a_view, unread=True)
+    bias_argument = Tensor("bias") if bias is not None else Tensor("out", unread=True)
+    arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"), c_store, bias_argument)
+    if len(scales) > 2:
+        raise ValueError(f"gemm scales: the warp-specialized kernel takes at most two, got {len(scales)}")
+    if scales:
+        arguments += (Tensor("scale_0"), Tensor("scale_1") if len(scales) > 1 else Tensor("scale_0", unread=True))
+    arguments += (workspace, flags, cfg, (a_view.major, b_view.major), epilogue)
+    kernel = gemm_ws_scaled if scales else gemm_ws
+    launch = Launch(kernel, arguments, grid, cfg.threads)
+    return GemmPlan(kernel.name, cfg, epilogue, specs, tuple(preparations), (launch,))
+
+
+def _store_view(out: MatrixSpec, cfg: GemmConfig) -> TmaView | None:
+    """C's view in boxes of (64, 64) for the TMA-store epilogue, or None where it does not apply: C not 16-bit, its
+    rows not 16-byte aligned or overlapping (a row stride under N, even in a one-row view: TMA's descriptor would
+    refuse it), or no shared memory left beside the pipeline for the staging boxes."""
+    if out.dtype not in ("bf16", "f16") or not staging_fits(cfg):
+        return None
+    row_stride = out.strides[0]
+    if not out.aligned or row_stride % 8 or row_stride < out.shape[1]:  # 8 16-bit elements: 16 bytes
+        return None
+    return operand_view(out, 0, STAGING_BOX[0], STAGING_BOX[1], "out")
+
+
+def plan_skinny(
+    a: MatrixSpec,
+    b: MatrixSpec,
+    out: MatrixSpec,
+    *,
+    sms: int,
+    bias: MatrixSpec | None = None,
+    activation: str | None = None,
+    config: SkinnyConfig | None = None,
+) -> GemmPlan:
+    """The weight-streaming kernel's plan for M <= 16: ``a`` made K-contiguous (copied: M x K is small), the weights
+    as the (N, K) ``w = b.t()`` (copied where K is not contiguous: n == 1 or k == 1 with odd strides), the
+    configuration (default :func:`choose_skinny_config`), 16-byte loads where rows allow them, and with K split over
+    CTAs the fp32 partials summed by ``split_k_reduce`` through the epilogue."""
+    (m, k), n = a.shape, b.shape[1]
+    preparations = []
+    if a.strides[1] != 1:
+        a = _contiguous(a)
+        preparations.append(Preparation("a", "a", ("contiguous",)))
+    w, w_steps = b.transposed(), ("transpose",)
+    if w.strides[1] != 1:
+        w, w_steps = _contiguous(w), ("transpose", "contiguous")
+    preparations.append(Preparation("w", "b", w_steps))
+    cfg = config or choose_skinny_config(m, n, k, sms)
+    epilogue = Epilogue(bias=bias is not None, activation=activation)
+    variant = SkinnyVariant(_vector_ready(a, k) and _vector_ready(w, k), epilogue, m > 8)
+    specs = {"a": a, "w": w, "out": out, **({"bias": bias} if bias is not None else {})}
+    bias_argument = Tensor("bias") if bias is not None else Tensor("out", unread=True)
+    grid = (-(-n // cfg.rows), cfg.splits)
+    if cfg.splits == 1:
+        launch = Launch(
+            skinny_gemm_kernel,
+            (Tensor("a"), Tensor("w"), Tensor("out"), bias_argument, cfg, variant),
+            grid,
+            cfg.threads,
+        )
+        return GemmPlan("skinny", cfg, epilogue, specs, tuple(preparations), (launch,))
+    partials = Scratch("partials", (cfg.splits * m, n), "f32")
+    first = Launch(skinny_gemm_kernel, (Tensor("a"), Tensor("w"), partials, partials, cfg, variant), grid, cfg.threads)
+    reduce = Launch(
+        split_k_reduce, (partials, Tensor("out"), bias_argument, cfg.splits, epilogue), -(-m * n // 256), 256
+    )
+    return GemmPlan("skinny", cfg, epilogue, specs, tuple(preparations), (first, reduce))
+
+
+def _contiguous(matrix: MatrixSpec) -> MatrixSpec:
+    """``matrix`` after torch's ``contiguous()``: itself where torch sees it as contiguous (strides of extent-1
+    dimensions do not count), else a row-major copy."""
+    expected = MatrixSpec.dense(matrix.shape, matrix.dtype).strides
+    if all(extent == 1 or s == e for extent, s, e in zip(matrix.shape, matrix.strides, expected, strict=True)):
+        return matrix
+    return MatrixSpec.dense(matrix.shape, matrix.dtype)
+
+
+def _vector_ready(matrix: MatrixSpec, k: int) -> bool:
+    """16-byte loads work: K-contiguous rows starting 16-byte aligned."""
+    return matrix.strides[1] == 1 and matrix.aligned and matrix.strides[0] % 8 == 0 and k % 8 == 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("m", type=int)
+    parser.add_argument("n", type=int)
+    parser.add_argument("k", type=int)
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
+    parser.add_argument("--b-major", default="K", choices=("K", "MN"), help="K: b = W.t() of (N, K) weights")
+    parser.add_argument("--out-dtype", choices=("bf16", "f16", "f32"), help="default: the operands' dtype")
+    parser.add_argument("--bias", choices=("same", "f32"), help="a (N,) bias in the operands' dtype or float32")
+    parser.add_argument("--activation", choices=("relu", "gelu", "silu"))
+    parser.add_argument("--sms", type=int, default=132, help="the GPU's SM count (default: the H200's)")
+    parser.add_argument("--lower", action="store_true", help="also compile each launch and print its PTX's size")
+    args = parser.parse_args(argv)
+    m, n, k = args.m, args.n, args.k
+    a = MatrixSpec.dense((m, k), args.dtype)
+    b = (
+        MatrixSpec.dense((n, k), args.dtype).transposed()
+        if args.b_major == "K"
+        else MatrixSpec.dense((k, n), args.dtype)
+    )
+    out = MatrixSpec.dense((m, n), args.out_dtype or args.dtype)
+    bias = None if args.bias is None else MatrixSpec.dense((n,), args.dtype if args.bias == "same" else "f32")
+    plan = plan_gemm(a, b, out, sms=args.sms, bias=bias, activation=args.activation)
+    print(f"gemm {m}x{n}x{k} {args.dtype}, b {args.b_major}-major, {args.sms} SMs")
+    print(plan.describe())
+    if args.lower:
+        for launch, module in zip(plan.launches, plan.lower(), strict=True):
+            print(f"{launch.kernel.name}: {len(module.ptx)} bytes of PTX, shared {module.shared_bytes}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

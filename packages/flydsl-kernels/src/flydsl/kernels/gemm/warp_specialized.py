@@ -1,0 +1,222 @@
+"""The warp-specialized persistent Hopper GEMM: ``C = epilogue(A @ B^T)`` of bf16/fp16 (MN, K) operand views, fp32
+accumulation.
+
+One CTA per SM walks the work units of a tile scheduler (:mod:`~flydsl.kernels.gemm.schedulers`: grouped tiles,
+split K or stream-K). In each CTA, warpgroup 0 is the producer: one thread streams the A and B tiles of every K step
+through an ``fx.TmaPipeline`` of ``stages`` shared-memory slots (:func:`~flydsl.kernels.gemm.operands.produce`). The
+other warpgroups are consumers: each multiplies its rows of the tile with ``wgmma``
+(:func:`~flydsl.kernels.gemm.mainloop.mma_steps`), sums split or streamed parts through fp32 partial tiles
+(:mod:`~flydsl.kernels.gemm.partials`) and stores C through the epilogue
+(:func:`~flydsl.kernels.gemm.epilogue.store_accumulators`). The producer gives most of its registers to the consumers
+(``setmaxnreg``).
+
+:func:`warp_specialized_gemm` is the kernel's body; :func:`gemm_ws` and :func:`gemm_ws_scaled` (the epilogue's
+float32 scales as two more tensors) are the kernels that call it. The host side that plans their launches is
+:mod:`~flydsl.kernels.gemm.plan`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import gpu, nvvm, wgmma
+from flydsl.kernels.gemm.epilogue import (
+    EpilogueTensors,
+    TileStore,
+    finish_stores,
+    store_accumulators,
+    tma_store_staging,
+)
+from flydsl.kernels.gemm.mainloop import Consumer, drain, mma_steps
+from flydsl.kernels.gemm.operands import Producer, allocate_operand, produce
+from flydsl.kernels.gemm.partials import PartialTiles, add_stream_k_partials, split_k_last, store_stream_k_partials
+from flydsl.kernels.gemm.schedulers import dense_scheduler
+
+__all__ = ["GemmTensors", "gemm_ws", "gemm_ws_scaled", "warp_specialized_gemm"]
+
+_PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
+
+
+class GemmTensors(NamedTuple):
+    """The tensors of one warp-specialized GEMM, as the kernel sees them: ``a``, ``b`` (TMA descriptors of the
+    (MN, K) views), ``c``, ``c_store`` (C's descriptor in (64, 64) boxes for the TMA-store epilogue; unused without
+    it), the epilogue's tensors (:class:`~flydsl.kernels.gemm.epilogue.EpilogueTensors`), and the partial tiles'
+    fp32 ``workspace`` and int32 ``flags`` (split K and stream-K; unread otherwise)."""
+
+    a: object
+    b: object
+    c: object
+    c_store: object
+    epilogue: EpilogueTensors
+    workspace: object
+    flags: object
+
+
+def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
+    """The kernel body: ``cfg`` a :class:`~flydsl.kernels.gemm.config.GemmConfig`, ``majors`` ``(a_major, b_major)``
+    ("K" or "MN"), ``epilogue`` an :class:`~flydsl.kernels.gemm.epilogue.Epilogue` whose scales ``tensors.epilogue``
+    holds. Call it from a ``@flyc.kernel`` (it sets the block size, register cap and cluster)."""
+    # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
+    flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster)
+    a, b, c = tensors.a, tensors.b, tensors.c
+    a_major, b_major = majors
+    smem = fx.SmemAllocator()
+    a_tiles = allocate_operand(smem, "a", a, cfg.tile_m, cfg.tile_k, cfg.stages, a_major, cfg.cluster_n)
+    b_tiles = allocate_operand(smem, "b", b, cfg.tile_n, cfg.tile_k, cfg.stages, b_major, cfg.cluster_m)
+    tma = tma_store_staging(smem, c, tensors.c_store, cfg) if epilogue.store == "tma" else None
+    # A slot is freed by one arrival per warp of the consumers that read it (pingpong: one; cooperative: all) in
+    # every CTA of the cluster (the multicast parts land in all of them).
+    pingpong = cfg.schedule == "pingpong"
+    draining = 1 if pingpong else cfg.consumers
+    pipe = fx.TmaPipeline(smem, cfg.stages, cfg.stage_bytes(a.element_bytes), consumers=4 * draining * cfg.cluster)
+    if fx.const_expr(pingpong):
+        # Pingpong consumers take turns at their units' K steps (CUTLASS's math order barrier): order[c] completes
+        # when the other consumer has waited for every K step of its unit. Without it, a consumer a whole unit of
+        # K steps ahead waits on a full barrier whose parity reads as done two phases early (e.g. at once on a
+        # fresh barrier when k_tiles // stages is odd).
+        order = fx.mbarrier.allocate(smem, 2)
+        if gpu.thread_idx.x == 0:
+            for turn_of in fx.range_constexpr(2):
+                order[turn_of].init(128)  # every thread of the consumer warpgroup that finished its K steps
+    arrivals = smem.allocate(fx.Int32, cfg.consumers) if cfg.split_k > 1 else None  # see split_k_last
+    pipe.init(sync=cfg.cluster == 1)  # its fence and block/cluster sync cover the order barriers' init too
+    rank = 0
+    peers = None
+    if fx.const_expr(cfg.cluster > 1):
+        fx.cluster.sync()  # every CTA's barriers are initialized before any multicast or remote arrival
+        rank = fx.cluster.block_rank()
+        peers = list(range(cfg.cluster))
+
+    m_extent = c.shape[0].to(fx.Int32)
+    n_extent = c.shape[1].to(fx.Int32)
+    k_extent = a.shape[1] if a_major == "K" else a.shape[0]
+    k_tiles = ((k_extent + (cfg.tile_k - 1)) // cfg.tile_k).to(fx.Int32)
+    schedule = dense_scheduler(m_extent, n_extent, k_tiles, cfg, rank)
+    store = TileStore(c, epilogue, tensors.epilogue, cfg, tma)
+
+    tid = gpu.thread_idx.x
+    warpgroup = tid // 128
+    if warpgroup == 0:
+        nvvm.setmaxnreg(_PRODUCER_REGISTERS, increase=False)
+        if tid == 0:
+            a.prefetch()
+            b.prefetch()
+            producer = Producer(pipe, a_tiles, b_tiles, rank)
+            state = pipe.producer_start()
+            for unit in range(schedule.worker, schedule.count, schedule.stride):
+                state = produce(producer, state, schedule.work(unit))
+            if fx.const_expr(cfg.stream_k):
+                for segment in range(schedule.segments):
+                    state = produce(producer, state, schedule.segment(segment)[1])
+    else:
+        nvvm.setmaxnreg(_CONSUMER_REGISTERS, increase=True)
+        consumer = warpgroup - 1
+        mma = wgmma.TiledMma(
+            wgmma.MmaAtom(a.dtype, cfg.tile_n),
+            tile_m=cfg.tile_m,
+            tile_n=cfg.tile_n,
+            warpgroups_m=cfg.tile_m // cfg.consumer_rows,
+        )
+        lane = tid % 32
+        warp = (tid // 32) % 4
+        mainloop = Consumer(pipe, mma, a_tiles, b_tiles, consumer, lane, peers)
+        state = pipe.consumer_start()
+        first, stride = schedule.worker, schedule.stride
+        turn = 0  # pingpong: the parity of this consumer's next wait on order[consumer]
+        if fx.const_expr(pingpong):  # consumer c takes the CTA's units c, c + 2, ...: past the other's K steps
+            state = state.advance_by(consumer * k_tiles)
+            first, stride = first + consumer * stride, 2 * stride
+            turn = 1 - consumer  # consumer 0's first wait passes at once (parity 1 on a fresh barrier)
+        for unit in range(first, schedule.count, stride):
+            work = schedule.work(unit)
+            if fx.const_expr(pingpong):  # the other consumer has waited for all K steps of the unit before
+                order[consumer].wait(turn)
+                turn = turn ^ 1
+            state, released, accs = mma_steps(mainloop, state, work.k_begin, work.k_end)
+            if fx.const_expr(pingpong):  # its turn: this unit's K steps were all waited for (MMAs may still run)
+                order[1 - consumer].arrive()
+            accs = drain(mainloop, released, accs, work.k_begin, work.k_end, cfg.split_k > 1)
+            if fx.const_expr(cfg.split_k == 1):
+                store_accumulators(store, accs, work.tile_m, work.tile_n, consumer, lane, warp)
+            else:  # a whole tile stores C; of a split tile, the part that finishes last sums them all and stores C
+                last, sums = fx.Boolean(True), accs
+                if unit >= schedule.split_from:
+                    part = unit - schedule.split_from
+                    partials = PartialTiles(tensors.workspace, tensors.flags, cfg, rank, consumer, tid % 128, arrivals)
+                    last, sums = split_k_last(accs, part, partials)
+                if last:
+                    store_accumulators(store, sums, work.tile_m, work.tile_n, consumer, lane, warp)
+            if fx.const_expr(pingpong):
+                state = state.advance_by(k_tiles)  # the other consumer's unit's K steps
+        if fx.const_expr(cfg.stream_k):
+            partials = PartialTiles(tensors.workspace, tensors.flags, cfg, rank, consumer, tid % 128)
+            slot = gpu.block_idx.x.to(fx.Int32) * cfg.consumers + consumer
+            for segment in range(schedule.segments):  # (names apart from the loop above: each loop has its own)
+                tile, sk_work = schedule.segment(segment)
+                state, sk_released, sk_accs = mma_steps(mainloop, state, sk_work.k_begin, sk_work.k_end)
+                sk_accs = drain(mainloop, sk_released, sk_accs, sk_work.k_begin, sk_work.k_end, False)
+                if sk_work.k_begin > 0:  # a later part of the tile: the finisher adds it
+                    store_stream_k_partials(sk_accs, partials, slot)
+                else:
+                    if sk_work.k_end < k_tiles:
+                        sk_accs = add_stream_k_partials(sk_accs, partials, schedule, tile)
+                    store_accumulators(store, sk_accs, sk_work.tile_m, sk_work.tile_n, consumer, lane, warp)
+        finish_stores(store, tid)
+    if fx.const_expr(cfg.cluster > 1):
+        fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
+
+
+# Kernel parameters: each tensor is one (they are not nested), hence the long signatures.
+@flyc.kernel
+def gemm_ws(
+    a: fx.TmaDescriptor,
+    b: fx.TmaDescriptor,
+    c: fx.Tensor,
+    c_store: fx.TmaDescriptor,
+    bias: fx.Tensor,
+    workspace: fx.Tensor,
+    flags: fx.Tensor,
+    cfg: fx.Constexpr,
+    majors: fx.Constexpr,
+    epilogue: fx.Constexpr,
+):
+    """C = epilogue(A @ B^T) of the (MN, K) views ``a``, ``b`` (``majors``: ``(a_major, b_major)``), ``epilogue`` an
+    :class:`~flydsl.kernels.gemm.epilogue.Epilogue` without scales: ``bias`` is a (N,) tensor added to every row (any
+    tensor, unread, without a bias); with ``store="tma"``, tiles are stored through shared memory by ``c_store``,
+    C's descriptor in boxes of (64, 64) (16-bit C; any descriptor, unused, otherwise). Partial tiles go through
+    ``workspace`` (fp32, ``consumer_rows * tile_n`` elements per slot) and ``flags`` (int32 zeros): with
+    ``cfg.stream_k`` one slot and flag per consumer warpgroup of the grid; with ``cfg.split_k > 1`` one slot per
+    consumer warpgroup of each CTA of each work unit and one counter per tile's (any tensors, unread, otherwise)."""
+    if epilogue.scales:
+        raise ValueError(f"gemm_ws: an epilogue with scales takes gemm_ws_scaled, got {epilogue}")
+    bias_or_none = bias if epilogue.bias else None
+    tensors = GemmTensors(a, b, c, c_store, EpilogueTensors(bias_or_none), workspace, flags)
+    warp_specialized_gemm(tensors, cfg, majors, epilogue)
+
+
+@flyc.kernel
+def gemm_ws_scaled(
+    a: fx.TmaDescriptor,
+    b: fx.TmaDescriptor,
+    c: fx.Tensor,
+    c_store: fx.TmaDescriptor,
+    bias: fx.Tensor,
+    scale_0: fx.Tensor,
+    scale_1: fx.Tensor,
+    workspace: fx.Tensor,
+    flags: fx.Tensor,
+    cfg: fx.Constexpr,
+    majors: fx.Constexpr,
+    epilogue: fx.Constexpr,
+):
+    """:func:`gemm_ws` with one or two float32 scales in the epilogue: ``scale_0`` (and ``scale_1``) as
+    ``epilogue.scales`` describes them (e.g. ``Scale(rows=1)``: one per row of C, ``Scale(columns=1)``: one per
+    column), multiplied into the accumulators before the bias (``scale_1`` any tensor, unread, with one scale)."""
+    if not 1 <= len(epilogue.scales) <= 2:
+        raise ValueError(f"gemm_ws_scaled: expected an epilogue with one or two scales, got {epilogue}")
+    scales = (scale_0, scale_1)[: len(epilogue.scales)]
+    bias_or_none = bias if epilogue.bias else None
+    tensors = GemmTensors(a, b, c, c_store, EpilogueTensors(bias_or_none, scales), workspace, flags)
+    warp_specialized_gemm(tensors, cfg, majors, epilogue)
