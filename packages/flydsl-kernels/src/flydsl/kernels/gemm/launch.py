@@ -31,10 +31,10 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     check_devices("gemm", a, b, out)
     if m == 0 or n == 0 or k == 0:
         return zero_product(out, bias, activation)
-    key = ("gemm", _geometry(a, b, out, bias), activation, config)
+    key = _plan_key("gemm", a, b, out, bias, activation, config)
     plan = _PLANS.get(key)
     if plan is None:
-        a_spec, b_spec, out_spec, bias_spec = key[1]
+        a_spec, b_spec, out_spec, bias_spec = _geometry(a, b, out, bias)
         sms = sm_count(a.get_device())
         plan = plan_gemm(a_spec, b_spec, out_spec, sms=sms, bias=bias_spec, activation=activation, config=config)
         _remember(key, plan)
@@ -59,14 +59,24 @@ def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None
     check_devices("skinny_gemm", a, b, out)
     if m == 0 or n == 0 or k == 0:
         return zero_product(out, bias, activation)
-    key = ("skinny_gemm", _geometry(a, b, out, bias), activation, config)
+    key = _plan_key("skinny_gemm", a, b, out, bias, activation, config)
     plan = _PLANS.get(key)
     if plan is None:
-        a_spec, b_spec, out_spec, bias_spec = key[1]
+        a_spec, b_spec, out_spec, bias_spec = _geometry(a, b, out, bias)
         sms = sm_count(a.get_device())
         plan = plan_skinny(a_spec, b_spec, out_spec, sms=sms, bias=bias_spec, activation=activation, config=config)
         _remember(key, plan)
     return launch_plan(plan, a, b, out, bias)
+
+
+def _plan_key(entry: str, a, b, out, bias, activation, config) -> tuple:
+    """What a call's plan depends on, read cheaply (no MatrixSpec built on a hit): each tensor's shape, strides,
+    dtype and 16-byte alignment, the epilogue, the configuration and the device (its SM count)."""
+    key = (entry, a.get_device(), activation, config, a.shape, a.stride(), a.dtype, a.data_ptr() & 15)
+    key += (b.shape, b.stride(), b.dtype, b.data_ptr() & 15, out.shape, out.stride(), out.dtype, out.data_ptr() & 15)
+    if bias is not None:
+        key += (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15)
+    return key
 
 
 def _geometry(a, b, out, bias) -> tuple:
@@ -79,6 +89,8 @@ def _remember(key, plan) -> None:
         _PLANS.pop(next(iter(_PLANS)))
     _PLANS[key] = plan
 
+
+_PLAN_TILES_LIMIT = 64  # TMA tiles a plan keeps, by address
 
 _STEPS = {
     "transpose": lambda t: t.t(),
@@ -100,14 +112,22 @@ def launch_plan(plan: GemmPlan, a, b, out, bias=None, scales=()):
         for step in preparation.steps:
             prepared = _STEPS[step](prepared)
         tensors[preparation.role] = prepared
-    for launch in plan.launches:
+    tiles = plan.tiles
+    for index, launch in enumerate(plan.launches):
         arguments = []
-        for argument in launch.arguments:
+        for position, argument in enumerate(launch.arguments):
             kind = type(argument)
             if kind is Tensor:
                 arguments.append(tensors[argument.role])
-            elif kind is Tma:
-                arguments.append(tma_tile(tensors[argument.role], argument.view))
+            elif kind is Tma:  # the plan's own cache of tiles by address: small keys, no view hashed
+                t = tensors[argument.role]
+                key = (index, position, t.data_ptr())
+                tile = tiles.get(key)
+                if tile is None:
+                    if len(tiles) >= _PLAN_TILES_LIMIT:
+                        tiles.clear()
+                    tile = tiles[key] = tma_tile(t, argument.view)
+                arguments.append(tile)
             elif kind is Scratch:
                 arguments.append(_scratch(tensors, argument, a))
             else:

@@ -93,6 +93,7 @@ class GemmPlan:
     specs: dict = field(repr=False)
     preparations: tuple
     launches: tuple
+    tiles: dict = field(default_factory=dict, repr=False)  # the launcher's TMA tiles of this plan, by address
 
     def argument_specs(self, launch: Launch) -> list:
         """``launch``'s arguments over ``flyc.TensorSpec``s of the planned geometry (for ``kernel.lower``)."""
