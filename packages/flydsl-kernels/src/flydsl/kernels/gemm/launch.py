@@ -16,7 +16,7 @@ from flydsl.kernels.host import sm_count, stream_key
 
 __all__ = ["gemm", "launch_plan", "skinny_gemm"]
 
-_PLANS: dict[tuple, GemmPlan] = {}  # (entry point, arguments' geometry, epilogue, SMs, config) -> its plan
+_PLANS: dict[tuple, GemmPlan] = {}  # (planner, device, epilogue, config, the tensors' geometry) -> its plan
 _PLANS_LIMIT = 1024
 
 
@@ -31,14 +31,7 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     check_devices("gemm", a, b, out)
     if m == 0 or n == 0 or k == 0:
         return zero_product(out, bias, activation)
-    key = _plan_key("gemm", a, b, out, bias, activation, config)
-    plan = _PLANS.get(key)
-    if plan is None:
-        a_spec, b_spec, out_spec, bias_spec = _geometry(a, b, out, bias)
-        sms = sm_count(a.get_device())
-        plan = plan_gemm(a_spec, b_spec, out_spec, sms=sms, bias=bias_spec, activation=activation, config=config)
-        _remember(key, plan)
-    return launch_plan(plan, a, b, out, bias)
+    return launch_plan(_plan(plan_gemm, a, b, out, bias, activation, config), a, b, out, bias)
 
 
 def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None, activation: str | None = None):
@@ -59,35 +52,26 @@ def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None
     check_devices("skinny_gemm", a, b, out)
     if m == 0 or n == 0 or k == 0:
         return zero_product(out, bias, activation)
-    key = _plan_key("skinny_gemm", a, b, out, bias, activation, config)
-    plan = _PLANS.get(key)
-    if plan is None:
-        a_spec, b_spec, out_spec, bias_spec = _geometry(a, b, out, bias)
-        sms = sm_count(a.get_device())
-        plan = plan_skinny(a_spec, b_spec, out_spec, sms=sms, bias=bias_spec, activation=activation, config=config)
-        _remember(key, plan)
-    return launch_plan(plan, a, b, out, bias)
+    return launch_plan(_plan(plan_skinny, a, b, out, bias, activation, config), a, b, out, bias)
 
 
-def _plan_key(entry: str, a, b, out, bias, activation, config) -> tuple:
-    """What a call's plan depends on, read cheaply (no MatrixSpec built on a hit): each tensor's shape, strides,
-    dtype and 16-byte alignment, the epilogue, the configuration and the device (its SM count)."""
-    key = (entry, a.get_device(), activation, config, a.shape, a.stride(), a.dtype, a.data_ptr() & 15)
+def _plan(planner, a, b, out, bias, activation, config) -> GemmPlan:
+    """``planner``'s plan (:func:`~flydsl.kernels.gemm.plan.plan_gemm` or ``plan_skinny``) for these tensors, cached
+    on what it depends on, read cheaply (no MatrixSpec built on a hit): each tensor's shape, strides, dtype and
+    16-byte alignment, the epilogue, the configuration and the device (its SM count)."""
+    key = (planner, a.get_device(), activation, config, a.shape, a.stride(), a.dtype, a.data_ptr() & 15)
     key += (b.shape, b.stride(), b.dtype, b.data_ptr() & 15, out.shape, out.stride(), out.dtype, out.data_ptr() & 15)
     if bias is not None:
         key += (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15)
-    return key
-
-
-def _geometry(a, b, out, bias) -> tuple:
-    bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")
-    return MatrixSpec.of(a, "a"), MatrixSpec.of(b, "b"), MatrixSpec.of(out, "out"), bias_spec
-
-
-def _remember(key, plan) -> None:
-    if len(_PLANS) >= _PLANS_LIMIT:
-        _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[key] = plan
+    plan = _PLANS.get(key)
+    if plan is None:
+        bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")
+        specs = MatrixSpec.of(a, "a"), MatrixSpec.of(b, "b"), MatrixSpec.of(out, "out")
+        plan = planner(*specs, sms=sm_count(a.get_device()), bias=bias_spec, activation=activation, config=config)
+        if len(_PLANS) >= _PLANS_LIMIT:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = plan
+    return plan
 
 
 _PLAN_TILES_LIMIT = 64  # TMA tiles a plan keeps, by address

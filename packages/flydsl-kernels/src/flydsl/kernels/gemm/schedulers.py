@@ -15,7 +15,7 @@ output tile and the K steps ``[k_begin, k_end)`` it multiplies. The dense GEMM's
 A scheduler's methods hold no control flow (they are called from kernels as they are: only plain functions are
 traced with their ``if``/``for`` rewritten), so a new one (a grouped MoE scheduler walking experts' tile rows)
 implements ``worker``, ``stride``, ``count`` and ``work`` with selects and plain arithmetic. These do it through
-:func:`select`, :func:`minimum`, :func:`maximum` and :func:`widened`, which build ``arith`` ops on kernel integers
+:func:`select`, :func:`minimum`, :func:`maximum` and :func:`cast`, which build ``arith`` ops on kernel integers
 and compute on Python ints: given an order of Python ints, a scheduler runs on the host, which is how the tests
 check that the units of every worker cover each tile's K steps exactly once.
 
@@ -46,7 +46,7 @@ __all__ = [
     "select",
     "split_plan",
     "stream_k_steps",
-    "widened",
+    "cast",
 ]
 
 
@@ -69,8 +69,8 @@ def maximum(a, b):
     return arith.maximum(a, b) if _traced(a, b) else max(a, b)
 
 
-def widened(value, kind):
-    """``value.to(kind)`` for a kernel integer (``kind``: ``fx.Int64`` or ``fx.Int32``); a Python int as it is."""
+def cast(value, kind):
+    """``value.to(kind)`` for a kernel integer (``kind``: ``fx.Int64``, ``fx.Int32``); a Python int as it is."""
     return value.to(kind) if _traced(value) else value
 
 
@@ -158,8 +158,8 @@ class StreamKTiles(GroupedTiles):
         super().__init__(order, k_tiles, cfg, rank)
         units, workers = self.units, order.stride
         self.count = select(units % workers == 0, units, maximum(units // workers - 1, 0) * workers)
-        self._steps = widened((units - self.count) * k_tiles, fx.Int64)
-        self._workers64 = widened(workers, fx.Int64)
+        self._steps = cast((units - self.count) * k_tiles, fx.Int64)
+        self._workers64 = cast(workers, fx.Int64)
         first_step, end_step = self.step_begin(self.worker), self.step_begin(self.worker + 1)
         self.first_tile = first_step // k_tiles  # (among the stream-K tiles)
         self.segments = select(end_step > first_step, (end_step - 1) // k_tiles - self.first_tile + 1, 0)
@@ -167,7 +167,7 @@ class StreamKTiles(GroupedTiles):
     def step_begin(self, worker):
         """Worker ``worker``'s first stream-K step: it has steps ``[step_begin(w), step_begin(w + 1))`` (64-bit
         products: tiles x K steps may exceed 2^31 / workers)."""
-        return widened(widened(worker, fx.Int64) * self._steps // self._workers64, fx.Int32)
+        return cast(cast(worker, fx.Int64) * self._steps // self._workers64, fx.Int32)
 
     def segment(self, index):
         """(stream-K tile, its :class:`WorkUnit`) of this worker's ``index``-th segment."""
