@@ -32,6 +32,7 @@ __all__ = [
     "operand_layout",
     "operand_view",
     "produce",
+    "tma_copied",
     "tma_copy_kind",
     "tma_tile",
 ]
