@@ -363,21 +363,34 @@ def test_cost_model_plans_the_kernels_units(monkeypatch):
 
 
 def test_gemm_rejects_bad_arguments_before_launch():
-    """Every check but the device's comes first, so CPU tensors reach each one."""
+    """The devices first (CPU tensors are refused by name), then shapes, dtypes, strides and overlaps, checked on CPU
+    tensors here through check_arguments, which gemm() runs next."""
     torch = pytest.importorskip("torch")
+    from flydsl.kernels.gemm.arguments import check_arguments
+
     a = torch.randn(64, 32).bfloat16()
-    with pytest.raises(ValueError, match="inner dimensions differ"):
-        gemm(a, torch.randn(16, 64).bfloat16())
-    with pytest.raises(TypeError, match="one dtype"):
-        gemm(a, torch.randn(32, 64).half())
-    with pytest.raises(ValueError, match="gemm activation: expected one of"):
-        gemm(a, torch.randn(32, 64).bfloat16(), activation="tanh")
-    with pytest.raises(ValueError, match=r"gemm bias: expected a contiguous \(64,\) tensor"):
-        gemm(a, torch.randn(32, 64).bfloat16(), bias=torch.randn(32))
-    with pytest.raises(ValueError, match=r"gemm out: expected a row-major \(64, 64\) bf16/fp16/fp32 tensor"):
-        gemm(a, torch.randn(32, 64).bfloat16(), torch.empty(64, 64).t())
-    with pytest.raises(ValueError, match="gemm a: expected a CUDA tensor"):
+    with pytest.raises(ValueError, match="flydsl.kernels.gemm: a: expected a CUDA tensor, got one on cpu"):
         gemm(a, torch.randn(32, 64).bfloat16())
+
+    def check(*args, out=None, bias=None, activation=None):
+        return check_arguments("flydsl.kernels.gemm", *args, out, bias, activation)
+
+    assert check(a, torch.randn(32, 48).bfloat16()) == (64, 48, 32)
+    with pytest.raises(ValueError, match=r"flydsl.kernels.gemm: b: expected 32 rows \(a's columns\)"):
+        check(a, torch.randn(16, 64).bfloat16())
+    with pytest.raises(TypeError, match=r"b: expected dtype bfloat16 \(a's\), got float16"):
+        check(a, torch.randn(32, 64).half())
+    with pytest.raises(ValueError, match="flydsl.kernels.gemm: activation: expected one of"):
+        check(a, torch.randn(32, 64).bfloat16(), activation="tanh")
+    with pytest.raises(ValueError, match=r"flydsl.kernels.gemm: bias: expected a \(64,\) vector, contiguous"):
+        check(a, torch.randn(32, 64).bfloat16(), bias=torch.randn(32))
+    with pytest.raises(ValueError, match=r"flydsl.kernels.gemm: out: expected a row-major \(64, 64\) tensor"):
+        check(a, torch.randn(32, 64).bfloat16(), out=torch.empty(64, 64).t())
+    with pytest.raises(ValueError, match="flydsl.kernels.gemm: out: overlaps a in memory"):
+        square = torch.randn(64, 64).bfloat16()
+        check(square, torch.randn(64, 64).bfloat16(), out=square)
+    b = torch.randn(32, 64).bfloat16()
+    check(a, b, out=torch.empty(64, 64).bfloat16())  # its own memory: accepted
 
 
 def test_b_parts_of_96_columns_multicast_from_a_k_major_b():

@@ -281,30 +281,36 @@ def test_large_and_column_major_a():
 
 
 def test_argument_errors_name_the_argument():
-    # Every check but the device's runs before it, so CPU tensors reach each one; nothing is launched.
+    # The device first (CPU tensors refused by name), then the rest, reached on CPU tensors through check_skinny.
     torch = pytest.importorskip("torch")
     a = torch.randn(16, 64, dtype=torch.bfloat16)
     w = torch.randn(32, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="skinny_gemm a: expected at most 16 rows"):
-        skinny_gemm(torch.randn(17, 64, dtype=torch.bfloat16), w.t())
-    with pytest.raises(ValueError, match="skinny_gemm b: expected a column-major"):
-        skinny_gemm(a, w.t().contiguous())
-    with pytest.raises(ValueError, match="skinny_gemm a: expected a 2-D CUDA torch tensor"):
-        skinny_gemm(a[0], w.t())
-    with pytest.raises(TypeError, match="skinny_gemm b: expected bfloat16 or float16"):
-        skinny_gemm(a, w.t().float())
-    with pytest.raises(TypeError, match="a and b must have one dtype"):
-        skinny_gemm(a, w.t().half())
-    with pytest.raises(ValueError, match="inner dimensions differ"):
-        skinny_gemm(a[:, :32], w.t())
-    with pytest.raises(ValueError, match="skinny_gemm out: expected a row-major"):
-        skinny_gemm(a, w.t(), torch.empty(32, 16))
-    with pytest.raises(ValueError, match="skinny_gemm bias"):
-        skinny_gemm(a, w.t(), bias=torch.randn(31))
-    with pytest.raises(ValueError, match="skinny_gemm activation"):
-        skinny_gemm(a, w.t(), activation="tanh")
-    with pytest.raises(ValueError, match="skinny_gemm a: expected a CUDA tensor"):
+    from flydsl.kernels.gemm.arguments import check_skinny
+
+    with pytest.raises(ValueError, match="flydsl.kernels.skinny_gemm: a: expected a CUDA tensor, got one on cpu"):
         skinny_gemm(a, w.t())
+
+    def check(a, b, out=None, bias=None, activation=None):
+        return check_skinny("flydsl.kernels.skinny_gemm", a, b, out, bias, activation)
+
+    with pytest.raises(ValueError, match="skinny_gemm: a: expected at most 16 rows"):
+        check(torch.randn(17, 64, dtype=torch.bfloat16), w.t())
+    with pytest.raises(ValueError, match="skinny_gemm: b: expected a column-major"):
+        check(a, w.t().contiguous())
+    with pytest.raises(ValueError, match="skinny_gemm: a: expected a 2-D matrix"):
+        check(a[0], w.t())
+    with pytest.raises(TypeError, match="skinny_gemm: b: expected dtype bfloat16 or float16"):
+        check(a, w.t().float())
+    with pytest.raises(TypeError, match=r"skinny_gemm: b: expected dtype bfloat16 \(a's\)"):
+        check(a, w.t().half())
+    with pytest.raises(ValueError, match=r"skinny_gemm: b: expected 32 rows"):
+        check(a[:, :32], w.t())
+    with pytest.raises(ValueError, match="skinny_gemm: out: expected a row-major"):
+        check(a, w.t(), torch.empty(32, 16))
+    with pytest.raises(ValueError, match="skinny_gemm: bias"):
+        check(a, w.t(), bias=torch.randn(31))
+    with pytest.raises(ValueError, match="skinny_gemm: activation"):
+        check(a, w.t(), activation="tanh")
 
 
 @pytest.mark.gpu

@@ -23,6 +23,9 @@ __all__ = [
     "vector",
     "stats",
     "matrix",
+    "matmul",
+    "torch_tensor",
+    "GEMM_ACTIVATIONS",
     "same_device",
     "not_aliased",
     "check_dtype",
@@ -31,12 +34,17 @@ __all__ = [
     "nonnegative",
     "one_of",
     "dtype_names",
+    "torch_dtype",
+    "is_torch",
     "element_bytes",
     "rows_aligned",
     "vectors_aligned",
 ]
 
 ROW_DTYPES = ("f32", "f16", "bf16")  # element types of the row kernels' inputs and outputs
+GEMM_DTYPES = ("bf16", "f16")  # the GEMMs' operands
+GEMM_OUT_DTYPES = ("bf16", "f16", "f32")
+GEMM_ACTIVATIONS = (None, "relu", "gelu", "silu")  # the GEMM epilogue's (gelu with erf, as torch's default)
 _TORCH_NAMES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
 _LONG_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i32": "int32"}
 _ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
@@ -187,6 +195,56 @@ def matrix(who: str, name: str, obj, dtypes) -> TensorInfo:
         raise ValueError(f"{who}: {name}: expected a 2-D matrix, got shape {tuple(t.shape)}")
     check_dtype(who, name, t.dtype, dtypes)
     return t
+
+
+def torch_tensor(who: str, name: str, t):
+    """``t`` if it is a torch tensor."""
+    if not is_torch(t):
+        raise TypeError(f"{who}: {name}: expected a torch tensor, got {type(t).__name__}")
+    return t
+
+
+def matmul(who: str, a, b, out, bias, activation, *, contiguous_bias: bool = True) -> tuple[int, int, int]:
+    """Shapes, dtypes and strides, naming the argument: ``a`` (M, K) and ``b`` (K, N) 2-D matrices of one 16-bit
+    float dtype, ``out`` (M, N) row-major bf16/fp16/fp32 sharing no memory with the inputs (None: allocated by the
+    caller), ``bias`` (N,) in a's dtype or float32 (contiguous with ``contiguous_bias``), ``activation`` one of
+    :data:`GEMM_ACTIVATIONS`. Torch tensors, read for their shapes only (meta tensors too). Returns ``(m, n, k)``."""
+    for name, t in (("a", a), ("b", b)):
+        t = torch_tensor(who, name, t)
+        if t.dim() != 2:
+            raise ValueError(f"{who}: {name}: expected a 2-D matrix, got shape {tuple(t.shape)}")
+        check_dtype(who, name, torch_dtype(t.dtype), GEMM_DTYPES)
+    check_dtype(who, "b", torch_dtype(b.dtype), (torch_dtype(a.dtype),), like="a")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ValueError(f"{who}: b: expected {k} rows (a's columns), got shape {tuple(b.shape)}")
+    one_of(who, "activation", activation, GEMM_ACTIVATIONS)
+    if bias is not None:
+        bias = torch_tensor(who, "bias", bias)
+        if tuple(bias.shape) != (n,) or (contiguous_bias and n > 1 and bias.stride(0) != 1):
+            whole = ", contiguous" if contiguous_bias else ""
+            raise ValueError(
+                f"{who}: bias: expected a ({n},) vector{whole}, got shape {tuple(bias.shape)} strides"
+                f" {tuple(bias.stride())}"
+            )
+        check_dtype(who, "bias", torch_dtype(bias.dtype), (torch_dtype(a.dtype), "f32"), like="a")
+    if out is not None:
+        out = torch_tensor(who, "out", out)
+        if tuple(out.shape) != (m, n) or (n > 1 and out.stride(-1) != 1):
+            raise ValueError(
+                f"{who}: out: expected a row-major ({m}, {n}) tensor, got shape {tuple(out.shape)} strides"
+                f" {tuple(out.stride())}"
+            )
+        check_dtype(who, "out", torch_dtype(out.dtype), GEMM_OUT_DTYPES)
+        if out.device.type != "meta":  # fake tensors have no memory to overlap
+            inputs = (("a", a), ("b", b), ("bias", bias))
+            not_aliased(who, "out", _addresses(out), *((name, _addresses(t)) for name, t in inputs if t is not None))
+    return m, n, k
+
+
+def _addresses(t) -> TensorInfo:
+    """A torch tensor's addresses for the overlap check (any device: CPU tensors have them too)."""
+    return TensorInfo(t, t.shape, t.stride(), torch_dtype(t.dtype), -1, t.data_ptr())
 
 
 def same_device(who: str, reference: TensorInfo, *others: tuple[str, TensorInfo | None]) -> None:

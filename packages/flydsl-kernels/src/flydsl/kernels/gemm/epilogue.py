@@ -22,6 +22,7 @@ from typing import NamedTuple
 import flydsl.expr as fx
 from flydsl.expr import arith, nvvm, vector, wgmma
 from flydsl.kernels.gemm.config import STAGING_BOX
+from flydsl.kernels.validation import GEMM_ACTIVATIONS
 
 __all__ = [
     "ACTIVATIONS",
@@ -36,7 +37,7 @@ __all__ = [
     "tma_store_staging",
 ]
 
-ACTIVATIONS = (None, "relu", "gelu", "silu")
+ACTIVATIONS = GEMM_ACTIVATIONS  # (the validation layer checks the entry points' activation against it)
 _SQRT_HALF = 0.7071067811865476
 
 

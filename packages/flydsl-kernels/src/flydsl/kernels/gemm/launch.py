@@ -7,12 +7,13 @@ cached per geometry), prepare the operands it names, bind TMA descriptors and sc
 
 from __future__ import annotations
 
-from flydsl.kernels.gemm.arguments import check_arguments, check_devices, zero_product
+from flydsl.kernels.device import sm_count
+from flydsl.kernels.gemm.arguments import check_arguments, check_devices, check_skinny, zero_product
 from flydsl.kernels.gemm.config import GemmConfig
 from flydsl.kernels.gemm.operands import MatrixSpec, copy_for_tma, tma_tile
 from flydsl.kernels.gemm.plan import GemmPlan, Scratch, Tensor, Tma, plan_gemm, plan_skinny
-from flydsl.kernels.gemm.skinny import MAX_M, SkinnyConfig
-from flydsl.kernels.host import sm_count, stream_key
+from flydsl.kernels.gemm.skinny import SkinnyConfig
+from flydsl.kernels.memory import per_stream
 
 __all__ = ["gemm", "launch_plan", "skinny_gemm"]
 
@@ -27,8 +28,10 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     row-major bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: the tile configuration (default:
     :func:`~flydsl.kernels.gemm.config.choose_config`; with none given, M <= 16 and nn.Linear weights ``w.t()``
     stream the weights through the skinny kernel)."""
-    m, n, k, out = check_arguments("gemm", a, b, out, bias, activation)
-    check_devices("gemm", a, b, out)
+    who = "flydsl.kernels.gemm"
+    check_devices(who, a, b, out, bias)
+    m, n, k = check_arguments(who, a, b, out, bias, activation)
+    out = _output(a, m, n) if out is None else out
     if m == 0 or n == 0 or k == 0:
         return zero_product(out, bias, activation)
     return launch_plan(_plan(plan_gemm, a, b, out, bias, activation, config), a, b, out, bias)
@@ -41,18 +44,20 @@ def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None
     ``activation`` None, "relu", "gelu" (erf) or "silu", applied in float32; ``out`` (M, N) row-major
     bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: default
     :func:`~flydsl.kernels.gemm.skinny.choose_skinny_config`."""
-    m, n, k, out = check_arguments("skinny_gemm", a, b, out, bias, activation)
-    if m > MAX_M:
-        raise ValueError(f"skinny_gemm a: expected at most {MAX_M} rows, got {m} (use flydsl.kernels.gemm.gemm)")
-    if b.stride(0) != 1 and not (n == 1 or k == 1):
-        raise ValueError(
-            f"skinny_gemm b: expected a column-major (K, N) matrix (b = w.t() of (N, K) row-major weights), got"
-            f" strides {tuple(b.stride())}; row-major b is not supported (use flydsl.kernels.gemm.gemm)"
-        )
-    check_devices("skinny_gemm", a, b, out)
+    who = "flydsl.kernels.skinny_gemm"
+    check_devices(who, a, b, out, bias)
+    m, n, k = check_skinny(who, a, b, out, bias, activation)
+    out = _output(a, m, n) if out is None else out
     if m == 0 or n == 0 or k == 0:
         return zero_product(out, bias, activation)
     return launch_plan(_plan(plan_skinny, a, b, out, bias, activation, config), a, b, out, bias)
+
+
+def _output(a, m: int, n: int):
+    """The output not given: (m, n) row-major in a's dtype, on its device."""
+    import torch
+
+    return torch.empty((m, n), dtype=a.dtype, device=a.device)
 
 
 def _plan(planner, a, b, out, bias, activation, config) -> GemmPlan:
@@ -120,13 +125,13 @@ def launch_plan(plan: GemmPlan, a, b, out, bias=None, scales=()):
     return out
 
 
-_SCRATCH: dict[tuple, object] = {}  # (host.stream_key, name) -> a torch tensor, grown as needed
+_SCRATCH: dict[str, dict] = {}  # scratch name -> {memory.stream_key -> a torch tensor, grown as needed}
 
 
 def _scratch(tensors: dict, scratch: Scratch, like):
     """The memory of ``scratch`` on ``like``'s device: "partials" fresh for this call (kept in ``tensors`` for the
     launches after), "workspace" and "flags" (zeros: every launch leaves them zero, each reset by its reader) shared
-    by the kernels of ``like``'s current stream, which run one after another."""
+    by the kernels of ``like``'s current stream (:func:`~flydsl.kernels.memory.per_stream`)."""
     import torch
 
     dtype = torch.float32 if scratch.dtype == "f32" else torch.int32
@@ -135,10 +140,11 @@ def _scratch(tensors: dict, scratch: Scratch, like):
         if held is None:
             held = tensors[scratch.name] = torch.empty(scratch.shape, dtype=dtype, device=like.device)
         return held
-    key = (stream_key(like), scratch.name)
-    held = _SCRATCH.get(key)
-    if held is None or held.numel() < scratch.shape[0]:
+    allocate = torch.zeros if scratch.name == "flags" else torch.empty
+
+    def make(held):
         size = max(scratch.shape[0], held.numel() if held is not None else 0)
-        allocate = torch.zeros if scratch.name == "flags" else torch.empty
-        held = _SCRATCH[key] = allocate(size, dtype=dtype, device=like.device)
-    return held
+        return allocate(size, dtype=dtype, device=like.device)
+
+    fits = lambda held: held.numel() >= scratch.shape[0]  # noqa: E731
+    return per_stream(_SCRATCH.setdefault(scratch.name, {}), like, make, fits)
