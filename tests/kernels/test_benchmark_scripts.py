@@ -255,6 +255,7 @@ def test_norms_bench_liger_peer(monkeypatch):
     monkeypatch.setitem(sys.modules, "liger_kernel", package)
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", transformers)
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", functional)
+
     def not_installed(name):  # the stand-in has no package metadata (the real liger-kernel may be installed here)
         raise norms_bench.metadata.PackageNotFoundError(name)
 
