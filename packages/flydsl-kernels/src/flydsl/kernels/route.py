@@ -3,8 +3,11 @@
     python -m flydsl.kernels.route layer_norm 4096 --dtype bf16
     python -m flydsl.kernels.route rms_norm_backward 262144 --dtype f32 --sums 1
     python -m flydsl.kernels.route softmax 65536 --unaligned          # rows not 16-byte aligned
+    python -m flydsl.kernels.route gemm 16 4096 4096 --bias f32 --activation silu
 
-The row ops' answer comes from :func:`flydsl.kernels.rows.router.route`, the one place that decides it.
+The row ops' answer comes from :func:`flydsl.kernels.rows.router.route`, the GEMM's from
+:func:`flydsl.kernels.gemm.plan.plan_gemm` (``gemm M N K``, the arguments of ``python -m flydsl.kernels.gemm.plan``):
+each the one place that decides it.
 """
 
 from __future__ import annotations
@@ -29,8 +32,13 @@ def describe(op: str, n: int, dtype: str = "bf16", **where) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gemm"]:
+        from flydsl.kernels.gemm import plan
+
+        return plan.main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("op", choices=[op.value for op in RowOp])
+    parser.add_argument("op", choices=[op.value for op in RowOp] + ["gemm"], help="a row op, or gemm M N K")
     parser.add_argument("n", type=int, help="row length (the last dim)")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "f16", "f32"))
     parser.add_argument("--unaligned", action="store_true", help="rows not 16-byte aligned (pointer or row stride)")
