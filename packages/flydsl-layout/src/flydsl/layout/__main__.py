@@ -1,6 +1,8 @@
-"""``python -m flydsl.layout LAYOUT [--svg FILE] [--val VAL_LAYOUT]``: print or draw a layout from CuTe notation.
+"""``python -m flydsl.layout LAYOUT [--svg FILE [--bytes N]] [--val VAL_LAYOUT]``: print or draw a layout from CuTe
+notation (a shape alone, ``"(4,8)"``, is ``Layout((4, 8))``).
 
 With ``--val``, LAYOUT is a thread layout and the TV layout of ``make_layout_tv(LAYOUT, VAL_LAYOUT)`` is shown.
+``--bytes`` colours the picture's cells by 16-byte chunk of N-byte elements.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ __all__ = ["main"]
 def main(argv=None) -> int:
     """Entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m flydsl.layout", description="Print or draw a CuTe layout.")
-    parser.add_argument("layout", help='a layout in CuTe notation, e.g. "(4,8):(8,1)"')
+    parser.add_argument("layout", help='a layout in CuTe notation, e.g. "(4,8):(8,1)", or a shape alone: "(4,8)"')
     parser.add_argument("--svg", metavar="FILE", help="write an SVG picture instead of printing a table")
+    parser.add_argument("--bytes", type=int, metavar="N", help="SVG: colour cells by 16-byte chunk of N-byte elements")
     parser.add_argument("--val", metavar="LAYOUT", help="value layout: draw make_layout_tv(layout, val)")
     args = parser.parse_args(argv)
     try:
@@ -28,7 +31,7 @@ def main(argv=None) -> int:
         if args.val is not None:
             subject = make_layout_tv(subject, parse_layout(args.val))
         if args.svg:
-            draw(subject, args.svg)
+            draw(subject, args.svg, element_bytes=args.bytes)
             print(f"wrote {args.svg}")
         else:
             print_layout(subject)

@@ -1,7 +1,9 @@
 """Pictures of layouts: an ASCII table (:func:`print_layout`) and SVG (:func:`draw`), with no dependencies.
 
 A 2-D layout is drawn as a grid whose cell ``(m, n)`` shows the offset ``L(m, n)``; a rank-1 layout is one
-row. A TV layout (``layout_tv(t, v)`` is an offset inside a ``tiler`` tile, as returned by
+row. Cells are coloured by what the picture shows: with ``element_bytes``, by the 16-byte chunk the offset falls in;
+a swizzled layout by the offset bits its swizzle flips (for the usual swizzles, the chunk's place in its row), so
+the permutation is visible; any other layout by its offset. A TV layout (``layout_tv(t, v)`` is an offset inside a ``tiler`` tile, as returned by
 :func:`make_layout_tv`) is drawn over its tile: each cell shows the thread ``T#`` and value ``V#`` that
 hold it, coloured by thread.
 """
@@ -14,14 +16,29 @@ from html import escape
 from . import int_tuple as it
 from .layout import Layout, is_static, rank, size
 from .leaf import LayoutError
+from .swizzle import ComposedLayout, Swizzle
 
 __all__ = ["print_layout", "layout_table", "draw"]
 
 _PALETTE = ["#cbe4f9", "#cdf5f6", "#eff9da", "#f9ebdf", "#f9d8d6", "#d6cdea", "#fce5cd", "#d9ead3"]
 
 
-def _grid(layout, tiler):
-    """(title, rows, cols, {(m, n): (text lines, colour index)}) for a plain or TV layout."""
+def _colouring(layout, element_bytes):
+    """(the colour index of an offset, the title's note on it)."""
+    if element_bytes is not None:
+        if not isinstance(element_bytes, int) or element_bytes < 1:
+            raise LayoutError(f"draw: element_bytes must be a positive int, got {element_bytes!r}")
+        return (lambda offset: offset * element_bytes // 16), f"colour: 16-byte chunk of {element_bytes}-byte elements"
+    if isinstance(layout, ComposedLayout) and isinstance(layout.outer, Swizzle) and layout.outer.bits:
+        swizzle = layout.outer
+        low = (swizzle.zzz_mask & -swizzle.zzz_mask).bit_length() - 1
+        note = f"colour: offset bits {low}-{low + swizzle.bits - 1} (the bits the swizzle flips)"
+        return (lambda offset: (offset & swizzle.zzz_mask) >> low), note
+    return (lambda offset: offset), ""
+
+
+def _grid(layout, tiler, element_bytes=None):
+    """(title, rows, cols, {(m, n): (text lines, colour index)}, note on the colours) for a plain or TV layout."""
     if isinstance(layout, tuple) and len(layout) == 2 and tiler is None:
         tiler, layout = layout
     if not is_static(layout):
@@ -32,14 +49,15 @@ def _grid(layout, tiler):
         raise LayoutError(f"draw: needs a layout of rank 1 or 2, got {layout} of rank {rank(layout)}")
     two_d = rank(layout) == 2 and it.is_tuple(layout.shape)
     rows, cols = (size(layout[0]), size(layout[1])) if two_d else (1, size(layout))
+    colour_of, note = _colouring(layout, element_bytes)
     cells = {}
     for m in range(rows):
         for n in range(cols):
             value = layout(m, n) if two_d else layout(n)
             # A coordinate-valued (identity-like) layout shows the coordinate, coloured by its leaves' sum.
-            colour = value if isinstance(value, int) else sum(it.leaves(value))
+            colour = colour_of(value) if isinstance(value, int) else sum(it.leaves(value))
             cells[(m, n)] = ([it.tuple_str(value)], colour)
-    return str(layout), rows, cols, cells
+    return str(layout), rows, cols, cells, note
 
 
 def _tv_grid(layout_tv, tiler):
@@ -52,7 +70,7 @@ def _tv_grid(layout_tv, tiler):
             idx = layout_tv(t, v)
             m, n = idx % rows, (idx // rows) % cols
             cells.setdefault((m, n), ([f"T{t}", f"V{v}"], t))
-    return f"{layout_tv} over {it.tuple_str(shape)}", rows, cols, cells
+    return f"{layout_tv} over {it.tuple_str(shape)}", rows, cols, cells, "colour: thread"
 
 
 def layout_table(layout, tiler=None) -> str:
@@ -67,7 +85,7 @@ def layout_table(layout, tiler=None) -> str:
      1  | 3 | 4 | 5 |
         +---+---+---+
     """
-    title, rows, cols, cells = _grid(layout, tiler)
+    title, rows, cols, cells, _ = _grid(layout, tiler)
     texts = {k: "".join(lines) for k, (lines, _) in cells.items()}
     w = max([len(t) for t in texts.values()] + [len(str(cols - 1))])
     rule = "    +" + "+".join("-" * (w + 2) for _ in range(cols)) + "+"
@@ -84,23 +102,27 @@ def print_layout(layout, tiler=None, file=None) -> None:
     print(layout_table(layout, tiler), file=file or sys.stdout)
 
 
-def draw(layout, path=None, *, tiler=None, cell: int = 40) -> str:
+def draw(layout, path=None, *, tiler=None, cell: int = 40, element_bytes: int | None = None) -> str:
     """SVG picture of a 2-D layout (cells labelled with offsets) or of a TV layout (cells coloured by thread,
-    labelled ``T#`` / ``V#``); returns the SVG text and writes it to ``path`` when given.
+    labelled ``T#`` / ``V#``); returns the SVG text and writes it to ``path`` when given. ``element_bytes`` colours
+    the cells of a layout by 16-byte chunk (see the module's docstring for the default colours).
 
     >>> svg = draw(Layout((2, 2), (1, 2)))
     >>> svg.startswith("<svg") and svg.count("<rect") == 5
     True
     """
-    title, rows, cols, cells = _grid(layout, tiler)
-    pad, head = cell, 24
-    width, height = pad + cols * cell + 8, head + pad + rows * cell + 8
+    title, rows, cols, cells, note = _grid(layout, tiler, element_bytes)
+    titles = [title, note] if note else [title]
+    pad, head = cell, 10 + 14 * len(titles)
+    char = 0.6 * max(8, cell // 4)  # a monospace character's width: the titles must fit
+    width = max(pad + cols * cell + 8, 8 + int(char * max(len(t) for t in titles)))
+    height = head + pad + rows * cell + 8
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'font-family="monospace" font-size="{max(8, cell // 4)}">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="4" y="16">{escape(title)}</text>',
     ]
+    out += [f'<text x="4" y="{16 + 14 * k}">{escape(t)}</text>' for k, t in enumerate(titles)]
     for n in range(cols):
         out.append(f'<text x="{pad + n * cell + cell // 2}" y="{head + pad - 6}" text-anchor="middle">{n}</text>')
     for m in range(rows):

@@ -91,6 +91,8 @@ class _Parser:
             self.take("o")
             return ComposedLayout(Swizzle(b, m, s), offset, self.layout())
         shape = self.int_tuple()
+        if self.peek() != ":":  # a shape alone, as Layout(shape): compact column-major strides
+            return Layout(shape)
         self.take(":")
         return Layout(shape, self.int_tuple())
 
@@ -107,10 +109,11 @@ def parse_int_tuple(text: str, leaf=None):
 
 
 def parse_layout(text: str, leaf=None):
-    """Parse a layout (or a swizzled ``Sw<b,m,s> o offset o layout``) from CuTe notation.
+    """Parse a layout (or a swizzled ``Sw<b,m,s> o offset o layout``) from CuTe notation; a shape without
+    ``:stride`` is ``Layout(shape)`` (compact, column-major).
 
-    >>> parse_layout("((2,4),8):((1,16),2)"), parse_layout("(4,8):(1@0,1@1)")(5)
-    (((2,4),8):((1,16),2), (1, 1))
+    >>> parse_layout("((2,4),8):((1,16),2)"), parse_layout("(4,8):(1@0,1@1)")(5), parse_layout("(4,8)")
+    (((2,4),8):((1,16),2), (1, 1), (4,8):(1,4))
     """
     p = _Parser(text, leaf)
     return p.done(p.layout())
