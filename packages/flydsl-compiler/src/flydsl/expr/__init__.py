@@ -33,6 +33,7 @@ from flydsl.expr.numeric import (
     Uint16,
     Uint32,
     Uint64,
+    fastmath,
     fp_contract,
 )
 from flydsl.expr.params import Constexpr, Stream, const_expr, range_constexpr
@@ -54,6 +55,7 @@ __all__ = [
     "T",
     "Numeric",
     "fp_contract",
+    "fastmath",
     "Boolean",
     "Int8",
     "Int16",

@@ -1,31 +1,39 @@
-"""Transcendental functions on floats (``math`` dialect), with optional fast-math flags.
+"""Transcendental functions on floats (``math`` dialect): CUDA's accuracy by default, approximations on request.
 
 ``exp``, ``exp2``, ``log``, ``log2``, ``sqrt``, ``rsqrt``, ``tanh``, ``erf``, ``sin``, ``cos``, ``fma``.
-``fastmath="fast"`` (or any ``arith.fastmath`` flag names joined by ``,``) lets LLVM use approximations, e.g.
-``ex2.approx`` for ``exp2``.
+
+On float32 the defaults are what CUDA gives without ``-use_fast_math`` (tests/compiler/test_math_defaults.py checks
+the PTX): ``sqrt`` is IEEE-rounded ``sqrt.rn.f32`` (``sqrtf``); ``rsqrt`` is ``rsqrt.approx.f32`` (``rsqrtf``, 2 ulp);
+``exp2`` is ``ex2.approx.f32`` (``exp2f``, 2 ulp); ``exp``, ``log``, ``log2``, ``tanh``, ``erf``, ``sin``, ``cos`` are
+libdevice's ``__nv_expf``... (``expf``...); float ``/`` is ``div.rn.f32`` (``1.0 / x``: ``rcp.rn.f32``). Float16 and
+BFloat16 ``sqrt`` round an ``sqrt.approx.f32`` as CUDA's ``hsqrt`` does; float64 is IEEE throughout.
+
+``fastmath="afn"`` (approximate functions; ``"fast"``, or any ``arith.fastmath`` flag names joined by ``,``) gives the
+fast versions, as ``-use_fast_math`` does: ``sqrt.approx.f32``, ``exp`` as ``ex2.approx`` of ``x * log2(e)``, ``log``
+as ``lg2.approx``. ``with fx.fastmath():`` gives them to every call traced inside that has no ``fastmath=`` of its
+own, and to float division (``div.approx.f32``).
 """
 
 from __future__ import annotations
 
-from mlir import ir
+from mlir.dialects import llvm as _llvm
 from mlir.dialects import math as _math
 
-from flydsl.expr.numeric import Float, Numeric, as_numeric
+from flydsl.expr.numeric import Float, Float32, Numeric, as_numeric, fastmath_flags
 
 __all__ = ["exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos", "fma"]
 
 
-def _flags(fastmath: str | None):
-    if not fastmath:
-        return None
-    return ir.Attribute.parse(f"#arith.fastmath<{fastmath}>")
+def _float(name: str, x) -> Float:
+    x = as_numeric(x, None)
+    if not isinstance(x, Float):
+        raise TypeError(f"{name}: expected a float, got {type(x).__name__} (convert with .to(Float32))")
+    return x
 
 
 def _unary(op, x, fastmath: str | None) -> Numeric:
-    x = as_numeric(x, None)
-    if not isinstance(x, Float):
-        raise TypeError(f"{op.__name__}: expected a float, got {type(x).__name__} (convert with .to(Float32))")
-    return type(x)(op(x.value, fastmath=_flags(fastmath)))
+    x = _float(op.__name__, x)
+    return type(x)(op(x.value, fastmath=fastmath_flags(fastmath)))
 
 
 def exp(x, fastmath=None):
@@ -44,8 +52,21 @@ def log2(x, fastmath=None):
     return _unary(_math.log2, x, fastmath)
 
 
+def _approximate(flags) -> bool:
+    names = str(flags).removeprefix("#arith.fastmath<").removesuffix(">").split(",")
+    return "afn" in names or "fast" in names
+
+
 def sqrt(x, fastmath=None):
-    return _unary(_math.sqrt, x, fastmath)
+    """``sqrt.rn.f32`` on float32 (``math.sqrt`` would take libdevice's ``__nv_sqrtf``, which is ``sqrt.approx.f32``
+    unless the module asks for precise square roots, and MLIR 22 gives no way to ask); ``sqrt.approx.f32`` under
+    approximate-function flags."""
+    x = _float("sqrt", x)
+    flags = fastmath_flags(fastmath)
+    if type(x) is not Float32:
+        return type(x)(_math.sqrt(x.value, fastmath=flags))
+    name = "llvm.nvvm.sqrt.approx.f" if flags is not None and _approximate(flags) else "llvm.nvvm.sqrt.rn.f"
+    return Float32(_llvm.call_intrinsic(Float32.mlir_type(), name, [x.value], [], []))
 
 
 def rsqrt(x, fastmath=None):
@@ -72,4 +93,4 @@ def fma(a, b, c, fastmath=None) -> Numeric:
     """``a * b + c`` with one rounding."""
     a = as_numeric(a)
     b, c = as_numeric(b, type(a)), as_numeric(c, type(a))
-    return type(a)(_math.fma(a.value, b.value, c.value, fastmath=_flags(fastmath)))
+    return type(a)(_math.fma(a.value, b.value, c.value, fastmath=fastmath_flags(fastmath)))

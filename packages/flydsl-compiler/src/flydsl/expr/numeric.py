@@ -41,6 +41,7 @@ __all__ = [
     "Float8E5M2",
     "as_numeric",
     "fp_contract",
+    "fastmath",
     "value_of",
     "as_integer",
 ]
@@ -266,7 +267,39 @@ def float_flags():
     return ir.Attribute.parse("#arith.fastmath<contract>") if _FP_CONTRACT.get() else None
 
 
+_FASTMATH = contextvars.ContextVar("fastmath", default=None)  # per thread; kernel traces start from None
+
+
+@contextlib.contextmanager
+def fastmath(flags: str | None = "afn"):
+    """Traced inside ``with fx.fastmath():``, float division and the ``fx.math`` functions called without their own
+    ``fastmath=`` take the ``arith.fastmath`` flags ``flags``: ``"afn"`` (approximate functions, the default) gives
+    what CUDA's ``-use_fast_math`` gives them (``div.approx.f32``, ``sqrt.approx.f32``, ``exp`` as ``ex2.approx``,
+    ``log`` as ``lg2.approx``); ``"fast"`` or other flag names joined by ``,`` say more. Elsewhere (and under
+    ``fastmath(None)``) they keep CUDA's default accuracy (see :mod:`flydsl.expr.math`). Regions nest; like
+    :func:`fp_contract`, a region only affects code traced inside it (kernel traces start outside any)."""
+    token = _FASTMATH.set(flags or None)
+    try:
+        yield
+    finally:
+        _FASTMATH.reset(token)
+
+
+def fastmath_flags(flags: str | None = None):
+    """The ``arith.fastmath`` attribute of ``flags``, else of the enclosing :func:`fastmath` region, or None."""
+    flags = flags or _FASTMATH.get()
+    return ir.Attribute.parse(f"#arith.fastmath<{flags}>") if flags else None
+
+
 _CONTRACTED = {_arith.addf, _arith.subf, _arith.mulf}
+
+
+def float_op_flags(op):
+    """The ``arith.fastmath`` attribute a float op traced here carries: ``+ - *`` contract (see :func:`fp_contract`),
+    division follows the :func:`fastmath` region."""
+    if op in _CONTRACTED:
+        return float_flags()
+    return fastmath_flags() if op is _arith.divf else None
 
 
 class Float(Numeric):
@@ -284,9 +317,7 @@ class Float(Numeric):
             raise TypeError(f"{type(a).__name__} is a storage type: convert to Float32 with .to() for arithmetic")
         if reverse:
             a, b = b, a
-        if op in _CONTRACTED:
-            return type(a)(op(a.value, b.value, fastmath=float_flags()))
-        return type(a)(op(a.value, b.value))
+        return type(a)(op(a.value, b.value, fastmath=float_op_flags(op)))
 
     def __add__(self, other):
         return self._binary(other, _arith.addf)

@@ -35,7 +35,6 @@ import flydsl.layout as _fl
 from flydsl.expr.layout import static_leaf
 from flydsl.expr.numeric import (
     _BY_MLIR_NAME,
-    _CONTRACTED,
     BFloat16,
     Float,
     Float32,
@@ -43,7 +42,7 @@ from flydsl.expr.numeric import (
     Integer,
     Numeric,
     as_numeric,
-    float_flags,
+    float_op_flags,
 )
 from flydsl.expr.tensor import Tensor, copy
 from flydsl.layout.leaf import add as _leaf_add
@@ -187,8 +186,8 @@ class Vector(Numeric):
         a, b = self.value, self._operand(other)
         if reverse:
             a, b = b, a
-        if op in _CONTRACTED:
-            return type(self)(op(a, b, fastmath=float_flags()))
+        if issubclass(self.element, Float):
+            return type(self)(op(a, b, fastmath=float_op_flags(op)))
         return type(self)(op(a, b))
 
     def __add__(self, other):
