@@ -123,7 +123,9 @@ public:
         break;
       case 'i': {
         long long x;
-        if (!readLongLong(v, x) || x < p.low || x > p.high || d.numValues >= kMaxLaunchValues)
+        // A bool is an int to Python, not a count: the Python path refuses it.
+        if (PyBool_Check(v) || !readLongLong(v, x) || x < p.low || x > p.high ||
+            d.numValues >= kMaxLaunchValues)
           return decline();
         LaunchValue &out = d.values[d.numValues++];
         out.tag = LaunchValue::Int;

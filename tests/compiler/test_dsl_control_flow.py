@@ -272,8 +272,11 @@ def test_break_in_a_dynamic_loop_is_refused_with_guidance():
             if i > 3:
                 break
 
-    with pytest.raises(TypeError, match="is not a Python int"):
+    with pytest.raises(TypeError, match=r"`break` in a `for` over a range known only when the kernel runs") as info:
         _trace(k, "Int32")
+    assert "fx.range_constexpr" in str(info.value) and "done = fx.Boolean(False)" in str(info.value)
+    loop_line = k.__wrapped__.__code__.co_firstlineno + 2
+    assert f"line {loop_line}:" in str(info.value) and info.traceback[-1].lineno + 1 == loop_line
 
 
 def test_a_traced_kernel_gets_its_launch_signature():

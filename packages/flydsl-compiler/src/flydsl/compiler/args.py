@@ -133,18 +133,21 @@ def stride_plan(strides: tuple, dtype: str) -> tuple[tuple, tuple]:
 
 class TensorSpec:
     """A tensor's shape, element type and strides without memory: what ``kernel.lower(...)`` needs to compile a
-    specialization where there is no GPU. ``strides`` in elements (default: row-major); ``aligned``: whether the
-    data pointer is taken as 16-byte aligned (as allocators give it).
+    specialization where there is no GPU. ``dtype``: an MLIR name (``"f16"``), a torch or numpy name
+    (``"bfloat16"``), a torch dtype (``torch.bfloat16``) or a FlyDSL type (``fx.BFloat16``); ``strides`` in elements
+    (default: row-major); ``aligned``: whether the data pointer is taken as 16-byte aligned (as allocators give it).
 
-        module = my_kernel.lower(flyc.TensorSpec((1024, 1024), "f16"), flyc.TensorSpec((1024,), "f32"), 1024)
+        module = my_kernel.lower(flyc.TensorSpec((1024, 1024), torch.float16), flyc.TensorSpec((1024,), "f32"), 1024)
     """
 
-    def __init__(self, shape, dtype: str = "f32", strides=None, aligned: bool = True):
+    def __init__(self, shape, dtype="f32", strides=None, aligned: bool = True):
         self.shape = tuple(int(extent) for extent in shape)
-        # MLIR names ("f16", "i64") first: numpy typestr codes in DTYPES count bytes ("i8" is int64 there).
-        self.dtype = dtype if dtype in _ELEMENT_BYTES else DTYPES.get(dtype, dtype)
+        self.dtype = _element_type_name(dtype)
         if self.dtype not in _ELEMENT_BYTES:
-            raise ValueError(f"dtype: expected one of {sorted(_ELEMENT_BYTES)} or a torch name, got {dtype!r}")
+            raise ValueError(
+                f"dtype: expected one of {sorted(_ELEMENT_BYTES)}, a torch or numpy dtype or its name, or a FlyDSL"
+                f" numeric type, got {dtype!r}"
+            )
         if strides is None:
             strides, step = [], 1
             for extent in reversed(self.shape):
@@ -159,6 +162,17 @@ class TensorSpec:
 
     def __repr__(self):
         return f"TensorSpec({self.shape}, {self.dtype!r}, strides={self.strides})"
+
+
+def _element_type_name(dtype) -> str | None:
+    """The MLIR element type name of ``dtype`` as :class:`TensorSpec` takes it (None where there is none)."""
+    if isinstance(dtype, str):
+        # MLIR names ("f16", "i64") first: numpy typestr codes in DTYPES count bytes ("i8" is int64 there).
+        return dtype if dtype in _ELEMENT_BYTES else DTYPES.get(dtype.removeprefix("torch."))
+    mlir_name = getattr(dtype, "mlir_name", None)  # fx.Float32 and the other numeric classes
+    if isinstance(mlir_name, str):
+        return mlir_name
+    return DTYPES.get(str(dtype).removeprefix("torch."))  # torch.bfloat16, numpy.dtype("float32")
 
 
 class StaticDims:

@@ -31,7 +31,16 @@ HELPERS = "__fly_cf"  # the name the rewritten code calls its helpers through
 
 
 class RewriteError(SyntaxError):
-    """A kernel uses a Python construct that cannot be traced; the message says which and where."""
+    """A kernel uses a Python construct that cannot be traced; the message says which, ``filename`` and ``lineno``
+    say where (the line in the file, as a SyntaxError's)."""
+
+    def __init__(self, message: str, filename: str | None = None, line: int | None = None, text: str | None = None):
+        where = f"{filename}:{line}: " if filename is not None else ""
+        super().__init__(where + message, (filename, line, None, text))
+
+
+class _Untraceable(RewriteError):
+    """A function FlyDSL cannot read the definition of (no source, a lambda): called from a kernel, it runs as is."""
 
 
 def _assigned_names(statements: list[ast.stmt]) -> list[str]:
@@ -54,22 +63,22 @@ def _assigned_names(statements: list[ast.stmt]) -> list[str]:
     return [name for name in names if not name.startswith("__fly_")]
 
 
-def _holds_escape(statements: list[ast.stmt]) -> bool:
-    """True if the statements hold a ``return``/``yield`` (at any depth) or a ``break``/``continue`` that is not
-    inside a loop of their own. (In a loop's body such a break leaves that loop; in an ``if``'s body it leaves an
+def _escape(statements: list[ast.stmt]) -> str | None:
+    """The keyword of the first ``return``/``yield`` (at any depth) or ``break``/``continue`` that is not inside a loop
+    of the statements' own, or None. (In a loop's body such a break leaves that loop; in an ``if``'s body it leaves an
     enclosing loop: either way the body cannot become a nested function.)"""
 
-    def visit(node, in_inner_loop: bool) -> bool:
+    def visit(node, in_inner_loop: bool) -> str | None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            return False
+            return None
         if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)):
-            return True
+            return "return" if isinstance(node, ast.Return) else "yield"
         if isinstance(node, (ast.Break, ast.Continue)) and not in_inner_loop:
-            return True
+            return "break" if isinstance(node, ast.Break) else "continue"
         inner = in_inner_loop or isinstance(node, (ast.For, ast.While))
-        return any(visit(child, inner) for child in ast.iter_child_nodes(node))
+        return next(filter(None, (visit(child, inner) for child in ast.iter_child_nodes(node))), None)
 
-    return any(visit(statement, False) for statement in statements)
+    return next(filter(None, (visit(statement, False) for statement in statements)), None)
 
 
 def _arguments(names) -> ast.arguments:
@@ -84,8 +93,27 @@ def _is_call_to(node: ast.expr, name: str) -> bool:
 
 
 class _Rewriter(ast.NodeTransformer):
-    def __init__(self):
+    def __init__(self, filename: str, first_line: int, source_lines: list[str]):
         self._ids = itertools.count()
+        self._filename, self._first_line, self._source_lines = filename, first_line, source_lines
+
+    def _error(self, node: ast.AST, message: str) -> RewriteError:
+        """An error at ``node``'s line of the file (node positions count from the function's first line)."""
+        text = self._source_lines[node.lineno - 1].strip() if node.lineno <= len(self._source_lines) else None
+        return RewriteError(message, self._filename, node.lineno + self._first_line - 1, text)
+
+    def _checked(self, test: ast.expr) -> ast.expr:
+        """``__fly_cf.truth(test, "test")``: a condition that refuses objects which are not values."""
+        call = ast.Call(func=self._helper("truth"), args=[test, ast.Constant(ast.unparse(test))], keywords=[])
+        return ast.copy_location(call, test)
+
+    def _trace_time(self, helper: str, value: ast.expr, escape: str, node: ast.AST) -> ast.expr:
+        """``__fly_cf.<helper>(value, escape, line)``: the value of a statement holding ``escape``, which must be
+        known at trace time (the helper says what to do otherwise)."""
+        line = ast.Constant(node.lineno + self._first_line - 1)
+        return ast.copy_location(
+            ast.Call(func=self._helper(helper), args=[value, ast.Constant(escape), line], keywords=[]), value
+        )
 
     def visit(self, node):
         result = super().visit(node)
@@ -147,7 +175,12 @@ class _Rewriter(ast.NodeTransformer):
         init = next((k for k in node.iter.keywords if k.arg == "init"), None)
         if init is not None:
             return self._explicit_for(node, init)
-        if _holds_escape(node.body) or not isinstance(node.target, ast.Name):
+        escape = _escape(node.body)
+        if escape is not None:  # a Python loop, whose range must be known at trace time
+            bounds = ast.Tuple(elts=node.iter.args, ctx=ast.Load())
+            node.iter = self._trace_time("trace_time_range", ast.copy_location(bounds, node.iter), escape, node)
+            return node
+        if not isinstance(node.target, ast.Name):
             return node
         names = [n for n in _assigned_names(node.body) if n != node.target.id]
         body = self._function(self._fresh("for", node), [node.target.id, *names], node.body, names)
@@ -171,16 +204,14 @@ class _Rewriter(ast.NodeTransformer):
             and len(target.elts) == 2
             and all(isinstance(e, ast.Name) for e in target.elts)
         ):
-            raise RewriteError(f"line {node.lineno}: `range(..., init=...)` loops take `for iv, state in ...`")
+            raise self._error(node, "`range(..., init=...)` loops take `for iv, state in ...`")
         yields = [
             (i, s)
             for i, s in enumerate(node.body)
             if isinstance(s, ast.Assign) and isinstance(s.value, ast.Yield) and len(s.targets) == 1
         ]
         if len(yields) != 1 or yields[0][0] != len(node.body) - 1:
-            raise RewriteError(
-                f"line {node.lineno}: a `range(..., init=...)` loop body must end with `results = yield [...]`"
-            )
+            raise self._error(node, "a `range(..., init=...)` loop body must end with `results = yield [...]`")
         position, statement = yields[0]
         body_statements = node.body[:position] + [ast.Return(value=statement.value.value)]
         body = ast.FunctionDef(
@@ -207,7 +238,11 @@ class _Rewriter(ast.NodeTransformer):
     # --- if -------------------------------------------------------------------------------------------------------
     def visit_If(self, node: ast.If):
         self.generic_visit(node)
-        if _is_call_to(node.test, "const_expr") or _holds_escape(node.body + node.orelse):
+        if _is_call_to(node.test, "const_expr"):
+            return node
+        escape = _escape(node.body + node.orelse)
+        if escape is not None:  # a Python `if`, whose condition must be known at trace time
+            node.test = self._trace_time("trace_time_condition", node.test, escape, node)
             return node
         names = _assigned_names(node.body + node.orelse)
         then_fn = self._function(self._fresh("then", node), names, node.body, names)
@@ -215,7 +250,7 @@ class _Rewriter(ast.NodeTransformer):
         call = ast.Call(
             func=self._helper("if_else"),
             args=[
-                node.test,
+                self._checked(node.test),
                 ast.Name(id=then_fn.name, ctx=ast.Load()),
                 ast.Name(id=else_fn.name, ctx=ast.Load()),
                 self._names_tuple(names),
@@ -228,7 +263,10 @@ class _Rewriter(ast.NodeTransformer):
     # --- while ----------------------------------------------------------------------------------------------------
     def visit_While(self, node: ast.While):
         self.generic_visit(node)
-        if node.orelse or _holds_escape(node.body):
+        escape = _escape(node.body)
+        if escape is not None:
+            node.test = self._trace_time("trace_time_condition", node.test, escape, node)
+        if node.orelse or escape is not None:
             return node
         names = _assigned_names(node.body)
         cond_fn = ast.FunctionDef(
@@ -236,7 +274,7 @@ class _Rewriter(ast.NodeTransformer):
             args=ast.arguments(
                 posonlyargs=[], args=[ast.arg(arg=n) for n in names], kwonlyargs=[], kw_defaults=[], defaults=[]
             ),
-            body=[ast.Return(value=node.test)],
+            body=[ast.Return(value=self._checked(node.test))],
             decorator_list=[],
             returns=None,
             type_params=[],
@@ -284,6 +322,48 @@ class _CallRouter(ast.NodeTransformer):
         return ast.copy_location(routed, node)
 
 
+class _ValueChecks(ast.NodeTransformer):
+    """Routes what Python would answer without looking at kernel values through helpers that refuse objects which are
+    not values (an uncalled ``gpu.lane_id``): ``a == b`` / ``a != b`` -> ``__fly_cf.equal(a, b, "a == b")``, and the
+    operands of ``and`` / ``or`` / ``not`` and conditional expressions -> ``__fly_cf.truth(x, "x")``."""
+
+    @staticmethod
+    def _call(name: str, args: list[ast.expr], node: ast.AST) -> ast.expr:
+        helper = ast.Attribute(value=ast.Name(id=HELPERS, ctx=ast.Load()), attr=name, ctx=ast.Load())
+        return ast.copy_location(ast.Call(func=helper, args=args, keywords=[]), node)
+
+    def _truth(self, node: ast.expr, text: str) -> ast.expr:
+        return self._call("truth", [node, ast.Constant(text)], node)
+
+    # Each text is taken before the children are visited: the user's expression, not its rewrite.
+    def visit_Compare(self, node: ast.Compare):
+        text = ast.unparse(node)
+        self.generic_visit(node)
+        if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+            return node
+        name = "equal" if isinstance(node.ops[0], ast.Eq) else "not_equal"
+        return self._call(name, [node.left, node.comparators[0], ast.Constant(text)], node)
+
+    def visit_BoolOp(self, node: ast.BoolOp):
+        texts = [ast.unparse(value) for value in node.values]
+        self.generic_visit(node)
+        node.values = [self._truth(value, text) for value, text in zip(node.values, texts, strict=True)]
+        return node
+
+    def visit_UnaryOp(self, node: ast.UnaryOp):
+        text = ast.unparse(node.operand)
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not):
+            node.operand = self._truth(node.operand, text)
+        return node
+
+    def visit_IfExp(self, node: ast.IfExp):
+        text = ast.unparse(node.test)
+        self.generic_visit(node)
+        node.test = self._truth(node.test, text)
+        return node
+
+
 _COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.While, ast.If, ast.With, ast.Try)
 
 
@@ -324,10 +404,12 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
     tree = ast.parse(source)
     function = tree.body[0]
     if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        raise RewriteError(f"{filename}:{first_line}: expected a function definition")
+        raise _Untraceable("expected a function definition", filename, first_line)
     function.decorator_list = []
-    function.body = [_Rewriter().visit(s) for s in function.body]
+    lines = source.splitlines()
+    function.body = [_Rewriter(filename, first_line, lines).visit(s) for s in function.body]
     function.body = [s for item in function.body for s in (item if isinstance(item, list) else [item])]
+    function.body = [_ValueChecks().visit(s) for s in function.body]
     function.body = [_CallRouter().visit(s) for s in function.body]
     # Statement positions must be final (the control-flow rewrite adds functions) before they get locations.
     ast.fix_missing_locations(function)
@@ -357,7 +439,7 @@ def rewrite_function(fn: types.FunctionType) -> types.FunctionType:
     try:
         source_lines, first_line = inspect.getsourcelines(fn)
     except (OSError, TypeError) as error:
-        raise RewriteError(f"cannot read the source of {fn.__qualname__} to trace it: {error}") from None
+        raise _Untraceable(f"cannot read the source of {fn.__qualname__} to trace it: {error}") from None
     source = textwrap.dedent("".join(source_lines))
     code = _rewrite_code(fn.__code__, source, fn.__code__.co_filename, first_line)
     from flydsl.compiler import control_flow

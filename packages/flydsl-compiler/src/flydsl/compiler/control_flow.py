@@ -20,9 +20,24 @@ import types
 from mlir import ir
 from mlir.dialects import scf
 
+from flydsl.compiler.trace_checks import equal, not_equal, trace_time_condition, trace_time_range, truth
 from flydsl.expr.numeric import Boolean, Index, Integer, Numeric, as_numeric
 
-__all__ = ["UNDEFINED", "lookup", "call", "at_line", "for_range", "for_range_explicit", "if_else", "while_loop"]
+__all__ = [
+    "UNDEFINED",
+    "lookup",
+    "call",
+    "at_line",
+    "for_range",
+    "for_range_explicit",
+    "if_else",
+    "while_loop",
+    "equal",
+    "not_equal",
+    "truth",
+    "trace_time_range",
+    "trace_time_condition",
+]
 
 
 _INTERNAL_MODULES = ("flydsl.compiler", "flydsl.expr", "flydsl.layout", "mlir")
@@ -36,11 +51,15 @@ def call(function, *args, **kwargs):
         if not (function.__module__ or "").startswith(_INTERNAL_MODULES):
             rewritten = _rewritten_helpers.get(function)
             if rewritten is None:
-                from flydsl.compiler.ast_rewrite import RewriteError, rewrite_function
+                from flydsl.compiler.ast_rewrite import RewriteError, _Untraceable, rewrite_function
 
                 try:
                     rewritten = rewrite_function(function)
-                except (RewriteError, SyntaxError):  # a lambda, or no source: run it as it is
+                except _Untraceable:  # no source, or a lambda's: run it as it is
+                    rewritten = function
+                except RewriteError:  # the helper's own mistake: say so
+                    raise
+                except SyntaxError:  # a lambda's line does not parse alone: run it as it is
                     rewritten = function
                 _rewritten_helpers[function] = rewritten
             function = rewritten

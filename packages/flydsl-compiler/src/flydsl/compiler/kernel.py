@@ -37,7 +37,7 @@ from flydsl.compiler.context import make_context
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
 from flydsl.compiler.target import SM90A, Target
 from flydsl.compiler.tracing import user_traceback
-from flydsl.expr.numeric import Float, Index, Integer, Numeric, fp_contract
+from flydsl.expr.numeric import Float, Index, Integer, Numeric, fastmath, fp_contract
 from flydsl.expr.params import Stream, is_constexpr
 from flydsl.expr.tensor import Tensor
 from flydsl.expr.tma import TmaDescriptor, TmaTile
@@ -234,6 +234,7 @@ class KernelFunction:
         return self.compiled_module(self.specialize(self._bind(args, kwargs)))
 
     def _compile(self, spec: _Specialization) -> _LoadedKernel:
+        runtime.require_gpu(f"kernel '{self.name}'", f"{self.name}.lower(...)")
         loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
         if self.attributes.dependent_launch:
             loaded.function.dependent_launch = True
@@ -287,7 +288,8 @@ class KernelFunction:
                     arguments.append(build(list(entry.arguments)[position : position + count]))
                     position += count
                 try:
-                    with fp_contract(True):  # not the launching code's fp_contract region: one kernel, one key
+                    # Not the launching code's fp_contract / fastmath regions: one kernel, one key.
+                    with fp_contract(True), fastmath(None):
                         fn(*arguments)
                 except Exception as error:
                     error.__fly_traced__ = True  # the entry point re-raises it with the user's frames only
@@ -413,7 +415,7 @@ def _scalar(param: _Param, value):
             raise TypeError(f"argument '{param.name}': expected a float for {cls.__name__}, got {value!r}")
         return float(value)
     if issubclass(cls, Integer):
-        if not isinstance(value, int):
+        if not isinstance(value, int) or isinstance(value, bool):  # True is an int to Python, not a count
             raise TypeError(f"argument '{param.name}': expected an int for {cls.__name__}, got {value!r}")
         low, high = cls.bounds()
         if not low <= value <= high:

@@ -21,7 +21,7 @@ from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, format_mlir_error, location_text
 from flydsl.compiler.target import ISA_STAGE, SM90A, Target
 
-__all__ = ["CompiledModule", "compile_mlir", "kernel_signatures", "launch_shapes"]
+__all__ = ["CompiledModule", "compile_mlir", "kernel_signatures", "launch_shapes", "shared_allocations"]
 
 
 @dataclass(frozen=True)
@@ -111,12 +111,15 @@ def _compile_in_process(
             if stage.name == ISA_STAGE:
                 kernels, shared_bytes = kernel_signatures(module)
                 shapes = launch_shapes(module)
+            if stage.name == "fly":
+                allocations = shared_allocations(module)
             try:
                 PassManager.parse(f"builtin.module({stage.passes})").run(module.operation)
             except ir.MLIRError as error:
                 raise CompilationError(stage.name, format_mlir_error(error)) from None
             if stage.name == "fly":
                 _check_fly_lowered(module)
+                _check_shared_memory(module, allocations, target)
             if stage.name == "llvm":
                 _mark_grid_constants(module)
             if stage.name != ISA_STAGE:
@@ -269,6 +272,53 @@ def _single_gpu_module(module: ir.Module) -> ir.Operation:
     if len(found) != 1:
         raise CompilationError("input", f"expected exactly one gpu.module in the input, found {len(found)}")
     return found[0]
+
+
+def shared_allocations(module: ir.Module) -> dict[str, list[tuple[str, str, int]]]:
+    """``{kernel: [(location, pointer type, element count), ...]}`` of the ``fly.alloc_smem`` ops of Fly-level IR."""
+    found = {}
+    for function in _ops_named(module.operation, "gpu.func"):
+        found[ir.StringAttr(function.attributes["sym_name"]).value] = [
+            (location_text(op.location), str(op.results[0].type), ir.IntegerAttr(op.attributes["count"]).value)
+            for op in _ops_named(function, "fly.alloc_smem")
+        ]
+    return found
+
+
+def _ops_named(root: ir.Operation, name: str) -> list[ir.Operation]:
+    ops = []
+
+    def visit(op):
+        if op.name == name:
+            ops.append(op)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit)
+    return ops
+
+
+def _check_shared_memory(module: ir.Module, allocations: dict, target: Target) -> None:
+    """Kernels whose ``fly.alloc_smem`` buffers (placed by fly-lower-smem, ``fly.smem_bytes``) need more shared
+    memory than one block of the target may have would only fail at launch: refuse them here, naming the buffers."""
+    limit = target.shared_bytes_per_block
+    for function in _ops_named(module.operation, "gpu.func"):
+        if "fly.smem_bytes" not in function.attributes:
+            continue
+        needed = ir.IntegerAttr(function.attributes["fly.smem_bytes"]).value
+        if needed <= limit:
+            continue
+        kernel = ir.StringAttr(function.attributes["sym_name"]).value
+        listed = allocations.get(kernel, [])
+        lines = [f"  {where}: {count} x {_element_of(type_)} ({type_})" for where, type_, count in listed]
+        raise CompilationError(
+            "fly",
+            f"kernel '{kernel}' needs {needed} bytes of shared memory (with alignment padding), more than the"
+            f" {limit} one block may use on {target.chip}; its shared buffers:\n" + "\n".join(lines),
+        )
+
+
+def _element_of(pointer_type: str) -> str:
+    return pointer_type.removeprefix("!fly.ptr<").split(",")[0]
 
 
 def _check_fly_lowered(module: ir.Module) -> None:

@@ -15,6 +15,7 @@ __all__ = [
     "LoadedModule",
     "TensorMap",
     "is_available",
+    "require_gpu",
     "device_count",
     "device_name",
     "device_attribute",
@@ -32,6 +33,17 @@ is_available = _rt.is_available
 device_count = _rt.device_count
 device_name = _rt.device_name
 synchronize = _rt.synchronize
+
+
+def require_gpu(what: str, lower: str) -> None:
+    """Raises where no GPU can be used, saying that ``what`` compiles but cannot load or launch here, and how to
+    compile without a GPU (``lower``: the call that does); the driver's own error would not say."""
+    if not is_available():
+        raise RuntimeError(
+            f"{what}: no usable NVIDIA GPU here (no CUDA driver or device), so it can be compiled but not loaded or"
+            " launched (flyc.compile and launch do both). To compile without a GPU, describe each tensor with"
+            f" flyc.TensorSpec(shape, dtype) and call {lower}: it returns the PTX, the cubin and the launch signature"
+        )
 
 
 class LoadedModule:

@@ -10,6 +10,21 @@ __all__ = ["Stage", "Target", "SM90A", "SM80"]
 # The last stage writes an ISA artifact instead of IR.
 ISA_STAGE = "ptx"
 
+# Shared memory one block may use (the opt-in maximum of CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), by chip
+# without its "a" suffix (CUDA C Programming Guide, "Compute Capabilities"); 48 KiB, every GPU's default, elsewhere.
+_SHARED_BYTES_PER_BLOCK = {
+    "sm_70": 96 * 1024,
+    "sm_72": 96 * 1024,
+    "sm_75": 64 * 1024,
+    "sm_80": 163 * 1024,
+    "sm_86": 99 * 1024,
+    "sm_87": 163 * 1024,
+    "sm_89": 99 * 1024,
+    "sm_90": 227 * 1024,
+    "sm_100": 227 * 1024,
+    "sm_120": 99 * 1024,
+}
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -35,6 +50,11 @@ class Target:
             raise ValueError(f"Target.ptx_version: expected 60..99 (e.g. 80 for PTX ISA 8.0), got {self.ptx_version}")
         if self.opt_level not in (0, 1, 2, 3):
             raise ValueError(f"Target.opt_level: expected 0..3, got {self.opt_level}")
+
+    @property
+    def shared_bytes_per_block(self) -> int:
+        """The most shared memory one block of a kernel compiled for this chip may use."""
+        return _SHARED_BYTES_PER_BLOCK.get(self.chip.removesuffix("a"), 48 * 1024)
 
     @property
     def arch(self) -> str:

@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import linecache
 import os
+import sys
 import types
 
 from mlir import ir
 
-__all__ = ["user_traceback", "is_internal_file"]
+__all__ = ["user_traceback", "is_internal_file", "user_source_line"]
 
 _INTERNAL_ROOTS = tuple(
     os.path.dirname(os.path.abspath(path))
@@ -38,3 +40,14 @@ def user_traceback(tb: types.TracebackType | None) -> types.TracebackType | None
     for frame in reversed(kept):
         result = types.TracebackType(result, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
     return result
+
+
+def user_source_line() -> str | None:
+    """The source line of the innermost caller outside FlyDSL and MLIR (the kernel statement being traced), stripped;
+    None when there is none or its file cannot be read."""
+    frame = sys._getframe(1)
+    while frame is not None and is_internal_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip() or None

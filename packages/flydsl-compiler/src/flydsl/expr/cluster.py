@@ -51,13 +51,13 @@ def _i32() -> ir.Type:
 
 
 #: The cluster's index in the grid of clusters (``%clusterid``).
-cluster_idx = _Dim3("clusterid")
+cluster_idx = _Dim3("clusterid", "cluster_idx", "cluster")
 #: CTAs per cluster along each axis (``%cluster_nctaid``): the launch's ``cluster=`` shape.
-cluster_dim = _Dim3("cluster_nctaid")
+cluster_dim = _Dim3("cluster_nctaid", "cluster_dim", "cluster")
 #: This CTA's position in its cluster (``%cluster_ctaid``).
-block_idx_in_cluster = _Dim3("cluster_ctaid")
+block_idx_in_cluster = _Dim3("cluster_ctaid", "block_idx_in_cluster", "cluster")
 #: Clusters in the grid along each axis (``%nclusterid``).
-num_clusters = _Dim3("nclusterid")
+num_clusters = _Dim3("nclusterid", "num_clusters", "cluster")
 
 
 def block_rank() -> Int32:

@@ -34,8 +34,11 @@ WARP_SIZE = 32
 class _Dim3:
     """The x/y/z components of a special register triple (``%tid``, ``%clusterid``...), as ``Int32``."""
 
-    def __init__(self, registers: str):
-        self._registers = registers
+    def __init__(self, registers: str, name: str, module: str = "gpu"):
+        self._registers, self._name = registers, f"{module}.{name}"
+
+    def __repr__(self):
+        return f"{self._name} (its components are .x, .y and .z)"
 
     def _read(self, axis: str) -> Int32:
         return Int32(getattr(_nvvm, f"read_ptx_sreg_{self._registers}_{axis}")(ir.IntegerType.get_signless(32)))
@@ -53,10 +56,10 @@ class _Dim3:
         return self._read("z")
 
 
-thread_idx = _Dim3("tid")
-block_idx = _Dim3("ctaid")
-block_dim = _Dim3("ntid")
-grid_dim = _Dim3("nctaid")
+thread_idx = _Dim3("tid", "thread_idx")
+block_idx = _Dim3("ctaid", "block_idx")
+block_dim = _Dim3("ntid", "block_dim")
+grid_dim = _Dim3("nctaid", "grid_dim")
 
 
 def lane_id() -> Int32:
@@ -161,12 +164,25 @@ def warp_reduce(value, op="add", width: int = WARP_SIZE):
     return value
 
 
+def _check_scratch(scratch, num_warps: int) -> None:
+    """``block_reduce``'s scratch: a shared-memory tensor with a slot per warp (fewer would lose partials)."""
+    from flydsl.expr.tensor import Tensor
+    from flydsl.layout import size
+
+    if not isinstance(scratch, Tensor) or scratch.space != "shared":
+        raise TypeError(f"scratch: expected a shared-memory Tensor (fx.SmemAllocator().allocate), got {scratch!r}")
+    slots = size(scratch.layout)
+    if isinstance(slots, int) and slots < num_warps:
+        raise ValueError(f"scratch: {num_warps} warps need {num_warps} elements of scratch, got {slots} ({scratch})")
+
+
 def block_reduce(value, op="add", *, scratch, num_warps: int) -> Numeric:
     """Reduction over the block (1-D, ``num_warps`` warps): warps reduce, lane 0 of each writes ``scratch`` (a
     shared-memory Tensor of at least ``num_warps`` elements), then every warp reduces those partials. Every thread
     gets the result."""
     if num_warps & (num_warps - 1) or not 1 <= num_warps <= WARP_SIZE:
         raise ValueError(f"num_warps: expected a power of two in 1..32, got {num_warps}")
+    _check_scratch(scratch, num_warps)
     combine = _combiner(op)
     partial = warp_reduce(value, combine)
     lane, warp = lane_id(), warp_idx()

@@ -135,13 +135,14 @@ class Tensor:
 
     # --- access -----------------------------------------------------------------------------------------------------
     def _coordinates(self, coord) -> list[ir.Value]:
-        plain = self.layout.inner if isinstance(self.layout, _fl.ComposedLayout) else self.layout
+        plain = _plain(self.layout)
         if not isinstance(coord, tuple):
             return [as_index(coord).value]
         if not _fl.congruent(coord, plain.shape):
             raise IndexError(
-                f"coordinate {coord} does not match the shape {plain.shape}: give one linear index, or one index"
-                " per mode of the shape (nested like it)"
+                f"{_at_user_line()}indexing a tensor of shape {_shape_text(plain.shape)} (rank {_fl.rank(plain)})"
+                f" with {_shape_text(coord, dynamic=None)}: give one linear index, or one index per mode of the shape"
+                " (nested like it)"
             )
         return [as_index(c).value for c in _fl.flatten(coord)]
 
@@ -166,6 +167,33 @@ class Tensor:
         _fly.StoreOp(value.value, self.materialize(), self._coordinates(_static_coord(coord)))
 
 
+def _at_user_line() -> str:
+    """The kernel statement being traced, quoted, to start a message with (empty where it cannot be read)."""
+    from flydsl.compiler.tracing import user_source_line
+
+    line = user_source_line()
+    return f"`{line}`: " if line else ""
+
+
+def _plain(layout):
+    """The layout whose shape indexes a view (the inner one of a swizzled layout)."""
+    return layout.inner if isinstance(layout, _fl.ComposedLayout) else layout
+
+
+def _shape_text(tuple_, dynamic: str | None = "?") -> str:
+    """A shape (or, with ``dynamic=None``, a coordinate) for messages in CuTe notation: ints as they are, a dynamic
+    leaf as ``?`` (a coordinate's by its type: ``Int32``), never as MLIR text."""
+    if isinstance(tuple_, tuple):
+        inner = ",".join(_shape_text(t, dynamic) for t in tuple_)
+        return f"({inner},)" if len(tuple_) == 1 else f"({inner})"
+    if isinstance(tuple_, int) or tuple_ is None:
+        return str(tuple_)
+    constant = tuple_.constant_value() if isinstance(tuple_, Numeric) else None
+    if constant is not None:
+        return str(constant)
+    return dynamic or type(tuple_).__name__
+
+
 def _has_free_modes(coord) -> bool:
     if coord is None:
         return True
@@ -185,6 +213,13 @@ def copy(source: Tensor, target: Tensor, predicate=None) -> None:
     ``predicate`` (a Boolean) is false."""
     if source.dtype is not target.dtype:
         raise TypeError(f"copy: element types differ ({source.dtype.__name__} -> {target.dtype.__name__})")
+    source_size, target_size = _fl.size(_plain(source.layout)), _fl.size(_plain(target.layout))
+    if isinstance(source_size, int) and isinstance(target_size, int) and source_size > target_size:
+        raise ValueError(
+            f"{_at_user_line()}copy: the source has {source_size} elements (shape {_shape_text(source.shape)}) but"
+            f" the target only {target_size} (shape {_shape_text(target.shape)}): copy views of one size (e.g."
+            " partitions of the same tile)"
+        )
     pred = None if predicate is None else as_numeric(predicate, Boolean).value
     _fly.CopyOp(source.materialize(), target.materialize(), predicate=pred)
 
