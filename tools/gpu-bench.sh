@@ -1,4 +1,5 @@
-# Run on the GPU machine from the repository root (carry [".devrt"]); the machine has no git, so pass the commit:
+# Run on the GPU machine from the repository root (carry [".devrt"], see tools/pack-gpu-runtime.sh); the machine has
+# no git, so pass the commit:
 #   bash tools/gpu-bench.sh $(git rev-parse --short HEAD) gemm skinny   # some of: gemm skinny norms torch dispatch
 # A device call runs 10 minutes at most: gemm (~3 min), skinny (~1), torch (~1) and dispatch (~1) fit one call;
 # norms (the full sweep with torch.compile peers) takes its own. Each run is cut at 5 minutes.

@@ -1,7 +1,9 @@
-# Run on the GPU machine from the repository root, after `.devrt` travelled (carry [".devrt"]):
+# Run on the GPU machine from the repository root, after .devrt/ travelled (tools/pack-gpu-runtime.sh; carry
+# [".devrt"]):
 #   bash tools/gpu-check.sh                      # every test suite (GPU tests included), one log per suite
 #   bash tools/gpu-check.sh tests/kernels -k gemm   # pytest arguments instead of the default suites
 #   bash tools/gpu-check.sh --sanitize           # the sanitizer scripts (GEMM, wgmma) under memcheck and racecheck
+#   bash tools/gpu-check.sh --demo               # the README's main job (tools/demo.py, as tox's demo runs it)
 # Logs go to $OUT (the device tool brings them back) or ./gpu-logs; the last lines printed are one summary line per
 # suite, so a truncated output tail still shows every result.
 source tools/gpu-env.sh
@@ -16,6 +18,11 @@ if [ "$1" = "--sanitize" ]; then
       echo "$script $tool: $(grep -c ': ok' "$log") ok, $(tail -1 "$log")"
     done
   done
+  exit $status
+fi
+if [ "$1" = "--demo" ]; then
+  timeout 540 python3 tools/demo.py > "$logs/demo.txt" 2>&1 || status=$?
+  echo "demo (rc $status): $(tail -1 "$logs/demo.txt")"
   exit $status
 fi
 if [ $# -gt 0 ]; then
