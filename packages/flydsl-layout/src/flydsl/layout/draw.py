@@ -1,11 +1,12 @@
 """Pictures of layouts: an ASCII table (:func:`print_layout`) and SVG (:func:`draw`), with no dependencies.
 
-A 2-D layout is drawn as a grid whose cell ``(m, n)`` shows the offset ``L(m, n)``; a rank-1 layout is one
-row. Cells are coloured by what the picture shows: with ``element_bytes``, by the 16-byte chunk the offset falls in;
-a swizzled layout by the offset bits its swizzle flips (for the usual swizzles, the chunk's place in its row), so
-the permutation is visible; any other layout by its offset. A TV layout (``layout_tv(t, v)`` is an offset inside a ``tiler`` tile, as returned by
-:func:`make_layout_tv`) is drawn over its tile: each cell shows the thread ``T#`` and value ``V#`` that
-hold it, coloured by thread.
+A 2-D layout is drawn as a grid whose cell ``(m, n)`` shows the offset ``L(m, n)``; a rank-1 layout is one row. A TV
+layout (``layout_tv(t, v)`` is an offset inside a ``tiler`` tile, as returned by :func:`make_layout_tv`) is drawn
+over its tile: each cell shows the thread ``T#`` and value ``V#`` that hold it, coloured by thread.
+
+Other cells are coloured by what the picture shows: with ``element_bytes``, by the 16-byte chunk the offset falls
+in; a swizzled layout by the offset bits its swizzle flips (for the usual swizzles, the chunk's place in its row),
+so that the permutation shows; any other layout by its offset.
 """
 
 from __future__ import annotations
