@@ -137,11 +137,18 @@ def test_numbers_and_constexprs_match_the_python_path():
 
     for values in [
         (0, 0, 0.0, 0, None, 0, 0),
-        (True, -(2**63), 3, 2**70, (1, "a", 2.5), 255, 2**63 - 1),
+        (1, -(2**63), 3, 2**70, (1, "a", 2.5), 255, 2**63 - 1),
         (-(2**31), 2**63 - 1, float("inf"), -1, "text", 1, 5),
     ]:
         expected = _python(numbers, values)
         assert _native(numbers, values) == expected
+    # A bool is not an integer argument on either path: the native one declines, the Python one says why.
+    for position in (0, 1, 5, 6):
+        values = [1, 1, 1.0, 0, None, 1, 1]
+        values[position] = True
+        assert _native(numbers, values) is None
+        with pytest.raises(TypeError, match="expected an int for .*, got True"):
+            _python(numbers, values)
 
 
 TYPESTRS = ["<f4", "<f2", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u4"]
