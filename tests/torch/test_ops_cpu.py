@@ -281,6 +281,22 @@ def test_errors_name_the_argument():
         ft.softmax(x, dim=2)
 
 
+def test_functional_refuses_non_tensors_naming_them():
+    x = torch.empty(4, 8, device="meta")
+    with pytest.raises(TypeError, match="flydsl.layer_norm: input: expected a torch.Tensor, got NoneType"):
+        ft.layer_norm(None, 8)
+    with pytest.raises(TypeError, match="flydsl.layer_norm: input: expected a torch.Tensor, got list"):
+        ft.layer_norm([[1.0] * 8], 8)
+    with pytest.raises(TypeError, match="flydsl.layer_norm: bias: expected a torch.Tensor or None, got list"):
+        ft.layer_norm(x, 8, None, [0.0] * 8)
+    with pytest.raises(TypeError, match="flydsl.rms_norm: weight: expected a torch.Tensor or None, got list"):
+        ft.rms_norm(x, 8, [1.0] * 8)
+    with pytest.raises(TypeError, match="flydsl.fused_add_rms_norm: residual: expected a torch.Tensor, got NoneType"):
+        ft.fused_add_rms_norm(x, None, 8)
+    with pytest.raises(TypeError, match="flydsl.softmax: input: expected a torch.Tensor, got tuple"):
+        ft.softmax((1.0, 2.0))
+
+
 def test_real_tensors_must_be_on_one_cuda_device():
     with pytest.raises(ValueError, match="flydsl.softmax: x: expected a CUDA tensor, got one on cpu"):
         torch.ops.flydsl.softmax(torch.zeros(2, 4))

@@ -23,6 +23,14 @@ def _shape(normalized_shape: int | Sequence[int]) -> list[int]:
     return list(normalized_shape)
 
 
+def _tensor(who: str, name: str, t, optional: bool = False) -> None:
+    """Refuses a ``t`` that is not a tensor (nor None, where ``optional``), naming it: else it fails later as an
+    AttributeError."""
+    if not isinstance(t, Tensor) and not (optional and t is None):
+        expected = "a torch.Tensor or None" if optional else "a torch.Tensor"
+        raise TypeError(f"flydsl.{who}: {name}: expected {expected}, got {type(t).__name__}")
+
+
 def _needs_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -37,6 +45,7 @@ def _empty(x: Tensor) -> Tensor:
 
 def softmax(input: Tensor, dim: int = -1) -> Tensor:
     """``torch.softmax(input, dim)``; a ``dim`` other than the last is moved last (a copy) and back."""
+    _tensor("softmax", "input", input)
     if input.dim() == 0:
         raise ValueError("flydsl.softmax: input: expected at least one dim, got a 0-dim tensor")
     if not -input.dim() <= dim < input.dim():
@@ -59,6 +68,9 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> Tensor:
     """``torch.nn.functional.layer_norm``."""
+    _tensor("layer_norm", "input", input)
+    _tensor("layer_norm", "weight", weight, optional=True)
+    _tensor("layer_norm", "bias", bias, optional=True)
     shape = _shape(normalized_shape)
     if _needs_grad(input, weight, bias):
         return torch.ops.flydsl.layer_norm.default(input, shape, weight, bias, eps)[0]
@@ -74,6 +86,8 @@ def rms_norm(
     eps: float | None = None,
 ) -> Tensor:
     """``torch.nn.functional.rms_norm``; ``eps=None`` is float32's machine epsilon, as in torch."""
+    _tensor("rms_norm", "input", input)
+    _tensor("rms_norm", "weight", weight, optional=True)
     shape = _shape(normalized_shape)
     if _needs_grad(input, weight):
         return torch.ops.flydsl.rms_norm.default(input, shape, weight, eps)[0]
@@ -90,6 +104,9 @@ def fused_add_rms_norm(
     eps: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(rms_norm(input + residual, ...), input + residual)`` in one pass (the sum rounded to the input dtype)."""
+    _tensor("fused_add_rms_norm", "input", input)
+    _tensor("fused_add_rms_norm", "residual", residual)
+    _tensor("fused_add_rms_norm", "weight", weight, optional=True)
     shape = _shape(normalized_shape)
     if _needs_grad(input, residual, weight):
         out, residual_out, _rstd = torch.ops.flydsl.fused_add_rms_norm.default(input, residual, shape, weight, eps)
