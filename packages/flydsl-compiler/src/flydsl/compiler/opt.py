@@ -6,7 +6,10 @@
     python -m flydsl.compiler.opt - < input.mlir
     python -m flydsl.compiler.opt cases.mlir --split                         # each '// -----' chunk on its own
 
-Errors go to stderr as ``file:line:col: error: message`` and the exit status is 1.
+Errors go to stderr as ``file:line:col: error: message`` and the exit status is 1. Each module is parsed and
+transformed in a forked child (``flydsl.compiler.isolate``; ``FLYDSL_COMPILE_ISOLATED=0``: in this process), so
+that an LLVM assertion or abort is reported as an error too; text nested too deeply and pass options that MLIR
+would assert on are refused before MLIR sees them (``flydsl.compiler.text_checks``).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import sys
 from mlir import ir
 from mlir.passmanager import PassManager
 
+from flydsl.compiler import isolate, settings
 from flydsl.compiler.context import make_context
-from flydsl.compiler.errors import format_mlir_error
+from flydsl.compiler.errors import CompilationError, format_mlir_error
 from flydsl.compiler.target import SM90A
+from flydsl.compiler.text_checks import check_nesting, check_pass_pipeline
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,12 +47,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--stage: expected one of {sorted(stages)}, got {args.stage!r}")
         pipelines.append(f"builtin.module({stages[args.stage].passes})")
     if args.pass_pipeline:
+        try:
+            check_pass_pipeline(args.pass_pipeline)
+        except ValueError as error:
+            parser.error(f"--pass-pipeline: {error}")
         pipelines.append(args.pass_pipeline)
 
+    process = _process_isolated if settings.current().compile_isolated else _process
     failed = False
     outputs = []
     for chunk in _chunks(text) if args.split else [text]:
-        output = _process(chunk, filename, pipelines, args.generic)
+        output = process(chunk, filename, pipelines, args.generic)
         failed |= output is None
         outputs.append(output or "")
     sys.stdout.write("// -----\n".join(outputs))
@@ -67,12 +77,30 @@ def _chunks(text: str) -> list[str]:
     return chunks
 
 
-def _process(text: str, filename: str, pipelines: list[str], generic: bool) -> str | None:
-    """Parses and transforms one module; prints diagnostics and returns None on failure."""
+def _process_isolated(text: str, filename: str, pipelines: list[str], generic: bool) -> str | None:
+    """``_process`` in a forked child; a child that dies is reported as an error of the step it was in."""
+    try:
+        return isolate.outcome_of(isolate.fork_call(_process, text, filename, pipelines, generic, capture_stderr=False))
+    except CompilationError as error:
+        print(f"{filename}: error: {error}", file=sys.stderr)
+        return None
+
+
+def _process(text: str, filename: str, pipelines: list[str], generic: bool, on_stage=None) -> str | None:
+    """Parses and transforms one module; prints diagnostics and returns None on failure. ``on_stage`` hears the
+    step about to run ('input', then each pipeline)."""
+    on_stage = on_stage or (lambda name: None)
+    try:
+        check_nesting(text, filename)
+    except CompilationError as error:
+        print(error.diagnostics, file=sys.stderr)
+        return None
     with make_context():
         try:
+            on_stage("input")
             module = ir.Module.parse(text)
             for pipeline in pipelines:
+                on_stage(pipeline)
                 PassManager.parse(pipeline).run(module.operation)
         except ir.MLIRError as error:
             print(format_mlir_error(error, filename), file=sys.stderr)
