@@ -5,11 +5,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import flydsl.compiler as flyc
 from flydsl.compiler import isolate, pipeline, settings
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # A TMA load in its CTA-only form (shared::cta destination) needs PTX ISA 8.6; for the default target's +ptx80
 # LLVM's NVPTX backend has no pattern and calls report_fatal_error ("Cannot select"), which aborts the process.
@@ -200,6 +203,26 @@ def test_an_assertion_in_the_parser_is_a_compilation_error():
     with pytest.raises(flyc.CompilationError, match="killed by SIGABRT") as info:
         flyc.compile_mlir(EXTRACT_OUT_OF_RANGE, assemble=False)
     assert info.value.stage == "input" and "Assertion `Index < Length" in info.value.diagnostics
+
+
+def test_an_assertion_in_mlirs_python_bindings_is_a_compilation_error():
+    # Found by tests/compiler/fuzz_mlir.py: this stray '.' makes the parser report an error that the bindings'
+    # ErrorCapture does not expect.
+    text = (EXAMPLES / "transpose.mlir").read_text()
+    text = text.replace("        %out_ptr = fly.make_ptr", "  .     %out_ptr = fly.make_ptr")
+    with pytest.raises(flyc.CompilationError, match="killed by SIGABRT") as info:
+        flyc.compile_mlir(text, assemble=False)
+    assert info.value.stage == "input" and "unhandled captured errors" in info.value.diagnostics
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_target_features_that_llvm_would_assert_on_are_refused(layout_offsets_mlir, isolated):
+    # Found by tests/compiler/fuzz_mlir.py: "Feature flags should start with '+' or '-'" (MCSubtargetInfo.cpp).
+    llvm = flyc.compile_mlir(layout_offsets_mlir, keep_stages=True, assemble=False).stages["llvm"]
+    assert 'features = "+ptx80"' in llvm
+    flyc.compile_mlir(llvm.replace('"+ptx80"', '"+ptx80,,-ptx81"'), start_after="llvm", assemble=False)
+    with pytest.raises(flyc.CompilationError, match="target features: expected flags like '\\+ptx80'.* got 'ptx80'"):
+        flyc.compile_mlir(llvm.replace('"+ptx80"', '"ptx80"'), start_after="llvm", assemble=False, isolate=isolated)
 
 
 @pytest.mark.parametrize("isolated", [True, False])

@@ -72,13 +72,12 @@ class Finished:
 class ForkedChild:
     """A child forked from this (single-threaded) process, waiting for the arguments of ``function``.
 
-    ``prepare()``, when given, runs in the child as soon as it is forked (before ``run`` sends anything): work done
-    there is off the caller's path. ``run(*args)`` sends the arguments and returns what the child left: it calls
+    ``run(*args)`` sends the arguments and returns what the child left: it calls
     ``function(*args, on_stage=...)``, sends ``("stage", name)`` for each ``on_stage(name)``, then
     ``("result", value)`` or the error it raised; ``outcome_of`` turns that into the value or the exception.
     """
 
-    def __init__(self, function: Callable, *, capture_stderr: bool = True, prepare: Callable | None = None):
+    def __init__(self, function: Callable, *, capture_stderr: bool = True):
         sys.stdout.flush()
         sys.stderr.flush()  # else the child's copy of the buffers is written twice
         request_read, self._request = os.pipe()
@@ -92,8 +91,6 @@ class ForkedChild:
                 if self._stderr is not None:
                     os.dup2(self._stderr.fileno(), 2)
                 os.dup2(2, 1)  # what a library prints goes to stderr; the pipe carries the messages alone
-                if prepare is not None:
-                    prepare()
                 with os.fdopen(request_read, "rb") as request:
                     args = pickle.load(request)
                 _answer(os.fdopen(results_write, "wb"), function, args)
@@ -199,12 +196,11 @@ class _Worker:
             self._send(request)
             return pickle.load(self.process.stdout)
         except (OSError, EOFError, pickle.UnpicklingError):  # the worker itself died
-            self.stop()
-            self.stderr.seek(0)
-            text = self.stderr.read().decode(errors="replace")
+            text = self.stop()
             return Finished(b"", self.process.returncode, text)
 
-    def stop(self) -> None:
+    def stop(self) -> str:
+        """Ends the worker; returns what it wrote to its stderr."""
         for stream in (self.process.stdin, self.process.stdout):
             try:
                 stream.close()
@@ -215,6 +211,12 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self.stderr.closed:
+            return ""
+        self.stderr.seek(0)
+        text = self.stderr.read().decode(errors="replace")
+        self.stderr.close()
+        return text
 
 
 _worker: _Worker | None = None
@@ -250,10 +252,11 @@ def _serve() -> None:
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # as in a child: stdout carries the answers alone
     os.environ.pop("FLYDSL_DUMP_IR", None)  # the warm-up compile dumps nothing (children take the caller's)
-    pipeline.warm_up()
+    global _context
+    _context = pipeline.warm_up()
     gc.freeze()  # the collector of a child leaves what the worker holds alone: fewer pages copied on write
     while True:
-        spare = ForkedChild(_compile_request, prepare=_prepare_context)
+        spare = ForkedChild(_compile_request)
         try:
             request = pickle.load(requests)
         except EOFError:
@@ -262,15 +265,8 @@ def _serve() -> None:
         answers.flush()
 
 
-# The MLIR context a spare child made while it waited (dialects loaded): its compile uses it.
-_prepared_context = None
-
-
-def _prepare_context() -> None:
-    from flydsl.compiler.context import make_context
-
-    global _prepared_context
-    _prepared_context = make_context()
+# The worker's MLIR context, its dialects loaded, that each child compiles in (its own copy: a fork's).
+_context = None
 
 
 def _compile_request(request: dict, environment: dict, cwd: str, on_stage: Callable[[str], None]):
@@ -279,7 +275,7 @@ def _compile_request(request: dict, environment: dict, cwd: str, on_stage: Calla
     os.environ.clear()
     os.environ.update(environment)
     os.chdir(cwd)
-    return pipeline._compile_in_process(**request, on_stage=on_stage, context=_prepared_context)
+    return pipeline._compile_in_process(**request, on_stage=on_stage, context=_context)
 
 
 def _read_messages(stream: bytes) -> tuple[str | None, tuple | None]:
