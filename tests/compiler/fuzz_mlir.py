@@ -173,10 +173,9 @@ def through_opt(mutants: list[str], totals: Totals) -> subprocess.CompletedProce
     totals.mutants += len(mutants)
     answers = result.stdout.split("// -----\n")
     totals.compiled = sum(1 for answer in answers if answer)  # a case that failed printed nothing
-    start = 0  # a dead child's last words come before the CLI's report of its death
-    for death in DEATH.finditer(result.stderr):
-        totals.crashed(result.stderr[start : death.end()])
-        start = death.end()
+    deaths = list(DEATH.finditer(result.stderr))  # each report holds the tail of the dead child's stderr
+    for death, after in zip(deaths, deaths[1:] + [None], strict=True):
+        totals.crashed(result.stderr[death.start() : after.start() if after else None])
     totals.refused = len(mutants) - totals.compiled - totals.worker_crashes
     return result
 

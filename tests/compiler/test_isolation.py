@@ -242,7 +242,20 @@ def test_the_opt_cli_reports_an_assertion_as_an_error():
     result = opt(input=EXTRACT_OUT_OF_RANGE)
     assert result.returncode == 1, result.stderr
     assert "Assertion `Index < Length" in result.stderr
-    assert "<stdin>: error: stage 'input' failed:\nthe compiler process was killed by SIGABRT" in result.stderr
+    assert "<stdin>: error: the compiler process was killed by SIGABRT; its stderr ends with:" in result.stderr
+
+
+def test_the_opt_cli_goes_on_after_a_case_that_kills_its_child(layout_offsets_mlir):
+    cases = [layout_offsets_mlir, EXTRACT_OUT_OF_RANGE, nested_modules(300), layout_offsets_mlir, "module {"]
+    result = opt("--split", input="// -----\n".join(cases))
+    assert result.returncode == 1
+    outputs = result.stdout.split("// -----\n")
+    assert [bool(output) for output in outputs] == [True, False, False, True, False]
+    assert outputs[0] == outputs[3] and "fly.crd2idx" in outputs[0]
+    deaths = result.stderr.split("<stdin>: error: the compiler process was killed by SIGABRT")
+    assert len(deaths) == 2 and "Assertion `Index < Length" in deaths[1]
+    assert "brackets nested more than 256 deep" in result.stderr and "error: expected operation name" in result.stderr
+    assert result.stderr.index("Assertion") < result.stderr.index("brackets")  # in the order of the cases
 
 
 def test_the_opt_cli_refuses_deep_nesting_and_unknown_binary_formats(layout_offsets_mlir):

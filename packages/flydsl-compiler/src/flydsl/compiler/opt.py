@@ -6,16 +6,16 @@
     python -m flydsl.compiler.opt - < input.mlir
     python -m flydsl.compiler.opt cases.mlir --split                         # each '// -----' chunk on its own
 
-Errors go to stderr as ``file:line:col: error: message`` and the exit status is 1. Each module is parsed and
+Errors go to stderr as ``file:line:col: error: message`` and the exit status is 1. The modules are parsed and
 transformed in a forked child (``flydsl.compiler.isolate``; ``FLYDSL_COMPILE_ISOLATED=0``: in this process), so
-that an LLVM assertion or abort is reported as an error too; text nested too deeply and pass options that MLIR
+that an LLVM assertion or abort is reported as an error of the module it was in, and the others go on in a new
+child; text nested too deeply and pass options that MLIR
 would assert on are refused before MLIR sees them (``flydsl.compiler.text_checks``).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 
 from mlir import ir
@@ -54,20 +54,16 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--pass-pipeline: {error}")
         pipelines.append(args.pass_pipeline)
 
-    # Isolated, each module is processed in a forked child, in its copy of this context (made once: ~5 ms).
-    isolated = settings.current().compile_isolated
-    context = make_context() if isolated else None
-    failed = False
-    outputs = []
-    for chunk in _chunks(text) if args.split else [text]:
-        if isolated:
-            output = _process_isolated(chunk, filename, pipelines, args.generic, context)
-        else:
-            output = _process(chunk, filename, pipelines, args.generic)
-        failed |= output is None
-        outputs.append(output or "")
-    sys.stdout.write("// -----\n".join(outputs))
-    return 1 if failed else 0
+    cases = _chunks(text) if args.split else [text]
+    if settings.current().compile_isolated:
+        results = _process_isolated(cases, filename, pipelines, args.generic)
+    else:
+        results = [_process(case, filename, pipelines, args.generic) for case in cases]
+    for _, diagnostics in results:
+        if diagnostics:
+            print(diagnostics, file=sys.stderr)
+    sys.stdout.write("// -----\n".join(output or "" for output, _ in results))
+    return 1 if any(output is None for output, _ in results) else 0
 
 
 def _chunks(text: str) -> list[str]:
@@ -83,36 +79,49 @@ def _chunks(text: str) -> list[str]:
     return chunks
 
 
-def _process_isolated(text: str, filename: str, pipelines: list[str], generic: bool, context) -> str | None:
-    """``_process`` in a forked child; a child that dies is reported as an error of the step it was in."""
-    try:
-        child = isolate.ForkedChild(functools.partial(_process, context=context), capture_stderr=False)
-        return isolate.outcome_of(child.run(text, filename, pipelines, generic))
-    except CompilationError as error:
-        print(f"{filename}: error: {error}", file=sys.stderr)
-        return None
+def _process_isolated(cases: list[str], filename: str, pipelines: list[str], generic: bool) -> list[tuple]:
+    """``_process`` of every case in one forked child. Where the child dies, the case it was in gets the report of
+    its death and a new child takes the other unfinished cases (those done before the death again: their results
+    died with the child)."""
+    results = {}
+    pending = list(range(len(cases)))
+    while pending:
+        child = isolate.ForkedChild(_process_cases)
+        try:
+            done = isolate.outcome_of(child.run([cases[i] for i in pending], filename, pipelines, generic))
+        except CompilationError as error:  # its stage is the position in pending of the case it died in
+            dead = pending[int(error.stage) if error.stage.isdigit() else 0]
+            results[dead] = (None, f"{filename}: error: {error.diagnostics}")
+            pending.remove(dead)
+            continue
+        results.update(zip(pending, done, strict=True))
+        pending = []
+    return [results[i] for i in range(len(cases))]
 
 
-def _process(text: str, filename: str, pipelines: list[str], generic: bool, on_stage=None, context=None) -> str | None:
-    """Parses and transforms one module (in ``context``, else a new one); prints diagnostics and returns None on
-    failure. ``on_stage`` hears the step about to run ('input', then each pipeline)."""
-    on_stage = on_stage or (lambda name: None)
+def _process_cases(cases: list[str], filename: str, pipelines: list[str], generic: bool, on_stage) -> list[tuple]:
+    """``_process`` of each case in turn; ``on_stage`` hears each case's position before it starts."""
+    results = []
+    for position, text in enumerate(cases):
+        on_stage(str(position))
+        results.append(_process(text, filename, pipelines, generic))
+    return results
+
+
+def _process(text: str, filename: str, pipelines: list[str], generic: bool) -> tuple[str | None, str]:
+    """Parses and transforms one module: ``(its text, "")``, or ``(None, diagnostics)`` on failure."""
     try:
         check_nesting(text, filename)
     except CompilationError as error:
-        print(error.diagnostics, file=sys.stderr)
-        return None
-    with context or make_context():
+        return None, error.diagnostics
+    with make_context():
         try:
-            on_stage("input")
             module = ir.Module.parse(text)
             for pipeline in pipelines:
-                on_stage(pipeline)
                 PassManager.parse(pipeline).run(module.operation)
         except ir.MLIRError as error:
-            print(format_mlir_error(error, filename), file=sys.stderr)
-            return None
-        return module.operation.get_asm(print_generic_op_form=generic)
+            return None, format_mlir_error(error, filename)
+        return module.operation.get_asm(print_generic_op_form=generic), ""
 
 
 if __name__ == "__main__":
