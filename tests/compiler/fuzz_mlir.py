@@ -174,8 +174,9 @@ def through_opt(mutants: list[str], totals: Totals) -> subprocess.CompletedProce
     answers = result.stdout.split("// -----\n")
     totals.compiled = sum(1 for answer in answers if answer)  # a case that failed printed nothing
     deaths = list(DEATH.finditer(result.stderr))  # each report holds the tail of the dead child's stderr
-    for death, after in zip(deaths, deaths[1:] + [None], strict=True):
-        totals.crashed(result.stderr[death.start() : after.start() if after else None])
+    ends = [death.start() for death in deaths[1:]] + [len(result.stderr)]
+    for death, end in zip(deaths, ends):  # noqa: B905 (ends is one longer where there is no death)
+        totals.crashed(result.stderr[death.start() : end])
     totals.refused = len(mutants) - totals.compiled - totals.worker_crashes
     return result
 
