@@ -149,6 +149,28 @@ def test_a_worker_killed_between_compiles_is_replaced(layout_offsets_mlir, fresh
     assert isolate._worker.process.pid != first.pid
 
 
+def test_an_interrupted_wait_stops_the_worker(layout_offsets_mlir, fresh_worker):
+    # Its answer to the interrupted compile would otherwise be read as the answer to the next one.
+    class Interrupted:
+        def read(self, *args):
+            raise KeyboardInterrupt
+
+        readline = readinto = peek = read
+
+        def close(self):
+            pass
+
+    flyc.compile_mlir(layout_offsets_mlir, assemble=False)
+    worker = isolate._worker
+    answers, worker.process.stdout = worker.process.stdout, Interrupted()
+    with pytest.raises(KeyboardInterrupt):
+        flyc.compile_mlir(layout_offsets_mlir, assemble=False)
+    answers.close()
+    assert worker.process.poll() is not None
+    assert flyc.compile_mlir(layout_offsets_mlir, assemble=False).kernels == {"layout_offsets": "pi"}
+    assert isolate._worker is not worker
+
+
 def test_the_worker_follows_the_callers_sys_path(layout_offsets_mlir, fresh_worker, monkeypatch, tmp_path):
     flyc.compile_mlir(layout_offsets_mlir, assemble=False)
     first = isolate._worker.process.pid

@@ -198,6 +198,9 @@ class _Worker:
         except (OSError, EOFError, pickle.UnpicklingError):  # the worker itself died
             text = self.stop()
             return Finished(b"", self.process.returncode, text)
+        except BaseException:  # KeyboardInterrupt while waiting: its answer would answer the next request
+            self.stop()
+            raise
 
     def stop(self) -> str:
         """Ends the worker; returns what it wrote to its stderr."""
@@ -248,6 +251,7 @@ def _serve() -> None:
     spare), forking the next spare once the answer is out."""
     from flydsl.compiler import pipeline
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C interrupts the caller, which stops the worker
     requests = sys.stdin.buffer
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # as in a child: stdout carries the answers alone
