@@ -7,21 +7,23 @@ parent sees (signal or exit status, plus the tail of the child's stderr) and tur
 
 Design: a "zygote". The first isolated compile starts one worker (``python -c``, told the caller's ``sys.path``)
 that imports ``flydsl.compiler``, registers the passes, compiles a small kernel once (LLVM's NVPTX backend and the
-dialects initialise lazily: ~12 ms the first time) and then waits for requests, single-threaded. For each request
-it forks a child (``os.fork`` in a single-threaded process is safe; ``fork_call``), which takes the caller's
-environment and working directory, compiles, writes a stream of pickled messages to a pipe -- ``("stage", name)``
-before each stage, then ``("result", value)`` or ``("error", ...)`` -- and exits. The child's stderr goes to a
-temporary file: it holds LLVM's last words when the child dies. The worker sends the messages, the child's exit
-status and its stderr back to the caller. Measured on the 2-core development machine: ~3 ms added to a compile,
-against ~170 ms for the fresh ``python`` per compile that this replaced (``benchmarks/results/isolation/``).
+dialects initialise lazily: ~12 ms the first time), keeps that MLIR context and waits for requests, single-threaded
+(``os.fork`` in a single-threaded process is safe). Each request is answered by a child forked before the request
+came (``ForkedChild``: the fork is off the caller's path), which takes the caller's environment and working
+directory, compiles in its copy of the worker's context (~5 ms less than a new one), writes a stream of pickled
+messages to a pipe -- ``("stage", name)`` before each stage, then ``("result", value)`` or ``("error", ...)`` --
+and exits. The child's stderr goes to a temporary file: it holds LLVM's last words when the child dies. The worker
+sends the messages, the child's exit status and its stderr back to the caller, and forks the next child. Measured
+on the 2-core development machine under load: ~5 ms added to a compile, against ~170 ms (660 ms under the same
+load) for the fresh ``python`` per compile that this replaced (``benchmarks/isolation_bench.py``).
 
 Why not ``multiprocessing``: 'fork' of the caller is unsafe (its threads: torch, CUDA); 'spawn'/'forkserver'
 re-import the caller's ``__main__`` and a dead pool worker surfaces as ``BrokenProcessPool`` without its stderr or
 exit status. The worker is the caller's child, started with ``subprocess``; it ends when the caller closes its
 stdin (``stop_worker``, at exit, or when the caller dies).
 
-``python -m flydsl.compiler.opt`` is its own zygote: the CLI process is single-threaded and forks one child per
-module (``fork_call`` directly).
+``python -m flydsl.compiler.opt`` is its own zygote: the CLI process is single-threaded and forks one child for
+the modules of a run, and a new one after a module that kills it (``ForkedChild`` directly).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 
 from flydsl.compiler.errors import CompilationError
 
-__all__ = ["Finished", "ForkedChild", "compile_in_worker", "fork_call", "outcome_of", "stop_worker"]
+__all__ = ["Finished", "ForkedChild", "compile_in_worker", "outcome_of", "stop_worker"]
 
 # Stage of a child that died before it reached any (e.g. while importing): the backend as a whole.
 BACKEND_STAGE = "backend"
@@ -114,11 +116,6 @@ class ForkedChild:
             text = self._stderr.read().decode(errors="replace")
             self._stderr.close()
         return Finished(data, os.waitstatus_to_exitcode(status), text)
-
-
-def fork_call(function: Callable, *args, capture_stderr: bool = True) -> Finished:
-    """``function(*args, on_stage=...)`` in a forked child of this (single-threaded) process (``ForkedChild``)."""
-    return ForkedChild(function, capture_stderr=capture_stderr).run(*args)
 
 
 def _answer(results, function: Callable, args: tuple) -> None:
