@@ -10,12 +10,12 @@ duplicated, deleted or swapped, an integer made huge, a line wrapped in deep nes
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import random
 import re
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,16 +160,14 @@ def through_compile_mlir(mutants: list[tuple[Seed, str]], totals: Totals) -> Non
 
 
 def through_opt(mutants: list[str], totals: Totals) -> subprocess.CompletedProcess:
-    """All mutants in one file through ``python -m flydsl.compiler.opt --split`` (one process; a child per case):
-    the CLI must exit 0 or 1."""
-    with tempfile.NamedTemporaryFile("w", suffix=".mlir") as file:
-        file.write("\n// -----\n".join(text.replace("// -----", "//") for text in mutants))
-        file.flush()
-        result = subprocess.run(
-            [sys.executable, "-m", "flydsl.compiler.opt", file.name, "--split", "-p", OPT_PIPELINE],
-            capture_output=True,
-            text=True,
-        )
+    """All mutants, ``// -----`` apart, through one ``python -m flydsl.compiler.opt - --split`` (its children die,
+    not it): the CLI must exit 0 or 1."""
+    result = subprocess.run(
+        [sys.executable, "-m", "flydsl.compiler.opt", "-", "--split", "-p", OPT_PIPELINE],
+        input="\n// -----\n".join(text.replace("// -----", "//") for text in mutants),
+        capture_output=True,
+        text=True,
+    )
     totals.mutants += len(mutants)
     answers = result.stdout.split("// -----\n")
     totals.compiled = sum(1 for answer in answers if answer)  # a case that failed printed nothing
@@ -189,9 +187,10 @@ def run(count: int, seed: int = 37) -> tuple[Totals, Totals, subprocess.Complete
     by_compile = [(s, mutate(s.text, rng)) for s in (rng.choice(compilable) for _ in range(count))]
     by_opt = [mutate(rng.choice(pool).text, rng) for _ in range(count)]
     compile_totals, opt_totals = Totals(), Totals()
-    through_compile_mlir(by_compile, compile_totals)
-    result = through_opt(by_opt, opt_totals)
-    return compile_totals, opt_totals, result
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:  # the CLI's process beside this one's worker
+        result = executor.submit(through_opt, by_opt, opt_totals)
+        through_compile_mlir(by_compile, compile_totals)
+        return compile_totals, opt_totals, result.result()
 
 
 if __name__ == "__main__":
