@@ -69,6 +69,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=60)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--note", help="what else ran on the machine (the overhead grows with its load)")
     args = parser.parse_args(argv)
     results = {name: compile_overhead(path, start_after, args.reps) for name, (path, start_after) in INPUTS.items()}
     results["opt_invalid_mlir_split"] = opt_times(max(3, args.reps // 10))
@@ -76,7 +77,16 @@ def main(argv=None) -> int:
         print(name, {key: round(value, 3) for key, value in row.items()})
     if args.json:
         method = "in-process and isolated compiles alternated; overhead: median of the paired differences"
-        write_record(args.json, "isolation_bench", argv, results, method=method, cpu=f"{os.cpu_count()} cores")
+        write_record(
+            args.json,
+            "isolation_bench",
+            argv,
+            results,
+            method=method,
+            cpu=f"{os.cpu_count()} cores",
+            load_average=os.getloadavg()[0],
+            note=args.note,
+        )
     return 0
 
 
