@@ -74,6 +74,36 @@ def test_get_base_needs_a_size():
         sizeless.lower(SPEC)
 
 
+@pytest.mark.parametrize("alignment", [2**33, 2**20, 2048, 3, 0, -128, 16.0, True])
+def test_allocate_refuses_an_alignment_shared_memory_cannot_have(alignment):
+    # 2**33 aborted the process in LLVM ("Alignment is greater than MaximumAlignment"); 2**20 compiled silently.
+    @flyc.kernel
+    def over_aligned(x: fx.Tensor):
+        fx.SmemAllocator().allocate(fx.Float32, 256, alignment=alignment)
+
+    expected = f"SmemAllocator.allocate: alignment must be a power of two from 1 to 1024 bytes, got {alignment!r}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        over_aligned.lower(SPEC)
+
+
+def test_allocate_struct_refuses_a_field_alignment_shared_memory_cannot_have():
+    @flyc.kernel
+    def over_aligned(x: fx.Tensor):
+        fx.SmemAllocator().allocate_struct(a=(fx.Float32, 4), b=(fx.Float32, 4, 2**33))
+
+    with pytest.raises(ValueError, match="SmemAllocator.allocate_struct: b's alignment must be a power of two"):
+        over_aligned.lower(SPEC)
+
+
+def test_allocate_takes_the_largest_alignment():
+    @flyc.kernel
+    def aligned(x: fx.Tensor):
+        s = fx.SmemAllocator().allocate(fx.Float32, 256, alignment=1024)
+        s[gpu.thread_idx.x] = x[gpu.thread_idx.x]
+
+    assert "align 1024" in aligned.lower(SPEC).ptx
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel, shift", [(through_struct, "reverse"), (through_seed_api, "rotate")])
 def test_shared_memory_round_trips(kernel, shift):

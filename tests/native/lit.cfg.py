@@ -28,3 +28,6 @@ config.substitutions.append(("%fly-opt", f"{sys.executable} -m flydsl.compiler.o
 config.substitutions.append(("FileCheck", str(llvm_bin / "FileCheck")))
 config.substitutions.append(("%not", str(llvm_bin / "not")))
 config.environment["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+# `FLYDSL_COMPILE_ISOLATED=0 lit tests/native` runs each %fly-opt in process (no forked child per module).
+if "FLYDSL_COMPILE_ISOLATED" in os.environ:
+    config.environment["FLYDSL_COMPILE_ISOLATED"] = os.environ["FLYDSL_COMPILE_ISOLATED"]

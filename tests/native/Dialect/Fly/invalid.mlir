@@ -46,6 +46,11 @@ func.func @bad_alignment(%p: !fly.ptr<f16, global, 12>) { return }
 
 // -----
 
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: pointer alignment must be at most 2^32 bytes (LLVM's largest), got 8589934592
+func.func @huge_alignment(%p: !fly.ptr<f32, shared, 8589934592>) { return }
+
+// -----
+
 // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: pointer element type must be an integer or float of whole bytes, got '!fly.layout<4:1>'
 func.func @bad_element(%p: !fly.ptr<!fly.layout<4:1>, global, 16>) { return }
 

@@ -207,6 +207,9 @@ LogicalResult PtrType::verify(function_ref<InFlightDiagnostic()> emitError, Type
                        << "; expected generic (0), global (1), shared (3) or register (5)";
   if (alignment < 1 || !llvm::isPowerOf2_64(alignment))
     return emitError() << "pointer alignment must be a power of two >= 1 bytes, got " << alignment;
+  // LLVM asserts on larger alignments (llvm::Value::MaxAlignmentExponent).
+  if (alignment > (int64_t(1) << 32))
+    return emitError() << "pointer alignment must be at most 2^32 bytes (LLVM's largest), got " << alignment;
   // Accesses are sized and aligned by whole scalar elements (copies make vectors of them).
   if (!elementType.isIntOrFloat() || elementType.getIntOrFloatBitWidth() % 8 != 0)
     return emitError() << "pointer element type must be an integer or float of whole bytes, got "

@@ -1,12 +1,15 @@
 """Compiles MLIR holding one ``gpu.module`` to PTX (in process) and a cubin (through ptxas when present).
 
 Every stage's IR is kept on request, can be written to a directory, and can be compiled again from that stage
-(``compile_mlir(text, start_after="fly")``). ``isolate=True`` compiles in a worker process (``isolate.py``), where a
-backend abort cannot take the caller down.
+(``compile_mlir(text, start_after="fly")``). By default the compile runs in a forked child of a worker process
+(``isolate.py``), where an LLVM assertion or abort becomes a ``CompilationError`` instead of taking the caller down.
+Before any pass: the text's nesting is bounded (``text_checks``), MLIR's verifier runs, and the LLVM dialect's
+alignments and target features are checked (LLVM asserts on those the verifier lets through).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +23,7 @@ from flydsl.compiler import settings, toolchain
 from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, format_mlir_error, location_text
 from flydsl.compiler.target import ISA_STAGE, SM90A, Target
+from flydsl.compiler.text_checks import check_nesting
 
 __all__ = ["CompiledModule", "compile_mlir", "kernel_signatures", "launch_shapes", "shared_allocations"]
 
@@ -62,9 +66,10 @@ def compile_mlir(
 
     ``start_after`` names the stage whose output ``source`` is, so a dumped stage compiles again.
     ``assemble``: True runs ptxas (error if missing), False never does, None runs it when found.
-    ``isolate``: True compiles in a worker process (``flydsl.compiler.isolate``), where a backend abort
-    (``LLVM ERROR: ...``) becomes a ``CompilationError`` instead of ending this process; it costs a process start
-    per compile. None follows ``FLYDSL_COMPILE_ISOLATED`` (default: in this process).
+    ``isolate``: True compiles in a forked child of a worker process (``flydsl.compiler.isolate``), where a
+    backend abort (an LLVM assertion, ``LLVM ERROR: ...``) becomes a ``CompilationError`` instead of ending this
+    process (~3 ms a compile); False compiles in this process. None follows ``FLYDSL_COMPILE_ISOLATED`` (default:
+    isolated).
     """
     _stages_to_run(target, start_after)  # bad arguments fail here, not in a worker
     if isolate is None:
@@ -73,6 +78,32 @@ def compile_mlir(
     compiled = isolation.compile_in_worker(request) if isolate else _compile_in_process(**request)
     toolchain.warn_performance_notes(compiled.performance_notes)  # here: a worker's warnings stay in the worker
     return compiled
+
+
+# A small kernel through every stage: what the worker compiles once before it forks children (warm_up).
+_WARM_UP = """
+module attributes {gpu.container_module} {
+  gpu.module @warm_up {
+    gpu.func @warm_up(%out: !llvm.ptr<1>) kernel {
+      %layout = fly.make_layout : !fly.layout<(4,8):(8,1)>
+      %tid = gpu.thread_id x
+      %offset = fly.crd2idx(%tid), %layout : !fly.layout<(4,8):(8,1)>
+      %value = arith.index_cast %offset : index to i32
+      llvm.store %value, %out : i32, !llvm.ptr<1>
+      gpu.return
+    }
+  }
+}
+"""
+
+
+def warm_up() -> ir.Context:
+    """Compiles a small kernel in this process, so that what MLIR and LLVM initialise on first use (the NVPTX
+    backend, dialects: ~12 ms) is done once in the worker and inherited by every child it forks. Returns the
+    context it compiled in, for the children to compile in too (each in its copy: ~5 ms less than a new one)."""
+    context = make_context()
+    _compile_in_process(_WARM_UP, SM90A, start_after=None, keep_stages=False, assemble=False, context=context)
+    return context
 
 
 def _stages_to_run(target: Target, start_after: str | None):
@@ -90,14 +121,16 @@ def _compile_in_process(
     keep_stages: bool,
     assemble: bool | None,
     on_stage: Callable[[str], None] | None = None,
+    context: ir.Context | None = None,
 ) -> CompiledModule:
-    """The compile itself; ``on_stage`` hears each stage's name before the stage runs (the worker reports it)."""
+    """The compile itself; ``on_stage`` hears each stage's name before the stage runs (the worker reports it).
+    ``context``: where to compile, else in a new one (a worker's child compiles in its copy of the worker's)."""
     todo = _stages_to_run(target, start_after)
     dump_dir = settings.current().dump_ir_dir
     kept: dict[str, str] = {}
     on_stage = on_stage or (lambda name: None)
 
-    with make_context(), ir.Location.unknown():
+    with context or make_context(), ir.Location.unknown():
         on_stage("input")
         module = _parse(source)
         gpu_module = _single_gpu_module(module)
@@ -105,6 +138,7 @@ def _compile_in_process(
         if start_after is None:
             _refuse_memref_arguments(gpu_module)
             gpu_module.attributes["targets"] = ir.ArrayAttr.get([ir.Attribute.parse(target.attribute)])
+        _verify(module)
         _record(kept, dump_dir, name, "input", module, keep_stages)
         for stage in todo:
             on_stage(stage.name)
@@ -261,10 +295,62 @@ def _refuse_memref_arguments(gpu_module: ir.Operation) -> None:
 
 
 def _parse(source: str) -> ir.Module:
+    check_nesting(source)
     try:
         return ir.Module.parse(source)
     except ir.MLIRError as error:
         raise CompilationError("input", format_mlir_error(error)) from None
+
+
+# LLVM's largest alignment (llvm::Value::MaxAlignmentExponent): larger ones, or ones not a power of two, assert.
+_MAX_LLVM_ALIGNMENT = 2**32
+
+
+def _verify(module: ir.Module) -> None:
+    """MLIR's verifier, then what it lets through and LLVM asserts on: ``alignment`` attributes of LLVM dialect ops
+    (``llvm.load``, ``llvm.store``, ``llvm.alloca``, globals) that are not a power of two up to 2^32."""
+    try:
+        module.operation.verify()
+    except ir.MLIRError as error:
+        raise CompilationError("input", format_mlir_error(error)) from None
+    bad = []
+
+    def visit(op):
+        if op.name.startswith("llvm.") and "alignment" in op.attributes:
+            attribute = op.attributes["alignment"]
+            if isinstance(attribute, ir.IntegerAttr):
+                value = attribute.value
+                if value < 0 or value > _MAX_LLVM_ALIGNMENT or value & (value - 1):
+                    bad.append(f"{location_text(op.location)}: error: '{op.name}' alignment = {value}")
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    if bad:
+        raise CompilationError(
+            "input",
+            "\n".join(bad[:10]) + "\nan alignment must be 0 (none) or a power of two up to 2^32 bytes",
+        )
+    _check_target_features(module)
+
+
+_FEATURES = re.compile(r'features\s*=\s*"([^"]*)"')
+
+
+def _check_target_features(module: ir.Module) -> None:
+    """The ``features`` of each ``#nvvm.target`` (a text of a dumped stage carries its own): LLVM asserts on a flag
+    that does not start with '+' or '-'."""
+    for op in module.body.operations:
+        if op.operation.name != "gpu.module" or "targets" not in op.operation.attributes:
+            continue
+        for target in ir.ArrayAttr(op.operation.attributes["targets"]):
+            for features in _FEATURES.findall(str(target)):
+                for flag in filter(None, features.split(",")):
+                    if flag[0] not in "+-":
+                        raise CompilationError(
+                            "input",
+                            f"{location_text(op.location)}: error: target features: expected flags like '+ptx80'"
+                            f" (starting with '+' or '-'), got {flag!r} in {target}",
+                        )
 
 
 def _single_gpu_module(module: ir.Module) -> ir.Operation:

@@ -292,6 +292,19 @@ def _view_bytes(base: Tensor, byte_offset: int, dtype, layout, alignment: int | 
     )
 
 
+def _check_alignment(function: str, argument: str, alignment) -> None:
+    if (
+        not isinstance(alignment, int)
+        or isinstance(alignment, bool)
+        or not 1 <= alignment <= SmemAllocator.MAX_ALIGNMENT
+        or alignment & (alignment - 1)
+    ):
+        raise ValueError(
+            f"{function}: {argument} must be a power of two from 1 to {SmemAllocator.MAX_ALIGNMENT} bytes, got"
+            f" {alignment!r}"
+        )
+
+
 class SmemAllocator:
     """Shared memory for one kernel, placed by the compiler (``fly.alloc_smem``); the launch's shared-memory size
     follows.
@@ -303,6 +316,10 @@ class SmemAllocator:
       ``SmemPtr(base, byte_offset, T.f32, shape=(N,)).get()`` views a part of it.
     """
 
+    # The largest alignment shared memory needs: a 128-byte swizzle repeats every 1024 bytes and the hardware
+    # swizzles absolute addresses (``wgmma.smem_alignment``); a block has at most 227 KiB in all.
+    MAX_ALIGNMENT = 1024
+
     def __init__(self, *_seed_args, arch=None, global_sym_name=None):
         # The seed's arguments (context, arch, symbol name) are accepted; placement is the compiler's job here.
         del arch, global_sym_name
@@ -310,7 +327,9 @@ class SmemAllocator:
         self._base: Tensor | None = None
 
     def allocate(self, dtype: type[Numeric], layout, alignment: int = 128) -> Tensor:
-        """A shared-memory Tensor of ``dtype`` with ``layout`` (a layout, a shape, or an element count)."""
+        """A shared-memory Tensor of ``dtype`` with ``layout`` (a layout, a shape, or an element count), aligned to
+        ``alignment`` bytes (a power of two up to ``MAX_ALIGNMENT``)."""
+        _check_alignment("SmemAllocator.allocate", "alignment", alignment)
         dtype = _element_class(dtype)
         layout = _as_layout(layout)
         pointer_type = ir.Type.parse(f"!fly.ptr<{dtype.mlir_name}, shared, {alignment}>")
@@ -325,6 +344,7 @@ class SmemAllocator:
         placed, offset, widest = {}, 0, 16
         for name, spec in fields.items():
             dtype, layout, alignment = (*spec, 16)[:3] if isinstance(spec, tuple) else (spec, 1, 16)
+            _check_alignment("SmemAllocator.allocate_struct", f"{name}'s alignment", alignment)
             dtype, layout = _element_class(dtype), _as_layout(layout)
             offset = -(-offset // alignment) * alignment
             placed[name] = (dtype, layout, offset, alignment)
