@@ -265,6 +265,9 @@ def test_limits_admit_what_they_name():
         fl.parse_layout("(" * 65 + "4" + ")" * 65)
     with pytest.raises(LayoutError):
         fl.layout_table(Layout((16385,)))
+    assert fl.Swizzle(20, 20, 22).bits == 20  # reaches bit 62, the Fly dialect's limit
+    with pytest.raises(LayoutError):
+        fl.Swizzle(20, 20, 23)
 
 
 _BAD_LEAVES = st.sampled_from([0.0, 2.5, "4", b"4", True, False, 1j, {4}, {}, object()])

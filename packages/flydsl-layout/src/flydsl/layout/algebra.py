@@ -112,7 +112,7 @@ def _complement_static(layout, cotarget):
 def _domain_modes(layout):
     # Coalesced modes with the index (domain) position each one starts at.
     shapes, strides = flat_modes(layout)
-    starts = it.leaves(it.prefix_product(tuple(shapes)))
+    starts = it.leaves(it.compact_strides(tuple(shapes)))
     return list(zip(shapes, strides, starts, strict=True))
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "product_each",
     "inner_product",
     "prefix_product",
+    "compact_strides",
     "shape_div",
     "ceil_div",
     "congruent",
@@ -112,22 +113,25 @@ def transform(fn, x, *ys, op: str = "transform"):
     return fn(x, *ys)
 
 
-def leaves(x) -> tuple:
-    """The leaves of ``x`` in order, always as a tuple: ``leaves(((2, 4), 8)) == (2, 4, 8)``, ``leaves(4) == (4,)``."""
+def leaves(x, op: str = "leaves") -> tuple:
+    """The leaves of ``x`` in order, always as a tuple: ``leaves(((2, 4), 8)) == (2, 4, 8)``, ``leaves(4) == (4,)``.
+    Nesting deeper than ``MAX_DEPTH`` raises a LayoutError naming ``op``."""
     if not isinstance(x, tuple):
         return (x,)
     for c in x:
         if isinstance(c, tuple):
             out = []
-            _collect(x, out)
+            _collect(x, out, op, 1)
             return tuple(out)
     return x  # already flat: the common case, without the recursion
 
 
-def _collect(x, out):
+def _collect(x, out, op, level):
+    if level > MAX_DEPTH:
+        raise LayoutError(f"{op}: the IntTuple is nested deeper than the depth limit of {MAX_DEPTH} levels")
     for c in x:
         if isinstance(c, tuple):
-            _collect(c, out)
+            _collect(c, out, op, level + 1)
         else:
             out.append(c)
 
@@ -179,10 +183,11 @@ def product(x):
     if type(x) is int:
         return x
     if isinstance(x, tuple):
-        check_int_tuple(x, "product", "x")
         result = 1
-        for v in leaves(x):
-            result = result * v if type(result) is int and type(v) is int else mul(result, v)
+        for v in leaves(x, "product"):  # each leaf checked where it is not an int: the int path stays plain
+            result = (
+                result * v if type(result) is int and type(v) is int else mul(result, check_leaf(v, "product", "x"))
+            )
         return result
     return check_leaf(x, "product", "x")
 
@@ -209,7 +214,12 @@ def prefix_product(x, init=1):
     ((1, 2), 8)
     """
     check_int_tuple(x, "prefix_product", "x")
-    running = [check_leaf(init, "prefix_product", "init")]
+    return compact_strides(x, check_leaf(init, "prefix_product", "init"))
+
+
+def compact_strides(x, init=1):
+    """:func:`prefix_product` without checking the arguments (for shapes already checked)."""
+    running = [init]
 
     def step(v):
         out = running[0]

@@ -17,6 +17,7 @@ from .leaf import (
     ScaledBasis,
     add,
     as_coord,
+    check_leaf,
     floordiv,
     is_basis,
     is_static_leaf,
@@ -72,15 +73,15 @@ class Layout:
             shape = tuple(shape)
         it.check_int_tuple(shape, "Layout", "shape", low=1)
         if stride is None:
-            stride = it.prefix_product(shape)
+            stride = it.compact_strides(shape)
         else:
-            stride = it.check_int_tuple(
-                tuple(stride) if isinstance(stride, list) else stride, "Layout", "stride", basis=True
-            )
-        if (type(shape) is not int or type(stride) is not int) and not it.same_structure(shape, stride):
-            raise LayoutError(
-                f"Layout: stride {it.tuple_str(stride)} is not congruent with shape {it.tuple_str(shape)}"
-            )
+            if isinstance(stride, list):
+                stride = tuple(stride)
+            if not _stride_fits(stride, shape):
+                it.check_int_tuple(stride, "Layout", "stride", basis=True)  # bounded, before printing it
+                raise LayoutError(
+                    f"Layout: stride {it.tuple_str(stride)} is not congruent with shape {it.tuple_str(shape)}"
+                )
         self._shape = shape
         self._stride = stride
         self._key = self._static = None
@@ -144,6 +145,21 @@ class Layout:
     __str__ = __repr__
 
 
+def _stride_fits(d, s) -> bool:
+    # Walk a stride along its (checked) shape: each leaf checked, False where the two are not congruent.
+    if type(s) is tuple:
+        if type(d) is not tuple or len(d) != len(s):
+            return False
+        for a, b in zip(d, s, strict=True):
+            if type(a) is not int or type(b) is tuple:  # a flat pair of int tuples needs no recursion
+                return all(_stride_fits(a, b) for a, b in zip(d, s, strict=True))
+        return True
+    if type(d) is tuple:
+        return False
+    check_leaf(d, "Layout", "stride", basis=True)
+    return True
+
+
 def as_layout(x, op: str = "as_layout", what: str = "layout") -> Layout:
     """A Layout from a Layout, or from a shape IntTuple (compact column-major); ``as_layout(4) == 4:1``. Anything else
     is refused with a LayoutError naming ``op`` and ``what``."""
@@ -151,7 +167,11 @@ def as_layout(x, op: str = "as_layout", what: str = "layout") -> Layout:
         return x
     if isinstance(x, list):
         x = tuple(x)
-    return Layout.trusted(it.check_int_tuple(x, op, f"{what} (a layout or a shape)", low=1), it.prefix_product(x))
+    try:
+        it.check_int_tuple(x, op, what, low=1)
+    except LayoutError as err:
+        raise LayoutError(f"{err} (a layout, or a shape of positive ints)") from None
+    return Layout.trusted(x, it.compact_strides(x))
 
 
 _CACHES = []
@@ -231,7 +251,7 @@ def make_layout(*args, stride=None) -> Layout:
 
 
 def make_ordered_layout(shape, order) -> Layout:
-    """Compact layout whose strides grow in the order given by ``order`` (congruent with ``shape``; ties by position).
+    """Compact layout whose strides grow in the order given by ``order`` (each of ``0..n-1`` once, one per leaf).
 
     >>> make_ordered_layout((4, 8, 2), (1, 0, 2))
     (4,8,2):(8,1,32)
@@ -320,7 +340,7 @@ def crd2idx(coord, layout_or_shape, stride=None):
     else:
         shape = it.check_int_tuple(layout_or_shape, "crd2idx", "shape", low=1)
         if stride is None:
-            stride = it.prefix_product(shape)
+            stride = it.compact_strides(shape)
         else:
             it.check_int_tuple(stride, "crd2idx", "stride", basis=True)
     return _offset(coord, shape, stride)
@@ -355,7 +375,7 @@ def idx2crd(index, layout_or_shape):
     if isinstance(layout_or_shape, Layout):
         shape, stride = layout_or_shape.shape, layout_or_shape.stride
     else:
-        shape, stride = layout_or_shape, it.prefix_product(layout_or_shape)
+        shape, stride = layout_or_shape, it.compact_strides(layout_or_shape)
     return it.transform(lambda s, d: mod(floordiv(index, d), s), shape, stride, op="idx2crd")
 
 
@@ -629,7 +649,7 @@ def cosize(layout, mode=()):
     if any(is_basis(d) for d in it.leaves(layout.stride)):
         raise LayoutError(f"cosize: {layout} has basis strides: its values are coordinates, not offsets")
     last = it.fold(layout.shape, lambda s: sub(s, 1), lambda parts: parts)
-    return add(crd2idx(last, layout), 1)
+    return add(_offset(last, layout.shape, layout.stride), 1)
 
 
 def rank(x, mode=()) -> int:

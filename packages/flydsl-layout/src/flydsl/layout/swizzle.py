@@ -33,7 +33,7 @@ from .leaf import (
 )
 
 _MAX_CHECKED_BITS = 16  # Layout o Swizzle checks the swizzle's block of 2**top offsets one by one
-_OFFSET_BITS = 64  # a swizzle reads and flips bits of 64-bit offsets
+_OFFSET_BITS = 62  # the highest bit a swizzle may reach, as the Fly dialect's #fly.swizzle verifier
 
 __all__ = ["Swizzle", "ComposedLayout", "make_swizzle", "make_composed_layout"]
 
@@ -55,7 +55,7 @@ class Swizzle:
         if bits < 0 or base < 0 or abs(shift) < bits or bits + base + abs(shift) > _OFFSET_BITS:
             raise LayoutError(
                 f"Swizzle: needs bits >= 0, base >= 0, |shift| >= bits and bits + base + |shift| <= {_OFFSET_BITS} "
-                f"(the bits of an offset), got ({bits},{base},{shift})"
+                f"(the offset bits a swizzle may reach), got ({bits},{base},{shift})"
             )
         self.bits, self.base, self.shift = bits, base, shift
 
