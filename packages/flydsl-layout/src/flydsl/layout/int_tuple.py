@@ -43,7 +43,6 @@ __all__ = [
     "shape_div",
     "ceil_div",
     "congruent",
-    "same_structure",
     "weakly_congruent",
     "elem_less",
     "is_static",
@@ -288,16 +287,15 @@ def congruent(a, b) -> bool:
     """Same tuple structure: ``congruent((2, (3, 4)), (1, (5, 6)))`` is True, ``congruent((2, 3), 6)`` False."""
     check_int_tuple(a, "congruent", "a", none=True, basis=True)
     check_int_tuple(b, "congruent", "b", none=True, basis=True)
-    return same_structure(a, b)
+    return _same_structure(a, b)
 
 
-def same_structure(a, b) -> bool:
-    """:func:`congruent` without checking the leaves (for IntTuples already checked)."""
+def _same_structure(a, b) -> bool:
     if isinstance(a, tuple) != isinstance(b, tuple):
         return False
     if not isinstance(a, tuple):
         return True
-    return len(a) == len(b) and all(same_structure(x, y) for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(_same_structure(x, y) for x, y in zip(a, b, strict=True))
 
 
 def weakly_congruent(a, b) -> bool:

@@ -565,7 +565,7 @@ def _inside(op, c, s):
         if isinstance(s, tuple) and len(s) == len(c):  # else the slice itself reports the mismatch
             for ci, si in zip(c, s, strict=True):
                 _inside(op, ci, si)
-    elif c is not None and type(c) is int:
+    elif type(c) is int:
         n = it.product(s)
         if type(n) is int and c >= n:
             raise LayoutError(f"{op}: coordinate {c} is outside its mode {it.tuple_str(s)} of size {n}")
