@@ -3,7 +3,9 @@
 Each case is timed cold (the memo of static results emptied before every call: the algebra's own cost, paid
 the first time a kernel specialization needs it) and cached (the same static arguments again: a memo hit).
 
-    python benchmarks/layout_bench.py [--repeats N] [--json PATH]
+    python benchmarks/layout_bench.py [--repeats N] [--cpu] [--json PATH]
+
+``--cpu`` times the process's CPU time instead of the wall clock: steadier on a machine shared with other work.
 
 Writes a JSON record (times, git commit, CPU, Python, command) only when ``--json`` is given.
 """
@@ -39,11 +41,10 @@ def _cases():
     }
 
 
-def _median_us(fn, repeats: int, inner: int = 50, cold: bool = False) -> float:
+def _median_us(fn, repeats: int, inner: int = 50, cold: bool = False, clock=time.perf_counter) -> float:
     """Median over ``repeats`` of the mean time of ``inner`` calls; ``cold`` empties the algebra's memo before
     each call (and times only the call), so the algebra itself is measured rather than a cache hit."""
     times = []
-    clock = time.perf_counter
     for _ in range(repeats):
         total = 0.0
         if cold:
@@ -75,14 +76,16 @@ def _cpu() -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--cpu", action="store_true", help="time the process's CPU time, not the wall clock")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
+    clock = time.process_time if args.cpu else time.perf_counter
     results, cached = {}, {}
     print(f"{'cold':>10}    {'cached':>10}")
     for name, fn in _cases().items():
         fn()  # warm up
-        results[name] = round(_median_us(fn, args.repeats, cold=True), 2)
-        cached[name] = round(_median_us(fn, args.repeats), 2)
+        results[name] = round(_median_us(fn, args.repeats, cold=True, clock=clock), 2)
+        cached[name] = round(_median_us(fn, args.repeats, clock=clock), 2)
         print(f"{results[name]:10.2f} us {cached[name]:10.2f} us  {name}")
     if args.json:
         write_record(
@@ -90,7 +93,8 @@ def main(argv=None) -> int:
             "layout_bench",
             argv,
             results,
-            method=f"median over {args.repeats} repeats of the mean of 50 calls (perf_counter), microseconds",
+            method=f"median over {args.repeats} repeats of the mean of 50 calls "
+            f"({'process_time' if args.cpu else 'perf_counter'}), microseconds",
             cpu=_cpu(),
             unit="microseconds, median of repeats",
             note="results: each call with the memo of static results emptied first (the algebra itself); "

@@ -10,6 +10,7 @@ import flydsl.layout as fl
 from flydsl.layout import Layout
 
 from .layout_strategies import layouts
+from .layout_symbolic import Sym
 
 
 @given(layouts())
@@ -30,9 +31,9 @@ def test_parser():
     # A shape alone is what Layout(shape) builds (compact, column-major), inside a composed layout too.
     assert fl.parse_layout("(4,8)") == Layout((4, 8)) and fl.parse_layout("((2,2),8)") == Layout(((2, 2), 8))
     assert fl.parse_layout("Sw<1,0,1> o 0 o (2,2)") == fl.make_composed_layout(fl.Swizzle(1, 0, 1), 0, Layout((2, 2)))
-    names = iter("MN")
-    L = fl.parse_layout("(?,?):(1,?)", leaf=lambda k: f"dyn{k}")
-    assert L.shape == ("dyn0", "dyn1") and L.stride == (1, "dyn2") and next(names) == "M"
+    syms = [Sym(f"dyn{k}") for k in range(3)]
+    L = fl.parse_layout("(?,?):(1,?)", leaf=lambda k: syms[k])
+    assert L.shape == (syms[0], syms[1]) and L.stride[0] == 1 and L.stride[1] is syms[2]
     for bad, message in [
         ("(4,8):(1,4", "expected"),
         ("(4,8):", "expected more"),

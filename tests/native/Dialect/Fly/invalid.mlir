@@ -11,6 +11,16 @@ func.func @zero_extent(%l: !fly.layout<(4,0):(1,4)>) { return }
 
 // -----
 
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: layout (4611686018427387904,4):(1,1) has a static size past int64 (the product of its static extents overflows)
+func.func @size_overflow(%l: !fly.layout<(4611686018427387904,4):(1,1)>) { return }
+
+// -----
+
+// CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: layout (?,4,4):(1,4611686018427387904,1) reaches offsets past int64 (the sum of (extent - 1) * |stride| overflows)
+func.func @reach_overflow(%l: !fly.layout<(?,4,4):(1,4611686018427387904,1)>) { return }
+
+// -----
+
 // CHECK: invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: divisibility must be >= 1, got 0
 func.func @zero_divisibility(%l: !fly.layout<?{div=0}:1>) { return }
 

@@ -8,13 +8,13 @@
 // CHECK-SAME: !fly.layout<(?,8):(8,1)>
 // CHECK-SAME: !fly.layout<(?{div=16},?):(1,?{div=16})>
 // CHECK-SAME: !fly.layout<(4,2):(0,-1)>
-// CHECK-SAME: !fly.layout<(2,2):(4294967296,9223372036854775807)>
+// CHECK-SAME: !fly.layout<(2,1):(4294967296,9223372036854775807)>
 // CHECK-SAME: !fly.layout<():()>
 func.func @layout_types(%a: !fly.layout<8:1>, %b: !fly.layout<(4,8):(1,4)>,
                         %c: !fly.layout<((2,4),8):((1,16),2)>, %d: !fly.layout<(?,8):(8,1)>,
                         %e: !fly.layout<(?{div=16},?):(1,?{div=16})>,
                         %f: !fly.layout<(4,2):(0,-1)>,
-                        %g: !fly.layout<(2,2):(4294967296,9223372036854775807)>,
+                        %g: !fly.layout<(2,1):(4294967296,9223372036854775807)>,
                         %h: !fly.layout<():()>) {
   return
 }

@@ -7,7 +7,12 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/DialectImplementation.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/MathExtras.h"
+
+#include <cstdlib>
+#include <limits>
 
 using namespace mlir;
 using namespace mlir::fly;
@@ -63,10 +68,31 @@ LogicalResult LayoutType::verify(function_ref<InFlightDiagnostic()> emitError, A
   if (!isCongruent(shape, stride))
     return emitError() << "layout shape " << intTupleToString(shape) << " and stride "
                        << intTupleToString(stride) << " must be congruent (same nesting)";
-  for (auto [position, extent] : llvm::enumerate(getLeaves(shape)))
+  SmallVector<std::optional<int64_t>> extents = getLeaves(shape);
+  SmallVector<std::optional<int64_t>> steps = getLeaves(stride);
+  for (auto [position, extent] : llvm::enumerate(extents))
     if (extent && *extent < 1)
       return emitError() << "layout shape " << intTupleToString(shape) << " has extent " << *extent
                          << " at leaf " << position << "; extents must be >= 1 or '?'";
+  // Sizes and offsets are i64 (index) once lowered: a static size or reach past it would wrap.
+  int64_t size = 1, reach = 0;
+  for (auto [extent, step] : llvm::zip_equal(extents, steps)) {
+    if (!extent)
+      continue;
+    if (llvm::MulOverflow(size, *extent, size))
+      return emitError() << "layout " << intTupleToString(shape) << ":"
+                         << intTupleToString(stride)
+                         << " has a static size past int64 (the product of its static extents "
+                            "overflows)";
+    int64_t span;
+    if (step && (*step == std::numeric_limits<int64_t>::min() ||
+                 llvm::MulOverflow(*extent - 1, std::abs(*step), span) ||
+                 llvm::AddOverflow(reach, span, reach)))
+      return emitError() << "layout " << intTupleToString(shape) << ":"
+                         << intTupleToString(stride)
+                         << " reaches offsets past int64 (the sum of (extent - 1) * |stride| "
+                            "overflows)";
+  }
   return success();
 }
 
@@ -121,7 +147,7 @@ bool LayoutType::isStatic() const {
 }
 
 std::optional<int64_t> LayoutType::getStaticSize() const {
-  int64_t size = 1;
+  int64_t size = 1; // fits: the verifier refuses a static size past int64
   for (std::optional<int64_t> extent : getShapeLeaves()) {
     if (!extent)
       return std::nullopt;

@@ -58,8 +58,11 @@ def complement(layout, cotarget=None) -> Layout:
     >>> complement(Layout(4, 1), 24), complement(Layout((2, 2), (1, 6)), 24)
     (6:4, (3,2):(2,12))
     """
-    layout = as_layout(layout)
-    cotarget = cosize(layout) if cotarget is None else it.product(cotarget)
+    layout = as_layout(layout, "complement")
+    if cotarget is None:
+        cotarget = cosize(layout)
+    else:
+        cotarget = it.product(it.check_int_tuple(cotarget, "complement", "cotarget", low=1))
     if type(cotarget) is int:
         fast = _complement_static(layout, cotarget)
         if fast is not None:
@@ -109,7 +112,7 @@ def _complement_static(layout, cotarget):
 def _domain_modes(layout):
     # Coalesced modes with the index (domain) position each one starts at.
     shapes, strides = flat_modes(layout)
-    starts = it.leaves(it.prefix_product(tuple(shapes)))
+    starts = it.leaves(it.compact_strides(tuple(shapes)))
     return list(zip(shapes, strides, starts, strict=True))
 
 
@@ -120,7 +123,7 @@ def right_inverse(layout) -> Layout:
     >>> right_inverse(Layout((4, 8), (8, 1)))
     (8,4):(4,1)
     """
-    modes = _domain_modes(as_layout(layout))
+    modes = _domain_modes(as_layout(layout, "right_inverse"))
     shapes, strides = [], []
     cur = 1
     while True:
@@ -142,7 +145,7 @@ def left_inverse(layout) -> Layout:
     >>> left_inverse(Layout((4, 8), (8, 1)))
     (8,4):(4,1)
     """
-    layout = as_layout(layout)
+    layout = as_layout(layout, "left_inverse")
     shapes, strides = flat_modes(layout)
     for s, d in zip(shapes, strides, strict=True):
         if provably_equal(d, 0) and not provably_equal(s, 1):
@@ -156,7 +159,7 @@ def nullspace(layout) -> Layout:
     >>> nullspace(Layout((2, 4, 3), (1, 0, 2)))
     4:2
     """
-    kept = [(s, start) for s, d, start in _domain_modes(as_layout(layout)) if provably_equal(d, 0)]
+    kept = [(s, start) for s, d, start in _domain_modes(as_layout(layout, "nullspace")) if provably_equal(d, 0)]
     if not kept or all(provably_equal(s, 1) for s, _ in kept):
         return Layout(1, 0)
     return from_modes([s for s, _ in kept], [start for _, start in kept])
@@ -169,6 +172,7 @@ def max_common_layout(a, b) -> Layout:
     >>> max_common_layout(Layout((4, 8), (1, 4)), Layout((4, 8), (1, 8)))
     4:1
     """
+    a, b = as_layout(a, "max_common_layout", "a"), as_layout(b, "max_common_layout", "b")
     inv_b = right_inverse(b)
     try:
         common = coalesce(composition(a, inv_b))
@@ -209,10 +213,13 @@ def _scale_leaf(s, d, n, up):
 
 
 def _scale(layout, n, up):
+    op = "upcast" if up else "downcast"
+    if type(n) is not int or n < 1:
+        raise LayoutError(f"{op}: n must be a positive int, got {n!r}")
     scale = getattr(layout, "_fly_scale", None)
     if scale is not None:
         return scale(n, up)
-    layout = as_layout(layout)
+    layout = as_layout(layout, op)
     pairs = [_scale_leaf(s, d, n, up) for s, d in zip(it.leaves(layout.shape), it.leaves(layout.stride), strict=True)]
     return Layout(it.unflatten([p[0] for p in pairs], layout.shape), it.unflatten([p[1] for p in pairs], layout.shape))
 
@@ -241,6 +248,9 @@ def recast_layout(new_type_bits: int, old_type_bits: int, src_layout) -> Layout:
     >>> recast_layout(32, 16, Layout((8, 4), (1, 8))), recast_layout(8, 16, Layout((4, 4), (1, 4)))
     ((4,4):(1,4), (8,4):(1,8))
     """
+    for what, bits in (("new_type_bits", new_type_bits), ("old_type_bits", old_type_bits)):
+        if type(bits) is not int or bits < 1:
+            raise LayoutError(f"recast_layout: {what} must be a positive int, got {bits!r}")
     g = math.gcd(new_type_bits, old_type_bits)
     up, down = new_type_bits // g, old_type_bits // g
     layout = src_layout if up == 1 else upcast(src_layout, up)

@@ -83,7 +83,7 @@ def coalesce(layout, profile=None) -> Layout:
     >>> coalesce(Layout((2, (1, 6)), (1, (6, 2)))), coalesce(Layout((2, 4, 3), (1, 2, 8)), (0, 0, 0))
     (12:1, (2,4,3):(1,2,8))
     """
-    layout = as_layout(layout)
+    layout = as_layout(layout, "coalesce")
     if it.is_tuple(profile):
         if len(profile) > rank(layout):
             raise LayoutError(f"coalesce: profile {it.tuple_str(profile)} has more modes than {layout}")
@@ -100,6 +100,7 @@ def filter_zeros(layout) -> Layout:
     >>> filter_zeros(Layout((4, (2, 3)), (1, (0, 4))))
     (4,(1,3)):(1,(0,4))
     """
+    layout = as_layout(layout, "filter_zeros")
     shape = it.transform(lambda s, d: 1 if provably_equal(d, 0) else s, layout.shape, layout.stride)
     return Layout(shape, layout.stride)
 
@@ -112,7 +113,7 @@ def filter_layout(layout) -> Layout:
     >>> filter_layout(Layout((4, 2, 3), (1, 0, 8)))
     (4,3):(1,8)
     """
-    return coalesce(filter_zeros(layout))
+    return coalesce(filter_zeros(as_layout(layout, "filter")))
 
 
 def less(x, y):
@@ -205,7 +206,7 @@ def composition(lhs, rhs):
     compose = getattr(lhs, "_fly_compose", None)
     if compose is not None:
         return compose(rhs)
-    lhs = as_layout(lhs)
+    lhs = as_layout(lhs, "composition", "lhs")
     if rhs is None:
         return lhs
     if isinstance(rhs, tuple):
@@ -222,7 +223,7 @@ def composition(lhs, rhs):
                 f"composition: a layout composed after a bare swizzle ({lhs} o {rhs}) is not supported; "
                 "compose with the swizzled layout Sw o 0 o L instead"
             )
-        rhs = Layout(rhs)
+        rhs = as_layout(rhs, "composition", "rhs")
     a, e = flat_modes(lhs, keep_last=True)
     rs, rd = it.leaves(rhs.shape), it.leaves(rhs.stride)
     if _all_int(a) and _all_int(e) and _all_int(rs) and _all_int(rd):

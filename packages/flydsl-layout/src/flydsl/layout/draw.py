@@ -21,6 +21,8 @@ from .swizzle import ComposedLayout, Swizzle
 
 __all__ = ["print_layout", "layout_table", "draw"]
 
+MAX_CELLS = 16384  # the largest picture drawn (128 x 128 cells); a bigger one is refused, not left running
+
 _PALETTE = ["#cbe4f9", "#cdf5f6", "#eff9da", "#f9ebdf", "#f9d8d6", "#d6cdea", "#fce5cd", "#d9ead3"]
 
 
@@ -38,18 +40,26 @@ def _colouring(layout, element_bytes):
     return (lambda offset: offset), ""
 
 
-def _grid(layout, tiler, element_bytes=None):
+def _check_cells(op, layout, cells):
+    if cells > MAX_CELLS:
+        raise LayoutError(f"{op}: {layout} has {cells} cells, more than the {MAX_CELLS} a picture shows")
+
+
+def _grid(layout, tiler, element_bytes=None, op="draw"):
     """(title, rows, cols, {(m, n): (text lines, colour index)}, note on the colours) for a plain or TV layout."""
     if isinstance(layout, tuple) and len(layout) == 2 and tiler is None:
         tiler, layout = layout
+    if not isinstance(layout, (Layout, ComposedLayout)):
+        raise LayoutError(f"{op}: needs a layout, got {layout!r} ({type(layout).__name__})")
     if not is_static(layout):
-        raise LayoutError(f"draw: needs a static layout, got {layout}")
+        raise LayoutError(f"{op}: needs a static layout, got {layout}")
     if tiler is not None:
-        return _tv_grid(layout, tiler)
+        return _tv_grid(layout, tiler, op)
     if rank(layout) > 2:
-        raise LayoutError(f"draw: needs a layout of rank 1 or 2, got {layout} of rank {rank(layout)}")
+        raise LayoutError(f"{op}: needs a layout of rank 1 or 2, got {layout} of rank {rank(layout)}")
     two_d = rank(layout) == 2 and it.is_tuple(layout.shape)
     rows, cols = (size(layout[0]), size(layout[1])) if two_d else (1, size(layout))
+    _check_cells(op, layout, rows * cols)
     colour_of, note = _colouring(layout, element_bytes)
     cells = {}
     for m in range(rows):
@@ -61,10 +71,15 @@ def _grid(layout, tiler, element_bytes=None):
     return str(layout), rows, cols, cells, note
 
 
-def _tv_grid(layout_tv, tiler):
-    shape = tuple(size(t) if isinstance(t, Layout) else it.product(t) for t in it.fold(tiler, lambda x: x, tuple))
+def _tv_grid(layout_tv, tiler, op):
+    parts = tiler if isinstance(tiler, tuple) else (tiler,)
+    shape = tuple(
+        size(t) if isinstance(t, Layout) else it.product(it.check_int_tuple(t, op, "tiler", low=1)) for t in parts
+    )
     rows, cols = (shape + (1,))[:2] if len(shape) < 2 else shape[:2]
+    _check_cells(op, it.tuple_str(shape), rows * cols)
     threads, values = size(layout_tv[0]), size(layout_tv[1])
+    _check_cells(op, layout_tv, threads * values)
     cells = {}
     for t in range(threads):
         for v in range(values):
@@ -86,7 +101,7 @@ def layout_table(layout, tiler=None) -> str:
      1  | 3 | 4 | 5 |
         +---+---+---+
     """
-    title, rows, cols, cells, _ = _grid(layout, tiler)
+    title, rows, cols, cells, _ = _grid(layout, tiler, op="layout_table")
     texts = {k: "".join(lines) for k, (lines, _) in cells.items()}
     w = max([len(t) for t in texts.values()] + [len(str(cols - 1))])
     rule = "    +" + "+".join("-" * (w + 2) for _ in range(cols)) + "+"
@@ -112,6 +127,8 @@ def draw(layout, path=None, *, tiler=None, cell: int = 40, element_bytes: int | 
     >>> svg.startswith("<svg") and svg.count("<rect") == 5
     True
     """
+    if type(cell) is not int or cell < 1:
+        raise LayoutError(f"draw: cell must be a positive int (pixels), got {cell!r}")
     title, rows, cols, cells, note = _grid(layout, tiler, element_bytes)
     titles = [title, note] if note else [title]
     pad, head = cell, 10 + 14 * len(titles)

@@ -11,10 +11,12 @@ tell a tuple from a leaf; ``None`` (CuTe's underscore in a coordinate) is a leaf
 from __future__ import annotations
 
 from .leaf import (
+    MAX_DEPTH,
     LayoutError,
     ScaledBasis,
     add,
     ceil_div_leaf,
+    check_leaf,
     divides,
     floordiv,
     is_static_leaf,
@@ -24,6 +26,7 @@ from .leaf import (
 )
 
 __all__ = [
+    "check_int_tuple",
     "is_tuple",
     "fold",
     "transform",
@@ -36,6 +39,7 @@ __all__ = [
     "product_each",
     "inner_product",
     "prefix_product",
+    "compact_strides",
     "shape_div",
     "ceil_div",
     "congruent",
@@ -45,6 +49,36 @@ __all__ = [
     "tuple_str",
     "tree_key",
 ]
+
+
+def check_int_tuple(x, op: str, what: str, low=None, none: bool = False, basis: bool = False):
+    """Return ``x`` if it is an IntTuple of admissible leaves (see :func:`~flydsl.layout.leaf.check_leaf` for ``low``,
+    ``none`` and ``basis``) nested at most ``MAX_DEPTH`` deep; else raise a LayoutError naming ``op`` and ``what``.
+    The public functions call it on what they are given; the algebra's own intermediate results skip it.
+
+    >>> check_int_tuple((4, (2, 8)), "f", "shape", low=1)
+    (4, (2, 8))
+    """
+    if type(x) is tuple:
+        for c in x:  # a flat tuple of ints in range: the common case, one pass without recursion
+            if type(c) is not int or (low is not None and c < low):
+                break
+        else:
+            return x
+    elif type(x) is int and (low is None or x >= low):
+        return x
+    _check_node(x, op, what, low, none, basis, 0)
+    return x
+
+
+def _check_node(x, op, what, low, none, basis, level):
+    if type(x) is not tuple:
+        check_leaf(x, op, f"{what} leaf" if level else what, low, none, basis)
+        return
+    if level == MAX_DEPTH:
+        raise LayoutError(f"{op}: {what} is nested deeper than the depth limit of {MAX_DEPTH} levels")
+    for c in x:
+        _check_node(c, op, what, low, none, basis, level + 1)
 
 
 def is_tuple(x) -> bool:
@@ -78,22 +112,25 @@ def transform(fn, x, *ys, op: str = "transform"):
     return fn(x, *ys)
 
 
-def leaves(x) -> tuple:
-    """The leaves of ``x`` in order, always as a tuple: ``leaves(((2, 4), 8)) == (2, 4, 8)``, ``leaves(4) == (4,)``."""
+def leaves(x, op: str = "leaves") -> tuple:
+    """The leaves of ``x`` in order, always as a tuple: ``leaves(((2, 4), 8)) == (2, 4, 8)``, ``leaves(4) == (4,)``.
+    Nesting deeper than ``MAX_DEPTH`` raises a LayoutError naming ``op``."""
     if not isinstance(x, tuple):
         return (x,)
     for c in x:
         if isinstance(c, tuple):
             out = []
-            _collect(x, out)
+            _collect(x, out, op, 1)
             return tuple(out)
     return x  # already flat: the common case, without the recursion
 
 
-def _collect(x, out):
+def _collect(x, out, op, level):
+    if level > MAX_DEPTH:
+        raise LayoutError(f"{op}: the IntTuple is nested deeper than the depth limit of {MAX_DEPTH} levels")
     for c in x:
         if isinstance(c, tuple):
-            _collect(c, out)
+            _collect(c, out, op, level + 1)
         else:
             out.append(c)
 
@@ -104,6 +141,7 @@ def flatten(x):
     >>> flatten(((2, 4), (8,)))
     (2, 4, 8)
     """
+    check_int_tuple(x, "flatten", "x", none=True, basis=True)
     return leaves(x) if isinstance(x, tuple) else x
 
 
@@ -145,19 +183,23 @@ def product(x):
         return x
     if isinstance(x, tuple):
         result = 1
-        for v in leaves(x):
-            result = result * v if type(result) is int and type(v) is int else mul(result, v)
+        for v in leaves(x, "product"):  # each leaf checked where it is not an int: the int path stays plain
+            result = (
+                result * v if type(result) is int and type(v) is int else mul(result, check_leaf(v, "product", "x"))
+            )
         return result
-    return x
+    return check_leaf(x, "product", "x")
 
 
 def product_each(x):
     """Product of each top-level mode: ``product_each(((2, 4), (3, 5))) == (8, 15)``; a leaf stays itself."""
-    return tuple(product(m) for m in x) if isinstance(x, tuple) else x
+    return tuple(product(m) for m in check_int_tuple(x, "product_each", "x")) if isinstance(x, tuple) else x
 
 
 def inner_product(a, b):
     """Sum of leaf-wise products of congruent IntTuples: ``inner_product((2, (3, 4)), (1, (10, 100))) == 432``."""
+    check_int_tuple(a, "inner_product", "a")
+    check_int_tuple(b, "inner_product", "b")
     total = 0
     for p in leaves(transform(mul, a, b, op="inner_product")):
         total = add(total, p)
@@ -170,6 +212,12 @@ def prefix_product(x, init=1):
     >>> prefix_product(((2, 4), 8))
     ((1, 2), 8)
     """
+    check_int_tuple(x, "prefix_product", "x")
+    return compact_strides(x, check_leaf(init, "prefix_product", "init"))
+
+
+def compact_strides(x, init=1):
+    """:func:`prefix_product` without checking the arguments (for shapes already checked)."""
     running = [init]
 
     def step(v):
@@ -223,21 +271,31 @@ def shape_div(a, b):
     >>> shape_div((4, 8), 8)
     (1, 4)
     """
+    check_int_tuple(a, "shape_div", "a", low=1)
+    check_int_tuple(b, "shape_div", "b", low=1)
     return _divide_leaves(a, b, _shape_div_leaf, "shape_div")
 
 
 def ceil_div(a, b):
     """CuTe ``ceil_div``, folded over tuples like :func:`shape_div`: ``ceil_div((3, 5), 4) == (1, 3)``."""
+    check_int_tuple(a, "ceil_div", "a", low=0)
+    check_int_tuple(b, "ceil_div", "b", low=1)
     return _divide_leaves(a, b, ceil_div_leaf, "ceil_div")
 
 
 def congruent(a, b) -> bool:
     """Same tuple structure: ``congruent((2, (3, 4)), (1, (5, 6)))`` is True, ``congruent((2, 3), 6)`` False."""
+    check_int_tuple(a, "congruent", "a", none=True, basis=True)
+    check_int_tuple(b, "congruent", "b", none=True, basis=True)
+    return _same_structure(a, b)
+
+
+def _same_structure(a, b) -> bool:
     if isinstance(a, tuple) != isinstance(b, tuple):
         return False
     if not isinstance(a, tuple):
         return True
-    return len(a) == len(b) and all(congruent(x, y) for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(_same_structure(x, y) for x, y in zip(a, b, strict=True))
 
 
 def weakly_congruent(a, b) -> bool:
@@ -246,11 +304,17 @@ def weakly_congruent(a, b) -> bool:
     >>> weakly_congruent((2, 3), ((1, 2), 3)), weakly_congruent(((1, 2), 3), (2, 3))
     (True, False)
     """
+    check_int_tuple(a, "weakly_congruent", "a", none=True, basis=True)
+    check_int_tuple(b, "weakly_congruent", "b", none=True, basis=True)
+    return _coarsens(a, b)
+
+
+def _coarsens(a, b) -> bool:
     if not isinstance(a, tuple):
         return True
     if not isinstance(b, tuple) or len(a) != len(b):
         return False
-    return all(weakly_congruent(x, y) for x, y in zip(a, b, strict=True))
+    return all(_coarsens(x, y) for x, y in zip(a, b, strict=True))
 
 
 def elem_less(a, b) -> bool:
@@ -259,8 +323,14 @@ def elem_less(a, b) -> bool:
     >>> elem_less((1, (2, 3)), (2, (3, 4), 5)), elem_less((1, 4), (2, 4))
     (True, False)
     """
+    check_int_tuple(a, "elem_less", "a")
+    check_int_tuple(b, "elem_less", "b")
+    return _elem_less(a, b)
+
+
+def _elem_less(a, b) -> bool:
     if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) <= len(b) and all(elem_less(x, y) for x, y in zip(a, b, strict=False))
+        return len(a) <= len(b) and all(_elem_less(x, y) for x, y in zip(a, b, strict=False))
     if isinstance(a, tuple) or isinstance(b, tuple):
         raise LayoutError(f"elem_less: {tuple_str(a)} and {tuple_str(b)} are not congruent")
     return require_static(a, "elem_less") < require_static(b, "elem_less")

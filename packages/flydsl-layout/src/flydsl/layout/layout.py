@@ -17,6 +17,7 @@ from .leaf import (
     ScaledBasis,
     add,
     as_coord,
+    check_leaf,
     floordiv,
     is_basis,
     is_static_leaf,
@@ -57,12 +58,6 @@ __all__ = [
 ]
 
 
-def _check_shape_leaf(s):
-    if is_static_leaf(s) and s < 1:
-        raise LayoutError(f"Layout: shape leaves must be positive, got {s}")
-    return s
-
-
 class Layout:
     """A CuTe layout ``shape:stride``; ``stride`` defaults to the compact column-major strides of ``shape``.
 
@@ -76,16 +71,17 @@ class Layout:
     def __init__(self, shape, stride=None):
         if isinstance(shape, list):
             shape = tuple(shape)
-        if type(shape) is not int or shape < 1:
-            it.fold(shape, _check_shape_leaf, lambda parts: parts)
+        it.check_int_tuple(shape, "Layout", "shape", low=1)
         if stride is None:
-            stride = it.prefix_product(shape)
-        elif isinstance(stride, list):
-            stride = tuple(stride)
-        if (type(shape) is not int or type(stride) is not int) and not it.congruent(shape, stride):
-            raise LayoutError(
-                f"Layout: stride {it.tuple_str(stride)} is not congruent with shape {it.tuple_str(shape)}"
-            )
+            stride = it.compact_strides(shape)
+        else:
+            if isinstance(stride, list):
+                stride = tuple(stride)
+            if not _stride_fits(stride, shape):
+                it.check_int_tuple(stride, "Layout", "stride", basis=True)  # bounded, before printing it
+                raise LayoutError(
+                    f"Layout: stride {it.tuple_str(stride)} is not congruent with shape {it.tuple_str(shape)}"
+                )
         self._shape = shape
         self._stride = stride
         self._key = self._static = None
@@ -110,9 +106,10 @@ class Layout:
     def __call__(self, *coord):
         """Evaluate: ``L(i)``, ``L(i, j)`` or ``L((i, j))``; a coordinate holding None slices (see :func:`slice_`)."""
         c = coord[0] if len(coord) == 1 else coord
+        it.check_int_tuple(c, "Layout", "coordinate", low=0, none=True)
         if any(v is None for v in it.leaves(c)):
             return slice_(c, self)
-        return crd2idx(c, self._shape, self._stride)
+        return _offset(c, self._shape, self._stride)
 
     def __getitem__(self, i):
         """Mode ``i`` as a Layout (CuTe ``layout<i>``); a rank-1 layout with a leaf shape is its own mode 0."""
@@ -148,9 +145,33 @@ class Layout:
     __str__ = __repr__
 
 
-def as_layout(x) -> Layout:
-    """A Layout from a Layout, or from a shape IntTuple (compact column-major); ``as_layout(4) == 4:1``."""
-    return x if isinstance(x, Layout) else Layout(x)
+def _stride_fits(d, s) -> bool:
+    # Walk a stride along its (checked) shape: each leaf checked, False where the two are not congruent.
+    if type(s) is tuple:
+        if type(d) is not tuple or len(d) != len(s):
+            return False
+        for a, b in zip(d, s, strict=True):
+            if type(a) is not int or type(b) is tuple:  # a flat pair of int tuples needs no recursion
+                return all(_stride_fits(a, b) for a, b in zip(d, s, strict=True))
+        return True
+    if type(d) is tuple:
+        return False
+    check_leaf(d, "Layout", "stride", basis=True)
+    return True
+
+
+def as_layout(x, op: str = "as_layout", what: str = "layout") -> Layout:
+    """A Layout from a Layout, or from a shape IntTuple (compact column-major); ``as_layout(4) == 4:1``. Anything else
+    is refused with a LayoutError naming ``op`` and ``what``."""
+    if isinstance(x, Layout):
+        return x
+    if isinstance(x, list):
+        x = tuple(x)
+    try:
+        it.check_int_tuple(x, op, what, low=1)
+    except LayoutError as err:
+        raise LayoutError(f"{err} (a layout, or a shape of positive ints)") from None
+    return Layout.trusted(x, it.compact_strides(x))
 
 
 _CACHES = []
@@ -230,19 +251,22 @@ def make_layout(*args, stride=None) -> Layout:
 
 
 def make_ordered_layout(shape, order) -> Layout:
-    """Compact layout whose strides grow in the order given by ``order`` (congruent with ``shape``; ties by position).
+    """Compact layout whose strides grow in the order given by ``order`` (each of ``0..n-1`` once, one per leaf).
 
     >>> make_ordered_layout((4, 8, 2), (1, 0, 2))
     (4,8,2):(8,1,32)
     """
+    it.check_int_tuple(shape, "make_ordered_layout", "shape", low=1)
     if is_static_leaf(order) and it.is_tuple(shape):
         order = tuple(range(it.rank(shape))) if order == 0 else order
+    it.check_int_tuple(order, "make_ordered_layout", "order")
     shapes, orders = it.leaves(shape), it.leaves(order)
-    if len(shapes) != len(orders):
+    if sorted(require_static(o, "make_ordered_layout", "order") for o in orders) != list(range(len(shapes))):
         raise LayoutError(
-            f"make_ordered_layout: order {it.tuple_str(order)} does not match shape {it.tuple_str(shape)}"
+            f"make_ordered_layout: order must hold each of 0..{len(shapes) - 1} once, one per leaf of shape "
+            f"{it.tuple_str(shape)}, got {it.tuple_str(order)}"
         )
-    ranked = sorted(range(len(shapes)), key=lambda i: (require_static(orders[i], "make_ordered_layout", "order"), i))
+    ranked = sorted(range(len(shapes)), key=lambda i: orders[i])
     strides = [0] * len(shapes)
     running = 1
     for i in ranked:
@@ -257,6 +281,7 @@ def make_basis_like(shape):
     >>> make_basis_like((4, (2, 3)))
     (1@0, (1@1@0, 1@1@1))
     """
+    it.check_int_tuple(shape, "make_basis_like", "shape", low=1)
 
     def walk(x, path):
         if isinstance(x, tuple):
@@ -277,6 +302,7 @@ def make_identity_layout(shape) -> Layout:
     >>> I, I(5), I(2, 7)
     ((4,8):(1@0,1@1), (1, 1), (2, 7))
     """
+    it.check_int_tuple(shape, "make_identity_layout", "shape", low=1)
     return Layout(shape, make_basis_like(shape))
 
 
@@ -308,11 +334,20 @@ def crd2idx(coord, layout_or_shape, stride=None):
     >>> crd2idx((1, 2), Layout((4, 8), (8, 1))), crd2idx(5, (2, 4), (4, 1))
     (10, 6)
     """
+    it.check_int_tuple(coord, "crd2idx", "coordinate", low=0, none=True)  # None: _crd2idx says to slice
     if isinstance(layout_or_shape, Layout):
         shape, stride = layout_or_shape.shape, layout_or_shape.stride
     else:
-        shape = layout_or_shape
-        stride = it.prefix_product(shape) if stride is None else stride
+        shape = it.check_int_tuple(layout_or_shape, "crd2idx", "shape", low=1)
+        if stride is None:
+            stride = it.compact_strides(shape)
+        else:
+            it.check_int_tuple(stride, "crd2idx", "stride", basis=True)
+    return _offset(coord, shape, stride)
+
+
+def _offset(coord, shape, stride):
+    # crd2idx of checked arguments.
     value = _crd2idx(coord, shape, stride)
     if (type(value) is int and value != 0) or not any(is_basis(d) for d in it.leaves(stride)):
         return value
@@ -327,6 +362,9 @@ def idx2crd(index, layout_or_shape):
     >>> idx2crd(13, (4, 8)), idx2crd(70, Layout((4, 64), (64, 1)))
     ((1, 3), (1, 6))
     """
+    it.check_int_tuple(index, "idx2crd", "index", low=0)
+    if not isinstance(layout_or_shape, Layout):
+        it.check_int_tuple(layout_or_shape, "idx2crd", "shape", low=1)
     if isinstance(index, tuple):
         if isinstance(layout_or_shape, Layout):
             pairs = it.transform(
@@ -337,7 +375,7 @@ def idx2crd(index, layout_or_shape):
     if isinstance(layout_or_shape, Layout):
         shape, stride = layout_or_shape.shape, layout_or_shape.stride
     else:
-        shape, stride = layout_or_shape, it.prefix_product(layout_or_shape)
+        shape, stride = layout_or_shape, it.compact_strides(layout_or_shape)
     return it.transform(lambda s, d: mod(floordiv(index, d), s), shape, stride, op="idx2crd")
 
 
@@ -359,7 +397,9 @@ def is_static(x) -> bool:
     if isinstance(x, Layout):
         return it.is_static(x.shape) and it.is_static(x.stride)
     inner = getattr(x, "inner", None)
-    return is_static(inner) if inner is not None else it.is_static(x)
+    if inner is not None:
+        return is_static(inner)
+    return it.is_static(it.check_int_tuple(x, "is_static", "x", none=True, basis=True))
 
 
 def _modes(mode):
@@ -369,6 +409,8 @@ def _modes(mode):
 
 
 def _get_one(x, i):
+    if type(i) is not int:
+        raise LayoutError(f"get: a mode index must be an int, got {i!r}")
     if isinstance(x, tuple):
         if not -len(x) <= i < len(x):
             raise LayoutError(f"get: mode {i} out of range for {it.tuple_str(x)} of rank {len(x)}")
@@ -428,9 +470,21 @@ def _as_tuple(t):
     return t if isinstance(t, tuple) else (t,)
 
 
+def _check_modes(op, t, begin, end):
+    # The mode range [begin, end) of the tuple t: 0 <= begin <= end <= rank.
+    if type(begin) is not int or type(end) is not int or not 0 <= begin <= end <= len(t):
+        raise LayoutError(f"{op}: needs ints 0 <= begin <= end <= rank {len(t)}, got begin={begin!r}, end={end!r}")
+
+
 def take(x, begin, end):
     """Modes ``[begin, end)`` as a layout (or IntTuple): ``take((2,3,4):(1,2,6), 1, 3) == (3,4):(2,6)``."""
-    return _apply(lambda t: _as_tuple(t)[begin:end], x)
+
+    def op(t):
+        t = _as_tuple(t)
+        _check_modes("take", t, begin, end)
+        return t[begin:end]
+
+    return _apply(op, x)
 
 
 def group(x, begin, end):
@@ -442,7 +496,8 @@ def group(x, begin, end):
 
     def op(t):
         t = _as_tuple(t)
-        stop = len(t) if end is None or end > len(t) else end
+        stop = len(t) if end is None else end
+        _check_modes("group", t, begin, stop)
         return t[:begin] + (t[begin:stop],) + t[stop:]
 
     return _apply(op, x)
@@ -452,13 +507,20 @@ group_modes = group
 
 
 def _extend(x, elem, up_to_rank, at_end):
+    name = "append" if at_end else "prepend"
+
     def op(t, e):
         t = _as_tuple(t)
-        count = 1 if up_to_rank is None else max(up_to_rank - len(t), 0)
+        if up_to_rank is not None and (type(up_to_rank) is not int or up_to_rank < len(t)):
+            raise LayoutError(f"{name}: up_to_rank must be an int >= the rank {len(t)}, got {up_to_rank!r}")
+        count = 1 if up_to_rank is None else up_to_rank - len(t)
         return t + (e,) * count if at_end else (e,) * count + t
 
     if isinstance(x, Layout) and not isinstance(elem, Layout):
-        raise LayoutError(f"append/prepend: a layout is extended by a layout, got {elem!r}")
+        raise LayoutError(f"{name}: a layout is extended by a layout, got {elem!r}")
+    if not isinstance(x, Layout) and not hasattr(x, "_fly_lift"):
+        it.check_int_tuple(x, name, "x", none=True, basis=True)
+        it.check_int_tuple(elem, name, "elem", none=True, basis=True)
     return _apply(op, x, elem)
 
 
@@ -492,9 +554,29 @@ def _filter_modes(coord, t, keep_leaf):
     return t if keep_leaf(coord) else ()
 
 
-def _slice_or_dice(coord, x, keep_leaf):
+def _check_coord(op, coord, shape):
+    # A slicing coordinate: ints and None, each int inside its mode (0 <= c < the mode's size, where static).
+    it.check_int_tuple(coord, op, "coordinate", low=0, none=True)
+    _inside(op, coord, shape)
+
+
+def _inside(op, c, s):
+    if isinstance(c, tuple):
+        if isinstance(s, tuple) and len(s) == len(c):  # else the slice itself reports the mismatch
+            for ci, si in zip(c, s, strict=True):
+                _inside(op, ci, si)
+    elif type(c) is int:
+        n = it.product(s)
+        if type(n) is int and c >= n:
+            raise LayoutError(f"{op}: coordinate {c} is outside its mode {it.tuple_str(s)} of size {n}")
+
+
+def _slice_or_dice(coord, x, keep_leaf, op):
     if isinstance(coord, Layout) and not isinstance(x, Layout):
         coord, x = x, coord  # CuTe DSL's argument order slice_(layout, coord)
+    if not isinstance(x, Layout):
+        it.check_int_tuple(x, op, "x", none=True, basis=True)
+    _check_coord(op, coord, x.shape if isinstance(x, Layout) else x)
     return _apply(lambda t: _filter_modes(coord, t, keep_leaf), x)
 
 
@@ -509,7 +591,7 @@ def slice_(coord, x):
         coord, x = x, coord
     if hasattr(x, "_fly_slice"):
         return x._fly_slice(coord)[0]
-    return _slice_or_dice(coord, x, lambda c: c is None)
+    return _slice_or_dice(coord, x, lambda c: c is None, "slice_")
 
 
 def slice_and_offset(coord, layout):
@@ -521,6 +603,7 @@ def slice_and_offset(coord, layout):
     slicer = getattr(layout, "_fly_slice", None)
     if slicer is not None:
         return slicer(coord)
+    _check_coord("slice_and_offset", coord, as_layout(layout, "slice_and_offset").shape)
     zeroed = it.fold(coord, lambda c: 0 if c is None else c, lambda parts: parts)
     return slice_(coord, layout), crd2idx(zeroed, layout)
 
@@ -531,7 +614,7 @@ def dice(coord, x):
     >>> dice((None, 2), Layout((4, 8), (8, 1)))
     (8):(1)
     """
-    return _slice_or_dice(coord, x, lambda c: c is not None)
+    return _slice_or_dice(coord, x, lambda c: c is not None, "dice")
 
 
 def _sub(x, mode):
@@ -549,7 +632,7 @@ def size(x, mode=()):
     if isinstance(x, Layout):
         return it.product(x.shape)
     inner = getattr(x, "inner", None)
-    return size(inner) if inner is not None else it.product(x)
+    return size(inner) if inner is not None else it.product(it.check_int_tuple(x, "size", "x"))
 
 
 def cosize(layout, mode=()):
@@ -562,19 +645,26 @@ def cosize(layout, mode=()):
     cosize_of = getattr(layout, "_fly_cosize", None)
     if cosize_of is not None:
         return cosize_of()
+    layout = as_layout(layout, "cosize")
     if any(is_basis(d) for d in it.leaves(layout.stride)):
         raise LayoutError(f"cosize: {layout} has basis strides: its values are coordinates, not offsets")
     last = it.fold(layout.shape, lambda s: sub(s, 1), lambda parts: parts)
-    return add(crd2idx(last, layout), 1)
+    return add(_offset(last, layout.shape, layout.stride), 1)
 
 
 def rank(x, mode=()) -> int:
     """Number of top-level modes of a layout or IntTuple: ``rank((4,8):(1,4)) == 2``."""
     x = _sub(x, mode)
-    return it.rank(getattr(x, "shape", x))
+    return it.rank(_shape_of(x, "rank"))
 
 
 def depth(x, mode=()) -> int:
     """Nesting depth of a layout's shape or of an IntTuple: ``depth(((2,4),8):((1,16),2)) == 2``."""
     x = _sub(x, mode)
-    return it.depth(getattr(x, "shape", x))
+    return it.depth(_shape_of(x, "depth"))
+
+
+def _shape_of(x, op):
+    # A layout's (or composed layout's) shape, or x itself checked as an IntTuple.
+    shape = getattr(x, "shape", None)
+    return it.check_int_tuple(x, op, "x", none=True, basis=True) if shape is None else shape

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 __all__ = [
     "LayoutError",
+    "MAX_DEPTH",
+    "check_leaf",
     "is_static_leaf",
     "known_divisor",
     "add",
@@ -65,6 +67,34 @@ class LayoutError(ValueError):
     """An inadmissible layout operation: the message names the operation, the condition and the modes."""
 
 
+MAX_DEPTH = 64  # deepest IntTuple nesting accepted (CuTe's layouts nest a few levels; this bounds the recursions)
+
+_BOUND = {0: "a non-negative", 1: "a positive"}
+
+
+def check_leaf(x, op: str, what: str, low=None, none: bool = False, basis: bool = False):
+    """Return ``x`` if it is an admissible leaf, else raise a LayoutError naming ``op`` and ``what``: a Python int
+    (``bool`` refused; at least ``low`` when given: 0 or 1) or a dynamic leaf (an object whose type implements the
+    integer-like protocol, recognised by ``fly_max``); with ``none`` also None (a slicing coordinate), with
+    ``basis`` also a :class:`ScaledBasis` (a stride).
+
+    >>> check_leaf(4, "f", "n", low=1)
+    4
+    >>> check_leaf(2.5, "f", "n")
+    Traceback (most recent call last):
+    ...
+    flydsl.layout.leaf.LayoutError: f: n must be an int or a dynamic integer-like leaf, got 2.5 (float)
+    """
+    if type(x) is int:
+        if low is not None and x < low:
+            raise LayoutError(f"{op}: {what} must be {_BOUND[low]} int, got {x}")
+        return x
+    if (none and x is None) or (basis and isinstance(x, ScaledBasis)) or hasattr(type(x), "fly_max"):
+        return x
+    expected = f"{_BOUND.get(low, 'an')} int or a dynamic integer-like leaf"
+    raise LayoutError(f"{op}: {what} must be {expected}, got {x!r} ({type(x).__name__})")
+
+
 def is_static_leaf(x) -> bool:
     """True for a Python int (a static leaf), False for a dynamic integer-like value."""
     return isinstance(x, int)
@@ -72,9 +102,9 @@ def is_static_leaf(x) -> bool:
 
 def known_divisor(x) -> int:
     """A non-negative int known to divide ``x``: ``abs(x)`` for an int (0 divides only 0), else ``x.divisibility``."""
-    if isinstance(x, int):
+    if type(x) is int:
         return abs(x)
-    return getattr(x, "divisibility", 1)
+    return getattr(check_leaf(x, "known_divisor", "x"), "divisibility", 1)
 
 
 def _both_int(a, b) -> bool:
@@ -156,17 +186,17 @@ def _dyn_pair(a, b):
 
 def leaf_max(a, b):
     """``max(a, b)`` without ``bool()`` on dynamic leaves (calls ``x.fly_max``)."""
-    if isinstance(a, int) and isinstance(b, int):
+    if type(a) is int and type(b) is int:
         return a if a >= b else b
-    x, y = _dyn_pair(a, b)
+    x, y = _dyn_pair(check_leaf(a, "leaf_max", "a"), check_leaf(b, "leaf_max", "b"))
     return x.fly_max(y)
 
 
 def leaf_min(a, b):
     """``min(a, b)`` without ``bool()`` on dynamic leaves (calls ``x.fly_min``)."""
-    if isinstance(a, int) and isinstance(b, int):
+    if type(a) is int and type(b) is int:
         return a if a <= b else b
-    x, y = _dyn_pair(a, b)
+    x, y = _dyn_pair(check_leaf(a, "leaf_min", "a"), check_leaf(b, "leaf_min", "b"))
     return x.fly_min(y)
 
 
@@ -241,7 +271,7 @@ class ScaledBasis:
     __slots__ = ("value", "mode")
 
     def __init__(self, value, mode):
-        self.value = value
+        self.value = check_leaf(value, "ScaledBasis", "value")
         self.mode = mode if isinstance(mode, tuple) else (mode,)
         if not all(type(i) is int and i >= 0 for i in self.mode):
             raise LayoutError(f"ScaledBasis: mode must be a path of non-negative ints, got {mode!r}")
@@ -326,7 +356,7 @@ def as_coord(x, modes=()):
     the coordinate tuple it stands for, with 0 in the missing modes and in each mode path of ``modes``:
     ``as_coord(ScaledBasis(3, 1)) == (0, 3)``, ``as_coord(0, [(0,), (1,)]) == (0, 0)``."""
     if not isinstance(x, (ScaledBasis, _Coord)) and not modes:
-        return x
+        return check_leaf(x, "as_coord", "value")
     terms = {m: 0 for m in modes}
     for m, v in _Coord.of(x).terms.items() if not _is(x, 0) else ():
         terms[m] = add(terms[m], v) if m in terms else v

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from .layout import Layout
-from .leaf import LayoutError, ScaledBasis
+from .leaf import MAX_DEPTH, LayoutError, ScaledBasis
 from .swizzle import ComposedLayout, Swizzle
 
 __all__ = ["parse_int_tuple", "parse_layout"]
@@ -32,7 +32,10 @@ def _tokens(text: str):
 
 class _Parser:
     def __init__(self, text, leaf):
+        if not isinstance(text, str):
+            raise LayoutError(f"parse: needs the text of a layout or IntTuple (a str), got {text!r}")
         self.text, self.toks, self.i, self.leaf, self.dyn = text, _tokens(text), 0, leaf, 0
+        self.level = 0  # how many parentheses are open
 
     def peek(self):
         return self.toks[self.i] if self.i < len(self.toks) else None
@@ -47,12 +50,16 @@ class _Parser:
     def int_tuple(self):
         tok = self.take()
         if tok == "(":
+            self.level += 1
+            if self.level > MAX_DEPTH:
+                raise LayoutError(f"parse: {self.text[:20]!r}... is nested deeper than the depth limit of {MAX_DEPTH}")
             parts = [] if self.peek() == ")" else [self.int_tuple()]
             while self.peek() == ",":
                 self.take(",")
                 if self.peek() != ")":
                     parts.append(self.int_tuple())
             self.take(")")
+            self.level -= 1
             return tuple(parts)
         if tok == "?":
             if self.leaf is None:
@@ -89,7 +96,10 @@ class _Parser:
             self.take("o")
             offset = self.int_tuple()
             self.take("o")
-            return ComposedLayout(Swizzle(b, m, s), offset, self.layout())
+            return ComposedLayout(Swizzle(b, m, s), offset, self.plain_layout())
+        return self.plain_layout()
+
+    def plain_layout(self):
         shape = self.int_tuple()
         if self.peek() != ":":  # a shape alone, as Layout(shape): compact column-major strides
             return Layout(shape)

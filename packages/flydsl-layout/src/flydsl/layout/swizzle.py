@@ -23,6 +23,7 @@ from .leaf import (
     LayoutError,
     add,
     ceil_div_leaf,
+    check_leaf,
     divides,
     floordiv,
     is_static_leaf,
@@ -32,6 +33,7 @@ from .leaf import (
 )
 
 _MAX_CHECKED_BITS = 16  # Layout o Swizzle checks the swizzle's block of 2**top offsets one by one
+_OFFSET_BITS = 62  # the highest bit a swizzle may reach, as the Fly dialect's #fly.swizzle verifier
 
 __all__ = ["Swizzle", "ComposedLayout", "make_swizzle", "make_composed_layout"]
 
@@ -48,8 +50,13 @@ class Swizzle:
     __slots__ = ("bits", "base", "shift")
 
     def __init__(self, bits: int, base: int, shift: int):
-        if bits < 0 or base < 0 or abs(shift) < bits:
-            raise LayoutError(f"Swizzle: needs bits >= 0, base >= 0 and |shift| >= bits, got ({bits},{base},{shift})")
+        if not all(type(v) is int for v in (bits, base, shift)):
+            raise LayoutError(f"Swizzle: bits, base and shift must be ints, got ({bits!r},{base!r},{shift!r})")
+        if bits < 0 or base < 0 or abs(shift) < bits or bits + base + abs(shift) > _OFFSET_BITS:
+            raise LayoutError(
+                f"Swizzle: needs bits >= 0, base >= 0, |shift| >= bits and bits + base + |shift| <= {_OFFSET_BITS} "
+                f"(the offset bits a swizzle may reach), got ({bits},{base},{shift})"
+            )
         self.bits, self.base, self.shift = bits, base, shift
 
     @property
@@ -76,7 +83,7 @@ class Swizzle:
             return self
         if not isinstance(rhs, (Layout, int)):
             raise LayoutError(f"composition: {self} o {rhs}: a swizzle composes with a layout or an int")
-        return ComposedLayout(self, 0, as_layout(rhs))
+        return ComposedLayout(self, 0, as_layout(rhs, "composition", "rhs"))
 
     @property
     def block(self) -> int:
@@ -121,7 +128,9 @@ class ComposedLayout:
     def __init__(self, outer, offset, inner):
         if not callable(outer):
             raise LayoutError(f"ComposedLayout: outer {outer!r} is neither a swizzle nor a layout")
-        self.outer, self.offset, self.inner = outer, offset, as_layout(inner)
+        self.outer = outer
+        self.offset = check_leaf(offset, "ComposedLayout", "offset")
+        self.inner = as_layout(inner, "ComposedLayout", "inner")
 
     @property
     def shape(self):

@@ -59,12 +59,12 @@ def _rest_modes(target, tiler):
 def _tiled(op, leaf_op, target, tiler):
     # The logical divide/product dispatch: None keeps the layout, a tiler tuple applies op mode by mode (the modes
     # it does not cover stay), a layout or shape goes to leaf_op(target, tiler_layout).
-    target = as_layout(target)
+    target = as_layout(target, op.__name__, "target")
     if tiler is None:
         return target
     if isinstance(tiler, tuple):
         return make_layout(*_by_mode(op, target, tiler), *_rest_modes(target, tiler))
-    return leaf_op(target, as_layout(tiler))
+    return leaf_op(target, as_layout(tiler, op.__name__, "tiler"))
 
 
 @static_cache
@@ -101,7 +101,7 @@ def _product(block, tiler):
 
 def _split(op, target, tiler):
     # The logical result as two layouts (tiles, rests), with the modes a tiler tuple leaves alone in the rests.
-    target = as_layout(target)
+    target = as_layout(target, op.__name__, "target")
     if not isinstance(tiler, tuple):
         result = op(target, tiler)
         return get(result, 0), get(result, 1)
@@ -187,7 +187,9 @@ def flat_product(block, tiler) -> Layout:
 
 def _zip_product(block, tiler, block_first):
     # Rank-1 operands become 1-tuples so that mode i of the repeats is the image of tiler mode i as a whole.
-    block, tiler = (x if it.is_tuple(x.shape) else make_layout(x) for x in (as_layout(block), as_layout(tiler)))
+    name = "blocked_product" if block_first else "raked_product"
+    block, tiler = as_layout(block, name, "block"), as_layout(tiler, name, "tiler")
+    block, tiler = (x if it.is_tuple(x.shape) else make_layout(x) for x in (block, tiler))
     r = max(rank(block), rank(tiler))
     pad = Layout(1, 0)
     block = append(block, pad, up_to_rank=r) if rank(block) < r else block
@@ -228,9 +230,12 @@ def tile_to_shape(block, trg_shape, order=None) -> Layout:
     >>> tile_to_shape(Layout((2, 2), (1, 2)), (4, 6))
     ((2,2),(2,3)):((1,4),(2,8))
     """
-    block = as_layout(block)
+    block = as_layout(block, "tile_to_shape", "block")
+    it.check_int_tuple(trg_shape, "tile_to_shape", "trg_shape", low=1)
     if not isinstance(trg_shape, tuple):
         return get(tile_to_shape(make_layout(block), (trg_shape,), order), 0)
+    if not isinstance(block.shape, tuple):
+        block = make_layout(block)  # a leaf shape is one mode: 4:1 as (4):(1)
     r = len(trg_shape)
     if rank(block) > r:
         raise LayoutError(f"tile_to_shape: {block} has more modes than the target shape {it.tuple_str(trg_shape)}")

@@ -21,7 +21,8 @@ def make_layout_tv(thr_layout, val_layout):
     >>> make_layout_tv(make_layout((4, 2), (2, 1)), make_layout((1, 2), (2, 1)))
     ((4, 4), ((2,4),2):((8,1),4))
     """
-    thr_layout, val_layout = as_layout(thr_layout), as_layout(val_layout)
+    thr_layout = as_layout(thr_layout, "make_layout_tv", "thr_layout")
+    val_layout = as_layout(val_layout, "make_layout_tv", "val_layout")
     layout_mn = raked_product(thr_layout, val_layout)
     thr_size, val_size = size(thr_layout), size(val_layout)
     layout_tv = composition(right_inverse(layout_mn), make_layout((thr_size, val_size), (1, thr_size)))
