@@ -1,43 +1,50 @@
-"""The kernel cache: compiled modules in memory and on disk (``~/.cache/flydsl`` or ``FLYDSL_CACHE_DIR``).
+"""The kernel disk cache (``~/.cache/flydsl`` or ``FLYDSL_CACHE_DIR``): compiled modules as data, never as code.
 
-The key covers the kernel's source and every user function, class and simple global it reaches, the specialization
-(argument types, strides, alignment, constexpr values), the target, and a fingerprint of the compiler itself (its
-Python sources and native library), so that a development build never reuses a stale binary. Globals reached only
-through attributes (``config.TILE``) are not followed: pass such values as ``Constexpr`` parameters. Entries are written
-atomically (a temporary file renamed into place), so processes compiling the same kernel at once are safe; an entry
-that cannot be read is compiled again with a warning. ``FLYDSL_RUNTIME_ENABLE_CACHE=0`` bypasses the disk cache.
+An entry is one file, ``<dir>/<hash[:2]>/<hash>.flyc`` where ``hash`` is the blake2b of the full key text. Its
+first line is JSON metadata: the format version, the full key, the module's launch data (kernel signatures, shared
+memory, launch shapes, ptxas's notes, the target), each payload's size and sha256, and a sha256 of the metadata
+itself; the raw PTX and cubin bytes follow. Nothing in an entry is executed: a reader parses JSON and compares
+hashes. An entry is served only when it is a regular file (opened without following links, never blocking on a
+FIFO), owned by this user, at most :data:`MAX_ENTRY_BYTES`, of this format, for this very key, with every checksum
+matching; anything else is ignored with one warning per path and process, compiled again and replaced. The
+directories are created private to the user (0700); entries are written to a temporary file in place and renamed
+(``os.replace``), so concurrent processes see an old entry or a whole new one, and a failed write leaves no
+temporary behind. ``FLYDSL_RUNTIME_ENABLE_CACHE=0`` bypasses the cache. What the key covers: docs/kernels.md.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
+import json
 import os
-import pickle
-import sys
+import stat
 import tempfile
-import types
-import warnings
 from pathlib import Path
 
 from flydsl.compiler import settings
 from flydsl.compiler.pipeline import CompiledModule
+from flydsl.compiler.target import Target
+from flydsl.compiler.tracing import warn_at_user_code
 
-__all__ = ["compiler_fingerprint", "source_fingerprint", "load", "store"]
+__all__ = ["FORMAT", "MAX_ENTRY_BYTES", "compiler_fingerprint", "entry_path", "load", "store"]
 
-_FORMAT = 2  # 2: modules keep ptxas's performance notes
+FORMAT = 3  # 3: JSON metadata + raw payloads, key and checksums verified (2: a pickle)
+MAX_ENTRY_BYTES = 256 << 20  # the largest entry read; the zoo's biggest is well under 1 MB
+_SUFFIX = ".flyc"
+_warned: set[str] = set()  # paths warned about in this process
 
 
 @functools.lru_cache(maxsize=1)
 def compiler_fingerprint() -> str:
-    """A hash of FlyDSL's own Python sources (layout, compiler, expr) and of its native library's file stamp."""
+    """A hash of FlyDSL's own Python sources (layout, compiler, expr), of its native library's file stamp and of the
+    cache format."""
     import flydsl.compiler as compiler_package
     import flydsl.expr as expr_package
     import flydsl.layout as layout_package
 
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"format {_FORMAT}".encode())
+    digest.update(f"format {FORMAT}".encode())
     for package in (layout_package, compiler_package, expr_package):
         root = Path(package.__file__).parent
         for path in sorted(root.rglob("*.py")):
@@ -45,148 +52,167 @@ def compiler_fingerprint() -> str:
             digest.update(path.read_bytes())
     from flydsl.compiler import _fly
 
-    stat = os.stat(_fly.__file__)
-    digest.update(f"{_fly.__file__}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    stat_result = os.stat(_fly.__file__)
+    digest.update(f"{_fly.__file__}:{stat_result.st_size}:{stat_result.st_mtime_ns}".encode())
     return digest.hexdigest()
 
 
-_SIMPLE = (int, float, str, bool, bytes, type(None))
+def entry_path(key: str) -> Path:
+    """Where the entry of the full key text ``key`` lives."""
+    name = hashlib.blake2b(key.encode(), digest_size=20).hexdigest()
+    return settings.current().cache_dir / name[:2] / f"{name}{_SUFFIX}"
 
 
-def source_fingerprint(fn: types.FunctionType, *constexprs) -> str:
-    """A hash of ``fn``'s source, of the functions and kernels it calls outside FlyDSL's own packages (whose
-    sources the compiler fingerprint covers), of the classes it reads (every method: a helper class's, a config's
-    properties), and of the globals it reads whose repr is their value (numbers, strings, tuples, layouts, frozen
-    dataclasses such as tile configurations), transitively. ``constexprs``: the Constexpr argument values of a
-    specialization, whose classes' code shapes the kernel as their values do."""
-    digest = hashlib.blake2b(digest_size=16)
-    seen: set[int] = set()
-
-    def visit(function: types.FunctionType):
-        if id(function) in seen:
-            return
-        seen.add(id(function))
-        try:
-            digest.update(inspect.getsource(function).encode())
-        except (OSError, TypeError):
-            digest.update(function.__code__.co_code)
-        for code in _code_objects(function.__code__):
-            for name in code.co_names:
-                see(name, function.__globals__.get(name))
-        for cell in function.__closure__ or ():
-            try:
-                see("<closure>", cell.cell_contents)
-            except ValueError:
-                continue
-
-    def visit_class(cls: type):
-        if id(cls) in seen or not _user_module(cls.__module__):
-            return
-        seen.add(id(cls))
-        digest.update(f"class {cls.__module__}.{cls.__qualname__}".encode())
-        for member in vars(cls).values():
-            if isinstance(member, (staticmethod, classmethod)):
-                member = member.__func__
-            elif isinstance(member, property):
-                member = member.fget
-            if isinstance(member, types.FunctionType):
-                visit(member)
-        for base in cls.__bases__:
-            visit_class(base)
-
-    def see(name: str, value):
-        if isinstance(value, types.FunctionType):
-            if _user_module(value.__module__):
-                visit(value)  # user code, flydsl.kernels helpers included
-        elif isinstance(getattr(value, "fn", None), types.FunctionType):
-            visit(value.fn)  # a @kernel called from this one
-        elif isinstance(value, type):
-            visit_class(value)
-        elif _by_value(value):
-            digest.update(f"{name}={value!r}".encode())
-            for item in value if isinstance(value, tuple) else (value,):
-                visit_class(type(item))
-
-    visit(fn)
-    for value in constexprs:
-        see("<constexpr>", value)
-    return digest.hexdigest()
-
-
-def _user_module(module: str | None) -> bool:
-    """Code the compiler fingerprint does not cover: neither FlyDSL's compiler packages nor Python's own."""
-    module = module or ""
-    return not module.startswith(_FINGERPRINTED) and module.split(".")[0] not in _PYTHON_MODULES
-
-
-# Packages whose sources the compiler fingerprint already covers.
-_FINGERPRINTED = ("flydsl.compiler", "flydsl.expr", "flydsl.layout", "mlir")
-_PYTHON_MODULES = frozenset(sys.stdlib_module_names) | {"builtins"}
-
-
-def _by_value(value) -> bool:
-    """Globals whose repr is their value: numbers, strings, tuples of them, layouts, frozen dataclasses (configs)."""
-    if isinstance(value, _SIMPLE):
-        return True
-    if isinstance(value, tuple):
-        return all(_by_value(v) for v in value)
-    module = type(value).__module__
-    if module.startswith("flydsl.layout"):
-        return True
-    params = getattr(type(value), "__dataclass_params__", None)
-    return params is not None and params.frozen
-
-
-def _code_objects(code: types.CodeType):
-    yield code
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            yield from _code_objects(constant)
-
-
-def _entry_path(key: str) -> Path:
-    return settings.current().cache_dir / key[:2] / f"{key}.pkl"
+def _warn_once(path: Path, message: str) -> None:
+    if str(path) not in _warned:
+        _warned.add(str(path))
+        warn_at_user_code(f"FlyDSL: {message}")
 
 
 def load(key: str) -> CompiledModule | None:
-    """The cached module for ``key``, or None (also when the disk cache is disabled or the entry is unreadable)."""
+    """The cached module for the full key text ``key``, or None: no entry, the cache disabled, or an entry that is
+    not to be trusted (warned once per path)."""
     if not settings.current().cache_enabled:
         return None
-    path = _entry_path(key)
+    path = entry_path(key)
     try:
-        data = path.read_bytes()
-    except OSError:
+        data = _read_regular_file(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        _warn_once(path, f"ignoring the cache entry {path} ({error}); compiling again")
         return None
     try:
-        entry = pickle.loads(data)
-        if not isinstance(entry, CompiledModule):
-            raise TypeError(f"unexpected {type(entry).__name__}")
-        return entry
-    except Exception as error:  # noqa: BLE001 - any unreadable entry is recompiled
-        warnings.warn(f"FlyDSL: ignoring the unreadable cache entry {path} ({error}); compiling again", stacklevel=3)
+        return _decode(data, key)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        _warn_once(path, f"ignoring the cache entry {path} ({error}); compiling again")
         return None
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file of this user, not a link, at most MAX_ENTRY_BYTES long."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_uid != os.getuid():
+            raise ValueError(f"owned by uid {info.st_uid}, not this user ({os.getuid()})")
+        if info.st_size > MAX_ENTRY_BYTES:
+            raise ValueError(f"{info.st_size} bytes, more than the {MAX_ENTRY_BYTES} an entry may have")
+        chunks, left = [], info.st_size + 1  # one byte more: a file that grew is refused below
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) != info.st_size:
+            raise ValueError("changed while read")
+        return data
+    finally:
+        os.close(fd)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _canonical(meta: dict) -> bytes:
+    return json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _encode(key: str, compiled: CompiledModule) -> bytes:
+    ptx = compiled.ptx.encode()
+    cubin = compiled.cubin
+    meta = {
+        "format": FORMAT,
+        "key": key,
+        "name": compiled.name,
+        "target": {
+            "chip": compiled.target.chip,
+            "ptx_version": compiled.target.ptx_version,
+            "opt_level": compiled.target.opt_level,
+        },
+        "kernels": compiled.kernels,
+        "shared_bytes": compiled.shared_bytes,
+        "launch_shapes": compiled.launch_shapes,
+        "performance_notes": list(compiled.performance_notes),
+        "ptx": {"size": len(ptx), "sha256": _sha256(ptx)},
+        "cubin": None if cubin is None else {"size": len(cubin), "sha256": _sha256(cubin)},
+    }
+    meta["checksum"] = _sha256(_canonical(meta))
+    return _canonical(meta) + b"\n" + ptx + (cubin or b"")
+
+
+def _decode(data: bytes, key: str) -> CompiledModule:
+    """The module of an entry's bytes; ValueError (or KeyError, TypeError) naming what does not hold."""
+    header, newline, payload = data.partition(b"\n")
+    if not newline:
+        raise ValueError("no metadata line")
+    meta = json.loads(header)
+    if not isinstance(meta, dict):
+        raise ValueError("metadata is not a JSON object")
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT}")
+    checksum = meta.pop("checksum", None)
+    if checksum != _sha256(_canonical(meta)):
+        raise ValueError("the metadata checksum does not match")
+    if meta["key"] != key:
+        raise ValueError("the entry is another key's")
+    ptx_size = meta["ptx"]["size"]
+    cubin_size = 0 if meta["cubin"] is None else meta["cubin"]["size"]
+    if len(payload) != ptx_size + cubin_size:
+        raise ValueError(f"{len(payload)} payload bytes, expected {ptx_size + cubin_size}")
+    ptx, cubin = payload[:ptx_size], payload[ptx_size:] if meta["cubin"] is not None else None
+    if _sha256(ptx) != meta["ptx"]["sha256"]:
+        raise ValueError("the PTX checksum does not match")
+    if cubin is not None and _sha256(cubin) != meta["cubin"]["sha256"]:
+        raise ValueError("the cubin checksum does not match")
+    shapes = {
+        name: tuple(None if shape is None else tuple(shape) for shape in pair)
+        for name, pair in meta["launch_shapes"].items()
+    }
+    return CompiledModule(
+        name=meta["name"],
+        target=Target(**meta["target"]),
+        ptx=ptx.decode(),
+        cubin=cubin,
+        kernels=dict(meta["kernels"]),
+        shared_bytes=dict(meta["shared_bytes"]),
+        launch_shapes=shapes,
+        performance_notes=tuple(meta["performance_notes"]),
+    )
 
 
 def store(key: str, compiled: CompiledModule) -> None:
-    """Writes the entry atomically (temporary file + rename); failures to write only warn."""
+    """Writes the entry of ``key`` atomically (a private temporary file renamed into place); a failure to write
+    warns once per path and leaves no temporary file."""
     if not settings.current().cache_enabled:
         return
-    path = _entry_path(key)
+    path = entry_path(key)
+    temporary = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        slim = CompiledModule(
-            name=compiled.name,
-            target=compiled.target,
-            ptx=compiled.ptx,
-            cubin=compiled.cubin,
-            kernels=compiled.kernels,
-            shared_bytes=compiled.shared_bytes,
-            launch_shapes=compiled.launch_shapes,
-            performance_notes=compiled.performance_notes,
-        )
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as handle:
-            handle.write(pickle.dumps(slim, protocol=pickle.HIGHEST_PROTOCOL))
-            temporary = handle.name
+        root = path.parent.parent
+        os.makedirs(root.parent, exist_ok=True)
+        for directory in (root, path.parent):  # private to the user (makedirs' mode applies to the last only)
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                pass
+        if path.is_dir() and not path.is_symlink():
+            os.rmdir(path)  # an empty directory where the entry belongs; a full one raises and is left alone
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(_encode(key, compiled))
         os.replace(temporary, path)
+        temporary = None
     except OSError as error:
-        warnings.warn(f"FlyDSL: could not write the cache entry {path}: {error}", stacklevel=3)
+        _warn_once(path, f"could not write the cache entry {path}: {error}; this kernel is not cached")
+    finally:
+        if temporary is not None:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass

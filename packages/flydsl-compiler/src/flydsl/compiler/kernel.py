@@ -14,8 +14,8 @@ arguments raise before anything is launched, naming the parameter.
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
+import math
 import typing
 from dataclasses import dataclass
 
@@ -34,9 +34,10 @@ from flydsl.compiler.args import (
 )
 from flydsl.compiler.ast_rewrite import rewrite_function
 from flydsl.compiler.context import make_context
+from flydsl.compiler.fingerprint import source_fingerprint
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
 from flydsl.compiler.target import SM90A, Target
-from flydsl.compiler.tracing import user_traceback
+from flydsl.compiler.tracing import user_traceback, warn_at_user_code
 from flydsl.expr.numeric import Float, Index, Integer, Numeric, fastmath, fp_contract
 from flydsl.expr.params import Stream, is_constexpr
 from flydsl.expr.tensor import Tensor
@@ -120,6 +121,7 @@ class KernelFunction:
         self.params = _classify(fn, typing.get_type_hints(fn))
         self._signature = inspect.signature(fn)
         self._loaded: dict[tuple, _LoadedKernel] = {}
+        self._warned_uncacheable = False
         self._arity = len(self.params)
         # The native launch path: every kernel in _loaded is registered with it (see KernelCall.launch).
         self._dispatcher = self.new_dispatcher()
@@ -209,21 +211,42 @@ class KernelFunction:
                     hash(value)
                 except TypeError:
                     raise TypeError(f"argument '{param.name}': a Constexpr must be hashable, got {value!r}") from None
-                key.append(("constexpr", type(value).__name__, value))
+                if type(value) is float and value == 0.0 and math.copysign(1.0, value) < 0:
+                    # == to 0.0 but another constant in the code; a key of four parts, which the native path
+                    # does not take (its floats match bit for bit)
+                    key.append(("constexpr", "float", value, "negative zero"))
+                else:
+                    key.append(("constexpr", type(value).__name__, value))
             else:
                 stream = value
         return _Specialization(tuple(key), launch_args, stream, tensors)
 
     def compiled_module(self, spec: _Specialization) -> CompiledModule:
-        """The compiled module of a specialization: from the disk cache, else traced and compiled (and stored)."""
+        """The compiled module of a specialization: from the disk cache, else traced and compiled (and stored).
+        A kernel that reads something the fingerprint cannot encode is compiled without the disk cache (warned
+        once per kernel)."""
         constexprs = [part[2] for part in spec.key if isinstance(part, tuple) and part[:1] == ("constexpr",)]
-        key = cache.compiler_fingerprint() + cache.source_fingerprint(self.fn, *constexprs)
-        key += repr((self.target, self.attributes, spec.key))
-        disk_key = hashlib.blake2b(key.encode(), digest_size=20).hexdigest()
-        compiled = cache.load(disk_key)
+        fingerprint = source_fingerprint(self.fn, *constexprs)
+        if fingerprint.digest is None:
+            if not self._warned_uncacheable:
+                self._warned_uncacheable = True
+                warn_at_user_code(
+                    f"FlyDSL: kernel '{self.name}' is not cached on disk: {fingerprint.unknown} cannot be"
+                    " fingerprinted (pass it as a Constexpr, or make it a number, string, tuple, enum or dataclass)"
+                )
+            return compile_mlir(self.trace(spec.key), self.target)
+        key = "\n".join(
+            (
+                cache.compiler_fingerprint(),
+                toolchain.fingerprint(),
+                fingerprint.digest,
+                repr((self.target, self.attributes, spec.key)),
+            )
+        )
+        compiled = cache.load(key)
         if compiled is None:
             compiled = compile_mlir(self.trace(spec.key), self.target)
-            cache.store(disk_key, compiled)
+            cache.store(key, compiled)
         else:  # what ptxas said when it was compiled, as then
             toolchain.warn_performance_notes(compiled.performance_notes)
         return compiled

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 from flydsl.compiler import settings
 from flydsl.compiler.errors import PerformanceWarning, ToolchainError
+from flydsl.compiler.tracing import warn_at_user_code
 
 __all__ = [
     "find_ptxas",
+    "fingerprint",
     "assemble_ptx",
     "assemble_with_notes",
     "warn_performance_notes",
@@ -36,6 +37,30 @@ def find_ptxas() -> str | None:
         candidates.append(str(Path(config.cuda_home) / "bin" / "ptxas"))
     candidates.append("/usr/local/cuda/bin/ptxas")
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def fingerprint() -> str:
+    """The assembler as the kernel cache key needs it: the ptxas that would run (path, size, modification time) and
+    what its ``--version`` prints (run once per process and binary); ``"no ptxas"`` without one. Its flags are
+    this module's code (``-arch`` from the target), which the compiler fingerprint covers."""
+    try:
+        ptxas = find_ptxas()
+    except ToolchainError as error:  # compiling will raise it
+        return str(error)
+    if ptxas is None:
+        return "no ptxas"
+    stat = os.stat(ptxas)
+    return _ptxas_version(ptxas, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _ptxas_version(ptxas: str, size: int, mtime_ns: int) -> str:
+    try:
+        result = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=60)
+        version = result.stdout + result.stderr
+    except (OSError, subprocess.SubprocessError) as error:
+        version = f"--version failed: {error}"
+    return f"{ptxas} ({size} bytes, {mtime_ns}): {version}"
 
 
 def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tuple[str, ...] = ()) -> bytes:
@@ -71,13 +96,8 @@ def assemble_with_notes(
 def warn_performance_notes(notes) -> None:
     """Each note (from :func:`assemble_with_notes`) as a :class:`PerformanceWarning`, attributed to the first caller
     outside FlyDSL (the user's line that compiled or launched the kernel, however deep the compile ran)."""
-    if not notes:
-        return
-    frame, level = sys._getframe(1), 2  # level 2: this function's caller
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "flydsl":
-        frame, level = frame.f_back, level + 1
     for note in notes:
-        warnings.warn(note, PerformanceWarning, stacklevel=level)
+        warn_at_user_code(note, PerformanceWarning)
 
 
 def find_nvdisasm() -> str | None:

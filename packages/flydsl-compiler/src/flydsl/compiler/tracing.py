@@ -9,10 +9,11 @@ import linecache
 import os
 import sys
 import types
+import warnings
 
 from mlir import ir
 
-__all__ = ["user_traceback", "is_internal_file", "user_source_line"]
+__all__ = ["user_traceback", "is_internal_file", "user_source_line", "warn_at_user_code"]
 
 _INTERNAL_ROOTS = tuple(
     os.path.dirname(os.path.abspath(path))
@@ -51,3 +52,12 @@ def user_source_line() -> str | None:
     if frame is None:
         return None
     return linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip() or None
+
+
+def warn_at_user_code(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warns, attributed to the first caller outside FlyDSL (the user's line that compiled or launched a kernel,
+    however deep in FlyDSL the warning arose)."""
+    frame, level = sys._getframe(1), 2  # level 2: this function's caller
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "flydsl":
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
