@@ -408,12 +408,17 @@ private:
   /// A TmaTile: its key (compared like a constexpr), its encoded TensorMap
   /// (encoded on first use, then cached by the tile) and its extents.
   /// Constexpr values match as Python dicts match keys: same object, else same type, hash and ==
-  /// (an == that raises or is not a plain True declines, leaving the launch to Python).
+  /// (an == that raises or is not a plain True declines, leaving the launch to Python); floats bit
+  /// for bit, as kernel.py keys them (0.0 == -0.0, but they compile to different constants).
   static bool sameConstexpr(PyObject *x, Py_hash_t hx, PyObject *y, Py_hash_t hy) {
     if (x == y)
       return true;
     if (Py_TYPE(x) != Py_TYPE(y) || hx != hy)
       return false;
+    if (PyFloat_CheckExact(x)) {
+      double a = PyFloat_AS_DOUBLE(x), b = PyFloat_AS_DOUBLE(y);
+      return std::memcmp(&a, &b, sizeof a) == 0;
+    }
     return PyObject_RichCompareBool(x, y, Py_EQ) == 1 || decline();
   }
 

@@ -369,7 +369,7 @@ def test_the_fingerprint_is_canonical():
         encoder = _Encoder()
         encoder.value(value, "v", frozenset())
         assert not encoder.unknown
-        return encoder.digest.hexdigest()
+        return encoder.hexdigest()
 
     assert encode({"a": 1, "b": 2}) == encode({"b": 2, "a": 1})
     assert encode({1, 2, 3}) == encode({3, 2, 1})

@@ -24,7 +24,6 @@ import dataclasses
 import enum
 import functools
 import hashlib
-import struct
 import sys
 import types
 
@@ -60,6 +59,7 @@ _CLASS_SKIP = frozenset(
         "__static_attributes__",
         "__orig_bases__",
         "__parameters__",
+        "_abc_impl",
     }
 )
 
@@ -81,7 +81,7 @@ def source_fingerprint(fn: types.FunctionType, *constexprs) -> Fingerprint:
         encoder.value(value, "a Constexpr argument", frozenset())
     if encoder.unknown:
         return Fingerprint(None, encoder.unknown[0])
-    return Fingerprint(encoder.digest.hexdigest())
+    return Fingerprint(encoder.hexdigest())
 
 
 def _user_module(module: str | None) -> bool:
@@ -97,18 +97,55 @@ def _code_objects(code: types.CodeType):
             yield from _code_objects(constant)
 
 
+_CODE_PARTS: dict[int, tuple[types.CodeType, tuple]] = {}  # id -> (code, its parts): code objects are immutable
+
+
+def _code_parts(code: types.CodeType) -> tuple:
+    """Everything the compiler reads of a code object: bytecode, constants (literals), names, and the positions
+    that become the kernel's source locations; computed once per code object."""
+    cached = _CODE_PARTS.get(id(code))
+    if cached is not None and cached[0] is code:
+        return cached[1]
+    parts = [
+        code.co_filename,
+        code.co_name,
+        code.co_firstlineno,
+        code.co_argcount,
+        code.co_kwonlyargcount,
+        code.co_flags,
+        code.co_code,
+        getattr(code, "co_linetable", b""),
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+        code.co_cellvars,
+    ]
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            parts.extend(_code_parts(constant))
+        else:
+            literal = _Encoder()
+            literal.value(constant, "a constant", frozenset())
+            parts.append(literal.hexdigest())
+    _CODE_PARTS[id(code)] = (code, parts := tuple(parts))
+    return parts
+
+
 class _Encoder:
+    """Collects the encoding as a flat list of str, int and bytes parts (hashed once, through their repr, which
+    keeps the parts apart); functions, classes, modules and instances met again become back-references."""
+
     def __init__(self):
-        self.digest = hashlib.blake2b(digest_size=16)
+        self.parts: list = []
         self.seen: dict[int, int] = {}  # id of a function, class, module or instance -> its visit number
         self.keep: list = []  # what ``seen`` refers to stays alive until the end
         self.unknown: list[str] = []
 
     def put(self, *parts) -> None:
-        for part in parts:
-            data = part if isinstance(part, bytes) else str(part).encode("utf-8", "surrogatepass")
-            self.digest.update(struct.pack("<Q", len(data)))
-            self.digest.update(data)
+        self.parts.extend(parts)
+
+    def hexdigest(self) -> str:
+        return hashlib.blake2b(repr(self.parts).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
     def first_visit(self, obj) -> bool:
         """True the first time; after that a back-reference (cycles and shared helpers end here)."""
@@ -124,7 +161,7 @@ class _Encoder:
     def value(self, value, where: str, names: frozenset) -> None:
         """Encodes ``value``, read at ``where``; ``names``: the attribute names the reading code uses (for modules)."""
         kind = type(value)
-        if value is None or kind is bool or kind is int or kind is str:
+        if value is None or value is Ellipsis or kind is bool or kind is int or kind is str:
             self.put(kind.__name__, value)
         elif kind is float:
             self.put("float", value.hex())
@@ -176,7 +213,7 @@ class _Encoder:
             inner = _Encoder()
             inner.seen, inner.keep, inner.unknown = self.seen, self.keep, self.unknown
             inner.value(item, where, names)
-            encoded.append(inner.digest.digest())
+            encoded.append(inner.hexdigest())
         self.put(type(value).__name__, len(encoded), *sorted(encoded))
 
     def covered(self, value, where: str) -> None:
@@ -187,6 +224,8 @@ class _Encoder:
             self.put("layout", kind.__qualname__, repr(value))
         elif dataclasses.is_dataclass(value):
             self.dataclass(value, where)
+        elif hasattr(kind, "__get__") and " at 0x" not in repr(value):  # a named tuple's field getters, ...
+            self.put("descriptor", kind.__module__, kind.__qualname__, repr(value))
         elif isinstance(value, _NATIVE_CALLABLES) or callable(value):
             module = getattr(value, "__module__", None) or getattr(
                 getattr(value, "__objclass__", None), "__module__", ""
@@ -249,27 +288,7 @@ class _Encoder:
                 self.value(module_globals[name], f"global '{name}' of {where}", names)
 
     def code(self, code: types.CodeType, where: str) -> None:
-        """Everything the compiler reads of a code object: bytecode, constants, names, and the positions that
-        become the kernel's source locations."""
-        self.put(
-            code.co_filename,
-            code.co_name,
-            code.co_firstlineno,
-            code.co_argcount,
-            code.co_kwonlyargcount,
-            code.co_flags,
-            code.co_code,
-            getattr(code, "co_linetable", b""),
-            " ".join(code.co_names),
-            " ".join(code.co_varnames),
-            " ".join(code.co_freevars),
-            " ".join(code.co_cellvars),
-        )
-        for constant in code.co_consts:
-            if isinstance(constant, types.CodeType):
-                self.code(constant, where)
-            else:
-                self.value(constant, f"a constant of {where}", frozenset())
+        self.put(*_code_parts(code))
 
     def cls(self, cls: type, where: str) -> None:
         if not _user_module(cls.__module__):
