@@ -375,3 +375,18 @@ def test_the_fingerprint_is_canonical():
     assert encode({1, 2, 3}) == encode({3, 2, 1})
     assert len({encode(v) for v in (0.0, -0.0, 0, False, None, "0", b"0", (0,), [0])}) == 9
     assert encode(("a", "b")) != encode(("ab",))
+
+
+class _Scale(int):
+    """An int whose value vars() does not show."""
+
+
+def test_instances_with_state_outside_vars_are_not_fingerprinted():
+    def reads(value):
+        def k(x: fx.Tensor):
+            x[0] = x[0] * float(value)
+
+        return k
+
+    assert source_fingerprint(reads(_Scale(3))).digest is None
+    assert "_Scale" in source_fingerprint(reads(_Scale(3))).unknown

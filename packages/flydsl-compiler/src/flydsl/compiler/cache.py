@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,14 +38,14 @@ _warned: set[str] = set()  # paths warned about in this process
 
 @functools.lru_cache(maxsize=1)
 def compiler_fingerprint() -> str:
-    """A hash of FlyDSL's own Python sources (layout, compiler, expr), of its native library's file stamp and of the
-    cache format."""
+    """A hash of FlyDSL's own Python sources (layout, compiler, expr), of its native library's file stamp, of the
+    Python version (whose standard library the kernel fingerprint names without hashing) and of the cache format."""
     import flydsl.compiler as compiler_package
     import flydsl.expr as expr_package
     import flydsl.layout as layout_package
 
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"format {FORMAT}".encode())
+    digest.update(f"format {FORMAT} python {sys.version}".encode())
     for package in (layout_package, compiler_package, expr_package):
         root = Path(package.__file__).parent
         for path in sorted(root.rglob("*.py")):

@@ -42,6 +42,7 @@ _NATIVE_CALLABLES = (
     types.GetSetDescriptorType,
     types.MemberDescriptorType,
 )
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (by a class statement), not a C type
 # Class attributes that say nothing about the code (or are encoded through their own fields).
 _CLASS_SKIP = frozenset(
     {
@@ -245,7 +246,9 @@ class _Encoder:
             self.dataclass(value, where)
             return
         state = getattr(value, "__dict__", None)
-        if state is None or getattr(kind, "__slots__", None) is not None:
+        # Slots, or a base implemented in C (an int subclass, a tensor): state that vars() does not show.
+        native_base = any(not base.__flags__ & _HEAP_TYPE for base in kind.__mro__[:-1])
+        if state is None or native_base or getattr(kind, "__slots__", None) is not None:
             self.unknown.append(f"{where} (a {kind.__module__}.{kind.__qualname__})")
             return
         self.put("instance")
