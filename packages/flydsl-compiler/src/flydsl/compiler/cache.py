@@ -14,6 +14,7 @@ temporary behind. ``FLYDSL_RUNTIME_ENABLE_CACHE=0`` bypasses the cache. What the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -77,22 +78,17 @@ def load(key: str) -> CompiledModule | None:
         return None
     path = entry_path(key)
     try:
-        data = _read_regular_file(path)
+        return _decode(_read_regular_file(path), key)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
-        _warn_once(path, f"ignoring the cache entry {path} ({error}); compiling again")
-        return None
-    try:
-        return _decode(data, key)
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         _warn_once(path, f"ignoring the cache entry {path} ({error}); compiling again")
         return None
 
 
 def _read_regular_file(path: Path) -> bytes:
     """The bytes of ``path`` if it is a regular file of this user, not a link, at most MAX_ENTRY_BYTES long."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a link fails, a FIFO does not block
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -131,11 +127,7 @@ def _encode(key: str, compiled: CompiledModule) -> bytes:
         "format": FORMAT,
         "key": key,
         "name": compiled.name,
-        "target": {
-            "chip": compiled.target.chip,
-            "ptx_version": compiled.target.ptx_version,
-            "opt_level": compiled.target.opt_level,
-        },
+        "target": dataclasses.asdict(compiled.target),
         "kernels": compiled.kernels,
         "shared_bytes": compiled.shared_bytes,
         "launch_shapes": compiled.launch_shapes,
@@ -148,7 +140,8 @@ def _encode(key: str, compiled: CompiledModule) -> bytes:
 
 
 def _decode(data: bytes, key: str) -> CompiledModule:
-    """The module of an entry's bytes; ValueError (or KeyError, TypeError) naming what does not hold."""
+    """The module of an entry's bytes; ValueError (KeyError, TypeError, AttributeError for a malformed one) naming
+    what does not hold."""
     header, newline, payload = data.partition(b"\n")
     if not newline:
         raise ValueError("no metadata line")
