@@ -390,3 +390,23 @@ def test_instances_with_state_outside_vars_are_not_fingerprinted():
 
     assert source_fingerprint(reads(_Scale(3))).digest is None
     assert "_Scale" in source_fingerprint(reads(_Scale(3))).unknown
+
+
+def test_flydsl_objects_read_by_a_kernel_are_keyed_by_value():
+    """``T`` and a global TiledCopy (the tests' own kernels read them) are fingerprinted, the copy by its layouts."""
+    import flydsl.layout as fl
+    from flydsl.expr import T
+
+    def reads(copier):
+        def k(x: fx.Tensor):
+            x[0] = x[0] if (T, copier) else x[1]
+
+        return k
+
+    def copier(values: int):
+        return fx.TiledCopy(thr_layout=fl.Layout((16, 8), (8, 1)), val_layout=fl.Layout((1, values)))
+
+    first = source_fingerprint(reads(copier(8)))
+    assert first.digest is not None
+    assert source_fingerprint(reads(copier(8))) == first
+    assert source_fingerprint(reads(copier(4))) != first

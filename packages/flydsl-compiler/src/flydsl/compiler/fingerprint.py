@@ -11,8 +11,8 @@ hashes all of that with a canonical encoder:
 * functions by their code (bytecode, constants, names, line table) and their own dependencies, ``functools``
   wrappers (``lru_cache``, ``partial``) by what they wrap, user classes by every attribute and method;
 * modules by the attributes the code names;
-* FlyDSL's own objects (``fx.*``, ``flydsl.layout``) and Python's standard library by name: the compiler fingerprint
-  covers their sources; layouts by value.
+* FlyDSL's own functions and classes (``fx.*``) and Python's standard library by name: the compiler fingerprint
+  covers their sources; FlyDSL's objects (``T``, a ``TiledCopy``, layouts) and MLIR types by value.
 
 Anything else (an open file, a tensor, an object of a C extension) cannot be fingerprinted: the result then names
 it, and the kernel is compiled without the disk cache.
@@ -218,8 +218,8 @@ class _Encoder:
         self.put(type(value).__name__, len(encoded), *sorted(encoded))
 
     def covered(self, value, where: str) -> None:
-        """FlyDSL's and Python's own objects: by name (their code is in the compiler fingerprint or the Python
-        version), layouts and FlyDSL's dataclasses by value."""
+        """FlyDSL's and Python's own objects: functions and classes by name (their code is in the compiler
+        fingerprint or the Python version), layouts, MLIR types and instances by value."""
         kind = type(value)
         if kind.__module__.startswith("flydsl.layout"):
             self.put("layout", kind.__qualname__, repr(value))
@@ -235,8 +235,10 @@ class _Encoder:
             if name is None:
                 self.unknown.append(f"{where} (a {kind.__qualname__} without a name)")
             self.put("named", module, name)
-        else:
-            self.unknown.append(f"{where} (a {kind.__module__}.{kind.__qualname__})")
+        elif kind.__module__.startswith("mlir"):  # types and attributes: their text is their value
+            self.put("mlir", kind.__qualname__, str(value))
+        else:  # FlyDSL's own objects (T, a TiledCopy): their class by name, their state by value
+            self.instance(value, where, frozenset())
 
     def instance(self, value, where: str, names: frozenset) -> None:
         kind = type(value)
