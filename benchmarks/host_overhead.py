@@ -338,10 +338,14 @@ module attributes {gpu.container_module} {
 """
 
 
-def _native_level(tensors, stream):
+def _noop6_mlir():
     compiled = flyc.compile_mlir(NOOP6_MLIR)
     if compiled.kernels != {"noop6": "pppppp"}:
         raise ValueError(f"noop6: expected six pointer parameters, got {compiled.kernels}")
+    return compiled
+
+
+def _native_level(compiled, tensors, stream):
     from flydsl.compiler import runtime
 
     launch, (a, b, c, d, e, f) = runtime.load(compiled).launch, tensors
@@ -349,7 +353,7 @@ def _native_level(tensors, stream):
     def native():
         launch("noop6", 1, 32, a, b, c, d, e, f, stream=stream)
 
-    return compiled, {"native launch (MLIR noop6, LoadedModule.launch)": native}
+    return {"native launch (MLIR noop6, LoadedModule.launch)": native}
 
 
 def noop6_kernel():
@@ -426,24 +430,22 @@ def measure_levels(calls: int, repeats: int) -> list[dict]:
         stream = torch.cuda.current_stream().cuda_stream
     except Exception as error:  # noqa: BLE001
         return [{"level": "all", "error": _error(error)}]
-    compiled = None
+    try:
+        compiled = _noop6_mlir()
+    except Exception as error:  # noqa: BLE001 - the two levels that launch it report it
+        compiled = error
 
-    def native():
-        nonlocal compiled
-        compiled, cases = _native_level(tensors, stream)
-        return cases
-
-    def cuda_bindings():
-        if compiled is None:
-            raise RuntimeError("needs the native level's compiled noop6, which failed")
-        return _cuda_bindings_level(compiled, tensors, stream)
+    def with_compiled(build):
+        if isinstance(compiled, Exception):
+            raise RuntimeError(f"noop6 did not compile: {_error(compiled)}")
+        return build(compiled, tensors, stream)
 
     builders = {
-        "native": native,
+        "native": lambda: with_compiled(_native_level),
         "flyc.kernel": lambda: _dsl_level(tensors),
         "torch": _torch_level,
         "triton": lambda: _triton_level(tensors),
-        "cuda-bindings": cuda_bindings,
+        "cuda-bindings": lambda: with_compiled(_cuda_bindings_level),
     }
     for name, build in builders.items():
         try:
@@ -487,7 +489,8 @@ def _run_child(names: list[str]) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--cold-child", ",".join(names)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if run.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited {run.returncode}: {run.stderr.strip()[-600:]}")
+        last = " / ".join(run.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"{' '.join(command)} exited {run.returncode}: {last}")
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
@@ -573,14 +576,14 @@ def table(ops, rows: list[dict], summary: dict) -> str:
             shown = f"{ratio:>10.2f}" if ratio is not None else f"{'-':>10}"
             lines.append(f"{op.name:<20} {mode:<8}" + "".join(f"{c:>12}" for c in cells) + shown)
     lines.append("us per call (host); *: the GPU went idle in a batch; gemm's user-facing path is the op")
-    return "\n".join(lines + sorted(set(failures)))
+    return "\n".join(lines + list(dict.fromkeys(failures)))
 
 
 def _level_table(rows: list[dict]) -> str:
     lines = []
     for row in rows:
         value = f"{row['host_us']:8.2f} us" if "host_us" in row else row.get("error") or f"skipped: {row['skipped']}"
-        lines.append(f"  {row['level']:<52} {value}")
+        lines.append(f"  {row['level']:<52} {value.splitlines()[0]}")
     return "\n".join(["launch levels (host time per launch):", *lines])
 
 
