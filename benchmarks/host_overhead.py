@@ -9,7 +9,8 @@ with an nn.Linear weight's ``w.t()``), per mode -- ``fwd`` (no input requires gr
 then ``torch.autograd.grad`` of its output) -- through four paths: ``functional`` (``flydsl.torch.functional``, what a
 user swaps in; where an op has none, the ``torch.ops.flydsl`` op is the user-facing form), ``op``
 (``torch.ops.flydsl.*``), ``direct`` (``flydsl.kernels``; fwd_bwd: the forward with statistics, then the backward
-function) and ``torch`` (torch eager). The summary's ratio is the user-facing path's time over torch's.
+function) and ``torch`` (torch eager). The summary's ratio is the user-facing path's time over torch's. A new op is
+one ``Op(...)`` entry of ``OPS`` (its paths as callables of the prepared inputs; new inputs go in ``inputs()``).
 
 ``levels``: the launches beneath the ops: a trivial kernel with six pointers written in MLIR through the native
 launcher (``LoadedModule.launch``), the same kernel as ``@flyc.kernel`` launched with six torch tensors (argument
@@ -17,7 +18,8 @@ checks, specialization lookup, current stream, native dispatch), torch's ``x.add
 cuda-bindings' ``cuLaunchKernel`` (a peer that does not import is skipped, with the reason recorded).
 
 ``cold``: in fresh subprocesses (the disk cache warmed by a first one), ``import flydsl.torch`` and the first call of
-each op's user-facing path, after a torch op has created the CUDA context (its time is recorded apart); medians.
+each op's user-facing path, after a torch op has created the CUDA context (its time is recorded apart); medians;
+``import_loads_compiler`` says whether the import loaded ``flydsl.compiler`` (it should not: the adapter is lazy).
 
 Method: ``calls`` back-to-back calls timed on the host clock while a sleep kernel queued first keeps the GPU busy
 (the host never waits for the device), median of ``repeats``; ``gpu_busy_after`` says whether the stream was still
@@ -94,7 +96,7 @@ class Op:
     modes: tuple[str, ...] = MODES
 
     def user(self) -> tuple[str, Callable]:
-        """The path a user calls and its name."""
+        """The name of the path a user calls, and the path."""
         return ("functional", self.functional) if self.functional is not None else ("op", self.op)
 
 
@@ -474,6 +476,7 @@ def cold_child(names: list[str]) -> dict:
     start = time.perf_counter()
     _import_adapter()
     found["import_ms"] = (time.perf_counter() - start) * 1e3
+    found["import_loads_compiler"] = "flydsl.compiler" in sys.modules
     t, ops = inputs(False), {op.name: op for op in OPS}
     torch.cuda.synchronize()
     found["first_call_ms"] = {}
@@ -502,7 +505,7 @@ def measure_cold(runs: int, child=_run_child) -> dict:
     """The cold start of each op: ``runs`` fresh processes per op after one that calls them all (it fills the disk
     cache); medians of the context's, the import's and the first call's times, and any failure."""
     names = [op.name for op in OPS]
-    found = {"runs": runs, "errors": {}}
+    found = {"runs": runs, "errors": {}, "import_loads_compiler": None}
     try:
         child(names)
     except Exception as error:  # noqa: BLE001
@@ -519,6 +522,7 @@ def measure_cold(runs: int, child=_run_child) -> dict:
                 break
             samples["context_ms"].append(one["context_ms"])
             samples["import_ms"].append(one["import_ms"])
+            found["import_loads_compiler"] = bool(found["import_loads_compiler"]) or one["import_loads_compiler"]
             first[name].append(one["first_call_ms"][name])
     found.update({key: _median(values) for key, values in samples.items()})
     found["first_call_ms"] = {name: _median(values) for name, values in first.items()}

@@ -437,7 +437,8 @@ def test_host_overhead_cold_start_medians(host_overhead):
         if names == ["gemm"]:
             raise RuntimeError("exited 1")
         k = len(calls)
-        return {"context_ms": 100.0 + k, "import_ms": 10.0 + k, "first_call_ms": {n: 40.0 + k for n in names}}
+        times = {"context_ms": 100.0 + k, "import_ms": 10.0 + k, "first_call_ms": {n: 40.0 + k for n in names}}
+        return {**times, "import_loads_compiler": False}
 
     cold = host_overhead.measure_cold(3, child=child)
     names = [op.name for op in host_overhead.OPS]
@@ -445,3 +446,4 @@ def test_host_overhead_cold_start_medians(host_overhead):
     assert cold["first_call_ms"]["softmax"] == 43.0 and cold["first_call_ms"]["layer_norm"] == 46.0
     assert cold["first_call_ms"]["gemm"] is None and cold["errors"] == {"gemm": "RuntimeError: exited 1"}
     assert cold["import_ms"] == host_overhead._median([10.0 + k for k in range(2, 14)])
+    assert cold["import_loads_compiler"] is False
