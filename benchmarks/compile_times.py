@@ -1,4 +1,5 @@
-"""Cold compile time of each example kernel: trace, Fly lowering, NVVM/LLVM, PTX, ptxas (disk cache bypassed).
+"""Cold compile time of each example kernel (and of host_overhead.py's six-tensor noop6): trace, Fly lowering,
+NVVM/LLVM, PTX, ptxas (disk cache bypassed).
 
     python benchmarks/compile_times.py [--json PATH]
 
@@ -29,6 +30,7 @@ def _cases():
     import gemm_2_mma_sync
     import tiled_copy
     import vector_add
+    from host_overhead import noop6_kernel  # this folder's sibling script
 
     f16, bf16 = flyc.TensorSpec((1024, 1024), "f16"), flyc.TensorSpec((512, 512), "bf16")
     vec = flyc.TensorSpec((1 << 20,), "f32")
@@ -36,6 +38,7 @@ def _cases():
         "vector_add": (vector_add.vector_add, (vec, vec, vec, 1 << 20)),
         "tiled_copy": (tiled_copy.tiled_copy, (f16, f16, True)),
         "gemm_2_mma_sync": (gemm_2_mma_sync.gemm_mma_sync, (bf16, bf16, flyc.TensorSpec((512, 512), "f32"))),
+        "noop6": (noop6_kernel(), (flyc.TensorSpec((64,), "f32"),) * 6),  # host_overhead.py's six-tensor launch
     }
 
 

@@ -32,6 +32,11 @@ BENCHMARKS = Path(__file__).resolve().parent
 RESULTS = BENCHMARKS / "results"
 REQUIRED = {"benchmark": str, "command": str, "date": str, "git_commit": str, "method": (str, type(None))}
 OPTIONAL = {"python": str, "torch": str, "gpu": str, "cuda": (str, type(None)), "driver": str, "triton": str}
+# Scripts another one replaced: their records stay as history (they name the old commands). Name -> successor.
+RETIRED = {
+    name: "host_overhead"
+    for name in ("torch_ops_overhead", "norms_host_time", "gemm_host_overhead", "launch_overhead", "dsl_dispatch")
+}
 
 
 def folder(benchmark: str) -> str:
@@ -47,7 +52,8 @@ def result_path(benchmark: str, what: str, date: str | None = None) -> Path:
 
 
 def validate(record) -> dict:
-    """Checks that ``record`` has the fields every record has: ``benchmark`` (a script's name, benchmarks/NAME.py),
+    """Checks that ``record`` has the fields every record has: ``benchmark`` (a script's name, benchmarks/NAME.py, or
+    a retired script's, :data:`RETIRED`),
     ``command``, ``date`` (YYYY-MM-DD), ``git_commit`` and ``method`` (text or None), ``summary`` (any value, None
     included) and ``results`` (a list or an object); where present, the environment fields are text. Raises
     ValueError naming every problem; returns the record."""
@@ -69,7 +75,7 @@ def validate(record) -> dict:
     if isinstance(record.get("date"), str) and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", record["date"]):
         problems.append(f"'date' {record['date']!r} is not YYYY-MM-DD")
     benchmark = record.get("benchmark")
-    if isinstance(benchmark, str) and not (BENCHMARKS / f"{benchmark}.py").is_file():
+    if isinstance(benchmark, str) and benchmark not in RETIRED and not (BENCHMARKS / f"{benchmark}.py").is_file():
         problems.append(f"'benchmark' {benchmark!r} names no script benchmarks/{benchmark}.py")
     if problems:
         raise ValueError("not a benchmark record: " + "; ".join(problems))

@@ -1,15 +1,15 @@
 # Run on the GPU machine from the repository root (carry [".devrt"], see tools/pack-gpu-runtime.sh); the machine has
 # no git, so pass the commit:
-#   bash tools/gpu-bench.sh $(git rev-parse --short HEAD) gemm skinny   # some of: gemm skinny norms torch dispatch
-# A device call runs 10 minutes at most: gemm (~3 min), skinny (~1), torch (~1) and dispatch (~1) fit one call;
+#   bash tools/gpu-bench.sh $(git rev-parse --short HEAD) gemm skinny   # some of: gemm skinny norms host
+# A device call runs 10 minutes at most: gemm (~3 min), skinny (~1) and host (< 3) fit one call;
 # norms (the full sweep with torch.compile peers) takes its own. Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
-# <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, torch_ops_overhead/, dsl_dispatch/; copy the folders
+# <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/; copy the folders
 # into benchmarks/results/ and rename a run in a word where the commit alone does not say what it was), and its log
 # as <name>.txt; the last lines printed are one summary line per benchmark, so a truncated output tail still shows
 # every result.
 source tools/gpu-env.sh
-commit=${1:?usage: bash tools/gpu-bench.sh COMMIT [gemm skinny norms torch dispatch]}
+commit=${1:?usage: bash tools/gpu-bench.sh COMMIT [gemm skinny norms host]}
 shift
 logs=${OUT:-gpu-logs}
 mkdir -p "$logs"
@@ -17,7 +17,7 @@ out() {  # folder: the record's path under $logs
   mkdir -p "$logs/$1"
   echo "$logs/$1/$(date +%F)_$commit.json"
 }
-which=${*:-gemm skinny torch dispatch}
+which=${*:-gemm skinny host}
 summary=""
 run() {  # name, command...
   local name=$1
@@ -30,9 +30,8 @@ for bench in $which; do
     gemm) run gemm python3 benchmarks/gemm_bench.py --sweep --repeats 5 --json "$(out gemm)" --commit "$commit" ;;
     skinny) run skinny python3 benchmarks/skinny_gemm_bench.py --repeats 3 --json "$(out skinny_gemm)" --commit "$commit" ;;
     norms) run norms python3 benchmarks/norms_bench.py --backward --out "$(out norms)" --commit "$commit" ;;
-    torch) run torch python3 benchmarks/torch_ops_overhead.py --json "$(out torch_ops_overhead)" --commit "$commit" ;;
-    dispatch) run dispatch python3 benchmarks/dsl_dispatch.py --json "$(out dsl_dispatch)" --commit "$commit" ;;
-    *) summary="$summary\n$bench: unknown (gemm skinny norms torch dispatch)" ;;
+    host) run host python3 benchmarks/host_overhead.py --json "$(out host_overhead)" --commit "$commit" ;;
+    *) summary="$summary\n$bench: unknown (gemm skinny norms host)" ;;
   esac
 done
 printf "%b\n" "$summary"

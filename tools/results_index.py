@@ -27,39 +27,36 @@ RESULTS = ROOT / "benchmarks" / "results"
 INDEX = RESULTS / "README.md"
 RENAMES = RESULTS / "RENAMES.tsv"
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from record import folder  # noqa: E402
+from record import RETIRED, folder  # noqa: E402
 
 # What each benchmark measures, and the command that writes a record of it (OUT: its path in the folder).
 BENCHMARKS = {
     "compile_times": (
-        "cold compile time of each example kernel (trace, lowering, PTX, ptxas; disk cache bypassed); CPU",
+        "cold compile time of each example kernel and host_overhead's noop6 (trace, lowering, PTX, ptxas; disk cache "
+        "bypassed); CPU",
         "python benchmarks/compile_times.py --json OUT",
     ),
     "cublas_kernels": (
         "which cuBLAS kernel torch.matmul runs per GEMM shape (tile, stages, cluster in its name) and its time",
         "python benchmarks/cublas_kernels.py --json OUT --commit C",
     ),
-    "dsl_dispatch": (
-        "the DSL's host costs: dispatch per launch (native dispatcher, Python path) against peers, cold compile, "
-        "a first call from the disk cache",
-        "python benchmarks/dsl_dispatch.py --json OUT",
-    ),
     "gemm_bench": (
         "bf16 GEMM against cuBLAS in one process: squares, the 70-shape `--sweep`, `--explore` (every candidate "
         "config), `--config` (explicit configs)",
         "python benchmarks/gemm_bench.py --sweep --repeats 5 --json OUT --commit C",
     ),
-    "gemm_host_overhead": (
-        "host time per `gemm()` call and per bare launch, against torch.matmul",
-        "python benchmarks/gemm_host_overhead.py --json OUT --commit C",
-    ),
     "gemm_profile": (
         "Nsight Compute sections of one GEMM launch, ours beside cuBLAS (figures copied from ncu's report)",
         "ncu --clock-control none --profile-from-start off --section ... python benchmarks/gemm_profile.py M N K",
     ),
-    "launch_overhead": (
-        "host time per kernel launch from Python: the native launcher against torch, Triton, cuda-bindings",
-        "python benchmarks/launch_overhead.py --json OUT",
+    "host_overhead": (
+        "host time per call of the zoo's ops (functional, op, direct) against torch eager, fwd and fwd+bwd; the "
+        "launch levels beneath them against torch, Triton, cuda-bindings; the cold start",
+        "python benchmarks/host_overhead.py --json OUT --commit C",
+    ),
+    "isolation_bench": (
+        "what compiling in a forked child (the default) adds to a compile of MLIR text and to the opt CLI; CPU",
+        "python benchmarks/isolation_bench.py --reps 80 --json OUT",
     ),
     "layout_bench": (
         "time of the layout algebra on typical GEMM tile layouts (cold and memoized); CPU",
@@ -81,10 +78,6 @@ BENCHMARKS = {
         "`--sweep` of other staged shapes; probes over its launchers",
         "python benchmarks/norms_forward_staged.py --out OUT --commit C [--sweep --shapes ...]",
     ),
-    "norms_host_time": (
-        "where a norm forward call's time goes: host time, the call alone, queued behind a sleep, profiler time",
-        "python benchmarks/norms_host_time.py --json OUT --commit C",
-    ),
     "norms_profile": (
         "Nsight Compute sections of one norm/softmax forward launch, ours beside torch.compile's kernel "
         "(figures copied from ncu's report)",
@@ -104,10 +97,18 @@ BENCHMARKS = {
         "a Fly-tensor tiled copy over 2^30 fp32 elements against torch's copy_",
         "python benchmarks/tiled_copy_bandwidth.py --json OUT",
     ),
-    "torch_ops_overhead": (
-        "host time per `torch.ops.flydsl.*` call (inference and fwd+bwd) against the direct call and torch",
-        "python benchmarks/torch_ops_overhead.py --json OUT --commit C",
-    ),
+}
+# Retired scripts (record.RETIRED): what their records measured; the command in each record is history.
+RETIRED_WHAT = {
+    "dsl_dispatch": "the DSL's host costs: dispatch per launch (native dispatcher, Python path) against peers, cold "
+    "compile, a first call from the disk cache",
+    "gemm_host_overhead": "host time per `gemm()` call and per bare launch, against torch.matmul",
+    "launch_overhead": "host time per kernel launch from Python: the native launcher against torch, Triton, "
+    "cuda-bindings",
+    "norms_host_time": "where a norm forward call's time goes: host time, the call alone, queued behind a sleep, "
+    "profiler time",
+    "torch_ops_overhead": "host time per `torch.ops.flydsl.*` call (inference and fwd+bwd) against the direct call "
+    "and torch",
 }
 TOKEN = re.compile(r"[\w.\-*{},/]*\.json(?![\w\-])")
 
@@ -195,13 +196,17 @@ def _commit(record: dict) -> str:
     return found.group(0)[:7] + ("+" if commit[len(found.group(0)) :].strip() else "")
 
 
+def _what(script: str) -> str:
+    return RETIRED_WHAT[script] if script in RETIRED else BENCHMARKS[script][0]
+
+
 def index() -> str:
     """The text of benchmarks/results/README.md."""
     found = records()
     by_folder: dict[str, list[str]] = {}
     for path in found:
         by_folder.setdefault(path.split("/")[0], []).append(path)
-    scripts = {folder(b): b for b in BENCHMARKS}
+    scripts = {folder(b): b for b in [*BENCHMARKS, *RETIRED]}
     lines = [
         "# Benchmark results",
         "",
@@ -222,13 +227,19 @@ def index() -> str:
     ]
     for name in sorted(by_folder):
         script = scripts.get(name)
-        what = BENCHMARKS[script][0] if script else "(not described: add it to tools/results_index.py)"
+        what = _what(script) if script else "(not described: add it to tools/results_index.py)"
         link = f"`benchmarks/{script}.py`" if script else "?"
+        if script in RETIRED:
+            link += f" (retired: `{RETIRED[script]}.py`)"
         lines.append(f"| [{name}/](#{name}) | {link} | {len(by_folder[name])} | {what} |")
     for name in sorted(by_folder):
         script = scripts.get(name)
         lines += ["", f"## {name}", ""]
-        if script:
+        if script in RETIRED:
+            what = _what(script)
+            successor = f"`benchmarks/{RETIRED[script]}.py` measures this now"
+            lines += [f"{what[0].upper() + what[1:]}. Retired: {successor} (each record names its command).", ""]
+        elif script:
             out = f"benchmarks/results/{name}/<date>_<what>.json"
             lines += [BENCHMARKS[script][0][0].upper() + BENCHMARKS[script][0][1:] + ".", ""]
             lines += [f"    {BENCHMARKS[script][1].replace('OUT', out)}", ""]

@@ -342,3 +342,108 @@ def test_clock_monitor_summarizes_nvidia_smi_samples(tmp_path, monkeypatch):
     absent = ClockMonitor(50)
     assert absent.window() is None
     absent.close()
+
+
+@pytest.fixture
+def host_overhead(monkeypatch):
+    """benchmarks/host_overhead.py with torch's CUDA calls stubbed and its inputs on the CPU."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import host_overhead
+
+    stream = type("Stream", (), {"query": lambda self: False, "cuda_stream": 0})()  # False: still busy
+    for name, stub in {
+        "is_available": lambda: True,
+        "synchronize": lambda: None,
+        "_sleep": lambda cycles: None,
+        "current_stream": lambda: stream,
+        "get_device_name": lambda device=0: "stub GPU",
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, stub)
+    monkeypatch.setattr(host_overhead, "DEVICE", "cpu")
+    monkeypatch.setattr(host_overhead, "_import_flydsl", lambda: None)
+    return host_overhead
+
+
+def test_host_overhead_ops_table_covers_the_zoo(host_overhead):
+    """One entry per op, both modes, every path but gemm's functional form (it has none: the op is user-facing)."""
+    ops = {op.name: op for op in host_overhead.OPS}
+    assert set(ops) == {"softmax", "layer_norm", "rms_norm", "fused_add_rms_norm", "gemm"}
+    assert all(op.modes == ("fwd", "fwd_bwd") and op.direct_fwd_bwd is not None for op in ops.values())
+    assert [name for name, op in ops.items() if op.functional is None] == ["gemm"]
+    assert ops["gemm"].user()[0] == "op" and ops["rms_norm"].user()[0] == "functional"
+    t = host_overhead.inputs(True)
+    assert all(getattr(t, name).requires_grad for op in ops.values() for name in op.grads)
+    assert not t.dy.requires_grad and not t.dc.requires_grad
+
+
+def test_host_overhead_summary_and_record(host_overhead, monkeypatch, tmp_path):
+    """With the CUDA calls stubbed and a table of CPU ops, the run times every path, reports a failing one without
+    stopping the others, computes max_ratio_vs_torch from the rows and writes a record that validates."""
+    import torch
+    from record import validate
+
+    def fails(t):
+        raise RuntimeError("no kernel here")
+
+    Op = host_overhead.Op
+    ops = (
+        Op(
+            "softmax",
+            functional=lambda t: torch.softmax(t.x, -1).exp(),  # twice the work of torch's path
+            op=lambda t: torch.softmax(t.x, -1),
+            direct=fails,
+            direct_fwd_bwd=lambda t: torch.softmax(t.x, -1),
+            torch=lambda t: torch.softmax(t.x, -1),
+        ),
+        Op("rms_norm", op=lambda t: t.x * t.w, direct=lambda t: t.x, torch=lambda t: t.x * t.w, grads=("x", "w")),
+    )
+    monkeypatch.setattr(host_overhead, "OPS", ops)
+    path = tmp_path / "host.json"
+    argv = ["--parts", "ops", "--calls", "20", "--repeats", "3", "--json", str(path), "--commit", "abc1234"]
+    assert host_overhead.main(argv) == 0
+    record = validate(json.loads(path.read_text()))
+    rows = record["results"]["ops"]
+    assert {(r["op"], r["mode"]) for r in rows} == {(o, m) for o in ("softmax", "rms_norm") for m in ("fwd", "fwd_bwd")}
+    failed = [r for r in rows if "error" in r]
+    assert [(r["op"], r["mode"], r["path"]) for r in failed] == [("softmax", "fwd", "direct")]
+    assert failed[0]["error"] == "RuntimeError: no kernel here"
+    assert all(r["gpu_busy_after"] and r["compiles"] == 0 for r in rows if "error" not in r)
+    assert {r["path"] for r in rows if r["op"] == "rms_norm"} == {"op", "direct", "torch"}  # no functional form
+    times = {(r["op"], r["mode"], r["path"]): r.get("host_us") for r in rows}
+    expected = {
+        f"{op}.{mode}": round(times[(op, mode, user)] / times[(op, mode, "torch")], 3)
+        for op, user in (("softmax", "functional"), ("rms_norm", "op"))
+        for mode in ("fwd", "fwd_bwd")
+    }
+    summary = record["summary"]
+    assert summary["ratios"] == expected and summary["max_ratio_vs_torch"] == max(expected.values())
+    assert summary["missing"] == [] and summary["cold_start_ms"] is None
+    assert record["command"].startswith("python benchmarks/host_overhead.py --parts ops")
+    checked = {
+        (r["op"], r["path"]): r["max_abs_difference_vs_torch"] for r in rows if r["mode"] == "fwd" and "error" not in r
+    }
+    assert checked[("softmax", "op")] == 0 and checked[("softmax", "functional")] > 0  # the check sees a difference
+
+
+def test_host_overhead_cold_start_medians(host_overhead):
+    """The cold start runs one warming process, then ``runs`` per op, and keeps the medians; a failing op is
+    reported and the others still measured."""
+    calls = []
+
+    def child(names):
+        calls.append(names)
+        if names == ["gemm"]:
+            raise RuntimeError("exited 1")
+        k = len(calls)
+        times = {"context_ms": 100.0 + k, "import_ms": 10.0 + k, "first_call_ms": {n: 40.0 + k for n in names}}
+        return {**times, "import_loads_compiler": False}
+
+    cold = host_overhead.measure_cold(3, child=child)
+    names = [op.name for op in host_overhead.OPS]
+    assert calls[0] == names and calls[1:4] == [["softmax"]] * 3
+    assert cold["first_call_ms"]["softmax"] == 43.0 and cold["first_call_ms"]["layer_norm"] == 46.0
+    assert cold["first_call_ms"]["gemm"] is None and cold["errors"] == {"gemm": "RuntimeError: exited 1"}
+    assert cold["import_ms"] == host_overhead._median([10.0 + k for k in range(2, 14)])
+    assert cold["import_loads_compiler"] is False

@@ -71,6 +71,16 @@ def test_validate_names_the_problems(record_module):
     assert record_module.result_path("gemm_bench", "sweep", "2026-12-02") == RESULTS / "gemm" / "2026-12-02_sweep.json"
 
 
+def test_retired_scripts_records_stay_valid(record_module):
+    """A retired script's records are history: they validate without its script, and its successor exists."""
+    good = {"command": "python benchmarks/launch_overhead.py", "date": "2026-11-30", "git_commit": "abc1234"}
+    good |= {"method": None, "summary": None, "results": []}
+    for name, successor in record_module.RETIRED.items():
+        assert not (ROOT / "benchmarks" / f"{name}.py").exists() and (ROOT / "benchmarks" / f"{successor}.py").exists()
+        assert record_module.validate({**good, "benchmark": name})["benchmark"] == name
+    assert {"torch_ops_overhead", "launch_overhead", "dsl_dispatch"} <= set(record_module.RETIRED)
+
+
 def test_write_record_writes_a_valid_record(tmp_path, record_module):
     path = tmp_path / "r.json"
     record_module.write_record(path, "norms_bench", ["--backward"], [{"kernel": "softmax"}], commit="abc1234")

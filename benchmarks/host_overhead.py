@@ -1,0 +1,645 @@
+"""Host time per call of the zoo's ops against torch eager's, the launch levels beneath them, and the cold start: the
+one host-overhead benchmark.
+
+    python benchmarks/host_overhead.py [--json benchmarks/results/host_overhead/DATE_WHAT.json --commit C]
+        [--parts ops levels cold] [--calls 200] [--repeats 7] [--cold-runs 3] [--profile FILE]
+
+``ops``: each op of ``OPS`` (one line per op) at small, launch-bound sizes (8 x 1024 bf16 rows; gemm 16x4096x4096
+with an nn.Linear weight's ``w.t()``), per mode -- ``fwd`` (no input requires grad) and ``fwd_bwd`` (the forward,
+then ``torch.autograd.grad`` of its output) -- through four paths: ``functional`` (``flydsl.torch.functional``, what a
+user swaps in; where an op has none, the ``torch.ops.flydsl`` op is the user-facing form), ``op``
+(``torch.ops.flydsl.*``), ``direct`` (``flydsl.kernels``; fwd_bwd: the forward with statistics, then the backward
+function) and ``torch`` (torch eager). The summary's ratio is the user-facing path's time over torch's. A new op is
+one ``Op(...)`` entry of ``OPS`` (its paths as callables of the prepared inputs; new inputs go in ``inputs()``).
+
+``levels``: the launches beneath the ops: a trivial kernel with six pointers written in MLIR through the native
+launcher (``LoadedModule.launch``), the same kernel as ``@flyc.kernel`` launched with six torch tensors (argument
+checks, specialization lookup, current stream, native dispatch), torch's ``x.add_(1)``, a Triton kernel and
+cuda-bindings' ``cuLaunchKernel`` (a peer that does not import is skipped, with the reason recorded).
+
+``cold``: in fresh subprocesses (the disk cache warmed by a first one), ``import flydsl.torch`` and the first call of
+each op's user-facing path, after a torch op has created the CUDA context (its time is recorded apart); medians;
+``import_loads_compiler`` says whether the import loaded ``flydsl.compiler`` (it should not: the adapter is lazy).
+
+Method: ``calls`` back-to-back calls timed on the host clock while a sleep kernel queued first keeps the GPU busy
+(the host never waits for the device), median of ``repeats``; ``gpu_busy_after`` says whether the stream was still
+busy at the end of every timed batch (else a call synchronized, or the sleep was too short); ``compiles`` counts the
+kernel specializations loaded during the timed calls (0: no recompilation). Every path that fails is reported in the
+table and the record; the others still run. ``--profile FILE`` appends a cProfile of each op path to FILE. Compile
+times are benchmarks/compile_times.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import ctypes
+import io
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from record import write_record  # this folder's sibling module
+
+ROWS, N = 8, 1024  # the small inference call: 8 x 1024 bf16
+GEMM_MNK = (16, 4096, 4096)
+DEVICE = "cuda"
+PATHS = ("functional", "op", "direct", "torch")
+MODES = ("fwd", "fwd_bwd")
+PARTS = ("ops", "levels", "cold")
+_CLOCK_HZ = 1.98e9  # H200 boost clock: sleep cycles per second
+F = torch.nn.functional
+
+# flydsl's modules, bound by _import_adapter() / _import_flydsl(): the cold start times the adapter's import, so this
+# module imports nothing of flydsl at its top.
+ft = K = kernel_gemm = flyc = fx = None
+
+
+def _import_adapter() -> None:
+    """``import flydsl.torch`` (registers ``torch.ops.flydsl.*``; the compiler is imported on first use)."""
+    global ft
+    import flydsl.torch.functional as ft
+
+
+def _import_flydsl() -> None:
+    """The adapter, ``flydsl.kernels`` (the direct paths) and the compiler (the levels)."""
+    global K, kernel_gemm, flyc, fx
+    _import_adapter()
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+    import flydsl.kernels as K
+    from flydsl.kernels.gemm import gemm as kernel_gemm
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op's paths, each a callable of the prepared inputs ``t`` (:func:`inputs`). ``functional`` None: the op form
+    is the user-facing one. ``direct_fwd_bwd``: the ``flydsl.kernels`` forward and backward (it has no autograd).
+    ``grads``: the inputs differentiated in fwd_bwd; ``dout``: the output's gradient among the inputs."""
+
+    name: str
+    op: Callable
+    direct: Callable
+    torch: Callable
+    functional: Callable | None = None
+    direct_fwd_bwd: Callable | None = None
+    grads: tuple[str, ...] = ("x",)
+    dout: str = "dy"
+    modes: tuple[str, ...] = MODES
+
+    def user(self) -> tuple[str, Callable]:
+        """The name of the path a user calls, and the path."""
+        return ("functional", self.functional) if self.functional is not None else ("op", self.op)
+
+
+def _ln_fwd_bwd(t):
+    _, mean, rstd = K.layer_norm(t.x, t.w, t.b, 1e-5, return_stats=True)
+    return K.layer_norm_backward(t.dy, t.x, t.w, mean, rstd)
+
+
+def _fused_fwd_bwd(t):
+    _, summed, rstd = K.fused_add_rms_norm(t.x, t.r, t.w, 1e-6, return_stats=True)
+    return K.rms_norm_backward(t.dy, summed, t.w, rstd)
+
+
+def _gemm_fwd_bwd(t):
+    kernel_gemm(t.a, t.weight.t())
+    return kernel_gemm(t.dc, t.weight), kernel_gemm(t.a.t(), t.dc)
+
+
+OPS = (
+    Op(
+        "softmax",
+        functional=lambda t: ft.softmax(t.x),
+        op=lambda t: torch.ops.flydsl.softmax(t.x),
+        direct=lambda t: K.softmax(t.x),
+        direct_fwd_bwd=lambda t: K.softmax_backward(t.dy, K.softmax(t.x)),
+        torch=lambda t: torch.softmax(t.x, -1),
+    ),
+    Op(
+        "layer_norm",
+        functional=lambda t: ft.layer_norm(t.x, N, t.w, t.b, 1e-5),
+        op=lambda t: torch.ops.flydsl.layer_norm(t.x, [N], t.w, t.b, 1e-5),
+        direct=lambda t: K.layer_norm(t.x, t.w, t.b, 1e-5),
+        direct_fwd_bwd=_ln_fwd_bwd,
+        torch=lambda t: F.layer_norm(t.x, (N,), t.w, t.b, 1e-5),
+        grads=("x", "w", "b"),
+    ),
+    Op(
+        "rms_norm",
+        functional=lambda t: ft.rms_norm(t.x, N, t.w),
+        op=lambda t: torch.ops.flydsl.rms_norm(t.x, [N], t.w, None),
+        direct=lambda t: K.rms_norm(t.x, t.w, 1e-6),
+        direct_fwd_bwd=lambda t: K.rms_norm_backward(t.dy, t.x, t.w, K.rms_norm(t.x, t.w, return_stats=True)[1]),
+        torch=lambda t: F.rms_norm(t.x, (N,), t.w),
+        grads=("x", "w"),
+    ),
+    Op(
+        "fused_add_rms_norm",
+        functional=lambda t: ft.fused_add_rms_norm(t.x, t.r, N, t.w),
+        op=lambda t: torch.ops.flydsl.fused_add_rms_norm(t.x, t.r, [N], t.w, None),
+        direct=lambda t: K.fused_add_rms_norm(t.x, t.r, t.w, 1e-6),
+        direct_fwd_bwd=_fused_fwd_bwd,
+        torch=lambda t: F.rms_norm(t.x + t.r, (N,), t.w),
+        grads=("x", "r", "w"),
+    ),
+    Op(
+        "gemm",  # no functional form: torch.ops.flydsl.gemm is what a user calls
+        op=lambda t: torch.ops.flydsl.gemm(t.a, t.weight.t(), None, None),
+        direct=lambda t: kernel_gemm(t.a, t.weight.t()),
+        direct_fwd_bwd=_gemm_fwd_bwd,
+        torch=lambda t: torch.matmul(t.a, t.weight.t()),
+        grads=("a", "weight"),
+        dout="dc",
+    ),
+)
+
+
+def inputs(requires_grad: bool) -> SimpleNamespace:
+    """The prepared inputs: rows ``x``, ``r`` (ROWS x N), ``w``, ``b`` (N), gemm operands ``a`` (M x K) and ``weight``
+    (N x K, nn.Linear's); the output gradients ``dy``, ``dc`` never require grad."""
+    m, n, k = GEMM_MNK
+
+    def new(*shape, grad=requires_grad):
+        return torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16).requires_grad_(grad)
+
+    rows, gemm = {"x": new(ROWS, N), "r": new(ROWS, N), "w": new(N), "b": new(N)}, {"a": new(m, k), "weight": new(n, k)}
+    return SimpleNamespace(**rows, **gemm, dy=new(ROWS, N, grad=False), dc=new(m, n, grad=False))
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def op_cases(op: Op, plain, graded) -> dict:
+    """{mode: {path: callable of no arguments}} for ``op``; fwd_bwd differentiates through autograd, but for
+    ``direct``. A path the op lacks is left out."""
+    cases = {}
+    if "fwd" in op.modes:
+        paths = {path: getattr(op, path) for path in PATHS}
+        cases["fwd"] = {path: (lambda f=f: f(plain)) for path, f in paths.items() if f is not None}
+    if "fwd_bwd" in op.modes:
+        wrt, dout = tuple(getattr(graded, name) for name in op.grads), getattr(graded, op.dout)
+
+        def through_autograd(f):
+            return lambda: torch.autograd.grad(_first(f(graded)), wrt, dout)
+
+        paths = {path: getattr(op, path) for path in ("functional", "op", "torch")}
+        cases["fwd_bwd"] = {path: through_autograd(f) for path, f in paths.items() if f is not None}
+        if op.direct_fwd_bwd is not None:
+            cases["fwd_bwd"]["direct"] = lambda: op.direct_fwd_bwd(plain)
+        cases["fwd_bwd"] = {path: cases["fwd_bwd"][path] for path in PATHS if path in cases["fwd_bwd"]}
+    return cases
+
+
+# --- timing ----------------------------------------------------------------------------------------------------------
+
+
+def _loaded_count() -> int:
+    """Kernel specializations loaded so far by flydsl.kernels' kernels (0 where flydsl is not imported)."""
+    if flyc is None:
+        return 0
+    kernels = {
+        id(obj): obj
+        for name, module in list(sys.modules.items())
+        if name.startswith("flydsl.kernels") and module is not None
+        for obj in vars(module).values()
+        if isinstance(obj, flyc.KernelFunction)
+    }
+    return sum(len(k._loaded) for k in kernels.values())
+
+
+def host_us(fn, calls: int, repeats: int) -> dict:
+    """``fn``'s host time per call: ``calls`` back-to-back calls behind a sleep kernel, median of ``repeats``."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    estimate = time.perf_counter() - start  # a batch with the GPU idle: sizes the sleep below
+    cycles = int(min(max(4 * estimate * _CLOCK_HZ, 2e7), 4e9))
+    samples, busy, before = [], True, _loaded_count()
+    stream = torch.cuda.current_stream()
+    for _ in range(repeats):
+        torch.cuda._sleep(cycles)  # keep the GPU busy: launches queue, the host never waits
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+        busy = busy and not stream.query()
+        torch.cuda.synchronize()
+    return {
+        "host_us": round(statistics.median(samples), 2),
+        "samples_us": [round(s, 2) for s in samples],
+        "calls": calls,
+        "gpu_busy_after": busy,
+        "compiles": _loaded_count() - before,
+    }
+
+
+def _error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _timed(fn, calls: int, repeats: int) -> dict:
+    try:
+        return host_us(fn, calls, repeats)
+    except Exception as error:  # noqa: BLE001 - a failing path is reported, the others still run
+        try:
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 - a sticky CUDA error: the next paths report it too
+            pass
+        return {"error": _error(error)}
+
+
+def _profile(fn, calls: int) -> str:
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+    profile.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profile, stream=text)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(30)
+    return text.getvalue()
+
+
+def _max_difference(got, reference) -> float:
+    return float((_first(got).float() - _first(reference).float()).abs().max())
+
+
+def measure_ops(ops, calls: int, repeats: int, profile: str | None = None) -> list[dict]:
+    """One row per (op, mode, path): its timing (or its error) and, in fwd, the largest difference of its output
+    against torch's (a sanity check of what is timed)."""
+    rows = []
+    try:
+        plain, graded = inputs(False), inputs(True)
+    except Exception as error:  # noqa: BLE001
+        return [{"op": op.name, "mode": mode, "path": "all", "error": _error(error)} for op in ops for mode in op.modes]
+    for op in ops:
+        try:
+            cases = op_cases(op, plain, graded)
+        except Exception as error:  # noqa: BLE001
+            rows += [{"op": op.name, "mode": mode, "path": "all", "error": _error(error)} for mode in op.modes]
+            continue
+        for mode, paths in cases.items():
+            n = calls if mode == "fwd" else max(20, calls // 4)
+            reference = None
+            for path, fn in paths.items():
+                row = {"op": op.name, "mode": mode, "path": path, **_timed(fn, n, repeats)}
+                if mode == "fwd" and "error" not in row:
+                    try:
+                        reference = reference if reference is not None else paths["torch"]()
+                        row["max_abs_difference_vs_torch"] = _max_difference(fn(), reference)
+                    except Exception as error:  # noqa: BLE001
+                        row["check_error"] = _error(error)
+                if profile and "error" not in row:
+                    with open(profile, "a") as out:
+                        out.write(f"\n===== {op.name} {mode} {path}\n{_profile(fn, n)}")
+                rows.append(row)
+            _print_progress(rows[-len(paths) :])
+    return rows
+
+
+def _print_progress(rows) -> None:
+    parts = [f"{r['path']} {r['host_us']:.1f}" if "host_us" in r else f"{r['path']} (failed)" for r in rows]
+    print(f"{rows[0]['op']} {rows[0]['mode']}: {', '.join(parts)} us per call", flush=True)
+
+
+# --- levels ----------------------------------------------------------------------------------------------------------
+
+# Six global pointers; thread 0 of block 0 stores 1.0 through the first.
+NOOP6_MLIR = """
+module attributes {gpu.container_module} {
+  gpu.module @launch_bench {
+    gpu.func @noop6(%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %c: !llvm.ptr<1>, %d: !llvm.ptr<1>, %e: !llvm.ptr<1>,
+                    %f: !llvm.ptr<1>) kernel {
+      %tid = gpu.thread_id x
+      %bid = gpu.block_id x
+      %lin = arith.addi %tid, %bid : index
+      %c0 = arith.constant 0 : index
+      %first = arith.cmpi eq, %lin, %c0 : index
+      scf.if %first {
+        %one = arith.constant 1.0 : f32
+        llvm.store %one, %a : f32, !llvm.ptr<1>
+      }
+      gpu.return
+    }
+  }
+}
+"""
+
+
+def _noop6_mlir():
+    compiled = flyc.compile_mlir(NOOP6_MLIR)
+    if compiled.kernels != {"noop6": "pppppp"}:
+        raise ValueError(f"noop6: expected six pointer parameters, got {compiled.kernels}")
+    return compiled
+
+
+def _native_level(compiled, tensors, stream):
+    from flydsl.compiler import runtime
+
+    launch, (a, b, c, d, e, f) = runtime.load(compiled).launch, tensors
+
+    def native():
+        launch("noop6", 1, 32, a, b, c, d, e, f, stream=stream)
+
+    return {"native launch (MLIR noop6, LoadedModule.launch)": native}
+
+
+def noop6_kernel():
+    """noop6 as a ``@flyc.kernel`` with six ``fx.Tensor`` parameters (defined here: this module imports flydsl late)."""
+    _import_flydsl()
+
+    @flyc.kernel
+    def noop6(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, d: fx.Tensor, e: fx.Tensor, f: fx.Tensor):
+        if fx.gpu.thread_idx.x + fx.gpu.block_idx.x == 0:
+            a[0] = fx.Float32(1.0)
+
+    return noop6
+
+
+def _dsl_level(tensors):
+    noop6, (a, b, c, d, e, f) = noop6_kernel(), tensors
+    return {"@flyc.kernel noop6(six torch tensors).launch": lambda: noop6(a, b, c, d, e, f).launch(1, 32)}
+
+
+def _torch_level():
+    x = torch.zeros(16, device=DEVICE)
+    return {"torch x.add_(1)": lambda: x.add_(1)}
+
+
+def _triton_level(tensors):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def noop6(a, b, c, d, e, f):
+        if tl.program_id(0) == 0:
+            tl.store(a, 1.0)
+
+    kernel, (a, b, c, d, e, f) = noop6[(1,)], tensors
+    return {f"triton {triton.__version__} noop6[(1,)]": lambda: kernel(a, b, c, d, e, f)}
+
+
+def _cuda_bindings_level(compiled, tensors, stream_handle):
+    from cuda.bindings import driver as cu
+
+    def check(result, what):
+        if result[0] != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"{what}: {result[0]}")
+        return result[1:]
+
+    image = compiled.image if compiled.cubin is not None else compiled.ptx.encode() + b"\0"
+    (module,) = check(cu.cuModuleLoadData(image), "cuModuleLoadData")
+    (kernel,) = check(cu.cuModuleGetFunction(module, b"noop6"), "cuModuleGetFunction")
+    stream, types = cu.CUstream(stream_handle), (ctypes.c_void_p,) * len(tensors)
+
+    def packed_per_call():
+        params = (tuple(t.data_ptr() for t in tensors), types)
+        check(cu.cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, stream, params, 0), "cuLaunchKernel")
+
+    # The floor of this API from Python: the pointer array built once, passed as an address.
+    values = (ctypes.c_uint64 * len(tensors))(*(t.data_ptr() for t in tensors))
+    pointers = (ctypes.c_void_p * len(tensors))(*(ctypes.addressof(values) + 8 * i for i in range(len(tensors))))
+
+    def prepacked():
+        check(cu.cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, stream, ctypes.addressof(pointers), 0), "cuLaunchKernel")
+
+    prepacked.keep_alive = (values, pointers, module)
+    return {
+        "cuda-bindings cuLaunchKernel, args packed per call": packed_per_call,
+        "cuda-bindings cuLaunchKernel, args pre-packed": prepacked,
+    }
+
+
+def measure_levels(calls: int, repeats: int) -> list[dict]:
+    """One row per level: its timing, its error, or (a peer that does not import) why it was skipped."""
+    rows = []
+    try:
+        tensors = [torch.zeros(64, device=DEVICE) for _ in range(6)]
+        stream = torch.cuda.current_stream().cuda_stream
+    except Exception as error:  # noqa: BLE001
+        return [{"level": "all", "error": _error(error)}]
+    try:
+        compiled = _noop6_mlir()
+    except Exception as error:  # noqa: BLE001 - the two levels that launch it report it
+        compiled = error
+
+    def with_compiled(build):
+        if isinstance(compiled, Exception):
+            raise RuntimeError(f"noop6 did not compile: {_error(compiled)}")
+        return build(compiled, tensors, stream)
+
+    builders = {
+        "native": lambda: with_compiled(_native_level),
+        "flyc.kernel": lambda: _dsl_level(tensors),
+        "torch": _torch_level,
+        "triton": lambda: _triton_level(tensors),
+        "cuda-bindings": lambda: with_compiled(_cuda_bindings_level),
+    }
+    for name, build in builders.items():
+        try:
+            cases = build()
+        except ImportError as error:
+            rows.append({"level": name, "skipped": f"does not import here: {_error(error)}"})
+            continue
+        except Exception as error:  # noqa: BLE001 - a level that cannot be built is reported, not fatal
+            rows.append({"level": name, "error": _error(error)})
+            continue
+        for label, fn in cases.items():
+            rows.append({"level": label, **_timed(fn, calls, repeats)})
+    return rows
+
+
+# --- cold start ------------------------------------------------------------------------------------------------------
+
+
+def cold_child(names: list[str]) -> dict:
+    """In a fresh process: the CUDA context (a torch op), ``import flydsl.torch``, then the first call of each named
+    op's user-facing path (inputs prepared before the clock starts), in milliseconds."""
+    start = time.perf_counter()
+    torch.zeros(1, device=DEVICE)
+    torch.cuda.synchronize()
+    found = {"context_ms": (time.perf_counter() - start) * 1e3}
+    start = time.perf_counter()
+    _import_adapter()
+    found["import_ms"] = (time.perf_counter() - start) * 1e3
+    found["import_loads_compiler"] = "flydsl.compiler" in sys.modules
+    t, ops = inputs(False), {op.name: op for op in OPS}
+    torch.cuda.synchronize()
+    found["first_call_ms"] = {}
+    for name in names:
+        start = time.perf_counter()
+        ops[name].user()[1](t)
+        torch.cuda.synchronize()
+        found["first_call_ms"][name] = (time.perf_counter() - start) * 1e3
+    return found
+
+
+def _run_child(names: list[str]) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--cold-child", ",".join(names)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if run.returncode != 0:
+        last = " / ".join(run.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"{' '.join(command)} exited {run.returncode}: {last}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _median(values) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+def measure_cold(runs: int, child=_run_child) -> dict:
+    """The cold start of each op: ``runs`` fresh processes per op after one that calls them all (it fills the disk
+    cache); medians of the context's, the import's and the first call's times, and any failure."""
+    names = [op.name for op in OPS]
+    found = {"runs": runs, "errors": {}, "import_loads_compiler": None}
+    try:
+        child(names)
+    except Exception as error:  # noqa: BLE001
+        found["errors"]["warm-up"] = _error(error)
+    samples = {"context_ms": [], "import_ms": []}
+    first = {}
+    for name in names:
+        first[name] = []
+        for _ in range(runs):
+            try:
+                one = child([name])
+            except Exception as error:  # noqa: BLE001 - one op's failure is reported, the others still run
+                found["errors"][name] = _error(error)
+                break
+            samples["context_ms"].append(one["context_ms"])
+            samples["import_ms"].append(one["import_ms"])
+            found["import_loads_compiler"] = bool(found["import_loads_compiler"]) or one["import_loads_compiler"]
+            first[name].append(one["first_call_ms"][name])
+    found.update({key: _median(values) for key, values in samples.items()})
+    found["first_call_ms"] = {name: _median(values) for name, values in first.items()}
+    found["samples_ms"] = {**samples, "first_call": first}
+    return found
+
+
+# --- summary and table -----------------------------------------------------------------------------------------------
+
+
+def summarize(ops, rows: list[dict], cold: dict | None) -> dict:
+    """``ratios``: per op and mode, the user-facing path's host time over torch's (None where either failed);
+    ``max_ratio_vs_torch`` the largest of those measured; ``missing`` the ratios that could not be computed."""
+    times = {(r["op"], r["mode"], r["path"]): r.get("host_us") for r in rows}
+    ratios = {}
+    for op in ops:
+        for mode in op.modes:
+            ours, theirs = times.get((op.name, mode, op.user()[0])), times.get((op.name, mode, "torch"))
+            ratios[f"{op.name}.{mode}"] = round(ours / theirs, 3) if ours and theirs else None
+    measured = [r for r in ratios.values() if r is not None]
+    return {
+        "max_ratio_vs_torch": max(measured) if measured else None,
+        "ratios": ratios,
+        "missing": [key for key, r in ratios.items() if r is None],
+        "cold_start_ms": None if cold is None else _cold_summary(cold),
+    }
+
+
+def _cold_summary(cold: dict) -> dict:
+    return {
+        "context": cold["context_ms"],
+        "import_flydsl_torch": cold["import_ms"],
+        "first_call": cold["first_call_ms"],
+    }
+
+
+def table(ops, rows: list[dict], summary: dict) -> str:
+    """The readable table: op, mode, each path's us per call, the ratio against torch; failures listed under it."""
+    times = {(r["op"], r["mode"], r["path"]): r for r in rows}
+    lines = [f"{'op':<20} {'mode':<8}" + "".join(f"{p:>12}" for p in PATHS) + f"{'vs torch':>10}"]
+    failures = []
+    for op in ops:
+        for mode in op.modes:
+            cells = []
+            for path in PATHS:
+                row = times.get((op.name, mode, path)) or times.get((op.name, mode, "all"))
+                if row is None:
+                    cells.append("-")
+                elif "error" in row:
+                    cells.append("failed")
+                    failures.append(f"{op.name} {mode} {row['path']}: {row['error']}")
+                else:
+                    cells.append(f"{row['host_us']:.1f}" + ("" if row["gpu_busy_after"] else "*"))
+            ratio = summary["ratios"][f"{op.name}.{mode}"]
+            shown = f"{ratio:>10.2f}" if ratio is not None else f"{'-':>10}"
+            lines.append(f"{op.name:<20} {mode:<8}" + "".join(f"{c:>12}" for c in cells) + shown)
+    lines.append("us per call (host); *: the GPU went idle in a batch; gemm's user-facing path is the op")
+    return "\n".join(lines + list(dict.fromkeys(failures)))
+
+
+def _level_table(rows: list[dict]) -> str:
+    lines = []
+    for row in rows:
+        value = f"{row['host_us']:8.2f} us" if "host_us" in row else row.get("error") or f"skipped: {row['skipped']}"
+        lines.append(f"  {row['level']:<52} {value.splitlines()[0]}")
+    return "\n".join(["launch levels (host time per launch):", *lines])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default all)")
+    parser.add_argument("--calls", type=int, default=200, help="calls per timed batch (fwd_bwd: a quarter, >= 20)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed batches per path (the median is reported)")
+    parser.add_argument("--cold-runs", type=int, default=3, help="fresh processes per op for the cold start")
+    parser.add_argument("--json", help="write the record here (benchmarks/results/host_overhead/)")
+    parser.add_argument("--commit", default="unknown", help="the commit measured (the GPU machine has no git)")
+    parser.add_argument("--profile", help="a text file that gets a cProfile of each op path")
+    parser.add_argument("--cold-child", help=argparse.SUPPRESS)  # comma-separated ops: one fresh cold-start process
+    args = parser.parse_args(argv)
+
+    if args.cold_child:
+        print(json.dumps(cold_child(args.cold_child.split(","))))
+        return 0
+    if not torch.cuda.is_available():
+        print("host_overhead: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    started = time.perf_counter()
+    _import_flydsl()
+    rows = measure_ops(OPS, args.calls, args.repeats, args.profile) if "ops" in args.parts else []
+    levels = measure_levels(max(50, args.calls), args.repeats) if "levels" in args.parts else []
+    cold = measure_cold(args.cold_runs) if "cold" in args.parts else None
+    summary = summarize(OPS, rows, cold)
+    if rows:
+        print("\n" + table(OPS, rows, summary))
+    if levels:
+        print("\n" + _level_table(levels))
+    if cold is not None:
+        print(f"\ncold start (median of {args.cold_runs} fresh processes), ms:", json.dumps(summary["cold_start_ms"]))
+        for name, error in cold["errors"].items():
+            print(f"  cold start {name}: {error}")
+    print(f"\nmax ratio vs torch {summary['max_ratio_vs_torch']} (missing: {summary['missing'] or 'none'})")
+    if args.json:
+        write_record(
+            args.json,
+            "host_overhead",
+            argv,
+            {"ops": rows, "levels": levels, "cold_start": cold},
+            commit=args.commit,
+            method="host perf_counter over back-to-back calls while a sleep kernel (4x an idle batch) keeps the GPU"
+            " busy; median of repeats; fwd_bwd through torch.autograd.grad; cold start: fresh processes after one"
+            " that fills the disk cache, medians",
+            summary=summary,
+            sizes={"rows": [ROWS, N, "bfloat16"], "gemm_mnk": list(GEMM_MNK)},
+            wall_s=round(time.perf_counter() - started, 1),
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
