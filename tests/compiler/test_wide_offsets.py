@@ -4,7 +4,9 @@ in 64 bits (CPU: the PTX's data flow into each global access), small static tens
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 
@@ -167,6 +169,16 @@ def test_shared_memory_views_keep_32_bit_offsets():
     text = staged.trace(staged.specialize([flyc.TensorSpec((1024,), "f32")]).key)
     # the row's offset, tid.x * 32, is an i32 product (2^10 elements of shared memory cannot reach 2^31)
     assert re.search(r"arith\.muli %\d+, %c32_i32\w* : i32", text)
+
+
+def test_the_vector_add_example_offsets_in_64_bits():
+    path = Path(__file__).resolve().parents[2] / "examples" / "vector_add.py"
+    spec = importlib.util.spec_from_file_location("wide_vector_add", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    n = (1 << 32) + 4
+    tensor = flyc.TensorSpec((n,), "f32")
+    assert narrow_block_arithmetic(example.vector_add.lower(tensor, tensor, tensor, n).ptx) == []
 
 
 @pytest.mark.gpu
