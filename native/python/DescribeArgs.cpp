@@ -93,7 +93,7 @@ bool readInts(PyObject *tuple, long long *out, size_t &count, size_t expected = 
 /// stride's kind: unit, multiple of 16 bytes or other) and launch values
 /// (pointer, extents, non-unit strides), as kernel.py specializes.
 bool appendTensor(Described &d, uint8_t element, uint8_t bytes, unsigned long long pointer,
-                         size_t rank, const long long *extents, const long long *steps) {
+                  size_t rank, const long long *extents, const long long *steps) {
   if (d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues)
     return false;
   unsigned char *key = d.key + d.keyBytes;
@@ -122,6 +122,19 @@ bool appendTensor(Described &d, uint8_t element, uint8_t bytes, unsigned long lo
   d.keyBytes += 3 + rank;
   d.numValues = size_t(out - d.values);
   return true;
+}
+
+/// Whether an array interface's memory is plausible: no negative extent, and
+/// a null pointer only for a tensor without elements (else the Python path
+/// names the argument).
+bool plausibleMemory(unsigned long long pointer, size_t rank, const long long *extents) {
+  bool empty = false;
+  for (size_t r = 0; r < rank; ++r) {
+    if (extents[r] < 0)
+      return false;
+    empty |= extents[r] == 0;
+  }
+  return pointer != 0 || empty;
 }
 
 bool describeTorch(PyObject *obj, Described &d) {
@@ -179,7 +192,7 @@ bool describeArrayInterface(PyObject *obj, Described &d) {
   if (!found)
     return false;
   PyObject *data = PyDict_GetItemWithError(interface, reg.data);
-  if (!data || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) < 1 ||
+  if (!data || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2 ||
       !PyLong_Check(PyTuple_GET_ITEM(data, 0)))
     return false;
   unsigned long long pointer = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
@@ -187,7 +200,8 @@ bool describeArrayInterface(PyObject *obj, Described &d) {
     return false;
   long long extents[kMaxRank], steps[kMaxRank];
   size_t rank;
-  if (!readInts(PyDict_GetItemWithError(interface, reg.shape), extents, rank))
+  if (!readInts(PyDict_GetItemWithError(interface, reg.shape), extents, rank) ||
+      !plausibleMemory(pointer, rank, extents))
     return false;
   PyObject *strides = PyDict_GetItemWithError(interface, reg.strides);
   if (!strides || strides == Py_None) { // row-major

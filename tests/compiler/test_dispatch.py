@@ -159,7 +159,7 @@ TYPESTRS = ["<f4", "<f2", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u4"]
     typestr=st.sampled_from(TYPESTRS),
     shape=st.lists(st.integers(0, 1 << 15), max_size=4),  # row-major strides fit int64 (else both paths refuse)
     data=st.data(),
-    pointer=st.integers(0, (1 << 64) - 1),
+    pointer=st.integers(1, (1 << 64) - 1),  # (a null pointer: both refuse, test_array_interface.py)
 )
 def test_array_interface_keys_match_the_python_path(typestr, shape, data, pointer):
     """cupy-like arrays (``__cuda_array_interface__``, strides in bytes or None) launch natively once kernel.py

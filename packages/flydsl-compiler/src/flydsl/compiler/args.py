@@ -9,6 +9,7 @@ copies can be vectorized), as is the alignment of its data pointer: one binary s
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 __all__ = [
@@ -208,26 +209,77 @@ def describe_tensor(obj, name: str) -> TensorArg:
             from flydsl.compiler.dlpack import read_dlpack
 
             pointer, shape, strides, dtype, device = read_dlpack(obj, name)
+            _check_memory(pointer, shape, name)
             return TensorArg(pointer, shape, strides, dtype, device, obj)
         raise TypeError(
             f"argument '{name}': expected a GPU tensor (torch, cupy, jax, or an object with __cuda_array_interface__"
             f" or __dlpack__), got {type(obj).__name__}"
         )
-    typestr = interface["typestr"]
+    return _array_interface_tensor(obj, interface, name)
+
+
+def _ints(values) -> tuple | None:
+    """A tuple or list of integers (ints or ``__index__`` objects such as numpy's, not bools) as a tuple of ints,
+    else None."""
+    if not isinstance(values, (tuple, list)) or any(isinstance(v, bool) for v in values):
+        return None
+    try:
+        return tuple(operator.index(v) for v in values)
+    except TypeError:
+        return None
+
+
+def _array_interface_tensor(obj, interface, name: str) -> TensorArg:
+    """``obj``'s ``__cuda_array_interface__`` (typestr, shape, data, byte strides or None) as a TensorArg; a
+    malformed entry is a TypeError or ValueError that names the argument and what was expected."""
+    what = f"argument '{name}': __cuda_array_interface__"
+    if not isinstance(interface, dict):
+        raise TypeError(f"{what} must be a dict, got {type(interface).__name__}")
+    typestr = interface.get("typestr")
+    if not isinstance(typestr, str):
+        raise TypeError(f"{what} needs a 'typestr' (a str such as '<f4'), got {typestr!r}")
     dtype = DTYPES.get(typestr[1:])
     if dtype is None:
         raise TypeError(f"argument '{name}': unsupported element type {typestr!r}")
-    shape = tuple(interface["shape"])
+    shape = _ints(interface.get("shape"))
+    if shape is None:
+        raise TypeError(f"{what} needs a 'shape' (a tuple of ints), got {interface.get('shape')!r}")
+    data = interface.get("data")
+    pointer = _ints(data[:1]) if isinstance(data, (tuple, list)) and len(data) == 2 else None
+    if pointer is None:
+        raise TypeError(f"{what} needs 'data' as (pointer: int, read_only: bool), got {data!r}")
     element_bytes = _ELEMENT_BYTES[dtype]
     if interface.get("strides") is None:
-        strides, step = [], 1
-        for extent in reversed(shape):
-            strides.append(step)
-            step *= extent
-        strides = tuple(reversed(strides))
+        strides = _row_major(shape)
     else:
-        byte_strides = interface["strides"]
+        byte_strides = _ints(interface["strides"])
+        if byte_strides is None:
+            raise TypeError(f"{what} 'strides' must be None or a tuple of ints (bytes), got {interface['strides']!r}")
+        if len(byte_strides) != len(shape):
+            raise ValueError(
+                f"{what} has {len(byte_strides)} strides {byte_strides} for the {len(shape)} extents of shape {shape}"
+            )
         if any(s % element_bytes for s in byte_strides):
             raise ValueError(f"argument '{name}': strides {byte_strides} are not multiples of the element size")
         strides = tuple(s // element_bytes for s in byte_strides)
-    return TensorArg(int(interface["data"][0]), shape, strides, dtype, 0, obj)
+    _check_memory(pointer[0], shape, name)
+    return TensorArg(pointer[0], shape, strides, dtype, 0, obj)
+
+
+def _row_major(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return tuple(reversed(strides))
+
+
+def _check_memory(pointer: int, shape: tuple, name: str) -> None:
+    """A ValueError naming ``name`` unless ``shape``'s extents are non-negative and ``pointer`` is a 64-bit device
+    address, null only for a tensor without elements (what a kernel given it could not survive)."""
+    if any(extent < 0 for extent in shape):
+        raise ValueError(f"argument '{name}': expected non-negative extents, got shape {shape}")
+    if not 0 <= pointer < 1 << 64:
+        raise ValueError(f"argument '{name}': data pointer {pointer:#x} is not a 64-bit address")
+    if pointer == 0 and all(shape):
+        raise ValueError(f"argument '{name}': null data pointer for a tensor of shape {shape} (it has elements)")
