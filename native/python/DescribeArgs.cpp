@@ -6,6 +6,7 @@
 
 #include "DescribeArgs.h"
 
+#include <climits>
 #include <cstring>
 #include <string>
 
@@ -89,12 +90,32 @@ bool readInts(PyObject *tuple, long long *out, size_t &count, size_t expected = 
   return true;
 }
 
+/// Whether an element offset can reach 2^31 (args.reaches_2_31): kernel.py
+/// specializes such a tensor apart (64-bit offsets), so it takes the Python
+/// path.
+bool reaches2To31(size_t rank, const long long *extents, const long long *steps) {
+  for (size_t r = 0; r < rank; ++r)
+    if (extents[r] == 0) // no elements, no offsets
+      return false;
+  long long span = 0;
+  for (size_t r = 0; r < rank; ++r) {
+    long long stride = steps[r], term;
+    if (stride == LLONG_MIN)
+      return true;
+    if (__builtin_mul_overflow(extents[r] - 1, stride < 0 ? -stride : stride, &term) ||
+        __builtin_add_overflow(span, term, &span))
+      return true;
+  }
+  return span >= (1LL << 31);
+}
+
 /// A tensor's key bytes (element, rank, 16-byte aligned start, each
 /// stride's kind: unit, multiple of 16 bytes or other) and launch values
 /// (pointer, extents, non-unit strides), as kernel.py specializes.
 bool appendTensor(Described &d, uint8_t element, uint8_t bytes, unsigned long long pointer,
                   size_t rank, const long long *extents, const long long *steps) {
-  if (d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues)
+  if (d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues ||
+      reaches2To31(rank, extents, steps))
     return false;
   unsigned char *key = d.key + d.keyBytes;
   key[0] = element;

@@ -142,6 +142,24 @@ def test_views_of_more_than_2_to_the_32_elements_address_in_64_bits(case):
     assert narrow_block_arithmetic(ptx) == []
 
 
+@pytest.mark.parametrize("elements, wide", [(1 << 20, False), (1 << 31, False), ((1 << 31) + 1, True), (BIG, True)])
+def test_a_tensor_whose_offsets_reach_2_to_the_31_is_specialized_apart(elements, wide):
+    """The last element of a tensor of 2^31 + 1 elements is at offset 2^31: its key entry is marked (a sixth element)
+    and the native dispatcher leaves it to the Python path; smaller tensors keep their key and 32-bit offsets."""
+    tensor = flyc.TensorSpec((elements,), "f32")
+    entry = tile_1d.specialize([tensor]).key[0]
+    assert entry == (("f32", 1, (1,), True, (None,), True) if wide else ("f32", 1, (1,), True))
+    ptx = tile_1d.lower(tensor).ptx
+    assert (narrow_block_arithmetic(ptx) == []) is wide
+
+
+def test_strides_count_for_the_offsets_reach():
+    """2 x 2^30 elements whose rows are 2^31 apart (a padded view): the last element is past 2^31."""
+    padded = flyc.TensorSpec((2, 1 << 30), "f32", strides=(1 << 31, 1))
+    assert len(slice_then_tile.specialize([padded]).key[0]) == 6
+    assert narrow_block_arithmetic(slice_then_tile.lower(padded).ptx) == []
+
+
 def test_the_checker_sees_the_32_bit_block_offset_of_a_small_static_tensor():
     """A static tensor of 2^20 elements keeps the block offset in 32 bits (IMAD, not the 64-bit multiply): the fast
     path where the extent proves the offset fits."""

@@ -20,6 +20,7 @@ __all__ = [
     "describe_tensor",
     "torch_dtype_name",
     "stride_plan",
+    "reaches_2_31",
     "DTYPES",
 ]
 
@@ -192,6 +193,17 @@ def mark_static(tensor, dims=None) -> StaticDims:
     (ints, negative from the end). ``my_kernel(flyc.mark_static(x, dims=(1,)), ...)``: the row length is compiled
     in, so loops over it unroll and divisions by it fold."""
     return StaticDims(tensor, "all" if dims is None else tuple(dims))
+
+
+def reaches_2_31(shape, strides) -> bool:
+    """Whether an element offset of a tensor (``sum((extent - 1) * |stride|)`` at its last element) can reach 2^31:
+    such a tensor is specialized apart, its offsets computed in 64 bits; the others keep 32-bit offset math."""
+    span = 0
+    for extent, stride in zip(shape, strides, strict=True):
+        if extent == 0:
+            return False
+        span += (extent - 1) * abs(stride)
+    return span >= 1 << 31
 
 
 def describe_tensor(obj, name: str) -> TensorArg:
