@@ -95,6 +95,7 @@ class TensorArg:
 # torch dtype objects -> element type names, filled on first sight (str(dtype) is slow on the launch path).
 _TORCH_DTYPES: dict = {}
 _STRIDE_PLANS: dict = {}
+_WIDE: dict = {}  # (shape, strides) -> reaches_2_31
 
 
 def register_array_interface_dtypes() -> None:
@@ -197,13 +198,15 @@ def mark_static(tensor, dims=None) -> StaticDims:
 
 def reaches_2_31(shape, strides) -> bool:
     """Whether an element offset of a tensor (``sum((extent - 1) * |stride|)`` at its last element) can reach 2^31:
-    such a tensor is specialized apart, its offsets computed in 64 bits; the others keep 32-bit offset math."""
-    span = 0
-    for extent, stride in zip(shape, strides, strict=True):
-        if extent == 0:
-            return False
-        span += (extent - 1) * abs(stride)
-    return span >= 1 << 31
+    such a tensor is specialized apart, its offsets computed in 64 bits; the others keep 32-bit offset math. Cached
+    per (shape, strides): this runs on the Python launch path."""
+    wide = _WIDE.get((shape, strides))
+    if wide is None:
+        wide = all(shape) and sum((e - 1) * abs(s) for e, s in zip(shape, strides, strict=True)) >= 1 << 31
+        if len(_WIDE) > 4096:
+            _WIDE.clear()
+        _WIDE[(shape, strides)] = wide
+    return wide
 
 
 def describe_tensor(obj, name: str) -> TensorArg:
