@@ -16,15 +16,16 @@ import sys
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import buffer_ops, gpu
-from flydsl.expr.typing import Int32, T
+from flydsl.expr.typing import Int64, T
 
 THREADS = 256
 VEC = 4
 
 
 @flyc.kernel
-def vector_add(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, N: Int32):
-    tid = gpu.thread_idx.x + gpu.block_idx.x * fx.Int32(THREADS)
+def vector_add(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, N: Int64):
+    # In 64 bits: past 2^31 elements an Int32 `tid * VEC` would wrap negative.
+    tid = gpu.block_idx.x.to(Int64) * THREADS + gpu.thread_idx.x
     rsrc_a = buffer_ops.create_buffer_resource(a)  # range: a's extent, so the tail is handled by the resource
     rsrc_b = buffer_ops.create_buffer_resource(b)
     rsrc_c = buffer_ops.create_buffer_resource(c)

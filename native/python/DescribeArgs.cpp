@@ -6,6 +6,7 @@
 
 #include "DescribeArgs.h"
 
+#include <climits>
 #include <cstring>
 #include <string>
 
@@ -89,12 +90,32 @@ bool readInts(PyObject *tuple, long long *out, size_t &count, size_t expected = 
   return true;
 }
 
+/// Whether an element offset can reach 2^31 (args.reaches_2_31): kernel.py
+/// specializes such a tensor apart (64-bit offsets), so it takes the Python
+/// path.
+bool reaches2To31(size_t rank, const long long *extents, const long long *steps) {
+  for (size_t r = 0; r < rank; ++r)
+    if (extents[r] == 0) // no elements, no offsets
+      return false;
+  long long span = 0;
+  for (size_t r = 0; r < rank; ++r) {
+    long long stride = steps[r], term;
+    if (stride == LLONG_MIN)
+      return true;
+    if (__builtin_mul_overflow(extents[r] - 1, stride < 0 ? -stride : stride, &term) ||
+        __builtin_add_overflow(span, term, &span))
+      return true;
+  }
+  return span >= (1LL << 31);
+}
+
 /// A tensor's key bytes (element, rank, 16-byte aligned start, each
 /// stride's kind: unit, multiple of 16 bytes or other) and launch values
 /// (pointer, extents, non-unit strides), as kernel.py specializes.
 bool appendTensor(Described &d, uint8_t element, uint8_t bytes, unsigned long long pointer,
-                         size_t rank, const long long *extents, const long long *steps) {
-  if (d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues)
+                  size_t rank, const long long *extents, const long long *steps) {
+  if (d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues ||
+      reaches2To31(rank, extents, steps))
     return false;
   unsigned char *key = d.key + d.keyBytes;
   key[0] = element;
@@ -122,6 +143,19 @@ bool appendTensor(Described &d, uint8_t element, uint8_t bytes, unsigned long lo
   d.keyBytes += 3 + rank;
   d.numValues = size_t(out - d.values);
   return true;
+}
+
+/// Whether an array interface's memory is plausible: no negative extent, and
+/// a null pointer only for a tensor without elements (else the Python path
+/// names the argument).
+bool plausibleMemory(unsigned long long pointer, size_t rank, const long long *extents) {
+  bool empty = false;
+  for (size_t r = 0; r < rank; ++r) {
+    if (extents[r] < 0)
+      return false;
+    empty |= extents[r] == 0;
+  }
+  return pointer != 0 || empty;
 }
 
 bool describeTorch(PyObject *obj, Described &d) {
@@ -179,7 +213,7 @@ bool describeArrayInterface(PyObject *obj, Described &d) {
   if (!found)
     return false;
   PyObject *data = PyDict_GetItemWithError(interface, reg.data);
-  if (!data || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) < 1 ||
+  if (!data || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2 ||
       !PyLong_Check(PyTuple_GET_ITEM(data, 0)))
     return false;
   unsigned long long pointer = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
@@ -187,7 +221,8 @@ bool describeArrayInterface(PyObject *obj, Described &d) {
     return false;
   long long extents[kMaxRank], steps[kMaxRank];
   size_t rank;
-  if (!readInts(PyDict_GetItemWithError(interface, reg.shape), extents, rank))
+  if (!readInts(PyDict_GetItemWithError(interface, reg.shape), extents, rank) ||
+      !plausibleMemory(pointer, rank, extents))
     return false;
   PyObject *strides = PyDict_GetItemWithError(interface, reg.strides);
   if (!strides || strides == Py_None) { // row-major

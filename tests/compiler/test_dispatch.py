@@ -125,7 +125,8 @@ def test_tensor_keys_match_the_python_path(dtype, shape, data, pointer):
     x = FakeTorchTensor(shape, dtype, strides, pointer)
     y = FakeTorchTensor((3,), "float32", pointer=data.draw(st.integers(0, 1 << 50)))
     expected = _python(two, (x, y))  # first: the Python path registers the tensor type and dtypes
-    assert _native(two, (x, y)) == expected
+    # A tensor whose offsets reach 2^31 elements is specialized apart (a sixth key element): the Python path's.
+    assert _native(two, (x, y)) == (None if len(expected[0][0]) == 6 else expected)
 
 
 def test_numbers_and_constexprs_match_the_python_path():
@@ -159,7 +160,7 @@ TYPESTRS = ["<f4", "<f2", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u4"]
     typestr=st.sampled_from(TYPESTRS),
     shape=st.lists(st.integers(0, 1 << 15), max_size=4),  # row-major strides fit int64 (else both paths refuse)
     data=st.data(),
-    pointer=st.integers(0, (1 << 64) - 1),
+    pointer=st.integers(1, (1 << 64) - 1),  # (a null pointer: both refuse, test_array_interface.py)
 )
 def test_array_interface_keys_match_the_python_path(typestr, shape, data, pointer):
     """cupy-like arrays (``__cuda_array_interface__``, strides in bytes or None) launch natively once kernel.py
@@ -176,7 +177,7 @@ def test_array_interface_keys_match_the_python_path(typestr, shape, data, pointe
     x = FakeGpuTensor(shape, typestr, pointer, None if strides is None else tuple(strides))
     y = FakeTorchTensor((3,), "float32")
     expected = _python(two, (x, y))  # first: the Python path registers the array type and the typestrs
-    assert _native(two, (x, y)) == expected
+    assert _native(two, (x, y)) == (None if len(expected[0][0]) == 6 else expected)
 
 
 def test_array_interface_streams_and_refusals_match_the_python_path():

@@ -61,3 +61,19 @@ def test_dlpack_tensors_specialize_like_other_tensors():
 def test_bad_dlpack_tensors_name_the_argument(kwargs, error, message):
     with pytest.raises(error, match=message):
         describe_tensor(FakeDLPack((4,), **kwargs), "x")
+
+
+@pytest.mark.parametrize(
+    "shape, pointer, message",
+    [
+        ((4, -1), 1 << 20, r"argument 'x': expected non-negative extents, got shape \(4, -1\)"),
+        ((4,), 0, r"argument 'x': null data pointer for a tensor of shape \(4,\)"),
+    ],
+)
+def test_implausible_dlpack_memory_names_the_argument(shape, pointer, message):
+    with pytest.raises(ValueError, match=message):
+        describe_tensor(FakeDLPack(shape, pointer=pointer), "x")
+
+
+def test_an_empty_dlpack_tensor_may_have_a_null_pointer():
+    assert describe_tensor(FakeDLPack((0, 4), pointer=0), "x").pointer == 0

@@ -9,6 +9,7 @@ copies can be vectorized), as is the alignment of its data pointer: one binary s
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "describe_tensor",
     "torch_dtype_name",
     "stride_plan",
+    "reaches_2_31",
     "DTYPES",
 ]
 
@@ -93,6 +95,7 @@ class TensorArg:
 # torch dtype objects -> element type names, filled on first sight (str(dtype) is slow on the launch path).
 _TORCH_DTYPES: dict = {}
 _STRIDE_PLANS: dict = {}
+_WIDE: dict = {}  # (shape, strides) -> reaches_2_31
 
 
 def register_array_interface_dtypes() -> None:
@@ -193,6 +196,19 @@ def mark_static(tensor, dims=None) -> StaticDims:
     return StaticDims(tensor, "all" if dims is None else tuple(dims))
 
 
+def reaches_2_31(shape, strides) -> bool:
+    """Whether an element offset of a tensor (``sum((extent - 1) * |stride|)`` at its last element) can reach 2^31:
+    such a tensor is specialized apart, its offsets computed in 64 bits; the others keep 32-bit offset math. Cached
+    per (shape, strides): this runs on the Python launch path."""
+    wide = _WIDE.get((shape, strides))
+    if wide is None:
+        wide = all(shape) and sum((e - 1) * abs(s) for e, s in zip(shape, strides, strict=True)) >= 1 << 31
+        if len(_WIDE) > 4096:
+            _WIDE.clear()
+        _WIDE[(shape, strides)] = wide
+    return wide
+
+
 def describe_tensor(obj, name: str) -> TensorArg:
     """Reads a tensor argument; a ValueError or TypeError names ``name`` and what was expected."""
     if type(obj).__module__.startswith("torch"):
@@ -208,26 +224,114 @@ def describe_tensor(obj, name: str) -> TensorArg:
             from flydsl.compiler.dlpack import read_dlpack
 
             pointer, shape, strides, dtype, device = read_dlpack(obj, name)
+            _check_memory(pointer, shape, name)
             return TensorArg(pointer, shape, strides, dtype, device, obj)
         raise TypeError(
             f"argument '{name}': expected a GPU tensor (torch, cupy, jax, or an object with __cuda_array_interface__"
             f" or __dlpack__), got {type(obj).__name__}"
         )
-    typestr = interface["typestr"]
+    return _array_interface_tensor(obj, interface, name)
+
+
+def _ints(values) -> tuple | None:
+    """A tuple or list of integers (ints or ``__index__`` objects such as numpy's, not bools) as a tuple of ints,
+    else None."""
+    if type(values) is tuple and all(type(v) is int for v in values):  # the common case, first
+        return values
+    if not isinstance(values, (tuple, list)) or any(isinstance(v, bool) for v in values):
+        return None
+    try:
+        return tuple(operator.index(v) for v in values)
+    except TypeError:
+        return None
+
+
+def _array_interface_tensor(obj, interface, name: str) -> TensorArg:
+    """``obj``'s ``__cuda_array_interface__`` (typestr, shape, data, byte strides or None) as a TensorArg. The common
+    case (tuples of ints, a plausible pointer) is read here; anything else by :func:`_checked_array_interface`."""
+    try:
+        dtype = DTYPES.get(interface["typestr"][1:])
+        shape, (pointer, _) = interface["shape"], interface["data"]
+        byte_strides = interface.get("strides")
+    except Exception:  # noqa: BLE001 - whatever is malformed, the checked reader says what
+        dtype = None
+    if dtype is None or type(shape) is not tuple or type(pointer) is not int or not 0 < pointer < 1 << 64:
+        return _checked_array_interface(obj, interface, name)
+    for extent in shape:  # (a loop: cheaper than all() on the launch path)
+        if type(extent) is not int or extent < 0:
+            return _checked_array_interface(obj, interface, name)
+    if byte_strides is None:
+        return TensorArg(pointer, shape, _row_major(shape), dtype, 0, obj)
+    element_bytes = _ELEMENT_BYTES[dtype]
+    if type(byte_strides) is not tuple or len(byte_strides) != len(shape):
+        return _checked_array_interface(obj, interface, name)
+    for stride in byte_strides:
+        if type(stride) is not int or stride % element_bytes:
+            return _checked_array_interface(obj, interface, name)
+    return TensorArg(pointer, shape, tuple(s // element_bytes for s in byte_strides), dtype, 0, obj)
+
+
+def _checked_array_interface(obj, interface, name: str) -> TensorArg:
+    """:func:`_array_interface_tensor` checking every entry: a malformed one is a TypeError or ValueError that names
+    the argument and what was expected; lists and ``__index__`` objects (numpy integers) are read as ints."""
+    if not isinstance(interface, dict):
+        raise TypeError(f"argument '{name}': __cuda_array_interface__ must be a dict, got {type(interface).__name__}")
+    typestr = interface.get("typestr")
+    if not isinstance(typestr, str):
+        raise TypeError(
+            f"argument '{name}': __cuda_array_interface__ needs a 'typestr' (a str such as '<f4'), got {typestr!r}"
+        )
     dtype = DTYPES.get(typestr[1:])
     if dtype is None:
         raise TypeError(f"argument '{name}': unsupported element type {typestr!r}")
-    shape = tuple(interface["shape"])
+    shape = _ints(interface.get("shape"))
+    if shape is None:
+        raise TypeError(
+            f"argument '{name}': __cuda_array_interface__ needs a 'shape' (a tuple of ints),"
+            f" got {interface.get('shape')!r}"
+        )
+    data = interface.get("data")
+    pointer = _ints(data[:1]) if isinstance(data, (tuple, list)) and len(data) == 2 else None
+    if pointer is None:
+        raise TypeError(
+            f"argument '{name}': __cuda_array_interface__ needs 'data' as (pointer: int, read_only: bool), got {data!r}"
+        )
     element_bytes = _ELEMENT_BYTES[dtype]
     if interface.get("strides") is None:
-        strides, step = [], 1
-        for extent in reversed(shape):
-            strides.append(step)
-            step *= extent
-        strides = tuple(reversed(strides))
+        strides = _row_major(shape)
     else:
-        byte_strides = interface["strides"]
+        byte_strides = _ints(interface["strides"])
+        if byte_strides is None:
+            raise TypeError(
+                f"argument '{name}': __cuda_array_interface__ 'strides' must be None or a tuple of ints (bytes),"
+                f" got {interface['strides']!r}"
+            )
+        if len(byte_strides) != len(shape):
+            raise ValueError(
+                f"argument '{name}': __cuda_array_interface__ has {len(byte_strides)} strides {byte_strides} for the"
+                f" {len(shape)} extents of shape {shape}"
+            )
         if any(s % element_bytes for s in byte_strides):
             raise ValueError(f"argument '{name}': strides {byte_strides} are not multiples of the element size")
         strides = tuple(s // element_bytes for s in byte_strides)
-    return TensorArg(int(interface["data"][0]), shape, strides, dtype, 0, obj)
+    _check_memory(pointer[0], shape, name)
+    return TensorArg(pointer[0], shape, strides, dtype, 0, obj)
+
+
+def _row_major(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return tuple(reversed(strides))
+
+
+def _check_memory(pointer: int, shape: tuple, name: str) -> None:
+    """A ValueError naming ``name`` unless ``shape``'s extents are non-negative and ``pointer`` is a 64-bit device
+    address, null only for a tensor without elements (what a kernel given it could not survive)."""
+    if shape and min(shape) < 0:
+        raise ValueError(f"argument '{name}': expected non-negative extents, got shape {shape}")
+    if not 0 <= pointer < 1 << 64:
+        raise ValueError(f"argument '{name}': data pointer {pointer:#x} is not a 64-bit address")
+    if pointer == 0 and all(shape):
+        raise ValueError(f"argument '{name}': null data pointer for a tensor of shape {shape} (it has elements)")

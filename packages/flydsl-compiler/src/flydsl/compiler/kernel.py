@@ -28,6 +28,7 @@ from flydsl.compiler._native import native
 from flydsl.compiler.args import (
     StaticDims,
     describe_tensor,
+    reaches_2_31,
     register_array_interface_dtypes,
     stride_plan,
     torch_dtype_name,
@@ -183,12 +184,14 @@ class KernelFunction:
                     tensors.append(described)
                 kinds, passed = stride_plan(strides, dtype)
                 append(pointer)
-                if static is None:
+                wide = reaches_2_31(shape, strides)
+                if static is None and not wide:
                     key.append((dtype, len(shape), kinds, not pointer & 15))
                     extend(shape)
-                else:  # marked extents are in the key, not in the launch arguments
-                    extents = _static_extents(shape, static, param.name)
-                    key.append((dtype, len(shape), kinds, not pointer & 15, extents))
+                else:  # marked extents are in the key, not in the launch arguments; a wide tensor is marked so
+                    extents = (None,) * len(shape) if static is None else _static_extents(shape, static, param.name)
+                    entry = (dtype, len(shape), kinds, not pointer & 15, extents)
+                    key.append(entry + (True,) if wide else entry)
                     extend(e for e, fixed in zip(shape, extents, strict=True) if fixed is None)
                 for position in passed:
                     append(strides[position])
@@ -330,10 +333,11 @@ class KernelFunction:
             if param.kind == "tensor":
                 dtype_name, rank, strides, aligned, *marked = spec
                 extents = marked[0] if marked else (None,) * rank
+                wide = len(marked) > 1  # offsets may reach 2^31 elements: computed in 64 bits
                 count = 1 + sum(1 for e in extents if e is None) + sum(1 for s in strides if s != 1)
                 types.append(ir.Type.parse("!llvm.ptr<1>"))
                 types.extend([ir.IntegerType.get_signless(64)] * (count - 1))
-                builders.append((_tensor_builder(dtype_name, extents, strides, aligned), count))
+                builders.append((_tensor_builder(dtype_name, extents, strides, aligned, wide), count))
             elif param.kind == "tma":
                 _, dtype_name, rank, box, swizzle = spec
                 grid_constants.append(len(types))
@@ -387,7 +391,7 @@ def _static_extents(shape, dims, name: str) -> tuple:
     return tuple(extent if k in marked else None for k, extent in enumerate(shape))
 
 
-def _tensor_builder(dtype_name: str, extents: tuple, strides: tuple, aligned: bool):
+def _tensor_builder(dtype_name: str, extents: tuple, strides: tuple, aligned: bool, wide: bool):
     from flydsl.compiler.dialects import fly
     from flydsl.expr.numeric import _BY_MLIR_NAME
 
@@ -406,7 +410,7 @@ def _tensor_builder(dtype_name: str, extents: tuple, strides: tuple, aligned: bo
             for kind in strides
         )
         layout = _fl.Layout(shape[0], stride[0]) if len(extents) == 1 else _fl.Layout(shape, stride)
-        return Tensor(pointer, layout, dtype, space="global", alignment=alignment)
+        return Tensor(pointer, layout, dtype, space="global", alignment=alignment, wide=wide)
 
     return build
 

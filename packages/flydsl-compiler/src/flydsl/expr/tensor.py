@@ -12,7 +12,9 @@ from mlir import ir
 
 import flydsl.layout as _fl
 from flydsl.expr.layout import as_index, make_layout, static_leaf
-from flydsl.expr.numeric import Boolean, Numeric, Uint8, as_numeric
+from flydsl.expr.numeric import Boolean, Index, Integer, Numeric, Uint8, as_numeric
+from flydsl.layout.int_tuple import fold as _fold
+from flydsl.layout.int_tuple import leaves as _leaves
 from flydsl.layout.leaf import add as _leaf_add
 
 __all__ = ["Tensor", "copy", "local_tile", "local_partition", "SmemAllocator", "SmemPtr", "fly_layout_type"]
@@ -66,6 +68,40 @@ def fly_layout_type(layout) -> tuple[str, list, list]:
     return text, shape_dynamic + stride_dynamic, []
 
 
+# Offsets below 2^31 elements are computed in the coordinates' own type (Int32: 32-bit IMAD); larger ones in Index.
+_NARROW_LIMIT = 1 << 31
+
+
+def _fits_narrow(layout) -> bool:
+    """Whether every offset into memory holding ``layout`` (a static layout of fewer than 2^31 elements) fits."""
+    return _fl.is_static(layout) and _fl.cosize(_plain(layout)) <= _NARROW_LIMIT
+
+
+def _widened(x):
+    """A dynamic integer narrower than 64 bits as an Index; anything else as it is."""
+    return x.to(Index) if isinstance(x, Integer) and x.width < 64 else x
+
+
+def _static_reach(shape, stride) -> int | None:
+    """The largest offset a mode reaches, ``sum((s - 1) * |d|)`` over its leaves; None where a leaf is dynamic."""
+    total = 0
+    for s, d in zip(_leaves(shape), _leaves(stride), strict=True):
+        if not (isinstance(s, int) and isinstance(d, int)):
+            return None
+        total += (s - 1) * abs(d)
+    return total
+
+
+def _indexed_modes(coord, shape, stride):
+    """``(leaf, shape, stride)`` for each dynamic integer leaf of ``coord`` and the mode it indexes."""
+    if isinstance(coord, tuple):
+        if isinstance(shape, tuple) and len(shape) == len(coord):
+            for part in zip(coord, shape, stride, strict=True):
+                yield from _indexed_modes(*part)
+    elif isinstance(coord, Integer):
+        yield coord, shape, stride
+
+
 def _power_of_two_divisor(x) -> int:
     divisor = _fl.known_divisor(x)
     if divisor == 0:
@@ -74,17 +110,35 @@ def _power_of_two_divisor(x) -> int:
 
 
 class Tensor:
-    """A view of memory: ``pointer`` (a ``!fly.ptr``), an element ``offset`` and a ``layout``."""
+    """A view of memory: ``pointer`` (a ``!fly.ptr``), an element ``offset`` and a ``layout``.
 
-    __slots__ = ("pointer", "offset", "layout", "dtype", "space", "base_alignment")
+    ``wide``: whether offsets into its memory may reach 2^31 elements; then every dynamic offset that feeds its
+    address is computed in 64 bits (``Index``) unless the modes it comes from prove it smaller. Default: True for
+    global memory, unless the layout is static with a cosize of at most 2^31 and the offset static; shared memory and
+    registers are never wide. Views keep their tensor's."""
 
-    def __init__(self, pointer: ir.Value, layout, dtype: type[Numeric], *, space="global", alignment=None, offset=0):
+    __slots__ = ("pointer", "offset", "layout", "dtype", "space", "base_alignment", "wide")
+
+    def __init__(
+        self,
+        pointer: ir.Value,
+        layout,
+        dtype: type[Numeric],
+        *,
+        space="global",
+        alignment=None,
+        offset=0,
+        wide: bool | None = None,
+    ):
         self.pointer = pointer
         self.layout = layout
         self.dtype = dtype
         self.space = space
         self.base_alignment = alignment or max(1, dtype.width // 8)
         self.offset = offset
+        if wide is None:
+            wide = space in ("global", "generic") and not (isinstance(offset, int) and _fits_narrow(layout))
+        self.wide = wide
 
     def __repr__(self):
         return f"Tensor<{self.dtype.__name__}, {self.space}>({self.layout}, offset={self.offset})"
@@ -108,9 +162,46 @@ class Tensor:
 
     def view(self, layout) -> Tensor:
         """The same memory through another layout (e.g. a ``zipped_divide`` of this one)."""
+        return self.moved(layout, 0)
+
+    def moved(self, layout, delta) -> Tensor:
+        """The view of this memory through ``layout`` from ``delta`` elements past this view's first one (a delta
+        computed with :meth:`offset_of` or :meth:`address_coord`)."""
+        offset = self.offset
+        if not (isinstance(delta, int) and delta == 0):
+            if self.wide and not (isinstance(offset, int) and offset == 0):
+                offset, delta = _widened(offset), _widened(delta)
+            offset = _leaf_add(offset, delta)
         return Tensor(
-            self.pointer, layout, self.dtype, space=self.space, alignment=self.base_alignment, offset=self.offset
+            self.pointer,
+            layout,
+            self.dtype,
+            space=self.space,
+            alignment=self.base_alignment,
+            offset=offset,
+            wide=self.wide,
         )
+
+    def address_coord(self, coord, layout=None):
+        """``coord`` with its dynamic integer leaves widened to ``Index`` where the offset they give under
+        ``layout`` (default: this view's) could reach 2^31 elements of a wide tensor: a leaf whose mode has a
+        dynamic shape or stride, and every leaf when the static modes they index reach that far together. Leaves
+        whose offsets are proven to fit keep their type (32-bit math). A layout of basis strides (coordinates, not
+        offsets) is left alone."""
+        plain = _plain(self.layout if layout is None else layout)
+        if not self.wide or any(isinstance(d, _fl.ScaledBasis) for d in _leaves(plain.stride)):
+            return coord
+        modes = [(leaf, _static_reach(shape, stride)) for leaf, shape, stride in _indexed_modes(coord, *_parts(plain))]
+        static = sum(reach for _, reach in modes if reach is not None)
+        widen = {id(leaf) for leaf, reach in modes if reach is None or static >= _NARROW_LIMIT}
+        if not widen:
+            return coord
+        return _fold(coord, lambda leaf: _widened(leaf) if id(leaf) in widen else leaf, lambda parts: parts)
+
+    def offset_of(self, coord, layout=None):
+        """``layout(coord)`` (default: this view's layout), in 64 bits where it could reach 2^31 elements."""
+        layout = self.layout if layout is None else layout
+        return _fl.crd2idx(self.address_coord(coord, layout), layout)
 
     # --- IR ---------------------------------------------------------------------------------------------------------
     def _pointer_type(self, alignment: int) -> ir.Type:
@@ -148,15 +239,8 @@ class Tensor:
 
     def __getitem__(self, coord):
         if _has_free_modes(coord):
-            sliced, delta = _fl.slice_and_offset(_static_coord(coord), self.layout)
-            return Tensor(
-                self.pointer,
-                sliced,
-                self.dtype,
-                space=self.space,
-                alignment=self.base_alignment,
-                offset=_leaf_add(self.offset, delta),
-            )
+            sliced, delta = _fl.slice_and_offset(self.address_coord(_static_coord(coord)), self.layout)
+            return self.moved(sliced, delta)
         value = _fly.LoadOp(self.materialize(), self._coordinates(_static_coord(coord))).result
         return self.dtype(value)
 
@@ -173,6 +257,10 @@ def _at_user_line() -> str:
 
     line = user_source_line()
     return f"`{line}`: " if line else ""
+
+
+def _parts(layout) -> tuple:
+    return layout.shape, layout.stride
 
 
 def _plain(layout):

@@ -45,7 +45,6 @@ from flydsl.expr.numeric import (
     float_op_flags,
 )
 from flydsl.expr.tensor import Tensor, copy
-from flydsl.layout.leaf import add as _leaf_add
 
 __all__ = [
     "Vector",
@@ -491,15 +490,7 @@ def _contiguous_at(tensor: Tensor, indices, count: int) -> Tensor:
     coord = tuple(static_leaf(c) for c in coord) if isinstance(coord, tuple) else static_leaf(coord)
     if isinstance(tensor.layout, _fl.ComposedLayout):
         raise TypeError("vector.load_op/store on a swizzled layout: take a view of the chunk and use load/store")
-    offset = _fl.crd2idx(coord, tensor.layout)
-    return Tensor(
-        tensor.pointer,
-        _fl.Layout(count, 1),
-        tensor.dtype,
-        space=tensor.space,
-        alignment=tensor.base_alignment,
-        offset=_leaf_add(tensor.offset, offset) if not isinstance(offset, int) or offset else tensor.offset,
-    )
+    return tensor.moved(_fl.Layout(count, 1), tensor.offset_of(coord))
 
 
 def load_op(result_type, tensor: Tensor, indices) -> Vector:

@@ -67,7 +67,6 @@ from flydsl.expr.wgmma_smem import (
     smem_alignment,
     smem_layout,
 )
-from flydsl.layout.leaf import add as _leaf_add
 
 __all__ = [
     "SWIZZLES",
@@ -315,14 +314,8 @@ class MmaAtom:
             if run == 1:
                 tensor[_coordinate(tensor, row0 + r, col0 + c)] = values[v]
             else:  # two adjacent columns: one access as wide as the layout and the alignment allow
-                offset = _fl.crd2idx((row0 + r, col0 + c), tensor.layout)
-                pair = Tensor(
-                    tensor.pointer,
-                    _fl.Layout(2, _fl.get(tensor.layout, 1).stride),
-                    tensor.dtype,
-                    space=tensor.space,
-                    alignment=tensor.base_alignment,
-                    offset=_leaf_add(tensor.offset, offset),
+                pair = tensor.moved(
+                    _fl.Layout(2, _fl.get(tensor.layout, 1).stride), tensor.offset_of((row0 + r, col0 + c))
                 )
                 two = vector_class(tensor.dtype, 2)  # (no extract_strided_slice: not lowered to LLVM here)
                 _vector_store(two(_vector.from_elements(two.mlir_type(), [values[v].value, values[v + 1].value])), pair)
