@@ -302,6 +302,13 @@ def test_validation_names_the_function_and_the_argument():
         zoo.softmax(fake(strides=(4, 8)))
     with pytest.raises(ValueError, match=r"softmax: x: rows overlap \(row stride 1 < N = 64\)"):
         zoo.softmax(fake(strides=(4, 4)))
+    # Past the row kernels' 32-bit row and column counters: refused, never wrapped (no memory behind the fakes).
+    with pytest.raises(
+        ValueError, match=r"layer_norm: x: expected fewer than 2\^31 rows .* got shape \(2147483648, 2\)"
+    ):
+        zoo.layer_norm(fake((1 << 31, 2), strides=(8, 4)), None, None)
+    with pytest.raises(ValueError, match=r"rms_norm: x: expected fewer than 2\^31 rows of fewer than 2\^30 elements"):
+        zoo.rms_norm(fake((1, 1 << 30), strides=(4 << 30, 4)), None)
     with pytest.raises(ValueError, match="softmax: out: expected N = 64"):
         zoo.softmax(x, out=fake((4, 32)))
     with pytest.raises(TypeError, match="softmax: out: expected dtype float32"):

@@ -142,6 +142,11 @@ def check_dtype(who: str, name: str, dtype: str, allowed, *, like: str | None = 
         raise TypeError(f"{who}: {name}: expected dtype {dtype_names(allowed, like)}, got {_long(dtype)}")
 
 
+# The row kernels' 32-bit counters: the row index and a column offset of twice N (the backward's partial sums).
+MAX_ROWS = 1 << 31
+MAX_ROW_LENGTH = 1 << 30
+
+
 def rows(who: str, name: str, obj, *, rows: int | None = None, n: int | None = None, dtypes=ROW_DTYPES) -> TensorInfo:
     """A 2-D ``(rows, N)`` tensor with unit stride on its last dim (any row stride, no overlapping rows); its shape
     checked against ``rows`` / ``n`` when given."""
@@ -152,6 +157,11 @@ def rows(who: str, name: str, obj, *, rows: int | None = None, n: int | None = N
             f"{who}: {name}: expected a 2-D tensor (rows, N), got shape {tuple(shape)} (reshape to 2-D first)"
         )
     check_dtype(who, name, t.dtype, dtypes)
+    if shape[0] >= MAX_ROWS or shape[1] >= MAX_ROW_LENGTH:
+        raise ValueError(
+            f"{who}: {name}: expected fewer than 2^31 rows of fewer than 2^30 elements (the row kernels count rows"
+            f" and columns in 32 bits), got shape {tuple(shape)}"
+        )
     if shape[1] > 1 and strides[1] != 1:
         raise ValueError(
             f"{who}: {name}: expected unit stride on the last dim, got strides {tuple(strides)} (call .contiguous())"
