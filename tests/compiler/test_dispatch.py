@@ -22,6 +22,7 @@ from flydsl.compiler._native import native
 from .fakes import FakeGpuTensor
 
 kernel_module = importlib.import_module("flydsl.compiler.kernel")  # the package's `kernel` is the decorator
+attributes_module = importlib.import_module("flydsl.compiler.attributes")
 
 
 class FakeDtype:
@@ -290,9 +291,9 @@ def test_launches_against_compiled_shapes_are_left_to_the_python_path():
     assert dispatcher._dry_run(values, 2, 256, stream=5) is None
     assert dispatcher._dry_run(values, 2, 384, stream=5, cluster=(1, 1, 1)) is None
     with pytest.raises(ValueError, match=r"block: kernel 'traced_shape' was compiled for blocks of \(384, 1, 1\)"):
-        kernel_module.check_launch_shape("traced_shape", block, cluster, 256, None)
+        attributes_module.check_launch_shape("traced_shape", block, cluster, 256, None)
     with pytest.raises(ValueError, match=r"cluster: kernel 'traced_shape' was compiled for clusters of \(2, 1, 1\)"):
-        kernel_module.check_launch_shape("traced_shape", block, cluster, 384, 4)
+        attributes_module.check_launch_shape("traced_shape", block, cluster, 384, 4)
 
 
 class CountedConfig:

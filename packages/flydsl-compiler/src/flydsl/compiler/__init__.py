@@ -9,10 +9,11 @@ if flyc.runtime.is_available():
 
 from flydsl.compiler import runtime
 from flydsl.compiler.args import TensorSpec, mark_static
+from flydsl.compiler.attributes import KernelAttributes, set_kernel_attributes
 from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, FlyError, PerformanceWarning, ToolchainError
 from flydsl.compiler.jit import CompiledKernel, JitFunction, compile, jit
-from flydsl.compiler.kernel import KernelAttributes, KernelCall, KernelFunction, kernel, set_kernel_attributes
+from flydsl.compiler.kernel import KernelCall, KernelFunction, kernel
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
 from flydsl.compiler.target import SM80, SM90A, Stage, Target
 from flydsl.compiler.toolchain import assemble_ptx, find_ptxas
