@@ -54,6 +54,11 @@ BENCHMARKS = {
         "launch levels beneath them against torch, Triton, cuda-bindings; the cold start",
         "python benchmarks/host_overhead.py --json OUT --commit C",
     ),
+    "import_time": (
+        "what a zoo op's first call imports before it can launch (python -X importtime in fresh processes, grouped: "
+        "the native extension, the MLIR bindings, flydsl.expr, ...); CPU",
+        "python benchmarks/import_time.py --runs 5 --json OUT",
+    ),
     "isolation_bench": (
         "what compiling in a forked child (the default) adds to a compile of MLIR text and to the opt CLI; CPU",
         "python benchmarks/isolation_bench.py --reps 80 --json OUT",
