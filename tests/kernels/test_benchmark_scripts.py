@@ -447,3 +447,16 @@ def test_host_overhead_cold_start_medians(host_overhead):
     assert cold["first_call_ms"]["gemm"] is None and cold["errors"] == {"gemm": "RuntimeError: exited 1"}
     assert cold["import_ms"] == host_overhead._median([10.0 + k for k in range(2, 14)])
     assert cold["import_loads_compiler"] is False
+
+
+def test_import_time_groups_a_fresh_import(monkeypatch):
+    """import_time.one_run charges each module's self time to its group: importing the layout package alone (pure
+    Python) loads no native extension and no MLIR, and its groups add up to about its cumulative time."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import import_time
+
+    run = import_time.one_run("flydsl.layout")
+    groups = run["self_ms"]
+    assert groups["flydsl.layout"] > 0
+    assert groups["native extension (flydsl.compiler._fly)"] == 0 and groups["MLIR Python bindings (mlir.*)"] == 0
+    assert run["total_ms"] is not None and 0.5 * run["total_ms"] <= sum(groups.values()) <= 1.5 * run["total_ms"] + 1
