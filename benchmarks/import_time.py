@@ -29,14 +29,17 @@ GROUPS = (
     ("flydsl.compiler (Python)", "flydsl.compiler"),
     ("flydsl.kernels", "flydsl.kernels"),
 )
-_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)")
+_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|\s*(\S+)")
 
 
 def one_run(target: str) -> dict:
     """One fresh process: torch, then ``target`` under ``-X importtime``; self time per group (ms) and the
     target's cumulative time."""
-    code = f"import torch, time; import {target}"
-    run = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True)
+    code = f"import torch; import {target}"
+    run = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True)
+    if run.returncode != 0:
+        last = [line for line in run.stderr.splitlines() if not line.startswith("import time:")][-3:]
+        raise RuntimeError(f"import {target} failed in a fresh process: {' / '.join(last)}")
     groups = {name: 0.0 for name, _ in GROUPS}
     groups["other"] = 0.0
     seen_torch, total = False, None
@@ -44,7 +47,7 @@ def one_run(target: str) -> dict:
         match = _LINE.match(line)
         if not match:
             continue
-        self_us, cumulative_us, module = int(match[1]), int(match[2]), match[4]
+        self_us, cumulative_us, module = int(match[1]), int(match[2]), match[3]
         if not seen_torch:  # torch and its imports come first; its own line ends them
             seen_torch = module == "torch"
             continue
