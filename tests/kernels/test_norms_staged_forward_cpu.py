@@ -302,7 +302,7 @@ def _call(op: RowOp, n: int, dtype: str, sums: int, rows_offset: int, weight_off
 def _launch_shape(cfg, kernel: RowKernel) -> dict:
     """The launch keywords a route's config asks for on ROWS rows (132 SMs, no driver count of clusters)."""
     if kernel is RowKernel.LOOPED:
-        return {"grid": ROWS, "block": cfg.row.block}
+        return {"grid": ROWS, "block": cfg.row.block, "cluster": None}
     if hasattr(cfg, "row"):
         groups = persistent_groups(cfg, ROWS, 132)
         return {"grid": groups * cfg.row.cluster, "block": cfg.row.block, "cluster": cfg.row.cluster_shape}

@@ -1,6 +1,7 @@
 """The per-call host path of torch.ops.flydsl.* without a GPU: which calls take the direct path below autograd and
-which redispatch, defaults the dispatcher leaves out, gradients of unused outputs, the launchers the ops call (and
-their tensor bundles), and flydsl.kernels.validation's descriptions of torch tensors."""
+which redispatch, defaults the dispatcher leaves out, gradients of unused outputs, the zoo entry points the ops call,
+which calls of flydsl.torch.functional skip the dispatcher, and flydsl.kernels.validation's descriptions of torch
+tensors."""
 
 from __future__ import annotations
 
@@ -83,19 +84,36 @@ def _parameters(fn) -> list:
     return list(inspect.signature(fn).parameters)
 
 
-def test_the_launchers_the_ops_call_take_these_arguments():
-    # ops.py calls the launchers of flydsl.kernels directly with the kernels' tensor bundles (the ops validate
-    # everything themselves) and no route: the launchers' own.
-    forward, backward, softmax, from_torch = ops._kernels()
-    assert _parameters(forward.forward) == ["t", "eps", "rms", "chosen"]
-    assert _parameters(backward.backward) == ["t", "rms", "chosen"]
-    assert _parameters(softmax.forward) == _parameters(softmax.backward) == ["t", "chosen"]
-    for launcher in (forward.forward, backward.backward, softmax.forward, softmax.backward):
-        assert inspect.signature(launcher).parameters["chosen"].default is None  # the ops leave it out
-    assert forward.NormTensors._fields == ("x", "out", "residual", "weight", "bias", "residual_out", "mean", "rstd")
-    assert backward.NormGradients._fields == ("dy", "x", "weight", "mean", "rstd", "dx", "dweight", "dbias")
-    assert softmax.SoftmaxTensors._fields == ("x", "out", "dy")
-    assert from_torch(None) is None
+def test_the_ops_call_the_zoo_entry_points_with_these_arguments():
+    # ops.py calls flydsl.kernels' public functions (the first call of a signature validates and routes, later ones
+    # run its plan: flydsl.kernels.plans), outputs by keyword.
+    import flydsl.kernels as zoo
+
+    assert _parameters(zoo.softmax) == ["x", "out"]
+    assert _parameters(zoo.softmax_backward) == ["dy", "y", "dx"]
+    assert _parameters(zoo.layer_norm) == ["x", "weight", "bias", "eps", "out", "mean", "rstd", "return_stats"]
+    assert _parameters(zoo.layer_norm_backward) == ["dy", "x", "weight", "mean", "rstd", "dx", "dweight", "dbias"]
+    assert _parameters(zoo.rms_norm) == ["x", "weight", "eps", "out", "rstd", "return_stats"]
+    assert _parameters(zoo.rms_norm_backward) == ["dy", "x", "weight", "rstd", "dx", "dweight"]
+    assert _parameters(zoo.fused_add_rms_norm) == [
+        "x", "residual", "weight", "eps", "out", "residual_out", "rstd", "return_stats"
+    ]  # fmt: skip
+
+
+def test_functional_takes_the_eager_path_only_for_plain_cuda_tensors():
+    # CPU tensors, fake tensors and tensors that need gradients go through the ops (which raise naming the argument,
+    # trace, or record gradients); a plain CUDA tensor's key set is the one _eager learns (checked on the GPU).
+    from flydsl.torch import functional
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert not functional._eager(torch.zeros(2, 4))
+    with FakeTensorMode() as mode:
+        assert not functional._eager(mode.from_tensor(torch.zeros(2, 4)))
+    keys = torch._C.DispatchKey
+    plain = torch._C.DispatchKeySet(keys.CUDA).add(keys.ADInplaceOrView).add(keys.AutogradCUDA).add(keys.AutocastCUDA)
+    assert functional._plain_keyset(plain.raw_repr())
+    assert not functional._plain_keyset(plain.add(keys.Python).raw_repr())
+    assert not functional._plain_keyset(torch._C._dispatch_keys(torch.zeros(2)).raw_repr())
 
 
 def test_validation_describes_torch_tensors_without_checks_or_with_them():

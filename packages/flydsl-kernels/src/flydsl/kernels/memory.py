@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from flydsl.kernels.validation import TensorInfo, describe, from_torch, is_torch
 
-__all__ = ["can_allocate", "empty_like", "empty_rows", "allocated", "stream_key", "per_stream", "claim_counter"]
+__all__ = [
+    "can_allocate",
+    "empty_like",
+    "empty_rows",
+    "torch_empty_like",
+    "torch_statistics",
+    "allocated",
+    "stream_key",
+    "per_stream",
+    "claim_counter",
+]
 
 _TORCH = []  # [torch module, {our dtype name: torch dtype}] once something was allocated
 
@@ -59,12 +69,24 @@ def can_allocate(like: TensorInfo) -> bool:
 def empty_like(like: TensorInfo, what: str, dtype: str | None = None):
     """A contiguous tensor of ``like``'s shape (and dtype unless given) on its device, from its framework."""
     obj = like.obj
-    if dtype is None and is_torch(obj):  # empty_like parses no dtype/device arguments: half of torch.empty's time
-        torch, _ = _torch_of(like, what)
-        if obj.is_contiguous():
-            return torch.empty_like(obj)
-        return torch.empty_like(obj, memory_format=torch.contiguous_format)
+    if dtype is None and is_torch(obj):
+        return torch_empty_like(obj)
     return _allocate(like, tuple(like.shape), like.dtype if dtype is None else dtype, what)
+
+
+def torch_empty_like(obj):
+    """A contiguous torch tensor of the torch tensor ``obj``'s shape and dtype, on its device (empty_like parses no
+    dtype/device arguments: half of torch.empty's host time)."""
+    torch = _TORCH[0] if _TORCH else _torch_of(from_torch(obj), "output")[0]
+    if obj.is_contiguous():
+        return torch.empty_like(obj)
+    return torch.empty_like(obj, memory_format=torch.contiguous_format)
+
+
+def torch_statistics(obj):
+    """A float32 ``(rows,)`` torch tensor on the device of the torch tensor ``obj`` (rows, N): per-row statistics."""
+    torch = _TORCH[0] if _TORCH else _torch_of(from_torch(obj), "statistics")[0]
+    return obj.new_empty((obj.shape[0],), dtype=torch.float32)
 
 
 def empty_rows(like: TensorInfo, shape: tuple, what: str, dtype: str = "f32", scratch: bool = False):

@@ -42,6 +42,7 @@ import typing
 from collections.abc import Callable, Sequence
 
 import torch
+from flydsl.kernels.plans import Plans, signature
 
 __all__ = ["NAMESPACE", "FlyOp", "register_op", "registered_ops"]
 
@@ -108,6 +109,8 @@ class FlyOp:
         self._tensor_inputs = tuple(
             (i, p.name) for i, p in enumerate(self.input_params) if _is_tensor_param(p.annotation)
         )
+        self._checked_functional = Plans(f"flydsl.{name} (checked)")
+        self._checked_out = Plans(f"flydsl.{name}_out (checked)")
         self.out = self._register_out()
         self.functional = self._register_functional()
 
@@ -152,6 +155,16 @@ class FlyOp:
                     self._device_error(name, value, first_name, first)
         return specs
 
+    def _checked(self, inputs, given: dict | None) -> list[OutputSpec]:
+        """:meth:`_validate` on real tensors, once per call signature (:mod:`flydsl.kernels.plans`: the tensors'
+        shapes, strides, dtypes, alignment and devices, the other arguments' values): the output specs."""
+        plans = self._checked_functional if given is None else self._checked_out
+        key = signature(*inputs) if given is None else signature(*inputs, *given.values())
+        specs = plans.get(key)
+        if specs is None:
+            specs = plans.add(key, self._validate(inputs, given, real=True))
+        return specs
+
     def _check_devices(self, tensors: list) -> None:
         first_name, first = tensors[0]
         device = first.get_device()  # an int: cheaper than comparing torch.device objects
@@ -194,7 +207,7 @@ class FlyOp:
     def _register_out(self):
         def real(*args, **kwargs):
             inputs, given = self._split(args, kwargs)
-            self._validate(inputs, given, real=True)
+            self._checked(inputs, given)
             if torch.is_grad_enabled():
                 for i, _ in self._tensor_inputs:
                     if inputs[i] is not None and inputs[i].requires_grad:
@@ -241,9 +254,16 @@ class FlyOp:
 
     def _run(self, inputs):
         """The functional op on real tensors: validated inputs, allocated outputs, the implementation."""
-        results, given = self._allocate(inputs, self._validate(inputs, None, real=True))
+        results, given = self._allocate(inputs, self._checked(inputs, None))
         self.impl(*inputs, **dict(zip(self.output_names, given, strict=True)))
         return results[0] if len(results) == 1 else tuple(results)
+
+    def eager_out(self, inputs: tuple, given: dict) -> None:
+        """The mutating op's work without the dispatcher, for ``flydsl.torch.functional``'s eager path: plain CUDA
+        tensors that need no gradient, outputs just allocated by the caller (no version counter to bump), nothing
+        tracing (see ``functional._eager``). Checked as the op checks (once per signature), then the implementation."""
+        self._checked(inputs, given)
+        self.impl(*inputs, **given)
 
     def _register_functional(self):
         single = len(self.output_names) == 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 
+import flydsl.kernels as zoo
 import torch
 from flydsl.kernels import validation as check
 from flydsl.torch._registry import register_op
@@ -47,23 +48,6 @@ __all__ = [
 ]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the kernels read and write
-
-
-_LAUNCHERS: list = []
-
-
-def _kernels():
-    """The launchers of ``flydsl.kernels`` and their tensor bundles: (norms forward module, norms backward module,
-    softmax kernels module, from_torch). The ops check everything the kernels need (dtypes, shapes, unit strides,
-    one CUDA device) before they get here, so they skip ``flydsl.kernels``' second validation of every argument.
-    Imported on first use: registering (and tracing with fake tensors) needs no compiler."""
-    if not _LAUNCHERS:
-        import importlib
-
-        names = ("norms.forward", "norms.backward", "softmax.kernels", "validation")
-        modules = [importlib.import_module(f"flydsl.kernels.{name}") for name in names]
-        _LAUNCHERS.extend((*modules[:3], modules[3].from_torch))
-    return _LAUNCHERS
 
 
 # --- checks shared by the fake and the real implementations (flydsl.kernels.validation's) -------------------------
@@ -201,8 +185,7 @@ def softmax(x: Tensor, *, out: Tensor) -> None:
     if x.numel() == 0:
         return
     n = x.shape[-1]
-    _, _, kernel, row = _kernels()
-    kernel.forward(kernel.SoftmaxTensors(x=row(_rows(x, n)), out=row(_out_rows("softmax", "out", out, n))))
+    zoo.softmax(_rows(x, n), out=_out_rows("softmax", "out", out, n))
 
 
 def _check_softmax_backward(dy: Tensor, y: Tensor) -> None:
@@ -215,9 +198,7 @@ def softmax_backward(dy: Tensor, y: Tensor, *, dx: Tensor) -> None:
     if y.numel() == 0:
         return
     n = y.shape[-1]
-    _, _, kernel, row = _kernels()
-    dx_rows = row(_out_rows("softmax_backward", "dx", dx, n))
-    kernel.backward(kernel.SoftmaxTensors(x=row(_rows(y, n)), out=dx_rows, dy=row(_rows(dy, n))))
+    zoo.softmax_backward(_rows(dy, n), _rows(y, n), dx=_out_rows("softmax_backward", "dx", dx, n))
 
 
 # --- layer norm ------------------------------------------------------------------------------------------------------
@@ -250,16 +231,15 @@ def layer_norm(
     if x.numel() == 0:
         return
     n = math.prod(normalized_shape)
-    kernel, _, _, row = _kernels()
-    tensors = kernel.NormTensors(
-        x=row(_rows(x, n)),
-        out=row(_out_rows("layer_norm", "out", out, n)),
-        weight=row(_vector(weight)),
-        bias=row(_vector(bias)),
-        mean=row(_out_vector("layer_norm", "mean", mean)),
-        rstd=row(_out_vector("layer_norm", "rstd", rstd)),
+    zoo.layer_norm(
+        _rows(x, n),
+        _vector(weight),
+        _vector(bias),
+        float(eps),
+        out=_out_rows("layer_norm", "out", out, n),
+        mean=_out_vector("layer_norm", "mean", mean),
+        rstd=_out_vector("layer_norm", "rstd", rstd),
     )
-    kernel.forward(tensors, float(eps), rms=False)
 
 
 def _check_layer_norm_backward(dy, x, normalized_shape, weight, mean, rstd) -> None:
@@ -295,18 +275,16 @@ def layer_norm_backward(
         return
     n = math.prod(normalized_shape)
     op = "layer_norm_backward"
-    _, kernel, _, row = _kernels()
-    grads = kernel.NormGradients(
-        dy=row(_rows(dy, n)),
-        x=row(_rows(x, n)),
-        weight=row(_vector(weight)),
-        mean=row(_stats_in(mean)),
-        rstd=row(_stats_in(rstd)),
-        dx=row(_out_rows(op, "dx", dx, n)),
-        dweight=row(_out_vector(op, "dweight", dweight)),
-        dbias=row(_out_vector(op, "dbias", dbias)),
+    zoo.layer_norm_backward(
+        _rows(dy, n),
+        _rows(x, n),
+        _vector(weight),
+        _stats_in(mean),
+        _stats_in(rstd),
+        dx=_out_rows(op, "dx", dx, n),
+        dweight=_out_vector(op, "dweight", dweight),
+        dbias=_out_vector(op, "dbias", dbias),
     )
-    kernel.backward(grads, rms=False)
 
 
 # --- rms norm --------------------------------------------------------------------------------------------------------
@@ -336,14 +314,13 @@ def rms_norm(
     if x.numel() == 0:
         return
     n = math.prod(normalized_shape)
-    kernel, _, _, row = _kernels()
-    tensors = kernel.NormTensors(
-        x=row(_rows(x, n)),
-        out=row(_out_rows("rms_norm", "out", out, n)),
-        weight=row(_vector(weight)),
-        rstd=row(_out_vector("rms_norm", "rstd", rstd)),
+    zoo.rms_norm(
+        _rows(x, n),
+        _vector(weight),
+        _rms_eps(eps),
+        out=_out_rows("rms_norm", "out", out, n),
+        rstd=_out_vector("rms_norm", "rstd", rstd),
     )
-    kernel.forward(tensors, _rms_eps(eps), rms=True)
 
 
 def _check_rms_norm_backward(dy, x, normalized_shape, weight, rstd) -> None:
@@ -375,17 +352,14 @@ def rms_norm_backward(
         return
     n = math.prod(normalized_shape)
     op = "rms_norm_backward"
-    _, kernel, _, row = _kernels()
-    grads = kernel.NormGradients(
-        dy=row(_rows(dy, n)),
-        x=row(_rows(x, n)),
-        weight=row(_vector(weight)),
-        mean=None,
-        rstd=row(_stats_in(rstd)),
-        dx=row(_out_rows(op, "dx", dx, n)),
-        dweight=row(_out_vector(op, "dweight", dweight)),
+    zoo.rms_norm_backward(
+        _rows(dy, n),
+        _rows(x, n),
+        _vector(weight),
+        _stats_in(rstd),
+        dx=_out_rows(op, "dx", dx, n),
+        dweight=_out_vector(op, "dweight", dweight),
     )
-    kernel.backward(grads, rms=True)
 
 
 def _check_fused_add_rms_norm(x, residual, normalized_shape, weight, eps) -> None:
@@ -416,16 +390,15 @@ def fused_add_rms_norm(
         return
     n = math.prod(normalized_shape)
     op = "fused_add_rms_norm"
-    kernel, _, _, row = _kernels()
-    tensors = kernel.NormTensors(
-        x=row(_rows(x, n)),
-        out=row(_out_rows(op, "out", out, n)),
-        residual=row(_rows(residual, n)),
-        weight=row(_vector(weight)),
-        residual_out=row(_out_rows(op, "residual_out", residual_out, n)),
-        rstd=row(_out_vector(op, "rstd", rstd)),
+    zoo.fused_add_rms_norm(
+        _rows(x, n),
+        _rows(residual, n),
+        _vector(weight),
+        _rms_eps(eps),
+        out=_out_rows(op, "out", out, n),
+        residual_out=_out_rows(op, "residual_out", residual_out, n),
+        rstd=_out_vector(op, "rstd", rstd),
     )
-    kernel.forward(tensors, _rms_eps(eps), rms=True)
 
 
 # --- gemm ------------------------------------------------------------------------------------------------------------

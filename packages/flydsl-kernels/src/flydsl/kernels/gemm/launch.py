@@ -1,11 +1,14 @@
 """The GEMM entry points on torch tensors: check the arguments, find the call's plan (:mod:`~flydsl.kernels.gemm.plan`,
-cached per geometry), prepare the operands it names, bind TMA descriptors and scratch memory, launch.
+kept per call signature: :mod:`flydsl.kernels.plans`), prepare the operands it names, bind TMA descriptors and
+scratch memory, launch.
 
     from flydsl.kernels.gemm import gemm
     c = gemm(a, b)                     # a (M, K), b (K, N): torch tensors on the GPU, bf16 or fp16
 """
 
 from __future__ import annotations
+
+import functools
 
 from flydsl.kernels.device import sm_count
 from flydsl.kernels.gemm.arguments import check_arguments, check_devices, check_skinny, zero_product
@@ -14,11 +17,9 @@ from flydsl.kernels.gemm.operands import MatrixSpec, copy_for_tma, tma_tile
 from flydsl.kernels.gemm.plan import GemmPlan, Scratch, Tensor, Tma, plan_gemm, plan_skinny
 from flydsl.kernels.gemm.skinny import SkinnyConfig
 from flydsl.kernels.memory import per_stream
+from flydsl.kernels.plans import Plans, signature
 
 __all__ = ["gemm", "launch_plan", "skinny_gemm"]
-
-_PLANS: dict[tuple, GemmPlan] = {}  # (planner, device, epilogue, config, the tensors' geometry) -> its plan
-_PLANS_LIMIT = 1024
 
 
 def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None):
@@ -28,13 +29,7 @@ def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activat
     row-major bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: the tile configuration (default:
     :func:`~flydsl.kernels.gemm.config.choose_config`; with none given, M <= 16 and nn.Linear weights ``w.t()``
     stream the weights through the skinny kernel)."""
-    who = "flydsl.kernels.gemm"
-    check_devices(who, a, b, out, bias)
-    m, n, k = check_arguments(who, a, b, out, bias, activation)
-    out = _output(a, m, n) if out is None else out
-    if m == 0 or n == 0 or k == 0:
-        return zero_product(out, bias, activation)
-    return launch_plan(_plan(plan_gemm, a, b, out, bias, activation, config), a, b, out, bias)
+    return _call(_GEMM, plan_gemm, check_arguments, a, b, out, config, bias, activation)
 
 
 def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None, activation: str | None = None):
@@ -44,39 +39,40 @@ def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None
     ``activation`` None, "relu", "gelu" (erf) or "silu", applied in float32; ``out`` (M, N) row-major
     bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: default
     :func:`~flydsl.kernels.gemm.skinny.choose_skinny_config`."""
-    who = "flydsl.kernels.skinny_gemm"
+    return _call(_SKINNY, plan_skinny, check_skinny, a, b, out, config, bias, activation)
+
+
+_GEMM = Plans("flydsl.kernels.gemm")
+_SKINNY = Plans("flydsl.kernels.skinny_gemm")
+
+
+def _call(plans: Plans, planner, check, a, b, out, config, bias, activation):
+    """One GEMM entry point's call: the plan of its signature (the tensors' shapes, strides, dtypes, alignment and
+    devices, the epilogue and the configuration: :mod:`flydsl.kernels.plans`), else the arguments checked and
+    ``planner``'s plan (:func:`~flydsl.kernels.gemm.plan.plan_gemm` or ``plan_skinny``) made and kept."""
+    key = signature(a, b, out, bias, activation)
+    key = None if key is None else key + (config,)
+    plan = plans.get(key)
+    if plan is not None:
+        return plan(a, b, out, bias)
+    who = plans.name
     check_devices(who, a, b, out, bias)
-    m, n, k = check_skinny(who, a, b, out, bias, activation)
-    out = _output(a, m, n) if out is None else out
+    m, n, k = check(who, a, b, out, bias, activation)
+    given = out
+    out = a.new_empty((m, n)) if out is None else out
     if m == 0 or n == 0 or k == 0:
         return zero_product(out, bias, activation)
-    return launch_plan(_plan(plan_skinny, a, b, out, bias, activation, config), a, b, out, bias)
+    bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")
+    specs = MatrixSpec.of(a, "a"), MatrixSpec.of(b, "b"), MatrixSpec.of(out, "out")
+    gemm_plan = planner(*specs, sms=sm_count(a.get_device()), bias=bias_spec, activation=activation, config=config)
+    plans.add(key, functools.partial(_planned, gemm_plan, (m, n)))
+    launch_plan(gemm_plan, a, b, out, bias)
+    return given if given is not None else out
 
 
-def _output(a, m: int, n: int):
-    """The output not given: (m, n) row-major in a's dtype, on its device."""
-    import torch
-
-    return torch.empty((m, n), dtype=a.dtype, device=a.device)
-
-
-def _plan(planner, a, b, out, bias, activation, config) -> GemmPlan:
-    """``planner``'s plan (:func:`~flydsl.kernels.gemm.plan.plan_gemm` or ``plan_skinny``) for these tensors, cached
-    on what it depends on, read cheaply (no MatrixSpec built on a hit): each tensor's shape, strides, dtype and
-    16-byte alignment, the epilogue, the configuration and the device (its SM count)."""
-    key = (planner, a.get_device(), activation, config, a.shape, a.stride(), a.dtype, a.data_ptr() & 15)
-    key += (b.shape, b.stride(), b.dtype, b.data_ptr() & 15, out.shape, out.stride(), out.dtype, out.data_ptr() & 15)
-    if bias is not None:
-        key += (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15)
-    plan = _PLANS.get(key)
-    if plan is None:
-        bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")
-        specs = MatrixSpec.of(a, "a"), MatrixSpec.of(b, "b"), MatrixSpec.of(out, "out")
-        plan = planner(*specs, sms=sm_count(a.get_device()), bias=bias_spec, activation=activation, config=config)
-        if len(_PLANS) >= _PLANS_LIMIT:
-            _PLANS.pop(next(iter(_PLANS)))
-        _PLANS[key] = plan
-    return plan
+def _planned(gemm_plan: GemmPlan, shape: tuple, a, b, out, bias):
+    """A kept plan's call: the output allocated where not given (row-major in a's dtype, as the first call's)."""
+    return launch_plan(gemm_plan, a, b, a.new_empty(shape) if out is None else out, bias)
 
 
 _PLAN_TILES_LIMIT = 64  # TMA tiles a plan keeps, by address

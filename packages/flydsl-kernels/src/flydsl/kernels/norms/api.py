@@ -4,7 +4,9 @@ Every function takes ``(rows, N)`` tensors with unit stride on the last dim and 
 or bfloat16; weights and biases have the input's dtype or float32. Reductions run in float32. Outputs that are not
 given are allocated through the input's framework (torch or cupy; other frameworks must pass them) and every
 function returns what it wrote. Arguments are validated before anything is launched
-(:mod:`flydsl.kernels.validation`); errors name the function and the argument.
+(:mod:`flydsl.kernels.validation`); errors name the function and the argument. That happens on the first call of
+each signature (the arguments' shapes, strides, dtypes, alignment and device); later calls with that signature run
+the plan it made (:mod:`flydsl.kernels.plans`).
 
 Statistics (``mean``, ``rstd``: float32, shape ``(rows,)``) are written only when asked for, so that inference pays
 nothing for them: pass tensors to fill (``mean=..., rstd=...``), or ``return_stats=True`` to have them allocated.
@@ -18,7 +20,8 @@ import functools
 from typing import NamedTuple
 
 from flydsl.kernels import validation as check
-from flydsl.kernels.memory import allocated, empty_like, empty_rows
+from flydsl.kernels.memory import allocated, empty_like, empty_rows, torch_empty_like, torch_statistics
+from flydsl.kernels.plans import Plans, signature
 from flydsl.kernels.validation import TensorInfo
 
 __all__ = [
@@ -71,6 +74,13 @@ class NormGradients(NamedTuple):
     dbias: TensorInfo | None = None
 
 
+_LAYER_NORM = Plans("flydsl.kernels.layer_norm")
+_LAYER_NORM_BACKWARD = Plans("flydsl.kernels.layer_norm_backward")
+_RMS_NORM = Plans("flydsl.kernels.rms_norm")
+_RMS_NORM_BACKWARD = Plans("flydsl.kernels.rms_norm_backward")
+_FUSED_ADD_RMS_NORM = Plans("flydsl.kernels.fused_add_rms_norm")
+
+
 @functools.cache
 def _launchers():
     """(the forward's module, the backward's): imported on the first call, so that ``import flydsl.kernels`` (and
@@ -120,17 +130,23 @@ def layer_norm(x, weight, bias, eps=1e-5, out=None, mean=None, rstd=None, *, ret
     """``out = (x - mean) * rstd * weight + bias`` over each row (``torch.nn.functional.layer_norm`` on the last
     dim); ``weight``/``bias`` (N,) may be ``None``. Returns ``(out, mean, rstd)``: the statistics (float32, (rows,))
     are written only into the tensors given or, with ``return_stats=True``, into new ones; else they are ``None``."""
-    who = "flydsl.kernels.layer_norm"
-    x_t = check.rows(who, "x", x)
-    w_t, b_t = _weight(who, weight, "weight", x_t), _weight(who, bias, "bias", x_t)
-    eps = check.nonnegative(who, "eps", eps)
-    out_t = output(who, out, "out", x_t)
-    mean_t = statistics(who, mean, "mean", x_t, return_stats)
-    rstd_t = statistics(who, rstd, "rstd", x_t, return_stats)
-    _launchers()[0].forward(
-        NormTensors(x=x_t, out=out_t, weight=w_t, bias=b_t, mean=mean_t, rstd=rstd_t), eps, rms=False
-    )
-    return out_t.obj, _obj(mean_t), _obj(rstd_t)
+    key = signature(x, weight, bias, eps, out, mean, rstd, return_stats)
+    plan = _LAYER_NORM.get(key)
+    if plan is None:  # the first call with this signature: validated and routed (flydsl.kernels.plans)
+        who = "flydsl.kernels.layer_norm"
+        x_t = check.rows(who, "x", x)
+        w_t, b_t = _weight(who, weight, "weight", x_t), _weight(who, bias, "bias", x_t)
+        eps = check.nonnegative(who, "eps", eps)
+        out_t = output(who, out, "out", x_t)
+        mean_t = statistics(who, mean, "mean", x_t, return_stats)
+        rstd_t = statistics(who, rstd, "rstd", x_t, return_stats)
+        tensors = NormTensors(x=x_t, out=out_t, weight=w_t, bias=b_t, mean=mean_t, rstd=rstd_t)
+        plan = _LAYER_NORM.add(key, _launchers()[0].forward_plan(tensors, rms=False))
+        out, mean, rstd = out_t.obj, _obj(mean_t), _obj(rstd_t)
+    else:
+        out, mean, rstd = _planned_outputs(x, out, mean, rstd, return_stats)
+    plan(x, out, None, weight, bias, None, mean, rstd, float(eps))
+    return out, mean, rstd
 
 
 def layer_norm_backward(dy, x, weight, mean, rstd, dx=None, dweight=None, dbias=None):
@@ -138,65 +154,112 @@ def layer_norm_backward(dy, x, weight, mean, rstd, dx=None, dweight=None, dbias=
     and when ``weight`` is given, ``dweight`` and ``dbias`` (N,) in ``weight``'s dtype (the sums over rows run in
     float32: per-CTA partial sums, then one small reduction kernel). Without ``weight``, ``dweight``/``dbias`` are
     ``None`` (the forward had no affine parameters)."""
-    who = "flydsl.kernels.layer_norm_backward"
-    x_t = check.rows(who, "x", x)
-    dy_t = check.rows(who, "dy", dy, rows=x_t.shape[0], n=x_t.shape[1], dtypes=(x_t.dtype,))
-    w_t = _weight(who, weight, "weight", x_t)
-    mean_t, rstd_t = check.stats(who, "mean", mean, x_t.shape[0]), check.stats(who, "rstd", rstd, x_t.shape[0])
-    check.same_device(who, x_t, ("dy", dy_t), ("mean", mean_t), ("rstd", rstd_t))
-    dx_t = output(who, dx, "dx", x_t)
-    dw_t = db_t = None
-    if w_t is not None:
-        dw_t = _gradient(who, dweight, "dweight", w_t, x_t)
-        db_t = _gradient(who, dbias, "dbias", w_t, x_t)
-    grads = NormGradients(dy=dy_t, x=x_t, weight=w_t, mean=mean_t, rstd=rstd_t, dx=dx_t, dweight=dw_t, dbias=db_t)
-    _launchers()[1].backward(grads, rms=False)
-    return dx_t.obj, _obj(dw_t), _obj(db_t)
+    key = signature(dy, x, weight, mean, rstd, dx, dweight, dbias)
+    plan = _LAYER_NORM_BACKWARD.get(key)
+    if plan is None:
+        who = "flydsl.kernels.layer_norm_backward"
+        x_t = check.rows(who, "x", x)
+        dy_t = check.rows(who, "dy", dy, rows=x_t.shape[0], n=x_t.shape[1], dtypes=(x_t.dtype,))
+        w_t = _weight(who, weight, "weight", x_t)
+        mean_t, rstd_t = check.stats(who, "mean", mean, x_t.shape[0]), check.stats(who, "rstd", rstd, x_t.shape[0])
+        check.same_device(who, x_t, ("dy", dy_t), ("mean", mean_t), ("rstd", rstd_t))
+        dx_t = output(who, dx, "dx", x_t)
+        dw_t = db_t = None
+        if w_t is not None:
+            dw_t = _gradient(who, dweight, "dweight", w_t, x_t)
+            db_t = _gradient(who, dbias, "dbias", w_t, x_t)
+        grads = NormGradients(dy=dy_t, x=x_t, weight=w_t, mean=mean_t, rstd=rstd_t, dx=dx_t, dweight=dw_t, dbias=db_t)
+        plan = _LAYER_NORM_BACKWARD.add(key, _launchers()[1].backward_plan(grads, rms=False))
+        dx, dweight, dbias = dx_t.obj, _obj(dw_t), _obj(db_t)
+    else:
+        dx = torch_empty_like(x) if dx is None else dx
+        if weight is not None:
+            dweight = torch_empty_like(weight) if dweight is None else dweight
+            dbias = torch_empty_like(weight) if dbias is None else dbias
+        else:
+            dweight = dbias = None
+    plan(dy, x, weight, mean, rstd, dx, dweight, dbias)
+    return dx, dweight, dbias
 
 
 def rms_norm(x, weight, eps=1e-6, out=None, rstd=None, *, return_stats=False):
     """``out = x * rstd * weight`` with ``rstd = 1 / sqrt(mean(x**2) + eps)`` over each row; ``weight`` (N,) may be
     ``None``. Returns ``(out, rstd)``; ``rstd`` follows :func:`layer_norm`'s convention (written when given or with
     ``return_stats=True``, else ``None``)."""
-    who = "flydsl.kernels.rms_norm"
-    x_t = check.rows(who, "x", x)
-    w_t = _weight(who, weight, "weight", x_t)
-    eps = check.nonnegative(who, "eps", eps)
-    out_t = output(who, out, "out", x_t)
-    rstd_t = statistics(who, rstd, "rstd", x_t, return_stats)
-    _launchers()[0].forward(NormTensors(x=x_t, out=out_t, weight=w_t, rstd=rstd_t), eps, rms=True)
-    return out_t.obj, _obj(rstd_t)
+    key = signature(x, weight, eps, out, rstd, return_stats)
+    plan = _RMS_NORM.get(key)
+    if plan is None:
+        who = "flydsl.kernels.rms_norm"
+        x_t = check.rows(who, "x", x)
+        w_t = _weight(who, weight, "weight", x_t)
+        eps = check.nonnegative(who, "eps", eps)
+        out_t = output(who, out, "out", x_t)
+        rstd_t = statistics(who, rstd, "rstd", x_t, return_stats)
+        tensors = NormTensors(x=x_t, out=out_t, weight=w_t, rstd=rstd_t)
+        plan = _RMS_NORM.add(key, _launchers()[0].forward_plan(tensors, rms=True))
+        out, rstd = out_t.obj, _obj(rstd_t)
+    else:
+        out, _, rstd = _planned_outputs(x, out, None, rstd, return_stats, mean_wanted=False)
+    plan(x, out, None, weight, None, None, None, rstd, float(eps))
+    return out, rstd
 
 
 def rms_norm_backward(dy, x, weight, rstd, dx=None, dweight=None):
     """Gradients of :func:`rms_norm` from the forward's ``rstd``: ``dx`` (rows, N), and ``dweight`` (N,) when
     ``weight`` is given (else ``None``)."""
-    who = "flydsl.kernels.rms_norm_backward"
-    x_t = check.rows(who, "x", x)
-    dy_t = check.rows(who, "dy", dy, rows=x_t.shape[0], n=x_t.shape[1], dtypes=(x_t.dtype,))
-    w_t = _weight(who, weight, "weight", x_t)
-    rstd_t = check.stats(who, "rstd", rstd, x_t.shape[0])
-    check.same_device(who, x_t, ("dy", dy_t), ("rstd", rstd_t))
-    dx_t = output(who, dx, "dx", x_t)
-    dw_t = _gradient(who, dweight, "dweight", w_t, x_t) if w_t is not None else None
-    grads = NormGradients(dy=dy_t, x=x_t, weight=w_t, mean=None, rstd=rstd_t, dx=dx_t, dweight=dw_t)
-    _launchers()[1].backward(grads, rms=True)
-    return dx_t.obj, _obj(dw_t)
+    key = signature(dy, x, weight, rstd, dx, dweight)
+    plan = _RMS_NORM_BACKWARD.get(key)
+    if plan is None:
+        who = "flydsl.kernels.rms_norm_backward"
+        x_t = check.rows(who, "x", x)
+        dy_t = check.rows(who, "dy", dy, rows=x_t.shape[0], n=x_t.shape[1], dtypes=(x_t.dtype,))
+        w_t = _weight(who, weight, "weight", x_t)
+        rstd_t = check.stats(who, "rstd", rstd, x_t.shape[0])
+        check.same_device(who, x_t, ("dy", dy_t), ("rstd", rstd_t))
+        dx_t = output(who, dx, "dx", x_t)
+        dw_t = _gradient(who, dweight, "dweight", w_t, x_t) if w_t is not None else None
+        grads = NormGradients(dy=dy_t, x=x_t, weight=w_t, mean=None, rstd=rstd_t, dx=dx_t, dweight=dw_t)
+        plan = _RMS_NORM_BACKWARD.add(key, _launchers()[1].backward_plan(grads, rms=True))
+        dx, dweight = dx_t.obj, _obj(dw_t)
+    else:
+        dx = torch_empty_like(x) if dx is None else dx
+        dweight = None if weight is None else torch_empty_like(weight) if dweight is None else dweight
+    plan(dy, x, weight, None, rstd, dx, dweight, None)
+    return dx, dweight
 
 
 def fused_add_rms_norm(x, residual, weight, eps=1e-6, out=None, residual_out=None, rstd=None, *, return_stats=False):
     """``residual_out = x + residual`` (rounded to the input dtype) and ``out = rms_norm(residual_out) * weight``,
     in one pass. ``residual_out`` may be ``residual`` itself (an in-place update, as in vLLM). Returns ``(out,
     residual_out, rstd)`` (``rstd`` as in :func:`rms_norm`)."""
-    who = "flydsl.kernels.fused_add_rms_norm"
-    x_t = check.rows(who, "x", x)
-    r_t = check.rows(who, "residual", residual, rows=x_t.shape[0], n=x_t.shape[1], dtypes=(x_t.dtype,))
-    check.same_device(who, x_t, ("residual", r_t))
-    w_t = _weight(who, weight, "weight", x_t)
-    eps = check.nonnegative(who, "eps", eps)
-    out_t = output(who, out, "out", x_t)
-    ro_t = output(who, residual_out, "residual_out", x_t)
-    rstd_t = statistics(who, rstd, "rstd", x_t, return_stats)
-    tensors = NormTensors(x=x_t, out=out_t, residual=r_t, weight=w_t, residual_out=ro_t, rstd=rstd_t)
-    _launchers()[0].forward(tensors, eps, rms=True)
-    return out_t.obj, ro_t.obj, _obj(rstd_t)
+    key = signature(x, residual, weight, eps, out, residual_out, rstd, return_stats)
+    plan = _FUSED_ADD_RMS_NORM.get(key)
+    if plan is None:
+        who = "flydsl.kernels.fused_add_rms_norm"
+        x_t = check.rows(who, "x", x)
+        r_t = check.rows(who, "residual", residual, rows=x_t.shape[0], n=x_t.shape[1], dtypes=(x_t.dtype,))
+        check.same_device(who, x_t, ("residual", r_t))
+        w_t = _weight(who, weight, "weight", x_t)
+        eps = check.nonnegative(who, "eps", eps)
+        out_t = output(who, out, "out", x_t)
+        ro_t = output(who, residual_out, "residual_out", x_t)
+        rstd_t = statistics(who, rstd, "rstd", x_t, return_stats)
+        tensors = NormTensors(x=x_t, out=out_t, residual=r_t, weight=w_t, residual_out=ro_t, rstd=rstd_t)
+        plan = _FUSED_ADD_RMS_NORM.add(key, _launchers()[0].forward_plan(tensors, rms=True))
+        out, residual_out, rstd = out_t.obj, ro_t.obj, _obj(rstd_t)
+    else:
+        out = torch_empty_like(x) if out is None else out
+        residual_out = torch_empty_like(x) if residual_out is None else residual_out
+        rstd = torch_statistics(x) if rstd is None and return_stats else rstd
+    plan(x, out, residual, weight, None, residual_out, None, rstd, float(eps))
+    return out, residual_out, rstd
+
+
+def _planned_outputs(x, out, mean, rstd, return_stats: bool, mean_wanted: bool = True) -> tuple:
+    """The outputs of a planned forward call (torch tensors: the plan was made for the same signature): the ones
+    given, else new ones where the signature's first call allocated them."""
+    out = torch_empty_like(x) if out is None else out
+    if return_stats:
+        mean = torch_statistics(x) if mean is None and mean_wanted else mean
+        rstd = torch_statistics(x) if rstd is None else rstd
+    return out, mean, rstd

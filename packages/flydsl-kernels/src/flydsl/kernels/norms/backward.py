@@ -12,12 +12,13 @@ save that kernel but make the result depend on timing).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import cluster, gpu
 from flydsl.kernels.device import sm_count
-from flydsl.kernels.memory import can_allocate, empty_rows
+from flydsl.kernels.memory import allocated, can_allocate, empty_rows
 from flydsl.kernels.norms.api import NormGradients
 from flydsl.kernels.norms.backward_common import BackwardRows, BackwardTensors, PartialRow, store4, sum_index
 from flydsl.kernels.norms.backward_register import rows_prefetched, rows_two_pass, write_partial
@@ -30,7 +31,7 @@ from flydsl.kernels.rows.router import Route, RowOp, route
 from flydsl.kernels.rows.tiles import row_position
 from flydsl.kernels.validation import rows_aligned
 
-__all__ = ["norm_backward_kernel", "backward", "backward_route"]
+__all__ = ["norm_backward_kernel", "backward", "backward_plan", "backward_route"]
 
 
 @flyc.kernel(target=flyc.Target("sm_90a", ptx_version=81))  # PTX ISA 8.1: st.async (the staged kernel's pushes)
@@ -128,25 +129,39 @@ def backward_route(t: NormGradients, rms: bool) -> Route:
 def backward(t: NormGradients, rms: bool, chosen: Route | None = None) -> None:
     """Launches the backward on validated tensors along ``chosen`` (default :func:`backward_route`), then the column
     sums' kernel where there are any."""
+    backward_plan(t, rms, chosen)(*(None if v is None else v.obj for v in t))
+
+
+def backward_plan(t: NormGradients, rms: bool, chosen: Route | None = None) -> Callable:
+    """The launches :func:`backward` makes for tensors of ``t``'s signature (:mod:`flydsl.kernels.plans`), as a
+    function of the raw tensors in :class:`NormGradients`' order, with the route, the flags and the grids fixed; per
+    call it allocates the partial column sums and a team's exchange."""
     rows, n = t.x.shape
     if rows == 0 or n == 0:
-        return
+        return _nothing
     cfg = (chosen or backward_route(t, rms)).config
     if not isinstance(cfg, BackwardConfig):
         raise ValueError(f"norms backward: no kernel takes a route with {cfg} (a BackwardConfig)")
     sums = cfg.sums
     groups = device_groups(cfg, rows, t.x.device)
-    x = t.x.obj
-    partial = empty_rows(t.x, (groups, sums * n), "dweight/dbias partial sums", scratch=True) if sums else x
-    exchange = team_exchange(cfg, t.x, rows, "backward row sums") if cfg.row.team else x
-    mean = t.mean.obj if t.mean is not None else t.rstd.obj
-    weight = t.weight.obj if t.weight is not None else x
     flags = _flags(rms, t.weight is not None, t.dbias is not None)
-    args = (t.dy.obj, x, weight, mean, t.rstd.obj, t.dx.obj, partial, exchange, cfg, flags)
-    launch_rows(norm_backward_kernel, args, cfg, groups)
-    if sums:
-        dbias = t.dbias.obj if t.dbias is not None else t.dweight.obj
-        shape = column_sum_shape(groups)
-        column_sum_kernel(partial, t.dweight.obj, dbias, sums, shape).launch(
-            grid=-(-sums * n // shape[0]), block=shape[0] * shape[1]
-        )
+    shape = column_sum_shape(groups)
+    sum_grid, sum_block = -(-sums * n // shape[0]), shape[0] * shape[1]
+    scratch = bool(sums) or cfg.row.team
+
+    def launch(dy, x, weight, mean, rstd, dx, dweight, dbias):
+        like = allocated(x) if scratch else None
+        partial = empty_rows(like, (groups, sums * n), "dweight/dbias partial sums", scratch=True) if sums else x
+        exchange = team_exchange(cfg, like, rows, "backward row sums") if cfg.row.team else x
+        args = (dy, x, weight if weight is not None else x, mean if mean is not None else rstd, rstd, dx)
+        launch_rows(norm_backward_kernel, (*args, partial, exchange, cfg, flags), cfg, groups)
+        if sums:
+            column_sum_kernel(partial, dweight, dbias if dbias is not None else dweight, sums, shape).launch(
+                grid=sum_grid, block=sum_block
+            )
+
+    return launch
+
+
+def _nothing(*args) -> None:
+    """The plan of an empty input: no launch."""

@@ -12,13 +12,14 @@ the staged kernel (:func:`norm_forward_staged_kernel`) takes long rows through a
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import replace
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import arith, math, nvvm
 from flydsl.kernels.device import sm_count
-from flydsl.kernels.memory import can_allocate
+from flydsl.kernels.memory import allocated, can_allocate
 from flydsl.kernels.norms.api import NormTensors
 from flydsl.kernels.rows.configs import LoopedForwardConfig, NormFlags, StagedForwardConfig
 from flydsl.kernels.rows.launch import device_groups, launch_rows, staged_exchange
@@ -44,6 +45,7 @@ __all__ = [
     "norm_forward_looped_kernel",
     "norm_forward_staged_kernel",
     "forward",
+    "forward_plan",
     "forward_route",
 ]
 
@@ -244,25 +246,55 @@ def forward_route(t: NormTensors, rms: bool, staged: bool = True) -> Route:
 
 def forward(t: NormTensors, eps: float, rms: bool, chosen: Route | None = None) -> None:
     """Launches the forward on validated tensors along ``chosen`` (default :func:`forward_route`)."""
+    forward_plan(t, rms, chosen)(*(_obj(v) for v in t), eps)
+
+
+def forward_plan(t: NormTensors, rms: bool, chosen: Route | None = None) -> Callable:
+    """The launch :func:`forward` makes for tensors of ``t``'s signature (shapes, strides, dtypes, alignment, device:
+    :mod:`flydsl.kernels.plans`), as a function of the raw tensors in :class:`NormTensors`' order and ``eps``, with
+    the route, the flags and the grid fixed; per call it binds the tensors (absent ones: x, which the kernel never
+    touches) and a staged route's exchange."""
     rows, n = t.x.shape
     if rows == 0 or n == 0:
-        return
+        return _nothing
     chosen = chosen or forward_route(t, rms)
     cfg = chosen.config
-    flags = _flags(rms, *(v is not None for v in (t.residual, t.weight, t.bias, t.mean, t.rstd)))
-    x = t.x.obj  # the placeholder of absent tensors
-    args = [v.obj if v is not None else x for v in (t.x, t.residual, t.weight, t.bias, t.out, t.residual_out)]
-    args += [v.obj if v is not None else x for v in (t.mean, t.rstd)]
     if not isinstance(cfg, _CONFIGS[chosen.kernel]):
         raise ValueError(f"norms forward: no kernel takes a {chosen.kernel} route with {cfg}")
-    if chosen.kernel is RowKernel.LOOPED:
-        norm_forward_looped_kernel(*args, eps, cfg, flags).launch(grid=rows, block=cfg.row.block)
-    elif chosen.kernel is RowKernel.STAGED:
+    flags = _flags(rms, *(v is not None for v in (t.residual, t.weight, t.bias, t.mean, t.rstd)))
+    if chosen.kernel is RowKernel.STAGED:
         groups = device_groups(cfg, rows, t.x.device)
-        launch_rows(norm_forward_staged_kernel, (*args, staged_exchange(cfg, t.x, rows), eps, cfg, flags), cfg, groups)
+
+        def staged(x, out, residual, weight, bias, residual_out, mean, rstd, eps):
+            args = _arguments(x, out, residual, weight, bias, residual_out, mean, rstd)
+            exchange = staged_exchange(cfg, allocated(x), rows)
+            launch_rows(norm_forward_staged_kernel, (*args, exchange, eps, cfg, flags), cfg, groups)
+
+        return staged
+    if chosen.kernel is RowKernel.LOOPED:
+        kernel, grid, block, cluster = norm_forward_looped_kernel, rows, cfg.row.block, None
     else:
+        kernel, grid, block = norm_forward_kernel, cfg.grid(rows), cfg.block
         cluster = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
-        norm_forward_kernel(*args, eps, cfg, flags).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster)
+
+    def launch(x, out, residual, weight, bias, residual_out, mean, rstd, eps):
+        args = _arguments(x, out, residual, weight, bias, residual_out, mean, rstd)
+        kernel(*args, eps, cfg, flags).launch(grid=grid, block=block, cluster=cluster)
+
+    return launch
+
+
+def _arguments(x, out, residual, weight, bias, residual_out, mean, rstd) -> list:
+    """The kernels' tensor arguments in their order; absent ones are x (a placeholder never read)."""
+    return [v if v is not None else x for v in (x, residual, weight, bias, out, residual_out, mean, rstd)]
+
+
+def _nothing(*args) -> None:
+    """The plan of an empty input: no launch."""
+
+
+def _obj(t):
+    return None if t is None else t.obj
 
 
 # The configuration each kind of forward kernel takes.

@@ -11,11 +11,13 @@ with dy and y in its ring (:func:`softmax_backward_staged_kernel`). Which runs: 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import nvvm
 from flydsl.kernels.device import sm_count
-from flydsl.kernels.memory import can_allocate
+from flydsl.kernels.memory import allocated, can_allocate
 from flydsl.kernels.rows.configs import SoftmaxBackwardFlags, SoftmaxFlags, StagedForwardConfig
 from flydsl.kernels.rows.launch import device_groups, launch_rows, staged_exchange
 from flydsl.kernels.rows.layout import RowConfig
@@ -33,6 +35,8 @@ __all__ = [
     "softmax_backward_staged_kernel",
     "forward",
     "backward",
+    "forward_plan",
+    "backward_plan",
     "forward_route",
     "backward_route",
 ]
@@ -109,41 +113,59 @@ def _route(op: RowOp, t: SoftmaxTensors, row_tensors, staged: bool) -> Route:
 
 def forward(t: SoftmaxTensors, chosen: Route | None = None) -> None:
     """Launches softmax's forward on validated tensors along ``chosen`` (default :func:`forward_route`)."""
-    rows, n = t.x.shape
-    if rows == 0 or n == 0:
-        return
-    chosen = chosen or forward_route(t)
-    _check_route("forward", chosen)
-    if chosen.kernel is RowKernel.STAGED:
-        _launch_staged(softmax_forward_staged_kernel, (t.x.obj, t.out.obj), t.x, chosen.config)
-    else:
-        _launch_register(softmax_forward_kernel, chosen.config, rows, t.x.obj, t.out.obj)
+    forward_plan(t, chosen)(t.x.obj, t.out.obj)
 
 
 def backward(t: SoftmaxTensors, chosen: Route | None = None) -> None:
     """Launches softmax's backward on validated tensors along ``chosen`` (default :func:`backward_route`)."""
+    backward_plan(t, chosen)(t.dy.obj, t.x.obj, t.out.obj)
+
+
+def forward_plan(t: SoftmaxTensors, chosen: Route | None = None) -> Callable:
+    """The launch :func:`forward` makes for tensors of ``t``'s signature (:mod:`flydsl.kernels.plans`), as a function
+    of the raw ``(x, out)`` with the route and the grid fixed."""
+    chosen = None if _empty(t) else chosen or forward_route(t)
+    return _plan("forward", chosen, t.x, softmax_forward_kernel, softmax_forward_staged_kernel)
+
+
+def backward_plan(t: SoftmaxTensors, chosen: Route | None = None) -> Callable:
+    """The launch :func:`backward` makes for tensors of ``t``'s signature, as a function of the raw ``(dy, y, dx)``."""
+    chosen = None if _empty(t) else chosen or backward_route(t)
+    return _plan("backward", chosen, t.x, softmax_backward_kernel, softmax_backward_staged_kernel)
+
+
+def _empty(t: SoftmaxTensors) -> bool:
     rows, n = t.x.shape
-    if rows == 0 or n == 0:
-        return
-    chosen = chosen or backward_route(t)
-    _check_route("backward", chosen)
+    return rows == 0 or n == 0
+
+
+def _plan(which: str, chosen: Route | None, like: TensorInfo, register_kernel, staged_kernel) -> Callable:
+    """The launch of ``chosen`` (None: nothing to launch) on tensors of ``like``'s rows: the register kernel on its
+    grid, or the staged one on its persistent grid with a fresh exchange (a team's pairs, the claimed rows' counter)
+    allocated like the first tensor."""
+    if chosen is None:
+        return _nothing
+    _check_route(which, chosen)
+    cfg, rows = chosen.config, like.shape[0]
     if chosen.kernel is RowKernel.STAGED:
-        _launch_staged(softmax_backward_staged_kernel, (t.dy.obj, t.x.obj, t.out.obj), t.dy, chosen.config)
-    else:
-        _launch_register(softmax_backward_kernel, chosen.config, rows, t.dy.obj, t.x.obj, t.out.obj)
+        groups = device_groups(cfg, rows, like.device)
 
+        def staged(*tensors):
+            exchange = staged_exchange(cfg, allocated(tensors[0]), rows)
+            launch_rows(staged_kernel, (*tensors, exchange, cfg), cfg, groups)
 
-def _launch_register(kernel, cfg: RowConfig, rows: int, *tensors) -> None:
+        return staged
+    grid, block = cfg.grid(rows), cfg.block
     cluster = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
-    kernel(*tensors, cfg).launch(grid=cfg.grid(rows), block=cfg.block, cluster=cluster)
+
+    def launch(*tensors):
+        register_kernel(*tensors, cfg).launch(grid=grid, block=block, cluster=cluster)
+
+    return launch
 
 
-def _launch_staged(kernel, tensors, like: TensorInfo, cfg: StagedForwardConfig) -> None:
-    """``kernel`` on ``tensors`` (the last one is the output) and its exchange (a team's pairs, the claimed rows'
-    counter) allocated like ``like``."""
-    rows = like.shape[0]
-    groups = device_groups(cfg, rows, like.device)
-    launch_rows(kernel, (*tensors, staged_exchange(cfg, like, rows), cfg), cfg, groups)
+def _nothing(*tensors) -> None:
+    """The plan of an empty input: no launch."""
 
 
 def _check_route(which: str, chosen: Route) -> None:
