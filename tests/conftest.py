@@ -49,4 +49,3 @@ def _fresh_launch_plans():
         return
     plans.clear_all()
     yield
-

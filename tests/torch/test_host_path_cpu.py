@@ -103,8 +103,9 @@ def test_the_ops_call_the_zoo_entry_points_with_these_arguments():
 def test_functional_takes_the_eager_path_only_for_plain_cuda_tensors():
     # CPU tensors, fake tensors and tensors that need gradients go through the ops (which raise naming the argument,
     # trace, or record gradients); a plain CUDA tensor's key set is the one _eager learns (checked on the GPU).
-    from flydsl.torch import functional
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flydsl.torch import functional
 
     assert not functional._eager(torch.zeros(2, 4))
     with FakeTensorMode() as mode:

@@ -1,0 +1,129 @@
+"""Launch plans on the GPU (flydsl.kernels.plans): a signature's later calls reuse its plan and stay right on fresh
+inputs; a call that differs in strides, alignment or dtype gets a plan of its own (and the route its facts ask for),
+never a wrong one; a call that would fail validation still fails after plans exist. Results against float64 with the
+tolerances of test_norms_gpu.py, outputs poisoned."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+import flydsl.kernels as zoo  # noqa: E402
+from flydsl.kernels.gemm import gemm  # noqa: E402
+from flydsl.kernels.gemm import launch as gemm_launch  # noqa: E402
+from flydsl.kernels.norms import api as norms_api  # noqa: E402
+from flydsl.kernels.softmax import api as softmax_api  # noqa: E402
+
+from .norms_gpu_support import (  # noqa: E402
+    check_fused_add_in_place,
+    check_layer_norm,
+    check_layer_norm_backward,
+    check_rms_norm,
+    check_rms_norm_backward,
+    check_softmax,
+    check_softmax_backward,
+    make_input,
+)
+
+ROWS, N = 64, 1000  # N not a multiple of the vector width: the masked register kernel
+
+
+def _misaligned(rows, n, dtype):
+    """Rows starting one element past a 16-byte boundary (the vectorized paths' condition fails)."""
+    flat = torch.randn(rows * n + 1, device="cuda").to(dtype)
+    return flat[1:].view(rows, n)
+
+
+def _variants(dtype):
+    """Inputs of four signatures: plain, strided rows, misaligned, the other dtype."""
+    other = torch.float32 if dtype != torch.float32 else torch.bfloat16
+    return [
+        lambda: make_input(ROWS, N, dtype),
+        lambda: make_input(ROWS, N, dtype, strided=True),
+        lambda: _misaligned(ROWS, N, dtype),
+        lambda: make_input(ROWS, N, other),
+    ]
+
+
+def _weights(x):
+    return torch.randn(x.shape[1], device="cuda").to(x.dtype), torch.randn(x.shape[1], device="cuda").to(x.dtype)
+
+
+CASES = {
+    "softmax": (lambda x: check_softmax(x), softmax_api._SOFTMAX),
+    "softmax_backward": (
+        lambda x: check_softmax_backward(make_input(*x.shape, x.dtype), x),
+        softmax_api._SOFTMAX_BACKWARD,
+    ),
+    "layer_norm": (lambda x: check_layer_norm(x, *_weights(x)), norms_api._LAYER_NORM),
+    "rms_norm": (lambda x: check_rms_norm(x, _weights(x)[0]), norms_api._RMS_NORM),
+    "fused_add_rms_norm": (lambda x: check_fused_add_in_place(x, _weights(x)[0]), norms_api._FUSED_ADD_RMS_NORM),
+    "layer_norm_backward": (
+        lambda x: check_layer_norm_backward(make_input(*x.shape, x.dtype), x, *_weights(x)),
+        norms_api._LAYER_NORM_BACKWARD,
+    ),
+    "rms_norm_backward": (
+        lambda x: check_rms_norm_backward(make_input(*x.shape, x.dtype), x, _weights(x)[0]),
+        norms_api._RMS_NORM_BACKWARD,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_each_signature_gets_its_plan_and_reuses_it(name):
+    check, store = CASES[name]
+    for count, make in enumerate(_variants(torch.bfloat16), start=1):
+        for _ in range(3):  # fresh inputs each time: the first call makes the plan, the others run it
+            check(make())
+        assert len(store) == count, (name, count, store)
+
+
+def test_a_plan_launches_its_own_route():
+    """The misaligned signature's plan takes the route for unaligned rows, not the aligned one's (the looped kernel's
+    16-byte accesses would fault or read wrong data on it)."""
+    from flydsl.kernels.norms import forward
+
+    aligned = make_input(ROWS, 8192, torch.float32)
+    misaligned = _misaligned(ROWS, 8192, torch.float32)
+    w = torch.randn(8192, device="cuda")
+    for x in (aligned, misaligned, aligned, misaligned):
+        check_rms_norm(x, w)
+    info = zoo.validation.rows("test", "x", misaligned), zoo.validation.rows("test", "x", aligned)
+    routes = [forward.forward_route(norms_api.NormTensors(x=t, out=t, weight=None), rms=True) for t in info]
+    assert not zoo.validation.rows_aligned(info[0]) and routes[0] != routes[1]
+    assert len(norms_api._RMS_NORM) == 2
+
+
+def test_validation_still_refuses_after_plans_exist():
+    x = make_input(ROWS, N, torch.bfloat16)
+    w = torch.randn(N, device="cuda").to(torch.bfloat16)
+    zoo.rms_norm(x, w)
+    with pytest.raises(TypeError, match="flydsl.kernels.rms_norm: weight: expected dtype"):
+        zoo.rms_norm(x, w.to(torch.float16))
+    with pytest.raises(ValueError, match="flydsl.kernels.rms_norm: weight: expected shape"):
+        zoo.rms_norm(x, w[:-1])
+    with pytest.raises(ValueError, match="flydsl.kernels.rms_norm: eps: expected a non-negative number"):
+        zoo.rms_norm(x, w, -1.0)
+    with pytest.raises(ValueError, match="flydsl.kernels.rms_norm: out: expected 64 rows"):
+        zoo.rms_norm(x, w, out=torch.empty(ROWS - 1, N, device="cuda", dtype=torch.bfloat16))
+    out, _ = zoo.rms_norm(x, w)  # and the good call still runs its plan
+    assert out.shape == x.shape and len(norms_api._RMS_NORM) == 1
+
+
+@pytest.mark.parametrize("m", [16, 200])  # the skinny kernel (w.t()), the warp-specialized one
+def test_gemm_plans_per_signature(m):
+    k, n = 512, 384
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    for layout in ("rows", "columns", "rows"):
+        for _ in range(2):
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            if layout == "columns":
+                a = a.t().contiguous().t()
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemm(a, w.t(), out)
+            ref = a.double() @ w.double().t()
+            assert torch.allclose(out.double(), ref, atol=1e-2 * k**0.5, rtol=1e-2)
+    assert len(gemm_launch._GEMM) == 2

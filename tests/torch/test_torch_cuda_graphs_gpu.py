@@ -1,0 +1,95 @@
+"""flydsl.torch in CUDA graphs and on its eager path: the functional forms (which run plain CUDA calls without the
+dispatcher), the ops and the nn modules captured and replayed on new input values, against torch's own results;
+which calls take the eager path on the GPU. The zoo's kernels in graphs: tests/kernels/test_cuda_graphs_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+import flydsl.torch as ft  # noqa: E402
+from flydsl.torch import functional  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+TOL = 2e-2  # bfloat16 outputs: about twice their rounding
+
+
+def _graphed(fn):
+    """``fn`` warmed up on a side stream (compile, plan, module load: none may happen while capturing), then
+    captured; returns (graph, what the captured call returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    return graph, result
+
+
+def test_functional_ops_and_modules_replay_on_new_values():
+    rows, n, dtype = 8, 2048, torch.bfloat16
+    x = torch.randn(rows, n, device="cuda").to(dtype)
+    residual = torch.randn(rows, n, device="cuda").to(dtype)
+    norm = ft.nn.RMSNorm(n, eps=1e-6, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(n))
+    weight = norm.weight.detach()
+
+    def step():
+        with torch.no_grad():
+            return (
+                ft.functional.layer_norm(x, (n,)),
+                norm(x),
+                torch.ops.flydsl.softmax(x),
+                ft.functional.fused_add_rms_norm(x, residual, (n,), weight, 1e-6)[0],
+            )
+
+    graph, results = _graphed(step)
+    for _ in range(3):
+        x.copy_(torch.randn(rows, n, device="cuda"))
+        residual.copy_(torch.randn(rows, n, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        summed = (x.float() + residual.float()).to(dtype)
+        expected = (
+            F.layer_norm(x.float(), (n,)),
+            F.rms_norm(x.float(), (n,), weight.float(), 1e-6),
+            torch.softmax(x.float(), -1) * n,
+            F.rms_norm(summed.float(), (n,), weight.float(), 1e-6),
+        )
+        got = list(results)
+        got[2] = got[2].float() * n  # softmax at the scale of its mean element
+        for i, (ours, ref) in enumerate(zip(got, expected, strict=True)):
+            assert torch.allclose(ours.float(), ref, atol=TOL, rtol=TOL), (i, (ours.float() - ref).abs().max())
+
+
+def test_eager_path_on_plain_cuda_tensors_only():
+    x = torch.randn(4, 64, device="cuda")
+    assert functional._eager(x, None)
+    with torch.inference_mode():
+        assert functional._eager(torch.randn(4, 64, device="cuda"))
+    assert functional._eager(torch.nn.Parameter(x.clone(), requires_grad=False))
+    assert not functional._eager(x.clone().requires_grad_())  # needs a gradient: the functional op
+    with torch.no_grad():
+        assert functional._eager(x.clone().requires_grad_())
+    assert not functional._eager(x, torch.randn(64))  # a CPU tensor among them: the op, and its error
+    with pytest.raises(ValueError, match="flydsl.layer_norm: weight: expected a CUDA tensor"):
+        ft.functional.layer_norm(x, (64,), torch.randn(64))
+
+
+def test_eager_results_equal_the_ops():
+    x = torch.randn(3, 5, 1000, device="cuda").to(torch.bfloat16)  # leading dims, N not a multiple of 8
+    w = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(
+            ft.functional.rms_norm(x, (1000,), w, 1e-6), torch.ops.flydsl.rms_norm(x, [1000], w, 1e-6)[0]
+        )
+        assert torch.equal(ft.functional.softmax(x), torch.ops.flydsl.softmax(x))
+        ln = torch.ops.flydsl.layer_norm(x, [1000], w, w, 1e-5)[0]
+        assert torch.equal(ft.functional.layer_norm(x, 1000, w, w), ln)
