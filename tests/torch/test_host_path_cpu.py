@@ -100,21 +100,27 @@ def test_the_ops_call_the_zoo_entry_points_with_these_arguments():
     ]  # fmt: skip
 
 
-def test_functional_takes_the_eager_path_only_for_plain_cuda_tensors():
-    # CPU tensors, fake tensors and tensors that need gradients go through the ops (which raise naming the argument,
-    # trace, or record gradients); a plain CUDA tensor's key set is the one _eager learns (checked on the GPU).
+def test_only_plain_cuda_tensors_skip_the_dispatcher():
+    # CPU tensors and fake tensors go through the ops (which raise naming the argument, or trace); a plain CUDA
+    # tensor's key set, with or without autograd keys, is what _plain_keyset accepts (checked on the GPU too).
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from flydsl.torch import functional
-
-    assert not functional._eager(torch.zeros(2, 4))
+    assert not _registry.eager(torch.zeros(2, 4))
     with FakeTensorMode() as mode:
-        assert not functional._eager(mode.from_tensor(torch.zeros(2, 4)))
+        assert not _registry.eager(mode.from_tensor(torch.zeros(2, 4)))
     keys = torch._C.DispatchKey
     plain = torch._C.DispatchKeySet(keys.CUDA).add(keys.ADInplaceOrView).add(keys.AutogradCUDA).add(keys.AutocastCUDA)
-    assert functional._plain_keyset(plain.raw_repr())
-    assert not functional._plain_keyset(plain.add(keys.Python).raw_repr())
-    assert not functional._plain_keyset(torch._C._dispatch_keys(torch.zeros(2)).raw_repr())
+    assert _registry._plain_keyset(plain.raw_repr())
+    assert not _registry._plain_keyset(plain.add(keys.Python).raw_repr())
+    assert not _registry._plain_keyset(torch._C._dispatch_keys(torch.zeros(2)).raw_repr())
+
+
+def test_call_takes_the_op_where_the_dispatcher_is_needed(op_recorder):
+    # meta tensors are not plain CUDA tensors: FlyOp.call goes through torch.ops.flydsl (and its fake kernel)
+    x = torch.empty(4, 8, device="meta")
+    with op_recorder() as rec:
+        y = ops.softmax.call(x)
+    assert rec.names == ["flydsl.softmax.default"] and y.shape == (4, 8)
 
 
 def test_validation_describes_torch_tensors_without_checks_or_with_them():

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import flydsl.torch as ft  # noqa: E402
-from flydsl.torch import functional  # noqa: E402
+from flydsl.torch import _registry  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -69,18 +69,26 @@ def test_functional_ops_and_modules_replay_on_new_values():
             assert torch.allclose(ours.float(), ref, atol=TOL, rtol=TOL), (i, (ours.float() - ref).abs().max())
 
 
-def test_eager_path_on_plain_cuda_tensors_only():
+def test_eager_calls_on_plain_cuda_tensors_only():
     x = torch.randn(4, 64, device="cuda")
-    assert functional._eager(x, None)
+    assert _registry.eager(x, None)
     with torch.inference_mode():
-        assert functional._eager(torch.randn(4, 64, device="cuda"))
-    assert functional._eager(torch.nn.Parameter(x.clone(), requires_grad=False))
-    assert not functional._eager(x.clone().requires_grad_())  # needs a gradient: the functional op
-    with torch.no_grad():
-        assert functional._eager(x.clone().requires_grad_())
-    assert not functional._eager(x, torch.randn(64))  # a CPU tensor among them: the op, and its error
+        assert _registry.eager(torch.randn(4, 64, device="cuda"))
+    assert _registry.eager(torch.nn.Parameter(x.clone()))  # requires grad: FlyOp.call's autograd.Function
+    assert not _registry.eager(x, torch.randn(64))  # a CPU tensor among them: the op, and its error
     with pytest.raises(ValueError, match="flydsl.layer_norm: weight: expected a CUDA tensor"):
         ft.functional.layer_norm(x, (64,), torch.randn(64))
+
+
+def test_eager_gradients_equal_the_ops():
+    x = torch.randn(6, 1000, device="cuda", requires_grad=True)
+    w = torch.randn(1000, device="cuda", requires_grad=True)
+    dy = torch.randn(6, 1000, device="cuda")
+    eager = torch.autograd.grad(ft.functional.rms_norm(x, 1000, w, 1e-6), (x, w), dy)
+    op = torch.autograd.grad(torch.ops.flydsl.rms_norm(x, [1000], w, 1e-6)[0], (x, w), dy)
+    assert all(torch.equal(a, b) for a, b in zip(eager, op, strict=True))
+    ref = torch.autograd.grad(F.rms_norm(x, (1000,), w, 1e-6), (x, w), dy)
+    assert all(torch.allclose(a, b, atol=1e-3, rtol=1e-3) for a, b in zip(eager, ref, strict=True))
 
 
 def test_eager_results_equal_the_ops():

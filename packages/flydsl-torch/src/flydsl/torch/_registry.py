@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 import torch
 from flydsl.kernels.plans import Plans, signature
 
-__all__ = ["NAMESPACE", "FlyOp", "register_op", "registered_ops"]
+__all__ = ["NAMESPACE", "FlyOp", "eager", "register_op", "registered_ops"]
 
 NAMESPACE = "flydsl"
 _LIB = torch.library.Library(NAMESPACE, "FRAGMENT")  # kept alive for as long as the ops are
@@ -69,6 +69,36 @@ def _direct_keysets() -> frozenset:
 
 
 _DIRECT = _direct_keysets()
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_plain_keysets: set = set()  # the raw dispatch key sets of plain CUDA tensors (see eager)
+
+
+def _plain_keyset(raw: int) -> bool:
+    """Whether ``raw`` (a tensor's dispatch key set) is that of a plain CUDA tensor, with or without autograd keys
+    (inference tensors have none)."""
+    if not _plain_keysets:
+        keys = torch._C.DispatchKey
+        cuda = torch._C.DispatchKeySet(keys.CUDA)
+        with_autograd = cuda.add(keys.ADInplaceOrView).add(keys.AutogradCUDA).add(keys.AutocastCUDA)
+        _plain_keysets.update((cuda.raw_repr(), cuda.add(keys.AutocastCUDA).raw_repr(), with_autograd.raw_repr()))
+    return raw in _plain_keysets
+
+
+def eager(*tensors) -> bool:
+    """Whether a call on ``tensors`` (None: absent) may skip torch's dispatcher: nothing is tracing it
+    (``torch.compile``, ``torch.export``), no dispatch mode is active (fake tensors, FLOP counters), and every tensor
+    is a plain CUDA tensor (no subclass, no functorch or functionalization wrapper). The dispatcher would then land in
+    the op's CUDA kernel (or, for inputs that require grad, our Autograd kernel, then the CUDA kernel) through layers
+    that cost more host time than the launch (benchmarks/host_overhead.py); everything else takes the op."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    keys = torch._C._dispatch_keys
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN_TYPES or not _plain_keyset(keys(t).raw_repr())):
+            return False
+    return True
 
 
 def _is_tensor_param(annotation) -> bool:
@@ -111,6 +141,7 @@ class FlyOp:
         )
         self._checked_functional = Plans(f"flydsl.{name} (checked)")
         self._checked_out = Plans(f"flydsl.{name}_out (checked)")
+        self._eager_function = None  # register_autograd's Function for eager calls (see call)
         self.out = self._register_out()
         self.functional = self._register_functional()
 
@@ -259,11 +290,24 @@ class FlyOp:
         return results[0] if len(results) == 1 else tuple(results)
 
     def eager_out(self, inputs: tuple, given: dict) -> None:
-        """The mutating op's work without the dispatcher, for ``flydsl.torch.functional``'s eager path: plain CUDA
-        tensors that need no gradient, outputs just allocated by the caller (no version counter to bump), nothing
-        tracing (see ``functional._eager``). Checked as the op checks (once per signature), then the implementation."""
-        self._checked(inputs, given)
+        """The mutating op's work without the dispatcher, for ``flydsl.torch.functional``'s inference path:
+        :func:`eager` tensors that need no gradient, outputs just allocated by the caller like the first input (so
+        neither checked nor keyed, and no version counter to bump). The inputs are checked as the functional op checks
+        them (once per signature), then the implementation runs."""
+        self._checked(inputs, None)
         self.impl(*inputs, **given)
+
+    def call(self, *inputs):
+        """The functional op on all its inputs (positional): without the dispatcher where it would land in our own
+        kernels (:func:`eager` tensors: the work directly, or through the same gradients' ``autograd.Function`` where
+        an input requires grad), else through ``torch.ops.flydsl``."""
+        tensors = [inputs[i] for i, _ in self._tensor_inputs]
+        if eager(*tensors):
+            if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors):
+                return self._run(inputs)
+            if self._eager_function is not None:
+                return self._eager_function.apply(*inputs)
+        return self.functional.default(*inputs)
 
     def _register_functional(self):
         single = len(self.output_names) == 1
@@ -314,6 +358,24 @@ class FlyOp:
                 return (None, *result) if isinstance(result, tuple) else (None, result)
 
         Function.__name__ = Function.__qualname__ = f"FlyBackward_{self.name}"
+
+        class EagerFunction(torch.autograd.Function):
+            """The same gradients for :meth:`FlyOp.call`'s eager calls: no keyset, no redispatch."""
+
+            @staticmethod
+            def forward(ctx, *inputs):
+                result = run(inputs)
+                setup_context(ctx, inputs, result)
+                ctx.set_materialize_grads(False)
+                return result
+
+            @staticmethod
+            def backward(ctx, *grads):
+                result = backward(ctx, *grads)
+                return result if isinstance(result, tuple) else (result,)
+
+        EagerFunction.__name__ = EagerFunction.__qualname__ = f"FlyBackward_{self.name}"
+        self._eager_function = EagerFunction
 
         def autograd_kernel(keyset, *args, **kwargs):
             inputs = self._inputs(args, kwargs)

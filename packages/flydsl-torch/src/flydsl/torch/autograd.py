@@ -3,7 +3,8 @@ that ``torch.compile`` traces forward and backward into one graph without breaks
 
 The statistics outputs (``mean``, ``rstd``) are not differentiable. Double backward is not supported: the backward
 ops have no gradients of their own. The gradient of an output that nothing used arrives as None (the registry does
-not materialize zeros), and contributes nothing.
+not materialize zeros), and contributes nothing. The backward ops are called through ``FlyOp.call``: without the
+dispatcher on plain CUDA tensors in eager mode, through ``torch.ops.flydsl`` when traced.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _softmax_backward(ctx, dy):
     if dy is None:
         return None
     (y,) = ctx.saved_tensors
-    return torch.ops.flydsl.softmax_backward(dy, y)
+    return ops.softmax_backward.call(dy, y)
 
 
 ops.softmax.register_autograd(_softmax_backward, _softmax_setup)
@@ -55,7 +56,7 @@ def _layer_norm_backward(ctx, dy, _dmean, _drstd):
     if dy is None:
         return None, None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
-    dx, dweight, dbias = torch.ops.flydsl.layer_norm_backward(dy, x, ctx.normalized_shape, weight, mean, rstd)
+    dx, dweight, dbias = ops.layer_norm_backward.call(dy, x, ctx.normalized_shape, weight, mean, rstd)
     if weight is None:  # dweight and dbias came back empty
         dweight = None
         dbias = None if ctx.bias_dtype is None else _bias_grad(dy, ctx.normalized_shape, ctx.bias_dtype)
@@ -82,7 +83,7 @@ def _rms_norm_backward(ctx, dy, _drstd):
     if dy is None:
         return None, None, None, None
     x, weight, rstd = ctx.saved_tensors
-    dx, dweight = torch.ops.flydsl.rms_norm_backward(dy, x, ctx.normalized_shape, weight, rstd)
+    dx, dweight = ops.rms_norm_backward.call(dy, x, ctx.normalized_shape, weight, rstd)
     return dx, None, None if weight is None else dweight, None
 
 
@@ -103,7 +104,7 @@ def _fused_add_rms_norm_backward(ctx, dy, dresidual_out, _drstd):
     if dy is None:  # only residual_out was used: its gradient passes through the add
         return dresidual_out, dresidual_out, None, None, None
     residual_out, weight, rstd = ctx.saved_tensors
-    dsum, dweight = torch.ops.flydsl.rms_norm_backward(dy, residual_out, ctx.normalized_shape, weight, rstd)
+    dsum, dweight = ops.rms_norm_backward.call(dy, residual_out, ctx.normalized_shape, weight, rstd)
     if dresidual_out is not None:
         dsum = dsum + dresidual_out
     return dsum, dsum, None, None if weight is None else dweight, None
@@ -128,7 +129,7 @@ def _gemm_setup(ctx, inputs, output):
 
 def _matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x @ y by the flydsl GEMM (any strides: operands TMA cannot read as they are are copied into aligned rows)."""
-    return torch.ops.flydsl.gemm(x, y, None, None)
+    return ops.gemm.call(x, y, None, None)
 
 
 def _gemm_backward(ctx, dc):

@@ -3,8 +3,9 @@ through the backward kernels, traceable by ``torch.compile(fullgraph=True)``.
 
 Without gradients to compute (inference, ``torch.no_grad()``), the norms write nothing but the output (no
 statistics). On plain CUDA tensors in eager mode such a call runs the ``*_out`` op's work directly, without torch's
-dispatcher (see :func:`_eager`); when tracing, under a dispatch mode or with wrapped tensors it calls the ``*_out``
-op, and with gradients the functional op. The ops are called by overload (``.default``) with every argument
+dispatcher (:func:`flydsl.torch._registry.eager`); when tracing, under a dispatch mode or with wrapped tensors it
+calls the ``*_out`` op. With gradients they call the functional op through ``FlyOp.call`` (again without the
+dispatcher where it would land in our kernels). The ops are called by overload (``.default``) with every argument
 positional: the cheapest path through the dispatcher.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 import flydsl.torch.autograd  # noqa: F401 - registers the gradients of the ops
 import torch
 from flydsl.torch import ops
+from flydsl.torch._registry import eager
 from torch import Tensor
 
 __all__ = ["softmax", "layer_norm", "rms_norm", "fused_add_rms_norm"]
@@ -38,39 +40,6 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
-_plain_keysets: set = set()  # the raw dispatch key sets of plain CUDA tensors seen (by device type), see _eager
-
-
-def _plain_keyset(raw: int) -> bool:
-    """Whether ``raw`` (a tensor's dispatch key set) is that of a plain CUDA tensor, with or without autograd keys
-    (inference tensors have none): learnt from a tensor made here, once per kind."""
-    if not _plain_keysets:
-        keys = torch._C.DispatchKey
-        cuda = torch._C.DispatchKeySet(keys.CUDA)
-        with_autograd = cuda.add(keys.ADInplaceOrView).add(keys.AutogradCUDA).add(keys.AutocastCUDA)
-        _plain_keysets.update((cuda.raw_repr(), cuda.add(keys.AutocastCUDA).raw_repr(), with_autograd.raw_repr()))
-    return raw in _plain_keysets
-
-
-def _eager(*tensors: Tensor | None) -> bool:
-    """Whether a call can run the op's work directly, without torch's dispatcher: nothing is tracing it
-    (``torch.compile``, ``torch.export``), no dispatch mode is active (fake tensors, FLOP counters), and every tensor
-    is a plain CUDA tensor (no subclass, no functorch or functionalization wrapper) that needs no gradient. Then the
-    dispatcher would land in the op's CUDA kernel anyway, through layers that cost more host time than the kernel
-    launch (measured: benchmarks/host_overhead.py); everything else takes the op."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
-        return False
-    grad = torch.is_grad_enabled()
-    keys = torch._C._dispatch_keys
-    for t in tensors:
-        if t is None:
-            continue
-        if type(t) not in _PLAIN_TYPES or (grad and t.requires_grad) or not _plain_keyset(keys(t).raw_repr()):
-            return False
-    return True
-
-
 def _empty(x: Tensor) -> Tensor:
     """A contiguous tensor like ``x`` (empty_like parses no dtype/device arguments: about half of torch.empty's host
     time per call)."""
@@ -89,12 +58,12 @@ def softmax(input: Tensor, dim: int = -1) -> Tensor:
     dim %= input.dim()
     if dim != input.dim() - 1:
         return softmax(input.movedim(dim, -1)).movedim(-1, dim)
-    if _eager(input):
+    if _needs_grad(input):
+        return ops.softmax.call(input)
+    if eager(input):
         out = _empty(input)
         ops.softmax.eager_out((input,), {"out": out})
         return out
-    if _needs_grad(input):
-        return torch.ops.flydsl.softmax.default(input)
     out = _empty(input)
     torch.ops.flydsl.softmax_out.default(input, out)
     return out
@@ -112,12 +81,12 @@ def layer_norm(
     _tensor("layer_norm", "weight", weight, optional=True)
     _tensor("layer_norm", "bias", bias, optional=True)
     shape = _shape(normalized_shape)
-    if _eager(input, weight, bias):
+    if _needs_grad(input, weight, bias):
+        return ops.layer_norm.call(input, shape, weight, bias, eps)[0]
+    if eager(input, weight, bias):
         out = _empty(input)
         ops.layer_norm.eager_out((input, shape, weight, bias, eps), {"out": out, "mean": None, "rstd": None})
         return out
-    if _needs_grad(input, weight, bias):
-        return torch.ops.flydsl.layer_norm.default(input, shape, weight, bias, eps)[0]
     out = _empty(input)
     torch.ops.flydsl.layer_norm_out.default(input, shape, weight, bias, eps, out, None, None)
     return out
@@ -133,12 +102,12 @@ def rms_norm(
     _tensor("rms_norm", "input", input)
     _tensor("rms_norm", "weight", weight, optional=True)
     shape = _shape(normalized_shape)
-    if _eager(input, weight):
+    if _needs_grad(input, weight):
+        return ops.rms_norm.call(input, shape, weight, eps)[0]
+    if eager(input, weight):
         out = _empty(input)
         ops.rms_norm.eager_out((input, shape, weight, eps), {"out": out, "rstd": None})
         return out
-    if _needs_grad(input, weight):
-        return torch.ops.flydsl.rms_norm.default(input, shape, weight, eps)[0]
     out = _empty(input)
     torch.ops.flydsl.rms_norm_out.default(input, shape, weight, eps, out, None)
     return out
@@ -156,13 +125,13 @@ def fused_add_rms_norm(
     _tensor("fused_add_rms_norm", "residual", residual)
     _tensor("fused_add_rms_norm", "weight", weight, optional=True)
     shape = _shape(normalized_shape)
-    if _eager(input, residual, weight):
+    if _needs_grad(input, residual, weight):
+        out, residual_out, _rstd = ops.fused_add_rms_norm.call(input, residual, shape, weight, eps)
+        return out, residual_out
+    if eager(input, residual, weight):
         out, residual_out = _empty(input), _empty(input)
         given = {"out": out, "residual_out": residual_out, "rstd": None}
         ops.fused_add_rms_norm.eager_out((input, residual, shape, weight, eps), given)
-        return out, residual_out
-    if _needs_grad(input, residual, weight):
-        out, residual_out, _rstd = torch.ops.flydsl.fused_add_rms_norm.default(input, residual, shape, weight, eps)
         return out, residual_out
     out, residual_out = _empty(input), _empty(input)
     torch.ops.flydsl.fused_add_rms_norm_out.default(input, residual, shape, weight, eps, out, residual_out, None)
