@@ -49,3 +49,25 @@ def _fresh_launch_plans():
         return
     plans.clear_all()
     yield
+
+
+def _graphed(fn):
+    """``fn`` run once on a side stream (what may not happen while capturing: compiling, loading a module, making a
+    launch plan), then captured in a CUDA graph; returns (graph, what the captured call returned)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    return graph, result
+
+
+@pytest.fixture
+def graphed():
+    """The CUDA-graph capture of the GPU tests (docs/torch.md, "CUDA graphs"): ``graph, result = graphed(fn)``."""
+    return _graphed

@@ -23,19 +23,6 @@ from .norms_gpu_support import close, column_close, ln_ref, make_input, rms_ref 
 REPLAYS = 3
 
 
-def _graphed(fn):
-    """``fn`` warmed up on a side stream, then captured; returns (graph, what the captured call returned)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = fn()
-    return graph, result
-
-
 def _replay(graph, inputs: dict, make: dict):
     """New values into each captured input, then a replay."""
     for name, tensor in inputs.items():
@@ -49,14 +36,14 @@ def _replay(graph, inputs: dict, make: dict):
     [(8, 1024, torch.bfloat16), (4, 65536, torch.bfloat16), (2, 262144, torch.float32)],
     ids=["register", "claimed rows", "team"],
 )
-def test_softmax_and_its_backward(rows, n, dtype):
+def test_softmax_and_its_backward(rows, n, dtype, graphed):
     x, dy = make_input(rows, n, dtype), make_input(rows, n, dtype)
 
     def step():
         y = zoo.softmax(x)
         return y, zoo.softmax_backward(dy, y)
 
-    graph, (y, dx) = _graphed(step)
+    graph, (y, dx) = graphed(step)
     for _ in range(REPLAYS):
         _replay(
             graph,
@@ -74,7 +61,7 @@ def test_softmax_and_its_backward(rows, n, dtype):
 @pytest.mark.parametrize(
     "rows, n", [(8, 1024), (16, 65536), (2, 1048576)], ids=["register", "staged backward", "team forward"]
 )
-def test_layer_norm_forward_and_backward(rows, n):
+def test_layer_norm_forward_and_backward(rows, n, graphed):
     dtype = torch.bfloat16
     x, dy = make_input(rows, n, dtype), make_input(rows, n, dtype)
     w, b = torch.randn(n, device="cuda").to(dtype), torch.randn(n, device="cuda").to(dtype)
@@ -83,7 +70,7 @@ def test_layer_norm_forward_and_backward(rows, n):
         out, mean, rstd = zoo.layer_norm(x, w, b, 1e-5, return_stats=True)
         return (out, mean, rstd, *zoo.layer_norm_backward(dy, x, w, mean, rstd))
 
-    graph, (out, mean, rstd, dx, dw, db) = _graphed(step)
+    graph, (out, mean, rstd, dx, dw, db) = graphed(step)
     for _ in range(REPLAYS):
         _replay(
             graph,
@@ -102,7 +89,7 @@ def test_layer_norm_forward_and_backward(rows, n):
 
 
 @pytest.mark.parametrize("rows, n", [(8, 4096), (4, 262144)], ids=["register", "claimed rows"])
-def test_rms_norm_and_the_fused_add(rows, n):
+def test_rms_norm_and_the_fused_add(rows, n, graphed):
     dtype = torch.bfloat16
     x, residual = make_input(rows, n, dtype), make_input(rows, n, dtype)
     w = torch.randn(n, device="cuda").to(dtype)
@@ -112,7 +99,7 @@ def test_rms_norm_and_the_fused_add(rows, n):
         fused, summed, _ = zoo.fused_add_rms_norm(x, residual, w)
         return out, fused, summed
 
-    graph, (out, fused, summed) = _graphed(step)
+    graph, (out, fused, summed) = graphed(step)
     for _ in range(REPLAYS):
         make = {"x": lambda: make_input(rows, n, dtype), "residual": lambda: make_input(rows, n, dtype)}
         _replay(graph, {"x": x, "residual": residual}, make)
@@ -126,11 +113,11 @@ def test_rms_norm_and_the_fused_add(rows, n):
     "m, n, k", [(16, 4096, 4096), (128, 4096, 16384), (64, 512, 8192), (512, 512, 512)],
     ids=["skinny", "split K workspace", "split K 8", "tiles"],
 )  # fmt: skip
-def test_gemm(m, n, k):
+def test_gemm(m, n, k, graphed):
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    graph, out = _graphed(lambda: gemm(a, w.t(), bias=bias))
+    graph, out = graphed(lambda: gemm(a, w.t(), bias=bias))
     for _ in range(REPLAYS):
         _replay(graph, {"a": a}, {"a": lambda: torch.randn(m, k, device="cuda", dtype=torch.bfloat16)})
         ref = a.double() @ w.double().t() + bias.double()

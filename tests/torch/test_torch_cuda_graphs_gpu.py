@@ -18,21 +18,7 @@ pytestmark = pytest.mark.gpu
 TOL = 2e-2  # bfloat16 outputs: about twice their rounding
 
 
-def _graphed(fn):
-    """``fn`` warmed up on a side stream (compile, plan, module load: none may happen while capturing), then
-    captured; returns (graph, what the captured call returned)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = fn()
-    return graph, result
-
-
-def test_functional_ops_and_modules_replay_on_new_values():
+def test_functional_ops_and_modules_replay_on_new_values(graphed):
     rows, n, dtype = 8, 2048, torch.bfloat16
     x = torch.randn(rows, n, device="cuda").to(dtype)
     residual = torch.randn(rows, n, device="cuda").to(dtype)
@@ -50,7 +36,7 @@ def test_functional_ops_and_modules_replay_on_new_values():
                 ft.functional.fused_add_rms_norm(x, residual, (n,), weight, 1e-6)[0],
             )
 
-    graph, results = _graphed(step)
+    graph, results = graphed(step)
     for _ in range(3):
         x.copy_(torch.randn(rows, n, device="cuda"))
         residual.copy_(torch.randn(rows, n, device="cuda"))

@@ -22,6 +22,7 @@ import enum
 import functools
 from typing import NamedTuple
 
+from flydsl.kernels import plans
 from flydsl.kernels.rows.configs import (
     FORWARD_STAGE_BYTES,
     MAX_FORWARD_TEAM,
@@ -444,7 +445,8 @@ def _plain_unless(cfg: RowConfig, aligned: bool) -> RowConfig:
 
 def clear_cache() -> None:
     """Forgets the routes found (after a table, or a layout constant of :mod:`flydsl.kernels.rows.layout`, was
-    edited in place)."""
+    edited in place), and the launch plans that hold them (:mod:`flydsl.kernels.plans`)."""
+    plans.clear_all()
     route.cache_clear()
     for cached in (staged_forward_config, staged_backward_config, team_backward_config, looped_forward_config):
         cached.cache_clear()
