@@ -48,6 +48,16 @@ struct Described {
   bool streamNamed = false;
   PyObject *streamTensor = nullptr; // the torch tensor, or null
   unsigned long long interfaceStream = 0;
+  // The last torch tensor read, as read: the same object passed again (the
+  // zoo's kernels pass their first tensor for the ones a variant leaves out)
+  // is appended without reading it again (five attribute calls).
+  struct TorchRead {
+    PyObject *obj = nullptr;
+    uint8_t element = 0, bytes = 0;
+    unsigned long long pointer = 0;
+    size_t rank = 0;
+    long long extents[kMaxRank], steps[kMaxRank];
+  } lastTorch;
 };
 
 /// Calls obj.name() without building a bound method (a new reference, or null).

@@ -270,6 +270,30 @@ def test_dry_run_packs_what_the_launcher_would():
         dispatcher._dry_run(values, 1, 2048)
 
 
+def test_a_tensor_passed_twice_is_read_once():
+    """The zoo's kernels pass their first tensor for the tensors a variant leaves out: its second occurrence reuses
+    the first read (the key and the packed arguments of two equal tensors), without calling it again."""
+
+    class Counted(FakeTorchTensor):
+        reads = 0
+
+        def data_ptr(self):
+            Counted.reads += 1
+            return super().data_ptr()
+
+    Counted.__module__ = FakeTorchTensor.__module__
+    twins = (FakeTorchTensor((8, 16)), FakeTorchTensor((8, 16)), 0.5, 100, True, 7)
+    dispatcher, _ = _registered(mixed, twins)
+    t = Counted((8, 16))
+    assert kernel_module._is_torch_tensor(t)  # registers the type with the native path
+    same = (t, t, 0.5, 100, True, 7)
+    assert _native(mixed, same) == _native(mixed, twins) == _python(mixed, same)
+    Counted.reads = 0
+    run = dispatcher._dry_run(same, 1, 32)
+    assert run is not None and run["params"] == dispatcher._dry_run(twins, 1, 32)["params"]
+    assert Counted.reads == 1
+
+
 @flyc.kernel
 def traced_shape(x: fx.Tensor, threads: fx.Constexpr[int]):
     flyc.set_kernel_attributes(threads=threads, cluster=2)
