@@ -59,3 +59,15 @@ func.func @no_fire(%t: !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.layout<8:1>>,
   %a = fly.element_address %t(%i) : !fly.tensor<!fly.ptr<f16, shared, 16>, !fly.layout<8:1>> -> !llvm.ptr<3>
   return %a : !llvm.ptr<3>
 }
+
+// 8-bit floats have no LLVM type: their addresses step as i8 (what fp8 GEMM operands in shared memory use).
+// CHECK-LABEL: func.func @fp8_element
+// CHECK: llvm.getelementptr %{{.*}}[%{{.*}}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8
+// CHECK-NOT: f8E4M3FN
+func.func @fp8_element(%raw: !llvm.ptr<1>, %c: index) -> !llvm.ptr<1> {
+  %p = fly.make_ptr %raw : !llvm.ptr<1> -> !fly.ptr<f8E4M3FN, global, 16>
+  %l = fly.make_layout : !fly.layout<64:1>
+  %t = fly.make_tensor %p, %l : !fly.tensor<!fly.ptr<f8E4M3FN, global, 16>, !fly.layout<64:1>>
+  %a = fly.element_address %t(%c) : !fly.tensor<!fly.ptr<f8E4M3FN, global, 16>, !fly.layout<64:1>> -> !llvm.ptr<1>
+  return %a : !llvm.ptr<1>
+}

@@ -64,6 +64,10 @@ static Value offsetPointer(OpBuilder &builder, Location loc, Value base, Type el
                            Value offset) {
   // index is 64-bit in the NVVM lowering: the element offset never wraps at 2^31.
   Value offset64 = arith::IndexCastOp::create(builder, loc, builder.getI64Type(), offset);
+  // A GEP steps by its element type's size; types LLVM has none for (the
+  // 8-bit floats) step as the integer of their width.
+  if (!LLVM::isCompatibleType(elementType))
+    elementType = builder.getIntegerType(elementType.getIntOrFloatBitWidth());
   return LLVM::GEPOp::create(builder, loc, base.getType(), elementType, base,
                              ValueRange{offset64});
 }

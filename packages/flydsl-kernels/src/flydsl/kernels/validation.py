@@ -24,6 +24,8 @@ __all__ = [
     "stats",
     "matrix",
     "matmul",
+    "gemm_scale",
+    "FP8_DTYPES",
     "torch_tensor",
     "GEMM_ACTIVATIONS",
     "same_device",
@@ -43,11 +45,26 @@ __all__ = [
 
 ROW_DTYPES = ("f32", "f16", "bf16")  # element types of the row kernels' inputs and outputs
 GEMM_DTYPES = ("bf16", "f16")  # the GEMMs' operands
+FP8_DTYPES = ("f8E4M3FN", "f8E5M2")  # fp8_gemm's operands (MLIR's names, as the compiler's)
 GEMM_OUT_DTYPES = ("bf16", "f16", "f32")
 GEMM_ACTIVATIONS = (None, "relu", "gelu", "silu")  # the GEMM epilogue's (gelu with erf, as torch's default)
-_TORCH_NAMES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
-_LONG_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i32": "int32"}
-_ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+_TORCH_NAMES = {
+    "torch.float32": "f32",
+    "torch.float16": "f16",
+    "torch.bfloat16": "bf16",
+    "torch.float8_e4m3fn": "f8E4M3FN",
+    "torch.float8_e5m2": "f8E5M2",
+}
+_LONG_NAMES = {
+    "f32": "float32",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f64": "float64",
+    "i32": "int32",
+    "f8E4M3FN": "float8_e4m3fn",
+    "f8E5M2": "float8_e5m2",
+}
+_ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1}
 _TORCH_TYPES: set = set()  # torch.Tensor (and subclasses) seen: later checks are one set lookup
 _DTYPE_NAMES: dict = {}  # torch dtype -> our name, filled on first sight (no torch import at module import)
 
@@ -214,17 +231,25 @@ def torch_tensor(who: str, name: str, t):
     return t
 
 
-def matmul(who: str, a, b, out, bias, activation, *, contiguous_bias: bool = True) -> tuple[int, int, int]:
+def matmul(
+    who: str, a, b, out, bias, activation, *, contiguous_bias: bool = True, fp8: bool = False
+) -> tuple[int, int, int]:
     """Shapes, dtypes and strides, naming the argument: ``a`` (M, K) and ``b`` (K, N) 2-D matrices of one 16-bit
-    float dtype, ``out`` (M, N) row-major bf16/fp16/fp32 sharing no memory with the inputs (None: allocated by the
-    caller), ``bias`` (N,) in a's dtype or float32 (contiguous with ``contiguous_bias``), ``activation`` one of
+    float dtype (``fp8``: each float8_e4m3fn or float8_e5m2, K a multiple of 16), ``out`` (M, N) row-major
+    bf16/fp16/fp32 sharing no memory with the inputs (None: allocated by the caller), ``bias`` (N,) in a's dtype or
+    float32 (fp8: bf16, fp16 or float32; contiguous with ``contiguous_bias``), ``activation`` one of
     :data:`GEMM_ACTIVATIONS`. Torch tensors, read for their shapes only (meta tensors too). Returns ``(m, n, k)``."""
     for name, t in (("a", a), ("b", b)):
         t = torch_tensor(who, name, t)
         if t.dim() != 2:
             raise ValueError(f"{who}: {name}: expected a 2-D matrix, got shape {tuple(t.shape)}")
-        check_dtype(who, name, torch_dtype(t.dtype), GEMM_DTYPES)
-    check_dtype(who, "b", torch_dtype(b.dtype), (torch_dtype(a.dtype),), like="a")
+        check_dtype(who, name, torch_dtype(t.dtype), FP8_DTYPES if fp8 else GEMM_DTYPES)
+    if not fp8:
+        check_dtype(who, "b", torch_dtype(b.dtype), (torch_dtype(a.dtype),), like="a")
+    elif a.shape[1] % 16:
+        raise ValueError(
+            f"{who}: a: K = {a.shape[1]}: expected a multiple of 16 (fp8 rows are read by TMA in 16-byte units)"
+        )
     (m, k), (k2, n) = a.shape, b.shape
     if k != k2:
         raise ValueError(f"{who}: b: expected {k} rows (a's columns), got shape {tuple(b.shape)}")
@@ -237,7 +262,10 @@ def matmul(who: str, a, b, out, bias, activation, *, contiguous_bias: bool = Tru
                 f"{who}: bias: expected a ({n},) vector{whole}, got shape {tuple(bias.shape)} strides"
                 f" {tuple(bias.stride())}"
             )
-        check_dtype(who, "bias", torch_dtype(bias.dtype), (torch_dtype(a.dtype), "f32"), like="a")
+        if fp8:
+            check_dtype(who, "bias", torch_dtype(bias.dtype), GEMM_OUT_DTYPES)
+        else:
+            check_dtype(who, "bias", torch_dtype(bias.dtype), (torch_dtype(a.dtype), "f32"), like="a")
     if out is not None:
         out = torch_tensor(who, "out", out)
         if tuple(out.shape) != (m, n) or (n > 1 and out.stride(-1) != 1):
@@ -250,6 +278,26 @@ def matmul(who: str, a, b, out, bias, activation, *, contiguous_bias: bool = Tru
             inputs = (("a", a), ("b", b), ("bias", bias))
             not_aliased(who, "out", _addresses(out), *((name, _addresses(t)) for name, t in inputs if t is not None))
     return m, n, k
+
+
+def gemm_scale(who: str, name: str, scale, extent: int, per: str) -> str:
+    """An fp8 GEMM's float32 scale ``name`` (a torch tensor, read for its shape only): one value (0-d, or one element
+    in one or two dimensions) or one per ``per`` ("row": (M,) or (M, 1), ``extent`` = M; "column": (N,) or (1, N),
+    ``extent`` = N), its values one stride apart. Returns "tensor" or ``per``."""
+    scale = torch_tensor(who, name, scale)
+    check_dtype(who, name, torch_dtype(scale.dtype), ("f32",))
+    shape = tuple(scale.shape)
+    if len(shape) <= 2 and all(extent_ == 1 for extent_ in shape):
+        return "tensor"
+    per_shapes = ((extent,), (extent, 1)) if per == "row" else ((extent,), (1, extent))
+    if shape in per_shapes:
+        if scale.stride(shape.index(extent)) != 1:
+            raise ValueError(f"{who}: {name}: expected contiguous scales, got strides {tuple(scale.stride())}")
+        return per
+    raise ValueError(
+        f"{who}: {name}: expected one float32 scale (shape (), (1,) or (1, 1)) or one per {per}"
+        f" {' or '.join(str(s) for s in per_shapes)}, got shape {shape}"
+    )
 
 
 def _addresses(t) -> TensorInfo:
@@ -270,12 +318,11 @@ def same_device(who: str, reference: TensorInfo, *others: tuple[str, TensorInfo 
 def not_aliased(who: str, name: str, out: TensorInfo, *inputs: tuple[str, TensorInfo | None]) -> None:
     """``out`` shares no memory with any of ``inputs`` (a kernel that reads tiles of an input while it writes the
     output would read what it wrote): refused where their byte ranges overlap."""
-    size = 4 if out.dtype == "f32" else 2
-    low, high = _span(out, size)
+    low, high = _span(out, _ELEMENT_BYTES.get(out.dtype, 2))
     for other_name, other in inputs:
         if other is None:
             continue
-        other_low, other_high = _span(other, 4 if other.dtype == "f32" else 2)
+        other_low, other_high = _span(other, _ELEMENT_BYTES.get(other.dtype, 2))
         if low < other_high and other_low < high:
             raise ValueError(f"{who}: {name}: overlaps {other_name} in memory; pass an output of its own")
 

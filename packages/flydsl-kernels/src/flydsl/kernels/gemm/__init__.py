@@ -1,7 +1,9 @@
-"""Hopper GEMMs: ``C = activation(A @ B + bias)`` in bf16/fp16 with fp32 accumulation.
+"""Hopper GEMMs: ``C = activation(A @ B + bias)`` in bf16/fp16, and ``fp8_gemm`` of fp8 operands with float32 scales,
+with fp32 accumulation.
 
-    from flydsl.kernels.gemm import gemm
+    from flydsl.kernels.gemm import fp8_gemm, gemm
     c = gemm(a, b, bias=bias, activation="gelu")   # a (M, K), b (K, N): torch tensors on the GPU
+    c = fp8_gemm(a8, w8.t(), scale_a, scale_w)     # fp8 a (M, K), w (N, K); scales per tensor, token or channel
 
 Two kernels: the warp-specialized persistent kernel (``gemm_ws``: TMA producer, wgmma consumers, 2-CTA clusters,
 split K / stream-K, TMA-store epilogue) and, for M <= 16 with ``nn.Linear`` weights, a weight-streaming
@@ -31,13 +33,15 @@ from flydsl.kernels.gemm.config import (
     GemmConfig,
     candidate_configs,
     choose_config,
+    choose_fp8_config,
     estimated_seconds,
+    fp8_config,
     max_stages,
     staging_bytes,
     staging_fits,
 )
 from flydsl.kernels.gemm.epilogue import ACTIVATIONS, Epilogue, EpilogueTensors, Scale
-from flydsl.kernels.gemm.launch import gemm, launch_plan, skinny_gemm
+from flydsl.kernels.gemm.launch import fp8_gemm, gemm, launch_plan, skinny_gemm
 from flydsl.kernels.gemm.operands import MatrixSpec, operand_layout
 from flydsl.kernels.gemm.partials import split_k_reduce
 from flydsl.kernels.gemm.plan import GemmPlan, plan_gemm
@@ -58,8 +62,11 @@ __all__ = [
     "check_arguments",
     "check_devices",
     "choose_config",
+    "choose_fp8_config",
     "choose_skinny_config",
     "estimated_seconds",
+    "fp8_config",
+    "fp8_gemm",
     "gemm",
     "gemm_ws",
     "gemm_ws_scaled",

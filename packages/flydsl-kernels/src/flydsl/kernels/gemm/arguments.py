@@ -9,13 +9,14 @@ from __future__ import annotations
 from flydsl.kernels import validation as check
 from flydsl.kernels.gemm.skinny import MAX_M
 
-__all__ = ["check_arguments", "check_devices", "check_skinny", "zero_product"]
+__all__ = ["check_arguments", "check_devices", "check_fp8_arguments", "check_skinny", "zero_product"]
 
 
-def check_devices(who: str, a, b, out=None, bias=None) -> None:
-    """The first check: ``a``, ``b`` (and ``out``, ``bias`` where given) CUDA torch tensors on one device."""
+def check_devices(who: str, a, b, out=None, bias=None, **others) -> None:
+    """The first check: ``a``, ``b`` (and ``out``, ``bias`` and the named ``others`` where given) CUDA torch tensors
+    on one device."""
     device = None
-    for name, t in (("a", a), ("b", b), ("out", out), ("bias", bias)):
+    for name, t in (("a", a), ("b", b), ("out", out), ("bias", bias), *others.items()):
         if t is None:
             continue
         check.torch_tensor(who, name, t)
@@ -30,6 +31,15 @@ def check_devices(who: str, a, b, out=None, bias=None) -> None:
 def check_arguments(who: str, a, b, out, bias, activation) -> tuple[int, int, int]:
     """Shapes, dtypes and strides (:func:`flydsl.kernels.validation.matmul`). Returns ``(m, n, k)``."""
     return check.matmul(who, a, b, out, bias, activation)
+
+
+def check_fp8_arguments(who: str, a, b, scale_a, scale_b, out, bias, activation) -> tuple:
+    """:func:`check_arguments` for fp8 operands (float8_e4m3fn or float8_e5m2, K a multiple of 16; the bias bf16,
+    fp16 or float32) and their float32 scales: ``scale_a`` one or one per row of a, ``scale_b`` one or one per column
+    of b. Returns ``(m, n, k, a's granularity, b's)`` ("tensor", "row", "column")."""
+    m, n, k = check.matmul(who, a, b, out, bias, activation, fp8=True)
+    a_per = check.gemm_scale(who, "scale_a", scale_a, m, "row")
+    return m, n, k, a_per, check.gemm_scale(who, "scale_b", scale_b, n, "column")
 
 
 def check_skinny(who: str, a, b, out, bias, activation) -> tuple[int, int, int]:

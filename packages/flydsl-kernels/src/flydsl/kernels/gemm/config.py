@@ -5,6 +5,7 @@ H200 (:func:`estimated_seconds`). Why each choice is made, with its measurements
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -16,7 +17,9 @@ __all__ = [
     "GemmConfig",
     "candidate_configs",
     "choose_config",
+    "choose_fp8_config",
     "estimated_seconds",
+    "fp8_config",
     "max_stages",
     "staging_bytes",
     "staging_fits",
@@ -122,10 +125,12 @@ def staging_bytes(cfg: GemmConfig, element_bytes: int = 2) -> int:
     return cfg.consumers * cfg.store_boxes * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
 
 
-def staging_fits(cfg: GemmConfig) -> bool:
-    """The TMA-store epilogue applies to ``cfg``: its tiles split into 64-column parts (the staging boxes' width),
-    and the staging boxes fit in shared memory beside the pipeline (1 KB kept for barriers and alignment)."""
-    return cfg.tile_n % STAGING_BOX[1] == 0 and cfg.stages * cfg.stage_bytes() + staging_bytes(cfg) <= SMEM_BYTES - 1024
+def staging_fits(cfg: GemmConfig, operand_bytes: int = 2) -> bool:
+    """The TMA-store epilogue applies to ``cfg`` (operands of ``operand_bytes`` bytes): its tiles split into 64-column
+    parts (the staging boxes' width), and the staging boxes fit in shared memory beside the pipeline (1 KB kept for
+    barriers and alignment)."""
+    pipeline = cfg.stages * cfg.stage_bytes(operand_bytes)
+    return cfg.tile_n % STAGING_BOX[1] == 0 and pipeline + staging_bytes(cfg) <= SMEM_BYTES - 1024
 
 
 def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2, store_boxes: int = 2) -> int:
@@ -255,3 +260,17 @@ def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
         if estimated_seconds(m, n, k, whole, sms) < _SPLIT_TAIL_MARGIN * estimated_seconds(m, n, k, best, sms):
             return whole
     return best
+
+
+def fp8_config(cfg: GemmConfig) -> GemmConfig:
+    """The fp8 form of a 16-bit operands' configuration: K steps twice as long (128 fp8 elements, one 128-byte
+    swizzled row), hence the same bytes per pipeline stage and the same stages."""
+    return dataclasses.replace(cfg, tile_k=2 * cfg.tile_k)
+
+
+@functools.cache
+def choose_fp8_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
+    """The configuration for an (m, n, k) problem of fp8 operands: to the cost model an fp8 K is a bf16 K / 2 (the same
+    operand bytes per K step, twice the tensor cores' rate), so it is :func:`choose_config`'s for K / 2 in K steps of
+    128 (:func:`fp8_config`)."""
+    return fp8_config(choose_config(m, n, -(-k // 2), sms))

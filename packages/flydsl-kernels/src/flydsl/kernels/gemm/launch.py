@@ -9,17 +9,26 @@ scratch memory, launch.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
+from flydsl.kernels import validation as check
 from flydsl.kernels.device import sm_count
-from flydsl.kernels.gemm.arguments import check_arguments, check_devices, check_skinny, zero_product
+from flydsl.kernels.gemm.arguments import (
+    check_arguments,
+    check_devices,
+    check_fp8_arguments,
+    check_skinny,
+    zero_product,
+)
 from flydsl.kernels.gemm.config import GemmConfig
+from flydsl.kernels.gemm.epilogue import Scale
 from flydsl.kernels.gemm.operands import MatrixSpec, copy_for_tma, tma_tile
 from flydsl.kernels.gemm.plan import GemmPlan, Scratch, Tensor, Tma, plan_gemm, plan_skinny
 from flydsl.kernels.gemm.skinny import SkinnyConfig
 from flydsl.kernels.memory import per_stream
 from flydsl.kernels.plans import Plans, signature
 
-__all__ = ["gemm", "launch_plan", "skinny_gemm"]
+__all__ = ["fp8_gemm", "gemm", "launch_plan", "skinny_gemm"]
 
 
 def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None):
@@ -42,8 +51,84 @@ def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None
     return _call(_SKINNY, plan_skinny, check_skinny, a, b, out, config, bias, activation)
 
 
+def fp8_gemm(
+    a,
+    b,
+    scale_a,
+    scale_b,
+    out=None,
+    config: GemmConfig | None = None,
+    *,
+    bias=None,
+    activation: str | None = None,
+    out_dtype=None,
+):
+    """``out = activation((scale_a * a) @ (b * scale_b) + bias)`` for fp8 torch tensors on one GPU: a (M, K) and b
+    (K, N) float8_e4m3fn or float8_e5m2 (each its own), K a multiple of 16, each row- or column-major (fp8 MMAs read
+    K-major operands: a column-major a or a row-major b is first copied K-major; an ``nn.Linear`` weight w (N, K) is
+    passed as ``w.t()`` and read in place); ``scale_a`` float32, one value (0-d or one element) or one per row of a
+    ((M,) or (M, 1): per token); ``scale_b`` float32, one value or one per column of b ((N,) or (1, N): per output
+    channel); both applied to the fp32 accumulators, then ``+ bias`` ((N,) bf16, fp16 or float32) and the activation
+    (None, "relu", "gelu", "silu"). ``out`` (M, N) row-major bf16/fp16/fp32, allocated in ``out_dtype`` (default
+    bfloat16) when not given. ``config``: the tile configuration (default
+    :func:`~flydsl.kernels.gemm.config.choose_fp8_config`; its ``tile_k`` a multiple of 128)."""
+    dtype_key = None if out_dtype is None else str(out_dtype)
+    key = signature(a, b, scale_a, scale_b, out, bias, activation, dtype_key)
+    key = None if key is None else key + (config,)
+    plan = _FP8.get(key)
+    if plan is not None:
+        return plan(a, b, scale_a, scale_b, out, bias)
+    who = _FP8.name
+    check_devices(who, a, b, out, bias, scale_a=scale_a, scale_b=scale_b)
+    m, n, k, a_per, b_per = check_fp8_arguments(who, a, b, scale_a, scale_b, out, bias, activation)
+    if out is None:
+        import torch
+
+        out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+        check.check_dtype(who, "out_dtype", check.torch_dtype(out_dtype), check.GEMM_OUT_DTYPES)
+    elif out_dtype is not None and out.dtype != out_dtype:
+        raise ValueError(f"{who}: out_dtype: {out_dtype} differs from out's dtype {out.dtype}; give one of them")
+    result = out if out is not None else a.new_empty((m, n), dtype=out_dtype)
+    if m == 0 or n == 0 or k == 0:
+        return zero_product(result, bias, activation)
+    scales = (Scale(rows=1) if a_per == "row" else Scale(), Scale(columns=1) if b_per == "column" else Scale())
+    planned = _FP8Planned(None, (m, n), out_dtype, scale_a.dim() != 1, scale_b.dim() != 1)
+    scale_tensors = planned.flat(scale_a, scale_b)
+    specs = MatrixSpec.of(a, "a"), MatrixSpec.of(b, "b"), MatrixSpec.of(result, "out")
+    scale_specs = MatrixSpec.of(scale_tensors[0], "scale_a"), MatrixSpec.of(scale_tensors[1], "scale_b")
+    gemm_plan = plan_gemm(
+        *specs,
+        sms=sm_count(a.get_device()),
+        bias=None if bias is None else MatrixSpec.of(bias, "bias"),
+        activation=activation,
+        scales=tuple(zip(scales, scale_specs, strict=True)),
+        config=config,
+    )
+    _FP8.add(key, planned._replace(plan=gemm_plan))
+    return launch_plan(gemm_plan, a, b, result, bias, scale_tensors)
+
+
+class _FP8Planned(NamedTuple):
+    """A kept fp8 plan: the GEMM plan, the output's shape and dtype where it is allocated, and whether each scale is
+    flattened to the (1,), (M,) or (N,) vector the epilogue indexes."""
+
+    plan: GemmPlan | None
+    shape: tuple
+    out_dtype: object
+    flat_a: bool
+    flat_b: bool
+
+    def flat(self, scale_a, scale_b) -> tuple:
+        return (scale_a.reshape(-1) if self.flat_a else scale_a, scale_b.reshape(-1) if self.flat_b else scale_b)
+
+    def __call__(self, a, b, scale_a, scale_b, out, bias):
+        out = a.new_empty(self.shape, dtype=self.out_dtype) if out is None else out
+        return launch_plan(self.plan, a, b, out, bias, self.flat(scale_a, scale_b))
+
+
 _GEMM = Plans("flydsl.kernels.gemm")
 _SKINNY = Plans("flydsl.kernels.skinny_gemm")
+_FP8 = Plans("flydsl.kernels.fp8_gemm")
 
 
 def _call(plans: Plans, planner, check, a, b, out, config, bias, activation):

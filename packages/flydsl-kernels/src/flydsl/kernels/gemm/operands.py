@@ -21,6 +21,7 @@ import flydsl.layout as fl
 from flydsl.compiler.args import torch_dtype_name
 
 __all__ = [
+    "OPERAND_BYTES",
     "SWIZZLE_BYTES",
     "MatrixSpec",
     "OperandTiles",
@@ -37,8 +38,8 @@ __all__ = [
     "tma_tile",
 ]
 
-SWIZZLE_BYTES = 128  # the widest swizzle; a TMA box row holds 128 bytes (64 bf16) at most
-_OPERAND_BYTES = {"bf16": 2, "f16": 2}  # the element types the GEMMs multiply
+SWIZZLE_BYTES = 128  # the widest swizzle; a TMA box row holds 128 bytes (64 bf16, 128 fp8) at most
+OPERAND_BYTES = {"bf16": 2, "f16": 2, "f8E4M3FN": 1, "f8E5M2": 1}  # the element types the GEMMs multiply
 
 
 def operand_layout(rows: int, tile_k: int, stages: int, major: str, element_bytes: int = 2):
@@ -180,7 +181,7 @@ def tma_copy_kind(matrix: MatrixSpec) -> str | None:
     the columns padded to 16 bytes) or "rows" (any other: the rows padded to 16 bytes). Odd K, odd M/N of
     MN-major operands and arbitrary strides then work, at the cost of one copy of that operand."""
     (rows, cols), (row_stride, col_stride) = matrix.shape, matrix.strides
-    step = 16 // _OPERAND_BYTES[matrix.dtype]
+    step = 16 // OPERAND_BYTES[matrix.dtype]
     if matrix.aligned and (
         (col_stride == 1 and row_stride % step == 0 and row_stride >= cols)
         or (row_stride == 1 and col_stride % step == 0 and col_stride >= rows)
@@ -195,7 +196,7 @@ def tma_copied(matrix: MatrixSpec, kind: str | None) -> MatrixSpec:
         return matrix
     if kind == "columns":
         return tma_copied(matrix.transposed(), "rows").transposed()
-    step = 16 // _OPERAND_BYTES[matrix.dtype]
+    step = 16 // OPERAND_BYTES[matrix.dtype]
     rows, cols = matrix.shape
     return MatrixSpec((rows, cols), (-(-cols // step) * step, 1), matrix.dtype, True)
 
@@ -237,7 +238,7 @@ def operand_view(matrix: MatrixSpec, mn_dim: int, rows: int, tile_k: int, name: 
     MN-major as the (K, MN) matrix. Errors name the operand: a matrix with no unit stride, or one TMA cannot read
     (strides not multiples of 16 bytes, an unaligned start, extents of 2^31 or more)."""
     shape, strides, k_dim = matrix.shape, matrix.strides, 1 - mn_dim
-    element_bytes = 2 if matrix.dtype not in _OPERAND_BYTES else _OPERAND_BYTES[matrix.dtype]
+    element_bytes = OPERAND_BYTES.get(matrix.dtype, 2)
     if strides[k_dim] == 1:
         view = TmaView((shape[mn_dim], shape[k_dim]), (strides[mn_dim], 1), matrix.dtype, (), "K")
     elif strides[mn_dim] == 1:

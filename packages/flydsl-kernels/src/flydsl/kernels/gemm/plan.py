@@ -19,9 +19,17 @@ import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from flydsl.kernels.gemm.config import STAGING_BOX, GemmConfig, choose_config, staging_fits
+from flydsl.kernels.gemm.config import STAGING_BOX, GemmConfig, choose_config, choose_fp8_config, staging_fits
 from flydsl.kernels.gemm.epilogue import Epilogue
-from flydsl.kernels.gemm.operands import MatrixSpec, TmaView, operand_view, tma_copied, tma_copy_kind
+from flydsl.kernels.gemm.operands import (
+    OPERAND_BYTES,
+    SWIZZLE_BYTES,
+    MatrixSpec,
+    TmaView,
+    operand_view,
+    tma_copied,
+    tma_copy_kind,
+)
 from flydsl.kernels.gemm.partials import split_k_reduce
 from flydsl.kernels.gemm.schedulers import cluster_tiles, split_plan
 from flydsl.kernels.gemm.skinny import MAX_M, SkinnyConfig, SkinnyVariant, choose_skinny_config, skinny_gemm_kernel
@@ -178,7 +186,13 @@ def plan_dense(
     shared tile (B's along M, A's along N), C through the TMA store where it applies, at most one CTA per SM (all of
     them with stream-K), and the partial tiles' scratch for split K and stream-K."""
     (m, k), n = a.shape, b.shape[1]
-    cfg = config or choose_config(m, n, k, sms)
+    operand_bytes = OPERAND_BYTES[a.dtype]
+    cfg = config or (choose_config if operand_bytes == 2 else choose_fp8_config)(m, n, k, sms)
+    if cfg.tile_k * operand_bytes % SWIZZLE_BYTES:
+        raise ValueError(
+            f"gemm config: {cfg} takes K steps of {cfg.tile_k} {a.dtype} elements; expected a multiple of"
+            f" {SWIZZLE_BYTES // operand_bytes} (128-byte swizzled rows)"
+        )
     specs = {"out": out}
     preparations = []
     views = []
@@ -186,9 +200,13 @@ def plan_dense(
         ("a", a, 0, cfg.tile_m // cfg.cluster_n),
         ("b", b, 1, cfg.tile_n // cfg.cluster_m),
     ):
+        if operand_bytes == 1 and matrix.strides[1 - mn_dim] != 1:  # fp8 wgmma reads K-major operands only
+            steps = ("contiguous",) if mn_dim == 0 else ("transpose", "contiguous", "transpose")
+            preparations.append(Preparation(role, role, steps))
+            matrix = _contiguous(matrix) if mn_dim == 0 else _contiguous(matrix.transposed()).transposed()
         copy = tma_copy_kind(matrix)
         if copy is not None:
-            preparations.append(Preparation(role, role, (f"pad_{copy}",)))
+            preparations.append(Preparation(role, role, (f"pad_{copy}",)))  # (after a K-major copy: never needed)
         specs[role] = tma_copied(matrix, copy)
         views.append(operand_view(specs[role], mn_dim, rows, cfg.tile_k, role))
     a_view, b_view = views
@@ -201,7 +219,7 @@ def plan_dense(
     workers = sms // cfg.cluster  # CTAs, or clusters; stream-K gives every one of them work
     split_from, units = split_plan(cluster_tiles(m, n, cfg), workers, cfg)
     grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster
-    store_view = _store_view(out, cfg)
+    store_view = _store_view(out, cfg, operand_bytes)
     epilogue = Epilogue(
         bias=bias is not None,
         activation=activation,
@@ -237,11 +255,11 @@ def plan_dense(
     return GemmPlan(kernel.name, cfg, epilogue, specs, tuple(preparations), (launch,))
 
 
-def _store_view(out: MatrixSpec, cfg: GemmConfig) -> TmaView | None:
+def _store_view(out: MatrixSpec, cfg: GemmConfig, operand_bytes: int) -> TmaView | None:
     """C's view in boxes of (64, 64) for the TMA-store epilogue, or None where it does not apply: C not 16-bit, its
     rows not 16-byte aligned or overlapping (a row stride under N, even in a one-row view: TMA's descriptor would
     refuse it), or no shared memory left beside the pipeline for the staging boxes."""
-    if out.dtype not in ("bf16", "f16") or not staging_fits(cfg):
+    if out.dtype not in ("bf16", "f16") or not staging_fits(cfg, operand_bytes):
         return None
     row_stride = out.strides[0]
     if not out.aligned or row_stride % 8 or row_stride < out.shape[1]:  # 8 16-bit elements: 16 bytes

@@ -114,7 +114,7 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
         nvvm.setmaxnreg(_CONSUMER_REGISTERS, increase=True)
         consumer = warpgroup - 1
         mma = wgmma.TiledMma(
-            wgmma.MmaAtom(a.dtype, cfg.tile_n),
+            wgmma.MmaAtom(a.dtype, cfg.tile_n, b_dtype=b.dtype),
             tile_m=cfg.tile_m,
             tile_n=cfg.tile_n,
             warpgroups_m=cfg.tile_m // cfg.consumer_rows,
