@@ -86,9 +86,9 @@ def test_fp8_plan_refuses_short_k_steps():
     ],
 )
 def test_fp8_kernel_multiplies_with_fp8_wgmma(m, n, k, b_dtype, out, granularity):
-    """The routed kernel's PTX issues m64nNk32 fp8 wgmmas (four per 128-element K step and 64 rows), assembles for sm_90a
-    without spills or ptxas's performance notes, and its SASS multiplies with QGMMA (Hopper's warpgroup MMA on fp8:
-    HGMMA is its 16-bit form) on E4M3 (and E5M2) operands."""
+    """The routed kernel's PTX issues m64nNk32 fp8 wgmmas (four per 128-element K step and 64 rows), assembles for
+    sm_90a without spills or ptxas's performance notes, and its SASS multiplies with QGMMA (Hopper's warpgroup MMA
+    on fp8; HGMMA is its 16-bit form) on E4M3 (and E5M2) operands."""
     plan = plan_gemm(*_fp8_specs(m, n, k, b_dtype=b_dtype, out=out), sms=SMS, scales=_scales(m, n, *granularity))
     (module,) = plan.lower()
     cfg, types = plan.config, "e4m3." + ("e4m3" if b_dtype == E4M3 else "e5m2")

@@ -1,0 +1,168 @@
+"""fp8 GEMM on the local GPU: flydsl.kernels.gemm.fp8_gemm against torch._scaled_mm (cuBLAS) in the same process.
+
+    python benchmarks/fp8_gemm_bench.py                  # 8192^3 and 4096^3
+    python benchmarks/fp8_gemm_bench.py --sweep --json benchmarks/results/fp8_gemm/DATE_COMMIT.json --commit C
+
+Each case: fresh random e4m3 inputs (rows of magnitudes 2^-6..2^6), B as nn.Linear weights (N, K) passed as ``w.t()``,
+float32 scales per token (M, 1) and per output channel (1, N), bf16 output. Ours is checked against a float32
+reference of the dequantized inputs and against ``_scaled_mm`` (relative Frobenius errors), then timed with
+triton.testing.do_bench (CUDA events, L2 flushed before each call, median of the calls) interleaved with the peers:
+``_scaled_mm`` rowwise (the same scales: the bar), ``_scaled_mm`` tensorwise (one scale each), the bf16 ``gemm`` of
+the same shape, and for M <= 16 a same-bytes copy (``copy_`` of N * K / 2 bytes into as many: what streaming the
+weights once costs), ``--repeats`` times; the numbers are medians over the repeats. The sweep is issue 32's: M in
+{1, 16, 64, 128, 512, 2048, 8192} x ten (N, K) of Llama/DeepSeek layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from record import write_record
+
+SQUARE = [(8192, 8192, 8192), (4096, 4096, 4096)]
+SWEEP_NK = [
+    (4096, 4096),
+    (14336, 4096),
+    (4096, 14336),
+    (8192, 8192),
+    (28672, 8192),
+    (18432, 7168),
+    (7168, 18432),
+    (1536, 7168),
+    (24576, 1536),
+    (7168, 2048),
+]
+SWEEP_M = [1, 16, 64, 128, 512, 2048, 8192]
+
+
+def _bench(fn, do_bench) -> float:
+    return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def _fp8(torch, rows, cols):
+    magnitude = 2.0 ** torch.randint(-6, 7, (rows, 1), device="cuda").float()
+    return (torch.randn(rows, cols, device="cuda") * magnitude).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def _error(torch, x, ref) -> float:
+    return ((x.float() - ref).norm() / ref.norm()).item()
+
+
+def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
+    from flydsl.kernels.gemm import fp8_gemm, gemm
+
+    a, w = _fp8(torch, m, k), _fp8(torch, n, k)
+    b = w.t()
+    scale_a = torch.rand(m, 1, device="cuda") / 64 + 1e-3
+    scale_b = torch.rand(1, n, device="cuda") / 64 + 1e-3
+    one_a, one_b = scale_a.mean().reshape(()), scale_b.mean().reshape(())
+    ours = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fp8_gemm(a, b, scale_a, scale_b, ours)
+    reference = (a.float() * scale_a) @ (b.float() * scale_b)
+    rowwise = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    errors = {"rel_error_vs_f32": _error(torch, ours, reference), "scaled_mm_rel_error_vs_f32": None}
+    errors["scaled_mm_rel_error_vs_f32"] = _error(torch, rowwise, reference)
+    del reference
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    out16 = torch.empty_like(ours)
+    copy_src = torch.empty(n * k // 2 if m <= 16 else 0, dtype=torch.uint8, device="cuda")
+    copy_dst = torch.empty_like(copy_src)
+    runs = {"flydsl": [], "scaled_mm_rowwise": [], "scaled_mm_tensorwise": [], "bf16_gemm": [], "copy": []}
+    timed = {
+        "flydsl": lambda: fp8_gemm(a, b, scale_a, scale_b, ours),
+        "scaled_mm_rowwise": lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16),
+        "scaled_mm_tensorwise": lambda: torch._scaled_mm(a, b, scale_a=one_a, scale_b=one_b, out_dtype=torch.bfloat16),
+    }
+    if with_bf16:
+        timed["bf16_gemm"] = lambda: gemm(a16, b16, out16)
+    if m <= 16:
+        timed["copy"] = lambda: copy_dst.copy_(copy_src)
+    for _ in range(repeats):
+        for name, fn in timed.items():
+            runs[name].append(_bench(fn, do_bench))
+    flops = 2.0 * m * n * k
+    ms = {name: statistics.median(values) for name, values in runs.items() if values}
+    result = {"m": m, "n": n, "k": k, "b": "weights (N, K) as w.t()", **errors}
+    result["chosen_config"] = str(_chosen(m, n, k))
+    for name, t in ms.items():
+        result[f"{name}_ms"] = t
+        if name != "copy":
+            result[f"{name}_tflops"] = flops / t / 1e9
+    result["ratio_vs_rowwise"] = ms["scaled_mm_rowwise"] / ms["flydsl"]
+    result["ratio_vs_tensorwise"] = ms["scaled_mm_tensorwise"] / ms["flydsl"]
+    if "copy" in ms:
+        result["fraction_of_copy"] = ms["copy"] / ms["flydsl"]  # same-bytes copy time / ours
+    result["runs_ms"] = runs
+    return result
+
+
+def _chosen(m, n, k):
+    import torch
+
+    from flydsl.kernels.gemm import choose_fp8_config
+
+    return choose_fp8_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", action="store_true", help="issue 32's 70 shapes after the square ones")
+    parser.add_argument("--m", type=int, nargs="*", help="restrict the sweep's M values")
+    parser.add_argument("--nk", nargs="*", help="restrict the sweep's (N, K) pairs, written NxK (e.g. 1536x7168)")
+    parser.add_argument("--no-square", action="store_true", help="leave out the square shapes")
+    parser.add_argument("--no-bf16", action="store_true", help="leave out the bf16 gemm of each shape")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
+    args = parser.parse_args(argv)
+    sweep_nk = [tuple(map(int, pair.split("x"))) for pair in args.nk] if args.nk else SWEEP_NK
+
+    import torch
+    from triton.testing import do_bench
+
+    cases = [] if args.no_square else list(SQUARE)
+    if args.sweep:
+        cases += [(m, n, k) for m in (args.m or SWEEP_M) for n, k in sweep_nk]
+    results = []
+    print(
+        f"{'M':>5} {'N':>6} {'K':>6}  {'ours TF/s':>9} {'row TF/s':>8} {'tensor':>8} {'bf16':>7}"
+        f"  {'ratio':>5} {'copy':>5}  {'err':>7}  config"
+    )
+    for m, n, k in cases:
+        r = run_case(torch, do_bench, m, n, k, args.repeats, not args.no_bf16)
+        results.append(r)
+        copy = f"{r['fraction_of_copy']:>5.2f}" if "fraction_of_copy" in r else f"{'':>5}"
+        print(
+            f"{m:>5} {n:>6} {k:>6}  {r['flydsl_tflops']:>9.1f} {r['scaled_mm_rowwise_tflops']:>8.1f}"
+            f" {r['scaled_mm_tensorwise_tflops']:>8.1f} {r.get('bf16_gemm_tflops', float('nan')):>7.1f}"
+            f"  {r['ratio_vs_rowwise']:>5.3f} {copy}  {r['rel_error_vs_f32']:>7.1e}  {r['chosen_config']}",
+            flush=True,
+        )
+    ratios = [r["ratio_vs_rowwise"] for r in results]
+    big = [r["ratio_vs_rowwise"] for r in results if r["m"] >= 2048]
+    small = [r for r in results if r["m"] <= 16]
+    summary = {
+        "geomean_ratio_m_ge_2048": statistics.geometric_mean(big) if big else None,
+        "geomean_ratio_all": statistics.geometric_mean(ratios),
+        "min_ratio": min(ratios),
+        "m_le_16_min_fraction_of_copy": min(r["fraction_of_copy"] for r in small) if small else None,
+        "m_le_16_geomean_ratio": statistics.geometric_mean([r["ratio_vs_rowwise"] for r in small]) if small else None,
+        "geomean_ratio_vs_tensorwise": statistics.geometric_mean([r["ratio_vs_tensorwise"] for r in results]),
+    }
+    print(json.dumps(summary))
+    if args.json:
+        method = (
+            "triton.testing.do_bench median (warmup 10 ms, rep 40 ms, L2 flushed before each call), ours and the peers"
+            " interleaved, median over repeats; e4m3 inputs, float32 per-token and per-channel scales, bf16 output;"
+            " ratio = _scaled_mm rowwise time / ours; fraction_of_copy = same-bytes copy_ time / ours"
+        )
+        write_record(args.json, "fp8_gemm_bench", argv, results, commit=args.commit, method=method, summary=summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
