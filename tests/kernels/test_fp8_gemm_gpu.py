@@ -95,7 +95,8 @@ def test_fp8_gemm_mn_major_operands(a_major, b_major):
 def test_fp8_gemm_output_dtypes(out_dtype):
     m, n, k = 1000, 776, 528
     a, b = _operands(m, n, k)
-    _checked(a, b, _scale(m, "row", (m, 1)), _scale(n, "column", (1, n)), out_dtype)
+    shrink = 2.0**-10 if out_dtype == torch.float16 else 1.0  # products of 2^6-magnitude rows overflow fp16
+    _checked(a, b, _scale(m, "row", (m, 1)) * shrink, _scale(n, "column", (1, n)), out_dtype)
 
 
 def test_fp8_gemm_e4m3_by_e5m2():

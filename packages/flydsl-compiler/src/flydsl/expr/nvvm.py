@@ -36,6 +36,7 @@ __all__ = [
     "ex2_approx",
     "rcp_approx",
     "cvt_f32x2_to_fp8x2",
+    "red_max_relaxed",
     "cvt_fp8x2_to_f32x2",
     "shfl_sync",
     "elect_sync",
@@ -605,6 +606,18 @@ def red_add_release(where, value, coord=None, scope: str = "gpu") -> None:
     pointer = _pointer(where, coord, "global")
     text = f"red.release.{_scope(scope, 'red_add_release')}.global.add.s32 [$0], $1;"
     _asm(None, [pointer, _int32(value, "red_add_release value").value], text, "l,r", side_effects=True)
+
+
+def red_max_relaxed(where, value, coord=None, scope: str = "gpu") -> None:
+    """``red.relaxed.{scope}.global.max.u32``: raises a 32-bit word to ``value`` (unsigned) with no ordering of this
+    thread's other accesses. Non-negative floats order as their bits do (NaN above inf), so a float32 maximum of
+    magnitudes (an amax) is the maximum of their bits as ``Int32`` (``arith.bitcast``), with NaN kept.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-red
+    """
+    pointer = _pointer(where, coord, "global")
+    text = f"red.relaxed.{_scope(scope, 'red_max_relaxed')}.global.max.u32 [$0], $1;"
+    _asm(None, [pointer, _int32(value, "red_max_relaxed value").value], text, "l,r", side_effects=True)
 
 
 def atom_add_acq_rel(where, value, coord=None, scope: str = "gpu") -> Int32:

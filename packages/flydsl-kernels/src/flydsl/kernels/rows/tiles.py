@@ -32,6 +32,7 @@ __all__ = [
     "load_vector_row",
     "vector_chunk",
     "store_row",
+    "store_row_fp8",
     "segment_chunks",
     "segment_count",
     "rounded",
@@ -244,6 +245,23 @@ def store_row(cfg: RowConfig, t, pos, n, rows, values, chunks=None) -> None:
         for c, view, part in zip(cols, views, parts, strict=True):
             chunk = vector.from_elements(wide.mlir_type(), part)
             _store_chunk(cfg, view, chunk.to(t.dtype), c * cfg.vec, n, row_ok)
+
+
+def store_row_fp8(cfg: RowConfig, t, pos, n, rows, values, fmt: str = "e4m3") -> None:
+    """As :func:`store_row`, into ``t`` (rows, N) of bytes: an fp8 tensor viewed as uint8 (memory holds no fp8
+    type), each chunk's ``vec`` Float32 ``values`` converted in pairs by ``cvt.rn.satfinite`` (``fmt`` "e4m3" or
+    "e5m2": out-of-range values saturate to the largest finite one, NaN stays NaN) and stored as ``vec`` bytes."""
+    row_ok = pos.row < rows
+    pairs = vector.vector_class(fx.Int16, cfg.vec // 2)
+    for k, j in enumerate(_chunk_list(cfg, None)):
+        c = chunk_index(cfg, pos, j)
+        view = fx.local_tile(t, (1, cfg.vec), (pos.row, c))[0, None]  # (vec,) bytes
+        part = values[k * cfg.vec : (k + 1) * cfg.vec]
+        packed = [
+            fx.Int16(nvvm.cvt_f32x2_to_fp8x2(part[2 * i + 1], part[2 * i], fmt).value) for i in range(cfg.vec // 2)
+        ]
+        chunk = vector.from_elements(pairs.mlir_type(), packed).bitcast(t.dtype)
+        _store_chunk(cfg, view, chunk, c * cfg.vec, n, row_ok)
 
 
 def _store_chunk(cfg: RowConfig, view, chunk, col, n, row_ok) -> None:

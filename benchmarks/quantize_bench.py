@@ -1,0 +1,107 @@
+"""fp8 quantization on the local GPU: flydsl.kernels.quantize.quantize_fp8 against torch eager and torch.compile of the
+same function (amax, scale, cast) and a same-bytes copy, in the same process.
+
+    python benchmarks/quantize_bench.py --json benchmarks/results/quantize/DATE_COMMIT.json --commit C
+
+Each case: bf16 rows of mixed magnitudes, checked against torch's result (the same scales; values equal but for
+rounding ties), then timed with triton.testing.do_bench (CUDA events, L2 flushed, median), interleaved, ``--repeats``
+times (medians over repeats). The copy moves the bytes the quantizer must: per token one read of x (2 bytes an
+element) and one write (1 byte), per tensor two reads and one write; ``fraction_of_copy`` = copy time / ours (the
+bar: >= 0.85).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from record import write_record
+
+SHAPES = [(16, 4096), (2048, 4096), (8192, 4096), (16384, 7168), (65536, 4096), (4096, 18432)]
+
+
+def _torch_quantize(torch, x, granularity):
+    xf = x.float()
+    amax = xf.abs().amax() if granularity == "tensor" else xf.abs().amax(dim=1, keepdim=True)
+    scale = amax / 448.0
+    return (xf / scale.clamp(min=1e-30)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
+
+
+def run_case(torch, do_bench, rows, n, granularity, repeats, compiled):
+    from flydsl.kernels.quantize import quantize_fp8
+
+    x = (torch.randn(rows, n, device="cuda") * 2.0 ** torch.randint(-8, 9, (rows, 1), device="cuda")).bfloat16()
+    q, scale = quantize_fp8(x, granularity)
+    q_ref, scale_ref = _torch_quantize(torch, x, granularity)
+    torch.cuda.synchronize()
+    mismatched = (q.float() != q_ref.float()).float().mean().item()
+    scale_error = ((scale.reshape(-1) - scale_ref.reshape(-1)).abs().max() / scale_ref.abs().max()).item()
+    moved = rows * n * (2 + 1) + (rows * n * 2 if granularity == "tensor" else 0)  # bytes read + written
+    src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    timed = {
+        "flydsl": lambda: quantize_fp8(x, granularity),
+        "torch": lambda: _torch_quantize(torch, x, granularity),
+        "torch_compile": lambda: compiled(torch, x, granularity),
+        "copy": lambda: dst.copy_(src),
+    }
+    runs = {name: [] for name in timed}
+    for _ in range(repeats):
+        for name, fn in timed.items():
+            runs[name].append(do_bench(fn, warmup=10, rep=40, return_mode="median"))
+    ms = {name: statistics.median(v) for name, v in runs.items()}
+    result = {"rows": rows, "n": n, "granularity": granularity, "fraction_mismatched_vs_torch": mismatched}
+    result["scale_rel_error_vs_torch"] = scale_error
+    for name, t in ms.items():
+        result[f"{name}_ms"] = t
+        result[f"{name}_tbps"] = moved / t / 1e9
+    result["fraction_of_copy"] = ms["copy"] / ms["flydsl"]
+    result["ratio_vs_torch_compile"] = ms["torch_compile"] / ms["flydsl"]
+    result["runs_ms"] = runs
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
+    args = parser.parse_args(argv)
+
+    import torch
+    from triton.testing import do_bench
+
+    compiled = torch.compile(_torch_quantize, dynamic=False)
+    results = []
+    print(f"{'rows':>6} {'N':>6} {'gran':>6}  {'ours TB/s':>9} {'torch':>6} {'compile':>7} {'copy':>6}  {'of copy':>7}")
+    for rows, n in SHAPES:
+        for granularity in ("token", "tensor"):
+            r = run_case(torch, do_bench, rows, n, granularity, args.repeats, compiled)
+            results.append(r)
+            print(
+                f"{rows:>6} {n:>6} {granularity:>6}  {r['flydsl_tbps']:>9.2f} {r['torch_tbps']:>6.2f}"
+                f" {r['torch_compile_tbps']:>7.2f} {r['copy_tbps']:>6.2f}  {r['fraction_of_copy']:>7.3f}"
+                f"  mismatched {r['fraction_mismatched_vs_torch']:.1e}",
+                flush=True,
+            )
+    large = [r for r in results if r["rows"] * r["n"] >= 8192 * 4096]
+    summary = {
+        "min_fraction_of_copy_large": min(r["fraction_of_copy"] for r in large),
+        "min_fraction_of_copy": min(r["fraction_of_copy"] for r in results),
+        "geomean_ratio_vs_torch_compile": statistics.geometric_mean([r["ratio_vs_torch_compile"] for r in results]),
+    }
+    print(json.dumps(summary))
+    if args.json:
+        method = (
+            "triton.testing.do_bench median (warmup 10 ms, rep 40 ms, L2 flushed), interleaved, median over repeats;"
+            " bf16 input, e4m3 output; TB/s = bytes the quantizer must move (per token 3 a element, per tensor 5) /"
+            " time; copy: copy_ of half those bytes into as many"
+        )
+        write_record(args.json, "quantize_bench", argv, results, commit=args.commit, method=method, summary=summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The fp8 quantizer's kernels: rows read once into registers (the row kernels' layout, :mod:`flydsl.kernels.rows`),
+their amax reduced, and each value cast to fp8 by the hardware's saturating conversion.
+
+One kernel, three modes (:class:`QuantizeSpec`):
+
+* ``"row"``: each row's scale ``amax / fp8_max`` (one scale per token, or per output channel of a weight) is written,
+  and the row cast with it: one read, one write;
+* ``"amax"``: each row's amax is raised into one float32 word (``red.max`` on its bits): the tensor's amax;
+* ``"cast"``: every row cast with the tensor's scale from that word (written once, by the first row's leader).
+
+Per tensor is ``"amax"`` then ``"cast"``: two reads and one write, the least a tensor larger than the L2 allows.
+A row of zeros gets scale 0 and zeros (never 0 / 0); NaN in a row makes its scale NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlir import ir
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import arith, nvvm
+from flydsl.kernels.rows.layout import RowConfig
+from flydsl.kernels.rows.reduce import row_done, row_reduce, row_smem, thread_reduce
+from flydsl.kernels.rows.tiles import load_row, row_position, store_row_fp8
+
+__all__ = ["FP8_MAX", "QuantizeSpec", "quantize_rows_kernel"]
+
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}  # the largest finite values
+_TINY = 1e-30  # amax below this (zeros) casts with scale 1 / 0 avoided: values stay 0
+
+
+@dataclass(frozen=True)
+class QuantizeSpec:
+    """``mode`` "row", "amax" or "cast" (module docstring) and the fp8 format ``fmt`` ("e4m3", "e5m2")."""
+
+    mode: str
+    fmt: str = "e4m3"
+
+    def __post_init__(self):
+        if self.mode not in ("row", "amax", "cast") or self.fmt not in FP8_MAX:
+            raise ValueError(f"{self}: mode must be row, amax or cast and fmt e4m3 or e5m2")
+
+
+@flyc.kernel
+def quantize_rows_kernel(
+    x: fx.Tensor, out: fx.Tensor, scales: fx.Tensor, amax: fx.Tensor, cfg: fx.Constexpr[RowConfig], spec: fx.Constexpr
+):
+    """``out`` (rows, N) bytes (the fp8 tensor viewed as uint8) of ``x`` (rows, N) float32/f16/bf16; ``scales``
+    float32, (rows,) for mode "row", (1,) for "cast" (unread by "amax"); ``amax`` one int32 word, zero before "amax"
+    (unread by "row")."""
+    rows, n = x.shape
+    pos = row_position(cfg)
+    smem = row_smem(cfg, phases=1)
+    xs, _ = load_row(cfg, x, pos, n, rows)
+    fp8_max = FP8_MAX[spec.fmt]
+    if fx.const_expr(spec.mode != "cast"):
+        magnitudes = [arith.maximum(v, 0.0 - v) for v in xs]  # |v|, NaN kept
+        row_amax = row_reduce(cfg, pos, smem, 0, thread_reduce(magnitudes, "max"), "max", last=True)
+    if fx.const_expr(spec.mode == "amax"):
+        if pos.leader & (pos.row < rows):
+            nvvm.red_max_relaxed(amax, arith.bitcast(ir.IntegerType.get_signless(32), row_amax), 0)
+    else:
+        if fx.const_expr(spec.mode == "cast"):
+            row_amax = arith.bitcast(ir.F32Type.get(), amax[0])
+        scale = row_amax * (1.0 / fp8_max)
+        inverse = fp8_max / arith.maximum(row_amax, _TINY)  # NaN amax: NaN values, as the scale
+        store_row_fp8(cfg, out, pos, n, rows, [v * inverse for v in xs], spec.fmt)
+        if fx.const_expr(spec.mode == "row"):
+            if pos.leader & (pos.row < rows):
+                scales[pos.row] = scale
+        else:
+            if pos.leader & (pos.row == 0):
+                scales[0] = scale
+    row_done(cfg)
