@@ -9,10 +9,10 @@ same runs the plan directly: one key built, one dict lookup, the native launch.
 The signature (:func:`signature`) holds every fact about the arguments that validation and routing read: per torch
 tensor its type, dtype, shape, strides, the low four bits of its address (16-byte alignment: the vectorized and TMA
 paths' condition) and its device; per other argument its type and value (``None`` where absent; a list or tuple of ints
-as a tuple). A call that differs in any of them, a misaligned view, a transposed or strided input, another dtype or
-another GPU, gets a key of its own, and with it its own validation and route: a plan never serves a call it was not made
-for. Arguments that are not torch tensors (cupy arrays, DLPack objects) or values that are not plain numbers, strings or
-None give no key: such calls take the validating path every time.
+as a tuple; a torch dtype). A call that differs in any of them, a misaligned view, a transposed or strided input,
+another dtype or another GPU, gets a key of its own, and with it its own validation and route: a plan never serves a
+call it was not made for. Arguments that are not torch tensors (cupy arrays, DLPack objects) or values that are not
+plain numbers, strings, dtypes or None give no key: such calls take the validating path every time.
 
 What the plan leaves to each call is what must be fresh per call: the outputs, per-call scratch (a team's exchange,
 split-K partials) and the current stream (read by the launcher), so plans also serve calls captured in CUDA graphs.
@@ -40,6 +40,8 @@ def signature(*args) -> tuple | None:
             append((kind, value))  # the type too: 1, 1.0 and True are equal keys otherwise
         elif kind in (list, tuple) and all(type(e) is int for e in value):  # a shape (normalized_shape)
             append((kind, tuple(value)))
+        elif kind.__name__ == "dtype" and kind.__module__ == "torch":  # an output dtype
+            append((kind, value))
         else:
             return None
     return tuple(parts)

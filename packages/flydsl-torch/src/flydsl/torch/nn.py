@@ -1,9 +1,9 @@
-"""Drop-in ``torch.nn.LayerNorm`` and ``torch.nn.RMSNorm`` running FlyDSL's kernels.
+"""Drop-in ``torch.nn.LayerNorm`` and ``torch.nn.RMSNorm`` running FlyDSL's kernels, and ``Fp8Linear``.
 
-They subclass torch's modules: same constructor, parameters and ``state_dict`` (checkpoints load both ways) and
+The norms subclass torch's modules: same constructor, parameters and ``state_dict`` (checkpoints load both ways) and
 ``isinstance(m, torch.nn.LayerNorm)`` holds. ``forward`` runs the FlyDSL kernels on CUDA tensors of float32, float16
 or bfloat16 and falls back to torch's own implementation on anything else (CPU tensors, float64), so that a model
-keeps working off the GPU.
+keeps working off the GPU. ``Fp8Linear`` replaces an ``nn.Linear`` for inference with fp8 weights.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from flydsl.torch import functional as F
 from flydsl.torch.ops import DTYPES
 from torch import Tensor
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["Fp8Linear", "LayerNorm", "RMSNorm"]
 
 
 def _ours(input: Tensor) -> bool:
@@ -46,3 +46,95 @@ class RMSNorm(torch.nn.RMSNorm):
             residual_out = input + residual
             return super().forward(residual_out), residual_out
         return F.fused_add_rms_norm(input, residual, self.normalized_shape, self.weight, self.eps)
+
+
+class Fp8Linear(torch.nn.Module):
+    """An ``nn.Linear`` for inference on fp8: ``y = x @ W.t() + bias`` with W quantized to e4m3 once, per output
+    channel (``weight`` (out, in) float8_e4m3fn and ``weight_scale`` (1, out) float32 buffers: a ``state_dict`` holds
+    them), and the activations quantized on the fly by one fused kernel, per token (``granularity="token"``, the
+    default) or per tensor; both feed ``torch.ops.flydsl.fp8_gemm``, whose output has x's dtype (bf16 or fp16;
+    float32 inputs give float32). ``forward(x, scale)`` takes x already quantized (fp8, with its float32 scale,
+    per token or per tensor). Works under ``torch.compile(fullgraph=True)`` and CUDA graph capture; off the GPU it
+    computes the same product from the dequantized weights.
+
+        layer = Fp8Linear.from_linear(torch.nn.Linear(4096, 14336, device="cuda", dtype=torch.bfloat16))
+        y = layer(x)                      # x (..., 4096) bf16 -> y (..., 14336) bf16
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, granularity="token"
+    ):
+        super().__init__()
+        if granularity not in ("token", "tensor"):
+            raise ValueError(f"Fp8Linear: granularity: expected 'token' or 'tensor', got {granularity!r}")
+        self.in_features, self.out_features, self.granularity = in_features, out_features, granularity
+        linear = torch.nn.Linear(in_features, out_features, bias, device=device, dtype=dtype or torch.bfloat16)
+        self.register_buffer(
+            "weight", torch.empty((out_features, in_features), dtype=torch.float8_e4m3fn, device=device)
+        )
+        self.register_buffer("weight_scale", torch.empty((1, out_features), dtype=torch.float32, device=device))
+        self.bias = linear.bias
+        self.load_weight(linear.weight.detach())
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, granularity: str = "token") -> Fp8Linear:
+        """An Fp8Linear of ``linear``'s weights (quantized per output channel) and bias (kept in its dtype)."""
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        if granularity not in ("token", "tensor"):
+            raise ValueError(f"Fp8Linear: granularity: expected 'token' or 'tensor', got {granularity!r}")
+        layer.in_features, layer.out_features, layer.granularity = linear.in_features, linear.out_features, granularity
+        weight = linear.weight.detach()
+        layer.register_buffer("weight", torch.empty(weight.shape, dtype=torch.float8_e4m3fn, device=weight.device))
+        layer.register_buffer(
+            "weight_scale", torch.empty((1, weight.shape[0]), dtype=torch.float32, device=weight.device)
+        )
+        layer.bias = (
+            None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        )
+        layer.load_weight(weight)
+        return layer
+
+    @torch.no_grad()
+    def load_weight(self, weight: Tensor) -> None:
+        """Quantizes ``weight`` (out, in), in any float dtype, into ``weight`` and ``weight_scale`` (per output
+        channel: each row's amax / 448)."""
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(
+                f"Fp8Linear: weight: expected shape {(self.out_features, self.in_features)}, got {tuple(weight.shape)}"
+            )
+        if weight.is_cuda:
+            w = weight if weight.dtype in DTYPES else weight.float()
+            torch.ops.flydsl.quantize_fp8_out(w, "channel", torch.float8_e4m3fn, self.weight, self.weight_scale)
+        else:  # the same quantization in torch (CPU modules, before .cuda())
+            w = weight.float()
+            scale = w.abs().amax(dim=1) / 448.0
+            self.weight.copy_((w / scale.clamp(min=1e-30)[:, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn))
+            self.weight_scale.copy_(scale[None, :])
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None},"
+            f" granularity={self.granularity}"
+        )
+
+    def forward(self, x: Tensor, scale: Tensor | None = None) -> Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"Fp8Linear: x: expected a last dim of {self.in_features}, got shape {tuple(x.shape)}")
+        fp8 = x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+        if fp8 != (scale is not None):
+            raise ValueError("Fp8Linear: pass scale with an fp8 x (pre-quantized), and only then")
+        leading = x.shape[:-1]
+        rows = x.reshape(-1, self.in_features)
+        out_dtype = self.bias.dtype if fp8 and self.bias is not None else (torch.bfloat16 if fp8 else x.dtype)
+        if not x.is_cuda:  # the same product from the dequantized operands
+            a = rows.float() * scale.reshape(-1, 1).float() if fp8 else rows.float()
+            y = a @ (self.weight.float() * self.weight_scale.t()).t()
+            y = y if self.bias is None else y + self.bias.float()
+            return y.to(out_dtype).reshape(*leading, self.out_features)
+        if fp8:
+            a8, scale_a = rows, scale.reshape(-1, 1) if scale.numel() > 1 else scale
+        else:
+            a8, scale_a = torch.ops.flydsl.quantize_fp8(rows, self.granularity, torch.float8_e4m3fn)
+        y = torch.ops.flydsl.fp8_gemm(a8, self.weight.t(), scale_a, self.weight_scale, self.bias, None, out_dtype)
+        return y.reshape(*leading, self.out_features)

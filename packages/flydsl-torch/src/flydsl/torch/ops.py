@@ -18,6 +18,9 @@ rstd)``
 ``fused_add_rms_norm(x, residual, ns,     ``(out, residual_out, rstd)`` with ``residual_out = x + residual``
 weight, eps)``
 ``gemm(a, b, bias, activation)``          ``activation(a @ b + bias)`` (bf16/fp16; the Hopper GEMM)
+``fp8_gemm(a, b, scale_a, scale_b, bias,  ``activation((scale_a * a) @ (b * scale_b) + bias)`` in ``out_dtype``
+activation, out_dtype)``                  (default bf16; fp8 a, b; flydsl.kernels.gemm.fp8_gemm)
+``quantize_fp8(x, granularity, dtype)``   ``(x_fp8, scales)`` (flydsl.kernels.quantize; x viewed as (rows, N))
 ========================================= ===================================================================
 
 The ``*_out`` ops take the same inputs and write keyword-only outputs (``out=``, ``mean=``, ...); statistics are
@@ -44,6 +47,8 @@ __all__ = [
     "rms_norm_backward",
     "fused_add_rms_norm",
     "gemm",
+    "fp8_gemm",
+    "quantize_fp8",
     "DTYPES",
 ]
 
@@ -418,3 +423,71 @@ def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, activation: str | Non
     from flydsl.kernels.gemm import gemm as kernel
 
     kernel(a, b, out, bias=None if bias is None else bias.contiguous(), activation=activation)
+
+
+# --- fp8 -------------------------------------------------------------------------------------------------------------
+
+
+def _check_fp8_gemm(a, b, scale_a, scale_b, bias, activation, out_dtype) -> None:
+    who = "flydsl.fp8_gemm"
+    m, n, _ = check.matmul(who, a, b, None, bias, activation, contiguous_bias=False, fp8=True)
+    check.gemm_scale(who, "scale_a", scale_a, m, "row")
+    check.gemm_scale(who, "scale_b", scale_b, n, "column")
+    if out_dtype is not None:
+        check.check_dtype(who, "out_dtype", check.torch_dtype(out_dtype), check.GEMM_OUT_DTYPES)
+
+
+@register_op(
+    "fp8_gemm",
+    outputs=lambda a, b, sa, sb, bias, activation, out_dtype: (
+        ((a.shape[0], b.shape[1]), out_dtype or torch.bfloat16),
+    ),
+    check=_check_fp8_gemm,
+)
+def fp8_gemm(
+    a: Tensor,
+    b: Tensor,
+    scale_a: Tensor,
+    scale_b: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    out_dtype: torch.dtype | None = None,
+    *,
+    out: Tensor,
+) -> None:
+    """``out = activation((scale_a * a) @ (b * scale_b) + bias)`` (flydsl.kernels.gemm.fp8_gemm)."""
+    from flydsl.kernels.gemm import fp8_gemm as kernel
+
+    kernel(a, b, scale_a, scale_b, out, bias=None if bias is None else bias.contiguous(), activation=activation)
+
+
+_SCALE_SHAPES = {"token": lambda rows: (rows, 1), "channel": lambda rows: (1, rows), "tensor": lambda rows: ()}
+
+
+def _check_quantize_fp8(x: Tensor, granularity: str, dtype) -> None:
+    who = "flydsl.quantize_fp8"
+    check.check_dtype(who, "x", _dtype(x), check.ROW_DTYPES)
+    if x.dim() < 1:
+        raise ValueError(f"{who}: x: expected at least one dim, got a 0-dim tensor")
+    check.one_of(who, "granularity", granularity, tuple(_SCALE_SHAPES))
+    if dtype is not None and dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"{who}: dtype: expected torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+
+
+def _quantize_outputs(x: Tensor, granularity: str, dtype):
+    rows = math.prod(x.shape[:-1])
+    return (tuple(x.shape), dtype or torch.float8_e4m3fn), (_SCALE_SHAPES[granularity](rows), torch.float32)
+
+
+@register_op("quantize_fp8", outputs=_quantize_outputs, check=_check_quantize_fp8)
+def quantize_fp8(
+    x: Tensor, granularity: str = "token", dtype: torch.dtype | None = None, *, out: Tensor, scales: Tensor
+) -> None:
+    """``(out, scales)`` with ``x ~ out * scales`` (flydsl.kernels.quantize.quantize_fp8 over x's rows)."""
+    from flydsl.kernels.quantize import quantize_fp8 as kernel
+
+    n = x.shape[-1] if x.dim() else 1
+    if x.numel() == 0:
+        scales.zero_()
+        return
+    kernel(_rows(x, n), granularity, out=out.view(-1, n), scales=scales)

@@ -1,0 +1,92 @@
+"""torch.ops.flydsl.fp8_gemm and quantize_fp8 without a GPU: fake implementations (shapes, dtypes, refusals naming the
+argument) and flydsl.torch.nn.Fp8Linear (its buffers, the state_dict round trip, the CPU fallback's product)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import flydsl.torch  # noqa: E402, F401  (registers the ops)
+from flydsl.torch.nn import Fp8Linear  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _fake_operands(m=8, n=32, k=64):
+    a = torch.empty(m, k, dtype=E4M3, device="cuda")
+    b = torch.empty(n, k, dtype=E4M3, device="cuda").t()
+    return a, b, torch.empty(m, 1, device="cuda"), torch.empty(1, n, device="cuda")
+
+
+def test_fake_fp8_gemm_gives_the_output_dtype():
+    with FakeTensorMode():
+        a, b, sa, sb = _fake_operands()
+        assert torch.ops.flydsl.fp8_gemm(a, b, sa, sb).dtype == torch.bfloat16
+        out = torch.ops.flydsl.fp8_gemm(a, b, sa, sb, None, None, torch.float32)
+        assert out.shape == (8, 32) and out.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ("k", r"flydsl.fp8_gemm: a: K = 40: expected a multiple of 16"),
+        ("scale", r"flydsl.fp8_gemm: scale_b: expected one float32 scale"),
+        ("out_dtype", r"flydsl.fp8_gemm: out_dtype: expected dtype bfloat16, float16 or float32, got float64"),
+    ],
+)
+def test_fake_fp8_gemm_refuses_naming_the_argument(change, message):
+    with FakeTensorMode():
+        a, b, sa, sb = _fake_operands(k=40 if change == "k" else 64)
+        sb = torch.empty(32, 2, device="cuda") if change == "scale" else sb
+        out_dtype = torch.float64 if change == "out_dtype" else None
+        with pytest.raises((TypeError, ValueError), match=message):
+            torch.ops.flydsl.fp8_gemm(a, b, sa, sb, None, None, out_dtype)
+
+
+@pytest.mark.parametrize("granularity,scales", [("token", (6, 1)), ("channel", (1, 6)), ("tensor", ())])
+def test_fake_quantize_fp8_shapes(granularity, scales):
+    with FakeTensorMode():
+        x = torch.empty(2, 3, 128, dtype=torch.bfloat16, device="cuda")
+        q, s = torch.ops.flydsl.quantize_fp8(x, granularity, torch.float8_e5m2)
+        assert q.shape == x.shape and q.dtype == torch.float8_e5m2 and s.shape == scales and s.dtype == torch.float32
+
+
+def test_quantize_fp8_op_refuses_a_granularity():
+    with FakeTensorMode():
+        x = torch.empty(4, 128, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(ValueError, match=r"flydsl.quantize_fp8: granularity: expected one of"):
+            torch.ops.flydsl.quantize_fp8(x, "block", None)
+
+
+def test_fp8_linear_from_linear_and_state_dict():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 96, dtype=torch.bfloat16)
+    layer = Fp8Linear.from_linear(linear)
+    assert layer.weight.dtype == E4M3 and layer.weight.shape == (96, 256) and layer.weight_scale.shape == (1, 96)
+    expected_scale = linear.weight.float().abs().amax(dim=1) / 448.0
+    torch.testing.assert_close(layer.weight_scale[0], expected_scale)
+    x = torch.randn(3, 7, 256, dtype=torch.bfloat16)
+    y, ref = layer(x), linear(x)
+    assert y.shape == (3, 7, 96) and y.dtype == torch.bfloat16
+    assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 0.05  # the weights' fp8 rounding
+    other = Fp8Linear(256, 96)
+    other.load_state_dict(layer.state_dict())
+    assert torch.equal(other(x), y)
+
+
+def test_fp8_linear_takes_pre_quantized_inputs():
+    layer = Fp8Linear(64, 32, bias=False)
+    x8 = torch.randn(5, 64).to(E4M3)
+    scale = torch.full((5, 1), 0.5)
+    y = layer(x8, scale)
+    ref = (x8.float() * 0.5) @ (layer.weight.float() * layer.weight_scale.t()).t()
+    torch.testing.assert_close(y.float(), ref.bfloat16().float())
+    with pytest.raises(ValueError, match="pass scale with an fp8 x"):
+        layer(x8)
+    with pytest.raises(ValueError, match=r"Fp8Linear: x: expected a last dim of 64, got shape \(5, 63\)"):
+        layer(torch.randn(5, 63))
+    with pytest.raises(ValueError, match="granularity: expected 'token' or 'tensor'"):
+        Fp8Linear(64, 32, granularity="channel")

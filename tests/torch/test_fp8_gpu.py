@@ -1,0 +1,76 @@
+"""torch.ops.flydsl.fp8_gemm / quantize_fp8 and flydsl.torch.nn.Fp8Linear on the GPU: the ops give the kernels'
+results (per token, per tensor, pre-quantized inputs), Fp8Linear is close to the nn.Linear it replaces, and runs under
+torch.compile(fullgraph=True) and in a CUDA graph replayed on new values."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flydsl.torch  # noqa: E402, F401
+from flydsl.kernels.gemm import fp8_gemm  # noqa: E402
+from flydsl.kernels.quantize import quantize_fp8  # noqa: E402
+from flydsl.torch.nn import Fp8Linear  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _error(y, ref) -> float:
+    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def _linear(k=1024, n=768, dtype=torch.bfloat16):
+    torch.manual_seed(1)
+    return torch.nn.Linear(k, n, device="cuda", dtype=dtype)
+
+
+def test_ops_match_the_kernels():
+    x = torch.randn(2, 100, 512, device="cuda", dtype=torch.bfloat16)
+    q, s = torch.ops.flydsl.quantize_fp8(x, "token", None)
+    q_k, s_k = quantize_fp8(x.reshape(-1, 512), "token")
+    assert torch.equal(q.view(torch.uint8).reshape(-1, 512), q_k.view(torch.uint8)) and torch.equal(s, s_k)
+    w8, sw = quantize_fp8(torch.randn(256, 512, device="cuda", dtype=torch.bfloat16), "channel")
+    a8 = q.reshape(-1, 512)
+    y = torch.ops.flydsl.fp8_gemm(a8, w8.t(), s, sw, None, "silu", torch.float16)
+    assert torch.equal(y, fp8_gemm(a8, w8.t(), s, sw, activation="silu", out_dtype=torch.float16))
+
+
+@pytest.mark.parametrize("granularity", ["token", "tensor"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_linear_is_close_to_linear(granularity, dtype):
+    linear = _linear(dtype=dtype)
+    layer = Fp8Linear.from_linear(linear, granularity)
+    x = torch.randn(4, 33, 1024, device="cuda", dtype=dtype)
+    y = layer(x)
+    assert y.dtype == dtype and y.shape == (4, 33, 768)
+    assert _error(y, linear(x)) < 6e-2  # two fp8 roundings (2^-4 each, relative)
+
+
+def test_fp8_linear_pre_quantized_and_per_tensor_scale():
+    linear = _linear()
+    layer = Fp8Linear.from_linear(linear)
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    for granularity in ("token", "tensor"):
+        x8, scale = quantize_fp8(x, granularity)
+        assert _error(layer(x8, scale), linear(x)) < 6e-2
+
+
+def test_fp8_linear_compiles_fullgraph():
+    linear = _linear()
+    layer = Fp8Linear.from_linear(linear)
+    compiled = torch.compile(layer, fullgraph=True)
+    x = torch.randn(48, 1024, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(compiled(x), layer(x))
+
+
+def test_fp8_linear_replays_in_a_cuda_graph(graphed):
+    linear = _linear()
+    layer = Fp8Linear.from_linear(linear)
+    x = torch.randn(16, 1024, device="cuda", dtype=torch.bfloat16)
+    graph, y = graphed(lambda: layer(x))
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _error(y, linear(x)) < 6e-2
