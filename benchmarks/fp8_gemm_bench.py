@@ -16,6 +16,7 @@ weights once costs), ``--repeats`` times; the numbers are medians over the repea
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -108,6 +109,35 @@ def _chosen(m, n, k):
     return choose_fp8_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
 
 
+def explore(torch, do_bench, cases, repeats) -> int:
+    """Each case's candidate configurations timed (medians over ``repeats``), fastest first, the chosen one marked."""
+    from flydsl.kernels.gemm import candidate_configs, fp8_config, fp8_gemm
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m, n, k in cases:
+        a, b = _fp8(torch, m, k), _fp8(torch, n, k).t()
+        scale_a, scale_b = torch.rand(m, 1, device="cuda") / 64, torch.rand(1, n, device="cuda") / 64
+        out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+        chosen = _chosen(m, n, k)
+        timed = []
+        for cfg in {fp8_config(c) for c in candidate_configs(m, n, -(-k // 2), sms)} | {chosen}:
+            try:
+                fp8_gemm(a, b, scale_a, scale_b, out, cfg)
+            except ValueError as error:  # e.g. MN-major parts, stages that do not fit
+                print(f"  skipped {cfg}: {error}")
+                continue
+            call = functools.partial(fp8_gemm, a, b, scale_a, scale_b, out, cfg)
+            ms = statistics.median(_bench(call, do_bench) for _ in range(repeats))
+            timed.append((ms, cfg))
+        peer = functools.partial(torch._scaled_mm, a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+        row = _bench(peer, do_bench)
+        print(f"{m}x{n}x{k}: _scaled_mm rowwise {row * 1e3:.1f} us")
+        for ms, cfg in sorted(timed, key=lambda item: item[0]):
+            mark = "  <- chosen" if cfg == chosen else ""
+            print(f"  {ms * 1e3:7.1f} us  {row / ms:5.3f}x  {cfg}{mark}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="issue 32's 70 shapes after the square ones")
@@ -116,6 +146,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-square", action="store_true", help="leave out the square shapes")
     parser.add_argument("--no-bf16", action="store_true", help="leave out the bf16 gemm of each shape")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--explore",
+        action="store_true",
+        help="instead: time every candidate configuration of each case (the bf16 candidates of K / 2 in K steps of"
+        " 128: what choose_fp8_config ranks) next to the chosen one, to tune the choice",
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
@@ -127,6 +163,8 @@ def main(argv=None) -> int:
     cases = [] if args.no_square else list(SQUARE)
     if args.sweep:
         cases += [(m, n, k) for m in (args.m or SWEEP_M) for n, k in sweep_nk]
+    if args.explore:
+        return explore(torch, do_bench, cases, args.repeats)
     results = []
     print(
         f"{'M':>5} {'N':>6} {'K':>6}  {'ours TF/s':>9} {'row TF/s':>8} {'tensor':>8} {'bf16':>7}"

@@ -143,9 +143,17 @@ def benchmark(matmul_fn: Callable, m: int, n: int, k: int) -> tuple[float, float
 
 
 def run_example(
-    doc: str, name: str, lower_fn: Callable, matmul_fn: Callable, patterns: Sequence[str], argv=None, defaults=None
+    doc: str,
+    name: str,
+    lower_fn: Callable,
+    matmul_fn: Callable,
+    patterns: Sequence[str],
+    argv=None,
+    defaults=None,
+    tolerance: float = 1e-5,
 ) -> int:
-    """The ``main`` of every step: compile and summarize the PTX; on a GPU, check and time."""
+    """The ``main`` of every step: compile and summarize the PTX; on a GPU, check (``tolerance``: the relative error
+    allowed) and time."""
     args = parse_args(doc, argv, defaults or (1000, 776, 520))
     compiled = lower_fn(args.m, args.n, args.k)
     counts = ", ".join(f"{p.replace(chr(92), '')}: {c}" for p, c in instruction_counts(compiled.ptx, patterns).items())
@@ -159,7 +167,7 @@ def run_example(
     import torch
 
     try:
-        error = check_on_gpu(matmul_fn, args.m, args.n, args.k)
+        error = check_on_gpu(matmul_fn, args.m, args.n, args.k, tolerance)
     except AssertionError as failure:
         print(f"FAILED: {failure}")
         return 1

@@ -29,6 +29,7 @@ EXAMPLES = [
     "gemm_2_mma_sync.py",
     "gemm_3_tma_wgmma.py",
     "gemm_4_warp_specialized.py",
+    "gemm_5_fp8.py",
     "00_native_demo.py",
 ]
 

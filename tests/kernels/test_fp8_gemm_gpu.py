@@ -119,7 +119,7 @@ def test_fp8_gemm_bias_and_activation(activation, bias_dtype):
     "config",
     [
         GemmConfig(tile_m=128, tile_n=128, tile_k=128, stages=6, split_k=3),
-        GemmConfig(tile_m=64, tile_n=256, tile_k=128, stages=6, consumers=1, cluster_m=1),
+        GemmConfig(tile_m=64, tile_n=256, tile_k=128, stages=5, consumers=1, cluster_m=1),
         GemmConfig(tile_m=128, tile_n=256, tile_k=256, stages=2, cluster_m=1),
     ],
     ids=["split K", "64-row tiles", "K steps of 256"],
@@ -155,7 +155,7 @@ def test_nan_scales_propagate():
     assert (column.isinf() | column.isnan()).all()  # inf times a sum that is zero here and there is NaN
     rest = torch.ones(m, n, dtype=torch.bool, device="cuda")
     rest[3], rest[:, 5] = False, False
-    ref = _reference(a, b, scale_a.nan_to_num(), scale_b.clamp(max=1.0))
+    ref = _reference(a, b, scale_a.nan_to_num(), scale_b.nan_to_num(posinf=1.0))
     assert ((out.double() - ref)[rest].norm() / ref[rest].norm()).item() < 8e-3
 
 

@@ -93,6 +93,15 @@ def test_instruction_counts_reads_opcodes_only():
     assert harness.instruction_counts(ptx, [r"mma\.sync", r"ld\.global"]) == {r"mma\.sync": 2, r"ld\.global": 0}
 
 
+def test_fp8_step_compiles_to_fp8_wgmma():
+    """Step 5: the warp-specialized kernel on e4m3 operands (m64nNk32 wgmmas, four per 128-element K step and 64 rows),
+    the scales read in the epilogue."""
+    compiled = _step("gemm_5_fp8").lower(1000, 776, 528)
+    assert _count(compiled.ptx, r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3") >= 4
+    assert _count(compiled.ptx, r"bf16") == 0 and "setmaxnreg" in compiled.ptx
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
 @pytest.mark.skipif(flyc.runtime.is_available(), reason="on a GPU main() checks and times (the GPU tests do that)")
 def test_main_compiles_and_summarizes_without_a_gpu(capsys):
     assert _step("gemm_3_tma_wgmma").main(["--m", "200", "--n", "136", "--k", "72"]) == 0
@@ -113,6 +122,14 @@ def test_step_on_gpu(name, m, n, k):
     step = _step(name)
     harness = _step("gemm_1_naive")
     assert harness.check_on_gpu(step.matmul, m, n, k, seed=m + n + k) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(1, 8, 16), (200, 136, 80), (300, 520, 1008)])
+def test_fp8_step_on_gpu(m, n, k):
+    pytest.importorskip("torch")
+    step = _step("gemm_5_fp8")
+    assert _step("gemm_1_naive").check_on_gpu(step.matmul, m, n, k, step.TOLERANCE, seed=m + n + k) <= step.TOLERANCE
 
 
 @pytest.mark.gpu
