@@ -71,6 +71,30 @@ def test_fp8_plan_copies_mn_major_operands_k_major():
     assert all(argument.view.major == "K" for argument in plan.launches[0].arguments[:2])
 
 
+def test_decode_sized_fp8_streams_the_weights():
+    """M <= 16 with nn.Linear weights of one fp8 dtype takes the skinny kernel with its scales (mma.sync m16n8k32);
+    where it would split K (few weight rows), mixed e4m3 x e5m2, or rows 16-byte loads cannot read: the
+    warp-specialized kernel."""
+    m, n, k = 16, 7168, 2048
+    plan = plan_gemm(*_fp8_specs(m, n, k), sms=SMS, scales=_scales(m, n))
+    assert plan.route == "skinny" and plan.launches[0].kernel.name == "skinny_gemm_scaled_kernel"
+    assert plan.epilogue.scales == (Scale(rows=1), Scale(columns=1)) and plan.config.splits == 1
+    assert plan_gemm(*_fp8_specs(8, 1024, 4096), sms=SMS, scales=_scales(8, 1024)).route == "gemm_ws_scaled"
+    mixed = _fp8_specs(m, n, k, b_dtype=E5M2)
+    assert plan_gemm(*mixed, sms=SMS, scales=_scales(m, n)).route == "gemm_ws_scaled"
+    a, b, out = _fp8_specs(m, n, k)
+    assert plan_gemm(a._replace(aligned=False), b, out, sms=SMS, scales=_scales(m, n)).route == "gemm_ws_scaled"
+
+
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+def test_fp8_skinny_kernel_assembles_with_fp8_mma():
+    m, n, k = 16, 7168, 2048
+    (module,) = plan_gemm(*_fp8_specs(m, n, k), sms=SMS, scales=_scales(m, n)).lower()
+    assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in module.ptx
+    assert "ld.global.nc.L1::no_allocate.L2::256B.v4.b32" in module.ptx and ".version 8.4" in module.ptx
+    assert spill_bytes(module.ptx) == 0
+
+
 def test_fp8_plan_refuses_short_k_steps():
     a, b, out = _fp8_specs(256, 256, 256)
     with pytest.raises(ValueError, match=r"K steps of 64 f8E4M3FN elements; expected a multiple of 128"):

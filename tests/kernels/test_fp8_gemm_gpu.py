@@ -67,7 +67,18 @@ def _checked(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=None, activa
 
 
 @pytest.mark.parametrize(
-    "m,n,k", [(1000, 776, 528), (4104, 1160, 1040), (130, 264, 64), (1, 4096, 4096), (16, 7168, 2048), (64, 1536, 7168)]
+    "m,n,k",
+    [
+        (1000, 776, 528),
+        (4104, 1160, 1040),
+        (130, 264, 64),
+        (64, 1536, 7168),
+        (1, 4096, 4096),  # M <= 16: the skinny kernel
+        (16, 7168, 2048),
+        (9, 4104, 1040),
+        (3, 2056, 4112),
+        (16, 1000, 512),  # (it would split K: the warp-specialized kernel)
+    ],
 )
 def test_fp8_gemm_per_token_and_channel(m, n, k):
     a, b = _operands(m, n, k)

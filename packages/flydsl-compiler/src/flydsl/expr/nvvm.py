@@ -20,6 +20,8 @@ from flydsl.expr.numeric import (
     BFloat16,
     Boolean,
     Float,
+    Float8E4M3FN,
+    Float8E5M2,
     Float16,
     Float32,
     Int16,
@@ -370,7 +372,10 @@ def _fragment(value, count: int | None, what: str) -> list[ir.Value]:
 
 def mma_sync(a, b, c, dtype=BFloat16) -> Vector:
     """``mma.sync.aligned.m16n8k16.row.col.f32.{bf16|f16}.{bf16|f16}.f32``: ``D = A @ B + C`` for the warp, A 16x16
-    (row-major fragments), B 16x8 (column-major fragments), C/D 16x8 float32.
+    (row-major fragments), B 16x8 (column-major fragments), C/D 16x8 float32. With an 8-bit ``dtype``
+    (``fx.Float8E4M3FN``, ``fx.Float8E5M2``: ``m16n8k32...e4m3.e4m3``, sm_89+) A is 16x32 and B 32x8, each register
+    holding 4 elements: the same registers, lanes and rows, columns ``4 * (l % 4) + {0..3}`` (+16 for registers 2, 3
+    of A and 1 of B).
 
     ``a``: 4 registers (``Int32x4`` from ``ldmatrix(num=4)``, or a ``BFloat16x8``/``Float16x8``); ``b``: 2 registers;
     ``c``: a ``Float32x4`` (or 4 Float32). Lane ``l`` holds A rows ``l // 4`` (registers 0, 2) and ``l // 4 + 8``
@@ -379,8 +384,9 @@ def mma_sync(a, b, c, dtype=BFloat16) -> Vector:
     {0, 1}``. Returns D as a ``Float32x4``. ``dtype``: ``fx.BFloat16`` or ``fx.Float16``.
 
     PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#warp-level-matrix-instructions-mma"""
-    if dtype not in (BFloat16, Float16):
-        raise ValueError(f"mma_sync dtype: expected fx.BFloat16 or fx.Float16, got {dtype!r}")
+    fp8 = (Float8E4M3FN, Float8E5M2)
+    if dtype not in (BFloat16, Float16) and dtype not in fp8:
+        raise ValueError(f"mma_sync dtype: expected fx.BFloat16, fx.Float16, fx.Float8E4M3FN or Float8E5M2: {dtype!r}")
     a_values, b_values = _fragment(a, 4, "a"), _fragment(b, 2, "b")
     if dtype is Float16:  # the f16 form takes vector<2xf16> registers
         half2 = ir.VectorType.get([2], ir.F16Type.get())
@@ -395,18 +401,27 @@ def mma_sync(a, b, c, dtype=BFloat16) -> Vector:
         c_values = [_float32(v).value for v in c]
         if len(c_values) != 4:
             raise ValueError(f"mma_sync c: expected 4 Float32, got {len(c_values)}")
-    ptx_type = _nvvm.MMATypes.bf16 if dtype is BFloat16 else _nvvm.MMATypes.f16
-    result = _nvvm.mma_sync(
-        ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>"),
-        ir.Attribute.parse("#nvvm.shape<m = 16, n = 8, k = 16>"),
-        _nvvm.MMALayout.row,
-        _nvvm.MMALayout.col,
-        a_values,
-        b_values,
-        c_values,
-        multiplicand_a_ptx_type=ptx_type,
-        multiplicand_b_ptx_type=ptx_type,
-    )
+    struct = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
+    if dtype in fp8:  # inline PTX: MLIR 22's nvvm.mma.sync verifier refuses the fp8 shapes
+        name = "e4m3" if dtype is Float8E4M3FN else "e5m2"
+        text = (
+            f"mma.sync.aligned.m16n8k32.row.col.f32.{name}.{name}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}},"
+            " {$8, $9}, {$10, $11, $12, $13};"
+        )
+        constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+        result = _asm(struct, [*a_values, *b_values, *c_values], text, constraints)
+    else:
+        result = _nvvm.mma_sync(
+            struct,
+            ir.Attribute.parse("#nvvm.shape<m = 16, n = 8, k = 16>"),
+            _nvvm.MMALayout.row,
+            _nvvm.MMALayout.col,
+            a_values,
+            b_values,
+            c_values,
+            multiplicand_a_ptx_type=_nvvm.MMATypes.bf16 if dtype is BFloat16 else _nvvm.MMATypes.f16,
+            multiplicand_b_ptx_type=_nvvm.MMATypes.bf16 if dtype is BFloat16 else _nvvm.MMATypes.f16,
+        )
     from mlir.dialects import vector as _vector
 
     fields = _struct_fields(result, 4, Float32.mlir_type())

@@ -32,7 +32,14 @@ from flydsl.kernels.gemm.operands import (
 )
 from flydsl.kernels.gemm.partials import split_k_reduce
 from flydsl.kernels.gemm.schedulers import cluster_tiles, split_plan
-from flydsl.kernels.gemm.skinny import MAX_M, SkinnyConfig, SkinnyVariant, choose_skinny_config, skinny_gemm_kernel
+from flydsl.kernels.gemm.skinny import (
+    MAX_M,
+    SkinnyConfig,
+    SkinnyVariant,
+    choose_skinny_config,
+    skinny_gemm_kernel,
+    skinny_gemm_scaled_kernel,
+)
 from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_scaled
 
 __all__ = ["GemmPlan", "Launch", "Preparation", "Scratch", "Tensor", "Tma", "plan_dense", "plan_gemm", "plan_skinny"]
@@ -165,9 +172,20 @@ def plan_gemm(
     every other call takes the warp-specialized kernel. ``scales``: up to two (Scale, MatrixSpec) pairs, the
     epilogue's float32 scales and their tensors' geometry (checked here; the warp-specialized kernel only)."""
     m = a.shape[0]
-    if config is None and not scales and m <= MAX_M and b.strides[0] == 1:  # decode-sized M: stream the weights
-        return plan_skinny(a, b, out, sms=sms, bias=bias, activation=activation)
+    if config is None and m <= MAX_M and b.strides[0] == 1 and _skinny_takes(a, b, scales):  # decode-sized M
+        skinny = plan_skinny(a, b, out, sms=sms, bias=bias, activation=activation, scales=scales)
+        if skinny is not None:
+            return skinny
     return plan_dense(a, b, out, sms=sms, bias=bias, activation=activation, scales=scales, config=config)
+
+
+def _skinny_takes(a: MatrixSpec, b: MatrixSpec, scales: tuple) -> bool:
+    """The skinny kernels stream these operands: 16-bit ones without scales, or fp8 ones of one dtype whose rows take
+    16-byte loads (memory holds no fp8 scalars to fall back on), with their scales."""
+    if OPERAND_BYTES[a.dtype] == 2:
+        return not scales
+    k = a.shape[1]
+    return a.dtype == b.dtype and _vector_ready(a, k, 16) and _vector_ready(b.transposed(), k, 16)
 
 
 def plan_dense(
@@ -228,13 +246,7 @@ def plan_dense(
     )
     if bias is not None:
         specs["bias"] = bias
-    for i, (scale, matrix) in enumerate(scales):
-        if matrix.dtype != "f32" or tuple(matrix.shape) != scale.shape(m, n) or matrix.strides[-1] != 1:
-            raise ValueError(
-                f"gemm scale_{i}: expected a float32 {scale.shape(m, n)} tensor with a unit last stride for"
-                f" {scale}, got {matrix.dtype} {tuple(matrix.shape)} strides {matrix.strides}"
-            )
-        specs[f"scale_{i}"] = matrix
+    _check_scales(scales, m, n, specs)
     # Partial tiles (stream-K: one slot per CTA; split K: one per K part of each CTA of a cluster).
     if cfg.stream_k or cfg.split_k > 1:
         slots = grid if cfg.stream_k else (units - split_from) * cfg.cluster
@@ -276,11 +288,14 @@ def plan_skinny(
     bias: MatrixSpec | None = None,
     activation: str | None = None,
     config: SkinnyConfig | None = None,
-) -> GemmPlan:
+    scales: tuple = (),
+) -> GemmPlan | None:
     """The weight-streaming kernel's plan for M <= 16: ``a`` made K-contiguous (copied: M x K is small), the weights
     as the (N, K) ``w = b.t()`` (copied where K is not contiguous: n == 1 or k == 1 with odd strides), the
     configuration (default :func:`choose_skinny_config`), 16-byte loads where rows allow them, and with K split over
-    CTAs the fp32 partials summed by ``split_k_reduce`` through the epilogue."""
+    CTAs the fp32 partials summed by ``split_k_reduce`` through the epilogue. With ``scales`` (fp8 operands: up to
+    two ``(Scale, MatrixSpec)`` pairs) the scaled kernel, which does not split K: None where the configuration would
+    (too few weight rows to fill the GPU: the warp-specialized kernel's split K serves them)."""
     (m, k), n = a.shape, b.shape[1]
     preparations = []
     if a.strides[1] != 1:
@@ -290,12 +305,22 @@ def plan_skinny(
     if w.strides[1] != 1:
         w, w_steps = _contiguous(w), ("transpose", "contiguous")
     preparations.append(Preparation("w", "b", w_steps))
-    cfg = config or choose_skinny_config(m, n, k, sms)
-    epilogue = Epilogue(bias=bias is not None, activation=activation)
-    variant = SkinnyVariant(_vector_ready(a, k) and _vector_ready(w, k), epilogue, m > 8)
+    element_bytes = OPERAND_BYTES[a.dtype]
+    cfg = config or choose_skinny_config(m, n, k * element_bytes // 2, sms)  # (its K counts 16-bit steps)
+    if scales and cfg.splits > 1:
+        return None
+    epilogue = Epilogue(bias=bias is not None, activation=activation, scales=tuple(scale for scale, _ in scales))
+    chunk = 16 // element_bytes
+    variant = SkinnyVariant(_vector_ready(a, k, chunk) and _vector_ready(w, k, chunk), epilogue, m > 8)
     specs = {"a": a, "w": w, "out": out, **({"bias": bias} if bias is not None else {})}
     bias_argument = Tensor("bias") if bias is not None else Tensor("out", unread=True)
     grid = (-(-n // cfg.rows), cfg.splits)
+    if scales:
+        _check_scales(scales, m, n, specs)
+        scale_arguments = (Tensor("scale_0"), Tensor("scale_1") if len(scales) > 1 else Tensor("scale_0", unread=True))
+        arguments = (Tensor("a"), Tensor("w"), Tensor("out"), bias_argument, *scale_arguments, cfg, variant)
+        launch = Launch(skinny_gemm_scaled_kernel, arguments, grid, cfg.threads)
+        return GemmPlan("skinny", cfg, epilogue, specs, tuple(preparations), (launch,))
     if cfg.splits == 1:
         launch = Launch(
             skinny_gemm_kernel,
@@ -312,6 +337,18 @@ def plan_skinny(
     return GemmPlan("skinny", cfg, epilogue, specs, tuple(preparations), (first, reduce))
 
 
+def _check_scales(scales: tuple, m: int, n: int, specs: dict) -> None:
+    """Each ``(Scale, MatrixSpec)`` a float32 tensor of the scale's shape with a unit last stride, kept in ``specs``
+    as "scale_0", "scale_1"."""
+    for i, (scale, matrix) in enumerate(scales):
+        if matrix.dtype != "f32" or tuple(matrix.shape) != scale.shape(m, n) or matrix.strides[-1] != 1:
+            raise ValueError(
+                f"gemm scale_{i}: expected a float32 {scale.shape(m, n)} tensor with a unit last stride for"
+                f" {scale}, got {matrix.dtype} {tuple(matrix.shape)} strides {matrix.strides}"
+            )
+        specs[f"scale_{i}"] = matrix
+
+
 def _contiguous(matrix: MatrixSpec) -> MatrixSpec:
     """``matrix`` after torch's ``contiguous()``: itself where torch sees it as contiguous (strides of extent-1
     dimensions do not count), else a row-major copy."""
@@ -321,9 +358,9 @@ def _contiguous(matrix: MatrixSpec) -> MatrixSpec:
     return MatrixSpec.dense(matrix.shape, matrix.dtype)
 
 
-def _vector_ready(matrix: MatrixSpec, k: int) -> bool:
-    """16-byte loads work: K-contiguous rows starting 16-byte aligned."""
-    return matrix.strides[1] == 1 and matrix.aligned and matrix.strides[0] % 8 == 0 and k % 8 == 0
+def _vector_ready(matrix: MatrixSpec, k: int, chunk: int = 8) -> bool:
+    """16-byte loads (``chunk`` elements) work: K-contiguous rows starting 16-byte aligned."""
+    return matrix.strides[1] == 1 and matrix.aligned and matrix.strides[0] % chunk == 0 and k % chunk == 0
 
 
 def main(argv=None) -> int:

@@ -41,7 +41,14 @@ from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.expr.vector import Vector
 from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, apply_epilogue
 
-__all__ = ["MAX_M", "SkinnyConfig", "SkinnyVariant", "choose_skinny_config", "skinny_gemm_kernel"]
+__all__ = [
+    "MAX_M",
+    "SkinnyConfig",
+    "SkinnyVariant",
+    "choose_skinny_config",
+    "skinny_gemm_kernel",
+    "skinny_gemm_scaled_kernel",
+]
 
 MAX_M = 16  # rows of one m16n8k16 MMA
 _ACC = Vector.of(fx.Float32, 4)
@@ -89,8 +96,12 @@ class SkinnyConfig:
 
     @property
     def step(self) -> int:
-        """K values a CTA consumes per step (all its warps)."""
-        return 32 * self.unroll * self.warps_k
+        """K values of 16-bit operands a CTA consumes per step (all its warps)."""
+        return self.k_step(2)
+
+    def k_step(self, element_bytes: int) -> int:
+        """K values a CTA consumes per step for operands of ``element_bytes`` (fp8: twice as many as 16-bit)."""
+        return 4 * (16 // element_bytes) * self.unroll * self.warps_k
 
 
 class SkinnyVariant(NamedTuple):
@@ -104,9 +115,10 @@ class SkinnyVariant(NamedTuple):
 
 
 def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None):
-    """This lane's 8 elements ``t[row, k .. k + 7]`` as 4 words; zeros where ``k + j >= k_extent`` when ``masked``."""
+    """This lane's 16 bytes ``t[row, k ..]`` (8 16-bit or 16 fp8 elements) as 4 words; zeros where past
+    ``k_extent`` when ``masked``. fp8 operands take 16-byte loads only (``vec``: memory holds no fp8 scalars)."""
     if fx.const_expr(vec):
-        if fx.const_expr(masked):  # chunks are whole (K % 8 == 0): in or out together; read row start when out
+        if fx.const_expr(masked):  # chunks are whole (K a multiple of a chunk): in or out together; row start when out
             inside = k < k_extent
             words = nvvm.ld_global_nc(t, (row, arith.select(inside, k, 0)), 16, l1=l1, prefetch=prefetch)
             return arith.select(inside, words, _WORDS(0))
@@ -137,12 +149,14 @@ class _WarpStreams(NamedTuple):
 
 
 def _loads(streams: _WarpStreams, kbase, masked: bool):
-    """A warp's loads of one step: ``unroll`` chunks of 32 K values from ``kbase``, for each the ``groups`` weight
-    words, then the activation words (rows q and q + 8; zeros for the latter when M <= 8)."""
+    """A warp's loads of one step: ``unroll`` chunks of 4 lanes' 16 bytes of K (32 16-bit or 64 fp8 values) from
+    ``kbase``, for each the ``groups`` weight words, then the activation words (rows q and q + 8; zeros for the latter
+    when M <= 8)."""
     a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves = streams
+    chunk = 16 // (w.dtype.width // 8)  # elements of one lane's 16 bytes
     words = []
     for u in fx.range_constexpr(cfg.unroll):
-        k = kbase + 32 * u + 8 * lane_t
+        k = kbase + 4 * chunk * u + chunk * lane_t
         for g in fx.range_constexpr(cfg.groups):
             words.append(_load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch))
         words.append(_load_words(a, row_a0, k, k_extent, vec, masked, None))
@@ -151,7 +165,8 @@ def _loads(streams: _WarpStreams, kbase, masked: bool):
 
 
 def _mmas(words, accs, cfg, dtype):
-    """The MMAs of one step's words (from :func:`_loads`): two k16 MMAs per chunk and group."""
+    """The MMAs of one step's words (from :func:`_loads`): two MMAs per chunk and group (k16; k32 for fp8: the
+    fragments' registers hold 4 elements, the same lanes and rows)."""
     accs = list(accs)
     per_chunk = cfg.groups + 2
     for u in fx.range_constexpr(cfg.unroll):
@@ -172,10 +187,36 @@ def skinny_gemm_kernel(
     """``c = epilogue(a @ w^T)`` for a (M <= 16, K) and w (N, K), both K-contiguous; ``variant`` a
     :class:`SkinnyVariant`. With ``cfg.splits`` > 1, ``c`` is the (splits * M, N) fp32 partials (no epilogue:
     ``bias`` unread; :func:`~flydsl.kernels.gemm.partials.split_k_reduce` applies it)."""
-    vec, epilogue, two_halves = variant
+    epilogue = variant.epilogue
     if epilogue.scales or epilogue.store != "registers":
         raise ValueError(f"skinny_gemm_kernel: expected an epilogue without scales, stored from registers: {epilogue}")
-    tensors = EpilogueTensors(bias=bias if epilogue.bias else None)
+    _skinny_gemm(a, w, c, EpilogueTensors(bias=bias if epilogue.bias else None), cfg, variant)
+
+
+@flyc.kernel(dependent_launch=True, target=flyc.Target("sm_90a", ptx_version=84))  # PTX ISA 8.4: mma.sync on fp8
+def skinny_gemm_scaled_kernel(
+    a: fx.Tensor,
+    w: fx.Tensor,
+    c: fx.Tensor,
+    bias: fx.Tensor,
+    scale_0: fx.Tensor,
+    scale_1: fx.Tensor,
+    cfg: fx.Constexpr,
+    variant: fx.Constexpr,
+):
+    """:func:`skinny_gemm_kernel` with one or two float32 scales in the epilogue (``variant.epilogue.scales``: e.g.
+    fp8's per-token and per-channel scales), no split K (``cfg.splits == 1``): ``a`` and ``w`` may be fp8 (one
+    dtype, 16-byte loads)."""
+    epilogue = variant.epilogue
+    if not 1 <= len(epilogue.scales) <= 2 or epilogue.store != "registers" or cfg.splits != 1:
+        raise ValueError(f"skinny_gemm_scaled_kernel: expected one or two scales and no split K: {epilogue}, {cfg}")
+    scales = (scale_0, scale_1)[: len(epilogue.scales)]
+    _skinny_gemm(a, w, c, EpilogueTensors(bias if epilogue.bias else None, scales), cfg, variant)
+
+
+def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: SkinnyVariant) -> None:
+    """The skinny kernels' body (their docstrings)."""
+    vec, epilogue, two_halves = variant
     if fx.const_expr(cfg.min_blocks is None):
         flyc.set_kernel_attributes(threads=cfg.threads)
     else:
@@ -195,8 +236,9 @@ def skinny_gemm_kernel(
     row_a0 = arith.minimum(lane_q, m_extent - 1)
     row_a1 = arith.minimum(lane_q + 8, m_extent - 1)
 
-    steps = (k_extent + (cfg.step - 1)) // cfg.step
-    full = k_extent // cfg.step  # steps with no K tail
+    step = cfg.k_step(w.dtype.width // 8)
+    steps = (k_extent + (step - 1)) // step
+    full = k_extent // step  # steps with no K tail
     if fx.const_expr(cfg.splits == 1):
         begin, end = fx.Int32(0), steps
     else:
@@ -205,7 +247,7 @@ def skinny_gemm_kernel(
         end = arith.minimum(begin + per_split, steps)
     full_end = arith.maximum(arith.minimum(end, full), begin)  # an empty split (begin == end) has no tail step
     accs = [_ACC(0.0)] * cfg.groups
-    warp_k = warp_kk * (32 * cfg.unroll)
+    warp_k = warp_kk * (step // cfg.warps_k)
     # Launched as a dependent (programmatic dependent launch), the kernel may start before the previous one ends:
     # nothing is read before the wait (every load's row depends on its zero, so that none moves above it), nor is c
     # written (docs/tuning/gemm.md#skinny-dependent-launch).
@@ -215,18 +257,18 @@ def skinny_gemm_kernel(
     streams = _WarpStreams(a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves)
     if fx.const_expr(cfg.pipelined):  # the next step's loads are issued before this step's MMAs
         if begin < full_end:
-            words = _loads(streams, begin * cfg.step + warp_k, False)
+            words = _loads(streams, begin * step + warp_k, False)
             for it in range(begin + 1, full_end):
-                upcoming = _loads(streams, it * cfg.step + warp_k, False)
+                upcoming = _loads(streams, it * step + warp_k, False)
                 accs = _mmas(words, accs, cfg, a.dtype)
                 words = upcoming
             accs = _mmas(words, accs, cfg, a.dtype)
     else:
         for it in range(begin, full_end):
-            words = _loads(streams, it * cfg.step + warp_k, False)
+            words = _loads(streams, it * step + warp_k, False)
             accs = _mmas(words, accs, cfg, a.dtype)
     if full_end < end:  # the step with the K tail (the last one)
-        words = _loads(streams, full_end * cfg.step + warp_k, True)
+        words = _loads(streams, full_end * step + warp_k, True)
         accs = _mmas(words, accs, cfg, a.dtype)
 
     # Sum the K-warps' accumulators: (K-warp, n8 tile of the CTA, element, lane) in shared memory, lanes contiguous
