@@ -4,13 +4,13 @@ one host-overhead benchmark.
     python benchmarks/host_overhead.py [--json benchmarks/results/host_overhead/DATE_WHAT.json --commit C]
         [--parts ops levels cold] [--calls 200] [--repeats 7] [--cold-runs 3] [--profile FILE]
 
-``ops``: each op of ``OPS`` (one line per op) at small, launch-bound sizes (8 x 1024 bf16 rows; gemm 16x4096x4096
-with an nn.Linear weight's ``w.t()``), per mode -- ``fwd`` (no input requires grad) and ``fwd_bwd`` (the forward,
-then ``torch.autograd.grad`` of its output) -- through four paths: ``functional`` (``flydsl.torch.functional``, what a
-user swaps in; where an op has none, the ``torch.ops.flydsl`` op is the user-facing form), ``op``
+``ops``: each op of ``OPS`` (one line per op) at small, launch-bound sizes (8 x 1024 bf16 rows; gemm and fp8_gemm
+16x4096x4096 with an nn.Linear weight's ``w.t()``), per mode -- ``fwd`` (no input requires grad) and ``fwd_bwd`` (the
+forward, then ``torch.autograd.grad`` of its output) -- through four paths: ``functional`` (``flydsl.torch.functional``,
+what a user swaps in; where an op has none, the ``torch.ops.flydsl`` op is the user-facing form), ``op``
 (``torch.ops.flydsl.*``), ``direct`` (``flydsl.kernels``; fwd_bwd: the forward with statistics, then the backward
-function) and ``torch`` (torch eager). The summary's ratio is the user-facing path's time over torch's. A new op is
-one ``Op(...)`` entry of ``OPS`` (its paths as callables of the prepared inputs; new inputs go in ``inputs()``).
+function) and ``torch`` (torch eager). The summary's ratio is the user-facing path's time over torch's. A new op is one
+``Op(...)`` entry of ``OPS`` (its paths as callables of the prepared inputs; new inputs go in ``inputs()``).
 
 ``levels``: the launches beneath the ops: a trivial kernel with six pointers written in MLIR through the native
 launcher (``LoadedModule.launch``), the same kernel as ``@flyc.kernel`` launched with six torch tensors (argument
@@ -60,7 +60,7 @@ F = torch.nn.functional
 
 # flydsl's modules, bound by _import_adapter() / _import_flydsl(): the cold start times the adapter's import, so this
 # module imports nothing of flydsl at its top.
-ft = K = kernel_gemm = flyc = fx = None
+ft = K = kernel_gemm = kernel_fp8_gemm = flyc = fx = None
 
 
 def _import_adapter() -> None:
@@ -71,11 +71,12 @@ def _import_adapter() -> None:
 
 def _import_flydsl() -> None:
     """The adapter, ``flydsl.kernels`` (the direct paths) and the compiler (the levels)."""
-    global K, kernel_gemm, flyc, fx
+    global K, kernel_gemm, kernel_fp8_gemm, flyc, fx
     _import_adapter()
     import flydsl.compiler as flyc
     import flydsl.expr as fx
     import flydsl.kernels as K
+    from flydsl.kernels.gemm import fp8_gemm as kernel_fp8_gemm
     from flydsl.kernels.gemm import gemm as kernel_gemm
 
 
@@ -160,6 +161,15 @@ OPS = (
         grads=("a", "weight"),
         dout="dc",
     ),
+    Op(
+        "fp8_gemm",  # inference: no gradients; the peer is cuBLAS's rowwise-scaled fp8 GEMM
+        op=lambda t: torch.ops.flydsl.fp8_gemm(t.a8, t.w8.t(), t.scale_a, t.scale_w),
+        direct=lambda t: kernel_fp8_gemm(t.a8, t.w8.t(), t.scale_a, t.scale_w),
+        torch=lambda t: torch._scaled_mm(
+            t.a8, t.w8.t(), scale_a=t.scale_a, scale_b=t.scale_w, out_dtype=torch.bfloat16
+        ),
+        modes=("fwd",),
+    ),
 )
 
 
@@ -172,7 +182,10 @@ def inputs(requires_grad: bool) -> SimpleNamespace:
         return torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16).requires_grad_(grad)
 
     rows, gemm = {"x": new(ROWS, N), "r": new(ROWS, N), "w": new(N), "b": new(N)}, {"a": new(m, k), "weight": new(n, k)}
-    return SimpleNamespace(**rows, **gemm, dy=new(ROWS, N, grad=False), dc=new(m, n, grad=False))
+    e4m3 = torch.float8_e4m3fn
+    fp8 = {"a8": new(m, k, grad=False).to(e4m3), "w8": new(n, k, grad=False).to(e4m3)}
+    fp8.update(scale_a=torch.ones(m, 1, device=DEVICE), scale_w=torch.ones(1, n, device=DEVICE))
+    return SimpleNamespace(**rows, **gemm, **fp8, dy=new(ROWS, N, grad=False), dc=new(m, n, grad=False))
 
 
 def _first(out):
