@@ -89,6 +89,15 @@ BENCHMARKS = {
         "ncu --clock-control none --profile-from-start off --section ... python benchmarks/norms_profile.py "
         "KERNEL N DTYPE",
     ),
+    "fp8_gemm_bench": (
+        "fp8 GEMM (e4m3, per-token x per-channel scales, bf16 out) against rowwise and tensorwise "
+        "`torch._scaled_mm`, the bf16 gemm and (M <= 16) a same-bytes copy; `--explore` its configs",
+        "python benchmarks/fp8_gemm_bench.py --sweep --json OUT --commit C",
+    ),
+    "quantize_bench": (
+        "fp8 quantization (bf16 -> e4m3 per token or tensor) against torch eager, torch.compile and a same-bytes copy",
+        "python benchmarks/quantize_bench.py --json OUT --commit C",
+    ),
     "skinny_gemm_bench": (
         "skinny GEMM (M <= 16) against cuBLAS, gemm_ws and a same-bytes copy: time and weight TB/s after an L2 "
         "flush or over rotating weights; `--explore` its configs",
