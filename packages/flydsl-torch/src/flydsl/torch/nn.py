@@ -65,35 +65,31 @@ class Fp8Linear(torch.nn.Module):
         self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, granularity="token"
     ):
         super().__init__()
-        if granularity not in ("token", "tensor"):
-            raise ValueError(f"Fp8Linear: granularity: expected 'token' or 'tensor', got {granularity!r}")
-        self.in_features, self.out_features, self.granularity = in_features, out_features, granularity
-        linear = torch.nn.Linear(in_features, out_features, bias, device=device, dtype=dtype or torch.bfloat16)
-        self.register_buffer(
-            "weight", torch.empty((out_features, in_features), dtype=torch.float8_e4m3fn, device=device)
+        self._adopt(
+            torch.nn.Linear(in_features, out_features, bias, device=device, dtype=dtype or torch.bfloat16), granularity
         )
-        self.register_buffer("weight_scale", torch.empty((1, out_features), dtype=torch.float32, device=device))
-        self.bias = linear.bias
-        self.load_weight(linear.weight.detach())
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, granularity: str = "token") -> Fp8Linear:
         """An Fp8Linear of ``linear``'s weights (quantized per output channel) and bias (kept in its dtype)."""
         layer = cls.__new__(cls)
         torch.nn.Module.__init__(layer)
+        layer._adopt(linear, granularity)
+        return layer
+
+    def _adopt(self, linear: torch.nn.Linear, granularity: str) -> None:
+        """``linear``'s shape, its weights quantized into the fp8 buffers and a copy of its bias (no gradient)."""
         if granularity not in ("token", "tensor"):
             raise ValueError(f"Fp8Linear: granularity: expected 'token' or 'tensor', got {granularity!r}")
-        layer.in_features, layer.out_features, layer.granularity = linear.in_features, linear.out_features, granularity
+        self.in_features, self.out_features, self.granularity = linear.in_features, linear.out_features, granularity
         weight = linear.weight.detach()
-        layer.register_buffer("weight", torch.empty(weight.shape, dtype=torch.float8_e4m3fn, device=weight.device))
-        layer.register_buffer(
+        self.register_buffer("weight", torch.empty(weight.shape, dtype=torch.float8_e4m3fn, device=weight.device))
+        self.register_buffer(
             "weight_scale", torch.empty((1, weight.shape[0]), dtype=torch.float32, device=weight.device)
         )
-        layer.bias = (
-            None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
-        )
-        layer.load_weight(weight)
-        return layer
+        bias = linear.bias
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.load_weight(weight)
 
     @torch.no_grad()
     def load_weight(self, weight: Tensor) -> None:
