@@ -5,7 +5,8 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python -m tests.kernels.gemm_sanitize 1 14  # some cases
 
 Covers every tile shape ``candidate_configs`` offers (64/128-row tiles, 64..256 columns, clusters, split K), the
-pingpong schedule, a bias + activation epilogue and the skinny (M <= 16) kernel, on shapes with tails in M, N and K.
+pingpong schedule, a bias + activation epilogue and the skinny (M <= 16) kernel, on shapes with tails in M, N and K;
+then fp8_gemm (FP8_CASES: both kernels, plain and prepared weights, per-token and per-channel scales).
 Exits non-zero when a result differs from the float64 reference.
 """
 
@@ -15,7 +16,7 @@ import sys
 
 import torch
 
-from flydsl.kernels.gemm import GemmConfig, gemm, max_stages
+from flydsl.kernels.gemm import GemmConfig, fp8_config, fp8_gemm, gemm, max_stages, prepare_weight
 
 
 def _config(
@@ -64,14 +65,36 @@ CASES = [  # (m, n, k, config or None for gemm()'s own choice, bias, activation)
 ]
 
 
+FP8_CASES = [  # (m, n, k, config or None, prepared weights): indices continue CASES'
+    (13, 1004, 2064, None, False),  # the skinny fp8 kernel
+    (13, 1004, 2064, None, True),
+    (520, 392, 272, fp8_config(_config(128, 256, cluster_m=2)), False),
+    (520, 392, 272, fp8_config(_config(128, 256, cluster_m=2)), True),
+    (136, 200, 528, fp8_config(_config(128, 128, split_k=2)), True),
+]
+
+
+def _fp8_case(m, n, k, config, prepared) -> float:
+    """One fp8 case's relative error against the float64 reference (NaN where outputs stayed unwritten)."""
+    a = (torch.randn(m, k, device="cuda") * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, device="cuda") * 4).to(torch.float8_e4m3fn).t()
+    scale_a, scale_b = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fp8_gemm(a, prepare_weight(b) if prepared else b, scale_a, scale_b, out, config)
+    torch.cuda.synchronize()
+    reference = (a.double() * scale_a.double()) @ (b.double() * scale_b.double())
+    return float((out.double() - reference).norm() / reference.norm())
+
+
 def main(argv=None) -> int:
-    """Runs every case, or those whose indices (into CASES) are given."""
+    """Runs every case, or those whose indices (into CASES, then FP8_CASES) are given."""
     torch.manual_seed(0)
     failures = 0
     chosen = [int(i) for i in (sys.argv[1:] if argv is None else argv)]
-    unknown = [i for i in chosen if not 0 <= i < len(CASES)]
+    total = len(CASES) + len(FP8_CASES)
+    unknown = [i for i in chosen if not 0 <= i < total]
     if unknown:  # running nothing would read as a clean sanitizer run
-        print(f"gemm_sanitize: no cases {unknown}: expected indices 0..{len(CASES) - 1}", file=sys.stderr)
+        print(f"gemm_sanitize: no cases {unknown}: expected indices 0..{total - 1}", file=sys.stderr)
         return 2
     for i, (m, n, k, config, with_bias, activation) in enumerate(CASES):
         if chosen and i not in chosen:
@@ -92,6 +115,13 @@ def main(argv=None) -> int:
         error = float((out.double() - reference).norm() / reference.norm())
         ok = error < 1e-2 and not torch.isnan(out).any()
         print(f"{m}x{n}x{k} {config} bias={with_bias} {activation}: {'ok' if ok else 'WRONG'} (rel err {error:.1e})")
+        failures += not ok
+    for i, (m, n, k, config, prepared) in enumerate(FP8_CASES, len(CASES)):
+        if chosen and i not in chosen:
+            continue
+        error = _fp8_case(m, n, k, config, prepared)
+        ok = error < 1e-2  # (NaN: unwritten outputs, not ok)
+        print(f"fp8 {m}x{n}x{k} {config} prepared={prepared}: {'ok' if ok else 'WRONG'} (rel err {error:.1e})")
         failures += not ok
     return 1 if failures else 0
 

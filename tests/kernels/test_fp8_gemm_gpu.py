@@ -1,7 +1,8 @@
 """fp8_gemm on the GPU against a float64 reference of the dequantized inputs, on fresh random fp8 data spanning the
 format's range (rows and columns of magnitudes 2^-6..2^6), into NaN-poisoned outputs: tails in M, N and K, both majors
 of each operand, every scale granularity, e4m3 and e5m2, each output dtype, bias and activations, split K and the
-small-M tiles; NaN scales propagate; a call captured in a CUDA graph replays on new values."""
+small-M tiles; weights prepared by prepare_weight give the very bits plain ones do; NaN scales propagate; a call
+captured in a CUDA graph replays on new values."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
-from flydsl.kernels.gemm import GemmConfig, fp8_gemm  # noqa: E402
+from flydsl.kernels.gemm import GemmConfig, fp8_gemm, prepare_weight  # noqa: E402
 
 _FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 _ACTIVATIONS = {
@@ -139,6 +140,29 @@ def test_fp8_gemm_configs(config):
     m, n, k = 1000, 776, 1040
     a, b = _operands(m, n, k)
     _checked(a, b, _scale(m, "row", (m, 1)), _scale(n, "column", (1, n)), config=config)
+
+
+@pytest.mark.parametrize(
+    "m,n,k,config",
+    [
+        (1, 4096, 4096, None),  # the skinny kernel
+        (13, 1004, 2064, None),  # skinny, M > 8, a partial row band and K panel
+        (1000, 776, 528, None),
+        (4104, 1160, 1040, None),  # 2-CTA clusters: each loads half the B tile's blocks
+        (16, 1000, 512, None),  # split K in the warp-specialized kernel
+        (520, 392, 272, GemmConfig(tile_m=128, tile_n=128, tile_k=256, stages=3)),  # 4 panels per K step
+        (1000, 776, 1040, GemmConfig(tile_m=64, tile_n=256, tile_k=128, stages=5, consumers=1, cluster_m=1)),
+    ],
+)
+def test_prepared_weights_give_the_bits_plain_ones_do(m, n, k, config):
+    """The same products in the same order: bit for bit the plain weights' output, and right against the reference."""
+    a, b = _operands(m, n, k)
+    scale_a, scale_b = _scale(m, "row", (m, 1)), _scale(n, "column", (1, n))
+    plain = _checked(a, b, scale_a, scale_b, config=config)
+    prepared = torch.full_like(plain, float("nan"))
+    assert fp8_gemm(a, prepare_weight(b), scale_a, scale_b, prepared, config) is prepared
+    torch.cuda.synchronize()
+    assert torch.equal(prepared, plain)
 
 
 def test_fp8_gemm_allocates_its_output():

@@ -1,5 +1,6 @@
-"""torch.ops.flydsl.fp8_gemm and quantize_fp8 without a GPU: fake implementations (shapes, dtypes, refusals naming the
-argument) and flydsl.torch.nn.Fp8Linear (its buffers, the state_dict round trip, the CPU fallback's product)."""
+"""torch.ops.flydsl.fp8_gemm, fp8_gemm_prepared and quantize_fp8 without a GPU: fake implementations (shapes, dtypes,
+refusals naming the argument) and flydsl.torch.nn.Fp8Linear (its buffers, plain and prepared, the state_dict round
+trip, the CPU fallback's product)."""
 
 from __future__ import annotations
 
@@ -61,18 +62,38 @@ def test_quantize_fp8_op_refuses_a_granularity():
             torch.ops.flydsl.quantize_fp8(x, "block", None)
 
 
-def test_fp8_linear_from_linear_and_state_dict():
+def test_fake_fp8_gemm_prepared_gives_n_columns():
+    from flydsl.kernels.gemm.prepared import prepared_shape
+
+    with FakeTensorMode():
+        a, _, sa, sb = _fake_operands(n=40)
+        blocks = torch.empty(prepared_shape(64, 40), dtype=E4M3, device="cuda")
+        out = torch.ops.flydsl.fp8_gemm_prepared(a, blocks, 40, sa, sb, None, "relu", torch.float16)
+        assert out.shape == (8, 40) and out.dtype == torch.float16
+        with pytest.raises(ValueError, match=r"flydsl.fp8_gemm_prepared: b: a PreparedWeight of \(64, 48\) holds"):
+            torch.ops.flydsl.fp8_gemm_prepared(a, blocks, 48, sa, sb, None, None, None)
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_fp8_linear_from_linear_and_state_dict(prepared):
+    from flydsl.kernels.gemm.prepared import prepared_shape
+
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 96, dtype=torch.bfloat16)
-    layer = Fp8Linear.from_linear(linear)
-    assert layer.weight.dtype == E4M3 and layer.weight.shape == (96, 256) and layer.weight_scale.shape == (1, 96)
+    layer = Fp8Linear.from_linear(linear, prepared=prepared)
+    shape = prepared_shape(256, 96) if prepared else (96, 256)
+    assert layer.weight.dtype == E4M3 and layer.weight.shape == shape and layer.weight_scale.shape == (1, 96)
     expected_scale = linear.weight.float().abs().amax(dim=1) / 448.0
     torch.testing.assert_close(layer.weight_scale[0], expected_scale)
+    dense = layer.dense_weight()
+    assert dense.shape == (96, 256)
+    expected = (linear.weight.float() / expected_scale[:, None]).clamp(-448, 448).to(E4M3)
+    assert torch.equal(dense.view(torch.uint8), expected.view(torch.uint8))
     x = torch.randn(3, 7, 256, dtype=torch.bfloat16)
     y, ref = layer(x), linear(x)
     assert y.shape == (3, 7, 96) and y.dtype == torch.bfloat16
     assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 0.05  # the weights' fp8 rounding
-    other = Fp8Linear(256, 96)
+    other = Fp8Linear(256, 96, prepared=prepared)
     other.load_state_dict(layer.state_dict())
     assert torch.equal(other(x), y)
 
@@ -82,7 +103,7 @@ def test_fp8_linear_takes_pre_quantized_inputs():
     x8 = torch.randn(5, 64).to(E4M3)
     scale = torch.full((5, 1), 0.5)
     y = layer(x8, scale)
-    ref = (x8.float() * 0.5) @ (layer.weight.float() * layer.weight_scale.t()).t()
+    ref = (x8.float() * 0.5) @ (layer.dense_weight().float() * layer.weight_scale.t()).t()
     torch.testing.assert_close(y.float(), ref.bfloat16().float())
     with pytest.raises(ValueError, match="pass scale with an fp8 x"):
         layer(x8)

@@ -1,6 +1,7 @@
-"""torch.ops.flydsl.fp8_gemm / quantize_fp8 and flydsl.torch.nn.Fp8Linear on the GPU: the ops give the kernels'
-results (per token, per tensor, pre-quantized inputs), Fp8Linear is close to the nn.Linear it replaces, and runs under
-torch.compile(fullgraph=True) and in a CUDA graph replayed on new values."""
+"""torch.ops.flydsl.fp8_gemm / fp8_gemm_prepared / quantize_fp8 and flydsl.torch.nn.Fp8Linear on the GPU: the ops give
+the kernels' results (per token, per tensor, pre-quantized inputs, prepared weights), Fp8Linear (plain or prepared) is
+close to the nn.Linear it replaces, and runs under torch.compile(fullgraph=True) and in a CUDA graph replayed on new
+values."""
 
 from __future__ import annotations
 
@@ -36,11 +37,24 @@ def test_ops_match_the_kernels():
     assert torch.equal(y, fp8_gemm(a8, w8.t(), s, sw, activation="silu", out_dtype=torch.float16))
 
 
+def test_the_prepared_op_gives_the_plain_ops_bits():
+    from flydsl.kernels.gemm import prepare_weight
+
+    a8, s = quantize_fp8(torch.randn(5, 512, device="cuda", dtype=torch.bfloat16), "token")
+    w8, sw = quantize_fp8(torch.randn(264, 512, device="cuda", dtype=torch.bfloat16), "channel")
+    for rows in (a8, torch.cat([a8] * 40)):  # the skinny and the warp-specialized kernel
+        scale = s if rows is a8 else torch.cat([s] * 40)
+        blocks = prepare_weight(w8.t()).data
+        y = torch.ops.flydsl.fp8_gemm_prepared(rows, blocks, 264, scale, sw, None, "gelu", None)
+        assert torch.equal(y, torch.ops.flydsl.fp8_gemm(rows, w8.t(), scale, sw, None, "gelu", None))
+
+
 @pytest.mark.parametrize("granularity", ["token", "tensor"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fp8_linear_is_close_to_linear(granularity, dtype):
+@pytest.mark.parametrize("prepared", [True, False])
+def test_fp8_linear_is_close_to_linear(granularity, dtype, prepared):
     linear = _linear(dtype=dtype)
-    layer = Fp8Linear.from_linear(linear, granularity)
+    layer = Fp8Linear.from_linear(linear, granularity, prepared=prepared)
     x = torch.randn(4, 33, 1024, device="cuda", dtype=dtype)
     y = layer(x)
     assert y.dtype == dtype and y.shape == (4, 33, 768)

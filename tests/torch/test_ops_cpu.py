@@ -13,7 +13,16 @@ import flydsl.torch as ft  # noqa: E402
 from flydsl.torch import ops  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-NAMES = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm", "gemm", "fp8_gemm", "quantize_fp8")
+NAMES = (
+    "softmax",
+    "layer_norm",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "gemm",
+    "fp8_gemm",
+    "fp8_gemm_prepared",
+    "quantize_fp8",
+)
 BACKWARD = ("softmax_backward", "layer_norm_backward", "rms_norm_backward")
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "GEMM_ACTIVATIONS",
     "same_device",
     "not_aliased",
+    "tensor_addresses",
     "check_dtype",
     "check_like",
     "trailing_shape",
@@ -276,7 +277,8 @@ def matmul(
         check_dtype(who, "out", torch_dtype(out.dtype), GEMM_OUT_DTYPES)
         if out.device.type != "meta":  # fake tensors have no memory to overlap
             inputs = (("a", a), ("b", b), ("bias", bias))
-            not_aliased(who, "out", _addresses(out), *((name, _addresses(t)) for name, t in inputs if t is not None))
+            given = ((name, tensor_addresses(t)) for name, t in inputs if t is not None)
+            not_aliased(who, "out", tensor_addresses(out), *given)
     return m, n, k
 
 
@@ -300,7 +302,7 @@ def gemm_scale(who: str, name: str, scale, extent: int, per: str) -> str:
     )
 
 
-def _addresses(t) -> TensorInfo:
+def tensor_addresses(t) -> TensorInfo:
     """A torch tensor's addresses for the overlap check (any device: CPU tensors have them too)."""
     return TensorInfo(t, t.shape, t.stride(), torch_dtype(t.dtype), -1, t.data_ptr())
 

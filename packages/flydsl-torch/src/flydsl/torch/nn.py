@@ -50,40 +50,52 @@ class RMSNorm(torch.nn.RMSNorm):
 
 class Fp8Linear(torch.nn.Module):
     """An ``nn.Linear`` for inference on fp8: ``y = x @ W.t() + bias`` with W quantized to e4m3 once, per output
-    channel (``weight`` (out, in) float8_e4m3fn and ``weight_scale`` (1, out) float32 buffers: a ``state_dict`` holds
-    them), and the activations quantized on the fly by one fused kernel, per token (``granularity="token"``, the
-    default) or per tensor; both feed ``torch.ops.flydsl.fp8_gemm``, whose output has x's dtype (bf16 or fp16;
-    float32 inputs give float32). ``forward(x, scale)`` takes x already quantized (fp8, with its float32 scale,
-    per token or per tensor). Works under ``torch.compile(fullgraph=True)`` and CUDA graph capture; off the GPU it
-    computes the same product from the dequantized weights.
+    channel, and laid out once in the blocks both fp8 kernels load (``prepared=True``, the default:
+    ``flydsl.kernels.gemm.prepare_weight``; ``weight`` is then the (ceil(out / 8), ceil(in / 64), 8, 64) blocks,
+    else the (out, in) matrix; float8_e4m3fn), with ``weight_scale`` (1, out) float32 (buffers: a ``state_dict``
+    holds them); the activations quantized on the fly by one fused kernel, per token (``granularity="token"``, the
+    default) or per tensor; both feed ``torch.ops.flydsl.fp8_gemm_prepared`` (or ``fp8_gemm``), whose output has
+    x's dtype (bf16 or fp16; float32 inputs give float32). ``forward(x, scale)`` takes x already quantized (fp8,
+    with its float32 scale, per token or per tensor). Works under ``torch.compile(fullgraph=True)`` and CUDA graph
+    capture; off the GPU it computes the same product from the dequantized weights.
 
         layer = Fp8Linear.from_linear(torch.nn.Linear(4096, 14336, device="cuda", dtype=torch.bfloat16))
         y = layer(x)                      # x (..., 4096) bf16 -> y (..., 14336) bf16
     """
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, granularity="token"
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        granularity="token",
+        prepared: bool = True,
     ):
         super().__init__()
-        self._adopt(
-            torch.nn.Linear(in_features, out_features, bias, device=device, dtype=dtype or torch.bfloat16), granularity
-        )
+        linear = torch.nn.Linear(in_features, out_features, bias, device=device, dtype=dtype or torch.bfloat16)
+        self._adopt(linear, granularity, prepared)
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, granularity: str = "token") -> Fp8Linear:
+    def from_linear(cls, linear: torch.nn.Linear, granularity: str = "token", prepared: bool = True) -> Fp8Linear:
         """An Fp8Linear of ``linear``'s weights (quantized per output channel) and bias (kept in its dtype)."""
         layer = cls.__new__(cls)
         torch.nn.Module.__init__(layer)
-        layer._adopt(linear, granularity)
+        layer._adopt(linear, granularity, prepared)
         return layer
 
-    def _adopt(self, linear: torch.nn.Linear, granularity: str) -> None:
+    def _adopt(self, linear: torch.nn.Linear, granularity: str, prepared: bool) -> None:
         """``linear``'s shape, its weights quantized into the fp8 buffers and a copy of its bias (no gradient)."""
+        from flydsl.kernels.gemm.prepared import prepared_shape
+
         if granularity not in ("token", "tensor"):
             raise ValueError(f"Fp8Linear: granularity: expected 'token' or 'tensor', got {granularity!r}")
         self.in_features, self.out_features, self.granularity = linear.in_features, linear.out_features, granularity
+        self.prepared = prepared
         weight = linear.weight.detach()
-        self.register_buffer("weight", torch.empty(weight.shape, dtype=torch.float8_e4m3fn, device=weight.device))
+        shape = prepared_shape(*weight.shape[::-1]) if prepared else weight.shape
+        self.register_buffer("weight", torch.empty(shape, dtype=torch.float8_e4m3fn, device=weight.device))
         self.register_buffer(
             "weight_scale", torch.empty((1, weight.shape[0]), dtype=torch.float32, device=weight.device)
         )
@@ -93,25 +105,38 @@ class Fp8Linear(torch.nn.Module):
 
     @torch.no_grad()
     def load_weight(self, weight: Tensor) -> None:
-        """Quantizes ``weight`` (out, in), in any float dtype, into ``weight`` and ``weight_scale`` (per output
-        channel: each row's amax / 448)."""
+        """Quantizes ``weight`` (out, in), in any float dtype, into ``weight`` (prepared where the layer is) and
+        ``weight_scale`` (per output channel: each row's amax / 448)."""
+        from flydsl.kernels.gemm import prepare_weight
+
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(
                 f"Fp8Linear: weight: expected shape {(self.out_features, self.in_features)}, got {tuple(weight.shape)}"
             )
+        quantized = self.weight if not self.prepared else torch.empty_like(weight, dtype=torch.float8_e4m3fn)
         if weight.is_cuda:
             w = weight if weight.dtype in DTYPES else weight.float()
-            torch.ops.flydsl.quantize_fp8_out(w, "channel", torch.float8_e4m3fn, self.weight, self.weight_scale)
+            torch.ops.flydsl.quantize_fp8_out(w, "channel", torch.float8_e4m3fn, quantized, self.weight_scale)
         else:  # the same quantization in torch (CPU modules, before .cuda())
             w = weight.float()
             scale = w.abs().amax(dim=1) / 448.0
-            self.weight.copy_((w / scale.clamp(min=1e-30)[:, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn))
+            quantized.copy_((w / scale.clamp(min=1e-30)[:, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn))
             self.weight_scale.copy_(scale[None, :])
+        if self.prepared:
+            self.weight.copy_(prepare_weight(quantized.t()).data)
+
+    def dense_weight(self) -> Tensor:
+        """The quantized weights as the (out, in) fp8 matrix (the prepared blocks laid out back)."""
+        from flydsl.kernels.gemm.prepared import PreparedWeight
+
+        if not self.prepared:
+            return self.weight
+        return PreparedWeight(self.weight, self.in_features, self.out_features).unprepared().t()
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None},"
-            f" granularity={self.granularity}"
+            f" granularity={self.granularity}, prepared={self.prepared}"
         )
 
     def forward(self, x: Tensor, scale: Tensor | None = None) -> Tensor:
@@ -125,12 +150,17 @@ class Fp8Linear(torch.nn.Module):
         out_dtype = self.bias.dtype if fp8 and self.bias is not None else (torch.bfloat16 if fp8 else x.dtype)
         if not x.is_cuda:  # the same product from the dequantized operands
             a = rows.float() * scale.reshape(-1, 1).float() if fp8 else rows.float()
-            y = a @ (self.weight.float() * self.weight_scale.t()).t()
+            y = a @ (self.dense_weight().float() * self.weight_scale.t()).t()
             y = y if self.bias is None else y + self.bias.float()
             return y.to(out_dtype).reshape(*leading, self.out_features)
         if fp8:
             a8, scale_a = rows, scale.reshape(-1, 1) if scale.numel() > 1 else scale
         else:
             a8, scale_a = torch.ops.flydsl.quantize_fp8(rows, self.granularity, torch.float8_e4m3fn)
-        y = torch.ops.flydsl.fp8_gemm(a8, self.weight.t(), scale_a, self.weight_scale, self.bias, None, out_dtype)
+        if self.prepared:
+            y = torch.ops.flydsl.fp8_gemm_prepared(
+                a8, self.weight, self.out_features, scale_a, self.weight_scale, self.bias, None, out_dtype
+            )
+        else:
+            y = torch.ops.flydsl.fp8_gemm(a8, self.weight.t(), scale_a, self.weight_scale, self.bias, None, out_dtype)
         return y.reshape(*leading, self.out_features)

@@ -1,9 +1,10 @@
 """Hopper GEMMs: ``C = activation(A @ B + bias)`` in bf16/fp16, and ``fp8_gemm`` of fp8 operands with float32 scales,
 with fp32 accumulation.
 
-    from flydsl.kernels.gemm import fp8_gemm, gemm
+    from flydsl.kernels.gemm import fp8_gemm, gemm, prepare_weight
     c = gemm(a, b, bias=bias, activation="gelu")   # a (M, K), b (K, N): torch tensors on the GPU
     c = fp8_gemm(a8, w8.t(), scale_a, scale_w)     # fp8 a (M, K), w (N, K); scales per tensor, token or channel
+    c = fp8_gemm(a8, prepare_weight(w8.t()), scale_a, scale_w)   # the same with weights prepared once
 
 Two kernels: the warp-specialized persistent kernel (``gemm_ws``: TMA producer, wgmma consumers, 2-CTA clusters,
 split K / stream-K, TMA-store epilogue) and, for M <= 16 with ``nn.Linear`` weights, a weight-streaming
@@ -19,6 +20,7 @@ epilogue          Epilogue, Scale, EpilogueTensors: scales, bias, activation in 
 partials          fp32 partial tiles of split K and stream-K; the split_k_reduce kernel
 warp_specialized  warp_specialized_gemm (the body), gemm_ws and gemm_ws_scaled (the kernels)
 skinny            SkinnyConfig, choose_skinny_config, skinny_gemm_kernel (M <= 16)
+prepared          prepare_weight: fp8 weights laid out once in the blocks both kernels load (PreparedWeight)
 plan              plan_gemm: a call's route, configuration, TMA views, epilogue, grids and scratch, without a GPU
 launch            gemm, skinny_gemm, launch_plan: a plan run on torch tensors
 arguments         the entry points' argument checks
@@ -45,6 +47,7 @@ from flydsl.kernels.gemm.launch import fp8_gemm, gemm, launch_plan, skinny_gemm
 from flydsl.kernels.gemm.operands import MatrixSpec, operand_layout
 from flydsl.kernels.gemm.partials import split_k_reduce
 from flydsl.kernels.gemm.plan import GemmPlan, plan_gemm
+from flydsl.kernels.gemm.prepared import PreparedWeight, prepare_weight
 from flydsl.kernels.gemm.skinny import MAX_M, SkinnyConfig, choose_skinny_config, skinny_gemm_kernel
 from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_scaled
 
@@ -56,6 +59,7 @@ __all__ = [
     "GemmConfig",
     "GemmPlan",
     "MatrixSpec",
+    "PreparedWeight",
     "Scale",
     "SkinnyConfig",
     "candidate_configs",
@@ -74,6 +78,7 @@ __all__ = [
     "max_stages",
     "operand_layout",
     "plan_gemm",
+    "prepare_weight",
     "skinny_gemm",
     "skinny_gemm_kernel",
     "split_k_reduce",

@@ -24,6 +24,7 @@ from flydsl.kernels.gemm.config import GemmConfig
 from flydsl.kernels.gemm.epilogue import Scale
 from flydsl.kernels.gemm.operands import MatrixSpec, copy_for_tma, tma_tile
 from flydsl.kernels.gemm.plan import GemmPlan, Scratch, Tensor, Tma, plan_gemm, plan_skinny
+from flydsl.kernels.gemm.prepared import PreparedWeight, check_prepared
 from flydsl.kernels.gemm.skinny import SkinnyConfig
 from flydsl.kernels.memory import per_stream
 from flydsl.kernels.plans import Plans, signature
@@ -69,18 +70,25 @@ def fp8_gemm(
     passed as ``w.t()`` and read in place); ``scale_a`` float32, one value (0-d or one element) or one per row of a
     ((M,) or (M, 1): per token); ``scale_b`` float32, one value or one per column of b ((N,) or (1, N): per output
     channel); both applied to the fp32 accumulators, then ``+ bias`` ((N,) bf16, fp16 or float32) and the activation
-    (None, "relu", "gelu", "silu"). ``out`` (M, N) row-major bf16/fp16/fp32, allocated in ``out_dtype`` (default
-    bfloat16) when not given. ``config``: the tile configuration (default
-    :func:`~flydsl.kernels.gemm.config.choose_fp8_config`; its ``tile_k`` a multiple of 128)."""
+    (None, "relu", "gelu", "silu"). ``b`` may also be weights prepared once by
+    :func:`~flydsl.kernels.gemm.prepared.prepare_weight` (a :class:`~flydsl.kernels.gemm.prepared.PreparedWeight`).
+    ``out`` (M, N) row-major bf16/fp16/fp32, allocated in ``out_dtype`` (default bfloat16) when not given.
+    ``config``: the tile configuration (default :func:`~flydsl.kernels.gemm.config.choose_fp8_config`; its ``tile_k``
+    a multiple of 128)."""
     dtype_key = None if out_dtype is None else str(out_dtype)
-    key = signature(a, b, scale_a, scale_b, out, bias, activation, dtype_key)
-    key = None if key is None else key + (config,)
+    prepared = type(b) is PreparedWeight
+    weights = b.data if prepared else b  # (a prepared weight's extents: in the key after the config)
+    key = signature(a, weights, scale_a, scale_b, out, bias, activation, dtype_key)
+    key = None if key is None else key + (config, b.shape if prepared else None)
     plan = _FP8.get(key)
     if plan is not None:
-        return plan(a, b, scale_a, scale_b, out, bias)
+        return plan(a, weights, scale_a, scale_b, out, bias)
     who = _FP8.name
-    check_devices(who, a, b, out, bias, scale_a=scale_a, scale_b=scale_b)
-    m, n, k, a_per, b_per = check_fp8_arguments(who, a, b, scale_a, scale_b, out, bias, activation)
+    check_devices(who, a, weights, out, bias, scale_a=scale_a, scale_b=scale_b)
+    stand_in = check_prepared(who, b, out) if prepared else b
+    if prepared and weights.data_ptr() % 16:
+        raise ValueError(f"{who}: b: expected prepared blocks at a 16-byte aligned address (as prepare_weight's)")
+    m, n, k, a_per, b_per = check_fp8_arguments(who, a, stand_in, scale_a, scale_b, out, bias, activation)
     if out is None:
         import torch
 
@@ -94,7 +102,7 @@ def fp8_gemm(
     scales = (Scale(rows=1) if a_per == "row" else Scale(), Scale(columns=1) if b_per == "column" else Scale())
     planned = _FP8Planned(None, (m, n), out_dtype, scale_a.dim() != 1, scale_b.dim() != 1)
     scale_tensors = planned.flat(scale_a, scale_b)
-    specs = MatrixSpec.of(a, "a"), MatrixSpec.of(b, "b"), MatrixSpec.of(result, "out")
+    specs = MatrixSpec.of(a, "a"), MatrixSpec.of(weights, "b"), MatrixSpec.of(result, "out")
     scale_specs = MatrixSpec.of(scale_tensors[0], "scale_a"), MatrixSpec.of(scale_tensors[1], "scale_b")
     gemm_plan = plan_gemm(
         *specs,
@@ -105,7 +113,7 @@ def fp8_gemm(
         config=config,
     )
     _FP8.add(key, planned._replace(plan=gemm_plan))
-    return launch_plan(gemm_plan, a, b, result, bias, scale_tensors)
+    return launch_plan(gemm_plan, a, weights, result, bias, scale_tensors)
 
 
 class _FP8Planned(NamedTuple):

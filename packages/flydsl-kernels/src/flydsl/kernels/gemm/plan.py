@@ -27,6 +27,7 @@ from flydsl.kernels.gemm.operands import (
     MatrixSpec,
     TmaView,
     operand_view,
+    prepared_view,
     tma_copied,
     tma_copy_kind,
 )
@@ -170,9 +171,11 @@ def plan_gemm(
     """The plan of ``gemm(a, b, out, config, bias=bias, activation=activation)`` for arguments of this geometry
     (checked already: ``check_arguments``) on a GPU of ``sms`` SMs: decode-sized M with K-major weights streams them,
     every other call takes the warp-specialized kernel. ``scales``: up to two (Scale, MatrixSpec) pairs, the
-    epilogue's float32 scales and their tensors' geometry (checked here; the warp-specialized kernel only)."""
+    epilogue's float32 scales and their tensors' geometry (checked here). ``b`` may be the 4-D geometry of prepared
+    fp8 weights (:func:`~flydsl.kernels.gemm.prepared.prepare_weight`; N is then ``out``'s)."""
     m = a.shape[0]
-    if config is None and m <= MAX_M and b.strides[0] == 1 and _skinny_takes(a, b, scales):  # decode-sized M
+    weights_k_major = _prepared(b) or b.strides[0] == 1
+    if config is None and m <= MAX_M and weights_k_major and _skinny_takes(a, b, scales):  # decode-sized M
         skinny = plan_skinny(a, b, out, sms=sms, bias=bias, activation=activation, scales=scales)
         if skinny is not None:
             return skinny
@@ -185,7 +188,13 @@ def _skinny_takes(a: MatrixSpec, b: MatrixSpec, scales: tuple) -> bool:
     if OPERAND_BYTES[a.dtype] == 2:
         return not scales
     k = a.shape[1]
-    return a.dtype == b.dtype and _vector_ready(a, k, 16) and _vector_ready(b.transposed(), k, 16)
+    weights_ready = _prepared(b) or _vector_ready(b.transposed(), k, 16)
+    return a.dtype == b.dtype and _vector_ready(a, k, 16) and weights_ready
+
+
+def _prepared(b: MatrixSpec) -> bool:
+    """``b`` is the geometry of prepared weights (their (N / 8, K / 64, 8, 64) blocks)."""
+    return len(b.shape) == 4
 
 
 def plan_dense(
@@ -202,8 +211,9 @@ def plan_dense(
     """The warp-specialized kernel's plan: the configuration (default :func:`choose_config`), operands copied into
     16-byte aligned rows where TMA cannot read them as they are, each CTA of a cluster loading its part of the
     shared tile (B's along M, A's along N), C through the TMA store where it applies, at most one CTA per SM (all of
-    them with stream-K), and the partial tiles' scratch for split K and stream-K."""
-    (m, k), n = a.shape, b.shape[1]
+    them with stream-K), and the partial tiles' scratch for split K and stream-K. Prepared weights are read as they
+    are (a 4-D TMA view of their blocks)."""
+    (m, k), n = a.shape, out.shape[1]
     operand_bytes = OPERAND_BYTES[a.dtype]
     cfg = config or (choose_config if operand_bytes == 2 else choose_fp8_config)(m, n, k, sms)
     if cfg.tile_k * operand_bytes % SWIZZLE_BYTES:
@@ -218,6 +228,10 @@ def plan_dense(
         ("a", a, 0, cfg.tile_m // cfg.cluster_n),
         ("b", b, 1, cfg.tile_n // cfg.cluster_m),
     ):
+        if _prepared(matrix):
+            specs[role] = matrix
+            views.append(prepared_view(matrix, rows, role))
+            continue
         if operand_bytes == 1 and matrix.strides[1 - mn_dim] != 1:  # fp8 wgmma reads K-major operands only
             steps = ("contiguous",) if mn_dim == 0 else ("transpose", "contiguous", "transpose")
             preparations.append(Preparation(role, role, steps))
@@ -228,7 +242,7 @@ def plan_dense(
         specs[role] = tma_copied(matrix, copy)
         views.append(operand_view(specs[role], mn_dim, rows, cfg.tile_k, role))
     a_view, b_view = views
-    if b_view.major != "K" and (cfg.tile_n // cfg.cluster_m) % 64:
+    if b_view.major == "MN" and (cfg.tile_n // cfg.cluster_m) % 64:
         raise ValueError(
             f"gemm config: {cfg} has each CTA load {cfg.tile_n // cfg.cluster_m} columns of each B tile, but b is"
             " MN-major (row-major (K, N)), read in boxes of 64 columns: use a tile_n (divided by cluster_m) that is a"
@@ -295,14 +309,16 @@ def plan_skinny(
     configuration (default :func:`choose_skinny_config`), 16-byte loads where rows allow them, and with K split over
     CTAs the fp32 partials summed by ``split_k_reduce`` through the epilogue. With ``scales`` (fp8 operands: up to
     two ``(Scale, MatrixSpec)`` pairs) the scaled kernel, which does not split K: None where the configuration would
-    (too few weight rows to fill the GPU: the warp-specialized kernel's split K serves them)."""
-    (m, k), n = a.shape, b.shape[1]
+    (too few weight rows to fill the GPU: the warp-specialized kernel's split K serves them). Prepared weights are
+    the kernel's ``w`` as they are."""
+    (m, k), n = a.shape, out.shape[1]
     preparations = []
     if a.strides[1] != 1:
         a = _contiguous(a)
         preparations.append(Preparation("a", "a", ("contiguous",)))
-    w, w_steps = b.transposed(), ("transpose",)
-    if w.strides[1] != 1:
+    prepared = _prepared(b)
+    w, w_steps = (b, ()) if prepared else (b.transposed(), ("transpose",))
+    if not prepared and w.strides[1] != 1:
         w, w_steps = _contiguous(w), ("transpose", "contiguous")
     preparations.append(Preparation("w", "b", w_steps))
     element_bytes = OPERAND_BYTES[a.dtype]
@@ -311,7 +327,8 @@ def plan_skinny(
         return None
     epilogue = Epilogue(bias=bias is not None, activation=activation, scales=tuple(scale for scale, _ in scales))
     chunk = 16 // element_bytes
-    variant = SkinnyVariant(_vector_ready(a, k, chunk) and _vector_ready(w, k, chunk), epilogue, m > 8)
+    vector_loads = _vector_ready(a, k, chunk) and (prepared or _vector_ready(w, k, chunk))
+    variant = SkinnyVariant(vector_loads, epilogue, m > 8, prepared)
     specs = {"a": a, "w": w, "out": out, **({"bias": bias} if bias is not None else {})}
     bias_argument = Tensor("bias") if bias is not None else Tensor("out", unread=True)
     grid = (-(-n // cfg.rows), cfg.splits)

@@ -18,6 +18,9 @@ MMAs) and sum their fp32 accumulators through shared memory. With ``splits`` > 1
 many CTAs, which write fp32 partials that :func:`flydsl.kernels.gemm.split_k_reduce` sums through the epilogue
 (for shapes with too few weight rows to fill the GPU otherwise).
 
+Prepared fp8 weights (:mod:`~flydsl.kernels.gemm.prepared`: blocks of 8 rows x 64 bytes of K) are read in the same
+order, each warp load one block's 512 contiguous bytes.
+
 Weights are read with ``ld.global.nc.L1::no_allocate`` (read once: they should not evict the activations from L1;
 with ``.L2::256B`` prefetches); activations with ``ld.global.nc`` (re-read by every CTA: from L2, or L1). 16-byte
 loads need K a multiple of 8 and 16-byte aligned rows; otherwise the kernel reads elements one by one (correct,
@@ -107,22 +110,26 @@ class SkinnyConfig:
 class SkinnyVariant(NamedTuple):
     """What :func:`skinny_gemm_kernel` is specialized on besides its configuration: ``vector_loads`` (rows 16-byte
     aligned and K % 8 == 0: 16-byte loads), the :class:`~flydsl.kernels.gemm.epilogue.Epilogue` (no scales, stored
-    from registers) and ``two_halves`` (M > 8: rows 8..15 of the MMA are loaded, else zeros)."""
+    from registers), ``two_halves`` (M > 8: rows 8..15 of the MMA are loaded, else zeros) and ``prepared`` (``w`` is
+    prepared fp8 weights, the (N / 8, K / 64, 8, 64) blocks of :mod:`~flydsl.kernels.gemm.prepared`: each warp load
+    reads one block's 512 contiguous bytes)."""
 
     vector_loads: bool
     epilogue: Epilogue
     two_halves: bool
+    prepared: bool = False
 
 
-def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None):
+def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None, prepared: bool = False):
     """This lane's 16 bytes ``t[row, k ..]`` (8 16-bit or 16 fp8 elements) as 4 words; zeros where past
-    ``k_extent`` when ``masked``. fp8 operands take 16-byte loads only (``vec``: memory holds no fp8 scalars)."""
+    ``k_extent`` when ``masked``. fp8 operands take 16-byte loads only (``vec``: memory holds no fp8 scalars).
+    ``prepared``: ``t`` is prepared weights' blocks, element (row, k) at ``t[row // 8, k // 64, row % 8, k % 64]``."""
     if fx.const_expr(vec):
-        if fx.const_expr(masked):  # chunks are whole (K a multiple of a chunk): in or out together; row start when out
-            inside = k < k_extent
-            words = nvvm.ld_global_nc(t, (row, arith.select(inside, k, 0)), 16, l1=l1, prefetch=prefetch)
-            return arith.select(inside, words, _WORDS(0))
-        return nvvm.ld_global_nc(t, (row, k), 16, l1=l1, prefetch=prefetch)
+        inside = k < k_extent if fx.const_expr(masked) else None
+        at = arith.select(inside, k, 0) if fx.const_expr(masked) else k  # (chunks are whole: in or out together)
+        coords = (row // 8, at // 64, row % 8, at % 64) if fx.const_expr(prepared) else (row, at)
+        words = nvvm.ld_global_nc(t, coords, 16, l1=l1, prefetch=prefetch)
+        return arith.select(inside, words, _WORDS(0)) if fx.const_expr(masked) else words
     elements = []
     for j in fx.range_constexpr(8):  # unaligned rows: one element at a time, each masked
         inside = k + j < k_extent
@@ -146,19 +153,21 @@ class _WarpStreams(NamedTuple):
     lane_t: object
     vec: bool
     two_halves: bool
+    prepared: bool
 
 
 def _loads(streams: _WarpStreams, kbase, masked: bool):
     """A warp's loads of one step: ``unroll`` chunks of 4 lanes' 16 bytes of K (32 16-bit or 64 fp8 values) from
     ``kbase``, for each the ``groups`` weight words, then the activation words (rows q and q + 8; zeros for the latter
     when M <= 8)."""
-    a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves = streams
+    a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves, prepared = streams
     chunk = 16 // (w.dtype.width // 8)  # elements of one lane's 16 bytes
     words = []
     for u in fx.range_constexpr(cfg.unroll):
         k = kbase + 4 * chunk * u + chunk * lane_t
         for g in fx.range_constexpr(cfg.groups):
-            words.append(_load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch))
+            load = _load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch, prepared)
+            words.append(load)
         words.append(_load_words(a, row_a0, k, k_extent, vec, masked, None))
         words.append(_load_words(a, row_a1, k, k_extent, vec, masked, None) if two_halves else _WORDS(0))
     return words
@@ -184,9 +193,9 @@ def _mmas(words, accs, cfg, dtype):
 def skinny_gemm_kernel(
     a: fx.Tensor, w: fx.Tensor, c: fx.Tensor, bias: fx.Tensor, cfg: fx.Constexpr, variant: fx.Constexpr
 ):
-    """``c = epilogue(a @ w^T)`` for a (M <= 16, K) and w (N, K), both K-contiguous; ``variant`` a
-    :class:`SkinnyVariant`. With ``cfg.splits`` > 1, ``c`` is the (splits * M, N) fp32 partials (no epilogue:
-    ``bias`` unread; :func:`~flydsl.kernels.gemm.partials.split_k_reduce` applies it)."""
+    """``c = epilogue(a @ w^T)`` for a (M <= 16, K) and w (N, K), both K-contiguous (or w prepared weights' blocks);
+    ``variant`` a :class:`SkinnyVariant`. With ``cfg.splits`` > 1, ``c`` is the (splits * M, N) fp32 partials (no
+    epilogue: ``bias`` unread; :func:`~flydsl.kernels.gemm.partials.split_k_reduce` applies it)."""
     epilogue = variant.epilogue
     if epilogue.scales or epilogue.store != "registers":
         raise ValueError(f"skinny_gemm_kernel: expected an epilogue without scales, stored from registers: {epilogue}")
@@ -216,7 +225,9 @@ def skinny_gemm_scaled_kernel(
 
 def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: SkinnyVariant) -> None:
     """The skinny kernels' body (their docstrings)."""
-    vec, epilogue, two_halves = variant
+    vec, epilogue, two_halves, prepared = variant
+    if prepared and not vec:
+        raise ValueError(f"skinny kernel: prepared weights take 16-byte loads, got {variant}")
     if fx.const_expr(cfg.min_blocks is None):
         flyc.set_kernel_attributes(threads=cfg.threads)
     else:
@@ -227,12 +238,13 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
     warp_n, warp_kk = warp % cfg.warps_n, warp // cfg.warps_n
     lane_t, lane_q = lane % 4, lane // 4
     m_extent = a.shape[0].to(fx.Int32)
-    n_extent = w.shape[0].to(fx.Int32)
+    n_extent = c.shape[1].to(fx.Int32)
     k_extent = a.shape[1].to(fx.Int32)
+    weight_rows = (w.shape[0] * 8).to(fx.Int32) if fx.const_expr(prepared) else n_extent  # (blocks: zero padded)
     n0 = gpu.block_idx.x * cfg.rows
-    # Rows past N read row N - 1 and rows past M row M - 1: their results land in columns / rows never stored.
+    # Rows past N read the last row and rows past M row M - 1: their results land in columns / rows never stored.
     first_row = n0 + warp_n * (8 * cfg.groups) + lane_q
-    rows_w = [arith.minimum(first_row + 8 * g, n_extent - 1) for g in range(cfg.groups)]
+    rows_w = [arith.minimum(first_row + 8 * g, weight_rows - 1) for g in range(cfg.groups)]
     row_a0 = arith.minimum(lane_q, m_extent - 1)
     row_a1 = arith.minimum(lane_q + 8, m_extent - 1)
 
@@ -254,7 +266,7 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
     after_wait = nvvm.griddepcontrol_wait()
     row_a0, row_a1 = row_a0 + after_wait, row_a1 + after_wait
     rows_w = [row + after_wait for row in rows_w]
-    streams = _WarpStreams(a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves)
+    streams = _WarpStreams(a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves, prepared)
     if fx.const_expr(cfg.pipelined):  # the next step's loads are issued before this step's MMAs
         if begin < full_end:
             words = _loads(streams, begin * step + warp_k, False)
