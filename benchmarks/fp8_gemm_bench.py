@@ -8,9 +8,13 @@ float32 scales per token (M, 1) and per output channel (1, N), bf16 output. Ours
 reference of the dequantized inputs and against ``_scaled_mm`` (relative Frobenius errors), then timed with
 triton.testing.do_bench (CUDA events, L2 flushed before each call, median of the calls) interleaved with the peers:
 ``_scaled_mm`` rowwise (the same scales: the bar), ``_scaled_mm`` tensorwise (one scale each), the bf16 ``gemm`` of
-the same shape, and for M <= 16 a same-bytes copy (``copy_`` of N * K / 2 bytes into as many: what streaming the
-weights once costs), ``--repeats`` times; the numbers are medians over the repeats. The sweep is issue 32's: M in
-{1, 16, 64, 128, 512, 2048, 8192} x ten (N, K) of Llama/DeepSeek layers.
+the same shape, ours with the weights prepared once (``prepare_weight``: checked bit for bit against plain ones), and
+for M <= 16 a same-bytes copy (``copy_`` of N * K / 2 bytes into as many: what streaming the weights once costs),
+``--repeats`` times; the numbers are medians over the repeats. M <= 16 is also timed streamed: calls back to back
+over copies of the weights that together exceed L2 (as the layers of a decode step run), one event pair around each
+pass (captured in a CUDA graph: no host time between kernels), against copies of as many distinct buffers timed the
+same way (``*_streamed_ms``, per call). The sweep is issue 32's: M in {1, 16, 64, 128, 512, 2048, 8192} x ten
+(N, K) of Llama/DeepSeek layers.
 """
 
 from __future__ import annotations
@@ -52,8 +56,56 @@ def _error(torch, x, ref) -> float:
     return ((x.float() - ref).norm() / ref.norm()).item()
 
 
+_STREAMED_BYTES = 256 << 20  # weights per streamed pass: over four L2s of the H200 (60 MB)
+
+
+def _streamed_ms(torch, calls, repeats: int = 7) -> float:
+    """The per-call time of ``calls`` run back to back: captured once in a CUDA graph (no host time between the
+    kernels, as a decode step's graph runs them), the replay timed by CUDA events, median over ``repeats``."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(calls))
+    return statistics.median(times)
+
+
+def streamed(torch, m, n, k, a, scale_a, scale_b, prepare_weight, fp8_gemm) -> dict:
+    """M <= 16 streamed over distinct weights (plain and prepared) and the same-bytes copy of as many buffers."""
+    count = max(2, -(-_STREAMED_BYTES // (n * k)))
+    weights = [_fp8(torch, n, k).t() for _ in range(count)]
+    prepared = [prepare_weight(b) for b in weights]
+    out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+    sources = [torch.empty(n * k // 2, dtype=torch.uint8, device="cuda") for _ in range(count)]
+    targets = [torch.empty_like(x) for x in sources]
+    result = {
+        "flydsl_streamed_ms": _streamed_ms(torch, [lambda b=b: fp8_gemm(a, b, scale_a, scale_b, out) for b in weights]),
+        "flydsl_prepared_streamed_ms": _streamed_ms(
+            torch, [lambda b=b: fp8_gemm(a, b, scale_a, scale_b, out) for b in prepared]
+        ),
+        "copy_streamed_ms": _streamed_ms(
+            torch, [lambda s=s, t=t: t.copy_(s) for s, t in zip(sources, targets, strict=True)]
+        ),
+        "streamed_weights": count,
+    }
+    result["fraction_of_copy_streamed"] = result["copy_streamed_ms"] / result["flydsl_streamed_ms"]
+    result["prepared_fraction_of_copy_streamed"] = result["copy_streamed_ms"] / result["flydsl_prepared_streamed_ms"]
+    return result
+
+
 def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
-    from flydsl.kernels.gemm import fp8_gemm, gemm
+    from flydsl.kernels.gemm import fp8_gemm, gemm, prepare_weight
 
     a, w = _fp8(torch, m, k), _fp8(torch, n, k)
     b = w.t()
@@ -68,13 +120,20 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
     errors = {"rel_error_vs_f32": _error(torch, ours, reference), "scaled_mm_rel_error_vs_f32": None}
     errors["scaled_mm_rel_error_vs_f32"] = _error(torch, rowwise, reference)
     del reference
+    prepared = prepare_weight(b)
+    ours_prepared = torch.full_like(ours, float("nan"))
+    fp8_gemm(a, prepared, scale_a, scale_b, ours_prepared)
+    torch.cuda.synchronize()
+    errors["prepared_equals_plain"] = bool(torch.equal(ours_prepared, ours))
     a16, b16 = a.bfloat16(), b.bfloat16()
     out16 = torch.empty_like(ours)
     copy_src = torch.empty(n * k // 2 if m <= 16 else 0, dtype=torch.uint8, device="cuda")
     copy_dst = torch.empty_like(copy_src)
-    runs = {"flydsl": [], "scaled_mm_rowwise": [], "scaled_mm_tensorwise": [], "bf16_gemm": [], "copy": []}
+    runs = {name: [] for name in ("flydsl", "flydsl_prepared", "scaled_mm_rowwise", "scaled_mm_tensorwise")}
+    runs.update(bf16_gemm=[], copy=[])
     timed = {
         "flydsl": lambda: fp8_gemm(a, b, scale_a, scale_b, ours),
+        "flydsl_prepared": lambda: fp8_gemm(a, prepared, scale_a, scale_b, ours_prepared),
         "scaled_mm_rowwise": lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16),
         "scaled_mm_tensorwise": lambda: torch._scaled_mm(a, b, scale_a=one_a, scale_b=one_b, out_dtype=torch.bfloat16),
     }
@@ -95,8 +154,12 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
             result[f"{name}_tflops"] = flops / t / 1e9
     result["ratio_vs_rowwise"] = ms["scaled_mm_rowwise"] / ms["flydsl"]
     result["ratio_vs_tensorwise"] = ms["scaled_mm_tensorwise"] / ms["flydsl"]
+    result["prepared_ratio_vs_rowwise"] = ms["scaled_mm_rowwise"] / ms["flydsl_prepared"]
+    result["prepared_speedup_vs_plain"] = ms["flydsl"] / ms["flydsl_prepared"]
     if "copy" in ms:
         result["fraction_of_copy"] = ms["copy"] / ms["flydsl"]  # same-bytes copy time / ours
+        result["prepared_fraction_of_copy"] = ms["copy"] / ms["flydsl_prepared"]
+        result.update(streamed(torch, m, n, k, a, scale_a, scale_b, prepare_weight, fp8_gemm))
     result["runs_ms"] = runs
     return result
 
@@ -168,16 +231,18 @@ def main(argv=None) -> int:
     results = []
     print(
         f"{'M':>5} {'N':>6} {'K':>6}  {'ours TF/s':>9} {'row TF/s':>8} {'tensor':>8} {'bf16':>7}"
-        f"  {'ratio':>5} {'copy':>5}  {'err':>7}  config"
+        f"  {'ratio':>5} {'prep':>5} {'copy':>5} {'strm':>5}  {'err':>7}  config"
     )
     for m, n, k in cases:
         r = run_case(torch, do_bench, m, n, k, args.repeats, not args.no_bf16)
         results.append(r)
         copy = f"{r['fraction_of_copy']:>5.2f}" if "fraction_of_copy" in r else f"{'':>5}"
+        stream = f"{r['fraction_of_copy_streamed']:>5.2f}" if "fraction_of_copy_streamed" in r else f"{'':>5}"
         print(
             f"{m:>5} {n:>6} {k:>6}  {r['flydsl_tflops']:>9.1f} {r['scaled_mm_rowwise_tflops']:>8.1f}"
             f" {r['scaled_mm_tensorwise_tflops']:>8.1f} {r.get('bf16_gemm_tflops', float('nan')):>7.1f}"
-            f"  {r['ratio_vs_rowwise']:>5.3f} {copy}  {r['rel_error_vs_f32']:>7.1e}  {r['chosen_config']}",
+            f"  {r['ratio_vs_rowwise']:>5.3f} {r['prepared_speedup_vs_plain']:>5.3f} {copy} {stream}"
+            f"  {r['rel_error_vs_f32']:>7.1e}  {r['chosen_config']}",
             flush=True,
         )
     ratios = [r["ratio_vs_rowwise"] for r in results]
@@ -190,13 +255,27 @@ def main(argv=None) -> int:
         "m_le_16_min_fraction_of_copy": min(r["fraction_of_copy"] for r in small) if small else None,
         "m_le_16_geomean_ratio": statistics.geometric_mean([r["ratio_vs_rowwise"] for r in small]) if small else None,
         "geomean_ratio_vs_tensorwise": statistics.geometric_mean([r["ratio_vs_tensorwise"] for r in results]),
+        "m_le_16_min_fraction_of_copy_streamed": (
+            min(r["fraction_of_copy_streamed"] for r in small) if small else None
+        ),
+        "m_le_16_prepared_min_fraction_of_copy_streamed": (
+            min(r["prepared_fraction_of_copy_streamed"] for r in small) if small else None
+        ),
+        "prepared_min_speedup_vs_plain": min(r["prepared_speedup_vs_plain"] for r in results),
+        "prepared_geomean_speedup_vs_plain": statistics.geometric_mean(
+            [r["prepared_speedup_vs_plain"] for r in results]
+        ),
+        "prepared_geomean_ratio_all": statistics.geometric_mean([r["prepared_ratio_vs_rowwise"] for r in results]),
+        "prepared_equals_plain_everywhere": all(r["prepared_equals_plain"] for r in results),
     }
     print(json.dumps(summary))
     if args.json:
         method = (
             "triton.testing.do_bench median (warmup 10 ms, rep 40 ms, L2 flushed before each call), ours and the peers"
             " interleaved, median over repeats; e4m3 inputs, float32 per-token and per-channel scales, bf16 output;"
-            " ratio = _scaled_mm rowwise time / ours; fraction_of_copy = same-bytes copy_ time / ours"
+            " ratio = _scaled_mm rowwise time / ours; fraction_of_copy = same-bytes copy_ time / ours; *_streamed: per"
+            " call, back to back over distinct weights (>= 256 MB a pass) and distinct copy buffers in one CUDA graph,"
+            " median of 7 replays; prepared = fp8_gemm on prepare_weight(b)"
         )
         write_record(args.json, "fp8_gemm_bench", argv, results, commit=args.commit, method=method, summary=summary)
     return 0
