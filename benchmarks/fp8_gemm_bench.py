@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import statistics
 import sys
@@ -201,6 +202,49 @@ def explore(torch, do_bench, cases, repeats) -> int:
     return 0
 
 
+def skinny_candidates(m, n, k, sms):
+    """The skinny kernel's configurations worth timing for an fp8 M <= 16 shape (no split K: the scaled kernel does
+    not split), the chosen one first."""
+    from flydsl.kernels.gemm import SkinnyConfig, choose_skinny_config
+
+    chosen = choose_skinny_config(m, n, k // 2, sms)
+    configs = [chosen]
+    for groups, unroll, warps, warps_n in itertools.product((1, 2, 4), (1, 2, 4), (4, 8), (1, 2)):
+        if (warps == 4 and warps_n == 2) or (groups == 4 and unroll == 4):
+            continue
+        cfg = SkinnyConfig(groups=groups, unroll=unroll, warps=warps, warps_n=warps_n)
+        if cfg.k_step(1) <= 2 * k and cfg not in configs:
+            configs.append(cfg)
+    return configs
+
+
+def explore_skinny(torch, do_bench, cases, repeats) -> int:
+    """M <= 16: every skinny configuration of :func:`skinny_candidates` timed (plain weights), fastest first."""
+    from flydsl.kernels.gemm import Scale, launch_plan
+    from flydsl.kernels.gemm.operands import MatrixSpec
+    from flydsl.kernels.gemm.plan import plan_skinny
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m, n, k in [case for case in cases if case[0] <= 16]:
+        a, b = _fp8(torch, m, k), _fp8(torch, n, k).t()
+        scale_a, scale_b = torch.rand(m, device="cuda") / 64, torch.rand(n, device="cuda") / 64
+        out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+        scales = ((Scale(rows=1), MatrixSpec.of(scale_a)), (Scale(columns=1), MatrixSpec.of(scale_b)))
+        specs = MatrixSpec.of(a), MatrixSpec.of(b), MatrixSpec.of(out)
+        peer = functools.partial(torch._scaled_mm, a, b, scale_a=scale_a[:, None], scale_b=scale_b[None, :])
+        row = _bench(functools.partial(peer, out_dtype=torch.bfloat16), do_bench)
+        timed = []
+        for cfg in skinny_candidates(m, n, k, sms):
+            plan = plan_skinny(*specs, sms=sms, scales=scales, config=cfg)
+            call = functools.partial(launch_plan, plan, a, b, out, None, (scale_a, scale_b))
+            call()
+            timed.append((statistics.median(_bench(call, do_bench) for _ in range(repeats)), cfg))
+        print(f"{m}x{n}x{k}: _scaled_mm rowwise {row * 1e3:.1f} us; chosen {timed[0][0] * 1e3:.1f} us")
+        for ms, cfg in sorted(timed, key=lambda item: item[0])[:6]:
+            print(f"  {ms * 1e3:7.1f} us  {row / ms:5.3f}x  {cfg}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="issue 32's 70 shapes after the square ones")
@@ -215,6 +259,9 @@ def main(argv=None) -> int:
         help="instead: time every candidate configuration of each case (the bf16 candidates of K / 2 in K steps of"
         " 128: what choose_fp8_config ranks) next to the chosen one, to tune the choice",
     )
+    parser.add_argument(
+        "--explore-skinny", action="store_true", help="instead: time the skinny kernel's configurations (M <= 16)"
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
@@ -228,6 +275,8 @@ def main(argv=None) -> int:
         cases += [(m, n, k) for m in (args.m or SWEEP_M) for n, k in sweep_nk]
     if args.explore:
         return explore(torch, do_bench, cases, args.repeats)
+    if args.explore_skinny:
+        return explore_skinny(torch, do_bench, cases, args.repeats)
     results = []
     print(
         f"{'M':>5} {'N':>6} {'K':>6}  {'ours TF/s':>9} {'row TF/s':>8} {'tensor':>8} {'bf16':>7}"
