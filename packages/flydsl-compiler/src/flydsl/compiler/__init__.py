@@ -5,9 +5,10 @@ compiled = flyc.compile_mlir(mlir_text)            # PTX in process (+ cubin whe
 if flyc.runtime.is_available():
     module = flyc.runtime.load(compiled)
     module.launch("kernel", grid, block, *args)
+cfg = flyc.autotune.choose("op", key, configs, run)  # timed once per key, the winner kept on disk (flyc.autotune)
 """
 
-from flydsl.compiler import runtime
+from flydsl.compiler import autotune, runtime
 from flydsl.compiler.args import TensorSpec, mark_static
 from flydsl.compiler.attributes import KernelAttributes, set_kernel_attributes
 from flydsl.compiler.context import make_context
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CompiledKernel",
     "TensorSpec",
+    "autotune",
     "mark_static",
     "JitFunction",
     "KernelCall",

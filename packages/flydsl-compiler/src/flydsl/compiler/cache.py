@@ -10,6 +10,10 @@ matching; anything else is ignored with one warning per path and process, compil
 directories are created private to the user (0700); entries are written to a temporary file in place and renamed
 (``os.replace``), so concurrent processes see an old entry or a whole new one, and a failed write leaves no
 temporary behind. ``FLYDSL_RUNTIME_ENABLE_CACHE=0`` bypasses the cache. What the key covers: docs/kernels.md.
+
+The same entries hold small JSON records (:func:`load_record` / :func:`store_record`: an autotuning winner,
+:mod:`flydsl.compiler.autotune`): the metadata line with ``"kind": "record"`` and the record, no payload, read and
+written by the same code under the same checks. Every key text is built by :func:`key_text`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,17 @@ from flydsl.compiler.pipeline import CompiledModule
 from flydsl.compiler.target import Target
 from flydsl.compiler.tracing import warn_at_user_code
 
-__all__ = ["FORMAT", "MAX_ENTRY_BYTES", "compiler_fingerprint", "entry_path", "load", "store"]
+__all__ = [
+    "FORMAT",
+    "MAX_ENTRY_BYTES",
+    "compiler_fingerprint",
+    "entry_path",
+    "key_text",
+    "load",
+    "load_record",
+    "store",
+    "store_record",
+]
 
 FORMAT = 3  # 3: JSON metadata + raw payloads, key and checksums verified (2: a pickle)
 MAX_ENTRY_BYTES = 256 << 20  # the largest entry read; the zoo's biggest is well under 1 MB
@@ -59,6 +73,13 @@ def compiler_fingerprint() -> str:
     return digest.hexdigest()
 
 
+def key_text(*parts) -> str:
+    """The full key text of an entry: its parts one a line, a str as it is, anything else as its ``repr`` (the JIT
+    cache: compiler and ptxas fingerprints, the kernel's, then its target, attributes and specialization; autotuning:
+    :func:`flydsl.compiler.autotune.key_text`)."""
+    return "\n".join(part if isinstance(part, str) else repr(part) for part in parts)
+
+
 def entry_path(key: str) -> Path:
     """Where the entry of the full key text ``key`` lives."""
     name = hashlib.blake2b(key.encode(), digest_size=20).hexdigest()
@@ -74,15 +95,25 @@ def _warn_once(path: Path, message: str) -> None:
 def load(key: str) -> CompiledModule | None:
     """The cached module for the full key text ``key``, or None: no entry, the cache disabled, or an entry that is
     not to be trusted (warned once per path)."""
+    return _load(key, _decode, "compiling again")
+
+
+def load_record(key: str) -> dict | None:
+    """The record stored for the full key text ``key`` (:func:`store_record`), or None as :func:`load` (an entry that
+    is a module, not a record, is not to be trusted here)."""
+    return _load(key, _decode_record, "tuning again")
+
+
+def _load(key: str, decode, then: str):
     if not settings.current().cache_enabled:
         return None
     path = entry_path(key)
     try:
-        return _decode(_read_regular_file(path), key)
+        return decode(_read_regular_file(path), key)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        _warn_once(path, f"ignoring the cache entry {path} ({error}); compiling again")
+        _warn_once(path, f"ignoring the cache entry {path} ({error}); {then}")
         return None
 
 
@@ -139,9 +170,9 @@ def _encode(key: str, compiled: CompiledModule) -> bytes:
     return _canonical(meta) + b"\n" + ptx + (cubin or b"")
 
 
-def _decode(data: bytes, key: str) -> CompiledModule:
-    """The module of an entry's bytes; ValueError (KeyError, TypeError, AttributeError for a malformed one) naming
-    what does not hold."""
+def _metadata(data: bytes, key: str) -> tuple[dict, bytes]:
+    """An entry's metadata and payload, its format, metadata checksum and key checked; ValueError (KeyError, TypeError,
+    AttributeError for a malformed one) naming what does not hold."""
     header, newline, payload = data.partition(b"\n")
     if not newline:
         raise ValueError("no metadata line")
@@ -155,6 +186,15 @@ def _decode(data: bytes, key: str) -> CompiledModule:
         raise ValueError("the metadata checksum does not match")
     if meta["key"] != key:
         raise ValueError("the entry is another key's")
+    return meta, payload
+
+
+def _decode(data: bytes, key: str) -> CompiledModule:
+    """The module of an entry's bytes; ValueError (KeyError, TypeError, AttributeError for a malformed one) naming
+    what does not hold."""
+    meta, payload = _metadata(data, key)
+    if meta.get("kind", "module") != "module":
+        raise ValueError(f"a {meta['kind']!r} entry, not a compiled module")
     ptx_size = meta["ptx"]["size"]
     cubin_size = 0 if meta["cubin"] is None else meta["cubin"]["size"]
     if len(payload) != ptx_size + cubin_size:
@@ -180,9 +220,38 @@ def _decode(data: bytes, key: str) -> CompiledModule:
     )
 
 
+def _encode_record(key: str, record: dict) -> bytes:
+    meta = {"format": FORMAT, "key": key, "kind": "record", "record": record}
+    meta["checksum"] = _sha256(_canonical(meta))
+    return _canonical(meta) + b"\n"
+
+
+def _decode_record(data: bytes, key: str) -> dict:
+    """The record of an entry's bytes; ValueError naming what does not hold."""
+    meta, payload = _metadata(data, key)
+    if meta.get("kind") != "record":
+        raise ValueError(f"a {meta.get('kind', 'module')!r} entry, not a record")
+    if payload:
+        raise ValueError(f"{len(payload)} payload bytes after a record")
+    if not isinstance(meta["record"], dict):
+        raise ValueError("the record is not a JSON object")
+    return meta["record"]
+
+
 def store(key: str, compiled: CompiledModule) -> None:
     """Writes the entry of ``key`` atomically (a private temporary file renamed into place); a failure to write
     warns once per path and leaves no temporary file."""
+    _store(key, lambda: _encode(key, compiled), "this kernel is not cached")
+
+
+def store_record(key: str, record: dict) -> None:
+    """Writes ``record`` (a JSON object: str keys; str, number, bool, None, list and dict values) as the entry of
+    ``key``, as :func:`store` writes modules. A record that JSON cannot encode raises ``TypeError``/``ValueError``."""
+    data = _encode_record(key, record)  # before any file is touched: an unencodable record is the caller's error
+    _store(key, lambda: data, "this record is not kept on disk")
+
+
+def _store(key: str, encode, then: str) -> None:
     if not settings.current().cache_enabled:
         return
     path = entry_path(key)
@@ -199,11 +268,11 @@ def store(key: str, compiled: CompiledModule) -> None:
             os.rmdir(path)  # an empty directory where the entry belongs; a full one raises and is left alone
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as handle:
-            handle.write(_encode(key, compiled))
+            handle.write(encode())
         os.replace(temporary, path)
         temporary = None
     except OSError as error:
-        _warn_once(path, f"could not write the cache entry {path}: {error}; this kernel is not cached")
+        _warn_once(path, f"could not write the cache entry {path}: {error}; {then}")
     finally:
         if temporary is not None:
             try:

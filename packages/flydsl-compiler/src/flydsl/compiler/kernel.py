@@ -239,13 +239,11 @@ class KernelFunction:
                     " fingerprinted (pass it as a Constexpr, or make it a number, string, tuple, enum or dataclass)"
                 )
             return compile_mlir(self.trace(spec.key), self.target)
-        key = "\n".join(
-            (
-                cache.compiler_fingerprint(),
-                toolchain.fingerprint(),
-                fingerprint.digest,
-                repr((self.target, self.attributes, spec.key)),
-            )
+        key = cache.key_text(
+            cache.compiler_fingerprint(),
+            toolchain.fingerprint(),
+            fingerprint.digest,
+            (self.target, self.attributes, spec.key),
         )
         compiled = cache.load(key)
         if compiled is None:

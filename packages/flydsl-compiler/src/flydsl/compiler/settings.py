@@ -9,7 +9,9 @@
                                value is taken as that directory
 ``FLYDSL_DUMP_DIR``            where dumps go (default ``./flydsl_dump``)
 ``FLYDSL_CACHE_DIR``           on-disk kernel cache (default ``~/.cache/flydsl``)
-``FLYDSL_RUNTIME_ENABLE_CACHE`` ``0`` bypasses the JIT cache
+``FLYDSL_RUNTIME_ENABLE_CACHE`` ``0`` bypasses the JIT cache (and keeps autotuning winners in memory only)
+``FLYDSL_AUTOTUNE``            ``1``: ops that can autotune time their candidate configurations once per key
+                               (``flyc.autotune``; default off: the cost models choose)
 ``FLYDSL_COMPILE_ISOLATED``    unset/``1``: compile in a forked child of a worker process, so that
                                an LLVM assertion or abort raises ``CompilationError`` instead of
                                ending the program (~3 ms a compile); ``0``: in this process
@@ -33,6 +35,7 @@ class Settings:
     cache_dir: Path
     cache_enabled: bool
     compile_isolated: bool = True
+    autotune: bool = False
 
 
 def current() -> Settings:
@@ -51,4 +54,5 @@ def current() -> Settings:
         cache_dir=Path(env.get("FLYDSL_CACHE_DIR") or Path.home() / ".cache" / "flydsl"),
         cache_enabled=env.get("FLYDSL_RUNTIME_ENABLE_CACHE", "1") != "0",
         compile_isolated=env.get("FLYDSL_COMPILE_ISOLATED", "1") != "0",
+        autotune=env.get("FLYDSL_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"),
     )
