@@ -207,7 +207,7 @@ def skinny_candidates(m, n, k, sms):
     not split), the chosen one first."""
     from flydsl.kernels.gemm import SkinnyConfig, choose_skinny_config
 
-    chosen = choose_skinny_config(m, n, k // 2, sms)
+    chosen = choose_skinny_config(m, n, k // 2, sms, 1)
     configs = [chosen]
     for groups, unroll, warps, warps_n in itertools.product((1, 2, 4), (1, 2, 4), (4, 8), (1, 2)):
         if (warps == 4 and warps_n == 2) or (groups == 4 and unroll == 4):

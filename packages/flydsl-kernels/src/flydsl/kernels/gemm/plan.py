@@ -322,7 +322,7 @@ def plan_skinny(
         w, w_steps = _contiguous(w), ("transpose", "contiguous")
     preparations.append(Preparation("w", "b", w_steps))
     element_bytes = OPERAND_BYTES[a.dtype]
-    cfg = config or choose_skinny_config(m, n, k * element_bytes // 2, sms)  # (its K counts 16-bit steps)
+    cfg = config or choose_skinny_config(m, n, k * element_bytes // 2, sms, element_bytes)  # (K in 16-bit steps)
     if scales and cfg.splits > 1:
         return None
     epilogue = Epilogue(bias=bias is not None, activation=activation, scales=tuple(scale for scale, _ in scales))

@@ -311,13 +311,18 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
 
 
 @functools.cache
-def choose_skinny_config(m: int, n: int, k: int, sms: int) -> SkinnyConfig:
+def choose_skinny_config(m: int, n: int, k: int, sms: int, element_bytes: int = 2) -> SkinnyConfig:
     """M <= 8: 16 weight rows per CTA, 8 warps, 4 loads per row and step, double-buffered, 256-byte L2 prefetches.
     M > 8 loads two activation rows per lane: 32 weight rows per CTA and 2 loads per step where that still gives
     every SM a CTA, else the default at 2 CTAs per SM where there are more CTAs than SMs. K is split over CTAs only
-    when fewer than half the SMs would have a CTA (docs/tuning/gemm.md#skinny)."""
+    when fewer than half the SMs would have a CTA (docs/tuning/gemm.md#skinny). ``k`` counts 16-bit values (an fp8 K
+    is passed halved). fp8 (``element_bytes`` 1), measured apart: rows of at most 2 KB take steps of 512 bytes (4
+    warps, 2 loads: whole steps, more of them in flight), 32 rows per CTA only where that leaves 2 CTAs per SM
+    (docs/tuning/gemm.md#skinny)."""
     cfg = SkinnyConfig()
-    if m > 8 and -(-n // 32) >= sms:
+    if element_bytes == 1 and k <= 1024:
+        cfg = SkinnyConfig(groups=4 if m > 8 and -(-n // 32) >= 2 * sms else 2, warps=4, unroll=2)
+    elif m > 8 and -(-n // 32) >= sms:
         cfg = SkinnyConfig(groups=4, unroll=2)
     elif m > 8 and -(-n // cfg.rows) > sms:
         cfg = SkinnyConfig(min_blocks=2)
