@@ -146,11 +146,11 @@ def test_fp8_gemm_configs(config):
     "m,n,k,config",
     [
         (1, 4096, 4096, None),  # the skinny kernel
-        (13, 1004, 2064, None),  # skinny, M > 8, a partial row band and K panel
+        (13, 1004, 2064, None),  # skinny, M > 8, a partial K panel
         (1000, 776, 528, None),
-        (4104, 1160, 1040, None),  # 2-CTA clusters: each loads half the B tile's blocks
+        (4104, 1160, 1040, None),  # 2-CTA clusters: each loads half the B tile's rows
         (16, 1000, 512, None),  # split K in the warp-specialized kernel
-        (520, 392, 272, GemmConfig(tile_m=128, tile_n=128, tile_k=256, stages=3)),  # 4 panels per K step
+        (520, 392, 272, GemmConfig(tile_m=128, tile_n=128, tile_k=256, stages=3)),  # 2 panels per K step
         (1000, 776, 1040, GemmConfig(tile_m=64, tile_n=256, tile_k=128, stages=5, consumers=1, cluster_m=1)),
     ],
 )

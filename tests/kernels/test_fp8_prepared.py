@@ -1,6 +1,6 @@
-"""Prepared fp8 weights without a GPU: prepare_weight's blocks (8 rows x 64 bytes of K, zero padded), the plans that
-read them as they are (the skinny kernel's ``w``, the warp-specialized kernel's 4-D TMA view with the 64B swizzle),
-their PTX and SASS, and the checks of a PreparedWeight argument."""
+"""Prepared fp8 weights without a GPU: prepare_weight's K panels ((K / 128, N, 128), zero padded), the plans that
+read them as they are (the skinny kernel's ``w``, the warp-specialized kernel's 3-D TMA view: contiguous boxes), their
+PTX and SASS, and the checks of a PreparedWeight argument."""
 
 from __future__ import annotations
 
@@ -26,26 +26,23 @@ def _specs(m, n, k):
     return a, blocks, MatrixSpec.dense((m, n), "bf16"), scales
 
 
-def test_prepared_blocks_hold_each_weight_once_and_zeros_past_it():
+def test_prepared_panels_hold_each_weight_once_and_zeros_past_it():
     torch = pytest.importorskip("torch")
     from flydsl.kernels.gemm import prepare_weight
 
-    n, k = 1001, 4112  # neither a multiple of the block: a partial row band and a partial K panel
+    n, k = 1001, 4112  # K not a multiple of the panel: a partial last panel
     w = (torch.randn(n, k) * 8).to(torch.float8_e4m3fn)
     prepared = prepare_weight(w.t())
-    assert prepared.shape == (k, n) and prepared.data.shape == (126, 65, 8, 64) == prepared_shape(k, n)
+    assert prepared.shape == (k, n) and prepared.data.shape == (33, 1001, 128) == prepared_shape(k, n)
     assert prepared.data.dtype == torch.float8_e4m3fn and prepared.data.is_contiguous()
-    blocks, bytes_ = prepared.data.view(torch.uint8), w.view(torch.uint8)
+    panels, bytes_ = prepared.data.view(torch.uint8), w.view(torch.uint8)
     rows, cols = torch.randint(0, n, (500,)), torch.randint(0, k, (500,))
-    assert torch.equal(blocks[rows // 8, cols // 64, rows % 8, cols % 64], bytes_[rows, cols])
-    assert blocks[125, :, 1:].count_nonzero() == 0  # rows 1001..1007
-    assert blocks[:, 64, :, 16:].count_nonzero() == 0  # K 4112..4159
+    assert torch.equal(panels[cols // 128, rows, cols % 128], bytes_[rows, cols])
+    assert panels[32, :, 16:].count_nonzero() == 0  # K 4112..4223
     assert torch.equal(prepared.unprepared().view(torch.uint8), w.t().view(torch.uint8))
-    # A warp's 16-byte load of lane l (row l // 4, bytes 16 (l % 4) of a 64-byte chunk) is bytes 16 l of a block.
-    block = blocks[3, 5].reshape(-1)
-    for lane in range(32):
-        q, t = divmod(lane, 4)
-        assert torch.equal(block[16 * lane : 16 * lane + 16], bytes_[24 + q, 320 + 16 * t : 336 + 16 * t])
+    # A TMA box of B (rows r0.. of one 128-byte row of K) is one contiguous piece of a panel.
+    flat = panels.reshape(-1)
+    assert torch.equal(flat[(5 * n + 256) * 128 : (5 * n + 384) * 128].view(128, 128), bytes_[256:384, 640:768])
 
 
 def test_prepare_weight_refuses_what_it_cannot_lay_out():
@@ -64,17 +61,17 @@ def test_a_prepared_weight_is_checked_before_use():
     torch = pytest.importorskip("torch")
     from flydsl.kernels.gemm import prepare_weight
 
-    prepared = prepare_weight(torch.zeros(128, 24).to(torch.float8_e4m3fn))
+    prepared = prepare_weight(torch.zeros(256, 24).to(torch.float8_e4m3fn))
     stand_in = check_prepared("fp8_gemm", prepared)
-    assert stand_in.shape == (128, 24) and stand_in.device.type == "meta" and stand_in.dtype == prepared.dtype
-    wrong = PreparedWeight(prepared.data, 128, 40)  # extents its blocks do not hold
+    assert stand_in.shape == (256, 24) and stand_in.device.type == "meta" and stand_in.dtype == prepared.dtype
+    wrong = PreparedWeight(prepared.data, 256, 40)  # extents its panels do not hold
     with pytest.raises(
         ValueError,
-        match=r"fp8_gemm: b: a PreparedWeight of \(128, 40\) holds contiguous blocks of shape \(5, 2, 8, 64\)",
+        match=r"fp8_gemm: b: a PreparedWeight of \(256, 40\) holds contiguous panels of shape \(2, 40, 128\)",
     ):
         check_prepared("fp8_gemm", wrong)
     with pytest.raises(TypeError, match=r"fp8_gemm: b.data: expected dtype float8_e4m3fn or float8_e5m2"):
-        check_prepared("fp8_gemm", PreparedWeight(prepared.data.view(torch.uint8), 128, 24))
+        check_prepared("fp8_gemm", PreparedWeight(prepared.data.view(torch.uint8), 256, 24))
 
 
 def test_prepared_weights_stream_through_the_skinny_kernel_as_they_are():
@@ -87,17 +84,16 @@ def test_prepared_weights_stream_through_the_skinny_kernel_as_they_are():
     assert variant.prepared and variant.vector_loads and plan.specs["w"] == blocks
 
 
-def test_prepared_weights_are_a_4d_tma_view_for_the_warp_specialized_kernel():
-    """No copy; one box per 64-byte K panel of the CTA's part of the B tile, (rows / 8 blocks, 1, 8, 64), swizzled
-    64B; N comes from the output (the blocks pad it to 8)."""
+def test_prepared_weights_are_a_3d_tma_view_for_the_warp_specialized_kernel():
+    """No copy; one contiguous box per 128-byte K panel of the CTA's part of the B tile, (1, rows, 128)."""
     m, n, k = 4096, 4100, 4096
     a, blocks, out, scales = _specs(m, n, k)
     plan = plan_gemm(a, blocks, out, sms=SMS, scales=scales)
     cfg = plan.config
     assert plan.route == "gemm_ws_scaled" and plan.preparations == ()
     b_view = plan.launches[0].arguments[1].view
-    assert b_view.major == "prepared" and b_view.swizzle == 64
-    assert b_view.box == (cfg.tile_n // cfg.cluster_m // 8, 1, 8, 64) and b_view.matrix == blocks.shape
+    assert b_view.major == "prepared"
+    assert b_view.box == (1, cfg.tile_n // cfg.cluster_m, 128) and b_view.matrix == blocks.shape
     assert plan.launches[0].arguments[-2] == ("K", "prepared")
 
 
@@ -107,18 +103,17 @@ def test_prepared_weights_are_a_4d_tma_view_for_the_warp_specialized_kernel():
     [
         (4096, 4096, 4096, None),  # 128 x 256 tiles in 2-CTA clusters: B parts of 128 rows
         (64, 7168, 2048, None),  # 64-row tiles, split K
-        (520, 392, 272, GemmConfig(tile_m=128, tile_n=128, tile_k=256, stages=3)),  # 4 panels per K step
+        (520, 392, 272, GemmConfig(tile_m=128, tile_n=128, tile_k=256, stages=3)),  # 2 panels per K step
     ],
 )
 def test_the_prepared_dense_kernel_multiplies_with_fp8_wgmma(m, n, k, config):
-    """The same fp8 wgmmas as plain weights, B's descriptors in 64B-swizzle mode, a rank-4 TMA load per panel,
-    no spills; QGMMA in the SASS."""
+    """The same fp8 wgmmas as plain weights, a rank-3 TMA load per panel, no spills; QGMMA in the SASS."""
     a, blocks, out, scales = _specs(m, n, k)
     plan = plan_gemm(a, blocks, out, sms=SMS, scales=scales, config=config)
     (module,) = plan.lower()
     cfg = plan.config
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{cfg.tile_n}k32\.f32\.e4m3\.e4m3", module.ptx)
-    assert "cp.async.bulk.tensor.4d.shared::cluster.global" in module.ptx
+    assert "cp.async.bulk.tensor.3d.shared::cluster.global" in module.ptx
     assert spill_bytes(module.ptx) == 0
     sass = toolchain.disassemble_cubin(module.cubin) if module.cubin is not None else None
     if sass is None:

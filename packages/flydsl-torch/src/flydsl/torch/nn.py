@@ -51,7 +51,7 @@ class RMSNorm(torch.nn.RMSNorm):
 class Fp8Linear(torch.nn.Module):
     """An ``nn.Linear`` for inference on fp8: ``y = x @ W.t() + bias`` with W quantized to e4m3 once, per output
     channel, and laid out once in the blocks both fp8 kernels load (``prepared=True``, the default:
-    ``flydsl.kernels.gemm.prepare_weight``; ``weight`` is then the (ceil(out / 8), ceil(in / 64), 8, 64) blocks,
+    ``flydsl.kernels.gemm.prepare_weight``; ``weight`` is then the (ceil(in / 128), out, 128) K panels,
     else the (out, in) matrix; float8_e4m3fn), with ``weight_scale`` (1, out) float32 (buffers: a ``state_dict``
     holds them); the activations quantized on the fly by one fused kernel, per token (``granularity="token"``, the
     default) or per tensor; both feed ``torch.ops.flydsl.fp8_gemm_prepared`` (or ``fp8_gemm``), whose output has
@@ -126,7 +126,7 @@ class Fp8Linear(torch.nn.Module):
             self.weight.copy_(prepare_weight(quantized.t()).data)
 
     def dense_weight(self) -> Tensor:
-        """The quantized weights as the (out, in) fp8 matrix (the prepared blocks laid out back)."""
+        """The quantized weights as the (out, in) fp8 matrix (the prepared panels laid out back)."""
         from flydsl.kernels.gemm.prepared import PreparedWeight
 
         if not self.prepared:

@@ -20,7 +20,7 @@ epilogue          Epilogue, Scale, EpilogueTensors: scales, bias, activation in 
 partials          fp32 partial tiles of split K and stream-K; the split_k_reduce kernel
 warp_specialized  warp_specialized_gemm (the body), gemm_ws and gemm_ws_scaled (the kernels)
 skinny            SkinnyConfig, choose_skinny_config, skinny_gemm_kernel (M <= 16)
-prepared          prepare_weight: fp8 weights laid out once in the blocks both kernels load (PreparedWeight)
+prepared          prepare_weight: fp8 weights laid out once as the K panels the kernels load (PreparedWeight)
 plan              plan_gemm: a call's route, configuration, TMA views, epilogue, grids and scratch, without a GPU
 launch            gemm, skinny_gemm, launch_plan: a plan run on torch tensors
 arguments         the entry points' argument checks

@@ -87,7 +87,7 @@ def fp8_gemm(
     check_devices(who, a, weights, out, bias, scale_a=scale_a, scale_b=scale_b)
     stand_in = check_prepared(who, b, out) if prepared else b
     if prepared and weights.data_ptr() % 16:
-        raise ValueError(f"{who}: b: expected prepared blocks at a 16-byte aligned address (as prepare_weight's)")
+        raise ValueError(f"{who}: b: expected prepared panels at a 16-byte aligned address (as prepare_weight's)")
     m, n, k, a_per, b_per = check_fp8_arguments(who, a, stand_in, scale_a, scale_b, out, bias, activation)
     if out is None:
         import torch

@@ -4,8 +4,8 @@ Operands are (MN, K) views, as wgmma reads them: A (M, K) and B (N, K). Each is 
 row-major, B an ``nn.Linear`` weight's ``W.t()``) or "MN"-major (MN contiguous: the transpose of a row-major
 (K, MN) tensor). TMA copies boxes whose rows hold 128 bytes at most (the widest swizzle), so a K-major tile arrives
 as boxes of (rows, 64 elements of K) and an MN-major one as boxes of (tile_k, 64 elements of MN). A third kind,
-"prepared", is fp8 weights laid out ahead of time by :func:`~flydsl.kernels.gemm.prepared.prepare_weight` in
-blocks of 8 rows x 64 bytes of K: such a tile arrives as 64-byte K panels (the 64B swizzle) of a 4-D view.
+"prepared", is fp8 weights laid out ahead of time by :func:`~flydsl.kernels.gemm.prepared.prepare_weight` as
+(K / 128, N, 128) panels: such a tile arrives as the same K-major boxes, each a contiguous piece of a 3-D view.
 
 Device side (in kernels): :func:`operand_layout` (the slots' shared-memory layout), :class:`OperandTiles` (one
 operand's slots and the TMA loads filling one of them), :class:`Producer` and :func:`produce` (the producer thread's
@@ -24,8 +24,6 @@ from flydsl.compiler.args import torch_dtype_name
 
 __all__ = [
     "OPERAND_BYTES",
-    "PREPARED_PANEL_BYTES",
-    "PREPARED_ROWS",
     "SWIZZLE_BYTES",
     "MatrixSpec",
     "OperandTiles",
@@ -38,31 +36,23 @@ __all__ = [
     "operand_view",
     "prepared_view",
     "produce",
-    "swizzle_bytes",
     "tma_copied",
     "tma_copy_kind",
     "tma_tile",
 ]
 
 SWIZZLE_BYTES = 128  # the widest swizzle; a TMA box row holds 128 bytes (64 bf16, 128 fp8) at most
-PREPARED_ROWS, PREPARED_PANEL_BYTES = 8, 64  # prepared weights' blocks: 8 rows x 64 bytes of K (prepared.py)
 OPERAND_BYTES = {"bf16": 2, "f16": 2, "f8E4M3FN": 1, "f8E5M2": 1}  # the element types the GEMMs multiply
-
-
-def swizzle_bytes(major: str) -> int:
-    """The swizzle of an operand's slots: 64 bytes for prepared weights (their 64-byte K panels), else 128."""
-    return PREPARED_PANEL_BYTES if major == "prepared" else SWIZZLE_BYTES
 
 
 def operand_layout(rows: int, tile_k: int, stages: int, major: str, element_bytes: int = 2):
     """Shared memory for one operand, as an (MN, K, stage) layout TMA fills box by box and wgmma reads:
 
     * K-major: boxes of (rows, 64) along K, each 128-byte rows under the 128B swizzle (the wgmma K-major atom);
-    * prepared: the same with 64-byte rows under the 64B swizzle (panels of (rows, 64 fp8) along K);
+    * prepared: as K-major (the boxes come from K panels of prepared weights);
     * MN-major: boxes of (tile_k, 64) of the (K, MN) tensor, one per 64 rows of MN."""
-    span = swizzle_bytes(major)
-    row = span // element_bytes  # elements of one swizzled row
-    swizzle = fl.Swizzle(span.bit_length() - 5, 4 - (element_bytes.bit_length() - 1), 3)
+    row = SWIZZLE_BYTES // element_bytes  # elements of one swizzled row
+    swizzle = fl.Swizzle(3, 4 - (element_bytes.bit_length() - 1), 3)
     box = rows * row if major != "MN" else tile_k * row
     if major != "MN":
         inner = fl.Layout((rows, (row, tile_k // row), stages), (row, (1, box), rows * tile_k))
@@ -74,11 +64,11 @@ def operand_layout(rows: int, tile_k: int, stages: int, major: str, element_byte
 def operand_box(rows: int, tile_k: int, major: str, parts: int = 1, element_bytes: int = 2) -> tuple:
     """The TMA box of an operand whose (rows, tile_k) tile is loaded in ``parts`` parts along MN (the CTAs of a
     cluster sharing it): (rows / parts, 64) of the (MN, K) matrix when K-major, (tile_k, 64) of the (K, MN) matrix
-    when MN-major (64: the elements of a 128-byte row, for 16-bit elements); prepared weights: (rows / parts / 8, 1,
-    8, 64) of their (N / 8, K / 64, 8, 64) blocks (one 64-byte panel of K)."""
+    when MN-major (64: the elements of a 128-byte row, for 16-bit elements); prepared weights: (1, rows / parts, 128)
+    of their (K / 128, N, 128) panels."""
     row = SWIZZLE_BYTES // element_bytes
     if major == "prepared":
-        return (rows // parts // PREPARED_ROWS, 1, PREPARED_ROWS, PREPARED_PANEL_BYTES // element_bytes)
+        return (1, rows // parts, row)
     return (rows // parts, row) if major == "K" else (tile_k, row)
 
 
@@ -100,7 +90,7 @@ class OperandTiles(NamedTuple):
         (mn0, k0) into slot ``stage``, completing on ``barrier``; with several parts, each is multicast to the
         ``parts`` CTAs of the cluster (one part: the whole tile, ``part`` ignored)."""
         desc, parts = self.desc, self.parts
-        row = swizzle_bytes(self.major) // desc.element_bytes
+        row = SWIZZLE_BYTES // desc.element_bytes
         slot = self.tiles[None, None, stage]  # (rows, tile_k)
         mask = None if parts == 1 else (1 << parts) - 1
         part = part if parts > 1 else 0
@@ -109,11 +99,10 @@ class OperandTiles(NamedTuple):
             for kb in fx.range_constexpr(self.tile_k // row):
                 target = fx.local_tile(slot[None, (None, kb)], (part_rows, row), (part, 0))  # (part_rows, 64)
                 desc.load(target, (mn0 + part * part_rows, k0 + kb * row), barrier, multicast_mask=mask)
-        elif self.major == "prepared":  # one box of (part_rows / 8 blocks, 1 panel, 8, 64) per 64 columns of K
+        elif self.major == "prepared":  # one box of (1 panel, part_rows, 128) per 128 columns of K: contiguous
             for kb in fx.range_constexpr(self.tile_k // row):
-                target = fx.local_tile(slot[None, (None, kb)], (part_rows, row), (part, 0))  # (part_rows, 64)
-                at = ((mn0 + part * part_rows) // PREPARED_ROWS, k0 // row + kb, 0, 0)
-                desc.load(target, at, barrier, multicast_mask=mask)
+                target = fx.local_tile(slot[None, (None, kb)], (part_rows, row), (part, 0))  # (part_rows, 128)
+                desc.load(target, (k0 // row + kb, mn0 + part * part_rows, 0), barrier, multicast_mask=mask)
         else:  # one box of (tile_k, 64) of the (K, MN) tensor per 64 rows of MN
             for mb in fx.range_constexpr(part_rows // row):
                 box = part * (part_rows // row) + mb
@@ -127,15 +116,11 @@ def allocate_operand(smem, name: str, desc, rows: int, tile_k: int, stages: int,
     row = SWIZZLE_BYTES // element_bytes
     if major == "MN" and (rows // parts) % row:
         raise ValueError(f"gemm_ws {name}: MN-major parts of {rows // parts} rows; expected multiples of {row}")
-    if major == "prepared" and (element_bytes != 1 or (rows // parts) % PREPARED_ROWS):
-        raise ValueError(
-            f"gemm_ws {name}: prepared weights are fp8 in parts of multiples of 8 rows, got {rows // parts}"
-        )
-    box, swizzle = operand_box(rows, tile_k, major, parts, element_bytes), swizzle_bytes(major)
-    if desc.box != box or desc.swizzle != swizzle:
-        raise ValueError(
-            f"gemm_ws {name}: expected TMA boxes of {box} with a {swizzle}B swizzle, got {desc.box} ({desc.swizzle}B)"
-        )
+    if major == "prepared" and element_bytes != 1:
+        raise ValueError(f"gemm_ws {name}: prepared weights are fp8, got {desc.dtype}")
+    box = operand_box(rows, tile_k, major, parts, element_bytes)
+    if desc.box != box or desc.swizzle != SWIZZLE_BYTES:
+        raise ValueError(f"gemm_ws {name}: expected TMA boxes of {box} with a 128B swizzle, got {desc.box}")
     layout = operand_layout(rows, tile_k, stages, major, element_bytes)
     return OperandTiles(desc, smem.allocate(desc.dtype, layout, alignment=1024), rows, tile_k, major, parts)
 
@@ -244,9 +229,9 @@ def copy_for_tma(t, kind: str | None):
 
 
 class TmaView(NamedTuple):
-    """An operand as TMA reads it: the ``matrix`` (extents: 2-D, or the 4-D blocks of prepared weights) with
-    ``strides`` (the last one 1), copied in boxes of ``box`` with the swizzle of :func:`swizzle_bytes`; ``major``:
-    "K" (the (MN, K) matrix), "MN" (the (K, MN) one) or "prepared" (the (N / 8, K / 64, 8, 64) blocks)."""
+    """An operand as TMA reads it: the ``matrix`` (extents: 2-D, or the 3-D panels of prepared weights) with
+    ``strides`` (the last one 1), copied in boxes of ``box`` with the 128B swizzle; ``major``: "K" (the (MN, K)
+    matrix), "MN" (the (K, MN) one) or "prepared" (the (K / 128, N, 128) panels)."""
 
     matrix: tuple
     strides: tuple
@@ -254,16 +239,11 @@ class TmaView(NamedTuple):
     box: tuple
     major: str
 
-    @property
-    def swizzle(self) -> int:
-        return swizzle_bytes(self.major)
-
     def spec_tile(self, aligned: bool = True):
         """Its ``fx.TmaTile`` over a ``flyc.TensorSpec`` (for compiling without a GPU; it cannot launch)."""
         import flydsl.compiler as flyc
 
-        spec = flyc.TensorSpec(self.matrix, self.dtype, self.strides, aligned=aligned)
-        return fx.TmaTile(spec, self.box, self.swizzle)
+        return fx.TmaTile(flyc.TensorSpec(self.matrix, self.dtype, self.strides, aligned=aligned), self.box)
 
 
 def operand_view(matrix: MatrixSpec, mn_dim: int, rows: int, tile_k: int, name: str) -> TmaView:
@@ -284,8 +264,8 @@ def operand_view(matrix: MatrixSpec, mn_dim: int, rows: int, tile_k: int, name: 
 
 
 def prepared_view(blocks: MatrixSpec, rows: int, name: str = "b") -> TmaView:
-    """The :class:`TmaView` of prepared fp8 weights (``blocks``: their (N / 8, K / 64, 8, 64) geometry, from
-    :func:`~flydsl.kernels.gemm.prepared.prepare_weight`), in boxes of one 64-byte K panel of ``rows`` rows."""
+    """The :class:`TmaView` of prepared fp8 weights (``blocks``: their (K / 128, N, 128) panels' geometry, from
+    :func:`~flydsl.kernels.gemm.prepared.prepare_weight`), in boxes of ``rows`` rows of one panel."""
     view = TmaView(blocks.shape, blocks.strides, blocks.dtype, (), "prepared")
     view = view._replace(box=operand_box(rows, 0, "prepared", element_bytes=OPERAND_BYTES[blocks.dtype]))
     return _checked(view, blocks.aligned, name)
@@ -293,7 +273,7 @@ def prepared_view(blocks: MatrixSpec, rows: int, name: str = "b") -> TmaView:
 
 def _checked(view: TmaView, aligned: bool, name: str) -> TmaView:
     try:  # TmaTile's own checks, on an address of the same alignment
-        fx.TmaTile.of_memory(0 if aligned else 2, view.matrix, view.strides, view.dtype, view.box, view.swizzle)
+        fx.TmaTile.of_memory(0 if aligned else 2, view.matrix, view.strides, view.dtype, view.box)
     except ValueError as error:
         raise ValueError(f"gemm {name}: {error}") from None
     return view
@@ -310,10 +290,7 @@ def tma_tile(t, view: TmaView) -> fx.TmaTile:
     key = (pointer, view)
     tile = _TILES.get(key)
     if tile is None:
-        device = t.get_device()
-        tile = fx.TmaTile.of_memory(
-            pointer, view.matrix, view.strides, view.dtype, view.box, view.swizzle, device=device
-        )
+        tile = fx.TmaTile.of_memory(pointer, view.matrix, view.strides, view.dtype, view.box, device=t.get_device())
         if len(_TILES) >= _TILES_LIMIT:
             _TILES.pop(next(iter(_TILES)))
         _TILES[key] = tile

@@ -171,7 +171,7 @@ def plan_gemm(
     """The plan of ``gemm(a, b, out, config, bias=bias, activation=activation)`` for arguments of this geometry
     (checked already: ``check_arguments``) on a GPU of ``sms`` SMs: decode-sized M with K-major weights streams them,
     every other call takes the warp-specialized kernel. ``scales``: up to two (Scale, MatrixSpec) pairs, the
-    epilogue's float32 scales and their tensors' geometry (checked here). ``b`` may be the 4-D geometry of prepared
+    epilogue's float32 scales and their tensors' geometry (checked here). ``b`` may be the 3-D geometry of prepared
     fp8 weights (:func:`~flydsl.kernels.gemm.prepared.prepare_weight`; N is then ``out``'s)."""
     m = a.shape[0]
     weights_k_major = _prepared(b) or b.strides[0] == 1
@@ -193,8 +193,8 @@ def _skinny_takes(a: MatrixSpec, b: MatrixSpec, scales: tuple) -> bool:
 
 
 def _prepared(b: MatrixSpec) -> bool:
-    """``b`` is the geometry of prepared weights (their (N / 8, K / 64, 8, 64) blocks)."""
-    return len(b.shape) == 4
+    """``b`` is the geometry of prepared weights (their (K / 128, N, 128) panels)."""
+    return len(b.shape) == 3
 
 
 def plan_dense(
@@ -212,7 +212,7 @@ def plan_dense(
     16-byte aligned rows where TMA cannot read them as they are, each CTA of a cluster loading its part of the
     shared tile (B's along M, A's along N), C through the TMA store where it applies, at most one CTA per SM (all of
     them with stream-K), and the partial tiles' scratch for split K and stream-K. Prepared weights are read as they
-    are (a 4-D TMA view of their blocks)."""
+    are (a 3-D TMA view of their panels)."""
     (m, k), n = a.shape, out.shape[1]
     operand_bytes = OPERAND_BYTES[a.dtype]
     cfg = config or (choose_config if operand_bytes == 2 else choose_fp8_config)(m, n, k, sms)

@@ -18,8 +18,8 @@ MMAs) and sum their fp32 accumulators through shared memory. With ``splits`` > 1
 many CTAs, which write fp32 partials that :func:`flydsl.kernels.gemm.split_k_reduce` sums through the epilogue
 (for shapes with too few weight rows to fill the GPU otherwise).
 
-Prepared fp8 weights (:mod:`~flydsl.kernels.gemm.prepared`: blocks of 8 rows x 64 bytes of K) are read in the same
-order, each warp load one block's 512 contiguous bytes.
+Prepared fp8 weights (:mod:`~flydsl.kernels.gemm.prepared`: (K / 128, N, 128) panels) are read in the same order,
+the 8 rows of a warp load in one contiguous kilobyte.
 
 Weights are read with ``ld.global.nc.L1::no_allocate`` (read once: they should not evict the activations from L1;
 with ``.L2::256B`` prefetches); activations with ``ld.global.nc`` (re-read by every CTA: from L2, or L1). 16-byte
@@ -111,8 +111,7 @@ class SkinnyVariant(NamedTuple):
     """What :func:`skinny_gemm_kernel` is specialized on besides its configuration: ``vector_loads`` (rows 16-byte
     aligned and K % 8 == 0: 16-byte loads), the :class:`~flydsl.kernels.gemm.epilogue.Epilogue` (no scales, stored
     from registers), ``two_halves`` (M > 8: rows 8..15 of the MMA are loaded, else zeros) and ``prepared`` (``w`` is
-    prepared fp8 weights, the (N / 8, K / 64, 8, 64) blocks of :mod:`~flydsl.kernels.gemm.prepared`: each warp load
-    reads one block's 512 contiguous bytes)."""
+    prepared fp8 weights, the (K / 128, N, 128) panels of :mod:`~flydsl.kernels.gemm.prepared`)."""
 
     vector_loads: bool
     epilogue: Epilogue
@@ -123,11 +122,11 @@ class SkinnyVariant(NamedTuple):
 def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None, prepared: bool = False):
     """This lane's 16 bytes ``t[row, k ..]`` (8 16-bit or 16 fp8 elements) as 4 words; zeros where past
     ``k_extent`` when ``masked``. fp8 operands take 16-byte loads only (``vec``: memory holds no fp8 scalars).
-    ``prepared``: ``t`` is prepared weights' blocks, element (row, k) at ``t[row // 8, k // 64, row % 8, k % 64]``."""
+    ``prepared``: ``t`` is prepared weights' panels, element (row, k) at ``t[k // 128, row, k % 128]``."""
     if fx.const_expr(vec):
         inside = k < k_extent if fx.const_expr(masked) else None
         at = arith.select(inside, k, 0) if fx.const_expr(masked) else k  # (chunks are whole: in or out together)
-        coords = (row // 8, at // 64, row % 8, at % 64) if fx.const_expr(prepared) else (row, at)
+        coords = (at // 128, row, at % 128) if fx.const_expr(prepared) else (row, at)
         words = nvvm.ld_global_nc(t, coords, 16, l1=l1, prefetch=prefetch)
         return arith.select(inside, words, _WORDS(0)) if fx.const_expr(masked) else words
     elements = []
@@ -193,7 +192,7 @@ def _mmas(words, accs, cfg, dtype):
 def skinny_gemm_kernel(
     a: fx.Tensor, w: fx.Tensor, c: fx.Tensor, bias: fx.Tensor, cfg: fx.Constexpr, variant: fx.Constexpr
 ):
-    """``c = epilogue(a @ w^T)`` for a (M <= 16, K) and w (N, K), both K-contiguous (or w prepared weights' blocks);
+    """``c = epilogue(a @ w^T)`` for a (M <= 16, K) and w (N, K), both K-contiguous (or w prepared weights' panels);
     ``variant`` a :class:`SkinnyVariant`. With ``cfg.splits`` > 1, ``c`` is the (splits * M, N) fp32 partials (no
     epilogue: ``bias`` unread; :func:`~flydsl.kernels.gemm.partials.split_k_reduce` applies it)."""
     epilogue = variant.epilogue
@@ -240,11 +239,10 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
     m_extent = a.shape[0].to(fx.Int32)
     n_extent = c.shape[1].to(fx.Int32)
     k_extent = a.shape[1].to(fx.Int32)
-    weight_rows = (w.shape[0] * 8).to(fx.Int32) if fx.const_expr(prepared) else n_extent  # (blocks: zero padded)
     n0 = gpu.block_idx.x * cfg.rows
-    # Rows past N read the last row and rows past M row M - 1: their results land in columns / rows never stored.
+    # Rows past N read row N - 1 and rows past M row M - 1: their results land in columns / rows never stored.
     first_row = n0 + warp_n * (8 * cfg.groups) + lane_q
-    rows_w = [arith.minimum(first_row + 8 * g, weight_rows - 1) for g in range(cfg.groups)]
+    rows_w = [arith.minimum(first_row + 8 * g, n_extent - 1) for g in range(cfg.groups)]
     row_a0 = arith.minimum(lane_q, m_extent - 1)
     row_a1 = arith.minimum(lane_q + 8, m_extent - 1)
 
