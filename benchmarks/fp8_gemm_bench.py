@@ -245,6 +245,51 @@ def explore_skinny(torch, do_bench, cases, repeats) -> int:
     return 0
 
 
+def summarize(results) -> dict:
+    """The record's summary: issue 32's bars over ``results``."""
+    ratios = [r["ratio_vs_rowwise"] for r in results]
+    big = [r["ratio_vs_rowwise"] for r in results if r["m"] >= 2048]
+    small = [r for r in results if r["m"] <= 16]
+    summary = {
+        "geomean_ratio_m_ge_2048": statistics.geometric_mean(big) if big else None,
+        "geomean_ratio_all": statistics.geometric_mean(ratios),
+        "min_ratio": min(ratios),
+        "m_le_16_min_fraction_of_copy": min(r["fraction_of_copy"] for r in small) if small else None,
+        "m_le_16_geomean_ratio": statistics.geometric_mean([r["ratio_vs_rowwise"] for r in small]) if small else None,
+        "geomean_ratio_vs_tensorwise": statistics.geometric_mean([r["ratio_vs_tensorwise"] for r in results]),
+        "m_le_16_min_fraction_of_copy_streamed": (
+            min(r["fraction_of_copy_streamed"] for r in small) if small else None
+        ),
+        "m_le_16_prepared_min_fraction_of_copy_streamed": (
+            min(r["prepared_fraction_of_copy_streamed"] for r in small) if small else None
+        ),
+        "prepared_min_speedup_vs_plain": min(r["prepared_speedup_vs_plain"] for r in results),
+        "prepared_geomean_speedup_vs_plain": statistics.geometric_mean(
+            [r["prepared_speedup_vs_plain"] for r in results]
+        ),
+        "prepared_geomean_ratio_all": statistics.geometric_mean([r["prepared_ratio_vs_rowwise"] for r in results]),
+        "prepared_equals_plain_everywhere": all(r["prepared_equals_plain"] for r in results),
+    }
+    return summary
+
+
+def merge(paths, output) -> int:
+    """Joins the records at ``paths`` (the same commit and GPU) into ``output`` with the summary recomputed."""
+    from record import save
+
+    records = [json.loads(open(path).read()) for path in paths]
+    first = records[0]
+    for other in records[1:]:
+        if (other["git_commit"], other["gpu"]) != (first["git_commit"], first["gpu"]):
+            raise SystemExit(f"fp8_gemm_bench --merge: records of different commits or GPUs: {paths}")
+    joined = dict(first, results=[r for record in records for r in record["results"]])
+    joined["command"] = " && ".join(record["command"] for record in records)
+    joined["summary"] = summarize(joined["results"])
+    save(output, joined)
+    print(json.dumps(joined["summary"]))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="issue 32's 70 shapes after the square ones")
@@ -262,10 +307,19 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--explore-skinny", action="store_true", help="instead: time the skinny kernel's configurations (M <= 16)"
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="instead: join these records of one commit (a sweep split over calls) into --json, summary recomputed",
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
     sweep_nk = [tuple(map(int, pair.split("x"))) for pair in args.nk] if args.nk else SWEEP_NK
+
+    if args.merge:
+        return merge(args.merge, args.json)
 
     import torch
     from triton.testing import do_bench
@@ -294,29 +348,7 @@ def main(argv=None) -> int:
             f"  {r['rel_error_vs_f32']:>7.1e}  {r['chosen_config']}",
             flush=True,
         )
-    ratios = [r["ratio_vs_rowwise"] for r in results]
-    big = [r["ratio_vs_rowwise"] for r in results if r["m"] >= 2048]
-    small = [r for r in results if r["m"] <= 16]
-    summary = {
-        "geomean_ratio_m_ge_2048": statistics.geometric_mean(big) if big else None,
-        "geomean_ratio_all": statistics.geometric_mean(ratios),
-        "min_ratio": min(ratios),
-        "m_le_16_min_fraction_of_copy": min(r["fraction_of_copy"] for r in small) if small else None,
-        "m_le_16_geomean_ratio": statistics.geometric_mean([r["ratio_vs_rowwise"] for r in small]) if small else None,
-        "geomean_ratio_vs_tensorwise": statistics.geometric_mean([r["ratio_vs_tensorwise"] for r in results]),
-        "m_le_16_min_fraction_of_copy_streamed": (
-            min(r["fraction_of_copy_streamed"] for r in small) if small else None
-        ),
-        "m_le_16_prepared_min_fraction_of_copy_streamed": (
-            min(r["prepared_fraction_of_copy_streamed"] for r in small) if small else None
-        ),
-        "prepared_min_speedup_vs_plain": min(r["prepared_speedup_vs_plain"] for r in results),
-        "prepared_geomean_speedup_vs_plain": statistics.geometric_mean(
-            [r["prepared_speedup_vs_plain"] for r in results]
-        ),
-        "prepared_geomean_ratio_all": statistics.geometric_mean([r["prepared_ratio_vs_rowwise"] for r in results]),
-        "prepared_equals_plain_everywhere": all(r["prepared_equals_plain"] for r in results),
-    }
+    summary = summarize(results)
     print(json.dumps(summary))
     if args.json:
         method = (
