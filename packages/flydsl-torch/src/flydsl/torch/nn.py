@@ -50,9 +50,9 @@ class RMSNorm(torch.nn.RMSNorm):
 
 class Fp8Linear(torch.nn.Module):
     """An ``nn.Linear`` for inference on fp8: ``y = x @ W.t() + bias`` with W quantized to e4m3 once, per output
-    channel, and laid out once in the blocks both fp8 kernels load (``prepared=True``, the default:
-    ``flydsl.kernels.gemm.prepare_weight``; ``weight`` is then the (ceil(in / 128), out, 128) K panels,
-    else the (out, in) matrix; float8_e4m3fn), with ``weight_scale`` (1, out) float32 (buffers: a ``state_dict``
+    channel (``weight``: the (out, in) float8_e4m3fn matrix; with ``prepared=True`` laid out once as the
+    (ceil(in / 128), out, 128) K panels of ``flydsl.kernels.gemm.prepare_weight``: no faster overall on the H200,
+    docs/kernels-zoo.md#prepared-weights), with ``weight_scale`` (1, out) float32 (buffers: a ``state_dict``
     holds them); the activations quantized on the fly by one fused kernel, per token (``granularity="token"``, the
     default) or per tensor; both feed ``torch.ops.flydsl.fp8_gemm_prepared`` (or ``fp8_gemm``), whose output has
     x's dtype (bf16 or fp16; float32 inputs give float32). ``forward(x, scale)`` takes x already quantized (fp8,
@@ -71,14 +71,14 @@ class Fp8Linear(torch.nn.Module):
         device=None,
         dtype=None,
         granularity="token",
-        prepared: bool = True,
+        prepared: bool = False,
     ):
         super().__init__()
         linear = torch.nn.Linear(in_features, out_features, bias, device=device, dtype=dtype or torch.bfloat16)
         self._adopt(linear, granularity, prepared)
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, granularity: str = "token", prepared: bool = True) -> Fp8Linear:
+    def from_linear(cls, linear: torch.nn.Linear, granularity: str = "token", prepared: bool = False) -> Fp8Linear:
         """An Fp8Linear of ``linear``'s weights (quantized per output channel) and bias (kept in its dtype)."""
         layer = cls.__new__(cls)
         torch.nn.Module.__init__(layer)
