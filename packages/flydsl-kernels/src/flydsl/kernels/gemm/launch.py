@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+import flydsl.compiler as flyc
 from flydsl.kernels import validation as check
 from flydsl.kernels.device import sm_count
 from flydsl.kernels.gemm.arguments import (
@@ -26,30 +27,35 @@ from flydsl.kernels.gemm.operands import MatrixSpec, copy_for_tma, tma_tile
 from flydsl.kernels.gemm.plan import GemmPlan, Scratch, Tensor, Tma, plan_gemm, plan_skinny
 from flydsl.kernels.gemm.prepared import PreparedWeight, check_prepared
 from flydsl.kernels.gemm.skinny import SkinnyConfig
+from flydsl.kernels.gemm.tuning import tuned_plan
 from flydsl.kernels.memory import per_stream
 from flydsl.kernels.plans import Plans, signature
 
 __all__ = ["fp8_gemm", "gemm", "launch_plan", "skinny_gemm"]
 
 
-def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None):
+def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None, autotune=None):
     """``out = activation(a @ b + bias)`` for torch tensors on one GPU: a (M, K), b (K, N), bf16 or fp16 (both the
     same), each row- or column-major; ``bias`` (N,) contiguous, in a's dtype or float32; ``activation`` None,
     "relu", "gelu" (erf) or "silu", applied in float32 before the conversion to ``out``'s dtype; ``out`` (M, N)
     row-major bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: the tile configuration (default:
     :func:`~flydsl.kernels.gemm.config.choose_config`; with none given, M <= 16 and nn.Linear weights ``w.t()``
-    stream the weights through the skinny kernel)."""
-    return _call(_GEMM, plan_gemm, check_arguments, a, b, out, config, bias, activation)
+    stream the weights through the skinny kernel). ``autotune``: time candidate configurations on the first call of
+    a signature instead of taking the cost model's (:mod:`~flydsl.kernels.gemm.tuning`; None: as ``FLYDSL_AUTOTUNE``
+    says, read when a signature is first planned; no effect with a ``config``)."""
+    return _call(_GEMM, plan_gemm, check_arguments, a, b, out, config, bias, activation, autotune)
 
 
-def skinny_gemm(a, b, out=None, config: SkinnyConfig | None = None, *, bias=None, activation: str | None = None):
+def skinny_gemm(
+    a, b, out=None, config: SkinnyConfig | None = None, *, bias=None, activation: str | None = None, autotune=None
+):
     """``out = activation(a @ b + bias)`` for M <= 16, as :func:`gemm`: a (M, K) and b (K, N) torch tensors on one
     GPU, bf16 or fp16 (both the same); ``b`` column-major (``w.t()`` of nn.Linear weights w (N, K)); ``a`` row- or
     column-major (the latter copied: M x K is small); ``bias`` (N,) contiguous, in a's dtype or float32;
     ``activation`` None, "relu", "gelu" (erf) or "silu", applied in float32; ``out`` (M, N) row-major
     bf16/fp16/fp32, allocated in a's dtype when not given. ``config``: default
-    :func:`~flydsl.kernels.gemm.skinny.choose_skinny_config`."""
-    return _call(_SKINNY, plan_skinny, check_skinny, a, b, out, config, bias, activation)
+    :func:`~flydsl.kernels.gemm.skinny.choose_skinny_config`; ``autotune`` as :func:`gemm`'s."""
+    return _call(_SKINNY, plan_skinny, check_skinny, a, b, out, config, bias, activation, autotune)
 
 
 def fp8_gemm(
@@ -63,6 +69,7 @@ def fp8_gemm(
     bias=None,
     activation: str | None = None,
     out_dtype=None,
+    autotune=None,
 ):
     """``out = activation((scale_a * a) @ (b * scale_b) + bias)`` for fp8 torch tensors on one GPU: a (M, K) and b
     (K, N) float8_e4m3fn or float8_e5m2 (each its own), K a multiple of 16, each row- or column-major (fp8 MMAs read
@@ -74,12 +81,12 @@ def fp8_gemm(
     :func:`~flydsl.kernels.gemm.prepared.prepare_weight` (a :class:`~flydsl.kernels.gemm.prepared.PreparedWeight`).
     ``out`` (M, N) row-major bf16/fp16/fp32, allocated in ``out_dtype`` (default bfloat16) when not given.
     ``config``: the tile configuration (default :func:`~flydsl.kernels.gemm.config.choose_fp8_config`; its ``tile_k``
-    a multiple of 128)."""
+    a multiple of 128); ``autotune`` as :func:`gemm`'s."""
     dtype_key = None if out_dtype is None else str(out_dtype)
     prepared = type(b) is PreparedWeight
     weights = b.data if prepared else b  # (a prepared weight's extents: in the key after the config)
     key = signature(a, weights, scale_a, scale_b, out, bias, activation, dtype_key)
-    key = None if key is None else key + (config, b.shape if prepared else None)
+    key = None if key is None else key + (config, b.shape if prepared else None, autotune)
     plan = _FP8.get(key)
     if plan is not None:
         return plan(a, weights, scale_a, scale_b, out, bias)
@@ -104,14 +111,14 @@ def fp8_gemm(
     scale_tensors = planned.flat(scale_a, scale_b)
     specs = MatrixSpec.of(a, "a"), MatrixSpec.of(weights, "b"), MatrixSpec.of(result, "out")
     scale_specs = MatrixSpec.of(scale_tensors[0], "scale_a"), MatrixSpec.of(scale_tensors[1], "scale_b")
-    gemm_plan = plan_gemm(
-        *specs,
-        sms=sm_count(a.get_device()),
-        bias=None if bias is None else MatrixSpec.of(bias, "bias"),
-        activation=activation,
-        scales=tuple(zip(scales, scale_specs, strict=True)),
-        config=config,
-    )
+    bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")
+    scales = tuple(zip(scales, scale_specs, strict=True))
+    options = dict(sms=sm_count(a.get_device()), bias=bias_spec, activation=activation, scales=scales)
+    if config is None and flyc.autotune.enabled(autotune):
+        run = lambda p: launch_plan(p, a, weights, result, bias, scale_tensors)  # noqa: E731
+        gemm_plan = tuned_plan(*specs, run, device=a.get_device(), **options)
+    else:
+        gemm_plan = plan_gemm(*specs, config=config, **options)
     _FP8.add(key, planned._replace(plan=gemm_plan))
     return launch_plan(gemm_plan, a, weights, result, bias, scale_tensors)
 
@@ -139,12 +146,13 @@ _SKINNY = Plans("flydsl.kernels.skinny_gemm")
 _FP8 = Plans("flydsl.kernels.fp8_gemm")
 
 
-def _call(plans: Plans, planner, check, a, b, out, config, bias, activation):
+def _call(plans: Plans, planner, check, a, b, out, config, bias, activation, autotune):
     """One GEMM entry point's call: the plan of its signature (the tensors' shapes, strides, dtypes, alignment and
-    devices, the epilogue and the configuration: :mod:`flydsl.kernels.plans`), else the arguments checked and
-    ``planner``'s plan (:func:`~flydsl.kernels.gemm.plan.plan_gemm` or ``plan_skinny``) made and kept."""
+    devices, the epilogue, the configuration and ``autotune``: :mod:`flydsl.kernels.plans`), else the arguments
+    checked and ``planner``'s plan (:func:`~flydsl.kernels.gemm.plan.plan_gemm` or ``plan_skinny``; tuned where
+    autotuning is on and no configuration is given) made and kept."""
     key = signature(a, b, out, bias, activation)
-    key = None if key is None else key + (config,)
+    key = None if key is None else key + (config, autotune)
     plan = plans.get(key)
     if plan is not None:
         return plan(a, b, out, bias)
@@ -157,7 +165,12 @@ def _call(plans: Plans, planner, check, a, b, out, config, bias, activation):
         return zero_product(out, bias, activation)
     bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")
     specs = MatrixSpec.of(a, "a"), MatrixSpec.of(b, "b"), MatrixSpec.of(out, "out")
-    gemm_plan = planner(*specs, sms=sm_count(a.get_device()), bias=bias_spec, activation=activation, config=config)
+    options = dict(sms=sm_count(a.get_device()), bias=bias_spec, activation=activation)
+    if config is None and flyc.autotune.enabled(autotune):
+        run = lambda p: launch_plan(p, a, b, out, bias)  # noqa: E731
+        gemm_plan = tuned_plan(*specs, run, planner=planner, device=a.get_device(), **options)
+    else:
+        gemm_plan = planner(*specs, config=config, **options)
     plans.add(key, functools.partial(_planned, gemm_plan, (m, n)))
     launch_plan(gemm_plan, a, b, out, bias)
     return given if given is not None else out

@@ -95,7 +95,7 @@ def skinny_candidates(m: int, n: int, k: int, sms: int, element_bytes: int = 2) 
     1): no K splits (the scaled kernel does not split K), the cost model's choice included."""
     if element_bytes not in (1, 2):
         raise ValueError(f"skinny_candidates: element_bytes must be 1 (fp8) or 2 (bf16/fp16), got {element_bytes}")
-    first = choose_skinny_config(m, n, k * element_bytes // 2, sms)
+    first = choose_skinny_config(m, n, k * element_bytes // 2, sms, element_bytes)
     if element_bytes == 1:
         first = dataclasses.replace(first, splits=1)
     replace = functools.partial(dataclasses.replace, first)
