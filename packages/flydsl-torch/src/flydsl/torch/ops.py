@@ -20,8 +20,8 @@ weight, eps)``
 ``gemm(a, b, bias, activation)``          ``activation(a @ b + bias)`` (bf16/fp16; the Hopper GEMM)
 ``fp8_gemm(a, b, scale_a, scale_b, bias,  ``activation((scale_a * a) @ (b * scale_b) + bias)`` in ``out_dtype``
 activation, out_dtype)``                  (default bf16; fp8 a, b; flydsl.kernels.gemm.fp8_gemm)
-``fp8_gemm_prepared(a, blocks, n,        ``fp8_gemm`` with weights prepared by ``flydsl.kernels.gemm.prepare_weight``
-scale_a, scale_b, bias, activation,       (``blocks``: its ``data``, ``n``: the output features)
+``fp8_gemm_prepared(a, panels, n,        ``fp8_gemm`` with weights prepared by ``flydsl.kernels.gemm.prepare_weight``
+scale_a, scale_b, bias, activation,       (``panels``: its ``data``, ``n``: the output features)
 out_dtype)``
 ``quantize_fp8(x, granularity, dtype)``   ``(x_fp8, scales)`` (flydsl.kernels.quantize; x viewed as (rows, N))
 ========================================= ===================================================================
@@ -465,31 +465,31 @@ def fp8_gemm(
     kernel(a, b, scale_a, scale_b, out, bias=None if bias is None else bias.contiguous(), activation=activation)
 
 
-def _prepared(blocks: Tensor, k: int, n: int):
+def _prepared(panels: Tensor, k: int, n: int):
     from flydsl.kernels.gemm.prepared import PreparedWeight
 
-    return PreparedWeight(blocks, k, n)
+    return PreparedWeight(panels, k, n)
 
 
-def _check_fp8_gemm_prepared(a, blocks, n, scale_a, scale_b, bias, activation, out_dtype) -> None:
+def _check_fp8_gemm_prepared(a, panels, n, scale_a, scale_b, bias, activation, out_dtype) -> None:
     from flydsl.kernels.gemm.prepared import check_prepared
 
     who = "flydsl.fp8_gemm_prepared"
     check.torch_tensor(who, "a", a)
     if a.dim() != 2:
         raise ValueError(f"{who}: a: expected a 2-D matrix, got shape {tuple(a.shape)}")
-    stand_in = check_prepared(who, _prepared(blocks, a.shape[1], n))
+    stand_in = check_prepared(who, _prepared(panels, a.shape[1], n))
     _check_fp8_gemm(a, stand_in, scale_a, scale_b, bias, activation, out_dtype)
 
 
 @register_op(
     "fp8_gemm_prepared",
-    outputs=lambda a, blocks, n, sa, sb, bias, activation, out_dtype: (((a.shape[0], n), out_dtype or torch.bfloat16),),
+    outputs=lambda a, panels, n, sa, sb, bias, activation, out_dtype: (((a.shape[0], n), out_dtype or torch.bfloat16),),
     check=_check_fp8_gemm_prepared,
 )
 def fp8_gemm_prepared(
     a: Tensor,
-    blocks: Tensor,
+    panels: Tensor,
     n: int,
     scale_a: Tensor,
     scale_b: Tensor,
@@ -499,10 +499,10 @@ def fp8_gemm_prepared(
     *,
     out: Tensor,
 ) -> None:
-    """``fp8_gemm`` with prepared weights: ``blocks`` the ``data`` of ``prepare_weight(b)`` for a (K, n) ``b``."""
+    """``fp8_gemm`` with prepared weights: ``panels`` the ``data`` of ``prepare_weight(b)`` for a (K, n) ``b``."""
     from flydsl.kernels.gemm import fp8_gemm as kernel
 
-    b = _prepared(blocks, a.shape[1], n)
+    b = _prepared(panels, a.shape[1], n)
     kernel(a, b, scale_a, scale_b, out, bias=None if bias is None else bias.contiguous(), activation=activation)
 
 

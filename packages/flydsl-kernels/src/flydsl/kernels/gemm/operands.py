@@ -263,12 +263,12 @@ def operand_view(matrix: MatrixSpec, mn_dim: int, rows: int, tile_k: int, name: 
     return _checked(view, matrix.aligned, name)
 
 
-def prepared_view(blocks: MatrixSpec, rows: int, name: str = "b") -> TmaView:
-    """The :class:`TmaView` of prepared fp8 weights (``blocks``: their (K / 128, N, 128) panels' geometry, from
+def prepared_view(panels: MatrixSpec, rows: int, name: str = "b") -> TmaView:
+    """The :class:`TmaView` of prepared fp8 weights (``panels``: their (K / 128, N, 128) panels' geometry, from
     :func:`~flydsl.kernels.gemm.prepared.prepare_weight`), in boxes of ``rows`` rows of one panel."""
-    view = TmaView(blocks.shape, blocks.strides, blocks.dtype, (), "prepared")
-    view = view._replace(box=operand_box(rows, 0, "prepared", element_bytes=OPERAND_BYTES[blocks.dtype]))
-    return _checked(view, blocks.aligned, name)
+    view = TmaView(panels.shape, panels.strides, panels.dtype, (), "prepared")
+    view = view._replace(box=operand_box(rows, 0, "prepared", element_bytes=OPERAND_BYTES[panels.dtype]))
+    return _checked(view, panels.aligned, name)
 
 
 def _checked(view: TmaView, aligned: bool, name: str) -> TmaView:
