@@ -9,10 +9,11 @@ columns of K (docs/kernels-zoo.md#prepared-weights has the picture)::
 Why this order: the warp-specialized kernel's TMA box of a B tile (its CTA's rows x one 128-byte swizzled row of K)
 is one contiguous piece of a panel instead of rows K bytes apart, and lands in shared memory exactly as a plain
 weight's does (the same 128B-swizzled slots, the same wgmma); the M <= 16 kernel's warp load (8 rows x 64 bytes) is
-half of one contiguous kilobyte. The padding holds zeros: K past K adds 0. Measured on the H200 (fp8_gemm/2026-12-03_a559724.json): the same bits as
-plain weights, 1.006x their speed geomean (1-3% faster at M 64-512, 2-5% slower at M >= 2048). An earlier order in
-512-byte blocks of 8 rows x 64 bytes (every skinny warp load one block) gained nothing on the skinny kernel and cost
-the warp-specialized kernel 0-9% through the 64B swizzle its panels need, so it was dropped.
+half of one contiguous kilobyte. The padding holds zeros: K past K adds 0. Measured on the H200
+(fp8_gemm/2026-12-03_a559724.json): the same bits as plain weights, 1.006x their speed geomean (1-3% faster at M
+64-512, 2-5% slower at M >= 2048). An earlier order in 512-byte blocks of 8 rows x 64 bytes (every skinny warp load
+one block) gained nothing on the skinny kernel and cost the warp-specialized kernel 0-9% through the 64B swizzle its
+panels need, so it was dropped.
 """
 
 from __future__ import annotations
