@@ -18,13 +18,22 @@ import sys
 KERNELS = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm", "gemm")
 
 
-def median_ms(fn, reps: int, warmup: int = 3, queued: bool = False, sleep_cycles: int = 200_000) -> float:
+_FLUSH_BYTES = 256 << 20  # over four times the H200's 60 MB L2
+
+
+def median_ms(
+    fn, reps: int, warmup: int = 3, queued: bool = False, sleep_cycles: int = 200_000, flush: bool = False
+) -> float:
     """The median of ``reps`` CUDA-event timings of ``fn()`` (ms), after ``warmup`` calls: each call timed alone, so
     a kernel's time, not the launch rate (the benchmarks under benchmarks/ use it too). ``queued``: each timed call
     waits behind a sleep kernel (``torch.cuda._sleep(sleep_cycles)``: ~100 us at 1980 MHz), so that the host's launch
     latency (Python checks, allocations, several launches) is hidden as in a training step's queue: the op's GPU
-    time (as long as the host enqueues the op within the sleep)."""
+    time (as long as the host enqueues the op within the sleep). ``flush``: 256 MB are written before each timed call
+    (outside its events), so that it reads its inputs from memory, not from L2 (as a layer's weights are in a model
+    step, the other layers having run in between)."""
     import torch
+
+    scratch = torch.empty(_FLUSH_BYTES if flush else 0, dtype=torch.uint8, device="cuda")
 
     for _ in range(warmup):
         fn()
@@ -33,6 +42,8 @@ def median_ms(fn, reps: int, warmup: int = 3, queued: bool = False, sleep_cycles
     for _ in range(reps):
         if queued:
             torch.cuda._sleep(sleep_cycles)
+        if flush:
+            scratch.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
