@@ -33,7 +33,7 @@ def median_ms(
     step, the other layers having run in between)."""
     import torch
 
-    scratch = torch.empty(_FLUSH_BYTES if flush else 0, dtype=torch.uint8, device="cuda")
+    scratch = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush else None
 
     for _ in range(warmup):
         fn()

@@ -124,11 +124,12 @@ def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None,
     ``k_extent`` when ``masked``. fp8 operands take 16-byte loads only (``vec``: memory holds no fp8 scalars).
     ``prepared``: ``t`` is prepared weights' panels, element (row, k) at ``t[k // 128, row, k % 128]``."""
     if fx.const_expr(vec):
-        inside = k < k_extent if fx.const_expr(masked) else None
-        at = arith.select(inside, k, 0) if fx.const_expr(masked) else k  # (chunks are whole: in or out together)
-        coords = (at // 128, row, at % 128) if fx.const_expr(prepared) else (row, at)
-        words = nvvm.ld_global_nc(t, coords, 16, l1=l1, prefetch=prefetch)
-        return arith.select(inside, words, _WORDS(0)) if fx.const_expr(masked) else words
+        at = lambda k: (k // 128, row, k % 128) if fx.const_expr(prepared) else (row, k)  # noqa: E731
+        if fx.const_expr(masked):  # chunks are whole (K a multiple of a chunk): in or out together; row start when out
+            inside = k < k_extent
+            words = nvvm.ld_global_nc(t, at(arith.select(inside, k, 0)), 16, l1=l1, prefetch=prefetch)
+            return arith.select(inside, words, _WORDS(0))
+        return nvvm.ld_global_nc(t, at(k), 16, l1=l1, prefetch=prefetch)
     elements = []
     for j in fx.range_constexpr(8):  # unaligned rows: one element at a time, each masked
         inside = k + j < k_extent

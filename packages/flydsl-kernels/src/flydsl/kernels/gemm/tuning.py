@@ -189,7 +189,7 @@ def tuned_plan(
     default = planner(a, b, out, **options)
     if default is None:  # (plan_skinny declining: nothing of its own to tune)
         return default
-    (m, k), n = a.shape, b.shape[1]
+    (m, k), n = a.shape, out.shape[1]  # (out's: b may be prepared weights' panels)
     element_bytes = OPERAND_BYTES[a.dtype]
     bucket = flyc.autotune.bucket(m)
     if default.route == "skinny":
