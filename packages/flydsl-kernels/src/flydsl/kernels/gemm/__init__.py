@@ -5,6 +5,7 @@ with fp32 accumulation.
     c = gemm(a, b, bias=bias, activation="gelu")   # a (M, K), b (K, N): torch tensors on the GPU
     c = fp8_gemm(a8, w8.t(), scale_a, scale_w)     # fp8 a (M, K), w (N, K); scales per tensor, token or channel
     c = fp8_gemm(a8, prepare_weight(w8.t()), scale_a, scale_w)   # the same with weights prepared once
+    c = blockscale_gemm(a8, w8.t(), a_scales, w_scales)   # scales per 1 x 128 of a and 128 x 128 of w
 
 Two kernels: the warp-specialized persistent kernel (``gemm_ws``: TMA producer, wgmma consumers, 2-CTA clusters,
 split K / stream-K, TMA-store epilogue) and, for M <= 16 with ``nn.Linear`` weights, a weight-streaming
@@ -34,6 +35,7 @@ from flydsl.kernels.gemm.arguments import check_arguments, check_devices, zero_p
 from flydsl.kernels.gemm.config import (
     GemmConfig,
     candidate_configs,
+    choose_blockscale_config,
     choose_config,
     choose_fp8_config,
     estimated_seconds,
@@ -43,13 +45,13 @@ from flydsl.kernels.gemm.config import (
     staging_fits,
 )
 from flydsl.kernels.gemm.epilogue import ACTIVATIONS, Epilogue, EpilogueTensors, Scale
-from flydsl.kernels.gemm.launch import fp8_gemm, gemm, launch_plan, skinny_gemm
+from flydsl.kernels.gemm.launch import blockscale_gemm, fp8_gemm, gemm, launch_plan, skinny_gemm
 from flydsl.kernels.gemm.operands import MatrixSpec, operand_layout
 from flydsl.kernels.gemm.partials import split_k_reduce
-from flydsl.kernels.gemm.plan import GemmPlan, plan_gemm
+from flydsl.kernels.gemm.plan import GemmPlan, plan_blockscale, plan_gemm
 from flydsl.kernels.gemm.prepared import PreparedWeight, prepare_weight
 from flydsl.kernels.gemm.skinny import MAX_M, SkinnyConfig, choose_skinny_config, skinny_gemm_kernel
-from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_scaled
+from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_blockscaled, gemm_ws_scaled
 
 __all__ = [
     "ACTIVATIONS",
@@ -62,9 +64,11 @@ __all__ = [
     "PreparedWeight",
     "Scale",
     "SkinnyConfig",
+    "blockscale_gemm",
     "candidate_configs",
     "check_arguments",
     "check_devices",
+    "choose_blockscale_config",
     "choose_config",
     "choose_fp8_config",
     "choose_skinny_config",
@@ -73,10 +77,12 @@ __all__ = [
     "fp8_gemm",
     "gemm",
     "gemm_ws",
+    "gemm_ws_blockscaled",
     "gemm_ws_scaled",
     "launch_plan",
     "max_stages",
     "operand_layout",
+    "plan_blockscale",
     "plan_gemm",
     "prepare_weight",
     "skinny_gemm",

@@ -9,7 +9,14 @@ from __future__ import annotations
 from flydsl.kernels import validation as check
 from flydsl.kernels.gemm.skinny import MAX_M
 
-__all__ = ["check_arguments", "check_devices", "check_fp8_arguments", "check_skinny", "zero_product"]
+__all__ = [
+    "check_arguments",
+    "check_blockscale_arguments",
+    "check_devices",
+    "check_fp8_arguments",
+    "check_skinny",
+    "zero_product",
+]
 
 
 def check_devices(who: str, a, b, out=None, bias=None, **others) -> None:
@@ -40,6 +47,25 @@ def check_fp8_arguments(who: str, a, b, scale_a, scale_b, out, bias, activation)
     m, n, k = check.matmul(who, a, b, out, bias, activation, fp8=True)
     a_per = check.gemm_scale(who, "scale_a", scale_a, m, "row")
     return m, n, k, a_per, check.gemm_scale(who, "scale_b", scale_b, n, "column")
+
+
+def check_blockscale_arguments(who: str, a, b, a_scales, b_scales, out, bias, activation) -> tuple[int, int, int]:
+    """:func:`check_arguments` for block-scaled fp8 operands (as :func:`check_fp8_arguments`) and their scales:
+    ``a_scales`` (M, ceil(K / 128)) and ``b_scales`` (ceil(N / 128), ceil(K / 128)), float32 or UE8M0
+    (``torch.float8_e8m0fnu``), any non-negative strides. Returns ``(m, n, k)``."""
+    m, n, k = check.matmul(who, a, b, out, bias, activation, fp8=True)
+    blocks = -(-k // 128)
+    for name, scales, shape in (("a_scales", a_scales, (m, blocks)), ("b_scales", b_scales, (-(-n // 128), blocks))):
+        check.torch_tensor(who, name, scales)
+        if str(scales.dtype) not in ("torch.float32", "torch.float8_e8m0fnu"):
+            got = str(scales.dtype).removeprefix("torch.")
+            raise TypeError(f"{who}: {name}: expected float32 (or float8_e8m0fnu) scales, got {got}")
+        if tuple(scales.shape) != shape:
+            what = "one per row of a and 128 of K" if name == "a_scales" else "one per 128 x 128 block of b"
+            raise ValueError(f"{who}: {name}: expected shape {shape} ({what}), got {tuple(scales.shape)}")
+        if any(s < 0 for s in scales.stride()):
+            raise ValueError(f"{who}: {name}: expected non-negative strides, got {tuple(scales.stride())}")
+    return m, n, k
 
 
 def check_skinny(who: str, a, b, out, bias, activation) -> tuple[int, int, int]:

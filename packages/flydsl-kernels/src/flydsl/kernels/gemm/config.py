@@ -16,6 +16,7 @@ __all__ = [
     "STAGING_BOX",
     "GemmConfig",
     "candidate_configs",
+    "choose_blockscale_config",
     "choose_config",
     "choose_fp8_config",
     "estimated_seconds",
@@ -236,17 +237,18 @@ _SPLIT_TAIL_MARGIN = 1.05  # the model's gain a split last wave needs (docs/tuni
 
 
 @functools.cache
-def choose_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
+def choose_config(m: int, n: int, k: int, sms: int, tile_widths: tuple = (256, 192, 128, 64)) -> GemmConfig:
     """The configuration for an (m, n, k) problem on ``sms`` SMs: 64-row tiles (one consumer warpgroup) when M <= 64,
     2-CTA clusters whenever there are two tile rows to share B, and among the rest of :func:`candidate_configs`
     (tile width, split of K) the one :func:`estimated_seconds` ranks fastest; a split of the last wave
     (``split_tail``) only where the model has it at least :data:`_SPLIT_TAIL_MARGIN` faster than the best without it.
     Pingpong, stream-K and 256 x 128 tiles are left out: timed, they won too rarely for a model that cannot yet tell
-    where (docs/tuning/gemm.md#not-chosen)."""
+    where (docs/tuning/gemm.md#not-chosen). ``tile_widths``: the tile_n allowed."""
     configs = [
         cfg
         for cfg in candidate_configs(m, n, k, sms)
-        if (cfg.tile_m == 64) == (m <= 64)
+        if cfg.tile_n in tile_widths
+        and (cfg.tile_m == 64) == (m <= 64)
         and (cfg.cluster_m == 2 or -(-m // cfg.tile_m) < 2 or cfg.tile_n % 128)
         and cfg.schedule == "cooperative"
         and not cfg.stream_k
@@ -274,3 +276,11 @@ def choose_fp8_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     operand bytes per K step, twice the tensor cores' rate), so it is :func:`choose_config`'s for K / 2 in K steps of
     128 (:func:`fp8_config`)."""
     return fp8_config(choose_config(m, n, -(-k // 2), sms))
+
+
+@functools.cache
+def choose_blockscale_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
+    """The configuration of a block-scaled fp8 GEMM: :func:`choose_fp8_config`'s among tiles at most 128 wide. Each
+    consumer thread holds a K block's accumulators beside the float32 sums (``tile_n`` registers per 64 rows), and a
+    tile must take one scale per 128-column block of B."""
+    return fp8_config(choose_config(m, n, -(-k // 2), sms, tile_widths=(128, 64)))

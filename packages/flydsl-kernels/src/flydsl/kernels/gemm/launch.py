@@ -16,6 +16,7 @@ from flydsl.kernels import validation as check
 from flydsl.kernels.device import sm_count
 from flydsl.kernels.gemm.arguments import (
     check_arguments,
+    check_blockscale_arguments,
     check_devices,
     check_fp8_arguments,
     check_skinny,
@@ -24,14 +25,14 @@ from flydsl.kernels.gemm.arguments import (
 from flydsl.kernels.gemm.config import GemmConfig
 from flydsl.kernels.gemm.epilogue import Scale
 from flydsl.kernels.gemm.operands import MatrixSpec, copy_for_tma, tma_tile
-from flydsl.kernels.gemm.plan import GemmPlan, Scratch, Tensor, Tma, plan_gemm, plan_skinny
+from flydsl.kernels.gemm.plan import GemmPlan, Scratch, Tensor, Tma, plan_blockscale, plan_gemm, plan_skinny
 from flydsl.kernels.gemm.prepared import PreparedWeight, check_prepared
 from flydsl.kernels.gemm.skinny import SkinnyConfig
 from flydsl.kernels.gemm.tuning import tuned_plan
 from flydsl.kernels.memory import per_stream
 from flydsl.kernels.plans import Plans, signature
 
-__all__ = ["fp8_gemm", "gemm", "launch_plan", "skinny_gemm"]
+__all__ = ["blockscale_gemm", "fp8_gemm", "gemm", "launch_plan", "skinny_gemm"]
 
 
 def gemm(a, b, out=None, config: GemmConfig | None = None, *, bias=None, activation: str | None = None, autotune=None):
@@ -96,13 +97,7 @@ def fp8_gemm(
     if prepared and weights.data_ptr() % 16:
         raise ValueError(f"{who}: b: expected prepared panels at a 16-byte aligned address (as prepare_weight's)")
     m, n, k, a_per, b_per = check_fp8_arguments(who, a, stand_in, scale_a, scale_b, out, bias, activation)
-    if out is None:
-        import torch
-
-        out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
-        check.check_dtype(who, "out_dtype", check.torch_dtype(out_dtype), check.GEMM_OUT_DTYPES)
-    elif out_dtype is not None and out.dtype != out_dtype:
-        raise ValueError(f"{who}: out_dtype: {out_dtype} differs from out's dtype {out.dtype}; give one of them")
+    out_dtype = _out_dtype(who, out, out_dtype)
     result = out if out is not None else a.new_empty((m, n), dtype=out_dtype)
     if m == 0 or n == 0 or k == 0:
         return zero_product(result, bias, activation)
@@ -121,6 +116,95 @@ def fp8_gemm(
         gemm_plan = plan_gemm(*specs, config=config, **options)
     _FP8.add(key, planned._replace(plan=gemm_plan))
     return launch_plan(gemm_plan, a, weights, result, bias, scale_tensors)
+
+
+def blockscale_gemm(
+    a,
+    b,
+    a_scales,
+    b_scales,
+    out=None,
+    config: GemmConfig | None = None,
+    *,
+    bias=None,
+    activation: str | None = None,
+    out_dtype=None,
+):
+    """The block-scaled fp8 GEMM of DeepSeek-V3: ``out[m, n] = activation(sum over K blocks kb of (a[m, kb] . b[kb, n])
+    * a_scales[m, kb] * b_scales[n // 128, kb] + bias[n])``, blocks of 128 along K (the last one partial where K is
+    not a multiple of 128). ``a`` (M, K) and ``b`` (K, N) fp8 as :func:`fp8_gemm`'s (an ``nn.Linear`` weight w (N,
+    K) passed as ``w.t()``, or weights prepared by :func:`~flydsl.kernels.gemm.prepared.prepare_weight`), K a
+    multiple of 16; ``a_scales`` (M, ceil(K / 128)): one per token and 128 K, row-major or M-major (the transposed
+    view of a (ceil(K / 128), M') buffer, as ``quantize_fp8(x, "group")`` writes it); ``b_scales`` (ceil(N / 128),
+    ceil(K / 128)): one per 128 x 128 block of w. Scales float32 (powers of two, UE8M0, are float32 too; a
+    ``torch.float8_e8m0fnu`` tensor is widened to float32 first). Each K block's MMAs are promoted into float32
+    sums with their scales. ``out`` (M, N) row-major bf16/fp16/fp32, allocated in ``out_dtype`` (default bfloat16)
+    when not given; ``config``: default :func:`~flydsl.kernels.gemm.config.choose_blockscale_config`."""
+    dtype_key = None if out_dtype is None else str(out_dtype)
+    prepared = type(b) is PreparedWeight
+    weights = b.data if prepared else b
+    key = signature(a, weights, a_scales, b_scales, out, bias, activation, dtype_key)
+    key = None if key is None else key + (config, b.shape if prepared else None)
+    plan = _BLOCKSCALE.get(key)
+    if plan is not None:
+        return plan(a, weights, a_scales, b_scales, out, bias)
+    who = _BLOCKSCALE.name
+    check_devices(who, a, weights, out, bias, a_scales=a_scales, b_scales=b_scales)
+    stand_in = check_prepared(who, b, out) if prepared else b
+    if prepared and weights.data_ptr() % 16:
+        raise ValueError(f"{who}: b: expected prepared panels at a 16-byte aligned address (as prepare_weight's)")
+    m, n, k = check_blockscale_arguments(who, a, stand_in, a_scales, b_scales, out, bias, activation)
+    out_dtype = _out_dtype(who, out, out_dtype)
+    result = out if out is not None else a.new_empty((m, n), dtype=out_dtype)
+    if m == 0 or n == 0 or k == 0:
+        return zero_product(result, bias, activation)
+    planned = _BlockscalePlanned(None, (m, n), out_dtype)
+    scale_tensors = planned.widened(a_scales, b_scales)
+    specs = MatrixSpec.of(a, "a"), MatrixSpec.of(weights, "b"), MatrixSpec.of(result, "out")
+    scale_specs = MatrixSpec.of(scale_tensors[0], "a_scales"), MatrixSpec.of(scale_tensors[1], "b_scales")
+    bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")
+    sms = sm_count(a.get_device())
+    gemm_plan = plan_blockscale(*specs, *scale_specs, sms=sms, bias=bias_spec, activation=activation, config=config)
+    _BLOCKSCALE.add(key, planned._replace(plan=gemm_plan))
+    return launch_plan(gemm_plan, a, weights, result, bias, scale_tensors)
+
+
+class _BlockscalePlanned(NamedTuple):
+    """A kept block-scaled plan: the GEMM plan and the output's shape and dtype where it is allocated."""
+
+    plan: GemmPlan | None
+    shape: tuple
+    out_dtype: object
+
+    @staticmethod
+    def widened(a_scales, b_scales) -> tuple:
+        """The scales as the kernel reads them: float32 (UE8M0 ones widened, their layout kept)."""
+        return tuple(s if s.dtype.itemsize == 4 else _widened(s) for s in (a_scales, b_scales))
+
+    def __call__(self, a, b, a_scales, b_scales, out, bias):
+        out = a.new_empty(self.shape, dtype=self.out_dtype) if out is None else out
+        return launch_plan(self.plan, a, b, out, bias, self.widened(a_scales, b_scales))
+
+
+def _widened(scales):
+    """UE8M0 scales as float32 in the same layout (an M-major view stays M-major)."""
+    import torch
+
+    if scales.stride(0) == 1 and scales.dim() == 2 and scales.shape[1] > 1:
+        return scales.t().to(torch.float32).t()
+    return scales.to(torch.float32)
+
+
+def _out_dtype(who: str, out, out_dtype):
+    """The dtype of an fp8 GEMM's output: ``out``'s, or ``out_dtype`` (default bfloat16) when it is allocated."""
+    if out is None:
+        import torch
+
+        out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+        check.check_dtype(who, "out_dtype", check.torch_dtype(out_dtype), check.GEMM_OUT_DTYPES)
+    elif out_dtype is not None and out.dtype != out_dtype:
+        raise ValueError(f"{who}: out_dtype: {out_dtype} differs from out's dtype {out.dtype}; give one of them")
+    return out_dtype
 
 
 class _FP8Planned(NamedTuple):
@@ -144,6 +228,7 @@ class _FP8Planned(NamedTuple):
 _GEMM = Plans("flydsl.kernels.gemm")
 _SKINNY = Plans("flydsl.kernels.skinny_gemm")
 _FP8 = Plans("flydsl.kernels.fp8_gemm")
+_BLOCKSCALE = Plans("flydsl.kernels.blockscale_gemm")
 
 
 def _call(plans: Plans, planner, check, a, b, out, config, bias, activation, autotune):

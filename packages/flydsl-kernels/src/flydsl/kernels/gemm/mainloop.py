@@ -7,6 +7,10 @@ previous slot be released to the producer. :func:`drain` then waits for the last
     consumer = Consumer(pipe, mma, a_tiles, b_tiles, warpgroup=consumer_index, lane=tid % 32, peers=peers)
     state, released, accs = mma_steps(consumer, state, work.k_begin, work.k_end)
     accs = drain(consumer, released, accs, work.k_begin, work.k_end, maybe_empty=False)
+
+Block-scaled fp8 (:func:`promoted_steps`): each K step is one 128-wide block of K, multiplied into fresh
+accumulators, then added into the float32 sums times its block's scales (DeepSeek-V3's promotion: the tensor cores'
+fp8 accumulation never spans more than one block).
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import flydsl.expr as fx
-from flydsl.expr import wgmma
+from flydsl.expr import arith, vector, wgmma
 from flydsl.kernels.gemm.operands import OperandTiles
 
-__all__ = ["Consumer", "drain", "mma_steps"]
+__all__ = ["BLOCK", "BlockScales", "Consumer", "drain", "mma_steps", "promoted_steps"]
+
+BLOCK = 128  # the block-scaled GEMM's scale blocks: 1 x 128 of A (per row), 128 x 128 of B
 
 
 class Consumer(NamedTuple):
@@ -77,3 +83,71 @@ def drain(consumer: Consumer, released, accs, k_begin, k_end, maybe_empty: bool)
         if lane == 0:
             pipe.consumer_release(released, peers)
     return accs
+
+
+class BlockScales(NamedTuple):
+    """A block-scaled GEMM's float32 scales as the kernel reads them: ``a`` (M, ceil(K / 128)), one per row of A and
+    128-wide block of K, any strides (row-major as users hold them, or M-major as :func:`quantize_fp8` writes them);
+    ``b`` (ceil(N / 128), ceil(K / 128)), one per 128 x 128 block of B; and where this consumer's tile begins:
+    ``row0`` (its first row of C) and ``column_block`` (the tile's block of 128 columns: tiles are at most 128 wide
+    and divide 128)."""
+
+    a: object
+    b: object
+    row0: object
+    column_block: object
+
+
+def _step_scales(scales: BlockScales, rows: list, kb) -> list:
+    """This thread's factors of K block ``kb`` (clamped into the scales: an empty split part reads a valid one): one
+    per row of ``rows`` (clamped into A), ``a[row, kb] * b[column_block, kb]``."""
+    kb = arith.minimum(kb, scales.a.shape[1].to(fx.Int32) - 1)
+    b_scale = scales.b[scales.column_block, kb].to(fx.Float32)
+    return [scales.a[row, kb].to(fx.Float32) * b_scale for row in rows]
+
+
+def _promote(sums: list, parts: list, factors: list) -> list:
+    """``sums + parts * factor`` per accumulator element, each element with its row's factor (wgmma's layout:
+    element ``2p + e`` of 64-row block ``mi`` lies in row ``8 (p % 2)`` of the thread's pair of rows ``2 mi``,
+    ``2 mi + 1``)."""
+    promoted = []
+    for mi, (total, part) in enumerate(zip(sums, parts, strict=True)):
+        values = [part[j] * factors[2 * mi + (j // 2) % 2] + total[j] for j in range(part.length)]
+        promoted.append(vector.from_elements(type(total), values))
+    return promoted
+
+
+def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: BlockScales, warp):
+    """The block-scaled mainloop over K steps ``[k_begin, k_end)`` (each one 128-wide block of K): each step's MMAs
+    into fresh accumulators, waited for, their slot released, then added into the float32 sums with the step's scales
+    (loaded a step ahead: their latency hides behind the MMAs). Both 64-row blocks' rows of this thread are read
+    from ``scales.row0``; ``warp``: this thread's warp in its warpgroup. Returns (the state past the steps, the
+    sums). Nothing stays pending: no :func:`drain`."""
+    pipe, mma, lane, peers = consumer.pipe, consumer.mma, consumer.lane, consumer.peers
+    a_tiles, b_tiles = consumer.a.tiles, consumer.b.tiles
+    last_row = scales.a.shape[0].to(fx.Int32) - 1
+    first = scales.row0 + 16 * warp + lane // 4
+    blocks = mma.repeats[0]
+    rows = [arith.minimum(first + 64 * (r // 2) + 8 * (r % 2), last_row) for r in range(2 * blocks)]
+    sums = mma.make_accumulators(0.0)
+    parts = mma.make_accumulators(0.0)
+    factors = _step_scales(scales, rows, k_begin)
+    for kt in range(k_begin, k_end):
+        pipe.consumer_wait(state)
+        parts = wgmma.fence(parts)
+        parts = mma.mma(
+            a_tiles[None, None, state.index],
+            b_tiles[None, None, state.index],
+            parts,
+            accumulate=False,
+            warpgroup=consumer.warpgroup,
+        )
+        wgmma.commit_group()
+        upcoming = _step_scales(scales, rows, arith.minimum(kt + 1, k_end - 1))
+        parts = wgmma.wait_group(0, parts)
+        if lane == 0:
+            pipe.consumer_release(state, peers)
+        sums = _promote(sums, parts, factors)
+        factors = upcoming
+        state = state.advance()
+    return state, sums

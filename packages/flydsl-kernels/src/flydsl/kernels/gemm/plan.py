@@ -19,8 +19,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from flydsl.kernels.gemm.config import STAGING_BOX, GemmConfig, choose_config, choose_fp8_config, staging_fits
+from flydsl.kernels.gemm.config import (
+    STAGING_BOX,
+    GemmConfig,
+    choose_blockscale_config,
+    choose_config,
+    choose_fp8_config,
+    staging_fits,
+)
 from flydsl.kernels.gemm.epilogue import Epilogue
+from flydsl.kernels.gemm.mainloop import BLOCK
 from flydsl.kernels.gemm.operands import (
     OPERAND_BYTES,
     SWIZZLE_BYTES,
@@ -41,9 +49,20 @@ from flydsl.kernels.gemm.skinny import (
     skinny_gemm_kernel,
     skinny_gemm_scaled_kernel,
 )
-from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_scaled
+from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_blockscaled, gemm_ws_scaled
 
-__all__ = ["GemmPlan", "Launch", "Preparation", "Scratch", "Tensor", "Tma", "plan_dense", "plan_gemm", "plan_skinny"]
+__all__ = [
+    "GemmPlan",
+    "Launch",
+    "Preparation",
+    "Scratch",
+    "Tensor",
+    "Tma",
+    "plan_blockscale",
+    "plan_dense",
+    "plan_gemm",
+    "plan_skinny",
+]
 
 
 class Tensor(NamedTuple):
@@ -207,15 +226,21 @@ def plan_dense(
     activation: str | None = None,
     scales: tuple = (),
     config: GemmConfig | None = None,
+    block_scales: tuple = (),
 ) -> GemmPlan:
     """The warp-specialized kernel's plan: the configuration (default :func:`choose_config`), operands copied into
     16-byte aligned rows where TMA cannot read them as they are, each CTA of a cluster loading its part of the
     shared tile (B's along M, A's along N), C through the TMA store where it applies, at most one CTA per SM (all of
     them with stream-K), and the partial tiles' scratch for split K and stream-K. Prepared weights are read as they
-    are (a 3-D TMA view of their panels)."""
+    are (a 3-D TMA view of their panels). ``block_scales``: the geometry of a block-scaled fp8 GEMM's (A scales,
+    B scales) (:func:`plan_blockscale`), which the mainloop applies instead of epilogue ``scales``."""
     (m, k), n = a.shape, out.shape[1]
     operand_bytes = OPERAND_BYTES[a.dtype]
-    cfg = config or (choose_config if operand_bytes == 2 else choose_fp8_config)(m, n, k, sms)
+    if block_scales:
+        chooser = choose_blockscale_config
+    else:
+        chooser = choose_config if operand_bytes == 2 else choose_fp8_config
+    cfg = config or chooser(m, n, k, sms)
     if cfg.tile_k * operand_bytes % SWIZZLE_BYTES:
         raise ValueError(
             f"gemm config: {cfg} takes K steps of {cfg.tile_k} {a.dtype} elements; expected a multiple of"
@@ -271,6 +296,11 @@ def plan_dense(
     c_store = Tma("out", store_view) if store_view is not None else Tma("a", a_view, unread=True)
     bias_argument = Tensor("bias") if bias is not None else Tensor("out", unread=True)
     arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"), c_store, bias_argument)
+    if block_scales:
+        _check_block_scales(block_scales, m, n, k, cfg, specs)
+        arguments += (Tensor("scale_0"), Tensor("scale_1"), workspace, flags, cfg, (a_view.major, b_view.major))
+        launch = Launch(gemm_ws_blockscaled, arguments + (epilogue,), grid, cfg.threads)
+        return GemmPlan(gemm_ws_blockscaled.name, cfg, epilogue, specs, tuple(preparations), (launch,))
     if len(scales) > 2:
         raise ValueError(f"gemm scales: the warp-specialized kernel takes at most two, got {len(scales)}")
     if scales:
@@ -362,6 +392,45 @@ def _check_scales(scales: tuple, m: int, n: int, specs: dict) -> None:
             raise ValueError(
                 f"gemm scale_{i}: expected a float32 {scale.shape(m, n)} tensor with a unit last stride for"
                 f" {scale}, got {matrix.dtype} {tuple(matrix.shape)} strides {matrix.strides}"
+            )
+        specs[f"scale_{i}"] = matrix
+
+
+def plan_blockscale(
+    a: MatrixSpec,
+    b: MatrixSpec,
+    out: MatrixSpec,
+    a_scales: MatrixSpec,
+    b_scales: MatrixSpec,
+    *,
+    sms: int,
+    bias: MatrixSpec | None = None,
+    activation: str | None = None,
+    config: GemmConfig | None = None,
+) -> GemmPlan:
+    """The plan of a block-scaled fp8 GEMM (``blockscale_gemm``): the warp-specialized kernel with the scales
+    promoted per 128-wide K block in its mainloop (:func:`~flydsl.kernels.gemm.mainloop.promoted_steps`), the
+    configuration :func:`~flydsl.kernels.gemm.config.choose_blockscale_config`'s unless given."""
+    return plan_dense(
+        a, b, out, sms=sms, bias=bias, activation=activation, config=config, block_scales=(a_scales, b_scales)
+    )
+
+
+def _check_block_scales(block_scales: tuple, m: int, n: int, k: int, cfg: GemmConfig, specs: dict) -> None:
+    """The block scales' geometry (float32 (M, ceil(K / 128)) and (ceil(N / 128), ceil(K / 128)), any strides) and a
+    configuration whose K steps and tiles line up with the blocks; kept in ``specs`` as "scale_0", "scale_1"."""
+    blocks = -(-k // BLOCK)
+    if cfg.tile_k != BLOCK or BLOCK % cfg.tile_n or cfg.schedule != "cooperative":
+        raise ValueError(
+            f"blockscale_gemm config: {cfg}: expected tile_k {BLOCK}, a tile_n dividing {BLOCK} and the cooperative"
+            " schedule (one scale block per K step, one B scale per tile)"
+        )
+    for i, (name, matrix, shape) in enumerate(
+        (("a_scales", block_scales[0], (m, blocks)), ("b_scales", block_scales[1], (-(-n // BLOCK), blocks)))
+    ):
+        if matrix.dtype != "f32" or tuple(matrix.shape) != shape:
+            raise ValueError(
+                f"blockscale_gemm {name}: expected a float32 {shape} tensor, got {matrix.dtype} {tuple(matrix.shape)}"
             )
         specs[f"scale_{i}"] = matrix
 

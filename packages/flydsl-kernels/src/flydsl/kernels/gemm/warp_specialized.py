@@ -29,12 +29,12 @@ from flydsl.kernels.gemm.epilogue import (
     store_accumulators,
     tma_store_staging,
 )
-from flydsl.kernels.gemm.mainloop import Consumer, drain, mma_steps
+from flydsl.kernels.gemm.mainloop import BLOCK, BlockScales, Consumer, drain, mma_steps, promoted_steps
 from flydsl.kernels.gemm.operands import Producer, allocate_operand, produce
 from flydsl.kernels.gemm.partials import PartialTiles, add_stream_k_partials, split_k_last, store_stream_k_partials
 from flydsl.kernels.gemm.schedulers import dense_scheduler
 
-__all__ = ["GemmTensors", "gemm_ws", "gemm_ws_scaled", "warp_specialized_gemm"]
+__all__ = ["GemmTensors", "gemm_ws", "gemm_ws_blockscaled", "gemm_ws_scaled", "warp_specialized_gemm"]
 
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
 
@@ -42,8 +42,10 @@ _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
 class GemmTensors(NamedTuple):
     """The tensors of one warp-specialized GEMM, as the kernel sees them: ``a``, ``b`` (TMA descriptors of the
     (MN, K) views), ``c``, ``c_store`` (C's descriptor in (64, 64) boxes for the TMA-store epilogue; unused without
-    it), the epilogue's tensors (:class:`~flydsl.kernels.gemm.epilogue.EpilogueTensors`), and the partial tiles'
-    fp32 ``workspace`` and int32 ``flags`` (split K and stream-K; unread otherwise)."""
+    it), the epilogue's tensors (:class:`~flydsl.kernels.gemm.epilogue.EpilogueTensors`), the partial tiles'
+    fp32 ``workspace`` and int32 ``flags`` (split K and stream-K; unread otherwise) and, for a block-scaled GEMM,
+    ``block_scales``: (A's (M, K / 128) scales, B's (N / 128, K / 128)), applied per K step in the mainloop
+    (:func:`~flydsl.kernels.gemm.mainloop.promoted_steps`)."""
 
     a: object
     b: object
@@ -52,12 +54,19 @@ class GemmTensors(NamedTuple):
     epilogue: EpilogueTensors
     workspace: object
     flags: object
+    block_scales: tuple | None = None
 
 
 def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     """The kernel body: ``cfg`` a :class:`~flydsl.kernels.gemm.config.GemmConfig`, ``majors`` ``(a_major, b_major)``
     ("K" or "MN"), ``epilogue`` an :class:`~flydsl.kernels.gemm.epilogue.Epilogue` whose scales ``tensors.epilogue``
     holds. Call it from a ``@flyc.kernel`` (it sets the block size, register cap and cluster)."""
+    blockscaled = tensors.block_scales is not None
+    if blockscaled and (cfg.schedule != "cooperative" or cfg.tile_k != BLOCK or BLOCK % cfg.tile_n):
+        raise ValueError(
+            f"gemm_ws_blockscaled: {cfg}: expected the cooperative schedule, K steps of {BLOCK} (one scale block"
+            f" each) and a tile_n dividing {BLOCK} (one B scale per tile and step)"
+        )
     # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster)
     a, b, c = tensors.a, tensors.b, tensors.c
@@ -134,10 +143,14 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
             if fx.const_expr(pingpong):  # the other consumer has waited for all K steps of the unit before
                 order[consumer].wait(turn)
                 turn = turn ^ 1
-            state, released, accs = mma_steps(mainloop, state, work.k_begin, work.k_end)
-            if fx.const_expr(pingpong):  # its turn: this unit's K steps were all waited for (MMAs may still run)
-                order[1 - consumer].arrive()
-            accs = drain(mainloop, released, accs, work.k_begin, work.k_end, cfg.split_k > 1)
+            if fx.const_expr(blockscaled):
+                scales = _tile_scales(tensors, cfg, work, consumer)
+                state, accs = promoted_steps(mainloop, state, work.k_begin, work.k_end, scales, warp)
+            else:
+                state, released, accs = mma_steps(mainloop, state, work.k_begin, work.k_end)
+                if fx.const_expr(pingpong):  # its turn: this unit's K steps were all waited for (MMAs may run)
+                    order[1 - consumer].arrive()
+                accs = drain(mainloop, released, accs, work.k_begin, work.k_end, cfg.split_k > 1)
             if fx.const_expr(cfg.split_k == 1):
                 store_accumulators(store, accs, work.tile_m, work.tile_n, consumer, lane, warp)
             else:  # a whole tile stores C; of a split tile, the part that finishes last sums them all and stores C
@@ -155,8 +168,12 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
             slot = gpu.block_idx.x.to(fx.Int32) * cfg.consumers + consumer
             for segment in range(schedule.segments):  # (names apart from the loop above: each loop has its own)
                 tile, sk_work = schedule.segment(segment)
-                state, sk_released, sk_accs = mma_steps(mainloop, state, sk_work.k_begin, sk_work.k_end)
-                sk_accs = drain(mainloop, sk_released, sk_accs, sk_work.k_begin, sk_work.k_end, False)
+                if fx.const_expr(blockscaled):
+                    sk_scales = _tile_scales(tensors, cfg, sk_work, consumer)
+                    state, sk_accs = promoted_steps(mainloop, state, sk_work.k_begin, sk_work.k_end, sk_scales, warp)
+                else:
+                    state, sk_released, sk_accs = mma_steps(mainloop, state, sk_work.k_begin, sk_work.k_end)
+                    sk_accs = drain(mainloop, sk_released, sk_accs, sk_work.k_begin, sk_work.k_end, False)
                 if sk_work.k_begin > 0:  # a later part of the tile: the finisher adds it
                     store_stream_k_partials(sk_accs, partials, slot)
                 else:
@@ -166,6 +183,12 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
         finish_stores(store, tid)
     if fx.const_expr(cfg.cluster > 1):
         fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
+
+
+def _tile_scales(tensors: GemmTensors, cfg, work, consumer) -> BlockScales:
+    """The block scales of this consumer's rows of a work unit's tile."""
+    row0 = work.tile_m * cfg.tile_m + consumer * cfg.consumer_rows
+    return BlockScales(*tensors.block_scales, row0, work.tile_n * cfg.tile_n // BLOCK)
 
 
 # Kernel parameters: each tensor is one (they are not nested), hence the long signatures.
@@ -219,4 +242,32 @@ def gemm_ws_scaled(
     scales = (scale_0, scale_1)[: len(epilogue.scales)]
     bias_or_none = bias if epilogue.bias else None
     tensors = GemmTensors(a, b, c, c_store, EpilogueTensors(bias_or_none, scales), workspace, flags)
+    warp_specialized_gemm(tensors, cfg, majors, epilogue)
+
+
+@flyc.kernel
+def gemm_ws_blockscaled(
+    a: fx.TmaDescriptor,
+    b: fx.TmaDescriptor,
+    c: fx.Tensor,
+    c_store: fx.TmaDescriptor,
+    bias: fx.Tensor,
+    a_scales: fx.Tensor,
+    b_scales: fx.Tensor,
+    workspace: fx.Tensor,
+    flags: fx.Tensor,
+    cfg: fx.Constexpr,
+    majors: fx.Constexpr,
+    epilogue: fx.Constexpr,
+):
+    """:func:`gemm_ws` of fp8 operands with block scales: ``C[m, n] = sum over K blocks kb of (A[m, kb] . B[n, kb]) *
+    a_scales[m, kb] * b_scales[n // 128, kb]`` (blocks of 128 along K), each block's MMAs promoted into the float32
+    sums with its scales, then ``epilogue``'s bias and activation (it takes no scales). ``a_scales`` (M, ceil(K /
+    128)) and ``b_scales`` (ceil(N / 128), ceil(K / 128)) float32, any strides."""
+    if epilogue.scales:
+        raise ValueError(f"gemm_ws_blockscaled: the block scales replace the epilogue's, got {epilogue}")
+    bias_or_none = bias if epilogue.bias else None
+    tensors = GemmTensors(
+        a, b, c, c_store, EpilogueTensors(bias_or_none), workspace, flags, block_scales=(a_scales, b_scales)
+    )
     warp_specialized_gemm(tensors, cfg, majors, epilogue)

@@ -1,0 +1,203 @@
+"""Block-scaled fp8 GEMM on the local GPU: flydsl.kernels.gemm.blockscale_gemm against torch._scaled_mm with blockwise
+scales (cuBLAS) in the same process.
+
+    python benchmarks/blockscale_gemm_bench.py                  # 4096 x 7168 x 16384 (DeepGEMM's headline shape)
+    python benchmarks/blockscale_gemm_bench.py --sweep --commit C \
+        --json benchmarks/results/blockscale_gemm/DATE_COMMIT.json
+
+Each case: fresh random e4m3 a (M, K) and nn.Linear weights w (N, K) passed as ``w.t()``, float32 scales per 1 x 128
+of a (M-major, as ``quantize_fp8(x, "group")`` writes them; also timed row-major) and per 128 x 128 block of w, bf16
+output. Ours is checked against a float32 reference of the dequantized operands (relative Frobenius error), then
+timed with triton.testing.do_bench (CUDA events, L2 flushed before each call, median of the calls) interleaved with
+the peers: ``_scaled_mm`` blockwise (1 x 128 / 128 x 128: the bar; its scale layouts are found by trying the ones
+torch versions have taken, each checked against the reference; where none runs, the error is recorded),
+``_scaled_mm`` rowwise and our rowwise ``fp8_gemm`` (per-token x per-channel scales: what the promotion costs), the
+bf16 ``gemm``, and for M <= 128 a same-bytes copy of the weights (N * K bytes: streaming them once). ``--repeats``
+times; the numbers are medians over the repeats. The sweep is issue 33's: DeepSeek-V3's projections (N, K) x M in
+{64, 128, 512, 4096, 8192}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+
+from record import write_record
+
+HEADLINE = (4096, 7168, 16384)
+SWEEP_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (18432, 7168)]
+SWEEP_M = [64, 128, 512, 4096, 8192]
+
+
+def _bench(fn, do_bench) -> float:
+    return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def _error(x, ref) -> float:
+    return ((x.float() - ref).norm() / ref.norm()).item()
+
+
+def _m_major(torch, scales):
+    m, blocks = scales.shape
+    buffer = torch.empty(blocks, -(-m // 4) * 4, device=scales.device)
+    buffer[:, :m] = scales.t()
+    return buffer[:, :m].t()
+
+
+def _cublas_blockwise(torch, a, b, a_scales, w_scales, reference):
+    """The first ``_scaled_mm`` call with 1 x 128 / 128 x 128 scales that runs and matches the reference, as
+    (callable, description), or (None, the errors)."""
+    errors = []
+    for a_name, sa in (("M-major", _m_major(torch, a_scales)), ("row-major", a_scales)):
+        for b_name, sb in (("(K/128, N/128) view", w_scales.t()), ("(K/128, N/128)", w_scales.t().contiguous())):
+            call = lambda sa=sa, sb=sb: torch._scaled_mm(
+                a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16
+            )  # noqa: E731
+            try:
+                out = call()
+                torch.cuda.synchronize()
+            except Exception as error:  # noqa: BLE001 (recorded)
+                errors.append(f"a {a_name}, b {b_name}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+                continue
+            err = _error(out, reference)
+            if err < 2e-2:
+                return call, f"a_scales {a_name}, b_scales {b_name}; rel error {err:.2e}"
+            errors.append(f"a {a_name}, b {b_name}: ran, rel error {err:.2e} against the reference")
+    return None, errors
+
+
+def run_case(torch, do_bench, m, n, k, repeats):
+    from flydsl.kernels.gemm import blockscale_gemm, fp8_gemm, gemm
+
+    blocks = -(-k // 128)
+    a = (torch.randn(m, k, device="cuda") * 16).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, device="cuda") * 16).clamp(-448, 448).to(torch.float8_e4m3fn)
+    b = w.t()
+    a_scales = torch.rand(m, blocks, device="cuda") / 64 + 1e-3
+    w_scales = torch.rand(-(-n // 128), blocks, device="cuda") / 64 + 1e-3
+    a_scales_m = _m_major(torch, a_scales)
+    ours = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    blockscale_gemm(a, b, a_scales_m, w_scales, ours)
+    sa = a_scales.repeat_interleave(128, dim=1)[:, :k]
+    sw = w_scales.repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
+    reference = (a.float() * sa) @ (w.float() * sw).t()
+    del sa, sw
+    torch.cuda.synchronize()
+    result = {"m": m, "n": n, "k": k, "b": "weights (N, K) as w.t()", "rel_error_vs_f32": _error(ours, reference)}
+    cublas, how = _cublas_blockwise(torch, a, b, a_scales, w_scales, reference)
+    del reference
+    result["cublas_blockwise"] = how if cublas is not None else None
+    if cublas is None:
+        result["cublas_blockwise_refused"] = how
+    scale_a, scale_b = torch.rand(m, 1, device="cuda") / 64, torch.rand(1, n, device="cuda") / 64
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    outs = {name: torch.empty_like(ours) for name in ("row", "rowwise", "bf16")}
+    timed = {
+        "flydsl": lambda: blockscale_gemm(a, b, a_scales_m, w_scales, ours),
+        "flydsl_row_major_scales": lambda: blockscale_gemm(a, b, a_scales, w_scales, outs["row"]),
+        "flydsl_rowwise": lambda: fp8_gemm(a, b, scale_a, scale_b, outs["rowwise"]),
+        "scaled_mm_rowwise": lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16),
+        "bf16_gemm": lambda: gemm(a16, b16, outs["bf16"]),
+    }
+    if cublas is not None:
+        timed["cublas_blockwise"] = cublas
+    if m <= 128:
+        copy_src = torch.empty(n * k, dtype=torch.uint8, device="cuda")
+        copy_dst = torch.empty_like(copy_src)
+        timed["copy"] = lambda: copy_dst.copy_(copy_src)
+    runs = {name: [] for name in timed}
+    for _ in range(repeats):
+        for name, fn in timed.items():
+            runs[name].append(_bench(fn, do_bench))
+    flops = 2.0 * m * n * k
+    ms = {name: statistics.median(values) for name, values in runs.items()}
+    for name, t in ms.items():
+        result[f"{name}_ms"] = t
+        if name != "copy":
+            result[f"{name}_tflops"] = flops / t / 1e9
+    if cublas is not None:
+        result["ratio_vs_cublas"] = ms["cublas_blockwise"] / ms["flydsl"]
+    result["ratio_vs_rowwise"] = ms["flydsl_rowwise"] / ms["flydsl"]  # ours rowwise time / ours block-scaled
+    result["row_major_scales_speedup"] = ms["flydsl"] / ms["flydsl_row_major_scales"]
+    if "copy" in ms:
+        result["fraction_of_copy"] = ms["copy"] / ms["flydsl"]
+    result["runs_ms"] = runs
+    return result
+
+
+def _geomean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(results) -> dict:
+    cublas = [r["ratio_vs_cublas"] for r in results if "ratio_vs_cublas" in r]
+    headline = [r for r in results if (r["m"], r["n"], r["k"]) == HEADLINE]
+    decode = [r["fraction_of_copy"] for r in results if "fraction_of_copy" in r]
+    return {
+        "tflops_4096x7168x16384": headline[0]["flydsl_tflops"] if headline else None,
+        "geomean_ratio_vs_cublas": _geomean(cublas),
+        "min_ratio_vs_cublas": min(cublas) if cublas else None,
+        "cases_vs_cublas": len(cublas),
+        "cases_cublas_refused": sum(1 for r in results if "cublas_blockwise_refused" in r),
+        "geomean_ratio_vs_rowwise_m_ge_512": _geomean([r["ratio_vs_rowwise"] for r in results if r["m"] >= 512]),
+        "decode_min_fraction_of_copy": min(decode) if decode else None,
+        "geomean_row_major_scales_speedup": _geomean([r["row_major_scales_speedup"] for r in results]),
+        "max_rel_error_vs_f32": max(r["rel_error_vs_f32"] for r in results),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", action="store_true", help="issue 33's 35 shapes after the headline one")
+    parser.add_argument("--m", type=int, nargs="*", help="restrict the sweep's M values")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
+    args = parser.parse_args(argv)
+
+    import torch
+    from triton.testing import do_bench
+
+    cases = [HEADLINE]
+    if args.sweep:
+        cases += [(m, n, k) for m in (args.m or SWEEP_M) for n, k in SWEEP_NK]
+    results = []
+    print(
+        f"{'M':>5} {'N':>6} {'K':>6}  {'ours TF/s':>9} {'cuBLAS':>7} {'rowwise':>7} {'sm_row':>7} {'bf16':>7}"
+        f"  {'vs cuBLAS':>9} {'vs row':>6} {'rowmaj':>6} {'copy':>5}  {'err':>7}"
+    )
+    for m, n, k in cases:
+        r = run_case(torch, do_bench, m, n, k, args.repeats)
+        results.append(r)
+        cublas = r.get("cublas_blockwise_tflops", float("nan"))
+        copy = f"{r['fraction_of_copy']:>5.2f}" if "fraction_of_copy" in r else f"{'':>5}"
+        vs_cublas = r.get("ratio_vs_cublas", float("nan"))
+        print(
+            f"{m:>5} {n:>6} {k:>6}  {r['flydsl_tflops']:>9.1f} {cublas:>7.1f} {r['flydsl_rowwise_tflops']:>7.1f}"
+            f" {r['scaled_mm_rowwise_tflops']:>7.1f} {r['bf16_gemm_tflops']:>7.1f}  {vs_cublas:>9.3f}"
+            f" {r['ratio_vs_rowwise']:>6.3f} {r['row_major_scales_speedup']:>6.3f} {copy}"
+            f"  {r['rel_error_vs_f32']:>7.1e}",
+            flush=True,
+        )
+    if results and results[0].get("cublas_blockwise_refused"):
+        print("cuBLAS blockwise refused:", *results[0]["cublas_blockwise_refused"], sep="\n  ")
+    summary = summarize(results)
+    print(json.dumps(summary))
+    if args.json:
+        method = (
+            "triton.testing.do_bench median (warmup 10 ms, rep 40 ms, L2 flushed before each call), ours and the peers"
+            " interleaved, median over repeats; e4m3 inputs, float32 scales per 1 x 128 of a (M-major; also"
+            " row-major) and 128 x 128 of w, bf16 output; ratio_vs_cublas = _scaled_mm blockwise time / ours;"
+            " ratio_vs_rowwise = our rowwise fp8_gemm time / ours; fraction_of_copy = same-bytes copy_ time / ours"
+        )
+        write_record(
+            args.json, "blockscale_gemm_bench", argv, results, commit=args.commit, method=method, summary=summary
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
