@@ -59,9 +59,10 @@ def _checked(a, w, a_scales, w_scales, out_dtype=torch.bfloat16, bias=None, acti
     ref, magnitude = _reference(a, w, a_scales.float(), w_scales.float(), bias, activation)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite outputs"
-    # Each element within its output dtype's rounding and a float32 accumulation's error of its terms' magnitudes.
+    # Each element within its output dtype's rounding and the error of its terms' magnitudes that the tensor cores'
+    # fp8 accumulation (about 14 bits) leaves in each block's sum.
     rounding = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-20}[out_dtype]
-    bound = ref.abs() * rounding + magnitude * 2.0**-16 + 1e-30
+    bound = ref.abs() * rounding + magnitude * 2.0**-12 + 1e-30
     excess = ((out.double() - ref).abs() / bound).max().item()
     assert excess <= 1.0, excess
     return out

@@ -120,7 +120,7 @@ def _promote(sums: list, parts: list, factors: list) -> list:
 def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: BlockScales, warp):
     """The block-scaled mainloop over K steps ``[k_begin, k_end)`` (each one 128-wide block of K): each step's MMAs
     into fresh accumulators, waited for, their slot released, then added into the float32 sums with the step's scales
-    (loaded a step ahead: their latency hides behind the MMAs). Both 64-row blocks' rows of this thread are read
+    (loaded two steps ahead: their latency, an L2 round trip for M-major scales, hides behind the MMAs). Both 64-row blocks' rows of this thread are read
     from ``scales.row0``; ``warp``: this thread's warp in its warpgroup. Returns (the state past the steps, the
     sums). Nothing stays pending: no :func:`drain`."""
     pipe, mma, lane, peers = consumer.pipe, consumer.mma, consumer.lane, consumer.peers
@@ -132,6 +132,7 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: BlockScale
     sums = mma.make_accumulators(0.0)
     parts = mma.make_accumulators(0.0)
     factors = _step_scales(scales, rows, k_begin)
+    upcoming = _step_scales(scales, rows, arith.minimum(k_begin + 1, k_end - 1))
     for kt in range(k_begin, k_end):
         pipe.consumer_wait(state)
         parts = wgmma.fence(parts)
@@ -143,11 +144,11 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: BlockScale
             warpgroup=consumer.warpgroup,
         )
         wgmma.commit_group()
-        upcoming = _step_scales(scales, rows, arith.minimum(kt + 1, k_end - 1))
+        later = _step_scales(scales, rows, arith.minimum(kt + 2, k_end - 1))
         parts = wgmma.wait_group(0, parts)
         if lane == 0:
             pipe.consumer_release(state, peers)
         sums = _promote(sums, parts, factors)
-        factors = upcoming
+        factors, upcoming = upcoming, later
         state = state.advance()
     return state, sums

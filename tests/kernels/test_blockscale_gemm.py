@@ -1,0 +1,122 @@
+"""blockscale_gemm without a GPU: its plans (the block-scaled warp-specialized kernel, tiles at most 128 wide, the
+scales' layouts), the PTX and SASS of its kernel (fp8 wgmma into fresh accumulators per K block, FMAs promoting them,
+no spills) and the argument checks, each error naming the argument."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import flydsl.compiler as flyc
+from flydsl.compiler import toolchain
+from flydsl.kernels.gemm import GemmConfig, MatrixSpec, choose_blockscale_config, plan_blockscale
+from flydsl.kernels.gemm.arguments import check_blockscale_arguments
+
+from .ptxas_report import spill_bytes
+
+SMS = 132
+E4M3 = "f8E4M3FN"
+
+
+def _specs(m, n, k, a_layout="M-major", out="bf16"):
+    blocks = -(-k // 128)
+    a = MatrixSpec.dense((m, k), E4M3)
+    b = MatrixSpec.dense((n, k), E4M3).transposed()
+    a_scales = MatrixSpec.dense((blocks, m), "f32").transposed() if a_layout == "M-major" else None
+    a_scales = a_scales or MatrixSpec.dense((m, blocks), "f32")
+    return a, b, MatrixSpec.dense((m, n), out), a_scales, MatrixSpec.dense((-(-n // 128), blocks), "f32")
+
+
+@pytest.mark.parametrize(
+    "m,n,k", [(4096, 7168, 16384), (64, 2112, 7168), (128, 24576, 1536), (8192, 32768, 512), (1, 128, 144)]
+)
+def test_blockscale_configs_take_one_scale_block_per_step_and_tile(m, n, k):
+    cfg = choose_blockscale_config(m, n, k, SMS)
+    assert cfg.tile_k == 128 and 128 % cfg.tile_n == 0 and cfg.schedule == "cooperative"
+    plan = plan_blockscale(*_specs(m, n, k), sms=SMS)
+    assert plan.route == "gemm_ws_blockscaled" and plan.config == cfg and not plan.epilogue.scales
+
+
+@pytest.mark.parametrize("layout", ["M-major", "row-major"])
+def test_blockscale_plan_reads_either_layout_of_a_scales_in_place(layout):
+    a, b, out, a_scales, b_scales = _specs(1000, 776, 1040, layout)
+    plan = plan_blockscale(a, b, out, a_scales, b_scales, sms=SMS)
+    assert plan.specs["scale_0"] == a_scales and plan.specs["scale_1"] == b_scales and not plan.preparations
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        (GemmConfig(tile_n=256, tile_k=128), "a tile_n dividing 128"),
+        (GemmConfig(tile_n=128, tile_k=256, stages=2), "expected tile_k 128"),
+        (GemmConfig(tile_n=128, tile_k=128, stages=4, schedule="pingpong", cluster_m=1), "cooperative schedule"),
+    ],
+)
+def test_blockscale_plan_refuses_configs_that_straddle_blocks(config, message):
+    with pytest.raises(ValueError, match=message):
+        plan_blockscale(*_specs(512, 512, 1024), sms=SMS, config=config)
+
+
+def test_blockscale_plan_checks_the_scales_geometry():
+    a, b, out, a_scales, b_scales = _specs(512, 520, 1040)
+    with pytest.raises(ValueError, match=r"a_scales: expected a float32 \(512, 9\) tensor"):
+        plan_blockscale(a, b, out, MatrixSpec.dense((512, 8), "f32"), b_scales, sms=SMS)
+    with pytest.raises(ValueError, match=r"b_scales: expected a float32 \(5, 9\) tensor"):
+        plan_blockscale(a, b, out, a_scales, MatrixSpec.dense((5, 9), "bf16"), sms=SMS)
+
+
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+@pytest.mark.parametrize("m,n,k", [(4096, 7168, 16384), (64, 2112, 7168)])
+def test_blockscale_kernel_promotes_each_block_of_fp8_wgmma(m, n, k):
+    """Each K step's wgmmas start fresh accumulators (scale-d off: ``p`` false), the kernel assembles for sm_90a without
+    spills, and its SASS multiplies with QGMMA on E4M3 operands and adds each step into the sums with FFMA."""
+    plan = plan_blockscale(*_specs(m, n, k), sms=SMS)
+    (module,) = plan.lower()
+    cfg = plan.config
+    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{cfg.tile_n}k32\.f32\.e4m3\.e4m3", module.ptx)
+    assert wgmmas and len(wgmmas) % ((cfg.consumer_rows // 64) * 4) == 0
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+0;", module.ptx)
+    assert spill_bytes(module.ptx) == 0
+    sass = toolchain.disassemble_cubin(module.cubin) if module.cubin is not None else None
+    if sass is None:
+        pytest.skip("needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    assert re.search(rf"QGMMA\.64x{cfg.tile_n}x32\.F32\.E4M3\.E4M3", sass)
+    # the promotion: one FFMA per accumulator element and step at least (tile_n / 2 per 64 rows of a thread)
+    assert len(re.findall(r"\bFFMA\b", sass)) >= cfg.consumer_rows // 64 * cfg.tile_n // 2
+
+
+# --- argument checks (CPU tensors: shapes and dtypes only) ---------------------------------------------------------
+
+
+def _tensors(torch, m=64, n=200, k=272):
+    a = torch.zeros(m, k).to(torch.float8_e4m3fn)
+    b = torch.zeros(n, k).to(torch.float8_e4m3fn).t()
+    return a, b, torch.ones(m, 3), torch.ones(2, 3)
+
+
+def test_blockscale_arguments_accept_both_layouts_and_ue8m0():
+    torch = pytest.importorskip("torch")
+    a, b, a_scales, b_scales = _tensors(torch)
+    check = lambda sa, sb: check_blockscale_arguments("blockscale_gemm", a, b, sa, sb, None, None, None)  # noqa: E731
+    assert check(a_scales, b_scales) == (64, 200, 272)
+    assert check(a_scales.t().contiguous().t(), b_scales) == (64, 200, 272)
+    if hasattr(torch, "float8_e8m0fnu"):
+        assert check(a_scales.to(torch.float8_e8m0fnu), b_scales.to(torch.float8_e8m0fnu)) == (64, 200, 272)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda t, a, b, sa, sb: (a, b, t.ones(64, 2), sb), r"a_scales: expected shape \(64, 3\) \(one per row of a"),
+        (lambda t, a, b, sa, sb: (a, b, sa, t.ones(1, 3)), r"b_scales: expected shape \(2, 3\) \(one per 128 x 128"),
+        (lambda t, a, b, sa, sb: (a, b, sa.half(), sb), r"a_scales: expected float32 \(or float8_e8m0fnu\) scales"),
+        (lambda t, a, b, sa, sb: (a.float(), b, sa, sb), r"\ba\b"),
+        (lambda t, a, b, sa, sb: (a[:, :264], b[:264], t.ones(64, 3), sb), r"multiple of 16"),
+    ],
+)
+def test_blockscale_argument_errors_name_the_argument(change, message):
+    torch = pytest.importorskip("torch")
+    args = change(torch, *_tensors(torch))
+    with pytest.raises((ValueError, TypeError), match=message):
+        check_blockscale_arguments("blockscale_gemm", *args, None, None, None)
