@@ -111,3 +111,13 @@ def test_fp8_linear_takes_pre_quantized_inputs():
         layer(torch.randn(5, 63))
     with pytest.raises(ValueError, match="granularity: expected 'token' or 'tensor'"):
         Fp8Linear(64, 32, granularity="channel")
+
+
+def test_fake_blockscale_gemm_gives_the_output_and_names_the_scales():
+    with FakeTensorMode():
+        a, b, _, _ = _fake_operands(m=8, n=200, k=272)
+        a_scales, b_scales = torch.empty(8, 3, device="cuda"), torch.empty(2, 3, device="cuda")
+        out = torch.ops.flydsl.blockscale_gemm(a, b, a_scales, b_scales, None, "gelu", torch.float32)
+        assert out.shape == (8, 200) and out.dtype == torch.float32
+        with pytest.raises(ValueError, match=r"flydsl.blockscale_gemm: b_scales: expected shape \(2, 3\)"):
+            torch.ops.flydsl.blockscale_gemm(a, b, a_scales, torch.empty(3, 3, device="cuda"), None, None, None)

@@ -88,3 +88,14 @@ def test_fp8_linear_replays_in_a_cuda_graph(graphed):
         graph.replay()
         torch.cuda.synchronize()
         assert _error(y, linear(x)) < 6e-2
+
+
+def test_the_blockscale_op_matches_the_kernel():
+    from flydsl.kernels.gemm import blockscale_gemm
+
+    a = (torch.randn(300, 400, device="cuda") * 8).to(torch.float8_e4m3fn)
+    w = (torch.randn(200, 400, device="cuda") * 8).to(torch.float8_e4m3fn)
+    a_scales, w_scales = torch.rand(300, 4, device="cuda") + 0.5, torch.rand(2, 4, device="cuda") + 0.5
+    y = torch.ops.flydsl.blockscale_gemm(a, w.t(), a_scales, w_scales, None, "relu", None)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, blockscale_gemm(a, w.t(), a_scales, w_scales, activation="relu"))

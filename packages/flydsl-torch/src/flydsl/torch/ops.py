@@ -23,6 +23,8 @@ activation, out_dtype)``                  (default bf16; fp8 a, b; flydsl.kernel
 ``fp8_gemm_prepared(a, panels, n,        ``fp8_gemm`` with weights prepared by ``flydsl.kernels.gemm.prepare_weight``
 scale_a, scale_b, bias, activation,       (``panels``: its ``data``, ``n``: the output features)
 out_dtype)``
+``blockscale_gemm(a, b, a_scales,        the block-scaled fp8 GEMM (flydsl.kernels.gemm.blockscale_gemm): scales per
+b_scales, bias, activation, out_dtype)``  1 x 128 of a and 128 x 128 of b, promoted per K block
 ``quantize_fp8(x, granularity, dtype)``   ``(x_fp8, scales)`` (flydsl.kernels.quantize; x viewed as (rows, N))
 ========================================= ===================================================================
 
@@ -52,6 +54,7 @@ __all__ = [
     "gemm",
     "fp8_gemm",
     "fp8_gemm_prepared",
+    "blockscale_gemm",
     "quantize_fp8",
     "DTYPES",
 ]
@@ -504,6 +507,42 @@ def fp8_gemm_prepared(
 
     b = _prepared(panels, a.shape[1], n)
     kernel(a, b, scale_a, scale_b, out, bias=None if bias is None else bias.contiguous(), activation=activation)
+
+
+def _check_blockscale_gemm(a, b, a_scales, b_scales, bias, activation, out_dtype) -> None:
+    from flydsl.kernels.gemm.arguments import check_blockscale_arguments
+
+    who = "flydsl.blockscale_gemm"
+    check.torch_tensor(who, "a", a)
+    check.torch_tensor(who, "b", b)
+    check_blockscale_arguments(who, a, b, a_scales, b_scales, None, bias, activation)
+    if out_dtype is not None:
+        check.check_dtype(who, "out_dtype", check.torch_dtype(out_dtype), check.GEMM_OUT_DTYPES)
+
+
+@register_op(
+    "blockscale_gemm",
+    outputs=lambda a, b, sa, sb, bias, activation, out_dtype: (
+        ((a.shape[0], b.shape[1]), out_dtype or torch.bfloat16),
+    ),
+    check=_check_blockscale_gemm,
+)
+def blockscale_gemm(
+    a: Tensor,
+    b: Tensor,
+    a_scales: Tensor,
+    b_scales: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    out_dtype: torch.dtype | None = None,
+    *,
+    out: Tensor,
+) -> None:
+    """The block-scaled fp8 GEMM (flydsl.kernels.gemm.blockscale_gemm): ``a_scales`` per 1 x 128 of ``a``,
+    ``b_scales`` per 128 x 128 block of ``b``."""
+    from flydsl.kernels.gemm import blockscale_gemm as kernel
+
+    kernel(a, b, a_scales, b_scales, out, bias=None if bias is None else bias.contiguous(), activation=activation)
 
 
 _SCALE_SHAPES = {"token": lambda rows: (rows, 1), "channel": lambda rows: (1, rows), "tensor": lambda rows: ()}
