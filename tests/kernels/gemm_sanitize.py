@@ -6,7 +6,8 @@
 
 Covers every tile shape ``candidate_configs`` offers (64/128-row tiles, 64..256 columns, clusters, split K), the
 pingpong schedule, a bias + activation epilogue and the skinny (M <= 16) kernel, on shapes with tails in M, N and K;
-then fp8_gemm (FP8_CASES: both kernels, plain and prepared weights, per-token and per-channel scales).
+then fp8_gemm (FP8_CASES: both kernels, plain and prepared weights, per-token and per-channel scales), then
+blockscale_gemm (BLOCKSCALE_CASES: 2-CTA clusters, split K, a partial last K block).
 Exits non-zero when a result differs from the float64 reference.
 """
 
@@ -16,7 +17,7 @@ import sys
 
 import torch
 
-from flydsl.kernels.gemm import GemmConfig, fp8_config, fp8_gemm, gemm, max_stages, prepare_weight
+from flydsl.kernels.gemm import GemmConfig, blockscale_gemm, fp8_config, fp8_gemm, gemm, max_stages, prepare_weight
 
 
 def _config(
@@ -74,6 +75,28 @@ FP8_CASES = [  # (m, n, k, config or None, prepared weights): indices continue C
 ]
 
 
+BLOCKSCALE_CASES = [  # (m, n, k, config or None): indices continue FP8_CASES'
+    (520, 392, 272, None),  # the chosen 128 x 128 tiles, 2-CTA clusters; K = 2 blocks and 16
+    (136, 200, 528, fp8_config(_config(128, 128, split_k=2))),
+]
+
+
+def _blockscale_case(m, n, k, config) -> float:
+    """One block-scaled case's relative error against the float64 reference of the dequantized operands."""
+    blocks = -(-k // 128)
+    a = (torch.randn(m, k, device="cuda") * 4).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, device="cuda") * 4).to(torch.float8_e4m3fn)
+    a_scales = torch.rand(m, blocks, device="cuda") + 0.5
+    w_scales = torch.rand(-(-n // 128), blocks, device="cuda") + 0.5
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    blockscale_gemm(a, w.t(), a_scales, w_scales, out, config)
+    torch.cuda.synchronize()
+    sa = a_scales.double().repeat_interleave(128, dim=1)[:, :k]
+    sw = w_scales.double().repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
+    reference = (a.double() * sa) @ (w.double() * sw).t()
+    return float((out.double() - reference).norm() / reference.norm())
+
+
 def _fp8_case(m, n, k, config, prepared) -> float:
     """One fp8 case's relative error against the float64 reference (NaN where outputs stayed unwritten)."""
     a = (torch.randn(m, k, device="cuda") * 4).to(torch.float8_e4m3fn)
@@ -87,11 +110,11 @@ def _fp8_case(m, n, k, config, prepared) -> float:
 
 
 def main(argv=None) -> int:
-    """Runs every case, or those whose indices (into CASES, then FP8_CASES) are given."""
+    """Runs every case, or those whose indices (into CASES, then FP8_CASES, then BLOCKSCALE_CASES) are given."""
     torch.manual_seed(0)
     failures = 0
     chosen = [int(i) for i in (sys.argv[1:] if argv is None else argv)]
-    total = len(CASES) + len(FP8_CASES)
+    total = len(CASES) + len(FP8_CASES) + len(BLOCKSCALE_CASES)
     unknown = [i for i in chosen if not 0 <= i < total]
     if unknown:  # running nothing would read as a clean sanitizer run
         print(f"gemm_sanitize: no cases {unknown}: expected indices 0..{total - 1}", file=sys.stderr)
@@ -122,6 +145,13 @@ def main(argv=None) -> int:
         error = _fp8_case(m, n, k, config, prepared)
         ok = error < 1e-2  # (NaN: unwritten outputs, not ok)
         print(f"fp8 {m}x{n}x{k} {config} prepared={prepared}: {'ok' if ok else 'WRONG'} (rel err {error:.1e})")
+        failures += not ok
+    for i, (m, n, k, config) in enumerate(BLOCKSCALE_CASES, len(CASES) + len(FP8_CASES)):
+        if chosen and i not in chosen:
+            continue
+        error = _blockscale_case(m, n, k, config)
+        ok = error < 1e-2
+        print(f"blockscale {m}x{n}x{k} {config}: {'ok' if ok else 'WRONG'} (rel err {error:.1e})")
         failures += not ok
     return 1 if failures else 0
 
