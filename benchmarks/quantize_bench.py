@@ -3,11 +3,13 @@ same function (amax, scale, cast) and a same-bytes copy, in the same process.
 
     python benchmarks/quantize_bench.py --json benchmarks/results/quantize/DATE_COMMIT.json --commit C
 
-Each case: bf16 rows of mixed magnitudes, checked against torch's result (the same scales; values equal but for
-rounding ties), then timed with triton.testing.do_bench (CUDA events, L2 flushed, median), interleaved, ``--repeats``
-times (medians over repeats). The copy moves the bytes the quantizer must: per token one read of x (2 bytes an
-element) and one write (1 byte), per tensor two reads and one write; ``fraction_of_copy`` = copy time / ours (the
-bar: >= 0.85).
+Each case: bf16 rows of mixed magnitudes (per group of 128 columns for "group"), checked against torch's result (the
+same scales; values equal but for rounding ties), then timed with triton.testing.do_bench (CUDA events, L2 flushed,
+median), interleaved, ``--repeats`` times (medians over repeats). The copy moves the bytes the quantizer must: per
+token one read of x (2 bytes an element) and one write (1 byte), per group the same and the scales (4 bytes per 128
+elements), per tensor two reads and one write; ``fraction_of_copy`` = copy time / ours (the bar: >= 0.85).
+``--granularities`` picks the cases (default token, group, tensor); ``--group-config block=512,unroll=2`` times the
+group kernel with other GroupConfig fields (flydsl.kernels.quantize.groups) in place of quantize_fp8's.
 """
 
 from __future__ import annotations
@@ -22,23 +24,78 @@ from record import write_record
 SHAPES = [(16, 4096), (2048, 4096), (8192, 4096), (16384, 7168), (65536, 4096), (4096, 18432)]
 
 
+GRANULARITIES = ("token", "group", "tensor")
+
+
 def _torch_quantize(torch, x, granularity):
+    if granularity == "group":  # N a multiple of 128 (every shape here): row-major (rows, N / 128) scales
+        rows, n = x.shape
+        xg = x.float().view(rows, n // 128, 128)
+        scale = xg.abs().amax(dim=2, keepdim=True) / 448.0
+        q = (xg / scale.clamp(min=1e-30)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return q.view(rows, n), scale.view(rows, n // 128)
     xf = x.float()
     amax = xf.abs().amax() if granularity == "tensor" else xf.abs().amax(dim=1, keepdim=True)
     scale = amax / 448.0
     return (xf / scale.clamp(min=1e-30)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
 
 
-def run_case(torch, do_bench, rows, n, granularity, repeats, compiled):
+def _moved(rows, n, granularity):
+    """Bytes the quantizer must read and write: x (2 an element) once (per tensor twice), the fp8 values, the
+    group scales."""
+    moved = rows * n * (2 + 1)
+    if granularity == "tensor":
+        moved += rows * n * 2
+    if granularity == "group":
+        moved += rows * (n // 128) * 4
+    return moved
+
+
+def _group_config_fields(text: str) -> dict:
+    """``"block=512,unroll=2"`` as GroupConfig fields (ints)."""
+    fields = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in ("block", "unroll") or not value.isdigit():
+            raise ValueError(f"--group-config: expected block=INT or unroll=INT items, got {item!r}")
+        fields[name] = int(value)
+    return fields
+
+
+def _group_quantizer(torch, x, fields):
+    """quantize_fp8(x, "group") with the group kernel's config fields replaced (allocating its outputs as it does)."""
+    import dataclasses
+
+    from flydsl.kernels.quantize import groups
+
+    rows, n = x.shape
+    cfg = dataclasses.replace(groups.group_config(n, "bf16"), **fields)
+    grid, padded = cfg.grid(rows, n), -(-rows // 4) * 4
+
+    def quantize(x, granularity):
+        out = torch.empty(rows, n, dtype=torch.float8_e4m3fn, device=x.device)
+        scales = torch.empty(-(-n // 128), padded, device=x.device)[:, :rows].t()
+        groups.quantize_groups_kernel(x, out.view(torch.uint8), scales, cfg).launch(grid=grid, block=cfg.block)
+        return out, scales
+
+    return quantize
+
+
+def run_case(torch, do_bench, rows, n, granularity, repeats, compiled, group_fields=None):
     from flydsl.kernels.quantize import quantize_fp8
 
-    x = (torch.randn(rows, n, device="cuda") * 2.0 ** torch.randint(-8, 9, (rows, 1), device="cuda")).bfloat16()
+    columns = n // 128 if granularity == "group" else 1
+    magnitude = 2.0 ** torch.randint(-8, 9, (rows, columns), device="cuda")
+    magnitude = magnitude.repeat_interleave(128, dim=1) if columns > 1 else magnitude
+    x = (torch.randn(rows, n, device="cuda") * magnitude).bfloat16()
+    if granularity == "group" and group_fields:
+        quantize_fp8 = _group_quantizer(torch, x, group_fields)
     q, scale = quantize_fp8(x, granularity)
     q_ref, scale_ref = _torch_quantize(torch, x, granularity)
     torch.cuda.synchronize()
     mismatched = (q.float() != q_ref.float()).float().mean().item()
     scale_error = ((scale.reshape(-1) - scale_ref.reshape(-1)).abs().max() / scale_ref.abs().max()).item()
-    moved = rows * n * (2 + 1) + (rows * n * 2 if granularity == "tensor" else 0)  # bytes read + written
+    moved = _moved(rows, n, granularity)
     src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     timed = {
@@ -53,6 +110,8 @@ def run_case(torch, do_bench, rows, n, granularity, repeats, compiled):
             runs[name].append(do_bench(fn, warmup=10, rep=40, return_mode="median"))
     ms = {name: statistics.median(v) for name, v in runs.items()}
     result = {"rows": rows, "n": n, "granularity": granularity, "fraction_mismatched_vs_torch": mismatched}
+    if granularity == "group" and group_fields:
+        result["group_config"] = group_fields
     result["scale_rel_error_vs_torch"] = scale_error
     for name, t in ms.items():
         result[f"{name}_ms"] = t
@@ -68,7 +127,19 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
+    parser.add_argument(
+        "--granularities", default=",".join(GRANULARITIES), help="comma-separated, of " + ", ".join(GRANULARITIES)
+    )
+    parser.add_argument("--group-config", default="", help="GroupConfig fields of the group kernel: block=,unroll=")
     args = parser.parse_args(argv)
+    granularities = [g for g in args.granularities.split(",") if g]
+    unknown = sorted(set(granularities) - set(GRANULARITIES))
+    if unknown:
+        parser.error(f"--granularities: expected some of {', '.join(GRANULARITIES)}, got {', '.join(unknown)}")
+    try:
+        group_fields = _group_config_fields(args.group_config)
+    except ValueError as error:
+        parser.error(str(error))
 
     import torch
     from triton.testing import do_bench
@@ -78,8 +149,8 @@ def main(argv=None) -> int:
     results = []
     print(f"{'rows':>6} {'N':>6} {'gran':>6}  {'ours TB/s':>9} {'torch':>6} {'compile':>7} {'copy':>6}  {'of copy':>7}")
     for rows, n in SHAPES:
-        for granularity in ("token", "tensor"):
-            r = run_case(torch, do_bench, rows, n, granularity, args.repeats, compiled)
+        for granularity in granularities:
+            r = run_case(torch, do_bench, rows, n, granularity, args.repeats, compiled, group_fields)
             results.append(r)
             print(
                 f"{rows:>6} {n:>6} {granularity:>6}  {r['flydsl_tbps']:>9.2f} {r['torch_tbps']:>6.2f}"
@@ -93,12 +164,15 @@ def main(argv=None) -> int:
         "min_fraction_of_copy": min(r["fraction_of_copy"] for r in results),
         "geomean_ratio_vs_torch_compile": statistics.geometric_mean([r["ratio_vs_torch_compile"] for r in results]),
     }
+    for granularity in granularities:
+        mine = [r for r in large if r["granularity"] == granularity]
+        summary[f"min_fraction_of_copy_large_{granularity}"] = min(r["fraction_of_copy"] for r in mine)
     print(json.dumps(summary))
     if args.json:
         method = (
             "triton.testing.do_bench median (warmup 10 ms, rep 40 ms, L2 flushed), interleaved, median over repeats;"
-            " bf16 input, e4m3 output; TB/s = bytes the quantizer must move (per token 3 a element, per tensor 5) /"
-            " time; copy: copy_ of half those bytes into as many"
+            " bf16 input, e4m3 output; TB/s = bytes the quantizer must move (per token 3 a element, per group 3 and"
+            " 4 per 128 elements, per tensor 5) / time; copy: copy_ of half those bytes into as many"
         )
         write_record(args.json, "quantize_bench", argv, results, commit=args.commit, method=method, summary=summary)
     return 0

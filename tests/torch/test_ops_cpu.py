@@ -21,6 +21,7 @@ NAMES = (
     "gemm",
     "fp8_gemm",
     "fp8_gemm_prepared",
+    "blockscale_gemm",
     "quantize_fp8",
 )
 BACKWARD = ("softmax_backward", "layer_norm_backward", "rms_norm_backward")

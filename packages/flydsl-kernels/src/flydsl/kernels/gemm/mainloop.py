@@ -120,7 +120,8 @@ def _promote(sums: list, parts: list, factors: list) -> list:
 def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: BlockScales, warp):
     """The block-scaled mainloop over K steps ``[k_begin, k_end)`` (each one 128-wide block of K): each step's MMAs
     into fresh accumulators, waited for, their slot released, then added into the float32 sums with the step's scales
-    (loaded two steps ahead: their latency, an L2 round trip for M-major scales, hides behind the MMAs). Both 64-row blocks' rows of this thread are read
+    (loaded two steps ahead: their latency, an L2 round trip for M-major scales, hides behind the
+    MMAs). Both 64-row blocks' rows of this thread are read
     from ``scales.row0``; ``warp``: this thread's warp in its warpgroup. Returns (the state past the steps, the
     sums). Nothing stays pending: no :func:`drain`."""
     pipe, mma, lane, peers = consumer.pipe, consumer.mma, consumer.lane, consumer.peers

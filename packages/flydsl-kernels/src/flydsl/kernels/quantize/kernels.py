@@ -25,10 +25,10 @@ from flydsl.kernels.rows.layout import RowConfig
 from flydsl.kernels.rows.reduce import row_done, row_reduce, row_smem, thread_reduce
 from flydsl.kernels.rows.tiles import load_row, row_position, store_row_fp8
 
-__all__ = ["FP8_MAX", "QuantizeSpec", "quantize_rows_kernel"]
+__all__ = ["FP8_MAX", "TINY", "QuantizeSpec", "quantize_rows_kernel"]
 
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}  # the largest finite values
-_TINY = 1e-30  # amax below this (zeros) casts with scale 1 / 0 avoided: values stay 0
+TINY = 1e-30  # amax below this (zeros) casts with scale 1 / 0 avoided: values stay 0
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def quantize_rows_kernel(
         if fx.const_expr(spec.mode == "cast"):
             row_amax = arith.bitcast(ir.F32Type.get(), amax[0])
         scale = row_amax * (1.0 / fp8_max)
-        inverse = fp8_max / arith.maximum(row_amax, _TINY)  # NaN amax: NaN values, as the scale
+        inverse = fp8_max / arith.maximum(row_amax, TINY)  # NaN amax: NaN values, as the scale
         store_row_fp8(cfg, out, pos, n, rows, [v * inverse for v in xs], spec.fmt)
         if fx.const_expr(spec.mode == "row"):
             if pos.leader & (pos.row < rows):
