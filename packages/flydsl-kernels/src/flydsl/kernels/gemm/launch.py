@@ -93,9 +93,7 @@ def fp8_gemm(
         return plan(a, weights, scale_a, scale_b, out, bias)
     who = _FP8.name
     check_devices(who, a, weights, out, bias, scale_a=scale_a, scale_b=scale_b)
-    stand_in = check_prepared(who, b, out) if prepared else b
-    if prepared and weights.data_ptr() % 16:
-        raise ValueError(f"{who}: b: expected prepared panels at a 16-byte aligned address (as prepare_weight's)")
+    stand_in = _weights_stand_in(who, b, out) if prepared else b
     m, n, k, a_per, b_per = check_fp8_arguments(who, a, stand_in, scale_a, scale_b, out, bias, activation)
     out_dtype = _out_dtype(who, out, out_dtype)
     result = out if out is not None else a.new_empty((m, n), dtype=out_dtype)
@@ -150,9 +148,7 @@ def blockscale_gemm(
         return plan(a, weights, a_scales, b_scales, out, bias)
     who = _BLOCKSCALE.name
     check_devices(who, a, weights, out, bias, a_scales=a_scales, b_scales=b_scales)
-    stand_in = check_prepared(who, b, out) if prepared else b
-    if prepared and weights.data_ptr() % 16:
-        raise ValueError(f"{who}: b: expected prepared panels at a 16-byte aligned address (as prepare_weight's)")
+    stand_in = _weights_stand_in(who, b, out) if prepared else b
     m, n, k = check_blockscale_arguments(who, a, stand_in, a_scales, b_scales, out, bias, activation)
     out_dtype = _out_dtype(who, out, out_dtype)
     result = out if out is not None else a.new_empty((m, n), dtype=out_dtype)
@@ -193,6 +189,14 @@ def _widened(scales):
     if scales.stride(0) == 1 and scales.dim() == 2 and scales.shape[1] > 1:
         return scales.t().to(torch.float32).t()
     return scales.to(torch.float32)
+
+
+def _weights_stand_in(who: str, b: PreparedWeight, out):
+    """Prepared weights checked (their panels' shape and a 16-byte aligned address) and the meta stand-in of the
+    (K, N) matrix they hold, for the shape checks."""
+    if b.data.data_ptr() % 16:
+        raise ValueError(f"{who}: b: expected prepared panels at a 16-byte aligned address (as prepare_weight's)")
+    return check_prepared(who, b, out)
 
 
 def _out_dtype(who: str, out, out_dtype):
