@@ -119,37 +119,63 @@ def _promote(sums: list, parts: list, factors: list) -> list:
 
 def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: BlockScales, warp):
     """The block-scaled mainloop over K steps ``[k_begin, k_end)`` (each one 128-wide block of K): each step's MMAs
-    into fresh accumulators, waited for, their slot released, then added into the float32 sums with the step's scales
-    (loaded two steps ahead: their latency, an L2 round trip for M-major scales, hides behind the
-    MMAs). Both 64-row blocks' rows of this thread are read
-    from ``scales.row0``; ``warp``: this thread's warp in its warpgroup. Returns (the state past the steps, the
-    sums). Nothing stays pending: no :func:`drain`."""
+    into fresh accumulators, added into the float32 sums with the step's scales once they are done and their slot is
+    released. Steps go in pairs, each into its own set of accumulators, and each promotion (its FMAs) runs while
+    MMAs do: a pair's first step is issued, then the previous pair's second step promoted, the second step issued,
+    the first promoted once done; the second is waited for, to be promoted under the next pair's first MMAs.
+    Nothing is in flight across the loop's back edge: ptxas serializes every wgmma (C7514) where accumulators are
+    read while a wgmma issued in an earlier iteration may still run. An odd count's first step runs alone, before
+    the pairs. Scales are loaded a pair ahead (their latency, an L2 round trip for M-major scales, hides behind two
+    steps' MMAs). Both 64-row blocks' rows of this thread are read from ``scales.row0``; ``warp``: this thread's
+    warp in its warpgroup. Returns (the state past the steps, the sums). Nothing stays pending: no :func:`drain`."""
     pipe, mma, lane, peers = consumer.pipe, consumer.mma, consumer.lane, consumer.peers
     a_tiles, b_tiles = consumer.a.tiles, consumer.b.tiles
     last_row = scales.a.shape[0].to(fx.Int32) - 1
     first = scales.row0 + 16 * warp + lane // 4
     blocks = mma.repeats[0]
     rows = [arith.minimum(first + 64 * (r // 2) + 8 * (r % 2), last_row) for r in range(2 * blocks)]
-    sums = mma.make_accumulators(0.0)
-    parts = mma.make_accumulators(0.0)
-    factors = _step_scales(scales, rows, k_begin)
-    upcoming = _step_scales(scales, rows, arith.minimum(k_begin + 1, k_end - 1))
-    for kt in range(k_begin, k_end):
-        pipe.consumer_wait(state)
+
+    def factors(kb):  # clamped into the range (an empty one: k_begin): loads ahead of the last steps read valid ones
+        return _step_scales(scales, rows, arith.maximum(arith.minimum(kb, k_end - 1), k_begin))
+
+    def issue(step_state, parts):
+        pipe.consumer_wait(step_state)
         parts = wgmma.fence(parts)
         parts = mma.mma(
-            a_tiles[None, None, state.index],
-            b_tiles[None, None, state.index],
+            a_tiles[None, None, step_state.index],
+            b_tiles[None, None, step_state.index],
             parts,
             accumulate=False,
             warpgroup=consumer.warpgroup,
         )
         wgmma.commit_group()
-        later = _step_scales(scales, rows, arith.minimum(kt + 2, k_end - 1))
-        parts = wgmma.wait_group(0, parts)
+        return parts
+
+    def finish(step_state, parts, pending):  # waits for a step's MMAs (``pending``: later ones left) and frees its slot
+        parts = wgmma.wait_group(pending, parts)
         if lane == 0:
-            pipe.consumer_release(state, peers)
-        sums = _promote(sums, parts, factors)
-        factors, upcoming = upcoming, later
+            pipe.consumer_release(step_state, peers)
+        return parts
+
+    sums = mma.make_accumulators(0.0)
+    odd = (k_end - k_begin) % 2
+    if odd == 1:
+        sums = _promote(sums, finish(state, issue(state, mma.make_accumulators(0.0)), 0), factors(k_begin))
         state = state.advance()
+    k0 = k_begin + odd
+    first_parts, second_parts = mma.make_accumulators(0.0), mma.make_accumulators(0.0)
+    second_factors = [fx.Float32(0.0)] * len(rows)  # no second step before the first pair: adds zeros
+    first_ahead, second_ahead = factors(k0), factors(k0 + 1)
+    for kt in range(k0, k_end, 2):  # steps kt and kt + 1
+        first_factors, first_ahead = first_ahead, factors(kt + 2)
+        first_state = state
+        first_parts = issue(first_state, first_parts)
+        sums = _promote(sums, second_parts, second_factors)  # the previous pair's second step
+        second_factors, second_ahead = second_ahead, factors(kt + 3)
+        state = state.advance()
+        second_parts = issue(state, second_parts)
+        sums = _promote(sums, finish(first_state, first_parts, 1), first_factors)
+        second_parts = finish(state, second_parts, 0)
+        state = state.advance()
+    sums = _promote(sums, second_parts, second_factors)
     return state, sums
