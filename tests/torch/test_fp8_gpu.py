@@ -49,10 +49,12 @@ def test_the_prepared_op_gives_the_plain_ops_bits():
         assert torch.equal(y, torch.ops.flydsl.fp8_gemm(rows, w8.t(), scale, sw, None, "gelu", None))
 
 
-@pytest.mark.parametrize("granularity", ["token", "tensor"])
+@pytest.mark.parametrize("granularity", ["token", "tensor", "block"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("prepared", [True, False])
 def test_fp8_linear_is_close_to_linear(granularity, dtype, prepared):
+    if granularity == "block" and prepared:
+        pytest.skip("granularity 'block' takes plain weights")
     linear = _linear(dtype=dtype)
     layer = Fp8Linear.from_linear(linear, granularity, prepared=prepared)
     x = torch.randn(4, 33, 1024, device="cuda", dtype=dtype)
@@ -99,3 +101,32 @@ def test_the_blockscale_op_matches_the_kernel():
     y = torch.ops.flydsl.blockscale_gemm(a, w.t(), a_scales, w_scales, None, "relu", None)
     assert y.dtype == torch.bfloat16
     assert torch.equal(y, blockscale_gemm(a, w.t(), a_scales, w_scales, activation="relu"))
+
+
+def test_the_group_and_block_quantize_ops_match_the_kernel_and_feed_the_blockscale_op(graphed):
+    """The op's "group" scales are row-major (rows, ceil(K / 128)) with the kernel's values; "block" gives the
+    kernel's blocks; Fp8Linear(granularity="block") is the op chain on its buffers, in eager, compiled and CUDA graph
+    forms."""
+    x = torch.randn(3, 70, 400, device="cuda", dtype=torch.bfloat16)
+    q, s = torch.ops.flydsl.quantize_fp8(x, "group", None)
+    q_k, s_k = quantize_fp8(x.reshape(-1, 400), "group")
+    assert s.shape == (210, 4) and s.stride() == (4, 1) and torch.equal(s, s_k)
+    assert torch.equal(q.view(torch.uint8).reshape(-1, 400), q_k.view(torch.uint8))
+    w = torch.randn(200, 400, device="cuda", dtype=torch.bfloat16)
+    w8, sw = torch.ops.flydsl.quantize_fp8(w, "block", None)
+    w8_k, sw_k = quantize_fp8(w, "block")
+    assert torch.equal(w8.view(torch.uint8), w8_k.view(torch.uint8)) and torch.equal(sw, sw_k)
+    linear = torch.nn.Linear(400, 200, device="cuda", dtype=torch.bfloat16)
+    layer = Fp8Linear.from_linear(linear, "block")
+    rows = x.reshape(-1, 400)
+    expected = torch.ops.flydsl.blockscale_gemm(
+        q.reshape(-1, 400), layer.weight.t(), s, layer.weight_scale, layer.bias, None, None
+    )
+    assert torch.equal(layer(rows), expected) and torch.equal(layer(q.reshape(-1, 400), s), expected)
+    assert _error(expected, linear(rows)) < 6e-2
+    torch.testing.assert_close(torch.compile(layer, fullgraph=True)(rows), expected)
+    graph, y = graphed(lambda: layer(rows))
+    rows.copy_(torch.randn_like(rows))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, layer(rows))

@@ -55,9 +55,12 @@ class Fp8Linear(torch.nn.Module):
     docs/kernels-zoo.md#prepared-weights), with ``weight_scale`` (1, out) float32 (buffers: a ``state_dict``
     holds them); the activations quantized on the fly by one fused kernel, per token (``granularity="token"``, the
     default) or per tensor; both feed ``torch.ops.flydsl.fp8_gemm_prepared`` (or ``fp8_gemm``), whose output has
-    x's dtype (bf16 or fp16; float32 inputs give float32). ``forward(x, scale)`` takes x already quantized (fp8,
-    with its float32 scale, per token or per tensor). Works under ``torch.compile(fullgraph=True)`` and CUDA graph
-    capture; off the GPU it computes the same product from the dequantized weights.
+    x's dtype (bf16 or fp16; float32 inputs give float32). ``granularity="block"`` is DeepSeek-V3's recipe: W per
+    128 x 128 block (``weight_scale`` (ceil(out / 128), ceil(in / 128))), x per 1 x 128 group, through
+    ``torch.ops.flydsl.blockscale_gemm`` (plain weights only). ``forward(x, scale)`` takes x already quantized (fp8,
+    with its float32 scale: per token, per tensor, or per group (rows, ceil(in / 128)) for "block"). Works under
+    ``torch.compile(fullgraph=True)`` and CUDA graph capture; off the GPU it computes the same product from the
+    dequantized operands.
 
         layer = Fp8Linear.from_linear(torch.nn.Linear(4096, 14336, device="cuda", dtype=torch.bfloat16))
         y = layer(x)                      # x (..., 4096) bf16 -> y (..., 14336) bf16
@@ -89,16 +92,18 @@ class Fp8Linear(torch.nn.Module):
         """``linear``'s shape, its weights quantized into the fp8 buffers and a copy of its bias (no gradient)."""
         from flydsl.kernels.gemm.prepared import prepared_shape
 
-        if granularity not in ("token", "tensor"):
-            raise ValueError(f"Fp8Linear: granularity: expected 'token' or 'tensor', got {granularity!r}")
+        if granularity not in ("token", "tensor", "block"):
+            raise ValueError(f"Fp8Linear: granularity: expected 'token', 'tensor' or 'block', got {granularity!r}")
+        if granularity == "block" and prepared:
+            raise ValueError("Fp8Linear: prepared: granularity 'block' takes plain weights (prepared=False)")
         self.in_features, self.out_features, self.granularity = linear.in_features, linear.out_features, granularity
         self.prepared = prepared
         weight = linear.weight.detach()
         shape = prepared_shape(*weight.shape[::-1]) if prepared else weight.shape
         self.register_buffer("weight", torch.empty(shape, dtype=torch.float8_e4m3fn, device=weight.device))
-        self.register_buffer(
-            "weight_scale", torch.empty((1, weight.shape[0]), dtype=torch.float32, device=weight.device)
-        )
+        blocks = (-(-weight.shape[0] // 128), -(-weight.shape[1] // 128))
+        scale_shape = blocks if granularity == "block" else (1, weight.shape[0])
+        self.register_buffer("weight_scale", torch.empty(scale_shape, dtype=torch.float32, device=weight.device))
         bias = linear.bias
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.load_weight(weight)
@@ -106,17 +111,23 @@ class Fp8Linear(torch.nn.Module):
     @torch.no_grad()
     def load_weight(self, weight: Tensor) -> None:
         """Quantizes ``weight`` (out, in), in any float dtype, into ``weight`` (prepared where the layer is) and
-        ``weight_scale`` (per output channel: each row's amax / 448)."""
+        ``weight_scale`` (per output channel, each row's amax / 448; or per 128 x 128 block)."""
         from flydsl.kernels.gemm import prepare_weight
+        from flydsl.kernels.quantize.api import quantize_blocks
 
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(
                 f"Fp8Linear: weight: expected shape {(self.out_features, self.in_features)}, got {tuple(weight.shape)}"
             )
         quantized = self.weight if not self.prepared else torch.empty_like(weight, dtype=torch.float8_e4m3fn)
+        per = "block" if self.granularity == "block" else "channel"
         if weight.is_cuda:
             w = weight if weight.dtype in DTYPES else weight.float()
-            torch.ops.flydsl.quantize_fp8_out(w, "channel", torch.float8_e4m3fn, quantized, self.weight_scale)
+            torch.ops.flydsl.quantize_fp8_out(w, per, torch.float8_e4m3fn, quantized, self.weight_scale)
+        elif per == "block":  # the same torch ops as the GPU's block quantizer
+            q, scale = quantize_blocks(weight.float(), torch.float8_e4m3fn, "e4m3")
+            quantized.copy_(q)
+            self.weight_scale.copy_(scale)
         else:  # the same quantization in torch (CPU modules, before .cuda())
             w = weight.float()
             scale = w.abs().amax(dim=1) / 448.0
@@ -133,6 +144,13 @@ class Fp8Linear(torch.nn.Module):
             return self.weight
         return PreparedWeight(self.weight, self.in_features, self.out_features).unprepared().t()
 
+    def dequantized_weight(self) -> Tensor:
+        """The weights as float32 (out, in): the fp8 values times their scales."""
+        w = self.dense_weight().float()
+        if self.granularity != "block":
+            return w * self.weight_scale.t()
+        return w * self.weight_scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[: w.shape[0], : w.shape[1]]
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None},"
@@ -148,19 +166,34 @@ class Fp8Linear(torch.nn.Module):
         leading = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         out_dtype = self.bias.dtype if fp8 and self.bias is not None else (torch.bfloat16 if fp8 else x.dtype)
+        block = self.granularity == "block"
         if not x.is_cuda:  # the same product from the dequantized operands
-            a = rows.float() * scale.reshape(-1, 1).float() if fp8 else rows.float()
-            y = a @ (self.dense_weight().float() * self.weight_scale.t()).t()
+            a = rows.float() * _per_column(scale, rows.shape, block) if fp8 else rows.float()
+            y = a @ self.dequantized_weight().t()
             y = y if self.bias is None else y + self.bias.float()
             return y.to(out_dtype).reshape(*leading, self.out_features)
         if fp8:
-            a8, scale_a = rows, scale.reshape(-1, 1) if scale.numel() > 1 else scale
+            a8, scale_a = rows, scale.reshape(rows.shape[0], -1) if scale.numel() > 1 or block else scale
         else:
-            a8, scale_a = torch.ops.flydsl.quantize_fp8(rows, self.granularity, torch.float8_e4m3fn)
-        if self.prepared:
+            a8, scale_a = torch.ops.flydsl.quantize_fp8(
+                rows, "group" if block else self.granularity, torch.float8_e4m3fn
+            )
+        if block:
+            y = torch.ops.flydsl.blockscale_gemm(
+                a8, self.weight.t(), scale_a, self.weight_scale, self.bias, None, out_dtype
+            )
+        elif self.prepared:
             y = torch.ops.flydsl.fp8_gemm_prepared(
                 a8, self.weight, self.out_features, scale_a, self.weight_scale, self.bias, None, out_dtype
             )
         else:
             y = torch.ops.flydsl.fp8_gemm(a8, self.weight.t(), scale_a, self.weight_scale, self.bias, None, out_dtype)
         return y.reshape(*leading, self.out_features)
+
+
+def _per_column(scale: Tensor, shape, block: bool) -> Tensor:
+    """A pre-quantized x's float32 scales broadcast over its (rows, in) values: per row or tensor, or per 1 x 128
+    group (``block``)."""
+    if not block:
+        return scale.reshape(-1, 1).float()
+    return scale.reshape(shape[0], -1).float().repeat_interleave(128, 1)[:, : shape[1]]

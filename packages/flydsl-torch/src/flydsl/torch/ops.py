@@ -545,7 +545,15 @@ def blockscale_gemm(
     kernel(a, b, a_scales, b_scales, out, bias=None if bias is None else bias.contiguous(), activation=activation)
 
 
-_SCALE_SHAPES = {"token": lambda rows: (rows, 1), "channel": lambda rows: (1, rows), "tensor": lambda rows: ()}
+# Each granularity's scales, of x viewed as (rows, n): "group" row-major (rows, groups of 128 columns), "block" one
+# per 128 x 128 block (a weight's: rows are its output channels).
+_SCALE_SHAPES = {
+    "token": lambda rows, n: (rows, 1),
+    "channel": lambda rows, n: (1, rows),
+    "tensor": lambda rows, n: (),
+    "group": lambda rows, n: (rows, -(-n // 128)),
+    "block": lambda rows, n: (-(-rows // 128), -(-n // 128)),
+}
 
 
 def _check_quantize_fp8(x: Tensor, granularity: str, dtype) -> None:
@@ -559,15 +567,16 @@ def _check_quantize_fp8(x: Tensor, granularity: str, dtype) -> None:
 
 
 def _quantize_outputs(x: Tensor, granularity: str, dtype):
-    rows = math.prod(x.shape[:-1])
-    return (tuple(x.shape), dtype or torch.float8_e4m3fn), (_SCALE_SHAPES[granularity](rows), torch.float32)
+    rows, n = math.prod(x.shape[:-1]), x.shape[-1]
+    return (tuple(x.shape), dtype or torch.float8_e4m3fn), (_SCALE_SHAPES[granularity](rows, n), torch.float32)
 
 
 @register_op("quantize_fp8", outputs=_quantize_outputs, check=_check_quantize_fp8)
 def quantize_fp8(
     x: Tensor, granularity: str = "token", dtype: torch.dtype | None = None, *, out: Tensor, scales: Tensor
 ) -> None:
-    """``(out, scales)`` with ``x ~ out * scales`` (flydsl.kernels.quantize.quantize_fp8 over x's rows)."""
+    """``(out, scales)`` with ``x ~ out * scales`` (flydsl.kernels.quantize.quantize_fp8 over x's rows; "group"
+    scales row-major, the faster layout for blockscale_gemm)."""
     from flydsl.kernels.quantize import quantize_fp8 as kernel
 
     n = x.shape[-1] if x.dim() else 1
