@@ -87,6 +87,25 @@ def async_copies(src: fx.Tensor, out: fx.Tensor):
 
 
 @flyc.kernel
+def copies_then_arrive(src: fx.Tensor, out: fx.Tensor):
+    """Each of 32 threads copies 8 floats of src into shared memory by 4-byte cp.async, then arrives on one mbarrier
+    (32 arrivals) once they have landed; every thread waits on it and reads another's floats."""
+    t = gpu.thread_idx.x
+    staged = fx.SmemAllocator().allocate(fx.Float32, 256, alignment=16)
+    bar = fx.mbarrier.allocate(fx.SmemAllocator(), 1)[0]
+    if t == 0:
+        bar.init(32)
+        fx.mbarrier.fence_init()
+    gpu.barrier()
+    for i in fx.range_constexpr(8):
+        nvvm.cp_async(staged, src, 4, dst_coord=t * 8 + i, src_coord=t * 8 + i)
+    bar.arrive_on_cp_async()
+    bar.wait(0)
+    for i in fx.range_constexpr(8):
+        out[t * 8 + i] = staged[((t + 1) % 32) * 8 + i]
+
+
+@flyc.kernel
 def bulk_copy(src: fx.Tensor, out: fx.Tensor):
     """Thread 0 copies src's 256 floats into shared memory by two bulk copies (768 bytes at a dynamic size, then 256)
     and a third of 0 bytes (none issued), all on one mbarrier; every thread waits on it and reads another's floats."""
@@ -220,6 +239,13 @@ def test_bulk_copies_complete_on_an_mbarrier():
             nvvm.cp_async_bulk(fx.SmemAllocator().allocate(fx.Float32, 64), x, 24, bar)
 
         ragged.trace(ragged.specialize(ragged._bind([_fake((64,))], {})).key)
+
+
+def test_cp_async_copies_arrive_on_an_mbarrier():
+    ptx = _ptx(copies_then_arrive, _fake((256,)), _fake((256,), k=1))
+    assert len(re.findall(r"cp\.async\.ca\.shared\.global \[%rd\d+(\+\d+)?\], \[%rd\d+(\+\d+)?\], 4;", ptx)) == 8
+    assert re.search(r"cp\.async\.mbarrier\.arrive\.noinc\.shared(::cta)?\.b64", ptx)
+    assert "mbarrier.try_wait.parity" in ptx
 
 
 def test_trap_is_emitted_where_the_condition_holds():
@@ -383,6 +409,16 @@ def test_async_copies_land_and_zero_fill():
     expected[:, 7] = -1.0
     expected[:, 10:] = 0.0  # src_bytes=8 of 16: the last two floats are zeros
     assert torch.equal(out.cpu().view(32, 12), expected)
+
+
+@pytest.mark.gpu
+def test_cp_async_copies_land_before_their_arrivals():
+    torch = pytest.importorskip("torch")
+    src = torch.randn(256, device="cuda")
+    out = torch.full((256,), float("nan"), device="cuda")
+    copies_then_arrive(src, out).launch(grid=1, block=32)
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu().view(32, 8), src.cpu().view(32, 8).roll(-1, dims=0))
 
 
 @pytest.mark.gpu

@@ -65,6 +65,12 @@ class Mbarrier:
         """Blocks until the phase with parity ``phase`` (0 or 1) has completed (acquire semantics)."""
         _nvvm.MBarrierTryWaitParityOp(self.address, _i32(phase, "Mbarrier.wait phase"), Int32(_SUSPEND_HINT_NS).value)
 
+    def arrive_on_cp_async(self) -> None:
+        """An arrival, counted among the ``init`` arrivals, made once every ``cp_async`` this thread issued before has
+        landed (``cp.async.mbarrier.arrive.noinc``): threads that fill part of a slot with ``cp_async`` complete its
+        barrier this way, and whoever waits on it then reads what they copied."""
+        _nvvm.CpAsyncMBarrierArriveOp(self.address, noinc=True)
+
     def arrive_cluster(self, cta_rank) -> None:
         """An arrival on the barrier at this one's offset in the shared memory of CTA ``cta_rank`` of the cluster
         (``mapa`` + ``mbarrier.arrive.shared::cluster``): how consumers free a multicast slot in every CTA."""

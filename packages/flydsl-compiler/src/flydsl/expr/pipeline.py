@@ -138,10 +138,13 @@ class Pipeline:
 class TmaPipeline(Pipeline):
     """Slots filled by TMA loads (CuTe's ``PipelineTmaAsync``): one producer thread calls ``producer_acquire``, which
     waits for a free slot and arms its ``full`` barrier with ``tx_bytes`` (the bytes of every load of the stage);
-    the loads complete it. ``full[state.index]`` is the barrier to give the loads."""
+    the loads complete it. ``full[state.index]`` is the barrier to give the loads. ``producers``: the arrivals that
+    complete a slot besides the bytes: the TMA producer's, plus one per thread that fills part of the slot itself
+    (e.g. with ``cp_async`` and ``full[state.index].arrive_on_cp_async()``, after waiting on ``empty`` like
+    ``producer_acquire`` without arming the bytes)."""
 
-    def __init__(self, smem, stages: int, tx_bytes: int, consumers: int):
-        super().__init__(smem, stages, producers=1, consumers=consumers)
+    def __init__(self, smem, stages: int, tx_bytes: int, consumers: int, producers: int = 1):
+        super().__init__(smem, stages, producers=producers, consumers=consumers)
         if not isinstance(tx_bytes, int) or tx_bytes <= 0 or tx_bytes >= 1 << 20:
             raise ValueError(f"TmaPipeline tx_bytes: expected the bytes of one stage (0 < n < 2^20), got {tx_bytes!r}")
         self.tx_bytes = tx_bytes

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+from flydsl.kernels.gemm.block_scales import slot_bytes
 from flydsl.kernels.gemm.schedulers import cluster_tiles, split_plan, stream_k_steps
 
 __all__ = [
@@ -126,27 +127,30 @@ def staging_bytes(cfg: GemmConfig, element_bytes: int = 2) -> int:
     return cfg.consumers * cfg.store_boxes * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
 
 
-def staging_fits(cfg: GemmConfig, operand_bytes: int = 2) -> bool:
-    """The TMA-store epilogue applies to ``cfg`` (operands of ``operand_bytes`` bytes): its tiles split into 64-column
-    parts (the staging boxes' width), and the staging boxes fit in shared memory beside the pipeline (1 KB kept for
-    barriers and alignment)."""
-    pipeline = cfg.stages * cfg.stage_bytes(operand_bytes)
+def staging_fits(cfg: GemmConfig, operand_bytes: int = 2, slot_extra: int = 0) -> bool:
+    """The TMA-store epilogue applies to ``cfg`` (operands of ``operand_bytes`` bytes, ``slot_extra`` more bytes per
+    slot: a block-scaled GEMM's scales): its tiles split into 64-column parts (the staging boxes' width), and the
+    staging boxes fit in shared memory beside the pipeline (1 KB kept for barriers and alignment)."""
+    pipeline = cfg.stages * (cfg.stage_bytes(operand_bytes) + slot_extra)
     return cfg.tile_n % STAGING_BOX[1] == 0 and pipeline + staging_bytes(cfg) <= SMEM_BYTES - 1024
 
 
-def max_stages(tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2, store_boxes: int = 2) -> int:
-    """The deepest pipeline whose slots fit in shared memory beside the TMA-store epilogue's ``store_boxes`` staging
-    boxes per consumer (one or two consumer warpgroups: ``tile_m`` 64 or more) and 1 KB for barriers and alignment;
-    at most 8."""
+def max_stages(
+    tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2, store_boxes: int = 2, slot_extra: int = 0
+) -> int:
+    """The deepest pipeline whose slots (``slot_extra`` more bytes each: a block-scaled GEMM's scales) fit in shared
+    memory beside the TMA-store epilogue's ``store_boxes`` staging boxes per consumer (one or two consumer
+    warpgroups: ``tile_m`` 64 or more) and 1 KB for barriers and alignment; at most 8."""
     staging = min(2, tile_m // 64) * store_boxes * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
-    return min(8, (SMEM_BYTES - 1024 - staging) // ((tile_m + tile_n) * tile_k * element_bytes))
+    return min(8, (SMEM_BYTES - 1024 - staging) // ((tile_m + tile_n) * tile_k * element_bytes + slot_extra))
 
 
-def _deepest_pipeline(tile_m: int, tile_n: int) -> dict:
+def _deepest_pipeline(tile_m: int, tile_n: int, slot_extra: int = 0) -> dict:
     """``stages`` and ``store_boxes`` of the deepest pipeline for a tile shape: one TMA-store staging box per consumer
     where that buys a stage (docs/tuning/gemm.md#store-boxes), else two."""
-    boxes = 1 if max_stages(tile_m, tile_n, store_boxes=1) > max_stages(tile_m, tile_n) else 2
-    return dict(stages=max_stages(tile_m, tile_n, store_boxes=boxes), store_boxes=boxes)
+    deepest = {boxes: max_stages(tile_m, tile_n, store_boxes=boxes, slot_extra=slot_extra) for boxes in (1, 2)}
+    boxes = 1 if deepest[1] > deepest[2] else 2
+    return dict(stages=deepest[boxes], store_boxes=boxes)
 
 
 def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
@@ -280,7 +284,9 @@ def choose_fp8_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
 
 @functools.cache
 def choose_blockscale_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
-    """The configuration of a block-scaled fp8 GEMM: :func:`choose_fp8_config`'s among tiles at most 128 wide. Each
-    consumer thread holds a K block's accumulators beside the float32 sums (``tile_n`` registers per 64 rows), and a
-    tile must take one scale per 128-column block of B."""
-    return fp8_config(choose_config(m, n, -(-k // 2), sms, tile_widths=(128, 64)))
+    """The configuration of a block-scaled fp8 GEMM: :func:`choose_fp8_config`'s among tiles at most 128 wide, with
+    the deepest pipeline whose slots also hold their K step's scales. Each consumer thread holds two K blocks'
+    accumulators beside the float32 sums (``tile_n`` registers per 64 rows each), and a tile must take one scale per
+    128-column block of B."""
+    cfg = fp8_config(choose_config(m, n, -(-k // 2), sms, tile_widths=(128, 64)))
+    return dataclasses.replace(cfg, **_deepest_pipeline(cfg.tile_m, cfg.tile_n, slot_bytes(cfg.tile_m)))

@@ -9,8 +9,9 @@ previous slot be released to the producer. :func:`drain` then waits for the last
     accs = drain(consumer, released, accs, work.k_begin, work.k_end, maybe_empty=False)
 
 Block-scaled fp8 (:func:`promoted_steps`): each K step is one 128-wide block of K, multiplied into fresh
-accumulators, then added into the float32 sums times its block's scales (DeepSeek-V3's promotion: the tensor cores'
-fp8 accumulation never spans more than one block).
+accumulators, then added into the float32 sums times its block's scales, which travel in the step's slot
+(:mod:`~flydsl.kernels.gemm.block_scales`; DeepSeek-V3's promotion: the tensor cores' fp8 accumulation never spans
+more than one block).
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import flydsl.expr as fx
-from flydsl.expr import arith, vector, wgmma
+from flydsl.expr import vector, wgmma
+from flydsl.kernels.gemm.block_scales import StagedScales, step_factors
 from flydsl.kernels.gemm.operands import OperandTiles
 
-__all__ = ["BLOCK", "BlockScales", "Consumer", "drain", "mma_steps", "promoted_steps"]
-
-BLOCK = 128  # the block-scaled GEMM's scale blocks: 1 x 128 of A (per row), 128 x 128 of B
+__all__ = ["Consumer", "drain", "mma_steps", "promoted_steps"]
 
 
 class Consumer(NamedTuple):
@@ -85,27 +85,6 @@ def drain(consumer: Consumer, released, accs, k_begin, k_end, maybe_empty: bool)
     return accs
 
 
-class BlockScales(NamedTuple):
-    """A block-scaled GEMM's float32 scales as the kernel reads them: ``a`` (M, ceil(K / 128)), one per row of A and
-    128-wide block of K, any strides (row-major as users hold them, or M-major as :func:`quantize_fp8` writes them);
-    ``b`` (ceil(N / 128), ceil(K / 128)), one per 128 x 128 block of B; and where this consumer's tile begins:
-    ``row0`` (its first row of C) and ``column_block`` (the tile's block of 128 columns: tiles are at most 128 wide
-    and divide 128)."""
-
-    a: object
-    b: object
-    row0: object
-    column_block: object
-
-
-def _step_scales(scales: BlockScales, rows: list, kb) -> list:
-    """This thread's factors of K block ``kb`` (clamped into the scales: an empty split part reads a valid one): one
-    per row of ``rows`` (clamped into A), ``a[row, kb] * b[column_block, kb]``."""
-    kb = arith.minimum(kb, scales.a.shape[1].to(fx.Int32) - 1)
-    b_scale = scales.b[scales.column_block, kb].to(fx.Float32)
-    return [scales.a[row, kb].to(fx.Float32) * b_scale for row in rows]
-
-
 def _promote(sums: list, parts: list, factors: list) -> list:
     """``sums + parts * factor`` per accumulator element, each element with its row's factor (wgmma's layout:
     element ``2p + e`` of 64-row block ``mi`` lies in row ``8 (p % 2)`` of the thread's pair of rows ``2 mi``,
@@ -117,29 +96,27 @@ def _promote(sums: list, parts: list, factors: list) -> list:
     return promoted
 
 
-def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: BlockScales, warp):
+def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp):
     """The block-scaled mainloop over K steps ``[k_begin, k_end)`` (each one 128-wide block of K): each step's MMAs
-    into fresh accumulators, added into the float32 sums with the step's scales once they are done and their slot is
-    released. Steps go in pairs, each into its own set of accumulators, and each promotion (its FMAs) runs while
-    MMAs do: a pair's first step is issued, then the previous pair's second step promoted, the second step issued,
-    the first promoted once done; the second is waited for, to be promoted under the next pair's first MMAs.
-    Nothing is in flight across the loop's back edge: ptxas serializes every wgmma (C7514) where accumulators are
-    read while a wgmma issued in an earlier iteration may still run. An odd count's first step runs alone, before
-    the pairs. Scales are loaded a pair ahead (their latency, an L2 round trip for M-major scales, hides behind two
-    steps' MMAs). Both 64-row blocks' rows of this thread are read from ``scales.row0``; ``warp``: this thread's
-    warp in its warpgroup. Returns (the state past the steps, the sums). Nothing stays pending: no :func:`drain`."""
+    into fresh accumulators, added into the float32 sums with the step's scales (read from its slot,
+    :func:`~flydsl.kernels.gemm.block_scales.step_factors`) once they are done and their slot is released. Steps go
+    in pairs, each into its own set of accumulators, and each promotion (its FMAs) runs while MMAs do: a pair's first
+    step is issued, then the previous pair's second step promoted, the second step issued, the first promoted once
+    done; the second is waited for, to be promoted under the next pair's first MMAs. Nothing is in flight across the
+    loop's back edge: ptxas serializes every wgmma (C7514) where accumulators are read while a wgmma issued in an
+    earlier iteration may still run. An odd count's first step runs alone, before the pairs. ``warp``: this
+    thread's warp in its warpgroup. Returns (the state past the steps, the sums). Nothing stays pending: no
+    :func:`drain`."""
     pipe, mma, lane, peers = consumer.pipe, consumer.mma, consumer.lane, consumer.peers
     a_tiles, b_tiles = consumer.a.tiles, consumer.b.tiles
-    last_row = scales.a.shape[0].to(fx.Int32) - 1
-    first = scales.row0 + 16 * warp + lane // 4
     blocks = mma.repeats[0]
-    rows = [arith.minimum(first + 64 * (r // 2) + 8 * (r % 2), last_row) for r in range(2 * blocks)]
+    # This thread's rows of the tile (wgmma's accumulator layout: rows r and r + 8 of each 64-row block).
+    first = consumer.warpgroup * (64 * blocks) + 16 * warp + lane // 4
+    rows = [first + 64 * (r // 2) + 8 * (r % 2) for r in range(2 * blocks)]
 
-    def factors(kb):  # clamped into the range (an empty one: k_begin): loads ahead of the last steps read valid ones
-        return _step_scales(scales, rows, arith.maximum(arith.minimum(kb, k_end - 1), k_begin))
-
-    def issue(step_state, parts):
+    def issue(step_state, parts):  # waits for a step's slot, reads its scales, issues its MMAs
         pipe.consumer_wait(step_state)
+        factors = step_factors(scales, step_state.index, rows)
         parts = wgmma.fence(parts)
         parts = mma.mma(
             a_tiles[None, None, step_state.index],
@@ -149,7 +126,7 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: BlockScale
             warpgroup=consumer.warpgroup,
         )
         wgmma.commit_group()
-        return parts
+        return parts, factors
 
     def finish(step_state, parts, pending):  # waits for a step's MMAs (``pending``: later ones left) and frees its slot
         parts = wgmma.wait_group(pending, parts)
@@ -160,22 +137,21 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: BlockScale
     sums = mma.make_accumulators(0.0)
     odd = (k_end - k_begin) % 2
     if odd == 1:
-        sums = _promote(sums, finish(state, issue(state, mma.make_accumulators(0.0)), 0), factors(k_begin))
+        parts, factors = issue(state, mma.make_accumulators(0.0))
+        sums = _promote(sums, finish(state, parts, 0), factors)
         state = state.advance()
     k0 = k_begin + odd
     first_parts, second_parts = mma.make_accumulators(0.0), mma.make_accumulators(0.0)
     second_factors = [fx.Float32(0.0)] * len(rows)  # no second step before the first pair: adds zeros
-    first_ahead, second_ahead = factors(k0), factors(k0 + 1)
-    for kt in range(k0, k_end, 2):  # steps kt and kt + 1
-        first_factors, first_ahead = first_ahead, factors(kt + 2)
+    for _pair in range(k0, k_end, 2):  # steps _pair and _pair + 1
         first_state = state
-        first_parts = issue(first_state, first_parts)
+        first_parts, first_factors = issue(first_state, first_parts)
         sums = _promote(sums, second_parts, second_factors)  # the previous pair's second step
-        second_factors, second_ahead = second_ahead, factors(kt + 3)
         state = state.advance()
-        second_parts = issue(state, second_parts)
+        second_parts, upcoming = issue(state, second_parts)
         sums = _promote(sums, finish(first_state, first_parts, 1), first_factors)
         second_parts = finish(state, second_parts, 0)
+        second_factors = upcoming
         state = state.advance()
     sums = _promote(sums, second_parts, second_factors)
     return state, sums

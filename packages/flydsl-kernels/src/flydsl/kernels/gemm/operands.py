@@ -21,6 +21,7 @@ from typing import NamedTuple
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.compiler.args import torch_dtype_name
+from flydsl.kernels.gemm.block_scales import copy_step_scales
 
 __all__ = [
     "OPERAND_BYTES",
@@ -135,18 +136,31 @@ class Producer(NamedTuple):
     rank: object = 0
 
 
-def produce(producer: Producer, state, work):
+def produce(producer: Producer, state, work, scales=None, lane=0):
     """The producer's TMA loads of one work unit (a :class:`~flydsl.kernels.gemm.schedulers.WorkUnit`): for each K
     step in ``[work.k_begin, work.k_end)``, a free slot is acquired and both operands' tiles of this CTA's output tile
-    (their shared parts, with a cluster) are loaded into it. Returns the pipeline state past the unit."""
+    (their shared parts, with a cluster) are loaded into it. Block-scaled (``scales``: the
+    :class:`~flydsl.kernels.gemm.block_scales.StagedScales`), a whole warp produces: every lane waits for the slot,
+    lane 0 (``lane``) arms its bytes and issues the loads, and each lane copies its part of the step's scales
+    (:func:`~flydsl.kernels.gemm.block_scales.copy_step_scales`) and arrives once they have landed. Returns the
+    pipeline state past the unit."""
     pipe, a, b, rank = producer
     for kt in range(work.k_begin, work.k_end):
-        pipe.producer_acquire(state)
         bar = pipe.full[state.index]
         k0 = kt * a.tile_k
         a_at, b_at = work.tile_m * a.rows, work.tile_n * b.rows
-        a.load(state.index, a_at, k0, bar, rank)
-        b.load(state.index, b_at, k0, bar, rank)
+        if fx.const_expr(scales is None):
+            pipe.producer_acquire(state)
+            a.load(state.index, a_at, k0, bar, rank)
+            b.load(state.index, b_at, k0, bar, rank)
+        else:
+            pipe.empty[state.index].wait(state.phase)
+            if lane == 0:
+                bar.arrive_expect_tx(pipe.tx_bytes)
+                a.load(state.index, a_at, k0, bar, rank)
+                b.load(state.index, b_at, k0, bar, rank)
+            copy_step_scales(scales, state.index, work, kt, b.rows, lane)
+            bar.arrive_on_cp_async()
         state = state.advance()
     return state
 

@@ -19,16 +19,18 @@ import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from flydsl.kernels.gemm.block_scales import BLOCK, slot_bytes
 from flydsl.kernels.gemm.config import (
+    SMEM_BYTES,
     STAGING_BOX,
     GemmConfig,
     choose_blockscale_config,
     choose_config,
     choose_fp8_config,
+    max_stages,
     staging_fits,
 )
 from flydsl.kernels.gemm.epilogue import Epilogue
-from flydsl.kernels.gemm.mainloop import BLOCK
 from flydsl.kernels.gemm.operands import (
     OPERAND_BYTES,
     SWIZZLE_BYTES,
@@ -276,7 +278,7 @@ def plan_dense(
     workers = sms // cfg.cluster  # CTAs, or clusters; stream-K gives every one of them work
     split_from, units = split_plan(cluster_tiles(m, n, cfg), workers, cfg)
     grid = (workers if cfg.stream_k else min(units, workers)) * cfg.cluster
-    store_view = _store_view(out, cfg, operand_bytes)
+    store_view = _store_view(out, cfg, operand_bytes, slot_bytes(cfg.tile_m) if block_scales else 0)
     epilogue = Epilogue(
         bias=bias is not None,
         activation=activation,
@@ -311,11 +313,12 @@ def plan_dense(
     return GemmPlan(kernel.name, cfg, epilogue, specs, tuple(preparations), (launch,))
 
 
-def _store_view(out: MatrixSpec, cfg: GemmConfig, operand_bytes: int) -> TmaView | None:
+def _store_view(out: MatrixSpec, cfg: GemmConfig, operand_bytes: int, slot_extra: int = 0) -> TmaView | None:
     """C's view in boxes of (64, 64) for the TMA-store epilogue, or None where it does not apply: C not 16-bit, its
     rows not 16-byte aligned or overlapping (a row stride under N, even in a one-row view: TMA's descriptor would
-    refuse it), or no shared memory left beside the pipeline for the staging boxes."""
-    if out.dtype not in ("bf16", "f16") or not staging_fits(cfg, operand_bytes):
+    refuse it), or no shared memory left beside the pipeline (``slot_extra`` more bytes per slot) for the staging
+    boxes."""
+    if out.dtype not in ("bf16", "f16") or not staging_fits(cfg, operand_bytes, slot_extra):
         return None
     row_stride = out.strides[0]
     if not out.aligned or row_stride % 8 or row_stride < out.shape[1]:  # 8 16-bit elements: 16 bytes
@@ -424,6 +427,12 @@ def _check_block_scales(block_scales: tuple, m: int, n: int, k: int, cfg: GemmCo
         raise ValueError(
             f"blockscale_gemm config: {cfg}: expected tile_k {BLOCK}, a tile_n dividing {BLOCK} and the cooperative"
             " schedule (one scale block per K step, one B scale per tile)"
+        )
+    if cfg.stages * (cfg.stage_bytes(1) + slot_bytes(cfg.tile_m)) > SMEM_BYTES - 1024:
+        raise ValueError(
+            f"blockscale_gemm config: {cfg}: {cfg.stages} slots of {cfg.stage_bytes(1)} operand bytes and"
+            f" {slot_bytes(cfg.tile_m)} of scales do not fit in shared memory ({SMEM_BYTES - 1024} bytes); expected at"
+            f" most {max_stages(cfg.tile_m, cfg.tile_n, store_boxes=0, slot_extra=slot_bytes(cfg.tile_m))} stages"
         )
     for i, (name, matrix, shape) in enumerate(
         (("a_scales", block_scales[0], (m, blocks)), ("b_scales", block_scales[1], (-(-n // BLOCK), blocks)))

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import gpu, nvvm, wgmma
+from flydsl.kernels.gemm.block_scales import BLOCK, SCALE_PRODUCERS, allocate_scales
 from flydsl.kernels.gemm.epilogue import (
     EpilogueTensors,
     TileStore,
@@ -29,7 +30,7 @@ from flydsl.kernels.gemm.epilogue import (
     store_accumulators,
     tma_store_staging,
 )
-from flydsl.kernels.gemm.mainloop import BLOCK, BlockScales, Consumer, drain, mma_steps, promoted_steps
+from flydsl.kernels.gemm.mainloop import Consumer, drain, mma_steps, promoted_steps
 from flydsl.kernels.gemm.operands import Producer, allocate_operand, produce
 from flydsl.kernels.gemm.partials import PartialTiles, add_stream_k_partials, split_k_last, store_stream_k_partials
 from flydsl.kernels.gemm.schedulers import dense_scheduler
@@ -75,11 +76,16 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     a_tiles = allocate_operand(smem, "a", a, cfg.tile_m, cfg.tile_k, cfg.stages, a_major, cfg.cluster_n)
     b_tiles = allocate_operand(smem, "b", b, cfg.tile_n, cfg.tile_k, cfg.stages, b_major, cfg.cluster_m)
     tma = tma_store_staging(smem, c, tensors.c_store, cfg) if epilogue.store == "tma" else None
+    scales = allocate_scales(smem, *tensors.block_scales, cfg.tile_m, cfg.stages) if blockscaled else None
     # A slot is freed by one arrival per warp of the consumers that read it (pingpong: one; cooperative: all) in
     # every CTA of the cluster (the multicast parts land in all of them).
     pingpong = cfg.schedule == "pingpong"
     draining = 1 if pingpong else cfg.consumers
-    pipe = fx.TmaPipeline(smem, cfg.stages, cfg.stage_bytes(a.element_bytes), consumers=4 * draining * cfg.cluster)
+    # A slot is full once its TMA bytes have landed and, block-scaled, the scale warp's lanes have arrived.
+    producers = 1 + (SCALE_PRODUCERS if blockscaled else 0)
+    pipe = fx.TmaPipeline(
+        smem, cfg.stages, cfg.stage_bytes(a.element_bytes), consumers=4 * draining * cfg.cluster, producers=producers
+    )
     if fx.const_expr(pingpong):
         # Pingpong consumers take turns at their units' K steps (CUTLASS's math order barrier): order[c] completes
         # when the other consumer has waited for every K step of its unit. Without it, a consumer a whole unit of
@@ -109,16 +115,18 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     warpgroup = tid // 128
     if warpgroup == 0:
         nvvm.setmaxnreg(_PRODUCER_REGISTERS, increase=False)
-        if tid == 0:
-            a.prefetch()
-            b.prefetch()
+        # One thread produces; block-scaled, its whole warp (lane 0 the loads, every lane its part of the scales).
+        if tid < (32 if blockscaled else 1):
+            if tid == 0:
+                a.prefetch()
+                b.prefetch()
             producer = Producer(pipe, a_tiles, b_tiles, rank)
             state = pipe.producer_start()
             for unit in range(schedule.worker, schedule.count, schedule.stride):
-                state = produce(producer, state, schedule.work(unit))
+                state = produce(producer, state, schedule.work(unit), scales, tid)
             if fx.const_expr(cfg.stream_k):
                 for segment in range(schedule.segments):
-                    state = produce(producer, state, schedule.segment(segment)[1])
+                    state = produce(producer, state, schedule.segment(segment)[1], scales, tid)
     else:
         nvvm.setmaxnreg(_CONSUMER_REGISTERS, increase=True)
         consumer = warpgroup - 1
@@ -144,7 +152,6 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
                 order[consumer].wait(turn)
                 turn = turn ^ 1
             if fx.const_expr(blockscaled):
-                scales = _tile_scales(tensors, cfg, work, consumer)
                 state, accs = promoted_steps(mainloop, state, work.k_begin, work.k_end, scales, warp)
             else:
                 state, released, accs = mma_steps(mainloop, state, work.k_begin, work.k_end)
@@ -169,8 +176,7 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
             for segment in range(schedule.segments):  # (names apart from the loop above: each loop has its own)
                 tile, sk_work = schedule.segment(segment)
                 if fx.const_expr(blockscaled):
-                    sk_scales = _tile_scales(tensors, cfg, sk_work, consumer)
-                    state, sk_accs = promoted_steps(mainloop, state, sk_work.k_begin, sk_work.k_end, sk_scales, warp)
+                    state, sk_accs = promoted_steps(mainloop, state, sk_work.k_begin, sk_work.k_end, scales, warp)
                 else:
                     state, sk_released, sk_accs = mma_steps(mainloop, state, sk_work.k_begin, sk_work.k_end)
                     sk_accs = drain(mainloop, sk_released, sk_accs, sk_work.k_begin, sk_work.k_end, False)
@@ -183,12 +189,6 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
         finish_stores(store, tid)
     if fx.const_expr(cfg.cluster > 1):
         fx.cluster.sync()  # no CTA leaves while a peer may still multicast into it or arrive on its barriers
-
-
-def _tile_scales(tensors: GemmTensors, cfg, work, consumer) -> BlockScales:
-    """The block scales of this consumer's rows of a work unit's tile."""
-    row0 = work.tile_m * cfg.tile_m + consumer * cfg.consumer_rows
-    return BlockScales(*tensors.block_scales, row0, work.tile_n * cfg.tile_n // BLOCK)
 
 
 # Kernel parameters: each tensor is one (they are not nested), hence the long signatures.

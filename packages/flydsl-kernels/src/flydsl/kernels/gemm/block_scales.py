@@ -1,0 +1,83 @@
+"""How a block-scaled fp8 GEMM's scales reach its promoting consumers: through the pipeline's slots, beside A and B.
+
+The scales are float32, one per row of A and 128-wide block of K (``a_scales`` (M, ceil(K / 128)), any strides:
+row-major as users hold them, or M-major as :func:`~flydsl.kernels.quantize.quantize_fp8` writes them) and one per
+128 x 128 block of B (``b_scales`` (ceil(N / 128), ceil(K / 128))). Each pipeline slot holds, besides its operand
+tiles, the scales of its K step: the ``tile_m`` A scales of the tile's rows and the one B scale of the tile's block
+of columns (tiles are at most 128 wide and divide 128)::
+
+    slot s:  [ a[row0 + 0, kb] ... a[row0 + tile_m - 1, kb] | b[column_block, kb] | pad ]   (tile_m + 4 floats)
+
+The producer's warp fills them (:func:`copy_step_scales`): while its lane 0 issues the slot's TMA loads, each lane
+copies its rows' scales with 4-byte ``cp.async`` and arrives on the slot's ``full`` barrier once they have landed
+(the barrier counts those 32 arrivals beside the TMA bytes and lane 0's arrival that arms them), so a consumer that
+waited for the slot reads them from shared memory
+(:func:`step_factors`). Loading them from global memory in the consumers instead cost 15% at 4096 x 7168 x 16384:
+ptxas places the first use of a loaded value (a product, or a copy into the loop's carried registers) among the
+next MMAs, which then wait out an L2 round trip.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flydsl.expr as fx
+import flydsl.layout as fl
+from flydsl.expr import arith, nvvm
+
+__all__ = [
+    "BLOCK",
+    "SCALE_PRODUCERS",
+    "StagedScales",
+    "allocate_scales",
+    "copy_step_scales",
+    "slot_bytes",
+    "step_factors",
+]
+
+BLOCK = 128  # the scale blocks: 1 x 128 of A (per row), 128 x 128 of B
+SCALE_PRODUCERS = 32  # the producer warp's lanes: each arrives on a slot's full barrier once its copies landed
+
+
+def slot_bytes(tile_m: int) -> int:
+    """The shared memory one pipeline slot's scales take: ``tile_m`` A scales and a B scale, padded to 16 bytes."""
+    return (tile_m + 4) * 4
+
+
+class StagedScales(NamedTuple):
+    """The scales in global memory (``a``, ``b``) and their copies per slot in shared memory (``slots``:
+    (tile_m + 4, stages) float32, the B scale at row ``tile_m``)."""
+
+    a: object
+    b: object
+    slots: object
+    tile_m: int
+
+
+def allocate_scales(smem, a_scales, b_scales, tile_m: int, stages: int) -> StagedScales:
+    """The scales' slots in ``smem`` for a pipeline of ``stages`` slots and tiles of ``tile_m`` rows."""
+    layout = fl.Layout((tile_m + 4, stages), (1, tile_m + 4))
+    return StagedScales(a_scales, b_scales, smem.allocate(fx.Float32, layout, alignment=16), tile_m)
+
+
+def copy_step_scales(scales: StagedScales, stage, work, kt, tile_n: int, lane) -> None:
+    """One lane's copies of K step ``kt``'s scales of a work unit into slot ``stage`` (once it is free): the A scales
+    of rows ``lane, lane + 32, ...`` of the tile (rows past M read row M - 1: their outputs are never stored) and,
+    lane 0, the B scale. The lane then arrives on the slot's ``full`` barrier with
+    ``arrive_on_cp_async`` (once they have landed)."""
+    a, b, slots, tile_m = scales
+    last_row = a.shape[0].to(fx.Int32) - 1
+    row0 = work.tile_m * tile_m
+    for i in fx.range_constexpr(tile_m // 32):
+        row = 32 * i + lane
+        nvvm.cp_async(slots, a, 4, dst_coord=(row, stage), src_coord=(arith.minimum(row0 + row, last_row), kt))
+    if lane == 0:
+        nvvm.cp_async(slots, b, 4, dst_coord=(tile_m, stage), src_coord=(work.tile_n * tile_n // BLOCK, kt))
+
+
+def step_factors(scales: StagedScales, stage, rows: list) -> list:
+    """The promotion factors of the K step in slot ``stage`` (read after waiting for it, before releasing it):
+    ``a[row, kb] * b[column_block, kb]`` for each of ``rows`` (the tile's rows this thread holds, from 0)."""
+    slots = scales.slots
+    b_scale = slots[scales.tile_m, stage]
+    return [slots[row, stage] * b_scale for row in rows]
