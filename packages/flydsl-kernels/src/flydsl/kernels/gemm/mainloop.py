@@ -98,8 +98,8 @@ def _promote(sums: list, parts: list, factors: list) -> list:
 
 def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp):
     """The block-scaled mainloop over K steps ``[k_begin, k_end)`` (each one 128-wide block of K): each step's MMAs
-    into fresh accumulators, added into the float32 sums with the step's scales (read from its slot,
-    :func:`~flydsl.kernels.gemm.block_scales.step_factors`) once they are done and their slot is released. Steps go
+    into fresh accumulators, added into the float32 sums times the step's factors (read from its slot,
+    :func:`~flydsl.kernels.gemm.block_scales.step_factors`) once they are done. Steps go
     in pairs, each into its own set of accumulators, and each promotion (its FMAs) runs while MMAs do: a pair's first
     step is issued, then the previous pair's second step promoted, the second step issued, the first promoted once
     done; the second is waited for, to be promoted under the next pair's first MMAs. Nothing is in flight across the
@@ -114,9 +114,8 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
     first = consumer.warpgroup * (64 * blocks) + 16 * warp + lane // 4
     rows = [first + 64 * (r // 2) + 8 * (r % 2) for r in range(2 * blocks)]
 
-    def issue(step_state, parts):  # waits for a step's slot, reads its scales, issues its MMAs
+    def issue(step_state, parts):  # waits for a step's slot and issues its MMAs
         pipe.consumer_wait(step_state)
-        factors = step_factors(scales, step_state.index, rows)
         parts = wgmma.fence(parts)
         parts = mma.mma(
             a_tiles[None, None, step_state.index],
@@ -126,32 +125,39 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
             warpgroup=consumer.warpgroup,
         )
         wgmma.commit_group()
-        return parts, factors
-
-    def finish(step_state, parts, pending):  # waits for a step's MMAs (``pending``: later ones left) and frees its slot
-        parts = wgmma.wait_group(pending, parts)
-        if lane == 0:
-            pipe.consumer_release(step_state, peers)
         return parts
 
+    def release(step_state):  # the warp's MMAs of the step are done (wait_group is warpgroup-wide), its factors read
+        if lane == 0:
+            pipe.consumer_release(step_state, peers)
+
+    # The factors are read once the pair's MMAs are issued: a shared-memory load still in flight at an mbarrier
+    # wait (a branch) stalls the warp there, ahead of the next MMAs; from here only the promotion waits for them.
     sums = mma.make_accumulators(0.0)
     odd = (k_end - k_begin) % 2
     if odd == 1:
-        parts, factors = issue(state, mma.make_accumulators(0.0))
-        sums = _promote(sums, finish(state, parts, 0), factors)
+        parts = issue(state, mma.make_accumulators(0.0))
+        factors = step_factors(scales, state.index, rows)
+        parts = wgmma.wait_group(0, parts)
+        release(state)
+        sums = _promote(sums, parts, factors)
         state = state.advance()
     k0 = k_begin + odd
     first_parts, second_parts = mma.make_accumulators(0.0), mma.make_accumulators(0.0)
     second_factors = [fx.Float32(0.0)] * len(rows)  # no second step before the first pair: adds zeros
     for _pair in range(k0, k_end, 2):  # steps _pair and _pair + 1
         first_state = state
-        first_parts, first_factors = issue(first_state, first_parts)
+        first_parts = issue(first_state, first_parts)
         sums = _promote(sums, second_parts, second_factors)  # the previous pair's second step
         state = state.advance()
-        second_parts, upcoming = issue(state, second_parts)
-        sums = _promote(sums, finish(first_state, first_parts, 1), first_factors)
-        second_parts = finish(state, second_parts, 0)
-        second_factors = upcoming
+        second_parts = issue(state, second_parts)
+        first_factors = step_factors(scales, first_state.index, rows)
+        second_factors = step_factors(scales, state.index, rows)
+        first_parts = wgmma.wait_group(1, first_parts)
+        release(first_state)
+        sums = _promote(sums, first_parts, first_factors)
+        second_parts = wgmma.wait_group(0, second_parts)
+        release(state)
         state = state.advance()
     sums = _promote(sums, second_parts, second_factors)
     return state, sums
