@@ -1,22 +1,22 @@
-"""How a block-scaled fp8 GEMM's scales reach its promoting consumers: as factors in the pipeline's slots.
+"""How a block-scaled fp8 GEMM's scales reach its promoting consumers: through the pipeline's slots, beside A and B.
 
 The scales are float32, one per row of A and 128-wide block of K (``a_scales`` (M, ceil(K / 128)), any strides:
 row-major as users hold them, or M-major as :func:`~flydsl.kernels.quantize.quantize_fp8` writes them) and one per
 128 x 128 block of B (``b_scales`` (ceil(N / 128), ceil(K / 128))). Each pipeline slot holds, besides its operand
-tiles, the promotion factors of its K step, one per row of the tile (tiles are at most 128 wide and divide 128, so
-one B scale covers the tile)::
+tiles, the scales of its K step: the ``tile_m`` A scales of the tile's rows and the one B scale of the tile's block
+of columns (tiles are at most 128 wide and divide 128)::
 
-    slot s:  [ a[row0 + 0, kb] * b[column_block, kb]  ...  a[row0 + tile_m - 1, kb] * b[column_block, kb] ]
+    slot s:  [ a[row0 + 0, kb] ... a[row0 + tile_m - 1, kb] | b[column_block, kb] | pad ]   (tile_m + 4 floats)
 
-The producer's warp fills them (:func:`load_step_scales`, :func:`store_step_factors`): each lane loads its rows' A
-scales and the B scale before waiting for the slot to be free (the wait hides the loads' latency), stores the
-products once it is, and arrives on the slot's ``full`` barrier (which counts those 32 arrivals beside the TMA bytes
-and lane 0's arrival that arms them). A consumer that waited for the slot reads its rows' factors
-(:func:`step_factors`) right after issuing the step's MMAs and uses them only in the promotion, after the MMAs are
-done. Measured at 4096 x 7168 x 16384 against alternatives (docs/tuning/blockscale.md): the consumers loading the
-scales from global memory cost 15% (ptxas places the first use of a loaded value among the next MMAs, which then
-wait out an L2 round trip), reading the raw scales from the slot and multiplying them 8-10% (the products' shared
-memory loads, slow while wgmma streams its operands, sit on the promotion's path).
+The producer's warp fills them (:func:`copy_step_scales`): while its lane 0 issues the slot's TMA loads, each lane
+copies its rows' scales with 4-byte ``cp.async`` and arrives on the slot's ``full`` barrier once they have landed
+(the barrier counts those 32 arrivals beside the TMA bytes and lane 0's arrival that arms them), so a consumer that
+waited for the slot reads them from shared memory (:func:`step_factors`), once the pair's first MMAs are done. Why
+this way (docs/tuning/blockscale.md has the measurements): consumers loading the scales from global memory ran 15%
+slower (ptxas places the first use of a loaded value among the next MMAs, which then wait out an L2 round trip); a
+producer that multiplies the scales itself waits for its loads every step and falls behind (10% slower); reading
+the slot before the next MMAs are issued puts the loads' latency (long while wgmma streams its operands) ahead of
+them (2-3% slower).
 """
 
 from __future__ import annotations
@@ -24,31 +24,31 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import flydsl.expr as fx
-from flydsl.expr import arith
+import flydsl.layout as fl
+from flydsl.expr import arith, nvvm
 
 __all__ = [
     "BLOCK",
     "SCALE_PRODUCERS",
     "StagedScales",
     "allocate_scales",
-    "load_step_scales",
+    "copy_step_scales",
     "slot_bytes",
     "step_factors",
-    "store_step_factors",
 ]
 
 BLOCK = 128  # the scale blocks: 1 x 128 of A (per row), 128 x 128 of B
-SCALE_PRODUCERS = 32  # the producer warp's lanes: each arrives on a slot's full barrier once it stored its factors
+SCALE_PRODUCERS = 32  # the producer warp's lanes: each arrives on a slot's full barrier once its copies landed
 
 
 def slot_bytes(tile_m: int) -> int:
-    """The shared memory one pipeline slot's factors take: one float32 per row of the tile."""
-    return tile_m * 4
+    """The shared memory one pipeline slot's scales take: ``tile_m`` A scales and a B scale, padded to 16 bytes."""
+    return (tile_m + 4) * 4
 
 
 class StagedScales(NamedTuple):
-    """The scales in global memory (``a``, ``b``) and the factors per slot in shared memory (``slots``: (tile_m,
-    stages) float32)."""
+    """The scales in global memory (``a``, ``b``) and their copies per slot in shared memory (``slots``:
+    (tile_m + 4, stages) float32, the B scale at row ``tile_m``)."""
 
     a: object
     b: object
@@ -57,29 +57,29 @@ class StagedScales(NamedTuple):
 
 
 def allocate_scales(smem, a_scales, b_scales, tile_m: int, stages: int) -> StagedScales:
-    """The factors' slots in ``smem`` for a pipeline of ``stages`` slots and tiles of ``tile_m`` rows."""
-    return StagedScales(a_scales, b_scales, smem.allocate(fx.Float32, (tile_m, stages), alignment=16), tile_m)
+    """The scales' slots in ``smem`` for a pipeline of ``stages`` slots and tiles of ``tile_m`` rows."""
+    layout = fl.Layout((tile_m + 4, stages), (1, tile_m + 4))
+    return StagedScales(a_scales, b_scales, smem.allocate(fx.Float32, layout, alignment=16), tile_m)
 
 
-def load_step_scales(scales: StagedScales, work, kt, tile_n: int, lane) -> list:
-    """One producer lane's scales of K step ``kt`` of a work unit, loaded into registers: the A scales of rows
-    ``lane, lane + 32, ...`` of the tile (rows past M read row M - 1: their outputs are never stored), then the
-    tile's B scale."""
-    a, b, _, tile_m = scales
+def copy_step_scales(scales: StagedScales, stage, work, kt, tile_n: int, lane) -> None:
+    """One lane's copies of K step ``kt``'s scales of a work unit into slot ``stage`` (once it is free): the A scales
+    of rows ``lane, lane + 32, ...`` of the tile (rows past M read row M - 1: their outputs are never stored) and,
+    lane 0, the B scale. The lane then arrives on the slot's ``full`` barrier with
+    ``arrive_on_cp_async`` (once they have landed)."""
+    a, b, slots, tile_m = scales
     last_row = a.shape[0].to(fx.Int32) - 1
-    row0 = work.tile_m * tile_m + lane
-    rows = [arith.minimum(row0 + 32 * i, last_row) for i in range(tile_m // 32)]
-    return [a[row, kt].to(fx.Float32) for row in rows] + [b[work.tile_n * tile_n // BLOCK, kt].to(fx.Float32)]
-
-
-def store_step_factors(scales: StagedScales, stage, loaded: list, lane) -> None:
-    """Stores one lane's factors (its rows' A scales times the B scale, :func:`load_step_scales`) into slot
-    ``stage``; the lane then arrives on the slot's ``full`` barrier (release: the consumers see the stores)."""
-    for i, a_scale in enumerate(loaded[:-1]):
-        scales.slots[32 * i + lane, stage] = a_scale * loaded[-1]
+    row0 = work.tile_m * tile_m
+    for i in fx.range_constexpr(tile_m // 32):
+        row = 32 * i + lane
+        nvvm.cp_async(slots, a, 4, dst_coord=(row, stage), src_coord=(arith.minimum(row0 + row, last_row), kt))
+    if lane == 0:
+        nvvm.cp_async(slots, b, 4, dst_coord=(tile_m, stage), src_coord=(work.tile_n * tile_n // BLOCK, kt))
 
 
 def step_factors(scales: StagedScales, stage, rows: list) -> list:
-    """The promotion factors of the K step in slot ``stage`` for ``rows`` (the tile's rows this thread holds, from
-    0): read after waiting for the slot, before releasing it."""
-    return [scales.slots[row, stage] for row in rows]
+    """The promotion factors of the K step in slot ``stage`` (read after waiting for it, before releasing it):
+    ``a[row, kb] * b[column_block, kb]`` for each of ``rows`` (the tile's rows this thread holds, from 0)."""
+    slots = scales.slots
+    b_scale = slots[scales.tile_m, stage]
+    return [slots[row, stage] * b_scale for row in rows]

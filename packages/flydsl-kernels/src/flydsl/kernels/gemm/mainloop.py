@@ -98,8 +98,8 @@ def _promote(sums: list, parts: list, factors: list) -> list:
 
 def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp):
     """The block-scaled mainloop over K steps ``[k_begin, k_end)`` (each one 128-wide block of K): each step's MMAs
-    into fresh accumulators, added into the float32 sums times the step's factors (read from its slot,
-    :func:`~flydsl.kernels.gemm.block_scales.step_factors`) once they are done. Steps go
+    into fresh accumulators, added into the float32 sums with the step's scales (read from its slot,
+    :func:`~flydsl.kernels.gemm.block_scales.step_factors`, before it is released) once they are done. Steps go
     in pairs, each into its own set of accumulators, and each promotion (its FMAs) runs while MMAs do: a pair's first
     step is issued, then the previous pair's second step promoted, the second step issued, the first promoted once
     done; the second is waited for, to be promoted under the next pair's first MMAs. Nothing is in flight across the
@@ -127,18 +127,17 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
         wgmma.commit_group()
         return parts
 
-    def release(step_state):  # the warp's MMAs of the step are done (wait_group is warpgroup-wide), its factors read
+    def release(step_state):  # the warp's MMAs of the step are done (wait_group is warpgroup-wide), its scales read
         if lane == 0:
             pipe.consumer_release(step_state, peers)
 
-    # The factors are read once the pair's MMAs are issued: a shared-memory load still in flight at an mbarrier
-    # wait (a branch) stalls the warp there, ahead of the next MMAs; from here only the promotion waits for them.
+    # Scales are read from the slots once the first MMAs of a pair are done, while the second's run: read with the
+    # MMAs issued, a shared-memory load's latency (long while wgmma streams its operands) stalls the next issue.
     sums = mma.make_accumulators(0.0)
     odd = (k_end - k_begin) % 2
     if odd == 1:
-        parts = issue(state, mma.make_accumulators(0.0))
+        parts = wgmma.wait_group(0, issue(state, mma.make_accumulators(0.0)))
         factors = step_factors(scales, state.index, rows)
-        parts = wgmma.wait_group(0, parts)
         release(state)
         sums = _promote(sums, parts, factors)
         state = state.advance()
@@ -151,9 +150,9 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
         sums = _promote(sums, second_parts, second_factors)  # the previous pair's second step
         state = state.advance()
         second_parts = issue(state, second_parts)
+        first_parts = wgmma.wait_group(1, first_parts)
         first_factors = step_factors(scales, first_state.index, rows)
         second_factors = step_factors(scales, state.index, rows)
-        first_parts = wgmma.wait_group(1, first_parts)
         release(first_state)
         sums = _promote(sums, first_parts, first_factors)
         second_parts = wgmma.wait_group(0, second_parts)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.compiler.args import torch_dtype_name
-from flydsl.kernels.gemm.block_scales import load_step_scales, store_step_factors
+from flydsl.kernels.gemm.block_scales import copy_step_scales
 
 __all__ = [
     "OPERAND_BYTES",
@@ -140,10 +140,10 @@ def produce(producer: Producer, state, work, scales=None, lane=0):
     """The producer's TMA loads of one work unit (a :class:`~flydsl.kernels.gemm.schedulers.WorkUnit`): for each K
     step in ``[work.k_begin, work.k_end)``, a free slot is acquired and both operands' tiles of this CTA's output tile
     (their shared parts, with a cluster) are loaded into it. Block-scaled (``scales``: the
-    :class:`~flydsl.kernels.gemm.block_scales.StagedScales`), a whole warp produces: each lane loads its part of the
-    step's scales, every lane waits for the slot, lane 0 (``lane``) arms its bytes and issues the loads, and each
-    lane stores its factors and arrives (:mod:`~flydsl.kernels.gemm.block_scales`). Returns the pipeline state past
-    the unit."""
+    :class:`~flydsl.kernels.gemm.block_scales.StagedScales`), a whole warp produces: every lane waits for the slot,
+    lane 0 (``lane``) arms its bytes and issues the loads, and each lane copies its part of the step's scales
+    (:func:`~flydsl.kernels.gemm.block_scales.copy_step_scales`) and arrives once they have landed. Returns the
+    pipeline state past the unit."""
     pipe, a, b, rank = producer
     for kt in range(work.k_begin, work.k_end):
         bar = pipe.full[state.index]
@@ -154,14 +154,13 @@ def produce(producer: Producer, state, work, scales=None, lane=0):
             a.load(state.index, a_at, k0, bar, rank)
             b.load(state.index, b_at, k0, bar, rank)
         else:
-            loaded = load_step_scales(scales, work, kt, b.rows, lane)  # in flight while the slot drains
             pipe.empty[state.index].wait(state.phase)
             if lane == 0:
                 bar.arrive_expect_tx(pipe.tx_bytes)
                 a.load(state.index, a_at, k0, bar, rank)
                 b.load(state.index, b_at, k0, bar, rank)
-            store_step_factors(scales, state.index, loaded, lane)
-            bar.arrive()
+            copy_step_scales(scales, state.index, work, kt, b.rows, lane)
+            bar.arrive_on_cp_async()
         state = state.advance()
     return state
 
