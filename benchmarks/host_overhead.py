@@ -4,12 +4,13 @@ one host-overhead benchmark.
     python benchmarks/host_overhead.py [--json benchmarks/results/host_overhead/DATE_WHAT.json --commit C]
         [--parts ops levels cold] [--calls 200] [--repeats 7] [--cold-runs 3] [--profile FILE]
 
-``ops``: each op of ``OPS`` (one line per op) at small, launch-bound sizes (8 x 1024 bf16 rows; gemm and fp8_gemm
-16x4096x4096 with an nn.Linear weight's ``w.t()``), per mode -- ``fwd`` (no input requires grad) and ``fwd_bwd`` (the
-forward, then ``torch.autograd.grad`` of its output) -- through four paths: ``functional`` (``flydsl.torch.functional``,
-what a user swaps in; where an op has none, the ``torch.ops.flydsl`` op is the user-facing form), ``op``
-(``torch.ops.flydsl.*``), ``direct`` (``flydsl.kernels``; fwd_bwd: the forward with statistics, then the backward
-function) and ``torch`` (torch eager). The summary's ratio is the user-facing path's time over torch's. A new op is one
+``ops``: each op of ``OPS`` (one line per op) at small, launch-bound sizes (8 x 1024 bf16 rows; gemm, fp8_gemm and
+blockscale_gemm 16x4096x4096 with an nn.Linear weight's ``w.t()``), per mode -- ``fwd`` (no input requires grad) and
+``fwd_bwd`` (the forward, then ``torch.autograd.grad`` of its output) -- through four paths: ``functional``
+(``flydsl.torch.functional``, what a user swaps in; where an op has none, the ``torch.ops.flydsl`` op is the
+user-facing form), ``op`` (``torch.ops.flydsl.*``), ``direct`` (``flydsl.kernels``; fwd_bwd: the forward with
+statistics, then the backward function) and ``torch`` (torch eager). The summary's ratio is the user-facing path's time
+over torch's. A new op is one
 ``Op(...)`` entry of ``OPS`` (its paths as callables of the prepared inputs; new inputs go in ``inputs()``).
 
 ``levels``: the launches beneath the ops: a trivial kernel with six pointers written in MLIR through the native
@@ -60,7 +61,7 @@ F = torch.nn.functional
 
 # flydsl's modules, bound by _import_adapter() / _import_flydsl(): the cold start times the adapter's import, so this
 # module imports nothing of flydsl at its top.
-ft = K = kernel_gemm = kernel_fp8_gemm = flyc = fx = None
+ft = K = kernel_gemm = kernel_fp8_gemm = kernel_blockscale_gemm = flyc = fx = None
 
 
 def _import_adapter() -> None:
@@ -71,11 +72,12 @@ def _import_adapter() -> None:
 
 def _import_flydsl() -> None:
     """The adapter, ``flydsl.kernels`` (the direct paths) and the compiler (the levels)."""
-    global K, kernel_gemm, kernel_fp8_gemm, flyc, fx
+    global K, kernel_gemm, kernel_fp8_gemm, kernel_blockscale_gemm, flyc, fx
     _import_adapter()
     import flydsl.compiler as flyc
     import flydsl.expr as fx
     import flydsl.kernels as K
+    from flydsl.kernels.gemm import blockscale_gemm as kernel_blockscale_gemm
     from flydsl.kernels.gemm import fp8_gemm as kernel_fp8_gemm
     from flydsl.kernels.gemm import gemm as kernel_gemm
 
@@ -170,6 +172,17 @@ OPS = (
         ),
         modes=("fwd",),
     ),
+    Op(
+        "blockscale_gemm",  # inference; the peer is cuBLAS's blockwise-scaled (1 x 128 / 128 x 128) fp8 GEMM
+        op=lambda t: torch.ops.flydsl.blockscale_gemm(
+            t.a8, t.w8.t(), t.group_scale_a, t.block_scale_w, None, None, None
+        ),
+        direct=lambda t: kernel_blockscale_gemm(t.a8, t.w8.t(), t.group_scale_a, t.block_scale_w),
+        torch=lambda t: torch._scaled_mm(
+            t.a8, t.w8.t(), scale_a=t.group_scale_a, scale_b=t.block_scale_w.t(), out_dtype=torch.bfloat16
+        ),
+        modes=("fwd",),
+    ),
 )
 
 
@@ -185,6 +198,11 @@ def inputs(requires_grad: bool) -> SimpleNamespace:
     e4m3 = torch.float8_e4m3fn
     fp8 = {"a8": new(m, k, grad=False).to(e4m3), "w8": new(n, k, grad=False).to(e4m3)}
     fp8.update(scale_a=torch.ones(m, 1, device=DEVICE), scale_w=torch.ones(1, n, device=DEVICE))
+    # block-scaled: per 1 x 128 group of a (M-major, as cuBLAS takes them) and 128 x 128 block of w
+    fp8.update(
+        group_scale_a=torch.ones(k // 128, m, device=DEVICE).t(),
+        block_scale_w=torch.ones(n // 128, k // 128, device=DEVICE),
+    )
     return SimpleNamespace(**rows, **gemm, **fp8, dy=new(ROWS, N, grad=False), dc=new(m, n, grad=False))
 
 

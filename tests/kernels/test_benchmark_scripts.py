@@ -367,14 +367,23 @@ def host_overhead(monkeypatch):
 
 
 def test_host_overhead_ops_table_covers_the_zoo(host_overhead):
-    """One entry per op, both modes (fp8_gemm, inference only: forward), every path but the GEMMs' functional forms
-    (they have none: the ops are user-facing)."""
+    """One entry per op, both modes (the fp8 GEMMs, inference only: forward), every path but the GEMMs' functional
+    forms (they have none: the ops are user-facing)."""
     ops = {op.name: op for op in host_overhead.OPS}
-    assert set(ops) == {"softmax", "layer_norm", "rms_norm", "fused_add_rms_norm", "gemm", "fp8_gemm"}
-    trained = [op for name, op in ops.items() if name != "fp8_gemm"]
+    assert set(ops) == {
+        "softmax",
+        "layer_norm",
+        "rms_norm",
+        "fused_add_rms_norm",
+        "gemm",
+        "fp8_gemm",
+        "blockscale_gemm",
+    }
+    inference = ("fp8_gemm", "blockscale_gemm")
+    trained = [op for name, op in ops.items() if name not in inference]
     assert all(op.modes == ("fwd", "fwd_bwd") and op.direct_fwd_bwd is not None for op in trained)
-    assert ops["fp8_gemm"].modes == ("fwd",)
-    assert [name for name, op in ops.items() if op.functional is None] == ["gemm", "fp8_gemm"]
+    assert all(ops[name].modes == ("fwd",) for name in inference)
+    assert [name for name, op in ops.items() if op.functional is None] == ["gemm", *inference]
     assert ops["gemm"].user()[0] == "op" and ops["rms_norm"].user()[0] == "functional"
     t = host_overhead.inputs(True)
     assert all(getattr(t, name).requires_grad for op in ops.values() for name in op.grads)
