@@ -89,13 +89,19 @@ BENCHMARKS = {
         "ncu --clock-control none --profile-from-start off --section ... python benchmarks/norms_profile.py "
         "KERNEL N DTYPE",
     ),
+    "blockscale_gemm_bench": (
+        "block-scaled fp8 GEMM (1 x 128 / 128 x 128 scales, bf16 out) against cuBLAS's blockwise `torch._scaled_mm`, "
+        "our rowwise fp8_gemm, rowwise `_scaled_mm`, the bf16 gemm and (M <= 128) a same-bytes copy",
+        "python benchmarks/blockscale_gemm_bench.py --sweep --repeats 5 --json OUT --commit C",
+    ),
     "fp8_gemm_bench": (
         "fp8 GEMM (e4m3, per-token x per-channel scales, bf16 out) against rowwise and tensorwise "
         "`torch._scaled_mm`, the bf16 gemm and (M <= 16) a same-bytes copy; `--explore` its configs",
         "python benchmarks/fp8_gemm_bench.py --sweep --json OUT --commit C",
     ),
     "quantize_bench": (
-        "fp8 quantization (bf16 -> e4m3 per token or tensor) against torch eager, torch.compile and a same-bytes copy",
+        "fp8 quantization (bf16 -> e4m3 per token, tensor or 1 x 128 group) against torch eager, torch.compile and a "
+        "same-bytes copy",
         "python benchmarks/quantize_bench.py --json OUT --commit C",
     ),
     "skinny_gemm_bench": (

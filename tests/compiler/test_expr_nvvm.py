@@ -412,21 +412,13 @@ def test_async_copies_land_and_zero_fill():
 
 
 @pytest.mark.gpu
-def test_cp_async_copies_land_before_their_arrivals():
+@pytest.mark.parametrize("kernel", [bulk_copy, copies_then_arrive], ids=["bulk", "cp_async"])
+def test_copies_completing_on_an_mbarrier_land(kernel):
+    """Each thread reads what another copied, once the mbarrier says the copies landed."""
     torch = pytest.importorskip("torch")
     src = torch.randn(256, device="cuda")
     out = torch.full((256,), float("nan"), device="cuda")
-    copies_then_arrive(src, out).launch(grid=1, block=32)
-    torch.cuda.synchronize()
-    assert torch.equal(out.cpu().view(32, 8), src.cpu().view(32, 8).roll(-1, dims=0))
-
-
-@pytest.mark.gpu
-def test_bulk_copies_land():
-    torch = pytest.importorskip("torch")
-    src = torch.randn(256, device="cuda")
-    out = torch.full((256,), float("nan"), device="cuda")
-    bulk_copy(src, out).launch(grid=1, block=32)
+    kernel(src, out).launch(grid=1, block=32)
     torch.cuda.synchronize()
     assert torch.equal(out.cpu().view(32, 8), src.cpu().view(32, 8).roll(-1, dims=0))
 

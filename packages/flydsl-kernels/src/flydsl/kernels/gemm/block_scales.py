@@ -12,11 +12,8 @@ The producer's warp fills them (:func:`copy_step_scales`): while its lane 0 issu
 copies its rows' scales with 4-byte ``cp.async`` and arrives on the slot's ``full`` barrier once they have landed
 (the barrier counts those 32 arrivals beside the TMA bytes and lane 0's arrival that arms them), so a consumer that
 waited for the slot reads them from shared memory (:func:`step_factors`), once the pair's first MMAs are done. Why
-this way (docs/tuning/blockscale.md has the measurements): consumers loading the scales from global memory ran 15%
-slower (ptxas places the first use of a loaded value among the next MMAs, which then wait out an L2 round trip); a
-producer that multiplies the scales itself waits for its loads every step and falls behind (10% slower); reading
-the slot before the next MMAs are issued puts the loads' latency (long while wgmma streams its operands) ahead of
-them (2-3% slower).
+so, and what loading them in the consumers or multiplying them in the producer cost: docs/tuning/blockscale.md
+(#scales-in-slots, #when-consumers-read).
 """
 
 from __future__ import annotations

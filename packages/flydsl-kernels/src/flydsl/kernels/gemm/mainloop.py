@@ -131,8 +131,8 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
         if lane == 0:
             pipe.consumer_release(step_state, peers)
 
-    # Scales are read from the slots once the first MMAs of a pair are done, while the second's run: read with the
-    # MMAs issued, a shared-memory load's latency (long while wgmma streams its operands) stalls the next issue.
+    # A pair's scales are read once its first MMAs are done, under the second's (docs/tuning/blockscale.md
+    # #when-consumers-read: read earlier, the loads' latency stalls the next MMAs' issue).
     sums = mma.make_accumulators(0.0)
     odd = (k_end - k_begin) % 2
     if odd == 1:
