@@ -149,7 +149,7 @@ class Fp8Linear(torch.nn.Module):
         w = self.dense_weight().float()
         if self.granularity != "block":
             return w * self.weight_scale.t()
-        return w * self.weight_scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[: w.shape[0], : w.shape[1]]
+        return w * _expanded(self.weight_scale, w.shape, 128)
 
     def extra_repr(self) -> str:
         return (
@@ -196,4 +196,10 @@ def _per_column(scale: Tensor, shape, block: bool) -> Tensor:
     group (``block``)."""
     if not block:
         return scale.reshape(-1, 1).float()
-    return scale.reshape(shape[0], -1).float().repeat_interleave(128, 1)[:, : shape[1]]
+    return _expanded(scale.reshape(shape[0], -1).float(), shape, 1)
+
+
+def _expanded(scales: Tensor, shape, rows_per_scale: int) -> Tensor:
+    """Block scales over a ``shape`` (rows, cols) matrix, one per ``rows_per_scale`` x 128 block (partial blocks at
+    the edges), expanded to one per element."""
+    return scales.repeat_interleave(rows_per_scale, 0).repeat_interleave(128, 1)[: shape[0], : shape[1]]

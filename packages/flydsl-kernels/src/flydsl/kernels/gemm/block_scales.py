@@ -62,8 +62,8 @@ def allocate_scales(smem, a_scales, b_scales, tile_m: int, stages: int) -> Stage
 def copy_step_scales(scales: StagedScales, stage, work, kt, tile_n: int, lane) -> None:
     """One lane's copies of K step ``kt``'s scales of a work unit into slot ``stage`` (once it is free): the A scales
     of rows ``lane, lane + 32, ...`` of the tile (rows past M read row M - 1: their outputs are never stored) and,
-    lane 0, the B scale. The lane then arrives on the slot's ``full`` barrier with
-    ``arrive_on_cp_async`` (once they have landed)."""
+    lane 0, the B scale. The caller then has the lane arrive on the slot's ``full`` barrier with
+    ``arrive_on_cp_async`` (counted once the copies have landed)."""
     a, b, slots, tile_m = scales
     last_row = a.shape[0].to(fx.Int32) - 1
     row0 = work.tile_m * tile_m
