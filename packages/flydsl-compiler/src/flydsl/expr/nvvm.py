@@ -40,6 +40,9 @@ __all__ = [
     "cvt_f32x2_to_fp8x2",
     "red_max_relaxed",
     "cvt_fp8x2_to_f32x2",
+    "cvt_e4m3x4_to_f16x2",
+    "pack_f32x2",
+    "prmt",
     "shfl_sync",
     "elect_sync",
     "setmaxnreg",
@@ -164,6 +167,47 @@ def cvt_fp8x2_to_f32x2(packed, fmt: str = "e4m3") -> tuple[Float32, Float32]:
     )
     as_float = Vector(halves).to(Float32)
     return as_float[1], as_float[0]
+
+
+def cvt_e4m3x4_to_f16x2(word) -> tuple[Int32, Int32]:
+    """The four e4m3 numbers of a 32-bit word (bytes 0..3) as two ``f16x2`` words: ``(bytes 0, 1; bytes 2, 3)``, the
+    lower byte in each word's low half (the register pairs of ``mma_sync``'s f16 fragments). Exact: every e4m3 value
+    is an f16. Two ``cvt.rn.f16x2.e4m3x2``. Needs sm_89+.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-cvt
+    """
+    word = _int32(word, "cvt_e4m3x4_to_f16x2")
+    text = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; " "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }"
+    pair = _asm(ir.Type.parse("!llvm.struct<(i32, i32)>"), [word.value], text, "=r,=r,r")
+    low, high = _struct_fields(pair, 2, _i32())
+    return Int32(low), Int32(high)
+
+
+def pack_f32x2(low, high, dtype=BFloat16) -> Int32:
+    """Two floats rounded to ``dtype`` (``fx.BFloat16`` or ``fx.Float16``, round to nearest even) and packed in one
+    32-bit word, ``low`` in bits 15..0: one ``cvt.rn.{bf16x2|f16x2}.f32`` (the register of an ``mma_sync``
+    fragment).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-cvt
+    """
+    if dtype not in (BFloat16, Float16):
+        raise ValueError(f"pack_f32x2 dtype: expected fx.BFloat16 or fx.Float16, got {dtype!r}")
+    name = "bf16x2" if dtype is BFloat16 else "f16x2"
+    low, high = _float32(low), _float32(high)
+    return Int32(_asm(_i32(), [high.value, low.value], f"cvt.rn.{name}.f32 $0, $1, $2;", "=r,f,f"))
+
+
+def prmt(a, b, selector: int) -> Int32:
+    """``prmt.b32``: a word of four bytes picked from the eight of ``a`` (bytes 0..3) and ``b`` (bytes 4..7), result
+    byte ``i`` being byte ``(selector >> 4 * i) & 7``: ``prmt(a, b, 0x5410)`` is the low halves of ``a`` and ``b``,
+    ``0x7632`` their high halves (a 2 x 2 transpose of 16-bit pairs).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-prmt
+    """
+    if not isinstance(selector, int) or not 0 <= selector <= 0x7777 or any((selector >> 4 * i) & 8 for i in range(4)):
+        raise ValueError(f"prmt selector: expected four byte indices 0..7 (e.g. 0x5410), got {selector!r}")
+    a, b = _int32(a, "prmt a"), _int32(b, "prmt b")
+    return Int32(_asm(_i32(), [a.value, b.value], f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r"))
 
 
 # --- warp-level -------------------------------------------------------------------------------------------------

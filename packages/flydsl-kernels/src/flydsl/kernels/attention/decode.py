@@ -1,0 +1,522 @@
+"""Paged-attention decode: the kernels behind :func:`flydsl.kernels.attention.paged_decode`.
+
+One CTA takes one sequence ``b``, one KV head and a range of its context (a *split*); its warps take 16-token chunks
+of that range in turn (warp ``w``: chunks ``w, w + warps, ...``). For every chunk a warp runs, on the tensor cores
+(``mma.sync`` m16n8k16, float32 accumulators):
+
+* ``S = Q K^T``: Q is the 16-row A operand (the KV head's ``group * queries`` query rows; rows past them zero) and
+  the chunk's keys the 8-column B operand (two n8 tiles). The head dimension is the MMAs' K, and its order does not
+  matter to a dot product: each lane loads 16 contiguous bytes of a key row, and Q's fragments are loaded in the same
+  permuted order (as the skinny GEMM does, :mod:`flydsl.kernels.gemm.skinny`). So keys go from global memory to
+  registers with 16-byte loads, no shared memory.
+* An online softmax in base 2 per query row (running maximum and sum, rows in the lanes that hold them).
+* ``O^T += V^T P^T``: the head dimension is the M of the MMA (16-row tiles, permuted: lane ``l`` holds rows of its
+  own ``D / 8`` contiguous values), the tokens its K, the query rows its N (8 per tile). The C fragments of ``S``
+  are exactly the B fragments of ``P^T`` (query row ``l // 4``, tokens ``2 (l % 4) + {0, 1, 8, 9}``), so P never
+  leaves registers; a lane loads its 4 tokens' ``D / 8`` values with 16-byte loads and pairs them across tokens with
+  byte permutes (``prmt``).
+
+fp8 (e4m3) caches: keys are widened to f16 (``cvt.rn.f16x2.e4m3x2``, exact) and Q is rounded to f16 after scaling
+each row by a power of two that puts its largest value near 2^13 (no overflow, no subnormals; the factor comes off in
+the logits' scale). Values are widened to bf16 by placing their bits (sign, exponent, mantissa) in a bf16 word: that
+is the value times 2^-120 (e4m3's exponent bias is 7, bf16's 127), so P is multiplied by 2^120 (and by the token's
+value scale when scales are per token) before it is rounded to bf16: the products are exact, P keeps bf16's range.
+Key scales multiply the logits (per tensor: folded into the softmax scale), value scales per tensor the output.
+
+The next chunk's loads (and its page's number, and the one after's) are issued before the current chunk's MMAs.
+At the end the warps' partial results meet in shared memory; with one split the CTA writes the output, otherwise
+each split's normalized output and its (max, sum) go to float32 partials that :func:`combine_kernel` merges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+import flydsl.layout as fl
+from flydsl.expr import arith, gpu, math, nvvm, vector
+from flydsl.expr.vector import Vector
+
+__all__ = ["CHUNK", "DecodeConfig", "paged_decode_kernel", "combine_kernel"]
+
+CHUNK = 16  # tokens per warp step: the K of one P V MMA, two n8 tiles of S
+LOG2E = 1.4426950408889634
+_ACC = Vector.of(fx.Float32, 4)
+_W2 = Vector.of(fx.Int32, 2)
+_W4 = Vector.of(fx.Int32, 4)
+_FP8_TO_BF16 = 2.0**120  # an e4m3 value's bits placed in a bf16 word read as that value times 2^-120
+_NO_MAX = -1.0e30  # the running maximum before any key: finite, so that exp2(NO_MAX - NO_MAX) is 1, not NaN
+_KV_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeConfig:
+    """What a decode kernel is compiled for: ``head_dim`` D (64, 128, 256), ``kv`` the caches' element type ("bf16",
+    "f16" or "e4m3"), ``q`` the queries' ("bf16", "f16"), ``group`` query heads per KV head, ``queries`` query tokens
+    per sequence (1..4), ``k_scale``/``v_scale`` None or "tensor" or "token" (fp8 only), ``window``/``soft_cap``
+    whether a sliding window or logit soft-capping applies, ``split`` whether the CTAs write partials for
+    :func:`combine_kernel`, ``warps`` per CTA, ``prefetch`` whether the next chunk's loads are issued before this
+    chunk's math (registers for two chunks)."""
+
+    head_dim: int
+    kv: str
+    q: str
+    group: int
+    queries: int = 1
+    k_scale: str | None = None
+    v_scale: str | None = None
+    window: bool = False
+    soft_cap: bool = False
+    split: bool = False
+    warps: int = 4
+    prefetch: bool = True
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128, 256) or self.kv not in _KV_BYTES or self.q not in ("bf16", "f16"):
+            raise ValueError(f"{self}: head_dim 64/128/256, kv bf16/f16/e4m3 and q bf16/f16")
+        if self.kv != "e4m3" and (self.kv != self.q or self.k_scale or self.v_scale):
+            raise ValueError(f"{self}: 16-bit caches hold the queries' dtype and take no scales")
+        if self.kv == "e4m3" and (self.k_scale not in ("tensor", "token") or self.v_scale not in ("tensor", "token")):
+            raise ValueError(f"{self}: fp8 caches need k_scale and v_scale, 'tensor' or 'token'")
+        if not 1 <= self.group <= 64 or not 1 <= self.queries <= 4 or self.warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"{self}: group 1..64, queries 1..4, warps 1/2/4/8/16")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def rows(self) -> int:
+        """Query rows of one KV head: its query heads times the query tokens (row ``i * group + j``)."""
+        return self.group * self.queries
+
+    @property
+    def row_tiles(self) -> int:
+        """16-row tiles of query rows: one per CTA (each reads the KV head's cache)."""
+        return -(-self.rows // 16)
+
+    @property
+    def p_tiles(self) -> int:
+        """n8 tiles of query rows in the P V MMAs: 2 where a row tile holds more than 8 rows."""
+        return 2 if min(self.rows, 16) > 8 else 1
+
+    @property
+    def kv_bytes(self) -> int:
+        return _KV_BYTES[self.kv]
+
+    @property
+    def key_chunk(self) -> int:
+        """Elements of a key row per 16-byte load."""
+        return 16 // self.kv_bytes
+
+    @property
+    def value_words(self) -> int:
+        """32-bit words of a lane's ``D / 8`` values of one token."""
+        return self.head_dim // 8 * self.kv_bytes // 4
+
+    def mma_dtype(self, what: str):
+        """The MMAs' operand type: ``"qk"`` the queries' (f16 for fp8 keys), ``"pv"`` the values' (bf16 for fp8)."""
+        if self.kv == "e4m3":
+            return fx.Float16 if what == "qk" else fx.BFloat16
+        return fx.BFloat16 if self.kv == "bf16" else fx.Float16
+
+
+# --- loads ----------------------------------------------------------------------------------------------------------
+
+
+def _page_of(block_tables, b, token, last_block, bs):
+    """The cache block holding ``token`` of sequence ``b`` (its block-table entry, the index clamped to the
+    sequence's last block: tokens past the context read a valid entry, and load nothing)."""
+    return block_tables[b, arith.minimum(token // bs, last_block)]
+
+
+def _load_chunk(cfg: DecodeConfig, caches, b, hkv, chunk, page, end, lane_g, lane_c):
+    """One chunk's words for this lane: key rows ``chunk + g`` and ``chunk + 8 + g`` (``D / 4`` elements each, 16
+    bytes at a time from ``c``'s place), the value rows of tokens ``chunk + 2c + {0, 1, 8, 9}`` (this lane's ``D / 8``
+    values), and for per-token scales those 4 tokens' key and value scales. Tokens at or past ``end`` load zeros."""
+    k_cache, v_cache, k_scales, v_scales = caches
+    bs = k_cache.shape[1].to(fx.Int32)
+    offset = chunk % bs
+    keys = []
+    for half in fx.range_constexpr(2):
+        row = offset + 8 * half + lane_g
+        inside = chunk + 8 * half + lane_g < end
+        for u in fx.range_constexpr(cfg.head_dim // (4 * cfg.key_chunk)):
+            col = cfg.key_chunk * (lane_c + 4 * u)
+            keys.append(nvvm.ld_global(k_cache, (page, row, hkv, col), 16, predicate=inside))
+    values, k_token_scales, v_token_scales = [], [], []
+    value_bytes = cfg.head_dim // 8 * cfg.kv_bytes
+    for token in (2 * lane_c, 2 * lane_c + 1, 2 * lane_c + 8, 2 * lane_c + 9):
+        inside = chunk + token < end
+        words = []
+        for part in fx.range_constexpr(max(1, value_bytes // 16)):
+            col = lane_g * (cfg.head_dim // 8) + part * (16 // cfg.kv_bytes)
+            loaded = nvvm.ld_global(v_cache, (page, offset + token, hkv, col), min(16, value_bytes), predicate=inside)
+            words += [loaded[i] for i in range(len(loaded))]
+        values.append(words)
+        if fx.const_expr(cfg.k_scale == "token"):
+            k_token_scales.append(arith.select(inside, k_scales[page, offset + token, hkv], fx.Float32(0.0)))
+        if fx.const_expr(cfg.v_scale == "token"):
+            v_token_scales.append(arith.select(inside, v_scales[page, offset + token, hkv], fx.Float32(0.0)))
+    return [keys, values] + [scales for scales in (k_token_scales, v_token_scales) if scales]  # no empty lists
+
+
+def _load_queries(cfg: DecodeConfig, q, b, hkv, tile, lane_g, lane_c):
+    """The A fragments of ``Q`` (one ``Int32x4`` per k16 step of D), in the keys' permuted order: step ``(u, w)``
+    takes elements ``key_chunk * (c + 4u) + 4w + {0, 1}`` (registers 0, 1: rows g, g + 8) and ``+ {2, 3}``
+    (registers 2, 3). For fp8 keys each row is scaled by a power of two and rounded to f16; returns the fragments
+    and the two rows' factors (1 otherwise)."""
+    rows = []
+    for half in fx.range_constexpr(2):
+        r = tile * 16 + 8 * half + lane_g
+        inside = r < cfg.rows
+        r = arith.minimum(r, cfg.rows - 1)
+        query, head = r // cfg.group, hkv * cfg.group + r % cfg.group
+        words = []
+        for u in fx.range_constexpr(cfg.head_dim // (4 * cfg.key_chunk)):
+            for w in fx.range_constexpr(cfg.key_chunk // 4):
+                col = cfg.key_chunk * (lane_c + 4 * u) + 4 * w
+                words.append(nvvm.ld_global(q, (b, query, head, col), 8, predicate=inside))
+        rows.append(words)
+    factors = [fx.Float32(1.0), fx.Float32(1.0)]
+    if fx.const_expr(cfg.kv == "e4m3" and cfg.q == "bf16"):
+        for half in fx.range_constexpr(2):
+            widened = [words.bitcast(fx.BFloat16).to(fx.Float32) for words in rows[half]]
+            amax = fx.Float32(0.0)
+            for v in widened:
+                for i in fx.range_constexpr(4):
+                    amax = arith.maximum(amax, arith.maximum(v[i], 0.0 - v[i]))
+            for offset in (1, 2):
+                amax = arith.maximum(amax, nvvm.shfl_sync(amax, offset, "bfly"))
+            factors[half] = _power_of_two_below(amax)
+            rows[half] = [(v * factors[half]).to(fx.Float16).bitcast(fx.Int32) for v in widened]
+    fragments = []
+    for step in fx.range_constexpr(cfg.head_dim // 16):
+        low, high = rows[0][step], rows[1][step]
+        fragments.append(vector.from_elements(_W4, [low[0], high[0], low[1], high[1]]))
+    return fragments, factors
+
+
+def _power_of_two_below(amax):
+    """``2^(13 - floor(log2(amax)))``: the factor that brings ``amax`` into [2^13, 2^14) (exponent arithmetic on the
+    bits; 1 for 0, clamped to the normal range)."""
+    exponent = (arith.bitcast(fx.Int32.mlir_type(), amax) >> 23) & 0xFF
+    biased = arith.minimum(arith.maximum(127 + 13 + 127 - exponent, 1), 254)
+    factor = arith.bitcast(fx.Float32.mlir_type(), biased << 23)
+    return arith.select(amax > 0.0, factor, fx.Float32(1.0))
+
+
+# --- one chunk ------------------------------------------------------------------------------------------------------
+
+
+def _key_fragment(cfg: DecodeConfig, keys, half, step):
+    """B fragment (2 registers) of key rows ``chunk + 8 half + g`` for k16 step ``step``."""
+    per_load = cfg.key_chunk // 4  # k16 steps per 16-byte load
+    words = keys[half * (cfg.head_dim // (4 * cfg.key_chunk)) + step // per_load]
+    w = step % per_load
+    if fx.const_expr(cfg.kv == "e4m3"):
+        low, high = nvvm.cvt_e4m3x4_to_f16x2(words[w])
+        return vector.from_elements(_W2, [low, high])
+    return vector.from_elements(_W2, [words[2 * w], words[2 * w + 1]])
+
+
+def _value_fragment(cfg: DecodeConfig, values, tile):
+    """A fragment (4 registers) of ``V^T`` for the 16 head-dim rows of ``tile``: rows g, g + 8 are this lane's values
+    ``2 tile``, ``2 tile + 1``, columns its tokens ``(2c, 2c + 1)`` and ``(2c + 8, 2c + 9)``."""
+    a, b, c, d = values
+    if fx.const_expr(cfg.kv != "e4m3"):
+        return vector.from_elements(
+            _W4,
+            [
+                nvvm.prmt(a[tile], b[tile], 0x5410),
+                nvvm.prmt(a[tile], b[tile], 0x7632),
+                nvvm.prmt(c[tile], d[tile], 0x5410),
+                nvvm.prmt(c[tile], d[tile], 0x7632),
+            ],
+        )
+    word, odd = tile // 2, tile % 2
+    # bytes 1 and 3 of each result: the two tokens' byte of one head-dim value (2 tile + j)
+    selectors = (0x4000 | 0x0400, 0x5010 | 0x0510) if odd == 0 else (0x6020 | 0x0620, 0x7030 | 0x0730)
+    regs = []
+    for pair in ((a, b), (c, d)):
+        for j in fx.range_constexpr(2):
+            regs.append(_e4m3_pair_to_bf16(nvvm.prmt(pair[0][word], pair[1][word], selectors[j])))
+    return vector.from_elements(_W4, [regs[0], regs[2], regs[1], regs[3]])
+
+
+def _e4m3_pair_to_bf16(x):
+    """The e4m3 bytes 1 and 3 of ``x`` as a bf16 pair (low half from byte 1) holding each value times 2^-120: sign to
+    bit 15, exponent and mantissa to bits 14..4 (e4m3 subnormals become bf16 subnormals)."""
+    return ((x >> 4) & 0x07F007F0) | (x & -0x7FFF8000)
+
+
+def _chunk_step(cfg: DecodeConfig, state, loaded, queries, consts):
+    """One chunk: scores, the online softmax update, and ``O^T += V^T P^T``. ``state`` is ``[row_max(2),
+    row_sum(2), acc(D/16 x p_tiles)]`` (rows g and g + 8 of the row tile)."""
+    keys, values, *token_scales = loaded
+    k_token_scales = token_scales[0] if cfg.k_scale == "token" else None
+    v_token_scales = token_scales[-1] if cfg.v_scale == "token" else None
+    chunk, row_scale, cap, lows, highs, lane_c = consts
+    row_max, row_sum, acc = state
+    halves = 2 if cfg.p_tiles == 2 else 1  # rows g + 8 are padding when a tile holds at most 8 rows
+    scores = []
+    for half in fx.range_constexpr(2):
+        s = _ACC(0.0)
+        for step in fx.range_constexpr(cfg.head_dim // 16):
+            s = nvvm.mma_sync(queries[step], _key_fragment(cfg, keys, half, step), s, dtype=cfg.mma_dtype("qk"))
+        scores.append(s)
+    # logits in base 2, masked to each row's visible tokens; rows: element e of an n8 tile is row g + 8 (e >= 2)
+    probs, new_max, new_sum, alphas = [[], []], [], [], []
+    for r in fx.range_constexpr(halves):
+        logits = []
+        for half in fx.range_constexpr(2):
+            for j in fx.range_constexpr(2):
+                x = scores[half][2 * r + j] * row_scale[r]
+                if fx.const_expr(cfg.k_scale == "token"):
+                    x = x * k_token_scales[2 * half + j]
+                if fx.const_expr(cfg.soft_cap):
+                    x = cap * math.tanh(x / cap)
+                token = chunk + 8 * half + 2 * lane_c + j
+                visible = (token < highs[r]) & (token >= lows[r])
+                logits.append(arith.select(visible, x * LOG2E, fx.Float32(float("-inf"))))
+        m = arith.maximum(arith.maximum(logits[0], logits[1]), arith.maximum(logits[2], logits[3]))
+        for offset in (1, 2):
+            m = arith.maximum(m, nvvm.shfl_sync(m, offset, "bfly"))
+        m = arith.maximum(m, row_max[r])
+        alpha = nvvm.ex2_approx(row_max[r] - m, ftz=True)
+        p = [nvvm.ex2_approx(x - m, ftz=True) for x in logits]
+        new_max.append(m)
+        new_sum.append(row_sum[r] * alpha + ((p[0] + p[1]) + (p[2] + p[3])))
+        alphas.append(alpha)
+        probs[r] = p
+    if fx.const_expr(halves == 1):
+        new_max.append(row_max[1])
+        new_sum.append(row_sum[1])
+    # O^T's columns are query rows 2c + {0, 1} (+ 8 for the second p tile): their factors from the lanes holding them
+    column_alpha = []
+    for t in fx.range_constexpr(cfg.p_tiles):
+        column_alpha.append([nvvm.shfl_sync(alphas[t], (2 * lane_c + j) * 4) for j in range(2)])
+    p_dtype = cfg.mma_dtype("pv")
+    p_fragments = []
+    for t in fx.range_constexpr(cfg.p_tiles):
+        p = probs[t]
+        if fx.const_expr(cfg.kv == "e4m3"):
+            if fx.const_expr(cfg.v_scale == "token"):
+                p = [p[i] * (v_token_scales[i] * _FP8_TO_BF16) for i in range(4)]
+            else:
+                p = [v * _FP8_TO_BF16 for v in p]
+        p_fragments.append(
+            vector.from_elements(_W2, [nvvm.pack_f32x2(p[0], p[1], p_dtype), nvvm.pack_f32x2(p[2], p[3], p_dtype)])
+        )
+    new_acc = []
+    for tile in fx.range_constexpr(cfg.head_dim // 16):
+        a = _value_fragment(cfg, values, tile)
+        for t in fx.range_constexpr(cfg.p_tiles):
+            alpha = column_alpha[t]
+            c = acc[tile * cfg.p_tiles + t]
+            scaled = vector.from_elements(_ACC, [c[0] * alpha[0], c[1] * alpha[1], c[2] * alpha[0], c[3] * alpha[1]])
+            new_acc.append(nvvm.mma_sync(a, p_fragments[t], scaled, dtype=p_dtype))
+    return [new_max, new_sum, new_acc]
+
+
+# --- the kernel ------------------------------------------------------------------------------------------------------
+
+
+@flyc.kernel(target=flyc.Target("sm_90a", ptx_version=84))  # PTX ISA 8.4: cvt.rn.f16x2.e4m3x2 takes .b16
+def paged_decode_kernel(
+    q: fx.Tensor,
+    k_cache: fx.Tensor,
+    v_cache: fx.Tensor,
+    block_tables: fx.Tensor,
+    context_lens: fx.Tensor,
+    k_scales: fx.Tensor,
+    v_scales: fx.Tensor,
+    out: fx.Tensor,
+    partial_out: fx.Tensor,
+    partial_stats: fx.Tensor,
+    softmax_scale: fx.Float32,
+    soft_cap: fx.Float32,
+    window: fx.Int32,
+    split_tokens: fx.Int32,
+    cfg: fx.Constexpr[DecodeConfig],
+):
+    """Grid ``(splits, kv_heads * row_tiles, batch)``. ``q``/``out`` (B, Q, Hq, D); caches (blocks, block_size,
+    Hkv, D) (fp8 as bytes); ``block_tables`` (B, max_blocks) and ``context_lens`` (B,) int32; scales float32, (1,) per
+    tensor or (blocks, block_size, Hkv) per token (unread otherwise); with ``cfg.split``: ``partial_out`` (B, Q, Hq,
+    splits, D) and ``partial_stats`` (B, Q, Hq, splits, 2) float32 (row maximum in base 2, sum), ``out`` unwritten.
+    ``window`` > 0: each query sees its last ``window`` positions; ``split_tokens``: a split's tokens (a multiple of
+    16); ``softmax_scale`` multiplies ``q . k``; ``soft_cap`` > 0 caps the logits (``cfg.soft_cap``)."""
+    flyc.set_kernel_attributes(threads=cfg.threads)
+    split, b = gpu.block_idx.x, gpu.block_idx.z
+    hkv, tile = gpu.block_idx.y // cfg.row_tiles, gpu.block_idx.y % cfg.row_tiles
+    tid = gpu.thread_idx.x
+    warp, lane = tid // 32, tid % 32
+    lane_g, lane_c = lane // 4, lane % 4
+    bs = k_cache.shape[1].to(fx.Int32)
+    context = context_lens[b]
+    last_block = arith.maximum((context + (bs - 1)) // bs - 1, 0)
+
+    # The positions the split covers: from the first any query sees (16-aligned) on, split_tokens per split.
+    first = fx.Int32(0)
+    if fx.const_expr(cfg.window):
+        first = arith.maximum(context - (cfg.queries - 1) - window, 0)
+    begin = (first // CHUNK) * CHUNK + split * split_tokens
+    end = arith.minimum(begin + split_tokens, context)
+    chunks = arith.maximum((end - begin + (CHUNK - 1)) // CHUNK, 0)
+    steps = arith.maximum((chunks - warp + (cfg.warps - 1)) // cfg.warps, 0)
+
+    # Rows g and g + 8: query i = row // group sits at position context - queries + i and sees up to there.
+    lows, highs = [], []
+    for half in fx.range_constexpr(2):
+        row = arith.minimum(tile * 16 + 8 * half + lane_g, cfg.rows - 1)
+        high = arith.minimum(context - cfg.queries + 1 + row // cfg.group, end)
+        highs.append(high)
+        lows.append(arith.maximum(high - window, begin) if cfg.window else begin)
+    queries, factors = _load_queries(cfg, q, b, hkv, tile, lane_g, lane_c)
+    scale = softmax_scale
+    if fx.const_expr(cfg.k_scale == "tensor"):
+        scale = scale * k_scales[0]
+    cap = soft_cap
+    scale_rows = [scale / f for f in factors]  # natural-log logits (capped before the change to base 2)
+    caches = (k_cache, v_cache, k_scales, v_scales)
+
+    state = [[fx.Float32(_NO_MAX)] * 2, [fx.Float32(0.0)] * 2, [_ACC(0.0)] * (cfg.head_dim // 16 * cfg.p_tiles)]
+    stride = CHUNK * cfg.warps
+    chunk = begin + CHUNK * warp
+    if fx.const_expr(cfg.prefetch):
+        page = _page_of(block_tables, b, chunk, last_block, bs)
+        loaded = _load_chunk(cfg, caches, b, hkv, chunk, page, end, lane_g, lane_c)
+        next_page = _page_of(block_tables, b, chunk + stride, last_block, bs)
+        for _step in range(steps):
+            upcoming = _load_chunk(cfg, caches, b, hkv, chunk + stride, next_page, end, lane_g, lane_c)
+            next_page = _page_of(block_tables, b, chunk + 2 * stride, last_block, bs)
+            consts = (chunk, scale_rows, cap, lows, highs, lane_c)
+            state = _chunk_step(cfg, state, loaded, queries, consts)
+            loaded = upcoming
+            chunk = chunk + stride
+    else:
+        for _step in range(steps):
+            page = _page_of(block_tables, b, chunk, last_block, bs)
+            loaded = _load_chunk(cfg, caches, b, hkv, chunk, page, end, lane_g, lane_c)
+            state = _chunk_step(cfg, state, loaded, queries, (chunk, scale_rows, cap, lows, highs, lane_c))
+            chunk = chunk + stride
+    _finish(cfg, state, out, partial_out, partial_stats, v_scales, (b, hkv, tile, split), tid)
+
+
+def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
+    """The warps' partial results merged in shared memory, then written: the output (one split) or the split's
+    normalized output and (max, sum) statistics."""
+    b, hkv, tile, split = place
+    row_max, row_sum, acc = state
+    warp, lane = tid // 32, tid % 32
+    lane_g, lane_c = lane // 4, lane % 4
+    d = cfg.head_dim
+    smem = fx.SmemAllocator()
+    tiles = d // 16 * cfg.p_tiles
+    # accumulators as (warp, tile, element, lane): lanes contiguous, conflict-free stores
+    partial = smem.allocate(fx.Float32, fl.Layout((cfg.warps, tiles, 4, 32), (tiles * 128, 128, 32, 1)))
+    stats = smem.allocate(fx.Float32, fl.Layout((cfg.warps, 2, 16), (32, 16, 1)))
+    for t in fx.range_constexpr(tiles):
+        for e in fx.range_constexpr(4):
+            partial[warp, t, e, lane] = acc[t][e]
+    for half in fx.range_constexpr(2):
+        total = row_sum[half]
+        for offset in (1, 2):
+            total = total + nvvm.shfl_sync(total, offset, "bfly")
+        if lane_c == 0:
+            stats[warp, 0, 8 * half + lane_g] = row_max[half]
+            stats[warp, 1, 8 * half + lane_g] = total
+    gpu.barrier()
+    # Thread i takes (row, 8 values) items i, i + threads, ...: rows of this tile, values 8 at a time.
+    rows_here = min(16, cfg.rows)
+    items = rows_here * (d // 8)
+    v_factor = fx.Float32(1.0)
+    if fx.const_expr(cfg.v_scale == "tensor"):
+        v_factor = v_scales[0]
+    for rep in fx.range_constexpr(-(-items // cfg.threads)):
+        item = arith.minimum(tid + rep * cfg.threads, items - 1)
+        r, part = item // (d // 8), item % (d // 8)
+        top = fx.Float32(_NO_MAX)
+        for w in fx.range_constexpr(cfg.warps):
+            top = arith.maximum(top, stats[w, 0, r])
+        weights, total = [], fx.Float32(0.0)
+        for w in fx.range_constexpr(cfg.warps):
+            weight = nvvm.ex2_approx(stats[w, 0, r] - top, ftz=True)
+            weights.append(weight)
+            total = total + weight * stats[w, 1, r]
+        inverse = arith.select(total > 0.0, 1.0 / total, fx.Float32(0.0))
+        # value k of row r: head-dim index 8 part + k, held by lane g = (8 part + k) // (d / 8) as its value
+        # (8 part + k) % (d / 8) = 2 tile + (element >> 1); column r: p tile r // 8, lane c = (r % 8) // 2
+        values = []
+        for k in fx.range_constexpr(8):
+            dim = 8 * part + k
+            src_g, own = dim // (d // 8), dim % (d // 8)
+            t = (own // 2) * cfg.p_tiles + r // 8
+            e = (own % 2) * 2 + r % 2
+            src_lane = src_g * 4 + (r % 8) // 2
+            v = fx.Float32(0.0)
+            for w in fx.range_constexpr(cfg.warps):
+                v = v + weights[w] * partial[w, t, e, src_lane]
+            values.append(v * inverse)
+        global_row = tile * 16 + r
+        query, head = global_row // cfg.group, hkv * cfg.group + global_row % cfg.group
+        keep = (tid + rep * cfg.threads < items) & (global_row < cfg.rows)
+        if fx.const_expr(cfg.split):
+            if keep:
+                for k in fx.range_constexpr(8):
+                    partial_out[b, query, head, split, 8 * part + k] = values[k]
+                if part == 0:
+                    partial_stats[b, query, head, split, 0] = top
+                    partial_stats[b, query, head, split, 1] = total
+        else:
+            if keep:
+                row_values = vector.from_elements(Vector.of(fx.Float32, 8), [v * v_factor for v in values])
+                vector.store(row_values.to(out.dtype), out, (b, query, head, 8 * part))
+
+
+@flyc.kernel
+def combine_kernel(
+    partial_out: fx.Tensor,
+    partial_stats: fx.Tensor,
+    context_lens: fx.Tensor,
+    v_scales: fx.Tensor,
+    out: fx.Tensor,
+    window: fx.Int32,
+    split_tokens: fx.Int32,
+    cfg: fx.Constexpr[DecodeConfig],
+):
+    """The splits of each output row merged: one warp per (b, query, head) row, each lane ``D / 32`` values. Reads
+    only the splits that hold positions of the row's sequence (from ``context_lens``: no host synchronisation)."""
+    flyc.set_kernel_attributes(threads=128)
+    b, query, heads = partial_out.shape[0], partial_out.shape[1], partial_out.shape[2]
+    row = gpu.block_idx.x * 4 + gpu.thread_idx.x // 32
+    lane = gpu.thread_idx.x % 32
+    total_rows = (b * query * heads).to(fx.Int32)
+    row_c = arith.minimum(row, total_rows - 1)
+    head = row_c % heads.to(fx.Int32)
+    query_i = (row_c // heads.to(fx.Int32)) % query.to(fx.Int32)
+    seq = row_c // (heads.to(fx.Int32) * query.to(fx.Int32))
+    context = context_lens[seq]
+    first = fx.Int32(0)
+    if fx.const_expr(cfg.window):
+        first = arith.maximum(context - (cfg.queries - 1) - window, 0)
+    first = (first // CHUNK) * CHUNK
+    used = arith.maximum((context - first + (split_tokens - 1)) // split_tokens, 1)
+    per_lane = cfg.head_dim // 32
+    top = fx.Float32(_NO_MAX)
+    for s in range(used):
+        top = arith.maximum(top, partial_stats[seq, query_i, head, s, 0])
+    total = fx.Float32(0.0)
+    acc = Vector.of(fx.Float32, per_lane)(0.0)
+    for s in range(used):
+        weight = nvvm.ex2_approx(partial_stats[seq, query_i, head, s, 0] - top, ftz=True)
+        weight = weight * partial_stats[seq, query_i, head, s, 1]
+        total = total + weight
+        chunk = vector.load_op(Vector.of(fx.Float32, per_lane), partial_out, (seq, query_i, head, s, lane * per_lane))
+        acc = acc + chunk * weight
+    factor = 1.0 / total
+    if fx.const_expr(cfg.v_scale == "tensor"):
+        factor = factor * v_scales[0]
+    if row < total_rows:
+        vector.store((acc * factor).to(out.dtype), out, (seq, query_i, head, lane * per_lane))

@@ -1,0 +1,122 @@
+"""paged_decode without a GPU: every kind of decode kernel compiles for sm_90a without spills and with the
+instructions its design rests on (16-byte loads, mma.sync, no shared memory in the main loop), the plan's split
+choice, and the argument checks."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import flydsl.compiler as flyc
+from flydsl.kernels.attention import decode
+from flydsl.kernels.attention.api import decode_plan_config
+
+from .ptxas_report import spill_bytes
+
+torch = pytest.importorskip("torch")
+
+
+def _specs(cfg, batch=2, blocks=64, block_size=16, kv_heads=2, splits=3, max_blocks=16):
+    d, heads = cfg.head_dim, kv_heads * cfg.group
+    kv = "u8" if cfg.kv == "e4m3" else cfg.kv
+    per_token = (blocks, block_size, kv_heads)
+    spec = flyc.TensorSpec
+    return [
+        spec((batch, cfg.queries, heads, d), cfg.q),
+        spec((blocks, block_size, kv_heads, d), kv),
+        spec((blocks, block_size, kv_heads, d), kv),
+        spec((batch, max_blocks), "i32"),
+        spec((batch,), "i32"),
+        spec(per_token if cfg.k_scale == "token" else (1,), "f32"),
+        spec(per_token if cfg.v_scale == "token" else (1,), "f32"),
+        spec((batch, cfg.queries, heads, d), cfg.q),
+        spec((batch, cfg.queries, heads, splits, d), "f32"),
+        spec((batch, cfg.queries, heads, splits, 2), "f32"),
+        0.08,
+        30.0,
+        0,
+        256,
+        cfg,
+    ]
+
+
+CONFIGS = [
+    decode.DecodeConfig(head_dim=128, kv="bf16", q="bf16", group=4),
+    decode.DecodeConfig(head_dim=128, kv="f16", q="f16", group=8, split=True),
+    decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=4, k_scale="tensor", v_scale="tensor"),
+    decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=8, k_scale="token", v_scale="token", split=True),
+    decode.DecodeConfig(head_dim=64, kv="bf16", q="bf16", group=4, queries=4, window=True, soft_cap=True),
+    decode.DecodeConfig(head_dim=256, kv="bf16", q="bf16", group=2, prefetch=False),
+    decode.DecodeConfig(head_dim=256, kv="e4m3", q="f16", group=16, k_scale="tensor", v_scale="token", prefetch=False),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.kv}-d{c.head_dim}-g{c.group}-q{c.queries}")
+def test_decode_kernel_compiles_without_spills(cfg):
+    module = decode.paged_decode_kernel.lower(*_specs(cfg))
+    ptx = module.ptx
+    assert module.cubin, "ptxas did not assemble the kernel"
+    assert spill_bytes(ptx) == 0
+    assert "mma.sync.aligned.m16n8k16" in ptx
+    loads = re.findall(r"ld\.global\S*\.v4\.b32", ptx)
+    assert loads, "the caches are read with 16-byte loads"
+    if cfg.kv == "e4m3":
+        assert "cvt.rn.f16x2.e4m3x2" in ptx and "prmt.b32" in ptx
+    else:
+        assert "prmt.b32" in ptx  # values paired across tokens in registers
+
+
+def test_combine_kernel_compiles():
+    cfg = decode.DecodeConfig(head_dim=128, kv="bf16", q="bf16", group=4, split=True)
+    spec = flyc.TensorSpec
+    module = decode.combine_kernel.lower(
+        spec((2, 1, 8, 5, 128), "f32"), spec((2, 1, 8, 5, 2), "f32"), spec((2,), "i32"), spec((1,), "f32"),
+        spec((2, 1, 8, 128), "bf16"), 0, 256, cfg,
+    )  # fmt: skip
+    assert module.cubin and spill_bytes(module.ptx) == 0
+
+
+def _plan(**kw):
+    args = dict(
+        batch=1, heads=32, kv_heads=8, dim=128, queries=1, q_dtype="bf16", kv_dtype="bf16", k_scale=None,
+        v_scale=None, sliding_window=None, soft_cap=False, max_context=131072, sms=132,
+    )  # fmt: skip
+    args.update(kw)
+    return decode_plan_config(**args)
+
+
+def test_split_choice():
+    cfg, splits, tokens = _plan()
+    assert cfg.split and splits > 1 and tokens % 16 == 0 and splits * tokens >= 131072
+    assert (splits - 1) * tokens < 131072  # no split left without positions
+    cfg, splits, _ = _plan(batch=256, max_context=16384)  # 2048 CTAs: enough without splitting
+    assert splits == 1 and not cfg.split
+    cfg, splits, tokens = _plan(max_context=16)  # one chunk: one split
+    assert splits == 1 and tokens == 16
+    _, splits_window, _ = _plan(sliding_window=256)  # a window bounds the span whatever the context
+    assert splits_window < splits or splits_window * 256 <= 1024
+
+
+def _tensors(device="cpu"):
+    q = torch.zeros(2, 8, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(10, 16, 2, 128, dtype=torch.bfloat16)
+    tables = torch.zeros(2, 4, dtype=torch.int32)
+    lens = torch.ones(2, dtype=torch.int32)
+    return q, cache, cache.clone(), tables, lens
+
+
+def test_paged_decode_refuses_cpu_tensors():
+    from flydsl.kernels.attention import paged_decode
+
+    with pytest.raises(ValueError, match=r"paged_decode: q: expected a CUDA tensor"):
+        paged_decode(*_tensors())
+
+
+def test_decode_config_checks():
+    with pytest.raises(ValueError, match="head_dim 64/128/256"):
+        decode.DecodeConfig(head_dim=96, kv="bf16", q="bf16", group=1)
+    with pytest.raises(ValueError, match="16-bit caches hold the queries' dtype"):
+        decode.DecodeConfig(head_dim=128, kv="f16", q="bf16", group=1)
+    with pytest.raises(ValueError, match="fp8 caches need k_scale and v_scale"):
+        decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=1)
