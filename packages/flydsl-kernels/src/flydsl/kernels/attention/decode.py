@@ -48,6 +48,7 @@ _W4 = Vector.of(fx.Int32, 4)
 _FP8_TO_BF16 = 2.0**120  # an e4m3 value's bits placed in a bf16 word read as that value times 2^-120
 _NO_MAX = -1.0e30  # the running maximum before any key: finite, so that exp2(NO_MAX - NO_MAX) is 1, not NaN
 _KV_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}
+_COMBINE_UNROLL = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,7 +243,7 @@ def _value_fragment(cfg: DecodeConfig, values, tile):
     for pair in ((a, b), (c, d)):
         for j in fx.range_constexpr(2):
             regs.append(_e4m3_pair_to_bf16(nvvm.prmt(pair[0][word], pair[1][word], selectors[j])))
-    return vector.from_elements(_W4, [regs[0], regs[2], regs[1], regs[3]])
+    return vector.from_elements(_W4, regs)  # (row g, row g + 8) of tokens 2c + {0, 1}, then of 2c + {8, 9}
 
 
 def _e4m3_pair_to_bf16(x):
@@ -504,17 +505,32 @@ def combine_kernel(
     first = (first // CHUNK) * CHUNK
     used = arith.maximum((context - first + (split_tokens - 1)) // split_tokens, 1)
     per_lane = cfg.head_dim // 32
+    # the splits' statistics, lanes taking splits in turn
     top = fx.Float32(_NO_MAX)
-    for s in range(used):
+    for s in range(lane, used, 32):
         top = arith.maximum(top, partial_stats[seq, query_i, head, s, 0])
+    top = gpu.warp_reduce(top, "max")
     total = fx.Float32(0.0)
+    for s in range(lane, used, 32):
+        total = (
+            total
+            + nvvm.ex2_approx(partial_stats[seq, query_i, head, s, 0] - top, ftz=True)
+            * partial_stats[seq, query_i, head, s, 1]
+        )
+    total = gpu.warp_reduce(total, "add")
+    # the values, _COMBINE_UNROLL splits a step with all their loads issued first (one memory latency per step)
     acc = Vector.of(fx.Float32, per_lane)(0.0)
-    for s in range(used):
-        weight = nvvm.ex2_approx(partial_stats[seq, query_i, head, s, 0] - top, ftz=True)
-        weight = weight * partial_stats[seq, query_i, head, s, 1]
-        total = total + weight
-        chunk = vector.load_op(Vector.of(fx.Float32, per_lane), partial_out, (seq, query_i, head, s, lane * per_lane))
-        acc = acc + chunk * weight
+    for first_split in range(0, used, _COMBINE_UNROLL):
+        weights, chunks = [], []
+        for u in fx.range_constexpr(_COMBINE_UNROLL):
+            s = arith.minimum(first_split + u, used - 1)
+            weight = nvvm.ex2_approx(partial_stats[seq, query_i, head, s, 0] - top, ftz=True)
+            weights.append(arith.select(first_split + u < used, weight * partial_stats[seq, query_i, head, s, 1], 0.0))
+            chunks.append(
+                vector.load_op(Vector.of(fx.Float32, per_lane), partial_out, (seq, query_i, head, s, lane * per_lane))
+            )
+        for u in fx.range_constexpr(_COMBINE_UNROLL):
+            acc = acc + chunks[u] * weights[u]
     factor = 1.0 / total
     if fx.const_expr(cfg.v_scale == "tensor"):
         factor = factor * v_scales[0]
