@@ -47,8 +47,8 @@ CONFIGS = [
     decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=4, k_scale="tensor", v_scale="tensor"),
     decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=8, k_scale="token", v_scale="token", split=True),
     decode.DecodeConfig(head_dim=64, kv="bf16", q="bf16", group=4, queries=4, window=True, soft_cap=True),
-    decode.DecodeConfig(head_dim=256, kv="bf16", q="bf16", group=2, prefetch=False),
-    decode.DecodeConfig(head_dim=256, kv="e4m3", q="f16", group=16, k_scale="tensor", v_scale="token", prefetch=False),
+    decode.DecodeConfig(head_dim=256, kv="bf16", q="bf16", group=2, prefetch=0),
+    decode.DecodeConfig(head_dim=256, kv="e4m3", q="f16", group=16, k_scale="tensor", v_scale="token", prefetch=0),
 ]
 
 

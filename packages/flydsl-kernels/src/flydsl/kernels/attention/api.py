@@ -246,7 +246,7 @@ def decode_plan_config(
     cfg = decode.DecodeConfig(
         head_dim=dim, kv=kv_dtype, q=q_dtype, group=group, queries=queries, k_scale=k_scale, v_scale=v_scale,
         window=sliding_window is not None, soft_cap=soft_cap, split=splits > 1, warps=warps,
-        prefetch=dim < 256,  # two chunks of D = 256 registers spill
+        prefetch=0 if dim == 256 else 1,  # two chunks of D = 256 registers spill
     )  # fmt: skip
     return cfg, splits, split_tokens
 

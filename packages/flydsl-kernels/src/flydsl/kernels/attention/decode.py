@@ -57,8 +57,8 @@ class DecodeConfig:
     "f16" or "e4m3"), ``q`` the queries' ("bf16", "f16"), ``group`` query heads per KV head, ``queries`` query tokens
     per sequence (1..4), ``k_scale``/``v_scale`` None or "tensor" or "token" (fp8 only), ``window``/``soft_cap``
     whether a sliding window or logit soft-capping applies, ``split`` whether the CTAs write partials for
-    :func:`combine_kernel`, ``warps`` per CTA, ``prefetch`` whether the next chunk's loads are issued before this
-    chunk's math (registers for two chunks)."""
+    :func:`combine_kernel`, ``warps`` per CTA, ``prefetch`` how many chunks ahead of the one in the math a warp's
+    loads are issued (0: none; registers for ``prefetch + 1`` chunks)."""
 
     head_dim: int
     kv: str
@@ -71,7 +71,7 @@ class DecodeConfig:
     soft_cap: bool = False
     split: bool = False
     warps: int = 4
-    prefetch: bool = True
+    prefetch: int = 1
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.kv not in _KV_BYTES or self.q not in ("bf16", "f16"):
@@ -82,6 +82,8 @@ class DecodeConfig:
             raise ValueError(f"{self}: fp8 caches need k_scale and v_scale, 'tensor' or 'token'")
         if not 1 <= self.group <= 64 or not 1 <= self.queries <= 4 or self.warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"{self}: group 1..64, queries 1..4, warps 1/2/4/8/16")
+        if self.prefetch not in (0, 1, 2, 3):
+            raise ValueError(f"{self}: prefetch 0..3 chunks")
 
     @property
     def threads(self) -> int:
@@ -385,16 +387,18 @@ def paged_decode_kernel(
     state = [[fx.Float32(_NO_MAX)] * 2, [fx.Float32(0.0)] * 2, [_ACC(0.0)] * (cfg.head_dim // 16 * cfg.p_tiles)]
     stride = CHUNK * cfg.warps
     chunk = begin + CHUNK * warp
-    if fx.const_expr(cfg.prefetch):
-        page = _page_of(block_tables, b, chunk, last_block, bs)
-        loaded = _load_chunk(cfg, caches, b, hkv, chunk, page, end, lane_g, lane_c)
-        next_page = _page_of(block_tables, b, chunk + stride, last_block, bs)
+    if fx.const_expr(cfg.prefetch > 0):
+        ahead = cfg.prefetch
+        loaded = []
+        for i in fx.range_constexpr(ahead):
+            page = _page_of(block_tables, b, chunk + i * stride, last_block, bs)
+            loaded.append(_load_chunk(cfg, caches, b, hkv, chunk + i * stride, page, end, lane_g, lane_c))
+        next_page = _page_of(block_tables, b, chunk + ahead * stride, last_block, bs)
         for _step in range(steps):
-            upcoming = _load_chunk(cfg, caches, b, hkv, chunk + stride, next_page, end, lane_g, lane_c)
-            next_page = _page_of(block_tables, b, chunk + 2 * stride, last_block, bs)
-            consts = (chunk, scale_rows, cap, lows, highs, lane_c)
-            state = _chunk_step(cfg, state, loaded, queries, consts)
-            loaded = upcoming
+            upcoming = _load_chunk(cfg, caches, b, hkv, chunk + ahead * stride, next_page, end, lane_g, lane_c)
+            next_page = _page_of(block_tables, b, chunk + (ahead + 1) * stride, last_block, bs)
+            state = _chunk_step(cfg, state, loaded[0], queries, (chunk, scale_rows, cap, lows, highs, lane_c))
+            loaded = loaded[1:] + [upcoming]
             chunk = chunk + stride
     else:
         for _step in range(steps):
