@@ -10,6 +10,7 @@ The kernels and their layout of the work: :mod:`flydsl.kernels.attention.decode`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -25,7 +26,8 @@ _Q_DTYPES = ("bf16", "f16")
 _HEAD_DIMS = (64, 128, 256)
 _MAX_QUERIES = 4
 _CHUNK = 16
-_MIN_CHUNKS_PER_WARP = 4  # a split gives each warp at least this many 16-token chunks (the loads' pipeline fills)
+_SMEM_PER_SM = 227 * 1024  # what a Hopper SM's CTAs can share
+_FINISH_BYTES = 1024  # a CTA's shared memory besides its rings (the warps' softmax statistics), about
 
 
 @functools.cache
@@ -227,28 +229,28 @@ def _sm_count(device: int) -> int:
 
 def decode_plan_config(
     *, batch, heads, kv_heads, dim, queries, q_dtype, kv_dtype, k_scale, v_scale, sliding_window, soft_cap,
-    max_context, sms, warps=4,
+    max_context, sms, warps=4, stages=None, ctas=None,
 ):  # fmt: skip
     """``(DecodeConfig, splits, split_tokens)`` for a call: the context (or the window's span) cut into splits so
-    that the grid gives every SM a few CTAs, each warp at least 4 chunks of 16 tokens; one split writes the output
-    directly, more go through the combine kernel."""
+    that the grid fills the GPU's resident CTAs once (``ctas``; default: as many as fit by shared memory), each warp
+    at least one chunk of 16 tokens; one split writes the output directly, more go through the combine kernel."""
     decode = _decode()
     group = heads // kv_heads
     span = max_context if sliding_window is None else min(max_context, sliding_window + queries - 1 + _CHUNK)
     chunks = -(-span // _CHUNK)
-    probe = decode.DecodeConfig(head_dim=dim, kv=kv_dtype, q=q_dtype, group=group, queries=queries, warps=warps,
-                                k_scale=k_scale, v_scale=v_scale)  # fmt: skip
-    base = batch * kv_heads * probe.row_tiles
-    target = 4 * sms  # ~2 CTAs per SM resident, two waves' worth
-    splits = max(1, min(-(-chunks // (warps * _MIN_CHUNKS_PER_WARP)), -(-target // base)))
-    split_tokens = -(-chunks // splits) * _CHUNK
-    splits = -(-span // split_tokens)
+    if stages is None:
+        stages = 2 if dim == 256 else 3
     cfg = decode.DecodeConfig(
         head_dim=dim, kv=kv_dtype, q=q_dtype, group=group, queries=queries, k_scale=k_scale, v_scale=v_scale,
-        window=sliding_window is not None, soft_cap=soft_cap, split=splits > 1, warps=warps,
-        prefetch=0 if dim == 256 else 1,  # two chunks of D = 256 registers spill
+        window=sliding_window is not None, soft_cap=soft_cap, warps=warps, stages=stages,
     )  # fmt: skip
-    return cfg, splits, split_tokens
+    base = batch * kv_heads * cfg.row_tiles
+    if ctas is None:
+        ctas = sms * max(1, min(_SMEM_PER_SM // (decode.ring_bytes(cfg) + _FINISH_BYTES), 16 // warps))
+    splits = max(1, min(-(-chunks // warps), round(ctas / base)))
+    split_tokens = -(-chunks // splits) * _CHUNK
+    splits = -(-span // split_tokens)
+    return dataclasses.replace(cfg, split=splits > 1), splits, split_tokens
 
 
 class _Plan:
