@@ -26,8 +26,8 @@ _Q_DTYPES = ("bf16", "f16")
 _HEAD_DIMS = (64, 128, 256)
 _MAX_QUERIES = 4
 _CHUNK = 16
-_SMEM_PER_SM = 227 * 1024  # what a Hopper SM's CTAs can share
-_FINISH_BYTES = 1024  # a CTA's shared memory besides its rings (the warps' softmax statistics), about
+# CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
+_CTAS_PER_SM = {(64, False): 4, (64, True): 4, (128, False): 2, (128, True): 4, (256, False): 2, (256, True): 2}
 
 
 @functools.cache
@@ -229,7 +229,7 @@ def _sm_count(device: int) -> int:
 
 def decode_plan_config(
     *, batch, heads, kv_heads, dim, queries, q_dtype, kv_dtype, k_scale, v_scale, sliding_window, soft_cap,
-    max_context, sms, warps=4, stages=None, ctas=None,
+    max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None,
 ):  # fmt: skip
     """``(DecodeConfig, splits, split_tokens)`` for a call: the context (or the window's span) cut into splits so
     that the grid fills the GPU's resident CTAs once (``ctas``; default: as many as fit by shared memory), each warp
@@ -238,15 +238,17 @@ def decode_plan_config(
     group = heads // kv_heads
     span = max_context if sliding_window is None else min(max_context, sliding_window + queries - 1 + _CHUNK)
     chunks = -(-span // _CHUNK)
-    if stages is None:
-        stages = 2 if dim == 256 else 3
+    if prefetch is None:
+        prefetch = 0 if dim == 256 else 1  # two chunks of D = 256 spill
+    if ctas_per_sm is None:
+        ctas_per_sm = _CTAS_PER_SM.get((dim, kv_dtype == "e4m3"), 2)
     cfg = decode.DecodeConfig(
         head_dim=dim, kv=kv_dtype, q=q_dtype, group=group, queries=queries, k_scale=k_scale, v_scale=v_scale,
-        window=sliding_window is not None, soft_cap=soft_cap, warps=warps, stages=stages,
+        window=sliding_window is not None, soft_cap=soft_cap, warps=warps, prefetch=prefetch, ctas_per_sm=ctas_per_sm,
     )  # fmt: skip
     base = batch * kv_heads * cfg.row_tiles
     if ctas is None:
-        ctas = sms * max(1, min(_SMEM_PER_SM // (decode.ring_bytes(cfg) + _FINISH_BYTES), 16 // warps))
+        ctas = sms * cfg.ctas_per_sm
     splits = max(1, min(-(-chunks // warps), round(ctas / base)))
     split_tokens = -(-chunks // splits) * _CHUNK
     splits = -(-span // split_tokens)

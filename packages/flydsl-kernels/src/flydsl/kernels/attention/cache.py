@@ -288,7 +288,7 @@ def check_write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
         if not _contiguous(t):
             raise ValueError(f"{who}: {name}: expected a contiguous cache, got strides {tuple(t.strides)}")
     sm = check.describe(who, "slot_mapping", slot_mapping)
-    if sm.dtype not in ("i32", "i64"):
+    if sm.dtype not in ("i32", "i64", "int32", "int64"):  # TensorSpec names, torch names
         raise TypeError(f"{who}: slot_mapping: expected int32 or int64, got {check.dtype_names((sm.dtype,))}")
     if tuple(sm.shape) != (tokens,):
         raise ValueError(

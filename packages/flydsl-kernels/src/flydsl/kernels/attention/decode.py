@@ -57,8 +57,9 @@ class DecodeConfig:
     "f16" or "e4m3"), ``q`` the queries' ("bf16", "f16"), ``group`` query heads per KV head, ``queries`` query tokens
     per sequence (1..4), ``k_scale``/``v_scale`` None or "tensor" or "token" (fp8 only), ``window``/``soft_cap``
     whether a sliding window or logit soft-capping applies, ``split`` whether the CTAs write partials for
-    :func:`combine_kernel`, ``warps`` per CTA, ``stages`` chunks in each warp's ring of shared memory (the loads of
-    ``stages - 1`` chunks in flight during a chunk's math)."""
+    :func:`combine_kernel`, ``warps`` per CTA, ``prefetch`` how many chunks ahead of the one in the math a warp's
+    loads are issued (0: none; registers for ``prefetch + 1`` chunks), ``ctas_per_sm`` the CTAs an SM must hold
+    (registers capped to fit them)."""
 
     head_dim: int
     kv: str
@@ -71,7 +72,8 @@ class DecodeConfig:
     soft_cap: bool = False
     split: bool = False
     warps: int = 4
-    stages: int = 3
+    prefetch: int = 1
+    ctas_per_sm: int = 2
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.kv not in _KV_BYTES or self.q not in ("bf16", "f16"):
@@ -82,8 +84,8 @@ class DecodeConfig:
             raise ValueError(f"{self}: fp8 caches need k_scale and v_scale, 'tensor' or 'token'")
         if not 1 <= self.group <= 64 or not 1 <= self.queries <= 4 or self.warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"{self}: group 1..64, queries 1..4, warps 1/2/4/8/16")
-        if self.stages not in (2, 3, 4, 5, 6):
-            raise ValueError(f"{self}: stages 2..6 chunks")
+        if self.prefetch not in (0, 1, 2, 3) or not 1 <= self.ctas_per_sm * self.warps <= 64:
+            raise ValueError(f"{self}: prefetch 0..3 chunks, ctas_per_sm * warps 1..64")
 
     @property
     def threads(self) -> int:
@@ -134,86 +136,35 @@ def _page_of(block_tables, b, token, last_block, bs):
     return block_tables[b, arith.minimum(token // bs, last_block)]
 
 
-def _value_copy_bytes(cfg: DecodeConfig) -> int:
-    """Bytes of one copy of a lane's values of one token (16, or 8 where they are fewer: D = 64 fp8)."""
-    return min(16, cfg.head_dim // 8 * cfg.kv_bytes)
-
-
-def _slots(cfg: DecodeConfig) -> int:
-    """16-byte slots per lane and chunk in the ring: key copies, value copies, then a slot per per-token scale."""
-    keys = 2 * (cfg.head_dim // (4 * cfg.key_chunk))
-    values = 4 * max(1, cfg.head_dim // 8 * cfg.kv_bytes // 16)
-    return keys + values + (cfg.k_scale == "token") + (cfg.v_scale == "token")
-
-
-def ring_bytes(cfg: DecodeConfig) -> int:
-    """Shared memory of the CTA's rings (every warp's ``stages`` chunks; the warps' partial results reuse it)."""
-    return cfg.warps * max(cfg.stages * _slots(cfg), cfg.head_dim // 16 * cfg.p_tiles) * 32 * 16
-
-
-def _issue_chunk(cfg: DecodeConfig, ring, stage, caches, b, hkv, chunk, page, end, lane, lane_g, lane_c):
-    """This lane's copies of one chunk into its slots of ``ring[warp, stage]`` (``cp.async``, one group): key rows
-    ``chunk + g`` and ``chunk + 8 + g`` (``D / 4`` elements each, 16 bytes at a time from ``c``'s place), the value
-    rows of tokens ``chunk + 2c + {0, 1, 8, 9}`` (this lane's ``D / 8`` values), and for per-token scales those 4
-    tokens' key and value scales. Tokens at or past ``end`` are zero-filled without a read."""
+def _load_chunk(cfg: DecodeConfig, caches, b, hkv, chunk, page, end, lane_g, lane_c):
+    """One chunk's words for this lane: key rows ``chunk + g`` and ``chunk + 8 + g`` (``D / 4`` elements each, 16
+    bytes at a time from ``c``'s place), the value rows of tokens ``chunk + 2c + {0, 1, 8, 9}`` (this lane's ``D / 8``
+    values), and for per-token scales those 4 tokens' key and value scales. Tokens at or past ``end`` load zeros."""
     k_cache, v_cache, k_scales, v_scales = caches
-    warp = gpu.thread_idx.x // 32
     bs = k_cache.shape[1].to(fx.Int32)
     offset = chunk % bs
-    slot = 0
+    keys = []
     for half in fx.range_constexpr(2):
         row = offset + 8 * half + lane_g
-        size = arith.select(chunk + 8 * half + lane_g < end, fx.Int32(16), fx.Int32(0))
+        inside = chunk + 8 * half + lane_g < end
         for u in fx.range_constexpr(cfg.head_dim // (4 * cfg.key_chunk)):
             col = cfg.key_chunk * (lane_c + 4 * u)
-            nvvm.cp_async(ring, k_cache, 16, (warp, stage, slot, lane, 0), (page, row, hkv, col), src_bytes=size)
-            slot += 1
-    nbytes = _value_copy_bytes(cfg)
-    tokens = (2 * lane_c, 2 * lane_c + 1, 2 * lane_c + 8, 2 * lane_c + 9)
-    for token in tokens:
-        size = arith.select(chunk + token < end, fx.Int32(nbytes), fx.Int32(0))
-        for part in fx.range_constexpr(max(1, cfg.head_dim // 8 * cfg.kv_bytes // 16)):
-            col = lane_g * (cfg.head_dim // 8) + part * (16 // cfg.kv_bytes)
-            nvvm.cp_async(
-                ring, v_cache, nbytes, (warp, stage, slot, lane, 0), (page, offset + token, hkv, col), src_bytes=size
-            )
-            slot += 1
-    for kind, scales in ((cfg.k_scale, k_scales), (cfg.v_scale, v_scales)):
-        if fx.const_expr(kind == "token"):
-            for i in fx.range_constexpr(4):
-                size = arith.select(chunk + tokens[i] < end, fx.Int32(4), fx.Int32(0))
-                nvvm.cp_async(
-                    ring, scales, 4, (warp, stage, slot, lane, i), (page, offset + tokens[i], hkv), src_bytes=size
-                )
-            slot += 1
-    nvvm.cp_async_commit_group()
-
-
-def _read_chunk(cfg: DecodeConfig, ring, stage, lane):
-    """What :func:`_issue_chunk` copied into ``ring[warp, stage]``, as registers: ``[keys (Int32x4 each), values (a
-    list of words per token), k scales (4 Float32), v scales (4 Float32)]`` (the scales only where per token)."""
-    warp = gpu.thread_idx.x // 32
-    words4 = Vector.of(fx.Int32, 4)
-    key_loads = 2 * (cfg.head_dim // (4 * cfg.key_chunk))
-    keys = [vector.load_op(words4, ring, (warp, stage, slot, lane, 0)) for slot in fx.range_constexpr(key_loads)]
-    slot = key_loads
-    per_token = max(1, cfg.head_dim // 8 * cfg.kv_bytes // 16)
-    width = _value_copy_bytes(cfg) // 4
-    values = []
-    for _token in fx.range_constexpr(4):
+            keys.append(nvvm.ld_global(k_cache, (page, row, hkv, col), 16, predicate=inside))
+    values, k_token_scales, v_token_scales = [], [], []
+    value_bytes = cfg.head_dim // 8 * cfg.kv_bytes
+    for token in (2 * lane_c, 2 * lane_c + 1, 2 * lane_c + 8, 2 * lane_c + 9):
+        inside = chunk + token < end
         words = []
-        for _part in fx.range_constexpr(per_token):
-            loaded = vector.load_op(Vector.of(fx.Int32, width), ring, (warp, stage, slot, lane, 0))
-            words += [loaded[i] for i in range(width)]
-            slot += 1
+        for part in fx.range_constexpr(max(1, value_bytes // 16)):
+            col = lane_g * (cfg.head_dim // 8) + part * (16 // cfg.kv_bytes)
+            loaded = nvvm.ld_global(v_cache, (page, offset + token, hkv, col), min(16, value_bytes), predicate=inside)
+            words += [loaded[i] for i in range(len(loaded))]
         values.append(words)
-    result = [keys, values]
-    for kind in (cfg.k_scale, cfg.v_scale):
-        if kind == "token":
-            loaded = vector.load_op(words4, ring, (warp, stage, slot, lane, 0)).bitcast(fx.Float32)
-            result.append([loaded[i] for i in range(4)])
-            slot += 1
-    return result
+        if fx.const_expr(cfg.k_scale == "token"):
+            k_token_scales.append(arith.select(inside, k_scales[page, offset + token, hkv], fx.Float32(0.0)))
+        if fx.const_expr(cfg.v_scale == "token"):
+            v_token_scales.append(arith.select(inside, v_scales[page, offset + token, hkv], fx.Float32(0.0)))
+    return [keys, values] + [scales for scales in (k_token_scales, v_token_scales) if scales]  # no empty lists
 
 
 def _load_queries(cfg: DecodeConfig, q, b, hkv, tile, lane_g, lane_c):
@@ -401,7 +352,7 @@ def paged_decode_kernel(
     splits, D) and ``partial_stats`` (B, Q, Hq, splits, 2) float32 (row maximum in base 2, sum), ``out`` unwritten.
     ``window`` > 0: each query sees its last ``window`` positions; ``split_tokens``: a split's tokens (a multiple of
     16); ``softmax_scale`` multiplies ``q . k``; ``soft_cap`` > 0 caps the logits (``cfg.soft_cap``)."""
-    flyc.set_kernel_attributes(threads=cfg.threads)
+    flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.ctas_per_sm)
     split, b = gpu.block_idx.x, gpu.block_idx.z
     hkv, tile = gpu.block_idx.y // cfg.row_tiles, gpu.block_idx.y % cfg.row_tiles
     tid = gpu.thread_idx.x
@@ -424,9 +375,9 @@ def paged_decode_kernel(
     lows, highs = [], []
     for half in fx.range_constexpr(2):
         row = arith.minimum(tile * 16 + 8 * half + lane_g, cfg.rows - 1)
-        high = arith.minimum(context - cfg.queries + 1 + row // cfg.group, end)
-        highs.append(high)
-        lows.append(arith.maximum(high - window, begin) if cfg.window else begin)
+        own = context - cfg.queries + 1 + row // cfg.group  # past the query's own position
+        highs.append(arith.minimum(own, end))
+        lows.append(arith.maximum(own - window, begin) if cfg.window else begin)  # the window from its own position
     queries, factors = _load_queries(cfg, q, b, hkv, tile, lane_g, lane_c)
     scale = softmax_scale
     if fx.const_expr(cfg.k_scale == "tensor"):
@@ -438,34 +389,29 @@ def paged_decode_kernel(
     state = [[fx.Float32(_NO_MAX)] * 2, [fx.Float32(0.0)] * 2, [_ACC(0.0)] * (cfg.head_dim // 16 * cfg.p_tiles)]
     stride = CHUNK * cfg.warps
     chunk = begin + CHUNK * warp
-    # Each warp's ring of `stages` chunks in shared memory: a lane reads back only what it copied itself, so its own
-    # cp.async.wait_group is all the synchronisation (no barrier), and the loads need no registers while in flight.
-    smem = fx.SmemAllocator()
-    slots = _slots(cfg)
-    buffer = smem.allocate(fx.Int32, ring_bytes(cfg) // 4)
-    ring = buffer.moved(
-        fl.Layout((cfg.warps, cfg.stages, slots, 32, 4), (cfg.stages * slots * 128, slots * 128, 128, 4, 1)), 0
-    )
-    ahead = cfg.stages - 1
-    for i in fx.range_constexpr(ahead):
-        page = _page_of(block_tables, b, chunk + i * stride, last_block, bs)
-        _issue_chunk(cfg, ring, i, caches, b, hkv, chunk + i * stride, page, end, lane, lane_g, lane_c)
-    next_page = _page_of(block_tables, b, chunk + ahead * stride, last_block, bs)
-    stage = fx.Int32(0)
-    for _step in range(steps):
-        newest = arith.select(stage == 0, fx.Int32(ahead), stage - 1)  # the stage read one step ago
-        _issue_chunk(cfg, ring, newest, caches, b, hkv, chunk + ahead * stride, next_page, end, lane, lane_g, lane_c)
-        next_page = _page_of(block_tables, b, chunk + (ahead + 1) * stride, last_block, bs)
-        nvvm.cp_async_wait_group(ahead)  # this step's chunk has landed
-        loaded = _read_chunk(cfg, ring, stage, lane)
-        state = _chunk_step(cfg, state, loaded, queries, (chunk, scale_rows, cap, lows, highs, lane_c))
-        stage = arith.select(stage == ahead, fx.Int32(0), stage + 1)
-        chunk = chunk + stride
-    nvvm.cp_async_wait_group(0)
-    _finish(cfg, state, out, partial_out, partial_stats, v_scales, (b, hkv, tile, split), tid, smem, buffer)
+    if fx.const_expr(cfg.prefetch > 0):
+        ahead = cfg.prefetch
+        loaded = []
+        for i in fx.range_constexpr(ahead):
+            page = _page_of(block_tables, b, chunk + i * stride, last_block, bs)
+            loaded.append(_load_chunk(cfg, caches, b, hkv, chunk + i * stride, page, end, lane_g, lane_c))
+        next_page = _page_of(block_tables, b, chunk + ahead * stride, last_block, bs)
+        for _step in range(steps):
+            upcoming = _load_chunk(cfg, caches, b, hkv, chunk + ahead * stride, next_page, end, lane_g, lane_c)
+            next_page = _page_of(block_tables, b, chunk + (ahead + 1) * stride, last_block, bs)
+            state = _chunk_step(cfg, state, loaded[0], queries, (chunk, scale_rows, cap, lows, highs, lane_c))
+            loaded = loaded[1:] + [upcoming]
+            chunk = chunk + stride
+    else:
+        for _step in range(steps):
+            page = _page_of(block_tables, b, chunk, last_block, bs)
+            loaded = _load_chunk(cfg, caches, b, hkv, chunk, page, end, lane_g, lane_c)
+            state = _chunk_step(cfg, state, loaded, queries, (chunk, scale_rows, cap, lows, highs, lane_c))
+            chunk = chunk + stride
+    _finish(cfg, state, out, partial_out, partial_stats, v_scales, (b, hkv, tile, split), tid)
 
 
-def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid, smem, buffer):
+def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
     """The warps' partial results merged in shared memory, then written: the output (one split) or the split's
     normalized output and (max, sum) statistics."""
     b, hkv, tile, split = place
@@ -473,15 +419,14 @@ def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid, s
     warp, lane = tid // 32, tid % 32
     lane_g, lane_c = lane // 4, lane % 4
     d = cfg.head_dim
+    smem = fx.SmemAllocator()
     tiles = d // 16 * cfg.p_tiles
-    # accumulators as (warp, tile, element, lane): lanes contiguous, conflict-free stores; over the rings, which every
-    # warp is done with after the barrier
-    partial = buffer.moved(fl.Layout((cfg.warps, tiles, 4, 32), (tiles * 128, 128, 32, 1)), 0)
+    # accumulators as (warp, tile, element, lane): lanes contiguous, conflict-free stores
+    partial = smem.allocate(fx.Float32, fl.Layout((cfg.warps, tiles, 4, 32), (tiles * 128, 128, 32, 1)))
     stats = smem.allocate(fx.Float32, fl.Layout((cfg.warps, 2, 16), (32, 16, 1)))
-    gpu.barrier()
     for t in fx.range_constexpr(tiles):
         for e in fx.range_constexpr(4):
-            partial[warp, t, e, lane] = arith.bitcast(fx.Int32.mlir_type(), acc[t][e])
+            partial[warp, t, e, lane] = acc[t][e]
     for half in fx.range_constexpr(2):
         total = row_sum[half]
         for offset in (1, 2):
@@ -519,7 +464,7 @@ def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid, s
             src_lane = src_g * 4 + (r % 8) // 2
             v = fx.Float32(0.0)
             for w in fx.range_constexpr(cfg.warps):
-                v = v + weights[w] * arith.bitcast(fx.Float32.mlir_type(), partial[w, t, e, src_lane])
+                v = v + weights[w] * partial[w, t, e, src_lane]
             values.append(v * inverse)
         global_row = tile * 16 + r
         query, head = global_row // cfg.group, hkv * cfg.group + global_row % cfg.group
