@@ -73,12 +73,16 @@ def _median_ms(before, call, repeats: int) -> float:
     return statistics.median(b.elapsed_time(f) for b, f in zip(starts, ends, strict=True))
 
 
-def bench_cold(fn, *, flush: str = "dirty", warmup: float = 25, rep: float = 100) -> float:
+def bench_cold(fn, *, flush: str = "dirty", warmup: float = 25, rep: float = 100, queued: bool = False) -> float:
     """Median milliseconds of ``fn()`` after a flush of the given kind; ``warmup``/``rep`` in milliseconds, as for
-    ``do_bench``."""
+    ``do_bench``. ``queued``: each flush waits behind a ~100 us sleep kernel, so that the host has enqueued the call
+    before the GPU reaches it (the GPU's time, not the host's, for calls whose host side outlasts the flush)."""
     import torch
 
     flush_l2 = _flusher(flush)
+    if queued:
+        flush_only = flush_l2
+        flush_l2 = lambda: (torch.cuda._sleep(200_000), flush_only())  # noqa: E731
     fn()
     torch.cuda.synchronize()
     estimate = _per_call_ms(lambda: (flush_l2(), fn()), 5)  # a flushed call

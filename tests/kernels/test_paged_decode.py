@@ -33,6 +33,7 @@ def _specs(cfg, batch=2, blocks=64, block_size=16, kv_heads=2, splits=3, max_blo
         spec((batch, cfg.queries, heads, d), cfg.q),
         spec((batch, cfg.queries, heads, splits, d), "f32"),
         spec((batch, cfg.queries, heads, splits, 2), "f32"),
+        spec((1024,), "i32"),
         0.08,
         30.0,
         0,
@@ -65,16 +66,6 @@ def test_decode_kernel_compiles_without_spills(cfg):
         assert "cvt.rn.f16x2.e4m3x2" in ptx and "prmt.b32" in ptx
     else:
         assert "prmt.b32" in ptx  # values paired across tokens in registers
-
-
-def test_combine_kernel_compiles():
-    cfg = decode.DecodeConfig(head_dim=128, kv="bf16", q="bf16", group=4, split=True)
-    spec = flyc.TensorSpec
-    module = decode.combine_kernel.lower(
-        spec((2, 1, 8, 5, 128), "f32"), spec((2, 1, 8, 5, 2), "f32"), spec((2,), "i32"), spec((1,), "f32"),
-        spec((2, 1, 8, 128), "bf16"), 0, 256, cfg,
-    )  # fmt: skip
-    assert module.cubin and spill_bytes(module.ptx) == 0
 
 
 def _plan(**kw):

@@ -80,7 +80,7 @@ def test_paged_decode_16bit(dtype, contexts):
 
 @pytest.mark.parametrize("batch, max_context", [(3, None), (3, 5000), (70, 5000)])
 def test_paged_decode_splits(batch, max_context):
-    """Contexts cut over several CTAs (the combine kernel) and, with 70 x 8 KV heads filling the GPU, one split per
+    """Contexts cut over several CTAs (merged by the last one) and, with 70 x 8 KV heads filling the GPU, one split per
     CTA writing the output itself; block_size 32."""
     contexts = tuple((1, 700, 4500)[i % 3] + i for i in range(batch))
     _check(_case(contexts=contexts, block_size=32, batch=batch, q_heads=32, kv_heads=8), max_context=max_context)

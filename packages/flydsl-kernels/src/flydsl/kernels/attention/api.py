@@ -15,6 +15,7 @@ import functools
 import math
 
 from flydsl.kernels import validation as check
+from flydsl.kernels.memory import per_stream
 from flydsl.kernels.plans import Plans, signature
 from flydsl.kernels.validation import TensorInfo
 
@@ -233,7 +234,7 @@ def decode_plan_config(
 ):  # fmt: skip
     """``(DecodeConfig, splits, split_tokens)`` for a call: the context (or the window's span) cut into splits so
     that the grid fills the GPU's resident CTAs once (``ctas``; default: as many as fit by shared memory), each warp
-    at least one chunk of 16 tokens; one split writes the output directly, more go through the combine kernel."""
+    at least one chunk of 16 tokens; with more than one split, the last to finish merges them."""
     decode = _decode()
     group = heads // kv_heads
     span = max_context if sliding_window is None else min(max_context, sliding_window + queries - 1 + _CHUNK)
@@ -255,8 +256,22 @@ def decode_plan_config(
     return dataclasses.replace(cfg, split=splits > 1), splits, split_tokens
 
 
+_COUNTERS: dict = {}  # (device, stream) -> int32 zeros: the splits' arrival counters (each launch leaves them zero)
+
+
+def _counters_of(groups: int, device):
+    """How :func:`~flydsl.kernels.memory.per_stream` makes a stream's counters: zeros, at least ``groups``."""
+
+    def make(held):
+        import torch
+
+        return torch.zeros(max(groups, 1024), dtype=torch.int32, device=device)
+
+    return make
+
+
 class _Plan:
-    """A validated call's launches: the decode kernel (and the combine kernel when the context is split)."""
+    """A validated call's launch: the decode kernel (its splits merged by the last one of each KV head)."""
 
     def __init__(self, cfg, splits, split_tokens, scale, soft_cap, window, fp8, device, k_value, v_value):
         import torch
@@ -291,13 +306,10 @@ class _Plan:
         else:
             partial_out = partial_stats = self.unused.view(1, 1, 1, 1, 1)
         kv_heads = k_cache.shape[2]
+        groups = batch * kv_heads * cfg.row_tiles
+        counters = per_stream(_COUNTERS, q, _counters_of(groups, q.device), fits=lambda held: held.numel() >= groups)
         decode.paged_decode_kernel(
             q4, k_cache, v_cache, block_tables, context_lens, k_scales, v_scales, out4, partial_out, partial_stats,
-            self.scale, self.soft_cap, self.window, self.split_tokens, cfg,
+            counters, self.scale, self.soft_cap, self.window, self.split_tokens, cfg,
         ).launch(grid=(self.splits, kv_heads * cfg.row_tiles, batch), block=cfg.threads)  # fmt: skip
-        if cfg.split:
-            rows = batch * queries * heads
-            decode.combine_kernel(
-                partial_out, partial_stats, context_lens, v_scales, out4, self.window, self.split_tokens, cfg
-            ).launch(grid=(-(-rows // 4),), block=128)
         return out

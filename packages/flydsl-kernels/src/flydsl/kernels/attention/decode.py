@@ -25,7 +25,8 @@ Key scales multiply the logits (per tensor: folded into the softmax scale), valu
 
 The next chunk's loads (and its page's number, and the one after's) are issued before the current chunk's MMAs.
 At the end the warps' partial results meet in shared memory; with one split the CTA writes the output, otherwise
-each split's normalized output and its (max, sum) go to float32 partials that :func:`combine_kernel` merges.
+each split's normalized output and its (max, sum) go to float32 partials, which the split that finishes last on
+its (sequence, KV head) merges into the output (a counter in global memory tells it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import flydsl.layout as fl
 from flydsl.expr import arith, gpu, math, nvvm, vector
 from flydsl.expr.vector import Vector
 
-__all__ = ["CHUNK", "DecodeConfig", "paged_decode_kernel", "combine_kernel"]
+__all__ = ["CHUNK", "DecodeConfig", "paged_decode_kernel"]
 
 CHUNK = 16  # tokens per warp step: the K of one P V MMA, two n8 tiles of S
 LOG2E = 1.4426950408889634
@@ -48,7 +49,7 @@ _W4 = Vector.of(fx.Int32, 4)
 _FP8_TO_BF16 = 2.0**120  # an e4m3 value's bits placed in a bf16 word read as that value times 2^-120
 _NO_MAX = -1.0e30  # the running maximum before any key: finite, so that exp2(NO_MAX - NO_MAX) is 1, not NaN
 _KV_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}
-_COMBINE_UNROLL = 8
+_MERGE_UNROLL = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +58,7 @@ class DecodeConfig:
     "f16" or "e4m3"), ``q`` the queries' ("bf16", "f16"), ``group`` query heads per KV head, ``queries`` query tokens
     per sequence (1..4), ``k_scale``/``v_scale`` None or "tensor" or "token" (fp8 only), ``window``/``soft_cap``
     whether a sliding window or logit soft-capping applies, ``split`` whether the CTAs write partials for
-    :func:`combine_kernel`, ``warps`` per CTA, ``prefetch`` how many chunks ahead of the one in the math a warp's
+    the last split's merge, ``warps`` per CTA, ``prefetch`` how many chunks ahead of the one in the math a warp's
     loads are issued (0: none; registers for ``prefetch + 1`` chunks), ``ctas_per_sm`` the CTAs an SM must hold
     (registers capped to fit them)."""
 
@@ -130,10 +131,11 @@ class DecodeConfig:
 # --- loads ----------------------------------------------------------------------------------------------------------
 
 
-def _page_of(block_tables, b, token, last_block, bs):
-    """The cache block holding ``token`` of sequence ``b`` (its block-table entry, the index clamped to the
-    sequence's last block: tokens past the context read a valid entry, and load nothing)."""
-    return block_tables[b, arith.minimum(token // bs, last_block)]
+def _page_of(block_tables, b, token, bs):
+    """The cache block holding ``token`` of sequence ``b``: its block-table entry, the index clamped to the table's
+    width (not to the sequence's blocks, so that this load need not wait for the context length; a token past the
+    context reads some entry and loads nothing from it)."""
+    return block_tables[b, arith.minimum(token // bs, block_tables.shape[1].to(fx.Int32) - 1)]
 
 
 def _load_chunk(cfg: DecodeConfig, caches, b, hkv, chunk, page, end, lane_g, lane_c):
@@ -340,6 +342,7 @@ def paged_decode_kernel(
     out: fx.Tensor,
     partial_out: fx.Tensor,
     partial_stats: fx.Tensor,
+    counters: fx.Tensor,
     softmax_scale: fx.Float32,
     soft_cap: fx.Float32,
     window: fx.Int32,
@@ -349,7 +352,8 @@ def paged_decode_kernel(
     """Grid ``(splits, kv_heads * row_tiles, batch)``. ``q``/``out`` (B, Q, Hq, D); caches (blocks, block_size,
     Hkv, D) (fp8 as bytes); ``block_tables`` (B, max_blocks) and ``context_lens`` (B,) int32; scales float32, (1,) per
     tensor or (blocks, block_size, Hkv) per token (unread otherwise); with ``cfg.split``: ``partial_out`` (B, Q, Hq,
-    splits, D) and ``partial_stats`` (B, Q, Hq, splits, 2) float32 (row maximum in base 2, sum), ``out`` unwritten.
+    splits, D) and ``partial_stats`` (B, Q, Hq, splits, 2) float32 (row maximum in base 2, sum), merged into ``out``
+    by the split that finishes last (``counters``: int32 zeros, one per (b, KV head, row tile), left zero).
     ``window`` > 0: each query sees its last ``window`` positions; ``split_tokens``: a split's tokens (a multiple of
     16); ``softmax_scale`` multiplies ``q . k``; ``soft_cap`` > 0 caps the logits (``cfg.soft_cap``)."""
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.ctas_per_sm)
@@ -360,7 +364,6 @@ def paged_decode_kernel(
     lane_g, lane_c = lane // 4, lane % 4
     bs = k_cache.shape[1].to(fx.Int32)
     context = context_lens[b]
-    last_block = arith.maximum((context + (bs - 1)) // bs - 1, 0)
 
     # The positions the split covers: from the first any query sees (16-aligned) on, split_tokens per split.
     first = fx.Int32(0)
@@ -393,22 +396,26 @@ def paged_decode_kernel(
         ahead = cfg.prefetch
         loaded = []
         for i in fx.range_constexpr(ahead):
-            page = _page_of(block_tables, b, chunk + i * stride, last_block, bs)
+            page = _page_of(block_tables, b, chunk + i * stride, bs)
             loaded.append(_load_chunk(cfg, caches, b, hkv, chunk + i * stride, page, end, lane_g, lane_c))
-        next_page = _page_of(block_tables, b, chunk + ahead * stride, last_block, bs)
+        next_page = _page_of(block_tables, b, chunk + ahead * stride, bs)
         for _step in range(steps):
             upcoming = _load_chunk(cfg, caches, b, hkv, chunk + ahead * stride, next_page, end, lane_g, lane_c)
-            next_page = _page_of(block_tables, b, chunk + (ahead + 1) * stride, last_block, bs)
+            next_page = _page_of(block_tables, b, chunk + (ahead + 1) * stride, bs)
             state = _chunk_step(cfg, state, loaded[0], queries, (chunk, scale_rows, cap, lows, highs, lane_c))
             loaded = loaded[1:] + [upcoming]
             chunk = chunk + stride
     else:
         for _step in range(steps):
-            page = _page_of(block_tables, b, chunk, last_block, bs)
+            page = _page_of(block_tables, b, chunk, bs)
             loaded = _load_chunk(cfg, caches, b, hkv, chunk, page, end, lane_g, lane_c)
             state = _chunk_step(cfg, state, loaded, queries, (chunk, scale_rows, cap, lows, highs, lane_c))
             chunk = chunk + stride
-    _finish(cfg, state, out, partial_out, partial_stats, v_scales, (b, hkv, tile, split), tid)
+    place = (b, hkv, tile, split)
+    _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid)
+    if fx.const_expr(cfg.split):
+        span = (context, (first // CHUNK) * CHUNK, split_tokens)
+        _merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, place, tid, span)
 
 
 def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
@@ -482,63 +489,73 @@ def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
                 vector.store(row_values.to(out.dtype), out, (b, query, head, 8 * part))
 
 
-@flyc.kernel
-def combine_kernel(
-    partial_out: fx.Tensor,
-    partial_stats: fx.Tensor,
-    context_lens: fx.Tensor,
-    v_scales: fx.Tensor,
-    out: fx.Tensor,
-    window: fx.Int32,
-    split_tokens: fx.Int32,
-    cfg: fx.Constexpr[DecodeConfig],
-):
-    """The splits of each output row merged: one warp per (b, query, head) row, each lane ``D / 32`` values. Reads
-    only the splits that hold positions of the row's sequence (from ``context_lens``: no host synchronisation)."""
-    flyc.set_kernel_attributes(threads=128)
-    b, query, heads = partial_out.shape[0], partial_out.shape[1], partial_out.shape[2]
-    row = gpu.block_idx.x * 4 + gpu.thread_idx.x // 32
-    lane = gpu.thread_idx.x % 32
-    total_rows = (b * query * heads).to(fx.Int32)
-    row_c = arith.minimum(row, total_rows - 1)
-    head = row_c % heads.to(fx.Int32)
-    query_i = (row_c // heads.to(fx.Int32)) % query.to(fx.Int32)
-    seq = row_c // (heads.to(fx.Int32) * query.to(fx.Int32))
-    context = context_lens[seq]
-    first = fx.Int32(0)
-    if fx.const_expr(cfg.window):
-        first = arith.maximum(context - (cfg.queries - 1) - window, 0)
-    first = (first // CHUNK) * CHUNK
+def _merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, place, tid, span):
+    """The split that counts itself last on its (b, KV head, row tile) merges every split's partials into ``out``
+    and zeroes the counter for the next launch: no second kernel, no host synchronisation."""
+    b = place[0]
+    smem = fx.SmemAllocator()
+    arrival = smem.allocate(fx.Int32, 1)
+    counter = b * gpu.grid_dim.y.to(fx.Int32) + gpu.block_idx.y
+    gpu.barrier()  # every thread's partials are written before thread 0's count releases them
+    if tid == 0:
+        arrival[0] = nvvm.atom_add_acq_rel(counters, 1, counter)
+    gpu.barrier()  # and read (by every thread) after its count acquired the others'
+    if arrival[0] == gpu.grid_dim.x.to(fx.Int32) - 1:
+        if tid == 0:
+            counters[counter] = 0
+        _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span)
+
+
+def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span):
+    """Rows ``warp, warp + warps, ...`` of the row tile, one warp each: the splits' normalized outputs weighted by
+    ``2^(max - top) * sum``; lanes take the statistics of splits in turn, then ``D / 32`` values each over the splits,
+    ``_MERGE_UNROLL`` splits' loads in flight at a time (read through L2: other SMs wrote them)."""
+    b, hkv, tile, _split = place
+    context, first, split_tokens = span
+    warp, lane = tid // 32, tid % 32
     used = arith.maximum((context - first + (split_tokens - 1)) // split_tokens, 1)
     per_lane = cfg.head_dim // 32
-    # the splits' statistics, lanes taking splits in turn
-    top = fx.Float32(_NO_MAX)
-    for s in range(lane, used, 32):
-        top = arith.maximum(top, partial_stats[seq, query_i, head, s, 0])
-    top = gpu.warp_reduce(top, "max")
-    total = fx.Float32(0.0)
-    for s in range(lane, used, 32):
-        total = (
-            total
-            + nvvm.ex2_approx(partial_stats[seq, query_i, head, s, 0] - top, ftz=True)
-            * partial_stats[seq, query_i, head, s, 1]
-        )
-    total = gpu.warp_reduce(total, "add")
-    # the values, _COMBINE_UNROLL splits a step with all their loads issued first (one memory latency per step)
-    acc = Vector.of(fx.Float32, per_lane)(0.0)
-    for first_split in range(0, used, _COMBINE_UNROLL):
-        weights, chunks = [], []
-        for u in fx.range_constexpr(_COMBINE_UNROLL):
-            s = arith.minimum(first_split + u, used - 1)
-            weight = nvvm.ex2_approx(partial_stats[seq, query_i, head, s, 0] - top, ftz=True)
-            weights.append(arith.select(first_split + u < used, weight * partial_stats[seq, query_i, head, s, 1], 0.0))
-            chunks.append(
-                vector.load_op(Vector.of(fx.Float32, per_lane), partial_out, (seq, query_i, head, s, lane * per_lane))
-            )
-        for u in fx.range_constexpr(_COMBINE_UNROLL):
-            acc = acc + chunks[u] * weights[u]
-    factor = 1.0 / total
+    loads = max(1, per_lane * 4 // 16)
+    load_bytes = min(16, per_lane * 4)
+    v_factor = fx.Float32(1.0)
     if fx.const_expr(cfg.v_scale == "tensor"):
-        factor = factor * v_scales[0]
-    if row < total_rows:
-        vector.store((acc * factor).to(out.dtype), out, (seq, query_i, head, lane * per_lane))
+        v_factor = v_scales[0]
+    for i in fx.range_constexpr(-(-16 // cfg.warps)):
+        global_row = tile * 16 + warp + cfg.warps * i
+        if (global_row < cfg.rows) & (warp + cfg.warps * i < 16):
+            query, head = global_row // cfg.group, hkv * cfg.group + global_row % cfg.group
+            top = fx.Float32(_NO_MAX)
+            for s in range(lane, used, 32):
+                top = arith.maximum(top, _stats(partial_stats, (b, query, head, s))[0])
+            top = gpu.warp_reduce(top, "max")
+            total = fx.Float32(0.0)
+            for s in range(lane, used, 32):
+                m, row_sum = _stats(partial_stats, (b, query, head, s))
+                total = total + nvvm.ex2_approx(m - top, ftz=True) * row_sum
+            total = gpu.warp_reduce(total, "add")
+            acc = [fx.Float32(0.0)] * per_lane
+            for first_split in range(0, used, _MERGE_UNROLL):
+                weights, chunks = [], []
+                for u in fx.range_constexpr(_MERGE_UNROLL):
+                    s = arith.minimum(first_split + u, used - 1)
+                    m, row_sum = _stats(partial_stats, (b, query, head, s))
+                    weight = nvvm.ex2_approx(m - top, ftz=True) * row_sum
+                    weights.append(arith.select(first_split + u < used, weight, fx.Float32(0.0)))
+                    words = []
+                    for j in fx.range_constexpr(loads):
+                        col = lane * per_lane + j * (load_bytes // 4)
+                        loaded = nvvm.ld_global(partial_out, (b, query, head, s, col), load_bytes, cop="cg")
+                        words += [loaded[k] for k in range(load_bytes // 4)]
+                    chunks.append(words)
+                for u in fx.range_constexpr(_MERGE_UNROLL):
+                    chunk = [arith.bitcast(fx.Float32.mlir_type(), w) for w in chunks[u]]
+                    acc = [a + v * weights[u] for a, v in zip(acc, chunk, strict=True)]
+            factor = v_factor / total
+            values = vector.from_elements(Vector.of(fx.Float32, per_lane), [a * factor for a in acc])
+            vector.store(values.to(out.dtype), out, (b, query, head, lane * per_lane))
+
+
+def _stats(partial_stats, coord):
+    """A split's (row maximum, sum) as two Float32, read through L2."""
+    pair = nvvm.ld_global(partial_stats, (*coord, 0), 8, cop="cg")
+    return arith.bitcast(fx.Float32.mlir_type(), pair[0]), arith.bitcast(fx.Float32.mlir_type(), pair[1])
