@@ -19,8 +19,8 @@ dtype: our output is poisoned (NaN) and computed once, every element checked wri
 sequences checked against ``flydsl.kernels.attention.reference.paged_decode_reference`` (float32) on a compact copy
 of their pages (relative Frobenius error; a case fails over 1e-2 or with an unwritten element and is left out of the
 summary). Then ours, the copy and the peers are timed interleaved, ``--repeats`` times, each with
-cold_l2.bench_cold (triton.testing.do_bench's loop: CUDA events, L2 flushed before each call behind a ~100 us sleep so that host time stays out, median; ``--flush``),
-and the medians over the repeats kept.
+cold_l2.bench_cold (triton.testing.do_bench's loop: CUDA events, L2 flushed before each call, median; ``--flush``;
+queued behind a ~100 us sleep so that the host's time stays out), and the medians over the repeats kept.
 
 Roofline: the bytes of K and V (and their scales) the context holds, read once; the copy moves as many bytes
 (``copy_`` of half of them into as many: bytes read plus written), ``fraction_of_copy`` = copy time / ours. Peers
