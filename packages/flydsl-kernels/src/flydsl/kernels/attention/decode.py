@@ -18,10 +18,12 @@ of that range in turn (warp ``w``: chunks ``w, w + warps, ...``). For every chun
 
 fp8 (e4m3) caches: keys are widened to f16 (``cvt.rn.f16x2.e4m3x2``, exact) and Q is rounded to f16 after scaling
 each row by a power of two that puts its largest value near 2^13 (no overflow, no subnormals; the factor comes off in
-the logits' scale). Values are widened to bf16 by placing their bits (sign, exponent, mantissa) in a bf16 word: that
-is the value times 2^-120 (e4m3's exponent bias is 7, bf16's 127), so P is multiplied by 2^120 (and by the token's
-value scale when scales are per token) before it is rounded to bf16: the products are exact, P keeps bf16's range.
-Key scales multiply the logits (per tensor: folded into the softmax scale), value scales per tensor the output.
+the logits' scale). With one value scale per tensor, values are widened to f16 like keys and P is rounded to f16
+(the scale multiplies the output). With a scale per token, P must carry it (the sum over tokens cannot factor it
+out), and P times a small scale would fall into f16's subnormals: values are then widened to bf16 by placing their
+bits (sign, exponent, mantissa) in a bf16 word, which reads as the value times 2^-120 (e4m3's exponent bias is 7,
+bf16's 127), and P is multiplied by 2^120 and the token's scale before it is rounded to bf16: the products are exact
+and P keeps float32's range. Key scales multiply the logits (per tensor: folded into the softmax scale).
 
 The next chunk's loads (and its page's number, and the one after's) are issued before the current chunk's MMAs.
 At the end the warps' partial results meet in shared memory; with one split the CTA writes the output, otherwise
@@ -122,9 +124,10 @@ class DecodeConfig:
         return self.head_dim // 8 * self.kv_bytes // 4
 
     def mma_dtype(self, what: str):
-        """The MMAs' operand type: ``"qk"`` the queries' (f16 for fp8 keys), ``"pv"`` the values' (bf16 for fp8)."""
+        """The MMAs' operand type: ``"qk"`` the queries' (f16 for fp8 keys), ``"pv"`` the values' (fp8: f16 with a
+        scale per tensor, bf16 with scales per token, which P carries)."""
         if self.kv == "e4m3":
-            return fx.Float16 if what == "qk" else fx.BFloat16
+            return fx.Float16 if what == "qk" or self.v_scale == "tensor" else fx.BFloat16
         return fx.BFloat16 if self.kv == "bf16" else fx.Float16
 
 
@@ -243,7 +246,13 @@ def _value_fragment(cfg: DecodeConfig, values, tile):
             ],
         )
     word, odd = tile // 2, tile % 2
-    # bytes 1 and 3 of each result: the two tokens' byte of one head-dim value (2 tile + j)
+    if fx.const_expr(cfg.v_scale == "tensor"):  # f16: the two tokens' bytes of values 2 tile, 2 tile + 1, widened
+        regs = []
+        for pair in ((a, b), (c, d)):
+            paired = nvvm.prmt(pair[0][word], pair[1][word], 0x7362 if odd else 0x5140)
+            regs += list(nvvm.cvt_e4m3x4_to_f16x2(paired))
+        return vector.from_elements(_W4, regs)
+    # bf16 (scales per token ride on P): bytes 1 and 3 of each result are the two tokens' byte of value 2 tile + j
     selectors = (0x4000 | 0x0400, 0x5010 | 0x0510) if odd == 0 else (0x6020 | 0x0620, 0x7030 | 0x0730)
     regs = []
     for pair in ((a, b), (c, d)):
@@ -311,8 +320,6 @@ def _chunk_step(cfg: DecodeConfig, state, loaded, queries, consts):
         if fx.const_expr(cfg.kv == "e4m3"):
             if fx.const_expr(cfg.v_scale == "token"):
                 p = [p[i] * (v_token_scales[i] * _FP8_TO_BF16) for i in range(4)]
-            else:
-                p = [v * _FP8_TO_BF16 for v in p]
         p_fragments.append(
             vector.from_elements(_W2, [nvvm.pack_f32x2(p[0], p[1], p_dtype), nvvm.pack_f32x2(p[2], p[3], p_dtype)])
         )
@@ -508,8 +515,9 @@ def _merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, pla
 
 def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span):
     """Rows ``warp, warp + warps, ...`` of the row tile, one warp each: the splits' normalized outputs weighted by
-    ``2^(max - top) * sum``; lanes take the statistics of splits in turn, then ``D / 32`` values each over the splits,
-    ``_MERGE_UNROLL`` splits' loads in flight at a time (read through L2: other SMs wrote them)."""
+    ``2^(max - top) * sum``; lanes take the splits' maxima in turn (``top``), then ``D / 32`` values each over the
+    splits with their weights and the weights' sum, ``_MERGE_UNROLL`` splits' loads in flight at a time (read through
+    L2: other SMs wrote them)."""
     b, hkv, tile, _split = place
     context, first, split_tokens = span
     warp, lane = tid // 32, tid % 32
@@ -528,11 +536,7 @@ def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span
             for s in range(lane, used, 32):
                 top = arith.maximum(top, _stats(partial_stats, (b, query, head, s))[0])
             top = gpu.warp_reduce(top, "max")
-            total = fx.Float32(0.0)
-            for s in range(lane, used, 32):
-                m, row_sum = _stats(partial_stats, (b, query, head, s))
-                total = total + nvvm.ex2_approx(m - top, ftz=True) * row_sum
-            total = gpu.warp_reduce(total, "add")
+            total = fx.Float32(0.0)  # summed with the values: one round of loads fewer
             acc = [fx.Float32(0.0)] * per_lane
             for first_split in range(0, used, _MERGE_UNROLL):
                 weights, chunks = [], []
@@ -550,6 +554,7 @@ def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span
                 for u in fx.range_constexpr(_MERGE_UNROLL):
                     chunk = [arith.bitcast(fx.Float32.mlir_type(), w) for w in chunks[u]]
                     acc = [a + v * weights[u] for a, v in zip(acc, chunk, strict=True)]
+                    total = total + weights[u]
             factor = v_factor / total
             values = vector.from_elements(Vector.of(fx.Float32, per_lane), [a * factor for a in acc])
             vector.store(values.to(out.dtype), out, (b, query, head, lane * per_lane))
