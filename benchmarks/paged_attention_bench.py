@@ -520,7 +520,8 @@ def main(argv=None) -> int:
     timer = make_timer(args.flush)
     workspace = None
     if flashinfer is not None:
-        workspace = torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=DEVICE)
+        # FlashInfer: "float_workspace_buffer ... Must be initialized to 0 for its first use."
+        workspace = torch.zeros(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=DEVICE)
     results = []
     record = new_record(
         "paged_attention_bench",

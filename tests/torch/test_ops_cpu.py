@@ -23,6 +23,7 @@ NAMES = (
     "fp8_gemm_prepared",
     "blockscale_gemm",
     "quantize_fp8",
+    "paged_decode",
 )
 BACKWARD = ("softmax_backward", "layer_norm_backward", "rms_norm_backward")
 

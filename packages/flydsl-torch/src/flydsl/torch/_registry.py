@@ -33,6 +33,23 @@ the decorator adds the device checks and the checks of given outputs against ``o
 only on real CUDA tensors (on CPU tensors the op raises, naming the argument). ``FlyOp.register_autograd``
 attaches gradients to the functional op; the mutating ops record none and refuse inputs that require grad while
 grad mode is on.
+
+An op whose only results are writes into some of its inputs (``write_kv``: the new keys and values into a paged KV
+cache) has no functional form (it would have to copy the caches to return them) and no outputs to allocate:
+:func:`register_mutating_op` defines ``flydsl::<name>`` alone, its schema inferred from the function's signature
+(every parameter an input, defaults kept) with the inputs it writes annotated ``Tensor(a!)``, returning ``()``::
+
+    @register_mutating_op("write_kv", mutates=("k_cache", "v_cache", "k_scale", "v_scale"), check=check_write_kv)
+    def write_kv(k: Tensor, v: Tensor, k_cache: Tensor, ..., k_scale: Tensor | None = None, ...) -> None: ...
+
+It is the ``*_out`` half of :class:`FlyOp` without declared outputs, through the same machinery (:class:`_Op`: the
+inputs and their defaults, the definition with ``torch.library.Library``, the checks once per call signature, the
+device checks, a fake implementation that only checks): ``register_op`` cannot express it, since its outputs are
+keyword-only parameters that the functional op allocates and the ``*_out`` op lists after every input, while a
+cache is an input in its place among the others. ``torch.library.custom_op`` is not used, for the reason above.
+Under ``torch.compile`` such an op is functionalized (``auto_functionalized``) and inductor writes in place again;
+the op bumps the version counters of the tensors it writes and refuses inputs that require grad while grad mode is
+on (it records no gradients).
 """
 
 from __future__ import annotations
@@ -44,11 +61,21 @@ from collections.abc import Callable, Sequence
 import torch
 from flydsl.kernels.plans import Plans, signature
 
-__all__ = ["NAMESPACE", "FlyOp", "eager", "register_op", "registered_ops"]
+__all__ = [
+    "NAMESPACE",
+    "FlyOp",
+    "FlyMutatingOp",
+    "eager",
+    "register_op",
+    "register_mutating_op",
+    "registered_ops",
+    "registered_mutating_ops",
+]
 
 NAMESPACE = "flydsl"
 _LIB = torch.library.Library(NAMESPACE, "FRAGMENT")  # kept alive for as long as the ops are
 _OPS: dict[str, FlyOp] = {}
+_MUTATING_OPS: dict[str, FlyMutatingOp] = {}
 
 OutputSpec = tuple[Sequence[int], torch.dtype] | None
 
@@ -105,7 +132,81 @@ def _is_tensor_param(annotation) -> bool:
     return annotation is torch.Tensor or torch.Tensor in typing.get_args(annotation)
 
 
-class FlyOp:
+class _Op:
+    """What :class:`FlyOp` and :class:`FlyMutatingOp` share: the inputs (their defaults, which the dispatcher leaves
+    out), the device checks and the definition in ``torch.library``."""
+
+    name: str
+    _input_signature: inspect.Signature  # the inputs alone, with their defaults
+
+    def _set_inputs(self, input_params: list) -> None:
+        self.input_params = input_params
+        self._n_inputs = len(input_params)
+        # The dispatcher leaves out trailing arguments equal to their defaults: _inputs puts them back.
+        self._defaults = tuple(p.default for p in input_params)
+        self._n_required = sum(1 for p in input_params if p.default is inspect.Parameter.empty)
+        self._tensor_inputs = tuple((i, p.name) for i, p in enumerate(input_params) if _is_tensor_param(p.annotation))
+
+    @property
+    def qualname(self) -> str:
+        return f"{NAMESPACE}::{self.name}"
+
+    def _inputs(self, args, kwargs) -> tuple:
+        if not kwargs and self._n_required <= len(args) <= self._n_inputs:  # how the dispatcher passes them
+            return tuple(args) + self._defaults[len(args) :]
+        bound = self._input_signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+
+    def _same_device(self, tensors: list, real: bool) -> None:
+        """Every ``(name, tensor)`` on one device: (``real``) one CUDA device, else (fake) the first one's."""
+        if real:
+            self._check_devices(tensors)
+        else:
+            first_name, first = tensors[0]
+            for name, value in tensors:
+                if value.device != first.device:
+                    self._device_error(name, value, first_name, first)
+
+    def _check_devices(self, tensors: list) -> None:
+        first_name, first = tensors[0]
+        device = first.get_device()  # an int: cheaper than comparing torch.device objects
+        for name, value in tensors:
+            if not value.is_cuda:
+                raise ValueError(
+                    f"flydsl.{self.name}: {name}: expected a CUDA tensor, got one on {value.device} "
+                    "(the flydsl.torch.nn modules fall back to torch on the CPU; the ops do not)"
+                )
+            if value.get_device() != device:
+                self._device_error(name, value, first_name, first)
+
+    def _device_error(self, name, value, first_name, first):
+        raise ValueError(
+            f"flydsl.{self.name}: {name}: expected a tensor on {first.device} (where {first_name} is), "
+            f"got one on {value.device}"
+        )
+
+    def _needs_grad(self, inputs) -> bool:
+        """Whether an input requires grad while grad mode is on (which the mutating ops refuse: they record none)."""
+        if torch.is_grad_enabled():
+            for i, _ in self._tensor_inputs:
+                if inputs[i] is not None and inputs[i].requires_grad:
+                    return True
+        return False
+
+    @staticmethod
+    def _define(name: str, signature: inspect.Signature, mutates: tuple, real: Callable, fake: Callable):
+        def prototype(*args, **kwargs): ...
+
+        prototype.__signature__ = signature
+        _LIB.define(name + torch.library.infer_schema(prototype, mutates_args=mutates))
+        for key in ("CPU", "CUDA"):  # CPU: so that a CPU tensor gets our error, naming the argument
+            _LIB.impl(name, real, key)
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
+        return getattr(torch.ops.flydsl, name)
+
+
+class FlyOp(_Op):
     """One op registered as ``torch.ops.flydsl.<name>`` (functional) and ``torch.ops.flydsl.<name>_out``."""
 
     def __init__(self, name: str, impl: Callable, outputs: Callable[..., Sequence[OutputSpec]], check: Callable):
@@ -116,7 +217,7 @@ class FlyOp:
         signature = inspect.signature(impl, eval_str=True)
         params = list(signature.parameters.values())
         self.output_names = tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
-        self.input_params = [p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+        self._set_inputs([p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY])
         if not self.output_names:
             raise TypeError(f"flydsl op {name}: declare its outputs as keyword-only parameters")
         # The mutating op lists its outputs after its inputs (schemas with keyword-only tensors are refused by parts
@@ -132,31 +233,14 @@ class FlyOp:
             parameters=self.input_params,
             return_annotation=results[0] if len(results) == 1 else tuple.__class_getitem__(tuple(results)),
         )
-        self._n_inputs = len(self.input_params)
-        # The dispatcher leaves out trailing arguments equal to their defaults: _inputs puts them back.
-        self._defaults = tuple(p.default for p in self.input_params)
-        self._n_required = sum(1 for p in self.input_params if p.default is empty)
-        self._tensor_inputs = tuple(
-            (i, p.name) for i, p in enumerate(self.input_params) if _is_tensor_param(p.annotation)
-        )
+        self._input_signature = self._functional_signature
         self._checked_functional = Plans(f"flydsl.{name} (checked)")
         self._checked_out = Plans(f"flydsl.{name}_out (checked)")
         self._eager_function = None  # register_autograd's Function for eager calls (see call)
         self.out = self._register_out()
         self.functional = self._register_functional()
 
-    @property
-    def qualname(self) -> str:
-        return f"{NAMESPACE}::{self.name}"
-
     # --- what both ops share ------------------------------------------------------------------------------------
-
-    def _inputs(self, args, kwargs) -> tuple:
-        if not kwargs and self._n_required <= len(args) <= self._n_inputs:  # how the dispatcher passes them
-            return tuple(args) + self._defaults[len(args) :]
-        bound = self._functional_signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return tuple(bound.arguments.values())
 
     def _validate(self, inputs, given: dict | None, real: bool) -> list[OutputSpec]:
         """Checks the inputs' metadata, the given outputs against ``outputs`` and (``real``) that every tensor is on
@@ -177,13 +261,7 @@ class FlyOp:
                         f"{tuple(shape)}, got {_dtype_name(value.dtype)} {tuple(value.shape)}"
                     )
                 tensors.append((name, value))
-        if real:
-            self._check_devices(tensors)
-        else:
-            first_name, first = tensors[0]
-            for name, value in tensors:
-                if value.device != first.device:
-                    self._device_error(name, value, first_name, first)
+        self._same_device(tensors, real)
         return specs
 
     def _checked(self, inputs, given: dict | None) -> list[OutputSpec]:
@@ -196,24 +274,6 @@ class FlyOp:
             specs = plans.add(key, self._validate(inputs, given, real=True))
         return specs
 
-    def _check_devices(self, tensors: list) -> None:
-        first_name, first = tensors[0]
-        device = first.get_device()  # an int: cheaper than comparing torch.device objects
-        for name, value in tensors:
-            if not value.is_cuda:
-                raise ValueError(
-                    f"flydsl.{self.name}: {name}: expected a CUDA tensor, got one on {value.device} "
-                    "(the flydsl.torch.nn modules fall back to torch on the CPU; the ops do not)"
-                )
-            if value.get_device() != device:
-                self._device_error(name, value, first_name, first)
-
-    def _device_error(self, name, value, first_name, first):
-        raise ValueError(
-            f"flydsl.{self.name}: {name}: expected a tensor on {first.device} (where {first_name} is), "
-            f"got one on {value.device}"
-        )
-
     # --- the mutating op -----------------------------------------------------------------------------------------
 
     def _split(self, args, kwargs) -> tuple[tuple, dict]:
@@ -225,28 +285,16 @@ class FlyOp:
         given = {name: values.pop(name) for name in self.output_names}
         return tuple(values.values()), given
 
-    def _define(self, name: str, signature: inspect.Signature, mutates: tuple, real: Callable, fake: Callable):
-        def prototype(*args, **kwargs): ...
-
-        prototype.__signature__ = signature
-        _LIB.define(name + torch.library.infer_schema(prototype, mutates_args=mutates))
-        for key in ("CPU", "CUDA"):  # CPU: so that a CPU tensor gets our error, naming the argument
-            _LIB.impl(name, real, key)
-        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
-        return getattr(torch.ops.flydsl, name)
-
     def _register_out(self):
         def real(*args, **kwargs):
             inputs, given = self._split(args, kwargs)
             self._checked(inputs, given)
-            if torch.is_grad_enabled():
-                for i, _ in self._tensor_inputs:
-                    if inputs[i] is not None and inputs[i].requires_grad:
-                        raise RuntimeError(
-                            f"flydsl.{self.name}_out: an input requires grad, and the *_out ops record no gradients:"
-                            f" call torch.ops.flydsl.{self.name} (or flydsl.torch.functional), or run under"
-                            " torch.no_grad()"
-                        )
+            if self._needs_grad(inputs):
+                raise RuntimeError(
+                    f"flydsl.{self.name}_out: an input requires grad, and the *_out ops record no gradients:"
+                    f" call torch.ops.flydsl.{self.name} (or flydsl.torch.functional), or run under"
+                    " torch.no_grad()"
+                )
             for value in given.values():  # what the ADInplaceOrView kernel of an in-place op does
                 if value is not None and not value.is_inference():
                     torch.autograd.graph.increment_version(value)
@@ -388,13 +436,72 @@ class FlyOp:
         _LIB.impl(self.name, autograd_kernel, "Autograd", with_keyset=True)
 
 
+class FlyMutatingOp(_Op):
+    """One op registered as ``torch.ops.flydsl.<name>`` alone: it writes into the inputs that ``mutates`` names
+    (annotated ``Tensor(a!)`` in its schema) and returns nothing (see the module docstring)."""
+
+    def __init__(self, name: str, impl: Callable, mutates: Sequence[str], check: Callable):
+        self.name = name
+        self.impl = impl
+        self.check = check
+        signature = inspect.signature(impl, eval_str=True)
+        params = list(signature.parameters.values())
+        if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+            raise TypeError(f"flydsl op {name}: a mutating op takes its inputs as plain parameters (no outputs)")
+        self._set_inputs(params)
+        names = [p.name for p in params]
+        tensors = {param_name for _, param_name in self._tensor_inputs}
+        if not mutates or any(m not in tensors for m in mutates):
+            raise TypeError(f"flydsl op {name}: mutates: expected names of its tensor parameters, got {mutates!r}")
+        self.mutates = tuple(mutates)
+        self._mutated = tuple(names.index(m) for m in self.mutates)
+        self._input_signature = signature.replace(return_annotation=None)
+        self._checked_calls = Plans(f"flydsl.{name} (checked)")
+        self.op = self._register()
+
+    def _validate(self, inputs, real: bool) -> None:
+        self.check(*inputs)
+        self._same_device([(name, inputs[i]) for i, name in self._tensor_inputs if inputs[i] is not None], real)
+
+    def _checked(self, inputs) -> None:
+        """:meth:`_validate` on real tensors, once per call signature (as :meth:`FlyOp._checked`)."""
+        key = signature(*inputs)
+        if self._checked_calls.get(key) is None:
+            self._validate(inputs, real=True)
+            self._checked_calls.add(key, True)
+
+    def _register(self):
+        def real(*args, **kwargs):
+            inputs = self._inputs(args, kwargs)
+            self._checked(inputs)
+            if self._needs_grad(inputs):
+                raise RuntimeError(
+                    f"flydsl.{self.name}: an input requires grad, and this op records no gradients: run it under"
+                    " torch.no_grad(), or detach its inputs"
+                )
+            for i in self._mutated:  # what the ADInplaceOrView kernel of an in-place op does
+                value = inputs[i]
+                if value is not None and not value.is_inference():
+                    torch.autograd.graph.increment_version(value)
+            self.impl(*inputs)
+
+        def fake(*args, **kwargs):
+            self._validate(self._inputs(args, kwargs), real=False)
+
+        return self._define(self.name, self._input_signature, self.mutates, real, fake)
+
+
+def _refuse_taken(name: str) -> None:
+    if name in _OPS or name in _MUTATING_OPS:
+        raise RuntimeError(f"flydsl op {name} is already registered")
+
+
 def register_op(name: str, *, outputs: Callable[..., Sequence[OutputSpec]], check: Callable) -> Callable:
     """Registers ``torch.ops.flydsl.<name>`` and ``torch.ops.flydsl.<name>_out`` from the function that writes the
     outputs (its keyword-only parameters); returns the :class:`FlyOp`."""
 
     def decorate(impl: Callable) -> FlyOp:
-        if name in _OPS:
-            raise RuntimeError(f"flydsl op {name} is already registered")
+        _refuse_taken(name)
         op = FlyOp(name, impl, outputs, check)
         _OPS[name] = op
         return op
@@ -402,9 +509,28 @@ def register_op(name: str, *, outputs: Callable[..., Sequence[OutputSpec]], chec
     return decorate
 
 
+def register_mutating_op(name: str, *, mutates: Sequence[str], check: Callable) -> Callable:
+    """Registers ``torch.ops.flydsl.<name>`` alone from a function that writes into some of its inputs (``mutates``,
+    their names) and returns None: its schema returns ``()``. ``check(*inputs)`` validates metadata only, as
+    :func:`register_op`'s; the decorator adds the device checks. Returns the :class:`FlyMutatingOp`."""
+
+    def decorate(impl: Callable) -> FlyMutatingOp:
+        _refuse_taken(name)
+        op = FlyMutatingOp(name, impl, mutates, check)
+        _MUTATING_OPS[name] = op
+        return op
+
+    return decorate
+
+
 def registered_ops() -> dict[str, FlyOp]:
-    """Every op registered so far, by name."""
+    """Every functional op (with its ``*_out`` op) registered so far, by name."""
     return dict(_OPS)
+
+
+def registered_mutating_ops() -> dict[str, FlyMutatingOp]:
+    """Every mutating-only op (:func:`register_mutating_op`) registered so far, by name."""
+    return dict(_MUTATING_OPS)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -1,4 +1,5 @@
-"""``torch.ops.flydsl.*``: the norm and softmax kernels of ``flydsl.kernels`` as torch custom ops.
+"""``torch.ops.flydsl.*``: the kernels of ``flydsl.kernels`` (norms, softmax, GEMMs, fp8, paged attention) as torch
+custom ops.
 
 Each op comes as a functional op and a mutating ``*_out`` op (see ``_registry``); inputs may have any leading dims
 (they are viewed as ``(rows, N)`` without a copy where their strides allow, else made contiguous), normalized over
@@ -26,7 +27,15 @@ out_dtype)``
 ``blockscale_gemm(a, b, a_scales,        the block-scaled fp8 GEMM (flydsl.kernels.gemm.blockscale_gemm): scales per
 b_scales, bias, activation, out_dtype)``  1 x 128 of a and 128 x 128 of b, promoted per K block
 ``quantize_fp8(x, granularity, dtype)``   ``(x_fp8, scales)`` (flydsl.kernels.quantize; x viewed as (rows, N))
+``paged_decode(q, k_cache, v_cache,       ``out`` (q's shape and dtype): attention of a decode step over a paged KV
+block_tables, context_lens, scale,        cache (flydsl.kernels.attention.paged_decode; fp8 caches' scales as
+k_scale, v_scale, sliding_window,         tensors)
+soft_cap, max_context)``
 ========================================= ===================================================================
+
+``write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)`` returns nothing: it writes the new keys and values
+into the caches (and per-token scales into ``k_scale``/``v_scale``), which its schema marks mutated
+(``register_mutating_op``: no functional form, no ``*_out`` op).
 
 The ``*_out`` ops take the same inputs and write keyword-only outputs (``out=``, ``mean=``, ...); statistics are
 optional there (not written when not given). ``eps=None`` in the RMS ops means ``torch.finfo(torch.float32).eps``,
@@ -40,7 +49,8 @@ import math
 import flydsl.kernels as zoo
 import torch
 from flydsl.kernels import validation as check
-from flydsl.torch._registry import register_op
+from flydsl.kernels.attention import api as _decode_api  # paged_decode's limits (no compiler loaded)
+from flydsl.torch._registry import register_mutating_op, register_op
 from torch import Tensor
 
 __all__ = [
@@ -56,6 +66,8 @@ __all__ = [
     "fp8_gemm_prepared",
     "blockscale_gemm",
     "quantize_fp8",
+    "paged_decode",
+    "write_kv",
     "DTYPES",
 ]
 
@@ -584,3 +596,169 @@ def quantize_fp8(
         scales.zero_()
         return
     kernel(_rows(x, n), granularity, out=out.view(-1, n), scales=scales)
+
+
+# --- attention -------------------------------------------------------------------------------------------------------
+#
+# The metadata checks of paged_decode and write_kv live here: flydsl.kernels.attention checks real CUDA tensors only
+# (its checks read addresses), so these give the same errors on fake and meta tensors. The limits are the kernels'.
+
+_FP8_CACHE = "f8E4M3FN"
+
+
+def _check_cache_scale(who: str, name: str, scale: Tensor | None, cache: Tensor, fp8: bool) -> None:
+    per_token = tuple(cache.shape[:3])
+    if not fp8:
+        if scale is not None:
+            raise ValueError(
+                f"{who}: {name}: scales apply to fp8 caches only; this cache is {_name(cache.dtype)}: pass None"
+            )
+        return
+    if scale is None:
+        raise ValueError(
+            f"{who}: {name}: an fp8 cache needs its scale: a one-element float32 tensor (per tensor) or a float32"
+            f" {per_token} tensor (per token and head)"
+        )
+    check.check_dtype(who, name, _dtype(scale), ("f32",))
+    if scale.numel() != 1 and tuple(scale.shape) != per_token:
+        raise ValueError(
+            f"{who}: {name}: expected one float32 scale (one element) or one per token and head, shape {per_token}"
+            f" (the cache's first three dims), got shape {tuple(scale.shape)}"
+        )
+
+
+def _check_positive(who: str, name: str, value, *, kind: str) -> None:
+    """None, or a positive (finite, for floats) number."""
+    if value is not None and not (value >= 1 if kind == "int" else 0 < value < math.inf):
+        expected = "an int >= 1" if kind == "int" else "a positive finite float"
+        raise ValueError(f"{who}: {name}: expected {expected} or None, got {value!r}")
+
+
+def _check_paged_decode(
+    q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, sliding_window, soft_cap, max_context
+) -> None:
+    who = "flydsl.paged_decode"
+    if q.dim() not in (3, 4):
+        raise ValueError(f"{who}: q: expected (B, Hq, D) or (B, Q, Hq, D), got shape {tuple(q.shape)}")
+    check.check_dtype(who, "q", _dtype(q), _decode_api._Q_DTYPES)
+    batch, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
+    queries = q.shape[1] if q.dim() == 4 else 1
+    if dim not in _decode_api._HEAD_DIMS:
+        raise ValueError(f"{who}: q: expected a head dim D of {', '.join(map(str, _decode_api._HEAD_DIMS))}, got {dim}")
+    if not 1 <= queries <= _decode_api._MAX_QUERIES:
+        raise ValueError(f"{who}: q: expected 1..{_decode_api._MAX_QUERIES} query tokens per sequence, got {queries}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.dim() != 4 or cache.shape[3] != dim:
+            raise ValueError(
+                f"{who}: {name}: expected (num_blocks, block_size, Hkv, D) with q's D {dim}, got {tuple(cache.shape)}"
+            )
+        check.check_dtype(who, name, _dtype(cache), (_dtype(q), _FP8_CACHE), like="q")
+    check.check_like(who, "v_cache", v_cache.shape, _dtype(v_cache), k_cache.shape, _dtype(k_cache), "k_cache")
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    if block_size == 0 or block_size % _decode_api._CHUNK:
+        raise ValueError(
+            f"{who}: k_cache: expected a block_size that is a multiple of {_decode_api._CHUNK}, got {block_size}"
+        )
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(
+            f"{who}: q: expected a head count Hq that is a multiple of the caches' Hkv {kv_heads}, got {heads}"
+        )
+    check.check_dtype(who, "block_tables", _dtype(block_tables), ("int32",))
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch:
+        raise ValueError(f"{who}: block_tables: expected shape ({batch}, max_blocks), got {tuple(block_tables.shape)}")
+    check.check_dtype(who, "context_lens", _dtype(context_lens), ("int32",))
+    if tuple(context_lens.shape) != (batch,):
+        raise ValueError(f"{who}: context_lens: expected shape ({batch},), got {tuple(context_lens.shape)}")
+    fp8 = _dtype(k_cache) == _FP8_CACHE
+    _check_cache_scale(who, "k_scale", k_scale, k_cache, fp8)
+    _check_cache_scale(who, "v_scale", v_scale, v_cache, fp8)
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{who}: scale: expected a finite float or None, got {scale!r}")
+    _check_positive(who, "soft_cap", soft_cap, kind="float")
+    _check_positive(who, "sliding_window", sliding_window, kind="int")
+    _check_positive(who, "max_context", max_context, kind="int")
+
+
+@register_op("paged_decode", outputs=lambda q, *rest: (_like(q),), check=_check_paged_decode)
+def paged_decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    context_lens: Tensor,
+    scale: float | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    max_context: int | None = None,
+    *,
+    out: Tensor,
+) -> None:
+    """Attention of a decode step over a paged KV cache (flydsl.kernels.attention.paged_decode): ``q`` (B, Hq, D) or
+    (B, Q, Hq, D) bf16/fp16 (D 64, 128 or 256; Q 1..4), caches (num_blocks, block_size, Hkv, D) in q's dtype or
+    float8_e4m3fn, ``block_tables`` int32 (B, max_blocks), ``context_lens`` int32 (B,). fp8 caches need ``k_scale``
+    and ``v_scale`` as tensors (the op's schema takes no float for them): a one-element float32 tensor (per tensor)
+    or a float32 (num_blocks, block_size, Hkv) tensor (per token and head); 16-bit caches take None. ``out``: q's
+    shape and dtype. ``max_context`` bounds the context lengths (default: the block table's capacity): the call
+    reads ``context_lens`` on the GPU only, so it can be captured in a CUDA graph and replayed with other lengths."""
+    from flydsl.kernels.attention import paged_decode as kernel
+
+    if q.shape[0] == 0:
+        return
+    kernel(
+        q, k_cache, v_cache, block_tables, context_lens, scale=scale, k_scale=k_scale, v_scale=v_scale,
+        sliding_window=sliding_window, soft_cap=soft_cap, out=out, max_context=max_context,
+    )  # fmt: skip
+
+
+_WRITE_KV_SOURCES = ("bf16", "f16")
+_WRITE_KV_CACHES = ("bf16", "f16", _FP8_CACHE)
+_WRITE_KV_MAX_HEAD_DIM = 1024  # flydsl.kernels.attention.cache.MAX_HEAD_DIM (that module loads the compiler)
+
+
+def _check_write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
+    who = "flydsl.write_kv"
+    if k.dim() != 3:
+        raise ValueError(f"{who}: k: expected a 3-D tensor (T, Hkv, D), got shape {tuple(k.shape)}")
+    check.check_dtype(who, "k", _dtype(k), _WRITE_KV_SOURCES)
+    tokens, heads, dim = k.shape
+    if dim % 8 or not 8 <= dim <= _WRITE_KV_MAX_HEAD_DIM:
+        raise ValueError(f"{who}: k: expected a head size D that is a multiple of 8 up to 1024, got {dim}")
+    _check_like("write_kv", "v", v, k, "k")
+    if k_cache.dim() != 4 or tuple(k_cache.shape[2:]) != (heads, dim):
+        raise ValueError(
+            f"{who}: k_cache: expected shape (num_blocks, block_size, {heads}, {dim}) (Hkv and D: k's), got"
+            f" {tuple(k_cache.shape)}"
+        )
+    check.check_dtype(who, "k_cache", _dtype(k_cache), _WRITE_KV_CACHES)
+    _check_like("write_kv", "v_cache", v_cache, k_cache, "k_cache")
+    check.check_dtype(who, "slot_mapping", _dtype(slot_mapping), ("int32", "int64"))
+    if tuple(slot_mapping.shape) != (tokens,):
+        raise ValueError(
+            f"{who}: slot_mapping: expected shape ({tokens},) (one slot per token of k), got"
+            f" {tuple(slot_mapping.shape)}"
+        )
+    fp8 = _dtype(k_cache) == _FP8_CACHE
+    _check_cache_scale(who, "k_scale", k_scale, k_cache, fp8)
+    _check_cache_scale(who, "v_scale", v_scale, v_cache, fp8)
+
+
+@register_mutating_op("write_kv", mutates=("k_cache", "v_cache", "k_scale", "v_scale"), check=_check_write_kv)
+def write_kv(
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
+) -> None:
+    """The new tokens' keys and values into the paged caches (flydsl.kernels.attention.write_kv, in place): ``k``,
+    ``v`` (T, Hkv, D) bf16/fp16 at the rows ``slot_mapping`` (T,) int32/int64 names (negative slots skipped) of
+    ``k_cache``, ``v_cache`` (num_blocks, block_size, Hkv, D) contiguous, bf16, fp16 or float8_e4m3fn. fp8 caches need
+    ``k_scale`` and ``v_scale`` as tensors: one-element float32 (per tensor: read) or contiguous float32
+    (num_blocks, block_size, Hkv) (per token and head: each row's scale computed and written at its slot)."""
+    from flydsl.kernels.attention import write_kv as kernel
+
+    kernel(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)

@@ -27,6 +27,7 @@ _Q_DTYPES = ("bf16", "f16")
 _HEAD_DIMS = (64, 128, 256)
 _MAX_QUERIES = 4
 _CHUNK = 16
+_MAX_SPLITS = 32  # the last split merges them all: more would cost it more than their parallelism gains
 # CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
 _CTAS_PER_SM = {(64, False): 4, (64, True): 4, (128, False): 2, (128, True): 4, (256, False): 2, (256, True): 2}
 
@@ -250,7 +251,7 @@ def decode_plan_config(
     base = batch * kv_heads * cfg.row_tiles
     if ctas is None:
         ctas = sms * cfg.ctas_per_sm
-    splits = max(1, min(-(-chunks // warps), round(ctas / base)))
+    splits = max(1, min(-(-chunks // warps), round(ctas / base), _MAX_SPLITS))
     split_tokens = -(-chunks // splits) * _CHUNK
     splits = -(-span // split_tokens)
     return dataclasses.replace(cfg, split=splits > 1), splits, split_tokens

@@ -514,50 +514,63 @@ def _merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, pla
 
 
 def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span):
-    """Rows ``warp, warp + warps, ...`` of the row tile, one warp each: the splits' normalized outputs weighted by
-    ``2^(max - top) * sum``; lanes take the splits' maxima in turn (``top``), then ``D / 32`` values each over the
-    splits with their weights and the weights' sum, ``_MERGE_UNROLL`` splits' loads in flight at a time (read through
-    L2: other SMs wrote them)."""
+    """Rows ``warp, warp + warps, ...`` of the row tile, all of a warp's rows at once: the splits' normalized outputs
+    weighted by ``2^(max - top) * sum``. Lanes take the splits' maxima in turn (``top``), then ``D / 32`` values each
+    over the splits with their weights and the weights' sum, ``_MERGE_UNROLL`` splits of every row in flight at a time
+    (read through L2: other SMs wrote them)."""
     b, hkv, tile, _split = place
     context, first, split_tokens = span
     warp, lane = tid // 32, tid % 32
     used = arith.maximum((context - first + (split_tokens - 1)) // split_tokens, 1)
     per_lane = cfg.head_dim // 32
-    loads = max(1, per_lane * 4 // 16)
     load_bytes = min(16, per_lane * 4)
     v_factor = fx.Float32(1.0)
     if fx.const_expr(cfg.v_scale == "tensor"):
         v_factor = v_scales[0]
-    for i in fx.range_constexpr(-(-16 // cfg.warps)):
-        global_row = tile * 16 + warp + cfg.warps * i
-        if (global_row < cfg.rows) & (warp + cfg.warps * i < 16):
-            query, head = global_row // cfg.group, hkv * cfg.group + global_row % cfg.group
-            top = fx.Float32(_NO_MAX)
-            for s in range(lane, used, 32):
-                top = arith.maximum(top, _stats(partial_stats, (b, query, head, s))[0])
-            top = gpu.warp_reduce(top, "max")
-            total = fx.Float32(0.0)  # summed with the values: one round of loads fewer
-            acc = [fx.Float32(0.0)] * per_lane
-            for first_split in range(0, used, _MERGE_UNROLL):
-                weights, chunks = [], []
-                for u in fx.range_constexpr(_MERGE_UNROLL):
-                    s = arith.minimum(first_split + u, used - 1)
-                    m, row_sum = _stats(partial_stats, (b, query, head, s))
-                    weight = nvvm.ex2_approx(m - top, ftz=True) * row_sum
-                    weights.append(arith.select(first_split + u < used, weight, fx.Float32(0.0)))
-                    words = []
-                    for j in fx.range_constexpr(loads):
-                        col = lane * per_lane + j * (load_bytes // 4)
-                        loaded = nvvm.ld_global(partial_out, (b, query, head, s, col), load_bytes, cop="cg")
-                        words += [loaded[k] for k in range(load_bytes // 4)]
-                    chunks.append(words)
-                for u in fx.range_constexpr(_MERGE_UNROLL):
-                    chunk = [arith.bitcast(fx.Float32.mlir_type(), w) for w in chunks[u]]
-                    acc = [a + v * weights[u] for a, v in zip(acc, chunk, strict=True)]
-                    total = total + weights[u]
-            factor = v_factor / total
-            values = vector.from_elements(Vector.of(fx.Float32, per_lane), [a * factor for a in acc])
-            vector.store(values.to(out.dtype), out, (b, query, head, lane * per_lane))
+    rows = []  # (query, head, whether the row exists); a missing row reads the tile's last and stores nothing
+    for i in fx.range_constexpr(-(-min(16, cfg.rows) // cfg.warps)):
+        local = warp + cfg.warps * i
+        global_row = arith.minimum(tile * 16 + local, cfg.rows - 1)
+        exists = (tile * 16 + local < cfg.rows) & (local < 16)
+        rows.append((global_row // cfg.group, hkv * cfg.group + global_row % cfg.group, exists))
+    tops = [fx.Float32(_NO_MAX)] * len(rows)
+    for s in range(lane, used, 32):
+        maxima = []
+        for r in fx.range_constexpr(len(rows)):
+            maxima.append(arith.maximum(tops[r], _stats(partial_stats, (b, rows[r][0], rows[r][1], s))[0]))
+        tops = maxima
+    tops = [gpu.warp_reduce(t, "max") for t in tops]
+    totals = [fx.Float32(0.0)] * len(rows)  # summed with the values: no second round of statistics
+    accs = [[fx.Float32(0.0)] * per_lane for _ in rows]
+    for first_split in range(0, used, _MERGE_UNROLL):
+        loaded = []
+        for u in fx.range_constexpr(_MERGE_UNROLL):
+            s = arith.minimum(first_split + u, used - 1)
+            for query, head, _e in rows:
+                m, row_sum = _stats(partial_stats, (b, query, head, s))
+                words = []
+                for j in fx.range_constexpr(max(1, per_lane * 4 // 16)):
+                    col = lane * per_lane + j * (load_bytes // 4)
+                    chunk = nvvm.ld_global(partial_out, (b, query, head, s, col), load_bytes, cop="cg")
+                    words += [chunk[k] for k in range(load_bytes // 4)]
+                loaded.append((first_split + u < used, m, row_sum, words))
+        new_accs, new_totals = [], []  # rebuilt, not assigned into: the loop carries what is rebound
+        for r in fx.range_constexpr(len(rows)):
+            acc, total = accs[r], totals[r]
+            for u in fx.range_constexpr(_MERGE_UNROLL):
+                inside, m, row_sum, words = loaded[u * len(rows) + r]
+                weight = arith.select(inside, nvvm.ex2_approx(m - tops[r], ftz=True) * row_sum, fx.Float32(0.0))
+                values = [arith.bitcast(fx.Float32.mlir_type(), w) for w in words]
+                acc = [a + v * weight for a, v in zip(acc, values, strict=True)]
+                total = total + weight
+            new_accs.append(acc)
+            new_totals.append(total)
+        accs, totals = new_accs, new_totals
+    for r, (query, head, exists) in enumerate(rows):
+        factor = v_factor / totals[r]
+        if exists:
+            merged = vector.from_elements(Vector.of(fx.Float32, per_lane), [a * factor for a in accs[r]])
+            vector.store(merged.to(out.dtype), out, (b, query, head, lane * per_lane))
 
 
 def _stats(partial_stats, coord):
