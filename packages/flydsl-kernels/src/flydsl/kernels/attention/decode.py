@@ -166,10 +166,15 @@ def _load_chunk(cfg: DecodeConfig, caches, b, hkv, chunk, page, end, lane_g, lan
             words += [loaded[i] for i in range(len(loaded))]
         values.append(words)
         if fx.const_expr(cfg.k_scale == "token"):
-            k_token_scales.append(arith.select(inside, k_scales[page, offset + token, hkv], fx.Float32(0.0)))
+            k_token_scales.append(_token_scale(k_scales, (page, offset + token, hkv), inside))
         if fx.const_expr(cfg.v_scale == "token"):
-            v_token_scales.append(arith.select(inside, v_scales[page, offset + token, hkv], fx.Float32(0.0)))
+            v_token_scales.append(_token_scale(v_scales, (page, offset + token, hkv), inside))
     return [keys, values] + [scales for scales in (k_token_scales, v_token_scales) if scales]  # no empty lists
+
+
+def _token_scale(scales, coord, inside):
+    """A token's scale, 0 where ``inside`` is false (then nothing is read: the page may be any table entry)."""
+    return arith.bitcast(fx.Float32.mlir_type(), nvvm.ld_global(scales, coord, 4, predicate=inside)[0])
 
 
 def _load_queries(cfg: DecodeConfig, q, b, hkv, tile, lane_g, lane_c):
