@@ -47,6 +47,7 @@ CONFIGS = [
     decode.DecodeConfig(head_dim=128, kv="f16", q="f16", group=8, split=True),
     decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=4, k_scale="tensor", v_scale="tensor"),
     decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=8, k_scale="token", v_scale="token", split=True),
+    decode.DecodeConfig(head_dim=128, kv="bf16", q="bf16", group=8, split=True, merge_levels=2),
     decode.DecodeConfig(head_dim=64, kv="bf16", q="bf16", group=4, queries=4, window=True, soft_cap=True),
     decode.DecodeConfig(head_dim=256, kv="bf16", q="bf16", group=2, prefetch=0),
     decode.DecodeConfig(head_dim=256, kv="e4m3", q="f16", group=16, k_scale="tensor", v_scale="token", prefetch=0),
@@ -82,6 +83,9 @@ def test_split_choice():
     long_splits = splits
     assert cfg.split and splits > 1 and tokens % 16 == 0 and splits * tokens >= 131072
     assert (splits - 1) * tokens < 131072  # no split left without positions
+    assert cfg.merge_levels == (2 if splits > decode.MERGE_FANIN else 1)
+    cfg, splits, _ = _plan(batch=1, kv_heads=1, heads=8)  # one (sequence, KV head): many splits, merged in two levels
+    assert splits > decode.MERGE_FANIN and cfg.merge_levels == 2 and splits <= decode.MERGE_FANIN**2
     cfg, splits, _ = _plan(batch=256, max_context=16384)  # 2048 CTAs: enough without splitting
     assert splits == 1 and not cfg.split
     cfg, splits, tokens = _plan(max_context=16)  # one chunk: one split

@@ -86,6 +86,14 @@ def test_paged_decode_splits(batch, max_context):
     _check(_case(contexts=contexts, block_size=32, batch=batch, q_heads=32, kv_heads=8), max_context=max_context)
 
 
+@pytest.mark.parametrize("fp8", [None, "tensor"])
+def test_paged_decode_two_level_merge(fp8):
+    """One KV head and long contexts: hundreds of splits, merged by groups of 16 and then the groups; the short
+    sequence leaves whole groups without positions."""
+    case = _case(batch=2, q_heads=8, kv_heads=1, contexts=(20000, 300), fp8=fp8)
+    _check(case, tolerance=2e-2)
+
+
 @pytest.mark.parametrize("fp8", ["tensor", "token"])
 @pytest.mark.parametrize("contexts", [(1, 17, 33), (512, 3000, 129)])
 def test_paged_decode_fp8(fp8, contexts):

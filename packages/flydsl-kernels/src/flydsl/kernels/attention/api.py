@@ -27,7 +27,7 @@ _Q_DTYPES = ("bf16", "f16")
 _HEAD_DIMS = (64, 128, 256)
 _MAX_QUERIES = 4
 _CHUNK = 16
-_MAX_SPLITS = 32  # the last split merges them all: more would cost it more than their parallelism gains
+_MAX_SPLITS = 256  # two levels of merging, at most MERGE_FANIN (16) partials per merging CTA and row
 # CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
 _CTAS_PER_SM = {(64, False): 4, (64, True): 4, (128, False): 2, (128, True): 4, (256, False): 2, (256, True): 2}
 
@@ -254,7 +254,8 @@ def decode_plan_config(
     splits = max(1, min(-(-chunks // warps), round(ctas / base), _MAX_SPLITS))
     split_tokens = -(-chunks // splits) * _CHUNK
     splits = -(-span // split_tokens)
-    return dataclasses.replace(cfg, split=splits > 1), splits, split_tokens
+    levels = 2 if splits > decode.MERGE_FANIN else 1
+    return dataclasses.replace(cfg, split=splits > 1, merge_levels=levels), splits, split_tokens
 
 
 _COUNTERS: dict = {}  # (device, stream) -> int32 zeros: the splits' arrival counters (each launch leaves them zero)
@@ -278,6 +279,7 @@ class _Plan:
         import torch
 
         self.cfg, self.splits, self.split_tokens = cfg, splits, split_tokens
+        self.groups = -(-splits // _decode().MERGE_FANIN) if cfg.merge_levels == 2 else 0
         self.scale, self.soft_cap, self.window, self.fp8 = scale, soft_cap, window, fp8
         where = torch.device("cuda", device)
         self.unused = torch.zeros(1, dtype=torch.float32, device=where)  # stands for absent scales and partials
@@ -302,13 +304,14 @@ class _Plan:
             v_scales = v_scales.reshape(1)
         batch, queries, heads, dim = q4.shape
         if cfg.split:
-            partial_out = torch.empty(batch, queries, heads, self.splits, dim, dtype=torch.float32, device=q.device)
-            partial_stats = torch.empty(batch, queries, heads, self.splits, 2, dtype=torch.float32, device=q.device)
+            slots = self.splits + self.groups  # the splits', then (two levels) the groups' merges
+            partial_out = torch.empty(batch, queries, heads, slots, dim, dtype=torch.float32, device=q.device)
+            partial_stats = torch.empty(batch, queries, heads, slots, 2, dtype=torch.float32, device=q.device)
         else:
             partial_out = partial_stats = self.unused.view(1, 1, 1, 1, 1)
         kv_heads = k_cache.shape[2]
-        groups = batch * kv_heads * cfg.row_tiles
-        counters = per_stream(_COUNTERS, q, _counters_of(groups, q.device), fits=lambda held: held.numel() >= groups)
+        words = batch * kv_heads * cfg.row_tiles * (1 + self.groups)  # a counter per unit, and per unit and group
+        counters = per_stream(_COUNTERS, q, _counters_of(words, q.device), fits=lambda held: held.numel() >= words)
         decode.paged_decode_kernel(
             q4, k_cache, v_cache, block_tables, context_lens, k_scales, v_scales, out4, partial_out, partial_stats,
             counters, self.scale, self.soft_cap, self.window, self.split_tokens, cfg,

@@ -41,7 +41,7 @@ import flydsl.layout as fl
 from flydsl.expr import arith, gpu, math, nvvm, vector
 from flydsl.expr.vector import Vector
 
-__all__ = ["CHUNK", "DecodeConfig", "paged_decode_kernel"]
+__all__ = ["CHUNK", "MERGE_FANIN", "DecodeConfig", "paged_decode_kernel"]
 
 CHUNK = 16  # tokens per warp step: the K of one P V MMA, two n8 tiles of S
 LOG2E = 1.4426950408889634
@@ -52,6 +52,7 @@ _FP8_TO_BF16 = 2.0**120  # an e4m3 value's bits placed in a bf16 word read as th
 _NO_MAX = -1.0e30  # the running maximum before any key: finite, so that exp2(NO_MAX - NO_MAX) is 1, not NaN
 _KV_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}
 _MERGE_UNROLL = 8
+MERGE_FANIN = 16  # partials one CTA merges per row at most (two levels of merging past that)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +63,8 @@ class DecodeConfig:
     whether a sliding window or logit soft-capping applies, ``split`` whether the CTAs write partials for
     the last split's merge, ``warps`` per CTA, ``prefetch`` how many chunks ahead of the one in the math a warp's
     loads are issued (0: none; registers for ``prefetch + 1`` chunks), ``ctas_per_sm`` the CTAs an SM must hold
-    (registers capped to fit them)."""
+    (registers capped to fit them), ``merge_levels`` 1 (the last split merges them all) or 2 (groups of
+    ``MERGE_FANIN`` splits first)."""
 
     head_dim: int
     kv: str
@@ -77,6 +79,7 @@ class DecodeConfig:
     warps: int = 4
     prefetch: int = 1
     ctas_per_sm: int = 2
+    merge_levels: int = 1
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.kv not in _KV_BYTES or self.q not in ("bf16", "f16"):
@@ -89,6 +92,8 @@ class DecodeConfig:
             raise ValueError(f"{self}: group 1..64, queries 1..4, warps 1/2/4/8/16")
         if self.prefetch not in (0, 1, 2, 3) or not 1 <= self.ctas_per_sm * self.warps <= 64:
             raise ValueError(f"{self}: prefetch 0..3 chunks, ctas_per_sm * warps 1..64")
+        if self.merge_levels not in (1, 2):
+            raise ValueError(f"{self}: merge_levels 1 or 2")
 
     @property
     def threads(self) -> int:
@@ -501,32 +506,60 @@ def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
                 vector.store(row_values.to(out.dtype), out, (b, query, head, 8 * part))
 
 
+def _arrive_last(counters, index, members, tid, arrival):
+    """Counts this CTA on ``counters[index]``; True in every thread of the one that counts ``members``-th (which
+    zeroes the counter for the next launch). The barriers order the CTA's writes before the count (release) and the
+    reads of the others' writes after it (acquire)."""
+    gpu.barrier()
+    if tid == 0:
+        arrival[0] = nvvm.atom_add_acq_rel(counters, 1, index)
+    gpu.barrier()
+    last = arrival[0] == members - 1
+    if last & (tid == 0):
+        counters[index] = 0
+    return last
+
+
 def _merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, place, tid, span):
-    """The split that counts itself last on its (b, KV head, row tile) merges every split's partials into ``out``
-    and zeroes the counter for the next launch: no second kernel, no host synchronisation."""
-    b = place[0]
+    """The split that counts itself last on its (b, KV head, row tile) merges the splits' partials into ``out``: no
+    second kernel, no host synchronisation. With ``cfg.merge_levels == 2`` the splits come in groups of
+    ``MERGE_FANIN``: the last of each group merges the group into a partial of its own (slot ``splits + group``), and
+    the last group to do so merges the groups, so that no CTA reads more than ``MERGE_FANIN`` partials per row."""
+    b, _hkv, _tile, split = place
+    context, first, split_tokens = span
+    used = arith.maximum((context - first + (split_tokens - 1)) // split_tokens, 1)  # splits holding positions
+    splits = gpu.grid_dim.x.to(fx.Int32)
+    unit = b * gpu.grid_dim.y.to(fx.Int32) + gpu.block_idx.y  # this (b, KV head, row tile)
     smem = fx.SmemAllocator()
     arrival = smem.allocate(fx.Int32, 1)
-    counter = b * gpu.grid_dim.y.to(fx.Int32) + gpu.block_idx.y
-    gpu.barrier()  # every thread's partials are written before thread 0's count releases them
-    if tid == 0:
-        arrival[0] = nvvm.atom_add_acq_rel(counters, 1, counter)
-    gpu.barrier()  # and read (by every thread) after its count acquired the others'
-    if arrival[0] == gpu.grid_dim.x.to(fx.Int32) - 1:
-        if tid == 0:
-            counters[counter] = 0
-        _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span)
+    if fx.const_expr(cfg.merge_levels == 1):
+        if _arrive_last(counters, unit, splits, tid, arrival):
+            _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, (0, used, None))
+    else:
+        groups = (splits + (MERGE_FANIN - 1)) // MERGE_FANIN
+        group = split // MERGE_FANIN
+        members = arith.minimum(splits - group * MERGE_FANIN, MERGE_FANIN)
+        units = gpu.grid_dim.z.to(fx.Int32) * gpu.grid_dim.y.to(fx.Int32)
+        if _arrive_last(counters, units + unit * groups + group, members, tid, arrival):
+            start = group * MERGE_FANIN
+            count = arith.minimum(used - start, members)  # may be <= 0: a group past the context
+            _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, (start, count, splits + group))
+            if _arrive_last(counters, unit, groups, tid, arrival):
+                used_groups = (used + (MERGE_FANIN - 1)) // MERGE_FANIN
+                _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, (splits, used_groups, None))
 
 
-def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span):
-    """Rows ``warp, warp + warps, ...`` of the row tile, all of a warp's rows at once: the splits' normalized outputs
-    weighted by ``2^(max - top) * sum``. Lanes take the splits' maxima in turn (``top``), then ``D / 32`` values each
-    over the splits with their weights and the weights' sum, ``_MERGE_UNROLL`` splits of every row in flight at a time
-    (read through L2: other SMs wrote them)."""
+def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, slots):
+    """Partials ``[first, first + count)`` merged, for rows ``warp, warp + warps, ...`` of the row tile, all of a
+    warp's rows at once: the normalized outputs weighted by ``2^(max - top) * sum``. Lanes take the slots' maxima in
+    turn (``top``), then ``D / 32`` values each over the slots with their weights and the weights' sum,
+    ``_MERGE_UNROLL`` slots of every row in flight at a time (read through L2: other SMs wrote them). ``into``: None
+    writes ``out``; a slot index writes the merge there as a partial of its own (normalized output, ``(top,
+    sum)``), zeros and ``(_NO_MAX, 0)`` where ``count`` <= 0."""
     b, hkv, tile, _split = place
-    context, first, split_tokens = span
+    first, count, into = slots
+    end = first + count
     warp, lane = tid // 32, tid % 32
-    used = arith.maximum((context - first + (split_tokens - 1)) // split_tokens, 1)
     per_lane = cfg.head_dim // 32
     load_bytes = min(16, per_lane * 4)
     v_factor = fx.Float32(1.0)
@@ -539,7 +572,7 @@ def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span
         exists = (tile * 16 + local < cfg.rows) & (local < 16)
         rows.append((global_row // cfg.group, hkv * cfg.group + global_row % cfg.group, exists))
     tops = [fx.Float32(_NO_MAX)] * len(rows)
-    for s in range(lane, used, 32):
+    for s in range(first + lane, end, 32):
         maxima = []
         for r in fx.range_constexpr(len(rows)):
             maxima.append(arith.maximum(tops[r], _stats(partial_stats, (b, rows[r][0], rows[r][1], s))[0]))
@@ -547,10 +580,10 @@ def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span
     tops = [gpu.warp_reduce(t, "max") for t in tops]
     totals = [fx.Float32(0.0)] * len(rows)  # summed with the values: no second round of statistics
     accs = [[fx.Float32(0.0)] * per_lane for _ in rows]
-    for first_split in range(0, used, _MERGE_UNROLL):
+    for first_split in range(first, end, _MERGE_UNROLL):
         loaded = []
         for u in fx.range_constexpr(_MERGE_UNROLL):
-            s = arith.minimum(first_split + u, used - 1)
+            s = arith.minimum(first_split + u, end - 1)
             for query, head, _e in rows:
                 m, row_sum = _stats(partial_stats, (b, query, head, s))
                 words = []
@@ -558,7 +591,7 @@ def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span
                     col = lane * per_lane + j * (load_bytes // 4)
                     chunk = nvvm.ld_global(partial_out, (b, query, head, s, col), load_bytes, cop="cg")
                     words += [chunk[k] for k in range(load_bytes // 4)]
-                loaded.append((first_split + u < used, m, row_sum, words))
+                loaded.append((first_split + u < end, m, row_sum, words))
         new_accs, new_totals = [], []  # rebuilt, not assigned into: the loop carries what is rebound
         for r in fx.range_constexpr(len(rows)):
             acc, total = accs[r], totals[r]
@@ -572,10 +605,19 @@ def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, span
             new_totals.append(total)
         accs, totals = new_accs, new_totals
     for r, (query, head, exists) in enumerate(rows):
-        factor = v_factor / totals[r]
-        if exists:
-            merged = vector.from_elements(Vector.of(fx.Float32, per_lane), [a * factor for a in accs[r]])
-            vector.store(merged.to(out.dtype), out, (b, query, head, lane * per_lane))
+        if fx.const_expr(into is None):
+            factor = v_factor / totals[r]
+            if exists:
+                merged = vector.from_elements(Vector.of(fx.Float32, per_lane), [a * factor for a in accs[r]])
+                vector.store(merged.to(out.dtype), out, (b, query, head, lane * per_lane))
+        else:
+            factor = arith.select(totals[r] > 0.0, 1.0 / totals[r], fx.Float32(0.0))
+            if exists:
+                merged = vector.from_elements(Vector.of(fx.Float32, per_lane), [a * factor for a in accs[r]])
+                vector.store(merged, partial_out, (b, query, head, into, lane * per_lane))
+                if lane == 0:
+                    partial_stats[b, query, head, into, 0] = tops[r]
+                    partial_stats[b, query, head, into, 1] = totals[r]
 
 
 def _stats(partial_stats, coord):
