@@ -5,7 +5,8 @@ one host-overhead benchmark.
         [--parts ops levels cold] [--calls 200] [--repeats 7] [--cold-runs 3] [--profile FILE]
 
 ``ops``: each op of ``OPS`` (one line per op) at small, launch-bound sizes (8 x 1024 bf16 rows; gemm, fp8_gemm and
-blockscale_gemm 16x4096x4096 with an nn.Linear weight's ``w.t()``), per mode -- ``fwd`` (no input requires grad) and
+blockscale_gemm 16x4096x4096 with an nn.Linear weight's ``w.t()``; paged_decode and write_kv at a decode step of 8
+sequences of 512 tokens, Llama-3-8B's heads), per mode -- ``fwd`` (no input requires grad) and
 ``fwd_bwd`` (the forward, then ``torch.autograd.grad`` of its output) -- through four paths: ``functional``
 (``flydsl.torch.functional``, what a user swaps in; where an op has none, the ``torch.ops.flydsl`` op is the
 user-facing form), ``op`` (``torch.ops.flydsl.*``), ``direct`` (``flydsl.kernels``; fwd_bwd: the forward with
@@ -61,7 +62,7 @@ F = torch.nn.functional
 
 # flydsl's modules, bound by _import_adapter() / _import_flydsl(): the cold start times the adapter's import, so this
 # module imports nothing of flydsl at its top.
-ft = K = kernel_gemm = kernel_fp8_gemm = kernel_blockscale_gemm = flyc = fx = None
+ft = K = kernel_gemm = kernel_fp8_gemm = kernel_blockscale_gemm = attention = flyc = fx = None
 
 
 def _import_adapter() -> None:
@@ -72,11 +73,12 @@ def _import_adapter() -> None:
 
 def _import_flydsl() -> None:
     """The adapter, ``flydsl.kernels`` (the direct paths) and the compiler (the levels)."""
-    global K, kernel_gemm, kernel_fp8_gemm, kernel_blockscale_gemm, flyc, fx
+    global K, kernel_gemm, kernel_fp8_gemm, kernel_blockscale_gemm, attention, flyc, fx
     _import_adapter()
     import flydsl.compiler as flyc
     import flydsl.expr as fx
     import flydsl.kernels as K
+    import flydsl.kernels.attention as attention
     from flydsl.kernels.gemm import blockscale_gemm as kernel_blockscale_gemm
     from flydsl.kernels.gemm import fp8_gemm as kernel_fp8_gemm
     from flydsl.kernels.gemm import gemm as kernel_gemm
@@ -183,7 +185,54 @@ OPS = (
         ),
         modes=("fwd",),
     ),
+    Op(
+        "paged_decode",  # inference; the peer is SDPA on the same keys and values held contiguous
+        op=lambda t: torch.ops.flydsl.paged_decode(t.q, t.k_cache, t.v_cache, t.block_tables, t.context_lens),
+        direct=lambda t: attention.paged_decode(t.q, t.k_cache, t.v_cache, t.block_tables, t.context_lens),
+        torch=lambda t: F.scaled_dot_product_attention(t.q[:, :, None], t.keys, t.values, enable_gqa=True),
+        modes=("fwd",),
+    ),
+    Op(
+        "write_kv",  # a decode step's new keys and values into the paged cache; the peer is torch's index_copy_
+        op=lambda t: torch.ops.flydsl.write_kv(t.k_new, t.v_new, t.k_cache, t.v_cache, t.slots),
+        direct=lambda t: attention.write_kv(t.k_new, t.v_new, t.k_cache, t.v_cache, t.slots),
+        torch=lambda t: (
+            t.k_cache.view(-1, *t.k_new.shape[1:]).index_copy_(0, t.slots, t.k_new),
+            t.v_cache.view(-1, *t.v_new.shape[1:]).index_copy_(0, t.slots, t.v_new),
+        ),
+        modes=("fwd",),
+    ),
 )
+
+# paged decode at a decode step's size: B sequences of CONTEXT tokens in blocks of 16, Llama-3-8B's heads
+DECODE_B, DECODE_HQ, DECODE_HKV, DECODE_D, CONTEXT = 8, 32, 8, 128, 512
+
+
+def _decode_inputs() -> dict:
+    """``q`` (B, Hq, D), the paged caches and tables (every sequence CONTEXT tokens), the same keys/values contiguous
+    for SDPA (``keys``, ``values``: (B, Hkv, CONTEXT, D)), and one new token per sequence for write_kv."""
+    blocks_per = CONTEXT // 16
+    shape = (DECODE_B * blocks_per, 16, DECODE_HKV, DECODE_D)
+    k_cache = torch.randn(shape, device=DEVICE, dtype=torch.bfloat16)
+    v_cache = torch.randn(shape, device=DEVICE, dtype=torch.bfloat16)
+    tables = torch.arange(DECODE_B * blocks_per, device=DEVICE, dtype=torch.int32).view(DECODE_B, blocks_per)
+
+    def contiguous(cache):
+        return cache.view(DECODE_B, CONTEXT, DECODE_HKV, DECODE_D).transpose(1, 2).contiguous()
+
+    new = torch.randn(DECODE_B, DECODE_HKV, DECODE_D, device=DEVICE, dtype=torch.bfloat16)
+    return {
+        "q": torch.randn(DECODE_B, DECODE_HQ, DECODE_D, device=DEVICE, dtype=torch.bfloat16),
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "block_tables": tables,
+        "context_lens": torch.full((DECODE_B,), CONTEXT, device=DEVICE, dtype=torch.int32),
+        "keys": contiguous(k_cache),
+        "values": contiguous(v_cache),
+        "k_new": new,
+        "v_new": new.clone(),
+        "slots": torch.arange(DECODE_B, device=DEVICE, dtype=torch.int64) * CONTEXT + CONTEXT - 1,
+    }
 
 
 def inputs(requires_grad: bool) -> SimpleNamespace:
@@ -203,7 +252,9 @@ def inputs(requires_grad: bool) -> SimpleNamespace:
         group_scale_a=torch.ones(k // 128, m, device=DEVICE).t(),
         block_scale_w=torch.ones(n // 128, k // 128, device=DEVICE),
     )
-    return SimpleNamespace(**rows, **gemm, **fp8, dy=new(ROWS, N, grad=False), dc=new(m, n, grad=False))
+    return SimpleNamespace(
+        **rows, **gemm, **fp8, **_decode_inputs(), dy=new(ROWS, N, grad=False), dc=new(m, n, grad=False)
+    )
 
 
 def _first(out):

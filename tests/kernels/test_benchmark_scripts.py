@@ -367,8 +367,8 @@ def host_overhead(monkeypatch):
 
 
 def test_host_overhead_ops_table_covers_the_zoo(host_overhead):
-    """One entry per op, both modes (the fp8 GEMMs, inference only: forward), every path but the GEMMs' functional
-    forms (they have none: the ops are user-facing)."""
+    """One entry per op, both modes (the fp8 GEMMs and the attention ops, inference only: forward), every path but
+    the functional forms of the ops that have none (the ops are user-facing)."""
     ops = {op.name: op for op in host_overhead.OPS}
     assert set(ops) == {
         "softmax",
@@ -378,8 +378,10 @@ def test_host_overhead_ops_table_covers_the_zoo(host_overhead):
         "gemm",
         "fp8_gemm",
         "blockscale_gemm",
+        "paged_decode",
+        "write_kv",
     }
-    inference = ("fp8_gemm", "blockscale_gemm")
+    inference = ("fp8_gemm", "blockscale_gemm", "paged_decode", "write_kv")
     trained = [op for name, op in ops.items() if name not in inference]
     assert all(op.modes == ("fwd", "fwd_bwd") and op.direct_fwd_bwd is not None for op in trained)
     assert all(ops[name].modes == ("fwd",) for name in inference)
