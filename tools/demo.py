@@ -30,6 +30,7 @@ EXAMPLES = [
     "gemm_3_tma_wgmma.py",
     "gemm_4_warp_specialized.py",
     "gemm_5_fp8.py",
+    "paged_decode.py",
     "00_native_demo.py",
 ]
 
