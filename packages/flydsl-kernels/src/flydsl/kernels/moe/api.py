@@ -1,0 +1,319 @@
+"""The routing half of a fused MoE layer: :func:`topk_route` (each token's experts and weights from the router's
+logits, one launch) and :func:`align_tokens` (the (token, slot) pairs sorted by expert and padded to the grouped
+GEMM's blocks, on the GPU).
+
+    weights, ids = topk_route(router_logits, 8)                                  # softmax, renormalized
+    weights, ids = topk_route(router_logits, 8, scoring="sigmoid", bias=correction, num_groups=8, top_groups=4)
+    sorted_ids, expert_of_block, padded_count = align_tokens(ids, 256, 64)     # DeepSeek-V3's router
+
+Both check their arguments before anything is launched (errors name the function and the argument), keep a launch
+plan per call signature (:mod:`flydsl.kernels.plans`), never read a tensor's values on the host (CUDA-graph
+capturable: every size follows from the shapes) and return new torch tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from flydsl.kernels import validation as check
+from flydsl.kernels.plans import Plans, signature
+
+__all__ = [
+    "MAX_EXPERTS",
+    "MAX_TOP_K",
+    "MAX_GROUPS",
+    "MAX_BLOCK_M",
+    "MAX_POSITIONS",
+    "SCORINGS",
+    "topk_route",
+    "align_tokens",
+    "align_capacity",
+    "check_topk_route",
+    "check_align_tokens",
+]
+
+MAX_EXPERTS = 512  # topk_route: at most 16 scores per lane; align_tokens: one thread per expert
+MAX_TOP_K = 16
+MAX_GROUPS = 32  # each group on whole lanes of one warp
+MAX_BLOCK_M = 1024
+MAX_POSITIONS = 1 << 30  # align_tokens' positions and indices are 32-bit
+SCORINGS = ("softmax", "sigmoid")
+_ID_DTYPES = ("i32", "i64", "int32", "int64")  # TensorSpec names, torch names
+_TOPK = Plans("flydsl.kernels.moe.topk_route")
+_ALIGN = Plans("flydsl.kernels.moe.align_tokens")
+
+
+@functools.cache
+def _topk():
+    from flydsl.kernels.moe import topk
+
+    return topk
+
+
+@functools.cache
+def _align():
+    from flydsl.kernels.moe import align
+
+    return align
+
+
+def _count(who: str, name: str, value, low: int, high: int) -> int:
+    """``value`` if it is an int (not a bool) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{who}: {name}: expected an int from {low} to {high}, got {value!r}")
+    return value
+
+
+# --- topk_route -----------------------------------------------------------------------------------------------------
+
+
+def topk_route(
+    router_logits,
+    top_k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    bias=None,
+    num_groups: int | None = None,
+    top_groups: int | None = None,
+):
+    """``(topk_weights, topk_ids)``, float32 and int32 ``(T, top_k)``: each token's ``top_k`` experts, best first,
+    and their weights, from ``router_logits`` (T, E) float32/float16/bfloat16 (a torch CUDA tensor with unit stride
+    on E, any row stride; E up to 512, ``top_k`` up to 16 and E). One launch.
+
+    * ``scoring``: "softmax" (the scores are softmax over the E logits, in float32) or "sigmoid" (each logit's
+      sigmoid).
+    * ``bias``: a float32 (E,) correction bias (DeepSeek-V3's ``e_score_correction_bias``), added to the scores to
+      choose the experts only: the weights are the scores without it.
+    * ``num_groups`` / ``top_groups`` (grouped top-k, DeepSeek-V3: 8 and 4): the experts in ``num_groups`` equal
+      groups of consecutive experts (at most 32 groups of at least 2); a group's score is the sum of its two highest
+      (biased) scores, the ``top_groups`` best groups are kept and the ``top_k`` experts chosen among theirs only.
+      ``num_groups`` None or 1: ungrouped.
+    * ``renormalize``: the weights divided by their sum over the ``top_k`` chosen.
+
+    Ties: on equal (biased) scores the lower expert comes first, and on equal group scores the lower group; NaN
+    scores rank above every number (as ``torch.topk`` ranks them), -0 equals +0. :mod:`~flydsl.kernels.moe.reference`'s
+    ``topk_route_reference`` follows the same rules in float32 torch (its scores may differ from the kernel's in the
+    last bit: exp and the sums are computed differently)."""
+    key = signature(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups)
+    plan = _TOPK.get(key)
+    if plan is None:
+        plan = _TOPK.add(key, _topk_plan(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups))
+    return plan(router_logits, bias)
+
+
+def _topk_plan(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups):
+    """The launch of a call of this signature, checked: a function of ``(router_logits, bias)``."""
+    who = _TOPK.name
+    cfg, tokens = check_topk_route(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups)
+    check.torch_tensor(who, "router_logits", router_logits)  # outputs are allocated with torch
+    import torch
+
+    shape = (tokens, cfg.top_k)
+    if tokens == 0:
+        return lambda logits, bias: (
+            logits.new_empty(shape, dtype=torch.float32),
+            logits.new_empty(shape, dtype=torch.int32),
+        )
+    kernel, launch = _topk().topk_route_kernel, dict(grid=cfg.grid(tokens), block=cfg.block)
+
+    def run(logits, bias):
+        weights = torch.empty(shape, dtype=torch.float32, device=logits.device)
+        ids = torch.empty(shape, dtype=torch.int32, device=logits.device)
+        kernel(logits, logits if bias is None else bias, weights, ids, cfg).launch(**launch)  # (unread without bias)
+        return weights, ids
+
+    return run
+
+
+def check_topk_route(
+    router_logits,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    bias=None,
+    num_groups=None,
+    top_groups=None,
+):
+    """``topk_route``'s arguments checked (tensors read for their shapes, dtypes, strides and devices only: torch
+    tensors, other GPU arrays or ``flyc.TensorSpec``); returns the kernel's configuration
+    (:class:`flydsl.kernels.moe.topk.RouteConfig`) and the token count T. Errors name the argument."""
+    who = _TOPK.name
+    logits = check.rows(who, "router_logits", router_logits)
+    tokens, experts = logits.shape
+    if not 1 <= experts <= MAX_EXPERTS:
+        raise ValueError(
+            f"{who}: router_logits: expected 1 to {MAX_EXPERTS} experts (its last dim), got shape {tuple(logits.shape)}"
+        )
+    _count(who, "top_k", top_k, 1, MAX_TOP_K)
+    if top_k > experts:
+        raise ValueError(f"{who}: top_k: expected at most E = {experts} (router_logits' last dim), got {top_k}")
+    check.one_of(who, "scoring", scoring, SCORINGS)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"{who}: renormalize: expected a bool, got {renormalize!r}")
+    offsets = check.vector(who, "bias", bias, experts, dtypes=("f32",))
+    check.same_device(who, logits, ("bias", offsets))
+    groups, kept = _check_groups(who, experts, top_k, num_groups, top_groups)
+    layout = _topk().route_layout(experts, groups)
+    if layout is None:
+        size = experts // groups
+        raise ValueError(
+            f"{who}: num_groups: {groups} groups of {size} experts cannot be laid on a warp's lanes (each group on"
+            f" a power of two of lanes holding at most 16 experts each, {groups} x lanes <= 32)"
+        )
+    cfg = _topk().RouteConfig(
+        experts=experts,
+        top_k=top_k,
+        scoring=scoring,
+        renormalize=bool(renormalize),
+        bias=offsets is not None,
+        num_groups=groups,
+        top_groups=kept,
+        lanes=layout[0],
+        per_lane=layout[1],
+    )
+    return cfg, tokens
+
+
+def _check_groups(who: str, experts: int, top_k: int, num_groups, top_groups) -> tuple[int, int]:
+    """``(num_groups, top_groups)`` of grouped top-k, ``(1, 1)`` ungrouped."""
+    if num_groups is not None:
+        _count(who, "num_groups", num_groups, 1, MAX_GROUPS)
+    if num_groups is None or num_groups == 1:
+        if top_groups is not None and top_groups != 1:
+            raise ValueError(f"{who}: top_groups: expected None (or 1) without num_groups, got {top_groups!r}")
+        return 1, 1
+    if experts % num_groups:
+        raise ValueError(
+            f"{who}: num_groups: expected a divisor of E = {experts} (router_logits' last dim), got {num_groups}"
+        )
+    size = experts // num_groups
+    if size < 2:
+        raise ValueError(
+            f"{who}: num_groups: a group's score is the sum of its two best experts: expected groups of at least 2"
+            f" experts, got E / num_groups = {experts} / {num_groups}"
+        )
+    if top_groups is None:
+        raise ValueError(f"{who}: top_groups: expected the number of groups kept (1 to {num_groups}), got None")
+    _count(who, "top_groups", top_groups, 1, num_groups)
+    if top_k > top_groups * size:
+        raise ValueError(
+            f"{who}: top_k: expected at most top_groups * E / num_groups = {top_groups} * {size} experts to choose"
+            f" from, got {top_k}"
+        )
+    return num_groups, top_groups
+
+
+# --- align_tokens ---------------------------------------------------------------------------------------------------
+
+
+def align_capacity(num_ids: int, num_experts: int, block_m: int) -> int:
+    """The length of :func:`align_tokens`' ``sorted_ids`` for ``num_ids`` (T * k) ids: ``num_ids + num_experts *
+    (block_m - 1)`` rounded up to a multiple of ``block_m``, what every expert's run padded to ``block_m`` can take
+    (the grouped GEMM's grid bound: ``capacity // block_m`` blocks)."""
+    return -(-(num_ids + num_experts * (block_m - 1)) // block_m) * block_m
+
+
+def align_tokens(topk_ids, num_experts: int, block_m: int):
+    """``(sorted_ids, expert_of_block, padded_count)`` of ``topk_ids`` (T, k) int32/int64 (a contiguous torch CUDA
+    tensor, e.g. :func:`topk_route`'s ids), for a grouped GEMM in blocks of ``block_m`` rows:
+
+    * ``sorted_ids`` int32 ``(capacity,)`` (:func:`align_capacity`): the flattened indices ``t * k + s`` grouped by
+      expert, in expert order, each expert's run padded to a multiple of ``block_m`` with the sentinel ``T * k``;
+      within an expert, indices in increasing order (deterministic). Experts without ids have no run; positions
+      past ``padded_count`` hold the sentinel too.
+    * ``expert_of_block`` int32 ``(capacity // block_m,)``: the expert of each block of ``block_m`` positions, -1
+      for the blocks past ``padded_count``.
+    * ``padded_count`` int32 ``(1,)``: the total padded length (a multiple of ``block_m``).
+
+    Ids outside ``[0, num_experts)`` are dropped: not placed, not counted (expert parallelism: a negative id marks a
+    token this rank does not serve). ``num_experts`` up to 512, ``block_m`` up to 1024, ``capacity`` up to 2^30.
+    Computed on the GPU (a counting sort, one launch up to 8192 ids, three beyond: :mod:`flydsl.kernels.moe.align`);
+    every size follows from the shapes, so calls can be captured in CUDA graphs. :mod:`~flydsl.kernels.moe.reference`'s
+    ``align_tokens_reference`` is the same in torch."""
+    key = signature(topk_ids, num_experts, block_m)
+    plan = _ALIGN.get(key)
+    if plan is None:
+        plan = _ALIGN.add(key, _align_plan(topk_ids, num_experts, block_m))
+    return plan(topk_ids)
+
+
+def _align_plan(topk_ids, num_experts, block_m):
+    """The launches of a call of this signature, checked: a function of ``topk_ids``."""
+    who = _ALIGN.name
+    cfg, ids, capacity = check_align_tokens(topk_ids, num_experts, block_m)
+    check.torch_tensor(who, "topk_ids", topk_ids)  # outputs are allocated with torch
+    import torch
+
+    blocks = capacity // block_m
+    align = _align()
+
+    def outputs(like):
+        device = like.device
+        return (
+            torch.empty(capacity, dtype=torch.int32, device=device),
+            torch.empty(blocks, dtype=torch.int32, device=device),
+            torch.empty(1, dtype=torch.int32, device=device),
+        )
+
+    if ids == 0:  # nothing to sort: the sentinel (0) everywhere, no blocks
+
+        def empty(topk_ids):
+            sorted_ids, expert_of_block, padded_count = outputs(topk_ids)
+            return sorted_ids.zero_(), expert_of_block.fill_(-1), padded_count.zero_()
+
+        return empty
+    per_warp, chunks = align.align_plan(cfg, ids)
+    if chunks == 1:
+        small = align.align_small_kernel
+
+        def one_cta(topk_ids):
+            sorted_ids, expert_of_block, padded_count = outputs(topk_ids)
+            small(topk_ids.view(-1), sorted_ids, expert_of_block, padded_count, per_warp, cfg).launch(
+                grid=1, block=cfg.threads
+            )
+            return sorted_ids, expert_of_block, padded_count
+
+        return one_cta
+    count, scan, scatter = align.count_kernel, align.scan_kernel, align.scatter_kernel
+    experts = cfg.experts
+
+    def three_kernels(topk_ids):
+        sorted_ids, expert_of_block, padded_count = outputs(topk_ids)
+        flat = topk_ids.view(-1)
+        counts = torch.empty(chunks * experts, dtype=torch.int32, device=flat.device)  # scratch: each call its own
+        starts = torch.empty(experts + 1, dtype=torch.int32, device=flat.device)
+        count(flat, counts, per_warp, cfg).launch(grid=chunks, block=cfg.threads)
+        scan(counts, starts, sorted_ids, padded_count, ids, cfg).launch(grid=1, block=align.SCAN_THREADS)
+        scatter(flat, counts, starts, sorted_ids, expert_of_block, per_warp, cfg).launch(grid=chunks, block=cfg.threads)
+        return sorted_ids, expert_of_block, padded_count
+
+    return three_kernels
+
+
+def check_align_tokens(topk_ids, num_experts, block_m):
+    """``align_tokens``' arguments checked (``topk_ids`` read for its shape, dtype, strides and device only: a torch
+    tensor, another GPU array or a ``flyc.TensorSpec``); returns the kernels' configuration
+    (:class:`flydsl.kernels.moe.align.AlignConfig`), the id count T * k and the capacity. Errors name the argument."""
+    who = _ALIGN.name
+    info = check.describe(who, "topk_ids", topk_ids)
+    if len(info.shape) != 2:
+        raise ValueError(f"{who}: topk_ids: expected a 2-D tensor (T, k), got shape {tuple(info.shape)}")
+    if info.dtype not in _ID_DTYPES:
+        raise TypeError(f"{who}: topk_ids: expected int32 or int64, got {check.dtype_names((info.dtype,))}")
+    tokens, k = info.shape
+    if (k > 1 and info.strides[1] != 1) or (tokens > 1 and info.strides[0] != k):
+        raise ValueError(
+            f"{who}: topk_ids: expected a contiguous (T, k) tensor, got strides {tuple(info.strides)} (call"
+            " .contiguous())"
+        )
+    _count(who, "num_experts", num_experts, 1, MAX_EXPERTS)
+    _count(who, "block_m", block_m, 1, MAX_BLOCK_M)
+    ids = tokens * k
+    capacity = align_capacity(ids, num_experts, block_m)
+    if capacity > MAX_POSITIONS:
+        raise ValueError(
+            f"{who}: topk_ids: expected at most 2^30 padded positions (T * k + num_experts * (block_m - 1), rounded"
+            f" up to block_m; 32-bit indices), got {tokens} x {k} ids: {capacity}"
+        )
+    return _align().AlignConfig(experts=num_experts, block_m=block_m), ids, capacity
