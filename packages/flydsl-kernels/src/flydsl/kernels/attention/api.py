@@ -234,8 +234,9 @@ def decode_plan_config(
     max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None,
 ):  # fmt: skip
     """``(DecodeConfig, splits, split_tokens)`` for a call: the context (or the window's span) cut into splits so
-    that the grid fills the GPU's resident CTAs once (``ctas``; default: as many as fit by shared memory), each warp
-    at least one chunk of 16 tokens; with more than one split, the last to finish merges them."""
+    that the grid fills the GPU's resident CTAs once (``ctas``; default ``sms`` times the CTAs an SM holds,
+    ``ctas_per_sm``), each warp at least one chunk of 16 tokens, at most 256 splits; with more than one split, the
+    last to finish merges them (in two levels past ``MERGE_FANIN``: docs/tuning/attention.md#merge)."""
     decode = _decode()
     group = heads // kv_heads
     span = max_context if sliding_window is None else min(max_context, sliding_window + queries - 1 + _CHUNK)
@@ -261,13 +262,13 @@ def decode_plan_config(
 _COUNTERS: dict = {}  # (device, stream) -> int32 zeros: the splits' arrival counters (each launch leaves them zero)
 
 
-def _counters_of(groups: int, device):
-    """How :func:`~flydsl.kernels.memory.per_stream` makes a stream's counters: zeros, at least ``groups``."""
+def _counters_of(words: int, device):
+    """How :func:`~flydsl.kernels.memory.per_stream` makes a stream's counters: zeros, at least ``words``."""
 
     def make(held):
         import torch
 
-        return torch.zeros(max(groups, 1024), dtype=torch.int32, device=device)
+        return torch.zeros(max(words, 1024), dtype=torch.int32, device=device)
 
     return make
 
