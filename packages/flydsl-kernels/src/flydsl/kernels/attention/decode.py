@@ -123,11 +123,6 @@ class DecodeConfig:
         """Elements of a key row per 16-byte load."""
         return 16 // self.kv_bytes
 
-    @property
-    def value_words(self) -> int:
-        """32-bit words of a lane's ``D / 8`` values of one token."""
-        return self.head_dim // 8 * self.kv_bytes // 4
-
     def mma_dtype(self, what: str):
         """The MMAs' operand type: ``"qk"`` the queries' (f16 for fp8 keys), ``"pv"`` the values' (fp8: f16 with a
         scale per tensor, bf16 with scales per token, which P carries)."""
@@ -369,8 +364,10 @@ def paged_decode_kernel(
     """Grid ``(splits, kv_heads * row_tiles, batch)``. ``q``/``out`` (B, Q, Hq, D); caches (blocks, block_size,
     Hkv, D) (fp8 as bytes); ``block_tables`` (B, max_blocks) and ``context_lens`` (B,) int32; scales float32, (1,) per
     tensor or (blocks, block_size, Hkv) per token (unread otherwise); with ``cfg.split``: ``partial_out`` (B, Q, Hq,
-    splits, D) and ``partial_stats`` (B, Q, Hq, splits, 2) float32 (row maximum in base 2, sum), merged into ``out``
-    by the split that finishes last (``counters``: int32 zeros, one per (b, KV head, row tile), left zero).
+    slots, D) and ``partial_stats`` (B, Q, Hq, slots, 2) float32 (row maximum in base 2, sum), ``slots`` the splits
+    (and with two merge levels, the groups of ``MERGE_FANIN`` after them), merged into ``out`` by the split that
+    finishes last (``counters``: int32 zeros, one per (b, KV head, row tile), then with two levels one per such unit
+    and group; every launch leaves them zero).
     ``window`` > 0: each query sees its last ``window`` positions; ``split_tokens``: a split's tokens (a multiple of
     16); ``softmax_scale`` multiplies ``q . k``; ``soft_cap`` > 0 caps the logits (``cfg.soft_cap``)."""
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.ctas_per_sm)
