@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flydsl.compiler as flyc
 from flydsl.kernels.attention import decode
@@ -116,3 +118,28 @@ def test_decode_config_checks():
         decode.DecodeConfig(head_dim=128, kv="f16", q="bf16", group=1)
     with pytest.raises(ValueError, match="fp8 caches need k_scale and v_scale"):
         decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batch=st.integers(1, 512),
+    kv_heads=st.sampled_from([1, 2, 4, 8, 16]),
+    group=st.sampled_from([1, 4, 8, 16]),
+    queries=st.integers(1, 4),
+    max_context=st.integers(1, 1 << 20),
+    window=st.one_of(st.none(), st.integers(1, 1 << 16)),
+    fp8=st.booleans(),
+)
+def test_split_choice_covers_the_span(batch, kv_heads, group, queries, max_context, window, fp8):
+    """For any call the splits cover the positions a query can see, none is empty of them, each holds whole chunks,
+    and the merge's levels and fan-in fit the count."""
+    cfg, splits, tokens = _plan(
+        batch=batch, kv_heads=kv_heads, heads=kv_heads * group, queries=queries, max_context=max_context,
+        sliding_window=window, kv_dtype="e4m3" if fp8 else "bf16", k_scale="tensor" if fp8 else None,
+        v_scale="tensor" if fp8 else None,
+    )  # fmt: skip
+    span = max_context if window is None else min(max_context, window + queries - 1 + 16)
+    assert tokens % 16 == 0 and tokens >= 16
+    assert splits * tokens >= span and (splits - 1) * tokens < span
+    assert 1 <= splits <= decode.MERGE_FANIN**2 and cfg.split == (splits > 1)
+    assert cfg.merge_levels == (2 if splits > decode.MERGE_FANIN else 1)
