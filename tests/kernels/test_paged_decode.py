@@ -143,3 +143,38 @@ def test_split_choice_covers_the_span(batch, kv_heads, group, queries, max_conte
     assert splits * tokens >= span and (splits - 1) * tokens < span
     assert 1 <= splits <= decode.MERGE_FANIN**2 and cfg.split == (splits > 1)
     assert cfg.merge_levels == (2 if splits > decode.MERGE_FANIN else 1)
+
+
+def test_plan_reads_shapes_scales_and_strides(monkeypatch):
+    """paged_decode's first-call validation and planning on CPU tensors taken as if on a GPU: the decided kernel
+    configuration for bf16 and fp8 caches (a float scale per tensor, a tensor per token), and the errors that only
+    the real tensors' strides and addresses give."""
+    from flydsl.kernels import validation
+    from flydsl.kernels.attention import api
+
+    monkeypatch.setattr(
+        api.check,
+        "describe",
+        lambda who, name, t: validation.TensorInfo(t, t.shape, t.stride(), validation.torch_dtype(t.dtype), 0, 1 << 20),
+    )
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    made = []
+    monkeypatch.setattr(api, "_Plan", lambda *args: made.append(args) or args)
+    q, cache, _, tables, lens = _tensors()
+    api._make_plan(q, cache, cache, tables, lens, None, None, None, None, None, None, None)
+    cfg, splits, tokens, scale, cap, window, fp8, device, k_value, v_value = made[-1]
+    assert (cfg.kv, cfg.group, fp8, k_value, v_value) == ("bf16", 4, False, None, None)
+    assert splits * tokens >= 4 * 16 and scale == pytest.approx(128**-0.5)
+    e4m3 = cache.to(torch.float8_e4m3fn)
+    per_token = torch.ones(10, 16, 2)
+    api._make_plan(q, e4m3, e4m3, tables, lens, 0.1, 0.5, per_token, 64, 30.0, None, 4096)
+    cfg, splits, tokens, scale, cap, window, fp8, device, k_value, v_value = made[-1]
+    assert (cfg.kv, cfg.k_scale, cfg.v_scale, cfg.window, cfg.soft_cap) == ("e4m3", "tensor", "token", True, True)
+    assert (scale, cap, window, fp8, k_value, v_value) == (0.1, 30.0, 64, True, 0.5, None)
+    with pytest.raises(ValueError, match=r"paged_decode: k_scale: expected a positive finite scale, got -1.0"):
+        api._make_plan(q, e4m3, e4m3, tables, lens, None, -1.0, 0.5, None, None, None, None)
+    with pytest.raises(ValueError, match=r"paged_decode: q: expected unit stride on D"):
+        strided = torch.zeros(2, 8, 256, dtype=torch.bfloat16)[..., ::2]  # D 128 at stride 2
+        api._make_plan(strided, cache, cache, tables, lens, None, None, None, None, None, None, None)
+    with pytest.raises(ValueError, match=r"paged_decode: block_tables: expected unit stride on its last dim"):
+        api._make_plan(q, cache, cache, tables.t().contiguous().t(), lens, None, None, None, None, None, None, None)

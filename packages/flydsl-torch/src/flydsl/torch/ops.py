@@ -49,7 +49,7 @@ import math
 import flydsl.kernels as zoo
 import torch
 from flydsl.kernels import validation as check
-from flydsl.kernels.attention import api as _decode_api  # paged_decode's limits (no compiler loaded)
+from flydsl.kernels.attention import checks as _attention_checks  # paged_decode's metadata checks (no compiler)
 from flydsl.torch._registry import register_mutating_op, register_op
 from torch import Tensor
 
@@ -600,83 +600,25 @@ def quantize_fp8(
 
 # --- attention -------------------------------------------------------------------------------------------------------
 #
-# The metadata checks of paged_decode and write_kv live here: flydsl.kernels.attention checks real CUDA tensors only
-# (its checks read addresses), so these give the same errors on fake and meta tensors. The limits are the kernels'.
+# paged_decode's metadata checks are flydsl.kernels.attention.checks' (the kernels' own, on shapes and dtypes);
+# write_kv's live here (flydsl.kernels.attention.cache checks real CUDA tensors and loads the compiler), its scales'
+# through the same scale_kind.
 
-_FP8_CACHE = "f8E4M3FN"
-
-
-def _check_cache_scale(who: str, name: str, scale: Tensor | None, cache: Tensor, fp8: bool) -> None:
-    per_token = tuple(cache.shape[:3])
-    if not fp8:
-        if scale is not None:
-            raise ValueError(
-                f"{who}: {name}: scales apply to fp8 caches only; this cache is {_name(cache.dtype)}: pass None"
-            )
-        return
-    if scale is None:
-        raise ValueError(
-            f"{who}: {name}: an fp8 cache needs its scale: a one-element float32 tensor (per tensor) or a float32"
-            f" {per_token} tensor (per token and head)"
-        )
-    check.check_dtype(who, name, _dtype(scale), ("f32",))
-    if scale.numel() != 1 and tuple(scale.shape) != per_token:
-        raise ValueError(
-            f"{who}: {name}: expected one float32 scale (one element) or one per token and head, shape {per_token}"
-            f" (the cache's first three dims), got shape {tuple(scale.shape)}"
-        )
-
-
-def _check_positive(who: str, name: str, value, *, kind: str) -> None:
-    """None, or a positive (finite, for floats) number."""
-    if value is not None and not (value >= 1 if kind == "int" else 0 < value < math.inf):
-        expected = "an int >= 1" if kind == "int" else "a positive finite float"
-        raise ValueError(f"{who}: {name}: expected {expected} or None, got {value!r}")
+_FP8_CACHE = _attention_checks.FP8_CACHE
 
 
 def _check_paged_decode(
     q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, sliding_window, soft_cap, max_context
 ) -> None:
-    who = "flydsl.paged_decode"
-    if q.dim() not in (3, 4):
-        raise ValueError(f"{who}: q: expected (B, Hq, D) or (B, Q, Hq, D), got shape {tuple(q.shape)}")
-    check.check_dtype(who, "q", _dtype(q), _decode_api._Q_DTYPES)
-    batch, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
-    queries = q.shape[1] if q.dim() == 4 else 1
-    if dim not in _decode_api._HEAD_DIMS:
-        raise ValueError(f"{who}: q: expected a head dim D of {', '.join(map(str, _decode_api._HEAD_DIMS))}, got {dim}")
-    if not 1 <= queries <= _decode_api._MAX_QUERIES:
-        raise ValueError(f"{who}: q: expected 1..{_decode_api._MAX_QUERIES} query tokens per sequence, got {queries}")
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if cache.dim() != 4 or cache.shape[3] != dim:
-            raise ValueError(
-                f"{who}: {name}: expected (num_blocks, block_size, Hkv, D) with q's D {dim}, got {tuple(cache.shape)}"
-            )
-        check.check_dtype(who, name, _dtype(cache), (_dtype(q), _FP8_CACHE), like="q")
-    check.check_like(who, "v_cache", v_cache.shape, _dtype(v_cache), k_cache.shape, _dtype(k_cache), "k_cache")
-    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    if block_size == 0 or block_size % _decode_api._CHUNK:
-        raise ValueError(
-            f"{who}: k_cache: expected a block_size that is a multiple of {_decode_api._CHUNK}, got {block_size}"
-        )
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(
-            f"{who}: q: expected a head count Hq that is a multiple of the caches' Hkv {kv_heads}, got {heads}"
-        )
-    check.check_dtype(who, "block_tables", _dtype(block_tables), ("int32",))
-    if block_tables.dim() != 2 or block_tables.shape[0] != batch:
-        raise ValueError(f"{who}: block_tables: expected shape ({batch}, max_blocks), got {tuple(block_tables.shape)}")
-    check.check_dtype(who, "context_lens", _dtype(context_lens), ("int32",))
-    if tuple(context_lens.shape) != (batch,):
-        raise ValueError(f"{who}: context_lens: expected shape ({batch},), got {tuple(context_lens.shape)}")
-    fp8 = _dtype(k_cache) == _FP8_CACHE
-    _check_cache_scale(who, "k_scale", k_scale, k_cache, fp8)
-    _check_cache_scale(who, "v_scale", v_scale, v_cache, fp8)
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"{who}: scale: expected a finite float or None, got {scale!r}")
-    _check_positive(who, "soft_cap", soft_cap, kind="float")
-    _check_positive(who, "sliding_window", sliding_window, kind="int")
-    _check_positive(who, "max_context", max_context, kind="int")
+    """flydsl.kernels.attention's own shape and dtype checks, on the tensors' metadata."""
+
+    def meta(t):
+        return None if t is None else _attention_checks.Meta(tuple(t.shape), _dtype(t))
+
+    _attention_checks.check_paged_decode(
+        "flydsl.paged_decode", meta(q), meta(k_cache), meta(v_cache), meta(block_tables), meta(context_lens), scale,
+        meta(k_scale), meta(v_scale), sliding_window, soft_cap, max_context,
+    )  # fmt: skip
 
 
 @register_op("paged_decode", outputs=lambda q, *rest: (_like(q),), check=_check_paged_decode)
@@ -740,8 +682,9 @@ def _check_write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> N
             f" {tuple(slot_mapping.shape)}"
         )
     fp8 = _dtype(k_cache) == _FP8_CACHE
-    _check_cache_scale(who, "k_scale", k_scale, k_cache, fp8)
-    _check_cache_scale(who, "v_scale", v_scale, v_cache, fp8)
+    for name, scale, cache in (("k_scale", k_scale, k_cache), ("v_scale", v_scale, v_cache)):
+        scale = None if scale is None else _attention_checks.Meta(tuple(scale.shape), _dtype(scale))
+        _attention_checks.scale_kind(who, name, scale, _attention_checks.Meta(tuple(cache.shape), _dtype(cache)), fp8)
 
 
 @register_mutating_op("write_kv", mutates=("k_cache", "v_cache", "k_scale", "v_scale"), check=_check_write_kv)

@@ -15,17 +15,14 @@ import functools
 import math
 
 from flydsl.kernels import validation as check
+from flydsl.kernels.attention import checks
 from flydsl.kernels.memory import per_stream
 from flydsl.kernels.plans import Plans, signature
-from flydsl.kernels.validation import TensorInfo
 
 __all__ = ["paged_decode", "decode_plan_config"]
 
 _WHO = "flydsl.kernels.attention.paged_decode"
 _PLANS = Plans(_WHO)
-_Q_DTYPES = ("bf16", "f16")
-_HEAD_DIMS = (64, 128, 256)
-_MAX_QUERIES = 4
 _CHUNK = 16
 _MAX_SPLITS = 256  # two levels of merging, at most MERGE_FANIN (16) partials per merging CTA and row
 # CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
@@ -88,110 +85,47 @@ def paged_decode(
     return plan(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, out)
 
 
-def _scale_kind(name: str, scale, cache: TensorInfo, fp8: bool, device: int):
-    """``None``, ``"tensor"`` or ``"token"`` for a cache's scale argument, checked."""
-    if not fp8:
-        if scale is not None:
-            raise ValueError(f"{_WHO}: {name}: scales apply to fp8 caches only; this cache is {cache.dtype}")
-        return None
-    if scale is None:
-        raise ValueError(f"{_WHO}: {name}: an fp8 cache needs its scale (a float, or a float32 tensor)")
-    if isinstance(scale, (int, float)):
-        if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"{_WHO}: {name}: expected a positive finite scale, got {scale}")
-        return "tensor"
-    info = check.describe(_WHO, name, scale)
-    check.check_dtype(_WHO, name, info.dtype, ("f32",))
-    check.same_device(_WHO, cache, (name, info))
-    blocks, block_size, heads = cache.shape[:3]
-    if math.prod(info.shape) == 1:
-        return "tensor"
-    if tuple(info.shape) != (blocks, block_size, heads):
-        raise ValueError(
-            f"{_WHO}: {name}: expected one float32 scale or one per token and head, shape {(blocks, block_size, heads)}"
-            f" (the cache's first three dims), got {tuple(info.shape)}"
-        )
-    if info.strides[2] != 1 and heads > 1:
-        raise ValueError(f"{_WHO}: {name}: expected unit stride on the head dim, got strides {tuple(info.strides)}")
-    return "token"
-
-
 def _make_plan(
     q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, sliding_window, soft_cap, out, max_context
 ):
-    """Validates a call and returns the function that runs calls like it (:mod:`flydsl.kernels.plans`)."""
-    q_t = check.describe(_WHO, "q", q)
-    if len(q_t.shape) not in (3, 4):
-        raise ValueError(f"{_WHO}: q: expected (B, Hq, D) or (B, Q, Hq, D), got shape {tuple(q_t.shape)}")
-    check.check_dtype(_WHO, "q", q_t.dtype, _Q_DTYPES)
-    batch, heads, dim = q_t.shape[0], q_t.shape[-2], q_t.shape[-1]
-    queries = q_t.shape[1] if len(q_t.shape) == 4 else 1
-    if dim not in _HEAD_DIMS:
-        raise ValueError(f"{_WHO}: q: expected a head dim D of 64, 128 or 256, got {dim}")
-    if not 1 <= queries <= _MAX_QUERIES:
-        raise ValueError(f"{_WHO}: q: expected 1..{_MAX_QUERIES} query tokens per sequence, got {queries}")
+    """Validates a call and returns the function that runs calls like it (:mod:`flydsl.kernels.plans`): the tensors'
+    devices, strides and addresses here, their shapes and dtypes in :func:`~.checks.check_paged_decode` (shared with
+    the torch op's fake implementation)."""
+    q_t, k_t, v_t, tables, lens = (
+        check.describe(_WHO, name, t)
+        for name, t in (
+            ("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+            ("context_lens", context_lens),
+        )
+    )  # fmt: skip
+    check.same_device(_WHO, q_t, ("k_cache", k_t), ("v_cache", v_t), ("block_tables", tables), ("context_lens", lens))
+    scales = [None if s is None or isinstance(s, (int, float)) else check.describe(_WHO, n, s) for n, s in
+              (("k_scale", k_scale), ("v_scale", v_scale))]  # fmt: skip
+    check.same_device(_WHO, q_t, *(pair for pair in zip(("k_scale", "v_scale"), scales, strict=True)))
+    shape = checks.check_paged_decode(
+        _WHO, q_t, k_t, v_t, tables, lens, scale,
+        *(info if info is not None else number for info, number in zip(scales, (k_scale, v_scale), strict=True)),
+        sliding_window, soft_cap, max_context,
+    )  # fmt: skip
     if q_t.strides[-1] != 1 or any(s % 4 for s in q_t.strides[:-1]) or q_t.pointer % 8:
         raise ValueError(
             f"{_WHO}: q: expected unit stride on D, other strides multiples of 4 elements and an 8-byte aligned"
             f" address (8-byte loads), got strides {tuple(q_t.strides)}"
         )
-    caches = []
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        c = check.describe(_WHO, name, cache)
-        check.same_device(_WHO, q_t, (name, c))
-        if len(c.shape) != 4 or c.shape[3] != dim:
-            raise ValueError(
-                f"{_WHO}: {name}: expected (num_blocks, block_size, Hkv, D) with q's D {dim}, got {tuple(c.shape)}"
-            )
-        check.check_dtype(_WHO, name, c.dtype, (q_t.dtype, "f8E4M3FN"), like="q")
+    for name, c in (("k_cache", k_t), ("v_cache", v_t)):
         width = check.element_bytes(c.dtype)
         if c.strides[3] != 1 or any(s * width % 16 for s in c.strides[:3]) or c.pointer % 16:
             raise ValueError(
                 f"{_WHO}: {name}: expected unit stride on D, other strides multiples of 16 bytes and a 16-byte aligned"
                 f" address (16-byte loads), got strides {tuple(c.strides)}"
             )
-        caches.append(c)
-    k_t, v_t = caches
-    if tuple(k_t.shape) != tuple(v_t.shape) or k_t.dtype != v_t.dtype:
-        raise ValueError(
-            f"{_WHO}: v_cache: expected k_cache's shape {tuple(k_t.shape)} and dtype {k_t.dtype}, got"
-            f" {tuple(v_t.shape)} {v_t.dtype}"
-        )
-    blocks, block_size, kv_heads = k_t.shape[:3]
-    if block_size % _CHUNK or block_size == 0:
-        raise ValueError(f"{_WHO}: k_cache: expected a block_size that is a multiple of 16, got {block_size}")
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(
-            f"{_WHO}: q: expected a head count Hq that is a multiple of the caches' Hkv {kv_heads}, got {heads}"
-        )
-    tables = check.describe(_WHO, "block_tables", block_tables)
-    lens = check.describe(_WHO, "context_lens", context_lens)
-    check.same_device(_WHO, q_t, ("block_tables", tables), ("context_lens", lens))
-    check.check_dtype(_WHO, "block_tables", tables.dtype, ("int32",))
-    check.check_dtype(_WHO, "context_lens", lens.dtype, ("int32",))
-    if len(tables.shape) != 2 or tables.shape[0] != batch or tables.strides[1] != 1:
-        raise ValueError(
-            f"{_WHO}: block_tables: expected (B, max_blocks) int32 with B = {batch} and unit stride on its last dim,"
-            f" got shape {tuple(tables.shape)}"
-        )
-    if tuple(lens.shape) != (batch,):
-        raise ValueError(f"{_WHO}: context_lens: expected shape ({batch},), got {tuple(lens.shape)}")
-    fp8 = k_t.dtype == "f8E4M3FN"
-    k_kind = _scale_kind("k_scale", k_scale, k_t, fp8, q_t.device)
-    v_kind = _scale_kind("v_scale", v_scale, v_t, fp8, q_t.device)
-    if scale is None:
-        scale = 1.0 / math.sqrt(dim)
-    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"{_WHO}: scale: expected a finite float, got {scale!r}")
-    if soft_cap is not None and (not isinstance(soft_cap, (int, float)) or not soft_cap > 0 or math.isinf(soft_cap)):
-        raise ValueError(f"{_WHO}: soft_cap: expected a positive finite float or None, got {soft_cap!r}")
-    if sliding_window is not None and (type(sliding_window) is not int or sliding_window < 1):
-        raise ValueError(f"{_WHO}: sliding_window: expected an int >= 1 or None, got {sliding_window!r}")
-    capacity = tables.shape[1] * block_size
+    if tables.strides[1] != 1:
+        raise ValueError(f"{_WHO}: block_tables: expected unit stride on its last dim, got {tuple(tables.strides)}")
+    for name, info, kind in zip(("k_scale", "v_scale"), scales, (shape.k_scale, shape.v_scale), strict=True):
+        if kind == "token" and info.strides[2] != 1 and shape.kv_heads > 1:
+            raise ValueError(f"{_WHO}: {name}: expected unit stride on the head dim, got strides {tuple(info.strides)}")
     if max_context is None:
-        max_context = capacity
-    if type(max_context) is not int or max_context < 1:
-        raise ValueError(f"{_WHO}: max_context: expected an int >= 1, got {max_context!r}")
+        max_context = tables.shape[1] * shape.block_size  # the table's capacity
     if out is not None:
         o = check.describe(_WHO, "out", out)
         check.same_device(_WHO, q_t, ("out", o))
@@ -202,25 +136,25 @@ def _make_plan(
                 f" address (16-byte stores), got strides {tuple(o.strides)}"
             )
     cfg, splits, split_tokens = decode_plan_config(
-        batch=batch,
-        heads=heads,
-        kv_heads=kv_heads,
-        dim=dim,
-        queries=queries,
+        batch=shape.batch,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        dim=shape.dim,
+        queries=shape.queries,
         q_dtype=q_t.dtype,
-        kv_dtype="e4m3" if fp8 else k_t.dtype,
-        k_scale=k_kind,
-        v_scale=v_kind,
+        kv_dtype="e4m3" if shape.fp8 else k_t.dtype,
+        k_scale=shape.k_scale,
+        v_scale=shape.v_scale,
         sliding_window=sliding_window,
         soft_cap=soft_cap is not None,
         max_context=max_context,
         sms=_sm_count(q_t.device),
     )
+    numbers = [s if isinstance(s, (int, float)) else None for s in (k_scale, v_scale)]  # per-tensor scales as floats
+    scale = 1.0 / math.sqrt(shape.dim) if scale is None else float(scale)
     return _Plan(
-        cfg, splits, split_tokens, float(scale), float(soft_cap or 0.0), sliding_window or 0, fp8, q_t.device,
-        k_scale if k_kind == "tensor" and isinstance(k_scale, (int, float)) else None,
-        v_scale if v_kind == "tensor" and isinstance(v_scale, (int, float)) else None,
-    )  # fmt: skip
+        cfg, splits, split_tokens, scale, float(soft_cap or 0.0), sliding_window or 0, shape.fp8, q_t.device, *numbers
+    )
 
 
 def _sm_count(device: int) -> int:
