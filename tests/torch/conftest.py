@@ -22,3 +22,24 @@ def op_recorder():
             return func(*args, **(kwargs or {}))
 
     return Recorder
+
+
+@pytest.fixture
+def aot_graphs():
+    """An aot_autograd backend for ``torch.compile`` that keeps the forward and backward graphs it is given:
+    ``backend, graphs = aot_graphs()``."""
+    pytest.importorskip("torch")
+
+    def make():
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+
+        graphs = []
+
+        def keep(gm, _inputs):
+            graphs.append(gm)
+            return make_boxed_func(gm.forward)
+
+        return aot_autograd(fw_compiler=keep, bw_compiler=keep), graphs
+
+    return make

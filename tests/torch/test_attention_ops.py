@@ -288,26 +288,12 @@ def test_real_tensors_must_be_on_one_cuda_device():
 # --- torch.compile ---------------------------------------------------------------------------------------------------
 
 
-def _graphs():
-    """An aot_autograd backend that keeps the graphs it is given."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs = []
-
-    def keep(gm, _inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    return aot_autograd(fw_compiler=keep, bw_compiler=keep), graphs
-
-
 @pytest.mark.parametrize("fp8", [False, True])
-def test_compile_fullgraph_traces_a_decode_step(fp8):
+def test_compile_fullgraph_traces_a_decode_step(fp8, aot_graphs):
     """write_kv (functionalized: auto_functionalized over the caches and scales) then paged_decode on the caches it
     wrote, in one graph without breaks; the result has q's shape and dtype."""
     torch._dynamo.reset()
-    backend, graphs = _graphs()
+    backend, graphs = aot_graphs()
     cache_dtype, scales = (E4M3, "token") if fp8 else (BF16, None)
     q, k_cache, v_cache, tables, lens, _, k_scale, v_scale, *_ = _decode_args(
         device="meta", cache_dtype=cache_dtype, scales=scales

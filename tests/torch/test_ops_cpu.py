@@ -179,27 +179,13 @@ def test_inference_calls_the_out_op_without_statistics_and_training_the_function
 # --- torch.compile ----------------------------------------------------------------------------------------------------
 
 
-def _graphs():
-    """An aot_autograd backend that keeps the forward and backward graphs it is given."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs = []
-
-    def keep(gm, _inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    return aot_autograd(fw_compiler=keep, bw_compiler=keep), graphs
-
-
 def _targets(gm) -> str:
     return " ".join(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
 
 
-def test_compile_fullgraph_forward_and_backward_use_the_flydsl_ops():
+def test_compile_fullgraph_forward_and_backward_use_the_flydsl_ops(aot_graphs):
     torch._dynamo.reset()
-    backend, graphs = _graphs()
+    backend, graphs = aot_graphs()
     w, b = _leaf(8), _leaf(8)
 
     def block(x, r):
@@ -238,9 +224,9 @@ def test_modules_run_flydsl_on_cuda_and_torch_elsewhere(op_recorder):
     assert not any("flydsl" in name for name in rec.names)
 
 
-def test_compile_inference_functionalizes_the_out_ops():
+def test_compile_inference_functionalizes_the_out_ops(aot_graphs):
     torch._dynamo.reset()
-    backend, graphs = _graphs()
+    backend, graphs = aot_graphs()
 
     def f(x, w):
         return ft.rms_norm(x, [16], w, 1e-6) * 2
@@ -370,9 +356,9 @@ def test_gemm_fake_outputs(dtype):
         assert out.shape == (64, 48) and out.dtype == dtype and out.device.type == "cuda"
 
 
-def test_gemm_gradients_are_gemms_in_one_compiled_graph():
+def test_gemm_gradients_are_gemms_in_one_compiled_graph(aot_graphs):
     torch._dynamo.reset()
-    backend, graphs = _graphs()
+    backend, graphs = aot_graphs()
     a = torch.empty(16, 32, dtype=torch.bfloat16, device="meta", requires_grad=True)
     b = torch.empty(32, 24, dtype=torch.bfloat16, device="meta", requires_grad=True)
     bias = torch.empty(24, dtype=torch.float32, device="meta", requires_grad=True)
