@@ -99,14 +99,13 @@ def _make_plan(
         )
     )  # fmt: skip
     check.same_device(_WHO, q_t, ("k_cache", k_t), ("v_cache", v_t), ("block_tables", tables), ("context_lens", lens))
-    scales = [None if s is None or isinstance(s, (int, float)) else check.describe(_WHO, n, s) for n, s in
-              (("k_scale", k_scale), ("v_scale", v_scale))]  # fmt: skip
-    check.same_device(_WHO, q_t, *(pair for pair in zip(("k_scale", "v_scale"), scales, strict=True)))
+    named_scales = (("k_scale", k_scale), ("v_scale", v_scale))
+    scales = [s if s is None or isinstance(s, (int, float)) else check.describe(_WHO, n, s) for n, s in named_scales]
+    tensors = [(n, s) for (n, _), s in zip(named_scales, scales, strict=True) if not isinstance(s, (int, float))]
+    check.same_device(_WHO, q_t, *tensors)  # (None: absent, skipped)
     shape = checks.check_paged_decode(
-        _WHO, q_t, k_t, v_t, tables, lens, scale,
-        *(info if info is not None else number for info, number in zip(scales, (k_scale, v_scale), strict=True)),
-        sliding_window, soft_cap, max_context,
-    )  # fmt: skip
+        _WHO, q_t, k_t, v_t, tables, lens, scale, *scales, sliding_window, soft_cap, max_context
+    )
     if q_t.strides[-1] != 1 or any(s % 4 for s in q_t.strides[:-1]) or q_t.pointer % 8:
         raise ValueError(
             f"{_WHO}: q: expected unit stride on D, other strides multiples of 4 elements and an 8-byte aligned"
