@@ -84,16 +84,26 @@ class Epilogue:
     """``C = activation(acc * scales... + bias)`` in float32, then stored in C's dtype: ``scales`` a tuple of
     :class:`Scale` (each multiplies, in order), ``bias`` whether a (N,) bias is added (in its own dtype, converted
     to float32), ``activation`` one of :data:`ACTIVATIONS` (gelu as torch's default, with erf), ``store`` "registers"
-    or "tma" (through shared memory and TMA stores: 16-bit C with 16-byte aligned rows)."""
+    or "tma" (through shared memory and TMA stores: 16-bit C with 16-byte aligned rows).
+
+    ``gate`` (an activation): the gated linear unit of a mixture of experts' first stage. Each tile's left half of
+    columns is the gate, its right half the matching up columns (B's tiles are loaded that way:
+    :class:`~flydsl.kernels.gemm.operands.OperandTiles` ``sources``), and C gets ``gate(left) * right``: tile ``tn``
+    stores columns ``[tn * tile_n / 2, (tn + 1) * tile_n / 2)`` of C. It takes no scale, bias or activation."""
 
     bias: bool = False
     activation: str | None = None
     scales: tuple = ()
     store: str = "registers"
+    gate: str | None = None
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"{self}: activation must be one of {ACTIVATIONS}")
+        if self.gate is not None and (
+            self.gate not in ACTIVATIONS or self.scales or self.bias or self.activation or self.store != "registers"
+        ):
+            raise ValueError(f"{self}: a gate is an activation, stored from registers, without scales, bias or another")
         if not isinstance(self.scales, tuple) or not all(isinstance(s, Scale) for s in self.scales):
             raise ValueError(f"{self}: scales must be a tuple of Scale")
         if self.store not in ("registers", "tma"):
@@ -101,8 +111,12 @@ class Epilogue:
 
     @property
     def identity(self) -> bool:
-        """No scale, bias or activation: the accumulators are only converted."""
-        return not self.scales and not self.bias and self.activation is None
+        """No scale, bias, activation or gate: the accumulators are only converted."""
+        return not self.scales and not self.bias and self.activation is None and self.gate is None
+
+    def width(self, tile_n: int) -> int:
+        """The columns of C one tile of ``tile_n`` accumulator columns stores."""
+        return tile_n // 2 if self.gate is not None else tile_n
 
 
 class EpilogueTensors(NamedTuple):
@@ -173,6 +187,8 @@ def _finished_tile(acc, store: TileStore, block, col0, lane, warp):
     c, epilogue, tensors, n = store.c, store.epilogue, store.tensors, store.cfg.tile_n
     if fx.const_expr(epilogue.identity):
         return acc.to(c.dtype)
+    if fx.const_expr(epilogue.gate is not None):
+        return _gated_tile(acc, epilogue.gate, n, c.dtype)
     bias = tensors.bias if epilogue.bias else None
     last = c.shape[1].to(fx.Int32) - 1
     loaded: dict = {}  # the scale values of this block (see _scaled)
@@ -193,6 +209,18 @@ def _finished_tile(acc, store: TileStore, block, col0, lane, warp):
             x = x if bias is None else x + pair[e]
             values.append(_activate(x, epilogue.activation).to(c.dtype))
     return vector.from_elements(vector.vector_class(c.dtype, len(values)), values)
+
+
+def _gated_tile(acc, gate: str, n: int, dtype):
+    """``gate(left) * right`` of a tile's accumulators whose left n / 2 columns are the gate and right n / 2 the up
+    projection, laid out as the accumulators of an n / 2 wide tile (:func:`_store_tile` stores them). Column c and
+    c + n / 2 lie in one thread: element pair ``p`` and ``p + n / 8`` (the pairs step 8 columns every 2)."""
+    half = n // 8  # element pairs per half tile
+    values = []
+    for p in fx.range_constexpr(half):
+        for e in fx.range_constexpr(2):
+            values.append((_activate(acc[2 * p + e], gate) * acc[2 * (p + half) + e]).to(dtype))
+    return vector.from_elements(vector.vector_class(dtype, len(values)), values)
 
 
 def _store_tile(values, c, row0, col0, full: bool, lane, warp, n: int):
@@ -220,9 +248,10 @@ def store_accumulators(store: TileStore, accs, tm, tn, consumer, lane, warp):
     TMA stores (``store.tma``). ``lane``, ``warp``: this thread's lane and warp in its warpgroup."""
     c, cfg = store.c, store.cfg
     rows = cfg.consumer_rows
+    width = store.epilogue.width(cfg.tile_n)
     row0 = tm * cfg.tile_m + (0 if cfg.schedule == "pingpong" else consumer * rows)
-    col0 = tn * cfg.tile_n
-    inside = (row0 + rows <= c.shape[0].to(fx.Int32)) & (col0 + cfg.tile_n <= c.shape[1].to(fx.Int32))
+    col0 = tn * width
+    inside = (row0 + rows <= c.shape[0].to(fx.Int32)) & (col0 + width <= c.shape[1].to(fx.Int32))
     finished = [_finished_tile(accs[mi], store, (row0, mi), col0, lane, warp) for mi in range(rows // 64)]
     if fx.const_expr(store.epilogue.identity):
         # Converted (and packed, for 16-bit C) all at once, right after the MMAs' wait, so that ptxas keeps every
@@ -235,9 +264,9 @@ def store_accumulators(store: TileStore, accs, tm, tn, consumer, lane, warp):
             _store_tile_tma(values, store, r0, col0, consumer, lane, warp)
         else:
             if inside:
-                _store_tile(values, c, r0, col0, True, lane, warp, cfg.tile_n)
+                _store_tile(values, c, r0, col0, True, lane, warp, width)
             else:
-                _store_tile(values, c, r0, col0, False, lane, warp, cfg.tile_n)
+                _store_tile(values, c, r0, col0, False, lane, warp, width)
 
 
 # The TMA-store epilogue (docs/tuning/gemm.md#tma-store): a tile written into shared memory leaves through TMA while

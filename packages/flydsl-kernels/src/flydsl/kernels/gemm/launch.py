@@ -280,11 +280,14 @@ _STEPS = {
 }
 
 
-def launch_plan(plan: GemmPlan, a, b, out, bias=None, scales=()):
+def launch_plan(plan: GemmPlan, a, b, out, bias=None, scales=(), groups=()):
     """Runs ``plan`` (from :func:`~flydsl.kernels.gemm.plan.plan_gemm` for tensors of this geometry) on torch tensors:
     the preparations, then each launch with its tensors, TMA descriptors (cached per address) and scratch memory
-    bound. ``scales``: the epilogue's scale tensors, in the plan's order. Returns ``out``."""
+    bound. ``scales``: the epilogue's scale tensors, in the plan's order; ``groups``: a grouped GEMM's
+    (``expert_of_block``, ``padded_count``). Returns ``out``."""
     tensors = {"a": a, "b": b, "out": out, "bias": bias}
+    if groups:
+        tensors["expert_of_block"], tensors["padded_count"] = groups
     for i, scale in enumerate(scales):
         tensors[f"scale_{i}"] = scale
     for preparation in plan.preparations:

@@ -77,7 +77,8 @@ class OperandTiles(NamedTuple):
     """One operand's pipeline slots in shared memory, ``(rows, tile_k, stages)`` (:func:`operand_layout`), and the TMA
     descriptor ``desc`` that fills them: ``rows`` is the tile's extent along MN (``tile_m`` for A, ``tile_n`` for
     B); ``parts``: the CTAs of a cluster sharing each tile (each loads ``rows / parts`` rows of it, multicast to
-    all)."""
+    all); ``sources``: K-major tiles gathered from that many row blocks of the matrix, ``source_rows`` apart (a
+    kernel integer): the gated GEMM's tile of gate rows then the matching up rows."""
 
     desc: object  # fx.TmaDescriptor
     tiles: object  # (rows, tile_k, stages) in shared memory
@@ -85,6 +86,13 @@ class OperandTiles(NamedTuple):
     tile_k: int
     major: str
     parts: int = 1
+    sources: int = 1
+    source_rows: object = 0
+
+    @property
+    def tile_rows(self) -> int:
+        """The rows of the matrix one tile index advances by: ``rows``, or one source block's."""
+        return self.rows // self.sources
 
     def load(self, stage, mn0, k0, barrier, part=0) -> None:
         """The TMA loads of part ``part`` (this CTA's rank along the sharing cluster) of the (rows, tile_k) tile at
@@ -96,7 +104,13 @@ class OperandTiles(NamedTuple):
         mask = None if parts == 1 else (1 << parts) - 1
         part = part if parts > 1 else 0
         part_rows = self.rows // parts
-        if self.major == "K":  # one box of (part_rows, 64) per 64 columns of K
+        if self.sources > 1:  # one box of (rows / sources, 64) per source block and 64 columns of K
+            block = self.rows // self.sources
+            for kb in fx.range_constexpr(self.tile_k // row):
+                for i in fx.range_constexpr(self.sources):
+                    target = fx.local_tile(slot[None, (None, kb)], (block, row), (i, 0))
+                    desc.load(target, (mn0 + i * self.source_rows, k0 + kb * row), barrier)
+        elif self.major == "K":  # one box of (part_rows, 64) per 64 columns of K
             for kb in fx.range_constexpr(self.tile_k // row):
                 target = fx.local_tile(slot[None, (None, kb)], (part_rows, row), (part, 0))  # (part_rows, 64)
                 desc.load(target, (mn0 + part * part_rows, k0 + kb * row), barrier, multicast_mask=mask)
@@ -110,20 +124,26 @@ class OperandTiles(NamedTuple):
                 desc.load(slot[(None, box), None], (k0, mn0 + box * row), barrier, multicast_mask=mask)
 
 
-def allocate_operand(smem, name: str, desc, rows: int, tile_k: int, stages: int, major: str, parts: int = 1):
+def allocate_operand(
+    smem, name: str, desc, rows: int, tile_k: int, stages: int, major: str, parts: int = 1, sources=(1, 0)
+):
     """:class:`OperandTiles` of ``stages`` slots in ``smem`` (1024-byte aligned: the 128B swizzle's atom) for the
-    operand ``name`` read through ``desc``, after checking that ``desc`` copies the boxes the slots expect."""
+    operand ``name`` read through ``desc``, after checking that ``desc`` copies the boxes the slots expect;
+    ``sources``: (``sources``, ``source_rows``) of the tiles (K-major, not shared by a cluster)."""
     element_bytes = desc.element_bytes
     row = SWIZZLE_BYTES // element_bytes
     if major == "MN" and (rows // parts) % row:
         raise ValueError(f"gemm_ws {name}: MN-major parts of {rows // parts} rows; expected multiples of {row}")
     if major == "prepared" and element_bytes != 1:
         raise ValueError(f"gemm_ws {name}: prepared weights are fp8, got {desc.dtype}")
-    box = operand_box(rows, tile_k, major, parts, element_bytes)
+    if sources[0] > 1 and (major != "K" or parts > 1 or rows % (8 * sources[0])):
+        raise ValueError(f"gemm_ws {name}: tiles from {sources[0]} row blocks are K-major, unshared, 8-row blocks")
+    box = operand_box(rows, tile_k, major, parts * sources[0], element_bytes)
     if desc.box != box or desc.swizzle != SWIZZLE_BYTES:
         raise ValueError(f"gemm_ws {name}: expected TMA boxes of {box} with a 128B swizzle, got {desc.box}")
     layout = operand_layout(rows, tile_k, stages, major, element_bytes)
-    return OperandTiles(desc, smem.allocate(desc.dtype, layout, alignment=1024), rows, tile_k, major, parts)
+    tiles = smem.allocate(desc.dtype, layout, alignment=1024)
+    return OperandTiles(desc, tiles, rows, tile_k, major, parts, *sources)
 
 
 class Producer(NamedTuple):
@@ -148,7 +168,7 @@ def produce(producer: Producer, state, work, scales=None, lane=0):
     for kt in range(work.k_begin, work.k_end):
         bar = pipe.full[state.index]
         k0 = kt * a.tile_k
-        a_at, b_at = work.tile_m * a.rows, work.tile_n * b.rows
+        a_at, b_at = work.tile_m * a.rows, work.b_row0 + work.tile_n * b.tile_rows
         if fx.const_expr(scales is None):
             pipe.producer_acquire(state)
             a.load(state.index, a_at, k0, bar, rank)

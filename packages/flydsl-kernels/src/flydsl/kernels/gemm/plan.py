@@ -51,7 +51,7 @@ from flydsl.kernels.gemm.skinny import (
     skinny_gemm_kernel,
     skinny_gemm_scaled_kernel,
 )
-from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_blockscaled, gemm_ws_scaled
+from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_blockscaled, gemm_ws_grouped, gemm_ws_scaled
 
 __all__ = [
     "GemmPlan",
@@ -63,6 +63,7 @@ __all__ = [
     "plan_blockscale",
     "plan_dense",
     "plan_gemm",
+    "plan_grouped",
     "plan_skinny",
 ]
 
@@ -311,6 +312,37 @@ def plan_dense(
     kernel = gemm_ws_scaled if scales else gemm_ws
     launch = Launch(kernel, arguments, grid, cfg.threads)
     return GemmPlan(kernel.name, cfg, epilogue, specs, tuple(preparations), (launch,))
+
+
+def plan_grouped(
+    a: MatrixSpec, weights: MatrixSpec, out: MatrixSpec, *, sms: int, gate: str | None = None, config: GemmConfig
+) -> GemmPlan:
+    """The plan of a mixture of experts' grouped GEMM (``gemm_ws_grouped``): ``a`` (capacity, K) K-major rows in the
+    aligned order of ``flydsl.kernels.moe.align_tokens`` (blocks of ``config.tile_m``), ``weights`` the experts'
+    (E, N, K) stack (each an ``nn.Linear`` weight, K contiguous), ``out`` (capacity, N), or (capacity, N / 2) with a
+    ``gate`` (N = 2I: gate rows then up rows; C = gate(x @ gate.T) * (x @ up.T)). The launch also takes the
+    routing's "expert_of_block" and "padded_count" tensors: as many tiles run as they say, on at most ``sms`` CTAs."""
+    (capacity, k), (experts, rows, _) = a.shape, weights.shape
+    epilogue = Epilogue(gate=gate)
+    if epilogue.width(rows) != out.shape[1] or out.shape[0] != capacity or weights.shape[2] != k:
+        raise ValueError(
+            f"gemm_ws_grouped: a {a.shape}, weights {weights.shape} and out {out.shape} do not match (gate: {gate})"
+        )
+    if weights.strides != MatrixSpec.dense(weights.shape, weights.dtype).strides:
+        raise ValueError(f"gemm_ws_grouped: expected contiguous (E, N, K) weights, got strides {weights.strides}")
+    stacked = MatrixSpec((k, experts * rows), (1, k), weights.dtype, weights.aligned)  # (K, E * N): w.t() stacked
+    sources = 2 if gate is not None else 1
+    a_view = operand_view(a, 0, config.tile_m, config.tile_k, "a")
+    b_view = operand_view(stacked, 1, config.tile_n // sources, config.tile_k, "weights")
+    if a_view.major != "K" or b_view.major != "K":
+        raise ValueError("gemm_ws_grouped: expected K-major a and weights")
+    units = capacity // config.tile_m * -(-rows // config.tile_n)  # at most: the routing decides on the GPU
+    arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"))
+    arguments += (Tensor("expert_of_block"), Tensor("padded_count"), config, epilogue)
+    launch = Launch(gemm_ws_grouped, arguments, max(1, min(units, sms)), config.threads)
+    specs = {"a": a, "b": stacked, "out": out, "padded_count": MatrixSpec.dense((1,), "i32")}
+    specs["expert_of_block"] = MatrixSpec.dense((capacity // config.tile_m,), "i32")
+    return GemmPlan(gemm_ws_grouped.name, config, epilogue, specs, (), (launch,))
 
 
 def _store_view(out: MatrixSpec, cfg: GemmConfig, operand_bytes: int, slot_extra: int = 0) -> TmaView | None:

@@ -12,9 +12,12 @@ output tile and the K steps ``[k_begin, k_end)`` it multiplies. The dense GEMM's
 * :class:`StreamKTiles`: whole tiles for all waves but the last one or two, whose K steps are then shared out evenly
   over the workers as ``segments`` (see the class).
 
+The grouped GEMM of a mixture of experts has :class:`ExpertTiles`: row blocks of one expert each, as many as the
+routing (on the GPU) says.
+
 A scheduler's methods hold no control flow (they are called from kernels as they are: only plain functions are
-traced with their ``if``/``for`` rewritten), so a new one (a grouped MoE scheduler walking experts' tile rows)
-implements ``worker``, ``stride``, ``count`` and ``work`` with selects and plain arithmetic. These do it through
+traced with their ``if``/``for`` rewritten), so each implements ``worker``, ``stride``, ``count`` and ``work`` with
+selects and plain arithmetic. These do it through
 :func:`select`, :func:`minimum`, :func:`maximum` and :func:`cast`, which build ``arith`` ops on kernel integers
 and compute on Python ints: given an order of Python ints, a scheduler runs on the host, which is how the tests
 check that the units of every worker cover each tile's K steps exactly once.
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from flydsl.kernels.gemm.config import GemmConfig
 
 __all__ = [
+    "ExpertTiles",
     "GroupedTiles",
     "SplitKTiles",
     "StreamKTiles",
@@ -41,6 +45,7 @@ __all__ = [
     "WorkUnit",
     "cluster_tiles",
     "dense_scheduler",
+    "expert_scheduler",
     "maximum",
     "minimum",
     "select",
@@ -76,13 +81,15 @@ def cast(value, kind):
 
 class WorkUnit(NamedTuple):
     """One unit of a GEMM's work: output tile (``tile_m``, ``tile_n``) of this CTA (in tiles of the configuration's
-    ``tile_m`` x ``tile_n``) and its K steps ``[k_begin, k_end)`` (in steps of ``tile_k``). Kernel integers, or
-    Python ints where they are known when traced."""
+    ``tile_m`` x ``tile_n``) and its K steps ``[k_begin, k_end)`` (in steps of ``tile_k``); ``b_row0``: the first
+    row of B's (N, K) view that its tile column 0 reads (a grouped GEMM's B stacks every group's weights: the
+    tile's group's first row; 0 otherwise). Kernel integers, or Python ints where they are known when traced."""
 
     tile_m: object
     tile_n: object
     k_begin: object
     k_end: object
+    b_row0: object = 0
 
 
 class TileScheduler(Protocol):
@@ -176,6 +183,32 @@ class StreamKTiles(GroupedTiles):
         k_begin = maximum(self.step_begin(self.worker) - start, 0)
         k_end = minimum(self.step_begin(self.worker + 1) - start, self.k_tiles)
         return tile, WorkUnit(*self.cta_tile(*self.order.coords(self.count + tile)), k_begin, k_end)
+
+
+class ExpertTiles(GroupedTiles):
+    """The grouped GEMM of a mixture of experts: C's rows in blocks of ``tile_m`` (the padded blocks of
+    ``flydsl.kernels.moe.align_tokens``), block ``i`` multiplied by expert ``expert_of_block[i]``'s weights, which
+    start at row ``expert * rows_per_expert`` of the stacked B. Only the blocks below ``padded_count`` (a kernel
+    value read from memory: the routing stays on the GPU) are units, in the grouped order of ``order`` (consecutive
+    blocks mostly share an expert, so grouped rows share its weights in L2). Whole tiles; no cluster."""
+
+    def __init__(self, order: fx.TileScheduler, k_tiles, cfg: GemmConfig, expert_of_block, rows_per_expert):
+        super().__init__(order, k_tiles, cfg, 0)
+        self.expert_of_block, self.rows_per_expert = expert_of_block, rows_per_expert
+
+    def work(self, unit) -> WorkUnit:
+        tm, tn = self.order.coords(unit)
+        expert = self.expert_of_block[tm]
+        return WorkUnit(tm, tn, 0, self.k_tiles, cast(expert, fx.Int32) * self.rows_per_expert)
+
+
+def expert_scheduler(blocks, n_extent, k_tiles, cfg: GemmConfig, expert_of_block, rows_per_expert) -> ExpertTiles:
+    """:class:`ExpertTiles` over ``blocks`` row blocks (``padded_count // tile_m``) and an ``n_extent``-column C."""
+    if cfg.cluster != 1 or cfg.split_k != 1 or cfg.stream_k:
+        raise ValueError(f"gemm_ws_grouped: {cfg}: expected whole tiles, no cluster, split K or stream-K")
+    tiles_n = ((n_extent + (cfg.tile_n - 1)) // cfg.tile_n).to(fx.Int32)
+    order = fx.TileScheduler(blocks, tiles_n, group_m=cfg.group_m)
+    return ExpertTiles(order, k_tiles, cfg, expert_of_block, rows_per_expert)
 
 
 def dense_scheduler(m_extent, n_extent, k_tiles, cfg: GemmConfig, rank) -> GroupedTiles:

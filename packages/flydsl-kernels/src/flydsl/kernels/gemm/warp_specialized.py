@@ -33,9 +33,16 @@ from flydsl.kernels.gemm.epilogue import (
 from flydsl.kernels.gemm.mainloop import Consumer, drain, mma_steps, promoted_steps
 from flydsl.kernels.gemm.operands import Producer, allocate_operand, produce
 from flydsl.kernels.gemm.partials import PartialTiles, add_stream_k_partials, split_k_last, store_stream_k_partials
-from flydsl.kernels.gemm.schedulers import dense_scheduler
+from flydsl.kernels.gemm.schedulers import dense_scheduler, expert_scheduler
 
-__all__ = ["GemmTensors", "gemm_ws", "gemm_ws_blockscaled", "gemm_ws_scaled", "warp_specialized_gemm"]
+__all__ = [
+    "GemmTensors",
+    "gemm_ws",
+    "gemm_ws_blockscaled",
+    "gemm_ws_grouped",
+    "gemm_ws_scaled",
+    "warp_specialized_gemm",
+]
 
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 40, 232
 
@@ -46,7 +53,10 @@ class GemmTensors(NamedTuple):
     it), the epilogue's tensors (:class:`~flydsl.kernels.gemm.epilogue.EpilogueTensors`), the partial tiles'
     fp32 ``workspace`` and int32 ``flags`` (split K and stream-K; unread otherwise) and, for a block-scaled GEMM,
     ``block_scales``: (A's (M, K / 128) scales, B's (N / 128, K / 128)), applied per K step in the mainloop
-    (:func:`~flydsl.kernels.gemm.mainloop.promoted_steps`)."""
+    (:func:`~flydsl.kernels.gemm.mainloop.promoted_steps`); for a grouped GEMM (a mixture of experts' stages),
+    ``groups``: (``expert_of_block``, ``padded_count``) of ``flydsl.kernels.moe.align_tokens``, B the experts'
+    (N, K) weights stacked ((E * N, K), K-major) and A's rows in the aligned order
+    (:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`)."""
 
     a: object
     b: object
@@ -56,6 +66,7 @@ class GemmTensors(NamedTuple):
     workspace: object
     flags: object
     block_scales: tuple | None = None
+    groups: tuple | None = None
 
 
 def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
@@ -73,8 +84,10 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     a, b, c = tensors.a, tensors.b, tensors.c
     a_major, b_major = majors
     smem = fx.SmemAllocator()
+    gated = epilogue.gate is not None  # B tiles of gate rows, then the up rows C's width further (ExpertTiles)
+    sources = (2, c.shape[1].to(fx.Int32)) if gated else (1, 0)
     a_tiles = allocate_operand(smem, "a", a, cfg.tile_m, cfg.tile_k, cfg.stages, a_major, cfg.cluster_n)
-    b_tiles = allocate_operand(smem, "b", b, cfg.tile_n, cfg.tile_k, cfg.stages, b_major, cfg.cluster_m)
+    b_tiles = allocate_operand(smem, "b", b, cfg.tile_n, cfg.tile_k, cfg.stages, b_major, cfg.cluster_m, sources)
     tma = tma_store_staging(smem, c, tensors.c_store, cfg) if epilogue.store == "tma" else None
     scales = allocate_scales(smem, *tensors.block_scales, cfg.tile_m, cfg.stages) if blockscaled else None
     # A slot is freed by one arrival per warp of the consumers that read it (pingpong: one; cooperative: all) in
@@ -108,7 +121,13 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     n_extent = c.shape[1].to(fx.Int32)
     k_extent = a.shape[1] if a_major == "K" else a.shape[0]
     k_tiles = ((k_extent + (cfg.tile_k - 1)) // cfg.tile_k).to(fx.Int32)
-    schedule = dense_scheduler(m_extent, n_extent, k_tiles, cfg, rank)
+    if fx.const_expr(tensors.groups is not None):
+        expert_of_block, padded_count = tensors.groups
+        blocks = padded_count[0].to(fx.Int32) // cfg.tile_m
+        tiles_n = n_extent * 2 if gated else n_extent  # accumulator columns
+        schedule = expert_scheduler(blocks, tiles_n, k_tiles, cfg, expert_of_block, tiles_n)
+    else:
+        schedule = dense_scheduler(m_extent, n_extent, k_tiles, cfg, rank)
     store = TileStore(c, epilogue, tensors.epilogue, cfg, tma)
 
     tid = gpu.thread_idx.x
@@ -271,3 +290,25 @@ def gemm_ws_blockscaled(
         a, b, c, c_store, EpilogueTensors(bias_or_none), workspace, flags, block_scales=(a_scales, b_scales)
     )
     warp_specialized_gemm(tensors, cfg, majors, epilogue)
+
+
+@flyc.kernel
+def gemm_ws_grouped(
+    a: fx.TmaDescriptor,
+    b: fx.TmaDescriptor,
+    c: fx.Tensor,
+    expert_of_block: fx.Tensor,
+    padded_count: fx.Tensor,
+    cfg: fx.Constexpr,
+    epilogue: fx.Constexpr,
+):
+    """A mixture of experts' grouped GEMM: row block ``i`` (``cfg.tile_m`` rows of A and C) times expert
+    ``expert_of_block[i]``'s weights, for the blocks below ``padded_count[0]`` (``flydsl.kernels.moe.align_tokens``'
+    outputs, read on the GPU). ``a`` (capacity, K) and ``b`` the stacked (E * N, K) weights, both K-major; C
+    (capacity, N), or with ``epilogue.gate`` (C's N = I) ``gate(x @ w[:I].T) * (x @ w[I:].T)`` of each expert's
+    (2I, K) weights ``w`` (gate rows, then up rows: ``nn.Linear``'s order); rows of C past ``padded_count`` are not
+    written."""
+    if epilogue.scales or epilogue.bias or epilogue.store != "registers":
+        raise ValueError(f"gemm_ws_grouped: expected an epilogue without scales or bias, from registers: {epilogue}")
+    tensors = GemmTensors(a, b, c, None, EpilogueTensors(), None, None, groups=(expert_of_block, padded_count))
+    warp_specialized_gemm(tensors, cfg, ("K", "K"), epilogue)
