@@ -1,10 +1,8 @@
 """The float32 torch references of the fused MoE layer (CPU only): the staged computation (align, gather, per-block
 gated GEMMs, combine through inverse positions) equals the dense definition, which equals a per-token loop; the
-inverse positions against a direct search; w1's gate/up interleave (prepare_w13) written out by hand and undone."""
+inverse positions against a direct search."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 
@@ -16,7 +14,6 @@ from flydsl.kernels.moe.reference import (  # noqa: E402
     inverse_positions,
     staged_moe_reference,
 )
-from flydsl.kernels.moe.weights import prepare_w13, unprepare_w13  # noqa: E402
 
 HIDDEN, INTER = 24, 16
 
@@ -106,48 +103,3 @@ def test_inverse_positions_is_the_search(tokens, experts, k, block_m, kind):
         expected = listed.index(i) if 0 <= flat[i] < experts else -1
         assert listed.count(i) == (expected >= 0)
         assert int(inverse[i]) == expected
-
-
-def test_prepare_w13_interleaves_gate_and_up_per_group():
-    # one expert, I = 4, group 2: rows gate 0..3 = 0..3, up 0..3 = 10..13 (each row filled with its label)
-    labels = torch.tensor([0, 1, 2, 3, 10, 11, 12, 13], dtype=torch.float32)
-    w1 = labels[None, :, None].expand(1, 8, 3).clone()
-    w13 = prepare_w13(w1, group=2)
-    assert w13.shape == w1.shape
-    assert w13[0, :, 0].tolist() == [0, 1, 10, 11, 2, 3, 12, 13]
-    assert torch.equal(unprepare_w13(w13, group=2), w1)
-    # the default group (8), two experts, I = 16
-    w1 = torch.arange(2 * 32, dtype=torch.float32).view(2, 32, 1).expand(2, 32, 2).clone()
-    w13 = prepare_w13(w1)
-    gate, up = list(range(16)), list(range(16, 32))
-    expected = gate[:8] + up[:8] + gate[8:] + up[8:]
-    assert w13[0, :, 1].tolist() == expected
-    assert w13[1, :, 0].tolist() == [32 + v for v in expected]
-
-
-@pytest.mark.parametrize("experts,inter,hidden,group", [(1, 8, 4, 8), (3, 24, 5, 8), (2, 12, 3, 4), (2, 6, 7, 1)])
-def test_prepare_w13_round_trip(experts, inter, hidden, group):
-    w1 = torch.randn(experts, 2 * inter, hidden, dtype=torch.float64)
-    w13 = prepare_w13(w1, group)
-    assert w13.is_contiguous() and w13.dtype == w1.dtype
-    assert torch.equal(unprepare_w13(w13, group), w1)
-    # the pairing the gated epilogue relies on: in each 2 * group rows, gate row i, then up row i group rows later
-    for b in range(inter // group):
-        for r in range(group):
-            assert torch.equal(w13[:, 2 * group * b + r], w1[:, group * b + r])
-            assert torch.equal(w13[:, 2 * group * b + group + r], w1[:, inter + group * b + r])
-
-
-def test_errors_name_the_argument():
-    x, w1, w2, weights, ids = _operands(3, 2, 1, "random")
-    for fn in (fused_moe_reference, staged_moe_reference):
-        with pytest.raises(ValueError, match=r"activation: expected one of \('silu',\), got 'gelu'"):
-            fn(x, w1, w2, weights, ids, activation="gelu")
-    with pytest.raises(ValueError, match=re.escape("prepare_w13: w1: expected (E, 2I, H) with I a multiple of group")):
-        prepare_w13(torch.zeros(2, 12, 4))  # I = 6
-    with pytest.raises(ValueError, match=re.escape("unprepare_w13: w13: expected")):
-        unprepare_w13(torch.zeros(2, 8, 4), group=8)
-    with pytest.raises(ValueError, match=r"prepare_w13: w1: expected"):
-        prepare_w13(torch.zeros(16, 4))  # no expert dim
-    with pytest.raises(ValueError, match=r"group: expected a positive int"):
-        prepare_w13(torch.zeros(1, 16, 4), group=0)

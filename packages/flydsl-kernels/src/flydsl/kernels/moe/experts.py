@@ -1,0 +1,281 @@
+"""The experts' half of a fused MoE layer, bf16/fp16: :func:`fused_moe`, from the routing (``topk_weights``,
+``topk_ids``) to the combined output, in five launches that never synchronize with the host::
+
+    align_tokens        (token, slot) pairs sorted by expert, each expert's run padded to block_m rows
+    gather_kernel       x's rows in that order: A (capacity, H); positions[t * k + s] = the pair's row
+    stage 1             h = silu(A @ gate.T) * (A @ up.T) per row block, its expert's w1 (gemm_ws_grouped, gated)
+    stage 2             y = h @ w2[e].T per row block (gemm_ws_grouped)
+    combine_kernel      out[t] = sum over s = 0..k-1 of topk_weights[t, s] * y[positions[t * k + s]]
+
+The two GEMMs are the warp-specialized Hopper GEMM with the grouped scheduler
+(:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`): each reads ``padded_count`` and the block's expert on the
+GPU and takes B from the experts' stacked weights as they are (``nn.Linear``'s orientation, no copy). Stage 1's B
+tile is the gate rows of its columns and the up rows I further, so the epilogue multiplies them in registers and
+writes h once. The combine sums each token's k rows in slot order in float32 (deterministic: no atomics, the same
+bits for any token order); dropped ids (outside ``[0, E)``: expert parallelism) add nothing. Pad rows are neither
+gathered nor combined: their GEMM rows compute garbage nobody reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import arith, gpu, vector
+from flydsl.kernels import validation as check
+from flydsl.kernels.gemm.config import GemmConfig, max_stages
+from flydsl.kernels.gemm.launch import launch_plan
+from flydsl.kernels.gemm.operands import MatrixSpec
+from flydsl.kernels.gemm.plan import plan_grouped
+from flydsl.kernels.moe.api import align_capacity, align_tokens, check_align_tokens
+from flydsl.kernels.moe.reference import ACTIVATIONS
+from flydsl.kernels.plans import Plans, signature
+
+__all__ = ["ExpertsConfig", "combine_kernel", "experts_config", "fused_moe", "gather_kernel"]
+
+CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
+_WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
+_WAVES = 8  # their CTAs per SM (grid-stride loops past that)
+_DTYPES = ("bf16", "f16")
+_FUSED = Plans("flydsl.kernels.moe.fused_moe")
+
+
+@dataclass(frozen=True)
+class ExpertsConfig:
+    """The two stages' GEMM configurations (``block_m``: their ``tile_m``, the routing's block)."""
+
+    stage1: GemmConfig
+    stage2: GemmConfig
+
+    @property
+    def block_m(self) -> int:
+        return self.stage1.tile_m
+
+
+def experts_config(ids: int, experts: int) -> ExpertsConfig:
+    """Row blocks of 128 (two consumer warpgroups) where experts average 96 rows or more, else of 64 (one), so that
+    the padding of sparsely hit experts stays small; tiles 256 wide (stage 1: 128 gate and 128 up columns), the
+    deepest pipeline that fits (C is stored from registers: no staging boxes)."""
+    block_m = 128 if ids >= 96 * experts else 64
+    shape = dict(tile_m=block_m, tile_n=256, consumers=block_m // 64, cluster_m=1)
+    cfg = GemmConfig(**shape, stages=max_stages(block_m, 256, store_boxes=0))
+    return ExpertsConfig(cfg, cfg)
+
+
+# --- kernels --------------------------------------------------------------------------------------------------------
+
+
+@flyc.kernel
+def gather_kernel(
+    x: fx.Tensor,
+    sorted_ids: fx.Tensor,
+    padded_count: fx.Tensor,
+    rows: fx.Tensor,
+    positions: fx.Tensor,
+    top_k: fx.Constexpr[int],
+):
+    """``rows[p] = x[sorted_ids[p] // top_k]`` and ``positions[sorted_ids[p]] = p`` for each position ``p`` below
+    ``padded_count[0]`` that holds an index (not the sentinel T * k: pad rows are left as they are). One warp per
+    position at a time, 16-byte vectors; H a multiple of 8."""
+    flyc.set_kernel_attributes(threads=32 * _WARPS)
+    lane, warp = gpu.lane_id(), gpu.warp_idx()
+    ids = positions.shape.to(fx.Int32)  # (a 1-D tensor's shape is its extent)
+    chunks = x.shape[1].to(fx.Int32) // CHUNK
+    total = padded_count[0].to(fx.Int32)
+    cls = vector.vector_class(x.dtype, CHUNK)
+    for p in range(gpu.block_idx.x * _WARPS + warp, total, gpu.grid_dim.x * _WARPS):
+        flat = sorted_ids[p].to(fx.Int32)
+        if flat < ids:
+            if lane == 0:
+                positions[flat] = p
+            token = (flat // top_k).to(fx.Int64)
+            row = p.to(fx.Int64)
+            for c in range(lane, chunks, 32):
+                vector.store(vector.load_op(cls, x, (token, c * CHUNK)), rows, (row, c * CHUNK))
+
+
+@flyc.kernel
+def combine_kernel(
+    y: fx.Tensor,
+    positions: fx.Tensor,
+    topk_weights: fx.Tensor,
+    topk_ids: fx.Tensor,
+    out: fx.Tensor,
+    experts: fx.Int32,
+    top_k: fx.Constexpr[int],
+):
+    """``out[t] = sum over s = 0..top_k-1 of topk_weights[t, s] * y[positions[t * top_k + s]]`` in float32, in slot
+    order, over the slots whose id is in ``[0, experts)`` (a token without one gets zeros). One warp per token at a
+    time, 16-byte vectors; H a multiple of 8."""
+    flyc.set_kernel_attributes(threads=32 * _WARPS)
+    lane, warp = gpu.lane_id(), gpu.warp_idx()
+    tokens = out.shape[0].to(fx.Int32)
+    chunks = out.shape[1].to(fx.Int32) // CHUNK
+    cls = vector.vector_class(y.dtype, CHUNK)
+    for t in range(gpu.block_idx.x * _WARPS + warp, tokens, gpu.grid_dim.x * _WARPS):
+        kept, rows, weights = [], [], []
+        for s in fx.range_constexpr(top_k):
+            expert = topk_ids[t, s]
+            ok = (expert >= 0) & (expert < experts)
+            kept.append(ok)
+            # (an unplaced slot's position is garbage: never used as an address)
+            rows.append(arith.select(ok, positions[t * top_k + s].to(fx.Int32), fx.Int32(0)).to(fx.Int64))
+            weights.append(topk_weights[t, s].to(fx.Float32))
+        for c in range(lane, chunks, 32):
+            sums = [fx.Float32(0.0)] * CHUNK
+            for s in fx.range_constexpr(top_k):
+                values = vector.load_op(cls, y, (rows[s], c * CHUNK))
+                # selected, not multiplied by a zero weight: a row of garbage may hold NaNs
+                sums = [
+                    arith.select(kept[s], sums[i] + weights[s] * values[i].to(fx.Float32), sums[i])
+                    for i in range(CHUNK)
+                ]
+            total = vector.from_elements(vector.vector_class(out.dtype, CHUNK), [v.to(out.dtype) for v in sums])
+            vector.store(total, out, (t.to(fx.Int64), c * CHUNK))
+
+
+# --- the entry point ------------------------------------------------------------------------------------------------
+
+
+def fused_moe(
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    *,
+    activation: str = "silu",
+    quant=None,
+    granularity=None,
+    w1_scale=None,
+    w2_scale=None,
+    out=None,
+):
+    """A mixture-of-experts layer's experts: ``out[t] = sum over s of topk_weights[t, s] * (w2[e] @ (silu(w1[e][:I]
+    @ x[t]) * (w1[e][I:] @ x[t])))`` with ``e = topk_ids[t, s]`` (the slots whose id is outside ``[0, E)`` are
+    dropped: expert parallelism). ``x`` (T, H) bf16 or fp16, contiguous; ``w1`` (E, 2I, H): each expert's gate
+    rows ``[0, I)`` then up rows ``[I, 2I)`` (``nn.Linear``'s orientation); ``w2`` (E, H, I); both contiguous, in
+    x's dtype; ``topk_weights`` (T, k) float32/bf16/fp16 and ``topk_ids`` (T, k) int32/int64, contiguous (e.g.
+    :func:`~flydsl.kernels.moe.topk_route`'s); H and I multiples of 8. ``out`` (T, H) in x's dtype, contiguous,
+    allocated when not given. ``quant``: only None (bf16/fp16 weights) so far. The steps and kernels: the module's
+    docstring; nothing is read back to the host (CUDA-graph capturable)."""
+    key = signature(x, w1, w2, topk_weights, topk_ids, out, activation, quant, granularity, w1_scale, w2_scale)
+    plan = _FUSED.get(key)
+    if plan is None:
+        plan = _FUSED.add(key, _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, quant, out))
+    return plan(x, w1, w2, topk_weights, topk_ids, out)
+
+
+def check_fused_moe(x, w1, w2, topk_weights, topk_ids, activation="silu", quant=None, out=None) -> tuple:
+    """``fused_moe``'s arguments checked (read for their geometry only); returns (T, H, E, I, k). Errors name the
+    argument and what was expected."""
+    who = _FUSED.name
+    if quant is not None:
+        raise NotImplementedError(f"{who}: quant: only None (bf16/fp16 experts) is implemented so far, got {quant!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{who}: activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    xi = check.describe(who, "x", x)
+    if len(xi.shape) != 2:
+        raise ValueError(f"{who}: x: expected a 2-D tensor (T, H), got shape {tuple(xi.shape)}")
+    check.check_dtype(who, "x", xi.dtype, _DTYPES)
+    tokens, hidden = xi.shape
+    w1i, w2i = check.describe(who, "w1", w1), check.describe(who, "w2", w2)
+    if len(w1i.shape) != 3 or w1i.shape[1] % 2 or w1i.shape[2] != hidden:
+        raise ValueError(f"{who}: w1: expected (E, 2I, H) with H = {hidden}, got shape {tuple(w1i.shape)}")
+    experts, inter = w1i.shape[0], w1i.shape[1] // 2
+    if tuple(w2i.shape) != (experts, hidden, inter):
+        raise ValueError(f"{who}: w2: expected (E, H, I) = {(experts, hidden, inter)}, got shape {tuple(w2i.shape)}")
+    for name, info in (("w1", w1i), ("w2", w2i)):
+        check.check_dtype(who, name, info.dtype, (xi.dtype,), like="x")
+    if hidden % CHUNK or inter % CHUNK:
+        raise ValueError(f"{who}: w1: H = {hidden} and I = {inter}; expected multiples of {CHUNK} (16-byte rows)")
+    ids = check.describe(who, "topk_ids", topk_ids)
+    if len(ids.shape) != 2 or ids.shape[0] != tokens:
+        raise ValueError(f"{who}: topk_ids: expected (T, k) with T = {tokens}, got shape {tuple(ids.shape)}")
+    weights = check.describe(who, "topk_weights", topk_weights)
+    if tuple(weights.shape) != tuple(ids.shape):
+        raise ValueError(
+            f"{who}: topk_weights: expected topk_ids' shape {tuple(ids.shape)}, got {tuple(weights.shape)}"
+        )
+    check.check_dtype(who, "topk_weights", weights.dtype, ("f32", "bf16", "f16"))
+    infos = [("x", xi), ("w1", w1i), ("w2", w2i), ("topk_weights", weights)]
+    outi = None
+    if out is not None:
+        outi = check.describe(who, "out", out)
+        if tuple(outi.shape) != (tokens, hidden) or outi.dtype != xi.dtype:
+            raise ValueError(
+                f"{who}: out: expected a ({tokens}, {hidden}) {check.dtype_names((xi.dtype,))} tensor, got"
+                f" {tuple(outi.shape)} {check.dtype_names((outi.dtype,))}"
+            )
+        infos.append(("out", outi))
+    for name, info in infos:
+        if not _contiguous(info):
+            raise ValueError(f"{who}: {name}: expected a contiguous tensor, got strides {tuple(info.strides)}")
+    check.same_device(who, xi, ("w1", w1i), ("w2", w2i), ("topk_weights", weights), ("topk_ids", ids), ("out", outi))
+    if outi is not None:
+        check.not_aliased(who, "out", outi, ("x", xi), ("w1", w1i), ("w2", w2i))
+    check_align_tokens(topk_ids, experts, 64)  # the ids' dtype and layout, the expert count
+    return tokens, hidden, experts, inter, ids.shape[1]
+
+
+def _contiguous(info) -> bool:
+    step = 1
+    for extent, stride in zip(reversed(info.shape), reversed(info.strides), strict=True):
+        if extent != 1 and stride != step:
+            return False
+        step *= extent
+    return True
+
+
+def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, quant, out):
+    """The launches of a call of this signature, checked and planned: a function of the call's tensors."""
+    import torch
+
+    from flydsl.kernels.device import sm_count
+
+    tokens, hidden, experts, inter, top_k = check_fused_moe(x, w1, w2, topk_weights, topk_ids, activation, quant, out)
+    ids = tokens * top_k
+    if ids == 0:  # no token, or no slot: nothing routed
+
+        def zeros(x, w1, w2, topk_weights, topk_ids, out):
+            return x.new_zeros((tokens, hidden)) if out is None else out.zero_()
+
+        return zeros
+    sms = sm_count(x.get_device())
+    cfg = experts_config(ids, experts)
+    capacity = align_capacity(ids, experts, cfg.block_m)
+    dtype = check.torch_dtype(x.dtype)
+    stage1 = plan_grouped(
+        MatrixSpec.dense((capacity, hidden), dtype),
+        MatrixSpec.dense((experts, 2 * inter, hidden), dtype),
+        MatrixSpec.dense((capacity, inter), dtype),
+        sms=sms,
+        gate=activation,
+        config=cfg.stage1,
+    )
+    stage2 = plan_grouped(
+        MatrixSpec.dense((capacity, inter), dtype),
+        MatrixSpec.dense((experts, hidden, inter), dtype),
+        MatrixSpec.dense((capacity, hidden), dtype),
+        sms=sms,
+        config=cfg.stage2,
+    )
+    gather_grid = max(1, min(-(-capacity // _WARPS), sms * _WAVES))
+    combine_grid = max(1, min(-(-tokens // _WARPS), sms * _WAVES))
+
+    def run(x, w1, w2, topk_weights, topk_ids, out):
+        sorted_ids, expert_of_block, padded_count = align_tokens(topk_ids, experts, cfg.block_m)
+        groups = (expert_of_block, padded_count)
+        rows = x.new_empty((capacity, hidden))
+        positions = torch.empty(ids, dtype=torch.int32, device=x.device)
+        gather_kernel(x, sorted_ids, padded_count, rows, positions, top_k).launch(grid=gather_grid, block=32 * _WARPS)
+        h = launch_plan(stage1, rows, w1, x.new_empty((capacity, inter)), groups=groups)
+        y = launch_plan(stage2, h, w2, rows, groups=groups)  # into the gathered rows: stage 1 has read them
+        out = x.new_empty((tokens, hidden)) if out is None else out
+        combine_kernel(y, positions, topk_weights, topk_ids, out, experts, top_k).launch(
+            grid=combine_grid, block=32 * _WARPS
+        )
+        return out
+
+    return run

@@ -1,0 +1,167 @@
+"""fused_moe without a GPU: its argument checks (TensorSpecs stand for the tensors), the grouped GEMM's scheduler run
+on Python ints (every routed block's tiles once, each with its expert's weights), and the kernels (gather, the two
+grouped GEMMs, combine) compiled to PTX that ptxas assembles for sm_90a without spills."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+import flydsl.compiler as flyc
+from flydsl.kernels.gemm import GemmConfig
+from flydsl.kernels.gemm.epilogue import Epilogue
+from flydsl.kernels.gemm.operands import MatrixSpec
+from flydsl.kernels.gemm.plan import plan_grouped
+from flydsl.kernels.gemm.schedulers import ExpertTiles
+from flydsl.kernels.moe.experts import check_fused_moe, combine_kernel, experts_config, gather_kernel
+
+S = flyc.TensorSpec
+
+
+def _specs(tokens=10, experts=8, hidden=256, inter=128, top_k=2, dtype="bf16", ids="i32"):
+    return dict(
+        x=S((tokens, hidden), dtype),
+        w1=S((experts, 2 * inter, hidden), dtype),
+        w2=S((experts, hidden, inter), dtype),
+        topk_weights=S((tokens, top_k), "f32"),
+        topk_ids=S((tokens, top_k), ids),
+    )
+
+
+def test_check_fused_moe_accepts_and_measures():
+    assert check_fused_moe(**_specs()) == (10, 256, 8, 128, 2)
+    assert check_fused_moe(**_specs(ids="i64", dtype="f16")) == (10, 256, 8, 128, 2)
+
+
+@pytest.mark.parametrize(
+    "change,error,match",
+    [
+        (dict(x=S((10, 256, 1), "bf16")), ValueError, "x: expected a 2-D tensor"),
+        (dict(x=S((10, 256), "f32")), TypeError, "x: expected dtype"),
+        (dict(w1=S((8, 255, 256), "bf16")), ValueError, r"w1: expected \(E, 2I, H\)"),
+        (dict(w2=S((8, 256, 64), "bf16")), ValueError, r"w2: expected \(E, H, I\)"),
+        (dict(w2=S((8, 256, 128), "f16")), TypeError, "w2: expected dtype"),
+        (dict(topk_ids=S((11, 2), "i32")), ValueError, "topk_ids: expected"),
+        (dict(topk_weights=S((10, 3), "f32")), ValueError, "topk_weights: expected topk_ids' shape"),
+        (dict(topk_ids=S((10, 2), "f32")), TypeError, "topk_ids: expected int32 or int64"),
+        (dict(x=S((10, 256), "bf16", (512, 1))), ValueError, "x: expected a contiguous tensor"),
+        (dict(w1=S((8, 256, 256), "bf16", (256 * 256, 1, 256))), ValueError, "w1: expected a contiguous tensor"),
+        (dict(out=S((10, 128), "bf16")), ValueError, "out: expected a"),
+        (dict(quant="fp8"), NotImplementedError, "quant"),
+        (dict(activation="gelu"), ValueError, "activation"),
+    ],
+)
+def test_check_fused_moe_names_the_bad_argument(change, error, match):
+    arguments = {**_specs(), **change}
+    with pytest.raises(error, match=match):
+        check_fused_moe(**arguments)
+
+
+def test_hidden_and_intermediate_sizes_need_16_byte_rows():
+    with pytest.raises(ValueError, match="multiples of 8"):
+        check_fused_moe(**_specs(inter=100))
+
+
+def test_experts_config_blocks_follow_the_rows_per_expert():
+    assert experts_config(16384 * 2, 8).block_m == 128  # Mixtral prefill
+    assert experts_config(1024 * 8, 256).block_m == 64  # DeepSeek-V3 TP8: 32 rows per expert
+    cfg = experts_config(64, 8)
+    assert cfg.stage1.tile_m == 64 and cfg.stage1.consumers == 1 and cfg.stage1.cluster == 1
+
+
+class _Order:
+    """A tile order on Python ints, as fx.TileScheduler answers it in a kernel (row-major here)."""
+
+    def __init__(self, tiles_m, tiles_n, worker, workers):
+        self.tiles_m, self.tiles_n, self.first, self.stride = tiles_m, tiles_n, worker, workers
+        self.count = tiles_m * tiles_n
+
+    def coords(self, tile):
+        return tile // self.tiles_n, tile % self.tiles_n
+
+
+@pytest.mark.parametrize("blocks,tiles_n,workers", [(1, 1, 4), (7, 3, 5), (40, 2, 132)])
+def test_expert_tiles_cover_each_routed_block_once_with_its_experts_weights(blocks, tiles_n, workers):
+    cfg = GemmConfig(cluster_m=1)
+    expert_of_block = [(3 * b) // 5 for b in range(blocks)] + [-1] * 4  # blocks past the padded count: -1
+    rows_per_expert = 1000
+    seen = []
+    for worker in range(workers):
+        schedule = ExpertTiles(_Order(blocks, tiles_n, worker, workers), 9, cfg, expert_of_block, rows_per_expert)
+        for unit in range(schedule.worker, schedule.count, schedule.stride):
+            work = schedule.work(unit)
+            assert (work.k_begin, work.k_end) == (0, 9)
+            assert work.b_row0 == expert_of_block[work.tile_m] * rows_per_expert
+            seen.append((work.tile_m, work.tile_n))
+    assert sorted(seen) == [(m, n) for m in range(blocks) for n in range(tiles_n)]
+
+
+def test_gated_epilogue_rules():
+    assert Epilogue(gate="silu").width(256) == 128 and Epilogue().width(256) == 256
+    assert not Epilogue(gate="silu").identity
+    for bad in (dict(gate="tanh"), dict(gate="silu", bias=True), dict(gate="silu", store="tma")):
+        with pytest.raises(ValueError, match="gate"):
+            Epilogue(**bad)
+
+
+def test_plan_grouped_checks_shapes():
+    cfg = experts_config(1000, 8).stage1
+    a = MatrixSpec.dense((1024, 256), "bf16")
+    with pytest.raises(ValueError, match="do not match"):
+        plan_grouped(a, MatrixSpec.dense((8, 256, 256), "bf16"), MatrixSpec.dense((1024, 256), "bf16"), sms=132,
+                     gate="silu", config=cfg)  # fmt: skip
+
+
+def _ptxas(ptx: str, tmp_path) -> str:
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("ptxas not found")
+    source = tmp_path / "kernel.ptx"
+    source.write_text(ptx)
+    done = subprocess.run(
+        [ptxas, "-arch=sm_90a", "-v", str(source), "-o", str(tmp_path / "kernel.cubin")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stderr
+
+
+@pytest.mark.parametrize("ids,experts,hidden,inter", [(32768, 8, 4096, 14336), (8192, 256, 7168, 256)])
+def test_grouped_stages_compile_without_spills(ids, experts, hidden, inter, tmp_path):
+    """Mixtral's prefill (128-row blocks) and DeepSeek-V3 TP8's (64-row blocks): both stages."""
+    cfg = experts_config(ids, experts)
+    capacity = 1024 * cfg.block_m
+    for a, weights, out, gate in (
+        ((capacity, hidden), (experts, 2 * inter, hidden), (capacity, inter), "silu"),
+        ((capacity, inter), (experts, hidden, inter), (capacity, hidden), None),
+    ):
+        plan = plan_grouped(
+            MatrixSpec.dense(a, "bf16"),
+            MatrixSpec.dense(weights, "bf16"),
+            MatrixSpec.dense(out, "bf16"),
+            sms=132,
+            gate=gate,
+            config=cfg.stage1,
+        )
+        (module,) = plan.lower()
+        assert "wgmma.mma_async" in module.ptx and "cp.async.bulk.tensor.2d" in module.ptx
+        report = _ptxas(module.ptx, tmp_path)
+        assert "0 bytes spill stores" in report, report
+
+
+def test_gather_and_combine_compile(tmp_path):
+    tokens, top_k, hidden, capacity = 100, 8, 7168, 4096
+    gather = gather_kernel.lower(
+        S((tokens, hidden), "bf16"), S((capacity,), "i32"), S((1,), "i32"), S((capacity, hidden), "bf16"),
+        S((tokens * top_k,), "i32"), top_k,
+    )  # fmt: skip
+    combine = combine_kernel.lower(
+        S((capacity, hidden), "bf16"), S((tokens * top_k,), "i32"), S((tokens, top_k), "f32"),
+        S((tokens, top_k), "i64"), S((tokens, hidden), "bf16"), 256, top_k,
+    )  # fmt: skip
+    for module in (gather, combine):
+        assert "ld.global.v4" in module.ptx  # 16-byte rows
+        assert "0 bytes spill stores" in _ptxas(module.ptx, tmp_path)

@@ -1,0 +1,153 @@
+"""fused_moe (bf16/fp16) on the GPU against the float32 references of flydsl.kernels.moe.reference, on fresh random
+routing and adversarial routing (skewed, empty experts, all tokens on one expert, dropped ids, top_k 1, T 1, E not
+a power of two, I not a multiple of the tile), outputs poisoned with NaN first; bitwise-identical outputs over
+repeated calls and with the tokens permuted (the deterministic combine); CUDA-graph capture with new routing each
+replay."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+from flydsl.kernels.moe import fused_moe, topk_route  # noqa: E402
+from flydsl.kernels.moe.reference import fused_moe_reference  # noqa: E402
+
+DEVICE = "cuda"
+
+
+def _generator(seed: int):
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def _layer(tokens, experts, hidden, inter, dtype=torch.bfloat16, seed=0):
+    """x, w1, w2 with the scales of a trained layer (outputs of order one)."""
+    g = _generator(seed)
+    x = torch.randn(tokens, hidden, device=DEVICE, generator=g).to(dtype)
+    w1 = (torch.randn(experts, 2 * inter, hidden, device=DEVICE, generator=g) / hidden**0.5).to(dtype)
+    w2 = (torch.randn(experts, hidden, inter, device=DEVICE, generator=g) / inter**0.5).to(dtype)
+    return x, w1, w2
+
+
+def _routing(tokens, experts, top_k, seed=0, skew=0.0):
+    """Weights and distinct ids per token from random logits (``skew`` > 0 favours the low experts)."""
+    g = _generator(seed + 1000)
+    logits = torch.randn(tokens, experts, device=DEVICE, generator=g)
+    logits -= skew * torch.arange(experts, device=DEVICE, dtype=torch.float32)
+    return topk_route(logits, top_k)
+
+
+def _check(x, w1, w2, weights, ids, **options):
+    """fused_moe into a NaN-poisoned output against the float32 reference (bf16 intermediates: ~1e-2 relative)."""
+    out = torch.full_like(x, float("nan"))
+    got = fused_moe(x, w1, w2, weights, ids, out=out, **options)
+    assert got is out
+    expected = fused_moe_reference(x, w1, w2, weights, ids)
+    scale = expected.abs().max().clamp(min=1e-3)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float() / scale, expected / scale, rtol=0, atol=2e-2)
+    return out
+
+
+@pytest.mark.parametrize(
+    "tokens,experts,top_k,hidden,inter",
+    [
+        (1, 8, 2, 256, 128),  # one token
+        (7, 8, 1, 512, 256),  # top 1
+        (300, 8, 2, 256, 512),  # 75 rows per expert: 64-row blocks
+        (2000, 8, 2, 512, 384),  # 500 rows per expert: 128-row blocks
+        (100, 60, 4, 256, 200),  # E not a power of two, I not a multiple of the tile
+        (64, 128, 8, 512, 96),  # many experts, few rows each
+        (37, 256, 8, 1024, 256),  # DeepSeek-V3-like routing, small
+    ],
+)
+def test_fused_moe_matches_the_reference(tokens, experts, top_k, hidden, inter):
+    x, w1, w2 = _layer(tokens, experts, hidden, inter, seed=tokens)
+    weights, ids = _routing(tokens, experts, top_k, seed=tokens)
+    _check(x, w1, w2, weights, ids)
+
+
+def test_fused_moe_fp16_and_new_output():
+    x, w1, w2 = _layer(200, 16, 256, 128, dtype=torch.float16, seed=3)
+    weights, ids = _routing(200, 16, 4, seed=3)
+    out = fused_moe(x, w1, w2, weights, ids)
+    assert out.dtype == torch.float16 and out.shape == x.shape
+    expected = fused_moe_reference(x, w1, w2, weights, ids)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
+
+
+def test_skewed_and_empty_experts():
+    """Most tokens on the first experts, many experts without a token."""
+    x, w1, w2 = _layer(1000, 64, 256, 256, seed=5)
+    weights, ids = _routing(1000, 64, 2, seed=5, skew=0.5)
+    assert ids.unique().numel() < 64
+    _check(x, w1, w2, weights, ids)
+
+
+def test_all_tokens_on_one_expert():
+    x, w1, w2 = _layer(777, 8, 256, 128, seed=6)
+    weights = torch.rand(777, 1, device=DEVICE)
+    ids = torch.full((777, 1), 5, dtype=torch.int32, device=DEVICE)
+    _check(x, w1, w2, weights, ids)
+
+
+def test_dropped_ids_and_int64_ids():
+    """Expert parallelism: ids this rank does not serve (-1, past E) add nothing; a token with none gets zeros."""
+    x, w1, w2 = _layer(300, 32, 256, 128, seed=7)
+    weights, ids = _routing(300, 128, 8, seed=7)
+    ids = torch.where(ids < 32, ids, torch.full_like(ids, -1)).long()
+    ids[0] = -1
+    ids[1, :4] = 200
+    out = _check(x, w1, w2, weights, ids)
+    assert (out[0] == 0).all()
+
+
+def test_outputs_are_deterministic_and_independent_of_token_order():
+    x, w1, w2 = _layer(1500, 16, 512, 256, seed=8)
+    weights, ids = _routing(1500, 16, 4, seed=8)
+    first = fused_moe(x, w1, w2, weights, ids)
+    for _ in range(3):
+        assert torch.equal(fused_moe(x, w1, w2, weights, ids), first)
+    order = torch.randperm(1500, device=DEVICE, generator=_generator(9))
+    permuted = fused_moe(x[order], w1, w2, weights[order], ids[order])
+    assert torch.equal(permuted, first[order])
+
+
+def test_no_tokens():
+    x, w1, w2 = _layer(0, 8, 256, 128)
+    weights = torch.empty(0, 2, device=DEVICE)
+    ids = torch.empty(0, 2, dtype=torch.int32, device=DEVICE)
+    assert fused_moe(x, w1, w2, weights, ids).shape == (0, 256)
+
+
+def test_fused_moe_is_captured_in_a_cuda_graph(graphed):
+    tokens, experts, top_k = 500, 32, 4
+    x, w1, w2 = _layer(tokens, experts, 256, 256, seed=10)
+    weights, ids = _routing(tokens, experts, top_k, seed=10)
+    graph, out = graphed(lambda: fused_moe(x, w1, w2, weights, ids))
+    for seed in range(3):
+        new_weights, new_ids = _routing(tokens, experts, top_k, seed=20 + seed, skew=0.3 * seed)
+        if seed == 2:
+            new_ids[::3] = -1  # fewer rows: a shorter padded total
+        weights.copy_(new_weights)
+        ids.copy_(new_ids)
+        x.copy_(torch.randn(tokens, 256, device=DEVICE, generator=_generator(seed)).to(x.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = fused_moe_reference(x, w1, w2, weights, ids)
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(out.float(), expected, rtol=0, atol=2e-2 * scale)
+
+
+def test_large_layer_rows_past_two_to_the_31_elements():
+    """A gathered A of more than 2^31 elements (capacity x H): 64-bit row offsets in the gather and the combine."""
+    tokens, experts, top_k, hidden, inter = 40000, 8, 8, 7168, 64
+    x, w1, w2 = _layer(tokens, experts, hidden, inter, seed=11)
+    weights, ids = _routing(tokens, experts, top_k, seed=11)
+    assert tokens * top_k * hidden > 2**31
+    out = fused_moe(x, w1, w2, weights, ids)
+    rows = torch.arange(0, tokens, 997, device=DEVICE)  # a sample of tokens against the reference
+    expected = fused_moe_reference(x[rows], w1, w2, weights[rows], ids[rows])
+    torch.testing.assert_close(out[rows].float(), expected, rtol=0, atol=2e-2 * float(expected.abs().max()))
