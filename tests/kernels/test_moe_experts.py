@@ -101,7 +101,7 @@ def test_expert_tiles_cover_each_routed_block_once_with_its_experts_weights(bloc
 def test_gated_epilogue_rules():
     assert Epilogue(gate="silu").width(256) == 128 and Epilogue().width(256) == 256
     assert not Epilogue(gate="silu").identity
-    for bad in (dict(gate="tanh"), dict(gate="silu", bias=True), dict(gate="silu", store="tma")):
+    for bad in (dict(gate="tanh"), dict(gate="silu", bias=True), dict(gate="silu", activation="relu")):
         with pytest.raises(ValueError, match="gate"):
             Epilogue(**bad)
 

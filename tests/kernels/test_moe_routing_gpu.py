@@ -234,7 +234,12 @@ def _align(topk_ids, experts, block_m):
 
 def _routed_ids(tokens, top_k, experts, generator, dtype=torch.int32):
     """Distinct experts per token, as topk_route gives them."""
-    return torch.rand(tokens, experts, device=DEVICE, generator=generator).argsort(dim=-1)[:, :top_k].to(dtype).contiguous()
+    return (
+        torch.rand(tokens, experts, device=DEVICE, generator=generator)
+        .argsort(dim=-1)[:, :top_k]
+        .to(dtype)
+        .contiguous()
+    )
 
 
 @pytest.mark.parametrize("tokens", TOKENS)

@@ -323,7 +323,10 @@ def plan_grouped(
     ``gate`` (N = 2I: gate rows then up rows; C = gate(x @ gate.T) * (x @ up.T)). The launch also takes the
     routing's "expert_of_block" and "padded_count" tensors: as many tiles run as they say, on at most ``sms`` CTAs."""
     (capacity, k), (experts, rows, _) = a.shape, weights.shape
-    epilogue = Epilogue(gate=gate)
+    store_view = _store_view(out, config, OPERAND_BYTES[a.dtype])
+    if Epilogue(gate=gate).width(config.tile_n) % STAGING_BOX[1]:
+        store_view = None  # (a gated tile's half is not whole 64-column parts)
+    epilogue = Epilogue(gate=gate, store="tma" if store_view is not None else "registers")
     if epilogue.width(rows) != out.shape[1] or out.shape[0] != capacity or weights.shape[2] != k:
         raise ValueError(
             f"gemm_ws_grouped: a {a.shape}, weights {weights.shape} and out {out.shape} do not match (gate: {gate})"
@@ -337,7 +340,8 @@ def plan_grouped(
     if a_view.major != "K" or b_view.major != "K":
         raise ValueError("gemm_ws_grouped: expected K-major a and weights")
     units = capacity // config.tile_m * -(-rows // config.tile_n)  # at most: the routing decides on the GPU
-    arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"))
+    c_store = Tma("out", store_view) if store_view is not None else Tma("a", a_view, unread=True)
+    arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"), c_store)
     arguments += (Tensor("expert_of_block"), Tensor("padded_count"), config, epilogue)
     launch = Launch(gemm_ws_grouped, arguments, max(1, min(units, sms)), config.threads)
     specs = {"a": a, "b": stacked, "out": out, "padded_count": MatrixSpec.dense((1,), "i32")}

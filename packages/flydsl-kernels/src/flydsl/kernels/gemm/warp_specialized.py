@@ -297,6 +297,7 @@ def gemm_ws_grouped(
     a: fx.TmaDescriptor,
     b: fx.TmaDescriptor,
     c: fx.Tensor,
+    c_store: fx.TmaDescriptor,
     expert_of_block: fx.Tensor,
     padded_count: fx.Tensor,
     cfg: fx.Constexpr,
@@ -307,8 +308,8 @@ def gemm_ws_grouped(
     outputs, read on the GPU). ``a`` (capacity, K) and ``b`` the stacked (E * N, K) weights, both K-major; C
     (capacity, N), or with ``epilogue.gate`` (C's N = I) ``gate(x @ w[:I].T) * (x @ w[I:].T)`` of each expert's
     (2I, K) weights ``w`` (gate rows, then up rows: ``nn.Linear``'s order); rows of C past ``padded_count`` are not
-    written."""
-    if epilogue.scales or epilogue.bias or epilogue.store != "registers":
-        raise ValueError(f"gemm_ws_grouped: expected an epilogue without scales or bias, from registers: {epilogue}")
-    tensors = GemmTensors(a, b, c, None, EpilogueTensors(), None, None, groups=(expert_of_block, padded_count))
+    written. ``c_store``: as :func:`gemm_ws`'s (C in (64, 64) boxes for ``epilogue.store == "tma"``)."""
+    if epilogue.scales or epilogue.bias:
+        raise ValueError(f"gemm_ws_grouped: expected an epilogue without scales or bias, got {epilogue}")
+    tensors = GemmTensors(a, b, c, c_store, EpilogueTensors(), None, None, groups=(expert_of_block, padded_count))
     warp_specialized_gemm(tensors, cfg, ("K", "K"), epilogue)

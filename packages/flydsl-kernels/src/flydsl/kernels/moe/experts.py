@@ -56,10 +56,10 @@ class ExpertsConfig:
 def experts_config(ids: int, experts: int) -> ExpertsConfig:
     """Row blocks of 128 (two consumer warpgroups) where experts average 96 rows or more, else of 64 (one), so that
     the padding of sparsely hit experts stays small; tiles 256 wide (stage 1: 128 gate and 128 up columns), the
-    deepest pipeline that fits (C is stored from registers: no staging boxes)."""
+    deepest pipeline that fits beside the TMA store's staging boxes."""
     block_m = 128 if ids >= 96 * experts else 64
     shape = dict(tile_m=block_m, tile_n=256, consumers=block_m // 64, cluster_m=1)
-    cfg = GemmConfig(**shape, stages=max_stages(block_m, 256, store_boxes=0))
+    cfg = GemmConfig(**shape, stages=max_stages(block_m, 256))
     return ExpertsConfig(cfg, cfg)
 
 

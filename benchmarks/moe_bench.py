@@ -1,0 +1,543 @@
+"""Fused mixture-of-experts on the local GPU: flydsl.kernels.moe.fused_moe against torch's ``_grouped_mm`` pipeline,
+a loop over experts and (decode) a same-bytes copy, in the same process (issue 34).
+
+    python benchmarks/moe_bench.py --list                                   # the cases, no GPU needed
+    python benchmarks/moe_bench.py --commit C --json benchmarks/results/moe/DATE_C.json
+    python benchmarks/moe_bench.py --model qwen3-30b-a3b --tokens 1,4096 --repeats 3
+
+The sweep: Mixtral-8x7B (E 8, top 2, H 4096, I 14336), Qwen3-30B-A3B (E 128, top 8, H 2048, I 768), DeepSeek-V3
+per GPU at TP8 (E 256, top 8, H 7168, I 256) and one of its EP8 shards (32 local experts, H 7168, I 2048: tokens
+routed top-8 over all 256 experts, the shard's 32 renumbered 0..31, the ids of the other 224 set to -1, which
+fused_moe drops), each at T tokens in 1, 16, 64, 256, 1024, 4096, 16384. ``--model`` and ``--tokens`` pick a part.
+bf16 only for now: ``--quant`` names the weights' format, so that fp8 can join as another value.
+
+Each model: random bf16 weights (w1 (E, 2I, H), gate rows then up rows; w2 (E, H, I)), made once. Each T: random
+bf16 x (T, H) and router logits (T, routed experts) float32, scored by softmax (DeepSeek: sigmoid), top-k by
+``torch.topk``, the k weights renormalized to sum 1: topk_weights float32, topk_ids int32, the same for every
+implementation (fixed seed). Our output is poisoned (NaN) and computed once (that first call compiles), every
+element checked written and up to ``--check-tokens`` tokens (spread over T) checked against
+``flydsl.kernels.moe.reference.fused_moe_reference`` (float32) on those tokens: error = max |out - ref| / max |ref|,
+a case fails over 2e-2 or with an unwritten element and is left out of the summary. The peers are checked the same
+way. Then ours, the peers and (decode, T <= 64) the copy are timed interleaved, ``--repeats`` times, each with
+cold_l2.bench_cold (triton.testing.do_bench's loop: CUDA events, L2 flushed before each call, median; ``--flush``;
+queued behind a ~100 us sleep so that the host's time stays out), and the medians over the repeats kept.
+
+Everything from topk_ids to the (T, H) output is inside the timed region, ours and the peers':
+
+* ``grouped_mm``: a stable ``torch.sort`` of the flattened ids, ``offs`` (int32 cumulative rows per expert) by
+  ``torch.searchsorted``, the rows of x gathered in that order, ``torch._grouped_mm(x_sorted, w1.transpose(1, 2),
+  offs=offs)``, ``silu(gate) * up``, ``torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)``, then each row times
+  its weight added into a float32 (T, H) by ``index_add_`` and cast to bf16. Where ids can be dropped (the EP
+  shard) the kept count is read on the host (one synchronization) so that only kept rows are gathered and computed;
+  elsewhere the pipeline never waits on the GPU.
+* ``loop`` (T <= 1024): one expert at a time, its (token, slot) pairs found by ``nonzero`` (a synchronization per
+  expert), two matmuls, ``silu(gate) * up``, the weighted rows added into a float32 (T, H) by ``index_add_``.
+
+Metrics: TFLOP/s of the layer, 2 * (kept ids) * (2I * H + H * I) FLOPs; for decode, the touched experts' weight
+bytes (distinct experts routed to x (2I * H + H * I) x 2 bytes) over our time, as ``fraction_of_copy`` = the time
+of a copy moving as many bytes (``copy_`` of half of them into as many: bytes read plus written) / ours; ratio_vs_X
+= X's time / ours (> 1: ours faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from typing import NamedTuple
+
+from record import new_record, save
+
+
+class Model(NamedTuple):
+    experts: int  # the experts this GPU holds: w1 and w2's E
+    top_k: int
+    hidden: int
+    inter: int
+    routed_experts: int  # the experts the router chooses among (> experts: one expert-parallel shard)
+    scoring: str  # "softmax" or "sigmoid"
+
+
+MODELS = {
+    "mixtral-8x7b": Model(8, 2, 4096, 14336, 8, "softmax"),
+    "qwen3-30b-a3b": Model(128, 8, 2048, 768, 128, "softmax"),
+    "deepseek-v3-tp8": Model(256, 8, 7168, 256, 256, "sigmoid"),
+    "deepseek-v3-ep8": Model(32, 8, 7168, 2048, 256, "sigmoid"),
+}
+TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
+QUANTS = ("bf16",)  # fp8 is to come: expert_bytes and run_case take the format
+PEERS = ("grouped_mm", "loop")
+PREFILL_TOKENS = (1024, 4096, 16384)  # the summary's prefill geomean
+DECODE_TOKENS = 64  # T <= this: decode, timed against a same-bytes copy
+LOOP_TOKENS = 1024  # the loop peer at T <= this only (it is slow)
+SUMMARY_TOKENS = 16384  # the summary's per-model TFLOP/s
+CHECK_TOKENS = 4096  # tokens checked against the float32 reference (it is slow on Mixtral's large experts)
+TOLERANCE = 2e-2  # max |out - ref| / max |ref| of a bf16 output against the float32 reference
+EP_RANK = 0  # the expert-parallel shard measured: its experts are [rank * E, (rank + 1) * E) of the routed ones
+DEVICE = "cuda"
+
+
+def cases(models, tokens, quants):
+    """Every case, in the order run: (model, T, quant)."""
+    return [(m, t, q) for m in models for t in tokens for q in quants]
+
+
+def layer_flops(kept_ids: int, hidden: int, inter: int) -> int:
+    """The FLOPs of the two expert GEMMs over ``kept_ids`` (token, slot) pairs: 2 * (2I * H + H * I) each."""
+    return 2 * kept_ids * (2 * inter * hidden + hidden * inter)
+
+
+def expert_bytes(hidden: int, inter: int, quant: str) -> int:
+    """The bytes of one expert's weights (w1's 2I x H and w2's H x I) in the given format."""
+    if quant == "bf16":
+        return 3 * inter * hidden * 2
+    raise ValueError(f"unknown weight format {quant!r}")
+
+
+def checked_tokens(tokens: int, count: int) -> list[int]:
+    """Up to ``count`` tokens, spread over the T (the first and the last among them)."""
+    if tokens <= count:
+        return list(range(tokens))
+    if count == 1:
+        return [0]
+    return sorted({round(i * (tokens - 1) / (count - 1)) for i in range(count)})
+
+
+def route(model: Model, tokens: int, *, device, rank: int = EP_RANK):
+    """``(topk_weights float32 (T, k), topk_ids int32 (T, k))`` of random router logits: softmax or sigmoid scores,
+    ``torch.topk``, the k weights renormalized. For an expert-parallel shard (``model.experts`` <
+    ``model.routed_experts``) the ids of shard ``rank``'s experts are renumbered from 0 and the others set to -1;
+    the weights stay those of the full top-k (the other shards add their part)."""
+    import torch
+
+    logits = torch.randn(tokens, model.routed_experts, device=device, dtype=torch.float32)
+    scores = torch.softmax(logits, dim=-1) if model.scoring == "softmax" else torch.sigmoid(logits)
+    weights, ids = torch.topk(scores, model.top_k, dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    if model.experts < model.routed_experts:
+        local = ids - rank * model.experts
+        ids = torch.where((local >= 0) & (local < model.experts), local, torch.full_like(local, -1))
+    return weights.float().contiguous(), ids.to(torch.int32).contiguous()
+
+
+def routing_counts(topk_ids, experts: int) -> tuple[int, int]:
+    """``(kept ids, distinct experts routed to)`` of ``topk_ids``, ids outside ``[0, experts)`` not counted."""
+    import torch
+
+    kept = topk_ids[(topk_ids >= 0) & (topk_ids < experts)]
+    return int(kept.numel()), int(torch.unique(kept).numel())
+
+
+def grouped_mm_moe(x, w1, w2, topk_weights, topk_ids, *, drops: bool):
+    """The MoE layer through ``torch._grouped_mm`` (bf16 (T, H)): rows sorted by expert, the two grouped GEMMs, a
+    float32 ``index_add_`` combine. ``drops``: ids outside ``[0, E)`` may occur; they are sorted last and the kept
+    count read on the host (one synchronization) so that only kept rows are gathered; without it every id must be
+    valid and nothing waits on the GPU."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens, k = topk_ids.shape
+    experts, inter = w1.shape[0], w1.shape[1] // 2
+    flat = topk_ids.reshape(-1)
+    if drops:
+        flat = torch.where((flat >= 0) & (flat < experts), flat, torch.full_like(flat, experts))
+    keys, order = torch.sort(flat, stable=True)
+    # offs[e]: the sorted rows up to expert e's last, as _grouped_mm takes them (searchsorted: no bincount sync)
+    bounds = torch.arange(experts, device=keys.device, dtype=keys.dtype)
+    offs = torch.searchsorted(keys, bounds, right=True, out_int32=True)
+    if drops:
+        order = order[: int(offs[-1])]
+    out = torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device)
+    if order.numel():
+        token = order // k
+        gate_up = torch._grouped_mm(x.index_select(0, token), w1.transpose(1, 2), offs=offs)
+        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
+        out.index_add_(0, token, y.float() * topk_weights.reshape(-1)[order, None])
+    return out.to(x.dtype)
+
+
+def loop_moe(x, w1, w2, topk_weights, topk_ids):
+    """The MoE layer as a loop over experts (bf16 (T, H)): each expert's (token, slot) pairs by ``nonzero``, its
+    two matmuls in bf16, the weighted rows added into a float32 (T, H)."""
+    import torch
+    import torch.nn.functional as F
+
+    experts, inter = w1.shape[0], w1.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in range(experts):
+        rows, slots = (topk_ids == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        gate_up = x.index_select(0, rows) @ w1[e].t()
+        y = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ w2[e].t()
+        out.index_add_(0, rows, y.float() * topk_weights[rows, slots, None])
+    return out.to(x.dtype)
+
+
+def _geomean(values):
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(results) -> dict:
+    """The record's summary from the rows that ran and passed the check (None where no row qualifies); the speed
+    ratios per weight format."""
+    ok = [r for r in results if r.get("ours_us") is not None and r.get("correct")]
+    quants = [q for q in QUANTS if any(r.get("quant") == q for r in results)]
+
+    def vs(peer, rows):
+        return _geomean(r[f"{peer}_us"] / r["ours_us"] for r in rows if r.get(f"{peer}_us") is not None)
+
+    def per_quant(peer, rows):
+        return {q: vs(peer, [r for r in rows if r["quant"] == q]) for q in quants}
+
+    prefill = [r for r in ok if r["tokens"] in PREFILL_TOKENS]
+    fractions = [r["fraction_of_copy"] for r in ok if r.get("fraction_of_copy") is not None]
+    tflops = {}
+    for r in ok:
+        if r["tokens"] == SUMMARY_TOKENS and r["quant"] == "bf16":
+            tflops[r["model"]] = {p: r.get(f"{p}_tflops") for p in ("ours", *PEERS) if f"{p}_tflops" in r}
+    return {
+        "prefill_geomean_vs_grouped_mm": per_quant("grouped_mm", prefill),
+        "decode_min_fraction_of_copy": min(fractions) if fractions else None,
+        "layer_tflops_at_16384": tflops,
+        "geomean_vs_grouped_mm": per_quant("grouped_mm", ok),
+        "geomean_vs_loop": per_quant("loop", ok),
+        "max_rel_error": max((r["rel_error"] for r in ok), default=None),
+        "cases": len(results),
+        "cases_failed": sum(1 for r in results if not r.get("correct")),
+    }
+
+
+def _error_text(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def rel_errors(x, ref) -> tuple[float, float]:
+    """``(max |x - ref| / max |ref|, ||x - ref|| / ||ref||)``; NaN in x gives NaN (which fails every check). A
+    zero reference (a token routed to no local expert) is matched only by zeros."""
+    x, ref = x.float(), ref.float()
+    diff = x - ref
+    tiny = 1e-30
+    worst = diff.abs().max().item() / max(ref.abs().max().item(), tiny)
+    return worst, diff.norm().item() / max(ref.norm().item(), tiny)
+
+
+def _sync():
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def _free():
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+def make_timer(flush: str):
+    """Milliseconds of one call: cold_l2.bench_cold (do_bench's loop) with the given L2 flush."""
+    from cold_l2 import bench_cold
+
+    return lambda fn: bench_cold(fn, flush=flush, warmup=10, rep=40, queued=True)
+
+
+def grouped_mm_status():
+    """What the grouped_mm peer runs on: torch's version, or why it is not measured."""
+    import torch
+
+    if not hasattr(torch, "_grouped_mm"):
+        return f"not measured: torch {torch.__version__} has no _grouped_mm"
+    return f"torch {torch.__version__} _grouped_mm"
+
+
+def make_weights(model: Model, seed: int):
+    """w1 (E, 2I, H) and w2 (E, H, I) bf16, random, scaled by 1 / sqrt(fan-in) so that the layer's values stay
+    near 1."""
+    import torch
+
+    torch.manual_seed(seed)
+    e, h, i = model.experts, model.hidden, model.inter
+    w1 = torch.randn(e, 2 * i, h, device=DEVICE, dtype=torch.bfloat16).mul_(h**-0.5)
+    w2 = torch.randn(e, h, i, device=DEVICE, dtype=torch.bfloat16).mul_(i**-0.5)
+    return w1, w2
+
+
+def run_case(name, model, w1, w2, tokens, quant, *, seed, timer, repeats, check_tokens, peers):
+    """One row: routing, the checks, then ours, the peers and (decode) the copy timed interleaved."""
+    import torch
+
+    from flydsl.kernels.moe import fused_moe
+    from flydsl.kernels.moe.reference import fused_moe_reference
+
+    if quant != "bf16":
+        raise ValueError(f"weight format {quant!r} is not measured yet")
+    began = time.perf_counter()
+    torch.manual_seed(seed)
+    x = torch.randn(tokens, model.hidden, device=DEVICE, dtype=torch.bfloat16)
+    topk_weights, topk_ids = route(model, tokens, device=DEVICE)
+    kept, touched = routing_counts(topk_ids, model.experts)
+    row = {
+        "model": name,
+        "experts": model.experts,
+        "routed_experts": model.routed_experts,
+        "top_k": model.top_k,
+        "hidden": model.hidden,
+        "inter": model.inter,
+        "tokens": tokens,
+        "quant": quant,
+        "kept_ids": kept,
+        "touched_experts": touched,
+        "flops": layer_flops(kept, model.hidden, model.inter),
+        "touched_bytes": touched * expert_bytes(model.hidden, model.inter, quant),
+    }
+    args = (x, w1, w2, topk_weights, topk_ids)
+    out = torch.full((tokens, model.hidden), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+
+    def ours():
+        return fused_moe(*args, out=out)
+
+    try:
+        ours()
+        _sync()
+    except Exception as error:  # noqa: BLE001 (recorded; the sweep goes on)
+        row.update(error=_error_text(error), correct=False, wall_s=time.perf_counter() - began)
+        return row
+    rows = checked_tokens(tokens, check_tokens)
+    row["unwritten"] = int(torch.isnan(out).sum())
+    row["checked_tokens"] = len(rows)  # of tokens: fewer where the reference would take long
+    index = torch.tensor(rows, device=DEVICE)
+    try:
+        reference = fused_moe_reference(x[index], w1, w2, topk_weights[index], topk_ids[index])
+        row["rel_error"], row["rel_fro_error"] = rel_errors(out[index], reference)
+    except Exception as error:  # noqa: BLE001 (recorded: the case is then not counted, but still timed)
+        reference, row["rel_error"], row["check_error"] = None, None, _error_text(error)
+    row["correct"] = row["unwritten"] == 0 and row["rel_error"] is not None and row["rel_error"] <= TOLERANCE
+
+    timed = {"ours": ours}
+    drops = model.experts < model.routed_experts
+
+    def grouped_mm():
+        return grouped_mm_moe(*args, drops=drops)
+
+    def loop():
+        return loop_moe(*args)
+
+    candidates = {"grouped_mm": grouped_mm, "loop": loop}
+    for peer in peers:
+        if peer == "loop" and tokens > LOOP_TOKENS:
+            continue
+        try:
+            result = candidates[peer]()
+            if reference is not None:
+                row[f"{peer}_rel_error"] = rel_errors(result[index], reference)[0]
+            timed[peer] = candidates[peer]
+        except Exception as error:  # noqa: BLE001 (recorded)
+            row[f"{peer}_error"] = _error_text(error)
+    if "grouped_mm" in timed:
+        row["grouped_mm_synchronizes"] = drops
+    del reference
+    if tokens <= DECODE_TOKENS and row["touched_bytes"]:
+        copy_src = torch.empty(row["touched_bytes"] // 2, dtype=torch.uint8, device=DEVICE)
+        copy_dst = torch.empty_like(copy_src)
+
+        def copy():
+            return copy_dst.copy_(copy_src)
+
+        timed["copy"] = copy
+    runs = {name: [] for name in timed}
+    for _ in range(repeats):
+        for peer, fn in list(timed.items()):
+            if peer not in runs:
+                continue
+            try:
+                runs[peer].append(timer(fn) * 1e3)
+            except Exception as error:  # noqa: BLE001 (recorded; without ours the row has no times)
+                row[f"{peer}_error" if peer != "ours" else "error"] = _error_text(error)
+                if peer == "ours":
+                    row.update(correct=False, wall_s=time.perf_counter() - began)
+                    return row
+                del runs[peer]
+    for peer, values in runs.items():
+        row[f"{peer}_us"] = statistics.median(values)
+        if peer != "copy":
+            row[f"{peer}_tflops"] = row["flops"] / (row[f"{peer}_us"] * 1e-6) / 1e12
+    for peer in PEERS:
+        if f"{peer}_us" in row:
+            row[f"ratio_vs_{peer}"] = row[f"{peer}_us"] / row["ours_us"]  # > 1: ours faster
+    if "copy_us" in row:
+        row["touched_tbps"] = row["touched_bytes"] / (row["ours_us"] * 1e-6) / 1e12
+        row["fraction_of_copy"] = row["copy_us"] / row["ours_us"]
+    row["runs_us"] = runs
+    row["wall_s"] = time.perf_counter() - began
+    return row
+
+
+HEADER = (
+    f"{'model':<16} {'T':>5} {'quant':<5} {'ours us':>9} {'TFLOP/s':>7} {'GMM us':>9} {'vs GMM':>6}"
+    f" {'loop us':>9} {'vs loop':>7} {'ofcopy':>6} {'err':>7}"
+)
+
+
+def _format(row) -> str:
+    def num(key, fmt, width):
+        value = row.get(key)
+        return f"{value:>{width}{fmt}}" if value is not None else f"{'-':>{width}}"
+
+    text = (
+        f"{row['model']:<16} {row['tokens']:>5} {row['quant']:<5} {num('ours_us', '.1f', 9)}"
+        f" {num('ours_tflops', '.1f', 7)} {num('grouped_mm_us', '.1f', 9)} {num('ratio_vs_grouped_mm', '.3f', 6)}"
+        f" {num('loop_us', '.1f', 9)} {num('ratio_vs_loop', '.3f', 7)} {num('fraction_of_copy', '.3f', 6)}"
+        f" {num('rel_error', '.1e', 7)}"
+    )
+    if not row.get("correct"):
+        why = row.get("error") or row.get("check_error") or f"unwritten {row.get('unwritten')}"
+        text += f"  FAILED ({why})"
+    return text
+
+
+def _csv(text, convert, choices=None):
+    values = [convert(v) for v in text.split(",") if v.strip()]
+    if choices is not None:
+        unknown = sorted(set(values) - set(choices))
+        if unknown:
+            raise argparse.ArgumentTypeError(f"expected some of {', '.join(map(str, choices))}, got {unknown}")
+    return values
+
+
+def _peers(text):
+    return [] if text.strip() == "none" else _csv(text, str, PEERS)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--model",
+        type=lambda t: _csv(t, str, MODELS),
+        default=list(MODELS),
+        help="comma-separated, of " + ", ".join(MODELS) + " (default all)",
+    )
+    parser.add_argument("--tokens", type=lambda t: _csv(t, int), default=list(TOKENS), help="comma-separated T")
+    parser.add_argument(
+        "--quant", type=lambda t: _csv(t, str, QUANTS), default=list(QUANTS), help="of " + ", ".join(QUANTS)
+    )
+    parser.add_argument(
+        "--peers", type=_peers, default=list(PEERS), help="comma-separated, of " + ", ".join(PEERS) + ", or none"
+    )
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--check-tokens",
+        type=lambda t: max(1, int(t)),
+        default=CHECK_TOKENS,
+        help=f"tokens checked against the reference (default {CHECK_TOKENS})",
+    )
+    parser.add_argument("--flush", choices=("dirty", "clean"), default="dirty", help="the L2 flush (cold_l2.py)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--list", action="store_true", help="print the cases and exit")
+    parser.add_argument("--json", help="write the results here (again after each case)")
+    parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
+    return parser.parse_args(argv)
+
+
+METHOD = (
+    "cold_l2.bench_cold (triton.testing.do_bench's loop: CUDA events, L2 flushed before each call, median; warmup"
+    " 10 ms, rep 40 ms), ours, the peers and the copy interleaved, median over repeats; routing from topk_ids to the"
+    " (T, H) bf16 output inside the timed region; random bf16 x, w1 (E, 2I, H), w2 (E, H, I); topk_weights float32"
+    " and topk_ids int32 from torch.topk of softmax (DeepSeek: sigmoid) scores of random logits, renormalized; EP"
+    " shard: ids of the other shards -1; TFLOP/s = 2 * kept ids * 3 * I * H / time; grouped_mm: stable torch.sort of"
+    " the ids, offs by searchsorted, x rows gathered, torch._grouped_mm with w.transpose(1, 2), silu(gate) * up,"
+    " float32 index_add_ combine (EP shard: the kept count read on the host); loop (T <= 1024): per expert nonzero,"
+    " matmuls, float32 index_add_; decode (T <= 64): touched experts' weight bytes / time, fraction_of_copy = time"
+    " of a copy_ of half those bytes into as many / ours; ratio_vs_X = X time / ours; checked: output poisoned with"
+    " NaN, up to check_tokens tokens against fused_moe_reference (float32), max |out - ref| / max |ref| <= 2e-2"
+)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    todo = cases(args.model, args.tokens, args.quant)
+    if args.list:
+        for name, tokens, quant in todo:
+            model = MODELS[name]
+            loop = " loop" if "loop" in args.peers and tokens <= LOOP_TOKENS else ""
+            print(f"{name:<16} E={model.experts:<4} k={model.top_k} T={tokens:<6} {quant}{loop}")
+        print(f"{len(todo)} cases")
+        return 0
+
+    import torch
+
+    status = grouped_mm_status() if "grouped_mm" in args.peers else "not measured: --peers"
+    print(status, flush=True)
+    timer = make_timer(args.flush)
+    results = []
+    record = new_record(
+        "moe_bench",
+        argv,
+        results,
+        commit=args.commit,
+        method=METHOD,
+        grouped_mm=status,
+        peers=args.peers,
+        flush=args.flush,
+        repeats=args.repeats,
+        check_tokens=args.check_tokens,
+        tolerance=TOLERANCE,
+    )
+    print(HEADER, flush=True)
+    index = 0
+    for name in args.model:
+        model = MODELS[name]
+        w1 = w2 = None
+        try:
+            w1, w2 = make_weights(model, args.seed)
+            for tokens in args.tokens:
+                for quant in args.quant:
+                    index += 1
+                    try:
+                        row = run_case(
+                            name,
+                            model,
+                            w1,
+                            w2,
+                            tokens,
+                            quant,
+                            seed=args.seed + index,
+                            timer=timer,
+                            repeats=args.repeats,
+                            check_tokens=args.check_tokens,
+                            peers=args.peers,
+                        )
+                    except torch.OutOfMemoryError as error:
+                        row = {"model": name, "tokens": tokens, "quant": quant, "correct": False}
+                        row["error"] = _error_text(error)
+                    finally:
+                        _free()
+                    results.append(row)
+                    print(_format(row), flush=True)
+                    if args.json:
+                        record["summary"] = summarize(results)
+                        save(args.json, record)
+        except torch.OutOfMemoryError as error:  # the weights did not fit: the model's cases are left out
+            row = {"model": name, "tokens": None, "quant": None, "correct": False, "error": _error_text(error)}
+            results.append(row)
+            print(f"{name}: {_error_text(error)}", flush=True)
+        finally:
+            del w1, w2
+            _free()
+    summary = summarize(results)
+    print(json.dumps(summary))
+    if args.json:
+        record["summary"] = summary
+        save(args.json, record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
