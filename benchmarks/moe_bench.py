@@ -197,14 +197,16 @@ def summarize(results) -> dict:
 
     prefill = [r for r in ok if r["tokens"] in PREFILL_TOKENS]
     fractions = [r["fraction_of_copy"] for r in ok if r.get("fraction_of_copy") is not None]
-    tflops = {}
+    tflops, stages = {}, {}
     for r in ok:
         if r["tokens"] == SUMMARY_TOKENS and r["quant"] == "bf16":
             tflops[r["model"]] = {p: r.get(f"{p}_tflops") for p in ("ours", *PEERS) if f"{p}_tflops" in r}
+            stages[r["model"]] = {s: r[f"{s}_tflops"] for s in ("stage1", "stage2") if f"{s}_tflops" in r}
     return {
         "prefill_geomean_vs_grouped_mm": per_quant("grouped_mm", prefill),
         "decode_min_fraction_of_copy": min(fractions) if fractions else None,
         "layer_tflops_at_16384": tflops,
+        "stage_tflops_at_16384": stages,
         "geomean_vs_grouped_mm": per_quant("grouped_mm", ok),
         "geomean_vs_loop": per_quant("loop", ok),
         "max_rel_error": max((r["rel_error"] for r in ok), default=None),
@@ -376,8 +378,41 @@ def run_case(name, model, w1, w2, tokens, quant, *, seed, timer, repeats, check_
         row["touched_tbps"] = row["touched_bytes"] / (row["ours_us"] * 1e-6) / 1e12
         row["fraction_of_copy"] = row["copy_us"] / row["ours_us"]
     row["runs_us"] = runs
+    if tokens in PREFILL_TOKENS:
+        row.update(stage_times(ours, row["kept_ids"], model))
     row["wall_s"] = time.perf_counter() - began
     return row
+
+
+STAGE_KERNEL = "gemm_ws_grouped"  # the two stages' kernel: stage 1 then stage 2 in each call
+
+
+def stage_times(fn, kept_ids: int, model: Model, calls: int = 5) -> dict:
+    """The two grouped GEMMs' own times in ``calls`` calls of ``fn`` (torch.profiler's CUDA kernel durations, warm
+    L2, back to back; medians) and their TFLOP/s: stage 1 2 * ids * 2I * H FLOPs, stage 2 2 * ids * I * H."""
+    import torch
+
+    if not torch.cuda.is_available():  # (the CPU tests' runs)
+        return {}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        for _ in range(calls):
+            fn()
+        _sync()
+    kernels = [
+        e for e in profile.events() if STAGE_KERNEL in e.name and e.device_type == torch.autograd.DeviceType.CUDA
+    ]
+    kernels.sort(key=lambda e: e.time_range.start)
+    if len(kernels) != 2 * calls:
+        return {"stage_error": f"expected {2 * calls} {STAGE_KERNEL} kernels in the profile, found {len(kernels)}"}
+    times = {}
+    for stage, flops in (
+        (1, 4 * kept_ids * model.inter * model.hidden),
+        (2, 2 * kept_ids * model.inter * model.hidden),
+    ):
+        us = statistics.median(e.time_range.elapsed_us() for e in kernels[stage - 1 :: 2])
+        times[f"stage{stage}_us"] = us
+        times[f"stage{stage}_tflops"] = flops / (us * 1e-6) / 1e12
+    return times
 
 
 HEADER = (

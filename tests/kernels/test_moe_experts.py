@@ -4,6 +4,7 @@ grouped GEMMs, combine) compiled to PTX that ptxas assembles for sm_90a without 
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import subprocess
 
@@ -65,10 +66,12 @@ def test_hidden_and_intermediate_sizes_need_16_byte_rows():
 
 
 def test_experts_config_blocks_follow_the_rows_per_expert():
-    assert experts_config(16384 * 2, 8).block_m == 128  # Mixtral prefill
+    assert experts_config(2000, 8).block_m == 128  # 250 rows per expert: 128-row tiles, no cluster
     assert experts_config(1024 * 8, 256).block_m == 64  # DeepSeek-V3 TP8: 32 rows per expert
     cfg = experts_config(64, 8)
     assert cfg.stage1.tile_m == 64 and cfg.stage1.consumers == 1 and cfg.stage1.cluster == 1
+    prefill = experts_config(16384 * 2, 8)  # 4096 rows per expert: 2-CTA clusters sharing B, 256-row blocks
+    assert prefill.stage1.cluster_m == 2 and prefill.block_m == 256
 
 
 class _Order:
@@ -82,20 +85,24 @@ class _Order:
         return tile // self.tiles_n, tile % self.tiles_n
 
 
-@pytest.mark.parametrize("blocks,tiles_n,workers", [(1, 1, 4), (7, 3, 5), (40, 2, 132)])
-def test_expert_tiles_cover_each_routed_block_once_with_its_experts_weights(blocks, tiles_n, workers):
-    cfg = GemmConfig(cluster_m=1)
+@pytest.mark.parametrize("cluster_m", [1, 2])
+@pytest.mark.parametrize("blocks,tiles_n,workers", [(1, 1, 4), (7, 3, 5), (40, 2, 66)])
+def test_expert_tiles_cover_each_routed_block_once_with_its_experts_weights(blocks, tiles_n, workers, cluster_m):
+    """Each routed block's tiles once (a cluster's CTAs take its tile rows, rank by rank), with the block's expert's
+    rows of B; blocks are cluster tiles (the routing pads each expert's run to them)."""
+    cfg = GemmConfig(cluster_m=cluster_m)
     expert_of_block = [(3 * b) // 5 for b in range(blocks)] + [-1] * 4  # blocks past the padded count: -1
     rows_per_expert = 1000
     seen = []
-    for worker in range(workers):
-        schedule = ExpertTiles(_Order(blocks, tiles_n, worker, workers), 9, cfg, expert_of_block, rows_per_expert)
+    for worker, rank in itertools.product(range(workers), range(cluster_m)):
+        order = _Order(blocks, tiles_n, worker, workers)
+        schedule = ExpertTiles(order, 9, cfg, rank, expert_of_block, rows_per_expert)
         for unit in range(schedule.worker, schedule.count, schedule.stride):
             work = schedule.work(unit)
             assert (work.k_begin, work.k_end) == (0, 9)
-            assert work.b_row0 == expert_of_block[work.tile_m] * rows_per_expert
+            assert work.b_row0 == expert_of_block[work.tile_m // cluster_m] * rows_per_expert
             seen.append((work.tile_m, work.tile_n))
-    assert sorted(seen) == [(m, n) for m in range(blocks) for n in range(tiles_n)]
+    assert sorted(seen) == [(m, n) for m in range(blocks * cluster_m) for n in range(tiles_n)]
 
 
 def test_gated_epilogue_rules():

@@ -58,6 +58,8 @@ def _check(x, w1, w2, weights, ids, **options):
         (7, 8, 1, 512, 256),  # top 1
         (300, 8, 2, 256, 512),  # 75 rows per expert: 64-row blocks
         (2000, 8, 2, 512, 384),  # 500 rows per expert: 128-row blocks
+        (5000, 8, 2, 256, 384),  # 1250 rows per expert: 2-CTA clusters sharing B (gate and up halves)
+        (4200, 8, 2, 256, 200),  # clusters, I not a multiple of the tile
         (100, 60, 4, 256, 200),  # E not a power of two, I not a multiple of the tile
         (64, 128, 8, 512, 96),  # many experts, few rows each
         (37, 256, 8, 1024, 256),  # DeepSeek-V3-like routing, small

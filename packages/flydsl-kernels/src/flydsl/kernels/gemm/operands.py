@@ -78,7 +78,8 @@ class OperandTiles(NamedTuple):
     descriptor ``desc`` that fills them: ``rows`` is the tile's extent along MN (``tile_m`` for A, ``tile_n`` for
     B); ``parts``: the CTAs of a cluster sharing each tile (each loads ``rows / parts`` rows of it, multicast to
     all); ``sources``: K-major tiles gathered from that many row blocks of the matrix, ``source_rows`` apart (a
-    kernel integer): the gated GEMM's tile of gate rows then the matching up rows."""
+    kernel integer): the gated GEMM's tile of gate rows then the matching up rows (shared by a cluster of as many
+    CTAs, each loads one block)."""
 
     desc: object  # fx.TmaDescriptor
     tiles: object  # (rows, tile_k, stages) in shared memory
@@ -106,10 +107,11 @@ class OperandTiles(NamedTuple):
         part_rows = self.rows // parts
         if self.sources > 1:  # one box of (rows / sources, 64) per source block and 64 columns of K
             block = self.rows // self.sources
+            blocks = [part] if parts > 1 else list(range(self.sources))  # shared: this CTA's block (parts == sources)
             for kb in fx.range_constexpr(self.tile_k // row):
-                for i in fx.range_constexpr(self.sources):
+                for i in blocks:
                     target = fx.local_tile(slot[None, (None, kb)], (block, row), (i, 0))
-                    desc.load(target, (mn0 + i * self.source_rows, k0 + kb * row), barrier)
+                    desc.load(target, (mn0 + i * self.source_rows, k0 + kb * row), barrier, multicast_mask=mask)
         elif self.major == "K":  # one box of (part_rows, 64) per 64 columns of K
             for kb in fx.range_constexpr(self.tile_k // row):
                 target = fx.local_tile(slot[None, (None, kb)], (part_rows, row), (part, 0))  # (part_rows, 64)
@@ -136,9 +138,12 @@ def allocate_operand(
         raise ValueError(f"gemm_ws {name}: MN-major parts of {rows // parts} rows; expected multiples of {row}")
     if major == "prepared" and element_bytes != 1:
         raise ValueError(f"gemm_ws {name}: prepared weights are fp8, got {desc.dtype}")
-    if sources[0] > 1 and (major != "K" or parts > 1 or rows % (8 * sources[0])):
-        raise ValueError(f"gemm_ws {name}: tiles from {sources[0]} row blocks are K-major, unshared, 8-row blocks")
-    box = operand_box(rows, tile_k, major, parts * sources[0], element_bytes)
+    if sources[0] > 1 and (major != "K" or parts not in (1, sources[0]) or rows % (8 * sources[0])):
+        raise ValueError(
+            f"gemm_ws {name}: tiles from {sources[0]} row blocks are K-major, of 8-row blocks, each CTA of a cluster"
+            " sharing them loading one block"
+        )
+    box = operand_box(rows, tile_k, major, max(parts, sources[0]), element_bytes)
     if desc.box != box or desc.swizzle != SWIZZLE_BYTES:
         raise ValueError(f"gemm_ws {name}: expected TMA boxes of {box} with a 128B swizzle, got {desc.box}")
     layout = operand_layout(rows, tile_k, stages, major, element_bytes)

@@ -321,7 +321,8 @@ def plan_grouped(
     aligned order of ``flydsl.kernels.moe.align_tokens`` (blocks of ``config.tile_m``), ``weights`` the experts'
     (E, N, K) stack (each an ``nn.Linear`` weight, K contiguous), ``out`` (capacity, N), or (capacity, N / 2) with a
     ``gate`` (N = 2I: gate rows then up rows; C = gate(x @ gate.T) * (x @ up.T)). The launch also takes the
-    routing's "expert_of_block" and "padded_count" tensors: as many tiles run as they say, on at most ``sms`` CTAs."""
+    routing's "expert_of_block" and "padded_count" tensors: as many tiles run as they say, on at most ``sms`` CTAs.
+    With ``config.cluster_m`` 2, the routing's blocks are ``2 * tile_m`` rows (one expert per cluster tile)."""
     (capacity, k), (experts, rows, _) = a.shape, weights.shape
     store_view = _store_view(out, config, OPERAND_BYTES[a.dtype])
     if Epilogue(gate=gate).width(config.tile_n) % STAGING_BOX[1]:
@@ -336,16 +337,18 @@ def plan_grouped(
     stacked = MatrixSpec((k, experts * rows), (1, k), weights.dtype, weights.aligned)  # (K, E * N): w.t() stacked
     sources = 2 if gate is not None else 1
     a_view = operand_view(a, 0, config.tile_m, config.tile_k, "a")
-    b_view = operand_view(stacked, 1, config.tile_n // sources, config.tile_k, "weights")
+    b_view = operand_view(stacked, 1, config.tile_n // max(sources, config.cluster_m), config.tile_k, "weights")
     if a_view.major != "K" or b_view.major != "K":
         raise ValueError("gemm_ws_grouped: expected K-major a and weights")
-    units = capacity // config.tile_m * -(-rows // config.tile_n)  # at most: the routing decides on the GPU
+    # Cluster tiles at most (the routing decides on the GPU), on whole clusters.
+    units = capacity // (config.tile_m * config.cluster_m) * -(-rows // config.tile_n)
     c_store = Tma("out", store_view) if store_view is not None else Tma("a", a_view, unread=True)
     arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"), c_store)
     arguments += (Tensor("expert_of_block"), Tensor("padded_count"), config, epilogue)
-    launch = Launch(gemm_ws_grouped, arguments, max(1, min(units, sms)), config.threads)
+    grid = max(1, min(units, sms // config.cluster)) * config.cluster
+    launch = Launch(gemm_ws_grouped, arguments, grid, config.threads)
     specs = {"a": a, "b": stacked, "out": out, "padded_count": MatrixSpec.dense((1,), "i32")}
-    specs["expert_of_block"] = MatrixSpec.dense((capacity // config.tile_m,), "i32")
+    specs["expert_of_block"] = MatrixSpec.dense((capacity // (config.tile_m * config.cluster_m),), "i32")
     return GemmPlan(gemm_ws_grouped.name, config, epilogue, specs, (), (launch,))
 
 

@@ -186,29 +186,31 @@ class StreamKTiles(GroupedTiles):
 
 
 class ExpertTiles(GroupedTiles):
-    """The grouped GEMM of a mixture of experts: C's rows in blocks of ``tile_m`` (the padded blocks of
-    ``flydsl.kernels.moe.align_tokens``), block ``i`` multiplied by expert ``expert_of_block[i]``'s weights, which
-    start at row ``expert * rows_per_expert`` of the stacked B. Only the blocks below ``padded_count`` (a kernel
-    value read from memory: the routing stays on the GPU) are units, in the grouped order of ``order`` (consecutive
-    blocks mostly share an expert, so grouped rows share its weights in L2). Whole tiles; no cluster."""
+    """The grouped GEMM of a mixture of experts: C's rows in blocks of ``tile_m * cluster_m`` (the padded blocks of
+    ``flydsl.kernels.moe.align_tokens``: a cluster's tile rows share one expert, so its CTAs share B's tiles), block
+    ``i`` multiplied by expert ``expert_of_block[i]``'s weights, which start at row ``expert * rows_per_expert`` of
+    the stacked B. Only the blocks below ``padded_count`` (a kernel value read from memory: the routing stays on the
+    GPU) are units, in the grouped order of ``order`` over cluster tiles (consecutive blocks mostly share an expert,
+    so grouped rows share its weights in L2). Whole tiles; clusters along M only."""
 
-    def __init__(self, order: fx.TileScheduler, k_tiles, cfg: GemmConfig, expert_of_block, rows_per_expert):
-        super().__init__(order, k_tiles, cfg, 0)
+    def __init__(self, order: fx.TileScheduler, k_tiles, cfg: GemmConfig, rank, expert_of_block, rows_per_expert):
+        super().__init__(order, k_tiles, cfg, rank)
         self.expert_of_block, self.rows_per_expert = expert_of_block, rows_per_expert
 
     def work(self, unit) -> WorkUnit:
-        tm, tn = self.order.coords(unit)
-        expert = self.expert_of_block[tm]
-        return WorkUnit(tm, tn, 0, self.k_tiles, cast(expert, fx.Int32) * self.rows_per_expert)
+        ctm, ctn = self.order.coords(unit)
+        expert = self.expert_of_block[ctm]
+        return WorkUnit(*self.cta_tile(ctm, ctn), 0, self.k_tiles, cast(expert, fx.Int32) * self.rows_per_expert)
 
 
-def expert_scheduler(blocks, n_extent, k_tiles, cfg: GemmConfig, expert_of_block, rows_per_expert) -> ExpertTiles:
-    """:class:`ExpertTiles` over ``blocks`` row blocks (``padded_count // tile_m``) and an ``n_extent``-column C."""
-    if cfg.cluster != 1 or cfg.split_k != 1 or cfg.stream_k:
-        raise ValueError(f"gemm_ws_grouped: {cfg}: expected whole tiles, no cluster, split K or stream-K")
+def expert_scheduler(blocks, n_extent, k_tiles, cfg: GemmConfig, rank, expert_of_block, rows_per_expert) -> ExpertTiles:
+    """:class:`ExpertTiles` over ``blocks`` row blocks (``padded_count // (tile_m * cluster_m)``) and an
+    ``n_extent``-column C."""
+    if cfg.cluster_n != 1 or cfg.split_k != 1 or cfg.stream_k:
+        raise ValueError(f"gemm_ws_grouped: {cfg}: expected whole tiles, no split K, stream-K or cluster along N")
     tiles_n = ((n_extent + (cfg.tile_n - 1)) // cfg.tile_n).to(fx.Int32)
-    order = fx.TileScheduler(blocks, tiles_n, group_m=cfg.group_m)
-    return ExpertTiles(order, k_tiles, cfg, expert_of_block, rows_per_expert)
+    order = fx.TileScheduler(blocks, tiles_n, group_m=cfg.group_m, cluster_size=cfg.cluster)
+    return ExpertTiles(order, k_tiles, cfg, rank, expert_of_block, rows_per_expert)
 
 
 def dense_scheduler(m_extent, n_extent, k_tiles, cfg: GemmConfig, rank) -> GroupedTiles:

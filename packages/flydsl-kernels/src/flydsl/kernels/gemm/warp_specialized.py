@@ -123,9 +123,9 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     k_tiles = ((k_extent + (cfg.tile_k - 1)) // cfg.tile_k).to(fx.Int32)
     if fx.const_expr(tensors.groups is not None):
         expert_of_block, padded_count = tensors.groups
-        blocks = padded_count[0].to(fx.Int32) // cfg.tile_m
-        tiles_n = n_extent * 2 if gated else n_extent  # accumulator columns
-        schedule = expert_scheduler(blocks, tiles_n, k_tiles, cfg, expert_of_block, tiles_n)
+        blocks = padded_count[0].to(fx.Int32) // (cfg.tile_m * cfg.cluster_m)
+        columns = n_extent * 2 if gated else n_extent  # accumulator columns: each expert's rows of B
+        schedule = expert_scheduler(blocks, columns, k_tiles, cfg, rank, expert_of_block, columns)
     else:
         schedule = dense_scheduler(m_extent, n_extent, k_tiles, cfg, rank)
     store = TileStore(c, epilogue, tensors.epilogue, cfg, tma)

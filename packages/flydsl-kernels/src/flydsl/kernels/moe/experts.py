@@ -43,23 +43,25 @@ _FUSED = Plans("flydsl.kernels.moe.fused_moe")
 
 @dataclass(frozen=True)
 class ExpertsConfig:
-    """The two stages' GEMM configurations (``block_m``: their ``tile_m``, the routing's block)."""
+    """The two stages' GEMM configurations (``block_m``: the routing's block, a cluster tile's rows)."""
 
     stage1: GemmConfig
     stage2: GemmConfig
 
     @property
     def block_m(self) -> int:
-        return self.stage1.tile_m
+        return self.stage1.tile_m * self.stage1.cluster_m
 
 
 def experts_config(ids: int, experts: int) -> ExpertsConfig:
-    """Row blocks of 128 (two consumer warpgroups) where experts average 96 rows or more, else of 64 (one), so that
-    the padding of sparsely hit experts stays small; tiles 256 wide (stage 1: 128 gate and 128 up columns), the
+    """Tiles of 128 rows (two consumer warpgroups) where experts average 96 rows or more, else of 64 (one), so that
+    the padding of sparsely hit experts stays small; in 2-CTA clusters along M (sharing each B tile: an expert's run
+    padded to 256 rows) where they average 512 or more; tiles 256 wide (stage 1: 128 gate and 128 up columns), the
     deepest pipeline that fits beside the TMA store's staging boxes."""
-    block_m = 128 if ids >= 96 * experts else 64
-    shape = dict(tile_m=block_m, tile_n=256, consumers=block_m // 64, cluster_m=1)
-    cfg = GemmConfig(**shape, stages=max_stages(block_m, 256))
+    tile_m = 128 if ids >= 96 * experts else 64
+    cluster_m = 2 if ids >= 512 * experts else 1
+    shape = dict(tile_m=tile_m, tile_n=256, consumers=tile_m // 64, cluster_m=cluster_m)
+    cfg = GemmConfig(**shape, stages=max_stages(tile_m, 256))
     return ExpertsConfig(cfg, cfg)
 
 
