@@ -2,7 +2,7 @@
 # [".devrt"]):
 #   bash tools/gpu-check.sh                      # every test suite (GPU tests included), one log per suite
 #   bash tools/gpu-check.sh tests/kernels -k gemm   # pytest arguments instead of the default suites
-#   bash tools/gpu-check.sh --sanitize           # the sanitizer scripts (GEMM, wgmma) under memcheck and racecheck
+#   bash tools/gpu-check.sh --sanitize           # the sanitizer scripts (GEMM, wgmma, MoE, attention), memcheck + racecheck
 #   bash tools/gpu-check.sh --demo               # the README's main job (tools/demo.py, as tox's demo runs it)
 # Logs go to $OUT (the device tool brings them back) or ./gpu-logs; the last lines printed are one summary line per
 # suite, so a truncated output tail still shows every result.
@@ -11,7 +11,7 @@ logs=${OUT:-gpu-logs}
 mkdir -p "$logs"
 status=0
 if [ "$1" = "--sanitize" ]; then
-  for script in tests.kernels.gemm_sanitize tests.compiler.wgmma_sanitize; do
+  for script in tests.kernels.gemm_sanitize tests.compiler.wgmma_sanitize tests.kernels.moe_sanitize tests.kernels.attention_sanitize; do
     for tool in memcheck racecheck; do
       log="$logs/${script##*.}_$tool.txt"
       timeout 300 compute-sanitizer --tool $tool --error-exitcode 1 python3 -m $script > "$log" 2>&1 || status=$?
