@@ -49,7 +49,7 @@ import sys
 import time
 from typing import NamedTuple
 
-from record import new_record, save
+from record import cell, csv_list, failure_note, new_record, save
 
 
 class Model(NamedTuple):
@@ -421,47 +421,39 @@ HEADER = (
 )
 
 
+_COLUMNS = (  # the table's measured columns: (key, format, width)
+    ("ours_us", ".1f", 9),
+    ("ours_tflops", ".1f", 7),
+    ("grouped_mm_us", ".1f", 9),
+    ("ratio_vs_grouped_mm", ".3f", 6),
+    ("loop_us", ".1f", 9),
+    ("ratio_vs_loop", ".3f", 7),
+    ("fraction_of_copy", ".3f", 6),
+    ("rel_error", ".1e", 7),
+)
+
+
 def _format(row) -> str:
-    def num(key, fmt, width):
-        value = row.get(key)
-        return f"{value:>{width}{fmt}}" if value is not None else f"{'-':>{width}}"
-
-    text = (
-        f"{row['model']:<16} {row['tokens']:>5} {row['quant']:<5} {num('ours_us', '.1f', 9)}"
-        f" {num('ours_tflops', '.1f', 7)} {num('grouped_mm_us', '.1f', 9)} {num('ratio_vs_grouped_mm', '.3f', 6)}"
-        f" {num('loop_us', '.1f', 9)} {num('ratio_vs_loop', '.3f', 7)} {num('fraction_of_copy', '.3f', 6)}"
-        f" {num('rel_error', '.1e', 7)}"
-    )
-    if not row.get("correct"):
-        why = row.get("error") or row.get("check_error") or f"unwritten {row.get('unwritten')}"
-        text += f"  FAILED ({why})"
-    return text
-
-
-def _csv(text, convert, choices=None):
-    values = [convert(v) for v in text.split(",") if v.strip()]
-    if choices is not None:
-        unknown = sorted(set(values) - set(choices))
-        if unknown:
-            raise argparse.ArgumentTypeError(f"expected some of {', '.join(map(str, choices))}, got {unknown}")
-    return values
+    columns = " ".join(cell(row, *column) for column in _COLUMNS)
+    text = f"{row['model']:<16} {row['tokens']:>5} {row['quant']:<5} {columns}"
+    return text + failure_note(row)
 
 
 def _peers(text):
-    return [] if text.strip() == "none" else _csv(text, str, PEERS)
+    return [] if text.strip() == "none" else csv_list(text, str, PEERS)
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model",
-        type=lambda t: _csv(t, str, MODELS),
+        type=lambda t: csv_list(t, str, MODELS),
         default=list(MODELS),
         help="comma-separated, of " + ", ".join(MODELS) + " (default all)",
     )
-    parser.add_argument("--tokens", type=lambda t: _csv(t, int), default=list(TOKENS), help="comma-separated T")
+    parser.add_argument("--tokens", type=lambda t: csv_list(t, int), default=list(TOKENS), help="comma-separated T")
     parser.add_argument(
-        "--quant", type=lambda t: _csv(t, str, QUANTS), default=list(QUANTS), help="of " + ", ".join(QUANTS)
+        "--quant", type=lambda t: csv_list(t, str, QUANTS), default=list(QUANTS), help="of " + ", ".join(QUANTS)
     )
     parser.add_argument(
         "--peers", type=_peers, default=list(PEERS), help="comma-separated, of " + ", ".join(PEERS) + ", or none"

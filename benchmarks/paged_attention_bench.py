@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 
-from record import new_record, save
+from record import cell, csv_list, failure_note, new_record, save
 
 MODELS = {"llama3-8b": (32, 8, 128), "llama3-70b-tp8": (8, 1, 128)}  # name -> (Hq, Hkv, D)
 BATCHES = (1, 8, 32, 128, 256)
@@ -431,45 +431,36 @@ HEADER = (
 )
 
 
+_COLUMNS = (  # the table's measured columns: (key, format, width)
+    ("ours_us", ".1f", 9),
+    ("ours_tbps", ".2f", 5),
+    ("fraction_of_copy", ".3f", 6),
+    ("sdpa_us", ".1f", 9),
+    ("flashinfer_us", ".1f", 9),
+    ("ratio_vs_flashinfer", ".3f", 6),
+    ("rel_error", ".1e", 7),
+)
+
+
 def _format(row) -> str:
-    def num(key, fmt, width):
-        value = row.get(key)
-        return f"{value:>{width}{fmt}}" if value is not None else f"{'-':>{width}}"
-
-    text = (
-        f"{row['model']:<14} {row['batch']:>4} {row['context']:>6} {row['block_size']:>3} {row['kv']:<9}"
-        f" {num('ours_us', '.1f', 9)} {num('ours_tbps', '.2f', 5)} {num('fraction_of_copy', '.3f', 6)}"
-        f" {num('sdpa_us', '.1f', 9)} {num('flashinfer_us', '.1f', 9)} {num('ratio_vs_flashinfer', '.3f', 6)}"
-        f" {num('rel_error', '.1e', 7)}"
-    )
-    if not row.get("correct"):
-        why = row.get("error") or row.get("check_error") or f"unwritten {row.get('unwritten')}"
-        text += f"  FAILED ({why})"
-    return text
-
-
-def _csv(text, convert, choices=None):
-    values = [convert(v) for v in text.split(",") if v.strip()]
-    if choices is not None:
-        unknown = sorted(set(values) - set(choices))
-        if unknown:
-            raise argparse.ArgumentTypeError(f"expected some of {', '.join(map(str, choices))}, got {unknown}")
-    return values
+    columns = " ".join(cell(row, *column) for column in _COLUMNS)
+    text = f"{row['model']:<14} {row['batch']:>4} {row['context']:>6} {row['block_size']:>3} {row['kv']:<9} {columns}"
+    return text + failure_note(row)
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model",
-        type=lambda t: _csv(t, str, MODELS),
+        type=lambda t: csv_list(t, str, MODELS),
         default=list(MODELS),
         help="comma-separated, of " + ", ".join(MODELS) + " (default both)",
     )
-    parser.add_argument("--batches", type=lambda t: _csv(t, int), default=list(BATCHES))
-    parser.add_argument("--contexts", type=lambda t: _csv(t, int), default=list(CONTEXTS))
-    parser.add_argument("--block-sizes", type=lambda t: _csv(t, int), default=list(BLOCK_SIZES))
+    parser.add_argument("--batches", type=lambda t: csv_list(t, int), default=list(BATCHES))
+    parser.add_argument("--contexts", type=lambda t: csv_list(t, int), default=list(CONTEXTS))
+    parser.add_argument("--block-sizes", type=lambda t: csv_list(t, int), default=list(BLOCK_SIZES))
     parser.add_argument(
-        "--kv", type=lambda t: _csv(t, str, KV_KINDS), default=list(KV_KINDS), help="of " + ", ".join(KV_KINDS)
+        "--kv", type=lambda t: csv_list(t, str, KV_KINDS), default=list(KV_KINDS), help="of " + ", ".join(KV_KINDS)
     )
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="batch * context at most (default 4M)")
     parser.add_argument("--ragged", action="store_true", help="contexts drawn uniformly from [1, context]")

@@ -151,6 +151,33 @@ def write_record(path, benchmark: str, argv, results, *, commit=None, method=Non
     return save(path, new_record(benchmark, argv, results, commit=commit, method=method, summary=summary, **extra))
 
 
+def csv_list(text: str, convert, choices=None) -> list:
+    """A comma-separated command-line value as a list of ``convert``-ed items, each one of ``choices`` if given
+    (``argparse``'s ``type=lambda t: csv_list(t, int)``)."""
+    import argparse
+
+    values = [convert(v) for v in text.split(",") if v.strip()]
+    if choices is not None:
+        unknown = sorted(set(values) - set(choices))
+        if unknown:
+            raise argparse.ArgumentTypeError(f"expected some of {', '.join(map(str, choices))}, got {unknown}")
+    return values
+
+
+def cell(row: dict, key: str, fmt: str, width: int) -> str:
+    """``row[key]`` formatted for a table column (``-`` where the row has no value)."""
+    value = row.get(key)
+    return f"{value:>{width}{fmt}}" if value is not None else f"{'-':>{width}}"
+
+
+def failure_note(row: dict) -> str:
+    """The table's note after a row that failed its check (empty for a correct one)."""
+    if row.get("correct"):
+        return ""
+    why = row.get("error") or row.get("check_error") or f"unwritten {row.get('unwritten')}"
+    return f"  FAILED ({why})"
+
+
 class ClockMonitor:
     """nvidia-smi sampling the SM and memory clocks, power, throttle reasons and temperature every ``period_ms`` in
     the background, so that runs on machines that clock differently can be compared: ``window()`` summarizes the
