@@ -16,7 +16,8 @@ from flydsl.kernels.gemm.epilogue import Epilogue
 from flydsl.kernels.gemm.operands import MatrixSpec
 from flydsl.kernels.gemm.plan import plan_grouped
 from flydsl.kernels.gemm.schedulers import ExpertTiles
-from flydsl.kernels.moe.experts import check_fused_moe, combine_kernel, experts_config, gather_kernel
+from flydsl.kernels.gemm.skinny import SkinnyVariant, choose_grouped_skinny_config, skinny_gemm_grouped_kernel
+from flydsl.kernels.moe.experts import check_fused_moe, combine_kernel, decodes, experts_config, gather_kernel
 
 S = flyc.TensorSpec
 
@@ -63,6 +64,26 @@ def test_check_fused_moe_names_the_bad_argument(change, error, match):
 def test_hidden_and_intermediate_sizes_need_16_byte_rows():
     with pytest.raises(ValueError, match="multiples of 8"):
         check_fused_moe(**_specs(inter=100))
+
+
+def test_decode_route():
+    assert decodes(1, 8, 256) and decodes(64, 512, 256) and decodes(16, 32, 8)
+    assert not decodes(65, 520, 256) and not decodes(64, 128, 8)  # past 64 tokens; Mixtral at 16 rows per expert
+
+
+@pytest.mark.parametrize("gated,k", [(True, 7168), (True, 1000), (False, 256), (False, 2048)])
+def test_grouped_skinny_compiles_without_spills(gated, k, tmp_path):
+    tokens, top_k, experts, n_out, capacity = 8, 8, 256, 256, 4096
+    cfg = choose_grouped_skinny_config(k, gated)
+    variant = SkinnyVariant(True, Epilogue(gate="silu" if gated else None), True)
+    rows = (tokens, k) if gated else (capacity, k)
+    module = skinny_gemm_grouped_kernel.lower(
+        S(rows, "bf16"), S((experts * n_out * (2 if gated else 1), k), "bf16"), S((capacity, n_out), "bf16"),
+        S((capacity,), "i32"), S((capacity // 16,), "i32"), S((1,), "i32"), S((tokens * top_k,), "i32"),
+        top_k if gated else 0, cfg, variant,
+    )  # fmt: skip
+    assert "mma.sync.aligned.m16n8k16" in module.ptx and "griddepcontrol.wait" in module.ptx
+    assert "0 bytes spill stores" in _ptxas(module.ptx, tmp_path)
 
 
 def test_experts_config_blocks_follow_the_rows_per_expert():

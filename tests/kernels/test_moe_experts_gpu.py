@@ -63,12 +63,27 @@ def _check(x, w1, w2, weights, ids, **options):
         (100, 60, 4, 256, 200),  # E not a power of two, I not a multiple of the tile
         (64, 128, 8, 512, 96),  # many experts, few rows each
         (37, 256, 8, 1024, 256),  # DeepSeek-V3-like routing, small
+        (5, 16, 4, 1000, 200),  # decode: K tails in both skinny stages (H 1000, I 200)
+        (64, 256, 8, 2048, 128),  # decode at its bound: 512 ids over 256 experts
+        (200, 256, 8, 512, 128),  # past the decode bound: the warp-specialized stages with 64-row tiles
     ],
 )
 def test_fused_moe_matches_the_reference(tokens, experts, top_k, hidden, inter):
     x, w1, w2 = _layer(tokens, experts, hidden, inter, seed=tokens)
     weights, ids = _routing(tokens, experts, top_k, seed=tokens)
     _check(x, w1, w2, weights, ids)
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 64])
+def test_decode_and_prefill_routes_agree(tokens):
+    """The weight-streaming stages (decode) against the warp-specialized ones on the same routing (the latter forced
+    by a larger call holding the same tokens twice): the same result to bf16 rounding."""
+    x, w1, w2 = _layer(tokens, 64, 512, 256, seed=12)
+    weights, ids = _routing(tokens, 64, 8, seed=12)
+    decoded = fused_moe(x, w1, w2, weights, ids)
+    doubled = fused_moe(x.repeat(70, 1), w1, w2, weights.repeat(70, 1), ids.repeat(70, 1))[:tokens]
+    scale = float(doubled.float().abs().max())
+    torch.testing.assert_close(decoded.float(), doubled.float(), rtol=0, atol=2e-2 * scale)
 
 
 def test_fused_moe_fp16_and_new_output():

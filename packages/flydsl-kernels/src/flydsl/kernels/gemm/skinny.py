@@ -48,7 +48,11 @@ __all__ = [
     "MAX_M",
     "SkinnyConfig",
     "SkinnyVariant",
+    "GROUPED_BLOCK",
+    "Routing",
+    "choose_grouped_skinny_config",
     "choose_skinny_config",
+    "skinny_gemm_grouped_kernel",
     "skinny_gemm_kernel",
     "skinny_gemm_scaled_kernel",
 ]
@@ -282,8 +286,23 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
         words = _loads(streams, full_end * step + warp_k, True)
         accs = _mmas(words, accs, cfg, a.dtype)
 
-    # Sum the K-warps' accumulators: (K-warp, n8 tile of the CTA, element, lane) in shared memory, lanes contiguous
-    # (no bank conflicts).
+    partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
+    # Thread i sums output elements i, i + threads, ... of the CTA's 16 x rows block (row-major over the block).
+    for rep in fx.range_constexpr(-(-16 * cfg.rows // cfg.threads)):
+        index = arith.minimum(tid + rep * cfg.threads, 16 * cfg.rows - 1)  # threads past the block repeat its end
+        row, col = index // cfg.rows, index % cfg.rows
+        out_col = n0 + col
+        total = _warp_total(partial, cfg, row, col)
+        if (tid + rep * cfg.threads < 16 * cfg.rows) & (row < m_extent) & (out_col < n_extent):
+            if fx.const_expr(cfg.splits == 1):
+                c[row, out_col] = apply_epilogue(total, epilogue, tensors, row, out_col).to(c.dtype)
+            else:
+                c[gpu.block_idx.y * m_extent + row, out_col] = total
+
+
+def _warp_partials(accs, cfg: SkinnyConfig, warp_kk, warp_n, lane):
+    """The K-warps' accumulators in shared memory, (K-warp, n8 tile of the CTA, element, lane), lanes contiguous (no
+    bank conflicts), after the CTA's barrier."""
     smem = fx.SmemAllocator()
     tiles = cfg.groups * cfg.warps_n
     partial = smem.allocate(fx.Float32, fl.Layout((cfg.warps_k, tiles, 4, 32), (tiles * 128, 128, 32, 1)))
@@ -291,22 +310,144 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
         for e in fx.range_constexpr(4):
             partial[warp_kk, warp_n * cfg.groups + g, e, lane] = accs[g][e]
     gpu.barrier()
-    # Thread i sums output elements i, i + threads, ... of the CTA's 16 x rows block (row-major over the block).
-    for rep in fx.range_constexpr(-(-16 * cfg.rows // cfg.threads)):
-        index = arith.minimum(tid + rep * cfg.threads, 16 * cfg.rows - 1)  # threads past the block repeat its end
-        row, col = index // cfg.rows, index % cfg.rows
-        g, within = col // 8, col % 8
-        source_lane = (row % 8) * 4 + within // 2
-        element = (row // 8) * 2 + within % 2
-        out_col = n0 + col
-        total = partial[0, g, element, source_lane]
-        for v in fx.range_constexpr(1, cfg.warps_k):
-            total = total + partial[v, g, element, source_lane]
-        if (tid + rep * cfg.threads < 16 * cfg.rows) & (row < m_extent) & (out_col < n_extent):
-            if fx.const_expr(cfg.splits == 1):
-                c[row, out_col] = apply_epilogue(total, epilogue, tensors, row, out_col).to(c.dtype)
+    return partial
+
+
+def _warp_total(partial, cfg: SkinnyConfig, row, col):
+    """Element (row, col) of the CTA's 16 x rows block: the sum of its K-warps' accumulators (mma.sync's layout:
+    row r, column 8g + j in lane 4 (r % 8) + j // 2, element 2 (r // 8) + j % 2 of n8 tile g)."""
+    g, within = col // 8, col % 8
+    source_lane = (row % 8) * 4 + within // 2
+    element = (row // 8) * 2 + within % 2
+    total = partial[0, g, element, source_lane]
+    for v in fx.range_constexpr(1, cfg.warps_k):
+        total = total + partial[v, g, element, source_lane]
+    return total
+
+
+# --- grouped: a mixture of experts' decode ----------------------------------------------------------------------------
+
+GROUPED_BLOCK = 16  # the aligned order's row block: one m16n8k16 MMA's rows
+
+
+class Routing(NamedTuple):
+    """The rows a grouped skinny GEMM takes, from ``flydsl.kernels.moe.align_tokens`` in blocks of 16: ``sorted_ids``,
+    ``expert_of_block`` and ``padded_count`` (kernel tensors) and ``top_k`` (an Int32: rows of A by index,
+    ``sorted_ids[p] // top_k``; 0: A's rows are the aligned positions themselves)."""
+
+    sorted_ids: object
+    expert_of_block: object
+    padded_count: object
+    top_k: object
+
+
+@flyc.kernel(dependent_launch=True)
+def skinny_gemm_grouped_kernel(
+    a: fx.Tensor,
+    w: fx.Tensor,
+    c: fx.Tensor,
+    sorted_ids: fx.Tensor,
+    expert_of_block: fx.Tensor,
+    padded_count: fx.Tensor,
+    positions: fx.Tensor,
+    top_k: fx.Int32,
+    cfg: fx.Constexpr,
+    variant: fx.Constexpr,
+):
+    """A mixture of experts' GEMM at decode sizes, streaming each routed expert's weights once per block of 16 rows:
+    CTA (x, y) takes block y of the aligned order (:class:`Routing`; none past ``padded_count[0]``: the CTA returns)
+    and output columns ``[x * cols, (x + 1) * cols)``. ``a``: x (T, K) with rows by index (``top_k`` > 0; the
+    sentinel reads row 0, its results land in pad rows) or (capacity, K) in the aligned order (``top_k`` 0); ``w``
+    the stacked experts' (E * N, K) weights, K contiguous; ``c`` (capacity, N_out). ``variant.epilogue``: none, or a
+    ``gate``: the CTA's first half of weight rows are gate rows, the second half the up rows I = N_out further, and
+    C gets ``gate(x @ gate.T) * (x @ up.T)`` (cols = rows / 2). 16-bit operands, 16-byte loads, no split K. Rows by
+    index also note where each (token, slot) pair went, as the gather does: ``positions[sorted_ids[p]] = p`` (int32
+    (T * k,); unread where ``top_k`` is 0)."""
+    epilogue = variant.epilogue
+    if epilogue.scales or epilogue.bias or epilogue.activation or cfg.splits != 1 or not variant.vector_loads:
+        raise ValueError(f"skinny_gemm_grouped_kernel: expected no scales, bias or split K, 16-byte loads: {variant}")
+    routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
+    _grouped_skinny_gemm(a, w, c, routing, positions, cfg, epilogue.gate)
+
+
+def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, cfg: SkinnyConfig, gate) -> None:
+    """:func:`skinny_gemm_grouped_kernel`'s body."""
+    flyc.set_kernel_attributes(threads=cfg.threads)
+    nvvm.griddepcontrol_launch_dependents()
+    tid = gpu.thread_idx.x
+    warp, lane = tid // 32, tid % 32
+    warp_n, warp_kk = warp % cfg.warps_n, warp // cfg.warps_n
+    lane_t, lane_q = lane % 4, lane // 4
+    # The routing and (stage 2) A are the previous kernels' outputs: nothing is read before the wait, and every
+    # load's row depends on its zero (loads through inline PTX could move above it otherwise).
+    after_wait = nvvm.griddepcontrol_wait()
+    block = gpu.block_idx.y.to(fx.Int32) + after_wait
+    if block * GROUPED_BLOCK < routing.padded_count[0]:
+        gated = gate is not None
+        n_out = c.shape[1].to(fx.Int32)
+        k_extent = a.shape[1].to(fx.Int32)
+        per_expert = n_out * 2 if gated else n_out  # the expert's rows of w
+        cols = cfg.rows // 2 if gated else cfg.rows  # output columns per CTA
+        n0 = gpu.block_idx.x * cols
+        base = routing.expert_of_block[block].to(fx.Int32) * per_expert
+        rows_w = []
+        for g in fx.range_constexpr(cfg.groups):
+            col = (warp_n * cfg.groups + g) * 8 + lane_q  # this lane's weight row among the CTA's
+            if fx.const_expr(gated):  # the first half gate rows n0.., the second the up rows n0 + I..
+                up = col >= cols
+                within = arith.minimum(n0 + arith.select(up, col - cols, col), n_out - 1)
+                rows_w.append(base + arith.select(up, within + n_out, within))
             else:
-                c[gpu.block_idx.y * m_extent + row, out_col] = total
+                rows_w.append(base + arith.minimum(n0 + col, n_out - 1))
+        first = block * GROUPED_BLOCK
+        if (routing.top_k > 0) & (gpu.block_idx.x == 0) & (tid < GROUPED_BLOCK):
+            flat = routing.sorted_ids[first + tid].to(fx.Int32)
+            if flat < a.shape[0].to(fx.Int32) * routing.top_k:
+                positions[flat] = first + tid
+        rows_a = [_grouped_row(routing, a, first + lane_q + 8 * h) for h in range(2)]
+        streams = _WarpStreams(a, w, rows_w, rows_a[0], rows_a[1], k_extent, cfg, lane_t, True, True, False)
+        step = cfg.k_step(w.dtype.width // 8)
+        full = k_extent // step
+        warp_k = warp_kk * (step // cfg.warps_k)
+        accs = [_ACC(0.0)] * cfg.groups
+        if full > 0:
+            words = _loads(streams, warp_k, False)
+            for it in range(1, full):
+                upcoming = _loads(streams, it * step + warp_k, False)
+                accs = _mmas(words, accs, cfg, a.dtype)
+                words = upcoming
+            accs = _mmas(words, accs, cfg, a.dtype)
+        if full * step < k_extent:  # the step with the K tail
+            accs = _mmas(_loads(streams, full * step + warp_k, True), accs, cfg, a.dtype)
+        partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
+        activation = Epilogue(activation=gate) if gated else None
+        for rep in fx.range_constexpr(-(-GROUPED_BLOCK * cols // cfg.threads)):
+            index = arith.minimum(tid + rep * cfg.threads, GROUPED_BLOCK * cols - 1)
+            row, col = index // cols, index % cols
+            out_col = n0 + col
+            total = _warp_total(partial, cfg, row, col)
+            if fx.const_expr(gated):
+                total = apply_epilogue(total, activation, EpilogueTensors(), row, col)
+                total = total * _warp_total(partial, cfg, row, col + cols)
+            if (tid + rep * cfg.threads < GROUPED_BLOCK * cols) & (out_col < n_out):
+                c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
+
+
+def _grouped_row(routing: Routing, a, position):
+    """The row of ``a`` that aligned position ``position`` multiplies: ``sorted_ids[position] // top_k`` (the
+    sentinel: row 0), or the position itself where ``top_k`` is 0."""
+    flat = routing.sorted_ids[position].to(fx.Int32)
+    ids = a.shape[0].to(fx.Int32) * routing.top_k
+    by_index = arith.select(flat < ids, flat // arith.maximum(routing.top_k, 1), fx.Int32(0))
+    return arith.select(routing.top_k > 0, by_index, position)
+
+
+def choose_grouped_skinny_config(k: int, gated: bool) -> SkinnyConfig:
+    """Short K (at most 1024: a stage 2's intermediate size) in steps of 256 over two columns of 4 warps; longer K
+    as the skinny kernel's M > 8 default (stage 1's gate and up rows: 2 n8 tiles each per warp)."""
+    if k <= 1024:
+        return SkinnyConfig(groups=4 if gated else 2, warps=8, warps_n=2, unroll=2)
+    return SkinnyConfig(groups=4, unroll=2) if gated else SkinnyConfig()
 
 
 @functools.cache

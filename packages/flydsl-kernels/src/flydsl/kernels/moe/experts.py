@@ -7,13 +7,16 @@
     stage 2             y = h @ w2[e].T per row block (gemm_ws_grouped)
     combine_kernel      out[t] = sum over s = 0..k-1 of topk_weights[t, s] * y[positions[t * k + s]]
 
-The two GEMMs are the warp-specialized Hopper GEMM with the grouped scheduler
-(:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`): each reads ``padded_count`` and the block's expert on the
-GPU and takes B from the experts' stacked weights as they are (``nn.Linear``'s orientation, no copy). Stage 1's B
-tile is the gate rows of its columns and the up rows I further, so the epilogue multiplies them in registers and
-writes h once. The combine sums each token's k rows in slot order in float32 (deterministic: no atomics, the same
-bits for any token order); dropped ids (outside ``[0, E)``: expert parallelism) add nothing. Pad rows are neither
-gathered nor combined: their GEMM rows compute garbage nobody reads.
+Decode-sized calls (:func:`decodes`: T <= 64, experts averaging at most 8 rows) align in blocks of 16 and take the
+grouped skinny GEMM instead (``flydsl.kernels.gemm.skinny.skinny_gemm_grouped_kernel``: each routed block's expert's
+weights streamed once, spread over the SMs, in 16-byte loads; stage 1 reads x's rows by index, so there is no gather, and
+notes the positions the combine reads). Otherwise the two GEMMs are the warp-specialized Hopper GEMM with the
+grouped scheduler (:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`): each reads ``padded_count`` and the
+block's expert on the GPU and takes B from the experts' stacked weights as they are (``nn.Linear``'s orientation,
+no copy). Stage 1's B tile is the gate rows of its columns and the up rows I further, so the epilogue multiplies
+them in registers and writes h once. The combine sums each token's k rows in slot order in float32 (deterministic:
+no atomics, the same bits for any token order); dropped ids (outside ``[0, E)``: expert parallelism) add nothing.
+Pad rows are neither gathered nor combined: their GEMM rows compute garbage nobody reads.
 """
 
 from __future__ import annotations
@@ -25,16 +28,24 @@ import flydsl.expr as fx
 from flydsl.expr import arith, gpu, vector
 from flydsl.kernels import validation as check
 from flydsl.kernels.gemm.config import GemmConfig, max_stages
+from flydsl.kernels.gemm.epilogue import Epilogue
 from flydsl.kernels.gemm.launch import launch_plan
 from flydsl.kernels.gemm.operands import MatrixSpec
 from flydsl.kernels.gemm.plan import plan_grouped
+from flydsl.kernels.gemm.skinny import (
+    GROUPED_BLOCK,
+    SkinnyVariant,
+    choose_grouped_skinny_config,
+    skinny_gemm_grouped_kernel,
+)
 from flydsl.kernels.moe.api import align_capacity, align_tokens, check_align_tokens
 from flydsl.kernels.moe.reference import ACTIVATIONS
 from flydsl.kernels.plans import Plans, signature
 
-__all__ = ["ExpertsConfig", "combine_kernel", "experts_config", "fused_moe", "gather_kernel"]
+__all__ = ["ExpertsConfig", "combine_kernel", "decodes", "experts_config", "fused_moe", "gather_kernel"]
 
 CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
+DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
 _WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
 _WAVES = 8  # their CTAs per SM (grid-stride loops past that)
 _DTYPES = ("bf16", "f16")
@@ -244,6 +255,37 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, quant, out):
             return x.new_zeros((tokens, hidden)) if out is None else out.zero_()
 
         return zeros
+    combine_grid = max(1, min(-(-tokens // _WARPS), sm_count(x.get_device()) * _WAVES))
+
+    def combine(y, positions, topk_weights, topk_ids, out):
+        out = y.new_empty((tokens, hidden)) if out is None else out
+        combine_kernel(y, positions, topk_weights, topk_ids, out, experts, top_k).launch(
+            grid=combine_grid, block=32 * _WARPS
+        )
+        return out
+
+    stages = _decode_stages if decodes(tokens, ids, experts) else _prefill_stages
+    steps = stages(x, tokens, hidden, experts, inter, top_k, activation)
+
+    def run(x, w1, w2, topk_weights, topk_ids, out):
+        positions = torch.empty(ids, dtype=torch.int32, device=x.device)
+        y = steps(x, w1, w2, topk_ids, positions)
+        return combine(y, positions, topk_weights, topk_ids, out)
+
+    return run
+
+
+def decodes(tokens: int, ids: int, experts: int) -> bool:
+    """Decode-sized calls (at most 64 tokens, experts averaging at most 8 rows) take the weight-streaming stages:
+    each routed expert's weights read once per 16 rows, by every SM."""
+    return tokens <= DECODE_TOKENS and ids <= 8 * experts
+
+
+def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation):
+    """align, gather, the two warp-specialized grouped GEMMs: a function of the call's tensors returning y."""
+    from flydsl.kernels.device import sm_count
+
+    ids = tokens * top_k
     sms = sm_count(x.get_device())
     cfg = experts_config(ids, experts)
     capacity = align_capacity(ids, experts, cfg.block_m)
@@ -264,20 +306,40 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, quant, out):
         config=cfg.stage2,
     )
     gather_grid = max(1, min(-(-capacity // _WARPS), sms * _WAVES))
-    combine_grid = max(1, min(-(-tokens // _WARPS), sms * _WAVES))
 
-    def run(x, w1, w2, topk_weights, topk_ids, out):
+    def steps(x, w1, w2, topk_ids, positions):
         sorted_ids, expert_of_block, padded_count = align_tokens(topk_ids, experts, cfg.block_m)
         groups = (expert_of_block, padded_count)
         rows = x.new_empty((capacity, hidden))
-        positions = torch.empty(ids, dtype=torch.int32, device=x.device)
         gather_kernel(x, sorted_ids, padded_count, rows, positions, top_k).launch(grid=gather_grid, block=32 * _WARPS)
         h = launch_plan(stage1, rows, w1, x.new_empty((capacity, inter)), groups=groups)
-        y = launch_plan(stage2, h, w2, rows, groups=groups)  # into the gathered rows: stage 1 has read them
-        out = x.new_empty((tokens, hidden)) if out is None else out
-        combine_kernel(y, positions, topk_weights, topk_ids, out, experts, top_k).launch(
-            grid=combine_grid, block=32 * _WARPS
-        )
-        return out
+        return launch_plan(stage2, h, w2, rows, groups=groups)  # into the gathered rows: stage 1 has read them
 
-    return run
+    return steps
+
+
+def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation):
+    """align in blocks of 16, then the two grouped skinny GEMMs (stage 1 reads x's rows by index and notes the
+    positions): a function of the call's tensors returning y."""
+    ids = tokens * top_k
+    capacity = align_capacity(ids, experts, GROUPED_BLOCK)
+    blocks = min(capacity // GROUPED_BLOCK, ids)  # each block below padded_count holds an id
+    cfg1, cfg2 = choose_grouped_skinny_config(hidden, True), choose_grouped_skinny_config(inter, False)
+    variant1 = SkinnyVariant(True, Epilogue(gate=activation), True)
+    variant2 = SkinnyVariant(True, Epilogue(), True)
+    grid1 = (-(-inter // (cfg1.rows // 2)), blocks)
+    grid2 = (-(-hidden // cfg2.rows), blocks)
+
+    def steps(x, w1, w2, topk_ids, positions):
+        sorted_ids, expert_of_block, padded_count = align_tokens(topk_ids, experts, GROUPED_BLOCK)
+        routing = (sorted_ids, expert_of_block, padded_count, positions)
+        h = x.new_empty((capacity, inter))
+        w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
+        skinny_gemm_grouped_kernel(x, w1_rows, h, *routing, top_k, cfg1, variant1).launch(
+            grid=grid1, block=cfg1.threads
+        )
+        y = x.new_empty((capacity, hidden))
+        skinny_gemm_grouped_kernel(h, w2_rows, y, *routing, 0, cfg2, variant2).launch(grid=grid2, block=cfg2.threads)
+        return y
+
+    return steps
