@@ -13,7 +13,7 @@ import pytest
 
 import flydsl.compiler as flyc
 from flydsl.kernels.moe import align, align_capacity, align_tokens, topk_route
-from flydsl.kernels.moe.api import check_align_tokens, check_topk_route
+from flydsl.kernels.moe.api import check_align_shapes, check_align_tokens, check_route_shapes, check_topk_route
 from flydsl.kernels.moe.topk import RouteConfig, route_config, route_layout, topk_route_kernel
 
 from .ptxas_report import spill_bytes
@@ -339,6 +339,78 @@ def test_align_tokens_refuses_cpu_tensors_and_other_arrays():
     assert len(api._ALIGN) == 0
     with pytest.raises(TypeError, match=WHO_ALIGN + "topk_ids: expected a torch tensor, got TensorSpec"):
         align_tokens(spec((4, 2), "i64"), 8, 16)
+
+
+@pytest.mark.parametrize(
+    "outputs,error,message",
+    [
+        (
+            dict(topk_weights=((5, 3), "f32")),
+            ValueError,
+            r"topk_weights: expected a float32 tensor of shape \(5, 2\), got float32 \(5, 3\)",
+        ),
+        (
+            dict(topk_ids=((5, 2), "f32")),
+            ValueError,
+            r"topk_ids: expected a int32 tensor of shape \(5, 2\), got float32",
+        ),
+        (
+            dict(topk_weights=((5, 2), "f32", (4, 1))),
+            ValueError,
+            r"topk_weights: expected a contiguous tensor, got strides \(4, 1\)",
+        ),
+        (dict(topk_ids=((5, 2), "i32")), TypeError, "topk_ids: expected a torch tensor, got TensorSpec"),
+    ],
+)
+def test_topk_route_checks_the_outputs_given(outputs, error, message):
+    """Outputs given by keyword: of the output's shape and dtype, contiguous, torch tensors (the plans fill them)."""
+    given = {name: spec(*value) for name, value in outputs.items()}
+    with pytest.raises(error, match=WHO_TOPK + message):
+        check_topk_route(spec((5, 64), "bf16"), 2, **given)
+
+
+@pytest.mark.parametrize(
+    "outputs,message",
+    [
+        (
+            dict(sorted_ids=((100,), "i32")),
+            r"sorted_ids: expected a int32 tensor of shape \(320,\), got int32 \(100,\)",
+        ),
+        (
+            dict(expert_of_block=((3,), "i32")),
+            r"expert_of_block: expected a int32 tensor of shape \(5,\), got int32 \(3,\)",
+        ),
+        (dict(padded_count=((1,), "f32")), r"padded_count: expected a int32 tensor of shape \(1,\), got float32"),
+        (dict(sorted_ids=((320,), "i32", (2,))), r"sorted_ids: expected a contiguous tensor, got strides \(2,\)"),
+    ],
+)
+def test_align_tokens_checks_the_outputs_given(outputs, message):
+    assert align_capacity(40, 4, 64) == 320  # 5 blocks
+    given = {name: spec(*value) for name, value in outputs.items()}
+    with pytest.raises(ValueError, match=WHO_ALIGN + message):
+        check_align_tokens(spec((5, 8), "i32"), 4, 64, **given)
+
+
+def test_shape_checks_read_shapes_and_dtypes_alone():
+    """check_route_shapes and check_align_shapes (torch.ops.flydsl's fake implementations run them) take anything
+    with a shape and a dtype, our names or torch's, and name the caller."""
+
+    class Meta:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = shape, dtype
+
+    assert check_route_shapes("op", Meta((7, 256), "bf16"), 8, "sigmoid", True, Meta((256,), "f32"), 8, 4) == (
+        7, 256, 8, 4,
+    )  # fmt: skip
+    assert check_route_shapes("op", Meta((0, 60), "f32"), 2, "softmax", False, None, None, None) == (0, 60, 1, 1)
+    with pytest.raises(ValueError, match=r"^op: bias: expected shape \(256,\)"):
+        check_route_shapes("op", Meta((7, 256), "bf16"), 8, "softmax", True, Meta((128,), "f32"), None, None)
+    with pytest.raises(ValueError, match=r"^op: router_logits: expected a 2-D tensor"):
+        check_route_shapes("op", Meta((7,), "bf16"), 1, "softmax", True, None, None, None)
+    assert check_align_shapes("op", Meta((5, 8), "int64"), 256, 64) == (40, align_capacity(40, 256, 64))
+    assert check_align_shapes("op", Meta((5, 8), "i32"), 256, 64)[0] == 40
+    with pytest.raises(TypeError, match="^op: topk_ids: expected int32 or int64, got float32"):
+        check_align_shapes("op", Meta((5, 8), "f32"), 256, 64)
 
 
 # --- the references -------------------------------------------------------------------------------------------------

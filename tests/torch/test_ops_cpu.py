@@ -24,6 +24,9 @@ NAMES = (
     "blockscale_gemm",
     "quantize_fp8",
     "paged_decode",
+    "topk_route",
+    "align_tokens",
+    "fused_moe",
 )
 BACKWARD = ("softmax_backward", "layer_norm_backward", "rms_norm_backward")
 

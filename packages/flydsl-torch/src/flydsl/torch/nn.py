@@ -1,19 +1,23 @@
-"""Drop-in ``torch.nn.LayerNorm`` and ``torch.nn.RMSNorm`` running FlyDSL's kernels, and ``Fp8Linear``.
+"""Drop-in ``torch.nn.LayerNorm`` and ``torch.nn.RMSNorm`` running FlyDSL's kernels, ``Fp8Linear`` and ``MoE``.
 
 The norms subclass torch's modules: same constructor, parameters and ``state_dict`` (checkpoints load both ways) and
 ``isinstance(m, torch.nn.LayerNorm)`` holds. ``forward`` runs the FlyDSL kernels on CUDA tensors of float32, float16
 or bfloat16 and falls back to torch's own implementation on anything else (CPU tensors, float64), so that a model
-keeps working off the GPU. ``Fp8Linear`` replaces an ``nn.Linear`` for inference with fp8 weights.
+keeps working off the GPU. ``Fp8Linear`` replaces an ``nn.Linear`` for inference with fp8 weights; ``MoE`` is a
+mixture-of-experts block for inference that loads Hugging Face checkpoints (Mixtral, Qwen-MoE).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from flydsl.torch import functional as F
+from flydsl.torch import moe
 from flydsl.torch.ops import DTYPES
 from torch import Tensor
 
-__all__ = ["Fp8Linear", "LayerNorm", "RMSNorm"]
+__all__ = ["Fp8Linear", "LayerNorm", "MoE", "RMSNorm"]
 
 
 def _ours(input: Tensor) -> bool:
@@ -203,3 +207,171 @@ def _expanded(scales: Tensor, shape, rows_per_scale: int) -> Tensor:
     """Block scales over a ``shape`` (rows, cols) matrix, one per ``rows_per_scale`` x 128 block (partial blocks at
     the edges), expanded to one per element."""
     return scales.repeat_interleave(rows_per_scale, 0).repeat_interleave(128, 1)[: shape[0], : shape[1]]
+
+
+# --- MoE -------------------------------------------------------------------------------------------------------------
+
+_MOE_DTYPES = (torch.bfloat16, torch.float16)  # fused_moe's
+# The experts' projections in Hugging Face checkpoints, (gate, up, down) under experts.{e}.<name>.weight: Qwen2/3-MoE
+# and DeepSeek's mlp, then Mixtral's block_sparse_moe.
+_HF_EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+
+
+class MoE(torch.nn.Module):
+    """A mixture-of-experts block for inference: the router ``gate`` (``nn.Linear(hidden_size, num_experts,
+    bias=False)``: ``gate.weight`` as in Hugging Face's Mixtral and Qwen3-MoE) and the experts' weights stacked,
+    ``w1`` (E, 2I, H) (each expert's gate rows, then its up rows) and ``w2`` (E, H, I). ``forward(x)``, x (..., H):
+    the router's logits ``gate(x)`` (in the gate's dtype: x is cast to it, so a float32 gate gives float32 logits),
+    each token's ``top_k`` experts and weights by ``torch.ops.flydsl.topk_route`` (``scoring`` "softmax" or "sigmoid"
+    in float32, the weights divided by their sum where ``renormalize``), then ``torch.ops.flydsl.fused_moe``
+    (``w2 @ (silu(gate) * up)`` per expert, combined in float32), reshaped back to x's shape. A bf16/fp16 CUDA ``x``
+    takes the kernels (``w1`` and ``w2`` in its dtype); anything else (CPU tensors, float32) the float32 torch
+    references of :mod:`flydsl.kernels.moe.reference`, so that a model keeps working off the GPU. No gradients (the
+    ops record none): run it under ``torch.no_grad()`` or ``torch.inference_mode()``. Works under
+    ``torch.compile(fullgraph=True)`` and CUDA-graph capture.
+
+        moe = MoE.from_hf(layer.block_sparse_moe.state_dict(), top_k=2)   # Mixtral: E, H and I from the weights
+        y = moe(x)                                                        # x (..., 4096) bf16 on the GPU
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int,
+        top_k: int,
+        scoring: str = "softmax",
+        renormalize: bool = True,
+        activation: str = "silu",
+        device=None,
+        dtype=None,
+    ):
+        from flydsl.kernels.moe.api import SCORINGS
+        from flydsl.kernels.moe.reference import ACTIVATIONS
+
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"MoE: top_k: expected 1 to num_experts = {num_experts}, got {top_k}")
+        if scoring not in SCORINGS:
+            raise ValueError(f"MoE: scoring: expected one of {SCORINGS}, got {scoring!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"MoE: activation: expected one of {ACTIVATIONS}, got {activation!r}")
+        self.hidden_size, self.intermediate_size, self.num_experts = hidden_size, intermediate_size, num_experts
+        self.top_k, self.scoring, self.renormalize, self.activation = top_k, scoring, renormalize, activation
+        factory = dict(device=device, dtype=dtype)
+        self.gate = torch.nn.Linear(hidden_size, num_experts, bias=False, **factory)
+        self.w1 = torch.nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **factory))
+        self.w2 = torch.nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **factory))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Each expert's projections initialized as ``nn.Linear``'s weights are: uniform within 1 / sqrt(fan_in)."""
+        self.gate.reset_parameters()
+        for w in (self.w1, self.w2):
+            bound = 1 / math.sqrt(w.shape[2]) if w.shape[2] else 0.0
+            torch.nn.init.uniform_(w, -bound, bound)
+
+    @classmethod
+    def from_hf(
+        cls,
+        state_dict,
+        top_k: int,
+        prefix: str = "",
+        *,
+        scoring: str = "softmax",
+        renormalize: bool = True,
+        device=None,
+        dtype=None,
+    ) -> MoE:
+        """A MoE of a Hugging Face block's weights (:meth:`load_hf_state_dict`'s layouts): E and H from
+        ``gate.weight``, I from the first expert's gate projection; on the device and in the dtype of
+        ``gate.weight`` unless given. Mixtral: ``top_k=2``; Qwen3-MoE: ``top_k=8``, ``renormalize`` its
+        ``norm_topk_prob``."""
+        gate = _hf_tensor(state_dict, prefix + "gate.weight", None)
+        if gate.dim() != 2:
+            raise ValueError(
+                f"MoE.from_hf: {prefix}gate.weight: expected a 2-D (num_experts, hidden) tensor, got shape"
+                f" {tuple(gate.shape)}"
+            )
+        gate_name = _hf_expert_names(state_dict, prefix)[0]
+        first = _hf_tensor(state_dict, f"{prefix}experts.0.{gate_name}.weight", None)
+        experts, hidden = gate.shape
+        module = cls(
+            hidden, first.shape[0], experts, top_k, scoring, renormalize,
+            device=gate.device if device is None else device, dtype=gate.dtype if dtype is None else dtype,
+        )  # fmt: skip
+        module.load_hf_state_dict(state_dict, prefix)
+        return module
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, state_dict, prefix: str = "") -> None:
+        """Loads a Hugging Face MoE block's weights: ``{prefix}gate.weight`` (E, H) and per expert e
+        ``{prefix}experts.{e}.gate_proj.weight`` (I, H), ``up_proj`` (I, H) and ``down_proj`` (H, I) (Qwen2/3-MoE,
+        DeepSeek; ``prefix`` e.g. ``"model.layers.0.mlp."``) or Mixtral's ``w1`` (gate), ``w3`` (up) and ``w2``
+        (down) (``"model.layers.0.block_sparse_moe."``): ``w1[e]`` the gate rows then the up rows, ``w2[e]`` the
+        down projection, converted to the module's dtype and device. Every key is checked (present, of its shape)
+        before anything is written; other keys (a shared expert, its gate) are not read."""
+        experts, hidden, inter = self.num_experts, self.hidden_size, self.intermediate_size
+        gate_name, up_name, down_name = _hf_expert_names(state_dict, prefix)
+        router = _hf_tensor(state_dict, prefix + "gate.weight", (experts, hidden))
+        projections = []
+        for e in range(experts):
+            base = f"{prefix}experts.{e}."
+            projections.append(
+                (
+                    _hf_tensor(state_dict, f"{base}{gate_name}.weight", (inter, hidden)),
+                    _hf_tensor(state_dict, f"{base}{up_name}.weight", (inter, hidden)),
+                    _hf_tensor(state_dict, f"{base}{down_name}.weight", (hidden, inter)),
+                )
+            )
+        self.gate.weight.copy_(router)
+        for e, (gate, up, down) in enumerate(projections):
+            self.w1[e, :inter].copy_(gate)
+            self.w1[e, inter:].copy_(up)
+            self.w2[e].copy_(down)
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size},"
+            f" num_experts={self.num_experts}, top_k={self.top_k}, scoring={self.scoring},"
+            f" renormalize={self.renormalize}"
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"MoE: x: expected a last dim of {self.hidden_size}, got shape {tuple(x.shape)}")
+        rows = x.reshape(-1, self.hidden_size)
+        logits = self.gate(rows.to(self.gate.weight.dtype))
+        if x.is_cuda and x.dtype in _MOE_DTYPES:
+            # FlyOp.call: the ops without the dispatcher where nothing traces them (flydsl.torch._registry.eager)
+            weights, ids = moe.topk_route.call(logits, self.top_k, self.scoring, self.renormalize, None, None, None)
+            out = moe.fused_moe.call(rows, self.w1, self.w2, weights, ids, self.activation)
+        else:  # the same definition in float32 torch
+            from flydsl.kernels.moe.reference import fused_moe_reference, topk_route_reference
+
+            weights, ids = topk_route_reference(logits, self.top_k, scoring=self.scoring, renormalize=self.renormalize)
+            out = fused_moe_reference(rows, self.w1, self.w2, weights, ids, activation=self.activation).to(x.dtype)
+        return out.view(x.shape)
+
+
+def _hf_expert_names(state_dict, prefix: str) -> tuple[str, str, str]:
+    """The (gate, up, down) projection names of the checkpoint's experts, from expert 0's keys."""
+    for names in _HF_EXPERT_NAMES:
+        if f"{prefix}experts.0.{names[0]}.weight" in state_dict:
+            return names
+    tried = " nor ".join(f"{prefix}experts.0.{names[0]}.weight" for names in _HF_EXPERT_NAMES)
+    raise KeyError(
+        f"MoE: found neither {tried} (the first expert's gate projection, Qwen-MoE/DeepSeek's or Mixtral's naming)"
+    )
+
+
+def _hf_tensor(state_dict, key: str, shape) -> Tensor:
+    """``state_dict[key]``, of ``shape`` where given."""
+    if key not in state_dict:
+        expected = "" if shape is None else f" (a {tuple(shape)} tensor)"
+        raise KeyError(f"MoE: missing {key}{expected}")
+    t = state_dict[key]
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"MoE: {key}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    return t

@@ -8,7 +8,10 @@ GEMM's blocks, on the GPU).
 
 Both check their arguments before anything is launched (errors name the function and the argument), keep a launch
 plan per call signature (:mod:`flydsl.kernels.plans`), never read a tensor's values on the host (CUDA-graph
-capturable: every size follows from the shapes) and return new torch tensors.
+capturable: every size follows from the shapes) and return their outputs: new torch tensors, or those given by
+keyword (``topk_weights=``, ``sorted_ids=``, ...: contiguous, of the output's shape and dtype). The checks that need
+only shapes, dtypes and numbers (:func:`check_route_shapes`, :func:`check_align_shapes`) import no compiler:
+``torch.ops.flydsl``'s fake implementations run them on tensors without data.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ __all__ = [
     "align_capacity",
     "check_topk_route",
     "check_align_tokens",
+    "check_route_shapes",
+    "check_align_shapes",
+    "check_experts_shapes",
+    "EXPERT_DTYPES",
+    "ROW_CHUNK",
 ]
 
 MAX_EXPERTS = 512  # topk_route: at most 16 scores per lane; align_tokens: one thread per expert
@@ -76,10 +84,13 @@ def topk_route(
     bias=None,
     num_groups: int | None = None,
     top_groups: int | None = None,
+    topk_weights=None,
+    topk_ids=None,
 ):
     """``(topk_weights, topk_ids)``, float32 and int32 ``(T, top_k)``: each token's ``top_k`` experts, best first,
     and their weights, from ``router_logits`` (T, E) float32/float16/bfloat16 (a torch CUDA tensor with unit stride
-    on E, any row stride; E up to 512, ``top_k`` up to 16 and E). One launch.
+    on E, any row stride; E up to 512, ``top_k`` up to 16 and E). One launch. ``topk_weights`` / ``topk_ids``: the
+    outputs to write (contiguous (T, top_k) float32 / int32 torch tensors), allocated when not given.
 
     * ``scoring``: "softmax" (the scores are softmax over the E logits, in float32) or "sigmoid" (each logit's
       sigmoid).
@@ -95,31 +106,43 @@ def topk_route(
     scores rank above every number (as ``torch.topk`` ranks them), -0 equals +0. :mod:`~flydsl.kernels.moe.reference`'s
     ``topk_route_reference`` follows the same rules in float32 torch (its scores may differ from the kernel's in the
     last bit: exp and the sums are computed differently)."""
-    key = signature(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups)
+    key = signature(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups, topk_weights, topk_ids)
     plan = _TOPK.get(key)
     if plan is None:
-        plan = _TOPK.add(key, _topk_plan(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups))
-    return plan(router_logits, bias)
+        plan = _TOPK.add(
+            key,
+            _topk_plan(
+                router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups, topk_weights, topk_ids
+            ),
+        )
+    return plan(router_logits, bias, topk_weights, topk_ids)
 
 
-def _topk_plan(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups):
-    """The launch of a call of this signature, checked: a function of ``(router_logits, bias)``."""
+def _topk_plan(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups, topk_weights, topk_ids):
+    """The launch of a call of this signature, checked: a function of ``(router_logits, bias, topk_weights,
+    topk_ids)`` (outputs None: allocated)."""
     who = _TOPK.name
-    cfg, tokens = check_topk_route(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups)
+    cfg, tokens = check_topk_route(
+        router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups, topk_weights, topk_ids
+    )
     check.torch_tensor(who, "router_logits", router_logits)  # outputs are allocated with torch
     import torch
 
     shape = (tokens, cfg.top_k)
+
+    def outputs(logits, weights, ids):
+        if weights is None:
+            weights = torch.empty(shape, dtype=torch.float32, device=logits.device)
+        if ids is None:
+            ids = torch.empty(shape, dtype=torch.int32, device=logits.device)
+        return weights, ids
+
     if tokens == 0:
-        return lambda logits, bias: (
-            logits.new_empty(shape, dtype=torch.float32),
-            logits.new_empty(shape, dtype=torch.int32),
-        )
+        return lambda logits, bias, weights, ids: outputs(logits, weights, ids)
     kernel, launch = _topk().topk_route_kernel, dict(grid=cfg.grid(tokens), block=cfg.block)
 
-    def run(logits, bias):
-        weights = torch.empty(shape, dtype=torch.float32, device=logits.device)
-        ids = torch.empty(shape, dtype=torch.int32, device=logits.device)
+    def run(logits, bias, weights, ids):
+        weights, ids = outputs(logits, weights, ids)
         kernel(logits, logits if bias is None else bias, weights, ids, cfg).launch(**launch)  # (unread without bias)
         return weights, ids
 
@@ -134,26 +157,28 @@ def check_topk_route(
     bias=None,
     num_groups=None,
     top_groups=None,
+    topk_weights=None,
+    topk_ids=None,
 ):
     """``topk_route``'s arguments checked (tensors read for their shapes, dtypes, strides and devices only: torch
-    tensors, other GPU arrays or ``flyc.TensorSpec``); returns the kernel's configuration
+    tensors, other GPU arrays or ``flyc.TensorSpec``), the outputs given too; returns the kernel's configuration
     (:class:`flydsl.kernels.moe.topk.RouteConfig`) and the token count T. Errors name the argument."""
     who = _TOPK.name
-    logits = check.rows(who, "router_logits", router_logits)
-    tokens, experts = logits.shape
-    if not 1 <= experts <= MAX_EXPERTS:
-        raise ValueError(
-            f"{who}: router_logits: expected 1 to {MAX_EXPERTS} experts (its last dim), got shape {tuple(logits.shape)}"
-        )
-    _count(who, "top_k", top_k, 1, MAX_TOP_K)
-    if top_k > experts:
-        raise ValueError(f"{who}: top_k: expected at most E = {experts} (router_logits' last dim), got {top_k}")
-    check.one_of(who, "scoring", scoring, SCORINGS)
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"{who}: renormalize: expected a bool, got {renormalize!r}")
-    offsets = check.vector(who, "bias", bias, experts, dtypes=("f32",))
+    logits = check.describe(who, "router_logits", router_logits)
+    offsets = None if bias is None else check.describe(who, "bias", bias)
+    tokens, experts, groups, kept = check_route_shapes(
+        who, logits, top_k, scoring, renormalize, offsets, num_groups, top_groups
+    )
+    check.rows(who, "router_logits", router_logits)  # its strides and sizes
+    if offsets is not None and experts > 1 and offsets.strides[0] != 1:
+        raise ValueError(f"{who}: bias: expected a contiguous vector, got stride {offsets.strides[0]}")
     check.same_device(who, logits, ("bias", offsets))
-    groups, kept = _check_groups(who, experts, top_k, num_groups, top_groups)
+    _check_outputs(
+        who,
+        logits,
+        (("router_logits", logits), ("bias", offsets)),
+        (("topk_weights", topk_weights, (tokens, top_k), "f32"), ("topk_ids", topk_ids, (tokens, top_k), "i32")),
+    )
     layout = _topk().route_layout(experts, groups)
     if layout is None:
         size = experts // groups
@@ -173,6 +198,69 @@ def check_topk_route(
         per_lane=layout[1],
     )
     return cfg, tokens
+
+
+def check_route_shapes(
+    who: str, router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups
+) -> tuple[int, int, int, int]:
+    """``topk_route``'s checks that need only shapes, dtypes and numbers (tensors: anything with ``shape`` and
+    ``dtype`` in :mod:`flydsl.kernels.validation`'s names; ``bias`` None where absent); returns ``(T, E, num_groups,
+    top_groups)``, ``(1, 1)`` ungrouped. Not checked here: strides, devices and the grouped lane layout (the
+    kernel's, :func:`check_topk_route`)."""
+    shape = tuple(router_logits.shape)
+    if len(shape) != 2:
+        raise ValueError(
+            f"{who}: router_logits: expected a 2-D tensor (rows, N), got shape {shape} (reshape to 2-D first)"
+        )
+    check.check_dtype(who, "router_logits", router_logits.dtype, check.ROW_DTYPES)
+    tokens, experts = shape
+    if not 1 <= experts <= MAX_EXPERTS:
+        raise ValueError(f"{who}: router_logits: expected 1 to {MAX_EXPERTS} experts (its last dim), got shape {shape}")
+    _count(who, "top_k", top_k, 1, MAX_TOP_K)
+    if top_k > experts:
+        raise ValueError(f"{who}: top_k: expected at most E = {experts} (router_logits' last dim), got {top_k}")
+    check.one_of(who, "scoring", scoring, SCORINGS)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"{who}: renormalize: expected a bool, got {renormalize!r}")
+    if bias is not None:
+        if tuple(bias.shape) != (experts,):
+            raise ValueError(
+                f"{who}: bias: expected shape ({experts},) (N, the input's last dim), got {tuple(bias.shape)}"
+            )
+        check.check_dtype(who, "bias", bias.dtype, ("f32",))
+    groups, kept = _check_groups(who, experts, top_k, num_groups, top_groups)
+    return tokens, experts, groups, kept
+
+
+def _check_outputs(who: str, reference, inputs, outputs) -> None:
+    """The outputs given (``(name, tensor or None, shape, dtype)``; None: allocated by the plan): torch tensors of
+    their shape and dtype, contiguous, on ``reference``'s device, overlapping none of ``inputs`` (``(name, info or
+    None)``) nor each other."""
+    seen = list(inputs)
+    for name, obj, shape, dtype in outputs:
+        if obj is None:
+            continue
+        info = check.describe(who, name, obj)
+        if tuple(info.shape) != tuple(shape) or info.dtype != dtype:
+            raise ValueError(
+                f"{who}: {name}: expected a {check.dtype_names((dtype,))} tensor of shape {tuple(shape)}, got"
+                f" {check.dtype_names((info.dtype,))} {tuple(info.shape)}"
+            )
+        if not _contiguous(info):
+            raise ValueError(f"{who}: {name}: expected a contiguous tensor, got strides {tuple(info.strides)}")
+        check.same_device(who, reference, (name, info))
+        check.torch_tensor(who, name, obj)  # the plans fill some with torch (nothing routed, padding)
+        check.not_aliased(who, name, info, *seen)
+        seen.append((name, info))
+
+
+def _contiguous(info) -> bool:
+    step = 1
+    for extent, stride in zip(reversed(info.shape), reversed(info.strides), strict=True):
+        if extent != 1 and stride != step:
+            return False
+        step *= extent
+    return True
 
 
 def _check_groups(who: str, experts: int, top_k: int, num_groups, top_groups) -> tuple[int, int]:
@@ -214,9 +302,10 @@ def align_capacity(num_ids: int, num_experts: int, block_m: int) -> int:
     return -(-(num_ids + num_experts * (block_m - 1)) // block_m) * block_m
 
 
-def align_tokens(topk_ids, num_experts: int, block_m: int):
+def align_tokens(topk_ids, num_experts: int, block_m: int, *, sorted_ids=None, expert_of_block=None, padded_count=None):
     """``(sorted_ids, expert_of_block, padded_count)`` of ``topk_ids`` (T, k) int32/int64 (a contiguous torch CUDA
-    tensor, e.g. :func:`topk_route`'s ids), for a grouped GEMM in blocks of ``block_m`` rows:
+    tensor, e.g. :func:`topk_route`'s ids), for a grouped GEMM in blocks of ``block_m`` rows (outputs given by keyword:
+    contiguous int32 torch tensors of these shapes, written whole; the others allocated):
 
     * ``sorted_ids`` int32 ``(capacity,)`` (:func:`align_capacity`): the flattened indices ``t * k + s`` grouped by
       expert, in expert order, each expert's run padded to a multiple of ``block_m`` with the sentinel ``T * k``;
@@ -231,35 +320,38 @@ def align_tokens(topk_ids, num_experts: int, block_m: int):
     Computed on the GPU (a counting sort, one launch up to 8192 ids, three beyond: :mod:`flydsl.kernels.moe.align`);
     every size follows from the shapes, so calls can be captured in CUDA graphs. :mod:`~flydsl.kernels.moe.reference`'s
     ``align_tokens_reference`` is the same in torch."""
-    key = signature(topk_ids, num_experts, block_m)
+    given = (sorted_ids, expert_of_block, padded_count)
+    key = signature(topk_ids, num_experts, block_m, *given)
     plan = _ALIGN.get(key)
     if plan is None:
-        plan = _ALIGN.add(key, _align_plan(topk_ids, num_experts, block_m))
-    return plan(topk_ids)
+        plan = _ALIGN.add(key, _align_plan(topk_ids, num_experts, block_m, given))
+    return plan(topk_ids, given)
 
 
-def _align_plan(topk_ids, num_experts, block_m):
-    """The launches of a call of this signature, checked: a function of ``topk_ids``."""
+def _align_plan(topk_ids, num_experts, block_m, given):
+    """The launches of a call of this signature, checked: a function of ``topk_ids`` and the outputs given (a triple,
+    None where allocated)."""
     who = _ALIGN.name
-    cfg, ids, capacity = check_align_tokens(topk_ids, num_experts, block_m)
+    cfg, ids, capacity = check_align_tokens(topk_ids, num_experts, block_m, *given)
     check.torch_tensor(who, "topk_ids", topk_ids)  # outputs are allocated with torch
     import torch
 
     blocks = capacity // block_m
     align = _align()
 
-    def outputs(like):
+    def outputs(like, given):
+        sorted_ids, expert_of_block, padded_count = given
         device = like.device
         return (
-            torch.empty(capacity, dtype=torch.int32, device=device),
-            torch.empty(blocks, dtype=torch.int32, device=device),
-            torch.empty(1, dtype=torch.int32, device=device),
+            torch.empty(capacity, dtype=torch.int32, device=device) if sorted_ids is None else sorted_ids,
+            torch.empty(blocks, dtype=torch.int32, device=device) if expert_of_block is None else expert_of_block,
+            torch.empty(1, dtype=torch.int32, device=device) if padded_count is None else padded_count,
         )
 
     if ids == 0:  # nothing to sort: the sentinel (0) everywhere, no blocks
 
-        def empty(topk_ids):
-            sorted_ids, expert_of_block, padded_count = outputs(topk_ids)
+        def empty(topk_ids, given):
+            sorted_ids, expert_of_block, padded_count = outputs(topk_ids, given)
             return sorted_ids.zero_(), expert_of_block.fill_(-1), padded_count.zero_()
 
         return empty
@@ -267,8 +359,8 @@ def _align_plan(topk_ids, num_experts, block_m):
     if chunks == 1:
         small = align.align_small_kernel
 
-        def one_cta(topk_ids):
-            sorted_ids, expert_of_block, padded_count = outputs(topk_ids)
+        def one_cta(topk_ids, given):
+            sorted_ids, expert_of_block, padded_count = outputs(topk_ids, given)
             small(topk_ids.view(-1), sorted_ids, expert_of_block, padded_count, per_warp, cfg).launch(
                 grid=1, block=cfg.threads
             )
@@ -278,8 +370,8 @@ def _align_plan(topk_ids, num_experts, block_m):
     count, scan, scatter = align.count_kernel, align.scan_kernel, align.scatter_kernel
     experts = cfg.experts
 
-    def three_kernels(topk_ids):
-        sorted_ids, expert_of_block, padded_count = outputs(topk_ids)
+    def three_kernels(topk_ids, given):
+        sorted_ids, expert_of_block, padded_count = outputs(topk_ids, given)
         flat = topk_ids.view(-1)
         counts = torch.empty(chunks * experts, dtype=torch.int32, device=flat.device)  # scratch: each call its own
         starts = torch.empty(experts + 1, dtype=torch.int32, device=flat.device)
@@ -291,22 +383,42 @@ def _align_plan(topk_ids, num_experts, block_m):
     return three_kernels
 
 
-def check_align_tokens(topk_ids, num_experts, block_m):
+def check_align_tokens(topk_ids, num_experts, block_m, sorted_ids=None, expert_of_block=None, padded_count=None):
     """``align_tokens``' arguments checked (``topk_ids`` read for its shape, dtype, strides and device only: a torch
-    tensor, another GPU array or a ``flyc.TensorSpec``); returns the kernels' configuration
+    tensor, another GPU array or a ``flyc.TensorSpec``), the outputs given too; returns the kernels' configuration
     (:class:`flydsl.kernels.moe.align.AlignConfig`), the id count T * k and the capacity. Errors name the argument."""
     who = _ALIGN.name
     info = check.describe(who, "topk_ids", topk_ids)
-    if len(info.shape) != 2:
-        raise ValueError(f"{who}: topk_ids: expected a 2-D tensor (T, k), got shape {tuple(info.shape)}")
-    if info.dtype not in _ID_DTYPES:
-        raise TypeError(f"{who}: topk_ids: expected int32 or int64, got {check.dtype_names((info.dtype,))}")
+    ids, capacity = check_align_shapes(who, info, num_experts, block_m)
     tokens, k = info.shape
     if (k > 1 and info.strides[1] != 1) or (tokens > 1 and info.strides[0] != k):
         raise ValueError(
             f"{who}: topk_ids: expected a contiguous (T, k) tensor, got strides {tuple(info.strides)} (call"
             " .contiguous())"
         )
+    _check_outputs(
+        who,
+        info,
+        (("topk_ids", info),),
+        (
+            ("sorted_ids", sorted_ids, (capacity,), "i32"),
+            ("expert_of_block", expert_of_block, (capacity // block_m,), "i32"),
+            ("padded_count", padded_count, (1,), "i32"),
+        ),
+    )
+    return _align().AlignConfig(experts=num_experts, block_m=block_m), ids, capacity
+
+
+def check_align_shapes(who: str, topk_ids, num_experts, block_m) -> tuple[int, int]:
+    """``align_tokens``' checks that need only shapes, dtypes and numbers (``topk_ids``: anything with ``shape`` and
+    ``dtype``, in :mod:`flydsl.kernels.validation`'s names or torch's); returns the id count T * k and the capacity
+    (:func:`align_capacity`). Strides and devices are :func:`check_align_tokens`'."""
+    shape = tuple(topk_ids.shape)
+    if len(shape) != 2:
+        raise ValueError(f"{who}: topk_ids: expected a 2-D tensor (T, k), got shape {shape}")
+    if topk_ids.dtype not in _ID_DTYPES:
+        raise TypeError(f"{who}: topk_ids: expected int32 or int64, got {check.dtype_names((topk_ids.dtype,))}")
+    tokens, k = shape
     _count(who, "num_experts", num_experts, 1, MAX_EXPERTS)
     _count(who, "block_m", block_m, 1, MAX_BLOCK_M)
     ids = tokens * k
@@ -316,4 +428,43 @@ def check_align_tokens(topk_ids, num_experts, block_m):
             f"{who}: topk_ids: expected at most 2^30 padded positions (T * k + num_experts * (block_m - 1), rounded"
             f" up to block_m; 32-bit indices), got {tokens} x {k} ids: {capacity}"
         )
-    return _align().AlignConfig(experts=num_experts, block_m=block_m), ids, capacity
+    return ids, capacity
+
+
+EXPERT_DTYPES = ("bf16", "f16")  # fused_moe's activations and weights
+ROW_CHUNK = 8  # H and I in whole 16-byte rows of 16-bit elements (the gather's, the combine's and TMA's)
+
+
+def check_experts_shapes(who: str, x, w1, w2, topk_weights, topk_ids, activation) -> tuple[int, int, int, int, int]:
+    """``fused_moe``'s checks that need only shapes, dtypes and names (tensors: anything with ``shape`` and ``dtype``
+    in :mod:`flydsl.kernels.validation`'s names; no compiler): returns ``(T, H, E, I, k)``. Strides, devices,
+    alignment and overlaps are :func:`flydsl.kernels.moe.experts.check_fused_moe`'s."""
+    from flydsl.kernels.moe.reference import ACTIVATIONS
+
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{who}: activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if len(x.shape) != 2:
+        raise ValueError(f"{who}: x: expected a 2-D tensor (T, H), got shape {tuple(x.shape)}")
+    check.check_dtype(who, "x", x.dtype, EXPERT_DTYPES)
+    tokens, hidden = x.shape
+    if len(w1.shape) != 3 or w1.shape[1] % 2 or w1.shape[2] != hidden:
+        raise ValueError(f"{who}: w1: expected (E, 2I, H) with H = {hidden}, got shape {tuple(w1.shape)}")
+    experts, inter = w1.shape[0], w1.shape[1] // 2
+    if not 1 <= experts <= MAX_EXPERTS:
+        raise ValueError(f"{who}: w1: expected 1 to {MAX_EXPERTS} experts E, got shape {tuple(w1.shape)}")
+    if tuple(w2.shape) != (experts, hidden, inter):
+        raise ValueError(f"{who}: w2: expected (E, H, I) = {(experts, hidden, inter)}, got shape {tuple(w2.shape)}")
+    for name, w in (("w1", w1), ("w2", w2)):
+        check.check_dtype(who, name, w.dtype, (x.dtype,), like="x")
+    if hidden % ROW_CHUNK or inter % ROW_CHUNK:
+        raise ValueError(f"{who}: w1: H = {hidden} and I = {inter}; expected multiples of {ROW_CHUNK} (16-byte rows)")
+    if len(topk_ids.shape) != 2 or topk_ids.shape[0] != tokens:
+        raise ValueError(f"{who}: topk_ids: expected (T, k) with T = {tokens}, got shape {tuple(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(
+            f"{who}: topk_weights: expected topk_ids' shape {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)}"
+        )
+    check.check_dtype(who, "topk_weights", topk_weights.dtype, ("f32", "bf16", "f16"))
+    if topk_ids.dtype not in _ID_DTYPES:
+        raise TypeError(f"{who}: topk_ids: expected int32 or int64, got {check.dtype_names((topk_ids.dtype,))}")
+    return tokens, hidden, experts, inter, topk_ids.shape[1]

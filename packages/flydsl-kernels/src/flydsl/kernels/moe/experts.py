@@ -9,13 +9,13 @@
 
 Decode-sized calls (:func:`decodes`: T <= 64, experts averaging at most 8 rows) align in blocks of 16 and take the
 grouped skinny GEMM instead (``flydsl.kernels.gemm.skinny.skinny_gemm_grouped_kernel``: each routed block's expert's
-weights streamed once, spread over the SMs, in 16-byte loads; stage 1 reads x's rows by index, so there is no gather, and
-notes the positions the combine reads). Otherwise the two GEMMs are the warp-specialized Hopper GEMM with the
-grouped scheduler (:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`): each reads ``padded_count`` and the
-block's expert on the GPU and takes B from the experts' stacked weights as they are (``nn.Linear``'s orientation,
-no copy). Stage 1's B tile is the gate rows of its columns and the up rows I further, so the epilogue multiplies
-them in registers and writes h once. The combine sums each token's k rows in slot order in float32 (deterministic:
-no atomics, the same bits for any token order); dropped ids (outside ``[0, E)``: expert parallelism) add nothing.
+weights streamed once, spread over the SMs, in 16-byte loads; stage 1 reads x's rows by index, so there is no gather,
+and notes the positions the combine reads). Otherwise the two GEMMs are the warp-specialized Hopper GEMM with the
+grouped scheduler (:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`): each reads ``padded_count`` and the block's
+expert on the GPU and takes B from the experts' stacked weights as they are (``nn.Linear``'s orientation, no copy).
+Stage 1's B tile is the gate rows of its columns and the up rows I further, so the epilogue multiplies them in registers
+and writes h once. The combine sums each token's k rows in slot order in float32 (deterministic: no atomics, the same
+bits for any token order); dropped ids (outside ``[0, E)``: expert parallelism) add nothing.
 Pad rows are neither gathered nor combined: their GEMM rows compute garbage nobody reads.
 """
 
@@ -38,8 +38,7 @@ from flydsl.kernels.gemm.skinny import (
     choose_grouped_skinny_config,
     skinny_gemm_grouped_kernel,
 )
-from flydsl.kernels.moe.api import align_capacity, align_tokens, check_align_tokens
-from flydsl.kernels.moe.reference import ACTIVATIONS
+from flydsl.kernels.moe.api import align_capacity, align_tokens, check_align_tokens, check_experts_shapes
 from flydsl.kernels.plans import Plans, signature
 
 __all__ = ["ExpertsConfig", "combine_kernel", "decodes", "experts_config", "fused_moe", "gather_kernel"]
@@ -186,50 +185,29 @@ def check_fused_moe(x, w1, w2, topk_weights, topk_ids, activation="silu", quant=
     who = _FUSED.name
     if quant is not None:
         raise NotImplementedError(f"{who}: quant: only None (bf16/fp16 experts) is implemented so far, got {quant!r}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{who}: activation: expected one of {ACTIVATIONS}, got {activation!r}")
-    xi = check.describe(who, "x", x)
-    if len(xi.shape) != 2:
-        raise ValueError(f"{who}: x: expected a 2-D tensor (T, H), got shape {tuple(xi.shape)}")
-    check.check_dtype(who, "x", xi.dtype, _DTYPES)
-    tokens, hidden = xi.shape
-    w1i, w2i = check.describe(who, "w1", w1), check.describe(who, "w2", w2)
-    if len(w1i.shape) != 3 or w1i.shape[1] % 2 or w1i.shape[2] != hidden:
-        raise ValueError(f"{who}: w1: expected (E, 2I, H) with H = {hidden}, got shape {tuple(w1i.shape)}")
-    experts, inter = w1i.shape[0], w1i.shape[1] // 2
-    if tuple(w2i.shape) != (experts, hidden, inter):
-        raise ValueError(f"{who}: w2: expected (E, H, I) = {(experts, hidden, inter)}, got shape {tuple(w2i.shape)}")
-    for name, info in (("w1", w1i), ("w2", w2i)):
-        check.check_dtype(who, name, info.dtype, (xi.dtype,), like="x")
-    if hidden % CHUNK or inter % CHUNK:
-        raise ValueError(f"{who}: w1: H = {hidden} and I = {inter}; expected multiples of {CHUNK} (16-byte rows)")
+    infos = {name: check.describe(who, name, t) for name, t in (("x", x), ("w1", w1), ("w2", w2))}
+    infos["topk_weights"] = check.describe(who, "topk_weights", topk_weights)
     ids = check.describe(who, "topk_ids", topk_ids)
-    if len(ids.shape) != 2 or ids.shape[0] != tokens:
-        raise ValueError(f"{who}: topk_ids: expected (T, k) with T = {tokens}, got shape {tuple(ids.shape)}")
-    weights = check.describe(who, "topk_weights", topk_weights)
-    if tuple(weights.shape) != tuple(ids.shape):
-        raise ValueError(
-            f"{who}: topk_weights: expected topk_ids' shape {tuple(ids.shape)}, got {tuple(weights.shape)}"
-        )
-    check.check_dtype(who, "topk_weights", weights.dtype, ("f32", "bf16", "f16"))
-    infos = [("x", xi), ("w1", w1i), ("w2", w2i), ("topk_weights", weights)]
-    outi = None
+    shapes = check_experts_shapes(who, *infos.values(), ids, activation)
+    xi = infos["x"]
     if out is not None:
-        outi = check.describe(who, "out", out)
-        if tuple(outi.shape) != (tokens, hidden) or outi.dtype != xi.dtype:
+        infos["out"] = outi = check.describe(who, "out", out)
+        if tuple(outi.shape) != tuple(xi.shape) or outi.dtype != xi.dtype:
             raise ValueError(
-                f"{who}: out: expected a ({tokens}, {hidden}) {check.dtype_names((xi.dtype,))} tensor, got"
+                f"{who}: out: expected a {tuple(xi.shape)} {check.dtype_names((xi.dtype,))} tensor, got"
                 f" {tuple(outi.shape)} {check.dtype_names((outi.dtype,))}"
             )
-        infos.append(("out", outi))
-    for name, info in infos:
+    for name, info in infos.items():
         if not _contiguous(info):
             raise ValueError(f"{who}: {name}: expected a contiguous tensor, got strides {tuple(info.strides)}")
-    check.same_device(who, xi, ("w1", w1i), ("w2", w2i), ("topk_weights", weights), ("topk_ids", ids), ("out", outi))
-    if outi is not None:
-        check.not_aliased(who, "out", outi, ("x", xi), ("w1", w1i), ("w2", w2i))
-    check_align_tokens(topk_ids, experts, 64)  # the ids' dtype and layout, the expert count
-    return tokens, hidden, experts, inter, ids.shape[1]
+        if name != "topk_weights" and info.pointer % 16:  # 16-byte rows: the gather's, the combine's, TMA's
+            raise ValueError(f"{who}: {name}: expected a 16-byte aligned address, got {info.pointer:#x}")
+    others = [(name, info) for name, info in infos.items() if name != "x"] + [("topk_ids", ids)]
+    check.same_device(who, xi, *others)
+    if out is not None:
+        check.not_aliased(who, "out", infos["out"], *[(n, infos[n]) for n in ("x", "w1", "w2")])
+    check_align_tokens(topk_ids, shapes[2], 64)  # the ids' layout
+    return shapes
 
 
 def _contiguous(info) -> bool:
