@@ -47,6 +47,7 @@ MAX_BLOCK_M = 1024
 MAX_POSITIONS = 1 << 30  # align_tokens' positions and indices are 32-bit
 SCORINGS = ("softmax", "sigmoid")
 _ID_DTYPES = ("i32", "i64", "int32", "int64")  # TensorSpec names, torch names
+_SHORT_NAMES = {"int32": "i32", "int64": "i64"}  # torch's integer names as TensorSpec's
 _TOPK = Plans("flydsl.kernels.moe.topk_route")
 _ALIGN = Plans("flydsl.kernels.moe.align_tokens")
 
@@ -241,7 +242,7 @@ def _check_outputs(who: str, reference, inputs, outputs) -> None:
         if obj is None:
             continue
         info = check.describe(who, name, obj)
-        if tuple(info.shape) != tuple(shape) or info.dtype != dtype:
+        if tuple(info.shape) != tuple(shape) or _SHORT_NAMES.get(info.dtype, info.dtype) != dtype:
             raise ValueError(
                 f"{who}: {name}: expected a {check.dtype_names((dtype,))} tensor of shape {tuple(shape)}, got"
                 f" {check.dtype_names((info.dtype,))} {tuple(info.shape)}"
