@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import arith, gpu, vector
+from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.kernels import validation as check
 from flydsl.kernels.gemm.config import GemmConfig, max_stages
 from flydsl.kernels.gemm.epilogue import Epilogue
@@ -107,7 +107,7 @@ def gather_kernel(
                 vector.store(vector.load_op(cls, x, (token, c * CHUNK)), rows, (row, c * CHUNK))
 
 
-@flyc.kernel
+@flyc.kernel(dependent_launch=True)
 def combine_kernel(
     y: fx.Tensor,
     positions: fx.Tensor,
@@ -118,14 +118,18 @@ def combine_kernel(
     top_k: fx.Constexpr[int],
 ):
     """``out[t] = sum over s = 0..top_k-1 of topk_weights[t, s] * y[positions[t * top_k + s]]`` in float32, in slot
-    order, over the slots whose id is in ``[0, experts)`` (a token without one gets zeros). One warp per token at a
-    time, 16-byte vectors; H a multiple of 8."""
+    order, over the slots whose id is in ``[0, experts)`` (a token without one gets zeros). A warp per (token, slice
+    of 256 columns) at a time, a lane per 16-byte vector: a decode step's few tokens still spread over the GPU; H a
+    multiple of 8. Launched as a dependent of the stage before it (its launch overlaps that stage's end)."""
     flyc.set_kernel_attributes(threads=32 * _WARPS)
     lane, warp = gpu.lane_id(), gpu.warp_idx()
+    after_wait = nvvm.griddepcontrol_wait()  # y and positions are the previous kernels'
     tokens = out.shape[0].to(fx.Int32)
     chunks = out.shape[1].to(fx.Int32) // CHUNK
+    slices = (chunks + 31) // 32
     cls = vector.vector_class(y.dtype, CHUNK)
-    for t in range(gpu.block_idx.x * _WARPS + warp, tokens, gpu.grid_dim.x * _WARPS):
+    for task in range(gpu.block_idx.x * _WARPS + warp + after_wait, tokens * slices, gpu.grid_dim.x * _WARPS):
+        t, c = task // slices, (task % slices) * 32 + lane
         kept, rows, weights = [], [], []
         for s in fx.range_constexpr(top_k):
             expert = topk_ids[t, s]
@@ -134,7 +138,7 @@ def combine_kernel(
             # (an unplaced slot's position is garbage: never used as an address)
             rows.append(arith.select(ok, positions[t * top_k + s].to(fx.Int32), fx.Int32(0)).to(fx.Int64))
             weights.append(topk_weights[t, s].to(fx.Float32))
-        for c in range(lane, chunks, 32):
+        if c < chunks:
             sums = [fx.Float32(0.0)] * CHUNK
             for s in fx.range_constexpr(top_k):
                 values = vector.load_op(cls, y, (rows[s], c * CHUNK))
@@ -233,7 +237,8 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, quant, out):
             return x.new_zeros((tokens, hidden)) if out is None else out.zero_()
 
         return zeros
-    combine_grid = max(1, min(-(-tokens // _WARPS), sm_count(x.get_device()) * _WAVES))
+    tasks = tokens * -(-hidden // (32 * CHUNK))  # (token, slice of 256 columns) pairs
+    combine_grid = max(1, min(-(-tasks // _WARPS), sm_count(x.get_device()) * _WAVES))
 
     def combine(y, positions, topk_weights, topk_ids, out):
         out = y.new_empty((tokens, hidden)) if out is None else out
