@@ -6,13 +6,13 @@ one host-overhead benchmark.
 
 ``ops``: each op of ``OPS`` (one line per op) at small, launch-bound sizes (8 x 1024 bf16 rows; gemm, fp8_gemm and
 blockscale_gemm 16x4096x4096 with an nn.Linear weight's ``w.t()``; paged_decode and write_kv at a decode step of 8
-sequences of 512 tokens, Llama-3-8B's heads), per mode -- ``fwd`` (no input requires grad) and
-``fwd_bwd`` (the forward, then ``torch.autograd.grad`` of its output) -- through four paths: ``functional``
-(``flydsl.torch.functional``, what a user swaps in; where an op has none, the ``torch.ops.flydsl`` op is the
-user-facing form), ``op`` (``torch.ops.flydsl.*``), ``direct`` (``flydsl.kernels``; fwd_bwd: the forward with
-statistics, then the backward function) and ``torch`` (torch eager). The summary's ratio is the user-facing path's time
-over torch's. A new op is one
-``Op(...)`` entry of ``OPS`` (its paths as callables of the prepared inputs; new inputs go in ``inputs()``).
+sequences of 512 tokens, Llama-3-8B's heads; topk_route and fused_moe at 8 tokens of Qwen3-30B-A3B's experts), per mode
+-- ``fwd`` (no input requires grad) and ``fwd_bwd`` (the forward, then ``torch.autograd.grad`` of its output) -- through
+four paths: ``functional`` (``flydsl.torch.functional``, what a user swaps in; where an op has none, the
+``torch.ops.flydsl`` op is the user-facing form), ``op`` (``torch.ops.flydsl.*``), ``direct`` (``flydsl.kernels``;
+fwd_bwd: the forward with statistics, then the backward function) and ``torch`` (torch eager). The summary's ratio is
+the user-facing path's time over torch's. A new op is one ``Op(...)`` entry of ``OPS`` (its paths as callables of the
+prepared inputs; new inputs go in ``inputs()``).
 
 ``levels``: the launches beneath the ops: a trivial kernel with six pointers written in MLIR through the native
 launcher (``LoadedModule.launch``), the same kernel as ``@flyc.kernel`` launched with six torch tensors (argument
@@ -62,7 +62,7 @@ F = torch.nn.functional
 
 # flydsl's modules, bound by _import_adapter() / _import_flydsl(): the cold start times the adapter's import, so this
 # module imports nothing of flydsl at its top.
-ft = K = kernel_gemm = kernel_fp8_gemm = kernel_blockscale_gemm = attention = flyc = fx = None
+ft = K = kernel_gemm = kernel_fp8_gemm = kernel_blockscale_gemm = attention = moe = flyc = fx = None
 
 
 def _import_adapter() -> None:
@@ -73,12 +73,13 @@ def _import_adapter() -> None:
 
 def _import_flydsl() -> None:
     """The adapter, ``flydsl.kernels`` (the direct paths) and the compiler (the levels)."""
-    global K, kernel_gemm, kernel_fp8_gemm, kernel_blockscale_gemm, attention, flyc, fx
+    global K, kernel_gemm, kernel_fp8_gemm, kernel_blockscale_gemm, attention, moe, flyc, fx
     _import_adapter()
     import flydsl.compiler as flyc
     import flydsl.expr as fx
     import flydsl.kernels as K
     import flydsl.kernels.attention as attention
+    import flydsl.kernels.moe as moe
     from flydsl.kernels.gemm import blockscale_gemm as kernel_blockscale_gemm
     from flydsl.kernels.gemm import fp8_gemm as kernel_fp8_gemm
     from flydsl.kernels.gemm import gemm as kernel_gemm
@@ -202,7 +203,59 @@ OPS = (
         ),
         modes=("fwd",),
     ),
+    Op(
+        "topk_route",  # a decode step's routing (softmax, top 8 of 128, renormalized); the peer is torch's
+        op=lambda t: torch.ops.flydsl.topk_route(t.router_logits, MOE_TOP_K),
+        direct=lambda t: moe.topk_route(t.router_logits, MOE_TOP_K),
+        torch=lambda t: _torch_route(t.router_logits),
+        modes=("fwd",),
+    ),
+    Op(
+        "fused_moe",  # a decode step's experts; the peer is torch's _grouped_mm pipeline on the same routing
+        op=lambda t: torch.ops.flydsl.fused_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids),
+        direct=lambda t: moe.fused_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids),
+        torch=lambda t: _torch_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids),
+        modes=("fwd",),
+    ),
 )
+
+# MoE at a decode step's size: Qwen3-30B-A3B's experts (E 128, top 8, H 2048, I 768), 8 tokens
+MOE_TOKENS, MOE_EXPERTS, MOE_TOP_K, MOE_HIDDEN, MOE_INTER = 8, 128, 8, 2048, 768
+
+
+def _torch_route(logits):
+    weights, ids = torch.topk(torch.softmax(logits.float(), dim=-1), MOE_TOP_K, dim=-1)
+    return weights / weights.sum(dim=-1, keepdim=True), ids.to(torch.int32)
+
+
+def _torch_moe(x, w1, w2, weights, ids):
+    """The experts as torch's ops: the (token, slot) pairs sorted by expert, ``torch._grouped_mm`` twice around
+    ``silu(gate) * up``, the weighted rows added back (no host synchronization)."""
+    flat = ids.view(-1)
+    order = torch.argsort(flat, stable=True)
+    ends = torch.searchsorted(flat[order], torch.arange(1, MOE_EXPERTS + 1, device=x.device, dtype=flat.dtype))
+    rows = x[order // MOE_TOP_K]
+    h = torch._grouped_mm(rows, w1.transpose(1, 2), offs=ends.to(torch.int32))
+    h = F.silu(h[:, :MOE_INTER]) * h[:, MOE_INTER:]
+    y = torch._grouped_mm(h, w2.transpose(1, 2), offs=ends.to(torch.int32))
+    out = torch.zeros(x.shape, device=x.device, dtype=torch.float32)
+    return out.index_add_(0, order // MOE_TOP_K, y.float() * weights.view(-1)[order, None]).to(x.dtype)
+
+
+def _moe_inputs() -> dict:
+    """Router logits, x, the experts' weights and one routing (MOE_TOKENS tokens)."""
+    logits = torch.randn(MOE_TOKENS, MOE_EXPERTS, device=DEVICE)
+    weights, ids = _torch_route(logits)
+    scale = MOE_HIDDEN**-0.5
+    return {
+        "router_logits": logits,
+        "moe_x": torch.randn(MOE_TOKENS, MOE_HIDDEN, device=DEVICE, dtype=torch.bfloat16),
+        "moe_w1": torch.randn(MOE_EXPERTS, 2 * MOE_INTER, MOE_HIDDEN, device=DEVICE, dtype=torch.bfloat16) * scale,
+        "moe_w2": torch.randn(MOE_EXPERTS, MOE_HIDDEN, MOE_INTER, device=DEVICE, dtype=torch.bfloat16) * scale,
+        "moe_weights": weights,
+        "moe_ids": ids,
+    }
+
 
 # paged decode at a decode step's size: B sequences of CONTEXT tokens in blocks of 16, Llama-3-8B's heads
 DECODE_B, DECODE_HQ, DECODE_HKV, DECODE_D, CONTEXT = 8, 32, 8, 128, 512
@@ -253,7 +306,13 @@ def inputs(requires_grad: bool) -> SimpleNamespace:
         block_scale_w=torch.ones(n // 128, k // 128, device=DEVICE),
     )
     return SimpleNamespace(
-        **rows, **gemm, **fp8, **_decode_inputs(), dy=new(ROWS, N, grad=False), dc=new(m, n, grad=False)
+        **rows,
+        **gemm,
+        **fp8,
+        **_decode_inputs(),
+        **_moe_inputs(),
+        dy=new(ROWS, N, grad=False),
+        dc=new(m, n, grad=False),
     )
 
 

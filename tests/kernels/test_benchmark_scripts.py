@@ -380,8 +380,10 @@ def test_host_overhead_ops_table_covers_the_zoo(host_overhead):
         "blockscale_gemm",
         "paged_decode",
         "write_kv",
+        "topk_route",
+        "fused_moe",
     }
-    inference = ("fp8_gemm", "blockscale_gemm", "paged_decode", "write_kv")
+    inference = ("fp8_gemm", "blockscale_gemm", "paged_decode", "write_kv", "topk_route", "fused_moe")
     trained = [op for name, op in ops.items() if name not in inference]
     assert all(op.modes == ("fwd", "fwd_bwd") and op.direct_fwd_bwd is not None for op in trained)
     assert all(ops[name].modes == ("fwd",) for name in inference)
