@@ -31,6 +31,7 @@ EXAMPLES = [
     "gemm_4_warp_specialized.py",
     "gemm_5_fp8.py",
     "paged_decode.py",
+    "moe.py",
     "00_native_demo.py",
 ]
 

@@ -32,6 +32,7 @@ def test_the_demo_runs_what_the_readme_lists():
         "vector_add.py",
         "tiled_copy.py",
         "paged_decode.py",
+        "moe.py",
         "00_native_demo.py",
     ]
     assert all(any(name.startswith(step) for name in demo.EXAMPLES) for step in steps)
