@@ -1,26 +1,32 @@
-"""Fused mixture-of-experts on the local GPU: flydsl.kernels.moe.fused_moe against torch's ``_grouped_mm`` pipeline,
-a loop over experts and (decode) a same-bytes copy, in the same process (issue 34).
+"""Fused mixture-of-experts on the local GPU: flydsl.kernels.moe.fused_moe against torch's ``_grouped_mm`` pipeline
+(fp8: ``_scaled_grouped_mm``), a loop over experts and (decode) a same-bytes copy, in the same process (issue 34).
 
     python benchmarks/moe_bench.py --list                                   # the cases, no GPU needed
     python benchmarks/moe_bench.py --commit C --json benchmarks/results/moe/DATE_C.json
-    python benchmarks/moe_bench.py --model qwen3-30b-a3b --tokens 1,4096 --repeats 3
+    python benchmarks/moe_bench.py --model qwen3-30b-a3b --tokens 1,4096 --quant fp8 --repeats 3
 
 The sweep: Mixtral-8x7B (E 8, top 2, H 4096, I 14336), Qwen3-30B-A3B (E 128, top 8, H 2048, I 768), DeepSeek-V3
 per GPU at TP8 (E 256, top 8, H 7168, I 256) and one of its EP8 shards (32 local experts, H 7168, I 2048: tokens
 routed top-8 over all 256 experts, the shard's 32 renumbered 0..31, the ids of the other 224 set to -1, which
-fused_moe drops), each at T tokens in 1, 16, 64, 256, 1024, 4096, 16384. ``--model`` and ``--tokens`` pick a part.
-bf16 only for now: ``--quant`` names the weights' format, so that fp8 can join as another value.
+fused_moe drops), each at T tokens in 1, 16, 64, 256, 1024, 4096, 16384, each in the weight formats of ``--quant``
+(default both): bf16, and fp8 (e4m3 weights, one float32 scale per output channel of each expert; x quantized per
+token inside the layer). ``--model``, ``--tokens`` and ``--quant`` pick a part. The order: per model, every T in
+bf16, then every T in fp8 (the same x and routing as bf16's at that T, so that the two pair up).
 
-Each model: random bf16 weights (w1 (E, 2I, H), gate rows then up rows; w2 (E, H, I)), made once. Each T: random
-bf16 x (T, H) and router logits (T, routed experts) float32, scored by softmax (DeepSeek: sigmoid), top-k by
-``torch.topk``, the k weights renormalized to sum 1: topk_weights float32, topk_ids int32, the same for every
-implementation (fixed seed). Our output is poisoned (NaN) and computed once (that first call compiles), every
-element checked written and up to ``--check-tokens`` tokens (spread over T) checked against
-``flydsl.kernels.moe.reference.fused_moe_reference`` (float32) on those tokens: error = max |out - ref| / max |ref|,
-a case fails over 2e-2 or with an unwritten element and is left out of the summary. The peers are checked the same
-way. Then ours, the peers and (decode, T <= 64) the copy are timed interleaved, ``--repeats`` times, each with
-cold_l2.bench_cold (triton.testing.do_bench's loop: CUDA events, L2 flushed before each call, median; ``--flush``;
-queued behind a ~100 us sleep so that the host's time stays out), and the medians over the repeats kept.
+Each model: random bf16 weights (w1 (E, 2I, H), gate rows then up rows; w2 (E, H, I)), made once; the fp8 ones from
+them by ``quantize_experts`` (per output channel: scale = amax |w| / 448, w8 = e4m3(w / scale), scale 1 for a zero
+row), made when the fp8 cases begin, after which the bf16 ones are dropped. Each T: random bf16 x (T, H) and router
+logits (T, routed experts) float32, scored by softmax (DeepSeek: sigmoid), top-k by ``torch.topk``, the k weights
+renormalized to sum 1: topk_weights float32, topk_ids int32, the same for every implementation (fixed seed). Our
+output is poisoned (NaN) and computed once (that first call compiles), every element checked written and up to
+``--check-tokens`` tokens (spread over T) checked against ``flydsl.kernels.moe.reference.fused_moe_reference``
+(float32; fp8: of the dequantized weights, w8 * scale) on those tokens: error = max |out - ref| / max |ref|, a case
+fails over its format's tolerance (bf16 2e-2; fp8 6e-2: x and the hidden activations quantized to e4m3 on top of
+the weights; each row records its own) or with an unwritten element and is left out of the summary. The peers are
+checked the same way. Then ours, the peers and (decode, T <= 64) the copy are timed interleaved, ``--repeats``
+times, each with cold_l2.bench_cold (triton.testing.do_bench's loop: CUDA events, L2 flushed before each call,
+median; ``--flush``; queued behind a ~100 us sleep so that the host's time stays out), and the medians over the
+repeats kept.
 
 Everything from topk_ids to the (T, H) output is inside the timed region, ours and the peers':
 
@@ -29,14 +35,25 @@ Everything from topk_ids to the (T, H) output is inside the timed region, ours a
   offs=offs)``, ``silu(gate) * up``, ``torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)``, then each row times
   its weight added into a float32 (T, H) by ``index_add_`` and cast to bf16. Where ids can be dropped (the EP
   shard) the kept count is read on the host (one synchronization) so that only kept rows are gathered and computed;
-  elsewhere the pipeline never waits on the GPU.
-* ``loop`` (T <= 1024): one expert at a time, its (token, slot) pairs found by ``nonzero`` (a synchronization per
-  expert), two matmuls, ``silu(gate) * up``, the weighted rows added into a float32 (T, H) by ``index_add_``.
+  elsewhere the pipeline never waits on the GPU. fp8: the same sort, but x is quantized per token first (amax of
+  the row / 448, divided, cast to e4m3: the same rows and scales as quantizing the gathered rows, k times less
+  work) and its e4m3 rows and scales gathered; ``torch._scaled_grouped_mm(a8, w1_8.transpose(1, 2),
+  scale_a=(M,) float32, scale_b=w1_scale (E, 2I), offs=offs, out_dtype=bf16)`` (rowwise scaling: row scales of
+  the 2-D operand, per-expert column scales of the 3-D one), ``silu(gate) * up`` in bf16, h quantized per row
+  the same way, ``torch._scaled_grouped_mm(h8, w2_8.transpose(1, 2), scale_a, scale_b=w2_scale (E, H), offs)``,
+  the same float32 combine.
+* ``loop`` (bf16 only, T <= 1024): one expert at a time, its (token, slot) pairs found by ``nonzero`` (a
+  synchronization per expert), two matmuls, ``silu(gate) * up``, the weighted rows added into a float32 (T, H) by
+  ``index_add_``. Skipped for fp8: it stands for the naive way, which the bf16 rows already time, and
+  dequantizing the weights to run it would time the bf16 loop again.
 
 Metrics: TFLOP/s of the layer, 2 * (kept ids) * (2I * H + H * I) FLOPs; for decode, the touched experts' weight
-bytes (distinct experts routed to x (2I * H + H * I) x 2 bytes) over our time, as ``fraction_of_copy`` = the time
-of a copy moving as many bytes (``copy_`` of half of them into as many: bytes read plus written) / ours; ratio_vs_X
-= X's time / ours (> 1: ours faster).
+bytes (distinct experts routed to x ``expert_bytes``: bf16 3 * I * H x 2 bytes, fp8 3 * I * H x 1 byte plus the
+float32 scales, (2I + H) x 4) over our time, as ``fraction_of_copy`` = the time of a copy moving as many bytes
+(``copy_`` of half of them into as many: bytes read plus written) / ours; ratio_vs_X = X's time / ours (> 1: ours
+faster). The summary: per format the geomean ratios (prefill: T in 1024, 4096, 16384), ``fp8_speedup_over_bf16_ours``
+(geomean over those prefill cases of our bf16 time / our fp8 time, same model and T) and the two stages' TFLOP/s at
+T = 16384 per format.
 """
 
 from __future__ import annotations
@@ -68,7 +85,7 @@ MODELS = {
     "deepseek-v3-ep8": Model(32, 8, 7168, 2048, 256, "sigmoid"),
 }
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
-QUANTS = ("bf16",)  # fp8 is to come: expert_bytes and run_case take the format
+QUANTS = ("bf16", "fp8")  # the weights' formats: bf16, e4m3 with float32 scales per output channel
 PEERS = ("grouped_mm", "loop")
 PREFILL_TOKENS = (1024, 4096, 16384)  # the summary's prefill geomean
 DECODE_TOKENS = 64  # T <= this: decode, timed against a same-bytes copy
@@ -76,13 +93,17 @@ LOOP_TOKENS = 1024  # the loop peer at T <= this only (it is slow)
 SUMMARY_TOKENS = 16384  # the summary's per-model TFLOP/s
 CHECK_TOKENS = 4096  # tokens checked against the float32 reference (it is slow on Mixtral's large experts)
 TOLERANCE = 2e-2  # max |out - ref| / max |ref| of a bf16 output against the float32 reference
+# fp8: x and h are quantized to e4m3 (3 mantissa bits) on top of the weights, which the reference does not model
+TOLERANCES = {"bf16": TOLERANCE, "fp8": 6e-2}
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn: a row's amax maps onto it
 EP_RANK = 0  # the expert-parallel shard measured: its experts are [rank * E, (rank + 1) * E) of the routed ones
 DEVICE = "cuda"
 
 
 def cases(models, tokens, quants):
-    """Every case, in the order run: (model, T, quant)."""
-    return [(m, t, q) for m in models for t in tokens for q in quants]
+    """Every case, in the order run: (model, T, quant); per model one format's T after the other's, so that only
+    one format's weights need exist at a time."""
+    return [(m, t, q) for m in models for q in quants for t in tokens]
 
 
 def layer_flops(kept_ids: int, hidden: int, inter: int) -> int:
@@ -91,9 +112,12 @@ def layer_flops(kept_ids: int, hidden: int, inter: int) -> int:
 
 
 def expert_bytes(hidden: int, inter: int, quant: str) -> int:
-    """The bytes of one expert's weights (w1's 2I x H and w2's H x I) in the given format."""
+    """The bytes of one expert's weights (w1's 2I x H and w2's H x I) in the given format; fp8 with its float32
+    scales, one per output channel (2I of w1, H of w2)."""
     if quant == "bf16":
         return 3 * inter * hidden * 2
+    if quant == "fp8":
+        return 3 * inter * hidden + (2 * inter + hidden) * 4
     raise ValueError(f"unknown weight format {quant!r}")
 
 
@@ -131,33 +155,115 @@ def routing_counts(topk_ids, experts: int) -> tuple[int, int]:
     return int(kept.numel()), int(torch.unique(kept).numel())
 
 
-def grouped_mm_moe(x, w1, w2, topk_weights, topk_ids, *, drops: bool):
-    """The MoE layer through ``torch._grouped_mm`` (bf16 (T, H)): rows sorted by expert, the two grouped GEMMs, a
-    float32 ``index_add_`` combine. ``drops``: ids outside ``[0, E)`` may occur; they are sorted last and the kept
-    count read on the host (one synchronization) so that only kept rows are gathered; without it every id must be
-    valid and nothing waits on the GPU."""
+def quantize_rows(a):
+    """``(a8 float8_e4m3fn, scale float32)`` of ``a`` (..., N): one scale per row (over the last dim), its amax
+    mapped onto e4m3's largest value, ``a ~ a8.float() * scale[..., None]``; a zero row gets scale 1 (and zeros)."""
     import torch
-    import torch.nn.functional as F
 
-    tokens, k = topk_ids.shape
-    experts, inter = w1.shape[0], w1.shape[1] // 2
+    amax = torch.linalg.vector_norm(a, float("inf"), dim=-1, dtype=torch.float32)  # max |a|: one pass
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # |a / scale| <= 448 up to float32 rounding, which e4m3's rounding to nearest brings back to 448: no clamp
+    return (a / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+
+def quantize_experts(w):
+    """``(w8 float8_e4m3fn, scale float32)`` of expert weights ``w`` (E, N, K), one scale per output channel (E, N):
+    the fp8 format fused_moe takes with ``granularity="channel"``."""
+    return quantize_rows(w)
+
+
+def dequantize(w8, scale):
+    """float32 ``w8 * scale[..., None]``: the weights the fp8 layer computes with."""
+    return w8.float() * scale[..., None]
+
+
+def exact_weights(weights) -> tuple:
+    """``(w1, w2)`` for the reference: bf16 as they are, fp8 dequantized (float32, made for one check: they are
+    twice the bf16 weights' size and live only while the reference runs)."""
+    if weights.w1_scale is None:
+        return weights.w1, weights.w2
+    return dequantize(weights.w1, weights.w1_scale), dequantize(weights.w2, weights.w2_scale)
+
+
+def _sorted_rows(topk_ids, experts: int, drops: bool):
+    """``(order, offs)``: the flat (token, slot) indices sorted by expert (stable), kept ids only, and ``offs``
+    int32 (E,) the sorted rows up to each expert's last, as the grouped GEMMs take them. ``drops``: ids outside
+    ``[0, E)`` may occur; they are sorted last and the kept count read on the host (one synchronization); without
+    it every id must be valid and nothing waits on the GPU."""
+    import torch
+
     flat = topk_ids.reshape(-1)
     if drops:
         flat = torch.where((flat >= 0) & (flat < experts), flat, torch.full_like(flat, experts))
     keys, order = torch.sort(flat, stable=True)
-    # offs[e]: the sorted rows up to expert e's last, as _grouped_mm takes them (searchsorted: no bincount sync)
+    # searchsorted rather than bincount + cumsum: the same offsets without a host synchronization
     bounds = torch.arange(experts, device=keys.device, dtype=keys.dtype)
     offs = torch.searchsorted(keys, bounds, right=True, out_int32=True)
     if drops:
         order = order[: int(offs[-1])]
-    out = torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device)
-    if order.numel():
-        token = order // k
-        gate_up = torch._grouped_mm(x.index_select(0, token), w1.transpose(1, 2), offs=offs)
-        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
-        out.index_add_(0, token, y.float() * topk_weights.reshape(-1)[order, None])
-    return out.to(x.dtype)
+    return order, offs
+
+
+def _combine(y, order, token, topk_weights, tokens: int, dtype):
+    """``(T, H)`` in ``dtype``: each sorted row of ``y`` (flat index ``order``, token ``token``) times its weight,
+    added in float32 into its token's row."""
+    import torch
+
+    out = torch.zeros(tokens, y.shape[1], dtype=torch.float32, device=y.device)
+    out.index_add_(0, token, y.float() * topk_weights.reshape(-1)[order, None])
+    return out.to(dtype)
+
+
+def grouped_mm_moe(x, w1, w2, topk_weights, topk_ids, *, drops: bool):
+    """The MoE layer through ``torch._grouped_mm`` (bf16 (T, H)): rows sorted by expert (``_sorted_rows``, which
+    says what ``drops`` means), the two grouped GEMMs, a float32 ``index_add_`` combine."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens, k = topk_ids.shape
+    inter = w1.shape[1] // 2
+    order, offs = _sorted_rows(topk_ids, w1.shape[0], drops)
+    if not order.numel():
+        return x.new_zeros(tokens, x.shape[1])
+    token = order // k
+    gate_up = torch._grouped_mm(x.index_select(0, token), w1.transpose(1, 2), offs=offs)
+    h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+    y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
+    return _combine(y, order, token, topk_weights, tokens, x.dtype)
+
+
+def scaled_grouped_mm_moe(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, *, drops: bool):
+    """The fp8 MoE layer through ``torch._scaled_grouped_mm`` (bf16 (T, H)): ``w1`` (E, 2I, H) and ``w2`` (E, H,
+    I) float8_e4m3fn with float32 scales (E, 2I) and (E, H) per output channel (``quantize_experts``); x and the
+    hidden activations quantized per row (``quantize_rows``); rows sorted as ``grouped_mm_moe`` sorts them. The
+    GEMMs are rowwise-scaled: ``scale_a`` one float32 per row of the 2-D operand, ``scale_b`` (E, N) per column of
+    each expert; the 3-D operand column-major per expert, which ``w.transpose(1, 2)`` of a contiguous (E, N, K)
+    is."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens, k = topk_ids.shape
+    inter = w1.shape[1] // 2
+    order, offs = _sorted_rows(topk_ids, w1.shape[0], drops)
+    if not order.numel():
+        return x.new_zeros(tokens, x.shape[1])
+    token = order // k
+    x8, x_scale = quantize_rows(x)  # per token before the gather: T rows rather than T * k, the same values
+    # the gather as bytes: index_select need not support float8 dtypes
+    a8 = x8.view(torch.uint8).index_select(0, token).view(torch.float8_e4m3fn)
+    gate_up = torch._scaled_grouped_mm(
+        a8,
+        w1.transpose(1, 2),
+        scale_a=x_scale.index_select(0, token),
+        scale_b=w1_scale,
+        offs=offs,
+        out_dtype=torch.bfloat16,
+    )
+    h8, h_scale = quantize_rows(F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
+    y = torch._scaled_grouped_mm(
+        h8, w2.transpose(1, 2), scale_a=h_scale, scale_b=w2_scale, offs=offs, out_dtype=torch.bfloat16
+    )
+    return _combine(y, order, token, topk_weights, tokens, x.dtype)
 
 
 def loop_moe(x, w1, w2, topk_weights, topk_ids):
@@ -185,7 +291,8 @@ def _geomean(values):
 
 def summarize(results) -> dict:
     """The record's summary from the rows that ran and passed the check (None where no row qualifies); the speed
-    ratios per weight format."""
+    ratios and the stages' TFLOP/s per weight format; ``fp8_speedup_over_bf16_ours`` pairs our bf16 and fp8 rows
+    of the same model and T (prefill); ``layer_tflops_at_16384`` is bf16's (the earlier records' key)."""
     ok = [r for r in results if r.get("ours_us") is not None and r.get("correct")]
     quants = [q for q in QUANTS if any(r.get("quant") == q for r in results)]
 
@@ -199,11 +306,21 @@ def summarize(results) -> dict:
     fractions = [r["fraction_of_copy"] for r in ok if r.get("fraction_of_copy") is not None]
     tflops, stages = {}, {}
     for r in ok:
-        if r["tokens"] == SUMMARY_TOKENS and r["quant"] == "bf16":
+        if r["tokens"] != SUMMARY_TOKENS:
+            continue
+        if r["quant"] == "bf16":
             tflops[r["model"]] = {p: r.get(f"{p}_tflops") for p in ("ours", *PEERS) if f"{p}_tflops" in r}
-            stages[r["model"]] = {s: r[f"{s}_tflops"] for s in ("stage1", "stage2") if f"{s}_tflops" in r}
+        stage = {s: r[f"{s}_tflops"] for s in ("stage1", "stage2") if f"{s}_tflops" in r}
+        stages.setdefault(r["quant"], {})[r["model"]] = stage
+    bf16_us = {(r["model"], r["tokens"]): r["ours_us"] for r in prefill if r["quant"] == "bf16"}
+    fp8_speedup = _geomean(
+        bf16_us[r["model"], r["tokens"]] / r["ours_us"]
+        for r in prefill
+        if r["quant"] == "fp8" and (r["model"], r["tokens"]) in bf16_us
+    )
     return {
         "prefill_geomean_vs_grouped_mm": per_quant("grouped_mm", prefill),
+        "fp8_speedup_over_bf16_ours": fp8_speedup,
         "decode_min_fraction_of_copy": min(fractions) if fractions else None,
         "layer_tflops_at_16384": tflops,
         "stage_tflops_at_16384": stages,
@@ -251,13 +368,28 @@ def make_timer(flush: str):
     return lambda fn: bench_cold(fn, flush=flush, warmup=10, rep=40, queued=True)
 
 
-def grouped_mm_status():
-    """What the grouped_mm peer runs on: torch's version, or why it is not measured."""
+def grouped_mm_status(quants=("bf16",)):
+    """What the grouped_mm peer runs on for the formats ``quants``: torch's version and ops, or why it is not
+    measured (each row records its own error too)."""
     import torch
 
-    if not hasattr(torch, "_grouped_mm"):
-        return f"not measured: torch {torch.__version__} has no _grouped_mm"
-    return f"torch {torch.__version__} _grouped_mm"
+    ops = {"bf16": "_grouped_mm", "fp8": "_scaled_grouped_mm"}
+    present = [ops[q] for q in quants if hasattr(torch, ops[q])]
+    missing = [ops[q] for q in quants if not hasattr(torch, ops[q])]
+    if not present:
+        return f"not measured: torch {torch.__version__} has no {', '.join(missing)}"
+    text = f"torch {torch.__version__} {', '.join(present)}"
+    return text + (f" (no {', '.join(missing)}: not measured)" if missing else "")
+
+
+class Weights(NamedTuple):
+    """One model's experts in one format: w1 (E, 2I, H), w2 (E, H, I); fp8: e4m3 with float32 scales per output
+    channel, w1_scale (E, 2I) and w2_scale (E, H) (None in bf16)."""
+
+    w1: object
+    w2: object
+    w1_scale: object = None
+    w2_scale: object = None
 
 
 def make_weights(model: Model, seed: int):
@@ -272,15 +404,26 @@ def make_weights(model: Model, seed: int):
     return w1, w2
 
 
-def run_case(name, model, w1, w2, tokens, quant, *, seed, timer, repeats, check_tokens, peers):
-    """One row: routing, the checks, then ours, the peers and (decode) the copy timed interleaved."""
+def format_weights(w1, w2, quant: str) -> Weights:
+    """The bf16 weights in format ``quant``: themselves, or quantized by ``quantize_experts``."""
+    if quant == "bf16":
+        return Weights(w1, w2)
+    if quant == "fp8":
+        (w1_8, w1_scale), (w2_8, w2_scale) = quantize_experts(w1), quantize_experts(w2)
+        return Weights(w1_8, w2_8, w1_scale, w2_scale)
+    raise ValueError(f"unknown weight format {quant!r}")
+
+
+def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repeats, check_tokens, peers):
+    """One row: routing, the checks, then ours, the peers and (decode) the copy timed interleaved. ``weights``: the
+    model's in format ``quant`` (``format_weights``)."""
     import torch
 
     from flydsl.kernels.moe import fused_moe
     from flydsl.kernels.moe.reference import fused_moe_reference
 
-    if quant != "bf16":
-        raise ValueError(f"weight format {quant!r} is not measured yet")
+    if quant not in QUANTS:
+        raise ValueError(f"unknown weight format {quant!r}")
     began = time.perf_counter()
     torch.manual_seed(seed)
     x = torch.randn(tokens, model.hidden, device=DEVICE, dtype=torch.bfloat16)
@@ -299,12 +442,17 @@ def run_case(name, model, w1, w2, tokens, quant, *, seed, timer, repeats, check_
         "touched_experts": touched,
         "flops": layer_flops(kept, model.hidden, model.inter),
         "touched_bytes": touched * expert_bytes(model.hidden, model.inter, quant),
+        "tolerance": TOLERANCES[quant],
     }
+    w1, w2 = weights.w1, weights.w2
     args = (x, w1, w2, topk_weights, topk_ids)
     out = torch.full((tokens, model.hidden), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+    fp8 = {}
+    if quant == "fp8":
+        fp8 = {"quant": "fp8", "granularity": "channel", "w1_scale": weights.w1_scale, "w2_scale": weights.w2_scale}
 
     def ours():
-        return fused_moe(*args, out=out)
+        return fused_moe(*args, **fp8, out=out)
 
     try:
         ours()
@@ -317,16 +465,20 @@ def run_case(name, model, w1, w2, tokens, quant, *, seed, timer, repeats, check_
     row["checked_tokens"] = len(rows)  # of tokens: fewer where the reference would take long
     index = torch.tensor(rows, device=DEVICE)
     try:
-        reference = fused_moe_reference(x[index], w1, w2, topk_weights[index], topk_ids[index])
+        reference = fused_moe_reference(x[index], *exact_weights(weights), topk_weights[index], topk_ids[index])
         row["rel_error"], row["rel_fro_error"] = rel_errors(out[index], reference)
     except Exception as error:  # noqa: BLE001 (recorded: the case is then not counted, but still timed)
         reference, row["rel_error"], row["check_error"] = None, None, _error_text(error)
-    row["correct"] = row["unwritten"] == 0 and row["rel_error"] is not None and row["rel_error"] <= TOLERANCE
+    row["correct"] = row["unwritten"] == 0 and row["rel_error"] is not None and row["rel_error"] <= row["tolerance"]
 
     timed = {"ours": ours}
     drops = model.experts < model.routed_experts
 
     def grouped_mm():
+        if quant == "fp8":
+            return scaled_grouped_mm_moe(
+                x, w1, w2, weights.w1_scale, weights.w2_scale, topk_weights, topk_ids, drops=drops
+            )
         return grouped_mm_moe(*args, drops=drops)
 
     def loop():
@@ -334,7 +486,7 @@ def run_case(name, model, w1, w2, tokens, quant, *, seed, timer, repeats, check_
 
     candidates = {"grouped_mm": grouped_mm, "loop": loop}
     for peer in peers:
-        if peer == "loop" and tokens > LOOP_TOKENS:
+        if peer == "loop" and (tokens > LOOP_TOKENS or quant != "bf16"):  # fp8: see the module's docstring
             continue
         try:
             result = candidates[peer]()
@@ -478,12 +630,17 @@ METHOD = (
     " 10 ms, rep 40 ms), ours, the peers and the copy interleaved, median over repeats; routing from topk_ids to the"
     " (T, H) bf16 output inside the timed region; random bf16 x, w1 (E, 2I, H), w2 (E, H, I); topk_weights float32"
     " and topk_ids int32 from torch.topk of softmax (DeepSeek: sigmoid) scores of random logits, renormalized; EP"
-    " shard: ids of the other shards -1; TFLOP/s = 2 * kept ids * 3 * I * H / time; grouped_mm: stable torch.sort of"
-    " the ids, offs by searchsorted, x rows gathered, torch._grouped_mm with w.transpose(1, 2), silu(gate) * up,"
-    " float32 index_add_ combine (EP shard: the kept count read on the host); loop (T <= 1024): per expert nonzero,"
-    " matmuls, float32 index_add_; decode (T <= 64): touched experts' weight bytes / time, fraction_of_copy = time"
-    " of a copy_ of half those bytes into as many / ours; ratio_vs_X = X time / ours; checked: output poisoned with"
-    " NaN, up to check_tokens tokens against fused_moe_reference (float32), max |out - ref| / max |ref| <= 2e-2"
+    " shard: ids of the other shards -1; fp8: w1, w2 float8_e4m3fn with float32 scales per output channel (amax /"
+    " 448) made from the bf16 ones, fused_moe(quant='fp8', granularity='channel'), x quantized per token inside;"
+    " TFLOP/s = 2 * kept ids * 3 * I * H / time; grouped_mm: stable torch.sort of the ids, offs by searchsorted, x"
+    " rows gathered, torch._grouped_mm with w.transpose(1, 2), silu(gate) * up, float32 index_add_ combine (EP shard:"
+    " the kept count read on the host); fp8 grouped_mm: the same with x quantized per token (amax / 448, e4m3) before"
+    " the gather, torch._scaled_grouped_mm(a8, w8.transpose(1, 2), scale_a per row, scale_b (E, N), offs,"
+    " out_dtype=bf16) for both GEMMs, h quantized per row between them; loop (bf16, T <= 1024): per expert nonzero,"
+    " matmuls, float32 index_add_; decode (T <= 64): touched experts' weight bytes (fp8: 1 byte each plus the"
+    " scales) / time, fraction_of_copy = time of a copy_ of half those bytes into as many / ours; ratio_vs_X = X"
+    " time / ours; checked: output poisoned with NaN, up to check_tokens tokens against fused_moe_reference"
+    " (float32; fp8: of the dequantized weights), max |out - ref| / max |ref| <= 2e-2 (bf16) or 6e-2 (fp8)"
 )
 
 
@@ -493,14 +650,14 @@ def main(argv=None) -> int:
     if args.list:
         for name, tokens, quant in todo:
             model = MODELS[name]
-            loop = " loop" if "loop" in args.peers and tokens <= LOOP_TOKENS else ""
+            loop = " loop" if "loop" in args.peers and tokens <= LOOP_TOKENS and quant == "bf16" else ""
             print(f"{name:<16} E={model.experts:<4} k={model.top_k} T={tokens:<6} {quant}{loop}")
         print(f"{len(todo)} cases")
         return 0
 
     import torch
 
-    status = grouped_mm_status() if "grouped_mm" in args.peers else "not measured: --peers"
+    status = grouped_mm_status(args.quant) if "grouped_mm" in args.peers else "not measured: --peers"
     print(status, flush=True)
     timer = make_timer(args.flush)
     results = []
@@ -515,27 +672,37 @@ def main(argv=None) -> int:
         flush=args.flush,
         repeats=args.repeats,
         check_tokens=args.check_tokens,
-        tolerance=TOLERANCE,
+        tolerance={q: TOLERANCES[q] for q in args.quant},
     )
     print(HEADER, flush=True)
-    index = 0
-    for name in args.model:
+    for model_index, name in enumerate(args.model):
         model = MODELS[name]
-        w1 = w2 = None
+        bf16 = weights = None
         try:
-            w1, w2 = make_weights(model, args.seed)
-            for tokens in args.tokens:
-                for quant in args.quant:
-                    index += 1
+            bf16 = make_weights(model, args.seed)
+            for quant_index, quant in enumerate(args.quant):
+                weights = None  # the previous format's, before the next is made
+                _free()
+                try:
+                    weights = format_weights(*bf16, quant)
+                except torch.OutOfMemoryError as error:  # this format's cases are left out, the next may fit
+                    results.append({"model": name, "tokens": None, "quant": quant, "correct": False})
+                    results[-1]["error"] = _error_text(error)
+                    print(f"{name} {quant}: {_error_text(error)}", flush=True)
+                    continue
+                finally:
+                    if quant_index == len(args.quant) - 1:  # every format is made from bf16: not needed past the last
+                        bf16 = None
+                for token_index, tokens in enumerate(args.tokens):
                     try:
                         row = run_case(
                             name,
                             model,
-                            w1,
-                            w2,
+                            weights,
                             tokens,
                             quant,
-                            seed=args.seed + index,
+                            # per (model, T), not per case: each format sees the same x and routing at a T
+                            seed=args.seed + 1 + model_index * len(args.tokens) + token_index,
                             timer=timer,
                             repeats=args.repeats,
                             check_tokens=args.check_tokens,
@@ -556,7 +723,7 @@ def main(argv=None) -> int:
             results.append(row)
             print(f"{name}: {_error_text(error)}", flush=True)
         finally:
-            del w1, w2
+            bf16 = weights = None
             _free()
     summary = summarize(results)
     print(json.dumps(summary))

@@ -102,7 +102,7 @@ def compile_only(args) -> int:
         (
             "prefill gather",
             gather_kernel.lower(S((PREFILL_TOKENS, H), "bf16"), S((capacity,), "i32"), S((1,), "i32"),
-                                S((capacity, H), "bf16"), S((ids,), "i32"), k),
+                                S((capacity, H), "bf16"), S((ids,), "i32"), S((1,), "f32"), S((1,), "f32"), k, False),
         )
     )  # fmt: skip
     decode_capacity = align_capacity(DECODE_TOKENS * k, E, 16)

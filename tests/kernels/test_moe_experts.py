@@ -12,7 +12,7 @@ import pytest
 
 import flydsl.compiler as flyc
 from flydsl.kernels.gemm import GemmConfig
-from flydsl.kernels.gemm.epilogue import Epilogue
+from flydsl.kernels.gemm.epilogue import Epilogue, Scale
 from flydsl.kernels.gemm.operands import MatrixSpec
 from flydsl.kernels.gemm.plan import plan_grouped
 from flydsl.kernels.gemm.schedulers import ExpertTiles
@@ -51,7 +51,9 @@ def test_check_fused_moe_accepts_and_measures():
         (dict(x=S((10, 256), "bf16", (512, 1))), ValueError, "x: expected a contiguous tensor"),
         (dict(w1=S((8, 256, 256), "bf16", (256 * 256, 1, 256))), ValueError, "w1: expected a contiguous tensor"),
         (dict(out=S((10, 128), "bf16")), ValueError, "out: expected a"),
-        (dict(quant="fp8"), NotImplementedError, "quant"),
+        (dict(quant="fp4"), ValueError, "quant: expected one of"),
+        (dict(granularity="channel"), ValueError, "go with quant='fp8'"),
+        (dict(quant="fp8"), TypeError, "w1: expected dtype float8_e4m3fn"),
         (dict(activation="gelu"), ValueError, "activation"),
     ],
 )
@@ -59,6 +61,38 @@ def test_check_fused_moe_names_the_bad_argument(change, error, match):
     arguments = {**_specs(), **change}
     with pytest.raises(error, match=match):
         check_fused_moe(**arguments)
+
+
+def _fp8_specs(tokens=10, experts=8, hidden=256, inter=128, granularity="channel"):
+    specs = _specs(tokens, experts, hidden, inter)
+    specs["w1"], specs["w2"] = S((experts, 2 * inter, hidden), "f8E4M3FN"), S((experts, hidden, inter), "f8E4M3FN")
+    per_channel = granularity == "channel"
+    specs["w1_scale"] = S((experts, 2 * inter) if per_channel else (experts,), "f32")
+    specs["w2_scale"] = S((experts, hidden) if per_channel else (experts,), "f32")
+    return dict(specs, quant="fp8", granularity=granularity)
+
+
+@pytest.mark.parametrize("granularity", ["channel", "tensor"])
+def test_check_fused_moe_fp8(granularity):
+    assert check_fused_moe(**_fp8_specs(granularity=granularity)) == (10, 256, 8, 128, 2)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(granularity="block"), "granularity: expected one of"),
+        (dict(w1_scale=None), r"w1_scale: expected a float32 \(8, 256\) tensor"),
+        (dict(w2_scale=S((8,), "f32")), r"w2_scale: expected a float32 \(8, 256\) tensor"),
+        (dict(w1_scale=S((8, 256), "bf16")), "w1_scale: expected a float32"),
+        (
+            dict(x=S((10, 264), "bf16"), w1=S((8, 256, 264), "f8E4M3FN"), w2=S((8, 264, 128), "f8E4M3FN")),
+            "multiples of 16",
+        ),
+    ],
+)
+def test_check_fused_moe_fp8_names_the_bad_argument(change, match):
+    with pytest.raises(ValueError, match=match):
+        check_fused_moe(**{**_fp8_specs(), **change})
 
 
 def test_hidden_and_intermediate_sizes_need_16_byte_rows():
@@ -157,22 +191,30 @@ def _ptxas(ptx: str, tmp_path) -> str:
     return done.stderr
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("ids,experts,hidden,inter", [(32768, 8, 4096, 14336), (8192, 256, 7168, 256)])
-def test_grouped_stages_compile_without_spills(ids, experts, hidden, inter, tmp_path):
-    """Mixtral's prefill (128-row blocks) and DeepSeek-V3 TP8's (64-row blocks): both stages."""
-    cfg = experts_config(ids, experts)
+def test_grouped_stages_compile_without_spills(ids, experts, hidden, inter, fp8, tmp_path):
+    """Mixtral's prefill (128-row blocks) and DeepSeek-V3 TP8's (64-row blocks): both stages, bf16 and fp8 (with the
+    per-row and per-weight-row scales)."""
+    cfg = experts_config(ids, experts, fp8)
     capacity = 1024 * cfg.block_m
+    operand = "f8E4M3FN" if fp8 else "bf16"
     for a, weights, out, gate in (
         ((capacity, hidden), (experts, 2 * inter, hidden), (capacity, inter), "silu"),
         ((capacity, inter), (experts, hidden, inter), (capacity, hidden), None),
     ):
+        scales = ()
+        if fp8:
+            scales = ((Scale(rows=1), MatrixSpec.dense((capacity,), "f32")),)
+            scales += ((Scale(columns=1, experts=True), MatrixSpec.dense((weights[0] * weights[1],), "f32")),)
         plan = plan_grouped(
-            MatrixSpec.dense(a, "bf16"),
-            MatrixSpec.dense(weights, "bf16"),
+            MatrixSpec.dense(a, operand),
+            MatrixSpec.dense(weights, operand),
             MatrixSpec.dense(out, "bf16"),
             sms=132,
             gate=gate,
             config=cfg.stage1,
+            scales=scales,
         )
         (module,) = plan.lower()
         assert "wgmma.mma_async" in module.ptx and "cp.async.bulk.tensor.2d" in module.ptx
@@ -184,12 +226,16 @@ def test_gather_and_combine_compile(tmp_path):
     tokens, top_k, hidden, capacity = 100, 8, 7168, 4096
     gather = gather_kernel.lower(
         S((tokens, hidden), "bf16"), S((capacity,), "i32"), S((1,), "i32"), S((capacity, hidden), "bf16"),
-        S((tokens * top_k,), "i32"), top_k,
+        S((tokens * top_k,), "i32"), S((1,), "f32"), S((1,), "f32"), top_k, False,
+    )  # fmt: skip
+    gather_fp8 = gather_kernel.lower(  # fp8 rows as 32-bit words, with their scales
+        S((tokens, hidden // 4), "i32"), S((capacity,), "i32"), S((1,), "i32"), S((capacity, hidden // 4), "i32"),
+        S((tokens * top_k,), "i32"), S((tokens,), "f32"), S((capacity,), "f32"), top_k, True,
     )  # fmt: skip
     combine = combine_kernel.lower(
         S((capacity, hidden), "bf16"), S((tokens * top_k,), "i32"), S((tokens, top_k), "f32"),
         S((tokens, top_k), "i64"), S((tokens, hidden), "bf16"), 256, top_k,
     )  # fmt: skip
-    for module in (gather, combine):
+    for module in (gather, gather_fp8, combine):
         assert "ld.global.v4" in module.ptx  # 16-byte rows
         assert "0 bytes spill stores" in _ptxas(module.ptx, tmp_path)

@@ -168,3 +168,59 @@ def test_large_layer_rows_past_two_to_the_31_elements():
     rows = torch.arange(0, tokens, 997, device=DEVICE)  # a sample of tokens against the reference
     expected = fused_moe_reference(x[rows], w1, w2, weights[rows], ids[rows])
     torch.testing.assert_close(out[rows].float(), expected, rtol=0, atol=2e-2 * float(expected.abs().max()))
+
+
+# --- fp8 ------------------------------------------------------------------------------------------------------------
+
+
+def _fp8_weights(w, granularity):
+    """(w8, scales, dequantized) of bf16 experts' weights (E, N, K): per expert and row ("channel") or per expert
+    ("tensor"), e4m3."""
+    from flydsl.kernels.quantize import quantize_fp8
+
+    experts, rows, k = w.shape
+    if granularity == "channel":
+        w8, scales = quantize_fp8(w.reshape(experts * rows, k), "token")
+        scales = scales.view(experts, rows)
+        return w8.view(experts, rows, k), scales, w8.view(experts, rows, k).float() * scales[..., None]
+    scales = w.float().abs().amax(dim=(1, 2)) / 448.0
+    w8 = (w.float() / scales[:, None, None]).to(torch.float8_e4m3fn)
+    return w8, scales, w8.float() * scales[:, None, None]
+
+
+@pytest.mark.parametrize("granularity", ["channel", "tensor"])
+@pytest.mark.parametrize(
+    "tokens,experts,top_k,hidden,inter",
+    [
+        (1, 8, 2, 256, 128),  # one token (fp8 takes the warp-specialized stages at every size)
+        (300, 8, 2, 256, 512),  # 64-row tiles
+        (2000, 8, 2, 512, 384),  # 128-row tiles
+        (5000, 8, 2, 256, 400),  # 2-CTA clusters, I not a multiple of the tile
+        (64, 128, 8, 512, 96),  # many experts
+    ],
+)
+def test_fused_moe_fp8_matches_the_reference(tokens, experts, top_k, hidden, inter, granularity):
+    """fp8 weights and per-token fp8 activations (x, then h): against the float32 layer of the dequantized weights
+    within the activations' two fp8 roundings."""
+    x, w1, w2 = _layer(tokens, experts, hidden, inter, seed=tokens + 1)
+    w1_8, s1, w1_deq = _fp8_weights(w1, granularity)
+    w2_8, s2, w2_deq = _fp8_weights(w2, granularity)
+    weights, ids = _routing(tokens, experts, top_k, seed=tokens + 1)
+    out = torch.full_like(x, float("nan"))
+    options = dict(quant="fp8", granularity=granularity, w1_scale=s1, w2_scale=s2)
+    fused_moe(x, w1_8, w2_8, weights, ids, out=out, **options)
+    expected = fused_moe_reference(x, w1_deq, w2_deq, weights, ids)
+    scale = expected.abs().max().clamp(min=1e-3)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float() / scale, expected / scale, rtol=0, atol=6e-2)
+    assert torch.equal(fused_moe(x, w1_8, w2_8, weights, ids, **options), out)  # deterministic
+
+
+def test_fused_moe_fp8_drops_ids():
+    x, w1, w2 = _layer(300, 32, 256, 128, seed=13)
+    (w1_8, s1, w1_deq), (w2_8, s2, w2_deq) = _fp8_weights(w1, "channel"), _fp8_weights(w2, "channel")
+    weights, ids = _routing(300, 128, 8, seed=13)
+    ids = torch.where(ids < 32, ids, torch.full_like(ids, -1))
+    out = fused_moe(x, w1_8, w2_8, weights, ids, quant="fp8", granularity="channel", w1_scale=s1, w2_scale=s2)
+    expected = fused_moe_reference(x, w1_deq, w2_deq, weights, ids)
+    torch.testing.assert_close(out.float(), expected, rtol=0, atol=6e-2 * float(expected.abs().max()))

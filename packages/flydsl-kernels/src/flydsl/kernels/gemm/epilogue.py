@@ -47,15 +47,19 @@ class Scale:
     None: a (ceil(M / rows),) tensor; ``rows=1``: one scale per row, e.g. fp8 activations' per-token scales),
     ``scale[c // columns]`` (``rows`` None: (ceil(N / columns),); ``columns=1``: per output channel),
     ``scale[r // rows, c // columns]`` (both: a 2-D tensor of blocks) or ``scale[0]`` (neither: one value, a
-    (1,)-element tensor)."""
+    (1,)-element tensor). ``experts`` (with ``columns=1`` only): a grouped GEMM's per-channel weight scales, one per
+    row of its stacked experts' weights ((E * N,): ``scale[b_row0 + B row of c]``, the tile's expert's rows)."""
 
     rows: int | None = None
     columns: int | None = None
+    experts: bool = False
 
     def __post_init__(self):
         for name, group in (("rows", self.rows), ("columns", self.columns)):
             if group is not None and (not isinstance(group, int) or group < 1):
                 raise ValueError(f"{self}: {name} must be None or a positive int")
+        if self.experts and (self.columns != 1 or self.rows is not None):
+            raise ValueError(f"{self}: experts' scales are one per weight row: columns=1, no rows")
 
     @property
     def granularity(self) -> str:
@@ -89,7 +93,8 @@ class Epilogue:
     ``gate`` (an activation): the gated linear unit of a mixture of experts' first stage. Each tile's left half of
     columns is the gate, its right half the matching up columns (B's tiles are loaded that way:
     :class:`~flydsl.kernels.gemm.operands.OperandTiles` ``sources``), and C gets ``gate(left) * right``: tile ``tn``
-    stores columns ``[tn * tile_n / 2, (tn + 1) * tile_n / 2)`` of C. It takes no scale, bias or activation."""
+    stores columns ``[tn * tile_n / 2, (tn + 1) * tile_n / 2)`` of C. Scales apply to both halves before the gate;
+    it takes no bias or other activation."""
 
     bias: bool = False
     activation: str | None = None
@@ -100,8 +105,8 @@ class Epilogue:
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"{self}: activation must be one of {ACTIVATIONS}")
-        if self.gate is not None and (self.gate not in ACTIVATIONS or self.scales or self.bias or self.activation):
-            raise ValueError(f"{self}: a gate is one of {ACTIVATIONS}, without scales, bias or another activation")
+        if self.gate is not None and (self.gate not in ACTIVATIONS or self.bias or self.activation):
+            raise ValueError(f"{self}: a gate is one of {ACTIVATIONS}, without bias or another activation")
         if not isinstance(self.scales, tuple) or not all(isinstance(s, Scale) for s in self.scales):
             raise ValueError(f"{self}: scales must be a tuple of Scale")
         if self.store not in ("registers", "tma"):
@@ -158,11 +163,12 @@ class TileStore(NamedTuple):
     tma: tuple | None = None
 
 
-def _scaled(x, store: TileStore, loaded: dict, row_of, col, key):
+def _scaled(x, store: TileStore, loaded: dict, row_of, col, key, b_col=None):
     """``x`` (element ``key`` = (p, e) of a block) times each of the epilogue's scales; each scale value is loaded
     once per block for the elements it is the same for (known when traced: a thread's two row halves share rows
     grouped by a multiple of 16, its element pair columns grouped by an even count) at a row and column clamped
-    into C (values past C's edges are computed but never stored)."""
+    into C (values past C's edges are computed but never stored); experts' scales at ``b_col`` (the pair's row of
+    the stacked weights) clamped into the scale tensor."""
     p, e = key
     for i, (scale, scale_tensor) in enumerate(zip(store.epilogue.scales, store.tensors.scales, strict=True)):
         row_key = None if scale.rows is None or scale.rows % 16 == 0 else p % 2
@@ -170,30 +176,36 @@ def _scaled(x, store: TileStore, loaded: dict, row_of, col, key):
         found = loaded.get((i, row_key, col_key))
         if found is None:
             row = None if scale.rows is None else arith.minimum(row_of(p), store.c.shape[0].to(fx.Int32) - 1)
-            column = None if scale.columns is None else arith.minimum(col + e, store.c.shape[1].to(fx.Int32) - 1)
+            if fx.const_expr(scale.experts):
+                column = arith.minimum(b_col + e, scale_tensor.shape.to(fx.Int32) - 1)  # (a 1-D shape: its extent)
+            else:
+                column = None if scale.columns is None else arith.minimum(col + e, store.c.shape[1].to(fx.Int32) - 1)
             found = loaded[(i, row_key, col_key)] = scale.value(scale_tensor, row, column)
         x = x * found
     return x
 
 
-def _finished_tile(acc, store: TileStore, block, col0, lane, warp):
+def _finished_tile(acc, store: TileStore, block, col0, lane, warp, b_row0=0):
     """This thread's values of accumulator block ``mi`` of a consumer's tile (``block``: (row0, mi); rows from
     ``row0 + 64 mi``, columns from ``col0``) through the epilogue, in C's dtype: computed once, however they are
     stored, as a Vector. wgmma's layout: element ``2p + e`` lies in row ``16 warp + lane // 4 + 8 (p % 2)`` and
     column ``8 (p // 2) + 2 (lane % 4) + e`` of the block. Each bias element is read once per thread, at a column
-    clamped into the tensor (values past N are computed but never stored)."""
+    clamped into the tensor (values past N are computed but never stored). ``b_row0``: the first row of the
+    stacked weights a grouped GEMM's tile reads (its experts' scales are indexed by those rows)."""
     c, epilogue, tensors, n = store.c, store.epilogue, store.tensors, store.cfg.tile_n
     if fx.const_expr(epilogue.identity):
         return acc.to(c.dtype)
-    if fx.const_expr(epilogue.gate is not None):
-        return _gated_tile(acc, epilogue.gate, n, c.dtype)
-    bias = tensors.bias if epilogue.bias else None
-    last = c.shape[1].to(fx.Int32) - 1
-    loaded: dict = {}  # the scale values of this block (see _scaled)
 
     def row_of(p):  # (computed only for scales that vary by row)
         row0, mi = block
         return row0 + 64 * mi + 16 * warp + lane // 4 + 8 * (p % 2)
+
+    if fx.const_expr(epilogue.gate is not None):
+        return _gated_tile(acc, store, row_of, col0, lane, b_row0)
+    bias = tensors.bias if epilogue.bias else None
+    last = c.shape[1].to(fx.Int32) - 1
+    loaded: dict = {}  # the scale values of this block (see _scaled)
+    by_expert = any(scale.experts for scale in epilogue.scales)
 
     values = []
     for p in fx.range_constexpr(n // 4):
@@ -203,21 +215,31 @@ def _finished_tile(acc, store: TileStore, block, col0, lane, warp):
         for e in fx.range_constexpr(2):
             x = acc[2 * p + e]
             if fx.const_expr(epilogue.scales):
-                x = _scaled(x, store, loaded, row_of, col, (p, e))
+                x = _scaled(x, store, loaded, row_of, col, (p, e), b_row0 + col if by_expert else None)
             x = x if bias is None else x + pair[e]
             values.append(_activate(x, epilogue.activation).to(c.dtype))
     return vector.from_elements(vector.vector_class(c.dtype, len(values)), values)
 
 
-def _gated_tile(acc, gate: str, n: int, dtype):
+def _gated_tile(acc, store: TileStore, row_of, col0, lane, b_row0):
     """``gate(left) * right`` of a tile's accumulators whose left n / 2 columns are the gate and right n / 2 the up
-    projection, laid out as the accumulators of an n / 2 wide tile (:func:`_store_tile` stores them). Column c and
-    c + n / 2 lie in one thread: element pair ``p`` and ``p + n / 8`` (the pairs step 8 columns every 2)."""
-    half = n // 8  # element pairs per half tile
+    projection, laid out as the accumulators of an n / 2 wide tile (:func:`_store_tile` stores them; ``col0``: its
+    first column of C). Column c and c + n / 2 lie in one thread: element pair ``p`` and ``p + n / 8`` (the pairs
+    step 8 columns every 2). With scales (fp8), each half is scaled first: the up rows of C's column c are the
+    stacked weights' rows I = C's width after its gate row."""
+    epilogue, dtype = store.epilogue, store.c.dtype
+    half = store.cfg.tile_n // 8  # element pairs per half tile
+    inter = store.c.shape[1].to(fx.Int32)
+    gate_scales, up_scales = {}, {}  # (see _scaled: the two halves' values apart)
     values = []
     for p in fx.range_constexpr(half):
+        col = col0 + 8 * (p // 2) + 2 * (lane % 4)
         for e in fx.range_constexpr(2):
-            values.append((_activate(acc[2 * p + e], gate) * acc[2 * (p + half) + e]).to(dtype))
+            gate, up = acc[2 * p + e], acc[2 * (p + half) + e]
+            if fx.const_expr(epilogue.scales):
+                gate = _scaled(gate, store, gate_scales, row_of, col, (p, e), b_row0 + col)
+                up = _scaled(up, store, up_scales, row_of, col, (p, e), b_row0 + inter + col)
+            values.append((_activate(gate, epilogue.gate) * up).to(dtype))
     return vector.from_elements(vector.vector_class(dtype, len(values)), values)
 
 
@@ -240,7 +262,7 @@ def _store_tile(values, c, row0, col0, full: bool, lane, warp, n: int):
                     c[row, col + 1] = second
 
 
-def store_accumulators(store: TileStore, accs, tm, tn, consumer, lane, warp):
+def store_accumulators(store: TileStore, accs, tm, tn, consumer, lane, warp, b_row0=0):
     """Stores consumer warpgroup ``consumer``'s accumulators (one per 64-row block) of tile (tm, tn) into C through
     the epilogue: from registers, bounds-checked only where the tile crosses C's edge, or through shared memory and
     TMA stores (``store.tma``). ``lane``, ``warp``: this thread's lane and warp in its warpgroup."""
@@ -250,7 +272,7 @@ def store_accumulators(store: TileStore, accs, tm, tn, consumer, lane, warp):
     row0 = tm * cfg.tile_m + (0 if cfg.schedule == "pingpong" else consumer * rows)
     col0 = tn * width
     inside = (row0 + rows <= c.shape[0].to(fx.Int32)) & (col0 + width <= c.shape[1].to(fx.Int32))
-    finished = [_finished_tile(accs[mi], store, (row0, mi), col0, lane, warp) for mi in range(rows // 64)]
+    finished = [_finished_tile(accs[mi], store, (row0, mi), col0, lane, warp, b_row0) for mi in range(rows // 64)]
     if fx.const_expr(store.epilogue.identity):
         # Converted (and packed, for 16-bit C) all at once, right after the MMAs' wait, so that ptxas keeps every
         # wgmma pipelined (docs/tuning/gemm.md#pinned-epilogue); with a bias or an activation they stay unpinned.

@@ -30,7 +30,7 @@ from flydsl.kernels.gemm.config import (
     max_stages,
     staging_fits,
 )
-from flydsl.kernels.gemm.epilogue import Epilogue
+from flydsl.kernels.gemm.epilogue import Epilogue, Scale
 from flydsl.kernels.gemm.operands import (
     OPERAND_BYTES,
     SWIZZLE_BYTES,
@@ -315,19 +315,32 @@ def plan_dense(
 
 
 def plan_grouped(
-    a: MatrixSpec, weights: MatrixSpec, out: MatrixSpec, *, sms: int, gate: str | None = None, config: GemmConfig
+    a: MatrixSpec,
+    weights: MatrixSpec,
+    out: MatrixSpec,
+    *,
+    sms: int,
+    gate: str | None = None,
+    config: GemmConfig,
+    scales: tuple = (),
 ) -> GemmPlan:
     """The plan of a mixture of experts' grouped GEMM (``gemm_ws_grouped``): ``a`` (capacity, K) K-major rows in the
     aligned order of ``flydsl.kernels.moe.align_tokens`` (blocks of ``config.tile_m``), ``weights`` the experts'
     (E, N, K) stack (each an ``nn.Linear`` weight, K contiguous), ``out`` (capacity, N), or (capacity, N / 2) with a
     ``gate`` (N = 2I: gate rows then up rows; C = gate(x @ gate.T) * (x @ up.T)). The launch also takes the
     routing's "expert_of_block" and "padded_count" tensors: as many tiles run as they say, on at most ``sms`` CTAs.
-    With ``config.cluster_m`` 2, the routing's blocks are ``2 * tile_m`` rows (one expert per cluster tile)."""
+    With ``config.cluster_m`` 2, the routing's blocks are ``2 * tile_m`` rows (one expert per cluster tile). fp8
+    operands take ``scales``: up to two (Scale, MatrixSpec) pairs, ``Scale(rows=1)`` (capacity,) per row of A and
+    ``Scale(columns=1, experts=True)`` (E * N,) per row of the weights."""
     (capacity, k), (experts, rows, _) = a.shape, weights.shape
-    store_view = _store_view(out, config, OPERAND_BYTES[a.dtype])
+    operand_bytes = OPERAND_BYTES[a.dtype]
+    if config.tile_k * operand_bytes % SWIZZLE_BYTES:
+        raise ValueError(f"gemm_ws_grouped: {config}: K steps of {config.tile_k} {a.dtype}; expected 128-byte rows")
+    store_view = _store_view(out, config, operand_bytes)
     if Epilogue(gate=gate).width(config.tile_n) % STAGING_BOX[1]:
         store_view = None  # (a gated tile's half is not whole 64-column parts)
-    epilogue = Epilogue(gate=gate, store="tma" if store_view is not None else "registers")
+    scale_kinds = tuple(scale for scale, _ in scales)
+    epilogue = Epilogue(gate=gate, scales=scale_kinds, store="tma" if store_view is not None else "registers")
     if epilogue.width(rows) != out.shape[1] or out.shape[0] != capacity or weights.shape[2] != k:
         raise ValueError(
             f"gemm_ws_grouped: a {a.shape}, weights {weights.shape} and out {out.shape} do not match (gate: {gate})"
@@ -344,11 +357,27 @@ def plan_grouped(
     units = capacity // (config.tile_m * config.cluster_m) * -(-rows // config.tile_n)
     c_store = Tma("out", store_view) if store_view is not None else Tma("a", a_view, unread=True)
     arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"), c_store)
-    arguments += (Tensor("expert_of_block"), Tensor("padded_count"), config, epilogue)
+    arguments += (Tensor("expert_of_block"), Tensor("padded_count"))
+    arguments += tuple(
+        Tensor(f"scale_{i}") if i < len(scales) else Tensor("padded_count", unread=True) for i in range(2)
+    )
+    arguments += (config, epilogue)
     grid = max(1, min(units, sms // config.cluster)) * config.cluster
     launch = Launch(gemm_ws_grouped, arguments, grid, config.threads)
     specs = {"a": a, "b": stacked, "out": out, "padded_count": MatrixSpec.dense((1,), "i32")}
     specs["expert_of_block"] = MatrixSpec.dense((capacity // (config.tile_m * config.cluster_m),), "i32")
+    for i, (scale, matrix) in enumerate(scales):
+        length = experts * rows if scale.experts else capacity
+        if (
+            scale not in (Scale(rows=1), Scale(columns=1, experts=True))
+            or matrix.shape != (length,)
+            or matrix.dtype != "f32"
+        ):
+            raise ValueError(
+                f"gemm_ws_grouped scale_{i}: expected a float32 ({length},) tensor for {scale} (per row of A, or"
+                f" per row of the stacked weights), got {matrix.dtype} {matrix.shape}"
+            )
+        specs[f"scale_{i}"] = matrix
     return GemmPlan(gemm_ws_grouped.name, config, epilogue, specs, (), (launch,))
 
 

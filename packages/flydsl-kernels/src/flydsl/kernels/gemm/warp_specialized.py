@@ -178,7 +178,7 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
                     order[1 - consumer].arrive()
                 accs = drain(mainloop, released, accs, work.k_begin, work.k_end, cfg.split_k > 1)
             if fx.const_expr(cfg.split_k == 1):
-                store_accumulators(store, accs, work.tile_m, work.tile_n, consumer, lane, warp)
+                store_accumulators(store, accs, work.tile_m, work.tile_n, consumer, lane, warp, work.b_row0)
             else:  # a whole tile stores C; of a split tile, the part that finishes last sums them all and stores C
                 last, sums = fx.Boolean(True), accs
                 if unit >= schedule.split_from:
@@ -300,6 +300,8 @@ def gemm_ws_grouped(
     c_store: fx.TmaDescriptor,
     expert_of_block: fx.Tensor,
     padded_count: fx.Tensor,
+    scale_0: fx.Tensor,
+    scale_1: fx.Tensor,
     cfg: fx.Constexpr,
     epilogue: fx.Constexpr,
 ):
@@ -308,8 +310,11 @@ def gemm_ws_grouped(
     outputs, read on the GPU). ``a`` (capacity, K) and ``b`` the stacked (E * N, K) weights, both K-major; C
     (capacity, N), or with ``epilogue.gate`` (C's N = I) ``gate(x @ w[:I].T) * (x @ w[I:].T)`` of each expert's
     (2I, K) weights ``w`` (gate rows, then up rows: ``nn.Linear``'s order); rows of C past ``padded_count`` are not
-    written. ``c_store``: as :func:`gemm_ws`'s (C in (64, 64) boxes for ``epilogue.store == "tma"``)."""
-    if epilogue.scales or epilogue.bias:
-        raise ValueError(f"gemm_ws_grouped: expected an epilogue without scales or bias, got {epilogue}")
-    tensors = GemmTensors(a, b, c, c_store, EpilogueTensors(), None, None, groups=(expert_of_block, padded_count))
+    written. ``c_store``: as :func:`gemm_ws`'s (C in (64, 64) boxes for ``epilogue.store == "tma"``). fp8 operands
+    take ``epilogue.scales`` (up to two: ``scale_0``, ``scale_1``; unread beyond), e.g. ``Scale(rows=1)`` per row of
+    A and ``Scale(columns=1, experts=True)`` per row of the stacked weights, applied before the gate."""
+    if epilogue.bias or len(epilogue.scales) > 2:
+        raise ValueError(f"gemm_ws_grouped: expected an epilogue without bias, at most two scales: {epilogue}")
+    scales = EpilogueTensors(None, (scale_0, scale_1)[: len(epilogue.scales)])
+    tensors = GemmTensors(a, b, c, c_store, scales, None, None, groups=(expert_of_block, padded_count))
     warp_specialized_gemm(tensors, cfg, ("K", "K"), epilogue)

@@ -432,18 +432,28 @@ def check_align_shapes(who: str, topk_ids, num_experts, block_m) -> tuple[int, i
     return ids, capacity
 
 
-EXPERT_DTYPES = ("bf16", "f16")  # fused_moe's activations and weights
+EXPERT_DTYPES = ("bf16", "f16")  # fused_moe's activations (and weights, unquantized)
 ROW_CHUNK = 8  # H and I in whole 16-byte rows of 16-bit elements (the gather's, the combine's and TMA's)
+QUANTS = (None, "fp8")  # fused_moe's weight formats: as x, or float8_e4m3fn with float32 scales
+WEIGHT_GRANULARITIES = ("channel", "tensor")  # fp8 weights' scales: per expert and output row, or per expert
 
 
-def check_experts_shapes(who: str, x, w1, w2, topk_weights, topk_ids, activation) -> tuple[int, int, int, int, int]:
+def check_experts_shapes(
+    who: str, x, w1, w2, topk_weights, topk_ids, activation, quant=None, granularity=None, w1_scale=None, w2_scale=None
+) -> tuple[int, int, int, int, int]:
     """``fused_moe``'s checks that need only shapes, dtypes and names (tensors: anything with ``shape`` and ``dtype``
-    in :mod:`flydsl.kernels.validation`'s names; no compiler): returns ``(T, H, E, I, k)``. Strides, devices,
-    alignment and overlaps are :func:`flydsl.kernels.moe.experts.check_fused_moe`'s."""
+    in :mod:`flydsl.kernels.validation`'s names; no compiler): returns ``(T, H, E, I, k)``. ``quant`` "fp8": the
+    weights float8_e4m3fn, H and I multiples of 16, ``granularity`` "channel" (``w1_scale`` (E, 2I), ``w2_scale``
+    (E, H)) or "tensor" (both (E,)), float32. Strides, devices, alignment and overlaps are
+    :func:`flydsl.kernels.moe.experts.check_fused_moe`'s."""
     from flydsl.kernels.moe.reference import ACTIVATIONS
 
     if activation not in ACTIVATIONS:
         raise ValueError(f"{who}: activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if quant not in QUANTS:
+        raise ValueError(f"{who}: quant: expected one of {QUANTS}, got {quant!r}")
+    if quant is None and (granularity is not None or w1_scale is not None or w2_scale is not None):
+        raise ValueError(f"{who}: granularity, w1_scale and w2_scale go with quant='fp8' (got quant=None)")
     if len(x.shape) != 2:
         raise ValueError(f"{who}: x: expected a 2-D tensor (T, H), got shape {tuple(x.shape)}")
     check.check_dtype(who, "x", x.dtype, EXPERT_DTYPES)
@@ -455,10 +465,13 @@ def check_experts_shapes(who: str, x, w1, w2, topk_weights, topk_ids, activation
         raise ValueError(f"{who}: w1: expected 1 to {MAX_EXPERTS} experts E, got shape {tuple(w1.shape)}")
     if tuple(w2.shape) != (experts, hidden, inter):
         raise ValueError(f"{who}: w2: expected (E, H, I) = {(experts, hidden, inter)}, got shape {tuple(w2.shape)}")
+    weight_dtype, chunk = (x.dtype, ROW_CHUNK) if quant is None else ("f8E4M3FN", 2 * ROW_CHUNK)
     for name, w in (("w1", w1), ("w2", w2)):
-        check.check_dtype(who, name, w.dtype, (x.dtype,), like="x")
-    if hidden % ROW_CHUNK or inter % ROW_CHUNK:
-        raise ValueError(f"{who}: w1: H = {hidden} and I = {inter}; expected multiples of {ROW_CHUNK} (16-byte rows)")
+        check.check_dtype(who, name, w.dtype, (weight_dtype,), like=None if quant else "x")
+    if hidden % chunk or inter % chunk:
+        raise ValueError(f"{who}: w1: H = {hidden} and I = {inter}; expected multiples of {chunk} (16-byte rows)")
+    if quant is not None:
+        _check_expert_scales(who, granularity, w1_scale, w2_scale, experts, hidden, inter)
     if len(topk_ids.shape) != 2 or topk_ids.shape[0] != tokens:
         raise ValueError(f"{who}: topk_ids: expected (T, k) with T = {tokens}, got shape {tuple(topk_ids.shape)}")
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
@@ -469,3 +482,16 @@ def check_experts_shapes(who: str, x, w1, w2, topk_weights, topk_ids, activation
     if topk_ids.dtype not in _ID_DTYPES:
         raise TypeError(f"{who}: topk_ids: expected int32 or int64, got {check.dtype_names((topk_ids.dtype,))}")
     return tokens, hidden, experts, inter, topk_ids.shape[1]
+
+
+def _check_expert_scales(who: str, granularity, w1_scale, w2_scale, experts: int, hidden: int, inter: int) -> None:
+    if granularity not in WEIGHT_GRANULARITIES:
+        raise ValueError(
+            f"{who}: granularity: expected one of {WEIGHT_GRANULARITIES} with quant='fp8', got {granularity!r}"
+        )
+    per_channel = granularity == "channel"
+    for name, scale, rows in (("w1_scale", w1_scale, 2 * inter), ("w2_scale", w2_scale, hidden)):
+        expected = (experts, rows) if per_channel else (experts,)
+        if scale is None or tuple(scale.shape) != expected or scale.dtype != "f32":
+            got = "None" if scale is None else f"{check.dtype_names((scale.dtype,))} {tuple(scale.shape)}"
+            raise ValueError(f"{who}: {name}: expected a float32 {expected} tensor ({granularity} scales), got {got}")

@@ -27,8 +27,8 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.kernels import validation as check
-from flydsl.kernels.gemm.config import GemmConfig, max_stages
-from flydsl.kernels.gemm.epilogue import Epilogue
+from flydsl.kernels.gemm.config import GemmConfig, fp8_config, max_stages
+from flydsl.kernels.gemm.epilogue import Epilogue, Scale
 from flydsl.kernels.gemm.launch import launch_plan
 from flydsl.kernels.gemm.operands import MatrixSpec
 from flydsl.kernels.gemm.plan import plan_grouped
@@ -63,7 +63,7 @@ class ExpertsConfig:
         return self.stage1.tile_m * self.stage1.cluster_m
 
 
-def experts_config(ids: int, experts: int) -> ExpertsConfig:
+def experts_config(ids: int, experts: int, fp8: bool = False) -> ExpertsConfig:
     """Tiles of 128 rows (two consumer warpgroups) where experts average 96 rows or more, else of 64 (one), so that
     the padding of sparsely hit experts stays small; in 2-CTA clusters along M (sharing each B tile: an expert's run
     padded to 256 rows) where they average 512 or more; tiles 256 wide (stage 1: 128 gate and 128 up columns), the
@@ -72,6 +72,7 @@ def experts_config(ids: int, experts: int) -> ExpertsConfig:
     cluster_m = 2 if ids >= 512 * experts else 1
     shape = dict(tile_m=tile_m, tile_n=256, consumers=tile_m // 64, cluster_m=cluster_m)
     cfg = GemmConfig(**shape, stages=max_stages(tile_m, 256))
+    cfg = fp8_config(cfg) if fp8 else cfg  # fp8: K steps of 128 (the same bytes per stage)
     return ExpertsConfig(cfg, cfg)
 
 
@@ -85,26 +86,33 @@ def gather_kernel(
     padded_count: fx.Tensor,
     rows: fx.Tensor,
     positions: fx.Tensor,
+    scales: fx.Tensor,
+    row_scales: fx.Tensor,
     top_k: fx.Constexpr[int],
+    scaled: fx.Constexpr[bool],
 ):
     """``rows[p] = x[sorted_ids[p] // top_k]`` and ``positions[sorted_ids[p]] = p`` for each position ``p`` below
-    ``padded_count[0]`` that holds an index (not the sentinel T * k: pad rows are left as they are). One warp per
-    position at a time, 16-byte vectors; H a multiple of 8."""
+    ``padded_count[0]`` that holds an index (not the sentinel T * k: pad rows are left as they are); ``scaled``: also
+    ``row_scales[p] = scales[sorted_ids[p] // top_k]`` (fp8 rows' per-token scales; else both unread). One warp per
+    position at a time, 16-byte vectors of any element type (fp8 rows pass as int32 views); rows of whole vectors."""
     flyc.set_kernel_attributes(threads=32 * _WARPS)
     lane, warp = gpu.lane_id(), gpu.warp_idx()
     ids = positions.shape.to(fx.Int32)  # (a 1-D tensor's shape is its extent)
-    chunks = x.shape[1].to(fx.Int32) // CHUNK
+    chunk = 128 // x.dtype.width  # elements of a 16-byte vector
+    chunks = x.shape[1].to(fx.Int32) // chunk
     total = padded_count[0].to(fx.Int32)
-    cls = vector.vector_class(x.dtype, CHUNK)
+    cls = vector.vector_class(x.dtype, chunk)
     for p in range(gpu.block_idx.x * _WARPS + warp, total, gpu.grid_dim.x * _WARPS):
         flat = sorted_ids[p].to(fx.Int32)
         if flat < ids:
+            token = flat // top_k
             if lane == 0:
                 positions[flat] = p
-            token = (flat // top_k).to(fx.Int64)
+                if fx.const_expr(scaled):
+                    row_scales[p] = scales[token]
             row = p.to(fx.Int64)
             for c in range(lane, chunks, 32):
-                vector.store(vector.load_op(cls, x, (token, c * CHUNK)), rows, (row, c * CHUNK))
+                vector.store(vector.load_op(cls, x, (token.to(fx.Int64), c * chunk)), rows, (row, c * chunk))
 
 
 @flyc.kernel(dependent_launch=True)
@@ -174,25 +182,39 @@ def fused_moe(
     rows ``[0, I)`` then up rows ``[I, 2I)`` (``nn.Linear``'s orientation); ``w2`` (E, H, I); both contiguous, in
     x's dtype; ``topk_weights`` (T, k) float32/bf16/fp16 and ``topk_ids`` (T, k) int32/int64, contiguous (e.g.
     :func:`~flydsl.kernels.moe.topk_route`'s); H and I multiples of 8. ``out`` (T, H) in x's dtype, contiguous,
-    allocated when not given. ``quant``: only None (bf16/fp16 weights) so far. The steps and kernels: the module's
-    docstring; nothing is read back to the host (CUDA-graph capturable)."""
+    allocated when not given.
+
+    ``quant="fp8"``: ``w1`` and ``w2`` float8_e4m3fn (H and I multiples of 16) with float32 scales, the weight
+    ``w[e][n] * scale``: ``granularity`` "channel" (``w1_scale`` (E, 2I), ``w2_scale`` (E, H): one per expert and
+    output row, as ``quantize_fp8(w.view(E * N, K), "token")`` gives them) or "tensor" (both (E,)). The activations
+    are quantized per token (x before the gather, h between the stages: ``quantize_fp8``), both stages run on fp8
+    tensor cores with the scales in their epilogue, h and the output stay in x's dtype. fp8 takes the
+    warp-specialized stages at every size (no weight-streaming decode route yet).
+
+    The steps and kernels: the module's docstring; nothing is read back to the host (CUDA-graph capturable)."""
     key = signature(x, w1, w2, topk_weights, topk_ids, out, activation, quant, granularity, w1_scale, w2_scale)
     plan = _FUSED.get(key)
     if plan is None:
-        plan = _FUSED.add(key, _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, quant, out))
-    return plan(x, w1, w2, topk_weights, topk_ids, out)
+        options = dict(quant=quant, granularity=granularity, w1_scale=w1_scale, w2_scale=w2_scale, out=out)
+        plan = _FUSED.add(key, _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, **options))
+    return plan(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale)
 
 
-def check_fused_moe(x, w1, w2, topk_weights, topk_ids, activation="silu", quant=None, out=None) -> tuple:
+def check_fused_moe(
+    x, w1, w2, topk_weights, topk_ids, activation="silu", quant=None, out=None, granularity=None, w1_scale=None,
+    w2_scale=None,
+) -> tuple:  # fmt: skip
     """``fused_moe``'s arguments checked (read for their geometry only); returns (T, H, E, I, k). Errors name the
     argument and what was expected."""
     who = _FUSED.name
-    if quant is not None:
-        raise NotImplementedError(f"{who}: quant: only None (bf16/fp16 experts) is implemented so far, got {quant!r}")
     infos = {name: check.describe(who, name, t) for name, t in (("x", x), ("w1", w1), ("w2", w2))}
     infos["topk_weights"] = check.describe(who, "topk_weights", topk_weights)
     ids = check.describe(who, "topk_ids", topk_ids)
-    shapes = check_experts_shapes(who, *infos.values(), ids, activation)
+    scales = {
+        n: None if t is None else check.describe(who, n, t) for n, t in (("w1_scale", w1_scale), ("w2_scale", w2_scale))
+    }
+    shapes = check_experts_shapes(who, *infos.values(), ids, activation, quant, granularity, *scales.values())
+    infos.update((name, info) for name, info in scales.items() if info is not None)
     xi = infos["x"]
     if out is not None:
         infos["out"] = outi = check.describe(who, "out", out)
@@ -204,7 +226,7 @@ def check_fused_moe(x, w1, w2, topk_weights, topk_ids, activation="silu", quant=
     for name, info in infos.items():
         if not _contiguous(info):
             raise ValueError(f"{who}: {name}: expected a contiguous tensor, got strides {tuple(info.strides)}")
-        if name != "topk_weights" and info.pointer % 16:  # 16-byte rows: the gather's, the combine's, TMA's
+        if name in ("x", "w1", "w2", "out") and info.pointer % 16:  # 16-byte rows: the gather's, combine's, TMA's
             raise ValueError(f"{who}: {name}: expected a 16-byte aligned address, got {info.pointer:#x}")
     others = [(name, info) for name, info in infos.items() if name != "x"] + [("topk_ids", ids)]
     check.same_device(who, xi, *others)
@@ -223,17 +245,19 @@ def _contiguous(info) -> bool:
     return True
 
 
-def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, quant, out):
+def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granularity, w1_scale, w2_scale, out):
     """The launches of a call of this signature, checked and planned: a function of the call's tensors."""
     import torch
 
     from flydsl.kernels.device import sm_count
 
-    tokens, hidden, experts, inter, top_k = check_fused_moe(x, w1, w2, topk_weights, topk_ids, activation, quant, out)
+    scales = dict(granularity=granularity, w1_scale=w1_scale, w2_scale=w2_scale)
+    shapes = check_fused_moe(x, w1, w2, topk_weights, topk_ids, activation, quant, out, **scales)
+    tokens, hidden, experts, inter, top_k = shapes
     ids = tokens * top_k
     if ids == 0:  # no token, or no slot: nothing routed
 
-        def zeros(x, w1, w2, topk_weights, topk_ids, out):
+        def zeros(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale):
             return x.new_zeros((tokens, hidden)) if out is None else out.zero_()
 
         return zeros
@@ -247,12 +271,14 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, quant, out):
         )
         return out
 
-    stages = _decode_stages if decodes(tokens, ids, experts) else _prefill_stages
-    steps = stages(x, tokens, hidden, experts, inter, top_k, activation)
+    if quant is None and decodes(tokens, ids, experts):
+        steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation)
+    else:
+        steps = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant == "fp8")
 
-    def run(x, w1, w2, topk_weights, topk_ids, out):
+    def run(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale):
         positions = torch.empty(ids, dtype=torch.int32, device=x.device)
-        y = steps(x, w1, w2, topk_ids, positions)
+        y = steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale)
         return combine(y, positions, topk_weights, topk_ids, out)
 
     return run
@@ -264,41 +290,68 @@ def decodes(tokens: int, ids: int, experts: int) -> bool:
     return tokens <= DECODE_TOKENS and ids <= 8 * experts
 
 
-def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation):
-    """align, gather, the two warp-specialized grouped GEMMs: a function of the call's tensors returning y."""
+def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bool):
+    """align, gather, the two warp-specialized grouped GEMMs: a function of the call's tensors returning y. fp8: x
+    quantized per token before the gather (its scales gathered with the rows), h quantized per token between the
+    stages, each stage's epilogue scaling by the row's and the weight row's scales."""
+    import torch
+
     from flydsl.kernels.device import sm_count
+    from flydsl.kernels.quantize import quantize_fp8
 
     ids = tokens * top_k
     sms = sm_count(x.get_device())
-    cfg = experts_config(ids, experts)
+    cfg = experts_config(ids, experts, fp8)
     capacity = align_capacity(ids, experts, cfg.block_m)
     dtype = check.torch_dtype(x.dtype)
-    stage1 = plan_grouped(
-        MatrixSpec.dense((capacity, hidden), dtype),
-        MatrixSpec.dense((experts, 2 * inter, hidden), dtype),
-        MatrixSpec.dense((capacity, inter), dtype),
-        sms=sms,
-        gate=activation,
-        config=cfg.stage1,
-    )
-    stage2 = plan_grouped(
-        MatrixSpec.dense((capacity, inter), dtype),
-        MatrixSpec.dense((experts, hidden, inter), dtype),
-        MatrixSpec.dense((capacity, hidden), dtype),
-        sms=sms,
-        config=cfg.stage2,
-    )
-    gather_grid = max(1, min(-(-capacity // _WARPS), sms * _WAVES))
+    operand = "f8E4M3FN" if fp8 else dtype
 
-    def steps(x, w1, w2, topk_ids, positions):
+    def stage(k, rows, n, gate, config):
+        scales = ()
+        if fp8:  # per row of A (its token's), per row of the stacked weights
+            scales = ((Scale(rows=1), MatrixSpec.dense((capacity,), "f32")),)
+            scales += ((Scale(columns=1, experts=True), MatrixSpec.dense((experts * rows,), "f32")),)
+        a, weights = MatrixSpec.dense((capacity, k), operand), MatrixSpec.dense((experts, rows, k), operand)
+        out = MatrixSpec.dense((capacity, n), dtype)
+        return plan_grouped(a, weights, out, sms=sms, gate=gate, config=config, scales=scales)
+
+    stage1 = stage(hidden, 2 * inter, inter, activation, cfg.stage1)
+    stage2 = stage(inter, hidden, hidden, None, cfg.stage2)
+    gather_grid = max(1, min(-(-capacity // _WARPS), sms * _WAVES))
+    launch_gather = dict(grid=gather_grid, block=32 * _WARPS)
+
+    def steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale):
         sorted_ids, expert_of_block, padded_count = align_tokens(topk_ids, experts, cfg.block_m)
         groups = (expert_of_block, padded_count)
-        rows = x.new_empty((capacity, hidden))
-        gather_kernel(x, sorted_ids, padded_count, rows, positions, top_k).launch(grid=gather_grid, block=32 * _WARPS)
-        h = launch_plan(stage1, rows, w1, x.new_empty((capacity, inter)), groups=groups)
-        return launch_plan(stage2, h, w2, rows, groups=groups)  # into the gathered rows: stage 1 has read them
+        if not fp8:
+            rows = x.new_empty((capacity, hidden))
+            gather_kernel(x, sorted_ids, padded_count, rows, positions, positions, positions, top_k, False).launch(
+                **launch_gather
+            )
+            h = launch_plan(stage1, rows, w1, x.new_empty((capacity, inter)), groups=groups)
+            return launch_plan(stage2, h, w2, rows, groups=groups)  # into the gathered rows: stage 1 has read them
+        x8, x_scales = quantize_fp8(x, "token")
+        rows = torch.empty((capacity, hidden), dtype=w1.dtype, device=x.device)
+        row_scales = torch.empty(capacity, dtype=torch.float32, device=x.device)
+        words, row_words = x8.view(torch.int32), rows.view(torch.int32)  # (fp8 rows moved as 32-bit words)
+        gather_kernel(
+            words, sorted_ids, padded_count, row_words, positions, x_scales.view(-1), row_scales, top_k, True
+        ).launch(**launch_gather)
+        gate_up_scales = _per_row(w1_scale, 2 * inter)
+        h = launch_plan(
+            stage1, rows, w1, x.new_empty((capacity, inter)), scales=(row_scales, gate_up_scales), groups=groups
+        )
+        h8, h_scales = quantize_fp8(h, "token")
+        y = x.new_empty((capacity, hidden))
+        return launch_plan(stage2, h8, w2, y, scales=(h_scales.view(-1), _per_row(w2_scale, hidden)), groups=groups)
 
     return steps
+
+
+def _per_row(scale, rows: int):
+    """fp8 weights' scales, one per row of the stacked (E * rows, K) weights: a per-channel (E, rows) tensor as it
+    is, a per-tensor (E,) one repeated (a small copy, per call)."""
+    return scale.view(-1) if scale.dim() == 2 else scale[:, None].expand(-1, rows).reshape(-1)
 
 
 def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation):
@@ -313,7 +366,7 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation):
     grid1 = (-(-inter // (cfg1.rows // 2)), blocks)
     grid2 = (-(-hidden // cfg2.rows), blocks)
 
-    def steps(x, w1, w2, topk_ids, positions):
+    def steps(x, w1, w2, topk_ids, positions, w1_scale=None, w2_scale=None):
         sorted_ids, expert_of_block, padded_count = align_tokens(topk_ids, experts, GROUPED_BLOCK)
         routing = (sorted_ids, expert_of_block, padded_count, positions)
         h = x.new_empty((capacity, inter))
