@@ -36,6 +36,7 @@ __all__ = [
     "check_route_shapes",
     "check_align_shapes",
     "check_experts_shapes",
+    "contiguous",
     "EXPERT_DTYPES",
     "ROW_CHUNK",
 ]
@@ -247,7 +248,7 @@ def _check_outputs(who: str, reference, inputs, outputs) -> None:
                 f"{who}: {name}: expected a {check.dtype_names((dtype,))} tensor of shape {tuple(shape)}, got"
                 f" {check.dtype_names((info.dtype,))} {tuple(info.shape)}"
             )
-        if not _contiguous(info):
+        if not contiguous(info):
             raise ValueError(f"{who}: {name}: expected a contiguous tensor, got strides {tuple(info.strides)}")
         check.same_device(who, reference, (name, info))
         check.torch_tensor(who, name, obj)  # the plans fill some with torch (nothing routed, padding)
@@ -255,7 +256,9 @@ def _check_outputs(who: str, reference, inputs, outputs) -> None:
         seen.append((name, info))
 
 
-def _contiguous(info) -> bool:
+def contiguous(info) -> bool:
+    """A tensor's ``TensorInfo`` (or anything with ``shape`` and ``strides``) is row-major contiguous (strides of
+    extent-1 dimensions do not count)."""
     step = 1
     for extent, stride in zip(reversed(info.shape), reversed(info.strides), strict=True):
         if extent != 1 and stride != step:

@@ -38,7 +38,7 @@ from flydsl.kernels.gemm.skinny import (
     choose_grouped_skinny_config,
     skinny_gemm_grouped_kernel,
 )
-from flydsl.kernels.moe.api import align_capacity, align_tokens, check_align_tokens, check_experts_shapes
+from flydsl.kernels.moe.api import align_capacity, align_tokens, check_align_tokens, check_experts_shapes, contiguous
 from flydsl.kernels.plans import Plans, signature
 
 __all__ = ["ExpertsConfig", "combine_kernel", "decodes", "experts_config", "fused_moe", "gather_kernel"]
@@ -224,7 +224,7 @@ def check_fused_moe(
                 f" {tuple(outi.shape)} {check.dtype_names((outi.dtype,))}"
             )
     for name, info in infos.items():
-        if not _contiguous(info):
+        if not contiguous(info):
             raise ValueError(f"{who}: {name}: expected a contiguous tensor, got strides {tuple(info.strides)}")
         if name in ("x", "w1", "w2", "out") and info.pointer % 16:  # 16-byte rows: the gather's, combine's, TMA's
             raise ValueError(f"{who}: {name}: expected a 16-byte aligned address, got {info.pointer:#x}")
@@ -234,15 +234,6 @@ def check_fused_moe(
         check.not_aliased(who, "out", infos["out"], *[(n, infos[n]) for n in ("x", "w1", "w2")])
     check_align_tokens(topk_ids, shapes[2], 64)  # the ids' layout
     return shapes
-
-
-def _contiguous(info) -> bool:
-    step = 1
-    for extent, stride in zip(reversed(info.shape), reversed(info.strides), strict=True):
-        if extent != 1 and stride != step:
-            return False
-        step *= extent
-    return True
 
 
 def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granularity, w1_scale, w2_scale, out):
