@@ -239,7 +239,9 @@ def _exclusive_scan(value, totals, warps: int):
         totals[warp] = inclusive
     gpu.barrier()
     if warp == 0:
-        mine = arith.select(lane < warps, totals[lane.fly_min(warps - 1)], fx.Int32(0))
+        mine = fx.Int32(0)
+        if lane < warps:  # (only lane i reads totals[i], which it rewrites below: no hazard between lanes)
+            mine = totals[lane]
         running = _warp_inclusive_scan(mine)
         if lane < warps:
             totals[lane] = running - mine
