@@ -55,12 +55,12 @@ def test_schemas():
         " Tensor(a4!) expert_of_block, Tensor(a5!) padded_count) -> ()"
     )
     assert _schema("fused_moe") == (
-        'flydsl::fused_moe(Tensor x, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation="silu")'
-        " -> Tensor"
+        'flydsl::fused_moe(Tensor x, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation="silu",'
+        " str? quant=None, str? granularity=None, Tensor? w1_scale=None, Tensor? w2_scale=None) -> Tensor"
     )
     assert _schema("fused_moe_out") == (
         "flydsl::fused_moe_out(Tensor x, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation,"
-        " Tensor(a6!) out) -> ()"
+        " str? quant, str? granularity, Tensor? w1_scale, Tensor? w2_scale, Tensor(a10!) out) -> ()"
     )
 
 
@@ -95,6 +95,19 @@ def test_fake_ops_give_the_outputs_shapes_and_dtypes(tokens, dtype):
         x, w1, w2, _, _ = _layer_args(tokens=tokens, dtype=dtype)
         out = torch.ops.flydsl.fused_moe(x, w1, w2, weights, ids)
         assert (out.shape, out.dtype, out.device.type) == (x.shape, dtype, "cuda")
+
+
+def test_fake_fused_moe_fp8():
+    """fp8 weights with per-channel scales trace; a missing scale is refused by the fake implementation too."""
+    with FakeTensorMode():
+        x, w1, w2, weights, ids = _layer_args(tokens=6)
+        w1, w2 = w1.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn)
+        s1 = torch.empty(w1.shape[:2], device="cuda")
+        s2 = torch.empty(w2.shape[:2], device="cuda")
+        out = torch.ops.flydsl.fused_moe(x, w1, w2, weights, ids, "silu", "fp8", "channel", s1, s2)
+        assert out.shape == x.shape and out.dtype == x.dtype
+        with pytest.raises(ValueError, match=r"flydsl.fused_moe: w2_scale: expected a float32"):
+            torch.ops.flydsl.fused_moe(x, w1, w2, weights, ids, "silu", "fp8", "channel", s1, None)
 
 
 def test_fake_topk_route_takes_its_options():
@@ -136,9 +149,11 @@ def test_fake_out_ops_check_the_outputs_given():
         with pytest.raises(ValueError, match=rf"flydsl.align_tokens: expert_of_block: .* shape \({capacity // 32},\)"):
             torch.ops.flydsl.align_tokens_out(ids, E, 32, sorted_ids, sorted_ids, count)
         x, w1, w2, _, _ = _layer_args(tokens=10)
-        torch.ops.flydsl.fused_moe_out(x, w1, w2, weights, ids, "silu", torch.empty_like(x))
+        torch.ops.flydsl.fused_moe_out(x, w1, w2, weights, ids, "silu", None, None, None, None, torch.empty_like(x))
         with pytest.raises(ValueError, match=r"flydsl.fused_moe: out: expected a bfloat16 tensor of shape \(10, 256\)"):
-            torch.ops.flydsl.fused_moe_out(x, w1, w2, weights, ids, "silu", torch.empty(10, 256, device="cuda"))
+            torch.ops.flydsl.fused_moe_out(
+                x, w1, w2, weights, ids, "silu", None, None, None, None, torch.empty(10, 256, device="cuda")
+            )
 
 
 # --- refusals naming the argument ------------------------------------------------------------------------------------
@@ -292,7 +307,7 @@ def test_compile_fullgraph_traces_the_calls_of_nn_moe(aot_graphs):
 
     def experts(x, logits, w1, w2):
         weights, ids = ft.moe.topk_route.call(logits, K, "softmax", True, None, None, None)
-        return ft.moe.fused_moe.call(x, w1, w2, weights, ids, "silu")
+        return ft.moe.fused_moe.call(x, w1, w2, weights, ids, "silu", None, None, None, None)
 
     x, w1, w2, _, _ = _layer_args(device="meta")
     with torch.no_grad():

@@ -120,8 +120,22 @@ def test_fused_moe_op_equals_the_kernel_and_the_reference(tokens, dtype):
     assert torch.equal(out, fused_moe(x, w1, w2, weights, ids))  # the deterministic combine
     _assert_close(out, fused_moe_reference(x, w1, w2, weights, ids))
     given = torch.full_like(x, float("nan"))
-    torch.ops.flydsl.fused_moe_out(x, w1, w2, weights, ids, "silu", given)
+    torch.ops.flydsl.fused_moe_out(x, w1, w2, weights, ids, "silu", None, None, None, None, given)
     assert torch.equal(given, out)
+
+
+def test_fused_moe_op_fp8():
+    """quant="fp8" through the op: the kernel's result, bit for bit (per-channel e4m3 weights)."""
+    from flydsl.kernels.quantize import quantize_fp8
+
+    x, w1, w2 = _layer(TOKENS, seed=3)
+    weights, ids = topk_route(_logits(TOKENS, E, seed=3), K)
+    (w1_8, s1), (w2_8, s2) = (quantize_fp8(w.reshape(-1, w.shape[2]), "token") for w in (w1, w2))
+    w1_8, w2_8 = w1_8.view(w1.shape), w2_8.view(w2.shape)
+    s1, s2 = s1.view(w1.shape[:2]), s2.view(w2.shape[:2])
+    out = torch.ops.flydsl.fused_moe(x, w1_8, w2_8, weights, ids, "silu", "fp8", "channel", s1, s2)
+    expected = fused_moe(x, w1_8, w2_8, weights, ids, quant="fp8", granularity="channel", w1_scale=s1, w2_scale=s2)
+    assert torch.equal(out, expected)
 
 
 def test_opcheck():
@@ -186,7 +200,7 @@ def test_out_ops_replay_into_static_buffers(graphed):
 
     def run():
         torch.ops.flydsl.topk_route_out(logits, K, "softmax", True, None, None, None, weights, ids)
-        torch.ops.flydsl.fused_moe_out(x, w1, w2, weights, ids, "silu", out)
+        torch.ops.flydsl.fused_moe_out(x, w1, w2, weights, ids, "silu", None, None, None, None, out)
 
     graph, _ = graphed(run)
     logits.copy_(_logits(TOKENS, E, seed=12))

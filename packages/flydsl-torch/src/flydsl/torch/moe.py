@@ -119,23 +119,40 @@ def align_tokens(
 # --- fused_moe -------------------------------------------------------------------------------------------------------
 
 
-def _check_fused_moe(x, w1, w2, topk_weights, topk_ids, activation) -> None:
+def _check_fused_moe(
+    x, w1, w2, topk_weights, topk_ids, activation, quant=None, granularity=None, w1_scale=None, w2_scale=None
+) -> None:
     metas = [_meta(t) for t in (x, w1, w2, topk_weights, topk_ids)]
-    _moe.check_experts_shapes("flydsl.fused_moe", *metas, activation)
+    scales = (_meta(w1_scale), _meta(w2_scale))
+    _moe.check_experts_shapes("flydsl.fused_moe", *metas, activation, quant, granularity, *scales)
 
 
 @register_op("fused_moe", outputs=lambda x, *rest: (_like(x),), check=_check_fused_moe)
 def fused_moe(
-    x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, activation: str = "silu", *, out: Tensor
+    x: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    activation: str = "silu",
+    quant: str | None = None,
+    granularity: str | None = None,
+    w1_scale: Tensor | None = None,
+    w2_scale: Tensor | None = None,
+    *,
+    out: Tensor,
 ) -> None:
     """A mixture-of-experts layer's experts (flydsl.kernels.moe.fused_moe): ``out[t] = sum over s of
     topk_weights[t, s] * (w2[e] @ (silu(w1[e][:I] @ x[t]) * (w1[e][I:] @ x[t])))``, ``e = topk_ids[t, s]``; slots
     whose id is outside ``[0, E)`` are dropped. ``x`` (T, H) bf16/fp16; ``w1`` (E, 2I, H): each expert's gate rows
     then its up rows; ``w2`` (E, H, I); both contiguous, in x's dtype; ``topk_weights`` (T, k) float32/bf16/fp16,
-    ``topk_ids`` (T, k) int32/int64 (e.g. ``topk_route``'s); H and I multiples of 8. ``out``: x's shape and dtype.
-    bf16/fp16 experts only: the op takes no quantization arguments yet (the kernel implements none); they will be
-    added to its schema with the kernel's fp8 paths. Nothing is read back to the host (CUDA-graph capturable)."""
+    ``topk_ids`` (T, k) int32/int64 (e.g. ``topk_route``'s); H and I multiples of 8. ``quant="fp8"``: float8_e4m3fn
+    weights with float32 ``w1_scale`` / ``w2_scale``, ``granularity`` "channel" ((E, 2I), (E, H)) or "tensor" ((E,)
+    each). ``out``: x's shape and dtype. Nothing is read back to the host (CUDA-graph capturable)."""
     from flydsl.kernels.moe import fused_moe as kernel
 
     # The activations are made contiguous (the kernel's layout); the weights are not copied: the kernel refuses them.
-    kernel(x.contiguous(), w1, w2, topk_weights.contiguous(), topk_ids.contiguous(), activation=activation, out=out)
+    kernel(
+        x.contiguous(), w1, w2, topk_weights.contiguous(), topk_ids.contiguous(), activation=activation, quant=quant,
+        granularity=granularity, w1_scale=w1_scale, w2_scale=w2_scale, out=out,
+    )  # fmt: skip

@@ -346,7 +346,7 @@ class MoE(torch.nn.Module):
         if x.is_cuda and x.dtype in _MOE_DTYPES:
             # FlyOp.call: the ops without the dispatcher where nothing traces them (flydsl.torch._registry.eager)
             weights, ids = moe.topk_route.call(logits, self.top_k, self.scoring, self.renormalize, None, None, None)
-            out = moe.fused_moe.call(rows, self.w1, self.w2, weights, ids, self.activation)
+            out = moe.fused_moe.call(rows, self.w1, self.w2, weights, ids, self.activation, None, None, None, None)
         else:  # the same definition in float32 torch
             from flydsl.kernels.moe.reference import fused_moe_reference, topk_route_reference
 
