@@ -59,14 +59,13 @@ T = 16384 per format.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 import time
 from typing import NamedTuple
 
-from record import cell, csv_list, failure_note, new_record, save
+from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, new_record
 
 
 class Model(NamedTuple):
@@ -332,11 +331,6 @@ def summarize(results) -> dict:
     }
 
 
-def _error_text(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
-
-
 def rel_errors(x, ref) -> tuple[float, float]:
     """``(max |x - ref| / max |ref|, ||x - ref|| / ||ref||)``; NaN in x gives NaN (which fails every check). A
     zero reference (a token routed to no local expert) is matched only by zeros."""
@@ -359,13 +353,6 @@ def _free():
 
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
-
-
-def make_timer(flush: str):
-    """Milliseconds of one call: cold_l2.bench_cold (do_bench's loop) with the given L2 flush."""
-    from cold_l2 import bench_cold
-
-    return lambda fn: bench_cold(fn, flush=flush, warmup=10, rep=40, queued=True)
 
 
 def grouped_mm_status(quants=("bf16",)):
@@ -458,7 +445,7 @@ def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repea
         ours()
         _sync()
     except Exception as error:  # noqa: BLE001 (recorded; the sweep goes on)
-        row.update(error=_error_text(error), correct=False, wall_s=time.perf_counter() - began)
+        row.update(error=error_text(error), correct=False, wall_s=time.perf_counter() - began)
         return row
     rows = checked_tokens(tokens, check_tokens)
     row["unwritten"] = int(torch.isnan(out).sum())
@@ -468,7 +455,7 @@ def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repea
         reference = fused_moe_reference(x[index], *exact_weights(weights), topk_weights[index], topk_ids[index])
         row["rel_error"], row["rel_fro_error"] = rel_errors(out[index], reference)
     except Exception as error:  # noqa: BLE001 (recorded: the case is then not counted, but still timed)
-        reference, row["rel_error"], row["check_error"] = None, None, _error_text(error)
+        reference, row["rel_error"], row["check_error"] = None, None, error_text(error)
     row["correct"] = row["unwritten"] == 0 and row["rel_error"] is not None and row["rel_error"] <= row["tolerance"]
 
     timed = {"ours": ours}
@@ -494,7 +481,7 @@ def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repea
                 row[f"{peer}_rel_error"] = rel_errors(result[index], reference)[0]
             timed[peer] = candidates[peer]
         except Exception as error:  # noqa: BLE001 (recorded)
-            row[f"{peer}_error"] = _error_text(error)
+            row[f"{peer}_error"] = error_text(error)
     if "grouped_mm" in timed:
         row["grouped_mm_synchronizes"] = drops
     del reference
@@ -514,7 +501,7 @@ def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repea
             try:
                 runs[peer].append(timer(fn) * 1e3)
             except Exception as error:  # noqa: BLE001 (recorded; without ours the row has no times)
-                row[f"{peer}_error" if peer != "ours" else "error"] = _error_text(error)
+                row[f"{peer}_error" if peer != "ours" else "error"] = error_text(error)
                 if peer == "ours":
                     row.update(correct=False, wall_s=time.perf_counter() - began)
                     return row
@@ -566,6 +553,8 @@ def stage_times(fn, kept_ids: int, model: Model, calls: int = 5) -> dict:
         times[f"stage{stage}_tflops"] = flops / (us * 1e-6) / 1e12
     return times
 
+
+make_timer = cold_timer  # (a module name: the CPU tests put a fake timer in its place)
 
 HEADER = (
     f"{'model':<16} {'T':>5} {'quant':<5} {'ours us':>9} {'TFLOP/s':>7} {'GMM us':>9} {'vs GMM':>6}"
@@ -674,6 +663,7 @@ def main(argv=None) -> int:
         check_tokens=args.check_tokens,
         tolerance={q: TOLERANCES[q] for q in args.quant},
     )
+    sweep = Sweep(record, args.json, _format, summarize)
     print(HEADER, flush=True)
     for model_index, name in enumerate(args.model):
         model = MODELS[name]
@@ -687,8 +677,8 @@ def main(argv=None) -> int:
                     weights = format_weights(*bf16, quant)
                 except torch.OutOfMemoryError as error:  # this format's cases are left out, the next may fit
                     results.append({"model": name, "tokens": None, "quant": quant, "correct": False})
-                    results[-1]["error"] = _error_text(error)
-                    print(f"{name} {quant}: {_error_text(error)}", flush=True)
+                    results[-1]["error"] = error_text(error)
+                    print(f"{name} {quant}: {error_text(error)}", flush=True)
                     continue
                 finally:
                     if quant_index == len(args.quant) - 1:  # every format is made from bf16: not needed past the last
@@ -710,26 +700,18 @@ def main(argv=None) -> int:
                         )
                     except torch.OutOfMemoryError as error:
                         row = {"model": name, "tokens": tokens, "quant": quant, "correct": False}
-                        row["error"] = _error_text(error)
+                        row["error"] = error_text(error)
                     finally:
                         _free()
-                    results.append(row)
-                    print(_format(row), flush=True)
-                    if args.json:
-                        record["summary"] = summarize(results)
-                        save(args.json, record)
+                    sweep.add(row)
         except torch.OutOfMemoryError as error:  # the weights did not fit: the model's cases are left out
-            row = {"model": name, "tokens": None, "quant": None, "correct": False, "error": _error_text(error)}
+            row = {"model": name, "tokens": None, "quant": None, "correct": False, "error": error_text(error)}
             results.append(row)
-            print(f"{name}: {_error_text(error)}", flush=True)
+            print(f"{name}: {error_text(error)}", flush=True)
         finally:
             bf16 = weights = None
             _free()
-    summary = summarize(results)
-    print(json.dumps(summary))
-    if args.json:
-        record["summary"] = summary
-        save(args.json, record)
+    sweep.finish()
     return 0
 
 

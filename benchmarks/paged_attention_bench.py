@@ -35,13 +35,12 @@ where ``import flashinfer`` works; its failures are recorded, not raised.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 import time
 
-from record import cell, csv_list, failure_note, new_record, save
+from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, new_record
 
 MODELS = {"llama3-8b": (32, 8, 128), "llama3-70b-tp8": (8, 1, 128)}  # name -> (Hq, Hkv, D)
 BATCHES = (1, 8, 32, 128, 256)
@@ -197,11 +196,6 @@ def summarize(results) -> dict:
     }
 
 
-def _error_text(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
-
-
 def _rel_error(x, ref) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
@@ -220,19 +214,12 @@ def _free():
         torch.cuda.empty_cache()
 
 
-def make_timer(flush: str):
-    """Milliseconds of one call: cold_l2.bench_cold (do_bench's loop) with the given L2 flush."""
-    from cold_l2 import bench_cold
-
-    return lambda fn: bench_cold(fn, flush=flush, warmup=10, rep=40, queued=True)
-
-
 def flashinfer_status():
     """(the flashinfer module or None, what was found: its version, or why it is not measured)."""
     try:
         import flashinfer
     except Exception as error:  # noqa: BLE001 (recorded: an optional peer)
-        return None, f"not measured: flashinfer does not import here ({_error_text(error)})"
+        return None, f"not measured: flashinfer does not import here ({error_text(error)})"
     return flashinfer, f"flashinfer {getattr(flashinfer, '__version__', '(version unknown)')}"
 
 
@@ -293,7 +280,7 @@ def _sdpa(q, k, v, mask):
         gqa()
         return gqa, "enable_gqa"
     except Exception as error:  # noqa: BLE001 (the fallback names why)
-        return folded, f"query heads folded per KV head (enable_gqa: {_error_text(error)})"
+        return folded, f"query heads folded per KV head (enable_gqa: {error_text(error)})"
 
 
 def _flashinfer_call(flashinfer, shape, kv, k, v, k_scale, v_scale, tensor_cores, workspace):
@@ -359,7 +346,7 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
         ours()
         _sync()
     except Exception as error:  # noqa: BLE001 (recorded; the sweep goes on)
-        row.update(error=_error_text(error), correct=False, wall_s=time.perf_counter() - began)
+        row.update(error=error_text(error), correct=False, wall_s=time.perf_counter() - began)
         return row
     rows = checked_rows(shape.batch, check_rows)
     per_page = [k, v] + ([k_scale, v_scale] if kv == "fp8-token" else [])
@@ -371,7 +358,7 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
         reference = paged_decode_reference(shape.q[rows], paged[0], paged[1], table, lens, **ref_scales).float()
         row["rel_error"] = _rel_error(out[rows], reference)
     except Exception as error:  # noqa: BLE001 (recorded: the case is then not counted, but still timed)
-        reference, row["rel_error"], row["check_error"] = None, None, _error_text(error)
+        reference, row["rel_error"], row["check_error"] = None, None, error_text(error)
     del table, paged
     row["correct"] = row["unwritten"] == 0 and row["rel_error"] is not None and row["rel_error"] <= TOLERANCE
 
@@ -386,7 +373,7 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
                 row["sdpa_rel_error"] = _rel_error(timed["sdpa"]()[rows], reference)
         except Exception as error:  # noqa: BLE001 (recorded)
             timed.pop("sdpa", None)
-            row["sdpa_error"] = _error_text(error)
+            row["sdpa_error"] = error_text(error)
         if flashinfer is None:
             pass
         elif kv == "fp8-token":
@@ -399,7 +386,7 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
                 row["flashinfer_tensor_cores"] = tensor_cores
                 timed["flashinfer"] = call
             except Exception as error:  # noqa: BLE001 (recorded)
-                row["flashinfer_error"] = _error_text(error)
+                row["flashinfer_error"] = error_text(error)
     runs = {name: [] for name in timed}
     for _ in range(repeats):
         for name, fn in list(timed.items()):
@@ -408,7 +395,7 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
             try:
                 runs[name].append(timer(fn) * 1e3)
             except Exception as error:  # noqa: BLE001 (recorded; without ours or the copy the row has no times)
-                row[f"{name}_error" if name != "ours" else "error"] = _error_text(error)
+                row[f"{name}_error" if name != "ours" else "error"] = error_text(error)
                 if name in ("ours", "copy"):
                     row.update(correct=False, wall_s=time.perf_counter() - began)
                     return row
@@ -424,6 +411,8 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
     row["wall_s"] = time.perf_counter() - began
     return row
 
+
+make_timer = cold_timer  # (a module name: the CPU tests put a fake timer in its place)
 
 HEADER = (
     f"{'model':<14} {'B':>4} {'ctx':>6} {'bs':>3} {'kv':<9} {'ours us':>9} {'TB/s':>5} {'ofcopy':>6}"
@@ -525,6 +514,7 @@ def main(argv=None) -> int:
         flush=args.flush,
         repeats=args.repeats,
     )
+    sweep = Sweep(record, args.json, _format, summarize)
     print(HEADER, flush=True)
     for index, (model, batch, context) in enumerate(shapes(args.model, args.batches, args.contexts, args.max_tokens)):
         hq, hkv, _ = MODELS[model]
@@ -548,23 +538,15 @@ def main(argv=None) -> int:
                         tensor_cores=tensor_cores,
                         workspace=workspace,
                     )
-                    results.append(row)
-                    print(_format(row), flush=True)
-                    if args.json:
-                        record["summary"] = summarize(results)
-                        save(args.json, record)
+                    sweep.add(row)
             except torch.OutOfMemoryError as error:
                 row = {"model": model, "batch": batch, "context": context, "block_size": block_size}
-                results.append(row | {"ragged": args.ragged, "correct": False, "error": _error_text(error)})
-                print(f"{model} B={batch} ctx={context} bs={block_size}: {_error_text(error)}", flush=True)
+                results.append(row | {"ragged": args.ragged, "correct": False, "error": error_text(error)})
+                print(f"{model} B={batch} ctx={context} bs={block_size}: {error_text(error)}", flush=True)
             finally:
                 del shape
                 _free()
-    summary = summarize(results)
-    print(json.dumps(summary))
-    if args.json:
-        record["summary"] = summary
-        save(args.json, record)
+    sweep.finish()
     return 0
 
 

@@ -151,6 +151,45 @@ def write_record(path, benchmark: str, argv, results, *, commit=None, method=Non
     return save(path, new_record(benchmark, argv, results, commit=commit, method=method, summary=summary, **extra))
 
 
+def error_text(error: BaseException) -> str:
+    """An exception as a record keeps it: its type and the first line of its message (300 characters at most)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def cold_timer(flush: str):
+    """Milliseconds of one call: ``cold_l2.bench_cold`` (do_bench's loop, warmup 10 ms, rep 40 ms) with the given L2
+    flush, each call queued behind a sleep so that the GPU's time is measured, not the host's."""
+    from cold_l2 import bench_cold
+
+    return lambda fn: bench_cold(fn, flush=flush, warmup=10, rep=40, queued=True)
+
+
+class Sweep:
+    """A benchmark's rows as they come: :meth:`add` prints each (``format_row``) and, with a JSON ``path``, saves the
+    record again with the summary of the rows so far (a run cut short keeps what it measured); :meth:`finish` prints
+    and saves the final summary."""
+
+    def __init__(self, record: dict, path, format_row, summarize):
+        self.record, self.path, self.format_row, self.summarize = record, path, format_row, summarize
+        self.results = record["results"]
+
+    def add(self, row: dict) -> None:
+        self.results.append(row)
+        print(self.format_row(row), flush=True)
+        if self.path:
+            self.record["summary"] = self.summarize(self.results)
+            save(self.path, self.record)
+
+    def finish(self) -> dict:
+        summary = self.summarize(self.results)
+        print(json.dumps(summary))
+        if self.path:
+            self.record["summary"] = summary
+            save(self.path, self.record)
+        return summary
+
+
 def csv_list(text: str, convert, choices=None) -> list:
     """A comma-separated command-line value as a list of ``convert``-ed items, each one of ``choices`` if given
     (``argparse``'s ``type=lambda t: csv_list(t, int)``)."""
