@@ -444,9 +444,8 @@ def _grouped_row(routing: Routing, a, position):
 
 def choose_grouped_skinny_config(k: int, gated: bool) -> SkinnyConfig:
     """Short K (at most 1024: a stage 2's intermediate size) in steps of 128 over two columns of 2 warps, 32 weight
-    rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default.
-    Measured on the H200 at decode sizes of DeepSeek-V3 TP8, Qwen3-30B-A3B and Mixtral (2026-12-04, 75df913): these
-    stream at 3.3-4.1 TB/s where the routed experts' weights are 0.3 GB or more."""
+    rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default
+    (docs/tuning/moe.md#decode)."""
     if k <= 1024 and not gated:
         return SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2)
     return SkinnyConfig()

@@ -67,7 +67,7 @@ def experts_config(ids: int, experts: int, fp8: bool = False) -> ExpertsConfig:
     """Tiles of 128 rows (two consumer warpgroups) where experts average 96 rows or more, else of 64 (one), so that
     the padding of sparsely hit experts stays small; in 2-CTA clusters along M (sharing each B tile: an expert's run
     padded to 256 rows) where they average 512 or more; tiles 256 wide (stage 1: 128 gate and 128 up columns), the
-    deepest pipeline that fits beside the TMA store's staging boxes."""
+    deepest pipeline that fits beside the TMA store's staging boxes (docs/tuning/moe.md#tiles)."""
     tile_m = 128 if ids >= 96 * experts else 64
     cluster_m = 2 if ids >= 512 * experts else 1
     shape = dict(tile_m=tile_m, tile_n=256, consumers=tile_m // 64, cluster_m=cluster_m)
