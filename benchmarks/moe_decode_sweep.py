@@ -2,7 +2,7 @@
 same-bytes copy (cold L2, as moe_bench.py times them), each kernel's own time in a profile of 10 calls, and a sweep of
 the grouped skinny GEMM's configurations for both stages, each launched alone on the call's routing.
 
-    python benchmarks/moe_decode_sweep.py [--cases dsv3-tp8:1,qwen3:64] [--json benchmarks/results/moe_decode/D_C.json]
+    python benchmarks/moe_decode_sweep.py [--cases dsv3-tp8:1,qwen3:64] [--json benchmarks/results/moe_decode_sweep/F]
 
 Cases ``model:T`` of moe_bench.py's models (default: DeepSeek-V3 TP8 at T 1, 16, 64, Qwen3-30B-A3B at 1 and 64,
 Mixtral at 1); bf16 weights scaled by 0.02, softmax top-k routing of random logits. Stage 1's candidates are gated
@@ -107,7 +107,7 @@ def run_case(model: str, tokens: int, timer) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=lambda t: csv_list(t, parse_case), default=csv_list(DEFAULT_CASES, parse_case))
-    parser.add_argument("--json", help="write the record here (benchmarks/results/moe_decode/)")
+    parser.add_argument("--json", help="write the record here (benchmarks/results/moe_decode_sweep/)")
     parser.add_argument("--commit", default=None, help="the commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
     timer = cold_timer("dirty")

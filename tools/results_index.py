@@ -99,6 +99,20 @@ BENCHMARKS = {
         "`torch._scaled_mm`, the bf16 gemm and (M <= 16) a same-bytes copy; `--explore` its configs",
         "python benchmarks/fp8_gemm_bench.py --sweep --json OUT --commit C",
     ),
+    "moe_bench": (
+        "fused MoE (bf16 and fp8) from topk_ids to the output against torch's `_grouped_mm` / `_scaled_grouped_mm` "
+        "pipelines and a loop over experts; stage kernels profiled; decode as a fraction of a same-bytes copy",
+        "python benchmarks/moe_bench.py --repeats 5 --json OUT --commit C",
+    ),
+    "moe_decode_sweep": (
+        "fused MoE at decode sizes taken apart: kernel times and the grouped skinny GEMM's configurations",
+        "python benchmarks/moe_decode_sweep.py --json OUT --commit C",
+    ),
+    "paged_attention_bench": (
+        "paged-attention decode (bf16, fp8 per tensor / per token caches) against a same-bytes copy, SDPA and "
+        "FlashInfer",
+        "python benchmarks/paged_attention_bench.py --repeats 2 --json OUT --commit C",
+    ),
     "quantize_bench": (
         "fp8 quantization (bf16 -> e4m3 per token, tensor or 1 x 128 group) against torch eager, torch.compile and a "
         "same-bytes copy",
