@@ -49,7 +49,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
-from record import write_record  # this folder's sibling module
+from moe_torch import grouped_mm_moe  # this folder's sibling modules
+from record import write_record
 
 ROWS, N = 8, 1024  # the small inference call: 8 x 1024 bf16
 GEMM_MNK = (16, 4096, 4096)
@@ -214,7 +215,7 @@ OPS = (
         "fused_moe",  # a decode step's experts; the peer is torch's _grouped_mm pipeline on the same routing
         op=lambda t: torch.ops.flydsl.fused_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids),
         direct=lambda t: moe.fused_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids),
-        torch=lambda t: _torch_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids),
+        torch=lambda t: grouped_mm_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids, drops=False),
         modes=("fwd",),
     ),
 )
@@ -226,20 +227,6 @@ MOE_TOKENS, MOE_EXPERTS, MOE_TOP_K, MOE_HIDDEN, MOE_INTER = 8, 128, 8, 2048, 768
 def _torch_route(logits):
     weights, ids = torch.topk(torch.softmax(logits.float(), dim=-1), MOE_TOP_K, dim=-1)
     return weights / weights.sum(dim=-1, keepdim=True), ids.to(torch.int32)
-
-
-def _torch_moe(x, w1, w2, weights, ids):
-    """The experts as torch's ops: the (token, slot) pairs sorted by expert, ``torch._grouped_mm`` twice around
-    ``silu(gate) * up``, the weighted rows added back (no host synchronization)."""
-    flat = ids.view(-1)
-    order = torch.argsort(flat, stable=True)
-    ends = torch.searchsorted(flat[order], torch.arange(1, MOE_EXPERTS + 1, device=x.device, dtype=flat.dtype))
-    rows = x[order // MOE_TOP_K]
-    h = torch._grouped_mm(rows, w1.transpose(1, 2), offs=ends.to(torch.int32))
-    h = F.silu(h[:, :MOE_INTER]) * h[:, MOE_INTER:]
-    y = torch._grouped_mm(h, w2.transpose(1, 2), offs=ends.to(torch.int32))
-    out = torch.zeros(x.shape, device=x.device, dtype=torch.float32)
-    return out.index_add_(0, order // MOE_TOP_K, y.float() * weights.view(-1)[order, None]).to(x.dtype)
 
 
 def _moe_inputs() -> dict:

@@ -28,6 +28,15 @@ def bench(monkeypatch):
     return moe_bench
 
 
+@pytest.fixture
+def peers(monkeypatch):
+    """benchmarks/moe_torch.py: the torch MoE layers and quantization the bench times and checks."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import moe_torch
+
+    return moe_torch
+
+
 def test_models_cases_and_accounting(bench):
     models = bench.MODELS
     assert models["mixtral-8x7b"] == (8, 2, 4096, 14336, 8, "softmax")
@@ -103,7 +112,7 @@ def _operands(tokens, experts, k, hidden=32, inter=16, seed=0):
 
 
 @pytest.mark.parametrize("kind", ["all valid", "dropped", "all dropped", "empty experts"])
-def test_peers_match_the_reference(bench, kind):
+def test_peers_match_the_reference(bench, peers, kind):
     """The _grouped_mm pipeline (torch's CPU fallback here: the same argument conventions) and the loop over experts
     compute fused_moe_reference's layer, dropped ids left out."""
     from flydsl.kernels.moe.reference import fused_moe_reference
@@ -118,7 +127,7 @@ def test_peers_match_the_reference(bench, kind):
         ids = ids % 3  # experts 3..5 get nothing
     reference = fused_moe_reference(x, w1, w2, weights, ids)
     drops = kind in ("dropped", "all dropped")
-    for out in (bench.grouped_mm_moe(x, w1, w2, weights, ids, drops=drops), bench.loop_moe(x, w1, w2, weights, ids)):
+    for out in (peers.grouped_mm_moe(x, w1, w2, weights, ids, drops=drops), peers.loop_moe(x, w1, w2, weights, ids)):
         assert out.dtype == torch.bfloat16 and out.shape == x.shape
         worst, fro = bench.rel_errors(out, reference)
         assert worst < 1e-2 and fro < 1e-2, kind
@@ -129,7 +138,7 @@ def test_peers_match_the_reference(bench, kind):
     assert not bench.rel_errors(poisoned, reference)[0] <= bench.TOLERANCE  # NaN fails the check
 
 
-def test_quantize_experts_round_trip(bench):
+def test_quantize_experts_round_trip(bench, peers):
     """Per output channel: the row's amax lands on e4m3's 448, every weight comes back within e4m3's rounding (3
     mantissa bits: half an ulp is 2^-4 of the value, 2^-10 of the scale among the subnormals), a zero row gets
     scale 1; the same per row for activations."""
@@ -138,7 +147,7 @@ def test_quantize_experts_round_trip(bench):
     w[1, 7] = 0  # an all-zero output channel
     w[2, 3, 5] = -40.0  # a row whose amax is an outlier: the others go subnormal
     w = w.bfloat16()
-    w8, scale = bench.quantize_experts(w)
+    w8, scale = peers.quantize_experts(w)
     assert w8.dtype == torch.float8_e4m3fn and w8.shape == w.shape
     assert scale.dtype == torch.float32 and scale.shape == (3, 48)
     assert scale[1, 7] == 1 and (w8[1, 7].float() == 0).all()
@@ -146,12 +155,12 @@ def test_quantize_experts_round_trip(bench):
     kept = amax > 0
     assert torch.allclose(scale[kept], amax[kept] / 448, rtol=1e-6)
     assert (w8.float().abs().amax(-1)[kept] == 448).all()
-    back = bench.dequantize(w8, scale)
+    back = peers.dequantize(w8, scale)
     assert back.dtype == torch.float32
     error = (back - w.float()).abs()
     assert (error <= w.float().abs() * 2**-4 + scale[..., None] * 2**-10 + 1e-12).all()
     assert error.max() > 0  # it did round
-    rows8, row_scale = bench.quantize_rows(w[0])  # (N, K): one scale a row
+    rows8, row_scale = peers.quantize_rows(w[0])  # (N, K): one scale a row
     assert torch.equal(rows8.view(torch.uint8), w8[0].view(torch.uint8)) and torch.equal(row_scale, scale[0])
     assert bench.exact_weights(bench.Weights(w8, w8, scale, scale))[0].dtype == torch.float32
     assert bench.exact_weights(bench.Weights(w, w))[0] is w
@@ -236,7 +245,7 @@ def test_scaled_grouped_mm_stand_in_checks(scaled_grouped_mm):
 
 
 @pytest.mark.parametrize("kind", ["all valid", "dropped", "all dropped", "empty experts"])
-def test_fp8_peer_matches_the_reference(bench, scaled_grouped_mm, kind):
+def test_fp8_peer_matches_the_reference(bench, peers, scaled_grouped_mm, kind):
     """The fp8 pipeline (x and h quantized per row, two _scaled_grouped_mm) computes the layer of the dequantized
     weights within the fp8 tolerance, dropped ids left out; it calls the op twice with (M, K) x (E, K, N)."""
     from flydsl.kernels.moe.reference import fused_moe_reference
@@ -252,7 +261,7 @@ def test_fp8_peer_matches_the_reference(bench, scaled_grouped_mm, kind):
     fp8 = bench.format_weights(w1, w2, "fp8")
     reference = fused_moe_reference(x, *bench.exact_weights(fp8), weights, ids)
     drops = kind in ("dropped", "all dropped")
-    out = bench.scaled_grouped_mm_moe(x, *fp8[:2], fp8.w1_scale, fp8.w2_scale, weights, ids, drops=drops)
+    out = peers.scaled_grouped_mm_moe(x, *fp8[:2], fp8.w1_scale, fp8.w2_scale, weights, ids, drops=drops)
     assert out.dtype == torch.bfloat16 and out.shape == x.shape
     if kind == "all dropped":
         assert not scaled_grouped_mm and (out == 0).all()

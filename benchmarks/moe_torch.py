@@ -1,0 +1,128 @@
+"""The mixture-of-experts layer in torch, for the benchmarks (``moe_bench.py`` times these as fused_moe's peers,
+``host_overhead.py`` as its torch equivalent): the ``_grouped_mm`` pipeline, its fp8 form through
+``_scaled_grouped_mm``, a loop over experts, and the row-wise e4m3 quantization they use. Not a script."""
+
+from __future__ import annotations
+
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn: a row's amax maps onto it
+
+
+def quantize_rows(a):
+    """``(a8 float8_e4m3fn, scale float32)`` of ``a`` (..., N): one scale per row (over the last dim), its amax
+    mapped onto e4m3's largest value, ``a ~ a8.float() * scale[..., None]``; a zero row gets scale 1 (and zeros)."""
+    import torch
+
+    amax = torch.linalg.vector_norm(a, float("inf"), dim=-1, dtype=torch.float32)  # max |a|: one pass
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # |a / scale| <= 448 up to float32 rounding, which e4m3's rounding to nearest brings back to 448: no clamp
+    return (a / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+
+def quantize_experts(w):
+    """``(w8 float8_e4m3fn, scale float32)`` of expert weights ``w`` (E, N, K), one scale per output channel (E, N):
+    the fp8 format fused_moe takes with ``granularity="channel"``."""
+    return quantize_rows(w)
+
+
+def dequantize(w8, scale):
+    """float32 ``w8 * scale[..., None]``: the weights the fp8 layer computes with."""
+    return w8.float() * scale[..., None]
+
+
+def _sorted_rows(topk_ids, experts: int, drops: bool):
+    """``(order, offs)``: the flat (token, slot) indices sorted by expert (stable), kept ids only, and ``offs``
+    int32 (E,) the sorted rows up to each expert's last, as the grouped GEMMs take them. ``drops``: ids outside
+    ``[0, E)`` may occur; they are sorted last and the kept count read on the host (one synchronization); without
+    it every id must be valid and nothing waits on the GPU."""
+    import torch
+
+    flat = topk_ids.reshape(-1)
+    if drops:
+        flat = torch.where((flat >= 0) & (flat < experts), flat, torch.full_like(flat, experts))
+    keys, order = torch.sort(flat, stable=True)
+    # searchsorted rather than bincount + cumsum: the same offsets without a host synchronization
+    bounds = torch.arange(experts, device=keys.device, dtype=keys.dtype)
+    offs = torch.searchsorted(keys, bounds, right=True, out_int32=True)
+    if drops:
+        order = order[: int(offs[-1])]
+    return order, offs
+
+
+def _combine(y, order, token, topk_weights, tokens: int, dtype):
+    """``(T, H)`` in ``dtype``: each sorted row of ``y`` (flat index ``order``, token ``token``) times its weight,
+    added in float32 into its token's row."""
+    import torch
+
+    out = torch.zeros(tokens, y.shape[1], dtype=torch.float32, device=y.device)
+    out.index_add_(0, token, y.float() * topk_weights.reshape(-1)[order, None])
+    return out.to(dtype)
+
+
+def grouped_mm_moe(x, w1, w2, topk_weights, topk_ids, *, drops: bool):
+    """The MoE layer through ``torch._grouped_mm`` (bf16 (T, H)): rows sorted by expert (``_sorted_rows``, which
+    says what ``drops`` means), the two grouped GEMMs, a float32 ``index_add_`` combine."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens, k = topk_ids.shape
+    inter = w1.shape[1] // 2
+    order, offs = _sorted_rows(topk_ids, w1.shape[0], drops)
+    if not order.numel():
+        return x.new_zeros(tokens, x.shape[1])
+    token = order // k
+    gate_up = torch._grouped_mm(x.index_select(0, token), w1.transpose(1, 2), offs=offs)
+    h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+    y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
+    return _combine(y, order, token, topk_weights, tokens, x.dtype)
+
+
+def scaled_grouped_mm_moe(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, *, drops: bool):
+    """The fp8 MoE layer through ``torch._scaled_grouped_mm`` (bf16 (T, H)): ``w1`` (E, 2I, H) and ``w2`` (E, H,
+    I) float8_e4m3fn with float32 scales (E, 2I) and (E, H) per output channel (``quantize_experts``); x and the
+    hidden activations quantized per row (``quantize_rows``); rows sorted as ``grouped_mm_moe`` sorts them. The
+    GEMMs are rowwise-scaled: ``scale_a`` one float32 per row of the 2-D operand, ``scale_b`` (E, N) per column of
+    each expert; the 3-D operand column-major per expert, which ``w.transpose(1, 2)`` of a contiguous (E, N, K)
+    is."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens, k = topk_ids.shape
+    inter = w1.shape[1] // 2
+    order, offs = _sorted_rows(topk_ids, w1.shape[0], drops)
+    if not order.numel():
+        return x.new_zeros(tokens, x.shape[1])
+    token = order // k
+    x8, x_scale = quantize_rows(x)  # per token before the gather: T rows rather than T * k, the same values
+    # the gather as bytes: index_select need not support float8 dtypes
+    a8 = x8.view(torch.uint8).index_select(0, token).view(torch.float8_e4m3fn)
+    gate_up = torch._scaled_grouped_mm(
+        a8,
+        w1.transpose(1, 2),
+        scale_a=x_scale.index_select(0, token),
+        scale_b=w1_scale,
+        offs=offs,
+        out_dtype=torch.bfloat16,
+    )
+    h8, h_scale = quantize_rows(F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
+    y = torch._scaled_grouped_mm(
+        h8, w2.transpose(1, 2), scale_a=h_scale, scale_b=w2_scale, offs=offs, out_dtype=torch.bfloat16
+    )
+    return _combine(y, order, token, topk_weights, tokens, x.dtype)
+
+
+def loop_moe(x, w1, w2, topk_weights, topk_ids):
+    """The MoE layer as a loop over experts (bf16 (T, H)): each expert's (token, slot) pairs by ``nonzero``, its
+    two matmuls in bf16, the weighted rows added into a float32 (T, H)."""
+    import torch
+    import torch.nn.functional as F
+
+    experts, inter = w1.shape[0], w1.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in range(experts):
+        rows, slots = (topk_ids == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        gate_up = x.index_select(0, rows) @ w1[e].t()
+        y = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ w2[e].t()
+        out.index_add_(0, rows, y.float() * topk_weights[rows, slots, None])
+    return out.to(x.dtype)
