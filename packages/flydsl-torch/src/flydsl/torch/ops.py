@@ -27,23 +27,13 @@ out_dtype)``
 ``blockscale_gemm(a, b, a_scales,        the block-scaled fp8 GEMM (flydsl.kernels.gemm.blockscale_gemm): scales per
 b_scales, bias, activation, out_dtype)``  1 x 128 of a and 128 x 128 of b, promoted per K block
 ``quantize_fp8(x, granularity, dtype)``   ``(x_fp8, scales)`` (flydsl.kernels.quantize; x viewed as (rows, N))
-``paged_decode(q, k_cache, v_cache,       ``out`` (q's shape and dtype): attention of a decode step over a paged KV
-block_tables, context_lens, scale,        cache (flydsl.kernels.attention.paged_decode; fp8 caches' scales as
-k_scale, v_scale, sliding_window,         tensors)
-soft_cap, max_context)``
-``topk_route(router_logits, top_k,        ``(topk_weights, topk_ids)`` float32 / int32 (T, top_k): each token's
-scoring, renormalize, bias, num_groups,   experts and weights (flydsl.kernels.moe.topk_route)
-top_groups)``
-``align_tokens(topk_ids, num_experts,     ``(sorted_ids, expert_of_block, padded_count)`` int32: the routing sorted
-block_m)``                                by expert, padded to blocks (flydsl.kernels.moe.align_tokens)
-``fused_moe(x, w1, w2, topk_weights,      ``out`` (x's shape and dtype): the experts' gated MLPs combined
-topk_ids, activation)``                   (flydsl.kernels.moe.fused_moe; bf16/fp16)
+``paged_decode(q, k_cache, ...)``         a decode step's attention over a paged KV cache (flydsl.torch.attention)
+``topk_route``, ``align_tokens``,         the MoE routing and experts (flydsl.torch.moe: their signatures, fp8
+``fused_moe``                             arguments of fused_moe)
 ========================================= ===================================================================
 
-``write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)`` returns nothing: it writes the new keys and values
-into the caches (and per-token scales into ``k_scale``/``v_scale``), which its schema marks mutated
-(``register_mutating_op``: no functional form, no ``*_out`` op). The two attention ops are defined in
-:mod:`flydsl.torch.attention`, the three MoE ops in :mod:`flydsl.torch.moe`.
+``write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)`` writes the new keys and values into the caches
+(a mutating op: ``register_mutating_op``, no functional form, no ``*_out`` op; :mod:`flydsl.torch.attention`).
 
 The ``*_out`` ops take the same inputs and write keyword-only outputs (``out=``, ``mean=``, ...); statistics are
 optional there (not written when not given). ``eps=None`` in the RMS ops means ``torch.finfo(torch.float32).eps``,
