@@ -229,7 +229,7 @@ def _gated_tile(acc, store: TileStore, row_of, col0, lane, b_row0):
     stacked weights' rows I = C's width after its gate row."""
     epilogue, dtype = store.epilogue, store.c.dtype
     half = store.cfg.tile_n // 8  # element pairs per half tile
-    inter = store.c.shape[1].to(fx.Int32)
+    inter = store.c.shape[1].to(fx.Int32) if epilogue.scales else None
     gate_scales, up_scales = {}, {}  # (see _scaled: the two halves' values apart)
     values = []
     for p in fx.range_constexpr(half):

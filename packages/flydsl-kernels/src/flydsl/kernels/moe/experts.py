@@ -47,7 +47,6 @@ CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
 _WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
 _WAVES = 8  # their CTAs per SM (grid-stride loops past that)
-_DTYPES = ("bf16", "f16")
 _FUSED = Plans("flydsl.kernels.moe.fused_moe")
 
 
@@ -316,7 +315,8 @@ def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: b
         groups = (expert_of_block, padded_count)
         if not fp8:
             rows = x.new_empty((capacity, hidden))
-            gather_kernel(x, sorted_ids, padded_count, rows, positions, positions, positions, top_k, False).launch(
+            unread = positions  # (the scales' parameters: not read unscaled)
+            gather_kernel(x, sorted_ids, padded_count, rows, positions, unread, unread, top_k, False).launch(
                 **launch_gather
             )
             h = launch_plan(stage1, rows, w1, x.new_empty((capacity, inter)), groups=groups)
