@@ -39,6 +39,8 @@ __all__ = [
     "contiguous",
     "EXPERT_DTYPES",
     "ROW_CHUNK",
+    "QUANTS",
+    "WEIGHT_GRANULARITIES",
 ]
 
 MAX_EXPERTS = 512  # topk_route: at most 16 scores per lane; align_tokens: one thread per expert
@@ -438,7 +440,10 @@ def check_align_shapes(who: str, topk_ids, num_experts, block_m) -> tuple[int, i
 EXPERT_DTYPES = ("bf16", "f16")  # fused_moe's activations (and weights, unquantized)
 ROW_CHUNK = 8  # H and I in whole 16-byte rows of 16-bit elements (the gather's, the combine's and TMA's)
 QUANTS = (None, "fp8")  # fused_moe's weight formats: as x, or float8_e4m3fn with float32 scales
-WEIGHT_GRANULARITIES = ("channel", "tensor")  # fp8 weights' scales: per expert and output row, or per expert
+# fp8 weights' scales: per expert and output row, per expert, or per expert and 128 x 128 block (with activations
+# quantized per 1 x 128 group instead of per token)
+WEIGHT_GRANULARITIES = ("channel", "tensor", "block")
+BLOCK = 128  # "block" granularity: the weights' blocks are BLOCK x BLOCK, the activations' groups 1 x BLOCK
 
 
 def check_experts_shapes(
@@ -447,7 +452,8 @@ def check_experts_shapes(
     """``fused_moe``'s checks that need only shapes, dtypes and names (tensors: anything with ``shape`` and ``dtype``
     in :mod:`flydsl.kernels.validation`'s names; no compiler): returns ``(T, H, E, I, k)``. ``quant`` "fp8": the
     weights float8_e4m3fn, H and I multiples of 16, ``granularity`` "channel" (``w1_scale`` (E, 2I), ``w2_scale``
-    (E, H)) or "tensor" (both (E,)), float32. Strides, devices, alignment and overlaps are
+    (E, H)), "tensor" (both (E,)) or "block" (``w1_scale`` (E, 2I / 128, H / 128), ``w2_scale`` (E, H / 128,
+    ceil(I / 128)): H a multiple of 128, I of 64), float32. Strides, devices, alignment and overlaps are
     :func:`flydsl.kernels.moe.experts.check_fused_moe`'s."""
     from flydsl.kernels.moe.reference import ACTIVATIONS
 
@@ -492,9 +498,17 @@ def _check_expert_scales(who: str, granularity, w1_scale, w2_scale, experts: int
         raise ValueError(
             f"{who}: granularity: expected one of {WEIGHT_GRANULARITIES} with quant='fp8', got {granularity!r}"
         )
-    per_channel = granularity == "channel"
-    for name, scale, rows in (("w1_scale", w1_scale, 2 * inter), ("w2_scale", w2_scale, hidden)):
-        expected = (experts, rows) if per_channel else (experts,)
+    if granularity == "block" and (hidden % BLOCK or inter % (BLOCK // 2)):
+        raise ValueError(
+            f"{who}: granularity 'block': H = {hidden} and I = {inter}; expected H a multiple of {BLOCK} and I of"
+            f" {BLOCK // 2} (each expert's w1 and w2 rows in whole {BLOCK}-row blocks)"
+        )
+    for name, scale, rows, cols in (("w1_scale", w1_scale, 2 * inter, hidden), ("w2_scale", w2_scale, hidden, inter)):
+        expected = {
+            "channel": (experts, rows),
+            "tensor": (experts,),
+            "block": (experts, rows // BLOCK, -(-cols // BLOCK)),
+        }[granularity]
         if scale is None or tuple(scale.shape) != expected or scale.dtype != "f32":
             got = "None" if scale is None else f"{check.dtype_names((scale.dtype,))} {tuple(scale.shape)}"
             raise ValueError(f"{who}: {name}: expected a float32 {expected} tensor ({granularity} scales), got {got}")

@@ -20,6 +20,7 @@ __all__ = [
     "fused_moe_reference",
     "staged_moe_reference",
     "inverse_positions",
+    "dequantize_experts",
 ]
 
 LOWEST = -(1 << 31)  # below every score's key: experts of the groups not kept
@@ -179,6 +180,23 @@ def fused_moe_reference(x, w1, w2, topk_weights, topk_ids, *, activation: str = 
         h = act(gate_up[:, :inter]) * gate_up[:, inter:]
         out.index_add_(0, rows, (h @ w2[e].float().t()) * weights[rows, slots, None])
     return out
+
+
+def dequantize_experts(w, scale, granularity: str):
+    """float32 ``(E, N, K)``: fp8 experts' weights ``w`` times their float32 ``scale`` (``fused_moe``'s
+    ``granularity``): "tensor" (E,) one per expert, "channel" (E, N) one per expert and output row, "block" (E,
+    ceil(N / 128), ceil(K / 128)) one per expert and 128 x 128 block (partial blocks at the edges)."""
+    experts, rows, cols = w.shape
+    w = w.float()
+    if granularity == "tensor":
+        return w * scale.float().view(experts, 1, 1)
+    if granularity == "channel":
+        return w * scale.float().view(experts, rows, 1)
+    if granularity == "block":
+        block = 128
+        full = scale.float().repeat_interleave(block, dim=1).repeat_interleave(block, dim=2)
+        return w * full[:, :rows, :cols]
+    raise ValueError(f"dequantize_experts: granularity: expected 'tensor', 'channel' or 'block', got {granularity!r}")
 
 
 def inverse_positions(sorted_ids, count: int):
