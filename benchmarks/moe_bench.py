@@ -9,13 +9,16 @@ The sweep: Mixtral-8x7B (E 8, top 2, H 4096, I 14336), Qwen3-30B-A3B (E 128, top
 per GPU at TP8 (E 256, top 8, H 7168, I 256) and one of its EP8 shards (32 local experts, H 7168, I 2048: tokens
 routed top-8 over all 256 experts, the shard's 32 renumbered 0..31, the ids of the other 224 set to -1, which
 fused_moe drops), each at T tokens in 1, 16, 64, 256, 1024, 4096, 16384, each in the weight formats of ``--quant``
-(default both): bf16, and fp8 (e4m3 weights, one float32 scale per output channel of each expert; x quantized per
-token inside the layer). ``--model``, ``--tokens`` and ``--quant`` pick a part. The order: per model, every T in
-bf16, then every T in fp8 (the same x and routing as bf16's at that T, so that the two pair up).
+(default all three): bf16, fp8 (e4m3 weights, one float32 scale per output channel of each expert; x quantized per
+token inside the layer) and block (e4m3 weights, one float32 scale per 128 x 128 block of each expert's w1 and w2;
+x and h quantized per 1 x 128 group inside the layer: DeepSeek-V3's format). ``--model``, ``--tokens`` and
+``--quant`` pick a part. The order: per model, every T in bf16, then every T in fp8, then in block (the same x and
+routing as bf16's at that T, so that the formats pair up).
 
 Each model: random bf16 weights (w1 (E, 2I, H), gate rows then up rows; w2 (E, H, I)), made once; the fp8 ones from
 them by ``quantize_experts`` (per output channel: scale = amax |w| / 448, w8 = e4m3(w / scale), scale 1 for a zero
-row), made when the fp8 cases begin, after which the bf16 ones are dropped. Each T: random bf16 x (T, H) and router
+row), the block ones by ``quantize_expert_blocks`` (``quantize_fp8(w[e], "block")``), each made when its format's
+cases begin; the bf16 ones are dropped after the last format is made. Each T: random bf16 x (T, H) and router
 logits (T, routed experts) float32, scored by softmax (DeepSeek: sigmoid), top-k by ``torch.topk``, the k weights
 renormalized to sum 1: topk_weights float32, topk_ids int32, the same for every implementation (fixed seed). Our
 output is poisoned (NaN) and computed once (that first call compiles), every element checked written and up to
@@ -41,7 +44,8 @@ Everything from topk_ids to the (T, H) output is inside the timed region, ours a
   scale_a=(M,) float32, scale_b=w1_scale (E, 2I), offs=offs, out_dtype=bf16)`` (rowwise scaling: row scales of
   the 2-D operand, per-expert column scales of the 3-D one), ``silu(gate) * up`` in bf16, h quantized per row
   the same way, ``torch._scaled_grouped_mm(h8, w2_8.transpose(1, 2), scale_a, scale_b=w2_scale (E, H), offs)``,
-  the same float32 combine.
+  the same float32 combine. block: the fp8 pipeline on the same weights quantized per output channel (torch has no
+  block-scaled grouped GEMM): the fp8 work torch offers, not the same numerics.
 * ``loop`` (bf16 only, T <= 1024): one expert at a time, its (token, slot) pairs found by ``nonzero`` (a
   synchronization per expert), two matmuls, ``silu(gate) * up``, the weighted rows added into a float32 (T, H) by
   ``index_add_``. Skipped for fp8: it stands for the naive way, which the bf16 rows already time, and
@@ -53,7 +57,8 @@ float32 scales, (2I + H) x 4) over our time, as ``fraction_of_copy`` = the time 
 (``copy_`` of half of them into as many: bytes read plus written) / ours; ratio_vs_X = X's time / ours (> 1: ours
 faster). The summary: per format the geomean ratios (prefill: T in 1024, 4096, 16384), ``fp8_speedup_over_bf16_ours``
 (geomean over those prefill cases of our bf16 time / our fp8 time, same model and T) and the two stages' TFLOP/s at
-T = 16384 per format.
+T = 16384 per format; ``block_speed_vs_fp8_ours`` (geomean over the prefill cases of our fp8 time / our block
+time: the cost of the block scales' promotion).
 """
 
 from __future__ import annotations
@@ -65,7 +70,14 @@ import sys
 import time
 from typing import NamedTuple
 
-from moe_torch import dequantize, grouped_mm_moe, loop_moe, quantize_experts, scaled_grouped_mm_moe
+from moe_torch import (
+    dequantize,
+    grouped_mm_moe,
+    loop_moe,
+    quantize_expert_blocks,
+    quantize_experts,
+    scaled_grouped_mm_moe,
+)
 from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, new_record
 
 
@@ -85,7 +97,8 @@ MODELS = {
     "deepseek-v3-ep8": Model(32, 8, 7168, 2048, 256, "sigmoid"),
 }
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
-QUANTS = ("bf16", "fp8")  # the weights' formats: bf16, e4m3 with float32 scales per output channel
+# the weights' formats: bf16, e4m3 with float32 scales per output channel ("fp8") or per 128 x 128 block ("block")
+QUANTS = ("bf16", "fp8", "block")
 PEERS = ("grouped_mm", "loop")
 PREFILL_TOKENS = (1024, 4096, 16384)  # the summary's prefill geomean
 DECODE_TOKENS = 64  # T <= this: decode, timed against a same-bytes copy
@@ -94,7 +107,7 @@ SUMMARY_TOKENS = 16384  # the summary's per-model TFLOP/s
 CHECK_TOKENS = 4096  # tokens checked against the float32 reference (it is slow on Mixtral's large experts)
 TOLERANCE = 2e-2  # max |out - ref| / max |ref| of a bf16 output against the float32 reference
 # fp8: x and h are quantized to e4m3 (3 mantissa bits) on top of the weights, which the reference does not model
-TOLERANCES = {"bf16": TOLERANCE, "fp8": 6e-2}
+TOLERANCES = {"bf16": TOLERANCE, "fp8": 6e-2, "block": 6e-2}
 EP_RANK = 0  # the expert-parallel shard measured: its experts are [rank * E, (rank + 1) * E) of the routed ones
 DEVICE = "cuda"
 
@@ -117,6 +130,9 @@ def expert_bytes(hidden: int, inter: int, quant: str) -> int:
         return 3 * inter * hidden * 2
     if quant == "fp8":
         return 3 * inter * hidden + (2 * inter + hidden) * 4
+    if quant == "block":
+        blocks = lambda n: -(-n // 128)  # noqa: E731
+        return 3 * inter * hidden + (blocks(2 * inter) * blocks(hidden) + blocks(hidden) * blocks(inter)) * 4
     raise ValueError(f"unknown weight format {quant!r}")
 
 
@@ -196,9 +212,16 @@ def summarize(results) -> dict:
         for r in prefill
         if r["quant"] == "fp8" and (r["model"], r["tokens"]) in bf16_us
     )
+    fp8_us = {(r["model"], r["tokens"]): r["ours_us"] for r in prefill if r["quant"] == "fp8"}
+    block_vs_fp8 = _geomean(
+        fp8_us[r["model"], r["tokens"]] / r["ours_us"]
+        for r in prefill
+        if r["quant"] == "block" and (r["model"], r["tokens"]) in fp8_us
+    )
     return {
         "prefill_geomean_vs_grouped_mm": per_quant("grouped_mm", prefill),
         "fp8_speedup_over_bf16_ours": fp8_speedup,
+        "block_speed_vs_fp8_ours": block_vs_fp8,
         "decode_min_fraction_of_copy": min(fractions) if fractions else None,
         "layer_tflops_at_16384": tflops,
         "stage_tflops_at_16384": stages,
@@ -239,9 +262,10 @@ def grouped_mm_status(quants=("bf16",)):
     measured (each row records its own error too)."""
     import torch
 
-    ops = {"bf16": "_grouped_mm", "fp8": "_scaled_grouped_mm"}
-    present = [ops[q] for q in quants if hasattr(torch, ops[q])]
-    missing = [ops[q] for q in quants if not hasattr(torch, ops[q])]
+    ops = {"bf16": "_grouped_mm", "fp8": "_scaled_grouped_mm", "block": "_scaled_grouped_mm"}
+    wanted = list(dict.fromkeys(ops[q] for q in quants))
+    present = [op for op in wanted if hasattr(torch, op)]
+    missing = [op for op in wanted if not hasattr(torch, op)]
     if not present:
         return f"not measured: torch {torch.__version__} has no {', '.join(missing)}"
     text = f"torch {torch.__version__} {', '.join(present)}"
@@ -250,12 +274,15 @@ def grouped_mm_status(quants=("bf16",)):
 
 class Weights(NamedTuple):
     """One model's experts in one format: w1 (E, 2I, H), w2 (E, H, I); fp8: e4m3 with float32 scales per output
-    channel, w1_scale (E, 2I) and w2_scale (E, H) (None in bf16)."""
+    channel, w1_scale (E, 2I) and w2_scale (E, H) (None in bf16); block: per 128 x 128 block, w1_scale (E, 2I / 128,
+    H / 128) and w2_scale (E, H / 128, I / 128), and ``channel``: the same weights in the fp8 format, for the torch
+    peer (torch has no block-scaled grouped GEMM)."""
 
     w1: object
     w2: object
     w1_scale: object = None
     w2_scale: object = None
+    channel: object = None
 
 
 def make_weights(model: Model, seed: int):
@@ -277,6 +304,9 @@ def format_weights(w1, w2, quant: str) -> Weights:
     if quant == "fp8":
         (w1_8, w1_scale), (w2_8, w2_scale) = quantize_experts(w1), quantize_experts(w2)
         return Weights(w1_8, w2_8, w1_scale, w2_scale)
+    if quant == "block":
+        (w1_8, w1_scale), (w2_8, w2_scale) = quantize_expert_blocks(w1), quantize_expert_blocks(w2)
+        return Weights(w1_8, w2_8, w1_scale, w2_scale, format_weights(w1, w2, "fp8"))
     raise ValueError(f"unknown weight format {quant!r}")
 
 
@@ -314,8 +344,9 @@ def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repea
     args = (x, w1, w2, topk_weights, topk_ids)
     out = torch.full((tokens, model.hidden), float("nan"), device=DEVICE, dtype=torch.bfloat16)
     fp8 = {}
-    if quant == "fp8":
-        fp8 = {"quant": "fp8", "granularity": "channel", "w1_scale": weights.w1_scale, "w2_scale": weights.w2_scale}
+    if quant != "bf16":
+        granularity = "channel" if quant == "fp8" else "block"
+        fp8 = {"quant": "fp8", "granularity": granularity, "w1_scale": weights.w1_scale, "w2_scale": weights.w2_scale}
 
     def ours():
         return fused_moe(*args, **fp8, out=out)
@@ -341,9 +372,10 @@ def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repea
     drops = model.experts < model.routed_experts
 
     def grouped_mm():
-        if quant == "fp8":
+        if quant != "bf16":  # block: torch's per-channel fp8 pipeline (it has no block-scaled grouped GEMM)
+            peer = weights if quant == "fp8" else weights.channel
             return scaled_grouped_mm_moe(
-                x, w1, w2, weights.w1_scale, weights.w2_scale, topk_weights, topk_ids, drops=drops
+                x, peer.w1, peer.w2, peer.w1_scale, peer.w2_scale, topk_weights, topk_ids, drops=drops
             )
         return grouped_mm_moe(*args, drops=drops)
 

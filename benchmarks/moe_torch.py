@@ -24,8 +24,33 @@ def quantize_experts(w):
     return quantize_rows(w)
 
 
+def quantize_expert_blocks(w, block: int = 128):
+    """``(w8 float8_e4m3fn, scale float32)`` of expert weights ``w`` (E, N, K), one scale per expert and ``block`` x
+    ``block`` block (E, ceil(N / block), ceil(K / block); partial blocks at the edges), each block's amax mapped onto
+    e4m3's largest value (a zero block: scale 1): the format fused_moe takes with ``granularity="block"``."""
+    import torch
+
+    experts, n, k = w.shape
+    rows, cols = -(-n // block), -(-k // block)
+    w8 = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    scales = torch.empty(experts, rows, cols, dtype=torch.float32, device=w.device)
+    for e in range(experts):  # one expert at a time: a float32 copy of all of them would be 4x the bf16 weights
+        padded = w.new_zeros(rows * block, cols * block, dtype=torch.float32)
+        padded[:n, :k] = w[e]
+        blocks = padded.view(rows, block, cols, block)
+        amax = blocks.abs().amax(dim=(1, 3))
+        scales[e] = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        w8[e] = (blocks / scales[e][:, None, :, None]).view(rows * block, cols * block)[:n, :k]
+    return w8, scales
+
+
 def dequantize(w8, scale):
-    """float32 ``w8 * scale[..., None]``: the weights the fp8 layer computes with."""
+    """float32 weights the fp8 layer computes with: ``w8 * scale[..., None]`` (per output channel), or each 128 x 128
+    block times its scale (a 3-D ``scale``: ``quantize_expert_blocks``')."""
+    if scale.dim() == 3:
+        from flydsl.kernels.moe.reference import dequantize_experts
+
+        return dequantize_experts(w8, scale, "block")
     return w8.float() * scale[..., None]
 
 

@@ -66,13 +66,16 @@ def test_check_fused_moe_names_the_bad_argument(change, error, match):
 def _fp8_specs(tokens=10, experts=8, hidden=256, inter=128, granularity="channel"):
     specs = _specs(tokens, experts, hidden, inter)
     specs["w1"], specs["w2"] = S((experts, 2 * inter, hidden), "f8E4M3FN"), S((experts, hidden, inter), "f8E4M3FN")
-    per_channel = granularity == "channel"
-    specs["w1_scale"] = S((experts, 2 * inter) if per_channel else (experts,), "f32")
-    specs["w2_scale"] = S((experts, hidden) if per_channel else (experts,), "f32")
+    shapes = {
+        "channel": ((experts, 2 * inter), (experts, hidden)),
+        "tensor": ((experts,), (experts,)),
+        "block": ((experts, 2 * inter // 128, -(-hidden // 128)), (experts, hidden // 128, -(-inter // 128))),
+    }[granularity]
+    specs["w1_scale"], specs["w2_scale"] = S(shapes[0], "f32"), S(shapes[1], "f32")
     return dict(specs, quant="fp8", granularity=granularity)
 
 
-@pytest.mark.parametrize("granularity", ["channel", "tensor"])
+@pytest.mark.parametrize("granularity", ["channel", "tensor", "block"])
 def test_check_fused_moe_fp8(granularity):
     assert check_fused_moe(**_fp8_specs(granularity=granularity)) == (10, 256, 8, 128, 2)
 
@@ -80,7 +83,13 @@ def test_check_fused_moe_fp8(granularity):
 @pytest.mark.parametrize(
     "change,match",
     [
-        (dict(granularity="block"), "granularity: expected one of"),
+        (dict(granularity="group"), "granularity: expected one of"),
+        (dict(granularity="block"), r"w1_scale: expected a float32 \(8, 2, 2\) tensor \(block scales\)"),
+        (
+            dict(granularity="block", x=S((10, 320), "bf16"), w1=S((8, 256, 320), "f8E4M3FN"),
+                 w2=S((8, 320, 128), "f8E4M3FN")),
+            "H a multiple of 128 and I of 64",
+        ),  # fmt: skip
         (dict(w1_scale=None), r"w1_scale: expected a float32 \(8, 256\) tensor"),
         (dict(w2_scale=S((8,), "f32")), r"w2_scale: expected a float32 \(8, 256\) tensor"),
         (dict(w1_scale=S((8, 256), "bf16")), "w1_scale: expected a float32"),
@@ -222,6 +231,51 @@ def test_grouped_stages_compile_without_spills(ids, experts, hidden, inter, fp8,
         assert "0 bytes spill stores" in report, report
 
 
+@pytest.mark.parametrize(
+    "ids,experts,hidden,inter", [(32768, 8, 4096, 14336), (8192, 256, 7168, 256), (1024, 128, 2048, 768)]
+)
+def test_block_scaled_grouped_stages_compile_without_spills(ids, experts, hidden, inter, tmp_path):
+    """fp8 with 128 x 128 weight blocks: both stages promote each K block with its row's group scale (M-major) and
+    its weight block's (stage 1: the gate rows' block and the up rows' block), 128-wide tiles."""
+    cfg = experts_config(ids, experts, fp8=True, block=True)
+    assert cfg.stage1.tile_n == 128 and cfg.stage1.tile_k == 128
+    capacity = 1024 * cfg.block_m
+    for k, rows, n, gate in ((hidden, 2 * inter, inter, "silu"), (inter, hidden, hidden, None)):
+        k_blocks = -(-k // 128)
+        block_scales = (
+            MatrixSpec((capacity, k_blocks), (1, capacity), "f32"),
+            MatrixSpec.dense((experts * rows // 128, k_blocks), "f32"),
+        )
+        plan = plan_grouped(
+            MatrixSpec.dense((capacity, k), "f8E4M3FN"),
+            MatrixSpec.dense((experts, rows, k), "f8E4M3FN"),
+            MatrixSpec.dense((capacity, n), "bf16"),
+            sms=132,
+            gate=gate,
+            config=cfg.stage1,
+            block_scales=block_scales,
+        )
+        assert plan.route == "gemm_ws_grouped_blockscaled"
+        (module,) = plan.lower()
+        assert "wgmma.mma_async" in module.ptx and "cp.async.ca.shared.global" in module.ptx
+        report = _ptxas(module.ptx, tmp_path)
+        assert "0 bytes spill stores" in report, report
+
+
+def test_block_scaled_grouped_plan_refuses_partial_weight_blocks():
+    cfg = experts_config(1024, 8, fp8=True, block=True)
+    block_scales = (MatrixSpec((4096, 2), (1, 4096), "f32"), MatrixSpec.dense((8 * 192 // 128, 2), "f32"))
+    with pytest.raises(ValueError, match="whole 128s"):
+        plan_grouped(
+            MatrixSpec.dense((4096, 256), "f8E4M3FN"),
+            MatrixSpec.dense((8, 192, 256), "f8E4M3FN"),
+            MatrixSpec.dense((4096, 192), "bf16"),
+            sms=132,
+            config=cfg.stage2,
+            block_scales=block_scales,
+        )
+
+
 def test_gather_and_combine_compile(tmp_path):
     tokens, top_k, hidden, capacity = 100, 8, 7168, 4096
     gather = gather_kernel.lower(
@@ -236,6 +290,12 @@ def test_gather_and_combine_compile(tmp_path):
         S((capacity, hidden), "bf16"), S((tokens * top_k,), "i32"), S((tokens, top_k), "f32"),
         S((tokens, top_k), "i64"), S((tokens, hidden), "bf16"), 256, top_k,
     )  # fmt: skip
-    for module in (gather, gather_fp8, combine):
+    gather_groups = gather_kernel.lower(  # fp8 rows with their per-group scales, M-major
+        S((tokens, hidden // 4), "i32"), S((capacity,), "i32"), S((1,), "i32"), S((capacity, hidden // 4), "i32"),
+        S((tokens * top_k,), "i32"), S((tokens, hidden // 128), "f32", (1, tokens)),
+        S((capacity, hidden // 128), "f32", (1, capacity)), top_k, True,
+    )  # fmt: skip
+    assert gather_groups.ptx.count("$L__BB") > gather_fp8.ptx.count("$L__BB")  # the group scales: a loop over lanes
+    for module in (gather, gather_fp8, gather_groups, combine):
         assert "ld.global.v4" in module.ptx  # 16-byte rows
         assert "0 bytes spill stores" in _ptxas(module.ptx, tmp_path)

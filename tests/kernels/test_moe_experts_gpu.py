@@ -174,11 +174,16 @@ def test_large_layer_rows_past_two_to_the_31_elements():
 
 
 def _fp8_weights(w, granularity):
-    """(w8, scales, dequantized) of bf16 experts' weights (E, N, K): per expert and row ("channel") or per expert
-    ("tensor"), e4m3."""
+    """(w8, scales, dequantized) of bf16 experts' weights (E, N, K): per expert and row ("channel"), per expert
+    ("tensor") or per expert and 128 x 128 block ("block"), e4m3."""
+    from flydsl.kernels.moe.reference import dequantize_experts
     from flydsl.kernels.quantize import quantize_fp8
 
     experts, rows, k = w.shape
+    if granularity == "block":
+        w8, scales = zip(*(quantize_fp8(w[e], "block") for e in range(experts)), strict=True)
+        w8, scales = torch.stack(w8), torch.stack(scales)
+        return w8, scales, dequantize_experts(w8, scales, "block")
     if granularity == "channel":
         w8, scales = quantize_fp8(w.reshape(experts * rows, k), "token")
         scales = scales.view(experts, rows)
@@ -214,6 +219,55 @@ def test_fused_moe_fp8_matches_the_reference(tokens, experts, top_k, hidden, int
     assert not out.isnan().any()
     torch.testing.assert_close(out.float() / scale, expected / scale, rtol=0, atol=6e-2)
     assert torch.equal(fused_moe(x, w1_8, w2_8, weights, ids, **options), out)  # deterministic
+
+
+@pytest.mark.parametrize(
+    "tokens,experts,top_k,hidden,inter",
+    [
+        (1, 8, 2, 256, 128),  # one token
+        (300, 8, 2, 256, 512),  # 64-row tiles
+        (2000, 8, 2, 512, 384),  # 128-row tiles
+        (5000, 8, 2, 256, 448),  # 2-CTA clusters; stage 2's last K block partial (I 448)
+        (64, 128, 8, 512, 192),  # many experts, few rows each
+        (37, 256, 8, 1024, 256),  # DeepSeek-V3-like routing, small
+    ],
+)
+def test_fused_moe_block_scaled_matches_the_reference(tokens, experts, top_k, hidden, inter):
+    """fp8 weights in 128 x 128 blocks and fp8 activations in 1 x 128 groups (x, then h): against the float32 layer
+    of the dequantized weights within the activations' two fp8 roundings; deterministic."""
+    x, w1, w2 = _layer(tokens, experts, hidden, inter, seed=tokens + 7)
+    w1_8, s1, w1_deq = _fp8_weights(w1, "block")
+    w2_8, s2, w2_deq = _fp8_weights(w2, "block")
+    weights, ids = _routing(tokens, experts, top_k, seed=tokens + 7)
+    out = torch.full_like(x, float("nan"))
+    options = dict(quant="fp8", granularity="block", w1_scale=s1, w2_scale=s2)
+    fused_moe(x, w1_8, w2_8, weights, ids, out=out, **options)
+    expected = fused_moe_reference(x, w1_deq, w2_deq, weights, ids)
+    scale = expected.abs().max().clamp(min=1e-3)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float() / scale, expected / scale, rtol=0, atol=6e-2)
+    assert torch.equal(fused_moe(x, w1_8, w2_8, weights, ids, **options), out)
+
+
+def test_fused_moe_block_scaled_uses_each_blocks_scale():
+    """Blocks scaled far apart (powers of two from 2^-6 to 2^6, per expert, block row and K block): a scale applied
+    to the wrong block, gate half or K step shows at once."""
+    tokens, experts, top_k, hidden, inter = 500, 4, 2, 512, 256
+    x, w1, w2 = _layer(tokens, experts, hidden, inter, seed=3)
+    g = _generator(5)
+    w1_8, w2_8 = (w.float().clamp(-1, 1).mul(400).to(torch.float8_e4m3fn) for w in (w1 * hidden**0.5, w2 * inter**0.5))
+    s1 = torch.exp2(torch.randint(-6, 7, (experts, 2 * inter // 128, hidden // 128), device=DEVICE, generator=g))
+    s2 = torch.exp2(torch.randint(-6, 7, (experts, hidden // 128, inter // 128), device=DEVICE, generator=g))
+    s1, s2 = s1.float() / 400 / hidden**0.5, s2.float() / 400 / inter**0.5
+    from flydsl.kernels.moe.reference import dequantize_experts
+
+    weights, ids = _routing(tokens, experts, top_k, seed=3)
+    out = fused_moe(x, w1_8, w2_8, weights, ids, quant="fp8", granularity="block", w1_scale=s1, w2_scale=s2)
+    expected = fused_moe_reference(
+        x, dequantize_experts(w1_8, s1, "block"), dequantize_experts(w2_8, s2, "block"), weights, ids
+    )
+    scale = expected.abs().max().clamp(min=1e-3)
+    torch.testing.assert_close(out.float() / scale, expected / scale, rtol=0, atol=6e-2)
 
 
 def test_fused_moe_fp8_drops_ids():

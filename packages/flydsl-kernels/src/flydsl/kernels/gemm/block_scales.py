@@ -8,6 +8,10 @@ of columns (tiles are at most 128 wide and divide 128)::
 
     slot s:  [ a[row0 + 0, kb] ... a[row0 + tile_m - 1, kb] | b[column_block, kb] | pad ]   (tile_m + 4 floats)
 
+A gated grouped GEMM's tile (a mixture of experts' first stage) takes its B rows from two blocks, the gate rows and
+the up rows: it holds two B scales, ``b[gate_block, kb]`` and ``b[up_block, kb]``, each for its half of the
+columns.
+
 The producer's warp fills them (:func:`copy_step_scales`): while its lane 0 issues the slot's TMA loads, each lane
 copies its rows' scales with 4-byte ``cp.async`` and arrives on the slot's ``full`` barrier once they have landed
 (the barrier counts those 32 arrivals beside the TMA bytes and lane 0's arrival that arms them), so a consumer that
@@ -39,7 +43,8 @@ SCALE_PRODUCERS = 32  # the producer warp's lanes: each arrives on a slot's full
 
 
 def slot_bytes(tile_m: int) -> int:
-    """The shared memory one pipeline slot's scales take: ``tile_m`` A scales and a B scale, padded to 16 bytes."""
+    """The shared memory one pipeline slot's scales take: ``tile_m`` A scales and up to 4 B scales (one per source
+    block of the tile's B rows), padded to 16 bytes."""
     return (tile_m + 4) * 4
 
 
@@ -59,24 +64,33 @@ def allocate_scales(smem, a_scales, b_scales, tile_m: int, stages: int) -> Stage
     return StagedScales(a_scales, b_scales, smem.allocate(fx.Float32, layout, alignment=16), tile_m)
 
 
-def copy_step_scales(scales: StagedScales, stage, work, kt, tile_n: int, lane) -> None:
+def copy_step_scales(scales: StagedScales, stage, work, kt, b_tiles, lane) -> None:
     """One lane's copies of K step ``kt``'s scales of a work unit into slot ``stage`` (once it is free): the A scales
     of rows ``lane, lane + 32, ...`` of the tile (rows past M read row M - 1: their outputs are never stored) and,
-    lane 0, the B scale. The caller then has the lane arrive on the slot's ``full`` barrier with
-    ``arrive_on_cp_async`` (counted once the copies have landed)."""
+    lane ``i`` < ``b_tiles.sources``, the B scale of the tile's ``i``-th source block of rows (one, or a gated
+    tile's gate rows and its up rows: :class:`~flydsl.kernels.gemm.operands.OperandTiles`), from the tile's first
+    row of B (past ``work.b_row0``: a grouped GEMM's expert, whose rows start a block). The caller then has the lane
+    arrive on the slot's ``full`` barrier with ``arrive_on_cp_async`` (counted once the copies have landed)."""
     a, b, slots, tile_m = scales
     last_row = a.shape[0].to(fx.Int32) - 1
     row0 = work.tile_m * tile_m
     for i in fx.range_constexpr(tile_m // 32):
         row = 32 * i + lane
         nvvm.cp_async(slots, a, 4, dst_coord=(row, stage), src_coord=(arith.minimum(row0 + row, last_row), kt))
-    if lane == 0:
-        nvvm.cp_async(slots, b, 4, dst_coord=(tile_m, stage), src_coord=(work.tile_n * tile_n // BLOCK, kt))
+    for i in fx.range_constexpr(b_tiles.sources):
+        if lane == i:
+            b_row = work.tile_n * b_tiles.tile_rows
+            if fx.const_expr(b_tiles.sources > 1):
+                b_row = b_row + i * b_tiles.source_rows
+            if fx.const_expr(not isinstance(work.b_row0, int)):
+                b_row = b_row + work.b_row0
+            nvvm.cp_async(slots, b, 4, dst_coord=(tile_m + i, stage), src_coord=(b_row // BLOCK, kt))
 
 
-def step_factors(scales: StagedScales, stage, rows: list) -> list:
-    """The promotion factors of the K step in slot ``stage`` (read after waiting for it, before releasing it):
-    ``a[row, kb] * b[column_block, kb]`` for each of ``rows`` (the tile's rows this thread holds, from 0)."""
+def step_factors(scales: StagedScales, stage, rows: list, sources: int = 1) -> list:
+    """The promotion factors of the K step in slot ``stage`` (read after waiting for it, before releasing it): for
+    each of ``rows`` (the tile's rows this thread holds, from 0), ``a[row, kb] * b[block, kb]`` for each of the
+    tile's ``sources`` blocks of B rows (a list per row)."""
     slots = scales.slots
-    b_scale = slots[scales.tile_m, stage]
-    return [slots[row, stage] * b_scale for row in rows]
+    b_scales = [slots[scales.tile_m + i, stage] for i in range(sources)]
+    return [[slots[row, stage] * b_scale for b_scale in b_scales] for row in rows]

@@ -145,7 +145,7 @@ def max_stages(
     return min(8, (SMEM_BYTES - 1024 - staging) // ((tile_m + tile_n) * tile_k * element_bytes + slot_extra))
 
 
-def _deepest_pipeline(tile_m: int, tile_n: int, slot_extra: int = 0) -> dict:
+def deepest_pipeline(tile_m: int, tile_n: int, slot_extra: int = 0) -> dict:
     """``stages`` and ``store_boxes`` of the deepest pipeline for a tile shape: one TMA-store staging box per consumer
     where that buys a stage (docs/tuning/gemm.md#store-boxes), else two."""
     deepest = {boxes: max_stages(tile_m, tile_n, store_boxes=boxes, slot_extra=slot_extra) for boxes in (1, 2)}
@@ -172,7 +172,7 @@ def candidate_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
                     continue
                 if cluster_n == 2 and (tile_m < 256 or -(-n // tile_n) < 2):  # A shared only where it is larger
                     continue
-                shape = dict(tile_m=tile_m, tile_n=tile_n, consumers=consumers, **_deepest_pipeline(tile_m, tile_n))
+                shape = dict(tile_m=tile_m, tile_n=tile_n, consumers=consumers, **deepest_pipeline(tile_m, tile_n))
                 shape.update(cluster_m=cluster_m, cluster_n=cluster_n)
                 whole = GemmConfig(**shape)
                 for split_k in (1, 2, 3, 4, 6, 8):
@@ -289,4 +289,4 @@ def choose_blockscale_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     accumulators beside the float32 sums (``tile_n`` registers per 64 rows each), and a tile must take one scale per
     128-column block of B."""
     cfg = fp8_config(choose_config(m, n, -(-k // 2), sms, tile_widths=(128, 64)))
-    return dataclasses.replace(cfg, **_deepest_pipeline(cfg.tile_m, cfg.tile_n, slot_bytes(cfg.tile_m)))
+    return dataclasses.replace(cfg, **deepest_pipeline(cfg.tile_m, cfg.tile_n, slot_bytes(cfg.tile_m)))

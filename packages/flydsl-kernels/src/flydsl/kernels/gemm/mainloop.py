@@ -85,13 +85,17 @@ def drain(consumer: Consumer, released, accs, k_begin, k_end, maybe_empty: bool)
     return accs
 
 
-def _promote(sums: list, parts: list, factors: list) -> list:
-    """``sums + parts * factor`` per accumulator element, each element with its row's factor (wgmma's layout:
-    element ``2p + e`` of 64-row block ``mi`` lies in row ``8 (p % 2)`` of the thread's pair of rows ``2 mi``,
-    ``2 mi + 1``)."""
+def _promote(sums: list, parts: list, factors: list, source_columns: int) -> list:
+    """``sums + parts * factor`` per accumulator element, each element with its row's factor for its block of
+    ``source_columns`` columns (``factors[row][block]``; wgmma's layout: element ``2p + e`` of 64-row block ``mi``
+    lies in row ``8 (p % 2)`` of the thread's pair of rows ``2 mi``, ``2 mi + 1``, and in column ``8 (p // 2) + 2
+    (lane % 4) + e``, inside the same 8-column block as column ``8 (p // 2)``)."""
     promoted = []
     for mi, (total, part) in enumerate(zip(sums, parts, strict=True)):
-        values = [part[j] * factors[2 * mi + (j // 2) % 2] + total[j] for j in range(part.length)]
+        values = [
+            part[j] * factors[2 * mi + (j // 2) % 2][8 * (j // 4) // source_columns] + total[j]
+            for j in range(part.length)
+        ]
         promoted.append(vector.from_elements(type(total), values))
     return promoted
 
@@ -109,6 +113,8 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
     :func:`drain`."""
     pipe, mma, lane, peers = consumer.pipe, consumer.mma, consumer.lane, consumer.peers
     a_tiles, b_tiles = consumer.a.tiles, consumer.b.tiles
+    sources = consumer.b.sources  # B scales per step: one per block of the tile's B rows (gate, up)
+    source_columns = consumer.b.tile_rows
     blocks = mma.repeats[0]
     # This thread's rows of the tile (wgmma's accumulator layout: rows r and r + 8 of each 64-row block).
     first = consumer.warpgroup * (64 * blocks) + 16 * warp + lane // 4
@@ -137,26 +143,26 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
     odd = (k_end - k_begin) % 2
     if odd == 1:
         parts = wgmma.wait_group(0, issue(state, mma.make_accumulators(0.0)))
-        factors = step_factors(scales, state.index, rows)
+        factors = step_factors(scales, state.index, rows, sources)
         release(state)
-        sums = _promote(sums, parts, factors)
+        sums = _promote(sums, parts, factors, source_columns)
         state = state.advance()
     k0 = k_begin + odd
     first_parts, second_parts = mma.make_accumulators(0.0), mma.make_accumulators(0.0)
-    second_factors = [fx.Float32(0.0)] * len(rows)  # no second step before the first pair: adds zeros
+    second_factors = [[fx.Float32(0.0)] * sources] * len(rows)  # no second step before the first pair: adds zeros
     for _pair in range(k0, k_end, 2):  # steps _pair and _pair + 1
         first_state = state
         first_parts = issue(first_state, first_parts)
-        sums = _promote(sums, second_parts, second_factors)  # the previous pair's second step
+        sums = _promote(sums, second_parts, second_factors, source_columns)  # the previous pair's second step
         state = state.advance()
         second_parts = issue(state, second_parts)
         first_parts = wgmma.wait_group(1, first_parts)
-        first_factors = step_factors(scales, first_state.index, rows)
-        second_factors = step_factors(scales, state.index, rows)
+        first_factors = step_factors(scales, first_state.index, rows, sources)
+        second_factors = step_factors(scales, state.index, rows, sources)
         release(first_state)
-        sums = _promote(sums, first_parts, first_factors)
+        sums = _promote(sums, first_parts, first_factors, source_columns)
         second_parts = wgmma.wait_group(0, second_parts)
         release(state)
         state = state.advance()
-    sums = _promote(sums, second_parts, second_factors)
+    sums = _promote(sums, second_parts, second_factors, source_columns)
     return state, sums

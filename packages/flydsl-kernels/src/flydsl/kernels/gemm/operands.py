@@ -184,7 +184,7 @@ def produce(producer: Producer, state, work, scales=None, lane=0):
                 bar.arrive_expect_tx(pipe.tx_bytes)
                 a.load(state.index, a_at, k0, bar, rank)
                 b.load(state.index, b_at, k0, bar, rank)
-            copy_step_scales(scales, state.index, work, kt, b.rows, lane)
+            copy_step_scales(scales, state.index, work, kt, b, lane)
             bar.arrive_on_cp_async()
         state = state.advance()
     return state

@@ -51,7 +51,13 @@ from flydsl.kernels.gemm.skinny import (
     skinny_gemm_kernel,
     skinny_gemm_scaled_kernel,
 )
-from flydsl.kernels.gemm.warp_specialized import gemm_ws, gemm_ws_blockscaled, gemm_ws_grouped, gemm_ws_scaled
+from flydsl.kernels.gemm.warp_specialized import (
+    gemm_ws,
+    gemm_ws_blockscaled,
+    gemm_ws_grouped,
+    gemm_ws_grouped_blockscaled,
+    gemm_ws_scaled,
+)
 
 __all__ = [
     "GemmPlan",
@@ -323,6 +329,7 @@ def plan_grouped(
     gate: str | None = None,
     config: GemmConfig,
     scales: tuple = (),
+    block_scales: tuple = (),
 ) -> GemmPlan:
     """The plan of a mixture of experts' grouped GEMM (``gemm_ws_grouped``): ``a`` (capacity, K) K-major rows in the
     aligned order of ``flydsl.kernels.moe.align_tokens`` (blocks of ``config.tile_m``), ``weights`` the experts'
@@ -331,12 +338,16 @@ def plan_grouped(
     routing's "expert_of_block" and "padded_count" tensors: as many tiles run as they say, on at most ``sms`` CTAs.
     With ``config.cluster_m`` 2, the routing's blocks are ``2 * tile_m`` rows (one expert per cluster tile). fp8
     operands take ``scales``: up to two (Scale, MatrixSpec) pairs, ``Scale(rows=1)`` (capacity,) per row of A and
-    ``Scale(columns=1, experts=True)`` (E * N,) per row of the weights."""
+    ``Scale(columns=1, experts=True)`` (E * N,) per row of the weights; or ``block_scales``: the geometry of (A's
+    (capacity, ceil(K / 128)) scales, the weights' (E * N / 128, ceil(K / 128))) of a block-scaled fp8 GEMM
+    (``gemm_ws_grouped_blockscaled``: promoted per K block in the mainloop; N a multiple of 128)."""
     (capacity, k), (experts, rows, _) = a.shape, weights.shape
     operand_bytes = OPERAND_BYTES[a.dtype]
     if config.tile_k * operand_bytes % SWIZZLE_BYTES:
         raise ValueError(f"gemm_ws_grouped: {config}: K steps of {config.tile_k} {a.dtype}; expected 128-byte rows")
-    store_view = _store_view(out, config, operand_bytes)
+    if block_scales and scales:
+        raise ValueError("gemm_ws_grouped: block scales replace the epilogue's scales; got both")
+    store_view = _store_view(out, config, operand_bytes, slot_bytes(config.tile_m) if block_scales else 0)
     if Epilogue(gate=gate).width(config.tile_n) % STAGING_BOX[1]:
         store_view = None  # (a gated tile's half is not whole 64-column parts)
     scale_kinds = tuple(scale for scale, _ in scales)
@@ -358,14 +369,21 @@ def plan_grouped(
     c_store = Tma("out", store_view) if store_view is not None else Tma("a", a_view, unread=True)
     arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"), c_store)
     arguments += (Tensor("expert_of_block"), Tensor("padded_count"))
+    scale_count = 2 if block_scales else len(scales)
     arguments += tuple(
-        Tensor(f"scale_{i}") if i < len(scales) else Tensor("padded_count", unread=True) for i in range(2)
+        Tensor(f"scale_{i}") if i < scale_count else Tensor("padded_count", unread=True) for i in range(2)
     )
     arguments += (config, epilogue)
     grid = max(1, min(units, sms // config.cluster)) * config.cluster
-    launch = Launch(gemm_ws_grouped, arguments, grid, config.threads)
+    kernel = gemm_ws_grouped_blockscaled if block_scales else gemm_ws_grouped
+    launch = Launch(kernel, arguments, grid, config.threads)
     specs = {"a": a, "b": stacked, "out": out, "padded_count": MatrixSpec.dense((1,), "i32")}
     specs["expert_of_block"] = MatrixSpec.dense((capacity // (config.tile_m * config.cluster_m),), "i32")
+    if block_scales:
+        if rows % BLOCK:
+            raise ValueError(f"gemm_ws_grouped: block scales need each expert's {rows} weight rows in whole {BLOCK}s")
+        _check_block_scales(block_scales, capacity, experts * rows, k, config, specs, sources)
+        return GemmPlan(kernel.name, config, epilogue, specs, (), (launch,))
     for i, (scale, matrix) in enumerate(scales):
         length = experts * rows if scale.experts else capacity
         if (
@@ -378,7 +396,7 @@ def plan_grouped(
                 f" per row of the stacked weights), got {matrix.dtype} {matrix.shape}"
             )
         specs[f"scale_{i}"] = matrix
-    return GemmPlan(gemm_ws_grouped.name, config, epilogue, specs, (), (launch,))
+    return GemmPlan(kernel.name, config, epilogue, specs, (), (launch,))
 
 
 def _store_view(out: MatrixSpec, cfg: GemmConfig, operand_bytes: int, slot_extra: int = 0) -> TmaView | None:
@@ -487,14 +505,18 @@ def plan_blockscale(
     )
 
 
-def _check_block_scales(block_scales: tuple, m: int, n: int, k: int, cfg: GemmConfig, specs: dict) -> None:
+def _check_block_scales(
+    block_scales: tuple, m: int, n: int, k: int, cfg: GemmConfig, specs: dict, sources: int = 1
+) -> None:
     """The block scales' geometry (float32 (M, ceil(K / 128)) and (ceil(N / 128), ceil(K / 128)), any strides) and a
-    configuration whose K steps and tiles line up with the blocks; kept in ``specs`` as "scale_0", "scale_1"."""
+    configuration whose K steps and tiles line up with the blocks (``sources``: the blocks of B rows a tile takes, a
+    gated tile's two); kept in ``specs`` as "scale_0", "scale_1"."""
     blocks = -(-k // BLOCK)
-    if cfg.tile_k != BLOCK or BLOCK % cfg.tile_n or cfg.schedule != "cooperative":
+    if cfg.tile_k != BLOCK or cfg.tile_n > BLOCK or BLOCK % (cfg.tile_n // sources) or cfg.schedule != "cooperative":
         raise ValueError(
-            f"blockscale_gemm config: {cfg}: expected tile_k {BLOCK}, a tile_n dividing {BLOCK} and the cooperative"
-            " schedule (one scale block per K step, one B scale per tile)"
+            f"blockscale_gemm config: {cfg}: expected tile_k {BLOCK}, a tile_n of at most {BLOCK} whose blocks of B"
+            f" rows divide {BLOCK} and the cooperative schedule (one scale block per K step, one B scale per block of"
+            " rows)"
         )
     if cfg.stages * (cfg.stage_bytes(1) + slot_bytes(cfg.tile_m)) > SMEM_BYTES - 1024:
         raise ValueError(

@@ -40,6 +40,7 @@ __all__ = [
     "gemm_ws",
     "gemm_ws_blockscaled",
     "gemm_ws_grouped",
+    "gemm_ws_grouped_blockscaled",
     "gemm_ws_scaled",
     "warp_specialized_gemm",
 ]
@@ -74,17 +75,23 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     ("K" or "MN"), ``epilogue`` an :class:`~flydsl.kernels.gemm.epilogue.Epilogue` whose scales ``tensors.epilogue``
     holds. Call it from a ``@flyc.kernel`` (it sets the block size, register cap and cluster)."""
     blockscaled = tensors.block_scales is not None
-    if blockscaled and (cfg.schedule != "cooperative" or cfg.tile_k != BLOCK or BLOCK % cfg.tile_n):
+    gated = epilogue.gate is not None  # B tiles of gate rows, then the up rows C's width further (ExpertTiles)
+    if blockscaled and (
+        cfg.schedule != "cooperative"
+        or cfg.tile_k != BLOCK
+        or cfg.tile_n > BLOCK
+        or BLOCK % (cfg.tile_n // (1 + gated))
+    ):
         raise ValueError(
             f"gemm_ws_blockscaled: {cfg}: expected the cooperative schedule, K steps of {BLOCK} (one scale block"
-            f" each) and a tile_n dividing {BLOCK} (one B scale per tile and step)"
+            f" each) and a tile_n of at most {BLOCK} whose blocks of B rows (gated: two) divide {BLOCK} (one B scale"
+            " per block and step)"
         )
     # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster)
     a, b, c = tensors.a, tensors.b, tensors.c
     a_major, b_major = majors
     smem = fx.SmemAllocator()
-    gated = epilogue.gate is not None  # B tiles of gate rows, then the up rows C's width further (ExpertTiles)
     sources = (2, c.shape[1].to(fx.Int32)) if gated else (1, 0)
     a_tiles = allocate_operand(smem, "a", a, cfg.tile_m, cfg.tile_k, cfg.stages, a_major, cfg.cluster_n)
     b_tiles = allocate_operand(smem, "b", b, cfg.tile_n, cfg.tile_k, cfg.stages, b_major, cfg.cluster_m, sources)
@@ -317,4 +324,38 @@ def gemm_ws_grouped(
         raise ValueError(f"gemm_ws_grouped: expected an epilogue without bias, at most two scales: {epilogue}")
     scales = EpilogueTensors(None, (scale_0, scale_1)[: len(epilogue.scales)])
     tensors = GemmTensors(a, b, c, c_store, scales, None, None, groups=(expert_of_block, padded_count))
+    warp_specialized_gemm(tensors, cfg, ("K", "K"), epilogue)
+
+
+@flyc.kernel
+def gemm_ws_grouped_blockscaled(
+    a: fx.TmaDescriptor,
+    b: fx.TmaDescriptor,
+    c: fx.Tensor,
+    c_store: fx.TmaDescriptor,
+    expert_of_block: fx.Tensor,
+    padded_count: fx.Tensor,
+    a_scales: fx.Tensor,
+    b_scales: fx.Tensor,
+    cfg: fx.Constexpr,
+    epilogue: fx.Constexpr,
+):
+    """:func:`gemm_ws_grouped` of fp8 operands with block scales (:func:`gemm_ws_blockscaled`'s promotion):
+    ``a_scales`` (capacity, ceil(K / 128)), one per row of A and 128-wide block of K (any strides; M-major reads
+    best), ``b_scales`` (E * N / 128, ceil(K / 128)), one per 128 x 128 block of the stacked weights (each expert's
+    N rows whole blocks). With ``epilogue.gate``, a tile's gate rows and up rows each take their own block's scale.
+    The epilogue takes no scales."""
+    if epilogue.bias or epilogue.scales:
+        raise ValueError(f"gemm_ws_grouped_blockscaled: expected an epilogue without bias or scales: {epilogue}")
+    tensors = GemmTensors(
+        a,
+        b,
+        c,
+        c_store,
+        EpilogueTensors(),
+        None,
+        None,
+        block_scales=(a_scales, b_scales),
+        groups=(expert_of_block, padded_count),
+    )
     warp_specialized_gemm(tensors, cfg, ("K", "K"), epilogue)

@@ -27,7 +27,8 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.kernels import validation as check
-from flydsl.kernels.gemm.config import GemmConfig, fp8_config, max_stages
+from flydsl.kernels.gemm.block_scales import slot_bytes
+from flydsl.kernels.gemm.config import GemmConfig, deepest_pipeline, fp8_config, max_stages
 from flydsl.kernels.gemm.epilogue import Epilogue, Scale
 from flydsl.kernels.gemm.launch import launch_plan
 from flydsl.kernels.gemm.operands import MatrixSpec
@@ -38,7 +39,14 @@ from flydsl.kernels.gemm.skinny import (
     choose_grouped_skinny_config,
     skinny_gemm_grouped_kernel,
 )
-from flydsl.kernels.moe.api import align_capacity, align_tokens, check_align_tokens, check_experts_shapes, contiguous
+from flydsl.kernels.moe.api import (
+    BLOCK,
+    align_capacity,
+    align_tokens,
+    check_align_tokens,
+    check_experts_shapes,
+    contiguous,
+)
 from flydsl.kernels.plans import Plans, signature
 
 __all__ = ["ExpertsConfig", "combine_kernel", "decodes", "experts_config", "fused_moe", "gather_kernel"]
@@ -62,16 +70,21 @@ class ExpertsConfig:
         return self.stage1.tile_m * self.stage1.cluster_m
 
 
-def experts_config(ids: int, experts: int, fp8: bool = False) -> ExpertsConfig:
+def experts_config(ids: int, experts: int, fp8: bool = False, block: bool = False) -> ExpertsConfig:
     """Tiles of 128 rows (two consumer warpgroups) where experts average 96 rows or more, else of 64 (one), so that
     the padding of sparsely hit experts stays small; in 2-CTA clusters along M (sharing each B tile: an expert's run
     padded to 256 rows) where they average 512 or more; tiles 256 wide (stage 1: 128 gate and 128 up columns), the
-    deepest pipeline that fits beside the TMA store's staging boxes (docs/tuning/moe.md#tiles)."""
+    deepest pipeline that fits beside the TMA store's staging boxes (docs/tuning/moe.md#tiles). fp8: K steps of
+    128 (the same bytes per stage). ``block`` (fp8 with 128 x 128 weight blocks): tiles 128 wide (stage 1: 64 gate
+    and 64 up columns), as the block-scaled GEMM's (a consumer holds two K blocks' accumulators beside the promoted
+    sums), the slots holding their scales too."""
     tile_m = 128 if ids >= 96 * experts else 64
     cluster_m = 2 if ids >= 512 * experts else 1
-    shape = dict(tile_m=tile_m, tile_n=256, consumers=tile_m // 64, cluster_m=cluster_m)
-    cfg = GemmConfig(**shape, stages=max_stages(tile_m, 256))
-    cfg = fp8_config(cfg) if fp8 else cfg  # fp8: K steps of 128 (the same bytes per stage)
+    tile_n = 128 if block else 256
+    shape = dict(tile_m=tile_m, tile_n=tile_n, consumers=tile_m // 64, cluster_m=cluster_m)
+    pipeline = deepest_pipeline(tile_m, tile_n, slot_bytes(tile_m)) if block else dict(stages=max_stages(tile_m, 256))
+    cfg = GemmConfig(**shape, **pipeline)
+    cfg = fp8_config(cfg) if fp8 or block else cfg
     return ExpertsConfig(cfg, cfg)
 
 
@@ -92,8 +105,9 @@ def gather_kernel(
 ):
     """``rows[p] = x[sorted_ids[p] // top_k]`` and ``positions[sorted_ids[p]] = p`` for each position ``p`` below
     ``padded_count[0]`` that holds an index (not the sentinel T * k: pad rows are left as they are); ``scaled``: also
-    ``row_scales[p] = scales[sorted_ids[p] // top_k]`` (fp8 rows' per-token scales; else both unread). One warp per
-    position at a time, 16-byte vectors of any element type (fp8 rows pass as int32 views); rows of whole vectors."""
+    ``row_scales[p] = scales[sorted_ids[p] // top_k]`` (fp8 rows' per-token scales, (T,) and (capacity,); or, 2-D,
+    their per-group scales (T, G) and (capacity, G), any strides; else both unread). One warp per position at a
+    time, 16-byte vectors of any element type (fp8 rows pass as int32 views); rows of whole vectors."""
     flyc.set_kernel_attributes(threads=32 * _WARPS)
     lane, warp = gpu.lane_id(), gpu.warp_idx()
     ids = positions.shape.to(fx.Int32)  # (a 1-D tensor's shape is its extent)
@@ -107,8 +121,11 @@ def gather_kernel(
             token = flat // top_k
             if lane == 0:
                 positions[flat] = p
-                if fx.const_expr(scaled):
+                if fx.const_expr(scaled and fx.rank(scales.shape) == 1):
                     row_scales[p] = scales[token]
+            if fx.const_expr(scaled and fx.rank(scales.shape) == 2):
+                for g in range(lane, scales.shape[1].to(fx.Int32), 32):
+                    row_scales[p, g] = scales[token, g]
             row = p.to(fx.Int64)
             for c in range(lane, chunks, 32):
                 vector.store(vector.load_op(cls, x, (token.to(fx.Int64), c * chunk)), rows, (row, c * chunk))
@@ -187,8 +204,12 @@ def fused_moe(
     ``w[e][n] * scale``: ``granularity`` "channel" (``w1_scale`` (E, 2I), ``w2_scale`` (E, H): one per expert and
     output row, as ``quantize_fp8(w.view(E * N, K), "token")`` gives them) or "tensor" (both (E,)). The activations
     are quantized per token (x before the gather, h between the stages: ``quantize_fp8``), both stages run on fp8
-    tensor cores with the scales in their epilogue, h and the output stay in x's dtype. fp8 takes the
-    warp-specialized stages at every size (no weight-streaming decode route yet).
+    tensor cores with the scales in their epilogue, h and the output stay in x's dtype. ``granularity="block"``
+    (DeepSeek-V3's format): one scale per expert and 128 x 128 block of its weights, ``w1_scale`` (E, 2I / 128,
+    H / 128) and ``w2_scale`` (E, H / 128, ceil(I / 128)) (H a multiple of 128, I of 64), the activations quantized
+    per 1 x 128 group instead, and each 128-wide K block's products promoted into float32 sums with its two scales
+    (``gemm_ws_grouped_blockscaled``). fp8 takes the warp-specialized stages at every size (no weight-streaming
+    decode route yet).
 
     The steps and kernels: the module's docstring; nothing is read back to the host (CUDA-graph capturable)."""
     key = signature(x, w1, w2, topk_weights, topk_ids, out, activation, quant, granularity, w1_scale, w2_scale)
@@ -264,7 +285,8 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
     if quant is None and decodes(tokens, ids, experts):
         steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation)
     else:
-        steps = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant == "fp8")
+        kind = None if quant is None else "block" if granularity == "block" else "fp8"
+        steps = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, kind)
 
     def run(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale):
         positions = torch.empty(ids, dtype=torch.int32, device=x.device)
@@ -280,10 +302,12 @@ def decodes(tokens: int, ids: int, experts: int) -> bool:
     return tokens <= DECODE_TOKENS and ids <= 8 * experts
 
 
-def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bool):
-    """align, gather, the two warp-specialized grouped GEMMs: a function of the call's tensors returning y. fp8: x
-    quantized per token before the gather (its scales gathered with the rows), h quantized per token between the
-    stages, each stage's epilogue scaling by the row's and the weight row's scales."""
+def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant):
+    """align, gather, the two warp-specialized grouped GEMMs: a function of the call's tensors returning y.
+    ``quant`` None (x's dtype), "fp8" (x quantized per token before the gather, its scales gathered with the rows, h
+    quantized per token between the stages, each stage's epilogue scaling by the row's and the weight row's scales)
+    or "block" (x and h quantized per 1 x 128 group, the group scales gathered with the rows; both stages promote
+    each 128-wide K block with its row's group scale and its weight block's scale)."""
     import torch
 
     from flydsl.kernels.device import sm_count
@@ -291,19 +315,27 @@ def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: b
 
     ids = tokens * top_k
     sms = sm_count(x.get_device())
-    cfg = experts_config(ids, experts, fp8)
+    block = quant == "block"
+    cfg = experts_config(ids, experts, quant is not None, block)
     capacity = align_capacity(ids, experts, cfg.block_m)
     dtype = check.torch_dtype(x.dtype)
-    operand = "f8E4M3FN" if fp8 else dtype
+    operand = dtype if quant is None else "f8E4M3FN"
+    blocks1, blocks2 = -(-hidden // BLOCK), -(-inter // BLOCK)  # "block": the K blocks of each stage
 
     def stage(k, rows, n, gate, config):
-        scales = ()
-        if fp8:  # per row of A (its token's), per row of the stacked weights
+        scales, block_scales = (), ()
+        if quant == "fp8":  # per row of A (its token's), per row of the stacked weights
             scales = ((Scale(rows=1), MatrixSpec.dense((capacity,), "f32")),)
             scales += ((Scale(columns=1, experts=True), MatrixSpec.dense((experts * rows,), "f32")),)
+        if block:  # per row of A and K block (M-major, as quantize_fp8 writes them), per block of stacked weights
+            k_blocks = -(-k // BLOCK)
+            block_scales = (MatrixSpec((capacity, k_blocks), (1, capacity), "f32"),)
+            block_scales += (MatrixSpec.dense((experts * rows // BLOCK, k_blocks), "f32"),)
         a, weights = MatrixSpec.dense((capacity, k), operand), MatrixSpec.dense((experts, rows, k), operand)
         out = MatrixSpec.dense((capacity, n), dtype)
-        return plan_grouped(a, weights, out, sms=sms, gate=gate, config=config, scales=scales)
+        return plan_grouped(
+            a, weights, out, sms=sms, gate=gate, config=config, scales=scales, block_scales=block_scales
+        )
 
     stage1 = stage(hidden, 2 * inter, inter, activation, cfg.stage1)
     stage2 = stage(inter, hidden, hidden, None, cfg.stage2)
@@ -313,7 +345,7 @@ def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: b
     def steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale):
         sorted_ids, expert_of_block, padded_count = align_tokens(topk_ids, experts, cfg.block_m)
         groups = (expert_of_block, padded_count)
-        if not fp8:
+        if quant is None:
             rows = x.new_empty((capacity, hidden))
             unread = positions  # (the scales' parameters: not read unscaled)
             gather_kernel(x, sorted_ids, padded_count, rows, positions, unread, unread, top_k, False).launch(
@@ -321,19 +353,24 @@ def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: b
             )
             h = launch_plan(stage1, rows, w1, x.new_empty((capacity, inter)), groups=groups)
             return launch_plan(stage2, h, w2, rows, groups=groups)  # into the gathered rows: stage 1 has read them
-        x8, x_scales = quantize_fp8(x, "token")
+        x8, x_scales = quantize_fp8(x, "group" if block else "token")
         rows = torch.empty((capacity, hidden), dtype=w1.dtype, device=x.device)
-        row_scales = torch.empty(capacity, dtype=torch.float32, device=x.device)
+        if block:
+            row_scales = torch.empty((blocks1, capacity), dtype=torch.float32, device=x.device).t()  # M-major
+        else:
+            row_scales, x_scales = torch.empty(capacity, dtype=torch.float32, device=x.device), x_scales.view(-1)
         words, row_words = x8.view(torch.int32), rows.view(torch.int32)  # (fp8 rows moved as 32-bit words)
-        gather_kernel(
-            words, sorted_ids, padded_count, row_words, positions, x_scales.view(-1), row_scales, top_k, True
-        ).launch(**launch_gather)
-        gate_up_scales = _per_row(w1_scale, 2 * inter)
-        h = launch_plan(
-            stage1, rows, w1, x.new_empty((capacity, inter)), scales=(row_scales, gate_up_scales), groups=groups
+        gather_kernel(words, sorted_ids, padded_count, row_words, positions, x_scales, row_scales, top_k, True).launch(
+            **launch_gather
         )
-        h8, h_scales = quantize_fp8(h, "token")
+        h = x.new_empty((capacity, inter))
         y = x.new_empty((capacity, hidden))
+        if block:
+            launch_plan(stage1, rows, w1, h, scales=(row_scales, w1_scale.view(-1, blocks1)), groups=groups)
+            h8, h_scales = quantize_fp8(h, "group")
+            return launch_plan(stage2, h8, w2, y, scales=(h_scales, w2_scale.view(-1, blocks2)), groups=groups)
+        launch_plan(stage1, rows, w1, h, scales=(row_scales, _per_row(w1_scale, 2 * inter)), groups=groups)
+        h8, h_scales = quantize_fp8(h, "token")
         return launch_plan(stage2, h8, w2, y, scales=(h_scales.view(-1), _per_row(w2_scale, hidden)), groups=groups)
 
     return steps
