@@ -19,7 +19,9 @@ many CTAs, which write fp32 partials that :func:`flydsl.kernels.gemm.split_k_red
 (for shapes with too few weight rows to fill the GPU otherwise).
 
 Prepared fp8 weights (:mod:`~flydsl.kernels.gemm.prepared`: (K / 128, N, 128) panels) are read in the same order,
-the 8 rows of a warp load in one contiguous kilobyte.
+the 8 rows of a warp load in one contiguous kilobyte. fp8 operands (the ``_scaled`` kernels: PTX ISA 8.4) take the
+same loads, 16 values each, as the fragments of m16n8k32 MMAs, with their float32 scales in the epilogue. The grouped
+kernels (a mixture of experts' decode: :func:`skinny_gemm_grouped_kernel`) share the loads, MMAs and K-warp sum.
 
 Weights are read with ``ld.global.nc.L1::no_allocate`` (read once: they should not evict the activations from L1;
 with ``.L2::256B`` prefetches); activations with ``ld.global.nc`` (re-read by every CTA: from L2, or L1). 16-byte
@@ -42,17 +44,19 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.expr.vector import Vector
-from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, apply_epilogue
+from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, Scale, apply_epilogue
 
 __all__ = [
     "MAX_M",
     "SkinnyConfig",
     "SkinnyVariant",
     "GROUPED_BLOCK",
+    "GROUPED_SCALES",
     "Routing",
     "choose_grouped_skinny_config",
     "choose_skinny_config",
     "skinny_gemm_grouped_kernel",
+    "skinny_gemm_grouped_scaled_kernel",
     "skinny_gemm_kernel",
     "skinny_gemm_scaled_kernel",
 ]
@@ -328,6 +332,8 @@ def _warp_total(partial, cfg: SkinnyConfig, row, col):
 # --- grouped: a mixture of experts' decode ----------------------------------------------------------------------------
 
 GROUPED_BLOCK = 16  # the aligned order's row block: one m16n8k16 MMA's rows
+# fp8's scales in the grouped kernel: one per row of A (its token's), one per row of the stacked weights (E * N,)
+GROUPED_SCALES = (Scale(rows=1), Scale(columns=1, experts=True))
 
 
 class Routing(NamedTuple):
@@ -360,18 +366,48 @@ def skinny_gemm_grouped_kernel(
     sentinel reads row 0, its results land in pad rows) or (capacity, K) in the aligned order (``top_k`` 0); ``w``
     the stacked experts' (E * N, K) weights, K contiguous; ``c`` (capacity, N_out). ``variant.epilogue``: none, or a
     ``gate``: the CTA's first half of weight rows are gate rows, the second half the up rows I = N_out further, and
-    C gets ``gate(x @ gate.T) * (x @ up.T)`` (cols = rows / 2). 16-bit operands, 16-byte loads, no split K. Rows by
-    index also note where each (token, slot) pair went, as the gather does: ``positions[sorted_ids[p]] = p`` (int32
-    (T * k,); unread where ``top_k`` is 0)."""
-    epilogue = variant.epilogue
-    if epilogue.scales or epilogue.bias or epilogue.activation or cfg.splits != 1 or not variant.vector_loads:
-        raise ValueError(f"skinny_gemm_grouped_kernel: expected no scales, bias or split K, 16-byte loads: {variant}")
+    C gets ``gate(x @ gate.T) * (x @ up.T)`` (cols = rows / 2). 16-bit operands (fp8:
+    :func:`skinny_gemm_grouped_scaled_kernel`), 16-byte loads, no split K. Rows by index also note where each (token,
+    slot) pair went, as the gather does: ``positions[sorted_ids[p]] = p`` (int32 (T * k,); unread where ``top_k`` is
+    0)."""
+    if variant.epilogue.scales:
+        raise ValueError(f"skinny_gemm_grouped_kernel: expected no scales: {variant}")
     routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
-    _grouped_skinny_gemm(a, w, c, routing, positions, cfg, epilogue.gate)
+    _grouped_skinny_gemm(a, w, c, routing, positions, EpilogueTensors(), cfg, variant)
 
 
-def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, cfg: SkinnyConfig, gate) -> None:
-    """:func:`skinny_gemm_grouped_kernel`'s body."""
+@flyc.kernel(dependent_launch=True, target=flyc.Target("sm_90a", ptx_version=84))  # PTX ISA 8.4: mma.sync on fp8
+def skinny_gemm_grouped_scaled_kernel(
+    a: fx.Tensor,
+    w: fx.Tensor,
+    c: fx.Tensor,
+    sorted_ids: fx.Tensor,
+    expert_of_block: fx.Tensor,
+    padded_count: fx.Tensor,
+    positions: fx.Tensor,
+    a_scale: fx.Tensor,
+    w_scale: fx.Tensor,
+    top_k: fx.Int32,
+    cfg: fx.Constexpr,
+    variant: fx.Constexpr,
+):
+    """:func:`skinny_gemm_grouped_kernel` on fp8 operands (``a`` and ``w`` e4m3, K a multiple of 16) with their float32
+    scales, applied to each half before the gate (a 16-bit ``c``): ``variant.epilogue.scales`` is
+    :data:`GROUPED_SCALES`, ``a_scale`` (a.shape[0],) one per row of ``a``, read as the kernel reads A's rows (by
+    index: the token's; else the aligned position's), ``w_scale`` (E * N,) one per row of the stacked weights (the
+    gate and the up rows each their own; a per-tensor scale is expanded to rows by the caller). One body with the
+    16-bit kernel: each 16-byte load holds 16 fp8 values, fragments of m16n8k32 MMAs."""
+    if variant.epilogue.scales != GROUPED_SCALES:
+        raise ValueError(f"skinny_gemm_grouped_scaled_kernel: expected the scales {GROUPED_SCALES}: {variant}")
+    routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
+    _grouped_skinny_gemm(a, w, c, routing, positions, EpilogueTensors(scales=(a_scale, w_scale)), cfg, variant)
+
+
+def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, tensors, cfg: SkinnyConfig, variant) -> None:
+    """The grouped kernels' body (:func:`skinny_gemm_grouped_kernel`; ``tensors``: the epilogue's scales, if any)."""
+    epilogue, gate = variant.epilogue, variant.epilogue.gate
+    if epilogue.bias or epilogue.activation or cfg.splits != 1 or not variant.vector_loads:
+        raise ValueError(f"grouped skinny kernel: expected no bias, activation or split K, 16-byte loads: {variant}")
     flyc.set_kernel_attributes(threads=cfg.threads)
     nvvm.griddepcontrol_launch_dependents()
     tid = gpu.thread_idx.x
@@ -421,14 +457,22 @@ def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, cfg: SkinnyConfig
             accs = _mmas(_loads(streams, full * step + warp_k, True), accs, cfg, a.dtype)
         partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
         activation = Epilogue(activation=gate) if gated else None
+        scaling = Epilogue(scales=epilogue.scales)  # (GROUPED_SCALES: A's row, then the weight row)
         for rep in fx.range_constexpr(-(-GROUPED_BLOCK * cols // cfg.threads)):
             index = arith.minimum(tid + rep * cfg.threads, GROUPED_BLOCK * cols - 1)
             row, col = index // cols, index % cols
             out_col = n0 + col
             total = _warp_total(partial, cfg, row, col)
+            if fx.const_expr(epilogue.scales):  # the gate (or plain) row, clamped as the loads' rows are
+                a_row = _grouped_row(routing, a, first + row)
+                b_row = base + arith.minimum(out_col, n_out - 1)
+                total = apply_epilogue(total, scaling, tensors, a_row, b_row)
             if fx.const_expr(gated):
                 total = apply_epilogue(total, activation, EpilogueTensors(), row, col)
-                total = total * _warp_total(partial, cfg, row, col + cols)
+                up = _warp_total(partial, cfg, row, col + cols)
+                if fx.const_expr(epilogue.scales):  # the up row: I = N_out rows after its gate row
+                    up = apply_epilogue(up, scaling, tensors, a_row, b_row + n_out)
+                total = total * up
             if (tid + rep * cfg.threads < GROUPED_BLOCK * cols) & (out_col < n_out):
                 c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
 
@@ -442,13 +486,21 @@ def _grouped_row(routing: Routing, a, position):
     return arith.select(routing.top_k > 0, by_index, position)
 
 
-def choose_grouped_skinny_config(k: int, gated: bool) -> SkinnyConfig:
+def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2) -> SkinnyConfig:
     """Short K (at most 1024: a stage 2's intermediate size) in steps of 128 over two columns of 2 warps, 32 weight
     rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default
-    (docs/tuning/moe.md#decode)."""
+    (docs/tuning/moe.md#decode). fp8 (``element_bytes`` 1, ``k`` in fp8 values) takes the same K per step with half
+    the loads (:meth:`SkinnyConfig.k_step`): sm_90 runs fp8 ``mma.sync`` as f16 MMAs on unpacked operands, so the
+    16-bit configurations' loads take 173 registers (8 warps: one CTA per SM) and 136 (4 warps) against 100 and 104
+    in 16-bit; half the loads take 99 and 86 (about twice the CTAs per SM: about as many bytes in flight) and the
+    16-bit kernels' steps (K = 7168: 7 whole steps, not 3.5). Not measured on a GPU yet."""
+    if element_bytes not in (1, 2):
+        raise ValueError(f"choose_grouped_skinny_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
     if k <= 1024 and not gated:
-        return SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2)
-    return SkinnyConfig()
+        cfg = SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2)
+    else:
+        cfg = SkinnyConfig()
+    return cfg if element_bytes == 2 else dataclasses.replace(cfg, unroll=cfg.unroll // 2)
 
 
 @functools.cache
