@@ -57,7 +57,7 @@ float32 scales, (2I + H) x 4) over our time, as ``fraction_of_copy`` = the time 
 (``copy_`` of half of them into as many: bytes read plus written) / ours; ratio_vs_X = X's time / ours (> 1: ours
 faster). The summary: per format the geomean ratios (prefill: T in 1024, 4096, 16384), ``fp8_speedup_over_bf16_ours``
 (geomean over those prefill cases of our bf16 time / our fp8 time, same model and T) and the two stages' TFLOP/s at
-T = 16384 per format; ``block_speed_vs_fp8_ours`` (geomean over the prefill cases of our fp8 time / our block
+T = 16384 per format; ``block_vs_fp8_geomean`` (geomean over the prefill cases of our fp8 time / our block
 time: the cost of the block scales' promotion).
 """
 
@@ -221,7 +221,7 @@ def summarize(results) -> dict:
     return {
         "prefill_geomean_vs_grouped_mm": per_quant("grouped_mm", prefill),
         "fp8_speedup_over_bf16_ours": fp8_speedup,
-        "block_speed_vs_fp8_ours": block_vs_fp8,
+        "block_vs_fp8_geomean": block_vs_fp8,
         "decode_min_fraction_of_copy": min(fractions) if fractions else None,
         "layer_tflops_at_16384": tflops,
         "stage_tflops_at_16384": stages,

@@ -197,7 +197,8 @@ def _fp8_weights(w, granularity):
 @pytest.mark.parametrize(
     "tokens,experts,top_k,hidden,inter",
     [
-        (1, 8, 2, 256, 128),  # one token (fp8 takes the warp-specialized stages at every size)
+        (1, 8, 2, 256, 128),  # one token: the weight-streaming stages
+        (40, 64, 4, 512, 256),  # decode: 160 ids over 64 experts, K tails none
         (300, 8, 2, 256, 512),  # 64-row tiles
         (2000, 8, 2, 512, 384),  # 128-row tiles
         (5000, 8, 2, 256, 400),  # 2-CTA clusters, I not a multiple of the tile
@@ -234,7 +235,8 @@ def test_fused_moe_fp8_matches_the_reference(tokens, experts, top_k, hidden, int
 )
 def test_fused_moe_block_scaled_matches_the_reference(tokens, experts, top_k, hidden, inter):
     """fp8 weights in 128 x 128 blocks and fp8 activations in 1 x 128 groups (x, then h): against the float32 layer
-    of the dequantized weights within the activations' two fp8 roundings; deterministic."""
+    of the dequantized weights within the activations' two fp8 roundings (8e-2 of the largest output: a single
+    token's outputs are few, and the error of one of them is measured against their max); deterministic."""
     x, w1, w2 = _layer(tokens, experts, hidden, inter, seed=tokens + 7)
     w1_8, s1, w1_deq = _fp8_weights(w1, "block")
     w2_8, s2, w2_deq = _fp8_weights(w2, "block")
@@ -245,7 +247,7 @@ def test_fused_moe_block_scaled_matches_the_reference(tokens, experts, top_k, hi
     expected = fused_moe_reference(x, w1_deq, w2_deq, weights, ids)
     scale = expected.abs().max().clamp(min=1e-3)
     assert not out.isnan().any()
-    torch.testing.assert_close(out.float() / scale, expected / scale, rtol=0, atol=6e-2)
+    torch.testing.assert_close(out.float() / scale, expected / scale, rtol=0, atol=8e-2)
     assert torch.equal(fused_moe(x, w1_8, w2_8, weights, ids, **options), out)
 
 
