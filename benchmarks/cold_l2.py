@@ -73,18 +73,36 @@ def _median_ms(before, call, repeats: int) -> float:
     return statistics.median(b.elapsed_time(f) for b, f in zip(starts, ends, strict=True))
 
 
+def host_seconds(fn) -> float:
+    """The host's time to queue one ``fn()`` (the GPU kept busy meanwhile by a long sleep kernel, so no launch waits
+    for a free slot)."""
+    import time
+
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda._sleep(10_000_000)
+    began = time.perf_counter()
+    fn()
+    host = time.perf_counter() - began
+    torch.cuda.synchronize()
+    return host
+
+
 def bench_cold(fn, *, flush: str = "dirty", warmup: float = 25, rep: float = 100, queued: bool = False) -> float:
     """Median milliseconds of ``fn()`` after a flush of the given kind; ``warmup``/``rep`` in milliseconds, as for
-    ``do_bench``. ``queued``: each flush waits behind a ~100 us sleep kernel, so that the host has enqueued the call
-    before the GPU reaches it (the GPU's time, not the host's, for calls whose host side outlasts the flush)."""
+    ``do_bench``. ``queued``: each flush waits behind a sleep kernel longer than the host takes to queue ``fn()``
+    (at least ~100 us; 1.5 x the host's time, measured once, at up to 2 GHz), so that the host has enqueued the call
+    before the GPU reaches it: the GPU's time, not the host's, for calls whose host side outlasts the flush."""
     import torch
 
     flush_l2 = _flusher(flush)
-    if queued:
-        flush_only = flush_l2
-        flush_l2 = lambda: (torch.cuda._sleep(200_000), flush_only())  # noqa: E731
     fn()
     torch.cuda.synchronize()
+    if queued:
+        flush_only = flush_l2
+        sleep_cycles = max(200_000, int(3 * host_seconds(fn) * 2e9) + 20_000)
+        flush_l2 = lambda: (torch.cuda._sleep(sleep_cycles), flush_only())  # noqa: E731
     estimate = _per_call_ms(lambda: (flush_l2(), fn()), 5)  # a flushed call
     for _ in range(max(1, int(warmup / estimate))):
         fn()
@@ -109,8 +127,6 @@ def bench_rotating(calls, *, warmup: float = 25, rep: float = 100) -> float:
     pair of events around each pass; ``warmup``/``rep`` in milliseconds as for :func:`bench_cold`. Each pass waits
     behind a sleep kernel longer than the host takes to queue it, so the GPU runs it without waiting for launches
     (as a queued decode step does)."""
-    import time
-
     import torch
 
     def one_pass():
@@ -118,11 +134,7 @@ def bench_rotating(calls, *, warmup: float = 25, rep: float = 100) -> float:
             call()
 
     one_pass()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(10_000_000)  # the GPU busy while the host's time to queue a pass is measured
-    began = time.perf_counter()
-    one_pass()
-    host_s = time.perf_counter() - began
+    host_s = host_seconds(one_pass)
     estimate = _per_call_ms(one_pass, 3)
     sleep_cycles = int(3 * host_s * 2e9) + 20_000  # >= 1.5 x the host's time at up to 2 GHz
     for _ in range(max(1, int(warmup / estimate))):

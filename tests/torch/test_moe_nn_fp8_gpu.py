@@ -29,8 +29,9 @@ E, K, H = 8, 2, 256
 GRANULARITIES = ("channel", "tensor", "block")
 # of the reference's largest magnitude: x and h rounded to fp8 on the way (per token, or per 1 x 128 group for
 # "block"), as tests/kernels/test_moe_experts_gpu.py's fp8 and block-scaled tests allow (a single token's few outputs
-# measured against their max)
-TOL = {"channel": 6e-2, "tensor": 6e-2, "block": 8e-2}
+# measured against their max; one scale per expert, or per 128 x 128 block, rounds small rows' weights coarser than
+# one per row)
+TOL = {"channel": 6e-2, "tensor": 8e-2, "block": 8e-2}
 
 
 def _generator(seed: int):
