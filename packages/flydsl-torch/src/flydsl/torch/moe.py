@@ -147,8 +147,9 @@ def fused_moe(
     whose id is outside ``[0, E)`` are dropped. ``x`` (T, H) bf16/fp16; ``w1`` (E, 2I, H): each expert's gate rows
     then its up rows; ``w2`` (E, H, I); both contiguous, in x's dtype; ``topk_weights`` (T, k) float32/bf16/fp16,
     ``topk_ids`` (T, k) int32/int64 (e.g. ``topk_route``'s); H and I multiples of 8. ``quant="fp8"``: float8_e4m3fn
-    weights with float32 ``w1_scale`` / ``w2_scale``, ``granularity`` "channel" ((E, 2I), (E, H)) or "tensor" ((E,)
-    each). ``out``: x's shape and dtype. Nothing is read back to the host (CUDA-graph capturable)."""
+    weights with float32 ``w1_scale`` / ``w2_scale``, ``granularity`` "channel" ((E, 2I), (E, H)), "tensor" ((E,)
+    each) or "block" ((E, 2I / 128, H / 128), (E, H / 128, ceil(I / 128)): one per 128 x 128 block, DeepSeek-V3's).
+    ``out``: x's shape and dtype. Nothing is read back to the host (CUDA-graph capturable)."""
     from flydsl.kernels.moe import fused_moe as kernel
 
     # The activations are made contiguous (the kernel's layout); the weights are not copied: the kernel refuses them.
