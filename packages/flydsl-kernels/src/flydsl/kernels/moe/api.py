@@ -41,6 +41,8 @@ __all__ = [
     "ROW_CHUNK",
     "QUANTS",
     "WEIGHT_GRANULARITIES",
+    "check_granularity",
+    "expert_scale_shapes",
 ]
 
 MAX_EXPERTS = 512  # topk_route: at most 16 scores per lane; align_tokens: one thread per expert
@@ -493,7 +495,9 @@ def check_experts_shapes(
     return tokens, hidden, experts, inter, topk_ids.shape[1]
 
 
-def _check_expert_scales(who: str, granularity, w1_scale, w2_scale, experts: int, hidden: int, inter: int) -> None:
+def check_granularity(who: str, granularity, hidden: int, inter: int) -> None:
+    """``granularity`` one of :data:`WEIGHT_GRANULARITIES`; for "block", H and I such that each expert's w1 rows (2I)
+    and w2 rows (H) are whole 128-row blocks."""
     if granularity not in WEIGHT_GRANULARITIES:
         raise ValueError(
             f"{who}: granularity: expected one of {WEIGHT_GRANULARITIES} with quant='fp8', got {granularity!r}"
@@ -503,12 +507,22 @@ def _check_expert_scales(who: str, granularity, w1_scale, w2_scale, experts: int
             f"{who}: granularity 'block': H = {hidden} and I = {inter}; expected H a multiple of {BLOCK} and I of"
             f" {BLOCK // 2} (each expert's w1 and w2 rows in whole {BLOCK}-row blocks)"
         )
-    for name, scale, rows, cols in (("w1_scale", w1_scale, 2 * inter, hidden), ("w2_scale", w2_scale, hidden, inter)):
-        expected = {
-            "channel": (experts, rows),
-            "tensor": (experts,),
-            "block": (experts, rows // BLOCK, -(-cols // BLOCK)),
-        }[granularity]
+
+
+def expert_scale_shapes(granularity: str, experts: int, hidden: int, inter: int) -> tuple[tuple, tuple]:
+    """``(w1_scale's shape, w2_scale's shape)`` for fp8 experts of ``granularity``: per channel (E, 2I) and (E, H),
+    per tensor (E,) each, per 128 x 128 block (E, 2I / 128, H / 128) and (E, H / 128, ceil(I / 128))."""
+    if granularity == "channel":
+        return (experts, 2 * inter), (experts, hidden)
+    if granularity == "tensor":
+        return (experts,), (experts,)
+    return (experts, 2 * inter // BLOCK, -(-hidden // BLOCK)), (experts, hidden // BLOCK, -(-inter // BLOCK))
+
+
+def _check_expert_scales(who: str, granularity, w1_scale, w2_scale, experts: int, hidden: int, inter: int) -> None:
+    check_granularity(who, granularity, hidden, inter)
+    shapes = expert_scale_shapes(granularity, experts, hidden, inter)
+    for name, scale, expected in zip(("w1_scale", "w2_scale"), (w1_scale, w2_scale), shapes, strict=True):
         if scale is None or tuple(scale.shape) != expected or scale.dtype != "f32":
             got = "None" if scale is None else f"{check.dtype_names((scale.dtype,))} {tuple(scale.shape)}"
             raise ValueError(f"{who}: {name}: expected a float32 {expected} tensor ({granularity} scales), got {got}")
