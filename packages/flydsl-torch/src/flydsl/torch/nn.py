@@ -14,6 +14,7 @@ import math
 
 import torch
 from flydsl.kernels.moe.api import BLOCK, WEIGHT_GRANULARITIES
+from flydsl.torch import expert_parallel as _ep
 from flydsl.torch import functional as F
 from flydsl.torch import moe
 from flydsl.torch.ops import DTYPES
@@ -251,6 +252,18 @@ class MoE(torch.nn.Module):
         moe = MoE.from_hf(layer.block_sparse_moe.state_dict(), top_k=2)   # Mixtral: E, H and I from the weights
         y = moe(x)                                                        # x (..., 4096) bf16 on the GPU
         y = moe.quantized("channel")(x)                                   # the same layer on fp8 weights
+
+    ``ep_group`` (a ``torch.distributed`` process group; None: every expert here): expert parallelism. Each of the
+    group's ranks holds ``num_local_experts = E / world`` experts, rank r those from ``expert_offset = r * E /
+    world`` (``w1``, ``w2`` and their scales of E / world experts), the router stays whole; ``forward`` routes this
+    rank's tokens, sends each to the ranks that own its experts, runs the local ones and adds the partial rows that
+    come back (:mod:`flydsl.torch.expert_parallel`: NCCL for CUDA tensors, gloo for CPU ones; every rank of the group
+    must call it, each with its own tokens). The result is the whole layer's within float rounding (the partial sums
+    are rounded to x's dtype on their rank, then added in float32). One device-to-host copy per forward (the count
+    matrix), so no CUDA-graph capture or ``fullgraph`` compile of it. ``MoE.from_hf(..., ep_group=g)`` reads only
+    the local experts' keys; :meth:`sharded` splits a whole layer. ``ep_overlap_tokens``: the exchanges go in two
+    chunks, the second in flight while the first's experts run, where some rank has at least this many tokens
+    (None: never).
     """
 
     def __init__(
@@ -266,6 +279,7 @@ class MoE(torch.nn.Module):
         dtype=None,
         quant: str | None = None,
         granularity: str | None = "channel",
+        ep_group=None,
     ):
         from flydsl.kernels.moe.api import SCORINGS
         from flydsl.kernels.moe.reference import ACTIVATIONS
@@ -286,17 +300,22 @@ class MoE(torch.nn.Module):
         self.hidden_size, self.intermediate_size, self.num_experts = hidden_size, intermediate_size, num_experts
         self.top_k, self.scoring, self.renormalize, self.activation = top_k, scoring, renormalize, activation
         self.quant, self.granularity = quant, None if quant is None else granularity
+        self.ep_group, self.ep_size, self.ep_rank = ep_group, *_ep_world(ep_group)
+        self.num_local_experts = _ep.experts_per_rank(num_experts, self.ep_size)
+        self.expert_offset = self.ep_rank * self.num_local_experts
+        self.ep_overlap_tokens = _ep.OVERLAP_TOKENS
+        local = self.num_local_experts
         factory = dict(device=device, dtype=dtype)
         self.gate = torch.nn.Linear(hidden_size, num_experts, bias=False, **factory)
-        shape1 = (num_experts, 2 * intermediate_size, hidden_size)
-        shape2 = (num_experts, hidden_size, intermediate_size)
+        shape1 = (local, 2 * intermediate_size, hidden_size)
+        shape2 = (local, hidden_size, intermediate_size)
         if quant is None:
             self.w1 = torch.nn.Parameter(torch.empty(shape1, **factory))
             self.w2 = torch.nn.Parameter(torch.empty(shape2, **factory))
             self.register_buffer("w1_scale", None)  # (None: not in a state_dict)
             self.register_buffer("w2_scale", None)
         else:
-            scale1, scale2 = _scale_shapes(granularity, num_experts, hidden_size, intermediate_size)
+            scale1, scale2 = _scale_shapes(granularity, local, hidden_size, intermediate_size)
             self.register_buffer("w1", torch.empty(shape1, device=device, dtype=_FP8))
             self.register_buffer("w2", torch.empty(shape2, device=device, dtype=_FP8))
             self.register_buffer("w1_scale", torch.empty(scale1, device=device, dtype=torch.float32))
@@ -319,7 +338,7 @@ class MoE(torch.nn.Module):
             bound = 1 / math.sqrt(cols) if cols else 0.0
             return torch.empty(rows, cols, device=device).uniform_(-bound, bound)
 
-        for e in range(self.num_experts):
+        for e in range(self.num_local_experts):
             self._store_expert(e, uniform(inter, hidden), uniform(inter, hidden), uniform(hidden, inter))
 
     @classmethod
@@ -335,6 +354,7 @@ class MoE(torch.nn.Module):
         granularity: str | None = None,
         device=None,
         dtype=None,
+        ep_group=None,
     ) -> MoE:
         """A MoE of a Hugging Face block's weights (:meth:`load_hf_state_dict`'s layouts): E and H from
         ``gate.weight``, I from the first expert's gate projection; on the device and in the dtype of
@@ -342,22 +362,25 @@ class MoE(torch.nn.Module):
         ``renormalize`` its ``norm_topk_prob``. fp8 experts (DeepSeek-V3's checkpoints) load as they are, with
         ``quant="fp8"`` and ``granularity="block"``; ``quant="fp8"`` quantizes float experts (``granularity``
         "channel" unless given) where the module is (on the GPU for ``device="cuda"``). Nothing is initialized
-        before the checkpoint is written (``torch.nn.utils.skip_init``)."""
+        before the checkpoint is written (``torch.nn.utils.skip_init``). ``ep_group``: this rank's experts only
+        (their keys alone are read: a rank's ``state_dict`` may hold just those and the router)."""
         gate = _hf_tensor(state_dict, prefix + "gate.weight", None)
         if gate.dim() != 2:
             raise ValueError(
                 f"MoE.from_hf: {prefix}gate.weight: expected a 2-D (num_experts, hidden) tensor, got shape"
                 f" {tuple(gate.shape)}"
             )
-        gate_name = _hf_expert_names(state_dict, prefix)[0]
-        first = _hf_tensor(state_dict, f"{prefix}experts.0.{gate_name}.weight", None)
+        experts, hidden = gate.shape
+        world, rank = _ep_world(ep_group)
+        offset = rank * _ep.experts_per_rank(experts, world)  # the first local expert
+        gate_name = _hf_expert_names(state_dict, prefix, offset)[0]
+        first = _hf_tensor(state_dict, f"{prefix}experts.{offset}.{gate_name}.weight", None)
         if first.dtype == _FP8:  # DeepSeek-V3's 128 x 128 block scales
             quant, granularity = quant or "fp8", granularity or "block"
-        experts, hidden = gate.shape
         module = torch.nn.utils.skip_init(
             cls, hidden, first.shape[0], experts, top_k, scoring, renormalize,
             device=gate.device if device is None else device, dtype=gate.dtype if dtype is None else dtype,
-            quant=quant, granularity=granularity or "channel",
+            quant=quant, granularity=granularity or "channel", ep_group=ep_group,
         )  # fmt: skip
         module.load_hf_state_dict(state_dict, prefix)
         return module
@@ -373,17 +396,19 @@ class MoE(torch.nn.Module):
         float32 (ceil(N / 128), ceil(K / 128)): the block scales it is multiplied by, despite the name) are copied
         as they are into a ``quant="fp8"``, ``granularity="block"`` module, the up's scale rows after the gate's
         (I a multiple of 128, so that neither's blocks straddle the other's). Every key is checked (present, of its
-        shape and dtype) before anything is written; other keys (a shared expert, its gate) are not read."""
+        shape and dtype) before anything is written; other keys (a shared expert, its gate) are not read. With an
+        ``ep_group`` the local experts' keys only (``experts.{expert_offset + e}.``)."""
         experts, hidden, inter = self.num_experts, self.hidden_size, self.intermediate_size
-        names = _hf_expert_names(state_dict, prefix)
+        offset = self.expert_offset
+        names = _hf_expert_names(state_dict, prefix, offset)
         router = _hf_tensor(state_dict, prefix + "gate.weight", (experts, hidden))
-        first = f"{prefix}experts.0.{names[0]}.weight"
+        first = f"{prefix}experts.{offset}.{names[0]}.weight"
         fp8 = state_dict[first].dtype == _FP8
         if fp8:
             self._check_fp8_checkpoint(first)
         shapes = ((inter, hidden), (inter, hidden), (hidden, inter))
         projections = []
-        for e in range(experts):
+        for e in range(offset, offset + self.num_local_experts):
             base = f"{prefix}experts.{e}."
             weights = [_hf_tensor(state_dict, f"{base}{n}.weight", s, fp8) for n, s in zip(names, shapes, strict=True)]
             if fp8:
@@ -436,12 +461,33 @@ class MoE(torch.nn.Module):
         layer = torch.nn.utils.skip_init(
             type(self), self.hidden_size, self.intermediate_size, self.num_experts, self.top_k, self.scoring,
             self.renormalize, self.activation, device=self.w1.device, dtype=self.gate.weight.dtype, quant="fp8",
-            granularity=granularity,
+            granularity=granularity, ep_group=self.ep_group,
         )  # fmt: skip
         layer.gate.weight.copy_(self.gate.weight)
+        layer.ep_overlap_tokens = self.ep_overlap_tokens
         inter = self.intermediate_size
-        for e in range(self.num_experts):
+        for e in range(self.num_local_experts):
             layer._store_expert(e, self.w1[e, :inter], self.w1[e, inter:], self.w2[e])
+        return layer
+
+    @torch.no_grad()
+    def sharded(self, ep_group) -> MoE:
+        """This whole layer split over ``ep_group`` (a new module: the router and this rank's experts, weights and
+        scales copied; this one is left as it is), to check an expert-parallel layer against the whole one or to
+        split a layer built on one device."""
+        if self.ep_group is not None:
+            raise ValueError(f"MoE.sharded: the layer is already split over a group of {self.ep_size} ranks")
+        layer = torch.nn.utils.skip_init(
+            type(self), self.hidden_size, self.intermediate_size, self.num_experts, self.top_k, self.scoring,
+            self.renormalize, self.activation, device=self.w1.device, dtype=self.gate.weight.dtype, quant=self.quant,
+            granularity=self.granularity, ep_group=ep_group,
+        )  # fmt: skip
+        layer.gate.weight.copy_(self.gate.weight)
+        layer.ep_overlap_tokens = self.ep_overlap_tokens
+        mine = slice(layer.expert_offset, layer.expert_offset + layer.num_local_experts)
+        for name in ("w1", "w2", "w1_scale", "w2_scale"):
+            if getattr(self, name) is not None:
+                getattr(layer, name).copy_(getattr(self, name)[mine])
         return layer
 
     def _store_expert(self, e: int, gate: Tensor, up: Tensor, down: Tensor) -> None:
@@ -459,6 +505,9 @@ class MoE(torch.nn.Module):
 
     def extra_repr(self) -> str:
         quant = "" if self.quant is None else f", quant={self.quant}, granularity={self.granularity}"
+        if self.ep_group is not None:
+            last = self.expert_offset + self.num_local_experts
+            quant += f", ep rank {self.ep_rank} of {self.ep_size}: experts [{self.expert_offset}, {last})"
         return (
             f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size},"
             f" num_experts={self.num_experts}, top_k={self.top_k}, scoring={self.scoring},"
@@ -469,6 +518,8 @@ class MoE(torch.nn.Module):
         if x.shape[-1] != self.hidden_size:
             raise ValueError(f"MoE: x: expected a last dim of {self.hidden_size}, got shape {tuple(x.shape)}")
         rows = x.reshape(-1, self.hidden_size)
+        if self.ep_group is not None:
+            return self._forward_expert_parallel(x, rows)
         logits = self.gate(rows.to(self.gate.weight.dtype))
         if x.is_cuda and x.dtype in _MOE_DTYPES:
             # FlyOp.call: the ops without the dispatcher where nothing traces them (flydsl.torch._registry.eager)
@@ -487,6 +538,50 @@ class MoE(torch.nn.Module):
             weights, ids = topk_route_reference(logits, self.top_k, scoring=self.scoring, renormalize=self.renormalize)
             out = fused_moe_reference(rows, w1, w2, weights, ids, activation=self.activation).to(x.dtype)
         return out.view(x.shape)
+
+    def _forward_expert_parallel(self, x: Tensor, rows: Tensor) -> Tensor:
+        """``forward`` over ``ep_group``: the routing here, the experts where they live
+        (:func:`flydsl.torch.expert_parallel.expert_parallel_moe`), the same kernels or references as ``forward``."""
+        logits = self.gate(rows.to(self.gate.weight.dtype))
+        if x.is_cuda and x.dtype in _MOE_DTYPES:
+            weights, ids = moe.topk_route.call(logits, self.top_k, self.scoring, self.renormalize, None, None, None)
+
+            def experts(received: Tensor, slot_weights: Tensor, local_ids: Tensor) -> Tensor:
+                return moe.fused_moe.call(
+                    received, self.w1, self.w2, slot_weights, local_ids, self.activation, self.quant,
+                    self.granularity, self.w1_scale, self.w2_scale,
+                )  # fmt: skip
+
+            partial_dtype = x.dtype
+        else:
+            from flydsl.kernels.moe.reference import dequantize_experts, fused_moe_reference, topk_route_reference
+
+            w1, w2 = self.w1, self.w2
+            if self.quant is not None:
+                w1 = dequantize_experts(w1, self.w1_scale, self.granularity)
+                w2 = dequantize_experts(w2, self.w2_scale, self.granularity)
+            weights, ids = topk_route_reference(logits, self.top_k, scoring=self.scoring, renormalize=self.renormalize)
+
+            def experts(received: Tensor, slot_weights: Tensor, local_ids: Tensor) -> Tensor:
+                return fused_moe_reference(received, w1, w2, slot_weights, local_ids, activation=self.activation)
+
+            partial_dtype = torch.float32
+        out = _ep.expert_parallel_moe(
+            rows.contiguous(), weights, ids, experts, per_rank=self.num_local_experts, group=self.ep_group,
+            partial_dtype=partial_dtype, overlap_tokens=self.ep_overlap_tokens,
+        )  # fmt: skip
+        return out.to(x.dtype).view(x.shape)
+
+
+def _ep_world(group) -> tuple[int, int]:
+    """(world, rank) of an expert-parallel ``group``; (1, 0) for None (every expert on this rank)."""
+    if group is None:
+        return 1, 0
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise ValueError("MoE: ep_group: torch.distributed is not initialized (init_process_group first)")
+    return dist.get_world_size(group), dist.get_rank(group)
 
 
 def _check_granularity(granularity, hidden: int, inter: int) -> None:
@@ -543,12 +638,13 @@ def _quantize_into(w: Tensor, granularity: str, out: Tensor, scale: Tensor) -> N
     slot.copy_(scales.view(slot.shape))
 
 
-def _hf_expert_names(state_dict, prefix: str) -> tuple[str, str, str]:
-    """The (gate, up, down) projection names of the checkpoint's experts, from expert 0's keys."""
+def _hf_expert_names(state_dict, prefix: str, expert: int = 0) -> tuple[str, str, str]:
+    """The (gate, up, down) projection names of the checkpoint's experts, from ``expert``'s keys (an
+    expert-parallel rank's first)."""
     for names in _HF_EXPERT_NAMES:
-        if f"{prefix}experts.0.{names[0]}.weight" in state_dict:
+        if f"{prefix}experts.{expert}.{names[0]}.weight" in state_dict:
             return names
-    tried = " nor ".join(f"{prefix}experts.0.{names[0]}.weight" for names in _HF_EXPERT_NAMES)
+    tried = " nor ".join(f"{prefix}experts.{expert}.{names[0]}.weight" for names in _HF_EXPERT_NAMES)
     raise KeyError(
         f"MoE: found neither {tried} (the first expert's gate projection, Qwen-MoE/DeepSeek's or Mixtral's naming)"
     )
