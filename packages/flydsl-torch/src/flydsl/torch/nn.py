@@ -539,9 +539,11 @@ class MoE(torch.nn.Module):
             out = fused_moe_reference(rows, w1, w2, weights, ids, activation=self.activation).to(x.dtype)
         return out.view(x.shape)
 
-    def _forward_expert_parallel(self, x: Tensor, rows: Tensor) -> Tensor:
+    def _forward_expert_parallel(self, x: Tensor, rows: Tensor, mark=None) -> Tensor:
         """``forward`` over ``ep_group``: the routing here, the experts where they live
-        (:func:`flydsl.torch.expert_parallel.expert_parallel_moe`), the same kernels or references as ``forward``."""
+        (:func:`flydsl.torch.expert_parallel.expert_parallel_moe`), the same kernels or references as ``forward``.
+        ``mark(name)`` where given: called after the routing ("route") and at expert_parallel_moe's phases (the
+        benchmark's CUDA events)."""
         logits = self.gate(rows.to(self.gate.weight.dtype))
         if x.is_cuda and x.dtype in _MOE_DTYPES:
             weights, ids = moe.topk_route.call(logits, self.top_k, self.scoring, self.renormalize, None, None, None)
@@ -566,9 +568,11 @@ class MoE(torch.nn.Module):
                 return fused_moe_reference(received, w1, w2, slot_weights, local_ids, activation=self.activation)
 
             partial_dtype = torch.float32
+        if mark is not None:
+            mark("route")
         out = _ep.expert_parallel_moe(
             rows.contiguous(), weights, ids, experts, per_rank=self.num_local_experts, group=self.ep_group,
-            partial_dtype=partial_dtype, overlap_tokens=self.ep_overlap_tokens,
+            partial_dtype=partial_dtype, overlap_tokens=self.ep_overlap_tokens, mark=mark,
         )  # fmt: skip
         return out.to(x.dtype).view(x.shape)
 
