@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
-from flydsl.kernels.moe.api import BLOCK, WEIGHT_GRANULARITIES
+from flydsl.kernels.moe.api import BLOCK, check_granularity, expert_scale_shapes
 from flydsl.torch import expert_parallel as _ep
 from flydsl.torch import functional as F
 from flydsl.torch import moe
@@ -296,7 +296,7 @@ class MoE(torch.nn.Module):
         if quant is None and granularity not in (None, "channel"):
             raise ValueError(f"MoE: granularity: goes with quant='fp8', got {granularity!r} with quant=None")
         if quant is not None:
-            _check_granularity(granularity, hidden_size, intermediate_size)
+            check_granularity("MoE", granularity, hidden_size, intermediate_size)
         self.hidden_size, self.intermediate_size, self.num_experts = hidden_size, intermediate_size, num_experts
         self.top_k, self.scoring, self.renormalize, self.activation = top_k, scoring, renormalize, activation
         self.quant, self.granularity = quant, None if quant is None else granularity
@@ -315,7 +315,7 @@ class MoE(torch.nn.Module):
             self.register_buffer("w1_scale", None)  # (None: not in a state_dict)
             self.register_buffer("w2_scale", None)
         else:
-            scale1, scale2 = _scale_shapes(granularity, local, hidden_size, intermediate_size)
+            scale1, scale2 = expert_scale_shapes(granularity, local, hidden_size, intermediate_size)
             self.register_buffer("w1", torch.empty(shape1, device=device, dtype=_FP8))
             self.register_buffer("w2", torch.empty(shape2, device=device, dtype=_FP8))
             self.register_buffer("w1_scale", torch.empty(scale1, device=device, dtype=torch.float32))
@@ -586,28 +586,6 @@ def _ep_world(group) -> tuple[int, int]:
     if not dist.is_initialized():
         raise ValueError("MoE: ep_group: torch.distributed is not initialized (init_process_group first)")
     return dist.get_world_size(group), dist.get_rank(group)
-
-
-def _check_granularity(granularity, hidden: int, inter: int) -> None:
-    """``granularity`` one of fused_moe's, the sizes whole blocks for "block" (the scales' shapes depend on it)."""
-    if granularity not in WEIGHT_GRANULARITIES:
-        raise ValueError(
-            f"MoE: granularity: expected one of {WEIGHT_GRANULARITIES} with quant='fp8', got {granularity!r}"
-        )
-    if granularity == "block" and (hidden % BLOCK or inter % (BLOCK // 2)):
-        raise ValueError(
-            f"MoE: granularity 'block': expected hidden_size a multiple of {BLOCK} and intermediate_size one of"
-            f" {BLOCK // 2} (w1's 2I rows and w2's H rows in whole {BLOCK}-row blocks), got {hidden} and {inter}"
-        )
-
-
-def _scale_shapes(granularity: str, experts: int, hidden: int, inter: int) -> tuple[tuple, tuple]:
-    """``w1_scale``'s and ``w2_scale``'s shapes (fused_moe's)."""
-    if granularity == "channel":
-        return (experts, 2 * inter), (experts, hidden)
-    if granularity == "tensor":
-        return (experts,), (experts,)
-    return (experts, 2 * inter // BLOCK, -(-hidden // BLOCK)), (experts, hidden // BLOCK, -(-inter // BLOCK))
 
 
 def _quantize_into(w: Tensor, granularity: str, out: Tensor, scale: Tensor) -> None:
