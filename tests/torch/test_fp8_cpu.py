@@ -150,3 +150,15 @@ def test_fake_blockscale_gemm_gives_the_output_and_names_the_scales():
         assert out.shape == (8, 200) and out.dtype == torch.float32
         with pytest.raises(ValueError, match=r"flydsl.blockscale_gemm: b_scales: expected shape \(2, 3\)"):
             torch.ops.flydsl.blockscale_gemm(a, b, a_scales, torch.empty(3, 3, device="cuda"), None, None, None)
+
+
+def test_casts_keep_the_fp8_weight():
+    """``Fp8Linear.to(dtype)`` casts the bias only: the e4m3 weight and its float32 scale keep their dtypes and bits."""
+    layer = Fp8Linear(256, 128)
+    weight, scale = layer.weight.clone(), layer.weight_scale.clone()
+    layer.to(torch.float16)
+    assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.dtype == torch.float32
+    assert torch.equal(layer.weight.view(torch.uint8), weight.view(torch.uint8)) and torch.equal(
+        layer.weight_scale, scale
+    )
+    assert layer.bias.dtype == torch.float16

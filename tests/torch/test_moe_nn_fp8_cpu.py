@@ -362,3 +362,19 @@ def test_float_checkpoint_with_an_fp8_expert_is_refused():
     state["experts.2.down_proj.weight"] = state["experts.2.down_proj.weight"].to(FP8)
     with pytest.raises(ValueError, match="MoE: experts.2.down_proj.weight: expected a float tensor that is not fp8"):
         ft.nn.MoE.from_hf(state, top_k=K, quant="fp8")
+
+
+@pytest.mark.parametrize("cast", [lambda m: m.to(torch.bfloat16), lambda m: m.half(), lambda m: m.float()])
+def test_casts_keep_the_fp8_experts(cast):
+    """``.to(dtype)`` and friends cast the router only: e4m3 weights and float32 scales keep their dtypes and bits
+    (torch would cast every floating buffer, fp8 included); a bf16 layer's weights are cast as before."""
+    moe = ft.nn.MoE(H, INTER, E, K, quant="fp8", granularity="block")
+    before = {name: t.clone() for name, t in moe.state_dict().items() if name != "gate.weight"}
+    assert cast(moe) is moe
+    assert moe.w1.dtype == moe.w2.dtype == torch.float8_e4m3fn
+    assert moe.w1_scale.dtype == moe.w2_scale.dtype == torch.float32
+    for name, t in before.items():
+        assert torch.equal(moe.state_dict()[name].view(torch.uint8), t.view(torch.uint8)), name
+    assert moe.gate.weight.dtype != torch.float8_e4m3fn
+    plain = cast(ft.nn.MoE(H, INTER, E, K))
+    assert plain.w1.dtype == plain.gate.weight.dtype and isinstance(plain.w1, torch.nn.Parameter)

@@ -12,6 +12,7 @@ import torch
 from flydsl.kernels.moe.api import BLOCK, check_granularity, expert_scale_shapes
 from flydsl.torch import expert_parallel as _ep
 from flydsl.torch import moe
+from flydsl.torch._fixed_dtypes import FixedDtypeBuffers
 from flydsl.torch.ops import DTYPES
 from torch import Tensor
 
@@ -31,7 +32,7 @@ _FP8_DTYPES = tuple(
 _QUANTIZER = {"channel": "token", "tensor": "tensor", "block": "block"}
 
 
-class MoE(torch.nn.Module):
+class MoE(FixedDtypeBuffers):
     """A mixture-of-experts block for inference: the router ``gate`` (``nn.Linear(hidden_size, num_experts,
     bias=False)``: ``gate.weight`` as in Hugging Face's Mixtral and Qwen3-MoE) and the experts' weights stacked,
     ``w1`` (E, 2I, H) (each expert's gate rows, then its up rows) and ``w2`` (E, H, I). ``forward(x)``, x (..., H):
@@ -50,7 +51,8 @@ class MoE(torch.nn.Module):
     (E, H / 128, ceil(I / 128)) (H a multiple of 128, I of 64: DeepSeek-V3's recipe). A ``state_dict`` holds them,
     the router keeps ``dtype``; off the GPU the references run on the dequantized weights. :meth:`quantized` makes
     one of a bf16 layer; :meth:`from_hf` loads DeepSeek-V3's fp8 experts as they are, or quantizes float ones.
-    ``.to(dtype)`` would cast these buffers too (torch casts every floating buffer): convert ``gate`` alone.
+    ``.to(dtype)`` (and ``.half()``, ...) casts the router only: the fp8 weights and their float32 scales keep their
+    dtypes (device moves apply to them).
 
         moe = MoE.from_hf(layer.block_sparse_moe.state_dict(), top_k=2)   # Mixtral: E, H and I from the weights
         y = moe(x)                                                        # x (..., 4096) bf16 on the GPU
@@ -68,6 +70,8 @@ class MoE(torch.nn.Module):
     chunks, the second in flight while the first's experts run, where some rank has at least this many tokens
     (None: never).
     """
+
+    fixed_dtype_buffers = ("w1", "w2", "w1_scale", "w2_scale")  # (fp8 layers: buffers; bf16: Parameters)
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from flydsl.torch import functional as F
+from flydsl.torch._fixed_dtypes import FixedDtypeBuffers
 from flydsl.torch.moe_layer import MoE
 from flydsl.torch.ops import DTYPES
 from torch import Tensor
@@ -51,7 +52,7 @@ class RMSNorm(torch.nn.RMSNorm):
         return F.fused_add_rms_norm(input, residual, self.normalized_shape, self.weight, self.eps)
 
 
-class Fp8Linear(torch.nn.Module):
+class Fp8Linear(FixedDtypeBuffers):
     """An ``nn.Linear`` for inference on fp8: ``y = x @ W.t() + bias`` with W quantized to e4m3 once, per output
     channel (``weight``: the (out, in) float8_e4m3fn matrix; with ``prepared=True`` laid out once as the
     (ceil(in / 128), out, 128) K panels of ``flydsl.kernels.gemm.prepare_weight``: no faster overall on the H200,
@@ -67,7 +68,11 @@ class Fp8Linear(torch.nn.Module):
 
         layer = Fp8Linear.from_linear(torch.nn.Linear(4096, 14336, device="cuda", dtype=torch.bfloat16))
         y = layer(x)                      # x (..., 4096) bf16 -> y (..., 14336) bf16
+
+    ``.to(dtype)`` casts the bias only: ``weight`` and ``weight_scale`` keep their dtypes.
     """
+
+    fixed_dtype_buffers = ("weight", "weight_scale")
 
     def __init__(
         self,
