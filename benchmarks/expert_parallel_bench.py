@@ -370,23 +370,10 @@ def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
 
-    gpu = torch.cuda.is_available() and not args.cpu
-    if "RANK" not in os.environ:  # plain python: a world of one
-        import socket
+    from flydsl.torch.expert_parallel import init_process_group
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        alone = dict(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    else:
-        alone = {}
-    if gpu:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, **alone)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", **alone)
+    device = init_process_group(args.cpu)
+    gpu = device.type == "cuda"
     dtype = torch.bfloat16 if gpu else torch.float32
     rank, world = dist.get_rank(), dist.get_world_size()
     results = []

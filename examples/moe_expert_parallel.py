@@ -28,8 +28,6 @@ it on the CPU with a world of one and of two.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import sys
 
 TOLERANCES = {"cuda": 2e-2, "cpu": 1e-5}  # max |split - whole| / max |whole|: bf16 partial sums; float32
@@ -46,29 +44,6 @@ def parse_args(argv):
     )
     parser.add_argument("--cpu", action="store_true", help="gloo on the CPU even where there are GPUs")
     return parser.parse_args(argv)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _init(cpu: bool):
-    """The process group: torchrun's environment, else a world of one on this machine."""
-    import torch
-    import torch.distributed as dist
-
-    # torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; plain python: a world of one on a free port
-    alone = {} if "RANK" in os.environ else dict(init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    if torch.cuda.is_available() and not cpu:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, **alone)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", **alone)
-    return device
 
 
 def run(args, device) -> int:
@@ -128,7 +103,9 @@ def main(argv=None) -> int:
         return 2
     import torch.distributed as dist
 
-    device = _init(args.cpu)
+    from flydsl.torch.expert_parallel import init_process_group
+
+    device = init_process_group(args.cpu)
     try:
         if args.experts % dist.get_world_size():
             if dist.get_rank() == 0:

@@ -25,6 +25,8 @@ but the count matrix's copy (the send layout is built by scatters from the count
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -48,6 +50,7 @@ __all__ = [
     "combine_chunk",
     "exchange_counts",
     "expert_parallel_moe",
+    "init_process_group",
 ]
 
 CHUNKS = 2  # a chunked forward's exchanges: the tokens in two halves, the second in flight while the first computes
@@ -266,3 +269,24 @@ def expert_parallel_moe(
         combine_chunk(out, plan.index[sent[c] : sent[c + 1]], back, split.send[c])
         mark("combine")
     return out
+
+
+def init_process_group(cpu: bool = False) -> torch.device:
+    """The default process group of an expert-parallel script, and this rank's device: under ``torchrun`` (RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) its ranks, else a world of one on a free local port; NCCL on the GPU of
+    ``LOCAL_RANK``, or gloo on the CPU (``cpu``, or no GPU)."""
+    import torch.distributed as dist
+
+    alone = {}
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        alone = dict(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    if torch.cuda.is_available() and not cpu:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device, **alone)
+        return device
+    dist.init_process_group("gloo", **alone)
+    return torch.device("cpu")
