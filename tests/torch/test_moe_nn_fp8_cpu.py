@@ -320,7 +320,7 @@ def test_state_dict_of_another_granularity_is_refused():
 def test_fp8_checkpoint_errors_name_the_key_and_write_nothing():
     prefix = "mlp."
     state = _deepseek(prefix=prefix)
-    moe = ft.nn.MoE(H, INTER, E, K, quant="fp8", granularity="block")
+    moe = ft.nn.MoE(H, INTER, E, K, quant="fp8", granularity="block", correction_bias=True)  # (the router's bias)
     before = {key: value.clone() for key, value in moe.state_dict().items()}
 
     def refused(error, match, checkpoint, module=moe):
@@ -338,7 +338,8 @@ def test_fp8_checkpoint_errors_name_the_key_and_write_nothing():
     refused(
         ValueError, r"weight_scale_inv: expected a float tensor that is not fp8, got torch.float8_e4m3fn", fp8_scales
     )
-    for module in (ft.nn.MoE(H, INTER, E, K), ft.nn.MoE(H, INTER, E, K, quant="fp8", granularity="channel")):
+    plain = ft.nn.MoE(H, INTER, E, K, correction_bias=True)
+    for module in (plain, ft.nn.MoE(H, INTER, E, K, quant="fp8", granularity="channel", correction_bias=True)):
         match = r"MoE: mlp.experts.0.gate_proj.weight: the checkpoint's experts are float8_e4m3fn with 128 x 128"
         refused(ValueError, match + r".*expected a MoE of quant='fp8', granularity='block'", state, module)
     with pytest.raises(ValueError, match=r"granularity='block'.*got quant='fp8', granularity='tensor'"):

@@ -30,6 +30,14 @@ _FP8_DTYPES = tuple(
 )
 # quantize_fp8's granularity for fused_moe's, on one expert's (N, K) weight: per output row, whole, per block
 _QUANTIZER = {"channel": "token", "tensor": "tensor", "block": "block"}
+_CORRECTION_BIAS = "gate.e_score_correction_bias"  # DeepSeek-V3's router: a float32 (E,) bias for the choice
+
+
+class _Router(FixedDtypeBuffers, torch.nn.Linear):
+    """The router: an ``nn.Linear`` whose DeepSeek-V3 correction bias (a buffer, where the layer has one) stays
+    float32 under ``.to(dtype)`` (``topk_route`` takes it so, and a rounded bias would change which experts win)."""
+
+    fixed_dtype_buffers = ("e_score_correction_bias",)
 
 
 class MoE(FixedDtypeBuffers):
@@ -44,6 +52,11 @@ class MoE(FixedDtypeBuffers):
     references of :mod:`flydsl.kernels.moe.reference`, so that a model keeps working off the GPU. No gradients (the
     ops record none): run it under ``torch.no_grad()`` or ``torch.inference_mode()``. Works under
     ``torch.compile(fullgraph=True)`` and CUDA-graph capture.
+
+    DeepSeek-V3's router (``topk_route``'s options): ``correction_bias=True`` gives ``gate`` a float32 (E,) buffer
+    ``e_score_correction_bias`` (its checkpoint key) added to the scores to choose the experts, not to their weights;
+    ``num_groups`` / ``top_groups``: the experts in groups, only the ``top_groups`` best groups (by the sum of their
+    two best scores) chosen from; ``routed_scaling_factor``: the weights' factor (after renormalizing).
 
     ``quant="fp8"``: ``w1`` and ``w2`` are float8_e4m3fn buffers (inference only: not Parameters) with float32
     buffers ``w1_scale`` / ``w2_scale`` of ``granularity``'s shape (``fused_moe``'s): "channel" (E, 2I) and (E, H),
@@ -87,8 +100,13 @@ class MoE(FixedDtypeBuffers):
         quant: str | None = None,
         granularity: str | None = "channel",
         ep_group=None,
+        *,
+        num_groups: int | None = None,
+        top_groups: int | None = None,
+        correction_bias: bool = False,
+        routed_scaling_factor: float = 1.0,
     ):
-        from flydsl.kernels.moe.api import SCORINGS
+        from flydsl.kernels.moe.api import SCORINGS, check_route_shapes
         from flydsl.kernels.moe.reference import ACTIVATIONS
 
         super().__init__()
@@ -104,6 +122,14 @@ class MoE(FixedDtypeBuffers):
             raise ValueError(f"MoE: granularity: goes with quant='fp8', got {granularity!r} with quant=None")
         if quant is not None:
             check_granularity("MoE", granularity, hidden_size, intermediate_size)
+        check_route_shapes(  # the grouped top-k's rules (topk_route's), on a stand-in of the router's logits
+            "MoE", moe._meta(torch.empty(1, num_experts, device="meta")), top_k, scoring, renormalize, None,
+            num_groups, top_groups,
+        )  # fmt: skip
+        if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)):
+            raise TypeError(f"MoE: routed_scaling_factor: expected a number, got {routed_scaling_factor!r}")
+        self.num_groups, self.top_groups = num_groups, top_groups
+        self.routed_scaling_factor = float(routed_scaling_factor)
         self.hidden_size, self.intermediate_size, self.num_experts = hidden_size, intermediate_size, num_experts
         self.top_k, self.scoring, self.renormalize, self.activation = top_k, scoring, renormalize, activation
         self.quant, self.granularity = quant, None if quant is None else granularity
@@ -113,7 +139,9 @@ class MoE(FixedDtypeBuffers):
         self.ep_overlap_tokens = _ep.OVERLAP_TOKENS
         local = self.num_local_experts
         factory = dict(device=device, dtype=dtype)
-        self.gate = torch.nn.Linear(hidden_size, num_experts, bias=False, **factory)
+        self.gate = _Router(hidden_size, num_experts, bias=False, **factory)
+        if correction_bias:  # DeepSeek-V3's: added to the scores to choose the experts, not to their weights
+            self.gate.register_buffer("e_score_correction_bias", torch.zeros(num_experts, device=device))
         shape1 = (local, 2 * intermediate_size, hidden_size)
         shape2 = (local, hidden_size, intermediate_size)
         if quant is None:
@@ -162,6 +190,9 @@ class MoE(FixedDtypeBuffers):
         device=None,
         dtype=None,
         ep_group=None,
+        num_groups: int | None = None,
+        top_groups: int | None = None,
+        routed_scaling_factor: float = 1.0,
     ) -> MoE:
         """A MoE of a Hugging Face block's weights (:meth:`load_hf_state_dict`'s layouts): E and H from
         ``gate.weight``, I from the first expert's gate projection; on the device and in the dtype of
@@ -170,7 +201,10 @@ class MoE(FixedDtypeBuffers):
         ``quant="fp8"`` and ``granularity="block"``; ``quant="fp8"`` quantizes float experts (``granularity``
         "channel" unless given) where the module is (on the GPU for ``device="cuda"``). Nothing is initialized
         before the checkpoint is written (``torch.nn.utils.skip_init``). ``ep_group``: this rank's experts only
-        (their keys alone are read: a rank's ``state_dict`` may hold just those and the router)."""
+        (their keys alone are read: a rank's ``state_dict`` may hold just those and the router). DeepSeek-V3 (its
+        config's values): ``top_k=8, scoring="sigmoid", num_groups=8`` (``n_group``), ``top_groups=4``
+        (``topk_group``), ``routed_scaling_factor=2.5``; its router's ``gate.e_score_correction_bias`` is loaded where
+        the checkpoint has one."""
         gate = _hf_tensor(state_dict, prefix + "gate.weight", None)
         if gate.dim() != 2:
             raise ValueError(
@@ -187,7 +221,9 @@ class MoE(FixedDtypeBuffers):
         module = torch.nn.utils.skip_init(
             cls, hidden, first.shape[0], experts, top_k, scoring, renormalize,
             device=gate.device if device is None else device, dtype=gate.dtype if dtype is None else dtype,
-            quant=quant, granularity=granularity or "channel", ep_group=ep_group,
+            quant=quant, granularity=granularity or "channel", ep_group=ep_group, num_groups=num_groups,
+            top_groups=top_groups, routed_scaling_factor=routed_scaling_factor,
+            correction_bias=prefix + _CORRECTION_BIAS in state_dict,
         )  # fmt: skip
         module.load_hf_state_dict(state_dict, prefix)
         return module
@@ -209,6 +245,14 @@ class MoE(FixedDtypeBuffers):
         offset = self.expert_offset
         names = _hf_expert_names(state_dict, prefix, offset)
         router = _hf_tensor(state_dict, prefix + "gate.weight", (experts, hidden))
+        correction = None
+        if hasattr(self.gate, "e_score_correction_bias") or prefix + _CORRECTION_BIAS in state_dict:
+            if not hasattr(self.gate, "e_score_correction_bias"):
+                raise ValueError(
+                    f"MoE: {prefix}{_CORRECTION_BIAS}: the checkpoint's router has a correction bias (DeepSeek-V3's);"
+                    " expected a MoE built with correction_bias=True (MoE.from_hf builds one)"
+                )
+            correction = _hf_tensor(state_dict, prefix + _CORRECTION_BIAS, (experts,), False)
         first = f"{prefix}experts.{offset}.{names[0]}.weight"
         fp8 = state_dict[first].dtype == _FP8
         if fp8:
@@ -226,6 +270,8 @@ class MoE(FixedDtypeBuffers):
                 ]
             projections.append(weights)
         self.gate.weight.copy_(router)
+        if correction is not None:
+            self.gate.e_score_correction_bias.copy_(correction)
         for e, weights in enumerate(projections):
             if not fp8:
                 self._store_expert(e, *weights)
@@ -268,10 +314,9 @@ class MoE(FixedDtypeBuffers):
         layer = torch.nn.utils.skip_init(
             type(self), self.hidden_size, self.intermediate_size, self.num_experts, self.top_k, self.scoring,
             self.renormalize, self.activation, device=self.w1.device, dtype=self.gate.weight.dtype, quant="fp8",
-            granularity=granularity, ep_group=self.ep_group,
+            granularity=granularity, ep_group=self.ep_group, **self._routing(),
         )  # fmt: skip
-        layer.gate.weight.copy_(self.gate.weight)
-        layer.ep_overlap_tokens = self.ep_overlap_tokens
+        self._copy_router(layer)
         inter = self.intermediate_size
         for e in range(self.num_local_experts):
             layer._store_expert(e, self.w1[e, :inter], self.w1[e, inter:], self.w2[e])
@@ -287,15 +332,28 @@ class MoE(FixedDtypeBuffers):
         layer = torch.nn.utils.skip_init(
             type(self), self.hidden_size, self.intermediate_size, self.num_experts, self.top_k, self.scoring,
             self.renormalize, self.activation, device=self.w1.device, dtype=self.gate.weight.dtype, quant=self.quant,
-            granularity=self.granularity, ep_group=ep_group,
+            granularity=self.granularity, ep_group=ep_group, **self._routing(),
         )  # fmt: skip
-        layer.gate.weight.copy_(self.gate.weight)
-        layer.ep_overlap_tokens = self.ep_overlap_tokens
+        self._copy_router(layer)
         mine = slice(layer.expert_offset, layer.expert_offset + layer.num_local_experts)
         for name in ("w1", "w2", "w1_scale", "w2_scale"):
             if getattr(self, name) is not None:
                 getattr(layer, name).copy_(getattr(self, name)[mine])
         return layer
+
+    def _routing(self) -> dict:
+        """The routing's keyword arguments of this layer's constructor (a copy routes alike)."""
+        return dict(
+            num_groups=self.num_groups, top_groups=self.top_groups, routed_scaling_factor=self.routed_scaling_factor,
+            correction_bias=hasattr(self.gate, "e_score_correction_bias"),
+        )  # fmt: skip
+
+    def _copy_router(self, layer: MoE) -> None:
+        """The router's weights (and correction bias) and the overlap threshold copied into ``layer``."""
+        layer.gate.weight.copy_(self.gate.weight)
+        if hasattr(self.gate, "e_score_correction_bias"):
+            layer.gate.e_score_correction_bias.copy_(self.gate.e_score_correction_bias)
+        layer.ep_overlap_tokens = self.ep_overlap_tokens
 
     def _store_expert(self, e: int, gate: Tensor, up: Tensor, down: Tensor) -> None:
         """Expert e's float projections, (I, H), (I, H) and (H, I), written: converted to the module's dtype, or
@@ -315,6 +373,12 @@ class MoE(FixedDtypeBuffers):
         if self.ep_group is not None:
             last = self.expert_offset + self.num_local_experts
             quant += f", ep rank {self.ep_rank} of {self.ep_size}: experts [{self.expert_offset}, {last})"
+        if self.num_groups is not None:
+            quant += f", num_groups={self.num_groups}, top_groups={self.top_groups}"
+        if hasattr(self.gate, "e_score_correction_bias"):
+            quant += ", correction_bias=True"
+        if self.routed_scaling_factor != 1.0:
+            quant += f", routed_scaling_factor={self.routed_scaling_factor}"
         return (
             f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size},"
             f" num_experts={self.num_experts}, top_k={self.top_k}, scoring={self.scoring},"
@@ -329,22 +393,38 @@ class MoE(FixedDtypeBuffers):
             return self._forward_expert_parallel(x, rows)
         logits = self.gate(rows.to(self.gate.weight.dtype))
         if x.is_cuda and x.dtype in _MOE_DTYPES:
-            # FlyOp.call: the ops without the dispatcher where nothing traces them (flydsl.torch._registry.eager)
-            weights, ids = moe.topk_route.call(logits, self.top_k, self.scoring, self.renormalize, None, None, None)
+            weights, ids = self._route(logits, kernels=True)
             out = moe.fused_moe.call(
                 rows, self.w1, self.w2, weights, ids, self.activation, self.quant, self.granularity, self.w1_scale,
                 self.w2_scale,
             )  # fmt: skip
         else:  # the same definition in float32 torch
-            from flydsl.kernels.moe.reference import dequantize_experts, fused_moe_reference, topk_route_reference
+            from flydsl.kernels.moe.reference import dequantize_experts, fused_moe_reference
 
             w1, w2 = self.w1, self.w2
             if self.quant is not None:  # the weights the fp8 values and their scales stand for, exactly
                 w1 = dequantize_experts(w1, self.w1_scale, self.granularity)
                 w2 = dequantize_experts(w2, self.w2_scale, self.granularity)
-            weights, ids = topk_route_reference(logits, self.top_k, scoring=self.scoring, renormalize=self.renormalize)
+            weights, ids = self._route(logits, kernels=False)
             out = fused_moe_reference(rows, w1, w2, weights, ids, activation=self.activation).to(x.dtype)
         return out.view(x.shape)
+
+    def _route(self, logits: Tensor, kernels: bool) -> tuple[Tensor, Tensor]:
+        """(weights, ids) of the router's logits: ``topk_route`` (the kernel, or its float32 reference) with this
+        layer's scoring, renormalization, correction bias and grouped top-k, the weights times
+        ``routed_scaling_factor``."""
+        bias = getattr(self.gate, "e_score_correction_bias", None)
+        options = (self.scoring, self.renormalize, bias, self.num_groups, self.top_groups)
+        if kernels:  # FlyOp.call: the op without the dispatcher where nothing traces it (flydsl.torch._registry.eager)
+            weights, ids = moe.topk_route.call(logits, self.top_k, *options)
+        else:
+            from flydsl.kernels.moe.reference import topk_route_reference
+
+            names = ("scoring", "renormalize", "bias", "num_groups", "top_groups")
+            weights, ids = topk_route_reference(logits, self.top_k, **dict(zip(names, options, strict=True)))
+        if self.routed_scaling_factor != 1.0:
+            weights = weights * self.routed_scaling_factor
+        return weights, ids
 
     def _forward_expert_parallel(self, x: Tensor, rows: Tensor, mark=None) -> Tensor:
         """``forward`` over ``ep_group``: the routing here, the experts where they live
@@ -353,7 +433,7 @@ class MoE(FixedDtypeBuffers):
         benchmark's CUDA events)."""
         logits = self.gate(rows.to(self.gate.weight.dtype))
         if x.is_cuda and x.dtype in _MOE_DTYPES:
-            weights, ids = moe.topk_route.call(logits, self.top_k, self.scoring, self.renormalize, None, None, None)
+            weights, ids = self._route(logits, kernels=True)
 
             def experts(received: Tensor, slot_weights: Tensor, local_ids: Tensor) -> Tensor:
                 return moe.fused_moe.call(
@@ -363,13 +443,13 @@ class MoE(FixedDtypeBuffers):
 
             partial_dtype = x.dtype
         else:
-            from flydsl.kernels.moe.reference import dequantize_experts, fused_moe_reference, topk_route_reference
+            from flydsl.kernels.moe.reference import dequantize_experts, fused_moe_reference
 
             w1, w2 = self.w1, self.w2
             if self.quant is not None:
                 w1 = dequantize_experts(w1, self.w1_scale, self.granularity)
                 w2 = dequantize_experts(w2, self.w2_scale, self.granularity)
-            weights, ids = topk_route_reference(logits, self.top_k, scoring=self.scoring, renormalize=self.renormalize)
+            weights, ids = self._route(logits, kernels=False)
 
             def experts(received: Tensor, slot_weights: Tensor, local_ids: Tensor) -> Tensor:
                 return fused_moe_reference(received, w1, w2, slot_weights, local_ids, activation=self.activation)
