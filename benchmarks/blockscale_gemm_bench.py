@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 
-from record import write_record
+from record import geomean, write_record
 
 HEADLINE = (4096, 7168, 16384)
 SWEEP_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (18432, 7168)]
@@ -128,23 +127,19 @@ def run_case(torch, do_bench, m, n, k, repeats):
     return result
 
 
-def _geomean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 def summarize(results) -> dict:
     cublas = [r["ratio_vs_cublas"] for r in results if "ratio_vs_cublas" in r]
     headline = [r for r in results if (r["m"], r["n"], r["k"]) == HEADLINE]
     decode = [r["fraction_of_copy"] for r in results if "fraction_of_copy" in r]
     return {
         "tflops_4096x7168x16384": headline[0]["flydsl_tflops"] if headline else None,
-        "geomean_ratio_vs_cublas": _geomean(cublas),
+        "geomean_ratio_vs_cublas": geomean(cublas),
         "min_ratio_vs_cublas": min(cublas) if cublas else None,
         "cases_vs_cublas": len(cublas),
         "cases_cublas_refused": sum(1 for r in results if "cublas_blockwise_refused" in r),
-        "geomean_ratio_vs_rowwise_m_ge_512": _geomean([r["ratio_vs_rowwise"] for r in results if r["m"] >= 512]),
+        "geomean_ratio_vs_rowwise_m_ge_512": geomean([r["ratio_vs_rowwise"] for r in results if r["m"] >= 512]),
         "decode_min_fraction_of_copy": min(decode) if decode else None,
-        "geomean_row_major_scales_speedup": _geomean([r["row_major_scales_speedup"] for r in results]),
+        "geomean_row_major_scales_speedup": geomean([r["row_major_scales_speedup"] for r in results]),
         "max_rel_error_vs_f32": max(r["rel_error_vs_f32"] for r in results),
     }
 

@@ -65,7 +65,6 @@ time: the cost of the block scales' promotion).
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -79,7 +78,7 @@ from moe_torch import (
     quantize_experts,
     scaled_grouped_mm_moe,
 )
-from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, new_record
+from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, geomean, new_record
 
 
 class Model(NamedTuple):
@@ -179,11 +178,6 @@ def exact_weights(weights) -> tuple:
     return dequantize(weights.w1, weights.w1_scale), dequantize(weights.w2, weights.w2_scale)
 
 
-def _geomean(values):
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 def summarize(results) -> dict:
     """The record's summary from the rows that ran and passed the check (None where no row qualifies); the speed
     ratios and the stages' TFLOP/s per weight format; ``fp8_speedup_over_bf16_ours`` pairs our bf16 and fp8 rows
@@ -192,7 +186,7 @@ def summarize(results) -> dict:
     quants = [q for q in QUANTS if any(r.get("quant") == q for r in results)]
 
     def vs(peer, rows):
-        return _geomean(r[f"{peer}_us"] / r["ours_us"] for r in rows if r.get(f"{peer}_us") is not None)
+        return geomean(r[f"{peer}_us"] / r["ours_us"] for r in rows if r.get(f"{peer}_us") is not None)
 
     def per_quant(peer, rows):
         return {q: vs(peer, [r for r in rows if r["quant"] == q]) for q in quants}
@@ -208,13 +202,13 @@ def summarize(results) -> dict:
         stage = {s: r[f"{s}_tflops"] for s in ("stage1", "stage2") if f"{s}_tflops" in r}
         stages.setdefault(r["quant"], {})[r["model"]] = stage
     bf16_us = {(r["model"], r["tokens"]): r["ours_us"] for r in prefill if r["quant"] == "bf16"}
-    fp8_speedup = _geomean(
+    fp8_speedup = geomean(
         bf16_us[r["model"], r["tokens"]] / r["ours_us"]
         for r in prefill
         if r["quant"] == "fp8" and (r["model"], r["tokens"]) in bf16_us
     )
     fp8_us = {(r["model"], r["tokens"]): r["ours_us"] for r in prefill if r["quant"] == "fp8"}
-    block_vs_fp8 = _geomean(
+    block_vs_fp8 = geomean(
         fp8_us[r["model"], r["tokens"]] / r["ours_us"]
         for r in prefill
         if r["quant"] == "block" and (r["model"], r["tokens"]) in fp8_us

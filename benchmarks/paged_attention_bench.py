@@ -35,12 +35,11 @@ where ``import flashinfer`` works; its failures are recorded, not raised.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
 
-from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, new_record
+from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, geomean, new_record
 
 MODELS = {"llama3-8b": (32, 8, 128), "llama3-70b-tp8": (8, 1, 128)}  # name -> (Hq, Hkv, D)
 BATCHES = (1, 8, 32, 128, 256)
@@ -156,11 +155,6 @@ def gather_contiguous(cache, block_tables, length: int):
     return out
 
 
-def _geomean(values):
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 def is_long(row) -> bool:
     return row["batch"] * row["context"] >= LONG_TOKENS
 
@@ -177,10 +171,10 @@ def summarize(results) -> dict:
     bf16 = {_shape_key(r): r["ours_us"] for r in long if r["kv"] == "bf16"}
 
     def speedup(kind):
-        return _geomean(bf16[_shape_key(r)] / r["ours_us"] for r in long if r["kv"] == kind and _shape_key(r) in bf16)
+        return geomean(bf16[_shape_key(r)] / r["ours_us"] for r in long if r["kv"] == kind and _shape_key(r) in bf16)
 
     def vs(rows, peer):
-        return _geomean(r[f"{peer}_us"] / r["ours_us"] for r in rows if r.get(f"{peer}_us") is not None)
+        return geomean(r[f"{peer}_us"] / r["ours_us"] for r in rows if r.get(f"{peer}_us") is not None)
 
     fractions = [r["fraction_of_copy"] for r in long if r.get("fraction_of_copy") is not None]
     return {

@@ -203,6 +203,15 @@ def csv_list(text: str, convert, choices=None) -> list:
     return values
 
 
+def geomean(values):
+    """The geometric mean of ``values`` (any iterable of positive numbers), or None for none: the summaries' ratio
+    over a sweep."""
+    import math
+
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
 def cell(row: dict, key: str, fmt: str, width: int) -> str:
     """``row[key]`` formatted for a table column (``-`` where the row has no value)."""
     value = row.get(key)
