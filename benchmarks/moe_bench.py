@@ -71,11 +71,12 @@ import time
 from typing import NamedTuple
 
 from moe_torch import (
-    dequantize,
+    Weights,
+    exact_weights,
+    expert_bytes,
+    format_weights,
     grouped_mm_moe,
     loop_moe,
-    quantize_expert_blocks,
-    quantize_experts,
     scaled_grouped_mm_moe,
 )
 from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, geomean, new_record
@@ -123,19 +124,6 @@ def layer_flops(kept_ids: int, hidden: int, inter: int) -> int:
     return 2 * kept_ids * (2 * inter * hidden + hidden * inter)
 
 
-def expert_bytes(hidden: int, inter: int, quant: str) -> int:
-    """The bytes of one expert's weights (w1's 2I x H and w2's H x I) in the given format; fp8 with its float32
-    scales, one per output channel (2I of w1, H of w2)."""
-    if quant == "bf16":
-        return 3 * inter * hidden * 2
-    if quant == "fp8":
-        return 3 * inter * hidden + (2 * inter + hidden) * 4
-    if quant == "block":
-        blocks = lambda n: -(-n // 128)  # noqa: E731
-        return 3 * inter * hidden + (blocks(2 * inter) * blocks(hidden) + blocks(hidden) * blocks(inter)) * 4
-    raise ValueError(f"unknown weight format {quant!r}")
-
-
 def checked_tokens(tokens: int, count: int) -> list[int]:
     """Up to ``count`` tokens, spread over the T (the first and the last among them)."""
     if tokens <= count:
@@ -168,14 +156,6 @@ def routing_counts(topk_ids, experts: int) -> tuple[int, int]:
 
     kept = topk_ids[(topk_ids >= 0) & (topk_ids < experts)]
     return int(kept.numel()), int(torch.unique(kept).numel())
-
-
-def exact_weights(weights) -> tuple:
-    """``(w1, w2)`` for the reference: bf16 as they are, fp8 dequantized (float32, made for one check: they are
-    twice the bf16 weights' size and live only while the reference runs)."""
-    if weights.w1_scale is None:
-        return weights.w1, weights.w2
-    return dequantize(weights.w1, weights.w1_scale), dequantize(weights.w2, weights.w2_scale)
 
 
 def summarize(results) -> dict:
@@ -267,19 +247,6 @@ def grouped_mm_status(quants=("bf16",)):
     return text + (f" (no {', '.join(missing)}: not measured)" if missing else "")
 
 
-class Weights(NamedTuple):
-    """One model's experts in one format: w1 (E, 2I, H), w2 (E, H, I); fp8: e4m3 with float32 scales per output
-    channel, w1_scale (E, 2I) and w2_scale (E, H) (None in bf16); block: per 128 x 128 block, w1_scale (E, 2I / 128,
-    H / 128) and w2_scale (E, H / 128, I / 128), and ``channel``: the same weights in the fp8 format, for the torch
-    peer (torch has no block-scaled grouped GEMM)."""
-
-    w1: object
-    w2: object
-    w1_scale: object = None
-    w2_scale: object = None
-    channel: object = None
-
-
 def make_weights(model: Model, seed: int):
     """w1 (E, 2I, H) and w2 (E, H, I) bf16, random, scaled by 1 / sqrt(fan-in) so that the layer's values stay
     near 1."""
@@ -290,19 +257,6 @@ def make_weights(model: Model, seed: int):
     w1 = torch.randn(e, 2 * i, h, device=DEVICE, dtype=torch.bfloat16).mul_(h**-0.5)
     w2 = torch.randn(e, h, i, device=DEVICE, dtype=torch.bfloat16).mul_(i**-0.5)
     return w1, w2
-
-
-def format_weights(w1, w2, quant: str) -> Weights:
-    """The bf16 weights in format ``quant``: themselves, or quantized by ``quantize_experts``."""
-    if quant == "bf16":
-        return Weights(w1, w2)
-    if quant == "fp8":
-        (w1_8, w1_scale), (w2_8, w2_scale) = quantize_experts(w1), quantize_experts(w2)
-        return Weights(w1_8, w2_8, w1_scale, w2_scale)
-    if quant == "block":
-        (w1_8, w1_scale), (w2_8, w2_scale) = quantize_expert_blocks(w1), quantize_expert_blocks(w2)
-        return Weights(w1_8, w2_8, w1_scale, w2_scale, format_weights(w1, w2, "fp8"))
-    raise ValueError(f"unknown weight format {quant!r}")
 
 
 def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repeats, check_tokens, peers):

@@ -1,8 +1,11 @@
 """The mixture-of-experts layer in torch, for the benchmarks (``moe_bench.py`` times these as fused_moe's peers,
 ``host_overhead.py`` as its torch equivalent): the ``_grouped_mm`` pipeline, its fp8 form through
-``_scaled_grouped_mm``, a loop over experts, and the row-wise e4m3 quantization they use. Not a script."""
+``_scaled_grouped_mm``, a loop over experts, the row-wise e4m3 quantization they use, and the experts' weight
+formats the benchmark runs (``format_weights``: bf16, fp8 per channel, fp8 per 128 x 128 block). Not a script."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn: a row's amax maps onto it
 
@@ -55,10 +58,10 @@ def dequantize(w8, scale):
 
 
 def _sorted_rows(topk_ids, experts: int, drops: bool):
-    """``(order, offs)``: the flat (token, slot) indices sorted by expert (stable), kept ids only, and ``offs``
-    int32 (E,) the sorted rows up to each expert's last, as the grouped GEMMs take them. ``drops``: ids outside
-    ``[0, E)`` may occur; they are sorted last and the kept count read on the host (one synchronization); without
-    it every id must be valid and nothing waits on the GPU."""
+    """``(order, offs, token)``: the flat (token, slot) indices sorted by expert (stable), kept ids only, ``offs``
+    int32 (E,) the sorted rows up to each expert's last, as the grouped GEMMs take them, and each sorted row's
+    token. ``drops``: ids outside ``[0, E)`` may occur; they are sorted last and the kept count read on the host (one
+    synchronization); without it every id must be valid and nothing waits on the GPU."""
     import torch
 
     flat = topk_ids.reshape(-1)
@@ -70,7 +73,7 @@ def _sorted_rows(topk_ids, experts: int, drops: bool):
     offs = torch.searchsorted(keys, bounds, right=True, out_int32=True)
     if drops:
         order = order[: int(offs[-1])]
-    return order, offs
+    return order, offs, order // topk_ids.shape[1]
 
 
 def _combine(y, order, token, topk_weights, tokens: int, dtype):
@@ -89,12 +92,10 @@ def grouped_mm_moe(x, w1, w2, topk_weights, topk_ids, *, drops: bool):
     import torch
     import torch.nn.functional as F
 
-    tokens, k = topk_ids.shape
-    inter = w1.shape[1] // 2
-    order, offs = _sorted_rows(topk_ids, w1.shape[0], drops)
+    tokens, inter = topk_ids.shape[0], w1.shape[1] // 2
+    order, offs, token = _sorted_rows(topk_ids, w1.shape[0], drops)
     if not order.numel():
         return x.new_zeros(tokens, x.shape[1])
-    token = order // k
     gate_up = torch._grouped_mm(x.index_select(0, token), w1.transpose(1, 2), offs=offs)
     h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
     y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
@@ -111,12 +112,10 @@ def scaled_grouped_mm_moe(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids,
     import torch
     import torch.nn.functional as F
 
-    tokens, k = topk_ids.shape
-    inter = w1.shape[1] // 2
-    order, offs = _sorted_rows(topk_ids, w1.shape[0], drops)
+    tokens, inter = topk_ids.shape[0], w1.shape[1] // 2
+    order, offs, token = _sorted_rows(topk_ids, w1.shape[0], drops)
     if not order.numel():
         return x.new_zeros(tokens, x.shape[1])
-    token = order // k
     x8, x_scale = quantize_rows(x)  # per token before the gather: T rows rather than T * k, the same values
     # the gather as bytes: index_select need not support float8 dtypes
     a8 = x8.view(torch.uint8).index_select(0, token).view(torch.float8_e4m3fn)
@@ -151,3 +150,53 @@ def loop_moe(x, w1, w2, topk_weights, topk_ids):
         y = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ w2[e].t()
         out.index_add_(0, rows, y.float() * topk_weights[rows, slots, None])
     return out.to(x.dtype)
+
+
+# --- the weights' formats ---------------------------------------------------------------------------------------
+
+
+class Weights(NamedTuple):
+    """One model's experts in one format: w1 (E, 2I, H), w2 (E, H, I); fp8: e4m3 with float32 scales per output
+    channel, w1_scale (E, 2I) and w2_scale (E, H) (None in bf16); block: per 128 x 128 block, w1_scale (E, 2I / 128,
+    H / 128) and w2_scale (E, H / 128, I / 128), and ``channel``: the same weights in the fp8 format, for the torch
+    peer (torch has no block-scaled grouped GEMM)."""
+
+    w1: object
+    w2: object
+    w1_scale: object = None
+    w2_scale: object = None
+    channel: object = None
+
+
+def format_weights(w1, w2, quant: str) -> Weights:
+    """The bf16 weights in format ``quant``: themselves, or quantized by ``quantize_experts``."""
+    if quant == "bf16":
+        return Weights(w1, w2)
+    if quant == "fp8":
+        (w1_8, w1_scale), (w2_8, w2_scale) = quantize_experts(w1), quantize_experts(w2)
+        return Weights(w1_8, w2_8, w1_scale, w2_scale)
+    if quant == "block":
+        (w1_8, w1_scale), (w2_8, w2_scale) = quantize_expert_blocks(w1), quantize_expert_blocks(w2)
+        return Weights(w1_8, w2_8, w1_scale, w2_scale, format_weights(w1, w2, "fp8"))
+    raise ValueError(f"unknown weight format {quant!r}")
+
+
+def exact_weights(weights) -> tuple:
+    """``(w1, w2)`` for the reference: bf16 as they are, fp8 dequantized (float32, made for one check: they are
+    twice the bf16 weights' size and live only while the reference runs)."""
+    if weights.w1_scale is None:
+        return weights.w1, weights.w2
+    return dequantize(weights.w1, weights.w1_scale), dequantize(weights.w2, weights.w2_scale)
+
+
+def expert_bytes(hidden: int, inter: int, quant: str) -> int:
+    """The bytes of one expert's weights (w1's 2I x H and w2's H x I) in the given format; fp8 with its float32
+    scales, one per output channel (2I of w1, H of w2)."""
+    if quant == "bf16":
+        return 3 * inter * hidden * 2
+    if quant == "fp8":
+        return 3 * inter * hidden + (2 * inter + hidden) * 4
+    if quant == "block":
+        blocks = lambda n: -(-n // 128)  # noqa: E731
+        return 3 * inter * hidden + (blocks(2 * inter) * blocks(hidden) + blocks(hidden) * blocks(inter)) * 4
+    raise ValueError(f"unknown weight format {quant!r}")
