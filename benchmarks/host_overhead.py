@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import ctypes
 import io
 import json
 import os
@@ -49,7 +48,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
-from moe_torch import grouped_mm_moe  # this folder's sibling modules
+from launch_levels import level_table, measure_levels  # this folder's sibling modules
+from moe_torch import grouped_mm_moe
 from record import write_record
 
 ROWS, N = 8, 1024  # the small inference call: 8 x 1024 bf16
@@ -63,7 +63,7 @@ F = torch.nn.functional
 
 # flydsl's modules, bound by _import_adapter() / _import_flydsl(): the cold start times the adapter's import, so this
 # module imports nothing of flydsl at its top.
-ft = K = kernel_gemm = kernel_fp8_gemm = kernel_blockscale_gemm = attention = moe = flyc = fx = None
+ft = K = kernel_gemm = kernel_fp8_gemm = kernel_blockscale_gemm = attention = moe = flyc = None
 
 
 def _import_adapter() -> None:
@@ -74,10 +74,9 @@ def _import_adapter() -> None:
 
 def _import_flydsl() -> None:
     """The adapter, ``flydsl.kernels`` (the direct paths) and the compiler (the levels)."""
-    global K, kernel_gemm, kernel_fp8_gemm, kernel_blockscale_gemm, attention, moe, flyc, fx
+    global K, kernel_gemm, kernel_fp8_gemm, kernel_blockscale_gemm, attention, moe, flyc
     _import_adapter()
     import flydsl.compiler as flyc
-    import flydsl.expr as fx
     import flydsl.kernels as K
     import flydsl.kernels.attention as attention
     import flydsl.kernels.moe as moe
@@ -444,153 +443,6 @@ def _print_progress(rows) -> None:
     print(f"{rows[0]['op']} {rows[0]['mode']}: {', '.join(parts)} us per call", flush=True)
 
 
-# --- levels ----------------------------------------------------------------------------------------------------------
-
-# Six global pointers; thread 0 of block 0 stores 1.0 through the first.
-NOOP6_MLIR = """
-module attributes {gpu.container_module} {
-  gpu.module @launch_bench {
-    gpu.func @noop6(%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %c: !llvm.ptr<1>, %d: !llvm.ptr<1>, %e: !llvm.ptr<1>,
-                    %f: !llvm.ptr<1>) kernel {
-      %tid = gpu.thread_id x
-      %bid = gpu.block_id x
-      %lin = arith.addi %tid, %bid : index
-      %c0 = arith.constant 0 : index
-      %first = arith.cmpi eq, %lin, %c0 : index
-      scf.if %first {
-        %one = arith.constant 1.0 : f32
-        llvm.store %one, %a : f32, !llvm.ptr<1>
-      }
-      gpu.return
-    }
-  }
-}
-"""
-
-
-def _noop6_mlir():
-    compiled = flyc.compile_mlir(NOOP6_MLIR)
-    if compiled.kernels != {"noop6": "pppppp"}:
-        raise ValueError(f"noop6: expected six pointer parameters, got {compiled.kernels}")
-    return compiled
-
-
-def _native_level(compiled, tensors, stream):
-    from flydsl.compiler import runtime
-
-    launch, (a, b, c, d, e, f) = runtime.load(compiled).launch, tensors
-
-    def native():
-        launch("noop6", 1, 32, a, b, c, d, e, f, stream=stream)
-
-    return {"native launch (MLIR noop6, LoadedModule.launch)": native}
-
-
-def noop6_kernel():
-    """noop6 as a ``@flyc.kernel`` with six ``fx.Tensor`` parameters (defined here: this module imports flydsl late)."""
-    _import_flydsl()
-
-    @flyc.kernel
-    def noop6(a: fx.Tensor, b: fx.Tensor, c: fx.Tensor, d: fx.Tensor, e: fx.Tensor, f: fx.Tensor):
-        if fx.gpu.thread_idx.x + fx.gpu.block_idx.x == 0:
-            a[0] = fx.Float32(1.0)
-
-    return noop6
-
-
-def _dsl_level(tensors):
-    noop6, (a, b, c, d, e, f) = noop6_kernel(), tensors
-    return {"@flyc.kernel noop6(six torch tensors).launch": lambda: noop6(a, b, c, d, e, f).launch(1, 32)}
-
-
-def _torch_level():
-    x = torch.zeros(16, device=DEVICE)
-    return {"torch x.add_(1)": lambda: x.add_(1)}
-
-
-def _triton_level(tensors):
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def noop6(a, b, c, d, e, f):
-        if tl.program_id(0) == 0:
-            tl.store(a, 1.0)
-
-    kernel, (a, b, c, d, e, f) = noop6[(1,)], tensors
-    return {f"triton {triton.__version__} noop6[(1,)]": lambda: kernel(a, b, c, d, e, f)}
-
-
-def _cuda_bindings_level(compiled, tensors, stream_handle):
-    from cuda.bindings import driver as cu
-
-    def check(result, what):
-        if result[0] != cu.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"{what}: {result[0]}")
-        return result[1:]
-
-    image = compiled.image if compiled.cubin is not None else compiled.ptx.encode() + b"\0"
-    (module,) = check(cu.cuModuleLoadData(image), "cuModuleLoadData")
-    (kernel,) = check(cu.cuModuleGetFunction(module, b"noop6"), "cuModuleGetFunction")
-    stream, types = cu.CUstream(stream_handle), (ctypes.c_void_p,) * len(tensors)
-
-    def packed_per_call():
-        params = (tuple(t.data_ptr() for t in tensors), types)
-        check(cu.cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, stream, params, 0), "cuLaunchKernel")
-
-    # The floor of this API from Python: the pointer array built once, passed as an address.
-    values = (ctypes.c_uint64 * len(tensors))(*(t.data_ptr() for t in tensors))
-    pointers = (ctypes.c_void_p * len(tensors))(*(ctypes.addressof(values) + 8 * i for i in range(len(tensors))))
-
-    def prepacked():
-        check(cu.cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, stream, ctypes.addressof(pointers), 0), "cuLaunchKernel")
-
-    prepacked.keep_alive = (values, pointers, module)
-    return {
-        "cuda-bindings cuLaunchKernel, args packed per call": packed_per_call,
-        "cuda-bindings cuLaunchKernel, args pre-packed": prepacked,
-    }
-
-
-def measure_levels(calls: int, repeats: int) -> list[dict]:
-    """One row per level: its timing, its error, or (a peer that does not import) why it was skipped."""
-    rows = []
-    try:
-        tensors = [torch.zeros(64, device=DEVICE) for _ in range(6)]
-        stream = torch.cuda.current_stream().cuda_stream
-    except Exception as error:  # noqa: BLE001
-        return [{"level": "all", "error": _error(error)}]
-    try:
-        compiled = _noop6_mlir()
-    except Exception as error:  # noqa: BLE001 - the two levels that launch it report it
-        compiled = error
-
-    def with_compiled(build):
-        if isinstance(compiled, Exception):
-            raise RuntimeError(f"noop6 did not compile: {_error(compiled)}")
-        return build(compiled, tensors, stream)
-
-    builders = {
-        "native": lambda: with_compiled(_native_level),
-        "flyc.kernel": lambda: _dsl_level(tensors),
-        "torch": _torch_level,
-        "triton": lambda: _triton_level(tensors),
-        "cuda-bindings": lambda: with_compiled(_cuda_bindings_level),
-    }
-    for name, build in builders.items():
-        try:
-            cases = build()
-        except ImportError as error:
-            rows.append({"level": name, "skipped": f"does not import here: {_error(error)}"})
-            continue
-        except Exception as error:  # noqa: BLE001 - a level that cannot be built is reported, not fatal
-            rows.append({"level": name, "error": _error(error)})
-            continue
-        for label, fn in cases.items():
-            rows.append({"level": label, **_timed(fn, calls, repeats)})
-    return rows
-
-
 # --- cold start ------------------------------------------------------------------------------------------------------
 
 
@@ -711,14 +563,6 @@ def table(ops, rows: list[dict], summary: dict) -> str:
     return "\n".join(lines + list(dict.fromkeys(failures)))
 
 
-def _level_table(rows: list[dict]) -> str:
-    lines = []
-    for row in rows:
-        value = f"{row['host_us']:8.2f} us" if "host_us" in row else row.get("error") or f"skipped: {row['skipped']}"
-        lines.append(f"  {row['level']:<52} {value.splitlines()[0]}")
-    return "\n".join(["launch levels (host time per launch):", *lines])
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default all)")
@@ -740,13 +584,13 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     _import_flydsl()
     rows = measure_ops(OPS, args.calls, args.repeats, args.profile) if "ops" in args.parts else []
-    levels = measure_levels(max(50, args.calls), args.repeats) if "levels" in args.parts else []
+    levels = measure_levels(max(50, args.calls), args.repeats, _timed) if "levels" in args.parts else []
     cold = measure_cold(args.cold_runs) if "cold" in args.parts else None
     summary = summarize(OPS, rows, cold)
     if rows:
         print("\n" + table(OPS, rows, summary))
     if levels:
-        print("\n" + _level_table(levels))
+        print("\n" + level_table(levels))
     if cold is not None:
         print(f"\ncold start (median of {args.cold_runs} fresh processes), ms:", json.dumps(summary["cold_start_ms"]))
         for name, error in cold["errors"].items():

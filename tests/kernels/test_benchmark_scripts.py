@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-LIBRARIES = {"record.py", "cold_l2.py", "moe_torch.py"}  # imported by the scripts, not run
+LIBRARIES = {"record.py", "cold_l2.py", "moe_torch.py", "launch_levels.py"}  # imported by the scripts, not run
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in LIBRARIES)
 
 
