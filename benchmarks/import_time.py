@@ -3,11 +3,13 @@
     python benchmarks/import_time.py [--runs 5] [--target flydsl.kernels.norms.forward] [--json PATH]
 
 Runs without a GPU. The cold start of a zoo op (``host_overhead.py --parts cold``) is, past ``import flydsl.torch``,
-mostly this import: the kernel's module needs ``flydsl.compiler`` (the native extension, linked with MLIR) and
-``flydsl.expr`` (the MLIR Python bindings) even when the disk cache holds the compiled kernel. Each run starts a
-fresh interpreter with ``torch`` imported first (its time is not counted: a user of ``flydsl.torch`` has it), then
-imports ``--target``; the per-module times that ``-X importtime`` prints (microseconds, self and cumulative) are
-summed into groups. Medians over the runs.
+mostly this import. Since 2026-12-04 a kernel's module loads neither MLIR's Python bindings nor the dialect extension
+``_fly`` (MLIR is imported lazily, on the first trace; the launcher is the ``_runtime`` extension, which links
+neither): both groups should read 0. Each run starts a fresh interpreter with ``torch`` imported first (its time is
+not counted: a user of ``flydsl.torch`` has it), then imports ``--target``; the per-module times that
+``-X importtime`` prints (microseconds, self and cumulative) are summed into groups. Medians over the runs. The
+children run as this process does (``python -S`` included: a tree laid out as installed, without an editable
+install's import hook).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from record import write_record
 # Where the import time goes, by module prefix (the first that matches; the rest is "other").
 GROUPS = (
     ("native extension (flydsl.compiler._fly)", "flydsl.compiler._fly"),
+    ("launcher extension (flydsl.compiler._runtime)", "flydsl.compiler._runtime"),
     ("MLIR Python bindings (mlir.*)", "mlir"),
     ("flydsl.expr", "flydsl.expr"),
     ("flydsl.layout", "flydsl.layout"),
@@ -36,7 +39,8 @@ def one_run(target: str) -> dict:
     """One fresh process: torch, then ``target`` under ``-X importtime``; self time per group (ms) and the
     target's cumulative time."""
     code = f"import torch; import {target}"
-    run = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True)
+    flags = ["-S"] if sys.flags.no_site else []
+    run = subprocess.run([sys.executable, *flags, "-X", "importtime", "-c", code], capture_output=True, text=True)
     if run.returncode != 0:
         last = [line for line in run.stderr.splitlines() if not line.startswith("import time:")][-3:]
         raise RuntimeError(f"import {target} failed in a fresh process: {' / '.join(last)}")

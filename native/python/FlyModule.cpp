@@ -1,24 +1,20 @@
 //===- FlyModule.cpp - the flydsl.compiler._fly extension -----------------===//
 //
-// Python entry points of the native side: registering the Fly dialect and its
-// passes on MLIR contexts (through the C API, so this file can use RTTI and
-// exceptions) and the CUDA runtime (launcher, modules, device buffers).
+// Registering the Fly dialect and its passes on MLIR contexts (through the C
+// API, so this file can use RTTI and exceptions). The CUDA launcher is the
+// separate `_runtime` extension (RuntimeModule.cpp): a launch from the disk
+// cache never loads MLIR.
 //
 //===----------------------------------------------------------------------===//
 
 #include "fly-c/Dialects.h"
-#include "runtime/RuntimeBindings.h"
 
 #include "mlir/Bindings/Python/NanobindAdaptors.h"
 
 namespace nb = nanobind;
 
 NB_MODULE(_fly, m) {
-  m.doc() = "FlyDSL native extension: the Fly MLIR dialect, its passes and the CUDA launcher.";
-  // flydsl.compiler.runtime re-exports these functions and types as module globals, which Python
-  // tears down in no particular order at exit; nanobind would report them as leaks.
-  nb::set_leak_warnings(false);
-
+  m.doc() = "FlyDSL native extension: the Fly MLIR dialect and its passes.";
   m.def(
       "register_dialect",
       [](MlirContext context, bool load) {
@@ -46,6 +42,4 @@ NB_MODULE(_fly, m) {
         return nb::int_(size);
       },
       nb::arg("type"), "Size of a !fly.layout's domain, or None when a shape leaf is dynamic.");
-
-  flyBindRuntime(m);
 }

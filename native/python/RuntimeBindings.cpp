@@ -1,7 +1,7 @@
 //===- RuntimeBindings.cpp - Python bindings of the CUDA launcher ---------===//
 //
-// The `runtime` submodule: driver queries, Module/Function loading and the
-// kernel launch path, TensorMap (TMA descriptors passed by value), plus a
+// The `flydsl.compiler._runtime` extension: driver queries, Module/Function
+// loading and the kernel launch path, TensorMap (TMA descriptors passed by value), plus a
 // DeviceBuffer for torch-free tests. Launch arguments are packed in
 // LaunchArgs.cpp; the native launch path of @flyc.kernel is in Dispatcher.cpp.
 //
@@ -307,8 +307,7 @@ void translateDriverError(const std::exception_ptr &p, void *) {
 
 } // namespace
 
-void flyBindRuntime(nb::module_ &m) {
-  nb::module_ rt = m.def_submodule("runtime", "CUDA driver launcher (libcuda loaded lazily).");
+void flyBindRuntime(nb::module_ &rt) {
 
   std::string errorName = nb::cast<std::string>(rt.attr("__name__")) + ".CudaError";
   cudaErrorType = PyErr_NewExceptionWithDoc(

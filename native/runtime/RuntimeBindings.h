@@ -10,7 +10,7 @@
 
 #include <nanobind/nanobind.h>
 
-/// Adds the `runtime` submodule (CUDA driver launcher) to `m`.
-void flyBindRuntime(nanobind::module_ &m);
+/// Binds the CUDA driver launcher into `rt` (the `_runtime` extension module).
+void flyBindRuntime(nanobind::module_ &rt);
 
 #endif // FLY_RUNTIME_RUNTIMEBINDINGS_H

@@ -10,9 +10,11 @@ from mlir import ir
 from mlir.passmanager import PassManager
 
 import flydsl.compiler as flyc
-from flydsl.compiler._native import native
+from flydsl.compiler._native import dialect_extension
 from flydsl.compiler.dialects import fly
 from flydsl.layout import Layout
+
+native = dialect_extension()
 
 
 def test_layout_type_parses_and_prints_in_cute_notation():
@@ -36,7 +38,7 @@ def test_dialect_is_registered_only_through_register_dialect():
     context.allow_unregistered_dialects = False
     with context, pytest.raises(ir.MLIRError):
         ir.Type.parse("!fly.layout<4:1>")
-    native.register_dialect(context)
+    dialect_extension().register_dialect(context)
     with context:
         assert str(ir.Type.parse("!fly.layout<4:1>")) == "!fly.layout<4:1>"
 

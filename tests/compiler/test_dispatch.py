@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.compiler import runtime
-from flydsl.compiler._native import native
+from flydsl.compiler._native import launcher
 
 from .fakes import FakeGpuTensor
 
@@ -372,12 +372,12 @@ def test_the_default_stream_is_the_first_tensors_current_stream():
     values = (FakeTorchTensor((64,), device=3), FakeTorchTensor((64,)), 1.0, 64, True, None)
     dispatcher, _ = _registered(mixed, values)
     seen = []
-    native.runtime._register_stream_getter(lambda device: seen.append(device) or 1234)
+    launcher._register_stream_getter(lambda device: seen.append(device) or 1234)
     try:
         assert dispatcher._dry_run(values, 1, 32)["stream"] == 1234
         assert seen == [3]
     finally:  # what kernel.py registered, if anything (GPU tests may share this process)
-        native.runtime._register_stream_getter(kernel_module._current_torch_stream)
+        launcher._register_stream_getter(kernel_module._current_torch_stream)
 
 
 def test_kernel_calls_take_the_native_path_first(monkeypatch):
@@ -502,12 +502,12 @@ def test_a_tma_tiles_tensor_gives_the_default_stream():
     values[0].source._device = 2  # the tile's tensor comes first, as in kernel.py
     dispatcher, _ = _registered(tma_first_element, values)
     seen = []
-    native.runtime._register_stream_getter(lambda device: seen.append(device) or 4321)
+    launcher._register_stream_getter(lambda device: seen.append(device) or 4321)
     try:
         assert dispatcher._dry_run(values, 1, 32)["stream"] == 4321
         assert seen == [2]
     finally:
-        native.runtime._register_stream_getter(kernel_module._current_torch_stream)
+        launcher._register_stream_getter(kernel_module._current_torch_stream)
 
 
 @pytest.mark.gpu

@@ -101,10 +101,10 @@ _WIDE: dict = {}  # (shape, strides) -> reaches_2_31
 def register_array_interface_dtypes() -> None:
     """Tells the native dispatcher the ``__cuda_array_interface__`` typestrs :func:`describe_tensor` accepts
     (without their byte-order mark) and their element types."""
-    from flydsl.compiler._native import native
+    from flydsl.compiler._native import launcher
 
     for code, dtype in DTYPES.items():
-        native.runtime._register_typestr(code, dtype, _ELEMENT_BYTES[dtype])
+        launcher._register_typestr(code, dtype, _ELEMENT_BYTES[dtype])
 
 
 def torch_dtype_name(torch_dtype, name: str) -> str:
@@ -114,9 +114,9 @@ def torch_dtype_name(torch_dtype, name: str) -> str:
         if dtype is None:
             raise TypeError(f"argument '{name}': unsupported element type {torch_dtype}")
         _TORCH_DTYPES[torch_dtype] = dtype
-        from flydsl.compiler._native import native
+        from flydsl.compiler._native import launcher
 
-        native.runtime._register_dtype(torch_dtype, dtype, _ELEMENT_BYTES[dtype])  # for the native dispatcher
+        launcher._register_dtype(torch_dtype, dtype, _ELEMENT_BYTES[dtype])  # for the native dispatcher
     return dtype
 
 

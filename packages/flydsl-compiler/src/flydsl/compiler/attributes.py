@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlir import ir
+from flydsl.compiler.lazy import lazy_import
+
+ir = lazy_import("mlir.ir")
+
 
 __all__ = ["KernelAttributes", "check_launch_shape", "set_kernel_attributes"]
 

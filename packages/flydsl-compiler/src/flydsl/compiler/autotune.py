@@ -24,7 +24,6 @@ Nothing here imports torch until it has to time without a timer given (:func:`cu
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -180,6 +179,8 @@ def _tune(name: str, key, candidates: Sequence, run, timer, label) -> tuple[int,
 def cuda_timer(fn: Callable[[], None], reps: int = 10, warmup: int = 2) -> float:
     """The median of ``reps`` CUDA-event timings of ``fn()`` in ms, after ``warmup`` calls (the first compiles),
     through torch (imported here); :class:`AutotuneError` without torch or a CUDA device."""
+    import statistics  # here: it imports fractions and decimal (~3 ms of a process start)
+
     try:
         import torch
     except ImportError as error:

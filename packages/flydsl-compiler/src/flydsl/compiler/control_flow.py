@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import types
 
-from mlir import ir
-from mlir.dialects import scf
-
+from flydsl.compiler.lazy import lazy_import
 from flydsl.compiler.trace_checks import equal, not_equal, trace_time_condition, trace_time_range, truth
 from flydsl.expr.numeric import Boolean, Index, Integer, Numeric, as_numeric
+
+ir = lazy_import("mlir.ir")
+scf = lazy_import("mlir.dialects.scf")
 
 __all__ = [
     "UNDEFINED",

@@ -176,6 +176,8 @@ class _Encoder:
                 self.value(item, where, names)
         elif kind in (dict, set, frozenset):
             self.unordered(value, where, names)
+        elif issubclass(kind, types.ModuleType):  # before any isinstance, which would load a lazy module (MLIR's)
+            self.module(value, where, names)
         elif isinstance(value, enum.Enum):
             self.put("enum", value.name)
             self.cls(kind, where)
@@ -184,8 +186,6 @@ class _Encoder:
             self.function(value)
         elif isinstance(value, type):
             self.cls(value, where)
-        elif isinstance(value, types.ModuleType):
-            self.module(value, where, names)
         elif isinstance(value, types.MethodType):
             self.put("method")
             self.value(value.__self__, where, names)
@@ -321,12 +321,12 @@ class _Encoder:
 
     def module(self, module: types.ModuleType, where: str, names: frozenset) -> None:
         """A user module by the attributes the reading code names (``helpers.twice``, ``config.TILE``)."""
-        if not _user_module(module.__name__):
-            self.put("module", module.__name__)
+        module_name = types.ModuleType.__getattribute__(module, "__name__")  # a lazy module's, without loading it
+        self.put("module", module_name)
+        if not _user_module(module_name):
             return
-        self.put("module", module.__name__)
         attributes = vars(module)
         for name in sorted(names):
             if name in attributes:
                 self.put("attribute", name)
-                self.value(attributes[name], f"{module.__name__}.{name}", names)
+                self.value(attributes[name], f"{module_name}.{name}", names)

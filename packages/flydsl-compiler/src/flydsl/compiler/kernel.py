@@ -19,12 +19,9 @@ import math
 import typing
 from dataclasses import dataclass
 
-from mlir import ir
-from mlir.dialects import gpu
-
 import flydsl.layout as _fl
 from flydsl.compiler import cache, runtime, settings, toolchain
-from flydsl.compiler._native import native
+from flydsl.compiler._native import launcher
 from flydsl.compiler.args import (
     StaticDims,
     describe_tensor,
@@ -37,6 +34,7 @@ from flydsl.compiler.ast_rewrite import rewrite_function
 from flydsl.compiler.attributes import KernelAttributes, check_launch_shape
 from flydsl.compiler.context import make_context
 from flydsl.compiler.fingerprint import source_fingerprint
+from flydsl.compiler.lazy import lazy_import
 from flydsl.compiler.pipeline import CompiledModule, compile_mlir
 from flydsl.compiler.target import SM90A, Target
 from flydsl.compiler.tracing import user_traceback, warn_at_user_code
@@ -44,6 +42,9 @@ from flydsl.expr.numeric import Float, Index, Integer, Numeric, fastmath, fp_con
 from flydsl.expr.params import Stream, is_constexpr
 from flydsl.expr.tensor import Tensor
 from flydsl.expr.tma import TmaDescriptor, TmaTile
+
+ir = lazy_import("mlir.ir")
+gpu = lazy_import("mlir.dialects.gpu")
 
 __all__ = ["kernel", "KernelFunction", "KernelCall"]
 
@@ -141,7 +142,7 @@ class KernelFunction:
 
     def new_dispatcher(self):
         """A native dispatcher (``runtime.Dispatcher``) for this kernel's parameters, with no kernel registered."""
-        return native.runtime.Dispatcher([_dispatch_param(p) for p in self.params])
+        return launcher.Dispatcher([_dispatch_param(p) for p in self.params])
 
     def _bind(self, args, kwargs) -> list:
         if not kwargs and len(args) == len(self.params):
@@ -475,7 +476,7 @@ _current_torch_stream = None
 def _is_torch_tensor(value) -> bool:
     if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr"):
         _TORCH_TENSOR_TYPES.add(type(value))
-        native.runtime._register_tensor_type(type(value))
+        launcher._register_tensor_type(type(value))
         return True
     return False
 
@@ -489,7 +490,7 @@ def _register_array_interface_type(kind) -> None:
     if not _ARRAY_INTERFACE_TYPES:
         register_array_interface_dtypes()
     _ARRAY_INTERFACE_TYPES.add(kind)
-    native.runtime._register_array_interface_type(kind)
+    launcher._register_array_interface_type(kind)
 
 
 def _default_stream(tensors) -> int:
@@ -503,7 +504,7 @@ def _default_stream(tensors) -> int:
 
                 # The raw handle, as Triton reads it: current_stream().cuda_stream builds an object per call.
                 _current_torch_stream = torch._C._cuda_getCurrentRawStream
-                native.runtime._register_stream_getter(_current_torch_stream)
+                launcher._register_stream_getter(_current_torch_stream)
             return _current_torch_stream(tensor.get_device())
         interface = getattr(tensor.source, "__cuda_array_interface__", None)
         if interface is not None and interface.get("stream"):

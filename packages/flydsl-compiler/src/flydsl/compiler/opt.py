@@ -18,14 +18,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mlir import ir
-from mlir.passmanager import PassManager
-
 from flydsl.compiler import isolate, settings
 from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, format_mlir_error
+from flydsl.compiler.lazy import lazy_import
 from flydsl.compiler.target import SM90A
 from flydsl.compiler.text_checks import check_nesting, check_pass_pipeline
+
+ir = lazy_import("mlir.ir")
+passmanager = lazy_import("mlir.passmanager")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +119,7 @@ def _process(text: str, filename: str, pipelines: list[str], generic: bool) -> t
         try:
             module = ir.Module.parse(text)
             for pipeline in pipelines:
-                PassManager.parse(pipeline).run(module.operation)
+                passmanager.PassManager.parse(pipeline).run(module.operation)
         except ir.MLIRError as error:
             return None, format_mlir_error(error, filename)
         return module.operation.get_asm(print_generic_op_form=generic), ""

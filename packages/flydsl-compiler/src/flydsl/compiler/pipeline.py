@@ -14,16 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlir import ir
-from mlir.dialects import gpu
-from mlir.passmanager import PassManager
-
 from flydsl.compiler import isolate as isolation
 from flydsl.compiler import settings, toolchain
 from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, format_mlir_error, location_text
+from flydsl.compiler.lazy import lazy_import
 from flydsl.compiler.target import ISA_STAGE, SM90A, Target
 from flydsl.compiler.text_checks import check_nesting
+
+ir = lazy_import("mlir.ir")
+passmanager = lazy_import("mlir.passmanager")
+gpu = lazy_import("mlir.dialects.gpu")
 
 __all__ = ["CompiledModule", "compile_mlir", "kernel_signatures", "launch_shapes", "shared_allocations"]
 
@@ -148,7 +149,7 @@ def _compile_in_process(
             if stage.name == "fly":
                 allocations = shared_allocations(module)
             try:
-                PassManager.parse(f"builtin.module({stage.passes})").run(module.operation)
+                passmanager.PassManager.parse(f"builtin.module({stage.passes})").run(module.operation)
             except ir.MLIRError as error:
                 raise CompilationError(stage.name, format_mlir_error(error)) from None
             if stage.name == "fly":

@@ -1,12 +1,12 @@
 """Loading compiled modules and launching their kernels through the native CUDA launcher.
 
-The launcher lives in the native extension (``_fly.runtime``): it is the one launch path of FlyDSL. Importing this
+The launcher lives in the native extension ``_runtime``: it is the one launch path of FlyDSL. Importing this
 module works without a GPU; ``is_available()`` says whether one can be used.
 """
 
 from __future__ import annotations
 
-from flydsl.compiler._native import native
+from flydsl.compiler._native import launcher as _rt
 from flydsl.compiler.pipeline import CompiledModule
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     "synchronize",
 ]
 
-_rt = native.runtime
 CudaError = _rt.CudaError
 DeviceBuffer = _rt.DeviceBuffer
 TensorMap = _rt.TensorMap

@@ -41,8 +41,8 @@ def find_ptxas() -> str | None:
 
 def fingerprint() -> str:
     """The assembler as the kernel cache key needs it: the ptxas that would run (path, size, modification time) and
-    what its ``--version`` prints (run once per process and binary); ``"no ptxas"`` without one. Its flags are
-    this module's code (``-arch`` from the target), which the compiler fingerprint covers."""
+    what its ``--version`` prints (run once per binary: kept in the disk cache as a record); ``"no ptxas"`` without
+    one. Its flags are this module's code (``-arch`` from the target), which the compiler fingerprint covers."""
     try:
         ptxas = find_ptxas()
     except ToolchainError as error:  # compiling will raise it
@@ -50,17 +50,26 @@ def fingerprint() -> str:
     if ptxas is None:
         return "no ptxas"
     stat = os.stat(ptxas)
-    return _ptxas_version(ptxas, stat.st_size, stat.st_mtime_ns)
+    version = _ptxas_version(ptxas, stat.st_size, stat.st_mtime_ns)
+    return f"{ptxas} ({stat.st_size} bytes, {stat.st_mtime_ns}): {version}"
 
 
 @functools.lru_cache(maxsize=8)
 def _ptxas_version(ptxas: str, size: int, mtime_ns: int) -> str:
+    from flydsl.compiler import cache  # cache -> pipeline -> this module
+
+    key = cache.key_text("ptxas --version", ptxas, size, mtime_ns)
+    record = cache.load_record(key)
+    if record is not None:  # a process start saves the ~6 ms of running it
+        return record["version"]
     try:
         result = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=60)
-        version = result.stdout + result.stderr
     except (OSError, subprocess.SubprocessError) as error:
-        version = f"--version failed: {error}"
-    return f"{ptxas} ({size} bytes, {mtime_ns}): {version}"
+        return f"--version failed: {error}"
+    version = result.stdout + result.stderr
+    if result.returncode == 0:
+        cache.store_record(key, {"version": version})
+    return version
 
 
 def assemble_ptx(ptx: str, arch: str, ptxas: str | None = None, extra_args: tuple[str, ...] = ()) -> bytes:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import types
 
-from mlir import ir
-
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.numeric import Numeric
+
+ir = lazy_import("mlir.ir")
 
 __all__ = ["equal", "not_equal", "truth", "trace_time_range", "trace_time_condition"]
 

@@ -11,7 +11,7 @@ import sys
 import types
 import warnings
 
-from mlir import ir
+import mlir
 
 __all__ = ["user_traceback", "is_internal_file", "user_source_line", "warn_at_user_code"]
 
@@ -21,8 +21,9 @@ _INTERNAL_ROOTS = tuple(
         __file__,  # flydsl/compiler
         os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "expr", "__init__.py"),
         os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "layout", "__init__.py"),
-        ir.__file__,  # mlir
     )
+) + tuple(
+    os.path.abspath(path) + os.sep for path in mlir.__path__  # a namespace package: importing it loads no library
 )
 
 

@@ -6,10 +6,11 @@ code written against the seed's API.
 
 from __future__ import annotations
 
-from mlir import ir
-from mlir.dialects import arith as _arith
-
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.numeric import Boolean, Index, Numeric, as_numeric, value_of
+
+ir = lazy_import("mlir.ir")
+_arith = lazy_import("mlir.dialects.arith")
 
 __all__ = ["constant", "select", "index_cast", "trunci", "extsi", "extui", "bitcast", "maximum", "minimum"]
 

@@ -20,16 +20,17 @@ into narrower ones, still correct. Vectors are :class:`flydsl.expr.vector.Vector
 
 from __future__ import annotations
 
-from mlir import ir
-from mlir.dialects import scf as _scf
-
 import flydsl.layout as _fl
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import vector as _vector
 from flydsl.expr.layout import as_index
 from flydsl.expr.numeric import Boolean, Int64, Integer, Numeric, as_numeric
 from flydsl.expr.tensor import Tensor
 from flydsl.expr.tensor import fly_ops as _fly
 from flydsl.expr.vector import Vector, _element_class, load, store, vector_class
+
+ir = lazy_import("mlir.ir")
+_scf = lazy_import("mlir.dialects.scf")
 
 __all__ = ["BufferResource", "create_buffer_resource", "buffer_load", "buffer_store"]
 

@@ -22,13 +22,14 @@ Every function links its section of the PTX ISA (https://docs.nvidia.com/cuda/pa
 
 from __future__ import annotations
 
-from mlir import ir
-from mlir.dialects import llvm as _llvm
-from mlir.dialects import nvvm as _nvvm
-
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.gpu import _Dim3  # x/y/z of a special register triple, as Int32
 from flydsl.expr.numeric import Float, Int32, Numeric, as_numeric
 from flydsl.expr.tensor import Tensor
+
+ir = lazy_import("mlir.ir")
+_llvm = lazy_import("mlir.dialects.llvm")
+_nvvm = lazy_import("mlir.dialects.nvvm")
 
 __all__ = [
     "cluster_idx",

@@ -6,11 +6,12 @@ too. Reductions combine with a Python function (``lambda a, b: a + b``) or a nam
 
 from __future__ import annotations
 
-from mlir import ir
-from mlir.dialects import gpu as _gpu
-from mlir.dialects import nvvm as _nvvm
-
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.numeric import Float, Int32, Numeric, as_numeric
+
+ir = lazy_import("mlir.ir")
+_gpu = lazy_import("mlir.dialects.gpu")
+_nvvm = lazy_import("mlir.dialects.nvvm")
 
 __all__ = [
     "thread_idx",

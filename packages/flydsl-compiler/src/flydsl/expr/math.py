@@ -16,10 +16,11 @@ own, and to float division (``div.approx.f32``).
 
 from __future__ import annotations
 
-from mlir.dialects import llvm as _llvm
-from mlir.dialects import math as _math
-
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.numeric import Float, Float32, Numeric, as_numeric, fastmath_flags
+
+_llvm = lazy_import("mlir.dialects.llvm")
+_math = lazy_import("mlir.dialects.math")
 
 __all__ = ["exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos", "fma"]
 

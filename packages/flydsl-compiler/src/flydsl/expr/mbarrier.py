@@ -16,13 +16,14 @@ PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/#parallel-synchr
 
 from __future__ import annotations
 
-from mlir import ir
-from mlir.dialects import nvvm as _nvvm
-
 import flydsl.layout as _fl
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.numeric import Int32, Int64, as_integer
 from flydsl.expr.nvvm import address
 from flydsl.expr.tensor import Tensor
+
+ir = lazy_import("mlir.ir")
+_nvvm = lazy_import("mlir.dialects.nvvm")
 
 __all__ = ["Mbarrier", "MbarrierArray", "allocate", "fence_init"]
 

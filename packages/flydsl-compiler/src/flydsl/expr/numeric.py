@@ -16,8 +16,11 @@ import contextlib
 import contextvars
 import math as _pymath
 
-from mlir import ir
-from mlir.dialects import arith as _arith
+from flydsl.compiler.lazy import lazy_import
+
+ir = lazy_import("mlir.ir")
+_arith = lazy_import("mlir.dialects.arith")
+
 
 __all__ = [
     "Numeric",
@@ -291,13 +294,10 @@ def fastmath_flags(flags: str | None = None):
     return ir.Attribute.parse(f"#arith.fastmath<{flags}>") if flags else None
 
 
-_CONTRACTED = {_arith.addf, _arith.subf, _arith.mulf}
-
-
 def float_op_flags(op):
     """The ``arith.fastmath`` attribute a float op traced here carries: ``+ - *`` contract (see :func:`fp_contract`),
     division follows the :func:`fastmath` region."""
-    if op in _CONTRACTED:
+    if op is _arith.addf or op is _arith.subf or op is _arith.mulf:
         return float_flags()
     return fastmath_flags() if op is _arith.divf else None
 

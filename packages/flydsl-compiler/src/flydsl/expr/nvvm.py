@@ -11,11 +11,7 @@ Every function links its section of the PTX ISA (https://docs.nvidia.com/cuda/pa
 
 from __future__ import annotations
 
-from mlir import ir
-from mlir.dialects import arith as _arith
-from mlir.dialects import llvm as _llvm
-from mlir.dialects import nvvm as _nvvm
-
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.numeric import (
     BFloat16,
     Boolean,
@@ -33,6 +29,11 @@ from flydsl.expr.numeric import (
 )
 from flydsl.expr.tensor import Tensor, _static_coord, fly_ops
 from flydsl.expr.vector import Vector, vector_class
+
+ir = lazy_import("mlir.ir")
+_arith = lazy_import("mlir.dialects.arith")
+_llvm = lazy_import("mlir.dialects.llvm")
+_nvvm = lazy_import("mlir.dialects.nvvm")
 
 __all__ = [
     "ex2_approx",

@@ -24,13 +24,14 @@ parity), carried through loops like any value::
 
 from __future__ import annotations
 
-from mlir import ir
-from mlir.dialects import scf
-
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import gpu
 from flydsl.expr import mbarrier as _mbarrier
 from flydsl.expr.arith import minimum
 from flydsl.expr.numeric import Boolean, Int32, as_integer, as_numeric
+
+ir = lazy_import("mlir.ir")
+scf = lazy_import("mlir.dialects.scf")
 
 __all__ = ["PipelineState", "Pipeline", "TmaPipeline", "TileScheduler"]
 

@@ -10,11 +10,12 @@ Booleans are widened to 32 bits (``%d``, or ``%u`` for unsigned types). The form
 
 from __future__ import annotations
 
-from mlir import ir
-from mlir.dialects import arith as _arith
-from mlir.dialects import gpu as _gpu
-
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.numeric import Boolean, Float, Index, Int32, Int64, Numeric, Uint32, as_numeric
+
+ir = lazy_import("mlir.ir")
+_arith = lazy_import("mlir.dialects.arith")
+_gpu = lazy_import("mlir.dialects.gpu")
 
 __all__ = ["printf"]
 

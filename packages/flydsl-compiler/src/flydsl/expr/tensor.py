@@ -8,14 +8,15 @@ how wide each access can be from the layouts.
 
 from __future__ import annotations
 
-from mlir import ir
-
 import flydsl.layout as _fl
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.layout import as_index, make_layout, static_leaf
 from flydsl.expr.numeric import Boolean, Index, Integer, Numeric, Uint8, as_numeric
 from flydsl.layout.int_tuple import fold as _fold
 from flydsl.layout.int_tuple import leaves as _leaves
 from flydsl.layout.leaf import add as _leaf_add
+
+ir = lazy_import("mlir.ir")
 
 __all__ = ["Tensor", "copy", "local_tile", "local_partition", "SmemAllocator", "SmemPtr", "fly_layout_type"]
 

@@ -30,14 +30,15 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-from mlir import ir
-from mlir.dialects import llvm as _llvm
-from mlir.dialects import nvvm as _nvvm
-
 import flydsl.layout as _fl
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.numeric import Int16, Int32, Int64, Numeric, as_integer
 from flydsl.expr.nvvm import address
 from flydsl.expr.tensor import Tensor
+
+ir = lazy_import("mlir.ir")
+_llvm = lazy_import("mlir.dialects.llvm")
+_nvvm = lazy_import("mlir.dialects.nvvm")
 
 __all__ = ["TmaTile", "TmaDescriptor", "swizzle_layout", "commit_group", "wait_group"]
 
@@ -189,14 +190,14 @@ def _register_with_dispatcher() -> None:
     """Tells the native dispatcher (once) which type TmaTile arguments have, so that it launches them natively."""
     global _registered
     if not _registered:
-        from flydsl.compiler._native import native
+        from flydsl.compiler._native import launcher
 
-        native.runtime._register_tma_tile_type(TmaTile)
+        launcher._register_tma_tile_type(TmaTile)
         _registered = True
 
 
 def _encode(tile: TmaTile):
-    from flydsl.compiler._native import native
+    from flydsl.compiler._native import launcher
 
     element_bytes = tile.described.element_bytes
     geometry = (tile.pointer, tile.shape, tile.strides, tile.dtype, tile.box, tile.swizzle, tile.l2_promotion)
@@ -205,7 +206,7 @@ def _encode(tile: TmaTile):
     if found is not None:
         _ENCODED.move_to_end(geometry)
         return found
-    tensor_map = native.runtime.TensorMap.encode_tiled(
+    tensor_map = launcher.TensorMap.encode_tiled(
         _ENCODE_DTYPES[tile.dtype],
         tile.pointer,  # an int: the cache must not keep tensors alive
         list(reversed(tile.shape)),  # innermost first

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import re
 
-from mlir import ir
-
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import numeric as _numeric
 from flydsl.expr.numeric import *  # noqa: F403 - the seed imports the numeric types from here (Int32, Float32...)
+
+ir = lazy_import("mlir.ir")
 
 __all__ = ["T", *_numeric.__all__]
 

@@ -26,12 +26,8 @@ from __future__ import annotations
 
 import functools
 
-from mlir import ir
-from mlir.dialects import arith as _arith
-from mlir.dialects import llvm as _llvm
-from mlir.dialects import vector as _vector
-
 import flydsl.layout as _fl
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.layout import static_leaf
 from flydsl.expr.numeric import (
     _BY_MLIR_NAME,
@@ -45,6 +41,11 @@ from flydsl.expr.numeric import (
     float_op_flags,
 )
 from flydsl.expr.tensor import Tensor, copy
+
+ir = lazy_import("mlir.ir")
+_arith = lazy_import("mlir.dialects.arith")
+_llvm = lazy_import("mlir.dialects.llvm")
+_vector = lazy_import("mlir.dialects.vector")
 
 __all__ = [
     "Vector",
@@ -88,7 +89,8 @@ def _vector_class(element: type[Numeric], length: int) -> type[Vector]:
 
 def vector_class(element_or_type, length: int | None = None) -> type[Vector]:
     """The class of ``vector<length x element>``: ``vector_class(fx.Float32, 4)`` or ``vector_class(T.f32x4)``."""
-    if isinstance(element_or_type, ir.VectorType):
+    # a class never needs MLIR (zoo modules build their vector classes on import)
+    if not isinstance(element_or_type, type) and isinstance(element_or_type, ir.VectorType):
         if element_or_type.rank != 1:
             raise TypeError(f"only 1-D vectors are supported, got {element_or_type}")
         return _vector_class(_element_class(element_or_type.element_type), element_or_type.shape[0])

@@ -34,13 +34,8 @@ from __future__ import annotations
 import functools
 import math
 
-from mlir import ir
-from mlir.dialects import arith as _arith
-from mlir.dialects import llvm as _llvm
-from mlir.dialects import nvvm as _nvvm
-from mlir.dialects import vector as _vector
-
 import flydsl.layout as _fl
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.numeric import (
     BFloat16,
     Boolean,
@@ -67,6 +62,12 @@ from flydsl.expr.wgmma_smem import (
     smem_alignment,
     smem_layout,
 )
+
+ir = lazy_import("mlir.ir")
+_arith = lazy_import("mlir.dialects.arith")
+_llvm = lazy_import("mlir.dialects.llvm")
+_nvvm = lazy_import("mlir.dialects.nvvm")
+_vector = lazy_import("mlir.dialects.vector")
 
 __all__ = [
     "SWIZZLES",

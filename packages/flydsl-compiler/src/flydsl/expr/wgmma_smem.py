@@ -10,14 +10,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from mlir import ir
-from mlir.dialects import arith as _arith
-from mlir.dialects import llvm as _llvm
-
 import flydsl.layout as _fl
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr.numeric import Int64, Numeric, as_numeric
 from flydsl.expr.nvvm import address
 from flydsl.expr.tensor import Tensor
+
+ir = lazy_import("mlir.ir")
+_arith = lazy_import("mlir.dialects.arith")
+_llvm = lazy_import("mlir.dialects.llvm")
 
 __all__ = [
     "SWIZZLES",

@@ -16,7 +16,6 @@ eps)``, ``var`` the biased variance, as torch computes it).
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 from flydsl.kernels import validation as check
@@ -81,13 +80,19 @@ _RMS_NORM_BACKWARD = Plans("flydsl.kernels.rms_norm_backward")
 _FUSED_ADD_RMS_NORM = Plans("flydsl.kernels.fused_add_rms_norm")
 
 
-@functools.cache
-def _launchers():
-    """(the forward's module, the backward's): imported on the first call, so that ``import flydsl.kernels`` (and
-    ``flydsl.torch``, which validates through it) loads no compiler."""
-    from flydsl.kernels.norms import backward, forward
+def _forward():
+    """The forward kernels' module, imported on the first call, so that ``import flydsl.kernels`` (and
+    ``flydsl.torch``, which validates through it) loads no compiler; the backward's is imported apart
+    (:func:`_backward`), so that a first forward call does not pay for it."""
+    from flydsl.kernels.norms import forward
 
-    return forward, backward
+    return forward
+
+
+def _backward():
+    from flydsl.kernels.norms import backward
+
+    return backward
 
 
 def output(who: str, given, name: str, like):
@@ -141,7 +146,7 @@ def layer_norm(x, weight, bias, eps=1e-5, out=None, mean=None, rstd=None, *, ret
         mean_t = statistics(who, mean, "mean", x_t, return_stats)
         rstd_t = statistics(who, rstd, "rstd", x_t, return_stats)
         tensors = NormTensors(x=x_t, out=out_t, weight=w_t, bias=b_t, mean=mean_t, rstd=rstd_t)
-        plan = _LAYER_NORM.add(key, _launchers()[0].forward_plan(tensors, rms=False))
+        plan = _LAYER_NORM.add(key, _forward().forward_plan(tensors, rms=False))
         out, mean, rstd = out_t.obj, _obj(mean_t), _obj(rstd_t)
     else:
         out, mean, rstd = _planned_outputs(x, out, mean, rstd, return_stats)
@@ -169,7 +174,7 @@ def layer_norm_backward(dy, x, weight, mean, rstd, dx=None, dweight=None, dbias=
             dw_t = _gradient(who, dweight, "dweight", w_t, x_t)
             db_t = _gradient(who, dbias, "dbias", w_t, x_t)
         grads = NormGradients(dy=dy_t, x=x_t, weight=w_t, mean=mean_t, rstd=rstd_t, dx=dx_t, dweight=dw_t, dbias=db_t)
-        plan = _LAYER_NORM_BACKWARD.add(key, _launchers()[1].backward_plan(grads, rms=False))
+        plan = _LAYER_NORM_BACKWARD.add(key, _backward().backward_plan(grads, rms=False))
         dx, dweight, dbias = dx_t.obj, _obj(dw_t), _obj(db_t)
     else:
         dx = torch_empty_like(x) if dx is None else dx
@@ -196,7 +201,7 @@ def rms_norm(x, weight, eps=1e-6, out=None, rstd=None, *, return_stats=False):
         out_t = output(who, out, "out", x_t)
         rstd_t = statistics(who, rstd, "rstd", x_t, return_stats)
         tensors = NormTensors(x=x_t, out=out_t, weight=w_t, rstd=rstd_t)
-        plan = _RMS_NORM.add(key, _launchers()[0].forward_plan(tensors, rms=True))
+        plan = _RMS_NORM.add(key, _forward().forward_plan(tensors, rms=True))
         out, rstd = out_t.obj, _obj(rstd_t)
     else:
         out, _, rstd = _planned_outputs(x, out, None, rstd, return_stats, mean_wanted=False)
@@ -219,7 +224,7 @@ def rms_norm_backward(dy, x, weight, rstd, dx=None, dweight=None):
         dx_t = output(who, dx, "dx", x_t)
         dw_t = _gradient(who, dweight, "dweight", w_t, x_t) if w_t is not None else None
         grads = NormGradients(dy=dy_t, x=x_t, weight=w_t, mean=None, rstd=rstd_t, dx=dx_t, dweight=dw_t)
-        plan = _RMS_NORM_BACKWARD.add(key, _launchers()[1].backward_plan(grads, rms=True))
+        plan = _RMS_NORM_BACKWARD.add(key, _backward().backward_plan(grads, rms=True))
         dx, dweight = dx_t.obj, _obj(dw_t)
     else:
         dx = torch_empty_like(x) if dx is None else dx
@@ -245,7 +250,7 @@ def fused_add_rms_norm(x, residual, weight, eps=1e-6, out=None, residual_out=Non
         ro_t = output(who, residual_out, "residual_out", x_t)
         rstd_t = statistics(who, rstd, "rstd", x_t, return_stats)
         tensors = NormTensors(x=x_t, out=out_t, residual=r_t, weight=w_t, residual_out=ro_t, rstd=rstd_t)
-        plan = _FUSED_ADD_RMS_NORM.add(key, _launchers()[0].forward_plan(tensors, rms=True))
+        plan = _FUSED_ADD_RMS_NORM.add(key, _forward().forward_plan(tensors, rms=True))
         out, residual_out, rstd = out_t.obj, ro_t.obj, _obj(rstd_t)
     else:
         out = torch_empty_like(x) if out is None else out
