@@ -169,10 +169,6 @@ class DescriptorFormat:
         return int(self.major == "MN")
 
 
-def _evaluate(inner: _fl.Layout, m: int, k: int) -> int:
-    return _fl.crd2idx((m, k), inner.shape, inner.stride)
-
-
 def descriptor_format(layout, dtype, shape, origin=(0, 0), major: str | None = None) -> DescriptorFormat:
     """The descriptor fields for the (MN, K) = ``shape`` sub-tile at ``origin`` of a static (MN, K) ``layout`` of
     ``dtype`` elements, or a ValueError saying why wgmma cannot read it.
@@ -209,10 +205,15 @@ def _descriptor_format(sw, inner, dtype, shape, origin, major) -> DescriptorForm
         raise ValueError(
             f"descriptor_format: the {mn}x{kk} sub-tile at {origin} does not fit the (MN, K) = {extent} layout"
         )
-    base = _evaluate(inner, o_m, o_k)
+    # A layout's offset is the sum of its modes' offsets: b(m, k) = rows[m] + cols[k] (bytes from the origin), so
+    # mn + kk evaluations prove all mn * kk elements below (each crd2idx of a nested layout costs ~20 us of a compile).
+    (shape_m, shape_k), (stride_m, stride_k) = inner.shape, inner.stride
+    row0, col0 = _fl.crd2idx(o_m, shape_m, stride_m), _fl.crd2idx(o_k, shape_k, stride_k)
+    rows = [(_fl.crd2idx(o_m + m, shape_m, stride_m) - row0) * e for m in range(mn)]
+    cols = [(_fl.crd2idx(o_k + k, shape_k, stride_k) - col0) * e for k in range(kk)]
 
     def b(m, k):
-        return (_evaluate(inner, o_m + m, o_k + k) - base) * e
+        return (_fl.crd2idx(o_m + m, shape_m, stride_m) - row0 + _fl.crd2idx(o_k + k, shape_k, stride_k) - col0) * e
 
     if major is None:
         if b(0, 1) == e:
@@ -260,15 +261,17 @@ def _descriptor_format(sw, inner, dtype, shape, origin, major) -> DescriptorForm
     for name, value in (("LBO", lbo), ("SBO", sbo)):
         if value is not None and (value % 16 or not 0 <= value < _FIELD_LIMIT):
             raise ValueError(f"descriptor_format: {what}: {name} = {value} bytes is not a multiple of 16 in [0, 2^18)")
-    for m in range(mn):
-        for k in range(kk):
-            got, expected = b(m, k), canonical(m, k)
-            if got != expected:
-                raise ValueError(
-                    f"descriptor_format: {what} is not a layout wgmma can read: element ({m}, {k}) is at byte {got},"
-                    f" the canonical layout (LBO={lbo}, SBO={sbo}) puts it at {expected}; build shared tiles with"
-                    " wgmma.smem_layout"
-                )
+    # canonical(m, k) = canonical(m, 0) + canonical(0, k) as well, both 0 at (0, 0): the offsets agree everywhere
+    # exactly when they agree along the first column and along the first row.
+    wrong = [(m, 0) for m in range(mn) if rows[m] != canonical(m, 0)]
+    wrong += [(0, k) for k in range(kk) if cols[k] != canonical(0, k)]
+    if wrong:
+        m, k = wrong[0]
+        raise ValueError(
+            f"descriptor_format: {what} is not a layout wgmma can read: element ({m}, {k}) is at byte"
+            f" {rows[m] + cols[k]}, the canonical layout (LBO={lbo}, SBO={sbo}) puts it at {canonical(m, k)}; build"
+            " shared tiles with wgmma.smem_layout"
+        )
     return DescriptorFormat(major, swizzle, lbo, sbo, (mn, kk), e)
 
 
@@ -302,7 +305,7 @@ class MatrixDescriptor:
                 f"MatrixDescriptor.at({mn}, {k}): the sub-tile there has descriptor fields {fmt}, not {self.format}"
             )
         _, _, inner = _swizzle_of(self.tensor.layout)
-        start = _evaluate(inner, mn, k) * fmt.element_bytes
+        start = _fl.crd2idx((mn, k), inner.shape, inner.stride) * fmt.element_bytes
         delta = start - self._start
         if delta % 16:
             raise ValueError(f"MatrixDescriptor.at({mn}, {k}): the sub-tile starts {delta} bytes away, not 16-aligned")
@@ -345,7 +348,7 @@ def make_descriptor(tensor: Tensor, shape, major: str | None = None) -> MatrixDe
         offset=tensor.offset,
     )
     start = _llvm.ptrtoint(ir.IntegerType.get_signless(64), address(base))
-    origin = _evaluate(inner, 0, 0)
+    origin = _fl.crd2idx((0, 0), inner.shape, inner.stride)
     if isinstance(offset, int):
         if offset + origin:
             start = _arith.addi(start, _i64((offset + origin) * e))
