@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from flydsl.compiler.errors import CompilationError
 
-__all__ = ["Finished", "ForkedChild", "compile_in_worker", "outcome_of", "stop_worker"]
+__all__ = ["Finished", "ForkedChild", "compile_in_worker", "outcome_of", "start_worker", "stop_worker"]
 
 # Stage of a child that died before it reached any (e.g. while importing): the backend as a whole.
 BACKEND_STAGE = "backend"
@@ -160,6 +160,14 @@ def compile_in_worker(request: dict):
     with _worker_lock:
         finished = _current_worker().call((request, dict(os.environ), os.getcwd()))
     return outcome_of(finished)
+
+
+def start_worker() -> None:
+    """Starts the worker now where none runs, without waiting for it: a caller about to trace a kernel calls this
+    first, so that the worker's start-up (a Python process importing MLIR and compiling once: ~250 ms of a first
+    compile on the 2-core development machine) runs while the kernel is traced."""
+    with _worker_lock:
+        _current_worker()
 
 
 def stop_worker() -> None:

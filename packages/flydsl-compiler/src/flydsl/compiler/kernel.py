@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass
 
 import flydsl.layout as _fl
-from flydsl.compiler import cache, runtime, settings, toolchain
+from flydsl.compiler import cache, isolate, runtime, settings, toolchain
 from flydsl.compiler._native import launcher
 from flydsl.compiler.args import (
     StaticDims,
@@ -233,6 +233,7 @@ class KernelFunction:
         constexprs = [part[2] for part in spec.key if isinstance(part, tuple) and part[:1] == ("constexpr",)]
         fingerprint = source_fingerprint(self.fn, *constexprs)
         if fingerprint.digest is None:
+            _start_compile_worker()
             if not self._warned_uncacheable:
                 self._warned_uncacheable = True
                 warn_at_user_code(
@@ -248,6 +249,7 @@ class KernelFunction:
         )
         compiled = cache.load(key)
         if compiled is None:
+            _start_compile_worker()
             compiled = compile_mlir(self.trace(spec.key), self.target)
             cache.store(key, compiled)
         else:  # what ptxas said when it was compiled, as then
@@ -357,6 +359,12 @@ class KernelFunction:
 
 
 _INT64_BOUNDS = (-(1 << 63), (1 << 63) - 1)
+
+
+def _start_compile_worker() -> None:
+    """Where compiles are isolated, the worker starts while the kernel is traced (``isolate.start_worker``)."""
+    if settings.current().compile_isolated:
+        isolate.start_worker()
 
 
 def _dispatch_param(param: _Param) -> tuple:
