@@ -34,7 +34,7 @@ def _cases():
     import gemm_2_mma_sync
     import tiled_copy
     import vector_add
-    from host_overhead import noop6_kernel  # this folder's sibling script
+    from launch_levels import noop6_kernel  # this folder's sibling script
 
     f16, bf16 = flyc.TensorSpec((1024, 1024), "f16"), flyc.TensorSpec((512, 512), "bf16")
     vec = flyc.TensorSpec((1 << 20,), "f32")

@@ -58,6 +58,7 @@ def _native_level(compiled, tensors, stream):
 def noop6_kernel():
     """noop6 as a ``@flyc.kernel`` with six ``fx.Tensor`` parameters (defined here: flydsl is imported late, for the
     cold start's sake)."""
+    global fx  # the kernel's annotations are resolved in this module's globals
     import flydsl.compiler as flyc
     import flydsl.expr as fx
 
