@@ -104,6 +104,13 @@ void registerStreamGetter(nb::handle getter) {
   reg.streamGetter = getter.is_none() ? nullptr : getter.ptr();
 }
 
+void registerNegativeZeroCheck(nb::handle check) {
+  auto &reg = registry();
+  Py_XINCREF(check.ptr());
+  Py_XDECREF(reg.negativeZeroCheck);
+  reg.negativeZeroCheck = check.is_none() ? nullptr : check.ptr();
+}
+
 } // namespace
 
 void bindDispatchRegistry(nb::module_ &rt) {
@@ -122,6 +129,9 @@ void bindDispatchRegistry(nb::module_ &rt) {
          "source).");
   rt.def("_register_stream_getter", &registerStreamGetter, "getter"_a.none(),
          "Dispatcher: getter(device) -> the raw handle of the device's current torch stream.");
+  rt.def("_register_negative_zero_check", &registerNegativeZeroCheck, "check"_a.none(),
+         "Dispatcher: check(value) -> whether a Constexpr value (not a number, string or tuple) "
+         "holds a float -0.0 anywhere.");
 }
 
 } // namespace fly::python

@@ -51,6 +51,9 @@ struct DispatchRegistry {
   };
   std::vector<Typestr> typestrs;
   PyObject *streamGetter = nullptr; // torch._C._cuda_getCurrentRawStream(device) -> int
+  // kernel.py's _holds_negative_zero(value) -> bool, for Constexpr values that
+  // are neither numbers, strings nor tuples (dataclasses, ...).
+  PyObject *negativeZeroCheck = nullptr;
   PyObject *isCuda = PyUnicode_InternFromString("is_cuda");
   PyObject *dtype = PyUnicode_InternFromString("dtype");
   PyObject *dataPtr = PyUnicode_InternFromString("data_ptr");
@@ -77,7 +80,7 @@ DispatchRegistry &registry();
 /// The index of element type `name` (a str), registered if new; -1 if full.
 int elementIndex(PyObject *name);
 
-/// Adds the _register_* functions to the `runtime` submodule `rt`.
+/// Adds the _register_* functions to the launcher extension `rt`.
 void bindDispatchRegistry(nanobind::module_ &rt);
 
 } // namespace fly::python

@@ -409,7 +409,9 @@ private:
   /// (encoded on first use, then cached by the tile) and its extents.
   /// Constexpr values match as Python dicts match keys: same object, else same type, hash and ==
   /// (an == that raises or is not a plain True declines, leaving the launch to Python); floats bit
-  /// for bit, as kernel.py keys them (0.0 == -0.0, but they compile to different constants).
+  /// for bit, as kernel.py keys them (0.0 == -0.0, but they compile to different constants). A
+  /// value holding a -0.0 inside (a tuple, a dataclass) is keyed apart by kernel.py and never
+  /// registered here, so an equal call value that holds one is another kernel: no match.
   static bool sameConstexpr(PyObject *x, Py_hash_t hx, PyObject *y, Py_hash_t hy) {
     if (x == y)
       return true;
@@ -419,7 +421,36 @@ private:
       double a = PyFloat_AS_DOUBLE(x), b = PyFloat_AS_DOUBLE(y);
       return std::memcmp(&a, &b, sizeof a) == 0;
     }
-    return PyObject_RichCompareBool(x, y, Py_EQ) == 1 || decline();
+    if (PyObject_RichCompareBool(x, y, Py_EQ) != 1)
+      return decline();
+    int zero = holdsNegativeZero(y);
+    return zero == 0 || (zero < 0 && decline());
+  }
+
+  /// 1 if `v` holds a float -0.0 (itself, inside tuples, or where kernel.py's
+  /// check says so), 0 if not, -1 on an error (cleared by the caller's decline).
+  static int holdsNegativeZero(PyObject *v) {
+    if (PyFloat_CheckExact(v)) {
+      double d = PyFloat_AS_DOUBLE(v);
+      return d == 0.0 && std::signbit(d);
+    }
+    if (PyLong_CheckExact(v) || PyUnicode_CheckExact(v) || PyBool_Check(v) || v == Py_None)
+      return 0;
+    if (PyTuple_CheckExact(v)) {
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); ++i)
+        if (int zero = holdsNegativeZero(PyTuple_GET_ITEM(v, i)))
+          return zero;
+      return 0;
+    }
+    PyObject *check = registry().negativeZeroCheck;
+    if (!check)
+      return 0;
+    PyObject *result = PyObject_CallOneArg(check, v);
+    if (!result)
+      return -1;
+    int zero = PyObject_IsTrue(result);
+    Py_DECREF(result);
+    return zero;
   }
 
   static bool sameConstexprs(const DispatchEntry &a, const DispatchEntry &b) {

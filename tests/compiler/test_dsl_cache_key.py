@@ -14,6 +14,7 @@ import linecache
 import sys
 import textwrap
 import warnings
+from typing import NamedTuple
 
 import pytest
 
@@ -262,6 +263,52 @@ def test_the_native_path_matches_float_constexprs_bit_for_bit():
     assert dispatcher._dry_run(values, 1, 32) is not None
     assert dispatcher._dry_run((*values[:2], float("0.0"), 3), 1, 32) is not None  # an equal float object
     assert dispatcher._dry_run((*values[:2], -0.0, 3), 1, 32) is None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scales:
+    low: float
+    high: float = 1.0
+
+
+class _Pair(NamedTuple):
+    low: float
+    high: float
+
+
+@flyc.kernel
+def _scaled_by_first(x: fx.Tensor, y: fx.Tensor, c: fx.Constexpr, s: fx.Stream):
+    y[0] = x[0] * (c.low if isinstance(c, _Scales) else c[0])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda zero: (zero, 2), lambda zero: _Scales(zero), lambda zero: _Pair(zero, 1.0)],
+    ids=["tuple", "dataclass", "named tuple"],
+)
+def test_negative_zeros_inside_constexprs_have_their_own_keys_and_kernels(make):
+    """A tuple or dataclass Constexpr holding -0.0 equals (and hashes as) its 0.0 twin: still two kernels, in the
+    Python path's keys and in the native dispatcher's matches."""
+    from .test_dispatch import FakeTorchTensor, _registered
+
+    positive, negative, twin = make(0.0), make(-0.0), make(0.0)  # twin: equal to positive, another object
+    assert positive == negative and hash(positive) == hash(negative)
+    x, y = FakeGpuTensor((8,)), FakeGpuTensor((8,))
+    kernel = _scaled_by_first
+    assert kernel.specialize([x, y, positive, 0]).key != kernel.specialize([x, y, negative, 0]).key
+    assert "0f00000000" in kernel.lower(x, y, positive, 0).ptx
+    assert "0f80000000" in kernel.lower(x, y, negative, 0).ptx
+    values = (FakeTorchTensor((64,)), FakeTorchTensor((64,)), positive, 3)
+    dispatcher, _ = _registered(kernel, values)
+    assert twin is not positive and dispatcher._dry_run((*values[:2], twin, 3), 1, 32) is not None
+    assert dispatcher._dry_run((*values[:2], negative, 3), 1, 32) is None
+
+
+def test_a_negative_zero_is_found_anywhere_in_a_constexpr():
+    from flydsl.compiler.kernel import _holds_negative_zero as holds
+
+    assert holds(-0.0) and holds(((1, -0.0),)) and holds(frozenset({-0.0})) and holds(_Scales(1.0, -0.0))
+    assert not holds(0.0) and not holds(((1, 0.0),)) and not holds("-0.0") and not holds(_Scales(0.0)) and not holds(0)
 
 
 _LOCK = __import__("threading").Lock()
