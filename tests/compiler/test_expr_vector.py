@@ -61,6 +61,19 @@ def test_vector_classes_are_cached_per_element_and_length():
         vector_class(fx.Float32, 0)
 
 
+def test_type_shorthands_name_scalars_and_vectors_fp8_included():
+    from mlir import ir
+
+    from flydsl.compiler.context import make_context
+
+    with make_context(), ir.Location.unknown():
+        assert str(T.f8e4m3fnx16) == "vector<16xf8E4M3FN>" and str(T.f8e5m2x4) == "vector<4xf8E5M2>"
+        assert str(T.f8e4m3fn) == "f8E4M3FN" and str(T.bf16x8) == "vector<8xbf16>" and str(T.i32) == "i32"
+        assert vector_class(T.f8e4m3fnx16) is Vector.of(fx.Float8E4M3FN, 16)
+        with pytest.raises(AttributeError, match="f7"):
+            T.f7x2
+
+
 def test_vector_kernel_compiles_to_16_byte_accesses_in_registers():
     module = vector_ops.lower(*_tensors(400, 1600, 100))
     ptx = module.ptx
