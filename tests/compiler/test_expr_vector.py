@@ -71,7 +71,7 @@ def test_type_shorthands_name_scalars_and_vectors_fp8_included():
         assert str(T.f8e4m3fn) == "f8E4M3FN" and str(T.bf16x8) == "vector<8xbf16>" and str(T.i32) == "i32"
         assert vector_class(T.f8e4m3fnx16) is Vector.of(fx.Float8E4M3FN, 16)
         with pytest.raises(AttributeError, match="f7"):
-            T.f7x2
+            _ = T.f7x2
 
 
 def test_vector_kernel_compiles_to_16_byte_accesses_in_registers():

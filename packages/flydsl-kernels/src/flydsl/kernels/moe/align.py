@@ -30,14 +30,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlir import ir
-from mlir.dialects import llvm as _llvm
-from mlir.dialects import nvvm as _nvvm
-
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import arith, gpu
 from flydsl.kernels.moe.api import MAX_BLOCK_M, MAX_EXPERTS
+
+ir = lazy_import("mlir.ir")
+_llvm = lazy_import("mlir.dialects.llvm")
+_nvvm = lazy_import("mlir.dialects.nvvm")
 
 __all__ = [
     "SMALL_IDS",

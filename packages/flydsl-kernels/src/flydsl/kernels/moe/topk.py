@@ -21,14 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlir import ir
-from mlir.dialects import llvm as _llvm
-
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import arith, gpu, vector
 from flydsl.kernels.moe.api import MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, SCORINGS
 from flydsl.kernels.rows.tiles import fill_buffer
+
+ir = lazy_import("mlir.ir")
+_llvm = lazy_import("mlir.dialects.llvm")
 
 __all__ = [
     "RouteConfig",

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mlir.dialects import llvm as _llvm
-
 import flydsl.expr as fx
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import vector
 from flydsl.kernels.rows.configs import BackwardConfig, NormFlags
 from flydsl.kernels.rows.layout import RowConfig
 from flydsl.kernels.rows.reduce import row_reduce
 from flydsl.kernels.rows.tiles import chunk_index
+
+_llvm = lazy_import("mlir.dialects.llvm")
 
 __all__ = [
     "BackwardTensors",

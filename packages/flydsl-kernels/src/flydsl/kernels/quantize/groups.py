@@ -14,15 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlir import ir
-
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import arith, gpu
 from flydsl.kernels.quantize.kernels import FP8_MAX, TINY
 from flydsl.kernels.rows.layout import ROW_BYTES, RowConfig
 from flydsl.kernels.rows.reduce import thread_reduce
 from flydsl.kernels.rows.tiles import RowPosition, load_row_raw, store_row_fp8, widen
+
+ir = lazy_import("mlir.ir")
 
 __all__ = [
     "GROUP",

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlir import ir
-
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import arith, nvvm
 from flydsl.kernels.rows.layout import RowConfig
 from flydsl.kernels.rows.reduce import row_done, row_reduce, row_smem, thread_reduce
 from flydsl.kernels.rows.tiles import load_row, row_position, store_row_fp8
+
+ir = lazy_import("mlir.ir")
 
 __all__ = ["FP8_MAX", "TINY", "QuantizeSpec", "quantize_rows_kernel"]
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mlir.dialects import llvm as _llvm
-
 import flydsl.expr as fx
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import cluster, gpu
 from flydsl.kernels.rows.layout import RowConfig
+
+_llvm = lazy_import("mlir.dialects.llvm")
 
 __all__ = [
     "Exchange",

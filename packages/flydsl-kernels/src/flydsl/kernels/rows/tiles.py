@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mlir.dialects import llvm as _llvm
-
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import cluster, gpu, nvvm, vector
 from flydsl.kernels.rows.layout import HINTS, RowConfig
+
+_llvm = lazy_import("mlir.dialects.llvm")
 
 __all__ = [
     "RowPosition",
