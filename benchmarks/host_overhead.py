@@ -21,7 +21,8 @@ cuda-bindings' ``cuLaunchKernel`` (a peer that does not import is skipped, with 
 
 ``cold``: in fresh subprocesses (the disk cache warmed by a first one), ``import flydsl.torch`` and the first call of
 each op's user-facing path, after a torch op has created the CUDA context (its time is recorded apart); medians;
-``import_loads_compiler`` says whether the import loaded ``flydsl.compiler`` (it should not: the adapter is lazy).
+``import_loads_compiler`` says whether the import loaded ``flydsl.compiler`` (it should not: the adapter is lazy),
+``first_calls_load_mlir`` whether the first calls loaded MLIR (they should not: their kernels are in the disk cache).
 
 Method: ``calls`` back-to-back calls timed on the host clock while a sleep kernel queued first keeps the GPU busy
 (the host never waits for the device), median of ``repeats``; ``gpu_busy_after`` says whether the stream was still
@@ -489,7 +490,7 @@ def measure_cold(runs: int, child=_run_child) -> dict:
     """The cold start of each op: ``runs`` fresh processes per op after one that calls them all (it fills the disk
     cache); medians of the context's, the import's and the first call's times, and any failure."""
     names = [op.name for op in OPS]
-    found = {"runs": runs, "errors": {}, "import_loads_compiler": None}
+    found = {"runs": runs, "errors": {}, "import_loads_compiler": None, "first_calls_load_mlir": None}
     try:
         child(names)
     except Exception as error:  # noqa: BLE001
@@ -504,10 +505,10 @@ def measure_cold(runs: int, child=_run_child) -> dict:
             except Exception as error:  # noqa: BLE001 - one op's failure is reported, the others still run
                 found["errors"][name] = _error(error)
                 break
-            found["first_calls_load_mlir"] = found.get("first_calls_load_mlir") or one["first_calls_load_mlir"]
             samples["context_ms"].append(one["context_ms"])
             samples["import_ms"].append(one["import_ms"])
             found["import_loads_compiler"] = bool(found["import_loads_compiler"]) or one["import_loads_compiler"]
+            found["first_calls_load_mlir"] = bool(found["first_calls_load_mlir"]) or one["first_calls_load_mlir"]
             first[name].append(one["first_call_ms"][name])
     found.update({key: _median(values) for key, values in samples.items()})
     found["first_call_ms"] = {name: _median(values) for name, values in first.items()}

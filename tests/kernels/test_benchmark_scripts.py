@@ -456,7 +456,7 @@ def test_host_overhead_cold_start_medians(host_overhead):
         if k > 1:  # (the first, warming process is not counted)
             measured.append(10.0 + k)
         times = {"context_ms": 100.0 + k, "import_ms": 10.0 + k, "first_call_ms": {n: 40.0 + k for n in names}}
-        return {**times, "import_loads_compiler": False}
+        return {**times, "import_loads_compiler": False, "first_calls_load_mlir": False}
 
     cold = host_overhead.measure_cold(3, child=child)
     names = [op.name for op in host_overhead.OPS]
@@ -464,7 +464,7 @@ def test_host_overhead_cold_start_medians(host_overhead):
     assert cold["first_call_ms"]["softmax"] == 43.0 and cold["first_call_ms"]["layer_norm"] == 46.0
     assert cold["first_call_ms"]["gemm"] is None and cold["errors"] == {"gemm": "RuntimeError: exited 1"}
     assert cold["import_ms"] == host_overhead._median(measured)
-    assert cold["import_loads_compiler"] is False
+    assert cold["import_loads_compiler"] is False and cold["first_calls_load_mlir"] is False
 
 
 def test_import_time_groups_a_fresh_import(monkeypatch):
