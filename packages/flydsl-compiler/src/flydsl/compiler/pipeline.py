@@ -55,7 +55,7 @@ class CompiledModule:
 
 
 def compile_mlir(
-    source: str,
+    source: str | bytes,
     target: Target = SM90A,
     *,
     start_after: str | None = None,
@@ -63,7 +63,8 @@ def compile_mlir(
     assemble: bool | None = None,
     isolate: bool | None = None,
 ) -> CompiledModule:
-    """Compiles MLIR text with one ``gpu.module`` of kernels.
+    """Compiles MLIR text with one ``gpu.module`` of kernels, or MLIR bytecode of such a module (what kernels'
+    traces pass: text's nesting check applies to text only).
 
     ``start_after`` names the stage whose output ``source`` is, so a dumped stage compiles again.
     ``assemble``: True runs ptxas (error if missing), False never does, None runs it when found.
@@ -116,7 +117,7 @@ def _stages_to_run(target: Target, start_after: str | None):
 
 
 def _compile_in_process(
-    source: str,
+    source: str | bytes,
     target: Target,
     start_after: str | None,
     keep_stages: bool,
@@ -295,8 +296,9 @@ def _refuse_memref_arguments(gpu_module: ir.Operation) -> None:
                 )
 
 
-def _parse(source: str) -> ir.Module:
-    check_nesting(source)
+def _parse(source: str | bytes) -> ir.Module:
+    if isinstance(source, str):  # (bytecode: a trace's own module)
+        check_nesting(source)
     try:
         return ir.Module.parse(source)
     except ir.MLIRError as error:
