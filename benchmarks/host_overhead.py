@@ -19,10 +19,11 @@ launcher (``LoadedModule.launch``), the same kernel as ``@flyc.kernel`` launched
 checks, specialization lookup, current stream, native dispatch), torch's ``x.add_(1)``, a Triton kernel and
 cuda-bindings' ``cuLaunchKernel`` (a peer that does not import is skipped, with the reason recorded).
 
-``cold``: in fresh subprocesses (the disk cache warmed by a first one), ``import flydsl.torch`` and the first call of
-each op's user-facing path, after a torch op has created the CUDA context (its time is recorded apart); medians;
-``import_loads_compiler`` says whether the import loaded ``flydsl.compiler`` (it should not: the adapter is lazy),
-``first_calls_load_mlir`` whether the first calls loaded MLIR (they should not: their kernels are in the disk cache).
+``cold`` (``cold_start.py``): in fresh subprocesses (the disk cache warmed by a first one), ``import flydsl.torch`` and
+the first call of each op's user-facing path, after a torch op has created the CUDA context (its time is recorded
+apart); medians; ``import_loads_compiler`` says whether the import loaded ``flydsl.compiler`` (it should not: the
+adapter is lazy), ``first_calls_load_mlir`` whether the first calls loaded MLIR (they should not: the disk cache holds
+their kernels).
 
 Method: ``calls`` back-to-back calls timed on the host clock while a sleep kernel queued first keeps the GPU busy
 (the host never waits for the device), median of ``repeats``; ``gpu_busy_after`` says whether the stream was still
@@ -38,16 +39,15 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import cold_start
 import torch
 from launch_levels import level_table, measure_levels  # this folder's sibling modules
 from moe_torch import grouped_mm_moe
@@ -444,78 +444,6 @@ def _print_progress(rows) -> None:
     print(f"{rows[0]['op']} {rows[0]['mode']}: {', '.join(parts)} us per call", flush=True)
 
 
-# --- cold start ------------------------------------------------------------------------------------------------------
-
-
-def cold_child(names: list[str]) -> dict:
-    """In a fresh process: the CUDA context (a torch op), ``import flydsl.torch``, then the first call of each named
-    op's user-facing path (inputs prepared before the clock starts), in milliseconds."""
-    start = time.perf_counter()
-    torch.zeros(1, device=DEVICE)
-    torch.cuda.synchronize()
-    found = {"context_ms": (time.perf_counter() - start) * 1e3}
-    start = time.perf_counter()
-    _import_adapter()
-    found["import_ms"] = (time.perf_counter() - start) * 1e3
-    found["import_loads_compiler"] = "flydsl.compiler" in sys.modules
-    t, ops = inputs(False), {op.name: op for op in OPS}
-    torch.cuda.synchronize()
-    found["first_call_ms"] = {}
-    for name in names:
-        start = time.perf_counter()
-        ops[name].user()[1](t)
-        torch.cuda.synchronize()
-        found["first_call_ms"][name] = (time.perf_counter() - start) * 1e3
-    found["first_calls_load_mlir"] = "mlir._mlir_libs._mlir" in sys.modules  # cached kernels should not
-    return found
-
-
-def _run_child(names: list[str]) -> dict:
-    command = [sys.executable, os.path.abspath(__file__), "--cold-child", ",".join(names)]
-    # Bytecode written by the warm-up child, as an installed package has it (pip compiles it): a process start that
-    # compiles every source again is not the cold start users see.
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-    run = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
-    if run.returncode != 0:
-        last = " / ".join(run.stderr.strip().splitlines()[-3:])
-        raise RuntimeError(f"{' '.join(command)} exited {run.returncode}: {last}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-def _median(values) -> float | None:
-    return round(statistics.median(values), 2) if values else None
-
-
-def measure_cold(runs: int, child=_run_child) -> dict:
-    """The cold start of each op: ``runs`` fresh processes per op after one that calls them all (it fills the disk
-    cache); medians of the context's, the import's and the first call's times, and any failure."""
-    names = [op.name for op in OPS]
-    found = {"runs": runs, "errors": {}, "import_loads_compiler": None, "first_calls_load_mlir": None}
-    try:
-        child(names)
-    except Exception as error:  # noqa: BLE001
-        found["errors"]["warm-up"] = _error(error)
-    samples = {"context_ms": [], "import_ms": []}
-    first = {}
-    for name in names:
-        first[name] = []
-        for _ in range(runs):
-            try:
-                one = child([name])
-            except Exception as error:  # noqa: BLE001 - one op's failure is reported, the others still run
-                found["errors"][name] = _error(error)
-                break
-            samples["context_ms"].append(one["context_ms"])
-            samples["import_ms"].append(one["import_ms"])
-            found["import_loads_compiler"] = bool(found["import_loads_compiler"]) or one["import_loads_compiler"]
-            found["first_calls_load_mlir"] = bool(found["first_calls_load_mlir"]) or one["first_calls_load_mlir"]
-            first[name].append(one["first_call_ms"][name])
-    found.update({key: _median(values) for key, values in samples.items()})
-    found["first_call_ms"] = {name: _median(values) for name, values in first.items()}
-    found["samples_ms"] = {**samples, "first_call": first}
-    return found
-
-
 # --- summary and table -----------------------------------------------------------------------------------------------
 
 
@@ -533,15 +461,7 @@ def summarize(ops, rows: list[dict], cold: dict | None) -> dict:
         "max_ratio_vs_torch": max(measured) if measured else None,
         "ratios": ratios,
         "missing": [key for key, r in ratios.items() if r is None],
-        "cold_start_ms": None if cold is None else _cold_summary(cold),
-    }
-
-
-def _cold_summary(cold: dict) -> dict:
-    return {
-        "context": cold["context_ms"],
-        "import_flydsl_torch": cold["import_ms"],
-        "first_call": cold["first_call_ms"],
+        "cold_start_ms": None if cold is None else cold_start.summary(cold),
     }
 
 
@@ -582,7 +502,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     if args.cold_child:
-        print(json.dumps(cold_child(args.cold_child.split(","))))
+        ops = {op.name: op for op in OPS}
+        print(
+            json.dumps(cold_start.first_calls(args.cold_child.split(","), ops, lambda: inputs(False), _import_adapter))
+        )
         return 0
     if not torch.cuda.is_available():
         print("host_overhead: needs a CUDA GPU", file=sys.stderr)
@@ -591,7 +514,12 @@ def main(argv=None) -> int:
     _import_flydsl()
     rows = measure_ops(OPS, args.calls, args.repeats, args.profile) if "ops" in args.parts else []
     levels = measure_levels(max(50, args.calls), args.repeats, _timed) if "levels" in args.parts else []
-    cold = measure_cold(args.cold_runs) if "cold" in args.parts else None
+    if "cold" in args.parts:
+        cold = cold_start.measure(
+            [op.name for op in OPS], args.cold_runs, lambda names: cold_start.run_child(__file__, names)
+        )
+    else:
+        cold = None
     summary = summarize(OPS, rows, cold)
     if rows:
         print("\n" + table(OPS, rows, summary))

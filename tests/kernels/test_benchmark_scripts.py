@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-LIBRARIES = {"record.py", "cold_l2.py", "moe_torch.py", "launch_levels.py"}  # imported by the scripts, not run
+LIBRARIES = {
+    "record.py",
+    "cold_l2.py",
+    "moe_torch.py",
+    "launch_levels.py",
+    "cold_start.py",
+}  # imported by the scripts, not run
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in LIBRARIES)
 
 
@@ -458,12 +464,14 @@ def test_host_overhead_cold_start_medians(host_overhead):
         times = {"context_ms": 100.0 + k, "import_ms": 10.0 + k, "first_call_ms": {n: 40.0 + k for n in names}}
         return {**times, "import_loads_compiler": False, "first_calls_load_mlir": False}
 
-    cold = host_overhead.measure_cold(3, child=child)
+    import cold_start
+
     names = [op.name for op in host_overhead.OPS]
+    cold = cold_start.measure(names, 3, child)
     assert calls[0] == names and calls[1:4] == [["softmax"]] * 3
     assert cold["first_call_ms"]["softmax"] == 43.0 and cold["first_call_ms"]["layer_norm"] == 46.0
     assert cold["first_call_ms"]["gemm"] is None and cold["errors"] == {"gemm": "RuntimeError: exited 1"}
-    assert cold["import_ms"] == host_overhead._median(measured)
+    assert cold["import_ms"] == cold_start.median(measured)
     assert cold["import_loads_compiler"] is False and cold["first_calls_load_mlir"] is False
 
 
