@@ -7,6 +7,7 @@
 #include "DescribeArgs.h"
 
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -38,6 +39,30 @@ bool decline() {
   if (PyErr_Occurred())
     PyErr_Clear();
   return false;
+}
+
+int holdsNegativeZero(PyObject *v) {
+  if (PyFloat_CheckExact(v)) {
+    double d = PyFloat_AS_DOUBLE(v);
+    return d == 0.0 && std::signbit(d);
+  }
+  if (PyLong_CheckExact(v) || PyUnicode_CheckExact(v) || PyBool_Check(v) || v == Py_None)
+    return 0;
+  if (PyTuple_CheckExact(v)) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); ++i)
+      if (int zero = holdsNegativeZero(PyTuple_GET_ITEM(v, i)))
+        return zero;
+    return 0;
+  }
+  PyObject *check = registry().negativeZeroCheck;
+  if (!check)
+    return 0;
+  PyObject *result = PyObject_CallOneArg(check, v);
+  if (!result)
+    return -1;
+  int zero = PyObject_IsTrue(result);
+  Py_DECREF(result);
+  return zero;
 }
 
 namespace {

@@ -78,6 +78,11 @@ bool describeTensor(PyObject *obj, Described &d);
 /// encoded tensor map and its extents; its tensor counts for the stream.
 bool describeTmaTile(PyObject *obj, Described &d);
 
+/// 1 if the Constexpr value `v` holds a float -0.0 (itself, inside tuples, or
+/// where kernel.py's registered check says so: dataclasses, ...), 0 if not,
+/// -1 with a Python error set.
+int holdsNegativeZero(PyObject *v);
+
 } // namespace fly::python
 
 #endif // FLY_PYTHON_DESCRIBEARGS_H

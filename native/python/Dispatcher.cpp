@@ -427,32 +427,6 @@ private:
     return zero == 0 || (zero < 0 && decline());
   }
 
-  /// 1 if `v` holds a float -0.0 (itself, inside tuples, or where kernel.py's
-  /// check says so), 0 if not, -1 on an error (cleared by the caller's decline).
-  static int holdsNegativeZero(PyObject *v) {
-    if (PyFloat_CheckExact(v)) {
-      double d = PyFloat_AS_DOUBLE(v);
-      return d == 0.0 && std::signbit(d);
-    }
-    if (PyLong_CheckExact(v) || PyUnicode_CheckExact(v) || PyBool_Check(v) || v == Py_None)
-      return 0;
-    if (PyTuple_CheckExact(v)) {
-      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); ++i)
-        if (int zero = holdsNegativeZero(PyTuple_GET_ITEM(v, i)))
-          return zero;
-      return 0;
-    }
-    PyObject *check = registry().negativeZeroCheck;
-    if (!check)
-      return 0;
-    PyObject *result = PyObject_CallOneArg(check, v);
-    if (!result)
-      return -1;
-    int zero = PyObject_IsTrue(result);
-    Py_DECREF(result);
-    return zero;
-  }
-
   static bool sameConstexprs(const DispatchEntry &a, const DispatchEntry &b) {
     for (size_t i = 0; i < a.constexprs.size(); ++i)
       if (!sameConstexpr(a.constexprs[i].ptr(), a.hashes[i], b.constexprs[i].ptr(), b.hashes[i]))

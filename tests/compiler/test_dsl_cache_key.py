@@ -305,7 +305,7 @@ def test_negative_zeros_inside_constexprs_have_their_own_keys_and_kernels(make):
 
 
 def test_a_negative_zero_is_found_anywhere_in_a_constexpr():
-    from flydsl.compiler.kernel import _holds_negative_zero as holds
+    from flydsl.compiler.args import holds_negative_zero as holds
 
     assert holds(-0.0) and holds(((1, -0.0),)) and holds(frozenset({-0.0})) and holds(_Scales(1.0, -0.0))
     assert not holds(0.0) and not holds(((1, 0.0),)) and not holds("-0.0") and not holds(_Scales(0.0)) and not holds(0)

@@ -9,6 +9,8 @@ copies can be vectorized), as is the alignment of its data pointer: one binary s
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import operator
 from dataclasses import dataclass
 
@@ -22,6 +24,7 @@ __all__ = [
     "stride_plan",
     "reaches_2_31",
     "DTYPES",
+    "holds_negative_zero",
 ]
 
 # numpy typestr / torch dtype name -> FlyDSL element type name (MLIR)
@@ -335,3 +338,19 @@ def _check_memory(pointer: int, shape: tuple, name: str) -> None:
         raise ValueError(f"argument '{name}': data pointer {pointer:#x} is not a 64-bit address")
     if pointer == 0 and all(shape):
         raise ValueError(f"argument '{name}': null data pointer for a tensor of shape {shape} (it has elements)")
+
+
+def holds_negative_zero(value) -> bool:
+    """Whether a Constexpr value is or holds a float -0.0: itself, in a tuple or frozenset, or in a dataclass's
+    fields (recursively). Such a value equals its 0.0 twin (and hashes the same) but compiles to other constants:
+    kernel.py keys it apart, and the native dispatcher asks this of values other than numbers, strings and tuples."""
+    kind = type(value)
+    if kind is float:
+        return value == 0.0 and math.copysign(1.0, value) < 0
+    if kind in (int, bool, str) or value is None:
+        return False
+    if isinstance(value, (tuple, frozenset)):  # named tuples too
+        return any(holds_negative_zero(item) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(holds_negative_zero(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False

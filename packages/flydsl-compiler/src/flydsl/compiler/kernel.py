@@ -13,11 +13,9 @@ arguments raise before anything is launched, naming the parameter.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import io
-import math
 import typing
 from dataclasses import dataclass
 
@@ -27,6 +25,7 @@ from flydsl.compiler._native import launcher
 from flydsl.compiler.args import (
     StaticDims,
     describe_tensor,
+    holds_negative_zero,
     reaches_2_31,
     register_array_interface_dtypes,
     stride_plan,
@@ -218,7 +217,7 @@ class KernelFunction:
                     hash(value)
                 except TypeError:
                     raise TypeError(f"argument '{param.name}': a Constexpr must be hashable, got {value!r}") from None
-                if _holds_negative_zero(value):
+                if holds_negative_zero(value):
                     # == to its 0.0 twin but other constants in the code; a key of four parts, which the native
                     # path does not take (it never matches a value holding a -0.0 to a registered one)
                     key.append(("constexpr", type(value).__name__, value, "negative zero"))
@@ -482,23 +481,7 @@ class _LoadedKernel:
         self.block, self.cluster = module.compiled.launch_shapes.get(name, (None, None))
 
 
-def _holds_negative_zero(value) -> bool:
-    """Whether a Constexpr value is or holds a float -0.0: itself, in a tuple or frozenset, or in a dataclass's
-    fields (recursively). Such a value equals its 0.0 twin (and hashes the same), so the in-memory keys must tell
-    them apart; the native dispatcher asks this of values other than numbers, strings and tuples."""
-    kind = type(value)
-    if kind is float:
-        return value == 0.0 and math.copysign(1.0, value) < 0
-    if kind in (int, bool, str) or value is None:
-        return False
-    if isinstance(value, (tuple, frozenset)):  # named tuples too
-        return any(_holds_negative_zero(item) for item in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return any(_holds_negative_zero(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return False
-
-
-launcher._register_negative_zero_check(_holds_negative_zero)
+launcher._register_negative_zero_check(holds_negative_zero)
 
 
 def register_loaded(dispatcher, key, loaded) -> None:
