@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import importlib
+import threading
 
 from flydsl.compiler._native import dialect_extension
 from flydsl.compiler.lazy import lazy_import
@@ -13,14 +13,22 @@ ir = lazy_import("mlir.ir")
 __all__ = ["make_context"]
 
 
-@functools.cache
+_lock = threading.Lock()
+_native = None  # the dialect extension, once set up
+
+
 def _dialect():
-    """The dialect extension, its passes registered and the op builders' search prefix set, on the first context:
-    importing this module loads no MLIR library."""
-    importlib.import_module("flydsl.compiler.dialects")  # registers the op-builder search prefix
-    native = dialect_extension()
-    native.register_passes()
-    return native
+    """The dialect extension, its passes registered and the op builders' search prefix set, once, on the first
+    context (threads making their first contexts at once wait for it): importing this module loads no MLIR library."""
+    global _native
+    if _native is None:
+        with _lock:
+            if _native is None:
+                importlib.import_module("flydsl.compiler.dialects")  # registers the op-builder search prefix
+                native = dialect_extension()
+                native.register_passes()
+                _native = native
+    return _native
 
 
 def make_context() -> ir.Context:

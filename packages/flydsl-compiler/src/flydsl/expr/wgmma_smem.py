@@ -209,11 +209,17 @@ def _descriptor_format(sw, inner, dtype, shape, origin, major) -> DescriptorForm
     # mn + kk evaluations prove all mn * kk elements below (each crd2idx of a nested layout costs ~20 us of a compile).
     (shape_m, shape_k), (stride_m, stride_k) = inner.shape, inner.stride
     row0, col0 = _fl.crd2idx(o_m, shape_m, stride_m), _fl.crd2idx(o_k, shape_k, stride_k)
-    rows = [(_fl.crd2idx(o_m + m, shape_m, stride_m) - row0) * e for m in range(mn)]
-    cols = [(_fl.crd2idx(o_k + k, shape_k, stride_k) - col0) * e for k in range(kk)]
+
+    def row(m):
+        return (_fl.crd2idx(o_m + m, shape_m, stride_m) - row0) * e
+
+    def col(k):
+        return (_fl.crd2idx(o_k + k, shape_k, stride_k) - col0) * e
 
     def b(m, k):
-        return (_fl.crd2idx(o_m + m, shape_m, stride_m) - row0 + _fl.crd2idx(o_k + k, shape_k, stride_k) - col0) * e
+        return row(m) + col(k)
+
+    rows, cols = [row(m) for m in range(mn)], [col(k) for k in range(kk)]
 
     if major is None:
         if b(0, 1) == e:
