@@ -54,12 +54,17 @@ struct DispatchRegistry {
   // kernel.py's _holds_negative_zero(value) -> bool, for Constexpr values that
   // are neither numbers, strings nor tuples (dataclasses, ...).
   PyObject *negativeZeroCheck = nullptr;
+  // plan_key (LaunchPlan.cpp): types keyed by identity (torch.dtype), and
+  // learner(value) -> whether value's type is now registered (or is a tensor).
+  std::vector<PyTypeObject *> keyTypes;
+  PyObject *keyTypeLearner = nullptr;
   PyObject *isCuda = PyUnicode_InternFromString("is_cuda");
   PyObject *dtype = PyUnicode_InternFromString("dtype");
   PyObject *dataPtr = PyUnicode_InternFromString("data_ptr");
   PyObject *shape = PyUnicode_InternFromString("shape");
   PyObject *stride = PyUnicode_InternFromString("stride");
   PyObject *getDevice = PyUnicode_InternFromString("get_device");
+  PyObject *elementSize = PyUnicode_InternFromString("element_size");
   PyObject *cudaStream = PyUnicode_InternFromString("cuda_stream");
   PyObject *constexprTag = PyUnicode_InternFromString("constexpr");
   PyTypeObject *tmaTileType = nullptr; // flydsl.expr.tma.TmaTile

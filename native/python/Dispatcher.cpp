@@ -21,6 +21,7 @@
 #include "DescribeArgs.h"
 #include "DispatchRegistry.h"
 #include "LaunchArgs.h"
+#include "LaunchPlan.h"
 
 #include <nanobind/stl/string.h>
 
@@ -338,6 +339,8 @@ public:
     if (!fitsShape(*entry, b, c, hasCluster))
       return false;
     entry->function->launch(g, b, params, shared, handle, hasCluster ? c : nullptr);
+    noteLaunch(*entry->function, g, b, hasCluster ? c : nullptr, shared, handle,
+               entry->signature.c_str(), d.numValues, params);
     return true;
   }
 

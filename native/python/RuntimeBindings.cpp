@@ -10,6 +10,7 @@
 #include "../runtime/RuntimeBindings.h"
 #include "../runtime/CudaDriver.h"
 #include "Dispatcher.h"
+#include "LaunchPlan.h"
 #include "LaunchArgs.h"
 
 #include <nanobind/stl/string.h>
@@ -80,8 +81,10 @@ void launchFunction(const Function &fn, nb::handle grid, nb::handle block, nb::h
   LaunchArgs la;
   prepareLaunch(fn.name().c_str(), grid.ptr(), block.ptr(), signature.ptr(), args.ptr(),
                 sharedMem.ptr(), stream.ptr(), cluster.ptr(), la);
-  fn.launch(la.grid, la.block, la.params, la.sharedBytes, la.stream,
-            la.hasCluster ? la.cluster : nullptr);
+  const unsigned *clusterDims = la.hasCluster ? la.cluster : nullptr;
+  fn.launch(la.grid, la.block, la.params, la.sharedBytes, la.stream, clusterDims);
+  noteLaunch(fn, la.grid, la.block, clusterDims, la.sharedBytes, la.stream,
+             PyUnicode_AsUTF8(signature.ptr()), la.numParams, la.params);
 }
 
 /// Test hook: runs the whole validation and packing of Function.launch without
@@ -344,6 +347,7 @@ void flyBindRuntime(nb::module_ &rt) {
          "aligned (every argument's address suitably aligned) and inline (no heap used).");
 
   fly::python::bindDispatcher(rt);
+  fly::python::bindLaunchPlans(rt);
 
   nb::class_<Function>(rt, "Function", "A kernel of a Module; keeps the Module alive.")
       .def_prop_ro("name", &Function::name)

@@ -1,14 +1,22 @@
 """Launch plans without a GPU (flydsl.kernels.plans): the call signature tells apart every fact validation and routing
 read, arguments that cannot be keyed give no key, the plan store's bound, and calls that fail validation keep no plan.
-The GPU side (plans reused, never for another signature, results right) is tests/kernels/test_plans_gpu.py."""
+Replays: recorded launches (the recording's test hook stands in for the driver) replay with each pointer patched to
+the argument it pointed into, and everything a replay would get wrong is declined with its reason. The GPU side (plans
+reused and replayed, never for another signature, results right) is tests/kernels/test_plans_gpu.py."""
 
 from __future__ import annotations
 
+import importlib
+import struct
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
 import flydsl.kernels as zoo  # noqa: E402
+from flydsl.compiler._native import launcher  # noqa: E402
 from flydsl.kernels import plans  # noqa: E402
 from flydsl.kernels.gemm import gemm  # noqa: E402
 from flydsl.kernels.norms import api as norms_api  # noqa: E402
@@ -26,28 +34,63 @@ def test_signature_tells_apart_dtype_shape_strides_alignment_and_type():
         "transposed": torch.zeros(64, 8, dtype=torch.bfloat16).t(),
         "misaligned": torch.zeros(8 * 64 + 1, dtype=torch.bfloat16)[1:].view(8, 64),
         "parameter": torch.nn.Parameter(torch.zeros(8, 64, dtype=torch.bfloat16), requires_grad=False),
+        "flat": torch.zeros(8 * 64, dtype=torch.bfloat16),
     }
     keys = {name: plans.signature(t) for name, t in variants.items()}
+    assert all(isinstance(k, bytes) for k in keys.values())
     assert len(set(keys.values())) == len(keys), keys
     assert plans.signature(torch.zeros(8, 64, dtype=torch.bfloat16)) == keys["itself"]  # another tensor, same facts
-    kind, dtype, shape, strides, low_bits, device = keys["itself"][0]
-    assert (kind, dtype, tuple(shape), strides, device) == (torch.Tensor, torch.bfloat16, (8, 64), (64, 1), -1)
-    assert low_bits == 0 == base.data_ptr() & 15  # the allocator's blocks are 16-byte aligned
-    assert keys["misaligned"][0][4] == 2  # one bf16 element past an aligned start
+    offset = torch.zeros(8 * 64 + 8, dtype=torch.bfloat16)[8:].view(8, 64)  # 16 bytes in: aligned as well
+    assert plans.signature(offset) == keys["itself"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    st.sampled_from([torch.float32, torch.bfloat16, torch.float8_e4m3fn]),
+    st.integers(0, 3),
+    st.booleans(),
+    st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    st.sampled_from([torch.float32, torch.bfloat16, torch.float8_e4m3fn]),
+    st.integers(0, 3),
+    st.booleans(),
+)
+def test_signatures_are_equal_exactly_when_the_facts_are(shape_a, dtype_a, skip_a, t_a, shape_b, dtype_b, skip_b, t_b):
+    """Two tensors (a shape, a dtype, a start some elements into a buffer, perhaps transposed) key alike if and only if
+    dtype, shape, strides and address mod 16 agree."""
+
+    def make(shape, dtype, skip, transposed):
+        numel = 1
+        for e in shape:
+            numel *= e
+        t = torch.zeros(numel + skip, dtype=torch.float32).to(dtype)[skip:].view(shape)
+        return t.t() if transposed and t.dim() == 2 else t
+
+    a, b = make(shape_a, dtype_a, skip_a, t_a), make(shape_b, dtype_b, skip_b, t_b)
+    facts = [(t.dtype, tuple(t.shape), t.stride(), t.data_ptr() & 15) for t in (a, b)]
+    assert (plans.signature(a) == plans.signature(b)) == (facts[0] == facts[1])
 
 
 def test_signature_of_other_arguments():
-    assert plans.signature(None, 1e-5, "gelu", [8, 4]) == (
-        (type(None), None),
-        (float, 1e-5),
-        (str, "gelu"),
-        (list, (8, 4)),
-    )
+    key = plans.signature(None, 1e-5, "gelu", [8, 4])
+    assert isinstance(key, bytes) and key == plans.signature(None, 1e-5, "gelu", [8, 4])
+    others = [
+        (None, 1e-6, "gelu", [8, 4]),
+        (None, 1e-5, "relu", [8, 4]),
+        (None, 1e-5, "gelu", [8, 5]),
+        (None, 1e-5, "gelu", (8, 4)),  # a tuple is another call than a list
+        (None, 1e-5, "gelu", [8, 4], None),
+    ]
+    assert len({key, *(plans.signature(*o) for o in others)}) == len(others) + 1
     # equal values of other types are other calls (eps=1 validates as 1.0; eps=True is refused)
     assert len({plans.signature(1), plans.signature(1.0), plans.signature(True)}) == 3
+    assert plans.signature(0.0) != plans.signature(-0.0)  # the bits: a -0.0 default is another call
+    assert plans.signature(torch.float16) == plans.signature(torch.float16) != plans.signature(torch.bfloat16)
     assert plans.signature(object()) is None  # not keyed: such a call validates every time
     assert plans.signature([8, torch.zeros(1)]) is None
+    assert plans.signature([8, True]) is None  # bools are not the ints of a shape
     assert plans.signature(torch.zeros(2), object()) is None
+    assert plans.signature(2**70) is None  # past int64
 
 
 def test_a_store_keeps_its_limit_and_ignores_calls_without_a_key():
@@ -78,3 +121,132 @@ def test_a_call_that_fails_validation_keeps_no_plan_and_fails_again(call, store)
             call(x)
     stores = [store] if store is not None else [p for p in plans._ALL if p.name.startswith("flydsl.kernels.")]
     assert all(len(s) == 0 for s in stores)
+
+
+@pytest.fixture
+def stream_getter():
+    """A stream getter that says stream 7 (none is registered before a torch launch); the real one after."""
+    launcher._register_stream_getter(lambda device: 7)
+    yield
+    launcher._register_stream_getter(importlib.import_module("flydsl.compiler.kernel")._current_torch_stream)
+
+
+def _params(*values):
+    return struct.pack(f"<{len(values)}Q", *values)
+
+
+def test_a_recording_replays_with_the_new_arguments_pointers(stream_getter):
+    x, out = torch.randn(8, 64), torch.empty(8, 64)
+    recording = launcher.LaunchRecording()
+    # pointers to x and 2 rows into out, an int, a null pointer (an absent optional tensor)
+    recording._add(
+        "k", (4, 1, 1), (128, 1, 1), (2, 1, 1), 1024, 7, "ppip", _params(x.data_ptr(), out[2:].data_ptr(), 64, 0)
+    )
+    recording._add("other", (1, 1, 1), (32, 1, 1), None, 0, 7, "p", _params(out.data_ptr()))
+    plan = recording.plan((x, out, 1e-5))
+    assert isinstance(plan, launcher.LaunchPlan) and len(plan) == 2, plan
+    x2, out2 = torch.randn(8, 64), torch.empty(8, 64)
+    first, second = plan._dry_run(x2, out2, 1e-5)
+    assert struct.unpack("<4Q", first["params"]) == (x2.data_ptr(), out2.data_ptr() + 2 * 64 * 4, 64, 0)
+    assert (first["grid"], first["block"], first["cluster"], first["shared_mem"], first["stream"]) == (
+        (4, 1, 1), (128, 1, 1), (2, 1, 1), 1024, 7,
+    )  # fmt: skip
+    assert struct.unpack("<Q", second["params"]) == (out2.data_ptr(),) and second["cluster"] is None
+    with pytest.raises(TypeError, match="expected 3 arguments, got 2"):
+        plan._dry_run(x2, out2)
+
+
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        ("scratch", "a pointer into no argument"),
+        ("aliased", "a pointer into more than one argument"),
+        ("address as an int", "an integer that holds an argument's address"),
+        ("tma", "a TMA descriptor"),
+        ("stream", "on another stream"),
+        ("no tensor", "no torch tensor among the arguments"),
+        ("nothing", "no launch was recorded"),
+    ],
+)
+def test_a_recording_declines_what_a_replay_could_get_wrong(stream_getter, case, reason):
+    x, out, scratch = torch.randn(8, 64), torch.empty(8, 64), torch.empty(16)
+    args = (x, out)
+    recording = launcher.LaunchRecording()
+    add = recording._add
+    if case == "scratch":
+        add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), scratch.data_ptr()))
+    elif case == "aliased":
+        args = (x, x)
+        add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), x.data_ptr()))
+    elif case == "address as an int":
+        add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pL", _params(x.data_ptr(), out.data_ptr()))
+    elif case == "tma":
+        add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pm", _params(x.data_ptr(), 0))
+    elif case == "stream":
+        add("k", (1, 1, 1), (32, 1, 1), None, 0, 8, "pp", _params(x.data_ptr(), out.data_ptr()))
+    elif case == "no tensor":
+        args = (1.0,)
+        add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "i", _params(3))
+    why = recording.plan(args)
+    assert isinstance(why, str) and reason in why, why
+
+
+@pytest.fixture
+def fake_recording(monkeypatch, stream_getter):
+    """plans' recordings replaced by one the test's plans add their launches to (the driver's stand-in)."""
+    recording = launcher.LaunchRecording()
+    monkeypatch.setattr(launcher, "LaunchRecording", lambda: recording)
+    return recording
+
+
+def test_a_replayable_plan_is_replayed_after_its_first_call(fake_recording):
+    store = plans.Plans("test", replay=True)
+    calls = []
+
+    def plan(x, out):
+        calls.append(x)
+        rows = out.view(-1, out.shape[-1])  # a view: allowed
+        fake_recording._add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), rows.data_ptr()))
+
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    key = plans.signature(x, out)
+    assert store.add(key, plan)(x, out) is None and calls == [x]
+    replay = store.get(key)
+    assert isinstance(replay, launcher.LaunchPlan) and not store.declined
+    x2, out2 = torch.randn(4, 8), torch.empty(4, 8)
+    (launch,) = replay._dry_run(x2, out2)
+    assert struct.unpack("<2Q", launch["params"]) == (x2.data_ptr(), out2.data_ptr())
+
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (lambda out: out.zero_(), "the plan ran a torch operation (aten.zero_.default)"),
+        (lambda out: out.clone(), "the plan ran a torch operation (aten.clone.default)"),
+        (lambda out: out, "the plan returns a value"),
+    ],
+    ids=["fill", "copy", "returns"],
+)
+def test_a_plan_that_does_more_than_launch_is_kept_in_python(fake_recording, body, reason):
+    store = plans.Plans("test", replay=True)
+
+    def plan(x, out):
+        fake_recording._add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), out.data_ptr()))
+        return body(out)
+
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    key = plans.signature(x, out)
+    store.add(key, plan)(x, out)
+    assert store.get(key) is plan and store.declined[key] == reason
+
+
+def test_replays_off(fake_recording, monkeypatch):
+    monkeypatch.setenv("FLYDSL_LAUNCH_REPLAY", "0")
+    store = plans.Plans("test", replay=True)
+
+    def plan(x):
+        fake_recording._add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "p", _params(x.data_ptr()))
+
+    x = torch.randn(4)
+    key = plans.signature(x)
+    assert store.add(key, plan) is plan

@@ -133,3 +133,89 @@ def test_gemm_plans_per_signature(m):
             ref = a.double() @ w.double().t()
             assert torch.allclose(out.double(), ref, atol=1e-2 * k**0.5, rtol=1e-2)
     assert len(gemm_launch._GEMM) == 2
+
+
+# --- replays (flydsl.kernels.plans: a plan that only launches kernels on its arguments is replayed natively) ---------
+
+REPLAYED = ["softmax", "softmax_backward", "layer_norm", "rms_norm"]  # the register kernel at N = 1000
+
+
+@pytest.mark.parametrize("name", REPLAYED)
+def test_a_register_route_is_replayed_and_stays_right(name):
+    from flydsl.compiler._native import launcher
+
+    check, store = CASES[name]
+    for _ in range(4):  # the first call records; the others replay on fresh inputs and outputs (poisoned)
+        check(make_input(ROWS, N, torch.bfloat16))
+    (plan,) = store._plans.values()
+    assert isinstance(plan, launcher.LaunchPlan) and len(plan) == 1, store.declined
+
+
+def test_an_in_place_call_keeps_its_python_plan():
+    """fused_add_rms_norm writing residual_out into residual: a pointer into two arguments, so no replay (a later call
+    with other aliasing would be replayed wrongly otherwise); the Python plan stays right."""
+    for _ in range(3):
+        check_fused_add_in_place(make_input(ROWS, N, torch.bfloat16), _weights(make_input(ROWS, N, torch.bfloat16))[0])
+    (why,) = norms_api._FUSED_ADD_RMS_NORM.declined.values()
+    assert "more than one argument" in why
+
+
+def test_a_replay_launches_on_the_current_stream():
+    x = make_input(ROWS, N, torch.bfloat16)
+    check_softmax(x)  # recorded on the default stream
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x2 = make_input(ROWS, N, torch.bfloat16)
+        out = torch.full_like(x2, float("nan"))
+        zoo.softmax(x2, out)  # replayed: must run on `side`, after x2 is written there
+    side.synchronize()
+    assert torch.allclose(out.float(), torch.softmax(x2.float(), -1), atol=1e-2)
+
+
+def test_a_replay_is_captured_in_a_cuda_graph():
+    x = make_input(ROWS, N, torch.bfloat16)
+    out = torch.empty_like(x)
+    zoo.softmax(x, out)  # recorded
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        zoo.softmax(x, out)  # a replay, off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        zoo.softmax(x, out)
+    x.copy_(make_input(ROWS, N, torch.bfloat16))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), torch.softmax(x.float(), -1), atol=1e-2)
+
+
+def test_functional_inference_calls_replay_their_first_calls_launches():
+    """flydsl.torch.functional under no_grad: the second call of a signature runs the *_out op's replay directly."""
+    pytest.importorskip("flydsl.torch")
+    from flydsl.compiler._native import launcher
+    from flydsl.torch import functional as F
+
+    w, b = _weights(make_input(ROWS, N, torch.bfloat16))
+    calls = {
+        "softmax": (lambda x: F.softmax(x), lambda x: torch.softmax(x.float(), -1), F._SOFTMAX),
+        "layer_norm": (
+            lambda x: F.layer_norm(x, [N], w, b),
+            lambda x: torch.nn.functional.layer_norm(x.float(), [N], w.float(), b.float()),
+            F._LAYER_NORM,
+        ),
+        "rms_norm": (
+            lambda x: F.rms_norm(x, [N], w, 1e-6),
+            lambda x: torch.nn.functional.rms_norm(x.float(), [N], w.float(), 1e-6),
+            F._RMS_NORM,
+        ),
+    }
+    with torch.no_grad():
+        for name, (ours, reference, kept) in calls.items():
+            for _ in range(3):
+                x = make_input(ROWS, N, torch.bfloat16)
+                assert torch.allclose(ours(x).float(), reference(x), atol=5e-2, rtol=2e-2), name
+            ((plan, _shape),) = kept._plans.values()
+            assert isinstance(plan, launcher.LaunchPlan), name

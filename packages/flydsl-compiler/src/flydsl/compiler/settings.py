@@ -15,6 +15,8 @@
 ``FLYDSL_COMPILE_ISOLATED``    unset/``1``: compile in a forked child of a worker process, so that
                                an LLVM assertion or abort raises ``CompilationError`` instead of
                                ending the program (~3 ms a compile); ``0``: in this process
+``FLYDSL_LAUNCH_REPLAY``       ``0``: the zoo's launch plans are never replayed natively (each call runs its
+                               Python plan; ``flydsl.kernels.plans``)
 =============================  ==================================================================
 """
 
@@ -36,6 +38,7 @@ class Settings:
     cache_enabled: bool
     compile_isolated: bool = True
     autotune: bool = False
+    launch_replay: bool = True
 
 
 def current() -> Settings:
@@ -55,4 +58,5 @@ def current() -> Settings:
         cache_enabled=env.get("FLYDSL_RUNTIME_ENABLE_CACHE", "1") != "0",
         compile_isolated=env.get("FLYDSL_COMPILE_ISOLATED", "1") != "0",
         autotune=env.get("FLYDSL_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"),
+        launch_replay=env.get("FLYDSL_LAUNCH_REPLAY", "1").lower() not in ("0", "false", "no", "off"),
     )

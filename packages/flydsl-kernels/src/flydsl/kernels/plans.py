@@ -6,21 +6,32 @@ and routes them, then keeps the result as a plan: a function of the raw argument
 given and launches the chosen kernels with their configuration and grid fixed. A later call whose signature is the
 same runs the plan directly: one key built, one dict lookup, the native launch.
 
-The signature (:func:`signature`) holds every fact about the arguments that validation and routing read: per torch
-tensor its type, dtype, shape, strides, the low four bits of its address (16-byte alignment: the vectorized and TMA
-paths' condition) and its device; per other argument its type and value (``None`` where absent; a list or tuple of ints
-as a tuple; a torch dtype). A call that differs in any of them, a misaligned view, a transposed or strided input,
-another dtype or another GPU, gets a key of its own, and with it its own validation and route: a plan never serves a
-call it was not made for. Arguments that are not torch tensors (cupy arrays, DLPack objects) or values that are not
-plain numbers, strings, dtypes or None give no key: such calls take the validating path every time.
+The signature (:func:`signature`: bytes, built by ``flydsl.compiler._runtime.plan_key``) holds every fact about the
+arguments that validation and routing read: per torch tensor its type, dtype, shape, strides, the low four bits of its
+address (16-byte alignment: the vectorized and TMA paths' condition) and its device; per other argument its type and
+value (``None`` where absent; a list or tuple of ints; a torch dtype). A call that differs in any of them, a misaligned
+view, a transposed or strided input, another dtype or another GPU, gets a key of its own, and with it its own
+validation and route: a plan never serves a call it was not made for. Arguments that are not torch tensors (cupy
+arrays, DLPack objects) or values that are not plain numbers, strings, dtypes or None give no key: such calls take the
+validating path every time.
 
 What the plan leaves to each call is what must be fresh per call: the outputs, per-call scratch (a team's exchange,
 split-K partials) and the current stream (read by the launcher), so plans also serve calls captured in CUDA graphs.
+
+Replays (``Plans(..., replay=True)``): where a plan's first call does nothing but launch kernels on its arguments, its
+launches are recorded (``_runtime.LaunchRecording``) and later calls replay them natively (``_runtime.LaunchPlan``:
+each pointer parameter patched to the argument it pointed into, the device's current stream): no Python between the
+key and the driver. A plan is replayed only where that is provably the same work: its first call returned None, ran
+no torch operation but views and allocations (a ``TorchDispatchMode`` watches), and every pointer it passed lands in
+exactly one of its arguments (no scratch, no buffer kept by the plan, no aliased arguments) and no TMA descriptor;
+else the Python plan is kept (:attr:`Plans.declined` says why). ``FLYDSL_LAUNCH_REPLAY=0`` turns replays off.
 """
 
 from __future__ import annotations
 
-from flydsl.kernels.validation import _TORCH_TYPES, is_torch
+import sys
+
+from flydsl.kernels.validation import is_torch
 
 __all__ = ["Plans", "signature", "clear_all"]
 
@@ -28,32 +39,47 @@ _SCALARS = (type(None), bool, int, float, str)
 _ALL: list[Plans] = []
 
 
-def signature(*args) -> tuple | None:
+_plan_key = None  # runtime.plan_key, bound on the first call (``import flydsl.torch`` loads no compiler)
+
+
+def signature(*args) -> bytes | None:
     """The call signature of ``args`` (see the module docstring), or None where an argument cannot be keyed."""
-    parts = []
-    append = parts.append
-    for value in args:
-        kind = type(value)
-        if kind in _TORCH_TYPES or (kind not in _SCALARS and is_torch(value)):
-            append((kind, value.dtype, value.shape, value.stride(), value.data_ptr() & 15, value.get_device()))
-        elif kind in _SCALARS:
-            append((kind, value))  # the type too: 1, 1.0 and True are equal keys otherwise
-        elif kind in (list, tuple) and all(type(e) is int for e in value):  # a shape (normalized_shape)
-            append((kind, tuple(value)))
-        elif kind.__name__ == "dtype" and kind.__module__ == "torch":  # an output dtype
-            append((kind, value))
-        else:
-            return None
-    return tuple(parts)
+    return (_plan_key or _bind_plan_key())(args)
+
+
+def _bind_plan_key():
+    global _plan_key
+    from flydsl.compiler._native import launcher
+
+    launcher._register_key_type_learner(_learn_key_type)
+    _plan_key = launcher.plan_key
+    return _plan_key
+
+
+def _learn_key_type(value) -> bool:
+    """``plan_key``'s hook for a type it has not seen: torch tensors (subclasses included) and torch dtypes."""
+    from flydsl.compiler._native import launcher
+
+    kind = type(value)
+    if kind.__name__ == "dtype" and kind.__module__ == "torch":
+        launcher._register_key_type(kind)
+        return True
+    if kind not in _SCALARS and is_torch(value):
+        launcher._register_tensor_type(kind)
+        return True
+    return False
 
 
 class Plans:
-    """One entry point's plans by call signature (at most ``limit``: the oldest goes first)."""
+    """One entry point's plans by call signature (at most ``limit``: the oldest goes first); with ``replay``, plans
+    that only launch kernels on their arguments are recorded on their first call and replayed natively after."""
 
-    def __init__(self, name: str, limit: int = 1024):
+    def __init__(self, name: str, limit: int = 1024, replay: bool = False):
         self.name = name
         self.limit = limit
-        self._plans: dict[tuple, object] = {}
+        self.replay = replay
+        self.declined: dict = {}  # key -> why its plan is not replayed (the latest ``limit``)
+        self._plans: dict = {}
         _ALL.append(self)
 
     def __repr__(self):
@@ -62,25 +88,98 @@ class Plans:
     def __len__(self):
         return len(self._plans)
 
-    def get(self, key: tuple | None):
+    def get(self, key):
         """The plan made for ``key`` (None: none, or no key). A plan is usually a function of the call's arguments;
         ``flydsl.torch``'s ops keep their checked output specs."""
         return None if key is None else self._plans.get(key)
 
-    def add(self, key: tuple | None, plan):
-        """Keeps ``plan`` for ``key`` (nothing kept without a key); returns ``plan``."""
-        if key is not None:
-            plans = self._plans
-            if len(plans) >= self.limit:
-                plans.pop(next(iter(plans)))
-            plans[key] = plan
-        return plan
+    def add(self, key, plan):
+        """Keeps ``plan`` for ``key`` (nothing kept without a key); returns what to call now: ``plan``, or with
+        ``replay`` a first call that records it."""
+        if key is None:
+            return plan
+        plans = self._plans
+        if len(plans) >= self.limit:
+            plans.pop(next(iter(plans)))
+        plans[key] = plan
+        if not (self.replay and _replays_on()):
+            return plan
+
+        def first_call(*args):
+            result, replay, why = _recorded(plan, args)
+            if replay is not None and plans.get(key) is plan:
+                plans[key] = replay
+            elif why is not None:
+                declined = self.declined
+                if len(declined) >= self.limit:
+                    declined.pop(next(iter(declined)))
+                declined[key] = why
+            return result
+
+        return first_call
 
     def clear(self) -> None:
         self._plans.clear()
+        self.declined.clear()
 
 
 def clear_all() -> None:
     """Forgets every entry point's plans (tests; after a change to routing tables at run time)."""
     for plans in _ALL:
         plans.clear()
+
+
+def _replays_on() -> bool:
+    from flydsl.compiler import settings
+
+    return settings.current().launch_replay
+
+
+def _recorded(plan, args) -> tuple:
+    """Runs ``plan(*args)``; returns (its result, a ``_runtime.LaunchPlan`` replaying it or None, why not or None)."""
+    torch = sys.modules.get("torch")
+    if torch is None:  # no torch tensor among the arguments: nothing a replay could read
+        return plan(*args), None, None
+    from flydsl.compiler._native import launcher
+
+    watch = _torch_operations()
+    with launcher.LaunchRecording() as recording, watch() as seen:
+        result = plan(*args)
+    if seen.operation is not None:
+        return result, None, f"the plan ran a torch operation ({seen.operation})"
+    if result is not None:
+        return result, None, "the plan returns a value"
+    replay = recording.plan(args)
+    if isinstance(replay, str):
+        return result, None, replay
+    return result, replay, None
+
+
+_WATCH: list = []
+
+
+def _torch_operations():
+    """A ``TorchDispatchMode`` that notes the first torch operation other than views and allocations (which a replay
+    would skip: a fill, a copy, a reduction); defined on first use (torch imported by then)."""
+    if not _WATCH:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        aten = torch.ops.aten
+        harmless = {
+            aten.empty.memory_format,
+            aten.empty_like.default,
+            aten.empty_strided.default,
+            aten.new_empty.default,
+        }
+
+        class _Watch(TorchDispatchMode):
+            operation = None
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if self.operation is None and not (func.is_view or func in harmless):
+                    self.operation = str(func)
+                return func(*args, **(kwargs or {}))
+
+        _WATCH.append(_Watch)
+    return _WATCH[0]

@@ -40,7 +40,7 @@ MAX_HEAD_DIM = 1024  # a thread keeps its chunks of a key and a value row in reg
 _SOURCE_DTYPES = ("bf16", "f16")
 _CACHE_DTYPES = ("bf16", "f16", "f8E4M3FN")
 _SCALE_KINDS = (None, "value", "tensor", "token")
-_WRITE_KV = Plans("flydsl.kernels.attention.write_kv")
+_WRITE_KV = Plans("flydsl.kernels.attention.write_kv", replay=True)
 
 
 @dataclass(frozen=True, kw_only=True)

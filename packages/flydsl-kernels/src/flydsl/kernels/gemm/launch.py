@@ -87,7 +87,7 @@ def fp8_gemm(
     prepared = type(b) is PreparedWeight
     weights = b.data if prepared else b  # (a prepared weight's extents: in the key after the config)
     key = signature(a, weights, scale_a, scale_b, out, bias, activation, dtype_key)
-    key = None if key is None else key + (config, b.shape if prepared else None, autotune)
+    key = None if key is None else (key, config, b.shape if prepared else None, autotune)
     plan = _FP8.get(key)
     if plan is not None:
         return plan(a, weights, scale_a, scale_b, out, bias)
@@ -142,7 +142,7 @@ def blockscale_gemm(
     prepared = type(b) is PreparedWeight
     weights = b.data if prepared else b
     key = signature(a, weights, a_scales, b_scales, out, bias, activation, dtype_key)
-    key = None if key is None else key + (config, b.shape if prepared else None)
+    key = None if key is None else (key, config, b.shape if prepared else None)
     plan = _BLOCKSCALE.get(key)
     if plan is not None:
         return plan(a, weights, a_scales, b_scales, out, bias)
@@ -241,7 +241,7 @@ def _call(plans: Plans, planner, check, a, b, out, config, bias, activation, aut
     checked and ``planner``'s plan (:func:`~flydsl.kernels.gemm.plan.plan_gemm` or ``plan_skinny``; tuned where
     autotuning is on and no configuration is given) made and kept."""
     key = signature(a, b, out, bias, activation)
-    key = None if key is None else key + (config, autotune)
+    key = None if key is None else (key, config, autotune)
     plan = plans.get(key)
     if plan is not None:
         return plan(a, b, out, bias)

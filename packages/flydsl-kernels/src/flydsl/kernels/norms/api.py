@@ -73,11 +73,11 @@ class NormGradients(NamedTuple):
     dbias: TensorInfo | None = None
 
 
-_LAYER_NORM = Plans("flydsl.kernels.layer_norm")
-_LAYER_NORM_BACKWARD = Plans("flydsl.kernels.layer_norm_backward")
-_RMS_NORM = Plans("flydsl.kernels.rms_norm")
-_RMS_NORM_BACKWARD = Plans("flydsl.kernels.rms_norm_backward")
-_FUSED_ADD_RMS_NORM = Plans("flydsl.kernels.fused_add_rms_norm")
+_LAYER_NORM = Plans("flydsl.kernels.layer_norm", replay=True)
+_LAYER_NORM_BACKWARD = Plans("flydsl.kernels.layer_norm_backward", replay=True)
+_RMS_NORM = Plans("flydsl.kernels.rms_norm", replay=True)
+_RMS_NORM_BACKWARD = Plans("flydsl.kernels.rms_norm_backward", replay=True)
+_FUSED_ADD_RMS_NORM = Plans("flydsl.kernels.fused_add_rms_norm", replay=True)
 
 
 def _forward():

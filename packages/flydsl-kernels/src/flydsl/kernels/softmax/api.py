@@ -26,8 +26,8 @@ class SoftmaxTensors(NamedTuple):
     dy: TensorInfo | None = None
 
 
-_SOFTMAX = Plans("flydsl.kernels.softmax")
-_SOFTMAX_BACKWARD = Plans("flydsl.kernels.softmax_backward")
+_SOFTMAX = Plans("flydsl.kernels.softmax", replay=True)
+_SOFTMAX_BACKWARD = Plans("flydsl.kernels.softmax_backward", replay=True)
 
 
 @functools.cache

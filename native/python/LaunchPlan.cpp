@@ -1,0 +1,525 @@
+//===- LaunchPlan.cpp - Call keys, launch recordings and replays ----------===//
+//
+// See LaunchPlan.h. A replay is only as right as the recording it came from,
+// so LaunchRecording.plan refuses (returns the reason) whatever it cannot
+// prove to be a function of the arguments alone: a pointer that lands in no
+// argument (scratch, a buffer the plan keeps) or in more than one (aliased
+// arguments), an integer parameter holding an argument's address, a TMA
+// descriptor (it holds an address), a launch on another stream than the
+// arguments' current one. What the Python side must add (no torch operation
+// ran beside the launches) is flydsl.kernels.plans's part.
+//
+//===----------------------------------------------------------------------===//
+
+#include "LaunchPlan.h"
+#include "DescribeArgs.h"
+#include "DispatchRegistry.h"
+#include "LaunchArgs.h"
+
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using fly::runtime::CUstream;
+using fly::runtime::Function;
+
+namespace fly::python {
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Call keys.
+//===----------------------------------------------------------------------===//
+
+template <typename T> void put(std::string &key, T value) {
+  key.append(reinterpret_cast<const char *>(&value), sizeof value);
+}
+
+bool isTensorType(PyTypeObject *type) {
+  const auto &types = registry().tensorTypes;
+  return std::find(types.begin(), types.end(), type) != types.end();
+}
+
+bool isKeyType(PyTypeObject *type) {
+  const auto &types = registry().keyTypes;
+  return std::find(types.begin(), types.end(), type) != types.end();
+}
+
+/// The ints of a tuple (torch.Size included), at most kMaxRank.
+bool readDims(PyObject *tuple, long long *out, size_t &count) {
+  if (!tuple || !PyTuple_Check(tuple) || size_t(PyTuple_GET_SIZE(tuple)) > kMaxRank)
+    return false;
+  count = size_t(PyTuple_GET_SIZE(tuple));
+  for (size_t i = 0; i < count; ++i)
+    if (!readLongLong(PyTuple_GET_ITEM(tuple, i), out[i]))
+      return false;
+  return true;
+}
+
+/// A torch tensor as the plans see it (new references released on return).
+struct TensorFacts {
+  PyObject *dtype = nullptr; // borrowed from the tensor's attribute (dtypes are immortal)
+  unsigned long long pointer = 0;
+  long long device = -1;
+  size_t rank = 0;
+  long long extents[kMaxRank], strides[kMaxRank];
+};
+
+bool readTensor(PyObject *obj, TensorFacts &t) {
+  DispatchRegistry &reg = registry();
+  nb::object dtype = nb::steal(PyObject_GetAttr(obj, reg.dtype));
+  nb::object shape = nb::steal(PyObject_GetAttr(obj, reg.shape));
+  nb::object strides = nb::steal(callMethod0(obj, reg.stride));
+  nb::object pointer = nb::steal(callMethod0(obj, reg.dataPtr));
+  nb::object device = nb::steal(callMethod0(obj, reg.getDevice));
+  size_t strideRank = 0;
+  if (!dtype.is_valid() || !pointer.is_valid() || !PyLong_Check(pointer.ptr()) || !device.is_valid() ||
+      !readLongLong(device.ptr(), t.device) || !readDims(shape.ptr(), t.extents, t.rank) ||
+      !readDims(strides.ptr(), t.strides, strideRank) || strideRank != t.rank)
+    return decline();
+  t.pointer = PyLong_AsUnsignedLongLong(pointer.ptr());
+  if (t.pointer == (unsigned long long)-1 && PyErr_Occurred())
+    return decline();
+  t.dtype = dtype.ptr();
+  return true;
+}
+
+/// Appends one argument; false: the call has no key.
+bool appendKey(std::string &key, PyObject *v, bool learn = true) {
+  if (v == Py_None) {
+    key.push_back('N');
+  } else if (PyBool_Check(v)) {
+    key.push_back(v == Py_True ? 'B' : 'b');
+  } else if (PyLong_CheckExact(v)) {
+    long long i;
+    if (!readLongLong(v, i))
+      return false;
+    key.push_back('i');
+    put(key, i);
+  } else if (PyFloat_CheckExact(v)) {
+    key.push_back('f');
+    put(key, PyFloat_AS_DOUBLE(v)); // the bits: -0.0 and 0.0 are different calls
+  } else if (PyUnicode_CheckExact(v)) {
+    Py_ssize_t n = 0;
+    const char *text = PyUnicode_AsUTF8AndSize(v, &n);
+    if (!text)
+      return decline();
+    key.push_back('s');
+    put(key, uint64_t(n));
+    key.append(text, size_t(n));
+  } else if (isTensorType(Py_TYPE(v))) {
+    TensorFacts t;
+    if (!readTensor(v, t))
+      return false;
+    key.push_back('T');
+    put(key, reinterpret_cast<uintptr_t>(Py_TYPE(v)));
+    put(key, reinterpret_cast<uintptr_t>(t.dtype));
+    put(key, uint8_t(t.rank));
+    key.append(reinterpret_cast<const char *>(t.extents), t.rank * sizeof(long long));
+    key.append(reinterpret_cast<const char *>(t.strides), t.rank * sizeof(long long));
+    put(key, uint8_t(t.pointer & 15));
+    put(key, t.device);
+  } else if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) { // a shape (normalized_shape)
+    nb::object items = nb::steal(PySequence_Tuple(v));
+    if (!items.is_valid())
+      return decline();
+    Py_ssize_t n = PyTuple_GET_SIZE(items.ptr());
+    key.push_back(PyList_CheckExact(v) ? 'L' : 't');
+    put(key, uint64_t(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject *item = PyTuple_GET_ITEM(items.ptr(), i);
+      long long value;
+      if (!PyLong_CheckExact(item) || !readLongLong(item, value))
+        return false;
+      put(key, value);
+    }
+  } else if (isKeyType(Py_TYPE(v))) { // torch.dtype: one object per dtype, for the process
+    key.push_back('D');
+    put(key, reinterpret_cast<uintptr_t>(v));
+  } else {
+    // A type not seen yet: flydsl.kernels.plans registers torch.Tensor subclasses and torch.dtype.
+    PyObject *learner = registry().keyTypeLearner;
+    if (!learn || !learner)
+      return false;
+    nb::object known = nb::steal(PyObject_CallOneArg(learner, v));
+    if (!known.is_valid())
+      raisePending();
+    return PyObject_IsTrue(known.ptr()) == 1 && appendKey(key, v, false);
+  }
+  return true;
+}
+
+nb::object planKey(nb::handle args) {
+  if (!PyTuple_Check(args.ptr()))
+    throw nb::type_error("plan_key: args: expected a tuple");
+  std::string key;
+  key.reserve(256);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args.ptr()); ++i)
+    if (!appendKey(key, PyTuple_GET_ITEM(args.ptr(), i)))
+      return nb::none();
+  return nb::steal(PyBytes_FromStringAndSize(key.data(), Py_ssize_t(key.size())));
+}
+
+//===----------------------------------------------------------------------===//
+// Recordings.
+//===----------------------------------------------------------------------===//
+
+struct RecordedLaunch {
+  std::optional<Function> fn; // none: added by the test hook (dry runs only)
+  std::string name;
+  unsigned grid[3], block[3], cluster[3];
+  bool hasCluster = false;
+  unsigned shared = 0;
+  uint64_t stream = 0;
+  std::string signature;
+  std::vector<uint64_t> slots; // one per parameter; a tensor map's is 0
+};
+
+struct Recording;
+thread_local std::vector<Recording *> activeRecordings;
+
+void noteRecorded(RecordedLaunch &&l);
+
+/// A launch from its parts (`cluster` null: none); `fn` null: the test hook's.
+RecordedLaunch recordedLaunch(const Function *fn, std::string name, const unsigned grid[3],
+                              const unsigned block[3], const unsigned *cluster, unsigned shared,
+                              uint64_t stream, std::string signature) {
+  RecordedLaunch l;
+  if (fn)
+    l.fn = *fn;
+  l.name = std::move(name);
+  std::copy(grid, grid + 3, l.grid);
+  std::copy(block, block + 3, l.block);
+  l.hasCluster = cluster != nullptr;
+  if (cluster)
+    std::copy(cluster, cluster + 3, l.cluster);
+  l.shared = shared;
+  l.stream = stream;
+  l.signature = std::move(signature);
+  l.slots.assign(l.signature.size(), 0);
+  return l;
+}
+
+/// A test hook's launch: its parameters as bytes, 8 per signature code.
+RecordedLaunch testLaunch(const std::string &name, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,
+                          std::optional<std::array<unsigned, 3>> cluster, unsigned shared, uint64_t stream,
+                          const std::string &signature, nb::bytes params) {
+  if (params.size() != signature.size() * kSlotBytes)
+    throw nb::value_error("params: expected 8 bytes per signature code");
+  RecordedLaunch l = recordedLaunch(nullptr, name, grid.data(), block.data(), cluster ? cluster->data() : nullptr,
+                                    shared, stream, signature);
+  std::memcpy(l.slots.data(), params.c_str(), params.size());
+  return l;
+}
+
+struct PlanStep {
+  RecordedLaunch launch;
+  struct Patch {
+    uint32_t slot, arg;
+    uint64_t offset;
+  };
+  std::vector<Patch> patches;
+};
+
+/// Recorded launches replayed on new arguments of the same plan key.
+class LaunchPlan {
+public:
+  size_t arity = 0;
+  std::vector<uint32_t> pointerArgs; // the arguments whose data_ptr() a replay reads
+  nb::object device;                 // the stream's device (a Python int)
+  std::vector<PlanStep> steps;
+
+  void call(nb::args args) {
+    uint64_t pointers[kMaxLaunchValues];
+    CUstream stream = prepare(args, pointers);
+    for (const PlanStep &step : steps) {
+      const RecordedLaunch &l = step.launch;
+      uint64_t slots[kMaxLaunchValues];
+      void *params[kMaxLaunchValues];
+      fill(step, pointers, slots, params);
+      if (l.fn) // else noted by the test hook: everything but the driver's part
+        l.fn->launch(l.grid, l.block, params, l.shared, stream, l.hasCluster ? l.cluster : nullptr);
+      if (!activeRecordings.empty()) {
+        RecordedLaunch again = l;
+        std::memcpy(again.slots.data(), slots, l.slots.size() * sizeof(uint64_t));
+        again.stream = uint64_t(reinterpret_cast<uintptr_t>(stream));
+        noteRecorded(std::move(again));
+      }
+    }
+  }
+
+  /// Test hook: per step, what `call` would pass to the driver.
+  nb::list dryRun(nb::args args) {
+    uint64_t pointers[kMaxLaunchValues];
+    CUstream stream = prepare(args, pointers);
+    nb::list out;
+    for (const PlanStep &step : steps) {
+      uint64_t slots[kMaxLaunchValues];
+      void *params[kMaxLaunchValues];
+      fill(step, pointers, slots, params);
+      const RecordedLaunch &l = step.launch;
+      nb::dict d;
+      d["name"] = l.name;
+      d["grid"] = nb::make_tuple(l.grid[0], l.grid[1], l.grid[2]);
+      d["block"] = nb::make_tuple(l.block[0], l.block[1], l.block[2]);
+      d["cluster"] = l.hasCluster ? nb::object(nb::make_tuple(l.cluster[0], l.cluster[1], l.cluster[2]))
+                                  : nb::none();
+      d["shared_mem"] = l.shared;
+      d["stream"] = uint64_t(reinterpret_cast<uintptr_t>(stream));
+      d["params"] = nb::bytes(reinterpret_cast<const char *>(slots), l.slots.size() * kSlotBytes);
+      out.append(d);
+    }
+    return out;
+  }
+
+private:
+  /// The pointers of the arguments (indexed by position) and the current stream.
+  CUstream prepare(nb::args &args, uint64_t *pointers) const {
+    if (size_t(args.size()) != arity)
+      raise(PyExc_TypeError, "LaunchPlan: expected %zu arguments, got %zd", arity, args.size());
+    DispatchRegistry &reg = registry();
+    for (uint32_t i : pointerArgs) {
+      nb::object p = nb::steal(callMethod0(PyTuple_GET_ITEM(args.ptr(), i), reg.dataPtr));
+      if (!p.is_valid())
+        raisePending();
+      pointers[i] = PyLong_AsUnsignedLongLong(p.ptr());
+      if (pointers[i] == (uint64_t)-1 && PyErr_Occurred())
+        raisePending();
+    }
+    if (!reg.streamGetter)
+      raise(PyExc_RuntimeError, "LaunchPlan: no stream getter registered");
+    nb::object handle = nb::steal(PyObject_CallOneArg(reg.streamGetter, device.ptr()));
+    if (!handle.is_valid())
+      raisePending();
+    unsigned long long h = PyLong_AsUnsignedLongLong(handle.ptr());
+    if (h == (unsigned long long)-1 && PyErr_Occurred())
+      raisePending();
+    return reinterpret_cast<CUstream>(uintptr_t(h));
+  }
+
+  static void fill(const PlanStep &step, const uint64_t *pointers, uint64_t *slots, void **params) {
+    const auto &recorded = step.launch.slots;
+    std::memcpy(slots, recorded.data(), recorded.size() * sizeof(uint64_t));
+    for (const PlanStep::Patch &p : step.patches)
+      slots[p.slot] = pointers[p.arg] + p.offset;
+    for (size_t i = 0; i < recorded.size(); ++i)
+      params[i] = &slots[i];
+  }
+};
+
+/// The byte range of a tensor argument's elements.
+struct ArgumentRange {
+  uint32_t arg;
+  uint64_t low, high; // [low, high); high == low for a tensor without elements
+};
+
+bool argumentRange(uint32_t index, PyObject *obj, const TensorFacts &t, ArgumentRange &out) {
+  nb::object size = nb::steal(callMethod0(obj, registry().elementSize));
+  long long bytes;
+  if (!size.is_valid() || !readLongLong(size.ptr(), bytes) || bytes <= 0)
+    return decline();
+  uint64_t span = 0;
+  bool empty = false;
+  for (size_t r = 0; r < t.rank; ++r) {
+    empty |= t.extents[r] == 0;
+    if (t.strides[r] < 0)
+      return false;
+    span += uint64_t(t.extents[r] - 1) * uint64_t(t.strides[r]);
+  }
+  out = {index, t.pointer, empty ? t.pointer : t.pointer + (span + 1) * uint64_t(bytes)};
+  return true;
+}
+
+struct Recording {
+  std::vector<RecordedLaunch> launches;
+
+  ~Recording() { stop(); }
+
+  void start() {
+    if (std::find(activeRecordings.begin(), activeRecordings.end(), this) == activeRecordings.end())
+      activeRecordings.push_back(this);
+  }
+  void stop() {
+    activeRecordings.erase(std::remove(activeRecordings.begin(), activeRecordings.end(), this),
+                           activeRecordings.end());
+  }
+
+  /// A LaunchPlan replaying the launches on `args` of the same key, or the
+  /// reason why they cannot be replayed (a str).
+  nb::object plan(nb::tuple args) {
+    std::string why;
+    auto plan = std::make_unique<LaunchPlan>();
+    if (!build(args, *plan, why))
+      return nb::str(why.c_str());
+    return nb::cast(plan.release(), nb::rv_policy::take_ownership);
+  }
+
+  /// Test hook: a launch as if made (no function: a replay launches nothing).
+  void add(const std::string &name, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,
+           std::optional<std::array<unsigned, 3>> cluster, unsigned shared, uint64_t stream,
+           const std::string &signature, nb::bytes params) {
+    launches.push_back(testLaunch(name, grid, block, cluster, shared, stream, signature, params));
+  }
+
+private:
+  bool build(nb::tuple args, LaunchPlan &plan, std::string &why) {
+    if (launches.empty())
+      return why = "no launch was recorded", false;
+    size_t arity = args.size();
+    if (arity > kMaxLaunchValues)
+      return why = "too many arguments", false;
+    std::vector<ArgumentRange> ranges;
+    for (size_t i = 0; i < arity; ++i) {
+      PyObject *obj = PyTuple_GET_ITEM(args.ptr(), i);
+      if (!isTensorType(Py_TYPE(obj)))
+        continue;
+      TensorFacts t;
+      ArgumentRange range;
+      if (!readTensor(obj, t) || !argumentRange(uint32_t(i), obj, t, range))
+        return why = "argument " + std::to_string(i) + ": its tensor facts cannot be read", false;
+      if (!plan.device.is_valid())
+        plan.device = nb::int_(t.device);
+      ranges.push_back(range);
+    }
+    if (!plan.device.is_valid())
+      return why = "no torch tensor among the arguments", false;
+    DispatchRegistry &reg = registry();
+    if (!reg.streamGetter)
+      return why = "no stream getter registered", false;
+    nb::object current = nb::steal(PyObject_CallOneArg(reg.streamGetter, plan.device.ptr()));
+    if (!current.is_valid())
+      return decline(), why = "the arguments' current stream cannot be read", false;
+    uint64_t stream = PyLong_AsUnsignedLongLong(current.ptr());
+    if (stream == (uint64_t)-1 && PyErr_Occurred())
+      return decline(), why = "the arguments' current stream cannot be read", false;
+    std::vector<bool> pointerArg(arity, false);
+    for (const RecordedLaunch &l : launches) {
+      PlanStep step{l, {}};
+      std::string where = "launch of " + l.name + ", parameter ";
+      if (l.stream != stream)
+        return why = "launch of " + l.name + ": on another stream than the arguments' current one", false;
+      for (size_t j = 0; j < l.slots.size(); ++j) {
+        char code = l.signature[j];
+        uint64_t v = l.slots[j];
+        std::vector<const ArgumentRange *> into;
+        for (const ArgumentRange &r : ranges)
+          if (v != 0 && (v == r.low || (r.low <= v && v < r.high)))
+            into.push_back(&r);
+        if (code == 'm')
+          return why = where + std::to_string(j) + ": a TMA descriptor (it holds an address)", false;
+        if (code != 'p') {
+          if (!into.empty() && (code == 'l' || code == 'L'))
+            return why = where + std::to_string(j) + ": an integer that holds an argument's address", false;
+          continue;
+        }
+        if (v == 0)
+          continue;
+        if (into.size() != 1)
+          return why = where + std::to_string(j) +
+                       (into.empty() ? ": a pointer into no argument (scratch or a buffer the plan keeps)"
+                                     : ": a pointer into more than one argument (aliased arguments)"),
+                 false;
+        step.patches.push_back({uint32_t(j), into[0]->arg, v - into[0]->low});
+        pointerArg[into[0]->arg] = true;
+      }
+      plan.steps.push_back(std::move(step));
+    }
+    plan.arity = arity;
+    for (size_t i = 0; i < arity; ++i)
+      if (pointerArg[i])
+        plan.pointerArgs.push_back(uint32_t(i));
+    return true;
+  }
+};
+
+} // namespace
+
+namespace {
+void noteRecorded(RecordedLaunch &&l) {
+  for (size_t i = 0; i + 1 < activeRecordings.size(); ++i)
+    activeRecordings[i]->launches.push_back(l);
+  activeRecordings.back()->launches.push_back(std::move(l));
+}
+} // namespace
+
+void noteLaunch(const Function &fn, const unsigned grid[3], const unsigned block[3],
+                const unsigned *cluster, unsigned sharedBytes, CUstream stream, const char *signature,
+                size_t numParams, void *const *params) {
+  if (activeRecordings.empty())
+    return;
+  RecordedLaunch l = recordedLaunch(&fn, fn.name(), grid, block, cluster, sharedBytes,
+                                    uint64_t(reinterpret_cast<uintptr_t>(stream)),
+                                    std::string(signature, numParams));
+  for (size_t i = 0; i < numParams; ++i)
+    if (signature[i] != 'm') // every other kind sits in an 8-byte slot
+      std::memcpy(&l.slots[i], params[i], sizeof(uint64_t));
+  noteRecorded(std::move(l));
+}
+
+void bindLaunchPlans(nb::module_ &rt) {
+  rt.def("plan_key", &planKey, "args"_a,
+         "The plan key of a call's arguments (bytes), or None where one cannot be keyed: per torch "
+         "tensor its type, dtype, shape, strides, address mod 16 and device; None, bools, ints, "
+         "floats (their bits), strs, lists and tuples of ints by value; torch dtypes by identity.");
+  rt.def("_register_key_type_learner", [](nb::handle learner) {
+    auto &reg = registry();
+    Py_XINCREF(learner.ptr());
+    Py_XDECREF(reg.keyTypeLearner);
+    reg.keyTypeLearner = learner.is_none() ? nullptr : learner.ptr();
+  }, "learner"_a.none(), "plan_key: learner(value) -> whether value's type is now registered.");
+  rt.def("_register_key_type", [](nb::handle type) {
+    if (!PyType_Check(type.ptr()))
+      throw nb::type_error("expected a type");
+    auto &types = registry().keyTypes;
+    auto *t = reinterpret_cast<PyTypeObject *>(type.ptr());
+    if (std::find(types.begin(), types.end(), t) == types.end()) {
+      Py_INCREF(t);
+      types.push_back(t);
+    }
+  }, "type"_a, "plan_key: instances of this type are keyed by identity (torch.dtype).");
+
+  nb::class_<LaunchPlan>(rt, "LaunchPlan",
+                         "Recorded launches replayed on new arguments of the same plan key: each "
+                         "pointer parameter is the argument it pointed into (at the same offset), "
+                         "the stream the device's current one.")
+      .def("__call__", &LaunchPlan::call)
+      .def("_dry_run", &LaunchPlan::dryRun, "Test hook: per launch, what a call passes to the driver.")
+      .def("__len__", [](const LaunchPlan &p) { return p.steps.size(); })
+      .def("__repr__", [](const LaunchPlan &p) {
+        std::string names;
+        for (const PlanStep &s : p.steps)
+          names += (names.empty() ? "" : ", ") + s.launch.name;
+        return "<LaunchPlan of " + std::to_string(p.arity) + " arguments: " + names + ">";
+      });
+
+  nb::class_<Recording>(rt, "LaunchRecording",
+                        "Within `with`, notes every launch this thread makes; plan(args) replays them.")
+      .def(nb::init<>())
+      .def("__enter__", [](Recording &r) -> Recording & { r.start(); return r; }, nb::rv_policy::reference)
+      .def("__exit__", [](Recording &r, nb::args) { r.stop(); })
+      .def("__len__", [](const Recording &r) { return r.launches.size(); })
+      .def("plan", &Recording::plan, "args"_a,
+           "A LaunchPlan replaying the launches on arguments of args' plan key, or why not (a str).")
+      .def("_add", &Recording::add, "name"_a, "grid"_a, "block"_a, "cluster"_a.none(), "shared_mem"_a,
+           "stream"_a, "signature"_a, "params"_a, "Test hook: notes a launch as if made.");
+  rt.def("_note_launch", [](const std::string &name, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,
+                            std::optional<std::array<unsigned, 3>> cluster, unsigned shared, uint64_t stream,
+                            const std::string &signature, nb::bytes params) {
+    if (!activeRecordings.empty())
+      noteRecorded(testLaunch(name, grid, block, cluster, shared, stream, signature, params));
+  }, "name"_a, "grid"_a, "block"_a, "cluster"_a.none(), "shared_mem"_a, "stream"_a, "signature"_a, "params"_a,
+  "Test hook: notes a launch (8 bytes of params per signature code) in this thread's active recordings, as "
+  "if made; a replay of it launches nothing (host-time measurements without a GPU).");
+}
+
+} // namespace fly::python
