@@ -237,6 +237,7 @@ class FlyOp(_Op):
         self._checked_functional = Plans(f"flydsl.{name} (checked)")
         self._checked_out = Plans(f"flydsl.{name}_out (checked)")
         self._eager_out = Plans(f"flydsl.{name}_out (eager)", replay=True)  # eager_out's work, replayed natively
+        self._runs = Plans(f"flydsl.{name} (run)", replay=True)  # _run's work, replayed natively
         self._eager_function = None  # register_autograd's Function for eager calls (see call)
         self.out = self._register_out()
         self.functional = self._register_functional()
@@ -265,11 +266,13 @@ class FlyOp(_Op):
         self._same_device(tensors, real)
         return specs
 
-    def _checked(self, inputs, given: dict | None) -> list[OutputSpec]:
+    def _checked(self, inputs, given: dict | None, key=...) -> list[OutputSpec]:
         """:meth:`_validate` on real tensors, once per call signature (:mod:`flydsl.kernels.plans`: the tensors'
-        shapes, strides, dtypes, alignment and devices, the other arguments' values): the output specs."""
+        shapes, strides, dtypes, alignment and devices, the other arguments' values; ``key``: already computed): the
+        output specs."""
         plans = self._checked_functional if given is None else self._checked_out
-        key = signature(*inputs) if given is None else signature(*inputs, *given.values())
+        if key is ...:
+            key = signature(*inputs) if given is None else signature(*inputs, *given.values())
         specs = plans.get(key)
         if specs is None:
             specs = plans.add(key, self._validate(inputs, given, real=True))
@@ -333,9 +336,15 @@ class FlyOp(_Op):
         return results, given
 
     def _run(self, inputs):
-        """The functional op on real tensors: validated inputs, allocated outputs, the implementation."""
-        results, given = self._allocate(inputs, self._checked(inputs, None))
-        self.impl(*inputs, **dict(zip(self.output_names, given, strict=True)))
+        """The functional op on real tensors: validated inputs, allocated outputs, the implementation. The outputs'
+        facts follow from the inputs' (the specs, fresh allocations), so the implementation's plan is kept by the
+        inputs' signature alone and, where it only launches kernels on views of its arguments, replayed natively."""
+        key = signature(*inputs)
+        results, given = self._allocate(inputs, self._checked(inputs, None, key))
+        plan = self._runs.get(key)
+        if plan is None:
+            plan = self._runs.add(key, self._implementation_of(len(inputs), self.output_names))
+        plan(*inputs, *given)
         return results[0] if len(results) == 1 else tuple(results)
 
     def eager_out(self, inputs: tuple, given: dict) -> None:
