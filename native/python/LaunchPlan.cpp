@@ -236,12 +236,23 @@ class LaunchPlan {
 public:
   size_t arity = 0;
   std::vector<uint32_t> pointerArgs; // the arguments whose data_ptr() a replay reads
+  std::vector<uint8_t> alignment;    // per argument: its address mod 16 when recorded
+  nb::object fallback;               // called instead where an address's alignment differs
   nb::object device;                 // the stream's device (a Python int)
   std::vector<PlanStep> steps;
 
-  void call(nb::args args) {
+  /// Launches the recorded steps on `args`; where an argument's address is
+  /// aligned otherwise than when recorded (a fact the plan key holds for
+  /// every argument it was given; outputs allocated per call are not keyed),
+  /// calls the fallback (the Python plan) instead and returns its result.
+  nb::object call(nb::args args) {
     uint64_t pointers[kMaxLaunchValues];
     CUstream stream = prepare(args, pointers);
+    if (!aligned(pointers)) {
+      if (!fallback.is_valid() || fallback.is_none())
+        raise(PyExc_ValueError, "LaunchPlan: an argument's address is aligned otherwise than when recorded");
+      return fallback(*args);
+    }
     for (const PlanStep &step : steps) {
       const RecordedLaunch &l = step.launch;
       uint64_t slots[kMaxLaunchValues];
@@ -256,12 +267,15 @@ public:
         noteRecorded(std::move(again));
       }
     }
+    return nb::none();
   }
 
   /// Test hook: per step, what `call` would pass to the driver.
-  nb::list dryRun(nb::args args) {
+  nb::object dryRun(nb::args args) {
     uint64_t pointers[kMaxLaunchValues];
     CUstream stream = prepare(args, pointers);
+    if (!aligned(pointers))
+      return nb::str("fallback");
     nb::list out;
     for (const PlanStep &step : steps) {
       uint64_t slots[kMaxLaunchValues];
@@ -283,6 +297,13 @@ public:
   }
 
 private:
+  bool aligned(const uint64_t *pointers) const {
+    for (uint32_t i : pointerArgs)
+      if ((pointers[i] & 15) != alignment[i])
+        return false;
+    return true;
+  }
+
   /// The pointers of the arguments (indexed by position) and the current stream.
   CUstream prepare(nb::args &args, uint64_t *pointers) const {
     if (size_t(args.size()) != arity)
@@ -356,11 +377,12 @@ struct Recording {
 
   /// A LaunchPlan replaying the launches on `args` of the same key, or the
   /// reason why they cannot be replayed (a str).
-  nb::object plan(nb::tuple args) {
+  nb::object plan(nb::tuple args, nb::handle fallback) {
     std::string why;
     auto plan = std::make_unique<LaunchPlan>();
     if (!build(args, *plan, why))
       return nb::str(why.c_str());
+    plan->fallback = nb::borrow(fallback);
     return nb::cast(plan.release(), nb::rv_policy::take_ownership);
   }
 
@@ -435,6 +457,9 @@ private:
       plan.steps.push_back(std::move(step));
     }
     plan.arity = arity;
+    plan.alignment.assign(arity, 0);
+    for (const ArgumentRange &r : ranges)
+      plan.alignment[r.arg] = uint8_t(r.low & 15);
     for (size_t i = 0; i < arity; ++i)
       if (pointerArg[i])
         plan.pointerArgs.push_back(uint32_t(i));
@@ -491,9 +516,11 @@ void bindLaunchPlans(nb::module_ &rt) {
   nb::class_<LaunchPlan>(rt, "LaunchPlan",
                          "Recorded launches replayed on new arguments of the same plan key: each "
                          "pointer parameter is the argument it pointed into (at the same offset), "
-                         "the stream the device's current one.")
+                         "the stream the device's current one; arguments aligned otherwise than "
+                         "when recorded go to the fallback.")
       .def("__call__", &LaunchPlan::call)
-      .def("_dry_run", &LaunchPlan::dryRun, "Test hook: per launch, what a call passes to the driver.")
+      .def("_dry_run", &LaunchPlan::dryRun,
+           "Test hook: per launch, what a call passes to the driver ('fallback' where the fallback would run).")
       .def("__len__", [](const LaunchPlan &p) { return p.steps.size(); })
       .def("__repr__", [](const LaunchPlan &p) {
         std::string names;
@@ -508,8 +535,9 @@ void bindLaunchPlans(nb::module_ &rt) {
       .def("__enter__", [](Recording &r) -> Recording & { r.start(); return r; }, nb::rv_policy::reference)
       .def("__exit__", [](Recording &r, nb::args) { r.stop(); })
       .def("__len__", [](const Recording &r) { return r.launches.size(); })
-      .def("plan", &Recording::plan, "args"_a,
-           "A LaunchPlan replaying the launches on arguments of args' plan key, or why not (a str).")
+      .def("plan", &Recording::plan, "args"_a, "fallback"_a.none() = nb::none(),
+           "A LaunchPlan replaying the launches on arguments of args' plan key, or why not (a str); "
+           "fallback(*args) runs instead of a replay whose arguments are aligned otherwise.")
       .def("_add", &Recording::add, "name"_a, "grid"_a, "block"_a, "cluster"_a.none(), "shared_mem"_a,
            "stream"_a, "signature"_a, "params"_a, "Test hook: notes a launch as if made.");
   rt.def("_note_launch", [](const std::string &name, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,

@@ -154,6 +154,14 @@ def test_a_recording_replays_with_the_new_arguments_pointers(stream_getter):
     assert struct.unpack("<Q", second["params"]) == (out2.data_ptr(),) and second["cluster"] is None
     with pytest.raises(TypeError, match="expected 3 arguments, got 2"):
         plan._dry_run(x2, out2)
+    assert plan(x2, out2, 1e-5) is None  # the test hook's launches: everything but the driver's part
+    # an argument aligned otherwise than when recorded (an output no key described): the fallback, or an error
+    misaligned = torch.empty(8 * 64 + 1)[1:].view(8, 64)
+    assert plan._dry_run(x2, misaligned, 1e-5) == "fallback"
+    with pytest.raises(ValueError, match="aligned otherwise than when recorded"):
+        plan(x2, misaligned, 1e-5)
+    with_fallback = recording.plan((x, out, 1e-5), lambda *args: ("python plan", args[1] is misaligned))
+    assert with_fallback(x2, misaligned, 1e-5) == ("python plan", True)
 
 
 @pytest.mark.parametrize(

@@ -149,7 +149,7 @@ def _recorded(plan, args) -> tuple:
         return result, None, f"the plan ran a torch operation ({seen.operation})"
     if result is not None:
         return result, None, "the plan returns a value"
-    replay = recording.plan(args)
+    replay = recording.plan(args, plan)
     if isinstance(replay, str):
         return result, None, replay
     return result, replay, None

@@ -90,7 +90,9 @@ def fp8_gemm(
     key = None if key is None else (key, config, b.shape if prepared else None, autotune)
     plan = _FP8.get(key)
     if plan is not None:
-        return plan(a, weights, scale_a, scale_b, out, bias)
+        result = _allocated(a, b, out, out_dtype)
+        plan(a, weights, scale_a, scale_b, result, bias)
+        return result
     who = _FP8.name
     check_devices(who, a, weights, out, bias, scale_a=scale_a, scale_b=scale_b)
     stand_in = _weights_stand_in(who, b, out) if prepared else b
@@ -100,7 +102,7 @@ def fp8_gemm(
     if m == 0 or n == 0 or k == 0:
         return zero_product(result, bias, activation)
     scales = (Scale(rows=1) if a_per == "row" else Scale(), Scale(columns=1) if b_per == "column" else Scale())
-    planned = _FP8Planned(None, (m, n), out_dtype, scale_a.dim() != 1, scale_b.dim() != 1)
+    planned = _FP8Planned(None, scale_a.dim() != 1, scale_b.dim() != 1)
     scale_tensors = planned.flat(scale_a, scale_b)
     specs = MatrixSpec.of(a, "a"), MatrixSpec.of(weights, "b"), MatrixSpec.of(result, "out")
     scale_specs = MatrixSpec.of(scale_tensors[0], "scale_a"), MatrixSpec.of(scale_tensors[1], "scale_b")
@@ -112,8 +114,8 @@ def fp8_gemm(
         gemm_plan = tuned_plan(*specs, run, device=a.get_device(), **options)
     else:
         gemm_plan = plan_gemm(*specs, config=config, **options)
-    _FP8.add(key, planned._replace(plan=gemm_plan))
-    return launch_plan(gemm_plan, a, weights, result, bias, scale_tensors)
+    _FP8.add(key, planned._replace(plan=gemm_plan))(a, weights, scale_a, scale_b, result, bias)
+    return result
 
 
 def blockscale_gemm(
@@ -145,7 +147,9 @@ def blockscale_gemm(
     key = None if key is None else (key, config, b.shape if prepared else None)
     plan = _BLOCKSCALE.get(key)
     if plan is not None:
-        return plan(a, weights, a_scales, b_scales, out, bias)
+        result = _allocated(a, b, out, out_dtype)
+        plan(a, weights, a_scales, b_scales, result, bias)
+        return result
     who = _BLOCKSCALE.name
     check_devices(who, a, weights, out, bias, a_scales=a_scales, b_scales=b_scales)
     stand_in = _weights_stand_in(who, b, out) if prepared else b
@@ -154,32 +158,29 @@ def blockscale_gemm(
     result = out if out is not None else a.new_empty((m, n), dtype=out_dtype)
     if m == 0 or n == 0 or k == 0:
         return zero_product(result, bias, activation)
-    planned = _BlockscalePlanned(None, (m, n), out_dtype)
+    planned = _BlockscalePlanned(None)
     scale_tensors = planned.widened(a_scales, b_scales)
     specs = MatrixSpec.of(a, "a"), MatrixSpec.of(weights, "b"), MatrixSpec.of(result, "out")
     scale_specs = MatrixSpec.of(scale_tensors[0], "a_scales"), MatrixSpec.of(scale_tensors[1], "b_scales")
     bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")
     sms = sm_count(a.get_device())
     gemm_plan = plan_blockscale(*specs, *scale_specs, sms=sms, bias=bias_spec, activation=activation, config=config)
-    _BLOCKSCALE.add(key, planned._replace(plan=gemm_plan))
-    return launch_plan(gemm_plan, a, weights, result, bias, scale_tensors)
+    _BLOCKSCALE.add(key, planned._replace(plan=gemm_plan))(a, weights, a_scales, b_scales, result, bias)
+    return result
 
 
 class _BlockscalePlanned(NamedTuple):
-    """A kept block-scaled plan: the GEMM plan and the output's shape and dtype where it is allocated."""
+    """A kept block-scaled plan: the GEMM plan (called with the output allocated)."""
 
     plan: GemmPlan | None
-    shape: tuple
-    out_dtype: object
 
     @staticmethod
     def widened(a_scales, b_scales) -> tuple:
         """The scales as the kernel reads them: float32 (UE8M0 ones widened, their layout kept)."""
         return tuple(s if s.dtype.itemsize == 4 else _widened(s) for s in (a_scales, b_scales))
 
-    def __call__(self, a, b, a_scales, b_scales, out, bias):
-        out = a.new_empty(self.shape, dtype=self.out_dtype) if out is None else out
-        return launch_plan(self.plan, a, b, out, bias, self.widened(a_scales, b_scales))
+    def __call__(self, a, b, a_scales, b_scales, out, bias) -> None:
+        _planned(self.plan, a, b, out, bias, self.widened(a_scales, b_scales))
 
 
 def _widened(scales):
@@ -199,6 +200,18 @@ def _weights_stand_in(who: str, b: PreparedWeight, out):
     return check_prepared(who, b, out)
 
 
+def _allocated(a, b, out, out_dtype):
+    """A kept fp8 plan's output: ``out``, else (M, N) row-major in ``out_dtype`` (default bfloat16) as the first
+    call's (``b``: the (K, N) matrix or prepared weights of that shape)."""
+    if out is not None:
+        return out
+    if out_dtype is None:
+        import torch
+
+        out_dtype = torch.bfloat16
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
 def _out_dtype(who: str, out, out_dtype):
     """The dtype of an fp8 GEMM's output: ``out``'s, or ``out_dtype`` (default bfloat16) when it is allocated."""
     if out is None:
@@ -212,27 +225,24 @@ def _out_dtype(who: str, out, out_dtype):
 
 
 class _FP8Planned(NamedTuple):
-    """A kept fp8 plan: the GEMM plan, the output's shape and dtype where it is allocated, and whether each scale is
-    flattened to the (1,), (M,) or (N,) vector the epilogue indexes."""
+    """A kept fp8 plan: the GEMM plan (called with the output allocated) and whether each scale is flattened to the
+    (1,), (M,) or (N,) vector the epilogue indexes."""
 
     plan: GemmPlan | None
-    shape: tuple
-    out_dtype: object
     flat_a: bool
     flat_b: bool
 
     def flat(self, scale_a, scale_b) -> tuple:
         return (scale_a.reshape(-1) if self.flat_a else scale_a, scale_b.reshape(-1) if self.flat_b else scale_b)
 
-    def __call__(self, a, b, scale_a, scale_b, out, bias):
-        out = a.new_empty(self.shape, dtype=self.out_dtype) if out is None else out
-        return launch_plan(self.plan, a, b, out, bias, self.flat(scale_a, scale_b))
+    def __call__(self, a, b, scale_a, scale_b, out, bias) -> None:
+        _planned(self.plan, a, b, out, bias, self.flat(scale_a, scale_b))
 
 
-_GEMM = Plans("flydsl.kernels.gemm")
-_SKINNY = Plans("flydsl.kernels.skinny_gemm")
-_FP8 = Plans("flydsl.kernels.fp8_gemm")
-_BLOCKSCALE = Plans("flydsl.kernels.blockscale_gemm")
+_GEMM = Plans("flydsl.kernels.gemm", replay=True)
+_SKINNY = Plans("flydsl.kernels.skinny_gemm", replay=True)
+_FP8 = Plans("flydsl.kernels.fp8_gemm", replay=True)
+_BLOCKSCALE = Plans("flydsl.kernels.blockscale_gemm", replay=True)
 
 
 def _call(plans: Plans, planner, check, a, b, out, config, bias, activation, autotune):
@@ -244,7 +254,9 @@ def _call(plans: Plans, planner, check, a, b, out, config, bias, activation, aut
     key = None if key is None else (key, config, autotune)
     plan = plans.get(key)
     if plan is not None:
-        return plan(a, b, out, bias)
+        result = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
+        plan(a, b, result, bias)
+        return result
     who = plans.name
     check_devices(who, a, b, out, bias)
     m, n, k = check(who, a, b, out, bias, activation)
@@ -260,14 +272,15 @@ def _call(plans: Plans, planner, check, a, b, out, config, bias, activation, aut
         gemm_plan = tuned_plan(*specs, run, planner=planner, device=a.get_device(), **options)
     else:
         gemm_plan = planner(*specs, config=config, **options)
-    plans.add(key, functools.partial(_planned, gemm_plan, (m, n)))
-    launch_plan(gemm_plan, a, b, out, bias)
+    plans.add(key, functools.partial(_planned, gemm_plan))(a, b, out, bias)
     return given if given is not None else out
 
 
-def _planned(gemm_plan: GemmPlan, shape: tuple, a, b, out, bias):
-    """A kept plan's call: the output allocated where not given (row-major in a's dtype, as the first call's)."""
-    return launch_plan(gemm_plan, a, b, a.new_empty(shape) if out is None else out, bias)
+def _planned(gemm_plan: GemmPlan, a, b, out, bias, scales=()) -> None:
+    """A kept plan's call on its tensors, the output allocated by the entry point where not given (row-major, as the
+    first call's): returns nothing, so that a plan that only launches on its arguments is replayed natively
+    (:mod:`flydsl.kernels.plans`)."""
+    launch_plan(gemm_plan, a, b, out, bias, scales)
 
 
 _PLAN_TILES_LIMIT = 64  # TMA tiles a plan keeps, by address
