@@ -1,0 +1,124 @@
+"""Host time of flydsl.torch's own layer per call, measured without a GPU: what a machine with no device can say about
+the host-overhead work (benchmarks/host_overhead.py is the GPU measurement, against torch eager).
+
+    python benchmarks/host_layer_cpu.py [--calls 2000] [--repeats 7] [--json benchmarks/results/host_overhead/F.json]
+
+CPU tensors stand in for CUDA ones (the eager checks are told they are plain CUDA tensors, the device checks pass) and
+each zoo kernel call is replaced by one launch noted through the native launcher's test hook
+(``_runtime._note_launch``): a call's first run is recorded as a launch plan would record it, and a replay does all of
+its work but the driver's ``cuLaunchKernel``. What is timed is flydsl.torch's checks, allocation, plans and autograd,
+and the replay machinery, per call of ``flydsl.torch.functional``'s softmax, layer_norm, rms_norm and
+fused_add_rms_norm (8 x 4096 float32), inference (``fwd``) and through ``torch.autograd.grad`` (``fwd_bwd``); each
+case runs in a fresh process with replays on and with ``FLYDSL_LAUNCH_REPLAY=0`` (the Python plans; their zoo calls
+cost only the stand-in here, so the difference understates a replay's saving on a GPU). Medians of ``repeats`` batches
+of ``calls``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from record import write_record
+
+OPS = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm")
+CASES = [f"{op}.{mode}" for op in OPS for mode in ("fwd", "fwd_bwd")]
+ROWS, N = 8, 4096
+
+
+def _child(calls: int, repeats: int) -> dict:
+    """In this process: every case timed (microseconds per call, the median of ``repeats``)."""
+    import struct
+    import types
+
+    import torch
+
+    from flydsl.compiler._native import launcher
+    from flydsl.torch import _registry, ops
+    from flydsl.torch import functional as F
+
+    _registry._plain_keyset = lambda raw: True
+    _registry._Op._check_devices = lambda self, tensors: None
+    launcher._register_stream_getter(lambda device: 0)
+
+    def launch(*args, **kwargs):
+        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        pointers = [t.data_ptr() for t in tensors]
+        packed = struct.pack(f"<{len(pointers)}Q", *pointers)
+        launcher._note_launch("kernel", (1, 1, 1), (128, 1, 1), None, 0, 0, "p" * len(pointers), packed)
+
+    ops.zoo = types.SimpleNamespace(**{n: launch for name in OPS for n in (name, f"{name}_backward")})
+    x, r, w, b = torch.randn(ROWS, N), torch.randn(ROWS, N), torch.randn(N), torch.randn(N)
+    xg, rg, wg, bg = (t.clone().requires_grad_(True) for t in (x, r, w, b))
+    ones = torch.ones_like(x)
+    forward = {
+        "softmax": lambda x, r, w, b: F.softmax(x),
+        "layer_norm": lambda x, r, w, b: F.layer_norm(x, N, w, b, 1e-5),
+        "rms_norm": lambda x, r, w, b: F.rms_norm(x, N, w),
+        "fused_add_rms_norm": lambda x, r, w, b: F.fused_add_rms_norm(x, r, N, w)[0],
+    }
+    grads = {"softmax": (xg,), "layer_norm": (xg, wg, bg), "rms_norm": (xg, wg), "fused_add_rms_norm": (xg, rg, wg)}
+    results = {}
+    for case in CASES:
+        op, mode = case.split(".")
+        f = forward[op]
+        if mode == "fwd":
+            fn = lambda f=f: f(x, r, w, b)  # noqa: E731
+        else:
+            fn = lambda f=f, op=op: torch.autograd.grad(f(xg, rg, wg, bg), grads[op], ones)  # noqa: E731
+        for _ in range(50):
+            fn()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - start) / calls * 1e6)
+        results[case] = round(statistics.median(samples), 2)
+    return results
+
+
+def _run(replay: bool, calls: int, repeats: int) -> dict:
+    env = dict(os.environ, FLYDSL_LAUNCH_REPLAY="1" if replay else "0")
+    command = [sys.executable, __file__, "--child", "--calls", str(calls), "--repeats", str(repeats)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--json")
+    parser.add_argument("--commit")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(args.calls, args.repeats)))
+        return
+    replayed, python = _run(True, args.calls, args.repeats), _run(False, args.calls, args.repeats)
+    print(f"{'case':<28}{'replays (us)':>14}{'python plans (us)':>20}{'ratio':>8}")
+    rows = []
+    for case in CASES:
+        ratio = round(replayed[case] / python[case], 3)
+        rows.append({"case": case, "replays_us": replayed[case], "python_plans_us": python[case], "ratio": ratio})
+        print(f"{case:<28}{replayed[case]:>14.2f}{python[case]:>20.2f}{ratio:>8.3f}")
+    if args.json:
+        summary = {
+            "max_replays_us": max(r["replays_us"] for r in rows),
+            "geomean_ratio": round(statistics.geometric_mean(r["ratio"] for r in rows), 3),
+        }
+        method = (
+            "CPU tensors as plain CUDA ones, zoo kernels replaced by launches noted through _runtime._note_launch "
+            "(replays skip only cuLaunchKernel); fresh process per setting; median of repeats"
+        )
+        write_record(args.json, "host_layer_cpu", sys.argv, rows, commit=args.commit, method=method, summary=summary)
+
+
+if __name__ == "__main__":
+    main()
