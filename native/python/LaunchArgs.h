@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace fly::python {
@@ -45,6 +46,9 @@ struct PyTensorMap {
   unsigned rank = 0;
   uint64_t globalAddress = 0;
   nanobind::object owner;
+  // What encoded it (from_bytes: none): a launch replay encodes it again
+  // for the address its argument has then (LaunchPlan.cpp).
+  std::optional<fly::runtime::TiledTensorMapSpec> spec;
 };
 
 /// Raises the pending Python error (set with PyErr_Format) as a C++ exception.

@@ -2,11 +2,12 @@
 //
 // See LaunchPlan.h. A replay is only as right as the recording it came from,
 // so LaunchRecording.plan refuses (returns the reason) whatever it cannot
-// prove to be a function of the arguments alone: a pointer that lands in no
-// argument (scratch, a buffer the plan keeps) or in more than one (aliased
-// arguments), an integer parameter holding an argument's address, a TMA
-// descriptor (it holds an address), a launch on another stream than the
-// arguments' current one. What the Python side must add (no torch operation
+// prove to be a function of the arguments alone: a pointer or a TMA
+// descriptor's address that lands in no argument (scratch, a buffer the plan
+// keeps) or in more than one (aliased arguments), an integer parameter
+// holding an argument's address, a descriptor given as bytes, a launch on
+// another stream than the arguments' current one. A replay encodes each TMA
+// descriptor again for its argument's address (the last few kept). What the Python side must add (no torch operation
 // ran beside the launches) is flydsl.kernels.plans's part.
 //
 //===----------------------------------------------------------------------===//
@@ -31,7 +32,9 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 using fly::runtime::CUstream;
+using fly::runtime::CUtensorMap;
 using fly::runtime::Function;
+using fly::runtime::TiledTensorMapSpec;
 
 namespace fly::python {
 
@@ -183,6 +186,11 @@ struct RecordedLaunch {
   uint64_t stream = 0;
   std::string signature;
   std::vector<uint64_t> slots; // one per parameter; a tensor map's is 0
+  struct Map {
+    uint32_t param;
+    std::optional<TiledTensorMapSpec> spec; // none: TensorMap.from_bytes (cannot be encoded again)
+  };
+  std::vector<Map> maps; // the tensor map parameters
 };
 
 struct Recording;
@@ -210,7 +218,8 @@ RecordedLaunch recordedLaunch(const Function *fn, std::string name, const unsign
   return l;
 }
 
-/// A test hook's launch: its parameters as bytes, 8 per signature code.
+/// A test hook's launch: its parameters as bytes, 8 per signature code (a
+/// tensor map's: its global address, from which a test map is made).
 RecordedLaunch testLaunch(const std::string &name, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,
                           std::optional<std::array<unsigned, 3>> cluster, unsigned shared, uint64_t stream,
                           const std::string &signature, nb::bytes params) {
@@ -219,8 +228,20 @@ RecordedLaunch testLaunch(const std::string &name, std::array<unsigned, 3> grid,
   RecordedLaunch l = recordedLaunch(nullptr, name, grid.data(), block.data(), cluster ? cluster->data() : nullptr,
                                     shared, stream, signature);
   std::memcpy(l.slots.data(), params.c_str(), params.size());
+  for (size_t i = 0; i < signature.size(); ++i)
+    if (signature[i] == 'm') {
+      TiledTensorMapSpec spec;
+      spec.globalAddress = l.slots[i];
+      l.maps.push_back({uint32_t(i), spec});
+      l.slots[i] = 0;
+    }
   return l;
 }
+
+/// A launch's tensor maps as a replay passes them: 64-byte aligned.
+struct alignas(64) MapSlots {
+  unsigned char bytes[kMaxTensorMaps][kTensorMapBytes];
+};
 
 struct PlanStep {
   RecordedLaunch launch;
@@ -229,6 +250,32 @@ struct PlanStep {
     uint64_t offset;
   };
   std::vector<Patch> patches;
+  /// A tensor map encoded again for its argument's address; the last few
+  /// addresses' maps kept (weights stay put, activations often alternate).
+  struct MapPatch {
+    uint32_t slot, arg;
+    uint64_t offset;
+    TiledTensorMapSpec spec;
+    static constexpr size_t kKept = 4;
+    mutable uint64_t addresses[kKept] = {};
+    mutable CUtensorMap encoded[kKept];
+    mutable size_t kept = 0, next = 0;
+
+    const CUtensorMap &at(uint64_t address) const {
+      for (size_t i = 0; i < kept; ++i)
+        if (addresses[i] == address)
+          return encoded[i];
+      TiledTensorMapSpec moved = spec;
+      moved.globalAddress = address;
+      size_t i = next;
+      encoded[i] = fly::runtime::encodeTiled(moved);
+      addresses[i] = address;
+      next = (next + 1) % kKept;
+      kept = std::max(kept, i + 1);
+      return encoded[i];
+    }
+  };
+  std::vector<MapPatch> mapPatches;
 };
 
 /// Recorded launches replayed on new arguments of the same plan key.
@@ -257,12 +304,21 @@ public:
       const RecordedLaunch &l = step.launch;
       uint64_t slots[kMaxLaunchValues];
       void *params[kMaxLaunchValues];
-      fill(step, pointers, slots, params);
-      if (l.fn) // else noted by the test hook: everything but the driver's part
+      MapSlots maps;
+      // The test hook's steps (no function) run everything but the driver's part.
+      fill(step, pointers, slots, params, maps, l.fn.has_value());
+      if (l.fn)
         l.fn->launch(l.grid, l.block, params, l.shared, stream, l.hasCluster ? l.cluster : nullptr);
       if (!activeRecordings.empty()) {
         RecordedLaunch again = l;
         std::memcpy(again.slots.data(), slots, l.slots.size() * sizeof(uint64_t));
+        for (size_t k = 0; k < step.mapPatches.size(); ++k) {
+          const PlanStep::MapPatch &m = step.mapPatches[k];
+          again.slots[m.slot] = 0;
+          for (RecordedLaunch::Map &map : again.maps)
+            if (map.param == m.slot && map.spec)
+              map.spec->globalAddress = pointers[m.arg] + m.offset;
+        }
         again.stream = uint64_t(reinterpret_cast<uintptr_t>(stream));
         noteRecorded(std::move(again));
       }
@@ -280,7 +336,8 @@ public:
     for (const PlanStep &step : steps) {
       uint64_t slots[kMaxLaunchValues];
       void *params[kMaxLaunchValues];
-      fill(step, pointers, slots, params);
+      MapSlots maps;
+      fill(step, pointers, slots, params, maps, false);
       const RecordedLaunch &l = step.launch;
       nb::dict d;
       d["name"] = l.name;
@@ -291,6 +348,10 @@ public:
       d["shared_mem"] = l.shared;
       d["stream"] = uint64_t(reinterpret_cast<uintptr_t>(stream));
       d["params"] = nb::bytes(reinterpret_cast<const char *>(slots), l.slots.size() * kSlotBytes);
+      nb::list addresses; // where each tensor map would point, in parameter order
+      for (const PlanStep::MapPatch &m : step.mapPatches)
+        addresses.append(pointers[m.arg] + m.offset);
+      d["tensor_maps"] = addresses;
       out.append(d);
     }
     return out;
@@ -328,13 +389,24 @@ private:
     return reinterpret_cast<CUstream>(uintptr_t(h));
   }
 
-  static void fill(const PlanStep &step, const uint64_t *pointers, uint64_t *slots, void **params) {
+  /// The step's parameters on these pointers; its tensor maps encoded for
+  /// their arguments' addresses where `encode` (else left zero).
+  static void fill(const PlanStep &step, const uint64_t *pointers, uint64_t *slots, void **params,
+                   MapSlots &maps, bool encode) {
     const auto &recorded = step.launch.slots;
     std::memcpy(slots, recorded.data(), recorded.size() * sizeof(uint64_t));
     for (const PlanStep::Patch &p : step.patches)
       slots[p.slot] = pointers[p.arg] + p.offset;
     for (size_t i = 0; i < recorded.size(); ++i)
       params[i] = &slots[i];
+    for (size_t k = 0; k < step.mapPatches.size(); ++k) {
+      const PlanStep::MapPatch &m = step.mapPatches[k];
+      if (encode)
+        std::memcpy(maps.bytes[k], &m.at(pointers[m.arg] + m.offset), kTensorMapBytes);
+      else
+        std::memset(maps.bytes[k], 0, kTensorMapBytes);
+      params[m.slot] = maps.bytes[k];
+    }
   }
 };
 
@@ -437,8 +509,34 @@ private:
         for (const ArgumentRange &r : ranges)
           if (v != 0 && (v == r.low || (r.low <= v && v < r.high)))
             into.push_back(&r);
-        if (code == 'm')
-          return why = where + std::to_string(j) + ": a TMA descriptor (it holds an address)", false;
+        if (code == 'm') {
+          const RecordedLaunch::Map *map = nullptr;
+          for (const RecordedLaunch::Map &m : l.maps)
+            if (m.param == j)
+              map = &m;
+          if (!map || !map->spec)
+            return why = where + std::to_string(j) + ": a TMA descriptor given as bytes (not encoded again)", false;
+          if (step.mapPatches.size() >= kMaxTensorMaps)
+            return why = where + std::to_string(j) + ": more TMA descriptors than a launch takes", false;
+          uint64_t address = map->spec->globalAddress;
+          std::vector<const ArgumentRange *> target;
+          for (const ArgumentRange &r : ranges)
+            if (address != 0 && (address == r.low || (r.low <= address && address < r.high)))
+              target.push_back(&r);
+          if (target.size() != 1)
+            return why = where + std::to_string(j) +
+                         (target.empty() ? ": a TMA descriptor of memory no argument holds"
+                                         : ": a TMA descriptor of memory in more than one argument"),
+                   false;
+          PlanStep::MapPatch patch;
+          patch.slot = uint32_t(j);
+          patch.arg = target[0]->arg;
+          patch.offset = address - target[0]->low;
+          patch.spec = *map->spec;
+          step.mapPatches.push_back(patch);
+          pointerArg[target[0]->arg] = true;
+          continue;
+        }
         if (code != 'p') {
           if (!into.empty() && (code == 'l' || code == 'L'))
             return why = where + std::to_string(j) + ": an integer that holds an argument's address", false;
@@ -477,17 +575,24 @@ void noteRecorded(RecordedLaunch &&l) {
 }
 } // namespace
 
+bool recordingLaunches() { return !activeRecordings.empty(); }
+
 void noteLaunch(const Function &fn, const unsigned grid[3], const unsigned block[3],
                 const unsigned *cluster, unsigned sharedBytes, CUstream stream, const char *signature,
-                size_t numParams, void *const *params) {
+                size_t numParams, void *const *params, const PyTensorMap *const *tensorMaps) {
   if (activeRecordings.empty())
     return;
   RecordedLaunch l = recordedLaunch(&fn, fn.name(), grid, block, cluster, sharedBytes,
                                     uint64_t(reinterpret_cast<uintptr_t>(stream)),
                                     std::string(signature, numParams));
-  for (size_t i = 0; i < numParams; ++i)
-    if (signature[i] != 'm') // every other kind sits in an 8-byte slot
+  for (size_t i = 0; i < numParams; ++i) {
+    if (signature[i] != 'm') { // every other kind sits in an 8-byte slot
       std::memcpy(&l.slots[i], params[i], sizeof(uint64_t));
+      continue;
+    }
+    const PyTensorMap *map = tensorMaps ? tensorMaps[i] : nullptr;
+    l.maps.push_back({uint32_t(i), map ? map->spec : std::nullopt});
+  }
   noteRecorded(std::move(l));
 }
 

@@ -24,12 +24,19 @@
 
 namespace fly::python {
 
+struct PyTensorMap;
+
+/// Whether this thread has an active recording (launch paths build what
+/// noteLaunch needs only then).
+bool recordingLaunches();
+
 /// Notes a launch that was just made (its parameters as cuLaunchKernel took
-/// them; `signature` has one code per parameter) in this thread's active
-/// recordings, if any.
+/// them; `signature` has one code per parameter; `tensorMaps`: per parameter,
+/// the TensorMap of an 'm' one) in this thread's active recordings, if any.
 void noteLaunch(const fly::runtime::Function &fn, const unsigned grid[3], const unsigned block[3],
                 const unsigned *cluster, unsigned sharedBytes, fly::runtime::CUstream stream,
-                const char *signature, size_t numParams, void *const *params);
+                const char *signature, size_t numParams, void *const *params,
+                const PyTensorMap *const *tensorMaps);
 
 void bindLaunchPlans(nanobind::module_ &rt);
 

@@ -83,8 +83,15 @@ void launchFunction(const Function &fn, nb::handle grid, nb::handle block, nb::h
                 sharedMem.ptr(), stream.ptr(), cluster.ptr(), la);
   const unsigned *clusterDims = la.hasCluster ? la.cluster : nullptr;
   fn.launch(la.grid, la.block, la.params, la.sharedBytes, la.stream, clusterDims);
-  noteLaunch(fn, la.grid, la.block, clusterDims, la.sharedBytes, la.stream,
-             PyUnicode_AsUTF8(signature.ptr()), la.numParams, la.params);
+  if (recordingLaunches()) {
+    const char *sig = PyUnicode_AsUTF8(signature.ptr()); // checked by prepareLaunch
+    std::vector<const PyTensorMap *> maps(la.numParams, nullptr);
+    for (size_t i = 0; i < la.numParams; ++i)
+      if (sig[i] == 'm')
+        maps[i] = nb::inst_ptr<PyTensorMap>(PySequence_Fast_GET_ITEM(args.ptr(), Py_ssize_t(i)));
+    noteLaunch(fn, la.grid, la.block, clusterDims, la.sharedBytes, la.stream, sig, la.numParams,
+               la.params, maps.data());
+  }
 }
 
 /// Test hook: runs the whole validation and packing of Function.launch without
@@ -283,7 +290,7 @@ PyTensorMap encodeTiled(const std::string &dtype, nb::handle globalAddress, nb::
   CUtensorMap map = fly::runtime::encodeTiled(spec); // validates first, then the driver
   // Keep a tensor-like alive as long as the map that points into it.
   nb::object owner = PyLong_Check(globalAddress.ptr()) ? nb::object() : nb::borrow(globalAddress);
-  return PyTensorMap{map, spec.dataType, spec.rank, spec.globalAddress, std::move(owner)};
+  return PyTensorMap{map, spec.dataType, spec.rank, spec.globalAddress, std::move(owner), spec};
 }
 
 void translateDriverError(const std::exception_ptr &p, void *) {

@@ -164,13 +164,27 @@ def test_a_recording_replays_with_the_new_arguments_pointers(stream_getter):
     assert with_fallback(x2, misaligned, 1e-5) == ("python plan", True)
 
 
+def test_a_replay_encodes_each_tensor_map_for_its_arguments_address(stream_getter):
+    """A TMA descriptor's global address lands in an argument: the replay encodes it again at the same offset into
+    that argument's memory (the test hook's maps are not encoded: the dry run says where each would point)."""
+    a, out = torch.randn(16, 64), torch.empty(16, 64)
+    recording = launcher.LaunchRecording()
+    recording._add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "mmp", _params(a.data_ptr(), out[4:].data_ptr(), 0))
+    plan = recording.plan((a, out))
+    assert isinstance(plan, launcher.LaunchPlan), plan
+    a2, out2 = torch.randn(16, 64), torch.empty(16, 64)
+    (launch,) = plan._dry_run(a2, out2)
+    assert launch["tensor_maps"] == [a2.data_ptr(), out2.data_ptr() + 4 * 64 * 4]
+    assert plan(a2, out2) is None
+
+
 @pytest.mark.parametrize(
     "case, reason",
     [
         ("scratch", "a pointer into no argument"),
         ("aliased", "a pointer into more than one argument"),
         ("address as an int", "an integer that holds an argument's address"),
-        ("tma", "a TMA descriptor"),
+        ("tma of scratch", "a TMA descriptor of memory no argument holds"),
         ("stream", "on another stream"),
         ("no tensor", "no torch tensor among the arguments"),
         ("nothing", "no launch was recorded"),
@@ -188,8 +202,8 @@ def test_a_recording_declines_what_a_replay_could_get_wrong(stream_getter, case,
         add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), x.data_ptr()))
     elif case == "address as an int":
         add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pL", _params(x.data_ptr(), out.data_ptr()))
-    elif case == "tma":
-        add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pm", _params(x.data_ptr(), 0))
+    elif case == "tma of scratch":  # (the test hook makes a tensor map of the address given)
+        add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pm", _params(x.data_ptr(), scratch.data_ptr()))
     elif case == "stream":
         add("k", (1, 1, 1), (32, 1, 1), None, 0, 8, "pp", _params(x.data_ptr(), out.data_ptr()))
     elif case == "no tensor":

@@ -219,3 +219,18 @@ def test_functional_inference_calls_replay_their_first_calls_launches():
                 assert torch.allclose(ours(x).float(), reference(x), atol=5e-2, rtol=2e-2), name
             ((plan, _shape),) = kept._plans.values()
             assert isinstance(plan, launcher.LaunchPlan), name
+
+
+def test_a_dense_gemm_replays_its_tma_descriptors_for_new_addresses():
+    """The warp-specialized GEMM (TMA operands): later calls re-encode each descriptor for the new tensors' memory."""
+    from flydsl.compiler._native import launcher
+
+    m, k, n = 200, 512, 384
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    for _ in range(4):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(a, w.t(), out)
+        assert torch.allclose(out.double(), a.double() @ w.double().t(), atol=1e-2 * k**0.5, rtol=1e-2)
+    (plan,) = gemm_launch._GEMM._plans.values()
+    assert isinstance(plan, launcher.LaunchPlan), gemm_launch._GEMM.declined

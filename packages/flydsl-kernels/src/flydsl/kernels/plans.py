@@ -20,11 +20,13 @@ split-K partials) and the current stream (read by the launcher), so plans also s
 
 Replays (``Plans(..., replay=True)``): where a plan's first call does nothing but launch kernels on its arguments, its
 launches are recorded (``_runtime.LaunchRecording``) and later calls replay them natively (``_runtime.LaunchPlan``:
-each pointer parameter patched to the argument it pointed into, the device's current stream): no Python between the
-key and the driver. A plan is replayed only where that is provably the same work: its first call returned None, ran
-no torch operation but views and allocations (a ``TorchDispatchMode`` watches), and every pointer it passed lands in
-exactly one of its arguments (no scratch, no buffer kept by the plan, no aliased arguments) and no TMA descriptor;
-else the Python plan is kept (:attr:`Plans.declined` says why). ``FLYDSL_LAUNCH_REPLAY=0`` turns replays off.
+each pointer parameter patched to the argument it pointed into, each TMA descriptor encoded again for its argument's
+address, the device's current stream): no Python between the key and the driver. A plan is replayed only where that
+is provably the same work: its first call returned None, ran no torch operation but views and allocations (a
+``TorchDispatchMode`` watches), and every pointer and descriptor it passed lands in exactly one of its arguments (no
+scratch, no buffer kept by the plan, no aliased arguments); else the Python plan is kept (:attr:`Plans.declined` says
+why). An argument aligned otherwise than when recorded runs the Python plan. ``FLYDSL_LAUNCH_REPLAY=0`` turns replays
+off.
 """
 
 from __future__ import annotations
