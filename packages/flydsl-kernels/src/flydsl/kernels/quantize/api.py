@@ -16,6 +16,8 @@ GEMMs) take.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 from flydsl.kernels import validation as check
 from flydsl.kernels.plans import Plans, signature
@@ -25,7 +27,16 @@ __all__ = ["GRANULARITIES", "quantize_fp8"]
 GRANULARITIES = ("tensor", "token", "channel", "group", "block")
 _FORMATS = {"torch.float8_e4m3fn": "e4m3", "torch.float8_e5m2": "e5m2"}
 _GROUP = 128  # groups (1 x 128) and blocks (128 x 128): the block-scaled GEMM's K block
-_QUANTIZE = Plans("flydsl.kernels.quantize_fp8")
+_QUANTIZE = Plans("flydsl.kernels.quantize_fp8", replay=True)  # the launches
+_ALLOCATE = Plans("flydsl.kernels.quantize_fp8 (outputs)")  # the outputs not given
+
+
+class _Plan(NamedTuple):
+    """A signature's outputs, ``allocate(x, out, scales) -> (out, scales)`` (those not given), and its work,
+    ``launch(x, out, scales)``: apart, so that a launch on its arguments alone is replayed natively."""
+
+    allocate: Callable
+    launch: Callable
 
 
 @functools.cache
@@ -70,15 +81,17 @@ def quantize_fp8(
     and ``scales`` (float32, of the granularity's shape; contiguous, but for "group" M-major or row-major: written
     through its strides): written where given (``dtype`` then is ``out``'s), else allocated."""
     key = signature(x, granularity, group, None if dtype is None else str(dtype), out, scales, power_of_two)
-    plan = _QUANTIZE.get(key)
-    if plan is None:
-        plan = _QUANTIZE.add(key, _plan(x, granularity, group, dtype, out, scales, power_of_two))
-    return plan(x, out, scales)
+    allocate, launch = _ALLOCATE.get(key), _QUANTIZE.get(key)
+    if allocate is None or launch is None:
+        plan = _plan(x, granularity, group, dtype, out, scales, power_of_two)
+        allocate, launch = _ALLOCATE.add(key, plan.allocate), _QUANTIZE.add(key, plan.launch)
+    out, scales = allocate(x, out, scales)
+    launch(x, out, scales)
+    return out, scales
 
 
 def _plan(x, granularity: str, group: int, dtype, out, scales, power_of_two: bool):
-    """The launches of a call of this signature, checked: a function of ``(x, out, scales)`` (outputs None: allocated)
-    returning ``(x_fp8, scales)``."""
+    """The :class:`_Plan` of a call of this signature, checked."""
     who = _QUANTIZE.name
     check.one_of(who, "granularity", granularity, GRANULARITIES)
     if isinstance(group, bool) or group != _GROUP:
@@ -111,40 +124,40 @@ def _plan(x, granularity: str, group: int, dtype, out, scales, power_of_two: boo
     cfg = forward_row_config(n, info.dtype)
     launch = dict(grid=cfg.grid(rows), block=cfg.block, cluster=cfg.cluster_shape)
     kernel = kernels.quantize_rows_kernel
+    allocate = _allocator(rows, n, dtype, lambda x: x.new_empty(shape, dtype=torch.float32))
     if granularity != "tensor":
         spec = kernels.QuantizeSpec("row", fmt)
 
         def per_row(x, out, scales):
-            out = x.new_empty((rows, n), dtype=dtype) if out is None else out
-            scales = x.new_empty(shape, dtype=torch.float32) if scales is None else scales
             kernel(x, out.view(torch.uint8), scales.view(-1), scales, cfg, spec).launch(**launch)
-            return out, scales
 
-        return per_row
+        return _Plan(allocate, per_row)
     amax_spec, cast_spec = kernels.QuantizeSpec("amax", fmt), kernels.QuantizeSpec("cast", fmt)
 
-    def per_tensor(x, out, scale):
-        out = x.new_empty((rows, n), dtype=dtype) if out is None else out
-        scale = x.new_empty((), dtype=torch.float32) if scale is None else scale
+    def per_tensor(x, out, scale):  # the amax zeroed per call (a torch op: not replayed)
         amax = torch.zeros(1, dtype=torch.int32, device=x.device)
         kernel(x, out.view(torch.uint8), scale.view(1), amax, cfg, amax_spec).launch(**launch)
         kernel(x, out.view(torch.uint8), scale.view(1), amax, cfg, cast_spec).launch(**launch)
-        return out, scale
 
-    return per_tensor
+    return _Plan(allocate, per_tensor)
 
 
-def _empty(rows: int, n: int, dtype, shape: tuple, allocate_scales=None):
+def _allocator(rows: int, n: int, dtype, allocate_scales: Callable) -> Callable:
+    """``allocate(x, out, scales)``: the (rows, N) fp8 output and the scales (``allocate_scales(x)``) not given."""
+
+    def allocate(x, out, scales):
+        out = x.new_empty((rows, n), dtype=dtype) if out is None else out
+        return out, allocate_scales(x) if scales is None else scales
+
+    return allocate
+
+
+def _empty(rows: int, n: int, dtype, shape: tuple, allocate_scales=None) -> _Plan:
     """The plan of an input without elements: outputs allocated where not given, scales zeroed."""
     import torch
 
-    def empty(x, out, scales):
-        out = x.new_empty((rows, n), dtype=dtype) if out is None else out
-        if scales is None:
-            scales = allocate_scales(x) if allocate_scales else x.new_empty(shape, dtype=torch.float32)
-        return out, scales.zero_()
-
-    return empty
+    allocate = _allocator(rows, n, dtype, allocate_scales or (lambda x: x.new_empty(shape, dtype=torch.float32)))
+    return _Plan(allocate, lambda x, out, scales: scales.zero_())
 
 
 def _group_plan(who: str, info, fmt: str, dtype, out, scales, power_of_two: bool):
@@ -169,12 +182,9 @@ def _group_plan(who: str, info, fmt: str, dtype, out, scales, power_of_two: bool
     kernel, grid = groups.quantize_groups_kernel, cfg.grid(rows, n)
 
     def per_group(x, out, scales):
-        out = x.new_empty((rows, n), dtype=dtype) if out is None else out
-        scales = m_major(x) if scales is None else scales
         kernel(x, out.view(torch.uint8), scales, cfg).launch(grid=grid, block=cfg.block)
-        return out, scales
 
-    return per_group
+    return _Plan(_allocator(rows, n, dtype, m_major), per_group)
 
 
 def _check_group_scales(who: str, x, scales, shape: tuple) -> None:
@@ -208,12 +218,14 @@ def _block_plan(who: str, info, fmt: str, dtype, out, scales, power_of_two: bool
     if rows == 0 or n == 0:
         return _empty(rows, n, dtype, shape)
 
+    import torch
+
     def per_block(x, out, scales):
         q, s = quantize_blocks(x, dtype, fmt, power_of_two)
-        out = q.contiguous() if out is None else out.copy_(q)
-        return out, (s if scales is None else scales.copy_(s))
+        out.copy_(q)
+        scales.copy_(s)
 
-    return per_block
+    return _Plan(_allocator(rows, n, dtype, lambda x: x.new_empty(shape, dtype=torch.float32)), per_block)
 
 
 def quantize_blocks(w, dtype, fmt: str, power_of_two: bool = False):
