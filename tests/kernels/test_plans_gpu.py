@@ -199,6 +199,7 @@ def test_functional_inference_calls_replay_their_first_calls_launches():
     from flydsl.torch import functional as F
 
     w, b = _weights(make_input(ROWS, N, torch.bfloat16))
+    weight = torch.randn(N, N, device="cuda", dtype=torch.bfloat16) / N**0.5
     calls = {
         "softmax": (lambda x: F.softmax(x), lambda x: torch.softmax(x.float(), -1), F._SOFTMAX),
         "layer_norm": (
@@ -211,14 +212,19 @@ def test_functional_inference_calls_replay_their_first_calls_launches():
             lambda x: torch.nn.functional.rms_norm(x.float(), [N], w.float(), 1e-6),
             F._RMS_NORM,
         ),
+        "linear": (  # batch dims kept; the weight read in place (K-major); N = 1000: a dense GEMM with tails
+            lambda x: F.linear(x.view(4, ROWS // 4, N), weight, b).view(ROWS, -1),
+            lambda x: torch.nn.functional.linear(x.float(), weight.float(), b.float()),
+            F._LINEAR,
+        ),
     }
     with torch.no_grad():
         for name, (ours, reference, kept) in calls.items():
             for _ in range(3):
                 x = make_input(ROWS, N, torch.bfloat16)
                 assert torch.allclose(ours(x).float(), reference(x), atol=5e-2, rtol=2e-2), name
-            ((plan, _shape),) = kept._plans.values()
-            assert isinstance(plan, launcher.LaunchPlan), name
+            (plan,) = kept._plans.values()
+            assert isinstance(plan, launcher.LaunchPlan), (name, kept.declined)
 
 
 def test_a_dense_gemm_replays_its_tma_descriptors_for_new_addresses():
@@ -249,3 +255,16 @@ def test_quantize_replays_its_kernel_on_fresh_outputs(granularity):
         assert torch.allclose(q.float() * per, x.float(), rtol=0.07, atol=1e-3)
     (plan,) = quantize_api._QUANTIZE._plans.values()
     assert isinstance(plan, launcher.LaunchPlan), quantize_api._QUANTIZE.declined
+
+
+def test_functional_linear_gradients():
+    from flydsl.torch import functional as F
+
+    x = torch.randn(3, 40, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(384, 256, device="cuda", dtype=torch.bfloat16) / 16).requires_grad_(True)
+    b = torch.randn(384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(3, 40, 384, device="cuda", dtype=torch.bfloat16)
+    ours = torch.autograd.grad(F.linear(x, w, b), (x, w, b), dy)
+    theirs = torch.autograd.grad(torch.nn.functional.linear(x.double(), w.double(), b.double()), (x, w, b), dy.double())
+    for name, got, want in zip(("dx", "dw", "db"), ours, theirs, strict=True):
+        assert torch.allclose(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item()), name

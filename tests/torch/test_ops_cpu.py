@@ -389,3 +389,33 @@ def test_gemm_errors_name_the_argument():
     leaf = torch.empty(16, 32, dtype=torch.bfloat16, device="meta", requires_grad=True)
     with pytest.raises(NotImplementedError, match="gradients through the fused activation"):
         torch.ops.flydsl.gemm(leaf, a.t(), None, "relu")
+
+
+def test_functional_linear_is_the_gemm_op(op_recorder):
+    """ft.linear(x, w, b) = x @ w.t() + b through torch.ops.flydsl.gemm (traced: fake tensors), batch dims kept."""
+    with FakeTensorMode(), torch.no_grad():
+        x = torch.empty(2, 3, 32, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(48, 32, dtype=torch.bfloat16, device="cuda")
+        bias = torch.empty(48, dtype=torch.bfloat16, device="cuda")
+        with op_recorder() as rec:
+            y = ft.linear(x, w, bias)
+        assert y.shape == (2, 3, 48) and y.dtype == torch.bfloat16
+        assert "flydsl.gemm.default" in rec.names, rec.names
+        assert ft.linear(torch.empty(32, dtype=torch.bfloat16, device="cuda"), w).shape == (48,)
+
+
+def test_functional_linear_refuses_what_is_not_a_tensor():
+    with pytest.raises(TypeError, match="flydsl.linear: weight: expected a torch.Tensor, got list"):
+        ft.linear(torch.empty(2, 4), [[1.0] * 4])
+    with pytest.raises(ValueError, match="flydsl.linear: input: expected at least one dim"):
+        ft.linear(torch.tensor(1.0), torch.empty(2, 1))
+
+
+def test_functional_linear_gradients_in_one_compiled_graph(aot_graphs):
+    torch._dynamo.reset()
+    backend, graphs = aot_graphs()
+    x = torch.empty(4, 16, 32, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    w = torch.empty(24, 32, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    torch.compile(lambda x, w: ft.linear(x, w).float().sum(), backend=backend, fullgraph=True)(x, w).backward()
+    assert "flydsl.gemm.default" in _targets(graphs[0]) and "flydsl.gemm.default" in _targets(graphs[1])
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape

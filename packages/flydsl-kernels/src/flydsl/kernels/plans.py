@@ -59,17 +59,24 @@ def _bind_plan_key():
 
 
 def _learn_key_type(value) -> bool:
-    """``plan_key``'s hook for a type it has not seen: torch tensors (subclasses included) and torch dtypes."""
+    """``plan_key``'s hook for a type it has not seen: torch dtypes, and torch tensors whose type leaves dispatch to
+    torch (``torch.Tensor``, ``nn.Parameter``); wrapper subclasses (fake and functional tensors, DTensor) get no key:
+    they hold no memory of their own to launch on."""
     from flydsl.compiler._native import launcher
 
     kind = type(value)
     if kind.__name__ == "dtype" and kind.__module__ == "torch":
         launcher._register_key_type(kind)
         return True
-    if kind not in _SCALARS and is_torch(value):
+    if kind not in _SCALARS and is_torch(value) and _dispatches_as_torch(kind):
         launcher._register_tensor_type(kind)
         return True
     return False
+
+
+def _dispatches_as_torch(kind) -> bool:
+    torch = sys.modules["torch"]
+    return getattr(kind, "__torch_dispatch__", None) is torch.Tensor.__torch_dispatch__
 
 
 class Plans:

@@ -3,7 +3,7 @@ drop-in modules of ``flydsl.torch.nn``. See docs/torch.md."""
 
 from flydsl.torch import attention, autograd, functional, moe, nn, ops
 from flydsl.torch._registry import registered_ops
-from flydsl.torch.functional import fused_add_rms_norm, layer_norm, rms_norm, softmax
+from flydsl.torch.functional import fused_add_rms_norm, layer_norm, linear, rms_norm, softmax
 
 __all__ = [
     "attention",
@@ -17,4 +17,5 @@ __all__ = [
     "layer_norm",
     "rms_norm",
     "fused_add_rms_norm",
+    "linear",
 ]

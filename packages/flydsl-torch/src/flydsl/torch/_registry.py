@@ -236,7 +236,6 @@ class FlyOp(_Op):
         self._input_signature = self._functional_signature
         self._checked_functional = Plans(f"flydsl.{name} (checked)")
         self._checked_out = Plans(f"flydsl.{name}_out (checked)")
-        self._eager_out = Plans(f"flydsl.{name}_out (eager)", replay=True)  # eager_out's work, replayed natively
         self._runs = Plans(f"flydsl.{name} (run)", replay=True)  # _run's work, replayed natively
         self._eager_function = None  # register_autograd's Function for eager calls (see call)
         self.out = self._register_out()
@@ -349,18 +348,12 @@ class FlyOp(_Op):
 
     def eager_out(self, inputs: tuple, given: dict) -> None:
         """The mutating op's work without the dispatcher, for ``flydsl.torch.functional``'s inference path:
-        :func:`eager` tensors that need no gradient, outputs just allocated by the caller (so neither checked against
-        the specs nor given a version bump). The first call of a signature (inputs and outputs) checks the inputs as
-        the functional op checks them and runs the implementation as a plan of its own; where that plan only
-        launches kernels on views of its arguments, later calls replay its launches natively
-        (:mod:`flydsl.kernels.plans`: no Python between the key and the driver)."""
-        outputs = tuple(given.values())
-        key = signature(*inputs, *outputs)
-        plan = self._eager_out.get(key)
-        if plan is None:
-            self._checked(inputs, None)
-            plan = self._eager_out.add(key, self._implementation_of(len(inputs), tuple(given)))
-        plan(*inputs, *outputs)
+        :func:`eager` tensors that need no gradient, outputs just allocated by the caller like the first input (so
+        neither checked nor keyed, and no version counter to bump). The inputs are checked as the functional op checks
+        them (once per signature), then the implementation runs; the functional keeps the call as a plan of its own
+        (replayed natively from its second call)."""
+        self._checked(inputs, None)
+        self.impl(*inputs, **given)
 
     def _implementation_of(self, n_inputs: int, output_names: tuple) -> Callable:
         """``impl`` as a function of the inputs and then the outputs, positional (what a plan is called with)."""

@@ -21,7 +21,7 @@ from flydsl.torch import ops
 from flydsl.torch._registry import eager
 from torch import Tensor
 
-__all__ = ["softmax", "layer_norm", "rms_norm", "fused_add_rms_norm"]
+__all__ = ["softmax", "layer_norm", "rms_norm", "fused_add_rms_norm", "linear"]
 
 
 def _shape(normalized_shape: int | Sequence[int]) -> list[int]:
@@ -45,8 +45,8 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
 def _kept_applies(*tensors: Tensor | None) -> bool:
     """Whether a call whose signature has a kept eager plan (below) may run it: no dispatch mode is active and no
     tensor needs a gradient. The rest of :func:`eager` holds by the signature: it was made for a first call that passed
-    it, and names the same tensor types, devices and layouts; wrappers (functorch, functionalization, fake tensors)
-    have no data pointer and so no signature."""
+    it, and names the same tensor types, devices and layouts; wrapper subclasses (fake and functional tensors) have
+    no signature, and functorch's wrappers no data pointer."""
     if torch._C._len_torch_dispatch_stack():
         return False
     if torch.is_grad_enabled():
@@ -56,13 +56,15 @@ def _kept_applies(*tensors: Tensor | None) -> bool:
     return True
 
 
-# The eager inference calls' plans by the functional's own signature: (the *_out op's eager plan, the arguments it is
-# called with beside the tensors). Kept after a first call ran the *_out op's work (its checks passed) on outputs
-# allocated by _empty, whose facts follow from the input's.
-_SOFTMAX = Plans("flydsl.torch.functional.softmax")
-_LAYER_NORM = Plans("flydsl.torch.functional.layer_norm")
-_RMS_NORM = Plans("flydsl.torch.functional.rms_norm")
-_FUSED_ADD_RMS_NORM = Plans("flydsl.torch.functional.fused_add_rms_norm")
+# The eager inference calls' work by the functional's own signature, as plans of (the tensors, the outputs) made on the
+# first call (whose checks passed) and replayed natively where they only launch (flydsl.kernels.plans); the outputs
+# are fresh allocations by _empty, whose facts follow from the input's (and a replay falls back to the plan where an
+# address is aligned otherwise).
+_SOFTMAX = Plans("flydsl.torch.functional.softmax", replay=True)
+_LAYER_NORM = Plans("flydsl.torch.functional.layer_norm", replay=True)
+_RMS_NORM = Plans("flydsl.torch.functional.rms_norm", replay=True)
+_FUSED_ADD_RMS_NORM = Plans("flydsl.torch.functional.fused_add_rms_norm", replay=True)
+_LINEAR = Plans("flydsl.torch.functional.linear", replay=True)
 
 
 def _kept(plans: Plans, *args):
@@ -72,13 +74,9 @@ def _kept(plans: Plans, *args):
     return plans.get(signature(*args))
 
 
-def _eager_out(plans: Plans, key, op, inputs: tuple, given: dict, shape: list | None = None) -> None:
-    """Runs ``op.eager_out(inputs, given)`` and keeps its eager plan for the functional's ``key`` with ``shape`` (the
-    normalized shape as a list, which the plan is called with)."""
-    op.eager_out(inputs, given)
-    plan = op._eager_out.get(signature(*inputs, *given.values()))
-    if plan is not None and key is not None:
-        plans.add(key, (plan, shape))
+def _first(plans: Plans, key, work, *args) -> None:
+    """A signature's first eager inference call: ``work(*args)``, kept as the signature's plan."""
+    plans.add(key, work)(*args)
 
 
 def _empty(x: Tensor) -> Tensor:
@@ -91,10 +89,10 @@ def _empty(x: Tensor) -> Tensor:
 
 def softmax(input: Tensor, dim: int = -1) -> Tensor:
     """``torch.softmax(input, dim)``; a ``dim`` other than the last is moved last (a copy) and back."""
-    kept = _kept(_SOFTMAX, input, dim)
-    if kept is not None and _kept_applies(input):
+    plan = _kept(_SOFTMAX, input, dim)
+    if plan is not None and _kept_applies(input):
         out = _empty(input)
-        kept[0](input, out)
+        plan(input, out)
         return out
     _tensor("softmax", "input", input)
     if input.dim() == 0:
@@ -106,12 +104,15 @@ def softmax(input: Tensor, dim: int = -1) -> Tensor:
         return softmax(input.movedim(dim, -1)).movedim(-1, dim)
     if _needs_grad(input):
         return ops.softmax.call(input)
-    if eager(input):
-        out = _empty(input)
-        _eager_out(_SOFTMAX, signature(input, given_dim), ops.softmax, (input,), {"out": out})
-        return out
     out = _empty(input)
-    torch.ops.flydsl.softmax_out.default(input, out)
+    if eager(input):
+
+        def work(input, out):
+            ops.softmax.eager_out((input,), {"out": out})
+
+        _first(_SOFTMAX, signature(input, given_dim), work, input, out)
+    else:
+        torch.ops.flydsl.softmax_out.default(input, out)
     return out
 
 
@@ -123,11 +124,10 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> Tensor:
     """``torch.nn.functional.layer_norm``."""
-    kept = _kept(_LAYER_NORM, input, normalized_shape, weight, bias, eps)
-    if kept is not None and _kept_applies(input, weight, bias):
-        plan, shape = kept
+    plan = _kept(_LAYER_NORM, input, normalized_shape, weight, bias, eps)
+    if plan is not None and _kept_applies(input, weight, bias):
         out = _empty(input)
-        plan(input, shape, weight, bias, eps, out, None, None)
+        plan(input, weight, bias, out)
         return out
     _tensor("layer_norm", "input", input)
     _tensor("layer_norm", "weight", weight, optional=True)
@@ -135,14 +135,15 @@ def layer_norm(
     shape = _shape(normalized_shape)
     if _needs_grad(input, weight, bias):
         return ops.layer_norm.call(input, shape, weight, bias, eps)[0]
-    if eager(input, weight, bias):
-        out = _empty(input)
-        key = signature(input, normalized_shape, weight, bias, eps)
-        given = {"out": out, "mean": None, "rstd": None}
-        _eager_out(_LAYER_NORM, key, ops.layer_norm, (input, shape, weight, bias, eps), given, shape)
-        return out
     out = _empty(input)
-    torch.ops.flydsl.layer_norm_out.default(input, shape, weight, bias, eps, out, None, None)
+    if eager(input, weight, bias):
+
+        def work(input, weight, bias, out):
+            ops.layer_norm.eager_out((input, shape, weight, bias, eps), {"out": out, "mean": None, "rstd": None})
+
+        _first(_LAYER_NORM, signature(input, normalized_shape, weight, bias, eps), work, input, weight, bias, out)
+    else:
+        torch.ops.flydsl.layer_norm_out.default(input, shape, weight, bias, eps, out, None, None)
     return out
 
 
@@ -153,24 +154,25 @@ def rms_norm(
     eps: float | None = None,
 ) -> Tensor:
     """``torch.nn.functional.rms_norm``; ``eps=None`` is float32's machine epsilon, as in torch."""
-    kept = _kept(_RMS_NORM, input, normalized_shape, weight, eps)
-    if kept is not None and _kept_applies(input, weight):
-        plan, shape = kept
+    plan = _kept(_RMS_NORM, input, normalized_shape, weight, eps)
+    if plan is not None and _kept_applies(input, weight):
         out = _empty(input)
-        plan(input, shape, weight, eps, out, None)
+        plan(input, weight, out)
         return out
     _tensor("rms_norm", "input", input)
     _tensor("rms_norm", "weight", weight, optional=True)
     shape = _shape(normalized_shape)
     if _needs_grad(input, weight):
         return ops.rms_norm.call(input, shape, weight, eps)[0]
-    if eager(input, weight):
-        out = _empty(input)
-        key = signature(input, normalized_shape, weight, eps)
-        _eager_out(_RMS_NORM, key, ops.rms_norm, (input, shape, weight, eps), {"out": out, "rstd": None}, shape)
-        return out
     out = _empty(input)
-    torch.ops.flydsl.rms_norm_out.default(input, shape, weight, eps, out, None)
+    if eager(input, weight):
+
+        def work(input, weight, out):
+            ops.rms_norm.eager_out((input, shape, weight, eps), {"out": out, "rstd": None})
+
+        _first(_RMS_NORM, signature(input, normalized_shape, weight, eps), work, input, weight, out)
+    else:
+        torch.ops.flydsl.rms_norm_out.default(input, shape, weight, eps, out, None)
     return out
 
 
@@ -182,11 +184,10 @@ def fused_add_rms_norm(
     eps: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(rms_norm(input + residual, ...), input + residual)`` in one pass (the sum rounded to the input dtype)."""
-    kept = _kept(_FUSED_ADD_RMS_NORM, input, residual, normalized_shape, weight, eps)
-    if kept is not None and _kept_applies(input, residual, weight):
-        plan, shape = kept
+    plan = _kept(_FUSED_ADD_RMS_NORM, input, residual, normalized_shape, weight, eps)
+    if plan is not None and _kept_applies(input, residual, weight):
         out, residual_out = _empty(input), _empty(input)
-        plan(input, residual, shape, weight, eps, out, residual_out, None)
+        plan(input, residual, weight, out, residual_out)
         return out, residual_out
     _tensor("fused_add_rms_norm", "input", input)
     _tensor("fused_add_rms_norm", "residual", residual)
@@ -195,14 +196,45 @@ def fused_add_rms_norm(
     if _needs_grad(input, residual, weight):
         out, residual_out, _rstd = ops.fused_add_rms_norm.call(input, residual, shape, weight, eps)
         return out, residual_out
-    if eager(input, residual, weight):
-        out, residual_out = _empty(input), _empty(input)
-        given = {"out": out, "residual_out": residual_out, "rstd": None}
-        key = signature(input, residual, normalized_shape, weight, eps)
-        _eager_out(
-            _FUSED_ADD_RMS_NORM, key, ops.fused_add_rms_norm, (input, residual, shape, weight, eps), given, shape
-        )
-        return out, residual_out
     out, residual_out = _empty(input), _empty(input)
-    torch.ops.flydsl.fused_add_rms_norm_out.default(input, residual, shape, weight, eps, out, residual_out, None)
+    if eager(input, residual, weight):
+
+        def work(input, residual, weight, out, residual_out):
+            given = {"out": out, "residual_out": residual_out, "rstd": None}
+            ops.fused_add_rms_norm.eager_out((input, residual, shape, weight, eps), given)
+
+        key = signature(input, residual, normalized_shape, weight, eps)
+        _first(_FUSED_ADD_RMS_NORM, key, work, input, residual, weight, out, residual_out)
+    else:
+        torch.ops.flydsl.fused_add_rms_norm_out.default(input, residual, shape, weight, eps, out, residual_out, None)
     return out, residual_out
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``torch.nn.functional.linear``: ``input @ weight.t() + bias`` by the flydsl GEMM (``torch.ops.flydsl.gemm``);
+    ``input`` (..., K) bf16 or fp16, ``weight`` (N, K) as an ``nn.Linear`` holds it (read in place, K-major), ``bias``
+    (N,) in input's dtype or float32. Gradients for all three."""
+    plan = _kept(_LINEAR, input, weight, bias)
+    if plan is not None and _kept_applies(input, weight, bias):
+        rows = input if input.dim() == 2 else input.reshape(-1, input.shape[-1])
+        out = rows.new_empty((rows.shape[0], weight.shape[0]))
+        plan(rows, weight, bias, out)
+        return out if input.dim() == 2 else out.view(*input.shape[:-1], weight.shape[0])
+    _tensor("linear", "input", input)
+    _tensor("linear", "weight", weight)
+    _tensor("linear", "bias", bias, optional=True)
+    if input.dim() == 0:
+        raise ValueError("flydsl.linear: input: expected at least one dim, got a 0-dim tensor")
+    rows = input if input.dim() == 2 else input.reshape(-1, input.shape[-1])
+    if _needs_grad(input, weight, bias):
+        out = ops.gemm.call(rows, weight.t(), bias, None)
+    elif eager(input, weight, bias):
+        out = rows.new_empty((rows.shape[0], weight.shape[0]))
+
+        def work(rows, weight, bias, out):
+            ops.gemm.eager_out((rows, weight.t(), bias, None), {"out": out})
+
+        _first(_LINEAR, signature(input, weight, bias), work, rows, weight, bias, out)
+    else:
+        out = torch.ops.flydsl.gemm.default(rows, weight.t(), bias, None)
+    return out if input.dim() == 2 else out.view(*input.shape[:-1], weight.shape[0])
