@@ -159,11 +159,12 @@ OPS = (
         grads=("x", "r", "w"),
     ),
     Op(
-        "gemm",  # no functional form: torch.ops.flydsl.gemm is what a user calls
+        "gemm",  # the user-facing form: flydsl.torch.functional.linear, against torch's F.linear
+        functional=lambda t: ft.linear(t.a, t.weight),
         op=lambda t: torch.ops.flydsl.gemm(t.a, t.weight.t(), None, None),
         direct=lambda t: kernel_gemm(t.a, t.weight.t()),
         direct_fwd_bwd=_gemm_fwd_bwd,
-        torch=lambda t: torch.matmul(t.a, t.weight.t()),
+        torch=lambda t: F.linear(t.a, t.weight),
         grads=("a", "weight"),
         dout="dc",
     ),
