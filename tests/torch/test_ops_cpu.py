@@ -224,7 +224,26 @@ def test_modules_run_flydsl_on_cuda_and_torch_elsewhere(op_recorder):
     with op_recorder() as rec:
         ft.nn.LayerNorm(8, device="meta")(x)
         ft.nn.RMSNorm(8, device="meta")(x, x)
+        ft.nn.Linear(8, 4, device="meta")(x)
     assert not any("flydsl" in name for name in rec.names)
+
+
+def test_linear_module_runs_the_gemm_on_cuda_bf16_and_torch_elsewhere(op_recorder):
+    with FakeTensorMode(), torch.no_grad():
+        layer = ft.nn.Linear(32, 48, device="meta", dtype=torch.bfloat16)  # (fake CUDA tensors: no random init)
+        layer.weight = torch.nn.Parameter(torch.empty(48, 32, device="cuda", dtype=torch.bfloat16))
+        layer.bias = torch.nn.Parameter(torch.empty(48, device="cuda", dtype=torch.bfloat16))
+        assert isinstance(layer, torch.nn.Linear)
+        with op_recorder() as rec:
+            y = layer(torch.empty(2, 5, 32, device="cuda", dtype=torch.bfloat16))
+            layer(torch.empty(2, 32, device="cuda", dtype=torch.float16))  # not the weight's dtype: torch's
+        assert y.shape == (2, 5, 48)
+        assert [name for name in rec.names if name.startswith("flydsl.")] == ["flydsl.gemm.default"]
+    reference = torch.nn.Linear(32, 48)
+    ours = ft.nn.Linear(32, 48)
+    ours.load_state_dict(reference.state_dict())  # checkpoints load both ways
+    x = torch.randn(3, 32)
+    assert torch.equal(ours(x), reference(x))  # CPU: torch's forward
 
 
 def test_compile_inference_functionalizes_the_out_ops(aot_graphs):

@@ -1,11 +1,12 @@
-"""Drop-in ``torch.nn.LayerNorm`` and ``torch.nn.RMSNorm`` running FlyDSL's kernels, ``Fp8Linear`` and ``MoE``.
+"""Drop-in ``torch.nn.LayerNorm``, ``torch.nn.RMSNorm`` and ``torch.nn.Linear`` running FlyDSL's kernels,
+``Fp8Linear`` and ``MoE``.
 
-The norms subclass torch's modules: same constructor, parameters and ``state_dict`` (checkpoints load both ways) and
-``isinstance(m, torch.nn.LayerNorm)`` holds. ``forward`` runs the FlyDSL kernels on CUDA tensors of float32, float16
-or bfloat16 and falls back to torch's own implementation on anything else (CPU tensors, float64), so that a model
-keeps working off the GPU. ``Fp8Linear`` replaces an ``nn.Linear`` for inference with fp8 weights; ``MoE`` is a
-mixture-of-experts block for inference, bf16/fp16 or fp8, that loads Hugging Face checkpoints (Mixtral, Qwen-MoE,
-DeepSeek-V3's fp8 experts).
+The drop-ins subclass torch's modules: same constructor, parameters and ``state_dict`` (checkpoints load both ways)
+and ``isinstance(m, torch.nn.LayerNorm)`` holds. ``forward`` runs the FlyDSL kernels on CUDA tensors of float32,
+float16 or bfloat16 (``Linear``: bfloat16 or float16 of the weight's dtype) and falls back to torch's own
+implementation on anything else (CPU tensors, float64), so that a model keeps working off the GPU. ``Fp8Linear``
+replaces an ``nn.Linear`` for inference with fp8 weights; ``MoE`` is a mixture-of-experts block for inference,
+bf16/fp16 or fp8, that loads Hugging Face checkpoints (Mixtral, Qwen-MoE, DeepSeek-V3's fp8 experts).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from flydsl.torch.moe_layer import MoE
 from flydsl.torch.ops import DTYPES
 from torch import Tensor
 
-__all__ = ["Fp8Linear", "LayerNorm", "MoE", "RMSNorm"]
+__all__ = ["Fp8Linear", "LayerNorm", "Linear", "MoE", "RMSNorm"]
 
 
 def _ours(input: Tensor) -> bool:
@@ -50,6 +51,21 @@ class RMSNorm(torch.nn.RMSNorm):
             residual_out = input + residual
             return super().forward(residual_out), residual_out
         return F.fused_add_rms_norm(input, residual, self.normalized_shape, self.weight, self.eps)
+
+
+class Linear(torch.nn.Linear):
+    """``torch.nn.Linear(in_features, out_features, bias=True, device=None, dtype=None)`` whose forward runs the
+    FlyDSL GEMM (``flydsl.torch.functional.linear``: the weight read in place) on CUDA bfloat16/float16 inputs of the
+    weight's dtype (torch's otherwise)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        weight = self.weight
+        if not (input.is_cuda and input.dtype in _GEMM_DTYPES and weight.dtype == input.dtype):
+            return super().forward(input)
+        return F.linear(input, weight, self.bias)
+
+
+_GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class Fp8Linear(FixedDtypeBuffers):
