@@ -281,7 +281,9 @@ struct PlanStep {
 /// Recorded launches replayed on new arguments of the same plan key.
 class LaunchPlan {
 public:
-  size_t arity = 0;
+  size_t nargs = 0;   // the caller's arguments
+  size_t arity = 0;   // and the scratch's after them
+  nb::object scratch; // scratch(*args) -> the tuple of tensors the launches use beyond args (None: none)
   std::vector<uint32_t> pointerArgs; // the arguments whose data_ptr() a replay reads
   std::vector<uint8_t> alignment;    // per argument: its address mod 16 when recorded
   nb::object fallback;               // called instead where an address's alignment differs
@@ -294,7 +296,9 @@ public:
   /// calls the fallback (the Python plan) instead and returns its result.
   nb::object call(nb::args args) {
     uint64_t pointers[kMaxLaunchValues];
-    CUstream stream = prepare(args, pointers);
+    nb::object extra;
+    nb::tuple all = withScratch(args, extra);
+    CUstream stream = prepare(all, pointers);
     if (!aligned(pointers)) {
       if (!fallback.is_valid() || fallback.is_none())
         raise(PyExc_ValueError, "LaunchPlan: an argument's address is aligned otherwise than when recorded");
@@ -323,13 +327,15 @@ public:
         noteRecorded(std::move(again));
       }
     }
-    return nb::none();
+    return extra.is_valid() ? extra : nb::none();
   }
 
   /// Test hook: per step, what `call` would pass to the driver.
   nb::object dryRun(nb::args args) {
     uint64_t pointers[kMaxLaunchValues];
-    CUstream stream = prepare(args, pointers);
+    nb::object extra;
+    nb::tuple all = withScratch(args, extra);
+    CUstream stream = prepare(all, pointers);
     if (!aligned(pointers))
       return nb::str("fallback");
     nb::list out;
@@ -358,6 +364,20 @@ public:
   }
 
 private:
+  /// The caller's arguments, then (with a scratch function) what it returns
+  /// for them, kept in `extra`.
+  nb::tuple withScratch(nb::args &args, nb::object &extra) const {
+    if (size_t(args.size()) != nargs)
+      raise(PyExc_TypeError, "LaunchPlan: expected %zu arguments, got %zd", nargs, args.size());
+    if (!scratch.is_valid() || scratch.is_none())
+      return nb::borrow<nb::tuple>(args);
+    extra = scratch(*args);
+    if (!PyTuple_Check(extra.ptr()) || size_t(PyTuple_GET_SIZE(extra.ptr())) != arity - nargs)
+      raise(PyExc_TypeError, "LaunchPlan: the scratch function must return a tuple of %zu, got %R", arity - nargs,
+            extra.ptr());
+    return nb::steal<nb::tuple>(PySequence_Concat(args.ptr(), extra.ptr()));
+  }
+
   bool aligned(const uint64_t *pointers) const {
     for (uint32_t i : pointerArgs)
       if ((pointers[i] & 15) != alignment[i])
@@ -366,9 +386,7 @@ private:
   }
 
   /// The pointers of the arguments (indexed by position) and the current stream.
-  CUstream prepare(nb::args &args, uint64_t *pointers) const {
-    if (size_t(args.size()) != arity)
-      raise(PyExc_TypeError, "LaunchPlan: expected %zu arguments, got %zd", arity, args.size());
+  CUstream prepare(const nb::tuple &args, uint64_t *pointers) const {
     DispatchRegistry &reg = registry();
     for (uint32_t i : pointerArgs) {
       nb::object p = nb::steal(callMethod0(PyTuple_GET_ITEM(args.ptr(), i), reg.dataPtr));
@@ -414,6 +432,7 @@ private:
 struct ArgumentRange {
   uint32_t arg;
   uint64_t low, high; // [low, high); high == low for a tensor without elements
+  PyObject *obj;      // borrowed from the arguments
 };
 
 bool argumentRange(uint32_t index, PyObject *obj, const TensorFacts &t, ArgumentRange &out) {
@@ -429,8 +448,39 @@ bool argumentRange(uint32_t index, PyObject *obj, const TensorFacts &t, Argument
       return false;
     span += uint64_t(t.extents[r] - 1) * uint64_t(t.strides[r]);
   }
-  out = {index, t.pointer, empty ? t.pointer : t.pointer + (span + 1) * uint64_t(bytes)};
+  out = {index, t.pointer, empty ? t.pointer : t.pointer + (span + 1) * uint64_t(bytes), obj};
   return true;
+}
+
+/// How many arguments the address lands in (0, 1, or 2 for "more than one"),
+/// and the one in `target`. The same object as an argument and as a scratch
+/// value (a scratch function returning a given output) counts once, as the
+/// argument: a function of the call's key returns it again. Two arguments
+/// count twice even when they are one object (aliased now, maybe not later).
+int landsIn(const std::vector<ArgumentRange> &ranges, uint64_t address, size_t nargs,
+            const ArgumentRange *&target) {
+  if (address == 0)
+    return 0;
+  const ArgumentRange *arg = nullptr, *extra = nullptr;
+  int args = 0;
+  for (const ArgumentRange &r : ranges) {
+    if (!(address == r.low || (r.low <= address && address < r.high)))
+      continue;
+    if (r.arg < nargs) {
+      ++args;
+      arg = &r;
+    } else if (!extra) {
+      extra = &r;
+    } else {
+      return 2;
+    }
+  }
+  if (args > 1)
+    return 2;
+  if (arg && extra && extra->obj != arg->obj)
+    return 2;
+  target = arg ? arg : extra;
+  return target ? 1 : 0;
 }
 
 struct Recording {
@@ -449,12 +499,16 @@ struct Recording {
 
   /// A LaunchPlan replaying the launches on `args` of the same key, or the
   /// reason why they cannot be replayed (a str).
-  nb::object plan(nb::tuple args, nb::handle fallback) {
+  nb::object plan(nb::tuple args, nb::handle fallback, nb::handle scratch, std::optional<size_t> nargs) {
     std::string why;
     auto plan = std::make_unique<LaunchPlan>();
+    plan->nargs = nargs.value_or(args.size());
+    if (plan->nargs > args.size())
+      throw nb::value_error("nargs: more than the arguments given");
     if (!build(args, *plan, why))
       return nb::str(why.c_str());
     plan->fallback = nb::borrow(fallback);
+    plan->scratch = nb::borrow(scratch);
     return nb::cast(plan.release(), nb::rv_policy::take_ownership);
   }
 
@@ -505,10 +559,6 @@ private:
       for (size_t j = 0; j < l.slots.size(); ++j) {
         char code = l.signature[j];
         uint64_t v = l.slots[j];
-        std::vector<const ArgumentRange *> into;
-        for (const ArgumentRange &r : ranges)
-          if (v != 0 && (v == r.low || (r.low <= v && v < r.high)))
-            into.push_back(&r);
         if (code == 'm') {
           const RecordedLaunch::Map *map = nullptr;
           for (const RecordedLaunch::Map &m : l.maps)
@@ -519,38 +569,38 @@ private:
           if (step.mapPatches.size() >= kMaxTensorMaps)
             return why = where + std::to_string(j) + ": more TMA descriptors than a launch takes", false;
           uint64_t address = map->spec->globalAddress;
-          std::vector<const ArgumentRange *> target;
-          for (const ArgumentRange &r : ranges)
-            if (address != 0 && (address == r.low || (r.low <= address && address < r.high)))
-              target.push_back(&r);
-          if (target.size() != 1)
+          const ArgumentRange *target = nullptr;
+          int found = landsIn(ranges, address, plan.nargs, target);
+          if (found != 1)
             return why = where + std::to_string(j) +
-                         (target.empty() ? ": a TMA descriptor of memory no argument holds"
-                                         : ": a TMA descriptor of memory in more than one argument"),
+                         (found == 0 ? ": a TMA descriptor of memory no argument holds"
+                                     : ": a TMA descriptor of memory in more than one argument"),
                    false;
           PlanStep::MapPatch patch;
           patch.slot = uint32_t(j);
-          patch.arg = target[0]->arg;
-          patch.offset = address - target[0]->low;
+          patch.arg = target->arg;
+          patch.offset = address - target->low;
           patch.spec = *map->spec;
           step.mapPatches.push_back(patch);
-          pointerArg[target[0]->arg] = true;
+          pointerArg[target->arg] = true;
           continue;
         }
+        const ArgumentRange *target = nullptr;
+        int found = landsIn(ranges, v, plan.nargs, target);
         if (code != 'p') {
-          if (!into.empty() && (code == 'l' || code == 'L'))
+          if (found != 0 && (code == 'l' || code == 'L'))
             return why = where + std::to_string(j) + ": an integer that holds an argument's address", false;
           continue;
         }
         if (v == 0)
           continue;
-        if (into.size() != 1)
+        if (found != 1)
           return why = where + std::to_string(j) +
-                       (into.empty() ? ": a pointer into no argument (scratch or a buffer the plan keeps)"
-                                     : ": a pointer into more than one argument (aliased arguments)"),
+                       (found == 0 ? ": a pointer into no argument (scratch or a buffer the plan keeps)"
+                                   : ": a pointer into more than one argument (aliased arguments)"),
                  false;
-        step.patches.push_back({uint32_t(j), into[0]->arg, v - into[0]->low});
-        pointerArg[into[0]->arg] = true;
+        step.patches.push_back({uint32_t(j), target->arg, v - target->low});
+        pointerArg[target->arg] = true;
       }
       plan.steps.push_back(std::move(step));
     }
@@ -640,9 +690,12 @@ void bindLaunchPlans(nb::module_ &rt) {
       .def("__enter__", [](Recording &r) -> Recording & { r.start(); return r; }, nb::rv_policy::reference)
       .def("__exit__", [](Recording &r, nb::args) { r.stop(); })
       .def("__len__", [](const Recording &r) { return r.launches.size(); })
-      .def("plan", &Recording::plan, "args"_a, "fallback"_a.none() = nb::none(),
+      .def("plan", &Recording::plan, "args"_a, "fallback"_a.none() = nb::none(), "scratch"_a.none() = nb::none(),
+           "nargs"_a.none() = nb::none(),
            "A LaunchPlan replaying the launches on arguments of args' plan key, or why not (a str); "
-           "fallback(*args) runs instead of a replay whose arguments are aligned otherwise.")
+           "fallback(*args) runs instead of a replay whose arguments are aligned otherwise. With a scratch "
+           "function, args are the caller's nargs arguments and then what scratch(*arguments) returned: a replay "
+           "calls it again and returns its tuple.")
       .def("_add", &Recording::add, "name"_a, "grid"_a, "block"_a, "cluster"_a.none(), "shared_mem"_a,
            "stream"_a, "signature"_a, "params"_a, "Test hook: notes a launch as if made.");
   rt.def("_note_launch", [](const std::string &name, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,

@@ -272,3 +272,42 @@ def test_replays_off(fake_recording, monkeypatch):
     x = torch.randn(4)
     key = plans.signature(x)
     assert store.add(key, plan) is plan
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["allocated", "given"])
+def test_a_scratch_plan_replays_its_launches_over_fresh_scratch(fake_recording, given):
+    """A ScratchPlan: the scratch function (outputs not given, per-call memory) runs on every call, the launches over
+    the arguments and the scratch are recorded once and replayed; a given output returned by the scratch function is
+    the argument itself (one object), not an alias."""
+    store = plans.Plans("test", replay=True)
+    made = []
+
+    def scratch(x, out):
+        made.append(torch.empty(4))
+        return (torch.empty_like(x) if out is None else out, made[-1])
+
+    def launch(x, out, result, workspace):
+        fake_recording._add(
+            "k",
+            (1, 1, 1),
+            (32, 1, 1),
+            None,
+            0,
+            7,
+            "ppp",
+            _params(x.data_ptr(), result.data_ptr(), workspace.data_ptr()),
+        )
+
+    x, out = torch.randn(4, 8), torch.empty(4, 8) if given else None
+    key = plans.signature(x, out)
+    result, workspace = store.add(key, plans.ScratchPlan(scratch, launch))(x, out)
+    assert workspace is made[-1] and (result is out if given else result.shape == x.shape)
+    replay = store.get(key)
+    assert isinstance(replay, launcher.LaunchPlan), store.declined
+    x2, out2 = torch.randn(4, 8), torch.empty(4, 8) if given else None
+    result2, workspace2 = replay(x2, out2)  # the scratch function ran again: new memory, launched over it
+    assert workspace2 is made[-1] and (result2 is out2 if given else result2.shape == x.shape)
+    (launched,) = replay._dry_run(x2, out2)
+    pointers = struct.unpack("<3Q", launched["params"])
+    assert pointers[0] == x2.data_ptr() and pointers[2] == made[-1].data_ptr()  # the dry run's own scratch
+    assert not given or pointers[1] == out2.data_ptr()

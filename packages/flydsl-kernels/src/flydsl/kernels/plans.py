@@ -25,17 +25,20 @@ address, the device's current stream): no Python between the key and the driver.
 is provably the same work: its first call returned None, ran no torch operation but views and allocations (a
 ``TorchDispatchMode`` watches), and every pointer and descriptor it passed lands in exactly one of its arguments (no
 scratch, no buffer kept by the plan, no aliased arguments); else the Python plan is kept (:attr:`Plans.declined` says
-why). An argument aligned otherwise than when recorded runs the Python plan. ``FLYDSL_LAUNCH_REPLAY=0`` turns replays
-off.
+why). An argument aligned otherwise than when recorded runs the Python plan. A plan that needs memory beyond its
+arguments (outputs it allocates, per-call scratch, buffers kept per stream) is a :class:`ScratchPlan`: its scratch
+function runs in Python on every call, and its launches, over the arguments and the scratch, are what is recorded
+and replayed. ``FLYDSL_LAUNCH_REPLAY=0`` turns replays off.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from flydsl.kernels.validation import is_torch
 
-__all__ = ["Plans", "signature", "clear_all"]
+__all__ = ["Plans", "ScratchPlan", "signature", "clear_all"]
 
 _SCALARS = (type(None), bool, int, float, str)
 _ALL: list[Plans] = []
@@ -79,6 +82,24 @@ def _dispatches_as_torch(kind) -> bool:
     return getattr(kind, "__torch_dispatch__", None) is torch.Tensor.__torch_dispatch__
 
 
+class ScratchPlan:
+    """A plan whose launches use memory beyond its arguments: ``scratch(*args)`` returns it as a tuple of tensors
+    (outputs not given, per-call scratch, buffers kept per stream or by the plan: whatever it must be for this call;
+    it may run torch operations, which happen on every call), then ``launch(*args, *scratch)`` launches. A call
+    returns the scratch tuple. Replayed, the scratch function still runs in Python on each call; the launches do
+    not."""
+
+    __slots__ = ("scratch", "launch")
+
+    def __init__(self, scratch: Callable, launch: Callable):
+        self.scratch, self.launch = scratch, launch
+
+    def __call__(self, *args) -> tuple:
+        extra = self.scratch(*args)
+        self.launch(*args, *extra)
+        return extra
+
+
 class Plans:
     """One entry point's plans by call signature (at most ``limit``: the oldest goes first); with ``replay``, plans
     that only launch kernels on their arguments are recorded on their first call and replayed natively after."""
@@ -115,7 +136,11 @@ class Plans:
             return plan
 
         def first_call(*args):
-            result, replay, why = _recorded(plan, args)
+            if type(plan) is ScratchPlan:
+                result = plan.scratch(*args)
+                _, replay, why = _recorded(plan.launch, (*args, *result), plan, plan.scratch, len(args))
+            else:
+                result, replay, why = _recorded(plan, args, plan)
             if replay is not None and plans.get(key) is plan:
                 plans[key] = replay
             elif why is not None:
@@ -144,21 +169,23 @@ def _replays_on() -> bool:
     return settings.current().launch_replay
 
 
-def _recorded(plan, args) -> tuple:
-    """Runs ``plan(*args)``; returns (its result, a ``_runtime.LaunchPlan`` replaying it or None, why not or None)."""
+def _recorded(launch, args, fallback, scratch=None, nargs=None) -> tuple:
+    """Runs ``launch(*args)``; returns (its result, a ``_runtime.LaunchPlan`` replaying it or None, why not or None).
+    ``fallback``: what the replay calls for arguments aligned otherwise; ``scratch``: a :class:`ScratchPlan`'s, whose
+    values are ``args`` past the caller's ``nargs``."""
     torch = sys.modules.get("torch")
     if torch is None:  # no torch tensor among the arguments: nothing a replay could read
-        return plan(*args), None, None
+        return launch(*args), None, None
     from flydsl.compiler._native import launcher
 
     watch = _torch_operations()
     with launcher.LaunchRecording() as recording, watch() as seen:
-        result = plan(*args)
+        result = launch(*args)
     if seen.operation is not None:
         return result, None, f"the plan ran a torch operation ({seen.operation})"
     if result is not None:
         return result, None, "the plan returns a value"
-    replay = recording.plan(args, plan)
+    replay = recording.plan(args, fallback, scratch, nargs)
     if isinstance(replay, str):
         return result, None, replay
     return result, replay, None
