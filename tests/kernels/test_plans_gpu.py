@@ -242,16 +242,17 @@ def test_a_dense_gemm_replays_its_tma_descriptors_for_new_addresses():
     assert isinstance(plan, launcher.LaunchPlan), gemm_launch._GEMM.declined
 
 
-@pytest.mark.parametrize("granularity", ["token", "group"])
+@pytest.mark.parametrize("granularity", ["token", "group", "tensor"])
 def test_quantize_replays_its_kernel_on_fresh_outputs(granularity):
-    """quantize_fp8 allocates its outputs apart from the launch: later calls replay the kernel into new outputs."""
+    """quantize_fp8's plans allocate their outputs (and per tensor the zeroed amax) in a scratch function: later calls
+    replay the kernels into new outputs."""
     from flydsl.compiler._native import launcher
     from flydsl.kernels.quantize import api as quantize_api
 
     for _ in range(3):
         x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
         q, scales = quantize_api.quantize_fp8(x, granularity)
-        per = scales if granularity == "token" else scales.repeat_interleave(128, dim=1)
+        per = scales.repeat_interleave(128, dim=1) if granularity == "group" else scales
         assert torch.allclose(q.float() * per, x.float(), rtol=0.07, atol=1e-3)
     (plan,) = quantize_api._QUANTIZE._plans.values()
     assert isinstance(plan, launcher.LaunchPlan), quantize_api._QUANTIZE.declined

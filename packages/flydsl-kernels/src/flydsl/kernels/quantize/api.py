@@ -17,26 +17,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
 
 from flydsl.kernels import validation as check
-from flydsl.kernels.plans import Plans, signature
+from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = ["GRANULARITIES", "quantize_fp8"]
 
 GRANULARITIES = ("tensor", "token", "channel", "group", "block")
 _FORMATS = {"torch.float8_e4m3fn": "e4m3", "torch.float8_e5m2": "e5m2"}
 _GROUP = 128  # groups (1 x 128) and blocks (128 x 128): the block-scaled GEMM's K block
-_QUANTIZE = Plans("flydsl.kernels.quantize_fp8", replay=True)  # the launches
-_ALLOCATE = Plans("flydsl.kernels.quantize_fp8 (outputs)")  # the outputs not given
-
-
-class _Plan(NamedTuple):
-    """A signature's outputs, ``allocate(x, out, scales) -> (out, scales)`` (those not given), and its work,
-    ``launch(x, out, scales)``: apart, so that a launch on its arguments alone is replayed natively."""
-
-    allocate: Callable
-    launch: Callable
+_QUANTIZE = Plans("flydsl.kernels.quantize_fp8", replay=True)
 
 
 @functools.cache
@@ -81,17 +71,16 @@ def quantize_fp8(
     and ``scales`` (float32, of the granularity's shape; contiguous, but for "group" M-major or row-major: written
     through its strides): written where given (``dtype`` then is ``out``'s), else allocated."""
     key = signature(x, granularity, group, None if dtype is None else str(dtype), out, scales, power_of_two)
-    allocate, launch = _ALLOCATE.get(key), _QUANTIZE.get(key)
-    if allocate is None or launch is None:
-        plan = _plan(x, granularity, group, dtype, out, scales, power_of_two)
-        allocate, launch = _ALLOCATE.add(key, plan.allocate), _QUANTIZE.add(key, plan.launch)
-    out, scales = allocate(x, out, scales)
-    launch(x, out, scales)
+    plan = _QUANTIZE.get(key)
+    if plan is None:
+        plan = _QUANTIZE.add(key, _plan(x, granularity, group, dtype, out, scales, power_of_two))
+    out, scales = plan(x, out, scales)[:2]
     return out, scales
 
 
 def _plan(x, granularity: str, group: int, dtype, out, scales, power_of_two: bool):
-    """The :class:`_Plan` of a call of this signature, checked."""
+    """The plan of a call of this signature, checked: a :class:`~flydsl.kernels.plans.ScratchPlan` of ``(x, out,
+    scales)`` whose scratch starts with the outputs (allocated where not given)."""
     who = _QUANTIZE.name
     check.one_of(who, "granularity", granularity, GRANULARITIES)
     if isinstance(group, bool) or group != _GROUP:
@@ -128,22 +117,25 @@ def _plan(x, granularity: str, group: int, dtype, out, scales, power_of_two: boo
     if granularity != "tensor":
         spec = kernels.QuantizeSpec("row", fmt)
 
-        def per_row(x, out, scales):
+        def per_row(x, given_out, given_scales, out, scales):
             kernel(x, out.view(torch.uint8), scales.view(-1), scales, cfg, spec).launch(**launch)
 
-        return _Plan(allocate, per_row)
+        return ScratchPlan(allocate, per_row)
     amax_spec, cast_spec = kernels.QuantizeSpec("amax", fmt), kernels.QuantizeSpec("cast", fmt)
 
-    def per_tensor(x, out, scale):  # the amax zeroed per call (a torch op: not replayed)
-        amax = torch.zeros(1, dtype=torch.int32, device=x.device)
+    def with_amax(x, out, scale):  # the outputs, and the amax zeroed for this call
+        return (*allocate(x, out, scale), torch.zeros(1, dtype=torch.int32, device=x.device))
+
+    def per_tensor(x, given_out, given_scale, out, scale, amax):
         kernel(x, out.view(torch.uint8), scale.view(1), amax, cfg, amax_spec).launch(**launch)
         kernel(x, out.view(torch.uint8), scale.view(1), amax, cfg, cast_spec).launch(**launch)
 
-    return _Plan(allocate, per_tensor)
+    return ScratchPlan(with_amax, per_tensor)
 
 
 def _allocator(rows: int, n: int, dtype, allocate_scales: Callable) -> Callable:
-    """``allocate(x, out, scales)``: the (rows, N) fp8 output and the scales (``allocate_scales(x)``) not given."""
+    """A plan's scratch function: ``(out, scales)``, the (rows, N) fp8 output and the scales
+    (``allocate_scales(x)``) where not given."""
 
     def allocate(x, out, scales):
         out = x.new_empty((rows, n), dtype=dtype) if out is None else out
@@ -152,12 +144,12 @@ def _allocator(rows: int, n: int, dtype, allocate_scales: Callable) -> Callable:
     return allocate
 
 
-def _empty(rows: int, n: int, dtype, shape: tuple, allocate_scales=None) -> _Plan:
+def _empty(rows: int, n: int, dtype, shape: tuple, allocate_scales=None) -> ScratchPlan:
     """The plan of an input without elements: outputs allocated where not given, scales zeroed."""
     import torch
 
     allocate = _allocator(rows, n, dtype, allocate_scales or (lambda x: x.new_empty(shape, dtype=torch.float32)))
-    return _Plan(allocate, lambda x, out, scales: scales.zero_())
+    return ScratchPlan(allocate, lambda x, given_out, given_scales, out, scales: scales.zero_())
 
 
 def _group_plan(who: str, info, fmt: str, dtype, out, scales, power_of_two: bool):
@@ -181,10 +173,10 @@ def _group_plan(who: str, info, fmt: str, dtype, out, scales, power_of_two: bool
         raise ValueError(f"{who}: x: expected fewer than 2^31 groups of 128 (the kernel counts them in 32 bits)")
     kernel, grid = groups.quantize_groups_kernel, cfg.grid(rows, n)
 
-    def per_group(x, out, scales):
+    def per_group(x, given_out, given_scales, out, scales):
         kernel(x, out.view(torch.uint8), scales, cfg).launch(grid=grid, block=cfg.block)
 
-    return _Plan(_allocator(rows, n, dtype, m_major), per_group)
+    return ScratchPlan(_allocator(rows, n, dtype, m_major), per_group)
 
 
 def _check_group_scales(who: str, x, scales, shape: tuple) -> None:
@@ -220,12 +212,12 @@ def _block_plan(who: str, info, fmt: str, dtype, out, scales, power_of_two: bool
 
     import torch
 
-    def per_block(x, out, scales):
+    def per_block(x, given_out, given_scales, out, scales):
         q, s = quantize_blocks(x, dtype, fmt, power_of_two)
         out.copy_(q)
         scales.copy_(s)
 
-    return _Plan(_allocator(rows, n, dtype, lambda x: x.new_empty(shape, dtype=torch.float32)), per_block)
+    return ScratchPlan(_allocator(rows, n, dtype, lambda x: x.new_empty(shape, dtype=torch.float32)), per_block)
 
 
 def quantize_blocks(w, dtype, fmt: str, power_of_two: bool = False):
