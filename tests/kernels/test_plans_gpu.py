@@ -269,3 +269,23 @@ def test_functional_linear_gradients():
     theirs = torch.autograd.grad(torch.nn.functional.linear(x.double(), w.double(), b.double()), (x, w, b), dy.double())
     for name, got, want in zip(("dx", "dw", "db"), ours, theirs, strict=True):
         assert torch.allclose(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item()), name
+
+
+@pytest.mark.parametrize("tokens", [8, 4096])  # align: one CTA; three kernels with per-call counts (8192+ ids)
+def test_routing_replays_with_fresh_outputs_and_scratch(tokens):
+    from flydsl.compiler._native import launcher
+    from flydsl.kernels.moe import api as moe_api
+    from flydsl.kernels.moe.reference import align_tokens_reference
+
+    experts, top_k, block_m = 64, 4, 64
+    for _ in range(3):
+        logits = torch.randn(tokens, experts, device="cuda", dtype=torch.bfloat16)
+        weights, ids = moe_api.topk_route(logits, top_k)
+        assert torch.equal(ids.sort(-1).values, logits.float().topk(top_k, -1).indices.int().sort(-1).values)
+        got = moe_api.align_tokens(ids, experts, block_m)
+        want = align_tokens_reference(ids, experts, block_m)
+        for name, g, w in zip(("sorted_ids", "expert_of_block", "padded_count"), got, want, strict=True):
+            assert torch.equal(g.cpu(), w.cpu()), name
+    for store in (moe_api._TOPK, moe_api._ALIGN):
+        (plan,) = store._plans.values()
+        assert isinstance(plan, launcher.LaunchPlan), store.declined

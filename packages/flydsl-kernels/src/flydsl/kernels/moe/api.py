@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 
 from flydsl.kernels import validation as check
-from flydsl.kernels.plans import Plans, signature
+from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = [
     "MAX_EXPERTS",
@@ -53,8 +53,8 @@ MAX_POSITIONS = 1 << 30  # align_tokens' positions and indices are 32-bit
 SCORINGS = ("softmax", "sigmoid")
 _ID_DTYPES = ("i32", "i64", "int32", "int64")  # TensorSpec names, torch names
 _SHORT_NAMES = {"int32": "i32", "int64": "i64"}  # torch's integer names as TensorSpec's
-_TOPK = Plans("flydsl.kernels.moe.topk_route")
-_ALIGN = Plans("flydsl.kernels.moe.align_tokens")
+_TOPK = Plans("flydsl.kernels.moe.topk_route", replay=True)
+_ALIGN = Plans("flydsl.kernels.moe.align_tokens", replay=True)
 
 
 @functools.cache
@@ -121,12 +121,13 @@ def topk_route(
                 router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups, topk_weights, topk_ids
             ),
         )
-    return plan(router_logits, bias, topk_weights, topk_ids)
+    weights, ids = plan(router_logits, bias, topk_weights, topk_ids)
+    return weights, ids
 
 
 def _topk_plan(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups, topk_weights, topk_ids):
-    """The launch of a call of this signature, checked: a function of ``(router_logits, bias, topk_weights,
-    topk_ids)`` (outputs None: allocated)."""
+    """The launch of a call of this signature, checked: a :class:`~flydsl.kernels.plans.ScratchPlan` of
+    ``(router_logits, bias, topk_weights, topk_ids)`` whose scratch is the outputs (allocated where not given)."""
     who = _TOPK.name
     cfg, tokens = check_topk_route(
         router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups, topk_weights, topk_ids
@@ -136,7 +137,7 @@ def _topk_plan(router_logits, top_k, scoring, renormalize, bias, num_groups, top
 
     shape = (tokens, cfg.top_k)
 
-    def outputs(logits, weights, ids):
+    def outputs(logits, bias, weights, ids):
         if weights is None:
             weights = torch.empty(shape, dtype=torch.float32, device=logits.device)
         if ids is None:
@@ -144,15 +145,13 @@ def _topk_plan(router_logits, top_k, scoring, renormalize, bias, num_groups, top
         return weights, ids
 
     if tokens == 0:
-        return lambda logits, bias, weights, ids: outputs(logits, weights, ids)
+        return ScratchPlan(outputs, lambda *args: None)
     kernel, launch = _topk().topk_route_kernel, dict(grid=cfg.grid(tokens), block=cfg.block)
 
-    def run(logits, bias, weights, ids):
-        weights, ids = outputs(logits, weights, ids)
+    def run(logits, bias, given_weights, given_ids, weights, ids):
         kernel(logits, logits if bias is None else bias, weights, ids, cfg).launch(**launch)  # (unread without bias)
-        return weights, ids
 
-    return run
+    return ScratchPlan(outputs, run)
 
 
 def check_topk_route(
@@ -333,12 +332,14 @@ def align_tokens(topk_ids, num_experts: int, block_m: int, *, sorted_ids=None, e
     plan = _ALIGN.get(key)
     if plan is None:
         plan = _ALIGN.add(key, _align_plan(topk_ids, num_experts, block_m, given))
-    return plan(topk_ids, given)
+    sorted_ids, expert_of_block, padded_count = plan(topk_ids, *given)[:3]
+    return sorted_ids, expert_of_block, padded_count
 
 
 def _align_plan(topk_ids, num_experts, block_m, given):
-    """The launches of a call of this signature, checked: a function of ``topk_ids`` and the outputs given (a triple,
-    None where allocated)."""
+    """The launches of a call of this signature, checked: a :class:`~flydsl.kernels.plans.ScratchPlan` of
+    ``(topk_ids, sorted_ids, expert_of_block, padded_count)`` (outputs None where allocated) whose scratch starts with
+    the three outputs."""
     who = _ALIGN.name
     cfg, ids, capacity = check_align_tokens(topk_ids, num_experts, block_m, *given)
     check.torch_tensor(who, "topk_ids", topk_ids)  # outputs are allocated with torch
@@ -347,8 +348,7 @@ def _align_plan(topk_ids, num_experts, block_m, given):
     blocks = capacity // block_m
     align = _align()
 
-    def outputs(like, given):
-        sorted_ids, expert_of_block, padded_count = given
+    def outputs(like, sorted_ids, expert_of_block, padded_count):
         device = like.device
         return (
             torch.empty(capacity, dtype=torch.int32, device=device) if sorted_ids is None else sorted_ids,
@@ -358,37 +358,37 @@ def _align_plan(topk_ids, num_experts, block_m, given):
 
     if ids == 0:  # nothing to sort: the sentinel (0) everywhere, no blocks
 
-        def empty(topk_ids, given):
-            sorted_ids, expert_of_block, padded_count = outputs(topk_ids, given)
+        def empty(topk_ids, *given):
+            sorted_ids, expert_of_block, padded_count = outputs(topk_ids, *given)
             return sorted_ids.zero_(), expert_of_block.fill_(-1), padded_count.zero_()
 
-        return empty
+        return ScratchPlan(empty, lambda *args: None)
     per_warp, chunks = align.align_plan(cfg, ids)
     if chunks == 1:
         small = align.align_small_kernel
 
-        def one_cta(topk_ids, given):
-            sorted_ids, expert_of_block, padded_count = outputs(topk_ids, given)
+        def one_cta(topk_ids, _s, _e, _p, sorted_ids, expert_of_block, padded_count):
             small(topk_ids.view(-1), sorted_ids, expert_of_block, padded_count, per_warp, cfg).launch(
                 grid=1, block=cfg.threads
             )
-            return sorted_ids, expert_of_block, padded_count
 
-        return one_cta
+        return ScratchPlan(outputs, one_cta)
     count, scan, scatter = align.count_kernel, align.scan_kernel, align.scatter_kernel
     experts = cfg.experts
 
-    def three_kernels(topk_ids, given):
-        sorted_ids, expert_of_block, padded_count = outputs(topk_ids, given)
+    def with_counts(topk_ids, *given):  # the outputs, and each call's own counts and starts
+        device = topk_ids.device
+        counts = torch.empty(chunks * experts, dtype=torch.int32, device=device)
+        starts = torch.empty(experts + 1, dtype=torch.int32, device=device)
+        return (*outputs(topk_ids, *given), counts, starts)
+
+    def three_kernels(topk_ids, _s, _e, _p, sorted_ids, expert_of_block, padded_count, counts, starts):
         flat = topk_ids.view(-1)
-        counts = torch.empty(chunks * experts, dtype=torch.int32, device=flat.device)  # scratch: each call its own
-        starts = torch.empty(experts + 1, dtype=torch.int32, device=flat.device)
         count(flat, counts, per_warp, cfg).launch(grid=chunks, block=cfg.threads)
         scan(counts, starts, sorted_ids, padded_count, ids, cfg).launch(grid=1, block=align.SCAN_THREADS)
         scatter(flat, counts, starts, sorted_ids, expert_of_block, per_warp, cfg).launch(grid=chunks, block=cfg.threads)
-        return sorted_ids, expert_of_block, padded_count
 
-    return three_kernels
+    return ScratchPlan(with_counts, three_kernels)
 
 
 def check_align_tokens(topk_ids, num_experts, block_m, sorted_ids=None, expert_of_block=None, padded_count=None):
