@@ -290,3 +290,41 @@ def test_routing_replays_with_fresh_outputs_and_scratch(tokens):
     for store in (moe_api._TOPK, moe_api._ALIGN):
         (plan,) = store._plans.values()
         assert isinstance(plan, launcher.LaunchPlan), store.declined
+
+
+@pytest.mark.parametrize("quant", [None, "channel", "tensor"])
+def test_fused_moe_at_decode_size_replays_over_fresh_buffers(quant):
+    """fused_moe's decode path keeps every buffer in its plan's scratch function: later calls replay align, the
+    quantizations, both grouped skinny GEMMs and the combine natively, on fresh inputs, right each time."""
+    from flydsl.compiler._native import launcher
+    from flydsl.kernels.moe import api as moe_api
+    from flydsl.kernels.moe import experts as moe_experts
+    from flydsl.kernels.moe.reference import dequantize_experts, fused_moe_reference
+    from flydsl.kernels.quantize import api as quantize_api
+
+    tokens, hidden, experts, inter, top_k = 4, 256, 8, 128, 2
+    w1 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16) / inter**0.5
+    options, ref_w1, ref_w2 = {}, w1, w2
+    if quant is not None:
+        granularity = "token" if quant == "channel" else "tensor"
+        quantized = []
+        for w in (w1, w2):
+            e, rows, k = w.shape
+            if quant == "channel":
+                w8, scale = quantize_api.quantize_fp8(w.reshape(e * rows, k), "token")
+                w8, scale = w8.view(e, rows, k), scale.view(e, rows)
+            else:
+                pairs = [quantize_api.quantize_fp8(w[i], granularity) for i in range(e)]
+                w8, scale = torch.stack([p[0] for p in pairs]), torch.stack([p[1].reshape(()) for p in pairs])
+            quantized.append((w8, scale, dequantize_experts(w8, scale, quant)))
+        (w1, s1, ref_w1), (w2, s2, ref_w2) = quantized
+        options = dict(quant="fp8", granularity=quant, w1_scale=s1, w2_scale=s2)
+    for _ in range(3):
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+        weights, ids = moe_api.topk_route(torch.randn(tokens, experts, device="cuda"), top_k)
+        out = moe_experts.fused_moe(x, w1, w2, weights, ids, **options)
+        want = fused_moe_reference(x, ref_w1, ref_w2, weights, ids)
+        assert torch.allclose(out.float(), want, rtol=0.1, atol=0.1 * want.abs().max().item()), quant
+    (plan,) = moe_experts._FUSED._plans.values()
+    assert isinstance(plan, launcher.LaunchPlan), moe_experts._FUSED.declined

@@ -52,7 +52,7 @@ from flydsl.kernels.moe.api import (
     check_experts_shapes,
     contiguous,
 )
-from flydsl.kernels.plans import Plans, signature
+from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = ["ExpertsConfig", "combine_kernel", "decodes", "experts_config", "fused_moe", "gather_kernel"]
 
@@ -60,7 +60,7 @@ CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
 _WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
 _WAVES = 8  # their CTAs per SM (grid-stride loops past that)
-_FUSED = Plans("flydsl.kernels.moe.fused_moe")
+_FUSED = Plans("flydsl.kernels.moe.fused_moe", replay=True)
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ def fused_moe(
     if plan is None:
         options = dict(quant=quant, granularity=granularity, w1_scale=w1_scale, w2_scale=w2_scale, out=out)
         plan = _FUSED.add(key, _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, **options))
-    return plan(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale)
+    return plan(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale)[0]
 
 
 def check_fused_moe(
@@ -263,7 +263,10 @@ def check_fused_moe(
 
 
 def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granularity, w1_scale, w2_scale, out):
-    """The launches of a call of this signature, checked and planned: a function of the call's tensors."""
+    """The launches of a call of this signature, checked and planned: a :class:`~flydsl.kernels.plans.ScratchPlan`
+    of ``(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale)`` whose scratch starts with the output. At decode
+    sizes the scratch holds every buffer the steps use (the launches alone are then replayed natively); the prefill
+    stages allocate theirs as they go."""
     import torch
 
     from flydsl.kernels.device import sm_count
@@ -275,31 +278,41 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
     if ids == 0:  # no token, or no slot: nothing routed
 
         def zeros(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale):
-            return x.new_zeros((tokens, hidden)) if out is None else out.zero_()
+            return (x.new_zeros((tokens, hidden)) if out is None else out.zero_(),)
 
-        return zeros
+        return ScratchPlan(zeros, lambda *args: None)
     tasks = tokens * -(-hidden // (32 * CHUNK))  # (token, slice of 256 columns) pairs
     combine_grid = max(1, min(-(-tasks // _WARPS), sm_count(x.get_device()) * _WAVES))
 
     def combine(y, positions, topk_weights, topk_ids, out):
-        out = y.new_empty((tokens, hidden)) if out is None else out
         combine_kernel(y, positions, topk_weights, topk_ids, out, experts, top_k).launch(
             grid=combine_grid, block=32 * _WARPS
         )
-        return out
+
+    def output(x, out):
+        return x.new_empty((tokens, hidden)) if out is None else out
 
     if decodes(tokens, ids, experts) and granularity != "block":  # (block: a mainloop promoting per K block)
-        steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, quant == "fp8")
-    else:
-        kind = None if quant is None else "block" if granularity == "block" else "fp8"
-        steps = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, kind)
+        buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, quant == "fp8")
 
-    def run(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale):
+        def decode_scratch(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale):
+            positions = torch.empty(ids, dtype=torch.int32, device=x.device)
+            return (output(x, out), positions, *buffers(x, w1_scale, w2_scale))
+
+        def decode(x, w1, w2, topk_weights, topk_ids, _given, w1_scale, w2_scale, out, positions, *held):
+            y = steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale, *held)
+            combine(y, positions, topk_weights, topk_ids, out)
+
+        return ScratchPlan(decode_scratch, decode)
+    kind = None if quant is None else "block" if granularity == "block" else "fp8"
+    stages = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, kind)
+
+    def prefill(x, w1, w2, topk_weights, topk_ids, _given, w1_scale, w2_scale, out):
         positions = torch.empty(ids, dtype=torch.int32, device=x.device)
-        y = steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale)
-        return combine(y, positions, topk_weights, topk_ids, out)
+        y = stages(x, w1, w2, topk_ids, positions, w1_scale, w2_scale)
+        combine(y, positions, topk_weights, topk_ids, out)
 
-    return run
+    return ScratchPlan(lambda x, w1, w2, topk_weights, topk_ids, out, *scales: (output(x, out),), prefill)
 
 
 def decodes(tokens: int, ids: int, experts: int) -> bool:
@@ -390,7 +403,9 @@ def _per_row(scale, rows: int):
 
 def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bool = False):
     """align in blocks of 16, then the two grouped skinny GEMMs (stage 1 reads x's rows by index and notes the
-    positions): a function of the call's tensors returning y. ``fp8`` (weights e4m3, per-channel or per-tensor
+    positions): ``(buffers, steps)``, ``buffers(x, w1_scale, w2_scale)`` the memory of one call (the alignment, h and
+    y; with fp8 the quantized x and h with their scales, and per-tensor weight scales repeated per row) and ``steps``
+    a function of the call's tensors and those buffers returning y. ``fp8`` (weights e4m3, per-channel or per-tensor
     scales): x quantized per token (its T rows, read by index with their scales: no gather), h quantized per token
     over the routed blocks' rows, and each stage's epilogue scales by A's row's scale and the weight row's, each
     gated half before the gate (:func:`~flydsl.kernels.gemm.skinny.skinny_gemm_grouped_scaled_kernel`)."""
@@ -407,14 +422,36 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bo
     grid1 = (-(-inter // (cfg1.rows // 2)), blocks)
     grid2 = (-(-hidden // cfg2.rows), blocks)
 
-    def steps(x, w1, w2, topk_ids, positions, w1_scale=None, w2_scale=None):
-        from flydsl.kernels.quantize import quantize_fp8
+    import torch
 
-        sorted_ids, expert_of_block, padded_count = align_tokens(topk_ids, experts, GROUPED_BLOCK)
-        routing = (sorted_ids, expert_of_block, padded_count, positions)
-        w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
+    def buffers(x, w1_scale, w2_scale) -> tuple:
+        device, e4m3 = x.device, torch.float8_e4m3fn
+        alignment = (
+            torch.empty(capacity, dtype=torch.int32, device=device),
+            torch.empty(capacity // GROUPED_BLOCK, dtype=torch.int32, device=device),
+            torch.empty(1, dtype=torch.int32, device=device),
+        )
         h = x.new_empty((routed, inter))  # (blocks past padded_count: never written, never read)
         y = x.new_empty((capacity, hidden))
+        if not fp8:
+            return (*alignment, h, y)
+        quantized = x.new_empty((tokens, hidden), dtype=e4m3), x.new_empty((tokens, 1), dtype=torch.float32)
+        quantized += x.new_empty((routed, inter), dtype=e4m3), x.new_empty((routed, 1), dtype=torch.float32)
+        # per-tensor (E,) weight scales repeated per row, a copy per call; per channel (E, rows): None, viewed at launch
+        repeated = tuple(
+            None if scale.dim() == 2 else _per_row(scale, rows)
+            for scale, rows in ((w1_scale, 2 * inter), (w2_scale, hidden))
+        )
+        return (*alignment, h, y, *quantized, *repeated)
+
+    def steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale, sorted_ids, expert_of_block, padded_count, h, y,
+              x8=None, x_scales=None, h8=None, h_scales=None, rows1=None, rows2=None):  # fmt: skip
+        from flydsl.kernels.quantize import quantize_fp8
+
+        aligned = dict(sorted_ids=sorted_ids, expert_of_block=expert_of_block, padded_count=padded_count)
+        align_tokens(topk_ids, experts, GROUPED_BLOCK, **aligned)
+        routing = (sorted_ids, expert_of_block, padded_count, positions)
+        w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
         if not fp8:
             skinny_gemm_grouped_kernel(x, w1_rows, h, *routing, top_k, cfg1, variant1).launch(
                 grid=grid1, block=cfg1.threads
@@ -423,14 +460,30 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bo
                 grid=grid2, block=cfg2.threads
             )
             return y
-        x8, x_scales = quantize_fp8(x, "token")
+        quantize_fp8(x, "token", out=x8, scales=x_scales)
         skinny_gemm_grouped_scaled_kernel(
-            x8, w1_rows, h, *routing, x_scales.view(-1), _per_row(w1_scale, 2 * inter), top_k, cfg1, variant1
+            x8,
+            w1_rows,
+            h,
+            *routing,
+            x_scales.view(-1),
+            w1_scale.view(-1) if rows1 is None else rows1,
+            top_k,
+            cfg1,
+            variant1,
         ).launch(grid=grid1, block=cfg1.threads)
-        h8, h_scales = quantize_fp8(h, "token")
+        quantize_fp8(h, "token", out=h8, scales=h_scales)
         skinny_gemm_grouped_scaled_kernel(
-            h8, w2_rows, y, *routing, h_scales.view(-1), _per_row(w2_scale, hidden), 0, cfg2, variant2
+            h8,
+            w2_rows,
+            y,
+            *routing,
+            h_scales.view(-1),
+            w2_scale.view(-1) if rows2 is None else rows2,
+            0,
+            cfg2,
+            variant2,
         ).launch(grid=grid2, block=cfg2.threads)
         return y
 
-    return steps
+    return buffers, steps
