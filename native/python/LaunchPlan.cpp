@@ -454,9 +454,10 @@ bool argumentRange(uint32_t index, PyObject *obj, const TensorFacts &t, Argument
 
 /// How many arguments the address lands in (0, 1, or 2 for "more than one"),
 /// and the one in `target`. The same object as an argument and as a scratch
-/// value (a scratch function returning a given output) counts once, as the
-/// argument: a function of the call's key returns it again. Two arguments
-/// count twice even when they are one object (aliased now, maybe not later).
+/// value (a scratch function returning a given output), or twice as a
+/// scratch value, counts once (as the argument): a function of the call's
+/// key returns it again. Two arguments count twice even when they are one
+/// object (aliased now, maybe not later).
 int landsIn(const std::vector<ArgumentRange> &ranges, uint64_t address, size_t nargs,
             const ArgumentRange *&target) {
   if (address == 0)
@@ -471,7 +472,7 @@ int landsIn(const std::vector<ArgumentRange> &ranges, uint64_t address, size_t n
       arg = &r;
     } else if (!extra) {
       extra = &r;
-    } else {
+    } else if (extra->obj != r.obj) { // one object returned twice by the scratch function counts once
       return 2;
     }
   }

@@ -5,6 +5,7 @@ choice, and the argument checks."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -159,7 +160,7 @@ def test_plan_reads_shapes_scales_and_strides(monkeypatch):
     )
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
     made = []
-    monkeypatch.setattr(api, "_Plan", lambda *args: made.append(args) or args)
+    monkeypatch.setattr(api, "_Plan", lambda *args: made.append(args) or SimpleNamespace(scratch=None, launch=None))
     q, cache, _, tables, lens = _tensors()
     api._make_plan(q, cache, cache, tables, lens, None, None, None, None, None, None, None)
     cfg, splits, tokens, scale, cap, window, fp8, device, k_value, v_value = made[-1]

@@ -328,3 +328,24 @@ def test_fused_moe_at_decode_size_replays_over_fresh_buffers(quant):
         assert torch.allclose(out.float(), want, rtol=0.1, atol=0.1 * want.abs().max().item()), quant
     (plan,) = moe_experts._FUSED._plans.values()
     assert isinstance(plan, launcher.LaunchPlan), moe_experts._FUSED.declined
+
+
+@pytest.mark.parametrize("context", [40, 3000])  # one CTA per head; flash-decoding splits with per-call partials
+def test_paged_decode_replays_with_fresh_partials(context):
+    from flydsl.compiler._native import launcher
+    from flydsl.kernels.attention import api as attention_api
+    from flydsl.kernels.attention.reference import paged_decode_reference
+
+    batch, heads, kv_heads, dim, block = 2, 8, 2, 128, 16
+    blocks = -(-context // block)
+    k_cache = torch.randn(batch * blocks, block, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(batch * blocks, device="cuda", dtype=torch.int32).view(batch, blocks)
+    lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+    for _ in range(3):
+        q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
+        out = attention_api.paged_decode(q, k_cache, v_cache, tables, lens)
+        want = paged_decode_reference(q, k_cache, v_cache, tables, lens)
+        assert torch.allclose(out.float(), want, rtol=2e-2, atol=2e-2)
+    (plan,) = attention_api._PLANS._plans.values()
+    assert isinstance(plan, launcher.LaunchPlan), attention_api._PLANS.declined

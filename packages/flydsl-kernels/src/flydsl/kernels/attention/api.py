@@ -17,12 +17,12 @@ import math
 from flydsl.kernels import validation as check
 from flydsl.kernels.attention import checks
 from flydsl.kernels.memory import per_stream
-from flydsl.kernels.plans import Plans, signature
+from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = ["paged_decode", "decode_plan_config"]
 
 _WHO = "flydsl.kernels.attention.paged_decode"
-_PLANS = Plans(_WHO)
+_PLANS = Plans(_WHO, replay=True)
 _CHUNK = 16
 _MAX_SPLITS = 256  # two levels of merging, at most MERGE_FANIN (16) partials per merging CTA and row
 # CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
@@ -82,7 +82,7 @@ def paged_decode(
                 out, max_context,
             ),
         )  # fmt: skip
-    return plan(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, out)
+    return plan(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, out)[0]
 
 
 def _make_plan(
@@ -151,9 +151,10 @@ def _make_plan(
     )
     numbers = [s if isinstance(s, (int, float)) else None for s in (k_scale, v_scale)]  # per-tensor scales as floats
     scale = 1.0 / math.sqrt(shape.dim) if scale is None else float(scale)
-    return _Plan(
+    plan = _Plan(
         cfg, splits, split_tokens, scale, float(soft_cap or 0.0), sliding_window or 0, shape.fp8, q_t.device, *numbers
     )
+    return ScratchPlan(plan.scratch, plan.launch)
 
 
 def _sm_count(device: int) -> int:
@@ -220,34 +221,49 @@ class _Plan:
         self.k_value = None if k_value is None else torch.full((1,), float(k_value), device=where)
         self.v_value = None if v_value is None else torch.full((1,), float(v_value), device=where)
 
-    def __call__(self, q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, out):
+    def scratch(self, q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, out) -> tuple:
+        """A call's memory: the output (allocated where not given), the splits' partials (``unused`` without
+        splits), the merge counters of the stream, the scales the kernel reads (given, kept per tensor, or
+        ``unused``)."""
         import torch
 
-        decode, cfg = _decode(), self.cfg
+        cfg = self.cfg
         if out is None:
             out = torch.empty_like(q)
-        q4 = q if q.dim() == 4 else q.unsqueeze(1)
-        out4 = out if out.dim() == 4 else out.unsqueeze(1)
-        if self.fp8:
-            k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-        k_scales = self.k_value if self.k_value is not None else (self.unused if k_scale is None else k_scale)
-        v_scales = self.v_value if self.v_value is not None else (self.unused if v_scale is None else v_scale)
-        if cfg.k_scale == "tensor":
-            k_scales = k_scales.reshape(1)
-        if cfg.v_scale == "tensor":
-            v_scales = v_scales.reshape(1)
-        batch, queries, heads, dim = q4.shape
+        batch, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
+        queries = 1 if q.dim() == 3 else q.shape[1]
         if cfg.split:
             slots = self.splits + self.groups  # the splits', then (two levels) the groups' merges
             partial_out = torch.empty(batch, queries, heads, slots, dim, dtype=torch.float32, device=q.device)
             partial_stats = torch.empty(batch, queries, heads, slots, 2, dtype=torch.float32, device=q.device)
         else:
-            partial_out = partial_stats = self.unused.view(1, 1, 1, 1, 1)
+            partial_out = partial_stats = self.unused
         kv_heads = k_cache.shape[2]
         words = batch * kv_heads * cfg.row_tiles * (1 + self.groups)  # a counter per unit, and per unit and group
         counters = per_stream(_COUNTERS, q, _counters_of(words, q.device), fits=lambda held: held.numel() >= words)
+        k_scales = self.k_value if self.k_value is not None else (self.unused if k_scale is None else k_scale)
+        v_scales = self.v_value if self.v_value is not None else (self.unused if v_scale is None else v_scale)
+        return out, partial_out, partial_stats, counters, k_scales, v_scales
+
+    def launch(self, q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, _given, out, partial_out,
+               partial_stats, counters, k_scales, v_scales) -> None:  # fmt: skip
+        """The decode kernel on a call's tensors and :meth:`scratch`'s memory."""
+        import torch
+
+        decode, cfg = _decode(), self.cfg
+        q4 = q if q.dim() == 4 else q.unsqueeze(1)
+        out4 = out if out.dim() == 4 else out.unsqueeze(1)
+        if self.fp8:
+            k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+        if cfg.k_scale == "tensor":
+            k_scales = k_scales.reshape(1)
+        if cfg.v_scale == "tensor":
+            v_scales = v_scales.reshape(1)
+        if not cfg.split:
+            partial_out, partial_stats = partial_out.view(1, 1, 1, 1, 1), partial_stats.view(1, 1, 1, 1, 1)
+        batch = q4.shape[0]
+        kv_heads = k_cache.shape[2]
         decode.paged_decode_kernel(
             q4, k_cache, v_cache, block_tables, context_lens, k_scales, v_scales, out4, partial_out, partial_stats,
             counters, self.scale, self.soft_cap, self.window, self.split_tokens, cfg,
         ).launch(grid=(self.splits, kv_heads * cfg.row_tiles, batch), block=cfg.threads)  # fmt: skip
-        return out
