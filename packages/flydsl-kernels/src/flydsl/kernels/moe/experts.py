@@ -460,30 +460,17 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bo
                 grid=grid2, block=cfg2.threads
             )
             return y
+
+        def scaled(a, weights, out, a_scales, w_scale, repeated, top, cfg, variant, grid):
+            w_rows_scale = w_scale.view(-1) if repeated is None else repeated
+            skinny_gemm_grouped_scaled_kernel(
+                a, weights, out, *routing, a_scales.view(-1), w_rows_scale, top, cfg, variant
+            ).launch(grid=grid, block=cfg.threads)
+
         quantize_fp8(x, "token", out=x8, scales=x_scales)
-        skinny_gemm_grouped_scaled_kernel(
-            x8,
-            w1_rows,
-            h,
-            *routing,
-            x_scales.view(-1),
-            w1_scale.view(-1) if rows1 is None else rows1,
-            top_k,
-            cfg1,
-            variant1,
-        ).launch(grid=grid1, block=cfg1.threads)
+        scaled(x8, w1_rows, h, x_scales, w1_scale, rows1, top_k, cfg1, variant1, grid1)
         quantize_fp8(h, "token", out=h8, scales=h_scales)
-        skinny_gemm_grouped_scaled_kernel(
-            h8,
-            w2_rows,
-            y,
-            *routing,
-            h_scales.view(-1),
-            w2_scale.view(-1) if rows2 is None else rows2,
-            0,
-            cfg2,
-            variant2,
-        ).launch(grid=grid2, block=cfg2.threads)
+        scaled(h8, w2_rows, y, h_scales, w2_scale, rows2, 0, cfg2, variant2, grid2)
         return y
 
     return buffers, steps
