@@ -313,7 +313,6 @@ class FlyOp(_Op):
 
     def _allocate(self, inputs, specs) -> tuple[list, list]:
         like = inputs[self._tensor_inputs[0][0]]
-        device = None
         results, given = [], []
         for spec in specs:
             if spec is None:  # not written with these inputs: an empty tensor stands in its place
@@ -327,9 +326,8 @@ class FlyOp(_Op):
                     tensor = torch.empty_like(like)
                 else:
                     tensor = torch.empty_like(like, memory_format=torch.contiguous_format)
-            else:
-                device = like.device if device is None else device
-                tensor = torch.empty(shape, dtype=dtype, device=device)
+            else:  # new_empty parses no device: cheaper than torch.empty(..., device=)
+                tensor = like.new_empty(shape, dtype=dtype)
             results.append(tensor)
             given.append(tensor)
         return results, given
