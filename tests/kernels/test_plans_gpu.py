@@ -349,3 +349,24 @@ def test_paged_decode_replays_with_fresh_partials(context):
         assert torch.allclose(out.float(), want, rtol=2e-2, atol=2e-2)
     (plan,) = attention_api._PLANS._plans.values()
     assert isinstance(plan, launcher.LaunchPlan), attention_api._PLANS.declined
+
+
+@pytest.mark.parametrize("n", [32768, 131072])  # staged: a claimed-rows counter per stream; clusters of 4
+def test_staged_routes_replay_with_their_exchange_made_per_call(n):
+    from flydsl.compiler._native import launcher
+
+    for _ in range(3):
+        check_softmax(make_input(16, n, torch.bfloat16))
+    (plan,) = softmax_api._SOFTMAX._plans.values()
+    assert isinstance(plan, launcher.LaunchPlan), softmax_api._SOFTMAX.declined
+
+
+def test_norm_backward_replays_with_fresh_partial_sums():
+    """rms_norm_backward with a weight: per-CTA partial column sums made per call, then the column-sum kernel."""
+    from flydsl.compiler._native import launcher
+
+    for _ in range(3):
+        x = make_input(ROWS, 8192, torch.bfloat16)
+        check_rms_norm_backward(make_input(ROWS, 8192, torch.bfloat16), x, _weights(x)[0])
+    (plan,) = norms_api._RMS_NORM_BACKWARD._plans.values()
+    assert isinstance(plan, launcher.LaunchPlan) and len(plan) == 2, norms_api._RMS_NORM_BACKWARD.declined

@@ -24,6 +24,7 @@ from flydsl.kernels.norms.backward_common import BackwardRows, BackwardTensors, 
 from flydsl.kernels.norms.backward_register import rows_prefetched, rows_two_pass, write_partial
 from flydsl.kernels.norms.backward_staged import rows_staged
 from flydsl.kernels.norms.column_sum import column_sum_kernel, column_sum_shape
+from flydsl.kernels.plans import ScratchPlan
 from flydsl.kernels.rows.configs import BackwardConfig, NormFlags
 from flydsl.kernels.rows.launch import device_groups, launch_rows, team_exchange
 from flydsl.kernels.rows.reduce import row_smem
@@ -135,7 +136,8 @@ def backward(t: NormGradients, rms: bool, chosen: Route | None = None) -> None:
 def backward_plan(t: NormGradients, rms: bool, chosen: Route | None = None) -> Callable:
     """The launches :func:`backward` makes for tensors of ``t``'s signature (:mod:`flydsl.kernels.plans`), as a
     function of the raw tensors in :class:`NormGradients`' order, with the route, the flags and the grids fixed; per
-    call it allocates the partial column sums and a team's exchange."""
+    call it allocates the partial column sums and a team's exchange (a :class:`~flydsl.kernels.plans.ScratchPlan`
+    where it does: made per call, the launches replayed)."""
     rows, n = t.x.shape
     if rows == 0 or n == 0:
         return _nothing
@@ -149,10 +151,13 @@ def backward_plan(t: NormGradients, rms: bool, chosen: Route | None = None) -> C
     sum_grid, sum_block = -(-sums * n // shape[0]), shape[0] * shape[1]
     scratch = bool(sums) or cfg.row.team
 
-    def launch(dy, x, weight, mean, rstd, dx, dweight, dbias):
+    def memory(dy, x, weight, mean, rstd, dx, dweight, dbias) -> tuple:
         like = allocated(x) if scratch else None
         partial = empty_rows(like, (groups, sums * n), "dweight/dbias partial sums", scratch=True) if sums else x
         exchange = team_exchange(cfg, like, rows, "backward row sums") if cfg.row.team else x
+        return partial, exchange
+
+    def launch(dy, x, weight, mean, rstd, dx, dweight, dbias, partial, exchange):
         args = (dy, x, weight if weight is not None else x, mean if mean is not None else rstd, rstd, dx)
         launch_rows(norm_backward_kernel, (*args, partial, exchange, cfg, flags), cfg, groups)
         if sums:
@@ -160,7 +165,11 @@ def backward_plan(t: NormGradients, rms: bool, chosen: Route | None = None) -> C
                 grid=sum_grid, block=sum_block
             )
 
-    return launch
+    if not scratch:
+        return lambda dy, x, weight, mean, rstd, dx, dweight, dbias: launch(
+            dy, x, weight, mean, rstd, dx, dweight, dbias, x, x
+        )
+    return ScratchPlan(memory, launch)
 
 
 def _nothing(*args) -> None:

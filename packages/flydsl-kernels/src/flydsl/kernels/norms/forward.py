@@ -21,6 +21,7 @@ from flydsl.expr import arith, math, nvvm
 from flydsl.kernels.device import sm_count
 from flydsl.kernels.memory import allocated, can_allocate
 from flydsl.kernels.norms.api import NormTensors
+from flydsl.kernels.plans import ScratchPlan
 from flydsl.kernels.rows.configs import LoopedForwardConfig, NormFlags, StagedForwardConfig
 from flydsl.kernels.rows.launch import device_groups, launch_rows, staged_exchange
 from flydsl.kernels.rows.layout import RowConfig
@@ -253,7 +254,8 @@ def forward_plan(t: NormTensors, rms: bool, chosen: Route | None = None) -> Call
     """The launch :func:`forward` makes for tensors of ``t``'s signature (shapes, strides, dtypes, alignment, device:
     :mod:`flydsl.kernels.plans`), as a function of the raw tensors in :class:`NormTensors`' order and ``eps``, with
     the route, the flags and the grid fixed; per call it binds the tensors (absent ones: x, which the kernel never
-    touches) and a staged route's exchange."""
+    touches) and a staged route's exchange (a :class:`~flydsl.kernels.plans.ScratchPlan`: made per call, the launch
+    replayed)."""
     rows, n = t.x.shape
     if rows == 0 or n == 0:
         return _nothing
@@ -265,12 +267,14 @@ def forward_plan(t: NormTensors, rms: bool, chosen: Route | None = None) -> Call
     if chosen.kernel is RowKernel.STAGED:
         groups = device_groups(cfg, rows, t.x.device)
 
-        def staged(x, out, residual, weight, bias, residual_out, mean, rstd, eps):
+        def exchange_of(x, *rest) -> tuple:
+            return (staged_exchange(cfg, allocated(x), rows),)
+
+        def staged(x, out, residual, weight, bias, residual_out, mean, rstd, eps, exchange):
             args = _arguments(x, out, residual, weight, bias, residual_out, mean, rstd)
-            exchange = staged_exchange(cfg, allocated(x), rows)
             launch_rows(norm_forward_staged_kernel, (*args, exchange, eps, cfg, flags), cfg, groups)
 
-        return staged
+        return ScratchPlan(exchange_of, staged)
     if chosen.kernel is RowKernel.LOOPED:
         kernel, grid, block, cluster = norm_forward_looped_kernel, rows, cfg.row.block, None
     else:

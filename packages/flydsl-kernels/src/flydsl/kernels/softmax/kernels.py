@@ -18,6 +18,7 @@ import flydsl.expr as fx
 from flydsl.expr import nvvm
 from flydsl.kernels.device import sm_count
 from flydsl.kernels.memory import allocated, can_allocate
+from flydsl.kernels.plans import ScratchPlan
 from flydsl.kernels.rows.configs import SoftmaxBackwardFlags, SoftmaxFlags, StagedForwardConfig
 from flydsl.kernels.rows.launch import device_groups, launch_rows, staged_exchange
 from flydsl.kernels.rows.layout import RowConfig
@@ -150,11 +151,13 @@ def _plan(which: str, chosen: Route | None, like: TensorInfo, register_kernel, s
     if chosen.kernel is RowKernel.STAGED:
         groups = device_groups(cfg, rows, like.device)
 
-        def staged(*tensors):
-            exchange = staged_exchange(cfg, allocated(tensors[0]), rows)
-            launch_rows(staged_kernel, (*tensors, exchange, cfg), cfg, groups)
+        def exchange_of(*tensors) -> tuple:
+            return (staged_exchange(cfg, allocated(tensors[0]), rows),)
 
-        return staged
+        def staged(*tensors_and_exchange):
+            launch_rows(staged_kernel, (*tensors_and_exchange, cfg), cfg, groups)
+
+        return ScratchPlan(exchange_of, staged)
     grid, block = cfg.grid(rows), cfg.block
     cluster = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
 
