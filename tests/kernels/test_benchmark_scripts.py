@@ -374,7 +374,7 @@ def host_overhead(monkeypatch):
 
 def test_host_overhead_ops_table_covers_the_zoo(host_overhead):
     """One entry per op, both modes (the fp8 GEMMs and the attention ops, inference only: forward), every path but
-    the functional forms of the ops that have none (the ops are user-facing)."""
+    the functional forms of the ops that have none (the ops are user-facing; gemm's is functional.linear)."""
     ops = {op.name: op for op in host_overhead.OPS}
     assert set(ops) == {
         "softmax",
@@ -393,8 +393,8 @@ def test_host_overhead_ops_table_covers_the_zoo(host_overhead):
     trained = [op for name, op in ops.items() if name not in inference]
     assert all(op.modes == ("fwd", "fwd_bwd") and op.direct_fwd_bwd is not None for op in trained)
     assert all(ops[name].modes == ("fwd",) for name in inference)
-    assert [name for name, op in ops.items() if op.functional is None] == ["gemm", *inference]
-    assert ops["gemm"].user()[0] == "op" and ops["rms_norm"].user()[0] == "functional"
+    assert [name for name, op in ops.items() if op.functional is None] == list(inference)
+    assert ops["gemm"].user()[0] == "functional" and ops["fp8_gemm"].user()[0] == "op"
     t = host_overhead.inputs(True)
     assert all(getattr(t, name).requires_grad for op in ops.values() for name in op.grads)
     assert not t.dy.requires_grad and not t.dc.requires_grad
@@ -486,3 +486,18 @@ def test_import_time_groups_a_fresh_import(monkeypatch):
     assert groups["flydsl.layout"] > 0
     assert groups["native extension (flydsl.compiler._fly)"] == 0 and groups["MLIR Python bindings (mlir.*)"] == 0
     assert run["total_ms"] is not None and 0.5 * run["total_ms"] <= sum(groups.values()) <= 1.5 * run["total_ms"] + 1
+
+
+def test_host_layer_cpu_runs_without_a_gpu_and_records(tmp_path):
+    """The CPU benchmark of flydsl.torch's host layer: every case timed with replays on and off, replays recorded
+    (their first calls make LaunchPlans), a record with its summary."""
+    path = tmp_path / "host_layer.json"
+    command = [sys.executable, str(BENCHMARKS / "host_layer_cpu.py"), "--calls", "20", "--repeats", "1"]
+    run = subprocess.run([*command, "--json", str(path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    record = json.loads(path.read_text())
+    cases = {row["case"] for row in record["results"]}
+    assert cases == {f"{op}.{mode}" for op in ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm") for mode in
+                     ("fwd", "fwd_bwd")}  # fmt: skip
+    assert all(row["replays_us"] > 0 and row["python_plans_us"] > 0 for row in record["results"])
+    assert set(record["summary"]) == {"max_replays_us", "geomean_ratio"}
