@@ -500,4 +500,5 @@ def test_host_layer_cpu_runs_without_a_gpu_and_records(tmp_path):
     assert cases == {f"{op}.{mode}" for op in ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm") for mode in
                      ("fwd", "fwd_bwd")}  # fmt: skip
     assert all(row["replays_us"] > 0 and row["python_plans_us"] > 0 for row in record["results"])
+    assert all(row["replayed"] for row in record["results"] if row["case"].endswith(".fwd"))
     assert set(record["summary"]) == {"max_replays_us", "geomean_ratio"}
