@@ -370,3 +370,30 @@ def test_norm_backward_replays_with_fresh_partial_sums():
         check_rms_norm_backward(make_input(ROWS, 8192, torch.bfloat16), x, _weights(x)[0])
     (plan,) = norms_api._RMS_NORM_BACKWARD._plans.values()
     assert isinstance(plan, launcher.LaunchPlan) and len(plan) == 2, norms_api._RMS_NORM_BACKWARD.declined
+
+
+def test_a_split_k_gemm_replays_over_its_streams_workspace():
+    """64 x 4096 x 4096 splits K in two (the stream's workspace and flags, from the scratch function on each call):
+    replayed on fresh inputs, and on another stream with that stream's workspace."""
+    from flydsl.compiler._native import launcher
+
+    m, k, n = 64, 4096, 4096
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+
+    def check(a):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(a, w.t(), out)
+        return out
+
+    for _ in range(3):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        assert torch.allclose(check(a).double(), a.double() @ w.double().t(), atol=2e-2, rtol=2e-2)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = check(a)
+    side.synchronize()
+    assert torch.allclose(out.double(), a.double() @ w.double().t(), atol=2e-2, rtol=2e-2)
+    (plan,) = gemm_launch._GEMM._plans.values()
+    assert isinstance(plan, launcher.LaunchPlan), gemm_launch._GEMM.declined

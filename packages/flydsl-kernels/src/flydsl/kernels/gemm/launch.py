@@ -8,7 +8,6 @@ scratch memory, launch.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import flydsl.compiler as flyc
@@ -30,7 +29,7 @@ from flydsl.kernels.gemm.prepared import PreparedWeight, check_prepared
 from flydsl.kernels.gemm.skinny import SkinnyConfig
 from flydsl.kernels.gemm.tuning import tuned_plan
 from flydsl.kernels.memory import per_stream
-from flydsl.kernels.plans import Plans, signature
+from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = ["blockscale_gemm", "fp8_gemm", "gemm", "launch_plan", "skinny_gemm"]
 
@@ -114,7 +113,8 @@ def fp8_gemm(
         gemm_plan = tuned_plan(*specs, run, device=a.get_device(), **options)
     else:
         gemm_plan = plan_gemm(*specs, config=config, **options)
-    _FP8.add(key, planned._replace(plan=gemm_plan))(a, weights, scale_a, scale_b, result, bias)
+    planned = planned._replace(plan=gemm_plan)
+    _FP8.add(key, ScratchPlan(planned.scratch, planned.launch))(a, weights, scale_a, scale_b, result, bias)
     return result
 
 
@@ -165,12 +165,13 @@ def blockscale_gemm(
     bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")
     sms = sm_count(a.get_device())
     gemm_plan = plan_blockscale(*specs, *scale_specs, sms=sms, bias=bias_spec, activation=activation, config=config)
-    _BLOCKSCALE.add(key, planned._replace(plan=gemm_plan))(a, weights, a_scales, b_scales, result, bias)
+    planned = planned._replace(plan=gemm_plan)
+    _BLOCKSCALE.add(key, ScratchPlan(planned.scratch, planned.launch))(a, weights, a_scales, b_scales, result, bias)
     return result
 
 
 class _BlockscalePlanned(NamedTuple):
-    """A kept block-scaled plan: the GEMM plan (called with the output allocated)."""
+    """A kept block-scaled plan: the GEMM plan (called with the output allocated), as a ScratchPlan's two parts."""
 
     plan: GemmPlan | None
 
@@ -179,8 +180,13 @@ class _BlockscalePlanned(NamedTuple):
         """The scales as the kernel reads them: float32 (UE8M0 ones widened, their layout kept)."""
         return tuple(s if s.dtype.itemsize == 4 else _widened(s) for s in (a_scales, b_scales))
 
-    def __call__(self, a, b, a_scales, b_scales, out, bias) -> None:
-        _planned(self.plan, a, b, out, bias, self.widened(a_scales, b_scales))
+    def scratch(self, a, b, a_scales, b_scales, out, bias) -> tuple:
+        """The scales widened (or themselves), then :func:`plan_memory`'s."""
+        widened = self.widened(a_scales, b_scales)
+        return (*widened, *plan_memory(self.plan, a, b, out, bias, widened))
+
+    def launch(self, a, b, a_scales, b_scales, out, bias, wide_a, wide_b, *memory) -> None:
+        launch_with(self.plan, a, b, out, bias, (wide_a, wide_b), (), memory)
 
 
 def _widened(scales):
@@ -226,7 +232,7 @@ def _out_dtype(who: str, out, out_dtype):
 
 class _FP8Planned(NamedTuple):
     """A kept fp8 plan: the GEMM plan (called with the output allocated) and whether each scale is flattened to the
-    (1,), (M,) or (N,) vector the epilogue indexes."""
+    (1,), (M,) or (N,) vector the epilogue indexes; a ScratchPlan's two parts."""
 
     plan: GemmPlan | None
     flat_a: bool
@@ -235,8 +241,11 @@ class _FP8Planned(NamedTuple):
     def flat(self, scale_a, scale_b) -> tuple:
         return (scale_a.reshape(-1) if self.flat_a else scale_a, scale_b.reshape(-1) if self.flat_b else scale_b)
 
-    def __call__(self, a, b, scale_a, scale_b, out, bias) -> None:
-        _planned(self.plan, a, b, out, bias, self.flat(scale_a, scale_b))
+    def scratch(self, a, b, scale_a, scale_b, out, bias) -> tuple:
+        return plan_memory(self.plan, a, b, out, bias, self.flat(scale_a, scale_b))
+
+    def launch(self, a, b, scale_a, scale_b, out, bias, *memory) -> None:
+        launch_with(self.plan, a, b, out, bias, self.flat(scale_a, scale_b), (), memory)
 
 
 _GEMM = Plans("flydsl.kernels.gemm", replay=True)
@@ -272,15 +281,18 @@ def _call(plans: Plans, planner, check, a, b, out, config, bias, activation, aut
         gemm_plan = tuned_plan(*specs, run, planner=planner, device=a.get_device(), **options)
     else:
         gemm_plan = planner(*specs, config=config, **options)
-    plans.add(key, functools.partial(_planned, gemm_plan))(a, b, out, bias)
+    plans.add(key, _kept(gemm_plan))(a, b, out, bias)
     return given if given is not None else out
 
 
-def _planned(gemm_plan: GemmPlan, a, b, out, bias, scales=()) -> None:
-    """A kept plan's call on its tensors, the output allocated by the entry point where not given (row-major, as the
-    first call's): returns nothing, so that a plan that only launches on its arguments is replayed natively
+def _kept(gemm_plan: GemmPlan) -> ScratchPlan:
+    """A kept plan as a function of ``(a, b, out, bias)``, the output allocated by the entry point where not given
+    (row-major, as the first call's): its memory made per call, its launches replayed natively where they can be
     (:mod:`flydsl.kernels.plans`)."""
-    launch_plan(gemm_plan, a, b, out, bias, scales)
+    return ScratchPlan(
+        lambda a, b, out, bias: plan_memory(gemm_plan, a, b, out, bias),
+        lambda a, b, out, bias, *memory: launch_with(gemm_plan, a, b, out, bias, (), (), memory),
+    )
 
 
 _PLAN_TILES_LIMIT = 64  # TMA tiles a plan keeps, by address
@@ -293,21 +305,39 @@ _STEPS = {
 }
 
 
+_COPIES = {"contiguous", "pad_rows", "pad_columns"}  # the preparation steps that make new memory (the others view)
+
+
 def launch_plan(plan: GemmPlan, a, b, out, bias=None, scales=(), groups=()):
     """Runs ``plan`` (from :func:`~flydsl.kernels.gemm.plan.plan_gemm` for tensors of this geometry) on torch tensors:
     the preparations, then each launch with its tensors, TMA descriptors (cached per address) and scratch memory
     bound. ``scales``: the epilogue's scale tensors, in the plan's order; ``groups``: a grouped GEMM's
     (``expert_of_block``, ``padded_count``). Returns ``out``."""
-    tensors = {"a": a, "b": b, "out": out, "bias": bias}
-    if groups:
-        tensors["expert_of_block"], tensors["padded_count"] = groups
-    for i, scale in enumerate(scales):
-        tensors[f"scale_{i}"] = scale
+    launch_with(plan, a, b, out, bias, scales, groups, plan_memory(plan, a, b, out, bias, scales, groups))
+    return out
+
+
+def plan_memory(plan: GemmPlan, a, b, out, bias=None, scales=(), groups=()) -> tuple:
+    """What :func:`launch_plan`'s launches use beyond the call's tensors, made for one call: each copying
+    preparation's result (in the plan's order), then each scratch buffer (in the order of first use: fresh partials,
+    the stream's workspace and flags)."""
+    tensors = _tensors(a, b, out, bias, scales, groups)
+    made = [_prepare(tensors, p) for p in plan.preparations]
+    made = [t for t, p in zip(made, plan.preparations, strict=True) if _COPIES.intersection(p.steps)]
+    return (*made, *(_scratch(tensors, scratch, a) for scratch in _scratch_arguments(plan)))
+
+
+def launch_with(plan: GemmPlan, a, b, out, bias, scales, groups, memory: tuple) -> None:
+    """:func:`launch_plan`'s launches with ``memory`` (:func:`plan_memory`'s) bound: the views prepared again, no
+    memory made."""
+    tensors = _tensors(a, b, out, bias, scales, groups)
+    made = iter(memory)
     for preparation in plan.preparations:
-        prepared = tensors[preparation.source]
-        for step in preparation.steps:
-            prepared = _STEPS[step](prepared)
-        tensors[preparation.role] = prepared
+        if _COPIES.intersection(preparation.steps):
+            tensors[preparation.role] = next(made)
+        else:
+            _prepare(tensors, preparation)
+    scratch = {argument.name: next(made) for argument in _scratch_arguments(plan)}
     tiles = plan.tiles
     for index, launch in enumerate(plan.launches):
         arguments = []
@@ -325,11 +355,39 @@ def launch_plan(plan: GemmPlan, a, b, out, bias=None, scales=(), groups=()):
                     tile = tiles[key] = tma_tile(t, argument.view)
                 arguments.append(tile)
             elif kind is Scratch:
-                arguments.append(_scratch(tensors, argument, a))
+                arguments.append(scratch[argument.name])
             else:
                 arguments.append(argument)
         launch.kernel(*arguments).launch(grid=launch.grid, block=launch.block)
-    return out
+
+
+def _tensors(a, b, out, bias, scales, groups) -> dict:
+    """The call's tensors by role."""
+    tensors = {"a": a, "b": b, "out": out, "bias": bias}
+    if groups:
+        tensors["expert_of_block"], tensors["padded_count"] = groups
+    for i, scale in enumerate(scales):
+        tensors[f"scale_{i}"] = scale
+    return tensors
+
+
+def _prepare(tensors: dict, preparation):
+    """``preparation``'s tensor, made from its source and kept under its role."""
+    prepared = tensors[preparation.source]
+    for step in preparation.steps:
+        prepared = _STEPS[step](prepared)
+    tensors[preparation.role] = prepared
+    return prepared
+
+
+def _scratch_arguments(plan: GemmPlan) -> list:
+    """The plan's scratch arguments, one per name, in the order of first use."""
+    seen = {}
+    for launch in plan.launches:
+        for argument in launch.arguments:
+            if type(argument) is Scratch and argument.name not in seen:
+                seen[argument.name] = argument
+    return list(seen.values())
 
 
 _SCRATCH: dict[str, dict] = {}  # scratch name -> {memory.stream_key -> a torch tensor, grown as needed}
