@@ -557,6 +557,8 @@ private:
       std::string where = "launch of " + l.name + ", parameter ";
       if (l.stream != stream)
         return why = "launch of " + l.name + ": on another stream than the arguments' current one", false;
+      if (l.slots.size() > kMaxLaunchValues)
+        return why = "launch of " + l.name + ": more parameters than a replay packs", false;
       for (size_t j = 0; j < l.slots.size(); ++j) {
         char code = l.signature[j];
         uint64_t v = l.slots[j];
