@@ -264,9 +264,8 @@ def check_fused_moe(
 
 def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granularity, w1_scale, w2_scale, out):
     """The launches of a call of this signature, checked and planned: a :class:`~flydsl.kernels.plans.ScratchPlan`
-    of ``(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale)`` whose scratch starts with the output. At decode
-    sizes the scratch holds every buffer the steps use (the launches alone are then replayed natively); the prefill
-    stages allocate theirs as they go."""
+    of ``(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale)`` whose scratch holds the output, the positions
+    and, at decode sizes, every buffer the stages use (so that their launches alone are replayed natively)."""
     import torch
 
     from flydsl.kernels.device import sm_count
@@ -294,25 +293,20 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
 
     if decodes(tokens, ids, experts) and granularity != "block":  # (block: a mainloop promoting per K block)
         buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, quant == "fp8")
+    else:  # (the prefill stages allocate as they go: their launches are not replayed, their host time is small)
+        kind = None if quant is None else "block" if granularity == "block" else "fp8"
+        steps = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, kind)
+        buffers = lambda x, w1_scale, w2_scale: ()  # noqa: E731
 
-        def decode_scratch(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale):
-            positions = torch.empty(ids, dtype=torch.int32, device=x.device)
-            return (output(x, out), positions, *buffers(x, w1_scale, w2_scale))
-
-        def decode(x, w1, w2, topk_weights, topk_ids, _given, w1_scale, w2_scale, out, positions, *held):
-            y = steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale, *held)
-            combine(y, positions, topk_weights, topk_ids, out)
-
-        return ScratchPlan(decode_scratch, decode)
-    kind = None if quant is None else "block" if granularity == "block" else "fp8"
-    stages = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, kind)
-
-    def prefill(x, w1, w2, topk_weights, topk_ids, _given, w1_scale, w2_scale, out):
+    def memory(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale):
         positions = torch.empty(ids, dtype=torch.int32, device=x.device)
-        y = stages(x, w1, w2, topk_ids, positions, w1_scale, w2_scale)
+        return (output(x, out), positions, *buffers(x, w1_scale, w2_scale))
+
+    def launch(x, w1, w2, topk_weights, topk_ids, _given, w1_scale, w2_scale, out, positions, *held):
+        y = steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale, *held)
         combine(y, positions, topk_weights, topk_ids, out)
 
-    return ScratchPlan(lambda x, w1, w2, topk_weights, topk_ids, out, *scales: (output(x, out),), prefill)
+    return ScratchPlan(memory, launch)
 
 
 def decodes(tokens: int, ids: int, experts: int) -> bool:
@@ -439,8 +433,8 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bo
         quantized += x.new_empty((routed, inter), dtype=e4m3), x.new_empty((routed, 1), dtype=torch.float32)
         # per-tensor (E,) weight scales repeated per row, a copy per call; per channel (E, rows): None, viewed at launch
         repeated = tuple(
-            None if scale.dim() == 2 else _per_row(scale, rows)
-            for scale, rows in ((w1_scale, 2 * inter), (w2_scale, hidden))
+            None if scale.dim() == 2 else _per_row(scale, count)
+            for scale, count in ((w1_scale, 2 * inter), (w2_scale, hidden))
         )
         return (*alignment, h, y, *quantized, *repeated)
 
