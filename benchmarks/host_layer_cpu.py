@@ -91,7 +91,9 @@ def _child(calls: int, repeats: int) -> dict:
 def _run(replay: bool, calls: int, repeats: int) -> dict:
     env = dict(os.environ, FLYDSL_LAUNCH_REPLAY="1" if replay else "0")
     command = [sys.executable, __file__, "--child", "--calls", str(calls), "--repeats", str(repeats)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"host_layer_cpu: the measuring process failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

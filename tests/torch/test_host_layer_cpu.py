@@ -1,0 +1,31 @@
+"""benchmarks/host_layer_cpu.py, the CPU measurement of flydsl.torch's host layer, runs where the adapter is installed
+(tox's torch env) and records what it measured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def test_host_layer_cpu_runs_without_a_gpu_and_records(tmp_path):
+    """The CPU benchmark of flydsl.torch's host layer: every case timed with replays on and off, replays recorded
+    (their first calls make LaunchPlans), a record with its summary."""
+    path = tmp_path / "host_layer.json"
+    command = [sys.executable, str(BENCHMARKS / "host_layer_cpu.py"), "--calls", "20", "--repeats", "1"]
+    run = subprocess.run([*command, "--json", str(path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    record = json.loads(path.read_text())
+    cases = {row["case"] for row in record["results"]}
+    assert cases == {f"{op}.{mode}" for op in ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm") for mode in
+                     ("fwd", "fwd_bwd")}  # fmt: skip
+    assert all(row["replays_us"] > 0 and row["python_plans_us"] > 0 for row in record["results"])
+    assert all(row["replayed"] for row in record["results"] if row["case"].endswith(".fwd"))
+    assert set(record["summary"]) == {"max_replays_us", "geomean_ratio"}
