@@ -179,3 +179,46 @@ def test_plan_reads_shapes_scales_and_strides(monkeypatch):
         api._make_plan(strided, cache, cache, tables, lens, None, None, None, None, None, None, None)
     with pytest.raises(ValueError, match=r"paged_decode: block_tables: expected unit stride on its last dim"):
         api._make_plan(q, cache, cache, tables.t().contiguous().t(), lens, None, None, None, None, None, None, None)
+
+
+@pytest.mark.parametrize("context", [64, 4096], ids=["one CTA", "split"])
+def test_the_plan_launches_on_its_scratch_alone(monkeypatch, context):
+    """The plan's scratch function makes the output, the split partials (the unused stand-in without splits), the
+    stream's merge counters and the scales; the launch binds them in the kernel's order and touches no other memory
+    (what a replay needs). CPU tensors taken as if on a GPU, the launch recorded."""
+    import importlib
+
+    from flydsl.kernels import memory, validation
+    from flydsl.kernels.attention import api
+
+    kernel_module = importlib.import_module("flydsl.compiler.kernel")
+    launches = []
+    monkeypatch.setattr(
+        api.check,
+        "describe",
+        lambda who, name, t: validation.TensorInfo(t, t.shape, t.stride(), validation.torch_dtype(t.dtype), 0, 1 << 20),
+    )
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(memory, "stream_key", lambda t: ("cpu", 0))
+    monkeypatch.setattr(kernel_module.KernelCall, "launch", lambda call, **config: launches.append(call))
+    monkeypatch.setattr(torch, "device", lambda kind, index=None: "cpu")  # the plan keeps its stand-ins on the CPU
+    blocks = context // 16
+    q = torch.randn(2, 8, 128).bfloat16()
+    cache = torch.randn(2 * blocks, 16, 2, 128).bfloat16()
+    tables = torch.arange(2 * blocks, dtype=torch.int32).view(2, blocks)
+    lens = torch.full((2,), context, dtype=torch.int32)
+    plan = api._make_plan(q, cache, cache.clone(), tables, lens, None, None, None, None, None, None, None)
+    args = (q, cache, cache.clone(), tables, lens, None, None, None)
+    out, partial_out, partial_stats, counters, k_scales, v_scales = scratch = plan.scratch(*args)
+    assert out.shape == q.shape and counters.dtype == torch.int32 and not counters.any()
+    split = partial_out.numel() > 1
+    assert split == (context > 64) and (partial_stats.shape[-1] == 2 if split else partial_stats is partial_out)
+    plan.launch(*args, *scratch)
+    (call,) = launches
+    values = call.values
+    assert values[0].data_ptr() == q.data_ptr() and values[7].data_ptr() == out.data_ptr() and values[10] is counters
+    assert values[8].data_ptr() == partial_out.data_ptr() and values[9].data_ptr() == partial_stats.data_ptr()
+    owners = [t for t in (*args, *scratch) if isinstance(t, torch.Tensor)]
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            assert any(owner.data_ptr() <= value.data_ptr() < owner.data_ptr() + owner.nbytes for owner in owners)
