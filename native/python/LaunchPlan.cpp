@@ -375,7 +375,10 @@ private:
     if (!PyTuple_Check(extra.ptr()) || size_t(PyTuple_GET_SIZE(extra.ptr())) != arity - nargs)
       raise(PyExc_TypeError, "LaunchPlan: the scratch function must return a tuple of %zu, got %R", arity - nargs,
             extra.ptr());
-    return nb::steal<nb::tuple>(PySequence_Concat(args.ptr(), extra.ptr()));
+    PyObject *all = PySequence_Concat(args.ptr(), extra.ptr());
+    if (!all)
+      raisePending();
+    return nb::steal<nb::tuple>(all);
   }
 
   bool aligned(const uint64_t *pointers) const {
