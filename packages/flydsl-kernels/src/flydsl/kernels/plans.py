@@ -206,6 +206,7 @@ def _torch_operations():
             aten.empty.memory_format,
             aten.empty_like.default,
             aten.empty_strided.default,
+            aten.empty_permuted.default,
             aten.new_empty.default,
         }
 
