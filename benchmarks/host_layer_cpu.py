@@ -10,8 +10,10 @@ its work but the driver's ``cuLaunchKernel``. What is timed is flydsl.torch's ch
 and the replay machinery, per call of ``flydsl.torch.functional``'s softmax, layer_norm, rms_norm and
 fused_add_rms_norm (8 x 4096 float32), inference (``fwd``) and through ``torch.autograd.grad`` (``fwd_bwd``); each
 case runs in a fresh process with replays on and with ``FLYDSL_LAUNCH_REPLAY=0`` (the Python plans; their zoo calls
-cost only the stand-in here, so the difference understates a replay's saving on a GPU). Medians of ``repeats`` batches
-of ``calls``.
+cost only the stand-in here, so the difference understates a replay's saving on a GPU). The peer column is torch's
+own op on tiny (8 x 16) CPU tensors: its host path with almost no arithmetic, the nearest CPU-side stand-in for torch
+eager's host time (neither side pays for a GPU's launch or allocation here). Medians of ``repeats`` batches of
+``calls``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ ROWS, N = 8, 4096
 
 
 def _child(calls: int, repeats: int) -> dict:
-    """In this process: every case timed (microseconds per call, the median of ``repeats``)."""
+    """In this process: every case timed (microseconds per call, the median of ``repeats``), and torch's own op on
+    tiny CPU tensors (its host path with almost no arithmetic: the closest CPU-side peer)."""
     import struct
     import types
 
@@ -64,28 +67,51 @@ def _child(calls: int, repeats: int) -> dict:
     }
     grads = {"softmax": (xg,), "layer_norm": (xg, wg, bg), "rms_norm": (xg, wg), "fused_add_rms_norm": (xg, rg, wg)}
     stores = {op: getattr(F, f"_{op.upper()}") for op in OPS}  # the functional inference calls' kept plans
+    tiny = [torch.randn(8, 16, requires_grad=grad) for grad in (False, True)]
+    tiny_w, tiny_b = torch.randn(16, requires_grad=True), torch.randn(16, requires_grad=True)
+    nf = torch.nn.functional
+    theirs = {
+        "softmax": lambda x: torch.softmax(x, -1),
+        "layer_norm": lambda x: nf.layer_norm(x, (16,), tiny_w, tiny_b, 1e-5),
+        "rms_norm": lambda x: nf.rms_norm(x, (16,), tiny_w),
+        "fused_add_rms_norm": lambda x: nf.rms_norm(x + tiny[0], (16,), tiny_w),
+    }
+    tiny_grads = {"softmax": (tiny[1],), "layer_norm": (tiny[1], tiny_w, tiny_b), "rms_norm": (tiny[1], tiny_w)}
+    tiny_grads["fused_add_rms_norm"] = tiny_grads["rms_norm"]
+    tiny_ones = torch.ones(8, 16)
     results = {}
     for case in CASES:
         op, mode = case.split(".")
-        f = forward[op]
+        f, g = forward[op], theirs[op]
         if mode == "fwd":
             fn = lambda f=f: f(x, r, w, b)  # noqa: E731
+            peer = lambda g=g: g(tiny[0])  # noqa: E731
+            with torch.no_grad():
+                peer_us = _timed(peer, calls, repeats)
         else:
             fn = lambda f=f, op=op: torch.autograd.grad(f(xg, rg, wg, bg), grads[op], ones)  # noqa: E731
-        for _ in range(50):
-            fn()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples.append((time.perf_counter() - start) / calls * 1e6)
+            peer = lambda g=g, op=op: torch.autograd.grad(g(tiny[1]), tiny_grads[op], tiny_ones)  # noqa: E731
+            peer_us = _timed(peer, calls, repeats)
         kept = stores[op]._plans.values() if mode == "fwd" else ()
         results[case] = {
-            "us": round(statistics.median(samples), 2),
+            "us": _timed(fn, calls, repeats),
+            "torch_tiny_us": peer_us,
             "replayed": bool(kept) and all(isinstance(plan, launcher.LaunchPlan) for plan in kept),
         }
     return results
+
+
+def _timed(fn, calls: int, repeats: int) -> float:
+    """Microseconds per call of ``fn``: the median of ``repeats`` batches of ``calls``, after a warm-up."""
+    for _ in range(50):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return round(statistics.median(samples), 2)
 
 
 def _run(replay: bool, calls: int, repeats: int) -> dict:
@@ -109,19 +135,25 @@ def main(argv=None) -> None:
         print(json.dumps(_child(args.calls, args.repeats)))
         return
     replayed, python = _run(True, args.calls, args.repeats), _run(False, args.calls, args.repeats)
-    print(f"{'case':<28}{'replays (us)':>14}{'python plans (us)':>20}{'ratio':>8}")
+    print(
+        f"{'case':<28}{'replays (us)':>14}{'python plans (us)':>20}{'ratio':>8}{'torch tiny (us)':>17}{'vs torch':>10}"
+    )
     rows = []
     for case in CASES:
-        ours, theirs = replayed[case]["us"], python[case]["us"]
+        ours, theirs, peer = replayed[case]["us"], python[case]["us"], replayed[case]["torch_tiny_us"]
         row = {"case": case, "replays_us": ours, "python_plans_us": theirs, "ratio": round(ours / theirs, 3)}
+        row.update(torch_tiny_us=peer, ratio_vs_torch_tiny=round(ours / peer, 3))
         if case.endswith(".fwd"):  # whether the timed calls ran a replay (the functional's kept plan a LaunchPlan)
             row["replayed"] = replayed[case]["replayed"]
         rows.append(row)
-        print(f"{case:<28}{ours:>14.2f}{theirs:>20.2f}{row['ratio']:>8.3f}")
+        print(
+            f"{case:<28}{ours:>14.2f}{theirs:>20.2f}{row['ratio']:>8.3f}{peer:>17.2f}{row['ratio_vs_torch_tiny']:>10.3f}"
+        )
     if args.json:
         summary = {
             "max_replays_us": max(r["replays_us"] for r in rows),
             "geomean_ratio": round(statistics.geometric_mean(r["ratio"] for r in rows), 3),
+            "max_ratio_vs_torch_tiny": max(r["ratio_vs_torch_tiny"] for r in rows),
         }
         method = (
             "CPU tensors as plain CUDA ones, zoo kernels replaced by launches noted through _runtime._note_launch "
