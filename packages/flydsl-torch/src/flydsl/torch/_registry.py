@@ -332,11 +332,13 @@ class FlyOp(_Op):
             given.append(tensor)
         return results, given
 
-    def _run(self, inputs):
+    def _run(self, inputs, key=...):
         """The functional op on real tensors: validated inputs, allocated outputs, the implementation. The outputs'
         facts follow from the inputs' (the specs, fresh allocations), so the implementation's plan is kept by the
-        inputs' signature alone and, where it only launches kernels on views of its arguments, replayed natively."""
-        key = signature(*inputs)
+        inputs' signature alone (``key``: already computed) and, where it only launches kernels on views of its
+        arguments, replayed natively."""
+        if key is ...:
+            key = signature(*inputs)
         results, given = self._allocate(inputs, self._checked(inputs, None, key))
         plan = self._runs.get(key)
         if plan is None:
@@ -366,13 +368,22 @@ class FlyOp(_Op):
         """The functional op on all its inputs (positional): without the dispatcher where it would land in our own
         kernels (:func:`eager` tensors: the work directly, or through the same gradients' ``autograd.Function`` where
         an input requires grad), else through ``torch.ops.flydsl``."""
-        tensors = [inputs[i] for i, _ in self._tensor_inputs]
-        if eager(*tensors):
-            if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors):
-                return self._run(inputs)
+        key = self._kept_key(inputs)
+        if key is not None or eager(*(inputs[i] for i, _ in self._tensor_inputs)):
+            if not self._needs_grad(inputs):
+                return self._run(inputs, key if key is not None else ...)
             if self._eager_function is not None:
-                return self._eager_function.apply(*inputs)
+                return self._eager_function.apply(key, *inputs)
         return self.functional.default(*inputs)
+
+    def _kept_key(self, inputs):
+        """The signature of ``inputs`` where a run was kept for it and nothing traces or intercepts the call (no
+        dispatch mode), else None: such a call may skip :func:`eager`'s checks, as its first call passed them (the
+        signature names the tensor types, devices and layouts; wrappers have none)."""
+        if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+            return None
+        key = signature(*inputs)
+        return key if key is not None and self._runs.get(key) is not None else None
 
     def _register_functional(self):
         single = len(self.output_names) == 1
@@ -428,16 +439,21 @@ class FlyOp(_Op):
             """The same gradients for :meth:`FlyOp.call`'s eager calls: no keyset, no redispatch."""
 
             @staticmethod
-            def forward(ctx, *inputs):
-                result = run(inputs)
+            def forward(ctx, key, *inputs):  # key: the inputs' signature where known (None: computed by run)
+                result = run(inputs, ... if key is None else key)
                 setup_context(ctx, inputs, result)
                 ctx.set_materialize_grads(False)
                 return result
 
             @staticmethod
             def backward(ctx, *grads):
-                result = backward(ctx, *grads)
-                return result if isinstance(result, tuple) else (result,)
+                needs = ctx.needs_input_grad
+                ctx.needs_input_grad = needs[1:]  # as the op's inputs, without the key
+                try:
+                    result = backward(ctx, *grads)
+                finally:
+                    ctx.needs_input_grad = needs
+                return (None, *result) if isinstance(result, tuple) else (None, result)
 
         EagerFunction.__name__ = EagerFunction.__qualname__ = f"FlyBackward_{self.name}"
         self._eager_function = EagerFunction

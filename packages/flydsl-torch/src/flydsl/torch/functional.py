@@ -42,20 +42,6 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _kept_applies(*tensors: Tensor | None) -> bool:
-    """Whether a call whose signature has a kept eager plan (below) may run it: no dispatch mode is active and no
-    tensor needs a gradient. The rest of :func:`eager` holds by the signature: it was made for a first call that passed
-    it, and names the same tensor types, devices and layouts; wrapper subclasses (fake and functional tensors) have
-    no signature, and functorch's wrappers no data pointer."""
-    if torch._C._len_torch_dispatch_stack():
-        return False
-    if torch.is_grad_enabled():
-        for t in tensors:
-            if t is not None and t.requires_grad:
-                return False
-    return True
-
-
 # The eager inference calls' work by the functional's own signature, as plans of (the tensors, the outputs) made on the
 # first call (whose checks passed) and replayed natively where they only launch (flydsl.kernels.plans); the outputs
 # are fresh allocations by _empty, whose facts follow from the input's (and a replay falls back to the plan where an
@@ -67,10 +53,17 @@ _FUSED_ADD_RMS_NORM = Plans("flydsl.torch.functional.fused_add_rms_norm", replay
 _LINEAR = Plans("flydsl.torch.functional.linear", replay=True)
 
 
-def _kept(plans: Plans, *args):
-    """The eager plan kept for a call's arguments, or None (always while ``torch.compile`` traces the call)."""
-    if torch.compiler.is_compiling():
+def _kept(plans: Plans, tensors: tuple, *args):
+    """The eager inference plan kept for a call's arguments, or None: always while ``torch.compile`` traces the call,
+    under a dispatch mode, or where one of ``tensors`` needs a gradient. The rest of :func:`eager` holds by the
+    signature: the plan was made for a first call that passed it, and the signature names the same tensor types,
+    devices and layouts (wrapper subclasses have none, and functorch's wrappers no data pointer)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return None
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if getattr(t, "requires_grad", False):
+                return None
     return plans.get(signature(*args))
 
 
@@ -89,8 +82,8 @@ def _empty(x: Tensor) -> Tensor:
 
 def softmax(input: Tensor, dim: int = -1) -> Tensor:
     """``torch.softmax(input, dim)``; a ``dim`` other than the last is moved last (a copy) and back."""
-    plan = _kept(_SOFTMAX, input, dim)
-    if plan is not None and _kept_applies(input):
+    plan = _kept(_SOFTMAX, (input,), input, dim)
+    if plan is not None:
         out = _empty(input)
         plan(input, out)
         return out
@@ -124,8 +117,8 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> Tensor:
     """``torch.nn.functional.layer_norm``."""
-    plan = _kept(_LAYER_NORM, input, normalized_shape, weight, bias, eps)
-    if plan is not None and _kept_applies(input, weight, bias):
+    plan = _kept(_LAYER_NORM, (input, weight, bias), input, normalized_shape, weight, bias, eps)
+    if plan is not None:
         out = _empty(input)
         plan(input, weight, bias, out)
         return out
@@ -154,8 +147,8 @@ def rms_norm(
     eps: float | None = None,
 ) -> Tensor:
     """``torch.nn.functional.rms_norm``; ``eps=None`` is float32's machine epsilon, as in torch."""
-    plan = _kept(_RMS_NORM, input, normalized_shape, weight, eps)
-    if plan is not None and _kept_applies(input, weight):
+    plan = _kept(_RMS_NORM, (input, weight), input, normalized_shape, weight, eps)
+    if plan is not None:
         out = _empty(input)
         plan(input, weight, out)
         return out
@@ -184,8 +177,8 @@ def fused_add_rms_norm(
     eps: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(rms_norm(input + residual, ...), input + residual)`` in one pass (the sum rounded to the input dtype)."""
-    plan = _kept(_FUSED_ADD_RMS_NORM, input, residual, normalized_shape, weight, eps)
-    if plan is not None and _kept_applies(input, residual, weight):
+    plan = _kept(_FUSED_ADD_RMS_NORM, (input, residual, weight), input, residual, normalized_shape, weight, eps)
+    if plan is not None:
         out, residual_out = _empty(input), _empty(input)
         plan(input, residual, weight, out, residual_out)
         return out, residual_out
@@ -214,8 +207,8 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``torch.nn.functional.linear``: ``input @ weight.t() + bias`` by the flydsl GEMM (``torch.ops.flydsl.gemm``);
     ``input`` (..., K) bf16 or fp16, ``weight`` (N, K) as an ``nn.Linear`` holds it (read in place, K-major), ``bias``
     (N,) in input's dtype or float32. Gradients for all three."""
-    plan = _kept(_LINEAR, input, weight, bias)
-    if plan is not None and _kept_applies(input, weight, bias):
+    plan = _kept(_LINEAR, (input, weight, bias), input, weight, bias)
+    if plan is not None:
         rows = input if input.dim() == 2 else input.reshape(-1, input.shape[-1])
         out = rows.new_empty((rows.shape[0], weight.shape[0]))
         plan(rows, weight, bias, out)
