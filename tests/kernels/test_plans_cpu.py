@@ -311,3 +311,25 @@ def test_a_scratch_plan_replays_its_launches_over_fresh_scratch(fake_recording, 
     pointers = struct.unpack("<3Q", launched["params"])
     assert pointers[0] == x2.data_ptr() and pointers[2] == made[-1].data_ptr()  # the dry run's own scratch
     assert not given or pointers[1] == out2.data_ptr()
+
+
+def test_a_recording_sees_only_its_own_threads_launches():
+    """Recordings are per thread: a launch another thread makes meanwhile is not in them (zoo calls from several
+    threads record their own first calls)."""
+    import threading
+
+    x = torch.randn(4)
+    note = lambda: launcher._note_launch(
+        "k", (1, 1, 1), (32, 1, 1), None, 0, 7, "p", _params(x.data_ptr())
+    )  # noqa: E731
+    mine = launcher.LaunchRecording()
+    with mine:
+        note()
+        other = threading.Thread(target=note)
+        other.start()
+        other.join()
+        with launcher.LaunchRecording() as inner:  # nested: both see the launch
+            note()
+    assert len(mine) == 2 and len(inner) == 1
+    note()  # after the recording: not noted
+    assert len(mine) == 2
