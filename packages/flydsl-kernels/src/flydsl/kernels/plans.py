@@ -21,14 +21,17 @@ split-K partials) and the current stream (read by the launcher), so plans also s
 Replays (``Plans(..., replay=True)``): where a plan's first call does nothing but launch kernels on its arguments, its
 launches are recorded (``_runtime.LaunchRecording``) and later calls replay them natively (``_runtime.LaunchPlan``:
 each pointer parameter patched to the argument it pointed into, each TMA descriptor encoded again for its argument's
-address, the device's current stream): no Python between the key and the driver. A plan is replayed only where that
-is provably the same work: its first call returned None, ran no torch operation but views and allocations (a
-``TorchDispatchMode`` watches), and every pointer and descriptor it passed lands in exactly one of its arguments (no
-scratch, no buffer kept by the plan, no aliased arguments); else the Python plan is kept (:attr:`Plans.declined` says
-why). An argument aligned otherwise than when recorded runs the Python plan. A plan that needs memory beyond its
-arguments (outputs it allocates, per-call scratch, buffers kept per stream) is a :class:`ScratchPlan`: its scratch
-function runs in Python on every call, and its launches, over the arguments and the scratch, are what is recorded
-and replayed. ``FLYDSL_LAUNCH_REPLAY=0`` turns replays off.
+address, the device's current stream): no Python between the key and the driver. A replayed plan must do nothing
+else but those launches and views: no torch operation that writes memory (a fill, a copy), which a replay would skip;
+what it must do on every call belongs in a :class:`ScratchPlan`'s scratch function. (A ``TorchDispatchMode`` could
+watch for such operations, but entering the first one imports torch's compiler stack, ~1 s in a fresh process: the
+zoo's tests watch instead, ``tests/kernels/test_replay_contract.py``.) A plan is kept in its Python form
+(:attr:`Plans.declined` says why) where its first call returned a value, or a pointer or descriptor it passed lands
+in no argument (scratch, a buffer kept by the plan) or in more than one (aliased arguments). An argument aligned
+otherwise than when recorded runs the Python plan. A plan that needs memory beyond its arguments (outputs it
+allocates, per-call scratch, buffers kept per stream) is a :class:`ScratchPlan`: its scratch function runs in Python
+on every call, and its launches, over the arguments and the scratch, are what is recorded and replayed.
+``FLYDSL_LAUNCH_REPLAY=0`` turns replays off.
 """
 
 from __future__ import annotations
@@ -178,45 +181,11 @@ def _recorded(launch, args, fallback, scratch=None, nargs=None) -> tuple:
         return launch(*args), None, None
     from flydsl.compiler._native import launcher
 
-    watch = _torch_operations()
-    with launcher.LaunchRecording() as recording, watch() as seen:
+    with launcher.LaunchRecording() as recording:
         result = launch(*args)
-    if seen.operation is not None:
-        return result, None, f"the plan ran a torch operation ({seen.operation})"
     if result is not None:
         return result, None, "the plan returns a value"
     replay = recording.plan(args, fallback, scratch, nargs)
     if isinstance(replay, str):
         return result, None, replay
     return result, replay, None
-
-
-_WATCH: list = []
-
-
-def _torch_operations():
-    """A ``TorchDispatchMode`` that notes the first torch operation other than views and allocations (which a replay
-    would skip: a fill, a copy, a reduction); defined on first use (torch imported by then)."""
-    if not _WATCH:
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        aten = torch.ops.aten
-        harmless = {
-            aten.empty.memory_format,
-            aten.empty_like.default,
-            aten.empty_strided.default,
-            aten.empty_permuted.default,
-            aten.new_empty.default,
-        }
-
-        class _Watch(TorchDispatchMode):
-            operation = None
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if self.operation is None and not (func.is_view or func in harmless):
-                    self.operation = str(func)
-                return func(*args, **(kwargs or {}))
-
-        _WATCH.append(_Watch)
-    return _WATCH[0]

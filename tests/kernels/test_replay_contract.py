@@ -1,0 +1,102 @@
+"""The replay contract of the zoo's plans, checked where it costs nothing at run time: a replayed launch runs no torch
+operation that writes memory (a fill, a copy: a replay would skip it) -- only views, and the scratch functions'
+allocations happen outside it. The launches of each kind of plan run on CPU tensors taken as if on a GPU, with the
+kernel launches recorded, inside a TorchDispatchMode that notes every other torch operation."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from flydsl.kernels import memory, validation  # noqa: E402
+
+
+class _Writes(TorchDispatchMode):
+    """Notes the torch operations that are neither views nor allocations."""
+
+    def __init__(self):
+        super().__init__()
+        aten = torch.ops.aten
+        self.allowed = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default}
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not (func.is_view or func in self.allowed):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    kernel_module = importlib.import_module("flydsl.compiler.kernel")
+    device = importlib.import_module("flydsl.kernels.device")
+    launches = []
+
+    def describe(who, name, t):
+        return validation.TensorInfo(t, t.shape, t.stride(), validation.torch_dtype(t.dtype), 0, t.data_ptr())
+
+    monkeypatch.setattr(validation, "describe", describe)
+    monkeypatch.setattr(device, "sm_count", lambda index=0: 132)
+    monkeypatch.setattr(memory, "stream_key", lambda t: ("cpu", 0))
+    monkeypatch.setattr(kernel_module.KernelCall, "launch", lambda call, **config: launches.append(call))
+    return launches
+
+
+def _launch_writes(plan, args) -> list:
+    """The torch operations that write memory during ``plan``'s launches (a ScratchPlan: its scratch made first)."""
+    from flydsl.kernels.plans import ScratchPlan
+
+    extra = plan.scratch(*args) if isinstance(plan, ScratchPlan) else ()
+    launch = plan.launch if isinstance(plan, ScratchPlan) else plan
+    with _Writes() as watch:
+        launch(*args, *extra)
+    return watch.seen
+
+
+@pytest.mark.parametrize("granularity", [None, "channel", "tensor"])
+def test_fused_moe_decode_launches_write_nothing_but_kernels(recorded, granularity):
+    from flydsl.kernels.moe import experts
+
+    tokens, hidden, count, inter = 4, 256, 8, 128
+    x = torch.randn(tokens, hidden).bfloat16()
+    w1, w2 = torch.randn(count, 2 * inter, hidden), torch.randn(count, hidden, inter)
+    ids, weights = torch.tensor([[0, 3], [3, 5], [7, 0], [2, 3]], dtype=torch.int32), torch.rand(tokens, 2)
+    scales = {"w1_scale": None, "w2_scale": None}
+    if granularity is None:
+        w1, w2 = w1.bfloat16(), w2.bfloat16()
+    else:
+        shapes = ((count, 2 * inter), (count, hidden)) if granularity == "channel" else ((count,), (count,))
+        scales = {"w1_scale": torch.rand(shapes[0]), "w2_scale": torch.rand(shapes[1])}
+        w1, w2 = w1.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn)
+    quant = None if granularity is None else "fp8"
+    plan = experts._fused_plan(
+        x, w1, w2, weights, ids, "silu", quant=quant, granularity=granularity, out=None, **scales
+    )
+    assert _launch_writes(plan, (x, w1, w2, weights, ids, None, scales["w1_scale"], scales["w2_scale"])) == []
+
+
+@pytest.mark.parametrize("granularity", ["token", "group", "tensor"])
+def test_quantize_launches_write_nothing_but_kernels(recorded, granularity):
+    from flydsl.kernels.quantize import api
+
+    x = torch.randn(16, 512).bfloat16()
+    plan = api._plan(x, granularity, 128, None, None, None, False)
+    assert _launch_writes(plan, (x, None, None)) == []
+
+
+def test_gemm_launches_write_nothing_but_kernels(recorded):
+    """A GEMM whose A needs a padded copy for TMA and whose K is split: the copy and the workspace come from the
+    scratch function; the launch only binds them."""
+    from flydsl.kernels.gemm import GemmConfig, MatrixSpec, plan_gemm
+    from flydsl.kernels.gemm.launch import _kept
+
+    a, b = torch.randn(300, 77).bfloat16(), torch.randn(520, 77).bfloat16().t()
+    out = torch.empty(300, 520).bfloat16()
+    for config in (None, GemmConfig(split_k=2)):
+        gemm_plan = plan_gemm(*(MatrixSpec.of(t) for t in (a, b, out)), sms=132, config=config)
+        assert _launch_writes(_kept(gemm_plan), (a, b, out, None)) == []
