@@ -413,6 +413,16 @@ class FlyOp(_Op):
             with torch._C._AutoDispatchBelowAutograd():
                 return overload.redispatch(keyset & _AFTER_AUTOGRAD, *inputs)
 
+        def backward_past_first(ctx, *grads):
+            """``backward`` on the op's inputs: the Functions' first input (the keyset, the key) takes no gradient."""
+            needs = ctx.needs_input_grad
+            ctx.needs_input_grad = needs[1:]
+            try:
+                result = backward(ctx, *grads)
+            finally:
+                ctx.needs_input_grad = needs
+            return (None, *result) if isinstance(result, tuple) else (None, result)
+
         class Function(torch.autograd.Function):
             @staticmethod
             def forward(ctx, keyset, *inputs):
@@ -423,15 +433,7 @@ class FlyOp(_Op):
                 ctx.set_materialize_grads(False)
                 return result
 
-            @staticmethod
-            def backward(ctx, *grads):
-                needs = ctx.needs_input_grad
-                ctx.needs_input_grad = needs[1:]  # as the op's inputs, without the keyset
-                try:
-                    result = backward(ctx, *grads)
-                finally:
-                    ctx.needs_input_grad = needs
-                return (None, *result) if isinstance(result, tuple) else (None, result)
+            backward = staticmethod(backward_past_first)
 
         Function.__name__ = Function.__qualname__ = f"FlyBackward_{self.name}"
 
@@ -445,15 +447,7 @@ class FlyOp(_Op):
                 ctx.set_materialize_grads(False)
                 return result
 
-            @staticmethod
-            def backward(ctx, *grads):
-                needs = ctx.needs_input_grad
-                ctx.needs_input_grad = needs[1:]  # as the op's inputs, without the key
-                try:
-                    result = backward(ctx, *grads)
-                finally:
-                    ctx.needs_input_grad = needs
-                return (None, *result) if isinstance(result, tuple) else (None, result)
+            backward = staticmethod(backward_past_first)
 
         EagerFunction.__name__ = EagerFunction.__qualname__ = f"FlyBackward_{self.name}"
         self._eager_function = EagerFunction
