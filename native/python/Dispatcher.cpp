@@ -19,7 +19,6 @@
 
 #include "Dispatcher.h"
 #include "DescribeArgs.h"
-#include "DispatchRegistry.h"
 #include "LaunchArgs.h"
 #include "LaunchPlan.h"
 
@@ -339,14 +338,8 @@ public:
     if (!fitsShape(*entry, b, c, hasCluster))
       return false;
     entry->function->launch(g, b, params, shared, handle, hasCluster ? c : nullptr);
-    if (recordingLaunches()) {
-      const PyTensorMap *tensorMaps[kMaxLaunchValues] = {};
-      for (size_t i = 0; i < d.numValues; ++i)
-        if (entry->signature[i] == 'm')
-          tensorMaps[i] = nb::inst_ptr<PyTensorMap>(d.values[i].o);
-      noteLaunch(*entry->function, g, b, hasCluster ? c : nullptr, shared, handle,
-                 entry->signature.c_str(), d.numValues, params, tensorMaps);
-    }
+    noteDispatchedLaunch(*entry->function, g, b, hasCluster ? c : nullptr, shared, handle,
+                         entry->signature.c_str(), d.numValues, params, d.values);
     return true;
   }
 

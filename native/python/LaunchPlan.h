@@ -38,6 +38,15 @@ void noteLaunch(const fly::runtime::Function &fn, const unsigned grid[3], const 
                 const char *signature, size_t numParams, void *const *params,
                 const PyTensorMap *const *tensorMaps);
 
+struct LaunchValue;
+
+/// noteLaunch for the native dispatcher: each 'm' parameter's TensorMap is
+/// the object of its launch value.
+void noteDispatchedLaunch(const fly::runtime::Function &fn, const unsigned grid[3],
+                          const unsigned block[3], const unsigned *cluster, unsigned sharedBytes,
+                          fly::runtime::CUstream stream, const char *signature, size_t numParams,
+                          void *const *params, const LaunchValue *values);
+
 void bindLaunchPlans(nanobind::module_ &rt);
 
 } // namespace fly::python

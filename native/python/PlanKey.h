@@ -1,0 +1,41 @@
+//===- PlanKey.h - The plan key of a call's arguments -----------*- C++ -*-===//
+//
+// plan_key(args): the bytes that say everything validation and routing read
+// about a call's arguments (per torch tensor its type, dtype, shape, strides,
+// address mod 16 and device; other values by type and value), and the reading
+// of a torch tensor's facts that launch recordings share. Nanobind side only.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FLY_PYTHON_PLANKEY_H
+#define FLY_PYTHON_PLANKEY_H
+
+#include "DispatchRegistry.h"
+
+#include <nanobind/nanobind.h>
+
+#include <cstddef>
+
+namespace fly::python {
+
+/// A torch tensor as the plans see it (new references released on return).
+struct TensorFacts {
+  PyObject *dtype = nullptr; // borrowed from the tensor's attribute (dtypes are immortal)
+  unsigned long long pointer = 0;
+  long long device = -1;
+  size_t rank = 0;
+  long long extents[kMaxRank], strides[kMaxRank];
+};
+
+/// Whether instances of `type` are read as torch tensors (registered types).
+bool isTensorType(PyTypeObject *type);
+
+/// A torch tensor's facts; false (no error set) where they cannot be read.
+bool readTensor(PyObject *obj, TensorFacts &t);
+
+/// The plan key of a tuple of arguments (bytes), or None.
+nanobind::object planKey(nanobind::handle args);
+
+} // namespace fly::python
+
+#endif // FLY_PYTHON_PLANKEY_H
