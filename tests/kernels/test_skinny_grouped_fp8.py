@@ -1,23 +1,25 @@
-"""The grouped skinny GEMM on fp8 operands without a GPU (skinny_gemm_grouped_scaled_kernel: fused_moe's decode
-stages with per-token and per-weight-row scales): gated and plain, at MoE shapes, lowered to PTX ISA 8.4 with e4m3
-mma.sync that ptxas assembles for sm_90a without spills; the fp8 configuration's steps; the kernels' checks of their
-scales. The numbers: test_skinny_grouped_fp8_gpu.py."""
+"""The grouped skinny GEMM on fp8 weights without a GPU (skinny_gemm_grouped_fp8_kernel: fused_moe's decode stages,
+weight-only fp8: bf16 or fp16 activations, the weights converted exactly in registers): gated and plain, per-row and
+block scales, at MoE shapes, lowered to PTX that ptxas assembles for sm_90a without spills at the 16-bit kernels'
+occupancy; the conversion's bit trick over every e4m3 byte; the fp8 configuration; the kernel's checks. The numbers:
+test_skinny_grouped_fp8_gpu.py."""
 
 from __future__ import annotations
 
 import re
+import struct
 
 import pytest
 
 import flydsl.compiler as flyc
-from flydsl.kernels.gemm.epilogue import Epilogue, Scale
+from flydsl.kernels.gemm.epilogue import Epilogue
 from flydsl.kernels.gemm.skinny import (
-    GROUPED_SCALES,
+    GROUPED_WEIGHT_SCALE,
     SkinnyConfig,
     SkinnyVariant,
     choose_grouped_skinny_config,
+    skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
-    skinny_gemm_grouped_scaled_kernel,
 )
 
 from .ptxas_report import ptxas_report
@@ -25,63 +27,132 @@ from .ptxas_report import ptxas_report
 S = flyc.TensorSpec
 FP8 = "f8E4M3FN"
 TOKENS, TOP_K, EXPERTS, CAPACITY = 8, 8, 256, 4096
-_MMA = "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
+_MMA = "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32"
 
 
-def _arguments(gated: bool, k: int, n_out: int, operand: str = FP8) -> tuple:
+def _arguments(gated: bool, k: int, n_out: int, dtype: str = "bf16", weights: str = FP8) -> tuple:
     """The tensors (up to the scales) of one stage: stage 1 reads x (T, K) by index, stage 2 A in the aligned order."""
     rows = (TOKENS, k) if gated else (CAPACITY, k)
     weight_rows = EXPERTS * n_out * (2 if gated else 1)
     return (
-        S(rows, operand), S((weight_rows, k), operand), S((CAPACITY, n_out), "bf16"), S((CAPACITY,), "i32"),
+        S(rows, dtype), S((weight_rows, k), weights), S((CAPACITY, n_out), dtype), S((CAPACITY,), "i32"),
         S((CAPACITY // 16,), "i32"), S((1,), "i32"), S((TOKENS * TOP_K,), "i32"),
     )  # fmt: skip
 
 
-def _lower_scaled(gated: bool, k: int, n_out: int, cfg: SkinnyConfig, epilogue: Epilogue | None = None):
-    arguments = _arguments(gated, k, n_out)
-    scales = (S((arguments[0].shape[0],), "f32"), S((arguments[1].shape[0],), "f32"))
-    epilogue = epilogue or Epilogue(gate="silu" if gated else None, scales=GROUPED_SCALES)
-    variant = SkinnyVariant(True, epilogue, True)
-    return skinny_gemm_grouped_scaled_kernel.lower(*arguments, *scales, TOP_K if gated else 0, cfg, variant)
+def _scales(gated: bool, k: int, n_out: int, block: bool):
+    weight_rows = EXPERTS * n_out * (2 if gated else 1)
+    return S((weight_rows // 128, -(-k // 128)), "f32") if block else S((weight_rows,), "f32")
+
+
+def _lower(gated, k, n_out, block, dtype="bf16", cfg=None, epilogue=None, arguments=None):
+    cfg = cfg or choose_grouped_skinny_config(k, gated, 1)
+    variant = SkinnyVariant(True, epilogue or Epilogue(gate="silu" if gated else None), True)
+    arguments = arguments or _arguments(gated, k, n_out, dtype)
+    scales = _scales(gated, k, n_out, block)
+    return skinny_gemm_grouped_fp8_kernel.lower(*arguments, scales, TOP_K if gated else 0, cfg, variant), cfg
+
+
+SHAPES = [
+    (True, 7168, 256),  # DeepSeek-V3 TP8's stage 1 (H 7168, I 256): 3 whole steps and a masked one
+    (True, 2048, 768),  # Qwen3-30B-A3B's (H 2048, I 768)
+    (True, 4096, 14336),  # Mixtral's (H 4096, I 14336)
+    (False, 256, 7168),  # their stage 2s: K = I
+    (False, 768, 2048),
+    (False, 2048, 7168),  # DeepSeek-V3 without TP (I 2048)
+    (False, 14336, 4096),
+]
 
 
 @pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
-@pytest.mark.parametrize(
-    "gated,k,n_out",
-    [
-        (True, 7168, 256),  # DeepSeek-V3 TP8's stage 1 (H 7168, I 256)
-        (True, 2048, 768),  # Qwen3-30B-A3B's (H 2048, I 768)
-        (True, 4096, 14336),  # Mixtral's (H 4096, I 14336)
-        (False, 256, 7168),  # their stage 2s: K = I
-        (False, 768, 2048),
-        (False, 2048, 7168),  # DeepSeek-V3 without TP (I 2048)
-        (False, 14336, 4096),
-    ],
-)
-def test_grouped_fp8_compiles_without_spills(gated, k, n_out):
-    cfg = choose_grouped_skinny_config(k, gated, 1)
-    module = _lower_scaled(gated, k, n_out, cfg)
+@pytest.mark.parametrize("block", [False, True], ids=["row", "block"])
+@pytest.mark.parametrize("gated,k,n_out", SHAPES)
+def test_grouped_fp8_compiles_without_spills(gated, k, n_out, block):
+    module, cfg = _lower(gated, k, n_out, block)
     ptx = module.ptx
-    assert ".version 8.4" in ptx and "griddepcontrol.wait" in ptx
-    # Pipelined: the first step, the loop's, the last full one's, the K tail's; 2 k32 MMAs per load and n8 tile.
-    assert ptx.count(_MMA) == 3 * 2 * cfg.unroll * cfg.groups
-    assert "m16n8k16" not in ptx
+    assert "griddepcontrol.wait" in ptx and "e4m3" not in ptx  # no fp8 MMA, no hardware fp8 conversion
+    # Pipelined: the first step, the loop's, the last full one's, the K tail's; 4 k16 MMAs per load and n8 tile.
+    assert ptx.count(_MMA.format("bf16")) == 3 * 4 * cfg.unroll * cfg.groups
     assert ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.b32") == 3 * cfg.unroll * cfg.groups
+    assert ptx.count("mul.rn.bf16x2") == 3 * 8 * cfg.unroll * cfg.groups  # 8 16-bit words per weight load
     report = ptxas_report(ptx)
     assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
-    assert registers <= 65536 // (2 * cfg.threads), report  # two CTAs per SM (choose_grouped_skinny_config says why)
+    assert registers <= 65536 // (cfg.min_blocks * cfg.threads), report  # the 16-bit kernels' CTAs per SM
+
+
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+@pytest.mark.parametrize("block", [False, True], ids=["row", "block"])
+@pytest.mark.parametrize("gated,k,n_out", [(True, 2048, 768), (False, 768, 2048)])
+def test_grouped_fp8_with_fp16_activations(gated, k, n_out, block):
+    module, cfg = _lower(gated, k, n_out, block, dtype="f16")
+    assert module.ptx.count(_MMA.format("f16")) == 3 * 4 * cfg.unroll * cfg.groups
+    assert "mul.rn.f16x2" in module.ptx and "bf16" not in module.ptx
+    report = ptxas_report(module.ptx)
+    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
+
+
+def _e4m3_values() -> list[float]:
+    """The e4m3fn value of each byte, from its definition (sign, 4 exponent bits of bias 7, 3 mantissa bits; 0x7f
+    and 0xff NaN)."""
+    values = []
+    for b in range(256):
+        sign, exponent, mantissa = -1.0 if b & 0x80 else 1.0, (b >> 3) & 15, b & 7
+        if b & 0x7F == 0x7F:
+            values.append(float("nan"))
+        elif exponent == 0:
+            values.append(sign * mantissa * 2.0**-9)
+        else:
+            values.append(sign * (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+    return values
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_the_bit_trick_is_exact_for_every_finite_e4m3_byte(dtype):
+    """nvvm.unpack_e4m3x4's conversion: byte b placed as the 16-bit pattern t (bf16: magnitude << 4, f16: << 7; the
+    sign to bit 15) is e4m3(b) * 2^-120 (bf16) or 2^-8 (f16) exactly, so that one multiply by the power of two gives
+    e4m3(b); the NaN bytes read as +-480 (documented)."""
+    torch = pytest.importorskip("torch")
+    reference = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist()
+    values = _e4m3_values()
+    for b in range(256):
+        if b & 0x7F == 0x7F:
+            assert reference[b] != reference[b] and values[b] != values[b]
+        else:
+            assert reference[b] == values[b] and str(reference[b]) == str(values[b])  # (the sign of zero too)
+    shift, power = (4, 2.0**120) if dtype == "bf16" else (7, 2.0**8)
+    for b, expected in enumerate(values):
+        t = ((b & 0x7F) << shift) | ((b & 0x80) << 8)
+        if dtype == "bf16":
+            got = struct.unpack("<f", struct.pack("<I", t << 16))[0] * power
+        else:
+            got = struct.unpack("<e", struct.pack("<H", t))[0] * power
+        if expected != expected:
+            assert got == (-480.0 if b & 0x80 else 480.0)
+        else:
+            assert got == expected and str(got) == str(expected), (b, got, expected)
+    assert struct.unpack("<f", struct.pack("<I", 0x7B80 << 16))[0] == 2.0**120  # the bf16 multiplier, exact
+    assert struct.unpack("<e", struct.pack("<H", 0x5C00))[0] == 2.0**8
+
+
+def test_unpack_lowers_to_the_documented_instructions():
+    module, _ = _lower(False, 256, 7168, False)
+    ptx = module.ptx
+    for instruction in ("prmt.b32", "shr.b32", "and.b32", "or.b32", "mul.rn.bf16x2"):
+        assert instruction in ptx
+    assert "0x7b807b80" in ptx and "0x07f007f0" in ptx.lower()
 
 
 @pytest.mark.parametrize("k", [256, 768, 1024, 1040, 2048, 4096, 7168, 14336])
 @pytest.mark.parametrize("gated", [True, False])
-def test_fp8_configuration_takes_the_16_bit_steps(k, gated):
-    """fp8 steps hold the K values of the 16-bit configuration's (half its loads: half the bytes), over the same
-    warps and weight rows; the 16-bit answers are what they were."""
+def test_fp8_configuration_keeps_the_16_bit_bytes_in_flight(k, gated):
+    """fp8 weights: as many 16-byte weight loads per warp and step, weight rows per CTA and threads as the 16-bit
+    configuration, held to its CTAs per SM; each step twice the K. The 16-bit answers are what they were."""
     fp8, bf16 = choose_grouped_skinny_config(k, gated, 1), choose_grouped_skinny_config(k, gated)
-    assert fp8.k_step(1) == bf16.k_step(2) and fp8.unroll * 2 == bf16.unroll
-    assert (fp8.rows, fp8.threads, fp8.warps_n, fp8.groups) == (bf16.rows, bf16.threads, bf16.warps_n, bf16.groups)
+    assert fp8.unroll * fp8.groups == bf16.unroll * bf16.groups
+    assert (fp8.rows, fp8.threads) == (bf16.rows, bf16.threads)
+    assert fp8.k_step(1) == 2 * bf16.k_step(2)
+    assert fp8.min_blocks == 65536 // (128 * fp8.threads) and bf16.min_blocks is None
     short = k <= 1024 and not gated
     assert bf16 == (SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig())
     assert choose_grouped_skinny_config(k, gated, 2) == bf16
@@ -92,23 +163,21 @@ def test_fp8_configuration_checks_the_element_size():
         choose_grouped_skinny_config(7168, True, 4)
 
 
-@pytest.mark.parametrize(
-    "epilogue",
-    [
-        Epilogue(gate="silu"),  # no scales
-        Epilogue(gate="silu", scales=GROUPED_SCALES[::-1]),  # the weight rows' first
-        Epilogue(scales=(Scale(rows=1), Scale(columns=1))),  # per output column, not per weight row
-        Epilogue(scales=GROUPED_SCALES, bias=True),
-    ],
-)
-def test_scaled_kernel_takes_exactly_the_grouped_scales(epilogue):
-    with pytest.raises(ValueError, match="grouped"):
-        _lower_scaled(False, 256, 7168, choose_grouped_skinny_config(256, False, 1), epilogue)
+def test_fp8_kernel_takes_no_epilogue_scales():
+    with pytest.raises(ValueError, match="no epilogue scales"):
+        _lower(False, 256, 7168, False, epilogue=Epilogue(scales=(GROUPED_WEIGHT_SCALE,)))
+
+
+def test_fp8_kernel_takes_fp8_weights_and_16_bit_activations():
+    with pytest.raises(ValueError, match="fp8 weights, 16-bit a"):
+        _lower(False, 256, 7168, False, arguments=_arguments(False, 256, 7168, weights="bf16"))
+    with pytest.raises(ValueError, match="fp8 weights, 16-bit a"):
+        _lower(False, 256, 7168, False, arguments=_arguments(False, 256, 7168, dtype=FP8))
 
 
 def test_16_bit_kernel_takes_no_scales():
-    variant = SkinnyVariant(True, Epilogue(scales=GROUPED_SCALES), True)
+    variant = SkinnyVariant(True, Epilogue(scales=(GROUPED_WEIGHT_SCALE,)), True)
     with pytest.raises(ValueError, match="expected no scales"):
         skinny_gemm_grouped_kernel.lower(
-            *_arguments(False, 256, 7168, "bf16"), 0, choose_grouped_skinny_config(256, False), variant
+            *_arguments(False, 256, 7168, weights="bf16"), 0, choose_grouped_skinny_config(256, False), variant
         )

@@ -42,6 +42,7 @@ __all__ = [
     "red_max_relaxed",
     "cvt_fp8x2_to_f32x2",
     "cvt_e4m3x4_to_f16x2",
+    "unpack_e4m3x4",
     "pack_f32x2",
     "prmt",
     "shfl_sync",
@@ -179,6 +180,38 @@ def cvt_e4m3x4_to_f16x2(word) -> tuple[Int32, Int32]:
     """
     word = _int32(word, "cvt_e4m3x4_to_f16x2")
     text = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; " "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }"
+    pair = _asm(ir.Type.parse("!llvm.struct<(i32, i32)>"), [word.value], text, "=r,=r,r")
+    low, high = _struct_fields(pair, 2, _i32())
+    return Int32(low), Int32(high)
+
+
+def unpack_e4m3x4(word, dtype=BFloat16) -> tuple[Int32, Int32]:
+    """The four e4m3 numbers of a 32-bit word (bytes 0..3) as two ``bf16x2`` (or, ``dtype`` ``fx.Float16``,
+    ``f16x2``) words: ``(bytes 0, 1; bytes 2, 3)``, the lower byte in each word's low half (the register pairs of
+    ``mma_sync``'s 16-bit fragments). Exact, by bits: byte ``b`` placed as the bf16 pattern ``((b & 0x7f) << 4) |
+    ((b & 0x80) << 8)`` is ``e4m3(b) * 2^-120`` for every finite ``b`` (normals: the exponent bias 7 against 127;
+    e4m3 subnormals land on bf16 subnormals, zeros on zeros), and one ``mul.rn.bf16x2`` by 2^120 (0x7b80, exact:
+    bf16 arithmetic keeps subnormal inputs, it has no ``.ftz``) scales it back; f16 alike (``<< 7``: ``* 2^-8``,
+    ``mul.rn.f16x2`` by 2^8 without ``.ftz``). Not the NaN bytes 0x7f and 0xff (e4m3fn has no infinities): they
+    read as +-480 (quantizers saturate to +-448). Per output word: a ``prmt`` (the byte pair to bytes 1 and 3), a
+    shift, three logic ops (ptxas: two LOP3s) and the multiply. Needs sm_90 for bf16 (``mul.bf16x2``).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#half-precision-floating-point-instructions-mul
+    """
+    if dtype not in (BFloat16, Float16):
+        raise ValueError(f"unpack_e4m3x4 dtype: expected fx.BFloat16 or fx.Float16, got {dtype!r}")
+    word = _int32(word, "unpack_e4m3x4")
+    # bf16: magnitude bits to 4..10 (>> 4 from byte 1), times 2^120; f16: to 7..13 (>> 1), times 2^8
+    shift, mask, name, power = (
+        (4, "0x07f007f0", "bf16x2", "0x7b807b80") if dtype is BFloat16 else (1, "0x3f803f80", "f16x2", "0x5c005c00")
+    )
+    text = (
+        f"{{ .reg .b32 p, q, r, s, m; mov.b32 m, {power};"
+        " prmt.b32 p, $2, 0, 0x1404; prmt.b32 q, $2, 0, 0x3424;"  # (0, b0, 0, b1), (0, b2, 0, b3)
+        f" shr.b32 r, p, {shift}; and.b32 r, r, {mask}; and.b32 p, p, 0x80008000; or.b32 p, p, r;"
+        f" shr.b32 s, q, {shift}; and.b32 s, s, {mask}; and.b32 q, q, 0x80008000; or.b32 q, q, s;"
+        f" mul.rn.{name} $0, p, m; mul.rn.{name} $1, q, m; }}"
+    )
     pair = _asm(ir.Type.parse("!llvm.struct<(i32, i32)>"), [word.value], text, "=r,=r,r")
     low, high = _struct_fields(pair, 2, _i32())
     return Int32(low), Int32(high)

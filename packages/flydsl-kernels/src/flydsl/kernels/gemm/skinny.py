@@ -19,9 +19,12 @@ many CTAs, which write fp32 partials that :func:`flydsl.kernels.gemm.split_k_red
 (for shapes with too few weight rows to fill the GPU otherwise).
 
 Prepared fp8 weights (:mod:`~flydsl.kernels.gemm.prepared`: (K / 128, N, 128) panels) are read in the same order,
-the 8 rows of a warp load in one contiguous kilobyte. fp8 operands (the ``_scaled`` kernels: PTX ISA 8.4) take the
+the 8 rows of a warp load in one contiguous kilobyte. fp8 operands (the ``_scaled`` kernel: PTX ISA 8.4) take the
 same loads, 16 values each, as the fragments of m16n8k32 MMAs, with their float32 scales in the epilogue. The grouped
-kernels (a mixture of experts' decode: :func:`skinny_gemm_grouped_kernel`) share the loads, MMAs and K-warp sum.
+kernels (a mixture of experts' decode: :func:`skinny_gemm_grouped_kernel`) share the loads, MMAs and K-warp sum; on
+fp8 weights (:func:`skinny_gemm_grouped_fp8_kernel`: weight-only, 16-bit activations) each 16-byte weight load holds
+16 values of K (lane t: ``16t .. 16t + 15`` of a chunk of 64), converted exactly to 16-bit in registers and paired
+with two 16-byte loads of each activation row (the same 16 values), fed to the 16-bit m16n8k16 MMAs.
 
 Weights are read with ``ld.global.nc.L1::no_allocate`` (read once: they should not evict the activations from L1;
 with ``.L2::256B`` prefetches); activations with ``ld.global.nc`` (re-read by every CTA: from L2, or L1). 16-byte
@@ -51,12 +54,12 @@ __all__ = [
     "SkinnyConfig",
     "SkinnyVariant",
     "GROUPED_BLOCK",
-    "GROUPED_SCALES",
+    "GROUPED_WEIGHT_SCALE",
     "Routing",
     "choose_grouped_skinny_config",
     "choose_skinny_config",
+    "skinny_gemm_grouped_fp8_kernel",
     "skinny_gemm_grouped_kernel",
-    "skinny_gemm_grouped_scaled_kernel",
     "skinny_gemm_kernel",
     "skinny_gemm_scaled_kernel",
 ]
@@ -162,23 +165,54 @@ class _WarpStreams(NamedTuple):
     vec: bool
     two_halves: bool
     prepared: bool
+    block_scales: object = None  # fp8 weights' (rows / 128, ceil(K / 128)) scales, or None
 
 
 def _loads(streams: _WarpStreams, kbase, masked: bool):
     """A warp's loads of one step: ``unroll`` chunks of 4 lanes' 16 bytes of K (32 16-bit or 64 fp8 values) from
     ``kbase``, for each the ``groups`` weight words, then the activation words (rows q and q + 8; zeros for the latter
-    when M <= 8)."""
-    a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves, prepared = streams
+    when M <= 8). fp8 weights with 16-bit activations (:func:`_wide`): the weight words only (the activations:
+    :func:`_activation_loads`)."""
+    a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves, prepared = streams[:11]
     chunk = 16 // (w.dtype.width // 8)  # elements of one lane's 16 bytes
+    wide = _wide(a, w)
     words = []
     for u in fx.range_constexpr(cfg.unroll):
         k = kbase + 4 * chunk * u + chunk * lane_t
         for g in fx.range_constexpr(cfg.groups):
             load = _load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch, prepared)
             words.append(load)
-        words.append(_load_words(a, row_a0, k, k_extent, vec, masked, None))
-        words.append(_load_words(a, row_a1, k, k_extent, vec, masked, None) if two_halves else _WORDS(0))
+        if fx.const_expr(not wide):  # (wide: the activations are loaded as the MMAs take them)
+            words.append(_load_words(a, row_a0, k, k_extent, vec, masked, None))
+            words.append(_load_words(a, row_a1, k, k_extent, vec, masked, None) if two_halves else _WORDS(0))
     return words
+
+
+def _activation_loads(streams: _WarpStreams, kbase, masked: bool, u: int) -> list:
+    """fp8 weights with 16-bit activations: chunk ``u``'s activation words of a step from ``kbase`` (the 16 values of
+    K of the lane's weight load: two loads per row, rows q and q + 8; K a multiple of 16, so k + 8 is inside where k
+    is), as 8 words per row."""
+    a, k_extent, lane_t = streams.a, streams.k_extent, streams.lane_t
+    k = kbase + 64 * u + 16 * lane_t
+    rows = []
+    for row in (streams.row_a0, streams.row_a1):
+        loads = [_load_words(a, row, k + half, k_extent, True, masked, None) for half in (0, 8)]
+        rows.append([load[j] for load in loads for j in range(4)])
+    return rows
+
+
+_SCALE_BLOCK = 128  # fp8 block scales' rows and K values
+
+
+def _wide(a, w) -> bool:
+    """fp8 weights with 16-bit activations (weight-only fp8): 16 weights per load, converted to 16-bit in registers."""
+    return w.dtype.width == 8 and a.dtype.width == 16
+
+
+def _chunks_per_block(cfg: SkinnyConfig) -> int:
+    """Chunks (64 fp8 values of K per row: 4 lanes' loads) per 128-wide K block of the block scales; a step's K range
+    starts on a block (its chunks come in pairs) unless ``unroll`` is 1 (then each chunk is half a block's)."""
+    return 2 if cfg.unroll > 1 else 1
 
 
 def _mmas(words, accs, cfg, dtype):
@@ -194,6 +228,43 @@ def _mmas(words, accs, cfg, dtype):
                 b_words = words[u * per_chunk + g]
                 frag_b = vector.from_elements(Vector.of(fx.Int32, 2), [b_words[2 * s], b_words[2 * s + 1]])
                 accs[g] = nvvm.mma_sync(frag_a, frag_b, accs[g], dtype=dtype)
+    return accs
+
+
+def _mmas_wide(words, accs, streams: _WarpStreams, kbase, masked: bool, dtype, block: bool):
+    """:func:`_mmas` for fp8 weights with 16-bit activations (``words`` from :func:`_loads` at ``kbase``; each chunk's
+    activations loaded here, as its MMAs take them: :func:`_activation_loads`, from L1 or L2, so that only the
+    weights are held for the next step): each weight word j (e4m3 values 4j .. 4j + 3 of the lane's 16 of K) becomes
+    two 16-bit words (exactly: ``nvvm.unpack_e4m3x4``), the B fragment registers of the same K values as the A
+    fragment's activation words 2j, 2j + 1 (of the row's two loads, 8 words): words 2s, 2s + 1 make k16 MMA s, four
+    MMAs per load and group, K permuted alike for both operands. ``block``: each K block's MMAs go to accumulators of
+    their own, added to the sums times the block's scale (one fp32 multiply-add each: the products are exact, so
+    the scaled sums round in fp32 only)."""
+    cfg = streams.cfg
+    accs = list(accs)
+    per_block = _chunks_per_block(cfg)
+    at, parts, scales = 0, None, None
+    for u in fx.range_constexpr(cfg.unroll):
+        weights = words[at : at + cfg.groups]
+        low, high = _activation_loads(streams, kbase, masked, u)  # rows q and q + 8: K 16t .. 16t + 15
+        at += cfg.groups
+        if fx.const_expr(block and u % per_block == 0):  # a K block's first chunk: its scales (a group's 8 rows lie
+            table = streams.block_scales  # in one 128-row block), in flight during the block's MMAs
+            k_block = arith.minimum((kbase + 64 * u) // _SCALE_BLOCK, table.shape[1].to(fx.Int32) - 1)
+            scales = [table[streams.rows_w[g] // _SCALE_BLOCK, k_block] for g in range(cfg.groups)]
+            parts = [_ACC(0.0)] * cfg.groups
+        frags_a = [
+            vector.from_elements(_WORDS, [low[2 * s], high[2 * s], low[2 * s + 1], high[2 * s + 1]]) for s in range(4)
+        ]
+        sums = parts if block else accs
+        for g in fx.range_constexpr(cfg.groups):  # (a group's words converted as its MMAs take them)
+            frag_b = [half for j in range(4) for half in nvvm.unpack_e4m3x4(weights[g][j], dtype)]  # K 16t .. +15
+            for s in fx.range_constexpr(4):  # 16-bit words 2s, 2s + 1: K 4s .. 4s + 3 of the lane's 16
+                pair = vector.from_elements(Vector.of(fx.Int32, 2), frag_b[2 * s : 2 * s + 2])
+                sums[g] = nvvm.mma_sync(frags_a[s], pair, sums[g], dtype=dtype)
+        if fx.const_expr(block and u % per_block == per_block - 1):
+            for g in fx.range_constexpr(cfg.groups):
+                accs[g] = vector.from_elements(_ACC, [accs[g][e] + parts[g][e] * scales[g] for e in range(4)])
     return accs
 
 
@@ -332,8 +403,8 @@ def _warp_total(partial, cfg: SkinnyConfig, row, col):
 # --- grouped: a mixture of experts' decode ----------------------------------------------------------------------------
 
 GROUPED_BLOCK = 16  # the aligned order's row block: one m16n8k16 MMA's rows
-# fp8's scales in the grouped kernel: one per row of A (its token's), one per row of the stacked weights (E * N,)
-GROUPED_SCALES = (Scale(rows=1), Scale(columns=1, experts=True))
+# fp8 weights' per-row scales in the grouped kernel's epilogue: one per row of the stacked weights (E * N,)
+GROUPED_WEIGHT_SCALE = Scale(columns=1, experts=True)
 
 
 class Routing(NamedTuple):
@@ -366,18 +437,18 @@ def skinny_gemm_grouped_kernel(
     sentinel reads row 0, its results land in pad rows) or (capacity, K) in the aligned order (``top_k`` 0); ``w``
     the stacked experts' (E * N, K) weights, K contiguous; ``c`` (capacity, N_out). ``variant.epilogue``: none, or a
     ``gate``: the CTA's first half of weight rows are gate rows, the second half the up rows I = N_out further, and
-    C gets ``gate(x @ gate.T) * (x @ up.T)`` (cols = rows / 2). 16-bit operands (fp8:
-    :func:`skinny_gemm_grouped_scaled_kernel`), 16-byte loads, no split K. Rows by index also note where each (token,
+    C gets ``gate(x @ gate.T) * (x @ up.T)`` (cols = rows / 2). 16-bit operands (fp8 weights:
+    :func:`skinny_gemm_grouped_fp8_kernel`), 16-byte loads, no split K. Rows by index also note where each (token,
     slot) pair went, as the gather does: ``positions[sorted_ids[p]] = p`` (int32 (T * k,); unread where ``top_k`` is
     0)."""
     if variant.epilogue.scales:
         raise ValueError(f"skinny_gemm_grouped_kernel: expected no scales: {variant}")
     routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
-    _grouped_skinny_gemm(a, w, c, routing, positions, EpilogueTensors(), cfg, variant)
+    _grouped_skinny_gemm(a, w, c, routing, positions, None, cfg, variant)
 
 
-@flyc.kernel(dependent_launch=True, target=flyc.Target("sm_90a", ptx_version=84))  # PTX ISA 8.4: mma.sync on fp8
-def skinny_gemm_grouped_scaled_kernel(
+@flyc.kernel(dependent_launch=True)
+def skinny_gemm_grouped_fp8_kernel(
     a: fx.Tensor,
     w: fx.Tensor,
     c: fx.Tensor,
@@ -385,30 +456,42 @@ def skinny_gemm_grouped_scaled_kernel(
     expert_of_block: fx.Tensor,
     padded_count: fx.Tensor,
     positions: fx.Tensor,
-    a_scale: fx.Tensor,
     w_scale: fx.Tensor,
     top_k: fx.Int32,
     cfg: fx.Constexpr,
     variant: fx.Constexpr,
 ):
-    """:func:`skinny_gemm_grouped_kernel` on fp8 operands (``a`` and ``w`` e4m3, K a multiple of 16) with their float32
-    scales, applied to each half before the gate (a 16-bit ``c``): ``variant.epilogue.scales`` is
-    :data:`GROUPED_SCALES`, ``a_scale`` (a.shape[0],) one per row of ``a``, read as the kernel reads A's rows (by
-    index: the token's; else the aligned position's), ``w_scale`` (E * N,) one per row of the stacked weights (the
-    gate and the up rows each their own; a per-tensor scale is expanded to rows by the caller). One body with the
-    16-bit kernel: each 16-byte load holds 16 fp8 values, fragments of m16n8k32 MMAs."""
-    if variant.epilogue.scales != GROUPED_SCALES:
-        raise ValueError(f"skinny_gemm_grouped_scaled_kernel: expected the scales {GROUPED_SCALES}: {variant}")
+    """:func:`skinny_gemm_grouped_kernel` on fp8 weights (weight-only: ``w`` e4m3, ``a`` and ``c`` bf16 or fp16, K a
+    multiple of 16). Each 16-byte load of ``w`` holds 16 e4m3 values, converted exactly to ``a``'s type in registers
+    and fed to the 16-bit m16n8k16 MMAs beside two loads of ``a``'s row (the same 16 values of K), so that a load of
+    weights carries twice the K of a 16-bit one. ``w_scale`` float32: (E * N,) one per row of the stacked weights
+    (:data:`GROUPED_WEIGHT_SCALE`, in the epilogue: the gate and the up rows each their own, before the gate; a
+    per-tensor scale is expanded to rows by the caller), or (E * N / 128, ceil(K / 128)) one per 128 x 128 block of
+    the stacked weights (N a multiple of 128: each expert's blocks its own), each K block's sums multiplied by its
+    scale in the mainloop (one fp32 multiply-add per accumulator and block). ``variant.epilogue``: none or a gate,
+    no scales (the kernel's own)."""
+    if variant.epilogue.scales:
+        raise ValueError(f"skinny_gemm_grouped_fp8_kernel: expected no epilogue scales (w_scale's own): {variant}")
     routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
-    _grouped_skinny_gemm(a, w, c, routing, positions, EpilogueTensors(scales=(a_scale, w_scale)), cfg, variant)
+    _grouped_skinny_gemm(a, w, c, routing, positions, w_scale, cfg, variant)
 
 
-def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, tensors, cfg: SkinnyConfig, variant) -> None:
-    """The grouped kernels' body (:func:`skinny_gemm_grouped_kernel`; ``tensors``: the epilogue's scales, if any)."""
+def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, w_scale, cfg: SkinnyConfig, variant) -> None:
+    """The grouped kernels' body (:func:`skinny_gemm_grouped_kernel`). The weights' format: 16-bit (``w_scale``
+    None), or fp8 with ``w_scale`` per row (1-D) or per 128 x 128 block (2-D) (:func:`skinny_gemm_grouped_fp8_kernel`).
+    """
     epilogue, gate = variant.epilogue, variant.epilogue.gate
     if epilogue.bias or epilogue.activation or cfg.splits != 1 or not variant.vector_loads:
         raise ValueError(f"grouped skinny kernel: expected no bias, activation or split K, 16-byte loads: {variant}")
-    flyc.set_kernel_attributes(threads=cfg.threads)
+    fp8 = w_scale is not None
+    if fp8 and (not _wide(a, w) or a.dtype != c.dtype or fx.rank(w_scale.shape) not in (1, 2)):
+        raise ValueError(f"grouped fp8 kernel: expected fp8 weights, 16-bit a and c, 1-D or 2-D scales: {variant}")
+    row_scales = fp8 and fx.rank(w_scale.shape) == 1
+    block_scales = w_scale if fp8 and not row_scales else None
+    if fx.const_expr(cfg.min_blocks is None):
+        flyc.set_kernel_attributes(threads=cfg.threads)
+    else:
+        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
     nvvm.griddepcontrol_launch_dependents()
     tid = gpu.thread_idx.x
     warp, lane = tid // 32, tid % 32
@@ -441,37 +524,43 @@ def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, tensors, cfg: Ski
             if flat < a.shape[0].to(fx.Int32) * routing.top_k:
                 positions[flat] = first + tid
         rows_a = [_grouped_row(routing, a, first + lane_q + 8 * h) for h in range(2)]
-        streams = _WarpStreams(a, w, rows_w, rows_a[0], rows_a[1], k_extent, cfg, lane_t, True, True, False)
+        streams = _WarpStreams(a, w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales)
         step = cfg.k_step(w.dtype.width // 8)
         full = k_extent // step
         warp_k = warp_kk * (step // cfg.warps_k)
         accs = [_ACC(0.0)] * cfg.groups
+
+        def mmas(words, accs, kbase, masked):  # (fp8: the activations loaded as the MMAs take them)
+            if fx.const_expr(fp8):
+                return _mmas_wide(words, accs, streams, kbase, masked, a.dtype, not row_scales)
+            return _mmas(words, accs, cfg, a.dtype)
+
         if full > 0:
             words = _loads(streams, warp_k, False)
             for it in range(1, full):
                 upcoming = _loads(streams, it * step + warp_k, False)
-                accs = _mmas(words, accs, cfg, a.dtype)
+                accs = mmas(words, accs, (it - 1) * step + warp_k, False)
                 words = upcoming
-            accs = _mmas(words, accs, cfg, a.dtype)
+            accs = mmas(words, accs, (full - 1) * step + warp_k, False)
         if full * step < k_extent:  # the step with the K tail
-            accs = _mmas(_loads(streams, full * step + warp_k, True), accs, cfg, a.dtype)
+            accs = mmas(_loads(streams, full * step + warp_k, True), accs, full * step + warp_k, True)
         partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
         activation = Epilogue(activation=gate) if gated else None
-        scaling = Epilogue(scales=epilogue.scales)  # (GROUPED_SCALES: A's row, then the weight row)
+        scaling = Epilogue(scales=(GROUPED_WEIGHT_SCALE,))  # fp8 per row: the weight row's scale
+        tensors = EpilogueTensors(scales=(w_scale,))
         for rep in fx.range_constexpr(-(-GROUPED_BLOCK * cols // cfg.threads)):
             index = arith.minimum(tid + rep * cfg.threads, GROUPED_BLOCK * cols - 1)
             row, col = index // cols, index % cols
             out_col = n0 + col
             total = _warp_total(partial, cfg, row, col)
-            if fx.const_expr(epilogue.scales):  # the gate (or plain) row, clamped as the loads' rows are
-                a_row = _grouped_row(routing, a, first + row)
+            if fx.const_expr(row_scales):  # the gate (or plain) row, clamped as the loads' rows are
                 b_row = base + arith.minimum(out_col, n_out - 1)
-                total = apply_epilogue(total, scaling, tensors, a_row, b_row)
+                total = apply_epilogue(total, scaling, tensors, row, b_row)
             if fx.const_expr(gated):
                 total = apply_epilogue(total, activation, EpilogueTensors(), row, col)
                 up = _warp_total(partial, cfg, row, col + cols)
-                if fx.const_expr(epilogue.scales):  # the up row: I = N_out rows after its gate row
-                    up = apply_epilogue(up, scaling, tensors, a_row, b_row + n_out)
+                if fx.const_expr(row_scales):  # the up row: I = N_out rows after its gate row
+                    up = apply_epilogue(up, scaling, tensors, row, b_row + n_out)
                 total = total * up
             if (tid + rep * cfg.threads < GROUPED_BLOCK * cols) & (out_col < n_out):
                 c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
@@ -489,18 +578,25 @@ def _grouped_row(routing: Routing, a, position):
 def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2) -> SkinnyConfig:
     """Short K (at most 1024: a stage 2's intermediate size) in steps of 128 over two columns of 2 warps, 32 weight
     rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default
-    (docs/tuning/moe.md#decode). fp8 (``element_bytes`` 1, ``k`` in fp8 values) takes the same K per step with half
-    the loads (:meth:`SkinnyConfig.k_step`): sm_90 runs fp8 ``mma.sync`` as f16 MMAs on unpacked operands, so the
-    16-bit configurations' loads take 173 registers (8 warps: one CTA per SM) and 136 (4 warps) against 100 and 104
-    in 16-bit; half the loads take 99 and 86 (about twice the CTAs per SM: about as many bytes in flight) and the
-    16-bit kernels' steps (K = 7168: 7 whole steps, not 3.5). Not measured on a GPU yet."""
+    (docs/tuning/moe.md#decode).
+
+    fp8 weights (``element_bytes`` 1: :func:`skinny_gemm_grouped_fp8_kernel`, ``k`` in values) keep the 16-bit
+    kernels' 16-byte weight loads per warp and step (8), weight rows per CTA and CTAs per SM (``min_blocks``: 2 of 8
+    warps, 4 of 4 warps, at most 128 registers), so as many weight bytes in flight per SM: the weights' stream is
+    the kernels' time, and each load carries twice the K of a 16-bit one (steps of twice the K: K = 7168 in 3.5
+    steps). Short K takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side along N (steps of 256: one
+    for I = 256) rather than 4 x 2 over 2 x 2 warps: with block scales, 4 tiles' accumulators and those of the K
+    block in progress do not fit in 128 registers. A warp also converts the weights and holds twice the activation
+    words per load (16 values of K per row; loaded as the MMAs take them). ptxas: 124 registers (8 warps) and 128
+    (4 warps) per row scales, 128 with block scales, no spills (tests/kernels/test_skinny_grouped_fp8.py)."""
     if element_bytes not in (1, 2):
         raise ValueError(f"choose_grouped_skinny_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
-    if k <= 1024 and not gated:
-        cfg = SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2)
-    else:
-        cfg = SkinnyConfig()
-    return cfg if element_bytes == 2 else dataclasses.replace(cfg, unroll=cfg.unroll // 2)
+    short = k <= 1024 and not gated
+    if element_bytes == 2:
+        return SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig()
+    if short:
+        return SkinnyConfig(groups=2, warps=4, warps_n=4, unroll=4, min_blocks=4)
+    return SkinnyConfig(min_blocks=2)
 
 
 @functools.cache

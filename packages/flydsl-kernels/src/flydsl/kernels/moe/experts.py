@@ -10,16 +10,16 @@
 Decode-sized calls (:func:`decodes`: T <= 64, experts averaging at most 8 rows) align in blocks of 16 and take the
 grouped skinny GEMM instead (``flydsl.kernels.gemm.skinny.skinny_gemm_grouped_kernel``: each routed block's expert's
 weights streamed once, spread over the SMs, in 16-byte loads; stage 1 reads x's rows by index, so there is no gather,
-and notes the positions the combine reads; fp8 per channel or tensor: ``skinny_gemm_grouped_scaled_kernel``, x and h
-quantized per token). Otherwise the two GEMMs are the warp-specialized Hopper GEMM with the
-grouped scheduler (:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`): each reads ``padded_count`` and the block's
-expert on the GPU and takes B from the experts' stacked weights as they are (``nn.Linear``'s orientation, no copy).
-Stage 1's B tile is the gate rows of its columns and the up rows I further, so the epilogue multiplies them in registers
-and writes h once. The combine sums each token's k rows in slot order in float32 (deterministic: no atomics, the same
-bits for any token order); dropped ids (outside ``[0, E)``: expert parallelism) add nothing.
-Pad rows are neither gathered nor combined: their GEMM rows compute garbage nobody reads. fp8 (:func:`fused_moe`'s
-``quant``) quantizes x before the gather and h between the stages; its block-scaled form promotes each K block in the
-stages' mainloop (``gemm_ws_grouped_blockscaled``).
+and notes the positions the combine reads; fp8 weights, every granularity: ``skinny_gemm_grouped_fp8_kernel``, the
+weights converted to x's dtype in registers, x and h not quantized: no quantizing launch). Otherwise the two GEMMs
+are the warp-specialized Hopper GEMM with the grouped scheduler (:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`):
+each reads ``padded_count`` and the block's expert on the GPU and takes B from the experts' stacked weights as they are
+(``nn.Linear``'s orientation, no copy). Stage 1's B tile is the gate rows of its columns and the up rows I further, so
+the epilogue multiplies them in registers and writes h once. The combine sums each token's k rows in slot order in
+float32 (deterministic: no atomics, the same bits for any token order); dropped ids (outside ``[0, E)``: expert
+parallelism) add nothing. Pad rows are neither gathered nor combined: their GEMM rows compute garbage nobody reads.
+fp8 (:func:`fused_moe`'s ``quant``) on this route quantizes x before the gather and h between the stages; its
+block-scaled form promotes each K block in the stages' mainloop (``gemm_ws_grouped_blockscaled``).
 """
 
 from __future__ import annotations
@@ -38,11 +38,10 @@ from flydsl.kernels.gemm.operands import MatrixSpec
 from flydsl.kernels.gemm.plan import plan_grouped
 from flydsl.kernels.gemm.skinny import (
     GROUPED_BLOCK,
-    GROUPED_SCALES,
     SkinnyVariant,
     choose_grouped_skinny_config,
+    skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
-    skinny_gemm_grouped_scaled_kernel,
 )
 from flydsl.kernels.moe.api import (
     BLOCK,
@@ -207,15 +206,17 @@ def fused_moe(
 
     ``quant="fp8"``: ``w1`` and ``w2`` float8_e4m3fn (H and I multiples of 16) with float32 scales, the weight
     ``w[e][n] * scale``: ``granularity`` "channel" (``w1_scale`` (E, 2I), ``w2_scale`` (E, H): one per expert and
-    output row, as ``quantize_fp8(w.view(E * N, K), "token")`` gives them) or "tensor" (both (E,)). The activations
-    are quantized per token (x before the gather, h between the stages: ``quantize_fp8``), both stages run on fp8
-    tensor cores with the scales in their epilogue, h and the output stay in x's dtype. ``granularity="block"``
+    output row, as ``quantize_fp8(w.view(E * N, K), "token")`` gives them) or "tensor" (both (E,)). Past decode sizes
+    the activations are quantized per token (x before the gather, h between the stages: ``quantize_fp8``), both
+    stages run on fp8 tensor cores with the scales in their epilogue, h and the output stay in x's dtype.
+    ``granularity="block"``
     (DeepSeek-V3's format): one scale per expert and 128 x 128 block of its weights, ``w1_scale`` (E, 2I / 128,
     H / 128) and ``w2_scale`` (E, H / 128, ceil(I / 128)) (H a multiple of 128, I of 64), the activations quantized
     per 1 x 128 group instead, and each 128-wide K block's products promoted into float32 sums with its two scales
-    (``gemm_ws_grouped_blockscaled``). Decode-sized fp8 calls per channel or tensor stream the weights like bf16's
-    (x and h quantized per token, the scales in the skinny kernels' epilogue); "block" takes the warp-specialized
-    stages at every size.
+    (``gemm_ws_grouped_blockscaled``). Decode-sized fp8 calls (:func:`decodes`), every granularity, stream the
+    weights like bf16's: the skinny kernels convert them to x's dtype in registers (exactly) and x and h stay in
+    x's dtype (weight-only fp8 at decode: more accurate than the prefill route's fp8 activations, and no
+    quantizing launches), the per-row scales in their epilogue, the block scales on each K block's sums.
 
     The steps and kernels: the module's docstring; nothing is read back to the host (CUDA-graph capturable)."""
     key = signature(x, w1, w2, topk_weights, topk_ids, out, activation, quant, granularity, w1_scale, w2_scale)
@@ -291,8 +292,9 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
     def output(x, out):
         return x.new_empty((tokens, hidden)) if out is None else out
 
-    if decodes(tokens, ids, experts) and granularity != "block":  # (block: a mainloop promoting per K block)
-        buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, quant == "fp8")
+    if decodes(tokens, ids, experts):  # (fp8 of every granularity: weight-only, e4m3 converted in registers)
+        fp8 = None if quant is None else "block" if granularity == "block" else "row"
+        buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8)
     else:  # (the prefill stages allocate as they go: their launches are not replayed, their host time is small)
         kind = None if quant is None else "block" if granularity == "block" else "fp8"
         steps = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, kind)
@@ -395,14 +397,13 @@ def _per_row(scale, rows: int):
     return scale.view(-1) if scale.dim() == 2 else scale[:, None].expand(-1, rows).reshape(-1)
 
 
-def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bool = False):
+def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None):
     """align in blocks of 16, then the two grouped skinny GEMMs (stage 1 reads x's rows by index and notes the
     positions): ``(buffers, steps)``, ``buffers(x, w1_scale, w2_scale)`` the memory of one call (the alignment, h and
-    y; with fp8 the quantized x and h with their scales, and per-tensor weight scales repeated per row) and ``steps``
-    a function of the call's tensors and those buffers returning y. ``fp8`` (weights e4m3, per-channel or per-tensor
-    scales): x quantized per token (its T rows, read by index with their scales: no gather), h quantized per token
-    over the routed blocks' rows, and each stage's epilogue scales by A's row's scale and the weight row's, each
-    gated half before the gate (:func:`~flydsl.kernels.gemm.skinny.skinny_gemm_grouped_scaled_kernel`)."""
+    y; per-tensor weight scales repeated per row) and ``steps`` a function of the call's tensors and those buffers
+    returning y. ``fp8`` (weights e4m3, weight-only: x and h stay in x's dtype, no quantizing launch): "row"
+    (per-channel scales, or per-tensor ones repeated per row) or "block" (128 x 128 block scales, the stacked view
+    ``w_scale.view(-1, K blocks)``), through :func:`~flydsl.kernels.gemm.skinny.skinny_gemm_grouped_fp8_kernel`."""
     ids = tokens * top_k
     capacity = align_capacity(ids, experts, GROUPED_BLOCK)
     blocks = min(capacity // GROUPED_BLOCK, ids)  # each block below padded_count holds an id
@@ -410,16 +411,15 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bo
     element_bytes = 1 if fp8 else 2
     cfg1 = choose_grouped_skinny_config(hidden, True, element_bytes)
     cfg2 = choose_grouped_skinny_config(inter, False, element_bytes)
-    scales = GROUPED_SCALES if fp8 else ()
-    variant1 = SkinnyVariant(True, Epilogue(gate=activation, scales=scales), True)
-    variant2 = SkinnyVariant(True, Epilogue(scales=scales), True)
+    variant1 = SkinnyVariant(True, Epilogue(gate=activation), True)
+    variant2 = SkinnyVariant(True, Epilogue(), True)
     grid1 = (-(-inter // (cfg1.rows // 2)), blocks)
     grid2 = (-(-hidden // cfg2.rows), blocks)
 
     import torch
 
     def buffers(x, w1_scale, w2_scale) -> tuple:
-        device, e4m3 = x.device, torch.float8_e4m3fn
+        device = x.device
         alignment = (
             torch.empty(capacity, dtype=torch.int32, device=device),
             torch.empty(capacity // GROUPED_BLOCK, dtype=torch.int32, device=device),
@@ -427,26 +427,22 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bo
         )
         h = x.new_empty((routed, inter))  # (blocks past padded_count: never written, never read)
         y = x.new_empty((capacity, hidden))
-        if not fp8:
+        if fp8 != "row":
             return (*alignment, h, y)
-        quantized = x.new_empty((tokens, hidden), dtype=e4m3), x.new_empty((tokens, 1), dtype=torch.float32)
-        quantized += x.new_empty((routed, inter), dtype=e4m3), x.new_empty((routed, 1), dtype=torch.float32)
         # per-tensor (E,) weight scales repeated per row, a copy per call; per channel (E, rows): None, viewed at launch
         repeated = tuple(
             None if scale.dim() == 2 else _per_row(scale, count)
             for scale, count in ((w1_scale, 2 * inter), (w2_scale, hidden))
         )
-        return (*alignment, h, y, *quantized, *repeated)
+        return (*alignment, h, y, *repeated)
 
     def steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale, sorted_ids, expert_of_block, padded_count, h, y,
-              x8=None, x_scales=None, h8=None, h_scales=None, rows1=None, rows2=None):  # fmt: skip
-        from flydsl.kernels.quantize import quantize_fp8
-
+              rows1=None, rows2=None):  # fmt: skip
         aligned = dict(sorted_ids=sorted_ids, expert_of_block=expert_of_block, padded_count=padded_count)
         align_tokens(topk_ids, experts, GROUPED_BLOCK, **aligned)
         routing = (sorted_ids, expert_of_block, padded_count, positions)
         w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
-        if not fp8:
+        if fp8 is None:
             skinny_gemm_grouped_kernel(x, w1_rows, h, *routing, top_k, cfg1, variant1).launch(
                 grid=grid1, block=cfg1.threads
             )
@@ -454,17 +450,17 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8: bo
                 grid=grid2, block=cfg2.threads
             )
             return y
-
-        def scaled(a, weights, out, a_scales, w_scale, repeated, top, cfg, variant, grid):
-            w_rows_scale = w_scale.view(-1) if repeated is None else repeated
-            skinny_gemm_grouped_scaled_kernel(
-                a, weights, out, *routing, a_scales.view(-1), w_rows_scale, top, cfg, variant
-            ).launch(grid=grid, block=cfg.threads)
-
-        quantize_fp8(x, "token", out=x8, scales=x_scales)
-        scaled(x8, w1_rows, h, x_scales, w1_scale, rows1, top_k, cfg1, variant1, grid1)
-        quantize_fp8(h, "token", out=h8, scales=h_scales)
-        scaled(h8, w2_rows, y, h_scales, w2_scale, rows2, 0, cfg2, variant2, grid2)
+        if fp8 == "row":
+            scales1 = w1_scale.view(-1) if rows1 is None else rows1
+            scales2 = w2_scale.view(-1) if rows2 is None else rows2
+        else:
+            scales1, scales2 = w1_scale.view(-1, -(-hidden // BLOCK)), w2_scale.view(-1, -(-inter // BLOCK))
+        skinny_gemm_grouped_fp8_kernel(x, w1_rows, h, *routing, scales1, top_k, cfg1, variant1).launch(
+            grid=grid1, block=cfg1.threads
+        )
+        skinny_gemm_grouped_fp8_kernel(h, w2_rows, y, *routing, scales2, 0, cfg2, variant2).launch(
+            grid=grid2, block=cfg2.threads
+        )
         return y
 
     return buffers, steps
