@@ -1,8 +1,8 @@
 """fused_moe's decode-sized plan without a GPU: CPU tensors taken as if on device 0, launches recorded instead of run.
 The plan's scratch function makes every buffer the steps use (so that a replay's launches touch nothing else), and
-the launches bind them in order: align into the alignment buffers, stage 1 from x (or its fp8 copy) into h, stage 2
-from h (or its fp8 copy) into y, the combine from y into the output. The GPU side (results, replays) is
-tests/kernels/test_plans_gpu.py and test_moe_experts_gpu.py."""
+the launches bind them in order: align into the alignment buffers, stage 1 from x into h, stage 2 from h into y, the
+combine from y into the output (fp8 weights, every granularity: the same four launches, weight-only). The GPU side
+(results, replays) is tests/kernels/test_plans_gpu.py and test_moe_experts_gpu.py."""
 
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ def _inputs(granularity: str | None):
         return x, w1.bfloat16(), w2.bfloat16(), weights, ids, {}
     if granularity == "channel":
         scales = dict(w1_scale=torch.rand(EXPERTS, 2 * INTER), w2_scale=torch.rand(EXPERTS, HIDDEN))
+    elif granularity == "block":  # one per 128 x 128 block of each expert's weights
+        scales = dict(w1_scale=torch.rand(EXPERTS, 2 * INTER // 128, HIDDEN // 128))
+        scales["w2_scale"] = torch.rand(EXPERTS, HIDDEN // 128, INTER // 128)
     else:
         scales = dict(w1_scale=torch.rand(EXPERTS), w2_scale=torch.rand(EXPERTS))
     w1, w2 = w1.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn)
@@ -55,9 +58,10 @@ def _same(a, b) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
 
 
-@pytest.mark.parametrize("granularity", [None, "channel", "tensor"], ids=["bf16", "fp8 channel", "fp8 tensor"])
+@pytest.mark.parametrize(
+    "granularity", [None, "channel", "tensor", "block"], ids=["bf16", "fp8 channel", "fp8 tensor", "fp8 block"]
+)
 def test_the_decode_plan_launches_on_its_scratch_alone(recorded, granularity):
-    fp8 = granularity is not None
     x, w1, w2, weights, ids, options = _inputs(granularity)
     quant, granularity = options.get("quant"), options.get("granularity")
     w1_scale, w2_scale = options.get("w1_scale"), options.get("w2_scale")
@@ -75,21 +79,25 @@ def test_the_decode_plan_launches_on_its_scratch_alone(recorded, granularity):
     align = kernels[names[0]]
     assert names[0].startswith("align") and _same(align[1], sorted_ids) and _same(align[2], expert_of_block)
     assert _same(align[3], padded_count)
-    stage1, stage2 = (call.values for call in recorded if "skinny_gemm_grouped" in call.kernel.name)
+    stages = [call for call in recorded if "skinny_gemm_grouped" in call.kernel.name]
+    stage1, stage2 = (call.values for call in stages)
+    assert {call.kernel.name for call in stages} == {
+        "skinny_gemm_grouped_fp8_kernel" if quant else "skinny_gemm_grouped_kernel"
+    }
     combine = kernels["combine_kernel"]
-    assert _same(stage1[2], h) and _same(stage2[0], h if not fp8 else memory[9]) and _same(stage2[2], y)
+    assert stage1[0] is x and _same(stage1[2], h) and _same(stage2[0], h) and _same(stage2[2], y)
     assert _same(combine[0], y) and _same(combine[1], positions) and combine[4] is out
-    if fp8:  # x and h quantized into the scratch's fp8 buffers, each stage scaled by its rows' and weights' scales
-        x8, x_scales, h8, h_scales, rows1, rows2 = memory[7:]
-        quantizes = [call.values for call in recorded if call.kernel.name.startswith("quantize")]
-        assert [q[0] for q in quantizes] == [x, h] and _same(stage1[0], x8) and _same(stage2[0], h8)
-        assert _same(quantizes[0][3], x_scales) and _same(quantizes[1][3], h_scales)
-        if granularity == "channel":  # the weights' scales viewed per row at launch
-            assert rows1 is None and rows2 is None and stage1[-4].data_ptr() == w1_scale.data_ptr()
-        else:  # per tensor: repeated per row in the scratch (a copy per call)
-            assert rows1.shape == (EXPERTS * 2 * INTER,) and rows2.shape == (EXPERTS * HIDDEN,)
-            assert stage1[-4] is rows1 and stage2[-4] is rows2
-    assert names[-1] == "combine_kernel" and len(names) == (6 if fp8 else 4)
+    assert names[-1] == "combine_kernel" and len(names) == 4  # weight-only fp8: no quantizing launch
+    if granularity == "channel":  # the weights' scales viewed per row at launch
+        assert memory[7:] == (None, None) and stage1[7].data_ptr() == w1_scale.data_ptr()
+        assert stage1[7].shape == (EXPERTS * 2 * INTER,) and stage2[7].shape == (EXPERTS * HIDDEN,)
+    elif granularity == "tensor":  # repeated per row in the scratch (a copy per call)
+        rows1, rows2 = memory[7:]
+        assert rows1.shape == (EXPERTS * 2 * INTER,) and rows2.shape == (EXPERTS * HIDDEN,)
+        assert stage1[7] is rows1 and stage2[7] is rows2
+    elif granularity == "block":  # the stacked weights' blocks, viewed at launch
+        assert len(memory) == 7 and stage1[7].shape == (EXPERTS * 2 * INTER // 128, HIDDEN // 128)
+        assert stage2[7].shape == (EXPERTS * HIDDEN // 128, INTER // 128)
     # what a replay needs: every tensor a launch reads or writes lies in an argument or in the scratch
     owners = [t for t in (*args, *memory) if isinstance(t, torch.Tensor)]
     for call in recorded:
