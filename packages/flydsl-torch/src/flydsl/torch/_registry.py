@@ -59,7 +59,7 @@ import typing
 from collections.abc import Callable, Sequence
 
 import torch
-from flydsl.kernels.plans import Plans, signature
+from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = [
     "NAMESPACE",
@@ -126,6 +126,35 @@ def eager(*tensors) -> bool:
         if t is not None and (type(t) not in _PLAIN_TYPES or not _plain_keyset(keys(t).raw_repr())):
             return False
     return True
+
+
+def _output_maker(like: torch.Tensor, spec: OutputSpec) -> Callable:
+    """How to allocate an output of ``spec`` for calls whose first tensor input has ``like``'s signature: a function
+    of that input. ``empty_like`` where the output is shaped like it (it parses no dtype or device: about half of
+    ``torch.empty``'s host time), else ``new_empty`` (no device to parse); an unwritten output gets an empty tensor."""
+    if spec is None:
+        return _empty_stand_in
+    shape, dtype = spec
+    if dtype is like.dtype and like.shape == shape:
+        return torch.empty_like if like.is_contiguous() else _contiguous_like
+    shape = tuple(shape)
+    return lambda like: like.new_empty(shape, dtype=dtype)
+
+
+def _new_output(like: torch.Tensor, spec: OutputSpec) -> torch.Tensor:
+    return _output_maker(like, spec)(like)
+
+
+def _empty_stand_in(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((0,))
+
+
+def _contiguous_like(like: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(like, memory_format=torch.contiguous_format)
+
+
+# autograd.Function's apply as torch's C extension defines it (what ``Function.apply`` calls after its Python layer)
+_C_APPLY = vars(torch._C._FunctionBase).get("apply")
 
 
 def _is_tensor_param(annotation) -> bool:
@@ -238,6 +267,7 @@ class FlyOp(_Op):
         self._checked_out = Plans(f"flydsl.{name}_out (checked)")
         self._runs = Plans(f"flydsl.{name} (run)", replay=True)  # _run's work, replayed natively
         self._eager_function = None  # register_autograd's Function for eager calls (see call)
+        self._single = len(self.output_names) == 1
         self.out = self._register_out()
         self.functional = self._register_functional()
 
@@ -311,40 +341,53 @@ class FlyOp(_Op):
 
     # --- the functional op ---------------------------------------------------------------------------------------
 
-    def _allocate(self, inputs, specs) -> tuple[list, list]:
+    def _allocate(self, inputs, specs) -> tuple:
+        """The outputs of a call (``specs``: :meth:`_validate`'s), a tuple: one fresh tensor per output, an empty one
+        standing in for an output not written with these inputs."""
         like = inputs[self._tensor_inputs[0][0]]
-        results, given = [], []
-        for spec in specs:
-            if spec is None:  # not written with these inputs: an empty tensor stands in its place
-                results.append(like.new_empty((0,)))
-                given.append(None)
-                continue
-            shape, dtype = spec
-            if dtype is like.dtype and like.shape == shape:
-                # empty_like parses no dtype/device arguments: about half of torch.empty's cost per call
-                if like.is_contiguous():
-                    tensor = torch.empty_like(like)
-                else:
-                    tensor = torch.empty_like(like, memory_format=torch.contiguous_format)
-            else:  # new_empty parses no device: cheaper than torch.empty(..., device=)
-                tensor = like.new_empty(shape, dtype=dtype)
-            results.append(tensor)
-            given.append(tensor)
-        return results, given
+        return tuple(_new_output(like, spec) for spec in specs)
+
+    def _kept_run(self, inputs, specs) -> ScratchPlan:
+        """The functional op's work for calls of one signature, as a plan of the inputs: its scratch allocates the
+        outputs, its launch runs the implementation on them (the unwritten ones passed as None) and is replayed
+        natively where it only launches kernels (:mod:`flydsl.kernels.plans`). A call returns the outputs' tuple."""
+        like_index = self._tensor_inputs[0][0]
+        makers = tuple(_output_maker(inputs[like_index], spec) for spec in specs)
+        unwritten = frozenset(i for i, spec in enumerate(specs) if spec is None)
+        impl, n_inputs, names = self.impl, self._n_inputs, self.output_names
+
+        if len(makers) == 1:
+            (make,) = makers
+
+            def outputs(*inputs) -> tuple:
+                return (make(inputs[like_index]),)
+
+        else:
+
+            def outputs(*inputs) -> tuple:
+                like = inputs[like_index]
+                return tuple([make(like) for make in makers])
+
+        def launch(*args) -> None:
+            outs = args[n_inputs:]
+            impl(*args[:n_inputs], **{name: None if i in unwritten else outs[i] for i, name in enumerate(names)})
+
+        return ScratchPlan(outputs, launch)
 
     def _run(self, inputs, key=...):
         """The functional op on real tensors: validated inputs, allocated outputs, the implementation. The outputs'
-        facts follow from the inputs' (the specs, fresh allocations), so the implementation's plan is kept by the
-        inputs' signature alone (``key``: already computed) and, where it only launches kernels on views of its
-        arguments, replayed natively."""
+        facts follow from the inputs' (the specs, fresh allocations), so the run is kept as a plan by the inputs'
+        signature alone (``key``: already computed; :meth:`_kept_run`) and later calls of the signature go through
+        :meth:`call`'s plan directly."""
         if key is ...:
             key = signature(*inputs)
-        results, given = self._allocate(inputs, self._checked(inputs, None, key))
         plan = self._runs.get(key)
         if plan is None:
-            plan = self._runs.add(key, self._implementation_of(len(inputs), self.output_names))
-        plan(*inputs, *given)
-        return results[0] if len(results) == 1 else tuple(results)
+            plan = self._runs.add(key, self._kept_run(inputs, self._checked(inputs, None, key)))
+        return self._result(plan(*inputs))
+
+    def _result(self, outputs: tuple):
+        return outputs[0] if self._single else outputs
 
     def eager_out(self, inputs: tuple, given: dict) -> None:
         """The mutating op's work without the dispatcher, for ``flydsl.torch.functional``'s inference path:
@@ -355,46 +398,50 @@ class FlyOp(_Op):
         self._checked(inputs, None)
         self.impl(*inputs, **given)
 
-    def _implementation_of(self, n_inputs: int, output_names: tuple) -> Callable:
-        """``impl`` as a function of the inputs and then the outputs, positional (what a plan is called with)."""
-        impl = self.impl
-
-        def implementation(*args) -> None:
-            impl(*args[:n_inputs], **dict(zip(output_names, args[n_inputs:], strict=True)))
-
-        return implementation
-
     def call(self, *inputs):
         """The functional op on all its inputs (positional): without the dispatcher where it would land in our own
         kernels (:func:`eager` tensors: the work directly, or through the same gradients' ``autograd.Function`` where
-        an input requires grad), else through ``torch.ops.flydsl``."""
-        key = self._kept_key(inputs)
-        if key is not None or eager(*(inputs[i] for i, _ in self._tensor_inputs)):
-            if not self._needs_grad(inputs):
-                return self._run(inputs, key if key is not None else ...)
-            if self._eager_function is not None:
-                return self._eager_function.apply(key, *inputs)
+        an input requires grad), else through ``torch.ops.flydsl``. A call whose signature has a kept run (a first call
+        passed :func:`eager` and the checks with it: the signature names the tensor types, devices and layouts) goes
+        straight to that plan, unless something traces or intercepts it (``torch.compile``, a dispatch mode)."""
+        if not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()):
+            key = signature(*inputs)
+            plan = self._runs.get(key)
+            if plan is not None:
+                if self._eager_function is not None and self._needs_grad(inputs):
+                    return self._apply_eager(plan, inputs)
+                return self._result(plan(*inputs))
+            if eager(*(inputs[i] for i, _ in self._tensor_inputs)):
+                if not self._needs_grad(inputs):
+                    return self._run(inputs, key)
+                if self._eager_function is not None:
+                    return self._apply_eager(None, inputs)
         return self.functional.default(*inputs)
 
-    def _kept_key(self, inputs):
-        """The signature of ``inputs`` where a run was kept for it and nothing traces or intercepts the call (no
-        dispatch mode), else None: such a call may skip :func:`eager`'s checks, as its first call passed them (the
-        signature names the tensor types, devices and layouts; wrappers have none)."""
-        if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+    def call_kept_with_grad(self, *inputs):
+        """:meth:`call`'s shortest path, for a caller that has seen an input requiring grad with grad mode on and
+        nothing tracing or intercepting the call: the signature's kept run through the gradients'
+        ``autograd.Function``; None where no run is kept for the signature (a first call: the caller checks its
+        arguments and takes :meth:`call`)."""
+        plan = self._runs.get(signature(*inputs))
+        if plan is None or self._eager_function is None:
             return None
-        key = signature(*inputs)
-        return key if key is not None and self._runs.get(key) is not None else None
+        return self._apply_eager(plan, inputs)
+
+    def _apply_eager(self, plan, inputs):
+        """``EagerFunction.apply(plan, *inputs)``; without torch's Python layer over it where no functorch transform
+        is active (that layer unwraps functorch's wrappers, which eager calls have none of: ~1 us a call)."""
+        if torch._C._are_functorch_transforms_active():
+            return self._eager_function.apply(plan, *inputs)
+        return self._eager_apply(plan, *inputs)
 
     def _register_functional(self):
-        single = len(self.output_names) == 1
-
         def real(*args, **kwargs):
             return self._run(self._inputs(args, kwargs))
 
         def fake(*args, **kwargs):
             inputs = self._inputs(args, kwargs)
-            results, _ = self._allocate(inputs, self._validate(inputs, None, real=False))
-            return results[0] if single else tuple(results)
+            return self._result(self._allocate(inputs, self._validate(inputs, None, real=False)))
 
         return self._define(self.name, self._functional_signature, (), real, fake)
 
@@ -404,7 +451,7 @@ class FlyOp(_Op):
         leaner one, see the module docstring). ``backward`` gets None for the gradient of an output that nothing
         used (no zeros are materialized) and returns one gradient (or None) per input."""
         overload = self.functional.default
-        run = self._run
+        run, result_of = self._run, self._result
         tensor_positions = tuple(i for i, _ in self._tensor_inputs)
 
         def below_autograd(keyset, inputs):
@@ -414,7 +461,7 @@ class FlyOp(_Op):
                 return overload.redispatch(keyset & _AFTER_AUTOGRAD, *inputs)
 
         def backward_past_first(ctx, *grads):
-            """``backward`` on the op's inputs: the Functions' first input (the keyset, the key) takes no gradient."""
+            """``backward`` on the op's inputs: the Functions' first input (the keyset, the plan) takes no gradient."""
             needs = ctx.needs_input_grad
             ctx.needs_input_grad = needs[1:]
             try:
@@ -441,8 +488,8 @@ class FlyOp(_Op):
             """The same gradients for :meth:`FlyOp.call`'s eager calls: no keyset, no redispatch."""
 
             @staticmethod
-            def forward(ctx, key, *inputs):  # key: the inputs' signature where known (None: computed by run)
-                result = run(inputs, ... if key is None else key)
+            def forward(ctx, plan, *inputs):  # plan: the signature's kept run (None: a first call, checked by run)
+                result = run(inputs) if plan is None else result_of(plan(*inputs))
                 setup_context(ctx, inputs, result)
                 ctx.set_materialize_grads(False)
                 return result
@@ -451,6 +498,7 @@ class FlyOp(_Op):
 
         EagerFunction.__name__ = EagerFunction.__qualname__ = f"FlyBackward_{self.name}"
         self._eager_function = EagerFunction
+        self._eager_apply = _C_APPLY.__get__(None, EagerFunction) if _C_APPLY is not None else EagerFunction.apply
 
         def autograd_kernel(keyset, *args, **kwargs):
             inputs = self._inputs(args, kwargs)

@@ -53,17 +53,21 @@ _FUSED_ADD_RMS_NORM = Plans("flydsl.torch.functional.fused_add_rms_norm", replay
 _LINEAR = Plans("flydsl.torch.functional.linear", replay=True)
 
 
+_GRAD = object()  # _kept's answer for a call that records gradients
+
+
 def _kept(plans: Plans, tensors: tuple, *args):
-    """The eager inference plan kept for a call's arguments, or None: always while ``torch.compile`` traces the call,
-    under a dispatch mode, or where one of ``tensors`` needs a gradient. The rest of :func:`eager` holds by the
-    signature: the plan was made for a first call that passed it, and the signature names the same tensor types,
-    devices and layouts (wrapper subclasses have none, and functorch's wrappers no data pointer)."""
+    """The eager inference plan kept for a call's arguments, or None: always while ``torch.compile`` traces the call
+    or under a dispatch mode; :data:`_GRAD` where one of ``tensors`` needs a gradient (the caller may then take the
+    op's :meth:`~flydsl.torch._registry.FlyOp.call_with_grad`). The rest of :func:`eager` holds by the signature: the
+    plan was made for a first call that passed it, and the signature names the same tensor types, devices and layouts
+    (wrapper subclasses have none, and functorch's wrappers no data pointer)."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return None
     if torch.is_grad_enabled():
         for t in tensors:
             if getattr(t, "requires_grad", False):
-                return None
+                return _GRAD
     return plans.get(signature(*args))
 
 
@@ -83,7 +87,10 @@ def _empty(x: Tensor) -> Tensor:
 def softmax(input: Tensor, dim: int = -1) -> Tensor:
     """``torch.softmax(input, dim)``; a ``dim`` other than the last is moved last (a copy) and back."""
     plan = _kept(_SOFTMAX, (input,), input, dim)
-    if plan is not None:
+    if plan is _GRAD:
+        if dim == -1 and (out := ops.softmax.call_kept_with_grad(input)) is not None:
+            return out
+    elif plan is not None:
         out = _empty(input)
         plan(input, out)
         return out
@@ -118,7 +125,10 @@ def layer_norm(
 ) -> Tensor:
     """``torch.nn.functional.layer_norm``."""
     plan = _kept(_LAYER_NORM, (input, weight, bias), input, normalized_shape, weight, bias, eps)
-    if plan is not None:
+    if plan is _GRAD:
+        if (outs := ops.layer_norm.call_kept_with_grad(input, _shape(normalized_shape), weight, bias, eps)) is not None:
+            return outs[0]
+    elif plan is not None:
         out = _empty(input)
         plan(input, weight, bias, out)
         return out
@@ -148,7 +158,10 @@ def rms_norm(
 ) -> Tensor:
     """``torch.nn.functional.rms_norm``; ``eps=None`` is float32's machine epsilon, as in torch."""
     plan = _kept(_RMS_NORM, (input, weight), input, normalized_shape, weight, eps)
-    if plan is not None:
+    if plan is _GRAD:
+        if (outs := ops.rms_norm.call_kept_with_grad(input, _shape(normalized_shape), weight, eps)) is not None:
+            return outs[0]
+    elif plan is not None:
         out = _empty(input)
         plan(input, weight, out)
         return out
@@ -178,7 +191,11 @@ def fused_add_rms_norm(
 ) -> tuple[Tensor, Tensor]:
     """``(rms_norm(input + residual, ...), input + residual)`` in one pass (the sum rounded to the input dtype)."""
     plan = _kept(_FUSED_ADD_RMS_NORM, (input, residual, weight), input, residual, normalized_shape, weight, eps)
-    if plan is not None:
+    if plan is _GRAD:
+        shape = _shape(normalized_shape)
+        if (outs := ops.fused_add_rms_norm.call_kept_with_grad(input, residual, shape, weight, eps)) is not None:
+            return outs[0], outs[1]
+    elif plan is not None:
         out, residual_out = _empty(input), _empty(input)
         plan(input, residual, weight, out, residual_out)
         return out, residual_out
@@ -208,7 +225,10 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     ``input`` (..., K) bf16 or fp16, ``weight`` (N, K) as an ``nn.Linear`` holds it (read in place, K-major), ``bias``
     (N,) in input's dtype or float32. Gradients for all three."""
     plan = _kept(_LINEAR, (input, weight, bias), input, weight, bias)
-    if plan is not None:
+    if plan is _GRAD:
+        if input.dim() == 2 and (out := ops.gemm.call_kept_with_grad(input, weight.t(), bias, None)) is not None:
+            return out
+    elif plan is not None:
         rows = input if input.dim() == 2 else input.reshape(-1, input.shape[-1])
         out = rows.new_empty((rows.shape[0], weight.shape[0]))
         plan(rows, weight, bias, out)
