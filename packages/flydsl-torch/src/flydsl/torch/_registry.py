@@ -35,21 +35,12 @@ attaches gradients to the functional op; the mutating ops record none and refuse
 grad mode is on.
 
 An op whose only results are writes into some of its inputs (``write_kv``: the new keys and values into a paged KV
-cache) has no functional form (it would have to copy the caches to return them) and no outputs to allocate:
-:func:`register_mutating_op` defines ``flydsl::<name>`` alone, its schema inferred from the function's signature
-(every parameter an input, defaults kept) with the inputs it writes annotated ``Tensor(a!)``, returning ``()``::
-
-    @register_mutating_op("write_kv", mutates=("k_cache", "v_cache", "k_scale", "v_scale"), check=check_write_kv)
-    def write_kv(k: Tensor, v: Tensor, k_cache: Tensor, ..., k_scale: Tensor | None = None, ...) -> None: ...
-
-It is the ``*_out`` half of :class:`FlyOp` without declared outputs, through the same machinery (:class:`_Op`: the
-inputs and their defaults, the definition with ``torch.library.Library``, the checks once per call signature, the
-device checks, a fake implementation that only checks): ``register_op`` cannot express it, since its outputs are
-keyword-only parameters that the functional op allocates and the ``*_out`` op lists after every input, while a
-cache is an input in its place among the others. ``torch.library.custom_op`` is not used, for the reason above.
-Under ``torch.compile`` such an op is functionalized (``auto_functionalized``) and inductor writes in place again;
-the op bumps the version counters of the tensors it writes and refuses inputs that require grad while grad mode is
-on (it records no gradients).
+cache) is registered by :func:`register_mutating_op`: ``flydsl::<name>`` alone (a functional form would copy the
+caches to return them), its schema inferred from the signature (every parameter an input, defaults kept; the inputs
+it writes annotated ``Tensor(a!)``), returning ``()``, through the same machinery (:class:`_Op`: checks once per
+call signature, device checks, a fake that only checks). Under ``torch.compile`` it is functionalized
+(``auto_functionalized``) and inductor writes in place again; it bumps the version counters of what it writes and
+refuses inputs that require grad while grad mode is on.
 """
 
 from __future__ import annotations
@@ -139,10 +130,6 @@ def _output_maker(like: torch.Tensor, spec: OutputSpec) -> Callable:
         return torch.empty_like if like.is_contiguous() else _contiguous_like
     shape = tuple(shape)
     return lambda like: like.new_empty(shape, dtype=dtype)
-
-
-def _new_output(like: torch.Tensor, spec: OutputSpec) -> torch.Tensor:
-    return _output_maker(like, spec)(like)
 
 
 def _empty_stand_in(like: torch.Tensor) -> torch.Tensor:
@@ -345,7 +332,7 @@ class FlyOp(_Op):
         """The outputs of a call (``specs``: :meth:`_validate`'s), a tuple: one fresh tensor per output, an empty one
         standing in for an output not written with these inputs."""
         like = inputs[self._tensor_inputs[0][0]]
-        return tuple(_new_output(like, spec) for spec in specs)
+        return tuple(_output_maker(like, spec)(like) for spec in specs)
 
     def _kept_run(self, inputs, specs) -> ScratchPlan:
         """The functional op's work for calls of one signature, as a plan of the inputs: its scratch allocates the
