@@ -55,7 +55,8 @@ def run_case(model: str, tokens: int, timer) -> dict:
     import torch
 
     from flydsl.kernels.gemm.epilogue import Epilogue
-    from flydsl.kernels.gemm.skinny import GROUPED_BLOCK, SkinnyConfig, SkinnyVariant, skinny_gemm_grouped_kernel
+    from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
+    from flydsl.kernels.gemm.skinny_grouped import GROUPED_BLOCK, skinny_gemm_grouped_kernel
     from flydsl.kernels.moe import align_tokens, fused_moe, topk_route
 
     experts, top_k, hidden, inter = MODELS[model]

@@ -81,7 +81,8 @@ def compile_only(args) -> int:
     from flydsl.kernels.gemm.epilogue import Epilogue
     from flydsl.kernels.gemm.operands import MatrixSpec
     from flydsl.kernels.gemm.plan import plan_grouped
-    from flydsl.kernels.gemm.skinny import SkinnyVariant, choose_grouped_skinny_config, skinny_gemm_grouped_kernel
+    from flydsl.kernels.gemm.skinny import SkinnyVariant
+    from flydsl.kernels.gemm.skinny_grouped import choose_grouped_skinny_config, skinny_gemm_grouped_kernel
     from flydsl.kernels.moe.api import align_capacity
     from flydsl.kernels.moe.experts import combine_kernel, experts_config, gather_kernel
 

@@ -13,10 +13,9 @@ import pytest
 
 import flydsl.compiler as flyc
 from flydsl.kernels.gemm.epilogue import Epilogue
-from flydsl.kernels.gemm.skinny import (
+from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
+from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_WEIGHT_SCALE,
-    SkinnyConfig,
-    SkinnyVariant,
     choose_grouped_skinny_config,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,

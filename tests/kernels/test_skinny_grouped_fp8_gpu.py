@@ -19,9 +19,9 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 from flydsl.kernels.gemm.epilogue import Epilogue  # noqa: E402
-from flydsl.kernels.gemm.skinny import (  # noqa: E402
+from flydsl.kernels.gemm.skinny import SkinnyVariant  # noqa: E402
+from flydsl.kernels.gemm.skinny_grouped import (  # noqa: E402
     GROUPED_BLOCK,
-    SkinnyVariant,
     choose_grouped_skinny_config,
     skinny_gemm_grouped_fp8_kernel,
 )

@@ -21,10 +21,8 @@ many CTAs, which write fp32 partials that :func:`flydsl.kernels.gemm.split_k_red
 Prepared fp8 weights (:mod:`~flydsl.kernels.gemm.prepared`: (K / 128, N, 128) panels) are read in the same order,
 the 8 rows of a warp load in one contiguous kilobyte. fp8 operands (the ``_scaled`` kernel: PTX ISA 8.4) take the
 same loads, 16 values each, as the fragments of m16n8k32 MMAs, with their float32 scales in the epilogue. The grouped
-kernels (a mixture of experts' decode: :func:`skinny_gemm_grouped_kernel`) share the loads, MMAs and K-warp sum; on
-fp8 weights (:func:`skinny_gemm_grouped_fp8_kernel`: weight-only, 16-bit activations) each 16-byte weight load holds
-16 values of K (lane t: ``16t .. 16t + 15`` of a chunk of 64), converted exactly to 16-bit in registers and paired
-with two 16-byte loads of each activation row (the same 16 values), fed to the 16-bit m16n8k16 MMAs.
+kernels of a mixture of experts' decode (:mod:`~flydsl.kernels.gemm.skinny_grouped`) are built from this module's
+loads, MMAs and K-warp sum.
 
 Weights are read with ``ld.global.nc.L1::no_allocate`` (read once: they should not evict the activations from L1;
 with ``.L2::256B`` prefetches); activations with ``ld.global.nc`` (re-read by every CTA: from L2, or L1). 16-byte
@@ -47,19 +45,13 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.expr.vector import Vector
-from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, Scale, apply_epilogue
+from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, apply_epilogue
 
 __all__ = [
     "MAX_M",
     "SkinnyConfig",
     "SkinnyVariant",
-    "GROUPED_BLOCK",
-    "GROUPED_WEIGHT_SCALE",
-    "Routing",
-    "choose_grouped_skinny_config",
     "choose_skinny_config",
-    "skinny_gemm_grouped_fp8_kernel",
-    "skinny_gemm_grouped_kernel",
     "skinny_gemm_kernel",
     "skinny_gemm_scaled_kernel",
 ]
@@ -398,205 +390,6 @@ def _warp_total(partial, cfg: SkinnyConfig, row, col):
     for v in fx.range_constexpr(1, cfg.warps_k):
         total = total + partial[v, g, element, source_lane]
     return total
-
-
-# --- grouped: a mixture of experts' decode ----------------------------------------------------------------------------
-
-GROUPED_BLOCK = 16  # the aligned order's row block: one m16n8k16 MMA's rows
-# fp8 weights' per-row scales in the grouped kernel's epilogue: one per row of the stacked weights (E * N,)
-GROUPED_WEIGHT_SCALE = Scale(columns=1, experts=True)
-
-
-class Routing(NamedTuple):
-    """The rows a grouped skinny GEMM takes, from ``flydsl.kernels.moe.align_tokens`` in blocks of 16: ``sorted_ids``,
-    ``expert_of_block`` and ``padded_count`` (kernel tensors) and ``top_k`` (an Int32: rows of A by index,
-    ``sorted_ids[p] // top_k``; 0: A's rows are the aligned positions themselves)."""
-
-    sorted_ids: object
-    expert_of_block: object
-    padded_count: object
-    top_k: object
-
-
-@flyc.kernel(dependent_launch=True)
-def skinny_gemm_grouped_kernel(
-    a: fx.Tensor,
-    w: fx.Tensor,
-    c: fx.Tensor,
-    sorted_ids: fx.Tensor,
-    expert_of_block: fx.Tensor,
-    padded_count: fx.Tensor,
-    positions: fx.Tensor,
-    top_k: fx.Int32,
-    cfg: fx.Constexpr,
-    variant: fx.Constexpr,
-):
-    """A mixture of experts' GEMM at decode sizes, streaming each routed expert's weights once per block of 16 rows:
-    CTA (x, y) takes block y of the aligned order (:class:`Routing`; none past ``padded_count[0]``: the CTA returns)
-    and output columns ``[x * cols, (x + 1) * cols)``. ``a``: x (T, K) with rows by index (``top_k`` > 0; the
-    sentinel reads row 0, its results land in pad rows) or (capacity, K) in the aligned order (``top_k`` 0); ``w``
-    the stacked experts' (E * N, K) weights, K contiguous; ``c`` (capacity, N_out). ``variant.epilogue``: none, or a
-    ``gate``: the CTA's first half of weight rows are gate rows, the second half the up rows I = N_out further, and
-    C gets ``gate(x @ gate.T) * (x @ up.T)`` (cols = rows / 2). 16-bit operands (fp8 weights:
-    :func:`skinny_gemm_grouped_fp8_kernel`), 16-byte loads, no split K. Rows by index also note where each (token,
-    slot) pair went, as the gather does: ``positions[sorted_ids[p]] = p`` (int32 (T * k,); unread where ``top_k`` is
-    0)."""
-    if variant.epilogue.scales:
-        raise ValueError(f"skinny_gemm_grouped_kernel: expected no scales: {variant}")
-    routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
-    _grouped_skinny_gemm(a, w, c, routing, positions, None, cfg, variant)
-
-
-@flyc.kernel(dependent_launch=True)
-def skinny_gemm_grouped_fp8_kernel(
-    a: fx.Tensor,
-    w: fx.Tensor,
-    c: fx.Tensor,
-    sorted_ids: fx.Tensor,
-    expert_of_block: fx.Tensor,
-    padded_count: fx.Tensor,
-    positions: fx.Tensor,
-    w_scale: fx.Tensor,
-    top_k: fx.Int32,
-    cfg: fx.Constexpr,
-    variant: fx.Constexpr,
-):
-    """:func:`skinny_gemm_grouped_kernel` on fp8 weights (weight-only: ``w`` e4m3, ``a`` and ``c`` bf16 or fp16, K a
-    multiple of 16). Each 16-byte load of ``w`` holds 16 e4m3 values, converted exactly to ``a``'s type in registers
-    and fed to the 16-bit m16n8k16 MMAs beside two loads of ``a``'s row (the same 16 values of K), so that a load of
-    weights carries twice the K of a 16-bit one. ``w_scale`` float32: (E * N,) one per row of the stacked weights
-    (:data:`GROUPED_WEIGHT_SCALE`, in the epilogue: the gate and the up rows each their own, before the gate; a
-    per-tensor scale is expanded to rows by the caller), or (E * N / 128, ceil(K / 128)) one per 128 x 128 block of
-    the stacked weights (N a multiple of 128: each expert's blocks its own), each K block's sums multiplied by its
-    scale in the mainloop (one fp32 multiply-add per accumulator and block). ``variant.epilogue``: none or a gate,
-    no scales (the kernel's own)."""
-    if variant.epilogue.scales:
-        raise ValueError(f"skinny_gemm_grouped_fp8_kernel: expected no epilogue scales (w_scale's own): {variant}")
-    routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
-    _grouped_skinny_gemm(a, w, c, routing, positions, w_scale, cfg, variant)
-
-
-def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, w_scale, cfg: SkinnyConfig, variant) -> None:
-    """The grouped kernels' body (:func:`skinny_gemm_grouped_kernel`). The weights' format: 16-bit (``w_scale``
-    None), or fp8 with ``w_scale`` per row (1-D) or per 128 x 128 block (2-D) (:func:`skinny_gemm_grouped_fp8_kernel`).
-    """
-    epilogue, gate = variant.epilogue, variant.epilogue.gate
-    if epilogue.bias or epilogue.activation or cfg.splits != 1 or not variant.vector_loads:
-        raise ValueError(f"grouped skinny kernel: expected no bias, activation or split K, 16-byte loads: {variant}")
-    fp8 = w_scale is not None
-    if fp8 and (not _wide(a, w) or a.dtype != c.dtype or fx.rank(w_scale.shape) not in (1, 2)):
-        raise ValueError(f"grouped fp8 kernel: expected fp8 weights, 16-bit a and c, 1-D or 2-D scales: {variant}")
-    row_scales = fp8 and fx.rank(w_scale.shape) == 1
-    block_scales = w_scale if fp8 and not row_scales else None
-    if fx.const_expr(cfg.min_blocks is None):
-        flyc.set_kernel_attributes(threads=cfg.threads)
-    else:
-        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
-    nvvm.griddepcontrol_launch_dependents()
-    tid = gpu.thread_idx.x
-    warp, lane = tid // 32, tid % 32
-    warp_n, warp_kk = warp % cfg.warps_n, warp // cfg.warps_n
-    lane_t, lane_q = lane % 4, lane // 4
-    # The routing and (stage 2) A are the previous kernels' outputs: nothing is read before the wait, and every
-    # load's row depends on its zero (loads through inline PTX could move above it otherwise).
-    after_wait = nvvm.griddepcontrol_wait()
-    block = gpu.block_idx.y.to(fx.Int32) + after_wait
-    if block * GROUPED_BLOCK < routing.padded_count[0]:
-        gated = gate is not None
-        n_out = c.shape[1].to(fx.Int32)
-        k_extent = a.shape[1].to(fx.Int32)
-        per_expert = n_out * 2 if gated else n_out  # the expert's rows of w
-        cols = cfg.rows // 2 if gated else cfg.rows  # output columns per CTA
-        n0 = gpu.block_idx.x * cols
-        base = routing.expert_of_block[block].to(fx.Int32) * per_expert
-        rows_w = []
-        for g in fx.range_constexpr(cfg.groups):
-            col = (warp_n * cfg.groups + g) * 8 + lane_q  # this lane's weight row among the CTA's
-            if fx.const_expr(gated):  # the first half gate rows n0.., the second the up rows n0 + I..
-                up = col >= cols
-                within = arith.minimum(n0 + arith.select(up, col - cols, col), n_out - 1)
-                rows_w.append(base + arith.select(up, within + n_out, within))
-            else:
-                rows_w.append(base + arith.minimum(n0 + col, n_out - 1))
-        first = block * GROUPED_BLOCK
-        if (routing.top_k > 0) & (gpu.block_idx.x == 0) & (tid < GROUPED_BLOCK):
-            flat = routing.sorted_ids[first + tid].to(fx.Int32)
-            if flat < a.shape[0].to(fx.Int32) * routing.top_k:
-                positions[flat] = first + tid
-        rows_a = [_grouped_row(routing, a, first + lane_q + 8 * h) for h in range(2)]
-        streams = _WarpStreams(a, w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales)
-        step = cfg.k_step(w.dtype.width // 8)
-        full = k_extent // step
-        warp_k = warp_kk * (step // cfg.warps_k)
-        accs = [_ACC(0.0)] * cfg.groups
-
-        def mmas(words, accs, kbase, masked):  # (fp8: the activations loaded as the MMAs take them)
-            if fx.const_expr(fp8):
-                return _mmas_wide(words, accs, streams, kbase, masked, a.dtype, not row_scales)
-            return _mmas(words, accs, cfg, a.dtype)
-
-        if full > 0:
-            words = _loads(streams, warp_k, False)
-            for it in range(1, full):
-                upcoming = _loads(streams, it * step + warp_k, False)
-                accs = mmas(words, accs, (it - 1) * step + warp_k, False)
-                words = upcoming
-            accs = mmas(words, accs, (full - 1) * step + warp_k, False)
-        if full * step < k_extent:  # the step with the K tail
-            accs = mmas(_loads(streams, full * step + warp_k, True), accs, full * step + warp_k, True)
-        partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
-        activation = Epilogue(activation=gate) if gated else None
-        scaling = Epilogue(scales=(GROUPED_WEIGHT_SCALE,))  # fp8 per row: the weight row's scale
-        tensors = EpilogueTensors(scales=(w_scale,))
-        for rep in fx.range_constexpr(-(-GROUPED_BLOCK * cols // cfg.threads)):
-            index = arith.minimum(tid + rep * cfg.threads, GROUPED_BLOCK * cols - 1)
-            row, col = index // cols, index % cols
-            out_col = n0 + col
-            total = _warp_total(partial, cfg, row, col)
-            if fx.const_expr(row_scales):  # the gate (or plain) row, clamped as the loads' rows are
-                b_row = base + arith.minimum(out_col, n_out - 1)
-                total = apply_epilogue(total, scaling, tensors, row, b_row)
-            if fx.const_expr(gated):
-                total = apply_epilogue(total, activation, EpilogueTensors(), row, col)
-                up = _warp_total(partial, cfg, row, col + cols)
-                if fx.const_expr(row_scales):  # the up row: I = N_out rows after its gate row
-                    up = apply_epilogue(up, scaling, tensors, row, b_row + n_out)
-                total = total * up
-            if (tid + rep * cfg.threads < GROUPED_BLOCK * cols) & (out_col < n_out):
-                c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
-
-
-def _grouped_row(routing: Routing, a, position):
-    """The row of ``a`` that aligned position ``position`` multiplies: ``sorted_ids[position] // top_k`` (the
-    sentinel: row 0), or the position itself where ``top_k`` is 0."""
-    flat = routing.sorted_ids[position].to(fx.Int32)
-    ids = a.shape[0].to(fx.Int32) * routing.top_k
-    by_index = arith.select(flat < ids, flat // arith.maximum(routing.top_k, 1), fx.Int32(0))
-    return arith.select(routing.top_k > 0, by_index, position)
-
-
-def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2) -> SkinnyConfig:
-    """Short K (at most 1024: a stage 2's intermediate size) in steps of 128 over two columns of 2 warps, 32 weight
-    rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default
-    (docs/tuning/moe.md#decode).
-
-    fp8 weights (``element_bytes`` 1: :func:`skinny_gemm_grouped_fp8_kernel`, ``k`` in values) keep the 16-bit
-    kernels' 16-byte weight loads per warp and step (8), weight rows per CTA and CTAs per SM (``min_blocks``: 2 of 8
-    warps, 4 of 4 warps, at most 128 registers), so as many weight bytes in flight per SM: the weights' stream is
-    the kernels' time, and each load carries twice the K of a 16-bit one (steps of twice the K: K = 7168 in 3.5
-    steps). Short K takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side along N (steps of 256: one
-    for I = 256) rather than 4 x 2 over 2 x 2 warps: with block scales, 4 tiles' accumulators and those of the K
-    block in progress do not fit in 128 registers. A warp also converts the weights and holds twice the activation
-    words per load (16 values of K per row; loaded as the MMAs take them). ptxas: 124 registers (8 warps) and 128
-    (4 warps) per row scales, 128 with block scales, no spills (tests/kernels/test_skinny_grouped_fp8.py)."""
-    if element_bytes not in (1, 2):
-        raise ValueError(f"choose_grouped_skinny_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
-    short = k <= 1024 and not gated
-    if element_bytes == 2:
-        return SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig()
-    if short:
-        return SkinnyConfig(groups=2, warps=4, warps_n=4, unroll=4, min_blocks=4)
-    return SkinnyConfig(min_blocks=2)
 
 
 @functools.cache

@@ -8,7 +8,7 @@
     combine_kernel      out[t] = sum over s = 0..k-1 of topk_weights[t, s] * y[positions[t * k + s]]
 
 Decode-sized calls (:func:`decodes`: T <= 64, experts averaging at most 8 rows) align in blocks of 16 and take the
-grouped skinny GEMM instead (``flydsl.kernels.gemm.skinny.skinny_gemm_grouped_kernel``: each routed block's expert's
+grouped skinny GEMM instead (``gemm.skinny_grouped.skinny_gemm_grouped_kernel``: each routed block's expert's
 weights streamed once, spread over the SMs, in 16-byte loads; stage 1 reads x's rows by index, so there is no gather,
 and notes the positions the combine reads; fp8 weights, every granularity: ``skinny_gemm_grouped_fp8_kernel``, the
 weights converted to x's dtype in registers, x and h not quantized: no quantizing launch). Otherwise the two GEMMs
@@ -36,9 +36,9 @@ from flydsl.kernels.gemm.epilogue import Epilogue, Scale
 from flydsl.kernels.gemm.launch import launch_plan
 from flydsl.kernels.gemm.operands import MatrixSpec
 from flydsl.kernels.gemm.plan import plan_grouped
-from flydsl.kernels.gemm.skinny import (
+from flydsl.kernels.gemm.skinny import SkinnyVariant
+from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_BLOCK,
-    SkinnyVariant,
     choose_grouped_skinny_config,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
@@ -403,7 +403,8 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     y; per-tensor weight scales repeated per row) and ``steps`` a function of the call's tensors and those buffers
     returning y. ``fp8`` (weights e4m3, weight-only: x and h stay in x's dtype, no quantizing launch): "row"
     (per-channel scales, or per-tensor ones repeated per row) or "block" (128 x 128 block scales, the stacked view
-    ``w_scale.view(-1, K blocks)``), through :func:`~flydsl.kernels.gemm.skinny.skinny_gemm_grouped_fp8_kernel`."""
+    ``w_scale.view(-1, K blocks)``), through :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`.
+    """
     ids = tokens * top_k
     capacity = align_capacity(ids, experts, GROUPED_BLOCK)
     blocks = min(capacity // GROUPED_BLOCK, ids)  # each block below padded_count holds an id
