@@ -1,21 +1,32 @@
-"""fused_moe at decode sizes, taken apart (diagnostics for issue 34's decode bar): per case, the whole call and a
-same-bytes copy (cold L2, as moe_bench.py times them), each kernel's own time in a profile of 10 calls, and a sweep of
-the grouped skinny GEMM's configurations for both stages, each launched alone on the call's routing.
+"""fused_moe at decode sizes, taken apart (diagnostics for issue 34's decode bar): per case, a same-bytes copy and the
+whole call under each set of decode modes (cold L2, as moe_bench.py times them), each kernel's own time in a profile
+of 10 calls, and a sweep of the grouped skinny GEMM's configurations for both stages, each launched alone on the
+call's routing.
 
-    python benchmarks/moe_decode_sweep.py [--cases dsv3-tp8:1,qwen3:64] [--json benchmarks/results/moe_decode_sweep/F]
+    python benchmarks/moe_decode_sweep.py [--cases qwen3:1:fp8,dsv3-tp8:16] [--modes ,direct,direct+prefetch]
+        [--no-stages] [--commit C] [--json benchmarks/results/moe_decode_sweep/F]
 
-Cases ``model:T`` of moe_bench.py's models (default: DeepSeek-V3 TP8 at T 1, 16, 64, Qwen3-30B-A3B at 1 and 64,
-Mixtral at 1); bf16 weights scaled by 0.02, softmax top-k routing of random logits. Stage 1's candidates are gated
-(their weight rows half gate, half up: ``groups`` even); stage 2's stream the (capacity, I) intermediate. Bandwidth:
-the routed experts' weight bytes of the stage over its time.
+Cases ``model:T[:format]`` of moe_bench.py's models and formats (bf16, fp8: e4m3 weights per output channel, block:
+per 128 x 128 block; weight-only at decode: x and h stay bf16). Default: DeepSeek-V3 TP8 and Qwen3-30B-A3B at T 1,
+16, 64 and Mixtral at 1, in bf16 and fp8. Weights random (1 / sqrt(fan-in)), softmax top-k routing of random logits.
+Modes (``FLYDSL_MOE_DECODE``, the plans rebuilt for each): "" (none), "direct" (one token: no alignment), "prefetch"
+(stage 1 brings the routed experts' w2 into L2), "direct+prefetch"; each mode's output is compared with the first
+mode's (``max_abs_diff_vs_first``: the same sums in the same order, so 0 is expected). The stage sweep (modes off,
+aligned routing) tries 5 stage-1 and 6 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's
+CTAs per SM (``min_blocks``: fp8 as ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also
+``min_blocks`` None; stage 1 is gated (weight rows half gate, half up: ``groups`` even), stage 2 streams the
+(capacity, I) intermediate. Bandwidth: the routed experts' weight bytes of the stage over its time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import statistics
 import sys
 
+from moe_torch import format_weights
 from record import cold_timer, csv_list, new_record, save
 
 MODELS = {  # E, top_k, H, I (moe_bench.py's)
@@ -24,16 +35,33 @@ MODELS = {  # E, top_k, H, I (moe_bench.py's)
     "dsv3-tp8": (256, 8, 7168, 256),
     "dsv3-ep8": (32, 8, 7168, 2048),
 }
-DEFAULT_CASES = "dsv3-tp8:1,dsv3-tp8:16,dsv3-tp8:64,qwen3:1,qwen3:64,mixtral:1"
+FORMATS = ("bf16", "fp8", "block")
+DEFAULT_CASES = ",".join(
+    f"{case}:{fmt}"
+    for fmt in ("bf16", "fp8")
+    for case in ("dsv3-tp8:1", "dsv3-tp8:16", "dsv3-tp8:64", "qwen3:1", "qwen3:16", "qwen3:64", "mixtral:1")
+)
+DEFAULT_MODES = ",direct,prefetch,direct+prefetch"
 STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4))  # (groups, warps, warps_n, unroll)
 STAGE2 = ((2, 8, 2, 2), (4, 8, 4, 2), (2, 8, 4, 1), (4, 4, 2, 2), (2, 4, 4, 2), (2, 8, 1, 4))
 
 
-def parse_case(text: str) -> tuple[str, int]:
-    model, _, tokens = text.partition(":")
-    if model not in MODELS or not tokens.isdigit() or int(tokens) < 1:
-        raise argparse.ArgumentTypeError(f"expected MODEL:T with MODEL one of {', '.join(MODELS)}, got {text!r}")
-    return model, int(tokens)
+def parse_case(text: str) -> tuple[str, int, str]:
+    model, _, rest = text.partition(":")
+    tokens, _, fmt = rest.partition(":")
+    fmt = fmt or "bf16"
+    if model not in MODELS or not tokens.isdigit() or int(tokens) < 1 or fmt not in FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"expected MODEL:T[:FORMAT] with MODEL one of {', '.join(MODELS)}, FORMAT one of {FORMATS}, got {text!r}"
+        )
+    return model, int(tokens), fmt
+
+
+def parse_mode(text: str) -> str:
+    words = [w for w in text.split("+") if w]
+    if not set(words) <= {"direct", "prefetch"}:
+        raise argparse.ArgumentTypeError(f"a mode is '' or words 'direct', 'prefetch' joined by '+', got {text!r}")
+    return ",".join(words)
 
 
 def kernel_times(fn, calls: int = 10) -> dict:
@@ -51,79 +79,146 @@ def kernel_times(fn, calls: int = 10) -> dict:
     return {name: {"us": statistics.median(v), "per_call": len(v) // calls} for name, v in per.items()}
 
 
-def run_case(model: str, tokens: int, timer) -> dict:
+def whole_calls(row: dict, modes, call, timer) -> None:
+    """The whole call under each set of modes (plans rebuilt), its kernels' times and its output's difference from
+    the first mode's."""
+    import torch
+
+    from flydsl.kernels import plans
+
+    first = None
+    row["modes"] = {}
+    for mode in modes:
+        os.environ["FLYDSL_MOE_DECODE"] = mode
+        plans.clear_all()
+        out = call().clone()
+        first = out if first is None else first
+        us = timer(call) * 1e3
+        row["modes"][mode or "none"] = dict(
+            us=us,
+            fraction_of_copy=row["copy_us"] / us,
+            max_abs_diff_vs_first=(out.float() - first.float()).abs().max().item(),
+            finite=bool(torch.isfinite(out).all()),
+            kernels=kernel_times(call),
+        )
+    os.environ.pop("FLYDSL_MOE_DECODE", None)
+    plans.clear_all()
+
+
+def stage_sweep(row: dict, fmt: str, x, weights, routing, blocks: int, top_k: int, timer) -> None:
+    """Each stage's configurations launched alone on the aligned routing (modes off)."""
     import torch
 
     from flydsl.kernels.gemm.epilogue import Epilogue
     from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
-    from flydsl.kernels.gemm.skinny_grouped import GROUPED_BLOCK, skinny_gemm_grouped_kernel
+    from flydsl.kernels.gemm.skinny_grouped import (
+        GroupedMode,
+        choose_grouped_skinny_config,
+        skinny_gemm_grouped_fp8_kernel,
+        skinny_gemm_grouped_kernel,
+    )
+
+    hidden, inter = weights.w1.shape[2], weights.w2.shape[2]
+    capacity = routing[0].numel()
+    h = torch.empty(capacity, inter, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(capacity, hidden, device="cuda", dtype=torch.bfloat16)
+    unused = routing[3].view(torch.uint8).view(1, -1)  # next_weights: read only with prefetch_next
+    element = weights.w1.element_size()
+    if fmt == "block":
+        scales = (weights.w1_scale.view(-1, -(-hidden // 128)), weights.w2_scale.view(-1, -(-inter // 128)))
+    elif fmt == "fp8":
+        scales = (weights.w1_scale.view(-1), weights.w2_scale.view(-1))
+    stages = (
+        ("stage1", STAGE1, x, weights.w1.view(-1, hidden), h, top_k, Epilogue(gate="silu"), 2 * inter * hidden),
+        ("stage2", STAGE2, h, weights.w2.view(-1, inter), y, 0, Epilogue(), inter * hidden),
+    )
+    for index, (stage, shapes, a, w, c, by_index, epilogue, expert_values) in enumerate(stages):
+        variant = SkinnyVariant(True, epilogue, True)
+        chosen = choose_grouped_skinny_config(a.shape[1], epilogue.gate is not None, element)
+        row[stage] = []
+        candidates = [SkinnyConfig(groups=g, warps=w_, warps_n=n, unroll=u) for g, w_, n, u in shapes]
+        if fmt != "bf16":  # fp8 as chosen (CTAs per SM held) and as ptxas decides
+            candidates = [
+                dataclasses.replace(cfg, min_blocks=m)
+                for cfg in candidates
+                for m in (65536 // (128 * cfg.threads), None)
+            ]
+        candidates.append(chosen)
+        for cfg in dict.fromkeys(candidates):
+            cols = cfg.rows // 2 if epilogue.gate else cfg.rows
+            grid = (-(-c.shape[1] // cols), blocks)
+            if fmt == "bf16":
+                call = skinny_gemm_grouped_kernel(a, w, c, *routing, unused, by_index, cfg, variant, GroupedMode())
+            else:
+                call = skinny_gemm_grouped_fp8_kernel(
+                    a, w, c, *routing, scales[index], unused, by_index, cfg, variant, GroupedMode()
+                )
+            us = timer(lambda call=call, cfg=cfg, grid=grid: call.launch(grid=grid, block=cfg.threads)) * 1e3
+            config = dataclasses.asdict(cfg) | {"chosen": cfg == chosen}
+            tbps = row["touched_experts"] * expert_values * element / (us * 1e-6) / 1e12
+            row[stage].append(dict(config=config, us=us, tbps=tbps))
+
+
+def run_case(model: str, tokens: int, fmt: str, modes, timer, stages: bool) -> dict:
+    import torch
+
+    from flydsl.kernels.gemm.skinny_grouped import GROUPED_BLOCK
     from flydsl.kernels.moe import align_tokens, fused_moe, topk_route
 
     experts, top_k, hidden, inter = MODELS[model]
     torch.manual_seed(0)
-    w1 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
-    w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16) * 0.02
+    w1 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16).mul_(hidden**-0.5)
+    w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16).mul_(inter**-0.5)
+    weights = format_weights(w1, w2, fmt)
+    del w1, w2
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
-    weights, ids = topk_route(torch.randn(tokens, experts, device="cuda"), top_k)
+    topk_weights, ids = topk_route(torch.randn(tokens, experts, device="cuda"), top_k)
     touched = ids.unique().numel()
-    nbytes = touched * 3 * hidden * inter * 2
+    nbytes = touched * 3 * hidden * inter * weights.w1.element_size()
     source = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
-    row = {"model": model, "tokens": tokens, "touched_experts": touched, "touched_bytes": nbytes}
+    row = {"model": model, "tokens": tokens, "format": fmt, "touched_experts": touched, "touched_bytes": nbytes}
     row["copy_us"] = timer(lambda: target.copy_(source)) * 1e3
-    row["ours_us"] = timer(lambda: fused_moe(x, w1, w2, weights, ids)) * 1e3
-    row["fraction_of_copy"] = row["copy_us"] / row["ours_us"]
-    row["kernels"] = kernel_times(lambda: fused_moe(x, w1, w2, weights, ids))
-    sorted_ids, expert_of_block, padded_count = align_tokens(ids, experts, GROUPED_BLOCK)
-    row["align_us"] = timer(lambda: align_tokens(ids, experts, GROUPED_BLOCK)) * 1e3
-    capacity = sorted_ids.numel()
-    blocks = min(capacity // GROUPED_BLOCK, tokens * top_k)
-    positions = torch.empty(tokens * top_k, dtype=torch.int32, device="cuda")
-    h = torch.empty(capacity, inter, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty(capacity, hidden, device="cuda", dtype=torch.bfloat16)
-    routing = (sorted_ids, expert_of_block, padded_count, positions)
-    stages = (
-        ("stage1", STAGE1, x, w1.view(-1, hidden), h, top_k, Epilogue(gate="silu"), 2 * inter * hidden * 2),
-        ("stage2", STAGE2, h, w2.view(-1, inter), y, 0, Epilogue(), inter * hidden * 2),
-    )
-    for stage, shapes, a, w, c, by_index, epilogue, expert_bytes in stages:
-        variant = SkinnyVariant(True, epilogue, True)
-        row[stage] = []
-        for groups, warps, warps_n, unroll in shapes:
-            cfg = SkinnyConfig(groups=groups, warps=warps, warps_n=warps_n, unroll=unroll)
-            cols = cfg.rows // 2 if epilogue.gate else cfg.rows
-            grid = (-(-c.shape[1] // cols), blocks)
-
-            def launch(cfg=cfg, grid=grid, variant=variant, a=a, w=w, c=c, by_index=by_index):
-                skinny_gemm_grouped_kernel(a, w, c, *routing, by_index, cfg, variant).launch(
-                    grid=grid, block=cfg.threads
-                )
-
-            us = timer(launch) * 1e3
-            config = dict(groups=groups, warps=warps, warps_n=warps_n, unroll=unroll)
-            row[stage].append(dict(config=config, us=us, tbps=touched * expert_bytes / (us * 1e-6) / 1e12))
+    options = {}
+    if fmt != "bf16":
+        granularity = "channel" if fmt == "fp8" else "block"
+        options = dict(quant="fp8", granularity=granularity, w1_scale=weights.w1_scale, w2_scale=weights.w2_scale)
+    whole_calls(row, modes, lambda: fused_moe(x, weights.w1, weights.w2, topk_weights, ids, **options), timer)
+    if stages:
+        sorted_ids, expert_of_block, padded_count = align_tokens(ids, experts, GROUPED_BLOCK)
+        row["align_us"] = timer(lambda: align_tokens(ids, experts, GROUPED_BLOCK)) * 1e3
+        blocks = min(sorted_ids.numel() // GROUPED_BLOCK, tokens * top_k)
+        positions = torch.empty(tokens * top_k, dtype=torch.int32, device="cuda")
+        stage_sweep(row, fmt, x, weights, (sorted_ids, expert_of_block, padded_count, positions), blocks, top_k, timer)
     return row
+
+
+def _format(row: dict) -> str:
+    modes = " ".join(f"{mode} {r['us']:.1f} us ({r['fraction_of_copy']:.3f})" for mode, r in row["modes"].items())
+    text = f"{row['model']:<9} T={row['tokens']:<3} {row['format']:<5} copy {row['copy_us']:7.1f} us; {modes}"
+    for stage in ("stage1", "stage2"):
+        if stage in row:
+            best, chosen = min(row[stage], key=lambda r: r["us"]), [r for r in row[stage] if r["config"]["chosen"]][0]
+            text += f"; {stage} chosen {chosen['us']:.1f} us, best {best['us']:.1f} us {best['config']}"
+    return text
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=lambda t: csv_list(t, parse_case), default=csv_list(DEFAULT_CASES, parse_case))
+    parser.add_argument("--modes", type=lambda t: [parse_mode(m) for m in t.split(",")], default=None)
+    parser.add_argument("--no-stages", action="store_true", help="the whole calls only, no stage sweep")
     parser.add_argument("--json", help="write the record here (benchmarks/results/moe_decode_sweep/)")
     parser.add_argument("--commit", default=None, help="the commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
+    modes = args.modes if args.modes is not None else [parse_mode(m) for m in DEFAULT_MODES.split(",")]
     timer = cold_timer("dirty")
     results = []
     record = new_record("moe_decode_sweep", argv, results, commit=args.commit, method=__doc__.split("\n\n")[0])
-    for model, tokens in args.cases:
-        row = run_case(model, tokens, timer)
+    for model, tokens, fmt in args.cases:
+        row = run_case(model, tokens, fmt, modes, timer, not args.no_stages)
         results.append(row)
-        best = {stage: min(row[stage], key=lambda r: r["us"]) for stage in ("stage1", "stage2")}
-        print(
-            f"{model:<9} T={tokens:<3} ours {row['ours_us']:7.1f} us copy {row['copy_us']:7.1f} us"
-            f" ({row['fraction_of_copy']:.3f}); best stage 1 {best['stage1']['us']:.1f} us {best['stage1']['config']},"
-            f" stage 2 {best['stage2']['us']:.1f} us {best['stage2']['config']}",
-            flush=True,
-        )
+        print(_format(row), flush=True)
         if args.json:
             save(args.json, record)
     return 0

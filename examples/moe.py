@@ -82,7 +82,11 @@ def compile_only(args) -> int:
     from flydsl.kernels.gemm.operands import MatrixSpec
     from flydsl.kernels.gemm.plan import plan_grouped
     from flydsl.kernels.gemm.skinny import SkinnyVariant
-    from flydsl.kernels.gemm.skinny_grouped import choose_grouped_skinny_config, skinny_gemm_grouped_kernel
+    from flydsl.kernels.gemm.skinny_grouped import (
+        GroupedMode,
+        choose_grouped_skinny_config,
+        skinny_gemm_grouped_kernel,
+    )
     from flydsl.kernels.moe.api import align_capacity
     from flydsl.kernels.moe.experts import combine_kernel, experts_config, gather_kernel
 
@@ -115,8 +119,8 @@ def compile_only(args) -> int:
         skinny = choose_grouped_skinny_config(a[1], gated)
         variant = SkinnyVariant(True, Epilogue(gate="silu" if gated else None), True)
         module = skinny_gemm_grouped_kernel.lower(
-            S(a, "bf16"), S((rows, a[1]), "bf16"), S(out, "bf16"), *routing, S((DECODE_TOKENS * k,), "i32"), top_k,
-            skinny, variant,
+            S(a, "bf16"), S((rows, a[1]), "bf16"), S(out, "bf16"), *routing, S((DECODE_TOKENS * k,), "i32"),
+            S((E, H * inter * 2), "i8"), top_k, skinny, variant, GroupedMode(),
         )  # fmt: skip
         modules.append((f"decode {name}: skinny_gemm_grouped_kernel", module))
     modules.append(

@@ -1,8 +1,11 @@
-"""fx.nvvm.ld_global_nc, ld_global, st_global, create_policy: cache-hinted global loads and stores. CPU: the PTX
+"""fx.nvvm.ld_global_nc, ld_global, st_global, create_policy, prefetch_l2_bulk: cache-hinted global loads and stores,
+bulk L2 prefetches. CPU: the PTX
 instruction for each variant, accepted by ptxas for sm_90a; arguments checked. GPU (``gpu``): the words loaded equal
 the data, predicated-off lanes get the fill and store nothing."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -33,6 +36,48 @@ def test_ld_global_nc_lowers_and_assembles():
     assert "ld.global.nc.L1::evict_last.v2.b32" in ptx
     assert "ld.global.nc.b32" in ptx
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+@flyc.kernel
+def streamed_then_prefetched(x: fx.Tensor, follow: fx.Tensor, out: fx.Tensor, nbytes: fx.Int32):
+    """out[4t ..] = x[4t ..] read with an evict_first L2 policy; thread 0 prefetches ``nbytes`` of ``follow`` into L2
+    (a dynamic size, then 4096 bytes with an evict_last policy)."""
+    t = gpu.thread_idx.x
+    first = nvvm.create_policy("evict_first")
+    words = nvvm.ld_global_nc(x, 4 * t, 16, l1="no_allocate", prefetch=256, policy=first)
+    if t == 0:
+        nvvm.prefetch_l2_bulk(follow, nbytes, coord=0)
+        nvvm.prefetch_l2_bulk(follow, 4096, coord=1024, policy=nvvm.create_policy("evict_last"))
+    for i in fx.range_constexpr(4):
+        out[4 * t + i] = words[i]
+
+
+def test_policy_loads_and_bulk_prefetches_lower_and_assemble():
+    spec = flyc.TensorSpec((4096,), "i32")
+    compiled = streamed_then_prefetched.lower(spec, spec, spec, 4096)
+    ptx = compiled.ptx
+    assert re.search(
+        r"ld\.global\.nc\.L1::no_allocate\.L2::cache_hint\.L2::256B\.v4\.b32 \{[^}]*\}, \[%rd\d+\], %rd\d+;", ptx
+    )
+    assert len(re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global(\.L2::cache_hint)? \[%rd\d+\], %r\d+", ptx)) == 2
+    assert "cp.async.bulk.prefetch.L2.global.L2::cache_hint" in ptx
+    assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
+def test_prefetch_l2_bulk_checks_arguments():
+    @flyc.kernel
+    def ragged(x: fx.Tensor):
+        nvvm.prefetch_l2_bulk(x, 24)
+
+    with pytest.raises(ValueError, match="multiple of 16"):
+        ragged.lower(flyc.TensorSpec((16,), "i32"))
+
+    @flyc.kernel
+    def bad_policy(x: fx.Tensor):
+        nvvm.ld_global_nc(x, 0, policy=fx.Int32(1))
+
+    with pytest.raises(TypeError, match="policy: expected a 64-bit value"):
+        bad_policy.lower(flyc.TensorSpec((16,), "i32"))
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,36 @@ def test_decode_and_prefill_routes_agree(tokens):
     torch.testing.assert_close(decoded.float(), doubled.float(), rtol=0, atol=2e-2 * scale)
 
 
+@pytest.mark.parametrize("quant", [None, "channel", "block"])
+@pytest.mark.parametrize("modes", ["direct", "prefetch", "direct,prefetch"])
+@pytest.mark.parametrize("experts,top_k,hidden,inter", [(64, 8, 512, 256), (32, 4, 384, 320)])
+def test_decode_modes_give_the_same_output(monkeypatch, modes, quant, experts, top_k, hidden, inter):
+    """One token with the decode modes (FLYDSL_MOE_DECODE: no alignment, w2 prefetched into L2) against the
+    default plan: the same sums in the same order, so the same bits; dropped ids (outside [0, E)) add nothing."""
+    from flydsl.kernels import plans
+
+    x, w1, w2 = _layer(1, experts, hidden, inter, seed=30)
+    weights, ids = _routing(1, experts, top_k, seed=30)
+    ids[0, -1] = -1  # an id this rank does not serve
+    options = {}
+    if quant is not None:
+        w1, s1, _ = _fp8_weights(w1, quant)
+        w2, s2, _ = _fp8_weights(w2, quant)
+        options = dict(quant="fp8", granularity=quant, w1_scale=s1, w2_scale=s2)
+    monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
+    plans.clear_all()
+    expected = fused_moe(x, w1, w2, weights, ids, **options)
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", modes)
+    plans.clear_all()
+    try:
+        for _ in range(2):  # the first call records the plan, the second replays it
+            out = torch.full_like(x, float("nan"))
+            fused_moe(x, w1, w2, weights, ids, out=out, **options)
+            assert torch.equal(out, expected)
+    finally:
+        plans.clear_all()
+
+
 def test_fused_moe_fp16_and_new_output():
     x, w1, w2 = _layer(200, 16, 256, 128, dtype=torch.float16, seed=3)
     weights, ids = _routing(200, 16, 4, seed=3)

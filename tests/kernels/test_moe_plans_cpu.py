@@ -1,8 +1,9 @@
 """fused_moe's decode-sized plan without a GPU: CPU tensors taken as if on device 0, launches recorded instead of run.
 The plan's scratch function makes every buffer the steps use (so that a replay's launches touch nothing else), and
 the launches bind them in order: align into the alignment buffers, stage 1 from x into h, stage 2 from h into y, the
-combine from y into the output (fp8 weights, every granularity: the same four launches, weight-only). The GPU side
-(results, replays) is tests/kernels/test_plans_gpu.py and test_moe_experts_gpu.py."""
+combine from y into the output (fp8 weights, every granularity: the same four launches, weight-only); with the
+decode modes on (FLYDSL_MOE_DECODE), one token takes no alignment and stage 1 prefetches w2. The GPU side (results,
+replays) is tests/kernels/test_plans_gpu.py and test_moe_experts_gpu.py."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def recorded(monkeypatch):
 
     monkeypatch.setattr(validation, "describe", describe)
     monkeypatch.setattr(device, "sm_count", lambda index=0: 132)
+    monkeypatch.setattr(device, "l2_bytes", lambda index=0: 50 * 2**20)
+    monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
     monkeypatch.setattr(kernel_module.KernelCall, "launch", lambda call, **config: launches.append(call))
     return launches
 
@@ -109,3 +112,50 @@ def test_the_decode_plan_launches_on_its_scratch_alone(recorded, granularity):
 def _inside(t, owner) -> bool:
     start, end = owner.data_ptr(), owner.data_ptr() + owner.untyped_storage().nbytes()
     return start <= t.data_ptr() < end or t.data_ptr() == start
+
+
+@pytest.mark.parametrize("granularity", [None, "channel", "block"], ids=["bf16", "fp8 channel", "fp8 block"])
+def test_one_token_in_the_direct_mode_takes_no_alignment_and_prefetches_w2(recorded, monkeypatch, granularity):
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,prefetch")
+    x, w1, w2, weights, ids, options = _inputs(granularity)
+    x, weights, ids = x[:1], weights[:1], ids[:1]
+    scales = dict(w1_scale=options.get("w1_scale"), w2_scale=options.get("w2_scale"))
+    plan = experts._fused_plan(
+        x, w1, w2, weights, ids, "silu", quant=options.get("quant"), granularity=granularity, out=None, **scales
+    )
+    args = (x, w1, w2, weights, ids, None, scales["w1_scale"], scales["w2_scale"])
+    memory = plan.scratch(*args)
+    out, positions, h, y = memory[:4]
+    assert h.shape == (TOP_K * 16, INTER) and y.shape == (TOP_K * 16, HIDDEN)  # a block of 16 rows per routed pair
+    plan.launch(*args, *memory)
+    names = [call.kernel.name for call in recorded]
+    assert len(names) == 3 and "skinny_gemm_grouped" in names[0] and names[-1] == "combine_kernel"
+    stage1, stage2 = recorded[0].values, recorded[1].values
+    flat = ids.reshape(-1)
+    for stage in (stage1, stage2):  # the flat ids stand for the order, the blocks' experts and the count
+        assert all(_same(stage[i], flat) for i in (3, 4, 5)) and _same(stage[6], positions)
+    next_weights = stage1[8 if granularity else 7]
+    assert next_weights.data_ptr() == w2.data_ptr() and next_weights.shape == (
+        EXPERTS,
+        w2[0].numel() * w2.element_size(),
+    )
+    assert next_weights.dtype == torch.uint8
+    mode1, mode2 = stage1[-1], stage2[-1]
+    assert (mode1.direct, mode1.prefetch_next, mode2.direct, mode2.prefetch_next) == (True, True, True, False)
+
+
+def test_decode_modes_follow_the_environment_and_the_l2(monkeypatch):
+    w2 = torch.empty(128, 2048, 768, dtype=torch.bfloat16)  # Qwen3-30B-A3B's: 3 MB per expert
+    monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20) == ((False, False), (False, False))
+    both = {"direct", "prefetch"}
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20, both) == ((True, True), (True, False))
+    # 8 experts' 25 MB of w2 do not fit in half of a 40 MB L2; two tokens take the alignment
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 40 * 2**20, both) == ((True, False), (True, False))
+    assert experts.decode_modes(2, 8, 128, 2048, 768, w2, 50 * 2**20, both)[0].direct is False
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2[:, :, :384], 50 * 2**20, both)[0].prefetch_next is False
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "prefetch")
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20) == ((False, True), (False, False))
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,fast")
+    with pytest.raises(ValueError, match="FLYDSL_MOE_DECODE: expected words from"):
+        experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20)

@@ -42,6 +42,7 @@ def recorded(monkeypatch):
 
     monkeypatch.setattr(validation, "describe", describe)
     monkeypatch.setattr(device, "sm_count", lambda index=0: 132)
+    monkeypatch.setattr(device, "l2_bytes", lambda index=0: 50 * 2**20)
     monkeypatch.setattr(memory, "stream_key", lambda t: ("cpu", 0))
     monkeypatch.setattr(kernel_module.KernelCall, "launch", lambda call, **config: launches.append(call))
     return launches
@@ -78,6 +79,29 @@ def test_fused_moe_decode_launches_write_nothing_but_kernels(recorded, granulari
         x, w1, w2, weights, ids, "silu", quant=quant, granularity=granularity, out=None, **scales
     )
     assert _launch_writes(plan, (x, w1, w2, weights, ids, None, scales["w1_scale"], scales["w2_scale"])) == []
+
+
+@pytest.mark.parametrize("granularity", [None, "block"])
+def test_one_token_in_the_decode_modes_launches_writes_nothing_but_kernels(recorded, monkeypatch, granularity):
+    """FLYDSL_MOE_DECODE=direct,prefetch: the flat ids and w2's bytes are views made at launch, not copies."""
+    from flydsl.kernels.moe import experts
+
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,prefetch")
+    hidden, count, inter = 256, 8, 128
+    x, ids, weights = torch.randn(1, hidden).bfloat16(), torch.tensor([[6, 1]], dtype=torch.int32), torch.rand(1, 2)
+    w1, w2 = torch.randn(count, 2 * inter, hidden), torch.randn(count, hidden, inter)
+    scales = {"w1_scale": None, "w2_scale": None}
+    if granularity is None:
+        w1, w2 = w1.bfloat16(), w2.bfloat16()
+    else:
+        scales = {"w1_scale": torch.rand(count, 2, 2), "w2_scale": torch.rand(count, 2, 1)}
+        w1, w2 = w1.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn)
+    quant = None if granularity is None else "fp8"
+    plan = experts._fused_plan(
+        x, w1, w2, weights, ids, "silu", quant=quant, granularity=granularity, out=None, **scales
+    )
+    assert _launch_writes(plan, (x, w1, w2, weights, ids, None, scales["w1_scale"], scales["w2_scale"])) == []
+    assert len(recorded) == 3  # stage 1, stage 2, the combine: no alignment
 
 
 @pytest.mark.parametrize("granularity", ["token", "group", "tensor"])

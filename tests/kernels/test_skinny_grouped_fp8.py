@@ -16,6 +16,7 @@ from flydsl.kernels.gemm.epilogue import Epilogue
 from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_WEIGHT_SCALE,
+    GroupedMode,
     choose_grouped_skinny_config,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
@@ -26,6 +27,7 @@ from .ptxas_report import ptxas_report
 S = flyc.TensorSpec
 FP8 = "f8E4M3FN"
 TOKENS, TOP_K, EXPERTS, CAPACITY = 8, 8, 256, 4096
+NEXT = S((EXPERTS, 7168 * 256), "i8")  # the next stage's weights as bytes per expert (prefetch_next only)
 _MMA = "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32"
 
 
@@ -44,12 +46,15 @@ def _scales(gated: bool, k: int, n_out: int, block: bool):
     return S((weight_rows // 128, -(-k // 128)), "f32") if block else S((weight_rows,), "f32")
 
 
-def _lower(gated, k, n_out, block, dtype="bf16", cfg=None, epilogue=None, arguments=None):
+def _lower(gated, k, n_out, block, dtype="bf16", cfg=None, epilogue=None, arguments=None, mode=None):
     cfg = cfg or choose_grouped_skinny_config(k, gated, 1)
     variant = SkinnyVariant(True, epilogue or Epilogue(gate="silu" if gated else None), True)
     arguments = arguments or _arguments(gated, k, n_out, dtype)
     scales = _scales(gated, k, n_out, block)
-    return skinny_gemm_grouped_fp8_kernel.lower(*arguments, scales, TOP_K if gated else 0, cfg, variant), cfg
+    module = skinny_gemm_grouped_fp8_kernel.lower(
+        *arguments, scales, NEXT, TOP_K if gated else 0, cfg, variant, mode or GroupedMode()
+    )
+    return module, cfg
 
 
 SHAPES = [
@@ -78,6 +83,40 @@ def test_grouped_fp8_compiles_without_spills(gated, k, n_out, block):
     assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
     assert registers <= 65536 // (cfg.min_blocks * cfg.threads), report  # the 16-bit kernels' CTAs per SM
+
+
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+@pytest.mark.parametrize("weights", ["bf16", "row", "block"])
+@pytest.mark.parametrize("gated,k,n_out", [(True, 2048, 768), (True, 7168, 256), (False, 768, 2048)])
+def test_the_decode_modes_compile_without_spills(weights, gated, k, n_out):
+    """GroupedMode(direct, prefetch_next) (one decode token: no alignment, w2 prefetched into L2 by stage 1): the
+    same MMAs and weight loads (with an evict-first L2 policy where prefetching), bulk L2 prefetches, no spills,
+    the default's CTAs per SM."""
+    mode = GroupedMode(direct=True, prefetch_next=gated)
+    if weights == "bf16":
+        cfg = choose_grouped_skinny_config(k, gated)
+        variant = SkinnyVariant(True, Epilogue(gate="silu" if gated else None), True)
+        arguments = _arguments(gated, k, n_out, weights="bf16")
+        module = skinny_gemm_grouped_kernel.lower(*arguments, NEXT, TOP_K if gated else 0, cfg, variant, mode)
+        loads, mmas = 3 * cfg.unroll * cfg.groups, 3 * 2 * cfg.unroll * cfg.groups
+    else:
+        module, cfg = _lower(gated, k, n_out, weights == "block", mode=mode)
+        loads, mmas = 3 * cfg.unroll * cfg.groups, 3 * 4 * cfg.unroll * cfg.groups
+    ptx = module.ptx
+    hint = ".L2::cache_hint" if gated else ""
+    assert ptx.count(f"ld.global.nc.L1::no_allocate{hint}.L2::256B.v4.b32") == loads
+    assert ptx.count(_MMA.format("bf16")) == mmas
+    assert ("cp.async.bulk.prefetch.L2.global" in ptx) == gated
+    assert ("createpolicy.fractional.L2::evict_first" in ptx) == gated
+    report = ptxas_report(ptx)
+    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    assert registers <= 65536 // ((cfg.min_blocks or 1) * cfg.threads), report
+
+
+def test_the_kernels_take_a_grouped_mode():
+    with pytest.raises(TypeError, match="mode must be a GroupedMode"):
+        module, _ = _lower(False, 256, 7168, False, mode=(True, False))
 
 
 @pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
@@ -178,5 +217,6 @@ def test_16_bit_kernel_takes_no_scales():
     variant = SkinnyVariant(True, Epilogue(scales=(GROUPED_WEIGHT_SCALE,)), True)
     with pytest.raises(ValueError, match="expected no scales"):
         skinny_gemm_grouped_kernel.lower(
-            *_arguments(False, 256, 7168, weights="bf16"), 0, choose_grouped_skinny_config(256, False), variant
-        )
+            *_arguments(False, 256, 7168, weights="bf16"), NEXT, 0, choose_grouped_skinny_config(256, False), variant,
+            GroupedMode(),
+        )  # fmt: skip

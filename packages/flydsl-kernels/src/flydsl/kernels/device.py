@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["sm_count", "max_active_clusters"]
+__all__ = ["sm_count", "l2_bytes", "max_active_clusters"]
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -18,6 +18,14 @@ def sm_count(device: int) -> int:
 
         count = _SM_COUNT[device] = runtime.device_attribute(16, device)  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
     return count
+
+
+@functools.cache
+def l2_bytes(device: int) -> int:
+    """The L2 cache size in bytes of CUDA device ``device`` (read once)."""
+    from flydsl.compiler import runtime
+
+    return runtime.device_attribute(38, device)  # CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE
 
 
 _PROBE_PTX = """.version 8.0

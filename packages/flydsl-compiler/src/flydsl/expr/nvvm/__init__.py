@@ -34,6 +34,7 @@ from flydsl.expr.nvvm.memory import (
     ld_acquire,
     ld_global,
     ld_global_nc,
+    prefetch_l2_bulk,
     red_add_release,
     red_max_relaxed,
     st_global,
@@ -85,4 +86,5 @@ __all__ = [
     "griddepcontrol_launch_dependents",
     "trap",
     "cp_async_bulk",
+    "prefetch_l2_bulk",
 ]

@@ -24,13 +24,16 @@ _nvvm = lazy_import("mlir.dialects.nvvm")
 _L1_EVICTION = ("evict_normal", "evict_unchanged", "evict_first", "evict_last", "no_allocate")
 
 
-def ld_global_nc(where, coord=None, nbytes: int = 16, l1: str | None = None, prefetch: int | None = None) -> Vector:
-    """``ld.global.nc[.L1::{l1}][.L2::{prefetch}B].v{n}.b32``: ``nbytes`` (4, 8 or 16) bytes of read-only global
-    memory (aligned to ``nbytes``) through the non-coherent path, as an ``Int32`` vector (bit-cast it to the data's
-    type: ``.bitcast(fx.BFloat16)``). ``l1``: an L1 eviction priority (``"no_allocate"`` streams data read once past
-    L1; ``"evict_first"``, ``"evict_last"``...); ``prefetch``: an L2 prefetch size in bytes (64, 128 or 256).
-    The memory must not be written while the kernel runs (the load is free to be reordered or merged: inline PTX
-    without side effects). ``where``: an ``!llvm.ptr<1>`` or a global Tensor (``address(where, coord)``).
+def ld_global_nc(
+    where, coord=None, nbytes: int = 16, l1: str | None = None, prefetch: int | None = None, policy=None
+) -> Vector:
+    """``ld.global.nc[.L1::{l1}][.L2::cache_hint][.L2::{prefetch}B].v{n}.b32``: ``nbytes`` (4, 8 or 16) bytes of
+    read-only global memory (aligned to ``nbytes``) through the non-coherent path, as an ``Int32`` vector (bit-cast
+    it to the data's type: ``.bitcast(fx.BFloat16)``). ``l1``: an L1 eviction priority (``"no_allocate"`` streams
+    data read once past L1; ``"evict_first"``, ``"evict_last"``...); ``prefetch``: an L2 prefetch size in bytes (64,
+    128 or 256); ``policy``: an L2 eviction policy (:func:`create_policy`). The memory must not be written while the
+    kernel runs (the load is free to be reordered or merged: inline PTX without side effects). ``where``: an
+    ``!llvm.ptr<1>`` or a global Tensor (``address(where, coord)``).
 
     PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-ld-global-nc
     """
@@ -40,11 +43,16 @@ def ld_global_nc(where, coord=None, nbytes: int = 16, l1: str | None = None, pre
         raise ValueError(f"ld_global_nc l1: expected one of {_L1_EVICTION} or None, got {l1!r}")
     if prefetch not in (None, 64, 128, 256):
         raise ValueError(f"ld_global_nc prefetch: expected 64, 128, 256 or None, got {prefetch!r}")
-    pointer = _pointer(where, coord, "global")
+    if policy is not None and not (isinstance(policy, Numeric) and policy.width == 64):
+        raise TypeError(f"ld_global_nc policy: expected a 64-bit value from create_policy, got {type(policy).__name__}")
+    operands, constraints = [_pointer(where, coord, "global")], ["=r"] * (nbytes // 4) + ["l"]
     count = nbytes // 4
-    suffix = (f".L1::{l1}" if l1 else "") + (f".L2::{prefetch}B" if prefetch else "")
-    text = f"ld.global.nc{suffix}{_vec(count)}.b32 {_registers(0, count)}, [${count}];"
-    return _words(_asm(_words_type(count), [pointer], text, ",".join(["=r"] * count + ["l"])), count)
+    hint = _policy_operand(policy, count, operands, constraints)
+    suffix = (
+        (f".L1::{l1}" if l1 else "") + (".L2::cache_hint" if hint else "") + (f".L2::{prefetch}B" if prefetch else "")
+    )
+    text = f"ld.global.nc{suffix}{_vec(count)}.b32 {_registers(0, count)}, [${count}]{hint};"
+    return _words(_asm(_words_type(count), operands, text, ",".join(constraints)), count)
 
 
 def _registers(first: int, count: int) -> str:
@@ -300,6 +308,26 @@ def cp_async_bulk(dst, src, nbytes, barrier, dst_coord=None, src_coord=None) -> 
     copy = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];"
     text = f"{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p {copy} }}"  # a size of 0: no copy issued
     _asm(None, [where, source, size, bar], text, "l,l,r,l", side_effects=True)
+
+
+def prefetch_l2_bulk(where, nbytes, coord=None, policy=None) -> None:
+    """``cp.async.bulk.prefetch.L2.global[.L2::cache_hint] [where], nbytes``: brings ``nbytes`` (a kernel Int32 or
+    int, a multiple of 16) contiguous bytes of global memory from ``where`` (16-byte aligned: an ``!llvm.ptr<1>`` or
+    a global Tensor with ``coord``) into L2, asynchronously: the thread does not wait, nothing is returned, and no
+    barrier tracks it. For data a later kernel reads (e.g. the next stage's weights while this one streams its own).
+    ``policy``: an L2 eviction policy (:func:`create_policy`).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-cp-async-bulk-prefetch
+    """
+    if isinstance(nbytes, int) and (nbytes < 0 or nbytes % 16):
+        raise ValueError(f"prefetch_l2_bulk nbytes: expected a non-negative multiple of 16, got {nbytes}")
+    if policy is not None and not (isinstance(policy, Numeric) and policy.width == 64):
+        raise TypeError(
+            f"prefetch_l2_bulk policy: expected a 64-bit value from create_policy, got {type(policy).__name__}"
+        )
+    size = _int32(Int32(nbytes) if isinstance(nbytes, int) else nbytes, "prefetch_l2_bulk nbytes").value
+    hint = None if policy is None else policy.value
+    _nvvm.cp_async_bulk_prefetch(_pointer(where, coord, "global"), size, l2_cache_hint=hint)
 
 
 def cp_async_commit_group() -> None:

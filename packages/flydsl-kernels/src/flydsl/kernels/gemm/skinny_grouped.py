@@ -6,6 +6,11 @@ streams a slice of its block's expert's weight rows. On fp8 weights (:func:`skin
 weight-only, 16-bit activations) each 16-byte weight load holds 16 values of K (lane t: ``16t .. 16t + 15`` of a
 chunk of 64), converted exactly to 16-bit in registers and paired with two 16-byte loads of each activation row (the
 same 16 values), fed to the 16-bit m16n8k16 MMAs.
+
+A :class:`GroupedMode` changes two things for one decode token: ``direct`` takes the routed pairs as the blocks
+(no alignment kernel before the stage), ``prefetch_next`` has every CTA bring its share of its expert's next-stage
+weights into L2 while it streams its own (read with an evict-first L2 policy), so that the next stage reads them from
+L2 rather than memory (docs/tuning/moe.md#decode).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from flydsl.kernels.gemm.skinny import (
 __all__ = [
     "GROUPED_BLOCK",
     "GROUPED_WEIGHT_SCALE",
+    "GroupedMode",
     "Routing",
     "choose_grouped_skinny_config",
     "skinny_gemm_grouped_fp8_kernel",
@@ -40,6 +46,27 @@ __all__ = [
 GROUPED_BLOCK = 16  # the aligned order's row block: one m16n8k16 MMA's rows
 # fp8 weights' per-row scales in the grouped kernel's epilogue: one per row of the stacked weights (E * N,)
 GROUPED_WEIGHT_SCALE = Scale(columns=1, experts=True)
+
+
+PREFETCH_PIECE = 4096  # bytes of one bulk L2 prefetch (prefetch_next): a piece per thread
+
+
+class GroupedMode(NamedTuple):
+    """What a grouped kernel does besides its GEMM (a Constexpr of the kernels; the defaults: neither).
+
+    ``direct``: no alignment. Block y is routed pair y: ``expert_of_block`` is the flat ``topk_ids`` (T * k,), the
+    block's row 0 its token (row ``y // top_k`` of x) and rows 1..15 pads reading row 0, ``sorted_ids`` and
+    ``padded_count`` unread; blocks whose id is outside ``[0, E)`` are skipped (their rows never written, as the
+    combine expects). For one token, whose top-k experts are distinct: the same weights read as with alignment, and
+    no alignment kernel before stage 1. Stage 2 takes the same mode (rows are the positions ``16 y ..``).
+
+    ``prefetch_next``: each CTA also brings its share of its block's expert's next-stage weights into L2 (the
+    kernels' ``next_weights``: (E, bytes per expert) uint8, 16-byte multiples; pieces of :data:`PREFETCH_PIECE`
+    spread over the CTAs of a block) and reads its own weights with an evict-first L2 policy, so that the next
+    stage finds its weights in L2: for calls whose routed next-stage weights fit in L2 (one decode token)."""
+
+    direct: bool = False
+    prefetch_next: bool = False
 
 
 class Routing(NamedTuple):
@@ -62,9 +89,11 @@ def skinny_gemm_grouped_kernel(
     expert_of_block: fx.Tensor,
     padded_count: fx.Tensor,
     positions: fx.Tensor,
+    next_weights: fx.Tensor,
     top_k: fx.Int32,
     cfg: fx.Constexpr,
     variant: fx.Constexpr,
+    mode: fx.Constexpr,
 ):
     """A mixture of experts' GEMM at decode sizes, streaming each routed expert's weights once per block of 16 rows:
     CTA (x, y) takes block y of the aligned order (:class:`Routing`; none past ``padded_count[0]``: the CTA returns)
@@ -75,11 +104,11 @@ def skinny_gemm_grouped_kernel(
     C gets ``gate(x @ gate.T) * (x @ up.T)`` (cols = rows / 2). 16-bit operands (fp8 weights:
     :func:`skinny_gemm_grouped_fp8_kernel`), 16-byte loads, no split K. Rows by index also note where each (token,
     slot) pair went, as the gather does: ``positions[sorted_ids[p]] = p`` (int32 (T * k,); unread where ``top_k`` is
-    0)."""
+    0). ``mode``: a :class:`GroupedMode` (``next_weights``: read only with ``prefetch_next``)."""
     if variant.epilogue.scales:
         raise ValueError(f"skinny_gemm_grouped_kernel: expected no scales: {variant}")
     routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
-    _grouped_skinny_gemm(a, w, c, routing, positions, None, cfg, variant)
+    _grouped_skinny_gemm(a, w, c, routing, positions, None, next_weights, cfg, variant, mode)
 
 
 @flyc.kernel(dependent_launch=True)
@@ -92,9 +121,11 @@ def skinny_gemm_grouped_fp8_kernel(
     padded_count: fx.Tensor,
     positions: fx.Tensor,
     w_scale: fx.Tensor,
+    next_weights: fx.Tensor,
     top_k: fx.Int32,
     cfg: fx.Constexpr,
     variant: fx.Constexpr,
+    mode: fx.Constexpr,
 ):
     """:func:`skinny_gemm_grouped_kernel` on fp8 weights (weight-only: ``w`` e4m3, ``a`` and ``c`` bf16 or fp16, K a
     multiple of 16). Each 16-byte load of ``w`` holds 16 e4m3 values, converted exactly to ``a``'s type in registers
@@ -108,13 +139,17 @@ def skinny_gemm_grouped_fp8_kernel(
     if variant.epilogue.scales:
         raise ValueError(f"skinny_gemm_grouped_fp8_kernel: expected no epilogue scales (w_scale's own): {variant}")
     routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
-    _grouped_skinny_gemm(a, w, c, routing, positions, w_scale, cfg, variant)
+    _grouped_skinny_gemm(a, w, c, routing, positions, w_scale, next_weights, cfg, variant, mode)
 
 
-def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, w_scale, cfg: SkinnyConfig, variant) -> None:
+def _grouped_skinny_gemm(
+    a, w, c, routing: Routing, positions, w_scale, next_weights, cfg: SkinnyConfig, variant, mode: GroupedMode
+) -> None:
     """The grouped kernels' body (:func:`skinny_gemm_grouped_kernel`). The weights' format: 16-bit (``w_scale``
     None), or fp8 with ``w_scale`` per row (1-D) or per 128 x 128 block (2-D) (:func:`skinny_gemm_grouped_fp8_kernel`).
     """
+    if not isinstance(mode, GroupedMode):
+        raise TypeError(f"grouped skinny kernel: mode must be a GroupedMode, got {mode!r}")
     epilogue, gate = variant.epilogue, variant.epilogue.gate
     if epilogue.bias or epilogue.activation or cfg.splits != 1 or not variant.vector_loads:
         raise ValueError(f"grouped skinny kernel: expected no bias, activation or split K, 16-byte loads: {variant}")
@@ -136,14 +171,22 @@ def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, w_scale, cfg: Ski
     # load's row depends on its zero (loads through inline PTX could move above it otherwise).
     after_wait = nvvm.griddepcontrol_wait()
     block = gpu.block_idx.y.to(fx.Int32) + after_wait
-    if block * GROUPED_BLOCK < routing.padded_count[0]:
-        gated = gate is not None
-        n_out = c.shape[1].to(fx.Int32)
+    gated = gate is not None
+    n_out = c.shape[1].to(fx.Int32)
+    per_expert = n_out * 2 if gated else n_out  # the expert's rows of w
+    if fx.const_expr(mode.direct):  # block y: routed pair y, whose expert may be one this call does not hold
+        pairs = routing.expert_of_block.shape.to(fx.Int32)  # (a 1-D shape: its extent)
+        expert = routing.expert_of_block[arith.minimum(block, pairs - 1)].to(fx.Int32)
+        routed = (block < pairs) & (expert >= 0) & (expert < w.shape[0].to(fx.Int32) // per_expert)
+    else:
+        routed = block * GROUPED_BLOCK < routing.padded_count[0]
+    if routed:
         k_extent = a.shape[1].to(fx.Int32)
-        per_expert = n_out * 2 if gated else n_out  # the expert's rows of w
         cols = cfg.rows // 2 if gated else cfg.rows  # output columns per CTA
         n0 = gpu.block_idx.x * cols
-        base = routing.expert_of_block[block].to(fx.Int32) * per_expert
+        if fx.const_expr(not mode.direct):
+            expert = routing.expert_of_block[block].to(fx.Int32)
+        base = expert * per_expert
         rows_w = []
         for g in fx.range_constexpr(cfg.groups):
             col = (warp_n * cfg.groups + g) * 8 + lane_q  # this lane's weight row among the CTA's
@@ -155,11 +198,14 @@ def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, w_scale, cfg: Ski
                 rows_w.append(base + arith.minimum(n0 + col, n_out - 1))
         first = block * GROUPED_BLOCK
         if (routing.top_k > 0) & (gpu.block_idx.x == 0) & (tid < GROUPED_BLOCK):
-            flat = routing.sorted_ids[first + tid].to(fx.Int32)
+            flat = _sorted_id(routing, mode, a, first + tid)
             if flat < a.shape[0].to(fx.Int32) * routing.top_k:
                 positions[flat] = first + tid
-        rows_a = [_grouped_row(routing, a, first + lane_q + 8 * h) for h in range(2)]
-        streams = _WarpStreams(a, w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales)
+        rows_a = [_grouped_row(routing, mode, a, first + lane_q + 8 * h) for h in range(2)]
+        policy = nvvm.create_policy("evict_first") if mode.prefetch_next else None
+        streams = _WarpStreams(a, w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales, policy)
+        if fx.const_expr(mode.prefetch_next):
+            _prefetch_next(next_weights, expert, tid, cfg.threads)
         step = cfg.k_step(w.dtype.width // 8)
         full = k_extent // step
         warp_k = warp_kk * (step // cfg.warps_k)
@@ -201,10 +247,32 @@ def _grouped_skinny_gemm(a, w, c, routing: Routing, positions, w_scale, cfg: Ski
                 c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
 
 
-def _grouped_row(routing: Routing, a, position):
+def _sorted_id(routing: Routing, mode: GroupedMode, a, position):
+    """The routed pair at aligned position ``position``: ``sorted_ids[position]``, or (``mode.direct``) the block's
+    pair at its row 0 and the sentinel (T * k) at its pad rows."""
+    if fx.const_expr(mode.direct):
+        ids = a.shape[0].to(fx.Int32) * routing.top_k
+        return arith.select(position % GROUPED_BLOCK == 0, position // GROUPED_BLOCK, ids)
+    return routing.sorted_ids[position].to(fx.Int32)
+
+
+def _prefetch_next(next_weights, expert, tid, threads: int) -> None:
+    """This CTA's share of ``expert``'s next-stage weights (row ``expert`` of the (E, bytes) ``next_weights``) into
+    L2: the row in :data:`PREFETCH_PIECE`-byte pieces, ``ceil(pieces / gridDim.x)`` of them per CTA, a piece per
+    thread (asynchronous: nothing waits for them)."""
+    nbytes = next_weights.shape[1].to(fx.Int32)
+    pieces = (nbytes + (PREFETCH_PIECE - 1)) // PREFETCH_PIECE
+    share = (pieces + (gpu.grid_dim.x.to(fx.Int32) - 1)) // gpu.grid_dim.x.to(fx.Int32)
+    start = gpu.block_idx.x.to(fx.Int32) * share
+    for piece in range(start + tid, arith.minimum(start + share, pieces), threads):
+        offset = piece * PREFETCH_PIECE
+        nvvm.prefetch_l2_bulk(next_weights, arith.minimum(nbytes - offset, PREFETCH_PIECE), coord=(expert, offset))
+
+
+def _grouped_row(routing: Routing, mode: GroupedMode, a, position):
     """The row of ``a`` that aligned position ``position`` multiplies: ``sorted_ids[position] // top_k`` (the
     sentinel: row 0), or the position itself where ``top_k`` is 0."""
-    flat = routing.sorted_ids[position].to(fx.Int32)
+    flat = _sorted_id(routing, mode, a, position)
     ids = a.shape[0].to(fx.Int32) * routing.top_k
     by_index = arith.select(flat < ids, flat // arith.maximum(routing.top_k, 1), fx.Int32(0))
     return arith.select(routing.top_k > 0, by_index, position)

@@ -24,6 +24,7 @@ block-scaled form promotes each K block in the stages' mainloop (``gemm_ws_group
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import flydsl.compiler as flyc
@@ -39,6 +40,7 @@ from flydsl.kernels.gemm.plan import plan_grouped
 from flydsl.kernels.gemm.skinny import SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_BLOCK,
+    GroupedMode,
     choose_grouped_skinny_config,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
@@ -53,7 +55,15 @@ from flydsl.kernels.moe.api import (
 )
 from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
-__all__ = ["ExpertsConfig", "combine_kernel", "decodes", "experts_config", "fused_moe", "gather_kernel"]
+__all__ = [
+    "ExpertsConfig",
+    "combine_kernel",
+    "decode_modes",
+    "decodes",
+    "experts_config",
+    "fused_moe",
+    "gather_kernel",
+]
 
 CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
@@ -294,7 +304,10 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
 
     if decodes(tokens, ids, experts):  # (fp8 of every granularity: weight-only, e4m3 converted in registers)
         fp8 = None if quant is None else "block" if granularity == "block" else "row"
-        buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8)
+        from flydsl.kernels.device import l2_bytes
+
+        modes = decode_modes(tokens, top_k, experts, hidden, inter, w2, l2_bytes(x.get_device()))
+        buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8, modes)
     else:  # (the prefill stages allocate as they go: their launches are not replayed, their host time is small)
         kind = None if quant is None else "block" if granularity == "block" else "fp8"
         steps = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, kind)
@@ -315,6 +328,26 @@ def decodes(tokens: int, ids: int, experts: int) -> bool:
     """Decode-sized calls (at most 64 tokens, experts averaging at most 8 rows) take the weight-streaming stages:
     each routed expert's weights read once per 16 rows, by every SM."""
     return tokens <= DECODE_TOKENS and ids <= 8 * experts
+
+
+def decode_modes(tokens, top_k, experts, hidden, inter, w2, l2: int, enabled=None) -> tuple[GroupedMode, GroupedMode]:
+    """The decode stages' :class:`~flydsl.kernels.gemm.skinny_grouped.GroupedMode` s: ``direct`` (no alignment:
+    each routed pair its own block) for one token, and stage 1's ``prefetch_next`` (w2's routed experts into L2
+    while stage 1 streams w1) where those experts' w2 bytes fit in half of the L2 (``l2`` bytes) and w2 is contiguous
+    with 16-byte multiples per expert. ``enabled``: the modes allowed, a set of "direct" and "prefetch" (default:
+    the ``FLYDSL_MOE_DECODE`` environment variable's comma-separated words, none when unset: neither mode has been
+    timed on a GPU yet, docs/moe.md)."""
+    if enabled is None:
+        enabled = {word.strip() for word in os.environ.get("FLYDSL_MOE_DECODE", "").split(",") if word.strip()}
+    if not set(enabled) <= {"direct", "prefetch"}:
+        raise ValueError(f"FLYDSL_MOE_DECODE: expected words from 'direct', 'prefetch', got {sorted(enabled)}")
+    ids = tokens * top_k
+    direct = "direct" in enabled and tokens == 1
+    blocks = ids if direct else min(align_capacity(ids, experts, GROUPED_BLOCK) // GROUPED_BLOCK, ids)
+    per_expert = hidden * inter * w2.element_size()
+    fits = blocks * per_expert <= l2 // 2 and per_expert % 16 == 0 and w2.is_contiguous() and w2.data_ptr() % 16 == 0
+    prefetch = "prefetch" in enabled and fits
+    return GroupedMode(direct, prefetch), GroupedMode(direct, False)
 
 
 def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant):
@@ -397,16 +430,18 @@ def _per_row(scale, rows: int):
     return scale.view(-1) if scale.dim() == 2 else scale[:, None].expand(-1, rows).reshape(-1)
 
 
-def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None):
-    """align in blocks of 16, then the two grouped skinny GEMMs (stage 1 reads x's rows by index and notes the
-    positions): ``(buffers, steps)``, ``buffers(x, w1_scale, w2_scale)`` the memory of one call (the alignment, h and
-    y; per-tensor weight scales repeated per row) and ``steps`` a function of the call's tensors and those buffers
-    returning y. ``fp8`` (weights e4m3, weight-only: x and h stay in x's dtype, no quantizing launch): "row"
-    (per-channel scales, or per-tensor ones repeated per row) or "block" (128 x 128 block scales, the stacked view
-    ``w_scale.view(-1, K blocks)``), through :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`.
-    """
+def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None, modes=None):
+    """align in blocks of 16 (``modes``' ``direct``: no alignment, each routed pair its own block), then the two
+    grouped skinny GEMMs (stage 1 reads x's rows by index and notes the positions): ``(buffers, steps)``,
+    ``buffers(x, w1_scale, w2_scale)`` the memory of one call (the alignment, h and y; per-tensor weight scales
+    repeated per row) and ``steps`` a function of the call's tensors and those buffers returning y. ``fp8`` (weights
+    e4m3, weight-only: x and h stay in x's dtype, no quantizing launch): "row" (per-channel scales, or per-tensor
+    ones repeated per row) or "block" (128 x 128 block scales, the stacked view ``w_scale.view(-1, K blocks)``),
+    through :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`. ``modes``: the stages'
+    ``GroupedMode`` s (:func:`decode_modes`; default: neither mode)."""
+    mode1, mode2 = modes or (GroupedMode(), GroupedMode())
     ids = tokens * top_k
-    capacity = align_capacity(ids, experts, GROUPED_BLOCK)
+    capacity = ids * GROUPED_BLOCK if mode1.direct else align_capacity(ids, experts, GROUPED_BLOCK)
     blocks = min(capacity // GROUPED_BLOCK, ids)  # each block below padded_count holds an id
     routed = blocks * GROUPED_BLOCK  # rows below padded_count, at most: the rows stage 1 writes, stage 2 reads
     element_bytes = 1 if fp8 else 2
@@ -422,9 +457,13 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     def buffers(x, w1_scale, w2_scale) -> tuple:
         device = x.device
         alignment = (
-            torch.empty(capacity, dtype=torch.int32, device=device),
-            torch.empty(capacity // GROUPED_BLOCK, dtype=torch.int32, device=device),
-            torch.empty(1, dtype=torch.int32, device=device),
+            ()
+            if mode1.direct
+            else (
+                torch.empty(capacity, dtype=torch.int32, device=device),
+                torch.empty(capacity // GROUPED_BLOCK, dtype=torch.int32, device=device),
+                torch.empty(1, dtype=torch.int32, device=device),
+            )
         )
         h = x.new_empty((routed, inter))  # (blocks past padded_count: never written, never read)
         y = x.new_empty((capacity, hidden))
@@ -437,17 +476,23 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
         )
         return (*alignment, h, y, *repeated)
 
-    def steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale, sorted_ids, expert_of_block, padded_count, h, y,
-              rows1=None, rows2=None):  # fmt: skip
-        aligned = dict(sorted_ids=sorted_ids, expert_of_block=expert_of_block, padded_count=padded_count)
-        align_tokens(topk_ids, experts, GROUPED_BLOCK, **aligned)
-        routing = (sorted_ids, expert_of_block, padded_count, positions)
+    def steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale, *held):
+        if mode1.direct:  # the flat ids stand for the (unread) order and count too
+            pairs = topk_ids.reshape(-1)
+            (h, y, *rows), routing = held, (pairs, pairs, pairs, positions)
+        else:
+            sorted_ids, expert_of_block, padded_count, h, y, *rows = held
+            aligned = dict(sorted_ids=sorted_ids, expert_of_block=expert_of_block, padded_count=padded_count)
+            align_tokens(topk_ids, experts, GROUPED_BLOCK, **aligned)
+            routing = (sorted_ids, expert_of_block, padded_count, positions)
+        rows1, rows2 = rows or (None, None)
         w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
+        next1 = w2.view(torch.uint8).view(experts, -1) if mode1.prefetch_next else topk_ids.view(torch.uint8)
         if fp8 is None:
-            skinny_gemm_grouped_kernel(x, w1_rows, h, *routing, top_k, cfg1, variant1).launch(
+            skinny_gemm_grouped_kernel(x, w1_rows, h, *routing, next1, top_k, cfg1, variant1, mode1).launch(
                 grid=grid1, block=cfg1.threads
             )
-            skinny_gemm_grouped_kernel(h, w2_rows, y, *routing, 0, cfg2, variant2).launch(
+            skinny_gemm_grouped_kernel(h, w2_rows, y, *routing, next1, 0, cfg2, variant2, mode2).launch(
                 grid=grid2, block=cfg2.threads
             )
             return y
@@ -456,10 +501,10 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
             scales2 = w2_scale.view(-1) if rows2 is None else rows2
         else:
             scales1, scales2 = w1_scale.view(-1, -(-hidden // BLOCK)), w2_scale.view(-1, -(-inter // BLOCK))
-        skinny_gemm_grouped_fp8_kernel(x, w1_rows, h, *routing, scales1, top_k, cfg1, variant1).launch(
+        skinny_gemm_grouped_fp8_kernel(x, w1_rows, h, *routing, scales1, next1, top_k, cfg1, variant1, mode1).launch(
             grid=grid1, block=cfg1.threads
         )
-        skinny_gemm_grouped_fp8_kernel(h, w2_rows, y, *routing, scales2, 0, cfg2, variant2).launch(
+        skinny_gemm_grouped_fp8_kernel(h, w2_rows, y, *routing, scales2, next1, 0, cfg2, variant2, mode2).launch(
             grid=grid2, block=cfg2.threads
         )
         return y
