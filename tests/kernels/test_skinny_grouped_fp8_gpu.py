@@ -2,10 +2,10 @@
 activations, float32 scales per stacked weight row or per 128 x 128 block) on the GPU, called directly with a routing
 from align_tokens in blocks of 16, against a float64 reference of the dequantized weights and the activations as they
 are: the gated stage 1 (x's rows by index, and the positions it notes) and the plain stage 2 (A in the aligned order:
-every row below padded_count, pad rows included), with K tails (a masked step), N tails, dropped ids and many experts.
-The weights are random bytes over every finite e4m3 value (zeros, subnormals, +-448: the conversion is exact for all);
-scales span 2^-4..2^4 so that one read at a wrong row, block or K block shows; outputs are poisoned with NaN (rows
-past padded_count stay unwritten).
+every row below padded_count, pad rows reading their block's first), with K tails (a masked step), N tails, dropped
+ids and many experts. The weights are random bytes over every finite e4m3 value (zeros, subnormals, +-448: the
+conversion is exact for all); scales span 2^-4..2^4 so that one read at a wrong row, block or K block shows; outputs
+are poisoned with NaN (rows past padded_count stay unwritten).
 
 Tolerance: 1e-2 relative (one bf16 rounding of the output: 2^-9, and of h before the up product) plus 1e-3 of the
 row's largest value (fp32 sums in another order than the reference's). The products themselves are exact."""
@@ -162,7 +162,8 @@ def test_gated_stage_1(tokens, experts, top_k, hidden, inter, dropped, block, dt
     ],
 )
 def test_plain_stage_2(tokens, experts, top_k, hidden, inter, dropped, block):
-    """y[p] = a[p] . (w2_e rows, dequantized) for every aligned row p below padded_count (e: its block's expert)."""
+    """y[p] = a[p] . (w2_e rows, dequantized) for every aligned row p below padded_count (e: its block's expert; a pad
+    row p reads its block's first row)."""
     if not block and hidden == 1024:
         hidden = 1000  # (row scales: an N tail)
     g = _generator(tokens * 1000 + inter + block)
@@ -174,12 +175,16 @@ def test_plain_stage_2(tokens, experts, top_k, hidden, inter, dropped, block):
     w2 = _fp8((experts, hidden, inter), g)
     w2_scale, factor = _weight_scales(experts, hidden, inter, block, g)
     y = torch.full((capacity, hidden), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    unread = torch.empty(1, dtype=torch.int32, device=DEVICE)  # (positions: only rows by index note them)
-    _launch(a, w2.view(experts * hidden, inter), y, routing, unread, w2_scale, 0, False, tokens * top_k)
+    # positions: unwritten by stage 2 (only rows by index note them); its extent, T * k, is the pads' sentinel
+    positions = torch.full((tokens * top_k,), -7, dtype=torch.int32, device=DEVICE)
+    _launch(a, w2.view(experts * hidden, inter), y, routing, positions, w2_scale, 0, False, tokens * top_k)
+    assert (positions == -7).all()
 
     padded = int(padded_count.item())
     assert padded > 0
-    ad = a.double()
+    rows_read = torch.arange(padded, device=DEVICE)
+    rows_read = torch.where(sorted_ids[:padded] < tokens * top_k, rows_read, rows_read - rows_read % GROUPED_BLOCK)
+    ad = a.double()[rows_read]
     expected = torch.empty(padded, hidden, dtype=torch.float64, device=DEVICE)
     for block_index, e in enumerate(expert_of_block[: padded // GROUPED_BLOCK].tolist()):
         rows = slice(block_index * GROUPED_BLOCK, (block_index + 1) * GROUPED_BLOCK)

@@ -98,13 +98,15 @@ def skinny_gemm_grouped_kernel(
     """A mixture of experts' GEMM at decode sizes, streaming each routed expert's weights once per block of 16 rows:
     CTA (x, y) takes block y of the aligned order (:class:`Routing`; none past ``padded_count[0]``: the CTA returns)
     and output columns ``[x * cols, (x + 1) * cols)``. ``a``: x (T, K) with rows by index (``top_k`` > 0; the
-    sentinel reads row 0, its results land in pad rows) or (capacity, K) in the aligned order (``top_k`` 0); ``w``
+    sentinel reads row 0, its results land in pad rows) or (capacity, K) in the aligned order (``top_k`` 0; pad
+    rows read their block's first row: lines a routed row's lanes load anyway); ``w``
     the stacked experts' (E * N, K) weights, K contiguous; ``c`` (capacity, N_out). ``variant.epilogue``: none, or a
     ``gate``: the CTA's first half of weight rows are gate rows, the second half the up rows I = N_out further, and
     C gets ``gate(x @ gate.T) * (x @ up.T)`` (cols = rows / 2). 16-bit operands (fp8 weights:
     :func:`skinny_gemm_grouped_fp8_kernel`), 16-byte loads, no split K. Rows by index also note where each (token,
-    slot) pair went, as the gather does: ``positions[sorted_ids[p]] = p`` (int32 (T * k,); unread where ``top_k`` is
-    0). ``mode``: a :class:`GroupedMode` (``next_weights``: read only with ``prefetch_next``)."""
+    slot) pair went, as the gather does: ``positions[sorted_ids[p]] = p`` (int32 (T * k,): its extent is the
+    pad rows' sentinel; unwritten where ``top_k`` is 0). ``mode``: a :class:`GroupedMode` (``next_weights``: read only with ``prefetch_next``).
+    """
     if variant.epilogue.scales:
         raise ValueError(f"skinny_gemm_grouped_kernel: expected no scales: {variant}")
     routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
@@ -174,8 +176,8 @@ def _grouped_skinny_gemm(
     gated = gate is not None
     n_out = c.shape[1].to(fx.Int32)
     per_expert = n_out * 2 if gated else n_out  # the expert's rows of w
+    pairs = positions.shape.to(fx.Int32)  # T * k, the sentinel of pad rows (a 1-D shape: its extent)
     if fx.const_expr(mode.direct):  # block y: routed pair y, whose expert may be one this call does not hold
-        pairs = routing.expert_of_block.shape.to(fx.Int32)  # (a 1-D shape: its extent)
         expert = routing.expert_of_block[arith.minimum(block, pairs - 1)].to(fx.Int32)
         routed = (block < pairs) & (expert >= 0) & (expert < w.shape[0].to(fx.Int32) // per_expert)
     else:
@@ -198,10 +200,10 @@ def _grouped_skinny_gemm(
                 rows_w.append(base + arith.minimum(n0 + col, n_out - 1))
         first = block * GROUPED_BLOCK
         if (routing.top_k > 0) & (gpu.block_idx.x == 0) & (tid < GROUPED_BLOCK):
-            flat = _sorted_id(routing, mode, a, first + tid)
-            if flat < a.shape[0].to(fx.Int32) * routing.top_k:
+            flat = _sorted_id(routing, mode, first + tid, pairs)
+            if flat < pairs:
                 positions[flat] = first + tid
-        rows_a = [_grouped_row(routing, mode, a, first + lane_q + 8 * h) for h in range(2)]
+        rows_a = [_grouped_row(routing, mode, first + lane_q + 8 * h, pairs) for h in range(2)]
         policy = nvvm.create_policy("evict_first") if mode.prefetch_next else None
         streams = _WarpStreams(a, w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales, policy)
         if fx.const_expr(mode.prefetch_next):
@@ -247,12 +249,11 @@ def _grouped_skinny_gemm(
                 c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
 
 
-def _sorted_id(routing: Routing, mode: GroupedMode, a, position):
+def _sorted_id(routing: Routing, mode: GroupedMode, position, pairs):
     """The routed pair at aligned position ``position``: ``sorted_ids[position]``, or (``mode.direct``) the block's
-    pair at its row 0 and the sentinel (T * k) at its pad rows."""
+    pair at its row 0 and the sentinel ``pairs`` (T * k) at its pad rows."""
     if fx.const_expr(mode.direct):
-        ids = a.shape[0].to(fx.Int32) * routing.top_k
-        return arith.select(position % GROUPED_BLOCK == 0, position // GROUPED_BLOCK, ids)
+        return arith.select(position % GROUPED_BLOCK == 0, position // GROUPED_BLOCK, pairs)
     return routing.sorted_ids[position].to(fx.Int32)
 
 
@@ -269,13 +270,15 @@ def _prefetch_next(next_weights, expert, tid, threads: int) -> None:
         nvvm.prefetch_l2_bulk(next_weights, arith.minimum(nbytes - offset, PREFETCH_PIECE), coord=(expert, offset))
 
 
-def _grouped_row(routing: Routing, mode: GroupedMode, a, position):
-    """The row of ``a`` that aligned position ``position`` multiplies: ``sorted_ids[position] // top_k`` (the
-    sentinel: row 0), or the position itself where ``top_k`` is 0."""
-    flat = _sorted_id(routing, mode, a, position)
-    ids = a.shape[0].to(fx.Int32) * routing.top_k
-    by_index = arith.select(flat < ids, flat // arith.maximum(routing.top_k, 1), fx.Int32(0))
-    return arith.select(routing.top_k > 0, by_index, position)
+def _grouped_row(routing: Routing, mode: GroupedMode, position, pairs):
+    """The row of ``a`` that aligned position ``position`` multiplies: ``sorted_ids[position] // top_k`` (a pad's
+    sentinel, ``pairs`` = T * k or more: row 0), or, where ``top_k`` is 0, the position itself, a pad's the block's
+    first (a routed pair's: pad lanes then load the lines that lane already loads, not rows of their own)."""
+    flat = _sorted_id(routing, mode, position, pairs)
+    routed = flat < pairs
+    by_index = arith.select(routed, flat // arith.maximum(routing.top_k, 1), fx.Int32(0))
+    in_order = arith.select(routed, position, position - position % GROUPED_BLOCK)
+    return arith.select(routing.top_k > 0, by_index, in_order)
 
 
 def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2) -> SkinnyConfig:
