@@ -105,8 +105,8 @@ def skinny_gemm_grouped_kernel(
     C gets ``gate(x @ gate.T) * (x @ up.T)`` (cols = rows / 2). 16-bit operands (fp8 weights:
     :func:`skinny_gemm_grouped_fp8_kernel`), 16-byte loads, no split K. Rows by index also note where each (token,
     slot) pair went, as the gather does: ``positions[sorted_ids[p]] = p`` (int32 (T * k,): its extent is the
-    pad rows' sentinel; unwritten where ``top_k`` is 0). ``mode``: a :class:`GroupedMode` (``next_weights``: read only with ``prefetch_next``).
-    """
+    pad rows' sentinel; unwritten where ``top_k`` is 0). ``mode``: a :class:`GroupedMode` (``next_weights``: read
+    only with ``prefetch_next``)."""
     if variant.epilogue.scales:
         raise ValueError(f"skinny_gemm_grouped_kernel: expected no scales: {variant}")
     routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)

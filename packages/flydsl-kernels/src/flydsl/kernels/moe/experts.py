@@ -67,6 +67,7 @@ __all__ = [
 
 CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
+PREFETCH_L2_FRACTION = 0.6  # of the L2 that stage 1's prefetch of w2 may fill (decode_modes; untimed: a first guess)
 _WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
 _WAVES = 8  # their CTAs per SM (grid-stride loops past that)
 _FUSED = Plans("flydsl.kernels.moe.fused_moe", replay=True)
@@ -333,8 +334,9 @@ def decodes(tokens: int, ids: int, experts: int) -> bool:
 def decode_modes(tokens, top_k, experts, hidden, inter, w2, l2: int, enabled=None) -> tuple[GroupedMode, GroupedMode]:
     """The decode stages' :class:`~flydsl.kernels.gemm.skinny_grouped.GroupedMode` s: ``direct`` (no alignment:
     each routed pair its own block) for one token, and stage 1's ``prefetch_next`` (w2's routed experts into L2
-    while stage 1 streams w1) where those experts' w2 bytes fit in half of the L2 (``l2`` bytes) and w2 is contiguous
-    with 16-byte multiples per expert. ``enabled``: the modes allowed, a set of "direct" and "prefetch" (default:
+    while stage 1 streams w1) where those experts' w2 bytes fit in :data:`PREFETCH_L2_FRACTION` of the L2 (``l2``
+    bytes; the rest holds w1's lines, read with an evict-first policy, and all else) and w2 is contiguous with 16-byte
+    multiples per expert. ``enabled``: the modes allowed, a set of "direct" and "prefetch" (default:
     the ``FLYDSL_MOE_DECODE`` environment variable's comma-separated words, none when unset: neither mode has been
     timed on a GPU yet, docs/moe.md)."""
     if enabled is None:
@@ -345,7 +347,8 @@ def decode_modes(tokens, top_k, experts, hidden, inter, w2, l2: int, enabled=Non
     direct = "direct" in enabled and tokens == 1
     blocks = ids if direct else min(align_capacity(ids, experts, GROUPED_BLOCK) // GROUPED_BLOCK, ids)
     per_expert = hidden * inter * w2.element_size()
-    fits = blocks * per_expert <= l2 // 2 and per_expert % 16 == 0 and w2.is_contiguous() and w2.data_ptr() % 16 == 0
+    fits = blocks * per_expert <= PREFETCH_L2_FRACTION * l2 and per_expert % 16 == 0
+    fits = fits and w2.is_contiguous() and w2.data_ptr() % 16 == 0
     prefetch = "prefetch" in enabled and fits
     return GroupedMode(direct, prefetch), GroupedMode(direct, False)
 
