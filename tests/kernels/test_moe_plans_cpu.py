@@ -150,9 +150,9 @@ def test_decode_modes_follow_the_environment_and_the_l2(monkeypatch):
     assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20) == ((False, False), (False, False))
     both = {"direct", "prefetch"}
     assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20, both) == ((True, True), (True, False))
-    # 8 experts' 25 MB of w2 do not fit in 0.6 of a 40 MB L2; two tokens take the alignment
+    # 8 experts' 25 MB of w2 do not fit in 0.6 of a 32 MB L2; two tokens take the alignment
     assert experts.PREFETCH_L2_FRACTION == 0.6
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 40 * 2**20, both) == ((True, False), (True, False))
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 32 * 2**20, both) == ((True, False), (True, False))
     assert experts.decode_modes(2, 8, 128, 2048, 768, w2, 50 * 2**20, both)[0].direct is False
     assert experts.decode_modes(1, 8, 128, 2048, 768, w2[:, :, :384], 50 * 2**20, both)[0].prefetch_next is False
     monkeypatch.setenv("FLYDSL_MOE_DECODE", "prefetch")
