@@ -4,8 +4,9 @@
 >>> fl.composition(fl.Layout((6, 2), (8, 2)), fl.Layout((4, 3), (3, 1)))
 ((2,2),3):((24,2),8)
 
-Modules, each importing only the ones above it: ``leaf`` (the integer-like protocol), ``int_tuple``,
-``layout``, ``composition``, ``algebra``, ``tiling``, ``swizzle``, ``tv``, then ``parse`` and ``draw``.
+Modules, each importing only the ones above it: ``leaf`` (the integer-like protocol), ``int_tuple``, ``memo``,
+``layout``, ``constructors``, ``composition``, ``algebra``, ``tiling``, ``swizzle``, ``tv``, then ``parse`` and
+``draw``.
 See ``docs/layout.md`` for the guide and the reference table.
 """
 
@@ -21,6 +22,7 @@ from .algebra import (
     upcast,
 )
 from .composition import coalesce, composition, filter_layout, filter_zeros
+from .constructors import make_basis_like, make_identity_layout, make_ordered_layout
 from .draw import draw, layout_table, print_layout
 from .int_tuple import (
     ceil_div,
@@ -38,7 +40,6 @@ from .int_tuple import (
 from .layout import (
     Layout,
     append,
-    clear_caches,
     cosize,
     crd2crd,
     crd2idx,
@@ -49,10 +50,7 @@ from .layout import (
     group_modes,
     idx2crd,
     is_static,
-    make_basis_like,
-    make_identity_layout,
     make_layout,
-    make_ordered_layout,
     prepend,
     rank,
     select,
@@ -62,6 +60,7 @@ from .layout import (
     take,
 )
 from .leaf import LayoutError, ScaledBasis, as_coord, known_divisor, leaf_max, leaf_min
+from .memo import clear_caches
 from .parse import parse_int_tuple, parse_layout
 from .swizzle import ComposedLayout, Swizzle, make_composed_layout, make_swizzle
 from .tiling import (

@@ -12,7 +12,7 @@ import math
 
 from . import int_tuple as it
 from .composition import _all_int, coalesce, composition, flat_modes, from_modes, less
-from .layout import Layout, as_layout, cosize, make_layout, size, static_cache
+from .layout import Layout, as_layout, cosize, make_layout, size
 from .leaf import (
     LayoutError,
     ceil_div_leaf,
@@ -24,6 +24,7 @@ from .leaf import (
     provably_equal,
     require_static,
 )
+from .memo import static_cache
 
 __all__ = [
     "complement",

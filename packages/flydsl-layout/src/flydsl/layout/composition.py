@@ -19,7 +19,7 @@ is linear and needs none, which covers by-mode tiling of any dynamic layout.
 from __future__ import annotations
 
 from . import int_tuple as it
-from .layout import Layout, as_layout, get, lift_composed, make_layout, rank, static_cache
+from .layout import Layout, as_layout, get, make_layout, rank
 from .leaf import (
     LayoutError,
     decide,
@@ -31,6 +31,7 @@ from .leaf import (
     provably_equal,
     sub,
 )
+from .memo import lift_composed, static_cache
 
 __all__ = ["coalesce", "filter_zeros", "filter_layout", "composition", "flat_modes", "from_modes", "less"]
 

@@ -8,35 +8,23 @@ and :mod:`tiling`.
 
 from __future__ import annotations
 
-import functools
-import threading
-
 from . import int_tuple as it
 from .leaf import (
     LayoutError,
-    ScaledBasis,
     add,
     as_coord,
     check_leaf,
     floordiv,
     is_basis,
-    is_static_leaf,
     mod,
     mul,
-    require_static,
     sub,
 )
 
 __all__ = [
     "Layout",
     "as_layout",
-    "lift_composed",
-    "static_cache",
-    "clear_caches",
     "make_layout",
-    "make_ordered_layout",
-    "make_identity_layout",
-    "make_basis_like",
     "crd2idx",
     "idx2crd",
     "crd2crd",
@@ -174,65 +162,6 @@ def as_layout(x, op: str = "as_layout", what: str = "layout") -> Layout:
     return Layout.trusted(x, it.compact_strides(x))
 
 
-_CACHES = []
-_OUTER = threading.local()
-
-
-def _static_arg(x) -> bool:
-    # Hashable by value and free of dynamic leaves: ints, None, static layouts, swizzles, tuples of those.
-    if x is None or type(x) is int:
-        return True
-    if type(x) is tuple:
-        return all(_static_arg(c) for c in x)
-    probe = getattr(x, "_fly_static", None)
-    return probe is not None and probe()
-
-
-def static_cache(fn):
-    """Decorator: memoize ``fn`` (a pure function of immutable arguments) when every argument is static; calls
-    with a dynamic leaf (whose ops must be emitted each time, and which hash by identity) always run ``fn``.
-    :func:`clear_caches` empties every such cache."""
-    cached = functools.lru_cache(maxsize=4096)(fn)
-    _CACHES.append(cached)
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        # Only the outermost call is memoized: the intermediate layouts of one operation are fresh objects, and
-        # checking and hashing each of them would cost more than it saves.
-        if getattr(_OUTER, "depth", 0) or not (
-            all(_static_arg(a) for a in args) and all(_static_arg(v) for v in kwargs.values())
-        ):
-            return fn(*args, **kwargs)
-        _OUTER.depth = 1
-        try:
-            return cached(*args, **kwargs)
-        finally:
-            _OUTER.depth = 0
-
-    wrapper.uncached = fn
-    return wrapper
-
-
-def clear_caches() -> None:
-    """Empty the memo of every :func:`static_cache` function (to time the algebra itself, or to free memory)."""
-    for cached in _CACHES:
-        cached.cache_clear()
-
-
-def lift_composed(fn):
-    """Decorator: when the first argument is a composed layout (anything with ``_fly_lift``, see
-    :class:`flydsl.layout.ComposedLayout`), apply ``fn`` to its inner layout and keep the outer function."""
-
-    @functools.wraps(fn)
-    def wrapper(layout, *args, **kwargs):
-        lift = getattr(layout, "_fly_lift", None)
-        if lift is not None:
-            return lift(lambda inner: wrapper(inner, *args, **kwargs))
-        return fn(layout, *args, **kwargs)
-
-    return wrapper
-
-
 def make_layout(*args, stride=None) -> Layout:
     """``make_layout(shape, stride=None)``, or ``make_layout(L0, L1, ...)`` whose modes are the given layouts.
 
@@ -248,62 +177,6 @@ def make_layout(*args, stride=None) -> Layout:
     if len(args) != 1:
         raise TypeError("make_layout(shape, stride=None) or make_layout(layout, layout, ...)")
     return Layout(args[0], stride)
-
-
-def make_ordered_layout(shape, order) -> Layout:
-    """Compact layout whose strides grow in the order given by ``order`` (each of ``0..n-1`` once, one per leaf).
-
-    >>> make_ordered_layout((4, 8, 2), (1, 0, 2))
-    (4,8,2):(8,1,32)
-    """
-    it.check_int_tuple(shape, "make_ordered_layout", "shape", low=1)
-    if is_static_leaf(order) and it.is_tuple(shape):
-        order = tuple(range(it.rank(shape))) if order == 0 else order
-    it.check_int_tuple(order, "make_ordered_layout", "order")
-    shapes, orders = it.leaves(shape), it.leaves(order)
-    if sorted(require_static(o, "make_ordered_layout", "order") for o in orders) != list(range(len(shapes))):
-        raise LayoutError(
-            f"make_ordered_layout: order must hold each of 0..{len(shapes) - 1} once, one per leaf of shape "
-            f"{it.tuple_str(shape)}, got {it.tuple_str(order)}"
-        )
-    ranked = sorted(range(len(shapes)), key=lambda i: orders[i])
-    strides = [0] * len(shapes)
-    running = 1
-    for i in ranked:
-        strides[i] = running
-        running = mul(running, shapes[i])
-    return Layout(shape, it.unflatten(strides, shape))
-
-
-def make_basis_like(shape):
-    """CuTe's ``make_basis_like``: the basis element ``1@path`` at each leaf of ``shape`` (a leaf shape gets ``1``).
-
-    >>> make_basis_like((4, (2, 3)))
-    (1@0, (1@1@0, 1@1@1))
-    """
-    it.check_int_tuple(shape, "make_basis_like", "shape", low=1)
-
-    def walk(x, path):
-        if isinstance(x, tuple):
-            return tuple(walk(c, path + (i,)) for i, c in enumerate(x))
-        return ScaledBasis(1, path) if path else 1
-
-    return walk(shape, ())
-
-
-def make_identity_layout(shape) -> Layout:
-    """CuTe's ``make_identity_layout``: the layout ``shape:make_basis_like(shape)`` that maps each coordinate (or
-    index) to the coordinate itself. Divide it like the data to get each tile element's global coordinate, e.g.
-    to predicate the tail tiles: ``zipped_divide(make_identity_layout((M, N)), tile)(i, t)``. A value lists the
-    modes that the strides name (0 where a coordinate has nothing), so a layout derived from the identity that
-    never moves along a trailing mode, e.g. ``2:1@0``, gives the shorter coordinate ``(i,)``.
-
-    >>> I = make_identity_layout((4, 8))
-    >>> I, I(5), I(2, 7)
-    ((4,8):(1@0,1@1), (1, 1), (2, 7))
-    """
-    it.check_int_tuple(shape, "make_identity_layout", "shape", low=1)
-    return Layout(shape, make_basis_like(shape))
 
 
 def _crd2idx(c, s, d):

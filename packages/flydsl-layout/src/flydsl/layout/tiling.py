@@ -15,20 +15,19 @@ from __future__ import annotations
 from . import int_tuple as it
 from .algebra import complement
 from .composition import coalesce, composition
+from .constructors import make_ordered_layout
 from .layout import (
     Layout,
     append,
     as_layout,
     cosize,
     get,
-    lift_composed,
     make_layout,
-    make_ordered_layout,
     rank,
     size,
-    static_cache,
 )
 from .leaf import LayoutError, decide, divides
+from .memo import lift_composed, static_cache
 
 __all__ = [
     "logical_divide",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from . import int_tuple as it
 from .algebra import right_inverse
 from .composition import composition
-from .layout import as_layout, make_layout, size, static_cache
+from .layout import as_layout, make_layout, size
+from .memo import static_cache
 from .tiling import raked_product
 
 __all__ = ["make_layout_tv"]
