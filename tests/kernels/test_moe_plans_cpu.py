@@ -147,16 +147,46 @@ def test_one_token_in_the_direct_mode_takes_no_alignment_and_prefetches_w2(recor
 def test_decode_modes_follow_the_environment_and_the_l2(monkeypatch):
     w2 = torch.empty(128, 2048, 768, dtype=torch.bfloat16)  # Qwen3-30B-A3B's: 3 MB per expert
     monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20) == ((False, False), (False, False))
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20) == ((False, False), (False, False), False)
     both = {"direct", "prefetch"}
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20, both) == ((True, True), (True, False))
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20, both) == ((True, True), (True, False), False)
+    every = {"direct", "prefetch", "combine"}
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20, every).combined
+    assert not experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20, {"combine"}).combined  # needs direct
+    assert not experts.decode_modes(1, 32, 128, 2048, 768, w2, 50 * 2**20, every).combined  # top_k past 16
     # 8 experts' 25 MB of w2 do not fit in 0.6 of a 32 MB L2; two tokens take the alignment
     assert experts.PREFETCH_L2_FRACTION == 0.6
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 32 * 2**20, both) == ((True, False), (True, False))
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 32 * 2**20, both) == ((True, False), (True, False), False)
     assert experts.decode_modes(2, 8, 128, 2048, 768, w2, 50 * 2**20, both)[0].direct is False
     assert experts.decode_modes(1, 8, 128, 2048, 768, w2[:, :, :384], 50 * 2**20, both)[0].prefetch_next is False
     monkeypatch.setenv("FLYDSL_MOE_DECODE", "prefetch")
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20) == ((False, True), (False, False))
+    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20) == ((False, True), (False, False), False)
     monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,fast")
     with pytest.raises(ValueError, match="FLYDSL_MOE_DECODE: expected words from"):
         experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20)
+
+
+@pytest.mark.parametrize("granularity", [None, "channel", "block"], ids=["bf16", "fp8 channel", "fp8 block"])
+def test_one_token_combined_writes_the_output_in_two_launches(recorded, monkeypatch, granularity):
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,combine")
+    x, w1, w2, weights, ids, options = _inputs(granularity)
+    x, weights, ids = x[:1], weights[:1], ids[:1]
+    scales = dict(w1_scale=options.get("w1_scale"), w2_scale=options.get("w2_scale"))
+    plan = experts._fused_plan(
+        x, w1, w2, weights, ids, "silu", quant=options.get("quant"), granularity=granularity, out=None, **scales
+    )
+    args = (x, w1, w2, weights, ids, None, scales["w1_scale"], scales["w2_scale"])
+    memory = plan.scratch(*args)
+    out, positions, h, y = memory[:4]
+    assert y.numel() == 0  # no y: stage 2 writes the output
+    plan.launch(*args, *memory)
+    names = [call.kernel.name for call in recorded]
+    assert names[1:] == ["skinny_gemm_combined_kernel"] and "skinny_gemm_grouped" in names[0]
+    combined = recorded[1].values
+    assert _same(combined[0], h) and combined[2] is out and combined[3] is ids and combined[4] is weights
+    assert combined[1].shape == (EXPERTS * HIDDEN, INTER) and combined[1].data_ptr() == w2.data_ptr()
+    if granularity == "block":
+        assert combined[5].shape == (EXPERTS * HIDDEN // 128, INTER // 128)
+    elif granularity == "channel":
+        assert combined[5].shape == (EXPERTS * HIDDEN,)
+    assert combined[-1] == TOP_K and combined[-2].warps == 2  # a warp per routed pair

@@ -81,12 +81,15 @@ def test_fused_moe_decode_launches_write_nothing_but_kernels(recorded, granulari
     assert _launch_writes(plan, (x, w1, w2, weights, ids, None, scales["w1_scale"], scales["w2_scale"])) == []
 
 
+@pytest.mark.parametrize("modes,launches", [("direct,prefetch", 3), ("direct,prefetch,combine", 2)])
 @pytest.mark.parametrize("granularity", [None, "block"])
-def test_one_token_in_the_decode_modes_launches_writes_nothing_but_kernels(recorded, monkeypatch, granularity):
-    """FLYDSL_MOE_DECODE=direct,prefetch: the flat ids and w2's bytes are views made at launch, not copies."""
+def test_one_token_in_the_decode_modes_launches_writes_nothing_but_kernels(
+    recorded, monkeypatch, granularity, modes, launches
+):
+    """FLYDSL_MOE_DECODE's modes: the flat ids and w2's bytes are views made at launch, not copies."""
     from flydsl.kernels.moe import experts
 
-    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,prefetch")
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", modes)
     hidden, count, inter = 256, 8, 128
     x, ids, weights = torch.randn(1, hidden).bfloat16(), torch.tensor([[6, 1]], dtype=torch.int32), torch.rand(1, 2)
     w1, w2 = torch.randn(count, 2 * inter, hidden), torch.randn(count, hidden, inter)
@@ -101,7 +104,7 @@ def test_one_token_in_the_decode_modes_launches_writes_nothing_but_kernels(recor
         x, w1, w2, weights, ids, "silu", quant=quant, granularity=granularity, out=None, **scales
     )
     assert _launch_writes(plan, (x, w1, w2, weights, ids, None, scales["w1_scale"], scales["w2_scale"])) == []
-    assert len(recorded) == 3  # stage 1, stage 2, the combine: no alignment
+    assert len(recorded) == launches  # no alignment; stage 2 and the combine in one launch with "combine"
 
 
 @pytest.mark.parametrize("granularity", ["token", "group", "tensor"])

@@ -6,6 +6,7 @@ test_skinny_grouped_fp8_gpu.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 
@@ -17,7 +18,9 @@ from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_WEIGHT_SCALE,
     GroupedMode,
+    choose_combined_config,
     choose_grouped_skinny_config,
+    skinny_gemm_combined_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
 )
@@ -112,6 +115,42 @@ def test_the_decode_modes_compile_without_spills(weights, gated, k, n_out):
     assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
     assert registers <= 65536 // ((cfg.min_blocks or 1) * cfg.threads), report
+
+
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+@pytest.mark.parametrize("weights", ["bf16", "row", "block"])
+@pytest.mark.parametrize("top_k,hidden,inter", [(8, 2048, 768), (8, 7168, 256), (2, 4096, 14336)])
+def test_the_combined_kernel_compiles_without_spills(weights, top_k, hidden, inter):
+    """skinny_gemm_combined_kernel (one token's stage 2 and combine): a warp per routed pair streaming all of I,
+    as many MMAs per step as the grouped kernels' (2 per 16-bit load, 4 per fp8 load) for each pair, no spills."""
+    fp8 = weights != "bf16"
+    cfg = choose_combined_config(top_k, 1 if fp8 else 2)
+    assert cfg.warps == top_k and cfg.rows == 16
+    scales = {"bf16": S((1, top_k), "f32"), "row": S((EXPERTS * hidden,), "f32")}
+    scales["block"] = S((EXPERTS * hidden // 128, -(-inter // 128)), "f32")
+    module = skinny_gemm_combined_kernel.lower(
+        S((top_k * 16, inter), "bf16"), S((EXPERTS * hidden, inter), FP8 if fp8 else "bf16"), S((1, hidden), "bf16"),
+        S((1, top_k), "i32"), S((1, top_k), "f32"), scales[weights], cfg, top_k,
+    )  # fmt: skip
+    ptx = module.ptx
+    per_load = 4 if fp8 else 2
+    assert ptx.count(_MMA.format("bf16")) == 3 * per_load * cfg.unroll * cfg.groups  # pipelined: 3 copies of a step
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    report = ptxas_report(ptx)
+    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    assert registers <= (128 if fp8 else 255), report
+
+
+def test_the_combined_kernel_checks_its_configuration():
+    cfg = dataclasses.replace(choose_combined_config(8), warps_n=2)
+    with pytest.raises(ValueError, match="one column of warps"):
+        skinny_gemm_combined_kernel.lower(
+            S((128, 768), "bf16"), S((EXPERTS * 2048, 768), "bf16"), S((1, 2048), "bf16"), S((1, 8), "i32"),
+            S((1, 8), "f32"), S((1, 8), "f32"), cfg, 8,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="element_bytes"):
+        choose_combined_config(8, 4)
 
 
 def test_the_kernels_take_a_grouped_mode():

@@ -10,7 +10,8 @@ same 16 values), fed to the 16-bit m16n8k16 MMAs.
 A :class:`GroupedMode` changes two things for one decode token: ``direct`` takes the routed pairs as the blocks
 (no alignment kernel before the stage), ``prefetch_next`` has every CTA bring its share of its expert's next-stage
 weights into L2 while it streams its own (read with an evict-first L2 policy), so that the next stage reads them from
-L2 rather than memory (docs/tuning/moe.md#decode).
+L2 rather than memory; after a direct stage 1, :func:`skinny_gemm_combined_kernel` does stage 2 and the combine in
+one launch (docs/tuning/moe.md#decode).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import NamedTuple
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+import flydsl.layout as fl
 from flydsl.expr import arith, gpu, nvvm
 from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, Scale, apply_epilogue
 from flydsl.kernels.gemm.skinny import (
@@ -38,7 +40,9 @@ __all__ = [
     "GROUPED_WEIGHT_SCALE",
     "GroupedMode",
     "Routing",
+    "choose_combined_config",
     "choose_grouped_skinny_config",
+    "skinny_gemm_combined_kernel",
     "skinny_gemm_grouped_fp8_kernel",
     "skinny_gemm_grouped_kernel",
 ]
@@ -209,24 +213,7 @@ def _grouped_skinny_gemm(
         if fx.const_expr(mode.prefetch_next):
             _prefetch_next(next_weights, expert, tid, cfg.threads)
         step = cfg.k_step(w.dtype.width // 8)
-        full = k_extent // step
-        warp_k = warp_kk * (step // cfg.warps_k)
-        accs = [_ACC(0.0)] * cfg.groups
-
-        def mmas(words, accs, kbase, masked):  # (fp8: the activations loaded as the MMAs take them)
-            if fx.const_expr(fp8):
-                return _mmas_wide(words, accs, streams, kbase, masked, a.dtype, not row_scales)
-            return _mmas(words, accs, cfg, a.dtype)
-
-        if full > 0:
-            words = _loads(streams, warp_k, False)
-            for it in range(1, full):
-                upcoming = _loads(streams, it * step + warp_k, False)
-                accs = mmas(words, accs, (it - 1) * step + warp_k, False)
-                words = upcoming
-            accs = mmas(words, accs, (full - 1) * step + warp_k, False)
-        if full * step < k_extent:  # the step with the K tail
-            accs = mmas(_loads(streams, full * step + warp_k, True), accs, full * step + warp_k, True)
+        accs = _mainloop(streams, step, warp_kk * (step // cfg.warps_k), fp8 and not row_scales)
         partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
         activation = Epilogue(activation=gate) if gated else None
         scaling = Epilogue(scales=(GROUPED_WEIGHT_SCALE,))  # fp8 per row: the weight row's scale
@@ -247,6 +234,117 @@ def _grouped_skinny_gemm(
                 total = total * up
             if (tid + rep * cfg.threads < GROUPED_BLOCK * cols) & (out_col < n_out):
                 c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
+
+
+@flyc.kernel(dependent_launch=True)
+def skinny_gemm_combined_kernel(
+    h: fx.Tensor,
+    w: fx.Tensor,
+    out: fx.Tensor,
+    topk_ids: fx.Tensor,
+    topk_weights: fx.Tensor,
+    w_scale: fx.Tensor,
+    cfg: fx.Constexpr,
+    top_k: fx.Constexpr[int],
+):
+    """Stage 2 and the combine of decode tokens in one launch, after a ``direct`` stage 1 (:class:`GroupedMode`):
+    CTA (x, t) writes output columns ``[x * cols, (x + 1) * cols)`` of token t (cols = ``cfg.rows``). Warp j takes
+    the token's routed pairs s = j, j + warps, ...: h's row ``(t * top_k + s) * 16`` (where the direct stage 1
+    leaves each pair's row) times its expert's rows of the stacked (E * H, I) ``w`` over all of I, rounded to out's
+    dtype as y would be; then the pairs are summed in slot order with their ``topk_weights``, ids outside ``[0, E)``
+    skipped: the arithmetic of ``moe.experts.combine_kernel``, so the output is the same bits as the two launches'.
+    ``topk_ids`` (T, top_k) ints, ``topk_weights`` (T, top_k) floats, ``out`` (T, H). fp8 weights (weight-only, as
+    :func:`skinny_gemm_grouped_fp8_kernel`): ``w_scale`` float32 (E * H,) per row or (E * H / 128, ceil(I / 128))
+    per 128 x 128 block; 16-bit weights: ``w_scale`` unread. ``cfg``: one column of warps (``warps_n`` 1), no
+    split (:func:`choose_combined_config`)."""
+    if cfg.warps_n != 1 or cfg.splits != 1:
+        raise ValueError(f"skinny_gemm_combined_kernel: expected one column of warps and no split K: {cfg}")
+    fp8 = _wide(h, w)
+    if w.dtype.width == 8 and not fp8:
+        raise ValueError("skinny_gemm_combined_kernel: fp8 weights take 16-bit activations")
+    row_scales = fp8 and fx.rank(w_scale.shape) == 1
+    if fx.const_expr(cfg.min_blocks is None):
+        flyc.set_kernel_attributes(threads=cfg.threads)
+    else:
+        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
+    nvvm.griddepcontrol_launch_dependents()
+    tid = gpu.thread_idx.x
+    warp, lane = tid // 32, tid % 32
+    lane_t, lane_q = lane % 4, lane // 4
+    after_wait = nvvm.griddepcontrol_wait()  # h is the previous kernel's
+    token = gpu.block_idx.y.to(fx.Int32) + after_wait
+    n_out, k_extent = out.shape[1].to(fx.Int32), h.shape[1].to(fx.Int32)
+    experts = w.shape[0].to(fx.Int32) // n_out
+    cols = cfg.rows
+    n0 = gpu.block_idx.x * cols
+    rows = fx.SmemAllocator().allocate(fx.Float32, fl.Layout((top_k, cols), (cols, 1)))  # (pair, column) as y
+    element_bytes = w.dtype.width // 8
+    step = 4 * (16 // element_bytes) * cfg.unroll  # a warp's K per step: each warp takes all of I
+    for j in fx.range_constexpr(-(-top_k // cfg.warps)):
+        slot = warp + j * cfg.warps
+        expert = topk_ids[token, arith.minimum(slot, top_k - 1)].to(fx.Int32)
+        if (slot < top_k) & (expert >= 0) & (expert < experts):
+            base = expert * n_out
+            rows_w = [base + arith.minimum(n0 + g * 8 + lane_q, n_out - 1) for g in range(cfg.groups)]
+            row_a = (token * top_k + slot) * GROUPED_BLOCK  # every lane: the pair's one row
+            block_scales = w_scale if fp8 and not row_scales else None
+            streams = _WarpStreams(h, w, rows_w, row_a, row_a, k_extent, cfg, lane_t, True, True, False, block_scales)
+            accs = _mainloop(streams, step, 0, fp8 and not row_scales)
+            if lane_q == 0:  # row 0 of the MMAs: lanes 0..3, elements 0 and 1 of each n8 tile
+                for g in fx.range_constexpr(cfg.groups):
+                    for e in fx.range_constexpr(2):
+                        col = g * 8 + 2 * lane_t + e
+                        total = accs[g][e]
+                        if fx.const_expr(row_scales):
+                            total = total * w_scale[base + arith.minimum(n0 + col, n_out - 1)]
+                        rows[slot, col] = total.to(out.dtype).to(fx.Float32)
+    gpu.barrier()
+    if (tid < cols) & (n0 + tid < n_out):
+        total = fx.Float32(0.0)
+        for slot in fx.range_constexpr(top_k):
+            expert = topk_ids[token, slot].to(fx.Int32)
+            kept = (expert >= 0) & (expert < experts)
+            # selected, not multiplied by a zero weight: an unwritten row may hold NaNs
+            total = arith.select(kept, total + topk_weights[token, slot].to(fx.Float32) * rows[slot, tid], total)
+        out[token.to(fx.Int64), n0 + tid] = total.to(out.dtype)
+
+
+def choose_combined_config(top_k: int, element_bytes: int = 2) -> SkinnyConfig:
+    """:func:`skinny_gemm_combined_kernel`'s: a warp per routed pair (at most 16), 16 output columns per CTA (2 n8
+    tiles per warp), 4 loads per row and step, double-buffered; fp8 held to 128 registers per thread like the
+    grouped fp8 kernels (docs/tuning/moe.md#decode). Untimed: a first choice."""
+    if element_bytes not in (1, 2):
+        raise ValueError(f"choose_combined_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
+    warps = min(16, 1 << max(top_k - 1, 0).bit_length())
+    return SkinnyConfig(
+        groups=2, warps=warps, unroll=4, min_blocks=65536 // (128 * 32 * warps) if element_bytes == 1 else None
+    )
+
+
+def _mainloop(streams: _WarpStreams, step: int, warp_k, block_scaled: bool) -> list:
+    """A warp's sums over K: steps of ``step`` K values (the CTA's; this warp's from ``warp_k`` within each), the
+    next step's loads issued before this step's MMAs, then the step with the K tail, masked. fp8 weights (16-bit
+    activations) go through :func:`~flydsl.kernels.gemm.skinny._mmas_wide` (``block_scaled``: each K block's sums
+    times its scale)."""
+    a, w, cfg, k_extent = streams.a, streams.w, streams.cfg, streams.k_extent
+    full = k_extent // step
+    accs = [_ACC(0.0)] * cfg.groups
+
+    def mmas(words, accs, kbase, masked):  # (fp8: the activations loaded as the MMAs take them)
+        if fx.const_expr(_wide(a, w)):
+            return _mmas_wide(words, accs, streams, kbase, masked, a.dtype, block_scaled)
+        return _mmas(words, accs, cfg, a.dtype)
+
+    if full > 0:
+        words = _loads(streams, warp_k, False)
+        for it in range(1, full):
+            upcoming = _loads(streams, it * step + warp_k, False)
+            accs = mmas(words, accs, (it - 1) * step + warp_k, False)
+            words = upcoming
+        accs = mmas(words, accs, (full - 1) * step + warp_k, False)
+    if full * step < k_extent:  # the step with the K tail
+        accs = mmas(_loads(streams, full * step + warp_k, True), accs, full * step + warp_k, True)
+    return accs
 
 
 def _sorted_id(routing: Routing, mode: GroupedMode, position, pairs):

@@ -11,7 +11,8 @@ Decode-sized calls (:func:`decodes`: T <= 64, experts averaging at most 8 rows) 
 grouped skinny GEMM instead (``gemm.skinny_grouped.skinny_gemm_grouped_kernel``: each routed block's expert's
 weights streamed once, spread over the SMs, in 16-byte loads; stage 1 reads x's rows by index, so there is no gather,
 and notes the positions the combine reads; fp8 weights, every granularity: ``skinny_gemm_grouped_fp8_kernel``, the
-weights converted to x's dtype in registers, x and h not quantized: no quantizing launch). Otherwise the two GEMMs
+weights converted to x's dtype in registers, x and h not quantized: no quantizing launch; :func:`decode_modes`
+for one token: no alignment, w2 prefetched into L2, stage 2 and the combine in one launch). Otherwise the two GEMMs
 are the warp-specialized Hopper GEMM with the grouped scheduler (:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`):
 each reads ``padded_count`` and the block's expert on the GPU and takes B from the experts' stacked weights as they are
 (``nn.Linear``'s orientation, no copy). Stage 1's B tile is the gate rows of its columns and the up rows I further, so
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -41,7 +43,9 @@ from flydsl.kernels.gemm.skinny import SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_BLOCK,
     GroupedMode,
+    choose_combined_config,
     choose_grouped_skinny_config,
+    skinny_gemm_combined_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
 )
@@ -56,6 +60,7 @@ from flydsl.kernels.moe.api import (
 from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = [
+    "DecodeModes",
     "ExpertsConfig",
     "combine_kernel",
     "decode_modes",
@@ -67,6 +72,7 @@ __all__ = [
 
 CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
+_DECODE_WORDS = {"direct", "combine", "prefetch"}  # FLYDSL_MOE_DECODE's
 PREFETCH_L2_FRACTION = 0.6  # of the L2 that stage 1's prefetch of w2 may fill (decode_modes; untimed: a first guess)
 _WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
 _WAVES = 8  # their CTAs per SM (grid-stride loops past that)
@@ -319,8 +325,9 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
         return (output(x, out), positions, *buffers(x, w1_scale, w2_scale))
 
     def launch(x, w1, w2, topk_weights, topk_ids, _given, w1_scale, w2_scale, out, positions, *held):
-        y = steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale, *held)
-        combine(y, positions, topk_weights, topk_ids, out)
+        y = steps(x, w1, w2, topk_weights, topk_ids, positions, out, w1_scale, w2_scale, *held)
+        if y is not None:  # (None: the stages wrote the output, combined)
+            combine(y, positions, topk_weights, topk_ids, out)
 
     return ScratchPlan(memory, launch)
 
@@ -331,18 +338,29 @@ def decodes(tokens: int, ids: int, experts: int) -> bool:
     return tokens <= DECODE_TOKENS and ids <= 8 * experts
 
 
-def decode_modes(tokens, top_k, experts, hidden, inter, w2, l2: int, enabled=None) -> tuple[GroupedMode, GroupedMode]:
-    """The decode stages' :class:`~flydsl.kernels.gemm.skinny_grouped.GroupedMode` s: ``direct`` (no alignment:
-    each routed pair its own block) for one token, and stage 1's ``prefetch_next`` (w2's routed experts into L2
+class DecodeModes(NamedTuple):
+    """How a decode-sized call runs (:func:`decode_modes`): each stage's
+    :class:`~flydsl.kernels.gemm.skinny_grouped.GroupedMode`, and ``combined``: stage 2 and the combine in one
+    launch (``skinny_gemm_combined_kernel``, after a direct stage 1)."""
+
+    stage1: GroupedMode = GroupedMode()
+    stage2: GroupedMode = GroupedMode()
+    combined: bool = False
+
+
+def decode_modes(tokens, top_k, experts, hidden, inter, w2, l2: int, enabled=None) -> DecodeModes:
+    """The decode stages' modes: ``direct`` (no alignment: each routed pair its own block) for one token, with
+    ``combine`` also stage 2 and the combine in one launch (top_k at most 16), and stage 1's ``prefetch_next``
+    (w2's routed experts into L2
     while stage 1 streams w1) where those experts' w2 bytes fit in :data:`PREFETCH_L2_FRACTION` of the L2 (``l2``
     bytes; the rest holds w1's lines, read with an evict-first policy, and all else) and w2 is contiguous with 16-byte
-    multiples per expert. ``enabled``: the modes allowed, a set of "direct" and "prefetch" (default:
-    the ``FLYDSL_MOE_DECODE`` environment variable's comma-separated words, none when unset: neither mode has been
+    multiples per expert. ``enabled``: the modes allowed, a set of "direct", "combine" and "prefetch" (default:
+    the ``FLYDSL_MOE_DECODE`` environment variable's comma-separated words, none when unset: no mode has been
     timed on a GPU yet, docs/moe.md)."""
     if enabled is None:
         enabled = {word.strip() for word in os.environ.get("FLYDSL_MOE_DECODE", "").split(",") if word.strip()}
-    if not set(enabled) <= {"direct", "prefetch"}:
-        raise ValueError(f"FLYDSL_MOE_DECODE: expected words from 'direct', 'prefetch', got {sorted(enabled)}")
+    if not set(enabled) <= _DECODE_WORDS:
+        raise ValueError(f"FLYDSL_MOE_DECODE: expected words from {sorted(_DECODE_WORDS)}, got {sorted(enabled)}")
     ids = tokens * top_k
     direct = "direct" in enabled and tokens == 1
     blocks = ids if direct else min(align_capacity(ids, experts, GROUPED_BLOCK) // GROUPED_BLOCK, ids)
@@ -350,7 +368,8 @@ def decode_modes(tokens, top_k, experts, hidden, inter, w2, l2: int, enabled=Non
     fits = blocks * per_expert <= PREFETCH_L2_FRACTION * l2 and per_expert % 16 == 0
     fits = fits and w2.is_contiguous() and w2.data_ptr() % 16 == 0
     prefetch = "prefetch" in enabled and fits
-    return GroupedMode(direct, prefetch), GroupedMode(direct, False)
+    combined = direct and "combine" in enabled and top_k <= 16
+    return DecodeModes(GroupedMode(direct, prefetch), GroupedMode(direct, False), combined)
 
 
 def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant):
@@ -393,7 +412,7 @@ def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant)
     gather_grid = max(1, min(-(-capacity // _WARPS), sms * _WAVES))
     launch_gather = dict(grid=gather_grid, block=32 * _WARPS)
 
-    def steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale):
+    def steps(x, w1, w2, _topk_weights, topk_ids, positions, _out, w1_scale, w2_scale):
         sorted_ids, expert_of_block, padded_count = align_tokens(topk_ids, experts, cfg.block_m)
         groups = (expert_of_block, padded_count)
         if quant is None:
@@ -442,7 +461,7 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     ones repeated per row) or "block" (128 x 128 block scales, the stacked view ``w_scale.view(-1, K blocks)``),
     through :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`. ``modes``: the stages'
     ``GroupedMode`` s (:func:`decode_modes`; default: neither mode)."""
-    mode1, mode2 = modes or (GroupedMode(), GroupedMode())
+    mode1, mode2, combined = modes or DecodeModes()
     ids = tokens * top_k
     capacity = ids * GROUPED_BLOCK if mode1.direct else align_capacity(ids, experts, GROUPED_BLOCK)
     blocks = min(capacity // GROUPED_BLOCK, ids)  # each block below padded_count holds an id
@@ -454,6 +473,8 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     variant2 = SkinnyVariant(True, Epilogue(), True)
     grid1 = (-(-inter // (cfg1.rows // 2)), blocks)
     grid2 = (-(-hidden // cfg2.rows), blocks)
+    cfgc = choose_combined_config(top_k, element_bytes)
+    gridc = (-(-hidden // cfgc.rows), tokens)
 
     import torch
 
@@ -469,7 +490,7 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
             )
         )
         h = x.new_empty((routed, inter))  # (blocks past padded_count: never written, never read)
-        y = x.new_empty((capacity, hidden))
+        y = x.new_empty((0 if combined else capacity, hidden))  # (combined: the output is written directly)
         if fp8 != "row":
             return (*alignment, h, y)
         # per-tensor (E,) weight scales repeated per row, a copy per call; per channel (E, rows): None, viewed at launch
@@ -479,7 +500,7 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
         )
         return (*alignment, h, y, *repeated)
 
-    def steps(x, w1, w2, topk_ids, positions, w1_scale, w2_scale, *held):
+    def steps(x, w1, w2, topk_weights, topk_ids, positions, out, w1_scale, w2_scale, *held):
         if mode1.direct:  # the flat ids stand for the (unread) order and count too
             pairs = topk_ids.reshape(-1)
             (h, y, *rows), routing = held, (pairs, pairs, pairs, positions)
@@ -492,24 +513,32 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
         w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
         next1 = w2.view(torch.uint8).view(experts, -1) if mode1.prefetch_next else topk_ids.view(torch.uint8)
         if fp8 is None:
+            scales1 = scales2 = topk_weights  # (16-bit weights: no scales; any tensor, unread)
             skinny_gemm_grouped_kernel(x, w1_rows, h, *routing, next1, top_k, cfg1, variant1, mode1).launch(
                 grid=grid1, block=cfg1.threads
             )
+        else:
+            if fp8 == "row":
+                scales1 = w1_scale.view(-1) if rows1 is None else rows1
+                scales2 = w2_scale.view(-1) if rows2 is None else rows2
+            else:
+                scales1, scales2 = w1_scale.view(-1, -(-hidden // BLOCK)), w2_scale.view(-1, -(-inter // BLOCK))
+            skinny_gemm_grouped_fp8_kernel(
+                x, w1_rows, h, *routing, scales1, next1, top_k, cfg1, variant1, mode1
+            ).launch(grid=grid1, block=cfg1.threads)
+        if combined:  # stage 2 and the combine: the output written directly
+            skinny_gemm_combined_kernel(h, w2_rows, out, topk_ids, topk_weights, scales2, cfgc, top_k).launch(
+                grid=gridc, block=cfgc.threads
+            )
+            return None
+        if fp8 is None:
             skinny_gemm_grouped_kernel(h, w2_rows, y, *routing, next1, 0, cfg2, variant2, mode2).launch(
                 grid=grid2, block=cfg2.threads
             )
-            return y
-        if fp8 == "row":
-            scales1 = w1_scale.view(-1) if rows1 is None else rows1
-            scales2 = w2_scale.view(-1) if rows2 is None else rows2
         else:
-            scales1, scales2 = w1_scale.view(-1, -(-hidden // BLOCK)), w2_scale.view(-1, -(-inter // BLOCK))
-        skinny_gemm_grouped_fp8_kernel(x, w1_rows, h, *routing, scales1, next1, top_k, cfg1, variant1, mode1).launch(
-            grid=grid1, block=cfg1.threads
-        )
-        skinny_gemm_grouped_fp8_kernel(h, w2_rows, y, *routing, scales2, next1, 0, cfg2, variant2, mode2).launch(
-            grid=grid2, block=cfg2.threads
-        )
+            skinny_gemm_grouped_fp8_kernel(h, w2_rows, y, *routing, scales2, next1, 0, cfg2, variant2, mode2).launch(
+                grid=grid2, block=cfg2.threads
+            )
         return y
 
     return buffers, steps
