@@ -114,9 +114,9 @@ def _inside(t, owner) -> bool:
     return start <= t.data_ptr() < end or t.data_ptr() == start
 
 
-@pytest.mark.parametrize("granularity", [None, "channel", "block"], ids=["bf16", "fp8 channel", "fp8 block"])
-def test_one_token_in_the_direct_mode_takes_no_alignment_and_prefetches_w2(recorded, monkeypatch, granularity):
-    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,prefetch")
+def _one_token(granularity, memory_check=None):
+    """One token's plan under the FLYDSL_MOE_DECODE set by the test: (its arguments, its scratch, w2), its scratch
+    checked by ``memory_check`` before the launches run."""
     x, w1, w2, weights, ids, options = _inputs(granularity)
     x, weights, ids = x[:1], weights[:1], ids[:1]
     scales = dict(w1_scale=options.get("w1_scale"), w2_scale=options.get("w2_scale"))
@@ -125,9 +125,21 @@ def test_one_token_in_the_direct_mode_takes_no_alignment_and_prefetches_w2(recor
     )
     args = (x, w1, w2, weights, ids, None, scales["w1_scale"], scales["w2_scale"])
     memory = plan.scratch(*args)
-    out, positions, h, y = memory[:4]
-    assert h.shape == (TOP_K * 16, INTER) and y.shape == (TOP_K * 16, HIDDEN)  # a block of 16 rows per routed pair
+    if memory_check is not None:
+        memory_check(memory)
     plan.launch(*args, *memory)
+    return args, memory, w2
+
+
+@pytest.mark.parametrize("granularity", [None, "channel", "block"], ids=["bf16", "fp8 channel", "fp8 block"])
+def test_one_token_in_the_direct_mode_takes_no_alignment_and_prefetches_w2(recorded, monkeypatch, granularity):
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,prefetch")
+
+    def blocks_of_16_rows(memory):  # a block of 16 rows per routed pair
+        assert memory[2].shape == (TOP_K * 16, INTER) and memory[3].shape == (TOP_K * 16, HIDDEN)
+
+    (x, w1, w2, weights, ids, *_), memory, w2 = _one_token(granularity, blocks_of_16_rows)
+    positions = memory[1]
     names = [call.kernel.name for call in recorded]
     assert len(names) == 3 and "skinny_gemm_grouped" in names[0] and names[-1] == "combine_kernel"
     stage1, stage2 = recorded[0].values, recorded[1].values
@@ -169,17 +181,12 @@ def test_decode_modes_follow_the_environment_and_the_l2(monkeypatch):
 @pytest.mark.parametrize("granularity", [None, "channel", "block"], ids=["bf16", "fp8 channel", "fp8 block"])
 def test_one_token_combined_writes_the_output_in_two_launches(recorded, monkeypatch, granularity):
     monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,combine")
-    x, w1, w2, weights, ids, options = _inputs(granularity)
-    x, weights, ids = x[:1], weights[:1], ids[:1]
-    scales = dict(w1_scale=options.get("w1_scale"), w2_scale=options.get("w2_scale"))
-    plan = experts._fused_plan(
-        x, w1, w2, weights, ids, "silu", quant=options.get("quant"), granularity=granularity, out=None, **scales
-    )
-    args = (x, w1, w2, weights, ids, None, scales["w1_scale"], scales["w2_scale"])
-    memory = plan.scratch(*args)
+
+    def no_y(memory):  # stage 2 writes the output
+        assert memory[3].numel() == 0
+
+    (x, w1, w2, weights, ids, *_), memory, w2 = _one_token(granularity, no_y)
     out, positions, h, y = memory[:4]
-    assert y.numel() == 0  # no y: stage 2 writes the output
-    plan.launch(*args, *memory)
     names = [call.kernel.name for call in recorded]
     assert names[1:] == ["skinny_gemm_combined_kernel"] and "skinny_gemm_grouped" in names[0]
     combined = recorded[1].values

@@ -304,15 +304,7 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
     vec, epilogue, two_halves, prepared = variant
     if prepared and not vec:
         raise ValueError(f"skinny kernel: prepared weights take 16-byte loads, got {variant}")
-    if fx.const_expr(cfg.min_blocks is None):
-        flyc.set_kernel_attributes(threads=cfg.threads)
-    else:
-        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
-    nvvm.griddepcontrol_launch_dependents()  # the next kernel may take SMs as this grid's last CTAs start
-    tid = gpu.thread_idx.x
-    warp, lane = tid // 32, tid % 32
-    warp_n, warp_kk = warp % cfg.warps_n, warp // cfg.warps_n
-    lane_t, lane_q = lane % 4, lane // 4
+    tid, warp_n, warp_kk, lane, lane_t, lane_q = _kernel_start(cfg)
     m_extent = a.shape[0].to(fx.Int32)
     n_extent = c.shape[1].to(fx.Int32)
     k_extent = a.shape[1].to(fx.Int32)
@@ -370,6 +362,20 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
                 c[row, out_col] = apply_epilogue(total, epilogue, tensors, row, out_col).to(c.dtype)
             else:
                 c[gpu.block_idx.y * m_extent + row, out_col] = total
+
+
+def _kernel_start(cfg: SkinnyConfig) -> tuple:
+    """A skinny kernel's attributes (threads, CTAs per SM) and its dependents' launch (the next kernel may take SMs
+    as this grid's last CTAs start); returns the thread's ``(tid, warp_n, warp_kk, lane, lane_t, lane_q)``: its
+    column of warps along N, its warp along K, its lane and the lane's (``lane % 4``, ``lane // 4``)."""
+    if fx.const_expr(cfg.min_blocks is None):
+        flyc.set_kernel_attributes(threads=cfg.threads)
+    else:
+        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
+    nvvm.griddepcontrol_launch_dependents()
+    tid = gpu.thread_idx.x
+    warp, lane = tid // 32, tid % 32
+    return tid, warp % cfg.warps_n, warp // cfg.warps_n, lane, lane % 4, lane // 4
 
 
 def _warp_partials(accs, cfg: SkinnyConfig, warp_kk, warp_n, lane):

@@ -26,6 +26,7 @@ from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, Scale, apply
 from flydsl.kernels.gemm.skinny import (
     _ACC,
     SkinnyConfig,
+    _kernel_start,
     _loads,
     _mmas,
     _mmas_wide,
@@ -164,15 +165,7 @@ def _grouped_skinny_gemm(
         raise ValueError(f"grouped fp8 kernel: expected fp8 weights, 16-bit a and c, 1-D or 2-D scales: {variant}")
     row_scales = fp8 and fx.rank(w_scale.shape) == 1
     block_scales = w_scale if fp8 and not row_scales else None
-    if fx.const_expr(cfg.min_blocks is None):
-        flyc.set_kernel_attributes(threads=cfg.threads)
-    else:
-        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
-    nvvm.griddepcontrol_launch_dependents()
-    tid = gpu.thread_idx.x
-    warp, lane = tid // 32, tid % 32
-    warp_n, warp_kk = warp % cfg.warps_n, warp // cfg.warps_n
-    lane_t, lane_q = lane % 4, lane // 4
+    tid, warp_n, warp_kk, lane, lane_t, lane_q = _kernel_start(cfg)
     # The routing and (stage 2) A are the previous kernels' outputs: nothing is read before the wait, and every
     # load's row depends on its zero (loads through inline PTX could move above it otherwise).
     after_wait = nvvm.griddepcontrol_wait()
@@ -263,14 +256,7 @@ def skinny_gemm_combined_kernel(
     if w.dtype.width == 8 and not fp8:
         raise ValueError("skinny_gemm_combined_kernel: fp8 weights take 16-bit activations")
     row_scales = fp8 and fx.rank(w_scale.shape) == 1
-    if fx.const_expr(cfg.min_blocks is None):
-        flyc.set_kernel_attributes(threads=cfg.threads)
-    else:
-        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
-    nvvm.griddepcontrol_launch_dependents()
-    tid = gpu.thread_idx.x
-    warp, lane = tid // 32, tid % 32
-    lane_t, lane_q = lane % 4, lane // 4
+    tid, _warp_n, warp, _lane, lane_t, lane_q = _kernel_start(cfg)  # (one column of warps: warp along K = warp)
     after_wait = nvvm.griddepcontrol_wait()  # h is the previous kernel's
     token = gpu.block_idx.y.to(fx.Int32) + after_wait
     n_out, k_extent = out.shape[1].to(fx.Int32), h.shape[1].to(fx.Int32)
