@@ -129,6 +129,37 @@ def test_decode_modes_give_the_same_output(monkeypatch, modes, quant, experts, t
         plans.clear_all()
 
 
+@pytest.mark.parametrize("quant", [None, "channel", "block"])
+@pytest.mark.parametrize("tokens,experts,top_k,hidden,inter", [(5, 16, 4, 384, 320), (16, 64, 8, 512, 256),
+                                                                (64, 256, 8, 1024, 128)])  # fmt: skip
+def test_persistent_decode_gives_the_same_output(monkeypatch, quant, tokens, experts, top_k, hidden, inter):
+    """FLYDSL_MOE_DECODE=persistent (each CTA looping over tiles, the next tile's loads in flight): the same tiles'
+    sums in the same order as one CTA per tile, so the same bits; dropped ids add nothing."""
+    from flydsl.kernels import plans
+
+    x, w1, w2 = _layer(tokens, experts, hidden, inter, seed=40 + tokens)
+    weights, ids = _routing(tokens, experts, top_k, seed=40 + tokens)
+    ids[0, -1] = -1
+    options = {}
+    if quant is not None:
+        w1, s1, _ = _fp8_weights(w1, quant)
+        w2, s2, _ = _fp8_weights(w2, quant)
+        options = dict(quant="fp8", granularity=quant, w1_scale=s1, w2_scale=s2)
+    assert decodes(tokens, tokens * top_k, experts)
+    monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
+    plans.clear_all()
+    expected = fused_moe(x, w1, w2, weights, ids, **options)
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "persistent")
+    plans.clear_all()
+    try:
+        for _ in range(2):  # recorded, then replayed
+            out = torch.full_like(x, float("nan"))
+            fused_moe(x, w1, w2, weights, ids, out=out, **options)
+            assert torch.equal(out, expected)
+    finally:
+        plans.clear_all()
+
+
 def test_fused_moe_fp16_and_new_output():
     x, w1, w2 = _layer(200, 16, 256, 128, dtype=torch.float16, seed=3)
     weights, ids = _routing(200, 16, 4, seed=3)

@@ -157,25 +157,44 @@ def test_one_token_in_the_direct_mode_takes_no_alignment_and_prefetches_w2(recor
 
 
 def test_decode_modes_follow_the_environment_and_the_l2(monkeypatch):
+    from flydsl.kernels.gemm.skinny_grouped import GroupedMode as Mode
+
     w2 = torch.empty(128, 2048, 768, dtype=torch.bfloat16)  # Qwen3-30B-A3B's: 3 MB per expert
+    modes = lambda tokens, l2=50 * 2**20, enabled=None, top_k=8: experts.decode_modes(  # noqa: E731
+        tokens, top_k, 128, 2048, 768, w2, l2, enabled
+    )
     monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20) == ((False, False), (False, False), False)
+    assert modes(1) == (Mode(), Mode(), False)
     both = {"direct", "prefetch"}
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20, both) == ((True, True), (True, False), False)
-    every = {"direct", "prefetch", "combine"}
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20, every).combined
-    assert not experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20, {"combine"}).combined  # needs direct
-    assert not experts.decode_modes(1, 32, 128, 2048, 768, w2, 50 * 2**20, every).combined  # top_k past 16
-    # 8 experts' 25 MB of w2 do not fit in 0.6 of a 32 MB L2; two tokens take the alignment
+    assert modes(1, enabled=both) == (Mode(direct=True, prefetch_next=True), Mode(direct=True), False)
+    every = {"direct", "prefetch", "combine", "persistent"}
+    assert modes(1, enabled=every).combined and not modes(1, enabled=every).stage1.persistent
+    assert not modes(1, enabled={"combine"}).combined  # needs direct
+    assert not modes(1, enabled=every, top_k=32).combined  # top_k past 16
+    # two tokens take the alignment, and there the persistent loop (without the prefetch)
+    assert modes(2, enabled=every) == (Mode(persistent=True), Mode(persistent=True), False)
+    # 8 experts' 25 MB of w2 do not fit in 0.6 of a 32 MB L2
     assert experts.PREFETCH_L2_FRACTION == 0.6
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 32 * 2**20, both) == ((True, False), (True, False), False)
-    assert experts.decode_modes(2, 8, 128, 2048, 768, w2, 50 * 2**20, both)[0].direct is False
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2[:, :, :384], 50 * 2**20, both)[0].prefetch_next is False
+    assert modes(1, l2=32 * 2**20, enabled=both) == (Mode(direct=True), Mode(direct=True), False)
+    assert modes(2, enabled=both).stage1.direct is False
+    assert not experts.decode_modes(1, 8, 128, 2048, 768, w2[:, :, :384], 50 * 2**20, both).stage1.prefetch_next
     monkeypatch.setenv("FLYDSL_MOE_DECODE", "prefetch")
-    assert experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20) == ((False, True), (False, False), False)
+    assert modes(1) == (Mode(prefetch_next=True), Mode(), False)
     monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,fast")
     with pytest.raises(ValueError, match="FLYDSL_MOE_DECODE: expected words from"):
-        experts.decode_modes(1, 8, 128, 2048, 768, w2, 50 * 2**20)
+        modes(1)
+
+
+def test_persistent_stages_take_as_many_ctas_as_fit(recorded, monkeypatch):
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "persistent")
+    x, w1, w2, weights, ids, _ = _inputs(None)
+    plan = experts._fused_plan(
+        x, w1, w2, weights, ids, "silu", quant=None, granularity=None, out=None, w1_scale=None, w2_scale=None
+    )
+    args = (x, w1, w2, weights, ids, None, None, None)
+    plan.launch(*args, *plan.scratch(*args))
+    stages = [call for call in recorded if "skinny_gemm_grouped" in call.kernel.name]
+    assert [call.values[-1].persistent for call in stages] == [True, True]
 
 
 @pytest.mark.parametrize("granularity", [None, "channel", "block"], ids=["bf16", "fp8 channel", "fp8 block"])

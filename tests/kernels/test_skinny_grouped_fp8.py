@@ -153,6 +153,38 @@ def test_the_combined_kernel_checks_its_configuration():
         choose_combined_config(8, 4)
 
 
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+@pytest.mark.parametrize("weights", ["bf16", "row", "block"])
+@pytest.mark.parametrize("gated,k,n_out", [(True, 2048, 768), (True, 7168, 256), (False, 768, 2048)])
+def test_the_persistent_mode_compiles_without_spills(weights, gated, k, n_out):
+    """GroupedMode(persistent): one loop over the CTA's (tile, K step) items, the next item's loads issued before
+    this item's MMAs (one copy of the step's loads before the loop and one in it, every load masked at K's end), a
+    tile's epilogue and stores under the loop's tile-end branch; no spills, the default's CTAs per SM."""
+    mode = GroupedMode(persistent=True)
+    if weights == "bf16":
+        cfg = choose_grouped_skinny_config(k, gated)
+        variant = SkinnyVariant(True, Epilogue(gate="silu" if gated else None), True)
+        arguments = _arguments(gated, k, n_out, weights="bf16")
+        module = skinny_gemm_grouped_kernel.lower(*arguments, NEXT, TOP_K if gated else 0, cfg, variant, mode)
+        per_load = 2
+    else:
+        module, cfg = _lower(gated, k, n_out, weights == "block", mode=mode)
+        per_load = 4
+    ptx = module.ptx
+    assert ptx.count(_MMA.format("bf16")) == per_load * cfg.unroll * cfg.groups  # one step's, in the loop
+    assert ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.b32") == 2 * cfg.unroll * cfg.groups
+    assert "cp.async.bulk.prefetch" not in ptx
+    report = ptxas_report(ptx)
+    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    assert registers <= 65536 // ((cfg.min_blocks or 1) * cfg.threads), report
+
+
+def test_the_persistent_mode_takes_the_aligned_routing_alone():
+    with pytest.raises(ValueError, match="persistent mode takes the aligned routing alone"):
+        _lower(True, 2048, 768, False, mode=GroupedMode(direct=True, persistent=True))
+
+
 def test_the_kernels_take_a_grouped_mode():
     with pytest.raises(TypeError, match="mode must be a GroupedMode"):
         module, _ = _lower(False, 256, 7168, False, mode=(True, False))

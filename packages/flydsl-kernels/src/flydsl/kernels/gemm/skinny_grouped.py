@@ -68,10 +68,17 @@ class GroupedMode(NamedTuple):
     ``prefetch_next``: each CTA also brings its share of its block's expert's next-stage weights into L2 (the
     kernels' ``next_weights``: (E, bytes per expert) uint8, 16-byte multiples; pieces of :data:`PREFETCH_PIECE`
     spread over the CTAs of a block) and reads its own weights with an evict-first L2 policy, so that the next
-    stage finds its weights in L2: for calls whose routed next-stage weights fit in L2 (one decode token)."""
+    stage finds its weights in L2: for calls whose routed next-stage weights fit in L2 (one decode token).
+
+    ``persistent`` (aligned routing only): the grid's CTAs (``gridDim.x`` of them, ``gridDim.y`` 1) take the tiles
+    (block, column slice) in turn, ``t = blockIdx.x + i * gridDim.x`` over ``col tiles * padded_count / 16`` tiles
+    (a block's column slices consecutive), their (tile, K step) items in one loop whose next item's loads are
+    issued before this item's MMAs, across tiles too: a CTA's start (routing loads) and each tile's end (the
+    K-warps' sum, the epilogue, the stores) run under loads in flight, where one CTA per tile exposes them."""
 
     direct: bool = False
     prefetch_next: bool = False
+    persistent: bool = False
 
 
 class Routing(NamedTuple):
@@ -163,70 +170,128 @@ def _grouped_skinny_gemm(
     fp8 = w_scale is not None
     if fp8 and (not _wide(a, w) or a.dtype != c.dtype or fx.rank(w_scale.shape) not in (1, 2)):
         raise ValueError(f"grouped fp8 kernel: expected fp8 weights, 16-bit a and c, 1-D or 2-D scales: {variant}")
-    row_scales = fp8 and fx.rank(w_scale.shape) == 1
-    block_scales = w_scale if fp8 and not row_scales else None
-    tid, warp_n, warp_kk, lane, lane_t, lane_q = _kernel_start(cfg)
+    if mode.persistent and (mode.direct or mode.prefetch_next):
+        raise ValueError(f"grouped skinny kernel: the persistent mode takes the aligned routing alone: {mode}")
+    thread = _kernel_start(cfg)
     # The routing and (stage 2) A are the previous kernels' outputs: nothing is read before the wait, and every
     # load's row depends on its zero (loads through inline PTX could move above it otherwise).
     after_wait = nvvm.griddepcontrol_wait()
-    block = gpu.block_idx.y.to(fx.Int32) + after_wait
     gated = gate is not None
     n_out = c.shape[1].to(fx.Int32)
-    per_expert = n_out * 2 if gated else n_out  # the expert's rows of w
-    pairs = positions.shape.to(fx.Int32)  # T * k, the sentinel of pad rows (a 1-D shape: its extent)
+    stage = _Stage(
+        a, w, c, routing, positions, w_scale, cfg, mode, gate, thread, n_out,
+        n_out * 2 if gated else n_out,  # the expert's rows of w
+        cfg.rows // 2 if gated else cfg.rows,  # output columns per tile
+        positions.shape.to(fx.Int32),  # T * k, the sentinel of pad rows (a 1-D shape: its extent)
+    )  # fmt: skip
+    if fx.const_expr(mode.persistent):
+        _persistent_tiles(stage, after_wait)
+        return
+    block = gpu.block_idx.y.to(fx.Int32) + after_wait
     if fx.const_expr(mode.direct):  # block y: routed pair y, whose expert may be one this call does not hold
-        expert = routing.expert_of_block[arith.minimum(block, pairs - 1)].to(fx.Int32)
-        routed = (block < pairs) & (expert >= 0) & (expert < w.shape[0].to(fx.Int32) // per_expert)
+        expert = routing.expert_of_block[arith.minimum(block, stage.pairs - 1)].to(fx.Int32)
+        routed = (block < stage.pairs) & (expert >= 0) & (expert < w.shape[0].to(fx.Int32) // stage.per_expert)
     else:
         routed = block * GROUPED_BLOCK < routing.padded_count[0]
     if routed:
-        k_extent = a.shape[1].to(fx.Int32)
-        cols = cfg.rows // 2 if gated else cfg.rows  # output columns per CTA
-        n0 = gpu.block_idx.x * cols
         if fx.const_expr(not mode.direct):
             expert = routing.expert_of_block[block].to(fx.Int32)
-        base = expert * per_expert
-        rows_w = []
-        for g in fx.range_constexpr(cfg.groups):
-            col = (warp_n * cfg.groups + g) * 8 + lane_q  # this lane's weight row among the CTA's
-            if fx.const_expr(gated):  # the first half gate rows n0.., the second the up rows n0 + I..
-                up = col >= cols
-                within = arith.minimum(n0 + arith.select(up, col - cols, col), n_out - 1)
-                rows_w.append(base + arith.select(up, within + n_out, within))
-            else:
-                rows_w.append(base + arith.minimum(n0 + col, n_out - 1))
-        first = block * GROUPED_BLOCK
-        if (routing.top_k > 0) & (gpu.block_idx.x == 0) & (tid < GROUPED_BLOCK):
-            flat = _sorted_id(routing, mode, first + tid, pairs)
-            if flat < pairs:
-                positions[flat] = first + tid
-        rows_a = [_grouped_row(routing, mode, first + lane_q + 8 * h, pairs) for h in range(2)]
-        policy = nvvm.create_policy("evict_first") if mode.prefetch_next else None
-        streams = _WarpStreams(a, w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales, policy)
+        x = gpu.block_idx.x.to(fx.Int32)
+        streams = _tile_streams(stage, block, x, expert)
         if fx.const_expr(mode.prefetch_next):
-            _prefetch_next(next_weights, expert, tid, cfg.threads)
+            _prefetch_next(next_weights, expert, thread[0], cfg.threads)
         step = cfg.k_step(w.dtype.width // 8)
-        accs = _mainloop(streams, step, warp_kk * (step // cfg.warps_k), fp8 and not row_scales)
-        partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
-        activation = Epilogue(activation=gate) if gated else None
-        scaling = Epilogue(scales=(GROUPED_WEIGHT_SCALE,))  # fp8 per row: the weight row's scale
-        tensors = EpilogueTensors(scales=(w_scale,))
-        for rep in fx.range_constexpr(-(-GROUPED_BLOCK * cols // cfg.threads)):
-            index = arith.minimum(tid + rep * cfg.threads, GROUPED_BLOCK * cols - 1)
-            row, col = index // cols, index % cols
-            out_col = n0 + col
-            total = _warp_total(partial, cfg, row, col)
-            if fx.const_expr(row_scales):  # the gate (or plain) row, clamped as the loads' rows are
-                b_row = base + arith.minimum(out_col, n_out - 1)
-                total = apply_epilogue(total, scaling, tensors, row, b_row)
-            if fx.const_expr(gated):
-                total = apply_epilogue(total, activation, EpilogueTensors(), row, col)
-                up = _warp_total(partial, cfg, row, col + cols)
-                if fx.const_expr(row_scales):  # the up row: I = N_out rows after its gate row
-                    up = apply_epilogue(up, scaling, tensors, row, b_row + n_out)
-                total = total * up
-            if (tid + rep * cfg.threads < GROUPED_BLOCK * cols) & (out_col < n_out):
-                c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
+        accs = _mainloop(streams, step, thread[2] * (step // cfg.warps_k), stage.block_scaled)
+        _store_tile(stage, accs, block, x, expert)
+
+
+class _Stage(NamedTuple):
+    """What every tile of a grouped kernel's launch shares: its tensors, configuration and mode, the gate (or None),
+    the thread's coordinates (:func:`~flydsl.kernels.gemm.skinny._kernel_start`), N_out, the expert's rows of w,
+    output columns per tile and T * k (the pad rows' sentinel)."""
+
+    a: object
+    w: object
+    c: object
+    routing: Routing
+    positions: object
+    w_scale: object
+    cfg: SkinnyConfig
+    mode: GroupedMode
+    gate: object
+    thread: tuple
+    n_out: object
+    per_expert: object
+    cols: int
+    pairs: object
+
+    @property
+    def row_scales(self) -> bool:
+        return self.w_scale is not None and fx.rank(self.w_scale.shape) == 1
+
+    @property
+    def block_scaled(self) -> bool:
+        return self.w_scale is not None and fx.rank(self.w_scale.shape) == 2
+
+
+def _tile_streams(stage: _Stage, block, x, expert) -> _WarpStreams:
+    """The warp's loads of the tile (block ``block`` of the aligned order, output columns ``x * cols ..``) of expert
+    ``expert``: its weight rows (gated: the first half of the tile's rows gate rows, the second half the up rows
+    N_out further, each clamped into the expert's) and the block's activation rows."""
+    cfg, n_out, cols = stage.cfg, stage.n_out, stage.cols
+    _tid, warp_n, _warp_kk, _lane, lane_t, lane_q = stage.thread
+    n0 = x * cols
+    base = expert * stage.per_expert
+    rows_w = []
+    for g in fx.range_constexpr(cfg.groups):
+        col = (warp_n * cfg.groups + g) * 8 + lane_q  # this lane's weight row among the tile's
+        if fx.const_expr(stage.gate is not None):  # the first half gate rows n0.., the second the up rows n0 + I..
+            up = col >= cols
+            within = arith.minimum(n0 + arith.select(up, col - cols, col), n_out - 1)
+            rows_w.append(base + arith.select(up, within + n_out, within))
+        else:
+            rows_w.append(base + arith.minimum(n0 + col, n_out - 1))
+    first = block * GROUPED_BLOCK
+    rows_a = [_grouped_row(stage.routing, stage.mode, first + lane_q + 8 * h, stage.pairs) for h in range(2)]
+    policy = nvvm.create_policy("evict_first") if stage.mode.prefetch_next else None
+    block_scales = stage.w_scale if stage.block_scaled else None
+    k_extent = stage.a.shape[1].to(fx.Int32)
+    return _WarpStreams(
+        stage.a, stage.w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales, policy
+    )
+
+
+def _store_tile(stage: _Stage, accs, block, x, expert) -> None:
+    """The tile's sums over its K-warps (through shared memory), its epilogue (fp8 row scales, the gate) and its
+    stores; stage 1's tiles of the first columns also note where each routed pair went (``positions``)."""
+    c, cfg, routing, n_out, cols = stage.c, stage.cfg, stage.routing, stage.n_out, stage.cols
+    tid, warp_n, warp_kk, lane, _lane_t, _lane_q = stage.thread
+    first, n0, base = block * GROUPED_BLOCK, x * cols, expert * stage.per_expert
+    if (routing.top_k > 0) & (x == 0) & (tid < GROUPED_BLOCK):
+        flat = _sorted_id(routing, stage.mode, first + tid, stage.pairs)
+        if flat < stage.pairs:
+            stage.positions[flat] = first + tid
+    partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
+    gated, row_scales = stage.gate is not None, stage.row_scales
+    activation = Epilogue(activation=stage.gate) if gated else None
+    scaling = Epilogue(scales=(GROUPED_WEIGHT_SCALE,))  # fp8 per row: the weight row's scale
+    tensors = EpilogueTensors(scales=(stage.w_scale,))
+    for rep in fx.range_constexpr(-(-GROUPED_BLOCK * cols // cfg.threads)):
+        index = arith.minimum(tid + rep * cfg.threads, GROUPED_BLOCK * cols - 1)
+        row, col = index // cols, index % cols
+        out_col = n0 + col
+        total = _warp_total(partial, cfg, row, col)
+        if fx.const_expr(row_scales):  # the gate (or plain) row, clamped as the loads' rows are
+            b_row = base + arith.minimum(out_col, n_out - 1)
+            total = apply_epilogue(total, scaling, tensors, row, b_row)
+        if fx.const_expr(gated):
+            total = apply_epilogue(total, activation, EpilogueTensors(), row, col)
+            up = _warp_total(partial, cfg, row, col + cols)
+            if fx.const_expr(row_scales):  # the up row: I = N_out rows after its gate row
+                up = apply_epilogue(up, scaling, tensors, row, b_row + n_out)
+            total = total * up
+        if (tid + rep * cfg.threads < GROUPED_BLOCK * cols) & (out_col < n_out):
+            c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
 
 
 @flyc.kernel(dependent_launch=True)
@@ -307,19 +372,72 @@ def choose_combined_config(top_k: int, element_bytes: int = 2) -> SkinnyConfig:
     )
 
 
+def _persistent_tiles(stage: _Stage, after_wait) -> None:
+    """:class:`GroupedMode`'s ``persistent`` loop: this CTA's tiles' (tile, K step) items, each step's loads issued
+    one item ahead (the last item's loads repeated, unused), every load masked at K's end; a tile's last step stores
+    it and clears the sums. Items advance by additions (a tile is ``gridDim.x`` tiles on: ``dx`` column slices and
+    ``db`` blocks, with a carry), not divisions."""
+    cfg, routing = stage.cfg, stage.routing
+    warp_kk = stage.thread[2]
+    step = cfg.k_step(stage.w.dtype.width // 8)
+    warp_k = warp_kk * (step // cfg.warps_k)
+    col_tiles = (stage.n_out + (stage.cols - 1)) // stage.cols
+    blocks = routing.padded_count[0].to(fx.Int32) // GROUPED_BLOCK
+    ctas, cta = gpu.grid_dim.x.to(fx.Int32), gpu.block_idx.x.to(fx.Int32) + after_wait
+    steps = (stage.a.shape[1].to(fx.Int32) + (step - 1)) // step
+    items = arith.maximum((col_tiles * blocks - cta + (ctas - 1)) // ctas, 0) * steps
+    db, dx = ctas // col_tiles, ctas % col_tiles
+
+    def advance(block, x, expert, k_step):  # the next item's (block, column slice, expert, K step)
+        k_next = k_step + 1
+        wrap = k_next == steps
+        x_next = arith.select(wrap, x + dx, x)
+        over = wrap & (x_next >= col_tiles)
+        x_next = arith.select(over, x_next - col_tiles, x_next)
+        block_next = arith.select(wrap, block + db + arith.select(over, fx.Int32(1), fx.Int32(0)), block)
+        block_next = arith.minimum(block_next, blocks - 1)  # (past the last item: any block's, unused)
+        expert_next = routing.expert_of_block[block_next].to(fx.Int32)
+        return block_next, x_next, expert_next, arith.select(wrap, fx.Int32(0), k_next)
+
+    if items > 0:
+        block, x = cta // col_tiles, cta % col_tiles
+        expert, k_step = routing.expert_of_block[block].to(fx.Int32), fx.Int32(0)
+        words = _loads(_tile_streams(stage, block, x, expert), warp_k, True)
+        accs = [_ACC(0.0)] * cfg.groups
+        for _ in range(items):
+            block_n, x_n, expert_n, k_step_n = advance(block, x, expert, k_step)
+            upcoming = _loads(_tile_streams(stage, block_n, x_n, expert_n), k_step_n * step + warp_k, True)
+            accs = _mmas_of(_tile_streams(stage, block, x, expert), words, accs, k_step * step + warp_k, True,
+                            stage.block_scaled)  # fmt: skip
+            words = upcoming
+            last = k_step == steps - 1
+            if last:
+                _store_tile(stage, accs, block, x, expert)
+                gpu.barrier()  # the K-warps' partials are the next tile's memory
+            accs = [arith.select(last, _ACC(0.0), acc) for acc in accs]
+            block, x, expert, k_step = block_n, x_n, expert_n, k_step_n
+
+
+def _mmas_of(streams: _WarpStreams, words, accs, kbase, masked: bool, block_scaled: bool):
+    """One step's MMAs on its loaded ``words``: 16-bit weights' (:func:`~flydsl.kernels.gemm.skinny._mmas`), or fp8
+    weights' with the activations loaded as they go (:func:`~flydsl.kernels.gemm.skinny._mmas_wide`;
+    ``block_scaled``: each K block's sums times its scale)."""
+    if fx.const_expr(_wide(streams.a, streams.w)):
+        return _mmas_wide(words, accs, streams, kbase, masked, streams.a.dtype, block_scaled)
+    return _mmas(words, accs, streams.cfg, streams.a.dtype)
+
+
 def _mainloop(streams: _WarpStreams, step: int, warp_k, block_scaled: bool) -> list:
     """A warp's sums over K: steps of ``step`` K values (the CTA's; this warp's from ``warp_k`` within each), the
     next step's loads issued before this step's MMAs, then the step with the K tail, masked. fp8 weights (16-bit
     activations) go through :func:`~flydsl.kernels.gemm.skinny._mmas_wide` (``block_scaled``: each K block's sums
     times its scale)."""
-    a, w, cfg, k_extent = streams.a, streams.w, streams.cfg, streams.k_extent
+    cfg, k_extent = streams.cfg, streams.k_extent
     full = k_extent // step
     accs = [_ACC(0.0)] * cfg.groups
 
     def mmas(words, accs, kbase, masked):  # (fp8: the activations loaded as the MMAs take them)
-        if fx.const_expr(_wide(a, w)):
-            return _mmas_wide(words, accs, streams, kbase, masked, a.dtype, block_scaled)
-        return _mmas(words, accs, cfg, a.dtype)
+        return _mmas_of(streams, words, accs, kbase, masked, block_scaled)
 
     if full > 0:
         words = _loads(streams, warp_k, False)

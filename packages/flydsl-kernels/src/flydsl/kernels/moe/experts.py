@@ -72,7 +72,7 @@ __all__ = [
 
 CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
-_DECODE_WORDS = {"direct", "combine", "prefetch"}  # FLYDSL_MOE_DECODE's
+_DECODE_WORDS = {"direct", "combine", "prefetch", "persistent"}  # FLYDSL_MOE_DECODE's
 PREFETCH_L2_FRACTION = 0.6  # of the L2 that stage 1's prefetch of w2 may fill (decode_modes; untimed: a first guess)
 _WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
 _WAVES = 8  # their CTAs per SM (grid-stride loops past that)
@@ -314,7 +314,8 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
         from flydsl.kernels.device import l2_bytes
 
         modes = decode_modes(tokens, top_k, experts, hidden, inter, w2, l2_bytes(x.get_device()))
-        buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8, modes)
+        sms = sm_count(x.get_device())
+        buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8, modes, sms)
     else:  # (the prefill stages allocate as they go: their launches are not replayed, their host time is small)
         kind = None if quant is None else "block" if granularity == "block" else "fp8"
         steps = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, kind)
@@ -354,7 +355,9 @@ def decode_modes(tokens, top_k, experts, hidden, inter, w2, l2: int, enabled=Non
     (w2's routed experts into L2
     while stage 1 streams w1) where those experts' w2 bytes fit in :data:`PREFETCH_L2_FRACTION` of the L2 (``l2``
     bytes; the rest holds w1's lines, read with an evict-first policy, and all else) and w2 is contiguous with 16-byte
-    multiples per expert. ``enabled``: the modes allowed, a set of "direct", "combine" and "prefetch" (default:
+    multiples per expert; ``persistent`` (both stages, calls that take the alignment): each CTA loops over tiles with
+    the next one's loads in flight. ``enabled``: the modes allowed, a set of "direct", "combine", "prefetch" and
+    "persistent" (default:
     the ``FLYDSL_MOE_DECODE`` environment variable's comma-separated words, none when unset: no mode has been
     timed on a GPU yet, docs/moe.md)."""
     if enabled is None:
@@ -367,9 +370,11 @@ def decode_modes(tokens, top_k, experts, hidden, inter, w2, l2: int, enabled=Non
     per_expert = hidden * inter * w2.element_size()
     fits = blocks * per_expert <= PREFETCH_L2_FRACTION * l2 and per_expert % 16 == 0
     fits = fits and w2.is_contiguous() and w2.data_ptr() % 16 == 0
-    prefetch = "prefetch" in enabled and fits
+    persistent = "persistent" in enabled and not direct
+    prefetch = "prefetch" in enabled and fits and not persistent
     combined = direct and "combine" in enabled and top_k <= 16
-    return DecodeModes(GroupedMode(direct, prefetch), GroupedMode(direct, False), combined)
+    stage1 = GroupedMode(direct=direct, prefetch_next=prefetch, persistent=persistent)
+    return DecodeModes(stage1, GroupedMode(direct=direct, persistent=persistent), combined)
 
 
 def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant):
@@ -446,13 +451,22 @@ def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant)
     return steps
 
 
+def _stage_grid(mode: GroupedMode, col_tiles: int, blocks: int, cfg, sms: int) -> tuple:
+    """A grouped stage's grid: (column tiles, blocks), or persistent (``mode.persistent``) as many CTAs as fit at once
+    (``cfg.min_blocks`` per SM, or as many as 128 registers a thread allow), at most one per tile."""
+    if not mode.persistent:
+        return (col_tiles, blocks)
+    per_sm = cfg.min_blocks or max(1, 65536 // (128 * cfg.threads))
+    return (max(1, min(col_tiles * blocks, sms * per_sm)), 1)
+
+
 def _per_row(scale, rows: int):
     """fp8 weights' scales, one per row of the stacked (E * rows, K) weights: a per-channel (E, rows) tensor as it
     is, a per-tensor (E,) one repeated (a small copy, per call)."""
     return scale.view(-1) if scale.dim() == 2 else scale[:, None].expand(-1, rows).reshape(-1)
 
 
-def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None, modes=None):
+def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None, modes=None, sms=132):
     """align in blocks of 16 (``modes``' ``direct``: no alignment, each routed pair its own block), then the two
     grouped skinny GEMMs (stage 1 reads x's rows by index and notes the positions): ``(buffers, steps)``,
     ``buffers(x, w1_scale, w2_scale)`` the memory of one call (the alignment, h and y; per-tensor weight scales
@@ -471,8 +485,8 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     cfg2 = choose_grouped_skinny_config(inter, False, element_bytes)
     variant1 = SkinnyVariant(True, Epilogue(gate=activation), True)
     variant2 = SkinnyVariant(True, Epilogue(), True)
-    grid1 = (-(-inter // (cfg1.rows // 2)), blocks)
-    grid2 = (-(-hidden // cfg2.rows), blocks)
+    grid1 = _stage_grid(mode1, -(-inter // (cfg1.rows // 2)), blocks, cfg1, sms)
+    grid2 = _stage_grid(mode2, -(-hidden // cfg2.rows), blocks, cfg2, sms)
     cfgc = choose_combined_config(top_k, element_bytes)
     gridc = (-(-hidden // cfgc.rows), tokens)
 
