@@ -1,10 +1,11 @@
 # Run on the GPU machine from the repository root (carry [".devrt"], see tools/pack-gpu-runtime.sh); the machine has
 # no git, so pass the commit:
-#   bash tools/gpu-bench.sh $(git rev-parse --short HEAD) gemm skinny   # some of: gemm skinny norms host
+#   bash tools/gpu-bench.sh $(git rev-parse --short HEAD) gemm skinny   # some of: gemm skinny norms host moe-decode
 # A device call runs 10 minutes at most: gemm (~3 min), skinny (~1) and host (< 3) fit one call;
-# norms (the full sweep with torch.compile peers) takes its own. Each run is cut at 5 minutes.
+# norms (the full sweep with torch.compile peers) takes its own; moe-decode (the decode modes and stage
+# configurations: benchmarks/moe_decode_sweep.py, ~4 min) too. Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
-# <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/; copy the folders
+# <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders
 # into benchmarks/results/ and rename a run in a word where the commit alone does not say what it was), and its log
 # as <name>.txt; the last lines printed are one summary line per benchmark, so a truncated output tail still shows
 # every result.
@@ -31,7 +32,8 @@ for bench in $which; do
     skinny) run skinny python3 benchmarks/skinny_gemm_bench.py --repeats 3 --json "$(out skinny_gemm)" --commit "$commit" ;;
     norms) run norms python3 benchmarks/norms_bench.py --backward --out "$(out norms)" --commit "$commit" ;;
     host) run host python3 benchmarks/host_overhead.py --json "$(out host_overhead)" --commit "$commit" ;;
-    *) summary="$summary\n$bench: unknown (gemm skinny norms host)" ;;
+    moe-decode) run moe-decode python3 benchmarks/moe_decode_sweep.py --json "$(out moe_decode_sweep)" --commit "$commit" ;;
+    *) summary="$summary\n$bench: unknown (gemm skinny norms host moe-decode)" ;;
   esac
 done
 printf "%b\n" "$summary"
