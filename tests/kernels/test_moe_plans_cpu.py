@@ -33,6 +33,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(validation, "describe", describe)
     monkeypatch.setattr(device, "sm_count", lambda index=0: 132)
     monkeypatch.setattr(device, "l2_bytes", lambda index=0: 50 * 2**20)
+    monkeypatch.setattr(importlib.import_module("flydsl.kernels.memory"), "stream_key", lambda t: ("cpu", 0))
     monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
     monkeypatch.setattr(kernel_module.KernelCall, "launch", lambda call, **config: launches.append(call))
     return launches
@@ -216,3 +217,16 @@ def test_one_token_combined_writes_the_output_in_two_launches(recorded, monkeypa
     elif granularity == "channel":
         assert combined[5].shape == (EXPERTS * HIDDEN,)
     assert combined[-1] == TOP_K and combined[-2].warps == 2  # a warp per routed pair
+
+
+def test_the_decode_scratch_is_kept_per_stream(recorded):
+    """The alignment, h and y are the same tensors call after call on a stream (a call reads only what it wrote);
+    the output and the positions are new each call."""
+    x, w1, w2, weights, ids, _ = _inputs(None)
+    plan = experts._fused_plan(
+        x, w1, w2, weights, ids, "silu", quant=None, granularity=None, out=None, w1_scale=None, w2_scale=None
+    )
+    args = (x, w1, w2, weights, ids, None, None, None)
+    first, second = plan.scratch(*args), plan.scratch(*args)
+    assert all(a is b for a, b in zip(first[2:], second[2:], strict=True))
+    assert first[0] is not second[0] and first[1] is not second[1]

@@ -49,6 +49,7 @@ from flydsl.kernels.gemm.skinny_grouped import (
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
 )
+from flydsl.kernels.memory import per_stream
 from flydsl.kernels.moe.api import (
     BLOCK,
     align_capacity,
@@ -492,7 +493,11 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
 
     import torch
 
-    def buffers(x, w1_scale, w2_scale) -> tuple:
+    # The alignment, h and y, kept per stream: a call reads only what it wrote in them itself (rows below its
+    # padded_count), and the calls of one stream run one after another (no allocations per call).
+    kept: dict = {}
+
+    def made(x) -> tuple:
         device = x.device
         alignment = (
             ()
@@ -505,14 +510,18 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
         )
         h = x.new_empty((routed, inter))  # (blocks past padded_count: never written, never read)
         y = x.new_empty((0 if combined else capacity, hidden))  # (combined: the output is written directly)
+        return (*alignment, h, y)
+
+    def buffers(x, w1_scale, w2_scale) -> tuple:
+        held = per_stream(kept, x, lambda _held: made(x))
         if fp8 != "row":
-            return (*alignment, h, y)
+            return held
         # per-tensor (E,) weight scales repeated per row, a copy per call; per channel (E, rows): None, viewed at launch
         repeated = tuple(
             None if scale.dim() == 2 else _per_row(scale, count)
             for scale, count in ((w1_scale, 2 * inter), (w2_scale, hidden))
         )
-        return (*alignment, h, y, *repeated)
+        return (*held, *repeated)
 
     def steps(x, w1, w2, topk_weights, topk_ids, positions, out, w1_scale, w2_scale, *held):
         if mode1.direct:  # the flat ids stand for the (unread) order and count too
