@@ -142,6 +142,24 @@ def test_the_combined_kernel_compiles_without_spills(weights, top_k, hidden, int
     assert registers <= (128 if fp8 else 255), report
 
 
+def test_the_direct_and_combined_kernels_take_int64_ids():
+    """fused_moe takes int64 ``topk_ids``: the direct mode reads them as the blocks' experts, the combined kernel as
+    the slots' (converted to int32 on load)."""
+    cfg = choose_grouped_skinny_config(2048, True)
+    variant = SkinnyVariant(True, Epilogue(gate="silu"), True)
+    ids = S((TOKENS * TOP_K,), "i64")
+    module = skinny_gemm_grouped_kernel.lower(
+        S((TOKENS, 2048), "bf16"), S((EXPERTS * 2 * 768, 2048), "bf16"), S((TOKENS * TOP_K * 16, 768), "bf16"),
+        ids, ids, ids, S((TOKENS * TOP_K,), "i32"), NEXT, TOP_K, cfg, variant, GroupedMode(direct=True),
+    )  # fmt: skip
+    assert module.cubin is not None or flyc.toolchain.find_ptxas() is None  # (LLVM loads an id's low word)
+    combined = skinny_gemm_combined_kernel.lower(
+        S((TOP_K * 16, 768), "bf16"), S((EXPERTS * 2048, 768), "bf16"), S((1, 2048), "bf16"), S((1, TOP_K), "i64"),
+        S((1, TOP_K), "f32"), S((1, TOP_K), "f32"), choose_combined_config(TOP_K), TOP_K,
+    )  # fmt: skip
+    assert combined.cubin is not None or flyc.toolchain.find_ptxas() is None
+
+
 def test_the_combined_kernel_checks_its_configuration():
     cfg = dataclasses.replace(choose_combined_config(8), warps_n=2)
     with pytest.raises(ValueError, match="one column of warps"):
