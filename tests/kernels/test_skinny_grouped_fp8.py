@@ -11,6 +11,8 @@ import re
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flydsl.compiler as flyc
 from flydsl.kernels.gemm.epilogue import Epilogue
@@ -18,6 +20,7 @@ from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_WEIGHT_SCALE,
     GroupedMode,
+    _next_item,
     choose_combined_config,
     choose_grouped_skinny_config,
     skinny_gemm_combined_kernel,
@@ -196,6 +199,23 @@ def test_the_persistent_mode_compiles_without_spills(weights, gated, k, n_out):
     assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
     assert registers <= 65536 // ((cfg.min_blocks or 1) * cfg.threads), report
+
+
+@settings(max_examples=300, deadline=None)
+@given(col_tiles=st.integers(1, 40), blocks=st.integers(1, 40), ctas=st.integers(1, 300), steps=st.integers(1, 6))
+def test_the_persistent_items_walk_each_ctas_tiles_in_order(col_tiles, blocks, ctas, steps):
+    """The kernel's own _next_item on Python ints: from CTA c's first item, the items are tiles c, c + ctas, ... (a
+    block's column slices consecutive), each with K steps 0..steps-1, and the block stays below ``blocks``."""
+    tiles = col_tiles * blocks
+    for cta in range(min(ctas, tiles)):
+        items = -(-(tiles - cta) // ctas) * steps
+        item, walked = (cta // col_tiles, cta % col_tiles, 0), []
+        for _ in range(items):
+            block, x, k_step = item
+            walked.append((block * col_tiles + x, k_step))
+            item = _next_item(block, x, k_step, steps, col_tiles, ctas, blocks)
+            assert 0 <= item[0] < blocks and 0 <= item[1] < col_tiles and 0 <= item[2] < steps
+        assert walked == [(t, k) for t in range(cta, tiles, ctas) for k in range(steps)]
 
 
 def test_the_persistent_mode_takes_the_aligned_routing_alone():

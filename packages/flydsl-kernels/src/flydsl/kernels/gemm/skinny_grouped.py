@@ -375,8 +375,7 @@ def choose_combined_config(top_k: int, element_bytes: int = 2) -> SkinnyConfig:
 def _persistent_tiles(stage: _Stage, after_wait) -> None:
     """:class:`GroupedMode`'s ``persistent`` loop: this CTA's tiles' (tile, K step) items, each step's loads issued
     one item ahead (the last item's loads repeated, unused), every load masked at K's end; a tile's last step stores
-    it and clears the sums. Items advance by additions (a tile is ``gridDim.x`` tiles on: ``dx`` column slices and
-    ``db`` blocks, with a carry), not divisions."""
+    it and clears the sums. Items advance by additions (:func:`_next_item`), not divisions."""
     cfg, routing = stage.cfg, stage.routing
     warp_kk = stage.thread[2]
     step = cfg.k_step(stage.w.dtype.width // 8)
@@ -386,26 +385,14 @@ def _persistent_tiles(stage: _Stage, after_wait) -> None:
     ctas, cta = gpu.grid_dim.x.to(fx.Int32), gpu.block_idx.x.to(fx.Int32) + after_wait
     steps = (stage.a.shape[1].to(fx.Int32) + (step - 1)) // step
     items = arith.maximum((col_tiles * blocks - cta + (ctas - 1)) // ctas, 0) * steps
-    db, dx = ctas // col_tiles, ctas % col_tiles
-
-    def advance(block, x, expert, k_step):  # the next item's (block, column slice, expert, K step)
-        k_next = k_step + 1
-        wrap = k_next == steps
-        x_next = arith.select(wrap, x + dx, x)
-        over = wrap & (x_next >= col_tiles)
-        x_next = arith.select(over, x_next - col_tiles, x_next)
-        block_next = arith.select(wrap, block + db + arith.select(over, fx.Int32(1), fx.Int32(0)), block)
-        block_next = arith.minimum(block_next, blocks - 1)  # (past the last item: any block's, unused)
-        expert_next = routing.expert_of_block[block_next].to(fx.Int32)
-        return block_next, x_next, expert_next, arith.select(wrap, fx.Int32(0), k_next)
-
     if items > 0:
         block, x = cta // col_tiles, cta % col_tiles
         expert, k_step = routing.expert_of_block[block].to(fx.Int32), fx.Int32(0)
         words = _loads(_tile_streams(stage, block, x, expert), warp_k, True)
         accs = [_ACC(0.0)] * cfg.groups
         for _ in range(items):
-            block_n, x_n, expert_n, k_step_n = advance(block, x, expert, k_step)
+            block_n, x_n, k_step_n = _next_item(block, x, k_step, steps, col_tiles, ctas, blocks)
+            expert_n = routing.expert_of_block[block_n].to(fx.Int32)
             upcoming = _loads(_tile_streams(stage, block_n, x_n, expert_n), k_step_n * step + warp_k, True)
             accs = _mmas_of(_tile_streams(stage, block, x, expert), words, accs, k_step * step + warp_k, True,
                             stage.block_scaled)  # fmt: skip
@@ -416,6 +403,32 @@ def _persistent_tiles(stage: _Stage, after_wait) -> None:
                 gpu.barrier()  # the K-warps' partials are the next tile's memory
             accs = [arith.select(last, _ACC(0.0), acc) for acc in accs]
             block, x, expert, k_step = block_n, x_n, expert_n, k_step_n
+
+
+def _next_item(block, x, k_step, steps, col_tiles, ctas, blocks) -> tuple:
+    """The persistent loop's next (block, column slice, K step) after ``(block, x, k_step)``: the next K step, or at a
+    tile's last one the tile ``ctas`` tiles on (``ctas % col_tiles`` column slices and ``ctas // col_tiles`` blocks
+    further, with a carry: additions, not divisions), the block clamped below ``blocks`` (past a CTA's last item:
+    some block's, unused). Kernel values or Python ints alike (tests/kernels/test_skinny_grouped_fp8.py walks it)."""
+    k_next = k_step + 1
+    wrap = k_next == steps
+    x_next = _pick(wrap, x + ctas % col_tiles, x)
+    over = wrap & (x_next >= col_tiles)
+    x_next = _pick(over, x_next - col_tiles, x_next)
+    block_next = _pick(wrap, block + ctas // col_tiles + _pick(over, 1, 0), block)
+    return _least(block_next, blocks - 1), x_next, _pick(wrap, 0, k_next)
+
+
+def _pick(condition, a, b):
+    """``a`` where ``condition`` holds, else ``b``: Python's choice on bools, ``arith.select`` on kernel values."""
+    if isinstance(condition, bool):
+        return a if condition else b
+    as_value = lambda v: fx.Int32(v) if isinstance(v, int) else v  # noqa: E731
+    return arith.select(condition, as_value(a), as_value(b))
+
+
+def _least(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else arith.minimum(a, b)
 
 
 def _mmas_of(streams: _WarpStreams, words, accs, kbase, masked: bool, block_scaled: bool):
