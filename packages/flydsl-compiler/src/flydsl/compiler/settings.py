@@ -17,6 +17,8 @@
                                ending the program (~3 ms a compile); ``0``: in this process
 ``FLYDSL_LAUNCH_REPLAY``       ``0``: the zoo's launch plans are never replayed natively (each call runs its
                                Python plan; ``flydsl.kernels.plans``)
+``FLYDSL_MOE_DECODE``          comma-separated words turning on ``fused_moe``'s decode modes ("direct",
+                               "combine", "prefetch", "persistent": ``flydsl.kernels.moe.experts.decode_modes``)
 =============================  ==================================================================
 """
 
@@ -39,6 +41,7 @@ class Settings:
     compile_isolated: bool = True
     autotune: bool = False
     launch_replay: bool = True
+    moe_decode: frozenset = frozenset()
 
 
 def current() -> Settings:
@@ -59,4 +62,5 @@ def current() -> Settings:
         compile_isolated=env.get("FLYDSL_COMPILE_ISOLATED", "1") != "0",
         autotune=env.get("FLYDSL_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"),
         launch_replay=env.get("FLYDSL_LAUNCH_REPLAY", "1").lower() not in ("0", "false", "no", "off"),
+        moe_decode=frozenset(word.strip() for word in env.get("FLYDSL_MOE_DECODE", "").split(",") if word.strip()),
     )

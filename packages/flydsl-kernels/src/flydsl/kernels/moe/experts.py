@@ -25,12 +25,12 @@ block-scaled form promotes each K block in the stages' mainloop (``gemm_ws_group
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+from flydsl.compiler import settings
 from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.kernels import validation as check
 from flydsl.kernels.gemm.block_scales import slot_bytes
@@ -362,7 +362,7 @@ def decode_modes(tokens, top_k, experts, hidden, inter, w2, l2: int, enabled=Non
     the ``FLYDSL_MOE_DECODE`` environment variable's comma-separated words, none when unset: no mode has been
     timed on a GPU yet, docs/moe.md)."""
     if enabled is None:
-        enabled = {word.strip() for word in os.environ.get("FLYDSL_MOE_DECODE", "").split(",") if word.strip()}
+        enabled = settings.current().moe_decode
     if not set(enabled) <= _DECODE_WORDS:
         raise ValueError(f"FLYDSL_MOE_DECODE: expected words from {sorted(_DECODE_WORDS)}, got {sorted(enabled)}")
     ids = tokens * top_k
