@@ -148,7 +148,7 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
     flops = 2.0 * m * n * k
     ms = {name: statistics.median(values) for name, values in runs.items() if values}
     result = {"m": m, "n": n, "k": k, "b": "weights (N, K) as w.t()", **errors}
-    result["chosen_config"] = str(_chosen(m, n, k))
+    result["chosen_config"] = _chosen(m, n, k)
     for name, t in ms.items():
         result[f"{name}_ms"] = t
         if name != "copy":
@@ -166,11 +166,20 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
 
 
 def _chosen(m, n, k):
+    """The route and configuration fp8_gemm plans for a row-major a, an nn.Linear weight's w.t() and per-token x
+    per-channel scales (the skinny kernel's config at M <= 16, not the dense kernel's)."""
     import torch
 
-    from flydsl.kernels.gemm import choose_fp8_config
+    from flydsl.kernels.gemm.epilogue import Scale
+    from flydsl.kernels.gemm.operands import MatrixSpec
+    from flydsl.kernels.gemm.plan import plan_gemm
 
-    return choose_fp8_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    f8 = "f8E4M3FN"
+    scales = ((Scale(rows=1), MatrixSpec.dense((m,), "f32")), (Scale(columns=1), MatrixSpec.dense((n,), "f32")))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    a, b = MatrixSpec.dense((m, k), f8), MatrixSpec.dense((n, k), f8).transposed()
+    plan = plan_gemm(a, b, MatrixSpec.dense((m, n), "bf16"), sms=sms, scales=scales)
+    return f"{plan.route}: {plan.config}"
 
 
 def explore(torch, do_bench, cases, repeats) -> int:
