@@ -20,7 +20,7 @@ import pytest
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.compiler import toolchain
+from flydsl.compiler import cache, fingerprint, toolchain
 from flydsl.compiler.fingerprint import source_fingerprint
 from flydsl.compiler.kernel import KernelFunction
 
@@ -210,6 +210,41 @@ def test_the_cached_ptx_follows_every_change(case, tmp_path, monkeypatch):
     monkeypatch.setenv("FLYDSL_RUNTIME_ENABLE_CACHE", "0")
     assert second == _lower(package), "the disk cache served a stale kernel"
     assert second != first
+
+
+_STAMPED_V1 = (
+    "import typing\n\nclass Pair(typing.NamedTuple):\n    a: int\n    b: int\n\ndef twice(v):\n    return v * 3.0\n"
+)
+
+
+def test_a_package_keyed_by_stamps_is_named_and_its_sources_hashed(tmp_path, monkeypatch):
+    """A helper of a package keyed by stamps (as the zoo is) is named in the kernel's fingerprint, not walked, and
+    the package's sources' hash is in the cache key: an edit of the helper (seen by a new process) compiles again."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(fingerprint, "_STAMPED_OF", {})
+    _write(tmp_path, "stamped_lib", {"helpers": _STAMPED_V1})
+    (tmp_path / "stamped_lib" / "__init__.py").write_text(f"{fingerprint.STAMPS_MARKER} = True\n")
+    _write(tmp_path, "stamped_user", {"k": _kernel("twice(1.0)", imports="from stamped_lib.helpers import twice")})
+
+    def new_process():
+        cache.package_fingerprint.cache_clear()  # (computed once per process)
+        _import("stamped_lib")
+        return _import("stamped_user")
+
+    package = new_process()
+    first_print, first = source_fingerprint(package.k.k.fn), _lower(package)
+    assert first_print.packages == ("stamped_lib",)
+    (tmp_path / "stamped_lib" / "helpers.py").write_text(_STAMPED_V1.replace("3.0", "5.25"))
+    package = new_process()
+    second_print, second = source_fingerprint(package.k.k.fn), _lower(package)
+    assert second_print == first_print  # named, not walked: the edit shows in the package's hash
+    assert second != first
+    monkeypatch.setenv("FLYDSL_RUNTIME_ENABLE_CACHE", "0")
+    assert second == _lower(package)
+    pair = sys.modules["stamped_lib.helpers"].Pair  # its instances (a zoo kernel's variant) keyed by value
+    keyed = [source_fingerprint(package.k.k.fn, pair(1, b)) for b in (2, 3)]
+    assert keyed[0].digest is not None and keyed[0].digest != keyed[1].digest
 
 
 def test_the_ptxas_in_use_is_in_the_key(tmp_path, monkeypatch):

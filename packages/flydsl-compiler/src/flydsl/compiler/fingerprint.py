@@ -12,7 +12,12 @@ hashes all of that with a canonical encoder:
   wrappers (``lru_cache``, ``partial``) by what they wrap, user classes by every attribute and method;
 * modules by the attributes the code names;
 * FlyDSL's own functions and classes (``fx.*``) and Python's standard library by name: the compiler fingerprint
-  covers their sources; FlyDSL's objects (``T``, a ``TiledCopy``, layouts) and MLIR types by value.
+  covers their sources; FlyDSL's objects (``T``, a ``TiledCopy``, layouts) and MLIR types by value;
+* the functions and classes of packages keyed by their stamps (``__flydsl_key_by_stamps__ = True`` in the package:
+  FlyDSL's kernel zoo) by name
+  too, the package named in the result (``packages``) so that the cache key takes its sources' hash
+  (:func:`flydsl.compiler.cache.package_fingerprint`): the zoo's helpers are not walked again for every kernel
+  (5-8 ms a kernel in a new process); their instances (configurations) still by value.
 
 Anything else (an open file, a tensor, an object of a C extension) cannot be fingerprinted: the result then names
 it, and the kernel is compiled without the disk cache.
@@ -27,7 +32,7 @@ import hashlib
 import sys
 import types
 
-__all__ = ["Fingerprint", "source_fingerprint"]
+__all__ = ["STAMPS_MARKER", "Fingerprint", "source_fingerprint"]
 
 # Packages whose sources the compiler fingerprint covers: their objects are keyed by name.
 _COVERED = ("flydsl.compiler", "flydsl.expr", "flydsl.layout", "mlir")
@@ -65,12 +70,32 @@ _CLASS_SKIP = frozenset(
 )
 
 
+STAMPS_MARKER = "__flydsl_key_by_stamps__"
+_STAMPED_OF: dict[str, str | None] = {}  # module name -> the package keyed by stamps it belongs to, or None
+
+
+def _stamped_package(module: str) -> str | None:
+    """The package keyed by its sources' stamps that ``module`` belongs to (the outermost imported package that
+    sets ``__flydsl_key_by_stamps__ = True``: a library of kernels whose modules hold no state, changed at run time,
+    that a kernel could read; FlyDSL's kernel zoo does), or None."""
+    found = _STAMPED_OF.get(module, False)
+    if found is False:
+        parts = module.split(".")
+        prefixes = (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        found = next((p for p in prefixes if getattr(sys.modules.get(p), STAMPS_MARKER, False) is True), None)
+        _STAMPED_OF[module] = found
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class Fingerprint:
-    """``digest``: the hash, or None when ``unknown`` (what could not be fingerprinted, as the user names it)."""
+    """``digest``: the hash, or None when ``unknown`` (what could not be fingerprinted, as the user names it);
+    ``packages``: the packages keyed by stamps whose functions or classes it names (their sources' hashes belong in
+    the key beside it)."""
 
     digest: str | None
     unknown: str | None = None
+    packages: tuple = ()
 
 
 def source_fingerprint(fn: types.FunctionType, *constexprs) -> Fingerprint:
@@ -82,13 +107,15 @@ def source_fingerprint(fn: types.FunctionType, *constexprs) -> Fingerprint:
         encoder.value(value, "a Constexpr argument", frozenset())
     if encoder.unknown:
         return Fingerprint(None, encoder.unknown[0])
-    return Fingerprint(encoder.hexdigest())
+    return Fingerprint(encoder.hexdigest(), packages=tuple(sorted(encoder.packages)))
 
 
 def _user_module(module: str | None) -> bool:
-    """Code the compiler fingerprint does not cover: neither FlyDSL's compiler packages nor Python's own."""
+    """Code no fingerprint of sources covers: neither FlyDSL's compiler packages, nor a package keyed by stamps,
+    nor Python's own."""
     module = module or ""
-    return not module.startswith(_COVERED) and module.split(".")[0] not in _PYTHON_MODULES
+    covered = module.startswith(_COVERED) or _stamped_package(module) is not None
+    return not covered and module.split(".")[0] not in _PYTHON_MODULES
 
 
 def _code_objects(code: types.CodeType):
@@ -141,6 +168,7 @@ class _Encoder:
         self.seen: dict[int, int] = {}  # id of a function, class, module or instance -> its visit number
         self.keep: list = []  # what ``seen`` refers to stays alive until the end
         self.unknown: list[str] = []
+        self.packages: set[str] = set()  # the packages keyed by stamps met
 
     def put(self, *parts) -> None:
         self.parts.extend(parts)
@@ -197,12 +225,12 @@ class _Encoder:
             # functools.lru_cache and the like, @flyc.kernel and @flyc.jit functions called from a kernel
             self.put("wrapper", kind.__module__, kind.__qualname__)
             self.function(value.__wrapped__)
-        elif isinstance(value, _NATIVE_CALLABLES) or not _user_module(kind.__module__):
-            self.covered(value, where)
-        elif isinstance(value, (tuple, list, dict)):  # named tuples, OrderedDict, ...
-            self.cls(kind, where)
+        elif isinstance(value, (tuple, list, dict)) and not kind.__module__.startswith("flydsl.layout"):
+            self.cls(kind, where)  # named tuples (a zoo kernel's variant), OrderedDict, ...: class and items
             base = next(b for b in (tuple, list, dict) if isinstance(value, b))
             self.value(base(value), where, names)
+        elif isinstance(value, _NATIVE_CALLABLES) or not _user_module(kind.__module__):
+            self.covered(value, where)
         else:
             self.instance(value, where, names)
 
@@ -212,14 +240,22 @@ class _Encoder:
         pairs = value.items() if isinstance(value, dict) else ((item, None) for item in value)
         for item in pairs:
             inner = _Encoder()
-            inner.seen, inner.keep, inner.unknown = self.seen, self.keep, self.unknown
+            inner.seen, inner.keep, inner.unknown, inner.packages = self.seen, self.keep, self.unknown, self.packages
             inner.value(item, where, names)
             encoded.append(inner.hexdigest())
         self.put(type(value).__name__, len(encoded), *sorted(encoded))
 
+    def named(self, module: str, name: str) -> None:
+        """A covered function or class by name; its package noted where it is keyed by stamps."""
+        self.put("named", module, name)
+        package = _stamped_package(module or "")
+        if package is not None:
+            self.packages.add(package)
+
     def covered(self, value, where: str) -> None:
         """FlyDSL's and Python's own objects: functions and classes by name (their code is in the compiler
-        fingerprint or the Python version), layouts, MLIR types and instances by value."""
+        fingerprint, a stamped package's hash or the Python version), layouts, MLIR types and instances by
+        value."""
         kind = type(value)
         if kind.__module__.startswith("flydsl.layout"):
             self.put("layout", kind.__qualname__, repr(value))
@@ -234,7 +270,7 @@ class _Encoder:
             name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
             if name is None:
                 self.unknown.append(f"{where} (a {kind.__qualname__} without a name)")
-            self.put("named", module, name)
+            self.named(module, name)
         elif kind.__module__.startswith("mlir"):  # types and attributes: their text is their value
             self.put("mlir", kind.__qualname__, str(value))
         else:  # FlyDSL's own objects (T, a TiledCopy): their class by name, their state by value
@@ -268,7 +304,7 @@ class _Encoder:
     # --- code -------------------------------------------------------------------------------------------------------
     def function(self, fn: types.FunctionType) -> None:
         if not _user_module(fn.__module__):
-            self.put("named", fn.__module__, fn.__qualname__)
+            self.named(fn.__module__, fn.__qualname__)
             return
         if not self.first_visit(fn):
             return
@@ -297,7 +333,7 @@ class _Encoder:
 
     def cls(self, cls: type, where: str) -> None:
         if not _user_module(cls.__module__):
-            self.put("named", cls.__module__, cls.__qualname__)
+            self.named(cls.__module__, cls.__qualname__)
             return
         if not self.first_visit(cls):
             return
@@ -322,9 +358,10 @@ class _Encoder:
     def module(self, module: types.ModuleType, where: str, names: frozenset) -> None:
         """A user module by the attributes the reading code names (``helpers.twice``, ``config.TILE``)."""
         module_name = types.ModuleType.__getattribute__(module, "__name__")  # a lazy module's, without loading it
-        self.put("module", module_name)
         if not _user_module(module_name):
+            self.named(module_name, "<module>")
             return
+        self.put("module", module_name)
         attributes = vars(module)
         for name in sorted(names):
             if name in attributes:

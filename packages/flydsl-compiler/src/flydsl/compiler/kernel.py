@@ -246,6 +246,7 @@ class KernelFunction:
             cache.compiler_fingerprint(),
             toolchain.fingerprint(),
             fingerprint.digest,
+            *(f"{package} {cache.package_fingerprint(package)}" for package in fingerprint.packages),
             (self.target, self.attributes, spec.key),
         )
         compiled = cache.load(key)

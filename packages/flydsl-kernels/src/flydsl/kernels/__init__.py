@@ -13,6 +13,10 @@ numbers: ``docs/kernels-zoo.md``; the layout of this package: ``docs/architectur
 from flydsl.kernels.norms import fused_add_rms_norm, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
 from flydsl.kernels.softmax import softmax, softmax_backward
 
+# The zoo's functions and classes are keyed by its sources' hash in every kernel's cache key, not walked again per
+# kernel (flydsl.compiler.fingerprint): its modules keep no state that a kernel reads and that changes at run time.
+__flydsl_key_by_stamps__ = True
+
 __all__ = [
     "softmax",
     "softmax_backward",
