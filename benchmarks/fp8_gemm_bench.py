@@ -148,7 +148,7 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
     flops = 2.0 * m * n * k
     ms = {name: statistics.median(values) for name, values in runs.items() if values}
     result = {"m": m, "n": n, "k": k, "b": "weights (N, K) as w.t()", **errors}
-    result["chosen_config"] = _chosen(m, n, k)
+    result["chosen_config"] = _route(m, n, k)
     for name, t in ms.items():
         result[f"{name}_ms"] = t
         if name != "copy":
@@ -165,7 +165,7 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
     return result
 
 
-def _chosen(m, n, k):
+def _route(m, n, k):
     """The route and configuration fp8_gemm plans for a row-major a, an nn.Linear weight's w.t() and per-token x
     per-channel scales (the skinny kernel's config at M <= 16, not the dense kernel's)."""
     import torch
@@ -182,6 +182,15 @@ def _chosen(m, n, k):
     return f"{plan.route}: {plan.config}"
 
 
+def _dense_config(m, n, k):
+    """The dense (warp-specialized) kernel's configuration fp8_gemm chooses for this shape."""
+    import torch
+
+    from flydsl.kernels.gemm import choose_fp8_config
+
+    return choose_fp8_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
 def explore(torch, do_bench, cases, repeats) -> int:
     """Each case's candidate configurations timed (medians over ``repeats``), fastest first, the chosen one marked."""
     from flydsl.kernels.gemm import candidate_configs, fp8_config, fp8_gemm
@@ -191,7 +200,7 @@ def explore(torch, do_bench, cases, repeats) -> int:
         a, b = _fp8(torch, m, k), _fp8(torch, n, k).t()
         scale_a, scale_b = torch.rand(m, 1, device="cuda") / 64, torch.rand(1, n, device="cuda") / 64
         out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-        chosen = _chosen(m, n, k)
+        chosen = _dense_config(m, n, k)
         timed = []
         for cfg in {fp8_config(c) for c in candidate_configs(m, n, -(-k // 2), sms)} | {chosen}:
             try:
