@@ -20,7 +20,6 @@ same way (``*_streamed_ms``, per call). The sweep is issue 32's: M in {1, 16, 64
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import itertools
 import json
@@ -223,7 +222,7 @@ def explore(torch, do_bench, cases, repeats) -> int:
 
 def skinny_candidates(m, n, k, sms):
     """The skinny kernel's configurations worth timing for an fp8 M <= 16 shape (no split K: the scaled kernel does
-    not split), the chosen one first, then each also persistent."""
+    not split), the chosen one first."""
     from flydsl.kernels.gemm import SkinnyConfig, choose_skinny_config
 
     chosen = choose_skinny_config(m, n, k // 2, sms, 1)
@@ -234,9 +233,7 @@ def skinny_candidates(m, n, k, sms):
         cfg = SkinnyConfig(groups=groups, unroll=unroll, warps=warps, warps_n=warps_n)
         if cfg.k_step(1) <= 2 * k and cfg not in configs:
             configs.append(cfg)
-    # Persistent CTAs (each looping over its tiles' K steps): where two steps' loads fit 128 registers.
-    persistent = [dataclasses.replace(c, persistent=True) for c in configs if c.groups * c.unroll <= 8]
-    return configs + persistent
+    return configs
 
 
 def explore_skinny(torch, do_bench, cases, repeats) -> int:

@@ -154,39 +154,6 @@ def test_every_chosen_config_assembles_without_spills():
             assert module.cubin is not None and spill_bytes(module.ptx) == 0, (cfg, spec)
 
 
-@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
-@pytest.mark.parametrize("dtype", ["bf16", "f8E4M3FN"])
-def test_persistent_configs_assemble_without_spills(dtype):
-    """``SkinnyConfig(persistent=True)``: the loop over (tile, K step) items assembles for sm_90a without spills,
-    bf16 and fp8 (the scaled kernel), one and two activation halves; its grid is as many CTAs as fit, at most one
-    per tile."""
-    from flydsl.kernels.gemm import Scale
-    from flydsl.kernels.gemm.operands import MatrixSpec
-    from flydsl.kernels.gemm.plan import plan_skinny
-    from flydsl.kernels.gemm.skinny import skinny_gemm_scaled_kernel
-
-    S = flyc.TensorSpec
-    for m, groups, unroll in ((1, 2, 2), (1, 4, 2), (16, 4, 2), (16, 2, 2)):
-        cfg = SkinnyConfig(groups=groups, unroll=unroll, persistent=True)
-        if dtype == "bf16":
-            module = _lower(m, 4096, 4096, cfg, (True, False, None, m > 8))
-        else:
-            variant = SkinnyVariant(True, Epilogue(scales=(Scale(rows=1), Scale(columns=1))), m > 8)
-            tensors = (S((m, 4096), dtype), S((4096, 4096), dtype), S((m, 4096), "bf16"), S((4096,), "f32"))
-            module = skinny_gemm_scaled_kernel.lower(*tensors, S((m,), "f32"), S((4096,), "f32"), cfg, variant)
-        assert module.cubin is not None and spill_bytes(module.ptx) == 0, (m, cfg)
-    with pytest.raises(ValueError, match="persistent CTA takes whole tiles"):
-        SkinnyConfig(persistent=True, splits=2)
-    a, b, out = MatrixSpec.dense((16, 4096), "bf16"), MatrixSpec.dense((14336, 4096), "bf16"), None
-    out = MatrixSpec.dense((16, 14336), "bf16")
-    cfg = SkinnyConfig(groups=4, unroll=2, persistent=True)  # 256 threads: 2 CTAs of 128 registers per SM
-    assert plan_skinny(a, b.transposed(), out, sms=132, config=cfg).launches[0].grid == (264, 1)
-    small = MatrixSpec.dense((16, 512), "bf16")
-    assert plan_skinny(a, MatrixSpec.dense((512, 4096), "bf16").transposed(), small, sms=132, config=cfg).launches[
-        0
-    ].grid == (16, 1)
-
-
 # --- GPU ---------------------------------------------------------------------------------------------------------
 
 
@@ -269,37 +236,6 @@ def test_configs_and_split_k(splits, groups, unroll, pipelined, warps_n):
     cfg = SkinnyConfig(groups=groups, unroll=unroll, splits=splits, pipelined=pipelined, warps_n=warps_n, prefetch=None)
     _check(16, 1000, 4096 + 8, torch.bfloat16, torch.float32, torch.float32, "silu", cfg)
     _check(7, 1536, 7168, torch.float16, torch.float16, None, None, cfg)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
-@pytest.mark.parametrize("m,n,k", [(16, 1000, 4096 + 64), (1, 4104, 1024), (9, 8192, 2048)])
-def test_persistent_tiles_match_one_cta_per_tile(dtype, m, n, k):
-    """A persistent launch (each CTA looping over its tiles' K steps) gives the same bits as one CTA per tile: the
-    same MMAs in the same order per tile; N and K tails, bf16 and fp8 with per-token x per-channel scales."""
-    import torch
-
-    from flydsl.kernels.gemm import Scale, launch_plan
-    from flydsl.kernels.gemm.operands import MatrixSpec
-    from flydsl.kernels.gemm.plan import plan_skinny
-
-    torch.manual_seed(m + n + k)
-    fp8 = dtype != "bfloat16"
-    a = (torch.randn(m, k, device="cuda") / 4).to(getattr(torch, dtype))
-    b = (torch.randn(n, k, device="cuda") / 4).to(getattr(torch, dtype)).t()
-    scales = (torch.rand(m, device="cuda"), torch.rand(n, device="cuda")) if fp8 else None
-    scale_specs = ((Scale(rows=1), MatrixSpec.of(scales[0])), (Scale(columns=1), MatrixSpec.of(scales[1])))
-    outs = []
-    for persistent in (False, True):
-        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        cfg = SkinnyConfig(groups=4 if m > 8 else 2, unroll=2, persistent=persistent)
-        specs = MatrixSpec.of(a), MatrixSpec.of(b), MatrixSpec.of(out)
-        plan = plan_skinny(*specs, sms=132, config=cfg, scales=scale_specs if fp8 else ())
-        launch_plan(plan, a, b, out, None, scales or ())
-        outs.append(out)
-    torch.cuda.synchronize()
-    assert not torch.isnan(outs[1]).any()
-    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.gpu

@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 
 import flydsl.compiler as flyc
 from flydsl.kernels.gemm.epilogue import Epilogue
-from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant, _next_item
+from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_WEIGHT_SCALE,
     GroupedMode,
+    _next_item,
     choose_combined_config,
     choose_grouped_skinny_config,
     skinny_gemm_combined_kernel,

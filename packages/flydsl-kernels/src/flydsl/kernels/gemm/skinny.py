@@ -75,7 +75,6 @@ class SkinnyConfig:
     pipelined: bool = True  # registers for two steps: the next step's loads are in flight during the MMAs
     min_blocks: int | None = None  # CTAs per SM to fit (caps registers; None: ptxas decides)
     warps_n: int = 1  # warps side by side along N (each its own groups; they share activation loads through L1)
-    persistent: bool = False  # as many CTAs as fit (persistent_grid), each looping over its tiles' K steps
 
     def __post_init__(self):
         if self.groups not in (1, 2, 4, 8) or self.warps not in (1, 2, 4, 8, 16) or self.unroll not in (1, 2, 4, 8):
@@ -86,8 +85,6 @@ class SkinnyConfig:
             raise ValueError(f"{self}: warps_n must be 1, 2 or 4 and divide warps")
         if self.prefetch not in (None, 64, 128, 256):
             raise ValueError(f"{self}: prefetch must be None, 64, 128 or 256")
-        if self.persistent and self.splits != 1:
-            raise ValueError(f"{self}: a persistent CTA takes whole tiles: splits must be 1")
 
     @property
     def threads(self) -> int:
@@ -311,34 +308,14 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
     m_extent = a.shape[0].to(fx.Int32)
     n_extent = c.shape[1].to(fx.Int32)
     k_extent = a.shape[1].to(fx.Int32)
-    thread = (tid, warp_n, warp_kk, lane)
-
-    def tile_rows(x):  # the warp's weight rows and activation rows for the tile x of output columns
-        # Rows past N read row N - 1 and rows past M row M - 1: their results land in columns / rows never stored.
-        first_row = x * cfg.rows + warp_n * (8 * cfg.groups) + lane_q
-        rows_w = [arith.minimum(first_row + 8 * g, n_extent - 1) for g in range(cfg.groups)]
-        return rows_w, arith.minimum(lane_q, m_extent - 1), arith.minimum(lane_q + 8, m_extent - 1)
-
-    def streams_of(rows, after_wait):  # every load's row depends on the wait's zero, so that none moves above it
-        rows_w, row_a0, row_a1 = rows
-        row_a0, row_a1 = row_a0 + after_wait, row_a1 + after_wait
-        rows_w = [row + after_wait for row in rows_w]
-        return _WarpStreams(a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves, prepared)
-
-    def store(accs, x):  # the tile's sums, epilogue and stores
-        _store_block(c, tensors, cfg, epilogue, accs, x * cfg.rows, m_extent, thread)
+    n0 = gpu.block_idx.x * cfg.rows
+    # Rows past N read row N - 1 and rows past M row M - 1: their results land in columns / rows never stored.
+    first_row = n0 + warp_n * (8 * cfg.groups) + lane_q
+    rows_w = [arith.minimum(first_row + 8 * g, n_extent - 1) for g in range(cfg.groups)]
+    row_a0 = arith.minimum(lane_q, m_extent - 1)
+    row_a1 = arith.minimum(lane_q + 8, m_extent - 1)
 
     step = cfg.k_step(w.dtype.width // 8)
-    if fx.const_expr(cfg.persistent):
-        after_wait = nvvm.griddepcontrol_wait()  # (as below)
-        steps = (k_extent + (step - 1)) // step
-        col_tiles = (n_extent + (cfg.rows - 1)) // cfg.rows
-        tile_streams = lambda x: streams_of(tile_rows(x), after_wait)  # noqa: E731
-        warp_k = warp_kk * (step // cfg.warps_k)
-        _persistent_columns(cfg, tile_streams, store, (col_tiles, steps, step), warp_k, after_wait, a.dtype)
-        return
-    x = gpu.block_idx.x
-    rows = tile_rows(x)
     steps = (k_extent + (step - 1)) // step
     full = k_extent // step  # steps with no K tail
     if fx.const_expr(cfg.splits == 1):
@@ -351,8 +328,12 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
     accs = [_ACC(0.0)] * cfg.groups
     warp_k = warp_kk * (step // cfg.warps_k)
     # Launched as a dependent (programmatic dependent launch), the kernel may start before the previous one ends:
-    # nothing is read before the wait, nor is c written (docs/tuning/gemm.md#skinny-dependent-launch).
-    streams = streams_of(rows, nvvm.griddepcontrol_wait())
+    # nothing is read before the wait (every load's row depends on its zero, so that none moves above it), nor is c
+    # written (docs/tuning/gemm.md#skinny-dependent-launch).
+    after_wait = nvvm.griddepcontrol_wait()
+    row_a0, row_a1 = row_a0 + after_wait, row_a1 + after_wait
+    rows_w = [row + after_wait for row in rows_w]
+    streams = _WarpStreams(a, w, rows_w, row_a0, row_a1, k_extent, cfg, lane_t, vec, two_halves, prepared)
     if fx.const_expr(cfg.pipelined):  # the next step's loads are issued before this step's MMAs
         if begin < full_end:
             words = _loads(streams, begin * step + warp_k, False)
@@ -368,41 +349,7 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
     if full_end < end:  # the step with the K tail (the last one)
         words = _loads(streams, full_end * step + warp_k, True)
         accs = _mmas(words, accs, cfg, a.dtype)
-    store(accs, x)
 
-
-def _persistent_columns(cfg: SkinnyConfig, streams_of, store, extents: tuple, warp_k, after_wait, dtype) -> None:
-    """``SkinnyConfig.persistent``: this CTA's tiles of output columns (``blockIdx.x + i * gridDim.x``), their
-    (tile, K step) items in one loop, each step's loads issued one item ahead, across tiles too (the last item's
-    loads repeated, unused), every load masked at K's end; a tile's last step stores it (``store(accs, x)``) and
-    clears the sums. ``extents``: (column tiles, K steps, K values per step). The items' walk is
-    :func:`_next_item`'s, one block of rows."""
-    col_tiles, steps, step = extents
-    ctas, cta = gpu.grid_dim.x.to(fx.Int32), gpu.block_idx.x.to(fx.Int32) + after_wait
-    items = arith.maximum((col_tiles - cta + (ctas - 1)) // ctas, 0) * steps
-    if items > 0:
-        x, k_step = cta, fx.Int32(0)
-        words = _loads(streams_of(x), warp_k, True)
-        accs = [_ACC(0.0)] * cfg.groups
-        for _ in range(items):
-            _block, x_next, k_next = _next_item(0, x, k_step, steps, col_tiles, ctas, 1)
-            upcoming = _loads(streams_of(x_next), k_next * step + warp_k, True)
-            accs = _mmas(words, accs, cfg, dtype)
-            words = upcoming
-            last = k_step == steps - 1
-            if last:
-                store(accs, x)
-                gpu.barrier()  # the K-warps' partials are the next tile's memory
-            accs = [arith.select(last, _ACC(0.0), acc) for acc in accs]
-            x, k_step = x_next, k_next
-
-
-def _store_block(c, tensors: EpilogueTensors, cfg: SkinnyConfig, epilogue: Epilogue, accs, n0, m_extent, thread):
-    """The CTA's 16 x ``cfg.rows`` block of output columns from ``n0`` (rows below ``m_extent``): its K-warps' sums
-    (through shared memory), the epilogue and the stores (with split K: the fp32 partials of split ``blockIdx.y``).
-    ``thread``: (tid, warp_n, warp_kk, lane)."""
-    tid, warp_n, warp_kk, lane = thread
-    n_extent = c.shape[1].to(fx.Int32)
     partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
     # Thread i sums output elements i, i + threads, ... of the CTA's 16 x rows block (row-major over the block).
     for rep in fx.range_constexpr(-(-16 * cfg.rows // cfg.threads)):
@@ -417,27 +364,14 @@ def _store_block(c, tensors: EpilogueTensors, cfg: SkinnyConfig, epilogue: Epilo
                 c[gpu.block_idx.y * m_extent + row, out_col] = total
 
 
-def persistent_blocks(cfg: SkinnyConfig) -> int:
-    """A persistent skinny kernel's CTAs per SM: ``cfg.min_blocks``, or as many as 128 registers a thread allow (the
-    kernel's register cap is set to match: without one ptxas may spill where the loop's two steps are live)."""
-    return cfg.min_blocks or max(1, 65536 // (128 * cfg.threads))
-
-
-def persistent_grid(tiles: int, cfg: SkinnyConfig, sms: int) -> int:
-    """A persistent skinny kernel's CTAs: as many as fit at once (:func:`persistent_blocks` per SM), at most one per
-    tile."""
-    return max(1, min(tiles, sms * persistent_blocks(cfg)))
-
-
 def _kernel_start(cfg: SkinnyConfig) -> tuple:
     """A skinny kernel's attributes (threads, CTAs per SM) and its dependents' launch (the next kernel may take SMs
     as this grid's last CTAs start); returns the thread's ``(tid, warp_n, warp_kk, lane, lane_t, lane_q)``: its
     column of warps along N, its warp along K, its lane and the lane's (``lane % 4``, ``lane // 4``)."""
-    min_blocks = persistent_blocks(cfg) if cfg.persistent else cfg.min_blocks
-    if fx.const_expr(min_blocks is None):
+    if fx.const_expr(cfg.min_blocks is None):
         flyc.set_kernel_attributes(threads=cfg.threads)
     else:
-        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=min_blocks)
+        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
     nvvm.griddepcontrol_launch_dependents()
     tid = gpu.thread_idx.x
     warp, lane = tid // 32, tid % 32
@@ -467,32 +401,6 @@ def _warp_total(partial, cfg: SkinnyConfig, row, col):
     for v in fx.range_constexpr(1, cfg.warps_k):
         total = total + partial[v, g, element, source_lane]
     return total
-
-
-def _next_item(block, x, k_step, steps, col_tiles, ctas, blocks) -> tuple:
-    """The persistent loop's next (block, column slice, K step) after ``(block, x, k_step)``: the next K step, or at a
-    tile's last one the tile ``ctas`` tiles on (``ctas % col_tiles`` column slices and ``ctas // col_tiles`` blocks
-    further, with a carry: additions, not divisions), the block clamped below ``blocks`` (past a CTA's last item:
-    some block's, unused). Kernel values or Python ints alike (tests/kernels/test_skinny_grouped_fp8.py walks it)."""
-    k_next = k_step + 1
-    wrap = k_next == steps
-    x_next = _pick(wrap, x + ctas % col_tiles, x)
-    over = wrap & (x_next >= col_tiles)
-    x_next = _pick(over, x_next - col_tiles, x_next)
-    block_next = _pick(wrap, block + ctas // col_tiles + _pick(over, 1, 0), block)
-    return _least(block_next, blocks - 1), x_next, _pick(wrap, 0, k_next)
-
-
-def _pick(condition, a, b):
-    """``a`` where ``condition`` holds, else ``b``: Python's choice on bools, ``arith.select`` on kernel values."""
-    if isinstance(condition, bool):
-        return a if condition else b
-    as_value = lambda v: fx.Int32(v) if isinstance(v, int) else v  # noqa: E731
-    return arith.select(condition, as_value(a), as_value(b))
-
-
-def _least(a, b):
-    return min(a, b) if isinstance(a, int) and isinstance(b, int) else arith.minimum(a, b)
 
 
 @functools.cache

@@ -30,7 +30,6 @@ from flydsl.kernels.gemm.skinny import (
     _loads,
     _mmas,
     _mmas_wide,
-    _next_item,
     _warp_partials,
     _warp_total,
     _WarpStreams,
@@ -404,6 +403,32 @@ def _persistent_tiles(stage: _Stage, after_wait) -> None:
                 gpu.barrier()  # the K-warps' partials are the next tile's memory
             accs = [arith.select(last, _ACC(0.0), acc) for acc in accs]
             block, x, expert, k_step = block_n, x_n, expert_n, k_step_n
+
+
+def _next_item(block, x, k_step, steps, col_tiles, ctas, blocks) -> tuple:
+    """The persistent loop's next (block, column slice, K step) after ``(block, x, k_step)``: the next K step, or at a
+    tile's last one the tile ``ctas`` tiles on (``ctas % col_tiles`` column slices and ``ctas // col_tiles`` blocks
+    further, with a carry: additions, not divisions), the block clamped below ``blocks`` (past a CTA's last item:
+    some block's, unused). Kernel values or Python ints alike (tests/kernels/test_skinny_grouped_fp8.py walks it)."""
+    k_next = k_step + 1
+    wrap = k_next == steps
+    x_next = _pick(wrap, x + ctas % col_tiles, x)
+    over = wrap & (x_next >= col_tiles)
+    x_next = _pick(over, x_next - col_tiles, x_next)
+    block_next = _pick(wrap, block + ctas // col_tiles + _pick(over, 1, 0), block)
+    return _least(block_next, blocks - 1), x_next, _pick(wrap, 0, k_next)
+
+
+def _pick(condition, a, b):
+    """``a`` where ``condition`` holds, else ``b``: Python's choice on bools, ``arith.select`` on kernel values."""
+    if isinstance(condition, bool):
+        return a if condition else b
+    as_value = lambda v: fx.Int32(v) if isinstance(v, int) else v  # noqa: E731
+    return arith.select(condition, as_value(a), as_value(b))
+
+
+def _least(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else arith.minimum(a, b)
 
 
 def _mmas_of(streams: _WarpStreams, words, accs, kbase, masked: bool, block_scaled: bool):

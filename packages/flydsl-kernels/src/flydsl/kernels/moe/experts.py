@@ -39,7 +39,7 @@ from flydsl.kernels.gemm.epilogue import Epilogue, Scale
 from flydsl.kernels.gemm.launch import launch_plan
 from flydsl.kernels.gemm.operands import MatrixSpec
 from flydsl.kernels.gemm.plan import plan_grouped
-from flydsl.kernels.gemm.skinny import SkinnyVariant, persistent_grid
+from flydsl.kernels.gemm.skinny import SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_BLOCK,
     GroupedMode,
@@ -457,7 +457,8 @@ def _stage_grid(mode: GroupedMode, col_tiles: int, blocks: int, cfg, sms: int) -
     (``cfg.min_blocks`` per SM, or as many as 128 registers a thread allow), at most one per tile."""
     if not mode.persistent:
         return (col_tiles, blocks)
-    return (persistent_grid(col_tiles * blocks, cfg, sms), 1)
+    per_sm = cfg.min_blocks or max(1, 65536 // (128 * cfg.threads))
+    return (max(1, min(col_tiles * blocks, sms * per_sm)), 1)
 
 
 def _per_row(scale, rows: int):
