@@ -9,12 +9,11 @@ call's routing.
 Cases ``model:T[:format]`` of moe_bench.py's models and formats (bf16, fp8: e4m3 weights per output channel, block:
 per 128 x 128 block; weight-only at decode: x and h stay bf16). Default: DeepSeek-V3 TP8 and Qwen3-30B-A3B at T 1,
 16, 64 and Mixtral at 1, in bf16 and fp8. Weights random (1 / sqrt(fan-in)), softmax top-k routing of random logits.
-Modes (``FLYDSL_MOE_DECODE``, the plans rebuilt for each): "" (none), "direct" (one token: no alignment), "prefetch"
-(stage 1 brings the routed experts' w2 into L2), "combine" (with direct: stage 2 and the combine in one launch),
-"persistent" (T > 1: each stage's CTAs loop over tiles, the next tile's loads in flight) and unions; each
-mode's output is compared with the first mode's (``max_abs_diff_vs_first``: 0 expected but for "combine", whose y
-may round an ulp apart). The stage sweep (modes off, aligned routing) tries 5 stage-1 and 6 stage-2 shapes of
-(groups, warps, warps_n, unroll), each with its format's CTAs per SM (``min_blocks``: fp8 as
+Modes (``FLYDSL_MOE_DECODE``, the plans rebuilt for each): "" (none: the aligned path), "direct" (one token: no
+alignment), "combine" (with direct: stage 2 and the combine in one launch) and unions (the default of one token: both,
+combine where I <= 1024); each mode's output is compared with the first mode's (``max_abs_diff_vs_first``: 0 expected
+but for "combine", whose y may round an ulp apart). The stage sweep (modes off, aligned routing) tries 5 stage-1 and 6
+stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs per SM (``min_blocks``: fp8 as
 ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks`` None; stage 1 is gated (weight
 rows half gate, half up: ``groups`` even), stage 2 streams the (capacity, I) intermediate. Bandwidth: the routed
 experts' weight bytes of the stage over its time.
@@ -43,7 +42,7 @@ DEFAULT_CASES = ",".join(
     for fmt in ("bf16", "fp8")
     for case in ("dsv3-tp8:1", "dsv3-tp8:16", "dsv3-tp8:64", "qwen3:1", "qwen3:16", "qwen3:64", "mixtral:1")
 )
-DEFAULT_MODES = ",direct,prefetch,direct+prefetch,direct+combine,direct+combine+prefetch,persistent"
+DEFAULT_MODES = ",direct,direct+combine"
 STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4))  # (groups, warps, warps_n, unroll)
 STAGE2 = ((2, 8, 2, 2), (4, 8, 4, 2), (2, 8, 4, 1), (4, 4, 2, 2), (2, 4, 4, 2), (2, 8, 1, 4))
 
@@ -61,7 +60,7 @@ def parse_case(text: str) -> tuple[str, int, str]:
 
 def parse_mode(text: str) -> str:
     words = [w for w in text.split("+") if w]
-    if not set(words) <= {"direct", "prefetch", "combine", "persistent"}:
+    if not set(words) <= {"direct", "combine"}:
         raise argparse.ArgumentTypeError(f"a mode is '' or words of FLYDSL_MOE_DECODE joined by '+', got {text!r}")
     return ",".join(words)
 

@@ -2,7 +2,8 @@
 The plan's scratch function makes every buffer the steps use (so that a replay's launches touch nothing else), and
 the launches bind them in order: align into the alignment buffers, stage 1 from x into h, stage 2 from h into y, the
 combine from y into the output (fp8 weights, every granularity: the same four launches, weight-only); with the
-decode modes on (FLYDSL_MOE_DECODE), one token takes no alignment and stage 1 prefetches w2. The GPU side (results,
+decode modes (the default for one token; FLYDSL_MOE_DECODE picks them for A/B timing), one token takes no alignment,
+and where I is small stage 2 and the combine are one launch. The GPU side (results,
 replays) is tests/kernels/test_plans_gpu.py and test_moe_experts_gpu.py."""
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def _one_token(granularity, memory_check=None):
 
 
 @pytest.mark.parametrize("granularity", [None, "channel", "block"], ids=["bf16", "fp8 channel", "fp8 block"])
-def test_one_token_in_the_direct_mode_takes_no_alignment_and_prefetches_w2(recorded, monkeypatch, granularity):
-    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,prefetch")
+def test_one_token_in_the_direct_mode_takes_no_alignment(recorded, monkeypatch, granularity):
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct")
 
     def blocks_of_16_rows(memory):  # a block of 16 rows per routed pair
         assert memory[2].shape == (TOP_K * 16, INTER) and memory[3].shape == (TOP_K * 16, HIDDEN)
@@ -147,55 +148,35 @@ def test_one_token_in_the_direct_mode_takes_no_alignment_and_prefetches_w2(recor
     flat = ids.reshape(-1)
     for stage in (stage1, stage2):  # the flat ids stand for the order, the blocks' experts and the count
         assert all(_same(stage[i], flat) for i in (3, 4, 5)) and _same(stage[6], positions)
-    next_weights = stage1[8 if granularity else 7]
-    assert next_weights.data_ptr() == w2.data_ptr() and next_weights.shape == (
-        EXPERTS,
-        w2[0].numel() * w2.element_size(),
-    )
-    assert next_weights.dtype == torch.uint8
-    mode1, mode2 = stage1[-1], stage2[-1]
-    assert (mode1.direct, mode1.prefetch_next, mode2.direct, mode2.prefetch_next) == (True, True, True, False)
+        assert stage[-1].direct
 
 
-def test_decode_modes_follow_the_environment_and_the_l2(monkeypatch):
+def test_decode_modes_follow_the_call_and_the_environment(monkeypatch):
     from flydsl.kernels.gemm.skinny_grouped import GroupedMode as Mode
 
-    w2 = torch.empty(128, 2048, 768, dtype=torch.bfloat16)  # Qwen3-30B-A3B's: 3 MB per expert
-    modes = lambda tokens, l2=50 * 2**20, enabled=None, top_k=8: experts.decode_modes(  # noqa: E731
-        tokens, top_k, 128, 2048, 768, w2, l2, enabled
+    direct = Mode(direct=True)
+    modes = lambda tokens, enabled=None, top_k=8, inter=768: experts.decode_modes(  # noqa: E731
+        tokens, top_k, inter, enabled
     )
     monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
-    assert modes(1) == (Mode(), Mode(), False)
-    both = {"direct", "prefetch"}
-    assert modes(1, enabled=both) == (Mode(direct=True, prefetch_next=True), Mode(direct=True), False)
-    every = {"direct", "prefetch", "combine", "persistent"}
-    assert modes(1, enabled=every).combined and not modes(1, enabled=every).stage1.persistent
-    assert not modes(1, enabled={"combine"}).combined  # needs direct
-    assert not modes(1, enabled=every, top_k=32).combined  # top_k past 16
-    # two tokens take the alignment, and there the persistent loop (without the prefetch)
-    assert modes(2, enabled=every) == (Mode(persistent=True), Mode(persistent=True), False)
-    # 8 experts' 25 MB of w2 do not fit in 0.6 of a 32 MB L2
-    assert experts.PREFETCH_L2_FRACTION == 0.6
-    assert modes(1, l2=32 * 2**20, enabled=both) == (Mode(direct=True), Mode(direct=True), False)
-    assert modes(2, enabled=both).stage1.direct is False
-    assert not experts.decode_modes(1, 8, 128, 2048, 768, w2[:, :, :384], 50 * 2**20, both).stage1.prefetch_next
-    monkeypatch.setenv("FLYDSL_MOE_DECODE", "prefetch")
-    assert modes(1) == (Mode(prefetch_next=True), Mode(), False)
-    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,fast")
+    assert modes(1) == (direct, direct, True)  # one token: both modes by default
+    assert modes(1, inter=experts.COMBINE_MAX_INTER + 256) == (direct, direct, False)  # Mixtral's I: not combined
+    assert modes(1, top_k=32) == (direct, direct, False)  # top_k past 16
+    assert modes(2) == (Mode(), Mode(), False)  # two tokens take the alignment
+    assert modes(1, enabled={"combine"}) == (Mode(), Mode(), False)  # combine needs direct
+    aligned = (Mode(), Mode(), False)
+    by_value = {
+        "none": aligned,
+        "": aligned,
+        "direct": (direct, direct, False),
+        "direct,combine": (direct, direct, True),
+    }
+    for value, expected in by_value.items():
+        monkeypatch.setenv("FLYDSL_MOE_DECODE", value)
+        assert modes(1) == expected, value
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,prefetch")
     with pytest.raises(ValueError, match="FLYDSL_MOE_DECODE: expected words from"):
         modes(1)
-
-
-def test_persistent_stages_take_as_many_ctas_as_fit(recorded, monkeypatch):
-    monkeypatch.setenv("FLYDSL_MOE_DECODE", "persistent")
-    x, w1, w2, weights, ids, _ = _inputs(None)
-    plan = experts._fused_plan(
-        x, w1, w2, weights, ids, "silu", quant=None, granularity=None, out=None, w1_scale=None, w2_scale=None
-    )
-    args = (x, w1, w2, weights, ids, None, None, None)
-    plan.launch(*args, *plan.scratch(*args))
-    stages = [call for call in recorded if "skinny_gemm_grouped" in call.kernel.name]
-    assert [call.values[-1].persistent for call in stages] == [True, True]
 
 
 @pytest.mark.parametrize("granularity", [None, "channel", "block"], ids=["bf16", "fp8 channel", "fp8 block"])

@@ -11,8 +11,6 @@ import re
 import struct
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import flydsl.compiler as flyc
 from flydsl.kernels.gemm.epilogue import Epilogue
@@ -20,7 +18,6 @@ from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_WEIGHT_SCALE,
     GroupedMode,
-    _next_item,
     choose_combined_config,
     choose_grouped_skinny_config,
     skinny_gemm_combined_kernel,
@@ -33,7 +30,6 @@ from .ptxas_report import ptxas_report
 S = flyc.TensorSpec
 FP8 = "f8E4M3FN"
 TOKENS, TOP_K, EXPERTS, CAPACITY = 8, 8, 256, 4096
-NEXT = S((EXPERTS, 7168 * 256), "i8")  # the next stage's weights as bytes per expert (prefetch_next only)
 _MMA = "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32"
 
 
@@ -58,7 +54,7 @@ def _lower(gated, k, n_out, block, dtype="bf16", cfg=None, epilogue=None, argume
     arguments = arguments or _arguments(gated, k, n_out, dtype)
     scales = _scales(gated, k, n_out, block)
     module = skinny_gemm_grouped_fp8_kernel.lower(
-        *arguments, scales, NEXT, TOP_K if gated else 0, cfg, variant, mode or GroupedMode()
+        *arguments, scales, TOP_K if gated else 0, cfg, variant, mode or GroupedMode()
     )
     return module, cfg
 
@@ -88,32 +84,28 @@ def test_grouped_fp8_compiles_without_spills(gated, k, n_out, block):
     report = ptxas_report(ptx)
     assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
-    assert registers <= 65536 // (cfg.min_blocks * cfg.threads), report  # the 16-bit kernels' CTAs per SM
+    assert registers <= 65536 // ((cfg.min_blocks or 1) * cfg.threads), report  # the CTAs per SM asked for
 
 
 @pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
 @pytest.mark.parametrize("weights", ["bf16", "row", "block"])
 @pytest.mark.parametrize("gated,k,n_out", [(True, 2048, 768), (True, 7168, 256), (False, 768, 2048)])
 def test_the_decode_modes_compile_without_spills(weights, gated, k, n_out):
-    """GroupedMode(direct, prefetch_next) (one decode token: no alignment, w2 prefetched into L2 by stage 1): the
-    same MMAs and weight loads (with an evict-first L2 policy where prefetching), bulk L2 prefetches, no spills,
-    the default's CTAs per SM."""
-    mode = GroupedMode(direct=True, prefetch_next=gated)
+    """GroupedMode(direct) (one decode token: no alignment): the same MMAs and weight loads, no spills, the
+    default's CTAs per SM."""
+    mode = GroupedMode(direct=True)
     if weights == "bf16":
         cfg = choose_grouped_skinny_config(k, gated)
         variant = SkinnyVariant(True, Epilogue(gate="silu" if gated else None), True)
         arguments = _arguments(gated, k, n_out, weights="bf16")
-        module = skinny_gemm_grouped_kernel.lower(*arguments, NEXT, TOP_K if gated else 0, cfg, variant, mode)
+        module = skinny_gemm_grouped_kernel.lower(*arguments, TOP_K if gated else 0, cfg, variant, mode)
         loads, mmas = 3 * cfg.unroll * cfg.groups, 3 * 2 * cfg.unroll * cfg.groups
     else:
         module, cfg = _lower(gated, k, n_out, weights == "block", mode=mode)
         loads, mmas = 3 * cfg.unroll * cfg.groups, 3 * 4 * cfg.unroll * cfg.groups
     ptx = module.ptx
-    hint = ".L2::cache_hint" if gated else ""
-    assert ptx.count(f"ld.global.nc.L1::no_allocate{hint}.L2::256B.v4.b32") == loads
+    assert ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.b32") == loads
     assert ptx.count(_MMA.format("bf16")) == mmas
-    assert ("cp.async.bulk.prefetch.L2.global" in ptx) == gated
-    assert ("createpolicy.fractional.L2::evict_first" in ptx) == gated
     report = ptxas_report(ptx)
     assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
@@ -153,7 +145,7 @@ def test_the_direct_and_combined_kernels_take_int64_ids():
     ids = S((TOKENS * TOP_K,), "i64")
     module = skinny_gemm_grouped_kernel.lower(
         S((TOKENS, 2048), "bf16"), S((EXPERTS * 2 * 768, 2048), "bf16"), S((TOKENS * TOP_K * 16, 768), "bf16"),
-        ids, ids, ids, S((TOKENS * TOP_K,), "i32"), NEXT, TOP_K, cfg, variant, GroupedMode(direct=True),
+        ids, ids, ids, S((TOKENS * TOP_K,), "i32"), TOP_K, cfg, variant, GroupedMode(direct=True),
     )  # fmt: skip
     assert module.cubin is not None or flyc.toolchain.find_ptxas() is None  # (LLVM loads an id's low word)
     combined = skinny_gemm_combined_kernel.lower(
@@ -172,55 +164,6 @@ def test_the_combined_kernel_checks_its_configuration():
         )  # fmt: skip
     with pytest.raises(ValueError, match="element_bytes"):
         choose_combined_config(8, 4)
-
-
-@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
-@pytest.mark.parametrize("weights", ["bf16", "row", "block"])
-@pytest.mark.parametrize("gated,k,n_out", [(True, 2048, 768), (True, 7168, 256), (False, 768, 2048)])
-def test_the_persistent_mode_compiles_without_spills(weights, gated, k, n_out):
-    """GroupedMode(persistent): one loop over the CTA's (tile, K step) items, the next item's loads issued before
-    this item's MMAs (one copy of the step's loads before the loop and one in it, every load masked at K's end), a
-    tile's epilogue and stores under the loop's tile-end branch; no spills, the default's CTAs per SM."""
-    mode = GroupedMode(persistent=True)
-    if weights == "bf16":
-        cfg = choose_grouped_skinny_config(k, gated)
-        variant = SkinnyVariant(True, Epilogue(gate="silu" if gated else None), True)
-        arguments = _arguments(gated, k, n_out, weights="bf16")
-        module = skinny_gemm_grouped_kernel.lower(*arguments, NEXT, TOP_K if gated else 0, cfg, variant, mode)
-        per_load = 2
-    else:
-        module, cfg = _lower(gated, k, n_out, weights == "block", mode=mode)
-        per_load = 4
-    ptx = module.ptx
-    assert ptx.count(_MMA.format("bf16")) == per_load * cfg.unroll * cfg.groups  # one step's, in the loop
-    assert ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.b32") == 2 * cfg.unroll * cfg.groups
-    assert "cp.async.bulk.prefetch" not in ptx
-    report = ptxas_report(ptx)
-    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
-    registers = int(re.search(r"Used (\d+) registers", report).group(1))
-    assert registers <= 65536 // ((cfg.min_blocks or 1) * cfg.threads), report
-
-
-@settings(max_examples=300, deadline=None)
-@given(col_tiles=st.integers(1, 40), blocks=st.integers(1, 40), ctas=st.integers(1, 300), steps=st.integers(1, 6))
-def test_the_persistent_items_walk_each_ctas_tiles_in_order(col_tiles, blocks, ctas, steps):
-    """The kernel's own _next_item on Python ints: from CTA c's first item, the items are tiles c, c + ctas, ... (a
-    block's column slices consecutive), each with K steps 0..steps-1, and the block stays below ``blocks``."""
-    tiles = col_tiles * blocks
-    for cta in range(min(ctas, tiles)):
-        items = -(-(tiles - cta) // ctas) * steps
-        item, walked = (cta // col_tiles, cta % col_tiles, 0), []
-        for _ in range(items):
-            block, x, k_step = item
-            walked.append((block * col_tiles + x, k_step))
-            item = _next_item(block, x, k_step, steps, col_tiles, ctas, blocks)
-            assert 0 <= item[0] < blocks and 0 <= item[1] < col_tiles and 0 <= item[2] < steps
-        assert walked == [(t, k) for t in range(cta, tiles, ctas) for k in range(steps)]
-
-
-def test_the_persistent_mode_takes_the_aligned_routing_alone():
-    with pytest.raises(ValueError, match="persistent mode takes the aligned routing alone"):
-        _lower(True, 2048, 768, False, mode=GroupedMode(direct=True, persistent=True))
 
 
 def test_the_kernels_take_a_grouped_mode():
@@ -292,15 +235,21 @@ def test_unpack_lowers_to_the_documented_instructions():
 
 @pytest.mark.parametrize("k", [256, 768, 1024, 1040, 2048, 4096, 7168, 14336])
 @pytest.mark.parametrize("gated", [True, False])
-def test_fp8_configuration_keeps_the_16_bit_bytes_in_flight(k, gated):
-    """fp8 weights: as many 16-byte weight loads per warp and step, weight rows per CTA and threads as the 16-bit
-    configuration, held to its CTAs per SM; each step twice the K. The 16-bit answers are what they were."""
+def test_fp8_configuration(k, gated):
+    """fp8 weights: short K keeps the 16-bit configuration's 16-byte weight loads per warp and step, weight rows per
+    CTA and threads, held to its CTAs per SM, each step twice the K; long K (every stage 1) takes 2 loads per row and
+    step (the measured winner, docs in choose_grouped_skinny_config) with no register cap. The 16-bit answers are
+    what they were."""
     fp8, bf16 = choose_grouped_skinny_config(k, gated, 1), choose_grouped_skinny_config(k, gated)
-    assert fp8.unroll * fp8.groups == bf16.unroll * bf16.groups
-    assert (fp8.rows, fp8.threads) == (bf16.rows, bf16.threads)
-    assert fp8.k_step(1) == 2 * bf16.k_step(2)
-    assert fp8.min_blocks == 65536 // (128 * fp8.threads) and bf16.min_blocks is None
     short = k <= 1024 and not gated
+    assert (fp8.rows, fp8.threads) == (bf16.rows, bf16.threads)
+    if short:
+        assert fp8.unroll * fp8.groups == bf16.unroll * bf16.groups
+        assert fp8.k_step(1) == 2 * bf16.k_step(2)
+        assert fp8.min_blocks == 65536 // (128 * fp8.threads)
+    else:
+        assert fp8 == SkinnyConfig(unroll=2) and fp8.k_step(1) == bf16.k_step(2)
+    assert bf16.min_blocks is None
     assert bf16 == (SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig())
     assert choose_grouped_skinny_config(k, gated, 2) == bf16
 
@@ -326,6 +275,6 @@ def test_16_bit_kernel_takes_no_scales():
     variant = SkinnyVariant(True, Epilogue(scales=(GROUPED_WEIGHT_SCALE,)), True)
     with pytest.raises(ValueError, match="expected no scales"):
         skinny_gemm_grouped_kernel.lower(
-            *_arguments(False, 256, 7168, weights="bf16"), NEXT, 0, choose_grouped_skinny_config(256, False), variant,
+            *_arguments(False, 256, 7168, weights="bf16"), 0, choose_grouped_skinny_config(256, False), variant,
             GroupedMode(),
         )  # fmt: skip

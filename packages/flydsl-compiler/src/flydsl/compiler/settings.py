@@ -17,8 +17,9 @@
                                ending the program (~3 ms a compile); ``0``: in this process
 ``FLYDSL_LAUNCH_REPLAY``       ``0``: the zoo's launch plans are never replayed natively (each call runs its
                                Python plan; ``flydsl.kernels.plans``)
-``FLYDSL_MOE_DECODE``          comma-separated words turning on ``fused_moe``'s decode modes ("direct",
-                               "combine", "prefetch", "persistent": ``flydsl.kernels.moe.experts.decode_modes``)
+``FLYDSL_MOE_DECODE``          for A/B timing: the ``fused_moe`` decode modes allowed, comma-separated ("direct",
+                               "combine"; "none" or empty: neither); unset: both
+                               (``flydsl.kernels.moe.experts.decode_modes``)
 =============================  ==================================================================
 """
 
@@ -41,7 +42,14 @@ class Settings:
     compile_isolated: bool = True
     autotune: bool = False
     launch_replay: bool = True
-    moe_decode: frozenset = frozenset()
+    moe_decode: frozenset | None = None
+
+
+def _words(value: str | None) -> frozenset | None:
+    """A comma-separated list's words ("none": no word), or None where the variable is unset."""
+    if value is None:
+        return None
+    return frozenset(word.strip() for word in value.split(",") if word.strip() and word.strip() != "none")
 
 
 def current() -> Settings:
@@ -62,5 +70,5 @@ def current() -> Settings:
         compile_isolated=env.get("FLYDSL_COMPILE_ISOLATED", "1") != "0",
         autotune=env.get("FLYDSL_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"),
         launch_replay=env.get("FLYDSL_LAUNCH_REPLAY", "1").lower() not in ("0", "false", "no", "off"),
-        moe_decode=frozenset(word.strip() for word in env.get("FLYDSL_MOE_DECODE", "").split(",") if word.strip()),
+        moe_decode=_words(env.get("FLYDSL_MOE_DECODE")),
     )

@@ -122,14 +122,13 @@ class SkinnyVariant(NamedTuple):
     prepared: bool = False
 
 
-def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None, prepared: bool = False, policy=None):
+def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None, prepared: bool = False):
     """This lane's 16 bytes ``t[row, k ..]`` (8 16-bit or 16 fp8 elements) as 4 words; zeros where past
     ``k_extent`` when ``masked``. fp8 operands take 16-byte loads only (``vec``: memory holds no fp8 scalars).
-    ``prepared``: ``t`` is prepared weights' panels, element (row, k) at ``t[k // 128, row, k % 128]``. ``policy``:
-    an L2 eviction policy of 16-byte loads (``nvvm.create_policy``), or None."""
+    ``prepared``: ``t`` is prepared weights' panels, element (row, k) at ``t[k // 128, row, k % 128]``."""
     if fx.const_expr(vec):
         at = lambda k: (k // 128, row, k % 128) if fx.const_expr(prepared) else (row, k)  # noqa: E731
-        hints = dict(l1=l1, prefetch=prefetch, policy=policy)
+        hints = dict(l1=l1, prefetch=prefetch)
         if fx.const_expr(masked):  # chunks are whole (K a multiple of a chunk): in or out together; row start when out
             inside = k < k_extent
             words = nvvm.ld_global_nc(t, at(arith.select(inside, k, 0)), 16, **hints)
@@ -160,7 +159,6 @@ class _WarpStreams(NamedTuple):
     two_halves: bool
     prepared: bool
     block_scales: object = None  # fp8 weights' (rows / 128, ceil(K / 128)) scales, or None
-    policy: object = None  # the weight loads' L2 eviction policy (nvvm.create_policy), or None
 
 
 def _loads(streams: _WarpStreams, kbase, masked: bool):
@@ -175,9 +173,7 @@ def _loads(streams: _WarpStreams, kbase, masked: bool):
     for u in fx.range_constexpr(cfg.unroll):
         k = kbase + 4 * chunk * u + chunk * lane_t
         for g in fx.range_constexpr(cfg.groups):
-            load = _load_words(
-                w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch, prepared, streams.policy
-            )
+            load = _load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch, prepared)
             words.append(load)
         if fx.const_expr(not wide):  # (wide: the activations are loaded as the MMAs take them)
             words.append(_load_words(a, row_a0, k, k_extent, vec, masked, None))

@@ -7,11 +7,9 @@ weight-only, 16-bit activations) each 16-byte weight load holds 16 values of K (
 chunk of 64), converted exactly to 16-bit in registers and paired with two 16-byte loads of each activation row (the
 same 16 values), fed to the 16-bit m16n8k16 MMAs.
 
-A :class:`GroupedMode` changes two things for one decode token: ``direct`` takes the routed pairs as the blocks
-(no alignment kernel before the stage), ``prefetch_next`` has every CTA bring its share of its expert's next-stage
-weights into L2 while it streams its own (read with an evict-first L2 policy), so that the next stage reads them from
-L2 rather than memory; after a direct stage 1, :func:`skinny_gemm_combined_kernel` does stage 2 and the combine in
-one launch (docs/tuning/moe.md#decode).
+For one decode token, :class:`GroupedMode`'s ``direct`` takes the routed pairs as the blocks (no alignment kernel
+before the stage); after a direct stage 1, :func:`skinny_gemm_combined_kernel` does stage 2 and the combine in one
+launch (docs/tuning/moe.md#decode).
 """
 
 from __future__ import annotations
@@ -53,32 +51,16 @@ GROUPED_BLOCK = 16  # the aligned order's row block: one m16n8k16 MMA's rows
 GROUPED_WEIGHT_SCALE = Scale(columns=1, experts=True)
 
 
-PREFETCH_PIECE = 4096  # bytes of one bulk L2 prefetch (prefetch_next): a piece per thread
-
-
 class GroupedMode(NamedTuple):
-    """What a grouped kernel does besides its GEMM (a Constexpr of the kernels; the defaults: neither).
+    """How a grouped kernel takes its rows (a Constexpr of the kernels; the default: the aligned order).
 
     ``direct``: no alignment. Block y is routed pair y: ``expert_of_block`` is the flat ``topk_ids`` (T * k,), the
     block's row 0 its token (row ``y // top_k`` of x) and rows 1..15 pads reading row 0, ``sorted_ids`` and
     ``padded_count`` unread; blocks whose id is outside ``[0, E)`` are skipped (their rows never written, as the
     combine expects). For one token, whose top-k experts are distinct: the same weights read as with alignment, and
-    no alignment kernel before stage 1. Stage 2 takes the same mode (rows are the positions ``16 y ..``).
-
-    ``prefetch_next``: each CTA also brings its share of its block's expert's next-stage weights into L2 (the
-    kernels' ``next_weights``: (E, bytes per expert) uint8, 16-byte multiples; pieces of :data:`PREFETCH_PIECE`
-    spread over the CTAs of a block) and reads its own weights with an evict-first L2 policy, so that the next
-    stage finds its weights in L2: for calls whose routed next-stage weights fit in L2 (one decode token).
-
-    ``persistent`` (aligned routing only): the grid's CTAs (``gridDim.x`` of them, ``gridDim.y`` 1) take the tiles
-    (block, column slice) in turn, ``t = blockIdx.x + i * gridDim.x`` over ``col tiles * padded_count / 16`` tiles
-    (a block's column slices consecutive), their (tile, K step) items in one loop whose next item's loads are
-    issued before this item's MMAs, across tiles too: a CTA's start (routing loads) and each tile's end (the
-    K-warps' sum, the epilogue, the stores) run under loads in flight, where one CTA per tile exposes them."""
+    no alignment kernel before stage 1. Stage 2 takes the same mode (rows are the positions ``16 y ..``)."""
 
     direct: bool = False
-    prefetch_next: bool = False
-    persistent: bool = False
 
 
 class Routing(NamedTuple):
@@ -101,7 +83,6 @@ def skinny_gemm_grouped_kernel(
     expert_of_block: fx.Tensor,
     padded_count: fx.Tensor,
     positions: fx.Tensor,
-    next_weights: fx.Tensor,
     top_k: fx.Int32,
     cfg: fx.Constexpr,
     variant: fx.Constexpr,
@@ -117,12 +98,11 @@ def skinny_gemm_grouped_kernel(
     C gets ``gate(x @ gate.T) * (x @ up.T)`` (cols = rows / 2). 16-bit operands (fp8 weights:
     :func:`skinny_gemm_grouped_fp8_kernel`), 16-byte loads, no split K. Rows by index also note where each (token,
     slot) pair went, as the gather does: ``positions[sorted_ids[p]] = p`` (int32 (T * k,): its extent is the
-    pad rows' sentinel; unwritten where ``top_k`` is 0). ``mode``: a :class:`GroupedMode` (``next_weights``: read
-    only with ``prefetch_next``)."""
+    pad rows' sentinel; unwritten where ``top_k`` is 0). ``mode``: a :class:`GroupedMode`."""
     if variant.epilogue.scales:
         raise ValueError(f"skinny_gemm_grouped_kernel: expected no scales: {variant}")
     routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
-    _grouped_skinny_gemm(a, w, c, routing, positions, None, next_weights, cfg, variant, mode)
+    _grouped_skinny_gemm(a, w, c, routing, positions, None, cfg, variant, mode)
 
 
 @flyc.kernel(dependent_launch=True)
@@ -135,7 +115,6 @@ def skinny_gemm_grouped_fp8_kernel(
     padded_count: fx.Tensor,
     positions: fx.Tensor,
     w_scale: fx.Tensor,
-    next_weights: fx.Tensor,
     top_k: fx.Int32,
     cfg: fx.Constexpr,
     variant: fx.Constexpr,
@@ -153,11 +132,11 @@ def skinny_gemm_grouped_fp8_kernel(
     if variant.epilogue.scales:
         raise ValueError(f"skinny_gemm_grouped_fp8_kernel: expected no epilogue scales (w_scale's own): {variant}")
     routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
-    _grouped_skinny_gemm(a, w, c, routing, positions, w_scale, next_weights, cfg, variant, mode)
+    _grouped_skinny_gemm(a, w, c, routing, positions, w_scale, cfg, variant, mode)
 
 
 def _grouped_skinny_gemm(
-    a, w, c, routing: Routing, positions, w_scale, next_weights, cfg: SkinnyConfig, variant, mode: GroupedMode
+    a, w, c, routing: Routing, positions, w_scale, cfg: SkinnyConfig, variant, mode: GroupedMode
 ) -> None:
     """The grouped kernels' body (:func:`skinny_gemm_grouped_kernel`). The weights' format: 16-bit (``w_scale``
     None), or fp8 with ``w_scale`` per row (1-D) or per 128 x 128 block (2-D) (:func:`skinny_gemm_grouped_fp8_kernel`).
@@ -170,8 +149,6 @@ def _grouped_skinny_gemm(
     fp8 = w_scale is not None
     if fp8 and (not _wide(a, w) or a.dtype != c.dtype or fx.rank(w_scale.shape) not in (1, 2)):
         raise ValueError(f"grouped fp8 kernel: expected fp8 weights, 16-bit a and c, 1-D or 2-D scales: {variant}")
-    if mode.persistent and (mode.direct or mode.prefetch_next):
-        raise ValueError(f"grouped skinny kernel: the persistent mode takes the aligned routing alone: {mode}")
     thread = _kernel_start(cfg)
     # The routing and (stage 2) A are the previous kernels' outputs: nothing is read before the wait, and every
     # load's row depends on its zero (loads through inline PTX could move above it otherwise).
@@ -184,9 +161,6 @@ def _grouped_skinny_gemm(
         cfg.rows // 2 if gated else cfg.rows,  # output columns per tile
         positions.shape.to(fx.Int32),  # T * k, the sentinel of pad rows (a 1-D shape: its extent)
     )  # fmt: skip
-    if fx.const_expr(mode.persistent):
-        _persistent_tiles(stage, after_wait)
-        return
     block = gpu.block_idx.y.to(fx.Int32) + after_wait
     if fx.const_expr(mode.direct):  # block y: routed pair y, whose expert may be one this call does not hold
         expert = routing.expert_of_block[arith.minimum(block, stage.pairs - 1)].to(fx.Int32)
@@ -198,8 +172,6 @@ def _grouped_skinny_gemm(
             expert = routing.expert_of_block[block].to(fx.Int32)
         x = gpu.block_idx.x.to(fx.Int32)
         streams = _tile_streams(stage, block, x, expert)
-        if fx.const_expr(mode.prefetch_next):
-            _prefetch_next(next_weights, expert, thread[0], cfg.threads)
         step = cfg.k_step(w.dtype.width // 8)
         accs = _mainloop(streams, step, thread[2] * (step // cfg.warps_k), stage.block_scaled)
         _store_tile(stage, accs, block, x, expert)
@@ -253,12 +225,9 @@ def _tile_streams(stage: _Stage, block, x, expert) -> _WarpStreams:
             rows_w.append(base + arith.minimum(n0 + col, n_out - 1))
     first = block * GROUPED_BLOCK
     rows_a = [_grouped_row(stage.routing, stage.mode, first + lane_q + 8 * h, stage.pairs) for h in range(2)]
-    policy = nvvm.create_policy("evict_first") if stage.mode.prefetch_next else None
     block_scales = stage.w_scale if stage.block_scaled else None
     k_extent = stage.a.shape[1].to(fx.Int32)
-    return _WarpStreams(
-        stage.a, stage.w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales, policy
-    )
+    return _WarpStreams(stage.a, stage.w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales)
 
 
 def _store_tile(stage: _Stage, accs, block, x, expert) -> None:
@@ -372,65 +341,6 @@ def choose_combined_config(top_k: int, element_bytes: int = 2) -> SkinnyConfig:
     )
 
 
-def _persistent_tiles(stage: _Stage, after_wait) -> None:
-    """:class:`GroupedMode`'s ``persistent`` loop: this CTA's tiles' (tile, K step) items, each step's loads issued
-    one item ahead (the last item's loads repeated, unused), every load masked at K's end; a tile's last step stores
-    it and clears the sums. Items advance by additions (:func:`_next_item`), not divisions."""
-    cfg, routing = stage.cfg, stage.routing
-    warp_kk = stage.thread[2]
-    step = cfg.k_step(stage.w.dtype.width // 8)
-    warp_k = warp_kk * (step // cfg.warps_k)
-    col_tiles = (stage.n_out + (stage.cols - 1)) // stage.cols
-    blocks = routing.padded_count[0].to(fx.Int32) // GROUPED_BLOCK
-    ctas, cta = gpu.grid_dim.x.to(fx.Int32), gpu.block_idx.x.to(fx.Int32) + after_wait
-    steps = (stage.a.shape[1].to(fx.Int32) + (step - 1)) // step
-    items = arith.maximum((col_tiles * blocks - cta + (ctas - 1)) // ctas, 0) * steps
-    if items > 0:
-        block, x = cta // col_tiles, cta % col_tiles
-        expert, k_step = routing.expert_of_block[block].to(fx.Int32), fx.Int32(0)
-        words = _loads(_tile_streams(stage, block, x, expert), warp_k, True)
-        accs = [_ACC(0.0)] * cfg.groups
-        for _ in range(items):
-            block_n, x_n, k_step_n = _next_item(block, x, k_step, steps, col_tiles, ctas, blocks)
-            expert_n = routing.expert_of_block[block_n].to(fx.Int32)
-            upcoming = _loads(_tile_streams(stage, block_n, x_n, expert_n), k_step_n * step + warp_k, True)
-            accs = _mmas_of(_tile_streams(stage, block, x, expert), words, accs, k_step * step + warp_k, True,
-                            stage.block_scaled)  # fmt: skip
-            words = upcoming
-            last = k_step == steps - 1
-            if last:
-                _store_tile(stage, accs, block, x, expert)
-                gpu.barrier()  # the K-warps' partials are the next tile's memory
-            accs = [arith.select(last, _ACC(0.0), acc) for acc in accs]
-            block, x, expert, k_step = block_n, x_n, expert_n, k_step_n
-
-
-def _next_item(block, x, k_step, steps, col_tiles, ctas, blocks) -> tuple:
-    """The persistent loop's next (block, column slice, K step) after ``(block, x, k_step)``: the next K step, or at a
-    tile's last one the tile ``ctas`` tiles on (``ctas % col_tiles`` column slices and ``ctas // col_tiles`` blocks
-    further, with a carry: additions, not divisions), the block clamped below ``blocks`` (past a CTA's last item:
-    some block's, unused). Kernel values or Python ints alike (tests/kernels/test_skinny_grouped_fp8.py walks it)."""
-    k_next = k_step + 1
-    wrap = k_next == steps
-    x_next = _pick(wrap, x + ctas % col_tiles, x)
-    over = wrap & (x_next >= col_tiles)
-    x_next = _pick(over, x_next - col_tiles, x_next)
-    block_next = _pick(wrap, block + ctas // col_tiles + _pick(over, 1, 0), block)
-    return _least(block_next, blocks - 1), x_next, _pick(wrap, 0, k_next)
-
-
-def _pick(condition, a, b):
-    """``a`` where ``condition`` holds, else ``b``: Python's choice on bools, ``arith.select`` on kernel values."""
-    if isinstance(condition, bool):
-        return a if condition else b
-    as_value = lambda v: fx.Int32(v) if isinstance(v, int) else v  # noqa: E731
-    return arith.select(condition, as_value(a), as_value(b))
-
-
-def _least(a, b):
-    return min(a, b) if isinstance(a, int) and isinstance(b, int) else arith.minimum(a, b)
-
-
 def _mmas_of(streams: _WarpStreams, words, accs, kbase, masked: bool, block_scaled: bool):
     """One step's MMAs on its loaded ``words``: 16-bit weights' (:func:`~flydsl.kernels.gemm.skinny._mmas`), or fp8
     weights' with the activations loaded as they go (:func:`~flydsl.kernels.gemm.skinny._mmas_wide`;
@@ -472,19 +382,6 @@ def _sorted_id(routing: Routing, mode: GroupedMode, position, pairs):
     return routing.sorted_ids[position].to(fx.Int32)
 
 
-def _prefetch_next(next_weights, expert, tid, threads: int) -> None:
-    """This CTA's share of ``expert``'s next-stage weights (row ``expert`` of the (E, bytes) ``next_weights``) into
-    L2: the row in :data:`PREFETCH_PIECE`-byte pieces, ``ceil(pieces / gridDim.x)`` of them per CTA, a piece per
-    thread (asynchronous: nothing waits for them)."""
-    nbytes = next_weights.shape[1].to(fx.Int32)
-    pieces = (nbytes + (PREFETCH_PIECE - 1)) // PREFETCH_PIECE
-    share = (pieces + (gpu.grid_dim.x.to(fx.Int32) - 1)) // gpu.grid_dim.x.to(fx.Int32)
-    start = gpu.block_idx.x.to(fx.Int32) * share
-    for piece in range(start + tid, arith.minimum(start + share, pieces), threads):
-        offset = piece * PREFETCH_PIECE
-        nvvm.prefetch_l2_bulk(next_weights, arith.minimum(nbytes - offset, PREFETCH_PIECE), coord=(expert, offset))
-
-
 def _grouped_row(routing: Routing, mode: GroupedMode, position, pairs):
     """The row of ``a`` that aligned position ``position`` multiplies: ``sorted_ids[position] // top_k`` (a pad's
     sentinel, ``pairs`` = T * k or more: row 0), or, where ``top_k`` is 0, the position itself, a pad's the block's
@@ -501,15 +398,15 @@ def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2) ->
     rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default
     (docs/tuning/moe.md#decode).
 
-    fp8 weights (``element_bytes`` 1: :func:`skinny_gemm_grouped_fp8_kernel`, ``k`` in values) keep the 16-bit
-    kernels' 16-byte weight loads per warp and step (8), weight rows per CTA and CTAs per SM (``min_blocks``: 2 of 8
-    warps, 4 of 4 warps, at most 128 registers), so as many weight bytes in flight per SM: the weights' stream is
-    the kernels' time, and each load carries twice the K of a 16-bit one (steps of twice the K: K = 7168 in 3.5
-    steps). Short K takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side along N (steps of 256: one
-    for I = 256) rather than 4 x 2 over 2 x 2 warps: with block scales, 4 tiles' accumulators and those of the K
+    fp8 weights (``element_bytes`` 1: :func:`skinny_gemm_grouped_fp8_kernel`, ``k`` in values): long K (every stage
+    1) with 2 loads per row and step (steps of 1024 values of K) and no register cap: 8% faster than the 16-bit
+    kernels' 4 loads at 2 CTAs per SM, geomean over DeepSeek-V3 TP8, Qwen3 and Mixtral at T 1, 16, 64 (never
+    slower by more than 2%; 17% on Qwen3 at T 16; H100, ``moe_decode_sweep/2026-12-05_fc404ae_h100.json``). Short K
+    takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side along N (steps of 256: one for I = 256) at 4
+    CTAs per SM rather than 4 x 2 over 2 x 2 warps: with block scales, 4 tiles' accumulators and those of the K
     block in progress do not fit in 128 registers. A warp also converts the weights and holds twice the activation
-    words per load (16 values of K per row; loaded as the MMAs take them). ptxas: 124 registers (8 warps) and 128
-    (4 warps) per row scales, 128 with block scales, no spills (tests/kernels/test_skinny_grouped_fp8.py)."""
+    words per load (16 values of K per row; loaded as the MMAs take them). No spills
+    (tests/kernels/test_skinny_grouped_fp8.py)."""
     if element_bytes not in (1, 2):
         raise ValueError(f"choose_grouped_skinny_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
     short = k <= 1024 and not gated
@@ -517,4 +414,4 @@ def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2) ->
         return SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig()
     if short:
         return SkinnyConfig(groups=2, warps=4, warps_n=4, unroll=4, min_blocks=4)
-    return SkinnyConfig(min_blocks=2)
+    return SkinnyConfig(unroll=2)

@@ -73,8 +73,8 @@ __all__ = [
 
 CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
-_DECODE_WORDS = {"direct", "combine", "prefetch", "persistent"}  # FLYDSL_MOE_DECODE's
-PREFETCH_L2_FRACTION = 0.6  # of the L2 that stage 1's prefetch of w2 may fill (decode_modes; untimed: a first guess)
+_DECODE_WORDS = frozenset({"direct", "combine"})  # FLYDSL_MOE_DECODE's (default: both)
+COMBINE_MAX_INTER = 1024  # at most: the combined kernel's warp per routed pair streams all of I (decode_modes)
 _WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
 _WAVES = 8  # their CTAs per SM (grid-stride loops past that)
 _FUSED = Plans("flydsl.kernels.moe.fused_moe", replay=True)
@@ -312,11 +312,8 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
 
     if decodes(tokens, ids, experts):  # (fp8 of every granularity: weight-only, e4m3 converted in registers)
         fp8 = None if quant is None else "block" if granularity == "block" else "row"
-        from flydsl.kernels.device import l2_bytes
-
-        modes = decode_modes(tokens, top_k, experts, hidden, inter, w2, l2_bytes(x.get_device()))
-        sms = sm_count(x.get_device())
-        buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8, modes, sms)
+        modes = decode_modes(tokens, top_k, inter)
+        buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8, modes)
     else:  # (the prefill stages allocate as they go: their launches are not replayed, their host time is small)
         kind = None if quant is None else "block" if granularity == "block" else "fp8"
         steps = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, kind)
@@ -350,32 +347,22 @@ class DecodeModes(NamedTuple):
     combined: bool = False
 
 
-def decode_modes(tokens, top_k, experts, hidden, inter, w2, l2: int, enabled=None) -> DecodeModes:
-    """The decode stages' modes: ``direct`` (no alignment: each routed pair its own block) for one token, with
-    ``combine`` also stage 2 and the combine in one launch (top_k at most 16), and stage 1's ``prefetch_next``
-    (w2's routed experts into L2
-    while stage 1 streams w1) where those experts' w2 bytes fit in :data:`PREFETCH_L2_FRACTION` of the L2 (``l2``
-    bytes; the rest holds w1's lines, read with an evict-first policy, and all else) and w2 is contiguous with 16-byte
-    multiples per expert; ``persistent`` (both stages, calls that take the alignment): each CTA loops over tiles with
-    the next one's loads in flight. ``enabled``: the modes allowed, a set of "direct", "combine", "prefetch" and
-    "persistent" (default:
-    the ``FLYDSL_MOE_DECODE`` environment variable's comma-separated words, none when unset: no mode has been
-    timed on a GPU yet, docs/moe.md)."""
+def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
+    """The decode stages' modes: ``direct`` (no alignment: each routed pair its own block) for one token, and with
+    it ``combine`` (stage 2 and the combine in one launch) where I is at most :data:`COMBINE_MAX_INTER` and top_k at
+    most 16. Measured on the H100 (``moe_decode_sweep/2026-12-05_fc404ae_h100.json``, one token): direct 4-9%
+    faster than the aligned path; with combine DeepSeek-V3 TP8 (I 256) and Qwen3 (I 768) 10-13% faster again, Mixtral
+    (I 14336) 10% slower (docs/tuning/moe.md#decode). ``enabled``: the modes allowed, a subset of "direct" and
+    "combine" (default: ``FLYDSL_MOE_DECODE``'s comma-separated words where it is set, for A/B timing; else both)."""
     if enabled is None:
         enabled = settings.current().moe_decode
+        enabled = _DECODE_WORDS if enabled is None else enabled
     if not set(enabled) <= _DECODE_WORDS:
         raise ValueError(f"FLYDSL_MOE_DECODE: expected words from {sorted(_DECODE_WORDS)}, got {sorted(enabled)}")
-    ids = tokens * top_k
     direct = "direct" in enabled and tokens == 1
-    blocks = ids if direct else min(align_capacity(ids, experts, GROUPED_BLOCK) // GROUPED_BLOCK, ids)
-    per_expert = hidden * inter * w2.element_size()
-    fits = blocks * per_expert <= PREFETCH_L2_FRACTION * l2 and per_expert % 16 == 0
-    fits = fits and w2.is_contiguous() and w2.data_ptr() % 16 == 0
-    persistent = "persistent" in enabled and not direct
-    prefetch = "prefetch" in enabled and fits and not persistent
-    combined = direct and "combine" in enabled and top_k <= 16
-    stage1 = GroupedMode(direct=direct, prefetch_next=prefetch, persistent=persistent)
-    return DecodeModes(stage1, GroupedMode(direct=direct, persistent=persistent), combined)
+    combined = direct and "combine" in enabled and top_k <= 16 and inter <= COMBINE_MAX_INTER
+    mode = GroupedMode(direct=direct)
+    return DecodeModes(mode, mode, combined)
 
 
 def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant):
@@ -452,22 +439,13 @@ def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant)
     return steps
 
 
-def _stage_grid(mode: GroupedMode, col_tiles: int, blocks: int, cfg, sms: int) -> tuple:
-    """A grouped stage's grid: (column tiles, blocks), or persistent (``mode.persistent``) as many CTAs as fit at once
-    (``cfg.min_blocks`` per SM, or as many as 128 registers a thread allow), at most one per tile."""
-    if not mode.persistent:
-        return (col_tiles, blocks)
-    per_sm = cfg.min_blocks or max(1, 65536 // (128 * cfg.threads))
-    return (max(1, min(col_tiles * blocks, sms * per_sm)), 1)
-
-
 def _per_row(scale, rows: int):
     """fp8 weights' scales, one per row of the stacked (E * rows, K) weights: a per-channel (E, rows) tensor as it
     is, a per-tensor (E,) one repeated (a small copy, per call)."""
     return scale.view(-1) if scale.dim() == 2 else scale[:, None].expand(-1, rows).reshape(-1)
 
 
-def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None, modes=None, sms=132):
+def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None, modes=None):
     """align in blocks of 16 (``modes``' ``direct``: no alignment, each routed pair its own block), then the two
     grouped skinny GEMMs (stage 1 reads x's rows by index and notes the positions): ``(buffers, steps)``,
     ``buffers(x, w1_scale, w2_scale)`` the memory of one call (the alignment, h and y; per-tensor weight scales
@@ -475,7 +453,7 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     e4m3, weight-only: x and h stay in x's dtype, no quantizing launch): "row" (per-channel scales, or per-tensor
     ones repeated per row) or "block" (128 x 128 block scales, the stacked view ``w_scale.view(-1, K blocks)``),
     through :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`. ``modes``: the stages'
-    ``GroupedMode`` s (:func:`decode_modes`; default: neither mode)."""
+    ``GroupedMode`` s (:func:`decode_modes`; default: the aligned order)."""
     mode1, mode2, combined = modes or DecodeModes()
     ids = tokens * top_k
     capacity = ids * GROUPED_BLOCK if mode1.direct else align_capacity(ids, experts, GROUPED_BLOCK)
@@ -486,8 +464,8 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     cfg2 = choose_grouped_skinny_config(inter, False, element_bytes)
     variant1 = SkinnyVariant(True, Epilogue(gate=activation), True)
     variant2 = SkinnyVariant(True, Epilogue(), True)
-    grid1 = _stage_grid(mode1, -(-inter // (cfg1.rows // 2)), blocks, cfg1, sms)
-    grid2 = _stage_grid(mode2, -(-hidden // cfg2.rows), blocks, cfg2, sms)
+    grid1 = (-(-inter // (cfg1.rows // 2)), blocks)
+    grid2 = (-(-hidden // cfg2.rows), blocks)
     cfgc = choose_combined_config(top_k, element_bytes)
     gridc = (-(-hidden // cfgc.rows), tokens)
 
@@ -534,10 +512,9 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
             routing = (sorted_ids, expert_of_block, padded_count, positions)
         rows1, rows2 = rows or (None, None)
         w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
-        next1 = w2.view(torch.uint8).view(experts, -1) if mode1.prefetch_next else topk_ids.view(torch.uint8)
         if fp8 is None:
             scales1 = scales2 = topk_weights  # (16-bit weights: no scales; any tensor, unread)
-            skinny_gemm_grouped_kernel(x, w1_rows, h, *routing, next1, top_k, cfg1, variant1, mode1).launch(
+            skinny_gemm_grouped_kernel(x, w1_rows, h, *routing, top_k, cfg1, variant1, mode1).launch(
                 grid=grid1, block=cfg1.threads
             )
         else:
@@ -546,20 +523,20 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
                 scales2 = w2_scale.view(-1) if rows2 is None else rows2
             else:
                 scales1, scales2 = w1_scale.view(-1, -(-hidden // BLOCK)), w2_scale.view(-1, -(-inter // BLOCK))
-            skinny_gemm_grouped_fp8_kernel(
-                x, w1_rows, h, *routing, scales1, next1, top_k, cfg1, variant1, mode1
-            ).launch(grid=grid1, block=cfg1.threads)
+            skinny_gemm_grouped_fp8_kernel(x, w1_rows, h, *routing, scales1, top_k, cfg1, variant1, mode1).launch(
+                grid=grid1, block=cfg1.threads
+            )
         if combined:  # stage 2 and the combine: the output written directly
             skinny_gemm_combined_kernel(h, w2_rows, out, topk_ids, topk_weights, scales2, cfgc, top_k).launch(
                 grid=gridc, block=cfgc.threads
             )
             return None
         if fp8 is None:
-            skinny_gemm_grouped_kernel(h, w2_rows, y, *routing, next1, 0, cfg2, variant2, mode2).launch(
+            skinny_gemm_grouped_kernel(h, w2_rows, y, *routing, 0, cfg2, variant2, mode2).launch(
                 grid=grid2, block=cfg2.threads
             )
         else:
-            skinny_gemm_grouped_fp8_kernel(h, w2_rows, y, *routing, scales2, next1, 0, cfg2, variant2, mode2).launch(
+            skinny_gemm_grouped_fp8_kernel(h, w2_rows, y, *routing, scales2, 0, cfg2, variant2, mode2).launch(
                 grid=grid2, block=cfg2.threads
             )
         return y
