@@ -123,7 +123,6 @@ def stage_sweep(row: dict, fmt: str, x, weights, routing, blocks: int, top_k: in
     capacity = routing[0].numel()
     h = torch.empty(capacity, inter, device="cuda", dtype=torch.bfloat16)
     y = torch.empty(capacity, hidden, device="cuda", dtype=torch.bfloat16)
-    unused = routing[3].view(torch.uint8).view(1, -1)  # next_weights: read only with prefetch_next
     element = weights.w1.element_size()
     if fmt == "block":
         scales = (weights.w1_scale.view(-1, -(-hidden // 128)), weights.w2_scale.view(-1, -(-inter // 128)))
@@ -149,10 +148,10 @@ def stage_sweep(row: dict, fmt: str, x, weights, routing, blocks: int, top_k: in
             cols = cfg.rows // 2 if epilogue.gate else cfg.rows
             grid = (-(-c.shape[1] // cols), blocks)
             if fmt == "bf16":
-                call = skinny_gemm_grouped_kernel(a, w, c, *routing, unused, by_index, cfg, variant, GroupedMode())
+                call = skinny_gemm_grouped_kernel(a, w, c, *routing, by_index, cfg, variant, GroupedMode())
             else:
                 call = skinny_gemm_grouped_fp8_kernel(
-                    a, w, c, *routing, scales[index], unused, by_index, cfg, variant, GroupedMode()
+                    a, w, c, *routing, scales[index], by_index, cfg, variant, GroupedMode()
                 )
             us = timer(lambda call=call, cfg=cfg, grid=grid: call.launch(grid=grid, block=cfg.threads)) * 1e3
             config = dataclasses.asdict(cfg) | {"chosen": cfg == chosen}

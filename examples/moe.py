@@ -119,8 +119,8 @@ def compile_only(args) -> int:
         skinny = choose_grouped_skinny_config(a[1], gated)
         variant = SkinnyVariant(True, Epilogue(gate="silu" if gated else None), True)
         module = skinny_gemm_grouped_kernel.lower(
-            S(a, "bf16"), S((rows, a[1]), "bf16"), S(out, "bf16"), *routing, S((DECODE_TOKENS * k,), "i32"),
-            S((E, H * inter * 2), "i8"), top_k, skinny, variant, GroupedMode(),
+            S(a, "bf16"), S((rows, a[1]), "bf16"), S(out, "bf16"), *routing, S((DECODE_TOKENS * k,), "i32"), top_k,
+            skinny, variant, GroupedMode(),
         )  # fmt: skip
         modules.append((f"decode {name}: skinny_gemm_grouped_kernel", module))
     modules.append(

@@ -90,10 +90,8 @@ def _launch(a, w, c, routing, positions, w_scale, top_k, gated, ids):
     variant = SkinnyVariant(True, Epilogue(gate="silu" if gated else None), True)
     cols = cfg.rows // 2 if gated else cfg.rows
     grid = (-(-c.shape[1] // cols), min(sorted_ids.numel() // GROUPED_BLOCK, ids))
-    next_weights = positions.view(torch.uint8).view(1, -1)  # (no prefetch: unread)
     skinny_gemm_grouped_fp8_kernel(
-        a, w, c, sorted_ids, expert_of_block, padded_count, positions, w_scale, next_weights, top_k, cfg, variant,
-        GroupedMode(),
+        a, w, c, sorted_ids, expert_of_block, padded_count, positions, w_scale, top_k, cfg, variant, GroupedMode(),
     ).launch(grid=grid, block=cfg.threads)  # fmt: skip
     torch.cuda.synchronize()
 
