@@ -69,10 +69,7 @@ def _cublas_blockwise(torch, a, b, a_scales, w_scales, reference):
 
 
 def run_case(torch, do_bench, m, n, k, repeats):
-    import dataclasses
-
-    from flydsl.kernels.device import sm_count
-    from flydsl.kernels.gemm import blockscale_gemm, choose_blockscale_config, fp8_gemm, gemm
+    from flydsl.kernels.gemm import blockscale_gemm, fp8_gemm, gemm
 
     blocks = -(-k // 128)
     a = (torch.randn(m, k, device="cuda") * 16).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -89,13 +86,6 @@ def run_case(torch, do_bench, m, n, k, repeats):
     del sa, sw
     torch.cuda.synchronize()
     result = {"m": m, "n": n, "k": k, "b": "weights (N, K) as w.t()", "rel_error_vs_f32": _error(ours, reference)}
-    ahead_out = torch.full_like(ours, float("nan"))
-    blockscale_gemm(
-        a, b, a_scales_m, w_scales, ahead_out,
-        config=dataclasses.replace(choose_blockscale_config(m, n, k, sm_count(0)), scales_ahead=True),
-    )  # fmt: skip
-    reference_ahead = _error(ahead_out, reference)
-    result["scales_ahead_equals_default"] = bool(torch.equal(ahead_out, ours))
     cublas, how = _cublas_blockwise(torch, a, b, a_scales, w_scales, reference)
     del reference
     result["cublas_blockwise"] = how if cublas is not None else None
@@ -103,11 +93,9 @@ def run_case(torch, do_bench, m, n, k, repeats):
         result["cublas_blockwise_refused"] = how
     scale_a, scale_b = torch.rand(m, 1, device="cuda") / 64, torch.rand(1, n, device="cuda") / 64
     a16, b16 = a.bfloat16(), b.bfloat16()
-    outs = {name: torch.empty_like(ours) for name in ("row", "rowwise", "bf16", "ahead")}
-    ahead = dataclasses.replace(choose_blockscale_config(m, n, k, sm_count(0)), scales_ahead=True)
+    outs = {name: torch.empty_like(ours) for name in ("row", "rowwise", "bf16")}
     timed = {
         "flydsl": lambda: blockscale_gemm(a, b, a_scales_m, w_scales, ours),
-        "flydsl_scales_ahead": lambda: blockscale_gemm(a, b, a_scales_m, w_scales, outs["ahead"], config=ahead),
         "flydsl_row_major_scales": lambda: blockscale_gemm(a, b, a_scales, w_scales, outs["row"]),
         "flydsl_rowwise": lambda: fp8_gemm(a, b, scale_a, scale_b, outs["rowwise"]),
         "scaled_mm_rowwise": lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16),
@@ -133,8 +121,6 @@ def run_case(torch, do_bench, m, n, k, repeats):
         result["ratio_vs_cublas"] = ms["cublas_blockwise"] / ms["flydsl"]
     result["ratio_vs_rowwise"] = ms["flydsl_rowwise"] / ms["flydsl"]  # ours rowwise time / ours block-scaled
     result["row_major_scales_speedup"] = ms["flydsl"] / ms["flydsl_row_major_scales"]
-    result["scales_ahead_speedup"] = ms["flydsl"] / ms["flydsl_scales_ahead"]  # GemmConfig.scales_ahead, untimed yet
-    result["scales_ahead_rel_error_vs_f32"] = None if reference_ahead is None else reference_ahead
     if "copy" in ms:
         result["fraction_of_copy"] = ms["copy"] / ms["flydsl"]
     result["runs_ms"] = runs
@@ -152,7 +138,6 @@ def summarize(results) -> dict:
         "cases_vs_cublas": len(cublas),
         "cases_cublas_refused": sum(1 for r in results if "cublas_blockwise_refused" in r),
         "geomean_ratio_vs_rowwise_m_ge_512": geomean([r["ratio_vs_rowwise"] for r in results if r["m"] >= 512]),
-        "geomean_scales_ahead_speedup": geomean([r["scales_ahead_speedup"] for r in results]),
         "decode_min_fraction_of_copy": min(decode) if decode else None,
         "geomean_row_major_scales_speedup": geomean([r["row_major_scales_speedup"] for r in results]),
         "max_rel_error_vs_f32": max(r["rel_error_vs_f32"] for r in results),

@@ -4,7 +4,6 @@ no spills) and the argument checks, each error naming the argument."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
@@ -85,28 +84,6 @@ def test_blockscale_kernel_promotes_each_block_of_fp8_wgmma(m, n, k):
     assert re.search(rf"QGMMA\.64x{cfg.tile_n}x32\.F32\.E4M3\.E4M3", sass)
     # the promotion: one FFMA per accumulator element and step at least (tile_n / 2 per 64 rows of a thread)
     assert len(re.findall(r"\bFFMA\b", sass)) >= cfg.consumer_rows // 64 * cfg.tile_n // 2
-
-
-@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
-@pytest.mark.parametrize("m,n,k", [(4096, 7168, 16384), (512, 7168, 2048), (64, 2112, 7168)])
-def test_scales_read_a_pair_ahead_keep_each_promotion_under_mmas(m, n, k):
-    """``GemmConfig.scales_ahead``: the same MMAs, no spills, and in the SASS each pair's first promotion (a run of
-    FFMAs) between the waits for its first and its second step's MMAs (the pin keeps the compiler from sinking it
-    past the second wait, where it would no longer run under MMAs)."""
-    cfg = dataclasses.replace(choose_blockscale_config(m, n, k, SMS), scales_ahead=True)
-    plan = plan_blockscale(*_specs(m, n, k), sms=SMS, config=cfg)
-    (module,) = plan.lower()
-    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{cfg.tile_n}k32\.f32\.e4m3\.e4m3", module.ptx)
-    assert wgmmas and len(wgmmas) % ((cfg.consumer_rows // 64) * 4) == 0
-    assert spill_bytes(module.ptx) == 0
-    sass = toolchain.disassemble_cubin(module.cubin) if module.cubin is not None else None
-    if sass is None:
-        pytest.skip("needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
-    waits = [i for i, line in enumerate(sass.splitlines()) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line]
-    lines = sass.splitlines()
-    for at in waits:  # up to the next wait for everything: the first step's promotion
-        end = next(i for i in range(at, len(lines)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in lines[i])
-        assert sum("FFMA" in line for line in lines[at:end]) >= cfg.tile_n // 2
 
 
 # --- argument checks (CPU tensors: shapes and dtypes only) ---------------------------------------------------------

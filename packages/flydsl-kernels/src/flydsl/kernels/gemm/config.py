@@ -57,7 +57,6 @@ class GemmConfig:
     stream_k: bool = False
     split_tail: bool = False  # split K only in the tiles past the last full wave
     store_boxes: int = 2  # the TMA-store epilogue's staging boxes per consumer: 1 leaves room for a deeper pipeline
-    scales_ahead: bool = False  # block-scaled: each pair of K steps' scales read a pair ahead (mainloop.promoted_steps)
 
     def __post_init__(self):
         if self.schedule not in ("cooperative", "pingpong"):

@@ -100,7 +100,7 @@ def _promote(sums: list, parts: list, factors: list, source_columns: int) -> lis
     return promoted
 
 
-def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp, ahead: bool = False):
+def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp):
     """The block-scaled mainloop over K steps ``[k_begin, k_end)`` (each one 128-wide block of K): each step's MMAs
     into fresh accumulators, added into the float32 sums with the step's scales (read from its slot,
     :func:`~flydsl.kernels.gemm.block_scales.step_factors`, before it is released) once they are done. Steps go
@@ -110,9 +110,7 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
     loop's back edge: ptxas serializes every wgmma (C7514) where accumulators are read while a wgmma issued in an
     earlier iteration may still run. An odd count's first step runs alone, before the pairs. ``warp``: this
     thread's warp in its warpgroup. Returns (the state past the steps, the sums). Nothing stays pending: no
-    :func:`drain`. ``ahead`` (``GemmConfig.scales_ahead``): each pair's scales are read at the end of the pair before
-    (its slots waited for then), raw, their products taken where they are used, so that the shared-memory loads'
-    latency passes under a whole pair of MMAs (docs/tuning/blockscale.md#left)."""
+    :func:`drain`."""
     pipe, mma, lane, peers = consumer.pipe, consumer.mma, consumer.lane, consumer.peers
     a_tiles, b_tiles = consumer.a.tiles, consumer.b.tiles
     sources = consumer.b.sources  # B scales per step: one per block of the tile's B rows (gate, up)
@@ -150,8 +148,6 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
         sums = _promote(sums, parts, factors, source_columns)
         state = state.advance()
     k0 = k_begin + odd
-    if fx.const_expr(ahead):
-        return _promoted_pairs_ahead(consumer, state, k0, k_end, scales, rows, sums, issue, release)
     first_parts, second_parts = mma.make_accumulators(0.0), mma.make_accumulators(0.0)
     second_factors = [[fx.Float32(0.0)] * sources] * len(rows)  # no second step before the first pair: adds zeros
     for _pair in range(k0, k_end, 2):  # steps _pair and _pair + 1
@@ -169,51 +165,4 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
         release(state)
         state = state.advance()
     sums = _promote(sums, second_parts, second_factors, source_columns)
-    return state, sums
-
-
-def _promoted_pairs_ahead(consumer: Consumer, state, k0, k_end, scales: StagedScales, rows, sums, issue, release):
-    """:func:`promoted_steps`' pairs with each pair's scales read one pair ahead (``ahead``): the raw A scales of
-    this thread's rows and the tile's B scales of both steps, read once the pair before is released (its slots then
-    waited for: the producer fills them in order), carried through the loop's back edge and multiplied where the
-    promotions use them."""
-    pipe, mma = consumer.pipe, consumer.mma
-    sources, source_columns = consumer.b.sources, consumer.b.tile_rows
-
-    def raw(step_state):  # this thread's A scales and the tile's B scales in the step's slot
-        slots = scales.slots
-        a_values = [slots[row, step_state.index] for row in rows]
-        return a_values + [slots[scales.tile_m + i, step_state.index] for i in range(sources)]
-
-    def factors(values):  # raw() values as step_factors gives them: a[row] * b[source] per row
-        return [[a * b for b in values[len(rows) :]] for a in values[: len(rows)]]
-
-    zeros = [fx.Float32(0.0)] * (len(rows) + sources)
-    first_next, second_next, second_raw = zeros, zeros, zeros  # (the pair before the first: zeros, adding nothing)
-    if k0 < k_end:  # the first pair's scales
-        pipe.consumer_wait(state)
-        pipe.consumer_wait(state.advance())
-        first_next, second_next = raw(state), raw(state.advance())
-    first_parts, second_parts = mma.make_accumulators(0.0), mma.make_accumulators(0.0)
-    for pair in range(k0, k_end, 2):  # steps pair and pair + 1
-        first_state, first_raw, second_raw_now = state, first_next, second_next
-        first_parts = issue(first_state, first_parts)  # (its slot was waited for: passes at once)
-        sums = _promote(sums, second_parts, factors(second_raw), source_columns)  # the previous pair's second step
-        state = state.advance()
-        second_parts = issue(state, second_parts)
-        first_parts = wgmma.wait_group(1, first_parts)
-        release(first_state)
-        sums = _promote(sums, first_parts, factors(first_raw), source_columns)
-        # Pinned before the second step's wait: with its factors at hand the compiler would otherwise sink this
-        # promotion past the wait and the next pair's reads, out from under the second step's MMAs.
-        sums = wgmma.fence_operands(sums)
-        second_parts = wgmma.wait_group(0, second_parts)
-        release(state)
-        state = state.advance()
-        second_raw = second_raw_now
-        if pair + 2 < k_end:  # the next pair's scales, under nothing of this warpgroup's but the loop's end
-            pipe.consumer_wait(state)
-            pipe.consumer_wait(state.advance())
-            first_next, second_next = raw(state), raw(state.advance())
-    sums = _promote(sums, second_parts, factors(second_raw), source_columns)
     return state, sums

@@ -178,7 +178,7 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
                 order[consumer].wait(turn)
                 turn = turn ^ 1
             if fx.const_expr(blockscaled):
-                state, accs = promoted_steps(mainloop, state, work.k_begin, work.k_end, scales, warp, cfg.scales_ahead)
+                state, accs = promoted_steps(mainloop, state, work.k_begin, work.k_end, scales, warp)
             else:
                 state, released, accs = mma_steps(mainloop, state, work.k_begin, work.k_end)
                 if fx.const_expr(pingpong):  # its turn: this unit's K steps were all waited for (MMAs may run)
@@ -202,9 +202,7 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
             for segment in range(schedule.segments):  # (names apart from the loop above: each loop has its own)
                 tile, sk_work = schedule.segment(segment)
                 if fx.const_expr(blockscaled):
-                    state, sk_accs = promoted_steps(
-                        mainloop, state, sk_work.k_begin, sk_work.k_end, scales, warp, cfg.scales_ahead
-                    )
+                    state, sk_accs = promoted_steps(mainloop, state, sk_work.k_begin, sk_work.k_end, scales, warp)
                 else:
                     state, sk_released, sk_accs = mma_steps(mainloop, state, sk_work.k_begin, sk_work.k_end)
                     sk_accs = drain(mainloop, sk_released, sk_accs, sk_work.k_begin, sk_work.k_end, False)
