@@ -79,7 +79,7 @@ def test_decode_sized_fp8_streams_the_weights():
     plan = plan_gemm(*_fp8_specs(m, n, k), sms=SMS, scales=_scales(m, n))
     assert plan.route == "skinny" and plan.launches[0].kernel.name == "skinny_gemm_scaled_kernel"
     assert plan.epilogue.scales == (Scale(rows=1), Scale(columns=1)) and plan.config.splits == 1
-    assert plan_gemm(*_fp8_specs(8, 1024, 4096), sms=SMS, scales=_scales(8, 1024)).route == "gemm_ws_scaled"
+    assert plan_gemm(*_fp8_specs(8, 256, 4096), sms=SMS, scales=_scales(8, 256)).route == "gemm_ws_scaled"
     mixed = _fp8_specs(m, n, k, b_dtype=E5M2)
     assert plan_gemm(*mixed, sms=SMS, scales=_scales(m, n)).route == "gemm_ws_scaled"
     a, b, out = _fp8_specs(m, n, k)
@@ -93,6 +93,24 @@ def test_fp8_skinny_kernel_assembles_with_fp8_mma():
     assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in module.ptx
     assert "ld.global.nc.L1::no_allocate.L2::256B.v4.b32" in module.ptx and ".version 8.4" in module.ptx
     assert spill_bytes(module.ptx) == 0
+
+
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+def test_every_chosen_fp8_skinny_config_assembles_without_spills():
+    """Issue 32's decode shapes (M 1 and 16 x its ten (N, K)): the skinny kernel with the chosen configuration, fp8
+    MMAs, no spills."""
+    shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (18432, 7168), (7168, 18432),
+              (1536, 7168), (24576, 1536), (7168, 2048)]  # fmt: skip
+    compiled = set()
+    for m in (1, 16):
+        for n, k in shapes:
+            plan = plan_gemm(*_fp8_specs(m, n, k), sms=SMS, scales=_scales(m, n))
+            assert plan.route == "skinny", (m, n, k)
+            if (m > 8, plan.config) in compiled:
+                continue
+            compiled.add((m > 8, plan.config))
+            (module,) = plan.lower()
+            assert "m16n8k32.row.col.f32.e4m3.e4m3.f32" in module.ptx and spill_bytes(module.ptx) == 0, plan.config
 
 
 def test_fp8_plan_refuses_short_k_steps():

@@ -406,11 +406,15 @@ def choose_skinny_config(m: int, n: int, k: int, sms: int, element_bytes: int = 
     every SM a CTA, else the default at 2 CTAs per SM where there are more CTAs than SMs. K is split over CTAs only
     when fewer than half the SMs would have a CTA (docs/tuning/gemm.md#skinny). ``k`` counts 16-bit values (an fp8 K
     is passed halved). fp8 (``element_bytes`` 1), measured apart: rows of at most 2 KB take steps of 512 bytes (4
-    warps, 2 loads: whole steps, more of them in flight), 32 rows per CTA only where that leaves 2 CTAs per SM
-    (docs/tuning/gemm.md#skinny)."""
+    warps, 2 loads: whole steps, more of them in flight), 32 rows per CTA only where that leaves 2 CTAs per SM;
+    longer rows take one n8 tile (8 weight rows) per CTA, 4 warps x 4 loads for M <= 8 and 8 warps x 2 loads above
+    (every configuration timed on issue 32's ten (N, K) at M 1 and 16 on an H100: 3% faster geomean than 2-4 tiles
+    per warp, up to 12%, e.g. 16 x 18432 x 7168; docs/tuning/gemm.md#skinny)."""
     cfg = SkinnyConfig()
     if element_bytes == 1 and k <= 1024:
         cfg = SkinnyConfig(groups=4 if m > 8 and -(-n // 32) >= 2 * sms else 2, warps=4, unroll=2)
+    elif element_bytes == 1:
+        cfg = SkinnyConfig(groups=1, warps=4, unroll=4) if m <= 8 else SkinnyConfig(groups=1, warps=8, unroll=2)
     elif m > 8 and -(-n // 32) >= sms:
         cfg = SkinnyConfig(groups=4, unroll=2)
     elif m > 8 and -(-n // cfg.rows) > sms:
