@@ -17,7 +17,9 @@ prepared inputs; new inputs go in ``inputs()``).
 ``levels``: the launches beneath the ops: a trivial kernel with six pointers written in MLIR through the native
 launcher (``LoadedModule.launch``), the same kernel as ``@flyc.kernel`` launched with six torch tensors (argument
 checks, specialization lookup, current stream, native dispatch), torch's ``x.add_(1)``, a Triton kernel and
-cuda-bindings' ``cuLaunchKernel`` (a peer that does not import is skipped, with the reason recorded).
+cuda-bindings' ``cuLaunchKernel`` (a peer that does not import is skipped, with the reason recorded); and the floor
+of fwd_bwd: ``torch.autograd.grad`` through torch.softmax and through a Python ``autograd.Function`` that launches
+nothing (what any Python Function costs on this machine, against which ``fwd_bwd``'s functional rows compare).
 
 ``cold`` (``cold_start.py``): in fresh subprocesses (the disk cache warmed by a first one), ``import flydsl.torch`` and
 the first call of each op's user-facing path, after a torch op has created the CUDA context (its time is recorded

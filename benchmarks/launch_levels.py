@@ -1,7 +1,9 @@
 """The launch levels beneath a zoo op, for benchmarks/host_overhead.py's ``levels`` part: a trivial kernel with six
 pointers written in MLIR through the native launcher (``LoadedModule.launch``), the same kernel as ``@flyc.kernel``
 launched with six torch tensors, torch's ``x.add_(1)``, a Triton kernel and cuda-bindings' ``cuLaunchKernel`` (a peer
-that does not import is skipped, with the reason). Not a script."""
+that does not import is skipped, with the reason); and beneath a forward+backward call, ``torch.autograd.grad``
+through torch.softmax (C++ autograd nodes) and through a Python ``autograd.Function`` that only allocates (the floor
+of any Python Function: flydsl.torch's gradients are such Functions). Not a script."""
 
 from __future__ import annotations
 
@@ -93,6 +95,29 @@ def _triton_level(tensors):
     return {f"triton {triton.__version__} noop6[(1,)]": lambda: kernel(a, b, c, d, e, f)}
 
 
+class _Allocates(torch.autograd.Function):
+    """A Python Function that launches nothing: its output and its gradient are fresh allocations."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.empty_like(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.empty_like(grad)
+
+
+def _autograd_level():
+    x = torch.randn(8, 1024, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    ones = torch.ones_like(x)
+    return {
+        "autograd.grad(torch.softmax(x)) (fwd+bwd)": lambda: torch.autograd.grad(torch.softmax(x, -1), (x,), ones),
+        "autograd.grad(Python Function, no launch)": lambda: torch.autograd.grad(_Allocates.apply(x), (x,), ones),
+    }
+
+
 def _cuda_bindings_level(compiled, tensors, stream_handle):
     from cuda.bindings import driver as cu
 
@@ -149,6 +174,7 @@ def measure_levels(calls: int, repeats: int, timed) -> list[dict]:
         "torch": _torch_level,
         "triton": lambda: _triton_level(tensors),
         "cuda-bindings": lambda: with_compiled(_cuda_bindings_level),
+        "autograd": _autograd_level,
     }
     for name, build in builders.items():
         try:
