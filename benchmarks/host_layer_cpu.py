@@ -12,8 +12,10 @@ fused_add_rms_norm (8 x 4096 float32), inference (``fwd``) and through ``torch.a
 case runs in a fresh process with replays on and with ``FLYDSL_LAUNCH_REPLAY=0`` (the Python plans; their zoo calls
 cost only the stand-in here, so the difference understates a replay's saving on a GPU). The peer column is torch's
 own op on tiny (8 x 16) CPU tensors: its host path with almost no arithmetic, the nearest CPU-side stand-in for torch
-eager's host time (neither side pays for a GPU's launch or allocation here). Medians of ``repeats`` batches of
-``calls``.
+eager's host time (neither side pays for a GPU's launch or allocation here). ``fwd_bwd`` rows also give the floor of
+any Python ``autograd.Function`` (``python_function_floor_us``: one that only allocates its output and its gradient,
+on the same tiny tensors), the part of a fwd+bwd call no Python-side work can remove. Medians of ``repeats`` batches
+of ``calls``.
 """
 
 from __future__ import annotations
@@ -79,6 +81,19 @@ def _child(calls: int, repeats: int) -> dict:
     tiny_grads = {"softmax": (tiny[1],), "layer_norm": (tiny[1], tiny_w, tiny_b), "rms_norm": (tiny[1], tiny_w)}
     tiny_grads["fused_add_rms_norm"] = tiny_grads["rms_norm"]
     tiny_ones = torch.ones(8, 16)
+
+    class Allocates(torch.autograd.Function):  # the floor of a Python Function: no work but two allocations
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.empty_like(x)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            return torch.empty_like(grad)
+
+    floor_us = _timed(lambda: torch.autograd.grad(Allocates.apply(tiny[1]), (tiny[1],), tiny_ones), calls, repeats)
     results = {}
     for case in CASES:
         op, mode = case.split(".")
@@ -96,6 +111,7 @@ def _child(calls: int, repeats: int) -> dict:
         results[case] = {
             "us": _timed(fn, calls, repeats),
             "torch_tiny_us": peer_us,
+            "python_function_floor_us": None if mode == "fwd" else floor_us,
             "replayed": bool(kept) and all(isinstance(plan, launcher.LaunchPlan) for plan in kept),
         }
     return results
@@ -137,23 +153,30 @@ def main(argv=None) -> None:
     replayed, python = _run(True, args.calls, args.repeats), _run(False, args.calls, args.repeats)
     print(
         f"{'case':<28}{'replays (us)':>14}{'python plans (us)':>20}{'ratio':>8}{'torch tiny (us)':>17}{'vs torch':>10}"
+        f"{'Fn floor (us)':>14}"
     )
     rows = []
     for case in CASES:
         ours, theirs, peer = replayed[case]["us"], python[case]["us"], replayed[case]["torch_tiny_us"]
         row = {"case": case, "replays_us": ours, "python_plans_us": theirs, "ratio": round(ours / theirs, 3)}
         row.update(torch_tiny_us=peer, ratio_vs_torch_tiny=round(ours / peer, 3))
+        floor = replayed[case]["python_function_floor_us"]
+        if floor is not None:
+            row.update(python_function_floor_us=floor, floor_ratio_vs_torch_tiny=round(floor / peer, 3))
         if case.endswith(".fwd"):  # whether the timed calls ran a replay (the functional's kept plan a LaunchPlan)
             row["replayed"] = replayed[case]["replayed"]
         rows.append(row)
+        floor_text = f"{floor:>14.2f}" if floor is not None else f"{'-':>14}"
         print(
             f"{case:<28}{ours:>14.2f}{theirs:>20.2f}{row['ratio']:>8.3f}{peer:>17.2f}{row['ratio_vs_torch_tiny']:>10.3f}"
+            f"{floor_text}"
         )
     if args.json:
         summary = {
             "max_replays_us": max(r["replays_us"] for r in rows),
             "geomean_ratio": round(statistics.geometric_mean(r["ratio"] for r in rows), 3),
             "max_ratio_vs_torch_tiny": max(r["ratio_vs_torch_tiny"] for r in rows),
+            "max_floor_ratio_vs_torch_tiny": max(r.get("floor_ratio_vs_torch_tiny", 0) for r in rows),
         }
         method = (
             "CPU tensors as plain CUDA ones, zoo kernels replaced by launches noted through _runtime._note_launch "
