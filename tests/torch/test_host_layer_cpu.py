@@ -28,4 +28,7 @@ def test_host_layer_cpu_runs_without_a_gpu_and_records(tmp_path):
                      ("fwd", "fwd_bwd")}  # fmt: skip
     assert all(row["replays_us"] > 0 and row["python_plans_us"] > 0 for row in record["results"])
     assert all(row["replayed"] for row in record["results"] if row["case"].endswith(".fwd"))
-    assert set(record["summary"]) == {"max_replays_us", "geomean_ratio", "max_ratio_vs_torch_tiny"}
+    summary_keys = {"max_replays_us", "geomean_ratio", "max_ratio_vs_torch_tiny", "max_floor_ratio_vs_torch_tiny"}
+    assert set(record["summary"]) == summary_keys
+    floors = [row["python_function_floor_us"] for row in record["results"] if row["case"].endswith(".fwd_bwd")]
+    assert len(floors) == 4 and all(floor > 0 for floor in floors)  # the Python Function floor beside each fwd_bwd
