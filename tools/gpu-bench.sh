@@ -3,7 +3,9 @@
 #   bash tools/gpu-bench.sh $(git rev-parse --short HEAD) gemm skinny   # some of: gemm skinny norms host moe-decode
 # A device call runs 10 minutes at most: gemm (~3 min), skinny (~1) and host (< 3) fit one call;
 # norms (the full sweep with torch.compile peers) takes its own; moe-decode (the decode modes and stage
-# configurations: benchmarks/moe_decode_sweep.py, ~4 min) too. Each run is cut at 5 minutes.
+# configurations: benchmarks/moe_decode_sweep.py, ~4 min) too, as do moe-decode-record (moe_bench.py at T 1, 16, 64:
+# issue 34's decode record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16
+# bar, ~2 min). Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
 # <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders
 # into benchmarks/results/ and rename a run in a word where the commit alone does not say what it was), and its log
@@ -33,7 +35,11 @@ for bench in $which; do
     norms) run norms python3 benchmarks/norms_bench.py --backward --out "$(out norms)" --commit "$commit" ;;
     host) run host python3 benchmarks/host_overhead.py --json "$(out host_overhead)" --commit "$commit" ;;
     moe-decode) run moe-decode python3 benchmarks/moe_decode_sweep.py --json "$(out moe_decode_sweep)" --commit "$commit" ;;
-    *) summary="$summary\n$bench: unknown (gemm skinny norms host moe-decode)" ;;
+    moe-decode-record) run moe-decode-record python3 benchmarks/moe_bench.py --tokens 1,16,64 --repeats 3 \
+      --json "$(out moe)" --commit "$commit" ;;
+    fp8-small) run fp8-small python3 benchmarks/fp8_gemm_bench.py --sweep --no-square --m 1 16 --repeats 5 \
+      --json "$(out fp8_gemm)" --commit "$commit" ;;
+    *) summary="$summary\n$bench: unknown (gemm skinny norms host moe-decode moe-decode-record fp8-small)" ;;
   esac
 done
 printf "%b\n" "$summary"
