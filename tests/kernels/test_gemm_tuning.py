@@ -47,7 +47,7 @@ def test_dense_candidates_start_with_the_cost_models_choice_and_all_plan(m, n, k
 def test_skinny_candidates_start_with_the_cost_models_choice_and_all_plan(m, n, k, dtype):
     element_bytes = 2 if dtype == "bf16" else 1
     candidates = tuning.skinny_candidates(m, n, k, SMS, element_bytes)
-    first = choose_skinny_config(m, n, k * element_bytes // 2, SMS)
+    first = choose_skinny_config(m, n, k * element_bytes // 2, SMS, element_bytes)
     assert candidates[0] == (first if element_bytes == 2 else first.__class__(**{**first.__dict__, "splits": 1}))
     assert 1 < len(candidates) <= tuning.MAX_CANDIDATES and len(set(candidates)) == len(candidates)
     scales = () if element_bytes == 2 else _fp8_scales(m, n)
