@@ -82,18 +82,10 @@ def _child(calls: int, repeats: int) -> dict:
     tiny_grads["fused_add_rms_norm"] = tiny_grads["rms_norm"]
     tiny_ones = torch.ones(8, 16)
 
-    class Allocates(torch.autograd.Function):  # the floor of a Python Function: no work but two allocations
-        @staticmethod
-        def forward(ctx, x):
-            y = torch.empty_like(x)
-            ctx.save_for_backward(y)
-            return y
+    from launch_levels import AllocatingFunction  # the floor of a Python Function: no work but two allocations
 
-        @staticmethod
-        def backward(ctx, grad):
-            return torch.empty_like(grad)
-
-    floor_us = _timed(lambda: torch.autograd.grad(Allocates.apply(tiny[1]), (tiny[1],), tiny_ones), calls, repeats)
+    floor = AllocatingFunction.apply
+    floor_us = _timed(lambda: torch.autograd.grad(floor(tiny[1]), (tiny[1],), tiny_ones), calls, repeats)
     results = {}
     for case in CASES:
         op, mode = case.split(".")

@@ -95,8 +95,9 @@ def _triton_level(tensors):
     return {f"triton {triton.__version__} noop6[(1,)]": lambda: kernel(a, b, c, d, e, f)}
 
 
-class _Allocates(torch.autograd.Function):
-    """A Python Function that launches nothing: its output and its gradient are fresh allocations."""
+class AllocatingFunction(torch.autograd.Function):
+    """A Python Function that launches nothing: its output and its gradient are fresh allocations (the floor of any
+    Python Function; benchmarks/host_layer_cpu.py times it too)."""
 
     @staticmethod
     def forward(ctx, x):
@@ -112,9 +113,10 @@ class _Allocates(torch.autograd.Function):
 def _autograd_level():
     x = torch.randn(8, 1024, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     ones = torch.ones_like(x)
+    allocating = AllocatingFunction.apply
     return {
         "autograd.grad(torch.softmax(x)) (fwd+bwd)": lambda: torch.autograd.grad(torch.softmax(x, -1), (x,), ones),
-        "autograd.grad(Python Function, no launch)": lambda: torch.autograd.grad(_Allocates.apply(x), (x,), ones),
+        "autograd.grad(Python Function, no launch)": lambda: torch.autograd.grad(allocating(x), (x,), ones),
     }
 
 
