@@ -13,10 +13,9 @@ import struct
 import pytest
 
 import flydsl.compiler as flyc
-from flydsl.kernels.gemm.epilogue import Epilogue
+from flydsl.kernels.gemm.epilogue import Epilogue, Scale
 from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
-    GROUPED_WEIGHT_SCALE,
     GroupedMode,
     choose_combined_config,
     choose_grouped_skinny_config,
@@ -30,6 +29,7 @@ from .ptxas_report import ptxas_report
 S = flyc.TensorSpec
 FP8 = "f8E4M3FN"
 TOKENS, TOP_K, EXPERTS, CAPACITY = 8, 8, 256, 4096
+ROW_SCALE = Scale(columns=1, experts=True)  # a per-row scale as an epilogue would take it
 _MMA = "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32"
 
 
@@ -261,7 +261,7 @@ def test_fp8_configuration_checks_the_element_size():
 
 def test_fp8_kernel_takes_no_epilogue_scales():
     with pytest.raises(ValueError, match="no epilogue scales"):
-        _lower(False, 256, 7168, False, epilogue=Epilogue(scales=(GROUPED_WEIGHT_SCALE,)))
+        _lower(False, 256, 7168, False, epilogue=Epilogue(scales=(ROW_SCALE,)))
 
 
 def test_fp8_kernel_takes_fp8_weights_and_16_bit_activations():
@@ -272,7 +272,7 @@ def test_fp8_kernel_takes_fp8_weights_and_16_bit_activations():
 
 
 def test_16_bit_kernel_takes_no_scales():
-    variant = SkinnyVariant(True, Epilogue(scales=(GROUPED_WEIGHT_SCALE,)), True)
+    variant = SkinnyVariant(True, Epilogue(scales=(ROW_SCALE,)), True)
     with pytest.raises(ValueError, match="expected no scales"):
         skinny_gemm_grouped_kernel.lower(
             *_arguments(False, 256, 7168, weights="bf16"), 0, choose_grouped_skinny_config(256, False), variant,

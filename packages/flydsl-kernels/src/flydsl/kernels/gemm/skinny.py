@@ -237,9 +237,11 @@ def _mmas_wide(words, accs, streams: _WarpStreams, kbase, masked: bool, dtype, b
     accs = list(accs)
     per_block = _chunks_per_block(cfg)
     at, parts, scales = 0, None, None
+    # every chunk's activations issued before the step's first MMA: one L2 round trip per step, not one per chunk
+    activations = [_activation_loads(streams, kbase, masked, u) for u in range(cfg.unroll)]
     for u in fx.range_constexpr(cfg.unroll):
         weights = words[at : at + cfg.groups]
-        low, high = _activation_loads(streams, kbase, masked, u)  # rows q and q + 8: K 16t .. 16t + 15
+        low, high = activations[u]  # rows q and q + 8: K 16t .. 16t + 15
         at += cfg.groups
         if fx.const_expr(block and u % per_block == 0):  # a K block's first chunk: its scales (a group's 8 rows lie
             table = streams.block_scales  # in one 128-row block), in flight during the block's MMAs

@@ -20,7 +20,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import arith, gpu, nvvm
-from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, Scale, apply_epilogue
+from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, apply_epilogue
 from flydsl.kernels.gemm.skinny import (
     _ACC,
     SkinnyConfig,
@@ -36,7 +36,6 @@ from flydsl.kernels.gemm.skinny import (
 
 __all__ = [
     "GROUPED_BLOCK",
-    "GROUPED_WEIGHT_SCALE",
     "GroupedMode",
     "Routing",
     "choose_combined_config",
@@ -47,8 +46,6 @@ __all__ = [
 ]
 
 GROUPED_BLOCK = 16  # the aligned order's row block: one m16n8k16 MMA's rows
-# fp8 weights' per-row scales in the grouped kernel's epilogue: one per row of the stacked weights (E * N,)
-GROUPED_WEIGHT_SCALE = Scale(columns=1, experts=True)
 
 
 class GroupedMode(NamedTuple):
@@ -124,7 +121,7 @@ def skinny_gemm_grouped_fp8_kernel(
     multiple of 16). Each 16-byte load of ``w`` holds 16 e4m3 values, converted exactly to ``a``'s type in registers
     and fed to the 16-bit m16n8k16 MMAs beside two loads of ``a``'s row (the same 16 values of K), so that a load of
     weights carries twice the K of a 16-bit one. ``w_scale`` float32: (E * N,) one per row of the stacked weights
-    (:data:`GROUPED_WEIGHT_SCALE`, in the epilogue: the gate and the up rows each their own, before the gate; a
+    (loaded before the mainloop, applied in the epilogue: the gate and the up rows each their own, before the gate; a
     per-tensor scale is expanded to rows by the caller), or (E * N / 128, ceil(K / 128)) one per 128 x 128 block of
     the stacked weights (N a multiple of 128: each expert's blocks its own), each K block's sums multiplied by its
     scale in the mainloop (one fp32 multiply-add per accumulator and block). ``variant.epilogue``: none or a gate,
@@ -172,9 +169,10 @@ def _grouped_skinny_gemm(
             expert = routing.expert_of_block[block].to(fx.Int32)
         x = gpu.block_idx.x.to(fx.Int32)
         streams = _tile_streams(stage, block, x, expert)
+        scales = _row_scales(stage, x, expert)  # (before the mainloop: their round trip beside the weights')
         step = cfg.k_step(w.dtype.width // 8)
         accs = _mainloop(streams, step, thread[2] * (step // cfg.warps_k), stage.block_scaled)
-        _store_tile(stage, accs, block, x, expert)
+        _store_tile(stage, accs, block, x, scales)
 
 
 class _Stage(NamedTuple):
@@ -230,36 +228,57 @@ def _tile_streams(stage: _Stage, block, x, expert) -> _WarpStreams:
     return _WarpStreams(stage.a, stage.w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales)
 
 
-def _store_tile(stage: _Stage, accs, block, x, expert) -> None:
-    """The tile's sums over its K-warps (through shared memory), its epilogue (fp8 row scales, the gate) and its
-    stores; stage 1's tiles of the first columns also note where each routed pair went (``positions``)."""
+def _tile_elements(stage: _Stage):
+    """The (16 x cols) output elements of a tile that each thread stores, in turns of the CTA's threads: per turn
+    ``(index, row, col)``, the index clamped into the tile (the store checks ``index`` itself)."""
+    cfg, cols, tid = stage.cfg, stage.cols, stage.thread[0]
+    for rep in range(-(-GROUPED_BLOCK * cols // cfg.threads)):
+        index = tid + rep * cfg.threads
+        clamped = arith.minimum(index, GROUPED_BLOCK * cols - 1)
+        yield index, clamped // cols, clamped % cols
+
+
+def _row_scales(stage: _Stage, x, expert) -> list:
+    """fp8 per-row weight scales of the thread's output elements (:func:`_tile_elements`): per turn the plain (or
+    gate) row's scale and, gated, the up row's, clamped as the loads' rows are; [] otherwise. Loaded before the
+    mainloop, so that a CTA's last round trip to memory is not the scales' (a decode tile lives a few
+    microseconds)."""
+    if fx.const_expr(not stage.row_scales):
+        return []
+    base, n_out, gated = expert * stage.per_expert, stage.n_out, stage.gate is not None
+    scales = []
+    for _index, _row, col in _tile_elements(stage):
+        b_row = base + arith.minimum(x * stage.cols + col, n_out - 1)
+        scales.append((stage.w_scale[b_row], stage.w_scale[b_row + n_out] if gated else None))
+    return scales
+
+
+def _store_tile(stage: _Stage, accs, block, x, scales) -> None:
+    """The tile's sums over its K-warps (through shared memory), its epilogue (fp8 row ``scales`` from
+    :func:`_row_scales`, the gate) and its stores; stage 1's tiles of the first columns also note where each routed
+    pair went (``positions``)."""
     c, cfg, routing, n_out, cols = stage.c, stage.cfg, stage.routing, stage.n_out, stage.cols
     tid, warp_n, warp_kk, lane, _lane_t, _lane_q = stage.thread
-    first, n0, base = block * GROUPED_BLOCK, x * cols, expert * stage.per_expert
+    first, n0 = block * GROUPED_BLOCK, x * cols
     if (routing.top_k > 0) & (x == 0) & (tid < GROUPED_BLOCK):
         flat = _sorted_id(routing, stage.mode, first + tid, stage.pairs)
         if flat < stage.pairs:
             stage.positions[flat] = first + tid
     partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
-    gated, row_scales = stage.gate is not None, stage.row_scales
+    gated = stage.gate is not None
     activation = Epilogue(activation=stage.gate) if gated else None
-    scaling = Epilogue(scales=(GROUPED_WEIGHT_SCALE,))  # fp8 per row: the weight row's scale
-    tensors = EpilogueTensors(scales=(stage.w_scale,))
-    for rep in fx.range_constexpr(-(-GROUPED_BLOCK * cols // cfg.threads)):
-        index = arith.minimum(tid + rep * cfg.threads, GROUPED_BLOCK * cols - 1)
-        row, col = index // cols, index % cols
+    for turn, (index, row, col) in enumerate(_tile_elements(stage)):
         out_col = n0 + col
         total = _warp_total(partial, cfg, row, col)
-        if fx.const_expr(row_scales):  # the gate (or plain) row, clamped as the loads' rows are
-            b_row = base + arith.minimum(out_col, n_out - 1)
-            total = apply_epilogue(total, scaling, tensors, row, b_row)
+        if fx.const_expr(bool(scales)):
+            total = total * scales[turn][0]
         if fx.const_expr(gated):
             total = apply_epilogue(total, activation, EpilogueTensors(), row, col)
             up = _warp_total(partial, cfg, row, col + cols)
-            if fx.const_expr(row_scales):  # the up row: I = N_out rows after its gate row
-                up = apply_epilogue(up, scaling, tensors, row, b_row + n_out)
+            if fx.const_expr(bool(scales)):
+                up = up * scales[turn][1]
             total = total * up
-        if (tid + rep * cfg.threads < GROUPED_BLOCK * cols) & (out_col < n_out):
+        if (index < GROUPED_BLOCK * cols) & (out_col < n_out):
             c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
 
 
@@ -298,6 +317,11 @@ def skinny_gemm_combined_kernel(
     cols = cfg.rows
     n0 = gpu.block_idx.x * cols
     rows = fx.SmemAllocator().allocate(fx.Float32, fl.Layout((top_k, cols), (cols, 1)))  # (pair, column) as y
+    # The combine's routing, read by its threads (one per column) before the mainloop: no round trip after it.
+    routed = []
+    for slot in fx.range_constexpr(top_k):
+        expert = topk_ids[token, slot].to(fx.Int32)
+        routed.append(((expert >= 0) & (expert < experts), topk_weights[token, slot].to(fx.Float32)))
     element_bytes = w.dtype.width // 8
     step = 4 * (16 // element_bytes) * cfg.unroll  # a warp's K per step: each warp takes all of I
     for j in fx.range_constexpr(-(-top_k // cfg.warps)):
@@ -309,23 +333,19 @@ def skinny_gemm_combined_kernel(
             row_a = (token * top_k + slot) * GROUPED_BLOCK  # every lane: the pair's one row
             block_scales = w_scale if fp8 and not row_scales else None
             streams = _WarpStreams(h, w, rows_w, row_a, row_a, k_extent, cfg, lane_t, True, True, False, block_scales)
+            columns = [(g, e, g * 8 + 2 * lane_t + e) for g in range(cfg.groups) for e in range(2)]
+            scales = [w_scale[base + arith.minimum(n0 + col, n_out - 1)] for _g, _e, col in columns if row_scales]
             accs = _mainloop(streams, step, 0, fp8 and not row_scales)
             if lane_q == 0:  # row 0 of the MMAs: lanes 0..3, elements 0 and 1 of each n8 tile
-                for g in fx.range_constexpr(cfg.groups):
-                    for e in fx.range_constexpr(2):
-                        col = g * 8 + 2 * lane_t + e
-                        total = accs[g][e]
-                        if fx.const_expr(row_scales):
-                            total = total * w_scale[base + arith.minimum(n0 + col, n_out - 1)]
-                        rows[slot, col] = total.to(out.dtype).to(fx.Float32)
+                for i, (g, e, col) in enumerate(columns):
+                    total = accs[g][e] * scales[i] if row_scales else accs[g][e]
+                    rows[slot, col] = total.to(out.dtype).to(fx.Float32)
     gpu.barrier()
     if (tid < cols) & (n0 + tid < n_out):
         total = fx.Float32(0.0)
-        for slot in fx.range_constexpr(top_k):
-            expert = topk_ids[token, slot].to(fx.Int32)
-            kept = (expert >= 0) & (expert < experts)
+        for slot, (kept, weight) in enumerate(routed):
             # selected, not multiplied by a zero weight: an unwritten row may hold NaNs
-            total = arith.select(kept, total + topk_weights[token, slot].to(fx.Float32) * rows[slot, tid], total)
+            total = arith.select(kept, total + weight * rows[slot, tid], total)
         out[token.to(fx.Int64), n0 + tid] = total.to(out.dtype)
 
 
