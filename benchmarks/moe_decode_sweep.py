@@ -4,7 +4,7 @@ of 10 calls, and a sweep of the grouped skinny GEMM's configurations for both st
 call's routing.
 
     python benchmarks/moe_decode_sweep.py [--cases qwen3:1:fp8,dsv3-tp8:16] [--modes ,direct,direct+prefetch]
-        [--no-stages] [--commit C] [--json benchmarks/results/moe_decode_sweep/F]
+        [--stages all|direct|none] [--commit C] [--json benchmarks/results/moe_decode_sweep/F]
 
 Cases ``model:T[:format]`` of moe_bench.py's models and formats (bf16, fp8: e4m3 weights per output channel, block:
 per 128 x 128 block; weight-only at decode: x and h stay bf16). Default: DeepSeek-V3 TP8 and Qwen3-30B-A3B at T 1,
@@ -15,8 +15,9 @@ combine where I <= 1024); each mode's output is compared with the first mode's (
 but for "combine", whose y may round an ulp apart). The stage sweep (modes off, aligned routing) tries 5 stage-1 and 6
 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs per SM (``min_blocks``: fp8 as
 ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks`` None; stage 1 is gated (weight
-rows half gate, half up: ``groups`` even), stage 2 streams the (capacity, I) intermediate. Bandwidth: the routed
-experts' weight bytes of the stage over its time.
+rows half gate, half up: ``groups`` even), stage 2 streams the (capacity, I) intermediate. One token where I <= 1024
+also times the direct stage 1 alone and the combined kernel (stage 2 and the combine) under 6 shapes of (groups,
+unroll), CTAs per SM held or not. Bandwidth: the routed experts' weight bytes of the stage over its time.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ DEFAULT_CASES = ",".join(
 DEFAULT_MODES = ",direct,direct+combine"
 STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4))  # (groups, warps, warps_n, unroll)
 STAGE2 = ((2, 8, 2, 2), (4, 8, 4, 2), (2, 8, 4, 1), (4, 4, 2, 2), (2, 4, 4, 2), (2, 8, 1, 4))
+COMBINED = ((1, 4), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4))  # (groups, unroll) of the combined kernel (warps: top_k)
 
 
 def parse_case(text: str) -> tuple[str, int, str]:
@@ -159,11 +161,64 @@ def stage_sweep(row: dict, fmt: str, x, weights, routing, blocks: int, top_k: in
             row[stage].append(dict(config=config, us=us, tbps=tbps))
 
 
-def run_case(model: str, tokens: int, fmt: str, modes, timer, stages: bool) -> dict:
+def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) -> None:
+    """One token: the direct stage 1 (as chosen) alone, then the combined kernel (stage 2 and the combine) alone
+    on its output under each :data:`COMBINED` shape, with the format's CTAs per SM held as chosen and as ptxas
+    decides."""
+    import torch
+
+    from flydsl.kernels.gemm.epilogue import Epilogue
+    from flydsl.kernels.gemm.skinny import SkinnyVariant
+    from flydsl.kernels.gemm.skinny_grouped import (
+        GROUPED_BLOCK,
+        GroupedMode,
+        choose_combined_config,
+        choose_grouped_skinny_config,
+        skinny_gemm_combined_kernel,
+        skinny_gemm_grouped_fp8_kernel,
+        skinny_gemm_grouped_kernel,
+    )
+
+    hidden, inter = weights.w1.shape[2], weights.w2.shape[2]
+    top_k, element = ids.shape[1], weights.w1.element_size()
+    pairs = ids.reshape(-1)
+    h = torch.empty(top_k * GROUPED_BLOCK, inter, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(1, hidden, device="cuda", dtype=torch.bfloat16)
+    positions = torch.empty(top_k, dtype=torch.int32, device="cuda")
+    cfg1 = choose_grouped_skinny_config(hidden, True, element)
+    variant = SkinnyVariant(True, Epilogue(gate="silu"), True)
+    routing = (pairs, pairs, pairs, positions)
+    w1, w2 = weights.w1.view(-1, hidden), weights.w2.view(-1, inter)
+    if fmt == "bf16":
+        stage1 = skinny_gemm_grouped_kernel(x, w1, h, *routing, top_k, cfg1, variant, GroupedMode(direct=True))
+        scales2 = topk_weights
+    else:
+        block = fmt == "block"
+        scales1 = weights.w1_scale.view(-1, -(-hidden // 128)) if block else weights.w1_scale.view(-1)
+        scales2 = weights.w2_scale.view(-1, -(-inter // 128)) if block else weights.w2_scale.view(-1)
+        stage1 = skinny_gemm_grouped_fp8_kernel(
+            x, w1, h, *routing, scales1, top_k, cfg1, variant, GroupedMode(direct=True)
+        )
+    grid1 = (-(-inter // (cfg1.rows // 2)), top_k)
+    row["direct_stage1_us"] = timer(lambda: stage1.launch(grid=grid1, block=cfg1.threads)) * 1e3
+    chosen = choose_combined_config(top_k, element)
+    candidates = [dataclasses.replace(chosen, groups=g, unroll=u) for g, u in COMBINED]
+    candidates = [dataclasses.replace(c, min_blocks=m) for c in candidates for m in (chosen.min_blocks, None)]
+    row["combined"] = []
+    for cfg in dict.fromkeys([*candidates, chosen]):
+        call = skinny_gemm_combined_kernel(h, w2, out, ids, topk_weights, scales2, cfg, top_k)
+        grid = (-(-hidden // cfg.rows), 1)
+        us = timer(lambda call=call, cfg=cfg, grid=grid: call.launch(grid=grid, block=cfg.threads)) * 1e3
+        tbps = row["touched_experts"] * inter * hidden * element / (us * 1e-6) / 1e12
+        row["combined"].append(dict(config=dataclasses.asdict(cfg) | {"chosen": cfg == chosen}, us=us, tbps=tbps))
+
+
+def run_case(model: str, tokens: int, fmt: str, modes, timer, stages: str) -> dict:
     import torch
 
     from flydsl.kernels.gemm.skinny_grouped import GROUPED_BLOCK
     from flydsl.kernels.moe import align_tokens, fused_moe, topk_route
+    from flydsl.kernels.moe.experts import COMBINE_MAX_INTER
 
     experts, top_k, hidden, inter = MODELS[model]
     torch.manual_seed(0)
@@ -184,19 +239,23 @@ def run_case(model: str, tokens: int, fmt: str, modes, timer, stages: bool) -> d
         granularity = "channel" if fmt == "fp8" else "block"
         options = dict(quant="fp8", granularity=granularity, w1_scale=weights.w1_scale, w2_scale=weights.w2_scale)
     whole_calls(row, modes, lambda: fused_moe(x, weights.w1, weights.w2, topk_weights, ids, **options), timer)
-    if stages:
+    if stages == "all":
         sorted_ids, expert_of_block, padded_count = align_tokens(ids, experts, GROUPED_BLOCK)
         row["align_us"] = timer(lambda: align_tokens(ids, experts, GROUPED_BLOCK)) * 1e3
         blocks = min(sorted_ids.numel() // GROUPED_BLOCK, tokens * top_k)
         positions = torch.empty(tokens * top_k, dtype=torch.int32, device="cuda")
         stage_sweep(row, fmt, x, weights, (sorted_ids, expert_of_block, padded_count, positions), blocks, top_k, timer)
+    if stages != "none" and tokens == 1 and inter <= COMBINE_MAX_INTER:
+        combined_sweep(row, fmt, x, weights, topk_weights, ids, timer)
     return row
 
 
 def _format(row: dict) -> str:
     modes = " ".join(f"{mode} {r['us']:.1f} us ({r['fraction_of_copy']:.3f})" for mode, r in row["modes"].items())
     text = f"{row['model']:<9} T={row['tokens']:<3} {row['format']:<5} copy {row['copy_us']:7.1f} us; {modes}"
-    for stage in ("stage1", "stage2"):
+    if "direct_stage1_us" in row:
+        text += f"; direct stage1 {row['direct_stage1_us']:.1f} us"
+    for stage in ("stage1", "stage2", "combined"):
         if stage in row:
             best, chosen = min(row[stage], key=lambda r: r["us"]), [r for r in row[stage] if r["config"]["chosen"]][0]
             text += f"; {stage} chosen {chosen['us']:.1f} us, best {best['us']:.1f} us {best['config']}"
@@ -207,7 +266,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=lambda t: csv_list(t, parse_case), default=csv_list(DEFAULT_CASES, parse_case))
     parser.add_argument("--modes", type=lambda t: [parse_mode(m) for m in t.split(",")], default=None)
-    parser.add_argument("--no-stages", action="store_true", help="the whole calls only, no stage sweep")
+    parser.add_argument(
+        "--stages",
+        choices=("all", "direct", "none"),
+        default="all",
+        help="the stage sweeps: all, one token's direct stage 1 and combined kernel only, or none (whole calls only)",
+    )
     parser.add_argument("--json", help="write the record here (benchmarks/results/moe_decode_sweep/)")
     parser.add_argument("--commit", default=None, help="the commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
@@ -216,7 +280,7 @@ def main(argv=None) -> int:
     results = []
     record = new_record("moe_decode_sweep", argv, results, commit=args.commit, method=__doc__.split("\n\n")[0])
     for model, tokens, fmt in args.cases:
-        row = run_case(model, tokens, fmt, modes, timer, not args.no_stages)
+        row = run_case(model, tokens, fmt, modes, timer, args.stages)
         results.append(row)
         print(_format(row), flush=True)
         if args.json:
