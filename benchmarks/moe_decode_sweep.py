@@ -16,8 +16,9 @@ but for "combine", whose y may round an ulp apart). The stage sweep (modes off, 
 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs per SM (``min_blocks``: fp8 as
 ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks`` None; stage 1 is gated (weight
 rows half gate, half up: ``groups`` even), stage 2 streams the (capacity, I) intermediate. One token where I <= 1024
-also times the direct stage 1 alone and the combined kernel (stage 2 and the combine) under 6 shapes of (groups,
-unroll), CTAs per SM held or not. Bandwidth: the routed experts' weight bytes of the stage over its time.
+also times the direct stage 1 alone (7 configurations) and the combined kernel (stage 2 and the combine) under 6
+shapes of (groups, unroll), CTAs per SM held or not. Bandwidth: the routed experts' weight bytes of the stage over
+its time.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ DEFAULT_MODES = ",direct,direct+combine"
 STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4))  # (groups, warps, warps_n, unroll)
 STAGE2 = ((2, 8, 2, 2), (4, 8, 4, 2), (2, 8, 4, 1), (4, 4, 2, 2), (2, 4, 4, 2), (2, 8, 1, 4))
 COMBINED = ((1, 4), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4))  # (groups, unroll) of the combined kernel (warps: top_k)
+# (groups, warps, unroll, min_blocks) of one token's direct stage 1, besides the chosen configuration
+DIRECT1 = ((2, 8, 1, None), (2, 8, 4, None), (4, 8, 2, None), (2, 4, 4, None), (2, 4, 2, 4), (2, 16, 2, None))
 
 
 def parse_case(text: str) -> tuple[str, int, str]:
@@ -162,13 +165,13 @@ def stage_sweep(row: dict, fmt: str, x, weights, routing, blocks: int, top_k: in
 
 
 def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) -> None:
-    """One token: the direct stage 1 (as chosen) alone, then the combined kernel (stage 2 and the combine) alone
-    on its output under each :data:`COMBINED` shape, with the format's CTAs per SM held as chosen and as ptxas
-    decides."""
+    """One token: the direct stage 1 alone under the chosen configuration and :data:`DIRECT1`'s, then the combined
+    kernel (stage 2 and the combine) alone on its output under each :data:`COMBINED` shape, with the format's CTAs
+    per SM held as chosen and as ptxas decides."""
     import torch
 
     from flydsl.kernels.gemm.epilogue import Epilogue
-    from flydsl.kernels.gemm.skinny import SkinnyVariant
+    from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
     from flydsl.kernels.gemm.skinny_grouped import (
         GROUPED_BLOCK,
         GroupedMode,
@@ -189,18 +192,30 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
     variant = SkinnyVariant(True, Epilogue(gate="silu"), True)
     routing = (pairs, pairs, pairs, positions)
     w1, w2 = weights.w1.view(-1, hidden), weights.w2.view(-1, inter)
+    direct = GroupedMode(direct=True)
     if fmt == "bf16":
-        stage1 = skinny_gemm_grouped_kernel(x, w1, h, *routing, top_k, cfg1, variant, GroupedMode(direct=True))
         scales2 = topk_weights
+
+        def stage1(cfg):
+            return skinny_gemm_grouped_kernel(x, w1, h, *routing, top_k, cfg, variant, direct)
+
     else:
         block = fmt == "block"
         scales1 = weights.w1_scale.view(-1, -(-hidden // 128)) if block else weights.w1_scale.view(-1)
         scales2 = weights.w2_scale.view(-1, -(-inter // 128)) if block else weights.w2_scale.view(-1)
-        stage1 = skinny_gemm_grouped_fp8_kernel(
-            x, w1, h, *routing, scales1, top_k, cfg1, variant, GroupedMode(direct=True)
-        )
-    grid1 = (-(-inter // (cfg1.rows // 2)), top_k)
-    row["direct_stage1_us"] = timer(lambda: stage1.launch(grid=grid1, block=cfg1.threads)) * 1e3
+
+        def stage1(cfg):
+            return skinny_gemm_grouped_fp8_kernel(x, w1, h, *routing, scales1, top_k, cfg, variant, direct)
+
+    row["direct_stage1"] = []
+    candidates = [SkinnyConfig(groups=g, warps=w_, unroll=u, min_blocks=m) for g, w_, u, m in DIRECT1]
+    for cfg in dict.fromkeys([*candidates, cfg1]):
+        call = stage1(cfg)
+        grid = (-(-inter // (cfg.rows // 2)), top_k)
+        us = timer(lambda call=call, cfg=cfg, grid=grid: call.launch(grid=grid, block=cfg.threads)) * 1e3
+        tbps = row["touched_experts"] * 2 * inter * hidden * element / (us * 1e-6) / 1e12
+        row["direct_stage1"].append(dict(config=dataclasses.asdict(cfg) | {"chosen": cfg == cfg1}, us=us, tbps=tbps))
+    stage1(cfg1).launch(grid=(-(-inter // (cfg1.rows // 2)), top_k), block=cfg1.threads)  # h for stage 2
     chosen = choose_combined_config(top_k, element)
     candidates = [dataclasses.replace(chosen, groups=g, unroll=u) for g, u in COMBINED]
     candidates = [dataclasses.replace(c, min_blocks=m) for c in candidates for m in (chosen.min_blocks, None)]
@@ -253,9 +268,7 @@ def run_case(model: str, tokens: int, fmt: str, modes, timer, stages: str) -> di
 def _format(row: dict) -> str:
     modes = " ".join(f"{mode} {r['us']:.1f} us ({r['fraction_of_copy']:.3f})" for mode, r in row["modes"].items())
     text = f"{row['model']:<9} T={row['tokens']:<3} {row['format']:<5} copy {row['copy_us']:7.1f} us; {modes}"
-    if "direct_stage1_us" in row:
-        text += f"; direct stage1 {row['direct_stage1_us']:.1f} us"
-    for stage in ("stage1", "stage2", "combined"):
+    for stage in ("stage1", "stage2", "direct_stage1", "combined"):
         if stage in row:
             best, chosen = min(row[stage], key=lambda r: r["us"]), [r for r in row[stage] if r["config"]["chosen"]][0]
             text += f"; {stage} chosen {chosen['us']:.1f} us, best {best['us']:.1f} us {best['config']}"
