@@ -8,8 +8,10 @@ same scales; values equal but for rounding ties), then timed with triton.testing
 median), interleaved, ``--repeats`` times (medians over repeats). The copy moves the bytes the quantizer must: per
 token one read of x (2 bytes an element) and one write (1 byte), per group the same and the scales (4 bytes per 128
 elements), per tensor two reads and one write; ``fraction_of_copy`` = copy time / ours (the bar: >= 0.85).
-``--granularities`` picks the cases (default token, group, tensor); ``--group-config block=512,unroll=2`` times the
-group kernel with other GroupConfig fields (flydsl.kernels.quantize.groups) in place of quantize_fp8's.
+``--granularities`` picks the cases (default token, group, tensor), ``--shapes 4096x18432`` the shapes;
+``--group-config block=512,unroll=2`` times the group kernel with other GroupConfig fields
+(flydsl.kernels.quantize.groups) in place of quantize_fp8's, ``--row-config threads_per_row=256,chunks=9`` the per-token
+kernel with other RowConfig fields (flydsl.kernels.rows.layout).
 """
 
 from __future__ import annotations
@@ -51,15 +53,38 @@ def _moved(rows, n, granularity):
     return moved
 
 
-def _group_config_fields(text: str) -> dict:
-    """``"block=512,unroll=2"`` as GroupConfig fields (ints)."""
+def _config_fields(text: str, option: str, names: tuple) -> dict:
+    """``"block=512,unroll=2"`` as config fields (ints) of ``names``."""
     fields = {}
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
-        if name not in ("block", "unroll") or not value.isdigit():
-            raise ValueError(f"--group-config: expected block=INT or unroll=INT items, got {item!r}")
+        if name not in names or not value.isdigit():
+            raise ValueError(f"{option}: expected NAME=INT items with NAME one of {', '.join(names)}, got {item!r}")
         fields[name] = int(value)
     return fields
+
+
+def _row_quantizer(torch, x, fields):
+    """quantize_fp8(x, "token") with the row kernel's RowConfig fields replaced (allocating its outputs as it does)."""
+    import dataclasses
+
+    from flydsl.kernels.quantize import kernels
+    from flydsl.kernels.rows.layout import forward_row_config
+
+    rows, n = x.shape
+    cfg = dataclasses.replace(forward_row_config(n, "bf16"), **fields)
+    if cfg.threads_per_row * cfg.chunks * cfg.vec < n:
+        raise ValueError(f"--row-config: {cfg} holds fewer than N = {n} values per row")
+    launch = dict(grid=cfg.grid(rows), block=cfg.block, cluster=cfg.cluster_shape)
+    spec = kernels.QuantizeSpec("row")
+
+    def quantize(x, granularity):
+        out = torch.empty(rows, n, dtype=torch.float8_e4m3fn, device=x.device)
+        scales = torch.empty(rows, 1, device=x.device)
+        kernels.quantize_rows_kernel(x, out.view(torch.uint8), scales.view(-1), scales, cfg, spec).launch(**launch)
+        return out, scales
+
+    return quantize
 
 
 def _group_quantizer(torch, x, fields):
@@ -81,7 +106,7 @@ def _group_quantizer(torch, x, fields):
     return quantize
 
 
-def run_case(torch, do_bench, rows, n, granularity, repeats, compiled, group_fields=None):
+def run_case(torch, do_bench, rows, n, granularity, repeats, compiled, group_fields=None, row_fields=None):
     from flydsl.kernels.quantize import quantize_fp8
 
     columns = n // 128 if granularity == "group" else 1
@@ -90,6 +115,8 @@ def run_case(torch, do_bench, rows, n, granularity, repeats, compiled, group_fie
     x = (torch.randn(rows, n, device="cuda") * magnitude).bfloat16()
     if granularity == "group" and group_fields:
         quantize_fp8 = _group_quantizer(torch, x, group_fields)
+    if granularity == "token" and row_fields:
+        quantize_fp8 = _row_quantizer(torch, x, row_fields)
     q, scale = quantize_fp8(x, granularity)
     q_ref, scale_ref = _torch_quantize(torch, x, granularity)
     torch.cuda.synchronize()
@@ -112,6 +139,8 @@ def run_case(torch, do_bench, rows, n, granularity, repeats, compiled, group_fie
     result = {"rows": rows, "n": n, "granularity": granularity, "fraction_mismatched_vs_torch": mismatched}
     if granularity == "group" and group_fields:
         result["group_config"] = group_fields
+    if granularity == "token" and row_fields:
+        result["row_config"] = row_fields
     result["scale_rel_error_vs_torch"] = scale_error
     for name, t in ms.items():
         result[f"{name}_ms"] = t
@@ -130,14 +159,20 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--granularities", default=",".join(GRANULARITIES), help="comma-separated, of " + ", ".join(GRANULARITIES)
     )
+    parser.add_argument("--shapes", default="", help="comma-separated ROWSxN (default: every shape of SHAPES)")
     parser.add_argument("--group-config", default="", help="GroupConfig fields of the group kernel: block=,unroll=")
+    parser.add_argument(
+        "--row-config", default="", help="RowConfig fields of the per-token kernel: threads_per_row=,chunks="
+    )
     args = parser.parse_args(argv)
     granularities = [g for g in args.granularities.split(",") if g]
     unknown = sorted(set(granularities) - set(GRANULARITIES))
     if unknown:
         parser.error(f"--granularities: expected some of {', '.join(GRANULARITIES)}, got {', '.join(unknown)}")
     try:
-        group_fields = _group_config_fields(args.group_config)
+        group_fields = _config_fields(args.group_config, "--group-config", ("block", "unroll"))
+        row_fields = _config_fields(args.row_config, "--row-config", ("threads_per_row", "chunks"))
+        shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",") if shape] or SHAPES
     except ValueError as error:
         parser.error(str(error))
 
@@ -148,9 +183,9 @@ def main(argv=None) -> int:
     compiled = torch.compile(_torch_quantize, dynamic=False)
     results = []
     print(f"{'rows':>6} {'N':>6} {'gran':>6}  {'ours TB/s':>9} {'torch':>6} {'compile':>7} {'copy':>6}  {'of copy':>7}")
-    for rows, n in SHAPES:
+    for rows, n in shapes:
         for granularity in granularities:
-            r = run_case(torch, do_bench, rows, n, granularity, args.repeats, compiled, group_fields)
+            r = run_case(torch, do_bench, rows, n, granularity, args.repeats, compiled, group_fields, row_fields)
             results.append(r)
             print(
                 f"{rows:>6} {n:>6} {granularity:>6}  {r['flydsl_tbps']:>9.2f} {r['torch_tbps']:>6.2f}"
@@ -160,13 +195,13 @@ def main(argv=None) -> int:
             )
     large = [r for r in results if r["rows"] * r["n"] >= 8192 * 4096]
     summary = {
-        "min_fraction_of_copy_large": min(r["fraction_of_copy"] for r in large),
+        "min_fraction_of_copy_large": min((r["fraction_of_copy"] for r in large), default=None),
         "min_fraction_of_copy": min(r["fraction_of_copy"] for r in results),
         "geomean_ratio_vs_torch_compile": statistics.geometric_mean([r["ratio_vs_torch_compile"] for r in results]),
     }
     for granularity in granularities:
         mine = [r for r in large if r["granularity"] == granularity]
-        summary[f"min_fraction_of_copy_large_{granularity}"] = min(r["fraction_of_copy"] for r in mine)
+        summary[f"min_fraction_of_copy_large_{granularity}"] = min((r["fraction_of_copy"] for r in mine), default=None)
     print(json.dumps(summary))
     if args.json:
         method = (
