@@ -37,6 +37,34 @@ def test_dependent_launch_lowers_and_assembles():
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
+@flyc.kernel(dependent_launch=True)
+def scaled_add_one(src: fx.Tensor, weights: fx.Tensor, dst: fx.Tensor, n: fx.Int32):
+    """dst[i] = src[i] * weights[i] + 1: ``weights`` (not the previous kernel's) is read before the wait, which
+    takes a word of it, so that the load is issued (and lands) while the previous kernel finishes."""
+    i = gpu.block_idx.x * BLOCK + gpu.thread_idx.x
+    words = nvvm.ld_global_nc(weights, i, 4)
+    after_wait = nvvm.griddepcontrol_wait(after=[words[0]])
+    if i < n:
+        dst[i + after_wait] = src[i + after_wait] * words[0] + 1
+
+
+def test_wait_takes_the_loads_issued_before_it():
+    spec = flyc.TensorSpec((1 << 20,), "i32")
+    ptx = scaled_add_one.lower(spec, spec, spec, 1 << 20).ptx
+    early, wait = ptx.index("ld.global.nc.b32"), ptx.index("griddepcontrol.wait;")
+    assert early < wait < re.search(r"ld\.global\.(?!nc)[.\w]*\s", ptx).start()
+
+
+@flyc.kernel(dependent_launch=True)
+def wait_after_a_float(out: fx.Tensor):
+    nvvm.griddepcontrol_wait(after=[fx.Float32(1.0)])
+
+
+def test_wait_takes_32_bit_integers():
+    with pytest.raises(TypeError, match="griddepcontrol_wait after: expected a 32-bit integer"):
+        wait_after_a_float.lower(flyc.TensorSpec((4,), "i32"))
+
+
 def test_dependent_launch_is_checked():
     with pytest.raises(ValueError, match="dependent_launch: expected a bool"):
         flyc.kernel(dependent_launch=1)(lambda out: None)

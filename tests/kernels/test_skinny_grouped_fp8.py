@@ -137,6 +137,29 @@ def test_the_combined_kernel_compiles_without_spills(weights, top_k, hidden, int
     assert registers <= (128 if fp8 else 255), report
 
 
+@pytest.mark.parametrize("weights", ["row", "block"])
+def test_the_combined_kernel_reads_its_weights_before_the_wait(weights):
+    """One token's stage 1 (direct) lets the combined kernel launch only after its own wait (the routing is then
+    complete), so the combined kernel reads the experts (through L2) and issues its first step of fp8 weights before
+    its wait, taken by the wait as operands; h's loads come after it."""
+    module, _cfg = _lower(True, 2048, 768, weights == "block", mode=GroupedMode(direct=True))
+    ptx = module.ptx
+    assert ptx.index("griddepcontrol.wait;") < ptx.index("griddepcontrol.launch_dependents;")
+    cfg = choose_combined_config(TOP_K, 1)
+    scales = S((EXPERTS * 2048 // 128, 6), "f32") if weights == "block" else S((EXPERTS * 2048,), "f32")
+    combined = skinny_gemm_combined_kernel.lower(
+        S((TOP_K * 16, 768), "bf16"), S((EXPERTS * 2048, 768), FP8), S((1, 2048), "bf16"), S((1, TOP_K), "i32"),
+        S((1, TOP_K), "f32"), scales, cfg, TOP_K,
+    )  # fmt: skip
+    ptx = combined.ptx
+    wait, trigger = ptx.index("griddepcontrol.wait;"), ptx.index("griddepcontrol.launch_dependents;")
+    weight_loads = [m.start() for m in re.finditer(r"ld\.global\.nc\.L1::no_allocate\.L2::256B\.v4\.b32", ptx)]
+    assert trigger < wait and ptx.index("ld.global.cg.b32") < wait
+    assert sum(start < wait for start in weight_loads) == cfg.unroll * cfg.groups
+    activation_loads = [m.start() for m in re.finditer(r"ld\.global\.nc\.v4\.b32", ptx)]
+    assert activation_loads and min(activation_loads) > wait
+
+
 def test_the_direct_and_combined_kernels_take_int64_ids():
     """fused_moe takes int64 ``topk_ids``: the direct mode reads them as the blocks' experts, the combined kernel as
     the slots' (converted to int32 on load)."""

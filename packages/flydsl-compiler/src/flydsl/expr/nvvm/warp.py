@@ -83,7 +83,7 @@ def setmaxnreg(count: int, increase: bool) -> None:
     _nvvm.SetMaxRegisterOp(count, action)
 
 
-def griddepcontrol_wait() -> Int32:
+def griddepcontrol_wait(after=()) -> Int32:
     """``griddepcontrol.wait``: waits until the grids this one depends on (the stream's previous kernel, where this
     kernel was launched with programmatic dependent launch: ``@flyc.kernel(dependent_launch=True)``) have completed
     and their memory is visible. Everything before it may overlap the previous kernel, so it must come before the
@@ -92,11 +92,15 @@ def griddepcontrol_wait() -> Int32:
 
     Returns an opaque Int32 zero: ordinary loads and stores stay after the wait, but loads through inline PTX
     without side effects (:func:`ld_global_nc`) are free to move above it unless their address depends on it (add
-    the zero to an index).
+    the zero to an index). ``after``: Int32 values (a word of each load) that the wait takes as operands, so that
+    those loads are issued before it (and land before it starts): reads of memory the previous kernel does not
+    write, in flight while it finishes (ptxas would otherwise schedule them after the wait).
 
     PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-griddepcontrol
     """
-    return Int32(_asm(_i32(), [], "griddepcontrol.wait;\n\tmov.u32 $0, 0;", "=r,~{memory}", side_effects=True))
+    operands = [_int32(value, "griddepcontrol_wait after").value for value in after]
+    constraints = ",".join(["=r"] + ["r"] * len(operands) + ["~{memory}"])
+    return Int32(_asm(_i32(), operands, "griddepcontrol.wait;\n\tmov.u32 $0, 0;", constraints, side_effects=True))
 
 
 def griddepcontrol_launch_dependents() -> None:

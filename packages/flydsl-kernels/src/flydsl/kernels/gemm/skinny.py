@@ -362,15 +362,17 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
                 c[gpu.block_idx.y * m_extent + row, out_col] = total
 
 
-def _kernel_start(cfg: SkinnyConfig) -> tuple:
-    """A skinny kernel's attributes (threads, CTAs per SM) and its dependents' launch (the next kernel may take SMs
-    as this grid's last CTAs start); returns the thread's ``(tid, warp_n, warp_kk, lane, lane_t, lane_q)``: its
-    column of warps along N, its warp along K, its lane and the lane's (``lane % 4``, ``lane // 4``)."""
+def _kernel_start(cfg: SkinnyConfig, trigger: bool = True) -> tuple:
+    """A skinny kernel's attributes (threads, CTAs per SM) and (``trigger``) its dependents' launch (the next kernel
+    may take SMs as this grid's last CTAs start; else the caller triggers it); returns the thread's ``(tid, warp_n,
+    warp_kk, lane, lane_t, lane_q)``: its column of warps along N, its warp along K, its lane and the lane's
+    (``lane % 4``, ``lane // 4``)."""
     if fx.const_expr(cfg.min_blocks is None):
         flyc.set_kernel_attributes(threads=cfg.threads)
     else:
         flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
-    nvvm.griddepcontrol_launch_dependents()
+    if fx.const_expr(trigger):
+        nvvm.griddepcontrol_launch_dependents()
     tid = gpu.thread_idx.x
     warp, lane = tid // 32, tid % 32
     return tid, warp % cfg.warps_n, warp // cfg.warps_n, lane, lane % 4, lane // 4

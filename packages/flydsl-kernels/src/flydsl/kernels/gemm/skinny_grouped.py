@@ -146,10 +146,12 @@ def _grouped_skinny_gemm(
     fp8 = w_scale is not None
     if fp8 and (not _wide(a, w) or a.dtype != c.dtype or fx.rank(w_scale.shape) not in (1, 2)):
         raise ValueError(f"grouped fp8 kernel: expected fp8 weights, 16-bit a and c, 1-D or 2-D scales: {variant}")
-    thread = _kernel_start(cfg)
+    thread = _kernel_start(cfg, trigger=not mode.direct)
     # The routing and (stage 2) A are the previous kernels' outputs: nothing is read before the wait, and every
     # load's row depends on its zero (loads through inline PTX could move above it otherwise).
     after_wait = nvvm.griddepcontrol_wait()
+    if fx.const_expr(mode.direct):  # the next launch (the combined kernel) reads the routing before its own wait
+        nvvm.griddepcontrol_launch_dependents()
     gated = gate is not None
     n_out = c.shape[1].to(fx.Int32)
     stage = _Stage(
@@ -309,33 +311,43 @@ def skinny_gemm_combined_kernel(
     if w.dtype.width == 8 and not fp8:
         raise ValueError("skinny_gemm_combined_kernel: fp8 weights take 16-bit activations")
     row_scales = fp8 and fx.rank(w_scale.shape) == 1
+    # Launched by a direct stage 1 only after its own wait (``trigger_after_wait``): topk_ids, written before that
+    # stage, is complete here, so the experts and their weights are read before this kernel's wait, during stage
+    # 1's last CTAs; only h is stage 1's.
     tid, _warp_n, warp, _lane, lane_t, lane_q = _kernel_start(cfg)  # (one column of warps: warp along K = warp)
-    after_wait = nvvm.griddepcontrol_wait()  # h is the previous kernel's
-    token = gpu.block_idx.y.to(fx.Int32) + after_wait
+    token = gpu.block_idx.y.to(fx.Int32)
     n_out, k_extent = out.shape[1].to(fx.Int32), h.shape[1].to(fx.Int32)
     experts = w.shape[0].to(fx.Int32) // n_out
     cols = cfg.rows
     n0 = gpu.block_idx.x * cols
     rows = fx.SmemAllocator().allocate(fx.Float32, fl.Layout((top_k, cols), (cols, 1)))  # (pair, column) as y
+    element_bytes = w.dtype.width // 8
+    step = 4 * (16 // element_bytes) * cfg.unroll  # a warp's K per step: each warp takes all of I
+    columns = [(g, e, g * 8 + 2 * lane_t + e) for g in range(cfg.groups) for e in range(2)]
+    block_scales = w_scale if fp8 and not row_scales else None
+    pairs = []
+    for j in fx.range_constexpr(-(-top_k // cfg.warps)):
+        slot = warp + j * cfg.warps
+        expert = _routed_expert(topk_ids, token, arith.minimum(slot, top_k - 1))
+        base = arith.minimum(arith.maximum(expert, 0), experts - 1) * n_out  # (clamped: loads of a skipped slot)
+        rows_w = [base + arith.minimum(n0 + g * 8 + lane_q, n_out - 1) for g in range(cfg.groups)]
+        streams = _WarpStreams(h, w, rows_w, None, None, k_extent, cfg, lane_t, True, True, False, block_scales)
+        # fp8: the first step's weights (masked: any I), during stage 1's last CTAs (16-bit steps load h as well)
+        first = _loads(streams, 0, True) if fp8 else None
+        scales = [w_scale[base + arith.minimum(n0 + col, n_out - 1)] for _g, _e, col in columns if row_scales]
+        pairs.append((slot, expert, streams, first, scales))
+    # h is the previous kernel's; the first step's weights are in flight before the wait (a word of each load taken)
+    after_wait = nvvm.griddepcontrol_wait(after=[words[0] for pair in pairs for words in pair[3] or ()])
     # The combine's routing, read by its threads (one per column) before the mainloop: no round trip after it.
     routed = []
     for slot in fx.range_constexpr(top_k):
         expert = topk_ids[token, slot].to(fx.Int32)
         routed.append(((expert >= 0) & (expert < experts), topk_weights[token, slot].to(fx.Float32)))
-    element_bytes = w.dtype.width // 8
-    step = 4 * (16 // element_bytes) * cfg.unroll  # a warp's K per step: each warp takes all of I
-    for j in fx.range_constexpr(-(-top_k // cfg.warps)):
-        slot = warp + j * cfg.warps
-        expert = topk_ids[token, arith.minimum(slot, top_k - 1)].to(fx.Int32)
+    for slot, expert, streams, first, scales in pairs:
         if (slot < top_k) & (expert >= 0) & (expert < experts):
-            base = expert * n_out
-            rows_w = [base + arith.minimum(n0 + g * 8 + lane_q, n_out - 1) for g in range(cfg.groups)]
-            row_a = (token * top_k + slot) * GROUPED_BLOCK  # every lane: the pair's one row
-            block_scales = w_scale if fp8 and not row_scales else None
-            streams = _WarpStreams(h, w, rows_w, row_a, row_a, k_extent, cfg, lane_t, True, True, False, block_scales)
-            columns = [(g, e, g * 8 + 2 * lane_t + e) for g in range(cfg.groups) for e in range(2)]
-            scales = [w_scale[base + arith.minimum(n0 + col, n_out - 1)] for _g, _e, col in columns if row_scales]
-            accs = _mainloop(streams, step, 0, fp8 and not row_scales)
+            row_a = (token * top_k + slot) * GROUPED_BLOCK + after_wait  # every lane: the pair's one row
+            pair = streams._replace(row_a0=row_a, row_a1=row_a)
+            accs = _mainloop(pair, step, 0, fp8 and not row_scales, first)
             if lane_q == 0:  # row 0 of the MMAs: lanes 0..3, elements 0 and 1 of each n8 tile
                 for i, (g, e, col) in enumerate(columns):
                     total = accs[g][e] * scales[i] if row_scales else accs[g][e]
@@ -370,11 +382,12 @@ def _mmas_of(streams: _WarpStreams, words, accs, kbase, masked: bool, block_scal
     return _mmas(words, accs, streams.cfg, streams.a.dtype)
 
 
-def _mainloop(streams: _WarpStreams, step: int, warp_k, block_scaled: bool) -> list:
+def _mainloop(streams: _WarpStreams, step: int, warp_k, block_scaled: bool, first=None) -> list:
     """A warp's sums over K: steps of ``step`` K values (the CTA's; this warp's from ``warp_k`` within each), the
     next step's loads issued before this step's MMAs, then the step with the K tail, masked. fp8 weights (16-bit
     activations) go through :func:`~flydsl.kernels.gemm.skinny._mmas_wide` (``block_scaled``: each K block's sums
-    times its scale)."""
+    times its scale). ``first``: the first step's weight loads (masked), issued by the caller (unused where K is
+    shorter than a step)."""
     cfg, k_extent = streams.cfg, streams.k_extent
     full = k_extent // step
     accs = [_ACC(0.0)] * cfg.groups
@@ -383,7 +396,7 @@ def _mainloop(streams: _WarpStreams, step: int, warp_k, block_scaled: bool) -> l
         return _mmas_of(streams, words, accs, kbase, masked, block_scaled)
 
     if full > 0:
-        words = _loads(streams, warp_k, False)
+        words = _loads(streams, warp_k, False) if first is None else first
         for it in range(1, full):
             upcoming = _loads(streams, it * step + warp_k, False)
             accs = mmas(words, accs, (it - 1) * step + warp_k, False)
@@ -392,6 +405,14 @@ def _mainloop(streams: _WarpStreams, step: int, warp_k, block_scaled: bool) -> l
     if full * step < k_extent:  # the step with the K tail
         accs = mmas(_loads(streams, full * step + warp_k, True), accs, full * step + warp_k, True)
     return accs
+
+
+def _routed_expert(topk_ids, token, slot):
+    """``topk_ids[token, slot]`` as an Int32 (int32 or int64 ids: the low word), read through L2 (``ld.global.cg``:
+    no L1 line of an earlier routing in this buffer), for a read before ``griddepcontrol_wait``."""
+    index = token.to(fx.Int64) * topk_ids.shape[1].to(fx.Int64) + slot.to(fx.Int64)
+    words = nvvm.ld_global(topk_ids, index, topk_ids.dtype.width // 8, cop="cg")
+    return words[0]
 
 
 def _sorted_id(routing: Routing, mode: GroupedMode, position, pairs):
