@@ -69,10 +69,9 @@ def _row_quantizer(torch, x, fields):
     import dataclasses
 
     from flydsl.kernels.quantize import kernels
-    from flydsl.kernels.rows.layout import forward_row_config
 
     rows, n = x.shape
-    cfg = dataclasses.replace(forward_row_config(n, "bf16"), **fields)
+    cfg = dataclasses.replace(kernels.quantize_row_config(n, "bf16"), **fields)
     if cfg.threads_per_row * cfg.chunks * cfg.vec < n:
         raise ValueError(f"--row-config: {cfg} holds fewer than N = {n} values per row")
     launch = dict(grid=cfg.grid(rows), block=cfg.block, cluster=cfg.cluster_shape)

@@ -12,7 +12,7 @@ import pytest
 
 import flydsl.compiler as flyc
 from flydsl.kernels.quantize.groups import GroupConfig, group_config, quantize_groups_kernel
-from flydsl.kernels.quantize.kernels import QuantizeSpec, quantize_rows_kernel
+from flydsl.kernels.quantize.kernels import QuantizeSpec, quantize_row_config, quantize_rows_kernel
 from flydsl.kernels.rows.layout import forward_row_config
 
 from .ptxas_report import spill_bytes
@@ -44,6 +44,22 @@ def test_the_amax_pass_only_reads():
     specs += (flyc.TensorSpec((64,), "f32"), flyc.TensorSpec((1,), "i32"))
     ptx = quantize_rows_kernel.lower(*specs, cfg, QuantizeSpec("amax", "e5m2")).ptx
     assert "red.relaxed.gpu.global.max.u32" in ptx and not re.search(r"st\.global", ptx)
+
+
+@pytest.mark.parametrize(
+    "n,dtype,threads,chunks",
+    [(18432, "bf16", 512, 5), (24576, "bf16", 512, 6), (24584, "bf16", 1024, 4), (18432, "f32", 1024, 5)],
+)
+def test_rows_of_1024_threads_take_512_where_each_holds_few_chunks(n, dtype, threads, chunks):
+    """quantize_row_config: a row of up to 6 chunks per thread on 512 threads (N = 18432 bf16: 1024 threads x 3
+    chunks ran 0.88 of a copy, 512 x 5 1.00); otherwise the row kernels' configuration. No spills either way."""
+    cfg = quantize_row_config(n, dtype)
+    assert (cfg.threads_per_row, cfg.chunks, cfg.cluster) == (threads, chunks, 1)
+    assert cfg.threads_per_row * cfg.chunks * cfg.vec >= n
+    specs = (flyc.TensorSpec((64, n), dtype), flyc.TensorSpec((64, n), "i8"))
+    specs += (flyc.TensorSpec((64,), "f32"), flyc.TensorSpec((1,), "i32"))
+    if flyc.toolchain.find_ptxas() is not None:
+        assert spill_bytes(quantize_rows_kernel.lower(*specs, cfg, QuantizeSpec("row")).ptx) == 0
 
 
 def test_quantize_spec_is_checked():

@@ -40,7 +40,7 @@ def _check(x, q, scales, granularity, fp8):
 
 @pytest.mark.parametrize("granularity", ["token", "channel", "tensor"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("rows,n", [(1, 7), (64, 4096), (33, 7168), (3, 65536), (5, 100)])
+@pytest.mark.parametrize("rows,n", [(1, 7), (64, 4096), (33, 7168), (6, 18440), (3, 65536), (5, 100)])
 def test_quantize_fp8(granularity, dtype, rows, n):
     x = _rows(rows, n, dtype)
     q, scales = quantize_fp8(x, granularity)

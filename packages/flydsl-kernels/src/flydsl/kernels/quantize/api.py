@@ -108,9 +108,7 @@ def _plan(x, granularity: str, group: int, dtype, out, scales, power_of_two: boo
     if rows == 0 or n == 0:
         return _empty(rows, n, dtype, shape)
     kernels = _kernels()
-    from flydsl.kernels.rows.layout import forward_row_config
-
-    cfg = forward_row_config(n, info.dtype)
+    cfg = kernels.quantize_row_config(n, info.dtype)
     launch = dict(grid=cfg.grid(rows), block=cfg.block, cluster=cfg.cluster_shape)
     kernel = kernels.quantize_rows_kernel
     allocate = _allocator(rows, n, dtype, lambda x: x.new_empty(shape, dtype=torch.float32))

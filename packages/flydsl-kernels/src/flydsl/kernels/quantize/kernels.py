@@ -14,19 +14,19 @@ A row of zeros gets scale 0 and zeros (never 0 / 0); NaN in a row makes its scal
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.compiler.lazy import lazy_import
 from flydsl.expr import arith, nvvm
-from flydsl.kernels.rows.layout import RowConfig
+from flydsl.kernels.rows.layout import RowConfig, forward_row_config
 from flydsl.kernels.rows.reduce import row_done, row_reduce, row_smem, thread_reduce
 from flydsl.kernels.rows.tiles import load_row, row_position, store_row_fp8
 
 ir = lazy_import("mlir.ir")
 
-__all__ = ["FP8_MAX", "TINY", "QuantizeSpec", "quantize_rows_kernel"]
+__all__ = ["FP8_MAX", "TINY", "QuantizeSpec", "quantize_row_config", "quantize_rows_kernel"]
 
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}  # the largest finite values
 TINY = 1e-30  # amax below this (zeros) casts with scale 1 / 0 avoided: values stay 0
@@ -42,6 +42,21 @@ class QuantizeSpec:
     def __post_init__(self):
         if self.mode not in ("row", "amax", "cast") or self.fmt not in FP8_MAX:
             raise ValueError(f"{self}: mode must be row, amax or cast and fmt e4m3 or e5m2")
+
+
+HALF_CTA_CHUNKS = 6  # at most: chunks per thread of a row taken by 512 threads rather than 1024 (quantize_row_config)
+
+
+def quantize_row_config(n: int, dtype: str) -> RowConfig:
+    """The row kernels' forward configuration, but a row that would take 1024 threads takes 512 where each then
+    holds at most :data:`HALF_CTA_CHUNKS` chunks (54 registers at 5: two CTAs per SM): N = 18432 bf16 ran 0.88 of a
+    copy on 1024 threads x 3 chunks (the third a quarter full, 32 warps in the amax's reduction) and 1.00 on 512 x 5
+    (H100, ``quantize_bench.py --shapes 4096x18432 --granularities token --row-config``, 2026-12-05)."""
+    cfg = forward_row_config(n, dtype)
+    if cfg.cluster > 1 or cfg.threads_per_row != 1024:
+        return cfg
+    chunks = -(-n // (cfg.vec * 512))
+    return replace(cfg, threads_per_row=512, chunks=chunks) if chunks <= HALF_CTA_CHUNKS else cfg
 
 
 @flyc.kernel
