@@ -49,6 +49,11 @@ BENCHMARKS = {
         "Nsight Compute sections of one GEMM launch, ours beside cuBLAS (figures copied from ncu's report)",
         "ncu --clock-control none --profile-from-start off --section ... python benchmarks/gemm_profile.py M N K",
     ),
+    "host_layer_cpu": (
+        "host time per call of flydsl.torch's own layer (checks, allocation, plans, autograd, replays) with the zoo's "
+        "launches stubbed, against torch's op on tiny CPU tensors; CPU",
+        "python benchmarks/host_layer_cpu.py --json OUT --commit C",
+    ),
     "host_overhead": (
         "host time per call of the zoo's ops (functional, op, direct) against torch eager, fwd and fwd+bwd; the "
         "launch levels beneath them against torch, Triton, cuda-bindings; the cold start",
