@@ -16,9 +16,9 @@ but for "combine", whose y may round an ulp apart). The stage sweep (modes off, 
 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs per SM (``min_blocks``: fp8 as
 ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks`` None; stage 1 is gated (weight
 rows half gate, half up: ``groups`` even), stage 2 streams the (capacity, I) intermediate. One token where I <= 1024
-also times the direct stage 1 alone (7 configurations) and the combined kernel (stage 2 and the combine) under 6
-shapes of (groups, unroll), CTAs per SM held or not. Bandwidth: the routed experts' weight bytes of the stage over
-its time.
+also times the direct stage 1 alone (8 configurations) and the combined kernel (stage 2 and the combine) under 6
+shapes of (groups, unroll), CTAs per SM held or not, each chosen configuration also without ``landed`` (fp8: a step's
+activations loaded beside their MMAs). Bandwidth: the routed experts' weight bytes of the stage over its time.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
     h = torch.empty(top_k * GROUPED_BLOCK, inter, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(1, hidden, device="cuda", dtype=torch.bfloat16)
     positions = torch.empty(top_k, dtype=torch.int32, device="cuda")
-    cfg1 = choose_grouped_skinny_config(hidden, True, element)
+    cfg1 = choose_grouped_skinny_config(hidden, True, element, direct=True)
     variant = SkinnyVariant(True, Epilogue(gate="silu"), True)
     routing = (pairs, pairs, pairs, positions)
     w1, w2 = weights.w1.view(-1, hidden), weights.w2.view(-1, inter)
@@ -209,7 +209,8 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
 
     row["direct_stage1"] = []
     candidates = [SkinnyConfig(groups=g, warps=w_, unroll=u, min_blocks=m) for g, w_, u, m in DIRECT1]
-    for cfg in dict.fromkeys([*candidates, cfg1]):
+    unlanded = dataclasses.replace(cfg1, landed=False)  # (fp8: the chosen one's activations loaded as before)
+    for cfg in dict.fromkeys([*candidates, unlanded, cfg1]):
         call = stage1(cfg)
         grid = (-(-inter // (cfg.rows // 2)), top_k)
         us = timer(lambda call=call, cfg=cfg, grid=grid: call.launch(grid=grid, block=cfg.threads)) * 1e3
@@ -220,7 +221,7 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
     candidates = [dataclasses.replace(chosen, groups=g, unroll=u) for g, u in COMBINED]
     candidates = [dataclasses.replace(c, min_blocks=m) for c in candidates for m in (chosen.min_blocks, None)]
     row["combined"] = []
-    for cfg in dict.fromkeys([*candidates, chosen]):
+    for cfg in dict.fromkeys([*candidates, dataclasses.replace(chosen, landed=False), chosen]):
         call = skinny_gemm_combined_kernel(h, w2, out, ids, topk_weights, scales2, cfg, top_k)
         grid = (-(-hidden // cfg.rows), 1)
         us = timer(lambda call=call, cfg=cfg, grid=grid: call.launch(grid=grid, block=cfg.threads)) * 1e3

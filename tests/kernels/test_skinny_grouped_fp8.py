@@ -160,6 +160,40 @@ def test_the_combined_kernel_reads_its_weights_before_the_wait(weights):
     assert activation_loads and min(activation_loads) > wait
 
 
+def _loads_before_mmas(sass: str) -> list:
+    """Per run of HMMAs in the SASS, the activation loads (``LDG.E.128.CONSTANT``, no L1 hint: the weights' loads
+    carry ``.NA``) issued since the previous run."""
+    runs, loads = [], 0
+    for line in sass.splitlines():
+        if re.search(r"LDG\.E\.128\.CONSTANT", line):
+            loads += 1
+        elif "HMMA." in line and loads:
+            runs.append(loads)
+            loads = 0
+    return runs
+
+
+@pytest.mark.parametrize("stage", ["stage1", "combined"])
+def test_one_tokens_fp8_steps_issue_their_activations_together(stage):
+    """direct (one token): a step's MMAs wait until its activations have landed (SkinnyConfig.landed), so ptxas
+    issues every activation load of a step before its first MMA (8 at a stage-1 step, 16 words of one row at a
+    combined step) instead of each chunk's beside its MMAs (one L2 round trip per chunk: 1-2 loads per run)."""
+    if stage == "stage1":
+        cfg = choose_grouped_skinny_config(2048, True, 1, direct=True)
+        module, _cfg = _lower(True, 2048, 768, False, cfg=cfg, mode=GroupedMode(direct=True))
+    else:
+        cfg = choose_combined_config(TOP_K, 1)
+        module = skinny_gemm_combined_kernel.lower(
+            S((TOP_K * 16, 768), "bf16"), S((EXPERTS * 2048, 768), FP8), S((1, 2048), "bf16"), S((1, TOP_K), "i32"),
+            S((1, TOP_K), "f32"), S((EXPERTS * 2048,), "f32"), cfg, TOP_K,
+        )  # fmt: skip
+    assert cfg.landed and not choose_grouped_skinny_config(2048, True, 1).landed
+    sass = flyc.toolchain.disassemble_cubin(module.cubin) if module.cubin is not None else None
+    if sass is None:
+        pytest.skip("needs ptxas and nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    assert min(_loads_before_mmas(sass)) >= 8, _loads_before_mmas(sass)
+
+
 def test_the_direct_and_combined_kernels_take_int64_ids():
     """fused_moe takes int64 ``topk_ids``: the direct mode reads them as the blocks' experts, the combined kernel as
     the slots' (converted to int32 on load)."""

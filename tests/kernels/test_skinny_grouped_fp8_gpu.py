@@ -189,3 +189,31 @@ def test_plain_stage_2(tokens, experts, top_k, hidden, inter, dropped, block):
         expected[rows] = ad[rows] @ (w2[e].double() * factor[e]).T
     _close(y[:padded], expected)
     assert y[padded:].isnan().all()
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["row", "block"])
+def test_landed_steps_give_the_same_bits(block):
+    """One token's direct stage 1 with ``landed`` (a step's MMAs wait for all its activations; the default at one
+    token) gives exactly the bits of the same configuration without it: the dependency adds a zero."""
+    import dataclasses
+
+    g = _generator(7)
+    experts, top_k, hidden, inter = 16, 8, 1024, 384
+    x = _activations((1, hidden), g, torch.bfloat16)
+    w = _fp8((experts * 2 * inter, hidden), g)
+    scales, _factor = _weight_scales(experts, 2 * inter, hidden, block, g)
+    pairs = _routing(1, experts, top_k, g, False).reshape(-1)
+    landed = choose_grouped_skinny_config(hidden, True, 1, direct=True)
+    assert landed.landed
+    variant = SkinnyVariant(True, Epilogue(gate="silu"), True)
+    outputs = []
+    for cfg in (landed, dataclasses.replace(landed, landed=False)):
+        h = torch.full((top_k * GROUPED_BLOCK, inter), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+        positions = torch.empty(top_k, dtype=torch.int32, device=DEVICE)
+        skinny_gemm_grouped_fp8_kernel(
+            x, w, h, pairs, pairs, pairs, positions, scales, top_k, cfg, variant, GroupedMode(direct=True)
+        ).launch(grid=(-(-inter // (cfg.rows // 2)), top_k), block=cfg.threads)
+        torch.cuda.synchronize()
+        outputs.append(h[::GROUPED_BLOCK].clone())  # each pair's row (the pad rows are not defined)
+    assert not outputs[0].isnan().any()
+    assert torch.equal(outputs[0].view(torch.int16), outputs[1].view(torch.int16))

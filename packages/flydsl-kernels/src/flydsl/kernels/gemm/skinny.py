@@ -75,6 +75,9 @@ class SkinnyConfig:
     pipelined: bool = True  # registers for two steps: the next step's loads are in flight during the MMAs
     min_blocks: int | None = None  # CTAs per SM to fit (caps registers; None: ptxas decides)
     warps_n: int = 1  # warps side by side along N (each its own groups; they share activation loads through L1)
+    # fp8 weights with 16-bit activations: a step's MMAs start once all its activations have landed (_landed), so
+    # that ptxas issues their loads together rather than each chunk's by its MMAs (one L2 round trip per chunk)
+    landed: bool = False
 
     def __post_init__(self):
         if self.groups not in (1, 2, 4, 8) or self.warps not in (1, 2, 4, 8, 16) or self.unroll not in (1, 2, 4, 8):
@@ -224,6 +227,17 @@ def _mmas(words, accs, cfg, dtype):
     return accs
 
 
+def _landed(word, others):
+    """``word``, unchanged, but as a value that exists only once every word of ``others`` has arrived, so that the
+    loads of ``others`` are issued before whatever takes the result: ``word + (sum of others) * blockIdx.z``, zero
+    in the skinny kernels' 2-D grids but unknown to LLVM and ptxas (identities such as ``umin(w, w | x) = w`` are
+    folded away, and a xor of equal loads cancels)."""
+    chain = others[0]
+    for other in others[1:]:
+        chain = chain + other
+    return word + chain * gpu.block_idx.z.to(fx.Int32)
+
+
 def _mmas_wide(words, accs, streams: _WarpStreams, kbase, masked: bool, dtype, block: bool):
     """:func:`_mmas` for fp8 weights with 16-bit activations (``words`` from :func:`_loads` at ``kbase``; each chunk's
     activations loaded here, as its MMAs take them: :func:`_activation_loads`, from L1 or L2, so that only the
@@ -239,6 +253,9 @@ def _mmas_wide(words, accs, streams: _WarpStreams, kbase, masked: bool, dtype, b
     at, parts, scales = 0, None, None
     # every chunk's activations issued before the step's first MMA: one L2 round trip per step, not one per chunk
     activations = [_activation_loads(streams, kbase, masked, u) for u in range(cfg.unroll)]
+    if fx.const_expr(cfg.landed):
+        first = activations[0][0]
+        first[0] = _landed(first[0], [row[j] for rows in activations for row in rows for j in (0, 4)])
     for u in fx.range_constexpr(cfg.unroll):
         weights = words[at : at + cfg.groups]
         low, high = activations[u]  # rows q and q + 8: K 16t .. 16t + 15

@@ -364,12 +364,15 @@ def skinny_gemm_combined_kernel(
 def choose_combined_config(top_k: int, element_bytes: int = 2) -> SkinnyConfig:
     """:func:`skinny_gemm_combined_kernel`'s: a warp per routed pair (at most 16), 16 output columns per CTA (2 n8
     tiles per warp), 4 loads per row and step, double-buffered; fp8 held to 128 registers per thread like the
-    grouped fp8 kernels (docs/tuning/moe.md#decode). Untimed: a first choice."""
+    grouped fp8 kernels, each step's activations landed before its MMAs (``landed``: 103-122 registers; untimed),
+    docs/tuning/moe.md#decode. Within 6% of the best of 12 (groups, unroll) shapes on the H100
+    (``moe_decode_sweep/2026-12-05_e5d91d3_direct_h100.json``)."""
     if element_bytes not in (1, 2):
         raise ValueError(f"choose_combined_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
     warps = min(16, 1 << max(top_k - 1, 0).bit_length())
+    fp8 = element_bytes == 1
     return SkinnyConfig(
-        groups=2, warps=warps, unroll=4, min_blocks=65536 // (128 * 32 * warps) if element_bytes == 1 else None
+        groups=2, warps=warps, unroll=4, min_blocks=65536 // (128 * 32 * warps) if fp8 else None, landed=fp8
     )
 
 
@@ -434,7 +437,7 @@ def _grouped_row(routing: Routing, mode: GroupedMode, position, pairs):
     return arith.select(routing.top_k > 0, by_index, in_order)
 
 
-def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2) -> SkinnyConfig:
+def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2, direct: bool = False) -> SkinnyConfig:
     """Short K (at most 1024: a stage 2's intermediate size) in steps of 128 over two columns of 2 warps, 32 weight
     rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default
     (docs/tuning/moe.md#decode).
@@ -447,12 +450,17 @@ def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2) ->
     CTAs per SM rather than 4 x 2 over 2 x 2 warps: with block scales, 4 tiles' accumulators and those of the K
     block in progress do not fit in 128 registers. A warp also converts the weights and holds twice the activation
     words per load (16 values of K per row; loaded as the MMAs take them). No spills
-    (tests/kernels/test_skinny_grouped_fp8.py)."""
+    (tests/kernels/test_skinny_grouped_fp8.py).
+
+    ``direct`` (one token's stages, :class:`GroupedMode`): long-K fp8 steps wait until their activations have
+    landed (``landed``: ptxas then issues a step's activation loads together, one L2 round trip a step rather than
+    one a chunk; 122-126 registers, still 2 CTAs per SM; short K would spill at its 4 CTAs per SM). Untimed
+    (2026-12-05: no device lent after the change)."""
     if element_bytes not in (1, 2):
         raise ValueError(f"choose_grouped_skinny_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
     short = k <= 1024 and not gated
     if element_bytes == 2:
         return SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig()
     if short:
-        return SkinnyConfig(groups=2, warps=4, warps_n=4, unroll=4, min_blocks=4)
-    return SkinnyConfig(unroll=2)
+        return SkinnyConfig(groups=2, warps=4, warps_n=4, unroll=4, min_blocks=4)  # (landed: spills)
+    return SkinnyConfig(unroll=2, landed=direct)
