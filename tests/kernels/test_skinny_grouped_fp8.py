@@ -173,19 +173,21 @@ def _loads_before_mmas(sass: str) -> list:
     return runs
 
 
+@pytest.mark.parametrize("block", [False, True], ids=["row", "block"])
 @pytest.mark.parametrize("stage", ["stage1", "combined"])
-def test_one_tokens_fp8_steps_issue_their_activations_together(stage):
+def test_one_tokens_fp8_steps_issue_their_activations_together(stage, block):
     """direct (one token): a step's MMAs wait until its activations have landed (SkinnyConfig.landed), so ptxas
     issues every activation load of a step before its first MMA (8 at a stage-1 step, 16 words of one row at a
     combined step) instead of each chunk's beside its MMAs (one L2 round trip per chunk: 1-2 loads per run)."""
     if stage == "stage1":
         cfg = choose_grouped_skinny_config(2048, True, 1, direct=True)
-        module, _cfg = _lower(True, 2048, 768, False, cfg=cfg, mode=GroupedMode(direct=True))
+        module, _cfg = _lower(True, 2048, 768, block, cfg=cfg, mode=GroupedMode(direct=True))
     else:
         cfg = choose_combined_config(TOP_K, 1)
+        scales = S((EXPERTS * 2048 // 128, 6), "f32") if block else S((EXPERTS * 2048,), "f32")
         module = skinny_gemm_combined_kernel.lower(
             S((TOP_K * 16, 768), "bf16"), S((EXPERTS * 2048, 768), FP8), S((1, 2048), "bf16"), S((1, TOP_K), "i32"),
-            S((1, TOP_K), "f32"), S((EXPERTS * 2048,), "f32"), cfg, TOP_K,
+            S((1, TOP_K), "f32"), scales, cfg, TOP_K,
         )  # fmt: skip
     assert cfg.landed and not choose_grouped_skinny_config(2048, True, 1).landed
     sass = flyc.toolchain.disassemble_cubin(module.cubin) if module.cubin is not None else None
