@@ -14,8 +14,9 @@ alignment), "combine" (with direct: stage 2 and the combine in one launch) and u
 combine where I <= 1024); each mode's output is compared with the first mode's (``max_abs_diff_vs_first``: 0 expected
 but for "combine", whose y may round an ulp apart). The stage sweep (modes off, aligned routing) tries 5 stage-1 and 6
 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs per SM (``min_blocks``: fp8 as
-``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks`` None; stage 1 is gated (weight
-rows half gate, half up: ``groups`` even), stage 2 streams the (capacity, I) intermediate. One token where I <= 1024
+``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks`` None and the chosen long-K
+configuration with ``landed``; stage 1 is gated (weight rows half gate, half up: ``groups`` even), stage 2 streams
+the (capacity, I) intermediate. One token where I <= 1024
 also times the direct stage 1 alone (8 configurations) and the combined kernel (stage 2 and the combine) under 6
 shapes of (groups, unroll), CTAs per SM held or not, each chosen configuration also without ``landed`` (fp8: a step's
 activations loaded beside their MMAs). Bandwidth: the routed experts' weight bytes of the stage over its time.
@@ -149,6 +150,8 @@ def stage_sweep(row: dict, fmt: str, x, weights, routing, blocks: int, top_k: in
                 for m in (65536 // (128 * cfg.threads), None)
             ]
         candidates.append(chosen)
+        if fmt != "bf16" and not chosen.min_blocks:  # a step's activations landed before its MMAs (fits: no spills)
+            candidates.append(dataclasses.replace(chosen, landed=True))
         for cfg in dict.fromkeys(candidates):
             cols = cfg.rows // 2 if epilogue.gate else cfg.rows
             grid = (-(-c.shape[1] // cols), blocks)
