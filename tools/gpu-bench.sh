@@ -5,14 +5,16 @@
 # norms (the full sweep with torch.compile peers) takes its own; moe-decode (the decode modes and stage
 # configurations: benchmarks/moe_decode_sweep.py, ~4 min) too, as do moe-decode-record (moe_bench.py at T 1, 16, 64:
 # issue 34's decode record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16
-# bar, ~2 min). Each run is cut at 5 minutes.
+# bar, ~2 min). moe-one-token (moe_decode_sweep.py --stages direct over the fp8 and block cases at one token: each
+# stage alone, with and without SkinnyConfig.landed, ~2 min) and quantize (quantize_bench.py, per token and tensor,
+# ~2 min) fit one call together. Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
 # <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders
 # into benchmarks/results/ and rename a run in a word where the commit alone does not say what it was), and its log
 # as <name>.txt; the last lines printed are one summary line per benchmark, so a truncated output tail still shows
 # every result.
 source tools/gpu-env.sh
-commit=${1:?usage: bash tools/gpu-bench.sh COMMIT [gemm skinny norms host]}
+commit=${1:?usage: bash tools/gpu-bench.sh COMMIT BENCHMARK... (the header lists them)}
 shift
 logs=${OUT:-gpu-logs}
 mkdir -p "$logs"
@@ -39,7 +41,12 @@ for bench in $which; do
       --json "$(out moe)" --commit "$commit" ;;
     fp8-small) run fp8-small python3 benchmarks/fp8_gemm_bench.py --sweep --no-square --m 1 16 --repeats 5 \
       --json "$(out fp8_gemm)" --commit "$commit" ;;
-    *) summary="$summary\n$bench: unknown (gemm skinny norms host moe-decode moe-decode-record fp8-small)" ;;
+    moe-one-token) run moe-one-token python3 benchmarks/moe_decode_sweep.py --modes direct+combine --stages direct \
+      --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block --json "$(out moe_decode_sweep)" \
+      --commit "$commit" ;;
+    quantize) run quantize python3 benchmarks/quantize_bench.py --granularities token,tensor --repeats 3 \
+      --json "$(out quantize)" --commit "$commit" ;;
+    *) summary="$summary\n$bench: unknown (the header lists the benchmarks)" ;;
   esac
 done
 printf "%b\n" "$summary"
