@@ -311,9 +311,9 @@ def skinny_gemm_combined_kernel(
     if w.dtype.width == 8 and not fp8:
         raise ValueError("skinny_gemm_combined_kernel: fp8 weights take 16-bit activations")
     row_scales = fp8 and fx.rank(w_scale.shape) == 1
-    # Launched by a direct stage 1 only after its own wait (``trigger_after_wait``): topk_ids, written before that
-    # stage, is complete here, so the experts and their weights are read before this kernel's wait, during stage
-    # 1's last CTAs; only h is stage 1's.
+    # Launched by a direct stage 1 only after that stage's own wait (_grouped_skinny_gemm): topk_ids, written before
+    # it, is complete here, so the experts and their weights are read before this kernel's wait, during stage 1's
+    # last CTAs; only h is stage 1's.
     tid, _warp_n, warp, _lane, lane_t, lane_q = _kernel_start(cfg)  # (one column of warps: warp along K = warp)
     token = gpu.block_idx.y.to(fx.Int32)
     n_out, k_extent = out.shape[1].to(fx.Int32), h.shape[1].to(fx.Int32)
@@ -413,8 +413,7 @@ def _mainloop(streams: _WarpStreams, step: int, warp_k, block_scaled: bool, firs
 def _routed_expert(topk_ids, token, slot):
     """``topk_ids[token, slot]`` as an Int32 (int32 or int64 ids: the low word), read through L2 (``ld.global.cg``:
     no L1 line of an earlier routing in this buffer), for a read before ``griddepcontrol_wait``."""
-    index = token.to(fx.Int64) * topk_ids.shape[1].to(fx.Int64) + slot.to(fx.Int64)
-    words = nvvm.ld_global(topk_ids, index, topk_ids.dtype.width // 8, cop="cg")
+    words = nvvm.ld_global(topk_ids, (token, slot), topk_ids.dtype.width // 8, cop="cg")  # (through its strides)
     return words[0]
 
 
