@@ -229,13 +229,14 @@ def _mmas(words, accs, cfg, dtype):
 
 def _landed(word, others):
     """``word``, unchanged, but as a value that exists only once every word of ``others`` has arrived, so that the
-    loads of ``others`` are issued before whatever takes the result: ``word + (sum of others) * blockIdx.z``, zero
-    in the skinny kernels' 2-D grids but unknown to LLVM and ptxas (identities such as ``umin(w, w | x) = w`` are
-    folded away, and a xor of equal loads cancels)."""
+    loads of ``others`` are issued before whatever takes the result: ``word + (sum of others) * outside``, where
+    ``outside`` (``blockIdx.z >= gridDim.z``) is 0 in every launch but not known to be by LLVM or ptxas (identities
+    such as ``umin(w, w | x) = w`` are folded away, and a xor of equal loads cancels)."""
     chain = others[0]
     for other in others[1:]:
         chain = chain + other
-    return word + chain * gpu.block_idx.z.to(fx.Int32)
+    outside = arith.select(gpu.block_idx.z >= gpu.grid_dim.z, fx.Int32(1), fx.Int32(0))
+    return word + chain * outside
 
 
 def _mmas_wide(words, accs, streams: _WarpStreams, kbase, masked: bool, dtype, block: bool):
