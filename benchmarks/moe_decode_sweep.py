@@ -16,10 +16,10 @@ but for "combine", whose y may round an ulp apart). The stage sweep (modes off, 
 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs per SM (``min_blocks``: fp8 as
 ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks`` None and the chosen long-K
 configuration with ``landed``; stage 1 is gated (weight rows half gate, half up: ``groups`` even), stage 2 streams
-the (capacity, I) intermediate. One token where I <= 1024
-also times the direct stage 1 alone (8 configurations) and the combined kernel (stage 2 and the combine) under 6
-shapes of (groups, unroll), CTAs per SM held or not, each chosen configuration also without ``landed`` (fp8: a step's
-activations loaded beside their MMAs). Bandwidth: the routed experts' weight bytes of the stage over its time.
+the (capacity, I) intermediate. One token where I <= 1024 also times the direct stage 1 alone (8 configurations)
+and the combined kernel (stage 2 and the combine) under 6 shapes of (groups, unroll), CTAs per SM held or not, each
+chosen configuration also without ``landed`` (fp8: a step's activations loaded beside their MMAs). Bandwidth: the
+routed experts' weight bytes of the stage over its time.
 """
 
 from __future__ import annotations
