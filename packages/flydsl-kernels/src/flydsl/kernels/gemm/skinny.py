@@ -78,10 +78,6 @@ class SkinnyConfig:
     # fp8 weights with 16-bit activations: a step's MMAs start once all its activations have landed (_landed), so
     # that ptxas issues their loads together rather than each chunk's by its MMAs (one L2 round trip per chunk)
     landed: bool = False
-    # the CTA's whole slice of weights requested into L2 as it starts (one bulk prefetch per weight row, or per
-    # prepared panel), before its dependent-launch wait: every request of a launch reaches DRAM at once instead of
-    # two steps per warp, where a decode layer's few megabytes otherwise stream at the ramp's rate
-    slice_prefetch: bool = False
 
     def __post_init__(self):
         if self.groups not in (1, 2, 4, 8) or self.warps not in (1, 2, 4, 8, 16) or self.unroll not in (1, 2, 4, 8):
@@ -231,24 +227,6 @@ def _mmas(words, accs, cfg, dtype):
     return accs
 
 
-def _prefetch_slice(w, row, valid, k_begin, k_end) -> None:
-    """Weight row ``row``'s K values ``[k_begin, k_end)`` requested into L2 where ``valid``: one bulk prefetch, which
-    nothing waits for (16-byte aligned rows and K ranges: the 16-byte loads' condition)."""
-    if valid & (k_begin < k_end):
-        nvvm.prefetch_l2_bulk(w, (k_end - k_begin) * (w.dtype.width // 8), coord=(row, k_begin))
-
-
-def _prefetch_cta_slice(w, n0, n_extent, k_begin, k_end, tid, cfg: SkinnyConfig, prepared: bool) -> None:
-    """The plain kernels' ``slice_prefetch``: rows ``n0 ..`` (``cfg.rows``, within N) over ``[k_begin, k_end)``, a row
-    per thread; prepared weights' (K / 128, N, 128) panels hold the CTA's rows contiguously, a panel per thread."""
-    if fx.const_expr(prepared):
-        nbytes = arith.minimum(n_extent - n0, cfg.rows) * 128
-        for panel in range(k_begin // 128 + tid, (k_end + 127) // 128, cfg.threads):
-            nvvm.prefetch_l2_bulk(w, nbytes, coord=(panel, n0, 0))
-    else:
-        _prefetch_slice(w, n0 + tid, (tid < cfg.rows) & (n0 + tid < n_extent), k_begin, k_end)
-
-
 def _landed(word, others):
     """``word``, unchanged, but as a value that exists only once every word of ``others`` has arrived, so that the
     loads of ``others`` are issued before whatever takes the result: ``word + (sum of others) * outside``, where
@@ -365,8 +343,6 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
     full_end = arith.maximum(arith.minimum(end, full), begin)  # an empty split (begin == end) has no tail step
     accs = [_ACC(0.0)] * cfg.groups
     warp_k = warp_kk * (step // cfg.warps_k)
-    if fx.const_expr(cfg.slice_prefetch and vec):  # (weights: no earlier kernel writes them)
-        _prefetch_cta_slice(w, n0, n_extent, begin * step, arith.minimum(end * step, k_extent), tid, cfg, prepared)
     # Launched as a dependent (programmatic dependent launch), the kernel may start before the previous one ends:
     # nothing is read before the wait (every load's row depends on its zero, so that none moves above it), nor is c
     # written (docs/tuning/gemm.md#skinny-dependent-launch).

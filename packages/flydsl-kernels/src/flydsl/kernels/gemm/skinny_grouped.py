@@ -28,7 +28,6 @@ from flydsl.kernels.gemm.skinny import (
     _loads,
     _mmas,
     _mmas_wide,
-    _prefetch_slice,
     _warp_partials,
     _warp_total,
     _WarpStreams,
@@ -171,8 +170,6 @@ def _grouped_skinny_gemm(
         if fx.const_expr(not mode.direct):
             expert = routing.expert_of_block[block].to(fx.Int32)
         x = gpu.block_idx.x.to(fx.Int32)
-        if fx.const_expr(cfg.slice_prefetch):
-            _prefetch_tile(stage, x, expert)
         streams = _tile_streams(stage, block, x, expert)
         scales = _row_scales(stage, x, expert)  # (before the mainloop: their round trip beside the weights')
         step = cfg.k_step(w.dtype.width // 8)
@@ -231,21 +228,6 @@ def _tile_streams(stage: _Stage, block, x, expert) -> _WarpStreams:
     block_scales = stage.w_scale if stage.block_scaled else None
     k_extent = stage.a.shape[1].to(fx.Int32)
     return _WarpStreams(stage.a, stage.w, rows_w, *rows_a, k_extent, cfg, lane_t, True, True, False, block_scales)
-
-
-def _prefetch_tile(stage: _Stage, x, expert) -> None:
-    """``slice_prefetch``: the tile's weight rows over all of K requested into L2, a row per thread (gated: the gate
-    rows, then the up rows), as :func:`_tile_streams` takes them."""
-    cfg, cols, n_out, tid = stage.cfg, stage.cols, stage.n_out, stage.thread[0]
-    col = arith.minimum(tid, cfg.rows - 1)
-    if fx.const_expr(stage.gate is not None):
-        up = col >= cols
-        within = x * cols + arith.select(up, col - cols, col)
-        row = expert * stage.per_expert + arith.select(up, within + n_out, within)
-    else:
-        within = x * cols + col
-        row = expert * stage.per_expert + within
-    _prefetch_slice(stage.w, row, (tid < cfg.rows) & (within < n_out), 0, stage.a.shape[1].to(fx.Int32))
 
 
 def _tile_elements(stage: _Stage):
@@ -332,7 +314,7 @@ def skinny_gemm_combined_kernel(
     # Launched by a direct stage 1 only after that stage's own wait (_grouped_skinny_gemm): topk_ids, written before
     # it, is complete here, so the experts and their weights are read before this kernel's wait, during stage 1's
     # last CTAs; only h is stage 1's.
-    tid, _warp_n, warp, lane, lane_t, lane_q = _kernel_start(cfg)  # (one column of warps: warp along K = warp)
+    tid, _warp_n, warp, _lane, lane_t, lane_q = _kernel_start(cfg)  # (one column of warps: warp along K = warp)
     token = gpu.block_idx.y.to(fx.Int32)
     n_out, k_extent = out.shape[1].to(fx.Int32), h.shape[1].to(fx.Int32)
     experts = w.shape[0].to(fx.Int32) // n_out
@@ -350,12 +332,6 @@ def skinny_gemm_combined_kernel(
         base = arith.minimum(arith.maximum(expert, 0), experts - 1) * n_out  # (clamped: loads of a skipped slot)
         rows_w = [base + arith.minimum(n0 + g * 8 + lane_q, n_out - 1) for g in range(cfg.groups)]
         streams = _WarpStreams(h, w, rows_w, None, None, k_extent, cfg, lane_t, True, True, False, block_scales)
-        if fx.const_expr(cfg.slice_prefetch):  # the pair's rows over all of I, a row per lane
-            routed_slot = (slot < top_k) & (expert >= 0) & (expert < experts)
-            for lanes in fx.range_constexpr(0, cols, 32):
-                row = n0 + lanes + lane
-                kept = routed_slot & (lanes + lane < cols) & (row < n_out)
-                _prefetch_slice(w, base + arith.minimum(row, n_out - 1), kept, 0, k_extent)
         # fp8: the first step's weights (masked: any I), during stage 1's last CTAs (16-bit steps load h as well)
         first = _loads(streams, 0, True) if fp8 else None
         scales = [w_scale[base + arith.minimum(n0 + col, n_out - 1)] for _g, _e, col in columns if row_scales]
