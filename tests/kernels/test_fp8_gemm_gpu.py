@@ -147,6 +147,8 @@ def test_fp8_gemm_configs(config):
     [
         (1, 4096, 4096, None),  # the skinny kernel
         (13, 1004, 2064, None),  # skinny, M > 8, a partial K panel
+        (16, 1536, 7168, None),  # skinny in clusters of 2 CTAs splitting K
+        (1, 1536, 7168, None),
         (1000, 776, 528, None),
         (4104, 1160, 1040, None),  # 2-CTA clusters: each loads half the B tile's rows
         (16, 1000, 512, None),  # split K in the warp-specialized kernel
@@ -163,6 +165,32 @@ def test_prepared_weights_give_the_bits_plain_ones_do(m, n, k, config):
     assert fp8_gemm(a, prepare_weight(b), scale_a, scale_b, prepared, config) is prepared
     torch.cuda.synchronize()
     assert torch.equal(prepared, plain)
+
+
+@pytest.mark.parametrize("cluster_k", [2, 4])
+@pytest.mark.parametrize("m,n,k", [(1, 1536, 7168), (16, 1536, 7168), (13, 1004, 2064), (5, 776, 1040)])
+def test_skinny_clusters_splitting_k(m, n, k, cluster_k):
+    """SkinnyConfig.cluster_k: the CTAs of a cluster split each tile's K (K tails and empty parts included) and the
+    first sums them through distributed shared memory."""
+    import dataclasses
+
+    from flydsl.kernels.gemm import Scale, choose_skinny_config, launch_plan
+    from flydsl.kernels.gemm.operands import MatrixSpec
+    from flydsl.kernels.gemm.plan import plan_skinny
+
+    a, b = _operands(m, n, k)
+    scale_a, scale_b = _scale(m, "row", (m,)), _scale(n, "column", (n,))
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = dataclasses.replace(choose_skinny_config(m, n, k // 2, sms, 1), cluster_k=cluster_k)
+    scales = ((Scale(rows=1), MatrixSpec.of(scale_a)), (Scale(columns=1), MatrixSpec.of(scale_b)))
+    plan = plan_skinny(MatrixSpec.of(a), MatrixSpec.of(b), MatrixSpec.of(out), sms=sms, scales=scales, config=cfg)
+    assert plan.launches[0].grid[0] == -(-n // cfg.rows) * cluster_k
+    launch_plan(plan, a, b, out, None, (scale_a, scale_b))
+    ref = _reference(a, b, scale_a, scale_b)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite outputs"
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 8e-3
 
 
 def test_fp8_gemm_allocates_its_output():

@@ -450,7 +450,7 @@ def plan_skinny(
     variant = SkinnyVariant(vector_loads, epilogue, m > 8, prepared)
     specs = {"a": a, "w": w, "out": out, **({"bias": bias} if bias is not None else {})}
     bias_argument = Tensor("bias") if bias is not None else Tensor("out", unread=True)
-    grid = (-(-n // cfg.rows), cfg.splits)
+    grid = (-(-n // cfg.rows) * cfg.cluster_k, cfg.splits)
     if scales:
         _check_scales(scales, m, n, specs)
         scale_arguments = (Tensor("scale_0"), Tensor("scale_1") if len(scales) > 1 else Tensor("scale_0", unread=True))

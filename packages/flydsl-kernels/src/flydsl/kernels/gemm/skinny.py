@@ -43,7 +43,7 @@ from typing import NamedTuple
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import arith, gpu, nvvm, vector
+from flydsl.expr import arith, cluster, gpu, nvvm, vector
 from flydsl.expr.vector import Vector
 from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, apply_epilogue
 
@@ -78,6 +78,10 @@ class SkinnyConfig:
     # fp8 weights with 16-bit activations: a step's MMAs start once all its activations have landed (_landed), so
     # that ptxas issues their loads together rather than each chunk's by its MMAs (one L2 round trip per chunk)
     landed: bool = False
+    # CTAs of a cluster (along x) sharing the weight rows and splitting their K range, summed through distributed
+    # shared memory by the cluster's first CTA: more CTAs for the same rows (a wave's tail spread thinner) with no
+    # second launch (the plain kernels; not with splits)
+    cluster_k: int = 1
 
     def __post_init__(self):
         if self.groups not in (1, 2, 4, 8) or self.warps not in (1, 2, 4, 8, 16) or self.unroll not in (1, 2, 4, 8):
@@ -88,6 +92,8 @@ class SkinnyConfig:
             raise ValueError(f"{self}: warps_n must be 1, 2 or 4 and divide warps")
         if self.prefetch not in (None, 64, 128, 256):
             raise ValueError(f"{self}: prefetch must be None, 64, 128 or 256")
+        if self.cluster_k not in (1, 2, 4) or (self.cluster_k > 1 and self.splits > 1):
+            raise ValueError(f"{self}: cluster_k must be 1, 2 or 4, and 1 where K is split over launches (splits)")
 
     @property
     def threads(self) -> int:
@@ -324,7 +330,8 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
     m_extent = a.shape[0].to(fx.Int32)
     n_extent = c.shape[1].to(fx.Int32)
     k_extent = a.shape[1].to(fx.Int32)
-    n0 = gpu.block_idx.x * cfg.rows
+    rank = gpu.block_idx.x % cfg.cluster_k  # this CTA's part of the tile's K (a cluster along x: its rank)
+    n0 = gpu.block_idx.x // cfg.cluster_k * cfg.rows
     # Rows past N read row N - 1 and rows past M row M - 1: their results land in columns / rows never stored.
     first_row = n0 + warp_n * (8 * cfg.groups) + lane_q
     rows_w = [arith.minimum(first_row + 8 * g, n_extent - 1) for g in range(cfg.groups)]
@@ -334,12 +341,13 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
     step = cfg.k_step(w.dtype.width // 8)
     steps = (k_extent + (step - 1)) // step
     full = k_extent // step  # steps with no K tail
-    if fx.const_expr(cfg.splits == 1):
+    parts, part = (cfg.cluster_k, rank) if cfg.cluster_k > 1 else (cfg.splits, gpu.block_idx.y)
+    if fx.const_expr(parts == 1):
         begin, end = fx.Int32(0), steps
     else:
-        per_split = (steps + (cfg.splits - 1)) // cfg.splits
-        begin = arith.minimum(gpu.block_idx.y * per_split, steps)
-        end = arith.minimum(begin + per_split, steps)
+        per_part = (steps + (parts - 1)) // parts
+        begin = arith.minimum(part * per_part, steps)
+        end = arith.minimum(begin + per_part, steps)
     full_end = arith.maximum(arith.minimum(end, full), begin)  # an empty split (begin == end) has no tail step
     accs = [_ACC(0.0)] * cfg.groups
     warp_k = warp_kk * (step // cfg.warps_k)
@@ -366,14 +374,14 @@ def _skinny_gemm(a, w, c, tensors: EpilogueTensors, cfg: SkinnyConfig, variant: 
         words = _loads(streams, full_end * step + warp_k, True)
         accs = _mmas(words, accs, cfg, a.dtype)
 
-    partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane)
+    partial = _warp_partials(accs, cfg, warp_kk, warp_n, lane, rank)
     # Thread i sums output elements i, i + threads, ... of the CTA's 16 x rows block (row-major over the block).
     for rep in fx.range_constexpr(-(-16 * cfg.rows // cfg.threads)):
         index = arith.minimum(tid + rep * cfg.threads, 16 * cfg.rows - 1)  # threads past the block repeat its end
         row, col = index // cfg.rows, index % cfg.rows
         out_col = n0 + col
         total = _warp_total(partial, cfg, row, col)
-        if (tid + rep * cfg.threads < 16 * cfg.rows) & (row < m_extent) & (out_col < n_extent):
+        if (tid + rep * cfg.threads < 16 * cfg.rows) & (row < m_extent) & (out_col < n_extent) & (rank == 0):
             if fx.const_expr(cfg.splits == 1):
                 c[row, out_col] = apply_epilogue(total, epilogue, tensors, row, out_col).to(c.dtype)
             else:
@@ -385,10 +393,8 @@ def _kernel_start(cfg: SkinnyConfig, trigger: bool = True) -> tuple:
     may take SMs as this grid's last CTAs start; else the caller triggers it); returns the thread's ``(tid, warp_n,
     warp_kk, lane, lane_t, lane_q)``: its column of warps along N, its warp along K, its lane and the lane's
     (``lane % 4``, ``lane // 4``)."""
-    if fx.const_expr(cfg.min_blocks is None):
-        flyc.set_kernel_attributes(threads=cfg.threads)
-    else:
-        flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks)
+    cluster = (cfg.cluster_k, 1, 1) if cfg.cluster_k > 1 else None
+    flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.min_blocks, cluster=cluster)
     if fx.const_expr(trigger):
         nvvm.griddepcontrol_launch_dependents()
     tid = gpu.thread_idx.x
@@ -396,16 +402,25 @@ def _kernel_start(cfg: SkinnyConfig, trigger: bool = True) -> tuple:
     return tid, warp % cfg.warps_n, warp // cfg.warps_n, lane, lane % 4, lane // 4
 
 
-def _warp_partials(accs, cfg: SkinnyConfig, warp_kk, warp_n, lane):
+def _warp_partials(accs, cfg: SkinnyConfig, warp_kk, warp_n, lane, rank=None):
     """The K-warps' accumulators in shared memory, (K-warp, n8 tile of the CTA, element, lane), lanes contiguous (no
-    bank conflicts), after the CTA's barrier."""
+    bank conflicts), after the CTA's barrier. With ``cfg.cluster_k`` > 1, every CTA of the cluster (``rank``) writes
+    its K-warps' into the first CTA's, after them in K-warp order, and the barrier is the cluster's."""
     smem = fx.SmemAllocator()
     tiles = cfg.groups * cfg.warps_n
-    partial = smem.allocate(fx.Float32, fl.Layout((cfg.warps_k, tiles, 4, 32), (tiles * 128, 128, 32, 1)))
+    slots = cfg.warps_k * cfg.cluster_k
+    partial = smem.allocate(fx.Float32, fl.Layout((slots, tiles, 4, 32), (tiles * 128, 128, 32, 1)))
     for g in fx.range_constexpr(cfg.groups):
         for e in fx.range_constexpr(4):
-            partial[warp_kk, warp_n * cfg.groups + g, e, lane] = accs[g][e]
-    gpu.barrier()
+            where = (warp_kk, warp_n * cfg.groups + g, e, lane)
+            if fx.const_expr(cfg.cluster_k == 1):
+                partial[where] = accs[g][e]
+            else:
+                cluster.store_peer(accs[g][e], partial, 0, coord=(rank * cfg.warps_k + warp_kk, *where[1:]))
+    if fx.const_expr(cfg.cluster_k == 1):
+        gpu.barrier()
+    else:  # (the other CTAs may exit after it: nothing reads their shared memory)
+        cluster.sync()
     return partial
 
 
@@ -416,7 +431,7 @@ def _warp_total(partial, cfg: SkinnyConfig, row, col):
     source_lane = (row % 8) * 4 + within // 2
     element = (row // 8) * 2 + within % 2
     total = partial[0, g, element, source_lane]
-    for v in fx.range_constexpr(1, cfg.warps_k):
+    for v in fx.range_constexpr(1, cfg.warps_k * cfg.cluster_k):
         total = total + partial[v, g, element, source_lane]
     return total
 
@@ -442,6 +457,9 @@ def choose_skinny_config(m: int, n: int, k: int, sms: int, element_bytes: int = 
     elif m > 8 and -(-n // cfg.rows) > sms:
         cfg = SkinnyConfig(min_blocks=2)
     ctas = -(-n // cfg.rows)
+    if element_bytes == 1 and sms // 2 <= ctas < 2 * sms and k >= 2 * cfg.step:
+        # fewer CTAs than two per SM: clusters of 2 split each tile's K (e.g. 1536 x 7168: 192 CTAs, 1.45 per SM)
+        return dataclasses.replace(cfg, cluster_k=2)
     splits = 1
     while ctas * splits < sms // 2 and splits * 2 * cfg.step <= k and splits < 16:
         splits *= 2
