@@ -9,7 +9,7 @@ import pytest
 
 import flydsl.compiler as flyc
 from flydsl.compiler import toolchain
-from flydsl.kernels.gemm import GemmConfig, MatrixSpec, Scale, choose_config, choose_fp8_config, plan_gemm
+from flydsl.kernels.gemm import GemmConfig, MatrixSpec, Scale, SkinnyConfig, choose_config, choose_fp8_config, plan_gemm
 from flydsl.kernels.gemm.arguments import check_fp8_arguments
 
 from .ptxas_report import spill_bytes
@@ -111,6 +111,24 @@ def test_every_chosen_fp8_skinny_config_assembles_without_spills():
             compiled.add((m > 8, plan.config))
             (module,) = plan.lower()
             assert "m16n8k32.row.col.f32.e4m3.e4m3.f32" in module.ptx and spill_bytes(module.ptx) == 0, plan.config
+
+
+def test_few_fp8_skinny_tiles_split_k_over_a_cluster():
+    """fp8 rows at one to two tiles per SM (1536 x 7168: 192 tiles on 132 SMs) take clusters of 2 CTAs splitting each
+    tile's K, summed through distributed shared memory: twice the CTAs on the grid, one launch."""
+    for m in (1, 16):
+        plan = plan_gemm(*_fp8_specs(m, 1536, 7168), sms=SMS, scales=_scales(m, 1536))
+        assert plan.route == "skinny" and plan.config.cluster_k == 2 and len(plan.launches) == 1
+        assert plan.launches[0].grid == (2 * 1536 // plan.config.rows, 1)
+    for n, k in ((4096, 4096), (7168, 2048), (24576, 1536)):  # two or more tiles per SM: no cluster
+        assert plan_gemm(*_fp8_specs(16, n, k), sms=SMS, scales=_scales(16, n)).config.cluster_k == 1
+    with pytest.raises(ValueError, match="cluster_k must be 1 or 2"):
+        SkinnyConfig(cluster_k=4)
+    with pytest.raises(ValueError, match="cluster_k must be 1 or 2"):
+        SkinnyConfig(cluster_k=2, splits=2)
+    (module,) = plan_gemm(*_fp8_specs(16, 1536, 7168), sms=SMS, scales=_scales(16, 1536)).lower()
+    ptx = module.ptx
+    assert ".reqnctapercluster 2, 1, 1" in ptx and "st.shared::cluster" in ptx and "barrier.cluster.arrive" in ptx
 
 
 def test_fp8_plan_refuses_short_k_steps():

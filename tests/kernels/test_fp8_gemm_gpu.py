@@ -167,8 +167,10 @@ def test_prepared_weights_give_the_bits_plain_ones_do(m, n, k, config):
     assert torch.equal(prepared, plain)
 
 
-@pytest.mark.parametrize("cluster_k", [2, 4])
-@pytest.mark.parametrize("m,n,k", [(1, 1536, 7168), (16, 1536, 7168), (13, 1004, 2064), (5, 776, 1040)])
+@pytest.mark.parametrize("cluster_k", [2])
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 1536, 7168), (16, 1536, 7168), (13, 1004, 2064), (5, 776, 1040), (1, 7168, 2048)]
+)
 def test_skinny_clusters_splitting_k(m, n, k, cluster_k):
     """SkinnyConfig.cluster_k: the CTAs of a cluster split each tile's K (K tails and empty parts included) and the
     first sums them through distributed shared memory."""
@@ -182,11 +184,12 @@ def test_skinny_clusters_splitting_k(m, n, k, cluster_k):
     scale_a, scale_b = _scale(m, "row", (m,)), _scale(n, "column", (n,))
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cfg = dataclasses.replace(choose_skinny_config(m, n, k // 2, sms, 1), cluster_k=cluster_k)
+    cfg = dataclasses.replace(choose_skinny_config(m, n, k // 2, sms, 1), splits=1, cluster_k=cluster_k)
     scales = ((Scale(rows=1), MatrixSpec.of(scale_a)), (Scale(columns=1), MatrixSpec.of(scale_b)))
     plan = plan_skinny(MatrixSpec.of(a), MatrixSpec.of(b), MatrixSpec.of(out), sms=sms, scales=scales, config=cfg)
     assert plan.launches[0].grid[0] == -(-n // cfg.rows) * cluster_k
-    launch_plan(plan, a, b, out, None, (scale_a, scale_b))
+    for _ in range(50):  # back to back (each a dependent launch of the one before)
+        launch_plan(plan, a, b, out, None, (scale_a, scale_b))
     ref = _reference(a, b, scale_a, scale_b)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite outputs"
