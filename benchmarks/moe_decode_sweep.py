@@ -183,9 +183,7 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
         skinny_gemm_combined_kernel,
         skinny_gemm_grouped_fp8_kernel,
         skinny_gemm_grouped_kernel,
-        staged_bytes,
     )
-    from flydsl.kernels.moe.experts import combined_staging
 
     hidden, inter = weights.w1.shape[2], weights.w2.shape[2]
     top_k, element = ids.shape[1], weights.w1.element_size()
@@ -225,18 +223,13 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
     chosen = choose_combined_config(top_k, element)
     candidates = [dataclasses.replace(chosen, groups=g, unroll=u) for g, u in COMBINED]
     candidates = [dataclasses.replace(c, min_blocks=m) for c in candidates for m in (chosen.min_blocks, None)]
-    staged = combined_staging(fmt != "bf16", top_k, chosen, inter)
-    shapes = [(c, 0) for c in dict.fromkeys([*candidates, dataclasses.replace(chosen, landed=False), chosen])]
-    if fmt != "bf16" and inter % 16 == 0 and staged_bytes(top_k, chosen, inter) <= 200 << 10:
-        shapes += [(chosen, inter), (chosen, 0)]  # fp8 weights staged in shared memory and not, side by side
     row["combined"] = []
-    for cfg, stage in shapes:
-        call = skinny_gemm_combined_kernel(h, w2, out, ids, topk_weights, scales2, cfg, top_k, stage)
+    for cfg in dict.fromkeys([*candidates, dataclasses.replace(chosen, landed=False), chosen]):
+        call = skinny_gemm_combined_kernel(h, w2, out, ids, topk_weights, scales2, cfg, top_k)
         grid = (-(-hidden // cfg.rows), 1)
         us = timer(lambda call=call, cfg=cfg, grid=grid: call.launch(grid=grid, block=cfg.threads)) * 1e3
         tbps = row["touched_experts"] * inter * hidden * element / (us * 1e-6) / 1e12
-        config = dataclasses.asdict(cfg) | {"staged": stage, "chosen": cfg == chosen and stage == staged}
-        row["combined"].append(dict(config=config, us=us, tbps=tbps))
+        row["combined"].append(dict(config=dataclasses.asdict(cfg) | {"chosen": cfg == chosen}, us=us, tbps=tbps))
 
 
 def run_case(model: str, tokens: int, fmt: str, modes, timer, stages: str) -> dict:

@@ -127,35 +127,6 @@ def test_decode_modes_give_the_same_output(monkeypatch, modes, quant, experts, t
         plans.clear_all()
 
 
-@pytest.mark.parametrize("quant", ["channel", "block"])
-@pytest.mark.parametrize("experts,top_k,hidden,inter", [(64, 8, 2048, 768), (32, 4, 384, 320)])
-def test_staged_combined_weights_give_the_same_bits(monkeypatch, quant, experts, top_k, hidden, inter):
-    """One token's combined kernel with its fp8 weights bulk-copied into shared memory (the default where they fit)
-    and read from global memory as it goes: the same values into the same MMAs, so the same bits."""
-    from flydsl.kernels import plans
-    from flydsl.kernels.gemm.skinny_grouped import choose_combined_config
-    from flydsl.kernels.moe import experts as experts_module
-
-    assert experts_module.combined_staging(True, top_k, choose_combined_config(top_k, 1), inter) == inter
-    x, w1, w2 = _layer(1, experts, hidden, inter, seed=31)
-    weights, ids = _routing(1, experts, top_k, seed=31)
-    ids[0, 1] = -1  # a dropped pair: its staged rows are a clamped expert's, never used
-    w1, s1, _ = _fp8_weights(w1, quant)
-    w2, s2, _ = _fp8_weights(w2, quant)
-    options = dict(quant="fp8", granularity=quant, w1_scale=s1, w2_scale=s2)
-    outs = []
-    try:
-        for limit in (experts_module.STAGED_MAX_BYTES, 0):
-            monkeypatch.setattr(experts_module, "STAGED_MAX_BYTES", limit)
-            plans.clear_all()
-            out = torch.full_like(x, float("nan"))
-            fused_moe(x, w1, w2, weights, ids, out=out, **options)
-            outs.append(out)
-    finally:
-        plans.clear_all()
-    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
-
-
 def test_fused_moe_fp16_and_new_output():
     x, w1, w2 = _layer(200, 16, 256, 128, dtype=torch.float16, seed=3)
     weights, ids = _routing(200, 16, 4, seed=3)

@@ -22,7 +22,6 @@ from flydsl.kernels.gemm.skinny_grouped import (
     skinny_gemm_combined_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
-    staged_bytes,
 )
 
 from .ptxas_report import ptxas_report
@@ -126,7 +125,7 @@ def test_the_combined_kernel_compiles_without_spills(weights, top_k, hidden, int
     scales["block"] = S((EXPERTS * hidden // 128, -(-inter // 128)), "f32")
     module = skinny_gemm_combined_kernel.lower(
         S((top_k * 16, inter), "bf16"), S((EXPERTS * hidden, inter), FP8 if fp8 else "bf16"), S((1, hidden), "bf16"),
-        S((1, top_k), "i32"), S((1, top_k), "f32"), scales[weights], cfg, top_k, 0,
+        S((1, top_k), "i32"), S((1, top_k), "f32"), scales[weights], cfg, top_k,
     )  # fmt: skip
     ptx = module.ptx
     per_load = 4 if fp8 else 2
@@ -150,7 +149,7 @@ def test_the_combined_kernel_reads_its_weights_before_the_wait(weights):
     scales = S((EXPERTS * 2048 // 128, 6), "f32") if weights == "block" else S((EXPERTS * 2048,), "f32")
     combined = skinny_gemm_combined_kernel.lower(
         S((TOP_K * 16, 768), "bf16"), S((EXPERTS * 2048, 768), FP8), S((1, 2048), "bf16"), S((1, TOP_K), "i32"),
-        S((1, TOP_K), "f32"), scales, cfg, TOP_K, 0,
+        S((1, TOP_K), "f32"), scales, cfg, TOP_K,
     )  # fmt: skip
     ptx = combined.ptx
     wait, trigger = ptx.index("griddepcontrol.wait;"), ptx.index("griddepcontrol.launch_dependents;")
@@ -159,43 +158,6 @@ def test_the_combined_kernel_reads_its_weights_before_the_wait(weights):
     assert sum(start < wait for start in weight_loads) == cfg.unroll * cfg.groups
     activation_loads = [m.start() for m in re.finditer(r"ld\.global\.nc\.v4\.b32", ptx)]
     assert activation_loads and min(activation_loads) > wait
-
-
-@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
-@pytest.mark.parametrize("weights", ["row", "block"])
-def test_the_combined_kernel_stages_its_fp8_weights_in_shared_memory(weights):
-    """``staged`` (I itself): the CTA's top_k x 16 weight rows are bulk-copied into shared memory (a row per thread,
-    one mbarrier) before the dependent-launch wait, and the mainloop reads them with 16-byte shared loads; no global
-    weight loads, no spills, at most 128 registers."""
-    cfg = choose_combined_config(TOP_K, 1)
-    scales = S((EXPERTS * 2048 // 128, 6), "f32") if weights == "block" else S((EXPERTS * 2048,), "f32")
-    module = skinny_gemm_combined_kernel.lower(
-        S((TOP_K * 16, 768), "bf16"), S((EXPERTS * 2048, 768), FP8), S((1, 2048), "bf16"), S((1, TOP_K), "i32"),
-        S((1, TOP_K), "f32"), scales, cfg, TOP_K, 768,
-    )  # fmt: skip
-    ptx = module.ptx
-    wait = ptx.index("griddepcontrol.wait;")
-    copies = [m.start() for m in re.finditer(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier", ptx)]
-    assert copies and max(copies) < wait and "mbarrier.try_wait" in ptx[wait:]
-    assert "ld.global.nc.L1::no_allocate" not in ptx and re.search(r"ld\.shared\.v4\.(b32|u32)", ptx)
-    report = ptxas_report(ptx)
-    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
-    assert int(re.search(r"Used (\d+) registers", report).group(1)) <= 128, report
-    assert staged_bytes(TOP_K, cfg, 768) == TOP_K * 16 * (768 + 64)
-    with pytest.raises(ValueError, match="staged weights are fp8 rows"):
-        skinny_gemm_combined_kernel.lower(
-            S((TOP_K * 16, 768), "bf16"), S((EXPERTS * 2048, 768), "bf16"), S((1, 2048), "bf16"),
-            S((1, TOP_K), "i32"), S((1, TOP_K), "f32"), S((1, TOP_K), "f32"), choose_combined_config(TOP_K), TOP_K, 768,
-        )  # fmt: skip
-
-
-def test_fused_moe_stages_the_combined_weights_where_they_fit():
-    from flydsl.kernels.moe.experts import STAGED_MAX_BYTES, combined_staging
-
-    fp8, bf16 = choose_combined_config(8, 1), choose_combined_config(8, 2)
-    assert combined_staging(True, 8, fp8, 768) == 768 and combined_staging(True, 8, fp8, 256) == 256  # Qwen3, DSv3
-    assert combined_staging(True, 8, fp8, 1024) == 0 < staged_bytes(8, fp8, 1024) - STAGED_MAX_BYTES  # too big
-    assert combined_staging(False, 8, bf16, 768) == 0 and combined_staging(True, 8, fp8, 760) == 0
 
 
 def _loads_before_mmas(sass: str) -> list:
@@ -225,7 +187,7 @@ def test_one_tokens_fp8_steps_issue_their_activations_together(stage, block):
         scales = S((EXPERTS * 2048 // 128, 6), "f32") if block else S((EXPERTS * 2048,), "f32")
         module = skinny_gemm_combined_kernel.lower(
             S((TOP_K * 16, 768), "bf16"), S((EXPERTS * 2048, 768), FP8), S((1, 2048), "bf16"), S((1, TOP_K), "i32"),
-            S((1, TOP_K), "f32"), scales, cfg, TOP_K, 0,
+            S((1, TOP_K), "f32"), scales, cfg, TOP_K,
         )  # fmt: skip
     assert cfg.landed and not choose_grouped_skinny_config(2048, True, 1).landed
     sass = flyc.toolchain.disassemble_cubin(module.cubin) if module.cubin is not None else None
@@ -247,7 +209,7 @@ def test_the_direct_and_combined_kernels_take_int64_ids():
     assert module.cubin is not None or flyc.toolchain.find_ptxas() is None  # (LLVM loads an id's low word)
     combined = skinny_gemm_combined_kernel.lower(
         S((TOP_K * 16, 768), "bf16"), S((EXPERTS * 2048, 768), "bf16"), S((1, 2048), "bf16"), S((1, TOP_K), "i64"),
-        S((1, TOP_K), "f32"), S((1, TOP_K), "f32"), choose_combined_config(TOP_K), TOP_K, 0,
+        S((1, TOP_K), "f32"), S((1, TOP_K), "f32"), choose_combined_config(TOP_K), TOP_K,
     )  # fmt: skip
     assert combined.cubin is not None or flyc.toolchain.find_ptxas() is None
 
@@ -257,7 +219,7 @@ def test_the_combined_kernel_checks_its_configuration():
     with pytest.raises(ValueError, match="one column of warps"):
         skinny_gemm_combined_kernel.lower(
             S((128, 768), "bf16"), S((EXPERTS * 2048, 768), "bf16"), S((1, 2048), "bf16"), S((1, 8), "i32"),
-            S((1, 8), "f32"), S((1, 8), "f32"), cfg, 8, 0,
+            S((1, 8), "f32"), S((1, 8), "f32"), cfg, 8,
         )  # fmt: skip
     with pytest.raises(ValueError, match="element_bytes"):
         choose_combined_config(8, 4)

@@ -136,11 +136,7 @@ class SkinnyVariant(NamedTuple):
 def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None, prepared: bool = False):
     """This lane's 16 bytes ``t[row, k ..]`` (8 16-bit or 16 fp8 elements) as 4 words; zeros where past
     ``k_extent`` when ``masked``. fp8 operands take 16-byte loads only (``vec``: memory holds no fp8 scalars).
-    ``prepared``: ``t`` is prepared weights' panels, element (row, k) at ``t[k // 128, row, k % 128]``. A shared-memory
-    ``t`` (bytes: weights staged there) is read with 16-byte shared loads."""
-    if fx.const_expr(vec and t.space == "shared"):
-        words = nvvm.ld_shared(t, (row, arith.select(k < k_extent, k, 0)) if fx.const_expr(masked) else (row, k))
-        return arith.select(k < k_extent, words, _WORDS(0)) if fx.const_expr(masked) else words
+    ``prepared``: ``t`` is prepared weights' panels, element (row, k) at ``t[k // 128, row, k % 128]``."""
     if fx.const_expr(vec):
         at = lambda k: (k // 128, row, k % 128) if fx.const_expr(prepared) else (row, k)  # noqa: E731
         hints = dict(l1=l1, prefetch=prefetch)
@@ -174,7 +170,6 @@ class _WarpStreams(NamedTuple):
     two_halves: bool
     prepared: bool
     block_scales: object = None  # fp8 weights' (rows / 128, ceil(K / 128)) scales, or None
-    scale_rows: object = None  # the block scales' weight rows where ``w`` is a copy in shared memory (else rows_w)
 
 
 def _loads(streams: _WarpStreams, kbase, masked: bool):
@@ -277,8 +272,7 @@ def _mmas_wide(words, accs, streams: _WarpStreams, kbase, masked: bool, dtype, b
         if fx.const_expr(block and u % per_block == 0):  # a K block's first chunk: its scales (a group's 8 rows lie
             table = streams.block_scales  # in one 128-row block), in flight during the block's MMAs
             k_block = arith.minimum((kbase + 64 * u) // _SCALE_BLOCK, table.shape[1].to(fx.Int32) - 1)
-            rows = streams.scale_rows or streams.rows_w
-            scales = [table[rows[g] // _SCALE_BLOCK, k_block] for g in range(cfg.groups)]
+            scales = [table[streams.rows_w[g] // _SCALE_BLOCK, k_block] for g in range(cfg.groups)]
             parts = [_ACC(0.0)] * cfg.groups
         frags_a = [
             vector.from_elements(_WORDS, [low[2 * s], high[2 * s], low[2 * s + 1], high[2 * s + 1]]) for s in range(4)

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import arith, gpu, mbarrier, nvvm
+from flydsl.expr import arith, gpu, nvvm
 from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, apply_epilogue
 from flydsl.kernels.gemm.skinny import (
     _ACC,
@@ -43,7 +43,6 @@ __all__ = [
     "skinny_gemm_combined_kernel",
     "skinny_gemm_grouped_fp8_kernel",
     "skinny_gemm_grouped_kernel",
-    "staged_bytes",
 ]
 
 GROUPED_BLOCK = 16  # the aligned order's row block: one m16n8k16 MMA's rows
@@ -295,7 +294,6 @@ def skinny_gemm_combined_kernel(
     w_scale: fx.Tensor,
     cfg: fx.Constexpr,
     top_k: fx.Constexpr[int],
-    staged: fx.Constexpr[int],
 ):
     """Stage 2 and the combine of decode tokens in one launch, after a ``direct`` stage 1 (:class:`GroupedMode`):
     CTA (x, t) writes output columns ``[x * cols, (x + 1) * cols)`` of token t (cols = ``cfg.rows``). Warp j takes
@@ -306,17 +304,13 @@ def skinny_gemm_combined_kernel(
     ``topk_ids`` (T, top_k) ints, ``topk_weights`` (T, top_k) floats, ``out`` (T, H). fp8 weights (weight-only, as
     :func:`skinny_gemm_grouped_fp8_kernel`): ``w_scale`` float32 (E * H,) per row or (E * H / 128, ceil(I / 128))
     per 128 x 128 block; 16-bit weights: ``w_scale`` unread. ``cfg``: one column of warps (``warps_n`` 1), no
-    split (:func:`choose_combined_config`). ``staged``: 0, or (fp8 weights, a multiple of 16) I itself: the CTA's
-    top_k x cols weight rows are bulk-copied into shared memory as it starts, before its wait, and the mainloop reads
-    them there (:func:`_stage_weights`, :func:`staged_bytes`)."""
+    split (:func:`choose_combined_config`)."""
     if cfg.warps_n != 1 or cfg.splits != 1:
         raise ValueError(f"skinny_gemm_combined_kernel: expected one column of warps and no split K: {cfg}")
     fp8 = _wide(h, w)
     if w.dtype.width == 8 and not fp8:
         raise ValueError("skinny_gemm_combined_kernel: fp8 weights take 16-bit activations")
     row_scales = fp8 and fx.rank(w_scale.shape) == 1
-    if staged and (not fp8 or staged % 16):
-        raise ValueError(f"skinny_gemm_combined_kernel: staged weights are fp8 rows of a multiple of 16, got {staged}")
     # Launched by a direct stage 1 only after that stage's own wait (_grouped_skinny_gemm): topk_ids, written before
     # it, is complete here, so the experts and their weights are read before this kernel's wait, during stage 1's
     # last CTAs; only h is stage 1's.
@@ -331,8 +325,6 @@ def skinny_gemm_combined_kernel(
     step = 4 * (16 // element_bytes) * cfg.unroll  # a warp's K per step: each warp takes all of I
     columns = [(g, e, g * 8 + 2 * lane_t + e) for g in range(cfg.groups) for e in range(2)]
     block_scales = w_scale if fp8 and not row_scales else None
-    if fx.const_expr(staged):  # the CTA's weights into shared memory, in flight during stage 1's last CTAs
-        copies = _stage_weights(w, topk_ids, token, n0, n_out, experts, cols, staged, tid, cfg, top_k)
     pairs = []
     for j in fx.range_constexpr(-(-top_k // cfg.warps)):
         slot = warp + j * cfg.warps
@@ -340,18 +332,12 @@ def skinny_gemm_combined_kernel(
         base = arith.minimum(arith.maximum(expert, 0), experts - 1) * n_out  # (clamped: loads of a skipped slot)
         rows_w = [base + arith.minimum(n0 + g * 8 + lane_q, n_out - 1) for g in range(cfg.groups)]
         streams = _WarpStreams(h, w, rows_w, None, None, k_extent, cfg, lane_t, True, True, False, block_scales)
-        if fx.const_expr(staged):  # the pair's rows in the staged copy (the block scales still by the weights' rows)
-            first_row = arith.minimum(slot, top_k - 1) * cols + lane_q
-            staged_rows = [first_row + g * 8 for g in range(cfg.groups)]
-            streams = streams._replace(w=copies[0], rows_w=staged_rows, scale_rows=rows_w)
         # fp8: the first step's weights (masked: any I), during stage 1's last CTAs (16-bit steps load h as well)
-        first = _loads(streams, 0, True) if fp8 and not staged else None
+        first = _loads(streams, 0, True) if fp8 else None
         scales = [w_scale[base + arith.minimum(n0 + col, n_out - 1)] for _g, _e, col in columns if row_scales]
         pairs.append((slot, expert, streams, first, scales))
     # h is the previous kernel's; the first step's weights are in flight before the wait (a word of each load taken)
     after_wait = nvvm.griddepcontrol_wait(after=[words[0] for pair in pairs for words in pair[3] or ()])
-    if fx.const_expr(staged):
-        copies[1].wait(0)
     # The combine's routing, read by its threads (one per column) before the mainloop: no round trip after it.
     routed = []
     for slot in fx.range_constexpr(top_k):
@@ -373,39 +359,6 @@ def skinny_gemm_combined_kernel(
             # selected, not multiplied by a zero weight: an unwritten row may hold NaNs
             total = arith.select(kept, total + weight * rows[slot, tid], total)
         out[token.to(fx.Int64), n0 + tid] = total.to(out.dtype)
-
-
-_STAGED_PAD = 64  # bytes past each staged row of I: the 8 rows one MMA fragment reads start in distinct banks
-
-
-def staged_bytes(top_k: int, cfg: SkinnyConfig, inter: int) -> int:
-    """Shared memory the combined kernel's ``staged`` weights take: top_k x cols rows of I + 64 bytes."""
-    return top_k * cfg.rows * (inter + _STAGED_PAD)
-
-
-def _stage_weights(w, topk_ids, token, n0, n_out, experts, cols: int, inter: int, tid, cfg, top_k: int):
-    """The combined kernel's ``staged`` weights: each routed pair's cols weight rows from n0 (its expert's, clamped
-    as the loads' are) bulk-copied into shared memory, a row per thread and copy, completing on one mbarrier (its
-    phase 0); returns (the (top_k * cols, I + 64) byte buffer, the barrier)."""
-    smem = fx.SmemAllocator()
-    pitch = inter + _STAGED_PAD
-    buffer = smem.allocate(fx.Uint8, fl.Layout((top_k * cols, pitch), (pitch, 1)))
-    barrier = mbarrier.allocate(smem)[0]
-    if tid == 0:
-        barrier.init(1)
-        mbarrier.fence_init()
-    gpu.barrier()
-    if tid == 0:  # (before any copy completes its bytes)
-        barrier.arrive_expect_tx(top_k * cols * inter)
-    gpu.barrier()
-    for turn in fx.range_constexpr(-(-top_k * cols // cfg.threads)):
-        index = tid + turn * cfg.threads
-        slot, row = arith.minimum(index, top_k * cols - 1) // cols, index % cols
-        expert = arith.minimum(arith.maximum(_routed_expert(topk_ids, token, slot), 0), experts - 1)
-        source = expert * n_out + arith.minimum(n0 + row, n_out - 1)
-        if index < top_k * cols:
-            nvvm.cp_async_bulk(buffer, w, inter, barrier, dst_coord=(slot * cols + row, 0), src_coord=(source, 0))
-    return buffer, barrier
 
 
 def choose_combined_config(top_k: int, element_bytes: int = 2) -> SkinnyConfig:

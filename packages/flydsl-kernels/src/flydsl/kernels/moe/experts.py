@@ -48,7 +48,6 @@ from flydsl.kernels.gemm.skinny_grouped import (
     skinny_gemm_combined_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
-    staged_bytes,
 )
 from flydsl.kernels.memory import per_stream
 from flydsl.kernels.moe.api import (
@@ -76,8 +75,6 @@ CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
 _DECODE_WORDS = frozenset({"direct", "combine"})  # FLYDSL_MOE_DECODE's (default: both)
 COMBINE_MAX_INTER = 1024  # at most: the combined kernel's warp per routed pair streams all of I (decode_modes)
-# at most: the combined kernel's fp8 weights staged in shared memory (two CTAs per SM still fit)
-STAGED_MAX_BYTES = 112 << 10
 _WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
 _WAVES = 8  # their CTAs per SM (grid-stride loops past that)
 _FUSED = Plans("flydsl.kernels.moe.fused_moe", replay=True)
@@ -350,13 +347,6 @@ class DecodeModes(NamedTuple):
     combined: bool = False
 
 
-def combined_staging(fp8: bool, top_k: int, cfg, inter: int) -> int:
-    """The combined kernel's ``staged`` argument: I where its fp8 weight rows fit :data:`STAGED_MAX_BYTES` of shared
-    memory (bulk-copied there as each CTA starts, during stage 1's last CTAs: docs/tuning/moe.md#decode), else 0."""
-    fits = fp8 and inter % 16 == 0 and staged_bytes(top_k, cfg, inter) <= STAGED_MAX_BYTES
-    return inter if fits else 0
-
-
 def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     """The decode stages' modes: ``direct`` (no alignment: each routed pair its own block) for one token, and with
     it ``combine`` (stage 2 and the combine in one launch) where I is at most :data:`COMBINE_MAX_INTER` and top_k at
@@ -478,7 +468,6 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     grid2 = (-(-hidden // cfg2.rows), blocks)
     cfgc = choose_combined_config(top_k, element_bytes)
     gridc = (-(-hidden // cfgc.rows), tokens)
-    stagedc = combined_staging(fp8 is not None, top_k, cfgc, inter)
 
     import torch
 
@@ -538,7 +527,7 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
                 grid=grid1, block=cfg1.threads
             )
         if combined:  # stage 2 and the combine: the output written directly
-            skinny_gemm_combined_kernel(h, w2_rows, out, topk_ids, topk_weights, scales2, cfgc, top_k, stagedc).launch(
+            skinny_gemm_combined_kernel(h, w2_rows, out, topk_ids, topk_weights, scales2, cfgc, top_k).launch(
                 grid=gridc, block=cfgc.threads
             )
             return None
