@@ -9,7 +9,9 @@ reference of the dequantized inputs and against ``_scaled_mm`` (relative Frobeni
 triton.testing.do_bench (CUDA events, L2 flushed before each call, median of the calls) interleaved with the peers:
 ``_scaled_mm`` rowwise (the same scales: the bar), ``_scaled_mm`` tensorwise (one scale each), the bf16 ``gemm`` of
 the same shape, ours with the weights prepared once (``prepare_weight``: checked bit for bit against plain ones), and
-for M <= 16 a same-bytes copy (``copy_`` of N * K / 2 bytes into as many: what streaming the weights once costs),
+for M <= 16 a same-bytes copy (``copy_`` of N * K / 2 bytes into as many: what streaming the weights once costs)
+and a copy of all N * K bytes (``fraction_of_read_copy``: it reads what the GEMM reads; below L2's size the half
+copy's writes stay in L2, so it reads half the bytes: docs/tuning/gemm.md#skinny),
 ``--repeats`` times; the numbers are medians over the repeats. M <= 16 is also timed streamed: calls back to back
 over copies of the weights that together exceed L2 (as the layers of a decode step run), one event pair around each
 pass (captured in a CUDA graph: no host time between kernels), against copies of as many distinct buffers timed the
@@ -130,8 +132,10 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
     out16 = torch.empty_like(ours)
     copy_src = torch.empty(n * k // 2 if m <= 16 else 0, dtype=torch.uint8, device="cuda")
     copy_dst = torch.empty_like(copy_src)
+    read_src = torch.empty(n * k if m <= 16 else 0, dtype=torch.uint8, device="cuda")  # all the weights' bytes
+    read_dst = torch.empty_like(read_src)
     runs = {name: [] for name in ("flydsl", "flydsl_prepared", "scaled_mm_rowwise", "scaled_mm_tensorwise")}
-    runs.update(bf16_gemm=[], copy=[])
+    runs.update(bf16_gemm=[], copy=[], copy_read=[])
     timed = {
         "flydsl": lambda: fp8_gemm(a, b, scale_a, scale_b, ours),
         "flydsl_prepared": lambda: fp8_gemm(a, prepared, scale_a, scale_b, ours_prepared),
@@ -142,6 +146,7 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
         timed["bf16_gemm"] = lambda: gemm(a16, b16, out16)
     if m <= 16:
         timed["copy"] = lambda: copy_dst.copy_(copy_src)
+        timed["copy_read"] = lambda: read_dst.copy_(read_src)
     for _ in range(repeats):
         for name, fn in timed.items():
             runs[name].append(_bench(fn, do_bench))
@@ -151,7 +156,7 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
     result["chosen_config"] = _route(m, n, k)
     for name, t in ms.items():
         result[f"{name}_ms"] = t
-        if name != "copy":
+        if name not in ("copy", "copy_read"):
             result[f"{name}_tflops"] = flops / t / 1e9
     result["ratio_vs_rowwise"] = ms["scaled_mm_rowwise"] / ms["flydsl"]
     result["ratio_vs_tensorwise"] = ms["scaled_mm_tensorwise"] / ms["flydsl"]
@@ -160,6 +165,7 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
     if "copy" in ms:
         result["fraction_of_copy"] = ms["copy"] / ms["flydsl"]  # same-bytes copy time / ours
         result["prepared_fraction_of_copy"] = ms["copy"] / ms["flydsl_prepared"]
+        result["fraction_of_read_copy"] = ms["copy_read"] / ms["flydsl"]  # a copy_ reading all the weights' bytes
         result.update(streamed(torch, m, n, k, a, scale_a, scale_b, prepare_weight, fp8_gemm))
     result["runs_ms"] = runs
     return result
@@ -273,6 +279,9 @@ def summarize(results) -> dict:
         "geomean_ratio_all": statistics.geometric_mean(ratios),
         "min_ratio": min(ratios),
         "m_le_16_min_fraction_of_copy": min(r["fraction_of_copy"] for r in small) if small else None,
+        "m_le_16_min_fraction_of_read_copy": min(
+            (r["fraction_of_read_copy"] for r in small if "fraction_of_read_copy" in r), default=None
+        ),
         "m_le_16_geomean_ratio": statistics.geometric_mean([r["ratio_vs_rowwise"] for r in small]) if small else None,
         "geomean_ratio_vs_tensorwise": statistics.geometric_mean([r["ratio_vs_tensorwise"] for r in results]),
         "m_le_16_min_fraction_of_copy_streamed": (
