@@ -13,6 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("mlir._mlir_libs._mlir", "flydsl.compiler._fly")
+# The trace and compile path's own modules: imported by a compile, not by a launch from the disk cache.
+COMPILE_PATH = ("flydsl.compiler.pipeline", "flydsl.compiler.ast_rewrite", "flydsl.compiler.context")
 
 _FIRST_CALLS = f"""
 import json, sys
@@ -31,7 +33,8 @@ with recording() as launched:
 a, b = MatrixSpec.dense((256, 1024), "bf16"), MatrixSpec.dense((1024, 512), "bf16")
 modules = plan_gemm(a, b, MatrixSpec.dense((256, 512), "bf16"), sms=132).lower()
 print(json.dumps({{"after_imports": after_imports, "launches": len(launched), "gemm_modules": len(modules),
-                  "loaded": [name for name in {HEAVY!r} if name in sys.modules]}}))
+                  "loaded": [name for name in {HEAVY!r} if name in sys.modules],
+                  "compile_path": sorted(name for name in {COMPILE_PATH!r} if name in sys.modules)}}))
 """
 
 
@@ -45,5 +48,7 @@ def _run(cache: Path) -> dict:
 def test_a_process_launching_cached_kernels_loads_no_mlir(tmp_path):
     first = _run(tmp_path)  # compiles: tracing loads MLIR (which shows that the check below can see it)
     assert first["after_imports"] == [] and first["loaded"] == list(HEAVY)
+    assert first["compile_path"] == sorted(COMPILE_PATH)
     second = _run(tmp_path)  # everything from the disk cache
-    assert second == {"after_imports": [], "launches": 2, "gemm_modules": first["gemm_modules"], "loaded": []}
+    expected = {"after_imports": [], "launches": 2, "gemm_modules": first["gemm_modules"], "loaded": []}
+    assert second == expected | {"compile_path": []}

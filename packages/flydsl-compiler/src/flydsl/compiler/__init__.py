@@ -11,15 +11,29 @@ cfg = flyc.autotune.choose("op", key, configs, run)  # timed once per key, the w
 from flydsl.compiler import autotune, runtime
 from flydsl.compiler.args import TensorSpec, mark_static
 from flydsl.compiler.attributes import KernelAttributes, set_kernel_attributes
-from flydsl.compiler.context import make_context
+from flydsl.compiler.compiled import CompiledModule
 from flydsl.compiler.errors import CompilationError, FlyError, PerformanceWarning, ToolchainError
 from flydsl.compiler.jit import CompiledKernel, JitFunction, compile, jit
 from flydsl.compiler.kernel import KernelCall, KernelFunction, kernel
-from flydsl.compiler.pipeline import CompiledModule, compile_mlir
 from flydsl.compiler.target import SM80, SM90A, Stage, Target
 from flydsl.compiler.toolchain import assemble_ptx, find_ptxas
 
 __version__ = "0.1.0"
+
+# Imported on first use: the MLIR pipeline and context are the trace and compile path; a process that launches only
+# kernels the disk cache holds never imports them (issue 31's cold start).
+_LAZY = {"compile_mlir": "flydsl.compiler.pipeline", "make_context": "flydsl.compiler.context"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'flydsl.compiler' has no attribute {name!r}")
+
 
 __all__ = [
     "CompiledKernel",

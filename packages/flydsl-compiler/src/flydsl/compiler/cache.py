@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from flydsl.compiler import settings
-from flydsl.compiler.pipeline import CompiledModule
+from flydsl.compiler.compiled import CompiledModule
 from flydsl.compiler.target import Target
 from flydsl.compiler.tracing import warn_at_user_code
 

@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass
 
 import flydsl.layout as _fl
-from flydsl.compiler import cache, isolate, runtime, settings, toolchain
+from flydsl.compiler import cache, runtime, settings, toolchain
 from flydsl.compiler._native import launcher
 from flydsl.compiler.args import (
     StaticDims,
@@ -31,12 +31,10 @@ from flydsl.compiler.args import (
     stride_plan,
     torch_dtype_name,
 )
-from flydsl.compiler.ast_rewrite import rewrite_function
 from flydsl.compiler.attributes import KernelAttributes, check_launch_shape
-from flydsl.compiler.context import make_context
+from flydsl.compiler.compiled import CompiledModule
 from flydsl.compiler.fingerprint import source_fingerprint
 from flydsl.compiler.lazy import lazy_import
-from flydsl.compiler.pipeline import CompiledModule, compile_mlir
 from flydsl.compiler.target import SM90A, Target
 from flydsl.compiler.tracing import user_traceback, warn_at_user_code
 from flydsl.expr.numeric import Float, Index, Integer, Numeric, fastmath, fp_contract
@@ -48,6 +46,14 @@ ir = lazy_import("mlir.ir")
 gpu = lazy_import("mlir.dialects.gpu")
 
 __all__ = ["kernel", "KernelFunction", "KernelCall"]
+
+
+def _compile_mlir(source, target):
+    """:func:`flydsl.compiler.pipeline.compile_mlir`, imported on a kernel's first compile: launching a kernel that
+    the disk cache holds needs none of the pipeline."""
+    from flydsl.compiler.pipeline import compile_mlir
+
+    return compile_mlir(source, target)
 
 
 def _user_errors(method):
@@ -241,7 +247,7 @@ class KernelFunction:
                     f"FlyDSL: kernel '{self.name}' is not cached on disk: {fingerprint.unknown} cannot be"
                     " fingerprinted (pass it as a Constexpr, or make it a number, string, tuple, enum or dataclass)"
                 )
-            return compile_mlir(self._traced(spec.key, bytecode=True), self.target)
+            return _compile_mlir(self._traced(spec.key, bytecode=True), self.target)
         key = cache.key_text(
             cache.compiler_fingerprint(),
             toolchain.fingerprint(),
@@ -252,7 +258,7 @@ class KernelFunction:
         compiled = cache.load(key)
         if compiled is None:
             _start_compile_worker()
-            compiled = compile_mlir(self._traced(spec.key, bytecode=True), self.target)
+            compiled = _compile_mlir(self._traced(spec.key, bytecode=True), self.target)
             cache.store(key, compiled)
         else:  # what ptxas said when it was compiled, as then
             toolchain.warn_performance_notes(compiled.performance_notes)
@@ -300,6 +306,9 @@ class KernelFunction:
     def _traced(self, key: tuple, bytecode: bool) -> str | bytes:
         """:meth:`trace`'s module as text, or as MLIR bytecode (what compiles take: for a GEMM 41 KB written in
         2 ms against 860 KB of text in 24 ms, and read back 5x faster; the same module, locations included)."""
+        from flydsl.compiler.ast_rewrite import rewrite_function  # (the trace path: not a cached kernel's launch)
+        from flydsl.compiler.context import make_context
+
         fn = rewrite_function(self.fn)
         with make_context(), ir.Location.unknown():
             module = ir.Module.create()
@@ -375,6 +384,8 @@ _INT64_BOUNDS = (-(1 << 63), (1 << 63) - 1)
 def _start_compile_worker() -> None:
     """Where compiles are isolated, the worker starts while the kernel is traced (``isolate.start_worker``)."""
     if settings.current().compile_isolated:
+        from flydsl.compiler import isolate
+
         isolate.start_worker()
 
 

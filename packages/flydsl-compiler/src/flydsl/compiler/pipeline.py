@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from flydsl.compiler import isolate as isolation
 from flydsl.compiler import settings, toolchain
+from flydsl.compiler.compiled import CompiledModule
 from flydsl.compiler.context import make_context
 from flydsl.compiler.errors import CompilationError, format_mlir_error, location_text
 from flydsl.compiler.lazy import lazy_import
@@ -27,31 +27,6 @@ passmanager = lazy_import("mlir.passmanager")
 gpu = lazy_import("mlir.dialects.gpu")
 
 __all__ = ["CompiledModule", "compile_mlir", "kernel_signatures", "launch_shapes", "shared_allocations"]
-
-
-@dataclass(frozen=True)
-class CompiledModule:
-    """The result of a compile: PTX, the cubin when ptxas ran, each kernel's launch signature and the dynamic
-    shared memory its ``fly.alloc_smem`` buffers need (a launch's default)."""
-
-    name: str
-    target: Target
-    ptx: str
-    cubin: bytes | None
-    kernels: dict[str, str]
-    shared_bytes: dict[str, int] = field(default_factory=dict)
-    stages: dict[str, str] = field(default_factory=dict, repr=False)
-    # The block and cluster shapes compiled into each kernel (``.reqntid``, ``.reqnctapercluster``; None where
-    # free), from ``@kernel(...)`` or ``set_kernel_attributes``: launches with others are refused.
-    launch_shapes: dict[str, tuple] = field(default_factory=dict)
-    # ptxas's "Potential Performance Loss" notes (warned as PerformanceWarning when compiled, and again when the
-    # module comes back from the disk cache).
-    performance_notes: tuple[str, ...] = ()
-
-    @property
-    def image(self) -> bytes:
-        """What the driver loads: the cubin, else the PTX (JIT-compiled by the driver)."""
-        return self.cubin if self.cubin is not None else self.ptx.encode()
 
 
 def compile_mlir(

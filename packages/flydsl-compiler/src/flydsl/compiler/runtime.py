@@ -7,7 +7,7 @@ module works without a GPU; ``is_available()`` says whether one can be used.
 from __future__ import annotations
 
 from flydsl.compiler._native import launcher as _rt
-from flydsl.compiler.pipeline import CompiledModule
+from flydsl.compiler.compiled import CompiledModule
 
 __all__ = [
     "CudaError",
