@@ -55,12 +55,11 @@ Everything from topk_ids to the (T, H) output is inside the timed region, ours a
 Metrics: TFLOP/s of the layer, 2 * (kept ids) * (2I * H + H * I) FLOPs; for decode, the touched experts' weight
 bytes (distinct experts routed to x ``expert_bytes``: bf16 3 * I * H x 2 bytes, fp8 3 * I * H x 1 byte plus the
 float32 scales, (2I + H) x 4) over our time, as ``fraction_of_copy`` = the time of a copy moving as many bytes
-(``copy_`` of half of them into as many: bytes read plus written) / ours, and ``fraction_of_read_copy`` against a
-``copy_`` of all of them (reading what the layer reads: below L2's size the half copy's writes stay in L2, so it reads
-half the bytes); ratio_vs_X = X's time / ours (> 1: ours faster). The summary: per format the geomean ratios
-(prefill: T in 1024, 4096, 16384), ``fp8_speedup_over_bf16_ours`` (geomean over those prefill cases of our bf16 time /
-our fp8 time, same model and T) and the two stages' TFLOP/s at T = 16384 per format; ``block_vs_fp8_geomean``
-(geomean over the prefill cases of our fp8 time / our block time: the cost of the block scales' promotion).
+(``copy_`` of half of them into as many: bytes read plus written) / ours, ``fraction_of_read_copy`` the same for a
+``copy_`` of all of them (``COPIES``); ratio_vs_X = X's time / ours (> 1: ours faster). The summary: per format the
+geomean ratios (prefill: T in 1024, 4096, 16384), ``fp8_speedup_over_bf16_ours`` (geomean over those prefill cases
+of our bf16 time / our fp8 time, same model and T) and the two stages' TFLOP/s at T = 16384 per format;
+``block_vs_fp8_geomean`` (over the prefill cases, our fp8 time / our block time: the block scales' promotion's cost).
 """
 
 from __future__ import annotations
@@ -104,6 +103,8 @@ QUANTS = ("bf16", "fp8", "block")
 PEERS = ("grouped_mm", "loop")
 PREFILL_TOKENS = (1024, 4096, 16384)  # the summary's prefill geomean
 DECODE_TOKENS = 64  # T <= this: decode, timed against a same-bytes copy
+# decode's copies, peer -> (field, touched bytes per copied byte): why a second one, docs/tuning/moe.md#decode
+COPIES = {"copy": ("fraction_of_copy", 2), "copy_read": ("fraction_of_read_copy", 1)}
 LOOP_TOKENS = 1024  # the loop peer at T <= this only (it is slow)
 SUMMARY_TOKENS = 16384  # the summary's per-model TFLOP/s
 CHECK_TOKENS = 4096  # tokens checked against the float32 reference (it is slow on Mixtral's large experts)
@@ -173,8 +174,6 @@ def summarize(results) -> dict:
         return {q: vs(peer, [r for r in rows if r["quant"] == q]) for q in quants}
 
     prefill = [r for r in ok if r["tokens"] in PREFILL_TOKENS]
-    fractions = [r["fraction_of_copy"] for r in ok if r.get("fraction_of_copy") is not None]
-    read_fractions = [r["fraction_of_read_copy"] for r in ok if r.get("fraction_of_read_copy") is not None]
     tflops, stages = {}, {}
     for r in ok:
         if r["tokens"] != SUMMARY_TOKENS:
@@ -199,8 +198,9 @@ def summarize(results) -> dict:
         "prefill_geomean_vs_grouped_mm": per_quant("grouped_mm", prefill),
         "fp8_speedup_over_bf16_ours": fp8_speedup,
         "block_vs_fp8_geomean": block_vs_fp8,
-        "decode_min_fraction_of_copy": min(fractions) if fractions else None,
-        "decode_min_fraction_of_read_copy": min(read_fractions) if read_fractions else None,
+        **{
+            f"decode_min_{f}": min((r[f] for r in ok if r.get(f) is not None), default=None) for f, _ in COPIES.values()
+        },
         "layer_tflops_at_16384": tflops,
         "stage_tflops_at_16384": stages,
         "geomean_vs_grouped_mm": per_quant("grouped_mm", ok),
@@ -260,6 +260,17 @@ def make_weights(model: Model, seed: int):
     w1 = torch.randn(e, 2 * i, h, device=DEVICE, dtype=torch.bfloat16).mul_(h**-0.5)
     w2 = torch.randn(e, h, i, device=DEVICE, dtype=torch.bfloat16).mul_(i**-0.5)
     return w1, w2
+
+
+def _copy(torch, nbytes: int, name: str):
+    """A ``copy_`` of ``nbytes`` into as many, named ``name`` (the peer it is timed as)."""
+    source, target = (torch.empty(nbytes, dtype=torch.uint8, device=DEVICE) for _ in range(2))
+
+    def copy():
+        return target.copy_(source)
+
+    copy.__name__ = name
+    return copy
 
 
 def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repeats, check_tokens, peers):
@@ -349,21 +360,8 @@ def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repea
         row["grouped_mm_synchronizes"] = drops
     del reference
     if tokens <= DECODE_TOKENS and row["touched_bytes"]:
-        copy_src = torch.empty(row["touched_bytes"] // 2, dtype=torch.uint8, device=DEVICE)
-        copy_dst = torch.empty_like(copy_src)
-
-        def copy():
-            return copy_dst.copy_(copy_src)
-
-        # all of the touched bytes copied: a read of what the layer reads (below L2's size the half copy's writes
-        # stay in L2, so it reads half: docs/tuning/moe.md#decode)
-        read_src = torch.empty(row["touched_bytes"], dtype=torch.uint8, device=DEVICE)
-        read_dst = torch.empty_like(read_src)
-
-        def copy_read():
-            return read_dst.copy_(read_src)
-
-        timed["copy"], timed["copy_read"] = copy, copy_read
+        for peer, (_, share) in COPIES.items():
+            timed[peer] = _copy(torch, row["touched_bytes"] // share, peer)
     runs = {name: [] for name in timed}
     for _ in range(repeats):
         for peer, fn in list(timed.items()):
@@ -379,16 +377,16 @@ def run_case(name, model, weights: Weights, tokens, quant, *, seed, timer, repea
                 del runs[peer]
     for peer, values in runs.items():
         row[f"{peer}_us"] = statistics.median(values)
-        if peer not in ("copy", "copy_read"):
+        if peer not in COPIES:
             row[f"{peer}_tflops"] = row["flops"] / (row[f"{peer}_us"] * 1e-6) / 1e12
     for peer in PEERS:
         if f"{peer}_us" in row:
             row[f"ratio_vs_{peer}"] = row[f"{peer}_us"] / row["ours_us"]  # > 1: ours faster
     if "copy_us" in row:
         row["touched_tbps"] = row["touched_bytes"] / (row["ours_us"] * 1e-6) / 1e12
-        row["fraction_of_copy"] = row["copy_us"] / row["ours_us"]
-    if "copy_read_us" in row:
-        row["fraction_of_read_copy"] = row["copy_read_us"] / row["ours_us"]
+    for peer, (field, _) in COPIES.items():
+        if f"{peer}_us" in row:
+            row[field] = row[f"{peer}_us"] / row["ours_us"]
     row["runs_us"] = runs
     if DEVICE == "cuda":  # the host's time to queue one call (not in the GPU times above: issue 31's concern)
         from cold_l2 import host_seconds
@@ -493,26 +491,25 @@ def parse_args(argv):
 
 
 METHOD = (
-    "cold_l2.bench_cold (triton.testing.do_bench's loop: CUDA events, L2 flushed before each call, median; warmup"
-    " 10 ms, rep 40 ms; each call queued behind a sleep kernel longer than the host takes to queue it: GPU time; ours'"
-    " host time per call in ours_host_us), ours, the peers and the copy interleaved, median over repeats; routing"
-    " from topk_ids to the"
-    " (T, H) bf16 output inside the timed region; random bf16 x, w1 (E, 2I, H), w2 (E, H, I); topk_weights float32"
-    " and topk_ids int32 from torch.topk of softmax (DeepSeek: sigmoid) scores of random logits, renormalized; EP"
-    " shard: ids of the other shards -1; fp8: w1, w2 float8_e4m3fn with float32 scales per output channel (amax /"
-    " 448) made from the bf16 ones, fused_moe(quant='fp8', granularity='channel'), x quantized per token inside;"
-    " block: float8_e4m3fn with a float32 scale per 128 x 128 block (amax / 448), granularity='block', x and h"
-    " quantized per 1 x 128 group inside; its grouped_mm peer the fp8 pipeline on the per-channel weights;"
-    " TFLOP/s = 2 * kept ids * 3 * I * H / time; grouped_mm: stable torch.sort of the ids, offs by searchsorted, x"
-    " rows gathered, torch._grouped_mm with w.transpose(1, 2), silu(gate) * up, float32 index_add_ combine (EP shard:"
-    " the kept count read on the host); fp8 grouped_mm: the same with x quantized per token (amax / 448, e4m3) before"
-    " the gather, torch._scaled_grouped_mm(a8, w8.transpose(1, 2), scale_a per row, scale_b (E, N), offs,"
-    " out_dtype=bf16) for both GEMMs, h quantized per row between them; loop (bf16, T <= 1024): per expert nonzero,"
-    " matmuls, float32 index_add_; decode (T <= 64): touched experts' weight bytes (fp8: 1 byte each plus the"
-    " scales) / time, fraction_of_copy = time of a copy_ of half those bytes into as many / ours; ratio_vs_X = X"
-    " time / ours; checked: output poisoned with NaN, up to check_tokens tokens against fused_moe_reference"
-    " (float32; fp8, block: of the dequantized weights), max |out - ref| / max |ref| <= 2e-2 (bf16) or 6e-2 (fp8,"
-    " block)"
+    "cold_l2.bench_cold (triton.testing.do_bench's loop: CUDA events, L2 flushed before each call, median; warmup 10 "
+    "ms, rep 40 ms; each call queued behind a sleep kernel longer than the host takes to queue it: GPU time; ours' "
+    "host time per call in ours_host_us), ours, the peers and the copies interleaved, median over repeats; routing "
+    "from topk_ids to the (T, H) bf16 output inside the timed region; random bf16 x, w1 (E, 2I, H), w2 (E, H, I); "
+    "topk_weights float32 and topk_ids int32 from torch.topk of softmax (DeepSeek: sigmoid) scores of random logits, "
+    "renormalized; EP shard: ids of the other shards -1; fp8: w1, w2 float8_e4m3fn with float32 scales per output "
+    "channel (amax / 448) made from the bf16 ones, fused_moe(quant='fp8', granularity='channel'), x quantized per "
+    "token inside; block: float8_e4m3fn with a float32 scale per 128 x 128 block (amax / 448), granularity='block', x "
+    "and h quantized per 1 x 128 group inside; its grouped_mm peer the fp8 pipeline on the per-channel weights; "
+    "TFLOP/s = 2 * kept ids * 3 * I * H / time; grouped_mm: stable torch.sort of the ids, offs by searchsorted, x rows "
+    "gathered, torch._grouped_mm with w.transpose(1, 2), silu(gate) * up, float32 index_add_ combine (EP shard: the "
+    "kept count read on the host); fp8 grouped_mm: the same with x quantized per token (amax / 448, e4m3) before the "
+    "gather, torch._scaled_grouped_mm(a8, w8.transpose(1, 2), scale_a per row, scale_b (E, N), offs, out_dtype=bf16) "
+    "for both GEMMs, h quantized per row between them; loop (bf16, T <= 1024): per expert nonzero, matmuls, float32 "
+    "index_add_; decode (T <= 64): touched experts' weight bytes (fp8: 1 byte each plus the scales) / time, "
+    "fraction_of_copy = time of a copy_ of half those bytes into as many / ours, fraction_of_read_copy = the same for "
+    "a copy_ of all of them; ratio_vs_X = X time / ours; checked: output poisoned with NaN, up to check_tokens tokens "
+    "against fused_moe_reference (float32; fp8, block: of the dequantized weights), max |out - ref| / max |ref| <= "
+    "2e-2 (bf16) or 6e-2 (fp8, block)"
 )
 
 
