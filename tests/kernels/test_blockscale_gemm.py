@@ -12,6 +12,7 @@ import flydsl.compiler as flyc
 from flydsl.compiler import toolchain
 from flydsl.kernels.gemm import GemmConfig, MatrixSpec, choose_blockscale_config, plan_blockscale
 from flydsl.kernels.gemm.arguments import check_blockscale_arguments
+from flydsl.kernels.gemm.block_scales import tile_takes_blocks
 
 from .ptxas_report import spill_bytes
 
@@ -33,9 +34,27 @@ def _specs(m, n, k, a_layout="M-major", out="bf16"):
 )
 def test_blockscale_configs_take_one_scale_block_per_step_and_tile(m, n, k):
     cfg = choose_blockscale_config(m, n, k, SMS)
-    assert cfg.tile_k == 128 and 128 % cfg.tile_n == 0 and cfg.schedule == "cooperative"
+    assert cfg.tile_k == 128 and tile_takes_blocks(cfg.tile_n) and cfg.schedule == "cooperative"
     plan = plan_blockscale(*_specs(m, n, k), sms=SMS)
     assert plan.route == "gemm_ws_blockscaled" and plan.config == cfg and not plan.epilogue.scales
+
+
+@pytest.mark.parametrize(
+    "m,n,k,width",
+    [(4096, 24576, 1536, 192), (512, 18432, 7168, 192), (8192, 32768, 512, 192), (4096, 7168, 16384, 128)]
+    + [(512, 7168, 16384, 128), (512, 32768, 512, 128), (4096, 4096, 7168, 128)],
+)
+def test_blockscale_tiles_go_192_wide_where_fewer_waves_pay_for_them(m, n, k, width):
+    """192-wide tiles where their waves, 1.5 times as long less the wider tile's gain, take less time than the 128-wide
+    tiles' (as measured on an H100, docs/tuning/blockscale.md#wide-tiles), and never with a split K."""
+    cfg = choose_blockscale_config(m, n, k, SMS)
+    assert cfg.tile_n == width and (width == 128 or cfg.split_k == 1)
+    assert cfg.stages == (5 if width == 192 else 6)
+
+
+def test_blockscale_straddling_tiles_only_in_dense_gemms():
+    assert tile_takes_blocks(192) and not tile_takes_blocks(192, grouped=True) and not tile_takes_blocks(192, 2)
+    assert tile_takes_blocks(128, 2) and not tile_takes_blocks(256) and not tile_takes_blocks(96)
 
 
 @pytest.mark.parametrize("layout", ["M-major", "row-major"])
@@ -67,7 +86,7 @@ def test_blockscale_plan_checks_the_scales_geometry():
 
 
 @pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
-@pytest.mark.parametrize("m,n,k", [(4096, 7168, 16384), (64, 2112, 7168)])
+@pytest.mark.parametrize("m,n,k", [(4096, 7168, 16384), (64, 2112, 7168), (4096, 24576, 1536)])
 def test_blockscale_kernel_promotes_each_block_of_fp8_wgmma(m, n, k):
     """Each K step's wgmmas start fresh accumulators (scale-d off: ``p`` false), the kernel assembles for sm_90a without
     spills, and its SASS multiplies with QGMMA on E4M3 operands and adds each step into the sums with FFMA."""

@@ -97,8 +97,21 @@ def test_blockscale_gemm_shapes(m, n, k, layout):
         GemmConfig(tile_m=64, tile_n=128, tile_k=128, stages=8, consumers=1, cluster_m=1),
         GemmConfig(tile_m=128, tile_n=64, tile_k=128, stages=8, cluster_m=1),
         GemmConfig(tile_m=128, tile_n=128, tile_k=128, stages=6, cluster_m=1, stream_k=True),
+        GemmConfig(tile_m=128, tile_n=192, tile_k=128, stages=5, store_boxes=1),
+        GemmConfig(tile_m=128, tile_n=192, tile_k=128, stages=5, cluster_m=1, split_k=2),
+        GemmConfig(tile_m=64, tile_n=192, tile_k=128, stages=6, consumers=1, cluster_m=1),
+        GemmConfig(tile_m=128, tile_n=192, tile_k=128, stages=5, cluster_m=1, stream_k=True),
     ],
-    ids=["split K", "64-row tiles", "64-wide tiles", "stream-K"],
+    ids=[
+        "split K",
+        "64-row tiles",
+        "64-wide tiles",
+        "stream-K",
+        "192-wide",
+        "192-wide split K",
+        "64x192",
+        "192 stream-K",
+    ],
 )
 def test_blockscale_gemm_configs(config):
     a, w, a_scales, w_scales = _operands(1000, 776, 1040)

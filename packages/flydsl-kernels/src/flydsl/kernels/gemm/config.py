@@ -15,6 +15,7 @@ from flydsl.kernels.gemm.schedulers import cluster_tiles, split_plan, stream_k_s
 __all__ = [
     "SMEM_BYTES",
     "STAGING_BOX",
+    "WIDE_BLOCKSCALE_GAIN",
     "GemmConfig",
     "candidate_configs",
     "choose_blockscale_config",
@@ -282,11 +283,24 @@ def choose_fp8_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     return fp8_config(choose_config(m, n, -(-k // 2), sms))
 
 
+WIDE_BLOCKSCALE_GAIN = 1.05  # a 192-wide block-scaled tile's time per column against a 128-wide tile's: 1/1.05
+
+
 @functools.cache
 def choose_blockscale_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     """The configuration of a block-scaled fp8 GEMM: :func:`choose_fp8_config`'s among tiles at most 128 wide, with
-    the deepest pipeline whose slots also hold their K step's scales. Each consumer thread holds two K blocks'
-    accumulators beside the float32 sums (``tile_n`` registers per 64 rows each), and a tile must take one scale per
-    128-column block of B."""
+    the deepest pipeline whose slots also hold their K step's scales, or the same 192 wide where fewer waves of those
+    make up for tiles 1.5 times as wide (:data:`WIDE_BLOCKSCALE_GAIN`; a split K keeps the 128-wide tile). Each
+    consumer thread holds two K blocks' accumulators beside the float32 sums where three sets fit (tiles 128 wide:
+    64 registers per 64 rows each), one otherwise (192: 96), and a tile takes one or two scales per 128-column block
+    of B (docs/tuning/blockscale.md#wide-tiles)."""
     cfg = fp8_config(choose_config(m, n, -(-k // 2), sms, tile_widths=(128, 64)))
+    if cfg.tile_n == 128 and cfg.split_k == 1:
+        wide = dataclasses.replace(cfg, tile_n=192)
+
+        def waves(c):
+            return -(-(-(-m // c.tile_m) * -(-n // c.tile_n)) // sms)
+
+        if waves(wide) * 1.5 / WIDE_BLOCKSCALE_GAIN < waves(cfg):
+            cfg = wide
     return dataclasses.replace(cfg, **deepest_pipeline(cfg.tile_m, cfg.tile_n, slot_bytes(cfg.tile_m)))

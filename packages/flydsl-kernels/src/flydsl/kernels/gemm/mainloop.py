@@ -20,10 +20,10 @@ from typing import NamedTuple
 
 import flydsl.expr as fx
 from flydsl.expr import vector, wgmma
-from flydsl.kernels.gemm.block_scales import StagedScales, step_factors
+from flydsl.kernels.gemm.block_scales import BLOCK, StagedScales, step_factors
 from flydsl.kernels.gemm.operands import OperandTiles
 
-__all__ = ["Consumer", "drain", "mma_steps", "promoted_steps"]
+__all__ = ["PAIRED_ACCUMULATORS", "Consumer", "drain", "mma_steps", "promoted_steps"]
 
 
 class Consumer(NamedTuple):
@@ -100,21 +100,30 @@ def _promote(sums: list, parts: list, factors: list, source_columns: int) -> lis
     return promoted
 
 
-def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp):
+PAIRED_ACCUMULATORS = 64  # the most accumulators per thread per set for pairs: three sets beside the rest
+
+
+def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp, tile_n=0):
     """The block-scaled mainloop over K steps ``[k_begin, k_end)`` (each one 128-wide block of K): each step's MMAs
     into fresh accumulators, added into the float32 sums with the step's scales (read from its slot,
-    :func:`~flydsl.kernels.gemm.block_scales.step_factors`, before it is released) once they are done. Steps go
-    in pairs, each into its own set of accumulators, and each promotion (its FMAs) runs while MMAs do: a pair's first
-    step is issued, then the previous pair's second step promoted, the second step issued, the first promoted once
-    done; the second is waited for, to be promoted under the next pair's first MMAs. Nothing is in flight across the
-    loop's back edge: ptxas serializes every wgmma (C7514) where accumulators are read while a wgmma issued in an
-    earlier iteration may still run. An odd count's first step runs alone, before the pairs. ``warp``: this
-    thread's warp in its warpgroup. Returns (the state past the steps, the sums). Nothing stays pending: no
-    :func:`drain`."""
+    :func:`~flydsl.kernels.gemm.block_scales.step_factors`, before it is released) once they are done. ``warp``: this
+    thread's warp in its warpgroup; ``tile_n``: the work unit's tile index along N (a 192-wide tile's blocks of
+    scales depend on it). Returns (the state past the steps, the sums). Nothing stays pending: no :func:`drain`.
+
+    Where three sets of accumulators fit (:data:`PAIRED_ACCUMULATORS` per thread: tiles 128 wide), steps go in pairs,
+    each into its own set, and each promotion (its FMAs) runs while MMAs do: a pair's first step is issued, then the
+    previous pair's second step promoted, the second step issued, the first promoted once done; the second is waited
+    for, to be promoted under the next pair's first MMAs. Nothing is in flight across the loop's back edge: ptxas
+    serializes every wgmma (C7514) where accumulators are read while a wgmma issued in an earlier iteration may still
+    run. An odd count's first step runs alone, before the pairs. Wider tiles (192: 96 per set) go step by step, one
+    set beside the sums: a step's promotion then runs under the other consumer warpgroup's MMAs."""
     pipe, mma, lane, peers = consumer.pipe, consumer.mma, consumer.lane, consumer.peers
     a_tiles, b_tiles = consumer.a.tiles, consumer.b.tiles
     sources = consumer.b.sources  # B scales per step: one per block of the tile's B rows (gate, up)
     source_columns = consumer.b.tile_rows
+    straddle = None
+    if fx.const_expr(sources == 1 and consumer.b.rows > BLOCK):  # 192 wide: factors per 64 columns
+        straddle, source_columns = tile_n % 2 == 0, BLOCK // 2
     blocks = mma.repeats[0]
     # This thread's rows of the tile (wgmma's accumulator layout: rows r and r + 8 of each 64-row block).
     first = consumer.warpgroup * (64 * blocks) + 16 * warp + lane // 4
@@ -137,19 +146,33 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
         if lane == 0:
             pipe.consumer_release(step_state, peers)
 
+    def factors_of(step_state):
+        return step_factors(scales, step_state.index, rows, sources, straddle)
+
+    sums = mma.make_accumulators(0.0)
+    if fx.const_expr(blocks * mma.tile_n // 2 > PAIRED_ACCUMULATORS):
+        parts = mma.make_accumulators(0.0)
+        for _step in range(k_begin, k_end):
+            parts = issue(state, parts)
+            factors = factors_of(state)  # loads in flight under the MMAs; the products wait for them
+            parts = wgmma.wait_group(0, parts)
+            release(state)
+            sums = _promote(sums, parts, factors, source_columns)
+            state = state.advance()
+        return state, sums
     # A pair's scales are read once its first MMAs are done, under the second's (docs/tuning/blockscale.md
     # #when-consumers-read: read earlier, the loads' latency stalls the next MMAs' issue).
-    sums = mma.make_accumulators(0.0)
     odd = (k_end - k_begin) % 2
     if odd == 1:
         parts = wgmma.wait_group(0, issue(state, mma.make_accumulators(0.0)))
-        factors = step_factors(scales, state.index, rows, sources)
+        factors = factors_of(state)
         release(state)
         sums = _promote(sums, parts, factors, source_columns)
         state = state.advance()
     k0 = k_begin + odd
     first_parts, second_parts = mma.make_accumulators(0.0), mma.make_accumulators(0.0)
-    second_factors = [[fx.Float32(0.0)] * sources] * len(rows)  # no second step before the first pair: adds zeros
+    per_row = sources if straddle is None else 3
+    second_factors = [[fx.Float32(0.0)] * per_row] * len(rows)  # no second step before the first pair: adds zeros
     for _pair in range(k0, k_end, 2):  # steps _pair and _pair + 1
         first_state = state
         first_parts = issue(first_state, first_parts)
@@ -157,8 +180,8 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
         state = state.advance()
         second_parts = issue(state, second_parts)
         first_parts = wgmma.wait_group(1, first_parts)
-        first_factors = step_factors(scales, first_state.index, rows, sources)
-        second_factors = step_factors(scales, state.index, rows, sources)
+        first_factors = factors_of(first_state)
+        second_factors = factors_of(state)
         release(first_state)
         sums = _promote(sums, first_parts, first_factors, source_columns)
         second_parts = wgmma.wait_group(0, second_parts)

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from flydsl.kernels.gemm.block_scales import BLOCK, slot_bytes
+from flydsl.kernels.gemm.block_scales import BLOCK, slot_bytes, tile_takes_blocks
 from flydsl.kernels.gemm.config import (
     SMEM_BYTES,
     STAGING_BOX,
@@ -382,7 +382,7 @@ def plan_grouped(
     if block_scales:
         if rows % BLOCK:
             raise ValueError(f"gemm_ws_grouped: block scales need each expert's {rows} weight rows in whole {BLOCK}s")
-        _check_block_scales(block_scales, capacity, experts * rows, k, config, specs, sources)
+        _check_block_scales(block_scales, capacity, experts * rows, k, config, specs, sources, grouped=True)
         return GemmPlan(kernel.name, config, epilogue, specs, (), (launch,))
     for i, (scale, matrix) in enumerate(scales):
         length = experts * rows if scale.experts else capacity
@@ -506,17 +506,17 @@ def plan_blockscale(
 
 
 def _check_block_scales(
-    block_scales: tuple, m: int, n: int, k: int, cfg: GemmConfig, specs: dict, sources: int = 1
+    block_scales: tuple, m: int, n: int, k: int, cfg: GemmConfig, specs: dict, sources: int = 1, grouped=False
 ) -> None:
     """The block scales' geometry (float32 (M, ceil(K / 128)) and (ceil(N / 128), ceil(K / 128)), any strides) and a
     configuration whose K steps and tiles line up with the blocks (``sources``: the blocks of B rows a tile takes, a
-    gated tile's two); kept in ``specs`` as "scale_0", "scale_1"."""
+    gated tile's two; ``grouped``: a grouped GEMM's); kept in ``specs`` as "scale_0", "scale_1"."""
     blocks = -(-k // BLOCK)
-    if cfg.tile_k != BLOCK or cfg.tile_n > BLOCK or BLOCK % (cfg.tile_n // sources) or cfg.schedule != "cooperative":
+    if cfg.tile_k != BLOCK or not tile_takes_blocks(cfg.tile_n, sources, grouped) or cfg.schedule != "cooperative":
         raise ValueError(
             f"blockscale_gemm config: {cfg}: expected tile_k {BLOCK}, a tile_n of at most {BLOCK} whose blocks of B"
-            f" rows divide {BLOCK} and the cooperative schedule (one scale block per K step, one B scale per block of"
-            " rows)"
+            f" rows divide {BLOCK} (or of {BLOCK + BLOCK // 2}, two blocks, in a dense GEMM) and the cooperative"
+            " schedule (one scale block per K step, one B scale per block of rows)"
         )
     if cfg.stages * (cfg.stage_bytes(1) + slot_bytes(cfg.tile_m)) > SMEM_BYTES - 1024:
         raise ValueError(

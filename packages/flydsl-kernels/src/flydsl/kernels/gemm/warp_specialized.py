@@ -22,7 +22,7 @@ from typing import NamedTuple
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import gpu, nvvm, wgmma
-from flydsl.kernels.gemm.block_scales import BLOCK, SCALE_PRODUCERS, allocate_scales
+from flydsl.kernels.gemm.block_scales import BLOCK, SCALE_PRODUCERS, allocate_scales, tile_takes_blocks
 from flydsl.kernels.gemm.epilogue import (
     EpilogueTensors,
     TileStore,
@@ -79,13 +79,12 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     if blockscaled and (
         cfg.schedule != "cooperative"
         or cfg.tile_k != BLOCK
-        or cfg.tile_n > BLOCK
-        or BLOCK % (cfg.tile_n // (1 + gated))
+        or not tile_takes_blocks(cfg.tile_n, 1 + gated, tensors.groups is not None)
     ):
         raise ValueError(
             f"gemm_ws_blockscaled: {cfg}: expected the cooperative schedule, K steps of {BLOCK} (one scale block"
             f" each) and a tile_n of at most {BLOCK} whose blocks of B rows (gated: two) divide {BLOCK} (one B scale"
-            " per block and step)"
+            f" per block and step), or of {BLOCK + BLOCK // 2} (two blocks) in a dense GEMM"
         )
     # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster)
@@ -178,7 +177,7 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
                 order[consumer].wait(turn)
                 turn = turn ^ 1
             if fx.const_expr(blockscaled):
-                state, accs = promoted_steps(mainloop, state, work.k_begin, work.k_end, scales, warp)
+                state, accs = promoted_steps(mainloop, state, work.k_begin, work.k_end, scales, warp, work.tile_n)
             else:
                 state, released, accs = mma_steps(mainloop, state, work.k_begin, work.k_end)
                 if fx.const_expr(pingpong):  # its turn: this unit's K steps were all waited for (MMAs may run)
@@ -202,7 +201,9 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
             for segment in range(schedule.segments):  # (names apart from the loop above: each loop has its own)
                 tile, sk_work = schedule.segment(segment)
                 if fx.const_expr(blockscaled):
-                    state, sk_accs = promoted_steps(mainloop, state, sk_work.k_begin, sk_work.k_end, scales, warp)
+                    state, sk_accs = promoted_steps(
+                        mainloop, state, sk_work.k_begin, sk_work.k_end, scales, warp, sk_work.tile_n
+                    )
                 else:
                     state, sk_released, sk_accs = mma_steps(mainloop, state, sk_work.k_begin, sk_work.k_end)
                     sk_accs = drain(mainloop, sk_released, sk_accs, sk_work.k_begin, sk_work.k_end, False)
