@@ -41,6 +41,7 @@ from flydsl.expr.nvvm.memory import (
 )
 from flydsl.expr.nvvm.warp import (
     barrier,
+    barrier_arrive,
     elect_sync,
     griddepcontrol_launch_dependents,
     griddepcontrol_wait,
@@ -66,6 +67,7 @@ __all__ = [
     "elect_sync",
     "setmaxnreg",
     "barrier",
+    "barrier_arrive",
     "ldmatrix",
     "stmatrix",
     "cp_async",

@@ -138,6 +138,22 @@ def barrier(barrier_id=0, number_of_threads=None) -> None:
         _llvm.call_intrinsic(None, "llvm.nvvm.barrier.cta.sync.aligned.count", [identifier, count], [], [])
 
 
+def barrier_arrive(barrier_id, number_of_threads) -> None:
+    """Named barrier ``bar.arrive id, count``: counts this warp's threads at barrier ``barrier_id`` (1..15) without
+    waiting; the barrier completes once ``number_of_threads`` (a multiple of 32) have arrived or synced
+    (:func:`barrier`). A producer-consumer signal between groups of warps: one group arrives, the other waits in
+    ``barrier(barrier_id, number_of_threads)``.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-bar
+    """
+    if isinstance(barrier_id, int) and not 1 <= barrier_id <= 15:
+        raise ValueError(f"barrier_arrive id: expected 1..15 (0 is the block's barrier), got {barrier_id}")
+    if not isinstance(number_of_threads, int) or number_of_threads <= 0 or number_of_threads % 32:
+        raise ValueError(f"barrier_arrive: number_of_threads must be a positive multiple of 32, got {number_of_threads}")
+    identifier = _int32(barrier_id, "barrier_arrive id").value
+    _asm(None, [identifier], f"bar.arrive $0, {number_of_threads};", "r,~{memory}", side_effects=True)
+
+
 # --- matrix fragments -------------------------------------------------------------------------------------------
 
 

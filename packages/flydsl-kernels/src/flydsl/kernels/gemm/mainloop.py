@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import flydsl.expr as fx
-from flydsl.expr import vector, wgmma
+from flydsl.expr import nvvm, vector, wgmma
 from flydsl.kernels.gemm.block_scales import BLOCK, StagedScales, step_factors
 from flydsl.kernels.gemm.operands import OperandTiles
 
@@ -101,9 +101,11 @@ def _promote(sums: list, parts: list, factors: list, source_columns: int) -> lis
 
 
 PAIRED_ACCUMULATORS = 64  # the most accumulators per thread per set for pairs: three sets beside the rest
+OFFSET_CONSUMERS = True  # step by step: the second consumer starts once the first's first MMAs are done
+OFFSET_BARRIER = 3  # the named barrier of that start (the epilogue's are 1 and 2)
 
 
-def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp, tile_n=0):
+def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp, tile_n=0, offset=None):
     """The block-scaled mainloop over K steps ``[k_begin, k_end)`` (each one 128-wide block of K): each step's MMAs
     into fresh accumulators, added into the float32 sums with the step's scales (read from its slot,
     :func:`~flydsl.kernels.gemm.block_scales.step_factors`, before it is released) once they are done. ``warp``: this
@@ -152,10 +154,17 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
     sums = mma.make_accumulators(0.0)
     if fx.const_expr(blocks * mma.tile_n // 2 > PAIRED_ACCUMULATORS):
         parts = mma.make_accumulators(0.0)
+        offsetting = offset is not None and OFFSET_CONSUMERS
+        if fx.const_expr(offsetting):
+            if offset & (consumer.warpgroup == 1):
+                nvvm.barrier(OFFSET_BARRIER, 256)
         for _step in range(k_begin, k_end):
             parts = issue(state, parts)
             factors = factors_of(state)  # loads in flight under the MMAs; the products wait for them
             parts = wgmma.wait_group(0, parts)
+            if fx.const_expr(offsetting):
+                if offset & (consumer.warpgroup == 0) & (_step == k_begin):
+                    nvvm.barrier_arrive(OFFSET_BARRIER, 256)
             release(state)
             sums = _promote(sums, parts, factors, source_columns)
             state = state.advance()

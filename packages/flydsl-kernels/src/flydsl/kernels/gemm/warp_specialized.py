@@ -177,7 +177,12 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
                 order[consumer].wait(turn)
                 turn = turn ^ 1
             if fx.const_expr(blockscaled):
-                state, accs = promoted_steps(mainloop, state, work.k_begin, work.k_end, scales, warp, work.tile_n)
+                offset = None  # the consumers' one start apart (two consumers, whole tiles: each unit has steps)
+                if fx.const_expr(cfg.consumers == 2 and cfg.split_k == 1 and not pingpong):
+                    offset = unit == first
+                state, accs = promoted_steps(
+                    mainloop, state, work.k_begin, work.k_end, scales, warp, work.tile_n, offset
+                )
             else:
                 state, released, accs = mma_steps(mainloop, state, work.k_begin, work.k_end)
                 if fx.const_expr(pingpong):  # its turn: this unit's K steps were all waited for (MMAs may run)
