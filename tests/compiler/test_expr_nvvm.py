@@ -69,6 +69,21 @@ def elect_and_named_barriers(out: fx.Tensor):
 
 
 @flyc.kernel
+def arrive_then_read(out: fx.Tensor):
+    """Threads 0..63 write and arrive at named barrier 3 without waiting; threads 64..127 wait there and read what
+    their partner (t - 64) wrote: out[t - 64] = 5 t for the writers, the value read for the readers."""
+    t = gpu.thread_idx.x
+    scratch = fx.SmemAllocator().allocate(fx.Int32, 64)
+    if t < 64:
+        scratch[t] = t * 5
+        out[t] = t * 5
+        nvvm.barrier_arrive(3, 128)
+    else:
+        nvvm.barrier(3, 128)
+        out[t] = scratch[t - 64]
+
+
+@flyc.kernel
 def async_copies(src: fx.Tensor, out: fx.Tensor):
     """Per thread: 16 bytes (cg), 8 bytes (ca), 4 bytes (ca) and 16 bytes of which only 8 are read (zero fill)."""
     t = gpu.thread_idx.x
@@ -206,6 +221,15 @@ def test_shuffles_elect_and_named_barriers():
         elect_and_named_barriers.specialize(elect_and_named_barriers._bind([_fake((256,), "<i4")], {})).key
     )
     assert text.count('"llvm.nvvm.barrier.cta.sync.aligned.count"') == 2
+
+
+def test_barrier_arrive_signals_without_waiting():
+    ptx = _ptx(arrive_then_read, _fake((128,), "<i4"))
+    assert re.search(r"bar.arrive (%r\d+|3), 128;", ptx) and re.search(r"bar.sync \t(%r\d+|3), 128;", ptx)
+    with pytest.raises(ValueError, match="1..15"):
+        nvvm.barrier_arrive(0, 128)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        nvvm.barrier_arrive(3, 100)
 
 
 def test_async_copies_and_matrix_instructions():
@@ -395,6 +419,16 @@ def test_elect_sync_and_named_barriers():
     assert got[:128].view(4, 32).sum(dim=1).tolist() == [1, 1, 1, 1]  # one elected lane per warp
     t = torch.arange(128)
     assert torch.equal(got[128:], ((t // 64) * 64 + (t + 17) % 64) * 3)
+
+
+@pytest.mark.gpu
+def test_barrier_arrive_orders_the_writers_before_the_readers():
+    torch = pytest.importorskip("torch")
+    out = torch.full((128,), -1, dtype=torch.int32, device="cuda")
+    arrive_then_read(out).launch(grid=1, block=128)
+    torch.cuda.synchronize()
+    expected = torch.arange(64) * 5
+    assert torch.equal(out.cpu(), torch.cat([expected, expected]))
 
 
 @pytest.mark.gpu

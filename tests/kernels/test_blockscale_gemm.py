@@ -41,8 +41,8 @@ def test_blockscale_configs_take_one_scale_block_per_step_and_tile(m, n, k):
 
 @pytest.mark.parametrize(
     "m,n,k,width",
-    [(4096, 24576, 1536, 192), (512, 18432, 7168, 192), (8192, 32768, 512, 192), (4096, 7168, 16384, 128)]
-    + [(512, 7168, 16384, 128), (512, 32768, 512, 128), (4096, 4096, 7168, 128)],
+    [(4096, 24576, 1536, 192), (512, 18432, 7168, 192), (8192, 32768, 512, 192), (4096, 7168, 16384, 192)]
+    + [(512, 7168, 16384, 128), (512, 32768, 512, 128), (4096, 4096, 7168, 128), (4096, 2112, 7168, 128)],
 )
 def test_blockscale_tiles_go_192_wide_where_fewer_waves_pay_for_them(m, n, k, width):
     """192-wide tiles where their waves, 1.5 times as long less the wider tile's gain, take less time than the 128-wide

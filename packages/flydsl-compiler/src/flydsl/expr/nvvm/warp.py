@@ -149,7 +149,8 @@ def barrier_arrive(barrier_id, number_of_threads) -> None:
     if isinstance(barrier_id, int) and not 1 <= barrier_id <= 15:
         raise ValueError(f"barrier_arrive id: expected 1..15 (0 is the block's barrier), got {barrier_id}")
     if not isinstance(number_of_threads, int) or number_of_threads <= 0 or number_of_threads % 32:
-        raise ValueError(f"barrier_arrive: number_of_threads must be a positive multiple of 32, got {number_of_threads}")
+        expected = "a positive multiple of 32"
+        raise ValueError(f"barrier_arrive: number_of_threads: expected {expected}, got {number_of_threads!r}")
     identifier = _int32(barrier_id, "barrier_arrive id").value
     _asm(None, [identifier], f"bar.arrive $0, {number_of_threads};", "r,~{memory}", side_effects=True)
 
