@@ -1,0 +1,157 @@
+"""The block-scaled GEMM's mainloop variants side by side (docs/tuning/blockscale.md): each variant in a process of its
+own (its own kernel cache: the variants differ in module constants the cache key does not see), each shape timed
+there next to our rowwise ``fp8_gemm`` and cuBLAS's blockwise ``_scaled_mm``, so that variants compare through those
+ratios as well as in TFLOP/s.
+
+    python benchmarks/blockscale_variants.py --variants 128,192,128-serial --json OUT --commit C
+    python benchmarks/blockscale_variants.py --variants chosen,128 --m 8192 --json OUT --commit C
+
+Variants: ``chosen`` (``choose_blockscale_config``), ``128`` (its configuration 128 wide: K steps promoted in pairs),
+``192`` (192 wide: one step at a time, the consumers a step apart), ``128-serial`` (128 wide one step at a time),
+and ``-lockstep`` after a step-by-step variant: without the consumers' offset start. Shapes: issue 33's (N, K) at
+``--m`` (default 512 and 4096) and 4096 x 7168 x 16384. Medians of ``--repeats`` do_bench medians (L2 flushed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from record import geomean, write_record
+
+NK = [(2112, 7168), (24576, 1536), (7168, 2048), (18432, 7168), (4096, 7168), (32768, 512), (7168, 16384)]
+VARIANTS = ("chosen", "128", "192", "128-serial", "128-serial-lockstep", "192-lockstep")
+
+
+def _config(variant: str, m: int, n: int, k: int, sms: int):
+    from flydsl.kernels.gemm.block_scales import slot_bytes
+    from flydsl.kernels.gemm.config import choose_blockscale_config, deepest_pipeline
+
+    cfg = choose_blockscale_config(m, n, k, sms)
+    width = variant.split("-")[0]
+    if width != "chosen" and cfg.tile_n != int(width) and cfg.tile_n >= 128:
+        cfg = dataclasses.replace(
+            cfg, tile_n=int(width), **deepest_pipeline(cfg.tile_m, int(width), slot_bytes(cfg.tile_m))
+        )
+    return cfg
+
+
+def run_variant(variant: str, shapes, repeats: int) -> list:
+    """Times ``variant`` on ``shapes`` in this process (its module constants set first)."""
+    import torch
+
+    from flydsl.kernels.gemm import mainloop
+
+    if "serial" in variant:
+        mainloop.PAIRED_ACCUMULATORS = 0
+    if variant.endswith("-lockstep"):
+        mainloop.OFFSET_CONSUMERS = False
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for m, n, k in shapes:
+        row = _time_shape(torch, variant, _config(variant, m, n, k, sms), m, n, k, repeats)
+        rows.append(row)
+        print(
+            f"{variant:>20} {m}x{n}x{k}: {row['tflops']:7.1f} TFLOP/s, {row['ratio_vs_rowwise']:.3f}x rowwise",
+            flush=True,
+        )
+    return rows
+
+
+def _time_shape(torch, variant, cfg, m, n, k, repeats) -> dict:
+    from blockscale_gemm_bench import _cublas_blockwise, _error, _m_major
+    from triton.testing import do_bench
+
+    from flydsl.kernels.gemm import blockscale_gemm, fp8_gemm
+
+    blocks = -(-k // 128)
+    a = (torch.randn(m, k, device="cuda") * 16).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, device="cuda") * 16).clamp(-448, 448).to(torch.float8_e4m3fn)
+    a_scales = torch.rand(m, blocks, device="cuda") / 64 + 1e-3
+    w_scales = torch.rand(-(-n // 128), blocks, device="cuda") / 64 + 1e-3
+    a_scales_m = _m_major(torch, a_scales)
+    ours = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    blockscale_gemm(a, w.t(), a_scales_m, w_scales, ours, cfg)
+    sa = a_scales.repeat_interleave(128, dim=1)[:, :k]
+    sw = w_scales.repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
+    reference = (a.float() * sa) @ (w.float() * sw).t()
+    del sa, sw
+    error = _error(ours, reference)
+    cublas, _ = _cublas_blockwise(torch, a, w.t(), a_scales, w_scales, reference)
+    del reference
+    scale_a, scale_b = torch.rand(m, 1, device="cuda") / 64, torch.rand(1, n, device="cuda") / 64
+    rowwise_out = torch.empty_like(ours)
+    timed = {
+        "ours": lambda: blockscale_gemm(a, w.t(), a_scales_m, w_scales, ours, cfg),
+        "rowwise": lambda: fp8_gemm(a, w.t(), scale_a, scale_b, rowwise_out),
+    }
+    if cublas is not None:
+        timed["cublas_blockwise"] = cublas
+    runs = {name: [] for name in timed}
+    for _ in range(repeats):
+        for name, fn in timed.items():
+            runs[name].append(do_bench(fn, warmup=10, rep=40, return_mode="median"))
+    ms = {name: statistics.median(values) for name, values in runs.items()}
+    row = {"m": m, "n": n, "k": k, "variant": variant, "config": str(cfg), "rel_error_vs_f32": error}
+    row.update({f"{name}_ms": t for name, t in ms.items()})
+    row["tflops"] = 2.0 * m * n * k / ms["ours"] / 1e9
+    row["ratio_vs_rowwise"] = ms["rowwise"] / ms["ours"]
+    if "cublas_blockwise" in ms:
+        row["ratio_vs_cublas"] = ms["cublas_blockwise"] / ms["ours"]
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", default="chosen,128,192", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--m", type=int, nargs="*", default=[512, 4096])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="write the record here")
+    parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: one variant, its rows as JSON on the last line
+    args = parser.parse_args(argv)
+    shapes = sorted({(m, n, k) for m in args.m for n, k in NK} | {(4096, 7168, 16384)})
+    if args.one:
+        print(json.dumps(run_variant(args.one, shapes, args.repeats)))
+        return 0
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; expected some of {', '.join(VARIANTS)}")
+    rows = []
+    for variant in variants:
+        command = [sys.executable, __file__, "--one", variant, "--repeats", str(args.repeats), "--m", *map(str, args.m)]
+        with tempfile.TemporaryDirectory() as cache:
+            child = subprocess.run(
+                command, env={**os.environ, "FLYDSL_CACHE_DIR": cache}, capture_output=True, text=True
+            )
+        if child.returncode:
+            print(child.stdout + child.stderr, file=sys.stderr)
+            return child.returncode
+        print(child.stdout.rsplit("\n", 2)[0])
+        rows += json.loads(child.stdout.strip().splitlines()[-1])
+    summary = {
+        variant: {
+            "geomean_ratio_vs_rowwise": geomean([r["ratio_vs_rowwise"] for r in rows if r["variant"] == variant]),
+            "geomean_ratio_vs_cublas": geomean([r["ratio_vs_cublas"] for r in rows if r["variant"] == variant]),
+        }
+        for variant in variants
+    }
+    print(json.dumps(summary))
+    if args.json:
+        method = (
+            "each variant in its own process and kernel cache; per shape ours, our rowwise fp8_gemm and cuBLAS's"
+            " blockwise _scaled_mm, triton do_bench medians (L2 flushed), median of the repeats"
+        )
+        write_record(args.json, "blockscale_variants", argv, rows, commit=args.commit, method=method, summary=summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
