@@ -52,6 +52,22 @@ def test_blockscale_tiles_go_192_wide_where_fewer_waves_pay_for_them(m, n, k, wi
     assert cfg.stages == (5 if width == 192 else 6)
 
 
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+def test_192_wide_tiles_promote_step_by_step_with_the_consumers_offset():
+    """One step's wgmmas per loop iteration (four k32 instructions, each m64n192) waited for at once, no spills, and
+    the consumers' one-step offset: named barrier 3, the first consumer arriving (bar.arrive) and the second waiting
+    (bar.sync) for all 256 threads; 128-wide tiles (pairs) take no offset."""
+    plan = plan_blockscale(*_specs(4096, 24576, 1536), sms=SMS)
+    assert plan.config.tile_n == 192
+    (module,) = plan.lower()
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n192k32", module.ptx)) == 4
+    assert re.search(r"bar\.arrive (%r\d+|3), 256;", module.ptx)
+    assert re.search(r"bar\.sync \t(%r\d+|3), 256;", module.ptx)
+    assert spill_bytes(module.ptx) == 0
+    (paired,) = plan_blockscale(*_specs(4096, 4096, 7168), sms=SMS).lower()
+    assert "bar.arrive" not in paired.ptx
+
+
 def test_blockscale_straddling_tiles_only_in_dense_gemms():
     assert tile_takes_blocks(192) and not tile_takes_blocks(192, grouped=True) and not tile_takes_blocks(192, 2)
     assert tile_takes_blocks(128, 2) and not tile_takes_blocks(256) and not tile_takes_blocks(96)
