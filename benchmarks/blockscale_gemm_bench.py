@@ -68,22 +68,28 @@ def _cublas_blockwise(torch, a, b, a_scales, w_scales, reference):
     return None, errors
 
 
-def run_case(torch, do_bench, m, n, k, repeats):
-    from flydsl.kernels.gemm import blockscale_gemm, fp8_gemm, gemm
-
+def operands(torch, m, n, k):
+    """Fresh random e4m3 a (M, K) and nn.Linear weights w (N, K), their float32 scales per 1 x 128 of a (row-major)
+    and per 128 x 128 block of w, and a float32 reference of the dequantized product."""
     blocks = -(-k // 128)
     a = (torch.randn(m, k, device="cuda") * 16).clamp(-448, 448).to(torch.float8_e4m3fn)
     w = (torch.randn(n, k, device="cuda") * 16).clamp(-448, 448).to(torch.float8_e4m3fn)
-    b = w.t()
     a_scales = torch.rand(m, blocks, device="cuda") / 64 + 1e-3
     w_scales = torch.rand(-(-n // 128), blocks, device="cuda") / 64 + 1e-3
-    a_scales_m = _m_major(torch, a_scales)
-    ours = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    blockscale_gemm(a, b, a_scales_m, w_scales, ours)
     sa = a_scales.repeat_interleave(128, dim=1)[:, :k]
     sw = w_scales.repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
     reference = (a.float() * sa) @ (w.float() * sw).t()
-    del sa, sw
+    return a, w, a_scales, w_scales, reference
+
+
+def run_case(torch, do_bench, m, n, k, repeats):
+    from flydsl.kernels.gemm import blockscale_gemm, fp8_gemm, gemm
+
+    a, w, a_scales, w_scales, reference = operands(torch, m, n, k)
+    b = w.t()
+    a_scales_m = _m_major(torch, a_scales)
+    ours = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    blockscale_gemm(a, b, a_scales_m, w_scales, ours)
     torch.cuda.synchronize()
     result = {"m": m, "n": n, "k": k, "b": "weights (N, K) as w.t()", "rel_error_vs_f32": _error(ours, reference)}
     cublas, how = _cublas_blockwise(torch, a, b, a_scales, w_scales, reference)

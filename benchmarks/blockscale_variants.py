@@ -65,23 +65,15 @@ def run_variant(variant: str, shapes, repeats: int) -> list:
 
 
 def _time_shape(torch, variant, cfg, m, n, k, repeats) -> dict:
-    from blockscale_gemm_bench import _cublas_blockwise, _error, _m_major
+    from blockscale_gemm_bench import _cublas_blockwise, _error, _m_major, operands
     from triton.testing import do_bench
 
     from flydsl.kernels.gemm import blockscale_gemm, fp8_gemm
 
-    blocks = -(-k // 128)
-    a = (torch.randn(m, k, device="cuda") * 16).clamp(-448, 448).to(torch.float8_e4m3fn)
-    w = (torch.randn(n, k, device="cuda") * 16).clamp(-448, 448).to(torch.float8_e4m3fn)
-    a_scales = torch.rand(m, blocks, device="cuda") / 64 + 1e-3
-    w_scales = torch.rand(-(-n // 128), blocks, device="cuda") / 64 + 1e-3
+    a, w, a_scales, w_scales, reference = operands(torch, m, n, k)
     a_scales_m = _m_major(torch, a_scales)
     ours = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     blockscale_gemm(a, w.t(), a_scales_m, w_scales, ours, cfg)
-    sa = a_scales.repeat_interleave(128, dim=1)[:, :k]
-    sw = w_scales.repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
-    reference = (a.float() * sa) @ (w.float() * sw).t()
-    del sa, sw
     error = _error(ours, reference)
     cublas, _ = _cublas_blockwise(torch, a, w.t(), a_scales, w_scales, reference)
     del reference
