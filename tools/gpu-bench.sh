@@ -7,7 +7,9 @@
 # issue 34's decode record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16
 # bar, ~2 min). moe-one-token (moe_decode_sweep.py --stages direct over the fp8 and block cases at one token: each
 # stage alone, with and without SkinnyConfig.landed, ~2 min) and quantize (quantize_bench.py, per token and tensor,
-# ~2 min) fit one call together. Each run is cut at 5 minutes.
+# ~2 min) fit one call together; blockscale (issue 33's 36 shapes, ~1.5 min on an H100), blockscale-variants (the
+# mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared weights' descriptors, < 1 min) too.
+# Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
 # <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders
 # into benchmarks/results/ and rename a run in a word where the commit alone does not say what it was), and its log
@@ -46,6 +48,12 @@ for bench in $which; do
       --commit "$commit" ;;
     quantize) run quantize python3 benchmarks/quantize_bench.py --granularities token,tensor --repeats 3 \
       --json "$(out quantize)" --commit "$commit" ;;
+    blockscale) run blockscale python3 benchmarks/blockscale_gemm_bench.py --sweep --repeats 5 \
+      --json "$(out blockscale_gemm)" --commit "$commit" ;;
+    blockscale-variants) run blockscale-variants python3 benchmarks/blockscale_variants.py \
+      --variants chosen,128,192 --m 512 4096 8192 --json "$(out blockscale_variants)" --commit "$commit" ;;
+    fp8-prepared) run fp8-prepared python3 benchmarks/fp8_prepared_descriptor.py \
+      --json "$(out fp8_prepared_descriptor)" --commit "$commit" ;;
     *) summary="$summary\n$bench: unknown (the header lists the benchmarks)" ;;
   esac
 done
