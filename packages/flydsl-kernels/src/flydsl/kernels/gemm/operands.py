@@ -65,12 +65,10 @@ def operand_layout(rows: int, tile_k: int, stages: int, major: str, element_byte
 def operand_box(rows: int, tile_k: int, major: str, parts: int = 1, element_bytes: int = 2) -> tuple:
     """The TMA box of an operand whose (rows, tile_k) tile is loaded in ``parts`` parts along MN (the CTAs of a
     cluster sharing it): (rows / parts, 64) of the (MN, K) matrix when K-major, (tile_k, 64) of the (K, MN) matrix
-    when MN-major (64: the elements of a 128-byte row, for 16-bit elements); prepared weights: (1, rows / parts, 128)
-    of their (K / 128, N, 128) panels."""
+    when MN-major (64: the elements of a 128-byte row, for 16-bit elements); prepared weights: (rows / parts, 128) of
+    their (K / 128, N, 128) panels seen as one (K / 128 * N, 128) matrix (:func:`prepared_view`)."""
     row = SWIZZLE_BYTES // element_bytes
-    if major == "prepared":
-        return (1, rows // parts, row)
-    return (rows // parts, row) if major == "K" else (tile_k, row)
+    return (rows // parts, row) if major in ("K", "prepared") else (tile_k, row)
 
 
 class OperandTiles(NamedTuple):
@@ -79,7 +77,7 @@ class OperandTiles(NamedTuple):
     B); ``parts``: the CTAs of a cluster sharing each tile (each loads ``rows / parts`` rows of it, multicast to
     all); ``sources``: K-major tiles gathered from that many row blocks of the matrix, ``source_rows`` apart (a
     kernel integer): the gated GEMM's tile of gate rows then the matching up rows (shared by a cluster of as many
-    CTAs, each loads one block)."""
+    CTAs, each loads one block); prepared weights: ``source_rows`` the rows of one panel (N)."""
 
     desc: object  # fx.TmaDescriptor
     tiles: object  # (rows, tile_k, stages) in shared memory
@@ -116,10 +114,11 @@ class OperandTiles(NamedTuple):
             for kb in fx.range_constexpr(self.tile_k // row):
                 target = fx.local_tile(slot[None, (None, kb)], (part_rows, row), (part, 0))  # (part_rows, 64)
                 desc.load(target, (mn0 + part * part_rows, k0 + kb * row), barrier, multicast_mask=mask)
-        elif self.major == "prepared":  # one box of (1 panel, part_rows, 128) per 128 columns of K: contiguous
+        elif self.major == "prepared":  # one box of (part_rows, 128) per 128 columns of K: contiguous in a panel
             for kb in fx.range_constexpr(self.tile_k // row):
                 target = fx.local_tile(slot[None, (None, kb)], (part_rows, row), (part, 0))  # (part_rows, 128)
-                desc.load(target, (k0 // row + kb, mn0 + part * part_rows, 0), barrier, multicast_mask=mask)
+                panel_row = (k0 // row + kb) * self.source_rows + mn0 + part * part_rows
+                desc.load(target, (panel_row, 0), barrier, multicast_mask=mask)
         else:  # one box of (tile_k, 64) of the (K, MN) tensor per 64 rows of MN
             for mb in fx.range_constexpr(part_rows // row):
                 box = part * (part_rows // row) + mb
@@ -131,7 +130,8 @@ def allocate_operand(
 ):
     """:class:`OperandTiles` of ``stages`` slots in ``smem`` (1024-byte aligned: the 128B swizzle's atom) for the
     operand ``name`` read through ``desc``, after checking that ``desc`` copies the boxes the slots expect;
-    ``sources``: (``sources``, ``source_rows``) of the tiles (K-major, not shared by a cluster)."""
+    ``sources``: (``sources``, ``source_rows``) of the tiles (K-major, not shared by a cluster); prepared weights:
+    (1, N), the rows of one panel."""
     element_bytes = desc.element_bytes
     row = SWIZZLE_BYTES // element_bytes
     if major == "MN" and (rows // parts) % row:
@@ -268,9 +268,9 @@ def copy_for_tma(t, kind: str | None):
 
 
 class TmaView(NamedTuple):
-    """An operand as TMA reads it: the ``matrix`` (extents: 2-D, or the 3-D panels of prepared weights) with
+    """An operand as TMA reads it: the ``matrix`` (2-D extents; prepared weights' panels one after another) with
     ``strides`` (the last one 1), copied in boxes of ``box`` with the 128B swizzle; ``major``: "K" (the (MN, K)
-    matrix), "MN" (the (K, MN) one) or "prepared" (the (K / 128, N, 128) panels)."""
+    matrix), "MN" (the (K, MN) one) or "prepared" (the (K / 128 * N, 128) rows of the panels)."""
 
     matrix: tuple
     strides: tuple
@@ -303,9 +303,15 @@ def operand_view(matrix: MatrixSpec, mn_dim: int, rows: int, tile_k: int, name: 
 
 
 def prepared_view(panels: MatrixSpec, rows: int, name: str = "b") -> TmaView:
-    """The :class:`TmaView` of prepared fp8 weights (``panels``: their (K / 128, N, 128) panels' geometry, from
-    :func:`~flydsl.kernels.gemm.prepared.prepare_weight`), in boxes of ``rows`` rows of one panel."""
-    view = TmaView(panels.shape, panels.strides, panels.dtype, (), "prepared")
+    """The :class:`TmaView` of prepared fp8 weights (``panels``: their contiguous (K / 128, N, 128) panels' geometry,
+    from :func:`~flydsl.kernels.gemm.prepared.prepare_weight`) as one (K / 128 * N, 128) matrix, in boxes of ``rows``
+    rows of one panel: a 2-D copy, which ran 1-5% faster than the same boxes through a 3-D descriptor (on an H100,
+    docs/kernels-zoo.md#prepared-weights). A box past a panel's N rows reads the next panel's first rows into tile
+    rows past N, whose output columns are never stored (past the last panel TMA fills zeros)."""
+    (panel_count, n, width), strides = panels.shape, panels.strides
+    if strides != (n * width, width, 1):
+        raise ValueError(f"gemm {name}: expected contiguous prepared panels, got strides {strides}")
+    view = TmaView((panel_count * n, width), (width, 1), panels.dtype, (), "prepared")
     view = view._replace(box=operand_box(rows, 0, "prepared", element_bytes=OPERAND_BYTES[panels.dtype]))
     return _checked(view, panels.aligned, name)
 

@@ -91,7 +91,9 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     a, b, c = tensors.a, tensors.b, tensors.c
     a_major, b_major = majors
     smem = fx.SmemAllocator()
-    sources = (2, c.shape[1].to(fx.Int32)) if gated else (1, 0)
+    # B's tiles from two row blocks (gated: the gate rows and the up rows, C's width apart), or prepared panels of
+    # C's width in rows each.
+    sources = (2 if gated else 1, c.shape[1].to(fx.Int32)) if gated or b_major == "prepared" else (1, 0)
     a_tiles = allocate_operand(smem, "a", a, cfg.tile_m, cfg.tile_k, cfg.stages, a_major, cfg.cluster_n)
     b_tiles = allocate_operand(smem, "b", b, cfg.tile_n, cfg.tile_k, cfg.stages, b_major, cfg.cluster_m, sources)
     tma = tma_store_staging(smem, c, tensors.c_store, cfg) if epilogue.store == "tma" else None
