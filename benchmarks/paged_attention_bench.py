@@ -23,7 +23,9 @@ cold_l2.bench_cold (triton.testing.do_bench's loop: CUDA events, L2 flushed befo
 queued behind a ~100 us sleep so that the host's time stays out), and the medians over the repeats kept.
 
 Roofline: the bytes of K and V (and their scales) the context holds, read once; the copy moves as many bytes
-(``copy_`` of half of them into as many: bytes read plus written), ``fraction_of_copy`` = copy time / ours. Peers
+(``copy_`` of half of them into as many: bytes read plus written), ``fraction_of_copy`` = copy time / ours; below
+~2x the L2's size that copy's writes stay in the L2 and it reads only half the bytes from DRAM, so beside it
+``fraction_of_read`` = the time of a kernel that only reads the same bytes (``read_roofline.py``) / ours. Peers
 (``--skip-peers`` leaves them out): torch SDPA (``enable_gqa=True``; q (B, Hq, 1, D)) on the same KV gathered into
 contiguous (B, Hkv, context, D) tensors (the gather not timed; for the fp8 caches SDPA runs on the bf16 values they
 were quantized from; ragged contexts padded and masked); FlashInfer's BatchDecodeWithPagedKVCacheWrapper
@@ -39,6 +41,7 @@ import statistics
 import sys
 import time
 
+from read_roofline import reader
 from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, geomean, new_record
 
 MODELS = {"llama3-8b": (32, 8, 128), "llama3-70b-tp8": (8, 1, 128)}  # name -> (Hq, Hkv, D)
@@ -177,8 +180,10 @@ def summarize(results) -> dict:
         return geomean(r[f"{peer}_us"] / r["ours_us"] for r in rows if r.get(f"{peer}_us") is not None)
 
     fractions = [r["fraction_of_copy"] for r in long if r.get("fraction_of_copy") is not None]
+    reads = [r["fraction_of_read"] for r in long if r.get("fraction_of_read") is not None]
     return {
         "min_fraction_of_copy_long": min(fractions) if fractions else None,
+        "min_fraction_of_read_long": min(reads) if reads else None,
         "fp8_over_bf16_speedup_long": speedup("fp8"),
         "fp8_token_over_bf16_speedup_long": speedup("fp8-token"),
         "geomean_vs_flashinfer_short": vs(short, "flashinfer"),
@@ -358,7 +363,7 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
 
     copy_src = torch.empty(row["kv_bytes"] // 2, dtype=torch.uint8, device=DEVICE)
     copy_dst = torch.empty_like(copy_src)
-    timed = {"ours": ours, "copy": lambda: copy_dst.copy_(copy_src)}
+    timed = {"ours": ours, "copy": lambda: copy_dst.copy_(copy_src), "read": make_reader(row["kv_bytes"], DEVICE)}
     if peers:
         try:
             timed["sdpa"], row["sdpa_form"] = _sdpa(shape.q, shape.k_dense, shape.v_dense, shape.mask)
@@ -390,7 +395,7 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
                 runs[name].append(timer(fn) * 1e3)
             except Exception as error:  # noqa: BLE001 (recorded; without ours or the copy the row has no times)
                 row[f"{name}_error" if name != "ours" else "error"] = error_text(error)
-                if name in ("ours", "copy"):
+                if name in ("ours", "copy", "read"):
                     row.update(correct=False, wall_s=time.perf_counter() - began)
                     return row
                 del runs[name]
@@ -398,6 +403,7 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
         row[f"{name}_us"] = statistics.median(values)
         row[f"{name}_tbps"] = row["kv_bytes"] / (row[f"{name}_us"] * 1e-6) / 1e12
     row["fraction_of_copy"] = row["copy_us"] / row["ours_us"]
+    row["fraction_of_read"] = row["read_us"] / row["ours_us"]
     for peer in ("sdpa", "flashinfer"):
         if f"{peer}_us" in row:
             row[f"ratio_vs_{peer}"] = row[f"{peer}_us"] / row["ours_us"]  # > 1: ours faster
@@ -406,10 +412,11 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
     return row
 
 
-make_timer = cold_timer  # (a module name: the CPU tests put a fake timer in its place)
+make_timer = cold_timer  # (module names: the CPU tests put a fake timer and reader in their place)
+make_reader = reader
 
 HEADER = (
-    f"{'model':<14} {'B':>4} {'ctx':>6} {'bs':>3} {'kv':<9} {'ours us':>9} {'TB/s':>5} {'ofcopy':>6}"
+    f"{'model':<14} {'B':>4} {'ctx':>6} {'bs':>3} {'kv':<9} {'ours us':>9} {'TB/s':>5} {'ofcopy':>6} {'ofread':>6}"
     f" {'SDPA us':>9} {'FI us':>9} {'vs FI':>6} {'err':>7}"
 )
 
@@ -418,6 +425,7 @@ _COLUMNS = (  # the table's measured columns: (key, format, width)
     ("ours_us", ".1f", 9),
     ("ours_tbps", ".2f", 5),
     ("fraction_of_copy", ".3f", 6),
+    ("fraction_of_read", ".3f", 6),
     ("sdpa_us", ".1f", 9),
     ("flashinfer_us", ".1f", 9),
     ("ratio_vs_flashinfer", ".3f", 6),
@@ -471,7 +479,9 @@ METHOD = (
     " 10 ms, rep 40 ms), ours, the copy and the peers interleaved, median over repeats; bf16 q (B, Hq, D), paged"
     " (pages, block_size, Hkv, D) caches, block tables a random permutation of exactly the pages needed; TB/s ="
     " bytes of K and V (and scales) of the context / time; copy: copy_ of half those bytes into as many;"
-    " fraction_of_copy = copy time / ours; SDPA: enable_gqa on the KV gathered contiguous (gather untimed; fp8"
+    " fraction_of_copy = copy time / ours; read: read_roofline.reader of the same bytes (a kernel that reads them"
+    " once, 16-byte loads, and writes a word per warp), fraction_of_read = read time / ours; SDPA: enable_gqa on"
+    " the KV gathered contiguous (gather untimed; fp8"
     " rows: on the bf16 values the cache was quantized from); FlashInfer: BatchDecodeWithPagedKVCacheWrapper NHD,"
     " plan() untimed, fp8 per-tensor k_scale/v_scale, none for per-token scales; ratio_vs_X = X time / ours;"
     " checked: output poisoned with NaN, up to check_rows sequences against paged_decode_reference (float32)"

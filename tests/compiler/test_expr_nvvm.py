@@ -284,6 +284,20 @@ def test_trap_is_emitted_where_the_condition_holds():
     assert ptx.count("trap;") == 1 and re.search(r"@%p\d+ bra", ptx)  # behind a branch, not unconditional
 
 
+def test_globaltimer_reads_stay_apart_around_a_barrier():
+    """Two reads of the clock around a barrier are two reads (volatile: not merged), in program order."""
+
+    @flyc.kernel
+    def stamped(out: fx.Tensor):
+        began = nvvm.globaltimer()
+        gpu.barrier()
+        out[gpu.thread_idx.x] = nvvm.globaltimer() - began
+
+    ptx = _ptx(stamped, _fake((128,), "<i4"))
+    reads = [m.start() for m in re.finditer(r"mov\.u32 %r\d+, %globaltimer_lo;", ptx)]
+    assert len(reads) == 2 and reads[0] < ptx.index("bar.sync") < reads[1]
+
+
 def test_printf_lowers_to_vprintf_with_promoted_arguments():
     text = printing.trace(printing.specialize(printing._bind([_fake((4,))], {})).key)
     assert "gpu.printf" in text and "arith.extf" in text and "arith.extui" in text

@@ -110,6 +110,16 @@ def griddepcontrol_launch_dependents() -> None:
     _nvvm.griddepcontrol(_nvvm.GridDepActionKind.launch_dependents)
 
 
+def globaltimer() -> Int32:
+    """The low 32 bits of ``%globaltimer``, the GPU's nanosecond clock shared by all SMs (wraps every ~4.3 s: take
+    differences modulo 2^32). For timelines of a kernel's phases across CTAs: read after a barrier (or a use of the
+    loaded values) so that it is ordered after the work it stamps; it is volatile, never merged or hoisted.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#special-registers-globaltimer
+    """
+    return Int32(_asm(_i32(), [], "mov.u32 $0, %globaltimer_lo;", "=r", side_effects=True))
+
+
 def trap() -> None:
     """``trap;``: aborts the kernel (the launch's stream then reports CUDA_ERROR_LAUNCH_FAILED or
     CUDA_ERROR_ILLEGAL_INSTRUCTION, and the context is unusable). For conditions that must never hold, which would
