@@ -51,12 +51,6 @@ CONFIGS = [
     decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=4, k_scale="tensor", v_scale="tensor"),
     decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=8, k_scale="token", v_scale="token", split=True),
     decode.DecodeConfig(head_dim=128, kv="bf16", q="bf16", group=8, split=True, merge_levels=2),
-    decode.DecodeConfig(head_dim=128, kv="bf16", q="bf16", group=8, split=True, cluster=8, merge_levels=0),
-    decode.DecodeConfig(
-        head_dim=128, kv="e4m3", q="bf16", group=4, k_scale="tensor", v_scale="tensor", split=True, cluster=4,
-        merge_levels=1,
-    ),
-    decode.DecodeConfig(head_dim=64, kv="bf16", q="bf16", group=16, queries=2, split=True, cluster=2, merge_levels=1),
     decode.DecodeConfig(head_dim=64, kv="bf16", q="bf16", group=4, queries=4, window=True, soft_cap=True),
     decode.DecodeConfig(head_dim=256, kv="bf16", q="bf16", group=2, prefetch=0),
     decode.DecodeConfig(head_dim=256, kv="e4m3", q="f16", group=16, k_scale="tensor", v_scale="token", prefetch=0),
@@ -72,9 +66,6 @@ def test_decode_kernel_compiles_without_spills(cfg):
     assert "mma.sync.aligned.m16n8k16" in ptx
     loads = re.findall(r"ld\.global\S*\.v4\.b32", ptx)
     assert loads, "the caches are read with 16-byte loads"
-    if cfg.cluster > 1:  # the cluster's partials merged through distributed shared memory
-        assert "barrier.cluster.arrive" in ptx and "mapa.shared::cluster" in ptx and "ld.shared::cluster" in ptx
-        assert ("atom." in ptx) == (cfg.merge_levels == 1)  # a count of arrivals only where clusters' partials meet
     if cfg.kv == "e4m3":
         assert "cvt.rn.f16x2.e4m3x2" in ptx and "prmt.b32" in ptx
     else:
@@ -95,13 +86,9 @@ def test_split_choice():
     long_splits = splits
     assert cfg.split and splits > 1 and tokens % 16 == 0 and splits * tokens >= 131072
     assert (splits - 1) * tokens < 131072  # no split left without positions
-    assert cfg.cluster == decode.MAX_CLUSTER and splits % cfg.cluster == 0 and cfg.merge_levels == 1
-    cfg, splits, _ = _plan(batch=8)  # 64 (sequence, KV head) pairs: 4 splits, one cluster merges them
-    assert splits == cfg.cluster == 4 and cfg.merge_levels == 0
-    cfg, splits, _ = _plan(batch=1, kv_heads=1, heads=8)  # one (sequence, KV head): 256 splits, 32 clusters
-    assert splits == 256 and cfg.cluster == 8 and cfg.merge_levels == 1
-    cfg, splits, _ = _plan(batch=1, kv_heads=1, heads=8, cluster=1)  # without clusters: two levels of merging
-    assert splits > decode.MERGE_FANIN and cfg.merge_levels == 2 and cfg.cluster == 1 and splits <= decode.MERGE_FANIN**2
+    assert cfg.merge_levels == (2 if splits > decode.MERGE_FANIN else 1)
+    cfg, splits, _ = _plan(batch=1, kv_heads=1, heads=8)  # one (sequence, KV head): many splits, merged in two levels
+    assert splits > decode.MERGE_FANIN and cfg.merge_levels == 2 and splits <= decode.MERGE_FANIN**2
     cfg, splits, _ = _plan(batch=256, max_context=16384)  # 2048 CTAs: enough without splitting
     assert splits == 1 and not cfg.split
     cfg, splits, tokens = _plan(max_context=16)  # one chunk: one split
@@ -154,11 +141,9 @@ def test_split_choice_covers_the_span(batch, kv_heads, group, queries, max_conte
     )  # fmt: skip
     span = max_context if window is None else min(max_context, window + queries - 1 + 16)
     assert tokens % 16 == 0 and tokens >= 16
-    assert splits * tokens >= span and (splits - cfg.cluster) * tokens < span  # only the last cluster pads
-    assert 1 <= splits <= decode.MERGE_FANIN**2 and cfg.split == (splits > 1) == (cfg.cluster > 1)
-    assert splits % cfg.cluster == 0 and cfg.cluster <= decode.MAX_CLUSTER and splits // cfg.cluster <= 32
-    if cfg.split:
-        assert cfg.merge_levels == (0 if splits == cfg.cluster else 1)
+    assert splits * tokens >= span and (splits - 1) * tokens < span
+    assert 1 <= splits <= decode.MERGE_FANIN**2 and cfg.split == (splits > 1)
+    assert cfg.merge_levels == (2 if splits > decode.MERGE_FANIN else 1)
 
 
 def test_plan_reads_shapes_scales_and_strides(monkeypatch):

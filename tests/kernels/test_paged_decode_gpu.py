@@ -78,30 +78,18 @@ def test_paged_decode_16bit(dtype, contexts):
     _check(_case(dtype=dtype, contexts=contexts))
 
 
-@pytest.fixture(params=[None, 1], ids=["clusters", "no-clusters"])
-def clusters(request, monkeypatch):
-    """paged_decode with its splits in clusters (merged through DSMEM) and without (merged in global memory)."""
-    from flydsl.kernels.attention import api
-
-    monkeypatch.setattr(api, "_CLUSTER", request.param)
-    api._PLANS.clear()
-    yield request.param
-    api._PLANS.clear()
-
-
 @pytest.mark.parametrize("batch, max_context", [(3, None), (3, 5000), (70, 5000)])
-def test_paged_decode_splits(batch, max_context, clusters):
-    """Contexts cut over several CTAs (merged by one cluster, or by the last CTA) and, with 70 x 8 KV heads filling
-    the GPU, one split per CTA writing the output itself; block_size 32."""
+def test_paged_decode_splits(batch, max_context):
+    """Contexts cut over several CTAs (merged by the last one) and, with 70 x 8 KV heads filling the GPU, one split per
+    CTA writing the output itself; block_size 32."""
     contexts = tuple((1, 700, 4500)[i % 3] + i for i in range(batch))
     _check(_case(contexts=contexts, block_size=32, batch=batch, q_heads=32, kv_heads=8), max_context=max_context)
 
 
 @pytest.mark.parametrize("fp8", [None, "tensor"])
-def test_paged_decode_many_splits(fp8, clusters):
-    """One KV head and long contexts: hundreds of splits, in clusters of 8 whose partials the last CTA merges (or
-    without clusters by groups of 16 and then the groups); the short sequence leaves whole clusters (groups) without
-    positions."""
+def test_paged_decode_two_level_merge(fp8):
+    """One KV head and long contexts: hundreds of splits, merged by groups of 16 and then the groups; the short
+    sequence leaves whole groups without positions."""
     case = _case(batch=2, q_heads=8, kv_heads=1, contexts=(20000, 300), fp8=fp8)
     _check(case, tolerance=2e-2)
 

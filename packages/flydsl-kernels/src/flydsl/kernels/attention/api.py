@@ -24,7 +24,6 @@ __all__ = ["paged_decode", "decode_plan_config"]
 _WHO = "flydsl.kernels.attention.paged_decode"
 _PLANS = Plans(_WHO, replay=True)
 _CHUNK = 16
-_CLUSTER = None  # CTAs per cluster of splits: None chooses per call, 1 turns clusters off (A/B timing, tests)
 _MAX_SPLITS = 256  # two levels of merging, at most MERGE_FANIN (16) partials per merging CTA and row
 # CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
 _CTAS_PER_SM = {(64, False): 4, (64, True): 4, (128, False): 2, (128, True): 4, (256, False): 2, (256, True): 2}
@@ -149,7 +148,6 @@ def _make_plan(
         soft_cap=soft_cap is not None,
         max_context=max_context,
         sms=_sm_count(q_t.device),
-        cluster=_CLUSTER,
     )
     numbers = [s if isinstance(s, (int, float)) else None for s in (k_scale, v_scale)]  # per-tensor scales as floats
     scale = 1.0 / math.sqrt(shape.dim) if scale is None else float(scale)
@@ -167,14 +165,12 @@ def _sm_count(device: int) -> int:
 
 def decode_plan_config(
     *, batch, heads, kv_heads, dim, queries, q_dtype, kv_dtype, k_scale, v_scale, sliding_window, soft_cap,
-    max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None, cluster=None,
+    max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None,
 ):  # fmt: skip
     """``(DecodeConfig, splits, split_tokens)`` for a call: the context (or the window's span) cut into splits so
     that the grid fills the GPU's resident CTAs once (``ctas``; default ``sms`` times the CTAs an SM holds,
-    ``ctas_per_sm``), each warp at least one chunk of 16 tokens, at most 256 splits. More than one split run in
-    clusters of up to ``MAX_CLUSTER`` CTAs (``cluster``: that size, None for the default, 1 for none) that merge
-    through distributed shared memory, the clusters' partials merged by the last CTA to finish (without clusters:
-    the splits' partials, in two levels past ``MERGE_FANIN``: docs/tuning/attention.md#merge)."""
+    ``ctas_per_sm``), each warp at least one chunk of 16 tokens, at most 256 splits; with more than one split, the
+    last to finish merges them (in two levels past ``MERGE_FANIN``: docs/tuning/attention.md#merge)."""
     decode = _decode()
     group = heads // kv_heads
     span = max_context if sliding_window is None else min(max_context, sliding_window + queries - 1 + _CHUNK)
@@ -191,20 +187,10 @@ def decode_plan_config(
     if ctas is None:
         ctas = sms * cfg.ctas_per_sm
     splits = max(1, min(-(-chunks // warps), round(ctas / base), _MAX_SPLITS))
-    size = min(splits, decode.MAX_CLUSTER) if cluster is None else cluster
-    if splits > 1 and size > 1:
-        splits = max(size, round(splits / size) * size)  # whole clusters
     split_tokens = -(-chunks // splits) * _CHUNK
     splits = -(-span // split_tokens)
-    if splits == 1:
-        return cfg, 1, split_tokens
-    if size > 1:
-        size = min(size, splits)
-        splits = -(-splits // size) * size  # whole clusters (a split past the context merges to nothing)
-        levels = 0 if splits == size else 1
-    else:
-        levels = 2 if splits > decode.MERGE_FANIN else 1
-    return dataclasses.replace(cfg, split=True, merge_levels=levels, cluster=size), splits, split_tokens
+    levels = 2 if splits > decode.MERGE_FANIN else 1
+    return dataclasses.replace(cfg, split=splits > 1, merge_levels=levels), splits, split_tokens
 
 
 _COUNTERS: dict = {}  # (device, stream) -> int32 zeros: the splits' arrival counters (each launch leaves them zero)
@@ -229,8 +215,6 @@ class _Plan:
 
         self.cfg, self.splits, self.split_tokens = cfg, splits, split_tokens
         self.groups = -(-splits // _decode().MERGE_FANIN) if cfg.merge_levels == 2 else 0
-        self.slots = splits // cfg.cluster + self.groups  # partials: the splits' (or clusters'), then the groups'
-        self.partials = cfg.split and (cfg.cluster == 1 or cfg.merge_levels > 0)  # in global memory
         self.scale, self.soft_cap, self.window, self.fp8 = scale, soft_cap, window, fp8
         where = torch.device("cuda", device)
         self.unused = torch.zeros(1, dtype=torch.float32, device=where)  # stands for absent scales and partials
@@ -248,8 +232,8 @@ class _Plan:
             out = torch.empty_like(q)
         batch, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
         queries = 1 if q.dim() == 3 else q.shape[1]
-        if self.partials:
-            slots = self.slots
+        if cfg.split:
+            slots = self.splits + self.groups  # the splits', then (two levels) the groups' merges
             partial_out = torch.empty(batch, queries, heads, slots, dim, dtype=torch.float32, device=q.device)
             partial_stats = torch.empty(batch, queries, heads, slots, 2, dtype=torch.float32, device=q.device)
         else:
@@ -275,12 +259,11 @@ class _Plan:
             k_scales = k_scales.reshape(1)
         if cfg.v_scale == "tensor":
             v_scales = v_scales.reshape(1)
-        if not self.partials:
+        if not cfg.split:
             partial_out, partial_stats = partial_out.view(1, 1, 1, 1, 1), partial_stats.view(1, 1, 1, 1, 1)
         batch = q4.shape[0]
         kv_heads = k_cache.shape[2]
-        clusters = {"cluster": (cfg.cluster, 1, 1)} if cfg.cluster > 1 else {}
         decode.paged_decode_kernel(
             q4, k_cache, v_cache, block_tables, context_lens, k_scales, v_scales, out4, partial_out, partial_stats,
             counters, self.scale, self.soft_cap, self.window, self.split_tokens, cfg,
-        ).launch(grid=(self.splits, kv_heads * cfg.row_tiles, batch), block=cfg.threads, **clusters)  # fmt: skip
+        ).launch(grid=(self.splits, kv_heads * cfg.row_tiles, batch), block=cfg.threads)  # fmt: skip

@@ -40,9 +40,9 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import arith, gpu, math, nvvm, vector
 from flydsl.expr.vector import Vector
-from flydsl.kernels.attention.merge import MAX_CLUSTER, MERGE_FANIN, NO_MAX, merge_cluster, merge_if_last
+from flydsl.kernels.attention.merge import MERGE_FANIN, NO_MAX, merge_if_last
 
-__all__ = ["CHUNK", "MAX_CLUSTER", "MERGE_FANIN", "DecodeConfig", "paged_decode_kernel"]
+__all__ = ["CHUNK", "MERGE_FANIN", "DecodeConfig", "paged_decode_kernel"]
 
 CHUNK = 16  # tokens per warp step: the K of one P V MMA, two n8 tiles of S
 LOG2E = 1.4426950408889634
@@ -62,10 +62,7 @@ class DecodeConfig:
     the last split's merge, ``warps`` per CTA, ``prefetch`` how many chunks ahead of the one in the math a warp's
     loads are issued (0: none; registers for ``prefetch + 1`` chunks), ``ctas_per_sm`` the CTAs an SM must hold
     (registers capped to fit them), ``merge_levels`` 1 (the last split merges them all) or 2 (groups of
-    ``MERGE_FANIN`` splits first); ``cluster`` > 1: the splits run in clusters of that many CTAs, which merge their
-    partials through distributed shared memory (:func:`~.merge.merge_cluster`); ``merge_levels`` then counts the
-    merges in global memory after it: 0 (one cluster per context: it writes the output) or 1 (the last CTA to
-    finish merges the clusters' partials)."""
+    ``MERGE_FANIN`` splits first)."""
 
     head_dim: int
     kv: str
@@ -81,7 +78,6 @@ class DecodeConfig:
     prefetch: int = 1
     ctas_per_sm: int = 2
     merge_levels: int = 1
-    cluster: int = 1
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.kv not in _KV_BYTES or self.q not in ("bf16", "f16"):
@@ -94,10 +90,8 @@ class DecodeConfig:
             raise ValueError(f"{self}: group 1..64, queries 1..4, warps 1/2/4/8/16")
         if self.prefetch not in (0, 1, 2, 3) or not 1 <= self.ctas_per_sm * self.warps <= 64:
             raise ValueError(f"{self}: prefetch 0..3 chunks, ctas_per_sm * warps 1..64")
-        if not 1 <= self.cluster <= MAX_CLUSTER or (self.cluster > 1 and not self.split):
-            raise ValueError(f"{self}: cluster 1..{MAX_CLUSTER}, more than 1 only for split contexts")
-        if self.merge_levels not in ((0, 1) if self.cluster > 1 else (1, 2)):
-            raise ValueError(f"{self}: merge_levels 1 or 2 (0 or 1 after a cluster's merge)")
+        if self.merge_levels not in (1, 2):
+            raise ValueError(f"{self}: merge_levels 1 or 2")
 
     @property
     def threads(self) -> int:
@@ -430,18 +424,15 @@ def paged_decode_kernel(
             state = _chunk_step(cfg, state, loaded, queries, (chunk, scale_rows, cap, lows, highs, lane_c))
             chunk = chunk + stride
     place = (b, hkv, tile, split)
-    span = (context, (first // CHUNK) * CHUNK, split_tokens)
-    merged = _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid)
-    if fx.const_expr(cfg.cluster > 1):
-        merge_cluster(cfg, out, (partial_out, partial_stats, counters), merged, v_scales, place, tid, span)
-    elif fx.const_expr(cfg.split):
+    _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid)
+    if fx.const_expr(cfg.split):
+        span = (context, (first // CHUNK) * CHUNK, split_tokens)
         merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, place, tid, span)
 
 
 def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
-    """The warps' partial results merged in shared memory, then written: the output (one split), the split's
-    normalized output and (max, sum) statistics, or with ``cfg.cluster`` > 1 those two into shared memory for the
-    cluster's merge (returned: ``(values (16, D), stats (16, 2))`` float32; None otherwise)."""
+    """The warps' partial results merged in shared memory, then written: the output (one split) or the split's
+    normalized output and (max, sum) statistics."""
     b, hkv, tile, split = place
     row_max, row_sum, acc = state
     warp, lane = tid // 32, tid % 32
@@ -452,9 +443,6 @@ def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
     # accumulators as (warp, tile, element, lane): lanes contiguous, conflict-free stores
     partial = smem.allocate(fx.Float32, fl.Layout((cfg.warps, tiles, 4, 32), (tiles * 128, 128, 32, 1)))
     stats = smem.allocate(fx.Float32, fl.Layout((cfg.warps, 2, 16), (32, 16, 1)))
-    merged = None
-    if fx.const_expr(cfg.cluster > 1):  # the CTA's partial, which the cluster's CTAs read through DSMEM
-        merged = (smem.allocate(fx.Float32, fl.Layout((16, d), (d, 1))), smem.allocate(fx.Float32, (16, 2)))
     for t in fx.range_constexpr(tiles):
         for e in fx.range_constexpr(4):
             partial[warp, t, e, lane] = acc[t][e]
@@ -500,14 +488,7 @@ def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
         global_row = tile * 16 + r
         query, head = global_row // cfg.group, hkv * cfg.group + global_row % cfg.group
         keep = (tid + rep * cfg.threads < items) & (global_row < cfg.rows)
-        if fx.const_expr(cfg.cluster > 1):
-            if keep:
-                for k in fx.range_constexpr(8):
-                    merged[0][r, 8 * part + k] = values[k]
-                if part == 0:
-                    merged[1][r, 0] = top
-                    merged[1][r, 1] = total
-        elif fx.const_expr(cfg.split):
+        if fx.const_expr(cfg.split):
             if keep:
                 for k in fx.range_constexpr(8):
                     partial_out[b, query, head, split, 8 * part + k] = values[k]
@@ -518,4 +499,3 @@ def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
             if keep:
                 row_values = vector.from_elements(Vector.of(fx.Float32, 8), [v * v_factor for v in values])
                 vector.store(row_values.to(out.dtype), out, (b, query, head, 8 * part))
-    return merged

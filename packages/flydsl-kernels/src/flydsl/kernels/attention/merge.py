@@ -2,26 +2,21 @@
 split's normalized output and (row maximum in base 2, sum) as float32 partials; the one that counts itself last on
 a per-(sequence, KV head, row tile) arrival counter merges them into the output and zeroes the counter. Past
 ``MERGE_FANIN`` splits the merge takes two levels (groups of splits first), so that no CTA reads more than
-``MERGE_FANIN`` partials per row (docs/tuning/attention.md#merge).
-
-With the splits in clusters (:func:`merge_cluster`), a cluster's CTAs leave their partials in shared memory and
-merge them through distributed shared memory after one cluster barrier, each CTA a share of the rows' values: no
-global round trips where a cluster holds the whole context, and one level of the merge above otherwise. Called
-from :func:`flydsl.kernels.attention.decode.paged_decode_kernel`.
+``MERGE_FANIN`` partials per row (docs/tuning/attention.md#merge). Called from
+:func:`flydsl.kernels.attention.decode.paged_decode_kernel`.
 """
 
 from __future__ import annotations
 
 import flydsl.expr as fx
-from flydsl.expr import arith, cluster, gpu, nvvm, vector
+from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.expr.vector import Vector
 
-__all__ = ["MAX_CLUSTER", "MERGE_FANIN", "NO_MAX", "merge_cluster", "merge_if_last"]
+__all__ = ["MERGE_FANIN", "NO_MAX", "merge_if_last"]
 
 NO_MAX = -1.0e30  # a running maximum before any key: finite, so that exp2(NO_MAX - NO_MAX) is 1, not NaN
 MERGE_FANIN = 16  # partials one CTA merges per row at most (two levels of merging past that)
 _MERGE_UNROLL = 8  # partials of every row in flight at a time
-MAX_CLUSTER = 8  # CTAs of a cluster (the portable limit)
 
 
 def _arrive_last(counters, index, members, tid, arrival):
@@ -65,65 +60,6 @@ def merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, plac
             if _arrive_last(counters, unit, groups, tid, arrival):
                 used_groups = (used + (MERGE_FANIN - 1)) // MERGE_FANIN
                 _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, (splits, used_groups, None))
-
-
-def merge_cluster(cfg, out, partials, merged, v_scales, place, tid, span):
-    """The CTAs of a cluster (``cfg.cluster`` consecutive splits) merge the partials they left in shared memory
-    (``merged``: values (16, D) and (max, sum) per row): after a cluster barrier, CTA ``rank`` takes items ``rank *
-    threads + tid, ...`` of (row, 4 values), reads the cluster's partials of them through DSMEM (all at once) and
-    writes the output (``cfg.merge_levels == 0``: the cluster holds the context) or the cluster's partial in slot
-    ``split // cluster``, which the last CTA of the (sequence, KV head, row tile) to count itself merges
-    (``partials``: ``(partial_out, partial_stats, counters)``)."""
-    partial_out, partial_stats, counters = partials
-    values, stats = merged
-    b, hkv, tile, split = place
-    size, d = cfg.cluster, cfg.head_dim
-    rank = cluster.block_rank()
-    cluster.sync()  # every CTA's partial is in its shared memory
-    items = min(16, cfg.rows) * (d // 4)
-    v_factor = fx.Float32(1.0)
-    if fx.const_expr(cfg.v_scale == "tensor" and cfg.merge_levels == 0):
-        v_factor = v_scales[0]
-    for rep in fx.range_constexpr(-(-items // (size * cfg.threads))):
-        index = rep * size * cfg.threads + rank * cfg.threads + tid
-        item = arith.minimum(index, items - 1)
-        r, part = item // (d // 4), item % (d // 4)
-        maxima = [cluster.load_peer(stats, peer, (r, 0)) for peer in range(size)]
-        sums = [cluster.load_peer(stats, peer, (r, 1)) for peer in range(size)]
-        loaded = [[cluster.load_peer(values, peer, (r, 4 * part + k)) for k in range(4)] for peer in range(size)]
-        top = maxima[0]
-        for m in maxima[1:]:
-            top = arith.maximum(top, m)
-        acc, total = [fx.Float32(0.0)] * 4, fx.Float32(0.0)
-        for peer in fx.range_constexpr(size):
-            weight = nvvm.ex2_approx(maxima[peer] - top, ftz=True) * sums[peer]
-            acc = [a + weight * v for a, v in zip(acc, loaded[peer], strict=True)]
-            total = total + weight
-        global_row = tile * 16 + r
-        query, head = global_row // cfg.group, hkv * cfg.group + global_row % cfg.group
-        keep = (index < items) & (global_row < cfg.rows)
-        if fx.const_expr(cfg.merge_levels == 0):
-            factor = v_factor / total
-            if keep:
-                row_values = vector.from_elements(Vector.of(fx.Float32, 4), [a * factor for a in acc])
-                vector.store(row_values.to(out.dtype), out, (b, query, head, 4 * part))
-        else:
-            factor = arith.select(total > 0.0, 1.0 / total, fx.Float32(0.0))  # a cluster past the context: zeros
-            slot = split // size
-            if keep:
-                row_values = vector.from_elements(Vector.of(fx.Float32, 4), [a * factor for a in acc])
-                vector.store(row_values, partial_out, (b, query, head, slot, 4 * part))
-                if part == 0:
-                    partial_stats[b, query, head, slot, 0] = top
-                    partial_stats[b, query, head, slot, 1] = total
-    cluster.sync()  # no CTA leaves (its shared memory) while a peer may still read it
-    if fx.const_expr(cfg.merge_levels == 1):
-        context, first, split_tokens = span
-        used = arith.maximum((context - first + (split_tokens * size - 1)) // (split_tokens * size), 1)
-        unit = b * gpu.grid_dim.y.to(fx.Int32) + gpu.block_idx.y
-        arrival = fx.SmemAllocator().allocate(fx.Int32, 1)
-        if _arrive_last(counters, unit, gpu.grid_dim.x.to(fx.Int32), tid, arrival):
-            _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, (0, used, None))
 
 
 def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, slots):
