@@ -11,7 +11,8 @@ triton.testing.do_bench (CUDA events, L2 flushed before each call, median of the
 the same shape, ours with the weights prepared once (``prepare_weight``: checked bit for bit against plain ones), and
 for M <= 16 a same-bytes copy (``copy_`` of N * K / 2 bytes into as many: what streaming the weights once costs)
 and a copy of all N * K bytes (``fraction_of_read_copy``: it reads what the GEMM reads; below L2's size the half
-copy's writes stay in L2, so it reads half the bytes: docs/tuning/gemm.md#skinny),
+copy's writes stay in L2, so it reads half the bytes: docs/tuning/gemm.md#skinny), and a kernel that only reads
+them (``fraction_of_read``, ``read_roofline.py``),
 ``--repeats`` times; the numbers are medians over the repeats. M <= 16 is also timed streamed: calls back to back
 over copies of the weights that together exceed L2 (as the layers of a decode step run), one event pair around each
 pass (captured in a CUDA graph: no host time between kernels), against copies of as many distinct buffers timed the
@@ -28,6 +29,7 @@ import json
 import statistics
 import sys
 
+from read_roofline import reader
 from record import write_record
 
 SQUARE = [(8192, 8192, 8192), (4096, 4096, 4096)]
@@ -135,7 +137,7 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
     read_src = torch.empty(n * k if m <= 16 else 0, dtype=torch.uint8, device="cuda")  # all the weights' bytes
     read_dst = torch.empty_like(read_src)
     runs = {name: [] for name in ("flydsl", "flydsl_prepared", "scaled_mm_rowwise", "scaled_mm_tensorwise")}
-    runs.update(bf16_gemm=[], copy=[], copy_read=[])
+    runs.update(bf16_gemm=[], copy=[], copy_read=[], read=[])
     timed = {
         "flydsl": lambda: fp8_gemm(a, b, scale_a, scale_b, ours),
         "flydsl_prepared": lambda: fp8_gemm(a, prepared, scale_a, scale_b, ours_prepared),
@@ -147,6 +149,7 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
     if m <= 16:
         timed["copy"] = lambda: copy_dst.copy_(copy_src)
         timed["copy_read"] = lambda: read_dst.copy_(read_src)
+        timed["read"] = reader(n * k)
     for _ in range(repeats):
         for name, fn in timed.items():
             runs[name].append(_bench(fn, do_bench))
@@ -156,7 +159,7 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
     result["chosen_config"] = _route(m, n, k)
     for name, t in ms.items():
         result[f"{name}_ms"] = t
-        if name not in ("copy", "copy_read"):
+        if name not in ("copy", "copy_read", "read"):
             result[f"{name}_tflops"] = flops / t / 1e9
     result["ratio_vs_rowwise"] = ms["scaled_mm_rowwise"] / ms["flydsl"]
     result["ratio_vs_tensorwise"] = ms["scaled_mm_tensorwise"] / ms["flydsl"]
@@ -166,6 +169,7 @@ def run_case(torch, do_bench, m, n, k, repeats, with_bf16: bool):
         result["fraction_of_copy"] = ms["copy"] / ms["flydsl"]  # same-bytes copy time / ours
         result["prepared_fraction_of_copy"] = ms["copy"] / ms["flydsl_prepared"]
         result["fraction_of_read_copy"] = ms["copy_read"] / ms["flydsl"]  # a copy_ reading all the weights' bytes
+        result["fraction_of_read"] = ms["read"] / ms["flydsl"]  # a kernel that only reads them
         result.update(streamed(torch, m, n, k, a, scale_a, scale_b, prepare_weight, fp8_gemm))
     result["runs_ms"] = runs
     return result
@@ -279,6 +283,9 @@ def summarize(results) -> dict:
         "geomean_ratio_all": statistics.geometric_mean(ratios),
         "min_ratio": min(ratios),
         "m_le_16_min_fraction_of_copy": min(r["fraction_of_copy"] for r in small) if small else None,
+        "m_le_16_min_fraction_of_read": min(
+            (r["fraction_of_read"] for r in small if "fraction_of_read" in r), default=None
+        ),
         "m_le_16_min_fraction_of_read_copy": min(
             (r["fraction_of_read_copy"] for r in small if "fraction_of_read_copy" in r), default=None
         ),

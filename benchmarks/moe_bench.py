@@ -11,9 +11,8 @@ routed top-8 over all 256 experts, the shard's 32 renumbered 0..31, the ids of t
 fused_moe drops), each at T tokens in 1, 16, 64, 256, 1024, 4096, 16384, each in the weight formats of ``--quant``
 (default all three): bf16, fp8 (e4m3 weights, one float32 scale per output channel of each expert; x quantized per
 token inside the layer) and block (e4m3 weights, one float32 scale per 128 x 128 block of each expert's w1 and w2;
-x and h quantized per 1 x 128 group inside the layer: DeepSeek-V3's format). ``--model``, ``--tokens`` and
-``--quant`` pick a part. The order: per model, every T in bf16, then every T in fp8, then in block (the same x and
-routing as bf16's at that T, so that the formats pair up).
+x and h quantized per 1 x 128 group inside the layer: DeepSeek-V3's format). ``--model``, ``--tokens``, ``--quant``
+pick a part. Per model: every T in bf16, then in fp8, then in block (the same x and routing at a T: pairs).
 
 Each model: random bf16 weights (w1 (E, 2I, H), gate rows then up rows; w2 (E, H, I)), made once; the fp8 ones from
 them by ``quantize_experts`` (per output channel: scale = amax |w| / 448, w8 = e4m3(w / scale), scale 1 for a zero
@@ -28,9 +27,8 @@ fails over its format's tolerance (bf16 2e-2; fp8 6e-2: x and the hidden activat
 the weights; each row records its own) or with an unwritten element and is left out of the summary. The peers are
 checked the same way. Then ours, the peers and (decode, T <= 64) the copy are timed interleaved, ``--repeats``
 times, each with cold_l2.bench_cold (triton.testing.do_bench's loop: CUDA events, L2 flushed before each call,
-median; ``--flush``; queued behind a sleep kernel 1.5x longer than the host takes to queue the call, at least
-~100 us, so that the host's time stays out: its own time per call is recorded as ``ours_host_us``), and the medians
-over the repeats kept.
+median; ``--flush``; queued behind a sleep kernel 1.5x longer than the host takes to queue the call, >= ~100 us:
+the host's time stays out, its own per call recorded as ``ours_host_us``), the medians over the repeats kept.
 
 Everything from topk_ids to the (T, H) output is inside the timed region, ours and the peers':
 
@@ -56,9 +54,10 @@ Metrics: TFLOP/s of the layer, 2 * (kept ids) * (2I * H + H * I) FLOPs; for deco
 bytes (distinct experts routed to x ``expert_bytes``: bf16 3 * I * H x 2 bytes, fp8 3 * I * H x 1 byte plus the
 float32 scales, (2I + H) x 4) over our time, as ``fraction_of_copy`` = the time of a copy moving as many bytes
 (``copy_`` of half of them into as many: bytes read plus written) / ours, ``fraction_of_read_copy`` the same for a
-``copy_`` of all of them (``COPIES``); ratio_vs_X = X's time / ours (> 1: ours faster). The summary: per format the
-geomean ratios (prefill: T in 1024, 4096, 16384), ``fp8_speedup_over_bf16_ours`` (geomean over those prefill cases
-of our bf16 time / our fp8 time, same model and T) and the two stages' TFLOP/s at T = 16384 per format;
+``copy_`` of all of them, ``fraction_of_read`` for a kernel only reading them (``read_roofline.py``) (``COPIES``);
+ratio_vs_X = X's time / ours (> 1: ours faster). The summary: per format the geomean ratios (prefill: T in 1024,
+4096, 16384), ``fp8_speedup_over_bf16_ours`` (over those prefill cases, our bf16 time / our fp8 time, same model
+and T) and the two stages' TFLOP/s at T = 16384 per format;
 ``block_vs_fp8_geomean`` (over the prefill cases, our fp8 time / our block time: the block scales' promotion's cost).
 """
 
@@ -79,6 +78,7 @@ from moe_torch import (
     loop_moe,
     scaled_grouped_mm_moe,
 )
+from read_roofline import reader
 from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, geomean, new_record
 
 
@@ -104,7 +104,7 @@ PEERS = ("grouped_mm", "loop")
 PREFILL_TOKENS = (1024, 4096, 16384)  # the summary's prefill geomean
 DECODE_TOKENS = 64  # T <= this: decode, timed against a same-bytes copy
 # decode's copies, peer -> (field, touched bytes per copied byte): why a second one, docs/tuning/moe.md#decode
-COPIES = {"copy": ("fraction_of_copy", 2), "copy_read": ("fraction_of_read_copy", 1)}
+COPIES = {"copy": ("fraction_of_copy", 2), "copy_read": ("fraction_of_read_copy", 1), "read": ("fraction_of_read", 1)}
 LOOP_TOKENS = 1024  # the loop peer at T <= this only (it is slow)
 SUMMARY_TOKENS = 16384  # the summary's per-model TFLOP/s
 CHECK_TOKENS = 4096  # tokens checked against the float32 reference (it is slow on Mixtral's large experts)
@@ -263,11 +263,12 @@ def make_weights(model: Model, seed: int):
 
 
 def _copy(torch, nbytes: int, name: str):
-    """A ``copy_`` of ``nbytes`` into as many, named ``name`` (the peer it is timed as)."""
+    """A ``copy_`` of ``nbytes`` into as many (on a GPU for ``"read"`` a read of them), named ``name``."""
     source, target = (torch.empty(nbytes, dtype=torch.uint8, device=DEVICE) for _ in range(2))
+    read = reader(nbytes) if name == "read" and DEVICE == "cuda" else None
 
     def copy():
-        return target.copy_(source)
+        return target.copy_(source) if read is None else read()
 
     copy.__name__ = name
     return copy

@@ -345,7 +345,7 @@ def test_summary_with_fp8(bench):
 
 # Whole runs: small models, fused_moe replaced by the reference, fixed times.
 
-TIMES_MS = {"ours": 2.0, "grouped_mm": 3.0, "loop": 8.0, "copy": 1.0, "copy_read": 1.6}
+TIMES_MS = {"ours": 2.0, "grouped_mm": 3.0, "loop": 8.0, "copy": 1.0, "copy_read": 1.6, "read": 1.2}
 SMALL = {"small": (4, 2, 64, 32, 4, "softmax"), "small-ep": (4, 2, 64, 32, 16, "sigmoid")}
 
 
@@ -432,6 +432,7 @@ def test_run_on_cpu(bench, on_cpu, tmp_path):
         if r["tokens"] <= 16 and r["touched_bytes"]:
             assert r["fraction_of_copy"] == 0.5 and r["touched_tbps"] > 0
             assert r["fraction_of_read_copy"] == pytest.approx(0.8)  # a copy_ of all the touched bytes
+            assert r["fraction_of_read"] == pytest.approx(0.6)
     summary = record["summary"]
     assert summary == bench.summarize(rows)
     assert summary["prefill_geomean_vs_grouped_mm"] == {"bf16": 1.5, "fp8": 1.5, "block": 1.5}
