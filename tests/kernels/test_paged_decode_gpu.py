@@ -78,8 +78,19 @@ def test_paged_decode_16bit(dtype, contexts):
     _check(_case(dtype=dtype, contexts=contexts))
 
 
+@pytest.fixture(params=["kernel", "last"])
+def merges(request, monkeypatch):
+    """paged_decode with its splits merged by a dependent kernel and by the last split."""
+    from flydsl.kernels.attention import api
+
+    monkeypatch.setattr(api, "_MERGE", request.param)
+    api._PLANS.clear()
+    yield request.param
+    api._PLANS.clear()
+
+
 @pytest.mark.parametrize("batch, max_context", [(3, None), (3, 5000), (70, 5000)])
-def test_paged_decode_splits(batch, max_context):
+def test_paged_decode_splits(batch, max_context, merges):
     """Contexts cut over several CTAs (merged by the last one) and, with 70 x 8 KV heads filling the GPU, one split per
     CTA writing the output itself; block_size 32."""
     contexts = tuple((1, 700, 4500)[i % 3] + i for i in range(batch))
@@ -87,7 +98,7 @@ def test_paged_decode_splits(batch, max_context):
 
 
 @pytest.mark.parametrize("fp8", [None, "tensor"])
-def test_paged_decode_two_level_merge(fp8):
+def test_paged_decode_two_level_merge(fp8, merges):
     """One KV head and long contexts: hundreds of splits, merged by groups of 16 and then the groups; the short
     sequence leaves whole groups without positions."""
     case = _case(batch=2, q_heads=8, kv_heads=1, contexts=(20000, 300), fp8=fp8)

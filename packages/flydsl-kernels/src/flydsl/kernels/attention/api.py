@@ -24,6 +24,7 @@ __all__ = ["paged_decode", "decode_plan_config"]
 _WHO = "flydsl.kernels.attention.paged_decode"
 _PLANS = Plans(_WHO, replay=True)
 _CHUNK = 16
+_MERGE = "kernel"  # the splits merged by a dependent kernel, or "last": by the last split (A/B timing, tests)
 _MAX_SPLITS = 256  # two levels of merging, at most MERGE_FANIN (16) partials per merging CTA and row
 # CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
 _CTAS_PER_SM = {(64, False): 4, (64, True): 4, (128, False): 2, (128, True): 4, (256, False): 2, (256, True): 2}
@@ -165,7 +166,7 @@ def _sm_count(device: int) -> int:
 
 def decode_plan_config(
     *, batch, heads, kv_heads, dim, queries, q_dtype, kv_dtype, k_scale, v_scale, sliding_window, soft_cap,
-    max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None,
+    max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None, merge=None,
 ):  # fmt: skip
     """``(DecodeConfig, splits, split_tokens)`` for a call: the context (or the window's span) cut into splits so
     that the grid fills the GPU's resident CTAs once (``ctas``; default ``sms`` times the CTAs an SM holds,
@@ -189,8 +190,9 @@ def decode_plan_config(
     splits = max(1, min(-(-chunks // warps), round(ctas / base), _MAX_SPLITS))
     split_tokens = -(-chunks // splits) * _CHUNK
     splits = -(-span // split_tokens)
-    levels = 2 if splits > decode.MERGE_FANIN else 1
-    return dataclasses.replace(cfg, split=splits > 1, merge_levels=levels), splits, split_tokens
+    merge = merge or _MERGE
+    levels = 2 if splits > decode.MERGE_FANIN and merge == "last" else 1
+    return dataclasses.replace(cfg, split=splits > 1, merge_levels=levels, merge=merge), splits, split_tokens
 
 
 _COUNTERS: dict = {}  # (device, stream) -> int32 zeros: the splits' arrival counters (each launch leaves them zero)
@@ -267,3 +269,11 @@ class _Plan:
             q4, k_cache, v_cache, block_tables, context_lens, k_scales, v_scales, out4, partial_out, partial_stats,
             counters, self.scale, self.soft_cap, self.window, self.split_tokens, cfg,
         ).launch(grid=(self.splits, kv_heads * cfg.row_tiles, batch), block=cfg.threads)  # fmt: skip
+        if cfg.split and cfg.merge == "kernel":
+            from flydsl.kernels.attention import merge
+
+            warps = merge.merge_warps(cfg.head_dim, self.splits)
+            tensor_scale = cfg.v_scale == "tensor"
+            merge.merge_splits_kernel(
+                partial_out, partial_stats, out4, v_scales, cfg.head_dim, warps, tensor_scale
+            ).launch(grid=(out4.shape[0] * out4.shape[1] * out4.shape[2],), block=32 * warps)

@@ -78,6 +78,7 @@ class DecodeConfig:
     prefetch: int = 1
     ctas_per_sm: int = 2
     merge_levels: int = 1
+    merge: str = "kernel"
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.kv not in _KV_BYTES or self.q not in ("bf16", "f16"):
@@ -90,6 +91,8 @@ class DecodeConfig:
             raise ValueError(f"{self}: group 1..64, queries 1..4, warps 1/2/4/8/16")
         if self.prefetch not in (0, 1, 2, 3) or not 1 <= self.ctas_per_sm * self.warps <= 64:
             raise ValueError(f"{self}: prefetch 0..3 chunks, ctas_per_sm * warps 1..64")
+        if self.merge not in ("kernel", "last"):
+            raise ValueError(f"{self}: merge 'kernel' (a dependent launch) or 'last' (the last split)")
         if self.merge_levels not in (1, 2):
             raise ValueError(f"{self}: merge_levels 1 or 2")
 
@@ -369,6 +372,8 @@ def paged_decode_kernel(
     ``window`` > 0: each query sees its last ``window`` positions; ``split_tokens``: a split's tokens (a multiple of
     16); ``softmax_scale`` multiplies ``q . k``; ``soft_cap`` > 0 caps the logits (``cfg.soft_cap``)."""
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.ctas_per_sm)
+    if fx.const_expr(cfg.split and cfg.merge == "kernel"):
+        nvvm.griddepcontrol_launch_dependents()  # the merge kernel's CTAs may start now and wait for the partials
     split, b = gpu.block_idx.x, gpu.block_idx.z
     hkv, tile = gpu.block_idx.y // cfg.row_tiles, gpu.block_idx.y % cfg.row_tiles
     tid = gpu.thread_idx.x
@@ -425,7 +430,7 @@ def paged_decode_kernel(
             chunk = chunk + stride
     place = (b, hkv, tile, split)
     _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid)
-    if fx.const_expr(cfg.split):
+    if fx.const_expr(cfg.split and cfg.merge == "last"):
         span = (context, (first // CHUNK) * CHUNK, split_tokens)
         merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, place, tid, span)
 

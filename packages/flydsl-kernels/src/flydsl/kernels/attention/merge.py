@@ -8,11 +8,13 @@ a per-(sequence, KV head, row tile) arrival counter merges them into the output 
 
 from __future__ import annotations
 
+import flydsl.compiler as flyc
 import flydsl.expr as fx
+import flydsl.layout as fl
 from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.expr.vector import Vector
 
-__all__ = ["MERGE_FANIN", "NO_MAX", "merge_if_last"]
+__all__ = ["MERGE_FANIN", "NO_MAX", "merge_if_last", "merge_splits_kernel", "merge_warps"]
 
 NO_MAX = -1.0e30  # a running maximum before any key: finite, so that exp2(NO_MAX - NO_MAX) is 1, not NaN
 MERGE_FANIN = 16  # partials one CTA merges per row at most (two levels of merging past that)
@@ -137,3 +139,92 @@ def _stats(partial_stats, coord):
     """A split's (row maximum, sum) as two Float32, read through L2."""
     pair = nvvm.ld_global(partial_stats, (*coord, 0), 8, cop="cg")
     return arith.bitcast(fx.Float32.mlir_type(), pair[0]), arith.bitcast(fx.Float32.mlir_type(), pair[1])
+
+
+# --- the merge as a dependent kernel ----------------------------------------------------------------------------
+
+MERGE_UNROLL = 8  # partials a warp has in flight per round (stats and values together)
+MERGE_MAX_WARPS = 16
+
+
+def merge_warps(head_dim: int, splits: int) -> int:
+    """Warps of a :func:`merge_splits_kernel` CTA: enough for one value of a row per thread and, up to 16, for one
+    round of ``MERGE_UNROLL`` partials per warp."""
+    return min(MERGE_MAX_WARPS, max(head_dim // 32, -(-splits // MERGE_UNROLL)))
+
+
+@flyc.kernel(dependent_launch=True)
+def merge_splits_kernel(
+    partial_out: fx.Tensor,
+    partial_stats: fx.Tensor,
+    out: fx.Tensor,
+    v_scales: fx.Tensor,
+    head_dim: fx.Constexpr[int],
+    warps: fx.Constexpr[int],
+    tensor_scale: fx.Constexpr[bool],
+):
+    """One CTA per output row ``(b, query, head)`` (grid ``B * Q * Hq``, ``32 * warps`` threads): the splits'
+    partials of the row (``partial_out`` (B, Q, Hq, splits, D) normalized outputs, ``partial_stats`` (max in base 2,
+    sum)) merged into ``out`` (B, Q, Hq, D), times ``v_scales[0]`` with ``tensor_scale``. Launched right after the
+    decode kernel as a programmatic dependent launch: its CTAs start while the decode kernel runs (which lets them
+    launch at its start) and wait for its partials in ``griddepcontrol.wait``. Warp ``w`` merges partials ``w, w +
+    warps, ...`` online, ``MERGE_UNROLL`` at a time (stats and values in one round trip); the warps' merges meet in
+    shared memory."""
+    flyc.set_kernel_attributes(threads=32 * warps)
+    queries, heads, splits = (partial_out.shape[i].to(fx.Int32) for i in (1, 2, 3))
+    row = gpu.block_idx.x
+    b, query, head = row // (queries * heads), row // heads % queries, row % heads
+    tid = gpu.thread_idx.x
+    warp, lane = tid // 32, tid % 32
+    dim = head_dim
+    per_lane = dim // 32
+    load_bytes = min(16, per_lane * 4)
+    v_factor = fx.Float32(1.0)
+    if fx.const_expr(tensor_scale):
+        v_factor = v_scales[0]  # not written by the decode kernel: read before the wait
+    nvvm.griddepcontrol_wait()
+    top, total, acc = fx.Float32(NO_MAX), fx.Float32(0.0), [fx.Float32(0.0)] * per_lane
+    stride = warps * MERGE_UNROLL
+    for first in range(warp, splits, stride):
+        loaded = []
+        for u in fx.range_constexpr(MERGE_UNROLL):
+            s = first + u * warps
+            inside = s < splits
+            s = arith.minimum(s, splits - 1)
+            m, row_sum = _stats(partial_stats, (b, query, head, s))
+            words = []
+            for j in fx.range_constexpr(max(1, per_lane * 4 // 16)):
+                col = lane * per_lane + j * (load_bytes // 4)
+                chunk = nvvm.ld_global(partial_out, (b, query, head, s, col), load_bytes, cop="cg")
+                words += [chunk[k] for k in range(load_bytes // 4)]
+            loaded.append((inside, arith.select(inside, m, fx.Float32(NO_MAX)), row_sum, words))
+        new_top = top
+        for _inside, m, _sum, _words in loaded:
+            new_top = arith.maximum(new_top, m)
+        rescale = nvvm.ex2_approx(top - new_top, ftz=True)
+        acc = [a * rescale for a in acc]
+        total = total * rescale
+        for inside, m, row_sum, words in loaded:
+            weight = arith.select(inside, nvvm.ex2_approx(m - new_top, ftz=True) * row_sum, fx.Float32(0.0))
+            acc = [a + weight * arith.bitcast(fx.Float32.mlir_type(), w) for a, w in zip(acc, words, strict=True)]
+            total = total + weight
+        top = new_top
+    smem = fx.SmemAllocator()
+    values = smem.allocate(fx.Float32, fl.Layout((warps, dim), (dim, 1)))
+    stats = smem.allocate(fx.Float32, fl.Layout((warps, 2), (2, 1)))
+    for k in fx.range_constexpr(per_lane):
+        values[warp, lane * per_lane + k] = acc[k]
+    if lane == 0:
+        stats[warp, 0] = top
+        stats[warp, 1] = total
+    gpu.barrier()
+    if tid < dim:  # thread t: value t of the row, over the warps' merges
+        best = stats[0, 0]
+        for w in fx.range_constexpr(1, warps):
+            best = arith.maximum(best, stats[w, 0])
+        value, weights = fx.Float32(0.0), fx.Float32(0.0)
+        for w in fx.range_constexpr(warps):
+            weight = nvvm.ex2_approx(stats[w, 0] - best, ftz=True)
+            value = value + weight * values[w, tid]
+            weights = weights + weight * stats[w, 1]
+        out[b, query, head, tid] = (value * (v_factor / weights)).to(out.dtype)
