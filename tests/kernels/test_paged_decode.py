@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flydsl.compiler as flyc
-from flydsl.kernels.attention import decode
+from flydsl.kernels.attention import decode, merge
 from flydsl.kernels.attention.api import decode_plan_config
 
 from .ptxas_report import spill_bytes
@@ -50,7 +50,7 @@ CONFIGS = [
     decode.DecodeConfig(head_dim=128, kv="f16", q="f16", group=8, split=True),
     decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=4, k_scale="tensor", v_scale="tensor"),
     decode.DecodeConfig(head_dim=128, kv="e4m3", q="bf16", group=8, k_scale="token", v_scale="token", split=True),
-    decode.DecodeConfig(head_dim=128, kv="bf16", q="bf16", group=8, split=True, merge_levels=2),
+    decode.DecodeConfig(head_dim=128, kv="bf16", q="bf16", group=8, split=True, merge="kernel"),
     decode.DecodeConfig(head_dim=64, kv="bf16", q="bf16", group=4, queries=4, window=True, soft_cap=True),
     decode.DecodeConfig(head_dim=256, kv="bf16", q="bf16", group=2, prefetch=0),
     decode.DecodeConfig(head_dim=256, kv="e4m3", q="f16", group=16, k_scale="tensor", v_scale="token", prefetch=0),
@@ -72,6 +72,27 @@ def test_decode_kernel_compiles_without_spills(cfg):
         assert "prmt.b32" in ptx  # values paired across tokens in registers
 
 
+@pytest.mark.parametrize(
+    "dim, splits, tensor_scale", [(128, 32, False), (128, 256, True), (64, 20, False), (256, 64, True)]
+)
+def test_merge_kernel_is_a_dependent_launch(dim, splits, tensor_scale):
+    """The merge kernel waits for the decode kernel's partials (griddepcontrol.wait, launched as a dependent) and
+    reads them through L2 in 16-byte (or 8-byte, D = 64) loads, without spills; the decode kernel that it follows
+    lets it start at once, and has no arrival counting."""
+    spec = flyc.TensorSpec
+    warps = merge.merge_warps(dim, splits)
+    assert dim // 32 <= warps <= merge.MERGE_MAX_WARPS and (warps == merge.MERGE_MAX_WARPS or warps * 8 >= splits)
+    shapes = [(2, 1, 8, splits, dim), (2, 1, 8, splits, 2), (2, 1, 8, dim), (1,)]
+    specs = [spec(shape, dtype) for shape, dtype in zip(shapes, ("f32", "f32", "bf16", "f32"), strict=True)]
+    module = merge.merge_splits_kernel.lower(*specs, dim, warps, tensor_scale)
+    ptx = module.ptx
+    assert module.cubin and spill_bytes(ptx) == 0 and merge.merge_splits_kernel.attributes.dependent_launch
+    assert "griddepcontrol.wait;" in ptx and re.search(r"ld\.global\.cg\.v[24]\.b32", ptx)
+    cfg = decode.DecodeConfig(head_dim=dim, kv="bf16", q="bf16", group=8, split=True, merge="kernel")
+    decode_ptx = decode.paged_decode_kernel.lower(*_specs(cfg)).ptx
+    assert "griddepcontrol.launch_dependents;" in decode_ptx and "atom." not in decode_ptx
+
+
 def _plan(**kw):
     args = dict(
         batch=1, heads=32, kv_heads=8, dim=128, queries=1, q_dtype="bf16", kv_dtype="bf16", k_scale=None,
@@ -86,9 +107,13 @@ def test_split_choice():
     long_splits = splits
     assert cfg.split and splits > 1 and tokens % 16 == 0 and splits * tokens >= 131072
     assert (splits - 1) * tokens < 131072  # no split left without positions
-    assert cfg.merge_levels == (2 if splits > decode.MERGE_FANIN else 1)
-    cfg, splits, _ = _plan(batch=1, kv_heads=1, heads=8)  # one (sequence, KV head): many splits, merged in two levels
-    assert splits > decode.MERGE_FANIN and cfg.merge_levels == 2 and splits <= decode.MERGE_FANIN**2
+    assert splits > decode.MERGE_FANIN and cfg.merge == "kernel"
+    cfg, splits, _ = _plan(batch=8)  # 64 (sequence, KV head) pairs: 4 splits, which the last one merges
+    assert splits == 4 and cfg.merge == "last"
+    cfg, splits, _ = _plan(batch=1, kv_heads=1, heads=8)  # one (sequence, KV head): 256 splits, the merge kernel's
+    assert splits == 256 and cfg.merge == "kernel"
+    cfg, _, _ = _plan(batch=1, kv_heads=1, heads=8, merge="last")  # the choice, forced
+    assert cfg.merge == "last"
     cfg, splits, _ = _plan(batch=256, max_context=16384)  # 2048 CTAs: enough without splitting
     assert splits == 1 and not cfg.split
     cfg, splits, tokens = _plan(max_context=16)  # one chunk: one split
@@ -142,8 +167,8 @@ def test_split_choice_covers_the_span(batch, kv_heads, group, queries, max_conte
     span = max_context if window is None else min(max_context, window + queries - 1 + 16)
     assert tokens % 16 == 0 and tokens >= 16
     assert splits * tokens >= span and (splits - 1) * tokens < span
-    assert 1 <= splits <= decode.MERGE_FANIN**2 and cfg.split == (splits > 1)
-    assert cfg.merge_levels == (2 if splits > decode.MERGE_FANIN else 1)
+    assert 1 <= splits <= 256 and cfg.split == (splits > 1)
+    assert cfg.merge == ("kernel" if splits > decode.MERGE_FANIN else "last")
 
 
 def test_plan_reads_shapes_scales_and_strides(monkeypatch):
@@ -181,11 +206,12 @@ def test_plan_reads_shapes_scales_and_strides(monkeypatch):
         api._make_plan(q, cache, cache, tables.t().contiguous().t(), lens, None, None, None, None, None, None, None)
 
 
-@pytest.mark.parametrize("context", [64, 4096], ids=["one CTA", "split"])
+@pytest.mark.parametrize("context", [64, 1024, 4096], ids=["one CTA", "split", "merge kernel"])
 def test_the_plan_launches_on_its_scratch_alone(monkeypatch, context):
     """The plan's scratch function makes the output, the split partials (the unused stand-in without splits), the
-    stream's merge counters and the scales; the launch binds them in the kernel's order and touches no other memory
-    (what a replay needs). CPU tensors taken as if on a GPU, the launch recorded."""
+    stream's merge counters and the scales; the launches (the decode kernel, and past 16 splits the merge kernel)
+    bind them in the kernels' order and touch no other memory (what a replay needs). CPU tensors taken as if on a
+    GPU, the launches recorded."""
     import importlib
 
     from flydsl.kernels import memory, validation
@@ -214,11 +240,16 @@ def test_the_plan_launches_on_its_scratch_alone(monkeypatch, context):
     split = partial_out.numel() > 1
     assert split == (context > 64) and (partial_stats.shape[-1] == 2 if split else partial_stats is partial_out)
     plan.launch(*args, *scratch)
-    (call,) = launches
+    call, *merged = launches
     values = call.values
+    assert len(merged) == (context == 4096) and values[-1].merge == ("kernel" if merged else "last")
     assert values[0].data_ptr() == q.data_ptr() and values[7].data_ptr() == out.data_ptr() and values[10] is counters
     assert values[8].data_ptr() == partial_out.data_ptr() and values[9].data_ptr() == partial_stats.data_ptr()
     owners = [t for t in (*args, *scratch) if isinstance(t, torch.Tensor)]
     for value in values:
         if isinstance(value, torch.Tensor):
             assert any(owner.data_ptr() <= value.data_ptr() < owner.data_ptr() + owner.nbytes for owner in owners)
+    if merged:  # the merge kernel: the partials into the output
+        partials, stats, target = merged[0].values[:3]
+        assert partials.data_ptr() == partial_out.data_ptr() and stats.data_ptr() == partial_stats.data_ptr()
+        assert target.data_ptr() == out.data_ptr()

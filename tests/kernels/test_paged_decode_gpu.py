@@ -80,7 +80,8 @@ def test_paged_decode_16bit(dtype, contexts):
 
 @pytest.fixture(params=["kernel", "last"])
 def merges(request, monkeypatch):
-    """paged_decode with its splits merged by a dependent kernel and by the last split."""
+    """paged_decode with its splits merged by the dependent merge kernel and by the last split, whatever their
+    count."""
     from flydsl.kernels.attention import api
 
     monkeypatch.setattr(api, "_MERGE", request.param)
@@ -98,9 +99,9 @@ def test_paged_decode_splits(batch, max_context, merges):
 
 
 @pytest.mark.parametrize("fp8", [None, "tensor"])
-def test_paged_decode_two_level_merge(fp8, merges):
-    """One KV head and long contexts: hundreds of splits, merged by groups of 16 and then the groups; the short
-    sequence leaves whole groups without positions."""
+def test_paged_decode_many_splits(fp8, merges):
+    """One KV head and long contexts: hundreds of splits; the short sequence leaves most of its splits without
+    positions (partials of weight zero)."""
     case = _case(batch=2, q_heads=8, kv_heads=1, contexts=(20000, 300), fp8=fp8)
     _check(case, tolerance=2e-2)
 

@@ -24,8 +24,8 @@ __all__ = ["paged_decode", "decode_plan_config"]
 _WHO = "flydsl.kernels.attention.paged_decode"
 _PLANS = Plans(_WHO, replay=True)
 _CHUNK = 16
-_MERGE = "kernel"  # the splits merged by a dependent kernel, or "last": by the last split (A/B timing, tests)
-_MAX_SPLITS = 256  # two levels of merging, at most MERGE_FANIN (16) partials per merging CTA and row
+_MERGE = None  # who merges the splits: None by their count; "kernel" or "last" for every count (A/B timing, tests)
+_MAX_SPLITS = 256
 # CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
 _CTAS_PER_SM = {(64, False): 4, (64, True): 4, (128, False): 2, (128, True): 4, (256, False): 2, (256, True): 2}
 
@@ -171,7 +171,8 @@ def decode_plan_config(
     """``(DecodeConfig, splits, split_tokens)`` for a call: the context (or the window's span) cut into splits so
     that the grid fills the GPU's resident CTAs once (``ctas``; default ``sms`` times the CTAs an SM holds,
     ``ctas_per_sm``), each warp at least one chunk of 16 tokens, at most 256 splits; with more than one split, the
-    last to finish merges them (in two levels past ``MERGE_FANIN``: docs/tuning/attention.md#merge)."""
+    last to finish merges them, or past ``MERGE_FANIN`` splits a dependent merge kernel (``merge``: that choice,
+    ``"last"`` or ``"kernel"``, for any count; docs/tuning/attention.md#merge)."""
     decode = _decode()
     group = heads // kv_heads
     span = max_context if sliding_window is None else min(max_context, sliding_window + queries - 1 + _CHUNK)
@@ -190,9 +191,8 @@ def decode_plan_config(
     splits = max(1, min(-(-chunks // warps), round(ctas / base), _MAX_SPLITS))
     split_tokens = -(-chunks // splits) * _CHUNK
     splits = -(-span // split_tokens)
-    merge = merge or _MERGE
-    levels = 2 if splits > decode.MERGE_FANIN and merge == "last" else 1
-    return dataclasses.replace(cfg, split=splits > 1, merge_levels=levels, merge=merge), splits, split_tokens
+    merge = merge or _MERGE or ("kernel" if splits > decode.MERGE_FANIN else "last")
+    return dataclasses.replace(cfg, split=splits > 1, merge=merge), splits, split_tokens
 
 
 _COUNTERS: dict = {}  # (device, stream) -> int32 zeros: the splits' arrival counters (each launch leaves them zero)
@@ -210,13 +210,13 @@ def _counters_of(words: int, device):
 
 
 class _Plan:
-    """A validated call's launch: the decode kernel (its splits merged by the last one of each KV head)."""
+    """A validated call's launch: the decode kernel, its splits merged by the last one of each KV head or by the
+    merge kernel after it."""
 
     def __init__(self, cfg, splits, split_tokens, scale, soft_cap, window, fp8, device, k_value, v_value):
         import torch
 
         self.cfg, self.splits, self.split_tokens = cfg, splits, split_tokens
-        self.groups = -(-splits // _decode().MERGE_FANIN) if cfg.merge_levels == 2 else 0
         self.scale, self.soft_cap, self.window, self.fp8 = scale, soft_cap, window, fp8
         where = torch.device("cuda", device)
         self.unused = torch.zeros(1, dtype=torch.float32, device=where)  # stands for absent scales and partials
@@ -235,13 +235,12 @@ class _Plan:
         batch, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
         queries = 1 if q.dim() == 3 else q.shape[1]
         if cfg.split:
-            slots = self.splits + self.groups  # the splits', then (two levels) the groups' merges
-            partial_out = torch.empty(batch, queries, heads, slots, dim, dtype=torch.float32, device=q.device)
-            partial_stats = torch.empty(batch, queries, heads, slots, 2, dtype=torch.float32, device=q.device)
+            partial_out = torch.empty(batch, queries, heads, self.splits, dim, dtype=torch.float32, device=q.device)
+            partial_stats = torch.empty(batch, queries, heads, self.splits, 2, dtype=torch.float32, device=q.device)
         else:
             partial_out = partial_stats = self.unused
         kv_heads = k_cache.shape[2]
-        words = batch * kv_heads * cfg.row_tiles * (1 + self.groups)  # a counter per unit, and per unit and group
+        words = batch * kv_heads * cfg.row_tiles  # a counter per (sequence, KV head, row tile)
         counters = per_stream(_COUNTERS, q, _counters_of(words, q.device), fits=lambda held: held.numel() >= words)
         k_scales = self.k_value if self.k_value is not None else (self.unused if k_scale is None else k_scale)
         v_scales = self.v_value if self.v_value is not None else (self.unused if v_scale is None else v_scale)

@@ -61,8 +61,9 @@ class DecodeConfig:
     whether a sliding window or logit soft-capping applies, ``split`` whether the CTAs write partials for
     the last split's merge, ``warps`` per CTA, ``prefetch`` how many chunks ahead of the one in the math a warp's
     loads are issued (0: none; registers for ``prefetch + 1`` chunks), ``ctas_per_sm`` the CTAs an SM must hold
-    (registers capped to fit them), ``merge_levels`` 1 (the last split merges them all) or 2 (groups of
-    ``MERGE_FANIN`` splits first)."""
+    (registers capped to fit them), ``merge`` who merges a split context's partials: ``"last"`` the split that
+    finishes last (up to ``MERGE_FANIN`` splits), ``"kernel"`` :func:`~.merge.merge_splits_kernel`, launched next as
+    a dependent."""
 
     head_dim: int
     kv: str
@@ -77,8 +78,7 @@ class DecodeConfig:
     warps: int = 4
     prefetch: int = 1
     ctas_per_sm: int = 2
-    merge_levels: int = 1
-    merge: str = "kernel"
+    merge: str = "last"
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.kv not in _KV_BYTES or self.q not in ("bf16", "f16"):
@@ -93,8 +93,6 @@ class DecodeConfig:
             raise ValueError(f"{self}: prefetch 0..3 chunks, ctas_per_sm * warps 1..64")
         if self.merge not in ("kernel", "last"):
             raise ValueError(f"{self}: merge 'kernel' (a dependent launch) or 'last' (the last split)")
-        if self.merge_levels not in (1, 2):
-            raise ValueError(f"{self}: merge_levels 1 or 2")
 
     @property
     def threads(self) -> int:
@@ -365,10 +363,10 @@ def paged_decode_kernel(
     """Grid ``(splits, kv_heads * row_tiles, batch)``. ``q``/``out`` (B, Q, Hq, D); caches (blocks, block_size,
     Hkv, D) (fp8 as bytes); ``block_tables`` (B, max_blocks) and ``context_lens`` (B,) int32; scales float32, (1,) per
     tensor or (blocks, block_size, Hkv) per token (unread otherwise); with ``cfg.split``: ``partial_out`` (B, Q, Hq,
-    slots, D) and ``partial_stats`` (B, Q, Hq, slots, 2) float32 (row maximum in base 2, sum), ``slots`` the splits
-    (and with two merge levels, the groups of ``MERGE_FANIN`` after them), merged into ``out`` by the split that
-    finishes last (``counters``: int32 zeros, one per (b, KV head, row tile), then with two levels one per such unit
-    and group; every launch leaves them zero).
+    splits, D) and ``partial_stats`` (B, Q, Hq, splits, 2) float32 (row maximum in base 2, sum), merged into
+    ``out`` by the split that finishes last (``cfg.merge == "last"``; ``counters``: int32 zeros, one per (b, KV
+    head, row tile), which every launch leaves zero) or by :func:`~.merge.merge_splits_kernel`, which this kernel
+    lets start at once (``"kernel"``).
     ``window`` > 0: each query sees its last ``window`` positions; ``split_tokens``: a split's tokens (a multiple of
     16); ``softmax_scale`` multiplies ``q . k``; ``soft_cap`` > 0 caps the logits (``cfg.soft_cap``)."""
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=cfg.ctas_per_sm)
