@@ -8,7 +8,9 @@
 # bar, ~2 min). moe-one-token (moe_decode_sweep.py --stages direct over the fp8 and block cases at one token: each
 # stage alone, with and without SkinnyConfig.landed, ~2 min) and quantize (quantize_bench.py, per token and tensor,
 # ~2 min) fit one call together; blockscale (issue 33's 36 shapes, ~1.5 min on an H100), blockscale-variants (the
-# mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared weights' descriptors, < 1 min) too.
+# mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared weights' descriptors, < 1 min) too, as do
+# paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue 35's short caches, ~1.5 min on an
+# H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split contexts, ~1.5 min).
 # Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
 # <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders
@@ -54,6 +56,10 @@ for bench in $which; do
       --variants chosen,128,192 --m 512 4096 8192 --json "$(out blockscale_variants)" --commit "$commit" ;;
     fp8-prepared) run fp8-prepared python3 benchmarks/fp8_prepared_descriptor.py \
       --json "$(out fp8_prepared_descriptor)" --commit "$commit" ;;
+    paged-70b) run paged-70b python3 benchmarks/paged_attention_bench.py --model llama3-70b-tp8 --block-sizes 16 \
+      --repeats 3 --json "$(out paged_attention)" --commit "$commit" ;;
+    paged-merge) run paged-merge python3 benchmarks/paged_decode_merge.py --json "$(out paged_decode_merge)" \
+      --commit "$commit" ;;
     *) summary="$summary\n$bench: unknown (the header lists the benchmarks)" ;;
   esac
 done
