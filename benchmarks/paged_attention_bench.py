@@ -147,6 +147,16 @@ def quantize_fp8(cache, per_token: bool):
     return out, scale
 
 
+def caches(shape, kv: str):
+    """``(k, v, k_scale, v_scale)`` of ``shape`` (a :class:`Shape`) in the KV kind ``kv``: its bf16 caches without
+    scales, or quantized to e4m3 with a scale per tensor (``fp8``) or per token and head (``fp8-token``)."""
+    if kv == "bf16":
+        return shape.k, shape.v, None, None
+    k, k_scale = quantize_fp8(shape.k, per_token=kv == "fp8-token")
+    v, v_scale = quantize_fp8(shape.v, per_token=kv == "fp8-token")
+    return k, v, k_scale, v_scale
+
+
 def gather_contiguous(cache, block_tables, length: int):
     """The pages of each sequence as one contiguous (B, Hkv, length, D) tensor (SDPA's layout), row by row."""
     import torch
@@ -329,11 +339,7 @@ def run_case(shape, kv, *, timer, repeats, check_rows, peers, flashinfer, tensor
         "tokens": shape.tokens,
         "kv_bytes": kv_bytes(shape.tokens, shape.hkv, shape.d, kv),
     }
-    if kv == "bf16":
-        k, v, k_scale, v_scale = shape.k, shape.v, None, None
-    else:
-        k, k_scale = quantize_fp8(shape.k, per_token=kv == "fp8-token")
-        v, v_scale = quantize_fp8(shape.v, per_token=kv == "fp8-token")
+    k, v, k_scale, v_scale = caches(shape, kv)
     args = (shape.q, k, v, shape.block_tables, shape.context_lens)
     scales = {"k_scale": k_scale, "v_scale": v_scale}
     out = torch.full_like(shape.q, float("nan"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from paged_attention_bench import KV_KINDS, MODELS, Shape, kv_bytes, quantize_fp8
+from paged_attention_bench import KV_KINDS, MODELS, Shape, caches, kv_bytes
 from read_roofline import reader
 from record import cold_timer, error_text, geomean, write_record
 
@@ -51,11 +51,7 @@ def run_case(model, batch, context, kv, *, timer, repeats) -> dict:
     from flydsl.kernels.attention import api
 
     shape = Shape(model, batch, context, 16, False, 0)
-    if kv == "bf16":
-        k, v, k_scale, v_scale = shape.k, shape.v, None, None
-    else:
-        k, k_scale = quantize_fp8(shape.k, per_token=kv == "fp8-token")
-        v, v_scale = quantize_fp8(shape.v, per_token=kv == "fp8-token")
+    k, v, k_scale, v_scale = caches(shape, kv)
     args = (shape.q, k, v, shape.block_tables, shape.context_lens)
     row = {"model": model, "batch": batch, "context": context, "kv": kv}
     row["kv_bytes"] = kv_bytes(shape.tokens, shape.hkv, shape.d, kv)

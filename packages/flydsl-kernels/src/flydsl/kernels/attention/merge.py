@@ -59,7 +59,6 @@ def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, end)
     b, hkv, tile, _split = place
     warp, lane = tid // 32, tid % 32
     per_lane = cfg.head_dim // 32
-    load_bytes = min(16, per_lane * 4)
     v_factor = fx.Float32(1.0)
     if fx.const_expr(cfg.v_scale == "tensor"):
         v_factor = v_scales[0]
@@ -83,12 +82,7 @@ def _merge_rows(cfg, out, partial_out, partial_stats, v_scales, place, tid, end)
         for u in fx.range_constexpr(MERGE_UNROLL):
             s = arith.minimum(first_split + u, end - 1)
             for query, head, _e in rows:
-                m, row_sum = _stats(partial_stats, (b, query, head, s))
-                words = []
-                for j in fx.range_constexpr(max(1, per_lane * 4 // 16)):
-                    col = lane * per_lane + j * (load_bytes // 4)
-                    chunk = nvvm.ld_global(partial_out, (b, query, head, s, col), load_bytes, cop="cg")
-                    words += [chunk[k] for k in range(load_bytes // 4)]
+                m, row_sum, words = _partial(partial_out, partial_stats, (b, query, head, s), lane, per_lane)
                 loaded.append((first_split + u < end, m, row_sum, words))
         new_accs, new_totals = [], []  # rebuilt, not assigned into: the loop carries what is rebound
         for r in fx.range_constexpr(len(rows)):
@@ -113,6 +107,18 @@ def _stats(partial_stats, coord):
     """A split's (row maximum, sum) as two Float32, read through L2."""
     pair = nvvm.ld_global(partial_stats, (*coord, 0), 8, cop="cg")
     return arith.bitcast(fx.Float32.mlir_type(), pair[0]), arith.bitcast(fx.Float32.mlir_type(), pair[1])
+
+
+def _partial(partial_out, partial_stats, coord, lane, per_lane):
+    """A split's partial of a row at ``coord`` (b, query, head, split): its (maximum, sum) and this lane's
+    ``per_lane`` values (from ``lane * per_lane``) as Int32 words, 16 bytes (8 for D = 64) a load, through L2."""
+    m, row_sum = _stats(partial_stats, coord)
+    load_bytes = min(16, per_lane * 4)
+    words = []
+    for j in fx.range_constexpr(max(1, per_lane * 4 // 16)):
+        chunk = nvvm.ld_global(partial_out, (*coord, lane * per_lane + j * (load_bytes // 4)), load_bytes, cop="cg")
+        words += [chunk[k] for k in range(load_bytes // 4)]
+    return m, row_sum, words
 
 
 # --- the merge as a dependent kernel ----------------------------------------------------------------------------
@@ -149,7 +155,6 @@ def merge_splits_kernel(
     warp, lane = tid // 32, tid % 32
     dim = head_dim
     per_lane = dim // 32
-    load_bytes = min(16, per_lane * 4)
     v_factor = fx.Float32(1.0)
     if fx.const_expr(tensor_scale):
         v_factor = v_scales[0]  # not written by the decode kernel: read before the wait
@@ -162,12 +167,7 @@ def merge_splits_kernel(
             s = first + u * warps
             inside = s < splits
             s = arith.minimum(s, splits - 1)
-            m, row_sum = _stats(partial_stats, (b, query, head, s))
-            words = []
-            for j in fx.range_constexpr(max(1, per_lane * 4 // 16)):
-                col = lane * per_lane + j * (load_bytes // 4)
-                chunk = nvvm.ld_global(partial_out, (b, query, head, s, col), load_bytes, cop="cg")
-                words += [chunk[k] for k in range(load_bytes // 4)]
+            m, row_sum, words = _partial(partial_out, partial_stats, (b, query, head, s), lane, per_lane)
             loaded.append((inside, arith.select(inside, m, fx.Float32(NO_MAX)), row_sum, words))
         new_top = top
         for _inside, m, _sum, _words in loaded:
