@@ -28,7 +28,8 @@ and P keeps float32's range. Key scales multiply the logits (per tensor: folded 
 The next chunk's loads (and its page's number, and the one after's) are issued before the current chunk's MMAs.
 At the end the warps' partial results meet in shared memory; with one split the CTA writes the output, otherwise
 each split's normalized output and its (max, sum) go to float32 partials, which the split that finishes last on
-its (sequence, KV head) merges into the output (:mod:`.merge`).
+its (sequence, KV head) merges into the output, or past ``MERGE_FANIN`` splits a merge kernel launched after this
+one as a dependent (:mod:`.merge`).
 """
 
 from __future__ import annotations
