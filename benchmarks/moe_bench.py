@@ -64,6 +64,7 @@ and T) and the two stages' TFLOP/s at T = 16384 per format;
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -264,12 +265,10 @@ def make_weights(model: Model, seed: int):
 
 def _copy(torch, nbytes: int, name: str):
     """A ``copy_`` of ``nbytes`` into as many (on a GPU for ``"read"`` a read of them), named ``name``."""
+    if name == "read" and DEVICE == "cuda":
+        return reader(nbytes)
     source, target = (torch.empty(nbytes, dtype=torch.uint8, device=DEVICE) for _ in range(2))
-    read = reader(nbytes) if name == "read" and DEVICE == "cuda" else None
-
-    def copy():
-        return target.copy_(source) if read is None else read()
-
+    copy = functools.partial(target.copy_, source)
     copy.__name__ = name
     return copy
 

@@ -50,13 +50,19 @@ def read_rows(src: fx.Tensor, sink: fx.Tensor):
         sink[gpu.block_idx.x * (THREADS // 32) + tid // 32] = acc
 
 
-def reader(nbytes: int, device: str = "cuda"):
-    """A callable that reads a fresh buffer of ``nbytes`` (rounded up to whole 4 KB rows) with :func:`read_rows`,
-    one wave of CTAs over the GPU's SMs."""
+def reader(nbytes: int, device: str = "cuda", buffer=None):
+    """A callable that reads ``nbytes`` (rounded up to whole 4 KB rows) with :func:`read_rows`, one wave of CTAs
+    over the GPU's SMs: a fresh buffer, or the first bytes of ``buffer`` (a contiguous torch tensor that holds them,
+    e.g. the one a benchmark's copy uses, so that the read costs no memory of its own)."""
     import torch
 
     rows = max(1, -(-nbytes // (4 * ROW_WORDS)))
-    src = torch.zeros(rows, ROW_WORDS, dtype=torch.int32, device=device)
+    if buffer is None:
+        src = torch.zeros(rows, ROW_WORDS, dtype=torch.int32, device=device)
+    else:
+        if not buffer.is_contiguous() or buffer.nbytes < rows * 4 * ROW_WORDS:
+            raise ValueError(f"reader: buffer: expected a contiguous tensor of >= {rows * 4 * ROW_WORDS} bytes")
+        src = buffer.view(-1).view(torch.uint8)[: rows * 4 * ROW_WORDS].view(torch.int32).view(rows, ROW_WORDS)
     ctas = min(rows, torch.cuda.get_device_properties(device).multi_processor_count * CTAS_PER_SM)
     sink = torch.empty(ctas * (THREADS // 32), dtype=torch.int32, device=device)
 

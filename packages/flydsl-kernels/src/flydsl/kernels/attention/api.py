@@ -217,6 +217,7 @@ class _Plan:
         import torch
 
         self.cfg, self.splits, self.split_tokens = cfg, splits, split_tokens
+        self.merge_warps = _decode().merge_warps(cfg.head_dim, splits)  # the merge kernel's CTA, if it runs
         self.scale, self.soft_cap, self.window, self.fp8 = scale, soft_cap, window, fp8
         where = torch.device("cuda", device)
         self.unused = torch.zeros(1, dtype=torch.float32, device=where)  # stands for absent scales and partials
@@ -269,10 +270,7 @@ class _Plan:
             counters, self.scale, self.soft_cap, self.window, self.split_tokens, cfg,
         ).launch(grid=(self.splits, kv_heads * cfg.row_tiles, batch), block=cfg.threads)  # fmt: skip
         if cfg.split and cfg.merge == "kernel":
-            from flydsl.kernels.attention import merge
-
-            warps = merge.merge_warps(cfg.head_dim, self.splits)
-            tensor_scale = cfg.v_scale == "tensor"
-            merge.merge_splits_kernel(
+            warps, tensor_scale = self.merge_warps, cfg.v_scale == "tensor"
+            decode.merge_splits_kernel(
                 partial_out, partial_stats, out4, v_scales, cfg.head_dim, warps, tensor_scale
             ).launch(grid=(out4.shape[0] * out4.shape[1] * out4.shape[2],), block=32 * warps)

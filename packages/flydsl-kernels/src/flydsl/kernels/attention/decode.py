@@ -41,9 +41,9 @@ import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.expr import arith, gpu, math, nvvm, vector
 from flydsl.expr.vector import Vector
-from flydsl.kernels.attention.merge import MERGE_FANIN, NO_MAX, merge_if_last
+from flydsl.kernels.attention.merge import MERGE_FANIN, NO_MAX, merge_if_last, merge_splits_kernel, merge_warps
 
-__all__ = ["CHUNK", "MERGE_FANIN", "DecodeConfig", "paged_decode_kernel"]
+__all__ = ["CHUNK", "MERGE_FANIN", "DecodeConfig", "merge_splits_kernel", "merge_warps", "paged_decode_kernel"]
 
 CHUNK = 16  # tokens per warp step: the K of one P V MMA, two n8 tiles of S
 LOG2E = 1.4426950408889634

@@ -153,8 +153,7 @@ def merge_splits_kernel(
     b, query, head = row // (queries * heads), row // heads % queries, row % heads
     tid = gpu.thread_idx.x
     warp, lane = tid // 32, tid % 32
-    dim = head_dim
-    per_lane = dim // 32
+    per_lane = head_dim // 32
     v_factor = fx.Float32(1.0)
     if fx.const_expr(tensor_scale):
         v_factor = v_scales[0]  # not written by the decode kernel: read before the wait
@@ -181,7 +180,7 @@ def merge_splits_kernel(
             total = total + weight
         top = new_top
     smem = fx.SmemAllocator()
-    values = smem.allocate(fx.Float32, fl.Layout((warps, dim), (dim, 1)))
+    values = smem.allocate(fx.Float32, fl.Layout((warps, head_dim), (head_dim, 1)))
     stats = smem.allocate(fx.Float32, fl.Layout((warps, 2), (2, 1)))
     for k in fx.range_constexpr(per_lane):
         values[warp, lane * per_lane + k] = acc[k]
@@ -189,7 +188,7 @@ def merge_splits_kernel(
         stats[warp, 0] = top
         stats[warp, 1] = total
     gpu.barrier()
-    if tid < dim:  # thread t: value t of the row, over the warps' merges
+    if tid < head_dim:  # thread t: value t of the row, over the warps' merges
         best = stats[0, 0]
         for w in fx.range_constexpr(1, warps):
             best = arith.maximum(best, stats[w, 0])
