@@ -92,7 +92,7 @@ def lower(fp8: bool, steps: int):
     cfg, splits, split_tokens = decode_plan_config(
         batch=BATCH, heads=Q_HEADS, kv_heads=KV_HEADS, dim=HEAD_DIM, queries=1, q_dtype="bf16",
         kv_dtype="e4m3" if fp8 else "bf16", k_scale="tensor" if fp8 else None, v_scale="tensor" if fp8 else None,
-        sliding_window=None, soft_cap=False, max_context=max_blocks * BLOCK_SIZE, sms=H200_SMS,
+        sliding_window=None, soft_cap=False, max_context=max_blocks * BLOCK_SIZE, sms=H200_SMS, block_size=BLOCK_SIZE,
     )  # fmt: skip
     q = spec((BATCH, 1, Q_HEADS, HEAD_DIM), "bf16")
     kv = spec((num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM), "u8" if fp8 else "bf16")

@@ -11,7 +11,7 @@ modules: ``convert`` (special functions, conversions), ``warp`` (warp- and CTA-l
 fragments), ``memory`` (loads, stores, flags, asynchronous copies, fences).
 """
 
-from flydsl.expr.nvvm._common import address
+from flydsl.expr.nvvm._common import address, byte_offset
 from flydsl.expr.nvvm.convert import (
     cvt_e4m3x4_to_f16x2,
     cvt_f32x2_to_fp8x2,
@@ -85,6 +85,7 @@ __all__ = [
     "red_add_release",
     "mma_sync",
     "address",
+    "byte_offset",
     "fence_proxy_async",
     "griddepcontrol_wait",
     "griddepcontrol_launch_dependents",

@@ -119,6 +119,8 @@ def _make_plan(
                 f"{_WHO}: {name}: expected unit stride on D, other strides multiples of 16 bytes and a 16-byte aligned"
                 f" address (16-byte loads), got strides {tuple(c.strides)}"
             )
+        if abs(c.strides[1]) * width * _CHUNK >= 2**31:  # a chunk's rows are 32-bit byte offsets from its first
+            raise ValueError(f"{_WHO}: {name}: expected a token stride under 2^27 bytes, got {tuple(c.strides)}")
     if tables.strides[1] != 1:
         raise ValueError(f"{_WHO}: block_tables: expected unit stride on its last dim, got {tuple(tables.strides)}")
     for name, info, kind in zip(("k_scale", "v_scale"), scales, (shape.k_scale, shape.v_scale), strict=True):
@@ -149,6 +151,7 @@ def _make_plan(
         soft_cap=soft_cap is not None,
         max_context=max_context,
         sms=_sm_count(q_t.device),
+        block_size=shape.block_size,
     )
     numbers = [s if isinstance(s, (int, float)) else None for s in (k_scale, v_scale)]  # per-tensor scales as floats
     scale = 1.0 / math.sqrt(shape.dim) if scale is None else float(scale)
@@ -166,7 +169,7 @@ def _sm_count(device: int) -> int:
 
 def decode_plan_config(
     *, batch, heads, kv_heads, dim, queries, q_dtype, kv_dtype, k_scale, v_scale, sliding_window, soft_cap,
-    max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None, merge=None,
+    max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None, merge=None, block_size=16,
 ):  # fmt: skip
     """``(DecodeConfig, splits, split_tokens)`` for a call: the context (or the window's span) cut into splits so
     that the grid fills the GPU's resident CTAs once (``ctas``; default ``sms`` times the CTAs an SM holds,
@@ -184,6 +187,7 @@ def decode_plan_config(
     cfg = decode.DecodeConfig(
         head_dim=dim, kv=kv_dtype, q=q_dtype, group=group, queries=queries, k_scale=k_scale, v_scale=v_scale,
         window=sliding_window is not None, soft_cap=soft_cap, warps=warps, prefetch=prefetch, ctas_per_sm=ctas_per_sm,
+        block_size=block_size,
     )  # fmt: skip
     base = batch * kv_heads * cfg.row_tiles
     if ctas is None:

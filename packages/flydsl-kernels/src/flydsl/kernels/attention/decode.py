@@ -64,7 +64,8 @@ class DecodeConfig:
     loads are issued (0: none; registers for ``prefetch + 1`` chunks), ``ctas_per_sm`` the CTAs an SM must hold
     (registers capped to fit them), ``merge`` who merges a split context's partials: ``"last"`` the split that
     finishes last (up to ``MERGE_FANIN`` splits), ``"kernel"`` :func:`~.merge.merge_splits_kernel`, launched next as
-    a dependent."""
+    a dependent; ``block_size`` the caches' tokens per block (a multiple of 16; compiled in, so that a token's block
+    and its place in it are a shift and a mask, not a division)."""
 
     head_dim: int
     kv: str
@@ -80,6 +81,7 @@ class DecodeConfig:
     prefetch: int = 1
     ctas_per_sm: int = 2
     merge: str = "last"
+    block_size: int = 16
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.kv not in _KV_BYTES or self.q not in ("bf16", "f16"):
@@ -94,6 +96,8 @@ class DecodeConfig:
             raise ValueError(f"{self}: prefetch 0..3 chunks, ctas_per_sm * warps 1..64")
         if self.merge not in ("kernel", "last"):
             raise ValueError(f"{self}: merge 'kernel' (a dependent launch) or 'last' (the last split)")
+        if self.block_size < CHUNK or self.block_size % CHUNK:
+            raise ValueError(f"{self}: block_size a multiple of {CHUNK}")
 
     @property
     def threads(self) -> int:
@@ -134,35 +138,38 @@ class DecodeConfig:
 # --- loads ----------------------------------------------------------------------------------------------------------
 
 
-def _page_of(block_tables, b, token, bs):
-    """The cache block holding ``token`` of sequence ``b``: its block-table entry, the index clamped to the table's
-    width (not to the sequence's blocks, so that this load need not wait for the context length; a token past the
-    context reads some entry and loads nothing from it)."""
-    return block_tables[b, arith.minimum(token // bs, block_tables.shape[1].to(fx.Int32) - 1)]
+def _page_of(cfg: DecodeConfig, table_row, token, width):
+    """The cache block holding ``token``: its entry in the sequence's block-table row (``table_row``: the address of
+    its first entry), the index clamped to the table's ``width`` (not to the sequence's blocks, so that this load need
+    not wait for the context length; a token past the context reads some entry and loads nothing from it)."""
+    index = arith.minimum(token // cfg.block_size, width - 1)
+    return nvvm.ld_global(nvvm.byte_offset(table_row, index * 4), 4)[0]
 
 
-def _load_chunk(cfg: DecodeConfig, caches, b, hkv, chunk, page, end, lane_g, lane_c):
+def _load_chunk(cfg: DecodeConfig, caches, hkv, chunk, page, end, lane_g, lane_c):
     """One chunk's words for this lane: key rows ``chunk + g`` and ``chunk + 8 + g`` (``D / 4`` elements each, 16
     bytes at a time from ``c``'s place), the value rows of tokens ``chunk + 2c + {0, 1, 8, 9}`` (this lane's ``D / 8``
-    values), and for per-token scales those 4 tokens' key and value scales. Tokens at or past ``end`` load zeros."""
+    values), and for per-token scales those 4 tokens' key and value scales. Tokens at or past ``end`` load zeros.
+    Each cache's address is computed once per chunk (its first row); the lane's rows and columns are 32-bit byte
+    offsets from it (the same for every chunk, so computed once per kernel)."""
     k_cache, v_cache, k_scales, v_scales = caches
-    bs = k_cache.shape[1].to(fx.Int32)
-    offset = chunk % bs
+    offset = chunk % cfg.block_size
+    key_rows, key_row_bytes = _rows_of(cfg, k_cache, (page, offset, hkv, 0))
     keys = []
     for half in fx.range_constexpr(2):
-        row = offset + 8 * half + lane_g
         inside = chunk + 8 * half + lane_g < end
-        for u in fx.range_constexpr(cfg.head_dim // (4 * cfg.key_chunk)):
-            col = cfg.key_chunk * (lane_c + 4 * u)
-            keys.append(nvvm.ld_global(k_cache, (page, row, hkv, col), 16, predicate=inside))
+        row = nvvm.byte_offset(key_rows, (8 * half + lane_g) * key_row_bytes + 16 * lane_c)
+        for u in fx.range_constexpr(cfg.head_dim // (4 * cfg.key_chunk)):  # elements key_chunk * (c + 4u) on
+            keys.append(nvvm.ld_global(nvvm.byte_offset(row, 64 * u), 16, predicate=inside))
+    value_rows, value_row_bytes = _rows_of(cfg, v_cache, (page, offset, hkv, 0))
     values, k_token_scales, v_token_scales = [], [], []
     value_bytes = cfg.head_dim // 8 * cfg.kv_bytes
     for token in (2 * lane_c, 2 * lane_c + 1, 2 * lane_c + 8, 2 * lane_c + 9):
         inside = chunk + token < end
+        row = nvvm.byte_offset(value_rows, token * value_row_bytes + lane_g * value_bytes)
         words = []
         for part in fx.range_constexpr(max(1, value_bytes // 16)):
-            col = lane_g * (cfg.head_dim // 8) + part * (16 // cfg.kv_bytes)
-            loaded = nvvm.ld_global(v_cache, (page, offset + token, hkv, col), min(16, value_bytes), predicate=inside)
+            loaded = nvvm.ld_global(nvvm.byte_offset(row, 16 * part), min(16, value_bytes), predicate=inside)
             words += [loaded[i] for i in range(len(loaded))]
         values.append(words)
         if fx.const_expr(cfg.k_scale == "token"):
@@ -170,6 +177,12 @@ def _load_chunk(cfg: DecodeConfig, caches, b, hkv, chunk, page, end, lane_g, lan
         if fx.const_expr(cfg.v_scale == "token"):
             v_token_scales.append(_token_scale(v_scales, (page, offset + token, hkv), inside))
     return [keys, values] + [scales for scales in (k_token_scales, v_token_scales) if scales]  # no empty lists
+
+
+def _rows_of(cfg: DecodeConfig, cache, coord):
+    """The address of ``cache``'s element at ``coord`` and its token stride in bytes (32 bits: the checks bound a
+    block's bytes)."""
+    return nvvm.address(cache, coord), cache.stride[1].to(fx.Int32) * cfg.kv_bytes
 
 
 def _token_scale(scales, coord, inside):
@@ -378,7 +391,6 @@ def paged_decode_kernel(
     tid = gpu.thread_idx.x
     warp, lane = tid // 32, tid % 32
     lane_g, lane_c = lane // 4, lane % 4
-    bs = k_cache.shape[1].to(fx.Int32)
     context = context_lens[b]
 
     # The positions the split covers: from the first any query sees (16-aligned) on, split_tokens per split.
@@ -408,23 +420,24 @@ def paged_decode_kernel(
     state = [[fx.Float32(NO_MAX)] * 2, [fx.Float32(0.0)] * 2, [_ACC(0.0)] * (cfg.head_dim // 16 * cfg.p_tiles)]
     stride = CHUNK * cfg.warps
     chunk = begin + CHUNK * warp
+    table_row, width = nvvm.address(block_tables, (b, 0)), block_tables.shape[1].to(fx.Int32)
     if fx.const_expr(cfg.prefetch > 0):
         ahead = cfg.prefetch
         loaded = []
         for i in fx.range_constexpr(ahead):
-            page = _page_of(block_tables, b, chunk + i * stride, bs)
-            loaded.append(_load_chunk(cfg, caches, b, hkv, chunk + i * stride, page, end, lane_g, lane_c))
-        next_page = _page_of(block_tables, b, chunk + ahead * stride, bs)
+            page = _page_of(cfg, table_row, chunk + i * stride, width)
+            loaded.append(_load_chunk(cfg, caches, hkv, chunk + i * stride, page, end, lane_g, lane_c))
+        next_page = _page_of(cfg, table_row, chunk + ahead * stride, width)
         for _step in range(steps):
-            upcoming = _load_chunk(cfg, caches, b, hkv, chunk + ahead * stride, next_page, end, lane_g, lane_c)
-            next_page = _page_of(block_tables, b, chunk + (ahead + 1) * stride, bs)
+            upcoming = _load_chunk(cfg, caches, hkv, chunk + ahead * stride, next_page, end, lane_g, lane_c)
+            next_page = _page_of(cfg, table_row, chunk + (ahead + 1) * stride, width)
             state = _chunk_step(cfg, state, loaded[0], queries, (chunk, scale_rows, cap, lows, highs, lane_c))
             loaded = loaded[1:] + [upcoming]
             chunk = chunk + stride
     else:
         for _step in range(steps):
-            page = _page_of(block_tables, b, chunk, bs)
-            loaded = _load_chunk(cfg, caches, b, hkv, chunk, page, end, lane_g, lane_c)
+            page = _page_of(cfg, table_row, chunk, width)
+            loaded = _load_chunk(cfg, caches, hkv, chunk, page, end, lane_g, lane_c)
             state = _chunk_step(cfg, state, loaded, queries, (chunk, scale_rows, cap, lows, highs, lane_c))
             chunk = chunk + stride
     place = (b, hkv, tile, split)
