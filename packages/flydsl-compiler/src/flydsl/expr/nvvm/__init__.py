@@ -48,10 +48,12 @@ from flydsl.expr.nvvm.warp import (
     griddepcontrol_wait,
     ldmatrix,
     mma_sync,
+    movmatrix_trans,
     setmaxnreg,
     shfl_sync,
     stmatrix,
     trap,
+    vote_sync,
 )
 
 __all__ = [
@@ -84,12 +86,14 @@ __all__ = [
     "ld_acquire",
     "red_add_release",
     "mma_sync",
+    "movmatrix_trans",
     "address",
     "byte_offset",
     "fence_proxy_async",
     "griddepcontrol_wait",
     "griddepcontrol_launch_dependents",
     "trap",
+    "vote_sync",
     "cp_async_bulk",
     "prefetch_l2_bulk",
 ]
