@@ -27,7 +27,10 @@ _CHUNK = 16
 _MERGE = None  # who merges the splits: None by their count; "kernel" or "last" for every count (A/B timing, tests)
 _MAX_SPLITS = 256
 # CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
-_CTAS_PER_SM = {(64, False): 4, (64, True): 4, (128, False): 2, (128, True): 4, (256, False): 2, (256, True): 2}
+# CTAs an SM holds per (D, fp8, narrow: at most 8 query rows): as many as fit their registers without spills
+# (docs/tuning/attention.md#occupancy); more than 8 rows take twice the accumulators.
+_CTAS_PER_SM = {(64, False, True): 4, (64, True, True): 4, (64, False, False): 2, (64, True, False): 2,
+                (128, False, True): 2, (128, True, True): 3, (128, False, False): 2, (128, True, False): 2}  # fmt: skip
 
 
 @functools.cache
@@ -183,7 +186,7 @@ def decode_plan_config(
     if prefetch is None:
         prefetch = 0 if dim == 256 else 1  # two chunks of D = 256 spill
     if ctas_per_sm is None:
-        ctas_per_sm = _CTAS_PER_SM.get((dim, kv_dtype == "e4m3"), 2)
+        ctas_per_sm = _CTAS_PER_SM.get((dim, kv_dtype == "e4m3", group * queries <= 8), 2)
     cfg = decode.DecodeConfig(
         head_dim=dim, kv=kv_dtype, q=q_dtype, group=group, queries=queries, k_scale=k_scale, v_scale=v_scale,
         window=sliding_window is not None, soft_cap=soft_cap, warps=warps, prefetch=prefetch, ctas_per_sm=ctas_per_sm,
