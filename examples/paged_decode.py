@@ -121,6 +121,7 @@ PATTERNS = {
     ),
     "paged_decode_kernel": (
         ("mma.sync m16n8k16", r"mma\.sync\.aligned\.m16n8k16", False),
+        ("register transposes (movmatrix)", r"movmatrix\.sync", False),
         ("16-byte loads", r"ld\.global[.\w]*\.v4", False),
         ("byte permutes (prmt)", r"prmt\.b32", False),
         ("e4m3 -> f16 (cvt.rn.f16x2.e4m3x2)", r"cvt\.rn\.f16x2\.e4m3x2", True),

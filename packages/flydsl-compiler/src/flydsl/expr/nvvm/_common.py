@@ -77,6 +77,8 @@ _DYNAMIC_INDEX = -(2**31)  # llvm.getelementptr's marker of an index given as an
 
 
 def _pointer(where, coord, space: str) -> ir.Value:
+    if not isinstance(where, Tensor) and coord is not None:  # e.g. a size passed positionally after a pointer
+        raise TypeError(f"a coordinate ({coord!r}) indexes a Tensor, not a pointer: offset the pointer instead")
     value = address(where, coord) if isinstance(where, Tensor) else where
     if not isinstance(value, ir.Value) or not str(value.type).startswith("!llvm.ptr"):
         raise TypeError(f"expected a Tensor or an !llvm.ptr value, got {where!r}")

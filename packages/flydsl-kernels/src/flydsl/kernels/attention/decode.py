@@ -153,7 +153,7 @@ def _page_of(cfg: DecodeConfig, table_row, token, width):
     its first entry), the index clamped to the table's ``width`` (not to the sequence's blocks, so that this load need
     not wait for the context length; a token past the context reads some entry and loads nothing from it)."""
     index = arith.minimum(token // cfg.block_size, width - 1)
-    return nvvm.ld_global(nvvm.byte_offset(table_row, index * 4), 4)[0]
+    return nvvm.ld_global(nvvm.byte_offset(table_row, index * 4), nbytes=4)[0]
 
 
 def _load_chunk(cfg: DecodeConfig, caches, hkv, chunk, page, end, lane_g, lane_c):
@@ -170,7 +170,7 @@ def _load_chunk(cfg: DecodeConfig, caches, hkv, chunk, page, end, lane_g, lane_c
         inside = chunk + 8 * half + lane_g < end
         row = nvvm.byte_offset(key_rows, (8 * half + lane_g) * key_row_bytes + 16 * lane_c)
         for u in fx.range_constexpr(cfg.head_dim // (4 * cfg.key_chunk)):  # elements key_chunk * (c + 4u) on
-            keys.append(nvvm.ld_global(nvvm.byte_offset(row, 64 * u), 16, predicate=inside))
+            keys.append(nvvm.ld_global(nvvm.byte_offset(row, 64 * u), nbytes=16, predicate=inside))
         if fx.const_expr(cfg.narrow):  # scores and P per token g, g + 8
             _token_scales(cfg, caches, (page, offset + 8 * half + lane_g, hkv), inside, k_token_scales, v_token_scales)
     value_rows, value_row_bytes = _rows_of(cfg, v_cache, (page, offset, hkv, 0))
@@ -181,7 +181,7 @@ def _load_chunk(cfg: DecodeConfig, caches, hkv, chunk, page, end, lane_g, lane_c
         row = nvvm.byte_offset(value_rows, token * value_row_bytes + lane_g * value_bytes)
         words = []
         for part in fx.range_constexpr(max(1, value_bytes // 16)):
-            loaded = nvvm.ld_global(nvvm.byte_offset(row, 16 * part), min(16, value_bytes), predicate=inside)
+            loaded = nvvm.ld_global(nvvm.byte_offset(row, 16 * part), nbytes=min(16, value_bytes), predicate=inside)
             words += [loaded[i] for i in range(len(loaded))]
         values.append(words)
         if fx.const_expr(not cfg.narrow):  # scores and P per token 2c + {0, 1, 8, 9}
@@ -315,7 +315,7 @@ def paged_decode_kernel(
     if fx.const_expr(cfg.k_scale == "tensor"):
         scale = scale * k_scales[0]
     cap = soft_cap
-    if fx.const_expr(cfg.narrow):  # row g's factor, from a lane of that row
+    if fx.const_expr(cfg.narrow and cfg.kv == "e4m3" and cfg.q == "bf16"):  # row g's factor, from a lane of row g
         factors = [nvvm.shfl_sync(factors[0], row * 4) for row in lane_rows]
     scale_rows = [scale / f for f in factors]  # natural-log logits (capped before the change to base 2)
     caches = (k_cache, v_cache, k_scales, v_scales)

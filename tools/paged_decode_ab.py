@@ -1,0 +1,136 @@
+"""A/B of paged-decode kernel sources in one process, on the same caches: the working tree's
+``flydsl.kernels.attention.decode`` against other versions of ``decode.py`` given as files (an older commit's,
+``git show REV:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_REV.py``, carried to the
+GPU machine), next to the half copy and a read of the same bytes. Cold (dirty L2 flush), 3 interleaved rounds,
+medians; each variant's output is compared with the first's. Run from the repository root on the GPU machine:
+
+    python3 tools/paged_decode_ab.py --variant main=exp/decode_d3d92bc.py --json $OUT/ab.json [--kinds bf16,fp8]
+
+A file variant runs with its own ``DecodeConfig`` (the plan's fields it knows) at ``--old-ctas`` CTAs per SM
+(main's table at d3d92bc: 4 for fp8, 2 for bf16, D 128); the working tree runs at its plan's choice and, for fp8,
+at each of ``--ctas`` as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import importlib.util
+import json
+import statistics
+import sys
+
+sys.path.insert(0, "benchmarks")
+import torch  # noqa: E402
+from cold_l2 import bench_cold  # noqa: E402
+from paged_attention_bench import Shape, kv_bytes, quantize_fp8  # noqa: E402
+from read_roofline import reader  # noqa: E402
+
+from flydsl.kernels.attention import api, decode  # noqa: E402
+from flydsl.kernels.plans import ScratchPlan  # noqa: E402
+
+CASES = [("llama3-70b-tp8", 8, 8192, 16), ("llama3-70b-tp8", 1, 131072, 16), ("llama3-70b-tp8", 32, 32768, 16),
+         ("llama3-8b", 8, 8192, 16), ("llama3-8b", 32, 8192, 16), ("llama3-8b", 128, 512, 16),
+         ("llama3-8b", 32, 8192, 64), ("llama3-70b-tp8", 8, 8192, 64)]  # fmt: skip
+
+
+def load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(f"decode_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # the kernel decorator reads its module's globals
+    spec.loader.exec_module(module)
+    return module
+
+
+class _PlanWith(api._Plan):
+    """The plan's launch with another decode module in place of the package's."""
+
+    module = None
+
+    def launch(self, *args):
+        saved = api._decode
+        api._decode = lambda: self.module
+        try:
+            super().launch(*args)
+        finally:
+            api._decode = saved
+
+
+def runner(module, args, scales, out, context, ctas_per_sm):
+    q, k, v, tables, lens = args
+    fp8 = k.dtype == torch.float8_e4m3fn
+    kind = None if not fp8 else ("token" if scales["k_scale"].numel() > 1 else "tensor")
+    cfg, splits, split_tokens = api.decode_plan_config(
+        batch=q.shape[0], heads=q.shape[-2], kv_heads=k.shape[2], dim=q.shape[-1], queries=1, q_dtype="bf16",
+        kv_dtype="e4m3" if fp8 else "bf16", k_scale=kind, v_scale=kind, sliding_window=None, soft_cap=False,
+        max_context=context, sms=torch.cuda.get_device_properties(0).multi_processor_count, block_size=k.shape[1],
+        ctas_per_sm=ctas_per_sm,
+    )  # fmt: skip
+    if module is not decode:
+        cfg = module.DecodeConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(module.DecodeConfig)})
+    plan = _PlanWith(cfg, splits, split_tokens, q.shape[-1] ** -0.5, 0.0, 0, fp8, 0, None, None)
+    plan.module = module
+    scratch = ScratchPlan(plan.scratch, plan.launch)
+    return (lambda: scratch(q, k, v, tables, lens, scales["k_scale"], scales["v_scale"], out)), splits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variant", action="append", default=[], help="NAME=PATH of a decode.py")
+    parser.add_argument("--kinds", default="bf16,fp8,fp8-token")
+    parser.add_argument("--ctas", default="3,4", help="fp8: CTAs per SM the working tree also runs at")
+    parser.add_argument("--old-ctas", default="2,4", help="bf16,fp8 CTAs per SM of the file variants")
+    parser.add_argument("--json")
+    options = parser.parse_args()
+    files = {name: load(name, path) for name, path in (v.split("=", 1) for v in options.variant)}
+    old_bf16, old_fp8 = (int(n) for n in options.old_ctas.split(","))
+    rows = []
+    for model, batch, context, block_size in CASES:
+        shape = Shape(model, batch, context, block_size, False, 0)
+        for kv in options.kinds.split(","):
+            if kv == "bf16":
+                k, v, scales = shape.k, shape.v, {"k_scale": None, "v_scale": None}
+            else:
+                k, ks = quantize_fp8(shape.k, per_token=kv == "fp8-token")
+                v, vs = quantize_fp8(shape.v, per_token=kv == "fp8-token")
+                scales = {"k_scale": ks, "v_scale": vs}
+            variants = {name: (module, old_bf16 if kv == "bf16" else old_fp8) for name, module in files.items()}
+            variants["tree"] = (decode, None)
+            if kv != "bf16":
+                variants |= {f"tree_c{n}": (decode, int(n)) for n in options.ctas.split(",")}
+            args = (shape.q, k, v, shape.block_tables, shape.context_lens)
+            outs, timed, splits = {}, {}, {}
+            for name, (module, ctas) in variants.items():
+                outs[name] = torch.full_like(shape.q, float("nan"))
+                timed[name], splits[name] = runner(module, args, scales, outs[name], context, ctas)
+                timed[name]()
+            torch.cuda.synchronize()
+            first = next(iter(outs.values())).float()
+            diff = max(float((o.float() - first).abs().max()) for o in outs.values())
+            nbytes = kv_bytes(shape.tokens, shape.hkv, shape.d, kv)
+            source = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+            target = torch.empty_like(source)
+            timed |= {"copy": functools.partial(target.copy_, source), "read": reader(nbytes)}
+            runs = {name: [] for name in timed}
+            for _ in range(3):
+                for name, fn in timed.items():
+                    runs[name].append(bench_cold(fn, warmup=5, rep=30, queued=True) * 1e3)
+            row = {"model": model, "batch": batch, "context": context, "block_size": block_size, "kv": kv,
+                   "MB": round(nbytes / 1e6, 1), "splits": splits, "max_abs_diff": diff}  # fmt: skip
+            row |= {f"{name}_us": round(statistics.median(r), 2) for name, r in runs.items()}
+            reference = row[f"{next(iter(variants))}_us"]
+            row |= {f"{name}_speedup": round(reference / row[f"{name}_us"], 3) for name in variants}
+            row |= {f"{name}_of_read": round(row["read_us"] / row[f"{name}_us"], 3) for name in variants}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            del k, v, source, target
+        del shape
+        torch.cuda.empty_cache()
+    if options.json:
+        with open(options.json, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "variants": options.variant, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
