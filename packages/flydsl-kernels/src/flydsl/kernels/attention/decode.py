@@ -301,23 +301,12 @@ def paged_decode_kernel(
     chunks = arith.maximum((end - begin + (CHUNK - 1)) // CHUNK, 0)
     steps = arith.maximum((chunks - warp + (cfg.warps - 1)) // cfg.warps, 0)
 
-    # The lane's rows g and g + 8 (narrow: 2c and 2c + 1): query i = row // group sits at position
-    # context - queries + i and sees up to there.
-    lane_rows = [2 * lane_c + j for j in range(2)] if cfg.narrow else [tile * 16 + 8 * h + lane_g for h in range(2)]
-    lows, highs = [], []
-    for half in fx.range_constexpr(2):
-        row = arith.minimum(lane_rows[half], cfg.rows - 1)
-        own = context - cfg.queries + 1 + row // cfg.group  # past the query's own position
-        highs.append(arith.minimum(own, end))
-        lows.append(arith.maximum(own - window, begin) if cfg.window else begin)  # the window from its own position
     queries, factors = _load_queries(cfg, q, b, hkv, tile, lane_g, lane_c)
     scale = softmax_scale
     if fx.const_expr(cfg.k_scale == "tensor"):
         scale = scale * k_scales[0]
     cap = soft_cap
-    if fx.const_expr(cfg.narrow and cfg.kv == "e4m3" and cfg.q == "bf16"):  # row g's factor, from a lane of row g
-        factors = [nvvm.shfl_sync(factors[0], row * 4) for row in lane_rows]
-    scale_rows = [scale / f for f in factors]  # natural-log logits (capped before the change to base 2)
+    scale_rows, lows, highs = _lane_rows(cfg, scale, factors, (context, begin, end, window), tile, lane_g, lane_c)
     caches = (k_cache, v_cache, k_scales, v_scales)
 
     state = [[fx.Float32(NO_MAX)] * 2, [fx.Float32(0.0)] * 2, [ACC(0.0)] * (cfg.head_dim // 16 * cfg.p_tiles)]
@@ -353,6 +342,39 @@ def paged_decode_kernel(
         merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, place, tid, span)
 
 
+def _lane_rows(cfg: DecodeConfig, scale, factors, span, tile, lane_g, lane_c):
+    """For the lane's two rows (g and g + 8 of the row tile; narrow: 2c and 2c + 1): the logits' scale (``scale``
+    over the row's power-of-two factor, ``factors`` as :func:`_load_queries` returns them) and the positions it sees,
+    ``[lows, highs)``: query i = row // group sits at position ``context - queries + i`` and sees up to there, within
+    the split's ``[begin, end)`` (and the window from its own position). ``span``: ``(context, begin, end, window)``."""
+    context, begin, end, window = span
+    lane_rows = [2 * lane_c + j for j in range(2)] if cfg.narrow else [tile * 16 + 8 * h + lane_g for h in range(2)]
+    lows, highs = [], []
+    for half in fx.range_constexpr(2):
+        row = arith.minimum(lane_rows[half], cfg.rows - 1)
+        own = context - cfg.queries + 1 + row // cfg.group  # past the query's own position
+        highs.append(arith.minimum(own, end))
+        lows.append(arith.maximum(own - window, begin) if cfg.window else begin)
+    if fx.const_expr(cfg.narrow and cfg.kv == "e4m3" and cfg.q == "bf16"):  # row g's factor, from a lane of row g
+        factors = [nvvm.shfl_sync(factors[0], row * 4) for row in lane_rows]
+    return [scale / f for f in factors], lows, highs  # natural-log logits (capped before the change to base 2)
+
+
+def _row_totals(cfg: DecodeConfig, row_max, row_sum, lane_g, lane_c):
+    """Per lane row (g and g + 8 of the tile; narrow: 2c and 2c + 1): ``(row, max, sum, writes)``, the sum over the
+    row's lanes (those of one g; narrow: of one c), ``writes`` true in one of them."""
+    totals = []
+    for half in fx.range_constexpr(2):
+        total = row_sum[half]
+        for offset in (4, 8, 16) if cfg.narrow else (1, 2):
+            total = total + nvvm.shfl_sync(total, offset, "bfly")
+        if fx.const_expr(cfg.narrow):
+            totals.append((2 * lane_c + half, row_max[half], total, lane_g == 0))
+        else:
+            totals.append((8 * half + lane_g, row_max[half], total, lane_c == 0))
+    return totals
+
+
 def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
     """The warps' partial results merged in shared memory, then written: the output (one split) or the split's
     normalized output and (max, sum) statistics."""
@@ -369,13 +391,9 @@ def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
     for t in fx.range_constexpr(tiles):
         for e in fx.range_constexpr(4):
             partial[warp, t, e, lane] = acc[t][e]
-    for half in fx.range_constexpr(2):  # a row's sum over its lanes: those of one g (narrow: of one c)
-        total = row_sum[half]
-        for offset in (4, 8, 16) if cfg.narrow else (1, 2):
-            total = total + nvvm.shfl_sync(total, offset, "bfly")
-        row = 2 * lane_c + half if cfg.narrow else 8 * half + lane_g
-        if (lane_g if cfg.narrow else lane_c) == 0:
-            stats[warp, 0, row] = row_max[half]
+    for row, top, total, writes in _row_totals(cfg, row_max, row_sum, lane_g, lane_c):
+        if writes:
+            stats[warp, 0, row] = top
             stats[warp, 1, row] = total
     gpu.barrier()
     # Thread i takes (row, 8 values) items i, i + threads, ...: rows of this tile, values 8 at a time.
