@@ -22,7 +22,7 @@ def _lanes(values, dtype):
 
 
 def _value(x):
-    return x.v if isinstance(x, (Int, Float, Bool, Address)) else x
+    return x.v if isinstance(x, (_Number, Bool, Address)) else x
 
 
 def _signed(bits, width=32):
@@ -46,14 +46,21 @@ class Bool:
         raise TypeError("a branch on a per-lane predicate (the kernel may branch on warp-uniform votes only)")
 
 
-class Int:
-    """Per-lane 32-bit two's complement integers (kept in int64)."""
+class _Number:
+    """Per-lane numbers of one torch dtype: arithmetic and comparisons lane by lane."""
+
+    dtype = None
 
     def __init__(self, v):
-        self.v = _signed(_lanes(v, torch.int64))
+        self.v = self._wrap(_lanes(v, self.dtype))
 
-    def _op(self, other, fn):
-        return Int(fn(self.v, torch.as_tensor(_value(other), dtype=torch.int64)))
+    @staticmethod
+    def _wrap(v):
+        return v
+
+    def _op(self, other, fn, reverse=False):
+        other = torch.as_tensor(_value(other), dtype=self.dtype)
+        return type(self)(fn(other, self.v) if reverse else fn(self.v, other))
 
     def __add__(self, o):
         return self._op(o, torch.add)
@@ -64,12 +71,31 @@ class Int:
         return self._op(o, torch.sub)
 
     def __rsub__(self, o):
-        return Int(torch.as_tensor(_value(o), dtype=torch.int64) - self.v)
+        return self._op(o, torch.sub, reverse=True)
 
     def __mul__(self, o):
         return self._op(o, torch.mul)
 
     __rmul__ = __mul__
+
+    def __lt__(self, o):
+        return Bool(self.v < _value(o))
+
+    def __le__(self, o):
+        return Bool(self.v <= _value(o))
+
+    def __gt__(self, o):
+        return Bool(self.v > _value(o))
+
+    def __ge__(self, o):
+        return Bool(self.v >= _value(o))
+
+
+class Int(_Number):
+    """Per-lane 32-bit two's complement integers (kept in int64)."""
+
+    dtype = torch.int64
+    _wrap = staticmethod(_signed)
 
     def __floordiv__(self, o):
         return self._op(o, lambda a, b: torch.div(a, b, rounding_mode="floor"))
@@ -93,18 +119,6 @@ class Int:
 
     __ror__ = __or__
 
-    def __lt__(self, o):
-        return Bool(self.v < _value(o))
-
-    def __le__(self, o):
-        return Bool(self.v <= _value(o))
-
-    def __gt__(self, o):
-        return Bool(self.v > _value(o))
-
-    def __ge__(self, o):
-        return Bool(self.v >= _value(o))
-
     def __eq__(self, o):
         return Bool(self.v == _value(o))
 
@@ -119,48 +133,16 @@ class Int:
         return self.v & 0xFFFFFFFF
 
 
-class Float:
+class Float(_Number):
     """Per-lane float32."""
 
-    def __init__(self, v):
-        self.v = _lanes(v, torch.float32)
-
-    def _op(self, other, fn):
-        return Float(fn(self.v, torch.as_tensor(_value(other), dtype=torch.float32)))
-
-    def __add__(self, o):
-        return self._op(o, torch.add)
-
-    __radd__ = __add__
-
-    def __sub__(self, o):
-        return self._op(o, torch.sub)
-
-    def __rsub__(self, o):
-        return Float(torch.as_tensor(_value(o), dtype=torch.float32) - self.v)
-
-    def __mul__(self, o):
-        return self._op(o, torch.mul)
-
-    __rmul__ = __mul__
+    dtype = torch.float32
 
     def __truediv__(self, o):
         return self._op(o, torch.div)
 
     def __rtruediv__(self, o):
-        return Float(torch.as_tensor(_value(o), dtype=torch.float32) / self.v)
-
-    def __lt__(self, o):
-        return Bool(self.v < _value(o))
-
-    def __gt__(self, o):
-        return Bool(self.v > _value(o))
-
-    def __ge__(self, o):
-        return Bool(self.v >= _value(o))
-
-    def __le__(self, o):
-        return Bool(self.v <= _value(o))
+        return self._op(o, torch.div, reverse=True)
 
     @property
     def bits(self):
