@@ -8,7 +8,8 @@ medians; each variant's output is compared with the first's. Run from the reposi
 
 A file variant runs with its own ``DecodeConfig`` (the plan's fields it knows) at ``--old-ctas`` CTAs per SM
 (main's table at d3d92bc: 4 for fp8, 2 for bf16, D 128); the working tree runs at its plan's choice and, for fp8,
-at each of ``--ctas`` as well.
+at each of ``--ctas`` as well, and with splits sized for ``--fills`` of the resident CTAs (fewer splits: less to
+merge, fewer CTAs streaming).
 """
 
 from __future__ import annotations
@@ -57,15 +58,19 @@ class _PlanWith(api._Plan):
             api._decode = saved
 
 
-def runner(module, args, scales, out, context, ctas_per_sm):
+def runner(module, args, scales, out, context, ctas_per_sm, fill=1.0):
     q, k, v, tables, lens = args
     fp8 = k.dtype == torch.float8_e4m3fn
     kind = None if not fp8 else ("token" if scales["k_scale"].numel() > 1 else "tensor")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ctas = None
+    if fill != 1.0:  # the splits sized for this fraction of the resident CTAs
+        table = api._CTAS_PER_SM.get((q.shape[-1], fp8, q.shape[-2] // k.shape[2] <= 8), 2)
+        ctas = max(1, round(sms * (ctas_per_sm or table) * fill))
     cfg, splits, split_tokens = api.decode_plan_config(
         batch=q.shape[0], heads=q.shape[-2], kv_heads=k.shape[2], dim=q.shape[-1], queries=1, q_dtype="bf16",
         kv_dtype="e4m3" if fp8 else "bf16", k_scale=kind, v_scale=kind, sliding_window=None, soft_cap=False,
-        max_context=context, sms=torch.cuda.get_device_properties(0).multi_processor_count, block_size=k.shape[1],
-        ctas_per_sm=ctas_per_sm,
+        max_context=context, sms=sms, block_size=k.shape[1], ctas_per_sm=ctas_per_sm, ctas=ctas,
     )  # fmt: skip
     if module is not decode:
         cfg = module.DecodeConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(module.DecodeConfig)})
@@ -81,6 +86,7 @@ def main() -> None:
     parser.add_argument("--kinds", default="bf16,fp8,fp8-token")
     parser.add_argument("--ctas", default="3,4", help="fp8: CTAs per SM the working tree also runs at")
     parser.add_argument("--old-ctas", default="2,4", help="bf16,fp8 CTAs per SM of the file variants")
+    parser.add_argument("--fills", default="0.5", help="the working tree also with splits for these fractions")
     parser.add_argument("--json")
     options = parser.parse_args()
     files = {name: load(name, path) for name, path in (v.split("=", 1) for v in options.variant)}
@@ -95,15 +101,16 @@ def main() -> None:
                 k, ks = quantize_fp8(shape.k, per_token=kv == "fp8-token")
                 v, vs = quantize_fp8(shape.v, per_token=kv == "fp8-token")
                 scales = {"k_scale": ks, "v_scale": vs}
-            variants = {name: (module, old_bf16 if kv == "bf16" else old_fp8) for name, module in files.items()}
-            variants["tree"] = (decode, None)
+            variants = {name: (module, old_bf16 if kv == "bf16" else old_fp8, 1.0) for name, module in files.items()}
+            variants["tree"] = (decode, None, 1.0)
             if kv != "bf16":
-                variants |= {f"tree_c{n}": (decode, int(n)) for n in options.ctas.split(",")}
+                variants |= {f"tree_c{n}": (decode, int(n), 1.0) for n in options.ctas.split(",")}
+            variants |= {f"tree_fill{f}": (decode, None, float(f)) for f in options.fills.split(",") if f}
             args = (shape.q, k, v, shape.block_tables, shape.context_lens)
             outs, timed, splits = {}, {}, {}
-            for name, (module, ctas) in variants.items():
+            for name, (module, ctas, fill) in variants.items():
                 outs[name] = torch.full_like(shape.q, float("nan"))
-                timed[name], splits[name] = runner(module, args, scales, outs[name], context, ctas)
+                timed[name], splits[name] = runner(module, args, scales, outs[name], context, ctas, fill)
                 timed[name]()
             torch.cuda.synchronize()
             first = next(iter(outs.values())).float()
