@@ -82,15 +82,19 @@ def runner(module, args, scales, out, context, ctas_per_sm, fill=1.0):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variant", action="append", default=[], help="NAME=PATH of a decode.py")
+    parser.add_argument("--variant", action="append", default=[], help="NAME=PATH[@BF16_CTAS,FP8_CTAS] of a decode.py")
     parser.add_argument("--kinds", default="bf16,fp8,fp8-token")
     parser.add_argument("--ctas", default="3,4", help="fp8: CTAs per SM the working tree also runs at")
     parser.add_argument("--old-ctas", default="2,4", help="bf16,fp8 CTAs per SM of the file variants")
     parser.add_argument("--fills", default="0.5", help="the working tree also with splits for these fractions")
     parser.add_argument("--json")
     options = parser.parse_args()
-    files = {name: load(name, path) for name, path in (v.split("=", 1) for v in options.variant)}
-    old_bf16, old_fp8 = (int(n) for n in options.old_ctas.split(","))
+    files, file_ctas = {}, {}
+    for variant in options.variant:  # NAME=PATH[@BF16_CTAS,FP8_CTAS]
+        name, path = variant.split("=", 1)
+        path, _, ctas = path.partition("@")
+        files[name] = load(name, path)
+        file_ctas[name] = [int(n) for n in (ctas or options.old_ctas).split(",")]
     rows = []
     for model, batch, context, block_size in CASES:
         shape = Shape(model, batch, context, block_size, False, 0)
@@ -101,10 +105,10 @@ def main() -> None:
                 k, ks = quantize_fp8(shape.k, per_token=kv == "fp8-token")
                 v, vs = quantize_fp8(shape.v, per_token=kv == "fp8-token")
                 scales = {"k_scale": ks, "v_scale": vs}
-            variants = {name: (module, old_bf16 if kv == "bf16" else old_fp8, 1.0) for name, module in files.items()}
+            variants = {name: (module, file_ctas[name][kv != "bf16"], 1.0) for name, module in files.items()}
             variants["tree"] = (decode, None, 1.0)
             if kv != "bf16":
-                variants |= {f"tree_c{n}": (decode, int(n), 1.0) for n in options.ctas.split(",")}
+                variants |= {f"tree_c{n}": (decode, int(n), 1.0) for n in options.ctas.split(",") if n}
             variants |= {f"tree_fill{f}": (decode, None, float(f)) for f in options.fills.split(",") if f}
             args = (shape.q, k, v, shape.block_tables, shape.context_lens)
             outs, timed, splits = {}, {}, {}

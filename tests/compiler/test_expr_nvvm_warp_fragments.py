@@ -24,10 +24,12 @@ def fragments(x: fx.Tensor, out: fx.Tensor, threshold: fx.Int32):
     out[lane] = word
     out[32 + lane] = nvvm.movmatrix_trans(x[lane])
     below = lane < threshold
+    # Every lane votes (a vote inside `if lane == 0` would count lane 0 alone); lane 0 writes the answers.
+    votes = [nvvm.vote_sync(below, kind).to(fx.Int32) for kind in ("any", "all", "uni")]
     if lane == 0:
-        out[64] = nvvm.vote_sync(below, "any").to(fx.Int32)
-        out[65] = nvvm.vote_sync(below, "all").to(fx.Int32)
-        out[66] = nvvm.vote_sync(below, "uni").to(fx.Int32)
+        out[64] = votes[0]
+        out[65] = votes[1]
+        out[66] = votes[2]
 
 
 def _compiled():

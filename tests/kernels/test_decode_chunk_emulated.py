@@ -22,7 +22,7 @@ CASES = {  # name: (head_dim, kv, group, queries, scales, block_size, context, g
     "narrow-bf16-g8": (128, "bf16", 8, 1, None, 16, 77, False),
     "narrow-bf16-g4-q2-growing": (128, "bf16", 4, 2, None, 32, 90, True),
     "narrow-e4m3-tensor-g8-growing": (128, "e4m3", 8, 1, "tensor", 16, 61, True),
-    "narrow-e4m3-token-g4-growing": (128, "e4m3", 4, 1, "token", 64, 100, True),
+    "wide-e4m3-token-g4-growing": (128, "e4m3", 4, 1, "token", 64, 100, True),
     "narrow-bf16-d64-g2": (64, "bf16", 2, 1, None, 16, 40, False),
     "wide-bf16-g16-growing": (128, "bf16", 16, 1, None, 16, 70, True),
     "wide-e4m3-tensor-g16": (128, "e4m3", 16, 1, "tensor", 16, 45, False),

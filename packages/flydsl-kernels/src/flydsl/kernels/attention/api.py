@@ -30,7 +30,7 @@ _MAX_SPLITS = 256
 # CTAs an SM holds per (D, fp8, narrow: at most 8 query rows): as many as fit their registers without spills
 # (docs/tuning/attention.md#occupancy); more than 8 rows take twice the accumulators.
 _CTAS_PER_SM = {(64, False, True): 4, (64, True, True): 4, (64, False, False): 2, (64, True, False): 2,
-                (128, False, True): 2, (128, True, True): 3, (128, False, False): 2, (128, True, False): 2}  # fmt: skip
+                (128, False, True): 2, (128, True, True): 4, (128, False, False): 2, (128, True, False): 2}  # fmt: skip
 
 
 @functools.cache

@@ -6,9 +6,10 @@ Two layouts of the scores (``mma.sync`` m16n8k16, float32 accumulators):
 * ``S = Q K^T`` (more than 8 query rows): Q is the 16-row A operand, the chunk's keys the B operand of two n8 tiles
   (tokens ``0..7``, ``8..15``). A lane holds rows g and g + 8, tokens ``2c + {0, 1}`` (+ 8): the C fragments of S
   are the B fragments of ``P^T`` as they stand.
-* ``S^T = K Q^T`` (at most 8 rows, ``cfg.narrow``: groups of up to 8 query heads, Llama-3's 4 and 8): the keys are
-  the A operand (tokens g and g + 8) and Q^T the B operand: one MMA per k16 step instead of two, and no zero rows in
-  Q's A fragments (which the compiler rebuilt around one zero register every chunk). A lane holds tokens g, g + 8 of
+* ``S^T = K Q^T`` (at most 8 rows, ``cfg.narrow``: groups of up to 8 query heads, Llama-3's 4 and 8, values
+  not scaled per token): the keys are the A operand (tokens g and g + 8) and Q^T the B operand: one MMA per k16 step
+  instead of two, and no zero rows in Q's A fragments (which the compiler rebuilt around one zero register every
+  chunk). A lane holds tokens g, g + 8 of
   query rows ``2c + {0, 1}``; P packed per token is an 8x8 fragment of ``P^T`` that ``movmatrix`` transposes into
   the B fragment of ``P^T``.
 
@@ -76,8 +77,6 @@ def chunk_step(cfg, state, loaded, queries, chunk, consts):
     if fx.const_expr(cfg.narrow):
         if rescale:  # the lane holds the factors of its accumulators' columns, rows 2c and 2c + 1
             acc = [_rescaled(c, alphas) for c in acc]
-        if fx.const_expr(cfg.v_scale == "token"):
-            probs = [[p[t] * (v_token_scales[t] * _FP8_TO_BF16) for t in range(2)] for p in probs]
         # token t's pair of rows (2c, 2c + 1) is row g (+ 8) of P^T: transposed, the lane holds tokens 2c, 2c + 1
         pairs = [nvvm.pack_f32x2(probs[0][t], probs[1][t], p_dtype) for t in range(2)]
         p_fragments = [vector.from_elements(W2, [nvvm.movmatrix_trans(pair) for pair in pairs])]

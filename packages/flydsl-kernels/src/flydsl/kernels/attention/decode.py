@@ -110,8 +110,10 @@ class DecodeConfig:
 
     @property
     def narrow(self) -> bool:
-        """At most 8 query rows: the scores are computed as ``S^T = K Q^T`` (:mod:`.chunk`)."""
-        return self.rows <= 8
+        """At most 8 query rows, values not scaled per token: the scores are computed as ``S^T = K Q^T``
+        (:mod:`.chunk`). Per-token value scales keep ``S = Q K^T``: transposed, they held more registers (spills at 4
+        CTAs per SM) and ran up to 14% slower at 3 (docs/tuning/attention.md#instructions)."""
+        return self.rows <= 8 and self.v_scale != "token"
 
     @property
     def p_tiles(self) -> int:
@@ -122,11 +124,10 @@ class DecodeConfig:
     def rescale_slack(self) -> float | None:
         """How far (base 2) a row's chunk maximum may pass its running maximum before the running maximum moves and
         the accumulators are rescaled (:mod:`.chunk`): P then stays below 2^slack. 8 where P is f16/bf16 of its own;
-        0 where it carries per-token value scales times 2^120 (bf16's range would not hold 2^8 more); None (rescale
-        every chunk) for D = 256, whose 128 accumulator registers leave no room for the branch."""
-        if self.head_dim == 256:
-            return None
-        return 0.0 if self.v_scale == "token" else 8.0
+        None (rescale every chunk) where P carries per-token value scales times 2^120 (bf16's range would not hold
+        2^8 more, and the branch's registers would spill at 4 CTAs per SM) and for D = 256, whose 128 accumulator
+        registers leave no room for the branch."""
+        return None if self.head_dim == 256 or self.v_scale == "token" else 8.0
 
     @property
     def kv_bytes(self) -> int:
@@ -315,20 +316,15 @@ def paged_decode_kernel(
     table_row, width = nvvm.address(block_tables, (b, 0)), block_tables.shape[1].to(fx.Int32)
     consts = (scale_rows, cap, lows, highs, lane_g, lane_c)
     if fx.const_expr(cfg.prefetch):
-        # Two chunks per iteration, each loaded while the other is computed: the next chunk's words land in the
-        # registers of the one just computed, so no loop-carried copies (a one-chunk loop moves every word).
+        # The next chunk's loads are issued before this chunk's math (and its page's number one chunk earlier).
         loaded = _load_chunk(cfg, caches, hkv, chunk, _page_of(cfg, table_row, chunk, width), end, lane_g, lane_c)
-        odd_page = _page_of(cfg, table_row, chunk + stride, width)
-        for _pair in range(steps // 2):
-            odd = _load_chunk(cfg, caches, hkv, chunk + stride, odd_page, end, lane_g, lane_c)
-            even_page = _page_of(cfg, table_row, chunk + 2 * stride, width)
+        next_page = _page_of(cfg, table_row, chunk + stride, width)
+        for _step in range(steps):
+            upcoming = _load_chunk(cfg, caches, hkv, chunk + stride, next_page, end, lane_g, lane_c)
+            next_page = _page_of(cfg, table_row, chunk + 2 * stride, width)
             state = chunk_step(cfg, state, loaded, queries, chunk, consts)
-            loaded = _load_chunk(cfg, caches, hkv, chunk + 2 * stride, even_page, end, lane_g, lane_c)
-            odd_page = _page_of(cfg, table_row, chunk + 3 * stride, width)
-            state = chunk_step(cfg, state, odd, queries, chunk + stride, consts)
-            chunk = chunk + 2 * stride
-        if steps % 2 == 1:
-            state = chunk_step(cfg, state, loaded, queries, chunk, consts)
+            loaded = upcoming
+            chunk = chunk + stride
     else:
         for _step in range(steps):
             page = _page_of(cfg, table_row, chunk, width)
