@@ -4,12 +4,13 @@
 GPU machine), next to the half copy and a read of the same bytes. Cold (dirty L2 flush), 3 interleaved rounds,
 medians; each variant's output is compared with the first's. Run from the repository root on the GPU machine:
 
-    python3 tools/paged_decode_ab.py --variant main=exp/decode_d3d92bc.py --json $OUT/ab.json [--kinds bf16,fp8]
+    python3 benchmarks/paged_decode_ab.py --variant main=exp/decode_d3d92bc.py@2,4 --json $OUT/ab.json --commit REV
 
-A file variant runs with its own ``DecodeConfig`` (the plan's fields it knows) at ``--old-ctas`` CTAs per SM
-(main's table at d3d92bc: 4 for fp8, 2 for bf16, D 128); the working tree runs at its plan's choice and, for fp8,
-at each of ``--ctas`` as well, and with splits sized for ``--fills`` of the resident CTAs (fewer splits: less to
-merge, fewer CTAs streaming).
+A file variant runs with its own ``DecodeConfig`` (the plan's fields it knows) at the CTAs per SM after its ``@``
+(bf16, fp8), else ``--old-ctas`` (main's table at d3d92bc: 4 for fp8, 2 for bf16, D 128); the working tree runs at
+its plan's choice and, for fp8, at each of ``--ctas`` as well, and with splits sized for ``--fills`` of the resident
+CTAs (fewer splits: less to merge, fewer CTAs streaming). The record's summary: each variant's geomean speedup over
+the first, per cache kind.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ import json
 import statistics
 import sys
 
-sys.path.insert(0, "benchmarks")
-import torch  # noqa: E402
-from cold_l2 import bench_cold  # noqa: E402
-from paged_attention_bench import Shape, kv_bytes, quantize_fp8  # noqa: E402
-from read_roofline import reader  # noqa: E402
+import torch
+from cold_l2 import bench_cold
+from paged_attention_bench import Shape, kv_bytes, quantize_fp8
+from read_roofline import reader
+from record import geomean, write_record
 
-from flydsl.kernels.attention import api, decode  # noqa: E402
-from flydsl.kernels.plans import ScratchPlan  # noqa: E402
+from flydsl.kernels.attention import api, decode
+from flydsl.kernels.plans import ScratchPlan
 
 CASES = [("llama3-70b-tp8", 8, 8192, 16), ("llama3-70b-tp8", 1, 131072, 16), ("llama3-70b-tp8", 32, 32768, 16),
          ("llama3-8b", 8, 8192, 16), ("llama3-8b", 32, 8192, 16), ("llama3-8b", 128, 512, 16),
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--old-ctas", default="2,4", help="bf16,fp8 CTAs per SM of the file variants")
     parser.add_argument("--fills", default="0.5", help="the working tree also with splits for these fractions")
     parser.add_argument("--json")
+    parser.add_argument("--commit", help="the commit measured (the GPU machine has no git)")
     options = parser.parse_args()
     files, file_ctas = {}, {}
     for variant in options.variant:  # NAME=PATH[@BF16_CTAS,FP8_CTAS]
@@ -138,9 +140,19 @@ def main() -> None:
             del k, v, source, target
         del shape
         torch.cuda.empty_cache()
+    names = [key.removesuffix("_speedup") for key in rows[0] if key.endswith("_speedup")] if rows else []
+    summary = {  # each variant against the first, geomean per cache kind
+        f"geomean_speedup_{name}_{kv}": geomean([r[f"{name}_speedup"] for r in rows if r["kv"] == kv])
+        for name in names[1:]
+        for kv in options.kinds.split(",")
+    }
+    print(json.dumps(summary))
     if options.json:
-        with open(options.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "variants": options.variant, "rows": rows}, f, indent=1)
+        method = "cold_l2.bench_cold (dirty L2 flush, queued), 3 interleaved rounds of warmup 5 / rep 30, medians"
+        write_record(
+            options.json, "paged_decode_ab", None, rows, commit=options.commit, method=method, summary=summary,
+            variants=options.variant,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":
