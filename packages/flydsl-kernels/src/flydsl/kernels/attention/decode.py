@@ -161,39 +161,32 @@ def _load_chunk(cfg: DecodeConfig, caches, hkv, chunk, page, end, lane_g, lane_c
     """One chunk's words for this lane: key rows ``chunk + g`` and ``chunk + 8 + g`` (``D / 4`` elements each, 16
     bytes at a time from ``c``'s place), the value rows of tokens ``chunk + 2c + {0, 1, 8, 9}`` (this lane's ``D / 8``
     values), and for per-token scales those 4 tokens' key and value scales. Tokens at or past ``end`` load zeros.
-    Each cache's address is computed once per chunk (its first row); the lane's rows and columns are 32-bit byte
-    offsets from it (the same for every chunk, so computed once per kernel)."""
+    Each load's address comes from its coordinate: one base per cache and chunk with 32-bit lane offsets took fewer
+    instructions but ptxas then issued the loads later in the loop (fp8 per token 6% slower on an H100,
+    docs/tuning/attention.md#instructions)."""
     k_cache, v_cache, k_scales, v_scales = caches
     offset = chunk % cfg.block_size
-    key_rows, key_row_bytes = _rows_of(cfg, k_cache, (page, offset, hkv, 0))
     keys, k_token_scales, v_token_scales = [], [], []
     for half in fx.range_constexpr(2):
         inside = chunk + 8 * half + lane_g < end
-        row = nvvm.byte_offset(key_rows, (8 * half + lane_g) * key_row_bytes + 16 * lane_c)
-        for u in fx.range_constexpr(cfg.head_dim // (4 * cfg.key_chunk)):  # elements key_chunk * (c + 4u) on
-            keys.append(nvvm.ld_global(nvvm.byte_offset(row, 64 * u), nbytes=16, predicate=inside))
+        for u in fx.range_constexpr(cfg.head_dim // (4 * cfg.key_chunk)):
+            col = cfg.key_chunk * (lane_c + 4 * u)
+            keys.append(nvvm.ld_global(k_cache, (page, offset + 8 * half + lane_g, hkv, col), 16, predicate=inside))
         if fx.const_expr(cfg.narrow):  # scores and P per token g, g + 8
             _token_scales(cfg, caches, (page, offset + 8 * half + lane_g, hkv), inside, k_token_scales, v_token_scales)
-    value_rows, value_row_bytes = _rows_of(cfg, v_cache, (page, offset, hkv, 0))
     values = []
     value_bytes = cfg.head_dim // 8 * cfg.kv_bytes
     for token in (2 * lane_c, 2 * lane_c + 1, 2 * lane_c + 8, 2 * lane_c + 9):
         inside = chunk + token < end
-        row = nvvm.byte_offset(value_rows, token * value_row_bytes + lane_g * value_bytes)
         words = []
         for part in fx.range_constexpr(max(1, value_bytes // 16)):
-            loaded = nvvm.ld_global(nvvm.byte_offset(row, 16 * part), nbytes=min(16, value_bytes), predicate=inside)
+            col = lane_g * (cfg.head_dim // 8) + part * (16 // cfg.kv_bytes)
+            loaded = nvvm.ld_global(v_cache, (page, offset + token, hkv, col), min(16, value_bytes), predicate=inside)
             words += [loaded[i] for i in range(len(loaded))]
         values.append(words)
         if fx.const_expr(not cfg.narrow):  # scores and P per token 2c + {0, 1, 8, 9}
             _token_scales(cfg, caches, (page, offset + token, hkv), inside, k_token_scales, v_token_scales)
     return [keys, values] + [scales for scales in (k_token_scales, v_token_scales) if scales]  # no empty lists
-
-
-def _rows_of(cfg: DecodeConfig, cache, coord):
-    """The address of ``cache``'s element at ``coord`` and its token stride in bytes (32 bits: the checks bound a
-    block's bytes)."""
-    return nvvm.address(cache, coord), cache.stride[1].to(fx.Int32) * cfg.kv_bytes
 
 
 def _token_scales(cfg: DecodeConfig, caches, coord, inside, k_token_scales, v_token_scales):
