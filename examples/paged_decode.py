@@ -92,7 +92,7 @@ def lower(fp8: bool, steps: int):
     cfg, splits, split_tokens = decode_plan_config(
         batch=BATCH, heads=Q_HEADS, kv_heads=KV_HEADS, dim=HEAD_DIM, queries=1, q_dtype="bf16",
         kv_dtype="e4m3" if fp8 else "bf16", k_scale="tensor" if fp8 else None, v_scale="tensor" if fp8 else None,
-        sliding_window=None, soft_cap=False, max_context=max_blocks * BLOCK_SIZE, sms=H200_SMS,
+        sliding_window=None, soft_cap=False, max_context=max_blocks * BLOCK_SIZE, sms=H200_SMS, block_size=BLOCK_SIZE,
     )  # fmt: skip
     q = spec((BATCH, 1, Q_HEADS, HEAD_DIM), "bf16")
     kv = spec((num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM), "u8" if fp8 else "bf16")
@@ -121,6 +121,7 @@ PATTERNS = {
     ),
     "paged_decode_kernel": (
         ("mma.sync m16n8k16", r"mma\.sync\.aligned\.m16n8k16", False),
+        ("register transposes (movmatrix)", r"movmatrix\.sync", False),
         ("16-byte loads", r"ld\.global[.\w]*\.v4", False),
         ("byte permutes (prmt)", r"prmt\.b32", False),
         ("e4m3 -> f16 (cvt.rn.f16x2.e4m3x2)", r"cvt\.rn\.f16x2\.e4m3x2", True),

@@ -10,7 +10,9 @@
 # ~2 min) fit one call together; blockscale (issue 33's 36 shapes, ~1.5 min on an H100), blockscale-variants (the
 # mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared weights' descriptors, < 1 min) too, as do
 # paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue 35's short caches, ~1.5 min on an
-# H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split contexts, ~1.5 min).
+# H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split contexts, ~1.5 min);
+# paged-ab (benchmarks/paged_decode_ab.py against main's kernel at d3d92bc, ~3 min: first `git show
+# d3d92bc:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_d3d92bc.py` and carry exp).
 # Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
 # <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders
@@ -60,6 +62,8 @@ for bench in $which; do
       --repeats 3 --json "$(out paged_attention)" --commit "$commit" ;;
     paged-merge) run paged-merge python3 benchmarks/paged_decode_merge.py --json "$(out paged_decode_merge)" \
       --commit "$commit" ;;
+    paged-ab) run paged-ab python3 benchmarks/paged_decode_ab.py --variant main=exp/decode_d3d92bc.py@2,4 \
+      --json "$(out paged_decode_ab)" --commit "$commit" ;;
     *) summary="$summary\n$bench: unknown (the header lists the benchmarks)" ;;
   esac
 done

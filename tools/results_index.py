@@ -113,6 +113,11 @@ BENCHMARKS = {
         "fused MoE at decode sizes taken apart: kernel times and the grouped skinny GEMM's configurations",
         "python benchmarks/moe_decode_sweep.py --json OUT --commit C",
     ),
+    "paged_decode_ab": (
+        "paged-decode kernel sources (decode.py of other commits, as files) timed against the working tree's on the "
+        "same caches, next to a half copy and a read of the bytes",
+        "python benchmarks/paged_decode_ab.py --variant main=exp/decode_REV.py@2,4 --json OUT --commit C",
+    ),
     "paged_attention_bench": (
         "paged-attention decode (bf16, fp8 per tensor / per token caches) against a same-bytes copy, SDPA and "
         "FlashInfer",

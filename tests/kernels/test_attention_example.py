@@ -29,7 +29,9 @@ def test_main_compiles_and_summarizes_without_a_gpu(fp8, capsys):
     assert _example().main(["--steps", "20"] + (["--fp8"] if fp8 else [])) == 0
     out = capsys.readouterr().out
     assert "write_kv_kernel: compiled" in out and "paged_decode_kernel: compiled" in out
-    assert "mma.sync m16n8k16 24" in out  # per 16-token chunk: 2 x 8 for S = Q K^T, 8 for O^T += V^T P^T (D = 128)
+    # a group of 4: per 16-token chunk 8 MMAs for S^T = K Q^T, 8 for O^T += V^T P^T (D = 128), 2 transposes of P;
+    # one chunk's math in the PTX (the loop's body)
+    assert "mma.sync m16n8k16 16" in out and "register transposes (movmatrix) 2" in out
     assert ("e4m3 -> f16 (cvt.rn.f16x2.e4m3x2)" in out) == fp8
     assert "merged by the last to finish" in out and "arrival counter (atom.add) 1" in out
     if flyc.toolchain.find_ptxas() is not None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flydsl.compiler as flyc
-from flydsl.kernels.attention import decode, merge
+from flydsl.kernels.attention import api, decode, merge
 from flydsl.kernels.attention.api import decode_plan_config
 
 from .ptxas_report import spill_bytes
@@ -70,6 +70,20 @@ def test_decode_kernel_compiles_without_spills(cfg):
         assert "cvt.rn.f16x2.e4m3x2" in ptx and "prmt.b32" in ptx
     else:
         assert "prmt.b32" in ptx  # values paired across tokens in registers
+
+
+@pytest.mark.parametrize("dim, fp8, narrow", sorted(api._CTAS_PER_SM))
+def test_planned_occupancy_compiles_without_spills(dim, fp8, narrow):
+    """The CTAs per SM the plan asks for fit the kernel's registers: narrow (8 rows) and wide (16 rows) groups, bf16
+    or fp8 with scales per tensor and per token, split and not."""
+    for scale in ("tensor", "token") if fp8 else (None,):
+        cfg, _, _ = _plan(
+            dim=dim, heads=8 if narrow else 16, kv_heads=1, kv_dtype="e4m3" if fp8 else "bf16", k_scale=scale,
+            v_scale=scale, batch=4, max_context=8192,
+        )  # fmt: skip
+        assert cfg.ctas_per_sm == api._CTAS_PER_SM[(dim, fp8, narrow)]
+        assert cfg.narrow == (narrow and scale != "token")  # per-token value scales keep S = Q K^T
+        assert spill_bytes(decode.paged_decode_kernel.lower(*_specs(cfg)).ptx) == 0, cfg
 
 
 @pytest.mark.parametrize(

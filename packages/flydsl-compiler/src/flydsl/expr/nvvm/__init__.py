@@ -11,7 +11,7 @@ modules: ``convert`` (special functions, conversions), ``warp`` (warp- and CTA-l
 fragments), ``memory`` (loads, stores, flags, asynchronous copies, fences).
 """
 
-from flydsl.expr.nvvm._common import address
+from flydsl.expr.nvvm._common import address, byte_offset
 from flydsl.expr.nvvm.convert import (
     cvt_e4m3x4_to_f16x2,
     cvt_f32x2_to_fp8x2,
@@ -48,10 +48,12 @@ from flydsl.expr.nvvm.warp import (
     griddepcontrol_wait,
     ldmatrix,
     mma_sync,
+    movmatrix_trans,
     setmaxnreg,
     shfl_sync,
     stmatrix,
     trap,
+    vote_sync,
 )
 
 __all__ = [
@@ -84,11 +86,14 @@ __all__ = [
     "ld_acquire",
     "red_add_release",
     "mma_sync",
+    "movmatrix_trans",
     "address",
+    "byte_offset",
     "fence_proxy_async",
     "griddepcontrol_wait",
     "griddepcontrol_launch_dependents",
     "trap",
+    "vote_sync",
     "cp_async_bulk",
     "prefetch_l2_bulk",
 ]

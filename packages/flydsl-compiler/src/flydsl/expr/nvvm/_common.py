@@ -58,7 +58,27 @@ def address(tensor: Tensor, coord=None) -> ir.Value:
     return fly_ops.ElementAddressOp(result, tensor.materialize(), coordinates).result
 
 
+def byte_offset(pointer: ir.Value, nbytes) -> ir.Value:
+    """``pointer`` (an ``!llvm.ptr``, e.g. from :func:`address`) advanced by ``nbytes``: a Python int or a kernel
+    integer (``llvm.getelementptr`` over bytes; a 32-bit offset is sign-extended). For accesses around one address
+    computed once: their offsets stay 32-bit adds instead of each access's own 64-bit ``layout(coord)``, and constant
+    ones fold into the instructions' immediates."""
+    if not isinstance(pointer, ir.Value) or not str(pointer.type).startswith("!llvm.ptr"):
+        raise TypeError(f"byte_offset pointer: expected an !llvm.ptr value, got {pointer!r}")
+    byte = ir.IntegerType.get_signless(8)
+    if isinstance(nbytes, int):
+        return _llvm.getelementptr(pointer.type, pointer, [], [nbytes], byte, 0)
+    if not isinstance(nbytes, Numeric) or isinstance(nbytes, Float) or nbytes.width not in (32, 64):
+        raise TypeError(f"byte_offset nbytes: expected an int or a 32/64-bit kernel integer, got {nbytes!r}")
+    return _llvm.getelementptr(pointer.type, pointer, [nbytes.value], [_DYNAMIC_INDEX], byte, 0)
+
+
+_DYNAMIC_INDEX = -(2**31)  # llvm.getelementptr's marker of an index given as an operand
+
+
 def _pointer(where, coord, space: str) -> ir.Value:
+    if not isinstance(where, Tensor) and coord is not None:  # e.g. a size passed positionally after a pointer
+        raise TypeError(f"a coordinate ({coord!r}) indexes a Tensor, not a pointer: offset the pointer instead")
     value = address(where, coord) if isinstance(where, Tensor) else where
     if not isinstance(value, ir.Value) or not str(value.type).startswith("!llvm.ptr"):
         raise TypeError(f"expected a Tensor or an !llvm.ptr value, got {where!r}")

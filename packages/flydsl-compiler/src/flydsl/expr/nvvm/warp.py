@@ -60,6 +60,25 @@ def shfl_sync(value, lane_or_offset, kind: str = "idx", width: int = 32, mask: i
     return type(value)(shuffled)
 
 
+_VOTE_KINDS = ("any", "all", "uni")
+
+
+def vote_sync(predicate, kind: str = "any", mask: int = _FULL_MASK) -> Boolean:
+    """Whether ``predicate`` (a kernel Boolean) holds in any (``"any"``) or every (``"all"``) lane of ``mask``, or is
+    the same in all of them (``"uni"``): the same answer in every lane, so a branch on it is warp-uniform (a warp
+    skips work that none of its lanes needs).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#parallel-synchronization-and-communication-instructions-vote-sync
+    """
+    if kind not in _VOTE_KINDS:
+        raise ValueError(f"vote_sync kind: expected one of {_VOTE_KINDS}, got {kind!r}")
+    predicate = as_numeric(predicate, Boolean)
+    if type(predicate) is not Boolean:
+        raise TypeError(f"vote_sync predicate: expected a kernel Boolean, got {type(predicate).__name__}")
+    i1 = ir.IntegerType.get_signless(1)
+    return Boolean(_nvvm.vote_sync(i1, Int32(mask).value, predicate.value, getattr(_nvvm.VoteSyncKind, kind)))
+
+
 def elect_sync(mask: int = _FULL_MASK) -> Boolean:
     """True in exactly one active lane of ``mask`` (the same lane for every lane of the warp). sm_90+.
 
@@ -213,6 +232,19 @@ def stmatrix(where, values, coord=None, trans: bool = False) -> None:
         ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m = 8, n = 8>"),
         _nvvm.LdStMatrixEltType.B16,
     )
+
+
+def movmatrix_trans(fragment) -> Int32:
+    """``movmatrix.sync.aligned.m8n8.trans.b16``: the warp's 8x8 matrix of 16-bit elements transposed in registers.
+    ``fragment`` (an ``Int32``: two 16-bit elements, low half first) holds row ``lane // 4``, columns ``2 * (lane %
+    4)`` and ``+1`` of the matrix (the layout of :func:`ldmatrix`, and of an ``mma_sync`` accumulator's row pair
+    once packed); the result holds the same elements of the transpose. Turns a C fragment of ``S^T`` into a B
+    fragment of ``S`` without shared memory.
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#warp-level-matrix-instructions-movmatrix
+    """
+    word = _int32(fragment, "movmatrix_trans fragment")
+    return Int32(_asm(_i32(), [word.value], "movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", "=r,r"))
 
 
 def _fragment(value, count: int | None, what: str) -> list[ir.Value]:

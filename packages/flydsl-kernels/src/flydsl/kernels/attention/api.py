@@ -27,7 +27,10 @@ _CHUNK = 16
 _MERGE = None  # who merges the splits: None by their count; "kernel" or "last" for every count (A/B timing, tests)
 _MAX_SPLITS = 256
 # CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
-_CTAS_PER_SM = {(64, False): 4, (64, True): 4, (128, False): 2, (128, True): 4, (256, False): 2, (256, True): 2}
+# CTAs an SM holds per (D, fp8, narrow: at most 8 query rows): as many as fit their registers without spills
+# (docs/tuning/attention.md#occupancy); more than 8 rows take twice the accumulators.
+_CTAS_PER_SM = {(64, False, True): 4, (64, True, True): 4, (64, False, False): 2, (64, True, False): 2,
+                (128, False, True): 2, (128, True, True): 4, (128, False, False): 2, (128, True, False): 2}  # fmt: skip
 
 
 @functools.cache
@@ -149,6 +152,7 @@ def _make_plan(
         soft_cap=soft_cap is not None,
         max_context=max_context,
         sms=_sm_count(q_t.device),
+        block_size=shape.block_size,
     )
     numbers = [s if isinstance(s, (int, float)) else None for s in (k_scale, v_scale)]  # per-tensor scales as floats
     scale = 1.0 / math.sqrt(shape.dim) if scale is None else float(scale)
@@ -166,7 +170,7 @@ def _sm_count(device: int) -> int:
 
 def decode_plan_config(
     *, batch, heads, kv_heads, dim, queries, q_dtype, kv_dtype, k_scale, v_scale, sliding_window, soft_cap,
-    max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None, merge=None,
+    max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None, merge=None, block_size=16,
 ):  # fmt: skip
     """``(DecodeConfig, splits, split_tokens)`` for a call: the context (or the window's span) cut into splits so
     that the grid fills the GPU's resident CTAs once (``ctas``; default ``sms`` times the CTAs an SM holds,
@@ -180,10 +184,11 @@ def decode_plan_config(
     if prefetch is None:
         prefetch = 0 if dim == 256 else 1  # two chunks of D = 256 spill
     if ctas_per_sm is None:
-        ctas_per_sm = _CTAS_PER_SM.get((dim, kv_dtype == "e4m3"), 2)
+        ctas_per_sm = _CTAS_PER_SM.get((dim, kv_dtype == "e4m3", group * queries <= 8), 2)
     cfg = decode.DecodeConfig(
         head_dim=dim, kv=kv_dtype, q=q_dtype, group=group, queries=queries, k_scale=k_scale, v_scale=v_scale,
         window=sliding_window is not None, soft_cap=soft_cap, warps=warps, prefetch=prefetch, ctas_per_sm=ctas_per_sm,
+        block_size=block_size,
     )  # fmt: skip
     base = batch * kv_heads * cfg.row_tiles
     if ctas is None:

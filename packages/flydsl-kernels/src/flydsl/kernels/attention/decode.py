@@ -39,18 +39,13 @@ from dataclasses import dataclass
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import arith, gpu, math, nvvm, vector
+from flydsl.expr import arith, gpu, nvvm, vector
 from flydsl.expr.vector import Vector
+from flydsl.kernels.attention.chunk import ACC, CHUNK, W2, W4, chunk_step
 from flydsl.kernels.attention.merge import MERGE_FANIN, NO_MAX, merge_if_last, merge_splits_kernel, merge_warps
 
 __all__ = ["CHUNK", "MERGE_FANIN", "DecodeConfig", "merge_splits_kernel", "merge_warps", "paged_decode_kernel"]
 
-CHUNK = 16  # tokens per warp step: the K of one P V MMA, two n8 tiles of S
-LOG2E = 1.4426950408889634
-_ACC = Vector.of(fx.Float32, 4)
-_W2 = Vector.of(fx.Int32, 2)
-_W4 = Vector.of(fx.Int32, 4)
-_FP8_TO_BF16 = 2.0**120  # an e4m3 value's bits placed in a bf16 word read as that value times 2^-120
 _KV_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}
 
 
@@ -64,7 +59,8 @@ class DecodeConfig:
     loads are issued (0: none; registers for ``prefetch + 1`` chunks), ``ctas_per_sm`` the CTAs an SM must hold
     (registers capped to fit them), ``merge`` who merges a split context's partials: ``"last"`` the split that
     finishes last (up to ``MERGE_FANIN`` splits), ``"kernel"`` :func:`~.merge.merge_splits_kernel`, launched next as
-    a dependent."""
+    a dependent; ``block_size`` the caches' tokens per block (a multiple of 16; compiled in, so that a token's block
+    and its place in it are a shift and a mask, not a division)."""
 
     head_dim: int
     kv: str
@@ -80,6 +76,7 @@ class DecodeConfig:
     prefetch: int = 1
     ctas_per_sm: int = 2
     merge: str = "last"
+    block_size: int = 16
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.kv not in _KV_BYTES or self.q not in ("bf16", "f16"):
@@ -90,10 +87,12 @@ class DecodeConfig:
             raise ValueError(f"{self}: fp8 caches need k_scale and v_scale, 'tensor' or 'token'")
         if not 1 <= self.group <= 64 or not 1 <= self.queries <= 4 or self.warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"{self}: group 1..64, queries 1..4, warps 1/2/4/8/16")
-        if self.prefetch not in (0, 1, 2, 3) or not 1 <= self.ctas_per_sm * self.warps <= 64:
-            raise ValueError(f"{self}: prefetch 0..3 chunks, ctas_per_sm * warps 1..64")
+        if self.prefetch not in (0, 1) or not 1 <= self.ctas_per_sm * self.warps <= 64:
+            raise ValueError(f"{self}: prefetch 0 or 1 chunk, ctas_per_sm * warps 1..64")
         if self.merge not in ("kernel", "last"):
             raise ValueError(f"{self}: merge 'kernel' (a dependent launch) or 'last' (the last split)")
+        if self.block_size < CHUNK or self.block_size % CHUNK:
+            raise ValueError(f"{self}: block_size a multiple of {CHUNK}")
 
     @property
     def threads(self) -> int:
@@ -110,9 +109,25 @@ class DecodeConfig:
         return -(-self.rows // 16)
 
     @property
+    def narrow(self) -> bool:
+        """At most 8 query rows, values not scaled per token: the scores are computed as ``S^T = K Q^T``
+        (:mod:`.chunk`). Per-token value scales keep ``S = Q K^T``: transposed, they held more registers (spills at 4
+        CTAs per SM) and ran up to 14% slower at 3 (docs/tuning/attention.md#instructions)."""
+        return self.rows <= 8 and self.v_scale != "token"
+
+    @property
     def p_tiles(self) -> int:
         """n8 tiles of query rows in the P V MMAs: 2 where a row tile holds more than 8 rows."""
         return 2 if min(self.rows, 16) > 8 else 1
+
+    @property
+    def rescale_slack(self) -> float | None:
+        """How far (base 2) a row's chunk maximum may pass its running maximum before the running maximum moves and
+        the accumulators are rescaled (:mod:`.chunk`): P then stays below 2^slack. 8 where P is f16/bf16 of its own;
+        None (rescale every chunk) where P carries per-token value scales times 2^120 (bf16's range would not hold
+        2^8 more, and the branch's registers would spill at 4 CTAs per SM) and for D = 256, whose 128 accumulator
+        registers leave no room for the branch."""
+        return None if self.head_dim == 256 or self.v_scale == "token" else 8.0
 
     @property
     def kv_bytes(self) -> int:
@@ -134,28 +149,32 @@ class DecodeConfig:
 # --- loads ----------------------------------------------------------------------------------------------------------
 
 
-def _page_of(block_tables, b, token, bs):
-    """The cache block holding ``token`` of sequence ``b``: its block-table entry, the index clamped to the table's
-    width (not to the sequence's blocks, so that this load need not wait for the context length; a token past the
-    context reads some entry and loads nothing from it)."""
-    return block_tables[b, arith.minimum(token // bs, block_tables.shape[1].to(fx.Int32) - 1)]
+def _page_of(cfg: DecodeConfig, table_row, token, width):
+    """The cache block holding ``token``: its entry in the sequence's block-table row (``table_row``: the address of
+    its first entry), the index clamped to the table's ``width`` (not to the sequence's blocks, so that this load need
+    not wait for the context length; a token past the context reads some entry and loads nothing from it)."""
+    index = arith.minimum(token // cfg.block_size, width - 1)
+    return nvvm.ld_global(nvvm.byte_offset(table_row, index * 4), nbytes=4)[0]
 
 
-def _load_chunk(cfg: DecodeConfig, caches, b, hkv, chunk, page, end, lane_g, lane_c):
+def _load_chunk(cfg: DecodeConfig, caches, hkv, chunk, page, end, lane_g, lane_c):
     """One chunk's words for this lane: key rows ``chunk + g`` and ``chunk + 8 + g`` (``D / 4`` elements each, 16
     bytes at a time from ``c``'s place), the value rows of tokens ``chunk + 2c + {0, 1, 8, 9}`` (this lane's ``D / 8``
-    values), and for per-token scales those 4 tokens' key and value scales. Tokens at or past ``end`` load zeros."""
+    values), and for per-token scales those 4 tokens' key and value scales. Tokens at or past ``end`` load zeros.
+    Each load's address comes from its coordinate: one base per cache and chunk with 32-bit lane offsets took fewer
+    instructions but ptxas then issued the loads later in the loop (fp8 per token 6% slower on an H100,
+    docs/tuning/attention.md#instructions)."""
     k_cache, v_cache, k_scales, v_scales = caches
-    bs = k_cache.shape[1].to(fx.Int32)
-    offset = chunk % bs
-    keys = []
+    offset = chunk % cfg.block_size
+    keys, k_token_scales, v_token_scales = [], [], []
     for half in fx.range_constexpr(2):
-        row = offset + 8 * half + lane_g
         inside = chunk + 8 * half + lane_g < end
         for u in fx.range_constexpr(cfg.head_dim // (4 * cfg.key_chunk)):
             col = cfg.key_chunk * (lane_c + 4 * u)
-            keys.append(nvvm.ld_global(k_cache, (page, row, hkv, col), 16, predicate=inside))
-    values, k_token_scales, v_token_scales = [], [], []
+            keys.append(nvvm.ld_global(k_cache, (page, offset + 8 * half + lane_g, hkv, col), 16, predicate=inside))
+        if fx.const_expr(cfg.narrow):  # scores and P per token g, g + 8
+            _token_scales(cfg, caches, (page, offset + 8 * half + lane_g, hkv), inside, k_token_scales, v_token_scales)
+    values = []
     value_bytes = cfg.head_dim // 8 * cfg.kv_bytes
     for token in (2 * lane_c, 2 * lane_c + 1, 2 * lane_c + 8, 2 * lane_c + 9):
         inside = chunk + token < end
@@ -165,16 +184,17 @@ def _load_chunk(cfg: DecodeConfig, caches, b, hkv, chunk, page, end, lane_g, lan
             loaded = nvvm.ld_global(v_cache, (page, offset + token, hkv, col), min(16, value_bytes), predicate=inside)
             words += [loaded[i] for i in range(len(loaded))]
         values.append(words)
-        if fx.const_expr(cfg.k_scale == "token"):
-            k_token_scales.append(_token_scale(k_scales, (page, offset + token, hkv), inside))
-        if fx.const_expr(cfg.v_scale == "token"):
-            v_token_scales.append(_token_scale(v_scales, (page, offset + token, hkv), inside))
+        if fx.const_expr(not cfg.narrow):  # scores and P per token 2c + {0, 1, 8, 9}
+            _token_scales(cfg, caches, (page, offset + token, hkv), inside, k_token_scales, v_token_scales)
     return [keys, values] + [scales for scales in (k_token_scales, v_token_scales) if scales]  # no empty lists
 
 
-def _token_scale(scales, coord, inside):
-    """A token's scale, 0 where ``inside`` is false (then nothing is read: the page may be any table entry)."""
-    return arith.bitcast(fx.Float32.mlir_type(), nvvm.ld_global(scales, coord, 4, predicate=inside)[0])
+def _token_scales(cfg: DecodeConfig, caches, coord, inside, k_token_scales, v_token_scales):
+    """Appends the token's key and value scales where they are per token: 0 where ``inside`` is false (then nothing
+    is read: the page may be any table entry)."""
+    for kind, scales, taken in ((cfg.k_scale, caches[2], k_token_scales), (cfg.v_scale, caches[3], v_token_scales)):
+        if fx.const_expr(kind == "token"):
+            taken.append(arith.bitcast(fx.Float32.mlir_type(), nvvm.ld_global(scales, coord, 4, predicate=inside)[0]))
 
 
 def _load_queries(cfg: DecodeConfig, q, b, hkv, tile, lane_g, lane_c):
@@ -209,7 +229,10 @@ def _load_queries(cfg: DecodeConfig, q, b, hkv, tile, lane_g, lane_c):
     fragments = []
     for step in fx.range_constexpr(cfg.head_dim // 16):
         low, high = rows[0][step], rows[1][step]
-        fragments.append(vector.from_elements(_W4, [low[0], high[0], low[1], high[1]]))
+        if fx.const_expr(cfg.narrow):  # B fragment of Q^T: query row g
+            fragments.append(vector.from_elements(W2, [low[0], low[1]]))
+        else:
+            fragments.append(vector.from_elements(W4, [low[0], high[0], low[1], high[1]]))
     return fragments, factors
 
 
@@ -220,123 +243,6 @@ def _power_of_two_below(amax):
     biased = arith.minimum(arith.maximum(127 + 13 + 127 - exponent, 1), 254)
     factor = arith.bitcast(fx.Float32.mlir_type(), biased << 23)
     return arith.select(amax > 0.0, factor, fx.Float32(1.0))
-
-
-# --- one chunk ------------------------------------------------------------------------------------------------------
-
-
-def _key_fragment(cfg: DecodeConfig, keys, half, step):
-    """B fragment (2 registers) of key rows ``chunk + 8 half + g`` for k16 step ``step``."""
-    per_load = cfg.key_chunk // 4  # k16 steps per 16-byte load
-    words = keys[half * (cfg.head_dim // (4 * cfg.key_chunk)) + step // per_load]
-    w = step % per_load
-    if fx.const_expr(cfg.kv == "e4m3"):
-        low, high = nvvm.cvt_e4m3x4_to_f16x2(words[w])
-        return vector.from_elements(_W2, [low, high])
-    return vector.from_elements(_W2, [words[2 * w], words[2 * w + 1]])
-
-
-def _value_fragment(cfg: DecodeConfig, values, tile):
-    """A fragment (4 registers) of ``V^T`` for the 16 head-dim rows of ``tile``: rows g, g + 8 are this lane's values
-    ``2 tile``, ``2 tile + 1``, columns its tokens ``(2c, 2c + 1)`` and ``(2c + 8, 2c + 9)``."""
-    a, b, c, d = values
-    if fx.const_expr(cfg.kv != "e4m3"):
-        return vector.from_elements(
-            _W4,
-            [
-                nvvm.prmt(a[tile], b[tile], 0x5410),
-                nvvm.prmt(a[tile], b[tile], 0x7632),
-                nvvm.prmt(c[tile], d[tile], 0x5410),
-                nvvm.prmt(c[tile], d[tile], 0x7632),
-            ],
-        )
-    word, odd = tile // 2, tile % 2
-    if fx.const_expr(cfg.v_scale == "tensor"):  # f16: the two tokens' bytes of values 2 tile, 2 tile + 1, widened
-        regs = []
-        for pair in ((a, b), (c, d)):
-            paired = nvvm.prmt(pair[0][word], pair[1][word], 0x7362 if odd else 0x5140)
-            regs += list(nvvm.cvt_e4m3x4_to_f16x2(paired))
-        return vector.from_elements(_W4, regs)
-    # bf16 (scales per token ride on P): bytes 1 and 3 of each result are the two tokens' byte of value 2 tile + j
-    selectors = (0x4000 | 0x0400, 0x5010 | 0x0510) if odd == 0 else (0x6020 | 0x0620, 0x7030 | 0x0730)
-    regs = []
-    for pair in ((a, b), (c, d)):
-        for j in fx.range_constexpr(2):
-            regs.append(_e4m3_pair_to_bf16(nvvm.prmt(pair[0][word], pair[1][word], selectors[j])))
-    return vector.from_elements(_W4, regs)  # (row g, row g + 8) of tokens 2c + {0, 1}, then of 2c + {8, 9}
-
-
-def _e4m3_pair_to_bf16(x):
-    """The e4m3 bytes 1 and 3 of ``x`` as a bf16 pair (low half from byte 1) holding each value times 2^-120: sign to
-    bit 15, exponent and mantissa to bits 14..4 (e4m3 subnormals become bf16 subnormals)."""
-    return ((x >> 4) & 0x07F007F0) | (x & -0x7FFF8000)
-
-
-def _chunk_step(cfg: DecodeConfig, state, loaded, queries, consts):
-    """One chunk: scores, the online softmax update, and ``O^T += V^T P^T``. ``state`` is ``[row_max(2),
-    row_sum(2), acc(D/16 x p_tiles)]`` (rows g and g + 8 of the row tile)."""
-    keys, values, *token_scales = loaded
-    k_token_scales = token_scales[0] if cfg.k_scale == "token" else None
-    v_token_scales = token_scales[-1] if cfg.v_scale == "token" else None
-    chunk, row_scale, cap, lows, highs, lane_c = consts
-    row_max, row_sum, acc = state
-    halves = 2 if cfg.p_tiles == 2 else 1  # rows g + 8 are padding when a tile holds at most 8 rows
-    scores = []
-    for half in fx.range_constexpr(2):
-        s = _ACC(0.0)
-        for step in fx.range_constexpr(cfg.head_dim // 16):
-            s = nvvm.mma_sync(queries[step], _key_fragment(cfg, keys, half, step), s, dtype=cfg.mma_dtype("qk"))
-        scores.append(s)
-    # logits in base 2, masked to each row's visible tokens; rows: element e of an n8 tile is row g + 8 (e >= 2)
-    probs, new_max, new_sum, alphas = [[], []], [], [], []
-    for r in fx.range_constexpr(halves):
-        logits = []
-        for half in fx.range_constexpr(2):
-            for j in fx.range_constexpr(2):
-                x = scores[half][2 * r + j] * row_scale[r]
-                if fx.const_expr(cfg.k_scale == "token"):
-                    x = x * k_token_scales[2 * half + j]
-                if fx.const_expr(cfg.soft_cap):
-                    x = cap * math.tanh(x / cap)
-                token = chunk + 8 * half + 2 * lane_c + j
-                visible = (token < highs[r]) & (token >= lows[r])
-                logits.append(arith.select(visible, x * LOG2E, fx.Float32(float("-inf"))))
-        m = arith.maximum(arith.maximum(logits[0], logits[1]), arith.maximum(logits[2], logits[3]))
-        for offset in (1, 2):
-            m = arith.maximum(m, nvvm.shfl_sync(m, offset, "bfly"))
-        m = arith.maximum(m, row_max[r])
-        alpha = nvvm.ex2_approx(row_max[r] - m, ftz=True)
-        p = [nvvm.ex2_approx(x - m, ftz=True) for x in logits]
-        new_max.append(m)
-        new_sum.append(row_sum[r] * alpha + ((p[0] + p[1]) + (p[2] + p[3])))
-        alphas.append(alpha)
-        probs[r] = p
-    if fx.const_expr(halves == 1):
-        new_max.append(row_max[1])
-        new_sum.append(row_sum[1])
-    # O^T's columns are query rows 2c + {0, 1} (+ 8 for the second p tile): their factors from the lanes holding them
-    column_alpha = []
-    for t in fx.range_constexpr(cfg.p_tiles):
-        column_alpha.append([nvvm.shfl_sync(alphas[t], (2 * lane_c + j) * 4) for j in range(2)])
-    p_dtype = cfg.mma_dtype("pv")
-    p_fragments = []
-    for t in fx.range_constexpr(cfg.p_tiles):
-        p = probs[t]
-        if fx.const_expr(cfg.kv == "e4m3"):
-            if fx.const_expr(cfg.v_scale == "token"):
-                p = [p[i] * (v_token_scales[i] * _FP8_TO_BF16) for i in range(4)]
-        p_fragments.append(
-            vector.from_elements(_W2, [nvvm.pack_f32x2(p[0], p[1], p_dtype), nvvm.pack_f32x2(p[2], p[3], p_dtype)])
-        )
-    new_acc = []
-    for tile in fx.range_constexpr(cfg.head_dim // 16):
-        a = _value_fragment(cfg, values, tile)
-        for t in fx.range_constexpr(cfg.p_tiles):
-            alpha = column_alpha[t]
-            c = acc[tile * cfg.p_tiles + t]
-            scaled = vector.from_elements(_ACC, [c[0] * alpha[0], c[1] * alpha[1], c[2] * alpha[0], c[3] * alpha[1]])
-            new_acc.append(nvvm.mma_sync(a, p_fragments[t], scaled, dtype=p_dtype))
-    return [new_max, new_sum, new_acc]
 
 
 # --- the kernel ------------------------------------------------------------------------------------------------------
@@ -378,7 +284,6 @@ def paged_decode_kernel(
     tid = gpu.thread_idx.x
     warp, lane = tid // 32, tid % 32
     lane_g, lane_c = lane // 4, lane % 4
-    bs = k_cache.shape[1].to(fx.Int32)
     context = context_lens[b]
 
     # The positions the split covers: from the first any query sees (16-aligned) on, split_tokens per split.
@@ -390,48 +295,73 @@ def paged_decode_kernel(
     chunks = arith.maximum((end - begin + (CHUNK - 1)) // CHUNK, 0)
     steps = arith.maximum((chunks - warp + (cfg.warps - 1)) // cfg.warps, 0)
 
-    # Rows g and g + 8: query i = row // group sits at position context - queries + i and sees up to there.
-    lows, highs = [], []
-    for half in fx.range_constexpr(2):
-        row = arith.minimum(tile * 16 + 8 * half + lane_g, cfg.rows - 1)
-        own = context - cfg.queries + 1 + row // cfg.group  # past the query's own position
-        highs.append(arith.minimum(own, end))
-        lows.append(arith.maximum(own - window, begin) if cfg.window else begin)  # the window from its own position
     queries, factors = _load_queries(cfg, q, b, hkv, tile, lane_g, lane_c)
     scale = softmax_scale
     if fx.const_expr(cfg.k_scale == "tensor"):
         scale = scale * k_scales[0]
     cap = soft_cap
-    scale_rows = [scale / f for f in factors]  # natural-log logits (capped before the change to base 2)
+    scale_rows, lows, highs = _lane_rows(cfg, scale, factors, (context, begin, end, window), tile, lane_g, lane_c)
     caches = (k_cache, v_cache, k_scales, v_scales)
 
-    state = [[fx.Float32(NO_MAX)] * 2, [fx.Float32(0.0)] * 2, [_ACC(0.0)] * (cfg.head_dim // 16 * cfg.p_tiles)]
+    state = [[fx.Float32(NO_MAX)] * 2, [fx.Float32(0.0)] * 2, [ACC(0.0)] * (cfg.head_dim // 16 * cfg.p_tiles)]
     stride = CHUNK * cfg.warps
     chunk = begin + CHUNK * warp
-    if fx.const_expr(cfg.prefetch > 0):
-        ahead = cfg.prefetch
-        loaded = []
-        for i in fx.range_constexpr(ahead):
-            page = _page_of(block_tables, b, chunk + i * stride, bs)
-            loaded.append(_load_chunk(cfg, caches, b, hkv, chunk + i * stride, page, end, lane_g, lane_c))
-        next_page = _page_of(block_tables, b, chunk + ahead * stride, bs)
+    table_row, width = nvvm.address(block_tables, (b, 0)), block_tables.shape[1].to(fx.Int32)
+    consts = (scale_rows, cap, lows, highs, lane_g, lane_c)
+    if fx.const_expr(cfg.prefetch):
+        # The next chunk's loads are issued before this chunk's math (and its page's number one chunk earlier).
+        loaded = _load_chunk(cfg, caches, hkv, chunk, _page_of(cfg, table_row, chunk, width), end, lane_g, lane_c)
+        next_page = _page_of(cfg, table_row, chunk + stride, width)
         for _step in range(steps):
-            upcoming = _load_chunk(cfg, caches, b, hkv, chunk + ahead * stride, next_page, end, lane_g, lane_c)
-            next_page = _page_of(block_tables, b, chunk + (ahead + 1) * stride, bs)
-            state = _chunk_step(cfg, state, loaded[0], queries, (chunk, scale_rows, cap, lows, highs, lane_c))
-            loaded = loaded[1:] + [upcoming]
+            upcoming = _load_chunk(cfg, caches, hkv, chunk + stride, next_page, end, lane_g, lane_c)
+            next_page = _page_of(cfg, table_row, chunk + 2 * stride, width)
+            state = chunk_step(cfg, state, loaded, queries, chunk, consts)
+            loaded = upcoming
             chunk = chunk + stride
     else:
         for _step in range(steps):
-            page = _page_of(block_tables, b, chunk, bs)
-            loaded = _load_chunk(cfg, caches, b, hkv, chunk, page, end, lane_g, lane_c)
-            state = _chunk_step(cfg, state, loaded, queries, (chunk, scale_rows, cap, lows, highs, lane_c))
+            page = _page_of(cfg, table_row, chunk, width)
+            loaded = _load_chunk(cfg, caches, hkv, chunk, page, end, lane_g, lane_c)
+            state = chunk_step(cfg, state, loaded, queries, chunk, consts)
             chunk = chunk + stride
     place = (b, hkv, tile, split)
     _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid)
     if fx.const_expr(cfg.split and cfg.merge == "last"):
         span = (context, (first // CHUNK) * CHUNK, split_tokens)
         merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, place, tid, span)
+
+
+def _lane_rows(cfg: DecodeConfig, scale, factors, span, tile, lane_g, lane_c):
+    """For the lane's two rows (g and g + 8 of the row tile; narrow: 2c and 2c + 1): the logits' scale (``scale``
+    over the row's power-of-two factor, ``factors`` as :func:`_load_queries` returns them) and the positions it sees,
+    ``[lows, highs)``: query i = row // group sits at position ``context - queries + i`` and sees up to there, within
+    the split's ``[begin, end)`` (and the window from its own position). ``span``: ``(context, begin, end, window)``."""
+    context, begin, end, window = span
+    lane_rows = [2 * lane_c + j for j in range(2)] if cfg.narrow else [tile * 16 + 8 * h + lane_g for h in range(2)]
+    lows, highs = [], []
+    for half in fx.range_constexpr(2):
+        row = arith.minimum(lane_rows[half], cfg.rows - 1)
+        own = context - cfg.queries + 1 + row // cfg.group  # past the query's own position
+        highs.append(arith.minimum(own, end))
+        lows.append(arith.maximum(own - window, begin) if cfg.window else begin)
+    if fx.const_expr(cfg.narrow and cfg.kv == "e4m3" and cfg.q == "bf16"):  # row g's factor, from a lane of row g
+        factors = [nvvm.shfl_sync(factors[0], row * 4) for row in lane_rows]
+    return [scale / f for f in factors], lows, highs  # natural-log logits (capped before the change to base 2)
+
+
+def _row_totals(cfg: DecodeConfig, row_max, row_sum, lane_g, lane_c):
+    """Per lane row (g and g + 8 of the tile; narrow: 2c and 2c + 1): ``(row, max, sum, writes)``, the sum over the
+    row's lanes (those of one g; narrow: of one c), ``writes`` true in one of them."""
+    totals = []
+    for half in fx.range_constexpr(2):
+        total = row_sum[half]
+        for offset in (4, 8, 16) if cfg.narrow else (1, 2):
+            total = total + nvvm.shfl_sync(total, offset, "bfly")
+        if fx.const_expr(cfg.narrow):
+            totals.append((2 * lane_c + half, row_max[half], total, lane_g == 0))
+        else:
+            totals.append((8 * half + lane_g, row_max[half], total, lane_c == 0))
+    return totals
 
 
 def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
@@ -450,13 +380,10 @@ def _finish(cfg, state, out, partial_out, partial_stats, v_scales, place, tid):
     for t in fx.range_constexpr(tiles):
         for e in fx.range_constexpr(4):
             partial[warp, t, e, lane] = acc[t][e]
-    for half in fx.range_constexpr(2):
-        total = row_sum[half]
-        for offset in (1, 2):
-            total = total + nvvm.shfl_sync(total, offset, "bfly")
-        if lane_c == 0:
-            stats[warp, 0, 8 * half + lane_g] = row_max[half]
-            stats[warp, 1, 8 * half + lane_g] = total
+    for row, top, total, writes in _row_totals(cfg, row_max, row_sum, lane_g, lane_c):
+        if writes:
+            stats[warp, 0, row] = top
+            stats[warp, 1, row] = total
     gpu.barrier()
     # Thread i takes (row, 8 values) items i, i + threads, ...: rows of this tile, values 8 at a time.
     rows_here = min(16, cfg.rows)
