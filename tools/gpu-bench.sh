@@ -11,7 +11,7 @@
 # mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared weights' descriptors, < 1 min) too, as do
 # paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue 35's short caches, ~1.5 min on an
 # H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split contexts, ~1.5 min);
-# paged-ab (benchmarks/paged_decode_ab.py against main's kernel at d3d92bc, ~3 min: first `git show
+# paged-ab (benchmarks/paged_decode_ab.py against the kernel of d3d92bc, ~3 min: first `git show
 # d3d92bc:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_d3d92bc.py` and carry exp).
 # Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
