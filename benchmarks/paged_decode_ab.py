@@ -8,9 +8,10 @@ medians; each variant's output is compared with the first's. Run from the reposi
 
 A file variant runs with its own ``DecodeConfig`` (the plan's fields it knows) at the CTAs per SM after its ``@``
 (bf16, fp8), else ``--old-ctas`` (main's table at d3d92bc: 4 for fp8, 2 for bf16, D 128); the working tree runs at
-its plan's choice and, for fp8, at each of ``--ctas`` as well, and with splits sized for ``--fills`` of the resident
-CTAs (fewer splits: less to merge, fewer CTAs streaming). The record's summary: each variant's geomean speedup over
-the first, per cache kind.
+its plan's choice and, for fp8, at each of ``--ctas`` as well, with splits sized for ``--fills`` of the resident
+CTAs (fewer splits: less to merge, fewer CTAs streaming), and at the load depths of ``--prefetch`` (``"2@2,3"``: two
+chunks ahead, bf16 at 2 and fp8 at 3 CTAs per SM). The record's summary: each variant's geomean speedup over the
+first, per cache kind.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class _PlanWith(api._Plan):
             api._decode = saved
 
 
-def runner(module, args, scales, out, context, ctas_per_sm, fill=1.0):
+def runner(module, args, scales, out, context, ctas_per_sm, fill=1.0, prefetch=None):
     q, k, v, tables, lens = args
     fp8 = k.dtype == torch.float8_e4m3fn
     kind = None if not fp8 else ("token" if scales["k_scale"].numel() > 1 else "tensor")
@@ -71,7 +72,7 @@ def runner(module, args, scales, out, context, ctas_per_sm, fill=1.0):
     cfg, splits, split_tokens = api.decode_plan_config(
         batch=q.shape[0], heads=q.shape[-2], kv_heads=k.shape[2], dim=q.shape[-1], queries=1, q_dtype="bf16",
         kv_dtype="e4m3" if fp8 else "bf16", k_scale=kind, v_scale=kind, sliding_window=None, soft_cap=False,
-        max_context=context, sms=sms, block_size=k.shape[1], ctas_per_sm=ctas_per_sm, ctas=ctas,
+        max_context=context, sms=sms, block_size=k.shape[1], ctas_per_sm=ctas_per_sm, ctas=ctas, prefetch=prefetch,
     )  # fmt: skip
     if module is not decode:
         cfg = module.DecodeConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(module.DecodeConfig)})
@@ -87,6 +88,9 @@ def main() -> None:
     parser.add_argument("--kinds", default="bf16,fp8,fp8-token")
     parser.add_argument("--ctas", default="3,4", help="fp8: CTAs per SM the working tree also runs at")
     parser.add_argument("--old-ctas", default="2,4", help="bf16,fp8 CTAs per SM of the file variants")
+    parser.add_argument(
+        "--prefetch", default="", help="the working tree also at these load depths, DEPTH[@BF16_CTAS,FP8_CTAS];..."
+    )
     parser.add_argument("--fills", default="0.5", help="the working tree also with splits for these fractions")
     parser.add_argument("--json")
     parser.add_argument("--commit", help="the commit measured (the GPU machine has no git)")
@@ -107,16 +111,20 @@ def main() -> None:
                 k, ks = quantize_fp8(shape.k, per_token=kv == "fp8-token")
                 v, vs = quantize_fp8(shape.v, per_token=kv == "fp8-token")
                 scales = {"k_scale": ks, "v_scale": vs}
-            variants = {name: (module, file_ctas[name][kv != "bf16"], 1.0) for name, module in files.items()}
-            variants["tree"] = (decode, None, 1.0)
+            variants = {name: (module, file_ctas[name][kv != "bf16"], 1.0, None) for name, module in files.items()}
+            variants["tree"] = (decode, None, 1.0, None)
             if kv != "bf16":
-                variants |= {f"tree_c{n}": (decode, int(n), 1.0) for n in options.ctas.split(",") if n}
-            variants |= {f"tree_fill{f}": (decode, None, float(f)) for f in options.fills.split(",") if f}
+                variants |= {f"tree_c{n}": (decode, int(n), 1.0, None) for n in options.ctas.split(",") if n}
+            for depth in (d for d in options.prefetch.split(";") if d):  # "DEPTH@BF16_CTAS,FP8_CTAS"
+                n, _, ctas = depth.partition("@")
+                at = int(ctas.split(",")[kv != "bf16"]) if ctas else None
+                variants[f"tree_p{n}" + (f"_c{at}" if at else "")] = (decode, at, 1.0, int(n))
+            variants |= {f"tree_fill{f}": (decode, None, float(f), None) for f in options.fills.split(",") if f}
             args = (shape.q, k, v, shape.block_tables, shape.context_lens)
             outs, timed, splits = {}, {}, {}
-            for name, (module, ctas, fill) in variants.items():
+            for name, (module, ctas, fill, prefetch) in variants.items():
                 outs[name] = torch.full_like(shape.q, float("nan"))
-                timed[name], splits[name] = runner(module, args, scales, outs[name], context, ctas, fill)
+                timed[name], splits[name] = runner(module, args, scales, outs[name], context, ctas, fill, prefetch)
                 timed[name]()
             torch.cuda.synchronize()
             first = next(iter(outs.values())).float()

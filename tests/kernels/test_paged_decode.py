@@ -86,6 +86,21 @@ def test_planned_occupancy_compiles_without_spills(dim, fp8, narrow):
         assert spill_bytes(decode.paged_decode_kernel.lower(*_specs(cfg)).ptx) == 0, cfg
 
 
+@pytest.mark.parametrize("kv, ctas", [("bf16", 2), ("e4m3", 3)])
+def test_two_chunks_ahead_fit_without_spills(kv, ctas):
+    """Loads two chunks ahead (``prefetch=2``, a candidate to time: docs/tuning/attention.md#left) fit the registers of
+    bf16 at 2 CTAs per SM and fp8 at 3 with a group of 8; the loop rotates three chunks' registers."""
+    scale = "tensor" if kv == "e4m3" else None
+    cfg = decode.DecodeConfig(
+        head_dim=128, kv=kv, q="bf16", group=8, k_scale=scale, v_scale=scale, split=True, merge="kernel",
+        ctas_per_sm=ctas, prefetch=2,
+    )  # fmt: skip
+    module = decode.paged_decode_kernel.lower(*_specs(cfg))
+    assert spill_bytes(module.ptx) == 0, cfg
+    per_chunk = 16 if kv == "bf16" else 8  # 16-byte loads of a chunk's keys and values (D 128)
+    assert module.ptx.count("ld.global.v4.b32") == 3 * per_chunk  # the prologue's 2 chunks, the loop's 1
+
+
 @pytest.mark.parametrize(
     "dim, splits, tensor_scale", [(128, 32, False), (128, 256, True), (64, 20, False), (256, 64, True)]
 )

@@ -112,6 +112,21 @@ def test_paged_decode_fp8(fp8, contexts):
     _check(_case(fp8=fp8, contexts=contexts), tolerance=2e-2)
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+@pytest.mark.parametrize("fp8", [None, "tensor", "token"])
+def test_paged_decode_load_depths(prefetch, fp8, monkeypatch):
+    """No loads ahead, and two chunks ahead (the planned depth is one): the loop's prologue and rotation, with
+    contexts shorter than the chunks loaded ahead."""
+    from flydsl.kernels.attention import api
+
+    monkeypatch.setattr(api, "_PREFETCH", prefetch)
+    api._PLANS.clear()
+    try:
+        _check(_case(fp8=fp8, q_heads=16, kv_heads=2, contexts=(5, 70, 1500)), tolerance=2e-2)
+    finally:
+        api._PLANS.clear()
+
+
 @pytest.mark.parametrize(
     "q_heads, kv_heads, queries",
     [(8, 8, 1), (8, 1, 1), (32, 8, 1), (16, 1, 1), (8, 2, 3), (8, 1, 4), (64, 2, 1)],

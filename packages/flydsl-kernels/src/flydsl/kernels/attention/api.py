@@ -25,6 +25,7 @@ _WHO = "flydsl.kernels.attention.paged_decode"
 _PLANS = Plans(_WHO, replay=True)
 _CHUNK = 16
 _MERGE = None  # who merges the splits: None by their count; "kernel" or "last" for every count (A/B timing, tests)
+_PREFETCH = None  # chunks a warp loads ahead: None by D (0 for D 256, else 1); 0..2 for every plan (A/B timing, tests)
 _MAX_SPLITS = 256
 # CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
 # CTAs an SM holds per (D, fp8, narrow: at most 8 query rows): as many as fit their registers without spills
@@ -182,7 +183,7 @@ def decode_plan_config(
     span = max_context if sliding_window is None else min(max_context, sliding_window + queries - 1 + _CHUNK)
     chunks = -(-span // _CHUNK)
     if prefetch is None:
-        prefetch = 0 if dim == 256 else 1  # two chunks of D = 256 spill
+        prefetch = _PREFETCH if _PREFETCH is not None else 0 if dim == 256 else 1  # two chunks of D = 256 spill
     if ctas_per_sm is None:
         ctas_per_sm = _CTAS_PER_SM.get((dim, kv_dtype == "e4m3", group * queries <= 8), 2)
     cfg = decode.DecodeConfig(

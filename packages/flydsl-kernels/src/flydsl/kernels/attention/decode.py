@@ -87,8 +87,8 @@ class DecodeConfig:
             raise ValueError(f"{self}: fp8 caches need k_scale and v_scale, 'tensor' or 'token'")
         if not 1 <= self.group <= 64 or not 1 <= self.queries <= 4 or self.warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"{self}: group 1..64, queries 1..4, warps 1/2/4/8/16")
-        if self.prefetch not in (0, 1) or not 1 <= self.ctas_per_sm * self.warps <= 64:
-            raise ValueError(f"{self}: prefetch 0 or 1 chunk, ctas_per_sm * warps 1..64")
+        if self.prefetch not in (0, 1, 2) or not 1 <= self.ctas_per_sm * self.warps <= 64:
+            raise ValueError(f"{self}: prefetch 0..2 chunks, ctas_per_sm * warps 1..64")
         if self.merge not in ("kernel", "last"):
             raise ValueError(f"{self}: merge 'kernel' (a dependent launch) or 'last' (the last split)")
         if self.block_size < CHUNK or self.block_size % CHUNK:
@@ -309,14 +309,19 @@ def paged_decode_kernel(
     table_row, width = nvvm.address(block_tables, (b, 0)), block_tables.shape[1].to(fx.Int32)
     consts = (scale_rows, cap, lows, highs, lane_g, lane_c)
     if fx.const_expr(cfg.prefetch):
-        # The next chunk's loads are issued before this chunk's math (and its page's number one chunk earlier).
-        loaded = _load_chunk(cfg, caches, hkv, chunk, _page_of(cfg, table_row, chunk, width), end, lane_g, lane_c)
-        next_page = _page_of(cfg, table_row, chunk + stride, width)
+        # The loads of the chunk `prefetch` ahead are issued before this chunk's math (its page's number one chunk
+        # earlier still); the loaded chunks rotate through registers.
+        ahead = cfg.prefetch
+        loaded = []
+        for i in fx.range_constexpr(ahead):
+            page = _page_of(cfg, table_row, chunk + i * stride, width)
+            loaded.append(_load_chunk(cfg, caches, hkv, chunk + i * stride, page, end, lane_g, lane_c))
+        next_page = _page_of(cfg, table_row, chunk + ahead * stride, width)
         for _step in range(steps):
-            upcoming = _load_chunk(cfg, caches, hkv, chunk + stride, next_page, end, lane_g, lane_c)
-            next_page = _page_of(cfg, table_row, chunk + 2 * stride, width)
-            state = chunk_step(cfg, state, loaded, queries, chunk, consts)
-            loaded = upcoming
+            upcoming = _load_chunk(cfg, caches, hkv, chunk + ahead * stride, next_page, end, lane_g, lane_c)
+            next_page = _page_of(cfg, table_row, chunk + (ahead + 1) * stride, width)
+            state = chunk_step(cfg, state, loaded[0], queries, chunk, consts)
+            loaded = loaded[1:] + [upcoming]
             chunk = chunk + stride
     else:
         for _step in range(steps):
