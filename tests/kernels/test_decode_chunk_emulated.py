@@ -18,10 +18,11 @@ from . import warp_emulator as emu
 
 torch = pytest.importorskip("torch")
 
-CASES = {  # name: (head_dim, kv, group, queries, scales, block_size, context, growing logits)
+CASES = {  # name: (head_dim, kv, group, queries, scales (or (key, value) scales), block_size, context, growing logits)
     "narrow-bf16-g8": (128, "bf16", 8, 1, None, 16, 77, False),
     "narrow-bf16-g4-q2-growing": (128, "bf16", 4, 2, None, 32, 90, True),
     "narrow-e4m3-tensor-g8-growing": (128, "e4m3", 8, 1, "tensor", 16, 61, True),
+    "narrow-e4m3-token-keys-g4-growing": (128, "e4m3", 4, 1, ("token", "tensor"), 32, 83, True),
     "wide-e4m3-token-g4-growing": (128, "e4m3", 4, 1, "token", 64, 100, True),
     "narrow-bf16-d64-g2": (64, "bf16", 2, 1, None, 16, 40, False),
     "wide-bf16-g16-growing": (128, "bf16", 16, 1, None, 16, 70, True),
@@ -63,15 +64,16 @@ def _cache(generator, shape, kv, scales, growing):
 @pytest.mark.parametrize("case", list(CASES))
 def test_chunk_math_matches_float64_attention(case, warp):
     dim, kv, group, queries, scales, block_size, context, growing = CASES[case]
+    k_kind, v_kind = scales if isinstance(scales, tuple) else (scales, scales)
     cfg = decode.DecodeConfig(
-        head_dim=dim, kv=kv, q="bf16", group=group, queries=queries, k_scale=scales, v_scale=scales,
+        head_dim=dim, kv=kv, q="bf16", group=group, queries=queries, k_scale=k_kind, v_scale=v_kind,
         block_size=block_size,
     )  # fmt: skip
     assert cfg.narrow == case.startswith("narrow")
     generator = torch.Generator().manual_seed(sum(map(ord, case)))
     shape = (BLOCKS, block_size, HKV, dim)
-    keys, k_stored, k_scale = _cache(generator, shape, kv, scales, growing)
-    values, v_stored, v_scale = _cache(generator, shape, kv, scales, False)
+    keys, k_stored, k_scale = _cache(generator, shape, kv, k_kind, growing)
+    values, v_stored, v_scale = _cache(generator, shape, kv, v_kind, False)
     q_bits = emu.bf16_bits(torch.randn((1, queries, HKV * group, dim), generator=generator))
     pages = torch.randperm(BLOCKS, generator=generator).to(torch.int32)  # sequence 0's pages, scattered
     hkv, softmax_scale = 1, dim**-0.5
@@ -82,7 +84,7 @@ def test_chunk_math_matches_float64_attention(case, warp):
     lane_g, lane_c = emu.Int(emu.LANE // 4), emu.Int(emu.LANE % 4)
 
     q_fragments, factors = decode._load_queries(cfg, q, 0, hkv, 0, lane_g, lane_c)
-    scale = softmax_scale * (float(k_scale[0]) if scales == "tensor" else 1.0)
+    scale = softmax_scale * (float(k_scale[0]) if k_kind == "tensor" else 1.0)
     scale_rows, lows, highs = decode._lane_rows(cfg, scale, factors, (context, 0, context, 0), 0, lane_g, lane_c)
     consts = (scale_rows, 0.0, lows, highs, lane_g, lane_c)
     table_row, width = decode.nvvm.address(tables, (0, 0)), emu.Int(BLOCKS)
@@ -93,7 +95,7 @@ def test_chunk_math_matches_float64_attention(case, warp):
         loaded = decode._load_chunk(cfg, caches, hkv, chunk, page, context, lane_g, lane_c)
         state = chunk_module.chunk_step(cfg, state, loaded, q_fragments, chunk, consts)
 
-    out = _gather(cfg, state) * (float(v_scale[0]) if scales == "tensor" else 1.0)
+    out = _gather(cfg, state) * (float(v_scale[0]) if v_kind == "tensor" else 1.0)
     written = []  # _finish's statistics: one lane writes each row's max and sum
     for row, top, total, writes in decode._row_totals(cfg, state[0], state[1], lane_g, lane_c):
         for lane in torch.nonzero(writes.v).flatten().tolist():
