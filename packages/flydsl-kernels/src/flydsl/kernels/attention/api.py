@@ -27,9 +27,9 @@ _CHUNK = 16
 _MERGE = None  # who merges the splits: None by their count; "kernel" or "last" for every count (A/B timing, tests)
 _PREFETCH = None  # chunks a warp loads ahead: None by D (0 for D 256, else 1); 0..2 for every plan (A/B timing, tests)
 _MAX_SPLITS = 256
-# CTAs of 4 warps an SM holds (registers capped to fit: 128 per thread at 4), by (D, fp8 cache)
-# CTAs an SM holds per (D, fp8, narrow: at most 8 query rows): as many as fit their registers without spills
-# (docs/tuning/attention.md#occupancy); more than 8 rows take twice the accumulators.
+# CTAs of 4 warps an SM holds per (D, fp8 cache, at most 8 query rows): as many as fit their registers without spills
+# (registers capped to fit: 128 per thread at 4; docs/tuning/attention.md#occupancy); more than 8 rows take twice the
+# accumulators.
 _CTAS_PER_SM = {(64, False, True): 4, (64, True, True): 4, (64, False, False): 2, (64, True, False): 2,
                 (128, False, True): 2, (128, True, True): 4, (128, False, False): 2, (128, True, False): 2}  # fmt: skip
 

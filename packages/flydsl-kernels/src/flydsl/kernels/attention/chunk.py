@@ -9,9 +9,8 @@ Two layouts of the scores (``mma.sync`` m16n8k16, float32 accumulators):
 * ``S^T = K Q^T`` (at most 8 rows, ``cfg.narrow``: groups of up to 8 query heads, Llama-3's 4 and 8, values
   not scaled per token): the keys are the A operand (tokens g and g + 8) and Q^T the B operand: one MMA per k16 step
   instead of two, and no zero rows in Q's A fragments (which the compiler rebuilt around one zero register every
-  chunk). A lane holds tokens g, g + 8 of
-  query rows ``2c + {0, 1}``; P packed per token is an 8x8 fragment of ``P^T`` that ``movmatrix`` transposes into
-  the B fragment of ``P^T``.
+  chunk). A lane holds tokens g, g + 8 of query rows ``2c + {0, 1}``; P packed per token is an 8x8 fragment of
+  ``P^T`` that ``movmatrix`` transposes into the B fragment of ``P^T``.
 
 Both take the head dimension in the permuted order of the 16-byte loads (a dot product does not care; Q's fragments
 are loaded in the same order). A row's running maximum moves only when a chunk passes it by more than
