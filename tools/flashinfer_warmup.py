@@ -1,7 +1,7 @@
 """FlashInfer warm-up on the GPU machine: JIT-build and run BatchDecodeWithPagedKVCacheWrapper once for each case
 benchmarks/paged_attention_bench.py times, so that later calls on the same warm machine find the modules built.
 
-Run through exp/flashinfer_setup.sh (it installs the carried wheels and sets PYTHONPATH, CUDA_HOME,
+Run through tools/flashinfer-env.sh (it installs the carried wheels and sets PYTHONPATH, CUDA_HOME,
 FLASHINFER_CUDA_ARCH_LIST, FLASHINFER_WORKSPACE_BASE, MAX_JOBS ...).
 
 Cases: (Hq 32, Hkv 8, D 128) and (Hq 8, Hkv 1, D 128); pages of 16 and 64 tokens; q bf16; KV bf16 and
