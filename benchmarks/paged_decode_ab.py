@@ -26,7 +26,7 @@ import sys
 
 import torch
 from cold_l2 import bench_cold
-from paged_attention_bench import Shape, kv_bytes, quantize_fp8
+from paged_attention_bench import BATCHES, CONTEXTS, Shape, kv_bytes, quantize_fp8, shapes
 from read_roofline import reader
 from record import geomean, write_record
 
@@ -60,7 +60,7 @@ class _PlanWith(api._Plan):
             api._decode = saved
 
 
-def runner(module, args, scales, out, context, ctas_per_sm, fill=1.0, prefetch=None):
+def runner(module, args, scales, out, context, ctas_per_sm, fill=1.0, prefetch=None, split_bytes=None):
     q, k, v, tables, lens = args
     fp8 = k.dtype == torch.float8_e4m3fn
     kind = None if not fp8 else ("token" if scales["k_scale"].numel() > 1 else "tensor")
@@ -73,6 +73,7 @@ def runner(module, args, scales, out, context, ctas_per_sm, fill=1.0, prefetch=N
         batch=q.shape[0], heads=q.shape[-2], kv_heads=k.shape[2], dim=q.shape[-1], queries=1, q_dtype="bf16",
         kv_dtype="e4m3" if fp8 else "bf16", k_scale=kind, v_scale=kind, sliding_window=None, soft_cap=False,
         max_context=context, sms=sms, block_size=k.shape[1], ctas_per_sm=ctas_per_sm, ctas=ctas, prefetch=prefetch,
+        min_split_bytes=split_bytes,
     )  # fmt: skip
     if module is not decode:
         cfg = module.DecodeConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(module.DecodeConfig)})
@@ -92,6 +93,13 @@ def main() -> None:
         "--prefetch", default="", help="the working tree also at these load depths, DEPTH[@BF16_CTAS,FP8_CTAS];..."
     )
     parser.add_argument("--fills", default="0.5", help="the working tree also with splits for these fractions")
+    parser.add_argument(
+        "--split-bytes", default="", help="the working tree also with splits of at least these K+V bytes (comma list)"
+    )
+    parser.add_argument(
+        "--grid", help="instead of the fixed cases: paged_attention_bench's sweep of these models (pages of 16)"
+    )
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="the grid's batch sizes")
     parser.add_argument("--json")
     parser.add_argument("--commit", help="the commit measured (the GPU machine has no git)")
     options = parser.parse_args()
@@ -102,7 +110,12 @@ def main() -> None:
         files[name] = load(name, path)
         file_ctas[name] = [int(n) for n in (ctas or options.old_ctas).split(",")]
     rows = []
-    for model, batch, context, block_size in CASES:
+    cases = (
+        CASES
+        if not options.grid
+        else [(*s, 16) for s in shapes(options.grid.split(","), [int(b) for b in options.batches.split(",")], CONTEXTS)]
+    )
+    for model, batch, context, block_size in cases:
         shape = Shape(model, batch, context, block_size, False, 0)
         for kv in options.kinds.split(","):
             if kv == "bf16":
@@ -115,6 +128,7 @@ def main() -> None:
             variants["tree"] = (decode, None, 1.0, None)
             if kv != "bf16":
                 variants |= {f"tree_c{n}": (decode, int(n), 1.0, None) for n in options.ctas.split(",") if n}
+            variants |= {f"tree_sb{n}": (decode, None, 1.0, None, int(n)) for n in options.split_bytes.split(",") if n}
             for depth in (d for d in options.prefetch.split(";") if d):  # "DEPTH@BF16_CTAS,FP8_CTAS"
                 n, _, ctas = depth.partition("@")
                 at = int(ctas.split(",")[kv != "bf16"]) if ctas else None
@@ -122,9 +136,9 @@ def main() -> None:
             variants |= {f"tree_fill{f}": (decode, None, float(f), None) for f in options.fills.split(",") if f}
             args = (shape.q, k, v, shape.block_tables, shape.context_lens)
             outs, timed, splits = {}, {}, {}
-            for name, (module, ctas, fill, prefetch) in variants.items():
+            for name, (module, *how) in variants.items():
                 outs[name] = torch.full_like(shape.q, float("nan"))
-                timed[name], splits[name] = runner(module, args, scales, outs[name], context, ctas, fill, prefetch)
+                timed[name], splits[name] = runner(module, args, scales, outs[name], context, *how)
                 timed[name]()
             torch.cuda.synchronize()
             first = next(iter(outs.values())).float()
@@ -148,12 +162,13 @@ def main() -> None:
             del k, v, source, target
         del shape
         torch.cuda.empty_cache()
-    names = [key.removesuffix("_speedup") for key in rows[0] if key.endswith("_speedup")] if rows else []
-    summary = {  # each variant against the first, geomean per cache kind
-        f"geomean_speedup_{name}_{kv}": geomean([r[f"{name}_speedup"] for r in rows if r["kv"] == kv])
-        for name in names[1:]
-        for kv in options.kinds.split(",")
-    }
+    summary = {}  # each variant against the first, geomean per cache kind (the variants' names may differ by kind)
+    for kv in options.kinds.split(","):
+        of_kind = [r for r in rows if r["kv"] == kv]
+        names = [key.removesuffix("_speedup") for key in of_kind[0] if key.endswith("_speedup")] if of_kind else []
+        summary |= {
+            f"geomean_speedup_{name}_{kv}": geomean([r[f"{name}_speedup"] for r in of_kind]) for name in names[1:]
+        }
     print(json.dumps(summary))
     if options.json:
         method = "cold_l2.bench_cold (dirty L2 flush, queued), 3 interleaved rounds of warmup 5 / rep 30, medians"

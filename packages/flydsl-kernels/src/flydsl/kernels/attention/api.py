@@ -27,6 +27,9 @@ _CHUNK = 16
 _MERGE = None  # who merges the splits: None by their count; "kernel" or "last" for every count (A/B timing, tests)
 _PREFETCH = None  # chunks a warp loads ahead: None by D (0 for D 256, else 1); 0..2 for every plan (A/B timing, tests)
 _MAX_SPLITS = 256
+# The least cache bytes (K and V of one KV head) a split reads: fewer, larger splits where filling every resident CTA
+# would leave each warp a chunk or two (docs/tuning/attention.md#splits). 0: no floor.
+_MIN_SPLIT_BYTES = 0
 # CTAs of 4 warps an SM holds per (D, fp8 cache, at most 8 query rows): as many as fit their registers without spills
 # (registers capped to fit: 128 per thread at 4; docs/tuning/attention.md#occupancy); more than 8 rows take twice the
 # accumulators.
@@ -172,10 +175,12 @@ def _sm_count(device: int) -> int:
 def decode_plan_config(
     *, batch, heads, kv_heads, dim, queries, q_dtype, kv_dtype, k_scale, v_scale, sliding_window, soft_cap,
     max_context, sms, warps=4, prefetch=None, ctas_per_sm=None, ctas=None, merge=None, block_size=16,
+    min_split_bytes=None,
 ):  # fmt: skip
     """``(DecodeConfig, splits, split_tokens)`` for a call: the context (or the window's span) cut into splits so
     that the grid fills the GPU's resident CTAs once (``ctas``; default ``sms`` times the CTAs an SM holds,
-    ``ctas_per_sm``), each warp at least one chunk of 16 tokens, at most 256 splits; with more than one split, the
+    ``ctas_per_sm``), each warp at least one chunk of 16 tokens, each split at least ``min_split_bytes`` of K and V
+    (default ``_MIN_SPLIT_BYTES``), at most 256 splits; with more than one split, the
     last to finish merges them, or past ``MERGE_FANIN`` splits a dependent merge kernel (``merge``: that choice,
     ``"last"`` or ``"kernel"``, for any count; docs/tuning/attention.md#merge)."""
     decode = _decode()
@@ -194,7 +199,11 @@ def decode_plan_config(
     base = batch * kv_heads * cfg.row_tiles
     if ctas is None:
         ctas = sms * cfg.ctas_per_sm
-    splits = max(1, min(-(-chunks // warps), round(ctas / base), _MAX_SPLITS))
+    if min_split_bytes is None:
+        min_split_bytes = _MIN_SPLIT_BYTES
+    token_bytes = 2 * dim * (1 if kv_dtype == "e4m3" else 2) + (8 if k_scale == "token" else 0)  # K and V
+    least = chunks // max(1, -(-min_split_bytes // (_CHUNK * token_bytes)))  # splits holding the floor's chunks
+    splits = max(1, min(-(-chunks // warps), round(ctas / base), _MAX_SPLITS, least))
     split_tokens = -(-chunks // splits) * _CHUNK
     splits = -(-span // split_tokens)
     merge = merge or _MERGE or ("kernel" if splits > decode.MERGE_FANIN else "last")
