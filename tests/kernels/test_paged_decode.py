@@ -151,6 +151,20 @@ def test_split_choice():
     assert splits_window < long_splits
 
 
+@pytest.mark.parametrize(
+    "kv, scales, token_bytes", [("bf16", None, 512), ("e4m3", "tensor", 256), ("e4m3", "token", 264)]
+)
+def test_split_bytes_floor(kv, scales, token_bytes):
+    """Each split reads at least ``min_split_bytes`` of K and V (of one KV head); no floor, the resident CTAs' count."""
+    args = dict(batch=8, heads=8, kv_heads=1, kv_dtype=kv, k_scale=scales, v_scale=scales, max_context=8192)
+    _, unbounded, _ = _plan(**args, min_split_bytes=0)
+    for floor in (32768, 65536, 1 << 20):
+        _, splits, tokens = _plan(**args, min_split_bytes=floor)
+        assert tokens * token_bytes >= floor or splits == 1
+        assert splits <= unbounded and splits * tokens >= 8192
+    assert _plan(**args, min_split_bytes=1 << 18)[1] < unbounded  # the floor binds on this small cache
+
+
 def _tensors(device="cpu"):
     q = torch.zeros(2, 8, 128, dtype=torch.bfloat16)
     cache = torch.zeros(10, 16, 2, 128, dtype=torch.bfloat16)
