@@ -172,6 +172,7 @@ OPS = (
     ),
     Op(
         "fp8_gemm",  # inference: no gradients; the peer is cuBLAS's rowwise-scaled fp8 GEMM
+        functional=lambda t: ft.fp8_gemm(t.a8, t.w8.t(), t.scale_a, t.scale_w),
         op=lambda t: torch.ops.flydsl.fp8_gemm(t.a8, t.w8.t(), t.scale_a, t.scale_w),
         direct=lambda t: kernel_fp8_gemm(t.a8, t.w8.t(), t.scale_a, t.scale_w),
         torch=lambda t: torch._scaled_mm(
@@ -181,6 +182,7 @@ OPS = (
     ),
     Op(
         "blockscale_gemm",  # inference; the peer is cuBLAS's blockwise-scaled (1 x 128 / 128 x 128) fp8 GEMM
+        functional=lambda t: ft.blockscale_gemm(t.a8, t.w8.t(), t.group_scale_a, t.block_scale_w),
         op=lambda t: torch.ops.flydsl.blockscale_gemm(
             t.a8, t.w8.t(), t.group_scale_a, t.block_scale_w, None, None, None
         ),
@@ -192,6 +194,7 @@ OPS = (
     ),
     Op(
         "paged_decode",  # inference; the peer is SDPA on the same keys and values held contiguous
+        functional=lambda t: ft.paged_decode(t.q, t.k_cache, t.v_cache, t.block_tables, t.context_lens),
         op=lambda t: torch.ops.flydsl.paged_decode(t.q, t.k_cache, t.v_cache, t.block_tables, t.context_lens),
         direct=lambda t: attention.paged_decode(t.q, t.k_cache, t.v_cache, t.block_tables, t.context_lens),
         torch=lambda t: F.scaled_dot_product_attention(t.q[:, :, None], t.keys, t.values, enable_gqa=True),
@@ -199,6 +202,7 @@ OPS = (
     ),
     Op(
         "write_kv",  # a decode step's new keys and values into the paged cache; the peer is torch's index_copy_
+        functional=lambda t: ft.write_kv(t.k_new, t.v_new, t.k_cache, t.v_cache, t.slots),
         op=lambda t: torch.ops.flydsl.write_kv(t.k_new, t.v_new, t.k_cache, t.v_cache, t.slots),
         direct=lambda t: attention.write_kv(t.k_new, t.v_new, t.k_cache, t.v_cache, t.slots),
         torch=lambda t: (
@@ -209,6 +213,7 @@ OPS = (
     ),
     Op(
         "topk_route",  # a decode step's routing (softmax, top 8 of 128, renormalized); the peer is torch's
+        functional=lambda t: ft.topk_route(t.router_logits, MOE_TOP_K),
         op=lambda t: torch.ops.flydsl.topk_route(t.router_logits, MOE_TOP_K),
         direct=lambda t: moe.topk_route(t.router_logits, MOE_TOP_K),
         torch=lambda t: _torch_route(t.router_logits),
@@ -216,6 +221,7 @@ OPS = (
     ),
     Op(
         "fused_moe",  # a decode step's experts; the peer is torch's _grouped_mm pipeline on the same routing
+        functional=lambda t: ft.fused_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids),
         op=lambda t: torch.ops.flydsl.fused_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids),
         direct=lambda t: moe.fused_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids),
         torch=lambda t: grouped_mm_moe(t.moe_x, t.moe_w1, t.moe_w2, t.moe_weights, t.moe_ids, drops=False),

@@ -119,6 +119,27 @@ def test_paged_decode_op_equals_the_kernel_and_the_reference(fp8):
     assert _relative_error(out, paged.reference(q, lens)) < TOLERANCE[fp8]
 
 
+@pytest.mark.parametrize("fp8", [None, "token"])
+def test_the_functional_forms_equal_the_ops(fp8):
+    """flydsl.torch.functional.write_kv / paged_decode (no dispatcher in eager mode; the second call a kept plan's
+    replay) write and return what the ops do, bit for bit."""
+    paged = Paged(fp8=fp8)
+    twin = paged.clone()
+    k, v, slots, lens = paged.new_tokens((5, 40, paged.capacity))
+    q = paged.queries()
+    for _ in range(2):
+        flydsl.torch.functional.write_kv(k, v, *paged.state()[:2], slots, *paged.state()[2:])
+        torch.ops.flydsl.write_kv(k, v, *twin.state()[:2], slots, *twin.state()[2:])
+        assert all(a is None or _same_bytes(a, b) for a, b in zip(paged.state(), twin.state(), strict=True))
+        out = flydsl.torch.functional.paged_decode(
+            q, paged.k_cache, paged.v_cache, paged.tables, lens, k_scale=paged.k_scale, v_scale=paged.v_scale
+        )
+        expected = torch.ops.flydsl.paged_decode(
+            q, twin.k_cache, twin.v_cache, twin.tables, lens, None, twin.k_scale, twin.v_scale
+        )
+        assert torch.equal(out, expected)
+
+
 def test_paged_decode_op_passes_its_options():
     """Several queries per sequence, a sliding window, soft-capping, a scale and max_context reach the kernel."""
     paged = Paged(fp8="token", q_heads=16, kv_heads=4, dim=64)

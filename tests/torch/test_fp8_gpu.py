@@ -37,6 +37,23 @@ def test_ops_match_the_kernels():
     assert torch.equal(y, fp8_gemm(a8, w8.t(), s, sw, activation="silu", out_dtype=torch.float16))
 
 
+def test_the_functional_forms_equal_the_ops():
+    """flydsl.torch.functional's quantize_fp8, fp8_gemm and blockscale_gemm (no dispatcher in eager mode; the second
+    call a kept plan's replay) give the ops' bits."""
+    x = torch.randn(100, 512, device="cuda", dtype=torch.bfloat16)
+    w8, sw = quantize_fp8(torch.randn(256, 512, device="cuda", dtype=torch.bfloat16), "channel")
+    wb, swb = quantize_fp8(torch.randn(256, 512, device="cuda", dtype=torch.bfloat16), "block")
+    for _ in range(2):
+        q, s = flydsl.torch.functional.quantize_fp8(x, "token")
+        q_op, s_op = torch.ops.flydsl.quantize_fp8(x, "token", None)
+        assert torch.equal(q.view(torch.uint8), q_op.view(torch.uint8)) and torch.equal(s, s_op)
+        y = flydsl.torch.functional.fp8_gemm(q, w8.t(), s, sw, None, "silu")
+        assert torch.equal(y, torch.ops.flydsl.fp8_gemm(q, w8.t(), s, sw, None, "silu", None))
+        g, sg = flydsl.torch.functional.quantize_fp8(x, "group")
+        y = flydsl.torch.functional.blockscale_gemm(g, wb.t(), sg, swb)
+        assert torch.equal(y, torch.ops.flydsl.blockscale_gemm(g, wb.t(), sg, swb, None, None, None))
+
+
 def test_the_prepared_op_gives_the_plain_ops_bits():
     from flydsl.kernels.gemm import prepare_weight
 

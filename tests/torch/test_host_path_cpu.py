@@ -146,3 +146,88 @@ def test_views_of_two_dim_tensors_are_the_tensors_themselves():
     assert ops._vector(w) is w and ops._vector(torch.zeros(2, 4)).shape == (8,)
     assert ops._vector(torch.zeros(16)[::2]).stride() == (1,)  # strided: copied
     assert ops._out_vector("op", "rstd", w) is w
+
+
+_INFERENCE = ("fp8_gemm", "blockscale_gemm", "quantize_fp8", "paged_decode", "write_kv", "topk_route", "fused_moe")
+
+
+def _op_of(name: str):
+    return {**ft.registered_ops(), **_registry.registered_mutating_ops()}[name]
+
+
+@pytest.mark.parametrize("name", _INFERENCE)
+def test_inference_functionals_take_the_ops_inputs_in_order(name):
+    # FlyOp.call / FlyMutatingOp.call take every input positionally: the functional's parameters must be the op's
+    functional = getattr(ft.functional, name)
+    params = [(p.name, p.default) for p in inspect.signature(functional).parameters.values()]
+    assert params == [(p.name, p.default) for p in _op_of(name).input_params]
+
+
+def _inference_calls():
+    """(name, call of flydsl.torch.functional, expected result shapes) on meta tensors."""
+    e4m3, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    meta = {"device": "meta"}
+    a, b = torch.empty(8, 64, dtype=e4m3, **meta), torch.empty(32, 64, dtype=e4m3, **meta).t()
+    q = torch.empty(3, 8, 128, dtype=bf16, **meta)
+    cache = torch.empty(10, 16, 2, 128, dtype=bf16, **meta)
+    tables, lens = torch.empty(3, 4, dtype=torch.int32, **meta), torch.empty(3, dtype=torch.int32, **meta)
+    k_new, slots = torch.empty(3, 2, 128, dtype=bf16, **meta), torch.empty(3, dtype=torch.int64, **meta)
+    x, logits = torch.empty(4, 256, dtype=bf16, **meta), torch.empty(4, 8, **meta)
+    w1, w2 = torch.empty(8, 2 * 64, 256, dtype=bf16, **meta), torch.empty(8, 256, 64, dtype=bf16, **meta)
+    weights, ids = torch.empty(4, 2, **meta), torch.empty(4, 2, dtype=torch.int32, **meta)
+    rows, columns, block = torch.empty(8, 1, **meta), torch.empty(1, 32, **meta), torch.empty(1, 1, **meta)
+    f = ft.functional
+    return [
+        ("fp8_gemm", lambda: f.fp8_gemm(a, b, rows, columns), [(8, 32)]),
+        ("blockscale_gemm", lambda: f.blockscale_gemm(a, b, rows, block), [(8, 32)]),
+        ("quantize_fp8", lambda: f.quantize_fp8(x, "group"), [(4, 256), (4, 2)]),
+        ("paged_decode", lambda: f.paged_decode(q, cache, cache, tables, lens, max_context=64), [(3, 8, 128)]),
+        ("write_kv", lambda: f.write_kv(k_new, k_new, cache, cache, slots), []),
+        ("topk_route", lambda: f.topk_route(logits, 2), [(4, 2), (4, 2)]),
+        ("fused_moe", lambda: f.fused_moe(x, w1, w2, weights, ids), [(4, 256)]),
+    ]
+
+
+@pytest.mark.parametrize("name, call, shapes", _inference_calls(), ids=_INFERENCE)
+def test_inference_functionals_call_the_op_where_the_dispatcher_is_needed(op_recorder, name, call, shapes):
+    # meta tensors are not plain CUDA tensors: the functional goes through torch.ops.flydsl (and its fake kernel)
+    with op_recorder() as rec:
+        result = call()
+    assert rec.names == [f"flydsl.{name}.default"]
+    results = [] if result is None else [result] if isinstance(result, torch.Tensor) else list(result)
+    assert [tuple(r.shape) for r in results] == shapes
+
+
+def test_inference_functionals_refuse_cpu_tensors_naming_the_argument():
+    q = torch.zeros(3, 8, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(10, 16, 2, 128, dtype=torch.bfloat16)
+    tables, lens = torch.zeros(3, 4, dtype=torch.int32), torch.ones(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="flydsl.paged_decode: q: expected a CUDA tensor, got one on cpu"):
+        ft.functional.paged_decode(q, cache, cache, tables, lens)
+    k_new, slots = torch.zeros(3, 2, 128, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="flydsl.write_kv: k: expected a CUDA tensor, got one on cpu"):
+        ft.functional.write_kv(k_new, k_new, cache, cache, slots)
+
+
+def test_mutating_call_checks_and_bumps_versions_without_the_dispatcher(monkeypatch):
+    # CPU tensors standing in for plain CUDA ones (as benchmarks/host_layer_cpu.py does): write_kv's call runs the
+    # work directly, after the checks, and bumps the version of what it writes, as the op's ADInplaceOrView would
+    op = _registry.registered_mutating_ops()["write_kv"]
+    done = []
+    monkeypatch.setattr(_registry, "_plain_keyset", lambda raw: True)
+    monkeypatch.setattr(_registry._Op, "_check_devices", lambda self, tensors: None)
+    monkeypatch.setattr(op, "impl", lambda *inputs: done.append(len(inputs)))
+    monkeypatch.setattr(op, "op", None)  # torch.ops.flydsl.write_kv out of reach: the call must not need it
+    k_new, slots = torch.zeros(3, 2, 128, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.int64)
+    cache = torch.zeros(10, 16, 2, 128, dtype=torch.bfloat16)
+    before = cache._version
+    ft.functional.write_kv(k_new, k_new, cache, cache, slots)
+    assert done == [7] and cache._version > before
+    before = cache._version
+    ft.functional.write_kv(k_new, k_new, cache, cache, slots)  # its signature checked: straight to the work
+    assert done == [7, 7] and cache._version > before
+    with pytest.raises(ValueError, match=r"flydsl.write_kv: slot_mapping: expected shape \(3,\)"):
+        ft.functional.write_kv(k_new, k_new, cache, cache, slots[:2])
+    leaf = k_new.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="flydsl.write_kv: an input requires grad"):
+        ft.functional.write_kv(leaf, k_new, cache, cache, slots)

@@ -525,27 +525,49 @@ class FlyMutatingOp(_Op):
         self.check(*inputs)
         self._same_device([(name, inputs[i]) for i, name in self._tensor_inputs if inputs[i] is not None], real)
 
-    def _checked(self, inputs) -> None:
-        """:meth:`_validate` on real tensors, once per call signature (as :meth:`FlyOp._checked`)."""
-        key = signature(*inputs)
+    def _checked(self, inputs, key=...) -> None:
+        """:meth:`_validate` on real tensors, once per call signature (as :meth:`FlyOp._checked`; ``key``: already
+        computed)."""
+        if key is ...:
+            key = signature(*inputs)
         if self._checked_calls.get(key) is None:
             self._validate(inputs, real=True)
             self._checked_calls.add(key, True)
 
+    def _run(self, inputs, key=...) -> None:
+        """The op on real tensors: checked (once per signature), then :meth:`_work`."""
+        self._checked(inputs, key)
+        self._work(inputs)
+
+    def _work(self, inputs) -> None:
+        """A checked call's work: inputs that require grad refused, the written inputs' versions bumped, the kernel."""
+        if self._needs_grad(inputs):
+            raise RuntimeError(
+                f"flydsl.{self.name}: an input requires grad, and this op records no gradients: run it under"
+                " torch.no_grad(), or detach its inputs"
+            )
+        for i in self._mutated:  # what the ADInplaceOrView kernel of an in-place op does
+            value = inputs[i]
+            if value is not None and not value.is_inference():
+                torch.autograd.graph.increment_version(value)
+        self.impl(*inputs)
+
+    def call(self, *inputs) -> None:
+        """The op on all its inputs (positional): without the dispatcher where it would land in our own kernel
+        (:func:`eager` tensors; a signature checked before is one: the checks passed on real CUDA tensors of the types
+        it names), with the same checks and version bumps; through ``torch.ops.flydsl`` while something traces or
+        intercepts the call, or for other tensors."""
+        if not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()):
+            key = signature(*inputs)
+            if self._checked_calls.get(key) is not None:
+                return self._work(inputs)
+            if eager(*(inputs[i] for i, _ in self._tensor_inputs)):
+                return self._run(inputs, key)
+        self.op.default(*inputs)
+
     def _register(self):
         def real(*args, **kwargs):
-            inputs = self._inputs(args, kwargs)
-            self._checked(inputs)
-            if self._needs_grad(inputs):
-                raise RuntimeError(
-                    f"flydsl.{self.name}: an input requires grad, and this op records no gradients: run it under"
-                    " torch.no_grad(), or detach its inputs"
-                )
-            for i in self._mutated:  # what the ADInplaceOrView kernel of an in-place op does
-                value = inputs[i]
-                if value is not None and not value.is_inference():
-                    torch.autograd.graph.increment_version(value)
-            self.impl(*inputs)
+            self._run(self._inputs(args, kwargs))
 
         def fake(*args, **kwargs):
             self._validate(self._inputs(args, kwargs), real=False)

@@ -17,11 +17,26 @@ from collections.abc import Sequence
 import flydsl.torch.autograd  # noqa: F401 - registers the gradients of the ops
 import torch
 from flydsl.kernels.plans import Plans, signature
+from flydsl.torch import attention as _attention
+from flydsl.torch import moe as _moe
 from flydsl.torch import ops
 from flydsl.torch._registry import eager
 from torch import Tensor
 
-__all__ = ["softmax", "layer_norm", "rms_norm", "fused_add_rms_norm", "linear"]
+__all__ = [
+    "softmax",
+    "layer_norm",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "linear",
+    "fp8_gemm",
+    "blockscale_gemm",
+    "quantize_fp8",
+    "paged_decode",
+    "write_kv",
+    "topk_route",
+    "fused_moe",
+]
 
 
 def _shape(normalized_shape: int | Sequence[int]) -> list[int]:
@@ -251,3 +266,107 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     else:
         out = torch.ops.flydsl.gemm.default(rows, weight.t(), bias, None)
     return out if input.dim() == 2 else out.view(*input.shape[:-1], weight.shape[0])
+
+
+# --- inference ops ---------------------------------------------------------------------------------------------------
+# The torch.ops.flydsl ops without gradients, by the same arguments: on plain CUDA tensors in eager mode each runs its
+# work without torch's dispatcher (FlyOp.call: checked once per signature, a native replay from the second call on),
+# otherwise (torch.compile, fake tensors, dispatch modes) through the op, which traces as before.
+
+
+def fp8_gemm(
+    a: Tensor,
+    b: Tensor,
+    scale_a: Tensor,
+    scale_b: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """``activation((scale_a * a) @ (b * scale_b) + bias)``: ``torch.ops.flydsl.fp8_gemm`` (fp8 ``a`` (M, K), ``b``
+    (K, N), e.g. an ``nn.Linear`` weight's ``W.t()``; float32 scales per tensor, row or column)."""
+    return ops.fp8_gemm.call(a, b, scale_a, scale_b, bias, activation, out_dtype)
+
+
+def blockscale_gemm(
+    a: Tensor,
+    b: Tensor,
+    a_scales: Tensor,
+    b_scales: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """The block-scaled fp8 GEMM, ``torch.ops.flydsl.blockscale_gemm``: ``a_scales`` per 1 x 128 of ``a``,
+    ``b_scales`` per 128 x 128 block of ``b``."""
+    return ops.blockscale_gemm.call(a, b, a_scales, b_scales, bias, activation, out_dtype)
+
+
+def quantize_fp8(x: Tensor, granularity: str = "token", dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """``(x_fp8, scales)`` with ``x ~ x_fp8 * scales``, ``torch.ops.flydsl.quantize_fp8``; ``granularity`` "token",
+    "channel", "tensor", "group" (1 x 128) or "block" (128 x 128)."""
+    return ops.quantize_fp8.call(x, granularity, dtype)
+
+
+def paged_decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    context_lens: Tensor,
+    scale: float | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    max_context: int | None = None,
+) -> Tensor:
+    """Attention of a decode step over a paged KV cache, ``torch.ops.flydsl.paged_decode`` (its docstring has the
+    shapes; fp8 caches take ``k_scale`` / ``v_scale`` as float32 tensors)."""
+    return _attention.paged_decode.call(
+        q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, sliding_window, soft_cap, max_context
+    )
+
+
+def write_kv(
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
+) -> None:
+    """The new tokens' keys and values into the paged caches at ``slot_mapping``, in place:
+    ``torch.ops.flydsl.write_kv``."""
+    _attention.write_kv.call(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+def topk_route(
+    router_logits: Tensor,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    bias: Tensor | None = None,
+    num_groups: int | None = None,
+    top_groups: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Each token's ``top_k`` experts and their weights, ``(topk_weights, topk_ids)``:
+    ``torch.ops.flydsl.topk_route``."""
+    return _moe.topk_route.call(router_logits, top_k, scoring, renormalize, bias, num_groups, top_groups)
+
+
+def fused_moe(
+    x: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    activation: str = "silu",
+    quant: str | None = None,
+    granularity: str | None = None,
+    w1_scale: Tensor | None = None,
+    w2_scale: Tensor | None = None,
+) -> Tensor:
+    """A mixture-of-experts layer's experts, combined: ``torch.ops.flydsl.fused_moe``."""
+    return _moe.fused_moe.call(x, w1, w2, topk_weights, topk_ids, activation, quant, granularity, w1_scale, w2_scale)

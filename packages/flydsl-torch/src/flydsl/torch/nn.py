@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from flydsl.torch import functional as F
+from flydsl.torch import ops
 from flydsl.torch._fixed_dtypes import FixedDtypeBuffers
 from flydsl.torch.moe_layer import MoE
 from flydsl.torch.ops import DTYPES
@@ -199,19 +200,15 @@ class Fp8Linear(FixedDtypeBuffers):
         if fp8:
             a8, scale_a = rows, scale.reshape(rows.shape[0], -1) if scale.numel() > 1 or block else scale
         else:
-            a8, scale_a = torch.ops.flydsl.quantize_fp8(
-                rows, "group" if block else self.granularity, torch.float8_e4m3fn
-            )
+            a8, scale_a = F.quantize_fp8(rows, "group" if block else self.granularity, torch.float8_e4m3fn)
         if block:
-            y = torch.ops.flydsl.blockscale_gemm(
-                a8, self.weight.t(), scale_a, self.weight_scale, self.bias, None, out_dtype
-            )
+            y = F.blockscale_gemm(a8, self.weight.t(), scale_a, self.weight_scale, self.bias, None, out_dtype)
         elif self.prepared:
-            y = torch.ops.flydsl.fp8_gemm_prepared(
+            y = ops.fp8_gemm_prepared.call(
                 a8, self.weight, self.out_features, scale_a, self.weight_scale, self.bias, None, out_dtype
             )
         else:
-            y = torch.ops.flydsl.fp8_gemm(a8, self.weight.t(), scale_a, self.weight_scale, self.bias, None, out_dtype)
+            y = F.fp8_gemm(a8, self.weight.t(), scale_a, self.weight_scale, self.bias, None, out_dtype)
         return y.reshape(*leading, self.out_features)
 
 
