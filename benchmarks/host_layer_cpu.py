@@ -8,7 +8,9 @@ each zoo kernel call is replaced by one launch noted through the native launcher
 (``_runtime._note_launch``): a call's first run is recorded as a launch plan would record it, and a replay does all of
 its work but the driver's ``cuLaunchKernel``. What is timed is flydsl.torch's checks, allocation, plans and autograd,
 and the replay machinery, per call of ``flydsl.torch.functional``'s softmax, layer_norm, rms_norm and
-fused_add_rms_norm (8 x 4096 float32), inference (``fwd``) and through ``torch.autograd.grad`` (``fwd_bwd``); each
+fused_add_rms_norm (8 x 4096 float32), inference (``fwd``) and through ``torch.autograd.grad`` (``fwd_bwd``), and of the
+inference ops (fp8 GEMMs, quantize_fp8, paged_decode, write_kv, topk_route, fused_moe at decode sizes) through
+``flydsl.torch.functional`` against ``torch.ops.flydsl`` (the ``inference`` rows: the dispatcher's share); each
 case runs in a fresh process with replays on and with ``FLYDSL_LAUNCH_REPLAY=0`` (the Python plans; their zoo calls
 cost only the stand-in here, so the difference understates a replay's saving on a GPU). The peer column is torch's
 own op on tiny (8 x 16) CPU tensors: its host path with almost no arithmetic, the nearest CPU-side stand-in for torch
@@ -32,6 +34,7 @@ from record import write_record
 
 OPS = ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm")
 CASES = [f"{op}.{mode}" for op in OPS for mode in ("fwd", "fwd_bwd")]
+INFERENCE_OPS = ("fp8_gemm", "blockscale_gemm", "quantize_fp8", "paged_decode", "write_kv", "topk_route", "fused_moe")
 ROWS, N = 8, 4096
 
 
@@ -47,6 +50,9 @@ def _child(calls: int, repeats: int) -> dict:
     from flydsl.torch import _registry, ops
     from flydsl.torch import functional as F
 
+    INFERENCE = {**_registry.registered_ops(), **_registry.registered_mutating_ops()}
+    INFERENCE = {name: INFERENCE[name] for name in INFERENCE_OPS}
+
     _registry._plain_keyset = lambda raw: True
     _registry._Op._check_devices = lambda self, tensors: None
     launcher._register_stream_getter(lambda device: 0)
@@ -58,6 +64,8 @@ def _child(calls: int, repeats: int) -> dict:
         launcher._note_launch("kernel", (1, 1, 1), (128, 1, 1), None, 0, 0, "p" * len(pointers), packed)
 
     ops.zoo = types.SimpleNamespace(**{n: launch for name in OPS for n in (name, f"{name}_backward")})
+    for op in INFERENCE.values():  # the inference ops' kernels: one noted launch over their tensors
+        op.impl = launch
     x, r, w, b = torch.randn(ROWS, N), torch.randn(ROWS, N), torch.randn(N), torch.randn(N)
     xg, rg, wg, bg = (t.clone().requires_grad_(True) for t in (x, r, w, b))
     ones = torch.ones_like(x)
@@ -106,7 +114,46 @@ def _child(calls: int, repeats: int) -> dict:
             "python_function_floor_us": None if mode == "fwd" else floor_us,
             "replayed": bool(kept) and all(isinstance(plan, launcher.LaunchPlan) for plan in kept),
         }
+    if os.environ.get("FLYDSL_LAUNCH_REPLAY") != "0":
+        for name, (functional, op) in _inference_calls(torch, F).items():
+            results[f"{name}.inference"] = {
+                "functional_us": _timed(functional, calls, repeats),
+                "op_us": _timed(op, calls, repeats),
+            }
     return results
+
+
+def _inference_calls(torch, F) -> dict:
+    """{op: (its flydsl.torch.functional call, its torch.ops.flydsl call)} on CPU tensors of decode sizes."""
+    e4m3, bf16, i32 = torch.float8_e4m3fn, torch.bfloat16, torch.int32
+    a8, w8 = torch.zeros(16, 4096, dtype=e4m3), torch.zeros(4096, 4096, dtype=e4m3)
+    row, col, groups, blocks = torch.ones(16, 1), torch.ones(1, 4096), torch.ones(16, 32), torch.ones(32, 32)
+    x = torch.zeros(16, 4096, dtype=bf16)
+    q, cache = torch.zeros(8, 32, 128, dtype=bf16), torch.zeros(256, 16, 8, 128, dtype=bf16)
+    tables, lens = torch.arange(256, dtype=i32).view(8, 32), torch.full((8,), 512, dtype=i32)
+    k_new, slots = torch.zeros(8, 8, 128, dtype=bf16), torch.arange(8)
+    logits, h = torch.zeros(8, 128), torch.zeros(8, 2048, dtype=bf16)
+    w1, w2 = torch.zeros(128, 1536, 2048, dtype=bf16), torch.zeros(128, 2048, 768, dtype=bf16)
+    weights, ids = torch.full((8, 8), 0.125), torch.arange(64, dtype=i32).view(8, 8)
+    op = torch.ops.flydsl
+    return {
+        "fp8_gemm": (lambda: F.fp8_gemm(a8, w8.t(), row, col), lambda: op.fp8_gemm(a8, w8.t(), row, col)),
+        "blockscale_gemm": (
+            lambda: F.blockscale_gemm(a8, w8.t(), groups, blocks),
+            lambda: op.blockscale_gemm(a8, w8.t(), groups, blocks),
+        ),
+        "quantize_fp8": (lambda: F.quantize_fp8(x), lambda: op.quantize_fp8(x)),
+        "paged_decode": (
+            lambda: F.paged_decode(q, cache, cache, tables, lens),
+            lambda: op.paged_decode(q, cache, cache, tables, lens),
+        ),
+        "write_kv": (
+            lambda: F.write_kv(k_new, k_new, cache, cache, slots),
+            lambda: op.write_kv(k_new, k_new, cache, cache, slots),
+        ),
+        "topk_route": (lambda: F.topk_route(logits, 8), lambda: op.topk_route(logits, 8)),
+        "fused_moe": (lambda: F.fused_moe(h, w1, w2, weights, ids), lambda: op.fused_moe(h, w1, w2, weights, ids)),
+    }
 
 
 def _timed(fn, calls: int, repeats: int) -> float:
@@ -163,8 +210,18 @@ def main(argv=None) -> None:
             f"{case:<28}{ours:>14.2f}{theirs:>20.2f}{row['ratio']:>8.3f}{peer:>17.2f}{row['ratio_vs_torch_tiny']:>10.3f}"
             f"{floor_text}"
         )
+    print(f"\n{'inference op':<28}{'functional (us)':>17}{'torch.ops (us)':>16}{'ratio':>8}")
+    for name in INFERENCE_OPS:
+        timed = replayed[f"{name}.inference"]
+        row = {"case": f"{name}.inference", **timed, "ratio": round(timed["functional_us"] / timed["op_us"], 3)}
+        rows.append(row)
+        print(f"{name:<28}{row['functional_us']:>17.2f}{row['op_us']:>16.2f}{row['ratio']:>8.3f}")
+    inference = [r for r in rows if r["case"].endswith(".inference")]
+    rows = [r for r in rows if not r["case"].endswith(".inference")]
     if args.json:
         summary = {
+            "max_inference_functional_us": max(r["functional_us"] for r in inference),
+            "geomean_inference_ratio_vs_op": round(statistics.geometric_mean(r["ratio"] for r in inference), 3),
             "max_replays_us": max(r["replays_us"] for r in rows),
             "geomean_ratio": round(statistics.geometric_mean(r["ratio"] for r in rows), 3),
             "max_ratio_vs_torch_tiny": max(r["ratio_vs_torch_tiny"] for r in rows),
@@ -174,7 +231,9 @@ def main(argv=None) -> None:
             "CPU tensors as plain CUDA ones, zoo kernels replaced by launches noted through _runtime._note_launch "
             "(replays skip only cuLaunchKernel); fresh process per setting; median of repeats"
         )
-        write_record(args.json, "host_layer_cpu", sys.argv, rows, commit=args.commit, method=method, summary=summary)
+        write_record(
+            args.json, "host_layer_cpu", sys.argv, rows + inference, commit=args.commit, method=method, summary=summary
+        )
 
 
 if __name__ == "__main__":
