@@ -23,12 +23,28 @@ def test_host_layer_cpu_runs_without_a_gpu_and_records(tmp_path):
     run = subprocess.run([*command, "--json", str(path)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     record = json.loads(path.read_text())
-    cases = {row["case"] for row in record["results"]}
-    assert cases == {f"{op}.{mode}" for op in ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm") for mode in
-                     ("fwd", "fwd_bwd")}  # fmt: skip
-    assert all(row["replays_us"] > 0 and row["python_plans_us"] > 0 for row in record["results"])
-    assert all(row["replayed"] for row in record["results"] if row["case"].endswith(".fwd"))
+    norms = [row for row in record["results"] if not row["case"].endswith(".inference")]
+    inference = [row for row in record["results"] if row["case"].endswith(".inference")]
+    assert {row["case"] for row in norms} == {
+        f"{op}.{mode}"
+        for op in ("softmax", "layer_norm", "rms_norm", "fused_add_rms_norm")
+        for mode in ("fwd", "fwd_bwd")
+    }
+    assert all(row["replays_us"] > 0 and row["python_plans_us"] > 0 for row in norms)
+    assert all(row["replayed"] for row in norms if row["case"].endswith(".fwd"))
+    inference_ops = {
+        "fp8_gemm",
+        "blockscale_gemm",
+        "quantize_fp8",
+        "paged_decode",
+        "write_kv",
+        "topk_route",
+        "fused_moe",
+    }
+    assert {row["case"] for row in inference} == {f"{op}.inference" for op in inference_ops}
+    assert all(row["functional_us"] > 0 and row["op_us"] > 0 for row in inference)
     summary_keys = {"max_replays_us", "geomean_ratio", "max_ratio_vs_torch_tiny", "max_floor_ratio_vs_torch_tiny"}
+    summary_keys |= {"max_inference_functional_us", "geomean_inference_ratio_vs_op"}
     assert set(record["summary"]) == summary_keys
-    floors = [row["python_function_floor_us"] for row in record["results"] if row["case"].endswith(".fwd_bwd")]
+    floors = [row["python_function_floor_us"] for row in norms if row["case"].endswith(".fwd_bwd")]
     assert len(floors) == 4 and all(floor > 0 for floor in floors)  # the Python Function floor beside each fwd_bwd
