@@ -232,7 +232,13 @@ def main(argv=None) -> None:
             "(replays skip only cuLaunchKernel); fresh process per setting; median of repeats"
         )
         write_record(
-            args.json, "host_layer_cpu", sys.argv, rows + inference, commit=args.commit, method=method, summary=summary
+            args.json,
+            "host_layer_cpu",
+            sys.argv[1:] if argv is None else argv,
+            rows + inference,
+            commit=args.commit,
+            method=method,
+            summary=summary,
         )
 
 
