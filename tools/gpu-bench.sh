@@ -12,7 +12,9 @@
 # paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue 35's short caches, ~1.5 min on an
 # H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split contexts, ~1.5 min);
 # paged-ab (benchmarks/paged_decode_ab.py against the kernel of d3d92bc, ~3 min: first `git show
-# d3d92bc:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_d3d92bc.py` and carry exp).
+# d3d92bc:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_d3d92bc.py` and carry exp);
+# paged-split (paged_decode_ab.py over Llama-3-70B TP8's sweep with a floor of 32 and 64 KB under each split's K+V
+# bytes, against none: what api._MIN_SPLIT_BYTES should be, ~2 min).
 # Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
 # <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders
@@ -64,6 +66,8 @@ for bench in $which; do
       --commit "$commit" ;;
     paged-ab) run paged-ab python3 benchmarks/paged_decode_ab.py --variant main=exp/decode_d3d92bc.py@2,4 \
       --json "$(out paged_decode_ab)" --commit "$commit" ;;
+    paged-split) run paged-split python3 benchmarks/paged_decode_ab.py --grid llama3-70b-tp8 \
+      --split-bytes 32768,65536 --ctas "" --fills "" --json "$(out paged_decode_ab)" --commit "$commit" ;;
     *) summary="$summary\n$bench: unknown (the header lists the benchmarks)" ;;
   esac
 done
