@@ -20,29 +20,8 @@ from .ptxas_report import spill_bytes
 torch = pytest.importorskip("torch")
 
 
-def _specs(cfg, batch=2, blocks=64, block_size=16, kv_heads=2, splits=3, max_blocks=16):
-    d, heads = cfg.head_dim, kv_heads * cfg.group
-    kv = "u8" if cfg.kv == "e4m3" else cfg.kv
-    per_token = (blocks, block_size, kv_heads)
-    spec = flyc.TensorSpec
-    return [
-        spec((batch, cfg.queries, heads, d), cfg.q),
-        spec((blocks, block_size, kv_heads, d), kv),
-        spec((blocks, block_size, kv_heads, d), kv),
-        spec((batch, max_blocks), "i32"),
-        spec((batch,), "i32"),
-        spec(per_token if cfg.k_scale == "token" else (1,), "f32"),
-        spec(per_token if cfg.v_scale == "token" else (1,), "f32"),
-        spec((batch, cfg.queries, heads, d), cfg.q),
-        spec((batch, cfg.queries, heads, splits, d), "f32"),
-        spec((batch, cfg.queries, heads, splits, 2), "f32"),
-        spec((1024,), "i32"),
-        0.08,
-        30.0,
-        0,
-        256,
-        cfg,
-    ]
+def _specs(cfg, kv_heads=2, **shape):
+    return decode.argument_specs(cfg, kv_heads=kv_heads, **shape)
 
 
 CONFIGS = [
@@ -296,3 +275,29 @@ def test_the_plan_launches_on_its_scratch_alone(monkeypatch, context):
         partials, stats, target = merged[0].values[:3]
         assert partials.data_ptr() == partial_out.data_ptr() and stats.data_ptr() == partial_stats.data_ptr()
         assert target.data_ptr() == out.data_ptr()
+
+
+@pytest.mark.parametrize("kv, scale, loads", [("bf16", None, 16), ("e4m3", "tensor", 8)])
+def test_the_main_loop_loads_one_chunk_ahead_in_sass(kv, scale, loads):
+    """tools/decode_loop_sass.py finds the kernel's main loop in its SASS: one chunk's 16-byte loads of keys and
+    values (D 128: 16 for bf16, 8 for fp8) issued among the chunk's MMAs, i.e. loads one chunk ahead (depth 1)."""
+    import importlib.util
+    from pathlib import Path
+
+    import flydsl.compiler as flyc
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "decode_loop_sass.py"
+    spec = importlib.util.spec_from_file_location("decode_loop_sass", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    cfg, _, _ = _plan(
+        dim=128, heads=8, kv_heads=1, kv_dtype=kv, k_scale=scale, v_scale=scale, batch=4, max_context=8192
+    )
+    module = decode.paged_decode_kernel.lower(*_specs(cfg, kv_heads=1))
+    sass = flyc.toolchain.disassemble_cubin(module.cubin) if module.cubin is not None else None
+    if sass is None:
+        pytest.skip("needs ptxas and nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    body = tool.main_loop(sass)
+    load_at = [k for k, line in enumerate(body) if "LDG.E.128" in line]
+    mma_at = [k for k, line in enumerate(body) if "HMMA" in line]
+    assert len(load_at) == loads and mma_at and mma_at[0] < load_at[0] < load_at[-1] < mma_at[-1]

@@ -44,7 +44,15 @@ from flydsl.expr.vector import Vector
 from flydsl.kernels.attention.chunk import ACC, CHUNK, W2, W4, chunk_step
 from flydsl.kernels.attention.merge import MERGE_FANIN, NO_MAX, merge_if_last, merge_splits_kernel, merge_warps
 
-__all__ = ["CHUNK", "MERGE_FANIN", "DecodeConfig", "merge_splits_kernel", "merge_warps", "paged_decode_kernel"]
+__all__ = [
+    "CHUNK",
+    "MERGE_FANIN",
+    "DecodeConfig",
+    "argument_specs",
+    "merge_splits_kernel",
+    "merge_warps",
+    "paged_decode_kernel",
+]
 
 _KV_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}
 
@@ -334,6 +342,22 @@ def paged_decode_kernel(
     if fx.const_expr(cfg.split and cfg.merge == "last"):
         span = (context, (first // CHUNK) * CHUNK, split_tokens)
         merge_if_last(cfg, out, partial_out, partial_stats, counters, v_scales, place, tid, span)
+
+
+def argument_specs(cfg: DecodeConfig, *, batch=2, blocks=64, kv_heads=1, splits=3, max_blocks=16) -> list:
+    """``paged_decode_kernel``'s arguments for ``cfg`` as ``TensorSpec``s and values: what its ``lower()`` takes to
+    give the PTX (and, with ptxas, the cubin) without a GPU, for caches of ``blocks`` pages of ``kv_heads`` heads."""
+    d, heads, spec = cfg.head_dim, kv_heads * cfg.group, flyc.TensorSpec
+    cache = spec((blocks, cfg.block_size, kv_heads, d), "u8" if cfg.kv == "e4m3" else cfg.kv)
+    per_token = (blocks, cfg.block_size, kv_heads)
+    rows = (batch, cfg.queries, heads)
+    return [
+        spec((*rows, d), cfg.q), cache, cache, spec((batch, max_blocks), "i32"), spec((batch,), "i32"),
+        spec(per_token if cfg.k_scale == "token" else (1,), "f32"),
+        spec(per_token if cfg.v_scale == "token" else (1,), "f32"),
+        spec((*rows, d), cfg.q), spec((*rows, splits, d), "f32"), spec((*rows, splits, 2), "f32"), spec((1024,), "i32"),
+        0.08, 30.0, 0, 256, cfg,
+    ]  # fmt: skip
 
 
 def _lane_rows(cfg: DecodeConfig, scale, factors, span, tile, lane_g, lane_c):
