@@ -13,8 +13,9 @@
 # H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split contexts, ~1.5 min);
 # paged-ab (benchmarks/paged_decode_ab.py against the kernel of d3d92bc, ~3 min: first `git show
 # d3d92bc:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_d3d92bc.py` and carry exp);
-# paged-split (paged_decode_ab.py over Llama-3-70B TP8's sweep with a floor of 32 and 64 KB under each split's K+V
-# bytes, against none: what api._MIN_SPLIT_BYTES should be, ~2 min).
+# paged-split (paged_decode_ab.py over Llama-3-70B TP8's sweep and Llama-3-8B's at B 1 and 8, the shapes whose
+# splits a floor changes, with a floor of 32 and 64 KB under each split's K+V bytes against none: what
+# api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b).
 # Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
 # <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders
@@ -66,8 +67,12 @@ for bench in $which; do
       --commit "$commit" ;;
     paged-ab) run paged-ab python3 benchmarks/paged_decode_ab.py --variant main=exp/decode_d3d92bc.py@2,4 \
       --json "$(out paged_decode_ab)" --commit "$commit" ;;
-    paged-split) run paged-split python3 benchmarks/paged_decode_ab.py --grid llama3-70b-tp8 \
-      --split-bytes 32768,65536 --ctas "" --fills "" --json "$(out paged_decode_ab)" --commit "$commit" ;;
+    paged-split)
+      record=$(out paged_decode_ab)
+      run paged-split-70b python3 benchmarks/paged_decode_ab.py --grid llama3-70b-tp8 --split-bytes 32768,65536 \
+        --ctas "" --fills "" --json "${record%.json}_70b.json" --commit "$commit"
+      run paged-split-8b python3 benchmarks/paged_decode_ab.py --grid llama3-8b --batches 1,8 \
+        --split-bytes 32768,65536 --ctas "" --fills "" --json "${record%.json}_8b.json" --commit "$commit" ;;
     *) summary="$summary\n$bench: unknown (the header lists the benchmarks)" ;;
   esac
 done
