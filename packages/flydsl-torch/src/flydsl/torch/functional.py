@@ -8,6 +8,9 @@ its launches with nothing checked again (:mod:`flydsl.kernels.plans`: the signat
 read); when tracing, under a dispatch mode or with wrapped tensors it calls the ``*_out`` op. With gradients they call
 the functional op through ``FlyOp.call`` (again without the dispatcher where it would land in our kernels). The ops
 are called by overload (``.default``) with every argument positional: the cheapest path through the dispatcher.
+
+The inference ops (``fp8_gemm``, ``blockscale_gemm``, ``quantize_fp8``, ``paged_decode``, ``write_kv``,
+``topk_route``, ``fused_moe``) take the ops' own arguments and have no gradients; each is its op's ``call``.
 """
 
 from __future__ import annotations

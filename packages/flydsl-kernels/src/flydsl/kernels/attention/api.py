@@ -201,7 +201,7 @@ def decode_plan_config(
         ctas = sms * cfg.ctas_per_sm
     if min_split_bytes is None:
         min_split_bytes = _MIN_SPLIT_BYTES
-    token_bytes = 2 * dim * (1 if kv_dtype == "e4m3" else 2) + (8 if k_scale == "token" else 0)  # K and V
+    token_bytes = 2 * dim * (1 if kv_dtype == "e4m3" else 2) + 4 * ((k_scale == "token") + (v_scale == "token"))
     least = chunks // max(1, -(-min_split_bytes // (_CHUNK * token_bytes)))  # splits holding the floor's chunks
     splits = max(1, min(-(-chunks // warps), round(ctas / base), _MAX_SPLITS, least))
     split_tokens = -(-chunks // splits) * _CHUNK
