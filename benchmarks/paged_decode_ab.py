@@ -1,8 +1,8 @@
 """A/B of paged-decode kernel sources in one process, on the same caches: the working tree's
-``flydsl.kernels.attention.decode`` against other versions of ``decode.py`` given as files (an older commit's,
-``git show REV:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_REV.py``, carried to the
-GPU machine), next to the half copy and a read of the same bytes. Cold (dirty L2 flush), 3 interleaved rounds,
-medians; each variant's output is compared with the first's. Run from the repository root on the GPU machine:
+``flydsl.kernels.attention.decode`` against other versions of ``decode.py`` given as files (an older commit's, ``git
+show REV:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_REV.py``, carried to the GPU
+machine), next to the half copy and a read of the same bytes. Cold (dirty L2 flush), 3 interleaved rounds, medians;
+each variant's output is compared with the first's. Run from the repository root on the GPU machine:
 
     python3 benchmarks/paged_decode_ab.py --variant main=exp/decode_d3d92bc.py@2,4 --json $OUT/ab.json --commit REV
 
@@ -10,8 +10,12 @@ A file variant runs with its own ``DecodeConfig`` (the plan's fields it knows) a
 (bf16, fp8), else ``--old-ctas`` (main's table at d3d92bc: 4 for fp8, 2 for bf16, D 128); the working tree runs at
 its plan's choice and, for fp8, at each of ``--ctas`` as well, with splits sized for ``--fills`` of the resident
 CTAs (fewer splits: less to merge, fewer CTAs streaming), and at the load depths of ``--prefetch`` (``"2@2,3"``: two
-chunks ahead, bf16 at 2 and fp8 at 3 CTAs per SM). The record's summary: each variant's geomean speedup over the
-first, per cache kind.
+chunks ahead, bf16 at 2 and fp8 at 3 CTAs per SM) and with a floor under each split's K+V bytes (``--split-bytes``:
+``decode_plan_config``'s ``min_split_bytes``). ``--grid MODEL[,MODEL]`` (with ``--batches``) takes
+``paged_attention_bench.py``'s sweep, pages of 16, in place of the 8 fixed caches. The record's summary: each
+variant's geomean speedup over the first, per cache kind (all caches, the long ones of B * context >= 64K tokens,
+the short ones, the worst), each variant's least fraction of a read over the long caches, and per fp8 variant issue
+35's fp8-over-bf16 speedup over the long caches (against bf16 as the plan runs it).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import sys
 
 import torch
 from cold_l2 import bench_cold
-from paged_attention_bench import BATCHES, CONTEXTS, Shape, kv_bytes, quantize_fp8, shapes
+from paged_attention_bench import BATCHES, CONTEXTS, LONG_TOKENS, Shape, kv_bytes, quantize_fp8, shapes
 from read_roofline import reader
 from record import geomean, write_record
 
@@ -162,13 +166,35 @@ def main() -> None:
             del k, v, source, target
         del shape
         torch.cuda.empty_cache()
-    summary = {}  # each variant against the first, geomean per cache kind (the variants' names may differ by kind)
+    # Each variant against the first, geomean per cache kind (the variants' names may differ by kind), over all
+    # caches and, apart, over the long ones (B * context >= 64K tokens, issue 35's bars) and the short ones; the worst
+    # case; each variant's least fraction of a read over the long caches.
+    summary = {}
     for kv in options.kinds.split(","):
         of_kind = [r for r in rows if r["kv"] == kv]
         names = [key.removesuffix("_speedup") for key in of_kind[0] if key.endswith("_speedup")] if of_kind else []
-        summary |= {
-            f"geomean_speedup_{name}_{kv}": geomean([r[f"{name}_speedup"] for r in of_kind]) for name in names[1:]
-        }
+        long = [r for r in of_kind if r["batch"] * r["context"] >= LONG_TOKENS]
+        short = [r for r in of_kind if r["batch"] * r["context"] < LONG_TOKENS]
+        for name in names[1:]:
+            summary[f"geomean_speedup_{name}_{kv}"] = geomean([r[f"{name}_speedup"] for r in of_kind])
+            summary[f"min_speedup_{name}_{kv}"] = min(r[f"{name}_speedup"] for r in of_kind)
+            for part, part_rows in (("long", long), ("short", short)):
+                if part_rows:
+                    summary[f"geomean_speedup_{name}_{kv}_{part}"] = geomean([r[f"{name}_speedup"] for r in part_rows])
+        for name in names:
+            if long:
+                summary[f"min_of_read_long_{name}_{kv}"] = min(r[f"{name}_of_read"] for r in long)
+    # issue 35's fp8 bar per variant: bf16 as the plan runs it over the variant's fp8 time, long caches
+    bf16 = {(r["model"], r["batch"], r["context"], r["block_size"]): r["tree_us"] for r in rows if r["kv"] == "bf16"}
+    for kv in ("fp8", "fp8-token"):
+        of_kind = [r for r in rows if r["kv"] == kv and r["batch"] * r["context"] >= LONG_TOKENS]
+        paired = [r for r in of_kind if (r["model"], r["batch"], r["context"], r["block_size"]) in bf16]
+        variants = (
+            [k.removesuffix("_us") for k in paired[0] if k.startswith("tree") and k.endswith("_us")] if paired else []
+        )
+        for name in variants:
+            ratios = [bf16[(r["model"], r["batch"], r["context"], r["block_size"])] / r[f"{name}_us"] for r in paired]
+            summary[f"{kv}_over_bf16_long_{name}"] = geomean(ratios)
     print(json.dumps(summary))
     if options.json:
         method = "cold_l2.bench_cold (dirty L2 flush, queued), 3 interleaved rounds of warmup 5 / rep 30, medians"
