@@ -8,9 +8,9 @@ one host-overhead benchmark.
 blockscale_gemm 16x4096x4096 with an nn.Linear weight's ``w.t()``; paged_decode and write_kv at a decode step of 8
 sequences of 512 tokens, Llama-3-8B's heads; topk_route and fused_moe at 8 tokens of Qwen3-30B-A3B's experts), per mode
 -- ``fwd`` (no input requires grad) and ``fwd_bwd`` (the forward, then ``torch.autograd.grad`` of its output) -- through
-four paths: ``functional`` (``flydsl.torch.functional``, what a user swaps in; where an op has none, the
-``torch.ops.flydsl`` op is the user-facing form), ``op`` (``torch.ops.flydsl.*``), ``direct`` (``flydsl.kernels``;
-fwd_bwd: the forward with statistics, then the backward function) and ``torch`` (torch eager). The summary's ratio is
+four paths: ``functional`` (``flydsl.torch.functional``, what a user swaps in: the user-facing path; an op without
+one would take ``torch.ops.flydsl``'s), ``op`` (``torch.ops.flydsl.*``), ``direct`` (``flydsl.kernels``; fwd_bwd: the
+forward with statistics, then the backward function) and ``torch`` (torch eager). The summary's ratio is
 the user-facing path's time over torch's. A new op is one ``Op(...)`` entry of ``OPS`` (its paths as callables of the
 prepared inputs; new inputs go in ``inputs()``).
 
