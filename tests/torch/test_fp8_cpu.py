@@ -162,3 +162,24 @@ def test_casts_keep_the_fp8_weight():
         layer.weight_scale, scale
     )
     assert layer.bias.dtype == torch.float16
+
+
+@pytest.mark.parametrize("granularity, prepared, ops", [
+    ("token", False, ["flydsl.quantize_fp8.default", "flydsl.fp8_gemm.default"]),
+    ("token", True, ["flydsl.quantize_fp8.default", "flydsl.fp8_gemm_prepared.default"]),
+    ("block", False, ["flydsl.quantize_fp8.default", "flydsl.blockscale_gemm.default"]),
+])  # fmt: skip
+def test_fp8_linear_on_fake_cuda_tensors_goes_through_the_ops(op_recorder, granularity, prepared, ops):
+    """Fp8Linear's CUDA path calls the ops' ``call``: under a dispatch mode (fake tensors here, as torch.compile
+    traces) that is the torch.ops.flydsl ops, each once, with the output's shape and dtype from their fakes."""
+    layer = Fp8Linear(256, 96, granularity=granularity, prepared=prepared)
+    with FakeTensorMode():
+        for store in (layer._buffers, layer._parameters):  # the weights, scales and bias as fake CUDA tensors
+            for name, value in list(store.items()):
+                if value is not None:
+                    store[name] = torch.empty(value.shape, dtype=value.dtype, device="cuda")
+        x = torch.empty(3, 7, 256, dtype=torch.bfloat16, device="cuda")
+        with op_recorder() as rec:
+            y = layer(x)
+    assert [name for name in rec.names if name.startswith("flydsl.")] == ops
+    assert y.shape == (3, 7, 96) and y.dtype == torch.bfloat16
