@@ -9,12 +9,13 @@ neither): both groups should read 0. Each run starts a fresh interpreter with ``
 not counted: a user of ``flydsl.torch`` has it), then imports ``--target``; the per-module times that
 ``-X importtime`` prints (microseconds, self and cumulative) are summed into groups. Medians over the runs. The
 children run as this process does (``python -S`` included: a tree laid out as installed, without an editable
-install's import hook).
+install's import hook), with bytecode written by an untimed first run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -40,7 +41,11 @@ def one_run(target: str) -> dict:
     target's cumulative time."""
     code = f"import torch; import {target}"
     flags = ["-S"] if sys.flags.no_site else []
-    run = subprocess.run([sys.executable, *flags, "-X", "importtime", "-c", code], capture_output=True, text=True)
+    # Bytecode written (a warm-up run writes it), as an installed package has it: PYTHONDONTWRITEBYTECODE, which some
+    # machines set, would time the compilation of every source instead (about twice the import here).
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    command = [sys.executable, *flags, "-X", "importtime", "-c", code]
+    run = subprocess.run(command, capture_output=True, text=True, env=env)
     if run.returncode != 0:
         last = [line for line in run.stderr.splitlines() if not line.startswith("import time:")][-3:]
         raise RuntimeError(f"import {target} failed in a fresh process: {' / '.join(last)}")
@@ -69,6 +74,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the record here")
     parser.add_argument("--commit")
     args = parser.parse_args()
+    one_run(args.target)  # the warm-up: writes the bytecode the timed runs read
     runs = [one_run(args.target) for _ in range(args.runs)]
     names = list(runs[0]["self_ms"])
     medians = {name: round(statistics.median(r["self_ms"][name] for r in runs), 1) for name in names}
