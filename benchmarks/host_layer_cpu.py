@@ -47,10 +47,10 @@ def _child(calls: int, repeats: int) -> dict:
     import torch
 
     from flydsl.compiler._native import launcher
-    from flydsl.torch import _registry, ops
+    from flydsl.torch import _mutating, _registry, ops
     from flydsl.torch import functional as F
 
-    INFERENCE = {**_registry.registered_ops(), **_registry.registered_mutating_ops()}
+    INFERENCE = {**_registry.registered_ops(), **_mutating.registered_mutating_ops()}
     INFERENCE = {name: INFERENCE[name] for name in INFERENCE_OPS}
 
     _registry._plain_keyset = lambda raw: True

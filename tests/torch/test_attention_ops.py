@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import flydsl.torch as ft  # noqa: E402
-from flydsl.torch import _registry  # noqa: E402
+from flydsl.torch import _mutating  # noqa: E402
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 
@@ -78,20 +78,20 @@ def test_schemas():
 
 def test_write_kv_is_a_mutating_only_op():
     assert "paged_decode" in ft.registered_ops()
-    mutating = _registry.registered_mutating_ops()
+    mutating = _mutating.registered_mutating_ops()
     assert set(mutating) == {"write_kv"} and "write_kv" not in ft.registered_ops()
     assert mutating["write_kv"].mutates == ("k_cache", "v_cache", "k_scale", "v_scale")
     assert not hasattr(torch.ops.flydsl, "write_kv_out")
     with pytest.raises(RuntimeError, match="flydsl op write_kv is already registered"):
-        _registry.register_mutating_op("write_kv", mutates=("x",), check=lambda x: None)(lambda x: None)
+        _mutating.register_mutating_op("write_kv", mutates=("x",), check=lambda x: None)(lambda x: None)
     with pytest.raises(RuntimeError, match="flydsl op paged_decode is already registered"):
-        _registry.register_mutating_op("paged_decode", mutates=("x",), check=lambda x: None)(lambda x: None)
+        _mutating.register_mutating_op("paged_decode", mutates=("x",), check=lambda x: None)(lambda x: None)
 
 
 def test_mutating_ops_name_tensor_parameters():
     def impl(x: torch.Tensor, n: int) -> None: ...
 
-    register = _registry.register_mutating_op
+    register = _mutating.register_mutating_op
     with pytest.raises(TypeError, match=r"mutates: expected names of its tensor parameters, got \('n',\)"):
         register("attention_test_unregistered", mutates=("n",), check=lambda x, n: None)(impl)
     with pytest.raises(TypeError, match="takes its inputs as plain parameters"):

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 
 import flydsl.torch as ft  # noqa: E402
-from flydsl.torch import _registry, ops  # noqa: E402
+from flydsl.torch import _mutating, _registry, ops  # noqa: E402
 
 
 def _leaf(*shape, dtype=torch.float32):
@@ -152,7 +152,7 @@ _INFERENCE = ("fp8_gemm", "blockscale_gemm", "quantize_fp8", "paged_decode", "wr
 
 
 def _op_of(name: str):
-    return {**ft.registered_ops(), **_registry.registered_mutating_ops()}[name]
+    return {**ft.registered_ops(), **_mutating.registered_mutating_ops()}[name]
 
 
 @pytest.mark.parametrize("name", _INFERENCE)
@@ -212,7 +212,7 @@ def test_inference_functionals_refuse_cpu_tensors_naming_the_argument():
 def test_mutating_call_checks_and_bumps_versions_without_the_dispatcher(monkeypatch):
     # CPU tensors standing in for plain CUDA ones (as benchmarks/host_layer_cpu.py does): write_kv's call runs the
     # work directly, after the checks, and bumps the version of what it writes, as the op's ADInplaceOrView would
-    op = _registry.registered_mutating_ops()["write_kv"]
+    op = _mutating.registered_mutating_ops()["write_kv"]
     done = []
     monkeypatch.setattr(_registry, "_plain_keyset", lambda raw: True)
     monkeypatch.setattr(_registry._Op, "_check_devices", lambda self, tensors: None)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from flydsl.kernels import validation as check
 from flydsl.kernels.attention import checks as _attention_checks  # paged_decode's metadata checks (no compiler)
-from flydsl.torch._registry import register_mutating_op, register_op
+from flydsl.torch._mutating import register_mutating_op
+from flydsl.torch._registry import register_op
 from flydsl.torch.ops import _check_like, _dtype, _like
 from torch import Tensor
 
