@@ -30,7 +30,7 @@ import statistics
 import sys
 
 from read_roofline import reader
-from record import write_record
+from record import merge, write_record
 
 SQUARE = [(8192, 8192, 8192), (4096, 4096, 4096)]
 SWEEP_NK = [
@@ -307,23 +307,6 @@ def summarize(results) -> dict:
     return summary
 
 
-def merge(paths, output) -> int:
-    """Joins the records at ``paths`` (the same commit and GPU) into ``output`` with the summary recomputed."""
-    from record import save
-
-    records = [json.loads(open(path).read()) for path in paths]
-    first = records[0]
-    for other in records[1:]:
-        if (other["git_commit"], other["gpu"]) != (first["git_commit"], first["gpu"]):
-            raise SystemExit(f"fp8_gemm_bench --merge: records of different commits or GPUs: {paths}")
-    joined = dict(first, results=[r for record in records for r in record["results"]])
-    joined["command"] = " && ".join(record["command"] for record in records)
-    joined["summary"] = summarize(joined["results"])
-    save(output, joined)
-    print(json.dumps(joined["summary"]))
-    return 0
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="issue 32's 70 shapes after the square ones")
@@ -353,7 +336,8 @@ def main(argv=None) -> int:
     sweep_nk = [tuple(map(int, pair.split("x"))) for pair in args.nk] if args.nk else SWEEP_NK
 
     if args.merge:
-        return merge(args.merge, args.json)
+        merge(args.merge, args.json, summarize)
+        return 0
 
     import torch
     from triton.testing import do_bench

@@ -42,7 +42,7 @@ import sys
 import time
 
 from read_roofline import reader
-from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, geomean, new_record
+from record import Sweep, cell, cold_timer, csv_list, error_text, failure_note, geomean, merge, new_record
 
 MODELS = {"llama3-8b": (32, 8, 128), "llama3-70b-tp8": (8, 1, 128)}  # name -> (Hq, Hkv, D)
 BATCHES = (1, 8, 32, 128, 256)
@@ -479,6 +479,12 @@ def parse_args(argv):
     parser.add_argument("--list", action="store_true", help="print the cases and exit")
     parser.add_argument("--json", help="write the results here (again after each case)")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="instead: join these records of one commit (the sweep split by model over calls) into --json",
+    )
     return parser.parse_args(argv)
 
 
@@ -498,6 +504,9 @@ METHOD = (
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        merge(args.merge, args.json, summarize)
+        return 0
     todo = cases(args.model, args.batches, args.contexts, args.block_sizes, args.kv, args.max_tokens)
     if args.list:
         for model, batch, context, block_size, kv in todo:

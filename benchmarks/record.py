@@ -151,6 +151,26 @@ def write_record(path, benchmark: str, argv, results, *, commit=None, method=Non
     return save(path, new_record(benchmark, argv, results, commit=commit, method=method, summary=summary, **extra))
 
 
+def merge(paths, output, summarize) -> dict:
+    """Joins the records at ``paths`` (one benchmark's sweep split over device calls: the same commit and GPU) into
+    one record at ``output``, its summary recomputed by ``summarize(results)``; prints and returns the summary."""
+    records = [json.loads(Path(path).read_text()) for path in paths]
+    first = records[0]
+    for other in records[1:]:
+        if (other["benchmark"], other["git_commit"], other["gpu"]) != (
+            first["benchmark"],
+            first["git_commit"],
+            first["gpu"],
+        ):
+            raise SystemExit(f"{first['benchmark']} --merge: records of different benchmarks, commits or GPUs: {paths}")
+    joined = dict(first, results=[r for record in records for r in record["results"]])
+    joined["command"] = " && ".join(record["command"] for record in records)
+    joined["summary"] = summarize(joined["results"])
+    save(output, joined)
+    print(json.dumps(joined["summary"]))
+    return joined["summary"]
+
+
 def error_text(error: BaseException) -> str:
     """An exception as a record keeps it: its type and the first line of its message (300 characters at most)."""
     lines = str(error).strip().splitlines()
