@@ -1,7 +1,8 @@
 """Where the paged decode kernel's main loop issues its loads and MMAs, from its SASS, without a GPU: per cache kind
 (bf16, fp8 per tensor, fp8 per token), the loop's instruction count and the positions in it of the 16-byte global
-loads (the next chunk's keys and values) and of the HMMAs. ptxas assembles the PTX for sm_90a; nvdisasm
-(``pip install nvidia-cuda-nvdisasm``) disassembles it. docs/tuning/attention.md#left reads these numbers.
+loads (the next chunk's keys and values) and of the HMMAs, and the kernel's local loads and stores (spilled
+registers). ptxas assembles the PTX for sm_90a; nvdisasm (``pip install nvidia-cuda-nvdisasm``) disassembles it.
+docs/tuning/attention.md#left reads these numbers.
 
     python tools/decode_loop_sass.py [--heads 8] [--kv-heads 1] [--dim 128] [--sass-dir DIR]
 """
@@ -59,9 +60,10 @@ def main(argv=None) -> int:
         loads = [k for k, line in enumerate(body) if "LDG.E.128" in line]
         mmas = [k for k, line in enumerate(body) if "HMMA" in line]
         span = f"{loads[0]}-{loads[-1]}" if loads else "-"
+        spills = len(re.findall(r"\b(?:LDL|STL)\b", sass))  # local memory: registers spilled
         print(
             f"{name:<12} {cfg.ctas_per_sm} CTAs/SM  loop {len(body)}  16-byte loads at {span} ({len(loads)})"
-            f"  HMMAs at {mmas}"
+            f"  spill loads/stores {spills}  HMMAs at {mmas}"
         )
     return 0
 

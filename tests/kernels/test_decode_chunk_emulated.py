@@ -4,7 +4,8 @@ model of one warp (``warp_emulator``: fragments and conversions from the PTX ISA
 context; the lanes' accumulators and statistics are then gathered into attention rows and compared with float64
 attention over the same (dequantized) cache. Both layouts of the scores (``S = Q K^T`` for more than 8 rows,
 ``S^T = K Q^T`` up to 8), bf16 and e4m3 caches with scales per tensor and per token, partial last chunks, 2 queries
-per sequence, maxima that grow chunk after chunk (the rescaling) and ones that settle."""
+per sequence, maxima that grow chunk after chunk (the rescaling) and ones that settle, and per-token value scales
+spread over 2^-24 and all below f16's smallest normal (P carries them in f16)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,15 @@ CASES = {  # name: (head_dim, kv, group, queries, scales (or (key, value) scales
     "narrow-bf16-g4-q2-growing": (128, "bf16", 4, 2, None, 32, 90, True),
     "narrow-e4m3-tensor-g8-growing": (128, "e4m3", 8, 1, "tensor", 16, 61, True),
     "narrow-e4m3-token-keys-g4-growing": (128, "e4m3", 4, 1, ("token", "tensor"), 32, 83, True),
-    "wide-e4m3-token-g4-growing": (128, "e4m3", 4, 1, "token", 64, 100, True),
+    "narrow-e4m3-token-g4-growing": (128, "e4m3", 4, 1, "token", 64, 100, True),
+    "narrow-e4m3-token-g8-spread": (128, "e4m3", 8, 1, "token", 16, 75, False),
     "narrow-bf16-d64-g2": (64, "bf16", 2, 1, None, 16, 40, False),
     "wide-bf16-g16-growing": (128, "bf16", 16, 1, None, 16, 70, True),
     "wide-e4m3-tensor-g16": (128, "e4m3", 16, 1, "tensor", 16, 45, False),
     "wide-e4m3-token-g8-q2-growing": (128, "e4m3", 8, 2, "token", 16, 52, True),
+    "wide-e4m3-token-g16-spread": (128, "e4m3", 16, 1, "token", 32, 70, True),
 }
+VALUE_SPREAD = (16, 24)  # "-spread": each token's values times 2^-(16 + u), u uniform in [0, 24): scales ~2^-23..-47
 HKV, BLOCKS = 2, 12
 
 
@@ -43,10 +47,14 @@ def warp(monkeypatch):
     return memory
 
 
-def _cache(generator, shape, kv, scales, growing):
+def _cache(generator, shape, kv, scales, growing, spread=None):
     """Keys or values (blocks, block_size, Hkv, D): float64 values, what the kernel reads (bf16 or e4m3 patterns),
-    their scales (per tensor: a float32 (1,); per token: (blocks, block_size, Hkv))."""
+    their scales (per tensor: a float32 (1,); per token: (blocks, block_size, Hkv)). ``spread`` ``(low, width)``: each
+    token's values times 2^-(low + u), u uniform in [0, width)."""
     values = torch.randn(shape, generator=generator, dtype=torch.float64)
+    if spread:
+        low, width = spread
+        values *= torch.exp2(-low - width * torch.rand((*shape[:-1], 1), generator=generator, dtype=torch.float64))
     if growing:  # later blocks' logits larger: the running maximum moves chunk after chunk
         values *= torch.linspace(0.5, 3.0, shape[0], dtype=torch.float64)[:, None, None, None]
     if kv == "bf16":
@@ -73,7 +81,8 @@ def test_chunk_math_matches_float64_attention(case, warp):
     generator = torch.Generator().manual_seed(sum(map(ord, case)))
     shape = (BLOCKS, block_size, HKV, dim)
     keys, k_stored, k_scale = _cache(generator, shape, kv, k_kind, growing)
-    values, v_stored, v_scale = _cache(generator, shape, kv, v_kind, False)
+    spread = VALUE_SPREAD if case.endswith("-spread") else None
+    values, v_stored, v_scale = _cache(generator, shape, kv, v_kind, False, spread)
     q_bits = emu.bf16_bits(torch.randn((1, queries, HKV * group, dim), generator=generator))
     pages = torch.randperm(BLOCKS, generator=generator).to(torch.int32)  # sequence 0's pages, scattered
     hkv, softmax_scale = 1, dim**-0.5

@@ -61,7 +61,7 @@ def test_planned_occupancy_compiles_without_spills(dim, fp8, narrow):
             v_scale=scale, batch=4, max_context=8192,
         )  # fmt: skip
         assert cfg.ctas_per_sm == api._CTAS_PER_SM[(dim, fp8, narrow)]
-        assert cfg.narrow == (narrow and scale != "token")  # per-token value scales keep S = Q K^T
+        assert cfg.narrow == narrow
         assert spill_bytes(decode.paged_decode_kernel.lower(*_specs(cfg)).ptx) == 0, cfg
 
 

@@ -138,7 +138,7 @@ def test_paged_decode_groups_and_queries(q_heads, kv_heads, queries):
 
 
 @pytest.mark.parametrize("dim", [64, 256])
-@pytest.mark.parametrize("fp8", [None, "tensor"])
+@pytest.mark.parametrize("fp8", [None, "tensor", "token"])
 def test_paged_decode_head_dims(dim, fp8):
     _check(_case(dim=dim, fp8=fp8, contexts=(3, 257, 900)), tolerance=2e-2)
 
@@ -160,6 +160,18 @@ def test_paged_decode_soft_cap(fp8):
     q = case[0]
     case = (q * 8, *case[1:])  # logits large enough for the cap to matter
     _check(case, tolerance=2e-2, soft_cap=5.0, scale=0.1)
+
+
+@pytest.mark.parametrize("q_heads", [8, 32])
+def test_paged_decode_fp8_tiny_spread_value_scales(q_heads):
+    """Per-token value scales all below f16's smallest normal and spread over 2^24 (each token's values times
+    2^-(16 + 24u)): P carries them in f16, the rows' maxima shifted by their log2 (both score layouts)."""
+    q, k_cache, v_cache, tables, lens, scales = _case(fp8="token", q_heads=q_heads, kv_heads=2, contexts=(9, 300, 1200))
+    g = torch.Generator(device="cuda").manual_seed(1)
+    v_scale = scales["v_scale"]
+    factors = torch.exp2(-16.0 - 24.0 * torch.rand(v_scale.shape, device="cuda", generator=g))
+    scales = dict(scales, v_scale=v_scale * factors)
+    _check((q, k_cache, v_cache, tables, lens, scales), tolerance=2e-2)
 
 
 def test_paged_decode_large_values_fp8_queries():

@@ -132,6 +132,12 @@ class Int(_Number):
         """The unsigned patterns (int64)."""
         return self.v & 0xFFFFFFFF
 
+    def to(self, kind):
+        """To float32 (``arith.sitofp``: signed, round to nearest); the only conversion the kernels take."""
+        if str(kind) != "f32":
+            raise NotImplementedError(f"Int.to({kind})")
+        return Float(_signed(self.v).to(torch.float32))
+
 
 class Float(_Number):
     """Per-lane float32."""

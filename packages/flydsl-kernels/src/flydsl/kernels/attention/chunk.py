@@ -29,7 +29,6 @@ LOG2E = 1.4426950408889634
 ACC = Vector.of(fx.Float32, 4)
 W2 = Vector.of(fx.Int32, 2)
 W4 = Vector.of(fx.Int32, 4)
-_FP8_TO_BF16 = 2.0**120  # an e4m3 value's bits placed in a bf16 word read as that value times 2^-120
 
 
 def chunk_step(cfg, state, loaded, queries, chunk, consts):
@@ -52,7 +51,7 @@ def chunk_step(cfg, state, loaded, queries, chunk, consts):
         row_logits = []
         for j in fx.range_constexpr(2):
             row_logits.append([_logit(cfg, s[2 * t + j], j, t, tokens[t], consts, k_token_scales) for t in range(2)])
-        row_span, rows = (4, 8, 16), 2
+        row_span = (4, 8, 16)
     else:
         scores = []
         for half in fx.range_constexpr(2):
@@ -71,7 +70,9 @@ def chunk_step(cfg, state, loaded, queries, chunk, consts):
                     logits.append(_logit(cfg, scores[half][2 * r + j], r, 2 * half + j, token, consts, k_token_scales))
             row_logits.append(logits)
         row_span = (1, 2)
-    new_max, new_sum, alphas, probs, rescale = _online_softmax(cfg, row_logits, row_span, row_max, row_sum)
+    new_max, new_sum, alphas, probs, rescale = _online_softmax(
+        cfg, row_logits, row_span, row_max, row_sum, v_token_scales
+    )
     p_dtype = cfg.mma_dtype("pv")
     if fx.const_expr(cfg.narrow):
         if rescale:  # the lane holds the factors of its accumulators' columns, rows 2c and 2c + 1
@@ -86,8 +87,6 @@ def chunk_step(cfg, state, loaded, queries, chunk, consts):
         p_fragments = []
         for t in fx.range_constexpr(cfg.p_tiles):
             p = probs[t]
-            if fx.const_expr(cfg.v_scale == "token"):
-                p = [p[i] * (v_token_scales[i] * _FP8_TO_BF16) for i in range(4)]
             p_fragments.append(
                 vector.from_elements(W2, [nvvm.pack_f32x2(p[0], p[1], p_dtype), nvvm.pack_f32x2(p[2], p[3], p_dtype)])
             )
@@ -112,15 +111,20 @@ def _logit(cfg, score, row, slot, token, consts, k_token_scales):
     return arith.select(visible, x * LOG2E, fx.Float32(float("-inf")))
 
 
-def _online_softmax(cfg, row_logits, row_span, row_max, row_sum):
+def _online_softmax(cfg, row_logits, row_span, row_max, row_sum, v_scales=None):
     """The online softmax over the lane's rows (``row_logits``: per row, its logits in this lane; ``row_span``: the
     lane offsets whose XOR reaches a row's other lanes). Returns the new ``(max, sum)`` (two rows; one left as it was
     where only one is used), the rows' rescale factors, P per row, and whether the warp rescales (True: always, where
-    ``cfg.rescale_slack`` is None)."""
+    ``cfg.rescale_slack`` is None). ``v_scales`` (values scaled per token: the scales of the lane's tokens, in the
+    order of a row's logits): the maximum is taken over the logits plus log2 of their scales (rounded down) and P is
+    returned times the scales, at most ``2^(slack + 1)`` and the largest near 1 (f16 for the P V MMAs, however small
+    the scales); the sums, of P alone, stay float32, and the merge sees the same ``(max, sum)`` pairs."""
+    v_logs = None if v_scales is None else [_log2_below(x) for x in v_scales]
     chunk_max = []
     for logits in row_logits:
-        m = logits[0]
-        for x in logits[1:]:
+        shifted = logits if v_logs is None else [x + v_logs[i] for i, x in enumerate(logits)]
+        m = shifted[0]
+        for x in shifted[1:]:
             m = arith.maximum(m, x)
         for offset in row_span:
             m = arith.maximum(m, nvvm.shfl_sync(m, offset, "bfly"))
@@ -143,8 +147,14 @@ def _online_softmax(cfg, row_logits, row_span, row_max, row_sum):
             total = total + x
         new_max[r], new_sum[r] = m, row_sum[r] * alpha + total
         alphas.append(alpha)
-        probs.append(p)
+        probs.append(p if v_scales is None else [x * v_scales[i] for i, x in enumerate(p)])
     return new_max, new_sum, alphas, probs, rescale
+
+
+def _log2_below(scale):
+    """At most log2(``scale``) and within 0.09 of it: the float's bits read as an integer, times 2^-23, less 127 (an
+    exponent plus the mantissa's fraction); -127 for 0 (no -inf for a zero scale or a token past the end)."""
+    return arith.bitcast(fx.Int32.mlir_type(), scale).to(fx.Float32) * (2.0**-23) - 127.0
 
 
 def _rescaled(c, factors):
@@ -178,23 +188,9 @@ def _value_fragment(cfg, values, tile):
                 nvvm.prmt(c[tile], d[tile], 0x7632),
             ],
         )
-    word, odd = tile // 2, tile % 2
-    if fx.const_expr(cfg.v_scale == "tensor"):  # f16: the two tokens' bytes of values 2 tile, 2 tile + 1, widened
-        regs = []
-        for pair in ((a, b), (c, d)):
-            paired = nvvm.prmt(pair[0][word], pair[1][word], 0x7362 if odd else 0x5140)
-            regs += list(nvvm.cvt_e4m3x4_to_f16x2(paired))
-        return vector.from_elements(W4, regs)
-    # bf16 (scales per token ride on P): bytes 1 and 3 of each result are the two tokens' byte of value 2 tile + j
-    selectors = (0x4000 | 0x0400, 0x5010 | 0x0510) if odd == 0 else (0x6020 | 0x0620, 0x7030 | 0x0730)
+    word, odd = tile // 2, tile % 2  # f16: the two tokens' bytes of values 2 tile, 2 tile + 1, widened
     regs = []
     for pair in ((a, b), (c, d)):
-        for j in fx.range_constexpr(2):
-            regs.append(_e4m3_pair_to_bf16(nvvm.prmt(pair[0][word], pair[1][word], selectors[j])))
-    return vector.from_elements(W4, regs)  # (row g, row g + 8) of tokens 2c + {0, 1}, then of 2c + {8, 9}
-
-
-def _e4m3_pair_to_bf16(x):
-    """The e4m3 bytes 1 and 3 of ``x`` as a bf16 pair (low half from byte 1) holding each value times 2^-120: sign to
-    bit 15, exponent and mantissa to bits 14..4 (e4m3 subnormals become bf16 subnormals)."""
-    return ((x >> 4) & 0x07F007F0) | (x & -0x7FFF8000)
+        paired = nvvm.prmt(pair[0][word], pair[1][word], 0x7362 if odd else 0x5140)
+        regs += list(nvvm.cvt_e4m3x4_to_f16x2(paired))
+    return vector.from_elements(W4, regs)

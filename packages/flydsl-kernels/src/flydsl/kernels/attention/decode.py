@@ -18,12 +18,11 @@ of that range in turn (warp ``w``: chunks ``w, w + warps, ...``). For every chun
 
 fp8 (e4m3) caches: keys are widened to f16 (``cvt.rn.f16x2.e4m3x2``, exact) and Q is rounded to f16 after scaling
 each row by a power of two that puts its largest value near 2^13 (no overflow, no subnormals; the factor comes off in
-the logits' scale). With one value scale per tensor, values are widened to f16 like keys and P is rounded to f16
-(the scale multiplies the output). With a scale per token, P must carry it (the sum over tokens cannot factor it
-out), and P times a small scale would fall into f16's subnormals: values are then widened to bf16 by placing their
-bits (sign, exponent, mantissa) in a bf16 word, which reads as the value times 2^-120 (e4m3's exponent bias is 7,
-bf16's 127), and P is multiplied by 2^120 and the token's scale before it is rounded to bf16: the products are exact
-and P keeps float32's range. Key scales multiply the logits (per tensor: folded into the softmax scale).
+the logits' scale). Values are widened to f16 like keys and P is rounded to f16. One value scale per tensor
+multiplies the output; a scale per token must ride on P (the sum over tokens cannot factor it out), and P times a
+small scale would fall into f16's subnormals: the running maximum is taken over the logits plus log2 of their
+tokens' value scales, so that the largest ``P * scale`` of a row is near 1 (the sums, of P alone, stay float32).
+Key scales multiply the logits (per tensor: folded into the softmax scale).
 
 The next chunk's loads (and its page's number, and the one after's) are issued before the current chunk's MMAs.
 At the end the warps' partial results meet in shared memory; with one split the CTA writes the output, otherwise
@@ -118,10 +117,8 @@ class DecodeConfig:
 
     @property
     def narrow(self) -> bool:
-        """At most 8 query rows, values not scaled per token: the scores are computed as ``S^T = K Q^T``
-        (:mod:`.chunk`). Per-token value scales keep ``S = Q K^T``: transposed, they held more registers (spills at 4
-        CTAs per SM) and ran up to 14% slower at 3 (docs/tuning/attention.md#instructions)."""
-        return self.rows <= 8 and self.v_scale != "token"
+        """At most 8 query rows: the scores are computed as ``S^T = K Q^T`` (:mod:`.chunk`)."""
+        return self.rows <= 8
 
     @property
     def p_tiles(self) -> int:
@@ -131,11 +128,9 @@ class DecodeConfig:
     @property
     def rescale_slack(self) -> float | None:
         """How far (base 2) a row's chunk maximum may pass its running maximum before the running maximum moves and
-        the accumulators are rescaled (:mod:`.chunk`): P then stays below 2^slack. 8 where P is f16/bf16 of its own;
-        None (rescale every chunk) where P carries per-token value scales times 2^120 (bf16's range would not hold
-        2^8 more, and the branch's registers would spill at 4 CTAs per SM) and for D = 256, whose 128 accumulator
-        registers leave no room for the branch."""
-        return None if self.head_dim == 256 or self.v_scale == "token" else 8.0
+        the accumulators are rescaled (:mod:`.chunk`): P then stays below 2^slack (f16's range holds it). None
+        (rescale every chunk) for D = 256, whose 128 accumulator registers leave no room for the branch."""
+        return None if self.head_dim == 256 else 8.0
 
     @property
     def kv_bytes(self) -> int:
@@ -147,10 +142,9 @@ class DecodeConfig:
         return 16 // self.kv_bytes
 
     def mma_dtype(self, what: str):
-        """The MMAs' operand type: ``"qk"`` the queries' (f16 for fp8 keys), ``"pv"`` the values' (fp8: f16 with a
-        scale per tensor, bf16 with scales per token, which P carries)."""
+        """The MMAs' operand type: f16 for fp8 caches (keys and values widened exactly), else the cache's."""
         if self.kv == "e4m3":
-            return fx.Float16 if what == "qk" or self.v_scale == "tensor" else fx.BFloat16
+            return fx.Float16
         return fx.BFloat16 if self.kv == "bf16" else fx.Float16
 
 
