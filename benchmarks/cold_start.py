@@ -4,8 +4,11 @@ an op's user-facing path; medians. Not a script: the child side runs as ``host_o
 
 from __future__ import annotations
 
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -14,9 +17,11 @@ import time
 from record import error_text
 
 
-def first_calls(names: list[str], ops: dict, prepare, import_adapter) -> dict:
+def first_calls(names: list[str], ops: dict, prepare, import_adapter, profile_dir=None) -> dict:
     """In a fresh process: the CUDA context, ``import_adapter()``, then the first call of each named op's user-facing
-    path (``ops``: name -> host_overhead.Op; its inputs from ``prepare()``, made before the clock starts), in ms."""
+    path (``ops``: name -> host_overhead.Op; its inputs from ``prepare()``, made before the clock starts), in ms.
+    ``profile_dir``: the first calls run under cProfile, each one's 40 costliest functions (cumulative) written to
+    ``profile_dir/cold_<op>.txt`` (the profiler's own overhead is in the times then)."""
     import torch
 
     start = time.perf_counter()
@@ -31,17 +36,31 @@ def first_calls(names: list[str], ops: dict, prepare, import_adapter) -> dict:
     torch.cuda.synchronize()
     found["first_call_ms"] = {}
     for name in names:
+        profiler = cProfile.Profile() if profile_dir else None
         start = time.perf_counter()
+        if profiler:
+            profiler.enable()
         ops[name].user()[1](t)
         torch.cuda.synchronize()
+        if profiler:
+            profiler.disable()
         found["first_call_ms"][name] = (time.perf_counter() - start) * 1e3
+        if profiler:
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+            path = os.path.join(profile_dir, f"cold_{name}.txt")
+            with open(path, "w") as f:
+                f.write(f"{name}: first call {found['first_call_ms'][name]:.1f} ms under cProfile\n{text.getvalue()}")
     found["first_calls_load_mlir"] = "mlir._mlir_libs._mlir" in sys.modules  # cached kernels should not
     return found
 
 
-def run_child(script: str, names: list[str]) -> dict:
-    """``script --cold-child names`` in a fresh process: its :func:`first_calls` result."""
+def run_child(script: str, names: list[str], profile_dir=None) -> dict:
+    """``script --cold-child names`` in a fresh process: its :func:`first_calls` result (``profile_dir``: profiled,
+    see there)."""
     command = [sys.executable, os.path.abspath(script), "--cold-child", ",".join(names)]
+    if profile_dir:
+        command += ["--cold-profile", os.path.abspath(profile_dir)]
     # Bytecode written by the warm-up child, as an installed package has it (pip compiles it): a process start that
     # compiles every source again is not the cold start users see.
     env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}

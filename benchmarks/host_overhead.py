@@ -2,7 +2,7 @@
 one host-overhead benchmark.
 
     python benchmarks/host_overhead.py [--json benchmarks/results/host_overhead/DATE_WHAT.json --commit C]
-        [--parts ops levels cold] [--calls 200] [--repeats 7] [--cold-runs 3] [--profile FILE]
+        [--parts ops levels cold] [--calls 200] [--repeats 7] [--cold-runs 3] [--profile FILE] [--cold-profile DIR]
 
 ``ops``: each op of ``OPS`` (one line per op) at small, launch-bound sizes (8 x 1024 bf16 rows; gemm, fp8_gemm and
 blockscale_gemm 16x4096x4096 with an nn.Linear weight's ``w.t()``; paged_decode and write_kv at a decode step of 8
@@ -41,6 +41,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -507,13 +508,20 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the record here (benchmarks/results/host_overhead/)")
     parser.add_argument("--commit", default="unknown", help="the commit measured (the GPU machine has no git)")
     parser.add_argument("--profile", help="a text file that gets a cProfile of each op path")
+    parser.add_argument(
+        "--cold-profile", metavar="DIR", help="also profile one more fresh first call per op: DIR/cold_<op>.txt"
+    )
     parser.add_argument("--cold-child", help=argparse.SUPPRESS)  # comma-separated ops: one fresh cold-start process
     args = parser.parse_args(argv)
 
     if args.cold_child:
         ops = {op.name: op for op in OPS}
         print(
-            json.dumps(cold_start.first_calls(args.cold_child.split(","), ops, lambda: inputs(False), _import_adapter))
+            json.dumps(
+                cold_start.first_calls(
+                    args.cold_child.split(","), ops, lambda: inputs(False), _import_adapter, args.cold_profile
+                )
+            )
         )
         return 0
     if not torch.cuda.is_available():
@@ -527,6 +535,10 @@ def main(argv=None) -> int:
         cold = cold_start.measure(
             [op.name for op in OPS], args.cold_runs, lambda names: cold_start.run_child(__file__, names)
         )
+        if args.cold_profile:  # after the timed runs, so that the profiler's overhead stays out of them
+            os.makedirs(args.cold_profile, exist_ok=True)
+            for op in OPS:
+                cold_start.run_child(__file__, [op.name], args.cold_profile)
     else:
         cold = None
     summary = summarize(OPS, rows, cold)

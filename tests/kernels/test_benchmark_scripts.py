@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -472,6 +473,20 @@ def test_host_overhead_cold_start_medians(host_overhead):
     assert cold["first_call_ms"]["gemm"] is None and cold["errors"] == {"gemm": "RuntimeError: exited 1"}
     assert cold["import_ms"] == cold_start.median(measured)
     assert cold["import_loads_compiler"] is False and cold["first_calls_load_mlir"] is False
+
+
+def test_cold_first_calls_write_their_profiles(host_overhead, monkeypatch, tmp_path):
+    """``--cold-profile DIR``: each first call of a cold child runs under cProfile and its costliest functions go to
+    ``DIR/cold_<op>.txt``, named by the op and its time."""
+    import cold_start
+    import torch
+
+    monkeypatch.setattr(torch, "zeros", lambda *args, **kwargs: None)  # the CUDA context's op
+    busy = types.SimpleNamespace(user=lambda: ("functional", lambda t: sorted(range(5000), key=lambda i: -i)))
+    found = cold_start.first_calls(["busy"], {"busy": busy}, lambda: None, lambda: None, str(tmp_path))
+    text = (tmp_path / "cold_busy.txt").read_text()
+    assert text.startswith(f"busy: first call {found['first_call_ms']['busy']:.1f} ms under cProfile")
+    assert "cumulative" in text and "<lambda>" in text
 
 
 def test_import_time_groups_a_fresh_import(monkeypatch):
