@@ -16,7 +16,9 @@
 # paged-split (paged_decode_ab.py over Llama-3-70B TP8's sweep and Llama-3-8B's at B 1 and 8, the shapes whose
 # splits a floor changes, with a floor of 32 and 64 KB under each split's K+V bytes against none: what
 # api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's cold start alone, then
-# one profiled first call per op: cold_profiles/cold_<op>.txt, ~1.5 min).
+# one profiled first call per op: cold_profiles/cold_<op>.txt, ~1.5 min); paged-token (the per-token scales' f16 P
+# of ac27149 against 690a143's bf16 values over both models' sweeps, bf16 beside: first `python
+# tools/decode_variant.py 690a143 exp` and carry exp; ~3 min).
 # Each run is cut at 5 minutes.
 # Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
 # <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders
@@ -69,6 +71,9 @@ for bench in $which; do
     paged-merge) run paged-merge python3 benchmarks/paged_decode_merge.py --json "$(out paged_decode_merge)" \
       --commit "$commit" ;;
     paged-ab) run paged-ab python3 benchmarks/paged_decode_ab.py --variant main=exp/decode_d3d92bc.py@2,4 \
+      --json "$(out paged_decode_ab)" --commit "$commit" ;;
+    paged-token) run paged-token python3 benchmarks/paged_decode_ab.py --kinds bf16,fp8-token \
+      --variant old=exp/decode_690a143.py@2,4 --ctas "" --fills "" --grid llama3-8b,llama3-70b-tp8 \
       --json "$(out paged_decode_ab)" --commit "$commit" ;;
     paged-split)
       record=$(out paged_decode_ab)
