@@ -2,7 +2,8 @@
 pointers written in MLIR through the native launcher (``LoadedModule.launch``), the same kernel as ``@flyc.kernel``
 launched with six torch tensors, torch's ``x.add_(1)``, a Triton kernel and cuda-bindings' ``cuLaunchKernel`` (a peer
 that does not import is skipped, with the reason); and beneath a forward+backward call, ``torch.autograd.grad``
-through torch.softmax (C++ autograd nodes) and through a Python ``autograd.Function`` that only allocates (the floor
+through torch.softmax (C++ autograd nodes), through a Python ``autograd.Function`` that launches noop6 natively
+once each way (the backward on the engine's device thread), and through one that only allocates (the floor
 of any Python Function: flydsl.torch's gradients are such Functions). Not a script."""
 
 from __future__ import annotations
@@ -110,14 +111,44 @@ class AllocatingFunction(torch.autograd.Function):
         return torch.empty_like(grad)
 
 
-def _autograd_level():
+class LaunchingFunction(torch.autograd.Function):
+    """:class:`AllocatingFunction` with one native launch (noop6 on the output and its input) in the forward and one
+    in the backward, which the autograd engine runs on its device thread: the floor of a Python Function over our
+    launcher, against which the zoo's fwd+bwd paths (host_overhead.py) show what their plans and checks add."""
+
+    launch = None  # LoadedModule.launch of noop6
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.empty_like(x)
+        LaunchingFunction.launch("noop6", 1, 32, y, x, y, x, y, x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        dx = torch.empty_like(grad)
+        LaunchingFunction.launch("noop6", 1, 32, dx, grad, dx, grad, dx, grad)
+        return dx
+
+
+def _autograd_level(compiled=None):
     x = torch.randn(8, 1024, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     ones = torch.ones_like(x)
     allocating = AllocatingFunction.apply
-    return {
+    levels = {
         "autograd.grad(torch.softmax(x)) (fwd+bwd)": lambda: torch.autograd.grad(torch.softmax(x, -1), (x,), ones),
         "autograd.grad(Python Function, no launch)": lambda: torch.autograd.grad(allocating(x), (x,), ones),
     }
+    if compiled is not None and not isinstance(compiled, Exception):
+        from flydsl.compiler import runtime
+
+        LaunchingFunction.launch = runtime.load(compiled).launch
+        launching = LaunchingFunction.apply
+        levels["autograd.grad(Python Function, a native launch each way)"] = lambda: torch.autograd.grad(
+            launching(x), (x,), ones
+        )
+    return levels
 
 
 def _cuda_bindings_level(compiled, tensors, stream_handle):
@@ -176,7 +207,7 @@ def measure_levels(calls: int, repeats: int, timed) -> list[dict]:
         "torch": _torch_level,
         "triton": lambda: _triton_level(tensors),
         "cuda-bindings": lambda: with_compiled(_cuda_bindings_level),
-        "autograd": _autograd_level,
+        "autograd": lambda: _autograd_level(compiled),
     }
     for name, build in builders.items():
         try:
