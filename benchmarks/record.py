@@ -156,12 +156,12 @@ def merge(paths, output, summarize) -> dict:
     one record at ``output``, its summary recomputed by ``summarize(results)``; prints and returns the summary."""
     records = [json.loads(Path(path).read_text()) for path in paths]
     first = records[0]
+
+    def identity(record):
+        return record.get("benchmark"), record.get("git_commit"), record.get("gpu")
+
     for other in records[1:]:
-        if (other["benchmark"], other["git_commit"], other["gpu"]) != (
-            first["benchmark"],
-            first["git_commit"],
-            first["gpu"],
-        ):
+        if identity(other) != identity(first):
             raise SystemExit(f"{first['benchmark']} --merge: records of different benchmarks, commits or GPUs: {paths}")
     joined = dict(first, results=[r for record in records for r in record["results"]])
     joined["command"] = " && ".join(record["command"] for record in records)

@@ -53,6 +53,26 @@ def test_record_names_commit_command_and_environment(tmp_path, monkeypatch):
     assert git_commit(None) == "unknown"
 
 
+def test_record_merge_joins_a_split_sweep(tmp_path, monkeypatch):
+    """record.merge: the records of one commit and GPU joined, their commands chained and the summary recomputed over
+    every row; records of another commit are refused."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from record import merge, write_record
+
+    parts = []
+    for i, rows in enumerate(([{"x": 1.0}, {"x": 4.0}], [{"x": 2.0}])):
+        parts.append(tmp_path / f"part{i}.json")
+        write_record(parts[-1], "paged_attention_bench", [f"--model m{i}"], rows, commit="abc1234", summary={})
+    summary = merge(parts, tmp_path / "all.json", lambda rows: {"min_x": min(r["x"] for r in rows), "n": len(rows)})
+    joined = json.loads((tmp_path / "all.json").read_text())
+    assert summary == joined["summary"] == {"min_x": 1.0, "n": 3}
+    assert [r["x"] for r in joined["results"]] == [1.0, 4.0, 2.0]
+    assert joined["command"].count("paged_attention_bench.py") == 2 and " && " in joined["command"]
+    write_record(tmp_path / "other.json", "paged_attention_bench", [], [{"x": 0.0}], commit="fff0000", summary={})
+    with pytest.raises(SystemExit, match="different benchmarks, commits or GPUs"):
+        merge([parts[0], tmp_path / "other.json"], tmp_path / "bad.json", lambda rows: {})
+
+
 def test_gemm_bench_config_option_builds_gemm_configs(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import argparse
