@@ -31,6 +31,9 @@ CASES = {  # name: (head_dim, kv, group, queries, scales (or (key, value) scales
     "wide-e4m3-tensor-g16": (128, "e4m3", 16, 1, "tensor", 16, 45, False),
     "wide-e4m3-token-g8-q2-growing": (128, "e4m3", 8, 2, "token", 16, 52, True),
     "wide-e4m3-token-g16-spread": (128, "e4m3", 16, 1, "token", 32, 70, True),
+    "narrow-e4m3-token-values-g8-spread": (128, "e4m3", 8, 1, ("tensor", "token"), 16, 66, True),
+    "narrow-e4m3-token-d64-g2-q2": (64, "e4m3", 2, 2, "token", 16, 47, True),
+    "narrow-e4m3-token-d256-g4-spread": (256, "e4m3", 4, 1, "token", 16, 50, False),  # rescaled every chunk
 }
 VALUE_SPREAD = (16, 24)  # "-spread": each token's values times 2^-(16 + u), u uniform in [0, 24): scales ~2^-23..-47
 HKV, BLOCKS = 2, 12
