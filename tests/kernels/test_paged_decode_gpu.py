@@ -150,8 +150,11 @@ def test_paged_decode_block_sizes_and_shared_pages(block_size):
 
 @pytest.mark.parametrize("window", [1, 16, 100])
 @pytest.mark.parametrize("queries", [1, 2])
-def test_paged_decode_sliding_window(window, queries):
-    _check(_case(queries=queries, contexts=(5, 130, 2000)), sliding_window=window, max_context=2000)
+@pytest.mark.parametrize("fp8", [None, "token"])
+def test_paged_decode_sliding_window(window, queries, fp8):
+    tolerance = 1e-2 if fp8 is None else 2e-2
+    case = _case(queries=queries, contexts=(5, 130, 2000), fp8=fp8)
+    _check(case, tolerance=tolerance, sliding_window=window, max_context=2000)
 
 
 @pytest.mark.parametrize("fp8", [None, "token"])
