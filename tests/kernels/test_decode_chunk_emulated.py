@@ -5,7 +5,8 @@ context; the lanes' accumulators and statistics are then gathered into attention
 attention over the same (dequantized) cache. Both layouts of the scores (``S = Q K^T`` for more than 8 rows,
 ``S^T = K Q^T`` up to 8), bf16 and e4m3 caches with scales per tensor and per token, partial last chunks, 2 queries
 per sequence, maxima that grow chunk after chunk (the rescaling) and ones that settle, and per-token value scales
-spread over 2^-24 and all below f16's smallest normal, after a page of zero scales (P carries them in f16)."""
+spread over 2^-24 and all below f16's smallest normal, after a page of zero scales, the larger half negative (P
+carries them in f16)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,10 @@ def test_chunk_math_matches_float64_attention(case, warp):
     if spread:  # the first page's values all zero, their scales 0: the first rows' maxima come from no scale at all
         first = int(pages[0])
         values[first], v_stored[first], v_scale[first] = 0.0, 0, 0.0
+        # and the larger half of the scales negative, the bytes negated (the same values)
+        flip = v_scale > v_scale.median()
+        v_scale[flip] = -v_scale[flip]
+        v_stored[flip] ^= 0x80
     hkv, softmax_scale = 1, dim**-0.5
 
     q = warp.tensor(q_bits.to(torch.int16))

@@ -168,14 +168,19 @@ def test_paged_decode_soft_cap(fp8):
 @pytest.mark.parametrize("q_heads", [8, 32])
 def test_paged_decode_fp8_tiny_spread_value_scales(q_heads):
     """Per-token value scales all below f16's smallest normal and spread over 2^24 (each token's values times
-    2^-(16 + 24u)), and each sequence's first page of scale 0: P carries them in f16, the rows' maxima shifted by
-    their log2 (both score layouts)."""
+    2^-(16 + 24u)), each sequence's first page of scale 0 and the larger half negative (the bytes negated): P carries
+    them in f16, the rows' maxima shifted by their log2 (both score layouts)."""
     q, k_cache, v_cache, tables, lens, scales = _case(fp8="token", q_heads=q_heads, kv_heads=2, contexts=(9, 300, 1200))
     g = torch.Generator(device="cuda").manual_seed(1)
     v_scale = scales["v_scale"]
     factors = torch.exp2(-16.0 - 24.0 * torch.rand(v_scale.shape, device="cuda", generator=g))
     factors[tables[:, 0].long()] = 0.0
-    scales = dict(scales, v_scale=v_scale * factors)
+    v_scale = v_scale * factors
+    negative = v_scale > v_scale.median()
+    v_scale[negative] = -v_scale[negative]
+    v_bytes = v_cache.view(torch.uint8)
+    v_bytes[negative] ^= 0x80
+    scales = dict(scales, v_scale=v_scale)
     _check((q, k_cache, v_cache, tables, lens, scales), tolerance=2e-2)
 
 

@@ -152,11 +152,12 @@ def _online_softmax(cfg, row_logits, row_span, row_max, row_sum, v_scales=None):
 
 
 def _log2_below(scale):
-    """At most log2(``scale``) and within 0.09 of it, and at least -64: the float's bits read as an integer, times
-    2^-23, less 127 (an exponent plus the mantissa's fraction). The floor keeps ``2^(logit - max)`` finite where a
-    row's maximum comes from tokens of scale 0 (or past the end, which load 0): their ``P * scale`` is then 0, not
+    """At most log2(|``scale``|) and within 0.09 of it, and at least -64: the magnitude's bits read as an integer,
+    times 2^-23, less 127 (an exponent plus the mantissa's fraction). The floor keeps ``2^(logit - max)`` finite where
+    a row's maximum comes from tokens of scale 0 (or past the end, which load 0): their ``P * scale`` is then 0, not
     ``inf * 0``; a scale below 2^-64 only makes its token's ``P * scale`` smaller."""
-    return arith.maximum(arith.bitcast(fx.Int32.mlir_type(), scale).to(fx.Float32) * (2.0**-23) - 127.0, -64.0)
+    magnitude = arith.bitcast(fx.Int32.mlir_type(), scale) & 0x7FFFFFFF
+    return arith.maximum(magnitude.to(fx.Float32) * (2.0**-23) - 127.0, -64.0)
 
 
 def _rescaled(c, factors):
