@@ -277,7 +277,7 @@ def test_the_plan_launches_on_its_scratch_alone(monkeypatch, context):
         assert target.data_ptr() == out.data_ptr()
 
 
-@pytest.mark.parametrize("kv, scale, loads", [("bf16", None, 16), ("e4m3", "tensor", 8)])
+@pytest.mark.parametrize("kv, scale, loads", [("bf16", None, 16), ("e4m3", "tensor", 8), ("e4m3", "token", 8)])
 def test_the_main_loop_loads_one_chunk_ahead_in_sass(kv, scale, loads):
     """tools/decode_loop_sass.py finds the kernel's main loop in its SASS: one chunk's 16-byte loads of keys and
     values (D 128: 16 for bf16, 8 for fp8) issued among the chunk's MMAs, i.e. loads one chunk ahead (depth 1)."""
@@ -301,3 +301,31 @@ def test_the_main_loop_loads_one_chunk_ahead_in_sass(kv, scale, loads):
     load_at = [k for k, line in enumerate(body) if "LDG.E.128" in line]
     mma_at = [k for k, line in enumerate(body) if "HMMA" in line]
     assert len(load_at) == loads and mma_at and mma_at[0] < load_at[0] < load_at[-1] < mma_at[-1]
+
+
+def test_decode_variant_writes_a_commits_kernel_with_its_chunk_module(tmp_path):
+    """tools/decode_variant.py: a commit's decode.py, importing the chunk.py of the same commit from beside it, as
+    benchmarks/paged_decode_ab.py loads a file variant."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    tool = root / "tools" / "decode_variant.py"
+    subprocess.run([sys.executable, str(tool), "HEAD", str(tmp_path)], cwd=root, check=True, capture_output=True)
+    spec = importlib.util.spec_from_file_location("decode_variant_head", tmp_path / "decode_HEAD.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        assert module.chunk_step.__module__ == "chunk_HEAD"
+        committed = subprocess.run(
+            ["git", "show", "HEAD:packages/flydsl-kernels/src/flydsl/kernels/attention/chunk.py"],
+            cwd=root, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert (tmp_path / "chunk_HEAD.py").read_text() == committed
+    finally:
+        sys.modules.pop(spec.name, None)
