@@ -211,13 +211,12 @@ def main(argv=None) -> None:
             f"{floor_text}"
         )
     print(f"\n{'inference op':<28}{'functional (us)':>17}{'torch.ops (us)':>16}{'ratio':>8}")
+    inference = []
     for name in INFERENCE_OPS:
         timed = replayed[f"{name}.inference"]
         row = {"case": f"{name}.inference", **timed, "ratio": round(timed["functional_us"] / timed["op_us"], 3)}
-        rows.append(row)
+        inference.append(row)
         print(f"{name:<28}{row['functional_us']:>17.2f}{row['op_us']:>16.2f}{row['ratio']:>8.3f}")
-    inference = [r for r in rows if r["case"].endswith(".inference")]
-    rows = [r for r in rows if not r["case"].endswith(".inference")]
     if args.json:
         summary = {
             "max_inference_functional_us": max(r["functional_us"] for r in inference),

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from flydsl.kernels.plans import Plans, signature
-from flydsl.torch._registry import _NAMES, _Op, _refuse_taken, eager
+from flydsl.torch._registry import _Op, _registered, eager
 
 __all__ = ["FlyMutatingOp", "register_mutating_op", "registered_mutating_ops"]
 
@@ -106,11 +106,7 @@ def register_mutating_op(name: str, *, mutates: Sequence[str], check: Callable) 
     :func:`register_op`'s; the decorator adds the device checks. Returns the :class:`FlyMutatingOp`."""
 
     def decorate(impl: Callable) -> FlyMutatingOp:
-        _refuse_taken(name)
-        op = FlyMutatingOp(name, impl, mutates, check)
-        _MUTATING_OPS[name] = op
-        _NAMES.add(name)
-        return op
+        return _registered(name, _MUTATING_OPS, lambda: FlyMutatingOp(name, impl, mutates, check))
 
     return decorate
 

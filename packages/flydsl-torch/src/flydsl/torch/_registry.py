@@ -490,10 +490,14 @@ class FlyOp(_Op):
         _LIB.impl(self.name, autograd_kernel, "Autograd", with_keyset=True)
 
 
-def _refuse_taken(name: str) -> None:
-    """Refuses ``name`` where an op of the ``flydsl`` namespace (functional or mutating) has it."""
+def _registered(name: str, table: dict, make: Callable):
+    """``make()``'s op kept in ``table`` under ``name``, a name no op of the ``flydsl`` namespace (functional or
+    mutating) has yet."""
     if name in _NAMES:
         raise RuntimeError(f"flydsl op {name} is already registered")
+    op = table[name] = make()
+    _NAMES.add(name)
+    return op
 
 
 def register_op(name: str, *, outputs: Callable[..., Sequence[OutputSpec]], check: Callable) -> Callable:
@@ -501,11 +505,7 @@ def register_op(name: str, *, outputs: Callable[..., Sequence[OutputSpec]], chec
     outputs (its keyword-only parameters); returns the :class:`FlyOp`."""
 
     def decorate(impl: Callable) -> FlyOp:
-        _refuse_taken(name)
-        op = FlyOp(name, impl, outputs, check)
-        _OPS[name] = op
-        _NAMES.add(name)
-        return op
+        return _registered(name, _OPS, lambda: FlyOp(name, impl, outputs, check))
 
     return decorate
 

@@ -273,8 +273,10 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 # --- inference ops ---------------------------------------------------------------------------------------------------
 # The torch.ops.flydsl ops without gradients, by the same arguments: on plain CUDA tensors in eager mode each runs its
-# work without torch's dispatcher (FlyOp.call: checked once per signature, a native replay from the second call on),
-# otherwise (torch.compile, fake tensors, dispatch modes) through the op, which traces as before.
+# work without torch's dispatcher (FlyOp.call: checked once per signature, then the signature's kept run: a native
+# replay where the kernel's launches read only the call's tensors; where the kernel allocates scratch per call, as
+# paged_decode's split partials, a Python plan around the kernel entry), otherwise (torch.compile, fake tensors,
+# dispatch modes) through the op, which traces as before.
 
 
 def fp8_gemm(
