@@ -16,7 +16,7 @@
 # paged-split (paged_decode_ab.py over Llama-3-70B TP8's sweep and Llama-3-8B's at B 1 and 8, the shapes whose
 # splits a floor changes, with a floor of 32 and 64 KB under each split's K+V bytes against none: what
 # api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels and cold
-# start, then one profiled first call per op: cold_profiles/cold_<op>.txt, ~2 min); paged-token (the per-token
+# start, then one profiled first call per op: cold_profiles.tgz holds cold_<op>.txt, ~2 min); paged-token (the per-token
 # scales' f16 P of ac27149 against 690a143's bf16 values over both models' sweeps, bf16 beside: first `python
 # tools/decode_variant.py 690a143 exp` and carry exp; ~3 min).
 # Each run is cut at 5 minutes.
@@ -49,7 +49,9 @@ for bench in $which; do
     norms) run norms python3 benchmarks/norms_bench.py --backward --out "$(out norms)" --commit "$commit" ;;
     host) run host python3 benchmarks/host_overhead.py --json "$(out host_overhead)" --commit "$commit" ;;
     host-cold) run host-cold python3 benchmarks/host_overhead.py --parts levels cold \
-      --cold-profile "$logs/cold_profiles" --json "$(out host_overhead)" --commit "$commit" ;;
+      --cold-profile "$logs/cold_profiles" --json "$(out host_overhead)" --commit "$commit"
+      # the device tool brings back 8 files at most: the profiles travel as one archive
+      tar -czf "$logs/cold_profiles.tgz" -C "$logs" cold_profiles && rm -rf "$logs/cold_profiles" ;;
     moe-decode) run moe-decode python3 benchmarks/moe_decode_sweep.py --json "$(out moe_decode_sweep)" --commit "$commit" ;;
     moe-decode-record) run moe-decode-record python3 benchmarks/moe_bench.py --tokens 1,16,64 --repeats 3 \
       --json "$(out moe)" --commit "$commit" ;;
