@@ -11,6 +11,11 @@
 # mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared weights' descriptors, < 1 min) too, as do
 # paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue 35's short caches, ~1.5 min on an
 # H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split contexts, ~1.5 min);
+# fp8-sweep (issue 32's 72 shapes without the bf16 column in two records, *_small and *_large, ~2 min on an H100);
+# paged-sweep-8b and paged-sweep-70b (issue 35's sweep of one model, pages of 16 and 64, ~3.5 min each on an H100,
+# one per call; FlashInfer is a peer where `source tools/flashinfer-env.sh --env` ran first in the same command, after
+# `source tools/flashinfer-env.sh` built its modules in an earlier call; join the two records with
+# paged_attention_bench.py --merge);
 # paged-ab (benchmarks/paged_decode_ab.py against the kernel of d3d92bc, ~3 min: first `git show
 # d3d92bc:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_d3d92bc.py` and carry exp);
 # paged-split (paged_decode_ab.py over Llama-3-70B TP8's sweep and Llama-3-8B's at B 1 and 8, the shapes whose
@@ -68,6 +73,18 @@ for bench in $which; do
       --variants chosen,128,192 --m 512 4096 8192 --json "$(out blockscale_variants)" --commit "$commit" ;;
     fp8-prepared) run fp8-prepared python3 benchmarks/fp8_prepared_descriptor.py \
       --json "$(out fp8_prepared_descriptor)" --commit "$commit" ;;
+    fp8-sweep)  # issue 32's record: two processes (each ~1 min on an H100), joined later by fp8_gemm_bench.py --merge
+      record=$(out fp8_gemm)
+      run fp8-sweep-small python3 benchmarks/fp8_gemm_bench.py --sweep --no-square --m 1 16 64 128 --no-bf16 \
+        --repeats 5 --json "${record%.json}_small.json" --commit "$commit"
+      run fp8-sweep-large python3 benchmarks/fp8_gemm_bench.py --sweep --m 512 2048 8192 --no-bf16 --repeats 5 \
+        --json "${record%.json}_large.json" --commit "$commit" ;;
+    paged-sweep-8b | paged-sweep-70b)  # issue 35's record, one model per call, FlashInfer's JIT modules built before
+      model=llama3-${bench#paged-sweep-}
+      [ "$model" = llama3-70b ] && model=llama3-70b-tp8
+      record=$(out paged_attention)
+      run "$bench" python3 benchmarks/paged_attention_bench.py --model "$model" --block-sizes 16,64 --repeats 5 \
+        --json "${record%.json}_${bench#paged-sweep-}.json" --commit "$commit" ;;
     paged-70b) run paged-70b python3 benchmarks/paged_attention_bench.py --model llama3-70b-tp8 --block-sizes 16 \
       --repeats 3 --json "$(out paged_attention)" --commit "$commit" ;;
     paged-merge) run paged-merge python3 benchmarks/paged_decode_merge.py --json "$(out paged_decode_merge)" \
