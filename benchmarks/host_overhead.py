@@ -2,7 +2,8 @@
 one host-overhead benchmark.
 
     python benchmarks/host_overhead.py [--json benchmarks/results/host_overhead/DATE_WHAT.json --commit C]
-        [--parts ops levels cold] [--calls 200] [--repeats 7] [--cold-runs 3] [--profile FILE] [--cold-profile DIR]
+        [--parts ops levels breakdown cold] [--calls 200] [--repeats 7] [--cold-runs 3] [--profile FILE]
+        [--cold-profile DIR]
 
 ``ops``: each op of ``OPS`` (one line per op) at small, launch-bound sizes (8 x 1024 bf16 rows; gemm, fp8_gemm and
 blockscale_gemm 16x4096x4096 with an nn.Linear weight's ``w.t()``; paged_decode and write_kv at a decode step of 8
@@ -20,6 +21,10 @@ checks, specialization lookup, current stream, native dispatch), torch's ``x.add
 cuda-bindings' ``cuLaunchKernel`` (a peer that does not import is skipped, with the reason recorded); and the floor
 of fwd_bwd: ``torch.autograd.grad`` through torch.softmax and through a Python ``autograd.Function`` that launches
 nothing (what any Python Function costs on this machine, against which ``fwd_bwd``'s functional rows compare).
+
+``breakdown`` (``host_breakdown.py``): one call taken apart: ``flydsl.torch.functional.softmax``'s plan lookup,
+signature, output allocation and native replay next to ``torch.softmax``, and ``autograd.grad`` through Python
+Functions launching noop6 or a torch op in the forward, the backward or both, against their floor.
 
 ``cold`` (``cold_start.py``): in fresh subprocesses (the disk cache warmed by a first one), ``import flydsl.torch`` and
 the first call of each op's user-facing path, after a torch op has created the CUDA context (its time is recorded
@@ -52,7 +57,8 @@ from types import SimpleNamespace
 
 import cold_start
 import torch
-from launch_levels import level_table, measure_levels  # this folder's sibling modules
+from host_breakdown import breakdown_table, measure_breakdown  # this folder's sibling modules
+from launch_levels import level_table, measure_levels
 from moe_torch import grouped_mm_moe
 from record import write_record
 
@@ -61,7 +67,7 @@ GEMM_MNK = (16, 4096, 4096)
 DEVICE = "cuda"
 PATHS = ("functional", "op", "direct", "torch")
 MODES = ("fwd", "fwd_bwd")
-PARTS = ("ops", "levels", "cold")
+PARTS = ("ops", "levels", "breakdown", "cold")
 _CLOCK_HZ = 1.98e9  # H200 boost clock: sleep cycles per second
 F = torch.nn.functional
 
@@ -531,6 +537,7 @@ def main(argv=None) -> int:
     _import_flydsl()
     rows = measure_ops(OPS, args.calls, args.repeats, args.profile) if "ops" in args.parts else []
     levels = measure_levels(max(50, args.calls), args.repeats, _timed) if "levels" in args.parts else []
+    breakdown = measure_breakdown(max(50, args.calls), args.repeats, _timed) if "breakdown" in args.parts else []
     if "cold" in args.parts:
         cold = cold_start.measure(
             [op.name for op in OPS], args.cold_runs, lambda names: cold_start.run_child(__file__, names)
@@ -546,6 +553,8 @@ def main(argv=None) -> int:
         print("\n" + table(OPS, rows, summary))
     if levels:
         print("\n" + level_table(levels))
+    if breakdown:
+        print("\none call taken apart (host time per call):\n" + breakdown_table(breakdown))
     if cold is not None:
         print(f"\ncold start (median of {args.cold_runs} fresh processes), ms:", json.dumps(summary["cold_start_ms"]))
         for name, error in cold["errors"].items():
@@ -556,7 +565,7 @@ def main(argv=None) -> int:
             args.json,
             "host_overhead",
             argv,
-            {"ops": rows, "levels": levels, "cold_start": cold},
+            {"ops": rows, "levels": levels, "breakdown": breakdown, "cold_start": cold},
             commit=args.commit,
             method="host perf_counter over back-to-back calls while a sleep kernel (4x an idle batch) keeps the GPU"
             " busy; median of repeats; fwd_bwd through torch.autograd.grad; cold start: fresh processes after one"

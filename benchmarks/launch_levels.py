@@ -9,6 +9,7 @@ of any Python Function: flydsl.torch's gradients are such Functions). Not a scri
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 from record import error_text
@@ -56,6 +57,14 @@ def _native_level(compiled, tensors, stream):
         launch("noop6", 1, 32, a, b, c, d, e, f, stream=stream)
 
     return {"native launch (MLIR noop6, LoadedModule.launch)": native}
+
+
+@functools.cache
+def noop6_module():
+    """noop6 compiled from its MLIR and loaded (``LoadedModule``: ``.launch("noop6", grid, block, *six)``)."""
+    from flydsl.compiler import runtime
+
+    return runtime.load(_noop6_mlir())
 
 
 def noop6_kernel():

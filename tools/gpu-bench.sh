@@ -20,8 +20,9 @@
 # d3d92bc:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_d3d92bc.py` and carry exp);
 # paged-split (paged_decode_ab.py over Llama-3-70B TP8's sweep and Llama-3-8B's at B 1 and 8, the shapes whose
 # splits a floor changes, with a floor of 32 and 64 KB under each split's K+V bytes against none: what
-# api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels and cold
-# start, then one profiled first call per op: cold_profiles.tgz holds cold_<op>.txt, ~2 min); paged-token (the per-token
+# api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels, one
+# call taken apart and the cold start, then one profiled first call per op: cold_profiles.tgz holds cold_<op>.txt,
+# ~2.5 min); paged-token (the per-token
 # scales' f16 P of ac27149 against 690a143's bf16 values over both models' sweeps, bf16 beside: first `python
 # tools/decode_variant.py 690a143 exp` and carry exp; ~3 min).
 # Each run is cut at 5 minutes.
@@ -53,7 +54,7 @@ for bench in $which; do
     skinny) run skinny python3 benchmarks/skinny_gemm_bench.py --repeats 3 --json "$(out skinny_gemm)" --commit "$commit" ;;
     norms) run norms python3 benchmarks/norms_bench.py --backward --out "$(out norms)" --commit "$commit" ;;
     host) run host python3 benchmarks/host_overhead.py --json "$(out host_overhead)" --commit "$commit" ;;
-    host-cold) run host-cold python3 benchmarks/host_overhead.py --parts levels cold \
+    host-cold) run host-cold python3 benchmarks/host_overhead.py --parts levels breakdown cold \
       --cold-profile "$logs/cold_profiles" --json "$(out host_overhead)" --commit "$commit"
       # the device tool brings back 8 files at most: the profiles travel as one archive
       tar -czf "$logs/cold_profiles.tgz" -C "$logs" cold_profiles && rm -rf "$logs/cold_profiles" ;;

@@ -18,6 +18,7 @@ LIBRARIES = {
     "cold_l2.py",
     "moe_torch.py",
     "launch_levels.py",
+    "host_breakdown.py",
     "cold_start.py",
 }  # imported by the scripts, not run
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in LIBRARIES)
