@@ -80,6 +80,7 @@ def measure(names: list[str], runs: int, child) -> dict:
     :func:`first_calls`) after one that calls them all (it fills the disk cache); medians of the context's, the
     import's and the first call's times, and any failure."""
     found = {"runs": runs, "errors": {}, "import_loads_compiler": None, "first_calls_load_mlir": None}
+    found["plan_cache"] = os.environ.get("FLYDSL_PLAN_CACHE", "")  # kept launch plans (flydsl.kernels.plan_cache)
     try:
         child(names)
     except Exception as error:  # noqa: BLE001

@@ -22,7 +22,8 @@
 # splits a floor changes, with a floor of 32 and 64 KB under each split's K+V bytes against none: what
 # api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels, one
 # call taken apart and the cold start, then one profiled first call per op: cold_profiles.tgz holds cold_<op>.txt,
-# ~2.5 min); paged-token (the per-token
+# ~2.5 min); host-kept (the cold start again with FLYDSL_PLAN_CACHE=1: launch plans kept on disk, ~1.5 min; its
+# record has the same name as host-cold's: run them in separate calls); paged-token (the per-token
 # scales' f16 P of ac27149 against 690a143's bf16 values over both models' sweeps, bf16 beside: first `python
 # tools/decode_variant.py 690a143 exp` and carry exp; ~3 min).
 # Each run is cut at 5 minutes.
@@ -58,6 +59,9 @@ for bench in $which; do
       --cold-profile "$logs/cold_profiles" --json "$(out host_overhead)" --commit "$commit"
       # the device tool brings back 8 files at most: the profiles travel as one archive
       tar -czf "$logs/cold_profiles.tgz" -C "$logs" cold_profiles && rm -rf "$logs/cold_profiles" ;;
+    host-kept)  # the cold start with launch plans kept on disk (FLYDSL_PLAN_CACHE=1), ~1.5 min
+      FLYDSL_PLAN_CACHE=1 run host-kept python3 benchmarks/host_overhead.py --parts cold \
+        --json "$(out host_overhead)" --commit "$commit" ;;
     moe-decode) run moe-decode python3 benchmarks/moe_decode_sweep.py --json "$(out moe_decode_sweep)" --commit "$commit" ;;
     moe-decode-record) run moe-decode-record python3 benchmarks/moe_bench.py --tokens 1,16,64 --repeats 3 \
       --json "$(out moe)" --commit "$commit" ;;

@@ -358,6 +358,8 @@ void flyBindRuntime(nb::module_ &rt) {
 
   nb::class_<Function>(rt, "Function", "A kernel of a Module; keeps the Module alive.")
       .def_prop_ro("name", &Function::name)
+      .def_prop_ro("handle", [](const Function &f) { return uint64_t(reinterpret_cast<uintptr_t>(f.handle())); },
+                   "The CUfunction (an int): the same for every Function of one loaded kernel.")
       .def_prop_ro("num_regs", &Function::numRegs)
       .def_prop_ro("max_threads_per_block", &Function::maxThreadsPerBlock)
       .def_prop_ro("static_shared_bytes", &Function::sharedSizeBytes)

@@ -341,3 +341,154 @@ def test_a_recording_sees_only_its_own_threads_launches():
     assert len(mine) == 2 and len(inner) == 1
     note()  # after the recording: not noted
     assert len(mine) == 2
+
+
+# --- plans kept on disk (flydsl.kernels.plan_cache) -----------------------------------------------------------------
+
+
+def test_a_plan_round_trips_through_its_bytes(stream_getter):
+    """A LaunchPlan's bytes (everything but its kernels' functions) make a plan that replays alike: the same
+    parameters on new arguments, the same fallback where an argument is aligned otherwise; bytes cut, padded or of
+    another format are refused, and a plan with a scratch function has no bytes."""
+    x, out = torch.randn(8, 64), torch.empty(8, 64)
+    plans.signature(x)  # torch tensors known to the key builder
+    recording = launcher.LaunchRecording()
+    recording._add(
+        "k",
+        (4, 1, 1),
+        (128, 1, 1),
+        (2, 1, 1),
+        1024,
+        7,
+        "ppipm",
+        _params(x.data_ptr(), out[2:].data_ptr(), 64, 0, out.data_ptr()),
+    )
+    recording._add("other", (1, 1, 1), (32, 1, 1), None, 0, 7, "p", _params(out.data_ptr()))
+    plan = recording.plan((x, out, 1e-5))
+    data = plan._to_bytes()
+    again = launcher.LaunchPlan._from_bytes(data, [None, None])
+    x2, out2 = torch.randn(8, 64), torch.empty(8, 64)
+    assert again._dry_run(x2, out2, 1e-5) == plan._dry_run(x2, out2, 1e-5) and len(again) == 2
+    assert again._to_bytes() == data and again._functions() == [None, None]
+    assert again._dry_run(x2, torch.empty(8 * 64 + 1)[1:].view(8, 64), 1e-5) == "fallback"
+    for bad, why in [(data[:-1], "end early"), (data + b"\0", "bytes past"), (b"FLYX" + data[4:], "not a plan")]:
+        with pytest.raises(ValueError, match=why):
+            launcher.LaunchPlan._from_bytes(bad, [None, None])
+    with pytest.raises(ValueError, match="one function per step"):
+        launcher.LaunchPlan._from_bytes(data, [None])
+    scratch = recording.plan((x, out, 1e-5), None, lambda *args: (), 3)
+    assert scratch._to_bytes() is None
+
+
+class _FakeFunction:
+    """What plan_cache reads of a loaded kernel's Function (no GPU: the recorded steps have none)."""
+
+    def __init__(self, name):
+        self.name, self.dependent_launch, self.handle = name, True, id(self)
+
+
+@pytest.fixture
+def kept(fake_recording, monkeypatch, tmp_path):
+    """Plans kept on disk under a private cache, the recorded steps standing for kernels loaded from it: keep() sees
+    one Function per step whose module is "module-key"; load() hands the bytes to LaunchPlan._from_bytes with the
+    test hook's steps (dry runs), noting which kernels it would have loaded."""
+    from flydsl.compiler import runtime
+    from flydsl.kernels import plan_cache
+
+    monkeypatch.setenv("FLYDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FLYDSL_PLAN_CACHE", "1")
+    monkeypatch.setattr(plan_cache, "_devices", lambda: (("a GPU", 9, 0, 132),))
+    monkeypatch.setattr(plan_cache, "_register_stream_getter", lambda: None)  # the fixture's stream 7 stays
+    monkeypatch.setattr(launcher.LaunchPlan, "_functions", lambda plan: [_FakeFunction("k")] * len(plan))
+    monkeypatch.setattr(runtime, "origin", lambda function: "module-key")
+    loaded = []
+    monkeypatch.setattr(plan_cache, "_function", lambda *found: loaded.append(found) or found)
+    original = launcher.LaunchPlan._from_bytes
+    monkeypatch.setattr(
+        launcher.LaunchPlan, "_from_bytes", staticmethod(lambda data, fns, fb: original(data, [None] * len(fns), fb))
+    )
+    return loaded
+
+
+def _recorded_store(fake_recording, name="test.kept"):
+    store = plans.Plans(name, replay=True)
+
+    def plan(x, out):
+        fake_recording._add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), out.data_ptr()))
+
+    return store, plan
+
+
+def test_a_recorded_plan_is_kept_on_disk_and_found_by_a_new_store(fake_recording, kept, monkeypatch):
+    store, plan = _recorded_store(fake_recording)
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    key = plans.signature(x, out)
+    store.add(key, plan)(x, out)  # recorded, replayable: kept
+    fresh, _ = _recorded_store(fake_recording)  # another process's store of the same entry point
+    found = fresh.get(key)
+    assert isinstance(found, launcher.LaunchPlan) and kept == [("module-key", "k", True)]
+    x2, out2 = torch.randn(4, 8), torch.empty(4, 8)
+    (launch,) = found._dry_run(x2, out2)
+    assert struct.unpack("<2Q", launch["params"]) == (x2.data_ptr(), out2.data_ptr())
+    assert fresh.get(key) is found and len(kept) == 1  # kept in memory from then on
+    # not found: another signature, another entry point, other settings, the plan cache off
+    assert fresh.get(plans.signature(torch.randn(4, 9), torch.empty(4, 9))) is None
+    assert _recorded_store(fake_recording, "test.other")[0].get(key) is None
+    monkeypatch.setenv("FLYDSL_AUTOTUNE", "1")
+    assert _recorded_store(fake_recording)[0].get(key) is None
+    monkeypatch.delenv("FLYDSL_AUTOTUNE")
+    monkeypatch.setenv("FLYDSL_PLAN_CACHE", "0")
+    assert _recorded_store(fake_recording)[0].get(key) is None
+    monkeypatch.setenv("FLYDSL_PLAN_CACHE", "1")
+    assert isinstance(_recorded_store(fake_recording)[0].get(key), launcher.LaunchPlan)
+
+
+def test_a_kept_plan_meeting_another_alignment_is_dropped(fake_recording, kept):
+    """Where a kept plan's replay meets an argument aligned otherwise (no Python plan to fall back on), the call
+    raises, and the plan is forgotten in memory and on disk: the next call validates and routes again."""
+    store, plan = _recorded_store(fake_recording)
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    key = plans.signature(x)  # out not keyed: an output allocated per call
+    store.add(key, plan)(x, out)
+    fresh, _ = _recorded_store(fake_recording)
+    found = fresh.get(key)
+    with pytest.raises(RuntimeError, match="aligned otherwise than when it was recorded"):
+        found(x, torch.empty(4 * 8 + 1)[1:].view(4, 8))
+    assert fresh._plans.get(key) is None and _recorded_store(fake_recording)[0].get(key) is None
+
+
+def test_plans_are_not_kept_without_the_setting_or_a_cached_kernel(fake_recording, kept, monkeypatch, tmp_path):
+    from flydsl.compiler import runtime
+
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    key = plans.signature(x, out)
+    monkeypatch.setattr(runtime, "origin", lambda function: None)  # a kernel that is not in the disk cache
+    store, plan = _recorded_store(fake_recording)
+    store.add(key, plan)(x, out)
+    assert _recorded_store(fake_recording)[0].get(key) is None
+    monkeypatch.setattr(runtime, "origin", lambda function: "module-key")
+    monkeypatch.delenv("FLYDSL_PLAN_CACHE")
+    store, plan = _recorded_store(fake_recording)
+    store.add(key, plan)(x, out)
+    monkeypatch.setenv("FLYDSL_PLAN_CACHE", "1")
+    assert _recorded_store(fake_recording)[0].get(key) is None and not list(tmp_path.rglob("*.flyc"))[1:]
+
+
+def test_the_launch_path_imports_no_tracer():
+    """flydsl.compiler's names load on first use: what a launch from the disk cache needs (the launcher, the cache,
+    the runtime) imports neither the DSL (flydsl.expr) nor the tracer (flydsl.compiler.kernel); the decorators stay
+    the package's names after their submodules are imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import flydsl.compiler._native, flydsl.compiler.cache, flydsl.compiler.runtime;"
+        "import flydsl.kernels.plan_cache;"
+        "tracer = ('flydsl.expr', 'flydsl.compiler.kernel', 'mlir._mlir_libs');"
+        "print(sorted(m for m in sys.modules if m.startswith(tracer)));"
+        "import flydsl.compiler as flyc, flydsl.compiler.kernel, flydsl.compiler.jit;"
+        "print(callable(flyc.kernel) and not isinstance(flyc.kernel, type(sys)), callable(flyc.jit))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[:2] == ["[]", "True True"], run.stdout

@@ -398,3 +398,37 @@ def test_a_split_k_gemm_replays_over_its_streams_workspace():
     assert torch.allclose(out.double(), a.double() @ w.double().t(), atol=2e-2, rtol=2e-2)
     (plan,) = gemm_launch._GEMM._plans.values()
     assert isinstance(plan, launcher.LaunchPlan), gemm_launch._GEMM.declined
+
+
+_KEPT_PLAN_CALL = """
+import json, sys, torch
+import flydsl.torch.functional as F
+torch.manual_seed(0)
+x = torch.randn(64, 1000, device="cuda", dtype=torch.bfloat16)
+y = F.softmax(x)
+torch.cuda.synchronize()
+error = (y.float() - torch.softmax(x.float(), -1)).abs().max().item()
+print(json.dumps({"error": error, "imported": sorted(m for m in sys.modules if m in (
+    "flydsl.kernels.softmax.kernels", "flydsl.compiler.kernel", "flydsl.expr"))}))
+"""
+
+
+def test_a_plan_kept_on_disk_replays_in_a_new_process(tmp_path):
+    """FLYDSL_PLAN_CACHE=1: a first process routes softmax, records its plan and keeps it beside the kernel; a new
+    process's first call replays the kept plan (it never imports the softmax kernels, the tracer or the DSL) and is
+    as right as the first."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FLYDSL_PLAN_CACHE="1", FLYDSL_CACHE_DIR=str(tmp_path))
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", _KEPT_PLAN_CALL], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first, second = run(), run()
+    assert first["error"] < 1e-2 and "flydsl.kernels.softmax.kernels" in first["imported"], first
+    assert second["error"] < 1e-2 and second["imported"] == [], second

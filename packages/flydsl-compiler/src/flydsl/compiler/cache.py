@@ -58,11 +58,9 @@ def compiler_fingerprint() -> str:
     """A hash of FlyDSL's own Python sources (layout, compiler, expr), of its dialect library's file stamp, of the
     Python version (whose standard library the kernel fingerprint names without hashing) and of the cache format,
     through :func:`_sources_digest` (stamps, then a record: a process start reads ~60 stamps, not every source)."""
-    import flydsl.compiler as compiler_package
-    import flydsl.expr as expr_package
-    import flydsl.layout as layout_package
-
-    roots = [Path(package.__file__).parent for package in (layout_package, compiler_package, expr_package)]
+    # found, not imported: the expression API is the trace's, which a process launching cached kernels never loads
+    packages = ("flydsl.layout", "flydsl.compiler", "flydsl.expr")
+    roots = [Path(importlib.util.find_spec(package).origin).parent for package in packages]
     dialect = importlib.util.find_spec("flydsl.compiler._fly").origin  # found, not loaded (it loads MLIR)
     return _sources_digest(f"format {FORMAT} python {sys.version}", roots, _stamp(dialect))
 

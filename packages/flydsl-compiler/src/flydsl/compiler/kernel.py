@@ -237,6 +237,10 @@ class KernelFunction:
         """The compiled module of a specialization: from the disk cache, else traced and compiled (and stored).
         A kernel that reads something the fingerprint cannot encode is compiled without the disk cache (warned
         once per kernel)."""
+        return self._cached_module(spec)[0]
+
+    def _cached_module(self, spec: _Specialization) -> tuple[CompiledModule, str | None]:
+        """:meth:`compiled_module` and its disk-cache key (None: not cached on disk)."""
         constexprs = [part[2] for part in spec.key if isinstance(part, tuple) and part[:1] == ("constexpr",)]
         fingerprint = source_fingerprint(self.fn, *constexprs)
         if fingerprint.digest is None:
@@ -247,7 +251,7 @@ class KernelFunction:
                     f"FlyDSL: kernel '{self.name}' is not cached on disk: {fingerprint.unknown} cannot be"
                     " fingerprinted (pass it as a Constexpr, or make it a number, string, tuple, enum or dataclass)"
                 )
-            return _compile_mlir(self._traced(spec.key, bytecode=True), self.target)
+            return _compile_mlir(self._traced(spec.key, bytecode=True), self.target), None
         key = cache.key_text(
             cache.compiler_fingerprint(),
             toolchain.fingerprint(),
@@ -262,7 +266,7 @@ class KernelFunction:
             cache.store(key, compiled)
         else:  # what ptxas said when it was compiled, as then
             toolchain.warn_performance_notes(compiled.performance_notes)
-        return compiled
+        return compiled, key
 
     @_user_errors
     def lower(self, *args, **kwargs) -> CompiledModule:
@@ -271,9 +275,12 @@ class KernelFunction:
 
     def _compile(self, spec: _Specialization) -> _LoadedKernel:
         runtime.require_gpu(f"kernel '{self.name}'", f"{self.name}.lower(...)")
-        loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
+        compiled, key = self._cached_module(spec)
+        loaded = _LoadedKernel(runtime.load(compiled), self.name)
         if self.attributes.dependent_launch:
             loaded.function.dependent_launch = True
+        if key is not None:  # where a launch plan kept on disk finds this kernel again (flydsl.kernels.plan_cache)
+            runtime.note_origin(loaded.function, key)
         if settings.current().cache_enabled:  # FLYDSL_RUNTIME_ENABLE_CACHE=0: every launch compiles again
             self._loaded[spec.key] = loaded
             register_loaded(self._dispatcher, spec.key, loaded)

@@ -21,6 +21,9 @@ __all__ = [
     "device_attribute",
     "driver_version",
     "synchronize",
+    "load",
+    "note_origin",
+    "origin",
 ]
 
 CudaError = _rt.CudaError
@@ -88,3 +91,16 @@ class LoadedModule:
 def load(compiled: CompiledModule) -> LoadedModule:
     """Loads ``compiled`` (its cubin, else its PTX) on the current CUDA context."""
     return LoadedModule(compiled)
+
+
+_ORIGINS: dict[int, str] = {}  # a loaded kernel's CUfunction -> the disk-cache key of its module
+
+
+def note_origin(function, key: str) -> None:
+    """Notes that ``function`` (a loaded kernel's ``Function``) came from the disk-cache entry ``key``."""
+    _ORIGINS[function.handle] = key
+
+
+def origin(function) -> str | None:
+    """The disk-cache key of the module ``function`` was loaded from (:func:`note_origin`), or None."""
+    return _ORIGINS.get(function.handle)

@@ -17,6 +17,9 @@
                                ending the program (~3 ms a compile); ``0``: in this process
 ``FLYDSL_LAUNCH_REPLAY``       ``0``: the zoo's launch plans are never replayed natively (each call runs its
                                Python plan; ``flydsl.kernels.plans``)
+``FLYDSL_PLAN_CACHE``          ``1``: replayable launch plans are kept in the disk cache too, and a new process's
+                               first call of a kept signature replays without routing or importing the kernels
+                               (``flydsl.kernels.plan_cache``; default off until measured on a GPU)
 ``FLYDSL_MOE_DECODE``          for A/B timing: the ``fused_moe`` decode modes allowed, comma-separated ("direct",
                                "combine"; "none" or empty: neither); unset: both
                                (``flydsl.kernels.moe.experts.decode_modes``)
@@ -42,6 +45,7 @@ class Settings:
     compile_isolated: bool = True
     autotune: bool = False
     launch_replay: bool = True
+    plan_cache: bool = False
     moe_decode: frozenset | None = None
 
 
@@ -70,5 +74,6 @@ def current() -> Settings:
         compile_isolated=env.get("FLYDSL_COMPILE_ISOLATED", "1") != "0",
         autotune=env.get("FLYDSL_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"),
         launch_replay=env.get("FLYDSL_LAUNCH_REPLAY", "1").lower() not in ("0", "false", "no", "off"),
+        plan_cache=env.get("FLYDSL_PLAN_CACHE", "").lower() in ("1", "true", "yes", "on"),
         moe_decode=_words(env.get("FLYDSL_MOE_DECODE")),
     )

@@ -32,6 +32,10 @@ otherwise than when recorded runs the Python plan. A plan that needs memory beyo
 allocates, per-call scratch, buffers kept per stream) is a :class:`ScratchPlan`: its scratch function runs in Python
 on every call, and its launches, over the arguments and the scratch, are what is recorded and replayed.
 ``FLYDSL_LAUNCH_REPLAY=0`` turns replays off.
+
+Kept on disk (``FLYDSL_PLAN_CACHE=1``, :mod:`flydsl.kernels.plan_cache`): a recorded replay is also written to the
+disk cache beside its kernels, and a signature this process has no plan for is looked up there first, so that a new
+process's first call of a known signature replays without importing the kernel modules or routing again.
 """
 
 from __future__ import annotations
@@ -123,8 +127,28 @@ class Plans:
 
     def get(self, key):
         """The plan made for ``key`` (None: none, or no key). A plan is usually a function of the call's arguments;
-        ``flydsl.torch``'s ops keep their checked output specs."""
-        return None if key is None else self._plans.get(key)
+        ``flydsl.torch``'s ops keep their checked output specs. With ``replay`` and ``FLYDSL_PLAN_CACHE=1``, a key
+        this process has no plan for is looked up in the disk cache (:mod:`flydsl.kernels.plan_cache`)."""
+        if key is None:
+            return None
+        plan = self._plans.get(key)
+        if plan is None and self.replay and _plan_cache_on():
+            plan = self._kept_on_disk(key)
+        return plan
+
+    def _kept_on_disk(self, key):
+        from flydsl.kernels import plan_cache
+
+        plan = plan_cache.load(self.name, key, lambda: self._plans.pop(key, None))
+        if plan is not None:
+            self._keep(key, plan)
+        return plan
+
+    def _keep(self, key, plan) -> None:
+        plans = self._plans
+        if len(plans) >= self.limit:
+            plans.pop(next(iter(plans)))
+        plans[key] = plan
 
     def add(self, key, plan):
         """Keeps ``plan`` for ``key`` (nothing kept without a key); returns what to call now: ``plan``, or with
@@ -132,9 +156,7 @@ class Plans:
         if key is None:
             return plan
         plans = self._plans
-        if len(plans) >= self.limit:
-            plans.pop(next(iter(plans)))
-        plans[key] = plan
+        self._keep(key, plan)
         if not (self.replay and _replays_on()):
             return plan
 
@@ -146,6 +168,10 @@ class Plans:
                 result, replay, why = _recorded(plan, args, plan)
             if replay is not None and plans.get(key) is plan:
                 plans[key] = replay
+                if _plan_cache_on():
+                    from flydsl.kernels import plan_cache
+
+                    plan_cache.keep(self.name, key, replay)
             elif why is not None:
                 declined = self.declined
                 if len(declined) >= self.limit:
@@ -170,6 +196,13 @@ def _replays_on() -> bool:
     from flydsl.compiler import settings
 
     return settings.current().launch_replay
+
+
+def _plan_cache_on() -> bool:
+    from flydsl.compiler import settings
+
+    current = settings.current()
+    return current.plan_cache and current.launch_replay and current.cache_enabled
 
 
 def _recorded(launch, args, fallback, scratch=None, nargs=None) -> tuple:
