@@ -1,0 +1,254 @@
+//===- LaunchPlanSteps.h - A launch plan's recorded steps ----*- C++ -*-===//
+//
+// The types of LaunchPlan.cpp that PlanBytes.cpp serializes too: a recorded
+// launch, a plan's step (the launch and its patches) and the plan.
+//
+// Nanobind side only.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FLY_PYTHON_LAUNCHPLANSTEPS_H
+#define FLY_PYTHON_LAUNCHPLANSTEPS_H
+
+#include "DescribeArgs.h"
+#include "DispatchRegistry.h"
+#include "LaunchArgs.h"
+#include "LaunchPlan.h"
+
+#include <nanobind/nanobind.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fly::python {
+
+namespace nb = nanobind;
+using fly::runtime::CUstream;
+using fly::runtime::CUtensorMap;
+using fly::runtime::Function;
+using fly::runtime::TiledTensorMapSpec;
+
+/// One launch as a recording noted it.
+struct RecordedLaunch {
+  std::optional<Function> fn; // none: added by the test hook (dry runs only)
+  std::string name;
+  unsigned grid[3], block[3], cluster[3];
+  bool hasCluster = false;
+  unsigned shared = 0;
+  uint64_t stream = 0;
+  std::string signature;
+  std::vector<uint64_t> slots; // one per parameter; a tensor map's is 0
+  struct Map {
+    uint32_t param;
+    std::optional<TiledTensorMapSpec> spec; // none: TensorMap.from_bytes (cannot be encoded again)
+  };
+  std::vector<Map> maps; // the tensor map parameters
+};
+
+/// Notes `l` in this thread's active recordings (LaunchPlan.cpp).
+void noteRecorded(RecordedLaunch &&l);
+
+/// A launch's tensor maps as a replay passes them: 64-byte aligned.
+struct alignas(64) MapSlots {
+  unsigned char bytes[kMaxTensorMaps][kTensorMapBytes];
+};
+
+/// A recorded launch, each pointer and tensor map of it as an argument and an offset.
+struct PlanStep {
+  RecordedLaunch launch;
+  struct Patch {
+    uint32_t slot, arg;
+    uint64_t offset;
+  };
+  std::vector<Patch> patches;
+  /// A tensor map encoded again for its argument's address; the last few
+  /// addresses' maps kept (weights stay put, activations often alternate).
+  struct MapPatch {
+    uint32_t slot, arg;
+    uint64_t offset;
+    TiledTensorMapSpec spec;
+    static constexpr size_t kKept = 4;
+    mutable uint64_t addresses[kKept] = {};
+    mutable CUtensorMap encoded[kKept];
+    mutable size_t kept = 0, next = 0;
+
+    const CUtensorMap &at(uint64_t address) const {
+      for (size_t i = 0; i < kept; ++i)
+        if (addresses[i] == address)
+          return encoded[i];
+      TiledTensorMapSpec moved = spec;
+      moved.globalAddress = address;
+      size_t i = next;
+      encoded[i] = fly::runtime::encodeTiled(moved);
+      addresses[i] = address;
+      next = (next + 1) % kKept;
+      kept = std::max(kept, i + 1);
+      return encoded[i];
+    }
+  };
+  std::vector<MapPatch> mapPatches;
+};
+
+/// Recorded launches replayed on new arguments of the same plan key.
+class LaunchPlan {
+public:
+  size_t nargs = 0;   // the caller's arguments
+  size_t arity = 0;   // and the scratch's after them
+  nb::object scratch; // scratch(*args) -> the tuple of tensors the launches use beyond args (None: none)
+  std::vector<uint32_t> pointerArgs; // the arguments whose data_ptr() a replay reads
+  std::vector<uint8_t> alignment;    // per argument: its address mod 16 when recorded
+  nb::object fallback;               // called instead where an address's alignment differs
+  nb::object device;                 // the stream's device (a Python int)
+  std::vector<PlanStep> steps;
+
+  /// Launches the recorded steps on `args`; where an argument's address is
+  /// aligned otherwise than when recorded (a fact the plan key holds for
+  /// every argument it was given; outputs allocated per call are not keyed),
+  /// calls the fallback (the Python plan) instead and returns its result.
+  nb::object call(nb::args args) {
+    uint64_t pointers[kMaxLaunchValues];
+    nb::object extra;
+    nb::tuple all = withScratch(args, extra);
+    CUstream stream = prepare(all, pointers);
+    if (!aligned(pointers)) {
+      if (!fallback.is_valid() || fallback.is_none())
+        raise(PyExc_ValueError, "LaunchPlan: an argument's address is aligned otherwise than when recorded");
+      return fallback(*args);
+    }
+    for (const PlanStep &step : steps) {
+      const RecordedLaunch &l = step.launch;
+      uint64_t slots[kMaxLaunchValues];
+      void *params[kMaxLaunchValues];
+      MapSlots maps;
+      // The test hook's steps (no function) run everything but the driver's part.
+      fill(step, pointers, slots, params, maps, l.fn.has_value());
+      if (l.fn)
+        l.fn->launch(l.grid, l.block, params, l.shared, stream, l.hasCluster ? l.cluster : nullptr);
+      if (recordingLaunches()) {
+        RecordedLaunch again = l;
+        std::memcpy(again.slots.data(), slots, l.slots.size() * sizeof(uint64_t));
+        for (size_t k = 0; k < step.mapPatches.size(); ++k) {
+          const PlanStep::MapPatch &m = step.mapPatches[k];
+          again.slots[m.slot] = 0;
+          for (RecordedLaunch::Map &map : again.maps)
+            if (map.param == m.slot && map.spec)
+              map.spec->globalAddress = pointers[m.arg] + m.offset;
+        }
+        again.stream = uint64_t(reinterpret_cast<uintptr_t>(stream));
+        noteRecorded(std::move(again));
+      }
+    }
+    return extra.is_valid() ? extra : nb::none();
+  }
+
+  /// Test hook: per step, what `call` would pass to the driver.
+  nb::object dryRun(nb::args args) {
+    uint64_t pointers[kMaxLaunchValues];
+    nb::object extra;
+    nb::tuple all = withScratch(args, extra);
+    CUstream stream = prepare(all, pointers);
+    if (!aligned(pointers))
+      return nb::str("fallback");
+    nb::list out;
+    for (const PlanStep &step : steps) {
+      uint64_t slots[kMaxLaunchValues];
+      void *params[kMaxLaunchValues];
+      MapSlots maps;
+      fill(step, pointers, slots, params, maps, false);
+      const RecordedLaunch &l = step.launch;
+      nb::dict d;
+      d["name"] = l.name;
+      d["grid"] = nb::make_tuple(l.grid[0], l.grid[1], l.grid[2]);
+      d["block"] = nb::make_tuple(l.block[0], l.block[1], l.block[2]);
+      d["cluster"] = l.hasCluster ? nb::object(nb::make_tuple(l.cluster[0], l.cluster[1], l.cluster[2]))
+                                  : nb::none();
+      d["shared_mem"] = l.shared;
+      d["stream"] = uint64_t(reinterpret_cast<uintptr_t>(stream));
+      d["params"] = nb::bytes(reinterpret_cast<const char *>(slots), l.slots.size() * kSlotBytes);
+      nb::list addresses; // where each tensor map would point, in parameter order
+      for (const PlanStep::MapPatch &m : step.mapPatches)
+        addresses.append(pointers[m.arg] + m.offset);
+      d["tensor_maps"] = addresses;
+      out.append(d);
+    }
+    return out;
+  }
+
+private:
+  /// The caller's arguments, then (with a scratch function) what it returns
+  /// for them, kept in `extra`.
+  nb::tuple withScratch(nb::args &args, nb::object &extra) const {
+    if (size_t(args.size()) != nargs)
+      raise(PyExc_TypeError, "LaunchPlan: expected %zu arguments, got %zd", nargs, args.size());
+    if (!scratch.is_valid() || scratch.is_none())
+      return nb::borrow<nb::tuple>(args);
+    extra = scratch(*args);
+    if (!PyTuple_Check(extra.ptr()) || size_t(PyTuple_GET_SIZE(extra.ptr())) != arity - nargs)
+      raise(PyExc_TypeError, "LaunchPlan: the scratch function must return a tuple of %zu, got %R", arity - nargs,
+            extra.ptr());
+    PyObject *all = PySequence_Concat(args.ptr(), extra.ptr());
+    if (!all)
+      raisePending();
+    return nb::steal<nb::tuple>(all);
+  }
+
+  bool aligned(const uint64_t *pointers) const {
+    for (uint32_t i : pointerArgs)
+      if ((pointers[i] & 15) != alignment[i])
+        return false;
+    return true;
+  }
+
+  /// The pointers of the arguments (indexed by position) and the current stream.
+  CUstream prepare(const nb::tuple &args, uint64_t *pointers) const {
+    DispatchRegistry &reg = registry();
+    for (uint32_t i : pointerArgs) {
+      nb::object p = nb::steal(callMethod0(PyTuple_GET_ITEM(args.ptr(), i), reg.dataPtr));
+      if (!p.is_valid())
+        raisePending();
+      pointers[i] = PyLong_AsUnsignedLongLong(p.ptr());
+      if (pointers[i] == (uint64_t)-1 && PyErr_Occurred())
+        raisePending();
+    }
+    if (!reg.streamGetter)
+      raise(PyExc_RuntimeError, "LaunchPlan: no stream getter registered");
+    nb::object handle = nb::steal(PyObject_CallOneArg(reg.streamGetter, device.ptr()));
+    if (!handle.is_valid())
+      raisePending();
+    unsigned long long h = PyLong_AsUnsignedLongLong(handle.ptr());
+    if (h == (unsigned long long)-1 && PyErr_Occurred())
+      raisePending();
+    return reinterpret_cast<CUstream>(uintptr_t(h));
+  }
+
+  /// The step's parameters on these pointers; its tensor maps encoded for
+  /// their arguments' addresses where `encode` (else left zero).
+  static void fill(const PlanStep &step, const uint64_t *pointers, uint64_t *slots, void **params,
+                   MapSlots &maps, bool encode) {
+    const auto &recorded = step.launch.slots;
+    std::memcpy(slots, recorded.data(), recorded.size() * sizeof(uint64_t));
+    for (const PlanStep::Patch &p : step.patches)
+      slots[p.slot] = pointers[p.arg] + p.offset;
+    for (size_t i = 0; i < recorded.size(); ++i)
+      params[i] = &slots[i];
+    for (size_t k = 0; k < step.mapPatches.size(); ++k) {
+      const PlanStep::MapPatch &m = step.mapPatches[k];
+      if (encode)
+        std::memcpy(maps.bytes[k], &m.at(pointers[m.arg] + m.offset), kTensorMapBytes);
+      else
+        std::memset(maps.bytes[k], 0, kTensorMapBytes);
+      params[m.slot] = maps.bytes[k];
+    }
+  }
+};
+
+/// LaunchPlan's _to_bytes, _functions and _from_bytes (PlanBytes.cpp).
+void bindPlanBytes(nanobind::class_<LaunchPlan> &plans);
+
+} // namespace fly::python
+
+#endif // FLY_PYTHON_LAUNCHPLANSTEPS_H
