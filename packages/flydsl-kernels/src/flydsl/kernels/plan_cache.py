@@ -27,16 +27,12 @@ import warnings
 from flydsl.compiler import cache, runtime, settings
 from flydsl.compiler._native import launcher
 
-__all__ = ["enabled", "keep", "load"]
+__all__ = ["keep", "load"]
 
 FORMAT = 1
 _SM_COUNT, _CC_MAJOR, _CC_MINOR = 16, 75, 76  # CUdevice_attribute
 _modules: dict = {}  # a module's cache key -> its LoadedModule, in this process
 _warned: set = set()
-
-
-def enabled() -> bool:
-    return settings.current().plan_cache
 
 
 @functools.cache
