@@ -33,11 +33,13 @@ adapter is lazy), ``first_calls_load_mlir`` whether the first calls loaded MLIR 
 their kernels).
 
 Method: ``calls`` back-to-back calls timed on the host clock while a sleep kernel queued first keeps the GPU busy
-(the host never waits for the device), median of ``repeats``; ``gpu_busy_after`` says whether the stream was still
-busy at the end of every timed batch (else a call synchronized, or the sleep was too short); ``compiles`` counts the
-kernel specializations loaded during the timed calls (0: no recompilation). Every path that fails is reported in the
-table and the record; the others still run. ``--profile FILE`` appends a cProfile of each op path to FILE. Compile
-times are benchmarks/compile_times.py's.
+(the host never waits for the device), median of ``repeats``; an op's paths are interleaved (each repeat times every
+path in turn) and its ratio against torch is the median of the per-repeat ratios, so that the host's drift between
+repeats cancels (``fwd_bwd`` through autograd's device thread swings by +-20 us); ``gpu_busy_after`` says whether the
+stream was still busy at the end of every timed batch (else a call synchronized, or the sleep was too short);
+``compiles`` counts the kernel specializations loaded during the timed calls (0: no recompilation). Every path that
+fails is reported in the table and the record; the others still run. ``--profile FILE`` appends a cProfile of each
+op path to FILE. Compile times are benchmarks/compile_times.py's.
 """
 
 from __future__ import annotations
@@ -363,46 +365,76 @@ def _loaded_count() -> int:
 
 def host_us(fn, calls: int, repeats: int) -> dict:
     """``fn``'s host time per call: ``calls`` back-to-back calls behind a sleep kernel, median of ``repeats``."""
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    estimate = time.perf_counter() - start  # a batch with the GPU idle: sizes the sleep below
-    cycles = int(min(max(4 * estimate * _CLOCK_HZ, 2e7), 4e9))
-    samples, busy, before = [], True, _loaded_count()
+    return host_us_interleaved({"": fn}, calls, repeats)[""]
+
+
+def host_us_interleaved(fns: dict, calls: int, repeats: int) -> dict:
+    """Each of ``fns``' host time per call as :func:`host_us` times it, their batches interleaved: each repeat times
+    every function in turn, so that the host's drift between repeats falls on all of them alike (per-repeat ratios,
+    :func:`paired_ratio`, compare them). A function that raises gets ``{"error": ...}``; the others go on."""
+    rows, cycles = {}, {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            estimate = time.perf_counter() - start  # a batch with the GPU idle: sizes the sleep below
+            cycles[name] = int(min(max(4 * estimate * _CLOCK_HZ, 2e7), 4e9))
+        except Exception as error:  # noqa: BLE001 - a failing path is reported, the others still run
+            rows[name] = _failed(error)
+    samples, busy, before = {name: [] for name in cycles}, dict.fromkeys(cycles, True), _loaded_count()
     stream = torch.cuda.current_stream()
     for _ in range(repeats):
-        torch.cuda._sleep(cycles)  # keep the GPU busy: launches queue, the host never waits
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-        busy = busy and not stream.query()
-        torch.cuda.synchronize()
-    return {
-        "host_us": round(statistics.median(samples), 2),
-        "samples_us": [round(s, 2) for s in samples],
-        "calls": calls,
-        "gpu_busy_after": busy,
-        "compiles": _loaded_count() - before,
-    }
+        for name in [name for name in cycles if name not in rows]:
+            fn = fns[name]
+            try:
+                torch.cuda._sleep(cycles[name])  # keep the GPU busy: launches queue, the host never waits
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                samples[name].append((time.perf_counter() - start) / calls * 1e6)
+                busy[name] = busy[name] and not stream.query()
+                torch.cuda.synchronize()
+            except Exception as error:  # noqa: BLE001
+                rows[name] = _failed(error)
+    compiles = _loaded_count() - before
+    for name in cycles:
+        if name not in rows:
+            rows[name] = {
+                "host_us": round(statistics.median(samples[name]), 2),
+                "samples_us": [round(sample, 2) for sample in samples[name]],
+                "calls": calls,
+                "gpu_busy_after": busy[name],
+                "compiles": compiles,
+            }
+    return {name: rows[name] for name in fns}
+
+
+def paired_ratio(ours: dict | None, theirs: dict | None) -> float | None:
+    """The median over repeats of ``ours``' sample over ``theirs``' of the same repeat (rows of one
+    :func:`host_us_interleaved`), None where either has no samples."""
+    if not ours or not theirs or not ours.get("samples_us") or not theirs.get("samples_us"):
+        return None
+    return round(statistics.median(a / b for a, b in zip(ours["samples_us"], theirs["samples_us"], strict=True)), 3)
 
 
 def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _timed(fn, calls: int, repeats: int) -> dict:
+def _failed(error: BaseException) -> dict:
     try:
-        return host_us(fn, calls, repeats)
-    except Exception as error:  # noqa: BLE001 - a failing path is reported, the others still run
-        try:
-            torch.cuda.synchronize()
-        except Exception:  # noqa: BLE001 - a sticky CUDA error: the next paths report it too
-            pass
-        return {"error": _error(error)}
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - a sticky CUDA error: the next paths report it too
+        pass
+    return {"error": _error(error)}
+
+
+def _timed(fn, calls: int, repeats: int) -> dict:
+    return host_us_interleaved({"": fn}, calls, repeats)[""]
 
 
 def _profile(fn, calls: int) -> str:
@@ -439,8 +471,9 @@ def measure_ops(ops, calls: int, repeats: int, profile: str | None = None) -> li
         for mode, paths in cases.items():
             n = calls if mode == "fwd" else max(20, calls // 4)
             reference = None
+            timed = host_us_interleaved(paths, n, repeats)
             for path, fn in paths.items():
-                row = {"op": op.name, "mode": mode, "path": path, **_timed(fn, n, repeats)}
+                row = {"op": op.name, "mode": mode, "path": path, **timed[path]}
                 if mode == "fwd" and "error" not in row:
                     try:
                         reference = reference if reference is not None else paths["torch"]()
@@ -464,14 +497,15 @@ def _print_progress(rows) -> None:
 
 
 def summarize(ops, rows: list[dict], cold: dict | None) -> dict:
-    """``ratios``: per op and mode, the user-facing path's host time over torch's (None where either failed);
+    """``ratios``: per op and mode, the user-facing path's host time over torch's, the median of the per-repeat
+    ratios of the interleaved batches (None where either failed);
     ``max_ratio_vs_torch`` the largest of those measured; ``missing`` the ratios that could not be computed."""
-    times = {(r["op"], r["mode"], r["path"]): r.get("host_us") for r in rows}
+    found = {(r["op"], r["mode"], r["path"]): r for r in rows}
     ratios = {}
     for op in ops:
         for mode in op.modes:
-            ours, theirs = times.get((op.name, mode, op.user()[0])), times.get((op.name, mode, "torch"))
-            ratios[f"{op.name}.{mode}"] = round(ours / theirs, 3) if ours and theirs else None
+            ours, theirs = found.get((op.name, mode, op.user()[0])), found.get((op.name, mode, "torch"))
+            ratios[f"{op.name}.{mode}"] = paired_ratio(ours, theirs)
     measured = [r for r in ratios.values() if r is not None]
     return {
         "max_ratio_vs_torch": max(measured) if measured else None,
@@ -568,7 +602,8 @@ def main(argv=None) -> int:
             {"ops": rows, "levels": levels, "breakdown": breakdown, "cold_start": cold},
             commit=args.commit,
             method="host perf_counter over back-to-back calls while a sleep kernel (4x an idle batch) keeps the GPU"
-            " busy; median of repeats; fwd_bwd through torch.autograd.grad; cold start: fresh processes after one"
+            " busy; median of repeats, an op's paths interleaved, ratios the median of per-repeat ratios; fwd_bwd"
+            " through torch.autograd.grad; cold start: fresh processes after one"
             " that fills the disk cache, medians",
             summary=summary,
             sizes={"rows": [ROWS, N, "bfloat16"], "gemm_mnk": list(GEMM_MNK)},

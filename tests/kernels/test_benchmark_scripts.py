@@ -4,6 +4,7 @@ the shared JSON record (benchmarks/record.py) names the commit, the command and 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -454,11 +455,12 @@ def test_host_overhead_summary_and_record(host_overhead, monkeypatch, tmp_path):
     assert failed[0]["error"] == "RuntimeError: no kernel here"
     assert all(r["gpu_busy_after"] and r["compiles"] == 0 for r in rows if "error" not in r)
     assert {r["path"] for r in rows if r["op"] == "rms_norm"} == {"op", "direct", "torch"}  # no functional form
-    times = {(r["op"], r["mode"], r["path"]): r.get("host_us") for r in rows}
+    samples = {(r["op"], r["mode"], r["path"]): r.get("samples_us") for r in rows}
     expected = {
-        f"{op}.{mode}": round(times[(op, mode, user)] / times[(op, mode, "torch")], 3)
+        f"{op}.{mode}": round(statistics.median(a / b for a, b in zip(*pair, strict=True)), 3)
         for op, user in (("softmax", "functional"), ("rms_norm", "op"))
         for mode in ("fwd", "fwd_bwd")
+        for pair in [(samples[(op, mode, user)], samples[(op, mode, "torch")])]
     }
     summary = record["summary"]
     assert summary["ratios"] == expected and summary["max_ratio_vs_torch"] == max(expected.values())
@@ -468,6 +470,26 @@ def test_host_overhead_summary_and_record(host_overhead, monkeypatch, tmp_path):
         (r["op"], r["path"]): r["max_abs_difference_vs_torch"] for r in rows if r["mode"] == "fwd" and "error" not in r
     }
     assert checked[("softmax", "op")] == 0 and checked[("softmax", "functional")] > 0  # the check sees a difference
+
+
+def test_host_overhead_interleaves_an_ops_paths(host_overhead):
+    """Each repeat times every path's batch in turn (after each path's warm-up batch), so a host that slows down
+    between repeats slows all paths alike; a path that raises is reported and the others keep their repeats."""
+    order = []
+
+    def path(name):
+        return lambda: order.append(name)
+
+    def fails():
+        raise RuntimeError("no kernel")
+
+    rows = host_overhead.host_us_interleaved({"a": path("a"), "b": path("b"), "c": fails}, calls=2, repeats=3)
+    timed = order[2 * (1 + 2) :]  # after each path's first call and its idle batch of 2
+    assert timed == ["a", "a", "b", "b"] * 3
+    assert rows["c"] == {"error": "RuntimeError: no kernel"} and len(rows["a"]["samples_us"]) == 3
+    slow = {"samples_us": [2.0, 4.0, 6.0]}
+    assert host_overhead.paired_ratio(slow, {"samples_us": [1.0, 2.0, 4.0]}) == 2.0  # median of 2, 2, 1.5
+    assert host_overhead.paired_ratio(slow, rows["c"]) is None
 
 
 def test_host_overhead_cold_start_medians(host_overhead):
