@@ -50,7 +50,6 @@ import io
 import json
 import os
 import pstats
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -60,9 +59,10 @@ from types import SimpleNamespace
 import cold_start
 import torch
 from host_breakdown import breakdown_table, measure_breakdown  # this folder's sibling modules
+from host_timing import host_us_interleaved, paired_ratio
 from launch_levels import level_table, measure_levels
 from moe_torch import grouped_mm_moe
-from record import write_record
+from record import error_text, write_record
 
 ROWS, N = 8, 1024  # the small inference call: 8 x 1024 bf16
 GEMM_MNK = (16, 4096, 4096)
@@ -70,7 +70,6 @@ DEVICE = "cuda"
 PATHS = ("functional", "op", "direct", "torch")
 MODES = ("fwd", "fwd_bwd")
 PARTS = ("ops", "levels", "breakdown", "cold")
-_CLOCK_HZ = 1.98e9  # H200 boost clock: sleep cycles per second
 F = torch.nn.functional
 
 # flydsl's modules, bound by _import_adapter() / _import_flydsl(): the cold start times the adapter's import, so this
@@ -363,78 +362,9 @@ def _loaded_count() -> int:
     return sum(len(k._loaded) for k in kernels.values())
 
 
-def host_us(fn, calls: int, repeats: int) -> dict:
-    """``fn``'s host time per call: ``calls`` back-to-back calls behind a sleep kernel, median of ``repeats``."""
-    return host_us_interleaved({"": fn}, calls, repeats)[""]
-
-
-def host_us_interleaved(fns: dict, calls: int, repeats: int) -> dict:
-    """Each of ``fns``' host time per call as :func:`host_us` times it, their batches interleaved: each repeat times
-    every function in turn, so that the host's drift between repeats falls on all of them alike (per-repeat ratios,
-    :func:`paired_ratio`, compare them). A function that raises gets ``{"error": ...}``; the others go on."""
-    rows, cycles = {}, {}
-    for name, fn in fns.items():
-        try:
-            fn()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            estimate = time.perf_counter() - start  # a batch with the GPU idle: sizes the sleep below
-            cycles[name] = int(min(max(4 * estimate * _CLOCK_HZ, 2e7), 4e9))
-        except Exception as error:  # noqa: BLE001 - a failing path is reported, the others still run
-            rows[name] = _failed(error)
-    samples, busy, before = {name: [] for name in cycles}, dict.fromkeys(cycles, True), _loaded_count()
-    stream = torch.cuda.current_stream()
-    for _ in range(repeats):
-        for name in [name for name in cycles if name not in rows]:
-            fn = fns[name]
-            try:
-                torch.cuda._sleep(cycles[name])  # keep the GPU busy: launches queue, the host never waits
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                samples[name].append((time.perf_counter() - start) / calls * 1e6)
-                busy[name] = busy[name] and not stream.query()
-                torch.cuda.synchronize()
-            except Exception as error:  # noqa: BLE001
-                rows[name] = _failed(error)
-    compiles = _loaded_count() - before
-    for name in cycles:
-        if name not in rows:
-            rows[name] = {
-                "host_us": round(statistics.median(samples[name]), 2),
-                "samples_us": [round(sample, 2) for sample in samples[name]],
-                "calls": calls,
-                "gpu_busy_after": busy[name],
-                "compiles": compiles,
-            }
-    return {name: rows[name] for name in fns}
-
-
-def paired_ratio(ours: dict | None, theirs: dict | None) -> float | None:
-    """The median over repeats of ``ours``' sample over ``theirs``' of the same repeat (rows of one
-    :func:`host_us_interleaved`), None where either has no samples."""
-    if not ours or not theirs or not ours.get("samples_us") or not theirs.get("samples_us"):
-        return None
-    return round(statistics.median(a / b for a, b in zip(ours["samples_us"], theirs["samples_us"], strict=True)), 3)
-
-
-def _error(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
-
-
-def _failed(error: BaseException) -> dict:
-    try:
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001 - a sticky CUDA error: the next paths report it too
-        pass
-    return {"error": _error(error)}
-
-
 def _timed(fn, calls: int, repeats: int) -> dict:
-    return host_us_interleaved({"": fn}, calls, repeats)[""]
+    """``fn`` timed by :func:`host_timing.host_us_interleaved` alone, kernels loaded meanwhile counted."""
+    return host_us_interleaved({"": fn}, calls, repeats, _loaded_count)[""]
 
 
 def _profile(fn, calls: int) -> str:
@@ -461,17 +391,18 @@ def measure_ops(ops, calls: int, repeats: int, profile: str | None = None) -> li
     try:
         plain, graded = inputs(False), inputs(True)
     except Exception as error:  # noqa: BLE001
-        return [{"op": op.name, "mode": mode, "path": "all", "error": _error(error)} for op in ops for mode in op.modes]
+        failed = error_text(error)
+        return [{"op": op.name, "mode": mode, "path": "all", "error": failed} for op in ops for mode in op.modes]
     for op in ops:
         try:
             cases = op_cases(op, plain, graded)
         except Exception as error:  # noqa: BLE001
-            rows += [{"op": op.name, "mode": mode, "path": "all", "error": _error(error)} for mode in op.modes]
+            rows += [{"op": op.name, "mode": mode, "path": "all", "error": error_text(error)} for mode in op.modes]
             continue
         for mode, paths in cases.items():
             n = calls if mode == "fwd" else max(20, calls // 4)
             reference = None
-            timed = host_us_interleaved(paths, n, repeats)
+            timed = host_us_interleaved(paths, n, repeats, _loaded_count)
             for path, fn in paths.items():
                 row = {"op": op.name, "mode": mode, "path": path, **timed[path]}
                 if mode == "fwd" and "error" not in row:
@@ -479,7 +410,7 @@ def measure_ops(ops, calls: int, repeats: int, profile: str | None = None) -> li
                         reference = reference if reference is not None else paths["torch"]()
                         row["max_abs_difference_vs_torch"] = _max_difference(fn(), reference)
                     except Exception as error:  # noqa: BLE001
-                        row["check_error"] = _error(error)
+                        row["check_error"] = error_text(error)
                 if profile and "error" not in row:
                     with open(profile, "a") as out:
                         out.write(f"\n===== {op.name} {mode} {path}\n{_profile(fn, n)}")

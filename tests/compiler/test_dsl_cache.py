@@ -84,6 +84,17 @@ def test_a_disk_hit_skips_tracing_and_compiling(tmp_path, monkeypatch):
     assert again == first
 
 
+def test_a_module_names_its_disk_cache_entry(tmp_path):
+    """Compiled and stored, or read back, a module carries its entry's key (where a launch plan kept on disk loads it
+    again: flydsl.kernels.plan_cache); the key is no part of what the module is."""
+    first = _fresh().lower(*_args())
+    (entry,) = _entries(tmp_path)
+    key = json.loads(_header(entry))["key"]
+    again = _fresh().lower(*_args())
+    assert first.cache_key == again.cache_key == key and cache.load(key).cache_key == key
+    assert again == first and "cache_key" not in repr(first)
+
+
 def test_ptxas_performance_notes_warn_again_from_the_disk_cache(tmp_path, monkeypatch):
     """A kernel whose ptxas run left a "Potential Performance Loss" note warns when compiled and again when a new
     process takes it from the disk cache (the tests turn the warning into an error: a warm cache must not hide it)."""

@@ -259,6 +259,7 @@ def _decode(data: bytes, key: str) -> CompiledModule:
         shared_bytes=dict(meta["shared_bytes"]),
         launch_shapes=shapes,
         performance_notes=tuple(meta["performance_notes"]),
+        cache_key=key,
     )
 
 

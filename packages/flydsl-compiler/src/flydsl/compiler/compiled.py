@@ -28,6 +28,9 @@ class CompiledModule:
     # ptxas's "Potential Performance Loss" notes (warned as PerformanceWarning when compiled, and again when the
     # module comes back from the disk cache).
     performance_notes: tuple[str, ...] = ()
+    # The disk-cache entry it was read from or written to (None: not cached on disk); runtime.origin() names it for
+    # each loaded kernel, so that a launch plan kept on disk can load the module again (flydsl.kernels.plan_cache).
+    cache_key: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def image(self) -> bytes:

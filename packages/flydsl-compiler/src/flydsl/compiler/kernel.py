@@ -17,7 +17,7 @@ import functools
 import inspect
 import io
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import flydsl.layout as _fl
 from flydsl.compiler import cache, runtime, settings, toolchain
@@ -237,10 +237,6 @@ class KernelFunction:
         """The compiled module of a specialization: from the disk cache, else traced and compiled (and stored).
         A kernel that reads something the fingerprint cannot encode is compiled without the disk cache (warned
         once per kernel)."""
-        return self._cached_module(spec)[0]
-
-    def _cached_module(self, spec: _Specialization) -> tuple[CompiledModule, str | None]:
-        """:meth:`compiled_module` and its disk-cache key (None: not cached on disk)."""
         constexprs = [part[2] for part in spec.key if isinstance(part, tuple) and part[:1] == ("constexpr",)]
         fingerprint = source_fingerprint(self.fn, *constexprs)
         if fingerprint.digest is None:
@@ -251,7 +247,7 @@ class KernelFunction:
                     f"FlyDSL: kernel '{self.name}' is not cached on disk: {fingerprint.unknown} cannot be"
                     " fingerprinted (pass it as a Constexpr, or make it a number, string, tuple, enum or dataclass)"
                 )
-            return _compile_mlir(self._traced(spec.key, bytecode=True), self.target), None
+            return _compile_mlir(self._traced(spec.key, bytecode=True), self.target)
         key = cache.key_text(
             cache.compiler_fingerprint(),
             toolchain.fingerprint(),
@@ -262,11 +258,11 @@ class KernelFunction:
         compiled = cache.load(key)
         if compiled is None:
             _start_compile_worker()
-            compiled = _compile_mlir(self._traced(spec.key, bytecode=True), self.target)
+            compiled = replace(_compile_mlir(self._traced(spec.key, bytecode=True), self.target), cache_key=key)
             cache.store(key, compiled)
         else:  # what ptxas said when it was compiled, as then
             toolchain.warn_performance_notes(compiled.performance_notes)
-        return compiled, key
+        return compiled
 
     @_user_errors
     def lower(self, *args, **kwargs) -> CompiledModule:
@@ -275,12 +271,9 @@ class KernelFunction:
 
     def _compile(self, spec: _Specialization) -> _LoadedKernel:
         runtime.require_gpu(f"kernel '{self.name}'", f"{self.name}.lower(...)")
-        compiled, key = self._cached_module(spec)
-        loaded = _LoadedKernel(runtime.load(compiled), self.name)
+        loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
         if self.attributes.dependent_launch:
             loaded.function.dependent_launch = True
-        if key is not None:  # where a launch plan kept on disk finds this kernel again (flydsl.kernels.plan_cache)
-            runtime.note_origin(loaded.function, key)
         if settings.current().cache_enabled:  # FLYDSL_RUNTIME_ENABLE_CACHE=0: every launch compiles again
             self._loaded[spec.key] = loaded
             register_loaded(self._dispatcher, spec.key, loaded)

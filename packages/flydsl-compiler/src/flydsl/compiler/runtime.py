@@ -22,7 +22,6 @@ __all__ = [
     "driver_version",
     "synchronize",
     "load",
-    "note_origin",
     "origin",
 ]
 
@@ -59,6 +58,9 @@ class LoadedModule:
             name: (self._module.function(name), signature, compiled.shared_bytes.get(name, 0))
             for name, signature in compiled.kernels.items()
         }
+        if compiled.cache_key is not None:
+            for function, _, _ in self._kernels.values():
+                _ORIGINS[function.handle] = compiled.cache_key
 
     def function(self, kernel: str):
         """The native function handle of ``kernel`` (register count, launch)."""
@@ -93,14 +95,9 @@ def load(compiled: CompiledModule) -> LoadedModule:
     return LoadedModule(compiled)
 
 
-_ORIGINS: dict[int, str] = {}  # a loaded kernel's CUfunction -> the disk-cache key of its module
-
-
-def note_origin(function, key: str) -> None:
-    """Notes that ``function`` (a loaded kernel's ``Function``) came from the disk-cache entry ``key``."""
-    _ORIGINS[function.handle] = key
+_ORIGINS: dict[int, str] = {}  # a loaded kernel's CUfunction -> the disk-cache entry of its module
 
 
 def origin(function) -> str | None:
-    """The disk-cache key of the module ``function`` was loaded from (:func:`note_origin`), or None."""
+    """The disk-cache entry of the module ``function`` (a loaded kernel's ``Function``) was loaded from, or None."""
     return _ORIGINS.get(function.handle)

@@ -133,7 +133,6 @@ def _function(module_key: str, kernel: str, dependent: bool):
     function = loaded.function(kernel)
     if dependent:
         function.dependent_launch = True
-    runtime.note_origin(function, module_key)
     return function
 
 
