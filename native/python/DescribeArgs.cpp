@@ -5,6 +5,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "DescribeArgs.h"
+#include "TorchCApi.h"
 
 #include <climits>
 #include <cmath>
@@ -189,33 +190,44 @@ bool describeTorch(PyObject *obj, Described &d) {
     return appendTensor(d, last.element, last.bytes, last.pointer, last.rank, last.extents,
                         last.steps);
   DispatchRegistry &reg = registry();
-  nb::object isCuda = nb::steal(PyObject_GetAttr(obj, reg.isCuda));
-  if (isCuda.ptr() != Py_True)
+  TensorFacts facts; // through torch's C API where it is on (TorchCApi.h): no attribute read
+  bool fast = readTensorFast(obj, facts);
+  nb::object isCuda = fast ? nb::object() : nb::steal(PyObject_GetAttr(obj, reg.isCuda));
+  if (fast ? facts.device < 0 : isCuda.ptr() != Py_True)
     return false;
-  nb::object dtype = nb::steal(PyObject_GetAttr(obj, reg.dtype));
+  nb::object dtype = fast ? nb::borrow(facts.dtype) : nb::steal(PyObject_GetAttr(obj, reg.dtype));
   const DispatchRegistry::Dtype *found = nullptr;
   for (const auto &entry : reg.dtypes)
     if (entry.object == dtype.ptr())
       found = &entry;
+  if (!fast)
+    noteTensorDtype(obj, dtype.ptr());
   if (!found)
     return false;
-  nb::object pointerObj = nb::steal(callMethod0(obj, reg.dataPtr));
-  if (!pointerObj.is_valid() || !PyLong_Check(pointerObj.ptr()))
-    return false;
-  unsigned long long pointer = PyLong_AsUnsignedLongLong(pointerObj.ptr());
-  if (pointer == (unsigned long long)-1 && PyErr_Occurred())
-    return false;
-  nb::object shape = nb::steal(PyObject_GetAttr(obj, reg.shape));
-  nb::object strides = nb::steal(callMethod0(obj, reg.stride));
+  unsigned long long pointer = facts.pointer;
   long long extents[kMaxRank], steps[kMaxRank];
-  size_t rank;
-  if (!readInts(shape.ptr(), extents, rank) || !readInts(strides.ptr(), steps, rank, rank))
-    return false;
+  size_t rank = facts.rank;
+  if (fast) {
+    std::memcpy(extents, facts.extents, rank * sizeof *extents);
+    std::memcpy(steps, facts.strides, rank * sizeof *steps);
+  } else {
+    nb::object pointerObj = nb::steal(callMethod0(obj, reg.dataPtr));
+    if (!pointerObj.is_valid() || !PyLong_Check(pointerObj.ptr()))
+      return false;
+    pointer = PyLong_AsUnsignedLongLong(pointerObj.ptr());
+    if (pointer == (unsigned long long)-1 && PyErr_Occurred())
+      return false;
+    nb::object shape = nb::steal(PyObject_GetAttr(obj, reg.shape));
+    nb::object strides = nb::steal(callMethod0(obj, reg.stride));
+    if (!readInts(shape.ptr(), extents, rank) || !readInts(strides.ptr(), steps, rank, rank))
+      return false;
+  }
   if (!appendTensor(d, found->element, found->bytes, pointer, rank, extents, steps))
     return false;
   if (!d.streamNamed) {
     d.streamNamed = true;
     d.streamTensor = obj;
+    d.streamDevice = fast ? facts.device : -1;
   }
   last.obj = obj; // borrowed: the caller's values hold it for the launch
   last.element = found->element;

@@ -47,6 +47,7 @@ struct Described {
   // tensor (its device's current stream) or an array interface's "stream".
   bool streamNamed = false;
   PyObject *streamTensor = nullptr; // the torch tensor, or null
+  long long streamDevice = -1;       // its device where read through torch's C API, else -1
   unsigned long long interfaceStream = 0;
   // The last torch tensor read, as read: the same object passed again (the
   // zoo's kernels pass their first tensor for the ones a variant leaves out)

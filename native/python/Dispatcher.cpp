@@ -21,6 +21,7 @@
 #include "DescribeArgs.h"
 #include "LaunchArgs.h"
 #include "LaunchPlan.h"
+#include "TorchCApi.h"
 
 #include <nanobind/stl/string.h>
 
@@ -475,6 +476,11 @@ private:
     } else {
       if (!reg.streamGetter)
         return false;
+      uint64_t fast;
+      if (d.streamDevice >= 0 && currentStreamFast(reg.streamGetter, d.streamDevice, fast)) {
+        out = reinterpret_cast<CUstream>(uintptr_t(fast));
+        return true;
+      }
       nb::object device = nb::steal(callMethod0(d.streamTensor, reg.getDevice));
       if (!device.is_valid())
         return false;

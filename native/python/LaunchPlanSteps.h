@@ -14,6 +14,7 @@
 #include "DispatchRegistry.h"
 #include "LaunchArgs.h"
 #include "LaunchPlan.h"
+#include "TorchCApi.h"
 
 #include <nanobind/nanobind.h>
 
@@ -207,7 +208,10 @@ private:
   CUstream prepare(const nb::tuple &args, uint64_t *pointers) const {
     DispatchRegistry &reg = registry();
     for (uint32_t i : pointerArgs) {
-      nb::object p = nb::steal(callMethod0(PyTuple_GET_ITEM(args.ptr(), i), reg.dataPtr));
+      PyObject *arg = PyTuple_GET_ITEM(args.ptr(), i);
+      if (tensorDataPtrFast(arg, pointers[i]))
+        continue;
+      nb::object p = nb::steal(callMethod0(arg, reg.dataPtr));
       if (!p.is_valid())
         raisePending();
       pointers[i] = PyLong_AsUnsignedLongLong(p.ptr());
@@ -216,6 +220,9 @@ private:
     }
     if (!reg.streamGetter)
       raise(PyExc_RuntimeError, "LaunchPlan: no stream getter registered");
+    uint64_t fast;
+    if (currentStreamFast(reg.streamGetter, PyLong_AsLongLong(device.ptr()), fast))
+      return reinterpret_cast<CUstream>(uintptr_t(fast));
     nb::object handle = nb::steal(PyObject_CallOneArg(reg.streamGetter, device.ptr()));
     if (!handle.is_valid())
       raisePending();

@@ -8,6 +8,7 @@
 #include "DescribeArgs.h"
 #include "DispatchRegistry.h"
 #include "LaunchArgs.h"
+#include "TorchCApi.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -55,6 +56,15 @@ bool readDims(PyObject *tuple, long long *out, size_t &count) {
 } // namespace
 
 bool readTensor(PyObject *obj, TensorFacts &t) {
+  if (readTensorFast(obj, t))
+    return true;
+  if (!readTensorAttributes(obj, t))
+    return false;
+  noteTensorDtype(obj, t.dtype);
+  return true;
+}
+
+bool readTensorAttributes(PyObject *obj, TensorFacts &t) {
   DispatchRegistry &reg = registry();
   nb::object dtype = nb::steal(PyObject_GetAttr(obj, reg.dtype));
   nb::object shape = nb::steal(PyObject_GetAttr(obj, reg.shape));

@@ -30,8 +30,12 @@ struct TensorFacts {
 /// Whether instances of `type` are read as torch tensors (registered types).
 bool isTensorType(PyTypeObject *type);
 
-/// A torch tensor's facts; false (no error set) where they cannot be read.
+/// A torch tensor's facts (through torch's C API where it is enabled,
+/// TorchCApi.h); false (no error set) where they cannot be read.
 bool readTensor(PyObject *obj, TensorFacts &t);
+
+/// A torch tensor's facts read from its Python attributes.
+bool readTensorAttributes(PyObject *obj, TensorFacts &t);
 
 /// The plan key of a tuple of arguments (bytes), or None.
 nanobind::object planKey(nanobind::handle args);

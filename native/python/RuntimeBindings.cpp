@@ -12,6 +12,7 @@
 #include "Dispatcher.h"
 #include "LaunchPlan.h"
 #include "LaunchArgs.h"
+#include "TorchCApi.h"
 
 #include <nanobind/stl/string.h>
 
@@ -355,6 +356,7 @@ void flyBindRuntime(nb::module_ &rt) {
 
   fly::python::bindDispatcher(rt);
   fly::python::bindLaunchPlans(rt);
+  fly::python::bindTorchCApi(rt);
 
   nb::class_<Function>(rt, "Function", "A kernel of a Module; keeps the Module alive.")
       .def_prop_ro("name", &Function::name)

@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass, replace
 
 import flydsl.layout as _fl
-from flydsl.compiler import cache, runtime, settings, toolchain
+from flydsl.compiler import cache, runtime, settings, toolchain, torch_c_api
 from flydsl.compiler._native import launcher
 from flydsl.compiler.args import (
     StaticDims,
@@ -510,6 +510,7 @@ def _is_torch_tensor(value) -> bool:
     if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr"):
         _TORCH_TENSOR_TYPES.add(type(value))
         launcher._register_tensor_type(type(value))
+        torch_c_api.enable()
         return True
     return False
 

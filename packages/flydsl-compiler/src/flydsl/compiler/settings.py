@@ -20,6 +20,8 @@
 ``FLYDSL_PLAN_CACHE``          ``1``: replayable launch plans are kept in the disk cache too, and a new process's
                                first call of a kept signature replays without routing or importing the kernels
                                (``flydsl.kernels.plan_cache``; default off until measured on a GPU)
+``FLYDSL_TORCH_C_API``         ``0``: torch tensors are read through their Python attributes only, never through
+                               torch's C API (``flydsl.compiler.torch_c_api``)
 ``FLYDSL_MOE_DECODE``          for A/B timing: the ``fused_moe`` decode modes allowed, comma-separated ("direct",
                                "combine"; "none" or empty: neither); unset: both
                                (``flydsl.kernels.moe.experts.decode_modes``)
@@ -46,6 +48,7 @@ class Settings:
     autotune: bool = False
     launch_replay: bool = True
     plan_cache: bool = False
+    torch_c_api: bool = True
     moe_decode: frozenset | None = None
 
 
@@ -75,5 +78,6 @@ def current() -> Settings:
         autotune=env.get("FLYDSL_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"),
         launch_replay=env.get("FLYDSL_LAUNCH_REPLAY", "1").lower() not in ("0", "false", "no", "off"),
         plan_cache=env.get("FLYDSL_PLAN_CACHE", "").lower() in ("1", "true", "yes", "on"),
+        torch_c_api=env.get("FLYDSL_TORCH_C_API", "1").lower() not in ("0", "false", "no", "off"),
         moe_decode=_words(env.get("FLYDSL_MOE_DECODE")),
     )

@@ -75,12 +75,27 @@ def empty_like(like: TensorInfo, what: str, dtype: str | None = None):
 
 
 def torch_empty_like(obj):
-    """A contiguous torch tensor of the torch tensor ``obj``'s shape and dtype, on its device (empty_like parses no
-    dtype/device arguments: half of torch.empty's host time)."""
+    """A contiguous torch tensor of the torch tensor ``obj``'s shape and dtype, on its device: through torch's C API
+    where it is on (:mod:`flydsl.compiler.torch_c_api`), else ``torch.empty_like`` (it parses no dtype/device
+    arguments: half of torch.empty's host time)."""
+    made = (_NATIVE_EMPTY_LIKE or _bind_native_empty_like())(obj)
+    if made is not None:
+        return made
     torch = _TORCH[0] if _TORCH else _torch_of(from_torch(obj), "output")[0]
     if obj.is_contiguous():
         return torch.empty_like(obj)
     return torch.empty_like(obj, memory_format=torch.contiguous_format)
+
+
+_NATIVE_EMPTY_LIKE = None  # launcher.empty_like, bound on the first call (``import flydsl.kernels`` loads no compiler)
+
+
+def _bind_native_empty_like():
+    global _NATIVE_EMPTY_LIKE
+    from flydsl.compiler._native import launcher
+
+    _NATIVE_EMPTY_LIKE = launcher.empty_like
+    return _NATIVE_EMPTY_LIKE
 
 
 def torch_statistics(obj):

@@ -72,6 +72,7 @@ def _learn_key_type(value) -> bool:
     """``plan_key``'s hook for a type it has not seen: torch dtypes, and torch tensors whose type leaves dispatch to
     torch (``torch.Tensor``, ``nn.Parameter``); wrapper subclasses (fake and functional tensors, DTensor) get no key:
     they hold no memory of their own to launch on."""
+    from flydsl.compiler import torch_c_api
     from flydsl.compiler._native import launcher
 
     kind = type(value)
@@ -80,6 +81,7 @@ def _learn_key_type(value) -> bool:
         return True
     if kind not in _SCALARS and is_torch(value) and _dispatches_as_torch(kind):
         launcher._register_tensor_type(kind)
+        torch_c_api.enable()
         return True
     return False
 

@@ -1,0 +1,326 @@
+//===- TorchCApi.cpp - Torch tensors read through torch's stable C API ----===//
+//
+// See TorchCApi.h. The C API's functions are looked up in the libraries that
+// `import torch` loaded (dlopen with RTLD_NOLOAD: nothing new is loaded), and
+// THPVariable_Wrap (a new Python tensor of an at::Tensor, for empty_like) in
+// libtorch_python.so. Before any fast read, the object layout is checked
+// without dereferencing anything: the word after each probe's header must be
+// its TensorImpl's address (`tensor._cdata`).
+//
+//===----------------------------------------------------------------------===//
+
+#include "TorchCApi.h"
+#include "DescribeArgs.h"
+#include "LaunchArgs.h"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <dlfcn.h>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace fly::python {
+
+namespace {
+
+using Handle = void *;  // AtenTensorHandle: an at::Tensor *
+using Error = int32_t;  // AOTITorchError: 0 is success
+constexpr int32_t kDtypeCodes = 64;
+
+/// torch's THPVariable as far as this file reads it: the at::Tensor (one
+/// intrusive pointer to its TensorImpl) right after the object header.
+struct PyTensorMirror {
+  PyObject_HEAD void *impl;
+};
+
+struct TorchCApi {
+  Error (*getDim)(Handle, int64_t *) = nullptr;
+  Error (*getSizes)(Handle, int64_t **) = nullptr;
+  Error (*getStrides)(Handle, int64_t **) = nullptr;
+  Error (*getDataPtr)(Handle, void **) = nullptr;
+  Error (*getDtype)(Handle, int32_t *) = nullptr;
+  Error (*getLayout)(Handle, int32_t *) = nullptr;
+  Error (*getDeviceType)(Handle, int32_t *) = nullptr;
+  Error (*getDeviceIndex)(Handle, int32_t *) = nullptr;
+  Error (*emptyStrided)(int64_t, const int64_t *, const int64_t *, int32_t, int32_t, int32_t, Handle *) = nullptr;
+  Error (*deleteTensor)(Handle) = nullptr;
+  Error (*currentCudaStream)(int32_t, void **) = nullptr; // libtorch_cuda.so: none in CPU-only builds
+  PyObject *(*wrap)(const void *) = nullptr;              // THPVariable_Wrap(const at::TensorBase &)
+  int32_t strided = 0, cpu = 0, cuda = 1;                 // layout and device type codes
+  PyTypeObject *tensorType = nullptr;                     // torch.Tensor: the type empty_like returns
+  PyObject *streamGetter = nullptr;                       // what currentCudaStream stands for
+  PyObject *dtypes[kDtypeCodes] = {};                     // torch.dtype per dtype code (learnt)
+  bool ready = false;
+};
+
+TorchCApi &api() {
+  static auto *a = new TorchCApi; // never destroyed: holds references past the interpreter's end
+  return *a;
+}
+
+Handle handleOf(PyObject *obj) {
+  return reinterpret_cast<char *>(obj) + offsetof(PyTensorMirror, impl);
+}
+
+/// The facts both readers share; false where the tensor is not a strided
+/// tensor on the CPU or a CUDA device (read its attributes instead).
+bool readCommon(const TorchCApi &a, Handle h, int64_t &rank, int32_t &dtype, int32_t &deviceType,
+                int32_t &deviceIndex) {
+  int32_t layout;
+  if (a.getLayout(h, &layout) || layout != a.strided || a.getDeviceType(h, &deviceType) ||
+      (deviceType != a.cpu && deviceType != a.cuda) || a.getDim(h, &rank) || rank < 0 ||
+      size_t(rank) > kMaxRank || a.getDtype(h, &dtype) || dtype < 0 || dtype >= kDtypeCodes)
+    return false;
+  return !a.getDeviceIndex(h, &deviceIndex);
+}
+
+/// Whether `obj` is a torch.Tensor (registered types may be other torch objects with data_ptr()).
+bool isTorchTensor(const TorchCApi &a, PyObject *obj) {
+  return Py_TYPE(obj) == a.tensorType || PyType_IsSubtype(Py_TYPE(obj), a.tensorType);
+}
+
+bool readFacts(const TorchCApi &a, PyObject *obj, TensorFacts &t) {
+  if (!isTorchTensor(a, obj))
+    return false;
+  Handle h = handleOf(obj);
+  int64_t rank, *sizes, *strides;
+  int32_t dtype, deviceType, deviceIndex;
+  void *data;
+  if (!readCommon(a, h, rank, dtype, deviceType, deviceIndex) || !a.dtypes[dtype] || a.getSizes(h, &sizes) ||
+      a.getStrides(h, &strides) || a.getDataPtr(h, &data))
+    return false;
+  t.dtype = a.dtypes[dtype];
+  t.rank = size_t(rank);
+  for (size_t i = 0; i < t.rank; ++i) {
+    t.extents[i] = sizes[i];
+    t.strides[i] = strides[i];
+  }
+  t.pointer = reinterpret_cast<uintptr_t>(data);
+  t.device = deviceType == a.cpu ? -1 : deviceIndex; // as get_device() says
+  return true;
+}
+
+/// A new contiguous tensor of `obj`'s shape, dtype and device (what
+/// memory.torch_empty_like makes), or nullptr (no error set) where the C API
+/// cannot make it; nullptr with an error set where wrapping it failed.
+PyObject *emptyLike(const TorchCApi &a, PyObject *obj) {
+  Handle h = handleOf(obj);
+  int64_t rank, *sizes;
+  int32_t dtype, deviceType, deviceIndex;
+  if (!readCommon(a, h, rank, dtype, deviceType, deviceIndex) || a.getSizes(h, &sizes))
+    return nullptr;
+  int64_t strides[kMaxRank];
+  int64_t step = 1;
+  for (int64_t i = rank - 1; i >= 0; --i) {
+    strides[i] = step;
+    step *= sizes[i] > 1 ? sizes[i] : 1;
+  }
+  Handle made;
+  if (a.emptyStrided(rank, sizes, strides, dtype, deviceType, deviceIndex, &made))
+    return nullptr;
+  PyObject *wrapped = a.wrap(made);
+  a.deleteTensor(made); // the Python tensor holds its own reference
+  return wrapped;
+}
+
+void learnDtype(TorchCApi &a, PyObject *obj, PyObject *dtype) {
+  int32_t code;
+  if (a.getDtype(handleOf(obj), &code) || code < 0 || code >= kDtypeCodes || a.dtypes[code])
+    return;
+  Py_INCREF(dtype);
+  a.dtypes[code] = dtype;
+}
+
+template <typename F> bool bind(void *lib, const char *name, F &fn, std::string &missing) {
+  fn = lib ? reinterpret_cast<F>(dlsym(lib, name)) : nullptr;
+  if (!fn && missing.empty())
+    missing = name;
+  return fn != nullptr;
+}
+
+bool sameFacts(const TensorFacts &x, const TensorFacts &y) {
+  if (x.dtype != y.dtype || x.pointer != y.pointer || x.device != y.device || x.rank != y.rank)
+    return false;
+  for (size_t i = 0; i < x.rank; ++i)
+    if (x.extents[i] != y.extents[i] || x.strides[i] != y.strides[i])
+      return false;
+  return true;
+}
+
+/// Why the bound API cannot read `probe` as its attributes say, or nullopt.
+std::optional<std::string> check(TorchCApi &a, PyObject *probe, size_t index) {
+  std::string which = "probe " + std::to_string(index) + ": ";
+  nb::object impl = nb::steal(PyObject_GetAttrString(probe, "_cdata"));
+  if (!impl.is_valid())
+    return PyErr_Clear(), which + "no _cdata";
+  void *address = PyLong_AsVoidPtr(impl.ptr());
+  if (PyErr_Occurred())
+    return PyErr_Clear(), which + "_cdata is not an address";
+  if (*reinterpret_cast<void **>(handleOf(probe)) != address)
+    return which + "the Python object does not hold its at::Tensor where torch 2.9+ does";
+  TensorFacts slow, fast;
+  if (!readTensorAttributes(probe, slow))
+    return PyErr_Clear(), which + "its attributes cannot be read";
+  learnDtype(a, probe, slow.dtype);
+  if (!readFacts(a, probe, fast) || !sameFacts(slow, fast))
+    return which + "the C API reads other facts than the attributes";
+  nb::object made = nb::steal(emptyLike(a, probe));
+  TensorFacts fresh;
+  if (!made.is_valid() || Py_TYPE(made.ptr()) != a.tensorType || !readTensorAttributes(made.ptr(), fresh))
+    return PyErr_Clear(), which + "empty_like through the C API failed";
+  bool contiguous = fresh.rank == slow.rank && fresh.dtype == slow.dtype && fresh.device == slow.device;
+  long long step = 1;
+  for (size_t i = fresh.rank; contiguous && i-- > 0;) {
+    contiguous = fresh.extents[i] == slow.extents[i] && (fresh.extents[i] <= 1 || fresh.strides[i] == step);
+    step *= fresh.extents[i] > 1 ? fresh.extents[i] : 1;
+  }
+  if (!contiguous)
+    return which + "empty_like through the C API made another tensor than torch.empty_like";
+  return std::nullopt;
+}
+
+/// Binds and checks the C API (see TorchCApi.h); nullopt when enabled, else why not.
+std::optional<std::string> enable(const std::string &libDir, nb::tuple probes, nb::object streamGetter) {
+  TorchCApi &a = api();
+  if (a.ready)
+    return std::nullopt;
+  if (probes.size() == 0)
+    return "no probe tensors";
+  const int flags = RTLD_NOW | RTLD_NOLOAD; // only what torch loaded
+  void *cpu = dlopen((libDir + "/libtorch_cpu.so").c_str(), flags);
+  void *python = dlopen((libDir + "/libtorch_python.so").c_str(), flags);
+  void *cuda = dlopen((libDir + "/libtorch_cuda.so").c_str(), flags);
+  std::string missing;
+  int32_t (*code)() = nullptr;
+  bind(cpu, "aoti_torch_get_dim", a.getDim, missing);
+  bind(cpu, "aoti_torch_get_sizes", a.getSizes, missing);
+  bind(cpu, "aoti_torch_get_strides", a.getStrides, missing);
+  bind(cpu, "aoti_torch_get_data_ptr", a.getDataPtr, missing);
+  bind(cpu, "aoti_torch_get_dtype", a.getDtype, missing);
+  bind(cpu, "aoti_torch_get_layout", a.getLayout, missing);
+  bind(cpu, "aoti_torch_get_device_type", a.getDeviceType, missing);
+  bind(cpu, "aoti_torch_get_device_index", a.getDeviceIndex, missing);
+  bind(cpu, "aoti_torch_empty_strided", a.emptyStrided, missing);
+  bind(cpu, "aoti_torch_delete_tensor_object", a.deleteTensor, missing);
+  bind(python, "_Z16THPVariable_WrapRKN2at10TensorBaseE", a.wrap, missing);
+  if (bind(cpu, "aoti_torch_layout_strided", code, missing))
+    a.strided = code();
+  if (bind(cpu, "aoti_torch_device_type_cpu", code, missing))
+    a.cpu = code();
+  if (bind(cpu, "aoti_torch_device_type_cuda", code, missing))
+    a.cuda = code();
+  if (!missing.empty())
+    return "torch's C API: " + missing + " not found in " + libDir;
+  std::string unused;
+  bind(cuda, "aoti_torch_get_current_cuda_stream", a.currentCudaStream, unused);
+  a.tensorType = Py_TYPE(probes[0].ptr());
+  for (size_t i = 0; i < probes.size(); ++i) {
+    if (Py_TYPE(probes[i].ptr()) != a.tensorType)
+      return "probe " + std::to_string(i) + ": not of the first probe's type";
+    if (std::optional<std::string> why = check(a, probes[i].ptr(), i))
+      return why;
+  }
+  Py_INCREF(a.tensorType);
+  if (!streamGetter.is_none())
+    a.streamGetter = streamGetter.inc_ref().ptr();
+  a.ready = true;
+  return std::nullopt;
+}
+
+} // namespace
+
+bool readTensorFast(PyObject *obj, TensorFacts &t) {
+  const TorchCApi &a = api();
+  return a.ready && readFacts(a, obj, t);
+}
+
+void noteTensorDtype(PyObject *obj, PyObject *dtype) {
+  TorchCApi &a = api();
+  if (a.ready && isTorchTensor(a, obj))
+    learnDtype(a, obj, dtype);
+}
+
+bool tensorDataPtrFast(PyObject *obj, uint64_t &pointer) {
+  const TorchCApi &a = api();
+  if (!a.ready || !isTorchTensor(a, obj))
+    return false;
+  Handle h = handleOf(obj);
+  int32_t layout, deviceType;
+  void *data;
+  if (a.getLayout(h, &layout) || layout != a.strided || a.getDeviceType(h, &deviceType) ||
+      (deviceType != a.cpu && deviceType != a.cuda) || a.getDataPtr(h, &data))
+    return false;
+  pointer = reinterpret_cast<uintptr_t>(data);
+  return true;
+}
+
+bool currentStreamFast(PyObject *getter, long long device, uint64_t &stream) {
+  const TorchCApi &a = api();
+  void *s;
+  if (!a.ready || !a.currentCudaStream || getter != a.streamGetter || a.currentCudaStream(int32_t(device), &s))
+    return false;
+  stream = reinterpret_cast<uintptr_t>(s);
+  return true;
+}
+
+namespace {
+
+/// Test hook: (dtype, data_ptr, device, shape, strides) as one reader reads them, or None (the C API reads
+/// no dtype before a read of the attributes has shown it its object).
+nb::object tensorFacts(nb::handle x, bool cApi) {
+  TensorFacts t;
+  if (!(cApi ? readTensorFast(x.ptr(), t) : readTensorAttributes(x.ptr(), t))) {
+    PyErr_Clear();
+    return nb::none();
+  }
+  if (!cApi) // as readTensor does: the C API reads this dtype from now on
+    noteTensorDtype(x.ptr(), t.dtype);
+  nb::list shape, strides;
+  for (size_t i = 0; i < t.rank; ++i) {
+    shape.append(t.extents[i]);
+    strides.append(t.strides[i]);
+  }
+  return nb::make_tuple(nb::borrow(t.dtype), t.pointer, t.device, nb::tuple(shape), nb::tuple(strides));
+}
+
+} // namespace
+
+void bindTorchCApi(nb::module_ &rt) {
+  rt.def(
+      "_pause_torch_c_api",
+      [](bool paused) {
+        TorchCApi &a = api();
+        if (a.tensorType) // enabled once: checked
+          a.ready = !paused;
+      },
+      "paused"_a, "Test hook: reads go through the attributes while paused (once enabled).");
+  rt.def("_tensor_facts", &tensorFacts, "x"_a, "c_api"_a,
+         "Test hook: x's (dtype, data_ptr, device, shape, strides) read through torch's C API or through its "
+         "attributes, or None where that reader cannot read them.");
+  rt.def("_enable_torch_c_api", &enable, "lib_dir"_a, "probes"_a, "stream_getter"_a.none(),
+         "Reads torch tensors through torch's C API from now on, once it is bound from lib_dir (torch/lib) and "
+         "reads each probe (torch.Tensor instances) as its attributes do; returns None, or why not (a str). "
+         "stream_getter: the raw-stream getter the C API's current CUDA stream stands for.");
+  rt.def(
+      "empty_like",
+      [](nb::handle x) -> nb::object {
+        const TorchCApi &a = api();
+        if (!a.ready || Py_TYPE(x.ptr()) != a.tensorType)
+          return nb::none();
+        PyObject *made = emptyLike(a, x.ptr());
+        if (!made && PyErr_Occurred())
+          raisePending();
+        return made ? nb::steal(made) : nb::none();
+      },
+      "x"_a,
+      "A new contiguous torch.Tensor of x's shape, dtype and device made through torch's C API, or None where "
+      "it cannot be (the C API off, or x not a plain strided CPU or CUDA torch.Tensor).");
+}
+
+} // namespace fly::python

@@ -1,0 +1,51 @@
+//===- TorchCApi.h - Torch tensors read through torch's stable C API -*- C++ -*-===//
+//
+// Reading a torch tensor's facts through its Python attributes (dtype, shape,
+// stride(), data_ptr(), get_device()) costs about a microsecond per tensor:
+// most of a replayed zoo call's host time. torch exports a stable C API over
+// its tensors (AOTInductor's shim: aoti_torch_get_sizes, aoti_torch_empty_strided,
+// ... in libtorch_cpu.so; the current CUDA stream in libtorch_cuda.so) that
+// reads the same facts from an at::Tensor in nanoseconds, and a torch tensor's
+// Python object holds its at::Tensor right after the object header (torch's
+// THPVariable). enableTorchCApi binds the C API from the libraries torch has
+// loaded and checks on probe tensors that every fact read through it equals
+// the Python attribute's; only then are the readers below used. Anything they
+// cannot read (another layout, device type or torch) goes through the
+// attributes as before. Nanobind side only.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FLY_PYTHON_TORCHCAPI_H
+#define FLY_PYTHON_TORCHCAPI_H
+
+#include "PlanKey.h"
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+
+namespace fly::python {
+
+/// `obj`'s facts (`obj` of a registered tensor type) through the C API; false
+/// (no error set) where the API is off or cannot read them: read the attributes.
+bool readTensorFast(PyObject *obj, TensorFacts &t);
+
+/// Learns the dtype object of `obj`'s dtype code from a read of its attributes,
+/// so that later fast reads of that dtype need none.
+void noteTensorDtype(PyObject *obj, PyObject *dtype);
+
+/// `obj`'s data_ptr() through the C API; false where the API is off or the
+/// tensor cannot be read so (no error set).
+bool tensorDataPtrFast(PyObject *obj, uint64_t &pointer);
+
+/// torch's current CUDA stream of `device` where `getter` is the stream getter
+/// the API was checked against (torch._C._cuda_getCurrentRawStream); false:
+/// call the getter.
+bool currentStreamFast(PyObject *getter, long long device, uint64_t &stream);
+
+/// _enable_torch_c_api and empty_like.
+void bindTorchCApi(nanobind::module_ &rt);
+
+} // namespace fly::python
+
+#endif // FLY_PYTHON_TORCHCAPI_H
