@@ -16,7 +16,9 @@ cost only the stand-in here, so the difference understates a replay's saving on 
 own op on tiny (8 x 16) CPU tensors: its host path with almost no arithmetic, the nearest CPU-side stand-in for torch
 eager's host time (neither side pays for a GPU's launch or allocation here). ``fwd_bwd`` rows also give the floor of
 any Python ``autograd.Function`` (``python_function_floor_us``: one that only allocates its output and its gradient,
-on the same tiny tensors), the part of a fwd+bwd call no Python-side work can remove. Medians of ``repeats`` batches
+on the same tiny tensors), the part of a fwd+bwd call no Python-side work can remove. The replaying process also
+times each call with torch's C API paused (``flydsl.compiler.torch_c_api``: its tensors read and made through their
+Python attributes), batches interleaved: ``c_api_ratio`` is on over paused. Medians of ``repeats`` batches
 of ``calls``.
 """
 
@@ -94,7 +96,7 @@ def _child(calls: int, repeats: int) -> dict:
 
     floor = AllocatingFunction.apply
     floor_us = _timed(lambda: torch.autograd.grad(floor(tiny[1]), (tiny[1],), tiny_ones), calls, repeats)
-    results = {}
+    results, replays = {}, os.environ.get("FLYDSL_LAUNCH_REPLAY") != "0"
     for case in CASES:
         op, mode = case.split(".")
         f, g = forward[op], theirs[op]
@@ -110,17 +112,36 @@ def _child(calls: int, repeats: int) -> dict:
         kept = stores[op]._plans.values() if mode == "fwd" else ()
         results[case] = {
             "us": _timed(fn, calls, repeats),
+            **(_paired_c_api(launcher, fn, calls, repeats) if replays else {}),
             "torch_tiny_us": peer_us,
             "python_function_floor_us": None if mode == "fwd" else floor_us,
             "replayed": bool(kept) and all(isinstance(plan, launcher.LaunchPlan) for plan in kept),
         }
-    if os.environ.get("FLYDSL_LAUNCH_REPLAY") != "0":
+    if replays:
         for name, (functional, op) in _inference_calls(torch, F).items():
             results[f"{name}.inference"] = {
                 "functional_us": _timed(functional, calls, repeats),
                 "op_us": _timed(op, calls, repeats),
+                **_paired_c_api(launcher, functional, calls, repeats),
             }
     return results
+
+
+def _paired_c_api(launcher, fn, calls: int, repeats: int) -> dict:
+    """``fn`` with torch's C API paused (tensors read and made through their Python attributes and torch's Python
+    API) against it on, batches interleaved: the paused time per call (median) and the on/paused ratio (the median of
+    the per-repeat ratios)."""
+    samples = {True: [], False: []}
+    for _ in range(repeats):
+        for paused in (True, False):
+            launcher._pause_torch_c_api(paused)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[paused].append((time.perf_counter() - start) / calls * 1e6)
+    launcher._pause_torch_c_api(False)
+    ratio = statistics.median(on / off for on, off in zip(samples[False], samples[True], strict=True))
+    return {"c_api_paused_us": round(statistics.median(samples[True]), 2), "c_api_ratio": round(ratio, 3)}
 
 
 def _inference_calls(torch, F) -> dict:
@@ -192,7 +213,7 @@ def main(argv=None) -> None:
     replayed, python = _run(True, args.calls, args.repeats), _run(False, args.calls, args.repeats)
     print(
         f"{'case':<28}{'replays (us)':>14}{'python plans (us)':>20}{'ratio':>8}{'torch tiny (us)':>17}{'vs torch':>10}"
-        f"{'Fn floor (us)':>14}"
+        f"{'Fn floor (us)':>14}{'C API off (us)':>16}{'on/off':>8}"
     )
     rows = []
     for case in CASES:
@@ -204,19 +225,22 @@ def main(argv=None) -> None:
             row.update(python_function_floor_us=floor, floor_ratio_vs_torch_tiny=round(floor / peer, 3))
         if case.endswith(".fwd"):  # whether the timed calls ran a replay (the functional's kept plan a LaunchPlan)
             row["replayed"] = replayed[case]["replayed"]
+        row.update(c_api_paused_us=replayed[case]["c_api_paused_us"], c_api_ratio=replayed[case]["c_api_ratio"])
         rows.append(row)
         floor_text = f"{floor:>14.2f}" if floor is not None else f"{'-':>14}"
         print(
             f"{case:<28}{ours:>14.2f}{theirs:>20.2f}{row['ratio']:>8.3f}{peer:>17.2f}{row['ratio_vs_torch_tiny']:>10.3f}"
-            f"{floor_text}"
+            f"{floor_text}{row['c_api_paused_us']:>16.2f}{row['c_api_ratio']:>8.3f}"
         )
-    print(f"\n{'inference op':<28}{'functional (us)':>17}{'torch.ops (us)':>16}{'ratio':>8}")
+    print(f"\n{'inference op':<28}{'functional (us)':>17}{'torch.ops (us)':>16}{'ratio':>8}{'C API on/off':>14}")
     inference = []
     for name in INFERENCE_OPS:
         timed = replayed[f"{name}.inference"]
         row = {"case": f"{name}.inference", **timed, "ratio": round(timed["functional_us"] / timed["op_us"], 3)}
         inference.append(row)
-        print(f"{name:<28}{row['functional_us']:>17.2f}{row['op_us']:>16.2f}{row['ratio']:>8.3f}")
+        print(
+            f"{name:<28}{row['functional_us']:>17.2f}{row['op_us']:>16.2f}{row['ratio']:>8.3f}{row['c_api_ratio']:>14.3f}"
+        )
     if args.json:
         summary = {
             "max_inference_functional_us": max(r["functional_us"] for r in inference),
@@ -225,10 +249,13 @@ def main(argv=None) -> None:
             "geomean_ratio": round(statistics.geometric_mean(r["ratio"] for r in rows), 3),
             "max_ratio_vs_torch_tiny": max(r["ratio_vs_torch_tiny"] for r in rows),
             "max_floor_ratio_vs_torch_tiny": max(r.get("floor_ratio_vs_torch_tiny", 0) for r in rows),
+            "geomean_c_api_ratio": round(statistics.geometric_mean(r["c_api_ratio"] for r in rows + inference), 3),
         }
         method = (
             "CPU tensors as plain CUDA ones, zoo kernels replaced by launches noted through _runtime._note_launch "
-            "(replays skip only cuLaunchKernel); fresh process per setting; median of repeats"
+            "(replays skip only cuLaunchKernel); fresh process per setting; median of repeats; c_api_ratio: the "
+            "replaying process's calls with torch's C API on over paused (_runtime._pause_torch_c_api), batches "
+            "interleaved, median of per-repeat ratios"
         )
         write_record(
             args.json,

@@ -106,14 +106,41 @@ bool readFacts(const TorchCApi &a, PyObject *obj, TensorFacts &t) {
   return true;
 }
 
-/// A new contiguous tensor of `obj`'s shape, dtype and device (what
-/// memory.torch_empty_like makes), or nullptr (no error set) where the C API
-/// cannot make it; nullptr with an error set where wrapping it failed.
-PyObject *emptyLike(const TorchCApi &a, PyObject *obj) {
+/// The dtype code of a torch.dtype object the C API has learnt, or -1.
+int32_t dtypeCode(const TorchCApi &a, PyObject *dtype) {
+  for (int32_t code = 0; code < kDtypeCodes; ++code)
+    if (a.dtypes[code] == dtype)
+      return code;
+  return -1;
+}
+
+/// A new contiguous tensor on `obj`'s device of `obj`'s shape and dtype, or of
+/// `shape` (a tuple or list of ints, where given) and `dtype` (a torch.dtype,
+/// where given): what memory.torch_empty_like and torch_new_empty make. nullptr
+/// (no error set) where the C API cannot make it; nullptr with an error set
+/// where wrapping it failed.
+PyObject *emptyLike(const TorchCApi &a, PyObject *obj, PyObject *shape = nullptr, PyObject *dtypeObject = nullptr) {
   Handle h = handleOf(obj);
   int64_t rank, *sizes;
   int32_t dtype, deviceType, deviceIndex;
   if (!readCommon(a, h, rank, dtype, deviceType, deviceIndex) || a.getSizes(h, &sizes))
+    return nullptr;
+  int64_t given[kMaxRank];
+  if (shape) {
+    nb::object items = nb::steal(PySequence_Tuple(shape));
+    if (!items.is_valid() || size_t(PyTuple_GET_SIZE(items.ptr())) > kMaxRank)
+      return PyErr_Clear(), nullptr;
+    rank = PyTuple_GET_SIZE(items.ptr());
+    for (int64_t i = 0; i < rank; ++i) {
+      long long extent;
+      if (!PyLong_CheckExact(PyTuple_GET_ITEM(items.ptr(), i)) ||
+          !readLongLong(PyTuple_GET_ITEM(items.ptr(), i), extent) || extent < 0)
+        return PyErr_Clear(), nullptr;
+      given[i] = extent;
+    }
+    sizes = given;
+  }
+  if (dtypeObject && (dtype = dtypeCode(a, dtypeObject)) < 0)
     return nullptr;
   int64_t strides[kMaxRank];
   int64_t step = 1;
@@ -309,18 +336,20 @@ void bindTorchCApi(nb::module_ &rt) {
          "stream_getter: the raw-stream getter the C API's current CUDA stream stands for.");
   rt.def(
       "empty_like",
-      [](nb::handle x) -> nb::object {
+      [](nb::handle x, nb::handle shape, nb::handle dtype) -> nb::object {
         const TorchCApi &a = api();
         if (!a.ready || Py_TYPE(x.ptr()) != a.tensorType)
           return nb::none();
-        PyObject *made = emptyLike(a, x.ptr());
+        PyObject *made = emptyLike(a, x.ptr(), shape.is_none() ? nullptr : shape.ptr(),
+                                   dtype.is_none() ? nullptr : dtype.ptr());
         if (!made && PyErr_Occurred())
           raisePending();
         return made ? nb::steal(made) : nb::none();
       },
-      "x"_a,
-      "A new contiguous torch.Tensor of x's shape, dtype and device made through torch's C API, or None where "
-      "it cannot be (the C API off, or x not a plain strided CPU or CUDA torch.Tensor).");
+      "x"_a, "shape"_a.none() = nb::none(), "dtype"_a.none() = nb::none(),
+      "A new contiguous torch.Tensor on x's device, of x's shape and dtype or the given shape (ints) and dtype (a "
+      "torch.dtype), made through torch's C API; None where it cannot be (the C API off, x not a plain strided CPU "
+      "or CUDA torch.Tensor, a dtype no tensor has shown it yet).");
 }
 
 } // namespace fly::python

@@ -44,7 +44,8 @@ def test_host_layer_cpu_runs_without_a_gpu_and_records(tmp_path):
     assert {row["case"] for row in inference} == {f"{op}.inference" for op in inference_ops}
     assert all(row["functional_us"] > 0 and row["op_us"] > 0 for row in inference)
     summary_keys = {"max_replays_us", "geomean_ratio", "max_ratio_vs_torch_tiny", "max_floor_ratio_vs_torch_tiny"}
-    summary_keys |= {"max_inference_functional_us", "geomean_inference_ratio_vs_op"}
+    summary_keys |= {"max_inference_functional_us", "geomean_inference_ratio_vs_op", "geomean_c_api_ratio"}
     assert set(record["summary"]) == summary_keys
+    assert all(row["c_api_paused_us"] > 0 and row["c_api_ratio"] > 0 for row in norms + inference)
     floors = [row["python_function_floor_us"] for row in norms if row["case"].endswith(".fwd_bwd")]
     assert len(floors) == 4 and all(floor > 0 for floor in floors)  # the Python Function floor beside each fwd_bwd

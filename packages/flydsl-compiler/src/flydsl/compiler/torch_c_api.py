@@ -20,6 +20,7 @@ from flydsl.compiler._native import launcher
 
 __all__ = ["enable", "status"]
 
+_DTYPES = ("int8", "uint8", "int32", "int64", "bool", "float16", "float8_e4m3fn", "float8_e5m2")
 _STATUS: list = []  # [None]: on; [str]: why it is off (once tried)
 
 
@@ -38,8 +39,9 @@ def enable() -> str | None:
             base,
             base[1:, ::2],  # a view: an offset and strides
             torch.empty((2, 3, 4), dtype=torch.bfloat16).transpose(0, 2),
-            torch.empty(0, dtype=torch.int8),
             torch.empty((), dtype=torch.float64),
+            # every dtype the zoo allocates, so that torch_new_empty can make it before a tensor of it was read
+            *(torch.empty(0, dtype=getattr(torch, name)) for name in _DTYPES if hasattr(torch, name)),
         )
         getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         why = launcher._enable_torch_c_api(str(Path(torch.__file__).parent / "lib"), probes, getter)
@@ -48,7 +50,7 @@ def enable() -> str | None:
 
 
 def status() -> str:
-    """"on", "not tried yet", or why it is off."""
+    """ "on", "not tried yet", or why it is off."""
     if not _STATUS:
         return "not tried yet"
     return "on" if _STATUS[0] is None else _STATUS[0]

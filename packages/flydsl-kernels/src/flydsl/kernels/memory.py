@@ -11,6 +11,7 @@ __all__ = [
     "empty_like",
     "empty_rows",
     "torch_empty_like",
+    "torch_new_empty",
     "torch_statistics",
     "allocated",
     "stream_key",
@@ -40,8 +41,8 @@ def _allocate(like: TensorInfo, shape: tuple, dtype: str, what: str, scratch: bo
     kernel's own memory, which no caller can pass)."""
     obj = like.obj
     if is_torch(obj):
-        torch, dtypes = _torch_of(like, what)
-        return torch.empty(shape, dtype=dtypes[dtype], device=obj.device)
+        dtypes = _torch_of(like, what)[1]
+        return torch_new_empty(obj, shape, dtypes[dtype])
     if _is_cupy(obj):
         import cupy
 
@@ -98,10 +99,19 @@ def _bind_native_empty_like():
     return _NATIVE_EMPTY_LIKE
 
 
+def torch_new_empty(obj, shape, dtype=None):
+    """``obj.new_empty(shape, dtype=dtype)`` (contiguous, on the torch tensor ``obj``'s device; ``obj``'s dtype unless
+    given), through torch's C API where it is on."""
+    made = (_NATIVE_EMPTY_LIKE or _bind_native_empty_like())(obj, shape, dtype)
+    if made is not None:
+        return made
+    return obj.new_empty(shape) if dtype is None else obj.new_empty(shape, dtype=dtype)
+
+
 def torch_statistics(obj):
     """A float32 ``(rows,)`` torch tensor on the device of the torch tensor ``obj`` (rows, N): per-row statistics."""
     torch = _TORCH[0] if _TORCH else _torch_of(from_torch(obj), "statistics")[0]
-    return obj.new_empty((obj.shape[0],), dtype=torch.float32)
+    return torch_new_empty(obj, (obj.shape[0],), torch.float32)
 
 
 def empty_rows(like: TensorInfo, shape: tuple, what: str, dtype: str = "f32", scratch: bool = False):

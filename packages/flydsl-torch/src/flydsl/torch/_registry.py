@@ -45,6 +45,7 @@ import typing
 from collections.abc import Callable, Sequence
 
 import torch
+from flydsl.kernels.memory import torch_empty_like, torch_new_empty
 from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = [
@@ -113,23 +114,19 @@ def eager(*tensors) -> bool:
 
 def _output_maker(like: torch.Tensor, spec: OutputSpec) -> Callable:
     """How to allocate an output of ``spec`` for calls whose first tensor input has ``like``'s signature: a function
-    of that input. ``empty_like`` where the output is shaped like it (it parses no dtype or device: about half of
-    ``torch.empty``'s host time), else ``new_empty`` (no device to parse); an unwritten output gets an empty tensor."""
+    of that input, contiguous, through torch's C API where it is on (``flydsl.kernels.memory``); an unwritten output
+    gets an empty tensor."""
     if spec is None:
         return _empty_stand_in
     shape, dtype = spec
     if dtype is like.dtype and like.shape == shape:
-        return torch.empty_like if like.is_contiguous() else _contiguous_like
+        return torch_empty_like
     shape = tuple(shape)
-    return lambda like: like.new_empty(shape, dtype=dtype)
+    return lambda like: torch_new_empty(like, shape, dtype)
 
 
 def _empty_stand_in(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,))
-
-
-def _contiguous_like(like: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(like, memory_format=torch.contiguous_format)
 
 
 # autograd.Function's apply as torch's C extension defines it (what ``Function.apply`` calls after its Python layer)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import flydsl.torch.autograd  # noqa: F401 - registers the gradients of the ops
 import torch
+from flydsl.kernels.memory import torch_empty_like, torch_new_empty
 from flydsl.kernels.plans import Plans, signature
 from flydsl.torch import attention as _attention
 from flydsl.torch import moe as _moe
@@ -62,8 +63,8 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
 
 # The eager inference calls' work by the functional's own signature, as plans of (the tensors, the outputs) made on the
 # first call (whose checks passed) and replayed natively where they only launch (flydsl.kernels.plans); the outputs
-# are fresh allocations by _empty, whose facts follow from the input's (and a replay falls back to the plan where an
-# address is aligned otherwise).
+# are fresh allocations by torch_empty_like, whose facts follow from the input's (and a replay falls back to the plan
+# where an address is aligned otherwise).
 _SOFTMAX = Plans("flydsl.torch.functional.softmax", replay=True)
 _LAYER_NORM = Plans("flydsl.torch.functional.layer_norm", replay=True)
 _RMS_NORM = Plans("flydsl.torch.functional.rms_norm", replay=True)
@@ -95,8 +96,8 @@ def _first(plans: Plans, key, work, *args) -> None:
 
 
 def _empty(x: Tensor) -> Tensor:
-    """A contiguous tensor like ``x`` (empty_like parses no dtype/device arguments: about half of torch.empty's host
-    time per call)."""
+    """A contiguous tensor like ``x`` through torch's own functions, which ``torch.compile`` traces (the kept plans'
+    calls, eager only, take ``memory.torch_empty_like``)."""
     if x.is_contiguous():
         return torch.empty_like(x)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -109,7 +110,7 @@ def softmax(input: Tensor, dim: int = -1) -> Tensor:
         if dim == -1 and (out := ops.softmax.call_kept_with_grad(input)) is not None:
             return out
     elif plan is not None:
-        out = _empty(input)
+        out = torch_empty_like(input)
         plan(input, out)
         return out
     _tensor("softmax", "input", input)
@@ -147,7 +148,7 @@ def layer_norm(
         if (outs := ops.layer_norm.call_kept_with_grad(input, _shape(normalized_shape), weight, bias, eps)) is not None:
             return outs[0]
     elif plan is not None:
-        out = _empty(input)
+        out = torch_empty_like(input)
         plan(input, weight, bias, out)
         return out
     _tensor("layer_norm", "input", input)
@@ -180,7 +181,7 @@ def rms_norm(
         if (outs := ops.rms_norm.call_kept_with_grad(input, _shape(normalized_shape), weight, eps)) is not None:
             return outs[0]
     elif plan is not None:
-        out = _empty(input)
+        out = torch_empty_like(input)
         plan(input, weight, out)
         return out
     _tensor("rms_norm", "input", input)
@@ -214,7 +215,7 @@ def fused_add_rms_norm(
         if (outs := ops.fused_add_rms_norm.call_kept_with_grad(input, residual, shape, weight, eps)) is not None:
             return outs[0], outs[1]
     elif plan is not None:
-        out, residual_out = _empty(input), _empty(input)
+        out, residual_out = torch_empty_like(input), torch_empty_like(input)
         plan(input, residual, weight, out, residual_out)
         return out, residual_out
     _tensor("fused_add_rms_norm", "input", input)
@@ -248,7 +249,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             return out
     elif plan is not None:
         rows = input if input.dim() == 2 else input.reshape(-1, input.shape[-1])
-        out = rows.new_empty((rows.shape[0], weight.shape[0]))
+        out = torch_new_empty(rows, (rows.shape[0], weight.shape[0]))
         plan(rows, weight, bias, out)
         return out if input.dim() == 2 else out.view(*input.shape[:-1], weight.shape[0])
     _tensor("linear", "input", input)
@@ -260,7 +261,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if _needs_grad(input, weight, bias):
         out = ops.gemm.call(rows, weight.t(), bias, None)
     elif eager(input, weight, bias):
-        out = rows.new_empty((rows.shape[0], weight.shape[0]))
+        out = torch_new_empty(rows, (rows.shape[0], weight.shape[0]))
 
         def work(rows, weight, bias, out):
             ops.gemm.eager_out((rows, weight.t(), bias, None), {"out": out})

@@ -16,7 +16,7 @@ import math
 
 from flydsl.kernels import validation as check
 from flydsl.kernels.attention import checks
-from flydsl.kernels.memory import per_stream
+from flydsl.kernels.memory import per_stream, torch_empty_like, torch_new_empty
 from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = ["paged_decode", "decode_plan_config"]
@@ -248,12 +248,12 @@ class _Plan:
 
         cfg = self.cfg
         if out is None:
-            out = torch.empty_like(q)
+            out = torch_empty_like(q) if q.is_contiguous() else torch.empty_like(q)
         batch, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
         queries = 1 if q.dim() == 3 else q.shape[1]
         if cfg.split:
-            partial_out = torch.empty(batch, queries, heads, self.splits, dim, dtype=torch.float32, device=q.device)
-            partial_stats = torch.empty(batch, queries, heads, self.splits, 2, dtype=torch.float32, device=q.device)
+            partial_out = torch_new_empty(q, (batch, queries, heads, self.splits, dim), torch.float32)
+            partial_stats = torch_new_empty(q, (batch, queries, heads, self.splits, 2), torch.float32)
         else:
             partial_out = partial_stats = self.unused
         kv_heads = k_cache.shape[2]

@@ -28,7 +28,7 @@ from flydsl.kernels.gemm.plan import GemmPlan, Scratch, Tensor, Tma, plan_blocks
 from flydsl.kernels.gemm.prepared import PreparedWeight, check_prepared
 from flydsl.kernels.gemm.skinny import SkinnyConfig
 from flydsl.kernels.gemm.tuning import tuned_plan
-from flydsl.kernels.memory import per_stream
+from flydsl.kernels.memory import per_stream, torch_new_empty
 from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = ["blockscale_gemm", "fp8_gemm", "gemm", "launch_plan", "skinny_gemm"]
@@ -97,7 +97,7 @@ def fp8_gemm(
     stand_in = _weights_stand_in(who, b, out) if prepared else b
     m, n, k, a_per, b_per = check_fp8_arguments(who, a, stand_in, scale_a, scale_b, out, bias, activation)
     out_dtype = _out_dtype(who, out, out_dtype)
-    result = out if out is not None else a.new_empty((m, n), dtype=out_dtype)
+    result = out if out is not None else torch_new_empty(a, (m, n), out_dtype)
     if m == 0 or n == 0 or k == 0:
         return zero_product(result, bias, activation)
     scales = (Scale(rows=1) if a_per == "row" else Scale(), Scale(columns=1) if b_per == "column" else Scale())
@@ -155,7 +155,7 @@ def blockscale_gemm(
     stand_in = _weights_stand_in(who, b, out) if prepared else b
     m, n, k = check_blockscale_arguments(who, a, stand_in, a_scales, b_scales, out, bias, activation)
     out_dtype = _out_dtype(who, out, out_dtype)
-    result = out if out is not None else a.new_empty((m, n), dtype=out_dtype)
+    result = out if out is not None else torch_new_empty(a, (m, n), out_dtype)
     if m == 0 or n == 0 or k == 0:
         return zero_product(result, bias, activation)
     planned = _BlockscalePlanned(None)
@@ -215,7 +215,7 @@ def _allocated(a, b, out, out_dtype):
         import torch
 
         out_dtype = torch.bfloat16
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+    return torch_new_empty(a, (a.shape[0], b.shape[1]), out_dtype)
 
 
 def _out_dtype(who: str, out, out_dtype):
@@ -263,14 +263,14 @@ def _call(plans: Plans, planner, check, a, b, out, config, bias, activation, aut
     key = None if key is None else (key, config, autotune)
     plan = plans.get(key)
     if plan is not None:
-        result = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
+        result = torch_new_empty(a, (a.shape[0], b.shape[1])) if out is None else out
         plan(a, b, result, bias)
         return result
     who = plans.name
     check_devices(who, a, b, out, bias)
     m, n, k = check(who, a, b, out, bias, activation)
     given = out
-    out = a.new_empty((m, n)) if out is None else out
+    out = torch_new_empty(a, (m, n)) if out is None else out
     if m == 0 or n == 0 or k == 0:
         return zero_product(out, bias, activation)
     bias_spec = None if bias is None else MatrixSpec.of(bias, "bias")

@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable
 
 from flydsl.kernels import validation as check
+from flydsl.kernels.memory import torch_new_empty
 from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = ["GRANULARITIES", "quantize_fp8"]
@@ -111,7 +112,7 @@ def _plan(x, granularity: str, group: int, dtype, out, scales, power_of_two: boo
     cfg = kernels.quantize_row_config(n, info.dtype)
     launch = dict(grid=cfg.grid(rows), block=cfg.block, cluster=cfg.cluster_shape)
     kernel = kernels.quantize_rows_kernel
-    allocate = _allocator(rows, n, dtype, lambda x: x.new_empty(shape, dtype=torch.float32))
+    allocate = _allocator(rows, n, dtype, lambda x: torch_new_empty(x, shape, torch.float32))
     if granularity != "tensor":
         spec = kernels.QuantizeSpec("row", fmt)
 
@@ -136,7 +137,7 @@ def _allocator(rows: int, n: int, dtype, allocate_scales: Callable) -> Callable:
     (``allocate_scales(x)``) where not given."""
 
     def allocate(x, out, scales):
-        out = x.new_empty((rows, n), dtype=dtype) if out is None else out
+        out = torch_new_empty(x, (rows, n), dtype) if out is None else out
         return out, allocate_scales(x) if scales is None else scales
 
     return allocate
@@ -146,7 +147,7 @@ def _empty(rows: int, n: int, dtype, shape: tuple, allocate_scales=None) -> Scra
     """The plan of an input without elements: outputs allocated where not given, scales zeroed."""
     import torch
 
-    allocate = _allocator(rows, n, dtype, allocate_scales or (lambda x: x.new_empty(shape, dtype=torch.float32)))
+    allocate = _allocator(rows, n, dtype, allocate_scales or (lambda x: torch_new_empty(x, shape, torch.float32)))
     return ScratchPlan(allocate, lambda x, given_out, given_scales, out, scales: scales.zero_())
 
 
@@ -215,7 +216,7 @@ def _block_plan(who: str, info, fmt: str, dtype, out, scales, power_of_two: bool
         out.copy_(q)
         scales.copy_(s)
 
-    return ScratchPlan(_allocator(rows, n, dtype, lambda x: x.new_empty(shape, dtype=torch.float32)), per_block)
+    return ScratchPlan(_allocator(rows, n, dtype, lambda x: torch_new_empty(x, shape, torch.float32)), per_block)
 
 
 def quantize_blocks(w, dtype, fmt: str, power_of_two: bool = False):

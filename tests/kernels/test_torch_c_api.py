@@ -3,6 +3,7 @@ way equals what the tensor's attributes say, anything it cannot read falls back 
 ``launcher.empty_like`` makes what ``torch.empty_like`` would."""
 
 import os
+import struct
 import subprocess
 import sys
 
@@ -139,3 +140,42 @@ def test_the_environment_keeps_it_off():
         check=True,
     )
     assert child.stdout.split() == ["FLYDSL_TORCH_C_API=0"] * 2
+
+
+def test_the_zoo_allocates_through_it_as_new_empty_would():
+    from flydsl.kernels.memory import torch_empty_like, torch_new_empty
+
+    x = torch.randn(6, 10, dtype=torch.bfloat16)[:, ::2]
+    for shape, dtype in [((4,), torch.float32), ([2, 3], torch.float8_e4m3fn), ((5, 1), None), ((3,), torch.int16)]:
+        made = torch_new_empty(x, shape, dtype)
+        expected = x.new_empty(shape) if dtype is None else x.new_empty(shape, dtype=dtype)
+        assert (made.dtype, made.shape, made.stride(), made.device) == (
+            expected.dtype,
+            expected.shape,
+            expected.stride(),
+            expected.device,
+        )
+    assert launcher.empty_like(x, (3,), torch.complex128) is None  # a dtype not shown yet: torch_new_empty's fallback
+    made = torch_empty_like(x)
+    assert made.is_contiguous() and made.shape == x.shape and made.dtype == x.dtype
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_and_the_current_stream_are_read_as_torch_says():
+    x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)[:, 8:]
+    fast, slow = both_readers(x)
+    assert fast == slow and fast[2] == torch.cuda.current_device()
+    made = launcher.empty_like(x, (3, 5), torch.float32)
+    assert made.is_cuda and made.device == x.device and made.shape == (3, 5) and made.dtype == torch.float32
+    launcher._register_stream_getter(torch._C._cuda_getCurrentRawStream)  # what the launch paths register
+    params = struct.pack("<Q", x.data_ptr())
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side):
+        with torch.cuda.stream(stream):
+            recording = launcher.LaunchRecording()
+            with recording:
+                launcher._note_launch("kernel", (1, 1, 1), (32, 1, 1), None, 0, stream.cuda_stream, "p", params)
+            plan = recording.plan((x,), None, None, 1)
+            assert isinstance(plan, launcher.LaunchPlan), plan
+            (step,) = plan._dry_run(x)
+            assert step["stream"] == stream.cuda_stream  # read through the C API: the stream torch holds current
