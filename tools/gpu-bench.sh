@@ -23,7 +23,8 @@
 # api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels, one
 # call taken apart and the cold start, then one profiled first call per op: cold_profiles.tgz holds cold_<op>.txt,
 # ~2.5 min); host-kept (the cold start again with FLYDSL_PLAN_CACHE=1: launch plans kept on disk, ~1.5 min; its
-# record has the same name as host-cold's: run them in separate calls); paged-token (the per-token
+# record has the same name as host-cold's: run them in separate calls); host-attributes (`host` with torch's C API
+# off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call with `host`); paged-token (the per-token
 # scales' f16 P of ac27149 against 690a143's bf16 values over both models' sweeps, bf16 beside: first `python
 # tools/decode_variant.py 690a143 exp` and carry exp; ~3 min).
 # Each run is cut at 5 minutes.
@@ -62,6 +63,9 @@ for bench in $which; do
     host-kept)  # the cold start with launch plans kept on disk (FLYDSL_PLAN_CACHE=1), ~1.5 min
       FLYDSL_PLAN_CACHE=1 run host-kept python3 benchmarks/host_overhead.py --parts cold \
         --json "$(out host_overhead)" --commit "$commit" ;;
+    host-attributes)  # issue 31's ops with torch's C API off (FLYDSL_TORCH_C_API=0): what it saves, beside `host`
+      FLYDSL_TORCH_C_API=0 run host-attributes python3 benchmarks/host_overhead.py \
+        --json "$logs/host_overhead/$(date +%F)_${commit}_attributes.json" --commit "$commit" ;;
     moe-decode) run moe-decode python3 benchmarks/moe_decode_sweep.py --json "$(out moe_decode_sweep)" --commit "$commit" ;;
     moe-decode-record) run moe-decode-record python3 benchmarks/moe_bench.py --tokens 1,16,64 --repeats 3 \
       --json "$(out moe)" --commit "$commit" ;;

@@ -127,3 +127,36 @@ def test_gemm_launches_write_nothing_but_kernels(recorded):
     for config in (None, GemmConfig(split_k=2)):
         gemm_plan = plan_gemm(*(MatrixSpec.of(t) for t in (a, b, out)), sms=132, config=config)
         assert _launch_writes(_kept(gemm_plan), (a, b, out, None)) == []
+
+
+def test_gemm_plans_without_memory_are_their_launches_alone(recorded):
+    """Where a GEMM call needs no memory beyond its arguments (aligned operands, no split K), its kept plan is the
+    launches alone: no scratch function runs in Python on each call, and the plan can be kept on disk."""
+    from flydsl.kernels.gemm import GemmConfig, MatrixSpec, plan_gemm
+    from flydsl.kernels.gemm.launch import _kept, needs_memory
+    from flydsl.kernels.plans import ScratchPlan
+
+    a, b = torch.randn(256, 128).bfloat16(), torch.randn(512, 128).bfloat16().t()
+    out = torch.empty(256, 512).bfloat16()
+    plain = plan_gemm(*(MatrixSpec.of(t) for t in (a, b, out)), sms=132, config=GemmConfig(split_k=1))
+    split = plan_gemm(*(MatrixSpec.of(t) for t in (a, b, out)), sms=132, config=GemmConfig(split_k=2))
+    assert not needs_memory(plain) and needs_memory(split)
+    kept = _kept(plain)
+    assert not isinstance(kept, ScratchPlan) and isinstance(_kept(split), ScratchPlan)
+    assert kept(a, b, out, None) is None and len(recorded) == len(plain.launches)
+    assert _launch_writes(kept, (a, b, out, None)) == []
+    padded = torch.randn(300, 77).bfloat16()  # rows of 154 bytes: A is copied for TMA
+    copied = plan_gemm(*(MatrixSpec.of(t) for t in (padded, b[:77], torch.empty(300, 512).bfloat16())), sms=132)
+    assert needs_memory(copied) and isinstance(_kept(copied), ScratchPlan)
+
+
+def test_fp8_and_blockscale_plans_without_memory_are_their_launches_alone(recorded):
+    from flydsl.kernels.gemm.launch import _BlockscalePlanned, _FP8Planned
+    from flydsl.kernels.gemm.plan import GemmPlan
+    from flydsl.kernels.plans import ScratchPlan
+
+    bare = GemmPlan(route="gemm_ws_scaled", config=None, epilogue=None, specs={}, preparations=(), launches=())
+    f32, ue8m0 = torch.ones(4, dtype=torch.float32), torch.ones(4, dtype=torch.uint8)
+    assert not isinstance(_FP8Planned(bare, False, False).kept(), ScratchPlan)
+    assert not isinstance(_BlockscalePlanned(bare).kept(f32, f32), ScratchPlan)
+    assert isinstance(_BlockscalePlanned(bare).kept(ue8m0, f32), ScratchPlan)  # widened per call

@@ -114,7 +114,7 @@ def fp8_gemm(
     else:
         gemm_plan = plan_gemm(*specs, config=config, **options)
     planned = planned._replace(plan=gemm_plan)
-    _FP8.add(key, ScratchPlan(planned.scratch, planned.launch))(a, weights, scale_a, scale_b, result, bias)
+    _FP8.add(key, planned.kept())(a, weights, scale_a, scale_b, result, bias)
     return result
 
 
@@ -166,14 +166,26 @@ def blockscale_gemm(
     sms = sm_count(a.get_device())
     gemm_plan = plan_blockscale(*specs, *scale_specs, sms=sms, bias=bias_spec, activation=activation, config=config)
     planned = planned._replace(plan=gemm_plan)
-    _BLOCKSCALE.add(key, ScratchPlan(planned.scratch, planned.launch))(a, weights, a_scales, b_scales, result, bias)
+    _BLOCKSCALE.add(key, planned.kept(a_scales, b_scales))(a, weights, a_scales, b_scales, result, bias)
     return result
 
 
 class _BlockscalePlanned(NamedTuple):
-    """A kept block-scaled plan: the GEMM plan (called with the output allocated), as a ScratchPlan's two parts."""
+    """A kept block-scaled plan: the GEMM plan (called with the output allocated), as a ScratchPlan's two parts, or
+    only the launch where the call needs no memory beyond its arguments."""
 
     plan: GemmPlan | None
+
+    def kept(self, a_scales, b_scales):
+        """The plan for calls of these scales' signature: its launches alone where the scales are read as they are
+        (float32) and :func:`plan_memory` makes nothing (no Python between the key and the replay), else a
+        ScratchPlan."""
+        if a_scales.dtype.itemsize == 4 and b_scales.dtype.itemsize == 4 and not needs_memory(self.plan):
+            return self.direct
+        return ScratchPlan(self.scratch, self.launch)
+
+    def direct(self, a, b, a_scales, b_scales, out, bias) -> None:
+        launch_with(self.plan, a, b, out, bias, (a_scales, b_scales), (), ())
 
     @staticmethod
     def widened(a_scales, b_scales) -> tuple:
@@ -241,6 +253,14 @@ class _FP8Planned(NamedTuple):
     def flat(self, scale_a, scale_b) -> tuple:
         return (scale_a.reshape(-1) if self.flat_a else scale_a, scale_b.reshape(-1) if self.flat_b else scale_b)
 
+    def kept(self):
+        """The plan for calls of this signature: its launches alone where :func:`plan_memory` makes nothing (no
+        Python between the key and the replay), else a ScratchPlan."""
+        return self.direct if not needs_memory(self.plan) else ScratchPlan(self.scratch, self.launch)
+
+    def direct(self, a, b, scale_a, scale_b, out, bias) -> None:
+        launch_with(self.plan, a, b, out, bias, self.flat(scale_a, scale_b), (), ())
+
     def scratch(self, a, b, scale_a, scale_b, out, bias) -> tuple:
         return plan_memory(self.plan, a, b, out, bias, self.flat(scale_a, scale_b))
 
@@ -285,10 +305,12 @@ def _call(plans: Plans, planner, check, a, b, out, config, bias, activation, aut
     return given if given is not None else out
 
 
-def _kept(gemm_plan: GemmPlan) -> ScratchPlan:
+def _kept(gemm_plan: GemmPlan):
     """A kept plan as a function of ``(a, b, out, bias)``, the output allocated by the entry point where not given
-    (row-major, as the first call's): its memory made per call, its launches replayed natively where they can be
-    (:mod:`flydsl.kernels.plans`)."""
+    (row-major, as the first call's): its launches alone where :func:`plan_memory` makes nothing, else a ScratchPlan
+    (its memory made per call); the launches replayed natively where they can be (:mod:`flydsl.kernels.plans`)."""
+    if not needs_memory(gemm_plan):
+        return lambda a, b, out, bias: launch_with(gemm_plan, a, b, out, bias, (), (), ())
     return ScratchPlan(
         lambda a, b, out, bias: plan_memory(gemm_plan, a, b, out, bias),
         lambda a, b, out, bias, *memory: launch_with(gemm_plan, a, b, out, bias, (), (), memory),
@@ -315,6 +337,11 @@ def launch_plan(plan: GemmPlan, a, b, out, bias=None, scales=(), groups=()):
     (``expert_of_block``, ``padded_count``). Returns ``out``."""
     launch_with(plan, a, b, out, bias, scales, groups, plan_memory(plan, a, b, out, bias, scales, groups))
     return out
+
+
+def needs_memory(plan: GemmPlan) -> bool:
+    """Whether :func:`plan_memory` makes anything for ``plan``'s calls (a copying preparation, a scratch buffer)."""
+    return any(_COPIES.intersection(p.steps) for p in plan.preparations) or bool(_scratch_arguments(plan))
 
 
 def plan_memory(plan: GemmPlan, a, b, out, bias=None, scales=(), groups=()) -> tuple:
