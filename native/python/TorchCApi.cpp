@@ -164,12 +164,33 @@ void learnDtype(TorchCApi &a, PyObject *obj, PyObject *dtype) {
   a.dtypes[code] = dtype;
 }
 
-template <typename F> bool bind(void *lib, const char *name, F &fn, std::string &missing) {
-  fn = lib ? reinterpret_cast<F>(dlsym(lib, name)) : nullptr;
-  if (!fn && missing.empty())
-    missing = name;
-  return fn != nullptr;
-}
+/// The libraries `import torch` loaded, in the order their symbols are looked
+/// up (a handle's lookup also searches what it depends on: libtorch_python.so
+/// reaches libtorch_cpu.so, and libtorch_cuda.so in CUDA builds); null: absent.
+struct Libraries {
+  void *handles[4];
+
+  explicit Libraries(const std::string &dir) {
+    const char *names[] = {"libtorch_python.so", "libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so"};
+    for (size_t i = 0; i < 4; ++i) // RTLD_NOLOAD: only what torch loaded, nothing new
+      handles[i] = dlopen((dir + "/" + names[i]).c_str(), RTLD_NOW | RTLD_NOLOAD);
+  }
+  ~Libraries() {
+    for (void *handle : handles) // the references dlopen took; torch keeps its own
+      if (handle)
+        dlclose(handle);
+  }
+
+  template <typename F> bool bind(const char *name, F &fn, std::string *missing = nullptr) const {
+    fn = nullptr;
+    for (void *handle : handles)
+      if (handle && !fn)
+        fn = reinterpret_cast<F>(dlsym(handle, name));
+    if (!fn && missing && missing->empty())
+      *missing = name;
+    return fn != nullptr;
+  }
+};
 
 bool sameFacts(const TensorFacts &x, const TensorFacts &y) {
   if (x.dtype != y.dtype || x.pointer != y.pointer || x.device != y.device || x.rank != y.rank)
@@ -219,39 +240,40 @@ std::optional<std::string> enable(const std::string &libDir, nb::tuple probes, n
     return std::nullopt;
   if (probes.size() == 0)
     return "no probe tensors";
-  const int flags = RTLD_NOW | RTLD_NOLOAD; // only what torch loaded
-  void *cpu = dlopen((libDir + "/libtorch_cpu.so").c_str(), flags);
-  void *python = dlopen((libDir + "/libtorch_python.so").c_str(), flags);
-  void *cuda = dlopen((libDir + "/libtorch_cuda.so").c_str(), flags);
+  Libraries libs(libDir);
   std::string missing;
   int32_t (*code)() = nullptr;
-  bind(cpu, "aoti_torch_get_dim", a.getDim, missing);
-  bind(cpu, "aoti_torch_get_sizes", a.getSizes, missing);
-  bind(cpu, "aoti_torch_get_strides", a.getStrides, missing);
-  bind(cpu, "aoti_torch_get_data_ptr", a.getDataPtr, missing);
-  bind(cpu, "aoti_torch_get_dtype", a.getDtype, missing);
-  bind(cpu, "aoti_torch_get_layout", a.getLayout, missing);
-  bind(cpu, "aoti_torch_get_device_type", a.getDeviceType, missing);
-  bind(cpu, "aoti_torch_get_device_index", a.getDeviceIndex, missing);
-  bind(cpu, "aoti_torch_empty_strided", a.emptyStrided, missing);
-  bind(cpu, "aoti_torch_delete_tensor_object", a.deleteTensor, missing);
-  bind(python, "_Z16THPVariable_WrapRKN2at10TensorBaseE", a.wrap, missing);
-  if (bind(cpu, "aoti_torch_layout_strided", code, missing))
+  libs.bind("aoti_torch_get_dim", a.getDim, &missing);
+  libs.bind("aoti_torch_get_sizes", a.getSizes, &missing);
+  libs.bind("aoti_torch_get_strides", a.getStrides, &missing);
+  libs.bind("aoti_torch_get_data_ptr", a.getDataPtr, &missing);
+  libs.bind("aoti_torch_get_dtype", a.getDtype, &missing);
+  libs.bind("aoti_torch_get_layout", a.getLayout, &missing);
+  libs.bind("aoti_torch_get_device_type", a.getDeviceType, &missing);
+  libs.bind("aoti_torch_get_device_index", a.getDeviceIndex, &missing);
+  libs.bind("aoti_torch_empty_strided", a.emptyStrided, &missing);
+  libs.bind("aoti_torch_delete_tensor_object", a.deleteTensor, &missing);
+  libs.bind("_Z16THPVariable_WrapRKN2at10TensorBaseE", a.wrap, &missing);
+  if (libs.bind("aoti_torch_layout_strided", code, &missing))
     a.strided = code();
-  if (bind(cpu, "aoti_torch_device_type_cpu", code, missing))
+  if (libs.bind("aoti_torch_device_type_cpu", code, &missing))
     a.cpu = code();
-  if (bind(cpu, "aoti_torch_device_type_cuda", code, missing))
+  if (libs.bind("aoti_torch_device_type_cuda", code, &missing))
     a.cuda = code();
   if (!missing.empty())
-    return "torch's C API: " + missing + " not found in " + libDir;
-  std::string unused;
-  bind(cuda, "aoti_torch_get_current_cuda_stream", a.currentCudaStream, unused);
+    return "torch's C API: " + missing + " not found in the libraries of " + libDir;
+  libs.bind("aoti_torch_get_current_cuda_stream", a.currentCudaStream); // CUDA builds only
   a.tensorType = Py_TYPE(probes[0].ptr());
   for (size_t i = 0; i < probes.size(); ++i) {
+    std::optional<std::string> why;
     if (Py_TYPE(probes[i].ptr()) != a.tensorType)
-      return "probe " + std::to_string(i) + ": not of the first probe's type";
-    if (std::optional<std::string> why = check(a, probes[i].ptr(), i))
+      why = "probe " + std::to_string(i) + ": not of the first probe's type";
+    else
+      why = check(a, probes[i].ptr(), i);
+    if (why) {
+      a.tensorType = nullptr; // not enabled: _pause_torch_c_api leaves it off
       return why;
+    }
   }
   Py_INCREF(a.tensorType);
   if (!streamGetter.is_none())

@@ -142,6 +142,21 @@ def test_the_environment_keeps_it_off():
     assert child.stdout.split() == ["FLYDSL_TORCH_C_API=0"] * 2
 
 
+def test_a_torch_without_the_c_api_is_read_through_its_attributes():
+    script = (
+        "import torch\n"
+        "from flydsl.compiler._native import launcher\n"
+        "x = torch.ones(3)\n"
+        "why = launcher._enable_torch_c_api('/nonexistent', (x,), None)\n"
+        "launcher._pause_torch_c_api(False)  # never enabled: stays off\n"
+        "print(why)\n"
+        "print(launcher._tensor_facts(x, True), launcher.empty_like(x))\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    why, facts = child.stdout.splitlines()
+    assert why.startswith("torch's C API: aoti_torch_get_dim not found") and facts == "None None"
+
+
 def test_the_zoo_allocates_through_it_as_new_empty_would():
     from flydsl.kernels.memory import torch_empty_like, torch_new_empty
 
