@@ -40,9 +40,10 @@ INFERENCE_OPS = ("fp8_gemm", "blockscale_gemm", "quantize_fp8", "paged_decode", 
 ROWS, N = 8, 4096
 
 
-def _child(calls: int, repeats: int) -> dict:
-    """In this process: every case timed (microseconds per call, the median of ``repeats``), and torch's own op on
-    tiny CPU tensors (its host path with almost no arithmetic: the closest CPU-side peer)."""
+def stand_in_launches() -> None:
+    """CPU tensors taken as plain CUDA ones by flydsl.torch's eager checks, and each zoo kernel call (the norms',
+    softmax's and the inference ops') replaced by one launch noted through ``_runtime._note_launch`` over its tensors:
+    recorded as a launch plan records it, replayed without ``cuLaunchKernel``."""
     import struct
     import types
 
@@ -50,11 +51,8 @@ def _child(calls: int, repeats: int) -> dict:
 
     from flydsl.compiler._native import launcher
     from flydsl.torch import _mutating, _registry, ops
-    from flydsl.torch import functional as F
 
-    INFERENCE = {**_registry.registered_ops(), **_mutating.registered_mutating_ops()}
-    INFERENCE = {name: INFERENCE[name] for name in INFERENCE_OPS}
-
+    inference = {**_registry.registered_ops(), **_mutating.registered_mutating_ops()}
     _registry._plain_keyset = lambda raw: True
     _registry._Op._check_devices = lambda self, tensors: None
     launcher._register_stream_getter(lambda device: 0)
@@ -66,8 +64,19 @@ def _child(calls: int, repeats: int) -> dict:
         launcher._note_launch("kernel", (1, 1, 1), (128, 1, 1), None, 0, 0, "p" * len(pointers), packed)
 
     ops.zoo = types.SimpleNamespace(**{n: launch for name in OPS for n in (name, f"{name}_backward")})
-    for op in INFERENCE.values():  # the inference ops' kernels: one noted launch over their tensors
-        op.impl = launch
+    for name in INFERENCE_OPS:  # the inference ops' kernels: one noted launch over their tensors
+        inference[name].impl = launch
+
+
+def _child(calls: int, repeats: int) -> dict:
+    """In this process: every case timed (microseconds per call, the median of ``repeats``), and torch's own op on
+    tiny CPU tensors (its host path with almost no arithmetic: the closest CPU-side peer)."""
+    import torch
+
+    from flydsl.compiler._native import launcher
+    from flydsl.torch import functional as F
+
+    stand_in_launches()
     x, r, w, b = torch.randn(ROWS, N), torch.randn(ROWS, N), torch.randn(N), torch.randn(N)
     xg, rg, wg, bg = (t.clone().requires_grad_(True) for t in (x, r, w, b))
     ones = torch.ones_like(x)
