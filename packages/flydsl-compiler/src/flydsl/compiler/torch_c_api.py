@@ -7,7 +7,7 @@ libraries ``import torch`` loaded and turns it on only after checking, on probe 
 attributes say (and where the Python object holds its tensor: that layout is torch's own, checked without reading
 through it). Call keys, launch replays, the current stream and ``torch_empty_like``'s outputs then go through it;
 anything it cannot read (another device type or layout, a torch whose layout differs) is read as before.
-``FLYDSL_TORCH_C_API=0`` keeps it off.
+``FLYDSL_TORCH_C_API=0`` keeps it off. Measurements and what was not taken: docs/tuning/host.md#c-api.
 """
 
 from __future__ import annotations

@@ -340,7 +340,8 @@ def launch_plan(plan: GemmPlan, a, b, out, bias=None, scales=(), groups=()):
 
 
 def needs_memory(plan: GemmPlan) -> bool:
-    """Whether :func:`plan_memory` makes anything for ``plan``'s calls (a copying preparation, a scratch buffer)."""
+    """Whether :func:`plan_memory` makes anything for ``plan``'s calls (a copying preparation, a scratch buffer); a
+    plan that needs none is kept as its launches alone (docs/tuning/host.md#scratch)."""
     return any(_COPIES.intersection(p.steps) for p in plan.preparations) or bool(_scratch_arguments(plan))
 
 
