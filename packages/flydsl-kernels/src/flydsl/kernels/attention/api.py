@@ -214,13 +214,14 @@ def decode_plan_config(
 _COUNTERS: dict = {}  # (device, stream) -> int32 zeros: the splits' arrival counters (each launch leaves them zero)
 
 
-def _counters_of(words: int, device):
-    """How :func:`~flydsl.kernels.memory.per_stream` makes a stream's counters: zeros, at least ``words``."""
+def _counters_of(words: int, like):
+    """How :func:`~flydsl.kernels.memory.per_stream` makes a stream's counters: zeros, at least ``words``, on the
+    device of the torch tensor ``like`` (read only when they are made: ``like.device`` builds an object per call)."""
 
     def make(held):
         import torch
 
-        return torch.zeros(max(words, 1024), dtype=torch.int32, device=device)
+        return torch.zeros(max(words, 1024), dtype=torch.int32, device=like.device)
 
     return make
 
@@ -258,7 +259,7 @@ class _Plan:
             partial_out = partial_stats = self.unused
         kv_heads = k_cache.shape[2]
         words = batch * kv_heads * cfg.row_tiles  # a counter per (sequence, KV head, row tile)
-        counters = per_stream(_COUNTERS, q, _counters_of(words, q.device), fits=lambda held: held.numel() >= words)
+        counters = per_stream(_COUNTERS, q, _counters_of(words, q), fits=lambda held: held.numel() >= words)
         k_scales = self.k_value if self.k_value is not None else (self.unused if k_scale is None else k_scale)
         v_scales = self.v_value if self.v_value is not None else (self.unused if v_scale is None else v_scale)
         return out, partial_out, partial_stats, counters, k_scales, v_scales
