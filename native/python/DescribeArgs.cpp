@@ -200,7 +200,7 @@ bool describeTorch(PyObject *obj, Described &d) {
   for (const auto &entry : reg.dtypes)
     if (entry.object == dtype.ptr())
       found = &entry;
-  if (!fast)
+  if (!fast && dtype.is_valid())
     noteTensorDtype(obj, dtype.ptr());
   if (!found)
     return false;

@@ -54,6 +54,7 @@ struct TorchCApi {
   PyObject *(*wrap)(const void *) = nullptr;              // THPVariable_Wrap(const at::TensorBase &)
   int32_t strided = 0, cpu = 0, cuda = 1;                 // layout and device type codes
   PyTypeObject *tensorType = nullptr;                     // torch.Tensor: the type empty_like returns
+  PyTypeObject *dtypeType = nullptr;                      // torch.dtype: what a learnt dtype object must be
   PyObject *streamGetter = nullptr;                       // what currentCudaStream stands for
   PyObject *dtypes[kDtypeCodes] = {};                     // torch.dtype per dtype code (learnt)
   bool ready = false;
@@ -158,7 +159,7 @@ PyObject *emptyLike(const TorchCApi &a, PyObject *obj, PyObject *shape = nullptr
 
 void learnDtype(TorchCApi &a, PyObject *obj, PyObject *dtype) {
   int32_t code;
-  if (a.getDtype(handleOf(obj), &code) || code < 0 || code >= kDtypeCodes || a.dtypes[code])
+  if (!dtype || !a.dtypeType || Py_TYPE(dtype) != a.dtypeType || a.getDtype(handleOf(obj), &code) || code < 0 || code >= kDtypeCodes || a.dtypes[code])
     return;
   Py_INCREF(dtype);
   a.dtypes[code] = dtype;
@@ -215,6 +216,8 @@ std::optional<std::string> check(TorchCApi &a, PyObject *probe, size_t index) {
   TensorFacts slow, fast;
   if (!readTensorAttributes(probe, slow))
     return PyErr_Clear(), which + "its attributes cannot be read";
+  if (!a.dtypeType)
+    a.dtypeType = Py_TYPE(slow.dtype);
   learnDtype(a, probe, slow.dtype);
   if (!readFacts(a, probe, fast) || !sameFacts(slow, fast))
     return which + "the C API reads other facts than the attributes";
