@@ -352,6 +352,20 @@ void bindTorchCApi(nb::module_ &rt) {
           a.ready = !paused;
       },
       "paused"_a, "Test hook: reads go through the attributes while paused (once enabled).");
+  rt.def(
+      "stream_key",
+      [](nb::handle x) -> nb::object {
+        const TorchCApi &a = api();
+        TensorFacts t;
+        void *stream;
+        if (!a.ready || !a.currentCudaStream || !readFacts(a, x.ptr(), t) || t.device < 0 ||
+            a.currentCudaStream(int32_t(t.device), &stream))
+          return nb::none();
+        return nb::make_tuple(t.device, uint64_t(reinterpret_cast<uintptr_t>(stream)));
+      },
+      "x"_a,
+      "(device index, raw handle of its current torch stream) of the CUDA torch tensor x through torch's C API, "
+      "as memory.stream_key reads them; None where the C API cannot read them.");
   rt.def("_tensor_facts", &tensorFacts, "x"_a, "c_api"_a,
          "Test hook: x's (dtype, data_ptr, device, shape, strides) read through torch's C API or through its "
          "attributes, or None where that reader cannot read them.");

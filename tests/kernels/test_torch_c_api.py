@@ -182,6 +182,9 @@ def test_cuda_tensors_and_the_current_stream_are_read_as_torch_says():
     assert fast == slow and fast[2] == torch.cuda.current_device()
     made = launcher.empty_like(x, (3, 5), torch.float32)
     assert made.is_cuda and made.device == x.device and made.shape == (3, 5) and made.dtype == torch.float32
+    from flydsl.kernels.memory import stream_key
+
+    assert launcher.stream_key(torch.ones(2)) is None  # a CPU tensor has no stream
     launcher._register_stream_getter(torch._C._cuda_getCurrentRawStream)  # what the launch paths register
     params = struct.pack("<Q", x.data_ptr())
     side = torch.cuda.Stream()
@@ -194,3 +197,4 @@ def test_cuda_tensors_and_the_current_stream_are_read_as_torch_says():
             assert isinstance(plan, launcher.LaunchPlan), plan
             (step,) = plan._dry_run(x)
             assert step["stream"] == stream.cuda_stream  # read through the C API: the stream torch holds current
+            assert launcher.stream_key(x) == stream_key(x) == (x.get_device(), stream.cuda_stream)

@@ -129,14 +129,28 @@ def allocated(obj) -> TensorInfo:
 
 def stream_key(tensor) -> tuple:
     """``(device index, raw handle of its current torch stream)`` for a torch CUDA tensor: the key of scratch memory
-    that the kernels of one stream share. Read as the launcher reads the stream
-    (``torch._C._cuda_getCurrentRawStream``: ``current_stream().cuda_stream`` builds a Python object per call, a
-    measurable part of a call's host time)."""
+    that the kernels of one stream share. Read as the launcher reads the stream: through torch's C API where it is on
+    (:mod:`flydsl.compiler.torch_c_api`), else ``torch._C._cuda_getCurrentRawStream`` (``current_stream().cuda_stream``
+    builds a Python object per call, a measurable part of a call's host time)."""
+    key = (_NATIVE_STREAM_KEY or _bind_native_stream_key())(tensor)
+    if key is not None:
+        return key
     import torch
 
     device = tensor.get_device()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return device, raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+_NATIVE_STREAM_KEY = None  # launcher.stream_key, bound on the first call
+
+
+def _bind_native_stream_key():
+    global _NATIVE_STREAM_KEY
+    from flydsl.compiler._native import launcher
+
+    _NATIVE_STREAM_KEY = launcher.stream_key
+    return _NATIVE_STREAM_KEY
 
 
 def per_stream(cache: dict, tensor, make, fits=None):
