@@ -1,7 +1,8 @@
 """Where one user-facing call's host time goes, for benchmarks/host_overhead.py's ``breakdown`` part (issue 31's
 forward and forward+backward bars): ``flydsl.torch.functional.softmax`` on 8 x 1024 bf16 taken apart -- the kept
 plan's lookup (``_kept``: the checks and the signature), the signature alone, the output's allocation
-(``torch.empty_like``) and the native replay with its launch -- next to ``torch.softmax`` and a torch launch
+(``memory.torch_empty_like``, through torch's C API where it is on, and ``torch.empty_like``) and the native replay
+with its launch -- next to ``torch.softmax`` and a torch launch
 (``x.add_(1)``); and ``torch.autograd.grad`` through Python ``autograd.Function``s that allocate their output and
 gradient and launch, in the forward, the backward or both, either noop6 through the native launcher or a torch op
 (``zero_``), against the floor that launches nothing and torch.softmax's C++ nodes. Not a script."""
@@ -16,6 +17,7 @@ ROWS, N = 8, 1024
 
 
 def _forward_pieces() -> dict:
+    from flydsl.kernels.memory import torch_empty_like
     from flydsl.kernels.plans import signature
     from flydsl.torch import functional
 
@@ -33,7 +35,8 @@ def _forward_pieces() -> dict:
         "flydsl.torch.functional.softmax": lambda: functional.softmax(x),
         "  its plan lookup (_kept: checks + signature)": lambda: functional._kept(kept, (x,), x, -1),
         "  its signature (plan_key)": lambda: signature(x, -1),
-        "  its output (torch.empty_like)": lambda: torch.empty_like(x),
+        "  its output (memory.torch_empty_like)": lambda: torch_empty_like(x),
+        "  torch.empty_like": lambda: torch.empty_like(x),
         f"  its replay and launch ({type(plan).__name__})": lambda: plan(x, out),
         "torch x.add_(1)": lambda: out.add_(1),
     }
