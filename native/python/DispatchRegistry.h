@@ -58,6 +58,9 @@ struct DispatchRegistry {
   // learner(value) -> whether value's type is now registered (or is a tensor).
   std::vector<PyTypeObject *> keyTypes;
   PyObject *keyTypeLearner = nullptr;
+  // The objects plan keys name by address (tensors' dtypes, dtype arguments), kept so that portablePlanKey reads
+  // only addresses the key builder wrote.
+  std::vector<PyObject *> tensorDtypes, keyValues;
   PyObject *isCuda = PyUnicode_InternFromString("is_cuda");
   PyObject *dtype = PyUnicode_InternFromString("dtype");
   PyObject *dataPtr = PyUnicode_InternFromString("data_ptr");

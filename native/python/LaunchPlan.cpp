@@ -331,6 +331,9 @@ void bindLaunchPlans(nb::module_ &rt) {
          "The plan key of a call's arguments (bytes), or None where one cannot be keyed: per torch "
          "tensor its type, dtype, shape, strides, address mod 16 and device; None, bools, ints, "
          "floats (their bits), strs, lists and tuples of ints by value; torch dtypes by identity.");
+  rt.def("portable_plan_key", &portablePlanKey, "key"_a,
+         "plan_key's bytes as text that another process builds alike for the same call (types and dtypes by name "
+         "instead of address), or None where the key holds something the text cannot name.");
   rt.def("_register_key_type_learner", [](nb::handle learner) {
     auto &reg = registry();
     Py_XINCREF(learner.ptr());

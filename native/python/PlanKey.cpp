@@ -11,6 +11,7 @@
 #include "TorchCApi.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <string>
 
@@ -61,6 +62,11 @@ bool readTensor(PyObject *obj, TensorFacts &t) {
   if (!readTensorAttributes(obj, t))
     return false;
   noteTensorDtype(obj, t.dtype);
+  std::vector<PyObject *> &seen = registry().tensorDtypes;
+  if (std::find(seen.begin(), seen.end(), t.dtype) == seen.end()) { // for portablePlanKey
+    Py_INCREF(t.dtype);
+    seen.push_back(t.dtype);
+  }
   return true;
 }
 
@@ -137,6 +143,11 @@ bool appendKey(std::string &key, PyObject *v, bool learn = true) {
   } else if (isKeyType(Py_TYPE(v))) { // torch.dtype: one object per dtype, for the process
     key.push_back('D');
     put(key, reinterpret_cast<uintptr_t>(v));
+    std::vector<PyObject *> &values = registry().keyValues;
+    if (std::find(values.begin(), values.end(), v) == values.end()) { // for portablePlanKey
+      Py_INCREF(v);
+      values.push_back(v);
+    }
   } else {
     // A type not seen yet: flydsl.kernels.plans registers torch.Tensor subclasses and torch.dtype.
     PyObject *learner = registry().keyTypeLearner;
@@ -151,6 +162,115 @@ bool appendKey(std::string &key, PyObject *v, bool learn = true) {
 }
 
 } // namespace
+
+namespace {
+
+/// Reads `count` bytes of the key at `at` into `out`; false past its end.
+template <typename T> bool take(const std::string &key, size_t &at, T &out) {
+  if (at + sizeof(T) > key.size())
+    return false;
+  std::memcpy(&out, key.data() + at, sizeof(T));
+  at += sizeof(T);
+  return true;
+}
+
+/// `module.qualname` of a type, or its tp_name.
+std::string typeName(PyTypeObject *type) {
+  nb::object module = nb::steal(PyObject_GetAttrString(reinterpret_cast<PyObject *>(type), "__module__"));
+  nb::object qualname = nb::steal(PyObject_GetAttrString(reinterpret_cast<PyObject *>(type), "__qualname__"));
+  if (!module.is_valid() || !qualname.is_valid() || !PyUnicode_Check(module.ptr()) ||
+      !PyUnicode_Check(qualname.ptr())) {
+    PyErr_Clear();
+    return type->tp_name;
+  }
+  return std::string(PyUnicode_AsUTF8(module.ptr())) + "." + PyUnicode_AsUTF8(qualname.ptr());
+}
+
+/// str() of an object the key names by address (a torch.dtype), checked to be one the key builder knows.
+bool objectText(uintptr_t address, std::string &out) {
+  // Only an address this process put in a key is read (the bytes may come from anywhere).
+  auto *obj = reinterpret_cast<PyObject *>(address);
+  const std::vector<PyObject *> &seen = registry().tensorDtypes;
+  bool known = isLearntDtype(obj) || std::find(seen.begin(), seen.end(), obj) != seen.end();
+  for (const DispatchRegistry::Dtype &d : registry().dtypes)
+    known |= d.object == obj;
+  for (PyObject *value : registry().keyValues)
+    known |= value == obj;
+  if (!known)
+    return false;
+  nb::object text = nb::steal(PyObject_Str(obj));
+  if (!text.is_valid() || !PyUnicode_Check(text.ptr()))
+    return PyErr_Clear(), false;
+  out += PyUnicode_AsUTF8(text.ptr());
+  return true;
+}
+
+} // namespace
+
+nb::object portablePlanKey(nb::bytes bytes) {
+  std::string key(bytes.c_str(), bytes.size()), text;
+  static const char hex[] = "0123456789abcdef";
+  auto raw = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i)
+      text += hex[uint8_t(key[i]) >> 4], text += hex[uint8_t(key[i]) & 15];
+  };
+  for (size_t at = 0; at < key.size();) {
+    char tag = key[at++];
+    text += tag;
+    size_t start = at;
+    uint64_t n = 0;
+    uintptr_t address = 0;
+    switch (tag) {
+    case 'N':
+    case 'B':
+    case 'b':
+      break;
+    case 'i':
+    case 'f':
+      at += 8;
+      break;
+    case 's':
+      if (!take(key, at, n))
+        return nb::none();
+      at += n;
+      break;
+    case 'L':
+    case 't':
+      if (!take(key, at, n))
+        return nb::none();
+      at += 8 * n;
+      break;
+    case 'D': // a torch.dtype argument
+      if (!take(key, at, address) || !objectText(address, text))
+        return nb::none();
+      text += ';';
+      continue;
+    case 'T': { // the tensor's type and dtype by name, then its rank, extents, strides, alignment and device as bytes
+      uintptr_t type = 0;
+      if (!take(key, at, type) || !take(key, at, address) ||
+          !isTensorType(reinterpret_cast<PyTypeObject *>(type)))
+        return nb::none();
+      text += typeName(reinterpret_cast<PyTypeObject *>(type)) + ",";
+      if (!objectText(address, text))
+        return nb::none();
+      text += ',';
+      uint8_t rank = 0;
+      start = at;
+      if (!take(key, at, rank))
+        return nb::none();
+      at += 16 * size_t(rank) + 1 + sizeof(long long);
+      break;
+    }
+    default:
+      return nb::none();
+    }
+    if (at > key.size())
+      return nb::none();
+    raw(start, at);
+    text += ';';
+  }
+  return nb::str(text.c_str());
+}
 
 nb::object planKey(nb::handle args) {
   if (!PyTuple_Check(args.ptr()))

@@ -40,6 +40,10 @@ bool readTensorAttributes(PyObject *obj, TensorFacts &t);
 /// The plan key of a tuple of arguments (bytes), or None.
 nanobind::object planKey(nanobind::handle args);
 
+/// A plan key as text that another process builds alike for the same call (the key names types and dtypes by
+/// address: here by name), or None where it holds something else.
+nanobind::object portablePlanKey(nanobind::bytes key);
+
 } // namespace fly::python
 
 #endif // FLY_PYTHON_PLANKEY_H

@@ -298,6 +298,8 @@ void noteTensorDtype(PyObject *obj, PyObject *dtype) {
     learnDtype(a, obj, dtype);
 }
 
+bool isLearntDtype(PyObject *obj) { return obj && dtypeCode(api(), obj) >= 0; }
+
 bool tensorDataPtrFast(PyObject *obj, uint64_t &pointer) {
   const TorchCApi &a = api();
   if (!a.ready || !isTorchTensor(a, obj))

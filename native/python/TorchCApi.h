@@ -34,6 +34,9 @@ bool readTensorFast(PyObject *obj, TensorFacts &t);
 /// so that later fast reads of that dtype need none.
 void noteTensorDtype(PyObject *obj, PyObject *dtype);
 
+/// Whether `obj` is a dtype object the C API has learnt (reads report it).
+bool isLearntDtype(PyObject *obj);
+
 /// `obj`'s data_ptr() through the C API; false where the API is off or the
 /// tensor cannot be read so (no error set).
 bool tensorDataPtrFast(PyObject *obj, uint64_t &pointer);

@@ -492,3 +492,54 @@ def test_the_launch_path_imports_no_tracer():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split("\n")[:2] == ["[]", "True True"], run.stdout
+
+
+_PORTABLE_CALL = (
+    "import torch\n"
+    "from flydsl.compiler._native import launcher\n"
+    "from flydsl.kernels import plans, plan_cache\n"
+    "from flydsl.kernels.gemm import GemmConfig\n"
+    "x = torch.ones(4, 8)[:, 1:]\n"
+    "key = plans.signature(x, None, 3, 1.5, 'rows', [2, 3], True, torch.float16, torch.nn.Parameter(torch.ones(2)))\n"
+    "print(launcher.portable_plan_key(key))\n"
+    "print(plan_cache.portable_key((key, GemmConfig(tile_m=64, consumers=1), None, False)))\n"
+)
+
+
+def test_a_signature_has_the_same_portable_text_in_every_process():
+    """A plan key names types and dtypes by address, which differ from process to process; the disk cache keys kept
+    plans by its portable text (types and dtypes by name), which a new process builds alike for the same call."""
+    import subprocess
+    import sys
+
+    runs = [subprocess.run([sys.executable, "-c", _PORTABLE_CALL], capture_output=True, text=True) for _ in range(2)]
+    assert all(run.returncode == 0 for run in runs), runs[0].stderr[-2000:]
+    first, second = (run.stdout.splitlines() for run in runs)
+    assert first == second and "None" not in first
+    assert first[0].startswith("Ttorch.Tensor,torch.float32,") and "Dtorch.float16;" in first[0]
+    assert "torch.nn.parameter.Parameter,torch.float32" in first[0] and "GemmConfig(tile_m=64" in first[1]
+    keys = [plans.signature(torch.ones(4, 8)), plans.signature(torch.ones(4, 8).t()), plans.signature(torch.ones(8))]
+    assert len({launcher.portable_plan_key(k) for k in keys}) == 3  # what tells calls apart stays in the text
+
+
+def test_only_keys_this_process_built_are_read():
+    key = plans.signature(torch.ones(2, 3))
+    assert launcher.portable_plan_key(key) is not None
+    tampered = key[:1] + b"\x01" * 8 + key[9:]  # a type address no key builder wrote
+    assert launcher.portable_plan_key(tampered) is None
+    assert launcher.portable_plan_key(b"T" + b"\x07" * 40) is None and launcher.portable_plan_key(b"?") is None
+    assert launcher.portable_plan_key(key[:-3]) is None  # cut short
+
+
+def test_gemm_keys_are_kept_and_found_by_their_portable_text(fake_recording, kept):
+    """The GEMM entry points key a tuple (the signature, the configuration, ...); kept plans of such keys are found
+    by a new store (before, the tuple reached bytes.hex() and raised)."""
+    from flydsl.kernels.gemm import GemmConfig
+
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    key = (plans.signature(x, out), GemmConfig(tile_m=64, consumers=1), None, False)
+    store, plan = _recorded_store(fake_recording, "test.gemm")
+    store.add(key, plan)(x, out)
+    assert isinstance(_recorded_store(fake_recording, "test.gemm")[0].get(key), launcher.LaunchPlan)
+    other = (plans.signature(x, out), GemmConfig(tile_m=128), None, False)
+    assert _recorded_store(fake_recording, "test.gemm")[0].get(other) is None

@@ -5,12 +5,12 @@ in a new process then costs its key, the cache reads and the kernels' module loa
 modules, nor the checks and the routing (issue 31's cold start).
 
 The entry's key: the entry point (the ``Plans``' name), the call signature (which holds every fact validation and
-routing read of the arguments), and what a route may read beyond them: FlyDSL's compiler sources, the zoo's sources
-(and the torch adapter's, for its entry points), the settings, and each visible device's name, compute capability
-and SM count. The entry: the plan's bytes (``LaunchPlan._to_bytes``: the launches, each pointer as an argument and
-an offset, each TMA descriptor's spec) and per launch its kernel's module (the JIT cache's key of it), name and
-dependent-launch flag. Not kept: plans with a scratch function (Python on every call) and launches of kernels that
-did not come from the disk cache.
+routing read of the arguments; as text another process builds alike, :func:`portable_key`), and what a route may
+read beyond them: FlyDSL's compiler sources, the zoo's sources (and the torch adapter's, for its entry points), the
+settings, and each visible device's name, compute capability and SM count. The entry: the plan's bytes
+(``LaunchPlan._to_bytes``: the launches, each pointer as an argument and an offset, each TMA descriptor's spec) and
+per launch its kernel's module (the JIT cache's key of it), name and dependent-launch flag. Not kept: plans with a
+scratch function (Python on every call) and launches of kernels that did not come from the disk cache.
 
 A kept plan's arguments are aligned as its signature says, and outputs allocated per call come from torch's caching
 allocator (512-byte aligned): a replay should never meet an argument aligned otherwise. Where one does, the call
@@ -27,7 +27,7 @@ import warnings
 from flydsl.compiler import cache, runtime, settings
 from flydsl.compiler._native import launcher
 
-__all__ = ["keep", "load"]
+__all__ = ["keep", "load", "portable_key"]
 
 FORMAT = 1
 _SM_COUNT, _CC_MAJOR, _CC_MINOR = 16, 75, 76  # CUdevice_attribute
@@ -49,12 +49,29 @@ def _devices() -> tuple:
     )
 
 
-def _entry_key(name: str, key: bytes) -> str:
+def portable_key(key) -> str | None:
+    """The call signature ``key`` as text that a new process builds alike for the same call, or None where it cannot
+    be (plan_key's bytes name types and dtypes by address: ``launcher.portable_plan_key`` names them; the GEMMs key a
+    tuple of those bytes and their configuration)."""
+    if isinstance(key, bytes):
+        return launcher.portable_plan_key(key)
+    if isinstance(key, tuple):
+        parts = [portable_key(part) for part in key]
+        return None if None in parts else "(" + ", ".join(parts) + ")"
+    text = repr(key)
+    return None if " at 0x" in text else text  # an object's default repr holds its address
+
+
+def _entry_key(name: str, key) -> str | None:
+    """The disk cache's key of ``name``'s plan for ``key``, or None where the signature has no portable text."""
+    portable = portable_key(key)
+    if portable is None:
+        return None
     packages = ["flydsl.kernels"] + (["flydsl.torch"] if name.startswith("flydsl.torch") else [])
     return cache.key_text(
         f"launch plan {FORMAT}",
         name,
-        key.hex(),
+        portable,
         cache.compiler_fingerprint(),
         *(f"{package} {cache.package_fingerprint(package)}" for package in packages),
         settings.current(),
@@ -68,7 +85,7 @@ def _warn_once(what: str, error: BaseException) -> None:
         warnings.warn(f"flydsl: {what} ({type(error).__name__}: {error})", RuntimeWarning, stacklevel=3)
 
 
-def keep(name: str, key: bytes, plan) -> None:
+def keep(name: str, key, plan) -> None:
     """Writes ``plan`` (a ``LaunchPlan`` just recorded for ``key`` by the entry point ``name``) to the disk cache,
     where it can be kept; a failure only warns (once): keeping is an optimization."""
     data = plan._to_bytes()
@@ -84,17 +101,22 @@ def keep(name: str, key: bytes, plan) -> None:
         "kernels": [function.name for function in functions],
         "dependent": [bool(function.dependent_launch) for function in functions],
     }
+    entry = _entry_key(name, key)
+    if entry is None:
+        return
     try:
-        cache.store_record(_entry_key(name, key), record)
+        cache.store_record(entry, record)
     except (OSError, RuntimeError, ValueError, TypeError) as error:
         _warn_once(f"launch plans are not kept on disk: {name}", error)
 
 
-def load(name: str, key: bytes, forget):
+def load(name: str, key, forget):
     """The ``LaunchPlan`` kept for ``key`` of the entry point ``name``, its kernels loaded; None where none is kept or
     it cannot be used (warned once). ``forget()`` drops the in-memory plan where a replay meets an argument aligned
     otherwise than when recorded."""
     entry = _entry_key(name, key)
+    if entry is None:
+        return None
     record = cache.load_record(entry)
     if record is None or "plan" not in record:  # none, or dropped
         return None
