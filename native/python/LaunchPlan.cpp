@@ -20,6 +20,7 @@
 #include "LaunchArgs.h"
 #include "LaunchPlanSteps.h"
 #include "PlanKey.h"
+#include "TorchCApi.h"
 
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
@@ -166,12 +167,15 @@ struct Recording {
 
   /// A LaunchPlan replaying the launches on `args` of the same key, or the
   /// reason why they cannot be replayed (a str).
-  nb::object plan(nb::tuple args, nb::handle fallback, nb::handle scratch, std::optional<size_t> nargs) {
+  nb::object plan(nb::tuple args, nb::handle fallback, nb::handle scratch, std::optional<size_t> nargs,
+                  nb::handle made) {
     std::string why;
     auto plan = std::make_unique<LaunchPlan>();
     plan->nargs = nargs.value_or(args.size());
     if (plan->nargs > args.size())
       throw nb::value_error("nargs: more than the arguments given");
+    if (!made.is_none() && torchCApiOn())
+      plan->made = madeTensors(made, plan->nargs, args.size() - plan->nargs);
     if (!build(args, *plan, why))
       return nb::str(why.c_str());
     plan->fallback = nb::borrow(fallback);
@@ -187,6 +191,36 @@ struct Recording {
   }
 
 private:
+  /// `made` (per scratch value: (like, shape or None, dtype or None)) as MadeTensors; none where a dtype is not one
+  /// torch's C API has learnt (the scratch function makes them then).
+  static std::vector<MadeTensor> madeTensors(nb::handle made, size_t nargs, size_t count) {
+    std::vector<MadeTensor> out;
+    nb::tuple items = nb::tuple(nb::borrow(made));
+    if (items.size() != count)
+      throw nb::value_error("made: one (like, shape, dtype) per scratch value expected");
+    for (nb::handle item : items) {
+      nb::tuple spec = nb::cast<nb::tuple>(item);
+      if (spec.size() != 3)
+        throw nb::value_error("made: expected (like, shape or None, dtype or None)");
+      MadeTensor m;
+      m.like = nb::cast<uint32_t>(spec[0]);
+      if (m.like >= nargs)
+        throw nb::value_error("made: like: an index of the caller's arguments expected");
+      if (!spec[1].is_none()) {
+        nb::tuple shape = nb::tuple(nb::borrow(spec[1]));
+        if (shape.size() > kMaxRank)
+          throw nb::value_error("made: shape: too many dims");
+        m.rank = int32_t(shape.size());
+        for (size_t i = 0; i < shape.size(); ++i)
+          m.sizes[i] = nb::cast<int64_t>(shape[i]);
+      }
+      if (!spec[2].is_none() && (m.dtype = dtypeCodeOf(spec[2].ptr())) < 0)
+        return {};
+      out.push_back(m);
+    }
+    return out;
+  }
+
   bool build(nb::tuple args, LaunchPlan &plan, std::string &why) {
     if (launches.empty())
       return why = "no launch was recorded", false;
@@ -375,11 +409,13 @@ void bindLaunchPlans(nb::module_ &rt) {
       .def("__exit__", [](Recording &r, nb::args) { r.stop(); })
       .def("__len__", [](const Recording &r) { return r.launches.size(); })
       .def("plan", &Recording::plan, "args"_a, "fallback"_a.none() = nb::none(), "scratch"_a.none() = nb::none(),
-           "nargs"_a.none() = nb::none(),
+           "nargs"_a.none() = nb::none(), "made"_a.none() = nb::none(),
            "A LaunchPlan replaying the launches on arguments of args' plan key, or why not (a str); "
            "fallback(*args) runs instead of a replay whose arguments are aligned otherwise. With a scratch "
            "function, args are the caller's nargs arguments and then what scratch(*arguments) returned: a replay "
-           "calls it again and returns its tuple.")
+           "calls it again and returns its tuple. made: where the scratch values are only fresh tensors, per value "
+           "(like, shape or None, dtype or None): a replay makes them through torch's C API (contiguous, on "
+           "argument like's device, of its shape and dtype unless given), the scratch function only where it cannot.")
       .def("_add", &Recording::add, "name"_a, "grid"_a, "block"_a, "cluster"_a.none(), "shared_mem"_a,
            "stream"_a, "signature"_a, "params"_a, "Test hook: notes a launch as if made.");
   rt.def("_note_launch", [](const std::string &name, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,

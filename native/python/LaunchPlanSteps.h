@@ -94,12 +94,25 @@ struct PlanStep {
   std::vector<MapPatch> mapPatches;
 };
 
+/// A tensor a replay makes per call beyond the caller's arguments (a fresh
+/// output): contiguous, on argument `like`'s device, of its shape (rank < 0)
+/// or `sizes`, of its dtype (dtype < 0) or that dtype code (TorchCApi.h).
+struct MadeTensor {
+  uint32_t like = 0;
+  int32_t rank = -1;
+  int64_t sizes[kMaxRank] = {};
+  int32_t dtype = -1;
+};
+
 /// Recorded launches replayed on new arguments of the same plan key.
 class LaunchPlan {
 public:
   size_t nargs = 0;   // the caller's arguments
   size_t arity = 0;   // and the scratch's after them
   nb::object scratch; // scratch(*args) -> the tuple of tensors the launches use beyond args (None: none)
+  // Where the scratch is only fresh tensors: made natively through torch's C API (no Python per call), the
+  // scratch function then only where the API cannot make them.
+  std::vector<MadeTensor> made;
   std::vector<uint32_t> pointerArgs; // the arguments whose data_ptr() a replay reads
   std::vector<uint8_t> alignment;    // per argument: its address mod 16 when recorded
   nb::object fallback;               // called instead where an address's alignment differs
@@ -185,9 +198,16 @@ private:
   nb::tuple withScratch(nb::args &args, nb::object &extra) const {
     if (size_t(args.size()) != nargs)
       raise(PyExc_TypeError, "LaunchPlan: expected %zu arguments, got %zd", nargs, args.size());
-    if (!scratch.is_valid() || scratch.is_none())
+    if (!made.empty())
+      extra = makeTensors(args);
+    if (extra.is_valid()) {
+    } else if (!scratch.is_valid() || scratch.is_none()) {
+      if (!made.empty())
+        raise(PyExc_RuntimeError, "LaunchPlan: its outputs can be made only through torch's C API, which is off");
       return nb::borrow<nb::tuple>(args);
-    extra = scratch(*args);
+    } else {
+      extra = scratch(*args);
+    }
     if (!PyTuple_Check(extra.ptr()) || size_t(PyTuple_GET_SIZE(extra.ptr())) != arity - nargs)
       raise(PyExc_TypeError, "LaunchPlan: the scratch function must return a tuple of %zu, got %R", arity - nargs,
             extra.ptr());
@@ -195,6 +215,22 @@ private:
     if (!all)
       raisePending();
     return nb::steal<nb::tuple>(all);
+  }
+
+  /// The made tensors for `args` (a tuple), or an invalid object where the C API cannot make one.
+  nb::object makeTensors(const nb::args &args) const {
+    nb::object out = nb::steal(PyTuple_New(Py_ssize_t(made.size())));
+    for (size_t i = 0; i < made.size(); ++i) {
+      const MadeTensor &m = made[i];
+      PyObject *t = emptyFor(PyTuple_GET_ITEM(args.ptr(), m.like), m.rank, m.sizes, m.dtype);
+      if (!t) {
+        if (PyErr_Occurred())
+          raisePending();
+        return nb::object();
+      }
+      PyTuple_SET_ITEM(out.ptr(), Py_ssize_t(i), t);
+    }
+    return out;
   }
 
   bool aligned(const uint64_t *pointers) const {

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "LaunchPlanSteps.h"
+#include "TorchCApi.h"
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
@@ -20,7 +21,7 @@ namespace fly::python {
 namespace {
 
 constexpr uint32_t kPlanMagic = 0x50594c46; // "FLYP"
-constexpr uint32_t kPlanVersion = 1;
+constexpr uint32_t kPlanVersion = 2; // 2: the made tensors
 static_assert(std::is_trivially_copyable_v<TiledTensorMapSpec>, "tensor map specs travel as their bytes");
 
 struct Writer {
@@ -73,14 +74,25 @@ struct Reader {
   }
 };
 
-/// The plan's bytes; None where it has a scratch function (Python, run per call).
+/// The plan's bytes; None where its scratch is a Python function's only (run per call, not made natively).
 nb::object planBytes(const LaunchPlan &p) {
-  if (p.scratch.is_valid() && !p.scratch.is_none())
+  if (p.scratch.is_valid() && !p.scratch.is_none() && p.made.empty())
     return nb::none();
   Writer w;
   w.put(kPlanMagic);
   w.put(kPlanVersion);
   w.put(uint32_t(p.nargs));
+  w.put(uint32_t(p.made.size())); // the made tensors by dtype name: codes are torch's, names another build's too
+  for (const MadeTensor &m : p.made) {
+    w.put(m.like), w.put(m.rank);
+    for (int32_t i = 0; i < m.rank; ++i)
+      w.put(m.sizes[i]);
+    PyObject *dtype = m.dtype < 0 ? nullptr : dtypeOfCode(m.dtype);
+    nb::object name = dtype ? nb::steal(PyObject_Str(dtype)) : nb::object();
+    if (dtype && (!name.is_valid() || !PyUnicode_Check(name.ptr())))
+      raisePending();
+    w.text(dtype ? std::string(PyUnicode_AsUTF8(name.ptr())) : std::string());
+  }
   w.put(int64_t(nb::cast<long long>(p.device)));
   w.list(p.pointerArgs);
   w.list(p.alignment);
@@ -119,6 +131,21 @@ LaunchPlan *planFromBytes(nb::bytes data, std::vector<std::optional<Function>> f
     throw nb::value_error("LaunchPlan._from_bytes: not a plan of this version");
   auto plan = std::make_unique<LaunchPlan>();
   plan->nargs = plan->arity = r.count(kMaxLaunchValues);
+  uint32_t made = r.count(kMaxLaunchValues);
+  for (uint32_t i = 0; i < made; ++i) {
+    MadeTensor m;
+    m.like = r.get<uint32_t>(), m.rank = r.get<int32_t>();
+    if (m.like >= plan->nargs || m.rank > int32_t(kMaxRank))
+      throw nb::value_error("LaunchPlan._from_bytes: a made tensor past the arguments or dims");
+    for (int32_t d = 0; d < m.rank; ++d)
+      m.sizes[d] = r.get<int64_t>();
+    std::string dtype = r.text();
+    if (!dtype.empty() && (m.dtype = dtypeCodeNamed(dtype)) < 0)
+      throw nb::value_error(
+          ("LaunchPlan._from_bytes: a made tensor's dtype that torch's C API does not know: " + dtype).c_str());
+    plan->made.push_back(m);
+  }
+  plan->arity += made;
   plan->device = nb::int_(r.get<int64_t>());
   plan->pointerArgs = r.list<uint32_t>(kMaxLaunchValues);
   plan->alignment = r.list<uint8_t>(kMaxLaunchValues);

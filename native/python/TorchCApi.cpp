@@ -115,34 +115,22 @@ int32_t dtypeCode(const TorchCApi &a, PyObject *dtype) {
   return -1;
 }
 
-/// A new contiguous tensor on `obj`'s device of `obj`'s shape and dtype, or of
-/// `shape` (a tuple or list of ints, where given) and `dtype` (a torch.dtype,
-/// where given): what memory.torch_empty_like and torch_new_empty make. nullptr
-/// (no error set) where the C API cannot make it; nullptr with an error set
-/// where wrapping it failed.
-PyObject *emptyLike(const TorchCApi &a, PyObject *obj, PyObject *shape = nullptr, PyObject *dtypeObject = nullptr) {
+/// A new contiguous tensor on `obj`'s device, of `obj`'s shape (rank < 0) or
+/// `rank` `sizes`, and of `obj`'s dtype (code < 0) or dtype `code`: what
+/// memory.torch_empty_like and torch_new_empty make. nullptr (no error set)
+/// where the C API cannot make it; nullptr with an error set where wrapping it
+/// failed.
+PyObject *emptyOf(const TorchCApi &a, PyObject *obj, int64_t rank = -1, const int64_t *sizes = nullptr,
+                  int32_t code = -1) {
   Handle h = handleOf(obj);
-  int64_t rank, *sizes;
+  int64_t ownRank, *ownSizes;
   int32_t dtype, deviceType, deviceIndex;
-  if (!readCommon(a, h, rank, dtype, deviceType, deviceIndex) || a.getSizes(h, &sizes))
+  if (!readCommon(a, h, ownRank, dtype, deviceType, deviceIndex) || a.getSizes(h, &ownSizes))
     return nullptr;
-  int64_t given[kMaxRank];
-  if (shape) {
-    nb::object items = nb::steal(PySequence_Tuple(shape));
-    if (!items.is_valid() || size_t(PyTuple_GET_SIZE(items.ptr())) > kMaxRank)
-      return PyErr_Clear(), nullptr;
-    rank = PyTuple_GET_SIZE(items.ptr());
-    for (int64_t i = 0; i < rank; ++i) {
-      long long extent;
-      if (!PyLong_CheckExact(PyTuple_GET_ITEM(items.ptr(), i)) ||
-          !readLongLong(PyTuple_GET_ITEM(items.ptr(), i), extent) || extent < 0)
-        return PyErr_Clear(), nullptr;
-      given[i] = extent;
-    }
-    sizes = given;
-  }
-  if (dtypeObject && (dtype = dtypeCode(a, dtypeObject)) < 0)
-    return nullptr;
+  if (rank < 0)
+    rank = ownRank, sizes = ownSizes;
+  if (code >= 0)
+    dtype = code;
   int64_t strides[kMaxRank];
   int64_t step = 1;
   for (int64_t i = rank - 1; i >= 0; --i) {
@@ -155,6 +143,28 @@ PyObject *emptyLike(const TorchCApi &a, PyObject *obj, PyObject *shape = nullptr
   PyObject *wrapped = a.wrap(made);
   a.deleteTensor(made); // the Python tensor holds its own reference
   return wrapped;
+}
+
+/// emptyOf with the shape (a tuple or list of ints) and dtype (a torch.dtype) as Python gives them (null: `obj`'s).
+PyObject *emptyLike(const TorchCApi &a, PyObject *obj, PyObject *shape = nullptr, PyObject *dtypeObject = nullptr) {
+  int64_t given[kMaxRank], rank = -1;
+  if (shape) {
+    nb::object items = nb::steal(PySequence_Tuple(shape));
+    if (!items.is_valid() || size_t(PyTuple_GET_SIZE(items.ptr())) > kMaxRank)
+      return PyErr_Clear(), nullptr;
+    rank = PyTuple_GET_SIZE(items.ptr());
+    for (int64_t i = 0; i < rank; ++i) {
+      long long extent;
+      if (!PyLong_CheckExact(PyTuple_GET_ITEM(items.ptr(), i)) ||
+          !readLongLong(PyTuple_GET_ITEM(items.ptr(), i), extent) || extent < 0)
+        return PyErr_Clear(), nullptr;
+      given[i] = extent;
+    }
+  }
+  int32_t code = -1;
+  if (dtypeObject && (code = dtypeCode(a, dtypeObject)) < 0)
+    return nullptr;
+  return emptyOf(a, obj, rank, given, code);
 }
 
 void learnDtype(TorchCApi &a, PyObject *obj, PyObject *dtype) {
@@ -287,6 +297,8 @@ std::optional<std::string> enable(const std::string &libDir, nb::tuple probes, n
 
 } // namespace
 
+bool torchCApiOn() { return api().ready; }
+
 bool readTensorFast(PyObject *obj, TensorFacts &t) {
   const TorchCApi &a = api();
   return a.ready && readFacts(a, obj, t);
@@ -299,6 +311,27 @@ void noteTensorDtype(PyObject *obj, PyObject *dtype) {
 }
 
 bool isLearntDtype(PyObject *obj) { return obj && dtypeCode(api(), obj) >= 0; }
+
+int32_t dtypeCodeOf(PyObject *dtype) { return dtype ? dtypeCode(api(), dtype) : -1; }
+
+PyObject *dtypeOfCode(int32_t code) { return code >= 0 && code < kDtypeCodes ? api().dtypes[code] : nullptr; }
+
+int32_t dtypeCodeNamed(const std::string &name) {
+  for (int32_t code = 0; code < kDtypeCodes; ++code) {
+    PyObject *dtype = api().dtypes[code];
+    nb::object text = dtype ? nb::steal(PyObject_Str(dtype)) : nb::object();
+    if (text.is_valid() && PyUnicode_Check(text.ptr()) && name == PyUnicode_AsUTF8(text.ptr()))
+      return code;
+  }
+  return -1;
+}
+
+PyObject *emptyFor(PyObject *like, int rank, const int64_t *sizes, int32_t code) {
+  const TorchCApi &a = api();
+  if (!a.ready || Py_TYPE(like) != a.tensorType)
+    return nullptr;
+  return emptyOf(a, like, rank, sizes, code);
+}
 
 bool tensorDataPtrFast(PyObject *obj, uint64_t &pointer) {
   const TorchCApi &a = api();

@@ -23,8 +23,12 @@
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
+#include <string>
 
 namespace fly::python {
+
+/// Whether the C API is bound, checked and not paused.
+bool torchCApiOn();
 
 /// `obj`'s facts (`obj` of a registered tensor type) through the C API; false
 /// (no error set) where the API is off or cannot read them: read the attributes.
@@ -33,6 +37,19 @@ bool readTensorFast(PyObject *obj, TensorFacts &t);
 /// Learns the dtype object of `obj`'s dtype code from a read of its attributes,
 /// so that later fast reads of that dtype need none.
 void noteTensorDtype(PyObject *obj, PyObject *dtype);
+
+/// A new contiguous torch.Tensor on `like`'s device, of `like`'s shape (rank < 0)
+/// or `rank` `sizes`, and of `like`'s dtype (code < 0) or dtype `code`
+/// (dtypeCodeOf); nullptr where the C API cannot make it (an error set only
+/// where wrapping it failed).
+PyObject *emptyFor(PyObject *like, int rank, const int64_t *sizes, int32_t code);
+
+/// The C API's code of a learnt torch.dtype (-1: none), and the dtype of a code (null: none learnt).
+int32_t dtypeCodeOf(PyObject *dtype);
+PyObject *dtypeOfCode(int32_t code);
+
+/// The code of the learnt dtype whose str() is `name` ("torch.float32"), or -1.
+int32_t dtypeCodeNamed(const std::string &name);
 
 /// Whether `obj` is a dtype object the C API has learnt (reads report it).
 bool isLearntDtype(PyObject *obj);

@@ -543,3 +543,49 @@ def test_gemm_keys_are_kept_and_found_by_their_portable_text(fake_recording, kep
     assert isinstance(_recorded_store(fake_recording, "test.gemm")[0].get(key), launcher.LaunchPlan)
     other = (plans.signature(x, out), GemmConfig(tile_m=128), None, False)
     assert _recorded_store(fake_recording, "test.gemm")[0].get(other) is None
+
+
+def test_outputs_a_replay_makes_natively(stream_getter):
+    """A ScratchPlan whose scratch is only fresh outputs names them (``made``): a replay makes them through torch's C
+    API (no Python per call) and calls the scratch function only where the API is paused; such a plan has bytes, and
+    the plan read back makes them alike."""
+    from flydsl.compiler import torch_c_api
+
+    assert torch_c_api.enable() is None
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    plans.signature(x)  # torch tensors known to the key builder
+    made = ((0, None, None), (0, (4,), torch.float32))
+    calls = []
+
+    def scratch(x):
+        calls.append(x)
+        return torch.empty_like(x), x.new_empty((4,), dtype=torch.float32)
+
+    out, stats = scratch(x)
+    recording = launcher.LaunchRecording()
+    recording._add(
+        "k", (1, 1, 1), (32, 1, 1), None, 0, 7, "ppp", _params(x.data_ptr(), out.data_ptr(), stats.data_ptr())
+    )
+    plan = recording.plan((x, out, stats), None, scratch, 1, made)
+    x2 = torch.randn(4, 8, dtype=torch.bfloat16)
+    calls.clear()
+    out2, stats2 = plan(x2)
+    assert calls == [] and (out2.shape, out2.dtype, stats2.shape, stats2.dtype) == (
+        x.shape,
+        x.dtype,
+        (4,),
+        torch.float32,
+    )
+    (launch,) = plan._dry_run(x2)
+    assert struct.unpack("<3Q", launch["params"])[0] == x2.data_ptr()
+    launcher._pause_torch_c_api(True)
+    try:
+        assert len(plan(x2)) == 2 and calls == [x2]  # the API off: the scratch function makes them
+    finally:
+        launcher._pause_torch_c_api(False)
+    data = plan._to_bytes()
+    assert data is not None
+    again = launcher.LaunchPlan._from_bytes(data, [None])
+    out3, stats3 = again(x2)
+    assert (out3.shape, out3.dtype, stats3.shape, stats3.dtype) == (x.shape, x.dtype, (4,), torch.float32)
+    assert recording.plan((x, out, stats), None, scratch, 1)._to_bytes() is None  # a Python scratch only: no bytes

@@ -96,12 +96,15 @@ class ScratchPlan:
     (outputs not given, per-call scratch, buffers kept per stream or by the plan: whatever it must be for this call;
     it may run torch operations, which happen on every call), then ``launch(*args, *scratch)`` launches. A call
     returns the scratch tuple. Replayed, the scratch function still runs in Python on each call; the launches do
-    not."""
+    not. ``made``: where the scratch is only fresh tensors (outputs), per value ``(like, shape or None, dtype or
+    None)`` (an index of the call's arguments; None: that argument's shape, dtype): a replay then makes them through
+    torch's C API (contiguous, on the argument's device) and calls ``scratch`` only where the API is off, and such a
+    plan can be kept on disk."""
 
-    __slots__ = ("scratch", "launch")
+    __slots__ = ("scratch", "launch", "made")
 
-    def __init__(self, scratch: Callable, launch: Callable):
-        self.scratch, self.launch = scratch, launch
+    def __init__(self, scratch: Callable, launch: Callable, made: tuple | None = None):
+        self.scratch, self.launch, self.made = scratch, launch, made
 
     def __call__(self, *args) -> tuple:
         extra = self.scratch(*args)
@@ -165,7 +168,7 @@ class Plans:
         def first_call(*args):
             if type(plan) is ScratchPlan:
                 result = plan.scratch(*args)
-                _, replay, why = _recorded(plan.launch, (*args, *result), plan, plan.scratch, len(args))
+                _, replay, why = _recorded(plan.launch, (*args, *result), plan, plan.scratch, len(args), plan.made)
             else:
                 result, replay, why = _recorded(plan, args, plan)
             if replay is not None and plans.get(key) is plan:
@@ -207,10 +210,10 @@ def _plan_cache_on() -> bool:
     return current.plan_cache and current.launch_replay and current.cache_enabled
 
 
-def _recorded(launch, args, fallback, scratch=None, nargs=None) -> tuple:
+def _recorded(launch, args, fallback, scratch=None, nargs=None, made=None) -> tuple:
     """Runs ``launch(*args)``; returns (its result, a ``_runtime.LaunchPlan`` replaying it or None, why not or None).
-    ``fallback``: what the replay calls for arguments aligned otherwise; ``scratch``: a :class:`ScratchPlan`'s, whose
-    values are ``args`` past the caller's ``nargs``."""
+    ``fallback``: what the replay calls for arguments aligned otherwise; ``scratch`` and ``made``: a
+    :class:`ScratchPlan`'s, whose values are ``args`` past the caller's ``nargs``."""
     torch = sys.modules.get("torch")
     if torch is None:  # no torch tensor among the arguments: nothing a replay could read
         return launch(*args), None, None
@@ -220,7 +223,7 @@ def _recorded(launch, args, fallback, scratch=None, nargs=None) -> tuple:
         result = launch(*args)
     if result is not None:
         return result, None, "the plan returns a value"
-    replay = recording.plan(args, fallback, scratch, nargs)
+    replay = recording.plan(args, fallback, scratch, nargs, made)
     if isinstance(replay, str):
         return result, None, replay
     return result, replay, None

@@ -125,6 +125,17 @@ def _output_maker(like: torch.Tensor, spec: OutputSpec) -> Callable:
     return lambda like: torch_new_empty(like, shape, dtype)
 
 
+def _made(like: torch.Tensor, index: int, spec: OutputSpec) -> tuple:
+    """:func:`_output_maker`'s tensor as a replay makes it natively (``ScratchPlan``'s ``made``): (the input it is
+    made like, its shape or None for the input's, its dtype or None for the input's)."""
+    if spec is None:
+        return (index, (0,), None)
+    shape, dtype = spec
+    if dtype is like.dtype and like.shape == shape:
+        return (index, None, None)
+    return (index, tuple(shape), dtype)
+
+
 def _empty_stand_in(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,))
 
@@ -330,6 +341,7 @@ class FlyOp(_Op):
         like_index = self._tensor_inputs[0][0]
         makers = tuple(_output_maker(inputs[like_index], spec) for spec in specs)
         unwritten = frozenset(i for i, spec in enumerate(specs) if spec is None)
+        made = tuple(_made(inputs[like_index], like_index, spec) for spec in specs)
         impl, n_inputs, names = self.impl, self._n_inputs, self.output_names
 
         if len(makers) == 1:
@@ -348,7 +360,7 @@ class FlyOp(_Op):
             outs = args[n_inputs:]
             impl(*args[:n_inputs], **{name: None if i in unwritten else outs[i] for i, name in enumerate(names)})
 
-        return ScratchPlan(outputs, launch)
+        return ScratchPlan(outputs, launch, made)
 
     def _run(self, inputs, key=...):
         """The functional op on real tensors: validated inputs, allocated outputs, the implementation. The outputs'
