@@ -109,12 +109,10 @@ def _replays(torch, launcher, x):
 
 
 def measure(calls: int, repeats: int) -> dict:
-    import torch
-    from torch.utils.cpp_extension import load_inline
-
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
     import host_layer_cpu
+    import torch
     from launch_levels import AllocatingFunction
+    from torch.utils.cpp_extension import load_inline
 
     from flydsl.compiler._native import launcher
     from flydsl.kernels.plans import signature

@@ -473,20 +473,14 @@ private:
     } else if (!d.streamTensor) {
       out = reinterpret_cast<CUstream>(uintptr_t(d.interfaceStream));
       return true;
-    } else {
-      if (!reg.streamGetter)
+    } else { // the tensor's device: read through torch's C API by describeTorch, else here
+      long long device = d.streamDevice;
+      nb::object index = device < 0 ? nb::steal(callMethod0(d.streamTensor, reg.getDevice)) : nb::object();
+      uint64_t h;
+      if ((device < 0 && (!index.is_valid() || !readLongLong(index.ptr(), device))) || !torchCurrentStream(device, h))
         return false;
-      uint64_t fast;
-      if (d.streamDevice >= 0 && currentStreamFast(reg.streamGetter, d.streamDevice, fast)) {
-        out = reinterpret_cast<CUstream>(uintptr_t(fast));
-        return true;
-      }
-      nb::object device = nb::steal(callMethod0(d.streamTensor, reg.getDevice));
-      if (!device.is_valid())
-        return false;
-      handle = nb::steal(PyObject_CallOneArg(reg.streamGetter, device.ptr()));
-      if (!handle.is_valid() || !PyLong_Check(handle.ptr()))
-        return false;
+      out = reinterpret_cast<CUstream>(uintptr_t(h));
+      return true;
     }
     unsigned long long h = PyLong_AsUnsignedLongLong(handle.ptr());
     if (h == (unsigned long long)-1 && PyErr_Occurred())

@@ -245,11 +245,8 @@ private:
     DispatchRegistry &reg = registry();
     if (!reg.streamGetter)
       return why = "no stream getter registered", false;
-    nb::object current = nb::steal(PyObject_CallOneArg(reg.streamGetter, plan.device.ptr()));
-    if (!current.is_valid())
-      return decline(), why = "the arguments' current stream cannot be read", false;
-    uint64_t stream = PyLong_AsUnsignedLongLong(current.ptr());
-    if (stream == (uint64_t)-1 && PyErr_Occurred())
+    uint64_t stream;
+    if (!torchCurrentStream(nb::cast<long long>(plan.device), stream))
       return decline(), why = "the arguments' current stream cannot be read", false;
     std::vector<bool> pointerArg(arity, false);
     for (const RecordedLaunch &l : launches) {

@@ -200,12 +200,12 @@ private:
       raise(PyExc_TypeError, "LaunchPlan: expected %zu arguments, got %zd", nargs, args.size());
     if (!made.empty())
       extra = makeTensors(args);
-    if (extra.is_valid()) {
-    } else if (!scratch.is_valid() || scratch.is_none()) {
-      if (!made.empty())
-        raise(PyExc_RuntimeError, "LaunchPlan: its outputs can be made only through torch's C API, which is off");
-      return nb::borrow<nb::tuple>(args);
-    } else {
+    if (!extra.is_valid()) { // no made tensors, or torch's C API cannot make them: the scratch function
+      if (!scratch.is_valid() || scratch.is_none()) {
+        if (!made.empty())
+          raise(PyExc_RuntimeError, "LaunchPlan: its outputs can be made only through torch's C API, which is off");
+        return nb::borrow<nb::tuple>(args);
+      }
       extra = scratch(*args);
     }
     if (!PyTuple_Check(extra.ptr()) || size_t(PyTuple_GET_SIZE(extra.ptr())) != arity - nargs)
@@ -254,18 +254,13 @@ private:
       if (pointers[i] == (uint64_t)-1 && PyErr_Occurred())
         raisePending();
     }
-    if (!reg.streamGetter)
+    uint64_t stream;
+    if (!torchCurrentStream(PyLong_AsLongLong(device.ptr()), stream)) {
+      if (PyErr_Occurred())
+        raisePending();
       raise(PyExc_RuntimeError, "LaunchPlan: no stream getter registered");
-    uint64_t fast;
-    if (currentStreamFast(reg.streamGetter, PyLong_AsLongLong(device.ptr()), fast))
-      return reinterpret_cast<CUstream>(uintptr_t(fast));
-    nb::object handle = nb::steal(PyObject_CallOneArg(reg.streamGetter, device.ptr()));
-    if (!handle.is_valid())
-      raisePending();
-    unsigned long long h = PyLong_AsUnsignedLongLong(handle.ptr());
-    if (h == (unsigned long long)-1 && PyErr_Occurred())
-      raisePending();
-    return reinterpret_cast<CUstream>(uintptr_t(h));
+    }
+    return reinterpret_cast<CUstream>(uintptr_t(stream));
   }
 
   /// The step's parameters on these pointers; its tensor maps encoded for

@@ -347,13 +347,21 @@ bool tensorDataPtrFast(PyObject *obj, uint64_t &pointer) {
   return true;
 }
 
-bool currentStreamFast(PyObject *getter, long long device, uint64_t &stream) {
+bool torchCurrentStream(long long device, uint64_t &stream) {
   const TorchCApi &a = api();
+  PyObject *getter = registry().streamGetter;
   void *s;
-  if (!a.ready || !a.currentCudaStream || getter != a.streamGetter || a.currentCudaStream(int32_t(device), &s))
+  if (!getter)
     return false;
-  stream = reinterpret_cast<uintptr_t>(s);
-  return true;
+  if (a.ready && a.currentCudaStream && getter == a.streamGetter && !a.currentCudaStream(int32_t(device), &s)) {
+    stream = reinterpret_cast<uintptr_t>(s);
+    return true;
+  }
+  nb::object handle = nb::steal(PyObject_CallFunction(getter, "L", device));
+  if (!handle.is_valid() || !PyLong_Check(handle.ptr()))
+    return false;
+  stream = PyLong_AsUnsignedLongLong(handle.ptr());
+  return !(stream == uint64_t(-1) && PyErr_Occurred());
 }
 
 namespace {

@@ -58,10 +58,11 @@ bool isLearntDtype(PyObject *obj);
 /// tensor cannot be read so (no error set).
 bool tensorDataPtrFast(PyObject *obj, uint64_t &pointer);
 
-/// torch's current CUDA stream of `device` where `getter` is the stream getter
-/// the API was checked against (torch._C._cuda_getCurrentRawStream); false:
-/// call the getter.
-bool currentStreamFast(PyObject *getter, long long device, uint64_t &stream);
+/// The current stream of CUDA `device` as the registered stream getter says
+/// (torch._C._cuda_getCurrentRawStream): through the C API where the getter is
+/// torch's own and the API is on, else by calling it. False where none is
+/// registered or the call failed (its error set).
+bool torchCurrentStream(long long device, uint64_t &stream);
 
 /// _enable_torch_c_api and empty_like.
 void bindTorchCApi(nanobind::module_ &rt);

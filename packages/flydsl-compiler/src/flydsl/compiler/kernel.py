@@ -509,8 +509,7 @@ _current_torch_stream = None
 def _is_torch_tensor(value) -> bool:
     if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr"):
         _TORCH_TENSOR_TYPES.add(type(value))
-        launcher._register_tensor_type(type(value))
-        torch_c_api.enable()
+        torch_c_api.register_tensor_type(type(value))
         return True
     return False
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from flydsl.compiler import settings
 from flydsl.compiler._native import launcher
 
-__all__ = ["enable", "status"]
+__all__ = ["enable", "register_tensor_type", "status"]
 
 _DTYPES = ("int8", "uint8", "int32", "int64", "bool", "float16", "float8_e4m3fn", "float8_e5m2")
 _STATUS: list = []  # [None]: on; [str]: why it is off (once tried)
@@ -47,6 +47,13 @@ def enable() -> str | None:
         why = launcher._enable_torch_c_api(str(Path(torch.__file__).parent / "lib"), probes, getter)
     _STATUS.append(why)
     return why
+
+
+def register_tensor_type(kind: type) -> None:
+    """Lets the launcher read instances of ``kind`` (torch.Tensor or a subclass) as torch tensors, through the C API
+    once :func:`enable` has turned it on (here, on the first type registered)."""
+    launcher._register_tensor_type(kind)
+    enable()
 
 
 def status() -> str:

@@ -79,7 +79,7 @@ def torch_empty_like(obj):
     """A contiguous torch tensor of the torch tensor ``obj``'s shape and dtype, on its device: through torch's C API
     where it is on (:mod:`flydsl.compiler.torch_c_api`), else ``torch.empty_like`` (it parses no dtype/device
     arguments: half of torch.empty's host time)."""
-    made = (_NATIVE_EMPTY_LIKE or _bind_native_empty_like())(obj)
+    made = (_LAUNCHER or _launcher()).empty_like(obj)
     if made is not None:
         return made
     torch = _TORCH[0] if _TORCH else _torch_of(from_torch(obj), "output")[0]
@@ -88,21 +88,21 @@ def torch_empty_like(obj):
     return torch.empty_like(obj, memory_format=torch.contiguous_format)
 
 
-_NATIVE_EMPTY_LIKE = None  # launcher.empty_like, bound on the first call (``import flydsl.kernels`` loads no compiler)
+_LAUNCHER = None  # flydsl.compiler's native launcher, bound on first use (``import flydsl.kernels`` loads no compiler)
 
 
-def _bind_native_empty_like():
-    global _NATIVE_EMPTY_LIKE
+def _launcher():
+    global _LAUNCHER
     from flydsl.compiler._native import launcher
 
-    _NATIVE_EMPTY_LIKE = launcher.empty_like
-    return _NATIVE_EMPTY_LIKE
+    _LAUNCHER = launcher
+    return launcher
 
 
 def torch_new_empty(obj, shape, dtype=None):
     """``obj.new_empty(shape, dtype=dtype)`` (contiguous, on the torch tensor ``obj``'s device; ``obj``'s dtype unless
     given), through torch's C API where it is on."""
-    made = (_NATIVE_EMPTY_LIKE or _bind_native_empty_like())(obj, shape, dtype)
+    made = (_LAUNCHER or _launcher()).empty_like(obj, shape, dtype)
     if made is not None:
         return made
     return obj.new_empty(shape) if dtype is None else obj.new_empty(shape, dtype=dtype)
@@ -132,7 +132,7 @@ def stream_key(tensor) -> tuple:
     that the kernels of one stream share. Read as the launcher reads the stream: through torch's C API where it is on
     (:mod:`flydsl.compiler.torch_c_api`), else ``torch._C._cuda_getCurrentRawStream`` (``current_stream().cuda_stream``
     builds a Python object per call, a measurable part of a call's host time)."""
-    key = (_NATIVE_STREAM_KEY or _bind_native_stream_key())(tensor)
+    key = (_LAUNCHER or _launcher()).stream_key(tensor)
     if key is not None:
         return key
     import torch
@@ -140,17 +140,6 @@ def stream_key(tensor) -> tuple:
     device = tensor.get_device()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return device, raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-
-
-_NATIVE_STREAM_KEY = None  # launcher.stream_key, bound on the first call
-
-
-def _bind_native_stream_key():
-    global _NATIVE_STREAM_KEY
-    from flydsl.compiler._native import launcher
-
-    _NATIVE_STREAM_KEY = launcher.stream_key
-    return _NATIVE_STREAM_KEY
 
 
 def per_stream(cache: dict, tensor, make, fits=None):

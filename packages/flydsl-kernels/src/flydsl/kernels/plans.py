@@ -80,8 +80,7 @@ def _learn_key_type(value) -> bool:
         launcher._register_key_type(kind)
         return True
     if kind not in _SCALARS and is_torch(value) and _dispatches_as_torch(kind):
-        launcher._register_tensor_type(kind)
-        torch_c_api.enable()
+        torch_c_api.register_tensor_type(kind)
         return True
     return False
 

@@ -112,32 +112,25 @@ def eager(*tensors) -> bool:
     return True
 
 
+def _made(like: torch.Tensor, spec: OutputSpec) -> tuple:
+    """How an output of ``spec`` is made for calls whose first tensor input has ``like``'s signature: (its shape,
+    its dtype), None for the input's; contiguous on the input's device. An unwritten output gets an empty tensor. A
+    replay makes it so natively (``ScratchPlan``'s ``made``), :func:`_output_maker` in Python."""
+    if spec is None:
+        return ((0,), None)
+    shape, dtype = spec
+    if dtype is like.dtype and like.shape == shape:
+        return (None, None)
+    return (tuple(shape), dtype)
+
+
 def _output_maker(like: torch.Tensor, spec: OutputSpec) -> Callable:
-    """How to allocate an output of ``spec`` for calls whose first tensor input has ``like``'s signature: a function
-    of that input, contiguous, through torch's C API where it is on (``flydsl.kernels.memory``); an unwritten output
-    gets an empty tensor."""
-    if spec is None:
-        return _empty_stand_in
-    shape, dtype = spec
-    if dtype is like.dtype and like.shape == shape:
+    """:func:`_made`'s output as a function of the input (through torch's C API where it is on,
+    ``flydsl.kernels.memory``)."""
+    shape, dtype = _made(like, spec)
+    if shape is None:
         return torch_empty_like
-    shape = tuple(shape)
     return lambda like: torch_new_empty(like, shape, dtype)
-
-
-def _made(like: torch.Tensor, index: int, spec: OutputSpec) -> tuple:
-    """:func:`_output_maker`'s tensor as a replay makes it natively (``ScratchPlan``'s ``made``): (the input it is
-    made like, its shape or None for the input's, its dtype or None for the input's)."""
-    if spec is None:
-        return (index, (0,), None)
-    shape, dtype = spec
-    if dtype is like.dtype and like.shape == shape:
-        return (index, None, None)
-    return (index, tuple(shape), dtype)
-
-
-def _empty_stand_in(like: torch.Tensor) -> torch.Tensor:
-    return like.new_empty((0,))
 
 
 # autograd.Function's apply as torch's C extension defines it (what ``Function.apply`` calls after its Python layer)
@@ -341,7 +334,7 @@ class FlyOp(_Op):
         like_index = self._tensor_inputs[0][0]
         makers = tuple(_output_maker(inputs[like_index], spec) for spec in specs)
         unwritten = frozenset(i for i, spec in enumerate(specs) if spec is None)
-        made = tuple(_made(inputs[like_index], like_index, spec) for spec in specs)
+        made = tuple((like_index, *_made(inputs[like_index], spec)) for spec in specs)
         impl, n_inputs, names = self.impl, self._n_inputs, self.output_names
 
         if len(makers) == 1:
