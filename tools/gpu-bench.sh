@@ -21,9 +21,9 @@
 # paged-split (paged_decode_ab.py over Llama-3-70B TP8's sweep and Llama-3-8B's at B 1 and 8, the shapes whose
 # splits a floor changes, with a floor of 32 and 64 KB under each split's K+V bytes against none: what
 # api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels, one
-# call taken apart and the cold start, then one profiled first call per op: cold_profiles.tgz holds cold_<op>.txt,
-# ~2.5 min); host-kept (the cold start again with FLYDSL_PLAN_CACHE=1: launch plans kept on disk, ~1.5 min; its
-# record has the same name as host-cold's: run them in separate calls); host-attributes (`host` with torch's C API
+# call taken apart and the cold start without kept plans, FLYDSL_PLAN_CACHE=0, then one profiled first call per op:
+# cold_profiles.tgz holds cold_<op>.txt, ~2.5 min; record *_cold); host-kept (the cold start again with launch plans
+# kept on disk, the default, ~1.5 min; record *_kept); host-attributes (`host` with torch's C API
 # off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call with `host`); paged-token (the per-token
 # scales' f16 P of ac27149 against 690a143's bf16 values over both models' sweeps, bf16 beside: first `python
 # tools/decode_variant.py 690a143 exp` and carry exp; ~3 min).
@@ -38,9 +38,9 @@ commit=${1:?usage: bash tools/gpu-bench.sh COMMIT BENCHMARK... (the header lists
 shift
 logs=${OUT:-gpu-logs}
 mkdir -p "$logs"
-out() {  # folder: the record's path under $logs
+out() {  # folder [suffix]: the record's path under $logs
   mkdir -p "$logs/$1"
-  echo "$logs/$1/$(date +%F)_$commit.json"
+  echo "$logs/$1/$(date +%F)_$commit${2:+_$2}.json"
 }
 which=${*:-gemm skinny host}
 summary=""
@@ -56,16 +56,16 @@ for bench in $which; do
     skinny) run skinny python3 benchmarks/skinny_gemm_bench.py --repeats 3 --json "$(out skinny_gemm)" --commit "$commit" ;;
     norms) run norms python3 benchmarks/norms_bench.py --backward --out "$(out norms)" --commit "$commit" ;;
     host) run host python3 benchmarks/host_overhead.py --json "$(out host_overhead)" --commit "$commit" ;;
-    host-cold) run host-cold python3 benchmarks/host_overhead.py --parts levels breakdown cold \
-      --cold-profile "$logs/cold_profiles" --json "$(out host_overhead)" --commit "$commit"
+    host-cold) FLYDSL_PLAN_CACHE=0 run host-cold python3 benchmarks/host_overhead.py --parts levels breakdown cold \
+      --cold-profile "$logs/cold_profiles" --json "$(out host_overhead cold)" --commit "$commit"
       # the device tool brings back 8 files at most: the profiles travel as one archive
       tar -czf "$logs/cold_profiles.tgz" -C "$logs" cold_profiles && rm -rf "$logs/cold_profiles" ;;
-    host-kept)  # the cold start with launch plans kept on disk (FLYDSL_PLAN_CACHE=1), ~1.5 min
+    host-kept)  # the cold start with launch plans kept on disk (the default), ~1.5 min
       FLYDSL_PLAN_CACHE=1 run host-kept python3 benchmarks/host_overhead.py --parts cold \
-        --json "$(out host_overhead)" --commit "$commit" ;;
+        --json "$(out host_overhead kept)" --commit "$commit" ;;
     host-attributes)  # issue 31's ops with torch's C API off (FLYDSL_TORCH_C_API=0): what it saves, beside `host`
       FLYDSL_TORCH_C_API=0 run host-attributes python3 benchmarks/host_overhead.py \
-        --json "$logs/host_overhead/$(date +%F)_${commit}_attributes.json" --commit "$commit" ;;
+        --json "$(out host_overhead attributes)" --commit "$commit" ;;
     moe-decode) run moe-decode python3 benchmarks/moe_decode_sweep.py --json "$(out moe_decode_sweep)" --commit "$commit" ;;
     moe-decode-record) run moe-decode-record python3 benchmarks/moe_bench.py --tokens 1,16,64 --repeats 3 \
       --json "$(out moe)" --commit "$commit" ;;

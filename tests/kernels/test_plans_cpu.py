@@ -467,7 +467,7 @@ def test_plans_are_not_kept_without_the_setting_or_a_cached_kernel(fake_recordin
     store.add(key, plan)(x, out)
     assert _recorded_store(fake_recording)[0].get(key) is None
     monkeypatch.setattr(runtime, "origin", lambda function: "module-key")
-    monkeypatch.delenv("FLYDSL_PLAN_CACHE")
+    monkeypatch.setenv("FLYDSL_PLAN_CACHE", "0")
     store, plan = _recorded_store(fake_recording)
     store.add(key, plan)(x, out)
     monkeypatch.setenv("FLYDSL_PLAN_CACHE", "1")

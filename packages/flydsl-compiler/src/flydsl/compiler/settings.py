@@ -17,9 +17,9 @@
                                ending the program (~3 ms a compile); ``0``: in this process
 ``FLYDSL_LAUNCH_REPLAY``       ``0``: the zoo's launch plans are never replayed natively (each call runs its
                                Python plan; ``flydsl.kernels.plans``)
-``FLYDSL_PLAN_CACHE``          ``1``: replayable launch plans are kept in the disk cache too, and a new process's
-                               first call of a kept signature replays without routing or importing the kernels
-                               (``flydsl.kernels.plan_cache``; default off until measured on a GPU)
+``FLYDSL_PLAN_CACHE``          ``0``: replayable launch plans are not kept in the disk cache (default: they are, and
+                               a new process's first call of a kept signature replays without routing or importing
+                               the kernels; ``flydsl.kernels.plan_cache``)
 ``FLYDSL_TORCH_C_API``         ``0``: torch tensors are read through their Python attributes only, never through
                                torch's C API (``flydsl.compiler.torch_c_api``)
 ``FLYDSL_MOE_DECODE``          for A/B timing: the ``fused_moe`` decode modes allowed, comma-separated ("direct",
@@ -47,7 +47,7 @@ class Settings:
     compile_isolated: bool = True
     autotune: bool = False
     launch_replay: bool = True
-    plan_cache: bool = False
+    plan_cache: bool = True
     torch_c_api: bool = True
     moe_decode: frozenset | None = None
 
@@ -77,7 +77,7 @@ def current() -> Settings:
         compile_isolated=env.get("FLYDSL_COMPILE_ISOLATED", "1") != "0",
         autotune=env.get("FLYDSL_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"),
         launch_replay=env.get("FLYDSL_LAUNCH_REPLAY", "1").lower() not in ("0", "false", "no", "off"),
-        plan_cache=env.get("FLYDSL_PLAN_CACHE", "").lower() in ("1", "true", "yes", "on"),
+        plan_cache=env.get("FLYDSL_PLAN_CACHE", "1").lower() not in ("0", "false", "no", "off"),
         torch_c_api=env.get("FLYDSL_TORCH_C_API", "1").lower() not in ("0", "false", "no", "off"),
         moe_decode=_words(env.get("FLYDSL_MOE_DECODE")),
     )

@@ -1,4 +1,4 @@
-"""Launch plans kept on disk (``FLYDSL_PLAN_CACHE=1``; default off until measured on a GPU): a replayable plan
+"""Launch plans kept on disk (on by default; ``FLYDSL_PLAN_CACHE=0`` turns it off): a replayable plan
 (:mod:`flydsl.kernels.plans`, "Replays") is written beside the kernels it launches when its first call records it,
 and a process whose call misses in memory looks there before validating and routing. A kept signature's first call
 in a new process then costs its key, the cache reads and the kernels' module loads: not the imports of the kernel
@@ -36,17 +36,21 @@ _warned: set = set()
 
 
 @functools.cache
-def _devices() -> tuple:
-    """(name, compute capability, SMs) of each visible device: routes read the SM count."""
-    return tuple(
-        (
-            launcher.device_name(i),
-            launcher.device_attribute(_CC_MAJOR, i),
-            launcher.device_attribute(_CC_MINOR, i),
-            launcher.device_attribute(_SM_COUNT, i),
+def _devices() -> tuple | None:
+    """(name, compute capability, SMs) of each visible device: routes read the SM count. None where the driver
+    cannot tell (no driver, no device): nothing is kept then."""
+    try:
+        return tuple(
+            (
+                launcher.device_name(i),
+                launcher.device_attribute(_CC_MAJOR, i),
+                launcher.device_attribute(_CC_MINOR, i),
+                launcher.device_attribute(_SM_COUNT, i),
+            )
+            for i in range(launcher.device_count())
         )
-        for i in range(launcher.device_count())
-    )
+    except launcher.CudaError:
+        return None
 
 
 def portable_key(key) -> str | None:
@@ -65,7 +69,8 @@ def portable_key(key) -> str | None:
 def _entry_key(name: str, key) -> str | None:
     """The disk cache's key of ``name``'s plan for ``key``, or None where the signature has no portable text."""
     portable = portable_key(key)
-    if portable is None:
+    devices = _devices()
+    if portable is None or not devices:
         return None
     packages = ["flydsl.kernels"] + (["flydsl.torch"] if name.startswith("flydsl.torch") else [])
     return cache.key_text(
@@ -75,7 +80,7 @@ def _entry_key(name: str, key) -> str | None:
         cache.compiler_fingerprint(),
         *(f"{package} {cache.package_fingerprint(package)}" for package in packages),
         settings.current(),
-        _devices(),
+        devices,
     )
 
 

@@ -33,9 +33,10 @@ allocates, per-call scratch, buffers kept per stream) is a :class:`ScratchPlan`:
 on every call, and its launches, over the arguments and the scratch, are what is recorded and replayed.
 ``FLYDSL_LAUNCH_REPLAY=0`` turns replays off.
 
-Kept on disk (``FLYDSL_PLAN_CACHE=1``, :mod:`flydsl.kernels.plan_cache`): a recorded replay is also written to the
-disk cache beside its kernels, and a signature this process has no plan for is looked up there first, so that a new
-process's first call of a known signature replays without importing the kernel modules or routing again.
+Kept on disk (by default; ``FLYDSL_PLAN_CACHE=0`` turns it off; :mod:`flydsl.kernels.plan_cache`): a recorded
+replay is also written to the disk cache beside its kernels, and a signature this process has no plan for is looked up
+there first, so that a new process's first call of a known signature replays without importing the kernel modules or
+routing again.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class Plans:
 
     def get(self, key):
         """The plan made for ``key`` (None: none, or no key). A plan is usually a function of the call's arguments;
-        ``flydsl.torch``'s ops keep their checked output specs. With ``replay`` and ``FLYDSL_PLAN_CACHE=1``, a key
+        ``flydsl.torch``'s ops keep their checked output specs. With ``replay`` (and the plan cache on), a key
         this process has no plan for is looked up in the disk cache (:mod:`flydsl.kernels.plan_cache`)."""
         if key is None:
             return None

@@ -43,29 +43,30 @@ class FlyMutatingOp(_Op):
         self.mutates = tuple(mutates)
         self._mutated = tuple(names.index(m) for m in self.mutates)
         self._input_signature = signature.replace(return_annotation=None)
-        self._checked_calls = Plans(f"flydsl.{name} (checked)")
+        # The checked calls' work by signature: the implementation, its launches replayed natively from the second
+        # call and kept on disk (flydsl.kernels.plans), so a known signature's first call in a new process neither
+        # imports the kernel modules nor routes again.
+        self._runs = Plans(f"flydsl.{name} (run)", replay=True)
         self.op = self._register()
 
     def _validate(self, inputs, real: bool) -> None:
         self.check(*inputs)
         self._same_device([(name, inputs[i]) for i, name in self._tensor_inputs if inputs[i] is not None], real)
 
-    def _checked(self, inputs, key=...) -> None:
-        """:meth:`_validate` on real tensors, once per call signature (as :meth:`FlyOp._checked`; ``key``: already
-        computed)."""
+    def _run(self, inputs, key=...) -> None:
+        """The op on real tensors: checked once per call signature (``key``: already computed), then :meth:`_work`
+        through the signature's kept run."""
         if key is ...:
             key = signature(*inputs)
-        if self._checked_calls.get(key) is None:
+        plan = self._runs.get(key)
+        if plan is None:
             self._validate(inputs, real=True)
-            self._checked_calls.add(key, True)
+            plan = self._runs.add(key, self.impl)
+        self._work(inputs, plan)
 
-    def _run(self, inputs, key=...) -> None:
-        """The op on real tensors: checked (once per signature), then :meth:`_work`."""
-        self._checked(inputs, key)
-        self._work(inputs)
-
-    def _work(self, inputs) -> None:
-        """A checked call's work: inputs that require grad refused, the written inputs' versions bumped, the kernel."""
+    def _work(self, inputs, plan) -> None:
+        """A checked call's work: inputs that require grad refused, the written inputs' versions bumped, the kernels
+        (``plan``: the implementation, or its replay)."""
         if self._needs_grad(inputs):
             raise RuntimeError(
                 f"flydsl.{self.name}: an input requires grad, and this op records no gradients: run it under"
@@ -75,17 +76,18 @@ class FlyMutatingOp(_Op):
             value = inputs[i]
             if value is not None and not value.is_inference():
                 torch.autograd.graph.increment_version(value)
-        self.impl(*inputs)
+        plan(*inputs)
 
     def call(self, *inputs) -> None:
         """The op on all its inputs (positional): without the dispatcher where it would land in our own kernel
-        (:func:`eager` tensors; a signature checked before is one: the checks passed on real CUDA tensors of the types
+        (:func:`eager` tensors; a signature with a kept run is one: the checks passed on real CUDA tensors of the types
         it names), with the same checks and version bumps; through ``torch.ops.flydsl`` while something traces or
         intercepts the call, or for other tensors."""
         if not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()):
             key = signature(*inputs)
-            if self._checked_calls.get(key) is not None:
-                return self._work(inputs)
+            plan = self._runs.get(key)
+            if plan is not None:
+                return self._work(inputs, plan)
             if eager(*(inputs[i] for i, _ in self._tensor_inputs)):
                 return self._run(inputs, key)
         self.op.default(*inputs)
