@@ -14,9 +14,12 @@ replay on (dy, y, dx). The replays are recorded from launches noted through ``_r
 
 - ``torch``: torch.softmax on 8 x 16 (its host path with almost no arithmetic: the CPU stand-in of torch eager);
 - ``python_function_floor``: a Python Function that only allocates its output and gradient;
-- ``flydsl_python``: ``flydsl.torch.functional.softmax`` as shipped (its Python Function over the kept replays);
+- ``flydsl_python``: ``flydsl.torch.functional.softmax`` with its gradients through the Python Function
+  (``FLYDSL_TORCH_NODES=0``) over the kept replays;
+- ``flydsl_node``: the same call as shipped: through ``flydsl.torch._nodes``' C++ node (a Python context and the
+  op's Python ``setup_context`` and ``backward``);
 - ``cpp_node_floor``: FlyNode without replays (allocations and the node only);
-- ``cpp_node``: FlyNode over the two replays: what the zoo's softmax would cost through C++ nodes.
+- ``cpp_node``: FlyNode over the two replays, everything in C++: the floor of a node per op.
 """
 
 from __future__ import annotations
@@ -116,6 +119,7 @@ def measure(calls: int, repeats: int) -> dict:
 
     from flydsl.compiler._native import launcher
     from flydsl.kernels.plans import signature
+    from flydsl.torch import _nodes
     from flydsl.torch import functional as F
 
     extension = load_inline("flydsl_autograd_node_cpu", cpp_sources=SOURCE, extra_cflags=["-O2"])
@@ -127,10 +131,20 @@ def measure(calls: int, repeats: int) -> dict:
     forward, backward = _replays(torch, launcher, x.detach())
     tiny = torch.randn(ROWS, 16, requires_grad=True)
     tiny_dy = torch.ones(ROWS, 16)
+    node = _nodes.build()
+
+    def shipped(with_node: bool):
+        def call():
+            _nodes._module = node if with_node else None
+            return torch.autograd.grad(F.softmax(x), (x,), dy)
+
+        return call
+
     paths = {
         "torch": lambda: torch.autograd.grad(torch.softmax(tiny, -1), (tiny,), tiny_dy),
         "python_function_floor": lambda: torch.autograd.grad(AllocatingFunction.apply(x), (x,), dy),
-        "flydsl_python": lambda: torch.autograd.grad(F.softmax(x), (x,), dy),
+        "flydsl_python": shipped(False),
+        "flydsl_node": shipped(True),
         "cpp_node_floor": lambda: torch.autograd.grad(extension.softmax(x, None, None), (x,), dy),
         "cpp_node": lambda: torch.autograd.grad(extension.softmax(x, forward, backward), (x,), dy),
     }

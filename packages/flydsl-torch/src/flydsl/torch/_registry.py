@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 import torch
 from flydsl.kernels.memory import torch_empty_like, torch_new_empty
 from flydsl.kernels.plans import Plans, ScratchPlan, signature
+from flydsl.torch import _nodes
 
 __all__ = [
     "NAMESPACE",
@@ -247,6 +248,8 @@ class FlyOp(_Op):
         self._checked_out = Plans(f"flydsl.{name}_out (checked)")
         self._runs = Plans(f"flydsl.{name} (run)", replay=True)  # _run's work, replayed natively
         self._eager_function = None  # register_autograd's Function for eager calls (see call)
+        self._gradients = None  # register_autograd's (setup_context, backward), for the C++ node (_nodes)
+        self._node_gradients = None  # their C++ node's Gradients (False: no node built; None: not looked up yet)
         self._single = len(self.output_names) == 1
         self.out = self._register_out()
         self.functional = self._register_functional()
@@ -360,12 +363,16 @@ class FlyOp(_Op):
         facts follow from the inputs' (the specs, fresh allocations), so the run is kept as a plan by the inputs'
         signature alone (``key``: already computed; :meth:`_kept_run`) and later calls of the signature go through
         :meth:`call`'s plan directly."""
+        return self._result(self._run_outputs(*inputs, key=key))
+
+    def _run_outputs(self, *inputs, key=...) -> tuple:
+        """:meth:`_run`'s outputs as a tuple (the C++ autograd node's forward for a first call)."""
         if key is ...:
             key = signature(*inputs)
         plan = self._runs.get(key)
         if plan is None:
             plan = self._runs.add(key, self._kept_run(inputs, self._checked(inputs, None, key)))
-        return self._result(plan(*inputs))
+        return plan(*inputs)
 
     def _result(self, outputs: tuple):
         return outputs[0] if self._single else outputs
@@ -410,11 +417,27 @@ class FlyOp(_Op):
         return self._apply_eager(plan, inputs)
 
     def _apply_eager(self, plan, inputs):
-        """``EagerFunction.apply(plan, *inputs)``; without torch's Python layer over it where no functorch transform
-        is active (that layer unwraps functorch's wrappers, which eager calls have none of: ~1 us a call)."""
+        """The eager call with gradients recorded: through the C++ autograd node where it is built
+        (:mod:`flydsl.torch._nodes`), else ``EagerFunction.apply(plan, *inputs)``, without torch's Python layer over
+        it where no functorch transform is active (that layer unwraps functorch's wrappers, which eager calls have
+        none of: ~1 us a call). Under functorch transforms, the Function."""
         if torch._C._are_functorch_transforms_active():
             return self._eager_function.apply(plan, *inputs)
+        gradients = self._node_gradients
+        if gradients is None:
+            gradients = self._bind_node_gradients()
+        if gradients:
+            return gradients.apply(self._run_outputs if plan is None else plan, inputs)
         return self._eager_apply(plan, *inputs)
+
+    def _bind_node_gradients(self):
+        """The C++ node's ``Gradients`` of this op (:mod:`flydsl.torch._nodes`), or False where it is not built."""
+        node = _nodes.module()
+        setup, backward = self._gradients
+        self._node_gradients = False if node is None else node.Gradients(
+            self.name, setup, backward, _nodes.NodeContext, self._single
+        )
+        return self._node_gradients
 
     def _register_functional(self):
         def real(*args, **kwargs):
@@ -479,6 +502,7 @@ class FlyOp(_Op):
 
         EagerFunction.__name__ = EagerFunction.__qualname__ = f"FlyBackward_{self.name}"
         self._eager_function = EagerFunction
+        self._gradients = (setup_context, backward)
         self._eager_apply = _C_APPLY.__get__(None, EagerFunction) if _C_APPLY is not None else EagerFunction.apply
 
         def autograd_kernel(keyset, *args, **kwargs):

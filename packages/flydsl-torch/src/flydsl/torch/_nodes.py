@@ -1,0 +1,133 @@
+"""The C++ autograd node of flydsl.torch's eager calls (``csrc/autograd_node.cpp``).
+
+A Python ``torch.autograd.Function`` costs about as much host time per call as torch's whole softmax forward and
+backward (``benchmarks/autograd_node_cpu.py``), so the eager calls that record gradients
+(:meth:`flydsl.torch._registry.FlyOp.call`) record ``FlyBackward`` instead: a ``torch::autograd::Node`` whose backward
+calls the op's Python backward directly. The same ``setup_context`` and ``backward`` functions serve both paths (the
+:class:`NodeContext` speaks the part of ``FunctionCtx`` they use), so results are the same either way.
+
+Per op, ``module().Gradients(name, setup_context, backward, NodeContext, single)`` binds them once; its
+``apply(forward, inputs)`` runs the forward (a plan returning the outputs' tuple) and records the node.
+
+The node is a torch extension: built with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) the first time a
+process needs it, once per torch version and Python (about 30 s, announced on stderr; ``python -m flydsl.torch._nodes``
+builds it ahead of time), kept under FlyDSL's cache directory and imported from there after. Where it cannot be built,
+the reason is kept there too (so later processes do not try again; delete ``failed.txt`` to retry), a warning says so
+once, and gradients go through the Python Function. ``FLYDSL_TORCH_NODES=0`` keeps the Python Function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import sysconfig
+import warnings
+from pathlib import Path
+
+__all__ = ["NodeContext", "module", "build"]
+
+SOURCE = Path(__file__).with_name("csrc") / "autograd_node.cpp"
+_UNSET = object()
+_module = _UNSET
+
+
+class NodeContext:
+    """The ``ctx`` that an op's ``setup_context`` and ``backward`` get on the node's path: what they use of
+    ``torch.autograd.Function``'s context. The node reads ``to_save`` and ``non_differentiable`` after the setup (and
+    keeps the tensors as SavedVariables, not here), sets ``needs_input_grad`` (one bool per input), and sets
+    ``saved_tensors`` for the backward call only."""
+
+    to_save: tuple = ()
+    non_differentiable: tuple = ()
+
+    def save_for_backward(self, *tensors) -> None:
+        self.to_save = tensors
+
+    def mark_non_differentiable(self, *tensors) -> None:
+        self.non_differentiable = tensors
+
+    def set_materialize_grads(self, value: bool) -> None:
+        if value:
+            raise NotImplementedError("flydsl.torch's autograd node passes unused outputs' gradients as None")
+
+
+def _name_and_directory() -> tuple[str, Path]:
+    import torch
+    from flydsl.compiler import settings
+
+    stamp = "\n".join(
+        [
+            hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
+            torch.__version__,
+            sys.version,
+            str(torch._C._GLIBCXX_USE_CXX11_ABI),
+            sysconfig.get_config_var("EXT_SUFFIX") or "",
+        ]
+    )
+    name = "flydsl_autograd_node_" + hashlib.sha256(stamp.encode()).hexdigest()[:16]
+    return name, settings.current().cache_dir / "torch-autograd-node" / name
+
+
+def _import(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    extension = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extension)
+    return extension
+
+
+def build(quiet: bool = False):
+    """The node's extension module: imported from the cache directory, or built there first. Raises where it cannot
+    be built (and keeps the reason, see the module docstring)."""
+    import torch  # noqa: F401  (the extension links against the torch this process loaded)
+
+    name, directory = _name_and_directory()
+    built = directory / f"{name}.so"
+    if built.is_file():
+        return _import(name, built)
+    failed = directory / "failed.txt"
+    if failed.is_file():
+        raise RuntimeError(failed.read_text())
+    from torch.utils import cpp_extension
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if not quiet:
+        print(
+            f"flydsl: building the C++ autograd node for torch {torch.__version__} (once, ~30 s) in {directory}",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        return cpp_extension.load(
+            name, [str(SOURCE)], extra_cflags=["-O2"], build_directory=str(directory), verbose=False
+        )
+    except Exception as error:  # a compiler missing, a build error: kept, so no later process pays for it again
+        failed.write_text(f"{type(error).__name__}: {error}")
+        raise
+
+
+def module():
+    """The built extension (``apply``), or None where it is off or cannot be built (warned once). Settled on the
+    first call of the process."""
+    global _module
+    if _module is not _UNSET:
+        return _module
+    from flydsl.compiler import settings
+
+    _module = None
+    if settings.current().torch_nodes:
+        try:
+            _module = build()
+        except Exception as error:  # any failure leaves gradients on the Python Function
+            warnings.warn(
+                "flydsl: the C++ autograd node is not available, gradients go through a Python autograd.Function"
+                f" (more host time per call; FLYDSL_TORCH_NODES=0 says so on purpose): {error}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return _module
+
+
+if __name__ == "__main__":
+    extension = build()
+    print(f"flydsl: the C++ autograd node is ready: {extension.__file__}")
