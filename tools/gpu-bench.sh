@@ -23,7 +23,8 @@
 # api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels, one
 # call taken apart and the cold start without kept plans, FLYDSL_PLAN_CACHE=0, then one profiled first call per op:
 # cold_profiles.tgz holds cold_<op>.txt, ~2.5 min; record *_cold); host-kept (the cold start again with launch plans
-# kept on disk, the default, ~1.5 min; record *_kept); host-attributes (`host` with torch's C API
+# kept on disk, the default, ~1.5 min; record *_kept); host-function (`host` with gradients through the Python
+# autograd.Function, FLYDSL_TORCH_NODES=0, record *_function: fits one call with `host`); host-attributes (`host` with torch's C API
 # off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call with `host`); paged-token (the per-token
 # scales' f16 P of ac27149 against 690a143's bf16 values over both models' sweeps, bf16 beside: first `python
 # tools/decode_variant.py 690a143 exp` and carry exp; ~3 min).
@@ -63,6 +64,9 @@ for bench in $which; do
     host-kept)  # the cold start with launch plans kept on disk (the default), ~1.5 min
       FLYDSL_PLAN_CACHE=1 run host-kept python3 benchmarks/host_overhead.py --parts cold \
         --json "$(out host_overhead kept)" --commit "$commit" ;;
+    host-function)  # issue 31's ops with gradients through the Python Function (FLYDSL_TORCH_NODES=0), beside `host`
+      FLYDSL_TORCH_NODES=0 run host-function python3 benchmarks/host_overhead.py \
+        --json "$(out host_overhead function)" --commit "$commit" ;;
     host-attributes)  # issue 31's ops with torch's C API off (FLYDSL_TORCH_C_API=0): what it saves, beside `host`
       FLYDSL_TORCH_C_API=0 run host-attributes python3 benchmarks/host_overhead.py \
         --json "$(out host_overhead attributes)" --commit "$commit" ;;

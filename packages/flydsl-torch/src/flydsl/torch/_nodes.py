@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import sys
 import sysconfig
 import warnings
@@ -97,6 +98,8 @@ def build(quiet: bool = False):
             file=sys.stderr,
             flush=True,
         )
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([*_ninja_directories(), path])  # cpp_extension runs `ninja` from PATH
     try:
         return cpp_extension.load(
             name, [str(SOURCE)], extra_cflags=["-O2"], build_directory=str(directory), verbose=False
@@ -104,6 +107,21 @@ def build(quiet: bool = False):
     except Exception as error:  # a compiler missing, a build error: kept, so no later process pays for it again
         failed.write_text(f"{type(error).__name__}: {error}")
         raise
+    finally:
+        os.environ["PATH"] = path
+
+
+def _ninja_directories() -> list[str]:
+    """Where a pip-installed ninja is, when this Python's environment is not activated: the ``ninja`` package's
+    binary folder and this interpreter's scripts folder."""
+    directories = [sysconfig.get_path("scripts")]
+    try:
+        import ninja
+
+        directories.insert(0, ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    return directories
 
 
 def module():

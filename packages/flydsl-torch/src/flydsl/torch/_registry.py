@@ -47,7 +47,6 @@ from collections.abc import Callable, Sequence
 import torch
 from flydsl.kernels.memory import torch_empty_like, torch_new_empty
 from flydsl.kernels.plans import Plans, ScratchPlan, signature
-from flydsl.torch import _nodes
 
 __all__ = [
     "NAMESPACE",
@@ -432,10 +431,12 @@ class FlyOp(_Op):
 
     def _bind_node_gradients(self):
         """The C++ node's ``Gradients`` of this op (:mod:`flydsl.torch._nodes`), or False where it is not built."""
+        from flydsl.torch import _nodes
+
         node = _nodes.module()
         setup, backward = self._gradients
-        self._node_gradients = False if node is None else node.Gradients(
-            self.name, setup, backward, _nodes.NodeContext, self._single
+        self._node_gradients = (
+            False if node is None else node.Gradients(self.name, setup, backward, _nodes.NodeContext, self._single)
         )
         return self._node_gradients
 
