@@ -14,10 +14,10 @@ replay on (dy, y, dx). The replays are recorded from launches noted through ``_r
 
 - ``torch``: torch.softmax on 8 x 16 (its host path with almost no arithmetic: the CPU stand-in of torch eager);
 - ``python_function_floor``: a Python Function that only allocates its output and gradient;
-- ``flydsl_python``: ``flydsl.torch.functional.softmax`` with its gradients through the Python Function
-  (``FLYDSL_TORCH_NODES=0``) over the kept replays;
-- ``flydsl_node``: the same call as shipped: through ``flydsl.torch._nodes``' C++ node (a Python context and the
-  op's Python ``setup_context`` and ``backward``);
+- ``flydsl_python``: ``flydsl.torch.functional.softmax`` with its gradients through the Python Function (the
+  default) over the kept replays;
+- ``flydsl_node``: the same call with ``FLYDSL_TORCH_NODES=1``: through ``flydsl.torch._nodes``' C++ node (a Python
+  context and the op's Python ``setup_context`` and ``backward``);
 - ``cpp_node_floor``: FlyNode without replays (allocations and the node only);
 - ``cpp_node``: FlyNode over the two replays, everything in C++: the floor of a node per op.
 """

@@ -209,20 +209,20 @@ def test_eager_ops_take_the_node_and_match_the_python_function(node, torch_kerne
 
 
 def test_without_a_node_gradients_take_the_python_function(monkeypatch, tmp_path):
-    """A node that cannot be built warns once, keeps why (later builds do not compile again) and leaves the eager
-    ops on the Python Function; FLYDSL_TORCH_NODES=0 asks for that without a warning."""
+    """Off by default; asked for (FLYDSL_TORCH_NODES=1) but not buildable, it warns once, keeps why (later builds do
+    not compile again) and leaves the eager ops on the Python Function."""
     broken = tmp_path / "autograd_node.cpp"
     broken.write_text("this is not C++\n")
     monkeypatch.setenv("FLYDSL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(_nodes, "SOURCE", broken)
     monkeypatch.setattr(_nodes, "_module", _nodes._UNSET)
-    with pytest.warns(RuntimeWarning, match="the C.. autograd node is not available"):
+    monkeypatch.delenv("FLYDSL_TORCH_NODES", raising=False)
+    assert _nodes.module() is None and not (tmp_path / "cache").exists()  # nothing built, nothing warned
+    monkeypatch.setattr(_nodes, "_module", _nodes._UNSET)
+    monkeypatch.setenv("FLYDSL_TORCH_NODES", "1")
+    with pytest.warns(RuntimeWarning, match="the C.. autograd node .FLYDSL_TORCH_NODES=1. is not available"):
         assert _nodes.module() is None
     assert _nodes.module() is None  # settled for the process
-    (failed,) = (tmp_path / "cache").rglob("failed.txt")
+    assert len(list((tmp_path / "cache").rglob("failed.txt"))) == 1
     with pytest.raises(RuntimeError, match="Error"):
         _nodes.build(quiet=True)  # the kept reason, without compiling again
-    monkeypatch.setattr(_nodes, "_module", _nodes._UNSET)
-    monkeypatch.setenv("FLYDSL_TORCH_NODES", "0")
-    failed.unlink()
-    assert _nodes.module() is None and not list((tmp_path / "cache").rglob("failed.txt"))

@@ -22,8 +22,9 @@
                                the kernels; ``flydsl.kernels.plan_cache``)
 ``FLYDSL_TORCH_C_API``         ``0``: torch tensors are read through their Python attributes only, never through
                                torch's C API (``flydsl.compiler.torch_c_api``)
-``FLYDSL_TORCH_NODES``         ``0``: flydsl.torch's eager calls record gradients through a Python autograd.Function
-                               instead of the C++ node built once per torch version (``flydsl.torch._nodes``)
+``FLYDSL_TORCH_NODES``         ``1``: flydsl.torch's eager calls record gradients through a C++ autograd node (built
+                               once per torch version, ~20 s) instead of a Python autograd.Function
+                               (``flydsl.torch._nodes``; default off: no gain measured on a GPU host yet)
 ``FLYDSL_MOE_DECODE``          for A/B timing: the ``fused_moe`` decode modes allowed, comma-separated ("direct",
                                "combine"; "none" or empty: neither); unset: both
                                (``flydsl.kernels.moe.experts.decode_modes``)
@@ -51,7 +52,7 @@ class Settings:
     launch_replay: bool = True
     plan_cache: bool = True
     torch_c_api: bool = True
-    torch_nodes: bool = True
+    torch_nodes: bool = False
     moe_decode: frozenset | None = None
 
 
@@ -82,6 +83,6 @@ def current() -> Settings:
         launch_replay=env.get("FLYDSL_LAUNCH_REPLAY", "1").lower() not in ("0", "false", "no", "off"),
         plan_cache=env.get("FLYDSL_PLAN_CACHE", "1").lower() not in ("0", "false", "no", "off"),
         torch_c_api=env.get("FLYDSL_TORCH_C_API", "1").lower() not in ("0", "false", "no", "off"),
-        torch_nodes=env.get("FLYDSL_TORCH_NODES", "1").lower() not in ("0", "false", "no", "off"),
+        torch_nodes=env.get("FLYDSL_TORCH_NODES", "").lower() in ("1", "true", "yes", "on"),
         moe_decode=_words(env.get("FLYDSL_MOE_DECODE")),
     )

@@ -1,19 +1,22 @@
-"""The C++ autograd node of flydsl.torch's eager calls (``csrc/autograd_node.cpp``).
+"""The C++ autograd node of flydsl.torch's eager calls (``csrc/autograd_node.cpp``), on with ``FLYDSL_TORCH_NODES=1``.
 
 A Python ``torch.autograd.Function`` costs about as much host time per call as torch's whole softmax forward and
-backward (``benchmarks/autograd_node_cpu.py``), so the eager calls that record gradients
+backward (``benchmarks/autograd_node_cpu.py``); with the setting on, the eager calls that record gradients
 (:meth:`flydsl.torch._registry.FlyOp.call`) record ``FlyBackward`` instead: a ``torch::autograd::Node`` whose backward
 calls the op's Python backward directly. The same ``setup_context`` and ``backward`` functions serve both paths (the
-:class:`NodeContext` speaks the part of ``FunctionCtx`` they use), so results are the same either way.
+:class:`NodeContext` speaks the part of ``FunctionCtx`` they use), so results are the same either way. Measured
+(``docs/tuning/host.md#autograd``): 0-9% less host time per forward + backward on CPU stand-ins, no difference beyond
+the noise of autograd's device thread on an H100 host; hence off by default. It is where a backward that replays
+without the GIL would go.
 
 Per op, ``module().Gradients(name, setup_context, backward, NodeContext, single)`` binds them once; its
 ``apply(forward, inputs)`` runs the forward (a plan returning the outputs' tuple) and records the node.
 
 The node is a torch extension: built with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) the first time a
-process needs it, once per torch version and Python (about 30 s, announced on stderr; ``python -m flydsl.torch._nodes``
-builds it ahead of time), kept under FlyDSL's cache directory and imported from there after. Where it cannot be built,
-the reason is kept there too (so later processes do not try again; delete ``failed.txt`` to retry), a warning says so
-once, and gradients go through the Python Function. ``FLYDSL_TORCH_NODES=0`` keeps the Python Function.
+process needs it, once per torch version and Python (about 20 s, announced on stderr; ``_nodes.build()`` builds it
+ahead of time), kept under FlyDSL's cache directory and imported from there after. Where it cannot be built, the
+reason is kept there too (so later processes do not try again; delete ``failed.txt`` to retry), a warning says so
+once, and gradients go through the Python Function.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def build(quiet: bool = False):
     directory.mkdir(parents=True, exist_ok=True)
     if not quiet:
         print(
-            f"flydsl: building the C++ autograd node for torch {torch.__version__} (once, ~30 s) in {directory}",
+            f"flydsl: building the C++ autograd node for torch {torch.__version__} (once, ~20 s) in {directory}",
             file=sys.stderr,
             flush=True,
         )
@@ -138,14 +141,9 @@ def module():
             _module = build()
         except Exception as error:  # any failure leaves gradients on the Python Function
             warnings.warn(
-                "flydsl: the C++ autograd node is not available, gradients go through a Python autograd.Function"
-                f" (more host time per call; FLYDSL_TORCH_NODES=0 says so on purpose): {error}",
+                "flydsl: the C++ autograd node (FLYDSL_TORCH_NODES=1) is not available, gradients go through a Python"
+                f" autograd.Function: {error}",
                 RuntimeWarning,
                 stacklevel=2,
             )
     return _module
-
-
-if __name__ == "__main__":
-    extension = build()
-    print(f"flydsl: the C++ autograd node is ready: {extension.__file__}")
