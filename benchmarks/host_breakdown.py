@@ -5,7 +5,8 @@ plan's lookup (``_kept``: the checks and the signature), the signature alone, th
 with its launch -- next to ``torch.softmax`` and a torch launch
 (``x.add_(1)``); and ``torch.autograd.grad`` through Python ``autograd.Function``s that allocate their output and
 gradient and launch, in the forward, the backward or both, either noop6 through the native launcher or a torch op
-(``zero_``), against the floor that launches nothing and torch.softmax's C++ nodes. Not a script."""
+(``zero_``), against the floor that launches nothing and torch.softmax's C++ nodes; and softmax's recording forward
+and its backward alone, torch's and ours (the Python Function, the C++ node). Not a script."""
 
 from __future__ import annotations
 
@@ -93,11 +94,57 @@ def _autograd_pieces() -> dict:
     return cases
 
 
+def _gradient_pieces() -> dict:
+    """softmax's forward that records gradients and its backward alone (``autograd.grad`` over a graph kept with
+    ``retain_graph``), torch's and ours through the Python Function and (where it builds) the C++ node: which half
+    of forward + backward the gap to torch is in."""
+    from flydsl.torch import _nodes, ops
+    from flydsl.torch import functional as F
+
+    x = torch.randn(ROWS, N, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    ones = torch.ones_like(x)
+    try:
+        node = _nodes.build(quiet=True)
+    except Exception:  # noqa: BLE001 - no compiler here: the node's rows are left out
+        node = None
+
+    def through(path):
+        def call(fn):
+            _nodes._module = path
+            ops.softmax._node_gradients = None
+            return fn()
+
+        return call
+
+    cases = {
+        "torch.softmax(x), recording": lambda: torch.softmax(x, -1),
+        "autograd.grad over torch.softmax's kept graph": _kept_backward(torch.softmax(x, -1), x, ones),
+    }
+    for name, path in (("Python Function", None), ("C++ node", node)):
+        if name == "C++ node" and node is None:
+            continue
+        via = through(path)
+        via(lambda: F.softmax(x))  # the first call with gradients plans
+        y = via(lambda: F.softmax(x))
+        cases[f"softmax through the {name}, recording"] = lambda via=via: via(lambda: F.softmax(x))
+        cases[f"autograd.grad over its kept graph ({name})"] = _kept_backward(y, x, ones)
+        cases[f"autograd.grad(softmax) through the {name}"] = lambda via=via: via(
+            lambda: torch.autograd.grad(F.softmax(x), (x,), ones)
+        )
+    _nodes._module = _nodes._UNSET  # settled again by the setting on the next call
+    ops.softmax._node_gradients = None
+    return cases
+
+
+def _kept_backward(y, x, dy):
+    return lambda: torch.autograd.grad(y, (x,), dy, retain_graph=True)
+
+
 def measure_breakdown(calls: int, repeats: int, timed) -> list[dict]:
     """One row per piece: ``timed(fn, calls, repeats)`` (a dict with ``host_us``, or ``error``), or why the group
     could not be built."""
     rows = []
-    for group, build in (("forward", _forward_pieces), ("autograd", _autograd_pieces)):
+    for group, build in (("forward", _forward_pieces), ("autograd", _autograd_pieces), ("gradient", _gradient_pieces)):
         try:
             cases = build()
         except Exception as error:  # noqa: BLE001 - a group that cannot be built is reported, not fatal
