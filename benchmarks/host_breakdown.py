@@ -119,6 +119,9 @@ def _gradient_pieces() -> dict:
     cases = {
         "torch.softmax(x), recording": lambda: torch.softmax(x, -1),
         "autograd.grad over torch.softmax's kept graph": _kept_backward(torch.softmax(x, -1), x, ones),
+        "autograd.grad(torch.softmax(x)), retain_graph": lambda: torch.autograd.grad(
+            torch.softmax(x, -1), (x,), ones, retain_graph=True
+        ),
     }
     for name, path in (("Python Function", None), ("C++ node", node)):
         if name == "C++ node" and node is None:
@@ -130,6 +133,9 @@ def _gradient_pieces() -> dict:
         cases[f"autograd.grad over its kept graph ({name})"] = _kept_backward(y, x, ones)
         cases[f"autograd.grad(softmax) through the {name}"] = lambda via=via: via(
             lambda: torch.autograd.grad(F.softmax(x), (x,), ones)
+        )
+        cases[f"autograd.grad(softmax) through the {name}, retain_graph"] = lambda via=via: via(
+            lambda: torch.autograd.grad(F.softmax(x), (x,), ones, retain_graph=True)
         )
     _nodes._module = _nodes._UNSET  # settled again by the setting on the next call
     ops.softmax._node_gradients = None
