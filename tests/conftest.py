@@ -39,14 +39,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_launch_plans():
+def _fresh_launch_plans(monkeypatch):
     """Each test starts without the zoo's launch plans (flydsl.kernels.plans): a plan kept by an earlier test holds
-    the kernels and routes of its time, which a test that replaces them (monkeypatch) must not meet."""
+    the kernels and routes of its time, which a test that replaces them (monkeypatch) must not meet. Plans kept on
+    disk are off too (FLYDSL_PLAN_CACHE=0; the disk keys do not see a monkeypatch): the tests of kept plans turn them
+    on themselves."""
     try:
         from flydsl.kernels import plans
     except ImportError:  # flydsl-layout alone (tox's layout env)
         yield
         return
+    monkeypatch.setenv("FLYDSL_PLAN_CACHE", "0")
+    monkeypatch.setattr(plans, "_routes_edited", False)
     plans.clear_all()
     yield
 

@@ -443,6 +443,25 @@ def test_a_recorded_plan_is_kept_on_disk_and_found_by_a_new_store(fake_recording
     assert isinstance(_recorded_store(fake_recording)[0].get(key), launcher.LaunchPlan)
 
 
+def test_routes_edited_in_place_turn_plans_on_disk_off(fake_recording, kept):
+    """router.clear_cache() (after a routing table was edited in place, which the disk keys do not see): this process
+    neither finds nor keeps plans on disk from then on."""
+    from flydsl.kernels.rows import router
+
+    store, plan = _recorded_store(fake_recording)
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    key = plans.signature(x, out)
+    store.add(key, plan)(x, out)
+    assert isinstance(_recorded_store(fake_recording)[0].get(key), launcher.LaunchPlan)
+    router.clear_cache()
+    assert _recorded_store(fake_recording)[0].get(key) is None
+    other = plans.signature(torch.randn(4, 9), torch.empty(4, 9))
+    store, plan = _recorded_store(fake_recording, "test.after_edit")
+    store.add(other, plan)(torch.randn(4, 9), torch.empty(4, 9))
+    plans._routes_edited = False  # (restored by the fixture anyway) nothing was kept while edited
+    assert _recorded_store(fake_recording, "test.after_edit")[0].get(other) is None
+
+
 def test_a_kept_plan_meeting_another_alignment_is_dropped(fake_recording, kept):
     """Where a kept plan's replay meets an argument aligned otherwise (no Python plan to fall back on), the call
     raises, and the plan is forgotten in memory and on disk: the next call validates and routes again."""

@@ -50,6 +50,7 @@ __all__ = ["Plans", "ScratchPlan", "signature", "clear_all"]
 
 _SCALARS = (type(None), bool, int, float, str)
 _ALL: list[Plans] = []
+_routes_edited = False  # clear_all(routes_edited=True) was called: plans on disk may hold routes of before
 
 
 _plan_key = None  # runtime.plan_key, bound on the first call (``import flydsl.torch`` loads no compiler)
@@ -191,8 +192,12 @@ class Plans:
         self.declined.clear()
 
 
-def clear_all() -> None:
-    """Forgets every entry point's plans (tests; after a change to routing tables at run time)."""
+def clear_all(routes_edited: bool = False) -> None:
+    """Forgets every entry point's plans (tests; after a change to routing tables at run time). ``routes_edited``:
+    routing tables were edited in place, which the disk cache's keys do not see, so this process neither looks up
+    nor keeps plans on disk from then on."""
+    global _routes_edited
+    _routes_edited = _routes_edited or routes_edited
     for plans in _ALL:
         plans.clear()
 
@@ -207,7 +212,7 @@ def _plan_cache_on() -> bool:
     from flydsl.compiler import settings
 
     current = settings.current()
-    return current.plan_cache and current.launch_replay and current.cache_enabled
+    return current.plan_cache and current.launch_replay and current.cache_enabled and not _routes_edited
 
 
 def _recorded(launch, args, fallback, scratch=None, nargs=None, made=None) -> tuple:

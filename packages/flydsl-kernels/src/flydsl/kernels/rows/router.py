@@ -445,8 +445,9 @@ def _plain_unless(cfg: RowConfig, aligned: bool) -> RowConfig:
 
 def clear_cache() -> None:
     """Forgets the routes found (after a table, or a layout constant of :mod:`flydsl.kernels.rows.layout`, was
-    edited in place), and the launch plans that hold them (:mod:`flydsl.kernels.plans`)."""
-    plans.clear_all()
+    edited in place), and the launch plans that hold them (:mod:`flydsl.kernels.plans`; none is looked up or kept on
+    disk from then on in this process: the disk cache's keys do not see edits in place)."""
+    plans.clear_all(routes_edited=True)
     route.cache_clear()
     for cached in (staged_forward_config, staged_backward_config, team_backward_config, looped_forward_config):
         cached.cache_clear()
