@@ -231,3 +231,48 @@ def test_mutating_call_checks_and_bumps_versions_without_the_dispatcher(monkeypa
     leaf = k_new.clone().requires_grad_()
     with pytest.raises(RuntimeError, match="flydsl.write_kv: an input requires grad"):
         ft.functional.write_kv(leaf, k_new, cache, cache, slots)
+
+
+def test_inference_functionals_replay_natively_with_fresh_outputs(monkeypatch):
+    """The eager inference calls keep their first call as a plan that later calls replay natively, each returning
+    fresh contiguous outputs of the op's shapes and dtype. CPU tensors stand in for plain CUDA ones, each kernel call
+    for one noted launch over its tensors (recorded as a launch plan records it, replayed without cuLaunchKernel)."""
+    import importlib
+    import struct
+    import types
+
+    from flydsl.compiler._native import launcher
+    from flydsl.torch import functional as F
+
+    def launch(*args, **kwargs):
+        pointers = [t.data_ptr() for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        packed = struct.pack(f"<{len(pointers)}Q", *pointers)
+        launcher._note_launch("kernel", (1, 1, 1), (128, 1, 1), None, 0, 0, "p" * len(pointers), packed)
+
+    monkeypatch.setattr(_registry, "_plain_keyset", lambda raw: True)
+    monkeypatch.setattr(_registry._Op, "_check_devices", lambda self, tensors: None)
+    monkeypatch.setattr(ops, "zoo", types.SimpleNamespace(softmax=launch, layer_norm=launch, rms_norm=launch))
+    monkeypatch.setattr(ops.fused_add_rms_norm, "impl", lambda *args, **outs: launch(*args, **outs))
+    monkeypatch.setattr(ops.gemm, "impl", lambda *args, **outs: launch(*args, **outs))
+    launcher._register_stream_getter(lambda device: 0)
+    try:
+        x, r = (torch.randn(3, 5, 64, dtype=torch.bfloat16) for _ in range(2))
+        w, b = (torch.randn(64, dtype=torch.bfloat16) for _ in range(2))
+        weight = torch.randn(32, 64, dtype=torch.bfloat16)
+        calls = {
+            "softmax": (F._SOFTMAX, lambda: (F.softmax(x),), (3, 5, 64)),
+            "layer_norm": (F._LAYER_NORM, lambda: (F.layer_norm(x, 64, w, b),), (3, 5, 64)),
+            "rms_norm": (F._RMS_NORM, lambda: (F.rms_norm(x, 64, w),), (3, 5, 64)),
+            "fused_add_rms_norm": (F._FUSED_ADD_RMS_NORM, lambda: F.fused_add_rms_norm(x, r, 64, w), (3, 5, 64)),
+            "linear": (F._LINEAR, lambda: (F.linear(x, weight),), (3, 5, 32)),
+        }
+        for name, (kept, call, shape) in calls.items():
+            first = call()
+            (plan,) = kept._plans.values()
+            assert isinstance(plan, launcher.LaunchPlan), (name, kept.declined)
+            for outs in (first, call(), call()):
+                assert all(o.shape == shape and o.dtype == x.dtype and o.is_contiguous() for o in outs), name
+            pointers = {o.data_ptr() for o in (*first, *outs)} | {x.data_ptr(), r.data_ptr()}
+            assert len(pointers) == 2 * len(outs) + 2, name  # fresh tensors on every call
+    finally:
+        launcher._register_stream_getter(importlib.import_module("flydsl.compiler.kernel")._current_torch_stream)
