@@ -462,6 +462,18 @@ def test_routes_edited_in_place_turn_plans_on_disk_off(fake_recording, kept):
     assert _recorded_store(fake_recording, "test.after_edit")[0].get(other) is None
 
 
+def test_an_entry_point_keeps_at_most_keep_on_disk_signatures_per_process(fake_recording, kept, monkeypatch):
+    monkeypatch.setattr(plans, "KEEP_ON_DISK", 1)
+    store, plan = _recorded_store(fake_recording)
+    keys = []
+    for n in (8, 9):
+        x, out = torch.randn(4, n), torch.empty(4, n)
+        keys.append(plans.signature(x, out))
+        store.add(keys[-1], plan)(x, out)
+    fresh, _ = _recorded_store(fake_recording)
+    assert isinstance(fresh.get(keys[0]), launcher.LaunchPlan) and fresh.get(keys[1]) is None
+
+
 def test_a_kept_plan_meeting_another_alignment_is_dropped(fake_recording, kept):
     """Where a kept plan's replay meets an argument aligned otherwise (no Python plan to fall back on), the call
     raises, and the plan is forgotten in memory and on disk: the next call validates and routes again."""

@@ -36,7 +36,8 @@ on every call, and its launches, over the arguments and the scratch, are what is
 Kept on disk (by default; ``FLYDSL_PLAN_CACHE=0`` turns it off; :mod:`flydsl.kernels.plan_cache`): a recorded
 replay is also written to the disk cache beside its kernels, and a signature this process has no plan for is looked up
 there first, so that a new process's first call of a known signature replays without importing the kernel modules or
-routing again.
+routing again. A record is ~1 KB per call signature; an entry point writes at most :data:`KEEP_ON_DISK` new ones per
+process (a workload whose shapes keep changing, as prefill lengths do, would otherwise write one per shape).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ __all__ = ["Plans", "ScratchPlan", "signature", "clear_all"]
 _SCALARS = (type(None), bool, int, float, str)
 _ALL: list[Plans] = []
 _routes_edited = False  # clear_all(routes_edited=True) was called: plans on disk may hold routes of before
+KEEP_ON_DISK = 256  # new signatures an entry point writes to the disk cache per process (~1 KB each)
 
 
 _plan_key = None  # runtime.plan_key, bound on the first call (``import flydsl.torch`` loads no compiler)
@@ -123,6 +125,7 @@ class Plans:
         self.replay = replay
         self.declined: dict = {}  # key -> why its plan is not replayed (the latest ``limit``)
         self._plans: dict = {}
+        self._written = 0  # plans this process wrote to the disk cache (at most KEEP_ON_DISK)
         _ALL.append(self)
 
     def __repr__(self):
@@ -174,9 +177,10 @@ class Plans:
                 result, replay, why = _recorded(plan, args, plan)
             if replay is not None and plans.get(key) is plan:
                 plans[key] = replay
-                if _plan_cache_on():
+                if self._written < KEEP_ON_DISK and _plan_cache_on():
                     from flydsl.kernels import plan_cache
 
+                    self._written += 1
                     plan_cache.keep(self.name, key, replay)
             elif why is not None:
                 declined = self.declined
