@@ -23,7 +23,8 @@
 # api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels, one
 # call taken apart and the cold start without kept plans, FLYDSL_PLAN_CACHE=0, then one profiled first call per op:
 # cold_profiles.tgz holds cold_<op>.txt, ~2.5 min; record *_cold); host-kept (the cold start again with launch plans
-# kept on disk, the default, ~1.5 min; record *_kept); host-function (`host` with gradients through the Python
+# kept on disk, the default, ~1.5 min; record *_kept); host-gradient (the breakdown alone, 15 repeats: softmax's
+# recording forward, its backward over a kept graph and the whole, torch's and ours, < 1 min); host-function (`host` with gradients through the Python
 # autograd.Function, FLYDSL_TORCH_NODES=0, record *_function: fits one call with `host`); host-attributes (`host` with torch's C API
 # off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call with `host`); paged-token (the per-token
 # scales' f16 P of ac27149 against 690a143's bf16 values over both models' sweeps, bf16 beside: first `python
@@ -64,6 +65,9 @@ for bench in $which; do
     host-kept)  # the cold start with launch plans kept on disk (the default), ~1.5 min
       FLYDSL_PLAN_CACHE=1 run host-kept python3 benchmarks/host_overhead.py --parts cold \
         --json "$(out host_overhead kept)" --commit "$commit" ;;
+    host-gradient)  # where softmax's fwd+bwd gap is: its parts, torch's and ours (Function and C++ node), < 1 min
+      run host-gradient python3 benchmarks/host_overhead.py --parts breakdown --repeats 15 --calls 100 \
+        --json "$(out host_overhead gradient)" --commit "$commit" ;;
     host-function)  # issue 31's ops with gradients through the Python Function (FLYDSL_TORCH_NODES=0), beside `host`
       FLYDSL_TORCH_NODES=0 run host-function python3 benchmarks/host_overhead.py \
         --json "$(out host_overhead function)" --commit "$commit" ;;
