@@ -6,11 +6,13 @@ with its launch -- next to ``torch.softmax`` and a torch launch
 (``x.add_(1)``); and ``torch.autograd.grad`` through Python ``autograd.Function``s that allocate their output and
 gradient and launch, in the forward, the backward or both, either noop6 through the native launcher or a torch op
 (``zero_``), against the floor that launches nothing and torch.softmax's C++ nodes; and softmax's recording forward
-and its backward alone, torch's and ours (the Python Function, the C++ node). Not a script."""
+and its backward alone, torch's and ours (the Python Function, the C++ node); and forward + backward cut at five
+stamps (``host_timeline.py``). Not a script."""
 
 from __future__ import annotations
 
 import torch
+from host_timeline import measure_timeline
 from launch_levels import DEVICE, noop6_module
 from record import error_text
 
@@ -156,6 +158,10 @@ def measure_breakdown(calls: int, repeats: int, timed) -> list[dict]:
             continue
         for piece, fn in cases.items():
             rows.append({"group": group, "piece": piece, **timed(fn, calls, repeats)})
+    try:
+        rows += measure_timeline(calls)
+    except Exception as error:  # noqa: BLE001
+        rows.append({"group": "timeline", "piece": "all", "error": error_text(error)})
     return rows
 
 
