@@ -12,7 +12,7 @@ per 128 x 128 block; weight-only at decode: x and h stay bf16). Default: DeepSee
 Modes (``FLYDSL_MOE_DECODE``, the plans rebuilt for each): "" (none: the aligned path), "direct" (one token: no
 alignment), "combine" (with direct: stage 2 and the combine in one launch) and unions (the default of one token: both,
 combine where I <= 1024); each mode's output is compared with the first mode's (``max_abs_diff_vs_first``: 0 expected
-but for "combine", whose y may round an ulp apart). The stage sweep (modes off, aligned routing) tries 5 stage-1 and 6
+but for "combine", whose y may round an ulp apart). The stage sweep (modes off, aligned routing) tries 6 stage-1 and 6
 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs per SM (``min_blocks``: fp8 as
 ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks`` None and the chosen long-K
 configuration with ``landed``; stage 1 is gated (weight rows half gate, half up: ``groups`` even), stage 2 streams
@@ -46,7 +46,8 @@ DEFAULT_CASES = ",".join(
     for case in ("dsv3-tp8:1", "dsv3-tp8:16", "dsv3-tp8:64", "qwen3:1", "qwen3:16", "qwen3:64", "mixtral:1")
 )
 DEFAULT_MODES = ",direct,direct+combine"
-STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4))  # (groups, warps, warps_n, unroll)
+# (groups, warps, warps_n, unroll) of each stage's candidates
+STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4), (2, 8, 1, 8))
 STAGE2 = ((2, 8, 2, 2), (4, 8, 4, 2), (2, 8, 4, 1), (4, 4, 2, 2), (2, 4, 4, 2), (2, 8, 1, 4))
 COMBINED = ((1, 4), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4))  # (groups, unroll) of the combined kernel (warps: top_k)
 # (groups, warps, unroll, min_blocks) of one token's direct stage 1, besides the chosen configuration
