@@ -191,8 +191,8 @@ struct Recording {
   }
 
 private:
-  /// `made` (per scratch value: (like, shape or None, dtype or None)) as MadeTensors; none where a dtype is not one
-  /// torch's C API has learnt (the scratch function makes them then).
+  /// `made` (per scratch value: (like, shape or None, dtype or None[, "stream"])) as MadeTensors; none where a
+  /// dtype is not one torch's C API has learnt (the scratch function makes them then).
   static std::vector<MadeTensor> madeTensors(nb::handle made, size_t nargs, size_t count) {
     std::vector<MadeTensor> out;
     nb::tuple items = nb::tuple(nb::borrow(made));
@@ -200,9 +200,14 @@ private:
       throw nb::value_error("made: one (like, shape, dtype) per scratch value expected");
     for (nb::handle item : items) {
       nb::tuple spec = nb::cast<nb::tuple>(item);
-      if (spec.size() != 3)
-        throw nb::value_error("made: expected (like, shape or None, dtype or None)");
+      if (spec.size() != 3 && spec.size() != 4)
+        throw nb::value_error("made: expected (like, shape or None, dtype or None[, \"stream\" or None])");
       MadeTensor m;
+      if (spec.size() == 4 && !spec[3].is_none()) {
+        if (!nb::isinstance<nb::str>(spec[3]) || nb::cast<std::string>(spec[3]) != "stream")
+          throw nb::value_error("made: the fourth item is \"stream\" (kept per stream, zero when made) or None");
+        m.perStream = true;
+      }
       m.like = nb::cast<uint32_t>(spec[0]);
       if (m.like >= nargs)
         throw nb::value_error("made: like: an index of the caller's arguments expected");
@@ -411,8 +416,9 @@ void bindLaunchPlans(nb::module_ &rt) {
            "fallback(*args) runs instead of a replay whose arguments are aligned otherwise. With a scratch "
            "function, args are the caller's nargs arguments and then what scratch(*arguments) returned: a replay "
            "calls it again and returns its tuple. made: where the scratch values are only fresh tensors, per value "
-           "(like, shape or None, dtype or None): a replay makes them through torch's C API (contiguous, on "
-           "argument like's device, of its shape and dtype unless given), the scratch function only where it cannot.")
+           "(like, shape or None, dtype or None[, \"stream\"]): a replay makes them through torch's C API "
+           "(contiguous, on argument like's device, of its shape and dtype unless given; with \"stream\", zero "
+           "once per stream and kept by the plan), the scratch function only where it cannot.")
       .def("_add", &Recording::add, "name"_a, "grid"_a, "block"_a, "cluster"_a.none(), "shared_mem"_a,
            "stream"_a, "signature"_a, "params"_a, "Test hook: notes a launch as if made.");
   rt.def("_note_launch", [](const std::string &name, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,

@@ -94,14 +94,18 @@ struct PlanStep {
   std::vector<MapPatch> mapPatches;
 };
 
-/// A tensor a replay makes per call beyond the caller's arguments (a fresh
-/// output): contiguous, on argument `like`'s device, of its shape (rank < 0)
-/// or `sizes`, of its dtype (dtype < 0) or that dtype code (TorchCApi.h).
+/// A tensor a replay makes beyond the caller's arguments: contiguous, on
+/// argument `like`'s device, of its shape (rank < 0) or `sizes`, of its dtype
+/// (dtype < 0) or that dtype code (TorchCApi.h). Fresh per call (an output),
+/// or with `perStream` made zero once per stream and kept by the plan (split
+/// K's workspace and flags: the kernels of a stream run one after another, and
+/// each leaves them as it found them).
 struct MadeTensor {
   uint32_t like = 0;
   int32_t rank = -1;
   int64_t sizes[kMaxRank] = {};
   int32_t dtype = -1;
+  bool perStream = false;
 };
 
 /// Recorded launches replayed on new arguments of the same plan key.
@@ -113,6 +117,8 @@ public:
   // Where the scratch is only fresh tensors: made natively through torch's C API (no Python per call), the
   // scratch function then only where the API cannot make them.
   std::vector<MadeTensor> made;
+  // The per-stream made tensors by stream: (stream, a tuple of them in `made`'s order); few streams per plan.
+  std::vector<std::pair<uint64_t, nb::object>> kept;
   std::vector<uint32_t> pointerArgs; // the arguments whose data_ptr() a replay reads
   std::vector<uint8_t> alignment;    // per argument: its address mod 16 when recorded
   nb::object fallback;               // called instead where an address's alignment differs
@@ -126,8 +132,9 @@ public:
   nb::object call(nb::args args) {
     uint64_t pointers[kMaxLaunchValues];
     nb::object extra;
-    nb::tuple all = withScratch(args, extra);
-    CUstream stream = prepare(all, pointers);
+    CUstream stream = currentStream();
+    nb::tuple all = withScratch(args, extra, stream);
+    prepare(all, pointers);
     if (!aligned(pointers)) {
       if (!fallback.is_valid() || fallback.is_none())
         raise(PyExc_ValueError, "LaunchPlan: an argument's address is aligned otherwise than when recorded");
@@ -163,8 +170,9 @@ public:
   nb::object dryRun(nb::args args) {
     uint64_t pointers[kMaxLaunchValues];
     nb::object extra;
-    nb::tuple all = withScratch(args, extra);
-    CUstream stream = prepare(all, pointers);
+    CUstream stream = currentStream();
+    nb::tuple all = withScratch(args, extra, stream);
+    prepare(all, pointers);
     if (!aligned(pointers))
       return nb::str("fallback");
     nb::list out;
@@ -195,11 +203,11 @@ public:
 private:
   /// The caller's arguments, then (with a scratch function) what it returns
   /// for them, kept in `extra`.
-  nb::tuple withScratch(nb::args &args, nb::object &extra) const {
+  nb::tuple withScratch(nb::args &args, nb::object &extra, CUstream stream) {
     if (size_t(args.size()) != nargs)
       raise(PyExc_TypeError, "LaunchPlan: expected %zu arguments, got %zd", nargs, args.size());
     if (!made.empty())
-      extra = makeTensors(args);
+      extra = makeTensors(args, uint64_t(reinterpret_cast<uintptr_t>(stream)));
     if (!extra.is_valid()) { // no made tensors, or torch's C API cannot make them: the scratch function
       if (!scratch.is_valid() || scratch.is_none()) {
         if (!made.empty())
@@ -217,13 +225,18 @@ private:
     return nb::steal<nb::tuple>(all);
   }
 
-  /// The made tensors for `args` (a tuple), or an invalid object where the C API cannot make one.
-  nb::object makeTensors(const nb::args &args) const {
+  /// The made tensors for `args` (a tuple) on `stream`, or an invalid object where the C API cannot make one.
+  nb::object makeTensors(const nb::args &args, uint64_t stream) {
+    PyObject *held = nullptr; // this stream's kept tensors, where made has any
     nb::object out = nb::steal(PyTuple_New(Py_ssize_t(made.size())));
     for (size_t i = 0; i < made.size(); ++i) {
       const MadeTensor &m = made[i];
-      PyObject *t = emptyFor(PyTuple_GET_ITEM(args.ptr(), m.like), m.rank, m.sizes, m.dtype);
-      if (!t) {
+      PyObject *t;
+      if (m.perStream) {
+        if (!held && !(held = keptFor(args, stream)))
+          return nb::object();
+        t = Py_NewRef(PyTuple_GET_ITEM(held, Py_ssize_t(i)));
+      } else if (!(t = emptyFor(PyTuple_GET_ITEM(args.ptr(), m.like), m.rank, m.sizes, m.dtype))) {
         if (PyErr_Occurred())
           raisePending();
         return nb::object();
@@ -233,6 +246,30 @@ private:
     return out;
   }
 
+  /// The per-stream made tensors of `stream` (a tuple in made's order, None for the others), made and zeroed
+  /// (`zero_()` on the current stream, which is `stream`) on its first call there; null where the C API cannot.
+  PyObject *keptFor(const nb::args &args, uint64_t stream) {
+    for (const auto &[s, tensors] : kept)
+      if (s == stream)
+        return tensors.ptr();
+    nb::object tensors = nb::steal(PyTuple_New(Py_ssize_t(made.size())));
+    for (size_t i = 0; i < made.size(); ++i) {
+      const MadeTensor &m = made[i];
+      PyObject *t = m.perStream ? emptyFor(PyTuple_GET_ITEM(args.ptr(), m.like), m.rank, m.sizes, m.dtype)
+                                : Py_NewRef(Py_None);
+      if (!t) {
+        if (PyErr_Occurred())
+          raisePending();
+        return nullptr;
+      }
+      PyTuple_SET_ITEM(tensors.ptr(), Py_ssize_t(i), t);
+      if (m.perStream && !nb::steal(PyObject_CallMethod(t, "zero_", nullptr)).is_valid())
+        raisePending();
+    }
+    kept.emplace_back(stream, tensors);
+    return tensors.ptr();
+  }
+
   bool aligned(const uint64_t *pointers) const {
     for (uint32_t i : pointerArgs)
       if ((pointers[i] & 15) != alignment[i])
@@ -240,8 +277,8 @@ private:
     return true;
   }
 
-  /// The pointers of the arguments (indexed by position) and the current stream.
-  CUstream prepare(const nb::tuple &args, uint64_t *pointers) const {
+  /// The pointers of the arguments (indexed by position).
+  void prepare(const nb::tuple &args, uint64_t *pointers) const {
     DispatchRegistry &reg = registry();
     for (uint32_t i : pointerArgs) {
       PyObject *arg = PyTuple_GET_ITEM(args.ptr(), i);
@@ -254,6 +291,10 @@ private:
       if (pointers[i] == (uint64_t)-1 && PyErr_Occurred())
         raisePending();
     }
+  }
+
+  /// The current stream of the plan's device.
+  CUstream currentStream() const {
     uint64_t stream;
     if (!torchCurrentStream(PyLong_AsLongLong(device.ptr()), stream)) {
       if (PyErr_Occurred())

@@ -21,7 +21,7 @@ namespace fly::python {
 namespace {
 
 constexpr uint32_t kPlanMagic = 0x50594c46; // "FLYP"
-constexpr uint32_t kPlanVersion = 2; // 2: the made tensors
+constexpr uint32_t kPlanVersion = 3; // 2: the made tensors; 3: kept per stream
 static_assert(std::is_trivially_copyable_v<TiledTensorMapSpec>, "tensor map specs travel as their bytes");
 
 struct Writer {
@@ -84,7 +84,7 @@ nb::object planBytes(const LaunchPlan &p) {
   w.put(uint32_t(p.nargs));
   w.put(uint32_t(p.made.size())); // the made tensors by dtype name: codes are torch's, names another build's too
   for (const MadeTensor &m : p.made) {
-    w.put(m.like), w.put(m.rank);
+    w.put(m.like), w.put(m.rank), w.put(uint8_t(m.perStream));
     for (int32_t i = 0; i < m.rank; ++i)
       w.put(m.sizes[i]);
     PyObject *dtype = m.dtype < 0 ? nullptr : dtypeOfCode(m.dtype);
@@ -134,7 +134,7 @@ LaunchPlan *planFromBytes(nb::bytes data, std::vector<std::optional<Function>> f
   uint32_t made = r.count(kMaxLaunchValues);
   for (uint32_t i = 0; i < made; ++i) {
     MadeTensor m;
-    m.like = r.get<uint32_t>(), m.rank = r.get<int32_t>();
+    m.like = r.get<uint32_t>(), m.rank = r.get<int32_t>(), m.perStream = r.get<uint8_t>() != 0;
     if (m.like >= plan->nargs || m.rank > int32_t(kMaxRank))
       throw nb::value_error("LaunchPlan._from_bytes: a made tensor past the arguments or dims");
     for (int32_t d = 0; d < m.rank; ++d)

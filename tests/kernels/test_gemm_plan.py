@@ -181,6 +181,25 @@ def test_partial_tiles_scratch(cfg):
     assert flags == Scratch("flags", (slots * cfg.consumers,), "i32")
 
 
+def test_a_replay_makes_the_scratch_itself():
+    """made_memory: split K's workspace and flags kept per stream by the replay, the skinny kernel's partials fresh
+    per call, in the order of the scratch arguments (plan_memory's); nothing where an operand is copied."""
+    import torch
+
+    from flydsl.kernels.gemm.launch import made_memory
+
+    plan = plan_gemm(*_specs(3000, 5000, 2048), sms=SMS, config=GemmConfig(split_k=3))
+    workspace, flags = plan.launches[0].arguments[5:7]
+    assert made_memory(plan) == (
+        (0, workspace.shape, torch.float32, "stream"),
+        (0, flags.shape, torch.int32, "stream"),
+    )
+    skinny = plan_gemm(*_specs(8, 512, 7168), sms=SMS)
+    (partials,) = {arg for launch in skinny.launches for arg in launch.arguments if isinstance(arg, Scratch)}
+    assert made_memory(skinny) == ((0, partials.shape, torch.float32),)
+    assert made_memory(plan_gemm(*_specs(64, 512, 7161), sms=SMS)) is None  # rows padded for TMA: copies
+
+
 def test_mn_major_b_parts_are_refused():
     with pytest.raises(ValueError, match="b is MN-major"):
         plan_gemm(*_specs(1000, 776, 520, b_major="MN"), sms=SMS, config=GemmConfig(tile_n=192, stages=4))

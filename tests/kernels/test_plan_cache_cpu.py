@@ -294,3 +294,41 @@ def test_outputs_a_replay_makes_natively(stream_getter):
     out3, stats3 = again(x2)
     assert (out3.shape, out3.dtype, stats3.shape, stats3.dtype) == (x.shape, x.dtype, (4,), torch.float32)
     assert recording.plan((x, out, stats), None, scratch, 1)._to_bytes() is None  # a Python scratch only: no bytes
+
+
+def test_memory_a_replay_keeps_per_stream(stream_getter):
+    """``made`` values marked "stream" (split K's workspace and flags) are made zero once per stream and kept by the
+    replay (a call on another stream gets its own), fresh ones beside them per call; the plan read back from its
+    bytes keeps them alike, and a fourth item other than "stream" or None is refused."""
+    from flydsl.compiler import torch_c_api
+
+    assert torch_c_api.enable() is None
+    x = torch.randn(4, 8)
+    plans.signature(x)
+    made = ((0, (4,), torch.float32), (0, (16,), torch.int32, "stream"))
+
+    def scratch(x):
+        return x.new_empty((4,)), torch.zeros(16, dtype=torch.int32)
+
+    partials, flags = scratch(x)
+    recording = launcher.LaunchRecording()
+    recording._add(
+        "k", (1, 1, 1), (32, 1, 1), None, 0, 7, "ppp", _params(x.data_ptr(), partials.data_ptr(), flags.data_ptr())
+    )
+    plan = recording.plan((x, partials, flags), None, scratch, 1, made)
+    for replay in (plan, launcher.LaunchPlan._from_bytes(plan._to_bytes(), [None])):
+        first_partials, first_flags = replay(x)
+        assert first_flags.dtype == torch.int32 and first_flags.shape == (16,) and not first_flags.any()
+        again_partials, again_flags = replay(x)
+        assert again_flags is first_flags and again_partials is not first_partials
+        (launch,) = replay._dry_run(x)
+        assert struct.unpack("<3Q", launch["params"])[2] == first_flags.data_ptr()
+        launcher._register_stream_getter(lambda device: 9)  # another stream: its own flags
+        try:
+            _, other_flags = replay(x)
+        finally:
+            launcher._register_stream_getter(lambda device: 7)
+        assert other_flags is not first_flags and not other_flags.any()
+        assert replay(x)[1] is first_flags
+    with pytest.raises(ValueError, match="stream"):
+        recording.plan((x, partials, flags), None, scratch, 1, ((0, (4,), torch.float32, "call"), made[1]))

@@ -100,9 +100,10 @@ class ScratchPlan:
     it may run torch operations, which happen on every call), then ``launch(*args, *scratch)`` launches. A call
     returns the scratch tuple. Replayed, the scratch function still runs in Python on each call; the launches do
     not. ``made``: where the scratch is only fresh tensors (outputs), per value ``(like, shape or None, dtype or
-    None)`` (an index of the call's arguments; None: that argument's shape, dtype): a replay then makes them through
-    torch's C API (contiguous, on the argument's device) and calls ``scratch`` only where the API is off, and such a
-    plan can be kept on disk."""
+    None)`` (an index of the call's arguments; None: that argument's shape, dtype), or ``(like, shape, dtype,
+    "stream")`` for memory kept per stream (split K's workspace and flags: zero when made, each kernel leaving it so):
+    a replay then makes them through torch's C API (contiguous, on the argument's device), keeps the per-stream ones,
+    and calls ``scratch`` only where the API is off; such a plan can be kept on disk."""
 
     __slots__ = ("scratch", "launch", "made")
 

@@ -180,8 +180,10 @@ class _BlockscalePlanned(NamedTuple):
         """The plan for calls of these scales' signature: its launches alone where the scales are read as they are
         (float32) and :func:`plan_memory` makes nothing (no Python between the key and the replay), else a
         ScratchPlan."""
-        if a_scales.dtype.itemsize == 4 and b_scales.dtype.itemsize == 4 and not needs_memory(self.plan):
-            return self.direct
+        if a_scales.dtype.itemsize == 4 and b_scales.dtype.itemsize == 4:
+            if not needs_memory(self.plan):
+                return self.direct
+            return ScratchPlan(self.memory, self.launch_read, made_memory(self.plan))
         return ScratchPlan(self.scratch, self.launch)
 
     def direct(self, a, b, a_scales, b_scales, out, bias) -> None:
@@ -199,6 +201,13 @@ class _BlockscalePlanned(NamedTuple):
 
     def launch(self, a, b, a_scales, b_scales, out, bias, wide_a, wide_b, *memory) -> None:
         launch_with(self.plan, a, b, out, bias, (wide_a, wide_b), (), memory)
+
+    def memory(self, a, b, a_scales, b_scales, out, bias) -> tuple:
+        """Float32 scales, read as they are: only :func:`plan_memory`'s."""
+        return plan_memory(self.plan, a, b, out, bias, (a_scales, b_scales))
+
+    def launch_read(self, a, b, a_scales, b_scales, out, bias, *memory) -> None:
+        launch_with(self.plan, a, b, out, bias, (a_scales, b_scales), (), memory)
 
 
 def _widened(scales):
@@ -256,7 +265,9 @@ class _FP8Planned(NamedTuple):
     def kept(self):
         """The plan for calls of this signature: its launches alone where :func:`plan_memory` makes nothing (no
         Python between the key and the replay), else a ScratchPlan."""
-        return self.direct if not needs_memory(self.plan) else ScratchPlan(self.scratch, self.launch)
+        if not needs_memory(self.plan):
+            return self.direct
+        return ScratchPlan(self.scratch, self.launch, made_memory(self.plan))
 
     def direct(self, a, b, scale_a, scale_b, out, bias) -> None:
         launch_with(self.plan, a, b, out, bias, self.flat(scale_a, scale_b), (), ())
@@ -308,12 +319,14 @@ def _call(plans: Plans, planner, check, a, b, out, config, bias, activation, aut
 def _kept(gemm_plan: GemmPlan):
     """A kept plan as a function of ``(a, b, out, bias)``, the output allocated by the entry point where not given
     (row-major, as the first call's): its launches alone where :func:`plan_memory` makes nothing, else a ScratchPlan
-    (its memory made per call); the launches replayed natively where they can be (:mod:`flydsl.kernels.plans`)."""
+    (its memory made natively by the replay where :func:`made_memory` says how); the launches replayed natively where
+    they can be (:mod:`flydsl.kernels.plans`)."""
     if not needs_memory(gemm_plan):
         return lambda a, b, out, bias: launch_with(gemm_plan, a, b, out, bias, (), (), ())
     return ScratchPlan(
         lambda a, b, out, bias: plan_memory(gemm_plan, a, b, out, bias),
         lambda a, b, out, bias, *memory: launch_with(gemm_plan, a, b, out, bias, (), (), memory),
+        made_memory(gemm_plan),
     )
 
 
@@ -353,6 +366,21 @@ def plan_memory(plan: GemmPlan, a, b, out, bias=None, scales=(), groups=()) -> t
     made = [_prepare(tensors, p) for p in plan.preparations]
     made = [t for t, p in zip(made, plan.preparations, strict=True) if _COPIES.intersection(p.steps)]
     return (*made, *(_scratch(tensors, scratch, a) for scratch in _scratch_arguments(plan)))
+
+
+def made_memory(plan: GemmPlan) -> tuple | None:
+    """How a replay makes :func:`plan_memory`'s values itself (a ``ScratchPlan``'s ``made``, so that its plan has
+    no Python per call and can be kept on disk): split K's partials fresh per call, its workspace and flags kept per
+    stream by the replay (zero when made); None where a preparation copies an operand (made in Python)."""
+    import torch
+
+    if any(_COPIES.intersection(p.steps) for p in plan.preparations):
+        return None
+    dtypes = {"f32": torch.float32, "i32": torch.int32}
+    return tuple(
+        (0, (s.shape[0],), dtypes[s.dtype], "stream") if s.per_stream else (0, tuple(s.shape), dtypes[s.dtype])
+        for s in _scratch_arguments(plan)
+    )
 
 
 def launch_with(plan: GemmPlan, a, b, out, bias, scales, groups, memory: tuple) -> None:
