@@ -94,7 +94,7 @@ def test_the_decode_plan_launches_on_its_scratch_alone(recorded, granularity):
     assert _same(combine[0], y) and _same(combine[1], positions) and combine[4] is out
     assert names[-1] == "combine_kernel" and len(names) == 4  # weight-only fp8: no quantizing launch
     if granularity == "channel":  # the weights' scales viewed per row at launch
-        assert memory[7:] == (None, None) and stage1[7].data_ptr() == w1_scale.data_ptr()
+        assert memory[7:] == () and stage1[7].data_ptr() == w1_scale.data_ptr()
         assert stage1[7].shape == (EXPERTS * 2 * INTER,) and stage2[7].shape == (EXPERTS * HIDDEN,)
     elif granularity == "tensor":  # repeated per row in the scratch (a copy per call)
         rows1, rows2 = memory[7:]
@@ -103,12 +103,35 @@ def test_the_decode_plan_launches_on_its_scratch_alone(recorded, granularity):
     elif granularity == "block":  # the stacked weights' blocks, viewed at launch
         assert len(memory) == 7 and stage1[7].shape == (EXPERTS * 2 * INTER // 128, HIDDEN // 128)
         assert stage2[7].shape == (EXPERTS * HIDDEN // 128, INTER // 128)
+    # how a replay makes the scratch itself (no Python per call): the output and positions fresh, the buffers kept
+    # per stream; per-tensor scales are repeated per row by a torch op, so that plan keeps its Python scratch
+    if granularity == "tensor":
+        assert plan.made is None
+    else:
+        assert len(plan.made) == len(memory) and all(len(m) == 4 and m[3] == "stream" for m in plan.made[2:])
+        for (like, shape, dtype, *_), t in zip(plan.made, memory, strict=True):
+            assert like == 0 and tuple(t.shape) == shape and t.dtype == (dtype or x.dtype)
     # what a replay needs: every tensor a launch reads or writes lies in an argument or in the scratch
     owners = [t for t in (*args, *memory) if isinstance(t, torch.Tensor)]
     for call in recorded:
         for value in call.values:
             if isinstance(value, torch.Tensor):
                 assert any(_inside(value, owner) for owner in owners), (call.kernel.name, value.shape)
+
+
+def test_a_given_output_is_an_argument_not_scratch(recorded):
+    """With ``out`` given (a signature of its own) the scratch starts at the positions, and the combine writes the
+    given tensor."""
+    x, w1, w2, weights, ids, _ = _inputs(None)
+    out = torch.empty(TOKENS, HIDDEN, dtype=x.dtype)
+    plan = experts._fused_plan(x, w1, w2, weights, ids, "silu", quant=None, granularity=None, w1_scale=None,
+                               w2_scale=None, out=out)  # fmt: skip
+    args = (x, w1, w2, weights, ids, out, None, None)
+    memory = plan.scratch(*args)
+    assert memory[0].shape == (TOKENS * TOP_K,) and plan.made[0] == (0, (TOKENS * TOP_K,), torch.int32)
+    assert len(plan.made) == len(memory) and not any(t is out for t in memory)
+    plan.launch(*args, *memory)
+    assert recorded[-1].kernel.name == "combine_kernel" and recorded[-1].values[4] is out
 
 
 def _inside(t, owner) -> bool:

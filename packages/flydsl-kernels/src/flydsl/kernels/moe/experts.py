@@ -242,7 +242,8 @@ def fused_moe(
     if plan is None:
         options = dict(quant=quant, granularity=granularity, w1_scale=w1_scale, w2_scale=w2_scale, out=out)
         plan = _FUSED.add(key, _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, **options))
-    return plan(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale)[0]
+    result = plan(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale)
+    return out if out is not None else result[0]
 
 
 def check_fused_moe(
@@ -310,25 +311,35 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
     def output(x, out):
         return x.new_empty((tokens, hidden)) if out is None else out
 
+    held = None  # the decode stages' buffers as a replay makes them (kept per stream), where it can
     if decodes(tokens, ids, experts):  # (fp8 of every granularity: weight-only, e4m3 converted in registers)
         fp8 = None if quant is None else "block" if granularity == "block" else "row"
         modes = decode_modes(tokens, top_k, inter)
-        buffers, steps = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8, modes)
+        buffers, steps, held = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8, modes)
+        if fp8 == "row" and (w1_scale.dim() == 1 or w2_scale.dim() == 1):
+            held = None  # per-tensor scales repeated per row: a torch op per call
     else:  # (the prefill stages allocate as they go: their launches are not replayed, their host time is small)
         kind = None if quant is None else "block" if granularity == "block" else "fp8"
         steps = _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, kind)
         buffers = lambda x, w1_scale, w2_scale: ()  # noqa: E731
+    given = out is not None  # (a signature of its own: a given output is an argument, not scratch)
 
     def memory(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale):
         positions = torch.empty(ids, dtype=torch.int32, device=x.device)
-        return (output(x, out), positions, *buffers(x, w1_scale, w2_scale))
+        scratch = (positions, *buffers(x, w1_scale, w2_scale))
+        return scratch if given else (output(x, out), *scratch)
 
-    def launch(x, w1, w2, topk_weights, topk_ids, _given, w1_scale, w2_scale, out, positions, *held):
+    def launch(x, w1, w2, topk_weights, topk_ids, given_out, w1_scale, w2_scale, *memory):
+        out, positions, *held = (given_out, *memory) if given else memory
         y = steps(x, w1, w2, topk_weights, topk_ids, positions, out, w1_scale, w2_scale, *held)
         if y is not None:  # (None: the stages wrote the output, combined)
             combine(y, positions, topk_weights, topk_ids, out)
 
-    return ScratchPlan(memory, launch)
+    made = None
+    if held is not None:  # the output and positions fresh per call, the buffers kept per stream
+        made = ((0, (ids,), torch.int32), *((0, shape, dtype, "stream") for shape, dtype in held))
+        made = made if given else ((0, (tokens, hidden), None), *made)
+    return ScratchPlan(memory, launch, made)
 
 
 def decodes(tokens: int, ids: int, experts: int) -> bool:
@@ -447,9 +458,10 @@ def _per_row(scale, rows: int):
 
 def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None, modes=None):
     """align in blocks of 16 (``modes``' ``direct``: no alignment, each routed pair its own block), then the two
-    grouped skinny GEMMs (stage 1 reads x's rows by index and notes the positions): ``(buffers, steps)``,
-    ``buffers(x, w1_scale, w2_scale)`` the memory of one call (the alignment, h and y; per-tensor weight scales
-    repeated per row) and ``steps`` a function of the call's tensors and those buffers returning y. ``fp8`` (weights
+    grouped skinny GEMMs (stage 1 reads x's rows by index and notes the positions): ``(buffers, steps, shapes)``,
+    ``buffers(x, w1_scale, w2_scale)`` the memory of one call (the alignment, h and y, kept per stream; per-tensor
+    weight scales repeated per row), ``steps`` a function of the call's tensors and those buffers returning y, and
+    ``shapes`` the kept buffers' (shape, dtype or None for x's) in order. ``fp8`` (weights
     e4m3, weight-only: x and h stay in x's dtype, no quantizing launch): "row" (per-channel scales, or per-tensor
     ones repeated per row) or "block" (128 x 128 block scales, the stacked view ``w_scale.view(-1, K blocks)``),
     through :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`. ``modes``: the stages'
@@ -492,7 +504,7 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
 
     def buffers(x, w1_scale, w2_scale) -> tuple:
         held = per_stream(kept, x, lambda _held: made(x))
-        if fp8 != "row":
+        if fp8 != "row" or (w1_scale.dim() == 2 and w2_scale.dim() == 2):
             return held
         # per-tensor (E,) weight scales repeated per row, a copy per call; per channel (E, rows): None, viewed at launch
         repeated = tuple(
@@ -500,6 +512,10 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
             for scale, count in ((w1_scale, 2 * inter), (w2_scale, hidden))
         )
         return (*held, *repeated)
+
+    i32 = torch.int32  # (the buffers' shapes and dtypes, as made(x) makes them; None: x's dtype)
+    alignment = () if mode1.direct else (((capacity,), i32), ((capacity // GROUPED_BLOCK,), i32), ((1,), i32))
+    shapes = (*alignment, ((routed, inter), None), ((0 if combined else capacity, hidden), None))
 
     def steps(x, w1, w2, topk_weights, topk_ids, positions, out, w1_scale, w2_scale, *held):
         if mode1.direct:  # the flat ids stand for the (unread) order and count too
@@ -541,4 +557,4 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
             )
         return y
 
-    return buffers, steps
+    return buffers, steps, shapes
