@@ -153,6 +153,8 @@ int landsIn(const std::vector<ArgumentRange> &ranges, uint64_t address, size_t n
 
 struct Recording {
   std::vector<RecordedLaunch> launches;
+  // Tensors inner replays made meanwhile, each with how (explicit shape and dtype): memory the plan may make.
+  std::vector<std::pair<nb::object, MadeTensor>> made;
 
   ~Recording() { stop(); }
 
@@ -191,8 +193,8 @@ struct Recording {
   }
 
 private:
-  /// `made` (per scratch value: (like, shape or None, dtype or None[, "stream"])) as MadeTensors; none where a
-  /// dtype is not one torch's C API has learnt (the scratch function makes them then).
+  /// `made` (per scratch value: (like, shape or None, dtype or None[, name held per stream])) as MadeTensors;
+  /// none where a dtype is not one torch's C API has learnt (the scratch function makes them then).
   static std::vector<MadeTensor> madeTensors(nb::handle made, size_t nargs, size_t count) {
     std::vector<MadeTensor> out;
     nb::tuple items = nb::tuple(nb::borrow(made));
@@ -201,12 +203,13 @@ private:
     for (nb::handle item : items) {
       nb::tuple spec = nb::cast<nb::tuple>(item);
       if (spec.size() != 3 && spec.size() != 4)
-        throw nb::value_error("made: expected (like, shape or None, dtype or None[, \"stream\" or None])");
+        throw nb::value_error("made: expected (like, shape or None, dtype or None[, a name or None])");
       MadeTensor m;
       if (spec.size() == 4 && !spec[3].is_none()) {
-        if (!nb::isinstance<nb::str>(spec[3]) || nb::cast<std::string>(spec[3]) != "stream")
-          throw nb::value_error("made: the fourth item is \"stream\" (kept per stream, zero when made) or None");
-        m.perStream = true;
+        if (!nb::isinstance<nb::str>(spec[3]) || !(m.held = nb::cast<std::string>(spec[3])).size())
+          throw nb::value_error("made: the fourth item names memory held per stream (a str) or is None");
+        if (spec[1].is_none() || spec[2].is_none())
+          throw nb::value_error("made: memory held per stream needs its shape and dtype");
       }
       m.like = nb::cast<uint32_t>(spec[0]);
       if (m.like >= nargs)
@@ -247,13 +250,26 @@ private:
     }
     if (!plan.device.is_valid())
       return why = "no torch tensor among the arguments", false;
+    uint32_t deviceArg = ranges.front().arg; // the tensor argument the device was read from
+    // Memory inner replays made meanwhile is the plan's to make where its own scratch is made natively too (or
+    // there is none): each such tensor a launch points into becomes a made value past the scratch.
+    plan.returned = plan.made.size();
+    if (plan.made.size() == arity - plan.nargs)
+      for (size_t k = 0; k < made.size(); ++k) {
+        TensorFacts t;
+        ArgumentRange range;
+        if (readTensor(made[k].first.ptr(), t) && argumentRange(uint32_t(arity + k), made[k].first.ptr(), t, range))
+          ranges.push_back(range);
+        else
+          PyErr_Clear();
+      }
     DispatchRegistry &reg = registry();
     if (!reg.streamGetter)
       return why = "no stream getter registered", false;
     uint64_t stream;
     if (!torchCurrentStream(nb::cast<long long>(plan.device), stream))
       return decline(), why = "the arguments' current stream cannot be read", false;
-    std::vector<bool> pointerArg(arity, false);
+    std::vector<bool> pointerArg(arity + made.size(), false);
     for (const RecordedLaunch &l : launches) {
       PlanStep step{l, {}};
       std::string where = "launch of " + l.name + ", parameter ";
@@ -309,18 +325,105 @@ private:
       }
       plan.steps.push_back(std::move(step));
     }
-    plan.arity = arity;
-    plan.alignment.assign(arity, 0);
-    for (const ArgumentRange &r : ranges)
+    // The inner replays' tensors the launches use, renumbered after the scratch, made by the plan as they were.
+    std::vector<uint32_t> position(made.size(), 0);
+    size_t used = 0;
+    for (size_t k = 0; k < made.size(); ++k)
+      if (pointerArg[arity + k]) {
+        position[k] = uint32_t(arity + used++);
+        MadeTensor m = made[k].second;
+        m.like = deviceArg;
+        plan.made.push_back(m);
+      }
+    auto renumber = [&](uint32_t &arg) {
+      if (arg >= arity)
+        arg = position[arg - arity];
+    };
+    for (PlanStep &step : plan.steps) {
+      for (PlanStep::Patch &q : step.patches)
+        renumber(q.arg);
+      for (PlanStep::MapPatch &q : step.mapPatches)
+        renumber(q.arg);
+    }
+    plan.arity = arity + used;
+    plan.alignment.assign(plan.arity, 0);
+    for (ArgumentRange r : ranges) {
+      if (r.arg >= arity && !pointerArg[r.arg])
+        continue;
+      renumber(r.arg);
       plan.alignment[r.arg] = uint8_t(r.low & 15);
+    }
     for (size_t i = 0; i < arity; ++i)
       if (pointerArg[i])
         plan.pointerArgs.push_back(uint32_t(i));
+    for (size_t i = arity; i < plan.arity; ++i)
+      plan.pointerArgs.push_back(uint32_t(i));
     return true;
   }
 };
 
 } // namespace
+
+/// A buffer held per device and stream (MadeTensor::held).
+struct HeldBuffer {
+  int64_t device;
+  uint64_t stream;
+  std::string name;
+  int32_t dtype;
+  int64_t elements;
+  nb::object tensor;
+};
+/// The held buffers: few (a name per kind of scratch, per device and stream); never destroyed (their tensors
+/// would be released after the interpreter is gone).
+std::vector<HeldBuffer> &heldBuffers() {
+  static auto *buffers = new std::vector<HeldBuffer>();
+  return *buffers;
+}
+
+PyObject *heldTensor(PyObject *like, const MadeTensor &m, uint64_t stream) {
+  TensorFacts facts;
+  if (!readTensor(like, facts))
+    return nullptr;
+  int64_t elements = 1;
+  for (int32_t i = 0; i < m.rank; ++i)
+    elements *= m.sizes[i];
+  HeldBuffer *slot = nullptr;
+  for (HeldBuffer &b : heldBuffers())
+    if (b.device == facts.device && b.stream == stream && b.dtype == m.dtype && b.name == m.held)
+      slot = &b;
+  if (slot && slot->elements >= elements)
+    return slot->tensor.ptr();
+  int64_t size = std::max<int64_t>(elements, slot ? slot->elements : 0);
+  nb::object made = nb::steal(emptyFor(like, 1, &size, m.dtype));
+  if (!made.is_valid() || !nb::steal(PyObject_CallMethod(made.ptr(), "zero_", nullptr)).is_valid())
+    return nullptr; // (zero_ runs on the current stream: `stream`)
+  if (!slot)
+    slot = &heldBuffers().emplace_back(HeldBuffer{facts.device, stream, m.held, m.dtype, 0, nb::object()});
+  slot->elements = size;
+  slot->tensor = made;
+  return made.ptr();
+}
+
+void noteMade(PyObject *tensor, const MadeTensor &spec) {
+  if (activeRecordings.empty())
+    return;
+  MadeTensor m = spec; // its shape and dtype explicit: the plan that adopts it sets `like` to one of its own
+  if (!m.held.empty()) { // (a held buffer: its name, shape and dtype as asked)
+    for (Recording *recording : activeRecordings)
+      recording->made.emplace_back(nb::borrow(tensor), m);
+    return;
+  }
+  TensorFacts t;
+  if (!readTensor(tensor, t) || (m.dtype = dtypeCodeOf(t.dtype)) < 0) {
+    PyErr_Clear(); // not noted: a plan recorded around it declines, as for any memory it cannot make
+    return;
+  }
+  m.rank = int32_t(t.rank);
+  for (size_t r = 0; r < t.rank; ++r)
+    m.sizes[r] = t.extents[r];
+  for (Recording *recording : activeRecordings)
+    recording->made.emplace_back(nb::borrow(tensor), m);
+}
 
 void noteRecorded(RecordedLaunch &&l) {
   for (size_t i = 0; i + 1 < activeRecordings.size(); ++i)
@@ -416,9 +519,10 @@ void bindLaunchPlans(nb::module_ &rt) {
            "fallback(*args) runs instead of a replay whose arguments are aligned otherwise. With a scratch "
            "function, args are the caller's nargs arguments and then what scratch(*arguments) returned: a replay "
            "calls it again and returns its tuple. made: where the scratch values are only fresh tensors, per value "
-           "(like, shape or None, dtype or None[, \"stream\"]): a replay makes them through torch's C API "
-           "(contiguous, on argument like's device, of its shape and dtype unless given; with \"stream\", zero "
-           "once per stream and kept by the plan), the scratch function only where it cannot.")
+           "(like, shape or None, dtype or None[, name]): a replay makes them through torch's C API "
+           "(contiguous, on argument like's device, of its shape and dtype unless given; named, the buffer of that "
+           "name held per device and stream for every plan, grown as needed, zero when made), the scratch "
+           "function only where it cannot.")
       .def("_add", &Recording::add, "name"_a, "grid"_a, "block"_a, "cluster"_a.none(), "shared_mem"_a,
            "stream"_a, "signature"_a, "params"_a, "Test hook: notes a launch as if made.");
   rt.def("_note_launch", [](const std::string &name, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,

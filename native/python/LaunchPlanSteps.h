@@ -97,16 +97,27 @@ struct PlanStep {
 /// A tensor a replay makes beyond the caller's arguments: contiguous, on
 /// argument `like`'s device, of its shape (rank < 0) or `sizes`, of its dtype
 /// (dtype < 0) or that dtype code (TorchCApi.h). Fresh per call (an output),
-/// or with `perStream` made zero once per stream and kept by the plan (split
-/// K's workspace and flags: the kernels of a stream run one after another, and
-/// each leaves them as it found them).
+/// or, `held` naming it, memory held per device and stream (split K's
+/// workspace and flags): one buffer of that name and dtype for every plan,
+/// grown to the largest asked for, zero when made (the kernels of a stream
+/// run one after another, and each leaves it as it found it).
 struct MadeTensor {
   uint32_t like = 0;
   int32_t rank = -1;
   int64_t sizes[kMaxRank] = {};
   int32_t dtype = -1;
-  bool perStream = false;
+  std::string held;
 };
+
+/// The buffer `m.held` of `like`'s device and `stream` (a 1-D tensor of at
+/// least m's elements; borrowed), made or grown where needed; null where the
+/// C API cannot make it (an error set only where Python raised).
+PyObject *heldTensor(PyObject *like, const MadeTensor &m, uint64_t stream);
+
+/// Notes a tensor a replay just made (`spec`: how) in this thread's active
+/// recordings: a plan recorded around that replay may make it itself (so
+/// that a plan over plans is replayed whole; LaunchPlan.cpp).
+void noteMade(PyObject *tensor, const MadeTensor &spec);
 
 /// Recorded launches replayed on new arguments of the same plan key.
 class LaunchPlan {
@@ -117,8 +128,9 @@ public:
   // Where the scratch is only fresh tensors: made natively through torch's C API (no Python per call), the
   // scratch function then only where the API cannot make them.
   std::vector<MadeTensor> made;
-  // The per-stream made tensors by stream: (stream, a tuple of them in `made`'s order); few streams per plan.
-  std::vector<std::pair<uint64_t, nb::object>> kept;
+  // The scratch values a call returns: made's first ones. The others stand for memory that inner replays made
+  // while the plan was recorded: made for the launches, not returned.
+  size_t returned = 0;
   std::vector<uint32_t> pointerArgs; // the arguments whose data_ptr() a replay reads
   std::vector<uint8_t> alignment;    // per argument: its address mod 16 when recorded
   nb::object fallback;               // called instead where an address's alignment differs
@@ -132,6 +144,8 @@ public:
   nb::object call(nb::args args) {
     uint64_t pointers[kMaxLaunchValues];
     nb::object extra;
+    if (returned < made.size() && !torchCApiOn()) // inner replays' memory is made only through the C API
+      return fallback(*args);
     CUstream stream = currentStream();
     nb::tuple all = withScratch(args, extra, stream);
     prepare(all, pointers);
@@ -163,7 +177,11 @@ public:
         noteRecorded(std::move(again));
       }
     }
-    return extra.is_valid() ? extra : nb::none();
+    if (!extra.is_valid() || (returned == 0 && (!scratch.is_valid() || scratch.is_none())))
+      return nb::none(); // (a plan without scratch of its own returns nothing, whatever it makes)
+    if (returned == made.size() || made.empty())
+      return extra;
+    return nb::steal(PyTuple_GetSlice(extra.ptr(), 0, Py_ssize_t(returned)));
   }
 
   /// Test hook: per step, what `call` would pass to the driver.
@@ -227,47 +245,21 @@ private:
 
   /// The made tensors for `args` (a tuple) on `stream`, or an invalid object where the C API cannot make one.
   nb::object makeTensors(const nb::args &args, uint64_t stream) {
-    PyObject *held = nullptr; // this stream's kept tensors, where made has any
     nb::object out = nb::steal(PyTuple_New(Py_ssize_t(made.size())));
     for (size_t i = 0; i < made.size(); ++i) {
       const MadeTensor &m = made[i];
-      PyObject *t;
-      if (m.perStream) {
-        if (!held && !(held = keptFor(args, stream)))
-          return nb::object();
-        t = Py_NewRef(PyTuple_GET_ITEM(held, Py_ssize_t(i)));
-      } else if (!(t = emptyFor(PyTuple_GET_ITEM(args.ptr(), m.like), m.rank, m.sizes, m.dtype))) {
+      PyObject *like = PyTuple_GET_ITEM(args.ptr(), m.like);
+      PyObject *t = m.held.empty() ? emptyFor(like, m.rank, m.sizes, m.dtype) : heldTensor(like, m, stream);
+      if (!t) {
         if (PyErr_Occurred())
           raisePending();
         return nb::object();
       }
-      PyTuple_SET_ITEM(out.ptr(), Py_ssize_t(i), t);
+      PyTuple_SET_ITEM(out.ptr(), Py_ssize_t(i), m.held.empty() ? t : Py_NewRef(t));
+      if (recordingLaunches())
+        noteMade(t, m);
     }
     return out;
-  }
-
-  /// The per-stream made tensors of `stream` (a tuple in made's order, None for the others), made and zeroed
-  /// (`zero_()` on the current stream, which is `stream`) on its first call there; null where the C API cannot.
-  PyObject *keptFor(const nb::args &args, uint64_t stream) {
-    for (const auto &[s, tensors] : kept)
-      if (s == stream)
-        return tensors.ptr();
-    nb::object tensors = nb::steal(PyTuple_New(Py_ssize_t(made.size())));
-    for (size_t i = 0; i < made.size(); ++i) {
-      const MadeTensor &m = made[i];
-      PyObject *t = m.perStream ? emptyFor(PyTuple_GET_ITEM(args.ptr(), m.like), m.rank, m.sizes, m.dtype)
-                                : Py_NewRef(Py_None);
-      if (!t) {
-        if (PyErr_Occurred())
-          raisePending();
-        return nullptr;
-      }
-      PyTuple_SET_ITEM(tensors.ptr(), Py_ssize_t(i), t);
-      if (m.perStream && !nb::steal(PyObject_CallMethod(t, "zero_", nullptr)).is_valid())
-        raisePending();
-    }
-    kept.emplace_back(stream, tensors);
-    return tensors.ptr();
   }
 
   bool aligned(const uint64_t *pointers) const {

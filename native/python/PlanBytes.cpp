@@ -21,7 +21,7 @@ namespace fly::python {
 namespace {
 
 constexpr uint32_t kPlanMagic = 0x50594c46; // "FLYP"
-constexpr uint32_t kPlanVersion = 3; // 2: the made tensors; 3: kept per stream
+constexpr uint32_t kPlanVersion = 3; // 2: the made tensors; 3: memory held per stream, inner replays' memory
 static_assert(std::is_trivially_copyable_v<TiledTensorMapSpec>, "tensor map specs travel as their bytes");
 
 struct Writer {
@@ -84,7 +84,7 @@ nb::object planBytes(const LaunchPlan &p) {
   w.put(uint32_t(p.nargs));
   w.put(uint32_t(p.made.size())); // the made tensors by dtype name: codes are torch's, names another build's too
   for (const MadeTensor &m : p.made) {
-    w.put(m.like), w.put(m.rank), w.put(uint8_t(m.perStream));
+    w.put(m.like), w.put(m.rank), w.text(m.held);
     for (int32_t i = 0; i < m.rank; ++i)
       w.put(m.sizes[i]);
     PyObject *dtype = m.dtype < 0 ? nullptr : dtypeOfCode(m.dtype);
@@ -93,6 +93,7 @@ nb::object planBytes(const LaunchPlan &p) {
       raisePending();
     w.text(dtype ? std::string(PyUnicode_AsUTF8(name.ptr())) : std::string());
   }
+  w.put(uint32_t(p.returned));
   w.put(int64_t(nb::cast<long long>(p.device)));
   w.list(p.pointerArgs);
   w.list(p.alignment);
@@ -134,7 +135,7 @@ LaunchPlan *planFromBytes(nb::bytes data, std::vector<std::optional<Function>> f
   uint32_t made = r.count(kMaxLaunchValues);
   for (uint32_t i = 0; i < made; ++i) {
     MadeTensor m;
-    m.like = r.get<uint32_t>(), m.rank = r.get<int32_t>(), m.perStream = r.get<uint8_t>() != 0;
+    m.like = r.get<uint32_t>(), m.rank = r.get<int32_t>(), m.held = r.text();
     if (m.like >= plan->nargs || m.rank > int32_t(kMaxRank))
       throw nb::value_error("LaunchPlan._from_bytes: a made tensor past the arguments or dims");
     for (int32_t d = 0; d < m.rank; ++d)
@@ -145,6 +146,7 @@ LaunchPlan *planFromBytes(nb::bytes data, std::vector<std::optional<Function>> f
           ("LaunchPlan._from_bytes: a made tensor's dtype that torch's C API does not know: " + dtype).c_str());
     plan->made.push_back(m);
   }
+  plan->returned = r.count(made);
   plan->arity += made;
   plan->device = nb::int_(r.get<int64_t>());
   plan->pointerArgs = r.list<uint32_t>(kMaxLaunchValues);

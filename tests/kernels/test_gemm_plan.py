@@ -182,8 +182,8 @@ def test_partial_tiles_scratch(cfg):
 
 
 def test_a_replay_makes_the_scratch_itself():
-    """made_memory: split K's workspace and flags kept per stream by the replay, the skinny kernel's partials fresh
-    per call, in the order of the scratch arguments (plan_memory's); nothing where an operand is copied."""
+    """made_memory: split K's workspace and flags held per stream by name, the skinny kernel's partials fresh per
+    call, in the order of the scratch arguments (plan_memory's); nothing where an operand is copied."""
     import torch
 
     from flydsl.kernels.gemm.launch import made_memory
@@ -191,8 +191,8 @@ def test_a_replay_makes_the_scratch_itself():
     plan = plan_gemm(*_specs(3000, 5000, 2048), sms=SMS, config=GemmConfig(split_k=3))
     workspace, flags = plan.launches[0].arguments[5:7]
     assert made_memory(plan) == (
-        (0, workspace.shape, torch.float32, "stream"),
-        (0, flags.shape, torch.int32, "stream"),
+        (0, workspace.shape, torch.float32, "gemm.workspace"),
+        (0, flags.shape, torch.int32, "gemm.flags"),
     )
     skinny = plan_gemm(*_specs(8, 512, 7168), sms=SMS)
     (partials,) = {arg for launch in skinny.launches for arg in launch.arguments if isinstance(arg, Scratch)}

@@ -297,15 +297,15 @@ def test_outputs_a_replay_makes_natively(stream_getter):
 
 
 def test_memory_a_replay_keeps_per_stream(stream_getter):
-    """``made`` values marked "stream" (split K's workspace and flags) are made zero once per stream and kept by the
-    replay (a call on another stream gets its own), fresh ones beside them per call; the plan read back from its
-    bytes keeps them alike, and a fourth item other than "stream" or None is refused."""
+    """``made`` values named (split K's workspace and flags) are buffers held per stream, zero when made, shared by
+    every plan that names them (grown to the largest asked for; a call on another stream gets its own), fresh ones
+    beside them per call; the plan read back from its bytes holds them alike; a name needs a shape and a dtype."""
     from flydsl.compiler import torch_c_api
 
     assert torch_c_api.enable() is None
     x = torch.randn(4, 8)
     plans.signature(x)
-    made = ((0, (4,), torch.float32), (0, (16,), torch.int32, "stream"))
+    made = ((0, (4,), torch.float32), (0, (16,), torch.int32, "test.flags"))
 
     def scratch(x):
         return x.new_empty((4,)), torch.zeros(16, dtype=torch.int32)
@@ -330,5 +330,54 @@ def test_memory_a_replay_keeps_per_stream(stream_getter):
             launcher._register_stream_getter(lambda device: 7)
         assert other_flags is not first_flags and not other_flags.any()
         assert replay(x)[1] is first_flags
-    with pytest.raises(ValueError, match="stream"):
-        recording.plan((x, partials, flags), None, scratch, 1, ((0, (4,), torch.float32, "call"), made[1]))
+    larger = recording.plan((x, partials, flags), None, scratch, 1, (made[0], (0, (32,), torch.int32, "test.flags")))
+    grown = larger(x)[1]
+    assert grown.numel() == 32 and not grown.any() and plan(x)[1] is grown  # one buffer per name, grown
+    for wrong in ((0, None, torch.int32, "test.flags"), (0, (16,), torch.int32, "")):
+        with pytest.raises(ValueError, match="held per stream"):
+            recording.plan((x, partials, flags), None, scratch, 1, (made[0], wrong))
+
+
+def test_a_plan_over_plans_makes_the_memory_they_made(stream_getter):
+    """A plan recorded around an inner replay that made memory (a fresh tensor, flags kept per stream) makes that
+    memory itself: it replays whole (a torch op over a kernel entry point whose plan splits K), returns nothing of
+    it, keeps it in its bytes, and falls back to Python where torch's C API is off."""
+    from flydsl.compiler import torch_c_api
+
+    assert torch_c_api.enable() is None
+    x = torch.randn(4, 8)
+    plans.signature(x)
+    tmp, flags = x.new_empty((4,)), torch.zeros(16, dtype=torch.int32)
+    recording = launcher.LaunchRecording()
+    recording._add(
+        "k1", (1, 1, 1), (32, 1, 1), None, 0, 7, "ppp", _params(x.data_ptr(), tmp.data_ptr(), flags.data_ptr())
+    )
+    made = ((0, (4,), torch.float32), (0, (16,), torch.int32, "test.nested_flags"))
+    inner = recording.plan(
+        (x, tmp, flags), None, lambda x: (x.new_empty((4,)), torch.zeros(16, dtype=torch.int32)), 1, made
+    )
+    fallbacks = []
+    outer_recording = launcher.LaunchRecording()
+    with outer_recording:
+        inner_tmp, _ = inner(x)  # the inner replay makes them (and says so to the recording)
+        launcher._note_launch(
+            "k2", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), inner_tmp.data_ptr())
+        )
+    outer = outer_recording.plan((x,), lambda x: fallbacks.append(x))
+    assert isinstance(outer, launcher.LaunchPlan), outer
+    for replay in (outer, launcher.LaunchPlan._from_bytes(outer._to_bytes(), [None, None])):
+        assert replay(x) is None
+        k1, k2 = replay._dry_run(x)
+        x_ptr, tmp_ptr, flags_ptr = struct.unpack("<3Q", k1["params"])
+        assert x_ptr == x.data_ptr() and struct.unpack("<2Q", k2["params"]) == (x_ptr, tmp_ptr)
+        assert tmp_ptr not in (0, inner_tmp.data_ptr())
+        assert struct.unpack("<3Q", replay._dry_run(x)[0]["params"])[2] == flags_ptr  # kept per stream
+    launcher._pause_torch_c_api(True)
+    try:
+        assert outer(x) is None and fallbacks == [x]
+    finally:
+        launcher._pause_torch_c_api(False)
+    python_scratch = launcher.LaunchRecording()
+    with python_scratch:
+        inner(x)
+    assert "no argument" in python_scratch.plan((x, x.new_empty(2)), None, lambda x: (x.new_empty(2),), 1)

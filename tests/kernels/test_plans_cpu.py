@@ -233,7 +233,31 @@ def test_a_plan_that_returns_a_value_is_kept_in_python(fake_recording):
     x, out = torch.randn(4, 8), torch.empty(4, 8)
     key = plans.signature(x, out)
     store.add(key, plan)(x, out)
+    assert store.get(key) is not plan and store.declined[key] == "the plan returns a value"
+    store.get(key)(x, out)  # recorded once more (inner plans may replay natively by then), then kept as it is
     assert store.get(key) is plan and store.declined[key] == "the plan returns a value"
+
+
+def test_a_declined_plan_is_recorded_once_more(fake_recording, monkeypatch):
+    """A first call whose launches point into memory no argument holds (an inner plan's Python scratch, say) is
+    recorded again on the second call, which replays natively where that call's launches are the arguments' own."""
+    store = plans.Plans("test", replay=True)
+    scratch = torch.empty(4)
+    pointers = iter([scratch.data_ptr()])
+    recordings = [fake_recording]
+
+    def plan(x, out):
+        target = next(pointers, out.data_ptr())
+        recordings[-1]._add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), target))
+
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    key = plans.signature(x, out)
+    store.add(key, plan)(x, out)
+    assert "no argument" in store.declined[key] and not isinstance(store.get(key), launcher.LaunchPlan)
+    recordings.append(type(fake_recording)())
+    monkeypatch.setattr(launcher, "LaunchRecording", lambda: recordings[-1])
+    store.get(key)(x, out)
+    assert isinstance(store.get(key), launcher.LaunchPlan)
 
 
 def test_recording_enters_no_dispatch_mode(fake_recording, monkeypatch):

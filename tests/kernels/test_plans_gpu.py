@@ -432,3 +432,50 @@ def test_a_plan_kept_on_disk_replays_in_a_new_process(tmp_path):
     first, second = run(), run()
     assert first["error"] < 1e-2 and "flydsl.kernels.softmax.kernels" in first["imported"], first
     assert second["error"] < 1e-2 and second["imported"] == [], second
+
+
+@pytest.mark.parametrize("op", ["linear", "fused_moe"])
+def test_a_torch_op_over_plans_that_make_memory_replays_whole(op):
+    """flydsl.torch.functional's inference calls over entry points whose plans make memory (a linear whose GEMM
+    splits K: the workspace and flags held per stream; fused_moe's decode buffers): from the second call on, the
+    functional's own plan replays every launch with that memory made by the replay (recorded again on the second
+    call, when the inner plans replay natively), right on fresh inputs and on another stream."""
+    pytest.importorskip("flydsl.torch")
+    from flydsl.compiler._native import launcher
+    from flydsl.kernels.moe import api as moe_api
+    from flydsl.kernels.moe.reference import fused_moe_reference
+    from flydsl.torch import functional as F
+    from flydsl.torch import moe as torch_moe
+
+    if op == "linear":  # 64 x 4096 x 4096 splits K in two
+        weight = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) / 64
+        inputs = lambda: (torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16),)  # noqa: E731
+        ours = lambda x: F.linear(x, weight)  # noqa: E731
+        want = lambda x: x.double() @ weight.double().t()  # noqa: E731
+        store = F._LINEAR
+    else:
+        tokens, hidden, experts, inter, top_k = 4, 256, 8, 128, 2
+        w1 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) / hidden**0.5
+        w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16) / inter**0.5
+        routing = lambda: moe_api.topk_route(torch.randn(tokens, experts, device="cuda"), top_k)  # noqa: E731
+        inputs = lambda: (torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16), *routing())  # noqa: E731
+        ours = lambda x, weights, ids: F.fused_moe(x, w1, w2, weights, ids)  # noqa: E731
+        want = lambda x, weights, ids: fused_moe_reference(x, w1, w2, weights, ids).double()  # noqa: E731
+        store = torch_moe.fused_moe._runs
+
+    def check():
+        args = inputs()
+        got, expected = ours(*args).double(), want(*args)
+        assert torch.allclose(got, expected, rtol=0.05, atol=0.05 * expected.abs().max().item()), op
+
+    with torch.no_grad():
+        for _ in range(3):
+            check()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            check()
+        side.synchronize()
+    (plan,) = store._plans.values()
+    assert isinstance(plan, launcher.LaunchPlan), store.declined
+    assert plan._to_bytes() is not None  # no Python scratch: kept on disk too

@@ -27,11 +27,15 @@ what it must do on every call belongs in a :class:`ScratchPlan`'s scratch functi
 watch for such operations, but entering the first one imports torch's compiler stack, ~1 s in a fresh process: the
 zoo's tests watch instead, ``tests/kernels/test_replay_contract.py``.) A plan is kept in its Python form
 (:attr:`Plans.declined` says why) where its first call returned a value, or a pointer or descriptor it passed lands
-in no argument (scratch, a buffer kept by the plan) or in more than one (aliased arguments). An argument aligned
-otherwise than when recorded runs the Python plan. A plan that needs memory beyond its arguments (outputs it
-allocates, per-call scratch, buffers kept per stream) is a :class:`ScratchPlan`: its scratch function runs in Python
-on every call, and its launches, over the arguments and the scratch, are what is recorded and replayed.
-``FLYDSL_LAUNCH_REPLAY=0`` turns replays off.
+in no argument (scratch, a buffer kept by the plan) or in more than one (aliased arguments); a declined plan is
+recorded once more on its second call. An argument aligned otherwise than when recorded runs the Python plan. A plan
+that needs memory beyond its arguments (outputs it allocates, per-call scratch, buffers kept per stream) is a
+:class:`ScratchPlan`: its scratch function runs in Python on every call, and its launches, over the arguments and the
+scratch, are what is recorded and replayed; where the scratch is only fresh tensors and buffers held per stream
+(``made``), the replay makes it itself, with no Python. Plans compose: memory an inner replay made while an outer
+plan was recorded (a torch op over a kernel entry point that splits K) is made by the outer replay too, so the outer
+plan replays whole (which is why a declined plan gets its second recording: on its first call the inner plans ran in
+Python). ``FLYDSL_LAUNCH_REPLAY=0`` turns replays off.
 
 Kept on disk (by default; ``FLYDSL_PLAN_CACHE=0`` turns it off; :mod:`flydsl.kernels.plan_cache`): a recorded
 replay is also written to the disk cache beside its kernels, and a signature this process has no plan for is looked up
@@ -170,13 +174,18 @@ class Plans:
         if not (self.replay and _replays_on()):
             return plan
 
+        tries = []
+
         def first_call(*args):
+            # Recorded twice at most: a plan over inner plans (a torch op over a kernel entry point) whose first
+            # call recorded those plans in Python finds them replayed natively on its second call, memory and all.
+            tries.append(None)
             if type(plan) is ScratchPlan:
                 result = plan.scratch(*args)
                 _, replay, why = _recorded(plan.launch, (*args, *result), plan, plan.scratch, len(args), plan.made)
             else:
                 result, replay, why = _recorded(plan, args, plan)
-            if replay is not None and plans.get(key) is plan:
+            if replay is not None and plans.get(key) in (plan, first_call):
                 plans[key] = replay
                 if self._written < KEEP_ON_DISK and _plan_cache_on():
                     from flydsl.kernels import plan_cache
@@ -184,6 +193,10 @@ class Plans:
                     self._written += 1
                     plan_cache.keep(self.name, key, replay)
             elif why is not None:
+                if len(tries) == 1 and plans.get(key) is plan:
+                    plans[key] = first_call
+                elif plans.get(key) is first_call:
+                    plans[key] = plan
                 declined = self.declined
                 if len(declined) >= self.limit:
                     declined.pop(next(iter(declined)))

@@ -370,15 +370,16 @@ def plan_memory(plan: GemmPlan, a, b, out, bias=None, scales=(), groups=()) -> t
 
 def made_memory(plan: GemmPlan) -> tuple | None:
     """How a replay makes :func:`plan_memory`'s values itself (a ``ScratchPlan``'s ``made``, so that its plan has
-    no Python per call and can be kept on disk): split K's partials fresh per call, its workspace and flags kept per
-    stream by the replay (zero when made); None where a preparation copies an operand (made in Python)."""
+    no Python per call and can be kept on disk): split K's partials fresh per call, its workspace and flags held per
+    stream under their names (one buffer per name for every plan, zero when made); None where a preparation copies
+    an operand (made in Python)."""
     import torch
 
     if any(_COPIES.intersection(p.steps) for p in plan.preparations):
         return None
     dtypes = {"f32": torch.float32, "i32": torch.int32}
     return tuple(
-        (0, (s.shape[0],), dtypes[s.dtype], "stream") if s.per_stream else (0, tuple(s.shape), dtypes[s.dtype])
+        (0, (s.shape[0],), dtypes[s.dtype], f"gemm.{s.name}") if s.per_stream else (0, tuple(s.shape), dtypes[s.dtype])
         for s in _scratch_arguments(plan)
     )
 

@@ -336,8 +336,8 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
             combine(y, positions, topk_weights, topk_ids, out)
 
     made = None
-    if held is not None:  # the output and positions fresh per call, the buffers kept per stream
-        made = ((0, (ids,), torch.int32), *((0, shape, dtype, "stream") for shape, dtype in held))
+    if held is not None:  # the output and positions fresh per call, the buffers held per stream (shared by name)
+        made = ((0, (ids,), torch.int32), *((0, shape, dtype, f"fused_moe.{name}") for name, shape, dtype in held))
         made = made if given else ((0, (tokens, hidden), None), *made)
     return ScratchPlan(memory, launch, made)
 
@@ -461,7 +461,7 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     grouped skinny GEMMs (stage 1 reads x's rows by index and notes the positions): ``(buffers, steps, shapes)``,
     ``buffers(x, w1_scale, w2_scale)`` the memory of one call (the alignment, h and y, kept per stream; per-tensor
     weight scales repeated per row), ``steps`` a function of the call's tensors and those buffers returning y, and
-    ``shapes`` the kept buffers' (shape, dtype or None for x's) in order. ``fp8`` (weights
+    ``shapes`` the kept buffers' (name, shape, dtype) in order. ``fp8`` (weights
     e4m3, weight-only: x and h stay in x's dtype, no quantizing launch): "row" (per-channel scales, or per-tensor
     ones repeated per row) or "block" (128 x 128 block scales, the stacked view ``w_scale.view(-1, K blocks)``),
     through :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`. ``modes``: the stages'
@@ -513,9 +513,10 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
         )
         return (*held, *repeated)
 
-    i32 = torch.int32  # (the buffers' shapes and dtypes, as made(x) makes them; None: x's dtype)
-    alignment = () if mode1.direct else (((capacity,), i32), ((capacity // GROUPED_BLOCK,), i32), ((1,), i32))
-    shapes = (*alignment, ((routed, inter), None), ((0 if combined else capacity, hidden), None))
+    i32, dtype = torch.int32, x.dtype  # (the buffers as made(x) makes them: name, shape, dtype)
+    alignment = (("sorted_ids", (capacity,), i32), ("expert_of_block", (capacity // GROUPED_BLOCK,), i32))
+    alignment = () if mode1.direct else (*alignment, ("padded_count", (1,), i32))
+    shapes = (*alignment, ("h", (routed, inter), dtype), ("y", (0 if combined else capacity, hidden), dtype))
 
     def steps(x, w1, w2, topk_weights, topk_ids, positions, out, w1_scale, w2_scale, *held):
         if mode1.direct:  # the flat ids stand for the (unread) order and count too
