@@ -20,6 +20,7 @@ LIBRARIES = {
     "moe_torch.py",
     "launch_levels.py",
     "host_breakdown.py",
+    "host_timeline.py",
     "host_timing.py",
     "cold_start.py",
 }  # imported by the scripts, not run
