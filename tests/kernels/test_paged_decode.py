@@ -207,7 +207,10 @@ def test_plan_reads_shapes_scales_and_strides(monkeypatch):
     )
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
     made = []
-    monkeypatch.setattr(api, "_Plan", lambda *args: made.append(args) or SimpleNamespace(scratch=None, launch=None))
+    stub = lambda *args: made.append(args) or SimpleNamespace(
+        scratch=None, launch=None, made=lambda *a: None
+    )  # noqa: E731
+    monkeypatch.setattr(api, "_Plan", stub)
     q, cache, _, tables, lens = _tensors()
     api._make_plan(q, cache, cache, tables, lens, None, None, None, None, None, None, None)
     cfg, splits, tokens, scale, cap, window, fp8, device, k_value, v_value = made[-1]
@@ -261,6 +264,16 @@ def test_the_plan_launches_on_its_scratch_alone(monkeypatch, context):
     assert out.shape == q.shape and counters.dtype == torch.int32 and not counters.any()
     split = partial_out.numel() > 1
     assert split == (context > 64) and (partial_stats.shape[-1] == 2 if split else partial_stats is partial_out)
+    # how a replay makes the same memory itself: the output and partials fresh, the rest held per stream by name
+    made = plan.made
+    assert (
+        len(made) == len(scratch)
+        and made[0] == (0, None, None)
+        and made[3][2:] == (torch.int32, "paged_decode.counters")
+    )
+    assert made[3][1][0] <= counters.numel() and made[4] == made[5] == (0, (1,), torch.float32, "paged_decode.unused")
+    for spec, value in zip(made[1:3], (partial_out, partial_stats), strict=True):
+        assert spec == ((0, tuple(value.shape), torch.float32) if split else made[4])
     plan.launch(*args, *scratch)
     call, *merged = launches
     values = call.values

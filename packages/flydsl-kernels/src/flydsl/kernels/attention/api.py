@@ -91,7 +91,8 @@ def paged_decode(
                 out, max_context,
             ),
         )  # fmt: skip
-    return plan(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, out)[0]
+    result = plan(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, out)
+    return out if out is not None else result[0]
 
 
 def _make_plan(
@@ -164,7 +165,13 @@ def _make_plan(
     plan = _Plan(
         cfg, splits, split_tokens, scale, float(soft_cap or 0.0), sliding_window or 0, shape.fp8, q_t.device, *numbers
     )
-    return ScratchPlan(plan.scratch, plan.launch)
+    plan.given = (
+        out is not None,
+        k_scale is not None and numbers[0] is None,
+        v_scale is not None and numbers[1] is None,
+    )
+    words = shape.batch * shape.kv_heads * cfg.row_tiles
+    return ScratchPlan(plan.scratch, plan.launch, plan.made(q, words, numbers))
 
 
 def _sm_count(device: int) -> int:
@@ -240,16 +247,15 @@ class _Plan:
         self.unused = torch.zeros(1, dtype=torch.float32, device=where)  # stands for absent scales and partials
         self.k_value = None if k_value is None else torch.full((1,), float(k_value), device=where)
         self.v_value = None if v_value is None else torch.full((1,), float(v_value), device=where)
+        self.given = (False, False, False)  # out, k_scale, v_scale given as tensors: arguments, not scratch
 
     def scratch(self, q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, out) -> tuple:
         """A call's memory: the output (allocated where not given), the splits' partials (``unused`` without
-        splits), the merge counters of the stream, the scales the kernel reads (given, kept per tensor, or
-        ``unused``)."""
+        splits), the merge counters of the stream, the scales the kernel reads where not given as tensors (kept per
+        number, or ``unused``)."""
         import torch
 
         cfg = self.cfg
-        if out is None:
-            out = torch_empty_like(q) if q.is_contiguous() else torch.empty_like(q)
         batch, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
         queries = 1 if q.dim() == 3 else q.shape[1]
         if cfg.split:
@@ -260,16 +266,48 @@ class _Plan:
         kv_heads = k_cache.shape[2]
         words = batch * kv_heads * cfg.row_tiles  # a counter per (sequence, KV head, row tile)
         counters = per_stream(_COUNTERS, q, _counters_of(words, q), fits=lambda held: held.numel() >= words)
-        k_scales = self.k_value if self.k_value is not None else (self.unused if k_scale is None else k_scale)
-        v_scales = self.v_value if self.v_value is not None else (self.unused if v_scale is None else v_scale)
-        return out, partial_out, partial_stats, counters, k_scales, v_scales
+        memory = [partial_out, partial_stats, counters]
+        if out is None:
+            memory.insert(0, torch_empty_like(q) if q.is_contiguous() else torch.empty_like(q))
+        for value, given in ((self.k_value, self.given[1]), (self.v_value, self.given[2])):
+            if not given:
+                memory.append(self.unused if value is None else value)
+        return tuple(memory)
 
-    def launch(self, q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, _given, out, partial_out,
-               partial_stats, counters, k_scales, v_scales) -> None:  # fmt: skip
+    def made(self, q, words: int, numbers) -> tuple | None:
+        """How a replay makes :meth:`scratch`'s memory itself (``ScratchPlan.made``): the output and the partials
+        fresh, the counters and the stand-in for absent scales and partials held per stream (``unused``: never
+        read); None where a scale is a number (a tensor this plan holds) or q is strided (the output keeps its
+        strides)."""
+        import torch
+
+        if any(n is not None for n in numbers) or (not self.given[0] and not q.is_contiguous()):
+            return None
+        unused = (0, (1,), torch.float32, "paged_decode.unused")
+        batch, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
+        queries = 1 if q.dim() == 3 else q.shape[1]
+        partials = (batch, queries, heads, self.splits)
+        made = (
+            [(0, (*partials, dim), torch.float32), (0, (*partials, 2), torch.float32)]
+            if self.cfg.split
+            else [unused] * 2
+        )
+        made.append((0, (words,), torch.int32, "paged_decode.counters"))
+        if not self.given[0]:
+            made.insert(0, (0, None, None))
+        made += [unused for given in self.given[1:] if not given]
+        return tuple(made)
+
+    def launch(self, q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale, given_out, *memory) -> None:
         """The decode kernel on a call's tensors and :meth:`scratch`'s memory."""
         import torch
 
         decode, cfg = _decode(), self.cfg
+        memory = list(memory)
+        out = given_out if self.given[0] else memory.pop(0)
+        partial_out, partial_stats, counters, *scales = memory
+        k_scales = k_scale if self.given[1] else scales.pop(0)
+        v_scales = v_scale if self.given[2] else scales.pop(0)
         q4 = q if q.dim() == 4 else q.unsqueeze(1)
         out4 = out if out.dim() == 4 else out.unsqueeze(1)
         if self.fp8:
