@@ -434,16 +434,19 @@ def test_a_plan_kept_on_disk_replays_in_a_new_process(tmp_path):
     assert second["error"] < 1e-2 and second["imported"] == [], second
 
 
-@pytest.mark.parametrize("op", ["linear", "fused_moe"])
+@pytest.mark.parametrize("op", ["linear", "fused_moe", "paged_decode"])
 def test_a_torch_op_over_plans_that_make_memory_replays_whole(op):
     """flydsl.torch.functional's inference calls over entry points whose plans make memory (a linear whose GEMM
-    splits K: the workspace and flags held per stream; fused_moe's decode buffers): from the second call on, the
+    splits K: the workspace and flags held per stream; fused_moe's decode buffers; paged_decode's split partials and
+    merge counters): from the second call on, the
     functional's own plan replays every launch with that memory made by the replay (recorded again on the second
     call, when the inner plans replay natively), right on fresh inputs and on another stream."""
     pytest.importorskip("flydsl.torch")
     from flydsl.compiler._native import launcher
+    from flydsl.kernels.attention.reference import paged_decode_reference
     from flydsl.kernels.moe import api as moe_api
     from flydsl.kernels.moe.reference import fused_moe_reference
+    from flydsl.torch import attention as torch_attention
     from flydsl.torch import functional as F
     from flydsl.torch import moe as torch_moe
 
@@ -453,6 +456,17 @@ def test_a_torch_op_over_plans_that_make_memory_replays_whole(op):
         ours = lambda x: F.linear(x, weight)  # noqa: E731
         want = lambda x: x.double() @ weight.double().t()  # noqa: E731
         store = F._LINEAR
+    elif op == "paged_decode":  # 3000 tokens: split, merged by the last split
+        batch, heads, kv_heads, dim, block, context = 2, 8, 2, 128, 16, 3000
+        blocks = -(-context // block)
+        k_cache = torch.randn(batch * blocks, block, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+        v_cache = torch.randn_like(k_cache)
+        tables = torch.randperm(batch * blocks, device="cuda", dtype=torch.int32).view(batch, blocks)
+        lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+        inputs = lambda: (torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16),)  # noqa: E731
+        ours = lambda q: F.paged_decode(q, k_cache, v_cache, tables, lens)  # noqa: E731
+        want = lambda q: paged_decode_reference(q, k_cache, v_cache, tables, lens).double()  # noqa: E731
+        store = torch_attention.paged_decode._runs
     else:
         tokens, hidden, experts, inter, top_k = 4, 256, 8, 128, 2
         w1 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) / hidden**0.5
