@@ -250,7 +250,14 @@ private:
     }
     if (!plan.device.is_valid())
       return why = "no torch tensor among the arguments", false;
-    uint32_t deviceArg = ranges.front().arg; // the tensor argument the device was read from
+    // What the inner replays' memory is made like: a caller's argument of the type they made (plain torch tensors;
+    // torch's C API refuses subclasses), else the one the device was read from.
+    uint32_t deviceArg = ranges.front().arg;
+    for (const ArgumentRange &r : ranges)
+      if (!made.empty() && r.arg < plan.nargs && Py_TYPE(r.obj) == Py_TYPE(made.front().first.ptr())) {
+        deviceArg = r.arg;
+        break;
+      }
     // Memory inner replays made meanwhile is the plan's to make where its own scratch is made natively too (or
     // there is none): each such tensor a launch points into becomes a made value past the scratch.
     plan.returned = plan.made.size();

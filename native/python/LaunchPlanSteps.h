@@ -144,10 +144,15 @@ public:
   nb::object call(nb::args args) {
     uint64_t pointers[kMaxLaunchValues];
     nb::object extra;
-    if (returned < made.size() && !torchCApiOn()) // inner replays' memory is made only through the C API
-      return fallback(*args);
     CUstream stream = currentStream();
-    nb::tuple all = withScratch(args, extra, stream);
+    std::optional<nb::tuple> withMemory = withScratch(args, extra, stream);
+    if (!withMemory) { // memory of inner replays that only the C API makes, which cannot make it here
+      if (!fallback.is_valid() || fallback.is_none())
+        raise(PyExc_RuntimeError, "LaunchPlan: the memory its inner replays made cannot be made here (torch's C "
+                                  "API is off, or refuses the tensor it is made like)");
+      return fallback(*args);
+    }
+    nb::tuple all = *withMemory;
     prepare(all, pointers);
     if (!aligned(pointers)) {
       if (!fallback.is_valid() || fallback.is_none())
@@ -189,7 +194,10 @@ public:
     uint64_t pointers[kMaxLaunchValues];
     nb::object extra;
     CUstream stream = currentStream();
-    nb::tuple all = withScratch(args, extra, stream);
+    std::optional<nb::tuple> withMemory = withScratch(args, extra, stream);
+    if (!withMemory)
+      return nb::str("fallback");
+    nb::tuple all = *withMemory;
     prepare(all, pointers);
     if (!aligned(pointers))
       return nb::str("fallback");
@@ -220,12 +228,16 @@ public:
 
 private:
   /// The caller's arguments, then (with a scratch function) what it returns
-  /// for them, kept in `extra`.
-  nb::tuple withScratch(nb::args &args, nb::object &extra, CUstream stream) {
+  /// for them, kept in `extra`; none where memory inner replays made cannot
+  /// be made (torch's C API off, or refusing the tensor made like: the
+  /// caller falls back to the Python plan).
+  std::optional<nb::tuple> withScratch(nb::args &args, nb::object &extra, CUstream stream) {
     if (size_t(args.size()) != nargs)
       raise(PyExc_TypeError, "LaunchPlan: expected %zu arguments, got %zd", nargs, args.size());
     if (!made.empty())
       extra = makeTensors(args, uint64_t(reinterpret_cast<uintptr_t>(stream)));
+    if (!extra.is_valid() && returned < made.size())
+      return std::nullopt;
     if (!extra.is_valid()) { // no made tensors, or torch's C API cannot make them: the scratch function
       if (!scratch.is_valid() || scratch.is_none()) {
         if (!made.empty())

@@ -377,6 +377,15 @@ def test_a_plan_over_plans_makes_the_memory_they_made(stream_getter):
         assert outer(x) is None and fallbacks == [x]
     finally:
         launcher._pause_torch_c_api(False)
+    # made like a plain tensor among the arguments (the C API makes none like an nn.Parameter)
+    weight = torch.nn.Parameter(torch.randn(2))
+    with launcher.LaunchRecording() as around_a_parameter:
+        inner_tmp, _ = inner(x)
+        launcher._note_launch(
+            "k2", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), inner_tmp.data_ptr())
+        )
+    with_weight = around_a_parameter.plan((weight, x), lambda *args: fallbacks.append(args))
+    assert with_weight(weight, x) is None and len(fallbacks) == 1
     python_scratch = launcher.LaunchRecording()
     with python_scratch:
         inner(x)
