@@ -348,3 +348,51 @@ def test_a_recording_sees_only_its_own_threads_launches():
     assert len(mine) == 2 and len(inner) == 1
     note()  # after the recording: not noted
     assert len(mine) == 2
+
+
+def test_a_plan_over_a_plan_that_makes_memory_replays_whole(stream_getter):
+    """Two entry points' plans, one calling the other (a torch op over a kernel entry point): the inner makes a fresh
+    tensor and flags held per stream; the outer is declined on its first call (the inner's first call made them in
+    Python), recorded again on its second, when the inner replays natively, and from then on replays both launches
+    itself, making the inner's memory, with bytes to keep on disk."""
+    from flydsl.compiler import torch_c_api
+
+    assert torch_c_api.enable() is None
+
+    def note(*tensors):
+        pointers = _params(*(t.data_ptr() for t in tensors))
+        launcher._note_launch("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "p" * len(tensors), pointers)
+
+    inner_store, outer_store = plans.Plans("test.inner", replay=True), plans.Plans("test.outer", replay=True)
+    inner_made = ((0, (4,), torch.float32), (0, (16,), torch.int32, "test.composed_flags"))
+
+    def inner_call(x, out):
+        key = plans.signature(x, out)
+        plan = inner_store.get(key) or inner_store.add(
+            key,
+            plans.ScratchPlan(
+                lambda x, out: (x.new_empty((4,)), torch.zeros(16, dtype=torch.int32)),
+                lambda x, out, tmp, flags: (note(x, tmp, flags), note(tmp, out)) and None,
+                inner_made,
+            ),
+        )
+        plan(x, out)
+
+    def outer_call(x):
+        key = plans.signature(x)
+        plan = outer_store.get(key) or outer_store.add(
+            key, plans.ScratchPlan(lambda x: (torch.empty_like(x),), inner_call, ((0, None, None),))
+        )
+        return plan(x)[0], key
+
+    for _ in range(3):
+        x = torch.randn(4, 8)
+        out, key = outer_call(x)
+        assert out.shape == x.shape
+    replay = outer_store.get(key)
+    assert isinstance(replay, launcher.LaunchPlan), outer_store.declined
+    first, second = replay._dry_run(x)
+    x_ptr, tmp_ptr, flags_ptr = struct.unpack("<3Q", first["params"])
+    tmp_again, out_ptr = struct.unpack("<2Q", second["params"])
+    assert x_ptr == x.data_ptr() and tmp_again == tmp_ptr and out_ptr not in (0, x_ptr, tmp_ptr)
+    assert replay._to_bytes() is not None and len(replay(x)) == 1  # only its own output returned
