@@ -54,8 +54,9 @@ def _ours(stamps: list, path):
         return result
 
     def forward(x):
-        _nodes._module = path
-        ops.softmax._node_gradients = None
+        if _nodes._module is not path:  # the path switched (once per batch: rebinding is not what is timed)
+            _nodes._module = path
+            ops.softmax._node_gradients = None
         ops.softmax_backward.call = stamped  # the instance's attribute, dropped after the batch
         return F.softmax(x)
 

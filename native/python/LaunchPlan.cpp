@@ -387,16 +387,13 @@ std::vector<HeldBuffer> &heldBuffers() {
   return *buffers;
 }
 
-PyObject *heldTensor(PyObject *like, const MadeTensor &m, uint64_t stream) {
-  TensorFacts facts;
-  if (!readTensor(like, facts))
-    return nullptr;
+PyObject *heldTensor(PyObject *like, const MadeTensor &m, int64_t device, uint64_t stream) {
   int64_t elements = 1;
   for (int32_t i = 0; i < m.rank; ++i)
     elements *= m.sizes[i];
   HeldBuffer *slot = nullptr;
   for (HeldBuffer &b : heldBuffers())
-    if (b.device == facts.device && b.stream == stream && b.dtype == m.dtype && b.name == m.held)
+    if (b.device == device && b.stream == stream && b.dtype == m.dtype && b.name == m.held)
       slot = &b;
   if (slot && slot->elements >= elements)
     return slot->tensor.ptr();
@@ -405,7 +402,7 @@ PyObject *heldTensor(PyObject *like, const MadeTensor &m, uint64_t stream) {
   if (!made.is_valid() || !nb::steal(PyObject_CallMethod(made.ptr(), "zero_", nullptr)).is_valid())
     return nullptr; // (zero_ runs on the current stream: `stream`)
   if (!slot)
-    slot = &heldBuffers().emplace_back(HeldBuffer{facts.device, stream, m.held, m.dtype, 0, nb::object()});
+    slot = &heldBuffers().emplace_back(HeldBuffer{device, stream, m.held, m.dtype, 0, nb::object()});
   slot->elements = size;
   slot->tensor = made;
   return made.ptr();

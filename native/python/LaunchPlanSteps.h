@@ -109,10 +109,11 @@ struct MadeTensor {
   std::string held;
 };
 
-/// The buffer `m.held` of `like`'s device and `stream` (a 1-D tensor of at
-/// least m's elements; borrowed), made or grown where needed; null where the
-/// C API cannot make it (an error set only where Python raised).
-PyObject *heldTensor(PyObject *like, const MadeTensor &m, uint64_t stream);
+/// The buffer `m.held` of `device` and `stream` (a 1-D tensor of at least
+/// m's elements; borrowed), made like `like` (on that device) or grown where
+/// needed; null where the C API cannot make it (an error set only where
+/// Python raised).
+PyObject *heldTensor(PyObject *like, const MadeTensor &m, int64_t device, uint64_t stream);
 
 /// Notes a tensor a replay just made (`spec`: how) in this thread's active
 /// recordings: a plan recorded around that replay may make it itself (so
@@ -261,7 +262,8 @@ private:
     for (size_t i = 0; i < made.size(); ++i) {
       const MadeTensor &m = made[i];
       PyObject *like = PyTuple_GET_ITEM(args.ptr(), m.like);
-      PyObject *t = m.held.empty() ? emptyFor(like, m.rank, m.sizes, m.dtype) : heldTensor(like, m, stream);
+      PyObject *t = m.held.empty() ? emptyFor(like, m.rank, m.sizes, m.dtype)
+                                   : heldTensor(like, m, PyLong_AsLongLong(device.ptr()), stream);
       if (!t) {
         if (PyErr_Occurred())
           raisePending();

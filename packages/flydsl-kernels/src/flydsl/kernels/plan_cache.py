@@ -29,7 +29,7 @@ from flydsl.compiler._native import launcher
 
 __all__ = ["keep", "load", "portable_key"]
 
-FORMAT = 2  # 2: made tensors kept per stream (split K's workspace and flags)
+FORMAT = 2  # 2: LaunchPlan bytes 3 (buffers held per stream by name, inner replays' memory)
 _SM_COUNT, _CC_MAJOR, _CC_MINOR = 16, 75, 76  # CUdevice_attribute
 _modules: dict = {}  # a module's cache key -> its LoadedModule, in this process
 _warned: set = set()

@@ -104,10 +104,11 @@ class ScratchPlan:
     it may run torch operations, which happen on every call), then ``launch(*args, *scratch)`` launches. A call
     returns the scratch tuple. Replayed, the scratch function still runs in Python on each call; the launches do
     not. ``made``: where the scratch is only fresh tensors (outputs), per value ``(like, shape or None, dtype or
-    None)`` (an index of the call's arguments; None: that argument's shape, dtype), or ``(like, shape, dtype,
-    "stream")`` for memory kept per stream (split K's workspace and flags: zero when made, each kernel leaving it so):
-    a replay then makes them through torch's C API (contiguous, on the argument's device), keeps the per-stream ones,
-    and calls ``scratch`` only where the API is off; such a plan can be kept on disk."""
+    None)`` (an index of the call's arguments; None: that argument's shape, dtype), or ``(like, shape, dtype, name)``
+    for the buffer of that name held per device and stream (split K's workspace and flags: one for every plan naming
+    it, grown as needed, zero when made, each kernel leaving it so): a replay then makes them through torch's C API
+    (contiguous, on the argument's device) and calls ``scratch`` only where the API is off; such a plan can be kept on
+    disk."""
 
     __slots__ = ("scratch", "launch", "made")
 
@@ -174,12 +175,13 @@ class Plans:
         if not (self.replay and _replays_on()):
             return plan
 
-        tries = []
+        recordings = 0
 
         def first_call(*args):
             # Recorded twice at most: a plan over inner plans (a torch op over a kernel entry point) whose first
             # call recorded those plans in Python finds them replayed natively on its second call, memory and all.
-            tries.append(None)
+            nonlocal recordings
+            recordings += 1
             if type(plan) is ScratchPlan:
                 result = plan.scratch(*args)
                 _, replay, why = _recorded(plan.launch, (*args, *result), plan, plan.scratch, len(args), plan.made)
@@ -193,7 +195,7 @@ class Plans:
                     self._written += 1
                     plan_cache.keep(self.name, key, replay)
             elif why is not None:
-                if len(tries) == 1 and plans.get(key) is plan:
+                if recordings == 1 and plans.get(key) is plan:
                     plans[key] = first_call
                 elif plans.get(key) is first_call:
                     plans[key] = plan

@@ -308,9 +308,6 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
             grid=combine_grid, block=32 * _WARPS
         )
 
-    def output(x, out):
-        return x.new_empty((tokens, hidden)) if out is None else out
-
     held = None  # the decode stages' buffers as a replay makes them (kept per stream), where it can
     if decodes(tokens, ids, experts):  # (fp8 of every granularity: weight-only, e4m3 converted in registers)
         fp8 = None if quant is None else "block" if granularity == "block" else "row"
@@ -327,7 +324,7 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
     def memory(x, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale):
         positions = torch.empty(ids, dtype=torch.int32, device=x.device)
         scratch = (positions, *buffers(x, w1_scale, w2_scale))
-        return scratch if given else (output(x, out), *scratch)
+        return scratch if given else (x.new_empty((tokens, hidden)), *scratch)
 
     def launch(x, w1, w2, topk_weights, topk_ids, given_out, w1_scale, w2_scale, *memory):
         out, positions, *held = (given_out, *memory) if given else memory
@@ -486,21 +483,15 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     # The alignment, h and y, kept per stream: a call reads only what it wrote in them itself (rows below its
     # padded_count), and the calls of one stream run one after another (no allocations per call).
     kept: dict = {}
+    # The buffers by (name, shape, dtype), which a replay makes alike (the plan's made): h's blocks past padded_count
+    # are never written nor read; combined, y is unused (the output is written directly).
+    i32 = torch.int32
+    alignment = (("sorted_ids", (capacity,), i32), ("expert_of_block", (capacity // GROUPED_BLOCK,), i32))
+    alignment = () if mode1.direct else (*alignment, ("padded_count", (1,), i32))
+    shapes = (*alignment, ("h", (routed, inter), x.dtype), ("y", (0 if combined else capacity, hidden), x.dtype))
 
     def made(x) -> tuple:
-        device = x.device
-        alignment = (
-            ()
-            if mode1.direct
-            else (
-                torch.empty(capacity, dtype=torch.int32, device=device),
-                torch.empty(capacity // GROUPED_BLOCK, dtype=torch.int32, device=device),
-                torch.empty(1, dtype=torch.int32, device=device),
-            )
-        )
-        h = x.new_empty((routed, inter))  # (blocks past padded_count: never written, never read)
-        y = x.new_empty((0 if combined else capacity, hidden))  # (combined: the output is written directly)
-        return (*alignment, h, y)
+        return tuple(torch.empty(shape, dtype=dtype, device=x.device) for _, shape, dtype in shapes)
 
     def buffers(x, w1_scale, w2_scale) -> tuple:
         held = per_stream(kept, x, lambda _held: made(x))
@@ -512,11 +503,6 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
             for scale, count in ((w1_scale, 2 * inter), (w2_scale, hidden))
         )
         return (*held, *repeated)
-
-    i32, dtype = torch.int32, x.dtype  # (the buffers as made(x) makes them: name, shape, dtype)
-    alignment = (("sorted_ids", (capacity,), i32), ("expert_of_block", (capacity // GROUPED_BLOCK,), i32))
-    alignment = () if mode1.direct else (*alignment, ("padded_count", (1,), i32))
-    shapes = (*alignment, ("h", (routed, inter), dtype), ("y", (0 if combined else capacity, hidden), dtype))
 
     def steps(x, w1, w2, topk_weights, topk_ids, positions, out, w1_scale, w2_scale, *held):
         if mode1.direct:  # the flat ids stand for the (unread) order and count too
