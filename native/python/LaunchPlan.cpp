@@ -371,41 +371,63 @@ private:
 
 } // namespace
 
-/// A buffer held per device and stream (MadeTensor::held).
+/// A buffer held per device and stream (MadeTensor::held, memory.held).
 struct HeldBuffer {
   int64_t device;
   uint64_t stream;
   std::string name;
-  int32_t dtype;
+  nb::object dtype; // a torch.dtype
   int64_t elements;
   nb::object tensor;
 };
 /// The held buffers: few (a name per kind of scratch, per device and stream); never destroyed (their tensors
-/// would be released after the interpreter is gone).
+/// would be released after the interpreter is gone), emptied by release_held.
 std::vector<HeldBuffer> &heldBuffers() {
   static auto *buffers = new std::vector<HeldBuffer>();
   return *buffers;
 }
 
-PyObject *heldTensor(PyObject *like, const MadeTensor &m, int64_t device, uint64_t stream) {
-  int64_t elements = 1;
-  for (int32_t i = 0; i < m.rank; ++i)
-    elements *= m.sizes[i];
+PyObject *heldBuffer(PyObject *like, const std::string &name, PyObject *dtype, int64_t elements, int64_t device,
+                     uint64_t stream, bool viaPython) {
   HeldBuffer *slot = nullptr;
   for (HeldBuffer &b : heldBuffers())
-    if (b.device == device && b.stream == stream && b.dtype == m.dtype && b.name == m.held)
+    if (b.device == device && b.stream == stream && b.dtype.ptr() == dtype && b.name == name)
       slot = &b;
   if (slot && slot->elements >= elements)
     return slot->tensor.ptr();
   int64_t size = std::max<int64_t>(elements, slot ? slot->elements : 0);
-  nb::object made = nb::steal(emptyFor(like, 1, &size, m.dtype));
-  if (!made.is_valid() || !nb::steal(PyObject_CallMethod(made.ptr(), "zero_", nullptr)).is_valid())
-    return nullptr; // (zero_ runs on the current stream: `stream`)
+  int32_t code = dtypeCodeOf(dtype);
+  nb::object made = nb::steal(code < 0 ? nullptr : emptyFor(like, 1, &size, code));
+  if (made.is_valid()) {
+    if (!nb::steal(PyObject_CallMethod(made.ptr(), "zero_", nullptr)).is_valid())
+      return nullptr; // (zero_ runs on the current stream: `stream`)
+  } else if (PyErr_Occurred() || !viaPython) {
+    return nullptr;
+  } else { // torch's C API cannot make it (off, or a dtype it has not learnt): through Python
+    nb::object newZeros = nb::steal(PyObject_GetAttrString(like, "new_zeros"));
+    if (!newZeros.is_valid())
+      return nullptr;
+    nb::dict keywords;
+    keywords["dtype"] = nb::borrow(dtype);
+    made = nb::steal(PyObject_Call(newZeros.ptr(), nb::make_tuple(nb::make_tuple(size)).ptr(), keywords.ptr()));
+    if (!made.is_valid())
+      return nullptr;
+  }
   if (!slot)
-    slot = &heldBuffers().emplace_back(HeldBuffer{device, stream, m.held, m.dtype, 0, nb::object()});
+    slot = &heldBuffers().emplace_back(HeldBuffer{device, stream, name, nb::borrow(dtype), 0, nb::object()});
   slot->elements = size;
   slot->tensor = made;
   return made.ptr();
+}
+
+PyObject *heldTensor(PyObject *like, const MadeTensor &m, int64_t device, uint64_t stream) {
+  PyObject *dtype = dtypeOfCode(m.dtype);
+  if (!dtype)
+    return nullptr;
+  int64_t elements = 1;
+  for (int32_t i = 0; i < m.rank; ++i)
+    elements *= m.sizes[i];
+  return heldBuffer(like, m.held, dtype, elements, device, stream, false);
 }
 
 void noteMade(PyObject *tensor, const MadeTensor &spec) {
@@ -529,6 +551,38 @@ void bindLaunchPlans(nb::module_ &rt) {
            "function only where it cannot.")
       .def("_add", &Recording::add, "name"_a, "grid"_a, "block"_a, "cluster"_a.none(), "shared_mem"_a,
            "stream"_a, "signature"_a, "params"_a, "Test hook: notes a launch as if made.");
+  rt.def(
+      "held",
+      [](nb::handle like, const std::string &name, int64_t elements, nb::handle dtype, int64_t device,
+         uint64_t stream) -> nb::object {
+        if (name.empty() || elements < 0)
+          throw nb::value_error("held: a name and a count of elements (>= 0) expected");
+        PyObject *t = heldBuffer(like.ptr(), name, dtype.ptr(), elements, device, stream, true);
+        if (!t)
+          raisePending();
+        return nb::borrow(t);
+      },
+      "like"_a, "name"_a, "elements"_a, "dtype"_a, "device"_a, "stream"_a,
+      "The buffer `name` of torch dtype `dtype` held for (device, stream): a 1-D tensor of at least `elements`, "
+      "made like `like` (on its device), zero when made, grown (made again) where smaller; the same buffer a "
+      "replay's made value of that name gets (memory.held).");
+  rt.def(
+      "held_buffers",
+      []() {
+        nb::list out;
+        for (const HeldBuffer &b : heldBuffers())
+          out.append(nb::make_tuple(b.name, b.device, b.stream, b.dtype, b.tensor));
+        return out;
+      },
+      "The held buffers, as (name, device, stream, dtype, tensor).");
+  rt.def(
+      "release_held",
+      []() {
+        size_t count = heldBuffers().size();
+        heldBuffers().clear();
+        return count;
+      },
+      "Drops every held buffer (a later call makes its own again); returns how many were held.");
   rt.def("_note_launch", [](const std::string &name, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,
                             std::optional<std::array<unsigned, 3>> cluster, unsigned shared, uint64_t stream,
                             const std::string &signature, nb::bytes params) {

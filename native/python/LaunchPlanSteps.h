@@ -109,10 +109,16 @@ struct MadeTensor {
   std::string held;
 };
 
-/// The buffer `m.held` of `device` and `stream` (a 1-D tensor of at least
-/// m's elements; borrowed), made like `like` (on that device) or grown where
-/// needed; null where the C API cannot make it (an error set only where
-/// Python raised).
+/// The buffer `name` of `dtype` (a torch.dtype) held for `device` and
+/// `stream`: a 1-D tensor of at least `elements` (borrowed), made like `like`
+/// (on that device, zero) or grown where needed, through torch's C API or,
+/// `viaPython`, through `like.new_zeros` where the C API cannot; null where it
+/// cannot be made (an error set only where Python raised). One registry for
+/// replays and the Python path (memory.held).
+PyObject *heldBuffer(PyObject *like, const std::string &name, PyObject *dtype, int64_t elements, int64_t device,
+                     uint64_t stream, bool viaPython);
+
+/// The held buffer a replay's made value `m` names (heldBuffer, C API only).
 PyObject *heldTensor(PyObject *like, const MadeTensor &m, int64_t device, uint64_t stream);
 
 /// Notes a tensor a replay just made (`spec`: how) in this thread's active

@@ -237,7 +237,7 @@ def test_launch_binds_a_plan_to_tensors(monkeypatch):
     from flydsl.kernels.gemm import launch as launch_module
 
     recorded = _Recorded(monkeypatch).launches
-    monkeypatch.setattr(memory, "stream_key", lambda t: ("cpu", 0))
+    monkeypatch.setattr(memory, "stream_key", lambda t: (-1, 0))
     a, b = torch.randn(300, 77).bfloat16(), torch.randn(520, 77).bfloat16().t()
     out, bias = torch.empty(300, 520), torch.randn(520)
     plan = plan_gemm(*(MatrixSpec.of(t) for t in (a, b, out)), sms=SMS, bias=MatrixSpec.of(bias), activation="relu")

@@ -34,7 +34,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(validation, "describe", describe)
     monkeypatch.setattr(device, "sm_count", lambda index=0: 132)
     monkeypatch.setattr(device, "l2_bytes", lambda index=0: 50 * 2**20)
-    monkeypatch.setattr(importlib.import_module("flydsl.kernels.memory"), "stream_key", lambda t: ("cpu", 0))
+    monkeypatch.setattr(importlib.import_module("flydsl.kernels.memory"), "stream_key", lambda t: (-1, 0))
     monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
     monkeypatch.setattr(kernel_module.KernelCall, "launch", lambda call, **config: launches.append(call))
     return launches

@@ -246,8 +246,9 @@ def test_staged_forward_claimed_rows(rows):
     _check_staged_rms_norm(x, w, _claimed(rms))
     torch.cuda.synchronize()
     assert memory.claim_counter(from_torch(x)).tolist() == [0, 0]
-    assert len({key for key in memory._CLAIM_COUNTERS if key[0] == x.get_device()}) >= 2  # the side stream's too
-    assert all(counter.tolist() == [0, 0] for counter in memory._CLAIM_COUNTERS.values())
+    counters = [held for held in memory.held_buffers() if held[0] == "rows.claim_counters"]
+    assert len({stream for _, device, stream, *_ in counters if device == x.get_device()}) >= 2  # the side stream's
+    assert all(counter[:2].tolist() == [0, 0] for *_, counter in counters)
 
 
 @pytest.mark.parametrize("rows", [1, 29, 30, 31, 300, 1001])

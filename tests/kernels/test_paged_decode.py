@@ -250,7 +250,7 @@ def test_the_plan_launches_on_its_scratch_alone(monkeypatch, context):
         lambda who, name, t: validation.TensorInfo(t, t.shape, t.stride(), validation.torch_dtype(t.dtype), 0, 1 << 20),
     )
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
-    monkeypatch.setattr(memory, "stream_key", lambda t: ("cpu", 0))
+    monkeypatch.setattr(memory, "stream_key", lambda t: (-1, 0))
     monkeypatch.setattr(kernel_module.KernelCall, "launch", lambda call, **config: launches.append(call))
     monkeypatch.setattr(torch, "device", lambda kind, index=None: "cpu")  # the plan keeps its stand-ins on the CPU
     blocks = context // 16

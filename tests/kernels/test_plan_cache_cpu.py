@@ -338,6 +338,51 @@ def test_memory_a_replay_keeps_per_stream(stream_getter):
             recording.plan((x, partials, flags), None, scratch, 1, (made[0], wrong))
 
 
+def test_the_python_path_and_replays_hold_one_buffer_per_name(stream_getter, monkeypatch):
+    """memory.held and a replay's named made values share one registry: the buffer a replay made is the one the
+    Python path gets for the same (name, dtype, device, stream) and the other way round, grown for either; another
+    stream or dtype gets its own; torch's C API off (or a tensor it cannot make like), the Python path still holds
+    it; release_held drops them all and the next call makes a new one, zero."""
+    from flydsl.compiler import torch_c_api
+    from flydsl.kernels import memory
+
+    assert torch_c_api.enable() is None
+    memory.release_held()
+    x = torch.randn(4, 8)
+    plans.signature(x)
+    flags = torch.zeros(16, dtype=torch.int32)
+    recording = launcher.LaunchRecording()
+    recording._add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), flags.data_ptr()))
+    made = ((0, (16,), torch.int32, "test.shared"),)
+    plan = recording.plan((x, flags), None, lambda x: (torch.zeros(16, dtype=torch.int32),), 1, made)
+    (replayed,) = plan(x)
+    ((name, device, stream, dtype, tensor),) = memory.held_buffers()
+    assert (name, stream, dtype, tensor) == ("test.shared", 7, torch.int32, replayed)
+    monkeypatch.setattr(memory, "stream_key", lambda like: (device, 7))
+    assert memory.held(x, "test.shared", 8, torch.int32) is replayed  # fits: the replay's buffer
+    replayed.fill_(3)  # (a kernel that left it dirty: grown buffers are zero all the same)
+    grown = memory.held(x, "test.shared", 64, torch.int32)
+    assert grown.shape == (64,) and not grown.any() and plan(x)[0] is grown
+    assert memory.held(x, "test.shared", 16, torch.float32) is not grown  # another dtype
+    monkeypatch.setattr(memory, "stream_key", lambda like: (device, 9))
+    assert memory.held(x, "test.shared", 16, torch.int32) is not grown  # another stream
+    launcher._pause_torch_c_api(True)
+    try:  # the C API off: made through like.new_zeros
+        paused = memory.held(x, "test.paused", 5, torch.int32)
+        assert paused.shape == (5,) and paused.dtype == torch.int32 and not paused.any()
+    finally:
+        launcher._pause_torch_c_api(False)
+    weight = torch.nn.Parameter(torch.randn(2))
+    assert memory.held(weight, "test.like_a_parameter", 3, torch.float32).shape == (3,)
+    assert memory.release_held() == 5 and memory.held_buffers() == []
+    monkeypatch.setattr(memory, "stream_key", lambda like: (device, 7))
+    again = memory.held(x, "test.shared", 16, torch.int32)
+    assert again is not grown and not again.any() and plan(x)[0] is again
+    with pytest.raises(ValueError, match="a name"):
+        memory.held(x, "", 4, torch.int32)
+    memory.release_held()
+
+
 def test_a_plan_over_plans_makes_the_memory_they_made(stream_getter):
     """A plan recorded around an inner replay that made memory (a fresh tensor, flags kept per stream) makes that
     memory itself: it replays whole (a torch op over a kernel entry point whose plan splits K), returns nothing of

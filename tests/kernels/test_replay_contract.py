@@ -43,7 +43,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(validation, "describe", describe)
     monkeypatch.setattr(device, "sm_count", lambda index=0: 132)
     monkeypatch.setattr(device, "l2_bytes", lambda index=0: 50 * 2**20)
-    monkeypatch.setattr(memory, "stream_key", lambda t: ("cpu", 0))
+    monkeypatch.setattr(memory, "stream_key", lambda t: (-1, 0))
     monkeypatch.setattr(kernel_module.KernelCall, "launch", lambda call, **config: launches.append(call))
     return launches
 

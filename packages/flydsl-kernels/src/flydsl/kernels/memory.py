@@ -15,6 +15,9 @@ __all__ = [
     "torch_statistics",
     "allocated",
     "stream_key",
+    "held",
+    "held_buffers",
+    "release_held",
     "per_stream",
     "claim_counter",
 ]
@@ -142,6 +145,28 @@ def stream_key(tensor) -> tuple:
     return device, raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
+def held(like, name: str, elements: int, dtype):
+    """The buffer ``name`` of ``dtype`` held for the device and current stream of the torch tensor ``like``: a 1-D
+    tensor of at least ``elements``, zero when made, made again larger where a call needs more. Kernels of one
+    stream run one after another, so they share it, each leaving it as it must be found (counters at zero). One
+    registry serves these calls and the replays of launch plans (their ``made`` values of that name), so a buffer is
+    held once per (name, dtype, device, stream); :func:`release_held` drops them all."""
+    device, stream = stream_key(like)
+    return (_LAUNCHER or _launcher()).held(like, name, elements, dtype, device, stream)
+
+
+def held_buffers() -> list:
+    """The buffers :func:`held` and the replays hold, as ``(name, device, stream, dtype, tensor)``."""
+    return (_LAUNCHER or _launcher()).held_buffers()
+
+
+def release_held() -> int:
+    """Drops every held buffer (the next call that needs one makes it again, zero), e.g. to give split K's
+    workspace back to torch's allocator; returns how many were held. A CUDA graph captured around calls that used
+    them keeps reading their addresses: release only where no such graph is replayed again."""
+    return (_LAUNCHER or _launcher()).release_held()
+
+
 def per_stream(cache: dict, tensor, make, fits=None):
     """The scratch ``cache`` holds for the device and current stream of the torch tensor ``tensor``: made by
     ``make(held)`` (``held``: what was there, or None) when there is none yet or ``fits(held)`` says it is too
@@ -154,17 +179,14 @@ def per_stream(cache: dict, tensor, make, fits=None):
     return held
 
 
-_CLAIM_COUNTERS: dict[tuple, object] = {}  # stream_key -> torch int32 pair, kept zero between launches
-
-
 def claim_counter(like: TensorInfo):
     """Two int32 words of global memory, zero, for a kernel that hands out its rows through them and zeroes them
     before it ends (``StagedForwardConfig.claim_rows``); None where ``like``'s framework allocates nothing. torch: one
-    pair per device and stream, kept (:func:`per_stream`); cupy: a new pair per launch."""
+    pair per device and stream, held (:func:`held`); cupy: a new pair per launch."""
     obj = like.obj
     if is_torch(obj):
         torch, _ = _torch_of(like, "row counter")
-        return per_stream(_CLAIM_COUNTERS, obj, lambda held: torch.zeros(2, dtype=torch.int32, device=obj.device))
+        return held(obj, "rows.claim_counters", 2, torch.int32)
     if _is_cupy(obj):
         import cupy
 

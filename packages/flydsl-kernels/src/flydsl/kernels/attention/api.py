@@ -16,7 +16,7 @@ import math
 
 from flydsl.kernels import validation as check
 from flydsl.kernels.attention import checks
-from flydsl.kernels.memory import per_stream, torch_empty_like, torch_new_empty
+from flydsl.kernels.memory import held, torch_empty_like, torch_new_empty
 from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = ["paged_decode", "decode_plan_config"]
@@ -218,19 +218,7 @@ def decode_plan_config(
     return dataclasses.replace(cfg, split=splits > 1, merge=merge), splits, split_tokens
 
 
-_COUNTERS: dict = {}  # (device, stream) -> int32 zeros: the splits' arrival counters (each launch leaves them zero)
-
-
-def _counters_of(words: int, like):
-    """How :func:`~flydsl.kernels.memory.per_stream` makes a stream's counters: zeros, at least ``words``, on the
-    device of the torch tensor ``like`` (read only when they are made: ``like.device`` builds an object per call)."""
-
-    def make(held):
-        import torch
-
-        return torch.zeros(max(words, 1024), dtype=torch.int32, device=like.device)
-
-    return make
+_COUNTER_WORDS = 1024  # the merge counters held per stream: at least this many (grown for larger batches)
 
 
 class _Plan:
@@ -265,7 +253,7 @@ class _Plan:
             partial_out = partial_stats = self.unused
         kv_heads = k_cache.shape[2]
         words = batch * kv_heads * cfg.row_tiles  # a counter per (sequence, KV head, row tile)
-        counters = per_stream(_COUNTERS, q, _counters_of(words, q), fits=lambda held: held.numel() >= words)
+        counters = held(q, "paged_decode.counters", max(words, _COUNTER_WORDS), torch.int32)
         memory = [partial_out, partial_stats, counters]
         if out is None:
             memory.insert(0, torch_empty_like(q) if q.is_contiguous() else torch.empty_like(q))
@@ -292,7 +280,7 @@ class _Plan:
             if self.cfg.split
             else [unused] * 2
         )
-        made.append((0, (words,), torch.int32, "paged_decode.counters"))
+        made.append((0, (max(words, _COUNTER_WORDS),), torch.int32, "paged_decode.counters"))
         if not self.given[0]:
             made.insert(0, (0, None, None))
         made += [unused for given in self.given[1:] if not given]

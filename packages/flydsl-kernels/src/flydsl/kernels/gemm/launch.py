@@ -28,7 +28,7 @@ from flydsl.kernels.gemm.plan import GemmPlan, Scratch, Tensor, Tma, plan_blocks
 from flydsl.kernels.gemm.prepared import PreparedWeight, check_prepared
 from flydsl.kernels.gemm.skinny import SkinnyConfig
 from flydsl.kernels.gemm.tuning import tuned_plan
-from flydsl.kernels.memory import per_stream, torch_new_empty
+from flydsl.kernels.memory import held, torch_new_empty
 from flydsl.kernels.plans import Plans, ScratchPlan, signature
 
 __all__ = ["blockscale_gemm", "fp8_gemm", "gemm", "launch_plan", "skinny_gemm"]
@@ -447,26 +447,17 @@ def _scratch_arguments(plan: GemmPlan) -> list:
     return list(seen.values())
 
 
-_SCRATCH: dict[str, dict] = {}  # scratch name -> {memory.stream_key -> a torch tensor, grown as needed}
-
-
 def _scratch(tensors: dict, scratch: Scratch, like):
     """The memory of ``scratch`` on ``like``'s device: "partials" fresh for this call (kept in ``tensors`` for the
     launches after), "workspace" and "flags" (zeros: every launch leaves them zero, each reset by its reader) shared
-    by the kernels of ``like``'s current stream (:func:`~flydsl.kernels.memory.per_stream`)."""
+    by the kernels of ``like``'s current stream and by the replays that name them (:func:`made_memory`,
+    :func:`~flydsl.kernels.memory.held`)."""
     import torch
 
     dtype = torch.float32 if scratch.dtype == "f32" else torch.int32
     if not scratch.per_stream:
-        held = tensors.get(scratch.name)
-        if held is None:
-            held = tensors[scratch.name] = torch.empty(scratch.shape, dtype=dtype, device=like.device)
-        return held
-    allocate = torch.zeros if scratch.name == "flags" else torch.empty
-
-    def make(held):
-        size = max(scratch.shape[0], held.numel() if held is not None else 0)
-        return allocate(size, dtype=dtype, device=like.device)
-
-    fits = lambda held: held.numel() >= scratch.shape[0]  # noqa: E731
-    return per_stream(_SCRATCH.setdefault(scratch.name, {}), like, make, fits)
+        made = tensors.get(scratch.name)
+        if made is None:
+            made = tensors[scratch.name] = torch.empty(scratch.shape, dtype=dtype, device=like.device)
+        return made
+    return held(like, f"gemm.{scratch.name}", scratch.shape[0], dtype)

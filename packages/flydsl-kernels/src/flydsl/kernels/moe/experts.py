@@ -25,6 +25,7 @@ block-scaled form promotes each K block in the stages' mainloop (``gemm_ws_group
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -32,6 +33,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.compiler import settings
 from flydsl.expr import arith, gpu, nvvm, vector
+from flydsl.kernels import memory as zoo_memory
 from flydsl.kernels import validation as check
 from flydsl.kernels.gemm.block_scales import slot_bytes
 from flydsl.kernels.gemm.config import GemmConfig, deepest_pipeline, fp8_config, max_stages
@@ -49,7 +51,6 @@ from flydsl.kernels.gemm.skinny_grouped import (
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
 )
-from flydsl.kernels.memory import per_stream
 from flydsl.kernels.moe.api import (
     BLOCK,
     align_capacity,
@@ -480,29 +481,36 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
 
     import torch
 
-    # The alignment, h and y, kept per stream: a call reads only what it wrote in them itself (rows below its
-    # padded_count), and the calls of one stream run one after another (no allocations per call).
-    kept: dict = {}
-    # The buffers by (name, shape, dtype), which a replay makes alike (the plan's made): h's blocks past padded_count
-    # are never written nor read; combined, y is unused (the output is written directly).
+    # The alignment, h and y, held per stream (memory.held, shared with the replays that make them): a call reads
+    # only what it wrote in them itself (rows below its padded_count), and the calls of one stream run one after
+    # another (no allocations per call). By (name, shape, dtype), as a replay makes them (the plan's made): h's
+    # blocks past padded_count are never written nor read; combined, y is unused (the output is written directly).
     i32 = torch.int32
     alignment = (("sorted_ids", (capacity,), i32), ("expert_of_block", (capacity // GROUPED_BLOCK,), i32))
     alignment = () if mode1.direct else (*alignment, ("padded_count", (1,), i32))
     shapes = (*alignment, ("h", (routed, inter), x.dtype), ("y", (0 if combined else capacity, hidden), x.dtype))
+    viewed: dict = {}  # stream_key -> (the held buffers, their views of `shapes`)
 
-    def made(x) -> tuple:
-        return tuple(torch.empty(shape, dtype=dtype, device=x.device) for _, shape, dtype in shapes)
+    def views(x) -> tuple:
+        bases = tuple(zoo_memory.held(x, f"fused_moe.{name}", math.prod(shape), dtype) for name, shape, dtype in shapes)
+        key = zoo_memory.stream_key(x)
+        kept = viewed.get(key)
+        if kept is None or any(a is not b for a, b in zip(kept[0], bases, strict=True)):  # made or grown since
+            sizes = (shape for _, shape, _ in shapes)
+            shaped = tuple(base[: math.prod(shape)].view(shape) for base, shape in zip(bases, sizes, strict=True))
+            kept = viewed[key] = (bases, shaped)
+        return kept[1]
 
     def buffers(x, w1_scale, w2_scale) -> tuple:
-        held = per_stream(kept, x, lambda _held: made(x))
+        kept = views(x)
         if fp8 != "row" or (w1_scale.dim() == 2 and w2_scale.dim() == 2):
-            return held
+            return kept
         # per-tensor (E,) weight scales repeated per row, a copy per call; per channel (E, rows): None, viewed at launch
         repeated = tuple(
             None if scale.dim() == 2 else _per_row(scale, count)
             for scale, count in ((w1_scale, 2 * inter), (w2_scale, hidden))
         )
-        return (*held, *repeated)
+        return (*kept, *repeated)
 
     def steps(x, w1, w2, topk_weights, topk_ids, positions, out, w1_scale, w2_scale, *held):
         if mode1.direct:  # the flat ids stand for the (unread) order and count too
