@@ -233,18 +233,53 @@ class _Clamp:
         self.limit = limit
 
     def apply(self, v):
-        if v > self.limit:  # a method's condition on a kernel value: methods are not traced (only functions)
+        if v > self.limit:  # a method's condition on a kernel value: traced as the kernel's are
             v = self.limit
         return v
 
+    @classmethod
+    def unit(cls, v):
+        return cls(fx.Float32(1.0)).apply(v)
 
-def test_a_method_with_a_dynamic_condition_is_told_to_become_a_function():
+    @property
+    def doubled_if_positive(self):
+        if self.limit > 0.0:  # a property runs as it is (no call names it): refused with guidance
+            return self.limit * 2.0
+        return self.limit
+
+
+class _ClampTwice(_Clamp):
+    def apply(self, v):
+        for _ in range(2):  # an scf.for: its body a nested function of the rewritten method
+            v = super().apply(v)  # zero-argument super() there too
+        return v
+
+
+def _methods_kernel(which: str):
     @flyc.kernel
     def k(x: fx.Tensor):
-        x[0] = _Clamp(fx.Float32(1.0)).apply(x[1])
+        if fx.const_expr(which == "method"):
+            x[0] = _Clamp(fx.Float32(1.0)).apply(x[1])
+        elif fx.const_expr(which == "classmethod"):
+            x[0] = _Clamp.unit(x[1])
+        elif fx.const_expr(which == "super"):
+            x[0] = _ClampTwice(fx.Float32(1.0)).apply(x[1])
+        else:
+            x[0] = _Clamp(x[1]).doubled_if_positive
 
-    with pytest.raises(TypeError, match="nor in methods .* move the `if` into a function"):
-        _trace(k)  # (the same condition in a plain function: test_helpers_with_control_flow_are_rewritten_when_called)
+    return k
+
+
+@pytest.mark.parametrize("which", ["method", "classmethod", "super"])
+def test_methods_called_from_a_kernel_are_traced_like_functions(which):
+    text = _trace(_methods_kernel(which))
+    assert text.count("scf.if") == 1 and text.count("scf.for") == (which == "super"), text
+    assert re.search(r'loc\(".*test_dsl_control_flow.py":\d+:0\)', text)
+
+
+def test_a_property_with_a_dynamic_condition_is_told_to_become_a_method():
+    with pytest.raises(TypeError, match="nor in constructors, properties or operators .* a method called by name"):
+        _trace(_methods_kernel("property"))  # (the same condition in a method: traced, as above)
 
 
 def test_tracebacks_through_loops_and_branches_show_their_first_line():
@@ -357,3 +392,84 @@ def test_a_carried_list_keeps_its_length():
 
     with pytest.raises(TypeError, match="'sums' holds 2 carried values before the loop"):
         _trace(k, "Int32")
+
+
+def test_an_early_return_under_a_dynamic_condition_guards_the_rest_of_the_kernel():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        i = gpu.thread_idx.x
+        if i >= n:  # the bounds guard: the rest becomes the else of an scf.if
+            return
+        x[i] = x[i] * 2.0
+
+    text = _trace(k, "Int32")
+    assert text.count("scf.if") == 1 and text.index("} else {") < text.index("fly.store"), text
+
+
+def _sign(v):
+    if v > 0.0:
+        return fx.Float32(1.0)
+    if v < 0.0:
+        return fx.Float32(-1.0)
+    return fx.Float32(0.0)
+
+
+def test_returns_of_values_on_every_path_become_the_results_of_nested_branches():
+    @flyc.kernel
+    def k(x: fx.Tensor):
+        x[0] = _sign(x[1])
+
+    text = _trace(k)
+    assert text.count("scf.if") == 2 and len(re.findall(r"scf.if .* -> \(f32\)", text)) == 2, text
+
+
+def test_a_continue_in_a_loop_that_stays_python_guards_the_rest_of_its_body():
+    @flyc.kernel
+    def k(x: fx.Tensor):
+        for i in fx.range_constexpr(3):
+            if x[i] > 0.0:
+                continue
+            x[i] = 1.0
+
+    text = _trace(k)
+    assert text.count("scf.if") == 3 and "scf.for" not in text, text
+
+
+def _python_exits(a: int, b: int):
+    for i in [1, 2, 3]:
+        if i == a:
+            continue
+        if i == b:
+            return -i
+    if a > b:
+        if a > 2 * b:
+            return a
+        return b
+    elif a == b:
+        return None
+    return a + b
+
+
+def _python_tails(a: int, b: int):
+    if a > b:
+        if a > 2 * b:
+            return a, 1
+        a = a - b
+    else:
+        return b, 2
+    if a == 1:
+        return a, 3
+    return a + b, 4
+
+
+def test_folded_exits_run_as_python_would_on_trace_time_values():
+    from mlir import ir
+
+    from flydsl.compiler.ast_rewrite import rewrite_function
+
+    with ir.Context():  # (each statement runs at its MLIR location)
+        for function in (_python_exits, _python_tails):
+            folded = rewrite_function(function)
+            for a in range(-2, 6):
+                for b in range(-2, 6):
+                    assert folded(a, b) == function(a, b), (function.__name__, a, b)

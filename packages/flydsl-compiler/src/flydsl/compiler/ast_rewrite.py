@@ -8,7 +8,8 @@ returned, which is how loop-carried and branch-result values are found without a
 
 Left as plain Python: ``range_constexpr`` loops, ``if const_expr(...)``, loops over anything but ``range``, and
 statements whose body holds ``return``, ``break``, ``continue`` or ``yield`` (their condition must then be a
-trace-time value; a dynamic one raises a clear error). The seed's explicit form
+trace-time value; a dynamic one raises a clear error) once :mod:`ast_escapes` has folded the returns and continues
+that end branches into ``else`` branches. The seed's explicit form
 ``for iv, state in range(a, b, s, init=[...]): ... results = yield [...]`` is rewritten too.
 
 Line numbers and the file name are kept, so tracebacks point at the user's source; and every other statement runs
@@ -24,6 +25,8 @@ import inspect
 import itertools
 import textwrap
 import types
+
+from flydsl.compiler.ast_escapes import FoldContinues, fold_returns
 
 __all__ = ["rewrite_function", "RewriteError"]
 
@@ -304,19 +307,42 @@ def _locate_tree(tree: ast.AST, origin: ast.AST) -> None:
             node.end_lineno, node.end_col_offset = origin.lineno, origin.col_offset + keyword
 
 
+class _ExplicitSuper(ast.NodeTransformer):
+    """``super()`` -> ``super(__class__, self)`` in a method: its loops' and branches' bodies become nested functions,
+    where the zero-argument form would find neither."""
+
+    def __init__(self, first: str):
+        self.first = first
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "super" and not node.args and not node.keywords:
+            node.args = [
+                ast.copy_location(ast.Name(id="__class__", ctx=ast.Load()), node),
+                ast.copy_location(ast.Name(id=self.first, ctx=ast.Load()), node),
+            ]
+        return node
+
+
 class _CallRouter(ast.NodeTransformer):
-    """``helper(...)`` -> ``__fly_cf.call(helper, ...)``: user functions a kernel calls by name get the same
-    rewrite when they are called (so a helper's own ``if``/``for`` on kernel values becomes ``scf`` too)."""
+    """``helper(...)`` -> ``__fly_cf.call(helper, ...)`` and ``x.method(...)`` -> ``__fly_cf.call_method(x.method,
+    ...)``: user functions a kernel calls by name, and methods, get the same rewrite when they are called (so a
+    helper's own ``if``/``for`` on kernel values becomes ``scf`` too)."""
 
     _KEEP = {"range", "range_constexpr", "const_expr", "locals", "isinstance", "len", "print", "super"}
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
-        if not isinstance(node.func, ast.Name) or node.func.id in self._KEEP or node.func.id.startswith("__fly_"):
+        func = node.func
+        if isinstance(func, ast.Name) and func.id not in self._KEEP and not func.id.startswith("__fly_"):
+            helper = "call"
+        elif isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == HELPERS):
+            helper = "call_method"
+        else:
             return node
         routed = ast.Call(
-            func=ast.Attribute(value=ast.Name(id=HELPERS, ctx=ast.Load()), attr="call", ctx=ast.Load()),
-            args=[node.func, *node.args],
+            func=ast.Attribute(value=ast.Name(id=HELPERS, ctx=ast.Load()), attr=helper, ctx=ast.Load()),
+            args=[func, *node.args],
             keywords=node.keywords,
         )
         return ast.copy_location(routed, node)
@@ -410,6 +436,8 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
     if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise _Untraceable("expected a function definition", filename, first_line)
     function.decorator_list = []
+    fold_returns(function)
+    function.body = [FoldContinues().visit(s) for s in function.body]
     lines = [""] * (first_line - 1) + source.splitlines()
     function.body = [_Rewriter(filename, lines).visit(s) for s in function.body]
     function.body = [s for item in function.body for s in (item if isinstance(item, list) else [item])]
@@ -420,6 +448,8 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
     _Locator(filename).generic_visit(function)
     # A factory binds the original closure's free variables as the rewritten function's own free variables.
     freevars = list(code.co_freevars)
+    if "__class__" in freevars and function.args.args:  # a method calling super() (its bodies now functions)
+        _ExplicitSuper(function.args.args[0].arg).visit(function)
     factory = ast.FunctionDef(
         name="__fly_factory",
         args=ast.arguments(

@@ -28,6 +28,7 @@ __all__ = [
     "UNDEFINED",
     "lookup",
     "call",
+    "call_method",
     "at_line",
     "for_range",
     "for_range_explicit",
@@ -46,25 +47,41 @@ _rewritten_helpers: dict = {}
 
 
 def call(function, *args, **kwargs):
-    """A call from a kernel: user functions run rewritten (their control flow traced like the kernel's), anything
-    else (FlyDSL's own functions, builtins, classes, methods) runs as it is."""
-    if type(function) is types.FunctionType and not getattr(function, "__fly_rewritten__", False):
-        if not (function.__module__ or "").startswith(_INTERNAL_MODULES):
-            rewritten = _rewritten_helpers.get(function)
-            if rewritten is None:
-                from flydsl.compiler.ast_rewrite import RewriteError, _Untraceable, rewrite_function
-
-                try:
-                    rewritten = rewrite_function(function)
-                except _Untraceable:  # no source, or a lambda's: run it as it is
-                    rewritten = function
-                except RewriteError:  # the helper's own mistake: say so
-                    raise
-                except SyntaxError:  # a lambda's line does not parse alone: run it as it is
-                    rewritten = function
-                _rewritten_helpers[function] = rewritten
-            function = rewritten
+    """A call by name from a kernel: user functions run rewritten (their control flow traced like the kernel's),
+    anything else (FlyDSL's own functions, builtins, classes and their constructors) runs as it is."""
+    if type(function) is types.FunctionType:
+        function = _traced(function)
     return function(*args, **kwargs)
+
+
+def call_method(function, *args, **kwargs):
+    """A call of an attribute from a kernel (``x.name(...)``): user methods run rewritten like functions called by
+    name; a module's functions and everything else run as they are."""
+    if type(function) is types.MethodType and type(function.__func__) is types.FunctionType:
+        traced = _traced(function.__func__)
+        if traced is not function.__func__:
+            function = types.MethodType(traced, function.__self__)
+    return function(*args, **kwargs)
+
+
+def _traced(function: types.FunctionType) -> types.FunctionType:
+    """``function`` rewritten (once per function), or itself where it is FlyDSL's own or has no source to rewrite."""
+    if getattr(function, "__fly_rewritten__", False) or (function.__module__ or "").startswith(_INTERNAL_MODULES):
+        return function
+    rewritten = _rewritten_helpers.get(function)
+    if rewritten is None:
+        from flydsl.compiler.ast_rewrite import RewriteError, _Untraceable, rewrite_function
+
+        try:
+            rewritten = rewrite_function(function)
+        except _Untraceable:  # no source, or a lambda's: run it as it is
+            rewritten = function
+        except RewriteError:  # the helper's own mistake: say so
+            raise
+        except SyntaxError:  # a lambda's line does not parse alone: run it as it is
+            rewritten = function
+        _rewritten_helpers[function] = rewritten
+    return rewritten
 
 
 def at_line(filename: str, line: int) -> ir.Location:
