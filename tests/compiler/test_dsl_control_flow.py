@@ -473,3 +473,25 @@ def test_folded_exits_run_as_python_would_on_trace_time_values():
             for a in range(-2, 6):
                 for b in range(-2, 6):
                     assert folded(a, b) == function(a, b), (function.__name__, a, b)
+
+
+def _apply(function, v):
+    return function(v)
+
+
+def test_a_nested_helper_whose_closure_is_not_yet_filled_is_rewritten_over_its_own_cells():
+    @flyc.kernel
+    def k(x: fx.Tensor):
+        if fx.const_expr(False):
+            offset = fx.Float32(1.0)  # bound on no path taken: shifted's cell stays empty
+
+        def shifted(v):
+            if fx.const_expr(False):
+                return v + offset
+            if v > 0.0:  # traced: shifted is rewritten when _apply calls it
+                v = v * 2.0
+            return v
+
+        x[0] = _apply(shifted, x[1])
+
+    assert _trace(k).count("scf.if") == 1

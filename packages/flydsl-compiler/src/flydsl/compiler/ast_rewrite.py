@@ -446,7 +446,8 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
     # Statement positions must be final (the control-flow rewrite adds functions) before they get locations.
     ast.fix_missing_locations(function)
     _Locator(filename).generic_visit(function)
-    # A factory binds the original closure's free variables as the rewritten function's own free variables.
+    # A factory whose parameters are the original free variables, so that they stay free in the rewritten code (its
+    # code object is taken out of the factory and given the original cells: rewrite_function).
     freevars = list(code.co_freevars)
     if "__class__" in freevars and function.args.args:  # a method calling super() (its bodies now functions)
         _ExplicitSuper(function.args.args[0].arg).visit(function)
@@ -477,9 +478,16 @@ def rewrite_function(fn: types.FunctionType) -> types.FunctionType:
 
     namespace = dict(fn.__globals__)
     namespace[HELPERS] = control_flow
-    exec(code, namespace)
-    cells = [c.cell_contents for c in (fn.__closure__ or ())]
-    rewritten = namespace["__fly_factory"](*cells)
+    # The rewritten code object, made a function over fn's own closure cells (live, and possibly still empty: a
+    # nested helper naming a variable its enclosing function binds later or on one path only).
+    (factory,) = (c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == "__fly_factory")
+    (inner,) = (c for c in factory.co_consts if isinstance(c, types.CodeType) and c.co_name == fn.__code__.co_name)
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
+    closure = tuple(cells.get(name) or types.CellType() for name in inner.co_freevars)
+    rewritten = types.FunctionType(inner, namespace, fn.__name__, fn.__defaults__, closure)
+    rewritten.__kwdefaults__ = dict(fn.__kwdefaults__) if fn.__kwdefaults__ else None
+    rewritten.__annotations__ = dict(fn.__annotations__)
+    rewritten.__qualname__ = fn.__qualname__
     rewritten.__wrapped__ = fn
     rewritten.__fly_rewritten__ = True
     return rewritten
