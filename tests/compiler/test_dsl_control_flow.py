@@ -300,12 +300,14 @@ def test_tracebacks_through_loops_and_branches_show_their_first_line():
     assert user[-2][0].startswith("__fly_then") and user[-1][0].startswith("__fly_for")
 
 
-def test_break_in_a_dynamic_loop_is_refused_with_guidance():
+def test_a_break_that_cannot_be_folded_in_a_dynamic_loop_is_refused_with_guidance():
     @flyc.kernel
     def k(x: fx.Tensor, n: fx.Int32):
         for i in range(n):
             if i > 3:
                 break
+            if x[i] > 0.0:  # (a return in the loop too: left as written)
+                return
 
     with pytest.raises(TypeError, match=r"`break` in a `for` over a range known only when the kernel runs") as info:
         _trace(k, "Int32")
@@ -495,3 +497,112 @@ def test_a_nested_helper_whose_closure_is_not_yet_filled_is_rewritten_over_its_o
         x[0] = _apply(shifted, x[1])
 
     assert _trace(k).count("scf.if") == 1
+
+
+def _breaking_kernel(which: str):
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        if fx.const_expr(which == "dynamic range"):
+            for i in range(n):
+                if x[i] > 0.0:
+                    break
+                x[i] = 1.0
+        elif fx.const_expr(which == "while"):
+            i = fx.Int32(0)
+            while i < n:
+                if x[i] > 0.0:  # the condition reads x[i]: not evaluated again once broken (an scf.if)
+                    break
+                i = i + 1
+            x[0] = i.to(fx.Float32)
+        elif fx.const_expr(which == "continue"):
+            for i in range(n):  # no break: an scf.while all the same (a range loop with exits is one while)
+                if x[i] > 0.0:
+                    continue
+                x[i] = 1.0
+        elif fx.const_expr(which == "static range"):
+            for i in range(4):  # Python until the break is dynamic, an scf.while from there
+                if x[i] > 0.0:
+                    break
+                x[i] = 1.0
+        else:
+            for i in fx.range_constexpr(3):  # unrolled: the iterations after a dynamic break under scf.if
+                if x[i] > 0.0:
+                    break
+                if x[i] < -1.0:
+                    continue
+                x[i] = 1.0
+
+    return k
+
+
+@pytest.mark.parametrize(
+    "which, whiles, ifs",
+    [("dynamic range", 1, 2), ("continue", 1, 1), ("while", 1, 2), ("static range", 1, 4), ("constexpr range", 0, 8)],
+)
+def test_loop_exits_under_dynamic_conditions_are_folded(which, whiles, ifs):
+    text = _trace(_breaking_kernel(which), "Int32")
+    assert text.count("scf.while") == whiles and text.count("scf.if") == ifs and "scf.for" not in text, text
+
+
+def test_a_bool_a_dynamic_branch_sets_becomes_a_boolean():
+    @flyc.kernel
+    def k(x: fx.Tensor):
+        found = False
+        if x[0] > 0.0:
+            found = True
+        if found:
+            x[1] = 2.0
+
+    text = _trace(k)
+    assert text.count("scf.if") == 2 and re.search(r"scf.if .* -> \(i1\)", text), text
+
+
+def _python_breaks(n: int, m: int):
+    seen = []
+    for i in range(1, n, 2):
+        if i == m:
+            break
+        if i == 3:
+            continue
+        seen.append(i)
+    j = 0
+    while j < n:
+        j += 1
+        if j * j > m:
+            break
+    for k in [5, 4, 3, 2]:
+        if k == m:
+            continue
+        if k < n:
+            break
+        seen.append(-k)
+    for c in range(n):
+        if c % 3 == m % 3:
+            continue
+        seen.append(10 * c)
+    while j < 2 * n:
+        j += 1
+        if j % 2:
+            continue
+        seen.append(j)
+    for a in range(n, 0, -1):
+        for b in range(a):
+            if b == m:
+                break
+        else:
+            seen.append(100 + a)
+        if a == m:
+            break
+    return seen, i if n > 1 else None, j, k, a if n > 0 else None
+
+
+def test_folded_breaks_run_as_python_would_on_trace_time_values():
+    from mlir import ir
+
+    from flydsl.compiler.ast_rewrite import rewrite_function
+
+    folded = rewrite_function(_python_breaks)
+    with ir.Context():
+        for n in range(0, 8):
+            for m in range(-1, 8):
+                assert folded(n, m) == _python_breaks(n, m), (n, m)

@@ -109,18 +109,22 @@ def test_a_name_bound_only_inside_traced_control_flow_says_so_when_compared():
 @flyc.kernel
 def _break_in_a_while(x: fx.Tensor, n: fx.Int32):
     i = fx.Int32(0)
-    while i < n:  # the loop holding the break cannot be an scf.while
+    while i < n:  # a loop that returns too is left as written: its break cannot be traced
         i = i + 1
         if x[i] > 0.0:
             break
+        if x[i] < -1.0:
+            return
 
 
 @flyc.kernel
 def _continue_in_a_loop(x: fx.Tensor):
-    for i in range(4):  # (a range loop is traced whole: its continue is not folded into an else)
+    for i in range(4):  # (a loop with an else: its continue is not folded)
         if x[i] > 0.0:
             continue
         x[i] = 1.0
+    else:
+        x[0] = 2.0
 
 
 @flyc.kernel

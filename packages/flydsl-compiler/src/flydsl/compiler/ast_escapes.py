@@ -1,25 +1,27 @@
 """Early exits folded into branches, before a kernel's control flow is rewritten (see :mod:`ast_rewrite`).
 
-MLIR's ``scf.if`` has no early exit, so a ``return`` under a condition known only when the kernel runs cannot be
-traced as it is written. The most common guard, ``if i >= n: return`` and the rest of the body after it, says the
-same as ``if i >= n: pass`` / ``else: <the rest>``, which can. This pass rewrites the statements that way before
-:mod:`ast_rewrite` sees them, and the same for ``continue`` in loops that stay Python (``range_constexpr`` and loops
-over other iterables):
+MLIR's ``scf`` ops have no early exit, so a ``return``, ``break`` or ``continue`` under a condition known only when the
+kernel runs cannot be traced as it is written. The most common guard, ``if i >= n: return`` and the rest of the body
+after it, says the same as ``if i >= n: pass`` / ``else: <the rest>``, which can. This pass rewrites the statements
+that way before :mod:`ast_rewrite` sees them:
 
 - the statements after an ``if`` one of whose branches always ends in the exit move into its other branch;
 - where every exit of the function (or loop body) now ends a branch, the exits become plain ends of those branches:
-  a bare ``return`` (or ``continue``) goes, and ``return value`` on every path becomes ``_fly_returned = value`` with
-  one ``return _fly_returned`` at the end (a value of each branch of a traced ``scf.if``, so their types must agree).
+  a bare ``return`` or a ``continue`` goes, ``return value`` on every path becomes ``_fly_returned = value`` with
+  one ``return _fly_returned`` at the end (a value of each branch of a traced ``scf.if``, so their types must agree),
+  and a ``break`` sets a flag that its loop tests (:class:`FoldLoopExits`).
 
 Python runs the folded statements exactly as the original ones, so trace-time conditions behave as before. Exits
-left elsewhere (inside loops, ``with`` or ``try``) are not folded, and a dynamic condition over them still raises the
-error that says what to do.
+left elsewhere (a ``return`` inside a loop, exits in ``with`` or ``try``, loops with an ``else:``) are not folded,
+and a dynamic condition over them still raises the error that says what to do.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 
+HELPERS = "__fly_cf"  # the name the rewritten code calls its helpers (flydsl.compiler.control_flow) through
 RESULT = "_fly_returned"  # (not "__fly_": those names are never carried out of a branch)
 
 
@@ -46,24 +48,121 @@ def fold_returns(function: ast.FunctionDef) -> None:
         function.body = body
 
 
-class FoldContinues(ast.NodeTransformer):
-    """``continue`` folded into branches in the loops that stay Python (``range`` loops are traced whole, so
-    folding theirs would turn an unrolled loop into an ``scf.for``)."""
+class FoldLoopExits(ast.NodeTransformer):
+    """Loops whose ``break``s and ``continue``s all end branches, rewritten so that they can be traced: a
+    ``continue`` ends its branch (the rest of the body is the other branch), a ``break`` sets a flag that the loop
+    tests. A ``while`` runs while ``unless(flag, condition)``; a ``range`` loop becomes a ``while`` over an induction
+    variable of its own (Python while its bounds and exits are known at trace time, as the loop was; an
+    ``scf.while`` from the first dynamic one, where an ``scf.for`` could not stop early); a loop over anything else
+    stays Python and runs the rest of its iterations under ``if ~flag`` once the flag is dynamic. Python runs the
+    rewritten loops exactly as the original ones."""
+
+    def __init__(self):
+        self._ids = itertools.count()
+
+    def visit_While(self, node: ast.While):
+        self.generic_visit(node)
+        flag = self._name("broken", node)
+        folded = None if node.orelse else _folded_loop_body(node.body, flag)
+        if folded is None:
+            return node
+        node.body, breaks = folded
+        if not breaks:  # continues only: they end their branches now
+            return node
+        (loop,) = _template(f"while {HELPERS}.unless({flag}, lambda: TEST):\n    pass", node, TEST=node.test)
+        loop.body, loop._fly_lift = node.body, (flag,)
+        return [*_template(f"{flag} = False", node), loop]
 
     def visit_For(self, node: ast.For):
         self.generic_visit(node)
+        flag = self._name("broken", node)
+        folded = None if node.orelse else _folded_loop_body(node.body, flag)
+        if folded is None:
+            return node
+        body, breaks = folded
         iterator = node.iter
-        is_range = isinstance(iterator, ast.Call) and (
-            (isinstance(iterator.func, ast.Name) and iterator.func.id == "range")
-            or (isinstance(iterator.func, ast.Attribute) and iterator.func.attr == "range")
+        is_range = (
+            isinstance(iterator, ast.Call)
+            and _named(iterator.func, "range")
+            and not iterator.keywords
+            and 1 <= len(iterator.args) <= 3
         )
-        if not is_range and not node.orelse:
-            body = _merge_tails(node.body, ast.Continue)
-            continues = _count(body, ast.Continue, loops_too=False)
-            if continues and continues == _tail_count(body, ast.Continue):
-                body = _strip_tails(body, ast.Continue, lambda c: None)
+        if is_range and isinstance(node.target, ast.Name):
+            start, stop, step = (self._name(n, node) for n in ("start", "stop", "step"))
+            value = self._name("next", node)
+            args = iterator.args
+            bounds = [ast.Constant(0), args[0], ast.Constant(1)] if len(args) == 1 else [*args, ast.Constant(1)][:3]
+            test = f"{HELPERS}.in_range({value}, {stop}, {step})"
+            test = f"{HELPERS}.unless({flag}, lambda: {test})" if breaks else test
+            statements = _template(
+                f"{flag} = False\n{start}, {stop}, {step} = BOUNDS\n{value} = {HELPERS}.range_start({start}, {stop})\n"
+                f"while {test}:\n    {node.target.id} = {value}\n    {value} = {value} + {step}",
+                node,
+                BOUNDS=ast.Tuple(elts=bounds, ctx=ast.Load()),
+            )
+            loop = statements[-1]
+            loop.body, loop._fly_lift = [*loop.body, *body], (flag, value, node.target.id)
+            return statements if breaks else statements[1:]
+        if not breaks:  # continues only, in a loop that stays Python: they end their branches now (no flag)
             node.body = body
-        return node
+            return node
+        statements = _template(
+            f"{flag} = False\nfor TARGET in ITER:\n    if {HELPERS}.running({flag}):\n        pass\n"
+            f"    if {HELPERS}.stopped({flag}):\n        break",
+            node,
+            TARGET=node.target,
+            ITER=iterator,
+        )
+        statements[-1].body[0].body = body
+        return statements
+
+    def _name(self, kind: str, node: ast.AST) -> str:
+        return f"_fly_{kind}_{node.lineno}_{next(self._ids)}"
+
+
+def _folded_loop_body(body: list[ast.stmt], flag: str) -> tuple[list[ast.stmt], bool] | None:
+    """A loop body whose ``break``s set ``flag`` and whose ``continue``s end their branches, and whether it breaks;
+    None where it has no exit or one that does not end a branch (or a ``return``/``yield``: left as written)."""
+    breaks = _count(body, ast.Break, loops_too=False) > 0
+    if not breaks and not _count(body, ast.Continue, loops_too=False):
+        return None
+    if _count(body, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await), loops_too=True):
+        return None
+    exits = (ast.Break, ast.Continue)
+    body = _merge_tails(body, exits)
+    if _count(body, exits, loops_too=False) != _tail_count(body, exits):
+        return None
+
+    def replace(exit_statement):
+        if isinstance(exit_statement, ast.Continue):
+            return None
+        return _template(f"{flag} = True", exit_statement)[0]
+
+    return _strip_tails(body, exits, replace), breaks
+
+
+def _template(source: str, origin: ast.AST, **holes) -> list[ast.stmt]:
+    """The statements of ``source`` at ``origin``'s position, each name in ``holes`` replaced by its node."""
+
+    class Fill(ast.NodeTransformer):
+        def visit_Name(self, name: ast.Name):
+            return holes.get(name.id, name)
+
+    statements = [Fill().visit(statement) for statement in ast.parse(source).body]
+    filled = {id(node) for hole in holes.values() for node in ast.walk(hole)}
+    for statement in statements:
+        for node in ast.walk(statement):
+            if id(node) not in filled and "lineno" in node._attributes:
+                ast.copy_location(node, origin)
+    return statements
+
+
+def _named(function: ast.expr, name: str) -> bool:
+    """Whether a call's function is ``name`` or an attribute ``name`` (``range``, ``fx.range``: as ast_rewrite reads
+    them)."""
+    return (isinstance(function, ast.Name) and function.id == name) or (
+        isinstance(function, ast.Attribute) and function.attr == name
+    )
 
 
 def _always_ends(statements: list[ast.stmt], exit_type: type) -> bool:

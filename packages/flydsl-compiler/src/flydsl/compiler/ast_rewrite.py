@@ -26,11 +26,9 @@ import itertools
 import textwrap
 import types
 
-from flydsl.compiler.ast_escapes import FoldContinues, fold_returns
+from flydsl.compiler.ast_escapes import HELPERS, FoldLoopExits, fold_returns
 
 __all__ = ["rewrite_function", "RewriteError"]
-
-HELPERS = "__fly_cf"  # the name the rewritten code calls its helpers through
 
 
 class RewriteError(SyntaxError):
@@ -283,6 +281,7 @@ class _Rewriter(ast.NodeTransformer):
             type_params=[],
         )
         body_fn = self._function(self._fresh("while", node), names, node.body, names)
+        lift = getattr(node, "_fly_lift", ())  # (a folded break's names: ast_escapes.FoldLoopExits)
         call = ast.Call(
             func=self._helper("while_loop"),
             args=[
@@ -291,7 +290,7 @@ class _Rewriter(ast.NodeTransformer):
                 self._names_tuple(names),
                 self._current_values(names),
             ],
-            keywords=[],
+            keywords=[ast.keyword(arg="lift", value=self._names_tuple(list(lift)))] if lift else [],
         )
         return [cond_fn, body_fn, self._assign_back(names, call)]
 
@@ -427,6 +426,10 @@ class _Locator(ast.NodeTransformer):
         return node
 
 
+def _listed(result) -> list:
+    return result if isinstance(result, list) else [result]
+
+
 @functools.cache
 def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: int):
     # Parsed below first_line - 1 empty lines, so that every node has its line in the file from the start (moving the
@@ -437,7 +440,8 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
         raise _Untraceable("expected a function definition", filename, first_line)
     function.decorator_list = []
     fold_returns(function)
-    function.body = [FoldContinues().visit(s) for s in function.body]
+    exits = FoldLoopExits()
+    function.body = [s for item in function.body for s in _listed(exits.visit(item))]
     lines = [""] * (first_line - 1) + source.splitlines()
     function.body = [_Rewriter(filename, lines).visit(s) for s in function.body]
     function.body = [s for item in function.body for s in (item if isinstance(item, list) else [item])]

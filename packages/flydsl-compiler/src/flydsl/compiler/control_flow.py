@@ -34,6 +34,11 @@ __all__ = [
     "for_range_explicit",
     "if_else",
     "while_loop",
+    "unless",
+    "stopped",
+    "running",
+    "range_start",
+    "in_range",
     "equal",
     "not_equal",
     "truth",
@@ -309,6 +314,8 @@ def if_else(condition, then_fn, else_fn, names: tuple, values: tuple):
         with ir.InsertionPoint(block):
             branches.append(list(fn(*values)))
     then_out, else_out = branches
+    for i in range(len(names)):  # Python scalars beside a numeric, or bools set by a branch, become numerics
+        then_out[i], else_out[i] = _lifted(values[i], then_out[i], else_out[i])
     result_names = []
     for i, name in enumerate(names):
         a, b = then_out[i], else_out[i]
@@ -351,8 +358,67 @@ def if_else(condition, then_fn, else_fn, names: tuple, values: tuple):
     return tuple(results)
 
 
-def while_loop(cond_fn, body_fn, names: tuple, values: tuple):
-    """``while``: a Python loop while the condition is a Python value; an ``scf.while`` once it is dynamic."""
+def _lifted(before, a, b) -> tuple:
+    """A branch result pair ``(a, b)`` that can flow out of an ``scf.if``: a Python scalar beside a numeric converted
+    to its type (as a loop converts what it carries), and Python bools one branch set (``found = True``) made
+    Booleans; anything else as it is."""
+    scalars = (bool, int, float)
+    if isinstance(a, Numeric) and type(b) in scalars:
+        return a, type(a)(b)
+    if isinstance(b, Numeric) and type(a) in scalars:
+        return type(b)(a), b
+    if type(a) is bool and type(b) is bool and (a is not before or b is not before):
+        return Boolean(a), Boolean(b)
+    return a, b
+
+
+def unless(flag, condition_fn):
+    """``not flag and condition_fn()`` with Python's short circuit: the condition of a loop whose ``break`` was folded
+    into ``flag`` (:mod:`ast_escapes`). A dynamic flag evaluates the condition in an ``scf.if``, so that a loop
+    condition reading memory is not evaluated once the loop has broken."""
+    if not _is_dynamic(flag):
+        return False if flag else condition_fn()
+    flag = as_numeric(flag)
+    branch = scf.IfOp((~flag).value, [ir.IntegerType.get_signless(1)], has_else=True)
+    with ir.InsertionPoint(branch.then_block):
+        condition = condition_fn()
+        condition = as_numeric(condition) if _is_dynamic(condition) else Boolean(bool(condition))
+        scf.YieldOp([(condition if isinstance(condition, Boolean) else condition != 0).value])
+    with ir.InsertionPoint(branch.else_block):
+        scf.YieldOp([Boolean(False).value])
+    return Boolean(branch.results[0])
+
+
+def stopped(flag) -> bool:
+    """Whether a loop over a Python iterable whose ``break`` was folded into ``flag`` stops now (a Python flag that
+    is set; a dynamic one runs the remaining iterations under :func:`running`)."""
+    return not _is_dynamic(flag) and bool(flag)
+
+
+def running(flag):
+    """``not flag``: the condition of the rest of such a loop's iterations (a Boolean where the flag is dynamic)."""
+    return ~as_numeric(flag) if _is_dynamic(flag) else not flag
+
+
+def range_start(start, stop):
+    """The first value of a ``range`` loop whose ``break`` was folded (:mod:`ast_escapes`): ``start`` as it is where
+    both bounds are Python ints, else of the induction variable's type (as ``for_range`` gives it)."""
+    if not _is_dynamic(start) and not _is_dynamic(stop):
+        return start
+    induction_type = next((type(a) for a in (stop, start) if isinstance(a, Integer)), Index)
+    return as_numeric(start).to(induction_type) if _is_dynamic(start) else induction_type(start)
+
+
+def in_range(value, stop, step):
+    """Whether a ``range`` loop whose ``break`` was folded runs another iteration (a dynamic step is taken as
+    positive, as ``scf.for`` takes it)."""
+    return value > stop if not _is_dynamic(step) and step < 0 else value < stop
+
+
+def while_loop(cond_fn, body_fn, names: tuple, values: tuple, lift: tuple = ()):
+    """``while``: a Python loop while the condition is a Python value; an ``scf.while`` once it is dynamic. The names
+    in ``lift`` (a folded ``break``'s flag and induction variable: :mod:`ast_escapes`) holding Python values then
+    become numerics (bool: Boolean, int: Index), so that the loop carries them."""
     current = list(values)
     condition = cond_fn(*current)
     while not _is_dynamic(condition):
@@ -360,6 +426,9 @@ def while_loop(cond_fn, body_fn, names: tuple, values: tuple):
             return tuple(current)
         current = list(body_fn(*current))
         condition = cond_fn(*current)
+    for i, name in enumerate(names):
+        if name in lift and type(current[i]) in (bool, int):
+            current[i] = (Boolean if type(current[i]) is bool else Index)(current[i])
     carried = _carried(names, current)
     initial = _flat_values(carried, current)
     types = [value.type for value in initial]
