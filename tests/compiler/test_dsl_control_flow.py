@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -606,3 +607,27 @@ def test_folded_breaks_run_as_python_would_on_trace_time_values():
         for n in range(0, 8):
             for m in range(-1, 8):
                 assert folded(n, m) == _python_breaks(n, m), (n, m)
+
+
+def _logged(method):
+    @functools.wraps(method)
+    def wrapper(self, *args):
+        return method(self, *args)
+
+    return wrapper
+
+
+class _Scaled:
+    @_logged
+    def apply(self, v):  # a decorated method: its wrapper is rewritten from its own source, and the method
+        if v > 0.0:
+            v = v * 2.0
+        return v
+
+
+def test_a_decorated_method_runs_through_its_wrapper():
+    @flyc.kernel
+    def k(x: fx.Tensor):
+        x[0] = _Scaled().apply(x[1])
+
+    assert _trace(k).count("scf.if") == 1

@@ -473,7 +473,7 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
 def rewrite_function(fn: types.FunctionType) -> types.FunctionType:
     """The same function with its control flow routed through the tracing helpers (cached per code object)."""
     try:
-        source_lines, first_line = inspect.getsourcelines(fn)
+        source_lines, first_line = inspect.getsourcelines(fn.__code__)  # (fn itself: a wrapper would read the wrapped)
     except (OSError, TypeError) as error:
         raise _Untraceable(f"cannot read the source of {fn.__qualname__} to trace it: {error}") from None
     source = textwrap.dedent("".join(source_lines))
@@ -485,7 +485,10 @@ def rewrite_function(fn: types.FunctionType) -> types.FunctionType:
     # The rewritten code object, made a function over fn's own closure cells (live, and possibly still empty: a
     # nested helper naming a variable its enclosing function binds later or on one path only).
     (factory,) = (c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == "__fly_factory")
-    (inner,) = (c for c in factory.co_consts if isinstance(c, types.CodeType) and c.co_name == fn.__code__.co_name)
+    inner = [c for c in factory.co_consts if isinstance(c, types.CodeType) and c.co_name == fn.__code__.co_name]
+    if len(inner) != 1:  # the source read is not this code's (a wrapper whose source is another function's)
+        raise _Untraceable(f"the source read for {fn.__qualname__} is not its code's")
+    (inner,) = inner
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
     closure = tuple(cells.get(name) or types.CellType() for name in inner.co_freevars)
     rewritten = types.FunctionType(inner, namespace, fn.__name__, fn.__defaults__, closure)
