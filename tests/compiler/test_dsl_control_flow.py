@@ -619,7 +619,7 @@ def _logged(method):
 
 class _Scaled:
     @_logged
-    def apply(self, v):  # a decorated method: its wrapper is rewritten from its own source, and the method
+    def apply(self, v):  # decorated: the wrapper is rewritten from its own source, the method as it calls it
         if v > 0.0:
             v = v * 2.0
         return v
