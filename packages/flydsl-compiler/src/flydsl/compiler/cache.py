@@ -11,6 +11,10 @@ directories are created private to the user (0700); entries are written to a tem
 (``os.replace``), so concurrent processes see an old entry or a whole new one, and a failed write leaves no
 temporary behind. ``FLYDSL_RUNTIME_ENABLE_CACHE=0`` bypasses the cache. What the key covers: docs/kernels.md.
 
+The cache stays within ``FLYDSL_CACHE_MAX_SIZE`` (4 GiB by default): a load marks its entry used (its modification
+time), and a process's first store, then every 64th, removes the least recently used entries past the bound
+(:func:`prune`; ``python -m flydsl.compiler.cache`` shows the cache and prunes or clears it by hand).
+
 The same entries hold small JSON records (:func:`load_record` / :func:`store_record`: an autotuning winner,
 :mod:`flydsl.compiler.autotune`): the metadata line with ``"kind": "record"`` and the record, no payload, read and
 written by the same code under the same checks. Every key text is built by :func:`key_text`.
@@ -43,14 +47,19 @@ __all__ = [
     "load",
     "load_record",
     "package_fingerprint",
+    "prune",
     "store",
     "store_record",
+    "usage",
 ]
 
 FORMAT = 3  # 3: JSON metadata + raw payloads, key and checksums verified (2: a pickle)
 MAX_ENTRY_BYTES = 256 << 20  # the largest entry read; the zoo's biggest is well under 1 MB
 _SUFFIX = ".flyc"
 _warned: set[str] = set()  # paths warned about in this process
+_PRUNE_EVERY = 64  # stores of a process between two prunes (its first store prunes too)
+_PRUNED_TO = 0.9  # a prune leaves the cache at this fraction of its bound, so that the next store does not prune
+_stores = [0]  # entries this process wrote
 
 
 @functools.lru_cache(maxsize=1)
@@ -151,12 +160,17 @@ def _load(key: str, decode, then: str):
         return None
     path = entry_path(key)
     try:
-        return decode(_read_regular_file(path), key)
+        decoded = decode(_read_regular_file(path), key)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         _warn_once(path, f"ignoring the cache entry {path} ({error}); {then}")
         return None
+    try:
+        os.utime(path)  # used now: the last to go when the cache is pruned
+    except OSError:
+        pass
+    return decoded
 
 
 def _read_regular_file(path: Path) -> bytes:
@@ -314,6 +328,9 @@ def _store(key: str, encode, then: str) -> None:
             handle.write(encode())
         os.replace(temporary, path)
         temporary = None
+        _stores[0] += 1
+        if _stores[0] % _PRUNE_EVERY == 1:
+            _prune_quietly()
     except OSError as error:
         _warn_once(path, f"could not write the cache entry {path}: {error}; {then}")
     finally:
@@ -322,3 +339,104 @@ def _store(key: str, encode, then: str) -> None:
                 os.unlink(temporary)
             except OSError:
                 pass
+
+
+def _entries() -> list:
+    """The cache's entries as ``(modification time, size, path)``: regular files of this user named ``*.flyc`` in
+    its two-character shard directories (links, temporaries and anything else are left alone)."""
+    entries = []
+    try:
+        shards = [
+            d for d in os.scandir(settings.current().cache_dir) if len(d.name) == 2 and d.is_dir(follow_symlinks=False)
+        ]
+    except FileNotFoundError:
+        return entries
+    uid = os.getuid()
+    for shard in shards:
+        try:
+            files = list(os.scandir(shard.path))
+        except OSError:
+            continue
+        for entry in files:
+            if not entry.name.endswith(_SUFFIX) or not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:  # removed meanwhile (another process pruning)
+                continue
+            if info.st_uid == uid:
+                entries.append((info.st_mtime, info.st_size, entry.path))
+    return entries
+
+
+def _prune_quietly() -> None:
+    """:func:`prune` after a store: a cache that cannot be walked stays as it is (the entry was written)."""
+    try:
+        prune()
+    except OSError:
+        pass
+
+
+def usage() -> tuple[int, int]:
+    """``(entries, bytes)`` the disk cache holds."""
+    entries = _entries()
+    return len(entries), sum(size for _, size, _ in entries)
+
+
+def prune(max_bytes: int | None = None) -> tuple[int, int]:
+    """Removes the least recently used entries (loaded or written longest ago) until the cache holds at most
+    ``max_bytes`` (0: every entry); by default the bound ``FLYDSL_CACHE_MAX_SIZE`` (0: none), pruned down to 90% of
+    it once passed. Returns ``(entries, bytes)`` removed. Safe beside other processes: a reader whose entry goes
+    compiles it again."""
+    if max_bytes is None:
+        bound = settings.current().cache_max_bytes
+        if bound <= 0:
+            return 0, 0
+        entries = _entries()
+        total = sum(size for _, size, _ in entries)
+        if total <= bound:
+            return 0, 0
+        target = bound * _PRUNED_TO
+    else:
+        entries = _entries()
+        total, target = sum(size for _, size, _ in entries), max_bytes
+    removed = freed = 0
+    for _, size, path in sorted(entries):
+        if total - freed <= target:
+            break
+        try:
+            os.unlink(path)
+        except OSError:  # gone already, or not ours to remove
+            continue
+        removed, freed = removed + 1, freed + size
+    return removed, freed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flydsl.compiler.cache [--prune [SIZE] | --clear]``: the cache's place, entries, size and bound."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flydsl.compiler.cache", description=main.__doc__)
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument(
+        "--prune",
+        nargs="?",
+        const="",
+        metavar="SIZE",
+        help="remove the least recently used entries past SIZE (e.g. 1G; default: FLYDSL_CACHE_MAX_SIZE)",
+    )
+    action.add_argument("--clear", action="store_true", help="remove every entry")
+    args = parser.parse_args(argv)
+    current = settings.current()
+    if args.clear or args.prune is not None:
+        bound = 0 if args.clear else settings.parse_size("--prune", args.prune, 0) if args.prune else None
+        removed, freed = prune(bound)
+        print(f"removed {removed} entries ({freed / 2**20:.1f} MiB)")
+    entries, size = usage()
+    limit = f"{current.cache_max_bytes / 2**30:.2f} GiB" if current.cache_max_bytes else "none"
+    print(f"{current.cache_dir}: {entries} entries, {size / 2**20:.1f} MiB (bound: {limit})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

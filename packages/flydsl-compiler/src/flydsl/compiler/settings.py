@@ -10,6 +10,8 @@
 ``FLYDSL_DUMP_DIR``            where dumps go (default ``./flydsl_dump``)
 ``FLYDSL_CACHE_DIR``           on-disk kernel cache (default ``~/.cache/flydsl``)
 ``FLYDSL_RUNTIME_ENABLE_CACHE`` ``0`` bypasses the JIT cache (and keeps autotuning winners in memory only)
+``FLYDSL_CACHE_MAX_SIZE``      the disk cache's bound: bytes, or with a K/M/G suffix (default ``4G``; ``0``: none);
+                               the least recently used entries go past it (``flydsl.compiler.cache.prune``)
 ``FLYDSL_AUTOTUNE``            ``1``: ops that can autotune time their candidate configurations once per key
                                (``flyc.autotune``; default off: the cost models choose)
 ``FLYDSL_COMPILE_ISOLATED``    unset/``1``: compile in a forked child of a worker process, so that
@@ -37,7 +39,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Settings", "current"]
+__all__ = ["Settings", "current", "parse_size"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Settings:
     dump_ir_dir: Path | None
     cache_dir: Path
     cache_enabled: bool
+    cache_max_bytes: int = 4 << 30
     compile_isolated: bool = True
     autotune: bool = False
     launch_replay: bool = True
@@ -61,6 +64,22 @@ def _words(value: str | None) -> frozenset | None:
     if value is None:
         return None
     return frozenset(word.strip() for word in value.split(",") if word.strip() and word.strip() != "none")
+
+
+def parse_size(name: str, value: str | None, default: int) -> int:
+    """A size in bytes from ``value`` ("123", "500K", "4G"; None: ``default``), or a ValueError naming ``name``."""
+    if value is None or not value.strip():
+        return default
+    text = value.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+    number = text[:-1] if scale > 1 else text
+    try:
+        size = int(float(number) * scale)
+    except (ValueError, OverflowError):
+        size = -1
+    if size < 0:
+        raise ValueError(f"{name}={value!r}: expected a size in bytes, e.g. 4G, 500M or 0 (no bound)")
+    return size
 
 
 def current() -> Settings:
@@ -78,6 +97,7 @@ def current() -> Settings:
         dump_ir_dir=dump_dir,
         cache_dir=Path(env.get("FLYDSL_CACHE_DIR") or Path.home() / ".cache" / "flydsl"),
         cache_enabled=env.get("FLYDSL_RUNTIME_ENABLE_CACHE", "1") != "0",
+        cache_max_bytes=parse_size("FLYDSL_CACHE_MAX_SIZE", env.get("FLYDSL_CACHE_MAX_SIZE"), 4 << 30),
         compile_isolated=env.get("FLYDSL_COMPILE_ISOLATED", "1") != "0",
         autotune=env.get("FLYDSL_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"),
         launch_replay=env.get("FLYDSL_LAUNCH_REPLAY", "1").lower() not in ("0", "false", "no", "off"),
