@@ -228,18 +228,22 @@ def _strip_tails(statements: list[ast.stmt], exit_type: type, replace) -> list[a
     return statements
 
 
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_SCOPES_AND_LOOPS = (*_SCOPES, ast.For, ast.While)
+
+
 def _count(statements: list[ast.stmt], kinds, loops_too: bool) -> int:
-    """How many nodes of ``kinds`` the statements hold, not in nested functions or classes (nor in nested
-    loops unless ``loops_too``: a ``continue`` there belongs to that loop)."""
-
-    def visit(node) -> int:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            return 0
-        if not loops_too and isinstance(node, (ast.For, ast.While)):
-            return 0
-        return isinstance(node, kinds) + sum(visit(child) for child in ast.iter_child_nodes(node))
-
-    return sum(visit(statement) for statement in statements)
+    """How many nodes of ``kinds`` the statements hold, not in nested functions or classes (nor in nested loops
+    unless ``loops_too``: a ``continue`` there belongs to that loop)."""
+    skipped = _SCOPES if loops_too else _SCOPES_AND_LOOPS
+    count, stack = 0, list(statements)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, skipped):
+            continue
+        count += isinstance(node, kinds)
+        stack.extend(ast.iter_child_nodes(node))
+    return count
 
 
 def _is_none(value: ast.expr | None) -> bool:

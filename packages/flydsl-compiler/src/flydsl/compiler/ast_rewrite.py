@@ -23,6 +23,7 @@ import ast
 import functools
 import inspect
 import itertools
+import linecache
 import textwrap
 import types
 
@@ -389,6 +390,11 @@ class _ValueChecks(ast.NodeTransformer):
         return node
 
 
+class _Expressions(_ValueChecks, _CallRouter):
+    """Both expression rewrites in one walk of the tree (their visitors are of different node kinds, and each takes
+    its text before its children are visited, so the result is the same as two walks')."""
+
+
 _COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.While, ast.If, ast.With, ast.Try)
 
 
@@ -420,8 +426,8 @@ class _Locator(ast.NodeTransformer):
             statements = getattr(node, field, None)
             if isinstance(statements, list) and statements and isinstance(statements[0], ast.stmt):
                 setattr(node, field, self._wrap_body(statements))
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, ast.stmt):
+        for child in ast.iter_child_nodes(node):  # (expressions hold no statements: only these can)
+            if isinstance(child, (ast.ExceptHandler, ast.match_case)):
                 self.visit(child)
         return node
 
@@ -439,14 +445,17 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
     if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise _Untraceable("expected a function definition", filename, first_line)
     function.decorator_list = []
-    fold_returns(function)
-    exits = FoldLoopExits()
-    function.body = [s for item in function.body for s in _listed(exits.visit(item))]
+    # (the exits' passes only where the source names them: most functions have a last `return` at most)
+    if source.count("return") > 1 or (source.count("return") == 1 and not isinstance(function.body[-1], ast.Return)):
+        fold_returns(function)
+    if "break" in source or "continue" in source:
+        exits = FoldLoopExits()
+        function.body = [s for item in function.body for s in _listed(exits.visit(item))]
     lines = [""] * (first_line - 1) + source.splitlines()
     function.body = [_Rewriter(filename, lines).visit(s) for s in function.body]
     function.body = [s for item in function.body for s in (item if isinstance(item, list) else [item])]
-    function.body = [_ValueChecks().visit(s) for s in function.body]
-    function.body = [_CallRouter().visit(s) for s in function.body]
+    expressions = _Expressions()
+    function.body = [expressions.visit(s) for s in function.body]
     # Statement positions must be final (the control-flow rewrite adds functions) before they get locations.
     ast.fix_missing_locations(function)
     _Locator(filename).generic_visit(function)
@@ -470,12 +479,20 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
     return compile(ast.Module(body=[factory], type_ignores=[]), filename, "exec")
 
 
+def _source_of(fn: types.FunctionType) -> tuple[list[str], int]:
+    """The lines of ``fn``'s own code (a wrapper's, not the function it wraps) and the first one's number: its file's
+    lines from ``co_firstlineno`` to the end of the block (``inspect.getsourcelines`` without its search of every
+    module for the file's: most of its time)."""
+    code = fn.__code__
+    lines = linecache.getlines(code.co_filename, fn.__globals__)
+    if not lines or code.co_firstlineno > len(lines):
+        raise _Untraceable(f"cannot read the source of {fn.__qualname__} to trace it (no lines of {code.co_filename})")
+    return inspect.getblock(lines[code.co_firstlineno - 1 :]), code.co_firstlineno
+
+
 def rewrite_function(fn: types.FunctionType) -> types.FunctionType:
     """The same function with its control flow routed through the tracing helpers (cached per code object)."""
-    try:
-        source_lines, first_line = inspect.getsourcelines(fn.__code__)  # (fn itself: a wrapper would read the wrapped)
-    except (OSError, TypeError) as error:
-        raise _Untraceable(f"cannot read the source of {fn.__qualname__} to trace it: {error}") from None
+    source_lines, first_line = _source_of(fn)
     source = textwrap.dedent("".join(source_lines))
     code = _rewrite_code(fn.__code__, source, fn.__code__.co_filename, first_line)
     from flydsl.compiler import control_flow
