@@ -249,6 +249,19 @@ class _Clamp:
         return self.limit
 
 
+class _Bounded:
+    def __init__(self, v, limit):
+        if v > limit:  # a constructor's condition on a kernel value: traced too
+            v = limit
+        self.v = v
+
+
+class _BoundedTwice(_Bounded):
+    def __init__(self, v):
+        super().__init__(v, fx.Float32(2.0))
+        super().__init__(self.v, fx.Float32(1.0))
+
+
 class _ClampTwice(_Clamp):
     def apply(self, v):
         for _ in range(2):  # an scf.for: its body a nested function of the rewritten method
@@ -265,21 +278,27 @@ def _methods_kernel(which: str):
             x[0] = _Clamp.unit(x[1])
         elif fx.const_expr(which == "super"):
             x[0] = _ClampTwice(fx.Float32(1.0)).apply(x[1])
+        elif fx.const_expr(which == "constructor"):
+            x[0] = _Bounded(x[1], fx.Float32(1.0)).v
+        elif fx.const_expr(which == "super constructor"):
+            x[0] = _BoundedTwice(x[1]).v
         else:
             x[0] = _Clamp(x[1]).doubled_if_positive
 
     return k
 
 
-@pytest.mark.parametrize("which", ["method", "classmethod", "super"])
-def test_methods_called_from_a_kernel_are_traced_like_functions(which):
+@pytest.mark.parametrize(
+    "which, branches", [("method", 1), ("classmethod", 1), ("super", 1), ("constructor", 1), ("super constructor", 2)]
+)
+def test_methods_and_constructors_called_from_a_kernel_are_traced_like_functions(which, branches):
     text = _trace(_methods_kernel(which))
-    assert text.count("scf.if") == 1 and text.count("scf.for") == (which == "super"), text
+    assert text.count("scf.if") == branches and text.count("scf.for") == (which == "super"), text
     assert re.search(r'loc\(".*test_dsl_control_flow.py":\d+:0\)', text)
 
 
 def test_a_property_with_a_dynamic_condition_is_told_to_become_a_method():
-    with pytest.raises(TypeError, match="nor in constructors, properties or operators .* a method called by name"):
+    with pytest.raises(TypeError, match="nor in properties or operators .* a method called by name"):
         _trace(_methods_kernel("property"))  # (the same condition in a method: traced, as above)
 
 

@@ -52,21 +52,41 @@ _rewritten_helpers: dict = {}
 
 
 def call(function, *args, **kwargs):
-    """A call by name from a kernel: user functions run rewritten (their control flow traced like the kernel's),
-    anything else (FlyDSL's own functions, builtins, classes and their constructors) runs as it is."""
+    """A call by name from a kernel: user functions run rewritten (their control flow traced like the kernel's), and
+    so do the ``__init__`` of the user classes it constructs (:func:`_constructed`); anything else (FlyDSL's own
+    functions, builtins) runs as it is."""
     if type(function) is types.FunctionType:
         function = _traced(function)
+    elif type(function) is type:
+        return _constructed(function, args, kwargs)
     return function(*args, **kwargs)
 
 
 def call_method(function, *args, **kwargs):
     """A call of an attribute from a kernel (``x.name(...)``): user methods run rewritten like functions called by
-    name; a module's functions and everything else run as they are."""
+    name, and classes are constructed as :func:`call` constructs them; a module's functions and everything else run
+    as they are."""
     if type(function) is types.MethodType and type(function.__func__) is types.FunctionType:
         traced = _traced(function.__func__)
         if traced is not function.__func__:
             function = types.MethodType(traced, function.__self__)
+    elif type(function) is type:
+        return _constructed(function, args, kwargs)
     return function(*args, **kwargs)
+
+
+def _constructed(cls: type, args: tuple, kwargs: dict):
+    """``cls(*args, **kwargs)`` with its ``__init__`` rewritten, where construction is only ``object.__new__`` and a
+    Python ``__init__`` (no metaclass, no ``__new__`` of its own); otherwise as it is."""
+    init = cls.__init__
+    if cls.__new__ is not object.__new__ or type(init) is not types.FunctionType:
+        return cls(*args, **kwargs)
+    traced = _traced(init)
+    if traced is init:
+        return cls(*args, **kwargs)
+    instance = object.__new__(cls)
+    traced(instance, *args, **kwargs)
+    return instance
 
 
 def _traced(function: types.FunctionType) -> types.FunctionType:

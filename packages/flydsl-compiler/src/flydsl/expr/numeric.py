@@ -102,8 +102,8 @@ class Numeric:
         raise DynamicBoolError(
             f"a dynamic {type(self).__name__} cannot be used as a Python bool. Conditions of `if`/`while` in a"
             " kernel become scf.if/scf.while, but not inside `and`/`or`/`not`, nor in a branch that holds"
-            " `return`/`break`/`continue`, nor in constructors, properties or operators (only the kernel and the"
-            " functions and methods it calls are traced so: move the `if` into a method called by name); use `&`,"
+            " an exit that cannot be folded, nor in properties or operators (only the kernel and the functions,"
+            " methods and constructors it calls are traced so: move the `if` into a method called by name); use `&`,"
             " `|`, `~` on Boolean values, or fx.const_expr(...) for a trace-time condition"
         )
 
