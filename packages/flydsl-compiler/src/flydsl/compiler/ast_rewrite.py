@@ -94,6 +94,10 @@ def _is_call_to(node: ast.expr, name: str) -> bool:
     return (isinstance(func, ast.Name) and func.id == name) or (isinstance(func, ast.Attribute) and func.attr == name)
 
 
+_STATEMENT_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")
+_STATEMENT_KINDS = (ast.stmt, ast.ExceptHandler, ast.match_case)
+
+
 class _Rewriter(ast.NodeTransformer):
     def __init__(self, filename: str, file_lines: list[str]):
         self._ids = itertools.count()
@@ -116,6 +120,19 @@ class _Rewriter(ast.NodeTransformer):
         return ast.copy_location(
             ast.Call(func=self._helper(helper), args=[value, ast.Constant(escape), line], keywords=[]), value
         )
+
+    def generic_visit(self, node):
+        # Only statements hold the loops and branches rewritten here: expressions (most of a tree) are not walked.
+        for field in _STATEMENT_FIELDS:
+            items = getattr(node, field, None)
+            if isinstance(items, list) and items and isinstance(items[0], _STATEMENT_KINDS):
+                visited = []
+                for item in items:
+                    result = self.visit(item)
+                    if result is not None:
+                        visited.extend(result if isinstance(result, list) else [result])
+                setattr(node, field, visited)
+        return node
 
     def visit(self, node):
         result = super().visit(node)
