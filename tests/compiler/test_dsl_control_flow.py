@@ -650,3 +650,38 @@ def test_a_decorated_method_runs_through_its_wrapper():
         x[0] = _Scaled().apply(x[1])
 
     assert _trace(k).count("scf.if") == 1
+
+
+def _margin_text(n):
+    text = """a string continued
+at the left margin"""  # (the text scan ends the block here: the tokenizer's block is read instead)
+    if n > 1:
+        return text.upper()
+    return text
+
+
+@functools.lru_cache(
+    maxsize=8,
+)
+def _decorated_over_lines(n):
+    return n + 1
+
+
+def _one_line(n): return n * 2  # fmt: skip  # noqa: E704
+
+
+@pytest.mark.parametrize("function", [_margin_text, _decorated_over_lines.__wrapped__, _one_line])
+def test_a_function_is_read_whole_however_its_lines_are_laid_out(function):
+    import ast
+    import textwrap
+
+    from mlir import ir
+
+    from flydsl.compiler.ast_rewrite import _source_of, rewrite_function
+
+    scanned, _ = _source_of(function)
+    if function is _margin_text:  # the text scan stops inside the string: the tokenizer's block is read instead
+        with pytest.raises(SyntaxError):
+            ast.parse(textwrap.dedent("".join(scanned)))
+    with ir.Context():
+        assert [rewrite_function(function)(n) for n in range(4)] == [function(n) for n in range(4)]
