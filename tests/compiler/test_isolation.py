@@ -157,6 +157,9 @@ def test_an_interrupted_wait_stops_the_worker(layout_offsets_mlir, fresh_worker)
 
         readline = readinto = peek = read
 
+        def fileno(self):  # waited on for the answer (the compile's timeout), which then cannot be read
+            return answers.fileno()
+
         def close(self):
             pass
 
@@ -293,3 +296,20 @@ def test_the_opt_cli_in_process_when_the_environment_says_so(monkeypatch):
     monkeypatch.setenv("FLYDSL_COMPILE_ISOLATED", "0")
     result = opt(input=EXTRACT_OUT_OF_RANGE)
     assert result.returncode == -signal.SIGABRT  # what isolation prevents
+
+
+def test_a_compile_past_the_timeout_kills_its_worker_and_raises(layout_offsets_mlir, monkeypatch):
+    isolate.start_worker()  # (its start-up is not the compile's time)
+    monkeypatch.setenv("FLYDSL_COMPILE_TIMEOUT", "0.001")
+    with pytest.raises(flyc.CompilationError, match=r"did not finish within 0.001 s \(FLYDSL_COMPILE_TIMEOUT\)"):
+        flyc.compile_mlir(layout_offsets_mlir, assemble=False, isolate=True)
+    assert isolate._worker is None or isolate._worker.process.poll() is not None  # killed, not left running
+    monkeypatch.setenv("FLYDSL_COMPILE_TIMEOUT", "0")  # no limit: a new worker compiles it
+    assert flyc.compile_mlir(layout_offsets_mlir, assemble=False, isolate=True).kernels == {"layout_offsets": "pi"}
+
+
+@pytest.mark.parametrize("text", ["soon", "-1", "inf"])
+def test_a_timeout_that_is_not_a_duration_names_the_variable(monkeypatch, text):
+    monkeypatch.setenv("FLYDSL_COMPILE_TIMEOUT", text)
+    with pytest.raises(ValueError, match="FLYDSL_COMPILE_TIMEOUT=.*expected a number of seconds"):
+        settings.current()

@@ -33,6 +33,7 @@ import gc
 import io
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from flydsl.compiler import settings
 from flydsl.compiler.errors import CompilationError
 
 __all__ = ["Finished", "ForkedChild", "compile_in_worker", "outcome_of", "start_worker", "stop_worker"]
@@ -156,9 +158,18 @@ def outcome_of(finished: Finished):
 def compile_in_worker(request: dict):
     """Runs ``pipeline._compile_in_process(**request)`` in a child of the worker and returns its
     ``CompiledModule``; errors are raised as ``outcome_of`` says. The child sees this process's environment and
-    working directory as they are now."""
+    working directory as they are now. A compile that takes longer than ``FLYDSL_COMPILE_TIMEOUT`` seconds (a
+    backend that loops) has the worker and its child killed and raises ``CompilationError``; the next compile starts
+    a new worker."""
+    timeout = settings.current().compile_timeout or None
     with _worker_lock:
-        finished = _current_worker().call((request, dict(os.environ), os.getcwd()))
+        finished = _current_worker().call((request, dict(os.environ), os.getcwd()), timeout)
+    if finished is None:
+        raise CompilationError(
+            BACKEND_STAGE,
+            f"the compile did not finish within {timeout:g} s (FLYDSL_COMPILE_TIMEOUT): its worker was killed; "
+            "FLYDSL_DUMP_IR=1 shows the stages it went through",
+        )
     return outcome_of(finished)
 
 
@@ -187,8 +198,12 @@ class _Worker:
         self.owner = os.getpid()
         self.path = list(sys.path)
         self.stderr = tempfile.TemporaryFile()  # the worker's own (its children's go elsewhere)
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr
+        self.process = subprocess.Popen(  # its own process group: a timeout kills it and the child it forked
+            [sys.executable, "-c", _BOOTSTRAP],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            start_new_session=True,
         )
         self._send(self.path)
 
@@ -196,9 +211,15 @@ class _Worker:
         pickle.dump(value, self.process.stdin)
         self.process.stdin.flush()
 
-    def call(self, request) -> Finished:
+    def call(self, request, timeout: float | None = None) -> Finished | None:
+        """The worker's answer to ``request``, or None where none came within ``timeout`` seconds (the worker and
+        its child are killed then)."""
         try:
             self._send(request)
+            if timeout is not None and not select.select([self.process.stdout], [], [], timeout)[0]:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.stop()
+                return None
             return pickle.load(self.process.stdout)
         except (OSError, EOFError, pickle.UnpicklingError):  # the worker itself died
             text = self.stop()

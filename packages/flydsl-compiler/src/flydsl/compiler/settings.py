@@ -17,6 +17,8 @@
 ``FLYDSL_COMPILE_ISOLATED``    unset/``1``: compile in a forked child of a worker process, so that
                                an LLVM assertion or abort raises ``CompilationError`` instead of
                                ending the program (~3 ms a compile); ``0``: in this process
+``FLYDSL_COMPILE_TIMEOUT``     seconds an isolated compile may take before its worker is killed and the compile
+                               raises ``CompilationError`` (default 600; ``0``: no limit)
 ``FLYDSL_LAUNCH_REPLAY``       ``0``: the zoo's launch plans are never replayed natively (each call runs its
                                Python plan; ``flydsl.kernels.plans``)
 ``FLYDSL_PLAN_CACHE``          ``0``: replayable launch plans are not kept in the disk cache (default: they are, and
@@ -51,6 +53,7 @@ class Settings:
     cache_enabled: bool
     cache_max_bytes: int = 4 << 30
     compile_isolated: bool = True
+    compile_timeout: float = 600.0
     autotune: bool = False
     launch_replay: bool = True
     plan_cache: bool = True
@@ -82,6 +85,19 @@ def parse_size(name: str, value: str | None, default: int) -> int:
     return size
 
 
+def _seconds(name: str, value: str | None, default: float) -> float:
+    """A duration in seconds from ``value`` (None or empty: ``default``), or a ValueError naming ``name``."""
+    if value is None or not value.strip():
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"{name}={value!r}: expected a number of seconds (0: no limit)")
+    return seconds
+
+
 def current() -> Settings:
     """The settings as the environment gives them now (read on each call: cheap, and tests can patch)."""
     env = os.environ
@@ -99,6 +115,7 @@ def current() -> Settings:
         cache_enabled=env.get("FLYDSL_RUNTIME_ENABLE_CACHE", "1") != "0",
         cache_max_bytes=parse_size("FLYDSL_CACHE_MAX_SIZE", env.get("FLYDSL_CACHE_MAX_SIZE"), 4 << 30),
         compile_isolated=env.get("FLYDSL_COMPILE_ISOLATED", "1") != "0",
+        compile_timeout=_seconds("FLYDSL_COMPILE_TIMEOUT", env.get("FLYDSL_COMPILE_TIMEOUT"), 600.0),
         autotune=env.get("FLYDSL_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"),
         launch_replay=env.get("FLYDSL_LAUNCH_REPLAY", "1").lower() not in ("0", "false", "no", "off"),
         plan_cache=env.get("FLYDSL_PLAN_CACHE", "1").lower() not in ("0", "false", "no", "off"),
