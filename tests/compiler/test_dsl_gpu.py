@@ -59,6 +59,42 @@ def clamp_sign(x: fx.Tensor, out: fx.Tensor, n: fx.Int32):
 
 
 @flyc.kernel
+def guarded_scale(x: fx.Tensor, out: fx.Tensor, n: fx.Int32):
+    i = gpu.block_idx.x * gpu.block_dim.x + gpu.thread_idx.x
+    if i >= n:  # an early exit: the rest of the kernel is the else of an scf.if
+        return
+    out[i] = x[i] * 2.0
+
+
+@flyc.kernel
+def first_negative(x: fx.Tensor, out: fx.Tensor, rows: fx.Int32, cols: fx.Int32):
+    """Per row, the index of the first negative value (cols where none): a break in a dynamic loop."""
+    row = gpu.block_idx.x * gpu.block_dim.x + gpu.thread_idx.x
+    if row >= rows:
+        return
+    found = cols
+    for j in range(cols):
+        if x[row, j] < 0.0:
+            found = j
+            break
+    out[row] = found
+
+
+@flyc.kernel
+def positive_sums(x: fx.Tensor, out: fx.Tensor, rows: fx.Int32, cols: fx.Int32):
+    """Per row, the sum of its positive values: a continue in a dynamic loop."""
+    row = gpu.block_idx.x * gpu.block_dim.x + gpu.thread_idx.x
+    if row >= rows:
+        return
+    acc = fx.Float32(0.0)
+    for j in range(cols):
+        if x[row, j] <= 0.0:
+            continue
+        acc = acc + x[row, j]
+    out[row] = acc
+
+
+@flyc.kernel
 def transcendental(x: fx.Tensor, out: fx.Tensor, n: fx.Int32):
     i = gpu.block_idx.x * gpu.block_dim.x + gpu.thread_idx.x
     if i < n:
@@ -138,6 +174,30 @@ def test_if_elif_else_results():
     clamp_sign(x, out, x.numel()).launch(grid=_blocks(x.numel()), block=256)
     torch.cuda.synchronize()
     assert torch.equal(out, torch.sign(x))
+
+
+@pytest.mark.parametrize("n", [1, 255, 1000])
+def test_an_early_return_guards_the_tail(n):
+    x = torch.randn(n, device="cuda")
+    out = torch.full((n + 64,), float("nan"), device="cuda")  # past n: never written
+    guarded_scale(x, out, n).launch(grid=_blocks(n + 64), block=256)
+    torch.cuda.synchronize()
+    assert torch.equal(out[:n], x * 2.0) and out[n:].isnan().all()
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (37, 53), (1000, 257)])
+def test_break_and_continue_in_dynamic_loops(rows, cols):
+    x = torch.randn(rows, cols, device="cuda") + 0.5
+    x[::3] = x[::3].abs()  # rows with no negative value
+    found = torch.full((rows,), -1, device="cuda", dtype=torch.int32)
+    first_negative(x, found, rows, cols).launch(grid=_blocks(rows, 128), block=128)
+    sums = torch.full((rows,), float("nan"), device="cuda")
+    positive_sums(x, sums, rows, cols).launch(grid=_blocks(rows, 128), block=128)
+    torch.cuda.synchronize()
+    negative = x < 0
+    expected = torch.where(negative.any(1), negative.int().argmax(1), cols).to(torch.int32)
+    assert torch.equal(found, expected)
+    torch.testing.assert_close(sums, x.double().clamp(min=0).sum(1).float(), rtol=1e-5, atol=1e-4)
 
 
 def test_math_functions_against_float64():
