@@ -685,3 +685,24 @@ def test_a_function_is_read_whole_however_its_lines_are_laid_out(function):
             ast.parse(textwrap.dedent("".join(scanned)))
     with ir.Context():
         assert [rewrite_function(function)(n) for n in range(4)] == [function(n) for n in range(4)]
+
+
+def _stepped(step):
+    for i in range(0, 4, step):
+        if i == 2:
+            break
+    return i
+
+
+def test_a_folded_range_checks_its_bounds_as_range_does():
+    from mlir import ir
+
+    from flydsl.compiler.ast_rewrite import rewrite_function
+
+    folded = rewrite_function(_stepped)
+    with ir.Context():
+        assert folded(1) == _stepped(1) == 2 and folded(3) == _stepped(3) == 3
+        with pytest.raises(ValueError, match="must not be zero"):
+            folded(0)
+        with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
+            folded(0.5)

@@ -95,7 +95,8 @@ class FoldLoopExits(ast.NodeTransformer):
             test = f"{HELPERS}.in_range({value}, {stop}, {step})"
             test = f"{HELPERS}.unless({flag}, lambda: {test})" if breaks else test
             statements = _template(
-                f"{flag} = False\n{start}, {stop}, {step} = BOUNDS\n{value} = {HELPERS}.range_start({start}, {stop})\n"
+                f"{flag} = False\n{start}, {stop}, {step} = BOUNDS\n"
+                f"{value} = {HELPERS}.range_start({start}, {stop}, {step})\n"
                 f"while {test}:\n    {node.target.id} = {value}\n    {value} = {value} + {step}",
                 node,
                 BOUNDS=ast.Tuple(elts=bounds, ctx=ast.Load()),

@@ -420,9 +420,15 @@ def running(flag):
     return ~as_numeric(flag) if _is_dynamic(flag) else not flag
 
 
-def range_start(start, stop):
-    """The first value of a ``range`` loop whose ``break`` was folded (:mod:`ast_escapes`): ``start`` as it is where
-    both bounds are Python ints, else of the induction variable's type (as ``for_range`` gives it)."""
+def range_start(start, stop, step):
+    """The first value of a ``range`` loop whose exits were folded (:mod:`ast_escapes`): ``start`` as it is where
+    both bounds are Python ints, else of the induction variable's type (as ``for_range`` gives it). Bounds are
+    checked as ``range`` checks them."""
+    for bound in (start, stop, step):
+        if not _is_dynamic(bound) and not isinstance(bound, int):
+            raise TypeError(f"'{type(bound).__name__}' object cannot be interpreted as an integer (a range bound)")
+    if not _is_dynamic(step) and step == 0:
+        raise ValueError("range() arg 3 must not be zero")
     if not _is_dynamic(start) and not _is_dynamic(stop):
         return start
     induction_type = next((type(a) for a in (stop, start) if isinstance(a, Integer)), Index)
