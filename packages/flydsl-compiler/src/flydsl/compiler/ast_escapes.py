@@ -60,10 +60,15 @@ class FoldLoopExits(ast.NodeTransformer):
     def __init__(self):
         self._ids = itertools.count()
 
-    def visit_While(self, node: ast.While):
+    def _folded(self, node: ast.While | ast.For) -> tuple[str, tuple | None]:
+        """The loop's break flag and :func:`_folded_loop_body` of it (None for a loop with an ``else:``), after its
+        inner loops."""
         self.generic_visit(node)
         flag = self._name("broken", node)
-        folded = None if node.orelse else _folded_loop_body(node.body, flag)
+        return flag, None if node.orelse else _folded_loop_body(node.body, flag)
+
+    def visit_While(self, node: ast.While):
+        flag, folded = self._folded(node)
         if folded is None:
             return node
         node.body, breaks = folded
@@ -74,9 +79,7 @@ class FoldLoopExits(ast.NodeTransformer):
         return [*_template(f"{flag} = False", node), loop]
 
     def visit_For(self, node: ast.For):
-        self.generic_visit(node)
-        flag = self._name("broken", node)
-        folded = None if node.orelse else _folded_loop_body(node.body, flag)
+        flag, folded = self._folded(node)
         if folded is None:
             return node
         body, breaks = folded

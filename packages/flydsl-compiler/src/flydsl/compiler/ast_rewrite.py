@@ -470,7 +470,7 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
         function.body = [s for item in function.body for s in _listed(exits.visit(item))]
     lines = [""] * (first_line - 1) + source.splitlines()
     function.body = [_Rewriter(filename, lines).visit(s) for s in function.body]
-    function.body = [s for item in function.body for s in (item if isinstance(item, list) else [item])]
+    function.body = [s for item in function.body for s in _listed(item)]
     expressions = _Expressions()
     function.body = [expressions.visit(s) for s in function.body]
     # Statement positions must be final (the control-flow rewrite adds functions) before they get locations.

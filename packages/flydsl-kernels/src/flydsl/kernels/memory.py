@@ -145,13 +145,14 @@ def stream_key(tensor) -> tuple:
     return device, raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
-def held(like, name: str, elements: int, dtype):
-    """The buffer ``name`` of ``dtype`` held for the device and current stream of the torch tensor ``like``: a 1-D
-    tensor of at least ``elements``, zero when made, made again larger where a call needs more. Kernels of one
-    stream run one after another, so they share it, each leaving it as it must be found (counters at zero). One
-    registry serves these calls and the replays of launch plans (their ``made`` values of that name), so a buffer is
-    held once per (name, dtype, device, stream); :func:`release_held` drops them all."""
-    device, stream = stream_key(like)
+def held(like, name: str, elements: int, dtype, key: tuple | None = None):
+    """The buffer ``name`` of ``dtype`` held for the device and current stream of the torch tensor ``like`` (``key``:
+    their :func:`stream_key`, where the caller read it already): a 1-D tensor of at least ``elements``, zero when
+    made, made again larger where a call needs more. Kernels of one stream run one after another, so they share it,
+    each leaving it as it must be found (counters at zero). One registry serves these calls and the replays of launch
+    plans (their ``made`` values of that name), so a buffer is held once per (name, dtype, device, stream);
+    :func:`release_held` drops them all."""
+    device, stream = key or stream_key(like)
     return (_LAUNCHER or _launcher()).held(like, name, elements, dtype, device, stream)
 
 

@@ -492,8 +492,8 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     viewed: dict = {}  # stream_key -> (the held buffers, their views of `shapes`)
 
     def views(x) -> tuple:
-        bases = tuple(zoo_memory.held(x, f"fused_moe.{name}", math.prod(shape), dtype) for name, shape, dtype in shapes)
         key = zoo_memory.stream_key(x)
+        bases = tuple(zoo_memory.held(x, f"fused_moe.{n}", math.prod(shape), dtype, key) for n, shape, dtype in shapes)
         kept = viewed.get(key)
         if kept is None or any(a is not b for a, b in zip(kept[0], bases, strict=True)):  # made or grown since
             sizes = (shape for _, shape, _ in shapes)
