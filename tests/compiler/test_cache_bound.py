@@ -90,3 +90,9 @@ def test_the_command_line_shows_prunes_and_clears(monkeypatch, capsys):
     assert "removed 1 entries" in out and "2 entries" in out and not paths["a"].exists()
     cache.main(["--clear"])
     assert "removed 2 entries" in capsys.readouterr().out and cache.usage() == (0, 0)
+
+
+def test_the_command_line_refuses_a_size_that_is_not_one(capsys):
+    with pytest.raises(SystemExit) as info:
+        cache.main(["--prune", "lots"])
+    assert info.value.code == 2 and "--prune='lots': expected a size in bytes" in capsys.readouterr().err

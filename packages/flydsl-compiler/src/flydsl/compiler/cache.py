@@ -429,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     current = settings.current()
     if args.clear or args.prune is not None:
-        bound = 0 if args.clear else settings.parse_size("--prune", args.prune, 0) if args.prune else None
+        try:
+            bound = 0 if args.clear else settings.parse_size("--prune", args.prune, 0) if args.prune else None
+        except ValueError as error:
+            parser.error(str(error))  # (exit status 2, the usage above it)
         removed, freed = prune(bound)
         print(f"removed {removed} entries ({freed / 2**20:.1f} MiB)")
     entries, size = usage()
