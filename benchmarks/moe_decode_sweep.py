@@ -141,7 +141,7 @@ def stage_sweep(row: dict, fmt: str, x, weights, routing, blocks: int, top_k: in
     )
     for index, (stage, shapes, a, w, c, by_index, epilogue, expert_values) in enumerate(stages):
         variant = SkinnyVariant(True, epilogue, True)
-        chosen = choose_grouped_skinny_config(a.shape[1], epilogue.gate is not None, element)
+        chosen = choose_grouped_skinny_config(a.shape[1], epilogue.gate is not None, element, block=fmt == "block")
         row[stage] = []
         candidates = [SkinnyConfig(groups=g, warps=w_, warps_n=n, unroll=u) for g, w_, n, u in shapes]
         if fmt != "bf16":  # fp8 as chosen (CTAs per SM held) and as ptxas decides

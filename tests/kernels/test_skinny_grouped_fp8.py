@@ -49,7 +49,7 @@ def _scales(gated: bool, k: int, n_out: int, block: bool):
 
 
 def _lower(gated, k, n_out, block, dtype="bf16", cfg=None, epilogue=None, arguments=None, mode=None):
-    cfg = cfg or choose_grouped_skinny_config(k, gated, 1)
+    cfg = cfg or choose_grouped_skinny_config(k, gated, 1, isinstance(mode, GroupedMode) and mode.direct, block)
     variant = SkinnyVariant(True, epilogue or Epilogue(gate="silu" if gated else None), True)
     arguments = arguments or _arguments(gated, k, n_out, dtype)
     scales = _scales(gated, k, n_out, block)
@@ -89,7 +89,9 @@ def test_grouped_fp8_compiles_without_spills(gated, k, n_out, block):
 
 @pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
 @pytest.mark.parametrize("weights", ["bf16", "row", "block"])
-@pytest.mark.parametrize("gated,k,n_out", [(True, 2048, 768), (True, 7168, 256), (False, 768, 2048)])
+@pytest.mark.parametrize(
+    "gated,k,n_out", [(True, 2048, 768), (True, 7168, 256), (False, 768, 2048), (False, 14336, 4096)]
+)
 def test_the_decode_modes_compile_without_spills(weights, gated, k, n_out):
     """GroupedMode(direct) (one decode token: no alignment): the same MMAs and weight loads, no spills, the
     default's CTAs per SM."""
@@ -296,18 +298,25 @@ def test_unpack_lowers_to_the_documented_instructions():
 @pytest.mark.parametrize("gated", [True, False])
 def test_fp8_configuration(k, gated):
     """fp8 weights: short K keeps the 16-bit configuration's 16-byte weight loads per warp and step, weight rows per
-    CTA and threads, held to its CTAs per SM, each step twice the K; long K (every stage 1) takes 2 loads per row and
-    step (the measured winner, docs in choose_grouped_skinny_config) with no register cap. The 16-bit answers are
-    what they were."""
+    CTA and threads, held to its CTAs per SM, each step twice the K; a stage 1 of several tokens takes 4 n8 tiles x
+    4 loads over 4 warps, one token's 2 x 2 over 8 warps with its activations landed; a long-K stage 2 two columns
+    of 4 warps at 2 CTAs per SM (the measured winners, docs in choose_grouped_skinny_config). The 16-bit answers
+    are what they were."""
     fp8, bf16 = choose_grouped_skinny_config(k, gated, 1), choose_grouped_skinny_config(k, gated)
+    direct = choose_grouped_skinny_config(k, gated, 1, direct=True)
     short = k <= 1024 and not gated
-    assert (fp8.rows, fp8.threads) == (bf16.rows, bf16.threads)
     if short:
+        assert (fp8.rows, fp8.threads) == (bf16.rows, bf16.threads) and direct == fp8
         assert fp8.unroll * fp8.groups == bf16.unroll * bf16.groups
         assert fp8.k_step(1) == 2 * bf16.k_step(2)
         assert fp8.min_blocks == 65536 // (128 * fp8.threads)
+    elif gated:
+        assert fp8 == SkinnyConfig(groups=4, warps=4, unroll=4) and fp8.k_step(1) == bf16.k_step(2)
+        assert direct == SkinnyConfig(unroll=2, landed=True) and direct.k_step(1) == bf16.k_step(2)
+        assert choose_grouped_skinny_config(k, gated, 1, block=True) == SkinnyConfig(unroll=2)
     else:
-        assert fp8 == SkinnyConfig(unroll=2) and fp8.k_step(1) == bf16.k_step(2)
+        assert fp8 == SkinnyConfig(unroll=2, warps_n=2, min_blocks=2)
+        assert direct == dataclasses.replace(fp8, landed=True)
     assert bf16.min_blocks is None
     assert bf16 == (SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig())
     assert choose_grouped_skinny_config(k, gated, 2) == bf16

@@ -436,25 +436,29 @@ def _grouped_row(routing: Routing, mode: GroupedMode, position, pairs):
     return arith.select(routing.top_k > 0, by_index, in_order)
 
 
-def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2, direct: bool = False) -> SkinnyConfig:
+def choose_grouped_skinny_config(
+    k: int, gated: bool, element_bytes: int = 2, direct: bool = False, block: bool = False
+) -> SkinnyConfig:
     """Short K (at most 1024: a stage 2's intermediate size) in steps of 128 over two columns of 2 warps, 32 weight
     rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default
     (docs/tuning/moe.md#decode).
 
-    fp8 weights (``element_bytes`` 1: :func:`skinny_gemm_grouped_fp8_kernel`, ``k`` in values): long K (every stage
-    1) with 2 loads per row and step (steps of 1024 values of K) and no register cap: 8% faster than the 16-bit
-    kernels' 4 loads at 2 CTAs per SM, geomean over DeepSeek-V3 TP8, Qwen3 and Mixtral at T 1, 16, 64 (never
-    slower by more than 2%; 17% on Qwen3 at T 16; H100, ``moe_decode_sweep/2026-12-05_fc404ae_h100.json``). Short K
-    takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side along N (steps of 256: one for I = 256) at 4
-    CTAs per SM rather than 4 x 2 over 2 x 2 warps: with block scales, 4 tiles' accumulators and those of the K
-    block in progress do not fit in 128 registers. A warp also converts the weights and holds twice the activation
-    words per load (16 values of K per row; loaded as the MMAs take them). No spills
-    (tests/kernels/test_skinny_grouped_fp8.py).
+    fp8 weights (``element_bytes`` 1: :func:`skinny_gemm_grouped_fp8_kernel`, ``k`` in values): a stage 1 of more
+    than one token as 4 n8 tiles x 4 loads over 4 warps (steps of 1024 values of K), no register cap: against 2 x 2
+    over 8 warps, Qwen3 at T 16 and 64 103 / 151 us against 121 / 184, DeepSeek-V3 TP8 153 / 303 against 151 / 314
+    (H100, ``moe_decode_sweep/2026-12-06_c0e0ade_h100.json``); one token's (``direct``) and block-scaled ones
+    (``block``: 4 tiles' accumulators besides the K block's spill there) keep 2 loads per row and step over 8
+    warps. A long-K stage 2 (Mixtral's I = 14336) as 2 columns of 4 warps at 2 CTAs per SM: 50.9 us against 60.5
+    over one column (the same record). Short K takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side
+    along N (steps of 256: one for I = 256) at 4 CTAs per SM rather than 4 x 2 over 2 x 2 warps: with block scales,
+    4 tiles' accumulators and those of the K block in progress do not fit in 128 registers. A warp also converts
+    the weights and holds twice the activation words per load (16 values of K per row; loaded as the MMAs take
+    them). No spills (tests/kernels/test_skinny_grouped_fp8.py).
 
     ``direct`` (one token's stages, :class:`GroupedMode`): long-K fp8 steps wait until their activations have
     landed (``landed``: ptxas then issues a step's activation loads together, one L2 round trip a step rather than
-    one a chunk; 122-126 registers, still 2 CTAs per SM; short K would spill at its 4 CTAs per SM). Untimed
-    (2026-12-05: no device lent after the change)."""
+    one a chunk; 122-126 registers, still 2 CTAs per SM; short K would spill at its 4 CTAs per SM): stage 1
+    1-4% faster (H100, ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``)."""
     if element_bytes not in (1, 2):
         raise ValueError(f"choose_grouped_skinny_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
     short = k <= 1024 and not gated
@@ -462,4 +466,6 @@ def choose_grouped_skinny_config(k: int, gated: bool, element_bytes: int = 2, di
         return SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig()
     if short:
         return SkinnyConfig(groups=2, warps=4, warps_n=4, unroll=4, min_blocks=4)  # (landed: spills)
-    return SkinnyConfig(unroll=2, landed=direct)
+    if not gated:
+        return SkinnyConfig(unroll=2, warps_n=2, min_blocks=2, landed=direct)
+    return SkinnyConfig(unroll=2, landed=direct) if direct or block else SkinnyConfig(groups=4, warps=4, unroll=4)
