@@ -122,7 +122,7 @@ def test_the_combined_kernel_compiles_without_spills(weights, top_k, hidden, int
     as many MMAs per step as the grouped kernels' (2 per 16-bit load, 4 per fp8 load) for each pair, no spills."""
     fp8 = weights != "bf16"
     cfg = choose_combined_config(top_k, 1 if fp8 else 2)
-    assert cfg.warps == top_k and cfg.rows == 16
+    assert cfg.warps == top_k and cfg.rows == 8
     scales = {"bf16": S((1, top_k), "f32"), "row": S((EXPERTS * hidden,), "f32")}
     scales["block"] = S((EXPERTS * hidden // 128, -(-inter // 128)), "f32")
     module = skinny_gemm_combined_kernel.lower(

@@ -362,17 +362,18 @@ def skinny_gemm_combined_kernel(
 
 
 def choose_combined_config(top_k: int, element_bytes: int = 2) -> SkinnyConfig:
-    """:func:`skinny_gemm_combined_kernel`'s: a warp per routed pair (at most 16), 16 output columns per CTA (2 n8
-    tiles per warp), 4 loads per row and step, double-buffered; fp8 held to 128 registers per thread like the
-    grouped fp8 kernels, each step's activations landed before its MMAs (``landed``: 103-122 registers; untimed),
-    docs/tuning/moe.md#decode. Within 6% of the best of 12 (groups, unroll) shapes on the H100
-    (``moe_decode_sweep/2026-12-05_e5d91d3_direct_h100.json``)."""
+    """:func:`skinny_gemm_combined_kernel`'s: a warp per routed pair (at most 16), 8 output columns per CTA (one n8
+    tile per warp), 4 loads per row and step, double-buffered; fp8 held to 128 registers per thread like the
+    grouped fp8 kernels, each step's activations landed before its MMAs (``landed``: 103-122 registers),
+    docs/tuning/moe.md#decode. The best of 6 (groups, unroll) shapes for fp8 on the H100 (Qwen3 11.8 us against
+    12.6 with 2 tiles per warp, DeepSeek-V3 TP8 15.1 against 15.4), for bf16 within 1% of 2 tiles (6% of the best;
+    ``moe_decode_sweep/2026-12-06_c0e0ade_h100.json``)."""
     if element_bytes not in (1, 2):
         raise ValueError(f"choose_combined_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
     warps = min(16, 1 << max(top_k - 1, 0).bit_length())
     fp8 = element_bytes == 1
     return SkinnyConfig(
-        groups=2, warps=warps, unroll=4, min_blocks=65536 // (128 * 32 * warps) if fp8 else None, landed=fp8
+        groups=1, warps=warps, unroll=4, min_blocks=65536 // (128 * 32 * warps) if fp8 else None, landed=fp8
     )
 
 
