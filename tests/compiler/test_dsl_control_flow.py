@@ -326,8 +326,8 @@ def test_a_break_that_cannot_be_folded_in_a_dynamic_loop_is_refused_with_guidanc
         for i in range(n):
             if i > 3:
                 break
-            if x[i] > 0.0:  # (a return in the loop too: left as written)
-                return
+            if x[i] > 0.0:  # (a return of a value in the loop too: left as written)
+                return i
 
     with pytest.raises(TypeError, match=r"`break` in a `for` over a range known only when the kernel runs") as info:
         _trace(k, "Int32")

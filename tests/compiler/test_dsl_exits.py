@@ -224,3 +224,58 @@ def test_a_folded_range_checks_its_bounds_as_range_does():
             folded(0)
         with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
             folded(0.5)
+
+
+def _python_loop_returns(n: int, m: int, seen: list):
+    """Bare returns in loops (nested, while, continues and breaks beside them): Python's answers are the reference."""
+    for i in range(n):
+        for j in range(i):
+            if j == m:
+                seen.append(("inner", i, j))
+                return
+            if j == 1:
+                continue
+            seen.append(j)
+        if i * i > 3 * m + 1:
+            break
+    k = 0
+    while k < n:
+        k += 1
+        if k == m + 2:
+            return
+        seen.append(-k)
+    for c in [3, 2, 1]:
+        if c == m:
+            return
+    seen.append("end")
+
+
+def test_returns_in_loops_run_as_python_would_on_trace_time_values():
+    from mlir import ir
+
+    from flydsl.compiler.ast_rewrite import rewrite_function
+
+    folded = rewrite_function(_python_loop_returns)
+    with ir.Context():
+        for n in range(0, 7):
+            for m in range(-1, 6):
+                ours, theirs = [], []
+                assert folded(n, m, ours) is None and _python_loop_returns(n, m, theirs) is None
+                assert ours == theirs, (n, m)
+
+
+def test_a_return_in_a_loop_under_a_dynamic_condition_becomes_a_break_and_a_guard():
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        for i in range(n):
+            for j in fx.range_constexpr(2):
+                if x[i * 2 + j] < 0.0:  # the kernel ends here: both loops stop, the store after them is skipped
+                    return
+                x[i * 2 + j] = 1.0
+        x[0] = 3.0
+
+    text = _trace(k, "Int32")
+    # one scf.while (the dynamic range), its two unrolled inner bodies under their scf.ifs, the guard after the loop
+    assert text.count("scf.while") == 1 and "scf.for" not in text, text
+    last_store = text.rindex("fly.store")
+    assert text.rindex("scf.if") < last_store and text.rindex("} else {") < last_store, text

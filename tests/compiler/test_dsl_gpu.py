@@ -95,6 +95,20 @@ def positive_sums(x: fx.Tensor, out: fx.Tensor, rows: fx.Int32, cols: fx.Int32):
 
 
 @flyc.kernel
+def prefix_until_negative(x: fx.Tensor, out: fx.Tensor, rows: fx.Int32, cols: fx.Int32):
+    """Per row, out = 1 where x is at or past zero up to the first negative value, and the row's last column 2 only
+    where it has none: a return in a dynamic loop (the kernel's rest skipped)."""
+    row = gpu.block_idx.x * gpu.block_dim.x + gpu.thread_idx.x
+    if row >= rows:
+        return
+    for j in range(cols):
+        if x[row, j] < 0.0:
+            return
+        out[row, j] = 1.0
+    out[row, cols - 1] = 2.0
+
+
+@flyc.kernel
 def transcendental(x: fx.Tensor, out: fx.Tensor, n: fx.Int32):
     i = gpu.block_idx.x * gpu.block_dim.x + gpu.thread_idx.x
     if i < n:
@@ -198,6 +212,20 @@ def test_break_and_continue_in_dynamic_loops(rows, cols):
     expected = torch.where(negative.any(1), negative.int().argmax(1), cols).to(torch.int32)
     assert torch.equal(found, expected)
     torch.testing.assert_close(sums, x.double().clamp(min=0).sum(1).float(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (37, 53), (1000, 257)])
+def test_a_return_in_a_dynamic_loop_ends_the_kernel(rows, cols):
+    x = torch.randn(rows, cols, device="cuda") + 1.0
+    x[::3] = x[::3].abs()  # rows with no negative value
+    out = torch.zeros(rows, cols, device="cuda")
+    prefix_until_negative(x, out, rows, cols).launch(grid=_blocks(rows, 128), block=128)
+    torch.cuda.synchronize()
+    negative = x < 0
+    first = torch.where(negative.any(1), negative.int().argmax(1), cols)
+    expected = (torch.arange(cols, device="cuda")[None, :] < first[:, None]).float()
+    expected[~negative.any(1), cols - 1] = 2.0
+    assert torch.equal(out, expected)
 
 
 def test_math_functions_against_float64():

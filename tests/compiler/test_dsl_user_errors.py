@@ -109,12 +109,12 @@ def test_a_name_bound_only_inside_traced_control_flow_says_so_when_compared():
 @flyc.kernel
 def _break_in_a_while(x: fx.Tensor, n: fx.Int32):
     i = fx.Int32(0)
-    while i < n:  # a loop that returns too is left as written: its break cannot be traced
+    while i < n:  # a loop that returns a value too is left as written: its break cannot be traced
         i = i + 1
         if x[i] > 0.0:
             break
         if x[i] < -1.0:
-            return
+            return i
 
 
 @flyc.kernel
@@ -130,9 +130,11 @@ def _continue_in_a_loop(x: fx.Tensor):
 @flyc.kernel
 def _return_in_a_loop(x: fx.Tensor):
     for i in fx.range_constexpr(2):
-        if x[i] > 0.0:  # (a return that does not end the kernel's own statements is not folded)
+        if x[i] > 0.0:  # (a return in a loop with an else: is not folded)
             return
         x[i] = 1.0
+    else:
+        x[0] = 2.0
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,12 @@ that way before :mod:`ast_rewrite` sees them:
   one ``return _fly_returned`` at the end (a value of each branch of a traced ``scf.if``, so their types must agree),
   and a ``break`` sets a flag that its loop tests (:class:`FoldLoopExits`).
 
+A bare ``return`` inside loops first becomes a flag and a ``break`` out of each loop (:class:`FoldLoopReturns`), the
+outermost followed by ``if flag: return``, which then folds like any early return.
+
 Python runs the folded statements exactly as the original ones, so trace-time conditions behave as before. Exits
-left elsewhere (a ``return`` inside a loop, exits in ``with`` or ``try``, loops with an ``else:``) are not folded,
-and a dynamic condition over them still raises the error that says what to do.
+left elsewhere (a ``return`` of a value inside a loop, exits in ``with`` or ``try``, loops with an ``else:``) are not
+folded, and a dynamic condition over them still raises the error that says what to do.
 """
 
 from __future__ import annotations
@@ -23,12 +26,23 @@ import itertools
 
 HELPERS = "__fly_cf"  # the name the rewritten code calls its helpers (flydsl.compiler.control_flow) through
 RESULT = "_fly_returned"  # (not "__fly_": those names are never carried out of a branch)
+RETURNING = "_fly_returning"  # set where a return in a loop became a break (FoldLoopReturns)
 
 
-def fold_returns(function: ast.FunctionDef) -> None:
-    """``function``'s body with its early returns folded into branches (in place), where every return can be."""
+def fold_returns(function: ast.FunctionDef) -> bool:
+    """``function``'s body with its early returns folded into branches (in place), where every return can be;
+    whether a ``return`` in a loop became a ``break`` (:class:`FoldLoopReturns`: the loops' exits are to be folded)."""
     if _count(function.body, (ast.Yield, ast.YieldFrom, ast.Await), loops_too=True):
-        return
+        return False
+    loops = FoldLoopReturns()
+    function.body = [s for item in function.body for s in listed(loops.visit(item))]
+    if loops.folded:
+        function.body = [*_template(f"{RETURNING} = False", function.body[0]), *function.body]
+    _fold_returns(function)
+    return loops.folded
+
+
+def _fold_returns(function: ast.FunctionDef) -> None:
     body = _merge_tails(function.body, ast.Return)
     returns = _count(body, ast.Return, loops_too=True)
     if returns == 0 or returns != _tail_count(body, ast.Return):
@@ -46,6 +60,43 @@ def fold_returns(function: ast.FunctionDef) -> None:
         function.body = [*body, ast.copy_location(result, function.body[-1])]
     else:  # some paths return a value, some None: left as written
         function.body = body
+
+
+class FoldLoopReturns(ast.NodeTransformer):
+    """Bare ``return`` s that end branches of a loop's body become ``{RETURNING} = True`` and a ``break``, and the loop
+    is followed by ``if {RETURNING}: return`` (``break`` where the loop is in another one, which is then followed by
+    the same), so that :func:`fold_returns` and :class:`FoldLoopExits` fold them. Loops with an ``else:`` or a
+    ``return`` of a value (whose type a dynamic loop could not carry before it is known) are left as written."""
+
+    def __init__(self):
+        self.folded = False
+        self._depth = 0
+
+    def _loop(self, node: ast.While | ast.For):
+        # Returns at any depth first: a loop whose body returns a value is left whole (with its inner loops).
+        returns = [r for r in _walk(node.body, _SCOPES) if isinstance(r, ast.Return)]
+        if not returns or node.orelse or not all(_is_none(r.value) for r in returns):
+            return node
+        self._depth += 1
+        node.body = [s for item in node.body for s in listed(self.visit(item))]
+        self._depth -= 1
+        inner = any(getattr(s, "_fly_returns", False) for s in _walk(node.body, _SCOPES_AND_LOOPS))
+        direct = _count(node.body, ast.Return, loops_too=False)
+        body = _merge_tails(node.body, ast.Return)
+        if direct != _tail_count(body, ast.Return) or not (direct or inner):
+            return node
+        node.body = _strip_tails(body, ast.Return, lambda r: _template(f"{RETURNING} = True\nbreak", r))
+        self.folded = True
+        check = _template(f"if {RETURNING}:\n    {'break' if self._depth else 'return'}", node)[0]
+        check._fly_returns = True
+        return [node, check]
+
+    visit_While = visit_For = _loop
+
+    def visit_FunctionDef(self, node):  # a nested function's returns are its own
+        return node
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
 
 
 class FoldLoopExits(ast.NodeTransformer):
@@ -75,7 +126,7 @@ class FoldLoopExits(ast.NodeTransformer):
         if not breaks:  # continues only: they end their branches now
             return node
         (loop,) = _template(f"while {HELPERS}.unless({flag}, lambda: TEST):\n    pass", node, TEST=node.test)
-        loop.body, loop._fly_lift = node.body, (flag,)
+        loop.body, loop._fly_lift = node.body, (flag, *_returning(node.body))
         return [*_template(f"{flag} = False", node), loop]
 
     def visit_For(self, node: ast.For):
@@ -105,7 +156,7 @@ class FoldLoopExits(ast.NodeTransformer):
                 BOUNDS=ast.Tuple(elts=bounds, ctx=ast.Load()),
             )
             loop = statements[-1]
-            loop.body, loop._fly_lift = [*loop.body, *body], (flag, value, node.target.id)
+            loop.body, loop._fly_lift = [*loop.body, *body], (flag, value, node.target.id, *_returning(body))
             return statements if breaks else statements[1:]
         if not breaks:  # continues only, in a loop that stays Python: they end their branches now (no flag)
             node.body = body
@@ -143,6 +194,28 @@ def _folded_loop_body(body: list[ast.stmt], flag: str) -> tuple[list[ast.stmt], 
         return _template(f"{flag} = True", exit_statement)[0]
 
     return _strip_tails(body, exits, replace), breaks
+
+
+def _returning(body: list[ast.stmt]) -> tuple[str, ...]:
+    """(RETURNING,) where the loop body sets it (a return made a break: :class:`FoldLoopReturns`), to be carried."""
+    names = (n for n in _walk(body, _SCOPES) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+    return (RETURNING,) if any(n.id == RETURNING for n in names) else ()
+
+
+def listed(result) -> list:
+    """A transformer's result for a statement as a list of statements (it may return one or several)."""
+    return result if isinstance(result, list) else [result]
+
+
+def _walk(statements: list[ast.stmt], skipped: tuple):
+    """The nodes of the statements, not inside nodes of the ``skipped`` types."""
+    stack = list(statements)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, skipped):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
 
 
 def _template(source: str, origin: ast.AST, **holes) -> list[ast.stmt]:
@@ -218,13 +291,13 @@ def _tail_count(statements: list[ast.stmt], exit_type: type) -> int:
 
 
 def _strip_tails(statements: list[ast.stmt], exit_type: type, replace) -> list[ast.stmt]:
-    """The statements with each tail exit replaced by ``replace(exit)`` (a statement, or None: dropped)."""
+    """The statements with each tail exit replaced by ``replace(exit)`` (statements, or None: dropped)."""
     if not statements:
         return statements
     *head, last = statements
     if isinstance(last, exit_type):
         replacement = replace(last)
-        out = [*head, replacement] if replacement is not None else head
+        out = [*head, *listed(replacement)] if replacement is not None else head
         return out or [ast.copy_location(ast.Pass(), last)]
     if isinstance(last, ast.If):
         last.body = _strip_tails(last.body, exit_type, replace)
@@ -239,15 +312,7 @@ _SCOPES_AND_LOOPS = (*_SCOPES, ast.For, ast.While)
 def _count(statements: list[ast.stmt], kinds, loops_too: bool) -> int:
     """How many nodes of ``kinds`` the statements hold, not in nested functions or classes (nor in nested loops
     unless ``loops_too``: a ``continue`` there belongs to that loop)."""
-    skipped = _SCOPES if loops_too else _SCOPES_AND_LOOPS
-    count, stack = 0, list(statements)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, skipped):
-            continue
-        count += isinstance(node, kinds)
-        stack.extend(ast.iter_child_nodes(node))
-    return count
+    return sum(isinstance(node, kinds) for node in _walk(statements, _SCOPES if loops_too else _SCOPES_AND_LOOPS))
 
 
 def _is_none(value: ast.expr | None) -> bool:

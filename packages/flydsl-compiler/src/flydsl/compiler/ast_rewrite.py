@@ -27,7 +27,7 @@ import linecache
 import textwrap
 import types
 
-from flydsl.compiler.ast_escapes import HELPERS, FoldLoopExits, fold_returns
+from flydsl.compiler.ast_escapes import HELPERS, FoldLoopExits, fold_returns, listed
 
 __all__ = ["rewrite_function", "RewriteError"]
 
@@ -449,10 +449,6 @@ class _Locator(ast.NodeTransformer):
         return node
 
 
-def _listed(result) -> list:
-    return result if isinstance(result, list) else [result]
-
-
 @functools.cache
 def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: int):
     # Parsed below first_line - 1 empty lines, so that every node has its line in the file from the start (moving the
@@ -463,14 +459,15 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
         raise _Untraceable("expected a function definition", filename, first_line)
     function.decorator_list = []
     # (the exits' passes only where the source names them: most functions have a last `return` at most)
+    loop_returns = False
     if source.count("return") > 1 or (source.count("return") == 1 and not isinstance(function.body[-1], ast.Return)):
-        fold_returns(function)
-    if "break" in source or "continue" in source:
+        loop_returns = fold_returns(function)
+    if loop_returns or "break" in source or "continue" in source:
         exits = FoldLoopExits()
-        function.body = [s for item in function.body for s in _listed(exits.visit(item))]
+        function.body = [s for item in function.body for s in listed(exits.visit(item))]
     lines = [""] * (first_line - 1) + source.splitlines()
     function.body = [_Rewriter(filename, lines).visit(s) for s in function.body]
-    function.body = [s for item in function.body for s in _listed(item)]
+    function.body = [s for item in function.body for s in listed(item)]
     expressions = _Expressions()
     function.body = [expressions.visit(s) for s in function.body]
     # Statement positions must be final (the control-flow rewrite adds functions) before they get locations.
