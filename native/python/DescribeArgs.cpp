@@ -117,8 +117,8 @@ bool readInts(PyObject *tuple, long long *out, size_t &count, size_t expected = 
 }
 
 /// Whether an element offset can reach 2^31 (args.reaches_2_31): kernel.py
-/// specializes such a tensor apart (64-bit offsets), so it takes the Python
-/// path.
+/// specializes such a tensor apart (64-bit offsets; its key byte 2 holds
+/// kWideTensor).
 bool reaches2To31(size_t rank, const long long *extents, const long long *steps) {
   for (size_t r = 0; r < rank; ++r)
     if (extents[r] == 0) // no elements, no offsets
@@ -135,18 +135,19 @@ bool reaches2To31(size_t rank, const long long *extents, const long long *steps)
   return span >= (1LL << 31);
 }
 
-/// A tensor's key bytes (element, rank, 16-byte aligned start, each
-/// stride's kind: unit, multiple of 16 bytes or other) and launch values
-/// (pointer, extents, non-unit strides), as kernel.py specializes.
+/// A tensor's key bytes (element, rank, 16-byte aligned start and whether
+/// its offsets reach 2^31 elements, each stride's kind: unit, multiple of 16
+/// bytes or other) and launch values (pointer, extents, non-unit strides), as
+/// kernel.py specializes.
 bool appendTensor(Described &d, uint8_t element, uint8_t bytes, unsigned long long pointer,
                   size_t rank, const long long *extents, const long long *steps) {
-  if (d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues ||
-      reaches2To31(rank, extents, steps))
+  if (d.keyBytes + 3 + rank > kMaxKeyBytes || d.numValues + 1 + 2 * rank > kMaxLaunchValues)
     return false;
   unsigned char *key = d.key + d.keyBytes;
   key[0] = element;
   key[1] = uint8_t(rank);
-  key[2] = (pointer & 15) == 0;
+  key[2] = uint8_t((pointer & 15) == 0 ? kAlignedTensor : 0) |
+           uint8_t(reaches2To31(rank, extents, steps) ? kWideTensor : 0);
   LaunchValue *out = d.values + d.numValues;
   out->tag = LaunchValue::UInt;
   out->u = pointer;

@@ -29,6 +29,10 @@ inline constexpr size_t kMaxKeyBytes = 512;
 inline constexpr size_t kMaxConstexprs = 32;
 inline constexpr size_t kMaxEntries = 256;
 inline constexpr size_t kMaxTensorMaps = 8;
+/// Flags of a tensor's third key byte: its start is 16-byte aligned; its
+/// offsets reach 2^31 elements (kernel.py's sixth key element: compiled apart).
+inline constexpr uint8_t kAlignedTensor = 1;
+inline constexpr uint8_t kWideTensor = 2;
 
 /// What the Python path registers on first sight; strong references kept for
 /// the process (types and dtype objects), so pointer identity is stable.

@@ -126,8 +126,8 @@ def test_tensor_keys_match_the_python_path(dtype, shape, data, pointer):
     x = FakeTorchTensor(shape, dtype, strides, pointer)
     y = FakeTorchTensor((3,), "float32", pointer=data.draw(st.integers(0, 1 << 50)))
     expected = _python(two, (x, y))  # first: the Python path registers the tensor type and dtypes
-    # A tensor whose offsets reach 2^31 elements is specialized apart (a sixth key element): the Python path's.
-    assert _native(two, (x, y)) == (None if len(expected[0][0]) == 6 else expected)
+    # A tensor whose offsets reach 2^31 elements is specialized apart (a sixth key element), natively too.
+    assert _native(two, (x, y)) == expected
 
 
 def test_numbers_and_constexprs_match_the_python_path():
@@ -178,7 +178,7 @@ def test_array_interface_keys_match_the_python_path(typestr, shape, data, pointe
     x = FakeGpuTensor(shape, typestr, pointer, None if strides is None else tuple(strides))
     y = FakeTorchTensor((3,), "float32")
     expected = _python(two, (x, y))  # first: the Python path registers the array type and the typestrs
-    assert _native(two, (x, y)) == (None if len(expected[0][0]) == 6 else expected)
+    assert _native(two, (x, y)) == expected  # (wide ones too: a sixth key element)
 
 
 def test_array_interface_streams_and_refusals_match_the_python_path():
@@ -268,6 +268,23 @@ def test_dry_run_packs_what_the_launcher_would():
     assert dispatcher._dry_run(values, 1, 1, stream=object()) is None
     with pytest.raises(ValueError, match="threads"):  # the launcher's own errors, as from Function.launch
         dispatcher._dry_run(values, 1, 2048)
+
+
+def test_tensors_past_2_31_elements_launch_natively_under_their_own_key():
+    """A tensor whose offsets reach 2^31 elements has a specialization of its own (64-bit offsets); the native path
+    keys it apart from a small one of the same dtype and rank and launches it as the Python path would."""
+    small = FakeTorchTensor((1024, 1024))
+    last_small = FakeTorchTensor((1 << 16, 1 << 15))  # 2^31 elements: the last one's offset is 2^31 - 1
+    wide = FakeTorchTensor((1 << 16, 1 << 15 | 1), strides=(1 << 16, 1))  # strided past 2^31
+    out = FakeTorchTensor((3,), "float32")
+    assert len(_python(two, (wide, out))[0][0]) == 6
+    assert len(_python(two, (small, out))[0][0]) == len(_python(two, (last_small, out))[0][0]) == 4
+    dispatcher, signature = _registered(two, (wide, out))
+    assert dispatcher._dry_run((small, out), 1, 32, stream=0) is None  # not the wide specialization
+    run = dispatcher._dry_run((wide, out), 1, 32, stream=0)
+    key, args = _python(two, (wide, out))
+    assert run["key"] == key and run["params"] == runtime._rt._validate_launch(1, 32, signature, args, 0, 0)["params"]
+    assert _native(two, (last_small, out)) == _python(two, (last_small, out))
 
 
 def test_a_tensor_passed_twice_is_read_once():
