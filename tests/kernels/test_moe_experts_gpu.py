@@ -241,7 +241,7 @@ def _fp8_weights(w, granularity):
         (1, 8, 2, 256, 128),  # one token: the weight-streaming stages (weight-only fp8)
         (5, 16, 4, 1008, 208),  # decode: K tails in both skinny stages, N tails
         (40, 64, 4, 512, 256),  # decode: 160 ids over 64 experts, K tails none
-        (3, 8, 2, 264, 1040),  # decode: a long-K stage 2 (two columns of warps), K and N tails
+        (3, 8, 2, 272, 1040),  # decode: a long-K stage 2 (two columns of warps), K and N tails
         (300, 8, 2, 256, 512),  # 64-row tiles
         (2000, 8, 2, 512, 384),  # 128-row tiles
         (5000, 8, 2, 256, 400),  # 2-CTA clusters, I not a multiple of the tile

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import flydsl.torch.autograd  # noqa: F401 - registers the gradients of the ops
 import torch
 from flydsl.kernels.memory import torch_empty_like, torch_new_empty
-from flydsl.kernels.plans import Plans, signature
+from flydsl.kernels.plans import Plans, ScratchPlan, signature
 from flydsl.torch import attention as _attention
 from flydsl.torch import moe as _moe
 from flydsl.torch import ops
@@ -61,10 +61,10 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-# The eager inference calls' work by the functional's own signature, as plans of (the tensors, the outputs) made on the
-# first call (whose checks passed) and replayed natively where they only launch (flydsl.kernels.plans); the outputs
-# are fresh allocations by torch_empty_like, whose facts follow from the input's (and a replay falls back to the plan
-# where an address is aligned otherwise).
+# The eager inference calls' work by the functional's own signature, as plans of the tensors made on the first call
+# (whose checks passed) and replayed natively where they only launch (flydsl.kernels.plans); a plan makes its outputs
+# (fresh, contiguous, of the input's dtype: a replay through torch's C API, no Python), whose facts follow from the
+# input's (and a replay falls back to the plan where an address is aligned otherwise). A call returns the outputs.
 _SOFTMAX = Plans("flydsl.torch.functional.softmax", replay=True)
 _LAYER_NORM = Plans("flydsl.torch.functional.layer_norm", replay=True)
 _RMS_NORM = Plans("flydsl.torch.functional.rms_norm", replay=True)
@@ -90,9 +90,20 @@ def _kept(plans: Plans, tensors: tuple, *args):
     return plans.get(signature(*args))
 
 
-def _first(plans: Plans, key, work, *args) -> None:
-    """A signature's first eager inference call: ``work(*args)``, kept as the signature's plan."""
-    plans.add(key, work)(*args)
+def _first(plans: Plans, key, work, args: tuple, outputs: int = 1, shape: tuple | None = None) -> tuple:
+    """A signature's first eager inference call, kept as the signature's plan: ``outputs`` fresh tensors like
+    ``args[0]`` (its shape, or ``shape``; its dtype), then ``work(*args, *outputs)``; returns the outputs."""
+    if shape is None:
+
+        def make(like, *_) -> tuple:
+            return tuple([torch_empty_like(like) for _ in range(outputs)])
+
+    else:
+
+        def make(like, *_) -> tuple:
+            return tuple([torch_new_empty(like, shape) for _ in range(outputs)])
+
+    return plans.add(key, ScratchPlan(make, work, ((0, shape, None),) * outputs))(*args)
 
 
 def _empty(x: Tensor) -> Tensor:
@@ -110,9 +121,7 @@ def softmax(input: Tensor, dim: int = -1) -> Tensor:
         if dim == -1 and (out := ops.softmax.call_kept_with_grad(input)) is not None:
             return out
     elif plan is not None:
-        out = torch_empty_like(input)
-        plan(input, out)
-        return out
+        return plan(input)[0]
     _tensor("softmax", "input", input)
     if input.dim() == 0:
         raise ValueError("flydsl.softmax: input: expected at least one dim, got a 0-dim tensor")
@@ -123,15 +132,14 @@ def softmax(input: Tensor, dim: int = -1) -> Tensor:
         return softmax(input.movedim(dim, -1)).movedim(-1, dim)
     if _needs_grad(input):
         return ops.softmax.call(input)
-    out = _empty(input)
     if eager(input):
 
         def work(input, out):
             ops.softmax.eager_out((input,), {"out": out})
 
-        _first(_SOFTMAX, signature(input, given_dim), work, input, out)
-    else:
-        torch.ops.flydsl.softmax_out.default(input, out)
+        return _first(_SOFTMAX, signature(input, given_dim), work, (input,))[0]
+    out = _empty(input)
+    torch.ops.flydsl.softmax_out.default(input, out)
     return out
 
 
@@ -148,24 +156,22 @@ def layer_norm(
         if (outs := ops.layer_norm.call_kept_with_grad(input, _shape(normalized_shape), weight, bias, eps)) is not None:
             return outs[0]
     elif plan is not None:
-        out = torch_empty_like(input)
-        plan(input, weight, bias, out)
-        return out
+        return plan(input, weight, bias)[0]
     _tensor("layer_norm", "input", input)
     _tensor("layer_norm", "weight", weight, optional=True)
     _tensor("layer_norm", "bias", bias, optional=True)
     shape = _shape(normalized_shape)
     if _needs_grad(input, weight, bias):
         return ops.layer_norm.call(input, shape, weight, bias, eps)[0]
-    out = _empty(input)
     if eager(input, weight, bias):
 
         def work(input, weight, bias, out):
             ops.layer_norm.eager_out((input, shape, weight, bias, eps), {"out": out, "mean": None, "rstd": None})
 
-        _first(_LAYER_NORM, signature(input, normalized_shape, weight, bias, eps), work, input, weight, bias, out)
-    else:
-        torch.ops.flydsl.layer_norm_out.default(input, shape, weight, bias, eps, out, None, None)
+        key = signature(input, normalized_shape, weight, bias, eps)
+        return _first(_LAYER_NORM, key, work, (input, weight, bias))[0]
+    out = _empty(input)
+    torch.ops.flydsl.layer_norm_out.default(input, shape, weight, bias, eps, out, None, None)
     return out
 
 
@@ -181,23 +187,20 @@ def rms_norm(
         if (outs := ops.rms_norm.call_kept_with_grad(input, _shape(normalized_shape), weight, eps)) is not None:
             return outs[0]
     elif plan is not None:
-        out = torch_empty_like(input)
-        plan(input, weight, out)
-        return out
+        return plan(input, weight)[0]
     _tensor("rms_norm", "input", input)
     _tensor("rms_norm", "weight", weight, optional=True)
     shape = _shape(normalized_shape)
     if _needs_grad(input, weight):
         return ops.rms_norm.call(input, shape, weight, eps)[0]
-    out = _empty(input)
     if eager(input, weight):
 
         def work(input, weight, out):
             ops.rms_norm.eager_out((input, shape, weight, eps), {"out": out, "rstd": None})
 
-        _first(_RMS_NORM, signature(input, normalized_shape, weight, eps), work, input, weight, out)
-    else:
-        torch.ops.flydsl.rms_norm_out.default(input, shape, weight, eps, out, None)
+        return _first(_RMS_NORM, signature(input, normalized_shape, weight, eps), work, (input, weight))[0]
+    out = _empty(input)
+    torch.ops.flydsl.rms_norm_out.default(input, shape, weight, eps, out, None)
     return out
 
 
@@ -215,9 +218,7 @@ def fused_add_rms_norm(
         if (outs := ops.fused_add_rms_norm.call_kept_with_grad(input, residual, shape, weight, eps)) is not None:
             return outs[0], outs[1]
     elif plan is not None:
-        out, residual_out = torch_empty_like(input), torch_empty_like(input)
-        plan(input, residual, weight, out, residual_out)
-        return out, residual_out
+        return plan(input, residual, weight)
     _tensor("fused_add_rms_norm", "input", input)
     _tensor("fused_add_rms_norm", "residual", residual)
     _tensor("fused_add_rms_norm", "weight", weight, optional=True)
@@ -225,7 +226,6 @@ def fused_add_rms_norm(
     if _needs_grad(input, residual, weight):
         out, residual_out, _rstd = ops.fused_add_rms_norm.call(input, residual, shape, weight, eps)
         return out, residual_out
-    out, residual_out = _empty(input), _empty(input)
     if eager(input, residual, weight):
 
         def work(input, residual, weight, out, residual_out):
@@ -233,9 +233,9 @@ def fused_add_rms_norm(
             ops.fused_add_rms_norm.eager_out((input, residual, shape, weight, eps), given)
 
         key = signature(input, residual, normalized_shape, weight, eps)
-        _first(_FUSED_ADD_RMS_NORM, key, work, input, residual, weight, out, residual_out)
-    else:
-        torch.ops.flydsl.fused_add_rms_norm_out.default(input, residual, shape, weight, eps, out, residual_out, None)
+        return _first(_FUSED_ADD_RMS_NORM, key, work, (input, residual, weight), outputs=2)
+    out, residual_out = _empty(input), _empty(input)
+    torch.ops.flydsl.fused_add_rms_norm_out.default(input, residual, shape, weight, eps, out, residual_out, None)
     return out, residual_out
 
 
@@ -249,8 +249,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             return out
     elif plan is not None:
         rows = input if input.dim() == 2 else input.reshape(-1, input.shape[-1])
-        out = torch_new_empty(rows, (rows.shape[0], weight.shape[0]))
-        plan(rows, weight, bias, out)
+        (out,) = plan(rows, weight, bias)
         return out if input.dim() == 2 else out.view(*input.shape[:-1], weight.shape[0])
     _tensor("linear", "input", input)
     _tensor("linear", "weight", weight)
@@ -261,12 +260,12 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if _needs_grad(input, weight, bias):
         out = ops.gemm.call(rows, weight.t(), bias, None)
     elif eager(input, weight, bias):
-        out = torch_new_empty(rows, (rows.shape[0], weight.shape[0]))
 
         def work(rows, weight, bias, out):
             ops.gemm.eager_out((rows, weight.t(), bias, None), {"out": out})
 
-        _first(_LINEAR, signature(input, weight, bias), work, rows, weight, bias, out)
+        shape = (rows.shape[0], weight.shape[0])
+        (out,) = _first(_LINEAR, signature(input, weight, bias), work, (rows, weight, bias), shape=shape)
     else:
         out = torch.ops.flydsl.gemm.default(rows, weight.t(), bias, None)
     return out if input.dim() == 2 else out.view(*input.shape[:-1], weight.shape[0])
