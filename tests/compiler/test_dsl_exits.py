@@ -250,17 +250,40 @@ def _python_loop_returns(n: int, m: int, seen: list):
     seen.append("end")
 
 
-def test_returns_in_loops_run_as_python_would_on_trace_time_values():
+class _Context:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _python_nest_left_as_written(n: int, m: int, seen: list):
+    """A return in a ``with`` keeps its loop nest as written, the inner loop's return included."""
+    for i in range(n):
+        for j in range(i):
+            if j == m:
+                return
+            seen.append(j)
+        with _Context():
+            if i == m + 3:
+                return
+        seen.append(-i)
+    seen.append("end")
+
+
+@pytest.mark.parametrize("function", [_python_loop_returns, _python_nest_left_as_written])
+def test_returns_in_loops_run_as_python_would_on_trace_time_values(function):
     from mlir import ir
 
     from flydsl.compiler.ast_rewrite import rewrite_function
 
-    folded = rewrite_function(_python_loop_returns)
+    folded = rewrite_function(function)
     with ir.Context():
         for n in range(0, 7):
             for m in range(-1, 6):
                 ours, theirs = [], []
-                assert folded(n, m, ours) is None and _python_loop_returns(n, m, theirs) is None
+                assert folded(n, m, ours) is None and function(n, m, theirs) is None
                 assert ours == theirs, (n, m)
 
 

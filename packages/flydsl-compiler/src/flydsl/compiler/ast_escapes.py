@@ -22,6 +22,7 @@ folded, and a dynamic condition over them still raises the error that says what 
 from __future__ import annotations
 
 import ast
+import copy
 import itertools
 
 HELPERS = "__fly_cf"  # the name the rewritten code calls its helpers (flydsl.compiler.control_flow) through
@@ -65,31 +66,32 @@ def _fold_returns(function: ast.FunctionDef) -> None:
 class FoldLoopReturns(ast.NodeTransformer):
     """Bare ``return`` s that end branches of a loop's body become ``{RETURNING} = True`` and a ``break``, and the loop
     is followed by ``if {RETURNING}: return`` (``break`` where the loop is in another one, which is then followed by
-    the same), so that :func:`fold_returns` and :class:`FoldLoopExits` fold them. Loops with an ``else:`` or a
-    ``return`` of a value (whose type a dynamic loop could not carry before it is known) are left as written."""
+    the same), so that :func:`fold_returns` and :class:`FoldLoopExits` fold them. A loop nest is folded whole or
+    left as written: loops with an ``else:``, a ``return`` of a value (whose type a dynamic loop could not carry
+    before it is known) or one that does not end a branch (in a ``with`` or ``try``) keep the nest as it was."""
 
     def __init__(self):
         self.folded = False
         self._depth = 0
 
     def _loop(self, node: ast.While | ast.For):
-        # Returns at any depth first: a loop whose body returns a value is left whole (with its inner loops).
         returns = [r for r in _walk(node.body, _SCOPES) if isinstance(r, ast.Return)]
         if not returns or node.orelse or not all(_is_none(r.value) for r in returns):
             return node
+        outermost = copy.deepcopy(node) if self._depth == 0 else None  # what a nest that cannot fold stays
         self._depth += 1
         node.body = [s for item in node.body for s in listed(self.visit(item))]
         self._depth -= 1
-        inner = any(getattr(s, "_fly_returns", False) for s in _walk(node.body, _SCOPES_AND_LOOPS))
         direct = _count(node.body, ast.Return, loops_too=False)
         body = _merge_tails(node.body, ast.Return)
-        if direct != _tail_count(body, ast.Return) or not (direct or inner):
-            return node
+        if direct != _tail_count(body, ast.Return):
+            return outermost or node  # (an inner loop's: the outermost finds its return and stays as written)
         node.body = _strip_tails(body, ast.Return, lambda r: _template(f"{RETURNING} = True\nbreak", r))
-        self.folded = True
-        check = _template(f"if {RETURNING}:\n    {'break' if self._depth else 'return'}", node)[0]
-        check._fly_returns = True
-        return [node, check]
+        if outermost is not None:
+            if _count(node.body, ast.Return, loops_too=True):  # an inner loop could not fold
+                return outermost
+            self.folded = True
+        return [node, _template(f"if {RETURNING}:\n    {'break' if self._depth else 'return'}", node)[0]]
 
     visit_While = visit_For = _loop
 
