@@ -160,3 +160,36 @@ def test_fp8_and_blockscale_plans_without_memory_are_their_launches_alone(record
     assert not isinstance(_FP8Planned(bare, False, False).kept(), ScratchPlan)
     assert not isinstance(_BlockscalePlanned(bare).kept(f32, f32), ScratchPlan)
     assert isinstance(_BlockscalePlanned(bare).kept(ue8m0, f32), ScratchPlan)  # widened per call
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_the_norms_backward_makes_its_partial_sums_in_the_replay(recorded, rms):
+    """With a weight the backward sums its column partials over the rows' CTAs: the partial sums are the plan's only
+    scratch, fresh float32 rows a replay makes itself (``made``: no Python per call), and its launches write nothing
+    else; without one there is no scratch at all."""
+    from flydsl.kernels.norms import api, backward
+    from flydsl.kernels.plans import ScratchPlan
+
+    x, dy, w = torch.randn(64, 512).bfloat16(), torch.randn(64, 512).bfloat16(), torch.randn(512).bfloat16()
+    stats = torch.rand(64)
+    dx, dw, db = torch.empty_like(x), torch.empty_like(w), torch.empty_like(w)
+
+    def info(t):
+        return None if t is None else validation.describe("test", "t", t)
+
+    for weight in (w, None):
+        gradients = api.NormGradients(
+            dy=info(dy), x=info(x), weight=info(weight), mean=None if rms else info(stats), rstd=info(stats),
+            dx=info(dx), dweight=info(dw if weight is not None else None),
+            dbias=info(db if weight is not None and not rms else None),
+        )  # fmt: skip
+        plan = backward.backward_plan(gradients, rms=rms)
+        args = (dy, x, weight, None if rms else stats, stats, dx, dw if weight is not None else None, None)
+        if weight is None:
+            assert not isinstance(plan, ScratchPlan)
+            continue
+        assert isinstance(plan, ScratchPlan) and len(plan.made) == 1
+        like, shape, dtype = plan.made[0]
+        (partial,) = plan.scratch(*args)
+        assert args[like] is x and shape == tuple(partial.shape) and dtype is partial.dtype is torch.float32
+        assert _launch_writes(plan, args) == []

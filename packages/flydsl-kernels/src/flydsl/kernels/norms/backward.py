@@ -137,7 +137,8 @@ def backward_plan(t: NormGradients, rms: bool, chosen: Route | None = None) -> C
     """The launches :func:`backward` makes for tensors of ``t``'s signature (:mod:`flydsl.kernels.plans`), as a
     function of the raw tensors in :class:`NormGradients`' order, with the route, the flags and the grids fixed; per
     call it allocates the partial column sums and a team's exchange (a :class:`~flydsl.kernels.plans.ScratchPlan`
-    where it does: made per call, the launches replayed)."""
+    where it does: made per call, the launches replayed; torch's partial sums alone are ``made``, so a replay makes
+    them itself)."""
     rows, n = t.x.shape
     if rows == 0 or n == 0:
         return _nothing
@@ -169,7 +170,18 @@ def backward_plan(t: NormGradients, rms: bool, chosen: Route | None = None) -> C
         return lambda dy, x, weight, mean, rstd, dx, dweight, dbias: launch(
             dy, x, weight, mean, rstd, dx, dweight, dbias, x, x
         )
-    return ScratchPlan(memory, launch)
+    if cfg.row.team or not t.x.is_torch:
+        return ScratchPlan(memory, launch)
+    import torch
+
+    # Only the partial sums: fresh float32 rows that a replay makes itself (no Python per call).
+    def partials(dy, x, *rest) -> tuple:
+        return memory(dy, x, *rest)[:1]
+
+    def launch_partials(dy, x, weight, mean, rstd, dx, dweight, dbias, partial):
+        launch(dy, x, weight, mean, rstd, dx, dweight, dbias, partial, x)
+
+    return ScratchPlan(partials, launch_partials, ((1, (groups, sums * n), torch.float32),))
 
 
 def _nothing(*args) -> None:
