@@ -15,6 +15,7 @@ import pytest
 import flydsl.compiler as flyc
 import flydsl.kernels as zoo
 from flydsl.kernels.norms.api import NormTensors
+from flydsl.kernels.rows import launch as rows_launch
 from flydsl.kernels.rows import router
 from flydsl.kernels.rows.configs import (
     FORWARD_STAGE_BYTES,
@@ -320,8 +321,7 @@ def test_public_functions_launch_their_route(scratch, monkeypatch):
     if scratch:
         for module in (forward_mod, softmax_mod, backward_mod):
             monkeypatch.setattr(module, "can_allocate", lambda like: True)
-        for module in (forward_mod, softmax_mod):
-            monkeypatch.setattr(module, "staged_exchange", lambda cfg, like, rows: like.obj)
+        monkeypatch.setattr(rows_launch, "staged_exchange", lambda cfg, like, rows: like.obj)
         monkeypatch.setattr(backward_mod, "team_exchange", lambda cfg, like, rows, what: like.obj)
         monkeypatch.setattr(backward_mod, "empty_rows", lambda like, shape, what, scratch=False: fake(shape))
     layouts = {"aligned": (0, 0), "rows offset": (4, 0), "weight offset": (0, 4)}

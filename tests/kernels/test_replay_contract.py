@@ -163,12 +163,16 @@ def test_fp8_and_blockscale_plans_without_memory_are_their_launches_alone(record
 
 
 @pytest.mark.parametrize("rms", [False, True])
-def test_the_norms_backward_makes_its_partial_sums_in_the_replay(recorded, rms):
+def test_the_norms_backward_makes_its_partial_sums_in_the_replay(recorded, monkeypatch, rms):
     """With a weight the backward sums its column partials over the rows' CTAs: the partial sums are the plan's only
     scratch, fresh float32 rows a replay makes itself (``made``: no Python per call), and its launches write nothing
     else; without one there is no scratch at all."""
     from flydsl.kernels.norms import api, backward
     from flydsl.kernels.plans import ScratchPlan
+    from flydsl.kernels.rows import launch as rows_launch
+
+    for module in (backward, rows_launch):  # (imported by name there)
+        monkeypatch.setattr(module, "sm_count", lambda index=0: 132)
 
     x, dy, w = torch.randn(64, 512).bfloat16(), torch.randn(64, 512).bfloat16(), torch.randn(512).bfloat16()
     stats = torch.rand(64)
@@ -193,3 +197,29 @@ def test_the_norms_backward_makes_its_partial_sums_in_the_replay(recorded, rms):
         (partial,) = plan.scratch(*args)
         assert args[like] is x and shape == tuple(partial.shape) and dtype is partial.dtype is torch.float32
         assert _launch_writes(plan, args) == []
+
+
+def test_a_staged_forward_takes_the_streams_claimed_rows_counter_in_the_replay(recorded, monkeypatch):
+    """A staged LayerNorm whose CTAs claim their rows: its only scratch is the stream's held counter pair, which a
+    replay takes itself (``made`` with the held name the Python path uses); its launch writes nothing else."""
+    from flydsl.kernels import memory
+    from flydsl.kernels.norms import api, forward
+    from flydsl.kernels.plans import ScratchPlan
+    from flydsl.kernels.rows import launch as rows_launch
+
+    monkeypatch.setattr(rows_launch, "max_active_clusters", lambda *args: 132)
+    for module in (forward, rows_launch):  # (imported by name there)
+        monkeypatch.setattr(module, "sm_count", lambda index=0: 132)
+    monkeypatch.setattr(memory, "held", lambda like, name, count, dtype, key=None: torch.zeros(count, dtype=dtype))
+    x, w = torch.randn(4, 32768).bfloat16(), torch.randn(32768).bfloat16()
+    out = torch.empty_like(x)
+    info = lambda t: validation.describe("test", "t", t)  # noqa: E731
+    tensors = api.NormTensors(x=info(x), out=info(out), weight=info(w))
+    route = forward.forward_route(tensors, rms=False)
+    assert route.kernel.name == "STAGED" and route.config.claim_rows and not route.config.row.team
+    plan = forward.forward_plan(tensors, rms=False, chosen=route)
+    assert isinstance(plan, ScratchPlan) and plan.made == ((0, (2,), torch.int32, memory.CLAIM_COUNTERS),)
+    args = (x, out, None, w, None, None, None, None, 1e-5)
+    (counter,) = plan.scratch(*args)
+    assert counter.shape == (2,) and counter.dtype == torch.int32
+    assert _launch_writes(plan, args) == []

@@ -180,6 +180,9 @@ def per_stream(cache: dict, tensor, make, fits=None):
     return held
 
 
+CLAIM_COUNTERS = "rows.claim_counters"  # the held name of the claimed rows' counters (a replay's ``made`` too)
+
+
 def claim_counter(like: TensorInfo):
     """Two int32 words of global memory, zero, for a kernel that hands out its rows through them and zeroes them
     before it ends (``StagedForwardConfig.claim_rows``); None where ``like``'s framework allocates nothing. torch: one
@@ -187,7 +190,7 @@ def claim_counter(like: TensorInfo):
     obj = like.obj
     if is_torch(obj):
         torch, _ = _torch_of(like, "row counter")
-        return held(obj, "rows.claim_counters", 2, torch.int32)
+        return held(obj, CLAIM_COUNTERS, 2, torch.int32)
     if _is_cupy(obj):
         import cupy
 

@@ -19,11 +19,10 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import arith, math, nvvm
 from flydsl.kernels.device import sm_count
-from flydsl.kernels.memory import allocated, can_allocate
+from flydsl.kernels.memory import can_allocate
 from flydsl.kernels.norms.api import NormTensors
-from flydsl.kernels.plans import ScratchPlan
 from flydsl.kernels.rows.configs import LoopedForwardConfig, NormFlags, StagedForwardConfig
-from flydsl.kernels.rows.launch import device_groups, launch_rows, staged_exchange
+from flydsl.kernels.rows.launch import device_groups, launch_rows, staged_plan
 from flydsl.kernels.rows.layout import RowConfig
 from flydsl.kernels.rows.reduce import masked_sum, moments_merge, row_done, row_reduce, row_smem, thread_reduce
 from flydsl.kernels.rows.router import Route, RowKernel, RowOp, route
@@ -254,8 +253,8 @@ def forward_plan(t: NormTensors, rms: bool, chosen: Route | None = None) -> Call
     """The launch :func:`forward` makes for tensors of ``t``'s signature (shapes, strides, dtypes, alignment, device:
     :mod:`flydsl.kernels.plans`), as a function of the raw tensors in :class:`NormTensors`' order and ``eps``, with
     the route, the flags and the grid fixed; per call it binds the tensors (absent ones: x, which the kernel never
-    touches) and a staged route's exchange (a :class:`~flydsl.kernels.plans.ScratchPlan`: made per call, the launch
-    replayed)."""
+    touches) and a staged route's exchange (:func:`~flydsl.kernels.rows.launch.staged_plan`: a team's made per call,
+    the claimed rows' counter held per stream, the launch replayed)."""
     rows, n = t.x.shape
     if rows == 0 or n == 0:
         return _nothing
@@ -267,14 +266,11 @@ def forward_plan(t: NormTensors, rms: bool, chosen: Route | None = None) -> Call
     if chosen.kernel is RowKernel.STAGED:
         groups = device_groups(cfg, rows, t.x.device)
 
-        def exchange_of(x, *rest) -> tuple:
-            return (staged_exchange(cfg, allocated(x), rows),)
-
         def staged(x, out, residual, weight, bias, residual_out, mean, rstd, eps, exchange):
             args = _arguments(x, out, residual, weight, bias, residual_out, mean, rstd)
             launch_rows(norm_forward_staged_kernel, (*args, exchange, eps, cfg, flags), cfg, groups)
 
-        return ScratchPlan(exchange_of, staged)
+        return staged_plan(cfg, t.x, rows, staged)
     if chosen.kernel is RowKernel.LOOPED:
         kernel, grid, block, cluster = norm_forward_looped_kernel, rows, cfg.row.block, None
     else:

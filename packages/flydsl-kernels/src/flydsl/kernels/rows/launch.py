@@ -4,11 +4,14 @@ framework), and the launch itself with the route's block and cluster shape."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flydsl.kernels.device import max_active_clusters, sm_count
-from flydsl.kernels.memory import claim_counter, empty_rows
+from flydsl.kernels.memory import CLAIM_COUNTERS, allocated, claim_counter, empty_rows
+from flydsl.kernels.plans import ScratchPlan
 from flydsl.kernels.rows.exchange import exchange_columns
 
-__all__ = ["persistent_groups", "device_groups", "team_exchange", "staged_exchange", "launch_rows"]
+__all__ = ["persistent_groups", "device_groups", "team_exchange", "staged_exchange", "staged_plan", "launch_rows"]
 
 
 def persistent_groups(cfg, rows: int, sms: int, active: int | None = None) -> int:
@@ -55,6 +58,24 @@ def staged_exchange(cfg, like, rows: int):
     if cfg.claim_rows:
         return claim_counter(like)
     return like.obj
+
+
+def staged_plan(cfg, like, rows: int, launch: Callable) -> Callable:
+    """A staged route's plan of its call's tensors (the first one's rows: ``like``, a TensorInfo) over
+    ``launch(*tensors, exchange)``: a team's exchange is zeroed in Python on each call (a ScratchPlan); claimed rows'
+    counters are the stream's held pair, which a torch replay takes itself (``made``: no Python per call);
+    otherwise the first tensor stands for the unused exchange and the plan is the launch alone."""
+    if not (cfg.row.team or cfg.claim_rows):
+        return lambda *tensors: launch(*tensors, tensors[0])
+
+    def exchange_of(first, *rest) -> tuple:
+        return (staged_exchange(cfg, allocated(first), rows),)
+
+    if cfg.row.team or not like.is_torch:
+        return ScratchPlan(exchange_of, launch)
+    import torch
+
+    return ScratchPlan(exchange_of, launch, ((0, (2,), torch.int32, CLAIM_COUNTERS),))
 
 
 def launch_rows(kernel, args, cfg, groups: int) -> None:

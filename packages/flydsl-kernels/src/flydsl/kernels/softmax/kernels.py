@@ -17,10 +17,9 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import nvvm
 from flydsl.kernels.device import sm_count
-from flydsl.kernels.memory import allocated, can_allocate
-from flydsl.kernels.plans import ScratchPlan
+from flydsl.kernels.memory import can_allocate
 from flydsl.kernels.rows.configs import SoftmaxBackwardFlags, SoftmaxFlags, StagedForwardConfig
-from flydsl.kernels.rows.launch import device_groups, launch_rows, staged_exchange
+from flydsl.kernels.rows.launch import device_groups, launch_rows, staged_plan
 from flydsl.kernels.rows.layout import RowConfig
 from flydsl.kernels.rows.reduce import row_done, row_reduce, row_smem, thread_reduce
 from flydsl.kernels.rows.router import Route, RowKernel, RowOp, route
@@ -142,8 +141,8 @@ def _empty(t: SoftmaxTensors) -> bool:
 
 def _plan(which: str, chosen: Route | None, like: TensorInfo, register_kernel, staged_kernel) -> Callable:
     """The launch of ``chosen`` (None: nothing to launch) on tensors of ``like``'s rows: the register kernel on its
-    grid, or the staged one on its persistent grid with a fresh exchange (a team's pairs, the claimed rows' counter)
-    allocated like the first tensor."""
+    grid, or the staged one on its persistent grid with its exchange (a team's pairs, the claimed rows' counter:
+    :func:`~flydsl.kernels.rows.launch.staged_plan`)."""
     if chosen is None:
         return _nothing
     _check_route(which, chosen)
@@ -151,13 +150,10 @@ def _plan(which: str, chosen: Route | None, like: TensorInfo, register_kernel, s
     if chosen.kernel is RowKernel.STAGED:
         groups = device_groups(cfg, rows, like.device)
 
-        def exchange_of(*tensors) -> tuple:
-            return (staged_exchange(cfg, allocated(tensors[0]), rows),)
-
         def staged(*tensors_and_exchange):
             launch_rows(staged_kernel, (*tensors_and_exchange, cfg), cfg, groups)
 
-        return ScratchPlan(exchange_of, staged)
+        return staged_plan(cfg, like, rows, staged)
     grid, block = cfg.grid(rows), cfg.block
     cluster = (cfg.cluster, 1, 1) if cfg.cluster > 1 else None
 
