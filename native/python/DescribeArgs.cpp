@@ -297,6 +297,53 @@ bool describeArrayInterface(PyObject *obj, Described &d) {
 
 } // namespace
 
+bool tensorKeyBytes(PyObject *part, std::vector<uint8_t> &out) {
+  Py_ssize_t size = PyTuple_Check(part) ? PyTuple_GET_SIZE(part) : 0;
+  if ((size != 4 && size != 6) || !PyUnicode_Check(PyTuple_GET_ITEM(part, 0)))
+    return false;
+  int element = elementIndex(PyTuple_GET_ITEM(part, 0));
+  long long rank;
+  PyObject *kinds = PyTuple_GET_ITEM(part, 2);
+  if (element < 0 || !readLongLong(PyTuple_GET_ITEM(part, 1), rank) || rank < 0 ||
+      size_t(rank) > kMaxRank || !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != rank)
+    return decline();
+  bool wide = size == 6; // every extent dynamic (marked ones take the Python path)
+  if (wide) {
+    PyObject *extents = PyTuple_GET_ITEM(part, 4);
+    if (!PyTuple_Check(extents) || PyTuple_GET_SIZE(extents) != rank ||
+        PyTuple_GET_ITEM(part, 5) != Py_True)
+      return false;
+    for (long long r = 0; r < rank; ++r)
+      if (PyTuple_GET_ITEM(extents, r) != Py_None)
+        return false;
+  }
+  out.push_back(uint8_t(element));
+  out.push_back(uint8_t(rank));
+  out.push_back(uint8_t(PyObject_IsTrue(PyTuple_GET_ITEM(part, 3)) == 1 ? kAlignedTensor : 0) |
+                uint8_t(wide ? kWideTensor : 0));
+  for (long long r = 0; r < rank; ++r) {
+    long long kind;
+    if (!readLongLong(PyTuple_GET_ITEM(kinds, r), kind) || (kind != 0 && kind != 1 && kind != 16))
+      return decline();
+    out.push_back(uint8_t(kind));
+  }
+  return true;
+}
+
+nb::object tensorKeyEntry(const unsigned char *key) {
+  unsigned rank = key[1];
+  bool aligned = key[2] & kAlignedTensor;
+  nb::list kinds, extents;
+  for (unsigned r = 0; r < rank; ++r) {
+    kinds.append(int(key[3 + r]));
+    extents.append(nb::none());
+  }
+  nb::handle name = registry().elementNames[key[0]];
+  if (key[2] & kWideTensor) // every extent dynamic, offsets in 64 bits
+    return nb::make_tuple(name, rank, nb::tuple(kinds), aligned, nb::tuple(extents), true);
+  return nb::make_tuple(name, rank, nb::tuple(kinds), aligned);
+}
+
 bool describeTensor(PyObject *obj, Described &d) {
   if (isTorchTensor(obj))
     return describeTorch(obj, d);

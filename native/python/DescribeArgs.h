@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace fly::python {
 
@@ -74,6 +75,16 @@ bool decline();
 /// __cuda_array_interface__ (strides in bytes, or None: row-major); the first
 /// tensor naming a stream gives the default one.
 bool describeTensor(PyObject *obj, Described &d);
+
+/// Appends kernel.py's key entry of a tensor parameter, (dtype, rank, stride
+/// kinds, aligned) or a wide tensor's (..., (None,) * rank, True), to `out`
+/// as the key bytes describeTensor writes; false (no error set) for an entry
+/// the native path does not match (marked static extents, unknown names).
+bool tensorKeyBytes(PyObject *part, std::vector<uint8_t> &out);
+
+/// kernel.py's key entry of the tensor key bytes at `key` (tensorKeyBytes'
+/// inverse; 3 + rank bytes, the rank at key[1]).
+nanobind::object tensorKeyEntry(const unsigned char *key);
 
 /// Appends a TmaTile argument: its key (compared like a constexpr), its
 /// encoded tensor map and its extents; its tensor counts for the stream.

@@ -188,28 +188,14 @@ public:
 
   /// The kernel.py key (a tuple) of `d`.
   nb::object pythonKey(const Described &d) const {
-    auto &names = registry().elementNames;
     nb::list key;
     size_t offset = 0, constexprIndex = 0;
     for (const DispatchParam &p : params_) {
       switch (p.kind) {
-      case 't': {
-        unsigned element = d.key[offset], rank = d.key[offset + 1];
-        uint8_t flags = d.key[offset + 2];
-        bool aligned = flags & kAlignedTensor;
-        nb::list kinds, extents;
-        for (unsigned r = 0; r < rank; ++r) {
-          kinds.append(int(d.key[offset + 3 + r]));
-          extents.append(nb::none());
-        }
-        nb::handle name = names[element];
-        if (flags & kWideTensor) // every extent dynamic, offsets in 64 bits
-          key.append(nb::make_tuple(name, rank, nb::tuple(kinds), aligned, nb::tuple(extents), true));
-        else
-          key.append(nb::make_tuple(name, rank, nb::tuple(kinds), aligned));
-        offset += 3 + rank;
+      case 't':
+        key.append(tensorKeyEntry(d.key + offset));
+        offset += 3 + d.key[offset + 1];
         break;
-      }
       case 'i':
       case 'f':
         key.append(p.keyName);
@@ -250,38 +236,8 @@ public:
         return false;
       PyObject *part = PyTuple_GET_ITEM(key.ptr(), item++);
       if (p.kind == 't') {
-        // (dtype, rank, stride kinds, aligned), or a wide tensor's with its
-        // extents (all dynamic: marked static ones take the Python path) and True
-        Py_ssize_t size = PyTuple_Check(part) ? PyTuple_GET_SIZE(part) : 0;
-        if ((size != 4 && size != 6) || !PyUnicode_Check(PyTuple_GET_ITEM(part, 0)))
+        if (!tensorKeyBytes(part, entry->key))
           return false;
-        int element = elementIndex(PyTuple_GET_ITEM(part, 0));
-        long long rank;
-        PyObject *kinds = PyTuple_GET_ITEM(part, 2);
-        if (element < 0 || !readLongLong(PyTuple_GET_ITEM(part, 1), rank) || rank < 0 ||
-            size_t(rank) > kMaxRank || !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != rank)
-          return decline();
-        bool wide = size == 6;
-        if (wide) {
-          PyObject *extents = PyTuple_GET_ITEM(part, 4);
-          if (!PyTuple_Check(extents) || PyTuple_GET_SIZE(extents) != rank ||
-              PyTuple_GET_ITEM(part, 5) != Py_True)
-            return false;
-          for (long long r = 0; r < rank; ++r)
-            if (PyTuple_GET_ITEM(extents, r) != Py_None)
-              return false;
-        }
-        entry->key.push_back(uint8_t(element));
-        entry->key.push_back(uint8_t(rank));
-        entry->key.push_back(uint8_t(PyObject_IsTrue(PyTuple_GET_ITEM(part, 3)) == 1 ? kAlignedTensor : 0) |
-                             uint8_t(wide ? kWideTensor : 0));
-        for (long long r = 0; r < rank; ++r) {
-          long long kind;
-          if (!readLongLong(PyTuple_GET_ITEM(kinds, r), kind) ||
-              (kind != 0 && kind != 1 && kind != 16))
-            return decline();
-          entry->key.push_back(uint8_t(kind));
-        }
       } else if (p.kind == 'm') {
         Py_hash_t h = PyObject_Hash(part);
         if (h == -1 && PyErr_Occurred())

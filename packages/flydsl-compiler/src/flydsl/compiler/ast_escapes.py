@@ -36,7 +36,7 @@ def fold_returns(function: ast.FunctionDef) -> bool:
     if _count(function.body, (ast.Yield, ast.YieldFrom, ast.Await), loops_too=True):
         return False
     loops = FoldLoopReturns()
-    function.body = [s for item in function.body for s in listed(loops.visit(item))]
+    function.body = loops.statements(function.body)
     if loops.folded:
         function.body = [*_template(f"{RETURNING} = False", function.body[0]), *function.body]
     _fold_returns(function)
@@ -63,24 +63,36 @@ def _fold_returns(function: ast.FunctionDef) -> None:
         function.body = body
 
 
-class FoldLoopReturns(ast.NodeTransformer):
+class FoldLoopReturns:
     """Bare ``return`` s that end branches of a loop's body become ``{RETURNING} = True`` and a ``break``, and the loop
     is followed by ``if {RETURNING}: return`` (``break`` where the loop is in another one, which is then followed by
     the same), so that :func:`fold_returns` and :class:`FoldLoopExits` fold them. A loop nest is folded whole or
     left as written: loops with an ``else:``, a ``return`` of a value (whose type a dynamic loop could not carry
-    before it is known) or one that does not end a branch (in a ``with`` or ``try``) keep the nest as it was."""
+    before it is known) or one that does not end a branch (in a ``with`` or ``try``) keep the nest as it was. Only
+    statements are visited (a return is one), not nested functions or classes (their returns are their own)."""
 
     def __init__(self):
         self.folded = False
         self._depth = 0
 
+    def statements(self, statements: list[ast.stmt]) -> list[ast.stmt]:
+        return [s for item in statements for s in listed(self._statement(item))]
+
+    def _statement(self, node: ast.stmt):
+        if isinstance(node, (ast.For, ast.While)):
+            return self._loop(node)
+        if not isinstance(node, _SCOPES):
+            for block in _blocks(node):
+                block[:] = self.statements(block)
+        return node
+
     def _loop(self, node: ast.While | ast.For):
-        returns = [r for r in _walk(node.body, _SCOPES) if isinstance(r, ast.Return)]
+        returns = [r for r in _walk(node.body, _SCOPES, statements_only=True) if isinstance(r, ast.Return)]
         if not returns or node.orelse or not all(_is_none(r.value) for r in returns):
             return node
         outermost = copy.deepcopy(node) if self._depth == 0 else None  # what a nest that cannot fold stays
         self._depth += 1
-        node.body = [s for item in node.body for s in listed(self.visit(item))]
+        node.body = self.statements(node.body)
         self._depth -= 1
         direct = _count(node.body, ast.Return, loops_too=False)
         body = _merge_tails(node.body, ast.Return)
@@ -92,13 +104,6 @@ class FoldLoopReturns(ast.NodeTransformer):
                 return outermost
             self.folded = True
         return [node, _template(f"if {RETURNING}:\n    {'break' if self._depth else 'return'}", node)[0]]
-
-    visit_While = visit_For = _loop
-
-    def visit_FunctionDef(self, node):  # a nested function's returns are its own
-        return node
-
-    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
 
 
 class FoldLoopExits(ast.NodeTransformer):
@@ -200,8 +205,11 @@ def _folded_loop_body(body: list[ast.stmt], flag: str) -> tuple[list[ast.stmt], 
 
 def _returning(body: list[ast.stmt]) -> tuple[str, ...]:
     """(RETURNING,) where the loop body sets it (a return made a break: :class:`FoldLoopReturns`), to be carried."""
-    names = (n for n in _walk(body, _SCOPES) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
-    return (RETURNING,) if any(n.id == RETURNING for n in names) else ()
+    sets = (
+        isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Name) and s.targets[0].id == RETURNING
+        for s in _walk(body, _SCOPES, statements_only=True)
+    )
+    return (RETURNING,) if any(sets) else ()
 
 
 def listed(result) -> list:
@@ -209,15 +217,30 @@ def listed(result) -> list:
     return result if isinstance(result, list) else [result]
 
 
-def _walk(statements: list[ast.stmt], skipped: tuple):
-    """The nodes of the statements, not inside nodes of the ``skipped`` types."""
+def _walk(statements: list[ast.stmt], skipped: tuple, statements_only: bool = False):
+    """The nodes of the statements (``statements_only``: the statements, their expressions not walked), not inside
+    nodes of the ``skipped`` types."""
     stack = list(statements)
     while stack:
         node = stack.pop()
         if isinstance(node, skipped):
             continue
         yield node
-        stack.extend(ast.iter_child_nodes(node))
+        if statements_only:
+            for block in _blocks(node):
+                stack.extend(block)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _blocks(node: ast.AST):
+    """The statement lists of a compound statement (bodies, else branches, handlers', cases')."""
+    for _, value in ast.iter_fields(node):
+        if isinstance(value, list) and value:
+            if isinstance(value[0], ast.stmt):
+                yield value
+            elif isinstance(value[0], (ast.excepthandler, ast.match_case)):
+                yield from (item.body for item in value)
 
 
 def _template(source: str, origin: ast.AST, **holes) -> list[ast.stmt]:
@@ -314,7 +337,9 @@ _SCOPES_AND_LOOPS = (*_SCOPES, ast.For, ast.While)
 def _count(statements: list[ast.stmt], kinds, loops_too: bool) -> int:
     """How many nodes of ``kinds`` the statements hold, not in nested functions or classes (nor in nested loops
     unless ``loops_too``: a ``continue`` there belongs to that loop)."""
-    return sum(isinstance(node, kinds) for node in _walk(statements, _SCOPES if loops_too else _SCOPES_AND_LOOPS))
+    statements_only = all(issubclass(kind, ast.stmt) for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
+    skipped = _SCOPES if loops_too else _SCOPES_AND_LOOPS
+    return sum(isinstance(node, kinds) for node in _walk(statements, skipped, statements_only))
 
 
 def _is_none(value: ast.expr | None) -> bool:
