@@ -86,18 +86,31 @@ def test_the_decode_plan_launches_on_its_scratch_alone(recorded, granularity):
     assert _same(align[3], padded_count)
     stages = [call for call in recorded if "skinny_gemm_grouped" in call.kernel.name]
     stage1, stage2 = (call.values for call in stages)
-    assert {call.kernel.name for call in stages} == {
-        "skinny_gemm_grouped_fp8_kernel" if quant else "skinny_gemm_grouped_kernel"
-    }
+    # per-row fp8 scales from two tokens on: x quantized per token into the scratch, stage 1 on fp8 MMAs (W8A8);
+    # block scales weight-only; stage 2 weight-only either way
+    quantized = granularity in ("channel", "tensor")
+    plain = "skinny_gemm_grouped_fp8_kernel" if quant else "skinny_gemm_grouped_kernel"
+    assert [call.kernel.name for call in stages] == [
+        "skinny_gemm_grouped_scaled_kernel" if quantized else plain,
+        plain,
+    ]
     combine = kernels["combine_kernel"]
-    assert stage1[0] is x and _same(stage1[2], h) and _same(stage2[0], h) and _same(stage2[2], y)
+    assert _same(stage1[2], h) and _same(stage2[0], h) and _same(stage2[2], y)
     assert _same(combine[0], y) and _same(combine[1], positions) and combine[4] is out
-    assert names[-1] == "combine_kernel" and len(names) == 4  # weight-only fp8: no quantizing launch
+    assert names[-1] == "combine_kernel" and len(names) == (5 if quantized else 4)
+    if quantized:
+        x8, x_scales = memory[7:9]
+        assert x8.shape == (TOKENS, HIDDEN) and x8.dtype == torch.float8_e4m3fn and x_scales.shape == (TOKENS, 1)
+        quantize = recorded[1].values
+        assert "quantize" in names[1] and quantize[0] is x and quantize[1].data_ptr() == x8.data_ptr()
+        assert _same(stage1[0], x8) and stage1[8].data_ptr() == x_scales.data_ptr() and stage1[8].shape == (TOKENS,)
+    else:
+        assert stage1[0] is x
     if granularity == "channel":  # the weights' scales viewed per row at launch
-        assert memory[7:] == () and stage1[7].data_ptr() == w1_scale.data_ptr()
+        assert len(memory) == 9 and stage1[7].data_ptr() == w1_scale.data_ptr()
         assert stage1[7].shape == (EXPERTS * 2 * INTER,) and stage2[7].shape == (EXPERTS * HIDDEN,)
     elif granularity == "tensor":  # repeated per row in the scratch (a copy per call)
-        rows1, rows2 = memory[7:]
+        rows1, rows2 = memory[9:]
         assert rows1.shape == (EXPERTS * 2 * INTER,) and rows2.shape == (EXPERTS * HIDDEN,)
         assert stage1[7] is rows1 and stage2[7] is rows2
     elif granularity == "block":  # the stacked weights' blocks, viewed at launch
@@ -183,21 +196,23 @@ def test_decode_modes_follow_the_call_and_the_environment(monkeypatch):
         tokens, top_k, inter, enabled
     )
     monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
-    assert modes(1) == (direct, direct, True)  # one token: both modes by default
-    assert modes(1, inter=experts.COMBINE_MAX_INTER + 256) == (direct, direct, False)  # Mixtral's I: not combined
-    assert modes(1, top_k=32) == (direct, direct, False)  # top_k past 16
-    assert modes(2) == (Mode(), Mode(), False)  # two tokens take the alignment
-    assert modes(1, enabled={"combine"}) == (Mode(), Mode(), False)  # combine needs direct
-    aligned = (Mode(), Mode(), False)
+    assert modes(1) == (direct, direct, True, False)  # one token: direct and combined by default, x not quantized
+    assert modes(1, inter=experts.COMBINE_MAX_INTER + 256) == (direct, direct, False, False)  # Mixtral's I
+    assert modes(1, top_k=32) == (direct, direct, False, False)  # top_k past 16
+    assert modes(2) == (Mode(), Mode(), False, True)  # two tokens take the alignment, x quantized (per-row fp8)
+    assert modes(1, enabled={"combine"}) == (Mode(), Mode(), False, False)  # combine needs direct
+    aligned = (Mode(), Mode(), False, False)
     by_value = {
-        "none": aligned,
-        "": aligned,
-        "direct": (direct, direct, False),
-        "direct,combine": (direct, direct, True),
+        "none": (aligned, aligned),
+        "": (aligned, aligned),
+        "direct": ((direct, direct, False, False), aligned),
+        "direct,combine": ((direct, direct, True, False), aligned),
+        "quantize": (aligned, (Mode(), Mode(), False, True)),
+        "direct,combine,quantize": ((direct, direct, True, False), (Mode(), Mode(), False, True)),
     }
-    for value, expected in by_value.items():
+    for value, (one, two) in by_value.items():
         monkeypatch.setenv("FLYDSL_MOE_DECODE", value)
-        assert modes(1) == expected, value
+        assert modes(1) == one and modes(2) == two, value
     monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,prefetch")
     with pytest.raises(ValueError, match="FLYDSL_MOE_DECODE: expected words from"):
         modes(1)

@@ -43,6 +43,7 @@ __all__ = [
     "skinny_gemm_combined_kernel",
     "skinny_gemm_grouped_fp8_kernel",
     "skinny_gemm_grouped_kernel",
+    "skinny_gemm_grouped_scaled_kernel",
 ]
 
 GROUPED_BLOCK = 16  # the aligned order's row block: one m16n8k16 MMA's rows
@@ -132,11 +133,40 @@ def skinny_gemm_grouped_fp8_kernel(
     _grouped_skinny_gemm(a, w, c, routing, positions, w_scale, cfg, variant, mode)
 
 
+@flyc.kernel(dependent_launch=True, target=flyc.Target("sm_90a", ptx_version=84))  # PTX ISA 8.4: mma.sync on fp8
+def skinny_gemm_grouped_scaled_kernel(
+    a: fx.Tensor,
+    w: fx.Tensor,
+    c: fx.Tensor,
+    sorted_ids: fx.Tensor,
+    expert_of_block: fx.Tensor,
+    padded_count: fx.Tensor,
+    positions: fx.Tensor,
+    w_scale: fx.Tensor,
+    a_scale: fx.Tensor,
+    top_k: fx.Int32,
+    cfg: fx.Constexpr,
+    variant: fx.Constexpr,
+    mode: fx.Constexpr,
+):
+    """:func:`skinny_gemm_grouped_kernel` on fp8 activations and weights (W8A8: ``a`` and ``w`` e4m3, K a multiple of
+    16; ``c`` 16-bit): each 16-byte load of either holds 16 values of K, the fragments of m16n8k32 MMAs as the dense
+    :func:`~flydsl.kernels.gemm.skinny.skinny_gemm_scaled_kernel` takes them, so a step moves half the activation
+    bytes of the weight-only kernel and converts nothing. Float32 scales per row of each, applied in the epilogue
+    (gated: to the gate and up sums before the gate): ``w_scale`` (E * N,) one per row of the stacked weights,
+    ``a_scale`` one per row of ``a`` (its token's, as ``quantize_fp8(x, "token")`` gives them, viewed 1-D)."""
+    if variant.epilogue.scales:
+        raise ValueError(f"skinny_gemm_grouped_scaled_kernel: expected no epilogue scales (its own): {variant}")
+    routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
+    _grouped_skinny_gemm(a, w, c, routing, positions, w_scale, cfg, variant, mode, a_scale)
+
+
 def _grouped_skinny_gemm(
-    a, w, c, routing: Routing, positions, w_scale, cfg: SkinnyConfig, variant, mode: GroupedMode
+    a, w, c, routing: Routing, positions, w_scale, cfg: SkinnyConfig, variant, mode: GroupedMode, a_scale=None
 ) -> None:
     """The grouped kernels' body (:func:`skinny_gemm_grouped_kernel`). The weights' format: 16-bit (``w_scale``
-    None), or fp8 with ``w_scale`` per row (1-D) or per 128 x 128 block (2-D) (:func:`skinny_gemm_grouped_fp8_kernel`).
+    None), or fp8 with ``w_scale`` per row (1-D) or per 128 x 128 block (2-D) (:func:`skinny_gemm_grouped_fp8_kernel`);
+    with ``a_scale`` (per row of ``a``), fp8 activations too (:func:`skinny_gemm_grouped_scaled_kernel`).
     """
     if not isinstance(mode, GroupedMode):
         raise TypeError(f"grouped skinny kernel: mode must be a GroupedMode, got {mode!r}")
@@ -144,7 +174,12 @@ def _grouped_skinny_gemm(
     if epilogue.bias or epilogue.activation or cfg.splits != 1 or not variant.vector_loads:
         raise ValueError(f"grouped skinny kernel: expected no bias, activation or split K, 16-byte loads: {variant}")
     fp8 = w_scale is not None
-    if fp8 and (not _wide(a, w) or a.dtype != c.dtype or fx.rank(w_scale.shape) not in (1, 2)):
+    if a_scale is not None:
+        if a.dtype != w.dtype or w.dtype.width != 8 or c.dtype.width != 16:
+            raise ValueError(f"grouped scaled kernel: expected fp8 a and w of one dtype, 16-bit c: {variant}")
+        if fx.rank(w_scale.shape) != 1 or fx.rank(a_scale.shape) != 1:
+            raise ValueError("grouped scaled kernel: expected 1-D scales, one per row of w and of a")
+    elif fp8 and (not _wide(a, w) or a.dtype != c.dtype or fx.rank(w_scale.shape) not in (1, 2)):
         raise ValueError(f"grouped fp8 kernel: expected fp8 weights, 16-bit a and c, 1-D or 2-D scales: {variant}")
     thread = _kernel_start(cfg, trigger=not mode.direct)
     # The routing and (stage 2) A are the previous kernels' outputs: nothing is read before the wait, and every
@@ -155,7 +190,7 @@ def _grouped_skinny_gemm(
     gated = gate is not None
     n_out = c.shape[1].to(fx.Int32)
     stage = _Stage(
-        a, w, c, routing, positions, w_scale, cfg, mode, gate, thread, n_out,
+        a, w, c, routing, positions, w_scale, a_scale, cfg, mode, gate, thread, n_out,
         n_out * 2 if gated else n_out,  # the expert's rows of w
         cfg.rows // 2 if gated else cfg.rows,  # output columns per tile
         positions.shape.to(fx.Int32),  # T * k, the sentinel of pad rows (a 1-D shape: its extent)
@@ -171,14 +206,15 @@ def _grouped_skinny_gemm(
             expert = routing.expert_of_block[block].to(fx.Int32)
         x = gpu.block_idx.x.to(fx.Int32)
         streams = _tile_streams(stage, block, x, expert)
-        scales = _row_scales(stage, x, expert)  # (before the mainloop: their round trip beside the weights')
+        scales = _row_scales(stage, block, x, expert)  # (before the mainloop: their round trip beside the weights')
         step = cfg.k_step(w.dtype.width // 8)
         accs = _mainloop(streams, step, thread[2] * (step // cfg.warps_k), stage.block_scaled)
         _store_tile(stage, accs, block, x, scales)
 
 
 class _Stage(NamedTuple):
-    """What every tile of a grouped kernel's launch shares: its tensors, configuration and mode, the gate (or None),
+    """What every tile of a grouped kernel's launch shares: its tensors (``a_scale``: fp8 activations' per-row
+    scales, or None), configuration and mode, the gate (or None),
     the thread's coordinates (:func:`~flydsl.kernels.gemm.skinny._kernel_start`), N_out, the expert's rows of w,
     output columns per tile and T * k (the pad rows' sentinel)."""
 
@@ -188,6 +224,7 @@ class _Stage(NamedTuple):
     routing: Routing
     positions: object
     w_scale: object
+    a_scale: object
     cfg: SkinnyConfig
     mode: GroupedMode
     gate: object
@@ -240,18 +277,21 @@ def _tile_elements(stage: _Stage):
         yield index, clamped // cols, clamped % cols
 
 
-def _row_scales(stage: _Stage, x, expert) -> list:
+def _row_scales(stage: _Stage, block, x, expert) -> list:
     """fp8 per-row weight scales of the thread's output elements (:func:`_tile_elements`): per turn the plain (or
-    gate) row's scale and, gated, the up row's, clamped as the loads' rows are; [] otherwise. Loaded before the
-    mainloop, so that a CTA's last round trip to memory is not the scales' (a decode tile lives a few
-    microseconds)."""
+    gate) row's scale, gated the up row's (else None), clamped as the loads' rows are, and with fp8 activations the
+    scale of the element's row of ``a`` (else None); [] otherwise. Loaded before the mainloop, so that a CTA's last
+    round trip to memory is not the scales' (a decode tile lives a few microseconds)."""
     if fx.const_expr(not stage.row_scales):
         return []
     base, n_out, gated = expert * stage.per_expert, stage.n_out, stage.gate is not None
+    first, quantized = block * GROUPED_BLOCK, stage.a_scale is not None
     scales = []
-    for _index, _row, col in _tile_elements(stage):
+    for _index, row, col in _tile_elements(stage):
         b_row = base + arith.minimum(x * stage.cols + col, n_out - 1)
-        scales.append((stage.w_scale[b_row], stage.w_scale[b_row + n_out] if gated else None))
+        up = stage.w_scale[b_row + n_out] if gated else None
+        a_row = _grouped_row(stage.routing, stage.mode, first + row, stage.pairs) if quantized else None
+        scales.append((stage.w_scale[b_row], up, stage.a_scale[a_row] if quantized else None))
     return scales
 
 
@@ -272,13 +312,14 @@ def _store_tile(stage: _Stage, accs, block, x, scales) -> None:
     for turn, (index, row, col) in enumerate(_tile_elements(stage)):
         out_col = n0 + col
         total = _warp_total(partial, cfg, row, col)
+        w_scale, w_up_scale, a_scale = scales[turn] if scales else (None, None, None)
         if fx.const_expr(bool(scales)):
-            total = total * scales[turn][0]
+            total = total * w_scale if a_scale is None else total * w_scale * a_scale
         if fx.const_expr(gated):
             total = apply_epilogue(total, activation, EpilogueTensors(), row, col)
             up = _warp_total(partial, cfg, row, col + cols)
             if fx.const_expr(bool(scales)):
-                up = up * scales[turn][1]
+                up = up * w_up_scale if a_scale is None else up * w_up_scale * a_scale
             total = total * up
         if (index < GROUPED_BLOCK * cols) & (out_col < n_out):
             c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
@@ -438,7 +479,7 @@ def _grouped_row(routing: Routing, mode: GroupedMode, position, pairs):
 
 
 def choose_grouped_skinny_config(
-    k: int, gated: bool, element_bytes: int = 2, direct: bool = False, block: bool = False
+    k: int, gated: bool, element_bytes: int = 2, direct: bool = False, block: bool = False, quantized: bool = False
 ) -> SkinnyConfig:
     """Short K (at most 1024: a stage 2's intermediate size) in steps of 128 over two columns of 2 warps, 32 weight
     rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default
@@ -459,11 +500,17 @@ def choose_grouped_skinny_config(
     ``direct`` (one token's stages, :class:`GroupedMode`): long-K fp8 steps wait until their activations have
     landed (``landed``: ptxas then issues a step's activation loads together, one L2 round trip a step rather than
     one a chunk; 122-126 registers, still 2 CTAs per SM; short K would spill at its 4 CTAs per SM): stage 1
-    1-4% faster (H100, ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``)."""
+    1-4% faster (H100, ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``).
+
+    ``quantized`` (fp8 activations too, :func:`skinny_gemm_grouped_scaled_kernel`; ``k`` in values): 16-bit's shapes,
+    whose loads and registers per step are the same (a 16-byte load of each operand per row and chunk), steps twice
+    as long in K."""
     if element_bytes not in (1, 2):
         raise ValueError(f"choose_grouped_skinny_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
+    if quantized and (element_bytes != 1 or block):
+        raise ValueError("choose_grouped_skinny_config: fp8 activations take fp8 weights with per-row scales")
     short = k <= 1024 and not gated
-    if element_bytes == 2:
+    if element_bytes == 2 or quantized:
         return SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig()
     if short:
         return SkinnyConfig(groups=2, warps=4, warps_n=4, unroll=4, min_blocks=4)  # (landed: spills)

@@ -10,9 +10,10 @@
 Decode-sized calls (:func:`decodes`: T <= 64, experts averaging at most 8 rows) align in blocks of 16 and take the
 grouped skinny GEMM instead (``gemm.skinny_grouped.skinny_gemm_grouped_kernel``: each routed block's expert's
 weights streamed once, spread over the SMs, in 16-byte loads; stage 1 reads x's rows by index, so there is no gather,
-and notes the positions the combine reads; fp8 weights, every granularity: ``skinny_gemm_grouped_fp8_kernel``, the
-weights converted to x's dtype in registers, x and h not quantized: no quantizing launch; :func:`decode_modes`
-for one token: no alignment, w2 prefetched into L2, stage 2 and the combine in one launch). Otherwise the two GEMMs
+and notes the positions the combine reads; fp8 weights: ``skinny_gemm_grouped_fp8_kernel``, the weights converted to
+x's dtype in registers, x and h not quantized, but from two tokens on with per-row scales x is quantized per token
+and stage 1 runs on fp8 MMAs, ``skinny_gemm_grouped_scaled_kernel``; :func:`decode_modes` for one token: no
+alignment, stage 2 and the combine in one launch). Otherwise the two GEMMs
 are the warp-specialized Hopper GEMM with the grouped scheduler (:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`):
 each reads ``padded_count`` and the block's expert on the GPU and takes B from the experts' stacked weights as they are
 (``nn.Linear``'s orientation, no copy). Stage 1's B tile is the gate rows of its columns and the up rows I further, so
@@ -50,6 +51,7 @@ from flydsl.kernels.gemm.skinny_grouped import (
     skinny_gemm_combined_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
+    skinny_gemm_grouped_scaled_kernel,
 )
 from flydsl.kernels.moe.api import (
     BLOCK,
@@ -74,7 +76,7 @@ __all__ = [
 
 CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
-_DECODE_WORDS = frozenset({"direct", "combine"})  # FLYDSL_MOE_DECODE's (default: both)
+_DECODE_WORDS = frozenset({"direct", "combine", "quantize"})  # FLYDSL_MOE_DECODE's (default: all)
 COMBINE_MAX_INTER = 1024  # at most: the combined kernel's warp per routed pair streams all of I (decode_modes)
 _WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
 _WAVES = 8  # their CTAs per SM (grid-stride loops past that)
@@ -232,10 +234,12 @@ def fused_moe(
     (DeepSeek-V3's format): one scale per expert and 128 x 128 block of its weights, ``w1_scale`` (E, 2I / 128,
     H / 128) and ``w2_scale`` (E, H / 128, ceil(I / 128)) (H a multiple of 128, I of 64), the activations quantized
     per 1 x 128 group instead, and each 128-wide K block's products promoted into float32 sums with its two scales
-    (``gemm_ws_grouped_blockscaled``). Decode-sized fp8 calls (:func:`decodes`), every granularity, stream the
-    weights like bf16's: the skinny kernels convert them to x's dtype in registers (exactly) and x and h stay in
-    x's dtype (weight-only fp8 at decode: more accurate than the prefill route's fp8 activations, and no
-    quantizing launches), the per-row scales in their epilogue, the block scales on each K block's sums.
+    (``gemm_ws_grouped_blockscaled``). Decode-sized fp8 calls (:func:`decodes`) stream the weights like bf16's:
+    the skinny kernels convert them to x's dtype in registers (exactly), the per-row scales in their epilogue, the
+    block scales on each K block's sums; h stays in x's dtype (weight-only stage 2), and so does x for one token and
+    for block scales (weight-only: more accurate than the prefill route's fp8 activations), while from two tokens on
+    per-row scales quantize x per token as the prefill route does and stage 1 runs on fp8 MMAs (half the
+    activation bytes, nothing converted: :func:`decode_modes`).
 
     The steps and kernels: the module's docstring; nothing is read back to the host (CUDA-graph capturable)."""
     key = signature(x, w1, w2, topk_weights, topk_ids, out, activation, quant, granularity, w1_scale, w2_scale)
@@ -310,7 +314,7 @@ def _fused_plan(x, w1, w2, topk_weights, topk_ids, activation, *, quant, granula
         )
 
     held = None  # the decode stages' buffers as a replay makes them (kept per stream), where it can
-    if decodes(tokens, ids, experts):  # (fp8 of every granularity: weight-only, e4m3 converted in registers)
+    if decodes(tokens, ids, experts):  # (fp8: e4m3 weights converted in registers, or x quantized: decode_modes)
         fp8 = None if quant is None else "block" if granularity == "block" else "row"
         modes = decode_modes(tokens, top_k, inter)
         buffers, steps, held = _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8, modes)
@@ -354,6 +358,7 @@ class DecodeModes(NamedTuple):
     stage1: GroupedMode = GroupedMode()
     stage2: GroupedMode = GroupedMode()
     combined: bool = False
+    quantized: bool = False  # fp8 weights per row: x quantized per token, stage 1 on fp8 tensor cores (W8A8)
 
 
 def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
@@ -361,8 +366,11 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     it ``combine`` (stage 2 and the combine in one launch) where I is at most :data:`COMBINE_MAX_INTER` and top_k at
     most 16. Measured on the H100 (``moe_decode_sweep/2026-12-05_fc404ae_h100.json``, one token): direct 4-9%
     faster than the aligned path; with combine DeepSeek-V3 TP8 (I 256) and Qwen3 (I 768) 10-13% faster again, Mixtral
-    (I 14336) 10% slower (docs/tuning/moe.md#decode). ``enabled``: the modes allowed, a subset of "direct" and
-    "combine" (default: ``FLYDSL_MOE_DECODE``'s comma-separated words where it is set, for A/B timing; else both)."""
+    (I 14336) 10% slower (docs/tuning/moe.md#decode). ``quantize`` from two tokens on: fp8 weights with per-row
+    scales take x quantized per token and stage 1 on fp8 MMAs (half the activation bytes a step, no conversion in
+    registers; stage 2 stays weight-only: its h would need a quantizing launch over every padded row). ``enabled``:
+    the modes allowed, a subset of "direct", "combine" and "quantize" (default: ``FLYDSL_MOE_DECODE``'s
+    comma-separated words where it is set, for A/B timing; else all)."""
     if enabled is None:
         enabled = settings.current().moe_decode
         enabled = _DECODE_WORDS if enabled is None else enabled
@@ -371,7 +379,7 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     direct = "direct" in enabled and tokens == 1
     combined = direct and "combine" in enabled and top_k <= 16 and inter <= COMBINE_MAX_INTER
     mode = GroupedMode(direct=direct)
-    return DecodeModes(mode, mode, combined)
+    return DecodeModes(mode, mode, combined, "quantize" in enabled and tokens > 1)
 
 
 def _prefill_stages(x, tokens, hidden, experts, inter, top_k, activation, quant):
@@ -460,17 +468,19 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     ``buffers(x, w1_scale, w2_scale)`` the memory of one call (the alignment, h and y, kept per stream; per-tensor
     weight scales repeated per row), ``steps`` a function of the call's tensors and those buffers returning y, and
     ``shapes`` the kept buffers' (name, shape, dtype) in order. ``fp8`` (weights
-    e4m3, weight-only: x and h stay in x's dtype, no quantizing launch): "row" (per-channel scales, or per-tensor
-    ones repeated per row) or "block" (128 x 128 block scales, the stacked view ``w_scale.view(-1, K blocks)``),
-    through :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`. ``modes``: the stages'
-    ``GroupedMode`` s (:func:`decode_modes`; default: the aligned order)."""
-    mode1, mode2, combined = modes or DecodeModes()
+    e4m3, weight-only: x and h stay in x's dtype): "row" (per-channel scales, or per-tensor ones repeated per row)
+    or "block" (128 x 128 block scales, the stacked view ``w_scale.view(-1, K blocks)``), through
+    :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`; "row" with ``modes.quantized``: x
+    quantized per token into held buffers first, stage 1 through ``skinny_gemm_grouped_scaled_kernel``. ``modes``:
+    the stages' ``GroupedMode`` s (:func:`decode_modes`; default: the aligned order, weight-only)."""
+    mode1, mode2, combined, quantized = modes or DecodeModes()
+    quantized = quantized and fp8 == "row"  # (x quantized per token: stage 1 on fp8 MMAs)
     ids = tokens * top_k
     capacity = ids * GROUPED_BLOCK if mode1.direct else align_capacity(ids, experts, GROUPED_BLOCK)
     blocks = min(capacity // GROUPED_BLOCK, ids)  # each block below padded_count holds an id
     routed = blocks * GROUPED_BLOCK  # rows below padded_count, at most: the rows stage 1 writes, stage 2 reads
     element_bytes = 1 if fp8 else 2
-    cfg1 = choose_grouped_skinny_config(hidden, True, element_bytes, mode1.direct, fp8 == "block")
+    cfg1 = choose_grouped_skinny_config(hidden, True, element_bytes, mode1.direct, fp8 == "block", quantized)
     cfg2 = choose_grouped_skinny_config(inter, False, element_bytes, mode2.direct, fp8 == "block")
     variant1 = SkinnyVariant(True, Epilogue(gate=activation), True)
     variant2 = SkinnyVariant(True, Epilogue(), True)
@@ -481,6 +491,8 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
 
     import torch
 
+    from flydsl.kernels.quantize import quantize_fp8
+
     # The alignment, h and y, held per stream (memory.held, shared with the replays that make them): a call reads
     # only what it wrote in them itself (rows below its padded_count), and the calls of one stream run one after
     # another (no allocations per call). By (name, shape, dtype), as a replay makes them (the plan's made): h's
@@ -489,6 +501,8 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
     alignment = (("sorted_ids", (capacity,), i32), ("expert_of_block", (capacity // GROUPED_BLOCK,), i32))
     alignment = () if mode1.direct else (*alignment, ("padded_count", (1,), i32))
     shapes = (*alignment, ("h", (routed, inter), x.dtype), ("y", (0 if combined else capacity, hidden), x.dtype))
+    if quantized:  # x per token in fp8 and its scales
+        shapes += (("x8", (tokens, hidden), torch.float8_e4m3fn), ("x_scales", (tokens, 1), torch.float32))
     viewed: dict = {}  # stream_key -> (the held buffers, their views of `shapes`)
 
     def views(x) -> tuple:
@@ -521,6 +535,7 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
             aligned = dict(sorted_ids=sorted_ids, expert_of_block=expert_of_block, padded_count=padded_count)
             align_tokens(topk_ids, experts, GROUPED_BLOCK, **aligned)
             routing = (sorted_ids, expert_of_block, padded_count, positions)
+        x8, x_scales, *rows = rows if quantized else (None, None, *rows)
         rows1, rows2 = rows or (None, None)
         w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
         if fp8 is None:
@@ -534,9 +549,14 @@ def _decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=Non
                 scales2 = w2_scale.view(-1) if rows2 is None else rows2
             else:
                 scales1, scales2 = w1_scale.view(-1, -(-hidden // BLOCK)), w2_scale.view(-1, -(-inter // BLOCK))
-            skinny_gemm_grouped_fp8_kernel(x, w1_rows, h, *routing, scales1, top_k, cfg1, variant1, mode1).launch(
-                grid=grid1, block=cfg1.threads
-            )
+            if quantized:
+                quantize_fp8(x, "token", out=x8, scales=x_scales)
+                stage1 = skinny_gemm_grouped_scaled_kernel(
+                    x8, w1_rows, h, *routing, scales1, x_scales.view(-1), top_k, cfg1, variant1, mode1
+                )
+            else:
+                stage1 = skinny_gemm_grouped_fp8_kernel(x, w1_rows, h, *routing, scales1, top_k, cfg1, variant1, mode1)
+            stage1.launch(grid=grid1, block=cfg1.threads)
         if combined:  # stage 2 and the combine: the output written directly
             skinny_gemm_combined_kernel(h, w2_rows, out, topk_ids, topk_weights, scales2, cfgc, top_k).launch(
                 grid=gridc, block=cfgc.threads
