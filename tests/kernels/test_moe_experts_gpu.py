@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 from flydsl.kernels.moe import fused_moe, topk_route  # noqa: E402
-from flydsl.kernels.moe.experts import decodes  # noqa: E402
+from flydsl.kernels.moe.experts import decode_modes, decodes  # noqa: E402
 from flydsl.kernels.moe.reference import fused_moe_reference  # noqa: E402
 
 DEVICE = "cuda"
@@ -250,8 +250,8 @@ def _fp8_weights(w, granularity):
 )
 def test_fused_moe_fp8_matches_the_reference(tokens, experts, top_k, hidden, inter, granularity):
     """fp8 weights and per-token fp8 activations (x, then h): against the float32 layer of the dequantized weights
-    within the activations' two fp8 roundings; decode-sized calls (weight-only fp8: x and h in bf16) within 3e-2
-    (bf16 roundings of h and the output, as bf16 weights' 2e-2, with room)."""
+    within the activations' two fp8 roundings (decode-sized calls with x quantized: one); weight-only decode (x and h
+    in bf16) within 3e-2 (bf16 roundings of h and the output, as bf16 weights' 2e-2, with room)."""
     x, w1, w2 = _layer(tokens, experts, hidden, inter, seed=tokens + 1)
     w1_8, s1, w1_deq = _fp8_weights(w1, granularity)
     w2_8, s2, w2_deq = _fp8_weights(w2, granularity)
@@ -262,7 +262,8 @@ def test_fused_moe_fp8_matches_the_reference(tokens, experts, top_k, hidden, int
     expected = fused_moe_reference(x, w1_deq, w2_deq, weights, ids)
     scale = expected.abs().max().clamp(min=1e-3)
     assert not out.isnan().any()
-    atol = 3e-2 if decodes(tokens, tokens * top_k, experts) else 6e-2
+    weight_only = decodes(tokens, tokens * top_k, experts) and not decode_modes(tokens, top_k, inter).quantized
+    atol = 3e-2 if weight_only else 6e-2
     torch.testing.assert_close(out.float() / scale, expected / scale, rtol=0, atol=atol)
     assert torch.equal(fused_moe(x, w1_8, w2_8, weights, ids, **options), out)  # deterministic
 
@@ -333,15 +334,21 @@ def test_fused_moe_fp8_drops_ids(tokens):
     torch.testing.assert_close(out.float(), expected, rtol=0, atol=6e-2 * float(expected.abs().max()))
 
 
+@pytest.mark.parametrize("quantize", [False, True], ids=["weight-only", "quantize"])
 @pytest.mark.parametrize("granularity", ["channel", "tensor", "block"])
 @pytest.mark.parametrize("tokens", [1, 16, 64])
-def test_fp8_decode_precision(tokens, granularity):
+def test_fp8_decode_precision(monkeypatch, tokens, granularity, quantize):
     """Decode-sized fp8 calls keep h in bf16 (stage 2 weight-only, the weights converted exactly); x too for one
     token and for block scales: then as close to the float32 layer of the dequantized weights as bf16 weights are to
     theirs (2e-2 of the largest output), closer than the prefill route with its fp8 activations (forced by a larger
     call holding the same tokens 70 times), which they agree with to those activations' roundings. From two tokens
-    on, per-row scales quantize x per token as the prefill route does (stage 1 on fp8 MMAs): within the prefill
-    route's own tolerance of both, and still closer to the reference than the prefill route (h not quantized)."""
+    on, per-row scales with FLYDSL_MOE_DECODE's quantize (opt-in) quantize x per token as the prefill route does
+    (stage 1 on fp8 MMAs): within the prefill route's own tolerance of both, and still closer to the reference than
+    the prefill route (h not quantized)."""
+    from flydsl.kernels import plans
+
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,combine,quantize" if quantize else "direct,combine")
+    plans.clear_all()
     x, w1, w2 = _layer(tokens, 64, 512, 256, seed=21)
     w1_8, s1, w1_deq = _fp8_weights(w1, granularity)
     w2_8, s2, w2_deq = _fp8_weights(w2, granularity)
@@ -355,9 +362,10 @@ def test_fp8_decode_precision(tokens, granularity):
     scale = float(expected.abs().max())
     error, prefill_error = (decoded - expected).abs().mean(), (prefilled - expected).abs().mean()
     assert error < prefill_error
-    if tokens == 1 or granularity == "block":  # weight-only
+    if not decode_modes(tokens, 8, 256).quantized or granularity == "block":  # weight-only
         torch.testing.assert_close(decoded, expected, rtol=0, atol=2e-2 * scale)
         torch.testing.assert_close(decoded, prefilled, rtol=0, atol=8e-2 * scale)
     else:  # x quantized as the prefill route quantizes it
         torch.testing.assert_close(decoded, expected, rtol=0, atol=8e-2 * scale)
         torch.testing.assert_close(decoded, prefilled, rtol=0, atol=8e-2 * scale)
+    plans.clear_all()

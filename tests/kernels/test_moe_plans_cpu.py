@@ -64,9 +64,13 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.parametrize(
-    "granularity", [None, "channel", "tensor", "block"], ids=["bf16", "fp8 channel", "fp8 tensor", "fp8 block"]
+    "granularity,quantize",
+    [(None, False), ("channel", False), ("tensor", False), ("block", False), ("channel", True), ("tensor", True)],
+    ids=["bf16", "fp8 channel", "fp8 tensor", "fp8 block", "fp8 channel quantized", "fp8 tensor quantized"],
 )
-def test_the_decode_plan_launches_on_its_scratch_alone(recorded, granularity):
+def test_the_decode_plan_launches_on_its_scratch_alone(recorded, monkeypatch, granularity, quantize):
+    if quantize:
+        monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,combine,quantize")
     x, w1, w2, weights, ids, options = _inputs(granularity)
     quant, granularity = options.get("quant"), options.get("granularity")
     w1_scale, w2_scale = options.get("w1_scale"), options.get("w2_scale")
@@ -86,9 +90,9 @@ def test_the_decode_plan_launches_on_its_scratch_alone(recorded, granularity):
     assert _same(align[3], padded_count)
     stages = [call for call in recorded if "skinny_gemm_grouped" in call.kernel.name]
     stage1, stage2 = (call.values for call in stages)
-    # per-row fp8 scales from two tokens on: x quantized per token into the scratch, stage 1 on fp8 MMAs (W8A8);
-    # block scales weight-only; stage 2 weight-only either way
-    quantized = granularity in ("channel", "tensor")
+    # "quantize": per-row fp8 scales from two tokens on have x quantized per token into the scratch, stage 1 on fp8
+    # MMAs (W8A8); block scales weight-only; stage 2 weight-only either way
+    quantized = quantize and granularity in ("channel", "tensor")
     plain = "skinny_gemm_grouped_fp8_kernel" if quant else "skinny_gemm_grouped_kernel"
     assert [call.kernel.name for call in stages] == [
         "skinny_gemm_grouped_scaled_kernel" if quantized else plain,
@@ -107,10 +111,10 @@ def test_the_decode_plan_launches_on_its_scratch_alone(recorded, granularity):
     else:
         assert stage1[0] is x
     if granularity == "channel":  # the weights' scales viewed per row at launch
-        assert len(memory) == 9 and stage1[7].data_ptr() == w1_scale.data_ptr()
+        assert len(memory) == (9 if quantized else 7) and stage1[7].data_ptr() == w1_scale.data_ptr()
         assert stage1[7].shape == (EXPERTS * 2 * INTER,) and stage2[7].shape == (EXPERTS * HIDDEN,)
     elif granularity == "tensor":  # repeated per row in the scratch (a copy per call)
-        rows1, rows2 = memory[9:]
+        rows1, rows2 = memory[9:] if quantized else memory[7:]
         assert rows1.shape == (EXPERTS * 2 * INTER,) and rows2.shape == (EXPERTS * HIDDEN,)
         assert stage1[7] is rows1 and stage2[7] is rows2
     elif granularity == "block":  # the stacked weights' blocks, viewed at launch
@@ -199,7 +203,8 @@ def test_decode_modes_follow_the_call_and_the_environment(monkeypatch):
     assert modes(1) == (direct, direct, True, False)  # one token: direct and combined by default, x not quantized
     assert modes(1, inter=experts.COMBINE_MAX_INTER + 256) == (direct, direct, False, False)  # Mixtral's I
     assert modes(1, top_k=32) == (direct, direct, False, False)  # top_k past 16
-    assert modes(2) == (Mode(), Mode(), False, True)  # two tokens take the alignment, x quantized (per-row fp8)
+    assert modes(2) == (Mode(), Mode(), False, False)  # two tokens take the alignment; quantize is opt-in
+    assert modes(2, enabled={"quantize"}) == (Mode(), Mode(), False, True)  # x quantized (for per-row fp8)
     assert modes(1, enabled={"combine"}) == (Mode(), Mode(), False, False)  # combine needs direct
     aligned = (Mode(), Mode(), False, False)
     by_value = {

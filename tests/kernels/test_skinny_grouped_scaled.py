@@ -53,16 +53,23 @@ def test_grouped_scaled_compiles_without_spills(gated, k, n_out):
     assert ptx.count(_MMA) == 3 * 2 * cfg.unroll * cfg.groups
     assert ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.b32") == 3 * cfg.unroll * cfg.groups
     report = ptxas_report(ptx)
-    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
+    # the gated stage's 4 tiles x 4 loads hold both operands' next step: 254 registers and one 8-byte spill slot
+    # (measured the fastest all the same, choose_grouped_skinny_config); every other shape none
+    spill = "8" if gated else "0"
+    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [(spill, spill)], report
 
 
 @pytest.mark.parametrize("k", [256, 768, 1024, 2048, 7168, 14336])
 @pytest.mark.parametrize("gated", [True, False])
-def test_scaled_configuration_is_the_16_bit_one(k, gated):
-    """A load of fp8 activations holds 16 values of K as a 16-bit weight load holds 8: the 16-bit shapes, each step
-    twice the K."""
+def test_scaled_configuration(k, gated):
+    """A gated stage 1 as the weight-only one of several tokens (4 tiles x 4 loads over 4 warps: measured best);
+    otherwise a load of fp8 activations holds 16 values of K as a 16-bit weight load holds 8: the 16-bit shapes,
+    each step twice the K."""
     quantized, bf16 = choose_grouped_skinny_config(k, gated, 1, quantized=True), choose_grouped_skinny_config(k, gated)
-    assert quantized == bf16 and quantized.k_step(1) == 2 * bf16.k_step(2)
+    if gated:
+        assert quantized == SkinnyConfig(groups=4, warps=4, unroll=4) == choose_grouped_skinny_config(k, gated, 1)
+    else:
+        assert quantized == bf16 and quantized.k_step(1) == 2 * bf16.k_step(2)
     with pytest.raises(ValueError, match="fp8 activations take fp8 weights with per-row scales"):
         choose_grouped_skinny_config(k, gated, 2, quantized=True)
     with pytest.raises(ValueError, match="fp8 activations take fp8 weights with per-row scales"):

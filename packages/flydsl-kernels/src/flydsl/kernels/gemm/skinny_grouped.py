@@ -502,14 +502,20 @@ def choose_grouped_skinny_config(
     one a chunk; 122-126 registers, still 2 CTAs per SM; short K would spill at its 4 CTAs per SM): stage 1
     1-4% faster (H100, ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``).
 
-    ``quantized`` (fp8 activations too, :func:`skinny_gemm_grouped_scaled_kernel`; ``k`` in values): 16-bit's shapes,
-    whose loads and registers per step are the same (a 16-byte load of each operand per row and chunk), steps twice
-    as long in K."""
+    ``quantized`` (fp8 activations too, :func:`skinny_gemm_grouped_scaled_kernel`; ``k`` in values): a gated stage 1
+    as the weight-only one of several tokens, 4 n8 tiles x 4 loads over 4 warps: the best of 12 shapes on the H100
+    at every case, 99.1 / 146.7 us at Qwen3's T 16 / 64 against 147.1 / 216.3 for 16-bit's default (2 x 4 over 8
+    warps, 170 registers: one CTA per SM) and 102.2 / 152.2 weight-only (``moe_decode_sweep/
+    2026-12-06_b1e6388_quantized_h100.json``; 254 registers and an 8-byte spill slot: both operands' next step held;
+    the spill-free 2 x 2 over 8 warps ran up to 18% slower); otherwise 16-bit's shapes, whose loads per step are the
+    same (a 16-byte load of each operand per row and chunk), steps twice as long in K."""
     if element_bytes not in (1, 2):
         raise ValueError(f"choose_grouped_skinny_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
     if quantized and (element_bytes != 1 or block):
         raise ValueError("choose_grouped_skinny_config: fp8 activations take fp8 weights with per-row scales")
     short = k <= 1024 and not gated
+    if quantized and gated:
+        return SkinnyConfig(groups=4, warps=4, unroll=4)
     if element_bytes == 2 or quantized:
         return SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig()
     if short:

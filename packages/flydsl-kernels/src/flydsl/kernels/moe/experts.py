@@ -11,8 +11,8 @@ Decode-sized calls (:func:`decodes`: T <= 64, experts averaging at most 8 rows) 
 grouped skinny GEMM instead (``gemm.skinny_grouped.skinny_gemm_grouped_kernel``: each routed block's expert's
 weights streamed once, spread over the SMs, in 16-byte loads; stage 1 reads x's rows by index, so there is no gather,
 and notes the positions the combine reads; fp8 weights: ``skinny_gemm_grouped_fp8_kernel``, the weights converted to
-x's dtype in registers, x and h not quantized, but from two tokens on with per-row scales x is quantized per token
-and stage 1 runs on fp8 MMAs, ``skinny_gemm_grouped_scaled_kernel``; :func:`decode_modes` for one token: no
+x's dtype in registers, x and h not quantized (or, opt-in from two tokens on with per-row scales, x quantized per
+token and stage 1 on fp8 MMAs: ``skinny_gemm_grouped_scaled_kernel``); :func:`decode_modes` for one token: no
 alignment, stage 2 and the combine in one launch). Otherwise the two GEMMs
 are the warp-specialized Hopper GEMM with the grouped scheduler (:class:`~flydsl.kernels.gemm.schedulers.ExpertTiles`):
 each reads ``padded_count`` and the block's expert on the GPU and takes B from the experts' stacked weights as they are
@@ -76,7 +76,8 @@ __all__ = [
 
 CHUNK = 8  # elements of one 16-byte vector of a 16-bit row
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
-_DECODE_WORDS = frozenset({"direct", "combine", "quantize"})  # FLYDSL_MOE_DECODE's (default: all)
+_DECODE_WORDS = frozenset({"direct", "combine", "quantize"})  # FLYDSL_MOE_DECODE's
+_DECODE_DEFAULT = frozenset({"direct", "combine"})  # (quantize: opt-in until measured faster on an H200)
 COMBINE_MAX_INTER = 1024  # at most: the combined kernel's warp per routed pair streams all of I (decode_modes)
 _WARPS = 8  # the gather's and the combine's warps per CTA: one row (or token) per warp at a time
 _WAVES = 8  # their CTAs per SM (grid-stride loops past that)
@@ -237,9 +238,9 @@ def fused_moe(
     (``gemm_ws_grouped_blockscaled``). Decode-sized fp8 calls (:func:`decodes`) stream the weights like bf16's:
     the skinny kernels convert them to x's dtype in registers (exactly), the per-row scales in their epilogue, the
     block scales on each K block's sums; h stays in x's dtype (weight-only stage 2), and so does x for one token and
-    for block scales (weight-only: more accurate than the prefill route's fp8 activations), while from two tokens on
-    per-row scales quantize x per token as the prefill route does and stage 1 runs on fp8 MMAs (half the
-    activation bytes, nothing converted: :func:`decode_modes`).
+    for block scales (weight-only: more accurate than the prefill route's fp8 activations); ``FLYDSL_MOE_DECODE``'s
+    ``quantize`` (opt-in, :func:`decode_modes`) has per-row scales from two tokens on quantize x per token as the
+    prefill route does and run stage 1 on fp8 MMAs (half the activation bytes, nothing converted).
 
     The steps and kernels: the module's docstring; nothing is read back to the host (CUDA-graph capturable)."""
     key = signature(x, w1, w2, topk_weights, topk_ids, out, activation, quant, granularity, w1_scale, w2_scale)
@@ -358,7 +359,7 @@ class DecodeModes(NamedTuple):
     stage1: GroupedMode = GroupedMode()
     stage2: GroupedMode = GroupedMode()
     combined: bool = False
-    quantized: bool = False  # fp8 weights per row: x quantized per token, stage 1 on fp8 tensor cores (W8A8)
+    quantized: bool = False  # fp8 weights per row: x quantized per token, stage 1 on fp8 MMAs (W8A8; opt-in)
 
 
 def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
@@ -366,14 +367,17 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     it ``combine`` (stage 2 and the combine in one launch) where I is at most :data:`COMBINE_MAX_INTER` and top_k at
     most 16. Measured on the H100 (``moe_decode_sweep/2026-12-05_fc404ae_h100.json``, one token): direct 4-9%
     faster than the aligned path; with combine DeepSeek-V3 TP8 (I 256) and Qwen3 (I 768) 10-13% faster again, Mixtral
-    (I 14336) 10% slower (docs/tuning/moe.md#decode). ``quantize`` from two tokens on: fp8 weights with per-row
-    scales take x quantized per token and stage 1 on fp8 MMAs (half the activation bytes a step, no conversion in
-    registers; stage 2 stays weight-only: its h would need a quantizing launch over every padded row). ``enabled``:
-    the modes allowed, a subset of "direct", "combine" and "quantize" (default: ``FLYDSL_MOE_DECODE``'s
-    comma-separated words where it is set, for A/B timing; else all)."""
+    (I 14336) 10% slower (docs/tuning/moe.md#decode). ``quantize`` (opt-in) from two tokens on: fp8 weights with
+    per-row scales take x quantized per token and stage 1 on fp8 MMAs (half the activation bytes a step, no
+    conversion in registers; stage 2 stays weight-only: its h would need a quantizing launch over every padded row):
+    on the H100 stage 1 2-4% faster, the call within 1% (a quantizing launch of ~2 us), for one fp8 rounding of x
+    (``moe_decode_sweep/2026-12-06_b1e6388_quantized_h100.json``); the H200, whose weight-only fp8 stages streamed
+    at 0.61-0.68 of a copy where bf16's reach 0.85, is where it should tell. ``enabled``: the modes allowed, a subset
+    of "direct", "combine" and "quantize" (default: ``FLYDSL_MOE_DECODE``'s comma-separated words where it is set;
+    else direct and combine)."""
     if enabled is None:
         enabled = settings.current().moe_decode
-        enabled = _DECODE_WORDS if enabled is None else enabled
+        enabled = _DECODE_DEFAULT if enabled is None else enabled
     if not set(enabled) <= _DECODE_WORDS:
         raise ValueError(f"FLYDSL_MOE_DECODE: expected words from {sorted(_DECODE_WORDS)}, got {sorted(enabled)}")
     direct = "direct" in enabled and tokens == 1
