@@ -274,7 +274,7 @@ def run_case(model: str, tokens: int, fmt: str, modes, timer, stages: str) -> di
 
     from flydsl.kernels.gemm.skinny_grouped import GROUPED_BLOCK
     from flydsl.kernels.moe import align_tokens, fused_moe, topk_route
-    from flydsl.kernels.moe.experts import COMBINE_MAX_INTER
+    from flydsl.kernels.moe.decode import COMBINE_MAX_INTER
 
     experts, top_k, hidden, inter = MODELS[model]
     torch.manual_seed(0)

@@ -42,7 +42,7 @@ def run_on_gpu(args) -> int:
     import torch
 
     from flydsl.kernels.moe import fused_moe, topk_route
-    from flydsl.kernels.moe.experts import decodes
+    from flydsl.kernels.moe.decode import decodes
     from flydsl.kernels.moe.reference import fused_moe_reference
 
     E, k, H, inter = args.experts, args.top_k, args.hidden, args.inter

@@ -18,7 +18,8 @@ from flydsl.kernels.gemm.plan import plan_grouped
 from flydsl.kernels.gemm.schedulers import ExpertTiles
 from flydsl.kernels.gemm.skinny import SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import GroupedMode, choose_grouped_skinny_config, skinny_gemm_grouped_kernel
-from flydsl.kernels.moe.experts import check_fused_moe, combine_kernel, decodes, experts_config, gather_kernel
+from flydsl.kernels.moe.decode import decodes
+from flydsl.kernels.moe.experts import check_fused_moe, combine_kernel, experts_config, gather_kernel
 
 S = flyc.TensorSpec
 

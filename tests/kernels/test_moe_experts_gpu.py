@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 from flydsl.kernels.moe import fused_moe, topk_route  # noqa: E402
-from flydsl.kernels.moe.experts import decode_modes, decodes  # noqa: E402
+from flydsl.kernels.moe.decode import decode_modes, decodes  # noqa: E402
 from flydsl.kernels.moe.reference import fused_moe_reference  # noqa: E402
 
 DEVICE = "cuda"

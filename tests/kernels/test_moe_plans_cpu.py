@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from flydsl.kernels import validation  # noqa: E402
-from flydsl.kernels.moe import experts  # noqa: E402
+from flydsl.kernels.moe import decode, experts  # noqa: E402
 
 TOKENS, HIDDEN, EXPERTS, INTER, TOP_K = 4, 256, 8, 128, 2
 
@@ -196,12 +196,12 @@ def test_decode_modes_follow_the_call_and_the_environment(monkeypatch):
     from flydsl.kernels.gemm.skinny_grouped import GroupedMode as Mode
 
     direct = Mode(direct=True)
-    modes = lambda tokens, enabled=None, top_k=8, inter=768: experts.decode_modes(  # noqa: E731
+    modes = lambda tokens, enabled=None, top_k=8, inter=768: decode.decode_modes(  # noqa: E731
         tokens, top_k, inter, enabled
     )
     monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
     assert modes(1) == (direct, direct, True, False)  # one token: direct and combined by default, x not quantized
-    assert modes(1, inter=experts.COMBINE_MAX_INTER + 256) == (direct, direct, False, False)  # Mixtral's I
+    assert modes(1, inter=decode.COMBINE_MAX_INTER + 256) == (direct, direct, False, False)  # Mixtral's I
     assert modes(1, top_k=32) == (direct, direct, False, False)  # top_k past 16
     assert modes(2) == (Mode(), Mode(), False, False)  # two tokens take the alignment; quantize is opt-in
     assert modes(2, enabled={"quantize"}) == (Mode(), Mode(), False, True)  # x quantized (for per-row fp8)

@@ -31,7 +31,7 @@
                                (``flydsl.torch._nodes``; default off: no gain measured on a GPU host yet)
 ``FLYDSL_MOE_DECODE``          for A/B timing: the ``fused_moe`` decode modes allowed, comma-separated ("direct",
                                "combine"; "none" or empty: neither); unset: both
-                               (``flydsl.kernels.moe.experts.decode_modes``)
+                               (``flydsl.kernels.moe.decode.decode_modes``)
 =============================  ==================================================================
 """
 
