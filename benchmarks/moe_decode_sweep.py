@@ -11,17 +11,18 @@ Cases ``model:T[:format]`` of moe_bench.py's models and formats (bf16, fp8: e4m3
 Qwen3-30B-A3B at T 1, 16, 64 and Mixtral at 1, in bf16 and fp8. Weights random (1 / sqrt(fan-in)), softmax top-k routing
 of random logits. Modes (``FLYDSL_MOE_DECODE``, the plans rebuilt for each): "" (none: the aligned path), "direct" (one
 token: no alignment), "combine" (with direct: stage 2 and the combine in one launch), "quantize" (two tokens on, fp8 per
-channel: x quantized per token, stage 1 W8A8) and unions (the default: all, combine where I <= 1024); each mode's output
-is compared with the first mode's (``max_abs_diff_vs_first``: 0 expected but for "combine", whose y may round an ulp
-apart, and "quantize": x's fp8 roundings). fp8 per channel also sweeps the quantized stage 1 alone
-(``stage1_quantized``: the stage-1 shapes, 128 registers or none). The stage sweep (modes off, aligned routing) tries 6
-stage-1 and 6 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs per SM (``min_blocks``:
-fp8 as ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks`` None and the chosen long-K
-configuration with ``landed``; stage 1 is gated (weight rows half gate, half up: ``groups`` even), stage 2 streams the
-(capacity, I) intermediate. One token where I <= 1024 also times the direct stage 1 alone (8 configurations) and the
-combined kernel (stage 2 and the combine) under 6 shapes of (groups, unroll), CTAs per SM held or not, each chosen
-configuration also without ``landed`` (fp8: a step's activations loaded beside their MMAs). Bandwidth: the routed
-experts' weight bytes of the stage over its time.
+channel: x quantized per token, stage 1 W8A8), "quantize_h" (with it: h per row, stage 2 W8A8) and unions (fused_moe's
+default: direct and combine, combine where I <= 1024; this sweep's: none, direct, +combine, +quantize, +quantize_h);
+each mode's output is compared with the first mode's (``max_abs_diff_vs_first``: 0 expected but for "combine", whose y
+may round an ulp apart, and "quantize": x's fp8 roundings). fp8 per channel also sweeps the quantized stages alone
+(``stage1_quantized``, ``stage2_quantized``: each stage's shapes, 128 registers or none). The stage sweep (modes off,
+aligned routing) tries 6 stage-1 and 6 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs
+per SM (``min_blocks``: fp8 as ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks``
+None and the chosen long-K configuration with ``landed``; stage 1 is gated (weight rows half gate, half up: ``groups``
+even), stage 2 streams the (capacity, I) intermediate. One token where I <= 1024 also times the direct stage 1 alone (8
+configurations) and the combined kernel (stage 2 and the combine) under 6 shapes of (groups, unroll), CTAs per SM held
+or not, each chosen configuration also without ``landed`` (fp8: a step's activations loaded beside their MMAs).
+Bandwidth: the routed experts' weight bytes of the stage over its time.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import dataclasses
 import os
 import statistics
 import sys
+from dataclasses import replace
 
 from moe_torch import format_weights
 from record import cold_timer, csv_list, new_record, save
@@ -47,7 +49,7 @@ DEFAULT_CASES = ",".join(
     for fmt in ("bf16", "fp8")
     for case in ("dsv3-tp8:1", "dsv3-tp8:16", "dsv3-tp8:64", "qwen3:1", "qwen3:16", "qwen3:64", "mixtral:1")
 )
-DEFAULT_MODES = ",direct,direct+combine,direct+combine+quantize"
+DEFAULT_MODES = ",direct,direct+combine,direct+combine+quantize,direct+combine+quantize+quantize_h"
 # (groups, warps, warps_n, unroll) of each stage's candidates
 STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4), (2, 8, 1, 8))
 STAGE2 = ((2, 8, 2, 2), (4, 8, 4, 2), (2, 8, 4, 1), (4, 4, 2, 2), (2, 4, 4, 2), (2, 8, 1, 4))
@@ -69,7 +71,7 @@ def parse_case(text: str) -> tuple[str, int, str]:
 
 def parse_mode(text: str) -> str:
     words = [w for w in text.split("+") if w]
-    if not set(words) <= {"direct", "combine", "quantize"}:
+    if not set(words) <= {"direct", "combine", "quantize", "quantize_h"}:
         raise argparse.ArgumentTypeError(f"a mode is '' or words of FLYDSL_MOE_DECODE joined by '+', got {text!r}")
     return ",".join(words)
 
@@ -173,9 +175,11 @@ def stage_sweep(row: dict, fmt: str, x, weights, routing, blocks: int, top_k: in
 
 
 def quantized_sweep(row: dict, x, weights, routing, blocks: int, top_k: int, h, timer) -> None:
-    """fp8 per-row weights' stage 1 on x quantized per token (``skinny_gemm_grouped_scaled_kernel``, the default from
-    two tokens on) under :data:`STAGE1`'s shapes, each at as many CTAs per SM as 128 registers allow and as ptxas
-    decides: ``stage1_quantized``."""
+    """fp8 per-row weights' stages on fp8 activations (``skinny_gemm_grouped_scaled_kernel``: x quantized per token,
+    h per row; FLYDSL_MOE_DECODE's quantize and quantize_h) under :data:`STAGE1`'s and :data:`STAGE2`'s shapes, each
+    at as many CTAs per SM as 128 registers allow and as ptxas decides: ``stage1_quantized``, ``stage2_quantized``."""
+    import torch
+
     from flydsl.kernels.gemm.epilogue import Epilogue
     from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
     from flydsl.kernels.gemm.skinny_grouped import (
@@ -187,21 +191,26 @@ def quantized_sweep(row: dict, x, weights, routing, blocks: int, top_k: int, h, 
 
     hidden, inter = weights.w1.shape[2], weights.w2.shape[2]
     x8, x_scales = quantize_fp8(x, "token")
-    w1, w_scale = weights.w1.view(-1, hidden), weights.w1_scale.view(-1)
-    variant = SkinnyVariant(True, Epilogue(gate="silu"), True)
-    chosen = choose_grouped_skinny_config(hidden, True, 1, quantized=True)
-    candidates = [SkinnyConfig(groups=g, warps=w_, warps_n=n, unroll=u) for g, w_, n, u in STAGE1]
-    candidates = [dataclasses.replace(c, min_blocks=m) for c in candidates for m in (65536 // (128 * c.threads), None)]
-    row["stage1_quantized"] = []
-    for cfg in dict.fromkeys([*candidates, chosen]):
-        call = skinny_gemm_grouped_scaled_kernel(
-            x8, w1, h, *routing, w_scale, x_scales.view(-1), top_k, cfg, variant, GroupedMode()
-        )
-        grid = (-(-inter // (cfg.rows // 2)), blocks)
-        us = timer(lambda call=call, cfg=cfg, grid=grid: call.launch(grid=grid, block=cfg.threads)) * 1e3
-        tbps = row["touched_experts"] * 2 * inter * hidden / (us * 1e-6) / 1e12
-        config = dataclasses.asdict(cfg) | {"chosen": cfg == chosen}
-        row["stage1_quantized"].append(dict(config=config, us=us, tbps=tbps))
+    h8, h_scales = quantize_fp8(torch.randn_like(h), "token")
+    y = torch.empty(h.shape[0], hidden, device="cuda", dtype=torch.bfloat16)
+    stages = (
+        ("stage1_quantized", STAGE1, x8, x_scales, weights.w1.view(-1, hidden), weights.w1_scale, h, top_k, "silu"),
+        ("stage2_quantized", STAGE2, h8, h_scales, weights.w2.view(-1, inter), weights.w2_scale, y, 0, None),
+    )
+    for stage, shapes, a, a_scale, w, w_scale, c, by_index, gate in stages:
+        variant = SkinnyVariant(True, Epilogue(gate=gate), True)
+        chosen = choose_grouped_skinny_config(a.shape[1], gate is not None, 1, quantized=True)
+        candidates = [SkinnyConfig(groups=g, warps=w_, warps_n=n, unroll=u) for g, w_, n, u in shapes]
+        candidates = [replace(c, min_blocks=m) for c in candidates for m in (65536 // (128 * c.threads), None)]
+        row[stage] = []
+        for cfg in dict.fromkeys([*candidates, chosen]):
+            call = skinny_gemm_grouped_scaled_kernel(
+                a, w, c, *routing, w_scale.view(-1), a_scale.view(-1), by_index, cfg, variant, GroupedMode()
+            )
+            grid = (-(-c.shape[1] // (cfg.rows // 2 if gate else cfg.rows)), blocks)
+            us = timer(lambda call=call, cfg=cfg, grid=grid: call.launch(grid=grid, block=cfg.threads)) * 1e3
+            tbps = row["touched_experts"] * w.shape[0] // weights.w1.shape[0] * w.shape[1] / (us * 1e-6) / 1e12
+            row[stage].append(dict(config=dataclasses.asdict(cfg) | {"chosen": cfg == chosen}, us=us, tbps=tbps))
 
 
 def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) -> None:
@@ -309,7 +318,7 @@ def run_case(model: str, tokens: int, fmt: str, modes, timer, stages: str) -> di
 def _format(row: dict) -> str:
     modes = " ".join(f"{mode} {r['us']:.1f} us ({r['fraction_of_copy']:.3f})" for mode, r in row["modes"].items())
     text = f"{row['model']:<9} T={row['tokens']:<3} {row['format']:<5} copy {row['copy_us']:7.1f} us; {modes}"
-    for stage in ("stage1", "stage2", "stage1_quantized", "direct_stage1", "combined"):
+    for stage in ("stage1", "stage2", "stage1_quantized", "stage2_quantized", "direct_stage1", "combined"):
         if stage in row:
             best, chosen = min(row[stage], key=lambda r: r["us"]), [r for r in row[stage] if r["config"]["chosen"]][0]
             text += f"; {stage} chosen {chosen['us']:.1f} us, best {best['us']:.1f} us {best['config']}"

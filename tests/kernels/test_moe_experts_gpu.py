@@ -334,7 +334,7 @@ def test_fused_moe_fp8_drops_ids(tokens):
     torch.testing.assert_close(out.float(), expected, rtol=0, atol=6e-2 * float(expected.abs().max()))
 
 
-@pytest.mark.parametrize("quantize", [False, True], ids=["weight-only", "quantize"])
+@pytest.mark.parametrize("quantize", ["", "quantize", "quantize,quantize_h"], ids=["weight-only", "x", "x and h"])
 @pytest.mark.parametrize("granularity", ["channel", "tensor", "block"])
 @pytest.mark.parametrize("tokens", [1, 16, 64])
 def test_fp8_decode_precision(monkeypatch, tokens, granularity, quantize):
@@ -344,10 +344,28 @@ def test_fp8_decode_precision(monkeypatch, tokens, granularity, quantize):
     call holding the same tokens 70 times), which they agree with to those activations' roundings. From two tokens
     on, per-row scales with FLYDSL_MOE_DECODE's quantize (opt-in) quantize x per token as the prefill route does
     (stage 1 on fp8 MMAs): within the prefill route's own tolerance of both, and still closer to the reference than
-    the prefill route (h not quantized)."""
+    the prefill route while h is not quantized (quantize_h: h per row too, the prefill route's arithmetic)."""
     from flydsl.kernels import plans
 
-    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,combine,quantize" if quantize else "direct,combine")
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", f"direct,combine,{quantize}")
+    plans.clear_all()
+    x, w1, w2 = _layer(tokens, 64, 512, 256, seed=21)
+    w1_8, s1, w1_deq = _fp8_weights(w1, granularity)
+    w2_8, s2, w2_deq = _fp8_weights(w2, granularity)
+    weights, ids = _routing(tokens, 64, 8, seed=21)
+    assert decodes(tokens, tokens * 8, 64) and not decodes(70 * tokens, 70 * tokens * 8, 64)
+    options = dict(quant="fp8", granularity=granularity, w1_scale=s1, w2_scale=s2)
+    decoded = fused_moe(x, w1_8, w2_8, weights, ids, **options).float()
+    doubled = fused_moe(x.repeat(70, 1), w1_8, w2_8, weights.repeat(70, 1), ids.repeat(70, 1), **options)
+    prefilled = doubled[:tokens].float()
+    expected = fused_moe_reference(x, w1_deq, w2_deq, weights, ids)
+    scale = float(expected.abs().max())
+    modes = decode_modes(tokens, 8, 256)
+    quantized, quantized_h = granularity != "block" and modes.quantized, granularity != "block" and modes.quantized_h
+    if not quantized_h:
+        assert (decoded - expected).abs().mean() < (prefilled - expected).abs().mean()
+    torch.testing.assert_close(decoded, expected, rtol=0, atol=(8e-2 if quantized else 2e-2) * scale)
+    torch.testing.assert_close(decoded, prefilled, rtol=0, atol=8e-2 * scale)
     plans.clear_all()
     x, w1, w2 = _layer(tokens, 64, 512, 256, seed=21)
     w1_8, s1, w1_deq = _fp8_weights(w1, granularity)

@@ -65,12 +65,18 @@ def _same(a, b) -> bool:
 
 @pytest.mark.parametrize(
     "granularity,quantize",
-    [(None, False), ("channel", False), ("tensor", False), ("block", False), ("channel", True), ("tensor", True)],
-    ids=["bf16", "fp8 channel", "fp8 tensor", "fp8 block", "fp8 channel quantized", "fp8 tensor quantized"],
-)
+    [
+        (None, ""), ("channel", ""), ("tensor", ""), ("block", ""), ("channel", "quantize"), ("tensor", "quantize"),
+        ("channel", "quantize,quantize_h"), ("tensor", "quantize,quantize_h"),
+    ],
+    ids=[
+        "bf16", "fp8 channel", "fp8 tensor", "fp8 block", "fp8 channel, x quantized", "fp8 tensor, x quantized",
+        "fp8 channel, x and h quantized", "fp8 tensor, x and h quantized",
+    ],
+)  # fmt: skip
 def test_the_decode_plan_launches_on_its_scratch_alone(recorded, monkeypatch, granularity, quantize):
     if quantize:
-        monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,combine,quantize")
+        monkeypatch.setenv("FLYDSL_MOE_DECODE", f"direct,combine,{quantize}")
     x, w1, w2, weights, ids, options = _inputs(granularity)
     quant, granularity = options.get("quant"), options.get("granularity")
     w1_scale, w2_scale = options.get("w1_scale"), options.get("w2_scale")
@@ -92,16 +98,25 @@ def test_the_decode_plan_launches_on_its_scratch_alone(recorded, monkeypatch, gr
     stage1, stage2 = (call.values for call in stages)
     # "quantize": per-row fp8 scales from two tokens on have x quantized per token into the scratch, stage 1 on fp8
     # MMAs (W8A8); block scales weight-only; stage 2 weight-only either way
-    quantized = quantize and granularity in ("channel", "tensor")
-    plain = "skinny_gemm_grouped_fp8_kernel" if quant else "skinny_gemm_grouped_kernel"
-    assert [call.kernel.name for call in stages] == [
-        "skinny_gemm_grouped_scaled_kernel" if quantized else plain,
-        plain,
-    ]
+    quantized = bool(quantize) and granularity in ("channel", "tensor")
+    quantized_h = quantized and "quantize_h" in quantize
+    plain, scaled = (
+        "skinny_gemm_grouped_fp8_kernel" if quant else "skinny_gemm_grouped_kernel"
+    ), "skinny_gemm_grouped_scaled_kernel"
+    assert [call.kernel.name for call in stages] == [scaled if quantized else plain, scaled if quantized_h else plain]
     combine = kernels["combine_kernel"]
-    assert _same(stage1[2], h) and _same(stage2[0], h) and _same(stage2[2], y)
+    assert _same(stage1[2], h) and _same(stage2[2], y)
     assert _same(combine[0], y) and _same(combine[1], positions) and combine[4] is out
-    assert names[-1] == "combine_kernel" and len(names) == (5 if quantized else 4)
+    assert names[-1] == "combine_kernel" and len(names) == 4 + quantized + quantized_h
+    if quantized_h:  # h quantized per row between the stages, into the scratch
+        h8, h_scales = memory[9:11]
+        assert h8.shape == h.shape and h8.dtype == torch.float8_e4m3fn and h_scales.shape == (h.shape[0], 1)
+        quantize_h = recorded[names.index(scaled) + 1].values
+        assert quantize_h[0] is h or _same(quantize_h[0], h)
+        assert quantize_h[1].data_ptr() == h8.data_ptr() and _same(stage2[0].view(torch.uint8), h8.view(torch.uint8))
+        assert stage2[8].data_ptr() == h_scales.data_ptr()
+    else:
+        assert _same(stage2[0], h)
     if quantized:
         x8, x_scales = memory[7:9]
         assert x8.shape == (TOKENS, HIDDEN) and x8.dtype == torch.float8_e4m3fn and x_scales.shape == (TOKENS, 1)
@@ -110,11 +125,12 @@ def test_the_decode_plan_launches_on_its_scratch_alone(recorded, monkeypatch, gr
         assert _same(stage1[0], x8) and stage1[8].data_ptr() == x_scales.data_ptr() and stage1[8].shape == (TOKENS,)
     else:
         assert stage1[0] is x
+    held = 7 + 2 * quantized + 2 * quantized_h  # (the output, positions, alignment, h, y, x8 and h8 with scales)
     if granularity == "channel":  # the weights' scales viewed per row at launch
-        assert len(memory) == (9 if quantized else 7) and stage1[7].data_ptr() == w1_scale.data_ptr()
+        assert len(memory) == held and stage1[7].data_ptr() == w1_scale.data_ptr()
         assert stage1[7].shape == (EXPERTS * 2 * INTER,) and stage2[7].shape == (EXPERTS * HIDDEN,)
     elif granularity == "tensor":  # repeated per row in the scratch (a copy per call)
-        rows1, rows2 = memory[9:] if quantized else memory[7:]
+        rows1, rows2 = memory[held:]
         assert rows1.shape == (EXPERTS * 2 * INTER,) and rows2.shape == (EXPERTS * HIDDEN,)
         assert stage1[7] is rows1 and stage2[7] is rows2
     elif granularity == "block":  # the stacked weights' blocks, viewed at launch
@@ -200,20 +216,22 @@ def test_decode_modes_follow_the_call_and_the_environment(monkeypatch):
         tokens, top_k, inter, enabled
     )
     monkeypatch.delenv("FLYDSL_MOE_DECODE", raising=False)
-    assert modes(1) == (direct, direct, True, False)  # one token: direct and combined by default, x not quantized
-    assert modes(1, inter=decode.COMBINE_MAX_INTER + 256) == (direct, direct, False, False)  # Mixtral's I
-    assert modes(1, top_k=32) == (direct, direct, False, False)  # top_k past 16
-    assert modes(2) == (Mode(), Mode(), False, False)  # two tokens take the alignment; quantize is opt-in
-    assert modes(2, enabled={"quantize"}) == (Mode(), Mode(), False, True)  # x quantized (for per-row fp8)
-    assert modes(1, enabled={"combine"}) == (Mode(), Mode(), False, False)  # combine needs direct
-    aligned = (Mode(), Mode(), False, False)
+    D = decode.DecodeModes  # noqa: N806
+    assert modes(1) == D(direct, direct, True)  # one token: direct and combined by default, nothing quantized
+    assert modes(1, inter=decode.COMBINE_MAX_INTER + 256) == D(direct, direct, False)  # Mixtral's I: not combined
+    assert modes(1, top_k=32) == D(direct, direct, False)  # top_k past 16
+    assert modes(2) == D()  # two tokens take the alignment; quantize is opt-in
+    assert modes(2, enabled={"quantize"}) == D(quantized=True)  # x quantized (for per-row fp8)
+    assert modes(2, enabled={"quantize_h"}) == D()  # h only with x
+    assert modes(2, enabled={"quantize", "quantize_h"}) == D(quantized=True, quantized_h=True)
+    assert modes(1, enabled={"combine"}) == D()  # combine needs direct
     by_value = {
-        "none": (aligned, aligned),
-        "": (aligned, aligned),
-        "direct": ((direct, direct, False, False), aligned),
-        "direct,combine": ((direct, direct, True, False), aligned),
-        "quantize": (aligned, (Mode(), Mode(), False, True)),
-        "direct,combine,quantize": ((direct, direct, True, False), (Mode(), Mode(), False, True)),
+        "none": (D(), D()),
+        "": (D(), D()),
+        "direct": (D(direct, direct), D()),
+        "direct,combine": (D(direct, direct, True), D()),
+        "quantize": (D(), D(quantized=True)),
+        "direct,combine,quantize,quantize_h": (D(direct, direct, True), D(quantized=True, quantized_h=True)),
     }
     for value, (one, two) in by_value.items():
         monkeypatch.setenv("FLYDSL_MOE_DECODE", value)

@@ -52,6 +52,7 @@ class DecodeModes(NamedTuple):
     stage2: GroupedMode = GroupedMode()
     combined: bool = False
     quantized: bool = False  # fp8 weights per row: x quantized per token, stage 1 on fp8 MMAs (W8A8; opt-in)
+    quantized_h: bool = False  # and h per row, stage 2 on fp8 MMAs (opt-in)
 
 
 def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
@@ -64,9 +65,10 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     conversion in registers; stage 2 stays weight-only: its h would need a quantizing launch over every padded row):
     on the H100 stage 1 2-4% faster, the call within 1% (a quantizing launch of ~2 us), for one fp8 rounding of x
     (``moe_decode_sweep/2026-12-06_b1e6388_quantized_h100.json``); the H200, whose weight-only fp8 stages streamed
-    at 0.61-0.68 of a copy where bf16's reach 0.85, is where it should tell. ``enabled``: the modes allowed, a subset
-    of "direct", "combine" and "quantize" (default: ``FLYDSL_MOE_DECODE``'s comma-separated words where it is set;
-    else direct and combine)."""
+    at 0.61-0.68 of a copy where bf16's reach 0.85, is where it should tell. ``quantize_h`` (opt-in, with
+    ``quantize``): h too, per row (a quantizing launch over stage 1's rows, pad rows too), stage 2 on fp8 MMAs.
+    ``enabled``: the modes allowed, a subset of "direct", "combine", "quantize" and "quantize_h" (default:
+    ``FLYDSL_MOE_DECODE``'s comma-separated words where it is set; else direct and combine)."""
     if enabled is None:
         enabled = settings.current().moe_decode
         enabled = _DECODE_DEFAULT if enabled is None else enabled
@@ -75,7 +77,8 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     direct = "direct" in enabled and tokens == 1
     combined = direct and "combine" in enabled and top_k <= 16 and inter <= COMBINE_MAX_INTER
     mode = GroupedMode(direct=direct)
-    return DecodeModes(mode, mode, combined, "quantize" in enabled and tokens > 1)
+    quantized = "quantize" in enabled and tokens > 1
+    return DecodeModes(mode, mode, combined, quantized, quantized and "quantize_h" in enabled)
 
 
 def per_row(scale, rows: int):
@@ -95,15 +98,16 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
     :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`; "row" with ``modes.quantized``: x
     quantized per token into held buffers first, stage 1 through ``skinny_gemm_grouped_scaled_kernel``. ``modes``:
     the stages' ``GroupedMode`` s (:func:`decode_modes`; default: the aligned order, weight-only)."""
-    mode1, mode2, combined, quantized = modes or DecodeModes()
+    mode1, mode2, combined, quantized, quantized_h = modes or DecodeModes()
     quantized = quantized and fp8 == "row"  # (x quantized per token: stage 1 on fp8 MMAs)
+    quantized_h = quantized and quantized_h and not combined  # (h per row: stage 2 on fp8 MMAs)
     ids = tokens * top_k
     capacity = ids * GROUPED_BLOCK if mode1.direct else align_capacity(ids, experts, GROUPED_BLOCK)
     blocks = min(capacity // GROUPED_BLOCK, ids)  # each block below padded_count holds an id
     routed = blocks * GROUPED_BLOCK  # rows below padded_count, at most: the rows stage 1 writes, stage 2 reads
     element_bytes = 1 if fp8 else 2
     cfg1 = choose_grouped_skinny_config(hidden, True, element_bytes, mode1.direct, fp8 == "block", quantized)
-    cfg2 = choose_grouped_skinny_config(inter, False, element_bytes, mode2.direct, fp8 == "block")
+    cfg2 = choose_grouped_skinny_config(inter, False, element_bytes, mode2.direct, fp8 == "block", quantized_h)
     variant1 = SkinnyVariant(True, Epilogue(gate=activation), True)
     variant2 = SkinnyVariant(True, Epilogue(), True)
     grid1 = (-(-inter // (cfg1.rows // 2)), blocks)
@@ -125,6 +129,8 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
     shapes = (*alignment, ("h", (routed, inter), x.dtype), ("y", (0 if combined else capacity, hidden), x.dtype))
     if quantized:  # x per token in fp8 and its scales
         shapes += (("x8", (tokens, hidden), torch.float8_e4m3fn), ("x_scales", (tokens, 1), torch.float32))
+    if quantized_h:  # h per row
+        shapes += (("h8", (routed, inter), torch.float8_e4m3fn), ("h_scales", (routed, 1), torch.float32))
     viewed: dict = {}  # stream_key -> (the held buffers, their views of `shapes`)
 
     def views(x) -> tuple:
@@ -158,6 +164,7 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
             align_tokens(topk_ids, experts, GROUPED_BLOCK, **aligned)
             routing = (sorted_ids, expert_of_block, padded_count, positions)
         x8, x_scales, *rows = rows if quantized else (None, None, *rows)
+        h8, h_scales, *rows = rows if quantized_h else (None, None, *rows)
         rows1, rows2 = rows or (None, None)
         w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
         if fp8 is None:
@@ -188,6 +195,11 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
             skinny_gemm_grouped_kernel(h, w2_rows, y, *routing, 0, cfg2, variant2, mode2).launch(
                 grid=grid2, block=cfg2.threads
             )
+        elif quantized_h:  # (every row stage 1 may write: rows past padded_count are read by no one)
+            quantize_fp8(h, "token", out=h8, scales=h_scales)
+            skinny_gemm_grouped_scaled_kernel(
+                h8, w2_rows, y, *routing, scales2, h_scales.view(-1), 0, cfg2, variant2, mode2
+            ).launch(grid=grid2, block=cfg2.threads)
         else:
             skinny_gemm_grouped_fp8_kernel(h, w2_rows, y, *routing, scales2, 0, cfg2, variant2, mode2).launch(
                 grid=grid2, block=cfg2.threads
