@@ -16,7 +16,7 @@ default: direct and combine, combine where I <= 1024; this sweep's: none, direct
 each mode's output is compared with the first mode's (``max_abs_diff_vs_first``: 0 expected but for "combine", whose y
 may round an ulp apart, and "quantize": x's fp8 roundings). fp8 per channel also sweeps the quantized stages alone
 (``stage1_quantized``, ``stage2_quantized``: each stage's shapes, 128 registers or none). The stage sweep (modes off,
-aligned routing) tries 6 stage-1 and 6 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs
+aligned routing) tries 7 stage-1 and 6 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs
 per SM (``min_blocks``: fp8 as ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks``
 None and the chosen long-K configuration with ``landed``; stage 1 is gated (weight rows half gate, half up: ``groups``
 even), stage 2 streams the (capacity, I) intermediate. One token where I <= 1024 also times the direct stage 1 alone (8
@@ -51,7 +51,7 @@ DEFAULT_CASES = ",".join(
 )
 DEFAULT_MODES = ",direct,direct+combine,direct+combine+quantize,direct+combine+quantize+quantize_h"
 # (groups, warps, warps_n, unroll) of each stage's candidates
-STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4), (2, 8, 1, 8))
+STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4), (2, 8, 1, 8), (4, 4, 1, 2))
 STAGE2 = ((2, 8, 2, 2), (4, 8, 4, 2), (2, 8, 4, 1), (4, 4, 2, 2), (2, 4, 4, 2), (2, 8, 1, 4))
 COMBINED = ((1, 4), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4))  # (groups, unroll) of the combined kernel (warps: top_k)
 # (groups, warps, unroll, min_blocks) of one token's direct stage 1, besides the chosen configuration
