@@ -299,9 +299,9 @@ def test_unpack_lowers_to_the_documented_instructions():
 def test_fp8_configuration(k, gated):
     """fp8 weights: short K keeps the 16-bit configuration's 16-byte weight loads per warp and step, weight rows per
     CTA and threads, held to its CTAs per SM, each step twice the K; a stage 1 of several tokens takes 4 n8 tiles x
-    4 loads over 4 warps, one token's 2 x 2 over 8 warps with its activations landed; a long-K stage 2 two columns
-    of 4 warps at 2 CTAs per SM (the measured winners, docs in choose_grouped_skinny_config). The 16-bit answers
-    are what they were."""
+    4 loads over 4 warps (block scales 4 x 2), one token's 2 x 2 over 8 warps with its activations landed; a long-K
+    stage 2 two columns of 4 warps at 2 CTAs per SM (the measured winners, docs in choose_grouped_skinny_config).
+    The 16-bit answers are what they were."""
     fp8, bf16 = choose_grouped_skinny_config(k, gated, 1), choose_grouped_skinny_config(k, gated)
     direct = choose_grouped_skinny_config(k, gated, 1, direct=True)
     short = k <= 1024 and not gated
@@ -313,7 +313,8 @@ def test_fp8_configuration(k, gated):
     elif gated:
         assert fp8 == SkinnyConfig(groups=4, warps=4, unroll=4) and fp8.k_step(1) == bf16.k_step(2)
         assert direct == SkinnyConfig(unroll=2, landed=True) and direct.k_step(1) == bf16.k_step(2)
-        assert choose_grouped_skinny_config(k, gated, 1, block=True) == SkinnyConfig(unroll=2)
+        assert choose_grouped_skinny_config(k, gated, 1, block=True) == SkinnyConfig(groups=4, warps=4, unroll=2)
+        assert choose_grouped_skinny_config(k, gated, 1, True, block=True) == direct
     else:
         assert fp8 == SkinnyConfig(unroll=2, warps_n=2, min_blocks=2)
         assert direct == dataclasses.replace(fp8, landed=True)

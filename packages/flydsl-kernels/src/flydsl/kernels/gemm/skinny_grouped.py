@@ -488,14 +488,17 @@ def choose_grouped_skinny_config(
     fp8 weights (``element_bytes`` 1: :func:`skinny_gemm_grouped_fp8_kernel`, ``k`` in values): a stage 1 of more
     than one token as 4 n8 tiles x 4 loads over 4 warps (steps of 1024 values of K), no register cap: against 2 x 2
     over 8 warps, Qwen3 at T 16 and 64 103 / 151 us against 121 / 184, DeepSeek-V3 TP8 153 / 303 against 151 / 314
-    (H100, ``moe_decode_sweep/2026-12-06_c0e0ade_h100.json``); one token's (``direct``) and block-scaled ones
-    (``block``: 4 tiles' accumulators besides the K block's spill there) keep 2 loads per row and step over 8
-    warps. A long-K stage 2 (Mixtral's I = 14336) as 2 columns of 4 warps at 2 CTAs per SM: 50.9 us against 60.5
-    over one column (the same record). Short K takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side
-    along N (steps of 256: one for I = 256) at 4 CTAs per SM rather than 4 x 2 over 2 x 2 warps: with block scales,
-    4 tiles' accumulators and those of the K block in progress do not fit in 128 registers. A warp also converts
-    the weights and holds twice the activation words per load (16 values of K per row; loaded as the MMAs take
-    them). No spills (tests/kernels/test_skinny_grouped_fp8.py).
+    (H100, ``moe_decode_sweep/2026-12-06_c0e0ade_h100.json``); block-scaled ones (``block``: 4 tiles' accumulators
+    besides the K block's spill at 4 loads) as 4 n8 tiles x 2 loads over 4 warps (162 registers): Qwen3 at T 16 / 64
+    103.4 / 154.4 us against 126.5 / 192.1 for 2 x 2 over 8 warps, DeepSeek-V3 TP8 159.5 / 321.5 against 161.9 /
+    340.9 (H100, ``moe_decode_sweep/2026-12-06_a65ec9f_block_h100.json``; the H200's per-row sweep at 2757e01 put 2
+    x 2 over 8 warps 39% behind 4 x 4); one token's (``direct``) keep 2 loads per row and step over 8 warps. A
+    long-K stage 2 (Mixtral's I = 14336) as 2 columns of 4 warps at 2 CTAs per SM: 50.9 us against 60.5 over one
+    column (the same record). Short K takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side along N
+    (steps of 256: one for I = 256) at 4 CTAs per SM rather than 4 x 2 over 2 x 2 warps: with block scales, 4 tiles'
+    accumulators and those of the K block in progress do not fit in 128 registers. A warp also converts the weights
+    and holds twice the activation words per load (16 values of K per row; loaded as the MMAs take them). No spills
+    (tests/kernels/test_skinny_grouped_fp8.py).
 
     ``direct`` (one token's stages, :class:`GroupedMode`): long-K fp8 steps wait until their activations have
     landed (``landed``: ptxas then issues a step's activation loads together, one L2 round trip a step rather than
@@ -522,4 +525,6 @@ def choose_grouped_skinny_config(
         return SkinnyConfig(groups=2, warps=4, warps_n=4, unroll=4, min_blocks=4)  # (landed: spills)
     if not gated:
         return SkinnyConfig(unroll=2, warps_n=2, min_blocks=2, landed=direct)
-    return SkinnyConfig(unroll=2, landed=direct) if direct or block else SkinnyConfig(groups=4, warps=4, unroll=4)
+    if direct:
+        return SkinnyConfig(unroll=2, landed=True)
+    return SkinnyConfig(groups=4, warps=4, unroll=2) if block else SkinnyConfig(groups=4, warps=4, unroll=4)
