@@ -10,19 +10,20 @@ Cases ``model:T[:format]`` of moe_bench.py's models and formats (bf16, fp8: e4m3
 128 x 128 block; weight-only at decode: h stays bf16, and so does x but for "quantize"). Default: DeepSeek-V3 TP8 and
 Qwen3-30B-A3B at T 1, 16, 64 and Mixtral at 1, in bf16 and fp8. Weights random (1 / sqrt(fan-in)), softmax top-k routing
 of random logits. Modes (``FLYDSL_MOE_DECODE``, the plans rebuilt for each): "" (none: the aligned path), "direct" (one
-token: no alignment), "combine" (with direct: stage 2 and the combine in one launch), "quantize" (two tokens on, fp8 per
-channel: x quantized per token, stage 1 W8A8), "quantize_h" (with it: h per row, stage 2 W8A8) and unions (fused_moe's
-default: direct and combine, combine where I <= 1024; this sweep's: none, direct, +combine, +quantize, +quantize_h);
-each mode's output is compared with the first mode's (``max_abs_diff_vs_first``: 0 expected but for "combine", whose y
-may round an ulp apart, and "quantize": x's fp8 roundings). fp8 per channel also sweeps the quantized stages alone
-(``stage1_quantized``, ``stage2_quantized``: each stage's shapes, 128 registers or none). The stage sweep (modes off,
-aligned routing) tries 7 stage-1 and 6 stage-2 shapes of (groups, warps, warps_n, unroll), each with its format's CTAs
-per SM (``min_blocks``: fp8 as ``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks``
-None and the chosen long-K configuration with ``landed``; stage 1 is gated (weight rows half gate, half up: ``groups``
-even), stage 2 streams the (capacity, I) intermediate. One token where I <= 1024 also times the direct stage 1 alone (8
-configurations) and the combined kernel (stage 2 and the combine) under 6 shapes of (groups, unroll), CTAs per SM held
-or not, each chosen configuration also without ``landed`` (fp8: a step's activations loaded beside their MMAs).
-Bandwidth: the routed experts' weight bytes of the stage over its time.
+token: no alignment), "combine" (with direct: stage 2 and the combine in one launch), "single" (with combine: stage 1 in
+that launch too), "quantize" (two tokens on, fp8 per channel: x quantized per token, stage 1 W8A8), "quantize_h" (with
+it: h per row, stage 2 W8A8) and unions (fused_moe's default: direct and combine, combine where I <= 1024; this sweep's:
+none, direct, +combine, +single, +quantize, +quantize_h); each mode's output is compared with the first mode's
+(``max_abs_diff_vs_first``: 0 expected but for "combine", whose y may round an ulp apart, and "quantize": x's fp8
+roundings). fp8 per channel also sweeps the quantized stages alone (``stage1_quantized``, ``stage2_quantized``: each
+stage's shapes, 128 registers or none). The stage sweep (modes off, aligned routing) tries 7 stage-1 and 6 stage-2
+shapes of (groups, warps, warps_n, unroll), each with its format's CTAs per SM (``min_blocks``: fp8 as
+``choose_grouped_skinny_config`` holds it, or none) and, for fp8, also ``min_blocks`` None and the chosen long-K
+configuration with ``landed``; stage 1 is gated (weight rows half gate, half up: ``groups`` even), stage 2 streams the
+(capacity, I) intermediate. One token where I <= 1024 also times the direct stage 1 alone (8 configurations) and the
+combined kernel (stage 2 and the combine) under 6 shapes of (groups, unroll), CTAs per SM held or not, each chosen
+configuration also without ``landed`` (fp8: a step's activations loaded beside their MMAs). Bandwidth: the routed
+experts' weight bytes of the stage over its time.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ DEFAULT_CASES = ",".join(
     for fmt in ("bf16", "fp8")
     for case in ("dsv3-tp8:1", "dsv3-tp8:16", "dsv3-tp8:64", "qwen3:1", "qwen3:16", "qwen3:64", "mixtral:1")
 )
-DEFAULT_MODES = ",direct,direct+combine,direct+combine+quantize,direct+combine+quantize+quantize_h"
+DEFAULT_MODES = (
+    ",direct,direct+combine,direct+combine+single,direct+combine+quantize,direct+combine+quantize+quantize_h"
+)
 # (groups, warps, warps_n, unroll) of each stage's candidates
 STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4), (2, 8, 1, 8), (4, 4, 1, 2))
 STAGE2 = ((2, 8, 2, 2), (4, 8, 4, 2), (2, 8, 4, 1), (4, 4, 2, 2), (2, 4, 4, 2), (2, 8, 1, 4))
@@ -71,7 +74,7 @@ def parse_case(text: str) -> tuple[str, int, str]:
 
 def parse_mode(text: str) -> str:
     words = [w for w in text.split("+") if w]
-    if not set(words) <= {"direct", "combine", "quantize", "quantize_h"}:
+    if not set(words) <= {"direct", "combine", "single", "quantize", "quantize_h"}:
         raise argparse.ArgumentTypeError(f"a mode is '' or words of FLYDSL_MOE_DECODE joined by '+', got {text!r}")
     return ",".join(words)
 
@@ -224,12 +227,11 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
     from flydsl.kernels.gemm.skinny_grouped import (
         GROUPED_BLOCK,
         GroupedMode,
-        choose_combined_config,
         choose_grouped_skinny_config,
-        skinny_gemm_combined_kernel,
         skinny_gemm_grouped_fp8_kernel,
         skinny_gemm_grouped_kernel,
     )
+    from flydsl.kernels.gemm.skinny_one_token import choose_combined_config, skinny_gemm_combined_kernel
 
     hidden, inter = weights.w1.shape[2], weights.w2.shape[2]
     top_k, element = ids.shape[1], weights.w1.element_size()

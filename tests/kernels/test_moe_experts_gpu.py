@@ -127,6 +127,40 @@ def test_decode_modes_give_the_same_output(monkeypatch, modes, quant, experts, t
         plans.clear_all()
 
 
+@pytest.mark.parametrize("quant", [None, "channel", "block"])
+@pytest.mark.parametrize("experts,top_k,hidden,inter", [(64, 8, 512, 256), (32, 4, 384, 320), (128, 8, 2048, 768)])
+def test_one_launch_gives_the_two_launches_bits(monkeypatch, quant, experts, top_k, hidden, inter):
+    """One token with FLYDSL_MOE_DECODE's single (stage 1, stage 2 and the combine in one launch, the stage-2 CTAs
+    waiting on a count of finished stage-1 CTAs) against the combined kernel's two launches: the same sums in the
+    same order, so the same bits, call after call on new tokens and routings (the counters left at zero by each
+    launch; a stage-2 CTA reading h before its stage-1 CTAs stored it would show as a difference)."""
+    from flydsl.kernels import plans
+
+    _x, w1, w2 = _layer(1, experts, hidden, inter, seed=40)
+    options = {}
+    if quant is not None:
+        w1, s1, _ = _fp8_weights(w1, quant)
+        w2, s2, _ = _fp8_weights(w2, quant)
+        options = dict(quant="fp8", granularity=quant, w1_scale=s1, w2_scale=s2)
+    calls = []
+    for seed in range(12):
+        x, _, _ = _layer(1, 1, hidden, 8, seed=100 + seed)
+        weights, ids = _routing(1, experts, top_k, seed=100 + seed)
+        if seed % 3 == 2:
+            ids[0, 0] = -1  # an id this rank does not serve
+        calls.append((x, weights, ids))
+    results = {}
+    try:
+        for modes in ("direct,combine", "direct,combine,single"):
+            monkeypatch.setenv("FLYDSL_MOE_DECODE", modes)
+            plans.clear_all()
+            results[modes] = [fused_moe(x, w1, w2, weights, ids, **options).clone() for x, weights, ids in calls]
+    finally:
+        plans.clear_all()
+    for two, one in zip(results["direct,combine"], results["direct,combine,single"], strict=True):
+        assert not one.isnan().any() and torch.equal(one, two)
+
+
 def test_fused_moe_fp16_and_new_output():
     x, w1, w2 = _layer(200, 16, 256, 128, dtype=torch.float16, seed=3)
     weights, ids = _routing(200, 16, 4, seed=3)

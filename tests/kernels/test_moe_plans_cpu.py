@@ -232,6 +232,8 @@ def test_decode_modes_follow_the_call_and_the_environment(monkeypatch):
         "direct,combine": (D(direct, direct, True), D()),
         "quantize": (D(), D(quantized=True)),
         "direct,combine,quantize,quantize_h": (D(direct, direct, True), D(quantized=True, quantized_h=True)),
+        "direct,combine,single": (D(direct, direct, True, single=True), D()),
+        "direct,single": (D(direct, direct), D()),  # single needs combine
     }
     for value, (one, two) in by_value.items():
         monkeypatch.setenv("FLYDSL_MOE_DECODE", value)
@@ -260,6 +262,31 @@ def test_one_token_combined_writes_the_output_in_two_launches(recorded, monkeypa
     elif granularity == "channel":
         assert combined[5].shape == (EXPERTS * HIDDEN,)
     assert combined[-1] == TOP_K and combined[-2].warps == 2  # a warp per routed pair
+
+
+@pytest.mark.parametrize("granularity", [None, "channel", "block"], ids=["bf16", "fp8 channel", "fp8 block"])
+def test_one_token_single_writes_the_output_in_one_launch(recorded, monkeypatch, granularity):
+    """FLYDSL_MOE_DECODE's single: stage 1, stage 2 and the combine in one launch, a 1-D grid of the direct stage 1's
+    tiles and then the combined kernel's, CTAs of one size; its two counters held in the scratch."""
+    monkeypatch.setenv("FLYDSL_MOE_DECODE", "direct,combine,single")
+    configs = []  # each launch's grid and block, beside the recorded calls
+    launch = lambda call, **config: (recorded.append(call), configs.append(config))  # noqa: E731
+    monkeypatch.setattr(importlib.import_module("flydsl.compiler.kernel").KernelCall, "launch", launch)
+
+    def counters_held(memory):
+        assert memory[3].numel() == 0 and memory[-1].shape == (2,) and memory[-1].dtype == torch.int32
+
+    (x, w1, w2, weights, ids, *_), memory, w2 = _one_token(granularity, counters_held)
+    out, positions, h = memory[:3]
+    assert [call.kernel.name for call in recorded] == ["skinny_gemm_one_launch_kernel"]
+    call = recorded[0]
+    values = call.values
+    assert values[0] is x and _same(values[2], h) and values[4] is out and values[6] is ids and values[7] is weights
+    assert _same(values[5], ids.reshape(-1)) and _same(values[8], positions) and _same(values[11], memory[-1])
+    cfg1, cfg2, top_k = values[12:15]
+    assert cfg1.threads == cfg2.threads and top_k == TOP_K
+    tiles = -(-INTER // (cfg1.rows // 2)) * TOP_K + -(-HIDDEN // cfg2.rows)
+    assert configs == [dict(grid=(tiles,), block=cfg1.threads)]
 
 
 def test_the_decode_scratch_is_kept_per_stream(recorded):

@@ -17,12 +17,11 @@ from flydsl.kernels.gemm.epilogue import Epilogue, Scale
 from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GroupedMode,
-    choose_combined_config,
     choose_grouped_skinny_config,
-    skinny_gemm_combined_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
 )
+from flydsl.kernels.gemm.skinny_one_token import choose_combined_config, skinny_gemm_combined_kernel
 
 from .ptxas_report import ptxas_report
 

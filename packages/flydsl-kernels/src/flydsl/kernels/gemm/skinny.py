@@ -133,18 +133,26 @@ class SkinnyVariant(NamedTuple):
     prepared: bool = False
 
 
-def _load_words(t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None, prepared: bool = False):
+def _load_words(
+    t, row, k, k_extent, vec: bool, masked: bool, l1, prefetch=None, prepared: bool = False, coherent: bool = False
+):
     """This lane's 16 bytes ``t[row, k ..]`` (8 16-bit or 16 fp8 elements) as 4 words; zeros where past
     ``k_extent`` when ``masked``. fp8 operands take 16-byte loads only (``vec``: memory holds no fp8 scalars).
-    ``prepared``: ``t`` is prepared weights' panels, element (row, k) at ``t[k // 128, row, k % 128]``."""
+    ``prepared``: ``t`` is prepared weights' panels, element (row, k) at ``t[k // 128, row, k % 128]``.
+    ``coherent``: ``t`` is written by other CTAs of the same launch, read through L2 (``ld.global.cg``, not the
+    non-coherent path, which holds only data read-only for the kernel's lifetime)."""
     if fx.const_expr(vec):
         at = lambda k: (k // 128, row, k % 128) if fx.const_expr(prepared) else (row, k)  # noqa: E731
-        hints = dict(l1=l1, prefetch=prefetch)
+
+        def load(coord):
+            if fx.const_expr(coherent):
+                return nvvm.ld_global(t, coord, 16, cop="cg")
+            return nvvm.ld_global_nc(t, coord, 16, l1=l1, prefetch=prefetch)
+
         if fx.const_expr(masked):  # chunks are whole (K a multiple of a chunk): in or out together; row start when out
             inside = k < k_extent
-            words = nvvm.ld_global_nc(t, at(arith.select(inside, k, 0)), 16, **hints)
-            return arith.select(inside, words, _WORDS(0))
-        return nvvm.ld_global_nc(t, at(k), 16, **hints)
+            return arith.select(inside, load(at(arith.select(inside, k, 0))), _WORDS(0))
+        return load(at(k))
     elements = []
     for j in fx.range_constexpr(8):  # unaligned rows: one element at a time, each masked
         inside = k + j < k_extent
@@ -170,6 +178,7 @@ class _WarpStreams(NamedTuple):
     two_halves: bool
     prepared: bool
     block_scales: object = None  # fp8 weights' (rows / 128, ceil(K / 128)) scales, or None
+    coherent: bool = False  # the activations are written by other CTAs of the launch (:func:`_load_words`)
 
 
 def _loads(streams: _WarpStreams, kbase, masked: bool):
@@ -187,8 +196,11 @@ def _loads(streams: _WarpStreams, kbase, masked: bool):
             load = _load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch, prepared)
             words.append(load)
         if fx.const_expr(not wide):  # (wide: the activations are loaded as the MMAs take them)
-            words.append(_load_words(a, row_a0, k, k_extent, vec, masked, None))
-            words.append(_load_words(a, row_a1, k, k_extent, vec, masked, None) if two_halves else _WORDS(0))
+            for row, loaded in ((row_a0, True), (row_a1, two_halves)):
+                load = (
+                    _load_words(a, row, k, k_extent, vec, masked, None, coherent=streams.coherent) if loaded else None
+                )
+                words.append(load if loaded else _WORDS(0))
     return words
 
 
@@ -200,7 +212,9 @@ def _activation_loads(streams: _WarpStreams, kbase, masked: bool, u: int) -> lis
     k = kbase + 64 * u + 16 * lane_t
     rows = []
     for row in (streams.row_a0, streams.row_a1):
-        loads = [_load_words(a, row, k + half, k_extent, True, masked, None) for half in (0, 8)]
+        loads = [
+            _load_words(a, row, k + half, k_extent, True, masked, None, coherent=streams.coherent) for half in (0, 8)
+        ]
         rows.append([load[j] for load in loads for j in range(4)])
     return rows
 

@@ -8,8 +8,8 @@ chunk of 64), converted exactly to 16-bit in registers and paired with two 16-by
 same 16 values), fed to the 16-bit m16n8k16 MMAs.
 
 For one decode token, :class:`GroupedMode`'s ``direct`` takes the routed pairs as the blocks (no alignment kernel
-before the stage); after a direct stage 1, :func:`skinny_gemm_combined_kernel` does stage 2 and the combine in one
-launch (docs/tuning/moe.md#decode).
+before the stage); :mod:`~flydsl.kernels.gemm.skinny_one_token` takes one token's stage 2 and combine from there
+(docs/tuning/moe.md#decode).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import NamedTuple
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-import flydsl.layout as fl
 from flydsl.expr import arith, gpu, nvvm
 from flydsl.kernels.gemm.epilogue import Epilogue, EpilogueTensors, apply_epilogue
 from flydsl.kernels.gemm.skinny import (
@@ -38,9 +37,9 @@ __all__ = [
     "GROUPED_BLOCK",
     "GroupedMode",
     "Routing",
-    "choose_combined_config",
     "choose_grouped_skinny_config",
-    "skinny_gemm_combined_kernel",
+    "grouped_stage",
+    "grouped_tile",
     "skinny_gemm_grouped_fp8_kernel",
     "skinny_gemm_grouped_kernel",
     "skinny_gemm_grouped_scaled_kernel",
@@ -164,12 +163,26 @@ def skinny_gemm_grouped_scaled_kernel(
 def _grouped_skinny_gemm(
     a, w, c, routing: Routing, positions, w_scale, cfg: SkinnyConfig, variant, mode: GroupedMode, a_scale=None
 ) -> None:
-    """The grouped kernels' body (:func:`skinny_gemm_grouped_kernel`). The weights' format: 16-bit (``w_scale``
-    None), or fp8 with ``w_scale`` per row (1-D) or per 128 x 128 block (2-D) (:func:`skinny_gemm_grouped_fp8_kernel`);
-    with ``a_scale`` (per row of ``a``), fp8 activations too (:func:`skinny_gemm_grouped_scaled_kernel`).
-    """
+    """The grouped kernels' body (:func:`skinny_gemm_grouped_kernel`): CTA (x, y) is tile x of block y."""
     if not isinstance(mode, GroupedMode):
         raise TypeError(f"grouped skinny kernel: mode must be a GroupedMode, got {mode!r}")
+    thread = _kernel_start(cfg, trigger=not mode.direct)
+    # The routing and (stage 2) A are the previous kernels' outputs: nothing is read before the wait, and every
+    # load's row depends on its zero (loads through inline PTX could move above it otherwise).
+    after_wait = nvvm.griddepcontrol_wait()
+    if fx.const_expr(mode.direct):  # the next launch (the combined kernel) reads the routing before its own wait
+        nvvm.griddepcontrol_launch_dependents()
+    stage = grouped_stage(a, w, c, routing, positions, w_scale, cfg, variant, mode, thread, a_scale)
+    grouped_tile(stage, gpu.block_idx.y.to(fx.Int32) + after_wait, gpu.block_idx.x.to(fx.Int32))
+
+
+def grouped_stage(
+    a, w, c, routing: Routing, positions, w_scale, cfg: SkinnyConfig, variant, mode: GroupedMode, thread, a_scale=None
+):
+    """What the tiles of a grouped stage share (a :class:`_Stage`), its arguments checked. The weights' format:
+    16-bit (``w_scale`` None), or fp8 with ``w_scale`` per row (1-D) or per 128 x 128 block (2-D)
+    (:func:`skinny_gemm_grouped_fp8_kernel`); with ``a_scale`` (per row of ``a``), fp8 activations too
+    (:func:`skinny_gemm_grouped_scaled_kernel`). ``thread``: :func:`~flydsl.kernels.gemm.skinny._kernel_start`'s."""
     epilogue, gate = variant.epilogue, variant.epilogue.gate
     if epilogue.bias or epilogue.activation or cfg.splits != 1 or not variant.vector_loads:
         raise ValueError(f"grouped skinny kernel: expected no bias, activation or split K, 16-byte loads: {variant}")
@@ -181,34 +194,32 @@ def _grouped_skinny_gemm(
             raise ValueError("grouped scaled kernel: expected 1-D scales, one per row of w and of a")
     elif fp8 and (not _wide(a, w) or a.dtype != c.dtype or fx.rank(w_scale.shape) not in (1, 2)):
         raise ValueError(f"grouped fp8 kernel: expected fp8 weights, 16-bit a and c, 1-D or 2-D scales: {variant}")
-    thread = _kernel_start(cfg, trigger=not mode.direct)
-    # The routing and (stage 2) A are the previous kernels' outputs: nothing is read before the wait, and every
-    # load's row depends on its zero (loads through inline PTX could move above it otherwise).
-    after_wait = nvvm.griddepcontrol_wait()
-    if fx.const_expr(mode.direct):  # the next launch (the combined kernel) reads the routing before its own wait
-        nvvm.griddepcontrol_launch_dependents()
     gated = gate is not None
     n_out = c.shape[1].to(fx.Int32)
-    stage = _Stage(
+    return _Stage(
         a, w, c, routing, positions, w_scale, a_scale, cfg, mode, gate, thread, n_out,
         n_out * 2 if gated else n_out,  # the expert's rows of w
         cfg.rows // 2 if gated else cfg.rows,  # output columns per tile
         positions.shape.to(fx.Int32),  # T * k, the sentinel of pad rows (a 1-D shape: its extent)
     )  # fmt: skip
-    block = gpu.block_idx.y.to(fx.Int32) + after_wait
-    if fx.const_expr(mode.direct):  # block y: routed pair y, whose expert may be one this call does not hold
+
+
+def grouped_tile(stage, block, x) -> None:
+    """Tile ``x`` (output columns ``x * cols ..``) of block ``block`` of a grouped stage (:func:`grouped_stage`):
+    nothing where the block holds no routed row (past ``padded_count``; direct: a pair this call does not serve)."""
+    routing, cfg, w = stage.routing, stage.cfg, stage.w
+    if fx.const_expr(stage.mode.direct):  # block y: routed pair y, whose expert may be one this call does not hold
         expert = routing.expert_of_block[arith.minimum(block, stage.pairs - 1)].to(fx.Int32)
         routed = (block < stage.pairs) & (expert >= 0) & (expert < w.shape[0].to(fx.Int32) // stage.per_expert)
     else:
         routed = block * GROUPED_BLOCK < routing.padded_count[0]
     if routed:
-        if fx.const_expr(not mode.direct):
+        if fx.const_expr(not stage.mode.direct):
             expert = routing.expert_of_block[block].to(fx.Int32)
-        x = gpu.block_idx.x.to(fx.Int32)
         streams = _tile_streams(stage, block, x, expert)
         scales = _row_scales(stage, block, x, expert)  # (before the mainloop: their round trip beside the weights')
         step = cfg.k_step(w.dtype.width // 8)
-        accs = _mainloop(streams, step, thread[2] * (step // cfg.warps_k), stage.block_scaled)
+        accs = _mainloop(streams, step, stage.thread[2] * (step // cfg.warps_k), stage.block_scaled)
         _store_tile(stage, accs, block, x, scales)
 
 
@@ -325,99 +336,6 @@ def _store_tile(stage: _Stage, accs, block, x, scales) -> None:
             c[(first + row).to(fx.Int64), out_col] = total.to(c.dtype)
 
 
-@flyc.kernel(dependent_launch=True)
-def skinny_gemm_combined_kernel(
-    h: fx.Tensor,
-    w: fx.Tensor,
-    out: fx.Tensor,
-    topk_ids: fx.Tensor,
-    topk_weights: fx.Tensor,
-    w_scale: fx.Tensor,
-    cfg: fx.Constexpr,
-    top_k: fx.Constexpr[int],
-):
-    """Stage 2 and the combine of decode tokens in one launch, after a ``direct`` stage 1 (:class:`GroupedMode`):
-    CTA (x, t) writes output columns ``[x * cols, (x + 1) * cols)`` of token t (cols = ``cfg.rows``). Warp j takes
-    the token's routed pairs s = j, j + warps, ...: h's row ``(t * top_k + s) * 16`` (where the direct stage 1
-    leaves each pair's row) times its expert's rows of the stacked (E * H, I) ``w`` over all of I, rounded to out's
-    dtype as y would be; then the pairs are summed in slot order with their ``topk_weights``, ids outside ``[0, E)``
-    skipped: the arithmetic of ``moe.experts.combine_kernel``, so the output is the same bits as the two launches'.
-    ``topk_ids`` (T, top_k) ints, ``topk_weights`` (T, top_k) floats, ``out`` (T, H). fp8 weights (weight-only, as
-    :func:`skinny_gemm_grouped_fp8_kernel`): ``w_scale`` float32 (E * H,) per row or (E * H / 128, ceil(I / 128))
-    per 128 x 128 block; 16-bit weights: ``w_scale`` unread. ``cfg``: one column of warps (``warps_n`` 1), no
-    split (:func:`choose_combined_config`)."""
-    if cfg.warps_n != 1 or cfg.splits != 1:
-        raise ValueError(f"skinny_gemm_combined_kernel: expected one column of warps and no split K: {cfg}")
-    fp8 = _wide(h, w)
-    if w.dtype.width == 8 and not fp8:
-        raise ValueError("skinny_gemm_combined_kernel: fp8 weights take 16-bit activations")
-    row_scales = fp8 and fx.rank(w_scale.shape) == 1
-    # Launched by a direct stage 1 only after that stage's own wait (_grouped_skinny_gemm): topk_ids, written before
-    # it, is complete here, so the experts and their weights are read before this kernel's wait, during stage 1's
-    # last CTAs; only h is stage 1's.
-    tid, _warp_n, warp, _lane, lane_t, lane_q = _kernel_start(cfg)  # (one column of warps: warp along K = warp)
-    token = gpu.block_idx.y.to(fx.Int32)
-    n_out, k_extent = out.shape[1].to(fx.Int32), h.shape[1].to(fx.Int32)
-    experts = w.shape[0].to(fx.Int32) // n_out
-    cols = cfg.rows
-    n0 = gpu.block_idx.x * cols
-    rows = fx.SmemAllocator().allocate(fx.Float32, fl.Layout((top_k, cols), (cols, 1)))  # (pair, column) as y
-    element_bytes = w.dtype.width // 8
-    step = 4 * (16 // element_bytes) * cfg.unroll  # a warp's K per step: each warp takes all of I
-    columns = [(g, e, g * 8 + 2 * lane_t + e) for g in range(cfg.groups) for e in range(2)]
-    block_scales = w_scale if fp8 and not row_scales else None
-    pairs = []
-    for j in fx.range_constexpr(-(-top_k // cfg.warps)):
-        slot = warp + j * cfg.warps
-        expert = _routed_expert(topk_ids, token, arith.minimum(slot, top_k - 1))
-        base = arith.minimum(arith.maximum(expert, 0), experts - 1) * n_out  # (clamped: loads of a skipped slot)
-        rows_w = [base + arith.minimum(n0 + g * 8 + lane_q, n_out - 1) for g in range(cfg.groups)]
-        streams = _WarpStreams(h, w, rows_w, None, None, k_extent, cfg, lane_t, True, True, False, block_scales)
-        # fp8: the first step's weights (masked: any I), during stage 1's last CTAs (16-bit steps load h as well)
-        first = _loads(streams, 0, True) if fp8 else None
-        scales = [w_scale[base + arith.minimum(n0 + col, n_out - 1)] for _g, _e, col in columns if row_scales]
-        pairs.append((slot, expert, streams, first, scales))
-    # h is the previous kernel's; the first step's weights are in flight before the wait (a word of each load taken)
-    after_wait = nvvm.griddepcontrol_wait(after=[words[0] for pair in pairs for words in pair[3] or ()])
-    # The combine's routing, read by its threads (one per column) before the mainloop: no round trip after it.
-    routed = []
-    for slot in fx.range_constexpr(top_k):
-        expert = topk_ids[token, slot].to(fx.Int32)
-        routed.append(((expert >= 0) & (expert < experts), topk_weights[token, slot].to(fx.Float32)))
-    for slot, expert, streams, first, scales in pairs:
-        if (slot < top_k) & (expert >= 0) & (expert < experts):
-            row_a = (token * top_k + slot) * GROUPED_BLOCK + after_wait  # every lane: the pair's one row
-            pair = streams._replace(row_a0=row_a, row_a1=row_a)
-            accs = _mainloop(pair, step, 0, fp8 and not row_scales, first)
-            if lane_q == 0:  # row 0 of the MMAs: lanes 0..3, elements 0 and 1 of each n8 tile
-                for i, (g, e, col) in enumerate(columns):
-                    total = accs[g][e] * scales[i] if row_scales else accs[g][e]
-                    rows[slot, col] = total.to(out.dtype).to(fx.Float32)
-    gpu.barrier()
-    if (tid < cols) & (n0 + tid < n_out):
-        total = fx.Float32(0.0)
-        for slot, (kept, weight) in enumerate(routed):
-            # selected, not multiplied by a zero weight: an unwritten row may hold NaNs
-            total = arith.select(kept, total + weight * rows[slot, tid], total)
-        out[token.to(fx.Int64), n0 + tid] = total.to(out.dtype)
-
-
-def choose_combined_config(top_k: int, element_bytes: int = 2) -> SkinnyConfig:
-    """:func:`skinny_gemm_combined_kernel`'s: a warp per routed pair (at most 16), 8 output columns per CTA (one n8
-    tile per warp), 4 loads per row and step, double-buffered; fp8 held to 128 registers per thread like the
-    grouped fp8 kernels, each step's activations landed before its MMAs (``landed``: 103-122 registers),
-    docs/tuning/moe.md#decode. The best of 6 (groups, unroll) shapes for fp8 on the H100 (Qwen3 11.8 us against
-    12.6 with 2 tiles per warp, DeepSeek-V3 TP8 15.1 against 15.4), for bf16 within 1% of 2 tiles (6% of the best;
-    ``moe_decode_sweep/2026-12-06_c0e0ade_h100.json``)."""
-    if element_bytes not in (1, 2):
-        raise ValueError(f"choose_combined_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
-    warps = min(16, 1 << max(top_k - 1, 0).bit_length())
-    fp8 = element_bytes == 1
-    return SkinnyConfig(
-        groups=1, warps=warps, unroll=4, min_blocks=65536 // (128 * 32 * warps) if fp8 else None, landed=fp8
-    )
-
-
 def _mmas_of(streams: _WarpStreams, words, accs, kbase, masked: bool, block_scaled: bool):
     """One step's MMAs on its loaded ``words``: 16-bit weights' (:func:`~flydsl.kernels.gemm.skinny._mmas`), or fp8
     weights' with the activations loaded as they go (:func:`~flydsl.kernels.gemm.skinny._mmas_wide`;
@@ -450,13 +368,6 @@ def _mainloop(streams: _WarpStreams, step: int, warp_k, block_scaled: bool, firs
     if full * step < k_extent:  # the step with the K tail
         accs = mmas(_loads(streams, full * step + warp_k, True), accs, full * step + warp_k, True)
     return accs
-
-
-def _routed_expert(topk_ids, token, slot):
-    """``topk_ids[token, slot]`` as an Int32 (int32 or int64 ids: the low word), read through L2 (``ld.global.cg``:
-    no L1 line of an earlier routing in this buffer), for a read before ``griddepcontrol_wait``."""
-    words = nvvm.ld_global(topk_ids, (token, slot), topk_ids.dtype.width // 8, cop="cg")  # (through its strides)
-    return words[0]
 
 
 def _sorted_id(routing: Routing, mode: GroupedMode, position, pairs):

@@ -20,20 +20,24 @@ from flydsl.kernels.gemm.skinny import SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_BLOCK,
     GroupedMode,
-    choose_combined_config,
     choose_grouped_skinny_config,
-    skinny_gemm_combined_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
     skinny_gemm_grouped_scaled_kernel,
+)
+from flydsl.kernels.gemm.skinny_one_token import (
+    choose_combined_config,
+    choose_one_launch_configs,
+    skinny_gemm_combined_kernel,
+    skinny_gemm_one_launch_kernel,
 )
 from flydsl.kernels.moe.api import BLOCK, align_capacity, align_tokens
 
 __all__ = ["COMBINE_MAX_INTER", "DECODE_TOKENS", "DecodeModes", "decode_modes", "decode_stages", "decodes", "per_row"]
 
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
-_DECODE_WORDS = frozenset({"direct", "combine", "quantize", "quantize_h"})  # FLYDSL_MOE_DECODE's
-_DECODE_DEFAULT = frozenset({"direct", "combine"})  # (quantize, quantize_h: opt-in until an H200 measures them)
+_DECODE_WORDS = frozenset({"direct", "combine", "single", "quantize", "quantize_h"})  # FLYDSL_MOE_DECODE's
+_DECODE_DEFAULT = frozenset({"direct", "combine"})  # (single, quantize, quantize_h: opt-in)
 COMBINE_MAX_INTER = 1024  # at most: the combined kernel's warp per routed pair streams all of I (decode_modes)
 
 
@@ -53,6 +57,7 @@ class DecodeModes(NamedTuple):
     combined: bool = False
     quantized: bool = False  # fp8 weights per row: x quantized per token, stage 1 on fp8 MMAs (W8A8; opt-in)
     quantized_h: bool = False  # and h per row, stage 2 on fp8 MMAs (opt-in)
+    single: bool = False  # combined, and stage 1 in the same launch (skinny_gemm_one_launch_kernel; opt-in)
 
 
 def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
@@ -67,7 +72,9 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     (``moe_decode_sweep/2026-12-06_b1e6388_quantized_h100.json``); the H200, whose weight-only fp8 stages streamed
     at 0.61-0.68 of a copy where bf16's reach 0.85, is where it should tell. ``quantize_h`` (opt-in, with
     ``quantize``): h too, per row (a quantizing launch over stage 1's rows, pad rows too), stage 2 on fp8 MMAs.
-    ``enabled``: the modes allowed, a subset of "direct", "combine", "quantize" and "quantize_h" (default:
+    ``single`` (opt-in, with combine): one token's stage 1 in the combined kernel's launch, its stage-2 CTAs waiting
+    on a count of finished stage-1 CTAs rather than a kernel boundary (``skinny_gemm_one_launch_kernel``).
+    ``enabled``: the modes allowed, a subset of "direct", "combine", "single", "quantize" and "quantize_h" (default:
     ``FLYDSL_MOE_DECODE``'s comma-separated words where it is set; else direct and combine)."""
     if enabled is None:
         enabled = settings.current().moe_decode
@@ -78,7 +85,8 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     combined = direct and "combine" in enabled and top_k <= 16 and inter <= COMBINE_MAX_INTER
     mode = GroupedMode(direct=direct)
     quantized = "quantize" in enabled and tokens > 1
-    return DecodeModes(mode, mode, combined, quantized, quantized and "quantize_h" in enabled)
+    single = combined and "single" in enabled
+    return DecodeModes(mode, mode, combined, quantized, quantized and "quantize_h" in enabled, single)
 
 
 def per_row(scale, rows: int):
@@ -98,7 +106,7 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
     :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`; "row" with ``modes.quantized``: x
     quantized per token into held buffers first, stage 1 through ``skinny_gemm_grouped_scaled_kernel``. ``modes``:
     the stages' ``GroupedMode`` s (:func:`decode_modes`; default: the aligned order, weight-only)."""
-    mode1, mode2, combined, quantized, quantized_h = modes or DecodeModes()
+    mode1, mode2, combined, quantized, quantized_h, single = modes or DecodeModes()
     quantized = quantized and fp8 == "row"  # (x quantized per token: stage 1 on fp8 MMAs)
     quantized_h = quantized and quantized_h and not combined  # (h per row: stage 2 on fp8 MMAs)
     ids = tokens * top_k
@@ -114,6 +122,9 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
     grid2 = (-(-hidden // cfg2.rows), blocks)
     cfgc = choose_combined_config(top_k, element_bytes)
     gridc = (-(-hidden // cfgc.rows), tokens)
+    if single:  # one launch: the direct stage 1's tiles, then the combined kernel's (one CTA size)
+        cfg1, cfgc = choose_one_launch_configs(hidden, top_k, element_bytes)
+        grid1 = (-(-inter // (cfg1.rows // 2)) * top_k + -(-hidden // cfgc.rows),)
 
     import torch
 
@@ -131,6 +142,8 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
         shapes += (("x8", (tokens, hidden), torch.float8_e4m3fn), ("x_scales", (tokens, 1), torch.float32))
     if quantized_h:  # h per row
         shapes += (("h8", (routed, inter), torch.float8_e4m3fn), ("h_scales", (routed, 1), torch.float32))
+    if single:  # finished stage-1 CTAs, finished stage-2 CTAs (zero between launches)
+        shapes += (("one_launch_counters", (2,), i32),)
     viewed: dict = {}  # stream_key -> (the held buffers, their views of `shapes`)
 
     def views(x) -> tuple:
@@ -165,19 +178,27 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
             routing = (sorted_ids, expert_of_block, padded_count, positions)
         x8, x_scales, *rows = rows if quantized else (None, None, *rows)
         h8, h_scales, *rows = rows if quantized_h else (None, None, *rows)
+        counters, *rows = rows if single else (None, *rows)
         rows1, rows2 = rows or (None, None)
         w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
         if fp8 is None:
             scales1 = scales2 = topk_weights  # (16-bit weights: no scales; any tensor, unread)
+        elif fp8 == "row":
+            scales1 = w1_scale.view(-1) if rows1 is None else rows1
+            scales2 = w2_scale.view(-1) if rows2 is None else rows2
+        else:
+            scales1, scales2 = w1_scale.view(-1, -(-hidden // BLOCK)), w2_scale.view(-1, -(-inter // BLOCK))
+        if single:  # the output written directly, in one launch
+            skinny_gemm_one_launch_kernel(
+                x, w1_rows, h, w2_rows, out, routing[0], topk_ids, topk_weights, positions, scales1, scales2, counters,
+                cfg1, cfgc, top_k, variant1,
+            ).launch(grid=grid1, block=cfg1.threads)  # fmt: skip
+            return None
+        if fp8 is None:
             skinny_gemm_grouped_kernel(x, w1_rows, h, *routing, top_k, cfg1, variant1, mode1).launch(
                 grid=grid1, block=cfg1.threads
             )
         else:
-            if fp8 == "row":
-                scales1 = w1_scale.view(-1) if rows1 is None else rows1
-                scales2 = w2_scale.view(-1) if rows2 is None else rows2
-            else:
-                scales1, scales2 = w1_scale.view(-1, -(-hidden // BLOCK)), w2_scale.view(-1, -(-inter // BLOCK))
             if quantized:
                 quantize_fp8(x, "token", out=x8, scales=x_scales)
                 stage1 = skinny_gemm_grouped_scaled_kernel(
