@@ -30,8 +30,8 @@
                                once per torch version, ~20 s) instead of a Python autograd.Function
                                (``flydsl.torch._nodes``; default off: no gain measured on a GPU host yet)
 ``FLYDSL_MOE_DECODE``          for A/B timing: the ``fused_moe`` decode modes allowed, comma-separated ("direct",
-                               "combine"; "none" or empty: neither); unset: both
-                               (``flydsl.kernels.moe.decode.decode_modes``)
+                               "combine", "single", "quantize", "quantize_h"; "none" or empty: none); unset:
+                               direct and combine (``flydsl.kernels.moe.decode.decode_modes``)
 =============================  ==================================================================
 """
 

@@ -5,7 +5,7 @@ in 16-byte loads; stage 1 reads x's rows by index (no gather) and notes the posi
 (``skinny_gemm_grouped_fp8_kernel``): converted to x's dtype in registers, x and h not quantized; opt-in
 (:func:`decode_modes`'s ``quantize`` and ``quantize_h``), with per-row scales from two tokens on, x and h quantized
 per token and the stages on fp8 MMAs (``skinny_gemm_grouped_scaled_kernel``). One token: no alignment, stage 2 and
-the combine in one launch. Why they are shaped so: docs/tuning/moe.md#decode.
+the combine in one launch (opt-in, ``single``: stage 1 in it too). Why they are shaped so: docs/tuning/moe.md#decode.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = ["COMBINE_MAX_INTER", "DECODE_TOKENS", "DecodeModes", "decode_modes", 
 
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
 _DECODE_WORDS = frozenset({"direct", "combine", "single", "quantize", "quantize_h"})  # FLYDSL_MOE_DECODE's
-_DECODE_DEFAULT = frozenset({"direct", "combine"})  # (single, quantize, quantize_h: opt-in)
+_DECODE_DEFAULT = frozenset({"direct", "combine"})  # (single: untimed; quantize, quantize_h: no faster)
 COMBINE_MAX_INTER = 1024  # at most: the combined kernel's warp per routed pair streams all of I (decode_modes)
 
 
@@ -68,10 +68,10 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     (I 14336) 10% slower (docs/tuning/moe.md#decode). ``quantize`` (opt-in) from two tokens on: fp8 weights with
     per-row scales take x quantized per token and stage 1 on fp8 MMAs (half the activation bytes a step, no
     conversion in registers; stage 2 stays weight-only: its h would need a quantizing launch over every padded row):
-    on the H100 stage 1 2-4% faster, the call within 1% (a quantizing launch of ~2 us), for one fp8 rounding of x
-    (``moe_decode_sweep/2026-12-06_b1e6388_quantized_h100.json``); the H200, whose weight-only fp8 stages streamed
-    at 0.61-0.68 of a copy where bf16's reach 0.85, is where it should tell. ``quantize_h`` (opt-in, with
-    ``quantize``): h too, per row (a quantizing launch over stage 1's rows, pad rows too), stage 2 on fp8 MMAs.
+    stage 1 2-4% faster on the H100 and 1-3% on the H200, the call within 1% on both (a quantizing launch of ~2
+    us), for one fp8 rounding of x (``moe_decode_sweep/2026-12-06_b1e6388_quantized_h100.json``,
+    ``moe_decode_sweep/2026-12-06_2757e01_quantized.json``). ``quantize_h`` (opt-in, with ``quantize``): h too, per
+    row (a quantizing launch over stage 1's rows, pad rows too), stage 2 on fp8 MMAs: 3-9% slower on the H200.
     ``single`` (opt-in, with combine): one token's stage 1 in the combined kernel's launch, its stage-2 CTAs waiting
     on a count of finished stage-1 CTAs rather than a kernel boundary (``skinny_gemm_one_launch_kernel``).
     ``enabled``: the modes allowed, a subset of "direct", "combine", "single", "quantize" and "quantize_h" (default:
