@@ -1,40 +1,38 @@
-# Run on the GPU machine from the repository root (carry [".devrt"], see tools/pack-gpu-runtime.sh); the machine has
-# no git, so pass the commit:
+# Run on the GPU machine from the repository root (carry [".devrt"], see tools/pack-gpu-runtime.sh); the machine has no
+# git, so pass the commit:
 #   bash tools/gpu-bench.sh $(git rev-parse --short HEAD) gemm skinny   # some of: gemm skinny norms host moe-decode
-# A device call runs 10 minutes at most: gemm (~3 min), skinny (~1) and host (< 3) fit one call;
-# norms (the full sweep with torch.compile peers) takes its own; moe-decode (the decode modes and stage
-# configurations: benchmarks/moe_decode_sweep.py, ~4 min) too, as do moe-decode-record (moe_bench.py at T 1, 16, 64:
-# issue 34's decode record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16
-# bar, ~2 min). moe-one-token (moe_decode_sweep.py --stages direct over the fp8 and block cases at one token: each
-# stage alone, with and without SkinnyConfig.landed, ~2 min) and quantize (quantize_bench.py, per token and tensor,
-# ~2 min) fit one call together; blockscale (issue 33's 36 shapes, ~1.5 min on an H100), blockscale-variants (the
-# mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared weights' descriptors, < 1 min) too, as do
-# paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue 35's short caches, ~1.5 min on an
-# H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split contexts, ~1.5 min);
-# fp8-sweep (issue 32's 72 shapes without the bf16 column in two records, *_small and *_large, ~2 min on an H100);
-# paged-sweep-8b and paged-sweep-70b (issue 35's sweep of one model, pages of 16 and 64, ~3.5 min each on an H100,
-# one per call; FlashInfer is a peer where `source tools/flashinfer-env.sh --env` ran first in the same command, after
-# `source tools/flashinfer-env.sh` built its modules in an earlier call; join the two records with
-# paged_attention_bench.py --merge);
-# paged-ab (benchmarks/paged_decode_ab.py against the kernel of d3d92bc, ~3 min: first `git show
-# d3d92bc:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_d3d92bc.py` and carry exp);
-# paged-split (paged_decode_ab.py over Llama-3-70B TP8's sweep and Llama-3-8B's at B 1 and 8, the shapes whose
-# splits a floor changes, with a floor of 32 and 64 KB under each split's K+V bytes against none: what
-# api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels, one
-# call taken apart and the cold start without kept plans, FLYDSL_PLAN_CACHE=0, then one profiled first call per op:
+# A device call runs 10 minutes at most: gemm (~3 min), skinny (~1) and host (< 3) fit one call; norms (the full sweep
+# with torch.compile peers) takes its own; moe-decode (the decode modes and stage configurations:
+# benchmarks/moe_decode_sweep.py, ~4 min) too, as do moe-decode-record (moe_bench.py at T 1, 16, 64: issue 34's decode
+# record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16 bar, ~2 min). moe-single
+# (one token in one launch against two, 6 cases, whole calls only, < 1 min); moe-one-token (moe_decode_sweep.py --stages
+# direct over the fp8 and block cases at one token: each stage alone, with and without SkinnyConfig.landed, ~2 min) and
+# quantize (quantize_bench.py, per token and tensor, ~2 min) fit one call together; blockscale (issue 33's 36 shapes,
+# ~1.5 min on an H100), blockscale-variants (the mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared
+# weights' descriptors, < 1 min) too, as do paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue
+# 35's short caches, ~1.5 min on an H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split
+# contexts, ~1.5 min); fp8-sweep (issue 32's 72 shapes without the bf16 column in two records, *_small and *_large, ~2
+# min on an H100); paged-sweep-8b and paged-sweep-70b (issue 35's sweep of one model, pages of 16 and 64, ~3.5 min each
+# on an H100, one per call; FlashInfer is a peer where `source tools/flashinfer-env.sh --env` ran first in the same
+# command, after `source tools/flashinfer-env.sh` built its modules in an earlier call; join the two records with
+# paged_attention_bench.py --merge); paged-ab (benchmarks/paged_decode_ab.py against the kernel of d3d92bc, ~3 min:
+# first `git show d3d92bc:packages/flydsl-kernels/src/flydsl/kernels/attention/decode.py > exp/decode_d3d92bc.py` and
+# carry exp); paged-split (paged_decode_ab.py over Llama-3-70B TP8's sweep and Llama-3-8B's at B 1 and 8, the shapes
+# whose splits a floor changes, with a floor of 32 and 64 KB under each split's K+V bytes against none: what
+# api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels, one call
+# taken apart and the cold start without kept plans, FLYDSL_PLAN_CACHE=0, then one profiled first call per op:
 # cold_profiles.tgz holds cold_<op>.txt, ~2.5 min; record *_cold); host-kept (the cold start again with launch plans
 # kept on disk, the default, ~1.5 min; record *_kept); host-gradient (the breakdown alone, 15 repeats: softmax's
-# recording forward, its backward over a kept graph and the whole, torch's and ours, < 1 min); host-function (`host` with gradients through the Python
-# autograd.Function, FLYDSL_TORCH_NODES=0, record *_function: fits one call with `host`); host-attributes (`host` with torch's C API
-# off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call with `host`); paged-token (the per-token
-# scales' f16 P of ac27149 against 690a143's bf16 values over both models' sweeps, bf16 beside: first `python
-# tools/decode_variant.py 690a143 exp` and carry exp; ~3 min).
-# Each run is cut at 5 minutes.
-# Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
-# <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders
-# into benchmarks/results/ and rename a run in a word where the commit alone does not say what it was), and its log
-# as <name>.txt; the last lines printed are one summary line per benchmark, so a truncated output tail still shows
-# every result.
+# recording forward, its backward over a kept graph and the whole, torch's and ours, < 1 min); host-function (`host`
+# with gradients through the Python autograd.Function, FLYDSL_TORCH_NODES=0, record *_function: fits one call with
+# `host`); host-attributes (`host` with torch's C API off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call
+# with `host`); paged-token (the per-token scales' f16 P of ac27149 against 690a143's bf16 values over both models'
+# sweeps, bf16 beside: first `python tools/decode_variant.py 690a143 exp` and carry exp; ~3 min). Each run is cut at 5
+# minutes. Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
+# <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders into
+# benchmarks/results/ and rename a run in a word where the commit alone does not say what it was), and its log as
+# <name>.txt; the last lines printed are one summary line per benchmark, so a truncated output tail still shows every
+# result.
 source tools/gpu-env.sh
 commit=${1:?usage: bash tools/gpu-bench.sh COMMIT BENCHMARK... (the header lists them)}
 shift
@@ -82,6 +80,10 @@ for bench in $which; do
     moe-one-token) run moe-one-token python3 benchmarks/moe_decode_sweep.py --modes direct+combine --stages direct \
       --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block --json "$(out moe_decode_sweep)" \
       --commit "$commit" ;;
+    moe-single)  # one token in one launch (FLYDSL_MOE_DECODE's single) against the two launches, outputs compared
+      run moe-single python3 benchmarks/moe_decode_sweep.py --modes direct+combine,direct+combine+single --stages none \
+        --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block,qwen3:1,dsv3-tp8:1 \
+        --json "$(out moe_decode_sweep single)" --commit "$commit" ;;
     quantize) run quantize python3 benchmarks/quantize_bench.py --granularities token,tensor --repeats 3 \
       --json "$(out quantize)" --commit "$commit" ;;
     blockscale) run blockscale python3 benchmarks/blockscale_gemm_bench.py --sweep --repeats 5 \
