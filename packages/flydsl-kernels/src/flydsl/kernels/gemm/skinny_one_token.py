@@ -128,16 +128,18 @@ def skinny_gemm_one_launch_kernel(
 
 
 def _wait_for_count(counters, target, words, tid):
-    """Thread 0 spins until ``counters[0]`` reaches ``target`` (acquire), the CTA's barrier after it; ``words``
-    (a word of each load issued before) feed the flag's address as a zero (:func:`~flydsl.kernels.gemm.skinny._landed`),
-    so those loads are in flight before the first read of the flag. Returns that zero."""
+    """Thread 0 spins until ``counters[0]`` reaches ``target`` (acquire), then, after the CTA's barrier, every thread
+    reads it once more (acquire: the count is complete by then) and returns a zero that depends on what it read, for
+    h's rows: h's loads (inline PTX without side effects, which the compiler may otherwise move above the barrier)
+    then follow the count. ``words`` (a word of each load issued before) feed the flag's address as a zero
+    (:func:`~flydsl.kernels.gemm.skinny._landed`), so those loads are in flight before the first read of the flag."""
     zero = _landed(fx.Int32(0), words) if words else fx.Int32(0)
     if tid == 0:
         seen = nvvm.ld_acquire(counters, zero)
         while seen < target:
             seen = nvvm.ld_acquire(counters, zero)
     gpu.barrier()
-    return zero
+    return _landed(zero, [nvvm.ld_acquire(counters, zero)])
 
 
 def _check_combined(h, w, cfg) -> None:
