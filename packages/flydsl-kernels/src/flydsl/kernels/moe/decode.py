@@ -104,8 +104,10 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
     e4m3, weight-only: x and h stay in x's dtype): "row" (per-channel scales, or per-tensor ones repeated per row)
     or "block" (128 x 128 block scales, the stacked view ``w_scale.view(-1, K blocks)``), through
     :func:`~flydsl.kernels.gemm.skinny_grouped.skinny_gemm_grouped_fp8_kernel`; "row" with ``modes.quantized``: x
-    quantized per token into held buffers first, stage 1 through ``skinny_gemm_grouped_scaled_kernel``. ``modes``:
-    the stages' ``GroupedMode`` s (:func:`decode_modes`; default: the aligned order, weight-only)."""
+    quantized per token into held buffers first, stage 1 through ``skinny_gemm_grouped_scaled_kernel`` (and with
+    ``modes.quantized_h`` h per row, stage 2 through it too). ``modes``: a :class:`DecodeModes` (:func:`decode_modes`;
+    default: the aligned order, weight-only, two stages and a combine); ``single``: one launch of
+    ``skinny_gemm_one_launch_kernel`` on a held pair of counters."""
     mode1, mode2, combined, quantized, quantized_h, single = modes or DecodeModes()
     quantized = quantized and fp8 == "row"  # (x quantized per token: stage 1 on fp8 MMAs)
     quantized_h = quantized and quantized_h and not combined  # (h per row: stage 2 on fp8 MMAs)
