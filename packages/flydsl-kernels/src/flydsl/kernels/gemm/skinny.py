@@ -196,11 +196,11 @@ def _loads(streams: _WarpStreams, kbase, masked: bool):
             load = _load_words(w, rows_w[g], k, k_extent, vec, masked, "no_allocate", cfg.prefetch, prepared)
             words.append(load)
         if fx.const_expr(not wide):  # (wide: the activations are loaded as the MMAs take them)
-            for row, loaded in ((row_a0, True), (row_a1, two_halves)):
-                load = (
-                    _load_words(a, row, k, k_extent, vec, masked, None, coherent=streams.coherent) if loaded else None
-                )
-                words.append(load if loaded else _WORDS(0))
+            coherent = streams.coherent
+            words.append(_load_words(a, row_a0, k, k_extent, vec, masked, None, coherent=coherent))
+            words.append(
+                _load_words(a, row_a1, k, k_extent, vec, masked, None, coherent=coherent) if two_halves else _WORDS(0)
+            )
     return words
 
 

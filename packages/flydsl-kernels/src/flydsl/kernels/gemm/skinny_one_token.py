@@ -56,7 +56,7 @@ def skinny_gemm_combined_kernel(
     ``out`` (T, H). fp8 weights (weight-only, as ``skinny_gemm_grouped_fp8_kernel``): ``w_scale`` float32 (E * H,)
     per row or (E * H / 128, ceil(I / 128)) per 128 x 128 block; 16-bit weights: ``w_scale`` unread. ``cfg``: one
     column of warps (``warps_n`` 1), no split (:func:`choose_combined_config`)."""
-    _check_combined(h, w, cfg)
+    _check_combined(h, w, cfg, "skinny_gemm_combined_kernel")
     # Launched by a direct stage 1 only after that stage's own wait: topk_ids, written before it, is complete here,
     # so the experts and their weights are read before this kernel's wait, during stage 1's last CTAs; only h is
     # stage 1's.
@@ -99,7 +99,7 @@ def skinny_gemm_one_launch_kernel(
         raise ValueError(
             f"skinny_gemm_one_launch_kernel: expected the stages' threads alike, one column: {cfg1}, {cfg2}"
         )
-    _check_combined(h, w2, cfg2)
+    _check_combined(h, w2, cfg2, "skinny_gemm_one_launch_kernel")
     fp8 = w1.dtype.width == 8
     thread = _kernel_start(dataclasses.replace(cfg1, min_blocks=cfg2.min_blocks or cfg1.min_blocks))
     after_wait = nvvm.griddepcontrol_wait()  # (x and the routing are the previous kernels')
@@ -142,11 +142,12 @@ def _wait_for_count(counters, target, words, tid):
     return _landed(zero, [nvvm.ld_acquire(counters, zero)])
 
 
-def _check_combined(h, w, cfg) -> None:
+def _check_combined(h, w, cfg, who: str) -> None:
+    """The combined tiles' configuration (``cfg``: one column of warps, no split K) and operands, for kernel ``who``."""
     if cfg.warps_n != 1 or cfg.splits != 1:
-        raise ValueError(f"skinny_gemm_combined_kernel: expected one column of warps and no split K: {cfg}")
+        raise ValueError(f"{who}: expected one column of warps and no split K: {cfg}")
     if w.dtype.width == 8 and not _wide(h, w):
-        raise ValueError("skinny_gemm_combined_kernel: fp8 weights take 16-bit activations")
+        raise ValueError(f"{who}: fp8 weights take 16-bit activations")
 
 
 def _combined_tile(h, w, out, topk_ids, topk_weights, w_scale, cfg, top_k, thread, token, x, wait, coherent) -> None:
