@@ -58,7 +58,10 @@ STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4), 
 STAGE2 = ((2, 8, 2, 2), (4, 8, 4, 2), (2, 8, 4, 1), (4, 4, 2, 2), (2, 4, 4, 2), (2, 8, 1, 4))
 COMBINED = ((1, 4), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4))  # (groups, unroll) of the combined kernel (warps: top_k)
 # (groups, warps, unroll, min_blocks) of one token's direct stage 1, besides the chosen configuration
-DIRECT1 = ((2, 8, 1, None), (2, 8, 4, None), (4, 8, 2, None), (2, 4, 4, None), (2, 4, 2, 4), (2, 16, 2, None))
+DIRECT1 = (
+    (2, 8, 1, None), (2, 8, 4, None), (4, 8, 2, None), (2, 4, 4, None), (2, 4, 2, 4), (2, 16, 2, None), (4, 4, 4, None),
+    (4, 4, 2, None),
+)  # fmt: skip
 
 
 def parse_case(text: str) -> tuple[str, int, str]:
@@ -217,9 +220,9 @@ def quantized_sweep(row: dict, x, weights, routing, blocks: int, top_k: int, h, 
 
 
 def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) -> None:
-    """One token: the direct stage 1 alone under the chosen configuration and :data:`DIRECT1`'s, then the combined
-    kernel (stage 2 and the combine) alone on its output under each :data:`COMBINED` shape, with the format's CTAs
-    per SM held as chosen and as ptxas decides."""
+    """One token: the direct stage 1 alone under the chosen configuration and :data:`DIRECT1`'s, then, where I is at
+    most the combined kernel's, the combined kernel (stage 2 and the combine) alone on its output under each
+    :data:`COMBINED` shape, with the format's CTAs per SM held as chosen and as ptxas decides."""
     import torch
 
     from flydsl.kernels.gemm.epilogue import Epilogue
@@ -232,6 +235,7 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
         skinny_gemm_grouped_kernel,
     )
     from flydsl.kernels.gemm.skinny_one_token import choose_combined_config, skinny_gemm_combined_kernel
+    from flydsl.kernels.moe.decode import COMBINE_MAX_INTER
 
     hidden, inter = weights.w1.shape[2], weights.w2.shape[2]
     top_k, element = ids.shape[1], weights.w1.element_size()
@@ -267,6 +271,8 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
         us = timer(lambda call=call, cfg=cfg, grid=grid: call.launch(grid=grid, block=cfg.threads)) * 1e3
         tbps = row["touched_experts"] * 2 * inter * hidden * element / (us * 1e-6) / 1e12
         row["direct_stage1"].append(dict(config=dataclasses.asdict(cfg) | {"chosen": cfg == cfg1}, us=us, tbps=tbps))
+    if inter > COMBINE_MAX_INTER:
+        return
     stage1(cfg1).launch(grid=(-(-inter // (cfg1.rows // 2)), top_k), block=cfg1.threads)  # h for stage 2
     chosen = choose_combined_config(top_k, element)
     candidates = [dataclasses.replace(chosen, groups=g, unroll=u) for g, u in COMBINED]
@@ -285,7 +291,6 @@ def run_case(model: str, tokens: int, fmt: str, modes, timer, stages: str) -> di
 
     from flydsl.kernels.gemm.skinny_grouped import GROUPED_BLOCK
     from flydsl.kernels.moe import align_tokens, fused_moe, topk_route
-    from flydsl.kernels.moe.decode import COMBINE_MAX_INTER
 
     experts, top_k, hidden, inter = MODELS[model]
     torch.manual_seed(0)
@@ -312,7 +317,7 @@ def run_case(model: str, tokens: int, fmt: str, modes, timer, stages: str) -> di
         blocks = min(sorted_ids.numel() // GROUPED_BLOCK, tokens * top_k)
         positions = torch.empty(tokens * top_k, dtype=torch.int32, device="cuda")
         stage_sweep(row, fmt, x, weights, (sorted_ids, expert_of_block, padded_count, positions), blocks, top_k, timer)
-    if stages != "none" and tokens == 1 and inter <= COMBINE_MAX_INTER:
+    if stages != "none" and tokens == 1:
         combined_sweep(row, fmt, x, weights, topk_weights, ids, timer)
     return row
 

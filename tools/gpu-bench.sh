@@ -6,9 +6,9 @@
 # benchmarks/moe_decode_sweep.py, ~4 min) too, as do moe-decode-record (moe_bench.py at T 1, 16, 64: issue 34's decode
 # record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16 bar, ~2 min). moe-single
 # (one token in one launch against two, 6 cases, whole calls only, < 1 min); moe-one-token (moe_decode_sweep.py --stages
-# direct over the fp8 and block cases at one token: each stage alone, with and without SkinnyConfig.landed, ~2 min) and
-# quantize (quantize_bench.py, per token and tensor, ~2 min) fit one call together; blockscale (issue 33's 36 shapes,
-# ~1.5 min on an H100), blockscale-variants (the mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared
+# direct over the fp8 and block cases at one token, Mixtral's too: each stage alone, with and without
+# SkinnyConfig.landed, ~3 min) and quantize (quantize_bench.py, per token and tensor, ~2 min) fit one call together;
+# blockscale (issue 33's 36 shapes, ~1.5 min on an H100), blockscale-variants (the mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared
 # weights' descriptors, < 1 min) too, as do paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue
 # 35's short caches, ~1.5 min on an H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split
 # contexts, ~1.5 min); fp8-sweep (issue 32's 72 shapes without the bf16 column in two records, *_small and *_large, ~2
@@ -78,8 +78,8 @@ for bench in $which; do
     fp8-small) run fp8-small python3 benchmarks/fp8_gemm_bench.py --sweep --no-square --m 1 16 --repeats 5 \
       --json "$(out fp8_gemm)" --commit "$commit" ;;
     moe-one-token) run moe-one-token python3 benchmarks/moe_decode_sweep.py --modes direct+combine --stages direct \
-      --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block --json "$(out moe_decode_sweep)" \
-      --commit "$commit" ;;
+      --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block,mixtral:1:fp8,mixtral:1:block \
+      --json "$(out moe_decode_sweep)" --commit "$commit" ;;
     moe-single)  # one token in one launch (FLYDSL_MOE_DECODE's single) against the two launches, outputs compared
       run moe-single python3 benchmarks/moe_decode_sweep.py --modes direct+combine,direct+combine+single --stages none \
         --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block,qwen3:1,dsv3-tp8:1 \
