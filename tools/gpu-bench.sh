@@ -8,7 +8,8 @@
 # (one token in one launch against two, 6 cases, whole calls only, < 1 min); moe-one-token (moe_decode_sweep.py --stages
 # direct over the fp8 and block cases at one token, Mixtral's too: each stage alone, with and without
 # SkinnyConfig.landed, ~3 min) and quantize (quantize_bench.py, per token and tensor, ~2 min) fit one call together;
-# blockscale (issue 33's 36 shapes, ~1.5 min on an H100), blockscale-variants (the mainloop's tile variants, ~3 min) and fp8-prepared (plain vs prepared
+# blockscale (issue 33's 36 shapes, ~1.5 min on an H100), blockscale-variants (the mainloop's tile variants, ~3 min)
+# and fp8-prepared (plain vs prepared
 # weights' descriptors, < 1 min) too, as do paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue
 # 35's short caches, ~1.5 min on an H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split
 # contexts, ~1.5 min); fp8-sweep (issue 32's 72 shapes without the bf16 column in two records, *_small and *_large, ~2
