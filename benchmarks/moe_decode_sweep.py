@@ -55,7 +55,16 @@ DEFAULT_MODES = (
 )
 # (groups, warps, warps_n, unroll) of each stage's candidates
 STAGE1 = ((4, 8, 1, 2), (2, 8, 1, 4), (4, 8, 1, 4), (2, 8, 1, 2), (4, 4, 1, 4), (2, 8, 1, 8), (4, 4, 1, 2))
-STAGE2 = ((2, 8, 2, 2), (4, 8, 4, 2), (2, 8, 4, 1), (4, 4, 2, 2), (2, 4, 4, 2), (2, 8, 1, 4))
+STAGE2 = (
+    (2, 8, 2, 2),
+    (4, 8, 4, 2),
+    (2, 8, 4, 1),
+    (4, 4, 2, 2),
+    (2, 4, 4, 2),
+    (2, 8, 1, 4),
+    (4, 4, 4, 4),
+    (4, 4, 4, 2),
+)
 COMBINED = ((1, 4), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4))  # (groups, unroll) of the combined kernel (warps: top_k)
 # (groups, warps, unroll, min_blocks) of one token's direct stage 1, besides the chosen configuration
 DIRECT1 = (
