@@ -37,7 +37,7 @@ __all__ = ["COMBINE_MAX_INTER", "DECODE_TOKENS", "DecodeModes", "decode_modes", 
 
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
 _DECODE_WORDS = frozenset({"direct", "combine", "single", "quantize", "quantize_h"})  # FLYDSL_MOE_DECODE's
-_DECODE_DEFAULT = frozenset({"direct", "combine"})  # (single: untimed; quantize, quantize_h: no faster)
+_DECODE_DEFAULT = frozenset({"direct", "combine"})  # (single: slower; quantize, quantize_h: no faster)
 COMBINE_MAX_INTER = 1024  # at most: the combined kernel's warp per routed pair streams all of I (decode_modes)
 
 
@@ -73,7 +73,8 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     ``moe_decode_sweep/2026-12-06_2757e01_quantized.json``). ``quantize_h`` (opt-in, with ``quantize``): h too, per
     row (a quantizing launch over stage 1's rows, pad rows too), stage 2 on fp8 MMAs: 3-9% slower on the H200.
     ``single`` (opt-in, with combine): one token's stage 1 in the combined kernel's launch, its stage-2 CTAs waiting
-    on a count of finished stage-1 CTAs rather than a kernel boundary (``skinny_gemm_one_launch_kernel``).
+    on a count of finished stage-1 CTAs rather than a kernel boundary (``skinny_gemm_one_launch_kernel``): 1-24%
+    slower than the two launches on an H100 (``moe_decode_sweep/2026-12-06_9e02a6f_single_h100.json``).
     ``enabled``: the modes allowed, a subset of "direct", "combine", "single", "quantize" and "quantize_h" (default:
     ``FLYDSL_MOE_DECODE``'s comma-separated words where it is set; else direct and combine)."""
     if enabled is None:
