@@ -296,15 +296,19 @@ def test_unpack_lowers_to_the_documented_instructions():
 @pytest.mark.parametrize("k", [256, 768, 1024, 1040, 2048, 4096, 7168, 14336])
 @pytest.mark.parametrize("gated", [True, False])
 def test_fp8_configuration(k, gated):
-    """fp8 weights: short K keeps the 16-bit configuration's 16-byte weight loads per warp and step, weight rows per
-    CTA and threads, held to its CTAs per SM, each step twice the K; a stage 1 of several tokens takes 4 n8 tiles x
-    4 loads over 4 warps (block scales 4 x 2), one token's 2 x 2 over 8 warps with its activations landed; a long-K
-    stage 2 two columns of 4 warps at 2 CTAs per SM (the measured winners, docs in choose_grouped_skinny_config).
+    """fp8 weights: short K keeps the 16-bit configuration's 16-byte weight loads per warp and step, weight rows per CTA
+    and threads, held to its CTAs per SM, each step twice the K (one step of K: 4 n8 tiles x 4 loads); a stage 1 of
+    several tokens takes 4 n8 tiles x 4 loads over 4 warps (block scales 4 x 2), one token's 2 x 2 over 8 warps with its
+    activations landed; a long-K stage 2 two columns of 4 warps at 2 CTAs per SM (the measured winners, docs in
+    choose_grouped_skinny_config).
     The 16-bit answers are what they were."""
     fp8, bf16 = choose_grouped_skinny_config(k, gated, 1), choose_grouped_skinny_config(k, gated)
     direct = choose_grouped_skinny_config(k, gated, 1, direct=True)
     short = k <= 1024 and not gated
-    if short:
+    if short and k <= 256:  # one step of 4 tiles x 4 loads
+        assert fp8 == SkinnyConfig(groups=4, warps=4, warps_n=4, unroll=4) and direct == fp8
+        assert fp8.k_step(1) == k
+    elif short:
         assert (fp8.rows, fp8.threads) == (bf16.rows, bf16.threads) and direct == fp8
         assert fp8.unroll * fp8.groups == bf16.unroll * bf16.groups
         assert fp8.k_step(1) == 2 * bf16.k_step(2)

@@ -407,11 +407,14 @@ def choose_grouped_skinny_config(
     103.4 / 154.4 us against 126.5 / 192.1 for 2 x 2 over 8 warps, DeepSeek-V3 TP8 159.5 / 321.5 against 161.9 /
     340.9 (H100, ``moe_decode_sweep/2026-12-06_a65ec9f_block_h100.json``; the H200's per-row sweep at 2757e01 put 2
     x 2 over 8 warps 39% behind 4 x 4); one token's (``direct``) keep 2 loads per row and step over 8 warps. A
-    long-K stage 2 (Mixtral's I = 14336) as 2 columns of 4 warps at 2 CTAs per SM: 50.9 us against 60.5 over one
-    column (the same record). Short K takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side along N
-    (steps of 256: one for I = 256) at 4 CTAs per SM rather than 4 x 2 over 2 x 2 warps: with block scales, 4 tiles'
-    accumulators and those of the K block in progress do not fit in 128 registers. A warp also converts the weights
-    and holds twice the activation words per load (16 values of K per row; loaded as the MMAs take them). No spills
+    long-K stage 2 (Mixtral's I = 14336) as 2 columns of 4 warps at 2 CTAs per SM: 50.9 us against 60.5 over one column
+    (the same record). Short K takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side along N (steps of
+    256: one for I = 256) at 4 CTAs per SM rather than 4 x 2 over 2 x 2 warps: with block scales, 4 tiles' accumulators
+    and those of the K block in progress do not fit in 128 registers; where K is one such step (at most 256: DeepSeek-V3
+    TP8's I) as 4 n8 tiles x 4 loads (32 KB of weights per CTA, 156-168 registers, 3 CTAs per SM): 91.7 / 188.3 us at T
+    16 / 64 against 96.7 / 204.2, block-scaled 100.5 against 105.0 (H100,
+    ``moe_decode_sweep/2026-12-06_9e02a6f_stage2_h100.json``). A warp also converts the weights and holds twice the
+    activation words per load (16 values of K per row; loaded as the MMAs take them). No spills
     (tests/kernels/test_skinny_grouped_fp8.py).
 
     ``direct`` (one token's stages, :class:`GroupedMode`): long-K fp8 steps wait until their activations have
@@ -435,6 +438,8 @@ def choose_grouped_skinny_config(
         return SkinnyConfig(groups=4, warps=4, unroll=4)
     if element_bytes == 2 or quantized:
         return SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig()
+    if short and k <= 256:  # one step: twice the weights per CTA, no register cap
+        return SkinnyConfig(groups=4, warps=4, warps_n=4, unroll=4)
     if short:
         return SkinnyConfig(groups=2, warps=4, warps_n=4, unroll=4, min_blocks=4)  # (landed: spills)
     if not gated:
