@@ -81,6 +81,10 @@ for bench in $which; do
     moe-one-token) run moe-one-token python3 benchmarks/moe_decode_sweep.py --modes direct+combine --stages direct \
       --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block,mixtral:1:fp8,mixtral:1:block \
       --json "$(out moe_decode_sweep)" --commit "$commit" ;;
+    moe-stages)  # the stage sweeps of the fp8 and block cases from 16 tokens (DeepSeek-V3 TP8's I 256), ~1.5 min
+      run moe-stages python3 benchmarks/moe_decode_sweep.py --modes direct+combine \
+        --cases qwen3:16:fp8,dsv3-tp8:16:fp8,dsv3-tp8:64:fp8,qwen3:16:block,dsv3-tp8:16:block \
+        --json "$(out moe_decode_sweep stages)" --commit "$commit" ;;
     moe-single)  # one token in one launch (FLYDSL_MOE_DECODE's single) against the two launches, outputs compared
       run moe-single python3 benchmarks/moe_decode_sweep.py --modes direct+combine,direct+combine+single --stages none \
         --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block,qwen3:1,dsv3-tp8:1 \
