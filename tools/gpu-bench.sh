@@ -5,7 +5,8 @@
 # with torch.compile peers) takes its own; moe-decode (the decode modes and stage configurations:
 # benchmarks/moe_decode_sweep.py, ~4 min) too, as do moe-decode-record (moe_bench.py at T 1, 16, 64: issue 34's decode
 # record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16 bar, ~2 min). moe-single
-# (one token in one launch against two, 6 cases, whole calls only, < 1 min); moe-one-token (moe_decode_sweep.py --stages
+# (one token in one launch against two, 6 cases, whole calls only, < 1 min); moe-stages (the stage sweeps of fp8 and
+# block from 16 tokens, ~1.5 min); moe-one-token (moe_decode_sweep.py --stages
 # direct over the fp8 and block cases at one token, Mixtral's too: each stage alone, with and without
 # SkinnyConfig.landed, ~3 min) and quantize (quantize_bench.py, per token and tensor, ~2 min) fit one call together;
 # blockscale (issue 33's 36 shapes, ~1.5 min on an H100), blockscale-variants (the mainloop's tile variants, ~3 min)
