@@ -252,7 +252,7 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
     h = torch.empty(top_k * GROUPED_BLOCK, inter, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(1, hidden, device="cuda", dtype=torch.bfloat16)
     positions = torch.empty(top_k, dtype=torch.int32, device="cuda")
-    cfg1 = choose_grouped_skinny_config(hidden, True, element, direct=True)
+    cfg1 = choose_grouped_skinny_config(hidden, True, element, direct=True, block=fmt == "block", n_out=inter)
     variant = SkinnyVariant(True, Epilogue(gate="silu"), True)
     routing = (pairs, pairs, pairs, positions)
     w1, w2 = weights.w1.view(-1, hidden), weights.w2.view(-1, inter)

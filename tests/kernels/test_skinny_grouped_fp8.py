@@ -48,7 +48,8 @@ def _scales(gated: bool, k: int, n_out: int, block: bool):
 
 
 def _lower(gated, k, n_out, block, dtype="bf16", cfg=None, epilogue=None, arguments=None, mode=None):
-    cfg = cfg or choose_grouped_skinny_config(k, gated, 1, isinstance(mode, GroupedMode) and mode.direct, block)
+    direct = isinstance(mode, GroupedMode) and mode.direct
+    cfg = cfg or choose_grouped_skinny_config(k, gated, 1, direct, block, n_out=n_out)
     variant = SkinnyVariant(True, epilogue or Epilogue(gate="silu" if gated else None), True)
     arguments = arguments or _arguments(gated, k, n_out, dtype)
     scales = _scales(gated, k, n_out, block)
@@ -89,7 +90,8 @@ def test_grouped_fp8_compiles_without_spills(gated, k, n_out, block):
 @pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
 @pytest.mark.parametrize("weights", ["bf16", "row", "block"])
 @pytest.mark.parametrize(
-    "gated,k,n_out", [(True, 2048, 768), (True, 7168, 256), (False, 768, 2048), (False, 14336, 4096)]
+    "gated,k,n_out",
+    [(True, 2048, 768), (True, 7168, 256), (True, 4096, 14336), (False, 768, 2048), (False, 14336, 4096)],
 )
 def test_the_decode_modes_compile_without_spills(weights, gated, k, n_out):
     """GroupedMode(direct) (one decode token: no alignment): the same MMAs and weight loads, no spills, the
@@ -324,6 +326,22 @@ def test_fp8_configuration(k, gated):
     assert bf16.min_blocks is None
     assert bf16 == (SkinnyConfig(groups=4, warps=4, warps_n=2, unroll=2) if short else SkinnyConfig())
     assert choose_grouped_skinny_config(k, gated, 2) == bf16
+
+
+def test_one_tokens_long_stage_1_streams():
+    """One token's stage 1 with many tiles (n_out >= 4096: Mixtral's I) takes 4 loads per row and step, unlanded
+    (fp8 over 8 warps, block scales over 4); fewer tiles keep 2 loads landed; 16-bit and other stages ignore n_out."""
+    fp8 = choose_grouped_skinny_config(4096, True, 1, direct=True, n_out=14336)
+    block = choose_grouped_skinny_config(4096, True, 1, direct=True, block=True, n_out=14336)
+    assert fp8 == SkinnyConfig(unroll=4) and block == SkinnyConfig(warps=4, unroll=4)
+    assert not fp8.landed and fp8.k_step(1) == 2 * choose_grouped_skinny_config(4096, True, 1, direct=True).k_step(1)
+    for n_out in (256, 768, 2048):
+        assert choose_grouped_skinny_config(2048, True, 1, direct=True, n_out=n_out) == SkinnyConfig(
+            unroll=2, landed=True
+        )
+    assert choose_grouped_skinny_config(4096, True, 2, direct=True, n_out=14336) == SkinnyConfig()
+    assert choose_grouped_skinny_config(4096, True, 1, n_out=14336) == choose_grouped_skinny_config(4096, True, 1)
+    assert choose_grouped_skinny_config(14336, False, 1, direct=True, n_out=4096).warps_n == 2
 
 
 def test_fp8_configuration_checks_the_element_size():

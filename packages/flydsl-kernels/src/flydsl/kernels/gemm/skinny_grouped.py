@@ -393,7 +393,13 @@ def _grouped_row(routing: Routing, mode: GroupedMode, position, pairs):
 
 
 def choose_grouped_skinny_config(
-    k: int, gated: bool, element_bytes: int = 2, direct: bool = False, block: bool = False, quantized: bool = False
+    k: int,
+    gated: bool,
+    element_bytes: int = 2,
+    direct: bool = False,
+    block: bool = False,
+    quantized: bool = False,
+    n_out: int = 0,
 ) -> SkinnyConfig:
     """Short K (at most 1024: a stage 2's intermediate size) in steps of 128 over two columns of 2 warps, 32 weight
     rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default
@@ -420,7 +426,12 @@ def choose_grouped_skinny_config(
     ``direct`` (one token's stages, :class:`GroupedMode`): long-K fp8 steps wait until their activations have
     landed (``landed``: ptxas then issues a step's activation loads together, one L2 round trip a step rather than
     one a chunk; 122-126 registers, still 2 CTAs per SM; short K would spill at its 4 CTAs per SM): stage 1
-    1-4% faster (H100, ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``).
+    1-4% faster (H100, ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``). Where the stage has many
+    tiles (``n_out``, its output columns per expert, at least 4096: Mixtral's I, 13 waves of CTAs at one token) it
+    streams rather than waits, and takes 4 loads per row and step unlanded (twice the bytes in flight; fp8 over 8
+    warps, block scales over 4): Mixtral at one token 94.0 us against 96.4, block 93.7 against 99.7 (H100,
+    ``moe_decode_sweep/2026-12-06_9e02a6f_one_token_h100.json``; untimed on an H200, whose copy rate is 1.4x an
+    H100's from the same SMs: Little's law asks it for more bytes in flight).
 
     ``quantized`` (fp8 activations too, :func:`skinny_gemm_grouped_scaled_kernel`; ``k`` in values): a gated stage 1
     as the weight-only one of several tokens, 4 n8 tiles x 4 loads over 4 warps: the best of 12 shapes on the H100
@@ -444,6 +455,8 @@ def choose_grouped_skinny_config(
         return SkinnyConfig(groups=2, warps=4, warps_n=4, unroll=4, min_blocks=4)  # (landed: spills)
     if not gated:
         return SkinnyConfig(unroll=2, warps_n=2, min_blocks=2, landed=direct)
+    if direct and n_out >= 4096:  # streaming: twice the bytes in flight
+        return SkinnyConfig(warps=4, unroll=4) if block else SkinnyConfig(unroll=4)
     if direct:
         return SkinnyConfig(unroll=2, landed=True)
     return SkinnyConfig(groups=4, warps=4, unroll=2) if block else SkinnyConfig(groups=4, warps=4, unroll=4)

@@ -117,7 +117,7 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
     blocks = min(capacity // GROUPED_BLOCK, ids)  # each block below padded_count holds an id
     routed = blocks * GROUPED_BLOCK  # rows below padded_count, at most: the rows stage 1 writes, stage 2 reads
     element_bytes = 1 if fp8 else 2
-    cfg1 = choose_grouped_skinny_config(hidden, True, element_bytes, mode1.direct, fp8 == "block", quantized)
+    cfg1 = choose_grouped_skinny_config(hidden, True, element_bytes, mode1.direct, fp8 == "block", quantized, inter)
     cfg2 = choose_grouped_skinny_config(inter, False, element_bytes, mode2.direct, fp8 == "block", quantized_h)
     variant1 = SkinnyVariant(True, Epilogue(gate=activation), True)
     variant2 = SkinnyVariant(True, Epilogue(), True)
