@@ -283,7 +283,7 @@ def combined_sweep(row: dict, fmt: str, x, weights, topk_weights, ids, timer) ->
     if inter > COMBINE_MAX_INTER:
         return
     stage1(cfg1).launch(grid=(-(-inter // (cfg1.rows // 2)), top_k), block=cfg1.threads)  # h for stage 2
-    chosen = choose_combined_config(top_k, element)
+    chosen = choose_combined_config(top_k, element, inter)
     candidates = [dataclasses.replace(chosen, groups=g, unroll=u) for g, u in COMBINED]
     candidates = [dataclasses.replace(c, min_blocks=m) for c in candidates for m in (chosen.min_blocks, None)]
     row["combined"] = []

@@ -122,8 +122,8 @@ def test_the_combined_kernel_compiles_without_spills(weights, top_k, hidden, int
     """skinny_gemm_combined_kernel (one token's stage 2 and combine): a warp per routed pair streaming all of I,
     as many MMAs per step as the grouped kernels' (2 per 16-bit load, 4 per fp8 load) for each pair, no spills."""
     fp8 = weights != "bf16"
-    cfg = choose_combined_config(top_k, 1 if fp8 else 2)
-    assert cfg.warps == top_k and cfg.rows == 8
+    cfg = choose_combined_config(top_k, 1 if fp8 else 2, inter)
+    assert cfg.warps == top_k and cfg.rows == (16 if fp8 and inter <= 256 else 8)  # (I 256: 2 tiles a warp)
     scales = {"bf16": S((1, top_k), "f32"), "row": S((EXPERTS * hidden,), "f32")}
     scales["block"] = S((EXPERTS * hidden // 128, -(-inter // 128)), "f32")
     module = skinny_gemm_combined_kernel.lower(
@@ -328,17 +328,18 @@ def test_fp8_configuration(k, gated):
     assert choose_grouped_skinny_config(k, gated, 2) == bf16
 
 
-def test_one_tokens_long_stage_1_streams():
-    """One token's stage 1 with many tiles (n_out >= 4096: Mixtral's I) takes 4 loads per row and step, unlanded
-    (fp8 over 8 warps, block scales over 4); fewer tiles keep 2 loads landed; 16-bit and other stages ignore n_out."""
-    fp8 = choose_grouped_skinny_config(4096, True, 1, direct=True, n_out=14336)
-    block = choose_grouped_skinny_config(4096, True, 1, direct=True, block=True, n_out=14336)
-    assert fp8 == SkinnyConfig(unroll=4) and block == SkinnyConfig(warps=4, unroll=4)
-    assert not fp8.landed and fp8.k_step(1) == 2 * choose_grouped_skinny_config(4096, True, 1, direct=True).k_step(1)
-    for n_out in (256, 768, 2048):
-        assert choose_grouped_skinny_config(2048, True, 1, direct=True, n_out=n_out) == SkinnyConfig(
-            unroll=2, landed=True
-        )
+def test_one_tokens_stage_1_by_its_tiles():
+    """One token's stage 1: I < 512 (DeepSeek-V3 TP8: one wave) 2 loads landed over 8 warps; from 512 (Qwen3) 4 n8
+    tiles x 2 loads over 4 warps; from 4096 (Mixtral: a stream) 2 x 4 loads over 4 warps unlanded; fp8 and block
+    alike. 16-bit and the aligned stages ignore n_out."""
+    for block in (False, True):
+        for n_out, cfg in (
+            (256, SkinnyConfig(unroll=2, landed=True)),
+            (768, SkinnyConfig(groups=4, warps=4, unroll=2)),
+            (2048, SkinnyConfig(groups=4, warps=4, unroll=2)),
+            (14336, SkinnyConfig(warps=4, unroll=4)),
+        ):
+            assert choose_grouped_skinny_config(4096, True, 1, direct=True, block=block, n_out=n_out) == cfg
     assert choose_grouped_skinny_config(4096, True, 2, direct=True, n_out=14336) == SkinnyConfig()
     assert choose_grouped_skinny_config(4096, True, 1, n_out=14336) == choose_grouped_skinny_config(4096, True, 1)
     assert choose_grouped_skinny_config(14336, False, 1, direct=True, n_out=4096).warps_n == 2

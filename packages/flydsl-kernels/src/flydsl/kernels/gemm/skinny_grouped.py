@@ -405,33 +405,33 @@ def choose_grouped_skinny_config(
     rows each; longer K (and every gated stage 1: one gate and one up n8 tile per warp) as the skinny kernel's default
     (docs/tuning/moe.md#decode).
 
-    fp8 weights (``element_bytes`` 1: :func:`skinny_gemm_grouped_fp8_kernel`, ``k`` in values): a stage 1 of more
-    than one token as 4 n8 tiles x 4 loads over 4 warps (steps of 1024 values of K), no register cap: against 2 x 2
-    over 8 warps, Qwen3 at T 16 and 64 103 / 151 us against 121 / 184, DeepSeek-V3 TP8 153 / 303 against 151 / 314
-    (H100, ``moe_decode_sweep/2026-12-06_c0e0ade_h100.json``); block-scaled ones (``block``: 4 tiles' accumulators
-    besides the K block's spill at 4 loads) as 4 n8 tiles x 2 loads over 4 warps (162 registers): Qwen3 at T 16 / 64
-    103.4 / 154.4 us against 126.5 / 192.1 for 2 x 2 over 8 warps, DeepSeek-V3 TP8 159.5 / 321.5 against 161.9 /
-    340.9 (H100, ``moe_decode_sweep/2026-12-06_a65ec9f_block_h100.json``; the H200's per-row sweep at 2757e01 put 2
-    x 2 over 8 warps 39% behind 4 x 4); one token's (``direct``) keep 2 loads per row and step over 8 warps. A
-    long-K stage 2 (Mixtral's I = 14336) as 2 columns of 4 warps at 2 CTAs per SM: 50.9 us against 60.5 over one column
-    (the same record). Short K takes its 8 loads as 2 n8 tiles x 4 loads over 4 warps side by side along N (steps of
-    256: one for I = 256) at 4 CTAs per SM rather than 4 x 2 over 2 x 2 warps: with block scales, 4 tiles' accumulators
-    and those of the K block in progress do not fit in 128 registers; where K is one such step (at most 256: DeepSeek-V3
-    TP8's I) as 4 n8 tiles x 4 loads (32 KB of weights per CTA, 156-168 registers, 3 CTAs per SM): 91.7 / 188.3 us at T
-    16 / 64 against 96.7 / 204.2, block-scaled 100.5 against 105.0 (H100,
-    ``moe_decode_sweep/2026-12-06_9e02a6f_stage2_h100.json``). A warp also converts the weights and holds twice the
-    activation words per load (16 values of K per row; loaded as the MMAs take them). No spills
+    fp8 weights (``element_bytes`` 1: :func:`skinny_gemm_grouped_fp8_kernel`, ``k`` in values): a stage 1 of more than
+    one token as 4 n8 tiles x 4 loads over 4 warps (steps of 1024 values of K), no register cap: against 2 x 2 over 8
+    warps, Qwen3 at T 16 and 64 103 / 151 us against 121 / 184, DeepSeek-V3 TP8 153 / 303 against 151 / 314 (H100,
+    ``moe_decode_sweep/2026-12-06_c0e0ade_h100.json``); block-scaled ones (``block``: 4 tiles' accumulators besides the
+    K block's spill at 4 loads) as 4 n8 tiles x 2 loads over 4 warps (162 registers): Qwen3 at T 16 / 64 103.4 / 154.4
+    us against 126.5 / 192.1 for 2 x 2 over 8 warps, DeepSeek-V3 TP8 159.5 / 321.5 against 161.9 / 340.9 (H100,
+    ``moe_decode_sweep/2026-12-06_a65ec9f_block_h100.json``; the H200's per-row sweep at 2757e01 put 2 x 2 over 8 warps
+    39% behind 4 x 4); one token's (``direct``): below. A long-K stage 2 (Mixtral's I = 14336) as 2 columns of 4 warps
+    at 2 CTAs per SM: 50.9 us against 60.5 over one column (the same record). Short K takes its 8 loads as 2 n8 tiles x
+    4 loads over 4 warps side by side along N (steps of 256: one for I = 256) at 4 CTAs per SM rather than 4 x 2 over 2
+    x 2 warps: with block scales, 4 tiles' accumulators and those of the K block in progress do not fit in 128
+    registers; where K is one such step (at most 256: DeepSeek-V3 TP8's I) as 4 n8 tiles x 4 loads (32 KB of weights per
+    CTA, 156-168 registers, 3 CTAs per SM): 91.7 / 188.3 us at T 16 / 64 against 96.7 / 204.2, block-scaled 100.5
+    against 105.0 (H100, ``moe_decode_sweep/2026-12-06_9e02a6f_stage2_h100.json``). A warp also converts the weights and
+    holds twice the activation words per load (16 values of K per row; loaded as the MMAs take them). No spills
     (tests/kernels/test_skinny_grouped_fp8.py).
 
     ``direct`` (one token's stages, :class:`GroupedMode`): long-K fp8 steps wait until their activations have
     landed (``landed``: ptxas then issues a step's activation loads together, one L2 round trip a step rather than
     one a chunk; 122-126 registers, still 2 CTAs per SM; short K would spill at its 4 CTAs per SM): stage 1
-    1-4% faster (H100, ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``). Where the stage has many
-    tiles (``n_out``, its output columns per expert, at least 4096: Mixtral's I, 13 waves of CTAs at one token) it
-    streams rather than waits, and takes 4 loads per row and step unlanded (twice the bytes in flight; fp8 over 8
-    warps, block scales over 4): Mixtral at one token 94.0 us against 96.4, block 93.7 against 99.7 (H100,
-    ``moe_decode_sweep/2026-12-06_9e02a6f_one_token_h100.json``; untimed on an H200, whose copy rate is 1.4x an
-    H100's from the same SMs: Little's law asks it for more bytes in flight).
+    1-4% faster (H100, ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``). That is DeepSeek-V3
+    TP8's (``n_out``, the output columns per expert, I = 256: 256 CTAs, one wave); more tiles take more rows or bytes
+    per CTA (H200, ``moe_decode_sweep/2026-12-06_57ddf7e.json``; H100 ``..._9e02a6f_one_token_h100.json``): from
+    I = 512 (Qwen3's 768: 768 CTAs, three waves) 4 n8 tiles x 2 loads over 4 warps, one wave, 15.0 us against 16.6,
+    block 15.7 against 17.5 (H100 17.5 / 17.4 against 17.9 / 19.4); from I = 4096 (Mixtral's 14336: 13 waves, a
+    stream) 2 tiles x 4 loads over 4 warps unlanded, twice the bytes in flight, 74.0 against 83.0 for 8 warps, block
+    75.3 (H100: within 2% of the best; 96.0 / 93.7 against 96.4 / 99.7 for 2 loads over 8 warps).
 
     ``quantized`` (fp8 activations too, :func:`skinny_gemm_grouped_scaled_kernel`; ``k`` in values): a gated stage 1
     as the weight-only one of several tokens, 4 n8 tiles x 4 loads over 4 warps: the best of 12 shapes on the H100
@@ -456,7 +456,9 @@ def choose_grouped_skinny_config(
     if not gated:
         return SkinnyConfig(unroll=2, warps_n=2, min_blocks=2, landed=direct)
     if direct and n_out >= 4096:  # streaming: twice the bytes in flight
-        return SkinnyConfig(warps=4, unroll=4) if block else SkinnyConfig(unroll=4)
+        return SkinnyConfig(warps=4, unroll=4)
+    if direct and n_out >= 512:  # one wave of 32-row tiles
+        return SkinnyConfig(groups=4, warps=4, unroll=2)
     if direct:
         return SkinnyConfig(unroll=2, landed=True)
     return SkinnyConfig(groups=4, warps=4, unroll=2) if block else SkinnyConfig(groups=4, warps=4, unroll=4)

@@ -123,7 +123,7 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
     variant2 = SkinnyVariant(True, Epilogue(), True)
     grid1 = (-(-inter // (cfg1.rows // 2)), blocks)
     grid2 = (-(-hidden // cfg2.rows), blocks)
-    cfgc = choose_combined_config(top_k, element_bytes)
+    cfgc = choose_combined_config(top_k, element_bytes, inter)
     gridc = (-(-hidden // cfgc.rows), tokens)
     if single:  # one launch: the direct stage 1's tiles, then the combined kernel's (one CTA size)
         cfg1, cfgc = choose_one_launch_configs(hidden, top_k, element_bytes)
