@@ -427,7 +427,7 @@ def choose_grouped_skinny_config(
     one a chunk; 122-126 registers, still 2 CTAs per SM; short K would spill at its 4 CTAs per SM): stage 1
     1-4% faster (H100, ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``). That is DeepSeek-V3
     TP8's (``n_out``, the output columns per expert, I = 256: 256 CTAs, one wave); more tiles take more rows or bytes
-    per CTA (H200, ``moe_decode_sweep/2026-12-06_57ddf7e.json``; H100 ``..._9e02a6f_one_token_h100.json``): from
+    per CTA (H200, ``moe_decode_sweep/2026-12-06_57ddf7e_one_token.json``; H100 ``..._9e02a6f_one_token_h100.json``): from
     I = 512 (Qwen3's 768: 768 CTAs, three waves) 4 n8 tiles x 2 loads over 4 warps, one wave, 15.0 us against 16.6,
     block 15.7 against 17.5 (H100 17.5 / 17.4 against 17.9 / 19.4); from I = 4096 (Mixtral's 14336: 13 waves, a
     stream) 2 tiles x 4 loads over 4 warps unlanded, twice the bytes in flight, 74.0 against 83.0 for 8 warps, block
