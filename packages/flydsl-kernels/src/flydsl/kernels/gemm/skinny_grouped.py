@@ -422,16 +422,16 @@ def choose_grouped_skinny_config(
     holds twice the activation words per load (16 values of K per row; loaded as the MMAs take them). No spills
     (tests/kernels/test_skinny_grouped_fp8.py).
 
-    ``direct`` (one token's stages, :class:`GroupedMode`): long-K fp8 steps wait until their activations have
-    landed (``landed``: ptxas then issues a step's activation loads together, one L2 round trip a step rather than
-    one a chunk; 122-126 registers, still 2 CTAs per SM; short K would spill at its 4 CTAs per SM): stage 1
-    1-4% faster (H100, ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``). That is DeepSeek-V3
-    TP8's (``n_out``, the output columns per expert, I = 256: 256 CTAs, one wave); more tiles take more rows or bytes
-    per CTA (H200, ``moe_decode_sweep/2026-12-06_57ddf7e_one_token.json``; H100 ``..._9e02a6f_one_token_h100.json``): from
-    I = 512 (Qwen3's 768: 768 CTAs, three waves) 4 n8 tiles x 2 loads over 4 warps, one wave, 15.0 us against 16.6,
-    block 15.7 against 17.5 (H100 17.5 / 17.4 against 17.9 / 19.4); from I = 4096 (Mixtral's 14336: 13 waves, a
-    stream) 2 tiles x 4 loads over 4 warps unlanded, twice the bytes in flight, 74.0 against 83.0 for 8 warps, block
-    75.3 (H100: within 2% of the best; 96.0 / 93.7 against 96.4 / 99.7 for 2 loads over 8 warps).
+    ``direct`` (one token's stages, :class:`GroupedMode`): long-K fp8 steps wait until their activations have landed
+    (``landed``: ptxas then issues a step's activation loads together, one L2 round trip a step rather than one a chunk;
+    122-126 registers, still 2 CTAs per SM; short K would spill at its 4 CTAs per SM): stage 1 1-4% faster (H100,
+    ``moe_decode_sweep/2026-12-05_ac82efb_one_token_landed_h100.json``). That is DeepSeek-V3 TP8's (``n_out``, the
+    output columns per expert, I = 256: 256 CTAs, one wave); more tiles take more rows or bytes per CTA (H200,
+    ``moe_decode_sweep/2026-12-06_57ddf7e_one_token.json``; H100 ``..._9e02a6f_one_token_h100.json``): from I = 512
+    (Qwen3's 768: 768 CTAs, three waves) 4 n8 tiles x 2 loads over 4 warps, one wave, 15.0 us against 16.6, block 15.7
+    against 17.5 (H100 17.5 / 17.4 against 17.9 / 19.4); from I = 4096 (Mixtral's 14336: 13 waves, a stream) 2 tiles x 4
+    loads over 4 warps unlanded, twice the bytes in flight, 74.0 against 83.0 for 8 warps, block 75.3 (H100: within 2%
+    of the best; 96.0 / 93.7 against 96.4 / 99.7 for 2 loads over 8 warps).
 
     ``quantized`` (fp8 activations too, :func:`skinny_gemm_grouped_scaled_kernel`; ``k`` in values): a gated stage 1
     as the weight-only one of several tokens, 4 n8 tiles x 4 loads over 4 warps: the best of 12 shapes on the H100

@@ -211,14 +211,14 @@ def _routed_expert(topk_ids, token, slot):
 
 
 def choose_combined_config(top_k: int, element_bytes: int = 2, inter: int = 0) -> SkinnyConfig:
-    """:func:`skinny_gemm_combined_kernel`'s: a warp per routed pair (at most 16), 8 output columns per CTA (one n8
-    tile per warp), 4 loads per row and step, double-buffered; fp8 held to 128 registers per thread like the
-    grouped fp8 kernels, each step's activations landed before its MMAs (``landed``: 103-122 registers),
-    docs/tuning/moe.md#decode. The best of 6 (groups, unroll) shapes for fp8 on the H100 (Qwen3 11.8 us against
-    12.6 with 2 tiles per warp, DeepSeek-V3 TP8 15.1 against 15.4), for bf16 within 1% of 2 tiles (6% of the best;
-    ``moe_decode_sweep/2026-12-06_c0e0ade_h100.json``). fp8 with ``inter`` (I) at most 256 (DeepSeek-V3 TP8: a
-    warp's I in one step of 4 loads, 896 CTAs of 8 columns) as 2 tiles per warp x 2 loads (half the CTAs, two steps):
-    12.9 us against 14.5 on the H200 (``moe_decode_sweep/2026-12-06_57ddf7e_one_token.json``), 14.6 against 15.1 on an H100
+    """:func:`skinny_gemm_combined_kernel`'s: a warp per routed pair (at most 16), 8 output columns per CTA (one n8 tile
+    per warp), 4 loads per row and step, double-buffered; fp8 held to 128 registers per thread like the grouped fp8
+    kernels, each step's activations landed before its MMAs (``landed``: 103-122 registers), docs/tuning/moe.md#decode.
+    The best of 6 (groups, unroll) shapes for fp8 on the H100 (Qwen3 11.8 us against 12.6 with 2 tiles per warp,
+    DeepSeek-V3 TP8 15.1 against 15.4), for bf16 within 1% of 2 tiles (6% of the best;
+    ``moe_decode_sweep/2026-12-06_c0e0ade_h100.json``). fp8 with ``inter`` (I) at most 256 (DeepSeek-V3 TP8: a warp's I
+    in one step of 4 loads, 896 CTAs of 8 columns) as 2 tiles per warp x 2 loads (half the CTAs, two steps): 12.9 us
+    against 14.5 on the H200 (``moe_decode_sweep/2026-12-06_57ddf7e_one_token.json``), 14.6 against 15.1 on an H100
     (``..._9e02a6f_one_token_h100.json``); block scales 13.5 against 15.1 (H100 15.4 against 16.0)."""
     if element_bytes not in (1, 2):
         raise ValueError(f"choose_combined_config: element_bytes must be 1 (fp8) or 2, got {element_bytes}")
