@@ -24,7 +24,6 @@ from flydsl.kernels.gemm.skinny import (
     _ACC,
     SkinnyConfig,
     _kernel_start,
-    _landed,
     _loads,
     _mmas,
     _mmas_wide,
@@ -212,14 +211,12 @@ def grouped_tile(stage, block, x) -> None:
     if fx.const_expr(stage.mode.direct):  # block y: routed pair y, whose expert may be one this call does not hold
         expert = routing.expert_of_block[arith.minimum(block, stage.pairs - 1)].to(fx.Int32)
         routed = (block < stage.pairs) & (expert >= 0) & (expert < w.shape[0].to(fx.Int32) // stage.per_expert)
-    else:  # (block < capacity / 16: its expert and rows are in bounds, read but unused past the count)
-        expert, count = routing.expert_of_block[block].to(fx.Int32), routing.padded_count[0]
-    streams = _tile_streams(stage, block, x, expert)
-    if fx.const_expr(not stage.mode.direct):
-        # The count's test waits on the block's expert and rows (sorted_ids) too, which LLVM would otherwise load
-        # only past it: one round trip to L2 before the weights' loads rather than two.
-        routed = _landed(block * GROUPED_BLOCK, [expert, streams.row_a0, streams.row_a1]) < count
+    else:
+        routed = block * GROUPED_BLOCK < routing.padded_count[0]
     if routed:
+        if fx.const_expr(not stage.mode.direct):
+            expert = routing.expert_of_block[block].to(fx.Int32)
+        streams = _tile_streams(stage, block, x, expert)
         scales = _row_scales(stage, block, x, expert)  # (before the mainloop: their round trip beside the weights')
         step = cfg.k_step(w.dtype.width // 8)
         accs = _mainloop(streams, step, stage.thread[2] * (step // cfg.warps_k), stage.block_scaled)
