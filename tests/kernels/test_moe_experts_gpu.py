@@ -12,6 +12,8 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
+from flydsl.kernels.gemm.skinny_grouped import choose_grouped_skinny_config  # noqa: E402
+from flydsl.kernels.gemm.skinny_one_token import choose_one_launch_configs  # noqa: E402
 from flydsl.kernels.moe import fused_moe, topk_route  # noqa: E402
 from flydsl.kernels.moe.decode import decode_modes, decodes  # noqa: E402
 from flydsl.kernels.moe.reference import fused_moe_reference  # noqa: E402
@@ -131,9 +133,10 @@ def test_decode_modes_give_the_same_output(monkeypatch, modes, quant, experts, t
 @pytest.mark.parametrize("experts,top_k,hidden,inter", [(64, 8, 512, 256), (32, 4, 384, 320), (128, 8, 2048, 768)])
 def test_one_launch_gives_the_two_launches_bits(monkeypatch, quant, experts, top_k, hidden, inter):
     """One token with FLYDSL_MOE_DECODE's single (stage 1, stage 2 and the combine in one launch, the stage-2 CTAs
-    waiting on a count of finished stage-1 CTAs) against the combined kernel's two launches: the same sums in the
-    same order, so the same bits, call after call on new tokens and routings (the counters left at zero by each
-    launch; a stage-2 CTA reading h before its stage-1 CTAs stored it would show as a difference)."""
+    waiting on a count of finished stage-1 CTAs) against the combined kernel's two launches: where stage 1 takes the
+    same tiles in both, the same sums in the same order, so the same bits, call after call on new tokens and routings
+    (the counters left at zero by each launch; a stage-2 CTA reading h before its stage-1 CTAs stored it would show as a
+    difference); elsewhere within a rounding of the output."""
     from flydsl.kernels import plans
 
     _x, w1, w2 = _layer(1, experts, hidden, inter, seed=40)
@@ -157,8 +160,17 @@ def test_one_launch_gives_the_two_launches_bits(monkeypatch, quant, experts, top
             results[modes] = [fused_moe(x, w1, w2, weights, ids, **options).clone() for x, weights, ids in calls]
     finally:
         plans.clear_all()
+    # The same bits where both launch stage 1 as the same tiles; else (the two launches' stage 1 chosen by I, the one
+    # launch's held to the combined kernel's CTA size) the sums' order differs: within a rounding of the output.
+    element_bytes = 1 if quant else 2
+    cfg1, _ = choose_one_launch_configs(hidden, top_k, element_bytes)
+    same_tiles = cfg1 == choose_grouped_skinny_config(hidden, True, element_bytes, True, quant == "block", n_out=inter)
     for two, one in zip(results["direct,combine"], results["direct,combine,single"], strict=True):
-        assert not one.isnan().any() and torch.equal(one, two)
+        assert not one.isnan().any()
+        if same_tiles:
+            assert torch.equal(one, two)
+        else:
+            torch.testing.assert_close(one.float(), two.float(), rtol=0, atol=1e-2 * float(two.float().abs().max()))
 
 
 def test_fused_moe_fp16_and_new_output():
