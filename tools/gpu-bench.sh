@@ -5,8 +5,7 @@
 # with torch.compile peers) takes its own; moe-decode (the decode modes and stage configurations:
 # benchmarks/moe_decode_sweep.py, ~4 min) too, as do moe-decode-record (moe_bench.py at T 1, 16, 64: issue 34's decode
 # record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16 bar, ~2 min). moe-single
-# (one token in one launch against two, 6 cases, whole calls only, < 1 min), moe-stream (one token's stages as one
-# stream against two launches, the same 6 cases, < 1 min); moe-stages (the stage sweeps of fp8 and
+# (one token in one launch against two, 6 cases, whole calls only, < 1 min); moe-stages (the stage sweeps of fp8 and
 # block from 16 tokens, ~1.5 min); moe-one-token (moe_decode_sweep.py --stages
 # direct over the fp8 and block cases at one token, Mixtral's too: each stage alone, with and without
 # SkinnyConfig.landed, ~3 min) and quantize (quantize_bench.py, per token and tensor, ~2 min) fit one call together;
@@ -91,10 +90,6 @@ for bench in $which; do
       run moe-single python3 benchmarks/moe_decode_sweep.py --modes direct+combine,direct+combine+single --stages none \
         --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block,qwen3:1,dsv3-tp8:1 \
         --json "$(out moe_decode_sweep single)" --commit "$commit" ;;
-    moe-stream)  # one token's two stages as one stream (FLYDSL_MOE_DECODE's stream) against the two launches
-      run moe-stream python3 benchmarks/moe_decode_sweep.py --modes direct+combine,direct+combine+stream --stages none \
-        --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block,qwen3:1,dsv3-tp8:1 \
-        --json "$(out moe_decode_sweep stream)" --commit "$commit" ;;
     quantize) run quantize python3 benchmarks/quantize_bench.py --granularities token,tensor --repeats 3 \
       --json "$(out quantize)" --commit "$commit" ;;
     blockscale) run blockscale python3 benchmarks/blockscale_gemm_bench.py --sweep --repeats 5 \

@@ -90,14 +90,14 @@ def test_decode_and_prefill_routes_agree(tokens):
 
 
 @pytest.mark.parametrize("quant", [None, "channel", "block"])
-@pytest.mark.parametrize("modes", ["direct", "direct,combine", "direct,combine,stream"])
-@pytest.mark.parametrize("experts,top_k,hidden,inter", [(64, 8, 512, 256), (32, 4, 384, 320), (16, 4, 256, 520)])
+@pytest.mark.parametrize("modes", ["direct", "direct,combine"])
+@pytest.mark.parametrize("experts,top_k,hidden,inter", [(64, 8, 512, 256), (32, 4, 384, 320)])
 def test_decode_modes_give_the_same_output(monkeypatch, modes, quant, experts, top_k, hidden, inter):
-    """One token with the decode modes (FLYDSL_MOE_DECODE: no alignment; stage 2 and the combine in one launch; or both
-    stages as one stream, stage 2 summed over I in tiles) against the aligned plan (``FLYDSL_MOE_DECODE=none``): the
-    same sums in the same order, so the same bits (combined: each pair's sum over all of I in one warp rather than over
-    K-warps, so y's bf16 rounding may differ by an ulp: within the bf16 layer's tolerance of the float32 reference, and
-    the same bits call after call); dropped ids (outside [0, E)) add nothing."""
+    """One token with the decode modes (FLYDSL_MOE_DECODE: no alignment; stage 2 and the combine in one launch)
+    against the aligned plan (``FLYDSL_MOE_DECODE=none``): the same sums in the same order, so the same bits (combined:
+    each pair's sum over all of I in one warp rather than over K-warps, so y's bf16 rounding may differ by an ulp:
+    within the bf16 layer's tolerance of the float32 reference, and the same bits call after call); dropped ids
+    (outside [0, E)) add nothing."""
     from flydsl.kernels import plans
 
     x, w1, w2 = _layer(1, experts, hidden, inter, seed=30)

@@ -13,13 +13,10 @@ import pytest
 import flydsl.compiler as flyc
 from flydsl.kernels.gemm.epilogue import Epilogue
 from flydsl.kernels.gemm.skinny import SkinnyVariant
-from flydsl.kernels.gemm.skinny_grouped import choose_grouped_skinny_config
 from flydsl.kernels.gemm.skinny_one_token import (
     choose_combined_config,
     choose_one_launch_configs,
     skinny_gemm_one_launch_kernel,
-    skinny_gemm_token_stream_kernel,
-    token_stream_reduce_kernel,
 )
 
 from .ptxas_report import ptxas_report
@@ -78,42 +75,3 @@ def test_one_launch_configs_share_a_cta_size(top_k, element_bytes):
     combined = choose_combined_config(top_k, element_bytes)
     assert cfg2.threads == cfg1.threads and (cfg2.groups, cfg2.unroll, cfg2.landed) == (1, 4, combined.landed)
     assert cfg2.min_blocks == (2 if element_bytes == 1 else None)
-
-
-@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
-@pytest.mark.parametrize("weights", ["bf16", "row", "block"])
-@pytest.mark.parametrize("top_k,hidden,inter", [(8, 2048, 768), (8, 7168, 256), (4, 1024, 520)])
-def test_token_stream_kernels_compile_without_spills(weights, top_k, hidden, inter):
-    """One token's stages as one stream (FLYDSL_MOE_DECODE's stream): the stream kernel with the direct stage 1's
-    configuration (I = 520: a last tile of half its columns), its w2 loads of 8 columns per piece, float32 partials;
-    the reduce a dependent launch that reads the ids before its wait."""
-    fp8 = weights != "bf16"
-    element_bytes = 1 if fp8 else 2
-    cfg = choose_grouped_skinny_config(hidden, True, element_bytes, True, weights == "block", n_out=inter)
-    w = FP8 if fp8 else "bf16"
-    if weights == "block":
-        scales = (
-            S((EXPERTS * 2 * inter // 128, hidden // 128), "f32"),
-            S((EXPERTS * hidden // 128, -(-inter // 128)), "f32"),
-        )
-    else:
-        scales = (S((EXPERTS * 2 * inter,), "f32"), S((EXPERTS * hidden,), "f32"))
-    tiles = -(-inter // (cfg.rows // 2))
-    module = skinny_gemm_token_stream_kernel.lower(
-        S((1, hidden), "bf16"), S((EXPERTS * 2 * inter, hidden), w), S((top_k * 16, inter), "bf16"),
-        S((EXPERTS * hidden, inter), w), S((top_k * tiles, hidden), "f32"), S((top_k,), "i32"), S((top_k,), "i32"),
-        *scales, cfg, top_k, SkinnyVariant(True, Epilogue(gate="silu"), True), -(-hidden // cfg.threads),
-    )  # fmt: skip
-    ptx = module.ptx
-    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
-    assert ("ld.global.nc.v2.b32" if fp8 else "ld.global.nc.v4.b32") in ptx  # a piece of 8 columns of w2
-    assert "st.global.b32" in ptx  # the partials (float32)
-    report = ptxas_report(ptx)
-    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
-    reduce = token_stream_reduce_kernel.lower(
-        S((top_k * tiles, hidden), "f32"), S((1, top_k), "i32"), S((1, top_k), "f32"), S((1, hidden), "bf16"),
-        EXPERTS, top_k, tiles,
-    )  # fmt: skip
-    ptx = reduce.ptx
-    assert ptx.index("ld.global.cg") < ptx.index("griddepcontrol.wait")  # the ids, before the wait
-    assert re.findall(r"(\d+) bytes spill stores", ptxas_report(ptx)) == ["0"]

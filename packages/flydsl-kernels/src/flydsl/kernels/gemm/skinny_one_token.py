@@ -3,10 +3,7 @@
 
 - :func:`skinny_gemm_combined_kernel`: stage 2 and the combine in one launch, a dependent of the stage-1 launch;
 - :func:`skinny_gemm_one_launch_kernel`: stage 1, stage 2 and the combine in one launch, the stage-2 CTAs waiting on
-  a counter of finished stage-1 CTAs instead of a kernel boundary (their first step of weights in flight meanwhile);
-- :func:`skinny_gemm_token_stream_kernel` and :func:`token_stream_reduce_kernel`: each stage-1 tile carries its h
-  columns through the same columns of w2 itself (no CTA waits for another: one stream of both stages' weights), the
-  float32 products summed by a short second launch.
+  a counter of finished stage-1 CTAs instead of a kernel boundary (their first step of weights in flight meanwhile).
 
 A combined CTA writes ``cols`` output columns of its token: warp j takes the routed pairs s = j, j + warps, ...,
 each h's row of the pair times its expert's ``cols`` rows of the stacked (E * H, I) ``w2`` over all of I, rounded to
@@ -22,7 +19,7 @@ import dataclasses
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import arith, gpu, nvvm, vector
+from flydsl.expr import arith, gpu, nvvm
 from flydsl.kernels.gemm.skinny import SkinnyConfig, _kernel_start, _landed, _loads, _WarpStreams, _wide
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_BLOCK,
@@ -39,10 +36,6 @@ __all__ = [
     "choose_one_launch_configs",
     "skinny_gemm_combined_kernel",
     "skinny_gemm_one_launch_kernel",
-    "skinny_gemm_token_stream_kernel",
-    "token_stream_reduce_kernel",
-    "STREAM_REDUCE_COLUMNS",
-    "STREAM_REDUCE_WARPS",
 ]
 
 
@@ -132,138 +125,6 @@ def skinny_gemm_one_launch_kernel(
             if nvvm.atom_add_acq_rel(counters, 1, 1) == tiles2 - 1:  # the last: every other has read counters[0]
                 counters[0] = 0
                 counters[1] = 0
-
-
-@flyc.kernel(dependent_launch=True)
-def skinny_gemm_token_stream_kernel(
-    x: fx.Tensor,
-    w1: fx.Tensor,
-    h: fx.Tensor,
-    w2: fx.Tensor,
-    partials: fx.Tensor,
-    pairs: fx.Tensor,
-    positions: fx.Tensor,
-    w1_scale: fx.Tensor,
-    w2_scale: fx.Tensor,
-    cfg: fx.Constexpr,
-    top_k: fx.Constexpr[int],
-    variant: fx.Constexpr,
-    rows_per_thread: fx.Constexpr[int],
-):
-    """One token's two stages as one stream of weights (grid ``(tiles, top_k)``, tiles = ceil(I / cols), cols =
-    ``cfg.rows / 2``): CTA (x, y) is the direct stage 1's tile x of routed pair y (x (1, H) times w1 (E * 2I, H)
-    into h's columns ``[x * cols, (x + 1) * cols)`` of row 16y, as ``skinny_gemm_grouped_fp8_kernel`` in
-    ``GroupedMode(direct=True)``; ``pairs`` the flat ids, ``positions`` noted as it notes them), then multiplies
-    those h columns, as stored (rounded to h's dtype), by the same columns of every row of its expert's w2 (E * H,
-    I) in float32 and writes ``partials[y * tiles + x, :]`` (float32 (top_k * tiles, H); per-row or block fp8
-    scales applied): no CTA waits for another, so stage 2's weights stream with stage 1's.
-    :func:`token_stream_reduce_kernel` sums the partials. ``rows_per_thread``: ceil(H / threads), each thread's w2
-    rows (their loads issued together, before h's). fp8 weights (weight-only) with ``w1_scale`` and ``w2_scale`` as
-    the two-launch kernels take them; 16-bit: unread. ``variant``: stage 1's (a gate)."""
-    fp8 = w1.dtype.width == 8
-    if fx.const_expr(fp8 and not _wide(x, w2)):
-        raise ValueError("skinny_gemm_token_stream_kernel: fp8 weights take 16-bit activations")
-    if fx.const_expr(cfg.rows % 16):
-        raise ValueError(f"skinny_gemm_token_stream_kernel: expected tiles of whole 8-column pieces: {cfg}")
-    thread = _kernel_start(cfg, trigger=False)
-    after_wait = nvvm.griddepcontrol_wait()  # (x and the routing are the previous kernels')
-    nvvm.griddepcontrol_launch_dependents()  # the reduce reads the routing before its own wait
-    routing = Routing(pairs, pairs, pairs, top_k)
-    w1_scale = w1_scale if fp8 else None
-    stage = grouped_stage(x, w1, h, routing, positions, w1_scale, cfg, variant, GroupedMode(direct=True), thread)
-    pair, tile = gpu.block_idx.y.to(fx.Int32) + after_wait, gpu.block_idx.x.to(fx.Int32)
-    grouped_tile(stage, pair, tile)
-    gpu.barrier()  # (the tile's h stores before its threads read them)
-    expert = pairs[pair].to(fx.Int32)
-    if (expert >= 0) & (expert < w1.shape[0].to(fx.Int32) // stage.per_expert):
-        _stream_stage2(stage, h, w2, partials, w2_scale if fp8 else None, expert, pair, tile, rows_per_thread)
-
-
-def _stream_stage2(stage, h, w2, partials, w2_scale, expert, pair, tile, rows_per_thread: int) -> None:
-    """A stream tile's stage 2 (:func:`skinny_gemm_token_stream_kernel`): its ``cols`` h columns in pieces of 8
-    (a piece past I contributes nothing) times the same columns of each of the thread's w2 rows."""
-    cols, threads, tid = stage.cols, stage.cfg.threads, stage.thread[0]
-    inter, hidden = h.shape[1].to(fx.Int32), partials.shape[1].to(fx.Int32)
-    n0, base = tile * cols, expert * hidden
-    fp8 = w2.dtype.width == 8
-    pieces = [(n0 + 8 * j < inter, arith.select(n0 + 8 * j < inter, n0 + 8 * j, 0)) for j in range(cols // 8)]
-    rows = [arith.minimum(tid + i * threads, hidden - 1) for i in range(rows_per_thread)]
-    loads = [[nvvm.ld_global_nc(w2, (base + r, col), 8 * (w2.dtype.width // 8)) for _, col in pieces] for r in rows]
-    scales = []
-    if fx.const_expr(w2_scale is not None):
-        if fx.const_expr(fx.rank(w2_scale.shape) == 1):
-            scales = [w2_scale[base + r] for r in rows]
-        else:  # a tile's columns lie in one 128-wide block (cols divides 128)
-            scales = [w2_scale[(base + r) // 128, n0 // 128] for r in rows]
-    h_row = pair * GROUPED_BLOCK
-    h_values = [nvvm.ld_global(h, (h_row, col), 16).bitcast(h.dtype).to(fx.Float32) for _, col in pieces]
-    tiles = (inter + (cols - 1)) // cols
-    out_row = (pair * tiles + tile).to(fx.Int64)
-    for i, words in enumerate(loads):
-        total = fx.Float32(0.0)
-        for (inside, _), piece, values in zip(pieces, words, h_values, strict=True):
-            if fx.const_expr(fp8):  # 8 e4m3 values: 4 words of 16-bit pairs (exact)
-                halves = [half for j in range(2) for half in nvvm.unpack_e4m3x4(piece[j], h.dtype)]
-                piece = vector.from_elements(vector.vector_class(fx.Int32, 4), halves)
-            weights = piece.bitcast(h.dtype).to(fx.Float32)
-            total = arith.select(inside, total + (weights * values).reduce("add"), total)
-        if fx.const_expr(bool(scales)):
-            total = total * scales[i]
-        if tid + i * threads < hidden:
-            partials[out_row, tid + i * threads] = total
-
-
-STREAM_REDUCE_COLUMNS = 32  # output columns per CTA of token_stream_reduce_kernel: a lane each
-STREAM_REDUCE_WARPS = 8  # warps per CTA, splitting the tiles
-
-
-@flyc.kernel(dependent_launch=True)
-def token_stream_reduce_kernel(
-    partials: fx.Tensor,
-    topk_ids: fx.Tensor,
-    topk_weights: fx.Tensor,
-    out: fx.Tensor,
-    experts: fx.Int32,
-    top_k: fx.Constexpr[int],
-    tiles: fx.Constexpr[int],
-):
-    """``out[0, n] = sum over s of topk_weights[0, s] * y_s[n]``, ``y_s[n]`` the sum over the tiles x of
-    ``partials[s * tiles + x, n]`` (:func:`skinny_gemm_token_stream_kernel`'s) rounded to the output's dtype as
-    stage 2's y would be, in slot order over the slots whose id is in ``[0, experts)`` (others selected out: their
-    partials are never written); ``out`` (1, H). CTA b takes columns ``[32 b, 32 b + 32)``, a lane each; its warps
-    split the tiles and sum in warp order through shared memory. Launched as a dependent of the stream kernel, after
-    whose own wait: the ids are read before this kernel's."""
-    flyc.set_kernel_attributes(threads=32 * STREAM_REDUCE_WARPS)
-    lane, warp = gpu.lane_id(), gpu.warp_idx()
-    hidden = out.shape[1].to(fx.Int32)
-    col = gpu.block_idx.x.to(fx.Int32) * STREAM_REDUCE_COLUMNS + lane
-    ids = [_routed_expert(topk_ids, fx.Int32(0), fx.Int32(s)) for s in range(top_k)]
-    after_wait = nvvm.griddepcontrol_wait()
-    at = arith.minimum(col, hidden - 1) + after_wait
-    sums = fx.SmemAllocator().allocate(
-        fx.Float32, fl.Layout((STREAM_REDUCE_WARPS * top_k, STREAM_REDUCE_COLUMNS), (STREAM_REDUCE_COLUMNS, 1))
-    )
-    per_warp = -(-tiles // STREAM_REDUCE_WARPS)
-    for s in fx.range_constexpr(top_k):
-        total = fx.Float32(0.0)
-        for j in fx.range_constexpr(per_warp):
-            x = warp + j * STREAM_REDUCE_WARPS
-            value = partials[(s * tiles + arith.minimum(x, tiles - 1)).to(fx.Int64), at]
-            total = arith.select(x < tiles, total + value, total)
-        sums[warp * top_k + s, lane] = total
-    gpu.barrier()
-    if (warp == 0) & (col < hidden):
-        total = fx.Float32(0.0)
-        for s in fx.range_constexpr(top_k):
-            y = sums[s, lane]
-            for w in fx.range_constexpr(1, STREAM_REDUCE_WARPS):
-                y = y + sums[w * top_k + s, lane]
-            kept = (ids[s] >= 0) & (ids[s] < experts)
-            # selected, not multiplied by a zero weight: an unwritten slot's partials may hold NaNs
-            total = arith.select(
-                kept, total + topk_weights[0, s].to(fx.Float32) * y.to(out.dtype).to(fx.Float32), total
-            )
-        out[0, col] = total.to(out.dtype)
 
 
 def _wait_for_count(counters, target, words, tid):

@@ -26,21 +26,17 @@ from flydsl.kernels.gemm.skinny_grouped import (
     skinny_gemm_grouped_scaled_kernel,
 )
 from flydsl.kernels.gemm.skinny_one_token import (
-    STREAM_REDUCE_COLUMNS,
-    STREAM_REDUCE_WARPS,
     choose_combined_config,
     choose_one_launch_configs,
     skinny_gemm_combined_kernel,
     skinny_gemm_one_launch_kernel,
-    skinny_gemm_token_stream_kernel,
-    token_stream_reduce_kernel,
 )
 from flydsl.kernels.moe.api import BLOCK, align_capacity, align_tokens
 
 __all__ = ["COMBINE_MAX_INTER", "DECODE_TOKENS", "DecodeModes", "decode_modes", "decode_stages", "decodes", "per_row"]
 
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
-_DECODE_WORDS = frozenset({"direct", "combine", "single", "stream", "quantize", "quantize_h"})  # FLYDSL_MOE_DECODE's
+_DECODE_WORDS = frozenset({"direct", "combine", "single", "quantize", "quantize_h"})  # FLYDSL_MOE_DECODE's
 _DECODE_DEFAULT = frozenset({"direct", "combine"})  # (single: slower; quantize, quantize_h: no faster)
 COMBINE_MAX_INTER = 1024  # at most: the combined kernel's warp per routed pair streams all of I (decode_modes)
 
@@ -62,7 +58,6 @@ class DecodeModes(NamedTuple):
     quantized: bool = False  # fp8 weights per row: x quantized per token, stage 1 on fp8 MMAs (W8A8; opt-in)
     quantized_h: bool = False  # and h per row, stage 2 on fp8 MMAs (opt-in)
     single: bool = False  # combined, and stage 1 in the same launch (skinny_gemm_one_launch_kernel; opt-in)
-    streamed: bool = False  # combined as one stream: each stage-1 tile through w2, partials reduced (opt-in)
 
 
 def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
@@ -92,8 +87,7 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     mode = GroupedMode(direct=direct)
     quantized = "quantize" in enabled and tokens > 1
     single = combined and "single" in enabled
-    streamed = combined and not single and "stream" in enabled
-    return DecodeModes(mode, mode, combined, quantized, quantized and "quantize_h" in enabled, single, streamed)
+    return DecodeModes(mode, mode, combined, quantized, quantized and "quantize_h" in enabled, single)
 
 
 def per_row(scale, rows: int):
@@ -115,7 +109,7 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
     ``modes.quantized_h`` h per row, stage 2 through it too). ``modes``: a :class:`DecodeModes` (:func:`decode_modes`;
     default: the aligned order, weight-only, two stages and a combine); ``single``: one launch of
     ``skinny_gemm_one_launch_kernel`` on a held pair of counters."""
-    mode1, mode2, combined, quantized, quantized_h, single, streamed = modes or DecodeModes()
+    mode1, mode2, combined, quantized, quantized_h, single = modes or DecodeModes()
     quantized = quantized and fp8 == "row"  # (x quantized per token: stage 1 on fp8 MMAs)
     quantized_h = quantized and quantized_h and not combined  # (h per row: stage 2 on fp8 MMAs)
     ids = tokens * top_k
@@ -153,8 +147,6 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
         shapes += (("h8", (routed, inter), torch.float8_e4m3fn), ("h_scales", (routed, 1), torch.float32))
     if single:  # finished stage-1 CTAs, finished stage-2 CTAs (zero between launches)
         shapes += (("one_launch_counters", (2,), i32),)
-    if streamed:  # each stage-1 tile's products with its columns of w2, per routed pair and tile
-        shapes += (("stream_partials", (top_k * grid1[0], hidden), torch.float32),)
     viewed: dict = {}  # stream_key -> (the held buffers, their views of `shapes`)
 
     def views(x) -> tuple:
@@ -190,7 +182,6 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
         x8, x_scales, *rows = rows if quantized else (None, None, *rows)
         h8, h_scales, *rows = rows if quantized_h else (None, None, *rows)
         counters, *rows = rows if single else (None, *rows)
-        partials, *rows = rows if streamed else (None, *rows)
         rows1, rows2 = rows or (None, None)
         w1_rows, w2_rows = w1.view(experts * 2 * inter, hidden), w2.view(experts * hidden, inter)
         if fp8 is None:
@@ -205,15 +196,6 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
                 x, w1_rows, h, w2_rows, out, routing[0], topk_ids, topk_weights, positions, scales1, scales2, counters,
                 cfg1, cfgc, top_k, variant1,
             ).launch(grid=grid1, block=cfg1.threads)  # fmt: skip
-            return None
-        if streamed:  # both stages' weights in one stream, then the partials' sums (the output written directly)
-            skinny_gemm_token_stream_kernel(
-                x, w1_rows, h, w2_rows, partials, routing[0], positions, scales1, scales2, cfg1, top_k, variant1,
-                -(-hidden // cfg1.threads),
-            ).launch(grid=grid1, block=cfg1.threads)  # fmt: skip
-            token_stream_reduce_kernel(partials, topk_ids, topk_weights, out, experts, top_k, grid1[0]).launch(
-                grid=(-(-hidden // STREAM_REDUCE_COLUMNS),), block=32 * STREAM_REDUCE_WARPS
-            )
             return None
         if fp8 is None:
             skinny_gemm_grouped_kernel(x, w1_rows, h, *routing, top_k, cfg1, variant1, mode1).launch(
