@@ -5,7 +5,8 @@
 # with torch.compile peers) takes its own; moe-decode (the decode modes and stage configurations:
 # benchmarks/moe_decode_sweep.py, ~4 min) too, as do moe-decode-record (moe_bench.py at T 1, 16, 64: issue 34's decode
 # record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16 bar, ~2 min). moe-single
-# (one token in one launch against two, 6 cases, whole calls only, < 1 min); moe-stages (the stage sweeps of fp8 and
+# (one token in one launch against two, 6 cases, whole calls only, < 1 min), fp8-explore-skinny (every skinny
+# configuration of 7 fp8 layers at M 16 beside the half copy, ~3 min); moe-stages (the stage sweeps of fp8 and
 # block from 16 tokens, ~1.5 min); moe-one-token (moe_decode_sweep.py --stages
 # direct over the fp8 and block cases at one token, Mixtral's too: each stage alone, with and without
 # SkinnyConfig.landed, ~3 min) and quantize (quantize_bench.py, per token and tensor, ~2 min) fit one call together;
@@ -90,6 +91,10 @@ for bench in $which; do
       run moe-single python3 benchmarks/moe_decode_sweep.py --modes direct+combine,direct+combine+single --stages none \
         --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block,qwen3:1,dsv3-tp8:1 \
         --json "$(out moe_decode_sweep single)" --commit "$commit" ;;
+    fp8-explore-skinny)  # every skinny configuration at M 16 next to the half copy, ~3 min
+      run fp8-explore-skinny python3 benchmarks/fp8_gemm_bench.py --explore-skinny --sweep --no-square --m 16 \
+        --nk 7168x18432 18432x7168 14336x4096 4096x4096 1536x7168 7168x2048 24576x1536 --repeats 2 \
+        --json "$(out fp8_gemm explore_skinny)" --commit "$commit" ;;
     quantize) run quantize python3 benchmarks/quantize_bench.py --granularities token,tensor --repeats 3 \
       --json "$(out quantize)" --commit "$commit" ;;
     blockscale) run blockscale python3 benchmarks/blockscale_gemm_bench.py --sweep --repeats 5 \
