@@ -40,7 +40,7 @@ def _forward_pieces() -> dict:
         "  its signature (plan_key)": lambda: signature(x, -1),
         "  its output (memory.torch_empty_like)": lambda: torch_empty_like(x),
         "  torch.empty_like": lambda: torch.empty_like(x),
-        f"  its replay and launch ({type(plan).__name__})": lambda: plan(x, out),
+        f"  its replay: output and launch ({type(plan).__name__})": lambda: plan(x),  # (the plan makes its output)
         "torch x.add_(1)": lambda: out.add_(1),
     }
 
