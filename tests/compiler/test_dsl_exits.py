@@ -302,3 +302,106 @@ def test_a_return_in_a_loop_under_a_dynamic_condition_becomes_a_break_and_a_guar
     assert text.count("scf.while") == 1 and "scf.for" not in text, text
     last_store = text.rindex("fly.store")
     assert text.rindex("scf.if") < last_store and text.rindex("} else {") < last_store, text
+
+
+def _else_kernel(which: str):
+    @flyc.kernel
+    def k(x: fx.Tensor, n: fx.Int32):
+        if fx.const_expr(which == "dynamic range"):
+            for i in range(n):
+                if x[i] > 0.0:
+                    break
+                x[i] = 1.0
+            else:  # runs unless the break did: a flag the break clears, carried by the scf.while
+                x[0] = 2.0
+        elif fx.const_expr(which == "while"):
+            i = fx.Int32(0)
+            while i < n:
+                if x[i] > 0.0:
+                    break
+                i = i + 1
+            else:
+                x[0] = 3.0
+        elif fx.const_expr(which == "constexpr range"):
+            for i in fx.range_constexpr(3):
+                if x[i] > 0.0:
+                    break
+                x[i] = 1.0
+            else:
+                x[0] = 2.0
+        elif fx.const_expr(which == "return"):
+            for i in fx.range_constexpr(2):
+                if x[i] > 0.0:
+                    return
+                x[i] = 1.0
+            else:
+                x[0] = 2.0
+            x[1] = 5.0
+        else:  # nested: the inner else runs per outer iteration, the outer one once
+            for a in range(n):
+                for b in range(n):
+                    if x[b] > x[a]:
+                        break
+                else:
+                    x[a] = 0.0
+                if x[a] < -5.0:
+                    break
+            else:
+                x[0] = 1.0
+
+    return k
+
+
+@pytest.mark.parametrize(
+    "which, whiles, ifs",
+    [("dynamic range", 1, 3), ("while", 1, 3), ("constexpr range", 0, 6), ("return", 0, 4), ("nested", 2, 6)],
+)
+def test_loops_with_an_else_fold_their_breaks_into_a_flag(which, whiles, ifs):
+    text = _trace(_else_kernel(which), "Int32")
+    assert text.count("scf.while") == whiles and text.count("scf.if") == ifs and "scf.for" not in text, text
+    assert text.rindex("fly.store") > text.rindex("scf.if"), text  # the else's store, under the flag's scf.if
+
+
+def _python_else(n: int, m: int):
+    seen = []
+    for a in range(n):
+        for b in range(a):
+            if b == m:
+                break
+        else:  # an inner else whose own break leaves the outer loop
+            seen.append(100 + a)
+            if a == m + 1:
+                break
+        if a == 2 * m:
+            break
+    else:
+        seen.append(-1)
+    j = 0
+    while j < n:
+        j += 1
+        if j == m:
+            break
+    else:
+        seen.append(-2)
+    for c in [1, 2]:  # no break: the else always runs
+        seen.append(c)
+    else:
+        seen.append(-3)
+    for d in range(n):
+        if d == m:
+            return seen, d  # a return in a loop with an else
+    else:
+        seen.append(-4)
+    return seen, None
+
+
+def test_loops_with_an_else_run_as_python_would_on_trace_time_values():
+    from mlir import ir
+
+    from flydsl.compiler.ast_rewrite import rewrite_function
+
+    with ir.Context():
+        folded = rewrite_function(_python_else)
+        for n in range(-1, 7):
+            for m in range(-1, 7):
+                assert folded(n, m) == _python_else(n, m), (n, m)

@@ -14,9 +14,12 @@ that way before :mod:`ast_rewrite` sees them:
 A bare ``return`` inside loops first becomes a flag and a ``break`` out of each loop (:class:`FoldLoopReturns`), the
 outermost followed by ``if flag: return``, which then folds like any early return.
 
+A loop's ``else:`` first becomes a flag that the loop's own ``break`` s clear and an ``if`` after the loop
+(:func:`unfold_loop_else`), so that the loop folds like any other.
+
 Python runs the folded statements exactly as the original ones, so trace-time conditions behave as before. Exits
-left elsewhere (a ``return`` of a value inside a loop, exits in ``with`` or ``try``, loops with an ``else:``) are not
-folded, and a dynamic condition over them still raises the error that says what to do.
+left elsewhere (a ``return`` of a value inside a loop, exits in ``with`` or ``try``) are not folded, and a dynamic
+condition over them still raises the error that says what to do.
 """
 
 from __future__ import annotations
@@ -28,6 +31,60 @@ import itertools
 HELPERS = "__fly_cf"  # the name the rewritten code calls its helpers (flydsl.compiler.control_flow) through
 RESULT = "_fly_returned"  # (not "__fly_": those names are never carried out of a branch)
 RETURNING = "_fly_returning"  # set where a return in a loop became a break (FoldLoopReturns)
+COMPLETED = "_fly_completed"  # a loop's else flag: cleared by the loop's own breaks (unfold_loop_else)
+
+
+def unfold_loop_else(statements: list[ast.stmt]) -> list[ast.stmt]:
+    """``statements`` with each loop's ``else:`` (inner loops first) moved after the loop: where the loop has
+    ``break`` s of its own, under ``if {COMPLETED}_n:``, a flag set before the loop and cleared before each of those
+    breaks (Python's rule: the ``else:`` runs unless a ``break`` ended the loop); else unconditionally. Nested
+    functions and classes are left to their own rewrite."""
+    ids = itertools.count()
+
+    def unfold(statements: list[ast.stmt]) -> list[ast.stmt]:
+        out = []
+        for statement in statements:
+            if not isinstance(statement, _SCOPES):
+                for block in _blocks(statement):
+                    block[:] = unfold(block)
+            if not isinstance(statement, (ast.For, ast.While)) or not statement.orelse:
+                out.append(statement)
+                continue
+            orelse, statement.orelse = statement.orelse, []
+            flag = f"{COMPLETED}_{next(ids)}"
+            body = _cleared_before_breaks(statement.body, flag)
+            if body is None:  # no break of its own: the else always runs
+                out += [statement, *orelse]
+                continue
+            statement.body = body
+            (after,) = _template(f"if {flag}:\n    pass", orelse[0])
+            after.body = orelse
+            out += [*_template(f"{flag} = True", statement), statement, after]
+        return out
+
+    return unfold(statements)
+
+
+def _cleared_before_breaks(statements: list[ast.stmt], flag: str) -> list[ast.stmt] | None:
+    """``statements`` (a loop's body) with ``{flag} = False`` before each ``break`` of that loop (not of loops or
+    functions inside it), or None where it has none."""
+    found = False
+
+    def clear(statements: list[ast.stmt]) -> list[ast.stmt]:
+        nonlocal found
+        out = []
+        for statement in statements:
+            if isinstance(statement, ast.Break):
+                found = True
+                out += _template(f"{flag} = False", statement)
+            elif not isinstance(statement, _SCOPES_AND_LOOPS):
+                for block in _blocks(statement):
+                    block[:] = clear(block)
+            out.append(statement)
+        return out
+
+    cleared = clear(statements)
+    return cleared if found else None
 
 
 def fold_returns(function: ast.FunctionDef) -> bool:
@@ -65,11 +122,12 @@ def _fold_returns(function: ast.FunctionDef) -> None:
 
 class FoldLoopReturns:
     """Bare ``return`` s that end branches of a loop's body become ``{RETURNING} = True`` and a ``break``, and the loop
-    is followed by ``if {RETURNING}: return`` (``break`` where the loop is in another one, which is then followed by
-    the same), so that :func:`fold_returns` and :class:`FoldLoopExits` fold them. A loop nest is folded whole or
-    left as written: loops with an ``else:``, a ``return`` of a value (whose type a dynamic loop could not carry
-    before it is known) or one that does not end a branch (in a ``with`` or ``try``) keep the nest as it was. Only
-    statements are visited (a return is one), not nested functions or classes (their returns are their own)."""
+    is followed by ``if {RETURNING}: return`` (``break`` where the loop is in another one, which is then followed by the
+    same), so that :func:`fold_returns` and :class:`FoldLoopExits` fold them. A loop nest is folded whole or left as
+    written: loops with an ``else:`` (which :func:`unfold_loop_else` removes first), a ``return`` of a value (whose type
+    a dynamic loop could not carry before it is known) or one that does not end a branch (in a ``with`` or ``try``) keep
+    the nest as it was. Only statements are visited (a return is one), not nested functions or classes (their returns
+    are their own)."""
 
     def __init__(self):
         self.folded = False
@@ -204,12 +262,19 @@ def _folded_loop_body(body: list[ast.stmt], flag: str) -> tuple[list[ast.stmt], 
 
 
 def _returning(body: list[ast.stmt]) -> tuple[str, ...]:
-    """(RETURNING,) where the loop body sets it (a return made a break: :class:`FoldLoopReturns`), to be carried."""
-    sets = (
-        isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Name) and s.targets[0].id == RETURNING
-        for s in _walk(body, _SCOPES, statements_only=True)
-    )
-    return (RETURNING,) if any(sets) else ()
+    """The flags a loop body sets that a dynamic loop is to carry as Booleans: (RETURNING,) where it sets it (a return
+    made a break: :class:`FoldLoopReturns`), and the ``else:`` flags (:func:`unfold_loop_else`) that this loop's own
+    breaks clear (not those of loops inside it)."""
+
+    def assigned(skipped, value=None):
+        for statement in _walk(body, skipped, statements_only=True):
+            if isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name):
+                if value is None or (isinstance(statement.value, ast.Constant) and statement.value.value is value):
+                    yield statement.targets[0].id
+
+    returning = (RETURNING,) if RETURNING in set(assigned(_SCOPES)) else ()
+    cleared = (name for name in assigned(_SCOPES_AND_LOOPS, False) if name.startswith(COMPLETED))
+    return returning + tuple(dict.fromkeys(cleared))
 
 
 def listed(result) -> list:

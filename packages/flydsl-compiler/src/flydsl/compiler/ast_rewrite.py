@@ -27,7 +27,7 @@ import linecache
 import textwrap
 import types
 
-from flydsl.compiler.ast_escapes import HELPERS, FoldLoopExits, fold_returns, listed
+from flydsl.compiler.ast_escapes import HELPERS, FoldLoopExits, fold_returns, listed, unfold_loop_else
 
 __all__ = ["rewrite_function", "RewriteError"]
 
@@ -459,6 +459,8 @@ def _rewrite_code(code: types.CodeType, source: str, filename: str, first_line: 
         raise _Untraceable("expected a function definition", filename, first_line)
     function.decorator_list = []
     # (the exits' passes only where the source names them: most functions have a last `return` at most)
+    if "else" in source and ("for" in source or "while" in source):
+        function.body = unfold_loop_else(function.body)
     loop_returns = False
     if source.count("return") > 1 or (source.count("return") == 1 and not isinstance(function.body[-1], ast.Return)):
         loop_returns = fold_returns(function)

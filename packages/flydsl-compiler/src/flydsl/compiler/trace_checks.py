@@ -94,8 +94,8 @@ def truth(value, text: str):
 
 _ESCAPE_ADVICE = (
     "MLIR's scf.for / scf.if / scf.while have no early exit, and this `{escape}` could not be folded into branches"
-    " (only exits that end a branch are: not one inside a `with`/`try`, followed by code, in a loop with an `else:`"
-    " or, for a `return`, inside a loop). Keep the statement's control flow static (bounds and"
+    " (only exits that end a branch are: not one inside a `with`/`try` or followed by code, nor, for a `return` of"
+    " a value, inside a loop). Keep the statement's control flow static (bounds and"
     " conditions known at trace time: Python ints, Constexpr values, fx.range_constexpr, fx.const_expr), or trace it"
     " without `{escape}`: carry a flag (`done = fx.Boolean(False)` before the loop, `done = done | cond` in it) and"
     " guard the rest of the body with `if ~done:`, or use a `while` loop whose condition says when to stop"
