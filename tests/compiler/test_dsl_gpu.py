@@ -109,6 +109,22 @@ def prefix_until_negative(x: fx.Tensor, out: fx.Tensor, rows: fx.Int32, cols: fx
 
 
 @flyc.kernel
+def first_negative_or_sum(x: fx.Tensor, out: fx.Tensor, rows: fx.Int32, cols: fx.Int32):
+    """Per row, the index of the first negative value, or (a loop's else: no break) -1 - the row's sum."""
+    row = gpu.block_idx.x * gpu.block_dim.x + gpu.thread_idx.x
+    if row >= rows:
+        return
+    acc = fx.Float32(0.0)
+    for j in range(cols):
+        if x[row, j] < 0.0:
+            out[row] = j.to(fx.Float32)
+            break
+        acc = acc + x[row, j]
+    else:
+        out[row] = -1.0 - acc
+
+
+@flyc.kernel
 def transcendental(x: fx.Tensor, out: fx.Tensor, n: fx.Int32):
     i = gpu.block_idx.x * gpu.block_dim.x + gpu.thread_idx.x
     if i < n:
@@ -226,6 +242,18 @@ def test_a_return_in_a_dynamic_loop_ends_the_kernel(rows, cols):
     expected = (torch.arange(cols, device="cuda")[None, :] < first[:, None]).float()
     expected[~negative.any(1), cols - 1] = 2.0
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (37, 53), (1000, 257)])
+def test_a_loops_else_runs_where_no_break_did(rows, cols):
+    x = torch.randn(rows, cols, device="cuda") + 1.0
+    x[::3] = x[::3].abs()  # rows with no negative value: their else runs
+    out = torch.full((rows,), float("nan"), device="cuda")
+    first_negative_or_sum(x, out, rows, cols).launch(grid=_blocks(rows, 128), block=128)
+    torch.cuda.synchronize()
+    negative = x < 0
+    expected = torch.where(negative.any(1), negative.int().argmax(1).float(), -1.0 - x.double().sum(1).float())
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-3)
 
 
 def test_math_functions_against_float64():
