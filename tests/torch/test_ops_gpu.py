@@ -320,6 +320,26 @@ def test_gemm_gradients_eager_and_compiled():
         assert _rel(bias.grad, dc.double().sum(0)) < 1e-3
 
 
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+def test_gemm_gradients_through_the_fused_activation(activation):
+    """Against float64 autograd of the unfused ``act(a @ b + bias)``, eager and compiled."""
+    a = _rand(64, 128, dtype=torch.bfloat16, requires_grad=True)
+    b = _rand(128, 96, dtype=torch.bfloat16, requires_grad=True)
+    bias = _rand(96, dtype=torch.float32, requires_grad=True)
+    dc = _rand(64, 96, dtype=torch.bfloat16)
+    leaves = [t.detach().double().requires_grad_() for t in (a, b, bias)]
+    act = getattr(F, activation)
+    expected = torch.autograd.grad(act(leaves[0] @ leaves[1] + leaves[2]), leaves, dc.double())
+
+    def f(a, b, bias):
+        return torch.ops.flydsl.gemm(a, b, bias, activation)
+
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        got = torch.autograd.grad(fn(a, b, bias), (a, b, bias), dc)
+        for value, reference in zip(got, expected, strict=True):
+            assert _rel(value, reference) < 2e-2, activation
+
+
 # --- the host path ---------------------------------------------------------------------------------------------------
 
 

@@ -118,13 +118,14 @@ ops.fused_add_rms_norm.register_autograd(_fused_add_rms_norm_backward, _fused_ad
 
 def _gemm_setup(ctx, inputs, output):
     a, b, bias, activation = inputs
-    if activation is not None and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)):
-        raise NotImplementedError(
-            f"flydsl.gemm: gradients through the fused activation ({activation!r}) are not supported yet: call it"
-            " with activation=None and apply the activation in torch"
-        )
+    ctx.activation = activation
     ctx.bias_dtype = None if bias is None else bias.dtype
-    ctx.save_for_backward(a, b)
+    if activation == "relu":  # its derivative from the output: 1 where it is positive
+        ctx.save_for_backward(a, b, output)
+    elif activation is not None:  # gelu, silu: from the pre-activation, computed again in the backward
+        ctx.save_for_backward(a, b, bias)
+    else:
+        ctx.save_for_backward(a, b)
 
 
 def _matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -132,13 +133,30 @@ def _matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ops.gemm.call(x, y, None, None)
 
 
+def _activation_grad(ctx, dc: torch.Tensor, saved: tuple) -> torch.Tensor:
+    """The gradient at the fused activation's input: dc itself without one; relu's from the output; gelu's (erf)
+    and silu's through torch's own derivative kernels at the pre-activation ``a @ b + bias``, computed again by the
+    flydsl GEMM (rounded to the output's dtype, as an unfused matmul would hand it to the activation)."""
+    if ctx.activation is None:
+        return dc
+    a, b, third = saved
+    if ctx.activation == "relu":
+        return torch.ops.aten.threshold_backward(dc, third, 0)
+    z = ops.gemm.call(a, b, third, None)
+    if ctx.activation == "gelu":
+        return torch.ops.aten.gelu_backward(dc, z)
+    return torch.ops.aten.silu_backward(dc, z)
+
+
 def _gemm_backward(ctx, dc):
     if dc is None:
         return None, None, None, None
-    a, b = ctx.saved_tensors
-    da = _matmul(dc, b.t()) if ctx.needs_input_grad[0] else None
-    db = _matmul(a.t(), dc) if ctx.needs_input_grad[1] else None
-    dbias = dc.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
+    saved = ctx.saved_tensors
+    a, b = saved[:2]
+    dz = _activation_grad(ctx, dc, saved)
+    da = _matmul(dz, b.t()) if ctx.needs_input_grad[0] else None
+    db = _matmul(a.t(), dz) if ctx.needs_input_grad[1] else None
+    dbias = dz.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
     return da, db, dbias, None
 
 
