@@ -267,8 +267,8 @@ def explore_skinny(torch, do_bench, cases, repeats) -> list:
         target = torch.empty_like(source)
         copy_call = functools.partial(target.copy_, source)
         copy = statistics.median(_bench(copy_call, do_bench) for _ in range(repeats))
-        timed = []
-        for cfg in skinny_candidates(m, n, k, sms):
+        timed, candidates = [], skinny_candidates(m, n, k, sms)
+        for cfg in candidates:
             try:
                 plan = plan_skinny(*specs, sms=sms, scales=scales, config=cfg)
                 call = functools.partial(launch_plan, plan, a, b, out, None, (scale_a, scale_b))
@@ -286,7 +286,7 @@ def explore_skinny(torch, do_bench, cases, repeats) -> list:
         rows.append(
             dict(
                 m=m, n=n, k=k, scaled_mm_rowwise_us=row * 1e3, copy_us=copy * 1e3,
-                chosen=repr(skinny_candidates(m, n, k, sms)[0]),
+                chosen=repr(candidates[0]),
                 configs=[dict(config=repr(cfg), us=ms * 1e3, fraction_of_copy=copy / ms) for ms, cfg in timed],
             )
         )  # fmt: skip
