@@ -99,6 +99,28 @@ def test_a_saved_output_holds_no_reference_to_its_node(node):
     assert alive() is None
 
 
+def test_the_context_goes_with_the_graph(node):
+    """The backward's context is dropped once the graph is released (not kept until the node dies); a kept graph
+    (retain_graph) runs again with it, a released one is refused like torch's own, also where nothing was saved."""
+    contexts = []
+
+    def setup(ctx, inputs, result):
+        contexts.append(weakref.ref(ctx))
+
+    doubled = node.Gradients("doubled", setup, lambda ctx, dy: dy * 2, _nodes.NodeContext, True)
+    x = torch.randn(3, requires_grad=True)
+    y = doubled.apply(lambda x: (x * 2,), (x,))
+    for _ in range(2):
+        (dx,) = torch.autograd.grad(y, (x,), torch.ones(3), retain_graph=True)
+        torch.testing.assert_close(dx, torch.full((3,), 2.0))
+    assert contexts[0]() is not None
+    torch.autograd.grad(y, (x,), torch.ones(3))
+    gc.collect()
+    assert contexts[0]() is None and y.grad_fn is not None  # the node lives on with the output, its context gone
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        torch.autograd.grad(y, (x,), torch.ones(3))
+
+
 def test_a_saved_tensor_changed_in_place_is_refused(node):
     gradients = _scale_gradients(node, [])
     x, w = torch.randn(4, 3, requires_grad=True), torch.randn(3)

@@ -9,6 +9,12 @@
 // node keeps the saved tensors as SavedVariables (an output saved for its own backward holds no reference to its
 // node), and on the backward calls backward(ctx, *grads) with ctx.saved_tensors set for the call only: one gradient
 // per input, None for an unused output's gradient (no zeros materialized).
+//
+// The GIL: the backward runs on autograd's device thread, which takes the GIL for it, while the caller's thread waits
+// in autograd.grad without it. Everything else the node owns is dropped without the GIL where it can be: the op's
+// backward is shared through a shared_ptr (no reference count of a Python object per node), and the context goes in
+// release_variables, right after the backward on the same thread. The node itself is often destroyed on the device
+// thread once the caller's thread holds the GIL again; a destructor that took the GIL there would wait for it.
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -18,6 +24,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -40,17 +47,35 @@ py::object wrap(const at::Tensor &tensor) {
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(tensor));
 }
 
-struct FlyBackward : Node {
+// One op's backward(ctx, *grads) -> one gradient per input (a tuple) or the only one; shared by the op's Gradients
+// and its nodes, destroyed with the GIL by the last of them (normally the Gradients).
+struct OpBackward {
   std::string opName;
-  py::object backward; // backward(ctx, *grads) -> one gradient per input (a tuple) or the only one
-  py::object context;  // the op's ctx: what setup_context set on it, needs_input_grad
+  py::object function;
+
+  OpBackward(std::string name, py::object backward) : opName(std::move(name)), function(std::move(backward)) {}
+  ~OpBackward() {
+    if (!Py_IsInitialized()) { // the interpreter is gone: its objects with it
+      function.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    function = py::object();
+  }
+};
+
+struct FlyBackward : Node {
+  std::shared_ptr<const OpBackward> op;
+  py::object context; // the op's ctx: what setup_context set on it, needs_input_grad; None once released
   std::vector<SavedVariable> saved;
   std::vector<int> slots; // per output of the op: its gradient's index among the node's inputs, -1: none
 
-  std::string name() const override { return "FlyBackward_" + opName; }
+  std::string name() const override { return "FlyBackward_" + op->opName; }
 
   variable_list apply(variable_list &&grads) override {
     py::gil_scoped_acquire gil;
+    if (!context)
+      throw std::runtime_error(torch::autograd::ERR_BACKWARD_TWICE);
     py::tuple savedTensors(saved.size());
     for (size_t i = 0; i < saved.size(); ++i)
       savedTensors[i] = wrap(saved[i].unpack(getptr()));
@@ -61,7 +86,7 @@ struct FlyBackward : Node {
     py::object result;
     context.attr("saved_tensors") = savedTensors;
     try {
-      result = backward(*args);
+      result = op->function(*args);
     } catch (...) {
       py::delattr(context, "saved_tensors");
       throw;
@@ -88,19 +113,25 @@ struct FlyBackward : Node {
     return gradients;
   }
 
+  // Called by the engine right after apply where the graph is not kept: the context goes here, on the thread that
+  // just ran the backward, while the caller's thread still waits without the GIL.
   void release_variables() override {
     for (SavedVariable &variable : saved)
       variable.reset_data();
+    if (context) {
+      py::gil_scoped_acquire gil;
+      context = py::object();
+    }
   }
 
   ~FlyBackward() override {
+    if (!context) // released (or never set): nothing of Python's left to drop
+      return;
     if (!Py_IsInitialized()) { // the interpreter is gone: its objects with it
-      backward.release();
       context.release();
       return;
     }
-    py::gil_scoped_acquire gil;
-    backward = py::object();
+    py::gil_scoped_acquire gil; // a kept graph (retain_graph) or a backward that never ran
     context = py::object();
   }
 };
@@ -121,8 +152,8 @@ bool contains(const py::tuple &tensors, PyObject *value) {
 
 // One op's gradients: its name, setup_context, backward and context type, bound once (register_autograd).
 struct Gradients {
-  std::string opName;
-  py::object setup, backward, contextType;
+  std::shared_ptr<const OpBackward> backward;
+  py::object setup, contextType;
   bool single; // the op has one output: forward's tuple is unwrapped
 
   py::object apply(const py::object &forward, const py::tuple &inputs) const;
@@ -167,8 +198,7 @@ py::object Gradients::apply(const py::object &forward, const py::tuple &inputs) 
 
   NodePtr node = makeNode<NodePtr>();
   auto *fly = static_cast<FlyBackward *>(node.get());
-  fly->opName = opName;
-  fly->backward = backward;
+  fly->op = backward;
   fly->context = context;
   node->set_next_edges(std::move(edges));
   fly->slots.assign(outputs.size(), -1);
@@ -180,7 +210,7 @@ py::object Gradients::apply(const py::object &forward, const py::tuple &inputs) 
     if (!tensor.defined() || !(tensor.is_floating_point() || tensor.is_complex()))
       continue;
     if (tensor.requires_grad())
-      throw std::runtime_error("flydsl." + opName + ": an output already records gradients");
+      throw std::runtime_error("flydsl." + backward->opName + ": an output already records gradients");
     fly->slots[i] = static_cast<int>(node->num_inputs());
     torch::autograd::set_history(tensor, node);
   }
@@ -191,7 +221,7 @@ py::object Gradients::apply(const py::object &forward, const py::tuple &inputs) 
       continue;
     }
     if (!THPVariable_Check(value.ptr()))
-      throw std::runtime_error("flydsl." + opName + ": save_for_backward takes tensors or None");
+      throw std::runtime_error("flydsl." + backward->opName + ": save_for_backward takes tensors or None");
     fly->saved.emplace_back(THPVariable_Unpack(value.ptr()), contains(outputs, value.ptr()));
   }
   return result;
@@ -204,8 +234,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   py::class_<Gradients>(module, "Gradients")
       .def(py::init([](std::string name, py::object setup, py::object backward, py::object contextType,
                        bool single) {
-             return Gradients{std::move(name), std::move(setup), std::move(backward), std::move(contextType),
-                              single};
+             return Gradients{std::make_shared<const OpBackward>(std::move(name), std::move(backward)),
+                              std::move(setup), std::move(contextType), single};
            }),
            py::arg("name"), py::arg("setup"), py::arg("backward"), py::arg("context_type"), py::arg("single"))
       .def("apply", &Gradients::apply, py::arg("forward"), py::arg("inputs"));
