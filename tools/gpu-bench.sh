@@ -28,7 +28,8 @@
 # kept on disk, the default, ~1.5 min; record *_kept); host-gradient (the breakdown alone, 15 repeats: softmax's
 # recording forward, its backward over a kept graph and the whole, torch's and ours, < 1 min); host-function (`host`
 # with gradients through the Python autograd.Function, FLYDSL_TORCH_NODES=0, record *_function: fits one call with
-# `host`); host-attributes (`host` with torch's C API off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call
+# `host`); host-node (the ops table and the breakdown with gradients through the C++ node, FLYDSL_TORCH_NODES=1,
+# record *_node, ~3 min); host-attributes (`host` with torch's C API off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call
 # with `host`); paged-token (the per-token scales' f16 P of ac27149 against 690a143's bf16 values over both models'
 # sweeps, bf16 beside: first `python tools/decode_variant.py 690a143 exp` and carry exp; ~3 min). Each run is cut at 5
 # minutes. Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
@@ -72,6 +73,9 @@ for bench in $which; do
     host-function)  # issue 31's ops with gradients through the Python Function (FLYDSL_TORCH_NODES=0), beside `host`
       FLYDSL_TORCH_NODES=0 run host-function python3 benchmarks/host_overhead.py \
         --json "$(out host_overhead function)" --commit "$commit" ;;
+    host-node)  # issue 31's ops with gradients through the C++ node (FLYDSL_TORCH_NODES=1, built there first), ~3 min
+      FLYDSL_TORCH_NODES=1 run host-node python3 benchmarks/host_overhead.py --parts ops breakdown \
+        --json "$(out host_overhead node)" --commit "$commit" ;;
     host-attributes)  # issue 31's ops with torch's C API off (FLYDSL_TORCH_C_API=0): what it saves, beside `host`
       FLYDSL_TORCH_C_API=0 run host-attributes python3 benchmarks/host_overhead.py \
         --json "$(out host_overhead attributes)" --commit "$commit" ;;
