@@ -31,7 +31,16 @@
 # `host`); host-node (the ops table and the breakdown with gradients through the C++ node, FLYDSL_TORCH_NODES=1,
 # record *_node, ~3 min); host-attributes (`host` with torch's C API off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call
 # with `host`); paged-token (the per-token scales' f16 P of ac27149 against 690a143's bf16 values over both models'
-# sweeps, bf16 beside: first `python tools/decode_variant.py 690a143 exp` and carry exp; ~3 min). Each run is cut at 5
+# sweeps, bf16 beside: first `python tools/decode_variant.py 690a143 exp` and carry exp; ~3 min); blockscale-deepgemm
+# (blockscale_gemm_bench.py with DeepGEMM, the named peer, and cuBLAS at 4096x7168x16384 and 512x7168x16384,
+# 4096x18432x7168, 8192x7168x2048, ~1 min; record *_deepgemm). DeepGEMM is built on the machine in two calls, since
+# one call carries at most 64 MiB: first `bash tools/pack-deepgemm.sh` here, then a call that carries
+# .devrt/rt-mlir.tar.xz, .devrt/wheels, .devrt/activate.sh and .dg/deepgemm-src.tar.xz and runs `source
+# tools/deepgemm-env.sh` (unpack, build with the machine's torch and nvcc, smoke check and the JIT kernels of those
+# shapes, ~3 min; it imports no flydsl), then, on the same warm machine, one that carries .devrt/rt-llvm.tar.xz (and
+# .devrt/wheels) and runs `bash tools/gpu-bench.sh C blockscale-deepgemm`, which sources `tools/deepgemm-env.sh --env`
+# itself. `blockscale` (the sweep) times DeepGEMM too where `source tools/deepgemm-env.sh --env` ran before it in the
+# same command. Each run is cut at 5
 # minutes. Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
 # <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders into
 # benchmarks/results/ and rename a run in a word where the commit alone does not say what it was), and its log as
@@ -103,6 +112,14 @@ for bench in $which; do
       --json "$(out quantize)" --commit "$commit" ;;
     blockscale) run blockscale python3 benchmarks/blockscale_gemm_bench.py --sweep --repeats 5 \
       --json "$(out blockscale_gemm)" --commit "$commit" ;;
+    blockscale-deepgemm)  # DeepGEMM's build from an earlier call: tools/deepgemm-env.sh, the header says how
+      if source tools/deepgemm-env.sh --env; then
+        run blockscale-deepgemm python3 benchmarks/blockscale_gemm_bench.py --peers cublas_blockwise deepgemm \
+          --shapes 4096x7168x16384 512x7168x16384 4096x18432x7168 8192x7168x2048 --repeats 5 \
+          --json "$(out blockscale_gemm deepgemm)" --commit "$commit"
+      else
+        summary="$summary\nblockscale-deepgemm: not run (deepgemm-env.sh --env failed: build DeepGEMM first)"
+      fi ;;
     blockscale-variants) run blockscale-variants python3 benchmarks/blockscale_variants.py \
       --variants chosen,128,192 --m 512 4096 8192 --json "$(out blockscale_variants)" --commit "$commit" ;;
     fp8-prepared) run fp8-prepared python3 benchmarks/fp8_prepared_descriptor.py \

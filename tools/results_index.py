@@ -96,7 +96,8 @@ BENCHMARKS = {
     ),
     "blockscale_gemm_bench": (
         "block-scaled fp8 GEMM (1 x 128 / 128 x 128 scales, bf16 out) against cuBLAS's blockwise `torch._scaled_mm`, "
-        "our rowwise fp8_gemm, rowwise `_scaled_mm`, the bf16 gemm and (M <= 128) a same-bytes copy",
+        "DeepGEMM's `fp8_gemm_nt` (where tools/deepgemm-env.sh built it), our rowwise fp8_gemm, rowwise `_scaled_mm`, "
+        "the bf16 gemm and (M <= 128) a same-bytes copy",
         "python benchmarks/blockscale_gemm_bench.py --sweep --repeats 5 --json OUT --commit C",
     ),
     "fp8_gemm_bench": (
