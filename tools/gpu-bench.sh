@@ -104,6 +104,9 @@ for bench in $which; do
       run moe-single python3 benchmarks/moe_decode_sweep.py --modes direct+combine,direct+combine+single --stages none \
         --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block,qwen3:1,dsv3-tp8:1 \
         --json "$(out moe_decode_sweep single)" --commit "$commit" ;;
+    moe-staged)  # one token's fp8 calls with the staged combined kernel against the combined one, outputs compared
+      run moe-staged python3 benchmarks/moe_decode_sweep.py --modes direct+combine,direct+combine+staged --stages none \
+        --cases qwen3:1:fp8,dsv3-tp8:1:fp8 --json "$(out moe_decode_sweep staged)" --commit "$commit" ;;
     fp8-explore-skinny)  # every skinny configuration at M 16 next to the half copy, ~3 min
       run fp8-explore-skinny python3 benchmarks/fp8_gemm_bench.py --explore-skinny --sweep --no-square --m 16 \
         --nk 7168x18432 18432x7168 14336x4096 4096x4096 1536x7168 7168x2048 24576x1536 --repeats 2 \

@@ -55,6 +55,23 @@ def ld_global_nc(
     return _words(_asm(_words_type(count), operands, text, ",".join(constraints)), count)
 
 
+def ld_shared(where, coord=None, nbytes: int = 16) -> Vector:
+    """``ld.shared.v{n}.b32``: ``nbytes`` (4, 8 or 16) bytes of this CTA's shared memory (aligned to ``nbytes``) in
+    one load, as an ``Int32`` vector, whatever the tensor's element type (e.g. 16 fp8 values staged by a bulk copy).
+    Kept in program order with the kernel's other side effects (an mbarrier wait before it stays before it).
+    ``where``: an ``!llvm.ptr<3>`` or a shared Tensor (``address(where, coord)``).
+
+    PTX ISA: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#data-movement-and-conversion-instructions-ld
+    """
+    if nbytes not in (4, 8, 16):
+        raise ValueError(f"ld_shared nbytes: expected 4, 8 or 16, got {nbytes}")
+    count = nbytes // 4
+    address = _llvm.ptrtoint(Int64.mlir_type(), _pointer(where, coord, "shared"))
+    text = f"ld.shared{_vec(count)}.b32 {_registers(0, count)}, [${count}];"
+    loaded = _asm(_words_type(count), [address], text, ",".join(["=r"] * count + ["l"]), side_effects=True)
+    return _words(loaded, count)
+
+
 def _registers(first: int, count: int) -> str:
     """Inline-PTX operands ``$first ..`` of ``count`` 32-bit words: one register, or a ``{...}`` vector of them."""
     names = ", ".join(f"${first + i}" for i in range(count))
