@@ -16,7 +16,9 @@
 # (DG_JIT_CACHE_DIR), link/ (library links, where needed). Exported: PYTHONPATH (+ the tree), CUDA_HOME,
 # DG_JIT_CACHE_DIR, DEEPGEMM_COMMIT (from the tarball's PACKED; the bench records it), and CPATH, LIBRARY_PATH,
 # LD_LIBRARY_PATH where the toolkit lacks nvrtc's or cuBLASLt's headers or libraries (a pip-assembled CUDA keeps them
-# in python's nvidia/ packages). Each step prints its seconds. Status: 0 when everything ran and matched the reference;
+# in python's nvidia/ packages). The build is DeepGEMM's `setup.py build_ext --inplace` (what its develop.sh runs,
+# one translation unit: ~2 min), with -std=c++17 as its setup.py says, or -std=c++20 where torch's headers refuse
+# less (torch 2.14 does; 2.11 does not). Each step prints its seconds. Status: 0 when everything ran and matched the reference;
 # else 1 no tarball nor build, 2 unpacking, 3 no CUDA toolkit, 4 headers or libraries missing, 5 the build, 6 the
 # import, 7 the smoke check (its own status printed: the shapes that failed, 10 no deep_gemm, 11 no GPU). The
 # smoke check's shapes after the first are DEEPGEMM_WARM's (a list, "" for none) where it is set.
@@ -57,7 +59,12 @@ _dg_add() {  # VARIABLE DIR [after]: DIR put first (or last) in the colon-separa
 }
 
 _dg_headers() {  # each header the extension includes from the toolkit, found in it or in python's nvidia packages
-    local h d found dirs
+    local h d found dirs py
+    py="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    if [[ ! -f "$py/Python.h" ]]; then
+        echo "deepgemm_setup: no Python.h in $py (python's development headers)" >&2
+        return 1
+    fi
     mapfile -t dirs < <(_dg_nvidia_dirs include)
     for h in cuda.h cuda_runtime.h nvrtc.h cublasLt.h; do
         found=""
@@ -73,12 +80,17 @@ _dg_headers() {  # each header the extension includes from the toolkit, found in
 }
 
 _dg_libraries() {  # -lcudart -lnvrtc link (through links in $1 where the toolkit has no libX.so), and load
-    local lib dir f found dirs probe="$1/probe"
+    local lib dir f found dirs probe="$1/probe" cxx
     mkdir -p "$1" || return 1
+    cxx="$(command -v "${CXX:-c++}" || command -v g++)" || {
+        echo "deepgemm_setup: no C++ compiler (c++, g++)" >&2
+        return 1
+    }
     mapfile -t dirs < <(_dg_nvidia_dirs lib)
     echo 'int dg_probe(void) { return 0; }' >"$probe.c"
     for lib in libcudart libnvrtc; do
-        if c++ -x c "$probe.c" -shared -fPIC -o "$probe.so" -L"$CUDA_HOME/lib64" "-l${lib#lib}" 2>/dev/null; then
+        if "$cxx" -x c "$probe.c" -shared -fPIC -o "$probe.so" -L"$CUDA_HOME/lib64" "-l${lib#lib}" 2>/dev/null; then
+            _dg_add LD_LIBRARY_PATH "$CUDA_HOME/lib64" after  # deep_gemm._C needs it found when it loads too
             continue
         fi
         found=""
