@@ -369,6 +369,9 @@ void flyBindRuntime(nb::module_ &rt) {
       .def_prop_ro("max_dynamic_shared_bytes", &Function::maxDynamicSharedMemory,
                    "Dynamic shared memory limit currently set for this kernel.")
       .def("set_max_dynamic_shared_memory", &Function::setMaxDynamicSharedMemory, "bytes"_a)
+      .def_prop_rw("shared_carveout", &Function::sharedCarveout, &Function::setSharedCarveout,
+                   "The preferred shared-memory carveout of SMs running this kernel: a percent of the most "
+                   "shared memory (100: all of it, L1 the least), -1 for no preference.")
       .def_prop_rw("dependent_launch", &Function::dependentLaunch, &Function::setDependentLaunch,
                    "Launch with programmatic dependent launch (the kernel may start while the "
                    "stream's previous kernel finishes; it must execute griddepcontrol.wait first).")

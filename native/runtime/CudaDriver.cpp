@@ -5,6 +5,8 @@
 #include <climits>
 #include <cstring>
 #include <dlfcn.h>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace fly::runtime {
@@ -341,6 +343,20 @@ void Function::setMaxDynamicSharedMemory(int bytes) const {
                      "setting max dynamic shared memory of '" + kernel_->name + "' to " +
                          std::to_string(bytes) + " bytes");
   kernel_->maxDynamicShared.store(bytes, std::memory_order_relaxed);
+}
+
+void Function::setSharedCarveout(int percent) const {
+  if (percent < -1 || percent > 100)
+    throw std::invalid_argument("shared_carveout: expected -1 (no preference) or a percent 0..100, got " +
+                                std::to_string(percent));
+  const DriverApi &a = driver();
+  CUresult r = withContextRetry([&] {
+    return a.cuFuncSetAttribute(kernel_->handle, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent);
+  });
+  if (r != CUDA_SUCCESS)
+    throwDriverError("cuFuncSetAttribute", r,
+                     "setting the preferred shared memory carveout of '" + kernel_->name + "' to " +
+                         std::to_string(percent) + "%");
 }
 
 void Function::launch(const unsigned grid[3], const unsigned block[3], void **params,

@@ -58,6 +58,7 @@ enum : int {
   CU_FUNC_ATTRIBUTE_PTX_VERSION = 5,
   CU_FUNC_ATTRIBUTE_BINARY_VERSION = 6,
   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+  CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9,
 };
 
 // CUdevice_attribute (only the ones referenced by name in the project).
@@ -317,6 +318,14 @@ public:
   /// Sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (needed above the
   /// default 48 KiB limit).
   void setMaxDynamicSharedMemory(int bytes) const;
+
+  /// CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: the share of the
+  /// SM's L1/shared storage (percent of the most shared memory, -1: no
+  /// preference) that SMs running this kernel are configured with. SMs change
+  /// configuration only when idle, so a kernel whose dependents' CTAs need
+  /// much shared memory beside its own sets 100.
+  int sharedCarveout() const { return attribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT); }
+  void setSharedCarveout(int percent) const;
 
   /// Whether launches allow programmatic dependent launch: the kernel may
   /// start while the stream's previous kernel finishes (it must execute

@@ -83,3 +83,31 @@ def test_chained_dependent_launches_read_what_the_previous_wrote():
     assert torch.equal(buffers[steps % 2], torch.full((n,), steps, dtype=torch.int32, device="cuda"))
     spec = next(iter(add_one._loaded.values()))
     assert spec.function.dependent_launch
+
+
+@flyc.kernel(dependent_launch=True, shared_carveout=100)
+def add_one_on_shared_configured_sms(out: fx.Tensor):
+    nvvm.griddepcontrol_wait()
+    out[gpu.thread_idx.x] = out[gpu.thread_idx.x] + 1
+
+
+def test_shared_carveout_is_checked():
+    """A percent of the most shared memory (a function attribute set at load, not a PTX directive)."""
+    for bad in (101, -1, 50.0, "max"):
+        with pytest.raises(ValueError, match="shared_carveout: expected a percent"):
+            flyc.kernel(shared_carveout=bad)(lambda out: None)
+    assert add_one_on_shared_configured_sms.attributes.shared_carveout == 100
+    ptx = add_one_on_shared_configured_sms.lower(flyc.TensorSpec((32,), "i32")).ptx
+    assert "carveout" not in ptx
+
+
+@pytest.mark.gpu
+def test_a_loaded_kernel_takes_its_shared_carveout():
+    import torch
+
+    out = torch.zeros(32, dtype=torch.int32, device="cuda")
+    add_one_on_shared_configured_sms(out).launch(grid=1, block=32)
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.ones_like(out))
+    (loaded,) = add_one_on_shared_configured_sms._loaded.values()
+    assert loaded.function.shared_carveout == 100

@@ -25,6 +25,10 @@ class KernelAttributes:
     * ``dependent_launch``: launched with programmatic dependent launch (a launch attribute, not a directive): the
       kernel may start while the stream's previous kernel finishes, and must call
       :func:`flydsl.expr.nvvm.griddepcontrol_wait` before touching memory that kernel may write or read.
+    * ``shared_carveout``: the SMs that run the kernel are configured with this percent of the most shared memory
+      (100: all of it, the least L1; a function attribute set when the kernel loads, not a directive). An SM changes
+      its configuration only when idle, so a kernel whose dependents' CTAs need much shared memory beside its own
+      CTAs sets 100 for them to start while it runs.
     """
 
     threads: tuple[int, ...] | None = None
@@ -32,6 +36,7 @@ class KernelAttributes:
     min_blocks_per_sm: int | None = None
     cluster: tuple[int, ...] | None = None
     dependent_launch: bool = False
+    shared_carveout: int | None = None
 
     def __post_init__(self):
         for name in ("threads", "cluster"):
@@ -54,6 +59,9 @@ class KernelAttributes:
             raise ValueError(f"kernel min_blocks_per_sm: expected a positive int, got {self.min_blocks_per_sm!r}")
         if not isinstance(self.dependent_launch, bool):
             raise ValueError(f"kernel dependent_launch: expected a bool, got {self.dependent_launch!r}")
+        carveout = self.shared_carveout
+        if carveout is not None and not (isinstance(carveout, int) and 0 <= carveout <= 100):
+            raise ValueError(f"kernel shared_carveout: expected a percent, an int in 0..100, got {carveout!r}")
 
     def mlir_attributes(self) -> dict[str, ir.Attribute]:
         attributes = {}

@@ -274,6 +274,8 @@ class KernelFunction:
         loaded = _LoadedKernel(runtime.load(self.compiled_module(spec)), self.name)
         if self.attributes.dependent_launch:
             loaded.function.dependent_launch = True
+        if self.attributes.shared_carveout is not None:
+            loaded.function.shared_carveout = self.attributes.shared_carveout
         if settings.current().cache_enabled:  # FLYDSL_RUNTIME_ENABLE_CACHE=0: every launch compiles again
             self._loaded[spec.key] = loaded
             register_loaded(self._dispatcher, spec.key, loaded)
@@ -591,10 +593,11 @@ def kernel(
     min_blocks_per_sm=None,
     cluster=None,
     dependent_launch: bool = False,
+    shared_carveout: int | None = None,
 ):
     """Decorates a device function; ``@kernel``, ``@kernel(target=flyc.SM80)``, ``@kernel(threads=384,
     min_blocks_per_sm=1)`` (see :class:`KernelAttributes`)."""
-    attributes = KernelAttributes(threads, max_registers, min_blocks_per_sm, cluster, dependent_launch)
+    attributes = KernelAttributes(threads, max_registers, min_blocks_per_sm, cluster, dependent_launch, shared_carveout)
     if fn is None:
         return lambda f: KernelFunction(f, target, attributes)
     return KernelFunction(fn, target, attributes)

@@ -21,6 +21,7 @@ from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_BLOCK,
     GroupedMode,
     choose_grouped_skinny_config,
+    skinny_gemm_grouped_fp8_beside_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
     skinny_gemm_grouped_scaled_kernel,
@@ -221,7 +222,9 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
                     x8, w1_rows, h, *routing, scales1, x_scales.view(-1), top_k, cfg1, variant1, mode1
                 )
             else:
-                stage1 = skinny_gemm_grouped_fp8_kernel(x, w1_rows, h, *routing, scales1, top_k, cfg1, variant1, mode1)
+                # (staged: stage 1's SMs keep the staged kernel's shared memory free)
+                kernel1 = skinny_gemm_grouped_fp8_beside_kernel if cfgs else skinny_gemm_grouped_fp8_kernel
+                stage1 = kernel1(x, w1_rows, h, *routing, scales1, top_k, cfg1, variant1, mode1)
             stage1.launch(grid=grid1, block=cfg1.threads)
         if combined and cfgs:  # the same in small CTAs beside stage 1's, the weights staged in shared memory
             skinny_gemm_staged_combined_kernel(
