@@ -23,19 +23,7 @@
 # import, 7 the smoke check (its own status printed: the shapes that failed, 10 no deep_gemm, 11 no GPU). The
 # smoke check's shapes after the first are DEEPGEMM_WARM's (a list, "" for none) where it is set.
 
-_dg_find_cuda_home() {
-    # A toolkit with bin/nvcc and include/cuda_runtime.h. nvcc on PATH can be a wrapper script
-    # (/usr/local/bin/nvcc that execs /usr/local/cuda-13.0/bin/nvcc), so ask nvcc itself where it lives.
-    local c here
-    here="$(nvcc -dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -n 1)"
-    for c in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda "${here:+$here/..}" /usr/local/cuda-13*; do
-        if [[ -n "$c" && -x "$c/bin/nvcc" && -f "$c/include/cuda_runtime.h" ]]; then
-            (cd "$c" && pwd -P)
-            return 0
-        fi
-    done
-    return 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/cuda-home.sh"
 
 _dg_nvidia_dirs() {  # include|lib: the folders of python's nvidia pip packages (nvidia/cu13/lib, nvidia/*/include)
     python3 - "$1" <<'PY' 2>/dev/null
@@ -181,7 +169,7 @@ _dg_setup() {
 
     # 2. the toolkit: CUDA_HOME (torch's extension build and DeepGEMM's JIT read it), headers, libraries
     t=$SECONDS
-    if ! CUDA_HOME="$(_dg_find_cuda_home)"; then
+    if ! CUDA_HOME="$(find_cuda_home)"; then
         echo "deepgemm_setup: step 2: found no CUDA toolkit (bin/nvcc + include/cuda_runtime.h)" >&2
         return 3
     fi
@@ -246,7 +234,7 @@ _dg_setup() {
 
 _dg_setup "$@"
 _dg_rc=$?
-unset -f _dg_setup _dg_find_cuda_home _dg_nvidia_dirs _dg_add _dg_headers _dg_libraries _dg_compilers _dg_wheel_shim
+unset -f _dg_setup _dg_nvidia_dirs _dg_add _dg_headers _dg_libraries _dg_compilers _dg_wheel_shim
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     exit "$_dg_rc"
 fi

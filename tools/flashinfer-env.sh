@@ -20,19 +20,7 @@
 # requests, packaging, nvidia-ml-py, tqdm) or not imported by `import flashinfer` nor by the decode path
 # (nvidia-cutlass-dsl, nvidia-cudnn-frontend, cuda-tile[tileiras]).
 
-_fi_find_cuda_home() {
-    # A toolkit with bin/nvcc and include/cuda_runtime.h. nvcc on PATH can be a wrapper script
-    # (/usr/local/bin/nvcc that execs /usr/local/cuda-13.0/bin/nvcc), so ask nvcc itself where it lives.
-    local c here
-    here="$(nvcc -dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -n 1)"
-    for c in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda "${here:+$here/..}" /usr/local/cuda-13*; do
-        if [[ -n "$c" && -x "$c/bin/nvcc" && -f "$c/include/cuda_runtime.h" ]]; then
-            (cd "$c" && pwd -P)
-            return 0
-        fi
-    done
-    return 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/cuda-home.sh"
 
 _fi_link_ok() {
     # FlashInfer links each module with: c++ ... -shared -L$CUDA_HOME/lib64 -L$CUDA_HOME/lib64/stubs -lcudart -lcuda
@@ -103,7 +91,7 @@ _fi_setup() {
     fi
     command -v ninja >/dev/null 2>&1 || echo "flashinfer_setup: warning: no ninja on PATH" >&2
     local cuda_home
-    if ! cuda_home="$(_fi_find_cuda_home)"; then
+    if ! cuda_home="$(find_cuda_home)"; then
         echo "flashinfer_setup: found no CUDA toolkit (bin/nvcc + include/cuda_runtime.h)" >&2
         return 3
     fi
@@ -140,7 +128,7 @@ _fi_setup() {
 
 _fi_setup "$@"
 _fi_rc=$?
-unset -f _fi_setup _fi_find_cuda_home _fi_link_ok _fi_fix_link
+unset -f _fi_setup _fi_link_ok _fi_fix_link
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     exit "$_fi_rc"
 fi
