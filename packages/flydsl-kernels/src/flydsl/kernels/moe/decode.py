@@ -81,7 +81,8 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     slower than the two launches on an H100 (``moe_decode_sweep/2026-12-06_9e02a6f_single_h100.json``).
     ``staged`` (opt-in, with combine; fp8 weights with per-row scales): the combined kernel as
     ``skinny_gemm_staged_combined_kernel``, whose small CTAs start beside stage 1's and bulk-copy their weight rows
-    into shared memory while stage 1 streams (untimed).
+    into shared memory while stage 1 streams: 1.3-1.4x slower on an H100, its CTAs did not start beside stage 1's
+    (``moe_decode_sweep/2026-12-07_8f680db_staged_h100.json``).
     ``enabled``: the modes allowed, a subset of "direct", "combine", "single", "staged", "quantize" and "quantize_h"
     (default: ``FLYDSL_MOE_DECODE``'s comma-separated words where it is set; else direct and combine)."""
     if enabled is None:
