@@ -18,6 +18,7 @@ from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GroupedMode,
     choose_grouped_skinny_config,
+    skinny_gemm_grouped_fp8_beside_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
 )
@@ -201,6 +202,9 @@ def test_the_staged_combined_kernel_fits_beside_stage_1(top_k, hidden, inter):
     assert "ld.global.nc" not in ptx and re.search(r"ld\.shared\.v4\.b32", ptx)
     staged = _ptxas_registers(ptxas_report(ptx))
     assert staged <= STAGED_REGISTERS
+    # both kernels ask for SMs configured for the most shared memory: an SM holds one configuration at a time
+    assert skinny_gemm_staged_combined_kernel.attributes.shared_carveout == 100
+    assert skinny_gemm_grouped_fp8_beside_kernel.attributes.shared_carveout == 100
     # stage 1 of the same call (direct: one token), and how many of its CTAs an SM holds
     cfg1 = choose_grouped_skinny_config(hidden, True, 1, True, False, False, inter)
     stage1, cfg1 = _lower(True, hidden, inter, False, cfg=cfg1, mode=GroupedMode(direct=True))

@@ -79,7 +79,8 @@ def skinny_gemm_combined_kernel(
     _combined_tile(h, w, out, topk_ids, topk_weights, w_scale, cfg, top_k, thread, token, x, wait, False)
 
 
-@flyc.kernel(dependent_launch=True)
+# (shared_carveout: the same SM configuration as stage 1's, which an SM must hold for both kernels' CTAs at once)
+@flyc.kernel(dependent_launch=True, shared_carveout=100)
 def skinny_gemm_staged_combined_kernel(
     h: fx.Tensor,
     w: fx.Tensor,
