@@ -101,6 +101,22 @@ def test_shared_carveout_is_checked():
     assert "carveout" not in ptx
 
 
+def test_a_variant_is_the_same_kernel_with_other_attributes():
+    """KernelFunction.variant: the same body and parameters under another name (its own entry symbol, compiled and
+    cached apart), some attributes changed, the others kept."""
+    plain = flyc.kernel(dependent_launch=True)(add_one_on_shared_configured_sms.fn)
+    wide = plain.variant("add_one_wide", shared_carveout=100)
+    assert wide.name == "add_one_wide" and wide.attributes.shared_carveout == 100 and wide.attributes.dependent_launch
+    assert plain.attributes.shared_carveout is None and [p.name for p in wide.params] == [p.name for p in plain.params]
+    spec = flyc.TensorSpec((32,), "i32")
+    assert ".entry add_one_wide(" in wide.lower(spec).ptx and ".entry add_one_wide(" not in plain.lower(spec).ptx
+    for bad in (plain.name, "not a name", 3):
+        with pytest.raises(ValueError, match="name: expected another identifier"):
+            plain.variant(bad, shared_carveout=100)
+    with pytest.raises(ValueError, match="shared_carveout: expected a percent"):
+        plain.variant("add_one_bad", shared_carveout=200)
+
+
 @pytest.mark.gpu
 def test_a_loaded_kernel_takes_its_shared_carveout():
     import torch

@@ -142,6 +142,15 @@ class KernelFunction:
     def __repr__(self):
         return f"<flyc.kernel {self.name}({', '.join(p.name for p in self.params)})>"
 
+    def variant(self, name: str, **attributes) -> KernelFunction:
+        """This kernel's body and parameters as another kernel, ``name``, with some of its :class:`KernelAttributes`
+        changed (e.g. ``shared_carveout=100`` for the launches that need it): compiled, cached and loaded apart."""
+        if not isinstance(name, str) or not name.isidentifier() or name == self.name:
+            raise ValueError(f"variant of kernel '{self.name}': name: expected another identifier, got {name!r}")
+        other = KernelFunction(self.fn, self.target, replace(self.attributes, **attributes))
+        other.name = name
+        return other
+
     def __call__(self, *args, **kwargs) -> KernelCall:
         if not kwargs and len(args) == self._arity:
             return KernelCall(self, args)  # the common case, without binding
@@ -253,7 +262,7 @@ class KernelFunction:
             toolchain.fingerprint(),
             fingerprint.digest,
             *(f"{package} {cache.package_fingerprint(package)}" for package in fingerprint.packages),
-            (self.target, self.attributes, spec.key),
+            (self.name, self.target, self.attributes, spec.key),
         )
         compiled = cache.load(key)
         if compiled is None:

@@ -127,38 +127,18 @@ def skinny_gemm_grouped_fp8_kernel(
     the stacked weights (N a multiple of 128: each expert's blocks its own), each K block's sums multiplied by its
     scale in the mainloop (one fp32 multiply-add per accumulator and block). ``variant.epilogue``: none or a gate,
     no scales (the kernel's own)."""
-    _grouped_fp8(
-        a, w, c, Routing(sorted_ids, expert_of_block, padded_count, top_k), positions, w_scale, cfg, variant, mode
-    )
-
-
-@flyc.kernel(dependent_launch=True, shared_carveout=100)
-def skinny_gemm_grouped_fp8_beside_kernel(
-    a: fx.Tensor,
-    w: fx.Tensor,
-    c: fx.Tensor,
-    sorted_ids: fx.Tensor,
-    expert_of_block: fx.Tensor,
-    padded_count: fx.Tensor,
-    positions: fx.Tensor,
-    w_scale: fx.Tensor,
-    top_k: fx.Int32,
-    cfg: fx.Constexpr,
-    variant: fx.Constexpr,
-    mode: fx.Constexpr,
-):
-    """:func:`skinny_gemm_grouped_fp8_kernel` on SMs configured for the most shared memory (``shared_carveout``
-    100): the stage 1 of one token whose dependent, ``skinny_gemm_staged_combined_kernel``, stages its weights in
-    shared memory beside this kernel's CTAs (an SM configured otherwise would first drain them)."""
-    _grouped_fp8(
-        a, w, c, Routing(sorted_ids, expert_of_block, padded_count, top_k), positions, w_scale, cfg, variant, mode
-    )
-
-
-def _grouped_fp8(a, w, c, routing: Routing, positions, w_scale, cfg, variant, mode) -> None:
     if variant.epilogue.scales:
         raise ValueError(f"skinny_gemm_grouped_fp8_kernel: expected no epilogue scales (w_scale's own): {variant}")
+    routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
     _grouped_skinny_gemm(a, w, c, routing, positions, w_scale, cfg, variant, mode)
+
+
+# skinny_gemm_grouped_fp8_kernel on SMs configured for the most shared memory: the stage 1 of one token whose
+# dependent, skinny_gemm_staged_combined_kernel, stages its weights in shared memory beside this kernel's CTAs (an SM
+# configured otherwise would first drain them).
+skinny_gemm_grouped_fp8_beside_kernel = skinny_gemm_grouped_fp8_kernel.variant(
+    "skinny_gemm_grouped_fp8_beside_kernel", shared_carveout=100
+)
 
 
 @flyc.kernel(dependent_launch=True, target=flyc.Target("sm_90a", ptx_version=84))  # PTX ISA 8.4: mma.sync on fp8
