@@ -332,16 +332,16 @@ int Function::attribute(int attr) const {
   return value;
 }
 
-void Function::setMaxDynamicSharedMemory(int bytes) const {
+void Function::setAttribute(int attr, int value, const std::string &what) const {
   const DriverApi &a = driver();
-  CUresult r = withContextRetry([&] {
-    return a.cuFuncSetAttribute(kernel_->handle, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                bytes);
-  });
+  CUresult r = withContextRetry([&] { return a.cuFuncSetAttribute(kernel_->handle, attr, value); });
   if (r != CUDA_SUCCESS)
-    throwDriverError("cuFuncSetAttribute", r,
-                     "setting max dynamic shared memory of '" + kernel_->name + "' to " +
-                         std::to_string(bytes) + " bytes");
+    throwDriverError("cuFuncSetAttribute", r, "setting " + what + " of '" + kernel_->name + "'");
+}
+
+void Function::setMaxDynamicSharedMemory(int bytes) const {
+  setAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes,
+               "max dynamic shared memory to " + std::to_string(bytes) + " bytes");
   kernel_->maxDynamicShared.store(bytes, std::memory_order_relaxed);
 }
 
@@ -349,14 +349,8 @@ void Function::setSharedCarveout(int percent) const {
   if (percent < -1 || percent > 100)
     throw std::invalid_argument("shared_carveout: expected -1 (no preference) or a percent 0..100, got " +
                                 std::to_string(percent));
-  const DriverApi &a = driver();
-  CUresult r = withContextRetry([&] {
-    return a.cuFuncSetAttribute(kernel_->handle, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent);
-  });
-  if (r != CUDA_SUCCESS)
-    throwDriverError("cuFuncSetAttribute", r,
-                     "setting the preferred shared memory carveout of '" + kernel_->name + "' to " +
-                         std::to_string(percent) + "%");
+  setAttribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent,
+               "the preferred shared memory carveout to " + std::to_string(percent) + "%");
 }
 
 void Function::launch(const unsigned grid[3], const unsigned block[3], void **params,

@@ -343,6 +343,9 @@ public:
               const unsigned *cluster = nullptr) const;
 
 private:
+  /// cuFuncSetAttribute, raising a DriverError that names `what` and the kernel.
+  void setAttribute(int attr, int value, const std::string &what) const;
+
   std::shared_ptr<Module> module_;
   Module::Kernel *kernel_;
 };

@@ -22,6 +22,7 @@ from flydsl.compiler._native import launcher
 from .fakes import FakeGpuTensor
 
 kernel_module = importlib.import_module("flydsl.compiler.kernel")  # the package's `kernel` is the decorator
+frameworks = importlib.import_module("flydsl.compiler.frameworks")
 attributes_module = importlib.import_module("flydsl.compiler.attributes")
 
 
@@ -190,7 +191,7 @@ def test_array_interface_streams_and_refusals_match_the_python_path():
     assert (
         dispatcher._dry_run(values, 1, 32)["stream"]
         == 77
-        == kernel_module._default_stream(mixed.specialize(list(values)).tensors)
+        == frameworks.default_stream(mixed.specialize(list(values)).tensors)
     )
     x.__cuda_array_interface__["stream"] = 1  # the legacy default stream, named
     assert dispatcher._dry_run(values, 1, 32)["stream"] == 1
@@ -302,7 +303,7 @@ def test_a_tensor_passed_twice_is_read_once():
     twins = (FakeTorchTensor((8, 16)), FakeTorchTensor((8, 16)), 0.5, 100, True, 7)
     dispatcher, _ = _registered(mixed, twins)
     t = Counted((8, 16))
-    assert kernel_module._is_torch_tensor(t)  # registers the type with the native path
+    assert frameworks.is_torch_tensor(t)  # registers the type with the native path
     same = (t, t, 0.5, 100, True, 7)
     assert _native(mixed, same) == _native(mixed, twins) == _python(mixed, same)
     Counted.reads = 0
@@ -394,7 +395,7 @@ def test_the_default_stream_is_the_first_tensors_current_stream():
         assert dispatcher._dry_run(values, 1, 32)["stream"] == 1234
         assert seen == [3]
     finally:  # what kernel.py registered, if anything (GPU tests may share this process)
-        launcher._register_stream_getter(kernel_module._current_torch_stream)
+        launcher._register_stream_getter(frameworks._current_torch_stream)
 
 
 def test_kernel_calls_take_the_native_path_first(monkeypatch):
@@ -524,7 +525,7 @@ def test_a_tma_tiles_tensor_gives_the_default_stream():
         assert dispatcher._dry_run(values, 1, 32)["stream"] == 4321
         assert seen == [2]
     finally:
-        launcher._register_stream_getter(kernel_module._current_torch_stream)
+        launcher._register_stream_getter(frameworks._current_torch_stream)
 
 
 @pytest.mark.gpu

@@ -159,12 +159,12 @@ def test_mark_static_compiles_extents_in():
 
 def test_the_default_stream_of_array_interface_tensors_is_the_one_they_name():
     from flydsl.compiler.args import describe_tensor
-    from flydsl.compiler.kernel import _default_stream
+    from flydsl.compiler.frameworks import default_stream
 
     on_stream = FakeGpuTensor((4,))
     on_stream.__cuda_array_interface__["stream"] = 0x1234
-    assert _default_stream([describe_tensor(on_stream, "x")]) == 0x1234
-    assert _default_stream([describe_tensor(FakeGpuTensor((4,)), "x")]) == 0
+    assert default_stream([describe_tensor(on_stream, "x")]) == 0x1234
+    assert default_stream([describe_tensor(FakeGpuTensor((4,)), "x")]) == 0
 
 
 def _argmax(a, b):

@@ -15,7 +15,7 @@ def stream_getter():
 
     launcher._register_stream_getter(lambda device: 7)
     yield
-    launcher._register_stream_getter(importlib.import_module("flydsl.compiler.kernel")._current_torch_stream)
+    launcher._register_stream_getter(importlib.import_module("flydsl.compiler.frameworks")._current_torch_stream)
 
 
 @pytest.fixture

@@ -20,20 +20,27 @@ import typing
 from dataclasses import dataclass, replace
 
 import flydsl.layout as _fl
-from flydsl.compiler import cache, runtime, settings, toolchain, torch_c_api
+from flydsl.compiler import cache, runtime, settings, toolchain
 from flydsl.compiler._native import launcher
 from flydsl.compiler.args import (
     StaticDims,
     describe_tensor,
     holds_negative_zero,
     reaches_2_31,
-    register_array_interface_dtypes,
     stride_plan,
     torch_dtype_name,
 )
 from flydsl.compiler.attributes import KernelAttributes, check_launch_shape
 from flydsl.compiler.compiled import CompiledModule
 from flydsl.compiler.fingerprint import source_fingerprint
+from flydsl.compiler.frameworks import (
+    ARRAY_INTERFACE_TYPES,
+    TORCH_TENSOR_TYPES,
+    default_stream,
+    is_torch_tensor,
+    register_array_interface_type,
+    stream_handle,
+)
 from flydsl.compiler.lazy import lazy_import
 from flydsl.compiler.target import SM90A, Target
 from flydsl.compiler.tracing import user_traceback, warn_at_user_code
@@ -183,7 +190,7 @@ class KernelFunction:
                 static = None
                 if type(value) is StaticDims:
                     static, value = value.dims, value.tensor
-                if type(value) in _TORCH_TENSOR_TYPES or _is_torch_tensor(value):
+                if type(value) in TORCH_TENSOR_TYPES or is_torch_tensor(value):
                     if not value.is_cuda:
                         raise ValueError(f"argument '{param.name}': expected a CUDA tensor, got one on {value.device}")
                     pointer, shape, strides = value.data_ptr(), value.shape, value.stride()
@@ -191,8 +198,8 @@ class KernelFunction:
                     tensors.append(value)
                 else:
                     described = describe_tensor(value, param.name)
-                    if type(value) not in _ARRAY_INTERFACE_TYPES and hasattr(value, "__cuda_array_interface__"):
-                        _register_array_interface_type(type(value))
+                    if type(value) not in ARRAY_INTERFACE_TYPES and hasattr(value, "__cuda_array_interface__"):
+                        register_array_interface_type(type(value))
                     pointer, shape, strides, dtype = (
                         described.pointer,
                         described.shape,
@@ -223,7 +230,7 @@ class KernelFunction:
                 append(value.tensor_map if value._map is not None else None)  # None: a TensorSpec, compile only
                 extend(value.shape)
                 source = value.source
-                tensors.append(source if _is_torch_tensor(source) else value.described)
+                tensors.append(source if is_torch_tensor(source) else value.described)
             elif kind == "numeric":
                 append(_scalar(param, value))
                 key.append(param.numeric.__name__)
@@ -297,7 +304,7 @@ class KernelFunction:
     def launch_specialized(self, loaded, spec, grid, block, smem, stream, cluster) -> None:
         if stream is None:
             stream = spec.stream
-        handle = _stream_handle(stream) if stream is not None else _default_stream(spec.tensors)
+        handle = stream_handle(stream) if stream is not None else default_stream(spec.tensors)
         # The compiled shapes (attributes traced with set_kernel_attributes included); also for flyc.compile's
         # kernels, which launch from here.
         if loaded.block is not None or loaded.cluster is not None:
@@ -511,58 +518,6 @@ def register_loaded(dispatcher, key, loaded) -> None:
     """Registers a loaded kernel with a native dispatcher under specialization ``key`` (its signature, shared
     bytes and compiled-in block/cluster shapes)."""
     dispatcher.add(key, loaded.function, loaded.signature, loaded.shared_bytes, loaded.block, loaded.cluster)
-
-
-_TORCH_TENSOR_TYPES: set = set()  # torch.Tensor and subclasses seen, so later checks are one set lookup
-_current_torch_stream = None
-
-
-def _is_torch_tensor(value) -> bool:
-    if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr"):
-        _TORCH_TENSOR_TYPES.add(type(value))
-        torch_c_api.register_tensor_type(type(value))
-        return True
-    return False
-
-
-_ARRAY_INTERFACE_TYPES: set = set()  # types read through __cuda_array_interface__ that the native path knows
-
-
-def _register_array_interface_type(kind) -> None:
-    """Lets the native dispatcher read instances of ``kind`` (cupy arrays, ...) as kernel.py does: their
-    ``__cuda_array_interface__``, with the element types ``describe_tensor`` accepts."""
-    if not _ARRAY_INTERFACE_TYPES:
-        register_array_interface_dtypes()
-    _ARRAY_INTERFACE_TYPES.add(kind)
-    launcher._register_array_interface_type(kind)
-
-
-def _default_stream(tensors) -> int:
-    """The current stream of the tensors' framework: torch's, or the stream a ``__cuda_array_interface__`` (v3)
-    names (cupy exports its current one there); else the legacy default stream."""
-    global _current_torch_stream
-    for tensor in tensors:
-        if type(tensor) in _TORCH_TENSOR_TYPES:
-            if _current_torch_stream is None:
-                import torch
-
-                # The raw handle, as Triton reads it: current_stream().cuda_stream builds an object per call.
-                _current_torch_stream = torch._C._cuda_getCurrentRawStream
-                launcher._register_stream_getter(_current_torch_stream)
-            return _current_torch_stream(tensor.get_device())
-        interface = getattr(tensor.source, "__cuda_array_interface__", None)
-        if interface is not None and interface.get("stream"):
-            return interface["stream"]  # an int handle; 1 and 2 are CUDA's legacy and per-thread streams
-    return 0
-
-
-def _stream_handle(stream) -> int:
-    if stream is None or isinstance(stream, int):
-        return stream or 0
-    handle = getattr(stream, "cuda_stream", None)
-    if handle is None:
-        raise TypeError(f"stream: expected an int handle or an object with .cuda_stream, got {type(stream).__name__}")
-    return handle
 
 
 class KernelCall:
