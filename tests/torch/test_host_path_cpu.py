@@ -275,4 +275,4 @@ def test_inference_functionals_replay_natively_with_fresh_outputs(monkeypatch):
             pointers = {o.data_ptr() for o in (*first, *outs)} | {x.data_ptr(), r.data_ptr()}
             assert len(pointers) == 2 * len(outs) + 2, name  # fresh tensors on every call
     finally:
-        launcher._register_stream_getter(importlib.import_module("flydsl.compiler.kernel")._current_torch_stream)
+        launcher._register_stream_getter(importlib.import_module("flydsl.compiler.frameworks")._current_torch_stream)
