@@ -49,7 +49,6 @@ __all__ = [
 # at 128 (Qwen3's); test_skinny_grouped_fp8 checks both.
 STAGED_REGISTERS = 96
 STAGED_MAX_BYTES = 176 << 10  # its shared memory at most (stage 1's CTAs keep a few KB each beside it)
-_STAGED_PAD = 64  # bytes past each staged weight row of I: the 8 rows one MMA fragment reads start in distinct banks
 
 
 @flyc.kernel(dependent_launch=True)
@@ -268,7 +267,7 @@ def _staged_tile(h, w, out, topk_ids, topk_weights, w_scale, cfg, top_k: int, in
     cols, first_col = cfg.rows, warp_n * (8 * cfg.groups)
     n0 = x * cols
     smem = fx.SmemAllocator()
-    staged, landed = _stage_weights(smem, w, topk_ids, token, n0, n_out, experts, cols, inter, tid, cfg, top_k)
+    staged, landed = _stage_weights(smem, w, topk_ids, token, n0, n_out, experts, cols, inter, tid, top_k)
     h_rows = smem.allocate(h.dtype, fl.Layout((top_k, inter), (inter, 1)))  # the token's pairs' rows of h
     rows = smem.allocate(fx.Float32, fl.Layout((top_k, cols), (cols, 1)))  # (pair, column) as y
     after_wait = nvvm.griddepcontrol_wait()  # h is stage 1's; the weights are in flight since the CTA started
@@ -303,33 +302,32 @@ def _staged_tile(h, w, out, topk_ids, topk_weights, w_scale, cfg, top_k: int, in
 
 
 def staged_bytes(top_k: int, cols: int, inter: int, element_bytes: int = 2) -> int:
-    """Shared memory of :func:`skinny_gemm_staged_combined_kernel`'s CTA: top_k x cols weight rows of I fp8 values
-    (+ :data:`_STAGED_PAD` bytes each), the pairs' h rows (``element_bytes`` each) and their float32 sums, and 128
-    bytes for the mbarrier and the allocations' alignment."""
-    return top_k * (cols * (inter + _STAGED_PAD) + inter * element_bytes + 4 * cols) + 128
+    """Shared memory of :func:`skinny_gemm_staged_combined_kernel`'s CTA: top_k x cols weight rows of I fp8 values,
+    the pairs' h rows (``element_bytes`` each) and their float32 sums, and 256 bytes for the mbarrier and the
+    allocations' alignment."""
+    return top_k * (cols * inter + inter * element_bytes + 4 * cols) + 256
 
 
-def _stage_weights(smem, w, topk_ids, token, n0, n_out, experts, cols: int, inter: int, tid, cfg, top_k: int):
-    """Each routed pair's cols weight rows from n0 (its expert's; rows and experts clamped as the loads' are)
-    bulk-copied into shared memory, a row per thread and copy, completing on one mbarrier (its phase 0); returns
-    (the (top_k * cols, I + pad) byte buffer, the barrier)."""
-    pitch = inter + _STAGED_PAD
-    buffer = smem.allocate(fx.Uint8, fl.Layout((top_k * cols, pitch), (pitch, 1)), alignment=16)
+def _stage_weights(smem, w, topk_ids, token, n0, n_out, experts, cols: int, inter: int, tid, top_k: int):
+    """Each routed pair's weight rows n0 .. n0 + cols (its expert's; the expert clamped as the loads' are, the rows
+    cut at H) bulk-copied into shared memory as one contiguous block, one copy per pair (issued by thread ``slot``),
+    completing on one mbarrier (its phase 0); returns (the (top_k * cols, I) byte buffer, the barrier). One copy of
+    cols * I bytes, not one per row: the bulk copies of single 256-byte rows (8f680db) kept the TMA busy for ~20 us.
+    Rows past H are left unwritten: they feed only output columns past H, which no one stores."""
+    buffer = smem.allocate(fx.Uint8, fl.Layout((top_k * cols, inter), (inter, 1)), alignment=128)
     barrier = mbarrier.allocate(smem)[0]
+    rows = arith.minimum(n_out - n0, cols)  # this CTA's rows inside H
     if tid == 0:
         barrier.init(1)
         mbarrier.fence_init()
     gpu.barrier()
     if tid == 0:  # (before any copy completes its bytes)
-        barrier.arrive_expect_tx(top_k * cols * inter)
+        barrier.arrive_expect_tx(top_k * rows * inter)
     gpu.barrier()
-    for turn in fx.range_constexpr(-(-top_k * cols // cfg.threads)):
-        index = tid + turn * cfg.threads
-        slot, row = arith.minimum(index, top_k * cols - 1) // cols, index % cols
-        expert = arith.minimum(arith.maximum(_routed_expert(topk_ids, token, slot), 0), experts - 1)
-        source = expert * n_out + arith.minimum(n0 + row, n_out - 1)
-        if index < top_k * cols:
-            nvvm.cp_async_bulk(buffer, w, inter, barrier, dst_coord=(slot * cols + row, 0), src_coord=(source, 0))
+    if tid < top_k:
+        expert = arith.minimum(arith.maximum(_routed_expert(topk_ids, token, tid), 0), experts - 1)
+        source = (expert * n_out + n0, 0)
+        nvvm.cp_async_bulk(buffer, w, rows * inter, barrier, dst_coord=(tid * cols, 0), src_coord=source)
     return buffer, barrier
 
 
