@@ -178,13 +178,15 @@ def test_one_launch_gives_the_two_launches_bits(monkeypatch, quant, experts, top
 
 @pytest.mark.parametrize("quant", ["channel", "tensor"])
 @pytest.mark.parametrize(
-    "experts,top_k,hidden,inter", [(64, 8, 512, 256), (32, 4, 384, 320), (128, 8, 2048, 768), (16, 8, 7168, 256)]
+    "experts,top_k,hidden,inter",
+    [(64, 8, 512, 256), (32, 4, 384, 320), (128, 8, 2048, 768), (16, 8, 7168, 256), (32, 4, 2128, 256)],
 )
 def test_staged_combined_gives_the_combined_bits(monkeypatch, quant, experts, top_k, hidden, inter):
     """One token with FLYDSL_MOE_DECODE's staged (the combined kernel in small CTAs beside stage 1's, its fp8 weight
     rows bulk-copied into shared memory before its wait) against the combined kernel: the same sums in the same
     order, so the same bits, call after call on new tokens and routings (an id this rank does not serve among
-    them; a CTA reading h before stage 1 stored it, or its weights before they landed, would show)."""
+    them; a CTA reading h before stage 1 stored it, or its weights before they landed, would show). H 2128: the last
+    CTA's 32 columns cut at H (its rows past H never copied)."""
     from flydsl.kernels import plans
 
     _x, w1, w2 = _layer(1, experts, hidden, inter, seed=41)
