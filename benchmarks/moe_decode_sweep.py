@@ -92,18 +92,36 @@ def parse_mode(text: str) -> str:
 
 
 def kernel_times(fn, calls: int = 10) -> dict:
-    """Each CUDA kernel's median time (us) and launches per call over ``calls`` calls of ``fn``."""
+    """Each CUDA kernel's median time (us), launches per call over ``calls`` calls of ``fn``, and where it ran in its
+    call: the median start and end (us) after the call's first kernel started (a dependent launch whose CTAs start
+    beside its primary's starts before the primary ends)."""
     import torch
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    kernels = sorted(
+        (e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
     per: dict = {}
-    for event in profile.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            per.setdefault(event.name[:60], []).append(event.time_range.elapsed_us())
-    return {name: {"us": statistics.median(v), "per_call": len(v) // calls} for name, v in per.items()}
+    launches = len(kernels) // calls if calls else 0
+    for index, event in enumerate(kernels):
+        first = kernels[index - index % launches].time_range.start if launches else event.time_range.start
+        times = per.setdefault(event.name[:60], {"us": [], "start": [], "end": []})
+        times["us"].append(event.time_range.elapsed_us())
+        times["start"].append(event.time_range.start - first)
+        times["end"].append(event.time_range.end - first)
+    return {
+        name: {
+            "us": statistics.median(t["us"]),
+            "per_call": len(t["us"]) // calls,
+            "start_us": statistics.median(t["start"]),
+            "end_us": statistics.median(t["end"]),
+        }
+        for name, t in per.items()
+    }
 
 
 def whole_calls(row: dict, modes, call, timer) -> None:
