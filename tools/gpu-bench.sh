@@ -27,7 +27,8 @@
 # taken apart and the cold start without kept plans, FLYDSL_PLAN_CACHE=0, then one profiled first call per op:
 # cold_profiles.tgz holds cold_<op>.txt, ~2.5 min; record *_cold); host-kept (the cold start again with launch plans
 # kept on disk, the default, ~1.5 min; record *_kept); host-gradient (the breakdown alone, 15 repeats: softmax's
-# recording forward, its backward over a kept graph and the whole, torch's and ours, < 1 min); host-function (`host`
+# recording forward, its backward over a kept graph and the whole, torch's and ours, < 1 min); host-gil
+# (benchmarks/autograd_gil_probe.py: whether the GIL on autograd's device thread is the fwd+bwd gap); host-function (`host`
 # with gradients through the Python autograd.Function, FLYDSL_TORCH_NODES=0, record *_function: fits one call with
 # `host`); host-node (the ops table and the breakdown with gradients through the C++ node, FLYDSL_TORCH_NODES=1,
 # record *_node, ~3 min); host-attributes (`host` with torch's C API off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call
@@ -80,6 +81,8 @@ for bench in $which; do
     host-gradient)  # where softmax's fwd+bwd gap is: its parts, torch's and ours (Function and C++ node), < 1 min
       run host-gradient python3 benchmarks/host_overhead.py --parts breakdown --repeats 15 --calls 100 \
         --json "$(out host_overhead gradient)" --commit "$commit" ;;
+    host-gil)  # softmax fwd+bwd through C++ nodes whose backward runs natively, with the GIL, or in Python, < 1.5 min
+      run host-gil python3 benchmarks/autograd_gil_probe.py --json "$(out autograd_gil_probe)" --commit "$commit" ;;
     host-function)  # issue 31's ops with gradients through the Python Function (FLYDSL_TORCH_NODES=0), beside `host`
       FLYDSL_TORCH_NODES=0 run host-function python3 benchmarks/host_overhead.py \
         --json "$(out host_overhead function)" --commit "$commit" ;;

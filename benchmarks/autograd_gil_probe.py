@@ -1,0 +1,183 @@
+"""Whether the GIL on autograd's device thread is what a Python backward costs on a GPU host (issue 31, fwd+bwd):
+forward + backward of a softmax through C++ autograd nodes that differ only in how their backward runs.
+
+    python benchmarks/autograd_gil_probe.py [--calls 1000] [--repeats 9] [--rows 8 --cols 1024] [--json F.json]
+
+On CPU stand-ins (no device thread: a CPU graph's backward runs on the calling thread) a Python backward costs a few
+us over torch's; on GPU hosts the shipped paths lose 60-75 us per forward + backward that their parts, timed alone,
+do not add up to (docs/tuning/host.md#autograd). A CUDA graph's backward runs on autograd's device thread, which must
+take the GIL for a Python backward while the caller's thread waits in ``autograd.grad``. Each path below does the
+same GPU work (``at::_softmax`` and ``at::_softmax_backward_data`` on ``rows x cols`` bf16), timed per call of
+``torch.autograd.grad(f(x), x, dy)``, batches interleaved, medians of ``repeats``:
+
+- ``torch``: ``torch.softmax`` (torch's own C++ node);
+- ``native_node``: ``ProbeNode``, a C++ node whose backward calls the op natively, never taking the GIL;
+- ``gil_node``: the same node taking the GIL on the device thread for its backward, the work still native;
+- ``python_node``: the same node calling a Python function for its backward (what ``flydsl.torch._nodes`` does);
+- ``python_function``: a Python ``torch.autograd.Function`` over the same torch ops;
+- ``flydsl``: ``flydsl.torch.functional.softmax`` as shipped (its kernels, its gradients path), for reference.
+
+If ``native_node`` runs at torch's time and ``gil_node`` / ``python_node`` do not, a backward replayed natively (no
+GIL) is the fix; if ``native_node`` loses too, the gap is elsewhere (the node's bookkeeping, allocation, streams).
+Built with ``torch.utils.cpp_extension.load_inline`` on the first run (a C++ compiler and ninja, ~1 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from record import write_record
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace {
+
+using torch::autograd::variable_list;
+
+enum class Backward { Native = 0, Gil = 1, Python = 2 };
+
+struct ProbeNode : torch::autograd::Node {
+  Backward how = Backward::Native;
+  PyObject *python = nullptr; // borrowed: the caller keeps the function alive for the node's lifetime
+  torch::autograd::SavedVariable y;
+
+  variable_list apply(variable_list &&grads) override {
+    at::Tensor out = y.unpack(getptr());
+    if (how == Backward::Native)
+      return {at::_softmax_backward_data(grads[0], out, -1, out.scalar_type())};
+    py::gil_scoped_acquire gil;
+    if (how == Backward::Gil)
+      return {at::_softmax_backward_data(grads[0], out, -1, out.scalar_type())};
+    py::object dx = py::reinterpret_borrow<py::object>(python)(
+        py::reinterpret_steal<py::object>(THPVariable_Wrap(grads[0])),
+        py::reinterpret_steal<py::object>(THPVariable_Wrap(out)));
+    return {THPVariable_Unpack(dx.ptr())};
+  }
+  void release_variables() override { y.reset_data(); }
+};
+
+at::Tensor softmax(const at::Tensor &x, int how, py::object python) {
+  at::Tensor out;
+  {
+    at::AutoGradMode off(false);
+    out = at::_softmax(x, -1, false);
+  }
+  if (torch::autograd::compute_requires_grad(x)) {
+    auto node = c10::make_intrusive<ProbeNode>(); // torch 2.13: nodes are intrusive_ptr (shared_ptr before)
+    node->how = static_cast<Backward>(how);
+    node->python = python.ptr();
+    node->set_next_edges(torch::autograd::collect_next_edges(x));
+    torch::autograd::set_history(out, node);
+    node->y = torch::autograd::SavedVariable(out, true);
+  }
+  return out;
+}
+
+} // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("softmax", &softmax); }
+"""
+
+
+def measure(rows: int, cols: int, calls: int, repeats: int) -> tuple[list, str]:
+    import torch
+    from torch.utils.cpp_extension import load_inline
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    extension = load_inline("flydsl_autograd_gil_probe", cpp_sources=SOURCE, extra_cflags=["-O2"])
+    x = torch.randn(rows, cols, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn(rows, cols, device=device, dtype=dtype)
+
+    def python_backward(grad, out):
+        return torch._softmax_backward_data(grad, out, -1, out.dtype)
+
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, inp):
+            out = torch._softmax(inp, -1, False)
+            ctx.save_for_backward(out)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            (out,) = ctx.saved_tensors
+            return torch._softmax_backward_data(grad, out, -1, out.dtype)
+
+    def node(how: int):
+        return lambda: torch.autograd.grad(extension.softmax(x, how, python_backward), (x,), dy)
+
+    paths = {
+        "torch": lambda: torch.autograd.grad(torch.softmax(x, -1), (x,), dy),
+        "native_node": node(0),
+        "gil_node": node(1),
+        "python_node": node(2),
+        "python_function": lambda: torch.autograd.grad(Function.apply(x), (x,), dy),
+    }
+    if device == "cuda":
+        from flydsl.torch import functional as F
+
+        paths["flydsl"] = lambda: torch.autograd.grad(F.softmax(x), (x,), dy)
+    for fn in paths.values():
+        for _ in range(100):
+            fn()
+    reference = paths["torch"]()[0].float()
+    for name, fn in paths.items():  # the same gradients, so the same work
+        got = fn()[0].float()
+        if not torch.allclose(got, reference, atol=2e-2, rtol=2e-2):
+            raise AssertionError(f"autograd_gil_probe: {name}'s gradient differs from torch's")
+    samples = {name: [] for name in paths}
+    for _ in range(repeats):
+        for name, fn in paths.items():
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+    results = []
+    for name in paths:
+        ratio = statistics.median(a / b for a, b in zip(samples[name], samples["torch"], strict=True))
+        results.append(
+            {"path": name, "us": round(statistics.median(samples[name]), 2), "ratio_vs_torch": round(ratio, 3)}
+        )
+    return results, device
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--cols", type=int, default=1024)
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--json")
+    parser.add_argument("--commit")
+    args = parser.parse_args(argv)
+    results, device = measure(args.rows, args.cols, args.calls, args.repeats)
+    print(f"{'path':<20}{'us per fwd+bwd':>16}{'vs torch':>10}")
+    for row in results:
+        print(f"{row['path']:<20}{row['us']:>16.2f}{row['ratio_vs_torch']:>10.3f}")
+    by_path = {row["path"]: row for row in results}
+    summary = {f"{name}_ratio_vs_torch": row["ratio_vs_torch"] for name, row in by_path.items() if name != "torch"}
+    print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
+    if args.json:
+        method = (
+            f"{device} tensors {args.rows} x {args.cols}; torch.autograd.grad per call, paths' batches interleaved "
+            f"({args.calls} calls, synchronized around each batch), median of {args.repeats} repeats; ratios: the "
+            "median of per-repeat ratios against torch.softmax"
+        )
+        argv = sys.argv[1:] if argv is None else argv
+        write_record(args.json, "autograd_gil_probe", argv, results, commit=args.commit, method=method, summary=summary)
+
+
+if __name__ == "__main__":
+    main()
