@@ -37,9 +37,14 @@ SOURCE = r"""
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <memory>
+#include <type_traits>
+#include <utility>
+
 namespace {
 
 using torch::autograd::variable_list;
+using NodePtr = decltype(std::declval<torch::autograd::Edge>().function); // shared_ptr before torch 2.13
 
 enum class Backward { Native = 0, Gil = 1, Python = 2 };
 
@@ -63,6 +68,13 @@ struct ProbeNode : torch::autograd::Node {
   void release_variables() override { y.reset_data(); }
 };
 
+template <typename Ptr> Ptr makeProbe() { // (a template: only the branch of this torch is instantiated)
+  if constexpr (std::is_same_v<Ptr, std::shared_ptr<torch::autograd::Node>>)
+    return std::make_shared<ProbeNode>();
+  else
+    return c10::make_intrusive<ProbeNode>(); // torch 2.13: nodes are intrusive_ptr
+}
+
 at::Tensor softmax(const at::Tensor &x, int how, py::object python) {
   at::Tensor out;
   {
@@ -70,12 +82,13 @@ at::Tensor softmax(const at::Tensor &x, int how, py::object python) {
     out = at::_softmax(x, -1, false);
   }
   if (torch::autograd::compute_requires_grad(x)) {
-    auto node = c10::make_intrusive<ProbeNode>(); // torch 2.13: nodes are intrusive_ptr (shared_ptr before)
-    node->how = static_cast<Backward>(how);
-    node->python = python.ptr();
+    NodePtr node = makeProbe<NodePtr>();
+    auto *probe = static_cast<ProbeNode *>(node.get());
+    probe->how = static_cast<Backward>(how);
+    probe->python = python.ptr();
     node->set_next_edges(torch::autograd::collect_next_edges(x));
     torch::autograd::set_history(out, node);
-    node->y = torch::autograd::SavedVariable(out, true);
+    probe->y = torch::autograd::SavedVariable(out, true);
   }
   return out;
 }
