@@ -218,10 +218,11 @@ _dg_setup() {
         "DG_JIT_CACHE_DIR=$DG_JIT_CACHE_DIR PYTHONPATH=$PYTHONPATH"
     [[ "$mode" == "env" ]] && return 0
 
-    # 5. the smoke check, then the shapes gpu-bench.sh's blockscale-deepgemm times (their kernels JIT-compiled now)
+    # 5. the smoke check, then the shapes gpu-bench.sh's blockscale-deepgemm times (their kernels JIT-compiled now);
+    # a crash prints its Python stack (faulthandler); DG_JIT_DEBUG=1 prints each step of DeepGEMM's JIT
     t=$SECONDS
     # shellcheck disable=SC2086  # DEEPGEMM_WARM is a list of shapes
-    PYTHONUNBUFFERED=1 python3 "$root/benchmarks/deepgemm_peer.py" \
+    PYTHONUNBUFFERED=1 python3 -X faulthandler "$root/benchmarks/deepgemm_peer.py" \
         --warm ${DEEPGEMM_WARM-4096x7168x16384 512x7168x16384 4096x18432x7168 8192x7168x2048}
     rc=$?
     echo "deepgemm_setup: 5. smoke check status $rc in $((SECONDS - t)) s; all $((SECONDS - began)) s"
