@@ -86,7 +86,7 @@ def parse_case(text: str) -> tuple[str, int, str]:
 
 def parse_mode(text: str) -> str:
     words = [w for w in text.split("+") if w]
-    if not set(words) <= {"direct", "combine", "single", "staged", "quantize", "quantize_h"}:
+    if not set(words) <= {"direct", "combine", "single", "quantize", "quantize_h"}:
         raise argparse.ArgumentTypeError(f"a mode is '' or words of FLYDSL_MOE_DECODE joined by '+', got {text!r}")
     return ",".join(words)
 

@@ -5,8 +5,7 @@
 # with torch.compile peers) takes its own; moe-decode (the decode modes and stage configurations:
 # benchmarks/moe_decode_sweep.py, ~4 min) too, as do moe-decode-record (moe_bench.py at T 1, 16, 64: issue 34's decode
 # record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16 bar, ~2 min). moe-single
-# (one token in one launch against two, 6 cases, whole calls only, < 1 min), moe-staged (one token's w2 staged beside
-# stage 1 against the combined kernel, fp8 Qwen3 and DeepSeek-V3 TP8, ~15 s warm), fp8-explore-skinny (every skinny
+# (one token in one launch against two, 6 cases, whole calls only, < 1 min), fp8-explore-skinny (every skinny
 # configuration of 7 fp8 layers at M 16 beside the half copy, ~3 min); moe-stages (the stage sweeps of fp8 and
 # block from 16 tokens, ~1.5 min); moe-one-token (moe_decode_sweep.py --stages
 # direct over the fp8 and block cases at one token, Mixtral's too: each stage alone, with and without
@@ -108,9 +107,6 @@ for bench in $which; do
       run moe-single python3 benchmarks/moe_decode_sweep.py --modes direct+combine,direct+combine+single --stages none \
         --cases qwen3:1:fp8,dsv3-tp8:1:fp8,qwen3:1:block,dsv3-tp8:1:block,qwen3:1,dsv3-tp8:1 \
         --json "$(out moe_decode_sweep single)" --commit "$commit" ;;
-    moe-staged)  # one token's fp8 calls with the staged combined kernel against the combined one, outputs compared
-      run moe-staged python3 benchmarks/moe_decode_sweep.py --modes direct+combine,direct+combine+staged --stages none \
-        --cases qwen3:1:fp8,dsv3-tp8:1:fp8 --json "$(out moe_decode_sweep staged)" --commit "$commit" ;;
     fp8-explore-skinny)  # every skinny configuration at M 16 next to the half copy, ~3 min
       run fp8-explore-skinny python3 benchmarks/fp8_gemm_bench.py --explore-skinny --sweep --no-square --m 16 \
         --nk 7168x18432 18432x7168 14336x4096 4096x4096 1536x7168 7168x2048 24576x1536 --repeats 2 \

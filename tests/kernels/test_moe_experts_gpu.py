@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch")
 from flydsl.kernels.gemm.skinny_grouped import choose_grouped_skinny_config  # noqa: E402
 from flydsl.kernels.gemm.skinny_one_token import (  # noqa: E402
     choose_one_launch_configs,
-    choose_staged_combined_config,
 )
 from flydsl.kernels.moe import fused_moe, topk_route  # noqa: E402
 from flydsl.kernels.moe.decode import decode_modes, decodes  # noqa: E402
@@ -174,44 +173,6 @@ def test_one_launch_gives_the_two_launches_bits(monkeypatch, quant, experts, top
             assert torch.equal(one, two)
         else:
             torch.testing.assert_close(one.float(), two.float(), rtol=0, atol=1e-2 * float(two.float().abs().max()))
-
-
-@pytest.mark.parametrize("quant", ["channel", "tensor"])
-@pytest.mark.parametrize(
-    "experts,top_k,hidden,inter",
-    [(64, 8, 512, 256), (32, 4, 384, 320), (128, 8, 2048, 768), (16, 8, 7168, 256), (32, 4, 2128, 256)],
-)
-def test_staged_combined_gives_the_combined_bits(monkeypatch, quant, experts, top_k, hidden, inter):
-    """One token with FLYDSL_MOE_DECODE's staged (the combined kernel in small CTAs beside stage 1's, its fp8 weight
-    rows bulk-copied into shared memory before its wait) against the combined kernel: the same sums in the same
-    order, so the same bits, call after call on new tokens and routings (an id this rank does not serve among
-    them; a CTA reading h before stage 1 stored it, or its weights before they landed, would show). H 2128: the last
-    CTA's 32 columns cut at H (its rows past H never copied)."""
-    from flydsl.kernels import plans
-
-    _x, w1, w2 = _layer(1, experts, hidden, inter, seed=41)
-    w1, s1, _ = _fp8_weights(w1, quant)
-    w2, s2, _ = _fp8_weights(w2, quant)
-    options = dict(quant="fp8", granularity=quant, w1_scale=s1, w2_scale=s2)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert choose_staged_combined_config(hidden, top_k, inter, sms) is not None  # (the staged kernel is taken)
-    calls = []
-    for seed in range(8):
-        x, _, _ = _layer(1, 1, hidden, 8, seed=200 + seed)
-        weights, ids = _routing(1, experts, top_k, seed=200 + seed)
-        if seed % 3 == 2:
-            ids[0, 1] = -1
-        calls.append((x, weights, ids))
-    results = {}
-    try:
-        for modes in ("direct,combine", "direct,combine,staged"):
-            monkeypatch.setenv("FLYDSL_MOE_DECODE", modes)
-            plans.clear_all()
-            results[modes] = [fused_moe(x, w1, w2, weights, ids, **options).clone() for x, weights, ids in calls]
-    finally:
-        plans.clear_all()
-    for combined, staged in zip(results["direct,combine"], results["direct,combine,staged"], strict=True):
-        assert not staged.isnan().any() and torch.equal(staged, combined)
 
 
 def test_fused_moe_fp16_and_new_output():

@@ -234,9 +234,6 @@ def test_decode_modes_follow_the_call_and_the_environment(monkeypatch):
         "direct,combine,quantize,quantize_h": (D(direct, direct, True), D(quantized=True, quantized_h=True)),
         "direct,combine,single": (D(direct, direct, True, single=True), D()),
         "direct,single": (D(direct, direct), D()),  # single needs combine
-        "direct,combine,staged": (D(direct, direct, True, staged=True), D()),
-        "direct,staged": (D(direct, direct), D()),  # staged needs combine
-        "direct,combine,single,staged": (D(direct, direct, True, single=True), D()),  # single's own stage 2
     }
     for value, (one, two) in by_value.items():
         monkeypatch.setenv("FLYDSL_MOE_DECODE", value)

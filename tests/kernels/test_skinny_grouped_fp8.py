@@ -18,17 +18,12 @@ from flydsl.kernels.gemm.skinny import SkinnyConfig, SkinnyVariant
 from flydsl.kernels.gemm.skinny_grouped import (
     GroupedMode,
     choose_grouped_skinny_config,
-    skinny_gemm_grouped_fp8_beside_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
 )
 from flydsl.kernels.gemm.skinny_one_token import (
-    STAGED_REGISTERS,
     choose_combined_config,
-    choose_staged_combined_config,
     skinny_gemm_combined_kernel,
-    skinny_gemm_staged_combined_kernel,
-    staged_bytes,
 )
 
 from .ptxas_report import ptxas_report
@@ -169,65 +164,6 @@ def test_the_combined_kernel_reads_its_weights_before_the_wait(weights):
     assert sum(start < wait for start in weight_loads) == cfg.unroll * cfg.groups
     activation_loads = [m.start() for m in re.finditer(r"ld\.global\.nc\.v4\.b32", ptx)]
     assert activation_loads and min(activation_loads) > wait
-
-
-def _allocated(registers: int, threads: int) -> int:
-    """An SM's registers a CTA of ``threads`` takes at ``registers`` per thread (allocated in 8s per thread)."""
-    return -(-registers // 8) * 8 * threads
-
-
-def _ptxas_registers(report: str) -> int:
-    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")], report
-    return int(re.search(r"Used (\d+) registers", report).group(1))
-
-
-@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
-@pytest.mark.parametrize("top_k,hidden,inter", [(8, 7168, 256), (8, 2048, 768)], ids=["dsv3-tp8", "qwen3"])
-def test_the_staged_combined_kernel_fits_beside_stage_1(top_k, hidden, inter):
-    """skinny_gemm_staged_combined_kernel: its weight rows bulk-copied into shared memory before the dependent-launch
-    wait (no weight loads from global memory after it), no spills, at most STAGED_REGISTERS registers; and one of its
-    CTAs fits on an SM beside as many of one token's fp8 stage-1 CTAs as the grid puts there (registers and shared
-    memory), so that it starts while stage 1 streams."""
-    sms = 132
-    cfg = choose_staged_combined_config(hidden, top_k, inter, sms)
-    assert cfg is not None and -(-hidden // cfg.rows) <= sms
-    module = skinny_gemm_staged_combined_kernel.lower(
-        S((top_k * 16, inter), "bf16"), S((EXPERTS * hidden, inter), FP8), S((1, hidden), "bf16"),
-        S((1, top_k), "i32"), S((1, top_k), "f32"), S((EXPERTS * hidden,), "f32"), cfg, top_k, inter,
-    )  # fmt: skip
-    ptx = module.ptx
-    wait = ptx.index("griddepcontrol.wait;")
-    copies = [m.start() for m in re.finditer(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier", ptx)]
-    assert copies and max(copies) < wait and "mbarrier.try_wait" in ptx[wait:]
-    assert "ld.global.nc" not in ptx and re.search(r"ld\.shared\.v4\.b32", ptx)
-    staged = _ptxas_registers(ptxas_report(ptx))
-    assert staged <= STAGED_REGISTERS
-    # both kernels ask for SMs configured for the most shared memory: an SM holds one configuration at a time
-    assert skinny_gemm_staged_combined_kernel.attributes.shared_carveout == 100
-    assert skinny_gemm_grouped_fp8_beside_kernel.attributes.shared_carveout == 100
-    # stage 1 of the same call (direct: one token), and how many of its CTAs an SM holds
-    cfg1 = choose_grouped_skinny_config(hidden, True, 1, True, False, False, inter)
-    stage1, cfg1 = _lower(True, hidden, inter, False, cfg=cfg1, mode=GroupedMode(direct=True))
-    report1 = ptxas_report(stage1.ptx)
-    per_sm = -(-(-(-inter // (cfg1.rows // 2)) * top_k) // sms)
-    used = per_sm * _allocated(_ptxas_registers(report1), cfg1.threads)
-    assert used + _allocated(staged, cfg.threads) <= 65536, (used, staged)
-    (stage1_smem,), (staged_smem,) = stage1.shared_bytes.values(), module.shared_bytes.values()
-    assert staged_smem <= staged_bytes(top_k, cfg.rows, inter)
-    assert per_sm * (stage1_smem + 1024) + staged_smem + 1024 <= 228 << 10  # (1 KB reserved per CTA)
-    with pytest.raises(ValueError, match="per-row scales"):
-        skinny_gemm_staged_combined_kernel.lower(
-            S((top_k * 16, inter), "bf16"), S((EXPERTS * hidden, inter), FP8), S((1, hidden), "bf16"),
-            S((1, top_k), "i32"), S((1, top_k), "f32"), S((EXPERTS * hidden // 128, 2), "f32"), cfg, top_k, inter,
-        )  # fmt: skip
-
-
-def test_the_staged_configuration():
-    """One CTA per SM at most, the fewest n8 tiles (a power of two) covering H; None past the shared memory."""
-    dsv3, qwen3 = choose_staged_combined_config(7168, 8, 256, 132), choose_staged_combined_config(2048, 8, 768, 132)
-    assert (dsv3.rows, dsv3.warps, dsv3.warps_n) == (64, 4, 4) and (qwen3.rows, qwen3.warps_n) == (16, 2)
-    assert choose_staged_combined_config(384, 4, 320, 132).rows == 8
-    assert choose_staged_combined_config(7168, 8, 1024, 132) is None  # 8 x 64 rows of 1 KB: too big
 
 
 def _loads_before_mmas(sass: str) -> list:

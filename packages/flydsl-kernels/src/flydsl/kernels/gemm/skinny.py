@@ -140,13 +140,7 @@ def _load_words(
     ``k_extent`` when ``masked``. fp8 operands take 16-byte loads only (``vec``: memory holds no fp8 scalars).
     ``prepared``: ``t`` is prepared weights' panels, element (row, k) at ``t[k // 128, row, k % 128]``.
     ``coherent``: ``t`` is written by other CTAs of the same launch, read through L2 (``ld.global.cg``, not the
-    non-coherent path, which holds only data read-only for the kernel's lifetime). A shared-memory ``t`` (weights
-    staged there as bytes) is read with 16-byte shared loads."""
-    if fx.const_expr(vec and t.space == "shared"):
-        if fx.const_expr(masked):
-            inside = k < k_extent
-            return arith.select(inside, nvvm.ld_shared(t, (row, arith.select(inside, k, 0))), _WORDS(0))
-        return nvvm.ld_shared(t, (row, k))
+    non-coherent path, which holds only data read-only for the kernel's lifetime)."""
     if fx.const_expr(vec):
         at = lambda k: (k // 128, row, k % 128) if fx.const_expr(prepared) else (row, k)  # noqa: E731
 

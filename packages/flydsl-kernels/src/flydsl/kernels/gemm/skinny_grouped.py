@@ -40,7 +40,6 @@ __all__ = [
     "choose_grouped_skinny_config",
     "grouped_stage",
     "grouped_tile",
-    "skinny_gemm_grouped_fp8_beside_kernel",
     "skinny_gemm_grouped_fp8_kernel",
     "skinny_gemm_grouped_kernel",
     "skinny_gemm_grouped_scaled_kernel",
@@ -131,14 +130,6 @@ def skinny_gemm_grouped_fp8_kernel(
         raise ValueError(f"skinny_gemm_grouped_fp8_kernel: expected no epilogue scales (w_scale's own): {variant}")
     routing = Routing(sorted_ids, expert_of_block, padded_count, top_k)
     _grouped_skinny_gemm(a, w, c, routing, positions, w_scale, cfg, variant, mode)
-
-
-# skinny_gemm_grouped_fp8_kernel on SMs configured for the most shared memory: the stage 1 of one token whose
-# dependent, skinny_gemm_staged_combined_kernel, stages its weights in shared memory beside this kernel's CTAs (an SM
-# configured otherwise would first drain them).
-skinny_gemm_grouped_fp8_beside_kernel = skinny_gemm_grouped_fp8_kernel.variant(
-    "skinny_gemm_grouped_fp8_beside_kernel", shared_carveout=100
-)
 
 
 @flyc.kernel(dependent_launch=True, target=flyc.Target("sm_90a", ptx_version=84))  # PTX ISA 8.4: mma.sync on fp8

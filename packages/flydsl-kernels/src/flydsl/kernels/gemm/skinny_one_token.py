@@ -4,9 +4,6 @@
 - :func:`skinny_gemm_combined_kernel`: stage 2 and the combine in one launch, a dependent of the stage-1 launch;
 - :func:`skinny_gemm_one_launch_kernel`: stage 1, stage 2 and the combine in one launch, the stage-2 CTAs waiting on
   a counter of finished stage-1 CTAs instead of a kernel boundary (their first step of weights in flight meanwhile);
-- :func:`skinny_gemm_staged_combined_kernel`: the combined kernel in CTAs small enough to run beside stage 1's, each
-  bulk-copying its fp8 weight rows into shared memory while stage 1 still streams (one stream of both stages'
-  weights), then waiting for stage 1 and reading them there.
 
 A combined CTA writes ``cols`` output columns of its token: warp j takes the routed pairs s = j, j + warps, ...,
 each h's row of the pair times its expert's ``cols`` rows of the stacked (E * H, I) ``w2`` over all of I, rounded to
@@ -22,7 +19,7 @@ import dataclasses
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import flydsl.layout as fl
-from flydsl.expr import arith, gpu, mbarrier, nvvm
+from flydsl.expr import arith, gpu, nvvm
 from flydsl.kernels.gemm.skinny import SkinnyConfig, _kernel_start, _landed, _loads, _WarpStreams, _wide
 from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_BLOCK,
@@ -37,18 +34,9 @@ from flydsl.kernels.gemm.skinny_grouped import (
 __all__ = [
     "choose_combined_config",
     "choose_one_launch_configs",
-    "choose_staged_combined_config",
     "skinny_gemm_combined_kernel",
     "skinny_gemm_one_launch_kernel",
-    "skinny_gemm_staged_combined_kernel",
-    "staged_bytes",
 ]
-
-# The staged combined kernel's registers per thread: 4 warps of it fit beside two of stage 1's 256-thread CTAs at 100
-# registers (104 allocated: 53248 of an SM's 65536; DeepSeek-V3 TP8's one-token fp8 stage 1) or three 128-thread ones
-# at 128 (Qwen3's); test_skinny_grouped_fp8 checks both.
-STAGED_REGISTERS = 96
-STAGED_MAX_BYTES = 176 << 10  # its shared memory at most (stage 1's CTAs keep a few KB each beside it)
 
 
 @flyc.kernel(dependent_launch=True)
@@ -76,36 +64,6 @@ def skinny_gemm_combined_kernel(
     token, x = gpu.block_idx.y.to(fx.Int32), gpu.block_idx.x.to(fx.Int32)
     wait = lambda words: nvvm.griddepcontrol_wait(after=words)  # noqa: E731
     _combined_tile(h, w, out, topk_ids, topk_weights, w_scale, cfg, top_k, thread, token, x, wait, False)
-
-
-# (shared_carveout: the same SM configuration as stage 1's, which an SM must hold for both kernels' CTAs at once)
-@flyc.kernel(dependent_launch=True, shared_carveout=100)
-def skinny_gemm_staged_combined_kernel(
-    h: fx.Tensor,
-    w: fx.Tensor,
-    out: fx.Tensor,
-    topk_ids: fx.Tensor,
-    topk_weights: fx.Tensor,
-    w_scale: fx.Tensor,
-    cfg: fx.Constexpr,
-    top_k: fx.Constexpr[int],
-    inter: fx.Constexpr[int],
-):
-    """:func:`skinny_gemm_combined_kernel` (the same arguments, the same bits) for fp8 weights with per-row scales
-    (``w_scale`` (E * H,)), in CTAs of ``cfg.warps`` warps at :data:`STAGED_REGISTERS` registers that fit beside
-    stage 1's: launched as stage 1's dependent, they start while it streams, bulk-copy their top_k x cols weight rows
-    of I (``inter``) bytes into shared memory, then wait for stage 1 and take h's rows of the token's pairs into
-    shared memory too; warp (n, p) multiplies column group n by pairs p, p + warps_k, ... from there. ``cfg``:
-    :func:`choose_staged_combined_config` (cols = ``cfg.rows`` output columns per CTA, one CTA per SM at most)."""
-    if not _wide(h, w) or fx.rank(w_scale.shape) != 1 or cfg.splits != 1 or inter % 16 or inter <= 0:
-        raise ValueError(
-            "skinny_gemm_staged_combined_kernel: expected fp8 weights with per-row scales, 16-bit h, no split K and"
-            f" I a positive multiple of 16: {w.dtype.__name__} weights, {h.dtype.__name__} h, I {inter}, {cfg}"
-        )
-    thread = _kernel_start(cfg)
-    flyc.set_kernel_attributes(max_registers=STAGED_REGISTERS)
-    token, x = gpu.block_idx.y.to(fx.Int32), gpu.block_idx.x.to(fx.Int32)
-    _staged_tile(h, w, out, topk_ids, topk_weights, w_scale, cfg, top_k, inter, thread, token, x)
 
 
 @flyc.kernel(dependent_launch=True)
@@ -257,80 +215,6 @@ def _combine(rows, routed, out, token, n0, n_out, cols: int, tid) -> None:
         out[token.to(fx.Int64), n0 + tid] = total.to(out.dtype)
 
 
-def _staged_tile(h, w, out, topk_ids, topk_weights, w_scale, cfg, top_k: int, inter: int, thread, token, x) -> None:
-    """Output columns ``[x * cols, (x + 1) * cols)`` of token ``token`` from staged weights
-    (:func:`skinny_gemm_staged_combined_kernel`): the arithmetic of :func:`_combined_tile` (each pair's sums over I
-    in the same order, times its row scales, rounded to the output's dtype; the combine in slot order)."""
-    tid, warp_n, warp_kk, _lane, lane_t, lane_q = thread
-    n_out = out.shape[1].to(fx.Int32)
-    experts = w.shape[0].to(fx.Int32) // n_out
-    cols, first_col = cfg.rows, warp_n * (8 * cfg.groups)
-    n0 = x * cols
-    smem = fx.SmemAllocator()
-    staged, landed = _stage_weights(smem, w, topk_ids, token, n0, n_out, experts, cols, inter, tid, top_k)
-    h_rows = smem.allocate(h.dtype, fl.Layout((top_k, inter), (inter, 1)))  # the token's pairs' rows of h
-    rows = smem.allocate(fx.Float32, fl.Layout((top_k, cols), (cols, 1)))  # (pair, column) as y
-    after_wait = nvvm.griddepcontrol_wait()  # h is stage 1's; the weights are in flight since the CTA started
-    chunks = top_k * inter // 8  # 16-byte chunks of the pairs' h rows
-    for turn in fx.range_constexpr(-(-chunks // cfg.threads)):
-        index = tid + turn * cfg.threads
-        slot, k = arith.minimum(index, chunks - 1) // (inter // 8), index % (inter // 8) * 8
-        if index < chunks:
-            row = (token * top_k + slot) * GROUPED_BLOCK + after_wait
-            nvvm.cp_async(h_rows, h, 16, dst_coord=(slot, k), src_coord=(row, k))
-    nvvm.cp_async_commit_group()
-    routed = _routing(topk_ids, topk_weights, token, top_k, experts)
-    nvvm.cp_async_wait_group(0)
-    landed.wait(0)
-    gpu.barrier()
-    columns = [(g, e, first_col + g * 8 + 2 * lane_t + e) for g in range(cfg.groups) for e in range(2)]
-    k_extent = fx.Int32(inter)
-    for j in fx.range_constexpr(-(-top_k // cfg.warps_k)):
-        slot = arith.minimum(warp_kk + j * cfg.warps_k, top_k - 1)
-        expert = topk_ids[token, slot].to(fx.Int32)
-        base = arith.minimum(arith.maximum(expert, 0), experts - 1) * n_out
-        scales = [w_scale[base + arith.minimum(n0 + col, n_out - 1)] for _g, _e, col in columns]
-        if (warp_kk + j * cfg.warps_k < top_k) & (expert >= 0) & (expert < experts):
-            rows_w = [slot * cols + first_col + g * 8 + lane_q for g in range(cfg.groups)]
-            streams = _WarpStreams(h_rows, staged, rows_w, slot, slot, k_extent, cfg, lane_t, True, True, False)
-            accs = _mainloop(streams, 64 * cfg.unroll, 0, False)  # (a warp's K per step: 16 fp8 values a load)
-            if lane_q == 0:  # row 0 of the MMAs: lanes 0..3, elements 0 and 1 of each n8 tile
-                for i, (g, e, col) in enumerate(columns):
-                    rows[slot, col] = (accs[g][e] * scales[i]).to(out.dtype).to(fx.Float32)
-    gpu.barrier()
-    _combine(rows, routed, out, token, n0, n_out, cols, tid)
-
-
-def staged_bytes(top_k: int, cols: int, inter: int, element_bytes: int = 2) -> int:
-    """Shared memory of :func:`skinny_gemm_staged_combined_kernel`'s CTA: top_k x cols weight rows of I fp8 values,
-    the pairs' h rows (``element_bytes`` each) and their float32 sums, and 256 bytes for the mbarrier and the
-    allocations' alignment."""
-    return top_k * (cols * inter + inter * element_bytes + 4 * cols) + 256
-
-
-def _stage_weights(smem, w, topk_ids, token, n0, n_out, experts, cols: int, inter: int, tid, top_k: int):
-    """Each routed pair's weight rows n0 .. n0 + cols (its expert's; the expert clamped as the loads' are, the rows
-    cut at H) bulk-copied into shared memory as one contiguous block, one copy per pair (issued by thread ``slot``),
-    completing on one mbarrier (its phase 0); returns (the (top_k * cols, I) byte buffer, the barrier). One copy of
-    cols * I bytes, not one per row: the bulk copies of single 256-byte rows (8f680db) kept the TMA busy for ~20 us.
-    Rows past H are left unwritten: they feed only output columns past H, which no one stores."""
-    buffer = smem.allocate(fx.Uint8, fl.Layout((top_k * cols, inter), (inter, 1)), alignment=128)
-    barrier = mbarrier.allocate(smem)[0]
-    rows = arith.minimum(n_out - n0, cols)  # this CTA's rows inside H
-    if tid == 0:
-        barrier.init(1)
-        mbarrier.fence_init()
-    gpu.barrier()
-    if tid == 0:  # (before any copy completes its bytes)
-        barrier.arrive_expect_tx(top_k * rows * inter)
-    gpu.barrier()
-    if tid < top_k:
-        expert = arith.minimum(arith.maximum(_routed_expert(topk_ids, token, tid), 0), experts - 1)
-        source = (expert * n_out + n0, 0)
-        nvvm.cp_async_bulk(buffer, w, rows * inter, barrier, dst_coord=(tid * cols, 0), src_coord=source)
-    return buffer, barrier
-
-
 def _routed_expert(topk_ids, token, slot):
     """``topk_ids[token, slot]`` as an Int32 (int32 or int64 ids: the low word), read through L2 (``ld.global.cg``:
     no L1 line of an earlier routing in this buffer), for a read before the kernel's wait."""
@@ -366,17 +250,3 @@ def choose_one_launch_configs(hidden: int, top_k: int, element_bytes: int = 2) -
     cfg2 = choose_combined_config(top_k, element_bytes)
     min_blocks = 65536 // (128 * cfg1.threads) if cfg2.min_blocks else None
     return cfg1, dataclasses.replace(cfg2, warps=cfg1.warps, min_blocks=min_blocks)
-
-
-def choose_staged_combined_config(hidden: int, top_k: int, inter: int, sms: int) -> SkinnyConfig | None:
-    """:func:`skinny_gemm_staged_combined_kernel`'s: 4 warps, at most one CTA per SM (cols: the fewest n8 tiles, a
-    power of two, that cover H over ``sms`` CTAs), the tiles spread over up to 4 columns of warps; None where that
-    takes more than :data:`STAGED_MAX_BYTES` of shared memory or more CTAs than SMs."""
-    tiles = 1
-    while 8 * tiles * sms < hidden and tiles < 16:
-        tiles *= 2
-    warps_n = min(4, tiles)
-    cfg = SkinnyConfig(groups=tiles // warps_n, warps=4, warps_n=warps_n, unroll=2, prefetch=None)
-    if -(-hidden // cfg.rows) > sms or staged_bytes(top_k, cfg.rows, inter) > STAGED_MAX_BYTES:
-        return None
-    return cfg

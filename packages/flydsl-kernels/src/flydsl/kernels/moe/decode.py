@@ -21,7 +21,6 @@ from flydsl.kernels.gemm.skinny_grouped import (
     GROUPED_BLOCK,
     GroupedMode,
     choose_grouped_skinny_config,
-    skinny_gemm_grouped_fp8_beside_kernel,
     skinny_gemm_grouped_fp8_kernel,
     skinny_gemm_grouped_kernel,
     skinny_gemm_grouped_scaled_kernel,
@@ -29,17 +28,15 @@ from flydsl.kernels.gemm.skinny_grouped import (
 from flydsl.kernels.gemm.skinny_one_token import (
     choose_combined_config,
     choose_one_launch_configs,
-    choose_staged_combined_config,
     skinny_gemm_combined_kernel,
     skinny_gemm_one_launch_kernel,
-    skinny_gemm_staged_combined_kernel,
 )
 from flydsl.kernels.moe.api import BLOCK, align_capacity, align_tokens
 
 __all__ = ["COMBINE_MAX_INTER", "DECODE_TOKENS", "DecodeModes", "decode_modes", "decode_stages", "decodes", "per_row"]
 
 DECODE_TOKENS = 64  # at most: the weight-streaming stages (decodes)
-_DECODE_WORDS = frozenset({"direct", "combine", "single", "staged", "quantize", "quantize_h"})  # FLYDSL_MOE_DECODE's
+_DECODE_WORDS = frozenset({"direct", "combine", "single", "quantize", "quantize_h"})  # FLYDSL_MOE_DECODE's
 _DECODE_DEFAULT = frozenset({"direct", "combine"})  # (single: slower; quantize, quantize_h: no faster)
 COMBINE_MAX_INTER = 1024  # at most: the combined kernel's warp per routed pair streams all of I (decode_modes)
 
@@ -61,7 +58,6 @@ class DecodeModes(NamedTuple):
     quantized: bool = False  # fp8 weights per row: x quantized per token, stage 1 on fp8 MMAs (W8A8; opt-in)
     quantized_h: bool = False  # and h per row, stage 2 on fp8 MMAs (opt-in)
     single: bool = False  # combined, and stage 1 in the same launch (skinny_gemm_one_launch_kernel; opt-in)
-    staged: bool = False  # combined in CTAs beside stage 1's, fp8 weights staged (skinny_gemm_staged_combined_kernel)
 
 
 def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
@@ -79,11 +75,7 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     ``single`` (opt-in, with combine): one token's stage 1 in the combined kernel's launch, its stage-2 CTAs waiting
     on a count of finished stage-1 CTAs rather than a kernel boundary (``skinny_gemm_one_launch_kernel``): 1-24%
     slower than the two launches on an H100 (``moe_decode_sweep/2026-12-06_9e02a6f_single_h100.json``).
-    ``staged`` (opt-in, with combine; fp8 weights with per-row scales): the combined kernel as
-    ``skinny_gemm_staged_combined_kernel``, whose small CTAs start beside stage 1's and bulk-copy their weight rows
-    into shared memory while stage 1 streams: 1.3-1.4x slower on an H100, its CTAs did not start beside stage 1's
-    (``moe_decode_sweep/2026-12-07_8f680db_staged_h100.json``).
-    ``enabled``: the modes allowed, a subset of "direct", "combine", "single", "staged", "quantize" and "quantize_h"
+    ``enabled``: the modes allowed, a subset of "direct", "combine", "single", "quantize" and "quantize_h"
     (default: ``FLYDSL_MOE_DECODE``'s comma-separated words where it is set; else direct and combine)."""
     if enabled is None:
         enabled = settings.current().moe_decode
@@ -95,8 +87,7 @@ def decode_modes(tokens, top_k, inter, enabled=None) -> DecodeModes:
     mode = GroupedMode(direct=direct)
     quantized = "quantize" in enabled and tokens > 1
     single = combined and "single" in enabled
-    staged = combined and not single and "staged" in enabled
-    return DecodeModes(mode, mode, combined, quantized, quantized and "quantize_h" in enabled, single, staged)
+    return DecodeModes(mode, mode, combined, quantized, quantized and "quantize_h" in enabled, single)
 
 
 def per_row(scale, rows: int):
@@ -118,7 +109,7 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
     ``modes.quantized_h`` h per row, stage 2 through it too). ``modes``: a :class:`DecodeModes` (:func:`decode_modes`;
     default: the aligned order, weight-only, two stages and a combine); ``single``: one launch of
     ``skinny_gemm_one_launch_kernel`` on a held pair of counters."""
-    mode1, mode2, combined, quantized, quantized_h, single, staged = modes or DecodeModes()
+    mode1, mode2, combined, quantized, quantized_h, single = modes or DecodeModes()
     quantized = quantized and fp8 == "row"  # (x quantized per token: stage 1 on fp8 MMAs)
     quantized_h = quantized and quantized_h and not combined  # (h per row: stage 2 on fp8 MMAs)
     ids = tokens * top_k
@@ -134,12 +125,6 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
     grid2 = (-(-hidden // cfg2.rows), blocks)
     cfgc = choose_combined_config(top_k, element_bytes, inter)
     gridc = (-(-hidden // cfgc.rows), tokens)
-    cfgs = None  # the staged combined kernel's configuration, where it is taken
-    if staged and fp8 == "row":
-        from flydsl.kernels.device import sm_count
-
-        cfgs = choose_staged_combined_config(hidden, top_k, inter, sm_count(x.get_device()))
-        gridc = (-(-hidden // cfgs.rows), tokens) if cfgs else gridc
     if single:  # one launch: the direct stage 1's tiles, then the combined kernel's (one CTA size)
         cfg1, cfgc = choose_one_launch_configs(hidden, top_k, element_bytes)
         grid1 = (-(-inter // (cfg1.rows // 2)) * top_k + -(-hidden // cfgc.rows),)
@@ -223,15 +208,8 @@ def decode_stages(x, tokens, hidden, experts, inter, top_k, activation, fp8=None
                     x8, w1_rows, h, *routing, scales1, x_scales.view(-1), top_k, cfg1, variant1, mode1
                 )
             else:
-                # (staged: stage 1's SMs keep the staged kernel's shared memory free)
-                kernel1 = skinny_gemm_grouped_fp8_beside_kernel if cfgs else skinny_gemm_grouped_fp8_kernel
-                stage1 = kernel1(x, w1_rows, h, *routing, scales1, top_k, cfg1, variant1, mode1)
+                stage1 = skinny_gemm_grouped_fp8_kernel(x, w1_rows, h, *routing, scales1, top_k, cfg1, variant1, mode1)
             stage1.launch(grid=grid1, block=cfg1.threads)
-        if combined and cfgs:  # the same in small CTAs beside stage 1's, the weights staged in shared memory
-            skinny_gemm_staged_combined_kernel(
-                h, w2_rows, out, topk_ids, topk_weights, scales2, cfgs, top_k, inter
-            ).launch(grid=gridc, block=cfgs.threads)
-            return None
         if combined:  # stage 2 and the combine: the output written directly
             skinny_gemm_combined_kernel(h, w2_rows, out, topk_ids, topk_weights, scales2, cfgc, top_k).launch(
                 grid=gridc, block=cfgc.threads
