@@ -15,7 +15,9 @@ same GPU work (``at::_softmax`` and ``at::_softmax_backward_data`` on ``rows x c
 - ``gil_node``: the same node taking the GIL on the device thread for its backward, the work still native;
 - ``python_node``: the same node calling a Python function for its backward (what ``flydsl.torch._nodes`` does);
 - ``python_function``: a Python ``torch.autograd.Function`` over the same torch ops;
-- ``flydsl``: ``flydsl.torch.functional.softmax`` as shipped (its kernels, its gradients path), for reference.
+- ``flydsl``: ``flydsl.torch.functional.softmax`` as shipped (its kernels, the Python Function's gradients);
+- ``flydsl_node``: the same through ``flydsl.torch._nodes``' C++ node, whose backward replays softmax_backward's
+  plan natively (``NativeBackward``) once known.
 
 If ``native_node`` runs at torch's time and ``gil_node`` / ``python_node`` do not, a backward replayed natively (no
 GIL) is the fix; if ``native_node`` loses too, the gap is elsewhere (the node's bookkeeping, allocation, streams).
@@ -135,9 +137,22 @@ def measure(rows: int, cols: int, calls: int, repeats: int) -> tuple[list, str]:
         "python_function": lambda: torch.autograd.grad(Function.apply(x), (x,), dy),
     }
     if device == "cuda":
+        from flydsl.torch import _nodes, ops
         from flydsl.torch import functional as F
 
-        paths["flydsl"] = lambda: torch.autograd.grad(F.softmax(x), (x,), dy)
+        node = _nodes.build(quiet=True)
+
+        def flydsl(with_node: bool):
+            def call():
+                if (_nodes._module is node) != with_node:  # the path switched (once per batch)
+                    _nodes._module = node if with_node else None
+                    ops.softmax._node_gradients = None
+                return torch.autograd.grad(F.softmax(x), (x,), dy)
+
+            return call
+
+        paths["flydsl"] = flydsl(False)
+        paths["flydsl_node"] = flydsl(True)
     for fn in paths.values():
         for _ in range(100):
             fn()

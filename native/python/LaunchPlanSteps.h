@@ -196,6 +196,76 @@ public:
     return nb::steal(PyTuple_GetSlice(extra.ptr(), 0, Py_ssize_t(returned)));
   }
 
+  /// Whether replayHandles can replay the plan: no Python per call (no scratch function beyond the made
+  /// tensors, no memory held per stream, none that inner replays made) and no tensor maps (whose encodings a
+  /// step caches: Python's calls are serialized by the GIL, native ones are not).
+  bool replaysWithoutPython() const {
+    if (returned != made.size() || arity != nargs + made.size() ||
+        (made.empty() && scratch.is_valid() && !scratch.is_none()))
+      return false;
+    for (const PlanStep &step : steps)
+      if (!step.mapPatches.empty())
+        return false;
+    for (const MadeTensor &m : made)
+      if (!m.held.empty() || m.like >= nargs)
+        return false;
+    return true;
+  }
+
+  /// `call` without Python, for a caller in C++ on any thread without the GIL (flydsl.torch's autograd node on
+  /// autograd's device thread): the caller's `nargs` arguments as torch handles (AtenTensorHandle, an at::Tensor
+  /// *; null for an argument that is not a tensor), checked by the caller against the plan's key; the made tensors
+  /// as new handles (the caller's) in `madeOut` (`capacity` of them). False, with nothing launched or kept, where
+  /// it needs Python (replaysWithoutPython), the C API cannot read or make a tensor, an address is aligned
+  /// otherwise than when recorded, or a recording is active on this thread: the caller takes the Python path.
+  bool replayHandles(void *const *args, size_t n, void **madeOut, size_t capacity) const {
+    if (n != nargs || capacity < made.size() || !replaysWithoutPython() || recordingLaunches())
+      return false;
+    uint64_t pointers[kMaxLaunchValues];
+    long long device = -1, own;
+    for (uint32_t i : pointerArgs)
+      if (i < nargs) {
+        if (!handleFacts(args[i], pointers[i], own))
+          return false;
+        device = device < 0 ? own : device;
+      }
+    uint64_t stream = 0;
+    if (device < 0 || !currentStreamNative(device, stream))
+      return false;
+    size_t count = 0;
+    auto drop = [&]() {
+      for (size_t i = 0; i < count; ++i)
+        deleteHandle(madeOut[i]);
+      return false;
+    };
+    for (const MadeTensor &m : made) {
+      void *t = emptyForHandle(args[m.like], m.rank, m.rank < 0 ? nullptr : m.sizes, m.dtype);
+      if (!t)
+        return drop();
+      madeOut[count++] = t;
+      if (!handleFacts(t, pointers[nargs + count - 1], own))
+        return drop();
+    }
+    if (!aligned(pointers))
+      return drop();
+    try {
+      for (const PlanStep &step : steps) {
+        const RecordedLaunch &l = step.launch;
+        uint64_t slots[kMaxLaunchValues];
+        void *params[kMaxLaunchValues];
+        MapSlots maps;
+        fill(step, pointers, slots, params, maps, l.fn.has_value());
+        if (l.fn)
+          l.fn->launch(l.grid, l.block, params, l.shared, reinterpret_cast<CUstream>(uintptr_t(stream)),
+                       l.hasCluster ? l.cluster : nullptr);
+      }
+    } catch (...) { // a launch failed: the made tensors are not the caller's
+      drop();
+      throw;
+    }
+    return true;
+  }
+
   /// Test hook: per step, what `call` would pass to the driver.
   nb::object dryRun(nb::args args) {
     uint64_t pointers[kMaxLaunchValues];

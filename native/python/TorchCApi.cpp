@@ -120,9 +120,20 @@ int32_t dtypeCode(const TorchCApi &a, PyObject *dtype) {
 /// memory.torch_empty_like and torch_new_empty make. nullptr (no error set)
 /// where the C API cannot make it; nullptr with an error set where wrapping it
 /// failed.
+Handle emptyOfHandle(const TorchCApi &a, Handle h, int64_t rank, const int64_t *sizes, int32_t code);
+
 PyObject *emptyOf(const TorchCApi &a, PyObject *obj, int64_t rank = -1, const int64_t *sizes = nullptr,
                   int32_t code = -1) {
-  Handle h = handleOf(obj);
+  Handle made = emptyOfHandle(a, handleOf(obj), rank, sizes, code);
+  if (!made)
+    return nullptr;
+  PyObject *wrapped = a.wrap(made);
+  a.deleteTensor(made); // the Python tensor holds its own reference
+  return wrapped;
+}
+
+/// emptyOf's tensor as a new handle (the caller deletes it), without Python: null where the C API cannot make it.
+Handle emptyOfHandle(const TorchCApi &a, Handle h, int64_t rank, const int64_t *sizes, int32_t code) {
   int64_t ownRank, *ownSizes;
   int32_t dtype, deviceType, deviceIndex;
   if (!readCommon(a, h, ownRank, dtype, deviceType, deviceIndex) || a.getSizes(h, &ownSizes))
@@ -140,9 +151,7 @@ PyObject *emptyOf(const TorchCApi &a, PyObject *obj, int64_t rank = -1, const in
   Handle made;
   if (a.emptyStrided(rank, sizes, strides, dtype, deviceType, deviceIndex, &made))
     return nullptr;
-  PyObject *wrapped = a.wrap(made);
-  a.deleteTensor(made); // the Python tensor holds its own reference
-  return wrapped;
+  return made;
 }
 
 /// emptyOf with the shape (a tuple or list of ints) and dtype (a torch.dtype) as Python gives them (null: `obj`'s).
@@ -344,6 +353,39 @@ bool tensorDataPtrFast(PyObject *obj, uint64_t &pointer) {
       (deviceType != a.cpu && deviceType != a.cuda) || a.getDataPtr(h, &data))
     return false;
   pointer = reinterpret_cast<uintptr_t>(data);
+  return true;
+}
+
+bool handleFacts(void *handle, uint64_t &pointer, long long &device) {
+  const TorchCApi &a = api();
+  int64_t rank;
+  int32_t dtype, deviceType, deviceIndex;
+  void *data;
+  if (!a.ready || !handle || !readCommon(a, handle, rank, dtype, deviceType, deviceIndex) ||
+      a.getDataPtr(handle, &data))
+    return false;
+  pointer = reinterpret_cast<uintptr_t>(data);
+  device = deviceType == a.cpu ? -1 : deviceIndex;
+  return true;
+}
+
+void *emptyForHandle(void *like, int rank, const int64_t *sizes, int32_t code) {
+  const TorchCApi &a = api();
+  return a.ready && like ? emptyOfHandle(a, like, rank, sizes, code) : nullptr;
+}
+
+void deleteHandle(void *handle) {
+  if (handle)
+    api().deleteTensor(handle);
+}
+
+bool currentStreamNative(long long device, uint64_t &stream) {
+  const TorchCApi &a = api();
+  void *s;
+  if (!a.ready || !a.currentCudaStream || registry().streamGetter != a.streamGetter || device < 0 ||
+      a.currentCudaStream(int32_t(device), &s))
+    return false;
+  stream = reinterpret_cast<uintptr_t>(s);
   return true;
 }
 

@@ -58,6 +58,16 @@ bool isLearntDtype(PyObject *obj);
 /// tensor cannot be read so (no error set).
 bool tensorDataPtrFast(PyObject *obj, uint64_t &pointer);
 
+/// Without Python (any thread, no GIL: a replay called from C++, LaunchPlan::replayHandles), on torch handles
+/// (AtenTensorHandle: an at::Tensor *): a handle's data pointer and device index (-1: the CPU); a new contiguous
+/// tensor made as emptyFor makes one, as a new handle (the caller's: deleteHandle); the current stream of CUDA
+/// `device` through the C API where it stands for the registered getter. False / null where the C API is off or
+/// cannot.
+bool handleFacts(void *handle, uint64_t &pointer, long long &device);
+void *emptyForHandle(void *like, int rank, const int64_t *sizes, int32_t code);
+void deleteHandle(void *handle);
+bool currentStreamNative(long long device, uint64_t &stream);
+
 /// The current stream of CUDA `device` as the registered stream getter says
 /// (torch._C._cuda_getCurrentRawStream): through the C API where the getter is
 /// torch's own and the API is on, else by calling it. False where none is

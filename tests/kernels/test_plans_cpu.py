@@ -328,6 +328,24 @@ def test_a_scratch_plan_replays_its_launches_over_fresh_scratch(fake_recording, 
     assert not given or pointers[1] == out2.data_ptr()
 
 
+def test_which_plans_replay_without_python(stream_getter):
+    """LaunchPlan.replays_without_python: what C++ callers (flydsl.torch's autograd node, through the
+    `_native_replay` capsule) may replay without the GIL: launches on pointers into the arguments and made outputs;
+    not plans with tensor maps (their cached encodings) or a scratch function."""
+    x, out = torch.randn(8, 64), torch.empty(8, 64)
+    plans.signature(x)  # torch tensors known to the key builder
+    recording = launcher.LaunchRecording()
+    recording._add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "pp", _params(x.data_ptr(), out.data_ptr()))
+    plain = recording.plan((x, out))
+    assert isinstance(plain, launcher.LaunchPlan) and plain.replays_without_python, plain
+    maps = launcher.LaunchRecording()
+    maps._add("k", (1, 1, 1), (32, 1, 1), None, 0, 7, "mp", _params(x.data_ptr(), out.data_ptr()))
+    assert not maps.plan((x, out)).replays_without_python
+    scratch = recording.plan((x, out), None, lambda x: (torch.empty(8, 64),), 1)  # out: what scratch(x) made
+    assert isinstance(scratch, launcher.LaunchPlan) and not scratch.replays_without_python
+    assert type(launcher._native_replay).__name__ == "PyCapsule"
+
+
 def test_a_recording_sees_only_its_own_threads_launches():
     """Recordings are per thread: a launch another thread makes meanwhile is not in them (zoo calls from several
     threads record their own first calls)."""

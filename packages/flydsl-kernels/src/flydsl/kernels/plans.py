@@ -212,6 +212,14 @@ class Plans:
         self.declined.clear()
 
 
+_ON_CLEAR: list = []  # what else keeps plans (flydsl.torch's autograd node), told by clear_all
+
+
+def on_clear(forget: Callable[[], object]) -> None:
+    """Calls ``forget()`` in each :func:`clear_all`: for holders of plans outside these tables."""
+    _ON_CLEAR.append(forget)
+
+
 def clear_all(routes_edited: bool = False) -> None:
     """Forgets every entry point's plans (tests; after a change to routing tables at run time). ``routes_edited``:
     routing tables were edited in place, which the disk cache's keys do not see, so this process neither looks up
@@ -220,6 +228,8 @@ def clear_all(routes_edited: bool = False) -> None:
     _routes_edited = _routes_edited or routes_edited
     for plans in _ALL:
         plans.clear()
+    for forget in _ON_CLEAR:
+        forget()
 
 
 def _replays_on() -> bool:

@@ -27,13 +27,59 @@ import os
 import sys
 import sysconfig
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NodeContext", "module", "build"]
+__all__ = ["NativeBackward", "NodeContext", "build", "gradients", "module"]
 
 SOURCE = Path(__file__).with_name("csrc") / "autograd_node.cpp"
 _UNSET = object()
 _module = _UNSET
+
+
+@dataclass(frozen=True)
+class NativeBackward:
+    """An op's backward that is one call of a backward op on the op's output gradients and saved tensors (softmax:
+    ``softmax_backward(dy, y)``), so that the node can replay that call's kept plan (a ``_runtime.LaunchPlan``)
+    itself, on autograd's device thread without the GIL, once a backward through Python has shown which plan the
+    call signature takes (up to 8 signatures per op). ``op``: the backward op (a ``FlyOp``); ``arguments``: per
+    argument of it, ``("grad", i)`` (the gradient of the op's output i, None where unused) or ``("saved", j)`` (the
+    j-th tensor ``setup_context`` saved), all of them tensors; ``gradients``: per input of the op, the index of the
+    backward op's output that is its gradient, or None. A backward whose gradient mode is on (``create_graph``),
+    under a dispatch mode, or on arguments without a known plan (another signature, plans that need Python: held
+    memory, tensor maps) goes through the op's Python backward."""
+
+    op: object
+    arguments: tuple
+    gradients: tuple
+
+    def spec(self) -> tuple:
+        """What ``Gradients(native=...)`` takes: (sources, outputs_of, learn, the runtime's replay capsule)."""
+        from flydsl.compiler._native import launcher
+        from flydsl.kernels.plans import signature
+
+        runs = self.op._runs
+
+        def learn(*args):
+            plan = runs.get(signature(*args))
+            return plan if getattr(plan, "replays_without_python", False) else None
+
+        return self.arguments, self.gradients, learn, launcher._native_replay
+
+
+_BOUND: list = []  # every Gradients made with a native backward (their kept plans go with plans.clear_all)
+
+
+def gradients(node, name: str, setup, backward, single: bool, native: NativeBackward | None):
+    """The node's ``Gradients`` of one op (``node``: :func:`module`'s extension)."""
+    bound = node.Gradients(name, setup, backward, NodeContext, single, None if native is None else native.spec())
+    if native is not None:
+        if not _BOUND:
+            from flydsl.kernels import plans
+
+            plans.on_clear(lambda: [g.clear() for g in _BOUND])
+        _BOUND.append(bound)
+    return bound
 
 
 class NodeContext:

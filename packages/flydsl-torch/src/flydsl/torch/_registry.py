@@ -249,6 +249,7 @@ class FlyOp(_Op):
         self._eager_function = None  # register_autograd's Function for eager calls (see call)
         self._gradients = None  # register_autograd's (setup_context, backward), for the C++ node (_nodes)
         self._node_gradients = None  # their C++ node's Gradients (False: no node built; None: not looked up yet)
+        self._native_backward = None  # register_autograd's NativeBackward: the node's backward without Python
         self._single = len(self.output_names) == 1
         self.out = self._register_out()
         self.functional = self._register_functional()
@@ -436,7 +437,9 @@ class FlyOp(_Op):
         node = _nodes.module()
         setup, backward = self._gradients
         self._node_gradients = (
-            False if node is None else node.Gradients(self.name, setup, backward, _nodes.NodeContext, self._single)
+            False
+            if node is None
+            else _nodes.gradients(node, self.name, setup, backward, self._single, self._native_backward)
         )
         return self._node_gradients
 
@@ -450,11 +453,14 @@ class FlyOp(_Op):
 
         return self._define(self.name, self._functional_signature, (), real, fake)
 
-    def register_autograd(self, backward: Callable, setup_context: Callable) -> None:
+    def register_autograd(self, backward: Callable, setup_context: Callable, native=None) -> None:
         """Gradients of the functional op: ``setup_context(ctx, inputs, output)`` saves what ``backward(ctx,
         *grads)`` needs, as with ``torch.library.register_autograd`` (whose generated kernel this replaces with a
         leaner one, see the module docstring). ``backward`` gets None for the gradient of an output that nothing
-        used (no zeros are materialized) and returns one gradient (or None) per input."""
+        used (no zeros are materialized) and returns one gradient (or None) per input. ``native``: a
+        :class:`flydsl.torch._nodes.NativeBackward` where ``backward`` is one call of a backward op on the output
+        gradients and saved tensors, which the C++ node then replays without Python."""
+        self._native_backward = native
         overload = self.functional.default
         run, result_of = self._run, self._result
         tensor_positions = tuple(i for i, _ in self._tensor_inputs)

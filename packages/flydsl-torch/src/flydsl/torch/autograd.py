@@ -13,6 +13,7 @@ import math
 
 import torch
 from flydsl.torch import ops
+from flydsl.torch._nodes import NativeBackward
 
 __all__: list[str] = []
 
@@ -31,7 +32,11 @@ def _softmax_backward(ctx, dy):
     return ops.softmax_backward.call(dy, y)
 
 
-ops.softmax.register_autograd(_softmax_backward, _softmax_setup)
+ops.softmax.register_autograd(
+    _softmax_backward,
+    _softmax_setup,
+    native=NativeBackward(ops.softmax_backward, arguments=(("grad", 0), ("saved", 0)), gradients=(0,)),
+)
 
 
 # --- layer norm ------------------------------------------------------------------------------------------------------

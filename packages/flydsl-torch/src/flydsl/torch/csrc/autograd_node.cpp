@@ -16,6 +16,7 @@
 // release_variables, right after the backward on the same thread. The node itself is often destroyed on the device
 // thread once the caller's thread holds the GIL again; a destructor that took the GIL there would wait for it.
 
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -24,7 +25,11 @@
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
+#include <cstdio>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -47,20 +52,206 @@ py::object wrap(const at::Tensor &tensor) {
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(tensor));
 }
 
-// One op's backward(ctx, *grads) -> one gradient per input (a tuple) or the only one; shared by the op's Gradients
-// and its nodes, destroyed with the GIL by the last of them (normally the Gradients).
+// flydsl._runtime's replays for C++ callers (its `_native_replay` capsule, version 1; LaunchPlan.cpp says how).
+struct NativeReplayTable {
+  uint32_t version;
+  void *(*planPointer)(PyObject *);
+  int (*replay)(void *, void *const *, size_t, void **, size_t, char *, size_t);
+};
+
+// A tensor argument of a backward op as its plan key sees it (flydsl.kernels.plans.signature: dtype, shape,
+// strides, device and address mod 16 of a plain CUDA tensor; undefined: None).
+struct ArgFacts {
+  bool defined = false;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::DeviceIndex device = -1;
+  int64_t alignment = 0;
+  std::vector<int64_t> sizes, strides;
+
+  bool operator==(const ArgFacts &o) const {
+    return defined == o.defined && dtype == o.dtype && device == o.device && alignment == o.alignment &&
+           sizes == o.sizes && strides == o.strides;
+  }
+};
+
+// Facts of a CUDA strided tensor or an undefined one; nullopt for anything else (the Python path takes it).
+std::optional<ArgFacts> factsOf(const at::Tensor &t) {
+  ArgFacts f;
+  if (!t.defined())
+    return f;
+  if (!t.is_cuda() || t.layout() != c10::kStrided)
+    return std::nullopt;
+  f.defined = true;
+  f.dtype = t.scalar_type();
+  f.device = t.get_device();
+  f.alignment = int64_t(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15);
+  f.sizes.assign(t.sizes().begin(), t.sizes().end());
+  f.strides.assign(t.strides().begin(), t.strides().end());
+  return f;
+}
+
+// An op whose backward is one call of a kept plan of its backward op on the output gradients and saved tensors
+// (Gradients' `native`): the node replays that plan itself, without Python and without the GIL, once a backward
+// through Python has shown which plan a call signature takes. Up to kPlans signatures are kept.
+struct NativeBackward {
+  static constexpr size_t kPlans = 8, kMaxArgs = 16, kMaxMade = 8;
+  struct Source {
+    bool grad;  // the gradient of the op's output `index`, else the node's saved tensor `index`
+    int index;
+  };
+  struct Entry {
+    std::vector<ArgFacts> facts;
+    void *plan;      // the LaunchPlan, kept alive by `keep`
+    PyObject *keep;  // a reference (dropped with the GIL)
+  };
+  std::vector<Source> sources;
+  std::vector<int> outputOf; // per op input: the backward op's output that is its gradient, -1: none
+  py::object learn;          // learn(*args) -> the signature's LaunchPlan if it replays without Python, else None
+  const NativeReplayTable *table = nullptr;
+  std::mutex mutex;          // over entries: replays (no GIL) against learning and clearing (with the GIL)
+  std::vector<Entry> entries;
+  std::atomic<uint64_t> replays{0}; // backwards replayed here (tests, benchmarks)
+
+  // The arguments of the backward op for these gradients and saved tensors.
+  std::vector<at::Tensor> arguments(const variable_list &grads, const std::vector<at::Tensor> &saved,
+                                    const std::vector<int> &slots) const {
+    std::vector<at::Tensor> args;
+    args.reserve(sources.size());
+    for (const Source &source : sources) {
+      if (source.grad)
+        args.push_back(slots[source.index] < 0 ? at::Tensor() : grads[slots[source.index]]);
+      else
+        args.push_back(saved[source.index]);
+    }
+    return args;
+  }
+
+  // The backward op's outputs from its kept plan, or nullopt where none is known for these arguments or the plan
+  // declines (then the Python path runs). Called without the GIL.
+  std::optional<std::vector<at::Tensor>> replay(std::vector<at::Tensor> &args) {
+    if (args.size() > kMaxArgs)
+      return std::nullopt;
+    std::vector<ArgFacts> facts;
+    facts.reserve(args.size());
+    for (const at::Tensor &arg : args) {
+      std::optional<ArgFacts> f = factsOf(arg);
+      if (!f)
+        return std::nullopt;
+      facts.push_back(std::move(*f));
+    }
+    void *handles[kMaxArgs], *made[kMaxMade] = {}; // (a replay fills the first of `made`, one per output)
+    for (size_t i = 0; i < args.size(); ++i)
+      handles[i] = args[i].defined() ? static_cast<void *>(&args[i]) : nullptr; // AtenTensorHandle: at::Tensor *
+    char error[512] = "";
+    int status = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const Entry &entry : entries)
+        if (entry.facts == facts) {
+          status = table->replay(entry.plan, handles, args.size(), made, kMaxMade, error, sizeof error);
+          break;
+        }
+    }
+    if (status < 0)
+      throw std::runtime_error(std::string("flydsl: a backward's replay failed: ") + error);
+    if (status == 0)
+      return std::nullopt;
+    replays.fetch_add(1, std::memory_order_relaxed);
+    std::vector<at::Tensor> outputs;
+    for (void *handle : made) { // handles made by aoti_torch_empty_strided (new at::Tensors): ours to delete
+      if (!handle)
+        break;
+      auto *tensor = static_cast<at::Tensor *>(handle);
+      outputs.push_back(std::move(*tensor));
+      delete tensor;
+    }
+    return outputs;
+  }
+
+  // After a backward through Python (with the GIL): keeps the plan these arguments took, where it replays
+  // without Python.
+  void remember(const std::vector<at::Tensor> &args) {
+    std::vector<ArgFacts> facts;
+    for (const at::Tensor &arg : args) {
+      std::optional<ArgFacts> f = factsOf(arg);
+      if (!f)
+        return;
+      facts.push_back(std::move(*f));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const Entry &entry : entries)
+        if (entry.facts == facts)
+          return;
+    }
+    py::tuple values(args.size());
+    for (size_t i = 0; i < args.size(); ++i)
+      values[i] = args[i].defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(args[i])) : py::none();
+    py::object plan = learn(*values);
+    void *pointer = plan.is_none() ? nullptr : table->planPointer(plan.ptr());
+    if (!pointer)
+      return;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (entries.size() >= kPlans) {
+      Py_DECREF(entries.front().keep);
+      entries.erase(entries.begin());
+    }
+    entries.push_back(Entry{std::move(facts), pointer, plan.release().ptr()});
+  }
+
+  // Forgets the kept plans (flydsl.kernels.plans.clear_all), with the GIL.
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (Entry &entry : entries)
+      Py_DECREF(entry.keep);
+    entries.clear();
+  }
+};
+
+// One op's backward(ctx, *grads) -> one gradient per input (a tuple) or the only one, and its native backward if
+// it has one; shared by the op's Gradients and its nodes, destroyed with the GIL by the last of them (normally the
+// Gradients).
 struct OpBackward {
   std::string opName;
   py::object function;
+  std::unique_ptr<NativeBackward> native;
+  mutable std::mutex droppedMutex;
+  mutable std::vector<PyObject *> dropped; // references released without the GIL, dropped by the next call's
 
-  OpBackward(std::string name, py::object backward) : opName(std::move(name)), function(std::move(backward)) {}
+  // Keeps a reference for drop() (any thread, no GIL).
+  void dropLater(PyObject *object) const {
+    std::lock_guard<std::mutex> lock(droppedMutex);
+    dropped.push_back(object);
+  }
+  // Drops the references dropLater kept (with the GIL).
+  void drop() const {
+    std::vector<PyObject *> objects;
+    {
+      std::lock_guard<std::mutex> lock(droppedMutex);
+      objects.swap(dropped);
+    }
+    for (PyObject *object : objects)
+      Py_DECREF(object);
+  }
+
+  OpBackward(std::string name, py::object backward, std::unique_ptr<NativeBackward> native)
+      : opName(std::move(name)), function(std::move(backward)), native(std::move(native)) {}
   ~OpBackward() {
     if (!Py_IsInitialized()) { // the interpreter is gone: its objects with it
       function.release();
+      if (native) {
+        native->learn.release();
+        native->entries.clear();
+      }
       return;
     }
     py::gil_scoped_acquire gil;
     function = py::object();
+    drop();
+    if (native) {
+      native->clear();
+      native->learn = py::object();
+    }
   }
 };
 
@@ -73,9 +264,38 @@ struct FlyBackward : Node {
   std::string name() const override { return "FlyBackward_" + op->opName; }
 
   variable_list apply(variable_list &&grads) override {
-    py::gil_scoped_acquire gil;
-    if (!context)
+    if (!context) // (the pointer read only: no reference counted, no GIL needed)
       throw std::runtime_error(torch::autograd::ERR_BACKWARD_TWICE);
+    NativeBackward *native = op->native.get();
+    std::vector<at::Tensor> nativeArgs;
+    if (native) { // the backward op's kept plan, replayed here without the GIL where one is known
+      std::vector<at::Tensor> unpacked;
+      for (SavedVariable &variable : saved)
+        unpacked.push_back(variable.unpack(getptr()));
+      nativeArgs = native->arguments(grads, unpacked, slots);
+      if (!at::GradMode::is_enabled() && c10::impl::TorchDispatchModeTLS::stack_len() == 0)
+        if (std::optional<std::vector<at::Tensor>> outputs = native->replay(nativeArgs))
+          return gradientsOf(*outputs);
+    }
+    py::gil_scoped_acquire gil;
+    variable_list gradients = pythonBackward(grads);
+    if (native && !at::GradMode::is_enabled())
+      native->remember(nativeArgs);
+    return gradients;
+  }
+
+  // The input gradients among the backward op's outputs (a native replay's).
+  variable_list gradientsOf(const std::vector<at::Tensor> &outputs) {
+    variable_list gradients(num_outputs());
+    const std::vector<int> &outputOf = op->native->outputOf;
+    for (size_t i = 0; i < gradients.size() && i < outputOf.size(); ++i)
+      if (outputOf[i] >= 0 && size_t(outputOf[i]) < outputs.size() && should_compute_output(i))
+        gradients[i] = outputs[size_t(outputOf[i])];
+    return gradients;
+  }
+
+  // The op's Python backward(ctx, *grads), with the GIL.
+  variable_list pythonBackward(const variable_list &grads) {
     py::tuple savedTensors(saved.size());
     for (size_t i = 0; i < saved.size(); ++i)
       savedTensors[i] = wrap(saved[i].unpack(getptr()));
@@ -114,14 +334,20 @@ struct FlyBackward : Node {
   }
 
   // Called by the engine right after apply where the graph is not kept: the context goes here, on the thread that
-  // just ran the backward, while the caller's thread still waits without the GIL.
+  // just ran the backward, while the caller's thread still waits without the GIL; an op with a native backward
+  // leaves it to the op's next call on the caller's thread (OpBackward::dropLater), so that this thread never
+  // takes the GIL.
   void release_variables() override {
     for (SavedVariable &variable : saved)
       variable.reset_data();
-    if (context) {
-      py::gil_scoped_acquire gil;
-      context = py::object();
+    if (!context)
+      return;
+    if (op->native) {
+      op->dropLater(context.release().ptr());
+      return;
     }
+    py::gil_scoped_acquire gil;
+    context = py::object();
   }
 
   ~FlyBackward() override {
@@ -157,9 +383,45 @@ struct Gradients {
   bool single; // the op has one output: forward's tuple is unwrapped
 
   py::object apply(const py::object &forward, const py::tuple &inputs) const;
+  void clear() const {
+    if (backward->native)
+      backward->native->clear();
+  }
+  uint64_t nativeReplays() const { return backward->native ? backward->native->replays.load() : 0; }
 };
 
+// Gradients' `native`: (sources, outputs_of, learn, capsule), None: none (see NativeBackward and _nodes.py).
+std::unique_ptr<NativeBackward> nativeBackward(const py::object &spec) {
+  if (spec.is_none())
+    return nullptr;
+  py::tuple items = spec;
+  if (items.size() != 4)
+    throw std::invalid_argument("native: expected (sources, outputs_of, learn, capsule)");
+  auto native = std::make_unique<NativeBackward>();
+  for (const py::handle &source : py::tuple(items[0])) {
+    py::tuple pair = py::reinterpret_borrow<py::tuple>(source);
+    std::string kind = py::cast<std::string>(pair[0]);
+    if (kind != "grad" && kind != "saved")
+      throw std::invalid_argument("native: a source is ('grad', output) or ('saved', index), got " + kind);
+    native->sources.push_back({kind == "grad", py::cast<int>(pair[1])});
+  }
+  if (native->sources.size() > NativeBackward::kMaxArgs)
+    throw std::invalid_argument("native: too many arguments");
+  for (const py::handle &index : py::tuple(items[1]))
+    native->outputOf.push_back(index.is_none() ? -1 : py::cast<int>(index));
+  native->learn = items[2];
+  const char *name = "flydsl._runtime.native_replay";
+  auto *table = static_cast<const NativeReplayTable *>(PyCapsule_GetPointer(items[3].ptr(), name));
+  if (!table)
+    throw py::error_already_set();
+  if (table->version != 1)
+    throw std::invalid_argument("native: flydsl._runtime's replay table is of another version");
+  native->table = table;
+  return native;
+}
+
 py::object Gradients::apply(const py::object &forward, const py::tuple &inputs) const {
+  backward->drop(); // contexts that native backwards released on autograd's device thread
   py::object result;
   {
     at::AutoGradMode off(false); // as in torch.autograd.Function.forward: the forward records nothing
@@ -233,10 +495,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "flydsl.torch's C++ autograd node (flydsl.torch._nodes)";
   py::class_<Gradients>(module, "Gradients")
       .def(py::init([](std::string name, py::object setup, py::object backward, py::object contextType,
-                       bool single) {
-             return Gradients{std::make_shared<const OpBackward>(std::move(name), std::move(backward)),
+                       bool single, py::object native) {
+             return Gradients{std::make_shared<const OpBackward>(std::move(name), std::move(backward),
+                                                                 nativeBackward(native)),
                               std::move(setup), std::move(contextType), single};
            }),
-           py::arg("name"), py::arg("setup"), py::arg("backward"), py::arg("context_type"), py::arg("single"))
-      .def("apply", &Gradients::apply, py::arg("forward"), py::arg("inputs"));
+           py::arg("name"), py::arg("setup"), py::arg("backward"), py::arg("context_type"), py::arg("single"),
+           py::arg("native") = py::none())
+      .def("apply", &Gradients::apply, py::arg("forward"), py::arg("inputs"))
+      .def("clear", &Gradients::clear, "Forgets the plans the native backward keeps.")
+      .def_property_readonly("native_replays", &Gradients::nativeReplays,
+                             "How many backwards the node replayed without Python (tests, benchmarks).");
 }

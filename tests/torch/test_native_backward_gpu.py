@@ -1,0 +1,92 @@
+"""The C++ autograd node's native backward on a GPU (flydsl.torch._nodes.NativeBackward): softmax's backward replayed
+by the node without Python once a backward through Python has shown its plan, with the same gradients as the Python
+path; other signatures, plans forgotten by ``plans.clear_all`` and ``create_graph`` take the Python path."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.utils.cpp_extension")
+
+from flydsl.kernels import plans  # noqa: E402
+from flydsl.torch import _nodes, ops  # noqa: E402
+from flydsl.torch import functional as F  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def node(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    try:
+        built = _nodes.build(quiet=True)
+    except Exception as error:  # no compiler or ninja here
+        pytest.skip(f"the C++ autograd node cannot be built here: {error}")
+    monkeypatch.setattr(_nodes, "_module", built)
+    monkeypatch.setattr(ops.softmax, "_node_gradients", None)
+    yield built
+    plans.clear_all()
+
+
+def _softmax_gradient(x, dy):
+    leaf = x.detach().requires_grad_()
+    out = F.softmax(leaf)
+    assert out.grad_fn.name() == "FlyBackward_softmax"
+    return torch.autograd.grad(out, (leaf,), dy)[0]
+
+
+def _reference(x, dy):
+    leaf = x.detach().double().requires_grad_()
+    return torch.autograd.grad(torch.softmax(leaf, -1), (leaf,), dy.double())[0]
+
+
+def test_softmax_backward_replays_natively(node):
+    shape = (8, 1024)
+    gradients = None
+    for _ in range(6):
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        dx = _softmax_gradient(x, dy)
+        gradients = ops.softmax._node_gradients
+        torch.testing.assert_close(dx.double(), _reference(x, dy), rtol=2e-2, atol=2e-3)
+    # the first backward of the signature went through Python (and the plan's first replay may record); the rest
+    # were replayed by the node
+    assert gradients.native_replays >= 3
+    before = gradients.native_replays
+    # another signature (dy expanded: stride 0 along the rows) goes through Python, right all the same
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(1, shape[1], device="cuda", dtype=torch.bfloat16).expand(shape)
+    torch.testing.assert_close(_softmax_gradient(x, dy).double(), _reference(x, dy), rtol=2e-2, atol=2e-3)
+    assert gradients.native_replays == before
+    # plans forgotten: the node forgets its own, and learns them again from the next Python backward
+    plans.clear_all()
+    x, dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16), torch.randn(shape, device="cuda").bfloat16()
+    torch.testing.assert_close(_softmax_gradient(x, dy).double(), _reference(x, dy), rtol=2e-2, atol=2e-3)
+    assert gradients.native_replays == before
+    for _ in range(3):
+        _softmax_gradient(x, dy)
+    assert gradients.native_replays > before
+
+
+def test_native_and_python_backwards_agree_bit_for_bit(node):
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
+    dy = torch.randn_like(x)
+    first = _softmax_gradient(x, dy)  # through Python
+    again = [_softmax_gradient(x, dy) for _ in range(3)]  # replayed by the node
+    assert ops.softmax._node_gradients.native_replays >= 1
+    for dx in again:
+        assert torch.equal(dx, first)
+
+
+def test_create_graph_takes_the_python_path(node):
+    x = torch.randn(4, 256, device="cuda", dtype=torch.float32)
+    dy = torch.randn_like(x)
+    for _ in range(3):
+        _softmax_gradient(x, dy)
+    before = ops.softmax._node_gradients.native_replays
+    leaf = x.detach().requires_grad_()
+    (dx,) = torch.autograd.grad(F.softmax(leaf), (leaf,), dy, create_graph=True)
+    assert ops.softmax._node_gradients.native_replays == before
+    torch.testing.assert_close(dx.double(), _reference(x, dy), rtol=1e-4, atol=1e-5)
