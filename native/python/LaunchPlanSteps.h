@@ -197,10 +197,10 @@ public:
   }
 
   /// Whether replayHandles can replay the plan: no Python per call (no scratch function beyond the made
-  /// tensors, no memory held per stream, none that inner replays made) and no tensor maps (whose encodings a
-  /// step caches: Python's calls are serialized by the GIL, native ones are not).
+  /// tensors, no memory held per stream) and no tensor maps (whose encodings a step caches: Python's calls are
+  /// serialized by the GIL, native ones are not).
   bool replaysWithoutPython() const {
-    if (returned != made.size() || arity != nargs + made.size() ||
+    if (returned > made.size() || arity != nargs + made.size() ||
         (made.empty() && scratch.is_valid() && !scratch.is_none()))
       return false;
     for (const PlanStep &step : steps)
@@ -214,8 +214,10 @@ public:
 
   /// `call` without Python, for a caller in C++ on any thread without the GIL (flydsl.torch's autograd node on
   /// autograd's device thread): the caller's `nargs` arguments as torch handles (AtenTensorHandle, an at::Tensor
-  /// *; null for an argument that is not a tensor), checked by the caller against the plan's key; the made tensors
-  /// as new handles (the caller's) in `madeOut` (`capacity` of them). False, with nothing launched or kept, where
+  /// *; null for an argument that is not a tensor), checked by the caller against the plan's key; the tensors a
+  /// call returns (made's first `returned`) as new handles (the caller's) in `madeOut` (`capacity` at least
+  /// made.size()); the memory inner replays made is released once launched on (stream-ordered, as torch's
+  /// temporaries). False, with nothing launched or kept, where
   /// it needs Python (replaysWithoutPython), the C API cannot read or make a tensor, an address is aligned
   /// otherwise than when recorded, or a recording is active on this thread: the caller takes the Python path.
   bool replayHandles(void *const *args, size_t n, void **madeOut, size_t capacity) const {
@@ -262,6 +264,10 @@ public:
     } catch (...) { // a launch failed: the made tensors are not the caller's
       drop();
       throw;
+    }
+    for (size_t i = returned; i < count; ++i) { // the inner replays' memory: the stream's allocations keep order
+      deleteHandle(madeOut[i]);
+      madeOut[i] = nullptr;
     }
     return true;
   }

@@ -90,3 +90,42 @@ def test_create_graph_takes_the_python_path(node):
     (dx,) = torch.autograd.grad(F.softmax(leaf), (leaf,), dy, create_graph=True)
     assert ops.softmax._node_gradients.native_replays == before
     torch.testing.assert_close(dx.double(), _reference(x, dy), rtol=1e-4, atol=1e-5)
+
+
+def _norm_gradients(name, x, w, b, dy):
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, w, b)]
+    lx, lw, lb = leaves
+    if name == "rms_norm":
+        out = F.rms_norm(lx, (x.shape[-1],), lw)
+    else:
+        out = F.layer_norm(lx, (x.shape[-1],), lw, lb)
+    assert out.grad_fn.name() == f"FlyBackward_{name}"
+    wanted = [t for t in leaves if t is not None]
+    return torch.autograd.grad(out, wanted, dy)
+
+
+@pytest.mark.parametrize("name, bias", [("rms_norm", False), ("layer_norm", True), ("layer_norm", False)])
+def test_norm_backwards_replay_natively_with_the_python_paths_bits(node, monkeypatch, name, bias):
+    """rms_norm and layer_norm: their backward ops' plans (normalized_shape from the context: kept per forward
+    plan) replayed by the node give the Python path's gradients bit for bit (dx, dweight, dbias)."""
+    monkeypatch.setattr(getattr(ops, name), "_node_gradients", None)
+    n = 2048
+    x = torch.randn(32, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
+    dy = torch.randn_like(x)
+    first = _norm_gradients(name, x, w, b, dy)  # through Python: the plan is learnt
+    again = [_norm_gradients(name, x, w, b, dy) for _ in range(3)]
+    assert getattr(ops, name)._node_gradients.native_replays >= 2
+    for grads in again:
+        assert all(torch.equal(a, e) for a, e in zip(grads, first, strict=True))
+    # another normalized shape of the same x: another forward plan, so the backward is learnt again, not reused
+    before = getattr(ops, name)._node_gradients.native_replays
+    leaf = x.detach().requires_grad_()
+    out = F.rms_norm(leaf, (32, n)) if name == "rms_norm" else F.layer_norm(leaf, (32, n))
+    (dx,) = torch.autograd.grad(out, (leaf,), dy)
+    ref_leaf = x.detach().float().requires_grad_()
+    norm = torch.nn.functional.rms_norm if name == "rms_norm" else torch.nn.functional.layer_norm
+    (expected,) = torch.autograd.grad(norm(ref_leaf, (32, n)), (ref_leaf,), dy.float())
+    torch.testing.assert_close(dx.float(), expected, rtol=5e-2, atol=5e-2)
+    assert getattr(ops, name)._node_gradients.native_replays == before

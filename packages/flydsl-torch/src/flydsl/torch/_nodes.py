@@ -43,18 +43,23 @@ class NativeBackward:
     ``softmax_backward(dy, y)``), so that the node can replay that call's kept plan (a ``_runtime.LaunchPlan``)
     itself, on autograd's device thread without the GIL, once a backward through Python has shown which plan the
     call signature takes (up to 8 signatures per op). ``op``: the backward op (a ``FlyOp``); ``arguments``: per
-    argument of it, ``("grad", i)`` (the gradient of the op's output i, None where unused) or ``("saved", j)`` (the
-    j-th tensor ``setup_context`` saved), all of them tensors; ``gradients``: per input of the op, the index of the
-    backward op's output that is its gradient, or None. A backward whose gradient mode is on (``create_graph``),
+    argument of it, ``("grad", i)`` (the gradient of the op's output i, None where unused), ``("saved", j)`` (the
+    j-th tensor ``setup_context`` saved) or ``("context", name)`` (a value ``setup_context`` set on the context,
+    e.g. ``normalized_shape``: one the forward's plan fixes, so plans are then kept per forward plan too);
+    ``gradients``: per input of the op, the index of the backward op's output that is its gradient, or None;
+    ``defined``: the arguments that must be tensors for the replay (else the Python backward runs: e.g. layer_norm's
+    bias gradient without a weight is computed in Python). A backward whose gradient mode is on (``create_graph``),
     under a dispatch mode, or on arguments without a known plan (another signature, plans that need Python: held
-    memory, tensor maps) goes through the op's Python backward."""
+    memory, tensor maps) goes through the op's Python backward, which must compute the same gradients."""
 
     op: object
     arguments: tuple
     gradients: tuple
+    defined: tuple = ()
 
     def spec(self) -> tuple:
-        """What ``Gradients(native=...)`` takes: (sources, outputs_of, learn, the runtime's replay capsule)."""
+        """What ``Gradients(native=...)`` takes: (sources, outputs_of, defined, learn, the runtime's replay
+        capsule)."""
         from flydsl.compiler._native import launcher
         from flydsl.kernels.plans import signature
 
@@ -64,7 +69,7 @@ class NativeBackward:
             plan = runs.get(signature(*args))
             return plan if getattr(plan, "replays_without_python", False) else None
 
-        return self.arguments, self.gradients, learn, launcher._native_replay
+        return self.arguments, self.gradients, self.defined, learn, launcher._native_replay
 
 
 _BOUND: list = []  # every Gradients made with a native backward (their kept plans go with plans.clear_all)

@@ -70,7 +70,23 @@ def _layer_norm_backward(ctx, dy, _dmean, _drstd):
     return dx, None, dweight, dbias, None
 
 
-ops.layer_norm.register_autograd(_layer_norm_backward, _layer_norm_setup)
+ops.layer_norm.register_autograd(
+    _layer_norm_backward,
+    _layer_norm_setup,
+    native=NativeBackward(
+        ops.layer_norm_backward,
+        arguments=(
+            ("grad", 0),
+            ("saved", 0),
+            ("context", "normalized_shape"),
+            ("saved", 1),
+            ("saved", 2),
+            ("saved", 3),
+        ),
+        gradients=(0, None, 1, 2, None),  # (dbias lands on no input where bias is None)
+        defined=(0, 3),  # without a weight, dbias is computed in Python
+    ),
+)
 
 
 # --- rms norm --------------------------------------------------------------------------------------------------------
@@ -92,7 +108,16 @@ def _rms_norm_backward(ctx, dy, _drstd):
     return dx, None, None if weight is None else dweight, None
 
 
-ops.rms_norm.register_autograd(_rms_norm_backward, _rms_norm_setup)
+ops.rms_norm.register_autograd(
+    _rms_norm_backward,
+    _rms_norm_setup,
+    native=NativeBackward(
+        ops.rms_norm_backward,
+        arguments=(("grad", 0), ("saved", 0), ("context", "normalized_shape"), ("saved", 1), ("saved", 2)),
+        gradients=(0, None, 1, None),  # (dweight lands on no input where weight is None)
+        defined=(0,),
+    ),
+)
 
 
 def _fused_add_rms_norm_setup(ctx, inputs, output):

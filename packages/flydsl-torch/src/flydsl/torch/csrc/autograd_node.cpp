@@ -95,16 +95,21 @@ std::optional<ArgFacts> factsOf(const at::Tensor &t) {
 // through Python has shown which plan a call signature takes. Up to kPlans signatures are kept.
 struct NativeBackward {
   static constexpr size_t kPlans = 8, kMaxArgs = 16, kMaxMade = 8;
+  enum class Kind { Grad, Saved, Context };
   struct Source {
-    bool grad;  // the gradient of the op's output `index`, else the node's saved tensor `index`
-    int index;
+    Kind kind;        // the gradient of the op's output `index`, the node's saved tensor `index`, or a value
+    int index;        // the context's attribute `name` set (not a tensor: fixed by the forward's plan, see
+    std::string name; // Entry::forward)
   };
   struct Entry {
     std::vector<ArgFacts> facts;
-    void *plan;      // the LaunchPlan, kept alive by `keep`
-    PyObject *keep;  // a reference (dropped with the GIL)
+    PyObject *forward; // with context values: the forward plan that fixed them (a reference), else null
+    void *plan;        // the LaunchPlan, kept alive by `keep`
+    PyObject *keep;    // a reference (dropped with the GIL)
   };
   std::vector<Source> sources;
+  std::vector<int> defined;  // arguments that must be defined tensors (else the Python backward runs)
+  bool byForward = false;    // some argument is a context value: plans are kept per forward plan too
   std::vector<int> outputOf; // per op input: the backward op's output that is its gradient, -1: none
   py::object learn;          // learn(*args) -> the signature's LaunchPlan if it replays without Python, else None
   const NativeReplayTable *table = nullptr;
@@ -118,19 +123,24 @@ struct NativeBackward {
     std::vector<at::Tensor> args;
     args.reserve(sources.size());
     for (const Source &source : sources) {
-      if (source.grad)
+      if (source.kind == Kind::Grad)
         args.push_back(slots[source.index] < 0 ? at::Tensor() : grads[slots[source.index]]);
-      else
+      else if (source.kind == Kind::Saved)
         args.push_back(saved[source.index]);
+      else
+        args.push_back(at::Tensor()); // (a value: no handle)
     }
     return args;
   }
 
   // The backward op's outputs from its kept plan, or nullopt where none is known for these arguments or the plan
   // declines (then the Python path runs). Called without the GIL.
-  std::optional<std::vector<at::Tensor>> replay(std::vector<at::Tensor> &args) {
+  std::optional<std::vector<at::Tensor>> replay(std::vector<at::Tensor> &args, PyObject *forward) {
     if (args.size() > kMaxArgs)
       return std::nullopt;
+    for (int index : defined)
+      if (!args[size_t(index)].defined())
+        return std::nullopt;
     std::vector<ArgFacts> facts;
     facts.reserve(args.size());
     for (const at::Tensor &arg : args) {
@@ -147,7 +157,7 @@ struct NativeBackward {
     {
       std::lock_guard<std::mutex> lock(mutex);
       for (const Entry &entry : entries)
-        if (entry.facts == facts) {
+        if (entry.facts == facts && entry.forward == (byForward ? forward : nullptr)) {
           status = table->replay(entry.plan, handles, args.size(), made, kMaxMade, error, sizeof error);
           break;
         }
@@ -170,7 +180,10 @@ struct NativeBackward {
 
   // After a backward through Python (with the GIL): keeps the plan these arguments took, where it replays
   // without Python.
-  void remember(const std::vector<at::Tensor> &args) {
+  void remember(const std::vector<at::Tensor> &args, PyObject *forward, const py::object &context) {
+    if (byForward && !forward)
+      return;
+    forward = byForward ? forward : nullptr;
     std::vector<ArgFacts> facts;
     for (const at::Tensor &arg : args) {
       std::optional<ArgFacts> f = factsOf(arg);
@@ -181,12 +194,15 @@ struct NativeBackward {
     {
       std::lock_guard<std::mutex> lock(mutex);
       for (const Entry &entry : entries)
-        if (entry.facts == facts)
+        if (entry.facts == facts && entry.forward == forward)
           return;
     }
     py::tuple values(args.size());
     for (size_t i = 0; i < args.size(); ++i)
-      values[i] = args[i].defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(args[i])) : py::none();
+      if (sources[i].kind == Kind::Context)
+        values[i] = context.attr(sources[i].name.c_str());
+      else
+        values[i] = args[i].defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(args[i])) : py::none();
     py::object plan = learn(*values);
     void *pointer = plan.is_none() ? nullptr : table->planPointer(plan.ptr());
     if (!pointer)
@@ -194,16 +210,20 @@ struct NativeBackward {
     std::lock_guard<std::mutex> lock(mutex);
     if (entries.size() >= kPlans) {
       Py_DECREF(entries.front().keep);
+      Py_XDECREF(entries.front().forward);
       entries.erase(entries.begin());
     }
-    entries.push_back(Entry{std::move(facts), pointer, plan.release().ptr()});
+    Py_XINCREF(forward);
+    entries.push_back(Entry{std::move(facts), forward, pointer, plan.release().ptr()});
   }
 
   // Forgets the kept plans (flydsl.kernels.plans.clear_all), with the GIL.
   void clear() {
     std::lock_guard<std::mutex> lock(mutex);
-    for (Entry &entry : entries)
+    for (Entry &entry : entries) {
       Py_DECREF(entry.keep);
+      Py_XDECREF(entry.forward);
+    }
     entries.clear();
   }
 };
@@ -260,6 +280,7 @@ struct FlyBackward : Node {
   py::object context; // the op's ctx: what setup_context set on it, needs_input_grad; None once released
   std::vector<SavedVariable> saved;
   std::vector<int> slots; // per output of the op: its gradient's index among the node's inputs, -1: none
+  PyObject *forward = nullptr; // with a native backward by forward plan: the plan that made it (a reference)
 
   std::string name() const override { return "FlyBackward_" + op->opName; }
 
@@ -274,13 +295,13 @@ struct FlyBackward : Node {
         unpacked.push_back(variable.unpack(getptr()));
       nativeArgs = native->arguments(grads, unpacked, slots);
       if (!at::GradMode::is_enabled() && c10::impl::TorchDispatchModeTLS::stack_len() == 0)
-        if (std::optional<std::vector<at::Tensor>> outputs = native->replay(nativeArgs))
+        if (std::optional<std::vector<at::Tensor>> outputs = native->replay(nativeArgs, forward))
           return gradientsOf(*outputs);
     }
     py::gil_scoped_acquire gil;
     variable_list gradients = pythonBackward(grads);
     if (native && !at::GradMode::is_enabled())
-      native->remember(nativeArgs);
+      native->remember(nativeArgs, forward, context);
     return gradients;
   }
 
@@ -340,6 +361,8 @@ struct FlyBackward : Node {
   void release_variables() override {
     for (SavedVariable &variable : saved)
       variable.reset_data();
+    if (forward) // (only with a native backward)
+      op->dropLater(std::exchange(forward, nullptr));
     if (!context)
       return;
     if (op->native) {
@@ -351,6 +374,8 @@ struct FlyBackward : Node {
   }
 
   ~FlyBackward() override {
+    if (forward)
+      op->dropLater(forward);
     if (!context) // released (or never set): nothing of Python's left to drop
       return;
     if (!Py_IsInitialized()) { // the interpreter is gone: its objects with it
@@ -390,28 +415,40 @@ struct Gradients {
   uint64_t nativeReplays() const { return backward->native ? backward->native->replays.load() : 0; }
 };
 
-// Gradients' `native`: (sources, outputs_of, learn, capsule), None: none (see NativeBackward and _nodes.py).
+// Gradients' `native`: (sources, outputs_of, defined, learn, capsule), None: none (NativeBackward, _nodes.py).
 std::unique_ptr<NativeBackward> nativeBackward(const py::object &spec) {
   if (spec.is_none())
     return nullptr;
   py::tuple items = spec;
-  if (items.size() != 4)
-    throw std::invalid_argument("native: expected (sources, outputs_of, learn, capsule)");
+  if (items.size() != 5)
+    throw std::invalid_argument("native: expected (sources, outputs_of, defined, learn, capsule)");
   auto native = std::make_unique<NativeBackward>();
   for (const py::handle &source : py::tuple(items[0])) {
     py::tuple pair = py::reinterpret_borrow<py::tuple>(source);
     std::string kind = py::cast<std::string>(pair[0]);
-    if (kind != "grad" && kind != "saved")
-      throw std::invalid_argument("native: a source is ('grad', output) or ('saved', index), got " + kind);
-    native->sources.push_back({kind == "grad", py::cast<int>(pair[1])});
+    if (kind == "context") {
+      native->sources.push_back({NativeBackward::Kind::Context, -1, py::cast<std::string>(pair[1])});
+      native->byForward = true;
+    } else if (kind == "grad" || kind == "saved") {
+      auto which = kind == "grad" ? NativeBackward::Kind::Grad : NativeBackward::Kind::Saved;
+      native->sources.push_back({which, py::cast<int>(pair[1]), ""});
+    } else {
+      throw std::invalid_argument("native: a source is ('grad', output), ('saved', index) or ('context', name), got " +
+                                  kind);
+    }
   }
   if (native->sources.size() > NativeBackward::kMaxArgs)
     throw std::invalid_argument("native: too many arguments");
   for (const py::handle &index : py::tuple(items[1]))
     native->outputOf.push_back(index.is_none() ? -1 : py::cast<int>(index));
-  native->learn = items[2];
+  for (const py::handle &index : py::tuple(items[2])) {
+    native->defined.push_back(py::cast<int>(index));
+    if (native->defined.back() < 0 || size_t(native->defined.back()) >= native->sources.size())
+      throw std::invalid_argument("native: a defined argument's index is out of range");
+  }
+  native->learn = items[3];
   const char *name = "flydsl._runtime.native_replay";
-  auto *table = static_cast<const NativeReplayTable *>(PyCapsule_GetPointer(items[3].ptr(), name));
+  auto *table = static_cast<const NativeReplayTable *>(PyCapsule_GetPointer(items[4].ptr(), name));
   if (!table)
     throw py::error_already_set();
   if (table->version != 1)
@@ -462,6 +499,8 @@ py::object Gradients::apply(const py::object &forward, const py::tuple &inputs) 
   auto *fly = static_cast<FlyBackward *>(node.get());
   fly->op = backward;
   fly->context = context;
+  if (backward->native && backward->native->byForward) // kept until the node is released (OpBackward::dropLater)
+    fly->forward = py::object(forward).release().ptr();
   node->set_next_edges(std::move(edges));
   fly->slots.assign(outputs.size(), -1);
   for (size_t i = 0; i < outputs.size(); ++i) {
