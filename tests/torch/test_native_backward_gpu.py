@@ -129,3 +129,33 @@ def test_norm_backwards_replay_natively_with_the_python_paths_bits(node, monkeyp
     (expected,) = torch.autograd.grad(norm(ref_leaf, (32, n)), (ref_leaf,), dy.float())
     torch.testing.assert_close(dx.float(), expected, rtol=5e-2, atol=5e-2)
     assert getattr(ops, name)._node_gradients.native_replays == before
+
+
+def test_fused_add_rms_norm_replays_natively_only_without_residual_gradients(node, monkeypatch):
+    """fused_add_rms_norm: replayed by the node where only its output is differentiated (x and residual both take
+    the norm's dx); with residual_out's gradient too (added in Python) through Python, the same either way."""
+    monkeypatch.setattr(ops.fused_add_rms_norm, "_node_gradients", None)
+    n = 4096
+    x, r = (torch.randn(16, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dy, dres = torch.randn_like(x), torch.randn_like(x)
+
+    def gradients(with_residual: bool):
+        lx, lr, lw = (t.detach().requires_grad_() for t in (x, r, w))
+        out, residual_out = F.fused_add_rms_norm(lx, lr, (n,), lw)
+        assert out.grad_fn.name() == "FlyBackward_fused_add_rms_norm"
+        if with_residual:
+            return torch.autograd.grad((out, residual_out), (lx, lr, lw), (dy, dres))
+        return torch.autograd.grad(out, (lx, lr, lw), dy)
+
+    first = gradients(False)
+    again = [gradients(False) for _ in range(3)]
+    node_gradients = ops.fused_add_rms_norm._node_gradients
+    assert node_gradients.native_replays >= 2
+    for grads in again:
+        assert all(torch.equal(a, e) for a, e in zip(grads, first, strict=True))
+    before = node_gradients.native_replays
+    both = gradients(True)
+    assert node_gradients.native_replays == before
+    torch.testing.assert_close(both[0].float(), first[0].float() + dres.float(), rtol=2e-2, atol=2e-2)
+    assert torch.equal(both[0], both[1]) and torch.equal(both[2], first[2])

@@ -48,7 +48,9 @@ class NativeBackward:
     e.g. ``normalized_shape``: one the forward's plan fixes, so plans are then kept per forward plan too);
     ``gradients``: per input of the op, the index of the backward op's output that is its gradient, or None;
     ``defined``: the arguments that must be tensors for the replay (else the Python backward runs: e.g. layer_norm's
-    bias gradient without a weight is computed in Python). A backward whose gradient mode is on (``create_graph``),
+    bias gradient without a weight is computed in Python); ``unused``: the op's outputs whose gradients must be
+    None for the replay (fused_add_rms_norm's residual_out, whose gradient Python adds). A backward whose gradient
+    mode is on (``create_graph``),
     under a dispatch mode, or on arguments without a known plan (another signature, plans that need Python: held
     memory, tensor maps) goes through the op's Python backward, which must compute the same gradients."""
 
@@ -56,9 +58,10 @@ class NativeBackward:
     arguments: tuple
     gradients: tuple
     defined: tuple = ()
+    unused: tuple = ()
 
     def spec(self) -> tuple:
-        """What ``Gradients(native=...)`` takes: (sources, outputs_of, defined, learn, the runtime's replay
+        """What ``Gradients(native=...)`` takes: (sources, outputs_of, defined, unused, learn, the runtime's replay
         capsule)."""
         from flydsl.compiler._native import launcher
         from flydsl.kernels.plans import signature
@@ -69,7 +72,7 @@ class NativeBackward:
             plan = runs.get(signature(*args))
             return plan if getattr(plan, "replays_without_python", False) else None
 
-        return self.arguments, self.gradients, self.defined, learn, launcher._native_replay
+        return self.arguments, self.gradients, self.defined, self.unused, learn, launcher._native_replay
 
 
 _BOUND: list = []  # every Gradients made with a native backward (their kept plans go with plans.clear_all)

@@ -140,7 +140,17 @@ def _fused_add_rms_norm_backward(ctx, dy, dresidual_out, _drstd):
     return dsum, dsum, None, None if weight is None else dweight, None
 
 
-ops.fused_add_rms_norm.register_autograd(_fused_add_rms_norm_backward, _fused_add_rms_norm_setup)
+ops.fused_add_rms_norm.register_autograd(
+    _fused_add_rms_norm_backward,
+    _fused_add_rms_norm_setup,
+    native=NativeBackward(
+        ops.rms_norm_backward,
+        arguments=(("grad", 0), ("saved", 0), ("context", "normalized_shape"), ("saved", 1), ("saved", 2)),
+        gradients=(0, 0, None, 1, None),  # x and residual both take dsum
+        defined=(0,),
+        unused=(1,),  # with residual_out's gradient, dsum adds it (Python)
+    ),
+)
 
 
 # --- gemm ------------------------------------------------------------------------------------------------------------

@@ -15,6 +15,14 @@
 // backward is shared through a shared_ptr (no reference count of a Python object per node), and the context goes in
 // release_variables, right after the backward on the same thread. The node itself is often destroyed on the device
 // thread once the caller's thread holds the GIL again; a destructor that took the GIL there would wait for it.
+//
+// A native backward (NativeBackward: Gradients' `native`, for ops whose backward is one backward op's call on the
+// output gradients and saved tensors) never takes the GIL once known: the first backward of a call signature runs in
+// Python and shows which kept plan (a _runtime.LaunchPlan that replays without Python) the backward op's call took;
+// later backwards of that signature replay it here, through _runtime's `_native_replay` capsule, on torch handles,
+// and the node's Python references go to the op's next call on the caller's thread (OpBackward::dropLater).
+// Measured on an H100 host (benchmarks/autograd_gil_probe.py): a backward taking the GIL costs 4-8% of softmax's
+// forward + backward, calling Python 5-9% more, a Python autograd.Function 15-27%.
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/function.h>
@@ -109,6 +117,7 @@ struct NativeBackward {
   };
   std::vector<Source> sources;
   std::vector<int> defined;  // arguments that must be defined tensors (else the Python backward runs)
+  std::vector<int> unused;   // outputs of the op whose gradients must be None (else the Python backward runs)
   bool byForward = false;    // some argument is a context value: plans are kept per forward plan too
   std::vector<int> outputOf; // per op input: the backward op's output that is its gradient, -1: none
   py::object learn;          // learn(*args) -> the signature's LaunchPlan if it replays without Python, else None
@@ -294,15 +303,24 @@ struct FlyBackward : Node {
       for (SavedVariable &variable : saved)
         unpacked.push_back(variable.unpack(getptr()));
       nativeArgs = native->arguments(grads, unpacked, slots);
-      if (!at::GradMode::is_enabled() && c10::impl::TorchDispatchModeTLS::stack_len() == 0)
+      if (unusedOutputs(grads) && !at::GradMode::is_enabled() && c10::impl::TorchDispatchModeTLS::stack_len() == 0)
         if (std::optional<std::vector<at::Tensor>> outputs = native->replay(nativeArgs, forward))
           return gradientsOf(*outputs);
     }
     py::gil_scoped_acquire gil;
     variable_list gradients = pythonBackward(grads);
-    if (native && !at::GradMode::is_enabled())
+    if (native && unusedOutputs(grads) && !at::GradMode::is_enabled())
       native->remember(nativeArgs, forward, context);
     return gradients;
+  }
+
+  // Whether the outputs the native backward needs unused got no gradient.
+  bool unusedOutputs(const variable_list &grads) const {
+    for (int output : op->native->unused)
+      if (output >= 0 && size_t(output) < slots.size() && slots[size_t(output)] >= 0 &&
+          grads[size_t(slots[size_t(output)])].defined())
+        return false;
+    return true;
   }
 
   // The input gradients among the backward op's outputs (a native replay's).
@@ -415,13 +433,13 @@ struct Gradients {
   uint64_t nativeReplays() const { return backward->native ? backward->native->replays.load() : 0; }
 };
 
-// Gradients' `native`: (sources, outputs_of, defined, learn, capsule), None: none (NativeBackward, _nodes.py).
+// Gradients' `native`: (sources, outputs_of, defined, unused, learn, capsule), None: none (NativeBackward, _nodes.py).
 std::unique_ptr<NativeBackward> nativeBackward(const py::object &spec) {
   if (spec.is_none())
     return nullptr;
   py::tuple items = spec;
-  if (items.size() != 5)
-    throw std::invalid_argument("native: expected (sources, outputs_of, defined, learn, capsule)");
+  if (items.size() != 6)
+    throw std::invalid_argument("native: expected (sources, outputs_of, defined, unused, learn, capsule)");
   auto native = std::make_unique<NativeBackward>();
   for (const py::handle &source : py::tuple(items[0])) {
     py::tuple pair = py::reinterpret_borrow<py::tuple>(source);
@@ -446,9 +464,11 @@ std::unique_ptr<NativeBackward> nativeBackward(const py::object &spec) {
     if (native->defined.back() < 0 || size_t(native->defined.back()) >= native->sources.size())
       throw std::invalid_argument("native: a defined argument's index is out of range");
   }
-  native->learn = items[3];
+  for (const py::handle &output : py::tuple(items[3]))
+    native->unused.push_back(py::cast<int>(output));
+  native->learn = items[4];
   const char *name = "flydsl._runtime.native_replay";
-  auto *table = static_cast<const NativeReplayTable *>(PyCapsule_GetPointer(items[4].ptr(), name));
+  auto *table = static_cast<const NativeReplayTable *>(PyCapsule_GetPointer(items[5].ptr(), name));
   if (!table)
     throw py::error_already_set();
   if (table->version != 1)
