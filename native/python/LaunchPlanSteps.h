@@ -169,12 +169,7 @@ public:
     for (const PlanStep &step : steps) {
       const RecordedLaunch &l = step.launch;
       uint64_t slots[kMaxLaunchValues];
-      void *params[kMaxLaunchValues];
-      MapSlots maps;
-      // The test hook's steps (no function) run everything but the driver's part.
-      fill(step, pointers, slots, params, maps, l.fn.has_value());
-      if (l.fn)
-        l.fn->launch(l.grid, l.block, params, l.shared, stream, l.hasCluster ? l.cluster : nullptr);
+      launchStep(step, pointers, stream, slots);
       if (recordingLaunches()) {
         RecordedLaunch again = l;
         std::memcpy(again.slots.data(), slots, l.slots.size() * sizeof(uint64_t));
@@ -252,14 +247,8 @@ public:
       return drop();
     try {
       for (const PlanStep &step : steps) {
-        const RecordedLaunch &l = step.launch;
         uint64_t slots[kMaxLaunchValues];
-        void *params[kMaxLaunchValues];
-        MapSlots maps;
-        fill(step, pointers, slots, params, maps, l.fn.has_value());
-        if (l.fn)
-          l.fn->launch(l.grid, l.block, params, l.shared, reinterpret_cast<CUstream>(uintptr_t(stream)),
-                       l.hasCluster ? l.cluster : nullptr);
+        launchStep(step, pointers, reinterpret_cast<CUstream>(uintptr_t(stream)), slots);
       }
     } catch (...) { // a launch failed: the made tensors are not the caller's
       drop();
@@ -390,6 +379,17 @@ private:
       raise(PyExc_RuntimeError, "LaunchPlan: no stream getter registered");
     }
     return reinterpret_cast<CUstream>(uintptr_t(stream));
+  }
+
+  /// Fills the step's parameters on these pointers (into `slots`) and launches it on `stream`; the test hook's
+  /// steps (no function) run everything but the driver's part.
+  static void launchStep(const PlanStep &step, const uint64_t *pointers, CUstream stream, uint64_t *slots) {
+    const RecordedLaunch &l = step.launch;
+    void *params[kMaxLaunchValues];
+    MapSlots maps;
+    fill(step, pointers, slots, params, maps, l.fn.has_value());
+    if (l.fn)
+      l.fn->launch(l.grid, l.block, params, l.shared, stream, l.hasCluster ? l.cluster : nullptr);
   }
 
   /// The step's parameters on these pointers; its tensor maps encoded for

@@ -100,6 +100,11 @@ def _rms_norm_setup(ctx, inputs, output):
     ctx.save_for_backward(x, weight, rstd)
 
 
+# rms_norm_backward's arguments (dy, x, normalized_shape, weight, rstd) from the output's gradient and what both
+# rms norms' setup_context saves (the normed input, weight, rstd) and sets (normalized_shape).
+_RMS_NORM_BACKWARD = (("grad", 0), ("saved", 0), ("context", "normalized_shape"), ("saved", 1), ("saved", 2))
+
+
 def _rms_norm_backward(ctx, dy, _drstd):
     if dy is None:
         return None, None, None, None
@@ -113,7 +118,7 @@ ops.rms_norm.register_autograd(
     _rms_norm_setup,
     native=NativeBackward(
         ops.rms_norm_backward,
-        arguments=(("grad", 0), ("saved", 0), ("context", "normalized_shape"), ("saved", 1), ("saved", 2)),
+        arguments=_RMS_NORM_BACKWARD,
         gradients=(0, None, 1, None),  # (dweight lands on no input where weight is None)
         defined=(0,),
     ),
@@ -145,7 +150,7 @@ ops.fused_add_rms_norm.register_autograd(
     _fused_add_rms_norm_setup,
     native=NativeBackward(
         ops.rms_norm_backward,
-        arguments=(("grad", 0), ("saved", 0), ("context", "normalized_shape"), ("saved", 1), ("saved", 2)),
+        arguments=_RMS_NORM_BACKWARD,
         gradients=(0, 0, None, 1, None),  # x and residual both take dsum
         defined=(0,),
         unused=(1,),  # with residual_out's gradient, dsum adds it (Python)
