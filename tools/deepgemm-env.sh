@@ -225,6 +225,10 @@ _dg_setup() {
     PYTHONUNBUFFERED=1 python3 -X faulthandler "$root/benchmarks/deepgemm_peer.py" \
         --warm ${DEEPGEMM_WARM-4096x7168x16384 512x7168x16384 4096x18432x7168 8192x7168x2048}
     rc=$?
+    if [[ $rc -ge 128 ]] && command -v gdb >/dev/null; then  # a crash: where, natively (the first call segfaulted on
+        # an H100 host with torch 2.11 and CUDA 13.0 at 54e2261, in get_mn_major_tma_aligned_tensor)
+        gdb -batch -ex run -ex bt --args python3 "$root/benchmarks/deepgemm_peer.py" 2>&1 | tail -n 40
+    fi
     echo "deepgemm_setup: 5. smoke check status $rc in $((SECONDS - t)) s; all $((SECONDS - began)) s"
     if [[ $rc -ne 0 ]]; then
         echo "deepgemm_setup: step 5 (the smoke check: benchmarks/deepgemm_peer.py) failed with status $rc" >&2
