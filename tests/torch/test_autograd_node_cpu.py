@@ -248,3 +248,27 @@ def test_without_a_node_gradients_take_the_python_function(monkeypatch, tmp_path
     assert len(list((tmp_path / "cache").rglob("failed.txt"))) == 1
     with pytest.raises(RuntimeError, match="Error"):
         _nodes.build(quiet=True)  # the kept reason, without compiling again
+
+
+def test_a_native_backward_is_checked_when_bound(node):
+    """Gradients(native=...): each source a ('grad', i), ('saved', j) or ('context', name), defined arguments among
+    them, and the runtime's replay capsule of the version the node speaks; else a ValueError names what is wrong.
+    NativeBackward.spec gives what the node takes (CPU tensors then take the Python backward: the node replays
+    plans of CUDA tensors only)."""
+    from flydsl.compiler._native import launcher
+
+    def bound(native):
+        return node.Gradients("probe", lambda *a: None, lambda *a: None, _nodes.NodeContext, True, native)
+
+    learn = lambda *args: None  # noqa: E731
+    capsule = launcher._native_replay
+    assert bound(((("grad", 0), ("saved", 0), ("context", "n")), (0,), (0, 1), (), learn, capsule)) is not None
+    with pytest.raises(ValueError, match="a source is"):
+        bound(((("input", 0),), (0,), (), (), learn, capsule))
+    with pytest.raises(ValueError, match="out of range"):
+        bound(((("grad", 0),), (0,), (1,), (), learn, capsule))
+    with pytest.raises(ValueError, match="expected"):
+        bound(((("grad", 0),), (0,), learn, capsule))
+    spec = _nodes.NativeBackward(ops.softmax_backward, (("grad", 0), ("saved", 0)), (0,)).spec()
+    assert spec[:4] == ((("grad", 0), ("saved", 0)), (0,), (), ()) and spec[5] is capsule
+    assert spec[4](torch.randn(2, 8), torch.randn(2, 8)) is None  # no kept plan for these: None
