@@ -27,7 +27,9 @@
 # cold_profiles.tgz holds cold_<op>.txt, ~2.5 min; record *_cold); host-kept (the cold start again with launch plans
 # kept on disk, the default, ~1.5 min; record *_kept); host-gradient (the breakdown alone, 15 repeats: softmax's
 # recording forward, its backward over a kept graph and the whole, torch's and ours, < 1 min); host-gil
-# (benchmarks/autograd_gil_probe.py: whether the GIL on autograd's device thread is the fwd+bwd gap); host-function (`host`
+# (benchmarks/autograd_gil_probe.py: whether the GIL on autograd's device thread is the fwd+bwd gap); host-native
+# (the ops table through the C++ node and through the Function, alternated twice: records *_node, *_function,
+# *_node_again, *_function_again); host-function (`host`
 # with gradients through the Python autograd.Function, FLYDSL_TORCH_NODES=0, record *_function: fits one call with
 # `host`); host-node (the ops table and the breakdown with gradients through the C++ node, FLYDSL_TORCH_NODES=1,
 # record *_node, ~3 min); host-attributes (`host` with torch's C API off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call
@@ -82,6 +84,13 @@ for bench in $which; do
         --json "$(out host_overhead gradient)" --commit "$commit" ;;
     host-gil)  # softmax fwd+bwd through C++ nodes whose backward runs natively, with the GIL, or in Python, < 1.5 min
       run host-gil python3 benchmarks/autograd_gil_probe.py --json "$(out autograd_gil_probe)" --commit "$commit" ;;
+    host-native)  # issue 31's ops through the C++ node (native backwards) and the Function, twice each, ~2 min
+      for round in "" again; do
+        FLYDSL_TORCH_NODES=1 run host-native-node$round python3 benchmarks/host_overhead.py --parts ops \
+          --json "$(out host_overhead "node${round:+_$round}")" --commit "$commit"
+        FLYDSL_TORCH_NODES=0 run host-native-function$round python3 benchmarks/host_overhead.py --parts ops \
+          --json "$(out host_overhead "function${round:+_$round}")" --commit "$commit"
+      done ;;
     host-function)  # issue 31's ops with gradients through the Python Function (FLYDSL_TORCH_NODES=0), beside `host`
       FLYDSL_TORCH_NODES=0 run host-function python3 benchmarks/host_overhead.py \
         --json "$(out host_overhead function)" --commit "$commit" ;;
