@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -492,41 +491,6 @@ void noteDispatchedLaunch(const Function &fn, const unsigned grid[3], const unsi
   noteLaunch(fn, grid, block, cluster, sharedBytes, stream, signature, numParams, params, tensorMaps);
 }
 
-/// The C functions behind `_runtime._native_replay` (a capsule named kNativeReplayCapsule), for C++ callers in
-/// other extensions (flydsl.torch's autograd node) that replay a plan without the GIL. Version 1:
-///   void *plan_pointer(PyObject *plan): with the GIL: plan's LaunchPlan where it replays without Python, else null;
-///   int replay(void *plan, void *const *args, size_t n, void **made, size_t capacity, char *error, size_t bytes):
-///     without the GIL: LaunchPlan::replayHandles; 1 replayed, 0 declined (nothing done: take the Python path),
-///     -1 failed (a launch: the message in `error`).
-struct NativeReplayTable {
-  uint32_t version;
-  void *(*planPointer)(PyObject *);
-  int (*replay)(void *, void *const *, size_t, void **, size_t, char *, size_t);
-};
-
-const char *const kNativeReplayCapsule = "flydsl._runtime.native_replay";
-
-NativeReplayTable &nativeReplayTable() {
-  static NativeReplayTable table{
-      1,
-      [](PyObject *obj) -> void * {
-        if (!nb::isinstance<LaunchPlan>(nb::handle(obj)))
-          return nullptr;
-        LaunchPlan *plan = nb::inst_ptr<LaunchPlan>(nb::handle(obj));
-        return plan->replaysWithoutPython() ? plan : nullptr;
-      },
-      [](void *plan, void *const *args, size_t n, void **made, size_t capacity, char *error, size_t bytes) -> int {
-        try {
-          return static_cast<const LaunchPlan *>(plan)->replayHandles(args, n, made, capacity) ? 1 : 0;
-        } catch (const std::exception &e) {
-          if (error && bytes)
-            std::snprintf(error, bytes, "%s", e.what());
-          return -1;
-        }
-      }};
-  return table;
-}
-
 void bindLaunchPlans(nb::module_ &rt) {
   rt.def("plan_key", &planKey, "args"_a,
          "The plan key of a call's arguments (bytes), or None where one cannot be keyed: per torch "
@@ -568,10 +532,7 @@ void bindLaunchPlans(nb::module_ &rt) {
         return "<LaunchPlan of " + std::to_string(p.arity) + " arguments: " + names + ">";
       });
   bindPlanBytes(plans);
-  plans.def_prop_ro("replays_without_python", &LaunchPlan::replaysWithoutPython,
-                    "Whether C++ may replay it without the GIL (the _native_replay capsule): no Python per call, no "
-                    "tensor maps.");
-  rt.attr("_native_replay") = nb::steal(PyCapsule_New(&nativeReplayTable(), kNativeReplayCapsule, nullptr));
+  bindNativeReplay(rt, plans);
 
   nb::class_<Recording>(rt, "LaunchRecording",
                         "Within `with`, notes every launch this thread makes; plan(args) replays them.")

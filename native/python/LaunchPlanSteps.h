@@ -416,6 +416,10 @@ private:
 /// LaunchPlan's _to_bytes, _functions and _from_bytes (PlanBytes.cpp).
 void bindPlanBytes(nanobind::class_<LaunchPlan> &plans);
 
+/// LaunchPlan's replays_without_python and `_runtime._native_replay`, the capsule through which C++ in other
+/// extensions replays a plan without the GIL (NativeReplay.cpp).
+void bindNativeReplay(nanobind::module_ &rt, nanobind::class_<LaunchPlan> &plans);
+
 } // namespace fly::python
 
 #endif // FLY_PYTHON_LAUNCHPLANSTEPS_H

@@ -60,7 +60,7 @@ py::object wrap(const at::Tensor &tensor) {
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(tensor));
 }
 
-// flydsl._runtime's replays for C++ callers (its `_native_replay` capsule, version 1; LaunchPlan.cpp says how).
+// flydsl._runtime's replays for C++ callers (its `_native_replay` capsule, version 1; NativeReplay.cpp says how).
 struct NativeReplayTable {
   uint32_t version;
   void *(*planPointer)(PyObject *);
