@@ -35,7 +35,9 @@ their kernels).
 Method: ``calls`` back-to-back calls timed on the host clock while a sleep kernel queued first keeps the GPU busy
 (the host never waits for the device), median of ``repeats``; an op's paths are interleaved (each repeat times every
 path in turn) and its ratio against torch is the median of the per-repeat ratios, so that the host's drift between
-repeats cancels (``fwd_bwd`` through autograd's device thread swings by +-20 us); ``gpu_busy_after`` says whether the
+repeats cancels. ``fwd_bwd`` goes through autograd's device thread, whose wake-ups swing a batch by +-20 us: its paths
+are interleaved call by call instead, each call timed alone and a repeat's sample the median of its calls
+(``host_timing.host_us_rounds``); ``gpu_busy_after`` says whether the
 stream was still busy at the end of every timed batch (else a call synchronized, or the sleep was too short);
 ``compiles`` counts the kernel specializations loaded during the timed calls (0: no recompilation). Every path that
 fails is reported in the table and the record; the others still run. ``--profile FILE`` appends a cProfile of each
@@ -59,7 +61,7 @@ from types import SimpleNamespace
 import cold_start
 import torch
 from host_breakdown import breakdown_table, measure_breakdown  # this folder's sibling modules
-from host_timing import host_us_interleaved, paired_ratio
+from host_timing import host_us_interleaved, host_us_rounds, paired_ratio
 from launch_levels import level_table, measure_levels
 from moe_torch import grouped_mm_moe
 from record import error_text, write_record
@@ -410,7 +412,8 @@ def measure_ops(ops, calls: int, repeats: int, profile: str | None = None) -> li
         for mode, paths in cases.items():
             n = calls if mode == "fwd" else max(20, calls // 4)
             reference = None
-            timed = host_us_interleaved(paths, n, repeats, _loaded_count)
+            timing = host_us_interleaved if mode == "fwd" else host_us_rounds
+            timed = timing(paths, n, repeats, _loaded_count)
             for path, fn in paths.items():
                 row = {"op": op.name, "mode": mode, "path": path, **timed[path]}
                 if mode == "fwd" and "error" not in row:

@@ -59,6 +59,60 @@ def host_us_interleaved(fns: dict, calls: int, repeats: int, loaded_count=lambda
     return {name: rows[name] for name in fns}
 
 
+def host_us_rounds(fns: dict, calls: int, repeats: int, loaded_count=lambda: 0) -> dict:
+    """As :func:`host_us_interleaved`, but interleaved call by call: each of ``repeats`` blocks runs ``calls`` rounds
+    that call every function once, each call timed alone, and a block's sample is the median of its calls' times. For
+    calls that hand work to another thread (``torch.autograd.grad`` wakes autograd's device thread), whose batch
+    times swing by tens of percent with the wake-ups: a wake-up's delay falls on one call, which the median drops,
+    and the host's drift falls on every function alike within a round."""
+    rows, names = {}, []
+    for name, fn in fns.items():
+        try:
+            fn()
+            names.append(name)
+        except Exception as error:  # noqa: BLE001 - a failing path is reported, the others still run
+            rows[name] = _failed(error)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        for name in names:
+            fns[name]()
+    torch.cuda.synchronize()
+    cycles = int(min(max(4 * (time.perf_counter() - start) * CLOCK_HZ, 2e7), 4e9))
+    samples, busy, before = {name: [] for name in names}, dict.fromkeys(names, True), loaded_count()
+    stream, clock = torch.cuda.current_stream(), time.perf_counter
+    for _ in range(repeats):
+        times = {name: [] for name in names if name not in rows}
+        torch.cuda._sleep(cycles)
+        for _ in range(calls):
+            for name, kept in times.items():
+                if name in rows:
+                    continue
+                try:
+                    start = clock()
+                    fns[name]()
+                    kept.append(clock() - start)
+                except Exception as error:  # noqa: BLE001
+                    rows[name] = _failed(error)
+        for name, kept in times.items():
+            if name not in rows:
+                samples[name].append(statistics.median(kept) * 1e6)
+                busy[name] = busy[name] and not stream.query()
+        torch.cuda.synchronize()
+    compiles = loaded_count() - before
+    for name in names:
+        if name not in rows:
+            rows[name] = {
+                "host_us": round(statistics.median(samples[name]), 2),
+                "samples_us": [round(sample, 2) for sample in samples[name]],
+                "calls": calls,
+                "timing": "per call, interleaved",
+                "gpu_busy_after": busy[name],
+                "compiles": compiles,
+            }
+    return {name: rows[name] for name in fns}
+
+
 def paired_ratio(ours: dict | None, theirs: dict | None) -> float | None:
     """The median over repeats of ``ours``' sample over ``theirs``' of the same repeat (rows of one
     :func:`host_us_interleaved`), None where either has no samples."""
