@@ -71,6 +71,7 @@ GEMM_MNK = (16, 4096, 4096)
 DEVICE = "cuda"
 PATHS = ("functional", "op", "direct", "torch")
 MODES = ("fwd", "fwd_bwd")
+HALVES = ("fwd_rec", "bwd_kept")  # --halves: fwd_bwd's recording forward and its backward over a kept graph
 PARTS = ("ops", "levels", "breakdown", "cold")
 F = torch.nn.functional
 
@@ -326,9 +327,10 @@ def _first(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def op_cases(op: Op, plain, graded) -> dict:
+def op_cases(op: Op, plain, graded, halves: bool = False) -> dict:
     """{mode: {path: callable of no arguments}} for ``op``; fwd_bwd differentiates through autograd, but for
-    ``direct``. A path the op lacks is left out."""
+    ``direct``. A path the op lacks is left out. ``halves``: fwd_bwd's two halves too, ``fwd_rec`` (the forward
+    recording gradients) and ``bwd_kept`` (``torch.autograd.grad`` over one graph kept with ``retain_graph``)."""
     cases = {}
     if "fwd" in op.modes:
         paths = {path: getattr(op, path) for path in PATHS}
@@ -344,6 +346,12 @@ def op_cases(op: Op, plain, graded) -> dict:
         if op.direct_fwd_bwd is not None:
             cases["fwd_bwd"]["direct"] = lambda: op.direct_fwd_bwd(plain)
         cases["fwd_bwd"] = {path: cases["fwd_bwd"][path] for path in PATHS if path in cases["fwd_bwd"]}
+        if halves:  # which half of fwd_bwd a gap is in: the recording forward, the backward over a kept graph
+            cases["fwd_rec"] = {path: (lambda f=f: f(graded)) for path, f in paths.items() if f is not None}
+            kept = {path: _first(f(graded)) for path, f in paths.items() if f is not None}
+            cases["bwd_kept"] = {
+                path: (lambda y=y: torch.autograd.grad(y, wrt, dout, retain_graph=True)) for path, y in kept.items()
+            }
     return cases
 
 
@@ -394,7 +402,7 @@ def _max_difference(got, reference) -> float | None:
     return float((got.float() - reference.float()).abs().max())
 
 
-def measure_ops(ops, calls: int, repeats: int, profile: str | None = None) -> list[dict]:
+def measure_ops(ops, calls: int, repeats: int, profile: str | None = None, halves: bool = False) -> list[dict]:
     """One row per (op, mode, path): its timing (or its error) and, in fwd, the largest difference of its output
     against torch's (a sanity check of what is timed)."""
     rows = []
@@ -405,7 +413,7 @@ def measure_ops(ops, calls: int, repeats: int, profile: str | None = None) -> li
         return [{"op": op.name, "mode": mode, "path": "all", "error": failed} for op in ops for mode in op.modes]
     for op in ops:
         try:
-            cases = op_cases(op, plain, graded)
+            cases = op_cases(op, plain, graded, halves)
         except Exception as error:  # noqa: BLE001
             rows += [{"op": op.name, "mode": mode, "path": "all", "error": error_text(error)} for mode in op.modes]
             continue
@@ -459,7 +467,8 @@ def _autograd_path() -> str:
 def summarize(ops, rows: list[dict], cold: dict | None) -> dict:
     """``ratios``: per op and mode, the user-facing path's host time over torch's, the median of the per-repeat
     ratios of the interleaved batches (None where either failed);
-    ``max_ratio_vs_torch`` the largest of those measured; ``missing`` the ratios that could not be computed."""
+    ``max_ratio_vs_torch`` the largest of those measured; ``missing`` the ratios that could not be computed;
+    ``halves`` (where measured) fwd_bwd's halves' ratios, outside the bar."""
     found = {(r["op"], r["mode"], r["path"]): r for r in rows}
     ratios = {}
     for op in ops:
@@ -467,9 +476,16 @@ def summarize(ops, rows: list[dict], cold: dict | None) -> dict:
             ours, theirs = found.get((op.name, mode, op.user()[0])), found.get((op.name, mode, "torch"))
             ratios[f"{op.name}.{mode}"] = paired_ratio(ours, theirs)
     measured = [r for r in ratios.values() if r is not None]
+    halves = {
+        f"{op.name}.{mode}": paired_ratio(found.get((op.name, mode, op.user()[0])), found.get((op.name, mode, "torch")))
+        for op in ops
+        for mode in HALVES
+        if (op.name, mode, "torch") in found
+    }
     return {
         "max_ratio_vs_torch": max(measured) if measured else None,
         "ratios": ratios,
+        **({"halves": halves} if halves else {}),
         "missing": [key for key, r in ratios.items() if r is None],
         "cold_start_ms": None if cold is None else cold_start.summary(cold),
     }
@@ -481,7 +497,7 @@ def table(ops, rows: list[dict], summary: dict) -> str:
     lines = [f"{'op':<20} {'mode':<8}" + "".join(f"{p:>12}" for p in PATHS) + f"{'vs torch':>10}"]
     failures = []
     for op in ops:
-        for mode in op.modes:
+        for mode in [*op.modes, *(m for m in HALVES if (op.name, m, "torch") in times)]:
             cells = []
             for path in PATHS:
                 row = times.get((op.name, mode, path)) or times.get((op.name, mode, "all"))
@@ -492,7 +508,7 @@ def table(ops, rows: list[dict], summary: dict) -> str:
                     failures.append(f"{op.name} {mode} {row['path']}: {row['error']}")
                 else:
                     cells.append(f"{row['host_us']:.1f}" + ("" if row["gpu_busy_after"] else "*"))
-            ratio = summary["ratios"][f"{op.name}.{mode}"]
+            ratio = {**summary["ratios"], **summary.get("halves", {})}[f"{op.name}.{mode}"]
             shown = f"{ratio:>10.2f}" if ratio is not None else f"{'-':>10}"
             lines.append(f"{op.name:<20} {mode:<8}" + "".join(f"{c:>12}" for c in cells) + shown)
     lines.append("us per call (host); *: the GPU went idle in a batch; gemm's user-facing path is the op")
@@ -508,6 +524,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the record here (benchmarks/results/host_overhead/)")
     parser.add_argument("--commit", default="unknown", help="the commit measured (the GPU machine has no git)")
     parser.add_argument("--profile", help="a text file that gets a cProfile of each op path")
+    parser.add_argument("--halves", action="store_true", help="ops: fwd_bwd's halves too (fwd_rec, bwd_kept)")
     parser.add_argument(
         "--cold-profile", metavar="DIR", help="also profile one more fresh first call per op: DIR/cold_<op>.txt"
     )
@@ -531,7 +548,7 @@ def main(argv=None) -> int:
     _import_flydsl()
     autograd = _autograd_path()  # built (once per torch) before anything is timed
     print(f"fwd_bwd's gradients: {autograd}")
-    rows = measure_ops(OPS, args.calls, args.repeats, args.profile) if "ops" in args.parts else []
+    rows = measure_ops(OPS, args.calls, args.repeats, args.profile, args.halves) if "ops" in args.parts else []
     levels = measure_levels(max(50, args.calls), args.repeats, _timed) if "levels" in args.parts else []
     breakdown = measure_breakdown(max(50, args.calls), args.repeats, _timed) if "breakdown" in args.parts else []
     if "cold" in args.parts:
