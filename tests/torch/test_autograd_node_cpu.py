@@ -6,6 +6,7 @@ reference cycle through a saved output, errors), the eager ops' gradients throug
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 
 import pytest
@@ -62,6 +63,38 @@ def test_gradients_outputs_and_context(node):
     torch.testing.assert_close((dx, dw), expected)
     # the context's attributes reach the backward; the unused output's gradient is None; the saved output unpacks
     assert calls == [("scale", (True, True), False, None, False)]
+
+
+def test_a_declared_setup_records_without_python(node):
+    """Gradients(declared=Saved(...).spec()): the node saves the declared inputs and outputs, leaves the
+    non-differentiable output alone and calls no setup_context; a backward in Python gets a context made then, with
+    needs_input_grad, the declared values and the saved tensors in order. Saved itself, as a setup_context, does the
+    same through Python."""
+    saved = _nodes.Saved(
+        tensors=(("input", 0), ("input", 1), ("output", 0)), non_differentiable=(1,), values=(("tag", 2),)
+    )
+    seen = []
+
+    def backward(ctx, dy, dstat):
+        x, w, y = ctx.saved_tensors
+        seen.append((ctx.tag, ctx.needs_input_grad, dstat, y.grad_fn is None))
+        return dy * w, (dy * x).sum(0), None
+
+    def never(*args):
+        raise AssertionError("a declared setup is not called on the node's path")
+
+    gradients = node.Gradients("declared", never, backward, _nodes.NodeContext, False, None, saved.spec())
+    x, w = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    y, stat = gradients.apply(lambda x, w, tag: (x * w, x.sum()), (x, w, "scaled"))
+    assert y.grad_fn.name() == "FlyBackward_declared" and not stat.requires_grad
+    dy = torch.randn(4, 3)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    torch.testing.assert_close((dx, dw), (dy * w, (dy * x).sum(0)))
+    assert seen == [("scaled", (True, True, False), None, False)]
+    ctx = _nodes.NodeContext()
+    saved(ctx, (x, w, "scaled"), (y, stat))
+    assert ctx.to_save[0] is x and ctx.to_save[1] is w and ctx.to_save[2] is y
+    assert ctx.non_differentiable == (stat,) and ctx.tag == "scaled"
 
 
 def test_inputs_that_need_no_gradient(node):
@@ -231,23 +264,32 @@ def test_eager_ops_take_the_node_and_match_the_python_function(node, torch_kerne
 
 
 def test_without_a_node_gradients_take_the_python_function(monkeypatch, tmp_path):
-    """Off by default; asked for (FLYDSL_TORCH_NODES=1) but not buildable, it warns once, keeps why (later builds do
-    not compile again) and leaves the eager ops on the Python Function."""
+    """On by default; where it cannot be built, the process that tried warns once, keeps why (later processes do not
+    compile again, and stay quiet unless FLYDSL_TORCH_NODES=1 asks for the node) and leaves the eager ops on the
+    Python Function; FLYDSL_TORCH_NODES=0 tries nothing."""
     broken = tmp_path / "autograd_node.cpp"
     broken.write_text("this is not C++\n")
     monkeypatch.setenv("FLYDSL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(_nodes, "SOURCE", broken)
     monkeypatch.setattr(_nodes, "_module", _nodes._UNSET)
-    monkeypatch.delenv("FLYDSL_TORCH_NODES", raising=False)
+    monkeypatch.setenv("FLYDSL_TORCH_NODES", "0")
     assert _nodes.module() is None and not (tmp_path / "cache").exists()  # nothing built, nothing warned
     monkeypatch.setattr(_nodes, "_module", _nodes._UNSET)
-    monkeypatch.setenv("FLYDSL_TORCH_NODES", "1")
-    with pytest.warns(RuntimeWarning, match="the C.. autograd node .FLYDSL_TORCH_NODES=1. is not available"):
+    monkeypatch.delenv("FLYDSL_TORCH_NODES")
+    with pytest.warns(RuntimeWarning, match="the C.. autograd node is not available"):
         assert _nodes.module() is None
     assert _nodes.module() is None  # settled for the process
     assert len(list((tmp_path / "cache").rglob("failed.txt"))) == 1
     with pytest.raises(RuntimeError, match="Error"):
         _nodes.build(quiet=True)  # the kept reason, without compiling again
+    monkeypatch.setattr(_nodes, "_module", _nodes._UNSET)  # a later process, by default: quiet
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _nodes.module() is None
+    monkeypatch.setattr(_nodes, "_module", _nodes._UNSET)  # asked for: warned
+    monkeypatch.setenv("FLYDSL_TORCH_NODES", "1")
+    with pytest.warns(RuntimeWarning, match="FLYDSL_TORCH_NODES=0 chooses it"):
+        assert _nodes.module() is None
 
 
 def test_a_native_backward_is_checked_when_bound(node):

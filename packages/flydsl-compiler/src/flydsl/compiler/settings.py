@@ -26,9 +26,10 @@
                                the kernels; ``flydsl.kernels.plan_cache``)
 ``FLYDSL_TORCH_C_API``         ``0``: torch tensors are read through their Python attributes only, never through
                                torch's C API (``flydsl.compiler.torch_c_api``)
-``FLYDSL_TORCH_NODES``         ``1``: flydsl.torch's eager calls record gradients through a C++ autograd node (built
-                               once per torch version, ~20 s) instead of a Python autograd.Function
-                               (``flydsl.torch._nodes``; default off: no gain measured on a GPU host yet)
+``FLYDSL_TORCH_NODES``         ``0``: flydsl.torch's eager calls record gradients through a Python autograd.Function
+                               instead of the C++ autograd node (``flydsl.torch._nodes``: built once per torch
+                               version where a C++ compiler is, ~20 s; where it cannot be, the Function, with one
+                               warning); ``1``: the node, warning in every process where it is not available
 ``FLYDSL_MOE_DECODE``          for A/B timing: the ``fused_moe`` decode modes allowed, comma-separated ("direct",
                                "combine", "single", "quantize", "quantize_h"; "none" or empty: none); unset:
                                direct and combine (``flydsl.kernels.moe.decode.decode_modes``)
@@ -58,8 +59,15 @@ class Settings:
     launch_replay: bool = True
     plan_cache: bool = True
     torch_c_api: bool = True
-    torch_nodes: bool = False
+    torch_nodes: bool | None = None  # None: the node where it builds (FLYDSL_TORCH_NODES unset)
     moe_decode: frozenset | None = None
+
+
+def _switch(value: str | None) -> bool | None:
+    """An on/off variable: True, False, or None where it is unset (or empty)."""
+    if not value:
+        return None
+    return value.lower() in ("1", "true", "yes", "on")
 
 
 def _words(value: str | None) -> frozenset | None:
@@ -120,6 +128,6 @@ def current() -> Settings:
         launch_replay=env.get("FLYDSL_LAUNCH_REPLAY", "1").lower() not in ("0", "false", "no", "off"),
         plan_cache=env.get("FLYDSL_PLAN_CACHE", "1").lower() not in ("0", "false", "no", "off"),
         torch_c_api=env.get("FLYDSL_TORCH_C_API", "1").lower() not in ("0", "false", "no", "off"),
-        torch_nodes=env.get("FLYDSL_TORCH_NODES", "").lower() in ("1", "true", "yes", "on"),
+        torch_nodes=_switch(env.get("FLYDSL_TORCH_NODES")),
         moe_decode=_words(env.get("FLYDSL_MOE_DECODE")),
     )

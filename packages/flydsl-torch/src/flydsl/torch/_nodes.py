@@ -1,22 +1,23 @@
-"""The C++ autograd node of flydsl.torch's eager calls (``csrc/autograd_node.cpp``), on with ``FLYDSL_TORCH_NODES=1``.
+"""The C++ autograd node of flydsl.torch's eager calls (``csrc/autograd_node.cpp``), on by default
+(``FLYDSL_TORCH_NODES=0``: off).
 
 A Python ``torch.autograd.Function`` costs about as much host time per call as torch's whole softmax forward and
-backward (``benchmarks/autograd_node_cpu.py``); with the setting on, the eager calls that record gradients
+backward (``benchmarks/autograd_node_cpu.py``); the eager calls that record gradients
 (:meth:`flydsl.torch._registry.FlyOp.call`) record ``FlyBackward`` instead: a ``torch::autograd::Node`` whose backward
-calls the op's Python backward directly. The same ``setup_context`` and ``backward`` functions serve both paths (the
+replays the backward op's kept plan without Python or the GIL (:class:`NativeBackward`) or calls the op's Python
+backward. The same ``setup_context`` (or :class:`Saved` declaration) and ``backward`` serve both paths (the
 :class:`NodeContext` speaks the part of ``FunctionCtx`` they use), so results are the same either way. Measured
-(``docs/tuning/host.md#autograd``): 0-9% less host time per forward + backward on CPU stand-ins, no difference beyond
-the noise of autograd's device thread on an H100 host; hence off by default. It is where a backward that replays
-without the GIL would go.
+(``docs/tuning/host.md#autograd``): forward + backward 1.12-1.25x torch eager's host time through the Function,
+0.91-1.08x through the node (H100 host).
 
-Per op, ``module().Gradients(name, setup_context, backward, NodeContext, single)`` binds them once; its
-``apply(forward, inputs)`` runs the forward (a plan returning the outputs' tuple) and records the node.
+Per op, ``module().Gradients(name, setup_context, backward, NodeContext, single, native, declared)`` binds them
+once; its ``apply(forward, inputs)`` runs the forward (a plan returning the outputs' tuple) and records the node.
 
 The node is a torch extension: built with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) the first time a
 process needs it, once per torch version and Python (about 20 s, announced on stderr; ``_nodes.build()`` builds it
 ahead of time), kept under FlyDSL's cache directory and imported from there after. Where it cannot be built, the
 reason is kept there too (so later processes do not try again; delete ``failed.txt`` to retry), a warning says so
-once, and gradients go through the Python Function.
+(:func:`module`), and gradients go through the Python Function.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NativeBackward", "NodeContext", "build", "gradients", "module"]
+__all__ = ["NativeBackward", "NodeContext", "Saved", "build", "gradients", "module"]
 
 SOURCE = Path(__file__).with_name("csrc") / "autograd_node.cpp"
 _UNSET = object()
@@ -75,12 +76,47 @@ class NativeBackward:
         return self.arguments, self.gradients, self.defined, self.unused, learn, launcher._native_replay
 
 
+@dataclass(frozen=True)
+class Saved:
+    """An op's ``setup_context`` declared rather than written, so that the C++ node records a forward without calling
+    Python or making a context (the context of a backward that runs in Python is made then, with ``values`` set on
+    it). ``tensors``: what ``save_for_backward`` gets, in order, each ``("input", i)`` or ``("output", j)`` (a None
+    input saves None); ``non_differentiable``: outputs that take no gradient; ``values``: ``(name, i)``, the context
+    attribute ``name`` set to input ``i`` (e.g. ``normalized_shape``). Called as a ``setup_context(ctx, inputs,
+    output)``, it does the same through Python (the ``autograd.Function`` path)."""
+
+    tensors: tuple
+    non_differentiable: tuple = ()
+    values: tuple = ()
+
+    def __call__(self, ctx, inputs, output) -> None:
+        outputs = output if isinstance(output, tuple) else (output,)
+        if self.non_differentiable:
+            ctx.mark_non_differentiable(*(outputs[j] for j in self.non_differentiable))
+        for name, i in self.values:
+            setattr(ctx, name, inputs[i])
+        ctx.save_for_backward(*(outputs[i] if kind == "output" else inputs[i] for kind, i in self.tensors))
+
+    def spec(self) -> tuple:
+        """What ``Gradients(declared=...)`` takes."""
+        return self.tensors, self.non_differentiable, self.values
+
+
 _BOUND: list = []  # every Gradients made with a native backward (their kept plans go with plans.clear_all)
 
 
 def gradients(node, name: str, setup, backward, single: bool, native: NativeBackward | None):
-    """The node's ``Gradients`` of one op (``node``: :func:`module`'s extension)."""
-    bound = node.Gradients(name, setup, backward, NodeContext, single, None if native is None else native.spec())
+    """The node's ``Gradients`` of one op (``node``: :func:`module`'s extension); a :class:`Saved` ``setup`` is
+    declared to the node."""
+    bound = node.Gradients(
+        name,
+        setup,
+        backward,
+        NodeContext,
+        single,
+        None if native is None else native.spec(),
+        setup.spec() if isinstance(setup, Saved) else None,
+    )
     if native is not None:
         if not _BOUND:
             from flydsl.kernels import plans
@@ -116,7 +152,7 @@ def _name_and_directory() -> tuple[str, Path]:
 
     stamp = "\n".join(
         [
-            hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
+            *(hashlib.sha256(path.read_bytes()).hexdigest() for path in [SOURCE, *sorted(SOURCE.parent.glob("*.h"))]),
             torch.__version__,
             sys.version,
             str(torch._C._GLIBCXX_USE_CXX11_ABI),
@@ -134,6 +170,10 @@ def _import(name: str, path: Path):
     return extension
 
 
+class _KeptFailure(RuntimeError):
+    """A build that failed in an earlier process (its reason kept in ``failed.txt``)."""
+
+
 def build(quiet: bool = False):
     """The node's extension module: imported from the cache directory, or built there first. Raises where it cannot
     be built (and keeps the reason, see the module docstring)."""
@@ -145,7 +185,7 @@ def build(quiet: bool = False):
         return _import(name, built)
     failed = directory / "failed.txt"
     if failed.is_file():
-        raise RuntimeError(failed.read_text())
+        raise _KeptFailure(failed.read_text())
     from torch.utils import cpp_extension
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -182,22 +222,33 @@ def _ninja_directories() -> list[str]:
 
 
 def module():
-    """The built extension (``apply``), or None where it is off or cannot be built (warned once). Settled on the
-    first call of the process."""
+    """The built extension (``apply``), or None where it is off (``FLYDSL_TORCH_NODES=0``) or cannot be built.
+    Settled on the first call of the process. A failure warns where the node was asked for
+    (``FLYDSL_TORCH_NODES=1``), or by default in the process whose build failed (later ones read the kept reason
+    and stay quiet)."""
     global _module
     if _module is not _UNSET:
         return _module
     from flydsl.compiler import settings
 
     _module = None
-    if settings.current().torch_nodes:
-        try:
-            _module = build()
-        except Exception as error:  # any failure leaves gradients on the Python Function
-            warnings.warn(
-                "flydsl: the C++ autograd node (FLYDSL_TORCH_NODES=1) is not available, gradients go through a Python"
-                f" autograd.Function: {error}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+    wanted = settings.current().torch_nodes
+    if wanted is False:
+        return None
+    try:
+        _module = build()
+    except _KeptFailure as error:  # a build that failed before, in an earlier process
+        if wanted:
+            _warn(error)
+    except Exception as error:  # any failure leaves gradients on the Python Function
+        _warn(error)
     return _module
+
+
+def _warn(error: Exception) -> None:
+    warnings.warn(
+        "flydsl: the C++ autograd node is not available, gradients go through a Python autograd.Function (more host"
+        f" time per call; FLYDSL_TORCH_NODES=0 chooses it without trying the node): {error}",
+        RuntimeWarning,
+        stacklevel=3,
+    )

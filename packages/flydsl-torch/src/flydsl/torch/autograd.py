@@ -13,16 +13,12 @@ import math
 
 import torch
 from flydsl.torch import ops
-from flydsl.torch._nodes import NativeBackward
+from flydsl.torch._nodes import NativeBackward, Saved
 
 __all__: list[str] = []
 
 
 # --- softmax ---------------------------------------------------------------------------------------------------------
-
-
-def _softmax_setup(ctx, inputs, output):
-    ctx.save_for_backward(output)
 
 
 def _softmax_backward(ctx, dy):
@@ -34,7 +30,7 @@ def _softmax_backward(ctx, dy):
 
 ops.softmax.register_autograd(
     _softmax_backward,
-    _softmax_setup,
+    Saved(tensors=(("output", 0),)),
     native=NativeBackward(ops.softmax_backward, arguments=(("grad", 0), ("saved", 0)), gradients=(0,)),
 )
 
@@ -48,13 +44,13 @@ def _bias_grad(dy: torch.Tensor, normalized_shape, dtype: torch.dtype) -> torch.
     return rows.sum(0, dtype=torch.float32).to(dtype).view(tuple(normalized_shape))
 
 
-def _layer_norm_setup(ctx, inputs, output):
-    x, normalized_shape, weight, bias, _eps = inputs
-    _out, mean, rstd = output
-    ctx.mark_non_differentiable(mean, rstd)
-    ctx.normalized_shape = normalized_shape
-    ctx.bias_dtype = None if bias is None else bias.dtype
-    ctx.save_for_backward(x, weight, mean, rstd)
+# layer_norm(x, normalized_shape, weight, bias, eps) -> (out, mean, rstd): the backward keeps x, weight, mean and rstd,
+# and reads normalized_shape and bias (for its dtype, and whether there is one) from the context.
+_LAYER_NORM_SAVED = Saved(
+    tensors=(("input", 0), ("input", 2), ("output", 1), ("output", 2)),
+    non_differentiable=(1, 2),
+    values=(("normalized_shape", 1), ("bias", 3)),
+)
 
 
 def _layer_norm_backward(ctx, dy, _dmean, _drstd):
@@ -64,15 +60,15 @@ def _layer_norm_backward(ctx, dy, _dmean, _drstd):
     dx, dweight, dbias = ops.layer_norm_backward.call(dy, x, ctx.normalized_shape, weight, mean, rstd)
     if weight is None:  # dweight and dbias came back empty
         dweight = None
-        dbias = None if ctx.bias_dtype is None else _bias_grad(dy, ctx.normalized_shape, ctx.bias_dtype)
-    elif ctx.bias_dtype is None:
+        dbias = None if ctx.bias is None else _bias_grad(dy, ctx.normalized_shape, ctx.bias.dtype)
+    elif ctx.bias is None:
         dbias = None
     return dx, None, dweight, dbias, None
 
 
 ops.layer_norm.register_autograd(
     _layer_norm_backward,
-    _layer_norm_setup,
+    _LAYER_NORM_SAVED,
     native=NativeBackward(
         ops.layer_norm_backward,
         arguments=(
@@ -92,14 +88,6 @@ ops.layer_norm.register_autograd(
 # --- rms norm --------------------------------------------------------------------------------------------------------
 
 
-def _rms_norm_setup(ctx, inputs, output):
-    x, normalized_shape, weight, _eps = inputs
-    _out, rstd = output
-    ctx.mark_non_differentiable(rstd)
-    ctx.normalized_shape = normalized_shape
-    ctx.save_for_backward(x, weight, rstd)
-
-
 # rms_norm_backward's arguments (dy, x, normalized_shape, weight, rstd) from the output's gradient and what both
 # rms norms' setup_context saves (the normed input, weight, rstd) and sets (normalized_shape).
 _RMS_NORM_BACKWARD = (("grad", 0), ("saved", 0), ("context", "normalized_shape"), ("saved", 1), ("saved", 2))
@@ -115,7 +103,10 @@ def _rms_norm_backward(ctx, dy, _drstd):
 
 ops.rms_norm.register_autograd(
     _rms_norm_backward,
-    _rms_norm_setup,
+    # rms_norm(x, normalized_shape, weight, eps) -> (out, rstd)
+    Saved(
+        tensors=(("input", 0), ("input", 2), ("output", 1)), non_differentiable=(1,), values=(("normalized_shape", 1),)
+    ),
     native=NativeBackward(
         ops.rms_norm_backward,
         arguments=_RMS_NORM_BACKWARD,
@@ -123,14 +114,6 @@ ops.rms_norm.register_autograd(
         defined=(0,),
     ),
 )
-
-
-def _fused_add_rms_norm_setup(ctx, inputs, output):
-    _x, _residual, normalized_shape, weight, _eps = inputs
-    _out, residual_out, rstd = output
-    ctx.mark_non_differentiable(rstd)
-    ctx.normalized_shape = normalized_shape
-    ctx.save_for_backward(residual_out, weight, rstd)
 
 
 def _fused_add_rms_norm_backward(ctx, dy, dresidual_out, _drstd):
@@ -147,7 +130,12 @@ def _fused_add_rms_norm_backward(ctx, dy, dresidual_out, _drstd):
 
 ops.fused_add_rms_norm.register_autograd(
     _fused_add_rms_norm_backward,
-    _fused_add_rms_norm_setup,
+    # fused_add_rms_norm(x, residual, normalized_shape, weight, eps) -> (out, residual_out, rstd)
+    Saved(
+        tensors=(("output", 1), ("input", 3), ("output", 2)),
+        non_differentiable=(2,),
+        values=(("normalized_shape", 2),),
+    ),
     native=NativeBackward(
         ops.rms_norm_backward,
         arguments=_RMS_NORM_BACKWARD,

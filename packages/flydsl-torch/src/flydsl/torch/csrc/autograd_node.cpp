@@ -10,6 +10,11 @@
 // node), and on the backward calls backward(ctx, *grads) with ctx.saved_tensors set for the call only: one gradient
 // per input, None for an unused output's gradient (no zeros materialized).
 //
+// An op may declare what its backward keeps instead (Gradients' `declared`, flydsl.torch._nodes.Saved: tensors among
+// the inputs and outputs, non-differentiable outputs, values among the inputs set on ctx): the forward then runs no
+// Python past the forward itself and makes no context; one is made, with the declared values, only for a backward
+// that runs in Python.
+//
 // The GIL: the backward runs on autograd's device thread, which takes the GIL for it, while the caller's thread waits
 // in autograd.grad without it. Everything else the node owns is dropped without the GIL where it can be: the op's
 // backward is shared through a shared_ptr (no reference count of a Python object per node), and the context goes in
@@ -33,6 +38,9 @@
 
 #include <pybind11/pybind11.h>
 
+#include "native_backward.h"
+
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -48,6 +56,11 @@ using torch::autograd::Edge;
 using torch::autograd::Node;
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
+using flydsl_node::ArgFacts;
+using flydsl_node::NativeBackward;
+using flydsl_node::NativeReplayTable;
+using flydsl_node::factsOf;
+using flydsl_node::nativeBackward;
 
 namespace {
 
@@ -60,190 +73,44 @@ py::object wrap(const at::Tensor &tensor) {
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(tensor));
 }
 
-// flydsl._runtime's replays for C++ callers (its `_native_replay` capsule, version 1; NativeReplay.cpp says how).
-struct NativeReplayTable {
-  uint32_t version;
-  void *(*planPointer)(PyObject *);
-  int (*replay)(void *, void *const *, size_t, void **, size_t, char *, size_t);
+// What an op's backward keeps, declared (Gradients' `declared`: (saves, non_differentiable, values), _nodes.Saved).
+struct Declared {
+  std::vector<std::pair<bool, int>> saves;          // (an output?, its index among the outputs or the inputs)
+  std::vector<int> fixed;                           // outputs that take no gradient
+  std::vector<std::pair<std::string, int>> values;  // ctx attributes: (name, the input that is its value)
 };
 
-// A tensor argument of a backward op as its plan key sees it (flydsl.kernels.plans.signature: dtype, shape,
-// strides, device and address mod 16 of a plain CUDA tensor; undefined: None).
-struct ArgFacts {
-  bool defined = false;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  c10::DeviceIndex device = -1;
-  int64_t alignment = 0;
-  std::vector<int64_t> sizes, strides;
-
-  bool operator==(const ArgFacts &o) const {
-    return defined == o.defined && dtype == o.dtype && device == o.device && alignment == o.alignment &&
-           sizes == o.sizes && strides == o.strides;
+std::unique_ptr<Declared> declaredSetup(const py::object &spec) {
+  if (spec.is_none())
+    return nullptr;
+  py::tuple items = spec;
+  if (items.size() != 3)
+    throw std::invalid_argument("declared: expected (saves, non_differentiable, values)");
+  auto declared = std::make_unique<Declared>();
+  for (const py::handle &save : py::tuple(items[0])) {
+    py::tuple pair = py::reinterpret_borrow<py::tuple>(save);
+    std::string kind = py::cast<std::string>(pair[0]);
+    if (kind != "input" && kind != "output")
+      throw std::invalid_argument("declared: a saved tensor is ('input', i) or ('output', j), got " + kind);
+    declared->saves.emplace_back(kind == "output", py::cast<int>(pair[1]));
   }
-};
-
-// Facts of a CUDA strided tensor or an undefined one; nullopt for anything else (the Python path takes it).
-std::optional<ArgFacts> factsOf(const at::Tensor &t) {
-  ArgFacts f;
-  if (!t.defined())
-    return f;
-  if (!t.is_cuda() || t.layout() != c10::kStrided)
-    return std::nullopt;
-  f.defined = true;
-  f.dtype = t.scalar_type();
-  f.device = t.get_device();
-  f.alignment = int64_t(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15);
-  f.sizes.assign(t.sizes().begin(), t.sizes().end());
-  f.strides.assign(t.strides().begin(), t.strides().end());
-  return f;
+  for (const py::handle &output : py::tuple(items[1]))
+    declared->fixed.push_back(py::cast<int>(output));
+  for (const py::handle &value : py::tuple(items[2])) {
+    py::tuple pair = py::reinterpret_borrow<py::tuple>(value);
+    declared->values.emplace_back(py::cast<std::string>(pair[0]), py::cast<int>(pair[1]));
+  }
+  return declared;
 }
 
-// An op whose backward is one call of a kept plan of its backward op on the output gradients and saved tensors
-// (Gradients' `native`): the node replays that plan itself, without Python and without the GIL, once a backward
-// through Python has shown which plan a call signature takes. Up to kPlans signatures are kept.
-struct NativeBackward {
-  static constexpr size_t kPlans = 8, kMaxArgs = 16, kMaxMade = 8;
-  enum class Kind { Grad, Saved, Context };
-  struct Source {
-    Kind kind;        // the gradient of the op's output `index`, the node's saved tensor `index`, or a value
-    int index;        // the context's attribute `name` set (not a tensor: fixed by the forward's plan, see
-    std::string name; // Entry::forward)
-  };
-  struct Entry {
-    std::vector<ArgFacts> facts;
-    PyObject *forward; // with context values: the forward plan that fixed them (a reference), else null
-    void *plan;        // the LaunchPlan, kept alive by `keep`
-    PyObject *keep;    // a reference (dropped with the GIL)
-  };
-  std::vector<Source> sources;
-  std::vector<int> defined;  // arguments that must be defined tensors (else the Python backward runs)
-  std::vector<int> unused;   // outputs of the op whose gradients must be None (else the Python backward runs)
-  bool byForward = false;    // some argument is a context value: plans are kept per forward plan too
-  std::vector<int> outputOf; // per op input: the backward op's output that is its gradient, -1: none
-  py::object learn;          // learn(*args) -> the signature's LaunchPlan if it replays without Python, else None
-  const NativeReplayTable *table = nullptr;
-  std::mutex mutex;          // over entries: replays (no GIL) against learning and clearing (with the GIL)
-  std::vector<Entry> entries;
-  std::atomic<uint64_t> replays{0}; // backwards replayed here (tests, benchmarks)
-
-  // The arguments of the backward op for these gradients and saved tensors.
-  std::vector<at::Tensor> arguments(const variable_list &grads, const std::vector<at::Tensor> &saved,
-                                    const std::vector<int> &slots) const {
-    std::vector<at::Tensor> args;
-    args.reserve(sources.size());
-    for (const Source &source : sources) {
-      if (source.kind == Kind::Grad)
-        args.push_back(slots[source.index] < 0 ? at::Tensor() : grads[slots[source.index]]);
-      else if (source.kind == Kind::Saved)
-        args.push_back(saved[source.index]);
-      else
-        args.push_back(at::Tensor()); // (a value: no handle)
-    }
-    return args;
-  }
-
-  // The backward op's outputs from its kept plan, or nullopt where none is known for these arguments or the plan
-  // declines (then the Python path runs). Called without the GIL.
-  std::optional<std::vector<at::Tensor>> replay(std::vector<at::Tensor> &args, PyObject *forward) {
-    if (args.size() > kMaxArgs)
-      return std::nullopt;
-    for (int index : defined)
-      if (!args[size_t(index)].defined())
-        return std::nullopt;
-    std::vector<ArgFacts> facts;
-    facts.reserve(args.size());
-    for (const at::Tensor &arg : args) {
-      std::optional<ArgFacts> f = factsOf(arg);
-      if (!f)
-        return std::nullopt;
-      facts.push_back(std::move(*f));
-    }
-    void *handles[kMaxArgs], *made[kMaxMade] = {}; // (a replay fills the first of `made`, one per output)
-    for (size_t i = 0; i < args.size(); ++i)
-      handles[i] = args[i].defined() ? static_cast<void *>(&args[i]) : nullptr; // AtenTensorHandle: at::Tensor *
-    char error[512] = "";
-    int status = 0;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      for (const Entry &entry : entries)
-        if (entry.facts == facts && entry.forward == (byForward ? forward : nullptr)) {
-          status = table->replay(entry.plan, handles, args.size(), made, kMaxMade, error, sizeof error);
-          break;
-        }
-    }
-    if (status < 0)
-      throw std::runtime_error(std::string("flydsl: a backward's replay failed: ") + error);
-    if (status == 0)
-      return std::nullopt;
-    replays.fetch_add(1, std::memory_order_relaxed);
-    std::vector<at::Tensor> outputs;
-    for (void *handle : made) { // handles made by aoti_torch_empty_strided (new at::Tensors): ours to delete
-      if (!handle)
-        break;
-      auto *tensor = static_cast<at::Tensor *>(handle);
-      outputs.push_back(std::move(*tensor));
-      delete tensor;
-    }
-    return outputs;
-  }
-
-  // After a backward through Python (with the GIL): keeps the plan these arguments took, where it replays
-  // without Python.
-  void remember(const std::vector<at::Tensor> &args, PyObject *forward, const py::object &context) {
-    if (byForward && !forward)
-      return;
-    forward = byForward ? forward : nullptr;
-    std::vector<ArgFacts> facts;
-    for (const at::Tensor &arg : args) {
-      std::optional<ArgFacts> f = factsOf(arg);
-      if (!f)
-        return;
-      facts.push_back(std::move(*f));
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      for (const Entry &entry : entries)
-        if (entry.facts == facts && entry.forward == forward)
-          return;
-    }
-    py::tuple values(args.size());
-    for (size_t i = 0; i < args.size(); ++i)
-      if (sources[i].kind == Kind::Context)
-        values[i] = context.attr(sources[i].name.c_str());
-      else
-        values[i] = args[i].defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(args[i])) : py::none();
-    py::object plan = learn(*values);
-    void *pointer = plan.is_none() ? nullptr : table->planPointer(plan.ptr());
-    if (!pointer)
-      return;
-    std::lock_guard<std::mutex> lock(mutex);
-    if (entries.size() >= kPlans) {
-      Py_DECREF(entries.front().keep);
-      Py_XDECREF(entries.front().forward);
-      entries.erase(entries.begin());
-    }
-    Py_XINCREF(forward);
-    entries.push_back(Entry{std::move(facts), forward, pointer, plan.release().ptr()});
-  }
-
-  // Forgets the kept plans (flydsl.kernels.plans.clear_all), with the GIL.
-  void clear() {
-    std::lock_guard<std::mutex> lock(mutex);
-    for (Entry &entry : entries) {
-      Py_DECREF(entry.keep);
-      Py_XDECREF(entry.forward);
-    }
-    entries.clear();
-  }
-};
-
-// One op's backward(ctx, *grads) -> one gradient per input (a tuple) or the only one, and its native backward if
-// it has one; shared by the op's Gradients and its nodes, destroyed with the GIL by the last of them (normally the
-// Gradients).
+// One op's backward(ctx, *grads) -> one gradient per input (a tuple) or the only one, its native backward and
+// declared setup if it has them, and its context type; shared by the op's Gradients and its nodes, destroyed with the
+// GIL by the last of them (normally the Gradients).
 struct OpBackward {
   std::string opName;
-  py::object function;
+  py::object function, contextType;
   std::unique_ptr<NativeBackward> native;
+  std::unique_ptr<const Declared> declared;
   mutable std::mutex droppedMutex;
   mutable std::vector<PyObject *> dropped; // references released without the GIL, dropped by the next call's
 
@@ -263,11 +130,14 @@ struct OpBackward {
       Py_DECREF(object);
   }
 
-  OpBackward(std::string name, py::object backward, std::unique_ptr<NativeBackward> native)
-      : opName(std::move(name)), function(std::move(backward)), native(std::move(native)) {}
+  OpBackward(std::string name, py::object backward, py::object contextType, std::unique_ptr<NativeBackward> native,
+             std::unique_ptr<const Declared> declared)
+      : opName(std::move(name)), function(std::move(backward)), contextType(std::move(contextType)),
+        native(std::move(native)), declared(std::move(declared)) {}
   ~OpBackward() {
     if (!Py_IsInitialized()) { // the interpreter is gone: its objects with it
       function.release();
+      contextType.release();
       if (native) {
         native->learn.release();
         native->entries.clear();
@@ -276,6 +146,7 @@ struct OpBackward {
     }
     py::gil_scoped_acquire gil;
     function = py::object();
+    contextType = py::object();
     drop();
     if (native) {
       native->clear();
@@ -286,7 +157,11 @@ struct OpBackward {
 
 struct FlyBackward : Node {
   std::shared_ptr<const OpBackward> op;
-  py::object context; // the op's ctx: what setup_context set on it, needs_input_grad; None once released
+  py::object context; // the op's ctx: what setup_context set on it, needs_input_grad (declared: made for a Python
+                      // backward only); None once released
+  py::object values;  // declared: the values of the ctx attributes (a tuple), None once released
+  uint64_t needs = 0; // declared: needs_input_grad, a bit per input
+  bool released = false;
   std::vector<SavedVariable> saved;
   std::vector<int> slots; // per output of the op: its gradient's index among the node's inputs, -1: none
   PyObject *forward = nullptr; // with a native backward by forward plan: the plan that made it (a reference)
@@ -294,7 +169,7 @@ struct FlyBackward : Node {
   std::string name() const override { return "FlyBackward_" + op->opName; }
 
   variable_list apply(variable_list &&grads) override {
-    if (!context) // (the pointer read only: no reference counted, no GIL needed)
+    if (released)
       throw std::runtime_error(torch::autograd::ERR_BACKWARD_TWICE);
     NativeBackward *native = op->native.get();
     std::vector<at::Tensor> nativeArgs;
@@ -333,8 +208,23 @@ struct FlyBackward : Node {
     return gradients;
   }
 
+  // A declared op's context, for a backward in Python (with the GIL): needs_input_grad and the declared values.
+  py::object makeContext() const {
+    py::object made = op->contextType();
+    py::tuple needed(num_outputs());
+    for (size_t i = 0; i < num_outputs(); ++i)
+      needed[i] = py::bool_((needs >> i) & 1);
+    made.attr("needs_input_grad") = needed;
+    const auto &declaredValues = op->declared->values;
+    for (size_t k = 0; k < declaredValues.size(); ++k)
+      made.attr(declaredValues[k].first.c_str()) = py::handle(PyTuple_GET_ITEM(values.ptr(), k));
+    return made;
+  }
+
   // The op's Python backward(ctx, *grads), with the GIL.
   variable_list pythonBackward(const variable_list &grads) {
+    if (!context)
+      context = makeContext();
     py::tuple savedTensors(saved.size());
     for (size_t i = 0; i < saved.size(); ++i)
       savedTensors[i] = wrap(saved[i].unpack(getptr()));
@@ -379,29 +269,33 @@ struct FlyBackward : Node {
   void release_variables() override {
     for (SavedVariable &variable : saved)
       variable.reset_data();
+    released = true;
     if (forward) // (only with a native backward)
       op->dropLater(std::exchange(forward, nullptr));
-    if (!context)
+    if (!context && !values)
       return;
     if (op->native) {
-      op->dropLater(context.release().ptr());
+      for (py::object *object : {&context, &values})
+        if (*object)
+          op->dropLater(object->release().ptr());
       return;
     }
     py::gil_scoped_acquire gil;
-    context = py::object();
+    context = values = py::object();
   }
 
   ~FlyBackward() override {
     if (forward)
       op->dropLater(forward);
-    if (!context) // released (or never set): nothing of Python's left to drop
+    if (!context && !values) // released (or never set): nothing of Python's left to drop
       return;
     if (!Py_IsInitialized()) { // the interpreter is gone: its objects with it
       context.release();
+      values.release();
       return;
     }
     py::gil_scoped_acquire gil; // a kept graph (retain_graph) or a backward that never ran
-    context = py::object();
+    context = values = py::object();
   }
 };
 
@@ -422,7 +316,7 @@ bool contains(const py::tuple &tensors, PyObject *value) {
 // One op's gradients: its name, setup_context, backward and context type, bound once (register_autograd).
 struct Gradients {
   std::shared_ptr<const OpBackward> backward;
-  py::object setup, contextType;
+  py::object setup;
   bool single; // the op has one output: forward's tuple is unwrapped
 
   py::object apply(const py::object &forward, const py::tuple &inputs) const;
@@ -433,79 +327,13 @@ struct Gradients {
   uint64_t nativeReplays() const { return backward->native ? backward->native->replays.load() : 0; }
 };
 
-// Gradients' `native`: (sources, outputs_of, defined, unused, learn, capsule), None: none (NativeBackward, _nodes.py).
-std::unique_ptr<NativeBackward> nativeBackward(const py::object &spec) {
-  if (spec.is_none())
-    return nullptr;
-  py::tuple items = spec;
-  if (items.size() != 6)
-    throw std::invalid_argument("native: expected (sources, outputs_of, defined, unused, learn, capsule)");
-  auto native = std::make_unique<NativeBackward>();
-  for (const py::handle &source : py::tuple(items[0])) {
-    py::tuple pair = py::reinterpret_borrow<py::tuple>(source);
-    std::string kind = py::cast<std::string>(pair[0]);
-    if (kind == "context") {
-      native->sources.push_back({NativeBackward::Kind::Context, -1, py::cast<std::string>(pair[1])});
-      native->byForward = true;
-    } else if (kind == "grad" || kind == "saved") {
-      auto which = kind == "grad" ? NativeBackward::Kind::Grad : NativeBackward::Kind::Saved;
-      native->sources.push_back({which, py::cast<int>(pair[1]), ""});
-    } else {
-      throw std::invalid_argument("native: a source is ('grad', output), ('saved', index) or ('context', name), got " +
-                                  kind);
-    }
-  }
-  if (native->sources.size() > NativeBackward::kMaxArgs)
-    throw std::invalid_argument("native: too many arguments");
-  for (const py::handle &index : py::tuple(items[1]))
-    native->outputOf.push_back(index.is_none() ? -1 : py::cast<int>(index));
-  for (const py::handle &index : py::tuple(items[2])) {
-    native->defined.push_back(py::cast<int>(index));
-    if (native->defined.back() < 0 || size_t(native->defined.back()) >= native->sources.size())
-      throw std::invalid_argument("native: a defined argument's index is out of range");
-  }
-  for (const py::handle &output : py::tuple(items[3]))
-    native->unused.push_back(py::cast<int>(output));
-  native->learn = items[4];
-  const char *name = "flydsl._runtime.native_replay";
-  auto *table = static_cast<const NativeReplayTable *>(PyCapsule_GetPointer(items[5].ptr(), name));
-  if (!table)
-    throw py::error_already_set();
-  if (table->version != 1)
-    throw std::invalid_argument("native: flydsl._runtime's replay table is of another version");
-  native->table = table;
-  return native;
-}
-
-py::object Gradients::apply(const py::object &forward, const py::tuple &inputs) const {
-  backward->drop(); // contexts that native backwards released on autograd's device thread
-  py::object result;
-  {
-    at::AutoGradMode off(false); // as in torch.autograd.Function.forward: the forward records nothing
-    result = forward(*inputs);   // the outputs' tuple
-  }
-  py::tuple outputs = result;
-  if (single)
-    result = outputs[0];
-  std::vector<Edge> edges(inputs.size());
-  py::tuple needs(inputs.size());
-  bool any = false;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    bool needed = false;
-    if (THPVariable_Check(inputs[i].ptr())) {
-      const at::Tensor &input = THPVariable_Unpack(inputs[i].ptr());
-      if (input.requires_grad()) {
-        edges[i] = torch::autograd::impl::gradient_edge(input);
-        needed = any = true;
-      }
-    }
-    needs[i] = py::bool_(needed);
-  }
-  if (!any || !at::GradMode::is_enabled())
-    return result;
-  py::object context = contextType();
+// The node's saved tensors and non-differentiable outputs (to_save, non_differentiable) from the op's Python
+// setup_context on a new context, which the node keeps.
+std::pair<py::tuple, py::tuple> pythonSetup(const Gradients &gradients, FlyBackward &fly, const py::tuple &inputs,
+                                            const py::object &result, const py::tuple &needs) {
+  py::object context = gradients.backward->contextType();
   context.attr("needs_input_grad") = needs;
-  setup(context, inputs, result);
+  gradients.setup(context, inputs, result);
   // The context type's class attributes default both to (): the instance's are read, then dropped (the node keeps
   // the saved tensors as SavedVariables, not the context).
   py::tuple toSave = context.attr("to_save");
@@ -514,18 +342,74 @@ py::object Gradients::apply(const py::object &forward, const py::tuple &inputs) 
     context.attr("to_save") = py::tuple();
   if (fixed.size())
     context.attr("non_differentiable") = py::tuple();
+  fly.context = std::move(context);
+  return {toSave, fixed};
+}
+
+const at::Tensor *tensorOf(const py::handle &value, const std::string &opName) {
+  if (value.is_none())
+    return nullptr;
+  if (!THPVariable_Check(value.ptr()))
+    throw std::runtime_error("flydsl." + opName + ": a saved value is not a tensor or None");
+  return &THPVariable_Unpack(value.ptr());
+}
+
+py::object Gradients::apply(const py::object &forward, const py::tuple &inputs) const {
+  backward->drop(); // contexts that native backwards released on autograd's device thread
+  PyObject *made;
+  {
+    at::AutoGradMode off(false); // as in torch.autograd.Function.forward: the forward records nothing
+    made = PyObject_Call(forward.ptr(), inputs.ptr(), nullptr); // the outputs' tuple
+  }
+  if (!made)
+    throw py::error_already_set();
+  py::tuple outputs = py::reinterpret_steal<py::tuple>(made);
+  py::object result = single ? py::object(outputs[0]) : py::object(outputs);
+  if (!at::GradMode::is_enabled())
+    return result;
+  const size_t count = inputs.size();
+  std::vector<Edge> edges(count);
+  uint64_t needs = 0;
+  for (size_t i = 0; i < count; ++i) {
+    PyObject *input = PyTuple_GET_ITEM(inputs.ptr(), i);
+    if (THPVariable_Check(input) && THPVariable_Unpack(input).requires_grad()) {
+      if (i >= 64)
+        throw std::runtime_error("flydsl." + backward->opName + ": a gradient of an input past the 64th");
+      edges[i] = torch::autograd::impl::gradient_edge(THPVariable_Unpack(input));
+      needs |= uint64_t(1) << i;
+    }
+  }
+  if (!needs)
+    return result;
 
   NodePtr node = makeNode<NodePtr>();
   auto *fly = static_cast<FlyBackward *>(node.get());
   fly->op = backward;
-  fly->context = context;
+  fly->needs = needs;
+  const Declared *declared = backward->declared.get();
+  std::pair<py::tuple, py::tuple> python; // without a declaration: (to_save, non_differentiable) from Python
+  if (declared) {
+    if (!declared->values.empty()) {
+      py::tuple values(declared->values.size());
+      for (size_t k = 0; k < declared->values.size(); ++k)
+        values[k] = inputs[size_t(declared->values[k].second)];
+      fly->values = std::move(values);
+    }
+  } else {
+    py::tuple needed(count);
+    for (size_t i = 0; i < count; ++i)
+      needed[i] = py::bool_((needs >> i) & 1);
+    python = pythonSetup(*this, *fly, inputs, result, needed);
+  }
   if (backward->native && backward->native->byForward) // kept until the node is released (OpBackward::dropLater)
     fly->forward = py::object(forward).release().ptr();
   node->set_next_edges(std::move(edges));
   fly->slots.assign(outputs.size(), -1);
   for (size_t i = 0; i < outputs.size(); ++i) {
     PyObject *output = outputs[i].ptr();
-    if (!THPVariable_Check(output) || contains(fixed, output))
+    bool fixed = declared ? std::find(declared->fixed.begin(), declared->fixed.end(), int(i)) != declared->fixed.end()
+                          : contains(python.second, output);
+    if (fixed || !THPVariable_Check(output))
       continue;
     const at::Tensor &tensor = THPVariable_Unpack(output);
     if (!tensor.defined() || !(tensor.is_floating_point() || tensor.is_complex()))
@@ -535,15 +419,25 @@ py::object Gradients::apply(const py::object &forward, const py::tuple &inputs) 
     fly->slots[i] = static_cast<int>(node->num_inputs());
     torch::autograd::set_history(tensor, node);
   }
+  if (declared) {
+    fly->saved.reserve(declared->saves.size());
+    for (const auto &[isOutput, index] : declared->saves) {
+      const at::Tensor *tensor = tensorOf(isOutput ? outputs[size_t(index)] : inputs[size_t(index)], backward->opName);
+      if (tensor)
+        fly->saved.emplace_back(*tensor, isOutput);
+      else
+        fly->saved.emplace_back();
+    }
+    return result;
+  }
+  const py::tuple &toSave = python.first;
   fly->saved.reserve(toSave.size());
   for (const py::handle &value : toSave) {
-    if (value.is_none()) {
+    const at::Tensor *tensor = tensorOf(value, backward->opName);
+    if (tensor)
+      fly->saved.emplace_back(*tensor, contains(outputs, value.ptr()));
+    else
       fly->saved.emplace_back();
-      continue;
-    }
-    if (!THPVariable_Check(value.ptr()))
-      throw std::runtime_error("flydsl." + backward->opName + ": save_for_backward takes tensors or None");
-    fly->saved.emplace_back(THPVariable_Unpack(value.ptr()), contains(outputs, value.ptr()));
   }
   return result;
 }
@@ -554,13 +448,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "flydsl.torch's C++ autograd node (flydsl.torch._nodes)";
   py::class_<Gradients>(module, "Gradients")
       .def(py::init([](std::string name, py::object setup, py::object backward, py::object contextType,
-                       bool single, py::object native) {
+                       bool single, py::object native, py::object declared) {
              return Gradients{std::make_shared<const OpBackward>(std::move(name), std::move(backward),
-                                                                 nativeBackward(native)),
-                              std::move(setup), std::move(contextType), single};
+                                                                 std::move(contextType), nativeBackward(native),
+                                                                 declaredSetup(declared)),
+                              std::move(setup), single};
            }),
            py::arg("name"), py::arg("setup"), py::arg("backward"), py::arg("context_type"), py::arg("single"),
-           py::arg("native") = py::none())
+           py::arg("native") = py::none(), py::arg("declared") = py::none())
       .def("apply", &Gradients::apply, py::arg("forward"), py::arg("inputs"))
       .def("clear", &Gradients::clear, "Forgets the plans the native backward keeps.")
       .def_property_readonly("native_replays", &Gradients::nativeReplays,
