@@ -67,6 +67,12 @@ def signature(*args) -> bytes | None:
     return (_plan_key or _bind_plan_key())(args)
 
 
+def key_function():
+    """The native function :func:`signature` calls on its arguments' tuple (for C++ callers that key a call
+    themselves: ``flydsl.torch``'s autograd node)."""
+    return _plan_key or _bind_plan_key()
+
+
 def _bind_plan_key():
     global _plan_key
     from flydsl.compiler._native import launcher
@@ -139,6 +145,12 @@ class Plans:
 
     def __len__(self):
         return len(self._plans)
+
+    @property
+    def by_signature(self) -> dict:
+        """The kept plans by signature: the dict itself, never replaced (for C++ callers that key a call themselves
+        with :func:`key_function`; a key missing there may still be on disk: :meth:`get` looks)."""
+        return self._plans
 
     def get(self, key):
         """The plan made for ``key`` (None: none, or no key). A plan is usually a function of the call's arguments;

@@ -105,9 +105,12 @@ class Saved:
 _BOUND: list = []  # every Gradients made with a native backward (their kept plans go with plans.clear_all)
 
 
-def gradients(node, name: str, setup, backward, single: bool, native: NativeBackward | None):
+def gradients(node, name: str, setup, backward, single: bool, native: NativeBackward | None, runs=None):
     """The node's ``Gradients`` of one op (``node``: :func:`module`'s extension); a :class:`Saved` ``setup`` is
-    declared to the node."""
+    declared to the node; ``runs``: the op's kept runs (a ``Plans``), for ``apply_kept``."""
+    import torch
+    from flydsl.kernels.plans import key_function
+
     bound = node.Gradients(
         name,
         setup,
@@ -116,6 +119,7 @@ def gradients(node, name: str, setup, backward, single: bool, native: NativeBack
         single,
         None if native is None else native.spec(),
         setup.spec() if isinstance(setup, Saved) else None,
+        None if runs is None else (key_function(), runs.by_signature, torch._C._are_functorch_transforms_active),
     )
     if native is not None:
         if not _BOUND:

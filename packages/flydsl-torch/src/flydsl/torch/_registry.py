@@ -411,8 +411,15 @@ class FlyOp(_Op):
         nothing tracing or intercepting the call: the signature's kept run through the gradients'
         ``autograd.Function``; None where no run is kept for the signature (a first call: the caller checks its
         arguments and takes :meth:`call`)."""
+        if self._eager_function is None:
+            return None
+        gradients = self._node_gradients
+        if gradients is None:
+            gradients = self._bind_node_gradients()
+        if gradients and (out := gradients.apply_kept(inputs)) is not None:  # the node's own lookup: one call
+            return out
         plan = self._runs.get(signature(*inputs))
-        if plan is None or self._eager_function is None:
+        if plan is None:
             return None
         return self._apply_eager(plan, inputs)
 
@@ -439,7 +446,7 @@ class FlyOp(_Op):
         self._node_gradients = (
             False
             if node is None
-            else _nodes.gradients(node, self.name, setup, backward, self._single, self._native_backward)
+            else _nodes.gradients(node, self.name, setup, backward, self._single, self._native_backward, self._runs)
         )
         return self._node_gradients
 

@@ -317,9 +317,34 @@ bool contains(const py::tuple &tensors, PyObject *value) {
 struct Gradients {
   std::shared_ptr<const OpBackward> backward;
   py::object setup;
-  bool single; // the op has one output: forward's tuple is unwrapped
+  bool single;                              // the op has one output: forward's tuple is unwrapped
+  py::object planKey, plans, transforms;    // `kept`: the op's kept runs, see applyKept
 
   py::object apply(const py::object &forward, const py::tuple &inputs) const;
+
+  // apply() of the op's kept run for these inputs (plans[plan_key(inputs)]) in one call from Python; None where no
+  // run is kept (or no `kept` was given) or a functorch transform is active (the caller takes its Python path).
+  py::object applyKept(const py::tuple &inputs) const {
+    if (!plans)
+      return py::none();
+    py::object active = py::reinterpret_steal<py::object>(PyObject_CallNoArgs(transforms.ptr()));
+    if (!active)
+      throw py::error_already_set();
+    if (PyObject_IsTrue(active.ptr()))
+      return py::none();
+    py::object key = py::reinterpret_steal<py::object>(PyObject_CallOneArg(planKey.ptr(), inputs.ptr()));
+    if (!key)
+      throw py::error_already_set();
+    if (key.is_none())
+      return py::none();
+    PyObject *plan = PyDict_GetItemWithError(plans.ptr(), key.ptr()); // borrowed
+    if (!plan) {
+      if (PyErr_Occurred())
+        throw py::error_already_set();
+      return py::none();
+    }
+    return apply(py::reinterpret_borrow<py::object>(plan), inputs);
+  }
   void clear() const {
     if (backward->native)
       backward->native->clear();
@@ -448,15 +473,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "flydsl.torch's C++ autograd node (flydsl.torch._nodes)";
   py::class_<Gradients>(module, "Gradients")
       .def(py::init([](std::string name, py::object setup, py::object backward, py::object contextType,
-                       bool single, py::object native, py::object declared) {
-             return Gradients{std::make_shared<const OpBackward>(std::move(name), std::move(backward),
-                                                                 std::move(contextType), nativeBackward(native),
-                                                                 declaredSetup(declared)),
-                              std::move(setup), single};
+                       bool single, py::object native, py::object declared, py::object kept) {
+             Gradients made{std::make_shared<const OpBackward>(std::move(name), std::move(backward),
+                                                               std::move(contextType), nativeBackward(native),
+                                                               declaredSetup(declared)),
+                            std::move(setup), single};
+             if (!kept.is_none()) { // (plan_key, plans dict, transforms active?)
+               py::tuple items = kept;
+               if (items.size() != 3 || !PyDict_Check(items[1].ptr()))
+                 throw std::invalid_argument("kept: expected (plan_key, a dict of plans, transforms_active)");
+               made.planKey = items[0];
+               made.plans = items[1];
+               made.transforms = items[2];
+             }
+             return made;
            }),
            py::arg("name"), py::arg("setup"), py::arg("backward"), py::arg("context_type"), py::arg("single"),
-           py::arg("native") = py::none(), py::arg("declared") = py::none())
+           py::arg("native") = py::none(), py::arg("declared") = py::none(), py::arg("kept") = py::none())
       .def("apply", &Gradients::apply, py::arg("forward"), py::arg("inputs"))
+      .def("apply_kept", &Gradients::applyKept, py::arg("inputs"),
+           "apply() of the kept run of these inputs' signature, or None (none kept, or a functorch transform).")
       .def("clear", &Gradients::clear, "Forgets the plans the native backward keeps.")
       .def_property_readonly("native_replays", &Gradients::nativeReplays,
                              "How many backwards the node replayed without Python (tests, benchmarks).");
