@@ -3,7 +3,7 @@ one host-overhead benchmark.
 
     python benchmarks/host_overhead.py [--json benchmarks/results/host_overhead/DATE_WHAT.json --commit C]
         [--parts ops levels breakdown cold] [--calls 200] [--repeats 7] [--cold-runs 3] [--profile FILE]
-        [--cold-profile DIR]
+        [--cold-profile DIR] [--halves]
 
 ``ops``: each op of ``OPS`` (one line per op) at small, launch-bound sizes (8 x 1024 bf16 rows; gemm, fp8_gemm and
 blockscale_gemm 16x4096x4096 with an nn.Linear weight's ``w.t()``; paged_decode and write_kv at a decode step of 8
@@ -25,6 +25,10 @@ nothing (what any Python Function costs on this machine, against which ``fwd_bwd
 ``breakdown`` (``host_breakdown.py``): one call taken apart: ``flydsl.torch.functional.softmax``'s plan lookup,
 signature, output allocation and native replay next to ``torch.softmax``, and ``autograd.grad`` through Python
 Functions launching noop6 or a torch op in the forward, the backward or both, against their floor.
+
+``cycle`` (``host_cycle.py``): softmax's, layer_norm's and rms_norm's forward + backward against its halves (the
+recording forward, the backward over a kept graph), with ``retain_graph``, with the GC off and in the other order, ours
+against torch's, call by call: what the cycle adds beyond its halves.
 
 ``cold`` (``cold_start.py``): in fresh subprocesses (the disk cache warmed by a first one), ``import flydsl.torch`` and
 the first call of each op's user-facing path, after a torch op has created the CUDA context (its time is recorded
@@ -61,6 +65,7 @@ from types import SimpleNamespace
 import cold_start
 import torch
 from host_breakdown import breakdown_table, measure_breakdown  # this folder's sibling modules
+from host_cycle import cycle_table, measure_cycle
 from host_timing import host_us_interleaved, host_us_rounds, paired_ratio
 from launch_levels import level_table, measure_levels
 from moe_torch import grouped_mm_moe
@@ -72,7 +77,7 @@ DEVICE = "cuda"
 PATHS = ("functional", "op", "direct", "torch")
 MODES = ("fwd", "fwd_bwd")
 HALVES = ("fwd_rec", "bwd_kept")  # --halves: fwd_bwd's recording forward and its backward over a kept graph
-PARTS = ("ops", "levels", "breakdown", "cold")
+PARTS = ("ops", "levels", "breakdown", "cold", "cycle")
 F = torch.nn.functional
 
 # flydsl's modules, bound by _import_adapter() / _import_flydsl(): the cold start times the adapter's import, so this
@@ -551,6 +556,11 @@ def main(argv=None) -> int:
     rows = measure_ops(OPS, args.calls, args.repeats, args.profile, args.halves) if "ops" in args.parts else []
     levels = measure_levels(max(50, args.calls), args.repeats, _timed) if "levels" in args.parts else []
     breakdown = measure_breakdown(max(50, args.calls), args.repeats, _timed) if "breakdown" in args.parts else []
+    cycle = (
+        measure_cycle({op.name: op for op in OPS}, inputs(True), _first, max(20, args.calls // 4), args.repeats)
+        if "cycle" in args.parts
+        else []
+    )
     if "cold" in args.parts:
         cold = cold_start.measure(
             [op.name for op in OPS], args.cold_runs, lambda names: cold_start.run_child(__file__, names)
@@ -568,6 +578,8 @@ def main(argv=None) -> int:
         print("\n" + level_table(levels))
     if breakdown:
         print("\none call taken apart (host time per call):\n" + breakdown_table(breakdown))
+    if cycle:
+        print("\nforward + backward against its halves:\n" + cycle_table(cycle))
     if cold is not None:
         print(f"\ncold start (median of {args.cold_runs} fresh processes), ms:", json.dumps(summary["cold_start_ms"]))
         for name, error in cold["errors"].items():
@@ -578,7 +590,7 @@ def main(argv=None) -> int:
             args.json,
             "host_overhead",
             argv,
-            {"ops": rows, "levels": levels, "breakdown": breakdown, "cold_start": cold},
+            {"ops": rows, "levels": levels, "breakdown": breakdown, "cycle": cycle, "cold_start": cold},
             commit=args.commit,
             method="host perf_counter over back-to-back calls while a sleep kernel (4x an idle batch) keeps the GPU"
             " busy; median of repeats, an op's paths interleaved, ratios the median of per-repeat ratios; fwd_bwd"

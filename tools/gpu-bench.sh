@@ -29,7 +29,8 @@
 # recording forward, its backward over a kept graph and the whole, torch's and ours, < 1 min); host-gil
 # (benchmarks/autograd_gil_probe.py: whether the GIL on autograd's device thread is the fwd+bwd gap); host-native
 # (the ops table through the C++ node and through the Function, alternated twice: records *_node, *_function,
-# *_node_again, *_function_again); host-function (`host`
+# *_node_again, *_function_again); host-cycle (benchmarks/host_cycle.py: fwd+bwd against its halves, with
+# retain_graph, the GC off and the other order, < 1 min; record *_cycle); host-function (`host`
 # with gradients through the Python autograd.Function, FLYDSL_TORCH_NODES=0, record *_function: fits one call with
 # `host`); host-node (the ops table and the breakdown with gradients through the C++ node, FLYDSL_TORCH_NODES=1,
 # record *_node, ~3 min); host-attributes (`host` with torch's C API off, FLYDSL_TORCH_C_API=0, its record *_attributes: fits one call
@@ -82,6 +83,9 @@ for bench in $which; do
     host-gradient)  # where softmax's fwd+bwd gap is: its parts, torch's and ours (Function and C++ node), < 1 min
       run host-gradient python3 benchmarks/host_overhead.py --parts breakdown --repeats 15 --calls 100 \
         --json "$(out host_overhead gradient)" --commit "$commit" ;;
+    host-cycle)  # fwd+bwd against its halves, retained, GC off, other order: ours and torch's, < 1 min
+      run host-cycle python3 benchmarks/host_overhead.py --parts cycle --json "$(out host_overhead cycle)" \
+        --commit "$commit" ;;
     host-gil)  # softmax fwd+bwd through C++ nodes whose backward runs natively, with the GIL, or in Python, < 1.5 min
       run host-gil python3 benchmarks/autograd_gil_probe.py --json "$(out autograd_gil_probe)" --commit "$commit" ;;
     host-native)  # issue 31's ops through the C++ node (native backwards) and the Function, twice each, ~2 min
