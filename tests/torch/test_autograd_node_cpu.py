@@ -97,6 +97,42 @@ def test_a_declared_setup_records_without_python(node):
     assert ctx.non_differentiable == (stat,) and ctx.tag == "scaled"
 
 
+def test_apply_kept_looks_the_run_up_by_signature(node):
+    """Gradients(kept=(plan_key, plans, transforms_active)).apply_kept(inputs): the run kept for the inputs'
+    signature, applied with the node recorded; None where none is kept for it (another shape) or while a functorch
+    transform is active (the caller's Python path handles those)."""
+    from flydsl.kernels.plans import key_function
+
+    key = key_function()
+    saved = _nodes.Saved(tensors=(("input", 1),), non_differentiable=(1,))
+    runs = {}
+
+    def backward(ctx, dy, dstat):
+        (w,) = ctx.saved_tensors
+        return dy * w, None
+
+    kept = (key, runs, torch._C._are_functorch_transforms_active)
+    gradients = node.Gradients("kept", saved, backward, _nodes.NodeContext, False, None, saved.spec(), kept)
+    x, w = torch.randn(4, 3, requires_grad=True), torch.randn(3)
+    assert gradients.apply_kept((x, w)) is None  # nothing kept yet
+    runs[key((x, w))] = lambda x, w: (x * w, x.sum())
+    y, stat = gradients.apply_kept((x, w))
+    assert y.grad_fn.name() == "FlyBackward_kept" and not stat.requires_grad
+    (dx,) = torch.autograd.grad(y, (x,), torch.ones_like(y))
+    torch.testing.assert_close(dx, w.expand(4, 3))
+    assert gradients.apply_kept((torch.randn(5, 3, requires_grad=True), w)) is None  # another signature
+    seen = []
+
+    def under_vmap(row):
+        seen.append(gradients.apply_kept((row, w)))
+        return row
+
+    torch.func.vmap(under_vmap)(x.detach())
+    assert seen == [None]
+    with pytest.raises(ValueError, match="kept"):
+        node.Gradients("kept", saved, backward, _nodes.NodeContext, False, None, None, (key, [], key))
+
+
 def test_inputs_that_need_no_gradient(node):
     calls = []
     gradients = _scale_gradients(node, calls)
