@@ -17,7 +17,13 @@ same GPU work (``at::_softmax`` and ``at::_softmax_backward_data`` on ``rows x c
 - ``python_function``: a Python ``torch.autograd.Function`` over the same torch ops;
 - ``flydsl``: ``flydsl.torch.functional.softmax`` as shipped (its kernels, the Python Function's gradients);
 - ``flydsl_node``: the same through ``flydsl.torch._nodes``' C++ node, whose backward replays softmax_backward's
-  plan natively (``NativeBackward``) once known.
+  plan natively (``NativeBackward``) once known;
+- ``replay_node``, ``flydsl_forward_node``, ``flydsl_forward_replay_node``: ``native_node`` with flydsl's backward
+  replay, its forward plan, or both swapped in (the bisection from ``native_node`` to ``flydsl_node``: whether a
+  forward + backward's extra host time is flydsl's kernels and replays or ``FlyBackward``'s bookkeeping).
+
+On a GPU the paths are timed call by call, interleaved, behind a sleep kernel (``host_timing.host_us_rounds``: a
+round calls each path once; ``calls // 20`` rounds per repeat); on CPU, in batches.
 
 If ``native_node`` runs at torch's time and ``gil_node`` / ``python_node`` do not, a backward replayed natively (no
 GIL) is the fix; if ``native_node`` loses too, the gap is elsewhere (the node's bookkeeping, allocation, streams).
@@ -48,7 +54,41 @@ namespace {
 using torch::autograd::variable_list;
 using NodePtr = decltype(std::declval<torch::autograd::Edge>().function); // shared_ptr before torch 2.13
 
-enum class Backward { Native = 0, Gil = 1, Python = 2 };
+enum class Backward { Native = 0, Gil = 1, Python = 2, Replay = 3 };
+
+// flydsl._runtime's `_native_replay` capsule (version 1; flydsl's NativeReplay.cpp): the softmax_backward plan that
+// Backward::Replay replays on autograd's device thread, as flydsl.torch's node does.
+struct NativeReplayTable {
+  uint32_t version;
+  void *(*planPointer)(PyObject *);
+  int (*replay)(void *, void *const *, size_t, void **, size_t, char *, size_t);
+};
+const NativeReplayTable *replayTable = nullptr;
+void *replayPlan = nullptr;
+PyObject *replayKeep = nullptr; // the plan, kept alive for the process
+
+void bind_replay(py::object capsule, py::object plan) {
+  const char *name = "flydsl._runtime.native_replay";
+  replayTable = static_cast<const NativeReplayTable *>(PyCapsule_GetPointer(capsule.ptr(), name));
+  if (!replayTable || replayTable->version != 1)
+    throw std::runtime_error("autograd_gil_probe: not a version 1 replay capsule");
+  replayPlan = replayTable->planPointer(plan.ptr());
+  if (!replayPlan)
+    throw std::runtime_error("autograd_gil_probe: the plan does not replay without Python");
+  replayKeep = plan.release().ptr();
+}
+
+at::Tensor replayed(const at::Tensor &grad, const at::Tensor &out) {
+  at::Tensor dy = grad, y = out;
+  void *args[2] = {&dy, &y}, *made[8] = {};
+  char error[256] = "";
+  if (replayTable->replay(replayPlan, args, 2, made, 8, error, sizeof error) != 1 || !made[0])
+    throw std::runtime_error(std::string("autograd_gil_probe: the replay declined or failed: ") + error);
+  auto *tensor = static_cast<at::Tensor *>(made[0]);
+  at::Tensor dx = std::move(*tensor);
+  delete tensor;
+  return dx;
+}
 
 struct ProbeNode : torch::autograd::Node {
   Backward how = Backward::Native;
@@ -59,6 +99,8 @@ struct ProbeNode : torch::autograd::Node {
     at::Tensor out = y.unpack(getptr());
     if (how == Backward::Native)
       return {at::_softmax_backward_data(grads[0], out, -1, out.scalar_type())};
+    if (how == Backward::Replay)
+      return {replayed(grads[0], out)};
     py::gil_scoped_acquire gil;
     if (how == Backward::Gil)
       return {at::_softmax_backward_data(grads[0], out, -1, out.scalar_type())};
@@ -77,11 +119,17 @@ template <typename Ptr> Ptr makeProbe() { // (a template: only the branch of thi
     return c10::make_intrusive<ProbeNode>(); // torch 2.13: nodes are intrusive_ptr
 }
 
-at::Tensor softmax(const at::Tensor &x, int how, py::object python) {
+// forward: None (at::_softmax) or a callable of x returning the outputs' tuple (flydsl's kept softmax plan).
+at::Tensor softmax(const at::Tensor &x, int how, py::object python, py::object forward) {
   at::Tensor out;
   {
     at::AutoGradMode off(false);
-    out = at::_softmax(x, -1, false);
+    if (forward.is_none()) {
+      out = at::_softmax(x, -1, false);
+    } else {
+      py::tuple outputs = forward(py::reinterpret_steal<py::object>(THPVariable_Wrap(x)));
+      out = THPVariable_Unpack(outputs[0].ptr());
+    }
   }
   if (torch::autograd::compute_requires_grad(x)) {
     NodePtr node = makeProbe<NodePtr>();
@@ -97,7 +145,10 @@ at::Tensor softmax(const at::Tensor &x, int how, py::object python) {
 
 } // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("softmax", &softmax); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("softmax", &softmax);
+  m.def("bind_replay", &bind_replay);
+}
 """
 
 
@@ -126,8 +177,8 @@ def measure(rows: int, cols: int, calls: int, repeats: int) -> tuple[list, str]:
             (out,) = ctx.saved_tensors
             return torch._softmax_backward_data(grad, out, -1, out.dtype)
 
-    def node(how: int):
-        return lambda: torch.autograd.grad(extension.softmax(x, how, python_backward), (x,), dy)
+    def node(how: int, forward=None):
+        return lambda: torch.autograd.grad(extension.softmax(x, how, python_backward, forward), (x,), dy)
 
     paths = {
         "torch": lambda: torch.autograd.grad(torch.softmax(x, -1), (x,), dy),
@@ -153,6 +204,7 @@ def measure(rows: int, cols: int, calls: int, repeats: int) -> tuple[list, str]:
 
         paths["flydsl"] = flydsl(False)
         paths["flydsl_node"] = flydsl(True)
+        paths.update(_bisect_paths(torch, extension, node, x, dy))
     for fn in paths.values():
         for _ in range(100):
             fn()
@@ -161,6 +213,15 @@ def measure(rows: int, cols: int, calls: int, repeats: int) -> tuple[list, str]:
         got = fn()[0].float()
         if not torch.allclose(got, reference, atol=2e-2, rtol=2e-2):
             raise AssertionError(f"autograd_gil_probe: {name}'s gradient differs from torch's")
+    if device == "cuda":  # call by call, interleaved, the GPU kept busy (host_timing)
+        from host_timing import host_us_rounds, paired_ratio
+
+        timed = host_us_rounds(paths, max(20, calls // 20), repeats)
+        results = [
+            {"path": name, "us": timed[name]["host_us"], "ratio_vs_torch": paired_ratio(timed[name], timed["torch"])}
+            for name in paths
+        ]
+        return results, device
     samples = {name: [] for name in paths}
     for _ in range(repeats):
         for name, fn in paths.items():
@@ -179,6 +240,32 @@ def measure(rows: int, cols: int, calls: int, repeats: int) -> tuple[list, str]:
             {"path": name, "us": round(statistics.median(samples[name]), 2), "ratio_vs_torch": round(ratio, 3)}
         )
     return results, device
+
+
+def _bisect_paths(torch, extension, node, x, dy) -> dict:
+    """The probe's node with flydsl's pieces swapped in, between ``native_node`` (torch's at the cycle) and
+    ``flydsl_node``: ``replay_node`` (torch's forward, the backward replaying flydsl's softmax_backward plan through
+    ``_runtime._native_replay`` on autograd's device thread, as flydsl's node does), ``flydsl_forward_node`` (flydsl's
+    kept softmax plan as the forward, torch's backward) and ``flydsl_forward_replay_node`` (both flydsl's: what
+    ``flydsl_node`` runs, in the probe's minimal node instead of ``FlyBackward``)."""
+    from flydsl.compiler._native import launcher
+    from flydsl.kernels.plans import signature
+    from flydsl.torch import ops
+
+    plain = x.detach()
+    for _ in range(2):  # the first call records the runs, the second replays them
+        y = ops.softmax.call(plain)
+        ops.softmax_backward.call(dy, y)
+    forward = ops.softmax._runs.get(signature(plain))
+    backward = ops.softmax_backward._runs.get(signature(dy, y))
+    if forward is None or backward is None:
+        raise RuntimeError("autograd_gil_probe: flydsl kept no softmax or softmax_backward run")
+    extension.bind_replay(launcher._native_replay, backward)
+    return {
+        "replay_node": node(3),
+        "flydsl_forward_node": node(0, forward),
+        "flydsl_forward_replay_node": node(3, forward),
+    }
 
 
 def main(argv=None) -> None:

@@ -27,7 +27,8 @@
 # cold_profiles.tgz holds cold_<op>.txt, ~2.5 min; record *_cold); host-kept (the cold start again with launch plans
 # kept on disk, the default, ~1.5 min; record *_kept); host-gradient (the breakdown alone, 15 repeats: softmax's
 # recording forward, its backward over a kept graph and the whole, torch's and ours, < 1 min); host-gil
-# (benchmarks/autograd_gil_probe.py: whether the GIL on autograd's device thread is the fwd+bwd gap); host-native
+# (benchmarks/autograd_gil_probe.py: whether the GIL on autograd's device thread is the fwd+bwd gap, and the probe's
+# node with flydsl's forward plan and backward replay swapped in: where the cycle's extra is, ~1.5 min); host-native
 # (the ops table through the C++ node and through the Function, alternated twice: records *_node, *_function,
 # *_node_again, *_function_again); host-cycle (benchmarks/host_cycle.py: fwd+bwd against its halves, with
 # retain_graph, the GC off and the other order, < 1 min; record *_cycle); host-function (`host`
