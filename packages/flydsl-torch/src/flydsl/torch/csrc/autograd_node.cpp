@@ -75,9 +75,9 @@ py::object wrap(const at::Tensor &tensor) {
 
 // What an op's backward keeps, declared (Gradients' `declared`: (saves, non_differentiable, values), _nodes.Saved).
 struct Declared {
-  std::vector<std::pair<bool, int>> saves;          // (an output?, its index among the outputs or the inputs)
-  std::vector<int> fixed;                           // outputs that take no gradient
-  std::vector<std::pair<std::string, int>> values;  // ctx attributes: (name, the input that is its value)
+  std::vector<std::pair<bool, int>> saves;         // (an output?, its index among the outputs or the inputs)
+  std::vector<int> fixed;                          // outputs that take no gradient
+  std::vector<std::pair<std::string, int>> values; // ctx attributes: (name, the input that is its value)
 };
 
 std::unique_ptr<Declared> declaredSetup(const py::object &spec) {
@@ -317,8 +317,8 @@ bool contains(const py::tuple &tensors, PyObject *value) {
 struct Gradients {
   std::shared_ptr<const OpBackward> backward;
   py::object setup;
-  bool single;                              // the op has one output: forward's tuple is unwrapped
-  py::object planKey, plans, transforms;    // `kept`: the op's kept runs, see applyKept
+  bool single; // the op has one output: forward's tuple is unwrapped
+  py::object planKey, plans, transforms; // `kept`: the op's kept runs, see applyKept
 
   py::object apply(const py::object &forward, const py::tuple &inputs) const;
 
