@@ -39,9 +39,11 @@ their kernels).
 Method: ``calls`` back-to-back calls timed on the host clock while a sleep kernel queued first keeps the GPU busy
 (the host never waits for the device), median of ``repeats``; an op's paths are interleaved (each repeat times every
 path in turn) and its ratio against torch is the median of the per-repeat ratios, so that the host's drift between
-repeats cancels. ``fwd_bwd`` goes through autograd's device thread, whose wake-ups swing a batch by +-20 us: its paths
-are interleaved call by call instead, each call timed alone and a repeat's sample the median of its calls
-(``host_timing.host_us_rounds``); ``gpu_busy_after`` says whether the
+repeats cancels. Since 2026-12-07 the ops' paths are interleaved call by call instead, each call timed alone and a
+repeat's sample the median of its calls (``host_timing.host_us_rounds``): ``fwd_bwd`` goes through autograd's device
+thread, whose wake-ups swung a batch by +-20 us, and a forward's 7-10 us calls moved 5-15% between batches; a call
+delayed by a wake-up, the GC or the allocator falls out of the median (levels and breakdown keep batches);
+``gpu_busy_after`` says whether the
 stream was still busy at the end of every timed batch (else a call synchronized, or the sleep was too short);
 ``compiles`` counts the kernel specializations loaded during the timed calls (0: no recompilation). Every path that
 fails is reported in the table and the record; the others still run. ``--profile FILE`` appends a cProfile of each
@@ -423,10 +425,9 @@ def measure_ops(ops, calls: int, repeats: int, profile: str | None = None, halve
             rows += [{"op": op.name, "mode": mode, "path": "all", "error": error_text(error)} for mode in op.modes]
             continue
         for mode, paths in cases.items():
-            n = calls if mode == "fwd" else max(20, calls // 4)
+            n = max(20, calls // 4)  # rounds per repeat: each queues a launch or more per path behind the sleep
             reference = None
-            timing = host_us_interleaved if mode == "fwd" else host_us_rounds
-            timed = timing(paths, n, repeats, _loaded_count)
+            timed = host_us_rounds(paths, n, repeats, _loaded_count)
             for path, fn in paths.items():
                 row = {"op": op.name, "mode": mode, "path": path, **timed[path]}
                 if mode == "fwd" and "error" not in row:
@@ -523,7 +524,9 @@ def table(ops, rows: list[dict], summary: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default all)")
-    parser.add_argument("--calls", type=int, default=200, help="calls per timed batch (fwd_bwd: a quarter, >= 20)")
+    parser.add_argument(
+        "--calls", type=int, default=200, help="calls per batch (levels, breakdown); ops: a quarter as many rounds"
+    )
     parser.add_argument("--repeats", type=int, default=7, help="timed batches per path (the median is reported)")
     parser.add_argument("--cold-runs", type=int, default=3, help="fresh processes per op for the cold start")
     parser.add_argument("--json", help="write the record here (benchmarks/results/host_overhead/)")
