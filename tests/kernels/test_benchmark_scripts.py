@@ -494,6 +494,45 @@ def test_host_overhead_interleaves_an_ops_paths(host_overhead):
     assert host_overhead.paired_ratio(slow, rows["c"]) is None
 
 
+def test_host_overhead_rounds_interleave_call_by_call(host_overhead):
+    """host_us_rounds: after one call of each path and an idle round trip, every round calls each path once in turn;
+    a repeat's sample is the median of its calls; a path that raises is reported and the others keep their
+    repeats."""
+    from host_timing import host_us_rounds
+
+    order = []
+
+    def path(name):
+        return lambda: order.append(name)
+
+    def fails():
+        raise RuntimeError("no kernel")
+
+    rows = host_us_rounds({"a": path("a"), "b": path("b"), "c": fails}, calls=2, repeats=3)
+    timed = order[2 + 2 * 2 :]  # each path's first call, then the idle rounds that size the sleep
+    assert timed == ["a", "b"] * 2 * 3
+    assert rows["c"] == {"error": "RuntimeError: no kernel"} and len(rows["a"]["samples_us"]) == 3
+    assert rows["a"]["timing"] == "per call, interleaved"
+
+
+def test_host_overhead_cycle_part(host_overhead, monkeypatch):
+    """--parts cycle: per op of host_cycle.CYCLE_OPS, the six variants, ours against torch's, each row with both
+    times and the paired ratio (CPU ops standing in)."""
+    import torch
+    from host_cycle import CYCLE_OPS, measure_cycle
+
+    Op = host_overhead.Op
+    ops = {
+        name: Op(name, functional=lambda t: (t.x * 2).sum(-1), op=None, direct=None, torch=lambda t: t.x.sum(-1))
+        for name in CYCLE_OPS
+    }
+    graded = type("T", (), {"x": torch.randn(4, 8, requires_grad=True), "dy": torch.ones(4)})()
+    rows = measure_cycle(ops, graded, host_overhead._first, rounds=2, repeats=3)
+    variants = ("plain", "torch_first", "retain", "fwd_rec", "bwd_kept", "gc_off")
+    assert [(r["op"], r["variant"]) for r in rows] == [(op, v) for op in CYCLE_OPS for v in variants]
+    assert all(r["ours_us"] > 0 and r["torch_us"] > 0 and r["ratio"] > 0 for r in rows)
+
+
 def test_host_overhead_cold_start_medians(host_overhead):
     """The cold start runs one warming process, then ``runs`` per op, and keeps the medians; a failing op is
     reported and the others still measured."""
