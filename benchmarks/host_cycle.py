@@ -66,6 +66,23 @@ def measure_cycle(ops, graded, first, rounds: int, repeats: int) -> list[dict]:
     return rows
 
 
+def cycle_extra(rows: list[dict]) -> dict:
+    """Per op, what ``plain`` takes beyond ``fwd_rec`` + ``bwd_kept``, ours and torch's (None where one failed)."""
+    found = {(r["op"], r["variant"]): r for r in rows}
+    extra = {}
+    for name in dict.fromkeys(r["op"] for r in rows):
+        parts = [found.get((name, v)) for v in ("plain", "fwd_rec", "bwd_kept")]
+        extra[name] = {
+            who: (
+                round(parts[0][f"{who}_us"] - parts[1][f"{who}_us"] - parts[2][f"{who}_us"], 1)
+                if all(p is not None and p.get(f"{who}_us") is not None for p in parts)
+                else None
+            )
+            for who in ("ours", "torch")
+        }
+    return extra
+
+
 def cycle_table(rows: list[dict]) -> str:
     lines = [f"{'op':<12} {'variant':<12} {'ours':>8} {'torch':>8} {'ratio':>7}"]
     for r in rows:

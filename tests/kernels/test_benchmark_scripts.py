@@ -520,7 +520,7 @@ def test_host_overhead_cycle_part(host_overhead, monkeypatch):
     """--parts cycle: per op of host_cycle.CYCLE_OPS, the six variants, ours against torch's, each row with both
     times and the paired ratio (CPU ops standing in)."""
     import torch
-    from host_cycle import CYCLE_OPS, measure_cycle
+    from host_cycle import CYCLE_OPS, cycle_extra, measure_cycle
 
     Op = host_overhead.Op
     ops = {
@@ -532,6 +532,8 @@ def test_host_overhead_cycle_part(host_overhead, monkeypatch):
     variants = ("plain", "torch_first", "retain", "fwd_rec", "bwd_kept", "gc_off")
     assert [(r["op"], r["variant"]) for r in rows] == [(op, v) for op in CYCLE_OPS for v in variants]
     assert all(r["ours_us"] > 0 and r["torch_us"] > 0 and r["ratio"] > 0 for r in rows)
+    extra = cycle_extra(rows)
+    assert set(extra) == set(CYCLE_OPS) and all(set(e) == {"ours", "torch"} for e in extra.values())
 
 
 def test_host_overhead_cold_start_medians(host_overhead):
