@@ -38,6 +38,7 @@ def load():
         "commit": os.environ.get("DEEPGEMM_COMMIT") or "unknown",
         "version": getattr(deep_gemm, "__version__", None),
         "path": os.path.dirname(deep_gemm.__file__),
+        "jit": "nvrtc" if os.environ.get("DG_JIT_USE_NVRTC", "0") not in ("", "0") else "nvcc",
     }
 
 

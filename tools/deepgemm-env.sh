@@ -188,6 +188,7 @@ _dg_setup() {
         _dg_wheel_shim "$base/shim"
         _dg_cxx_standard "$src/setup.py" || return 5
         echo "deepgemm_setup: 3. building deep_gemm._C (setup.py build_ext --inplace; log $base/build.log)"
+        rm -f "$base/use-nvrtc"  # (a new build: its smoke check decides again)
         (cd "$src" && rm -rf build && PYTHONPATH="${shim:+$shim:}${PYTHONPATH:-}" DG_USE_LOCAL_VERSION=0 \
             python3 setup.py build_ext --inplace) >"$base/build.log" 2>&1
         rc=$?
@@ -205,6 +206,8 @@ _dg_setup() {
     # 4. the environment
     _dg_add PYTHONPATH "$src"
     export DG_JIT_CACHE_DIR="$base/jit"
+    # a build whose smoke check crashed with DeepGEMM's NVCC JIT and passed with NVRTC runs with NVRTC (step 5)
+    [[ -f "$base/use-nvrtc" ]] && export DG_JIT_USE_NVRTC=1
     DEEPGEMM_COMMIT="$(sed -n 's/^deepgemm //p' "$src/PACKED")"
     export DEEPGEMM_COMMIT
     mkdir -p "$DG_JIT_CACHE_DIR"
@@ -228,6 +231,18 @@ _dg_setup() {
     if [[ $rc -ge 128 ]] && command -v gdb >/dev/null; then  # a crash: where, natively (the first call segfaulted on
         # an H100 host with torch 2.11 and CUDA 13.0 at 54e2261, in get_mn_major_tma_aligned_tensor)
         gdb -batch -ex run -ex bt --args python3 "$root/benchmarks/deepgemm_peer.py" 2>&1 | tail -n 40
+    fi
+    if [[ $rc -ge 128 && -z "${DG_JIT_USE_NVRTC:-}" ]]; then  # the same with DeepGEMM's NVRTC JIT instead of NVCC
+        echo "deepgemm_setup: 5. the smoke check crashed (status $rc): again with DG_JIT_USE_NVRTC=1"
+        # shellcheck disable=SC2086
+        DG_JIT_USE_NVRTC=1 PYTHONUNBUFFERED=1 python3 -X faulthandler "$root/benchmarks/deepgemm_peer.py" \
+            --warm ${DEEPGEMM_WARM-4096x7168x16384 512x7168x16384 4096x18432x7168 8192x7168x2048}
+        rc=$?
+        if [[ $rc -eq 0 ]]; then
+            export DG_JIT_USE_NVRTC=1
+            : >"$base/use-nvrtc"
+            echo "deepgemm_setup: 5. with NVRTC the smoke check passes: DG_JIT_USE_NVRTC=1 kept for this build"
+        fi
     fi
     echo "deepgemm_setup: 5. smoke check status $rc in $((SECONDS - t)) s; all $((SECONDS - began)) s"
     if [[ $rc -ne 0 ]]; then
