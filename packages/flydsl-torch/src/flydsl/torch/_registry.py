@@ -408,9 +408,9 @@ class FlyOp(_Op):
 
     def call_kept_with_grad(self, *inputs):
         """:meth:`call`'s shortest path, for a caller that has seen an input requiring grad with grad mode on and
-        nothing tracing or intercepting the call: the signature's kept run through the gradients'
-        ``autograd.Function``; None where no run is kept for the signature (a first call: the caller checks its
-        arguments and takes :meth:`call`)."""
+        nothing tracing or intercepting the call: the signature's kept run with gradients recorded (the C++ node
+        looks it up and applies it in one call where it is built, else :meth:`_apply_eager`); None where no run is
+        kept for the signature (a first call: the caller checks its arguments and takes :meth:`call`)."""
         if self._eager_function is None:
             return None
         gradients = self._node_gradients
