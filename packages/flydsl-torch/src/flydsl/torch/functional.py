@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import flydsl.torch.autograd  # noqa: F401 - registers the gradients of the ops
 import torch
 from flydsl.kernels.memory import torch_empty_like, torch_new_empty
-from flydsl.kernels.plans import Plans, ScratchPlan, key_function, signature
+from flydsl.kernels.plans import Plans, ScratchPlan, signature
 from flydsl.torch import attention as _attention
 from flydsl.torch import moe as _moe
 from flydsl.torch import ops
@@ -81,24 +81,13 @@ def _kept(plans: Plans, tensors: tuple, *args):
     op's :meth:`~flydsl.torch._registry.FlyOp.call_with_grad`). The rest of :func:`eager` holds by the signature: the
     plan was made for a first call that passed it, and the signature names the same tensor types, devices and layouts
     (wrapper subclasses have none, and functorch's wrappers no data pointer)."""
-    if torch.compiler.is_compiling() or _dispatch_stack():
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return None
-    if _grad_enabled():
+    if torch.is_grad_enabled():
         for t in tensors:
             if getattr(t, "requires_grad", False):
                 return _GRAD
-    key = (_key or _bind_key())(args)  # signature(*args) without repacking args (one call per op call: ~0.3 us)
-    return plans.by_signature.get(key) or plans.get(key)  # (get: a signature kept on disk)
-
-
-_dispatch_stack, _grad_enabled = torch._C._len_torch_dispatch_stack, torch.is_grad_enabled
-_key = None  # plans.key_function(), bound on the first call (importing flydsl.torch loads no compiler)
-
-
-def _bind_key():
-    global _key
-    _key = key_function()
-    return _key
+    return plans.get(signature(*args))
 
 
 def _first(plans: Plans, key, work, args: tuple, outputs: int = 1, shape: tuple | None = None) -> tuple:
