@@ -68,7 +68,8 @@ import cold_start
 import torch
 from host_breakdown import breakdown_table, measure_breakdown  # this folder's sibling modules
 from host_cycle import cycle_extra, cycle_table, measure_cycle
-from host_timing import host_us_interleaved, host_us_rounds, paired_ratio
+from host_report import MODES, PATHS, summarize, table
+from host_timing import host_us_interleaved, host_us_rounds, paired_ratio  # noqa: F401 (paired_ratio: tests)
 from launch_levels import level_table, measure_levels
 from moe_torch import grouped_mm_moe
 from record import error_text, write_record
@@ -76,9 +77,6 @@ from record import error_text, write_record
 ROWS, N = 8, 1024  # the small inference call: 8 x 1024 bf16
 GEMM_MNK = (16, 4096, 4096)
 DEVICE = "cuda"
-PATHS = ("functional", "op", "direct", "torch")
-MODES = ("fwd", "fwd_bwd")
-HALVES = ("fwd_rec", "bwd_kept")  # --halves: fwd_bwd's recording forward and its backward over a kept graph
 PARTS = ("ops", "levels", "breakdown", "cold", "cycle")
 F = torch.nn.functional
 
@@ -451,7 +449,7 @@ def _print_progress(rows) -> None:
     print(f"{rows[0]['op']} {rows[0]['mode']}: {', '.join(parts)} us per call", flush=True)
 
 
-# --- summary and table -----------------------------------------------------------------------------------------------
+# --- how gradients are recorded -------------------------------------------------------------------------------------
 
 
 def _autograd_path() -> str:
@@ -468,57 +466,6 @@ def _autograd_path() -> str:
     if node is not None:
         return "C++ node (flydsl.torch._nodes)"
     return "Python autograd.Function" + "".join(f" ({warning.message})" for warning in caught)
-
-
-def summarize(ops, rows: list[dict], cold: dict | None) -> dict:
-    """``ratios``: per op and mode, the user-facing path's host time over torch's, the median of the per-repeat
-    ratios of the interleaved batches (None where either failed);
-    ``max_ratio_vs_torch`` the largest of those measured; ``missing`` the ratios that could not be computed;
-    ``halves`` (where measured) fwd_bwd's halves' ratios, outside the bar."""
-    found = {(r["op"], r["mode"], r["path"]): r for r in rows}
-    ratios = {}
-    for op in ops:
-        for mode in op.modes:
-            ours, theirs = found.get((op.name, mode, op.user()[0])), found.get((op.name, mode, "torch"))
-            ratios[f"{op.name}.{mode}"] = paired_ratio(ours, theirs)
-    measured = [r for r in ratios.values() if r is not None]
-    halves = {
-        f"{op.name}.{mode}": paired_ratio(found.get((op.name, mode, op.user()[0])), found.get((op.name, mode, "torch")))
-        for op in ops
-        for mode in HALVES
-        if (op.name, mode, "torch") in found
-    }
-    return {
-        "max_ratio_vs_torch": max(measured) if measured else None,
-        "ratios": ratios,
-        **({"halves": halves} if halves else {}),
-        "missing": [key for key, r in ratios.items() if r is None],
-        "cold_start_ms": None if cold is None else cold_start.summary(cold),
-    }
-
-
-def table(ops, rows: list[dict], summary: dict) -> str:
-    """The readable table: op, mode, each path's us per call, the ratio against torch; failures listed under it."""
-    times = {(r["op"], r["mode"], r["path"]): r for r in rows}
-    lines = [f"{'op':<20} {'mode':<8}" + "".join(f"{p:>12}" for p in PATHS) + f"{'vs torch':>10}"]
-    failures = []
-    for op in ops:
-        for mode in [*op.modes, *(m for m in HALVES if (op.name, m, "torch") in times)]:
-            cells = []
-            for path in PATHS:
-                row = times.get((op.name, mode, path)) or times.get((op.name, mode, "all"))
-                if row is None:
-                    cells.append("-")
-                elif "error" in row:
-                    cells.append("failed")
-                    failures.append(f"{op.name} {mode} {row['path']}: {row['error']}")
-                else:
-                    cells.append(f"{row['host_us']:.1f}" + ("" if row["gpu_busy_after"] else "*"))
-            ratio = {**summary["ratios"], **summary.get("halves", {})}[f"{op.name}.{mode}"]
-            shown = f"{ratio:>10.2f}" if ratio is not None else f"{'-':>10}"
-            lines.append(f"{op.name:<20} {mode:<8}" + "".join(f"{c:>12}" for c in cells) + shown)
-    lines.append("us per call (host); *: the GPU went idle in a batch; gemm's user-facing path is the op")
-    return "\n".join(lines + list(dict.fromkeys(failures)))
 
 
 def main(argv=None) -> int:

@@ -23,6 +23,7 @@ LIBRARIES = {
     "host_timeline.py",
     "host_timing.py",
     "host_cycle.py",
+    "host_report.py",
     "cold_start.py",
 }  # imported by the scripts, not run
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in LIBRARIES)
