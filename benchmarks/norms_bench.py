@@ -170,7 +170,8 @@ def backward_kernel_launcher(torch, tensors, cfg, groups: int, rms: bool = False
         if rc.team:
             exchange.zero_()
         rows = flyc.mark_static(x, dims=(1,)) if static_n and cfg.staged else x
-        launch_rows(norm_backward_kernel, (dy, rows, w, mean, rstd, dx, partials, exchange, cfg, flags), cfg, groups)
+        tensors = (dy, rows, w, mean, rstd, dx, partials, partials, partials, exchange)  # (dweight, dbias: unused)
+        launch_rows(norm_backward_kernel, (*tensors, cfg, flags), cfg, groups)
 
     return run
 

@@ -135,11 +135,12 @@ def forward_args(n: int, dtype: str, weight_dtype: str | None = None) -> tuple:
 
 
 def backward_args(n: int, dtype: str, cfg, weight_dtype: str | None = None) -> tuple:
-    """The backward's tensors as specs: (dy, x, weight, mean, rstd, dx, partial, exchange) of 8 rows."""
+    """The backward's tensors as specs: (dy, x, weight, mean, rstd, dx, dweight, dbias, partial, exchange) of 8
+    rows."""
     rows, stats = flyc.TensorSpec((8, n), dtype), flyc.TensorSpec((8,), "f32")
     partial = flyc.TensorSpec((16, max(1, cfg.sums) * n), "f32")
     weight = flyc.TensorSpec((n,), weight_dtype or dtype)
-    return rows, rows, weight, stats, stats, rows, partial, exchange_spec(cfg)
+    return rows, rows, weight, stats, stats, rows, weight, weight, partial, exchange_spec(cfg)
 
 
 def lower_route(op: RowOp, chosen: Route, n: int, dtype: str, sums: int = 0, weight_dtype: str | None = None):

@@ -151,10 +151,11 @@ def check_fused_add_in_place(x, w, residual=None):
 
 def check_layer_norm_backward(dy, x, w, b):
     """layer_norm_backward from the forward's statistics into a poisoned dx against float64 autograd; with a weight,
-    dweight and dbias (column sums over the rows)."""
+    dweight and dbias (column sums over the rows, poisoned too)."""
     n, rows = x.shape[1], x.shape[0]
     _, mean, rstd = zoo.layer_norm(x, w, b, 1e-5, return_stats=True)
-    dx, dw, db = zoo.layer_norm_backward(dy, x, w, mean, rstd, dx=poison(x))
+    grads = {} if w is None else {"dweight": poison(w), "dbias": poison(b)}
+    dx, dw, db = zoo.layer_norm_backward(dy, x, w, mean, rstd, dx=poison(x), **grads)
     xd = x.double().requires_grad_()
     wd = w.double().requires_grad_() if w is not None else None
     bd = b.double().requires_grad_() if b is not None else None
@@ -174,7 +175,7 @@ def check_rms_norm_backward(dy, x, w, rstd=None):
     moved dx past the float32 tolerance (once in 70 random rows). Without a weight: no dweight."""
     if rstd is None:
         _, rstd = zoo.rms_norm(x, w, 1e-6, return_stats=True)
-    dx, dw = zoo.rms_norm_backward(dy, x, w, rstd, dx=poison(x))
+    dx, dw = zoo.rms_norm_backward(dy, x, w, rstd, dx=poison(x), dweight=None if w is None else poison(w))
     xd = x.double().requires_grad_()
     wd = w.double().requires_grad_() if w is not None else None
     out = xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6)

@@ -334,15 +334,43 @@ def test_validation_names_the_function_and_the_argument():
 
 
 def test_backward_scratch_needs_torch_or_cupy(monkeypatch):
-    """The backward with a weight sums dweight (and dbias) through partial rows it allocates itself, in the input's
-    framework: arrays of any other framework get an error that says so before anything is launched (not "pass the
-    output", which the caller cannot do for scratch memory)."""
+    """The backward with a weight sums dweight (and dbias) over more rows than one CTA walks through partial rows
+    it allocates itself, in the input's framework: arrays of any other framework get an error that says so before
+    anything is launched (not "pass the output", which the caller cannot do for scratch memory)."""
     taken = record_launches(monkeypatch, {backward_mod: {"norm_backward_kernel": -2}})
-    x, w, stats = fake((4, 64)), fake((64,)), fake((4,))
+    cfg = route(RowOp.LAYER_NORM_BACKWARD, 64, "f32", sums=2, scratch=False).config
+    rows = backward_mod.DIRECT_ROW_GROUPS * cfg.row.rows_per_cta + 1
+    x, w, stats = fake((rows, 64)), fake((64,)), fake((rows,))
     scratch = "dweight/dbias partial sums: this kernel's scratch memory .* pass torch or cupy"
     with pytest.raises(TypeError, match=scratch):
-        zoo.layer_norm_backward(x, x, w, stats, stats, dx=fake(), dweight=fake((64,)), dbias=fake((64,)))
+        zoo.layer_norm_backward(x, x, w, stats, stats, dx=fake((rows, 64)), dweight=fake((64,)), dbias=fake((64,)))
     assert taken == []
+
+
+@pytest.mark.parametrize("n, dtype", [(64, "f32"), (1000, "f32"), (1024, "bf16"), (4096, "bf16"), (3, "f16")])
+def test_backward_few_rows_in_one_launch(n, dtype, monkeypatch):
+    """Up to DIRECT_ROW_GROUPS of a CTA's row groups, the backward with a weight is one launch of one CTA that
+    writes dweight and dbias itself (its config ``direct``): no partial rows to allocate (arrays of any framework
+    do), no column-sum kernel; one row group more takes the persistent grid and the column sums."""
+    typestr = {"f32": "<f4", "f16": "<f2", "bf16": "<bfloat16"}[dtype]
+    taken = record_launches(monkeypatch, {backward_mod: {"norm_backward_kernel": -2, "column_sum_kernel": -1}})
+    cfg = route(RowOp.LAYER_NORM_BACKWARD, n, dtype, sums=2, scratch=False).config
+    last = backward_mod.DIRECT_ROW_GROUPS * cfg.row.rows_per_cta
+    for rows in (1, last):
+        x, w, b, stats = fake((rows, n), typestr), fake((n,), typestr), fake((n,), typestr), fake((rows,))
+        del taken[:]
+        zoo.layer_norm_backward(x, x, w, stats, stats, dx=fake((rows, n), typestr), dweight=w, dbias=b)
+        direct = dataclasses.replace(cfg, direct=True)
+        assert taken == [("norm_backward_kernel", direct, {"grid": 1, "block": cfg.row.block, "cluster": None})]
+    del taken[:]
+    x = fake((1, n), typestr)
+    zoo.rms_norm_backward(x, x, fake((n,)), fake((1,)), dx=fake((1, n), typestr), dweight=fake((n,)))
+    assert [(name, c.direct, c.sums, kw["grid"]) for name, c, kw in taken] == [("norm_backward_kernel", True, 1, 1)]
+    assert not backward_mod.direct_rows(cfg, last + 1)
+    with pytest.raises(ValueError, match="direct sums are one CTA's"):  # a cluster's or a staged kernel's config
+        dataclasses.replace(route(RowOp.LAYER_NORM_BACKWARD, 65536, dtype, sums=2).config, direct=True)
+    with pytest.raises(ValueError, match="direct sums are one CTA's"):
+        dataclasses.replace(route(RowOp.LAYER_NORM_BACKWARD, 65536, "bf16", sums=2).config, direct=True)
 
 
 def test_backward_team_needs_an_allocating_framework(monkeypatch):

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 import flydsl.kernels as zoo  # noqa: E402
+from flydsl.kernels.norms import backward as backward_mod  # noqa: E402
 from flydsl.kernels.rows import layout, router  # noqa: E402
 from flydsl.kernels.rows.configs import (  # noqa: E402
     LoopedShape,
@@ -262,6 +263,23 @@ def test_rms_norm_backward(n, dtype, rows=None):
     dy = make_input(rows, n, dtype)
     check_rms_norm_backward(dy, x, w)
     check_rms_norm_backward(dy, x, None)  # no weight: no column sums (sums = 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 3, 1000, 1024, 4097, 8192])
+def test_norm_backward_few_rows(n, dtype):
+    """A few rows: one CTA walks them all and writes dweight/dbias itself (``direct``), up to the last row count
+    that does; one row group more: the persistent grid and the column-sum kernel."""
+    for rms, sums in ((False, 2), (True, 1)):
+        op = router.RowOp.RMS_NORM_BACKWARD if rms else router.RowOp.LAYER_NORM_BACKWARD
+        cfg = router.route(op, n, DTYPE_NAME[dtype], sums=sums).config
+        last = backward_mod.DIRECT_ROW_GROUPS * cfg.row.rows_per_cta
+        assert backward_mod.direct_rows(cfg, last) and not backward_mod.direct_rows(cfg, last + 1)
+        for rows in (1, 2, last, last + 1):
+            if rms:
+                test_rms_norm_backward(n, dtype, rows=rows)
+            else:
+                test_layer_norm_backward(n, dtype, rows=rows)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -15,6 +15,7 @@ import pytest
 import flydsl.compiler as flyc
 import flydsl.kernels as zoo
 from flydsl.kernels.norms.api import NormTensors
+from flydsl.kernels.norms.backward import direct_rows
 from flydsl.kernels.rows import launch as rows_launch
 from flydsl.kernels.rows import router
 from flydsl.kernels.rows.configs import (
@@ -314,9 +315,10 @@ def _launch_shape(cfg, kernel: RowKernel) -> dict:
 def test_public_functions_launch_their_route(scratch, monkeypatch):
     """Each public function, on every (op, N, dtype, column sums) of the routes' grid, with its rows 16-byte aligned
     or not and (norms forward) its weight aligned or not, launches exactly the route for those facts: its kernel,
-    its config, and the grid, block and cluster the config asks for (then the column sums, where there are any).
-    Fake arrays allocate nothing (no scratch: no team, no claimed rows, and no backward with a weight); with
-    scratch, the input's framework gives the exchange, the counter and the partial sums."""
+    its config, and the grid, block and cluster the config asks for (then the column sums, where there are any; a
+    norm backward whose ROWS rows take few enough row groups runs its config ``direct`` in one CTA instead, alone).
+    Fake arrays allocate nothing (no scratch: no team, no claimed rows, and no backward with a weight but a direct
+    one); with scratch, the input's framework gives the exchange, the counter and the partial sums."""
     taken = record_launches(monkeypatch, _KERNELS)
     if scratch:
         for module in (forward_mod, softmax_mod, backward_mod):
@@ -325,22 +327,31 @@ def test_public_functions_launch_their_route(scratch, monkeypatch):
         monkeypatch.setattr(backward_mod, "team_exchange", lambda cfg, like, rows, what: like.obj)
         monkeypatch.setattr(backward_mod, "empty_rows", lambda like, shape, what, scratch=False: fake(shape))
     layouts = {"aligned": (0, 0), "rows offset": (4, 0), "weight offset": (0, 4)}
+    directs = 0
     for case in norms_routes.cases():
-        if case.sums and not scratch:
-            continue
         op, n, dtype = case.op, case.n, case.dtype
         for layout, (rows_offset, weight_offset) in layouts.items():
             if weight_offset and (op.backward or op is RowOp.SOFTMAX):
                 continue
             facts = dict(rows_aligned=not rows_offset, vectors_aligned=not weight_offset, scratch=scratch)
             chosen = route(op, n, dtype, sums=case.sums, **facts)
+            cfg = chosen.config
+            direct = case.sums and op.kind != "softmax" and direct_rows(cfg, ROWS)
+            if case.sums and not (scratch or direct):
+                continue
             del taken[:]
             _call(op, n, dtype, case.sums, rows_offset, weight_offset)
             name = _NAMES[op.backward, chosen.kernel][op.kind == "softmax"]
-            assert taken[0] == (name, chosen.config, _launch_shape(chosen.config, chosen.kernel)), (case.name, layout)
+            if direct:
+                cfg = dataclasses.replace(cfg, direct=True)
+                assert taken == [(name, cfg, {"grid": 1, "block": cfg.row.block, "cluster": None})], case.name
+                directs += 1
+                continue
+            assert taken[0] == (name, cfg, _launch_shape(cfg, chosen.kernel)), (case.name, layout)
             assert len(taken) == 1 + bool(case.sums and op is not RowOp.SOFTMAX_BACKWARD), (case.name, taken)
             if len(taken) == 2:  # the column sums: a block per columns of the partial rows
                 assert taken[1][0] == "column_sum_kernel", case.name
+    assert directs  # the grid holds configs of several rows per CTA, whose ROWS rows go direct
     x = describe("test", "x", fake((4, 8192)))
     looped = route(RowOp.RMS_NORM, 8192, "f32")
     assert looped.kernel is RowKernel.LOOPED

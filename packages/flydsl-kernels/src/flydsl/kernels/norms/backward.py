@@ -6,11 +6,14 @@ rows, in registers (:mod:`.backward_register`) or through a shared-memory ring (
 route says. ``dweight = sum_rows(dy * xhat)`` and ``dbias = sum_rows(dy)`` are reduced in two steps,
 deterministically: each CTA group keeps float32 column sums of its columns, written once as a row of a partial
 tensor, which :func:`~flydsl.kernels.norms.column_sum.column_sum_kernel` then sums in a fixed order (atomics would
-save that kernel but make the result depend on timing).
+save that kernel but make the result depend on timing). A few rows (at most :data:`DIRECT_ROW_GROUPS` of a CTA's row
+groups) take one CTA that writes dweight and dbias itself: one launch instead of two, no partial tensor; at such
+sizes the host's time per launch (~4 us) is longer than the kernel's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -32,7 +35,11 @@ from flydsl.kernels.rows.router import Route, RowOp, route
 from flydsl.kernels.rows.tiles import row_position
 from flydsl.kernels.validation import rows_aligned
 
-__all__ = ["norm_backward_kernel", "backward", "backward_plan", "backward_route"]
+__all__ = ["norm_backward_kernel", "backward", "backward_plan", "backward_route", "direct_rows", "DIRECT_ROW_GROUPS"]
+
+# Row groups (rows / rows_per_cta) that one CTA walks alone where the plan goes direct: a walk of 4 row groups costs
+# a few microseconds of GPU time, about what the column-sum kernel's launch costs the host.
+DIRECT_ROW_GROUPS = 4
 
 
 @flyc.kernel(target=flyc.Target("sm_90a", ptx_version=81))  # PTX ISA 8.1: st.async (the staged kernel's pushes)
@@ -43,6 +50,8 @@ def norm_backward_kernel(
     mean_in: fx.Tensor,
     rstd_in: fx.Tensor,
     dx: fx.Tensor,
+    dweight: fx.Tensor,
+    dbias: fx.Tensor,
     partial: fx.Tensor,
     exchange: fx.Tensor,
     cfg: fx.Constexpr[BackwardConfig],
@@ -50,8 +59,9 @@ def norm_backward_kernel(
 ):
     """A persistent grid: CTA group ``g`` (a CTA, a cluster or a team) takes row groups ``g, g + groups, ...``. The
     column sums go to row ``g`` of ``partial``: ``(groups, sums * N)`` float32, dweight in the first N columns, dbias
-    in the next N. ``exchange``: a team's row sums (``(rows, exchange_columns(cfg))`` float32, zeroed), else any
-    tensor (unused)."""
+    in the next N; with ``cfg.direct`` (one CTA) to ``dweight`` and ``dbias`` instead, converted to their dtype
+    (else they and ``partial`` may be any tensor: unused). ``exchange``: a team's row sums (``(rows,
+    exchange_columns(cfg))`` float32, zeroed), else any tensor (unused)."""
     rc = cfg.row
     rows, n = x.shape
     groups = gpu.grid_dim.x // rc.cluster
@@ -75,7 +85,7 @@ def norm_backward_kernel(
     ctx = BackwardRows(
         cfg=cfg,
         flags=flags,
-        tensors=BackwardTensors(dy=dy, x=x, weight=weight, mean=mean_in, rstd=rstd_in, dx=dx),
+        tensors=BackwardTensors(dy, x, weight, mean_in, rstd_in, dx, dweight, dbias),
         smem=smem,
         sums_smem=sums_smem,
         partial_row=partial_row,
@@ -103,6 +113,14 @@ def norm_backward_kernel(
             write_partial(ctx)
     if fx.const_expr(rc.cluster_shape is not None):
         cluster.sync()  # peers may still read this CTA's reduction slots
+
+
+def direct_rows(cfg: BackwardConfig, rows: int) -> bool:
+    """Whether ``rows`` rows take ``cfg``'s kernel in one CTA that writes dweight/dbias itself: a register config
+    with column sums in shared memory, one CTA per row group, at most :data:`DIRECT_ROW_GROUPS` row groups."""
+    rc = cfg.row
+    fits = not cfg.staged and cfg.smem_sums and cfg.sums > 0 and rc.cluster == 1
+    return fits and -(-rows // rc.rows_per_cta) <= DIRECT_ROW_GROUPS
 
 
 @functools.cache
@@ -145,8 +163,10 @@ def backward_plan(t: NormGradients, rms: bool, chosen: Route | None = None) -> C
     cfg = (chosen or backward_route(t, rms)).config
     if not isinstance(cfg, BackwardConfig):
         raise ValueError(f"norms backward: no kernel takes a route with {cfg} (a BackwardConfig)")
-    sums = cfg.sums
-    groups = device_groups(cfg, rows, t.x.device)
+    if direct_rows(cfg, rows):
+        cfg = dataclasses.replace(cfg, direct=True)
+    sums = 0 if cfg.direct else cfg.sums  # column sums left to the second kernel
+    groups = 1 if cfg.direct else device_groups(cfg, rows, t.x.device)
     flags = _flags(rms, t.weight is not None, t.dbias is not None)
     shape = column_sum_shape(groups)
     sum_grid, sum_block = -(-sums * n // shape[0]), shape[0] * shape[1]
@@ -160,7 +180,8 @@ def backward_plan(t: NormGradients, rms: bool, chosen: Route | None = None) -> C
 
     def launch(dy, x, weight, mean, rstd, dx, dweight, dbias, partial, exchange):
         args = (dy, x, weight if weight is not None else x, mean if mean is not None else rstd, rstd, dx)
-        launch_rows(norm_backward_kernel, (*args, partial, exchange, cfg, flags), cfg, groups)
+        sums_out = (dweight, dbias if dbias is not None else dweight) if cfg.direct else (partial, partial)
+        launch_rows(norm_backward_kernel, (*args, *sums_out, partial, exchange, cfg, flags), cfg, groups)
         if sums:
             column_sum_kernel(partial, dweight, dbias if dbias is not None else dweight, sums, shape).launch(
                 grid=sum_grid, block=sum_block

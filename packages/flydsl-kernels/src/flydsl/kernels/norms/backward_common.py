@@ -31,7 +31,8 @@ __all__ = [
 
 
 class BackwardTensors(NamedTuple):
-    """The backward kernel's tensors (``mean`` is rstd's tensor, unread, for RMSNorm)."""
+    """The backward kernel's tensors (``mean`` is rstd's tensor, unread, for RMSNorm; ``dweight`` and ``dbias`` are
+    written by a direct config only)."""
 
     dy: object
     x: object
@@ -39,6 +40,8 @@ class BackwardTensors(NamedTuple):
     mean: object
     rstd: object
     dx: object
+    dweight: object = None
+    dbias: object = None
 
 
 class BackwardRows(NamedTuple):
@@ -78,9 +81,12 @@ def load4(view, ok=None):
 
 
 def store4(view, values, ok=None):
-    cls = vector.vector_class(fx.Float32, len(values))
-    raw, buffer = vector.register_buffer(cls)
-    _llvm.store(vector.from_elements(cls.mlir_type(), values).value, raw, alignment=buffer.base_alignment)
+    """Float32 ``values`` into ``view``, converted to its dtype."""
+    chunk = vector.from_elements(vector.vector_class(fx.Float32, len(values)).mlir_type(), values)
+    if fx.const_expr(view.dtype != fx.Float32):
+        chunk = chunk.to(view.dtype)
+    raw, buffer = vector.register_buffer(type(chunk))
+    _llvm.store(chunk.value, raw, alignment=buffer.base_alignment)
     fx.copy(buffer, view, predicate=ok)
 
 
@@ -116,6 +122,16 @@ class PartialRow:
             for e in fx.range_constexpr(4):
                 view = fx.local_tile(self.partial, (1, 1), (self.group, at + e))[0, None]
                 store4(view, [values[e]], col + e < self.n)
+
+    def store_final(self, target, j: int, q: int, values):
+        """This thread's columns of a finished column sum into ``target`` ((N,), in its dtype): a direct config's
+        dweight or dbias."""
+        col = self._columns(0, j, q)[0]
+        if fx.const_expr(self.wide):
+            store4(fx.local_tile(target, (4,), (col // 4,)), values, col < self.n)
+        else:
+            for e in fx.range_constexpr(4):
+                store4(fx.local_tile(target, (1,), (col + e,)), [values[e]], col + e < self.n)
 
 
 def row_constants(rc: RowConfig, flags: NormFlags, pos, smem, parity, dots, inv_n, overlap=None):

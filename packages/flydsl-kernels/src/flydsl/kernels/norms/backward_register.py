@@ -159,7 +159,8 @@ def _terms(ctx: BackwardRows, pos, rstd, mu, chunks, dys, xs):
 
 
 def write_partial(ctx: BackwardRows):
-    """The CTA's row slots of column sums, added in a fixed order, into its partial row."""
+    """The CTA's row slots of column sums, added in a fixed order, into its partial row (a direct config: into
+    dweight and dbias, the sums being final)."""
     cfg, pos = ctx.cfg, ctx.pos
     rc = cfg.row
     for s in fx.range_constexpr(cfg.sums):
@@ -169,4 +170,8 @@ def write_partial(ctx: BackwardRows):
                 for slot in fx.range_constexpr(rc.rows_per_cta):
                     view = fx.local_tile(ctx.sums_smem, (4,), (sum_index(cfg, pos, s, slot, j, q),))
                     total = [a + b for a, b in zip(total, load4(view), strict=True)]
-                ctx.partial_row.store(s, j, q, total)
+                if fx.const_expr(cfg.direct):
+                    target = ctx.tensors.dweight if s == 0 else ctx.tensors.dbias
+                    ctx.partial_row.store_final(target, j, q, total)
+                else:
+                    ctx.partial_row.store(s, j, q, total)

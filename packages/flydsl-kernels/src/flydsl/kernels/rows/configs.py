@@ -296,7 +296,8 @@ class BackwardConfig:
     registers at once: with more per thread, the row is walked twice, the second time from L2), ``sums`` (column
     sums kept: 0, 1 = dweight, 2 = dweight and dbias), ``smem_sums`` (they live in shared memory; else in the CTA's
     partial row in global memory), ``blocks_per_sm`` (the persistent grid's CTAs per SM). ``stages`` > 0: the
-    staged kernel, rows through a shared-memory ring of that many rows."""
+    staged kernel, rows through a shared-memory ring of that many rows. ``direct``: one CTA walks every row and
+    writes dweight/dbias itself (no partial sums, no column-sum kernel: the plan's choice for a few rows)."""
 
     row: RowConfig
     segment: int
@@ -310,8 +311,11 @@ class BackwardConfig:
     prefetch_pairs: bool = False  # a team at a lag: its row's pairs read a step early
     fma_dx: bool = False  # staged LayerNorm: xhat and dx from x by fmas, the mean folded in
     bulk: bool = False  # staged, a row over CTAs: one thread per CTA fills the ring by bulk copies
+    direct: bool = False  # one CTA, dweight/dbias written by it: the register kernel's sums in shared memory only
 
     def __post_init__(self):
+        if self.direct and (self.staged or not self.smem_sums or not self.sums or self.row.cluster > 1):
+            raise ValueError(f"{self}: direct sums are one CTA's of the register kernel, kept in shared memory")
         if self.hold and (not self.staged or (self.lag and self.row.cluster > 1)):
             raise ValueError(f"{self}: hold keeps a row in registers until its dx: the staged kernel at lag 0 only")
         if (self.keep_weights or self.fma_dx) and not self.staged:
