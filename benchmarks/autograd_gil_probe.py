@@ -191,12 +191,12 @@ def measure(rows: int, cols: int, calls: int, repeats: int) -> tuple[list, str]:
         from flydsl.torch import _nodes, ops
         from flydsl.torch import functional as F
 
-        node = _nodes.build(quiet=True)
+        built = _nodes.build(quiet=True)  # (not `node`: the probe's paths above are made by that function)
 
         def flydsl(with_node: bool):
             def call():
-                if (_nodes._module is node) != with_node:  # the path switched (once per batch)
-                    _nodes._module = node if with_node else None
+                if (_nodes._module is built) != with_node:  # the path switched (once per batch)
+                    _nodes._module = built if with_node else None
                     ops.softmax._node_gradients = None
                 return torch.autograd.grad(F.softmax(x), (x,), dy)
 
