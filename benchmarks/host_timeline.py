@@ -4,7 +4,8 @@ the recording forward (t1 - t0), the engine until the backward's body starts on 
 the body (t3 - t2), the engine until ``grad`` returns on the caller's thread (t4 - t3) and the release of the graph
 and the gradient (t5 - t4, the caller dropping them). Stamps are ``perf_counter_ns`` (one clock for both threads),
 taken while a sleep kernel keeps the GPU busy; medians over the calls. Paths: ours through the Python Function and
-the C++ node, and a Python ``autograd.Function`` whose forward and backward are torch's own softmax kernels (the
+the C++ node (whose backward, replayed natively once known, runs no Python to stamp: its engine, body and return are
+one segment), and a Python ``autograd.Function`` whose forward and backward are torch's own softmax kernels (the
 same Python layers as ours, torch's work): what a Python backward costs by itself. Not a script."""
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def _ours(stamps: list, path):
     return forward
 
 
-def _cut(forward, x, ones, stamps: list, calls: int) -> dict:
-    """Median of each segment over ``calls`` forward + backward calls behind a sleep kernel."""
+def _cut(forward, x, ones, stamps: list, calls: int, native: bool = False) -> dict:
+    """Median of each segment over ``calls`` forward + backward calls behind a sleep kernel; ``native``: the backward
+    runs no Python (the C++ node's native replay), so that its three middle segments are one, "backward, native"."""
     for _ in range(3):  # plans recorded, graphs warm
         torch.autograd.grad(forward(x), (x,), ones)
     torch.cuda.synchronize()
@@ -82,13 +84,19 @@ def _cut(forward, x, ones, stamps: list, calls: int) -> dict:
         cuts.append((t0, t1, t4, t5))
     busy = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
-    if len(stamps) != 2 * calls:
+    if native and not stamps:
+        parts = {name: [] for name in ("forward", "backward, native", "release")}
+        for t0, t1, t4, t5 in cuts:
+            for name, (a, b) in zip(parts, ((t0, t1), (t1, t4), (t4, t5)), strict=True):
+                parts[name].append((b - a) / 1e3)
+    elif len(stamps) != 2 * calls:
         raise RuntimeError(f"expected {2 * calls} backward stamps, got {len(stamps)}: the backward did not run")
-    parts = {name: [] for name in SEGMENTS}
-    for i, (t0, t1, t4, t5) in enumerate(cuts):
-        t2, t3 = stamps[2 * i], stamps[2 * i + 1]
-        for name, (a, b) in zip(SEGMENTS, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5)), strict=True):
-            parts[name].append((b - a) / 1e3)
+    else:
+        parts = {name: [] for name in SEGMENTS}
+        for i, (t0, t1, t4, t5) in enumerate(cuts):
+            t2, t3 = stamps[2 * i], stamps[2 * i + 1]
+            for name, (a, b) in zip(SEGMENTS, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5)), strict=True):
+                parts[name].append((b - a) / 1e3)
     row = {name: round(statistics.median(values), 2) for name, values in parts.items()}
     row["whole"] = round(statistics.median((t5 - t0) / 1e3 for t0, _, _, t5 in cuts), 2)
     row["gpu_busy_after"] = busy
@@ -115,7 +123,7 @@ def measure_timeline(calls: int) -> list[dict]:
     rows = []
     for label, forward in paths.items():
         try:
-            row = _cut(forward, x, ones, stamps, calls)
+            row = _cut(forward, x, ones, stamps, calls, native=label == "ours, C++ node")
         except Exception as error:  # noqa: BLE001 - a path that fails is reported, the others run
             rows.append({"group": "timeline", "piece": label, "error": f"{type(error).__name__}: {error}"})
             continue
