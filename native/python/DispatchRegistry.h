@@ -62,6 +62,8 @@ struct DispatchRegistry {
   // learner(value) -> whether value's type is now registered (or is a tensor).
   std::vector<PyTypeObject *> keyTypes;
   PyObject *keyTypeLearner = nullptr;
+  // kept_plan (PlanKey.cpp): torch._C._len_torch_dispatch_stack() and torch.is_grad_enabled(), registered together.
+  PyObject *dispatchStackLength = nullptr, *gradEnabled = nullptr;
   // The objects plan keys name by address (tensors' dtypes, dtype arguments), kept so that portablePlanKey reads
   // only addresses the key builder wrote.
   std::vector<PyObject *> tensorDtypes, keyValues;
@@ -83,6 +85,7 @@ struct DispatchRegistry {
   PyObject *strides = PyUnicode_InternFromString("strides");
   PyObject *data = PyUnicode_InternFromString("data");
   PyObject *stream = PyUnicode_InternFromString("stream");
+  PyObject *requiresGrad = PyUnicode_InternFromString("requires_grad");
 };
 
 /// The process-wide registry (never destroyed: it outlives the interpreter's

@@ -283,4 +283,57 @@ nb::object planKey(nb::handle args) {
   return nb::steal(PyBytes_FromStringAndSize(key.data(), Py_ssize_t(key.size())));
 }
 
+namespace {
+
+// f() as a C long, or -1 with an error set.
+long callForLong(PyObject *f) {
+  PyObject *value = PyObject_CallNoArgs(f);
+  if (!value)
+    return -1;
+  long result = value == Py_True ? 1 : value == Py_False ? 0 : PyLong_AsLong(value);
+  Py_DECREF(value);
+  return result;
+}
+
+} // namespace
+
+nb::object keptPlan(nb::handle plans, nb::handle args, nb::handle tensors, nb::handle grad) {
+  const auto &reg = registry();
+  if (!reg.dispatchStackLength || !PyDict_Check(plans.ptr()) || !PyTuple_Check(tensors.ptr()))
+    return nb::none();
+  long modes = callForLong(reg.dispatchStackLength);
+  if (modes < 0)
+    throw nb::python_error();
+  if (modes > 0)
+    return nb::none();
+  bool fast;
+  long enabled = gradModeFast(fast) ? long(fast) : callForLong(reg.gradEnabled);
+  if (enabled < 0)
+    throw nb::python_error();
+  for (Py_ssize_t i = 0; enabled && i < PyTuple_GET_SIZE(tensors.ptr()); ++i) {
+    PyObject *tensor = PyTuple_GET_ITEM(tensors.ptr(), i);
+    if (tensor == Py_None)
+      continue;
+    PyObject *requires = PyObject_GetAttr(tensor, reg.requiresGrad);
+    if (!requires) { // (not a tensor: as getattr(t, "requires_grad", False))
+      PyErr_Clear();
+      continue;
+    }
+    bool requiresGrad = requires == Py_True;
+    Py_DECREF(requires);
+    if (requiresGrad)
+      return nb::borrow(grad);
+  }
+  nb::object key = planKey(args);
+  if (key.is_none())
+    return key;
+  PyObject *plan = PyDict_GetItemWithError(plans.ptr(), key.ptr()); // borrowed
+  if (!plan) {
+    if (PyErr_Occurred())
+      throw nb::python_error();
+    return nb::none();
+  }
+  return nb::borrow(plan);
+}
+
 } // namespace fly::python

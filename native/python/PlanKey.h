@@ -40,6 +40,13 @@ bool readTensorAttributes(PyObject *obj, TensorFacts &t);
 /// The plan key of a tuple of arguments (bytes), or None.
 nanobind::object planKey(nanobind::handle args);
 
+/// The plan kept in `plans` (a dict by plan key) for a call of an eager entry point, in one native call:
+/// None where a torch dispatch mode is active, no checks are registered, `args` has no key or no plan is kept;
+/// `grad` where grad mode is on and one of `tensors` requires grad; else plans[plan_key(args)]. What
+/// flydsl.torch.functional asks before each call (a Python fallback answers the Nones).
+nanobind::object keptPlan(nanobind::handle plans, nanobind::handle args, nanobind::handle tensors,
+                          nanobind::handle grad);
+
 /// A plan key as text that another process builds alike for the same call (the key names types and dtypes by
 /// address: here by name), or None where it holds something else.
 nanobind::object portablePlanKey(nanobind::bytes key);

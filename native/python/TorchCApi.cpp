@@ -51,6 +51,7 @@ struct TorchCApi {
   Error (*emptyStrided)(int64_t, const int64_t *, const int64_t *, int32_t, int32_t, int32_t, Handle *) = nullptr;
   Error (*deleteTensor)(Handle) = nullptr;
   Error (*currentCudaStream)(int32_t, void **) = nullptr; // libtorch_cuda.so: none in CPU-only builds
+  bool (*gradModeEnabled)() = nullptr;                    // (torch >= 2.3)
   PyObject *(*wrap)(const void *) = nullptr;              // THPVariable_Wrap(const at::TensorBase &)
   int32_t strided = 0, cpu = 0, cuda = 1;                 // layout and device type codes
   PyTypeObject *tensorType = nullptr;                     // torch.Tensor: the type empty_like returns
@@ -285,6 +286,7 @@ std::optional<std::string> enable(const std::string &libDir, nb::tuple probes, n
   if (!missing.empty())
     return "torch's C API: " + missing + " not found in the libraries of " + libDir;
   libs.bind("aoti_torch_get_current_cuda_stream", a.currentCudaStream); // CUDA builds only
+  libs.bind("aoti_torch_grad_mode_is_enabled", a.gradModeEnabled);
   a.tensorType = Py_TYPE(probes[0].ptr());
   for (size_t i = 0; i < probes.size(); ++i) {
     std::optional<std::string> why;
@@ -307,6 +309,14 @@ std::optional<std::string> enable(const std::string &libDir, nb::tuple probes, n
 } // namespace
 
 bool torchCApiOn() { return api().ready; }
+
+bool gradModeFast(bool &enabled) {
+  const TorchCApi &a = api();
+  if (!a.ready || !a.gradModeEnabled)
+    return false;
+  enabled = a.gradModeEnabled();
+  return true;
+}
 
 bool readTensorFast(PyObject *obj, TensorFacts &t) {
   const TorchCApi &a = api();

@@ -30,6 +30,9 @@ namespace fly::python {
 /// Whether the C API is bound, checked and not paused.
 bool torchCApiOn();
 
+/// Whether torch's grad mode is on, through the C API; false where the API is off or has no such function.
+bool gradModeFast(bool &enabled);
+
 /// `obj`'s facts (`obj` of a registered tensor type) through the C API; false
 /// (no error set) where the API is off or cannot read them: read the attributes.
 bool readTensorFast(PyObject *obj, TensorFacts &t);

@@ -276,3 +276,39 @@ def test_inference_functionals_replay_natively_with_fresh_outputs(monkeypatch):
             assert len(pointers) == 2 * len(outs) + 2, name  # fresh tensors on every call
     finally:
         launcher._register_stream_getter(importlib.import_module("flydsl.compiler.frameworks")._current_torch_stream)
+
+
+def test_kept_plan_answers_as_the_python_checks_do():
+    """``_runtime.kept_plan`` (flydsl.torch.functional's ``_kept`` in one native call): the plan kept for the
+    arguments' key; the grad marker where grad mode is on and a tensor requires grad (None and non-tensors skipped);
+    None under a dispatch mode, for a key with no plan or no key, and without registered checks."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from flydsl.compiler._native import launcher
+    from flydsl.kernels.plans import signature
+    from flydsl.torch import functional
+
+    native = functional._NATIVE_KEPT[0] if functional._NATIVE_KEPT else functional._bind_native_kept()
+    assert native is launcher.kept_plan
+    x, w = torch.randn(4, 8), torch.randn(8, requires_grad=True)
+    plan, grad = object(), object()
+    plans = {signature(x, 3): plan}
+    assert native(plans, (x, 3), (x, None, "not a tensor"), grad) is plan
+    assert native(plans, (x, 3), (x, w), grad) is grad
+    with torch.no_grad():
+        assert native(plans, (x, 3), (x, w), grad) is plan
+    assert native(plans, (x, 4), (x,), grad) is None  # another key
+    assert native(plans, (x, object()), (x,), grad) is None  # no key
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        assert native(plans, (x, 3), (x,), grad) is None
+        assert functional._kept(functional._SOFTMAX, (x,), x, -1) is None
+    try:
+        launcher._register_kept_checks(None, None)
+        assert native(plans, (x, 3), (x,), grad) is None
+    finally:
+        launcher._register_kept_checks(torch._C._len_torch_dispatch_stack, torch.is_grad_enabled)

@@ -137,6 +137,10 @@ class Plans:
         self.replay = replay
         self.declined: dict = {}  # key -> why its plan is not replayed (the latest ``limit``)
         self._plans: dict = {}
+        # The kept plans by signature: the dict itself, never replaced (for callers that key a call themselves with
+        # key_function(): flydsl.torch's autograd node and eager entry points; a key missing there may still be on
+        # disk: get() looks). An attribute, not a property: read on every eager call.
+        self.by_signature = self._plans
         self._written = 0  # plans this process wrote to the disk cache (at most KEEP_ON_DISK)
         _ALL.append(self)
 
@@ -145,12 +149,6 @@ class Plans:
 
     def __len__(self):
         return len(self._plans)
-
-    @property
-    def by_signature(self) -> dict:
-        """The kept plans by signature: the dict itself, never replaced (for C++ callers that key a call themselves
-        with :func:`key_function`; a key missing there may still be on disk: :meth:`get` looks)."""
-        return self._plans
 
     def get(self, key):
         """The plan made for ``key`` (None: none, or no key). A plan is usually a function of the call's arguments;
