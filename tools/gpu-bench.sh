@@ -24,7 +24,8 @@
 # whose splits a floor changes, with a floor of 32 and 64 KB under each split's K+V bytes against none: what
 # api._MIN_SPLIT_BYTES should be, ~3 min; two records, *_70b and *_8b); host-cold (issue 31's launch levels, one call
 # taken apart and the cold start without kept plans, FLYDSL_PLAN_CACHE=0, then one profiled first call per op:
-# cold_profiles.tgz holds cold_<op>.txt, ~2.5 min; record *_cold); host-kept (the cold start again with launch plans
+# cold_profiles.tgz holds cold_<op>.txt, ~2.5 min; record *_cold); host-ops (the ops table alone, ~1.5 min;
+# record *_ops); host-kept (the cold start again with launch plans
 # kept on disk, the default, ~1.5 min; record *_kept); host-gradient (the breakdown alone, 15 repeats: softmax's
 # recording forward, its backward over a kept graph and the whole, torch's and ours, < 1 min); host-gil
 # (benchmarks/autograd_gil_probe.py: whether the GIL on autograd's device thread is the fwd+bwd gap, and the probe's
@@ -74,6 +75,9 @@ for bench in $which; do
     skinny) run skinny python3 benchmarks/skinny_gemm_bench.py --repeats 3 --json "$(out skinny_gemm)" --commit "$commit" ;;
     norms) run norms python3 benchmarks/norms_bench.py --backward --out "$(out norms)" --commit "$commit" ;;
     host) run host python3 benchmarks/host_overhead.py --json "$(out host_overhead)" --commit "$commit" ;;
+    host-ops)  # the ops table alone (issue 31's bar: no levels, breakdown, cold start or cycle), ~1.5 min
+      run host-ops python3 benchmarks/host_overhead.py --parts ops --json "$(out host_overhead ops)" \
+        --commit "$commit" ;;
     host-cold) FLYDSL_PLAN_CACHE=0 run host-cold python3 benchmarks/host_overhead.py --parts levels breakdown cold \
       --cold-profile "$logs/cold_profiles" --json "$(out host_overhead cold)" --commit "$commit"
       # the device tool brings back 8 files at most: the profiles travel as one archive
