@@ -15,9 +15,8 @@ same GPU work (``at::_softmax`` and ``at::_softmax_backward_data`` on ``rows x c
 - ``gil_node``: the same node taking the GIL on the device thread for its backward, the work still native;
 - ``python_node``: the same node calling a Python function for its backward (what ``flydsl.torch._nodes`` does);
 - ``python_function``: a Python ``torch.autograd.Function`` over the same torch ops;
-- ``flydsl``: ``flydsl.torch.functional.softmax`` as shipped (its kernels, the Python Function's gradients);
-- ``flydsl_node``: the same through ``flydsl.torch._nodes``' C++ node, whose backward replays softmax_backward's
-  plan natively (``NativeBackward``) once known;
+- ``flydsl_node``: ``flydsl.torch.functional.softmax`` as shipped, through ``flydsl.torch._nodes``' C++ node, whose
+  backward replays softmax_backward's plan natively (``NativeBackward``) once known;
 - ``replay_node``, ``flydsl_forward_node``, ``flydsl_forward_replay_node``: ``native_node`` with flydsl's backward
   replay, its forward plan, or both swapped in (the bisection from ``native_node`` to ``flydsl_node``: whether a
   forward + backward's extra host time is flydsl's kernels and replays or ``FlyBackward``'s bookkeeping).
@@ -191,19 +190,12 @@ def measure(rows: int, cols: int, calls: int, repeats: int) -> tuple[list, str]:
         from flydsl.torch import _nodes, ops
         from flydsl.torch import functional as F
 
-        built = _nodes.build(quiet=True)  # (not `node`: the probe's paths above are made by that function)
-
-        def flydsl(with_node: bool):
-            def call():
-                if (_nodes._module is built) != with_node:  # the path switched (once per batch)
-                    _nodes._module = built if with_node else None
-                    ops.softmax._node_gradients = None
-                return torch.autograd.grad(F.softmax(x), (x,), dy)
-
-            return call
-
-        paths["flydsl"] = flydsl(False)
-        paths["flydsl_node"] = flydsl(True)
+        # flydsl's softmax through the C++ node (its default) only: the paths are timed call by call, interleaved,
+        # and switching to the Python Function and back rebinds the op's gradients on every call (1.30-1.36x torch
+        # at 47b47bd, all of it the rebinding); the Function's own time is the ops table's (FLYDSL_TORCH_NODES=0).
+        _nodes._module = _nodes.build(quiet=True)  # (not `node`: the probe's paths above are made by that function)
+        ops.softmax._node_gradients = None
+        paths["flydsl_node"] = lambda: torch.autograd.grad(F.softmax(x), (x,), dy)
         paths.update(_bisect_paths(torch, extension, node, x, dy))
     for fn in paths.values():
         for _ in range(100):
