@@ -32,7 +32,6 @@
 #include <cstring>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace nb = nanobind;
@@ -500,20 +499,7 @@ void bindLaunchPlans(nb::module_ &rt) {
   rt.def("portable_plan_key", &portablePlanKey, "key"_a,
          "plan_key's bytes as text that another process builds alike for the same call (types and dtypes by name "
          "instead of address), or None where the key holds something the text cannot name.");
-  rt.def("kept_plan", &keptPlan, "plans"_a, "args"_a, "tensors"_a, "grad"_a,
-         "plans[plan_key(args)] for an eager call (plans: a dict by plan key), `grad` where grad mode is on and one "
-         "of `tensors` requires grad, None where a torch dispatch mode is active, no checks are registered "
-         "(_register_kept_checks), or nothing is kept.");
-  rt.def("_register_kept_checks", [](nb::handle dispatchStackLength, nb::handle gradEnabled) {
-    auto &reg = registry();
-    for (PyObject **slot : {&reg.dispatchStackLength, &reg.gradEnabled})
-      Py_XDECREF(std::exchange(*slot, nullptr));
-    if (dispatchStackLength.is_none() || gradEnabled.is_none())
-      return;
-    reg.dispatchStackLength = dispatchStackLength.inc_ref().ptr();
-    reg.gradEnabled = gradEnabled.inc_ref().ptr();
-  }, "dispatch_stack_length"_a.none(), "grad_enabled"_a.none(),
-     "kept_plan's checks: torch._C._len_torch_dispatch_stack and torch.is_grad_enabled (None, None: none).");
+  bindKeptPlan(rt);
   rt.def("_register_key_type_learner", [](nb::handle learner) {
     auto &reg = registry();
     Py_XINCREF(learner.ptr());

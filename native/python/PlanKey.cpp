@@ -14,6 +14,7 @@
 #include <cstring>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace nb = nanobind;
 
@@ -334,6 +335,24 @@ nb::object keptPlan(nb::handle plans, nb::handle args, nb::handle tensors, nb::h
     return nb::none();
   }
   return nb::borrow(plan);
+}
+
+void bindKeptPlan(nb::module_ &rt) {
+  using namespace nb::literals;
+  rt.def("kept_plan", &keptPlan, "plans"_a, "args"_a, "tensors"_a, "grad"_a,
+         "plans[plan_key(args)] for an eager call (plans: a dict by plan key), `grad` where grad mode is on and one "
+         "of `tensors` requires grad, None where a torch dispatch mode is active, no checks are registered "
+         "(_register_kept_checks), or nothing is kept.");
+  rt.def("_register_kept_checks", [](nb::handle dispatchStackLength, nb::handle gradEnabled) {
+    auto &reg = registry();
+    for (PyObject **slot : {&reg.dispatchStackLength, &reg.gradEnabled})
+      Py_XDECREF(std::exchange(*slot, nullptr));
+    if (dispatchStackLength.is_none() || gradEnabled.is_none())
+      return;
+    reg.dispatchStackLength = dispatchStackLength.inc_ref().ptr();
+    reg.gradEnabled = gradEnabled.inc_ref().ptr();
+  }, "dispatch_stack_length"_a.none(), "grad_enabled"_a.none(),
+     "kept_plan's checks: torch._C._len_torch_dispatch_stack and torch.is_grad_enabled (None, None: none).");
 }
 
 } // namespace fly::python

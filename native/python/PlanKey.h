@@ -47,6 +47,9 @@ nanobind::object planKey(nanobind::handle args);
 nanobind::object keptPlan(nanobind::handle plans, nanobind::handle args, nanobind::handle tensors,
                           nanobind::handle grad);
 
+/// kept_plan and _register_kept_checks (its torch functions) on the runtime module.
+void bindKeptPlan(nanobind::module_ &rt);
+
 /// A plan key as text that another process builds alike for the same call (the key names types and dtypes by
 /// address: here by name), or None where it holds something else.
 nanobind::object portablePlanKey(nanobind::bytes key);

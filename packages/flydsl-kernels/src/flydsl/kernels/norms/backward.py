@@ -116,11 +116,10 @@ def norm_backward_kernel(
 
 
 def direct_rows(cfg: BackwardConfig, rows: int) -> bool:
-    """Whether ``rows`` rows take ``cfg``'s kernel in one CTA that writes dweight/dbias itself: a register config
-    with column sums in shared memory, one CTA per row group, at most :data:`DIRECT_ROW_GROUPS` row groups."""
-    rc = cfg.row
-    fits = not cfg.staged and cfg.smem_sums and cfg.sums > 0 and rc.cluster == 1
-    return fits and -(-rows // rc.rows_per_cta) <= DIRECT_ROW_GROUPS
+    """Whether ``rows`` rows take ``cfg``'s kernel in one CTA that writes dweight/dbias itself: a config that can be
+    direct (:attr:`~flydsl.kernels.rows.configs.BackwardConfig.can_be_direct`), at most :data:`DIRECT_ROW_GROUPS`
+    row groups."""
+    return cfg.can_be_direct and -(-rows // cfg.row.rows_per_cta) <= DIRECT_ROW_GROUPS
 
 
 @functools.cache

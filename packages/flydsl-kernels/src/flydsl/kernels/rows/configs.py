@@ -314,7 +314,7 @@ class BackwardConfig:
     direct: bool = False  # one CTA, dweight/dbias written by it: the register kernel's sums in shared memory only
 
     def __post_init__(self):
-        if self.direct and (self.staged or not self.smem_sums or not self.sums or self.row.cluster > 1):
+        if self.direct and not self.can_be_direct:
             raise ValueError(f"{self}: direct sums are one CTA's of the register kernel, kept in shared memory")
         if self.hold and (not self.staged or (self.lag and self.row.cluster > 1)):
             raise ValueError(f"{self}: hold keeps a row in registers until its dx: the staged kernel at lag 0 only")
@@ -322,6 +322,11 @@ class BackwardConfig:
             raise ValueError(f"{self}: keep_weights and fma_dx are the staged kernel's")
         if self.bulk and (not self.staged or self.hold or self.row.cluster == 1 or self.row.block <= 32):
             raise ValueError(f"{self}: bulk fills the ring of a row over CTAs (a block barrier per row), not held")
+
+    @property
+    def can_be_direct(self) -> bool:
+        """Whether ``direct`` may be set: the register kernel, one CTA per row group, column sums in shared memory."""
+        return not self.staged and self.smem_sums and self.sums > 0 and self.row.cluster == 1
 
     @property
     def two_pass(self) -> bool:
