@@ -356,6 +356,10 @@ def test_a_tile_of_raw_memory_specializes_like_one_of_a_tensor():
     assert raw.key() == spec.key() and raw.source is None and raw.shape == (300, 200)
     with pytest.raises(ValueError, match="not a multiple of 16 bytes"):
         fx.TmaTile.of_memory(1 << 20, (300, 201), (201, 1), "bf16", (32, 64))
+    promoted = fx.TmaTile.of_memory(1 << 20, (300, 200), (200, 1), "bf16", (32, 64), l2_promotion=256)
+    assert promoted.l2_promotion == 256 and promoted.key() == raw.key()  # a descriptor property, not the kernel's
+    with pytest.raises(ValueError, match="l2_promotion: expected 0, 64, 128 or 256"):
+        fx.TmaTile.of_memory(1 << 20, (300, 200), (200, 1), "bf16", (32, 64), l2_promotion=512)
 
 
 def test_launches_against_the_compiled_block_shape_are_refused_on_every_path(monkeypatch):

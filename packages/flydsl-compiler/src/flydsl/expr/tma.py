@@ -106,13 +106,16 @@ class TmaTile:
         self._map = None if isinstance(tensor, TensorSpec) else False  # False: not encoded yet
 
     @classmethod
-    def of_memory(cls, pointer: int, shape, strides, dtype: str, box, swizzle: int = 128, *, device: int = 0):
+    def of_memory(
+        cls, pointer: int, shape, strides, dtype: str, box, swizzle: int = 128, *, device: int = 0, l2_promotion=128
+    ):
         """A tile of raw device memory (``strides`` in elements, ``dtype`` an MLIR name such as ``"bf16"``) that
         holds no tensor object: what a library caches per operand geometry without keeping tensors alive."""
         from flydsl.compiler.args import TensorArg
 
         tile = cls.__new__(cls)
-        tile._setup(TensorArg(pointer, tuple(shape), tuple(strides), dtype, device, None), box, swizzle, 128, False)
+        described = TensorArg(pointer, tuple(shape), tuple(strides), dtype, device, None)
+        tile._setup(described, box, swizzle, l2_promotion, False)
         tile.source, tile._map = None, False
         return tile
 
