@@ -14,7 +14,8 @@
 # may carry only the MLIR half of FlyDSL's runtime. Everything goes under $DEEPGEMM_ROOT (default /tmp/deepgemm):
 # deepgemm/ (the tree, built in place: deep_gemm/_C*.so, as DeepGEMM's develop.sh leaves it), build.log, jit/
 # (DG_JIT_CACHE_DIR), link/ (library links, where needed). Exported: PYTHONPATH (+ the tree), CUDA_HOME,
-# DG_JIT_CACHE_DIR, DEEPGEMM_COMMIT (from the tarball's PACKED; the bench records it), and CPATH, LIBRARY_PATH,
+# DG_JIT_CACHE_DIR, DEEPGEMM_COMMIT (from the tarball's PACKED; the bench records it), LD_PRELOAD (the system
+# libstdc++: step 4 says why), and CPATH, LIBRARY_PATH,
 # LD_LIBRARY_PATH where the toolkit lacks nvrtc's or cuBLASLt's headers or libraries (a pip-assembled CUDA keeps them
 # in python's nvidia/ packages). The build is DeepGEMM's `setup.py build_ext --inplace` (what its develop.sh runs,
 # one translation unit: ~2 min), with -std=c++17 as its setup.py says, or -std=c++20 where torch's headers refuse
@@ -188,7 +189,6 @@ _dg_setup() {
         _dg_wheel_shim "$base/shim"
         _dg_cxx_standard "$src/setup.py" || return 5
         echo "deepgemm_setup: 3. building deep_gemm._C (setup.py build_ext --inplace; log $base/build.log)"
-        rm -f "$base/use-nvrtc"  # (a new build: its smoke check decides again)
         (cd "$src" && rm -rf build && PYTHONPATH="${shim:+$shim:}${PYTHONPATH:-}" DG_USE_LOCAL_VERSION=0 \
             python3 setup.py build_ext --inplace) >"$base/build.log" 2>&1
         rc=$?
@@ -203,11 +203,15 @@ _dg_setup() {
         echo "deepgemm_setup: 3. built ${so#"$src"/} in $((SECONDS - t)) s"
     fi
 
-    # 4. the environment
+    # 4. the environment. deep_gemm._C's JIT (std::regex in its include parser) crashed in
+    # std::collate<char>::transform inside torch's process (cuda-gdb backtrace on an H100 host, torch 2.11, CUDA 13.0,
+    # 2026-12-07): its locale facets resolved against another copy of libstdc++'s symbols. Preloading the system
+    # libstdc++ binds them to one copy (the check then passes); FlyDSL runs unchanged beside it.
     _dg_add PYTHONPATH "$src"
+    local libstdcxx
+    libstdcxx="$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ { print $NF; exit }')"
+    [[ -n "$libstdcxx" ]] && _dg_add LD_PRELOAD "$libstdcxx"
     export DG_JIT_CACHE_DIR="$base/jit"
-    # a build whose smoke check crashed with DeepGEMM's NVCC JIT and passed with NVRTC runs with NVRTC (step 5)
-    [[ -f "$base/use-nvrtc" ]] && export DG_JIT_USE_NVRTC=1
     DEEPGEMM_COMMIT="$(sed -n 's/^deepgemm //p' "$src/PACKED")"
     export DEEPGEMM_COMMIT
     mkdir -p "$DG_JIT_CACHE_DIR"
@@ -218,32 +222,17 @@ _dg_setup() {
         return 6
     fi
     echo "deepgemm_setup: 4. import deep_gemm ok ($((SECONDS - t)) s): DEEPGEMM_COMMIT=$DEEPGEMM_COMMIT" \
-        "DG_JIT_CACHE_DIR=$DG_JIT_CACHE_DIR PYTHONPATH=$PYTHONPATH"
+        "DG_JIT_CACHE_DIR=$DG_JIT_CACHE_DIR LD_PRELOAD=${LD_PRELOAD:-} PYTHONPATH=$PYTHONPATH"
     [[ "$mode" == "env" ]] && return 0
 
     # 5. the smoke check, then the shapes gpu-bench.sh's blockscale-deepgemm times (their kernels JIT-compiled now);
-    # a crash prints its Python stack (faulthandler); DG_JIT_DEBUG=1 prints each step of DeepGEMM's JIT
+    # a crash prints its Python stack (faulthandler); DG_JIT_DEBUG=1 prints each step of DeepGEMM's JIT, and
+    # `cuda-gdb -batch -ex run -ex bt --args python3 ...` where a native crash happens
     t=$SECONDS
     # shellcheck disable=SC2086  # DEEPGEMM_WARM is a list of shapes
     PYTHONUNBUFFERED=1 python3 -X faulthandler "$root/benchmarks/deepgemm_peer.py" \
         --warm ${DEEPGEMM_WARM-4096x7168x16384 512x7168x16384 4096x18432x7168 8192x7168x2048}
     rc=$?
-    if [[ $rc -ge 128 ]] && command -v gdb >/dev/null; then  # a crash: where, natively (the first call segfaulted on
-        # an H100 host with torch 2.11 and CUDA 13.0 at 54e2261, in get_mn_major_tma_aligned_tensor)
-        gdb -batch -ex run -ex bt --args python3 "$root/benchmarks/deepgemm_peer.py" 2>&1 | tail -n 40
-    fi
-    if [[ $rc -ge 128 && -z "${DG_JIT_USE_NVRTC:-}" ]]; then  # the same with DeepGEMM's NVRTC JIT instead of NVCC
-        echo "deepgemm_setup: 5. the smoke check crashed (status $rc): again with DG_JIT_USE_NVRTC=1"
-        # shellcheck disable=SC2086
-        DG_JIT_USE_NVRTC=1 PYTHONUNBUFFERED=1 python3 -X faulthandler "$root/benchmarks/deepgemm_peer.py" \
-            --warm ${DEEPGEMM_WARM-4096x7168x16384 512x7168x16384 4096x18432x7168 8192x7168x2048}
-        rc=$?
-        if [[ $rc -eq 0 ]]; then
-            export DG_JIT_USE_NVRTC=1
-            : >"$base/use-nvrtc"
-            echo "deepgemm_setup: 5. with NVRTC the smoke check passes: DG_JIT_USE_NVRTC=1 kept for this build"
-        fi
-    fi
     echo "deepgemm_setup: 5. smoke check status $rc in $((SECONDS - t)) s; all $((SECONDS - began)) s"
     if [[ $rc -ne 0 ]]; then
         echo "deepgemm_setup: step 5 (the smoke check: benchmarks/deepgemm_peer.py) failed with status $rc" >&2

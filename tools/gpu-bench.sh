@@ -5,9 +5,7 @@
 # with torch.compile peers) takes its own; moe-decode (the decode modes and stage configurations:
 # benchmarks/moe_decode_sweep.py, ~4 min) too, as do moe-decode-record (moe_bench.py at T 1, 16, 64: issue 34's decode
 # record, ~3 min on an H100) and fp8-small (fp8_gemm_bench.py at M 1 and 16: issue 32's M <= 16 bar, ~2 min). moe-single
-# (one token in one launch against two, 6 cases, whole calls only, < 1 min), l2-promotion (the GEMMs' operand loads
-# with an L2 promotion of 128 against 256 bytes, alternating processes: bf16 at M 128-512 and the squares, the
-# block-scaled headline and two more, ~5 min; records *_l2p128_N / *_l2p256_N), fp8-explore-skinny (every skinny
+# (one token in one launch against two, 6 cases, whole calls only, < 1 min), fp8-explore-skinny (every skinny
 # configuration of 7 fp8 layers at M 16 beside the half copy, ~3 min); moe-stages (the stage sweeps of fp8 and
 # block from 16 tokens, ~1.5 min); moe-one-token (moe_decode_sweep.py --stages
 # direct over the fp8 and block cases at one token, Mixtral's too: each stage alone, with and without
@@ -135,16 +133,6 @@ for bench in $which; do
       --json "$(out quantize)" --commit "$commit" ;;
     blockscale) run blockscale python3 benchmarks/blockscale_gemm_bench.py --sweep --repeats 5 \
       --json "$(out blockscale_gemm)" --commit "$commit" ;;
-    l2-promotion)  # the GEMM operands' TMA L2 promotion, 128 against 256 bytes, in alternating processes (ABAB), ~5 min
-      for round in 1 2; do
-        for bytes in 128 256; do
-          FLYDSL_GEMM_L2_PROMOTION=$bytes run "l2-gemm-$bytes-$round" python3 benchmarks/gemm_bench.py --m 128 256 512 \
-            --nk 2048x7168 4096x4096 1536x7168 --repeats 3 --json "$(out gemm "l2p${bytes}_$round")" --commit "$commit"
-          FLYDSL_GEMM_L2_PROMOTION=$bytes run "l2-blockscale-$bytes-$round" python3 benchmarks/blockscale_gemm_bench.py \
-            --shapes 4096x7168x16384 512x7168x16384 4096x18432x7168 --peers cublas_blockwise flydsl_rowwise \
-            --repeats 3 --json "$(out blockscale_gemm "l2p${bytes}_$round")" --commit "$commit"
-        done
-      done ;;
     blockscale-deepgemm)  # DeepGEMM's build from an earlier call: tools/deepgemm-env.sh, the header says how
       if source tools/deepgemm-env.sh --env; then
         run blockscale-deepgemm python3 benchmarks/blockscale_gemm_bench.py --peers cublas_blockwise deepgemm \

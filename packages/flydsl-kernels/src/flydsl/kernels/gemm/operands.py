@@ -16,7 +16,6 @@ loads of a work unit). Host side (no GPU needed): :class:`MatrixSpec` (a tensor'
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import flydsl.expr as fx
@@ -327,10 +326,6 @@ def _checked(view: TmaView, aligned: bool, name: str) -> TmaView:
 
 _TILES: dict[tuple, fx.TmaTile] = {}  # (address, TmaView) -> its TmaTile (addresses only: no tensor kept alive)
 _TILES_LIMIT = 512
-# The L2 promotion of the operands' TMA loads (bytes): what L2 fetches from memory for each box row it misses (a
-# K-major box row is 128 bytes; 256 brings the next K step's bytes of the row along). FLYDSL_GEMM_L2_PROMOTION sets
-# it for A/B timing (docs/tuning/gemm.md#l2-promotion).
-L2_PROMOTION = int(os.environ.get("FLYDSL_GEMM_L2_PROMOTION", "128"))
 
 
 def tma_tile(t, view: TmaView) -> fx.TmaTile:
@@ -340,9 +335,7 @@ def tma_tile(t, view: TmaView) -> fx.TmaTile:
     key = (pointer, view)
     tile = _TILES.get(key)
     if tile is None:
-        tile = fx.TmaTile.of_memory(
-            pointer, view.matrix, view.strides, view.dtype, view.box, device=t.get_device(), l2_promotion=L2_PROMOTION
-        )
+        tile = fx.TmaTile.of_memory(pointer, view.matrix, view.strides, view.dtype, view.box, device=t.get_device())
         if len(_TILES) >= _TILES_LIMIT:
             _TILES.pop(next(iter(_TILES)))
         _TILES[key] = tile
