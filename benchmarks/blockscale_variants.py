@@ -7,7 +7,9 @@ ratios as well as in TFLOP/s.
     python benchmarks/blockscale_variants.py --variants chosen,128 --m 8192 --json OUT --commit C
 
 Variants: ``chosen`` (``choose_blockscale_config``), ``128`` (its configuration 128 wide: K steps promoted in pairs),
-``192`` (192 wide: one step at a time, the consumers a step apart), ``128-serial`` (128 wide one step at a time),
+``192`` (192 wide: one step at a time, the consumers a step apart), ``256`` (256 x 128 tiles in 2-CTA clusters
+along N sharing A, as DeepGEMM takes them: each consumer's two 64-row blocks in turn, the consumers a block apart;
+``256-m``: clusters along M), ``128-serial`` (128 wide one step at a time),
 and ``-lockstep`` after a step-by-step variant: without the consumers' offset start. Shapes: issue 33's (N, K) at
 ``--m`` (default 512 and 4096) and 4096 x 7168 x 16384. Medians of ``--repeats`` do_bench medians (L2 flushed).
 """
@@ -26,7 +28,7 @@ import tempfile
 from record import geomean, write_record
 
 NK = [(2112, 7168), (24576, 1536), (7168, 2048), (18432, 7168), (4096, 7168), (32768, 512), (7168, 16384)]
-VARIANTS = ("chosen", "128", "192", "128-serial", "128-serial-lockstep", "192-lockstep")
+VARIANTS = ("chosen", "128", "192", "256", "256-m", "128-serial", "128-serial-lockstep", "192-lockstep", "256-lockstep")
 
 
 def _config(variant: str, m: int, n: int, k: int, sms: int):
@@ -35,6 +37,10 @@ def _config(variant: str, m: int, n: int, k: int, sms: int):
 
     cfg = choose_blockscale_config(m, n, k, sms)
     width = variant.split("-")[0]
+    if width == "256":  # 256 x 128 tiles, each consumer's two 64-row blocks in turn, 2-CTA clusters along N or M
+        along = dict(cluster_m=2, cluster_n=1) if variant.endswith("-m") else dict(cluster_m=1, cluster_n=2)
+        pipeline = deepest_pipeline(256, 128, slot_bytes(256))
+        return dataclasses.replace(cfg, tile_m=256, tile_n=128, consumers=2, split_k=1, **along, **pipeline)
     if width != "chosen" and cfg.tile_n != int(width) and cfg.tile_n >= 128:
         cfg = dataclasses.replace(
             cfg, tile_n=int(width), **deepest_pipeline(cfg.tile_m, int(width), slot_bytes(cfg.tile_m))

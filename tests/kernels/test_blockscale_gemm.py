@@ -68,6 +68,24 @@ def test_192_wide_tiles_promote_step_by_step_with_the_consumers_offset():
     assert "bar.arrive" not in paired.ptx
 
 
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+def test_256_row_tiles_promote_each_consumer_block_in_turn():
+    """256 x 128 tiles (DeepGEMM's waves of 64 rows): per K step each consumer issues one 64-row block's four
+    m64n128k32 wgmmas, waits for them and promotes them before the next block's, so both blocks' MMAs write the same
+    parts registers and the sums of 128 rows fit beside them without spills; the consumers start a block apart."""
+    cfg = GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=1, cluster_n=2, store_boxes=1)
+    (module,) = plan_blockscale(*_specs(4096, 7168, 16384), sms=SMS, config=cfg).lower()
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32", module.ptx)) == 8
+    assert len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+0;", module.ptx)) >= 2
+    assert re.search(r"bar\.arrive (%r\d+|3), 256;", module.ptx)
+    assert spill_bytes(module.ptx) == 0
+    sass = toolchain.disassemble_cubin(module.cubin) if module.cubin is not None else None
+    if sass is None:
+        pytest.skip("needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    first = re.findall(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 (R\d+), gdesc\[\w+\], RZ, !UPT", sass)
+    assert len(first) == 2 and len(set(first)) == 1  # each block's first MMA into the same registers
+
+
 def test_blockscale_straddling_tiles_only_in_dense_gemms():
     assert tile_takes_blocks(192) and not tile_takes_blocks(192, grouped=True) and not tile_takes_blocks(192, 2)
     assert tile_takes_blocks(128, 2) and not tile_takes_blocks(256) and not tile_takes_blocks(96)
@@ -86,6 +104,7 @@ def test_blockscale_plan_reads_either_layout_of_a_scales_in_place(layout):
         (GemmConfig(tile_n=256, tile_k=128), "a tile_n of at most 128"),
         (GemmConfig(tile_n=128, tile_k=256, stages=2), "expected tile_k 128"),
         (GemmConfig(tile_n=128, tile_k=128, stages=4, schedule="pingpong", cluster_m=1), "cooperative schedule"),
+        (GemmConfig(tile_m=256, tile_n=192, tile_k=128, stages=3), "64 rows per consumer"),
     ],
 )
 def test_blockscale_plan_refuses_configs_that_straddle_blocks(config, message):

@@ -101,6 +101,9 @@ def test_blockscale_gemm_shapes(m, n, k, layout):
         GemmConfig(tile_m=128, tile_n=192, tile_k=128, stages=5, cluster_m=1, split_k=2),
         GemmConfig(tile_m=64, tile_n=192, tile_k=128, stages=6, consumers=1, cluster_m=1),
         GemmConfig(tile_m=128, tile_n=192, tile_k=128, stages=5, cluster_m=1, stream_k=True),
+        GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=1, cluster_n=2, store_boxes=1),
+        GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=2, store_boxes=1),
+        GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=1, split_k=2, store_boxes=1),
     ],
     ids=[
         "split K",
@@ -111,6 +114,9 @@ def test_blockscale_gemm_shapes(m, n, k, layout):
         "192-wide split K",
         "64x192",
         "192 stream-K",
+        "256-row waves, clusters along N",
+        "256-row waves, clusters along M",
+        "256-row waves split K",
     ],
 )
 def test_blockscale_gemm_configs(config):

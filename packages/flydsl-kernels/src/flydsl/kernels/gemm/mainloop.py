@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import flydsl.expr as fx
+import flydsl.layout as fl
 from flydsl.expr import nvvm, vector, wgmma
 from flydsl.kernels.gemm.block_scales import BLOCK, StagedScales, step_factors
 from flydsl.kernels.gemm.operands import OperandTiles
@@ -148,10 +149,19 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
         if lane == 0:
             pipe.consumer_release(step_state, peers)
 
-    def factors_of(step_state):
-        return step_factors(scales, step_state.index, rows, sources, straddle)
+    def factors_of(step_state, of_rows=rows):
+        return step_factors(scales, step_state.index, of_rows, sources, straddle)
 
     sums = mma.make_accumulators(0.0)
+    if fx.const_expr(blocks > 1):  # 256-row tiles: each consumer's two 64-row blocks in turn, one set of parts
+        waves = _Waves(
+            consumer,
+            blocks,
+            lambda step_state, block: factors_of(step_state, rows[2 * block : 2 * block + 2]),
+            release,
+            source_columns,
+        )
+        return waves.steps(state, k_begin, k_end, sums, offset is not None and OFFSET_CONSUMERS and offset)
     if fx.const_expr(blocks * mma.tile_n // 2 > PAIRED_ACCUMULATORS):
         parts = mma.make_accumulators(0.0)
         offsetting = offset is not None and OFFSET_CONSUMERS
@@ -198,3 +208,53 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
         state = state.advance()
     sums = _promote(sums, second_parts, second_factors, source_columns)
     return state, sums
+
+
+class _Waves:
+    """The block-scaled steps of a consumer holding several 64-row blocks (256-row tiles: two): per K step, each
+    block's MMAs are issued into the one set of parts, waited for and promoted into that block's sums before the next
+    block's are issued (DeepSeek's DeepGEMM's waves of 64 rows): the sums of both blocks and one block's parts fit the
+    consumers' registers (3 x 64 for 128-wide tiles) where both blocks' parts beside the sums would not. A block's
+    promotion runs under the other consumer's MMAs; ``offset`` starts the second consumer once the first's first
+    block is done, a wave apart."""
+
+    def __init__(self, consumer: Consumer, blocks: int, factors_of, release, source_columns: int):
+        self.consumer, self.blocks, self.factors_of = consumer, blocks, factors_of
+        self.release, self.source_columns = release, source_columns
+        self.mma = wgmma.TiledMma(consumer.mma.atom, tile_m=64, tile_n=consumer.mma.tile_n)  # one 64-row block
+
+    def issue(self, step_state, part, block):
+        """Block ``block``'s MMAs of the step in ``step_state``'s slot (waited for by the caller) into fresh parts."""
+        consumer = self.consumer
+        a_slot = consumer.a.tiles[None, None, step_state.index]
+        b_slot = consumer.b.tiles[None, None, step_state.index]
+        rows = (64, fl.size(b_slot.layout[1]))
+        a_block = fx.local_tile(a_slot, rows, (consumer.warpgroup * self.blocks + block, 0))
+        part = wgmma.fence([part])
+        part = self.mma.mma(a_block, b_slot, part, accumulate=False)
+        wgmma.commit_group()
+        return part
+
+    def steps(self, state, k_begin, k_end, sums, offset):
+        pipe, warpgroup = self.consumer.pipe, self.consumer.warpgroup
+        part = self.mma.make_accumulators(0.0)[0]
+        if fx.const_expr(offset is not False):
+            if offset & (warpgroup == 1):
+                nvvm.barrier(OFFSET_BARRIER, 256)
+        for _step in range(k_begin, k_end):
+            pipe.consumer_wait(state)
+            for block in fx.range_constexpr(self.blocks):
+                parts = self.issue(state, part, block)
+                factors = self.factors_of(state, block)  # the block's rows; loads in flight under its MMAs
+                parts = wgmma.wait_group(0, parts)
+                if fx.const_expr(offset is not False and block == 0):
+                    if offset & (warpgroup == 0) & (_step == k_begin):
+                        nvvm.barrier_arrive(OFFSET_BARRIER, 256)
+                if fx.const_expr(block == self.blocks - 1):
+                    self.release(state)
+                # pinned: the next block's MMAs (into the same registers) are issued after these FMAs, not among them
+                promoted = wgmma.fence_operands(_promote([sums[block]], parts, factors, self.source_columns))
+                sums = sums[:block] + promoted + sums[block + 1 :]  # rebound, not mutated: the loop carries names
+                part = parts[0]
+            state = state.advance()
+        return state, sums

@@ -512,11 +512,16 @@ def _check_block_scales(
     configuration whose K steps and tiles line up with the blocks (``sources``: the blocks of B rows a tile takes, a
     gated tile's two; ``grouped``: a grouped GEMM's); kept in ``specs`` as "scale_0", "scale_1"."""
     blocks = -(-k // BLOCK)
-    if cfg.tile_k != BLOCK or not tile_takes_blocks(cfg.tile_n, sources, grouped) or cfg.schedule != "cooperative":
+    if (
+        cfg.tile_k != BLOCK
+        or not tile_takes_blocks(cfg.tile_n, sources, grouped)
+        or cfg.schedule != "cooperative"
+        or (cfg.consumer_rows > 64 and cfg.tile_n > BLOCK)
+    ):
         raise ValueError(
             f"blockscale_gemm config: {cfg}: expected tile_k {BLOCK}, a tile_n of at most {BLOCK} whose blocks of B"
-            f" rows divide {BLOCK} (or of {BLOCK + BLOCK // 2}, two blocks, in a dense GEMM) and the cooperative"
-            " schedule (one scale block per K step, one B scale per block of rows)"
+            f" rows divide {BLOCK} (or of {BLOCK + BLOCK // 2}, two blocks, in a dense GEMM with 64 rows per"
+            " consumer) and the cooperative schedule (one scale block per K step, one B scale per block of rows)"
         )
     if cfg.stages * (cfg.stage_bytes(1) + slot_bytes(cfg.tile_m)) > SMEM_BYTES - 1024:
         raise ValueError(

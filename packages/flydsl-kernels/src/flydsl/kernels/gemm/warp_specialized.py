@@ -80,11 +80,13 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
         cfg.schedule != "cooperative"
         or cfg.tile_k != BLOCK
         or not tile_takes_blocks(cfg.tile_n, 1 + gated, tensors.groups is not None)
+        or (cfg.consumer_rows > 64 and cfg.tile_n > BLOCK)
     ):
         raise ValueError(
             f"gemm_ws_blockscaled: {cfg}: expected the cooperative schedule, K steps of {BLOCK} (one scale block"
             f" each) and a tile_n of at most {BLOCK} whose blocks of B rows (gated: two) divide {BLOCK} (one B scale"
-            f" per block and step), or of {BLOCK + BLOCK // 2} (two blocks) in a dense GEMM"
+            f" per block and step), or of {BLOCK + BLOCK // 2} (two blocks) in a dense GEMM with 64 rows per"
+            " consumer (the sums of 128 rows beside a block's parts fill a consumer's registers at 128 columns)"
         )
     # The register cap setmaxnreg needs (threads + one CTA per SM) and the cluster, from the configuration.
     flyc.set_kernel_attributes(threads=cfg.threads, min_blocks_per_sm=1, cluster=cfg.cluster)
