@@ -40,7 +40,9 @@ def _config(variant: str, m: int, n: int, k: int, sms: int):
     if width == "256":  # 256 x 128 tiles, each consumer's two 64-row blocks in turn, 2-CTA clusters along N or M
         along = dict(cluster_m=2, cluster_n=1) if variant.endswith("-m") else dict(cluster_m=1, cluster_n=2)
         pipeline = deepest_pipeline(256, 128, slot_bytes(256))
-        return dataclasses.replace(cfg, tile_m=256, tile_n=128, consumers=2, split_k=1, **along, **pipeline)
+        return dataclasses.replace(
+            cfg, tile_m=256, tile_n=128, consumers=2, split_k=1, split_tail=False, stream_k=False, **along, **pipeline
+        )
     if width != "chosen" and cfg.tile_n != int(width) and cfg.tile_n >= 128:
         cfg = dataclasses.replace(
             cfg, tile_n=int(width), **deepest_pipeline(cfg.tile_m, int(width), slot_bytes(cfg.tile_m))
