@@ -10,8 +10,7 @@ Variants: ``chosen`` (``choose_blockscale_config``), ``128`` (its configuration 
 ``192`` (192 wide: one step at a time, the consumers a step apart), ``256`` (256 x 128 tiles in 2-CTA clusters
 along N sharing A, as DeepGEMM takes them: each consumer's two 64-row blocks in turn, the consumers a block apart;
 ``256-m``: clusters along M), ``128-serial`` (128 wide one step at a time),
-``-lockstep`` after a step-by-step variant: without the consumers' offset start, ``-early``: each step's scales read
-before its MMAs are issued (``mainloop.EARLY_FACTORS``). Shapes: issue 33's (N, K) at
+and ``-lockstep`` after a step-by-step variant: without the consumers' offset start. Shapes: issue 33's (N, K) at
 ``--m`` (default 512 and 4096) and 4096 x 7168 x 16384. Medians of ``--repeats`` do_bench medians (L2 flushed).
 """
 
@@ -29,18 +28,7 @@ import tempfile
 from record import geomean, write_record
 
 NK = [(2112, 7168), (24576, 1536), (7168, 2048), (18432, 7168), (4096, 7168), (32768, 512), (7168, 16384)]
-VARIANTS = (
-    "chosen",
-    "128",
-    "192",
-    "256",
-    "256-m",
-    "128-serial",
-    "128-serial-lockstep",
-    "192-lockstep",
-    "256-lockstep",
-    "192-early",
-)
+VARIANTS = ("chosen", "128", "192", "256", "256-m", "128-serial", "128-serial-lockstep", "192-lockstep", "256-lockstep")
 
 
 def _config(variant: str, m: int, n: int, k: int, sms: int):
@@ -72,8 +60,6 @@ def run_variant(variant: str, shapes, repeats: int) -> list:
         mainloop.PAIRED_ACCUMULATORS = 0
     if variant.endswith("-lockstep"):
         mainloop.OFFSET_CONSUMERS = False
-    if variant.endswith("-early"):
-        mainloop.EARLY_FACTORS = True
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for m, n, k in shapes:

@@ -104,7 +104,6 @@ def _promote(sums: list, parts: list, factors: list, source_columns: int) -> lis
 PAIRED_ACCUMULATORS = 64  # the most accumulators per thread per set for pairs: three sets beside the rest
 OFFSET_CONSUMERS = True  # step by step: the second consumer starts once the first's first MMAs are done
 OFFSET_BARRIER = 3  # the named barrier of that start (the epilogue's are 1 and 2)
-EARLY_FACTORS = False  # step by step: a step's scales read before its MMAs are issued, not under them (A/B timing)
 
 
 def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp, tile_n=0, offset=None):
@@ -133,9 +132,8 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
     first = consumer.warpgroup * (64 * blocks) + 16 * warp + lane // 4
     rows = [first + 64 * (r // 2) + 8 * (r % 2) for r in range(2 * blocks)]
 
-    def issue(step_state, parts, wait=True):  # waits for a step's slot and issues its MMAs
-        if wait:
-            pipe.consumer_wait(step_state)
+    def issue(step_state, parts):  # waits for a step's slot and issues its MMAs
+        pipe.consumer_wait(step_state)
         parts = wgmma.fence(parts)
         parts = mma.mma(
             a_tiles[None, None, step_state.index],
@@ -171,13 +169,8 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
             if offset & (consumer.warpgroup == 1):
                 nvvm.barrier(OFFSET_BARRIER, 256)
         for _step in range(k_begin, k_end):
-            if fx.const_expr(EARLY_FACTORS):  # read once the slot is full, before its MMAs (DeepGEMM's order)
-                pipe.consumer_wait(state)
-                factors = factors_of(state)
-                parts = issue(state, parts, wait=False)
-            else:
-                parts = issue(state, parts)
-                factors = factors_of(state)  # loads in flight under the MMAs; the products wait for them
+            parts = issue(state, parts)
+            factors = factors_of(state)  # loads in flight under the MMAs; the products wait for them
             parts = wgmma.wait_group(0, parts)
             if fx.const_expr(offsetting):
                 if offset & (consumer.warpgroup == 0) & (_step == k_begin):
