@@ -213,7 +213,7 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
 class _Waves:
     """The block-scaled steps of a consumer holding several 64-row blocks (256-row tiles: two): per K step, each
     block's MMAs are issued into the one set of parts, waited for and promoted into that block's sums before the next
-    block's are issued (DeepSeek's DeepGEMM's waves of 64 rows): the sums of both blocks and one block's parts fit the
+    block's are issued (DeepGEMM's waves of 64 rows): the sums of both blocks and one block's parts fit the
     consumers' registers (3 x 64 for 128-wide tiles) where both blocks' parts beside the sums would not. A block's
     promotion runs under the other consumer's MMAs; ``offset`` starts the second consumer once the first's first
     block is done, a wave apart."""
