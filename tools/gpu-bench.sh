@@ -39,8 +39,10 @@
 # with `host`); paged-token (the per-token scales' f16 P of ac27149 against 690a143's bf16 values over both models'
 # sweeps, bf16 beside: first `python tools/decode_variant.py 690a143 exp` and carry exp; ~3 min); blockscale-deepgemm
 # (blockscale_gemm_bench.py with DeepGEMM, the named peer, and cuBLAS at 4096x7168x16384 and 512x7168x16384,
-# 4096x18432x7168, 8192x7168x2048, ~1 min; record *_deepgemm). DeepGEMM is built on the machine in two calls, since
-# one call carries at most 64 MiB: first `bash tools/pack-deepgemm.sh` here, then a call that carries
+# 4096x18432x7168, 8192x7168x2048, ~1 min; record *_deepgemm; blockscale-ncu: Nsight Compute's full set of ours and
+# DeepGEMM at the first, with each kernel's stall samples per SASS line as CSV, < 1 min). DeepGEMM is built on the
+# machine in two calls, since one call carries at most 64 MiB: first `bash tools/pack-deepgemm.sh` here, then a call
+# that carries
 # .devrt/rt-mlir.tar.xz, .devrt/wheels, .devrt/activate.sh and .dg/deepgemm-src.tar.xz and runs `source
 # tools/deepgemm-env.sh` (unpack, build with the machine's torch and nvcc, smoke check and the JIT kernels of those
 # shapes, ~3 min; it imports no flydsl), then, on the same warm machine, one that carries .devrt/rt-llvm.tar.xz (and
@@ -133,6 +135,14 @@ for bench in $which; do
       --json "$(out quantize)" --commit "$commit" ;;
     blockscale) run blockscale python3 benchmarks/blockscale_gemm_bench.py --sweep --repeats 5 \
       --json "$(out blockscale_gemm)" --commit "$commit" ;;
+    blockscale-ncu)  # Nsight Compute's full set of ours and DeepGEMM (built in an earlier call) at 4096x7168x16384
+      source tools/deepgemm-env.sh --env >/dev/null 2>&1
+      run blockscale-ncu ncu --profile-from-start off --clock-control none --set full --import-source no \
+        -o "$logs/blockscale_ncu" -f python3 tools/ncu_blockscale_probe.py flydsl deepgemm
+      for kernel in gemm_ws_blockscaled sm90_fp8_gemm_1d2d; do  # warp stall samples per SASS line
+        ncu --import "$logs/blockscale_ncu.ncu-rep" --kernel-name "regex:$kernel" --page source --csv \
+          --print-source sass >"$logs/blockscale_ncu_$kernel.csv" 2>&1
+      done ;;
     blockscale-deepgemm)  # DeepGEMM's build from an earlier call: tools/deepgemm-env.sh, the header says how
       if source tools/deepgemm-env.sh --env; then
         run blockscale-deepgemm python3 benchmarks/blockscale_gemm_bench.py --peers cublas_blockwise deepgemm \
