@@ -89,6 +89,7 @@ def test_256_row_tiles_promote_each_consumer_block_in_turn():
 def test_blockscale_straddling_tiles_only_in_dense_gemms():
     assert tile_takes_blocks(192) and not tile_takes_blocks(192, grouped=True) and not tile_takes_blocks(192, 2)
     assert tile_takes_blocks(128, 2) and not tile_takes_blocks(256) and not tile_takes_blocks(96)
+    assert tile_takes_blocks(128, consumer_rows=128) and not tile_takes_blocks(192, consumer_rows=128)
 
 
 @pytest.mark.parametrize("layout", ["M-major", "row-major"])

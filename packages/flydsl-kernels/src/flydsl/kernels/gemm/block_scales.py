@@ -68,12 +68,13 @@ def allocate_scales(smem, a_scales, b_scales, tile_m: int, stages: int) -> Stage
     return StagedScales(a_scales, b_scales, smem.allocate(fx.Float32, layout, alignment=16), tile_m)
 
 
-def tile_takes_blocks(tile_n: int, sources: int = 1, grouped: bool = False) -> bool:
+def tile_takes_blocks(tile_n: int, sources: int = 1, grouped: bool = False, consumer_rows: int = 64) -> bool:
     """Whether tiles ``tile_n`` wide (of ``sources`` blocks of B rows: a gated tile's two) line up with the blocks of
     128 B rows: each source's rows dividing 128 (one B scale per source and step), or, dense and not gated, 192 wide
-    (two B scales per step, :func:`b_scale_blocks`)."""
+    (two B scales per step, :func:`b_scale_blocks`) with 64 rows per consumer (``consumer_rows``: the sums of 128
+    rows beside a block's parts fill a consumer's registers at 128 columns)."""
     if tile_n == BLOCK + BLOCK // 2:
-        return sources == 1 and not grouped
+        return sources == 1 and not grouped and consumer_rows == 64
     return tile_n <= BLOCK and BLOCK % (tile_n // sources) == 0
 
 

@@ -161,7 +161,7 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
             release,
             source_columns,
         )
-        return waves.steps(state, k_begin, k_end, sums, offset is not None and OFFSET_CONSUMERS and offset)
+        return waves.steps(state, k_begin, k_end, sums, offset if OFFSET_CONSUMERS else None)
     if fx.const_expr(blocks * mma.tile_n // 2 > PAIRED_ACCUMULATORS):
         parts = mma.make_accumulators(0.0)
         offsetting = offset is not None and OFFSET_CONSUMERS
@@ -238,7 +238,7 @@ class _Waves:
     def steps(self, state, k_begin, k_end, sums, offset):
         pipe, warpgroup = self.consumer.pipe, self.consumer.warpgroup
         part = self.mma.make_accumulators(0.0)[0]
-        if fx.const_expr(offset is not False):
+        if fx.const_expr(offset is not None):
             if offset & (warpgroup == 1):
                 nvvm.barrier(OFFSET_BARRIER, 256)
         for _step in range(k_begin, k_end):
@@ -247,7 +247,7 @@ class _Waves:
                 parts = self.issue(state, part, block)
                 factors = self.factors_of(state, block)  # the block's rows; loads in flight under its MMAs
                 parts = wgmma.wait_group(0, parts)
-                if fx.const_expr(offset is not False and block == 0):
+                if fx.const_expr(offset is not None and block == 0):
                     if offset & (warpgroup == 0) & (_step == k_begin):
                         nvvm.barrier_arrive(OFFSET_BARRIER, 256)
                 if fx.const_expr(block == self.blocks - 1):

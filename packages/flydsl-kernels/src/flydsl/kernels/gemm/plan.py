@@ -514,9 +514,8 @@ def _check_block_scales(
     blocks = -(-k // BLOCK)
     if (
         cfg.tile_k != BLOCK
-        or not tile_takes_blocks(cfg.tile_n, sources, grouped)
+        or not tile_takes_blocks(cfg.tile_n, sources, grouped, cfg.consumer_rows)
         or cfg.schedule != "cooperative"
-        or (cfg.consumer_rows > 64 and cfg.tile_n > BLOCK)
     ):
         raise ValueError(
             f"blockscale_gemm config: {cfg}: expected tile_k {BLOCK}, a tile_n of at most {BLOCK} whose blocks of B"

@@ -79,8 +79,7 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     if blockscaled and (
         cfg.schedule != "cooperative"
         or cfg.tile_k != BLOCK
-        or not tile_takes_blocks(cfg.tile_n, 1 + gated, tensors.groups is not None)
-        or (cfg.consumer_rows > 64 and cfg.tile_n > BLOCK)
+        or not tile_takes_blocks(cfg.tile_n, 1 + gated, tensors.groups is not None, cfg.consumer_rows)
     ):
         raise ValueError(
             f"gemm_ws_blockscaled: {cfg}: expected the cooperative schedule, K steps of {BLOCK} (one scale block"
