@@ -12,6 +12,10 @@ along N sharing A, as DeepGEMM takes them: each consumer's two 64-row blocks in 
 ``256-m``: clusters along M), ``128-serial`` (128 wide one step at a time),
 and ``-lockstep`` after a step-by-step variant: without the consumers' offset start. Shapes: issue 33's (N, K) at
 ``--m`` (default 512 and 4096) and 4096 x 7168 x 16384. Medians of ``--repeats`` do_bench medians (L2 flushed).
+
+Bounds (wrong results, the cost of the scales' path; ``/`` after a variant, combinable): ``/constant`` (the
+consumers promote with factors of 1 and read no scales), ``/nocopy`` (the producer's lanes copy no scales into the
+slots, they only arrive). DeepGEMM is timed beside where ``deep_gemm`` imports (``tools/deepgemm-env.sh --env``).
 """
 
 from __future__ import annotations
@@ -25,10 +29,17 @@ import subprocess
 import sys
 import tempfile
 
+import deepgemm_peer
 from record import geomean, write_record
 
 NK = [(2112, 7168), (24576, 1536), (7168, 2048), (18432, 7168), (4096, 7168), (32768, 512), (7168, 16384)]
 VARIANTS = ("chosen", "128", "192", "256", "256-m", "128-serial", "128-serial-lockstep", "192-lockstep", "256-lockstep")
+BOUNDS = ("constant", "nocopy")  # modifiers after "/": parts of the scales' path left out (wrong results)
+
+
+def _known(variant: str) -> bool:
+    base, *bounds = variant.split("/")
+    return base in VARIANTS and all(bound in BOUNDS for bound in bounds)
 
 
 def _config(variant: str, m: int, n: int, k: int, sms: int):
@@ -36,6 +47,7 @@ def _config(variant: str, m: int, n: int, k: int, sms: int):
     from flydsl.kernels.gemm.config import choose_blockscale_config, deepest_pipeline
 
     cfg = choose_blockscale_config(m, n, k, sms)
+    variant = variant.split("/")[0]
     width = variant.split("-")[0]
     if width == "256":  # 256 x 128 tiles, each consumer's two 64-row blocks in turn, 2-CTA clusters along N or M
         along = dict(cluster_m=2, cluster_n=1) if variant.endswith("-m") else dict(cluster_m=1, cluster_n=2)
@@ -50,23 +62,47 @@ def _config(variant: str, m: int, n: int, k: int, sms: int):
     return cfg
 
 
+def _stored_scales(scales, stage, work, kt, b_tiles, lane) -> None:
+    """``/nocopy``'s stand-in for ``copy_step_scales``: each lane stores the step's index into its rows' A scales and
+    the B scales of slot ``stage``, reading nothing from global memory (a value known only at run time: with a
+    constant, LLVM folds the consumers' loads of the slots away)."""
+    import flydsl.expr as fx
+    from flydsl.kernels.gemm.block_scales import b_scale_blocks
+
+    value = fx.Int32(kt).to(fx.Float32)
+    for i in fx.range_constexpr(scales.tile_m // 32):
+        scales.slots[32 * i + lane, stage] = value
+    for i in fx.range_constexpr(b_scale_blocks(b_tiles.tile_rows, b_tiles.sources)):
+        if lane == i:
+            scales.slots[scales.tile_m + i, stage] = value
+
+
 def run_variant(variant: str, shapes, repeats: int) -> list:
     """Times ``variant`` on ``shapes`` in this process (its module constants set first)."""
     import torch
 
-    from flydsl.kernels.gemm import mainloop
+    import flydsl.expr as fx
+    from flydsl.kernels.gemm import mainloop, operands
 
-    if "serial" in variant:
+    base, *bounds = variant.split("/")
+    if "serial" in base:
         mainloop.PAIRED_ACCUMULATORS = 0
-    if variant.endswith("-lockstep"):
+    if base.endswith("-lockstep"):
         mainloop.OFFSET_CONSUMERS = False
+    if "constant" in bounds:  # factors of 1/2 (FFMAs as with scales), no reads (a 192-wide tile takes three per row)
+        mainloop.step_factors = lambda scales, stage, rows, sources=1, straddle=None: [
+            [fx.Float32(0.5)] * (sources if straddle is None else 3) for _ in rows
+        ]
+    if "nocopy" in bounds:  # the producer's lanes store into the slots (no global loads) before they arrive
+        operands.copy_step_scales = _stored_scales
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for m, n, k in shapes:
         row = _time_shape(torch, variant, _config(variant, m, n, k, sms), m, n, k, repeats)
         rows.append(row)
         print(
-            f"{variant:>20} {m}x{n}x{k}: {row['tflops']:7.1f} TFLOP/s, {row['ratio_vs_rowwise']:.3f}x rowwise",
+            f"{variant:>20} {m}x{n}x{k}: {row['tflops']:7.1f} TFLOP/s, {row['ratio_vs_rowwise']:.3f}x rowwise"
+            + (f", {row['ratio_vs_deepgemm']:.3f}x DeepGEMM" if "ratio_vs_deepgemm" in row else ""),
             flush=True,
         )
     return rows
@@ -84,7 +120,6 @@ def _time_shape(torch, variant, cfg, m, n, k, repeats) -> dict:
     blockscale_gemm(a, w.t(), a_scales_m, w_scales, ours, cfg)
     error = _error(ours, reference)
     cublas, _ = _cublas_blockwise(torch, a, w.t(), a_scales, w_scales, reference)
-    del reference
     scale_a, scale_b = torch.rand(m, 1, device="cuda") / 64, torch.rand(1, n, device="cuda") / 64
     rowwise_out = torch.empty_like(ours)
     timed = {
@@ -93,10 +128,16 @@ def _time_shape(torch, variant, cfg, m, n, k, repeats) -> dict:
     }
     if cublas is not None:
         timed["cublas_blockwise"] = cublas
+    dg, _ = deepgemm_peer.load()
+    if dg is not None:
+        deepgemm, fields = deepgemm_peer.check(torch, dg, a, w, a_scales, w_scales, reference, _error)
+        if deepgemm is not None:
+            timed["deepgemm"] = deepgemm
     runs = {name: [] for name in timed}
     for _ in range(repeats):
         for name, fn in timed.items():
             runs[name].append(do_bench(fn, warmup=10, rep=40, return_mode="median"))
+    del reference
     ms = {name: statistics.median(values) for name, values in runs.items()}
     row = {"m": m, "n": n, "k": k, "variant": variant, "config": str(cfg), "rel_error_vs_f32": error}
     row.update({f"{name}_ms": t for name, t in ms.items()})
@@ -104,6 +145,8 @@ def _time_shape(torch, variant, cfg, m, n, k, repeats) -> dict:
     row["ratio_vs_rowwise"] = ms["rowwise"] / ms["ours"]
     if "cublas_blockwise" in ms:
         row["ratio_vs_cublas"] = ms["cublas_blockwise"] / ms["ours"]
+    if "deepgemm" in ms:
+        row["ratio_vs_deepgemm"] = ms["deepgemm"] / ms["ours"]
     return row
 
 
@@ -111,22 +154,29 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", default="chosen,128,192", help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--m", type=int, nargs="*", default=[512, 4096])
+    parser.add_argument("--shapes", nargs="*", help="MxNxK shapes in place of --m's sweep")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the record here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: one variant, its rows as JSON on the last line
     args = parser.parse_args(argv)
     shapes = sorted({(m, n, k) for m in args.m for n, k in NK} | {(4096, 7168, 16384)})
+    if args.shapes:
+        shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes]
     if args.one:
         print(json.dumps(run_variant(args.one, shapes, args.repeats)))
         return 0
     variants = args.variants.split(",")
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if not _known(v)]
     if unknown:
-        parser.error(f"--variants: unknown {unknown}; expected some of {', '.join(VARIANTS)}")
+        parser.error(
+            f"--variants: unknown {unknown}; expected some of {', '.join(VARIANTS)}, each with optional"
+            f" /{' /'.join(BOUNDS)}"
+        )
     rows = []
     for variant in variants:
         command = [sys.executable, __file__, "--one", variant, "--repeats", str(args.repeats), "--m", *map(str, args.m)]
+        command += ["--shapes", *args.shapes] if args.shapes else []
         with tempfile.TemporaryDirectory() as cache:
             child = subprocess.run(
                 command, env={**os.environ, "FLYDSL_CACHE_DIR": cache}, capture_output=True, text=True
@@ -140,6 +190,9 @@ def main(argv=None) -> int:
         variant: {
             "geomean_ratio_vs_rowwise": geomean([r["ratio_vs_rowwise"] for r in rows if r["variant"] == variant]),
             "geomean_ratio_vs_cublas": geomean([r["ratio_vs_cublas"] for r in rows if r["variant"] == variant]),
+            "geomean_ratio_vs_deepgemm": geomean(
+                [r["ratio_vs_deepgemm"] for r in rows if r["variant"] == variant and "ratio_vs_deepgemm" in r]
+            ),
         }
         for variant in variants
     }
