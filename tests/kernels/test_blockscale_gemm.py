@@ -13,6 +13,8 @@ from flydsl.compiler import toolchain
 from flydsl.kernels.gemm import GemmConfig, MatrixSpec, choose_blockscale_config, plan_blockscale
 from flydsl.kernels.gemm.arguments import check_blockscale_arguments
 from flydsl.kernels.gemm.block_scales import tile_takes_blocks
+from flydsl.kernels.gemm.operands import TmaView
+from flydsl.kernels.gemm.plan import Preparation, Tma
 
 from .ptxas_report import spill_bytes
 
@@ -92,11 +94,29 @@ def test_blockscale_straddling_tiles_only_in_dense_gemms():
     assert tile_takes_blocks(128, consumer_rows=128) and not tile_takes_blocks(192, consumer_rows=128)
 
 
-@pytest.mark.parametrize("layout", ["M-major", "row-major"])
-def test_blockscale_plan_reads_either_layout_of_a_scales_in_place(layout):
-    a, b, out, a_scales, b_scales = _specs(1000, 776, 1040, layout)
+def test_blockscale_plan_loads_m_major_a_scales_in_place_by_tma():
+    """M-major A scales with 16-byte aligned columns (quantize_fp8's) are read as they are, a box of tile_m floats
+    of one K block per step; B scales as they are."""
+    a, b, out, a_scales, b_scales = _specs(1000, 776, 1040)
     plan = plan_blockscale(a, b, out, a_scales, b_scales, sms=SMS)
     assert plan.specs["scale_0"] == a_scales and plan.specs["scale_1"] == b_scales and not plan.preparations
+    (view,) = [arg.view for arg in plan.launches[0].arguments if isinstance(arg, Tma) and arg.role == "scale_0"]
+    assert view == TmaView((9, 1000), (1000, 1), "f32", (1, plan.config.tile_m), "MN", swizzle=0)
+
+
+@pytest.mark.parametrize(
+    "strides,aligned",
+    [((9, 1), True), ((1, 1001), True), ((1, 1000), False), ((2, 2000), True)],
+    ids=["row-major", "odd-columns", "unaligned", "strided"],
+)
+def test_blockscale_plan_copies_other_a_scales_into_m_major_columns(strides, aligned):
+    """Any other A scales (row-major as users may hold them, columns not 16-byte aligned) are first copied into
+    M-major columns padded to 16 bytes: the kernel's TMA loads need them so."""
+    a, b, out, _, b_scales = _specs(1000, 776, 1040)
+    a_scales = MatrixSpec((1000, 9), strides, "f32", aligned)
+    plan = plan_blockscale(a, b, out, a_scales, b_scales, sms=SMS)
+    assert plan.preparations == (Preparation("scale_0", "scale_0", ("transpose", "pad_rows", "transpose")),)
+    assert plan.specs["scale_0"] == MatrixSpec((1000, 9), (1, 1000), "f32", True)
 
 
 @pytest.mark.parametrize(

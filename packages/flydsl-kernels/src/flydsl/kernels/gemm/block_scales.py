@@ -1,12 +1,13 @@
 """How a block-scaled fp8 GEMM's scales reach its promoting consumers: through the pipeline's slots, beside A and B.
 
-The scales are float32, one per row of A and 128-wide block of K (``a_scales`` (M, ceil(K / 128)), any strides:
-row-major as users hold them, or M-major as :func:`~flydsl.kernels.quantize.quantize_fp8` writes them) and one per
-128 x 128 block of B (``b_scales`` (ceil(N / 128), ceil(K / 128))). Each pipeline slot holds, besides its operand
-tiles, the scales of its K step: the ``tile_m`` A scales of the tile's rows and the B scales of the tile's blocks of
-columns::
+The scales are float32, one per row of A and 128-wide block of K (``a_scales`` (M, ceil(K / 128)): M-major with
+16-byte aligned columns as :func:`~flydsl.kernels.quantize.quantize_fp8` writes them; any other strides, e.g.
+row-major as users may hold them, are first copied so by the plan) and one per 128 x 128 block of B (``b_scales``
+(ceil(N / 128), ceil(K / 128)), any strides). Each pipeline slot holds, besides its operand tiles, the scales of its
+K step: the ``tile_m`` A scales of the tile's rows and the B scales of the tile's blocks of columns::
 
-    slot s:  [ a[row0 + 0, kb] ... a[row0 + tile_m - 1, kb] | b[column_block, kb] ... | pad ]   (tile_m + 4 floats)
+    A scales of slot s:  [ a[row0 + 0, kb] ... a[row0 + tile_m - 1, kb] ]    (tile_m floats, 128-byte aligned)
+    B scales of slot s:  [ b[column_block, kb] ... | pad ]                    (4 floats)
 
 A tile 64 or 128 wide lies in one block of columns: one B scale. A 192-wide tile straddles two
 (:func:`b_scale_blocks`): ``b[n0 // 128, kb]`` and the next block's, and where the second begins depends on the
@@ -14,12 +15,15 @@ tile: 128 columns in for the even tiles (n0 = 384 j), 64 for the odd ones (n0 = 
 tile (a mixture of experts' first stage) takes its B rows from two blocks, the gate rows and the up rows: it holds
 two B scales, ``b[gate_block, kb]`` and ``b[up_block, kb]``, each for its half of the columns.
 
-The producer's warp fills them (:func:`copy_step_scales`): while its lane 0 issues the slot's TMA loads, each lane
-copies its rows' scales with 4-byte ``cp.async`` and arrives on the slot's ``full`` barrier once they have landed
-(the barrier counts those 32 arrivals beside the TMA bytes and lane 0's arrival that arms them), so a consumer that
-waited for the slot reads them from shared memory (:func:`step_factors`), once the pair's first MMAs are done. Why
-so, and what loading them in the consumers or multiplying them in the producer cost: docs/tuning/blockscale.md
-(#scales-in-slots, #when-consumers-read).
+The producer fills them (:func:`load_step_scales`) beside the slot's operand tiles: the A scales by TMA, one box
+of ``tile_m`` floats of the M-major scales (``a_scales`` seen as the (ceil(K / 128), M) matrix whose rows are
+16-byte aligned: :func:`a_scales_view`; rows past M read as zeros, their outputs are never stored), counted in the
+slot's transaction bytes; the B scales (one or two floats) by ``cp.async``, after which the producer arrives on the
+slot's ``full`` barrier once they have landed (the barrier counts that arrival beside the one that arms it). A
+consumer that waited for the slot reads them from shared memory (:func:`step_factors`), once its MMAs are done. Why
+so, and what the producer warp's lanes copying the A scales with ``cp.async`` (until 2026-12-07), loading them in the
+consumers or multiplying them in the producer cost: docs/tuning/blockscale.md (#scales-in-slots,
+#when-consumers-read, #scales-by-tma).
 """
 
 from __future__ import annotations
@@ -34,38 +38,66 @@ __all__ = [
     "BLOCK",
     "SCALE_PRODUCERS",
     "StagedScales",
+    "a_scales_bytes",
+    "a_scales_view",
     "allocate_scales",
     "b_scale_blocks",
-    "tile_takes_blocks",
-    "copy_step_scales",
+    "load_step_scales",
     "slot_bytes",
     "step_factors",
+    "tile_takes_blocks",
 ]
 
 BLOCK = 128  # the scale blocks: 1 x 128 of A (per row), 128 x 128 of B
-SCALE_PRODUCERS = 32  # the producer warp's lanes: each arrives on a slot's full barrier once its copies landed
+SCALE_PRODUCERS = 1  # the arrivals on a slot's full barrier besides the one arming it: the B scales' cp.async
+B_SCALES = 4  # B scale places per slot (one per source block of a tile's B rows), 16 bytes
+
+
+def a_scales_bytes(tile_m: int) -> int:
+    """The bytes of one slot's A scales, which its TMA load brings (a transaction count of the slot)."""
+    return tile_m * 4
 
 
 def slot_bytes(tile_m: int) -> int:
-    """The shared memory one pipeline slot's scales take: ``tile_m`` A scales and up to 4 B scales (one per source
-    block of the tile's B rows), padded to 16 bytes."""
-    return (tile_m + 4) * 4
+    """The shared memory one pipeline slot's scales take: ``tile_m`` A scales and up to :data:`B_SCALES` B scales
+    (one per source block of the tile's B rows)."""
+    return a_scales_bytes(tile_m) + B_SCALES * 4
+
+
+def a_scales_view(matrix, tile_m: int):
+    """The :class:`~flydsl.kernels.gemm.operands.TmaView` the A scales' loads read (boxes of one K block's
+    ``tile_m`` rows of the (ceil(K / 128), M) transpose), or None where ``matrix`` (a
+    :class:`~flydsl.kernels.gemm.operands.MatrixSpec` of the (M, ceil(K / 128)) scales) is not M-major with 16-byte
+    aligned columns (the plan then copies it into such columns)."""
+    from flydsl.kernels.gemm.operands import TmaView
+
+    (m, blocks), (row_stride, block_stride) = matrix.shape, matrix.strides
+    aligned_m = -(-m // 4) * 4
+    if blocks == 1:
+        block_stride = aligned_m  # one row of the transpose: its stride is never followed
+    if not (matrix.aligned and (row_stride == 1 or m == 1) and block_stride % 4 == 0 and block_stride >= m):
+        return None
+    return TmaView((blocks, m), (block_stride, 1), "f32", (1, tile_m), "MN", swizzle=0)
 
 
 class StagedScales(NamedTuple):
-    """The scales in global memory (``a``, ``b``) and their copies per slot in shared memory (``slots``:
-    (tile_m + 4, stages) float32, the B scale at row ``tile_m``)."""
+    """The scales in global memory (``a``: the TMA descriptor of the M-major A scales, :func:`a_scales_view`; ``b``:
+    the B scales) and their copies per slot in shared memory (``a_slots``: (tile_m, stages), ``b_slots``:
+    (:data:`B_SCALES`, stages), float32)."""
 
     a: object
     b: object
-    slots: object
+    a_slots: object
+    b_slots: object
     tile_m: int
 
 
 def allocate_scales(smem, a_scales, b_scales, tile_m: int, stages: int) -> StagedScales:
-    """The scales' slots in ``smem`` for a pipeline of ``stages`` slots and tiles of ``tile_m`` rows."""
-    layout = fl.Layout((tile_m + 4, stages), (1, tile_m + 4))
-    return StagedScales(a_scales, b_scales, smem.allocate(fx.Float32, layout, alignment=16), tile_m)
+    """The scales' slots in ``smem`` for a pipeline of ``stages`` slots and tiles of ``tile_m`` rows (each slot's A
+    scales 128-byte aligned: a TMA box's destination)."""
+    a_slots = smem.allocate(fx.Float32, fl.Layout((tile_m, stages), (1, tile_m)), alignment=128)
+    b_slots = smem.allocate(fx.Float32, fl.Layout((B_SCALES, stages), (1, B_SCALES)), alignment=16)
+    return StagedScales(a_scales, b_scales, a_slots, b_slots, tile_m)
 
 
 def tile_takes_blocks(tile_n: int, sources: int = 1, grouped: bool = False, consumer_rows: int = 64) -> bool:
@@ -87,33 +119,28 @@ def b_scale_blocks(tile_rows: int, sources: int) -> int:
     return 2
 
 
-def copy_step_scales(scales: StagedScales, stage, work, kt, b_tiles, lane) -> None:
-    """One lane's copies of K step ``kt``'s scales of a work unit into slot ``stage`` (once it is free): the A scales
-    of rows ``lane, lane + 32, ...`` of the tile (rows past M read row M - 1: their outputs are never stored) and,
-    lane ``i`` < :func:`b_scale_blocks`, the B scale of the tile's ``i``-th block of rows: of its ``i``-th source
-    block (one, or a gated tile's gate rows and its up rows: :class:`~flydsl.kernels.gemm.operands.OperandTiles`),
-    or of the ``i``-th block of 128 rows a 192-wide tile touches (past B's last block: the last one, whose columns are
-    never stored), from the tile's first row of B (past ``work.b_row0``: a grouped GEMM's expert, whose rows start a
-    block). The caller then has the lane arrive on the slot's ``full`` barrier with ``arrive_on_cp_async`` (counted
-    once the copies have landed)."""
-    a, b, slots, tile_m = scales
-    last_row = a.shape[0].to(fx.Int32) - 1
-    row0 = work.tile_m * tile_m
-    for i in fx.range_constexpr(tile_m // 32):
-        row = 32 * i + lane
-        nvvm.cp_async(slots, a, 4, dst_coord=(row, stage), src_coord=(arith.minimum(row0 + row, last_row), kt))
+def load_step_scales(scales: StagedScales, stage, work, kt, b_tiles, barrier) -> None:
+    """The producer's loads of K step ``kt``'s scales of a work unit into slot ``stage`` (once it is free), completing
+    on ``barrier`` (the slot's ``full``): the tile's A scales by TMA (its bytes counted in the slot's transaction
+    bytes), and by ``cp.async`` the B scale of each of the tile's blocks of rows: of its source blocks (one, or a gated
+    tile's gate rows and its up rows: :class:`~flydsl.kernels.gemm.operands.OperandTiles`), or of the blocks of 128
+    rows a 192-wide tile touches (past B's last block: the last one, whose columns are never stored), from the tile's
+    first row of B (past ``work.b_row0``: a grouped GEMM's expert, whose rows start a block). The caller then arrives
+    on ``barrier`` with ``arrive_on_cp_async`` (counted once the B scales have landed)."""
+    a, b, a_slots, b_slots, tile_m = scales
+    a.load(a_slots[None, stage], (kt, work.tile_m * tile_m), barrier)
     sources = b_tiles.sources
+    b_row = work.tile_n * b_tiles.tile_rows
+    if fx.const_expr(not isinstance(work.b_row0, int)):
+        b_row = b_row + work.b_row0
     for i in fx.range_constexpr(b_scale_blocks(b_tiles.tile_rows, sources)):
-        if lane == i:
-            b_row = work.tile_n * b_tiles.tile_rows
-            if fx.const_expr(sources > 1):
-                b_row = b_row + i * b_tiles.source_rows
-            if fx.const_expr(not isinstance(work.b_row0, int)):
-                b_row = b_row + work.b_row0
+        if fx.const_expr(sources > 1):
+            block = (b_row + i * b_tiles.source_rows) // BLOCK
+        else:
             block = b_row // BLOCK
-            if fx.const_expr(sources == 1 and i > 0):  # the straddling tile's next block, within B
+            if fx.const_expr(i > 0):  # the straddling tile's next block, within B
                 block = arith.minimum(block + i, b.shape[0].to(fx.Int32) - 1)
-            nvvm.cp_async(slots, b, 4, dst_coord=(tile_m + i, stage), src_coord=(block, kt))
+        nvvm.cp_async(b_slots, b, 4, dst_coord=(i, stage), src_coord=(block, kt))
 
 
 def step_factors(scales: StagedScales, stage, rows: list, sources: int = 1, straddle=None) -> list:
@@ -122,10 +149,10 @@ def step_factors(scales: StagedScales, stage, rows: list, sources: int = 1, stra
     tile's ``sources`` blocks of B rows (a list per row). A 192-wide tile (``straddle``: whether its second block
     begins 128 columns in, a kernel Boolean) gets three factors per row, one per 64 columns: the first block's, the
     middle 64 columns' (the first block's or the second's) and the second block's."""
-    slots = scales.slots
+    a_slots, b_slots = scales.a_slots, scales.b_slots
     if straddle is None:
-        b_scales = [slots[scales.tile_m + i, stage] for i in range(sources)]
+        b_scales = [b_slots[i, stage] for i in range(sources)]
     else:
-        first, second = slots[scales.tile_m, stage], slots[scales.tile_m + 1, stage]
+        first, second = b_slots[0, stage], b_slots[1, stage]
         b_scales = [first, arith.select(straddle, first, second), second]
-    return [[slots[row, stage] * b_scale for b_scale in b_scales] for row in rows]
+    return [[a_slots[row, stage] * b_scale for b_scale in b_scales] for row in rows]

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import flydsl.expr as fx
 import flydsl.layout as fl
 from flydsl.compiler.args import torch_dtype_name
-from flydsl.kernels.gemm.block_scales import copy_step_scales
+from flydsl.kernels.gemm.block_scales import load_step_scales
 
 __all__ = [
     "OPERAND_BYTES",
@@ -161,30 +161,23 @@ class Producer(NamedTuple):
     rank: object = 0
 
 
-def produce(producer: Producer, state, work, scales=None, lane=0):
-    """The producer's TMA loads of one work unit (a :class:`~flydsl.kernels.gemm.schedulers.WorkUnit`): for each K
-    step in ``[work.k_begin, work.k_end)``, a free slot is acquired and both operands' tiles of this CTA's output tile
-    (their shared parts, with a cluster) are loaded into it. Block-scaled (``scales``: the
-    :class:`~flydsl.kernels.gemm.block_scales.StagedScales`), a whole warp produces: every lane waits for the slot,
-    lane 0 (``lane``) arms its bytes and issues the loads, and each lane copies its part of the step's scales
-    (:func:`~flydsl.kernels.gemm.block_scales.copy_step_scales`) and arrives once they have landed. Returns the
-    pipeline state past the unit."""
+def produce(producer: Producer, state, work, scales=None):
+    """The producer thread's TMA loads of one work unit (a :class:`~flydsl.kernels.gemm.schedulers.WorkUnit`): for
+    each K step in ``[work.k_begin, work.k_end)``, a free slot is acquired and both operands' tiles of this CTA's
+    output tile (their shared parts, with a cluster) are loaded into it. Block-scaled (``scales``: the
+    :class:`~flydsl.kernels.gemm.block_scales.StagedScales`), the step's scales too
+    (:func:`~flydsl.kernels.gemm.block_scales.load_step_scales`), and the thread arrives once its ``cp.async`` copies
+    of them have landed. Returns the pipeline state past the unit."""
     pipe, a, b, rank = producer
     for kt in range(work.k_begin, work.k_end):
         bar = pipe.full[state.index]
         k0 = kt * a.tile_k
         a_at, b_at = work.tile_m * a.rows, work.b_row0 + work.tile_n * b.tile_rows
-        if fx.const_expr(scales is None):
-            pipe.producer_acquire(state)
-            a.load(state.index, a_at, k0, bar, rank)
-            b.load(state.index, b_at, k0, bar, rank)
-        else:
-            pipe.empty[state.index].wait(state.phase)
-            if lane == 0:
-                bar.arrive_expect_tx(pipe.tx_bytes)
-                a.load(state.index, a_at, k0, bar, rank)
-                b.load(state.index, b_at, k0, bar, rank)
-            copy_step_scales(scales, state.index, work, kt, b, lane)
+        pipe.producer_acquire(state)
+        a.load(state.index, a_at, k0, bar, rank)
+        b.load(state.index, b_at, k0, bar, rank)
+        if fx.const_expr(scales is not None):
+            load_step_scales(scales, state.index, work, kt, b, bar)
             bar.arrive_on_cp_async()
         state = state.advance()
     return state
@@ -269,20 +262,23 @@ def copy_for_tma(t, kind: str | None):
 
 class TmaView(NamedTuple):
     """An operand as TMA reads it: the ``matrix`` (2-D extents; prepared weights' panels one after another) with
-    ``strides`` (the last one 1), copied in boxes of ``box`` with the 128B swizzle; ``major``: "K" (the (MN, K)
-    matrix), "MN" (the (K, MN) one) or "prepared" (the (K / 128 * N, 128) rows of the panels)."""
+    ``strides`` (the last one 1), copied in boxes of ``box`` with a ``swizzle`` of that many bytes (operands: 128;
+    a block-scaled GEMM's A scales: none); ``major``: "K" (the (MN, K) matrix), "MN" (the (K, MN) one) or
+    "prepared" (the (K / 128 * N, 128) rows of the panels)."""
 
     matrix: tuple
     strides: tuple
     dtype: str
     box: tuple
     major: str
+    swizzle: int = SWIZZLE_BYTES
 
     def spec_tile(self, aligned: bool = True):
         """Its ``fx.TmaTile`` over a ``flyc.TensorSpec`` (for compiling without a GPU; it cannot launch)."""
         import flydsl.compiler as flyc
 
-        return fx.TmaTile(flyc.TensorSpec(self.matrix, self.dtype, self.strides, aligned=aligned), self.box)
+        spec = flyc.TensorSpec(self.matrix, self.dtype, self.strides, aligned=aligned)
+        return fx.TmaTile(spec, self.box, self.swizzle)
 
 
 def operand_view(matrix: MatrixSpec, mn_dim: int, rows: int, tile_k: int, name: str) -> TmaView:
@@ -318,7 +314,7 @@ def prepared_view(panels: MatrixSpec, rows: int, name: str = "b") -> TmaView:
 
 def _checked(view: TmaView, aligned: bool, name: str) -> TmaView:
     try:  # TmaTile's own checks, on an address of the same alignment
-        fx.TmaTile.of_memory(0 if aligned else 2, view.matrix, view.strides, view.dtype, view.box)
+        fx.TmaTile.of_memory(0 if aligned else 2, view.matrix, view.strides, view.dtype, view.box, view.swizzle)
     except ValueError as error:
         raise ValueError(f"gemm {name}: {error}") from None
     return view
@@ -335,7 +331,8 @@ def tma_tile(t, view: TmaView) -> fx.TmaTile:
     key = (pointer, view)
     tile = _TILES.get(key)
     if tile is None:
-        tile = fx.TmaTile.of_memory(pointer, view.matrix, view.strides, view.dtype, view.box, device=t.get_device())
+        geometry = (view.matrix, view.strides, view.dtype, view.box, view.swizzle)
+        tile = fx.TmaTile.of_memory(pointer, *geometry, device=t.get_device())
         if len(_TILES) >= _TILES_LIMIT:
             _TILES.pop(next(iter(_TILES)))
         _TILES[key] = tile

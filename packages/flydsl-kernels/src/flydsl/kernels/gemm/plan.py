@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from flydsl.kernels.gemm.block_scales import BLOCK, slot_bytes, tile_takes_blocks
+from flydsl.kernels.gemm.block_scales import BLOCK, a_scales_view, slot_bytes, tile_takes_blocks
 from flydsl.kernels.gemm.config import (
     SMEM_BYTES,
     STAGING_BOX,
@@ -306,8 +306,10 @@ def plan_dense(
     bias_argument = Tensor("bias") if bias is not None else Tensor("out", unread=True)
     arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"), c_store, bias_argument)
     if block_scales:
-        _check_block_scales(block_scales, m, n, k, cfg, specs)
-        arguments += (Tensor("scale_0"), Tensor("scale_1"), workspace, flags, cfg, (a_view.major, b_view.major))
+        scales_view, scales_copy = _check_block_scales(block_scales, m, n, k, cfg, specs)
+        preparations += scales_copy
+        arguments += (Tma("scale_0", scales_view), Tensor("scale_1"), workspace, flags, cfg)
+        arguments += ((a_view.major, b_view.major),)
         launch = Launch(gemm_ws_blockscaled, arguments + (epilogue,), grid, cfg.threads)
         return GemmPlan(gemm_ws_blockscaled.name, cfg, epilogue, specs, tuple(preparations), (launch,))
     if len(scales) > 2:
@@ -369,20 +371,29 @@ def plan_grouped(
     c_store = Tma("out", store_view) if store_view is not None else Tma("a", a_view, unread=True)
     arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"), c_store)
     arguments += (Tensor("expert_of_block"), Tensor("padded_count"))
-    scale_count = 2 if block_scales else len(scales)
-    arguments += tuple(
-        Tensor(f"scale_{i}") if i < scale_count else Tensor("padded_count", unread=True) for i in range(2)
-    )
-    arguments += (config, epilogue)
-    grid = max(1, min(units, sms // config.cluster)) * config.cluster
-    kernel = gemm_ws_grouped_blockscaled if block_scales else gemm_ws_grouped
-    launch = Launch(kernel, arguments, grid, config.threads)
     specs = {"a": a, "b": stacked, "out": out, "padded_count": MatrixSpec.dense((1,), "i32")}
     specs["expert_of_block"] = MatrixSpec.dense((capacity // (config.tile_m * config.cluster_m),), "i32")
     if block_scales:
         if rows % BLOCK:
             raise ValueError(f"gemm_ws_grouped: block scales need each expert's {rows} weight rows in whole {BLOCK}s")
-        _check_block_scales(block_scales, capacity, experts * rows, k, config, specs, sources, grouped=True)
+        scales_view, scales_copy = _check_block_scales(
+            block_scales, capacity, experts * rows, k, config, specs, sources, grouped=True
+        )
+        if scales_copy:
+            raise ValueError(
+                "gemm_ws_grouped: expected M-major a scales with 16-byte aligned columns, got strides"
+                f" {block_scales[0].strides}"
+            )
+        arguments += (Tma("scale_0", scales_view), Tensor("scale_1"))
+    else:
+        arguments += tuple(
+            Tensor(f"scale_{i}") if i < len(scales) else Tensor("padded_count", unread=True) for i in range(2)
+        )
+    arguments += (config, epilogue)
+    grid = max(1, min(units, sms // config.cluster)) * config.cluster
+    kernel = gemm_ws_grouped_blockscaled if block_scales else gemm_ws_grouped
+    launch = Launch(kernel, arguments, grid, config.threads)
+    if block_scales:
         return GemmPlan(kernel.name, config, epilogue, specs, (), (launch,))
     for i, (scale, matrix) in enumerate(scales):
         length = experts * rows if scale.experts else capacity
@@ -510,7 +521,9 @@ def _check_block_scales(
 ) -> None:
     """The block scales' geometry (float32 (M, ceil(K / 128)) and (ceil(N / 128), ceil(K / 128)), any strides) and a
     configuration whose K steps and tiles line up with the blocks (``sources``: the blocks of B rows a tile takes, a
-    gated tile's two; ``grouped``: a grouped GEMM's); kept in ``specs`` as "scale_0", "scale_1"."""
+    gated tile's two; ``grouped``: a grouped GEMM's); kept in ``specs`` as "scale_0", "scale_1" (the A scales as
+    the kernel reads them). Returns (the A scales' TMA view, the preparations that copy them into M-major 16-byte
+    aligned columns where they are not so: none, or one)."""
     blocks = -(-k // BLOCK)
     if (
         cfg.tile_k != BLOCK
@@ -536,6 +549,14 @@ def _check_block_scales(
                 f"blockscale_gemm {name}: expected a float32 {shape} tensor, got {matrix.dtype} {tuple(matrix.shape)}"
             )
         specs[f"scale_{i}"] = matrix
+    view, copies = a_scales_view(block_scales[0], cfg.tile_m), ()
+    if view is None:  # rows of the transpose padded to 16 bytes: (M, blocks) with strides (1, M rounded up to 4)
+        specs["scale_0"] = MatrixSpec((m, blocks), (1, -(-m // 4) * 4), "f32", True)
+        view, copies = a_scales_view(specs["scale_0"], cfg.tile_m), (Preparation("scale_0", "scale_0", _M_MAJOR),)
+    return view, copies
+
+
+_M_MAJOR = ("transpose", "pad_rows", "transpose")  # a preparation: a copy in M-major columns of 16 bytes
 
 
 def _contiguous(matrix: MatrixSpec) -> MatrixSpec:

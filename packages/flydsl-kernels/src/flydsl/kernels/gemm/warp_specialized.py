@@ -22,7 +22,13 @@ from typing import NamedTuple
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import gpu, nvvm, wgmma
-from flydsl.kernels.gemm.block_scales import BLOCK, SCALE_PRODUCERS, allocate_scales, tile_takes_blocks
+from flydsl.kernels.gemm.block_scales import (
+    BLOCK,
+    SCALE_PRODUCERS,
+    a_scales_bytes,
+    allocate_scales,
+    tile_takes_blocks,
+)
 from flydsl.kernels.gemm.epilogue import (
     EpilogueTensors,
     TileStore,
@@ -103,11 +109,11 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     # every CTA of the cluster (the multicast parts land in all of them).
     pingpong = cfg.schedule == "pingpong"
     draining = 1 if pingpong else cfg.consumers
-    # A slot is full once its TMA bytes have landed and, block-scaled, the scale warp's lanes have arrived.
+    # A slot is full once its TMA bytes (block-scaled: the A scales' too) have landed and, block-scaled, the
+    # producer's cp.async copies of the B scales.
     producers = 1 + (SCALE_PRODUCERS if blockscaled else 0)
-    pipe = fx.TmaPipeline(
-        smem, cfg.stages, cfg.stage_bytes(a.element_bytes), consumers=4 * draining * cfg.cluster, producers=producers
-    )
+    tx_bytes = cfg.stage_bytes(a.element_bytes) + (a_scales_bytes(cfg.tile_m) if blockscaled else 0)
+    pipe = fx.TmaPipeline(smem, cfg.stages, tx_bytes, consumers=4 * draining * cfg.cluster, producers=producers)
     if fx.const_expr(pingpong):
         # Pingpong consumers take turns at their units' K steps (CUTLASS's math order barrier): order[c] completes
         # when the other consumer has waited for every K step of its unit. Without it, a consumer a whole unit of
@@ -143,18 +149,18 @@ def warp_specialized_gemm(tensors: GemmTensors, cfg, majors, epilogue) -> None:
     warpgroup = tid // 128
     if warpgroup == 0:
         nvvm.setmaxnreg(_PRODUCER_REGISTERS, increase=False)
-        # One thread produces; block-scaled, its whole warp (lane 0 the loads, every lane its part of the scales).
-        if tid < (32 if blockscaled else 1):
-            if tid == 0:
-                a.prefetch()
-                b.prefetch()
+        if tid == 0:  # one thread produces
+            a.prefetch()
+            b.prefetch()
+            if fx.const_expr(blockscaled):
+                scales.a.prefetch()
             producer = Producer(pipe, a_tiles, b_tiles, rank)
             state = pipe.producer_start()
             for unit in range(schedule.worker, schedule.count, schedule.stride):
-                state = produce(producer, state, schedule.work(unit), scales, tid)
+                state = produce(producer, state, schedule.work(unit), scales)
             if fx.const_expr(cfg.stream_k):
                 for segment in range(schedule.segments):
-                    state = produce(producer, state, schedule.segment(segment)[1], scales, tid)
+                    state = produce(producer, state, schedule.segment(segment)[1], scales)
     else:
         nvvm.setmaxnreg(_CONSUMER_REGISTERS, increase=True)
         consumer = warpgroup - 1
@@ -287,7 +293,7 @@ def gemm_ws_blockscaled(
     c: fx.Tensor,
     c_store: fx.TmaDescriptor,
     bias: fx.Tensor,
-    a_scales: fx.Tensor,
+    a_scales: fx.TmaDescriptor,
     b_scales: fx.Tensor,
     workspace: fx.Tensor,
     flags: fx.Tensor,
@@ -297,8 +303,9 @@ def gemm_ws_blockscaled(
 ):
     """:func:`gemm_ws` of fp8 operands with block scales: ``C[m, n] = sum over K blocks kb of (A[m, kb] . B[n, kb]) *
     a_scales[m, kb] * b_scales[n // 128, kb]`` (blocks of 128 along K), each block's MMAs promoted into the float32
-    sums with its scales, then ``epilogue``'s bias and activation (it takes no scales). ``a_scales`` (M, ceil(K /
-    128)) and ``b_scales`` (ceil(N / 128), ceil(K / 128)) float32, any strides."""
+    sums with its scales, then ``epilogue``'s bias and activation (it takes no scales). ``a_scales``: the TMA
+    descriptor of the (M, ceil(K / 128)) float32 scales, M-major (``block_scales.a_scales_view``); ``b_scales``
+    (ceil(N / 128), ceil(K / 128)) float32, any strides."""
     if epilogue.scales:
         raise ValueError(f"gemm_ws_blockscaled: the block scales replace the epilogue's, got {epilogue}")
     bias_or_none = bias if epilogue.bias else None
@@ -344,16 +351,16 @@ def gemm_ws_grouped_blockscaled(
     c_store: fx.TmaDescriptor,
     expert_of_block: fx.Tensor,
     padded_count: fx.Tensor,
-    a_scales: fx.Tensor,
+    a_scales: fx.TmaDescriptor,
     b_scales: fx.Tensor,
     cfg: fx.Constexpr,
     epilogue: fx.Constexpr,
 ):
     """:func:`gemm_ws_grouped` of fp8 operands with block scales (:func:`gemm_ws_blockscaled`'s promotion):
-    ``a_scales`` (capacity, ceil(K / 128)), one per row of A and 128-wide block of K (any strides; M-major reads
-    best), ``b_scales`` (E * N / 128, ceil(K / 128)), one per 128 x 128 block of the stacked weights (each expert's
-    N rows whole blocks). With ``epilogue.gate``, a tile's gate rows and up rows each take their own block's scale.
-    The epilogue takes no scales."""
+    ``a_scales`` the TMA descriptor of the (capacity, ceil(K / 128)) scales, one per row of A and 128-wide block of
+    K, M-major (``block_scales.a_scales_view``), ``b_scales`` (E * N / 128, ceil(K / 128)), one per 128 x 128 block
+    of the stacked weights (each expert's N rows whole blocks). With ``epilogue.gate``, a tile's gate rows and up
+    rows each take their own block's scale. The epilogue takes no scales."""
     if epilogue.bias or epilogue.scales:
         raise ValueError(f"gemm_ws_grouped_blockscaled: expected an epilogue without bias or scales: {epilogue}")
     tensors = GemmTensors(
