@@ -6,16 +6,18 @@ ratios as well as in TFLOP/s.
     python benchmarks/blockscale_variants.py --variants 128,192,128-serial --json OUT --commit C
     python benchmarks/blockscale_variants.py --variants chosen,128 --m 8192 --json OUT --commit C
 
-Variants: ``chosen`` (``choose_blockscale_config``), ``128`` (its configuration 128 wide: K steps promoted in pairs),
+Variants: ``chosen`` (``choose_blockscale_config``), ``128`` (its configuration 128 wide, 128 rows in 2-CTA clusters
+along M where it chose 256 rows: K steps promoted in pairs),
 ``192`` (192 wide: one step at a time, the consumers a step apart), ``256`` (256 x 128 tiles in 2-CTA clusters
 along N sharing A, as DeepGEMM takes them: each consumer's two 64-row blocks in turn, the consumers a block apart;
 ``256-m``: clusters along M), ``128-serial`` (128 wide one step at a time),
 and ``-lockstep`` after a step-by-step variant: without the consumers' offset start. Shapes: issue 33's (N, K) at
 ``--m`` (default 512 and 4096) and 4096 x 7168 x 16384. Medians of ``--repeats`` do_bench medians (L2 flushed).
 
-Bounds (wrong results, the cost of the scales' path; ``/`` after a variant, combinable): ``/constant`` (the
-consumers promote with factors of 1 and read no scales), ``/nocopy`` (the producer's lanes copy no scales into the
-slots, they only arrive). DeepGEMM is timed beside where ``deep_gemm`` imports (``tools/deepgemm-env.sh --env``).
+A bound (wrong results, the cost of the scales' path): ``/constant`` after a variant (the consumers promote with
+factors of 1/2 and read no scales; until f7d447c also ``/nocopy``: the producer's lanes stored the scales instead
+of copying them, docs/tuning/blockscale.md#scales-by-tma). DeepGEMM is timed beside where ``deep_gemm`` imports
+(``tools/deepgemm-env.sh --env``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from record import geomean, write_record
 
 NK = [(2112, 7168), (24576, 1536), (7168, 2048), (18432, 7168), (4096, 7168), (32768, 512), (7168, 16384)]
 VARIANTS = ("chosen", "128", "192", "256", "256-m", "128-serial", "128-serial-lockstep", "192-lockstep", "256-lockstep")
-BOUNDS = ("constant", "nocopy")  # modifiers after "/": parts of the scales' path left out (wrong results)
+BOUNDS = ("constant",)  # modifiers after "/": parts of the scales' path left out (wrong results)
 
 
 def _known(variant: str) -> bool:
@@ -55,6 +57,10 @@ def _config(variant: str, m: int, n: int, k: int, sms: int):
         return dataclasses.replace(
             cfg, tile_m=256, tile_n=128, consumers=2, split_k=1, split_tail=False, stream_k=False, **along, **pipeline
         )
+    if width != "chosen" and cfg.tile_m == 256:  # 128 rows in 2-CTA clusters along M, as chosen before 256 rows
+        cfg = dataclasses.replace(
+            cfg, tile_m=128, cluster_m=2, cluster_n=1, **deepest_pipeline(128, 128, slot_bytes(128))
+        )
     if width != "chosen" and cfg.tile_n != int(width) and cfg.tile_n >= 128:
         cfg = dataclasses.replace(
             cfg, tile_n=int(width), **deepest_pipeline(cfg.tile_m, int(width), slot_bytes(cfg.tile_m))
@@ -62,27 +68,12 @@ def _config(variant: str, m: int, n: int, k: int, sms: int):
     return cfg
 
 
-def _stored_scales(scales, stage, work, kt, b_tiles, lane) -> None:
-    """``/nocopy``'s stand-in for ``copy_step_scales``: each lane stores the step's index into its rows' A scales and
-    the B scales of slot ``stage``, reading nothing from global memory (a value known only at run time: with a
-    constant, LLVM folds the consumers' loads of the slots away)."""
-    import flydsl.expr as fx
-    from flydsl.kernels.gemm.block_scales import b_scale_blocks
-
-    value = fx.Int32(kt).to(fx.Float32)
-    for i in fx.range_constexpr(scales.tile_m // 32):
-        scales.slots[32 * i + lane, stage] = value
-    for i in fx.range_constexpr(b_scale_blocks(b_tiles.tile_rows, b_tiles.sources)):
-        if lane == i:
-            scales.slots[scales.tile_m + i, stage] = value
-
-
 def run_variant(variant: str, shapes, repeats: int) -> list:
     """Times ``variant`` on ``shapes`` in this process (its module constants set first)."""
     import torch
 
     import flydsl.expr as fx
-    from flydsl.kernels.gemm import mainloop, operands
+    from flydsl.kernels.gemm import mainloop
 
     base, *bounds = variant.split("/")
     if "serial" in base:
@@ -93,8 +84,6 @@ def run_variant(variant: str, shapes, repeats: int) -> list:
         mainloop.step_factors = lambda scales, stage, rows, sources=1, straddle=None: [
             [fx.Float32(0.5)] * (sources if straddle is None else 3) for _ in rows
         ]
-    if "nocopy" in bounds:  # the producer's lanes store into the slots (no global loads) before they arrive
-        operands.copy_step_scales = _stored_scales
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for m, n, k in shapes:

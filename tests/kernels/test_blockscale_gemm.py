@@ -43,15 +43,30 @@ def test_blockscale_configs_take_one_scale_block_per_step_and_tile(m, n, k):
 
 @pytest.mark.parametrize(
     "m,n,k,width",
-    [(4096, 24576, 1536, 192), (512, 18432, 7168, 192), (8192, 32768, 512, 192), (4096, 7168, 16384, 192)]
-    + [(512, 7168, 16384, 128), (512, 32768, 512, 128), (4096, 4096, 7168, 128), (4096, 2112, 7168, 128)],
+    [(4096, 24576, 1536, 192), (512, 18432, 7168, 192), (8192, 32768, 512, 192), (4096, 18432, 7168, 192)]
+    + [(512, 7168, 16384, 128), (512, 32768, 512, 128), (2048, 4096, 7168, 128), (4096, 2112, 7168, 128)],
 )
 def test_blockscale_tiles_go_192_wide_where_fewer_waves_pay_for_them(m, n, k, width):
     """192-wide tiles where their waves, 1.5 times as long less the wider tile's gain, take less time than the 128-wide
     tiles' (as measured on an H100, docs/tuning/blockscale.md#wide-tiles), and never with a split K."""
     cfg = choose_blockscale_config(m, n, k, SMS)
-    assert cfg.tile_n == width and (width == 128 or cfg.split_k == 1)
+    assert cfg.tile_m == 128 and cfg.tile_n == width and (width == 128 or cfg.split_k == 1)
     assert cfg.stages == (5 if width == 192 else 6)
+
+
+@pytest.mark.parametrize(
+    "m,n,k,tall",
+    [(4096, 7168, 16384, True), (4096, 4096, 7168, True), (8192, 4096, 7168, True), (4096, 7168, 2048, True)]
+    + [(4096, 18432, 7168, False), (4096, 2112, 7168, False), (8192, 32768, 512, False), (2048, 4096, 7168, False)],
+)
+def test_blockscale_tiles_go_256_rows_where_their_waves_pay_by_a_margin(m, n, k, tall):
+    """256 x 128 tiles in 2-CTA clusters along N (DeepGEMM's) where the waves model has them 3% faster than the
+    128-row choice, from M 4096 (the sizes they were timed at, docs/tuning/blockscale.md#scales-by-tma)."""
+    cfg = choose_blockscale_config(m, n, k, SMS)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n) == (
+        (256, 128, 1, 2) if tall else (128, cfg.tile_n, 2, 1)
+    )
+    assert not tall or (cfg.split_k == 1 and cfg.stages == 4)
 
 
 @pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
@@ -66,7 +81,7 @@ def test_192_wide_tiles_promote_step_by_step_with_the_consumers_offset():
     assert re.search(r"bar\.arrive (%r\d+|3), 256;", module.ptx)
     assert re.search(r"bar\.sync \t(%r\d+|3), 256;", module.ptx)
     assert spill_bytes(module.ptx) == 0
-    (paired,) = plan_blockscale(*_specs(4096, 4096, 7168), sms=SMS).lower()
+    (paired,) = plan_blockscale(*_specs(512, 7168, 16384), sms=SMS).lower()
     assert "bar.arrive" not in paired.ptx
 
 
