@@ -134,8 +134,9 @@ def blockscale_gemm(
     * a_scales[m, kb] * b_scales[n // 128, kb] + bias[n])``, blocks of 128 along K (the last one partial where K is
     not a multiple of 128). ``a`` (M, K) and ``b`` (K, N) fp8 as :func:`fp8_gemm`'s (an ``nn.Linear`` weight w (N,
     K) passed as ``w.t()``, or weights prepared by :func:`~flydsl.kernels.gemm.prepared.prepare_weight`), K a
-    multiple of 16; ``a_scales`` (M, ceil(K / 128)): one per token and 128 K, row-major or M-major (the transposed
-    view of a (ceil(K / 128), M') buffer, as ``quantize_fp8(x, "group")`` writes it); ``b_scales`` (ceil(N / 128),
+    multiple of 16; ``a_scales`` (M, ceil(K / 128)): one per token and 128 K, M-major (the transposed view of a
+    (ceil(K / 128), M') buffer, M' a multiple of 4, as ``quantize_fp8(x, "group")`` writes it: read in place by TMA)
+    or any other strides (copied so first, one more small kernel per call); ``b_scales`` (ceil(N / 128),
     ceil(K / 128)): one per 128 x 128 block of w. Scales float32 (powers of two, UE8M0, are float32 too; a
     ``torch.float8_e8m0fnu`` tensor is widened to float32 first). Each K block's MMAs are promoted into float32
     sums with their scales. ``out`` (M, N) row-major bf16/fp16/fp32, allocated in ``out_dtype`` (default bfloat16)
