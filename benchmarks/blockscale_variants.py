@@ -32,6 +32,7 @@ import sys
 import tempfile
 
 import deepgemm_peer
+from blockscale_gemm_bench import shape_arg
 from record import geomean, write_record
 
 NK = [(2112, 7168), (24576, 1536), (7168, 2048), (18432, 7168), (4096, 7168), (32768, 512), (7168, 16384)]
@@ -118,8 +119,9 @@ def _time_shape(torch, variant, cfg, m, n, k, repeats) -> dict:
     if cublas is not None:
         timed["cublas_blockwise"] = cublas
     dg, _ = deepgemm_peer.load()
+    deepgemm_fields = {}
     if dg is not None:
-        deepgemm, fields = deepgemm_peer.check(torch, dg, a, w, a_scales, w_scales, reference, _error)
+        deepgemm, deepgemm_fields = deepgemm_peer.check(torch, dg, a, w, a_scales, w_scales, reference, _error)
         if deepgemm is not None:
             timed["deepgemm"] = deepgemm
     runs = {name: [] for name in timed}
@@ -129,6 +131,7 @@ def _time_shape(torch, variant, cfg, m, n, k, repeats) -> dict:
     del reference
     ms = {name: statistics.median(values) for name, values in runs.items()}
     row = {"m": m, "n": n, "k": k, "variant": variant, "config": str(cfg), "rel_error_vs_f32": error}
+    row.update(deepgemm_fields)  # its error against the reference, or why it did not run
     row.update({f"{name}_ms": t for name, t in ms.items()})
     row["tflops"] = 2.0 * m * n * k / ms["ours"] / 1e9
     row["ratio_vs_rowwise"] = ms["rowwise"] / ms["ours"]
@@ -143,7 +146,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", default="chosen,128,192", help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--m", type=int, nargs="*", default=[512, 4096])
-    parser.add_argument("--shapes", nargs="*", help="MxNxK shapes in place of --m's sweep")
+    parser.add_argument("--shapes", type=shape_arg, nargs="+", metavar="MxNxK", help="these in place of --m's sweep")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the record here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
@@ -151,7 +154,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     shapes = sorted({(m, n, k) for m in args.m for n, k in NK} | {(4096, 7168, 16384)})
     if args.shapes:
-        shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes]
+        shapes = args.shapes
     if args.one:
         print(json.dumps(run_variant(args.one, shapes, args.repeats)))
         return 0
@@ -165,7 +168,7 @@ def main(argv=None) -> int:
     rows = []
     for variant in variants:
         command = [sys.executable, __file__, "--one", variant, "--repeats", str(args.repeats), "--m", *map(str, args.m)]
-        command += ["--shapes", *args.shapes] if args.shapes else []
+        command += ["--shapes", *("x".join(map(str, shape)) for shape in args.shapes)] if args.shapes else []
         with tempfile.TemporaryDirectory() as cache:
             child = subprocess.run(
                 command, env={**os.environ, "FLYDSL_CACHE_DIR": cache}, capture_output=True, text=True

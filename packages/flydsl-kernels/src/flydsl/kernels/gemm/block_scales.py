@@ -16,14 +16,14 @@ tile (a mixture of experts' first stage) takes its B rows from two blocks, the g
 two B scales, ``b[gate_block, kb]`` and ``b[up_block, kb]``, each for its half of the columns.
 
 The producer fills them (:func:`load_step_scales`) beside the slot's operand tiles: the A scales by TMA, one box
-of ``tile_m`` floats of the M-major scales (``a_scales`` seen as the (ceil(K / 128), M) matrix whose rows are
-16-byte aligned: :func:`a_scales_view`; rows past M read as zeros, their outputs are never stored), counted in the
-slot's transaction bytes; the B scales (one or two floats) by ``cp.async``, after which the producer arrives on the
-slot's ``full`` barrier once they have landed (the barrier counts that arrival beside the one that arms it). A
-consumer that waited for the slot reads them from shared memory (:func:`step_factors`), once its MMAs are done. Why
-so, and what the producer warp's lanes copying the A scales with ``cp.async`` (until 2026-12-07), loading them in the
-consumers or multiplying them in the producer cost: docs/tuning/blockscale.md (#scales-in-slots,
-#when-consumers-read, #scales-by-tma).
+of ``tile_m`` floats of the M-major scales (the (ceil(K / 128), M) matrix whose rows are 16-byte aligned:
+:func:`~flydsl.kernels.gemm.block_scales_plan.a_scales_view`; rows past M read as zeros, their outputs are never
+stored), counted in the slot's transaction bytes; the B scales (one or two floats) by ``cp.async``, after which the
+producer arrives on the slot's ``full`` barrier once they have landed (the barrier counts that arrival beside the one
+that arms it). A consumer that waited for the slot reads them from shared memory (:func:`step_factors`), once its
+MMAs are done. Why so, and what the producer warp's lanes copying the A scales with ``cp.async`` (until 2026-12-07),
+loading them in the consumers or multiplying them in the producer cost: docs/tuning/blockscale.md
+(#scales-in-slots, #when-consumers-read, #scales-by-tma).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ __all__ = [
     "SCALE_PRODUCERS",
     "StagedScales",
     "a_scales_bytes",
-    "a_scales_view",
     "allocate_scales",
     "b_scale_blocks",
     "load_step_scales",
@@ -64,26 +63,10 @@ def slot_bytes(tile_m: int) -> int:
     return a_scales_bytes(tile_m) + B_SCALES * 4
 
 
-def a_scales_view(matrix, tile_m: int):
-    """The :class:`~flydsl.kernels.gemm.operands.TmaView` the A scales' loads read (boxes of one K block's
-    ``tile_m`` rows of the (ceil(K / 128), M) transpose), or None where ``matrix`` (a
-    :class:`~flydsl.kernels.gemm.operands.MatrixSpec` of the (M, ceil(K / 128)) scales) is not M-major with 16-byte
-    aligned columns (the plan then copies it into such columns)."""
-    from flydsl.kernels.gemm.operands import TmaView
-
-    (m, blocks), (row_stride, block_stride) = matrix.shape, matrix.strides
-    aligned_m = -(-m // 4) * 4
-    if blocks == 1:
-        block_stride = aligned_m  # one row of the transpose: its stride is never followed
-    if not (matrix.aligned and (row_stride == 1 or m == 1) and block_stride % 4 == 0 and block_stride >= m):
-        return None
-    return TmaView((blocks, m), (block_stride, 1), "f32", (1, tile_m), "MN", swizzle=0)
-
-
 class StagedScales(NamedTuple):
-    """The scales in global memory (``a``: the TMA descriptor of the M-major A scales, :func:`a_scales_view`; ``b``:
-    the B scales) and their copies per slot in shared memory (``a_slots``: (tile_m, stages), ``b_slots``:
-    (:data:`B_SCALES`, stages), float32)."""
+    """The scales in global memory (``a``: the TMA descriptor of the M-major A scales,
+    :func:`~flydsl.kernels.gemm.block_scales_plan.a_scales_view`; ``b``: the B scales) and their copies per slot in
+    shared memory (``a_slots``: (tile_m, stages), ``b_slots``: (:data:`B_SCALES`, stages), float32)."""
 
     a: object
     b: object

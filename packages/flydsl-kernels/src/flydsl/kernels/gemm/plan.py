@@ -19,15 +19,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from flydsl.kernels.gemm.block_scales import BLOCK, a_scales_view, slot_bytes, tile_takes_blocks
+from flydsl.kernels.gemm.block_scales import BLOCK, slot_bytes
+from flydsl.kernels.gemm.block_scales_plan import check_block_scales
 from flydsl.kernels.gemm.config import (
-    SMEM_BYTES,
     STAGING_BOX,
     GemmConfig,
     choose_blockscale_config,
     choose_config,
     choose_fp8_config,
-    max_stages,
     staging_fits,
 )
 from flydsl.kernels.gemm.epilogue import Epilogue, Scale
@@ -306,9 +305,10 @@ def plan_dense(
     bias_argument = Tensor("bias") if bias is not None else Tensor("out", unread=True)
     arguments = (Tma("a", a_view), Tma("b", b_view), Tensor("out"), c_store, bias_argument)
     if block_scales:
-        scales_view, scales_copy = _check_block_scales(block_scales, m, n, k, cfg, specs)
-        preparations += scales_copy
-        arguments += (Tma("scale_0", scales_view), Tensor("scale_1"), workspace, flags, cfg)
+        scales = check_block_scales(block_scales, m, n, k, cfg)
+        specs["scale_0"], specs["scale_1"] = scales.a, scales.b
+        preparations += [Preparation("scale_0", "scale_0", scales.a_steps)] if scales.a_steps else []
+        arguments += (Tma("scale_0", scales.a_view), Tensor("scale_1"), workspace, flags, cfg)
         arguments += ((a_view.major, b_view.major),)
         launch = Launch(gemm_ws_blockscaled, arguments + (epilogue,), grid, cfg.threads)
         return GemmPlan(gemm_ws_blockscaled.name, cfg, epilogue, specs, tuple(preparations), (launch,))
@@ -376,15 +376,9 @@ def plan_grouped(
     if block_scales:
         if rows % BLOCK:
             raise ValueError(f"gemm_ws_grouped: block scales need each expert's {rows} weight rows in whole {BLOCK}s")
-        scales_view, scales_copy = _check_block_scales(
-            block_scales, capacity, experts * rows, k, config, specs, sources, grouped=True
-        )
-        if scales_copy:
-            raise ValueError(
-                "gemm_ws_grouped: expected M-major a scales with 16-byte aligned columns, got strides"
-                f" {block_scales[0].strides}"
-            )
-        arguments += (Tma("scale_0", scales_view), Tensor("scale_1"))
+        block = check_block_scales(block_scales, capacity, experts * rows, k, config, sources, grouped=True)
+        specs["scale_0"], specs["scale_1"] = block.a, block.b
+        arguments += (Tma("scale_0", block.a_view), Tensor("scale_1"))
     else:
         arguments += tuple(
             Tensor(f"scale_{i}") if i < len(scales) else Tensor("padded_count", unread=True) for i in range(2)
@@ -514,49 +508,6 @@ def plan_blockscale(
     return plan_dense(
         a, b, out, sms=sms, bias=bias, activation=activation, config=config, block_scales=(a_scales, b_scales)
     )
-
-
-def _check_block_scales(
-    block_scales: tuple, m: int, n: int, k: int, cfg: GemmConfig, specs: dict, sources: int = 1, grouped=False
-) -> None:
-    """The block scales' geometry (float32 (M, ceil(K / 128)) and (ceil(N / 128), ceil(K / 128)), any strides) and a
-    configuration whose K steps and tiles line up with the blocks (``sources``: the blocks of B rows a tile takes, a
-    gated tile's two; ``grouped``: a grouped GEMM's); kept in ``specs`` as "scale_0", "scale_1" (the A scales as
-    the kernel reads them). Returns (the A scales' TMA view, the preparations that copy them into M-major 16-byte
-    aligned columns where they are not so: none, or one)."""
-    blocks = -(-k // BLOCK)
-    if (
-        cfg.tile_k != BLOCK
-        or not tile_takes_blocks(cfg.tile_n, sources, grouped, cfg.consumer_rows)
-        or cfg.schedule != "cooperative"
-    ):
-        raise ValueError(
-            f"blockscale_gemm config: {cfg}: expected tile_k {BLOCK}, a tile_n of at most {BLOCK} whose blocks of B"
-            f" rows divide {BLOCK} (or of {BLOCK + BLOCK // 2}, two blocks, in a dense GEMM with 64 rows per"
-            " consumer) and the cooperative schedule (one scale block per K step, one B scale per block of rows)"
-        )
-    if cfg.stages * (cfg.stage_bytes(1) + slot_bytes(cfg.tile_m)) > SMEM_BYTES - 1024:
-        raise ValueError(
-            f"blockscale_gemm config: {cfg}: {cfg.stages} slots of {cfg.stage_bytes(1)} operand bytes and"
-            f" {slot_bytes(cfg.tile_m)} of scales do not fit in shared memory ({SMEM_BYTES - 1024} bytes); expected at"
-            f" most {max_stages(cfg.tile_m, cfg.tile_n, store_boxes=0, slot_extra=slot_bytes(cfg.tile_m))} stages"
-        )
-    for i, (name, matrix, shape) in enumerate(
-        (("a_scales", block_scales[0], (m, blocks)), ("b_scales", block_scales[1], (-(-n // BLOCK), blocks)))
-    ):
-        if matrix.dtype != "f32" or tuple(matrix.shape) != shape:
-            raise ValueError(
-                f"blockscale_gemm {name}: expected a float32 {shape} tensor, got {matrix.dtype} {tuple(matrix.shape)}"
-            )
-        specs[f"scale_{i}"] = matrix
-    view, copies = a_scales_view(block_scales[0], cfg.tile_m), ()
-    if view is None:  # rows of the transpose padded to 16 bytes: (M, blocks) with strides (1, M rounded up to 4)
-        specs["scale_0"] = MatrixSpec((m, blocks), (1, -(-m // 4) * 4), "f32", True)
-        view, copies = a_scales_view(specs["scale_0"], cfg.tile_m), (Preparation("scale_0", "scale_0", _M_MAJOR),)
-    return view, copies
-
-
-_M_MAJOR = ("transpose", "pad_rows", "transpose")  # a preparation: a copy in M-major columns of 16 bytes
 
 
 def _contiguous(matrix: MatrixSpec) -> MatrixSpec:

@@ -304,7 +304,7 @@ def gemm_ws_blockscaled(
     """:func:`gemm_ws` of fp8 operands with block scales: ``C[m, n] = sum over K blocks kb of (A[m, kb] . B[n, kb]) *
     a_scales[m, kb] * b_scales[n // 128, kb]`` (blocks of 128 along K), each block's MMAs promoted into the float32
     sums with its scales, then ``epilogue``'s bias and activation (it takes no scales). ``a_scales``: the TMA
-    descriptor of the (M, ceil(K / 128)) float32 scales, M-major (``block_scales.a_scales_view``); ``b_scales``
+    descriptor of the (M, ceil(K / 128)) float32 scales, M-major (``block_scales_plan.a_scales_view``); ``b_scales``
     (ceil(N / 128), ceil(K / 128)) float32, any strides."""
     if epilogue.scales:
         raise ValueError(f"gemm_ws_blockscaled: the block scales replace the epilogue's, got {epilogue}")
@@ -358,7 +358,7 @@ def gemm_ws_grouped_blockscaled(
 ):
     """:func:`gemm_ws_grouped` of fp8 operands with block scales (:func:`gemm_ws_blockscaled`'s promotion):
     ``a_scales`` the TMA descriptor of the (capacity, ceil(K / 128)) scales, one per row of A and 128-wide block of
-    K, M-major (``block_scales.a_scales_view``), ``b_scales`` (E * N / 128, ceil(K / 128)), one per 128 x 128 block
+    K, M-major (``block_scales_plan.a_scales_view``), ``b_scales`` (E * N / 128, ceil(K / 128)), one per 128 x 128 block
     of the stacked weights (each expert's N rows whole blocks). With ``epilogue.gate``, a tile's gate rows and up
     rows each take their own block's scale. The epilogue takes no scales."""
     if epilogue.bias or epilogue.scales:
