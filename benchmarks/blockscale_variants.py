@@ -10,7 +10,8 @@ Variants: ``chosen`` (``choose_blockscale_config``), ``128`` (its configuration 
 along M where it chose 256 rows: K steps promoted in pairs),
 ``192`` (192 wide: one step at a time, the consumers a step apart), ``256`` (256 x 128 tiles in 2-CTA clusters
 along N sharing A, as DeepGEMM takes them: each consumer's two 64-row blocks in turn, the consumers a block apart;
-``256-m``: clusters along M), ``128-serial`` (128 wide one step at a time),
+``256-m``: clusters along M; ``256-staged``: 3 stages and four staging boxes per consumer, its output tile
+staged whole as DeepGEMM's, instead of 4 stages and one box), ``128-serial`` (128 wide one step at a time),
 and ``-lockstep`` after a step-by-step variant: without the consumers' offset start. Shapes: issue 33's (N, K) at
 ``--m`` (default 512 and 4096) and 4096 x 7168 x 16384. Medians of ``--repeats`` do_bench medians (L2 flushed).
 
@@ -36,7 +37,18 @@ from blockscale_gemm_bench import shape_arg
 from record import geomean, write_record
 
 NK = [(2112, 7168), (24576, 1536), (7168, 2048), (18432, 7168), (4096, 7168), (32768, 512), (7168, 16384)]
-VARIANTS = ("chosen", "128", "192", "256", "256-m", "128-serial", "128-serial-lockstep", "192-lockstep", "256-lockstep")
+VARIANTS = (
+    "chosen",
+    "128",
+    "192",
+    "256",
+    "256-m",
+    "256-staged",
+    "128-serial",
+    "128-serial-lockstep",
+    "192-lockstep",
+    "256-lockstep",
+)
 BOUNDS = ("constant",)  # modifiers after "/": parts of the scales' path left out (wrong results)
 
 
@@ -47,7 +59,7 @@ def _known(variant: str) -> bool:
 
 def _config(variant: str, m: int, n: int, k: int, sms: int):
     from flydsl.kernels.gemm.block_scales import slot_bytes
-    from flydsl.kernels.gemm.config import choose_blockscale_config, deepest_pipeline
+    from flydsl.kernels.gemm.config import choose_blockscale_config, deepest_pipeline, max_stages
 
     cfg = choose_blockscale_config(m, n, k, sms)
     variant = variant.split("/")[0]
@@ -55,6 +67,8 @@ def _config(variant: str, m: int, n: int, k: int, sms: int):
     if width == "256":  # 256 x 128 tiles, each consumer's two 64-row blocks in turn, 2-CTA clusters along N or M
         along = dict(cluster_m=2, cluster_n=1) if variant.endswith("-m") else dict(cluster_m=1, cluster_n=2)
         pipeline = deepest_pipeline(256, 128, slot_bytes(256))
+        if "staged" in variant:  # the consumer tile staged whole: four boxes, the stages that fit beside them
+            pipeline = dict(stages=max_stages(256, 128, store_boxes=4, slot_extra=slot_bytes(256)), store_boxes=4)
         return dataclasses.replace(
             cfg, tile_m=256, tile_n=128, consumers=2, split_k=1, split_tail=False, stream_k=False, **along, **pipeline
         )

@@ -103,6 +103,18 @@ def test_256_row_tiles_promote_each_consumer_block_in_turn():
     assert len(first) == 2 and len(set(first)) == 1  # each block's first MMA into the same registers
 
 
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+def test_256_row_tiles_staged_whole():
+    """Four staging boxes per consumer (3 stages beside them, as DeepGEMM's 256 x 128 kernel keeps its whole output
+    tile): each consumer's four 64 x 64 parts go out through their own boxes, none waiting for another's store."""
+    cfg = GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=3, cluster_m=1, cluster_n=2, store_boxes=4)
+    (module,) = plan_blockscale(*_specs(4096, 7168, 16384), sms=SMS, config=cfg).lower()
+    waits = re.findall(r"cp\.async\.bulk\.wait_group\.read\s+(\d+);", module.ptx)
+    assert waits == ["3"] * 4
+    assert module.ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == 4
+    assert spill_bytes(module.ptx) == 0
+
+
 def test_blockscale_straddling_tiles_only_in_dense_gemms():
     assert tile_takes_blocks(192) and not tile_takes_blocks(192, grouped=True) and not tile_takes_blocks(192, 2)
     assert tile_takes_blocks(128, 2) and not tile_takes_blocks(256) and not tile_takes_blocks(96)

@@ -104,6 +104,7 @@ def test_blockscale_gemm_shapes(m, n, k, layout):
         GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=1, cluster_n=2, store_boxes=1),
         GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=2, store_boxes=1),
         GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=1, split_k=2, store_boxes=1),
+        GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=3, cluster_m=1, cluster_n=2, store_boxes=4),
     ],
     ids=[
         "split K",
@@ -117,6 +118,7 @@ def test_blockscale_gemm_shapes(m, n, k, layout):
         "256-row waves, clusters along N",
         "256-row waves, clusters along M",
         "256-row waves split K",
+        "256-row waves, tile staged whole",
     ],
 )
 def test_blockscale_gemm_configs(config):

@@ -24,6 +24,7 @@ from flydsl.kernels.gemm import (
     staging_bytes,
     staging_fits,
 )
+from flydsl.kernels.gemm.config import STORE_BOXES
 from flydsl.kernels.gemm.epilogue import staging_wait
 from flydsl.kernels.gemm.schedulers import split_plan
 
@@ -141,13 +142,13 @@ def test_tma_store_epilogue_compiles(epilogue):
 
 
 def test_staging_boxes_are_read_before_they_are_rewritten():
-    """The TMA-store epilogue's wait before each part rewrites its staging box (part p: box p % boxes, one or two boxes)
-    leaves pending only stores of other boxes, over blocks stored one after another (tiles of a CTA, the 64-row
-    blocks of a consumer), and no fewer than it may. An odd part count (tile_n 64 or 192) reuses the last part's
-    box for the next block's first part: that store is the latest group, so the wait must be for none."""
-    for boxes, parts in itertools.product((1, 2), range(1, 6)):
+    """The TMA-store epilogue's wait before each part rewrites its staging box (part p of a consumer tile: box
+    p % boxes, a ring of one, two or four boxes) leaves pending only stores of other boxes, over tiles stored one
+    after another, and no fewer than it may. Where the tile's part count is not a multiple of the ring (tile_n 64 or
+    192 with two boxes), an early part's box was last used by the previous tile's late part: fewer groups since."""
+    for boxes, parts in itertools.product(STORE_BOXES, range(1, 9)):
         stores = []  # the box of every bulk group committed so far, oldest first
-        for _ in range(3):  # blocks
+        for _ in range(3):  # tiles
             for part in range(parts):
                 box = part % boxes
                 wait = staging_wait(part, parts, boxes)
@@ -158,16 +159,20 @@ def test_staging_boxes_are_read_before_they_are_rewritten():
                 stores.append(box)
 
 
-@pytest.mark.parametrize("tile_m,tile_n,schedule", [(128, 192, "cooperative"), (128, 64, "pingpong")])
-def test_tma_store_waits_with_odd_parts(tile_m, tile_n, schedule):
-    """64 x 192 and 64 x 64 blocks (3 and 1 parts): the first part of each block waits until the previous block's
-    last store has read the box both use (``wait_group.read 0``); 64 x 256 blocks never need to."""
+@pytest.mark.parametrize(
+    "tile_m,tile_n,schedule,boxes,full_waits",
+    [(128, 192, "cooperative", 2, 1), (128, 64, "pingpong", 2, 0), (256, 128, "cooperative", 1, 4)],
+)
+def test_tma_store_waits_with_odd_parts(tile_m, tile_n, schedule, boxes, full_waits):
+    """A consumer tile of 3 parts (64 x 192) in two boxes: its first part waits until the previous tile's last store
+    has read the box both use (``wait_group.read 0``); two parts (pingpong's 128 x 64: two 64-row blocks) never need
+    to, nor do 64 x 256 blocks; with one box every part waits."""
     spec = flyc.TensorSpec((1000, 520), "bf16")
-    cfg = GemmConfig(tile_m=tile_m, tile_n=tile_n, stages=max_stages(tile_m, tile_n), cluster_m=1, schedule=schedule)
+    stages = max_stages(tile_m, tile_n, store_boxes=boxes)
+    cfg = GemmConfig(tile_m=tile_m, tile_n=tile_n, stages=stages, cluster_m=1, schedule=schedule, store_boxes=boxes)
     a_tile, b_tile, c_tile = fx.TmaTile(spec, (tile_m, 64)), fx.TmaTile(spec, (tile_n, 64)), fx.TmaTile(spec, (64, 64))
     ptx = _lower(a_tile, b_tile, spec, cfg, epilogue=TMA, c_store=c_tile).ptx
-    blocks = cfg.consumer_rows // 64  # _store_tile_tma calls per tile
-    assert len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx)) == blocks
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx)) == full_waits
     full = _lower(
         fx.TmaTile(spec, (128, 64)),
         fx.TmaTile(spec, (128, 64)),
@@ -217,7 +222,7 @@ def test_gemm_config_and_boxes_are_checked():
         GemmConfig(split_k=0)
     with pytest.raises(ValueError, match="parts of a multiple of 8 columns"):
         GemmConfig(tile_n=144, cluster_m=4)  # 36-column parts
-    with pytest.raises(ValueError, match="store_boxes must be 1 or 2"):
+    with pytest.raises(ValueError, match=r"store_boxes must be one of \(1, 2, 4\)"):
         GemmConfig(store_boxes=3)
     spec = flyc.TensorSpec((512, 512), "bf16")
     with pytest.raises(ValueError, match=r"gemm_ws b: expected TMA boxes of \(128, 64\)"):

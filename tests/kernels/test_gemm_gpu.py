@@ -345,12 +345,21 @@ def test_bench_cli_times_the_gemm_on_gpu(capsys):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "tile_m,tile_n,cluster_m,store_boxes",
-    [(128, 192, 2, 1), (128, 192, 2, 2), (128, 256, 2, 1), (128, 64, 2, 1), (64, 96, 2, 2), (128, 144, 2, 2)],
+    [
+        (128, 192, 2, 1),
+        (128, 192, 2, 2),
+        (128, 256, 2, 1),
+        (128, 64, 2, 1),
+        (64, 96, 2, 2),
+        (128, 144, 2, 2),
+        (256, 128, 2, 4),
+    ],
 )
 @pytest.mark.parametrize("m,n,k", [(1000, 776, 520), (2056, 1560, 1032)])
 def test_gemm_b_parts_and_one_store_box_on_gpu(tile_m, tile_n, cluster_m, store_boxes, m, n, k):
-    """Clusters along M whose B parts are 96, 72, 48 or 32 columns (K-major B, as nn.Linear weights), and one
-    staging box per consumer (a deeper pipeline), on tails in M, N and K; an MN-major B is refused before launch."""
+    """Clusters along M whose B parts are 96, 72, 48 or 32 columns (K-major B, as nn.Linear weights), one staging box
+    per consumer (a deeper pipeline) or four (a 128 x 128 consumer tile staged whole), on tails in M, N and K; an
+    MN-major B is refused before launch."""
     torch = pytest.importorskip("torch")
     stages = max_stages(tile_m, tile_n, store_boxes=store_boxes)
     consumers = 1 if tile_m == 64 else 2

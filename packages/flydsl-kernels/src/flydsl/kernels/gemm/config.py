@@ -32,6 +32,7 @@ __all__ = [
 
 SMEM_BYTES = 227 * 1024  # Hopper's shared memory per CTA
 STAGING_BOX = (64, 64)  # the TMA-store epilogue's (rows, columns) boxes, GemmConfig.store_boxes per consumer
+STORE_BOXES = (1, 2, 4)  # the staging boxes a consumer may have
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +60,8 @@ class GemmConfig:
     schedule: str = "cooperative"
     stream_k: bool = False
     split_tail: bool = False  # split K only in the tiles past the last full wave
-    store_boxes: int = 2  # the TMA-store epilogue's staging boxes per consumer: 1 leaves room for a deeper pipeline
+    store_boxes: int = 2  # the TMA-store epilogue's staging boxes per consumer: 1 leaves room for a deeper pipeline,
+    # 4 stage a 128 x 128 consumer tile whole (no part waits for another's store)
 
     def __post_init__(self):
         if self.schedule not in ("cooperative", "pingpong"):
@@ -102,8 +104,8 @@ class GemmConfig:
                 f"{self}: stream_k takes clusters of at most 2 CTAs (its finishers wait for other clusters, and not"
                 " every 4-CTA cluster of a full grid is resident at once)"
             )
-        if self.store_boxes not in (1, 2):
-            raise ValueError(f"{self}: store_boxes must be 1 or 2")
+        if self.store_boxes not in STORE_BOXES:
+            raise ValueError(f"{self}: store_boxes must be one of {STORE_BOXES}")
         if self.split_tail and self.split_k == 1:
             raise ValueError(f"{self}: split_tail splits the last wave's tiles into split_k parts: set split_k > 1")
 

@@ -281,7 +281,7 @@ def store_accumulators(store: TileStore, accs, tm, tn, consumer, lane, warp, b_r
         r0 = row0 + 64 * mi
         values = finished[mi]
         if fx.const_expr(store.tma is not None):
-            _store_tile_tma(values, store, r0, col0, consumer, lane, warp)
+            _store_tile_tma(values, store, (r0, col0), (mi, rows // 64), consumer, lane, warp)
         else:
             if inside:
                 _store_tile(values, c, r0, col0, True, lane, warp, width)
@@ -290,17 +290,19 @@ def store_accumulators(store: TileStore, accs, tm, tn, consumer, lane, warp, b_r
 
 
 # The TMA-store epilogue (docs/tuning/gemm.md#tma-store): a tile written into shared memory leaves through TMA while
-# the consumers go on with the next tile's MMAs; TMA also clips the tile at C's edges. Each consumer stages 64 x 64
-# parts in two 128B-swizzled boxes, alternately (or in one, each part waiting for the previous part's store to have
-# read it: cfg.store_boxes = 1 leaves 16 KB more for stages).
+# the consumers go on with the next tile's MMAs; TMA also clips the tile at C's edges. Each consumer stages its tile's
+# 64 x 64 parts in a ring of 128B-swizzled boxes (cfg.store_boxes): with two, alternately; with one, each part waits
+# for the previous part's store to have read it (16 KB more for stages); with four, a 128 x 128 consumer tile is
+# staged whole and its parts wait for none of this tile's stores.
 _STAGING_COLUMNS = STAGING_BOX[1]
 
 
 def staging_wait(part: int, parts: int, boxes: int = 2) -> int:
-    """The bulk groups that may still be pending when part ``part`` of a block of ``parts`` 64-column parts, which
-    the TMA-store epilogue stores one block after another (part ``p`` through box ``p % boxes``), rewrites its box:
-    the groups committed since that box's last store, at most ``boxes - 1`` (one box: none). With two boxes and an
-    odd count, part 0's box was the previous block's last one, whose store is the latest group: 0."""
+    """The bulk groups that may still be pending when part ``part`` of a consumer tile's ``parts`` 64-column parts
+    (its 64-row blocks' parts in order), which the TMA-store epilogue stores tile after tile (part ``p`` through box
+    ``p % boxes``), rewrites its box: the groups committed since that box's last store, at most ``boxes - 1`` (one
+    box: none). Where ``parts`` is not a multiple of ``boxes``, an early part's box was last used by one of the
+    previous tile's late parts: fewer groups since."""
     return min(boxes - 1, (parts - 1 - part) % boxes + part)  # (no loops: traced in the kernel)
 
 
@@ -322,17 +324,20 @@ def finish_stores(store: TileStore, tid) -> None:
             fx.tma.wait_group(0)
 
 
-def _store_tile_tma(values, store: TileStore, row0, col0, consumer, lane, warp):
-    """Stores this thread's finished 16-bit values of one 64 x width block (:func:`_finished_tile`) at (row0, col0)
-    through the consumer's staging boxes: per 64-column part, ``stmatrix`` (4 x4 per warp: its 16 rows x 8-column
-    blocks) into a box whose previous TMA store has read it, a proxy fence and the warpgroup's barrier, then one
-    thread's TMA store (its bulk group)."""
+def _store_tile_tma(values, store: TileStore, origin, block, consumer, lane, warp):
+    """Stores this thread's finished 16-bit values of one 64 x width block (:func:`_finished_tile`; ``block``: its
+    index and the count of the consumer's blocks) at ``origin`` (row, column) through the consumer's staging boxes:
+    per 64-column part, ``stmatrix`` (4 x4 per warp: its 16 rows x 8-column blocks) into a box whose previous TMA
+    store has read it, a proxy fence and the warpgroup's barrier, then one thread's TMA store (its bulk group)."""
     (c_store, staging), c, boxes = store.tma, store.c, store.cfg.store_boxes
+    (row0, col0), (index, blocks) = origin, block
     n = store.epilogue.width(store.cfg.tile_n)
+    parts = n // _STAGING_COLUMNS
     t = lane + 32 * warp
-    for part in fx.range_constexpr(n // _STAGING_COLUMNS):
-        box = staging[None, None, boxes * consumer + part % boxes]  # (64, 64), 128B-swizzled
-        wait = staging_wait(part, n // _STAGING_COLUMNS, boxes)
+    for part in fx.range_constexpr(parts):
+        stored = index * parts + part  # the part's place among the consumer tile's stores
+        box = staging[None, None, boxes * consumer + stored % boxes]  # (64, 64), 128B-swizzled
+        wait = staging_wait(stored, blocks * parts, boxes)
         if t == 0:
             fx.tma.wait_group(wait, read=True)  # the box's last store has read it
         nvvm.barrier(1 + consumer, 128)
