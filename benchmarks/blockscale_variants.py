@@ -11,7 +11,8 @@ along M where it chose 256 rows: K steps promoted in pairs),
 ``192`` (192 wide: one step at a time, the consumers a step apart), ``256`` (256 x 128 tiles in 2-CTA clusters
 along N sharing A, as DeepGEMM takes them: each consumer's two 64-row blocks in turn, the consumers a block apart;
 ``256-m``: clusters along M; ``256-staged``: 3 stages and four staging boxes per consumer, its output tile
-staged whole as DeepGEMM's, instead of 4 stages and one box), ``128-serial`` (128 wide one step at a time),
+staged whole as DeepGEMM's, instead of 4 stages and one box; ``-unroll`` after either: two K steps per loop
+iteration), ``128-serial`` (128 wide one step at a time),
 and ``-lockstep`` after a step-by-step variant: without the consumers' offset start. Shapes: issue 33's (N, K) at
 ``--m`` (default 512 and 4096) and 4096 x 7168 x 16384. Medians of ``--repeats`` do_bench medians (L2 flushed).
 
@@ -44,6 +45,8 @@ VARIANTS = (
     "256",
     "256-m",
     "256-staged",
+    "256-unroll",
+    "256-staged-unroll",
     "128-serial",
     "128-serial-lockstep",
     "192-lockstep",
@@ -95,6 +98,8 @@ def run_variant(variant: str, shapes, repeats: int) -> list:
         mainloop.PAIRED_ACCUMULATORS = 0
     if base.endswith("-lockstep"):
         mainloop.OFFSET_CONSUMERS = False
+    if base.endswith("-unroll"):
+        mainloop.WAVES_UNROLL = 2
     if "constant" in bounds:  # factors of 1/2 (FFMAs as with scales), no reads (a 192-wide tile takes three per row)
         mainloop.step_factors = lambda scales, stage, rows, sources=1, straddle=None: [
             [fx.Float32(0.5)] * (sources if straddle is None else 3) for _ in rows

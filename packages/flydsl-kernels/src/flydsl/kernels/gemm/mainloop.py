@@ -104,6 +104,7 @@ def _promote(sums: list, parts: list, factors: list, source_columns: int) -> lis
 PAIRED_ACCUMULATORS = 64  # the most accumulators per thread per set for pairs: three sets beside the rest
 OFFSET_CONSUMERS = True  # step by step: the second consumer starts once the first's first MMAs are done
 OFFSET_BARRIER = 3  # the named barrier of that start (the epilogue's are 1 and 2)
+WAVES_UNROLL = 1  # K steps per loop iteration of 256-row tiles' waves (1 or 2)
 
 
 def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp, tile_n=0, offset=None):
@@ -235,26 +236,45 @@ class _Waves:
         wgmma.commit_group()
         return part
 
+    def step(self, state, part, sums, first, offset):
+        """One K step: each block's MMAs issued, waited for and promoted in turn (``first``: whether it is the unit's
+        first step, after which the first consumer lets the second start; True where known). Returns (state, part,
+        sums)."""
+        warpgroup = self.consumer.warpgroup
+        self.consumer.pipe.consumer_wait(state)
+        for block in fx.range_constexpr(self.blocks):
+            parts = self.issue(state, part, block)
+            factors = self.factors_of(state, block)  # the block's rows; loads in flight under its MMAs
+            parts = wgmma.wait_group(0, parts)
+            if fx.const_expr(offset is not None and block == 0):
+                starts = offset & (warpgroup == 0)
+                if fx.const_expr(first is not True):
+                    starts = starts & first
+                if starts:
+                    nvvm.barrier_arrive(OFFSET_BARRIER, 256)
+            if fx.const_expr(block == self.blocks - 1):
+                self.release(state)
+            # pinned: the next block's MMAs (into the same registers) are issued after these FMAs, not among them
+            promoted = wgmma.fence_operands(_promote([sums[block]], parts, factors, self.source_columns))
+            sums = sums[:block] + promoted + sums[block + 1 :]  # rebound, not mutated: the loop carries names
+            part = parts[0]
+        return state.advance(), part, sums
+
     def steps(self, state, k_begin, k_end, sums, offset):
-        pipe, warpgroup = self.consumer.pipe, self.consumer.warpgroup
         part = self.mma.make_accumulators(0.0)[0]
         if fx.const_expr(offset is not None):
-            if offset & (warpgroup == 1):
+            if offset & (self.consumer.warpgroup == 1):
                 nvvm.barrier(OFFSET_BARRIER, 256)
-        for _step in range(k_begin, k_end):
-            pipe.consumer_wait(state)
-            for block in fx.range_constexpr(self.blocks):
-                parts = self.issue(state, part, block)
-                factors = self.factors_of(state, block)  # the block's rows; loads in flight under its MMAs
-                parts = wgmma.wait_group(0, parts)
-                if fx.const_expr(offset is not None and block == 0):
-                    if offset & (warpgroup == 0) & (_step == k_begin):
-                        nvvm.barrier_arrive(OFFSET_BARRIER, 256)
-                if fx.const_expr(block == self.blocks - 1):
-                    self.release(state)
-                # pinned: the next block's MMAs (into the same registers) are issued after these FMAs, not among them
-                promoted = wgmma.fence_operands(_promote([sums[block]], parts, factors, self.source_columns))
-                sums = sums[:block] + promoted + sums[block + 1 :]  # rebound, not mutated: the loop carries names
-                part = parts[0]
-            state = state.advance()
+        if fx.const_expr(WAVES_UNROLL == 1):
+            for _step in range(k_begin, k_end):
+                state, part, sums = self.step(state, part, sums, _step == k_begin, offset)
+            return state, sums
+        # two steps per iteration (an odd count's first step alone, before them): the next step's wait and
+        # descriptors can be scheduled among the previous step's FMAs
+        odd = (k_end - k_begin) % 2
+        if odd == 1:
+            state, part, sums = self.step(state, part, sums, True, offset)
+        for _pair in range(k_begin + odd, k_end, 2):
+            state, part, sums = self.step(state, part, sums, _pair == k_begin, offset)
+            state, part, sums = self.step(state, part, sums, False, None)
         return state, sums
