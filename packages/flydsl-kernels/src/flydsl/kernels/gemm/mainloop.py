@@ -268,13 +268,12 @@ class _Waves:
         if fx.const_expr(WAVES_UNROLL == 1):
             for _step in range(k_begin, k_end):
                 state, part, sums = self.step(state, part, sums, _step == k_begin, offset)
-            return state, sums
-        # two steps per iteration (an odd count's first step alone, before them): the next step's wait and
-        # descriptors can be scheduled among the previous step's FMAs
-        odd = (k_end - k_begin) % 2
-        if odd == 1:
-            state, part, sums = self.step(state, part, sums, True, offset)
-        for _pair in range(k_begin + odd, k_end, 2):
-            state, part, sums = self.step(state, part, sums, _pair == k_begin, offset)
-            state, part, sums = self.step(state, part, sums, False, None)
+        else:  # two steps per iteration (an odd count's first step alone, before them): the next step's wait and
+            # descriptors can be scheduled among the previous step's FMAs
+            odd = (k_end - k_begin) % 2
+            if odd == 1:
+                state, part, sums = self.step(state, part, sums, True, offset)
+            for _pair in range(k_begin + odd, k_end, 2):
+                state, part, sums = self.step(state, part, sums, _pair == k_begin, offset)
+                state, part, sums = self.step(state, part, sums, False, None)
         return state, sums
