@@ -10,7 +10,7 @@ import pytest
 
 import flydsl.compiler as flyc
 from flydsl.compiler import toolchain
-from flydsl.kernels.gemm import GemmConfig, MatrixSpec, choose_blockscale_config, plan_blockscale
+from flydsl.kernels.gemm import GemmConfig, MatrixSpec, choose_blockscale_config, mainloop, plan_blockscale
 from flydsl.kernels.gemm.arguments import check_blockscale_arguments
 from flydsl.kernels.gemm.block_scales import tile_takes_blocks
 from flydsl.kernels.gemm.operands import TmaView
@@ -43,12 +43,13 @@ def test_blockscale_configs_take_one_scale_block_per_step_and_tile(m, n, k):
 
 @pytest.mark.parametrize(
     "m,n,k,width",
-    [(4096, 24576, 1536, 192), (512, 18432, 7168, 192), (8192, 32768, 512, 192), (4096, 18432, 7168, 192)]
-    + [(512, 7168, 16384, 128), (512, 32768, 512, 128), (2048, 4096, 7168, 128), (4096, 2112, 7168, 128)],
+    [(512, 18432, 7168, 192), (2048, 7168, 2048, 192), (2048, 7168, 16384, 192), (8192, 2112, 7168, 192)]
+    + [(512, 4096, 7168, 128), (4096, 2112, 7168, 128)],
 )
 def test_blockscale_tiles_go_192_wide_where_fewer_waves_pay_for_them(m, n, k, width):
     """192-wide tiles where their waves, 1.5 times as long less the wider tile's gain, take less time than the 128-wide
-    tiles' (as measured on an H100, docs/tuning/blockscale.md#wide-tiles), and never with a split K."""
+    tiles' and than 256 x 128 tiles' (as measured on an H100, docs/tuning/blockscale.md#wide-tiles, #unrolled), and
+    never with a split K."""
     cfg = choose_blockscale_config(m, n, k, SMS)
     assert cfg.tile_m == 128 and cfg.tile_n == width and (width == 128 or cfg.split_k == 1)
     assert cfg.stages == (5 if width == 192 else 6)
@@ -56,12 +57,14 @@ def test_blockscale_tiles_go_192_wide_where_fewer_waves_pay_for_them(m, n, k, wi
 
 @pytest.mark.parametrize(
     "m,n,k,tall",
-    [(4096, 7168, 16384, True), (4096, 4096, 7168, True), (8192, 4096, 7168, True), (4096, 7168, 2048, True)]
-    + [(4096, 18432, 7168, False), (4096, 2112, 7168, False), (8192, 32768, 512, False), (2048, 4096, 7168, False)],
+    [(4096, 7168, 16384, True), (4096, 4096, 7168, True), (8192, 32768, 512, True), (2048, 4096, 7168, True)]
+    + [(512, 7168, 16384, True), (512, 32768, 512, True), (4096, 18432, 7168, True)]
+    + [(4096, 2112, 7168, False), (2048, 7168, 2048, False), (512, 4096, 7168, False), (256, 7168, 16384, False)],
 )
-def test_blockscale_tiles_go_256_rows_where_their_waves_pay_by_a_margin(m, n, k, tall):
-    """256 x 128 tiles in 2-CTA clusters along N (DeepGEMM's) where the waves model has them 3% faster than the
-    128-row choice, from M 4096 (the sizes they were timed at, docs/tuning/blockscale.md#scales-by-tma)."""
+def test_blockscale_tiles_go_256_rows_where_their_waves_pay(m, n, k, tall):
+    """256 x 128 tiles in 2-CTA clusters along N (DeepGEMM's) where the waves model, each such tile's time per element
+    1/1.12 of a 128 x 128 tile's, has them faster than the 128-row choice, from M 512 (fitted at M 512-8192 on an
+    H100, docs/tuning/blockscale.md#unrolled)."""
     cfg = choose_blockscale_config(m, n, k, SMS)
     assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n) == (
         (256, 128, 1, 2) if tall else (128, cfg.tile_n, 2, 1)
@@ -74,14 +77,14 @@ def test_192_wide_tiles_promote_step_by_step_with_the_consumers_offset():
     """One step's wgmmas per loop iteration (four k32 instructions, each m64n192) waited for at once, no spills, and
     the consumers' one-step offset: named barrier 3, the first consumer arriving (bar.arrive) and the second waiting
     (bar.sync) for all 256 threads; 128-wide tiles (pairs) take no offset."""
-    plan = plan_blockscale(*_specs(4096, 24576, 1536), sms=SMS)
+    plan = plan_blockscale(*_specs(2048, 7168, 2048), sms=SMS)
     assert plan.config.tile_n == 192
     (module,) = plan.lower()
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n192k32", module.ptx)) == 4
     assert re.search(r"bar\.arrive (%r\d+|3), 256;", module.ptx)
     assert re.search(r"bar\.sync \t(%r\d+|3), 256;", module.ptx)
     assert spill_bytes(module.ptx) == 0
-    (paired,) = plan_blockscale(*_specs(512, 7168, 16384), sms=SMS).lower()
+    (paired,) = plan_blockscale(*_specs(512, 4096, 7168), sms=SMS).lower()
     assert "bar.arrive" not in paired.ptx
 
 
@@ -89,10 +92,12 @@ def test_192_wide_tiles_promote_step_by_step_with_the_consumers_offset():
 def test_256_row_tiles_promote_each_consumer_block_in_turn():
     """256 x 128 tiles (DeepGEMM's waves of 64 rows): per K step each consumer issues one 64-row block's four
     m64n128k32 wgmmas, waits for them and promotes them before the next block's, so both blocks' MMAs write the same
-    parts registers and the sums of 128 rows fit beside them without spills; the consumers start a block apart."""
+    parts registers and the sums of 128 rows fit beside them without spills; the consumers start a block apart. Two
+    K steps per loop iteration (an odd count's first step alone, before the loop): three steps' MMAs in the code."""
     cfg = GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=1, cluster_n=2, store_boxes=1)
     (module,) = plan_blockscale(*_specs(4096, 7168, 16384), sms=SMS, config=cfg).lower()
-    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32", module.ptx)) == 8
+    steps = 1 + mainloop.WAVES_UNROLL  # the odd step's code and the pair's
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32", module.ptx)) == 8 * steps
     assert len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+0;", module.ptx)) >= 2
     assert re.search(r"bar\.arrive (%r\d+|3), 256;", module.ptx)
     assert spill_bytes(module.ptx) == 0
@@ -100,7 +105,7 @@ def test_256_row_tiles_promote_each_consumer_block_in_turn():
     if sass is None:
         pytest.skip("needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
     first = re.findall(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 (R\d+), gdesc\[\w+\], RZ, !UPT", sass)
-    assert len(first) == 2 and len(set(first)) == 1  # each block's first MMA into the same registers
+    assert len(first) == 2 * steps and len(set(first)) == 1  # each block's first MMA into the same registers
 
 
 @pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")

@@ -15,7 +15,7 @@ from flydsl.kernels.gemm.schedulers import cluster_tiles, split_plan, stream_k_s
 __all__ = [
     "SMEM_BYTES",
     "STAGING_BOX",
-    "TALL_BLOCKSCALE_MARGIN",
+    "TALL_BLOCKSCALE_GAIN",
     "TALL_BLOCKSCALE_MIN_M",
     "WIDE_BLOCKSCALE_GAIN",
     "GemmConfig",
@@ -287,9 +287,9 @@ def choose_fp8_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     return fp8_config(choose_config(m, n, -(-k // 2), sms))
 
 
-WIDE_BLOCKSCALE_GAIN = 1.08  # a 192-wide or 256-row block-scaled tile's time per element against a 128 x 128 tile's
-TALL_BLOCKSCALE_MARGIN = 1.03  # 256 x 128 tiles where the waves model has them this much faster (measured gains 4-8%)
-TALL_BLOCKSCALE_MIN_M = 4096  # ... and M is this large: the M they were timed at (4096, 8192; smaller M untimed)
+WIDE_BLOCKSCALE_GAIN = 1.08  # a 192-wide block-scaled tile's time per element against a 128 x 128 tile's
+TALL_BLOCKSCALE_GAIN = 1.12  # a 256 x 128 tile's (its K loop two steps an iteration), fitted at M 512-8192
+TALL_BLOCKSCALE_MIN_M = 512  # ... from this M on (the least timed)
 
 
 @functools.cache
@@ -297,8 +297,8 @@ def choose_blockscale_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     """The configuration of a block-scaled fp8 GEMM: :func:`choose_fp8_config`'s among tiles at most 128 wide, with
     the deepest pipeline whose slots also hold their K step's scales, or the same 192 wide, or 256 x 128 in clusters
     of 2 CTAs along N sharing A (DeepGEMM's tile), where fewer waves of those make up for their larger tiles (a
-    waves model: waves times each tile's elements, over :data:`WIDE_BLOCKSCALE_GAIN` for the larger tiles; 256 x 128
-    only with :data:`TALL_BLOCKSCALE_MARGIN` to spare and from :data:`TALL_BLOCKSCALE_MIN_M` rows; a split K keeps
+    waves model: waves times each tile's elements, over :data:`WIDE_BLOCKSCALE_GAIN` for 192-wide tiles and
+    :data:`TALL_BLOCKSCALE_GAIN` for 256 x 128 ones, those from :data:`TALL_BLOCKSCALE_MIN_M` rows; a split K keeps
     the 128-wide tile). Each consumer thread holds two K blocks' accumulators beside the float32 sums where three sets
     fit (tiles 128 wide: 64 registers per 64 rows each), one otherwise (192: 96; 256 x 128: one 64-row block's 64
     beside two blocks' sums), and a tile takes one or two scales per 128-column block of B
@@ -308,13 +308,13 @@ def choose_blockscale_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
 
         def cost(c):  # waves of tiles, each as long as its elements over its gain (tiles 128 wide: 1)
             tiles = -(-m // c.tile_m) * -(-n // c.tile_n)
-            gain = WIDE_BLOCKSCALE_GAIN if c.tile_n == 192 or c.tile_m == 256 else 1.0
+            gain = WIDE_BLOCKSCALE_GAIN if c.tile_n == 192 else TALL_BLOCKSCALE_GAIN if c.tile_m == 256 else 1.0
             return -(-tiles // sms) * c.tile_m * c.tile_n / gain
 
         wide = dataclasses.replace(cfg, tile_n=192)
         if cost(wide) < cost(cfg):
             cfg = wide
         tall = dataclasses.replace(cfg, tile_m=256, tile_n=128, cluster_m=1, cluster_n=2)
-        if cfg.tile_m == 128 and m >= TALL_BLOCKSCALE_MIN_M and cost(tall) * TALL_BLOCKSCALE_MARGIN < cost(cfg):
+        if cfg.tile_m == 128 and m >= TALL_BLOCKSCALE_MIN_M and cost(tall) < cost(cfg):
             cfg = tall
     return dataclasses.replace(cfg, **deepest_pipeline(cfg.tile_m, cfg.tile_n, slot_bytes(cfg.tile_m)))
