@@ -104,6 +104,7 @@ def _promote(sums: list, parts: list, factors: list, source_columns: int) -> lis
 PAIRED_ACCUMULATORS = 64  # the most accumulators per thread per set for pairs: three sets beside the rest
 OFFSET_CONSUMERS = True  # step by step: the second consumer starts once the first's first MMAs are done
 OFFSET_BARRIER = 3  # the named barrier of that start (the epilogue's are 1 and 2)
+WIDE_UNROLL = 1  # K steps per loop iteration of 192-wide tiles (1 or 2; opt-in, blockscale_variants' 192-unroll)
 WAVES_UNROLL = 2  # K steps per loop iteration of 256-row tiles' waves (1 or 2; 2: +4-7% on an H100, #unrolled)
 
 
@@ -169,16 +170,30 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
         if fx.const_expr(offsetting):
             if offset & (consumer.warpgroup == 1):
                 nvvm.barrier(OFFSET_BARRIER, 256)
-        for _step in range(k_begin, k_end):
+
+        def step(state, parts, sums, first):  # first: the unit's first step (True where known)
             parts = issue(state, parts)
             factors = factors_of(state)  # loads in flight under the MMAs; the products wait for them
             parts = wgmma.wait_group(0, parts)
-            if fx.const_expr(offsetting):
-                if offset & (consumer.warpgroup == 0) & (_step == k_begin):
+            if fx.const_expr(offsetting and first is not False):
+                starts = offset & (consumer.warpgroup == 0)
+                if fx.const_expr(first is not True):
+                    starts = starts & first
+                if starts:
                     nvvm.barrier_arrive(OFFSET_BARRIER, 256)
             release(state)
-            sums = _promote(sums, parts, factors, source_columns)
-            state = state.advance()
+            return state.advance(), parts, _promote(sums, parts, factors, source_columns)
+
+        if fx.const_expr(WIDE_UNROLL == 1):
+            for _step in range(k_begin, k_end):
+                state, parts, sums = step(state, parts, sums, _step == k_begin)
+        else:  # two steps per iteration, an odd count's first alone before them (as _Waves.steps)
+            odd = (k_end - k_begin) % 2
+            if odd == 1:
+                state, parts, sums = step(state, parts, sums, True)
+            for _pair in range(k_begin + odd, k_end, 2):
+                state, parts, sums = step(state, parts, sums, _pair == k_begin)
+                state, parts, sums = step(state, parts, sums, False)
         return state, sums
     # A pair's scales are read once its first MMAs are done, under the second's (docs/tuning/blockscale.md
     # #when-consumers-read: read earlier, the loads' latency stalls the next MMAs' issue).
