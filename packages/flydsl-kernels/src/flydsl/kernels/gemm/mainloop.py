@@ -232,7 +232,9 @@ class _Waves:
     block's are issued (DeepGEMM's waves of 64 rows): the sums of both blocks and one block's parts fit the
     consumers' registers (3 x 64 for 128-wide tiles) where both blocks' parts beside the sums would not. A block's
     promotion runs under the other consumer's MMAs; ``offset`` starts the second consumer once the first's first
-    block is done, a wave apart."""
+    block is done, a wave apart. :data:`WAVES_UNROLL` steps go in each loop iteration (two: the next step's wait and
+    descriptors are scheduled among the previous step's FMAs, 4-7% faster on an H100, docs/tuning/blockscale.md
+    #unrolled)."""
 
     def __init__(self, consumer: Consumer, blocks: int, factors_of, release, source_columns: int):
         self.consumer, self.blocks, self.factors_of = consumer, blocks, factors_of
