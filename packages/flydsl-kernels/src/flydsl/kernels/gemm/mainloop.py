@@ -171,29 +171,18 @@ def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScal
             if offset & (consumer.warpgroup == 1):
                 nvvm.barrier(OFFSET_BARRIER, 256)
 
-        def step(state, parts, sums, first):  # first: the unit's first step (True where known)
+        def step(carried, first):  # first: the unit's first step (True or False where known)
+            state, parts, sums = carried
             parts = issue(state, parts)
             factors = factors_of(state)  # loads in flight under the MMAs; the products wait for them
             parts = wgmma.wait_group(0, parts)
             if fx.const_expr(offsetting and first is not False):
-                starts = offset & (consumer.warpgroup == 0)
-                if fx.const_expr(first is not True):
-                    starts = starts & first
-                if starts:
+                if _first_of(offset & (consumer.warpgroup == 0), first):
                     nvvm.barrier_arrive(OFFSET_BARRIER, 256)
             release(state)
             return state.advance(), parts, _promote(sums, parts, factors, source_columns)
 
-        if fx.const_expr(WIDE_UNROLL == 1):
-            for _step in range(k_begin, k_end):
-                state, parts, sums = step(state, parts, sums, _step == k_begin)
-        else:  # two steps per iteration, an odd count's first alone before them (as _Waves.steps)
-            odd = (k_end - k_begin) % 2
-            if odd == 1:
-                state, parts, sums = step(state, parts, sums, True)
-            for _pair in range(k_begin + odd, k_end, 2):
-                state, parts, sums = step(state, parts, sums, _pair == k_begin)
-                state, parts, sums = step(state, parts, sums, False)
+        state, _, sums = _k_steps(step, (state, parts, sums), k_begin, k_end, WIDE_UNROLL)
         return state, sums
     # A pair's scales are read once its first MMAs are done, under the second's (docs/tuning/blockscale.md
     # #when-consumers-read: read earlier, the loads' latency stalls the next MMAs' issue).
@@ -253,21 +242,19 @@ class _Waves:
         wgmma.commit_group()
         return part
 
-    def step(self, state, part, sums, first, offset):
-        """One K step: each block's MMAs issued, waited for and promoted in turn (``first``: whether it is the unit's
-        first step, after which the first consumer lets the second start; True where known). Returns (state, part,
-        sums)."""
+    def step(self, carried, first, offset):
+        """One K step of ``carried`` = (state, part, sums): each block's MMAs issued, waited for and promoted in turn
+        (``first``: whether it is the unit's first step, after which the first consumer lets the second start; True
+        or False where known)."""
+        state, part, sums = carried
         warpgroup = self.consumer.warpgroup
         self.consumer.pipe.consumer_wait(state)
         for block in fx.range_constexpr(self.blocks):
             parts = self.issue(state, part, block)
             factors = self.factors_of(state, block)  # the block's rows; loads in flight under its MMAs
             parts = wgmma.wait_group(0, parts)
-            if fx.const_expr(offset is not None and block == 0):
-                starts = offset & (warpgroup == 0)
-                if fx.const_expr(first is not True):
-                    starts = starts & first
-                if starts:
+            if fx.const_expr(offset is not None and block == 0 and first is not False):
+                if _first_of(offset & (warpgroup == 0), first):
                     nvvm.barrier_arrive(OFFSET_BARRIER, 256)
             if fx.const_expr(block == self.blocks - 1):
                 self.release(state)
@@ -282,15 +269,29 @@ class _Waves:
         if fx.const_expr(offset is not None):
             if offset & (self.consumer.warpgroup == 1):
                 nvvm.barrier(OFFSET_BARRIER, 256)
-        if fx.const_expr(WAVES_UNROLL == 1):
-            for _step in range(k_begin, k_end):
-                state, part, sums = self.step(state, part, sums, _step == k_begin, offset)
-        else:  # two steps per iteration (an odd count's first step alone, before them): the next step's wait and
-            # descriptors can be scheduled among the previous step's FMAs
-            odd = (k_end - k_begin) % 2
-            if odd == 1:
-                state, part, sums = self.step(state, part, sums, True, offset)
-            for _pair in range(k_begin + odd, k_end, 2):
-                state, part, sums = self.step(state, part, sums, _pair == k_begin, offset)
-                state, part, sums = self.step(state, part, sums, False, None)
+        step = lambda carried, first: self.step(carried, first, offset)  # noqa: E731
+        state, _, sums = _k_steps(step, (state, part, sums), k_begin, k_end, WAVES_UNROLL)
         return state, sums
+
+
+def _first_of(condition, first):
+    """``condition`` on a unit's first step: ``first`` a kernel Boolean, or True where known."""
+    return condition if first is True else condition & first
+
+
+def _k_steps(step, carried: tuple, k_begin, k_end, unroll: int) -> tuple:
+    """``carried = step(carried, first)`` for each K step of ``[k_begin, k_end)`` (``first``: whether it is the
+    unit's first), ``unroll`` steps per loop iteration (1 or 2; with two, an odd count's first step runs alone before
+    the loop): the next step's barrier wait and descriptors can then be scheduled among the previous step's FMAs
+    (docs/tuning/blockscale.md#unrolled)."""
+    if fx.const_expr(unroll == 1):
+        for _step in range(k_begin, k_end):
+            carried = step(carried, _step == k_begin)
+    else:
+        odd = (k_end - k_begin) % 2
+        if odd == 1:
+            carried = step(carried, True)
+        for _pair in range(k_begin + odd, k_end, 2):
+            carried = step(carried, _pair == k_begin)
+            carried = step(carried, False)
+    return carried
