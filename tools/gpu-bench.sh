@@ -49,7 +49,10 @@
 # shapes, ~3 min; it imports no flydsl), then, on the same warm machine, one that carries .devrt/rt-llvm.tar.xz (and
 # .devrt/wheels) and runs `bash tools/gpu-bench.sh C blockscale-deepgemm`, which sources `tools/deepgemm-env.sh --env`
 # itself. `blockscale` (the sweep) times DeepGEMM too where `source tools/deepgemm-env.sh --env` ran before it in the
-# same command. Each run is cut at 5
+# same command. One fresh machine in one call: the working tree goes with every call, and with benchmarks/results/
+# and docs/ (16 MB, read by nothing on the GPU machine) moved out of it for that call (and back after it, refused
+# or not), the tree and all of .devrt (and .dg/deepgemm-src.tar.xz) fit the 64 MiB; later calls on the warm machine
+# carry .devrt/wheels and .devrt/activate.sh only. Each run is cut at 5
 # minutes. Each benchmark writes its record where benchmarks/results/ keeps it, under $OUT (or ./gpu-logs):
 # <folder>/<date>_<commit>.json (gemm/, skinny_gemm/, norms/, host_overhead/, moe_decode_sweep/; copy the folders into
 # benchmarks/results/ and rename a run in a word where the commit alone does not say what it was), and its log as
