@@ -11,7 +11,8 @@
 # direct over the fp8 and block cases at one token, Mixtral's too: each stage alone, with and without
 # SkinnyConfig.landed, ~3 min) and quantize (quantize_bench.py, per token and tensor, ~2 min) fit one call together;
 # blockscale (issue 33's 36 shapes, ~1.5 min on an H100), blockscale-variants (the mainloop's tile variants, ~3 min),
-# blockscale-tall (256 x 128 tiles against the chosen ones at M 512 and 2048, below TALL_BLOCKSCALE_MIN_M, ~1 min)
+# blockscale-wide-unroll (192-wide tiles with one and two K steps per loop iteration at the four shapes that choose
+# them, medians of 3, < 2 min)
 # and fp8-prepared (plain vs prepared
 # weights' descriptors, < 1 min) too, as do paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue
 # 35's short caches, ~1.5 min on an H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split
@@ -157,8 +158,9 @@ for bench in $which; do
       fi ;;
     blockscale-variants) run blockscale-variants python3 benchmarks/blockscale_variants.py \
       --variants chosen,128,192 --m 512 4096 8192 --json "$(out blockscale_variants)" --commit "$commit" ;;
-    blockscale-tall) run blockscale-tall python3 benchmarks/blockscale_variants.py \
-      --variants chosen,256 --m 512 2048 --json "$(out blockscale_variants tall)" --commit "$commit" ;;
+    blockscale-wide-unroll) run blockscale-wide-unroll python3 benchmarks/blockscale_variants.py \
+      --variants 192,192-unroll --shapes 2048x7168x2048 2048x7168x16384 512x18432x7168 8192x2112x7168 \
+      --json "$(out blockscale_variants wide_unroll)" --commit "$commit" ;;
     fp8-prepared) run fp8-prepared python3 benchmarks/fp8_prepared_descriptor.py \
       --json "$(out fp8_prepared_descriptor)" --commit "$commit" ;;
     fp8-sweep)  # issue 32's record: two processes (each ~1 min on an H100), joined later by fp8_gemm_bench.py --merge
