@@ -11,10 +11,11 @@ along M where it chose 256 rows: K steps promoted in pairs), ``192`` (192 wide: 
 step apart), ``256`` (256 x 128 tiles in 2-CTA clusters along N sharing A, as DeepGEMM takes them: each consumer's
 two 64-row blocks in turn, the consumers a block apart; ``256-m``: clusters along M; ``256-staged``: 3 stages and
 four staging boxes per consumer, its output tile staged whole as DeepGEMM's, instead of 4 stages and one box;
-``-unroll`` after either: two K steps per loop iteration, the default since 7057334), ``192-unroll`` (192 wide, two
-K steps per iteration), ``128-serial`` (128 wide one step at a time), and ``-lockstep`` after a step-by-step
-variant: without the consumers' offset start. Shapes: issue 33's (N, K) at ``--m`` (default 512 and 4096) and 4096 x
-7168 x 16384. Medians of ``--repeats`` do_bench medians (L2 flushed).
+``-unroll`` after either: two K steps per loop iteration, the default since 7057334, ``-unroll4``: four; without
+either, one), ``192-unroll`` and ``192-unroll4`` (192 wide, two or four K steps per iteration), ``128-serial`` (128
+wide one step at a time), and ``-lockstep`` after a step-by-step variant: without the consumers' offset start.
+Shapes: issue 33's (N, K) at ``--m`` (default 512 and 4096) and 4096 x 7168 x 16384. Medians of ``--repeats``
+do_bench medians (L2 flushed).
 
 A bound (wrong results, the cost of the scales' path): ``/constant`` after a variant (the consumers promote with
 factors of 1/2 and read no scales; until f7d447c also ``/nocopy``: the producer's lanes stored the scales instead
@@ -46,8 +47,11 @@ VARIANTS = (
     "256-m",
     "256-staged",
     "256-unroll",
+    "256-unroll4",
     "256-staged-unroll",
+    "256-staged-unroll4",
     "192-unroll",
+    "192-unroll4",
     "128-serial",
     "128-serial-lockstep",
     "192-lockstep",
@@ -99,8 +103,9 @@ def run_variant(variant: str, shapes, repeats: int) -> list:
         mainloop.PAIRED_ACCUMULATORS = 0
     if base.endswith("-lockstep"):
         mainloop.OFFSET_CONSUMERS = False
-    if base.endswith("-unroll"):
-        mainloop.WAVES_UNROLL = mainloop.WIDE_UNROLL = 2
+    if base != "chosen":  # K steps per loop iteration: one, or as the suffix says (chosen: the defaults)
+        unroll = {"-unroll": 2, "-unroll4": 4}.get(base[base.rfind("-") :], 1)
+        mainloop.WAVES_UNROLL = mainloop.WIDE_UNROLL = unroll
     if "constant" in bounds:  # factors of 1/2 (FFMAs as with scales), no reads (a 192-wide tile takes three per row)
         mainloop.step_factors = lambda scales, stage, rows, sources=1, straddle=None: [
             [fx.Float32(0.5)] * (sources if straddle is None else 3) for _ in rows

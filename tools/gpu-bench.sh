@@ -12,7 +12,8 @@
 # SkinnyConfig.landed, ~3 min) and quantize (quantize_bench.py, per token and tensor, ~2 min) fit one call together;
 # blockscale (issue 33's 36 shapes, ~1.5 min on an H100), blockscale-variants (the mainloop's tile variants, ~3 min),
 # blockscale-wide-unroll (192-wide tiles with one and two K steps per loop iteration at the four shapes that choose
-# them, medians of 3, < 2 min)
+# them, medians of 3, < 2 min), blockscale-unroll4 (256 x 128 tiles with two and four K steps per loop iteration, and
+# four with the tile staged whole, at four shapes from M 4096, DeepGEMM beside where its env is set, ~3 min)
 # and fp8-prepared (plain vs prepared
 # weights' descriptors, < 1 min) too, as do paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue
 # 35's short caches, ~1.5 min on an H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split
@@ -161,6 +162,10 @@ for bench in $which; do
     blockscale-wide-unroll) run blockscale-wide-unroll python3 benchmarks/blockscale_variants.py \
       --variants 192,192-unroll --shapes 2048x7168x2048 2048x7168x16384 512x18432x7168 8192x2112x7168 \
       --json "$(out blockscale_variants wide_unroll)" --commit "$commit" ;;
+    blockscale-unroll4) run blockscale-unroll4 python3 benchmarks/blockscale_variants.py \
+      --variants 256-unroll,256-unroll4,256-staged-unroll4 \
+      --shapes 4096x7168x16384 4096x4096x7168 8192x4096x7168 4096x18432x7168 \
+      --json "$(out blockscale_variants unroll4)" --commit "$commit" ;;
     fp8-prepared) run fp8-prepared python3 benchmarks/fp8_prepared_descriptor.py \
       --json "$(out fp8_prepared_descriptor)" --commit "$commit" ;;
     fp8-sweep)  # issue 32's record: two processes (each ~1 min on an H100), joined later by fp8_gemm_bench.py --merge

@@ -360,6 +360,27 @@ def test_helpers_with_control_flow_are_rewritten_when_called():
     assert "scf.if" in text and re.search(r'loc\(".*test_dsl_control_flow.py":\d+:0\)', text)
 
 
+UNROLL = 1  # a module constant a helper reads at trace time (tuning scripts set such constants)
+
+
+def _repeated(x):
+    for _ in fx.range_constexpr(UNROLL):
+        x = x + fx.Float32(1.0)
+    return x
+
+
+def test_a_rewritten_helper_reads_its_modules_globals_as_they_are_now(monkeypatch):
+    """A helper is rewritten once per process; the globals it reads are its module's own, not a copy taken then."""
+
+    @flyc.kernel
+    def k(x: fx.Tensor):
+        x[0] = _repeated(x[1])
+
+    assert _trace(k).count("arith.addf") == 1
+    monkeypatch.setitem(globals(), "UNROLL", 3)
+    assert _trace(k).count("arith.addf") == 3
+
+
 class _RunningMax:
     """A value carried by the protocol: two numerics behind one object (like a pipeline state)."""
 

@@ -544,8 +544,11 @@ def rewrite_function(fn: types.FunctionType) -> types.FunctionType:
         code = _rewrite_code(fn.__code__, textwrap.dedent("".join(block)), filename, first_line)
     from flydsl.compiler import control_flow
 
-    namespace = dict(fn.__globals__)
-    namespace[HELPERS] = control_flow
+    # fn's own module namespace, live (a copy would freeze the module's globals at the first trace: a tuning constant
+    # set later, or a helper rebound, would not be seen), with the helpers' name added to it.
+    namespace = fn.__globals__
+    if namespace.get(HELPERS) is not control_flow:
+        namespace[HELPERS] = control_flow
     # The rewritten code object, made a function over fn's own closure cells (live, and possibly still empty: a
     # nested helper naming a variable its enclosing function binds later or on one path only).
     (factory,) = (c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == "__fly_factory")

@@ -104,8 +104,8 @@ def _promote(sums: list, parts: list, factors: list, source_columns: int) -> lis
 PAIRED_ACCUMULATORS = 64  # the most accumulators per thread per set for pairs: three sets beside the rest
 OFFSET_CONSUMERS = True  # step by step: the second consumer starts once the first's first MMAs are done
 OFFSET_BARRIER = 3  # the named barrier of that start (the epilogue's are 1 and 2)
-WIDE_UNROLL = 1  # K steps per loop iteration of 192-wide tiles (1 or 2; opt-in, blockscale_variants' 192-unroll)
-WAVES_UNROLL = 2  # K steps per loop iteration of 256-row tiles' waves (1 or 2; 2: +4-7% on an H100, #unrolled)
+WIDE_UNROLL = 1  # K steps per loop iteration of 192-wide tiles (1, 2 or 4; more: blockscale_variants' 192-unroll)
+WAVES_UNROLL = 2  # K steps per loop iteration of 256-row tiles' waves (1, 2 or 4; 2: +4-7% on an H100, #unrolled)
 
 
 def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp, tile_n=0, offset=None):
@@ -281,17 +281,24 @@ def _first_of(condition, first):
 
 def _k_steps(step, carried: tuple, k_begin, k_end, unroll: int) -> tuple:
     """``carried = step(carried, first)`` for each K step of ``[k_begin, k_end)`` (``first``: whether it is the
-    unit's first), ``unroll`` steps per loop iteration (1 or 2; with two, an odd count's first step runs alone before
-    the loop): the next step's barrier wait and descriptors can then be scheduled among the previous step's FMAs
+    unit's first), ``unroll`` steps per loop iteration (1, 2 or 4; the count's remainder runs first, a step at a time):
+    the next step's barrier wait and descriptors can then be scheduled among the previous step's FMAs
     (docs/tuning/blockscale.md#unrolled)."""
+    if fx.const_expr(unroll not in (1, 2, 4)):
+        raise ValueError(f"unroll: expected 1, 2 or 4 K steps per loop iteration, got {unroll}")
     if fx.const_expr(unroll == 1):
         for _step in range(k_begin, k_end):
             carried = step(carried, _step == k_begin)
-    else:
-        odd = (k_end - k_begin) % 2
-        if odd == 1:
+        return carried
+    rest = (k_end - k_begin) % unroll
+    if fx.const_expr(unroll == 2):
+        if rest == 1:
             carried = step(carried, True)
-        for _pair in range(k_begin + odd, k_end, 2):
-            carried = step(carried, _pair == k_begin)
+    else:
+        for _step in range(k_begin, k_begin + rest):
+            carried = step(carried, _step == k_begin)
+    for _group in range(k_begin + rest, k_end, unroll):
+        carried = step(carried, _group == k_begin)
+        for _ in fx.range_constexpr(unroll - 1):
             carried = step(carried, False)
     return carried
