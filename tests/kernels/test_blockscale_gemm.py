@@ -74,13 +74,15 @@ def test_blockscale_tiles_go_256_rows_where_their_waves_pay(m, n, k, tall):
 
 @pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
 def test_192_wide_tiles_promote_step_by_step_with_the_consumers_offset():
-    """One step's wgmmas per loop iteration (four k32 instructions, each m64n192) waited for at once, no spills, and
-    the consumers' one-step offset: named barrier 3, the first consumer arriving (bar.arrive) and the second waiting
-    (bar.sync) for all 256 threads; 128-wide tiles (pairs) take no offset."""
+    """Each step's wgmmas (four k32 instructions, each m64n192) waited for at once, ``WIDE_UNROLL`` steps per loop
+    iteration (the count's remainder first, a step at a time), no spills, and the consumers' one-step offset: named
+    barrier 3, the first consumer arriving (bar.arrive) and the second waiting (bar.sync) for all 256 threads;
+    128-wide tiles (pairs) take no offset."""
     plan = plan_blockscale(*_specs(2048, 7168, 2048), sms=SMS)
     assert plan.config.tile_n == 192
     (module,) = plan.lower()
-    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n192k32", module.ptx)) == 4
+    steps = mainloop.WIDE_UNROLL + (mainloop.WIDE_UNROLL > 1)  # the loop's steps and the remainder's
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n192k32", module.ptx)) == 4 * steps
     assert re.search(r"bar\.arrive (%r\d+|3), 256;", module.ptx)
     assert re.search(r"bar\.sync \t(%r\d+|3), 256;", module.ptx)
     assert spill_bytes(module.ptx) == 0

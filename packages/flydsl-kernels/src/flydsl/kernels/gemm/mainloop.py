@@ -104,8 +104,8 @@ def _promote(sums: list, parts: list, factors: list, source_columns: int) -> lis
 PAIRED_ACCUMULATORS = 64  # the most accumulators per thread per set for pairs: three sets beside the rest
 OFFSET_CONSUMERS = True  # step by step: the second consumer starts once the first's first MMAs are done
 OFFSET_BARRIER = 3  # the named barrier of that start (the epilogue's are 1 and 2)
-WIDE_UNROLL = 4  # K steps per loop iteration of 192-wide tiles (1, 2 or 4; more: blockscale_variants' 192-unroll)
-WAVES_UNROLL = 4  # K steps per loop iteration of 256-row tiles' waves (1, 2 or 4; 2: +4-7% on an H100, #unrolled)
+WIDE_UNROLL = 4  # K steps per loop iteration of 192-wide tiles (1, 2 or 4; 4: +4% against 1 on an H100, #unrolled)
+WAVES_UNROLL = 2  # K steps per loop iteration of 256-row tiles' waves (1, 2 or 4; 2: +4-7% on an H100, 4 no more)
 
 
 def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp, tile_n=0, offset=None):
