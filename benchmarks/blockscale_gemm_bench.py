@@ -13,7 +13,10 @@ timed with triton.testing.do_bench (CUDA events, L2 flushed before each call, me
 the peers: ``_scaled_mm`` blockwise (1 x 128 / 128 x 128: the bar; its scale layouts are found by trying the ones
 torch versions have taken, each checked against the reference; where none runs, the error is recorded),
 ``_scaled_mm`` rowwise and our rowwise ``fp8_gemm`` (per-token x per-channel scales: what the promotion costs), the
-bf16 ``gemm``, for M <= 128 a same-bytes copy of the weights (N * K bytes: streaming them once), and DeepGEMM (the
+bf16 ``gemm``, for M <= 128 a same-bytes copy (``copy_`` of N * K / 2 bytes into as many: the bytes the weights'
+stream moves, as fp8_gemm_bench.py, moe_bench.py and paged_attention_bench.py take it; ``fraction_of_copy``) and a
+copy of all N * K bytes (``fraction_of_read_copy``: it reads what the GEMM reads; until 2026-12-08 this record's
+``fraction_of_copy``), and DeepGEMM (the
 named peer: deepseek-ai/DeepGEMM's SM90 ``fp8_gemm_nt`` on the same fp8 data and scales, checked against the same
 reference; benchmarks/deepgemm_peer.py says how its layouts map; where it does not import, the record says why; build
 it on the GPU machine with tools/deepgemm-env.sh). ``--peers`` times a subset of the peers, ``--shapes`` given shapes.
@@ -43,6 +46,7 @@ PEERS = (
     "bf16_gemm",
     "copy",
 )
+COPIES = {"copy": 2, "copy_read": 1}  # name: the weights' bytes over the bytes copied (copy_ reads and writes them)
 
 
 def shape_arg(text: str):
@@ -140,11 +144,12 @@ def run_case(torch, do_bench, m, n, k, repeats, peers=PEERS, dg=None):
         timed["cublas_blockwise"] = cublas
     if deepgemm is not None:
         timed["deepgemm"] = deepgemm
-    if m <= 128 and "copy" in peers:
-        copy_src = torch.empty(n * k, dtype=torch.uint8, device="cuda")
-        copy_dst = torch.empty_like(copy_src)
-        timed["copy"] = lambda: copy_dst.copy_(copy_src)
-    timed = {name: fn for name, fn in timed.items() if name == "flydsl" or name in peers}
+    if m <= 128 and "copy" in peers:  # the bytes the weights' stream moves, and a copy reading all of them
+        copies = {name: torch.empty(n * k // parts, dtype=torch.uint8, device="cuda") for name, parts in COPIES.items()}
+        targets = {name: torch.empty_like(source) for name, source in copies.items()}
+        for name in COPIES:
+            timed[name] = lambda name=name: targets[name].copy_(copies[name])
+    timed = {name: fn for name, fn in timed.items() if name == "flydsl" or name in peers or name in COPIES}
     runs = {name: [] for name in timed}
     for _ in range(repeats):
         for name, fn in timed.items():
@@ -153,7 +158,7 @@ def run_case(torch, do_bench, m, n, k, repeats, peers=PEERS, dg=None):
     ms = {name: statistics.median(values) for name, values in runs.items()}
     for name, t in ms.items():
         result[f"{name}_ms"] = t
-        if name != "copy":
+        if name not in COPIES:
             result[f"{name}_tflops"] = flops / t / 1e9
     if "cublas_blockwise" in ms:
         result["ratio_vs_cublas"] = ms["cublas_blockwise"] / ms["flydsl"]
@@ -165,6 +170,7 @@ def run_case(torch, do_bench, m, n, k, repeats, peers=PEERS, dg=None):
         result["row_major_scales_speedup"] = ms["flydsl"] / ms["flydsl_row_major_scales"]
     if "copy" in ms:
         result["fraction_of_copy"] = ms["copy"] / ms["flydsl"]
+        result["fraction_of_read_copy"] = ms["copy_read"] / ms["flydsl"]
     result["runs_ms"] = runs
     return result
 
@@ -175,6 +181,7 @@ def summarize(results, deepgemm=None) -> dict:
     dg = [r["ratio_vs_deepgemm"] for r in results if "ratio_vs_deepgemm" in r]
     headline = [r for r in results if (r["m"], r["n"], r["k"]) == HEADLINE]
     decode = [r["fraction_of_copy"] for r in results if "fraction_of_copy" in r]
+    decode_read = [r["fraction_of_read_copy"] for r in results if "fraction_of_read_copy" in r]
     rowwise = [r["ratio_vs_rowwise"] for r in results if r["m"] >= 512 and "ratio_vs_rowwise" in r]
     return {
         "tflops_4096x7168x16384": headline[0]["flydsl_tflops"] if headline else None,
@@ -194,6 +201,7 @@ def summarize(results, deepgemm=None) -> dict:
         ),
         "geomean_ratio_vs_rowwise_m_ge_512": geomean(rowwise),
         "decode_min_fraction_of_copy": min(decode) if decode else None,
+        "decode_min_fraction_of_read_copy": min(decode_read) if decode_read else None,
         "geomean_row_major_scales_speedup": geomean(
             [r["row_major_scales_speedup"] for r in results if "row_major_scales_speedup" in r]
         ),
@@ -258,7 +266,8 @@ def main(argv=None) -> int:
             " row-major) and 128 x 128 of w, bf16 output; ratio_vs_cublas = _scaled_mm blockwise time / ours;"
             " ratio_vs_deepgemm = DeepGEMM fp8_gemm_nt time / ours (same a, w and scales: a's through DeepGEMM's"
             " get_mn_major_tma_aligned_tensor once, untimed; its first call, the JIT compile, untimed);"
-            " ratio_vs_rowwise = our rowwise fp8_gemm time / ours; fraction_of_copy = same-bytes copy_ time / ours"
+            " ratio_vs_rowwise = our rowwise fp8_gemm time / ours; fraction_of_copy = same-bytes copy_ (N * K / 2"
+            " bytes) time / ours; fraction_of_read_copy = copy_ of N * K bytes time / ours"
         )
         write_record(
             args.json,
