@@ -13,7 +13,9 @@ two 64-row blocks in turn, the consumers a block apart; ``256-m``: clusters alon
 four staging boxes per consumer, its output tile staged whole as DeepGEMM's, instead of 4 stages and one box;
 ``-unroll`` after either: two K steps per loop iteration, the default since 7057334, ``-unroll4``: four; without
 either, one), ``192-unroll`` and ``192-unroll4`` (192 wide, two or four K steps per iteration), ``128-serial`` (128
-wide one step at a time), and ``-lockstep`` after a step-by-step variant: without the consumers' offset start.
+wide one step at a time), ``narrow64`` and ``narrow32`` (DeepGEMM's tiles at M <= 128: 64 x 64 or 64 x 32, one
+consumer, no split K, up to 16 stages: one wave of tiles where they fit), and ``-lockstep`` after a step-by-step
+variant: without the consumers' offset start.
 Shapes: issue 33's (N, K) at ``--m`` (default 512 and 4096) and 4096 x 7168 x 16384. Medians of ``--repeats``
 do_bench medians (L2 flushed).
 
@@ -52,6 +54,8 @@ VARIANTS = (
     "256-staged-unroll4",
     "192-unroll",
     "192-unroll4",
+    "narrow64",
+    "narrow32",
     "128-serial",
     "128-serial-lockstep",
     "192-lockstep",
@@ -80,6 +84,13 @@ def _config(variant: str, m: int, n: int, k: int, sms: int):
         return dataclasses.replace(
             cfg, tile_m=256, tile_n=128, consumers=2, split_k=1, split_tail=False, stream_k=False, **along, **pipeline
         )
+    if width.startswith("narrow"):  # DeepGEMM's tiles at M <= 128: 64 rows, one consumer, no split, deep pipelines
+        tile_n = int(width.removeprefix("narrow"))
+        stages = max_stages(64, tile_n, store_boxes=1, slot_extra=slot_bytes(64), most=16)
+        return dataclasses.replace(
+            cfg, tile_m=64, tile_n=tile_n, consumers=1, split_k=1, split_tail=False, stream_k=False, cluster_m=1,
+            cluster_n=1, stages=stages, store_boxes=1,
+        )  # fmt: skip
     if width != "chosen" and cfg.tile_m == 256:  # 128 rows in 2-CTA clusters along M, as chosen before 256 rows
         cfg = dataclasses.replace(
             cfg, tile_m=128, cluster_m=2, cluster_n=1, **deepest_pipeline(128, 128, slot_bytes(128))

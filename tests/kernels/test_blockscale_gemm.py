@@ -234,3 +234,17 @@ def test_blockscale_argument_errors_name_the_argument(change, message):
     args = change(torch, *_tensors(torch))
     with pytest.raises((ValueError, TypeError), match=message):
         check_blockscale_arguments("blockscale_gemm", *args, None, None, None)
+
+
+@pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
+@pytest.mark.parametrize("tile_n, stages", [(64, 13), (32, 16)])
+def test_narrow_tiles_one_consumer_one_box_deep_pipeline(tile_n, stages):
+    """64-row tiles with one consumer and one staging box (DeepGEMM's choice at M <= 128: one wave of narrow tiles,
+    no split K, a deep pipeline): the staging keeps its box mode at one box (it did not: a LayoutError), and more
+    than 8 stages fit beside it."""
+    cfg = GemmConfig(
+        tile_m=64, tile_n=tile_n, tile_k=128, stages=stages, consumers=1, cluster_m=1, cluster_n=1, store_boxes=1
+    )
+    (module,) = plan_blockscale(*_specs(128, 4096, 7168), sms=SMS, config=cfg).lower()
+    assert spill_bytes(module.ptx) == 0
+    assert module.shared_bytes["gemm_ws_blockscaled"] >= stages * (64 + tile_n) * 128

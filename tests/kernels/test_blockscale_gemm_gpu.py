@@ -105,6 +105,8 @@ def test_blockscale_gemm_shapes(m, n, k, layout):
         GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=2, store_boxes=1),
         GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=1, split_k=2, store_boxes=1),
         GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=3, cluster_m=1, cluster_n=2, store_boxes=4),
+        GemmConfig(tile_m=64, tile_n=64, tile_k=128, stages=13, consumers=1, cluster_m=1, store_boxes=1),
+        GemmConfig(tile_m=64, tile_n=32, tile_k=128, stages=16, consumers=1, cluster_m=1, store_boxes=1),
     ],
     ids=[
         "split K",
@@ -119,6 +121,8 @@ def test_blockscale_gemm_shapes(m, n, k, layout):
         "256-row waves, clusters along M",
         "256-row waves split K",
         "256-row waves, tile staged whole",
+        "64x64, 13 stages, one box",
+        "64x32, 16 stages, one box",
     ],
 )
 def test_blockscale_gemm_configs(config):

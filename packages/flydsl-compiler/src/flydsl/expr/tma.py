@@ -61,10 +61,11 @@ _ENCODED: OrderedDict = OrderedDict()  # geometry -> TensorMap; bounded: a map h
 _ENCODED_LIMIT = 1024
 
 
-def swizzle_layout(dtype_bytes: int, swizzle: int, box: tuple[int, ...], stages: int = 1):
+def swizzle_layout(dtype_bytes: int, swizzle: int, box: tuple[int, ...], stages: int | None = None):
     """The shared-memory layout TMA writes a ``box`` to (row-major: the last dimension contiguous), as a
-    ``flydsl.layout`` layout over elements of ``dtype_bytes`` bytes; with ``stages > 1``, a last mode of that many
-    boxes, each starting at a multiple of the swizzle's repeat so that every one has the same pattern.
+    ``flydsl.layout`` layout over elements of ``dtype_bytes`` bytes; with ``stages`` (an int, 1 included), a last
+    mode of that many boxes, each starting at a multiple of the swizzle's repeat so that every one has the same
+    pattern.
 
     TMA swizzles XOR the 16-byte chunk index within a row of ``swizzle`` bytes with the row index modulo
     ``swizzle / 16``: in CuTe's notation ``Swizzle<B, 4, 3>`` over byte addresses (B = 1, 2, 3 for 32, 64, 128
@@ -77,7 +78,7 @@ def swizzle_layout(dtype_bytes: int, swizzle: int, box: tuple[int, ...], stages:
         step *= extent
     box_elements = step
     shape, stride = tuple(box), tuple(reversed(strides))
-    if stages > 1:
+    if stages is not None:
         repeat = max(swizzle * 8, 128) // dtype_bytes  # elements between equally swizzled stage starts
         shape, stride = shape + (stages,), stride + (-(-box_elements // repeat) * repeat,)
     inner = _fl.Layout(shape, stride)
@@ -255,9 +256,10 @@ class TmaDescriptor:
         """``stages`` boxes: the box's modes, then the stage."""
         return swizzle_layout(self.element_bytes, self.swizzle, self.box, stages)
 
-    def allocate(self, smem, stages: int = 1) -> Tensor:
-        """Shared memory for ``stages`` boxes (a last mode of ``stages`` when more than one), aligned as TMA needs."""
-        layout = self.smem_layout if stages == 1 else self.stages_layout(stages)
+    def allocate(self, smem, stages: int | None = None) -> Tensor:
+        """Shared memory for one box (its layout), or for ``stages`` boxes (a last mode of ``stages``, one included:
+        code that indexes the stage holds for any count), aligned as TMA needs."""
+        layout = self.smem_layout if stages is None else self.stages_layout(stages)
         return smem.allocate(self.dtype, layout, alignment=self.smem_alignment)
 
     def prefetch(self) -> None:

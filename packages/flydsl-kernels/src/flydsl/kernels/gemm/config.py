@@ -141,13 +141,19 @@ def staging_fits(cfg: GemmConfig, operand_bytes: int = 2, slot_extra: int = 0) -
 
 
 def max_stages(
-    tile_m: int, tile_n: int, tile_k: int = 64, element_bytes: int = 2, store_boxes: int = 2, slot_extra: int = 0
+    tile_m: int,
+    tile_n: int,
+    tile_k: int = 64,
+    element_bytes: int = 2,
+    store_boxes: int = 2,
+    slot_extra: int = 0,
+    most: int = 8,
 ) -> int:
     """The deepest pipeline whose slots (``slot_extra`` more bytes each: a block-scaled GEMM's scales) fit in shared
     memory beside the TMA-store epilogue's ``store_boxes`` staging boxes per consumer (one or two consumer
-    warpgroups: ``tile_m`` 64 or more) and 1 KB for barriers and alignment; at most 8."""
+    warpgroups: ``tile_m`` 64 or more) and 1 KB for barriers and alignment; at most ``most``."""
     staging = min(2, tile_m // 64) * store_boxes * STAGING_BOX[0] * STAGING_BOX[1] * element_bytes
-    return min(8, (SMEM_BYTES - 1024 - staging) // ((tile_m + tile_n) * tile_k * element_bytes + slot_extra))
+    return min(most, (SMEM_BYTES - 1024 - staging) // ((tile_m + tile_n) * tile_k * element_bytes + slot_extra))
 
 
 def deepest_pipeline(tile_m: int, tile_n: int, slot_extra: int = 0) -> dict:
