@@ -20,7 +20,10 @@ copy of all N * K bytes (``fraction_of_read_copy``: it reads what the GEMM reads
 named peer: deepseek-ai/DeepGEMM's SM90 ``fp8_gemm_nt`` on the same fp8 data and scales, checked against the same
 reference; benchmarks/deepgemm_peer.py says how its layouts map; where it does not import, the record says why; build
 it on the GPU machine with tools/deepgemm-env.sh). ``--peers`` times a subset of the peers, ``--shapes`` given shapes.
-``--repeats`` times; the numbers are medians over the repeats. The sweep is issue 33's: DeepSeek-V3's projections
+``--repeats`` times; the numbers are medians over the repeats. ``--rested`` also times ours, cuBLAS and DeepGEMM as
+DeepGEMM's published numbers were (``*_rested_ms``: an 8 GB memset before each call, the call alone between CUDA
+events, the median of 30): a few idle milliseconds of the tensor cores before each call, against do_bench's calls
+back to back at the card's sustained power. The sweep is issue 33's: DeepSeek-V3's projections
 (N, K) x M in {64, 128, 512, 4096, 8192}.
 """
 
@@ -59,6 +62,26 @@ def shape_arg(text: str):
 
 def _bench(fn, do_bench) -> float:
     return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+RESTED_CALLS = 30
+RESTED_FILL_BYTES = 8 << 30  # what DeepGEMM's bench_kineto writes before each call
+
+
+def _bench_rested(torch, fn) -> float:
+    """``fn``'s median time in ms over :data:`RESTED_CALLS` calls, each after an 8 GB memset (untimed; CUDA events
+    around the call alone): the method of DeepGEMM's published numbers (its ``bench_kineto``: the fill flushes the L2
+    and lets the tensor cores idle a few ms between calls, so that they do not run at their sustained power)."""
+    fill = torch.empty(RESTED_FILL_BYTES // 4, dtype=torch.int32, device="cuda")
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(RESTED_CALLS)]
+    fn()
+    for start, end in events:
+        fill.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def _error(x, ref) -> float:
@@ -108,8 +131,9 @@ def operands(torch, m, n, k):
     return a, w, a_scales, w_scales, reference
 
 
-def run_case(torch, do_bench, m, n, k, repeats, peers=PEERS, dg=None):
-    """One shape: ours checked, then timed with ``peers`` (DeepGEMM where ``dg``, the deep_gemm module, is given)."""
+def run_case(torch, do_bench, m, n, k, repeats, peers=PEERS, dg=None, rested=False):
+    """One shape: ours checked, then timed with ``peers`` (DeepGEMM where ``dg``, the deep_gemm module, is given);
+    ``rested``: ours, cuBLAS's and DeepGEMM's also timed as DeepGEMM times itself (:func:`_bench_rested`)."""
     from flydsl.kernels.gemm import blockscale_gemm, fp8_gemm, gemm
 
     a, w, a_scales, w_scales, reference = operands(torch, m, n, k)
@@ -171,6 +195,10 @@ def run_case(torch, do_bench, m, n, k, repeats, peers=PEERS, dg=None):
     if "copy" in ms:
         result["fraction_of_copy"] = ms["copy"] / ms["flydsl"]
         result["fraction_of_read_copy"] = ms["copy_read"] / ms["flydsl"]
+    for name in ("flydsl", "cublas_blockwise", "deepgemm") if rested else ():
+        if name in timed:
+            result[f"{name}_rested_ms"] = _bench_rested(torch, timed[name])
+            result[f"{name}_rested_tflops"] = flops / result[f"{name}_rested_ms"] / 1e9
     result["runs_ms"] = runs
     return result
 
@@ -202,6 +230,8 @@ def summarize(results, deepgemm=None) -> dict:
         "geomean_ratio_vs_rowwise_m_ge_512": geomean(rowwise),
         "decode_min_fraction_of_copy": min(decode) if decode else None,
         "decode_min_fraction_of_read_copy": min(decode_read) if decode_read else None,
+        "tflops_4096x7168x16384_rested": headline[0].get("flydsl_rested_tflops") if headline else None,
+        "deepgemm_tflops_4096x7168x16384_rested": headline[0].get("deepgemm_rested_tflops") if headline else None,
         "geomean_row_major_scales_speedup": geomean(
             [r["row_major_scales_speedup"] for r in results if "row_major_scales_speedup" in r]
         ),
@@ -220,6 +250,11 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", type=shape_arg, nargs="+", metavar="MxNxK", help="these shapes instead")
     parser.add_argument("--peers", nargs="*", choices=PEERS, default=list(PEERS), help="the peers timed (default all)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--rested",
+        action="store_true",
+        help="also time ours, cuBLAS and DeepGEMM as DeepGEMM's published numbers are (an 8 GB fill before each call)",
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--commit", default="unknown", help="the git commit measured (the GPU machine has no git)")
     args = parser.parse_args(argv)
@@ -241,7 +276,7 @@ def main(argv=None) -> int:
         f" {'bf16':>7}  {'vs cuBLAS':>9} {'vs DG':>6} {'vs row':>6} {'rowmaj':>6} {'copy':>5}  {'err':>7}"
     )
     for m, n, k in cases:
-        r = run_case(torch, do_bench, m, n, k, args.repeats, args.peers, dg)
+        r = run_case(torch, do_bench, m, n, k, args.repeats, args.peers, dg, args.rested)
         results.append(r)
         print(
             f"{m:>5} {n:>6} {k:>6}  {r['flydsl_tflops']:>9.1f} {_cell(r, 'cublas_blockwise_tflops', 7)}"
@@ -267,7 +302,9 @@ def main(argv=None) -> int:
             " ratio_vs_deepgemm = DeepGEMM fp8_gemm_nt time / ours (same a, w and scales: a's through DeepGEMM's"
             " get_mn_major_tma_aligned_tensor once, untimed; its first call, the JIT compile, untimed);"
             " ratio_vs_rowwise = our rowwise fp8_gemm time / ours; fraction_of_copy = same-bytes copy_ (N * K / 2"
-            " bytes) time / ours; fraction_of_read_copy = copy_ of N * K bytes time / ours"
+            " bytes) time / ours; fraction_of_read_copy = copy_ of N * K bytes time / ours; *_rested_ms (--rested):"
+            " the median of 30 calls, each alone between CUDA events after an untimed 8 GB memset (DeepGEMM's"
+            " bench_kineto's fill)"
         )
         write_record(
             args.json,

@@ -44,8 +44,8 @@
 # with `host`); paged-token (the per-token scales' f16 P of ac27149 against 690a143's bf16 values over both models'
 # sweeps, bf16 beside: first `python tools/decode_variant.py 690a143 exp` and carry exp; ~3 min); blockscale-deepgemm
 # (blockscale_gemm_bench.py with DeepGEMM, the named peer, and cuBLAS at 4096x7168x16384 and 512x7168x16384,
-# 4096x18432x7168, 8192x7168x2048, ~1 min; record *_deepgemm; blockscale-ncu: Nsight Compute's full set of ours and
-# DeepGEMM at the first, with each kernel's stall samples per SASS line as CSV, < 1 min). DeepGEMM is built on the
+# 4096x18432x7168, 8192x7168x2048, also timed as DeepGEMM times itself (--rested), ~1.5 min; record *_deepgemm;
+# blockscale-ncu: Nsight Compute's full set of ours and DeepGEMM at the first, with each kernel's stall samples per SASS line as CSV, < 1 min). DeepGEMM is built on the
 # machine in two calls, since one call carries at most 64 MiB: first `bash tools/pack-deepgemm.sh` here, then a call
 # that carries
 # .devrt/rt-mlir.tar.xz, .devrt/wheels, .devrt/activate.sh and .dg/deepgemm-src.tar.xz and runs `source
@@ -154,7 +154,7 @@ for bench in $which; do
     blockscale-deepgemm)  # DeepGEMM's build from an earlier call: tools/deepgemm-env.sh, the header says how
       if source tools/deepgemm-env.sh --env; then
         run blockscale-deepgemm python3 benchmarks/blockscale_gemm_bench.py --peers cublas_blockwise deepgemm \
-          --shapes 4096x7168x16384 512x7168x16384 4096x18432x7168 8192x7168x2048 --repeats 5 \
+          --shapes 4096x7168x16384 512x7168x16384 4096x18432x7168 8192x7168x2048 --repeats 5 --rested \
           --json "$(out blockscale_gemm deepgemm)" --commit "$commit"
       else
         summary="$summary\nblockscale-deepgemm: not run (deepgemm-env.sh --env failed: build DeepGEMM first)"

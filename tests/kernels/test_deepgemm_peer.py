@@ -81,6 +81,8 @@ def test_blockscale_bench_deepgemm_peer(monkeypatch):
             "ratio_vs_deepgemm": 1.25,
             "deepgemm_rel_error_vs_f32": 3e-3,
             "rel_error_vs_f32": 2e-3,
+            "flydsl_rested_tflops": 800.0,  # --rested: each call after an 8 GB fill, as DeepGEMM times itself
+            "deepgemm_rested_tflops": 780.0,
         },
         {"m": 512, "n": 7168, "k": 16384, "flydsl_tflops": 500.0, "ratio_vs_deepgemm": 0.8, "rel_error_vs_f32": 2e-3},
         {"m": 64, "n": 7168, "k": 1000, "flydsl_tflops": 50.0, "deepgemm_refused": "K 1000", "rel_error_vs_f32": 2e-3},
@@ -92,5 +94,7 @@ def test_blockscale_bench_deepgemm_peer(monkeypatch):
     assert summary["deepgemm_tflops_4096x7168x16384"] == 650.0 and summary["cases_deepgemm_refused"] == 1
     assert summary["deepgemm_commit"] == "54e2261" and summary["max_deepgemm_rel_error_vs_f32"] == 3e-3
     assert summary["cases_vs_cublas"] == 0 and summary["geomean_ratio_vs_rowwise_m_ge_512"] is None
+    assert summary["tflops_4096x7168x16384_rested"] == 800.0
+    assert summary["deepgemm_tflops_4096x7168x16384_rested"] == 780.0
     assert summary["decode_min_fraction_of_copy"] == 0.6 and summary["decode_min_fraction_of_read_copy"] == 1.0
     assert bench.summarize(rows[1:], info)["deepgemm_import_error"] == info["import_error"]
