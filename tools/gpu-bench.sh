@@ -45,8 +45,8 @@
 # sweeps, bf16 beside: first `python tools/decode_variant.py 690a143 exp` and carry exp; ~3 min); blockscale-deepgemm
 # (blockscale_gemm_bench.py with DeepGEMM, the named peer, and cuBLAS at 4096x7168x16384 and 512x7168x16384,
 # 4096x18432x7168, 8192x7168x2048, also timed as DeepGEMM times itself (--rested), ~1.5 min; record *_deepgemm;
-# blockscale-ncu: Nsight Compute's full set of ours and DeepGEMM at the first, with each kernel's stall samples per SASS line as CSV, < 1 min). DeepGEMM is built on the
-# machine in two calls, since one call carries at most 64 MiB: first `bash tools/pack-deepgemm.sh` here, then a call
+# blockscale-ncu: Nsight Compute's full set of ours and DeepGEMM at the first, with each kernel's stall samples per
+# SASS line as CSV, < 1 min). DeepGEMM is built on the machine in two calls, since one call carries at most 64 MiB: first `bash tools/pack-deepgemm.sh` here, then a call
 # that carries
 # .devrt/rt-mlir.tar.xz, .devrt/wheels, .devrt/activate.sh and .dg/deepgemm-src.tar.xz and runs `source
 # tools/deepgemm-env.sh` (unpack, build with the machine's torch and nvcc, smoke check and the JIT kernels of those
