@@ -545,7 +545,8 @@ def rewrite_function(fn: types.FunctionType) -> types.FunctionType:
     from flydsl.compiler import control_flow
 
     # fn's own module namespace, live (a copy would freeze the module's globals at the first trace: a tuning constant
-    # set later, or a helper rebound, would not be seen), with the helpers' name added to it.
+    # set later, or a helper rebound, would not be seen), with the helpers' dunder name added to it: the one trace of
+    # the rewrite left in a module that a kernel called into.
     namespace = fn.__globals__
     if namespace.get(HELPERS) is not control_flow:
         namespace[HELPERS] = control_flow
