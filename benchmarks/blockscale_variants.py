@@ -7,17 +7,16 @@ ratios as well as in TFLOP/s.
     python benchmarks/blockscale_variants.py --variants chosen,128 --m 8192 --json OUT --commit C
 
 Variants: ``chosen`` (``choose_blockscale_config``), ``128`` (its configuration 128 wide, 128 rows in 2-CTA clusters
-along M where it chose 256 rows: K steps promoted in pairs), ``192`` (192 wide: one step at a time, the consumers a
-step apart), ``256`` (256 x 128 tiles in 2-CTA clusters along N sharing A, as DeepGEMM takes them: each consumer's
-two 64-row blocks in turn, the consumers a block apart; ``256-m``: clusters along M; ``256-staged``: 3 stages and
-four staging boxes per consumer, its output tile staged whole as DeepGEMM's, instead of 4 stages and one box;
-``-unroll`` after either: two K steps per loop iteration, the default since 7057334, ``-unroll4``: four; without
-either, one), ``192-unroll`` and ``192-unroll4`` (192 wide, two or four K steps per iteration), ``128-serial`` (128
-wide one step at a time), ``narrow64`` and ``narrow32`` (DeepGEMM's tiles at M <= 128: 64 x 64 or 64 x 32, one
+along M where it chose 256 rows: K steps promoted in pairs), ``192`` (192 wide: one step at a time, the consumers a step
+apart), ``256`` (256 x 128 tiles in 2-CTA clusters along N sharing A, as DeepGEMM takes them: each consumer's two 64-row
+blocks in turn, the consumers a block apart; ``256-m``: clusters along M; ``256-staged``: 3 stages and four staging
+boxes per consumer, its output tile staged whole as DeepGEMM's, instead of 4 stages and one box; ``-unroll`` after
+either: two K steps per loop iteration, the default since 7057334, ``-unroll4``: four; without either, one),
+``192-unroll`` and ``192-unroll4`` (192 wide, two or four K steps per iteration), ``128-serial`` (128 wide one step at a
+time), ``narrow64``, ``narrow32`` and ``narrow16`` (DeepGEMM's tiles at M <= 128: 64 rows and that many columns, one
 consumer, no split K, up to 16 stages: one wave of tiles where they fit), and ``-lockstep`` after a step-by-step
-variant: without the consumers' offset start.
-Shapes: issue 33's (N, K) at ``--m`` (default 512 and 4096) and 4096 x 7168 x 16384. Medians of ``--repeats``
-do_bench medians (L2 flushed).
+variant: without the consumers' offset start. Shapes: issue 33's (N, K) at ``--m`` (default 512 and 4096) and 4096 x
+7168 x 16384. Medians of ``--repeats`` do_bench medians (L2 flushed).
 
 A bound (wrong results, the cost of the scales' path): ``/constant`` after a variant (the consumers promote with
 factors of 1/2 and read no scales; until f7d447c also ``/nocopy``: the producer's lanes stored the scales instead
@@ -56,6 +55,7 @@ VARIANTS = (
     "192-unroll4",
     "narrow64",
     "narrow32",
+    "narrow16",
     "128-serial",
     "128-serial-lockstep",
     "192-lockstep",

@@ -14,8 +14,8 @@
 # blockscale-wide-unroll (192-wide tiles with one and two K steps per loop iteration at the four shapes that choose
 # them, medians of 3, < 2 min), blockscale-unroll4 (256 x 128 tiles with two and four K steps per loop iteration, and
 # four with the tile staged whole, at four shapes from M 4096, DeepGEMM beside where its env is set, ~3 min),
-# blockscale-narrow (the chosen tiles against DeepGEMM's at M 64 and 128: 64 x 64 and 64 x 32, one consumer, no split
-# K, up to 16 stages, at the issue's 14 shapes there, DeepGEMM beside where its env is set, ~2 min)
+# blockscale-narrow (the chosen tiles against DeepGEMM's at M 64 and 128: 64 x 64, 64 x 32 and 64 x 16, one consumer,
+# no split K, up to 16 stages, at the issue's 14 shapes there, DeepGEMM beside where its env is set, ~2.5 min)
 # and fp8-prepared (plain vs prepared
 # weights' descriptors, < 1 min) too, as do paged-70b (paged_attention_bench.py over Llama-3-70B TP8, pages of 16: issue
 # 35's short caches, ~1.5 min on an H100, no FlashInfer) and paged-merge (paged_decode_merge.py: the two merges of split
@@ -169,7 +169,7 @@ for bench in $which; do
       --shapes 4096x7168x16384 4096x4096x7168 8192x4096x7168 4096x18432x7168 \
       --json "$(out blockscale_variants unroll4)" --commit "$commit" ;;
     blockscale-narrow) run blockscale-narrow python3 benchmarks/blockscale_variants.py \
-      --variants chosen,narrow64,narrow32 --shapes 64x2112x7168 64x24576x1536 64x32768x512 64x7168x16384 \
+      --variants chosen,narrow64,narrow32,narrow16 --shapes 64x2112x7168 64x24576x1536 64x32768x512 64x7168x16384 \
       64x4096x7168 64x7168x2048 64x18432x7168 128x2112x7168 128x24576x1536 128x32768x512 128x7168x16384 \
       128x4096x7168 128x7168x2048 128x18432x7168 --json "$(out blockscale_variants narrow)" --commit "$commit" ;;
     fp8-prepared) run fp8-prepared python3 benchmarks/fp8_prepared_descriptor.py \
