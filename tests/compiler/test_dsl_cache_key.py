@@ -247,6 +247,33 @@ def test_a_package_keyed_by_stamps_is_named_and_its_sources_hashed(tmp_path, mon
     assert keyed[0].digest is not None and keyed[0].digest != keyed[1].digest
 
 
+def test_a_stamped_packages_declared_tunables_are_in_the_key(tmp_path, monkeypatch):
+    """A module of a package keyed by stamps that declares constants tunable (``cache.declare_tunables``: the zoo's
+    mainloop unroll, a chooser's gains) has those that differ from its sources' values in the keys: one set at run
+    time before a kernel is first compiled gets a kernel of its own from the disk cache, not the default's, and an
+    unchanged one leaves the key as it was."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(fingerprint, "_STAMPED_OF", {})
+    helpers = (
+        "from flydsl.compiler import cache\n\nFACTOR = 3.0\ncache.declare_tunables(__name__, 'FACTOR')\n\n"
+        "def twice(v):\n    return v * FACTOR\n"
+    )
+    _write(tmp_path, "tunable_lib", {"helpers": helpers})
+    (tmp_path / "tunable_lib" / "__init__.py").write_text(f"{fingerprint.STAMPS_MARKER} = True\n")
+    _write(tmp_path, "tunable_user", {"k": _kernel("twice(1.0)", imports="from tunable_lib.helpers import twice")})
+    _import("tunable_lib")
+    package = _import("tunable_user")
+    first = _lower(package)
+    assert "tunables" not in cache.package_key("tunable_lib")
+    monkeypatch.setattr(sys.modules["tunable_lib.helpers"], "FACTOR", 5.25)
+    assert "tunables [('tunable_lib.helpers', 'FACTOR', 5.25)]" in cache.package_key("tunable_lib")
+    second = _lower(package)
+    assert second != first
+    monkeypatch.setenv("FLYDSL_RUNTIME_ENABLE_CACHE", "0")
+    assert second == _lower(package)
+
+
 def test_the_ptxas_in_use_is_in_the_key(tmp_path, monkeypatch):
     """Two ptxas (FLYDSL_PTXAS) whose --version differ give two cubins, not one served for both."""
     monkeypatch.setenv("FLYDSL_COMPILE_ISOLATED", "0")

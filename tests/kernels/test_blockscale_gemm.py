@@ -92,15 +92,13 @@ def test_192_wide_tiles_promote_step_by_step_with_the_consumers_offset():
 
 @pytest.mark.skipif(flyc.toolchain.find_ptxas() is None, reason="needs ptxas")
 @pytest.mark.parametrize("unroll", [2, 4])
-def test_256_row_tiles_promote_each_consumer_block_in_turn(unroll, monkeypatch, tmp_path):
+def test_256_row_tiles_promote_each_consumer_block_in_turn(unroll, monkeypatch):
     """256 x 128 tiles (DeepGEMM's waves of 64 rows): per K step each consumer issues one 64-row block's four
     m64n128k32 wgmmas, waits for them and promotes them before the next block's, so both blocks' MMAs write the same
     parts registers and the sums of 128 rows fit beside them without spills; the consumers start a block apart.
     ``unroll`` K steps per loop iteration (the count's remainder first, a step at a time): the remainder's step and
     the loop's in the code."""
-    if unroll != mainloop.WAVES_UNROLL:  # a module constant the cache key does not see: a cache of its own
-        monkeypatch.setattr(mainloop, "WAVES_UNROLL", unroll)
-        monkeypatch.setenv("FLYDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(mainloop, "WAVES_UNROLL", unroll)  # a declared tunable: in the kernel's cache key
     cfg = GemmConfig(tile_m=256, tile_n=128, tile_k=128, stages=4, cluster_m=1, cluster_n=2, store_boxes=1)
     (module,) = plan_blockscale(*_specs(4096, 7168, 16384), sms=SMS, config=cfg).lower()
     steps = 1 + unroll  # the remainder's step and the loop's

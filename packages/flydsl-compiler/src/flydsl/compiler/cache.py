@@ -22,6 +22,7 @@ written by the same code under the same checks. Every key text is built by :func
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -46,7 +47,9 @@ __all__ = [
     "key_text",
     "load",
     "load_record",
+    "declare_tunables",
     "package_fingerprint",
+    "package_key",
     "prune",
     "store",
     "store_record",
@@ -81,6 +84,33 @@ def package_fingerprint(package: str) -> str:
     (``__flydsl_key_by_stamps__``: :mod:`flydsl.compiler.fingerprint`); computed once per process."""
     roots = [Path(directory) for directory in sys.modules[package].__path__]
     return _sources_digest(f"format {FORMAT} package {package}", roots)
+
+
+_TUNABLES: dict[str, dict] = {}  # module name -> {name: the value it had when the module declared it}
+
+
+def declare_tunables(module: str, *names: str) -> None:
+    """Declares module constants of ``module`` (a module of a package keyed by its sources' stamps, e.g. the zoo's)
+    that a script may set at run time (a mainloop's unroll, a chooser's gains): called by the module itself right
+    after binding them, so that the values recorded are its sources'. :func:`package_key` then keys what differs."""
+    values = vars(sys.modules[module])
+    _TUNABLES[module] = {name: copy.deepcopy(values[name]) for name in names}
+
+
+def package_key(package: str) -> str:
+    """The part of a key that stands for ``package`` (keyed by its sources' stamps): :func:`package_fingerprint`,
+    and each declared tunable (:func:`declare_tunables`) of its modules whose value differs now from its sources', so
+    that kernels and launch plans made with other values are not taken for these (and keys do not depend on which
+    modules a process imported). A value set after a kernel was loaded is not seen by that process's loaded kernel."""
+    prefix = package + "."
+    changed = [
+        (module, name, value)
+        for module, defaults in sorted(_TUNABLES.items())
+        if module.startswith(prefix) and module in sys.modules
+        for name, default in defaults.items()
+        if (value := getattr(sys.modules[module], name)) != default
+    ]
+    return f"{package} {package_fingerprint(package)}" + (f" tunables {changed!r}" if changed else "")
 
 
 def _sources_digest(header: str, roots: list, *extra_stamps: str) -> str:

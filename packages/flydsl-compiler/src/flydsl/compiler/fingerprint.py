@@ -15,8 +15,9 @@ hashes all of that with a canonical encoder:
   covers their sources; FlyDSL's objects (``T``, a ``TiledCopy``, layouts) and MLIR types by value;
 * the functions and classes of packages keyed by their stamps (``__flydsl_key_by_stamps__ = True`` in the package:
   FlyDSL's kernel zoo) by name too, the package named in the result (``packages``) so that the cache key takes its
-  sources' hash (:func:`flydsl.compiler.cache.package_fingerprint`): the zoo's helpers are not walked again for
-  every kernel (5-8 ms a kernel in a new process); their instances (configurations) still by value.
+  sources' hash (:func:`flydsl.compiler.cache.package_fingerprint`) and its modules' declared run-time tunables
+  (:func:`flydsl.compiler.cache.package_key`): the zoo's helpers are not walked again for every kernel (5-8 ms a
+  kernel in a new process); their instances (configurations) still by value.
 
 Anything else (an open file, a tensor, an object of a C extension) cannot be fingerprinted: the result then names
 it, and the kernel is compiled without the disk cache.

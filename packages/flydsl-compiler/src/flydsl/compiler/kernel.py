@@ -268,7 +268,7 @@ class KernelFunction:
             cache.compiler_fingerprint(),
             toolchain.fingerprint(),
             fingerprint.digest,
-            *(f"{package} {cache.package_fingerprint(package)}" for package in fingerprint.packages),
+            *(cache.package_key(package) for package in fingerprint.packages),
             (self.name, self.target, self.attributes, spec.key),
         )
         compiled = cache.load(key)

@@ -78,7 +78,7 @@ def _entry_key(name: str, key) -> str | None:
         name,
         portable,
         cache.compiler_fingerprint(),
-        *(f"{package} {cache.package_fingerprint(package)}" for package in packages),
+        *(cache.package_key(package) for package in packages),
         settings.current(),
         devices,
     )

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+from flydsl.compiler import cache
 from flydsl.kernels.gemm.block_scales import slot_bytes
 from flydsl.kernels.gemm.schedulers import cluster_tiles, split_plan, stream_k_steps
 
@@ -296,6 +297,9 @@ def choose_fp8_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
 WIDE_BLOCKSCALE_GAIN = 1.08  # a 192-wide block-scaled tile's time per element against a 128 x 128 tile's
 TALL_BLOCKSCALE_GAIN = 1.12  # a 256 x 128 tile's (its K loop two steps an iteration), fitted at M 512-8192
 TALL_BLOCKSCALE_MIN_M = 512  # ... from this M on (the least timed)
+# Set at run time by tuning scripts: keyed where they differ from these
+# (flydsl.compiler.cache.package_key).
+cache.declare_tunables(__name__, "WIDE_BLOCKSCALE_GAIN", "TALL_BLOCKSCALE_GAIN", "TALL_BLOCKSCALE_MIN_M")
 
 
 @functools.cache

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import flydsl.expr as fx
 import flydsl.layout as fl
+from flydsl.compiler import cache
 from flydsl.expr import nvvm, vector, wgmma
 from flydsl.kernels.gemm.block_scales import BLOCK, StagedScales, step_factors
 from flydsl.kernels.gemm.operands import OperandTiles
@@ -106,6 +107,11 @@ OFFSET_CONSUMERS = True  # step by step: the second consumer starts once the fir
 OFFSET_BARRIER = 3  # the named barrier of that start (the epilogue's are 1 and 2)
 WIDE_UNROLL = 4  # K steps per loop iteration of 192-wide tiles (1, 2 or 4; 4: +4% against 1 on an H100, #unrolled)
 WAVES_UNROLL = 2  # K steps per loop iteration of 256-row tiles' waves (1, 2 or 4; 2: +4-7% on an H100, 4 no more)
+# Set at run time by tuning scripts: keyed where they differ from these
+# (flydsl.compiler.cache.package_key).
+cache.declare_tunables(
+    __name__, "PAIRED_ACCUMULATORS", "OFFSET_CONSUMERS", "OFFSET_BARRIER", "WIDE_UNROLL", "WAVES_UNROLL"
+)
 
 
 def promoted_steps(consumer: Consumer, state, k_begin, k_end, scales: StagedScales, warp, tile_n=0, offset=None):

@@ -25,6 +25,8 @@ import functools
 import math as _pymath
 from dataclasses import dataclass, replace
 
+from flydsl.compiler import cache
+
 __all__ = [
     "RowConfig",
     "CacheHints",
@@ -160,6 +162,9 @@ FORWARD_CTA_THREADS = 1024
 # Values per thread of the register forwards' rows of one tensor in one CTA over a warp wide: float32 8 (2 chunks),
 # 16-bit 32 (docs/tuning/norms.md#register-forward-layouts).
 FORWARD_BLOCK_VALUES = {"f32": 8, "f16": VALUES_PER_THREAD, "bf16": VALUES_PER_THREAD}
+# Set at run time by benchmarks/norms_bench.py's tuning flags: keyed where they differ from these
+# (flydsl.compiler.cache.package_key).
+cache.declare_tunables(__name__, "CTA_THREADS", "FORWARD_WARP_BLOCK", "FORWARD_CTA_THREADS", "FORWARD_BLOCK_VALUES")
 # Cache hints of the register forwards per dtype: plain, measured no faster (docs/tuning/norms.md#cache-hints).
 FORWARD_CACHE_HINTS = {"f32": PLAIN_HINTS, "f16": PLAIN_HINTS, "bf16": PLAIN_HINTS}
 
