@@ -206,6 +206,11 @@ def test_tma_kernel_takes_descriptors_as_128_byte_grid_constants():
     assert compiled.cubin is not None or flyc.toolchain.find_ptxas() is None
 
 
+def test_a_stage_count_below_one_is_refused_naming_stages():
+    with pytest.raises(ValueError, match="stages: expected a positive int"):
+        swizzle_layout(2, 128, (64, 64), stages=0)
+
+
 @pytest.mark.parametrize("stages", [1, 2, 4])
 def test_tma_pipeline_compiles(stages):
     """A pipeline of ``stages`` slots, one included: ``allocate(smem, stages)`` keeps the stage mode for any count."""

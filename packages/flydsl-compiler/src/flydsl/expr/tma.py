@@ -72,6 +72,8 @@ def swizzle_layout(dtype_bytes: int, swizzle: int, box: tuple[int, ...], stages:
     bytes), repeating every ``swizzle * 8`` bytes."""
     if swizzle not in SWIZZLE_BYTES:
         raise ValueError(f"swizzle: expected one of {SWIZZLE_BYTES} (bytes), got {swizzle!r}")
+    if stages is not None and (not isinstance(stages, int) or stages < 1):
+        raise ValueError(f"stages: expected a positive int (or None for one box without a stage mode), got {stages!r}")
     strides, step = [], 1
     for extent in reversed(box):
         strides.append(step)
